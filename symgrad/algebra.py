@@ -1,0 +1,184 @@
+"""The sympy vocabulary the engine derives in.
+
+A tensor is a commutative ``sympy.Symbol``: sympy's ``Add`` and ``Mul`` between tensors mean
+elementwise (broadcasting) sum and product, which are commutative and associative, so sympy's
+algebra, ``diff`` and ``cse`` apply unchanged. What is not elementwise (a convolution, a sum over
+axes, a reshape) is a :class:`TensorOp`: an unevaluated function of tensor operands whose meaning,
+code and notation come from one :class:`Primitive`, defined beside the rule that uses it.
+
+Runtime sizes such as ``z.shape[2]`` are :class:`Size` expressions, so shape arithmetic (the
+``output_padding`` of a transposed convolution, say) is simplified by sympy and printed as
+shape-generic code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import sympy
+from sympy.core.symbol import Str
+
+
+def tensor(name: str) -> sympy.Symbol:
+    """The symbol standing for the tensor called ``name``."""
+    return sympy.Symbol(name)
+
+
+class Size(sympy.Expr):
+    """``tensor.shape[axis]``: a positive integer known only when the generated code runs."""
+
+    is_integer = True
+    is_positive = True
+    is_commutative = True
+
+    def __new__(cls, of: sympy.Symbol, axis: int | sympy.Integer):
+        return sympy.Expr.__new__(cls, of, sympy.Integer(axis))
+
+    @property
+    def of(self) -> sympy.Symbol:
+        return self.args[0]
+
+    @property
+    def axis(self) -> int:
+        return int(self.args[1])
+
+    def _sympystr(self, printer) -> str:
+        return f"{self.of.name}.shape[{self.axis}]"
+
+    def _latex(self, printer) -> str:
+        return rf"\lvert {printer._print(self.of)} \rvert_{{{self.axis}}}"
+
+
+class Params(sympy.Atom):
+    """The non-tensor arguments of a :class:`TensorOp`, as one atom so ``cse`` never splits them.
+
+    Values are ints, strings, tuples of them, or sympy expressions of :class:`Size` (whose
+    tensors count as free symbols, so dependency tracking still sees them).
+    """
+
+    is_commutative = True
+
+    def __new__(cls, items: tuple[tuple[str, Any], ...] = ()):
+        obj = sympy.Atom.__new__(cls)
+        obj._items = tuple(items)
+        return obj
+
+    @classmethod
+    def of(cls, **items: Any) -> "Params":
+        return cls(tuple(items.items()))
+
+    def _hashable_content(self):
+        return self._items
+
+    def __getitem__(self, key: str) -> Any:
+        return dict(self._items)[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self._items).get(key, default)
+
+    def items(self):
+        return self._items
+
+    @property
+    def free_symbols(self):
+        symbols = set()
+        for _, value in self._items:
+            for part in value if isinstance(value, tuple) else (value,):
+                if isinstance(part, sympy.Basic):
+                    symbols |= part.free_symbols
+        return symbols
+
+    def _sympystr(self, printer) -> str:
+        return ", ".join(f"{key}={value}" for key, value in self._items)
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """One tensor-valued function: how it is written in PyTorch, in LaTeX and in plain text.
+
+    ``code(operands, params, show)`` gets the operands already printed as Python source and
+    returns a Python expression that binds as tightly as a call; ``show`` prints a param value
+    (a sympy shape expression, say) in the same language. ``latex`` does the same in LaTeX.
+    """
+
+    name: str
+    code: Callable[[list[str], Params, Callable[[Any], str]], str]
+    latex: Callable[[list[str], Params, Callable[[Any], str]], str]
+
+
+PRIMITIVES: dict[str, Primitive] = {}
+
+
+def primitive(name: str, *, code, latex) -> Primitive:
+    """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
+    if name in PRIMITIVES:
+        raise ValueError(f"primitive {name!r} is defined twice")
+    PRIMITIVES[name] = Primitive(name, code, latex)
+    return PRIMITIVES[name]
+
+
+class TensorOp(sympy.Expr):
+    """``primitive(operands...; params)``, unevaluated. Printers ask the primitive how to write it."""
+
+    is_commutative = True
+
+    def __new__(cls, kind: str | Str, params: Params, *operands: sympy.Expr):
+        kind = kind if isinstance(kind, Str) else Str(kind)
+        if kind.name not in PRIMITIVES:
+            raise KeyError(f"no primitive named {kind.name!r}")
+        return sympy.Expr.__new__(cls, kind, params, *map(sympy.sympify, operands))
+
+    @property
+    def primitive(self) -> Primitive:
+        return PRIMITIVES[self.args[0].name]
+
+    @property
+    def params(self) -> Params:
+        return self.args[1]
+
+    @property
+    def operands(self) -> tuple[sympy.Expr, ...]:
+        return self.args[2:]
+
+    def _sympystr(self, printer) -> str:
+        return self.primitive.code([printer._print(o) for o in self.operands], self.params, printer._print)
+
+    def _latex(self, printer) -> str:
+        return self.primitive.latex([printer._print(o) for o in self.operands], self.params, printer._print)
+
+
+def show_ints(value: tuple | int) -> str:
+    """``(2, 2)`` as ``2``, ``(2, 3)`` as ``(2, 3)``: how a person writes conv arguments."""
+    if isinstance(value, tuple):
+        if len(set(value)) == 1:
+            return str(value[0])
+        return "(" + ", ".join(map(str, value)) + ")"
+    return str(value)
+
+
+def keyword_arguments(params: "Params | dict", defaults: dict[str, Any], show: Callable[[Any], str]) -> str:
+    """``, stride=2, padding=1``: the params that differ from their defaults, in declaration order."""
+    parts = []
+    for key, default in defaults.items():
+        value = params.get(key, default)
+        if _is_default(value, default):
+            continue
+        if isinstance(value, tuple) and any(isinstance(v, sympy.Basic) for v in value):
+            parts.append(f"{key}=(" + ", ".join(show(v) for v in value) + ("," if len(value) == 1 else "") + ")")
+        elif isinstance(value, sympy.Basic):
+            parts.append(f"{key}={show(value)}")
+        else:
+            parts.append(f"{key}={show_ints(value)}")
+    return "".join(", " + part for part in parts)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if isinstance(value, tuple) and not isinstance(default, tuple):
+        return all(item == default for item in value)
+    return value == default
+
+
+def op(kind: str, *operands: sympy.Expr, **params: Any) -> TensorOp:
+    """Shorthand used by rules: ``op("sum", grad, dim=(0, 2, 3))``."""
+    return TensorOp(kind, Params.of(**params), *operands)

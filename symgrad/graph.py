@@ -1,0 +1,186 @@
+"""The forward graph: spec layers bound to rules, arguments checked, shapes inferred.
+
+Nodes are kept in topological order (inputs, layers in spec order, then the loss): a layer may only
+read nodes defined above it, so the spec order is already a topological order and cycles cannot be
+written.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from .algebra import tensor
+from .errors import Location, SpecError
+from .rules import LAYER_RULES, LOSS_RULES
+from .rules.base import Checker, NodeSymbols, ParamContext, Rule
+from .spec import Spec
+
+
+@dataclass
+class Node:
+    name: str
+    kind: str  # "input", "layer" or "loss"
+    location: Location
+    rule: Rule | None = None
+    operands: dict[str, str] = field(default_factory=dict)
+    """Tensor operand name -> the node it reads."""
+    constants: dict[str, sympy.Expr] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    shape: tuple = ()
+
+
+@dataclass
+class Graph:
+    spec: Spec
+    nodes: dict[str, Node]
+    wrt: tuple[str, ...]
+
+    @property
+    def loss(self) -> Node:
+        return next(node for node in self.nodes.values() if node.kind == "loss")
+
+    @property
+    def inputs(self) -> list[Node]:
+        return [node for node in self.nodes.values() if node.kind == "input"]
+
+    def consumers(self, name: str) -> list[tuple[Node, str]]:
+        return [(node, operand) for node in self.nodes.values() for operand, source in node.operands.items()
+                if source == name]
+
+    def symbols(self, node: Node) -> NodeSymbols:
+        operands = {operand: tensor(source) for operand, source in node.operands.items()}
+        operands.update(node.constants)
+        return NodeSymbols(node.name, operands, node.params,
+                           {operand: self.nodes[source].shape for operand, source in node.operands.items()},
+                           node.shape)
+
+    def depends_on_wrt(self) -> set[str]:
+        """Nodes whose value depends on some ``wrt`` input: the only ones that need a gradient."""
+        reached = set(self.wrt)
+        for node in self.nodes.values():
+            if any(source in reached for source in node.operands.values()):
+                reached.add(node.name)
+        return reached
+
+    def with_input_shapes(self, shapes: dict[str, tuple[int, ...]]) -> "Graph":
+        """The same graph at other input shapes (raises SpecError if they are inconsistent)."""
+        nodes = {name: Node(**{**node.__dict__}) for name, node in self.nodes.items()}
+        for name, shape in shapes.items():
+            nodes[name].shape = tuple(shape)
+        _infer_shapes(nodes)
+        return Graph(self.spec, nodes, self.wrt)
+
+
+def build_graph(spec: Spec) -> Graph:
+    nodes: dict[str, Node] = {}
+    for item in spec.inputs:
+        nodes[item.name] = Node(item.name, "input", item.location, shape=item.shape)
+    for layer in spec.layers:
+        rule = LAYER_RULES.get(layer.op)
+        if rule is None:
+            hint = difflib.get_close_matches(layer.op, list(LAYER_RULES) + list(LOSS_RULES), n=1)
+            suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
+            raise SpecError(f"unknown op '{layer.op}'{suggestion}", layer.op_location,
+                            f"use one of: {', '.join(sorted(LAYER_RULES))} (`symgrad ops` lists them)")
+        node = Node(layer.out, "layer", layer.location, rule)
+        _bind(node, rule, [source for source, _ in layer.sources], layer.sources,
+              {argument.name: (argument.value, argument.location) for argument in layer.arguments}, nodes)
+        nodes[node.name] = node
+
+    loss = spec.loss
+    rule = LOSS_RULES.get(loss.op)
+    if rule is None:
+        hint = difflib.get_close_matches(loss.op, list(LOSS_RULES), n=1)
+        raise SpecError(f"unknown loss '{loss.op}'" + (f"; did you mean '{hint[0]}'?" if hint else ""), loss.location,
+                        f"use one of: {', '.join(sorted(LOSS_RULES))}")
+    node = Node("loss", "loss", loss.location, rule)
+    _bind(node, rule, [loss.source[0]], (loss.source,),
+          {"target": (loss.target[0], loss.target[1]), "reduction": (loss.reduction, loss.reduction_location)}, nodes)
+    nodes["loss"] = node
+    _infer_shapes(nodes)
+
+    graph = Graph(spec, nodes, tuple(name for name, _ in spec.wrt))
+    _check_reachability(graph)
+    return graph
+
+
+def _bind(node: Node, rule: Rule, sources: list[str], source_locations, arguments: dict[str, tuple[Any, Location]],
+          nodes: dict[str, Node]) -> None:
+    """Fill the node's operands and params from ``in:`` and the layer's keyword arguments."""
+    from_in = [operand for operand in rule.operands if operand.from_in]
+    if len(sources) > len(from_in):
+        raise SpecError(f"{rule.op} reads {len(from_in)} tensor(s) from 'in:' but {len(sources)} are given",
+                        source_locations[len(from_in)][1],
+                        f"list at most {len(from_in)} name(s) under 'in:' ({', '.join(o.name for o in from_in)})")
+    for operand, source in zip(from_in, sources):
+        node.operands[operand.name] = source
+    for operand in rule.operands:
+        if operand.name in arguments:
+            value, location = arguments.pop(operand.name)
+            if operand.name in node.operands and operand.from_in and len(sources) > from_in.index(operand):
+                raise SpecError(f"{rule.op}: '{operand.name}' is given both by 'in:' and by name", location,
+                                "give it once")
+            if isinstance(value, str):
+                if value not in nodes:
+                    hint = difflib.get_close_matches(value, list(nodes), n=1)
+                    raise SpecError(f"{rule.op}: '{operand.name}' names '{value}', which is not defined before this layer"
+                                    + (f"; did you mean '{hint[0]}'?" if hint else ""), location,
+                                    "name a declared input or an earlier layer's `out:`")
+                node.operands[operand.name] = value
+            elif operand.constant_ok and not isinstance(value, (bool, list)) and isinstance(value, (int, float)):
+                from .rules.base import number
+
+                node.constants[operand.name] = number(value, ParamContext(rule.op, operand.name, location))
+            else:
+                kind = "a node name or a number" if operand.constant_ok else "a node name"
+                raise SpecError(f"{rule.op}: '{operand.name}' must be {kind}, not {value!r}", location,
+                                f"write `{operand.name}: NAME` with a declared tensor")
+        if operand.name not in node.operands and operand.name not in node.constants and not operand.optional:
+            how = "list it under 'in:'" if operand.from_in else f"add `{operand.name}: NAME`"
+            raise SpecError(f"{rule.op} needs '{operand.name}'", node.location, how)
+    for name, (value, location) in arguments.items():
+        if name not in rule.params:
+            known = [operand.name for operand in rule.operands] + list(rule.params)
+            hint = difflib.get_close_matches(name, known, n=1)
+            raise SpecError(f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
+                            location, f"{rule.op} takes: {', '.join(known)}")
+        context = ParamContext(rule.op, name, location, rule.spatial_dims())
+        node.params[name] = rule.params[name].normalize(value, context)
+    for name, param in rule.params.items():
+        if name not in node.params:
+            context = ParamContext(rule.op, name, node.location, rule.spatial_dims())
+            node.params[name] = param.normalize(param.default, context)
+
+
+def _infer_shapes(nodes: dict[str, Node]) -> None:
+    for node in nodes.values():
+        if node.kind == "input":
+            continue
+        shapes = {operand: nodes[source].shape for operand, source in node.operands.items()}
+        check = Checker(node.location, f"{node.rule.op} '{node.name}'")
+        try:
+            node.shape = tuple(node.rule.infer_shape(shapes, node.params, check))
+        except SpecError as error:
+            context = "; ".join(f"{operand} is '{source}' {nodes[source].shape} from line {nodes[source].location.line}"
+                                for operand, source in node.operands.items())
+            raise SpecError(f"{error.message} [{context}]", error.location, error.fix) from None
+
+
+def _check_reachability(graph: Graph) -> None:
+    """Every layer must feed the loss, and every ``wrt`` input must influence it."""
+    feeds_loss = {"loss"}
+    for node in reversed(list(graph.nodes.values())):
+        if node.name in feeds_loss:
+            feeds_loss.update(node.operands.values())
+    for node in graph.nodes.values():
+        if node.kind == "layer" and node.name not in feeds_loss:
+            raise SpecError(f"layer '{node.name}' ({node.rule.op}) does not contribute to the loss", node.location,
+                            "remove it, or make a later layer read it with `in:`")
+    for name, location in graph.spec.wrt:
+        if name not in feeds_loss:
+            raise SpecError(f"'wrt' names '{name}', which does not influence the loss, so its gradient is zero",
+                            location, f"remove '{name}' from wrt, or use it in a layer")

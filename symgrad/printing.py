@@ -1,0 +1,185 @@
+"""Printers: sympy expressions to PyTorch source, to LaTeX and to plain text.
+
+They know sympy's core (sums, products, powers, numbers, elementwise functions, the Heaviside mask)
+and nothing about particular ops: a :class:`~symgrad.algebra.TensorOp` prints itself through its
+primitive.
+"""
+
+from __future__ import annotations
+
+import re
+
+import sympy
+from sympy.printing.latex import LatexPrinter
+from sympy.printing.precedence import PRECEDENCE, precedence
+from sympy.printing.pytorch import TorchPrinter
+
+from .algebra import Size, TensorOp
+
+
+def _number(value: sympy.Expr) -> str:
+    """Exact numbers as Python literals: 1/2 as 0.5, 1/3 as (1 / 3), never a rounded decimal."""
+    if value.is_Integer:
+        return str(int(value))
+    if value.is_Rational:
+        numerator, denominator = int(value.p), int(value.q)
+        if denominator & (denominator - 1) == 0:  # a power of two: exact as a binary float
+            return repr(numerator / denominator)
+        return f"({numerator} / {denominator})"
+    return repr(float(value))
+
+
+class CodePrinter(TorchPrinter):
+    """PyTorch source, with the spacing a person would use."""
+
+    def __init__(self):
+        super().__init__({"fully_qualified_modules": True})
+
+    def _print_Symbol(self, expr):
+        return expr.name
+
+    def _print_Size(self, expr: Size):
+        return f"{expr.of.name}.shape[{expr.axis}]"
+
+    def _print_TensorOp(self, expr: TensorOp):
+        operands = [self._print(o) if _binds_tightly(o) else f"({self._print(o)})" for o in expr.operands]
+        return expr.primitive.code(operands, expr.params, self._print)
+
+    def _print_Integer(self, expr):
+        return _number(expr)
+
+    _print_Rational = _print_Integer
+    _print_Half = _print_Integer
+    _print_Float = _print_Integer
+    _print_One = _print_Integer
+    _print_NegativeOne = _print_Integer
+    _print_Zero = _print_Integer
+
+    def _print_Heaviside(self, expr):
+        argument, at_zero = expr.args if len(expr.args) == 2 else (expr.args[0], sympy.S.Half)
+        if at_zero != 0:
+            raise ValueError("only the Heaviside step with H(0) = 0 (PyTorch's kink convention) can be emitted")
+        return f"({self._print(argument)} > 0)"
+
+    def _print_Mod(self, expr):
+        dividend, divisor = expr.args
+        return f"({self._print(dividend)}) % {self.parenthesize(divisor, PRECEDENCE['Mul'])}"
+
+    def _print_Add(self, expr):
+        terms = self._as_ordered_terms(expr, order=None)
+        text = ""
+        for index, term in enumerate(terms):
+            coefficient, rest = term.as_coeff_Mul()
+            negative = coefficient.is_number and coefficient < 0
+            shown = self.parenthesize(-term if negative else term, PRECEDENCE["Add"], strict=False)
+            if index == 0:
+                text = ("-" + shown) if negative else shown
+            else:
+                text += (" - " if negative else " + ") + shown
+        return text
+
+    def _print_Mul(self, expr):
+        coefficient, factors = expr.as_coeff_mul()
+        numerator, denominator = [], []
+        for factor in factors:
+            if factor.is_Pow and factor.exp.is_number and factor.exp < 0:
+                denominator.append(factor.base ** -factor.exp)
+            else:
+                numerator.append(factor)
+        sign = ""
+        if coefficient < 0:
+            sign, coefficient = "-", -coefficient
+        if coefficient != 1:
+            numerator.insert(0, coefficient)
+        if not numerator:
+            numerator = [sympy.Integer(1)]
+        text = " * ".join(_number(f) if f.is_Number else self.parenthesize(f, PRECEDENCE["Mul"], strict=False)
+                          for f in numerator)
+        for factor in denominator:
+            text += " / " + self.parenthesize(factor, PRECEDENCE["Mul"], strict=True)
+        return sign + text
+
+    def _print_Pow(self, expr):
+        base, exponent = expr.args
+        if exponent == sympy.S.Half:
+            return f"torch.sqrt({self._print(base)})"
+        if exponent == -1:
+            return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
+        return f"{self.parenthesize(base, PRECEDENCE['Pow'], strict=True)} ** {self.parenthesize(exponent, PRECEDENCE['Pow'])}"
+
+
+def _binds_tightly(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` can take a method call (``.sum()``) without parentheses."""
+    return isinstance(expr, (sympy.Symbol, TensorOp, Size)) or (expr.is_Number and expr >= 0)
+
+
+def _latex_name(name: str) -> str:
+    """``x`` -> x, ``w1`` -> w_{1}, ``conv1`` -> \\mathrm{conv1}, ``grad_z`` -> \\overline{z}."""
+    if name.startswith("grad_"):
+        return rf"\overline{{{_latex_name(name[5:])}}}"
+    if "_" in name:
+        head, tail = name.split("_", 1)
+        return rf"{_latex_name(head)}_{{{_latex_name(tail)}}}"
+    match = re.fullmatch(r"([A-Za-z])(\d*)", name)
+    if match:
+        letter, digits = match.groups()
+        return letter + (f"_{{{digits}}}" if digits else "")
+    return rf"\mathrm{{{name}}}"
+
+
+class MathPrinter(LatexPrinter):
+    """LaTeX in which a product of tensors is the elementwise product ``\\odot``."""
+
+    def _print_Symbol(self, expr, style="plain"):
+        return _latex_name(expr.name)
+
+    def _print_Size(self, expr: Size):
+        return expr._latex(self)
+
+    def _print_TensorOp(self, expr: TensorOp):
+        operands = [self.parenthesize(o, PRECEDENCE["Mul"], strict=True) for o in expr.operands]
+        return expr.primitive.latex(operands, expr.params, self._print)
+
+    def _print_Heaviside(self, expr):
+        return rf"\mathbb{{1}}\left[{self._print(expr.args[0])} > 0\right]"
+
+    def _print_Mul(self, expr):
+        coefficient, factors = expr.as_coeff_mul()
+        if any(f.is_Pow and f.exp.is_number and f.exp < 0 for f in factors) or not factors:
+            return super()._print_Mul(expr)
+        body = r" \odot ".join(self.parenthesize(f, PRECEDENCE["Mul"], strict=False) for f in factors)
+        if coefficient == 1:
+            return body
+        if coefficient == -1:
+            return "-" + body
+        return self._print(coefficient) + " " + body
+
+
+class TextPrinter(CodePrinter):
+    """One-line plain text for terminals and docstrings: the code, with masks written ``[h > 0]``."""
+
+    def _print_Heaviside(self, expr):
+        return f"[{self._print(expr.args[0])} > 0]"
+
+    def _print_Max(self, expr):
+        return "max(" + ", ".join(self._print(arg) for arg in expr.args) + ")"
+
+
+code_printer = CodePrinter()
+math_printer = MathPrinter()
+text_printer = TextPrinter()
+
+
+def to_code(expr: sympy.Expr) -> str:
+    return code_printer.doprint(expr)
+
+
+def to_latex(expr: sympy.Expr) -> str:
+    return math_printer.doprint(expr)
+
+
+def to_text(expr: sympy.Expr) -> str:
+    return text_printer.doprint(expr)
+
+
+__all__ = ["to_code", "to_latex", "to_text", "precedence"]

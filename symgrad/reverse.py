@@ -1,0 +1,172 @@
+"""The reverse walk: from the loss back to every ``wrt`` input, one node at a time.
+
+This is seed 001's "derive as you go". Visiting nodes in reverse topological order guarantees that
+when a node is reached, every node that reads it has already sent its contribution. The walk then
+
+1. sums the contributions (the branch sum, where a node feeds several others), summing each back
+   to the node's shape first if an elementwise op broadcast it;
+2. names the result ``grad_<node>``, one statement per node;
+3. asks the node's rule for the pullback: the contribution to each operand that needs a gradient
+   (operands that do not depend on a ``wrt`` input are skipped).
+
+Afterwards ``sympy.cse`` runs over all backward statements so that any subexpression they share is
+computed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .algebra import op, primitive, tensor
+from .graph import Graph, Node
+
+GRAD_LOSS = tensor("grad_loss")
+
+primitive("sum_to_size",
+          code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]}.shape)",
+          latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)")
+
+
+@dataclass
+class Statement:
+    target: sympy.Symbol
+    value: sympy.Expr
+    node: str
+    """The forward node this line belongs to."""
+    comment: str = ""
+    math: sympy.Expr | None = None
+    """How the docs write the value, where it differs from the code."""
+
+
+@dataclass
+class Step:
+    """One backward step of the derivation, for the docs."""
+
+    node: str
+    forward: str
+    incoming: sympy.Symbol
+    contributions: list[tuple[str, str, sympy.Expr]]
+    """(operand, source node, contribution) triples."""
+
+
+@dataclass
+class Program:
+    graph: Graph
+    forward: list[Statement]
+    backward: list[Statement]
+    gradients: dict[str, sympy.Symbol]
+    default_cotangent: sympy.Expr
+    steps: list[Step] = field(default_factory=list)
+    branch_sums: dict[str, list[str]] = field(default_factory=dict)
+    """node -> the nodes whose contributions were summed into its gradient, where there are several."""
+
+    @property
+    def loss_symbol(self) -> sympy.Symbol:
+        return tensor("loss")
+
+
+def derive(graph: Graph) -> Program:
+    forward = _forward_statements(graph)
+    needs_gradient = graph.depends_on_wrt()
+    nodes = list(graph.nodes.values())
+    contributions: dict[str, list[tuple[Node, str, sympy.Expr]]] = {}
+    backward: list[Statement] = []
+    steps: list[Step] = []
+    branch_sums: dict[str, list[str]] = {}
+    loss = graph.loss
+
+    for node in reversed(nodes):
+        if node is loss:
+            grad = GRAD_LOSS
+        elif node.name in contributions:
+            grad = tensor(f"grad_{node.name}")
+            incoming = contributions[node.name]
+            value = sympy.Add(*(_unbroadcast(graph, consumer, operand, node, contribution)
+                                for consumer, operand, contribution in incoming))
+            if len(incoming) > 1:
+                branch_sums[node.name] = [consumer.name for consumer, _, _ in incoming]
+                comment = (f"{node.name} feeds {', '.join(sorted({c.name for c, _, _ in incoming}))}: "
+                           "the gradients from every path add up")
+            else:
+                consumer, operand, _ = incoming[0]
+                comment = f"{consumer.name} = {_describe(graph, consumer)}: pulled back to its {operand}"
+            backward.append(Statement(grad, value, node.name, comment))
+        else:
+            continue
+        if node.kind == "input":
+            continue
+        wanted = frozenset(operand for operand, source in node.operands.items() if source in needs_gradient)
+        if not wanted:
+            continue
+        symbols = graph.symbols(node)
+        pulled = node.rule.pullback(symbols, grad, wanted)
+        missing = wanted - set(pulled)
+        if missing:  # a rule that cannot differentiate an operand must say so, never drop it
+            raise NotImplementedError(f"rule {node.rule.op} gave no gradient for {sorted(missing)}")
+        for symbol, value in symbols.locals:
+            backward.append(Statement(symbol, value, node.name, f"local gradient of {node.name}"))
+        for operand in sorted(pulled, key=list(node.operands).index):
+            source = node.operands[operand]
+            contributions.setdefault(source, []).append((node, operand, pulled[operand]))
+        steps.append(Step(node.name, _describe(graph, node), grad,
+                          [(operand, node.operands[operand], pulled[operand]) for operand in pulled]))
+
+    backward = _share_common_subexpressions(backward)
+    gradients = {name: tensor(f"grad_{name}") for name in graph.wrt}
+    default = loss.rule.default_cotangent(graph.symbols(loss))
+    return Program(graph, forward, backward, gradients, default, steps, branch_sums)
+
+
+def _forward_statements(graph: Graph) -> list[Statement]:
+    statements = []
+    for node in graph.nodes.values():
+        if node.kind == "input":
+            continue
+        symbols = graph.symbols(node)
+        result = node.rule.forward(symbols)
+        for symbol, value in symbols.locals:
+            statements.append(Statement(symbol, value, node.name))
+        statements.append(Statement(tensor(node.name), result.value, node.name,
+                                    f"spec line {node.location.line}", result.math))
+    return statements
+
+
+def _describe(graph: Graph, node: Node) -> str:
+    from .printing import to_code
+
+    symbols = graph.symbols(node)
+    return to_code(node.rule.forward(symbols).value).replace("F.", "")
+
+
+def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contribution: sympy.Expr) -> sympy.Expr:
+    """Sum a contribution back to the shape of the node it flows into, where the op broadcast it."""
+    if getattr(consumer.rule, "broadcasts", False) and consumer.shape != source.shape:
+        return op("sum_to_size", contribution, tensor(source.name))
+    return contribution
+
+
+def _share_common_subexpressions(statements: list[Statement]) -> list[Statement]:
+    """Run ``sympy.cse`` over the backward statements; each shared value is defined just before
+    the first statement that needs it."""
+    replacements, values = sympy.cse([statement.value for statement in statements],
+                                     symbols=sympy.numbered_symbols("shared_"), order="none")
+    if not replacements:
+        return statements
+    definitions = dict(replacements)
+    result: list[Statement] = []
+    defined: set[sympy.Symbol] = set()
+    for statement, value in zip(statements, values):
+        needed, stack = set(), [value]
+        while stack:
+            for symbol in stack.pop().free_symbols:
+                if symbol in definitions and symbol not in needed:
+                    needed.add(symbol)
+                    stack.append(definitions[symbol])
+        for symbol, shared in replacements:
+            if symbol in needed and symbol not in defined:
+                result.append(Statement(symbol, shared, statement.node, "shared by several gradients"))
+                defined.add(symbol)
+        result.append(Statement(statement.target, value, statement.node, statement.comment, statement.math))
+    return result

@@ -1,0 +1,13 @@
+"""The rule registry: every op symgrad can differentiate, by its ``torch.nn.functional`` name."""
+
+from __future__ import annotations
+
+from . import conv, elementwise, loss
+from .base import Rule
+
+LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES]}
+LOSS_RULES: dict[str, Rule] = {rule.op: rule for rule in loss.RULES}
+
+
+def all_rules() -> list[Rule]:
+    return [*LAYER_RULES.values(), *LOSS_RULES.values()]

@@ -1,0 +1,179 @@
+"""What a rule is: one definition per op that gives its shape, forward, pullback and notation.
+
+A rule never prints anything and never sums gradients: it returns sympy expressions, and the
+reverse walk (``reverse.py``) owns branch sums, un-broadcasting and naming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import sympy
+
+from ..algebra import tensor
+from ..errors import Location, SpecError
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor argument of an op, named as in ``torch.nn.functional``."""
+
+    name: str
+    from_in: bool = False
+    """Filled, in order, from the layer's ``in:`` list (or the previous node)."""
+    optional: bool = False
+    constant_ok: bool = False
+    """May be a number instead of a node (``mul`` by 0.5)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """A non-tensor argument: its default and a function that validates and normalises a value."""
+
+    default: Any
+    normalize: Callable[[Any, "ParamContext"], Any]
+
+
+@dataclass(frozen=True)
+class ParamContext:
+    op: str
+    name: str
+    location: Location
+    spatial_dims: int = 0
+
+    def fail(self, problem: str, fix: str) -> SpecError:
+        return SpecError(f"{self.op}: argument '{self.name}' {problem}", self.location, fix)
+
+
+def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
+    """An int or a list of ``spatial_dims`` ints, each at least ``minimum``; normalised to a tuple."""
+
+    def normalize(value: Any, context: ParamContext) -> tuple[int, ...]:
+        n = context.spatial_dims
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) != n:
+            raise context.fail(f"has {len(value)} entries but the op has {n} spatial dimensions",
+                               f"give one int or a list of {n} ints")
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise context.fail(f"must be an int or a list of {n} ints, not {item!r}",
+                                   f"write e.g. `{context.name}: {max(minimum, 1)}`")
+            if item < minimum:
+                raise context.fail(f"is {item}, below the smallest allowed value {minimum}",
+                                   f"use a value of at least {minimum}")
+        return tuple(values) * n if not isinstance(value, list) else tuple(values)
+
+    return normalize
+
+
+def positive_int(value: Any, context: ParamContext) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise context.fail(f"must be a positive int, not {value!r}", f"write e.g. `{context.name}: 1`")
+    return value
+
+
+def choice(*allowed: str) -> Callable[[Any, ParamContext], str]:
+    def normalize(value: Any, context: ParamContext) -> str:
+        if value not in allowed:
+            raise context.fail(f"must be one of {', '.join(allowed)}, not {value!r}",
+                               f"use `{context.name}: {allowed[0]}`")
+        return value
+
+    return normalize
+
+
+def number(value: Any, context: ParamContext) -> sympy.Expr:
+    """A finite int or float, kept exact: 0.5 becomes 1/2 so sympy's algebra stays exact."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise context.fail(f"must be a number, not {value!r}", f"write e.g. `{context.name}: 0.5`")
+    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
+        raise context.fail(f"must be finite, not {value!r}", "use a finite number")
+    return sympy.nsimplify(value, rational=True) if isinstance(value, float) else sympy.Integer(value)
+
+
+class Checker:
+    """Shape checks that fail with the spec's location in numeric mode, and are recorded as
+    constraints when shapes are sympy symbols (see ``shapes.py``)."""
+
+    def __init__(self, location: Location, op: str, symbolic: bool = False):
+        self.location = location
+        self.op = op
+        self.symbolic = symbolic
+        self.constraints: list[tuple[sympy.Expr, sympy.Expr]] = []
+        self.positives: list[sympy.Expr] = []
+
+    def equal(self, left, right, problem: str, fix: str) -> None:
+        if self.symbolic:
+            self.constraints.append((sympy.sympify(left), sympy.sympify(right)))
+        elif left != right:
+            raise SpecError(f"{self.op}: {problem}", self.location, fix)
+
+    def positive(self, size, problem: str, fix: str) -> None:
+        if self.symbolic:
+            self.positives.append(sympy.sympify(size))
+        elif size < 1:
+            raise SpecError(f"{self.op}: {problem}", self.location, fix)
+
+    def require(self, condition: bool, problem: str, fix: str) -> None:
+        """A check on static facts only (ranks, argument values), never on sizes."""
+        if not condition:
+            raise SpecError(f"{self.op}: {problem}", self.location, fix)
+
+
+@dataclass
+class NodeSymbols:
+    """What a rule sees of one node: its operands as symbols, its normalised params, its shapes."""
+
+    name: str
+    operands: dict[str, sympy.Expr]
+    params: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    out_shape: tuple[int, ...]
+    locals: list[tuple[sympy.Symbol, sympy.Expr]] = field(default_factory=list)
+
+    @property
+    def out(self) -> sympy.Symbol:
+        return tensor(self.name)
+
+    def local(self, kind: str, value: sympy.Expr, plain: bool = False) -> sympy.Symbol:
+        """Name ``value`` as ``<kind>_<node>`` (or just ``kind``) so the emitted code shows it."""
+        symbol = tensor(kind if plain else f"{kind}_{self.name}")
+        self.locals.append((symbol, value))
+        return symbol
+
+
+@dataclass(frozen=True)
+class Forward:
+    value: sympy.Expr
+    """What the code computes."""
+    math: sympy.Expr | None = None
+    """How the docs write it, when that differs (``max(0, h)`` for ``F.relu(h)``)."""
+
+
+class Rule:
+    """Base class. Subclasses set the class attributes and implement the three methods."""
+
+    op: ClassVar[str]
+    operands: ClassVar[tuple[Operand, ...]]
+    params: ClassVar[dict[str, Param]] = {}
+    summary: ClassVar[str] = ""
+    linear_in: ClassVar[tuple[str, ...]] = ()
+    """Operands the op is linear in (each separately): their adjoints are certified exactly."""
+
+    def spatial_dims(self) -> int:
+        return 0
+
+    def infer_shape(self, shapes: dict[str, tuple], params: dict[str, Any], check: Checker) -> tuple:
+        raise NotImplementedError
+
+    def forward(self, node: NodeSymbols) -> Forward:
+        raise NotImplementedError
+
+    def pullback(self, node: NodeSymbols, grad: sympy.Symbol, wanted: frozenset[str]) -> dict[str, sympy.Expr]:
+        """The contribution of ``grad`` (the gradient of this node's output) to each wanted operand."""
+        raise NotImplementedError
+
+    def table_row(self) -> tuple[str, str, str]:
+        """(op, forward, local gradient) in plain text, for ``symgrad ops`` and the docs."""
+        raise NotImplementedError

@@ -1,0 +1,210 @@
+"""``conv1d``, ``conv2d``, ``conv3d``: one N-d rule, bilinear in (input, weight).
+
+Why the adjoints look the way they do
+-------------------------------------
+Write the forward, per spatial axis, for stride ``s``, padding ``p``, dilation ``d`` and kernel
+size ``K`` (``x_pad`` is ``x`` with ``p`` zeros on each side)::
+
+    out[n, o, i] = bias[o] + sum_{c, a} weight[o, c, a] * x_pad[n, g(o) * C_g + c, i * s + a * d]
+
+It is linear in ``x`` for fixed ``weight`` (like ``A @ x``) and linear in ``weight`` for fixed ``x``
+(like ``X @ w``), so, as for matrix multiply, there are two transposes.
+
+Input side (``A.T @ grad``). Each ``x_pad`` position ``j = i * s + a * d`` receives
+``weight[o, c, a] * grad[n, o, i]``. That scatter is exactly ``conv_transpose`` with the *same*
+stride, padding, dilation and groups, and the *same* weight tensor: conv_transpose inserts ``s - 1``
+zeros between gradient entries (undoing the stride), correlates with the flipped, dilated kernel, and
+crops ``p`` from each side (undoing the padding). Its output length is
+``(H_out - 1) * s - 2p + d * (K - 1) + 1``, which can be shorter than the input length ``H``: when
+``(H + 2p - d * (K - 1) - 1)`` is not a multiple of ``s`` the forward dropped the last few input
+positions, which got no gradient. ``output_padding`` appends those missing zeros::
+
+    output_padding = (H + 2p - d * (K - 1) - 1) mod s
+
+computed from the input's runtime shape, so the code works for any spatial size.
+
+Weight side (``X.T @ grad``). ``grad_weight[o, c, a] = sum_{n, i} grad[n, o, i] * x_pad[n, ., i * s + a * d]``
+is a correlation of the input with the output gradient, in which the *kernel* is the gradient. The
+roles of stride and dilation swap: the gradient's taps ``i`` step through the input ``s`` apart (so
+it is dilated by the forward stride) and successive outputs ``a`` step ``d`` apart (so it is strided
+by the forward dilation). The batch axis is the contraction axis, so it moves to the channel slot:
+``x`` becomes ``[C_in/g, g * N, H]`` and ``grad`` becomes ``[C_out, N, H_out]``, and a grouped conv with
+the forward's ``groups`` pairs each group's inputs with its own outputs. The result has
+``K + floor(r / d)`` taps, ``r = (H + 2p - d * (K - 1) - 1) mod s``; the ones past ``K`` belong to input
+positions the forward never reached, so they are cropped when ``s > d`` can make ``r >= d``.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..algebra import Size, keyword_arguments, op, primitive, show_ints
+from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, int_tuple, positive_int
+
+CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+TRANSPOSE_DEFAULTS = {"stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1}
+
+
+def _math_args(params, show) -> str:
+    """``_{s=32, p=1}``: the subscript that says how a convolution is strided, padded, dilated, grouped."""
+    shown = [f"{key[0]}={show_ints(params[key])}" for key in ("stride", "padding", "dilation", "groups")
+             if params[key] != (CONV_DEFAULTS[key],) * len(params["stride"]) and params[key] != CONV_DEFAULTS[key]]
+    return r"_{" + r",\,".join(shown) + "}" if shown else ""
+
+
+def _conv_code(operands, params, show):
+    bias = f", {operands[2]}" if len(operands) == 3 else ""
+    return f"F.conv{params['dims']}d({operands[0]}, {operands[1]}{bias}{keyword_arguments(params, CONV_DEFAULTS, show)})"
+
+
+def _conv_latex(operands, params, show):
+    bias = f" + {operands[2]}" if len(operands) == 3 else ""
+    return rf"{operands[1]} \star{_math_args(params, show)} {operands[0]}{bias}"
+
+
+primitive("conv", code=_conv_code, latex=_conv_latex)
+
+
+def _input_grad_code(operands, params, show):
+    grad, weight = operands
+    return f"F.conv_transpose{params['dims']}d({grad}, {weight}{keyword_arguments(params, TRANSPOSE_DEFAULTS, show)})"
+
+
+def _input_grad_latex(operands, params, show):
+    grad, weight = operands
+    return rf"{weight}^{{\top}} \star{_math_args(params, show)} {grad}"
+
+
+primitive("conv_input_grad", code=_input_grad_code, latex=_input_grad_latex)
+
+
+def _weight_grad_code(operands, params, show):
+    """F.convNd(x as [C_in/g, g*N, ...], grad as [C_out, N, ...], stride=dilation, dilation=stride)."""
+    x, grad = operands
+    dims, groups = params["dims"], params["groups"]
+    if groups == 1:
+        x_t = f"{x}.transpose(0, 1)"
+    else:
+        order = ", ".join(["2", "1", "0"] + [str(axis) for axis in range(3, dims + 3)])
+        x_t = f"{x}.unflatten(1, ({groups}, -1)).permute({order}).flatten(1, 2)"
+    swapped = dict(params.items())
+    swapped["stride"], swapped["dilation"] = params["dilation"], params["stride"]
+    call = f"F.conv{dims}d({x_t}, {grad}.transpose(0, 1){keyword_arguments(swapped, CONV_DEFAULTS, show)})"
+    call += ".transpose(0, 1)"
+    crop = params["crop_to"]
+    if any(size is not None for size in crop):
+        call += "[:, :, " + ", ".join(f":{show(size)}" if size is not None else ":" for size in crop) + "]"
+    return call
+
+
+def _weight_grad_latex(operands, params, show):
+    x, grad = operands
+    return rf"{x} \star^{{w}}{_math_args(params, show)} {grad}"
+
+
+primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex)
+
+
+def _sum_code(operands, params, show):
+    return f"{operands[0]}.sum(dim={_dims(params['dim'])})"
+
+
+def _dims(dims: tuple[int, ...]) -> str:
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
+
+
+def _sum_latex(operands, params, show):
+    return rf"\sum_{{{','.join(map(str, params['dim']))}}} {operands[0]}"
+
+
+primitive("sum", code=_sum_code, latex=_sum_latex)
+
+
+class Convolution(Rule):
+    operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
+    params = {
+        "stride": Param(1, int_tuple(1)),
+        "padding": Param(0, int_tuple(0)),
+        "dilation": Param(1, int_tuple(1)),
+        "groups": Param(1, positive_int),
+    }
+    linear_in = ("input", "weight")
+
+    def __init__(self, dims: int):
+        self.dims = dims
+        self.op = f"conv{dims}d"
+        self.summary = f"{dims}-d convolution (cross-correlation) of input with weight, plus bias"
+
+    def spatial_dims(self) -> int:
+        return self.dims
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x, w = shapes["input"], shapes["weight"]
+        rank = self.dims + 2
+        check.require(len(x) == rank, f"input has {len(x)} dimensions but {self.op} needs {rank} ([N, C_in, {self._spatial()}])",
+                      "reshape the input or use the conv of matching dimension")
+        check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} ([C_out, C_in/groups, {self._kernel()}])",
+                      "give the weight a shape of matching rank")
+        groups = params["groups"]
+        check.equal(x[1], w[1] * groups,
+                    f"input has {x[1]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
+                    "make the weight's dim 1 equal the input channels divided by groups")
+        check.equal(w[0] % groups, 0, f"weight has {w[0]} output channels, not divisible by groups={groups}",
+                    "use a number of output channels divisible by groups")
+        if "bias" in shapes:
+            b = shapes["bias"]
+            check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
+            check.equal(b[0], w[0], f"bias has {b[0]} entries but the weight has {w[0]} output channels",
+                        "give bias the shape [C_out]")
+        out = [x[0], w[0]]
+        for axis in range(self.dims):
+            size = x[axis + 2] + 2 * params["padding"][axis] - params["dilation"][axis] * (w[axis + 2] - 1) - 1
+            length = size // params["stride"][axis] + 1
+            check.positive(size + 1, f"kernel (dilated) does not fit the padded input along spatial axis {axis}: "
+                           f"input {x[axis + 2]} + 2 x padding {params['padding'][axis]} < "
+                           f"dilation {params['dilation'][axis]} x (kernel {w[axis + 2]} - 1) + 1",
+                           "use more padding, a smaller kernel or a larger input")
+            out.append(length)
+        return tuple(out)
+
+    def _spatial(self) -> str:
+        return ", ".join(["D", "H", "W"][-self.dims:])
+
+    def _kernel(self) -> str:
+        return ", ".join(["kD", "kH", "kW"][-self.dims:])
+
+    def _params(self, node: NodeSymbols, **extra):
+        return dict(dims=self.dims, **{key: node.params[key] for key in CONV_DEFAULTS}, **extra)
+
+    def forward(self, node: NodeSymbols) -> Forward:
+        operands = [node.operands["input"], node.operands["weight"]]
+        if "bias" in node.operands:
+            operands.append(node.operands["bias"])
+        return Forward(op("conv", *operands, **self._params(node)))
+
+    def pullback(self, node: NodeSymbols, grad, wanted):
+        x, w = node.operands["input"], node.operands["weight"]
+        stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]
+        grads = {}
+        if "input" in wanted:
+            # output_padding = (H + 2p - d (K - 1) - 1) mod s, from the runtime shapes (see module docstring)
+            output_padding = tuple(
+                sympy.Mod(Size(x, axis + 2) + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1, stride[axis])
+                for axis in range(self.dims))
+            grads["input"] = op("conv_input_grad", grad, w, **self._params(node, output_padding=output_padding))
+        if "weight" in wanted:
+            # taps past the kernel size exist only when stride > dilation (see module docstring)
+            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
+            grads["weight"] = op("conv_weight_grad", x, grad, **self._params(node, crop_to=crop_to))
+        if "bias" in wanted:
+            grads["bias"] = op("sum", grad, dim=(0,) + tuple(range(2, self.dims + 2)))
+        return grads
+
+    def table_row(self):
+        return (self.op,
+                "out = weight ⋆ input + bias  (stride s, padding p, dilation d, groups g)",
+                "grad_input = conv_transpose(grad_out, weight; s, p, d, g, output_padding=(H+2p-d(K-1)-1) mod s); "
+                "grad_weight = input ⋆ grad_out with stride d and dilation s; grad_bias = grad_out summed over N and space")
+
+
+RULES = [Convolution(1), Convolution(2), Convolution(3)]

@@ -1,0 +1,445 @@
+"""The YAML spec: loading with line numbers, structural validation, and the validated spec objects.
+
+Everything a spec says that later becomes Python source passes through here first: names must be
+strict ASCII identifiers that cannot shadow what the generated module uses, and values must be
+plain YAML scalars (int, float, bool, string) or lists of them. Op-specific arguments are checked
+against the op's rule when the graph is built (``graph.py``), still with the spec's line numbers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import keyword
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import Location, SpecError
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_NESTING = 32
+MAX_YAML_NODES = 100_000
+MAX_RANK = 8
+MAX_DIM = 1 << 31
+
+IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
+
+# Names the generated module defines or uses itself; a spec name equal to one would shadow it.
+RESERVED_NAMES = frozenset(
+    {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
+     "loss", "grad_loss", "residual", "ctx", "self", "saved", "loss_with_explicit_backward"}
+)
+# Prefixes of names the reverse walk creates (grad_x, mask_relu1, shared_0, ...).
+RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_")
+# Module names that would shadow a package the generated files import when they sit side by side.
+RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
+    "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
+
+TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt")
+INPUT_KEYS = ("shape",)
+LOSS_KEYS = ("op", "in", "target", "reduction")
+LAYER_STRUCTURE_KEYS = ("op", "in", "out")
+
+
+# --------------------------------------------------------------------------------------------
+# YAML with locations
+# --------------------------------------------------------------------------------------------
+
+
+class Mapping(dict):
+    """A YAML mapping that remembers where it, each key and each value stand in the file."""
+
+    location: Location
+    key_locations: dict[str, Location]
+    value_locations: dict[str, Location]
+
+
+class Sequence(list):
+    """A YAML sequence that remembers where it and each item stand in the file."""
+
+    location: Location
+    item_locations: list[Location]
+
+
+def _location(file: str, mark: yaml.Mark | None) -> Location:
+    if mark is None:
+        return Location(file, 1, 1)
+    return Location(file, mark.line + 1, mark.column + 1)
+
+
+def load_yaml(text: str, file: str) -> Mapping:
+    """Parse ``text`` with PyYAML's safe loader, keeping the location of every node.
+
+    Anchors and aliases are refused outright: a spec never needs them, and refusing them removes
+    the "billion laughs" expansion attack. Size, nesting and node count are bounded too.
+    """
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise SpecError(f"spec is larger than the {MAX_SPEC_BYTES} byte limit", Location(file, 1, 1),
+                        "split it or remove what it does not need")
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise SpecError("YAML anchors and aliases are not allowed in a spec",
+                                _location(file, event.start_mark), "write the value out in full")
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                raise SpecError("the spec is empty", Location(file, 1, 1),
+                                "start from `symgrad init` or examples/seed3_conv_relu_conv.yaml")
+            counter = [0]
+            value = _convert(root, loader, file, 0, counter)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        problem = error.problem or error.context or "malformed YAML"
+        raise SpecError(f"malformed YAML: {problem}", _location(file, mark),
+                        "check the indentation, colons and brackets on this line") from None
+    except yaml.YAMLError as error:  # pragma: no cover - PyYAML raises marked errors for text input
+        raise SpecError(f"malformed YAML: {error}", Location(file, 1, 1), "fix the YAML syntax") from None
+    if not isinstance(value, Mapping):
+        raise SpecError("the spec must be a YAML mapping with keys name, inputs, layers, loss, wrt",
+                        _location(file, root.start_mark), "see docs/spec.md for the format")
+    return value
+
+
+def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, counter: list[int]) -> Any:
+    counter[0] += 1
+    if counter[0] > MAX_YAML_NODES:
+        raise SpecError(f"spec has more than {MAX_YAML_NODES} YAML nodes", _location(file, node.start_mark),
+                        "a layer chain never needs this many; remove the excess")
+    if depth > MAX_NESTING:
+        raise SpecError(f"spec is nested deeper than {MAX_NESTING} levels", _location(file, node.start_mark),
+                        "flatten the structure; specs need at most 4 levels")
+    if isinstance(node, yaml.MappingNode):
+        result = Mapping()
+        result.location = _location(file, node.start_mark)
+        result.key_locations, result.value_locations = {}, {}
+        for key_node, value_node in node.value:
+            key = _convert(key_node, loader, file, depth + 1, counter)
+            key_location = _location(file, key_node.start_mark)
+            if not isinstance(key, str):
+                raise SpecError(f"mapping key {key!r} is not a string", key_location, "use a plain name as the key")
+            if key in result:
+                first = result.key_locations[key]
+                raise SpecError(f"duplicate key '{key}' (first given on line {first.line})", key_location,
+                                "remove one of the two")
+            result[key] = _convert(value_node, loader, file, depth + 1, counter)
+            result.key_locations[key] = key_location
+            result.value_locations[key] = _location(file, value_node.start_mark)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        result = Sequence()
+        result.location = _location(file, node.start_mark)
+        result.item_locations = []
+        for item in node.value:
+            result.append(_convert(item, loader, file, depth + 1, counter))
+            result.item_locations.append(_location(file, item.start_mark))
+        return result
+    return loader.construct_object(node)
+
+
+# --------------------------------------------------------------------------------------------
+# Validated spec
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    location: Location
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One op argument as written in the spec, still unchecked against the op's rule."""
+
+    name: str
+    value: Any
+    location: Location
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    index: int
+    op: str
+    sources: tuple[tuple[str, Location], ...]
+    """The nodes named by ``in:`` (or the previous node), in order."""
+    arguments: tuple[Argument, ...]
+    out: str
+    location: Location
+    op_location: Location
+    out_location: Location
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    op: str
+    source: tuple[str, Location]
+    target: tuple[str, Location]
+    reduction: str
+    location: Location
+    reduction_location: Location
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    inputs: tuple[InputSpec, ...]
+    layers: tuple[LayerSpec, ...]
+    loss: LossSpec
+    wrt: tuple[tuple[str, Location], ...]
+    file: str
+    name_location: Location
+    text: str = field(repr=False)
+
+    def input(self, name: str) -> InputSpec:
+        return next(item for item in self.inputs if item.name == name)
+
+
+def read_spec(path: str | Path) -> Spec:
+    """Read and validate the spec file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"no spec file at {path}", None, "check the path") from None
+    except UnicodeDecodeError as error:
+        raise SpecError(f"spec is not UTF-8 text ({error.reason} at byte {error.start})",
+                        Location(str(path), 1, 1), "save the file as UTF-8") from None
+    except OSError as error:
+        raise SpecError(f"cannot read {path}: {error.strerror}", None, "check the path and permissions") from None
+    return parse_spec(text, str(path))
+
+
+def parse_spec(text: str, file: str = "<spec>") -> Spec:
+    """Validate spec ``text``; ``file`` is only used in error messages."""
+    document = load_yaml(text, file)
+    _reject_unknown_keys(document, TOP_LEVEL_KEYS, "top level")
+    for key in TOP_LEVEL_KEYS:
+        if key not in document:
+            raise SpecError(f"missing required key '{key}'", document.location,
+                            f"add a '{key}:' entry (see docs/spec.md)")
+
+    name = _identifier(document, "name", kind="module name")
+    if name in RESERVED_MODULES or name.startswith("test_"):
+        raise SpecError(f"module name '{name}' would shadow a Python module or be collected as a test",
+                        document.value_locations["name"], "choose a more specific name, e.g. 'my_model_grad'")
+
+    inputs_map = _typed(document, "inputs", Mapping, "a mapping of tensor names to {shape: [...]}")
+    if not inputs_map:
+        raise SpecError("'inputs' is empty", document.value_locations["inputs"], "declare at least one tensor")
+    inputs = []
+    for input_name, declaration in inputs_map.items():
+        location = inputs_map.key_locations[input_name]
+        _check_name(input_name, location, "tensor name")
+        if not isinstance(declaration, Mapping):
+            raise SpecError(f"input '{input_name}' must be a mapping like {{shape: [8, 3, 32, 32]}}",
+                            inputs_map.value_locations[input_name], "write `NAME: {shape: [...]}`")
+        _reject_unknown_keys(declaration, INPUT_KEYS, f"input '{input_name}'")
+        if "shape" not in declaration:
+            raise SpecError(f"input '{input_name}' has no shape", declaration.location,
+                            "add `shape: [...]` with the example shape")
+        inputs.append(InputSpec(input_name, _shape(declaration, input_name), location))
+
+    layers_seq = _typed(document, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
+    known = {item.name: item.location for item in inputs}
+    previous = inputs[0].name
+    layers = []
+    for index, layer in enumerate(layers_seq):
+        location = layers_seq.item_locations[index]
+        if not isinstance(layer, Mapping):
+            raise SpecError(f"layer {index + 1} must be a mapping like {{op: conv2d, weight: w}}", location,
+                            "write each layer as `- {op: NAME, ...}`")
+        layers.append(_layer(layer, index, previous, known))
+        previous = layers[-1].out
+        known[previous] = layers[-1].out_location
+
+    loss_map = _typed(document, "loss", Mapping, "a mapping like {op: half_sq_error, target: y}")
+    _reject_unknown_keys(loss_map, LOSS_KEYS, "loss")
+    if "op" not in loss_map:
+        raise SpecError("loss has no 'op'", loss_map.location, "add `op: half_sq_error`")
+    loss_op = _string(loss_map, "op")
+    source = _reference(loss_map, "in", known) if "in" in loss_map else (previous, loss_map.location)
+    if "target" not in loss_map:
+        raise SpecError("loss has no 'target'", loss_map.location, "add `target: NAME` naming the target tensor")
+    target = _reference(loss_map, "target", known)
+    reduction = _string(loss_map, "reduction") if "reduction" in loss_map else "sum"
+    reduction_location = loss_map.value_locations.get("reduction", loss_map.location)
+    loss = LossSpec(loss_op, source, target, reduction, loss_map.location, reduction_location)
+
+    wrt_value = document["wrt"]
+    wrt_location = document.value_locations["wrt"]
+    if isinstance(wrt_value, str):
+        wrt_value, item_locations = [wrt_value], [wrt_location]
+    elif isinstance(wrt_value, Sequence):
+        item_locations = wrt_value.item_locations
+    else:
+        raise SpecError("'wrt' must be a list of input names", wrt_location, "write e.g. `wrt: [x, w1]`")
+    if not wrt_value:
+        raise SpecError("'wrt' is empty", wrt_location, "name at least one input to differentiate by")
+    wrt = []
+    for item, location in zip(wrt_value, item_locations):
+        if not isinstance(item, str):
+            raise SpecError(f"'wrt' entry {item!r} is not a name", location, "write input names, e.g. `wrt: [x, w1]`")
+        if item not in inputs_map:
+            raise SpecError(f"'wrt' names '{item}', which is not an input" + _did_you_mean(item, inputs_map),
+                            location, "wrt may only name tensors declared under 'inputs'")
+        if item in (name for name, _ in wrt):
+            raise SpecError(f"'wrt' names '{item}' twice", location, "remove the repeat")
+        wrt.append((item, location))
+
+    return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
+                file=file, text=text, name_location=document.value_locations["name"])
+
+
+def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:
+    if "op" not in layer:
+        raise SpecError(f"layer {index + 1} has no 'op'", layer.location,
+                        "add `op: NAME` with a torch.nn.functional name, e.g. conv2d; `symgrad ops` lists them")
+    op = _string(layer, "op")
+    if "in" in layer:
+        value = layer["in"]
+        if isinstance(value, Sequence):
+            if not value:
+                raise SpecError("'in' is an empty list", layer.value_locations["in"], "name the input node(s)")
+            sources = []
+            for item, location in zip(value, value.item_locations):
+                if not isinstance(item, str):
+                    raise SpecError(f"'in' entry {item!r} is not a node name", location, "name a declared tensor or layer output")
+                sources.append((_known(item, location, known), location))
+            sources = tuple(sources)
+        else:
+            sources = (_reference(layer, "in", known),)
+    else:
+        sources = ((previous, layer.location),)
+    if "out" in layer:
+        out = _identifier(layer, "out", kind="output name")
+        out_location = layer.value_locations["out"]
+    else:
+        out, out_location = f"{op}_{index + 1}" if IDENTIFIER.match(f"{op}_{index + 1}") else f"layer_{index + 1}", layer.location
+    if out in known:
+        raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
+                        "give this layer a unique `out:` name")
+    arguments = tuple(Argument(key, value, layer.value_locations[key])
+                      for key, value in layer.items() if key not in LAYER_STRUCTURE_KEYS)
+    for argument in arguments:
+        _check_value(argument.value, argument.location, f"argument '{argument.name}'")
+    return LayerSpec(index=index, op=op, sources=sources, arguments=arguments, out=out, location=layer.location,
+                     op_location=layer.value_locations["op"], out_location=out_location)
+
+
+def _check_value(value: Any, location: Location, what: str, depth: int = 0) -> None:
+    """Only plain scalars and flat lists of them may be op arguments."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
+        return
+    if isinstance(value, list) and depth == 0:
+        for item in value:
+            _check_value(item, location, what, depth + 1)
+        return
+    raise SpecError(f"{what} has an unsupported value {str(value)[:40]!r}", location,
+                    "use a number, a name, or a flat list of numbers")
+
+
+def _did_you_mean(word: str, candidates) -> str:
+    matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean '{matches[0]}'?" if matches else ""
+
+
+def _reject_unknown_keys(mapping: Mapping, allowed, where: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise SpecError(f"unknown key '{key}' at {where}" + _did_you_mean(key, allowed),
+                            mapping.key_locations[key], f"allowed keys here: {', '.join(allowed)}")
+
+
+def _typed(mapping: Mapping, key: str, kind: type, described: str):
+    value = mapping[key]
+    if not isinstance(value, kind):
+        raise SpecError(f"'{key}' must be {described}, not {_kind(value)}", mapping.value_locations[key],
+                        f"write '{key}' as {described}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, Sequence):
+        return "a list"
+    if value is None:
+        return "empty"
+    return f"{type(value).__name__} {str(value)[:40]!r}"
+
+
+def _string(mapping: Mapping, key: str) -> str:
+    value = mapping[key]
+    if not isinstance(value, str):
+        raise SpecError(f"'{key}' must be a name, not {_kind(value)}", mapping.value_locations[key],
+                        f"write '{key}' as a plain name")
+    return value
+
+
+def _identifier(mapping: Mapping, key: str, kind: str) -> str:
+    value = _string(mapping, key)
+    _check_name(value, mapping.value_locations[key], kind)
+    return value
+
+
+def check_identifier(name: str) -> str | None:
+    """Why ``name`` may not appear in generated code, or None if it may."""
+    if not IDENTIFIER.match(name):
+        return ("must be an ASCII identifier: a letter, then letters, digits or '_' (at most 64 characters)")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return "is a Python keyword"
+    if name in RESERVED_NAMES:
+        return "is a name the generated module uses itself"
+    if name.startswith(RESERVED_PREFIXES):
+        return f"starts with a prefix the generated code reserves ({', '.join(RESERVED_PREFIXES)})"
+    return None
+
+
+def _check_name(name: Any, location: Location, kind: str) -> None:
+    if not isinstance(name, str):
+        raise SpecError(f"{kind} {name!r} is not a string", location, "use an identifier such as x or w1")
+    problem = check_identifier(name)
+    if problem:
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        raise SpecError(f"{kind} {shown!r} {problem}", location, "rename it, e.g. x, w1 or conv_out")
+
+
+def _known(name: str, location: Location, known: dict[str, Location]) -> str:
+    if name not in known:
+        raise SpecError(f"'{name}' is not defined before this point" + _did_you_mean(name, known), location,
+                        "name a declared input or the `out:` of an earlier layer")
+    return name
+
+
+def _reference(mapping: Mapping, key: str, known: dict[str, Location]) -> tuple[str, Location]:
+    value = _string(mapping, key)
+    location = mapping.value_locations[key]
+    return _known(value, location, known), location
+
+
+def _shape(declaration: Mapping, name: str) -> tuple[int, ...]:
+    value = declaration["shape"]
+    location = declaration.value_locations["shape"]
+    if not isinstance(value, Sequence):
+        raise SpecError(f"shape of '{name}' must be a list of positive integers, not {_kind(value)}", location,
+                        "write e.g. `shape: [8, 3, 32, 32]`")
+    if not 1 <= len(value) <= MAX_RANK:
+        raise SpecError(f"shape of '{name}' has {len(value)} dimensions; symgrad supports 1 to {MAX_RANK}", location,
+                        "give the tensor's full example shape")
+    for size, item_location in zip(value, value.item_locations):
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise SpecError(f"shape of '{name}' has a non-integer size {size!r}", item_location,
+                            "sizes are whole numbers such as 8 or 128")
+        if not 1 <= size <= MAX_DIM:
+            raise SpecError(f"shape of '{name}' has size {size}; sizes must be between 1 and {MAX_DIM}", item_location,
+                            "use a positive size")
+    return tuple(value)
