@@ -39,11 +39,21 @@ def _tied_sizes(graph: Graph) -> tuple[dict[sympy.Symbol, sympy.Expr], list[symp
         left, right = sympy.sympify(left).subs(substitution), sympy.sympify(right).subs(substitution)
         if left == right:
             continue
-        if left.is_Symbol:
+        solved = value = None
+        if left.is_Symbol and left not in right.free_symbols:
             solved, value = left, right
-        elif right.is_Symbol:
+        elif right.is_Symbol and right not in left.free_symbols:
             solved, value = right, left
-        else:
+        else:  # e.g. x_2 == x_2 - w_2 + 3: a residual add fixes the kernel size
+            for symbol in sorted(left.free_symbols | right.free_symbols, key=str):
+                try:
+                    solutions = sympy.solve(sympy.Eq(left, right), symbol)
+                except (NotImplementedError, ValueError):
+                    continue
+                if len(solutions) == 1 and symbol not in solutions[0].free_symbols:
+                    solved, value = symbol, solutions[0]
+                    break
+        if solved is None:
             continue  # checked numerically for each candidate
         substitution = {key: expr.subs(solved, value) for key, expr in substitution.items()}
         substitution[solved] = value

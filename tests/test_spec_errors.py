@@ -1,0 +1,102 @@
+"""Bad specs: one line naming file:line:column, the problem and the fix; exit 2; no files written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from symgrad.cli import main
+
+GOOD = """\
+name: good
+inputs:
+  x: {shape: [2, 3, 8, 8]}
+  w: {shape: [4, 3, 3, 3]}
+  y: {shape: [2, 4, 6, 6]}
+layers:
+  - {op: conv2d, weight: w, out: h}
+  - {op: relu, out: a}
+loss: {op: half_sq_error, target: y, reduction: sum}
+wrt: [x, w]
+"""
+
+
+def variant(old: str, new: str) -> str:
+    assert old in GOOD, old
+    return GOOD.replace(old, new, 1)
+
+
+# (id, spec text, line, expected fragment of the message)
+BAD = [
+    ("malformed-yaml", variant("wrt: [x, w]", "wrt: [x, w"), 11, "malformed YAML"),
+    ("duplicate-key", variant("wrt: [x, w]", "wrt: [x, w]\nwrt: [x]"), 11, "duplicate key 'wrt'"),
+    ("unknown-top-key", variant("wrt: [x, w]", "wrt: [x, w]\nwrtt: [x]"), 11, "did you mean 'wrt'"),
+    ("missing-wrt", variant("wrt: [x, w]\n", ""), 1, "missing required key 'wrt'"),
+    ("empty", "", 1, "the spec is empty"),
+    ("not-a-mapping", "- 1\n- 2\n", 1, "must be a YAML mapping"),
+    ("alias", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: &s [2, 3, 8, 8]}\n  z: {shape: *s}"), 3, "anchors and aliases"),
+    ("bad-name", variant("name: good", "name: 1bad"), 1, "must be an ASCII identifier"),
+    ("keyword-name", variant("name: good", "name: lambda"), 1, "Python keyword"),
+    ("shadowing-module-name", variant("name: good", "name: os"), 1, "would shadow"),
+    ("injection-name", variant("name: good", 'name: "x\\nimport os"'), 1, "must be an ASCII identifier"),
+    ("reserved-tensor-name", variant("  x: {shape: [2, 3, 8, 8]}", "  F: {shape: [2, 3, 8, 8]}"), 3, "generated module uses itself"),
+    ("reserved-prefix", variant("out: h}", "out: grad_h}"), 7, "prefix the generated code reserves"),
+    ("shape-not-list", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: 5}"), 3, "must be a list of positive integers"),
+    ("zero-size", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: [2, 0, 8, 8]}"), 3, "sizes must be between 1"),
+    ("float-size", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: [2, 3.5, 8, 8]}"), 3, "non-integer size"),
+    ("unknown-op", variant("op: relu", "op: rellu"), 8, "did you mean 'relu'"),
+    ("unknown-argument", variant("out: h}", "strides: 2, out: h}"), 7, "did you mean 'stride'"),
+    ("negative-stride", variant("out: h}", "stride: -1, out: h}"), 7, "below the smallest allowed value 1"),
+    ("stride-wrong-length", variant("out: h}", "stride: [1, 2, 3], out: h}"), 7, "has 3 entries"),
+    ("bool-as-int", variant("out: h}", "stride: true, out: h}"), 7, "must be an int"),
+    ("unsupported-padding-string", variant("out: h}", "padding: same, out: h}"), 7, "must be an int"),
+    ("channel-mismatch", variant("w: {shape: [4, 3, 3, 3]}", "w: {shape: [4, 5, 3, 3]}"), 7, "input has 3 channels but weight expects 5"),
+    ("kernel-too-large", variant("w: {shape: [4, 3, 3, 3]}", "w: {shape: [4, 3, 9, 9]}"), 7, "does not fit"),
+    ("target-shape-mismatch", variant("y: {shape: [2, 4, 6, 6]}", "y: {shape: [2, 4, 5, 6]}"), 9, "target has shape"),
+    ("dangling-in", variant("op: relu, out: a", "op: relu, in: hh, out: a"), 8, "did you mean 'h'"),
+    ("forward-reference", variant("op: conv2d, weight: w, out: h", "op: conv2d, in: a, weight: w, out: h"), 7, "not defined before this point"),
+    ("duplicate-out", variant("out: a}", "out: h}"), 8, "already used"),
+    ("wrt-unknown", variant("wrt: [x, w]", "wrt: [x, ww]"), 10, "did you mean 'w'"),
+    ("wrt-not-influencing", variant("  y: {shape: [2, 4, 6, 6]}", "  y: {shape: [2, 4, 6, 6]}\n  u: {shape: [3]}").replace("wrt: [x, w]", "wrt: [x, u]"), 11, "does not influence the loss"),
+    ("dead-layer", variant("out: a}", "out: a}\n  - {op: relu, in: h, out: b}\n  - {op: relu, in: a, out: c}"), 9, "does not contribute to the loss"),
+    ("unknown-loss", variant("op: half_sq_error", "op: half_square_error"), 9, "unknown loss"),
+    ("bad-reduction", variant("reduction: sum", "reduction: total"), 9, "must be one of sum, mean, per_sample"),
+    ("missing-weight", variant("op: conv2d, weight: w, out: h", "op: conv2d, out: h"), 7, "needs 'weight'"),
+    ("too-many-in", variant("op: relu, out: a", "op: relu, in: [h, x], out: a"), 8, "reads 1 tensor(s)"),
+    ("weight-not-a-name", variant("weight: w,", "weight: 3,"), 7, "must be a node name"),
+    ("nested-value", variant("out: h}", "padding: [[1]], out: h}"), 7, "unsupported value"),
+    ("layers-not-list", variant("layers:\n  - {op: conv2d, weight: w, out: h}\n  - {op: relu, out: a}", "layers: {op: relu}"), 6, "must be a list of layers"),
+]
+
+
+@pytest.mark.parametrize("text,line,fragment", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_spec_gives_one_clear_line_and_writes_nothing(tmp_path: Path, text, line, fragment):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip() if hasattr(result, "stderr") else result.output.strip()
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message.startswith(f"{spec}:{line}:"), message
+    assert fragment in message, message
+    assert "(fix: " in message
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_good_spec_generates(tmp_path: Path):
+    spec = tmp_path / "good.yaml"
+    spec.write_text(GOOD, encoding="utf-8")
+    result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out"), "--verify"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good.md", "good.py", "test_good.py"]
+
+
+def test_one_bad_spec_among_several_writes_nothing(tmp_path: Path):
+    (tmp_path / "a_good.yaml").write_text(GOOD, encoding="utf-8")
+    (tmp_path / "b_bad.yaml").write_text(variant("op: relu", "op: rellu"), encoding="utf-8")
+    result = CliRunner().invoke(main, ["generate", str(tmp_path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert not (tmp_path / "out").exists()
