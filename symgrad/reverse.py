@@ -49,6 +49,8 @@ class Step:
     incoming: sympy.Symbol
     contributions: list[tuple[str, str, sympy.Expr]]
     """(operand, source node, contribution) triples."""
+    locals: list[tuple[sympy.Symbol, sympy.Expr]] = field(default_factory=list)
+    """Local gradients the step names (a ReLU's mask)."""
 
 
 @dataclass
@@ -111,7 +113,7 @@ def derive(graph: Graph) -> Program:
             source = node.operands[operand]
             contributions.setdefault(source, []).append((node, operand, pulled[operand]))
         steps.append(Step(node.name, _describe(graph, node), grad,
-                          [(operand, node.operands[operand], pulled[operand]) for operand in pulled]))
+                          [(operand, node.operands[operand], pulled[operand]) for operand in pulled], symbols.locals))
 
     backward = _share_common_subexpressions(backward)
     gradients = {name: tensor(f"grad_{name}") for name in graph.wrt}
