@@ -24,6 +24,8 @@ from .graph import Graph, Node
 
 GRAD_LOSS = tensor("grad_loss")
 
+primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
+          latex=lambda operands, params, show: r"\mathbf{0}")
 primitive("sum_to_size",
           code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]}.shape)",
           latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)")
@@ -87,6 +89,9 @@ def derive(graph: Graph) -> Program:
             incoming = contributions[node.name]
             value = sympy.Add(*(_unbroadcast(graph, consumer, operand, node, contribution)
                                 for consumer, operand, contribution in incoming))
+            if value.is_number:  # the paths cancel exactly (sub(x, x)): still a tensor of x's shape
+                assert value == 0, value
+                value = op("zeros_like", tensor(node.name))
             if len(incoming) > 1:
                 branch_sums[node.name] = [consumer.name for consumer, _, _ in incoming]
                 comment = (f"{node.name} feeds {', '.join(sorted({c.name for c, _, _ in incoming}))}: "

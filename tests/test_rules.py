@@ -69,6 +69,12 @@ CASES = [
                  id="tied-weight-used-twice"),
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "mul", "in": ["x", "x"]}], SQ, ["x"]),
                  id="same-node-both-operands"),
+    # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay tensors
+    pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["x", "x"]}], SQ, ["x"]),
+                 id="sub-same-node-cancels"),
+    pytest.param(spec_text({"x": [1, 1, 5, 5], "w": [1, 1, 1, 1], "y": [1, 1, 5, 5]},
+                           [{"op": "sub", "in": ["x", "x"], "out": "d"}, {"op": "conv2d", "weight": "w", "out": "c"}],
+                           SQ, ["x", "w"]), id="conv-of-cancelled-difference"),
 ]
 
 

@@ -84,7 +84,10 @@ class Elementwise(Rule):
     def forward(self, node: NodeSymbols) -> Forward:
         math = self._substitute(self.scalar_forward(), node)
         if self.call is None:
-            return Forward(math)
+            # unevaluated, so sub(x, x) prints as `x - x` (a tensor), never as the number 0
+            with sympy.evaluate(False):
+                value = self.formula(*(node.operands[operand.name] for operand in self.operands))
+            return Forward(value, math)
         return Forward(op(self.op, *(node.operands[operand.name] for operand in self.operands)), math)
 
     def local_derivative(self, scalar: sympy.Symbol) -> sympy.Expr:
