@@ -135,6 +135,87 @@ def check(paths):
 
 
 @main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(file_okay=False),
+              help="Directory to write <name>.md and <name>.html into.")
+@click.option("--force", is_flag=True, help="Overwrite documents even if they were edited by hand.")
+def docs(specs, output, force):
+    """Write only the derivation documents (Markdown and HTML) of each SPEC."""
+    from .emit import DOCUMENTS, Rendered, write_files
+    from .pipeline import build
+
+    try:
+        built = [build(path, _spec_label(path)) for path in _expand(specs)]
+        for result in built:
+            names = [pattern.format(name=result.rendered.name) for pattern in DOCUMENTS]
+            documents = Rendered(result.rendered.name, {name: result.rendered.files[name] for name in names}, [])
+            for path in write_files(documents, Path(output), force=force):
+                click.echo(f"wrote {path}")
+    except SymgradError as error:
+        _fail(error)
+
+
+@main.command(name="verify")
+@click.argument("spec", type=click.Path())
+@click.option("--float32-shapes", type=click.Choice(["spec", "small"]), default="spec", show_default=True,
+              help="Shapes for the float32 accuracy column: the spec's own, or the small test shapes.")
+def verify_command(spec, float32_shapes):
+    """Compare SPEC's generated gradients with torch.autograd and print a table per gradient."""
+    from .check import accuracy_table, module_from_source
+    from .pipeline import build
+
+    try:
+        result = build(spec, _spec_label(Path(spec)))
+    except SymgradError as error:
+        _fail(error)
+    module = module_from_source(result.rendered.files[f"{result.rendered.name}.py"], result.rendered.name)
+    shapes32 = {node.name: node.shape for node in result.graph.inputs} if float32_shapes == "spec" else result.shapes[0]
+    rows = accuracy_table(result.graph, module, result.shapes, shapes32)
+    header = ("gradient", "float64 vs autograd", "float32 vs float64", "autograd float32 vs float64", "gradcheck",
+              "gradgradcheck")
+    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    click.echo("float64: max relative error, random cotangent, small shapes; float32: relative error in the 2-norm "
+               f"at the {float32_shapes} shapes; checks through the explicit backward at small shapes.")
+    failed = any(float(row[1]) > TOLERANCE_FLOAT64 or row[4] != "pass" or row[5] != "pass" for row in rows)
+    sys.exit(1 if failed else 0)
+
+
+STARTER_SPEC = """\
+# A symgrad spec: a layer chain, a loss, and the tensors to differentiate by.
+# Generate with `symgrad generate spec.yaml`; the format is in docs/spec.md.
+name: my_gradients               # the module name (a Python identifier)
+inputs:                          # every tensor, with an example shape, in argument order
+  x: {shape: [8, 3, 64, 64]}
+  w1: {shape: [16, 3, 3, 3]}
+  w2: {shape: [3, 16, 3, 3]}
+  y: {shape: [8, 3, 64, 64]}
+layers:                          # torch.nn.functional names and argument names
+  - {op: conv2d, weight: w1, padding: 1, out: h}     # reads x, the first input
+  - {op: relu, out: a}                               # reads the previous layer
+  - {op: conv2d, weight: w2, padding: 1, out: r}
+  - {op: add, in: [r, x], out: p}                    # a skip connection: gradients add up
+loss: {op: half_sq_error, in: p, target: y, reduction: per_sample}   # sum, mean or per_sample
+wrt: [x, w1, w2]                 # gradients to derive, returned in this order
+"""
+
+
+@main.command()
+@click.argument("path", default="spec.yaml", type=click.Path(dir_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def init(path, force):
+    """Write a commented starter spec to PATH (default spec.yaml)."""
+    target = Path(path)
+    if target.exists() and not force:
+        click.echo(f"error: {target} already exists (fix: choose another path or pass --force)", err=True)
+        sys.exit(2)
+    target.write_text(STARTER_SPEC, encoding="utf-8")
+    click.echo(f"wrote {target}; next: symgrad generate {target} --verify")
+
+
+@main.command()
 def ops():
     """List the supported ops: forward formula and local gradient."""
     from .rules import all_rules

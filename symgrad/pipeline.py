@@ -1,4 +1,4 @@
-"""Spec file to rendered files: the steps every command shares."""
+"""Spec to rendered files: the steps every command and the Python API share."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .graph import Graph, build_graph
 from .printing import to_text
 from .reverse import Program, derive
 from .shapes import small_shapes
-from .spec import read_spec
+from .spec import Spec, parse_spec, read_spec
 
 
 @dataclass
@@ -26,9 +26,18 @@ class Built:
         return [f"{s.target} = {to_text(s.math if s.math is not None else s.value)}" for s in self.program.forward]
 
 
-def build(spec_path: str | Path, spec_label: str | None = None) -> Built:
-    spec = read_spec(spec_path)
+def _build(spec: Spec, label: str) -> Built:
     graph = build_graph(spec)
     program = derive(graph)
-    label = spec_label or Path(spec_path).as_posix()
-    return Built(label, graph, program, render(program, label), small_shapes(graph))
+    shapes = small_shapes(graph)
+    return Built(label, graph, program, render(program, label, shapes), shapes)
+
+
+def build(spec_path: str | Path, spec_label: str | None = None) -> Built:
+    """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path)."""
+    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix())
+
+
+def build_text(text: str, label: str = "<spec>") -> Built:
+    """Build from spec text; ``label`` names it in errors and headers."""
+    return _build(parse_spec(text, label), label)

@@ -1,16 +1,11 @@
-"""Shared test helpers: build a spec from Python values, and generate its module in memory."""
+"""Shared test helpers: build a spec from Python values, and import its generated module from memory."""
 
 from __future__ import annotations
 
 import yaml
 
 from symgrad.check import module_from_source
-from symgrad.pipeline import Built
-from symgrad.emit import render
-from symgrad.graph import build_graph
-from symgrad.reverse import derive
-from symgrad.shapes import small_shapes
-from symgrad.spec import parse_spec
+from symgrad.pipeline import Built, build_text as _build_text
 
 
 def spec_text(inputs: dict, layers: list, loss: dict, wrt: list, name: str = "rule_case") -> str:
@@ -20,10 +15,7 @@ def spec_text(inputs: dict, layers: list, loss: dict, wrt: list, name: str = "ru
 
 
 def build_text(text: str, label: str = "case.yaml") -> Built:
-    spec = parse_spec(text, label)
-    graph = build_graph(spec)
-    program = derive(graph)
-    return Built(label, graph, program, render(program, label), small_shapes(graph))
+    return _build_text(text, label)
 
 
 def generated_module(built: Built):

@@ -1,0 +1,65 @@
+"""The Python API, mirroring the command line: ``symgrad.generate(path)`` or ``symgrad.generate(text=...)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .pipeline import Built, build, build_text
+
+
+@dataclass
+class Generated:
+    """Everything ``symgrad generate`` would write, in memory. Shows itself as math in Jupyter."""
+
+    built: Built
+
+    @property
+    def name(self) -> str:
+        return self.built.rendered.name
+
+    @property
+    def files(self) -> dict[str, str]:
+        return dict(self.built.rendered.files)
+
+    @property
+    def code(self) -> str:
+        """The gradient module's source."""
+        return self.built.rendered.files[f"{self.name}.py"]
+
+    @property
+    def test_code(self) -> str:
+        return self.built.rendered.files[f"test_{self.name}.py"]
+
+    @property
+    def markdown(self) -> str:
+        return self.built.rendered.files[f"{self.name}.md"]
+
+    @property
+    def html(self) -> str:
+        return self.built.rendered.files[f"{self.name}.html"]
+
+    @property
+    def latex(self) -> str:
+        """The emitted gradients as one LaTeX ``aligned`` block."""
+        return self.built.rendered.latex
+
+    def write(self, directory: str | Path = "generated", force: bool = False) -> list[Path]:
+        from .emit import write_files
+
+        return write_files(self.built.rendered, Path(directory), force=force)
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown.split("-->\n", 1)[-1]
+
+    def _repr_latex_(self) -> str:
+        return f"$${self.latex}$$"
+
+
+def generate(spec: str | Path | None = None, *, text: str | None = None, label: str | None = None) -> Generated:
+    """Derive the gradients of a spec file (``spec``) or of spec ``text``; raises ``SpecError`` on bad input."""
+    if (spec is None) == (text is None):
+        raise TypeError("pass either a spec path or text=...")
+    if text is not None:
+        return Generated(build_text(text, label or "<spec>"))
+    return Generated(build(spec, label))
