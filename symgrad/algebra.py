@@ -105,16 +105,18 @@ class Primitive:
     name: str
     code: Callable[[list[str], Params, Callable[[Any], str]], str]
     latex: Callable[[list[str], Params, Callable[[Any], str]], str]
+    inplace: Callable[[list[str], Params, Callable[[Any], str]], str] | None = None
+    """The same op overwriting its first operand, for the fast function."""
 
 
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def primitive(name: str, *, code, latex) -> Primitive:
+def primitive(name: str, *, code, latex, inplace=None) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace)
     return PRIMITIVES[name]
 
 

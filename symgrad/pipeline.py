@@ -30,7 +30,7 @@ def _build(spec: Spec, label: str) -> Built:
     graph = build_graph(spec)
     program = derive(graph)
     shapes = small_shapes(graph)
-    return Built(label, graph, program, render(program, label, shapes), shapes)
+    return Built(label, graph, program, render(program, label, shapes, derive(graph, fused=True)), shapes)
 
 
 def build(spec_path: str | Path, spec_label: str | None = None) -> Built:

@@ -71,7 +71,8 @@ class Program:
         return tensor("loss")
 
 
-def derive(graph: Graph) -> Program:
+def derive(graph: Graph, fused: bool = False) -> Program:
+    """The forward and backward statements of ``graph``; ``fused`` lets rules use fused kernels."""
     forward = _forward_statements(graph)
     needs_gradient = graph.depends_on_wrt()
     nodes = list(graph.nodes.values())
@@ -108,6 +109,7 @@ def derive(graph: Graph) -> Program:
         if not wanted:
             continue
         symbols = graph.symbols(node)
+        symbols.fused = fused
         pulled = node.rule.pullback(symbols, grad, wanted)
         missing = wanted - set(pulled)
         if missing:  # a rule that cannot differentiate an operand must say so, never drop it

@@ -131,6 +131,8 @@ class NodeSymbols:
     shapes: dict[str, tuple[int, ...]]
     out_shape: tuple[int, ...]
     locals: list[tuple[sympy.Symbol, sympy.Expr]] = field(default_factory=list)
+    fused: bool = False
+    """Derive for speed: a rule may then use one fused kernel where the readable form uses several."""
 
     @property
     def out(self) -> sympy.Symbol:

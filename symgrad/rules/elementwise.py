@@ -23,16 +23,19 @@ from .base import Checker, Forward, NodeSymbols, Operand, Rule
 INPUT, OTHER = sympy.symbols("input other")
 
 
-def _call_primitive(name: str, call: str, math: Callable[[sympy.Expr], sympy.Expr]):
+def _call_primitive(name: str, call: str, math: Callable[[sympy.Expr], sympy.Expr], inplace: str | None):
     def code(operands, params, show):
         return f"{call}({', '.join(operands)})"
+
+    def inplace_code(operands, params, show):
+        return f"{inplace}({', '.join(operands)})"
 
     def latex(operands, params, show):
         from ..printing import to_latex  # the scalar formula, shown with the operand in place
 
         return to_latex(math(sympy.Symbol("□"))).replace("□", operands[0])
 
-    primitive(name, code=code, latex=latex)
+    primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None)
 
 
 @dataclass
@@ -44,13 +47,18 @@ class Elementwise(Rule):
     """The torch call that computes the forward, when not the printed formula (``F.relu``)."""
     local_kind: str = "local"
     """The name given to a non-trivial local derivative: ``mask_relu1``, ``local_t1``."""
+    from_output: Callable[[sympy.Symbol], sympy.Expr] | None = None
+    """The local derivative written with the op's output instead of its input, when that is exact
+    (``H(x) = H(relu(x))``): the input can then be freed after the forward. Tests check the identity."""
+    inplace: str | None = None
+    """An in-place torch call for the forward (``torch.relu_``), used by the fast function."""
     summary: str = ""
     operands: tuple[Operand, ...] = field(default=(Operand("input", from_in=True),))
     broadcasts = True
 
     def __post_init__(self):
         if self.call is not None:
-            _call_primitive(self.op, self.call, lambda x: self.formula(x))
+            _call_primitive(self.op, self.call, lambda x: self.formula(x), self.inplace)
 
     @property
     def scalars(self) -> tuple[sympy.Symbol, ...]:
@@ -99,7 +107,10 @@ class Elementwise(Rule):
         for scalar, operand in zip(self.scalars, self.operands):
             if operand.name not in wanted:
                 continue
-            local = self._substitute(self.local_derivative(scalar), node)
+            if self.from_output is not None:
+                local = self.from_output(node.out)
+            else:
+                local = self._substitute(self.local_derivative(scalar), node)
             if not (local.is_number or local.is_Symbol):
                 local = node.local(self.local_kind, local)
             grads[operand.name] = local * grad
@@ -117,6 +128,7 @@ def _binary(name: str, formula, summary: str) -> Elementwise:
 
 RULES = [
     Elementwise("relu", lambda x: sympy.Max(0, x), call="F.relu", local_kind="mask",
+                from_output=lambda out: sympy.Heaviside(out, 0), inplace="torch.relu_",
                 summary="rectified linear unit; its derivative is the Heaviside mask of the input"),
     _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting"),
     _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting"),
