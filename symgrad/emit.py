@@ -57,10 +57,11 @@ def _line(statement: Statement) -> Line:
 
 
 def _shape_of(graph) -> dict[sympy.Symbol, tuple]:
-    """Shapes of the symbols whose shape the graph knows: nodes, their gradients, their masks."""
+    """Shapes of the floating-point tensors whose shape the graph knows: nodes and their gradients
+    (not the boolean masks, which must never be overwritten with floats)."""
     shapes = {}
     for node in graph.nodes.values():
-        for name in (node.name, f"grad_{node.name}", f"mask_{node.name}"):
+        for name in (node.name, f"grad_{node.name}"):
             shapes[sympy.Symbol(name)] = tuple(node.shape)
     loss = graph.loss
     shapes[sympy.Symbol("residual")] = tuple(graph.nodes[loss.operands["input"]].shape)
@@ -98,13 +99,25 @@ def fast_lines(statements: list[Statement], boundary: int, boundary_uses: set[sy
     for symbol in boundary_uses:
         last_use[symbol] = max(last_use.get(symbol, -1), boundary - 0.5)
     owned = {statement.target for statement in statements}
+    # `grad_a = grad_r` makes two names for one tensor: it may be overwritten only once both are dead
+    root: dict[sympy.Symbol, sympy.Symbol] = {}
+    for statement in statements:
+        if statement.value.is_Symbol:
+            root[statement.target] = root.get(statement.value, statement.value)
+    group_last_use: dict[sympy.Symbol, float] = {}
+    for symbol, index in last_use.items():
+        key = root.get(symbol, symbol)
+        group_last_use[key] = max(group_last_use.get(key, -1), index)
     lines: list[list[str]] = [[], []]
     for index, statement in enumerate(statements):
         part = lines[0 if index < boundary else 1]
         dying = sorted((symbol for symbol in statement.value.free_symbols
                         if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
         target_shape = shapes.get(statement.target)
-        overwritable = [symbol for symbol in dying if target_shape is not None and shapes.get(symbol) == target_shape]
+        overwritable = [symbol for symbol in dying
+                        if target_shape is not None and shapes.get(symbol) == target_shape
+                        and root.get(symbol, symbol) not in keep
+                        and group_last_use.get(root.get(symbol, symbol)) == index]
         value = statement.value
         code = None
         if isinstance(value, sympy.Mul) and overwritable:
@@ -209,12 +222,13 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     names = [node.name for node in graph.inputs]
     gradient_symbols = set(program.gradients.values())
     forward = [_line(s) for s in _live(program.forward, {program.loss_symbol})]
-    backward_live = _live(program.forward + program.backward, gradient_symbols)
+    # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
+    backward_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
     split = len([s for s in backward_live if s in program.forward])
     gradients_forward = [_line(s) for s in backward_live[:split]]
     gradients_backward = [_line(s) for s in backward_live[split:]]
     loss_node = graph.loss
-    fast_live = _live(fast.forward + fast.backward, gradient_symbols)
+    fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     fast_split = len([s for s in fast_live if s in fast.forward])
     fast_forward, fast_backward = fast_lines(fast_live, fast_split, fast.default_cotangent.free_symbols,
                                              gradient_symbols, _shape_of(graph))

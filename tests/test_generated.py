@@ -97,7 +97,7 @@ def test_generate_prints_derivation_and_verification(monkeypatch, tmp_path: Path
     result = CliRunner().invoke(main, ["generate", "examples/seed3_conv_relu_conv.yaml", "-o", str(tmp_path), "--verify"])
     assert result.exit_code == 0, result.output
     assert "grad_conv1 = grad_relu1 * mask_relu1" in result.output
-    assert "mask_relu1 = [conv1 > 0]" in result.output
+    assert "mask_relu1 = [relu1 > 0]" in result.output
     for name in ("x", "w1", "w2"):
         assert f"grad {name}: max rel error" in result.output
     assert "FAILED" not in result.output

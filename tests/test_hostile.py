@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from symgrad.check import verify
+from symgrad.check import random_inputs, relative_error, verify
 from symgrad.errors import SpecError
 from symgrad.graph import build_graph
 from symgrad.spec import parse_spec
@@ -148,6 +148,16 @@ def test_random_valid_specs_match_autograd(case):
     assert report.forward_error <= 1e-12
     for name, error in report.gradient_errors.items():
         assert error <= 1e-10, (name, error, text)
+    inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=4)
+    before = {name: value.detach().clone() for name, value in inputs.items()}
+    loss = module.forward(**inputs)
+    expected = torch.autograd.grad(loss, [inputs[name] for name in built.graph.wrt], torch.ones_like(loss))
+    fast = module.gradients_fast(**inputs)  # with the default cotangent, so that path runs too
+    readable = module.gradients(**inputs)
+    for name, gradient in zip(built.graph.wrt, expected):
+        assert relative_error(getattr(readable, name), gradient) <= 1e-10, (name, text)
+        assert relative_error(getattr(fast, name), gradient) <= 1e-10, (name, text)
+    assert all(torch.equal(value, before[name]) for name, value in inputs.items()), text
 
 
 @FUZZ

@@ -118,13 +118,23 @@ def test_every_rule_has_a_case():
 
 
 def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
-    built = build_text(spec_text({"x": [4], "y": [4]}, [{"op": "relu"}], SQ, ["x"]))
-    mask = next(s for s in built.program.backward if s.target.name.startswith("mask_"))
     import sympy
 
-    assert mask.value == sympy.Heaviside(sympy.Symbol("x"), 0)
+    from symgrad.rules import LAYER_RULES
+
+    relu = LAYER_RULES["relu"]
+    x = sympy.Symbol("input")
+    assert relu.local_derivative(x) == sympy.Heaviside(x, 0)  # sympy's d/dx max(0, x), with H(0) = 0
+    # the emitted mask reads the output instead: H(x) == H(relu(x)) everywhere, the kink included
+    for value in (-2, -sympy.Rational(1, 3), 0, sympy.Rational(1, 7), 5):
+        assert relu.local_derivative(x).subs(x, value) == relu.from_output(sympy.Max(0, value))
+
+    built = build_text(spec_text({"x": [4], "y": [4]}, [{"op": "relu"}], SQ, ["x"]))
+    mask = next(s for s in built.program.backward if s.target.name.startswith("mask_"))
+    assert mask.value == sympy.Heaviside(sympy.Symbol("relu_1"), 0)
     module = generated_module(built)
-    x = torch.tensor([-1.0, 0.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    inputs = torch.tensor([-1.0, 0.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
     y = torch.zeros(4, dtype=torch.float64)
-    expected, = torch.autograd.grad(module.forward(x, y), x)
-    assert torch.equal(module.gradients(x, y).x, expected)  # relu'(0) = 0, as PyTorch
+    expected, = torch.autograd.grad(module.forward(inputs, y), inputs)
+    assert torch.equal(module.gradients(inputs, y).x, expected)  # relu'(0) = 0, as PyTorch
+    assert torch.equal(module.gradients_fast(inputs, y).x, expected)
