@@ -19,6 +19,10 @@ from .errors import SpecError
 from .graph import Graph
 from .rules.base import Checker
 
+DESCENT_WORK = 40_000
+"""Single-size trials times graph nodes the shrinking may spend: hundreds of trials for a small
+network, fewer for a long chain, so the time stays linear in the graph's size."""
+
 
 def _tied_sizes(graph: Graph) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
     symbols = {}
@@ -35,8 +39,16 @@ def _tied_sizes(graph: Graph) -> tuple[dict[sympy.Symbol, sympy.Expr], list[symp
             {operand: shapes[source] for operand, source in node.operands.items()}, node.params, check))
         constraints += check.constraints
     substitution: dict[sympy.Symbol, sympy.Expr] = {}
+
+    def resolve(expr: sympy.Expr) -> sympy.Expr:  # substitutions are chained, never rewritten
+        while True:
+            replaced = expr.xreplace(substitution)
+            if replaced == expr:
+                return expr
+            expr = replaced
+
     for left, right in constraints:
-        left, right = sympy.sympify(left).subs(substitution), sympy.sympify(right).subs(substitution)
+        left, right = resolve(sympy.sympify(left)), resolve(sympy.sympify(right))
         if left == right:
             continue
         solved = value = None
@@ -55,31 +67,37 @@ def _tied_sizes(graph: Graph) -> tuple[dict[sympy.Symbol, sympy.Expr], list[symp
                     break
         if solved is None:
             continue  # checked numerically for each candidate
-        substitution = {key: expr.subs(solved, value) for key, expr in substitution.items()}
         substitution[solved] = value
+    substitution = {symbol: resolve(value) for symbol, value in substitution.items()}
     free = [symbol for symbol in symbols.values() if symbol not in substitution]
     return substitution, free
 
 
 def _size_functions(graph: Graph, substitution, free):
-    """For each input, one compiled function per axis from the free sizes to that size."""
+    """For each input, one function per axis from the free sizes (a dict) to that size."""
     functions = {}
     for node in graph.inputs:
         functions[node.name] = []
         for axis in range(len(node.shape)):
             symbol = sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True)
             expr = sympy.sympify(substitution.get(symbol, symbol))
-            functions[node.name].append(sympy.lambdify(free, expr, modules="math") if free else (lambda e=expr: e))
+            if expr.is_Symbol:
+                functions[node.name].append(lambda values, s=expr: values[s])
+            elif expr.is_number:
+                functions[node.name].append(lambda values, e=int(expr): e)
+            else:
+                arguments = sorted(expr.free_symbols, key=str)
+                compiled = sympy.lambdify(arguments, expr, modules="math")
+                functions[node.name].append(lambda values, f=compiled, a=arguments: f(*(values[s] for s in a)))
     return functions
 
 
 def _shapes_for(functions, free, values: dict[sympy.Symbol, int]) -> dict[str, tuple[int, ...]] | None:
-    arguments = [values[symbol] for symbol in free]
     shapes = {}
     for name, axes in functions.items():
         shape = []
         for function in axes:
-            size = function(*arguments)
+            size = function(values)
             if size != int(size) or size < 1:
                 return None
             shape.append(int(size))
@@ -111,13 +129,27 @@ def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
     if not _valid(graph, _shapes_for(functions, free, values)):
         spec_shapes = {node.name: node.shape for node in graph.inputs}
         return [spec_shapes, spec_shapes]
-    for _ in range(3):  # a few sweeps: shrinking one size can let another shrink further
+    # first shrink every free size together (cheap), then one size at a time within a fixed
+    # budget of trials, so that long chains stay linear in time and the result is deterministic
+    for ceiling in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+        trial = {symbol: min(value, ceiling) for symbol, value in values.items()}
+        if _valid(graph, _shapes_for(functions, free, trial)):
+            values = trial
+            break
+    budget = max(20, DESCENT_WORK // len(graph.nodes))
+    for _ in range(3):
+        changed = False
         for symbol in free:
             for candidate in range(1, values[symbol]):
+                if budget <= 0:
+                    break
+                budget -= 1
                 trial = {**values, symbol: candidate}
                 if _valid(graph, _shapes_for(functions, free, trial)):
-                    values = trial
+                    values, changed = trial, True
                     break
+        if not changed or budget <= 0:
+            break
     grown = dict(values)
     for symbol in free:  # grow each size a little where the ops allow it
         for growth in (1, 2, 3):

@@ -178,7 +178,7 @@ class Convolution(Rule):
         out = [x[0], w[0]]
         for axis in range(self.dims):
             size = x[axis + 2] + 2 * params["padding"][axis] - params["dilation"][axis] * (w[axis + 2] - 1) - 1
-            length = size // params["stride"][axis] + 1
+            length = (size if params["stride"][axis] == 1 else size // params["stride"][axis]) + 1
             check.positive(size + 1, f"kernel (dilated) does not fit the padded input along spatial axis {axis}: "
                            f"input {x[axis + 2]} + 2 x padding {params['padding'][axis]} < "
                            f"dilation {params['dilation'][axis]} x (kernel {w[axis + 2]} - 1) + 1",

@@ -86,8 +86,7 @@ class Elementwise(Rule):
         return tuple(out)
 
     def _substitute(self, expr: sympy.Expr, node: NodeSymbols) -> sympy.Expr:
-        return expr.subs({scalar: node.operands[operand.name]
-                          for scalar, operand in zip(self.scalars, self.operands)}, simultaneous=True)
+        return expr.xreplace({scalar: node.operands[operand.name] for scalar, operand in zip(self.scalars, self.operands)})
 
     def forward(self, node: NodeSymbols) -> Forward:
         math = self._substitute(self.scalar_forward(), node)
@@ -99,8 +98,12 @@ class Elementwise(Rule):
         return Forward(op(self.op, *(node.operands[operand.name] for operand in self.operands)), math)
 
     def local_derivative(self, scalar: sympy.Symbol) -> sympy.Expr:
-        derivative = sympy.diff(self.scalar_forward(), scalar)
-        return derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
+        """``d forward / d scalar`` by ``sympy.diff``, with every Heaviside step taken as H(0) = 0."""
+        cache = self.__dict__.setdefault("_derivatives", {})
+        if scalar not in cache:
+            derivative = sympy.diff(self.scalar_forward(), scalar)
+            cache[scalar] = derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
+        return cache[scalar]
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
