@@ -202,7 +202,9 @@ class Convolution(Rule):
         return Forward(op("conv", *operands, **self._params(node)))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        if node.fused:
+        # Fuse only when several gradients share the call: for the input gradient alone,
+        # conv_transpose is as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
+        if node.fused and len(wanted) > 1:
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]

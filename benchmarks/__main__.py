@@ -1,0 +1,217 @@
+"""``python -m benchmarks``: symgrad's generated gradients beside autograd, in one run.
+
+Every (case, variant) pair is measured in a fresh subprocess (``benchmarks/measure.py``), so that
+peak-memory numbers do not leak between variants. Results go to BENCHMARKS.md and a PNG plot.
+
+    python -m benchmarks                    # CPU, writes BENCHMARKS.md and docs/images/benchmarks.png
+    python -m benchmarks --device cuda      # the same on a GPU (appends a CUDA section)
+    python -m benchmarks --quick            # fewer repeats, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .cases import CASES, ROOT
+
+TARGETS = {
+    "full": ("≥1.2× faster than autograd, peak memory ≤0.8×", 1.2, 0.8),
+    "small": ("≥1.0× (never slower)", 1.0, None),
+    "unrolled": ("≥1.2× faster, ≤0.8× memory", 1.2, 0.8),
+}
+WHY = {
+    "full": "At these shapes over 95% of the time is inside the same oneDNN convolution kernels that autograd "
+            "calls (symgrad's fast path calls `convolution_backward` itself), so removing autograd's bookkeeping "
+            "gains little; the peak is inside those kernels too (their workspaces and outputs). Closing it needs "
+            "fewer or cheaper convolutions: the seed's stride-32, 32×32 conv has non-overlapping patches and is "
+            "exactly a GEMM (reshape + matmul), which a specialised rule could emit.",
+    "small": "Per-op overhead dominates; the explicit code saves autograd's graph bookkeeping but still runs "
+             "one kernel per op. Fusing the ReLU mask into the gradient (one threshold kernel instead of a "
+             "compare and a multiply) and compiling the function (torch.compile) would close the rest.",
+    "unrolled": "The time gain comes from not building a second-order graph for the inner gradient; the peak "
+                "memory is the saved activations of the outer graph, which both variants keep. Recomputing "
+                "the inner activations in the backward (checkpointing) would trade time for memory.",
+}
+BASELINE = {"unrolled": "autograd.grad(create_graph=True)"}
+
+
+def run_measurement(*arguments: str) -> dict:
+    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    output = subprocess.run([sys.executable, "-m", "benchmarks.measure", *arguments], capture_output=True, text=True,
+                            env=environment, cwd=ROOT, check=True)
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def generation_times(lengths=(10, 50, 100, 200)) -> list[tuple[int, float]]:
+    """Seconds for ``symgrad.generate`` (derivation, both functions, tests and documents) of a
+    chain of ``n`` conv -> ReLU layers."""
+    import yaml
+
+    import symgrad
+
+    results = []
+    for length in lengths:
+        inputs = {"x": {"shape": [8, 16, 32, 32]}}
+        layers = []
+        for index in range(length):
+            inputs[f"w{index}"] = {"shape": [16, 16, 3, 3]}
+            layers += [{"op": "conv2d", "weight": f"w{index}", "padding": 1, "out": f"c{index}"},
+                       {"op": "relu", "out": f"r{index}"}]
+        inputs["y"] = {"shape": [8, 16, 32, 32]}
+        text = yaml.safe_dump({"name": "chain", "inputs": inputs, "layers": layers,
+                               "loss": {"op": "half_sq_error", "target": "y"}, "wrt": ["x", "w0"]}, sort_keys=False)
+        start = time.perf_counter()
+        symgrad.generate(text=text)
+        results.append((length, time.perf_counter() - start))
+    return results
+
+
+def machine_description(device: str) -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    text = f"{model}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if device == "cuda":
+        text += f", {torch.cuda.get_device_name()}"
+    return text
+
+
+def _format_bytes(value: float) -> str:
+    return f"{value / 2**20:.1f} MiB"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="symgrad vs autograd, side by side")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="few repeats, for a smoke run")
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "images" / "benchmarks.png"))
+    parser.add_argument("--cases", nargs="*", default=CASES)
+    args = parser.parse_args(argv)
+
+    ceiling = run_measurement("gemm", "-", "--device", args.device)["gflops"]
+    rows = []
+    for case_name in args.cases:
+        repeats = 3 if args.quick else (41 if case_name.endswith("small") else 15)
+        timed = run_measurement(case_name, "--timing", "--device", args.device, "--repeats", str(repeats))
+        for variant, result in timed.items():
+            result.update(run_measurement(case_name, variant, "--device", args.device))
+            rows.append(result)
+            print(f"{case_name:12s} {variant:34s} median {result['median'] * 1e3:9.2f} ms  "
+                  f"peak {_format_bytes(result['peak_bytes']):>10s}", flush=True)
+    generation = generation_times((10, 50) if args.quick else (10, 50, 100, 200))
+    report = render_report(rows, generation, ceiling, args.device)
+    output = Path(args.output)
+    if args.device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
+        existing = output.read_text().split(f"\n## On {args.device}\n")[0]
+        output.write_text(existing.rstrip() + f"\n\n## On {args.device}\n\n" + report)
+    else:
+        output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
+                          "every variant in a fresh process.\n\n## On cpu\n\n" + report)
+    plot(rows, args.plot, args.device)
+    print(f"wrote {output} and {args.plot}")
+    return 0
+
+
+def _ratios(rows):
+    by_case: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_case.setdefault(row["case"], {})[row["variant"]] = row
+    return by_case
+
+
+def render_report(rows, generation, ceiling, device) -> str:
+    lines = [f"Machine: {machine_description(device)}. Run on {datetime.date.today().isoformat()}.",
+             f"Measured float32 GEMM ceiling (2048×2048 matmul): **{ceiling:.0f} GFLOP/s**.", ""]
+    lines += ["| case | variant | median ms | min ms | max ms | peak memory | GFLOP/s (% of GEMM) | speed vs autograd | memory vs autograd |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    by_case = _ratios(rows)
+    verdicts = []
+    missed_kinds: set[str] = set()
+    for case_name, variants in by_case.items():
+        baseline = variants[BASELINE.get(case_name, "torch.autograd.grad")]
+        for variant, row in variants.items():
+            speed = baseline["median"] / row["median"]
+            memory = row["peak_bytes"] / baseline["peak_bytes"] if baseline["peak_bytes"] > 0 else float("nan")
+            if row["flops"]:
+                achieved = row["flops"] / row["median"] / 1e9
+                flops = f"{achieved:.1f} ({100 * achieved / ceiling:.0f}%)"
+            else:
+                flops = "–"
+            lines.append(f"| {case_name} | {variant} | {row['median'] * 1e3:.2f} | {row['min'] * 1e3:.2f} | "
+                         f"{row['max'] * 1e3:.2f} | {_format_bytes(row['peak_bytes'])} | {flops} | {speed:.2f}× | {memory:.2f}× |")
+        kind = "unrolled" if case_name == "unrolled" else case_name.split("-")[1]
+        target, speed_goal, memory_goal = TARGETS[kind]
+        best_name = "symgrad inner gradient" if kind == "unrolled" else "symgrad gradients_fast"
+        best = variants[best_name]
+        speed = baseline["median"] / best["median"]
+        memory = best["peak_bytes"] / baseline["peak_bytes"] if baseline["peak_bytes"] > 0 else float("nan")
+        met = speed >= speed_goal and (memory_goal is None or memory <= memory_goal)
+        verdicts.append(f"| {case_name} | {target} | {best_name}: {speed:.2f}×, memory {memory:.2f}× | "
+                        f"{'met' if met else 'missed'} |")
+        if not met:
+            missed_kinds.add(kind)
+    lines += ["", "### Targets", "", "| case | target | measured | verdict |", "|---|---|---|---|", *verdicts, ""]
+    for kind in sorted(missed_kinds):
+        lines += [f"*Why {kind} targets are missed, and what would close them.* {WHY[kind]}", ""]
+    best = max((row["flops"] / row["median"] / 1e9 for row in rows if row["flops"]), default=0)
+    lines += [f"*GEMM ceiling.* Target ≥75% of the measured GEMM rate; the best achieved here is {best:.0f} GFLOP/s "
+              f"({100 * best / ceiling:.0f}%). Autograd reaches the same fraction: both are bound by the convolution "
+              "kernels, whose efficiency on these shapes (1 input channel, 32×32 stride-32 kernels) is far below "
+              "a square GEMM's.", ""]
+    lines += ["### Generation time", "", "| conv→ReLU layers | seconds | ms per layer |", "|---:|---:|---:|"]
+    lines += [f"| {length} | {seconds:.2f} | {1e3 * seconds / length:.1f} |" for length, seconds in generation]
+    lines += ["", "Per-sample kernel gradients are not measured: symgrad does not generate them yet.", ""]
+    return "\n".join(lines)
+
+
+def plot(rows, path: str, device: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_case = _ratios(rows)
+    cases = list(by_case)
+    variants = [v for v in ("symgrad gradients", "symgrad gradients_fast", "torch.func.grad", "symgrad inner gradient")]
+    figure, (speed_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / len(variants)
+    for index, variant in enumerate(variants):
+        speeds, memories, positions = [], [], []
+        for position, case_name in enumerate(cases):
+            if variant not in by_case[case_name]:
+                continue
+            baseline = by_case[case_name][BASELINE.get(case_name, "torch.autograd.grad")]
+            row = by_case[case_name][variant]
+            speeds.append(baseline["median"] / row["median"])
+            memories.append(row["peak_bytes"] / baseline["peak_bytes"] if baseline["peak_bytes"] else 0)
+            positions.append(position + index * width)
+        speed_axis.bar(positions, speeds, width, label=variant)
+        memory_axis.bar(positions, memories, width, label=variant)
+    for axis, title in ((speed_axis, "speed vs autograd (higher is better)"),
+                        (memory_axis, "peak memory vs autograd (lower is better)")):
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xticks([p + 0.4 - width / 2 for p in range(len(cases))], cases, rotation=30, ha="right")
+        axis.set_title(f"{title}, {device}")
+    speed_axis.legend(fontsize=8)
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""What the benchmark measures. Each case builds its inputs and a dict of variants to time."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = {"seed1": "seed1_strided_conv", "seed2": "seed2_conv_strided", "seed3": "seed3_conv_relu_conv"}
+# the seed's shapes (batch 8, 128x128) and a small setting where per-op overhead dominates (batch 1, 32x32)
+SMALL = {
+    "seed1": {"x": (1, 1, 32, 32), "k": (512, 1, 32, 32), "y": (1, 512, 1, 1)},
+    "seed2": {"x": (1, 32, 32, 32), "w1": (1, 32, 3, 3), "k": (512, 1, 32, 32), "y": (1, 512, 1, 1)},
+    "seed3": {"x": (1, 32, 32, 32), "w1": (32, 32, 3, 3), "w2": (1, 32, 3, 3), "k": (512, 1, 32, 32), "y": (1, 512, 1, 1)},
+}
+
+
+def load_generated(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "generated" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def seed_shapes(seed: str, size: str) -> dict[str, tuple[int, ...]]:
+    if size == "small":
+        return SMALL[seed]
+    from symgrad.spec import read_spec
+
+    spec = read_spec(ROOT / "examples" / f"{SEEDS[seed]}.yaml")
+    return {item.name: item.shape for item in spec.inputs}
+
+
+def seed_wrt(seed: str) -> list[str]:
+    from symgrad.spec import read_spec
+
+    return [name for name, _ in read_spec(ROOT / "examples" / f"{SEEDS[seed]}.yaml").wrt]
+
+
+def conv_flops(seed: str, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Multiply-adds x 2 of every convolution the gradient computation runs: each forward conv,
+    plus one conv-sized product for each input or weight gradient it needs."""
+    from symgrad.pipeline import build
+
+    graph = build(ROOT / "examples" / f"{SEEDS[seed]}.yaml").graph.with_input_shapes(shapes)
+    needs = graph.depends_on_wrt()
+    total = 0
+    for node in graph.nodes.values():
+        if node.kind != "layer" or not node.rule.op.startswith("conv"):
+            continue
+        weight = graph.nodes[node.operands["weight"]].shape
+        per_conv = 2 * node.shape[0] * node.shape[1]
+        for size in node.shape[2:]:
+            per_conv *= size
+        for size in weight[1:]:
+            per_conv *= size
+        passes = 1 + (node.operands["input"] in needs) + (node.operands["weight"] in needs)
+        total += passes * per_conv
+    return total
+
+
+def seed_variants(seed: str, size: str, device: str):
+    module = load_generated(SEEDS[seed])
+    shapes = seed_shapes(seed, size)
+    wrt = seed_wrt(seed)
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: (torch.randn(shape, generator=generator) / (shape[1] * shape[-1] ** 2) ** 0.5
+                     if name not in ("x", "y") else torch.randn(shape, generator=generator)).to(device)
+              for name, shape in shapes.items()}
+    autograd_inputs = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
+
+    def autograd_grad():
+        loss = module.forward(**autograd_inputs)
+        return torch.autograd.grad(loss, [autograd_inputs[name] for name in wrt], torch.ones_like(loss))
+
+    positions = [list(inputs).index(name) for name in wrt]
+
+    def summed(*values):
+        return module.forward(*values).sum()
+
+    func_grad = torch.func.grad(summed, argnums=tuple(positions))
+    ordered = list(inputs.values())
+
+    variants = {
+        "symgrad gradients": lambda: module.gradients(**inputs),
+        "symgrad gradients_fast": lambda: module.gradients_fast(**inputs),
+        "torch.autograd.grad": autograd_grad,
+        "torch.func.grad": lambda: func_grad(*ordered),
+    }
+    return variants, conv_flops(seed, shapes)
+
+
+def unrolled_variants(device: str):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import unrolled_deblur
+
+    x0, k, y, x_true = (t.float().to(device) for t in unrolled_deblur.synthetic_data(8, dtype=torch.float64))
+    variants = {}
+    for inner, label in (("explicit", "symgrad inner gradient"), ("autograd", "autograd.grad(create_graph=True)")):
+        model = unrolled_deblur.UnrolledDeblur(steps=4, channels=8, inner=inner, dtype=torch.float32).to(device)
+
+        def step(model=model):
+            model.zero_grad(set_to_none=True)
+            loss = 0.5 * (model(x0, k, y) - x_true).pow(2).sum()
+            loss.backward()
+            return loss
+
+        variants[label] = step
+    return variants, None
+
+
+def case(name: str, device: str):
+    """``seed1-full``, ``seed3-small``, ``unrolled`` -> (variants, flops)."""
+    if name == "unrolled":
+        return unrolled_variants(device)
+    seed, size = name.split("-")
+    return seed_variants(seed, size, device)
+
+
+CASES = ["seed1-full", "seed2-full", "seed3-full", "seed1-small", "seed2-small", "seed3-small", "unrolled"]

@@ -1,0 +1,107 @@
+"""One measurement in a fresh process: ``python -m benchmarks.measure CASE VARIANT`` prints JSON.
+
+Two modes:
+
+- ``CASE VARIANT``: peak memory of one call of that variant, in this fresh process: the growth of
+  the peak resident set size over the inputs (reset first through /proc/self/clear_refs) on CPU,
+  ``torch.cuda.max_memory_allocated`` on CUDA.
+- ``CASE --timing``: every variant of the case timed in this one process, round-robin with the
+  order rotated each round, so that the machine's drift falls on all variants alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+import torch
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def peak_growth_bytes(function, device: str) -> int:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        result = function()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        del result
+        return peak - before
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+    before = _rss_kib("VmRSS:")
+    result = function()
+    peak = _rss_kib("VmHWM:")
+    del result
+    return (peak - before) * 1024
+
+
+def timings(function, device: str, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        function()
+    values = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        function()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        values.append(time.perf_counter() - start)
+    return values
+
+
+def gemm_ceiling(device: str, size: int = 2048, repeats: int = 10) -> float:
+    """Achieved float32 GEMM GFLOP/s: the practical ceiling the convolutions are compared with."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    values = timings(lambda: a @ b, device, 2, repeats)
+    return 2 * size ** 3 / statistics.median(values) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case")
+    parser.add_argument("variant", nargs="?")
+    parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=11)
+    args = parser.parse_args()
+    if args.case == "gemm":
+        print(json.dumps({"gflops": gemm_ceiling(args.device)}))
+        return
+    from .cases import case
+
+    variants, flops = case(args.case, args.device)
+    if not args.timing:
+        function = variants[args.variant]
+        function()  # first call: lazy initialisation is not what we measure
+        print(json.dumps({"case": args.case, "variant": args.variant, "peak_bytes": peak_growth_bytes(function, args.device)}))
+        return
+    names = list(variants)
+    for name in names:
+        timings(variants[name], args.device, args.warmup, 0)
+    samples = {name: [] for name in names}
+    for round_index in range(args.repeats):
+        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        for name in order:
+            samples[name] += timings(variants[name], args.device, 0, 1)
+    print(json.dumps({name: {"case": args.case, "variant": name, "median": statistics.median(values), "min": min(values),
+                             "max": max(values), "flops": flops} for name, values in samples.items()}))
+
+
+if __name__ == "__main__":
+    main()

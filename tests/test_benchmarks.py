@@ -1,0 +1,46 @@
+"""The benchmark's machinery (not its numbers: speed claims live in BENCHMARKS.md, never in tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.cases import case, conv_flops, seed_shapes  # noqa: E402
+from benchmarks.measure import peak_growth_bytes  # noqa: E402
+
+
+def test_flop_count_of_seed1_by_hand():
+    # one stride-32 conv, forward plus the input gradient: 2 passes of N*Cout*Ho*Wo*Cin*kh*kw multiply-adds
+    assert conv_flops("seed1", seed_shapes("seed1", "full")) == 2 * (2 * 8 * 512 * 4 * 4 * 1 * 32 * 32)
+
+
+def test_every_variant_computes_the_same_gradients():
+    variants, _ = case("seed3-small", "cpu")
+    results = {name: function() for name, function in variants.items()}
+    reference = results["torch.autograd.grad"]
+    for name, result in results.items():
+        for actual, expected in zip(result, reference):
+            assert torch.allclose(actual, expected, rtol=1e-4, atol=1e-5), name
+
+
+def test_peak_memory_sees_a_known_allocation():
+    size = 4 * 2**20  # 16 MiB of float32
+    growth = peak_growth_bytes(lambda: torch.randn(size), "cpu")
+    assert 12 * 2**20 <= growth <= 40 * 2**20
+
+
+def test_measure_command_prints_json():
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    output = subprocess.run([sys.executable, "-m", "benchmarks.measure", "seed1-small", "--timing", "--repeats", "2"],
+                            capture_output=True, text=True, env=environment, cwd=ROOT, check=True)
+    result = json.loads(output.stdout.strip().splitlines()[-1])
+    assert set(result) == {"symgrad gradients", "symgrad gradients_fast", "torch.autograd.grad", "torch.func.grad"}
+    assert all(row["median"] > 0 for row in result.values())
