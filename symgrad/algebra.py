@@ -107,16 +107,25 @@ class Primitive:
     latex: Callable[[list[str], Params, Callable[[Any], str]], str]
     inplace: Callable[[list[str], Params, Callable[[Any], str]], str] | None = None
     """The same op overwriting its first operand, for the fast function."""
+    tangent: Any = None
+    """How the op is differentiated in forward mode (``tangent.py``): ``LINEAR`` (linear in each
+    operand separately, so the product rule over operands applies), ``CONSTANT`` (its value does not
+    depend on operand values: a shape, a count), a callable ``(expr, tangent_of) -> expr``, or None:
+    not differentiable in forward mode, which is an error, never a silent zero."""
+
+
+LINEAR = "linear"
+CONSTANT = "constant"
 
 
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def primitive(name: str, *, code, latex, inplace=None) -> Primitive:
+def primitive(name: str, *, code, latex, inplace=None, tangent=None) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent)
     return PRIMITIVES[name]
 
 

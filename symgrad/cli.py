@@ -53,7 +53,8 @@ def main() -> None:
 @click.option("--verify", is_flag=True, help="Compare the generated gradients with torch.autograd in float64.")
 @click.option("--force", is_flag=True, help="Overwrite generated files even if they were edited by hand.")
 @click.option("--show-derivation", is_flag=True, help="Print the whole derivation document too.")
-def generate(specs, output, verify, force, show_derivation):
+@click.option("--hvp", is_flag=True, help="Also emit hvp(...): closed-form Hessian-vector products.")
+def generate(specs, output, verify, force, show_derivation, hvp):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
 
@@ -61,7 +62,7 @@ def generate(specs, output, verify, force, show_derivation):
     rendered_all = []
     try:
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files
-            rendered_all.append(build(spec_path, _spec_label(spec_path)))
+            rendered_all.append(build(spec_path, _spec_label(spec_path), extras=("hvp",) if hvp else ()))
     except SymgradError as error:
         _fail(error)
     from .emit import write_files
@@ -116,8 +117,9 @@ def check(paths):
             continue
         fields, _ = parsed
         spec_path = Path(fields["spec"])
+        extras = tuple(fields["extras"].split(",")) if fields.get("extras") else ()
         try:
-            result = build(spec_path, fields["spec"])
+            result = build(spec_path, fields["spec"], extras=extras)
         except SymgradError as error:
             stale.append(f"{path}: its spec {spec_path} no longer builds: {error}")
             continue

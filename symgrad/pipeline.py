@@ -10,7 +10,7 @@ from .graph import Graph, build_graph
 from .printing import to_text
 from .reverse import Program, derive
 from .shapes import small_shapes
-from .spec import Spec, parse_spec, read_spec
+from .spec import EXTRAS, Spec, parse_spec, read_spec
 
 
 @dataclass
@@ -26,18 +26,25 @@ class Built:
         return [f"{s.target} = {to_text(s.math if s.math is not None else s.value)}" for s in self.program.forward]
 
 
-def _build(spec: Spec, label: str) -> Built:
+def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
+    unknown = set(extras) - set(EXTRAS)
+    if unknown:
+        raise ValueError(f"unknown extras {sorted(unknown)}")
     graph = build_graph(spec)
     program = derive(graph)
     shapes = small_shapes(graph)
-    return Built(label, graph, program, render(program, label, shapes, derive(graph, fused=True)), shapes)
+    wanted = tuple(sorted(set(spec.extras) | set(extras)))
+    added = tuple(sorted(set(extras) - set(spec.extras)))  # recorded in headers so `check` can redo them
+    rendered = render(program, label, shapes, derive(graph, fused=True), extras=wanted, recorded_extras=added)
+    return Built(label, graph, program, rendered, shapes)
 
 
-def build(spec_path: str | Path, spec_label: str | None = None) -> Built:
-    """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path)."""
-    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix())
+def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = ()) -> Built:
+    """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path);
+    ``extras`` adds optional functions (``hvp``) to those the spec asks for."""
+    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras)
 
 
-def build_text(text: str, label: str = "<spec>") -> Built:
+def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = ()) -> Built:
     """Build from spec text; ``label`` names it in errors and headers."""
-    return _build(parse_spec(text, label), label)
+    return _build(parse_spec(text, label), label, extras)

@@ -67,6 +67,8 @@ class CodePrinter(TorchPrinter):
 
     def _print_Add(self, expr):
         terms = self._as_ordered_terms(expr, order=None)
+        # `x - k`, not `-k + x`: positive terms first, otherwise sympy's order (stable)
+        terms = sorted(terms, key=lambda term: bool(term.as_coeff_Mul()[0].is_number and term.as_coeff_Mul()[0] < 0))
         text = ""
         for index, term in enumerate(terms):
             coefficient, rest = term.as_coeff_Mul()

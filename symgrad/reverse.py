@@ -19,16 +19,17 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import op, primitive, tensor
+from .algebra import CONSTANT, TensorOp, op, primitive, tensor
 from .graph import Graph, Node
 
 GRAD_LOSS = tensor("grad_loss")
 
 primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
-          latex=lambda operands, params, show: r"\mathbf{0}")
+          latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
 primitive("sum_to_size",
           code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]}.shape)",
-          latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)")
+          latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)",
+          tangent=lambda expr, tangent_of: TensorOp("sum_to_size", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
 
 
 @dataclass

@@ -39,7 +39,10 @@ RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_")
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
 
-TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt")
+TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt", "extras")
+REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
+EXTRAS = ("hvp",)
+"""Optional functions a spec may ask for besides forward, gradients and gradients_fast."""
 INPUT_KEYS = ("shape",)
 LOSS_KEYS = ("op", "in", "target", "reduction")
 LAYER_STRUCTURE_KEYS = ("op", "in", "out")
@@ -198,6 +201,7 @@ class Spec:
     file: str
     name_location: Location
     text: str = field(repr=False)
+    extras: tuple[str, ...] = ()
 
     def input(self, name: str) -> InputSpec:
         return next(item for item in self.inputs if item.name == name)
@@ -222,7 +226,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     """Validate spec ``text``; ``file`` is only used in error messages."""
     document = load_yaml(text, file)
     _reject_unknown_keys(document, TOP_LEVEL_KEYS, "top level")
-    for key in TOP_LEVEL_KEYS:
+    for key in REQUIRED_KEYS:
         if key not in document:
             raise SpecError(f"missing required key '{key}'", document.location,
                             f"add a '{key}:' entry (see docs/spec.md)")
@@ -295,8 +299,19 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
             raise SpecError(f"'wrt' names '{item}' twice", location, "remove the repeat")
         wrt.append((item, location))
 
+    extras = []
+    if "extras" in document:
+        value = document["extras"]
+        location = document.value_locations["extras"]
+        if not isinstance(value, Sequence):
+            raise SpecError("'extras' must be a list", location, f"write e.g. `extras: [{EXTRAS[0]}]`")
+        for item, item_location in zip(value, value.item_locations):
+            if item not in EXTRAS:
+                raise SpecError(f"unknown extra {item!r}" + (_did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
+                                item_location, f"extras may be: {', '.join(EXTRAS)}")
+            extras.append(item)
     return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
-                file=file, text=text, name_location=document.value_locations["name"])
+                file=file, text=text, name_location=document.value_locations["name"], extras=tuple(sorted(set(extras))))
 
 
 def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:

@@ -14,8 +14,8 @@ def spec_text(inputs: dict, layers: list, loss: dict, wrt: list, name: str = "ru
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def build_text(text: str, label: str = "case.yaml") -> Built:
-    return _build_text(text, label)
+def build_text(text: str, label: str = "case.yaml", extras: tuple[str, ...] = ()) -> Built:
+    return _build_text(text, label, extras)
 
 
 def generated_module(built: Built):

@@ -80,7 +80,7 @@ CASES = [
 
 @pytest.mark.parametrize("text", CASES)
 def test_rule_matches_autograd_and_is_twice_differentiable(text):
-    built = build_text(text)
+    built = build_text(text, extras=("hvp",))
     module = generated_module(built)
     report = verify(built.graph, module, built.shapes, seed=11)
     assert report.forward_error <= 1e-12
@@ -96,6 +96,23 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
 
     assert torch.autograd.gradcheck(loss, wrt)
     assert torch.autograd.gradgradcheck(loss, wrt)
+
+    # the closed-form Hessian-vector product against forward-over-reverse autograd
+    inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=15)
+    names = list(inputs)
+    cotangent = torch.randn(module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(16))
+    primals = tuple(inputs[name].detach() for name in built.graph.wrt)
+    directions = tuple(torch.randn_like(p) for p in primals)
+
+    def weighted_loss(*values):
+        arguments = {**{name: inputs[name].detach() for name in names}, **dict(zip(built.graph.wrt, values))}
+        return (cotangent * module.forward(**arguments)).sum()
+
+    _, expected = torch.func.jvp(torch.func.grad(weighted_loss, argnums=tuple(range(len(primals)))), primals, directions)
+    actual = module.hvp(**{name: inputs[name].detach() for name in names},
+                        **{f"tangent_{name}": d for name, d in zip(built.graph.wrt, directions)}, grad_loss=cotangent)
+    for name, reference in zip(built.graph.wrt, expected):
+        assert relative_error(getattr(actual, name), reference) <= 1e-10, ("hvp", name)
 
     # the fused, in-place fast function: same gradients, inputs untouched
     for shapes in built.shapes:

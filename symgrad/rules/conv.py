@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import Size, keyword_arguments, op, primitive, show_ints
+from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, op, primitive, show_ints
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, int_tuple, positive_int
 
 CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
@@ -62,7 +62,21 @@ def _conv_latex(operands, params, show):
     return rf"{operands[1]} \star{_math_args(params, show)} {operands[0]}{bias}"
 
 
-primitive("conv", code=_conv_code, latex=_conv_latex)
+def _conv_tangent(expr: TensorOp, tangent_of):
+    """conv(x, w) + b is bilinear in (x, w) and affine in b: d = conv(dx, w, db) + conv(x, dw)."""
+    x, w, *bias = expr.operands
+    dx, dw = tangent_of(x), tangent_of(w)
+    db = tangent_of(bias[0]) if bias else 0
+    terms = []
+    if dx != 0 or db != 0:
+        x_part = dx if dx != 0 else op("zeros_like", x)  # only the bias moves: conv(0, w) + db
+        terms.append(TensorOp("conv", expr.params, x_part, w, *([db] if db != 0 else [])))
+    if dw != 0:
+        terms.append(TensorOp("conv", expr.params, x, dw))
+    return sum(terms, sympy.Integer(0))
+
+
+primitive("conv", code=_conv_code, latex=_conv_latex, tangent=_conv_tangent)
 
 
 def _input_grad_code(operands, params, show):
@@ -75,7 +89,7 @@ def _input_grad_latex(operands, params, show):
     return rf"{weight}^{{\top}} \star{_math_args(params, show)} {grad}"
 
 
-primitive("conv_input_grad", code=_input_grad_code, latex=_input_grad_latex)
+primitive("conv_input_grad", code=_input_grad_code, latex=_input_grad_latex, tangent=LINEAR)
 
 
 def _weight_grad_code(operands, params, show):
@@ -102,7 +116,7 @@ def _weight_grad_latex(operands, params, show):
     return rf"{x} \star^{{w}}{_math_args(params, show)} {grad}"
 
 
-primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex)
+primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex, tangent=LINEAR)
 
 
 def _sum_code(operands, params, show):
@@ -117,7 +131,7 @@ def _sum_latex(operands, params, show):
     return rf"\sum_{{{','.join(map(str, params['dim']))}}} {operands[0]}"
 
 
-primitive("sum", code=_sum_code, latex=_sum_latex)
+primitive("sum", code=_sum_code, latex=_sum_latex, tangent=LINEAR)
 
 
 def _backward_code(operands, params, show):
@@ -136,7 +150,7 @@ def _backward_latex(operands, params, show):
 
 primitive("conv_backward", code=_backward_code, latex=_backward_latex)
 primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
-          latex=lambda operands, params, show: f"{operands[0]}_{{{params['index']}}}")
+          latex=lambda operands, params, show: f"{operands[0]}_{{{params['index']}}}", tangent=LINEAR)
 
 
 class Convolution(Rule):

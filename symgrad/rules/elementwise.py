@@ -23,7 +23,8 @@ from .base import Checker, Forward, NodeSymbols, Operand, Rule
 INPUT, OTHER = sympy.symbols("input other")
 
 
-def _call_primitive(name: str, call: str, math: Callable[[sympy.Expr], sympy.Expr], inplace: str | None):
+def _call_primitive(name: str, call: str, math: Callable[[sympy.Expr], sympy.Expr], inplace: str | None,
+                    derivative: Callable[[sympy.Expr], sympy.Expr]):
     def code(operands, params, show):
         return f"{call}({', '.join(operands)})"
 
@@ -35,7 +36,11 @@ def _call_primitive(name: str, call: str, math: Callable[[sympy.Expr], sympy.Exp
 
         return to_latex(math(sympy.Symbol("□"))).replace("□", operands[0])
 
-    primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None)
+    def tangent(expr, tangent_of):  # f(x) elementwise: d f(x) = f'(x) * dx, with f' from sympy.diff
+        (operand,) = expr.operands
+        return derivative(operand) * tangent_of(operand)
+
+    primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent)
 
 
 @dataclass
@@ -58,7 +63,8 @@ class Elementwise(Rule):
 
     def __post_init__(self):
         if self.call is not None:
-            _call_primitive(self.op, self.call, lambda x: self.formula(x), self.inplace)
+            _call_primitive(self.op, self.call, lambda x: self.formula(x), self.inplace,
+                            lambda operand: self.local_derivative(INPUT).xreplace({INPUT: operand}))
 
     @property
     def scalars(self) -> tuple[sympy.Symbol, ...]:

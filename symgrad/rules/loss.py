@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import op, primitive, tensor
+from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
 from ..printing import to_text
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice
 
@@ -35,16 +35,16 @@ def _reduce_latex(operands, params, show):
     return (r"\operatorname{mean}" if how == "mean" else r"\sum") + f" {operands[0]}"
 
 
-primitive("reduce", code=_reduce_code, latex=_reduce_latex)
+primitive("reduce", code=_reduce_code, latex=_reduce_latex, tangent=LINEAR)
 primitive("per_sample_view",
           code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * (params['rank'] - 1)})",
-          latex=lambda operands, params, show: operands[0])
+          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
 primitive("numel", code=lambda operands, params, show: f"{operands[0]}.numel()",
-          latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert")
+          latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert", tangent=CONSTANT)
 primitive("ones_cotangent",
           code=lambda operands, params, show: f"{operands[0]}.new_ones({operands[0]}.shape[0])" if params["per_sample"]
           else f"{operands[0]}.new_ones(())",
-          latex=lambda operands, params, show: r"\mathbf{1}")
+          latex=lambda operands, params, show: r"\mathbf{1}", tangent=CONSTANT)
 
 
 class Loss(Rule):
