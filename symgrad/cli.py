@@ -54,7 +54,8 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Overwrite generated files even if they were edited by hand.")
 @click.option("--show-derivation", is_flag=True, help="Print the whole derivation document too.")
 @click.option("--hvp", is_flag=True, help="Also emit hvp(...): closed-form Hessian-vector products.")
-def generate(specs, output, verify, force, show_derivation, hvp):
+@click.option("--per-sample", is_flag=True, help="Also emit per_sample_gradients(...) (needs reduction: per_sample).")
+def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
 
@@ -62,7 +63,8 @@ def generate(specs, output, verify, force, show_derivation, hvp):
     rendered_all = []
     try:
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files
-            rendered_all.append(build(spec_path, _spec_label(spec_path), extras=("hvp",) if hvp else ()))
+            extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
+            rendered_all.append(build(spec_path, _spec_label(spec_path), extras=extras))
     except SymgradError as error:
         _fail(error)
     from .emit import write_files

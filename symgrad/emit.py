@@ -245,6 +245,18 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         boundary = len([s for s in hvp_live if s in program.forward])
         hvp_lines = (hvp_lines[:boundary], hvp_lines[boundary:])
         hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})") for name, value in results.items()}
+    per_sample_lines, per_sample_names, per_sample_batched = [], [], []
+    if "per_sample" in extras:
+        from .reverse import per_sample_statements
+
+        extra, results = per_sample_statements(program)
+        live = _live(program.forward + program.backward + extra, set(results.values()) | program.default_cotangent.free_symbols)
+        boundary = len([s for s in live if s in program.forward])
+        per_sample_lines = ([_line(s) for s in live[:boundary]], [_line(s) for s in live[boundary:]])
+        per_sample_names = list(results)
+        from .shapes import batch_inputs
+
+        per_sample_batched = batch_inputs(graph)
     stored = _stored(program, backward_live[split:])
     descriptions = _node_description(program)
     kinds = {"input": "leaf", "layer": "intermediate", "loss": "output"}
@@ -274,6 +286,10 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         gradients_backward=gradients_backward,
         fast_forward=fast_forward,
         hvp=bool(hvp_lines),
+        per_sample=bool(per_sample_lines),
+        per_sample_lines=per_sample_lines,
+        per_sample_names=per_sample_names,
+        per_sample_batched=per_sample_batched,
         hvp_lines=hvp_lines,
         hvp_results=hvp_results,
         tangent_signature=", ".join(f"tangent_{name}" for name in graph.wrt),

@@ -180,3 +180,45 @@ def _share_common_subexpressions(statements: list[Statement]) -> list[Statement]
                 defined.add(symbol)
         result.append(Statement(statement.target, value, statement.node, statement.comment, statement.math))
     return result
+
+
+def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, sympy.Symbol]]:
+    """``per_sample_grad_<w>``: each sample's gradient of its own loss by each shared parameter.
+
+    With a per-sample loss no op here mixes samples, so ``grad_<node>[n]`` already carries sample
+    n alone; a parameter's per-sample gradient is then the sum, over the layers that read it, of
+    each layer's per-sample pullback. Parameters are the ``wrt`` inputs that only ever serve as a
+    layer's weight or bias; anything else is refused rather than guessed at.
+    """
+    from .errors import SpecError
+
+    graph = program.graph
+    loss = graph.loss
+    if loss.params["reduction"] != "per_sample":
+        raise SpecError("per-sample gradients need `reduction: per_sample` in the loss", loss.location,
+                        "set the loss's reduction to per_sample, or drop per_sample from extras")
+    from .shapes import batch_inputs
+
+    data = set(batch_inputs(graph))
+    statements, results = [], {}
+    for name in graph.wrt:
+        consumers = graph.consumers(name)
+        if name in data:
+            continue  # batch data (x): sample n's loss only sees x[n], so its gradient is already per sample
+        terms = []
+        for node, operand in consumers:
+            pullback = getattr(node.rule, "per_sample_pullback", None)
+            term = pullback(graph.symbols(node), tensor(f"grad_{node.name}"), operand) if pullback else None
+            if term is None:
+                raise SpecError(f"per-sample gradients of '{name}' as the {operand} of {node.rule.op} "
+                                f"'{node.name}' are not supported", node.location,
+                                f"remove '{name}' from wrt, or drop per_sample from extras")
+            terms.append(term)
+        symbol = tensor(f"per_sample_grad_{name}")
+        statements.append(Statement(symbol, sympy.Add(*terms), name,
+                                    f"{name} is read by {', '.join(node.name for node, _ in consumers)}"))
+        results[name] = symbol
+    if not results:
+        raise SpecError("no wrt tensor is a layer weight or bias, so there is no per-sample parameter gradient",
+                        loss.location, "add a weight to wrt, or drop per_sample from extras")
+    return statements, results

@@ -24,7 +24,8 @@ DESCENT_WORK = 40_000
 network, fewer for a long chain, so the time stays linear in the graph's size."""
 
 
-def _tied_sizes(graph: Graph) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
+def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
+    """Solve the ops' size equalities; ``node_shapes``, if given, receives every node's symbolic shape."""
     symbols = {}
     shapes = {}
     for node in graph.inputs:
@@ -69,6 +70,8 @@ def _tied_sizes(graph: Graph) -> tuple[dict[sympy.Symbol, sympy.Expr], list[symp
             continue  # checked numerically for each candidate
         substitution[solved] = value
     substitution = {symbol: resolve(value) for symbol, value in substitution.items()}
+    if node_shapes is not None:
+        node_shapes.update({name: tuple(resolve(sympy.sympify(size)) for size in shape) for name, shape in shapes.items()})
     free = [symbol for symbol in symbols.values() if symbol not in substitution]
     return substitution, free
 
@@ -158,3 +161,14 @@ def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
                 grown = trial
                 break
     return [_shapes_for(functions, free, values), _shapes_for(functions, free, grown)]
+
+
+def batch_inputs(graph: Graph) -> list[str]:
+    """The inputs whose dim 0 is the per-sample loss's batch axis: tied to it by the ops' own size
+    rules, and of the batch size in the spec (a broadcast operand of size 1 is tied but is no batch)."""
+    node_shapes: dict[str, tuple] = {}
+    _tied_sizes(graph, node_shapes)
+    if not node_shapes.get("loss"):
+        return []
+    batch, batch_size = node_shapes["loss"][0], graph.loss.shape[0]
+    return [node.name for node in graph.inputs if node_shapes[node.name][0] == batch and node.shape[0] == batch_size]

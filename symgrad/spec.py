@@ -31,17 +31,18 @@ IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 # Names the generated module defines or uses itself; a spec name equal to one would shadow it.
 RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
-     "loss", "grad_loss", "residual", "ctx", "self", "saved", "loss_with_explicit_backward"}
+     "loss", "grad_loss", "residual", "ctx", "self", "saved", "loss_with_explicit_backward", "hvp",
+     "gradients_fast", "PerSampleGradients"}
 )
 # Prefixes of names the reverse walk creates (grad_x, mask_relu1, shared_0, ...).
-RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_")
+RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_")
 # Module names that would shadow a package the generated files import when they sit side by side.
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
 
 TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt", "extras")
 REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
-EXTRAS = ("hvp",)
+EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward, gradients and gradients_fast."""
 INPUT_KEYS = ("shape",)
 LOSS_KEYS = ("op", "in", "target", "reduction")

@@ -155,3 +155,43 @@ def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
     expected, = torch.autograd.grad(module.forward(inputs, y), inputs)
     assert torch.equal(module.gradients(inputs, y).x, expected)  # relu'(0) = 0, as PyTorch
     assert torch.equal(module.gradients_fast(inputs, y).x, expected)
+
+
+PER_SAMPLE_CASES = [case for case in CASES if case.id.startswith("conv") and "weight-only" not in case.id]
+
+
+@pytest.mark.parametrize("text", PER_SAMPLE_CASES)
+def test_per_sample_kernel_gradients_match_vmap_of_grad(text):
+    text = text.replace("reduction: sum", "reduction: per_sample")
+    built = build_text(text, extras=("per_sample",))
+    module = generated_module(built)
+    inputs = {name: value.detach() for name, value in random_inputs(built.shapes[1], (), seed=21).items()}
+    cotangent = torch.randn(module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+    from symgrad.shapes import batch_inputs
+
+    batched = batch_inputs(built.graph)
+    assert "x" in batched and "y" in batched and "w" not in batched
+    parameters = [name for name in built.graph.wrt if name not in batched]
+
+    def one_sample_loss(parameter_values, sample_values, weight):
+        values = {**inputs, **dict(zip(parameters, parameter_values)),
+                  **{name: value.unsqueeze(0) for name, value in zip(batched, sample_values)}}
+        return weight * module.forward(**values)[0]
+
+    expected = torch.func.vmap(torch.func.grad(one_sample_loss), in_dims=(None, 0, 0))(
+        tuple(inputs[name] for name in parameters), tuple(inputs[name] for name in batched), cotangent)
+    actual = module.per_sample_gradients(**inputs, grad_loss=cotangent)
+    assert list(actual._fields) == parameters
+    for name, reference in zip(parameters, expected):
+        assert relative_error(getattr(actual, name), reference) <= 1e-10, name
+
+
+def test_per_sample_refuses_what_it_cannot_derive():
+    from symgrad.errors import SpecError
+
+    scale = spec_text({"x": [2, 3], "s": [1, 3], "y": [2, 3]}, [{"op": "mul", "in": ["x", "s"]}],
+                      {**SQ, "reduction": "per_sample"}, ["x", "s"])
+    with pytest.raises(SpecError, match="per-sample gradients of 's' as the other of mul"):
+        build_text(scale, extras=("per_sample",))
+    with pytest.raises(SpecError, match="reduction: per_sample"):
+        build_text(CASES[0].values[0], extras=("per_sample",))

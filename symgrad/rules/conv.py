@@ -111,6 +111,38 @@ def _weight_grad_code(operands, params, show):
     return call
 
 
+def _per_sample_weight_grad_code(operands, params, show):
+    """One grouped conv for all samples: groups = N * g, each (sample, group) pair its own group.
+
+    x [N, C_in, ...] becomes [C_in/g, N*g, ...]; grad [N, C_out, ...] becomes the kernel
+    [N*C_out, 1, ...]; stride and dilation swap as for the summed weight gradient; the result
+    [C_in/g, N*C_out, K...] is laid out as [N, C_out, C_in/g, K...]."""
+    x, grad = operands
+    dims, groups = params["dims"], params["groups"]
+    spatial = [str(axis) for axis in range(3, dims + 3)]
+    if groups == 1:
+        x_t = f"{x}.transpose(0, 1)"
+        total_groups = f"{x}.shape[0]"
+    else:
+        x_t = f"{x}.unflatten(1, ({groups}, -1)).permute({', '.join(['2', '0', '1'] + spatial)}).flatten(1, 2)"
+        total_groups = f"{x}.shape[0] * {groups}"
+    swapped = dict(params.items())
+    swapped["stride"], swapped["dilation"] = params["dilation"], params["stride"]
+    swapped["groups"] = 1  # left out here: the real count depends on the batch size, written below
+    call = (f"F.conv{dims}d({x_t}, {grad}.flatten(0, 1).unsqueeze(1){keyword_arguments(swapped, CONV_DEFAULTS, show)}, "
+            f"groups={total_groups})")
+    call += f".unflatten(1, ({x}.shape[0], -1)).permute({', '.join(['1', '2', '0'] + spatial)})"
+    crop = params["crop_to"]
+    if any(size is not None for size in crop):
+        call += "[:, :, :, " + ", ".join(f":{show(size)}" if size is not None else ":" for size in crop) + "]"
+    return call
+
+
+primitive("conv_weight_grad_per_sample", code=_per_sample_weight_grad_code,
+          latex=lambda operands, params, show: rf"\left[{operands[0]}_{{n}} \star^{{w}}{_math_args(params, show)} {operands[1]}_{{n}}\right]_{{n}}",
+          tangent=LINEAR)
+
+
 def _weight_grad_latex(operands, params, show):
     x, grad = operands
     return rf"{x} \star^{{w}}{_math_args(params, show)} {grad}"
@@ -245,6 +277,17 @@ class Convolution(Rule):
         fused = node.local("local", op("conv_backward", grad, node.operands["input"], node.operands["weight"],
                                          **self._params(node, output_mask=mask)))
         return {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
+
+    def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
+        """Each sample's own gradient of a shared weight or bias: [N, *weight.shape]."""
+        x, w = node.operands["input"], node.operands["weight"]
+        stride, dilation = node.params["stride"], node.params["dilation"]
+        if operand == "weight":
+            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
+            return op("conv_weight_grad_per_sample", x, grad, **self._params(node, crop_to=crop_to))
+        if operand == "bias":
+            return op("sum", grad, dim=tuple(range(2, self.dims + 2)))
+        return None
 
     def table_row(self):
         return (self.op,
