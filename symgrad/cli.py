@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -217,6 +218,37 @@ def init(path, force):
         sys.exit(2)
     target.write_text(STARTER_SPEC, encoding="utf-8")
     click.echo(f"wrote {target}; next: symgrad generate {target} --verify")
+
+
+@main.command(name="trace")
+@click.argument("target")
+@click.option("--shape", "shapes", multiple=True, required=True, metavar="NAME=D0,D1,...",
+              help="Shape of an argument; repeat for each argument.")
+@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: the arguments).")
+@click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
+@click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
+def trace_command(target, shapes, wrt, spec_name, output):
+    """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec."""
+    from .trace import load_target, trace
+
+    try:
+        parsed = {}
+        for item in shapes:
+            name, _, sizes = item.partition("=")
+            try:
+                parsed[name] = tuple(int(size) for size in sizes.split(","))
+            except ValueError:
+                raise SymgradError(f"error: --shape {item!r} is not NAME=D0,D1,... (fix: write e.g. x=8,3,32,32)") from None
+        function, files = load_target(target)
+        name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
+        text = trace(function, parsed, wrt.split(",") if wrt else None, name, files)
+    except SymgradError as error:
+        _fail(error)
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        Path(output).write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}; next: symgrad generate {output} --verify")
 
 
 @main.command()

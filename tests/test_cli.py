@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED1 = ROOT / "examples" / "seed1_strided_conv.yaml"
 
 
-@pytest.mark.parametrize("command", ["generate", "check", "verify", "docs", "ops", "init"])
+@pytest.mark.parametrize("command", ["generate", "check", "verify", "docs", "ops", "init", "trace"])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(main, [command, "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
