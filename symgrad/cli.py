@@ -220,6 +220,23 @@ def init(path, force):
     click.echo(f"wrote {target}; next: symgrad generate {target} --verify")
 
 
+@main.command()
+def certify():
+    """Prove, exactly, that the emitted convolution adjoints are transposes (see symgrad/certify.py)."""
+    from .certify import CASES, certify as prove
+
+    failed = False
+    for case in CASES:
+        try:
+            input_entries, weight_entries = prove(case)
+            click.echo(f"certified  {case.label}: input adjoint = A(w)^T ({input_entries} entries), "
+                       f"weight adjoint = W(x)^T ({weight_entries} entries), residual 0")
+        except AssertionError as error:
+            failed = True
+            click.echo(f"FAILED     {error}")
+    sys.exit(1 if failed else 0)
+
+
 @main.command(name="trace")
 @click.argument("target")
 @click.option("--shape", "shapes", multiple=True, required=True, metavar="NAME=D0,D1,...",

@@ -18,19 +18,21 @@ from .helpers import build_text, generated_module, spec_text
 SQ = {"op": "half_sq_error", "target": "y", "reduction": "sum"}
 
 
-def conv_case(dims, n, c_in, size, c_out, kernel, bias=False, wrt=("x", "w"), **args):
+def conv_case(dims, n, c_in, size, c_out, kernel, bias=False, wrt=("x", "w"), transposed=False, **args):
     spatial = [size] * dims if isinstance(size, int) else list(size)
     kernel = [kernel] * dims if isinstance(kernel, int) else list(kernel)
     groups = args.get("groups", 1)
-    inputs = {"x": [n, c_in, *spatial], "w": [c_out, c_in // groups, *kernel]}
-    layer = {"op": f"conv{dims}d", "weight": "w", **args, "out": "out"}
+    weight = [c_in, c_out // groups, *kernel] if transposed else [c_out, c_in // groups, *kernel]
+    inputs = {"x": [n, c_in, *spatial], "w": weight}
+    name = f"conv_transpose{dims}d" if transposed else f"conv{dims}d"
+    layer = {"op": name, "weight": "w", **args, "out": "out"}
     if bias:
         inputs["b"] = [c_out]
         layer["bias"] = "b"
         wrt = (*wrt, "b")
     # the target's shape comes from PyTorch itself, so the case list never restates shape arithmetic
-    probe = getattr(torch.nn.functional, f"conv{dims}d")(torch.zeros(inputs["x"]), torch.zeros(inputs["w"]),
-                                                           **{k: v for k, v in args.items()})
+    probe = getattr(torch.nn.functional, name)(torch.zeros(inputs["x"]), torch.zeros(inputs["w"]),
+                                               **{k: v for k, v in args.items()})
     inputs["y"] = list(probe.shape)
     return spec_text(inputs, [layer], SQ, list(wrt))
 
@@ -47,6 +49,14 @@ CASES = [
     pytest.param(conv_case(1, 2, 3, 13, 2, 4, stride=3, padding=2, dilation=2, bias=True), id="conv1d-all-args"),
     pytest.param(conv_case(3, 1, 2, 6, 2, 2, stride=2, padding=1, bias=True), id="conv3d-stride-padding-bias"),
     pytest.param(conv_case(2, 2, 3, 7, 4, 3, wrt=("w",)), id="conv2d-weight-only"),
+    pytest.param(conv_case(2, 2, 3, 4, 2, 3, transposed=True, stride=2, padding=1, output_padding=1, bias=True),
+                 id="conv_transpose2d-stride-output_padding-bias"),
+    pytest.param(conv_case(2, 1, 4, (3, 4), 6, (2, 3), transposed=True, stride=[3, 1], padding=[1, 0], output_padding=[2, 0],
+                           dilation=[1, 2], groups=2), id="conv_transpose2d-groups-per-axis"),
+    pytest.param(conv_case(1, 2, 2, 5, 3, 3, transposed=True, stride=2, output_padding=2, dilation=3),
+                 id="conv_transpose1d-output_padding-beyond-stride"),
+    pytest.param(conv_case(3, 1, 2, 3, 2, 2, transposed=True, stride=2, padding=1, bias=True),
+                 id="conv_transpose3d-stride-padding-bias"),
     pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "relu"}], SQ, ["x"]), id="relu"),
     pytest.param(spec_text({"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "add", "in": ["a", "b"]}], SQ, ["a", "b"]),
                  id="add"),

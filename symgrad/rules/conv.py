@@ -36,10 +36,24 @@ positions the forward never reached, so they are cropped when ``s > d`` can make
 
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 
-from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, op, primitive, show_ints
-from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, int_tuple, positive_int
+from ..algebra import PRIMITIVES, LINEAR, Size, TensorOp, keyword_arguments, op, primitive, show_ints
+from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, int_tuple, positive_int
+
+
+def _padding(value, context: ParamContext):
+    """Ints (one, or one per spatial dim), or PyTorch's 'valid' (no padding) or 'same' (resolved
+    against the kernel once shapes are known, in ``infer_shape``)."""
+    if value == "valid":
+        return (0,) * context.spatial_dims
+    if value == "same":
+        return "same"
+    if isinstance(value, str):
+        raise context.fail(f"must be an int, a list of ints, 'valid' or 'same', not {value!r}", "write e.g. `padding: 1`")
+    return int_tuple(0)(value, context)
 
 CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 TRANSPOSE_DEFAULTS = {"stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1}
@@ -62,34 +76,42 @@ def _conv_latex(operands, params, show):
     return rf"{operands[1]} \star{_math_args(params, show)} {operands[0]}{bias}"
 
 
-def _conv_tangent(expr: TensorOp, tangent_of):
-    """conv(x, w) + b is bilinear in (x, w) and affine in b: d = conv(dx, w, db) + conv(x, dw)."""
-    x, w, *bias = expr.operands
-    dx, dw = tangent_of(x), tangent_of(w)
-    db = tangent_of(bias[0]) if bias else 0
-    terms = []
-    if dx != 0 or db != 0:
-        x_part = dx if dx != 0 else op("zeros_like", x)  # only the bias moves: conv(0, w) + db
-        terms.append(TensorOp("conv", expr.params, x_part, w, *([db] if db != 0 else [])))
-    if dw != 0:
-        terms.append(TensorOp("conv", expr.params, x, dw))
-    return sum(terms, sympy.Integer(0))
+primitive("conv", code=_conv_code, latex=_conv_latex, tangent=None)  # set below, once _affine_tangent exists
 
 
-primitive("conv", code=_conv_code, latex=_conv_latex, tangent=_conv_tangent)
+def _transpose_code(operands, params, show):
+    source, weight, *bias = operands
+    bias = f", {bias[0]}" if bias else ""
+    return f"F.conv_transpose{params['dims']}d({source}, {weight}{bias}{keyword_arguments(params, TRANSPOSE_DEFAULTS, show)})"
 
 
-def _input_grad_code(operands, params, show):
-    grad, weight = operands
-    return f"F.conv_transpose{params['dims']}d({grad}, {weight}{keyword_arguments(params, TRANSPOSE_DEFAULTS, show)})"
+def _transpose_latex(operands, params, show):
+    source, weight, *bias = operands
+    return rf"{weight}^{{\top}} \star{_math_args(params, show)} {source}" + (f" + {bias[0]}" if bias else "")
 
 
-def _input_grad_latex(operands, params, show):
-    grad, weight = operands
-    return rf"{weight}^{{\top}} \star{_math_args(params, show)} {grad}"
+def _affine_tangent(kind: str):
+    """op(x, w) + b is bilinear in (x, w) and affine in b: d = op(dx, w, db) + op(x, dw)."""
+
+    def tangent(expr: TensorOp, tangent_of):
+        x, w, *bias = expr.operands
+        dx, dw = tangent_of(x), tangent_of(w)
+        db = tangent_of(bias[0]) if bias else 0
+        terms = []
+        if dx != 0 or db != 0:
+            x_part = dx if dx != 0 else op("zeros_like", x)  # only the bias moves: op(0, w) + db
+            terms.append(TensorOp(kind, expr.params, x_part, w, *([db] if db != 0 else [])))
+        if dw != 0:
+            terms.append(TensorOp(kind, expr.params, x, dw))
+        return sum(terms, sympy.Integer(0))
+
+    return tangent
 
 
-primitive("conv_input_grad", code=_input_grad_code, latex=_input_grad_latex, tangent=LINEAR)
+PRIMITIVES["conv"] = dataclasses.replace(PRIMITIVES["conv"], tangent=_affine_tangent("conv"))
+
+# the input adjoint of conv, and the forward of conv_transpose: one definition
+primitive("conv_transpose", code=_transpose_code, latex=_transpose_latex, tangent=_affine_tangent("conv_transpose"))
 
 
 def _weight_grad_code(operands, params, show):
@@ -138,6 +160,13 @@ def _per_sample_weight_grad_code(operands, params, show):
     return call
 
 
+primitive("crop_to",
+          code=lambda operands, params, show: f"{operands[0]}[:, :, " + ", ".join(
+              f":{operands[1]}.shape[{axis + 2}]" if keep else ":" for axis, keep in enumerate(params["axes"])) + "]",
+          latex=lambda operands, params, show: operands[0],
+          tangent=lambda expr, tangent_of: TensorOp("crop_to", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
+
+
 primitive("conv_weight_grad_per_sample", code=_per_sample_weight_grad_code,
           latex=lambda operands, params, show: rf"\left[{operands[0]}_{{n}} \star^{{w}}{_math_args(params, show)} {operands[1]}_{{n}}\right]_{{n}}",
           tangent=LINEAR)
@@ -171,9 +200,11 @@ def _backward_code(operands, params, show):
     dims = params["dims"]
     bias = f"[{w}.shape[0]]" if params["output_mask"][2] else "None"
     listed = lambda values: "[" + ", ".join(map(str, values)) + "]"  # noqa: E731
+    bias = f"[{w}.shape[1] * {params['groups']}]" if params["output_mask"][2] and params.get("transposed") else bias
+    output_padding = params.get("output_padding", (0,) * dims)
     return (f"torch.ops.aten.convolution_backward({grad}, {x}, {w}, {bias}, {listed(params['stride'])}, "
-            f"{listed(params['padding'])}, {listed(params['dilation'])}, False, {listed((0,) * dims)}, "
-            f"{params['groups']}, {listed(params['output_mask'])})")
+            f"{listed(params['padding'])}, {listed(params['dilation'])}, {bool(params.get('transposed'))}, "
+            f"{listed(output_padding)}, {params['groups']}, {listed(params['output_mask'])})")
 
 
 def _backward_latex(operands, params, show):
@@ -189,7 +220,7 @@ class Convolution(Rule):
     operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
     params = {
         "stride": Param(1, int_tuple(1)),
-        "padding": Param(0, int_tuple(0)),
+        "padding": Param(0, _padding),
         "dilation": Param(1, int_tuple(1)),
         "groups": Param(1, positive_int),
     }
@@ -211,6 +242,8 @@ class Convolution(Rule):
         check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} ([C_out, C_in/groups, {self._kernel()}])",
                       "give the weight a shape of matching rank")
         groups = params["groups"]
+        if params["padding"] == "same":
+            self._resolve_same(w, params, check)
         check.equal(x[1], w[1] * groups,
                     f"input has {x[1]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
                     "make the weight's dim 1 equal the input channels divided by groups")
@@ -231,6 +264,20 @@ class Convolution(Rule):
                            "use more padding, a smaller kernel or a larger input")
             out.append(length)
         return tuple(out)
+
+    def _resolve_same(self, w, params, check: Checker) -> None:
+        """padding='same' as the explicit padding PyTorch uses, from the spec's kernel size.
+
+        The emitted code then writes those ints, so forward and backward agree for any input;
+        'same' with stride > 1 is rejected, as PyTorch rejects it, and an odd dilated kernel extent
+        (which PyTorch pads asymmetrically) is refused rather than differentiated wrongly."""
+        check.require(all(s == 1 for s in params["stride"]), "padding='same' needs stride 1 (PyTorch rejects it otherwise)",
+                      "give explicit padding, or use stride 1")
+        extents = [d * (k - 1) for d, k in zip(params["dilation"], w[2:])]
+        check.require(all(extent % 2 == 0 for extent in extents),
+                      f"padding='same' with dilated kernel extents {extents} needs asymmetric padding, not supported yet",
+                      "use an odd kernel size, or F.pad before the conv")
+        params["padding"] = tuple(extent // 2 for extent in extents)
 
     def _spatial(self) -> str:
         return ", ".join(["D", "H", "W"][-self.dims:])
@@ -260,7 +307,7 @@ class Convolution(Rule):
             output_padding = tuple(
                 sympy.Mod(Size(x, axis + 2) + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1, stride[axis])
                 for axis in range(self.dims))
-            grads["input"] = op("conv_input_grad", grad, w, **self._params(node, output_padding=output_padding))
+            grads["input"] = op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding))
         if "weight" in wanted:
             # taps past the kernel size exist only when stride > dilation (see module docstring)
             crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
@@ -296,4 +343,101 @@ class Convolution(Rule):
                 "grad_weight = input ⋆ grad_out with stride d and dilation s; grad_bias = grad_out summed over N and space")
 
 
-RULES = [Convolution(1), Convolution(2), Convolution(3)]
+class TransposedConvolution(Convolution):
+    """``conv_transposeNd``: the input adjoint of a conv, so its own adjoints are conv's, swapped.
+
+    ``<conv_transpose(x, w), g> = <x, conv(g, w)>``: the input adjoint is ``conv(g, w)`` with the
+    same stride, padding, dilation and groups. Its length is ``H_x + floor(output_padding / s)``:
+    when ``output_padding < stride`` conv's floor drops exactly the extra positions, but PyTorch also
+    allows ``stride <= output_padding < dilation``, and then the tail is cropped back to ``x``'s
+    length. Read as a function of ``w``, the weight adjoint is conv's weight correlation with ``g``
+    as the input and ``x`` as the output gradient (``K + floor(output_padding / d)`` taps, cropped to
+    ``K`` when ``stride > dilation`` makes the extra taps possible)."""
+
+    params = {**Convolution.params, "output_padding": Param(0, int_tuple(0))}
+
+    def __init__(self, dims: int):
+        super().__init__(dims)
+        self.op = f"conv_transpose{dims}d"
+        self.summary = f"{dims}-d transposed convolution (the adjoint of conv{dims}d in its input), plus bias"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x, w = shapes["input"], shapes["weight"]
+        rank = self.dims + 2
+        check.require(len(x) == rank, f"input has {len(x)} dimensions but {self.op} needs {rank} ([N, C_in, {self._spatial()}])",
+                      "reshape the input or use the transposed conv of matching dimension")
+        check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} ([C_in, C_out/groups, {self._kernel()}])",
+                      "give the weight a shape of matching rank")
+        check.require(params["padding"] != "same", "padding='same' is not defined for transposed convolutions",
+                      "give explicit padding")
+        groups = params["groups"]
+        check.equal(x[1], w[0], f"input has {x[1]} channels but weight expects {w[0]}",
+                    "make the weight's dim 0 equal the input channels")
+        check.equal(w[0] % groups, 0, f"weight has {w[0]} input channels, not divisible by groups={groups}",
+                    "use a number of input channels divisible by groups")
+        for axis, (o, s, d) in enumerate(zip(params["output_padding"], params["stride"], params["dilation"])):
+            check.require(o < s or o < d, f"output_padding {o} must be smaller than stride {s} or dilation {d} (axis {axis})",
+                          "reduce output_padding")
+        if "bias" in shapes:
+            b = shapes["bias"]
+            check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
+            check.equal(b[0], w[1] * groups, f"bias has {b[0]} entries but the output has {w[1] * groups} channels",
+                        "give bias the shape [C_out]")
+        out = [x[0], w[1] * groups]
+        for axis in range(self.dims):
+            p, d, s, o = (params[key][axis] for key in ("padding", "dilation", "stride", "output_padding"))
+            size = (x[axis + 2] - 1) * s - 2 * p + d * (w[axis + 2] - 1) + o + 1
+            check.positive(size, f"output length along spatial axis {axis} is not positive", "use less padding")
+            out.append(size)
+        return tuple(out)
+
+    def _params(self, node: NodeSymbols, **extra):
+        return dict(dims=self.dims, **{key: node.params[key] for key in CONV_DEFAULTS}, **extra)
+
+    def forward(self, node: NodeSymbols) -> Forward:
+        operands = [node.operands["input"], node.operands["weight"]]
+        if "bias" in node.operands:
+            operands.append(node.operands["bias"])
+        return Forward(op("conv_transpose", *operands, **self._params(node, output_padding=node.params["output_padding"])))
+
+    def pullback(self, node: NodeSymbols, grad, wanted):
+        x, w = node.operands["input"], node.operands["weight"]
+        if node.fused and len(wanted) > 1:
+            mask = tuple(name in wanted for name in ("input", "weight", "bias"))
+            fused = node.local("local", op("conv_backward", grad, x, w, **self._params(
+                node, output_mask=mask, transposed=True, output_padding=node.params["output_padding"])))
+            return {name: op("item", fused, index=index) for index, name in enumerate(("input", "weight", "bias"))
+                    if name in wanted}
+        stride, dilation = node.params["stride"], node.params["dilation"]
+        grads = {}
+        if "input" in wanted:
+            grads["input"] = op("conv", grad, w, **self._params(node))
+            crop = tuple(dilation[axis] > stride[axis] for axis in range(self.dims))  # output_padding >= stride possible
+            if any(crop):
+                grads["input"] = op("crop_to", grads["input"], x, axes=crop)
+        if "weight" in wanted:
+            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
+            grads["weight"] = op("conv_weight_grad", grad, x, **self._params(node, crop_to=crop_to))
+        if "bias" in wanted:
+            grads["bias"] = op("sum", grad, dim=(0,) + tuple(range(2, self.dims + 2)))
+        return grads
+
+    def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
+        x, w = node.operands["input"], node.operands["weight"]
+        stride, dilation = node.params["stride"], node.params["dilation"]
+        if operand == "weight":
+            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
+            return op("conv_weight_grad_per_sample", grad, x, **self._params(node, crop_to=crop_to))
+        if operand == "bias":
+            return op("sum", grad, dim=tuple(range(2, self.dims + 2)))
+        return None
+
+    def table_row(self):
+        return (self.op,
+                "out = weightᵀ ⋆ input + bias  (the input adjoint of conv: stride s, padding p, output_padding, dilation d, groups g)",
+                "grad_input = conv(grad_out, weight; s, p, d, g); grad_weight = grad_out ⋆ input with stride d and dilation s; "
+                "grad_bias = grad_out summed over N and space")
+
+
+RULES = [Convolution(1), Convolution(2), Convolution(3),
+         TransposedConvolution(1), TransposedConvolution(2), TransposedConvolution(3)]

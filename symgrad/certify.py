@@ -1,0 +1,149 @@
+"""Exact certificates that the emitted adjoints of linear and bilinear ops are transposes.
+
+For a small instance of a convolution, sympy builds the operator's exact matrix from the index
+definition of convolution, independently of PyTorch and of symgrad's rules:
+
+    out[n, o, i] = sum_{c, a} w[o, c, a] * x_pad[n, g(o) * C_g + c, i * s + a * d]
+
+with a symbol for every weight entry, so ``A(w)`` (input side) has symbolic entries, and likewise
+``W(x)`` (weight side) with a symbol for every input entry. The emitted gradient module is then
+probed: for every one-hot weight ``e_j`` and one-hot cotangent ``e_m`` it returns a column of the
+adjoint it implements. Those runs use only 0/1 inputs, so float64 computes them exactly and they
+convert to sympy integers. By linearity ``B(w) = sum_j w_j B(e_j)``, and the certificate is the
+polynomial identity ``B(w) - A(w)^T = 0``, checked entry by entry with zero residual: the emitted
+input adjoint is the transpose for *every* weight, and the weight adjoint for every input.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import sympy
+import torch
+import yaml
+
+from .check import module_from_source
+
+
+@dataclass(frozen=True)
+class ConvCase:
+    dims: int
+    batch: int
+    in_channels: int
+    size: tuple[int, ...]
+    out_channels: int
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+
+    @property
+    def label(self) -> str:
+        return (f"conv{self.dims}d x{[self.batch, self.in_channels, *self.size]} w{[self.out_channels, self.in_channels // self.groups, *self.kernel]} "
+                f"stride={list(self.stride)} padding={list(self.padding)} dilation={list(self.dilation)} groups={self.groups}")
+
+    @property
+    def out_size(self) -> tuple[int, ...]:
+        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                     for n, k, s, p, d in zip(self.size, self.kernel, self.stride, self.padding, self.dilation))
+
+
+# Small instances covering stride, padding, dilation, groups, odd sizes and every dimension.
+CASES = [
+    ConvCase(2, 1, 2, (4, 5), 2, (2, 3), (1, 1), (0, 1), (1, 1)),
+    ConvCase(2, 1, 2, (5, 5), 2, (2, 2), (2, 3), (1, 0), (1, 1)),
+    ConvCase(2, 1, 1, (6, 5), 2, (2, 2), (2, 1), (0, 0), (2, 2)),
+    ConvCase(2, 1, 4, (4, 4), 2, (2, 1), (1, 2), (1, 1), (1, 1), groups=2),
+    ConvCase(2, 2, 2, (5, 4), 2, (3, 2), (3, 2), (1, 1), (1, 1)),
+    ConvCase(1, 1, 2, (7,), 3, (3,), (2,), (1,), (2,)),
+    ConvCase(1, 1, 3, (6,), 3, (2,), (3,), (2,), (1,), groups=3),
+    ConvCase(3, 1, 1, (3, 4, 3), 2, (2, 2, 1), (1, 2, 1), (1, 0, 0), (1, 1, 2)),
+]
+
+
+def _spec_text(case: ConvCase) -> str:
+    x = [case.batch, case.in_channels, *case.size]
+    w = [case.out_channels, case.in_channels // case.groups, *case.kernel]
+    y = [case.batch, case.out_channels, *case.out_size]
+    return yaml.safe_dump({
+        "name": "certified", "inputs": {"x": {"shape": x}, "w": {"shape": w}, "y": {"shape": y}},
+        "layers": [{"op": f"conv{case.dims}d", "weight": "w", "stride": list(case.stride), "padding": list(case.padding),
+                    "dilation": list(case.dilation), "groups": case.groups}],
+        "loss": {"op": "half_sq_error", "target": "y"}, "wrt": ["x", "w"]}, sort_keys=False)
+
+
+def _definition_matrices(case: ConvCase):
+    """A(w) (outputs x inputs, entries in weight symbols) and W(x) (outputs x weights, in input symbols)."""
+    x_shape = (case.batch, case.in_channels, *case.size)
+    w_shape = (case.out_channels, case.in_channels // case.groups, *case.kernel)
+    y_shape = (case.batch, case.out_channels, *case.out_size)
+    x_index = {index: position for position, index in enumerate(itertools.product(*map(range, x_shape)))}
+    w_index = {index: position for position, index in enumerate(itertools.product(*map(range, w_shape)))}
+    w_symbols = sympy.symbols(f"w0:{len(w_index)}")
+    x_symbols = sympy.symbols(f"x0:{len(x_index)}")
+    per_group_in, per_group_out = case.in_channels // case.groups, case.out_channels // case.groups
+    A = sympy.zeros(len(list(itertools.product(*map(range, y_shape)))), len(x_index))
+    W = sympy.zeros(A.rows, len(w_index))
+    for row, (n, o, *i) in enumerate(itertools.product(*map(range, y_shape))):
+        group = o // per_group_out
+        for c in range(per_group_in):
+            for taps in itertools.product(*map(range, case.kernel)):
+                position = tuple(i_k * s - p + a * d for i_k, s, p, d, a in zip(i, case.stride, case.padding, case.dilation, taps))
+                if all(0 <= q < n_k for q, n_k in zip(position, case.size)):  # outside is zero padding
+                    column = x_index[(n, group * per_group_in + c, *position)]
+                    weight = w_index[(o, c, *taps)]
+                    A[row, column] += w_symbols[weight]
+                    W[row, weight] += x_symbols[column]
+    return A, W, w_symbols, x_symbols, x_shape, w_shape, y_shape
+
+
+def _exact(tensor: torch.Tensor) -> list[int]:
+    values = tensor.flatten().tolist()
+    if any(value != int(value) for value in values):
+        raise AssertionError("a probe was not integral, so float64 was not exact: enlarge nothing, shrink the case")
+    return [int(value) for value in values]
+
+
+def certify(case: ConvCase) -> tuple[int, int]:
+    """Prove both adjoints of ``case``; returns the number of matrix entries checked on each side."""
+    from .pipeline import build_text
+
+    built = build_text(_spec_text(case), "certify.yaml")
+    module = module_from_source(built.rendered.files["certified.py"], "certified")
+    A, W, w_symbols, x_symbols, x_shape, w_shape, y_shape = _definition_matrices(case)
+    outputs = A.rows
+
+    def adjoints(x: torch.Tensor, w: torch.Tensor, cotangent: torch.Tensor):
+        # with residual = conv(x, w) - y, choosing y = conv(x, w) - cotangent makes the gradient
+        # arriving at the conv output exactly the cotangent, so the module returns the adjoints
+        y = torch.nn.functional.__dict__[f"conv{case.dims}d"](
+            x, w, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.groups) - cotangent
+        return module.gradients(x=x, w=w, y=y)
+
+    zeros_x = torch.zeros(x_shape, dtype=torch.float64)
+    zeros_w = torch.zeros(w_shape, dtype=torch.float64)
+    B = sympy.zeros(len(x_symbols), outputs)  # emitted input adjoint, as a matrix in the weight symbols
+    V = sympy.zeros(len(w_symbols), outputs)  # emitted weight adjoint, as a matrix in the input symbols
+    for m in range(outputs):
+        cotangent = torch.zeros(outputs, dtype=torch.float64)
+        cotangent[m] = 1
+        cotangent = cotangent.reshape(y_shape)
+        for j, symbol in enumerate(w_symbols):
+            basis = zeros_w.flatten().clone()
+            basis[j] = 1
+            column = _exact(adjoints(zeros_x, basis.reshape(w_shape), cotangent).x)
+            B[:, m] += sympy.Matrix(column) * symbol
+        for i, symbol in enumerate(x_symbols):
+            basis = zeros_x.flatten().clone()
+            basis[i] = 1
+            column = _exact(adjoints(basis.reshape(x_shape), zeros_w, cotangent).w)
+            V[:, m] += sympy.Matrix(column) * symbol
+    input_residual = (B - A.T).expand()
+    weight_residual = (V - W.T).expand()
+    if input_residual != sympy.zeros(*input_residual.shape):
+        raise AssertionError(f"{case.label}: the emitted input adjoint is not A(w)^T")
+    if weight_residual != sympy.zeros(*weight_residual.shape):
+        raise AssertionError(f"{case.label}: the emitted weight adjoint is not W(x)^T")
+    return B.rows * B.cols, V.rows * V.cols
