@@ -179,6 +179,8 @@ def keyword_arguments(params: "Params | dict", defaults: dict[str, Any], show: C
             parts.append(f"{key}=(" + ", ".join(show(v) for v in value) + ("," if len(value) == 1 else "") + ")")
         elif isinstance(value, sympy.Basic):
             parts.append(f"{key}={show(value)}")
+        elif isinstance(value, str):  # validated against a fixed choice list, never free text
+            parts.append(f"{key}={value!r}")
         else:
             parts.append(f"{key}={show_ints(value)}")
     return "".join(", " + part for part in parts)

@@ -53,7 +53,7 @@ class Line:
 
 def _line(statement: Statement) -> Line:
     math = statement.math if statement.math is not None else statement.value
-    return Line(statement.target.name, to_code(statement.value), statement.comment,
+    return Line(statement.target.name, to_code(statement.value, boolean=_is_mask(statement)), statement.comment,
                 f"{statement.target.name} = {to_text(math)}", to_latex(statement.target), to_latex(math))
 
 
@@ -127,13 +127,18 @@ def fast_lines(statements: list[Statement], boundary: int, boundary_uses: set[sy
                 code = f"{base.name}.mul_({to_code(value / base)})"
         elif isinstance(value, TensorOp) and value.primitive.inplace and value.operands and value.operands[0] in overwritable:
             code = value.primitive.inplace([to_code(o) for o in value.operands], value.params, to_code)
-        part.append(f"{statement.target.name} = {code or to_code(value)}")
+        part.append(f"{statement.target.name} = {code or to_code(value, boolean=_is_mask(statement))}")
         if dying:
             part.append("del " + ", ".join(symbol.name for symbol in dying))
     for symbol, index in last_use.items():  # forward values only the cotangent default reads
         if index == boundary - 0.5 and symbol in owned and symbol not in keep:
             lines[1].insert(0, f"del {symbol.name}")
     return lines[0], lines[1]
+
+
+def _is_mask(statement: Statement) -> bool:
+    """A saved ReLU-style mask (``mask_<node>``): kept as bool, a quarter of a float's memory."""
+    return statement.target.name.startswith("mask_")
 
 
 def _live(statements: list[Statement], results: set[sympy.Symbol]) -> list[Statement]:

@@ -18,15 +18,10 @@ from .algebra import Size, TensorOp
 
 
 def _number(value: sympy.Expr) -> str:
-    """Exact numbers as Python literals: 1/2 as 0.5, 1/3 as (1 / 3), never a rounded decimal."""
+    """Numbers as Python literals: integers exactly, others as the nearest double (1/5 as 0.2)."""
     if value.is_Integer:
         return str(int(value))
-    if value.is_Rational:
-        numerator, denominator = int(value.p), int(value.q)
-        if denominator & (denominator - 1) == 0:  # a power of two: exact as a binary float
-            return repr(numerator / denominator)
-        return f"({numerator} / {denominator})"
-    return repr(float(value))
+    return repr(float(value))  # a rational prints as its correctly rounded double, as Python would compute it
 
 
 class CodePrinter(TorchPrinter):
@@ -34,6 +29,12 @@ class CodePrinter(TorchPrinter):
 
     def __init__(self):
         super().__init__({"fully_qualified_modules": True})
+
+    def _print(self, expr, **kwargs):
+        # sqrt(2), pi, ...: a float literal (torch.sqrt(2) is not valid), exact ints and rationals as above
+        if isinstance(expr, sympy.Basic) and expr.is_number and not expr.is_Rational and expr.is_real:
+            return repr(float(expr))
+        return super()._print(expr, **kwargs)
 
     def _print_Symbol(self, expr):
         return expr.name
@@ -56,10 +57,35 @@ class CodePrinter(TorchPrinter):
     _print_Zero = _print_Integer
 
     def _print_Heaviside(self, expr):
-        argument, at_zero = expr.args if len(expr.args) == 2 else (expr.args[0], sympy.S.Half)
-        if at_zero != 0:
-            raise ValueError("only the Heaviside step with H(0) = 0 (PyTorch's kink convention) can be emitted")
-        return f"({self._print(argument)} > 0)"
+        """Inside arithmetic, a mask takes its tensor's dtype: ``0.99 * (x > 0)`` would be float32."""
+        argument = _step_argument(expr)
+        tensors = sorted((s for s in argument.free_symbols if isinstance(s, sympy.Symbol)), key=str)
+        typed = f".to({tensors[0].name}.dtype)" if tensors else ""
+        return f"({self._print(argument)} > 0){typed}"
+
+    def mask(self, expr) -> str:
+        """A statement that is only a mask stays boolean: a quarter of the memory (an eighth in float64)."""
+        return f"({self._print(_step_argument(expr))} > 0)"
+
+    def _print_Derivative(self, expr):
+        raise ValueError(f"refusing to emit an unevaluated derivative ({expr}): explicit code never calls autograd")
+
+    def _print_Max(self, expr):
+        return self._clamp(expr, "min", "torch.maximum")
+
+    def _print_Min(self, expr):
+        return self._clamp(expr, "max", "torch.minimum")
+
+    def _clamp(self, expr, bound: str, pairwise: str) -> str:
+        """Max(c, x) as torch.clamp(x, min=c); between tensors, torch.maximum (nested)."""
+        numbers = [a for a in expr.args if a.is_number]
+        tensors = [a for a in expr.args if not a.is_number]
+        text = self._print(tensors[0])
+        for other in tensors[1:]:
+            text = f"{pairwise}({text}, {self._print(other)})"
+        if numbers:
+            text = f"torch.clamp({text}, {bound}={self._print(numbers[0])})"
+        return text
 
     def _print_Mod(self, expr):
         dividend, divisor = expr.args
@@ -108,6 +134,13 @@ class CodePrinter(TorchPrinter):
         if exponent == -1:
             return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
         return f"{self.parenthesize(base, PRECEDENCE['Pow'], strict=True)} ** {self.parenthesize(exponent, PRECEDENCE['Pow'])}"
+
+
+def _step_argument(expr) -> sympy.Expr:
+    argument, at_zero = expr.args if len(expr.args) == 2 else (expr.args[0], sympy.S.Half)
+    if at_zero != 0:
+        raise ValueError("only the Heaviside step with H(0) = 0 (PyTorch's kink convention) can be emitted")
+    return argument
 
 
 def _binds_tightly(expr: sympy.Expr) -> bool:
@@ -166,13 +199,19 @@ class TextPrinter(CodePrinter):
     def _print_Max(self, expr):
         return "max(" + ", ".join(self._print(arg) for arg in expr.args) + ")"
 
+    def _print_Min(self, expr):
+        return "min(" + ", ".join(self._print(arg) for arg in expr.args) + ")"
+
 
 code_printer = CodePrinter()
 math_printer = MathPrinter()
 text_printer = TextPrinter()
 
 
-def to_code(expr: sympy.Expr) -> str:
+def to_code(expr: sympy.Expr, boolean: bool = False) -> str:
+    """Python source for ``expr``; ``boolean`` keeps a bare mask as a bool tensor (saved masks)."""
+    if boolean and isinstance(expr, sympy.Heaviside):
+        return code_printer.mask(expr)
     return code_printer.doprint(expr)
 
 

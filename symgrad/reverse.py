@@ -124,6 +124,10 @@ def derive(graph: Graph, fused: bool = False) -> Program:
                           [(operand, node.operands[operand], pulled[operand]) for operand in pulled], symbols.locals))
 
     backward = _share_common_subexpressions(backward)
+    targets = [statement.target for statement in forward + backward]
+    if len(targets) != len(set(targets)):  # a name assigned twice would silently shadow a value
+        duplicated = sorted({t.name for t in targets if targets.count(t) > 1})
+        raise ValueError(f"derivation assigns {duplicated} more than once")
     gradients = {name: tensor(f"grad_{name}") for name in graph.wrt}
     default = loss.rule.default_cotangent(graph.symbols(loss))
     return Program(graph, forward, backward, gradients, default, steps, branch_sums)

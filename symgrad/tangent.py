@@ -32,7 +32,7 @@ def tangent_of(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Expr]) -> sy
             return tangents.get(node, sympy.Integer(0))
         if node.is_number or isinstance(node, (Size, Params)):
             return sympy.Integer(0)
-        if isinstance(node, sympy.Heaviside):
+        if isinstance(node, (sympy.Heaviside, sympy.sign)):  # piecewise constant: zero almost everywhere
             return sympy.Integer(0)
         if isinstance(node, TensorOp):
             rule = node.primitive.tangent
@@ -64,7 +64,12 @@ def tangent_of(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Expr]) -> sy
             return node.exp * node.base ** (node.exp - 1) * moved if moved != 0 else sympy.Integer(0)
         if isinstance(node, sympy.Function) and len(node.args) == 1:
             moved = walk(node.args[0])
-            return node.fdiff(1) * moved if moved != 0 else sympy.Integer(0)
+            if moved == 0:
+                return sympy.Integer(0)
+            derivative = node.fdiff(1)
+            if derivative.has(sympy.Derivative):
+                raise NoTangentRule(f"sympy has no closed-form derivative of {type(node).__name__}")
+            return derivative * moved
         raise NoTangentRule(f"no forward-mode rule for {type(node).__name__}")
 
     return walk(expr)

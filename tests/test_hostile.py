@@ -94,7 +94,7 @@ def valid_specs(draw):
     source = "x"
     for index in range(draw(st.integers(1, 4))):
         c, s = nodes[source]
-        kind = draw(st.sampled_from(["conv2d", "conv2d", "relu", "add", "mul", "sub", "scale"]))
+        kind = draw(st.sampled_from(["conv2d", "conv2d", "relu", "add", "mul", "sub", "scale", "unary", "unary"]))
         out = f"n{index}"
         if kind == "conv2d":
             groups = draw(st.sampled_from([g for g in (1, 2) if c % g == 0]))
@@ -120,7 +120,15 @@ def valid_specs(draw):
             layer = {"op": kind, "in": [source, draw(st.sampled_from(partners))], "out": out}
             nodes[out] = (c, s)
         elif kind == "scale":
-            layer = {"op": "mul", "in": source, "other": draw(st.sampled_from([0.5, -2, 3, 0.125])), "out": out}
+            layer = {"op": draw(st.sampled_from(["mul", "div"])), "in": source,
+                     "other": draw(st.sampled_from([0.5, -2, 3, 0.125])), "out": out}
+            nodes[out] = (c, s)
+        elif kind == "unary":
+            op, args = draw(st.sampled_from([
+                ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}),
+                ("elu", {"alpha": 0.5}), ("leaky_relu", {"negative_slope": 0.1}), ("hardtanh", {}), ("relu6", {}),
+                ("softplus", {}), ("abs", {}), ("neg", {}), ("pow", {"exponent": 2})]))
+            layer = {"op": op, "in": source, **args, "out": out}
             nodes[out] = (c, s)
         else:
             layer = {"op": "relu", "in": source, "out": out}

@@ -79,6 +79,19 @@ CASES = [
                  id="tied-weight-used-twice"),
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "mul", "in": ["x", "x"]}], SQ, ["x"]),
                  id="same-node-both-operands"),
+    *[pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": op, **args}], SQ, ["x"]), id=f"{op}{'-' if args else ''}{'-'.join(f'{k}={v}' for k, v in args.items())}")
+      for op, args in [("neg", {}), ("exp", {}), ("abs", {}), ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu", {}),
+                       ("gelu", {"approximate": "tanh"}), ("softplus", {}), ("softplus", {"beta": 2, "threshold": 1}),
+                       ("elu", {}), ("elu", {"alpha": 0.5}), ("leaky_relu", {}), ("leaky_relu", {"negative_slope": 0.2}),
+                       ("hardtanh", {}), ("hardtanh", {"min_val": -0.5, "max_val": 2.0}), ("relu6", {}),
+                       ("pow", {"exponent": 3})]],
+    *[pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}, {"op": op, **args}], SQ, ["x"]),
+                   id=f"{op}-of-positive{'-' if args else ''}{'-'.join(f'{k}={v}' for k, v in args.items())}")
+      for op, args in [("log", {}), ("sqrt", {}), ("pow", {"exponent": 0.5}), ("pow", {"exponent": -1.5})]],
+    pytest.param(spec_text({"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]}, [{"op": "softplus", "in": "b", "out": "pb"},
+                                                                         {"op": "div", "in": ["a", "pb"]}], SQ, ["a", "b"]),
+                 id="div-broadcast"),
+    pytest.param(spec_text({"a": [2, 3], "y": [2, 3]}, [{"op": "div", "other": 4}], SQ, ["a"]), id="div-constant"),
     # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay tensors
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["x", "x"]}], SQ, ["x"]),
                  id="sub-same-node-cancels"),
@@ -149,8 +162,9 @@ def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
 
     from symgrad.rules import LAYER_RULES
 
+    from symgrad.rules.elementwise import INPUT as x
+
     relu = LAYER_RULES["relu"]
-    x = sympy.Symbol("input")
     assert relu.local_derivative(x) == sympy.Heaviside(x, 0)  # sympy's d/dx max(0, x), with H(0) = 0
     # the emitted mask reads the output instead: H(x) == H(relu(x)) everywhere, the kink included
     for value in (-2, -sympy.Rational(1, 3), 0, sympy.Rational(1, 7), 5):

@@ -138,9 +138,11 @@ class NodeSymbols:
     def out(self) -> sympy.Symbol:
         return tensor(self.name)
 
-    def local(self, kind: str, value: sympy.Expr, plain: bool = False) -> sympy.Symbol:
-        """Name ``value`` as ``<kind>_<node>`` (or just ``kind``) so the emitted code shows it."""
-        symbol = tensor(kind if plain else f"{kind}_{self.name}")
+    def local(self, kind: str, value: sympy.Expr, plain: bool = False, suffix: str = "") -> sympy.Symbol:
+        """Name ``value`` as ``<kind>_<node>[_<suffix>]`` (or just ``kind``) so the emitted code shows it."""
+        symbol = tensor(kind if plain else f"{kind}_{self.name}" + (f"_{suffix}" if suffix else ""))
+        if any(existing == symbol for existing, _ in self.locals):
+            raise ValueError(f"rule names two locals {symbol}: one would overwrite the other")
         self.locals.append((symbol, value))
         return symbol
 

@@ -16,29 +16,31 @@ from typing import Callable
 
 import sympy
 
-from ..algebra import op, primitive
+from ..algebra import keyword_arguments, op, primitive
+from ..functions import Sigmoid, Softplus
 from ..printing import to_text
-from .base import Checker, Forward, NodeSymbols, Operand, Rule
+from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
 
-INPUT, OTHER = sympy.symbols("input other")
+INPUT, OTHER = sympy.symbols("input other", real=True)
 
 
-def _call_primitive(name: str, call: str, math: Callable[[sympy.Expr], sympy.Expr], inplace: str | None,
-                    derivative: Callable[[sympy.Expr], sympy.Expr]):
+def _call_primitive(name: str, call: str, math: Callable[..., sympy.Expr], inplace: str | None,
+                    derivative: Callable[..., sympy.Expr], defaults: dict):
     def code(operands, params, show):
-        return f"{call}({', '.join(operands)})"
+        return f"{call}({', '.join(operands)}{keyword_arguments(params, defaults, show)})"
 
     def inplace_code(operands, params, show):
-        return f"{inplace}({', '.join(operands)})"
+        return f"{inplace}({', '.join(operands)}{keyword_arguments(params, defaults, show)})"
 
     def latex(operands, params, show):
         from ..printing import to_latex  # the scalar formula, shown with the operand in place
 
-        return to_latex(math(sympy.Symbol("□"))).replace("□", operands[0])
+        placeholder = sympy.Symbol("□", real=True)
+        return to_latex(math(placeholder, **dict(params.items()))).replace("□", operands[0])
 
     def tangent(expr, tangent_of):  # f(x) elementwise: d f(x) = f'(x) * dx, with f' from sympy.diff
         (operand,) = expr.operands
-        return derivative(operand) * tangent_of(operand)
+        return derivative(operand, dict(expr.params.items())) * tangent_of(operand)
 
     primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent)
 
@@ -59,19 +61,30 @@ class Elementwise(Rule):
     """An in-place torch call for the forward (``torch.relu_``), used by the fast function."""
     summary: str = ""
     operands: tuple[Operand, ...] = field(default=(Operand("input", from_in=True),))
+    params: dict = field(default_factory=dict)
+    """PyTorch's keyword arguments of the op (``negative_slope``), passed to ``formula``."""
     broadcasts = True
 
     def __post_init__(self):
         if self.call is not None:
-            _call_primitive(self.op, self.call, lambda x: self.formula(x), self.inplace,
-                            lambda operand: self.local_derivative(INPUT).xreplace({INPUT: operand}))
+            defaults = {key: param.default for key, param in self.params.items()}
+            _call_primitive(self.op, self.call, self.formula, self.inplace,
+                            lambda operand, params: self.local_derivative(INPUT, params).xreplace({INPUT: operand}),
+                            defaults)
 
     @property
     def scalars(self) -> tuple[sympy.Symbol, ...]:
         return (INPUT, OTHER)[: len(self.operands)]
 
-    def scalar_forward(self) -> sympy.Expr:
-        return self.formula(*self.scalars)
+    def scalar_forward(self, params: dict | None = None) -> sympy.Expr:
+        return self.formula(*self.scalars, **self._values(params))
+
+    def _values(self, params: dict | None) -> dict:
+        """The op's params as sympy values: the node's, or PyTorch's defaults (for the ops table)."""
+        if params is not None:
+            return dict(params)
+        return {key: (number(param.default, None) if isinstance(param.default, (int, float)) else param.default)
+                for key, param in self.params.items()}
 
     def infer_shape(self, shapes, params, check: Checker):
         if len(shapes) == 1:
@@ -95,21 +108,24 @@ class Elementwise(Rule):
         return expr.xreplace({scalar: node.operands[operand.name] for scalar, operand in zip(self.scalars, self.operands)})
 
     def forward(self, node: NodeSymbols) -> Forward:
-        math = self._substitute(self.scalar_forward(), node)
+        math = self._substitute(self.scalar_forward(node.params), node)
         if self.call is None:
             # unevaluated, so sub(x, x) prints as `x - x` (a tensor), never as the number 0
             with sympy.evaluate(False):
-                value = self.formula(*(node.operands[operand.name] for operand in self.operands))
+                value = self.formula(*(node.operands[operand.name] for operand in self.operands), **node.params)
             return Forward(value, math)
-        return Forward(op(self.op, *(node.operands[operand.name] for operand in self.operands)), math)
+        return Forward(op(self.op, *(node.operands[operand.name] for operand in self.operands), **node.params), math)
 
-    def local_derivative(self, scalar: sympy.Symbol) -> sympy.Expr:
-        """``d forward / d scalar`` by ``sympy.diff``, with every Heaviside step taken as H(0) = 0."""
+    def local_derivative(self, scalar: sympy.Symbol, params: dict | None = None) -> sympy.Expr:
+        """``d forward / d scalar`` by ``sympy.diff``, with every Heaviside step taken as H(0) = 0 and
+        the Dirac terms of a continuous function's kinks (``x * delta(x)``, zero) dropped."""
         cache = self.__dict__.setdefault("_derivatives", {})
-        if scalar not in cache:
-            derivative = sympy.diff(self.scalar_forward(), scalar)
-            cache[scalar] = derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
-        return cache[scalar]
+        key = (scalar, tuple(sorted(self._values(params).items(), key=lambda item: item[0])))
+        if key not in cache:
+            derivative = sympy.diff(self.scalar_forward(params), scalar)
+            derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+            cache[key] = derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
+        return cache[key]
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
@@ -119,9 +135,10 @@ class Elementwise(Rule):
             if self.from_output is not None:
                 local = self.from_output(node.out)
             else:
-                local = self._substitute(self.local_derivative(scalar), node)
+                local = self._substitute(self.local_derivative(scalar, node.params), node)
             if not (local.is_number or local.is_Symbol):
-                local = node.local(self.local_kind, local)
+                # one local per operand: local_div_2_input, local_div_2_other
+                local = node.local(self.local_kind, local, suffix=operand.name if len(self.operands) > 1 else "")
             grads[operand.name] = local * grad
         return grads
 
@@ -135,6 +152,14 @@ def _binary(name: str, formula, summary: str) -> Elementwise:
                        operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True)))
 
 
+def _unary(name: str, formula, call: str | None, summary: str, **options) -> Elementwise:
+    return Elementwise(name, formula, call=call, summary=summary, **options)
+
+
+def _param(default) -> Param:
+    return Param(default, number)
+
+
 RULES = [
     Elementwise("relu", lambda x: sympy.Max(0, x), call="F.relu", local_kind="mask",
                 from_output=lambda out: sympy.Heaviside(out, 0), inplace="torch.relu_",
@@ -142,4 +167,34 @@ RULES = [
     _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting"),
     _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting"),
     _binary("mul", lambda a, b: a * b, "elementwise product (or scaling by a constant), broadcasting"),
+    _binary("div", lambda a, b: a / b, "elementwise quotient, broadcasting"),
+    _unary("neg", lambda x: -x, None, "negation"),
+    _unary("pow", lambda x, exponent: x ** exponent, None, "power by a constant exponent",
+           params={"exponent": _param(2)}),
+    _unary("exp", sympy.exp, "torch.exp", "exponential", from_output=lambda out: out),
+    _unary("log", sympy.log, "torch.log", "natural logarithm"),
+    _unary("sqrt", sympy.sqrt, "torch.sqrt", "square root", from_output=lambda out: 1 / (2 * out)),
+    _unary("abs", sympy.Abs, "torch.abs", "absolute value; derivative sign(x), 0 at 0 as in PyTorch"),
+    _unary("sigmoid", Sigmoid, "torch.sigmoid", "logistic sigmoid", from_output=lambda out: out * (1 - out)),
+    _unary("tanh", sympy.tanh, "torch.tanh", "hyperbolic tangent", from_output=lambda out: 1 - out ** 2),
+    _unary("silu", lambda x: x * Sigmoid(x), "F.silu", "x * sigmoid(x)"),
+    _unary("gelu", lambda x, approximate: (
+        x / 2 * (1 + sympy.erf(x / sympy.sqrt(2))) if approximate == "none"
+        else x / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + sympy.Rational(44715, 1000000) * x ** 3)))),
+        "F.gelu", "Gaussian error linear unit, exact (erf) or tanh-approximated",
+        params={"approximate": Param("none", choice("none", "tanh"))}),
+    _unary("softplus", lambda x, beta, threshold: (
+        sympy.Heaviside(beta * x - threshold, 0) * x
+        + (1 - sympy.Heaviside(beta * x - threshold, 0)) * Softplus(beta * x) / beta),
+        "F.softplus", "log(1 + exp(beta x)) / beta, linear above the threshold as in PyTorch",
+        params={"beta": _param(1), "threshold": _param(20)}),
+    _unary("elu", lambda x, alpha: sympy.Heaviside(x, 0) * x + (1 - sympy.Heaviside(x, 0)) * alpha * (sympy.exp(x) - 1),
+           "F.elu", "x above 0, alpha (exp(x) - 1) below; derivative alpha at 0 as in PyTorch",
+           params={"alpha": _param(1.0)}),
+    _unary("leaky_relu", lambda x, negative_slope: negative_slope * x + (1 - negative_slope) * sympy.Max(0, x),
+           "F.leaky_relu", "max(0, x) + negative_slope min(0, x); derivative negative_slope at 0 as in PyTorch",
+           params={"negative_slope": _param(0.01)}),
+    _unary("hardtanh", lambda x, min_val, max_val: sympy.Max(min_val, sympy.Min(max_val, x)), "F.hardtanh",
+           "x clamped to [min_val, max_val]; derivative 1 strictly inside", params={"min_val": _param(-1.0), "max_val": _param(1.0)}),
+    _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]"),
 ]
