@@ -48,7 +48,11 @@ def reference_forward(graph: Graph, inputs: dict[str, torch.Tensor]) -> torch.Te
         arguments.update({name: float(value) for name, value in node.constants.items()})
         if node.kind == "loss":
             prediction, target = arguments["input"], arguments["target"]
-            per_element = 0.5 * (prediction - target) ** 2
+            params = {key: float(value) for key, value in node.params.items() if key != "reduction"}
+            if node.rule.op == "half_sq_error":
+                per_element = 0.5 * (prediction - target) ** 2
+            else:  # PyTorch's own loss, unreduced
+                per_element = getattr(F, node.rule.op)(prediction, target, reduction="none", **params)
             reduction = node.params["reduction"]
             if reduction == "per_sample":
                 values[node.name] = per_element.flatten(1).sum(1) if per_element.dim() > 1 else per_element

@@ -99,7 +99,9 @@ def build_graph(spec: Spec) -> Graph:
                         f"use one of: {', '.join(sorted(LOSS_RULES))}")
     node = Node("loss", "loss", loss.location, rule)
     _bind(node, rule, [loss.source[0]], (loss.source,),
-          {"target": (loss.target[0], loss.target[1]), "reduction": (loss.reduction, loss.reduction_location)}, nodes)
+          {"target": (loss.target[0], loss.target[1]),
+           **({"reduction": (loss.reduction, loss.reduction_location)} if loss.reduction is not None else {}),
+           **{argument.name: (argument.value, argument.location) for argument in loss.arguments}}, nodes)
     nodes["loss"] = node
     _infer_shapes(nodes)
 

@@ -45,7 +45,7 @@ REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward, gradients and gradients_fast."""
 INPUT_KEYS = ("shape",)
-LOSS_KEYS = ("op", "in", "target", "reduction")
+LOSS_STRUCTURE_KEYS = ("op", "in", "target", "reduction")
 LAYER_STRUCTURE_KEYS = ("op", "in", "out")
 
 
@@ -187,9 +187,12 @@ class LossSpec:
     op: str
     source: tuple[str, Location]
     target: tuple[str, Location]
-    reduction: str
+    reduction: str | None
+    """None: the loss op's own default (``sum`` for half_sq_error, ``mean`` for PyTorch's losses)."""
     location: Location
     reduction_location: Location
+    arguments: tuple[Argument, ...] = ()
+    """The loss op's own arguments (``beta`` of smooth_l1_loss), checked by its rule."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +270,6 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         known[previous] = layers[-1].out_location
 
     loss_map = _typed(document, "loss", Mapping, "a mapping like {op: half_sq_error, target: y}")
-    _reject_unknown_keys(loss_map, LOSS_KEYS, "loss")
     if "op" not in loss_map:
         raise SpecError("loss has no 'op'", loss_map.location, "add `op: half_sq_error`")
     loss_op = _string(loss_map, "op")
@@ -275,9 +277,13 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     if "target" not in loss_map:
         raise SpecError("loss has no 'target'", loss_map.location, "add `target: NAME` naming the target tensor")
     target = _reference(loss_map, "target", known)
-    reduction = _string(loss_map, "reduction") if "reduction" in loss_map else "sum"
+    reduction = _string(loss_map, "reduction") if "reduction" in loss_map else None
     reduction_location = loss_map.value_locations.get("reduction", loss_map.location)
-    loss = LossSpec(loss_op, source, target, reduction, loss_map.location, reduction_location)
+    loss_arguments = tuple(Argument(key, value, loss_map.value_locations[key])
+                           for key, value in loss_map.items() if key not in LOSS_STRUCTURE_KEYS)
+    for argument in loss_arguments:
+        _check_value(argument.value, argument.location, f"argument '{argument.name}'")
+    loss = LossSpec(loss_op, source, target, reduction, loss_map.location, reduction_location, loss_arguments)
 
     wrt_value = document["wrt"]
     wrt_location = document.value_locations["wrt"]

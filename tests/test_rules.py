@@ -92,6 +92,12 @@ CASES = [
                                                                          {"op": "div", "in": ["a", "pb"]}], SQ, ["a", "b"]),
                  id="div-broadcast"),
     pytest.param(spec_text({"a": [2, 3], "y": [2, 3]}, [{"op": "div", "other": 4}], SQ, ["a"]), id="div-constant"),
+    *[pytest.param(spec_text({"p": [3, 2, 4], "y": [3, 2, 4]}, [], {"op": loss, "in": "p", "target": "y", **args}, ["p", "y"]),
+                   id=f"{loss}-{'-'.join(f'{k}={v}' for k, v in args.items()) or 'defaults'}")
+      for loss, args in [("mse_loss", {}), ("mse_loss", {"reduction": "sum"}), ("l1_loss", {}),
+                         ("l1_loss", {"reduction": "per_sample"}), ("smooth_l1_loss", {}),
+                         ("smooth_l1_loss", {"beta": 0.5, "reduction": "sum"}), ("huber_loss", {}),
+                         ("huber_loss", {"delta": 2.0, "reduction": "per_sample"})]],
     # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay tensors
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["x", "x"]}], SQ, ["x"]),
                  id="sub-same-node-cancels"),

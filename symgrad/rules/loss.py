@@ -11,9 +11,9 @@ import sympy
 
 from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
 from ..printing import to_text
-from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice
+from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
 
-PREDICTION, TARGET, RESIDUAL = sympy.symbols("input target residual")
+RESIDUAL = sympy.Symbol("residual", real=True)
 
 
 def _reduce_code(operands, params, show):
@@ -48,14 +48,33 @@ primitive("ones_cotangent",
 
 
 class Loss(Rule):
-    operands = (Operand("input", from_in=True), Operand("target"))
-    params = {"reduction": Param("sum", choice("sum", "mean", "per_sample"))}
-    density: sympy.Expr
+    """A loss whose value is a reduction of an elementwise density of the residual ``input - target``.
 
-    def __init__(self, op_name: str, density: sympy.Expr, summary: str):
+    ``density(residual, **params)`` is a sympy formula; its derivative by ``sympy.diff`` is the
+    local gradient. PyTorch's losses default to ``reduction: mean``; ``per_sample`` (sum over all
+    but dim 0) is symgrad's addition for the seed's per-sample losses."""
+
+    operands = (Operand("input", from_in=True), Operand("target"))
+
+    def __init__(self, op_name: str, density, summary: str, default_reduction: str = "mean", params=None):
         self.op = op_name
-        self.density = density
+        self.density_formula = density
         self.summary = summary
+        self.params = {"reduction": Param(default_reduction, choice("sum", "mean", "per_sample")), **(params or {})}
+
+    def density(self, params: dict | None = None) -> sympy.Expr:
+        """The per-element loss as a formula in the residual r = input - target."""
+        values = {key: value for key, value in (params or self._defaults()).items() if key != "reduction"}
+        return self.density_formula(RESIDUAL, **values)
+
+    def local_derivative(self, params: dict | None = None) -> sympy.Expr:
+        """d density / d r by sympy.diff (kinks as PyTorch takes them: H(0) = 0, no Dirac terms)."""
+        derivative = sympy.diff(self.density(params), RESIDUAL).replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
+        return derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
+
+    def _defaults(self) -> dict:
+        return {key: number(param.default, None) if isinstance(param.default, (int, float)) else param.default
+                for key, param in self.params.items()}
 
     def infer_shape(self, shapes, params, check: Checker):
         prediction, target = shapes["input"], shapes["target"]
@@ -70,7 +89,7 @@ class Loss(Rule):
     def forward(self, node: NodeSymbols) -> Forward:
         prediction, target = node.operands["input"], node.operands["target"]
         residual = node.local("residual", prediction - target, plain=True)
-        per_element = self.density.subs(PREDICTION - TARGET, RESIDUAL).subs(RESIDUAL, residual)
+        per_element = self.density(node.params).xreplace({RESIDUAL: residual})
         coefficient, rest = per_element.as_coeff_Mul()
         rank = len(node.shapes["input"])
         reduced = coefficient * op("reduce", rest, how=node.params["reduction"], rank=rank)
@@ -93,16 +112,30 @@ class Loss(Rule):
         weight = self.cotangent(node, grad)
         residual = tensor("residual")
         grads = {}
-        for scalar, operand in ((PREDICTION, "input"), (TARGET, "target")):
+        local = self.local_derivative(node.params).xreplace({RESIDUAL: residual})
+        for sign, operand in ((1, "input"), (-1, "target")):  # r = input - target
             if operand in wanted:
-                local = sympy.diff(self.density, scalar).subs(PREDICTION - TARGET, residual)
-                grads[operand] = sympy.expand(local) * weight
+                grads[operand] = sign * local * weight
         return grads
 
     def table_row(self):
-        derivative = to_text(sympy.diff(self.density, PREDICTION))
-        return self.op, f"loss = reduce({to_text(self.density)})", f"d/dinput = {derivative} (times the reduction's weight)"
+        return (self.op, f"loss = reduce({to_text(self.density())}), residual = input - target",
+                f"d/dinput = -d/dtarget = {to_text(self.local_derivative())} (times the reduction's weight)")
 
 
-RULES = [Loss("half_sq_error", sympy.Rational(1, 2) * (PREDICTION - TARGET) ** 2,
-              "half the squared error, ½‖input − target‖², reduced by sum, mean or per sample")]
+def _inside(r, width):
+    """1 where |r| < width (PyTorch's strict inequality), 0 outside."""
+    return sympy.Heaviside(width - sympy.Abs(r), 0)
+
+
+RULES = [
+    Loss("half_sq_error", lambda r: sympy.Rational(1, 2) * r ** 2,
+         "half the squared error, ½‖input − target‖², reduced by sum, mean or per sample", default_reduction="sum"),
+    Loss("mse_loss", lambda r: r ** 2, "squared error, as F.mse_loss"),
+    Loss("l1_loss", lambda r: sympy.Abs(r), "absolute error, as F.l1_loss; derivative sign(r), 0 at 0"),
+    Loss("smooth_l1_loss", lambda r, beta: _inside(r, beta) * r ** 2 / (2 * beta)
+         + (1 - _inside(r, beta)) * (sympy.Abs(r) - beta / 2),
+         "as F.smooth_l1_loss: quadratic inside |r| < beta, linear outside", params={"beta": Param(1.0, number)}),
+    Loss("huber_loss", lambda r, delta: _inside(r, delta) * r ** 2 / 2 + (1 - _inside(r, delta)) * delta * (sympy.Abs(r) - delta / 2),
+         "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside", params={"delta": Param(1.0, number)}),
+]
