@@ -91,7 +91,7 @@ BAD = [
     ("non-string-key", variant("  w: {shape: [4, 3, 3, 3]}", "  w: {shape: [4, 3, 3, 3]}\n  1: {shape: [4]}"), 5, "is not a string"),
     ("loss-missing-target", variant("target: y, ", ""), 9, "loss has no 'target'"),
     ("loss-not-mapping", variant("loss: {op: half_sq_error, target: y, reduction: sum}", "loss: half_sq_error"), 9, "'loss' must be"),
-    ("loss-unknown-key", variant("reduction: sum", "reduction: sum, weight: 2"), 9, "unknown key 'weight'"),
+    ("loss-unknown-key", variant("reduction: sum", "reduction: sum, weight: 2"), 9, "half_sq_error has no argument 'weight'"),
     ("wrt-empty", variant("wrt: [x, w]", "wrt: []"), 10, "'wrt' is empty"),
     ("wrt-duplicate", variant("wrt: [x, w]", "wrt: [x, x]"), 10, "names 'x' twice"),
     ("wrt-number", variant("wrt: [x, w]", "wrt: 3"), 10, "'wrt' must be a list"),
