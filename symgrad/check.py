@@ -60,7 +60,8 @@ def reference_forward(graph: Graph, inputs: dict[str, torch.Tensor]) -> torch.Te
                 values[node.name] = getattr(per_element, reduction)()
             continue
         function = getattr(F, node.rule.op, None) or getattr(torch, node.rule.op)
-        params = {key: float(value) if hasattr(value, "is_number") else value for key, value in node.params.items()}
+        params = {key: float(value) if hasattr(value, "is_number") else value for key, value in node.params.items()
+                  if value != node.rule.params[key].default}  # PyTorch's own defaults stay implicit
         values[node.name] = function(**arguments, **params)
     return values["loss"]
 

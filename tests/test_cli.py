@@ -83,3 +83,12 @@ def test_pre_commit_hook_runs_symgrad_check():
 
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hooks[0]["entry"] == "symgrad check" and hooks[0]["pass_filenames"] is False
+
+
+def test_ops_table_in_docs_is_generated_from_the_registry():
+    from symgrad.rules import all_rules
+
+    result = CliRunner().invoke(main, ["ops", "--markdown"])
+    assert result.exit_code == 0
+    assert (ROOT / "docs" / "ops.md").read_text() == result.output, "run `symgrad ops --markdown > docs/ops.md`"
+    assert len(all_rules()) >= 40 and result.output.count("\n| `") == len(all_rules())

@@ -37,6 +37,14 @@ def conv_case(dims, n, c_in, size, c_out, kernel, bias=False, wrt=("x", "w"), tr
     return spec_text(inputs, [layer], SQ, list(wrt))
 
 
+def torch_case(op, inputs: dict, wrt, function, in_names=None, **args):
+    """A one-layer case whose target shape comes from running ``function`` (PyTorch's own op)."""
+    probe = function(*[torch.zeros(shape) for shape in inputs.values()], **args)
+    layer = {"op": op, **({"in": in_names} if in_names else {}), **args, "out": "out"}
+    return spec_text({**inputs, "y": list(probe.shape)}, [layer], SQ, wrt)
+
+
+F = torch.nn.functional
 CASES = [
     pytest.param(conv_case(2, 2, 3, 7, 4, 3), id="conv2d-odd-size"),
     pytest.param(conv_case(2, 2, 3, 9, 4, 3, stride=2), id="conv2d-stride2-output_padding"),
@@ -98,6 +106,25 @@ CASES = [
                          ("l1_loss", {"reduction": "per_sample"}), ("smooth_l1_loss", {}),
                          ("smooth_l1_loss", {"beta": 0.5, "reduction": "sum"}), ("huber_loss", {}),
                          ("huber_loss", {"delta": 2.0, "reduction": "per_sample"})]],
+    pytest.param(torch_case("flatten", {"x": [2, 3, 4, 5]}, ["x"], torch.flatten, start_dim=1), id="flatten"),
+    pytest.param(torch_case("reshape", {"x": [2, 3, 4]}, ["x"], lambda x, shape: x.reshape(shape), shape=[2, -1]), id="reshape-minus-one"),
+    pytest.param(torch_case("reshape", {"x": [2, 3, 4]}, ["x"], lambda x, shape: x.reshape(shape), shape=[6, 4]), id="reshape"),
+    pytest.param(torch_case("permute", {"x": [2, 3, 4]}, ["x"], lambda x, dims: x.permute(dims), dims=[2, 0, 1]), id="permute"),
+    pytest.param(torch_case("pad", {"x": [2, 3, 5]}, ["x"], F.pad, pad=[1, 2]), id="pad"),
+    pytest.param(torch_case("pad", {"x": [2, 3, 5]}, ["x"], F.pad, pad=[-1, 1, 2, 0], value=0.5), id="pad-crop-value"),
+    pytest.param(torch_case("pixel_shuffle", {"x": [2, 8, 3, 3]}, ["x"], F.pixel_shuffle, upscale_factor=2), id="pixel_shuffle"),
+    pytest.param(torch_case("avg_pool2d", {"x": [2, 3, 7, 7]}, ["x"], F.avg_pool2d, kernel_size=3, stride=2, padding=1),
+                 id="avg_pool2d-stride-padding"),
+    pytest.param(torch_case("avg_pool1d", {"x": [2, 3, 9]}, ["x"], F.avg_pool1d, kernel_size=2), id="avg_pool1d-default-stride"),
+    pytest.param(torch_case("avg_pool3d", {"x": [1, 2, 5, 4, 6]}, ["x"], F.avg_pool3d, kernel_size=[2, 2, 3], stride=[2, 1, 2]),
+                 id="avg_pool3d"),
+    pytest.param(torch_case("linear", {"x": [4, 5], "w": [3, 5], "b": [3]}, ["x", "w", "b"],
+                            lambda x, w, b: F.linear(x, w, b), in_names=None).replace("op: linear", "op: linear\n  weight: w\n  bias: b"),
+                 id="linear-bias"),
+    pytest.param(torch_case("linear", {"x": [2, 4, 5], "w": [3, 5]}, ["x", "w"], lambda x, w: F.linear(x, w))
+                 .replace("op: linear", "op: linear\n  weight: w"), id="linear-rank3"),
+    pytest.param(torch_case("matmul", {"a": [2, 3, 4], "b": [2, 4, 5]}, ["a", "b"], torch.matmul, in_names=["a", "b"]),
+                 id="matmul-batched"),
     # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay tensors
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["x", "x"]}], SQ, ["x"]),
                  id="sub-same-node-cancels"),

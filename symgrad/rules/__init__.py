@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import conv, elementwise, loss
+from . import conv, elementwise, linear, loss, shape
 from .base import Rule
 
-LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES]}
+LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES, *linear.RULES, *shape.RULES]}
 LOSS_RULES: dict[str, Rule] = {rule.op: rule for rule in loss.RULES}
 
 

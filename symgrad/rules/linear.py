@@ -1,0 +1,112 @@
+"""``linear`` and ``matmul``: bilinear, like conv, with matrix-product adjoints.
+
+For ``out = x @ W.T + b`` over any leading dims: ``grad_x = grad @ W``; ``grad_W`` sums the outer
+products of the gradient and the input over every leading position, ``grad.flatten(0, -2).T @
+x.flatten(0, -2)``; ``grad_b`` sums the gradient over the leading dims. For ``out = a @ b``:
+``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` (transposing the last two dims); batch dims must
+agree, since broadcasting a batch dim would need a sum the rule does not emit.
+"""
+
+from __future__ import annotations
+
+from ..algebra import LINEAR, op, primitive
+from .base import Checker, Forward, NodeSymbols, Operand, Rule
+from .conv import _affine_tangent
+
+primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
+          latex=lambda operands, params, show: f"{operands[0]} {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
+          tangent=_affine_tangent("linear"))
+primitive("matmul", code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
+          latex=lambda operands, params, show: f"{operands[0]} {operands[1]}", tangent=LINEAR)
+primitive("matmul_transposed", code=lambda operands, params, show: (
+    f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})" if params["which"] == "left"
+    else f"{operands[0]}.matmul({operands[1]}.transpose(-1, -2))"),
+    latex=lambda operands, params, show: (f"{operands[0]}^{{\\top}} {operands[1]}" if params["which"] == "left"
+                                          else f"{operands[0]} {operands[1]}^{{\\top}}"), tangent=LINEAR)
+primitive("linear_weight_grad", code=lambda operands, params, show: (
+    f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"),
+    latex=lambda operands, params, show: f"\\sum_{{n}} {operands[0]}_{{n}} {operands[1]}_{{n}}^{{\\top}}", tangent=LINEAR)
+primitive("linear_weight_grad_per_sample", code=lambda operands, params, show: (
+    f"{operands[0]}.unsqueeze(-1).mul({operands[1]}.unsqueeze(-2))"
+    + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else "")),
+    latex=lambda operands, params, show: f"\\left[{operands[0]}_{{n}} {operands[1]}_{{n}}^{{\\top}}\\right]_{{n}}", tangent=LINEAR)
+
+
+class Linear(Rule):
+    op = "linear"
+    operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
+    linear_in = ("input", "weight")
+    summary = "input @ weight.T + bias over the last dim"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x, w = shapes["input"], shapes["weight"]
+        check.require(len(w) == 2, f"weight must be 2-d [out, in], not {len(w)}-d", "give weight the shape [out, in]")
+        check.require(len(x) >= 2, "input needs a batch dim and a feature dim", "use [N, in]")
+        check.equal(x[-1], w[1], f"input has {x[-1]} features but weight expects {w[1]}", "make weight's dim 1 the input features")
+        if "bias" in shapes:
+            check.require(len(shapes["bias"]) == 1, "bias must be 1-d [out]", "give bias the shape [out]")
+            check.equal(shapes["bias"][0], w[0], f"bias has {shapes['bias'][0]} entries but weight has {w[0]} outputs",
+                        "give bias the shape [out]")
+        return (*x[:-1], w[0])
+
+    def forward(self, node):
+        operands = [node.operands["input"], node.operands["weight"]] + ([node.operands["bias"]] if "bias" in node.operands else [])
+        return Forward(op("linear", *operands))
+
+    def pullback(self, node: NodeSymbols, grad, wanted):
+        grads = {}
+        if "input" in wanted:
+            grads["input"] = op("matmul", grad, node.operands["weight"])
+        if "weight" in wanted:
+            grads["weight"] = op("linear_weight_grad", grad, node.operands["input"])
+        if "bias" in wanted:
+            rank = len(node.shapes["input"])
+            grads["bias"] = op("sum", grad, dim=tuple(range(rank - 1)))
+        return grads
+
+    def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
+        rank = len(node.shapes["input"])
+        if operand == "weight":
+            return op("linear_weight_grad_per_sample", grad, node.operands["input"], rank=rank)
+        if operand == "bias":
+            return op("sum", grad, dim=tuple(range(1, rank - 1))) if rank > 2 else grad
+        return None
+
+    def table_row(self):
+        return (self.op, "out = input @ weight.T + bias",
+                "grad_input = grad_out @ weight; grad_weight = grad_out.T @ input (over all leading dims); grad_bias = sum of grad_out")
+
+
+class MatMul(Rule):
+    op = "matmul"
+    operands = (Operand("input", from_in=True), Operand("other", from_in=True))
+    linear_in = ("input", "other")
+    summary = "matrix product of the last two dims, equal batch dims"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        a, b = shapes["input"], shapes["other"]
+        check.require(len(a) >= 2 and len(b) >= 2, "matmul of vectors is not supported yet", "give both operands >= 2 dims")
+        check.require(len(a) == len(b), f"operands have {len(a)} and {len(b)} dims (broadcast batch dims are not supported yet)",
+                      "give both operands the same batch dims")
+        for x, y in zip(a[:-2], b[:-2]):
+            check.equal(x, y, f"batch dims {tuple(a[:-2])} and {tuple(b[:-2])} differ (broadcasting them is not supported yet)",
+                        "give both operands the same batch dims")
+        check.equal(a[-1], b[-2], f"inner sizes {a[-1]} and {b[-2]} differ", "make input's last dim equal other's second-to-last")
+        return (*a[:-1], b[-1])
+
+    def forward(self, node):
+        return Forward(op("matmul", node.operands["input"], node.operands["other"]))
+
+    def pullback(self, node: NodeSymbols, grad, wanted):
+        grads = {}
+        if "input" in wanted:
+            grads["input"] = op("matmul_transposed", grad, node.operands["other"], which="right")
+        if "other" in wanted:
+            grads["other"] = op("matmul_transposed", node.operands["input"], grad, which="left")
+        return grads
+
+    def table_row(self):
+        return self.op, "out = input @ other", "grad_input = grad_out @ other^T; grad_other = input^T @ grad_out"
+
+
+RULES = [Linear(), MatMul()]

@@ -1,0 +1,268 @@
+"""Linear maps that only move, copy or pad entries, and average pooling.
+
+Each adjoint is one shape-generic PyTorch expression:
+
+- ``flatten``/``reshape``: reshape the gradient back to the input's runtime shape;
+- ``permute``: the inverse permutation;
+- ``pad`` (constant mode): ``pad(g, -p)``. Padding by ``p`` appends zeros, and its transpose drops
+  those positions again, which is padding by ``-p`` (and negative padding, a crop, transposes to
+  zero padding). The constant ``value`` only shifts the output, so it has no gradient;
+- ``pixel_shuffle``: ``pixel_unshuffle`` with the same factor (a permutation of entries);
+- ``avg_pool``: a depthwise convolution whose kernel is the constant 1/|K|, so its adjoint is the
+  transposed depthwise convolution with that kernel, with ``output_padding`` from the runtime
+  shapes exactly as for conv (see ``conv.py``).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..algebra import LINEAR, Size, keyword_arguments, op, primitive, show_ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, choice, int_tuple
+
+
+def _ints(value, context: ParamContext) -> tuple[int, ...]:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(isinstance(item, bool) or not isinstance(item, int) for item in values):
+        raise context.fail(f"must be an int or a list of ints, not {value!r}", f"write e.g. `{context.name}: [0, 2, 1, 3]`")
+    return tuple(values)
+
+
+primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
+          latex=lambda operands, params, show: operands[0],
+          tangent=lambda expr, tangent_of: op("reshape_like", tangent_of(expr.operands[0]), expr.operands[1]))
+primitive("flatten", code=lambda operands, params, show: f"torch.flatten({operands[0]}{keyword_arguments(params, {'start_dim': 0, 'end_dim': -1}, show)})",
+          latex=lambda operands, params, show: rf"\operatorname{{flatten}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive("reshape", code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(str, params['shape']))})",
+          latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive("permute", code=lambda operands, params, show: f"{operands[0]}.permute({', '.join(map(str, params['dims']))})",
+          latex=lambda operands, params, show: rf"{operands[0]}^{{\pi}}", tangent=LINEAR)
+primitive("pad", code=lambda operands, params, show: f"F.pad({operands[0]}, [{', '.join(map(str, params['pad']))}]"
+          + (f", value={params['value']}" if params.get("value", 0) != 0 else "") + ")",
+          latex=lambda operands, params, show: rf"\operatorname{{pad}}\left({operands[0]}\right)",
+          tangent=lambda expr, tangent_of: op("pad", tangent_of(expr.operands[0]), pad=expr.params["pad"]))
+primitive("pixel_shuffle", code=lambda operands, params, show: f"F.{params['function']}({operands[0]}, {params['factor']})",
+          latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
+          tangent=LINEAR)
+
+
+class Flatten(Rule):
+    op = "flatten"
+    operands = (Operand("input", from_in=True),)
+    params = {"start_dim": Param(0, lambda v, c: _ints(v, c)[0]), "end_dim": Param(-1, lambda v, c: _ints(v, c)[0])}
+    summary = "merge dims start_dim..end_dim"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        start, end = params["start_dim"] % len(shape), params["end_dim"] % len(shape)
+        check.require(start <= end, f"start_dim {params['start_dim']} comes after end_dim {params['end_dim']}", "swap them")
+        merged = 1
+        for size in shape[start:end + 1]:
+            merged = merged * size
+        return tuple(shape[:start] + [merged] + shape[end + 1:])
+
+    def forward(self, node):
+        return Forward(op("flatten", node.operands["input"], start_dim=node.params["start_dim"], end_dim=node.params["end_dim"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("reshape_like", grad, node.operands["input"])}
+
+    def table_row(self):
+        return self.op, "out = input with dims start_dim..end_dim merged", "grad_input = grad_out.reshape(input.shape)"
+
+
+class Reshape(Flatten):
+    op = "reshape"
+    params = {"shape": Param(None, _ints)}
+    summary = "the same entries in another shape"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        target = list(params["shape"])
+        check.require(target.count(-1) <= 1 and all(s == -1 or s > 0 for s in target),
+                      f"shape {target} may hold one -1 and otherwise positive sizes", "fix the shape")
+        total = 1
+        for size in shapes["input"]:
+            total = total * size
+        known = 1
+        for size in target:
+            known = known * (size if size != -1 else 1)
+        if -1 in target:
+            target[target.index(-1)] = total // known
+            check.equal(total % known, 0, f"shape {list(params['shape'])} does not divide the input's {total} entries",
+                        "fix the shape")
+        else:
+            check.equal(known, total, f"shape {target} holds {known} entries, not the input's {total}", "fix the shape")
+        return tuple(target)
+
+    def forward(self, node):
+        return Forward(op("reshape", node.operands["input"], shape=node.params["shape"]))
+
+    def table_row(self):
+        return self.op, "out = input.reshape(shape)", "grad_input = grad_out.reshape(input.shape)"
+
+
+class Permute(Rule):
+    op = "permute"
+    operands = (Operand("input", from_in=True),)
+    params = {"dims": Param(None, _ints)}
+    summary = "reorder the dims"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = shapes["input"]
+        dims = [d % len(shape) for d in params["dims"]]
+        check.require(sorted(dims) == list(range(len(shape))), f"dims {list(params['dims'])} are not a permutation of the "
+                      f"input's {len(shape)} dims", f"list each of 0..{len(shape) - 1} once")
+        return tuple(shape[d] for d in dims)
+
+    def forward(self, node):
+        return Forward(op("permute", node.operands["input"], dims=node.params["dims"]))
+
+    def pullback(self, node, grad, wanted):
+        dims = [d % len(node.shapes["input"]) for d in node.params["dims"]]
+        inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+        return {"input": op("permute", grad, dims=inverse)}
+
+    def table_row(self):
+        return self.op, "out = input.permute(dims)", "grad_input = grad_out.permute(inverse of dims)"
+
+
+class Pad(Rule):
+    op = "pad"
+    operands = (Operand("input", from_in=True),)
+    params = {"pad": Param(None, _ints), "mode": Param("constant", choice("constant")), "value": Param(0, lambda v, c: v)}
+    summary = "constant padding (negative pads crop)"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        pad = params["pad"]
+        check.require(len(pad) % 2 == 0 and len(pad) // 2 <= len(shape), f"pad {list(pad)} needs pairs for at most "
+                      f"{len(shape)} dims", "give (left, right) pairs, last dim first")
+        check.require(isinstance(params["value"], (int, float)) and not isinstance(params["value"], bool),
+                      "value must be a number", "write e.g. `value: 0`")
+        for pair in range(len(pad) // 2):
+            axis = len(shape) - 1 - pair
+            shape[axis] = shape[axis] + pad[2 * pair] + pad[2 * pair + 1]
+            check.positive(shape[axis], f"padding leaves dim {axis} empty", "pad less negatively")
+        return tuple(shape)
+
+    def forward(self, node):
+        return Forward(op("pad", node.operands["input"], pad=node.params["pad"], value=node.params["value"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("pad", grad, pad=tuple(-p for p in node.params["pad"]))}
+
+    def table_row(self):
+        return self.op, "out = F.pad(input, pad, value=value)", "grad_input = F.pad(grad_out, -pad)"
+
+
+class PixelShuffle(Rule):
+    op = "pixel_shuffle"
+    operands = (Operand("input", from_in=True),)
+    params = {"upscale_factor": Param(None, lambda v, c: _ints(v, c)[0])}
+    summary = "[N, C r², H, W] -> [N, C, H r, W r]"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        n, c, h, w = shapes["input"] if len(shapes["input"]) == 4 else (None,) * 4
+        check.require(n is not None, "pixel_shuffle needs a 4-d input [N, C r², H, W]", "reshape the input")
+        r = params["upscale_factor"]
+        check.require(r >= 1, "upscale_factor must be positive", "use e.g. 2")
+        check.equal(c % (r * r), 0, f"{c} channels are not divisible by upscale_factor² = {r * r}", "fix the channels")
+        return (n, c // (r * r), h * r, w * r)
+
+    def forward(self, node):
+        return Forward(op("pixel_shuffle", node.operands["input"], function="pixel_shuffle", factor=node.params["upscale_factor"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("pixel_shuffle", grad, function="pixel_unshuffle", factor=node.params["upscale_factor"])}
+
+    def table_row(self):
+        return self.op, "out = F.pixel_shuffle(input, r)", "grad_input = F.pixel_unshuffle(grad_out, r)"
+
+
+def _pool_adjoint_code(operands, params, show):
+    grad, x = operands
+    dims = params["dims"]
+    kernel = params["kernel_size"]
+    size = 1
+    for k in kernel:
+        size *= k
+    weight = f"{grad}.new_full(({x}.shape[1], 1, {', '.join(map(str, kernel))}), 1 / {size})"
+    output_padding = "(" + ", ".join(show(v) for v in params["output_padding"]) + ("," if dims == 1 else "") + ")"
+    keywords = keyword_arguments({"stride": params["stride"], "padding": params["padding"]}, {"stride": 1, "padding": 0}, show)
+    return (f"F.conv_transpose{dims}d({grad}, {weight}{keywords}, output_padding={output_padding}, groups={x}.shape[1])")
+
+
+primitive("avg_pool_adjoint", code=_pool_adjoint_code,
+          latex=lambda operands, params, show: rf"\operatorname{{avgpool}}^{{\top}}\left({operands[0]}\right)",
+          tangent=lambda expr, tangent_of: op("avg_pool_adjoint", tangent_of(expr.operands[0]), expr.operands[1],
+                                                **dict(expr.params.items())))
+primitive("avg_pool", code=lambda operands, params, show: f"F.avg_pool{params['dims']}d({operands[0]}, {show_ints(params['kernel_size'])}"
+          + keyword_arguments({"stride": params["stride"], "padding": params["padding"]},
+                              {"stride": params["kernel_size"], "padding": 0}, show) + ")",
+          latex=lambda operands, params, show: rf"\operatorname{{avgpool}}\left({operands[0]}\right)", tangent=LINEAR)
+
+
+class AveragePool(Rule):
+    operands = (Operand("input", from_in=True),)
+
+    def __init__(self, dims: int):
+        self.dims = dims
+        self.op = f"avg_pool{dims}d"
+        self.summary = f"{dims}-d average pooling (count_include_pad, floor mode)"
+        self.params = {"kernel_size": Param(None, int_tuple(1)), "stride": Param(None, lambda v, c: None if v is None else int_tuple(1)(v, c)),
+                       "padding": Param(0, int_tuple(0)), "ceil_mode": Param(False, self._refuse_true),
+                       "count_include_pad": Param(True, lambda v, c: v), "divisor_override": Param(None, self._refuse_set)}
+
+    @staticmethod
+    def _refuse_true(value, context):
+        if value is not False:
+            raise context.fail("= true is not supported yet", "leave ceil_mode false")
+        return False
+
+    @staticmethod
+    def _refuse_set(value, context):
+        if value is not None:
+            raise context.fail("is not supported yet", "leave divisor_override unset")
+        return None
+
+    def spatial_dims(self) -> int:
+        return self.dims
+
+    def _settings(self, params):
+        stride = params["stride"] if params["stride"] is not None else params["kernel_size"]
+        return params["kernel_size"], stride, params["padding"]
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        check.require(len(x) == self.dims + 2, f"input has {len(x)} dimensions but {self.op} needs {self.dims + 2}",
+                      "pass a batched input [N, C, ...]")
+        kernel, stride, padding = self._settings(params)
+        check.require(params["count_include_pad"] is True or all(p == 0 for p in padding),
+                      "count_include_pad=false with padding is not supported yet", "use count_include_pad: true")
+        check.require(all(2 * p <= k for p, k in zip(padding, kernel)), "padding must be at most half the kernel size",
+                      "reduce padding")
+        out = [x[0], x[1]]
+        for axis in range(self.dims):
+            size = x[axis + 2] + 2 * padding[axis] - kernel[axis]
+            check.positive(size + 1, f"kernel does not fit the padded input along axis {axis}", "use a smaller kernel")
+            out.append(size // stride[axis] + 1)
+        return tuple(out)
+
+    def forward(self, node):
+        kernel, stride, padding = self._settings(node.params)
+        return Forward(op("avg_pool", node.operands["input"], dims=self.dims, kernel_size=kernel, stride=stride, padding=padding))
+
+    def pullback(self, node, grad, wanted):
+        kernel, stride, padding = self._settings(node.params)
+        x = node.operands["input"]
+        output_padding = tuple(sympy.Mod(Size(x, axis + 2) + 2 * padding[axis] - kernel[axis], stride[axis])
+                               for axis in range(self.dims))
+        return {"input": op("avg_pool_adjoint", grad, x, dims=self.dims, kernel_size=kernel, stride=stride, padding=padding,
+                            output_padding=output_padding)}
+
+    def table_row(self):
+        return (self.op, "out = mean of each kernel window (a depthwise conv with the constant kernel 1/|K|)",
+                "grad_input = conv_transpose(grad_out, 1/|K|, stride, padding, groups=C, output_padding from shapes)")
+
+
+RULES = [Flatten(), Reshape(), Permute(), Pad(), PixelShuffle(), AveragePool(1), AveragePool(2), AveragePool(3)]
