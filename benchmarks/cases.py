@@ -112,12 +112,35 @@ def unrolled_variants(device: str):
     return variants, None
 
 
+def per_sample_variants(device: str):
+    """Seed 3's per-sample gradients of w1 and w2 (batch 8, 128x128): generated vs vmap(grad)."""
+    module = load_generated(SEEDS["seed3"])
+    generator = torch.Generator().manual_seed(0)
+    shapes = seed_shapes("seed3", "full")
+    inputs = {name: torch.randn(shape, generator=generator).to(device) for name, shape in shapes.items()}
+    parameters, batched = ("w1", "w2"), ("x", "y")
+
+    def one_sample_loss(parameter_values, sample_values):
+        values = {**inputs, **dict(zip(parameters, parameter_values)),
+                  **{name: value.unsqueeze(0) for name, value in zip(batched, sample_values)}}
+        return module.forward(**values)[0]
+
+    per_sample_grad = torch.func.vmap(torch.func.grad(one_sample_loss), in_dims=(None, 0))
+    variants = {
+        "symgrad per_sample_gradients": lambda: module.per_sample_gradients(**inputs),
+        "torch.func.vmap(grad)": lambda: per_sample_grad(tuple(inputs[n] for n in parameters), tuple(inputs[n] for n in batched)),
+    }
+    return variants, None
+
+
 def case(name: str, device: str):
     """``seed1-full``, ``seed3-small``, ``unrolled`` -> (variants, flops)."""
     if name == "unrolled":
         return unrolled_variants(device)
+    if name == "per-sample":
+        return per_sample_variants(device)
     seed, size = name.split("-")
     return seed_variants(seed, size, device)
 
 
-CASES = ["seed1-full", "seed2-full", "seed3-full", "seed1-small", "seed2-small", "seed3-small", "unrolled"]
+CASES = ["seed1-full", "seed2-full", "seed3-full", "seed1-small", "seed2-small", "seed3-small", "unrolled", "per-sample"]
