@@ -310,8 +310,7 @@ class Convolution(Rule):
             grads["input"] = op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding))
         if "weight" in wanted:
             # taps past the kernel size exist only when stride > dilation (see module docstring)
-            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
-            grads["weight"] = op("conv_weight_grad", x, grad, **self._params(node, crop_to=crop_to))
+            grads["weight"] = op("conv_weight_grad", x, grad, **self._params(node, crop_to=self._weight_crop(node)))
         if "bias" in wanted:
             grads["bias"] = op("sum", grad, dim=(0,) + tuple(range(2, self.dims + 2)))
         return grads
@@ -322,16 +321,26 @@ class Convolution(Rule):
         names = ("input", "weight", "bias")
         mask = tuple(name in wanted for name in names)
         fused = node.local("local", op("conv_backward", grad, node.operands["input"], node.operands["weight"],
-                                         **self._params(node, output_mask=mask)))
+                                         **self._params(node, output_mask=mask, **self._fused_extras(node))))
         return {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
+
+    def _fused_extras(self, node: NodeSymbols) -> dict:
+        return {}
+
+    def _correlated(self, x, grad):
+        """The (input, output gradient) pair whose correlation is the weight gradient."""
+        return x, grad
+
+    def _weight_crop(self, node: NodeSymbols):
+        """Kernel taps to keep: the correlation has extra ones only where stride > dilation."""
+        w, stride, dilation = node.operands["weight"], node.params["stride"], node.params["dilation"]
+        return tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
 
     def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
         """Each sample's own gradient of a shared weight or bias: [N, *weight.shape]."""
-        x, w = node.operands["input"], node.operands["weight"]
-        stride, dilation = node.params["stride"], node.params["dilation"]
         if operand == "weight":
-            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
-            return op("conv_weight_grad_per_sample", x, grad, **self._params(node, crop_to=crop_to))
+            source, kernel = self._correlated(node.operands["input"], grad)
+            return op("conv_weight_grad_per_sample", source, kernel, **self._params(node, crop_to=self._weight_crop(node)))
         if operand == "bias":
             return op("sum", grad, dim=tuple(range(2, self.dims + 2)))
         return None
@@ -400,14 +409,16 @@ class TransposedConvolution(Convolution):
             operands.append(node.operands["bias"])
         return Forward(op("conv_transpose", *operands, **self._params(node, output_padding=node.params["output_padding"])))
 
+    def _fused_extras(self, node: NodeSymbols) -> dict:
+        return {"transposed": True, "output_padding": node.params["output_padding"]}
+
+    def _correlated(self, x, grad):
+        return grad, x  # <conv_transpose(x, w), g> = <x, conv(g, w)>: g is the input, x the gradient
+
     def pullback(self, node: NodeSymbols, grad, wanted):
-        x, w = node.operands["input"], node.operands["weight"]
         if node.fused and len(wanted) > 1:
-            mask = tuple(name in wanted for name in ("input", "weight", "bias"))
-            fused = node.local("local", op("conv_backward", grad, x, w, **self._params(
-                node, output_mask=mask, transposed=True, output_padding=node.params["output_padding"])))
-            return {name: op("item", fused, index=index) for index, name in enumerate(("input", "weight", "bias"))
-                    if name in wanted}
+            return self._fused_pullback(node, grad, wanted)
+        x, w = node.operands["input"], node.operands["weight"]
         stride, dilation = node.params["stride"], node.params["dilation"]
         grads = {}
         if "input" in wanted:
@@ -416,21 +427,11 @@ class TransposedConvolution(Convolution):
             if any(crop):
                 grads["input"] = op("crop_to", grads["input"], x, axes=crop)
         if "weight" in wanted:
-            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
-            grads["weight"] = op("conv_weight_grad", grad, x, **self._params(node, crop_to=crop_to))
+            source, kernel = self._correlated(x, grad)
+            grads["weight"] = op("conv_weight_grad", source, kernel, **self._params(node, crop_to=self._weight_crop(node)))
         if "bias" in wanted:
             grads["bias"] = op("sum", grad, dim=(0,) + tuple(range(2, self.dims + 2)))
         return grads
-
-    def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
-        x, w = node.operands["input"], node.operands["weight"]
-        stride, dilation = node.params["stride"], node.params["dilation"]
-        if operand == "weight":
-            crop_to = tuple(Size(w, axis + 2) if stride[axis] > dilation[axis] else None for axis in range(self.dims))
-            return op("conv_weight_grad_per_sample", grad, x, **self._params(node, crop_to=crop_to))
-        if operand == "bias":
-            return op("sum", grad, dim=tuple(range(2, self.dims + 2)))
-        return None
 
     def table_row(self):
         return (self.op,
