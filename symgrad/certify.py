@@ -147,3 +147,103 @@ def certify(case: ConvCase) -> tuple[int, int]:
     if weight_residual != sympy.zeros(*weight_residual.shape):
         raise AssertionError(f"{case.label}: the emitted weight adjoint is not W(x)^T")
     return B.rows * B.cols, V.rows * V.cols
+
+
+# --------------------------------------------------------------------------------------------
+# Every other linear or bilinear rule, against PyTorch's own forward
+# --------------------------------------------------------------------------------------------
+
+_F = torch.nn.functional
+
+
+LINEAR_CASES = [
+    ("conv_transpose2d", {"x": (1, 2, 3, 3), "w": (2, 2, 2, 2)},
+     {"op": "conv_transpose2d", "weight": "w", "stride": 2, "padding": 1, "output_padding": 1}, ("x", "w")),
+    ("conv_transpose1d", {"x": (1, 2, 3), "w": (2, 1, 2)},
+     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "dilation": 3, "output_padding": 2, "groups": 2}, ("x", "w")),
+    ("conv_transpose3d", {"x": (1, 1, 2, 2, 2), "w": (1, 2, 2, 1, 2)},
+     {"op": "conv_transpose3d", "weight": "w", "stride": [2, 1, 2], "padding": [1, 0, 0]}, ("x", "w")),
+    ("avg_pool2d", {"x": (1, 2, 5, 5)}, {"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "padding": 1}, ("x",)),
+    ("avg_pool1d", {"x": (1, 1, 7)}, {"op": "avg_pool1d", "kernel_size": 2}, ("x",)),
+    ("avg_pool3d", {"x": (1, 1, 3, 4, 3)}, {"op": "avg_pool3d", "kernel_size": [2, 2, 1], "stride": [1, 2, 1]}, ("x",)),
+    ("pad", {"x": (1, 2, 3)}, {"op": "pad", "pad": [1, 2]}, ("x",)),
+    ("pad (crop)", {"x": (1, 2, 4)}, {"op": "pad", "pad": [-1, 1, 1, 0]}, ("x",)),
+    ("pixel_shuffle", {"x": (1, 4, 2, 3)}, {"op": "pixel_shuffle", "upscale_factor": 2}, ("x",)),
+    ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
+    ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
+    ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
+    ("linear", {"x": (2, 3), "w": (2, 3)}, {"op": "linear", "weight": "w"}, ("x", "w")),
+    ("matmul", {"x": (2, 2, 3), "v": (2, 3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
+]
+
+
+def _rational(values: list[float], label: str) -> list[sympy.Rational]:
+    """Exact entries: integers, or rationals like 1/9, recovered from their double and checked."""
+    result = []
+    for value in values:
+        exact = sympy.Rational(value).limit_denominator(10_000)
+        if abs(float(exact) - value) > 1e-12:
+            raise AssertionError(f"{label}: entry {value!r} is not a small rational, so the probe was not exact")
+        result.append(exact)
+    return result
+
+
+def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...]) -> int:
+    """Prove the emitted adjoint of each linear operand is the exact transpose of PyTorch's forward
+    operator, for every basis value of the other operand (so for all of its values). Returns the
+    number of matrix entries compared."""
+    from .check import reference_values
+    from .graph import build_graph
+    from .pipeline import build_text
+    from .spec import parse_spec
+
+    draft = {"name": "certified", "inputs": {k: {"shape": list(v)} for k, v in inputs.items()},
+             "layers": [{**layer, "out": "out"}], "loss": {"op": "half_sq_error", "target": "y"}, "wrt": list(linear)}
+    shapes_only = build_graph(parse_spec(yaml.safe_dump({**draft, "inputs": {**draft["inputs"], "y": {"shape": [1]}},
+                                                         "loss": {"op": "half_sq_error", "in": "out", "target": "out"}},
+                                                        sort_keys=False), "certify.yaml"))
+    out_shape = shapes_only.nodes["out"].shape
+    draft["inputs"]["y"] = {"shape": list(out_shape)}
+    built = build_text(yaml.safe_dump(draft, sort_keys=False), "certify.yaml")
+    module = module_from_source(built.rendered.files["certified.py"], "certified")
+    graph = built.graph
+    outputs = 1
+    for size in out_shape:
+        outputs *= size
+    checked = 0
+    for operand in linear:
+        others = [name for name in linear if name != operand]
+        other_bases = [None] if not others else range(_numel(inputs[others[0]]))
+        for j in other_bases:
+            base = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in inputs.items()}
+            if others:
+                flat = base[others[0]].flatten()
+                flat[j] = 1
+                base[others[0]] = flat.reshape(inputs[others[0]])
+            columns = []
+            for i in range(_numel(inputs[operand])):  # A: PyTorch's forward on each basis vector
+                probe = dict(base)
+                flat = torch.zeros(_numel(inputs[operand]), dtype=torch.float64)
+                flat[i] = 1
+                probe[operand] = flat.reshape(inputs[operand])
+                columns.append(_rational(reference_values(graph, {**probe, "y": torch.zeros(out_shape, dtype=torch.float64)})["out"].flatten().tolist(), label))
+            A = sympy.Matrix(columns).T  # outputs x inputs
+            adjoint_columns = []
+            for m in range(outputs):  # B: the emitted adjoint on each basis cotangent (y = -e_m at operand 0)
+                cotangent = torch.zeros(outputs, dtype=torch.float64)
+                cotangent[m] = 1
+                result = module.gradients(**base, y=-cotangent.reshape(out_shape))
+                adjoint_columns.append(_rational(getattr(result, operand).flatten().tolist(), label))
+            B = sympy.Matrix(adjoint_columns).T  # inputs x outputs
+            residual = B - A.T
+            if residual != sympy.zeros(*residual.shape):
+                raise AssertionError(f"{label}: the emitted adjoint of {operand} is not the transpose of the forward")
+            checked += B.rows * B.cols
+    return checked
+
+
+def _numel(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total

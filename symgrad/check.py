@@ -40,6 +40,11 @@ def module_from_source(source: str, name: str) -> types.ModuleType:
 
 def reference_forward(graph: Graph, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """The spec's loss, computed op by op by PyTorch's own functions."""
+    return reference_values(graph, inputs)["loss"]
+
+
+def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every node's value, computed op by op by PyTorch's own functions (never the printers)."""
     values = dict(inputs)
     for node in graph.nodes.values():
         if node.kind == "input":
@@ -61,9 +66,14 @@ def reference_forward(graph: Graph, inputs: dict[str, torch.Tensor]) -> torch.Te
             continue
         function = getattr(F, node.rule.op, None) or getattr(torch, node.rule.op)
         params = {key: float(value) if hasattr(value, "is_number") else value for key, value in node.params.items()
-                  if value != node.rule.params[key].default}  # PyTorch's own defaults stay implicit
-        values[node.name] = function(**arguments, **params)
-    return values["loss"]
+                  if value is not None}  # unset options (divisor_override) stay implicit
+        values[node.name] = function(**arguments, **params) if node.rule.op not in METHODS else \
+            METHODS[node.rule.op](**arguments, **params)
+    return values
+
+
+# ops that PyTorch spells as tensor methods, called here with their spec argument names
+METHODS = {"reshape": lambda input, shape: input.reshape(shape), "permute": lambda input, dims: input.permute(dims)}
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0):

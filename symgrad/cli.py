@@ -222,8 +222,8 @@ def init(path, force):
 
 @main.command()
 def certify():
-    """Prove, exactly, that the emitted convolution adjoints are transposes (see symgrad/certify.py)."""
-    from .certify import CASES, certify as prove
+    """Prove, exactly, that every emitted linear adjoint is the transpose (see symgrad/certify.py)."""
+    from .certify import CASES, LINEAR_CASES, certify as prove, certify_linear
 
     failed = False
     for case in CASES:
@@ -231,6 +231,14 @@ def certify():
             input_entries, weight_entries = prove(case)
             click.echo(f"certified  {case.label}: input adjoint = A(w)^T ({input_entries} entries), "
                        f"weight adjoint = W(x)^T ({weight_entries} entries), residual 0")
+        except AssertionError as error:
+            failed = True
+            click.echo(f"FAILED     {error}")
+    for label, inputs, layer, linear in LINEAR_CASES:
+        try:
+            entries = certify_linear(label, inputs, layer, linear)
+            click.echo(f"certified  {label}: adjoint of {', '.join(linear)} = transpose of PyTorch's forward "
+                       f"({entries} entries), residual 0")
         except AssertionError as error:
             failed = True
             click.echo(f"FAILED     {error}")

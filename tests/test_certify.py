@@ -1,4 +1,5 @@
-"""The exact adjoint certificates pass for the emitted code, and fail for a wrong adjoint."""
+"""The exact adjoint certificates pass for the emitted code, fail for a wrong adjoint, and cover
+every rule that declares itself linear or bilinear."""
 
 from __future__ import annotations
 
@@ -8,20 +9,39 @@ import pytest
 from click.testing import CliRunner
 
 from symgrad.algebra import PRIMITIVES
-from symgrad.certify import CASES, certify
+from symgrad.certify import CASES, LINEAR_CASES, certify, certify_linear
 from symgrad.cli import main
+from symgrad.rules import all_rules
 
 
 def test_symgrad_certify_proves_every_case():
     result = CliRunner().invoke(main, ["certify"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("certified  ") == len(CASES) and "residual 0" in result.output
+    assert result.output.count("certified  ") == len(CASES) + len(LINEAR_CASES) and "FAILED" not in result.output
+
+
+def test_every_linear_rule_has_a_certificate():
+    covered = {f"conv{case.dims}d" for case in CASES} | {layer["op"] for _, _, layer, _ in LINEAR_CASES}
+    linear_rules = {rule.op for rule in all_rules() if rule.linear_in}
+    assert linear_rules <= covered, f"no certificate case for {sorted(linear_rules - covered)}"
+
+
+def _negated(monkeypatch, name):
+    original = PRIMITIVES[name]
+    wrong = dataclasses.replace(original, code=lambda operands, params, show: f"(-{original.code(operands, params, show)})")
+    monkeypatch.setitem(PRIMITIVES, name, wrong)
 
 
 @pytest.mark.parametrize("primitive", ["conv_transpose", "conv_weight_grad"])
-def test_a_wrong_adjoint_is_caught(monkeypatch, primitive):
-    original = PRIMITIVES[primitive]
-    wrong = dataclasses.replace(original, code=lambda operands, params, show: f"(-{original.code(operands, params, show)})")
-    monkeypatch.setitem(PRIMITIVES, primitive, wrong)
+def test_a_wrong_conv_adjoint_is_caught(monkeypatch, primitive):
+    _negated(monkeypatch, primitive)
     with pytest.raises(AssertionError, match="is not"):
         certify(CASES[1])
+
+
+@pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear")])
+def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
+    _negated(monkeypatch, primitive)
+    label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == case)
+    with pytest.raises(AssertionError, match="is not the transpose"):
+        certify_linear(label, inputs, layer, linear)

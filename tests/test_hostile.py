@@ -23,7 +23,9 @@ from .helpers import build_text, generated_module, spec_text
 from .test_spec_errors import GOOD
 
 EXAMPLES = int(os.environ.get("SYMGRAD_FUZZ_EXAMPLES", "25"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the bounded run (CI) draws the same examples every time, so it is reproducible; a long fuzz explores
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                derandomize="SYMGRAD_FUZZ_EXAMPLES" not in os.environ)
 
 INJECTIONS = [
     'x"; import os; os.system("echo pwned")  #', "x\nimport os", "__import__('os')", "{{ 7 * 7 }}",

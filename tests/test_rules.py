@@ -92,7 +92,7 @@ CASES = [
                        ("gelu", {"approximate": "tanh"}), ("softplus", {}), ("softplus", {"beta": 2, "threshold": 1}),
                        ("elu", {}), ("elu", {"alpha": 0.5}), ("leaky_relu", {}), ("leaky_relu", {"negative_slope": 0.2}),
                        ("hardtanh", {}), ("hardtanh", {"min_val": -0.5, "max_val": 2.0}), ("relu6", {}),
-                       ("pow", {"exponent": 3})]],
+                       ("pow", {"exponent": 3}), ("pow", {})]],  # pow's default exponent (2) must reach PyTorch
     *[pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}, {"op": op, **args}], SQ, ["x"]),
                    id=f"{op}-of-positive{'-' if args else ''}{'-'.join(f'{k}={v}' for k, v in args.items())}")
       for op, args in [("log", {}), ("sqrt", {}), ("pow", {"exponent": 0.5}), ("pow", {"exponent": -1.5})]],

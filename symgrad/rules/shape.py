@@ -51,6 +51,7 @@ class Flatten(Rule):
     operands = (Operand("input", from_in=True),)
     params = {"start_dim": Param(0, lambda v, c: _ints(v, c)[0]), "end_dim": Param(-1, lambda v, c: _ints(v, c)[0])}
     summary = "merge dims start_dim..end_dim"
+    linear_in = ("input",)
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
@@ -106,6 +107,7 @@ class Permute(Rule):
     operands = (Operand("input", from_in=True),)
     params = {"dims": Param(None, _ints)}
     summary = "reorder the dims"
+    linear_in = ("input",)
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = shapes["input"]
@@ -131,6 +133,7 @@ class Pad(Rule):
     operands = (Operand("input", from_in=True),)
     params = {"pad": Param(None, _ints), "mode": Param("constant", choice("constant")), "value": Param(0, lambda v, c: v)}
     summary = "constant padding (negative pads crop)"
+    linear_in = ("input",)  # for value 0; otherwise affine
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
@@ -160,6 +163,7 @@ class PixelShuffle(Rule):
     operands = (Operand("input", from_in=True),)
     params = {"upscale_factor": Param(None, lambda v, c: _ints(v, c)[0])}
     summary = "[N, C r², H, W] -> [N, C, H r, W r]"
+    linear_in = ("input",)
 
     def infer_shape(self, shapes, params, check: Checker):
         n, c, h, w = shapes["input"] if len(shapes["input"]) == 4 else (None,) * 4
@@ -204,6 +208,7 @@ primitive("avg_pool", code=lambda operands, params, show: f"F.avg_pool{params['d
 
 class AveragePool(Rule):
     operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
 
     def __init__(self, dims: int):
         self.dims = dims
