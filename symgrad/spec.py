@@ -35,7 +35,7 @@ RESERVED_NAMES = frozenset(
      "gradients_fast", "PerSampleGradients"}
 )
 # Prefixes of names the reverse walk creates (grad_x, mask_relu1, shared_0, ...).
-RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_")
+RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_", "indices_")
 # Module names that would shadow a package the generated files import when they sit side by side.
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}

@@ -270,4 +270,78 @@ class AveragePool(Rule):
                 "grad_input = conv_transpose(grad_out, 1/|K|, stride, padding, groups=C, output_padding from shapes)")
 
 
-RULES = [Flatten(), Reshape(), Permute(), Pad(), PixelShuffle(), AveragePool(1), AveragePool(2), AveragePool(3)]
+def _max_pool_call(operands, params, show, indices: bool) -> str:
+    keywords = keyword_arguments({"stride": params["stride"], "padding": params["padding"], "dilation": params["dilation"]},
+                                 {"stride": params["kernel_size"], "padding": 0, "dilation": 1}, show)
+    call = f"F.max_pool{params['dims']}d({operands[0]}, {show_ints(params['kernel_size'])}{keywords}"
+    return call + (", return_indices=True)[1]" if indices else ")")
+
+
+primitive("gather_at", code=lambda operands, params, show: (
+    f"{operands[0]}.flatten(2).gather(2, {operands[1]}.flatten(2)).view_as({operands[1]})"),
+    latex=lambda operands, params, show: rf"{operands[0]}\left[{operands[1]}\right]",
+    tangent=lambda expr, tangent_of: op("gather_at", tangent_of(expr.operands[0]), expr.operands[1]))
+primitive("max_pool", code=lambda operands, params, show: _max_pool_call(operands, params, show, False),
+          latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)",
+          # piecewise linear: along dx it moves by dx at each window's argmax
+          tangent=lambda expr, tangent_of: op("gather_at", tangent_of(expr.operands[0]),
+                                                op("max_pool_indices", expr.operands[0], **dict(expr.params.items()))))
+primitive("max_pool_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, True),
+          latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)", tangent="constant")
+primitive("scatter_to", code=lambda operands, params, show: (
+    f"torch.zeros_like({operands[2]}).flatten(2).scatter_add(2, {operands[1]}.flatten(2), {operands[0]}.flatten(2))"
+    f".view_as({operands[2]})"),
+    latex=lambda operands, params, show: rf"\operatorname{{scatter}}_{{{operands[1]}}}\left({operands[0]}\right)",
+    tangent=lambda expr, tangent_of: op("scatter_to", tangent_of(expr.operands[0]), *expr.operands[1:]))
+
+
+class MaxPool(AveragePool):
+    """Max pooling: each output is one input entry, the argmax of its window (PyTorch's choice on
+    ties). The adjoint adds each output's gradient into the input entry it came from: a
+    ``scatter_add`` at the indices PyTorch's own max_pool returns, which also sums correctly where
+    windows overlap (``max_unpool`` would overwrite)."""
+
+    linear_in = ()
+
+    def __init__(self, dims: int):
+        super().__init__(dims)
+        self.op = f"max_pool{dims}d"
+        self.summary = f"{dims}-d max pooling (floor mode)"
+        self.params = {"kernel_size": Param(None, int_tuple(1)),
+                       "stride": Param(None, lambda v, c: None if v is None else int_tuple(1)(v, c)),
+                       "padding": Param(0, int_tuple(0)), "dilation": Param(1, int_tuple(1)),
+                       "ceil_mode": Param(False, self._refuse_true), "return_indices": Param(False, self._refuse_true)}
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        check.require(len(x) == self.dims + 2, f"input has {len(x)} dimensions but {self.op} needs {self.dims + 2}",
+                      "pass a batched input [N, C, ...]")
+        kernel, stride, padding = self._settings(params)
+        check.require(all(2 * p <= k for p, k in zip(padding, kernel)), "padding must be at most half the kernel size",
+                      "reduce padding")
+        out = [x[0], x[1]]
+        for axis in range(self.dims):
+            size = x[axis + 2] + 2 * padding[axis] - params["dilation"][axis] * (kernel[axis] - 1) - 1
+            check.positive(size + 1, f"kernel does not fit the padded input along axis {axis}", "use a smaller kernel")
+            out.append(size // stride[axis] + 1)
+        return tuple(out)
+
+    def _pool_params(self, node):
+        kernel, stride, padding = self._settings(node.params)
+        return dict(dims=self.dims, kernel_size=kernel, stride=stride, padding=padding, dilation=node.params["dilation"])
+
+    def forward(self, node):
+        return Forward(op("max_pool", node.operands["input"], **self._pool_params(node)))
+
+    def pullback(self, node, grad, wanted):
+        x = node.operands["input"]
+        indices = node.local("indices", op("max_pool_indices", x, **self._pool_params(node)))
+        return {"input": op("scatter_to", grad, indices, x)}
+
+    def table_row(self):
+        return (self.op, "out = max of each kernel window",
+                "grad_input = grad_out scatter-added at the argmax indices (overlapping windows add up)")
+
+
+RULES = [Flatten(), Reshape(), Permute(), Pad(), PixelShuffle(), AveragePool(1), AveragePool(2), AveragePool(3),
+         MaxPool(1), MaxPool(2), MaxPool(3)]
