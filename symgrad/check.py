@@ -50,6 +50,8 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
         if node.kind == "input":
             continue
         arguments = {operand: values[source] for operand, source in node.operands.items()}
+        arguments.update({operand.name: None for operand in node.rule.operands  # absent optional tensors
+                          if operand.optional and operand.name not in arguments})
         arguments.update({name: float(value) for name, value in node.constants.items()})
         if node.kind == "loss":
             prediction, target = arguments["input"], arguments["target"]

@@ -35,7 +35,8 @@ RESERVED_NAMES = frozenset(
      "gradients_fast", "PerSampleGradients"}
 )
 # Prefixes of names the reverse walk creates (grad_x, mask_relu1, shared_0, ...).
-RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_", "indices_")
+RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_", "indices_", "centered_",
+                     "rstd_", "xhat_", "ghat_")
 # Module names that would shadow a package the generated files import when they sit side by side.
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import conv, elementwise, linear, loss, shape
+from . import conv, elementwise, linear, loss, norm, shape
 from .base import Rule
 
-LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES, *linear.RULES, *shape.RULES]}
+LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES, *linear.RULES, *shape.RULES, *norm.RULES]}
 LOSS_RULES: dict[str, Rule] = {rule.op: rule for rule in loss.RULES}
 
 

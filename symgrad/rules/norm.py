@@ -1,0 +1,259 @@
+"""Normalisations: layer_norm, batch_norm (training and eval), group_norm.
+
+All three normalise over a set of dims D (layer: the trailing ``normalized_shape``; batch: the
+batch and spatial dims, per channel; group: each group's channels and space)::
+
+    mu = mean_D(x),  rstd = 1 / sqrt(mean_D((x - mu)^2) + eps),  xhat = (x - mu) * rstd
+    out = xhat * weight + bias
+
+Differentiating ``xhat`` through ``mu`` and ``rstd`` gives the one formula all three share, with
+``ghat = grad * weight``::
+
+    grad_x = rstd * (ghat - mean_D(ghat) - xhat * mean_D(ghat * xhat))
+
+``grad_weight`` and ``grad_bias`` sum ``grad * xhat`` and ``grad`` over every dim but the weight's.
+In eval mode batch_norm uses fixed running statistics, so it is affine in x:
+``grad_x = grad * weight * rstd``.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..algebra import LINEAR, op, primitive
+from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number
+
+primitive("mean_keep", code=lambda operands, params, show: (
+    f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
+    latex=lambda operands, params, show: rf"\overline{{{operands[0]}}}^{{D}}", tangent=LINEAR)
+primitive("channel_view", code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * params['trailing']})",
+          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+primitive("group_view", code=lambda operands, params, show: f"{operands[0]}.unflatten(1, ({params['groups']}, -1))",
+          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+primitive("group_unview", code=lambda operands, params, show: f"{operands[0]}.flatten(1, 2)",
+          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+
+
+def _normalize(x, dims, eps):
+    centered = x - op("mean_keep", x, dims=dims)
+    return centered * (op("mean_keep", centered ** 2, dims=dims) + eps) ** sympy.Rational(-1, 2)
+
+
+def _expand(name: str, named: dict, params) -> sympy.Expr:
+    """The op as a formula in primitives: what forward mode differentiates (the code calls F.<name>)."""
+    x = named["input"]
+    rank = params["rank"]
+    view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731
+    if name == "layer_norm":
+        out = _normalize(x, tuple(range(rank - len(params["normalized_shape"]), rank)), params["eps"])
+        scale, shift = named.get("weight"), named.get("bias")
+    elif name == "group_norm":
+        grouped = op("group_view", x, groups=params["num_groups"])
+        out = op("group_unview", _normalize(grouped, tuple(range(2, rank + 1)), params["eps"]))
+        scale, shift = [view(named[k]) if k in named else None for k in ("weight", "bias")]
+    elif params["training"]:
+        out = _normalize(x, (0,) + tuple(range(2, rank)), params["eps"])
+        scale, shift = [view(named[k]) if k in named else None for k in ("weight", "bias")]
+    else:
+        out = (x - view(named["running_mean"])) * (view(named["running_var"]) + params["eps"]) ** sympy.Rational(-1, 2)
+        scale, shift = [view(named[k]) if k in named else None for k in ("weight", "bias")]
+    out = out * scale if scale is not None else out
+    return out + shift if shift is not None else out
+
+
+def _call(name: str, fields: tuple[str, ...]):
+    def tangent(expr, walk):
+        return walk(_expand(name, dict(zip(expr.params["operand_names"], expr.operands)), expr.params))
+
+    def code(operands, params, show):
+        named = dict(zip(params["operand_names"], operands))
+        if name == "batch_norm":  # F.batch_norm takes the running statistics positionally, even as None
+            named.setdefault("running_mean", "None")
+            named.setdefault("running_var", "None")
+        arguments = [named["input"]] + [f"{key}={value}" for key, value in (
+            [(key, named[key]) for key in fields if key in named]
+            + [(key, show(params[key]) if isinstance(params[key], sympy.Basic) else repr(params[key]))
+               for key in params["shown"]])]
+        return f"F.{name}({', '.join(arguments)})"
+
+    primitive(name, code=code, latex=lambda operands, params, show: rf"\operatorname{{{name.replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
+              tangent=tangent)
+
+
+_call("layer_norm", ("weight", "bias"))
+_call("batch_norm", ("running_mean", "running_var", "weight", "bias"))
+_call("group_norm", ("weight", "bias"))
+
+
+def _positive(value, context: ParamContext):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise context.fail(f"must be a positive int, not {value!r}", "write e.g. `num_groups: 2`")
+    return value
+
+
+def _boolean(value, context: ParamContext):
+    if not isinstance(value, bool):
+        raise context.fail(f"must be true or false, not {value!r}", "write `training: true`")
+    return value
+
+
+def _normalized_pullback(node: NodeSymbols, x_view, grad_view, dims, weight_view):
+    """The shared formula; ``*_view`` are x and grad seen with the normalised dims in ``dims``."""
+    eps = node.params["eps"]
+    centered = node.local("centered", x_view - op("mean_keep", x_view, dims=dims))
+    rstd = node.local("rstd", (op("mean_keep", centered ** 2, dims=dims) + eps) ** sympy.Rational(-1, 2))
+    xhat = node.local("xhat", centered * rstd)
+    ghat = grad_view * weight_view if weight_view is not None else grad_view
+    ghat = node.local("ghat", ghat) if weight_view is not None else ghat
+    grad_x = rstd * (ghat - op("mean_keep", ghat, dims=dims) - xhat * op("mean_keep", ghat * xhat, dims=dims))
+    return grad_x, xhat
+
+
+class _Norm(Rule):
+    linear_in = ()
+
+    def _forward_params(self, node: NodeSymbols, shown: tuple[str, ...]):
+        names = [name for name in ("input", "running_mean", "running_var", "weight", "bias") if name in node.operands]
+        params = {key: node.params[key] for key in node.params if key != "momentum"}
+        return names, dict(operand_names=tuple(names), shown=shown, rank=len(node.shapes["input"]), **params)
+
+    def _affine_grads(self, node, grad, xhat, wanted, sum_dims, unview=lambda e: e):
+        grads = {}
+        if "weight" in wanted:
+            grads["weight"] = op("sum", grad * unview(xhat), dim=sum_dims)
+        if "bias" in wanted:
+            grads["bias"] = op("sum", grad, dim=sum_dims)
+        return grads
+
+
+class LayerNorm(_Norm):
+    op = "layer_norm"
+    operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
+    params = {"normalized_shape": Param(None, lambda v, c: tuple(v) if isinstance(v, list) else (v,)),
+              "eps": Param(1e-5, number)}
+    summary = "normalise over the trailing normalized_shape dims, then scale and shift"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x, tail = shapes["input"], params["normalized_shape"]
+        check.require(len(tail) < len(x), f"normalized_shape {list(tail)} must leave a leading dim", "normalise fewer dims")
+        for a, b in zip(x[len(x) - len(tail):], tail):
+            check.equal(a, b, f"the input's trailing dims {tuple(x[len(x) - len(tail):])} are not normalized_shape {tuple(tail)}",
+                        "make normalized_shape the input's trailing sizes")
+        for name in ("weight", "bias"):
+            if name in shapes:
+                check.require(len(shapes[name]) == len(tail), f"{name} must have the shape normalized_shape", "fix its shape")
+                for a, b in zip(shapes[name], tail):
+                    check.equal(a, b, f"{name} must have the shape normalized_shape {tuple(tail)}", "fix its shape")
+        return tuple(x)
+
+    def forward(self, node):
+        names, params = self._forward_params(node, ("normalized_shape", "eps"))
+        params["normalized_shape"] = list(node.params["normalized_shape"])
+        return Forward(op("layer_norm", *(node.operands[name] for name in names), **params))
+
+    def pullback(self, node, grad, wanted):
+        rank, count = len(node.shapes["input"]), len(node.params["normalized_shape"])
+        dims = tuple(range(rank - count, rank))
+        grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, dims, node.operands.get("weight"))
+        grads = self._affine_grads(node, grad, xhat, wanted, tuple(range(rank - count)))
+        if "input" in wanted:
+            grads["input"] = grad_x
+        return grads
+
+    def table_row(self):
+        return (self.op, "out = (x - mean) / sqrt(var + eps) * weight + bias over the trailing dims",
+                "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = grad * weight; grad_weight = Σ grad x̂; grad_bias = Σ grad")
+
+
+class BatchNorm(_Norm):
+    op = "batch_norm"
+    operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
+                Operand("weight", optional=True), Operand("bias", optional=True))
+    params = {"training": Param(False, _boolean), "momentum": Param(0.1, number), "eps": Param(1e-5, number)}
+    summary = "per-channel normalisation over batch and space (training), or by running statistics (eval)"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        check.require(len(x) >= 2, "batch_norm needs [N, C, ...]", "pass a batched input")
+        stats = "running_mean" in shapes and "running_var" in shapes
+        check.require(stats == (not params["training"]),
+                      "batch_norm in training mode takes no running statistics here (they would be updated in place), "
+                      "and in eval mode needs running_mean and running_var",
+                      "training: true without running stats, or training: false with both")
+        for name in ("running_mean", "running_var", "weight", "bias"):
+            if name in shapes:
+                check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
+                check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
+                            "give it the shape [C]")
+        return tuple(x)
+
+    def forward(self, node):
+        names, params = self._forward_params(node, ("training", "eps"))
+        return Forward(op("batch_norm", *(node.operands[name] for name in names), **params))
+
+    def pullback(self, node, grad, wanted):
+        rank = len(node.shapes["input"])
+        view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731 - [C] -> [C, 1, ...]
+        weight = view(node.operands["weight"]) if "weight" in node.operands else None
+        sum_dims = (0,) + tuple(range(2, rank))
+        if node.params["training"]:
+            grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, sum_dims, weight)
+        else:
+            rstd = node.local("rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2))
+            xhat = node.local("xhat", (node.operands["input"] - view(node.operands["running_mean"])) * rstd)
+            grad_x = grad * weight * rstd if weight is not None else grad * rstd
+        grads = self._affine_grads(node, grad, xhat, wanted, sum_dims)
+        if "input" in wanted:
+            grads["input"] = grad_x
+        unsupported = wanted & {"running_mean", "running_var"}
+        if unsupported:
+            raise NotImplementedError(f"gradients of batch_norm's {sorted(unsupported)} are not derived")
+        return grads
+
+    def table_row(self):
+        return (self.op, "training: per-channel (x - mean) / sqrt(var + eps) * weight + bias over N and space; "
+                "eval: the same with running statistics",
+                "training: grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)); eval: grad_x = grad * weight * rstd")
+
+
+class GroupNorm(_Norm):
+    op = "group_norm"
+    operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
+    params = {"num_groups": Param(None, _positive), "eps": Param(1e-5, number)}
+    summary = "normalise each group of channels over its channels and space"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        check.require(len(x) >= 3, "group_norm needs [N, C, ...]", "pass a batched input with spatial dims")
+        check.equal(x[1] % params["num_groups"], 0, f"{x[1]} channels are not divisible by num_groups={params['num_groups']}",
+                    "use a num_groups that divides the channels")
+        for name in ("weight", "bias"):
+            if name in shapes:
+                check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
+                check.equal(shapes[name][0], x[1], f"{name} must have one entry per channel", "give it the shape [C]")
+        return tuple(x)
+
+    def forward(self, node):
+        names, params = self._forward_params(node, ("num_groups", "eps"))
+        return Forward(op("group_norm", *(node.operands[name] for name in names), **params))
+
+    def pullback(self, node, grad, wanted):
+        rank, groups = len(node.shapes["input"]), node.params["num_groups"]
+        weight = op("channel_view", node.operands["weight"], trailing=rank - 2) if "weight" in node.operands else None
+        ghat_full = grad * weight if weight is not None else grad
+        dims = tuple(range(2, rank + 1))  # in the grouped view [N, G, C/G, ...]
+        x_view = op("group_view", node.operands["input"], groups=groups)
+        grad_view = op("group_view", ghat_full, groups=groups)
+        grad_x, xhat = _normalized_pullback(node, x_view, grad_view, dims, None)
+        sum_dims = (0,) + tuple(range(2, rank))
+        grads = self._affine_grads(node, grad, xhat, wanted, sum_dims, unview=lambda e: op("group_unview", e))
+        if "input" in wanted:
+            grads["input"] = op("group_unview", grad_x)
+        return grads
+
+    def table_row(self):
+        return (self.op, "out = per-group (x - mean) / sqrt(var + eps), then per-channel weight and bias",
+                "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) in each group, ĝ = grad * weight")
+
+
+RULES = [LayerNorm(), BatchNorm(), GroupNorm()]
