@@ -234,13 +234,18 @@ class Convolution(Rule):
     def spatial_dims(self) -> int:
         return self.dims
 
-    def infer_shape(self, shapes, params, check: Checker):
-        x, w = shapes["input"], shapes["weight"]
+    WEIGHT_LAYOUT = "C_out, C_in/groups"
+
+    def _check_ranks(self, x, w, check: Checker) -> None:
         rank = self.dims + 2
         check.require(len(x) == rank, f"input has {len(x)} dimensions but {self.op} needs {rank} ([N, C_in, {self._spatial()}])",
-                      "reshape the input or use the conv of matching dimension")
-        check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} ([C_out, C_in/groups, {self._kernel()}])",
-                      "give the weight a shape of matching rank")
+                      f"reshape the input or use the {self.op[:-2]} of matching dimension")
+        check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} "
+                      f"([{self.WEIGHT_LAYOUT}, {self._kernel()}])", "give the weight a shape of matching rank")
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x, w = shapes["input"], shapes["weight"]
+        self._check_ranks(x, w, check)
         groups = params["groups"]
         if params["padding"] == "same":
             self._resolve_same(w, params, check)
@@ -370,13 +375,11 @@ class TransposedConvolution(Convolution):
         self.op = f"conv_transpose{dims}d"
         self.summary = f"{dims}-d transposed convolution (the adjoint of conv{dims}d in its input), plus bias"
 
+    WEIGHT_LAYOUT = "C_in, C_out/groups"
+
     def infer_shape(self, shapes, params, check: Checker):
         x, w = shapes["input"], shapes["weight"]
-        rank = self.dims + 2
-        check.require(len(x) == rank, f"input has {len(x)} dimensions but {self.op} needs {rank} ([N, C_in, {self._spatial()}])",
-                      "reshape the input or use the transposed conv of matching dimension")
-        check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} ([C_in, C_out/groups, {self._kernel()}])",
-                      "give the weight a shape of matching rank")
+        self._check_ranks(x, w, check)
         check.require(params["padding"] != "same", "padding='same' is not defined for transposed convolutions",
                       "give explicit padding")
         groups = params["groups"]
@@ -399,9 +402,6 @@ class TransposedConvolution(Convolution):
             check.positive(size, f"output length along spatial axis {axis} is not positive", "use less padding")
             out.append(size)
         return tuple(out)
-
-    def _params(self, node: NodeSymbols, **extra):
-        return dict(dims=self.dims, **{key: node.params[key] for key in CONV_DEFAULTS}, **extra)
 
     def forward(self, node: NodeSymbols) -> Forward:
         operands = [node.operands["input"], node.operands["weight"]]
