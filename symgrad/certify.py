@@ -172,6 +172,8 @@ LINEAR_CASES = [
     ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
     ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
     ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
+    ("narrow", {"x": (2, 5, 3)}, {"op": "narrow", "dim": 1, "start": 1, "length": 3}, ("x",)),
+    ("interpolate", {"x": (1, 2, 2, 3)}, {"op": "interpolate", "scale_factor": [2, 3]}, ("x",)),
     ("linear", {"x": (2, 3), "w": (2, 3)}, {"op": "linear", "weight": "w"}, ("x", "w")),
     ("matmul", {"x": (2, 2, 3), "v": (2, 3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
 ]

@@ -37,7 +37,7 @@ primitive("reshape", code=lambda operands, params, show: f"{operands[0]}.reshape
           latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)", tangent=LINEAR)
 primitive("permute", code=lambda operands, params, show: f"{operands[0]}.permute({', '.join(map(str, params['dims']))})",
           latex=lambda operands, params, show: rf"{operands[0]}^{{\pi}}", tangent=LINEAR)
-primitive("pad", code=lambda operands, params, show: f"F.pad({operands[0]}, [{', '.join(map(str, params['pad']))}]"
+primitive("pad", code=lambda operands, params, show: f"F.pad({operands[0]}, [{', '.join(show(p) if isinstance(p, sympy.Basic) else str(p) for p in params['pad'])}]"
           + (f", value={params['value']}" if params.get("value", 0) != 0 else "") + ")",
           latex=lambda operands, params, show: rf"\operatorname{{pad}}\left({operands[0]}\right)",
           tangent=lambda expr, tangent_of: op("pad", tangent_of(expr.operands[0]), pad=expr.params["pad"]))
@@ -343,5 +343,109 @@ class MaxPool(AveragePool):
                 "grad_input = grad_out scatter-added at the argmax indices (overlapping windows add up)")
 
 
+primitive("narrow", code=lambda operands, params, show: f"{operands[0]}.narrow({params['dim']}, {params['start']}, {params['length']})",
+          latex=lambda operands, params, show: rf"{operands[0]}\left[{params['start']}:{params['start'] + params['length']}\right]",
+          tangent=LINEAR)
+
+
+class Narrow(Rule):
+    """Slicing, as ``torch.narrow``: the adjoint puts the gradient back in place and zero-pads the
+    rest, ``F.pad`` with ``start`` before and ``size - start - length`` after, from the runtime size."""
+
+    op = "narrow"
+    operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
+    params = {"dim": Param(None, lambda v, c: _ints(v, c)[0]), "start": Param(None, lambda v, c: _ints(v, c)[0]),
+              "length": Param(None, lambda v, c: _ints(v, c)[0])}
+    summary = "the entries start..start+length-1 along dim"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        dim = params["dim"] % len(shape)
+        check.require(params["start"] >= 0 and params["length"] >= 1, "start must be >= 0 and length >= 1",
+                      "give a non-negative start and a positive length")
+        check.positive(shape[dim] - params["start"] - params["length"] + 1,
+                       f"start {params['start']} + length {params['length']} runs past dim {dim}", "shorten the slice")
+        shape[dim] = params["length"]
+        return tuple(shape)
+
+    def forward(self, node):
+        dim = node.params["dim"] % len(node.shapes["input"])
+        return Forward(op("narrow", node.operands["input"], dim=dim, start=node.params["start"], length=node.params["length"]))
+
+    def pullback(self, node, grad, wanted):
+        rank = len(node.shapes["input"])
+        dim, start, length = node.params["dim"] % rank, node.params["start"], node.params["length"]
+        after = Size(node.operands["input"], dim) - start - length
+        return {"input": op("pad", grad, pad=(0, 0) * (rank - 1 - dim) + (start, after))}
+
+    def table_row(self):
+        return self.op, "out = input.narrow(dim, start, length)", "grad_input = grad_out zero-padded back to the input's size"
+
+
+primitive("interpolate_nearest", code=lambda operands, params, show: (
+    f"F.interpolate({operands[0]}, scale_factor={show_ints(params['scale'])}, mode='nearest')"),
+    latex=lambda operands, params, show: rf"\operatorname{{upsample}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive("block_sum", code=lambda operands, params, show: (
+    f"F.avg_pool{params['dims']}d({operands[0]}, {show_ints(params['scale'])}) * {_product(params['scale'])}"),
+    latex=lambda operands, params, show: rf"\operatorname{{blocksum}}\left({operands[0]}\right)", tangent=LINEAR)
+
+
+def _product(values) -> int:
+    total = 1
+    for value in values:
+        total *= value
+    return total
+
+
+class Interpolate(Rule):
+    """``interpolate`` in ``nearest`` mode by whole scale factors: each entry is copied into an
+    s×s block, so the adjoint sums each block, ``avg_pool(grad, s) * prod(s)``. Other modes and
+    fractional factors are refused."""
+
+    op = "interpolate"
+    operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
+    params = {"scale_factor": Param(None, lambda v, c: Interpolate._scale(v, c)), "mode": Param("nearest", choice("nearest")),
+              "size": Param(None, lambda v, c: Interpolate._no_size(v, c))}
+    summary = "nearest-neighbour upsampling by whole scale factors"
+
+    @staticmethod
+    def _scale(value, context: ParamContext):
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1 for v in values):
+            raise context.fail(f"must be a whole number (or a list of them), not {value!r}",
+                               "use an integer scale such as 2; fractional scales are not supported yet")
+        return tuple(int(v) for v in values)
+
+    @staticmethod
+    def _no_size(value, context: ParamContext):
+        if value is not None:
+            raise context.fail("is not supported yet", "give scale_factor instead")
+        return None
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        spatial = len(x) - 2
+        check.require(1 <= spatial <= 3, "interpolate needs [N, C, ...] with 1 to 3 spatial dims", "pass a batched input")
+        scale = params["scale_factor"]
+        check.require(scale is not None and len(scale) in (1, spatial), f"scale_factor needs 1 or {spatial} entries",
+                      "give scale_factor")
+        scale = scale * spatial if len(scale) == 1 else scale
+        params["scale_factor"] = scale
+        return (x[0], x[1], *(size * s for size, s in zip(x[2:], scale)))
+
+    def forward(self, node):
+        return Forward(op("interpolate_nearest", node.operands["input"], scale=node.params["scale_factor"]))
+
+    def pullback(self, node, grad, wanted):
+        scale = node.params["scale_factor"]
+        return {"input": op("block_sum", grad, dims=len(scale), scale=scale)}
+
+    def table_row(self):
+        return (self.op, "out = each entry repeated in an s×s block (mode='nearest', whole s)",
+                "grad_input = sum of each block = avg_pool(grad_out, s) * prod(s)")
+
+
 RULES = [Flatten(), Reshape(), Permute(), Pad(), PixelShuffle(), AveragePool(1), AveragePool(2), AveragePool(3),
-         MaxPool(1), MaxPool(2), MaxPool(3)]
+         MaxPool(1), MaxPool(2), MaxPool(3), Narrow(), Interpolate()]
