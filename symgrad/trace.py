@@ -11,7 +11,6 @@ op and the line of the user's code that called it.
 from __future__ import annotations
 
 import inspect
-import linecache
 import re
 import sys
 import traceback

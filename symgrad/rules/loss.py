@@ -81,7 +81,7 @@ class Loss(Rule):
         check.require(len(prediction) == len(target),
                       f"prediction has shape {tuple(prediction)} but target has {len(target)} dimensions",
                       "give the target the prediction's shape")
-        for axis, (a, b) in enumerate(zip(prediction, target)):
+        for a, b in zip(prediction, target):
             check.equal(a, b, f"prediction has shape {tuple(prediction)} but target has shape {tuple(target)}",
                         "give the target the prediction's shape")
         return (prediction[0],) if params["reduction"] == "per_sample" else ()
