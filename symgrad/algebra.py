@@ -69,7 +69,10 @@ class Params(sympy.Atom):
         return cls(tuple(items.items()))
 
     def _hashable_content(self):
-        return self._items
+        # canonical strings: sympy sorts terms by comparing this, and symbolic sizes compared with
+        # `<` would be relations, not booleans (two strided conv adjoints summed in one branch)
+        return tuple((key, sympy.srepr(value) if isinstance(value, sympy.Basic) else repr(value))
+                     for key, value in self._items)
 
     def __getitem__(self, key: str) -> Any:
         return dict(self._items)[key]

@@ -174,6 +174,8 @@ LINEAR_CASES = [
     ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
     ("narrow", {"x": (2, 5, 3)}, {"op": "narrow", "dim": 1, "start": 1, "length": 3}, ("x",)),
     ("interpolate", {"x": (1, 2, 2, 3)}, {"op": "interpolate", "scale_factor": [2, 3]}, ("x",)),
+    ("cat (first input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("x",)),
+    ("cat (second input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("v",)),
     ("linear", {"x": (2, 3), "w": (2, 3)}, {"op": "linear", "weight": "w"}, ("x", "w")),
     ("matmul", {"x": (2, 2, 3), "v": (2, 3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
 ]

@@ -113,7 +113,14 @@ def build_graph(spec: Spec) -> Graph:
 def _bind(node: Node, rule: Rule, sources: list[str], source_locations, arguments: dict[str, tuple[Any, Location]],
           nodes: dict[str, Node]) -> None:
     """Fill the node's operands and params from ``in:`` and the layer's keyword arguments."""
-    from_in = [operand for operand in rule.operands if operand.from_in]
+    variadic = next((operand for operand in rule.operands if operand.variadic), None)
+    if variadic is not None:
+        if len(sources) < 2:
+            raise SpecError(f"{rule.op} needs at least two tensors under 'in:'", node.location,
+                            "list the tensors to join, e.g. `in: [a, b]`")
+        node.operands.update({f"{variadic.name}_{index}": source for index, source in enumerate(sources)})
+        sources = []
+    from_in = [operand for operand in rule.operands if operand.from_in and not operand.variadic]
     if len(sources) > len(from_in):
         raise SpecError(f"{rule.op} reads {len(from_in)} tensor(s) from 'in:' but {len(sources)} are given",
                         source_locations[len(from_in)][1],
@@ -121,6 +128,8 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
     for operand, source in zip(from_in, sources):
         node.operands[operand.name] = source
     for operand in rule.operands:
+        if operand.variadic:
+            continue
         if operand.name in arguments:
             value, location = arguments.pop(operand.name)
             if operand.name in node.operands and operand.from_in and len(sources) > from_in.index(operand):

@@ -87,6 +87,12 @@ CASES = [
                  id="tied-weight-used-twice"),
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "mul", "in": ["x", "x"]}], SQ, ["x"]),
                  id="same-node-both-operands"),
+    # two strided convs read one node: their adjoints (with symbolic output_padding) are summed
+    pytest.param(spec_text({"x": [2, 2, 9, 9], "u": [2, 2, 3, 3], "v": [2, 2, 3, 3], "y": [2, 2, 4, 4]},
+                           [{"op": "conv2d", "in": "x", "weight": "u", "stride": 2, "out": "p"},
+                            {"op": "conv2d", "in": "x", "weight": "v", "stride": 2, "out": "q"},
+                            {"op": "add", "in": ["p", "q"], "out": "s"}], SQ, ["x", "u", "v"]),
+                 id="two-strided-convs-share-input"),
     *[pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": op, **args}], SQ, ["x"]), id=f"{op}{'-' if args else ''}{'-'.join(f'{k}={v}' for k, v in args.items())}")
       for op, args in [("neg", {}), ("exp", {}), ("abs", {}), ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu", {}),
                        ("gelu", {"approximate": "tanh"}), ("softplus", {}), ("softplus", {"beta": 2, "threshold": 1}),
@@ -123,6 +129,10 @@ CASES = [
     pytest.param(torch_case("interpolate", {"x": [2, 3, 3, 4]}, ["x"], F.interpolate, scale_factor=2), id="interpolate-nearest"),
     pytest.param(torch_case("interpolate", {"x": [2, 2, 3, 2, 2]}, ["x"], F.interpolate, scale_factor=[1, 2, 3]),
                  id="interpolate-nearest-3d-per-axis"),
+    pytest.param(spec_text({"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 2, 4], "y": [2, 6, 4]},
+                           [{"op": "cat", "in": ["a", "b", "c"], "dim": 1}], SQ, ["a", "b", "c"]), id="cat-three"),
+    pytest.param(spec_text({"a": [2, 3], "y": [2, 6]}, [{"op": "cat", "in": ["a", "a"], "dim": -1}], SQ, ["a"]),
+                 id="cat-same-tensor-twice"),
     pytest.param(torch_case("max_pool2d", {"x": [2, 3, 7, 7]}, ["x"], F.max_pool2d, kernel_size=3, stride=2, padding=1),
                  id="max_pool2d-overlapping-windows"),
     pytest.param(torch_case("max_pool1d", {"x": [2, 2, 9]}, ["x"], F.max_pool1d, kernel_size=2), id="max_pool1d"),

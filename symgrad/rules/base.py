@@ -25,6 +25,8 @@ class Operand:
     optional: bool = False
     constant_ok: bool = False
     """May be a number instead of a node (``mul`` by 0.5)."""
+    variadic: bool = False
+    """Takes every ``in:`` source, as operands ``<name>_0``, ``<name>_1``, ... (``cat``'s tensors)."""
 
 
 @dataclass(frozen=True)

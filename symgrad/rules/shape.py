@@ -343,7 +343,8 @@ class MaxPool(AveragePool):
                 "grad_input = grad_out scatter-added at the argmax indices (overlapping windows add up)")
 
 
-primitive("narrow", code=lambda operands, params, show: f"{operands[0]}.narrow({params['dim']}, {params['start']}, {params['length']})",
+primitive("narrow", code=lambda operands, params, show: (
+    f"{operands[0]}.narrow({params['dim']}, {show(params['start'])}, {show(params['length'])})"),
           latex=lambda operands, params, show: rf"{operands[0]}\left[{params['start']}:{params['start'] + params['length']}\right]",
           tangent=LINEAR)
 
@@ -447,5 +448,61 @@ class Interpolate(Rule):
                 "grad_input = sum of each block = avg_pool(grad_out, s) * prod(s)")
 
 
+def _cat_tangent(expr, tangent_of):
+    moved = [tangent_of(operand) for operand in expr.operands]
+    if all(m == 0 for m in moved):
+        return sympy.Integer(0)
+    return op("cat", *(m if m != 0 else op("zeros_like", o) for m, o in zip(moved, expr.operands)), dim=expr.params["dim"])
+
+
+primitive("cat", code=lambda operands, params, show: f"torch.cat([{', '.join(operands)}], dim={params['dim']})",
+          latex=lambda operands, params, show: r"\left[" + ", ".join(operands) + r"\right]", tangent=_cat_tangent)
+
+
+class Cat(Rule):
+    """``torch.cat``: the adjoint hands each input its own slice of the gradient, ``narrow`` at the
+    offset summed from the runtime sizes of the inputs before it."""
+
+    op = "cat"
+    operands = (Operand("tensors", from_in=True, variadic=True),)
+    linear_in = ("tensors",)
+    params = {"dim": Param(0, lambda v, c: _ints(v, c)[0])}
+    summary = "join tensors along dim"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        ordered = [shapes[key] for key in sorted(shapes, key=lambda k: int(k.rsplit("_", 1)[1]))]
+        rank = len(ordered[0])
+        check.require(all(len(shape) == rank for shape in ordered), "cat needs tensors of one rank", "give them equal ranks")
+        dim = params["dim"] % rank
+        out = list(ordered[0])
+        for shape in ordered[1:]:
+            for axis in range(rank):
+                if axis != dim:
+                    check.equal(shape[axis], out[axis], f"shapes {[tuple(s) for s in ordered]} differ outside dim {dim}",
+                                "make every other dim equal")
+            out[dim] = out[dim] + shape[dim]
+        return tuple(out)
+
+    def _ordered(self, node):
+        return [node.operands[f"tensors_{index}"] for index in range(len(node.operands))]
+
+    def forward(self, node):
+        dim = node.params["dim"] % len(node.out_shape)
+        return Forward(op("cat", *self._ordered(node), dim=dim))
+
+    def pullback(self, node, grad, wanted):
+        dim = node.params["dim"] % len(node.out_shape)
+        grads, offset = {}, sympy.Integer(0)
+        for index, tensor in enumerate(self._ordered(node)):
+            name = f"tensors_{index}"
+            if name in wanted:
+                grads[name] = op("narrow", grad, dim=dim, start=offset, length=Size(tensor, dim))
+            offset = offset + Size(tensor, dim)
+        return grads
+
+    def table_row(self):
+        return self.op, "out = torch.cat([a, b, ...], dim)", "grad of each input = grad_out.narrow(dim, its offset, its size)"
+
+
 RULES = [Flatten(), Reshape(), Permute(), Pad(), PixelShuffle(), AveragePool(1), AveragePool(2), AveragePool(3),
-         MaxPool(1), MaxPool(2), MaxPool(3), Narrow(), Interpolate()]
+         MaxPool(1), MaxPool(2), MaxPool(3), Narrow(), Interpolate(), Cat()]
