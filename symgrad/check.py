@@ -56,7 +56,9 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
         if node.kind == "loss":
             prediction, target = arguments["input"], arguments["target"]
             params = {key: float(value) for key, value in node.params.items() if key != "reduction"}
-            if node.rule.op == "half_sq_error":
+            if getattr(node.rule, "class_targets", False):
+                per_element = getattr(F, node.rule.op)(prediction, target, reduction="none")
+            elif node.rule.op == "half_sq_error":
                 per_element = 0.5 * (prediction - target) ** 2
             else:  # PyTorch's own loss, unreduced
                 per_element = getattr(F, node.rule.op)(prediction, target, reduction="none", **params)
@@ -80,9 +82,13 @@ METHODS = {"reshape": lambda input, shape: input.reshape(shape), "permute": lamb
            "cat": lambda dim, **tensors: torch.cat([tensors[f"tensors_{i}"] for i in range(len(tensors))], dim=dim)}
 
 
-def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0):
+def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0,
+                  classes: dict[str, int] | None = None):
+    """Normal random floats; class indices below ``classes[name]`` for int64 inputs."""
     generator = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(shape, dtype=dtype, generator=generator).requires_grad_(name in wrt)
+    classes = classes or {}
+    return {name: (torch.randint(0, classes[name], shape, generator=generator) if name in classes
+                   else torch.randn(shape, dtype=dtype, generator=generator).requires_grad_(name in wrt))
             for name, shape in shapes.items()}
 
 
@@ -104,7 +110,7 @@ class Verification:
 def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0) -> Verification:
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
     for index, shape_set in enumerate(shapes):
-        inputs = random_inputs(shape_set, graph.wrt, seed=seed + index)
+        inputs = random_inputs(shape_set, graph.wrt, seed=seed + index, classes=graph.class_counts(shape_set))
         reference = reference_forward(graph, inputs)
         forward_error = max(forward_error, relative_error(module.forward(**inputs), reference))
         cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 100))
@@ -116,7 +122,7 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
 
 
 def _through_explicit_backward(graph: Graph, module, shapes, seed: int):
-    inputs = random_inputs(shapes, graph.wrt, seed=seed)
+    inputs = random_inputs(shapes, graph.wrt, seed=seed, classes=graph.class_counts(shapes))
     fixed = {name: value.detach() for name, value in inputs.items() if name not in graph.wrt}
 
     def loss(*values):
@@ -130,8 +136,9 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32) -> list[tuple[str, 
     error vs float64, gradcheck, gradgradcheck. The float32 columns answer "does the explicit form
     accumulate more rounding error than autograd?" with numbers."""
     report = verify(graph, module, shapes64)
-    inputs64 = random_inputs(shapes32, graph.wrt, seed=21)
-    inputs32 = {name: value.detach().float().requires_grad_(name in graph.wrt) for name, value in inputs64.items()}
+    inputs64 = random_inputs(shapes32, graph.wrt, seed=21, classes=graph.class_counts(shapes32))
+    inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
+                for name, value in inputs64.items()}
     loss64 = reference_forward(graph, inputs64)
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)

@@ -304,6 +304,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         reduction=loss_node.params["reduction"],
         spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
         small_shapes=shapes,
+        classes=_class_table(graph, shapes),
         node_rows=node_rows,
         steps=program.steps,
         branch_sums=program.branch_sums,
@@ -338,6 +339,18 @@ TEMPLATES = (("module.py.jinja", "{name}.py"), ("test_module.py.jinja", "test_{n
              ("derivation.md.jinja", "{name}.md"), ("derivation.html.jinja", "{name}.html"))
 DOCUMENTS = ("{name}.md", "{name}.html")
 _COMMENT_STYLE = {"py": "python", "md": "markup", "html": "markup"}
+
+
+def _class_table(graph, shapes) -> dict[str, dict[str, int]]:
+    """Class counts of the int64 inputs for every shape set the generated test uses, keyed by the
+    shape set as sorted JSON; empty when the spec has no int64 input."""
+    import json
+
+    if not any(node.dtype == "int64" for node in graph.inputs):
+        return {}
+    shape_sets = list(shapes) + [{node.name: tuple(node.shape) for node in graph.inputs}]
+    return {json.dumps({k: list(v) for k, v in shape_set.items()}, sort_keys=True): graph.class_counts(shape_set)
+            for shape_set in shape_sets}
 
 
 def _node_description(program: Program) -> dict[str, str]:

@@ -31,6 +31,7 @@ class Node:
     constants: dict[str, sympy.Expr] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     shape: tuple = ()
+    dtype: str = "float"
 
 
 @dataclass
@@ -66,6 +67,16 @@ class Graph:
                 reached.add(node.name)
         return reached
 
+    def class_counts(self, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, int]:
+        """For each int64 input: how many classes its values index (the scored input's dim 1)."""
+        graph = self.with_input_shapes(shapes) if shapes else self
+        counts = {}
+        for node in graph.inputs:
+            if node.dtype == "int64":
+                scored = [consumer for consumer, operand in graph.consumers(node.name) if operand == "target"]
+                counts[node.name] = min(graph.nodes[consumer.operands["input"]].shape[1] for consumer in scored)
+        return counts
+
     def with_input_shapes(self, shapes: dict[str, tuple[int, ...]]) -> "Graph":
         """The same graph at other input shapes (raises SpecError if they are inconsistent)."""
         nodes = {name: Node(**{**node.__dict__}) for name, node in self.nodes.items()}
@@ -78,7 +89,7 @@ class Graph:
 def build_graph(spec: Spec) -> Graph:
     nodes: dict[str, Node] = {}
     for item in spec.inputs:
-        nodes[item.name] = Node(item.name, "input", item.location, shape=item.shape)
+        nodes[item.name] = Node(item.name, "input", item.location, shape=item.shape, dtype=item.dtype)
     for layer in spec.layers:
         rule = LAYER_RULES.get(layer.op)
         if rule is None:
@@ -103,6 +114,7 @@ def build_graph(spec: Spec) -> Graph:
            **({"reduction": (loss.reduction, loss.reduction_location)} if loss.reduction is not None else {}),
            **{argument.name: (argument.value, argument.location) for argument in loss.arguments}}, nodes)
     nodes["loss"] = node
+    _check_class_targets(nodes)
     _infer_shapes(nodes)
 
     graph = Graph(spec, nodes, tuple(name for name, _ in spec.wrt))
@@ -165,6 +177,20 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
         if name not in node.params:
             context = ParamContext(rule.op, name, node.location, rule.spatial_dims())
             node.params[name] = param.normalize(param.default, context)
+
+
+def _check_class_targets(nodes: dict[str, Node]) -> None:
+    """int64 inputs are class indices: only ever the target of cross_entropy / nll_loss, which
+    take nothing else as their target."""
+    for node in nodes.values():
+        for operand, source in node.operands.items():
+            classifies = getattr(node.rule, "class_targets", False) and operand == "target"
+            if nodes[source].dtype == "int64" and not classifies:
+                raise SpecError(f"'{source}' is int64 (class indices), but {node.rule.op} '{node.name}' reads it as its "
+                                f"{operand}", node.location, "use int64 inputs only as the target of cross_entropy or nll_loss")
+            if classifies and nodes[source].dtype != "int64":
+                raise SpecError(f"{node.rule.op} needs class indices, but target '{source}' is a float tensor",
+                                node.location, f"declare '{source}' with `dtype: int64`")
 
 
 def _infer_shapes(nodes: dict[str, Node]) -> None:

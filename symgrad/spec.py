@@ -45,7 +45,9 @@ TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt", "extras")
 REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward, gradients and gradients_fast."""
-INPUT_KEYS = ("shape",)
+INPUT_KEYS = ("shape", "dtype")
+DTYPES = ("float", "int64")
+"""``int64`` inputs are class indices (the target of cross_entropy / nll_loss): never differentiated."""
 LOSS_STRUCTURE_KEYS = ("op", "in", "target", "reduction")
 LAYER_STRUCTURE_KEYS = ("op", "in", "out")
 
@@ -159,6 +161,7 @@ class InputSpec:
     name: str
     shape: tuple[int, ...]
     location: Location
+    dtype: str = "float"
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,11 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         if "shape" not in declaration:
             raise SpecError(f"input '{input_name}' has no shape", declaration.location,
                             "add `shape: [...]` with the example shape")
-        inputs.append(InputSpec(input_name, _shape(declaration, input_name), location))
+        dtype = declaration.get("dtype", "float")
+        if dtype not in DTYPES:
+            raise SpecError(f"input '{input_name}' has dtype {dtype!r}" + _did_you_mean(str(dtype), DTYPES),
+                            declaration.value_locations["dtype"], f"use one of: {', '.join(DTYPES)}")
+        inputs.append(InputSpec(input_name, _shape(declaration, input_name), location, dtype))
 
     layers_seq = _typed(document, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
     known = {item.name: item.location for item in inputs}
@@ -303,6 +310,9 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         if item not in inputs_map:
             raise SpecError(f"'wrt' names '{item}', which is not an input" + _did_you_mean(item, inputs_map),
                             location, "wrt may only name tensors declared under 'inputs'")
+        if inputs_map[item].get("dtype") == "int64":
+            raise SpecError(f"'wrt' names '{item}', an int64 tensor of class indices, which has no gradient", location,
+                            f"remove '{item}' from wrt")
         if item in (name for name, _ in wrt):
             raise SpecError(f"'wrt' names '{item}' twice", location, "remove the repeat")
         wrt.append((item, location))

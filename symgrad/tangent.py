@@ -29,7 +29,10 @@ def tangent_of(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Expr]) -> sy
 
     def walk(node: sympy.Expr) -> sympy.Expr:
         if node.is_Symbol:
-            return tangents.get(node, sympy.Integer(0))
+            moved = tangents.get(node, sympy.Integer(0))
+            if isinstance(moved, NoTangentRule):  # its own statement had no rule: needed after all
+                raise moved
+            return moved
         if node.is_number or isinstance(node, (Size, Params)):
             return sympy.Integer(0)
         if isinstance(node, (sympy.Heaviside, sympy.sign)):  # piecewise constant: zero almost everywhere
@@ -81,10 +84,20 @@ def tangent_statements(statements: list[Statement], wrt: tuple[str, ...]) -> tup
     tangents: dict[sympy.Symbol, sympy.Expr] = {tensor(name): tensor(f"tangent_{name}") for name in wrt}
     result = []
     for statement in statements:
-        moved = tangent_of(statement.value, tangents)
+        try:
+            moved = tangent_of(statement.value, tangents)
+        except NoTangentRule as missing:  # only an error if a later tangent reads this value
+            tangents[statement.target] = missing
+            continue
         if moved == 0:
             continue
         symbol = tensor(f"tangent_{statement.target.name}")
         result.append(Statement(symbol, moved, statement.node, f"d/de of {statement.target.name}"))
         tangents[statement.target] = symbol
-    return result, {name: tangents.get(tensor(f"grad_{name}"), sympy.Integer(0)) for name in wrt}
+    results = {}
+    for name in wrt:
+        moved = tangents.get(tensor(f"grad_{name}"), sympy.Integer(0))
+        if isinstance(moved, NoTangentRule):
+            raise moved
+        results[name] = moved
+    return result, results

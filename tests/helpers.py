@@ -9,7 +9,8 @@ from symgrad.pipeline import Built, build_text as _build_text
 
 
 def spec_text(inputs: dict, layers: list, loss: dict, wrt: list, name: str = "rule_case") -> str:
-    document = {"name": name, "inputs": {key: {"shape": list(shape)} for key, shape in inputs.items()},
+    document = {"name": name, "inputs": {key: (dict(shape) if isinstance(shape, dict) else {"shape": list(shape)})
+                                         for key, shape in inputs.items()},
                 "layers": layers, "loss": loss, "wrt": wrt}
     return yaml.safe_dump(document, sort_keys=False)
 

@@ -160,6 +160,15 @@ CASES = [
                  .replace("op: linear", "op: linear\n  weight: w"), id="linear-rank3"),
     pytest.param(torch_case("matmul", {"a": [2, 3, 4], "b": [2, 4, 5]}, ["a", "b"], torch.matmul, in_names=["a", "b"]),
                  id="matmul-batched"),
+    *[pytest.param(spec_text({"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+                             [{"op": "linear", "weight": "w", "out": "logits"}],
+                             {"op": loss, "in": "logits", "target": "t", **({"reduction": r} if r else {})}, ["x", "w"]),
+                   id=f"{loss}-{r or 'default'}")
+      for loss in ("cross_entropy", "nll_loss") for r in (None, "sum", "per_sample")],
+    pytest.param(spec_text({"x": [2, 3, 4, 5], "w": [4, 3, 1, 1], "t": {"shape": [2, 4, 5], "dtype": "int64"}},
+                           [{"op": "conv2d", "weight": "w", "out": "scores"}],
+                           {"op": "cross_entropy", "in": "scores", "target": "t", "reduction": "per_sample"}, ["x", "w"]),
+                 id="cross_entropy-segmentation-per_sample"),
     # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay tensors
     pytest.param(spec_text({"x": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["x", "x"]}], SQ, ["x"]),
                  id="sub-same-node-cancels"),
@@ -178,7 +187,7 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
     for name, error in report.gradient_errors.items():
         assert error <= 1e-10, (name, error)
 
-    inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=12)
+    inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=12, classes=built.graph.class_counts(built.shapes[0]))
     fixed = {name: value.detach() for name, value in inputs.items() if name not in built.graph.wrt}
     wrt = [inputs[name] for name in built.graph.wrt]
 
@@ -189,7 +198,7 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
     assert torch.autograd.gradgradcheck(loss, wrt)
 
     # the closed-form Hessian-vector product against forward-over-reverse autograd
-    inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=15)
+    inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=15, classes=built.graph.class_counts(built.shapes[0]))
     names = list(inputs)
     cotangent = torch.randn(module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(16))
     primals = tuple(inputs[name].detach() for name in built.graph.wrt)
@@ -207,7 +216,7 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
 
     # the fused, in-place fast function: same gradients, inputs untouched
     for shapes in built.shapes:
-        inputs = random_inputs(shapes, built.graph.wrt, seed=13)
+        inputs = random_inputs(shapes, built.graph.wrt, seed=13, classes=built.graph.class_counts(shapes))
         before = {name: value.detach().clone() for name, value in inputs.items()}
         reference = module.forward(**inputs)
         cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
@@ -287,3 +296,18 @@ def test_per_sample_refuses_what_it_cannot_derive():
         build_text(scale, extras=("per_sample",))
     with pytest.raises(SpecError, match="reduction: per_sample"):
         build_text(CASES[0].values[0], extras=("per_sample",))
+
+
+def test_generated_test_file_of_a_classification_spec_passes(tmp_path):
+    """The generated test draws class indices below each shape set's class count."""
+    import subprocess
+    import sys
+
+    text = spec_text({"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+                     [{"op": "linear", "weight": "w", "out": "logits"}], {"op": "cross_entropy", "in": "logits", "target": "t"},
+                     ["x", "w"], name="classifier")
+    for name, content in build_text(text).rendered.files.items():
+        (tmp_path / name).write_text(content)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_classifier.py")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:]

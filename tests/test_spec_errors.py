@@ -109,6 +109,9 @@ BAD = [
     ("broadcast-mismatch", variant("  - {op: relu, out: a}", "  - {op: relu, out: a}\n  - {op: add, in: [a, x], out: s}").replace("target: y", "in: s, target: y"), 9, "do not broadcast"),
     ("oversized-file", "# " + "x" * (1 << 20) + "\n" + GOOD, 1, "larger than the"),
     ("too-deep", "name: " + "[" * 40 + "]" * 40 + "\n", 1, "nested deeper than"),
+    ("int64-in-wrt", variant("  y: {shape: [2, 4, 6, 6]}", "  y: {shape: [2, 4, 6, 6]}\n  t: {shape: [2], dtype: int64}").replace("wrt: [x, w]", "wrt: [x, t]"), 11, "an int64 tensor of class indices"),
+    ("unknown-dtype", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: [2, 3, 8, 8], dtype: float16}"), 3, "has dtype 'float16'"),
+    ("float-target-for-cross-entropy", variant("op: half_sq_error, target: y, reduction: sum", "op: cross_entropy, target: y, reduction: sum"), 9, "needs class indices"),
     ("layers-not-list", variant("layers:\n  - {op: conv2d, weight: w, out: h}\n  - {op: relu, out: a}", "layers: {op: relu}"), 6, "must be a list of layers"),
 ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
+from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive, tensor
 from ..printing import to_text
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
 
@@ -123,6 +123,76 @@ class Loss(Rule):
                 f"d/dinput = -d/dtarget = {to_text(self.local_derivative())} (times the reduction's weight)")
 
 
+def _softmax_tangent(expr, tangent_of):
+    """d softmax(x) = s * (dx - sum_c s * dx), along the class dim."""
+    moved = tangent_of(expr.operands[0])
+    if moved == 0:
+        return sympy.Integer(0)
+    s = expr
+    return s * (moved - op("class_sum", s * moved))
+
+
+primitive("softmax", code=lambda operands, params, show: f"torch.softmax({operands[0]}, 1)",
+          latex=lambda operands, params, show: rf"\operatorname{{softmax}}\left({operands[0]}\right)", tangent=_softmax_tangent)
+primitive("class_sum", code=lambda operands, params, show: f"{operands[0]}.sum(1, keepdim=True)",
+          latex=lambda operands, params, show: rf"\sum_{{c}} {operands[0]}", tangent=LINEAR)
+primitive("one_hot", code=lambda operands, params, show: (
+    f"F.one_hot({operands[0]}, {operands[1]}.shape[1]).movedim(-1, 1).to({operands[1]}.dtype)"),
+    latex=lambda operands, params, show: rf"\mathbf{{1}}_{{{operands[0]}}}", tangent=CONSTANT)
+primitive("class_loss", code=lambda operands, params, show: (
+    f"F.{params['function']}({operands[0]}, {operands[1]}"
+    + (f", reduction={params['how']!r})" if params["how"] != "per_sample"
+       else ", reduction='none')" + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else ""))),
+    latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}, {operands[1]}\right)",
+    tangent=None)
+
+
+class ClassificationLoss(Loss):
+    """``cross_entropy`` on logits and ``nll_loss`` on log-probabilities, with int64 class-index
+    targets [N, ...] for an input [N, C, ...]. Per sample, cross entropy is ``logsumexp(x) - x[t]``,
+    so its local gradient is ``softmax(x) - one_hot(t)``; nll_loss is ``-x[t]``, so ``-one_hot(t)``."""
+
+    class_targets = True
+
+    def __init__(self, op_name: str, summary: str):
+        super().__init__(op_name, None, summary)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        scores, target = shapes["input"], shapes["target"]
+        check.require(len(scores) == len(target) + 1 and len(scores) >= 2,
+                      f"input {tuple(scores)} must be [N, C, ...] with target {tuple(target)} as [N, ...]",
+                      "give the target the input's shape without the class dim")
+        for a, b in zip((scores[0], *scores[2:]), target):
+            check.equal(a, b, f"input {tuple(scores)} and target {tuple(target)} differ outside the class dim",
+                        "give the target the input's shape without the class dim")
+        return (scores[0],) if params["reduction"] == "per_sample" else ()
+
+    def forward(self, node):
+        return Forward(op("class_loss", node.operands["input"], node.operands["target"], function=self.op,
+                          how=node.params["reduction"], rank=len(node.shapes["input"])))
+
+    def cotangent(self, node, grad):
+        scores, reduction = node.operands["input"], node.params["reduction"]
+        if reduction == "per_sample":
+            return op("per_sample_view", grad, rank=len(node.shapes["input"]))
+        if reduction == "mean":  # PyTorch averages over the target's entries (no class weights)
+            return grad / op("numel", node.operands["target"])
+        return grad
+
+    def pullback(self, node, grad, wanted):
+        if "target" in wanted:
+            raise NotImplementedError("class indices have no gradient")
+        scores, target = node.operands["input"], node.operands["target"]
+        hot = op("one_hot", target, scores)
+        local = op("softmax", scores) - hot if self.op == "cross_entropy" else -hot
+        return {"input": local * self.cotangent(node, grad)}
+
+    def table_row(self):
+        derivative = "softmax(input) - one_hot(target)" if self.op == "cross_entropy" else "-one_hot(target)"
+        forward = "logsumexp(input) - input[target]" if self.op == "cross_entropy" else "-input[target]"
+        return self.op, f"loss = reduce({forward}) over [N, ...]", f"d/dinput = {derivative} (times the reduction's weight)"
+
+
 def _inside(r, width):
     """1 where |r| < width (PyTorch's strict inequality), 0 outside."""
     return sympy.Heaviside(width - sympy.Abs(r), 0)
@@ -136,6 +206,8 @@ RULES = [
     Loss("smooth_l1_loss", lambda r, beta: _inside(r, beta) * r ** 2 / (2 * beta)
          + (1 - _inside(r, beta)) * (sympy.Abs(r) - beta / 2),
          "as F.smooth_l1_loss: quadratic inside |r| < beta, linear outside", params={"beta": Param(1.0, number)}),
+    ClassificationLoss("cross_entropy", "as F.cross_entropy on logits [N, C, ...] with int64 class targets"),
+    ClassificationLoss("nll_loss", "as F.nll_loss on log-probabilities [N, C, ...] with int64 class targets"),
     Loss("huber_loss", lambda r, delta: _inside(r, delta) * r ** 2 / 2 + (1 - _inside(r, delta)) * delta * (sympy.Abs(r) - delta / 2),
          "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside", params={"delta": Param(1.0, number)}),
 ]
