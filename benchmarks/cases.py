@@ -43,9 +43,10 @@ def seed_wrt(seed: str) -> list[str]:
 def conv_flops(seed: str, shapes: dict[str, tuple[int, ...]]) -> int:
     """Multiply-adds x 2 of every convolution the gradient computation runs: each forward conv,
     plus one conv-sized product for each input or weight gradient it needs."""
-    from symgrad.pipeline import build
+    from symgrad.graph import build_graph
+    from symgrad.spec import read_spec
 
-    graph = build(ROOT / "examples" / f"{SEEDS[seed]}.yaml").graph.with_input_shapes(shapes)
+    graph = build_graph(read_spec(ROOT / "examples" / f"{SEEDS[seed]}.yaml")).with_input_shapes(shapes)
     needs = graph.depends_on_wrt()
     total = 0
     for node in graph.nodes.values():

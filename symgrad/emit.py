@@ -254,14 +254,11 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     if "per_sample" in extras:
         from .reverse import per_sample_statements
 
-        extra, results = per_sample_statements(program)
+        extra, results, per_sample_batched = per_sample_statements(program)
         live = _live(program.forward + program.backward + extra, set(results.values()) | program.default_cotangent.free_symbols)
         boundary = len([s for s in live if s in program.forward])
         per_sample_lines = ([_line(s) for s in live[:boundary]], [_line(s) for s in live[boundary:]])
         per_sample_names = list(results)
-        from .shapes import batch_inputs
-
-        per_sample_batched = batch_inputs(graph)
     stored = _stored(program, backward_live[split:])
     descriptions = _node_description(program)
     kinds = {"input": "leaf", "layer": "intermediate", "loss": "output"}

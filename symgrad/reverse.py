@@ -186,7 +186,7 @@ def _share_common_subexpressions(statements: list[Statement]) -> list[Statement]
     return result
 
 
-def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, sympy.Symbol]]:
+def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, sympy.Symbol], list[str]]:
     """``per_sample_grad_<w>``: each sample's gradient of its own loss by each shared parameter.
 
     With a per-sample loss no op here mixes samples, so ``grad_<node>[n]`` already carries sample
@@ -203,7 +203,8 @@ def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, 
                         "set the loss's reduction to per_sample, or drop per_sample from extras")
     from .shapes import batch_inputs
 
-    data = set(batch_inputs(graph))
+    batched = batch_inputs(graph)
+    data = set(batched)
     statements, results = [], {}
     for name in graph.wrt:
         consumers = graph.consumers(name)
@@ -225,4 +226,4 @@ def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, 
     if not results:
         raise SpecError("no wrt tensor is a layer weight or bias, so there is no per-sample parameter gradient",
                         loss.location, "add a weight to wrt, or drop per_sample from extras")
-    return statements, results
+    return statements, results, batched

@@ -207,12 +207,9 @@ class Spec:
     loss: LossSpec
     wrt: tuple[tuple[str, Location], ...]
     file: str
-    name_location: Location
     text: str = field(repr=False)
     extras: tuple[str, ...] = ()
 
-    def input(self, name: str) -> InputSpec:
-        return next(item for item in self.inputs if item.name == name)
 
 
 def read_spec(path: str | Path) -> Spec:
@@ -329,7 +326,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                                 item_location, f"extras may be: {', '.join(EXTRAS)}")
             extras.append(item)
     return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
-                file=file, text=text, name_location=document.value_locations["name"], extras=tuple(sorted(set(extras))))
+                file=file, text=text, extras=tuple(sorted(set(extras))))
 
 
 def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:

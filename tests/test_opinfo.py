@@ -33,7 +33,6 @@ def _samples(name):
 
 
 def _spec_for(name, sample):
-    dims = int(name[-2])
     weight = sample.args[0]
     bias = sample.args[1] if len(sample.args) > 1 else sample.kwargs.get("bias")
     keywords = {k: v for k, v in sample.kwargs.items() if k != "bias"}
@@ -51,7 +50,7 @@ def _spec_for(name, sample):
     text = yaml.safe_dump({"name": "opinfo_case", "inputs": inputs, "layers": [layer],
                            "loss": {"op": "half_sq_error", "target": "y"}, "wrt": wrt}, sort_keys=False)
     values = {"x": sample.input, "w": weight, **({"b": bias} if bias is not None else {})}
-    return text, values, out, dims
+    return text, values, out
 
 
 @pytest.mark.parametrize("name", ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"])
@@ -62,7 +61,7 @@ def test_opinfo_samples_match_autograd(name):
         if sample.input.dim() == dims + 1:
             report["skipped"].append("unbatched input (no batch dimension)")
             continue
-        text, values, out, _ = _spec_for(name, sample)
+        text, values, out = _spec_for(name, sample)
         try:
             built = build_text(text, f"opinfo-{name}-{index}.yaml")
         except SpecError as error:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive, tensor
+from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
 from ..printing import to_text
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
 
@@ -172,7 +172,7 @@ class ClassificationLoss(Loss):
                           how=node.params["reduction"], rank=len(node.shapes["input"])))
 
     def cotangent(self, node, grad):
-        scores, reduction = node.operands["input"], node.params["reduction"]
+        reduction = node.params["reduction"]
         if reduction == "per_sample":
             return op("per_sample_view", grad, rank=len(node.shapes["input"]))
         if reduction == "mean":  # PyTorch averages over the target's entries (no class weights)
