@@ -134,6 +134,9 @@ def main(argv=None) -> int:
         losses, parameters = train("explicit", args.iterations, args.batch, distributed=True, device=args.device)
         if torch.distributed.get_rank() == 0 and args.result:
             Path(args.result).write_text(json.dumps({"losses": losses, "parameters": parameters.tolist()}))
+        # every rank reaches here before any tears down: a gloo peer that closes its connections
+        # while the other is still busy can abort it ("terminate called without an active exception")
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
         return 0
 

@@ -39,7 +39,8 @@ def test_a_wrong_conv_adjoint_is_caught(monkeypatch, primitive):
         certify(CASES[1])
 
 
-@pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear")])
+@pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear"),
+                                             ("flip", "pad reflect")])
 def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
     _negated(monkeypatch, primitive)
     label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == case)

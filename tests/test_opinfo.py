@@ -21,7 +21,6 @@ from .conftest import OPINFO_REPORT
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 
 ALLOWED_SKIPS = (
-    "unbatched input (no batch dimension)",
     "padding='same' with dilated kernel extents",
     "conv_transpose",
 )
@@ -57,10 +56,6 @@ def _spec_for(name, sample):
 def test_opinfo_samples_match_autograd(name):
     report = OPINFO_REPORT.setdefault(name, {"run": 0, "skipped": []})
     for index, sample in enumerate(_samples(name)):
-        dims = int(name[-2])
-        if sample.input.dim() == dims + 1:
-            report["skipped"].append("unbatched input (no batch dimension)")
-            continue
         text, values, out = _spec_for(name, sample)
         try:
             built = build_text(text, f"opinfo-{name}-{index}.yaml")

@@ -23,7 +23,7 @@ def conv_case(dims, n, c_in, size, c_out, kernel, bias=False, wrt=("x", "w"), tr
     kernel = [kernel] * dims if isinstance(kernel, int) else list(kernel)
     groups = args.get("groups", 1)
     weight = [c_in, c_out // groups, *kernel] if transposed else [c_out, c_in // groups, *kernel]
-    inputs = {"x": [n, c_in, *spatial], "w": weight}
+    inputs = {"x": [n, c_in, *spatial] if n is not None else [c_in, *spatial], "w": weight}  # n=None: unbatched
     name = f"conv_transpose{dims}d" if transposed else f"conv{dims}d"
     layer = {"op": name, "weight": "w", **args, "out": "out"}
     if bias:
@@ -56,6 +56,13 @@ CASES = [
     pytest.param(conv_case(2, 2, 2, 12, 2, 2, stride=4, dilation=1), id="conv2d-stride-gt-dilation-crop"),
     pytest.param(conv_case(1, 2, 3, 13, 2, 4, stride=3, padding=2, dilation=2, bias=True), id="conv1d-all-args"),
     pytest.param(conv_case(3, 1, 2, 6, 2, 2, stride=2, padding=1, bias=True), id="conv3d-stride-padding-bias"),
+    pytest.param(conv_case(2, None, 4, (7, 6), 6, 3, stride=2, padding=1, groups=2, bias=True), id="conv2d-unbatched-groups-bias"),
+    pytest.param(conv_case(1, None, 2, 12, 3, 2, stride=4), id="conv1d-unbatched-stride-gt-dilation-crop"),
+    pytest.param(conv_case(3, None, 2, 5, 2, 2, dilation=2, bias=True), id="conv3d-unbatched-dilation-bias"),
+    pytest.param(conv_case(2, None, 2, (3, 4), 4, 3, transposed=True, stride=2, output_padding=1, groups=2, bias=True),
+                 id="conv_transpose2d-unbatched-groups-bias"),
+    pytest.param(conv_case(1, None, 2, 5, 3, 3, transposed=True, stride=2, output_padding=2, dilation=3),
+                 id="conv_transpose1d-unbatched-output_padding-beyond-stride"),
     pytest.param(conv_case(2, 2, 3, 7, 4, 3, wrt=("w",)), id="conv2d-weight-only"),
     pytest.param(conv_case(2, 2, 3, 4, 2, 3, transposed=True, stride=2, padding=1, output_padding=1, bias=True),
                  id="conv_transpose2d-stride-output_padding-bias"),
@@ -118,6 +125,11 @@ CASES = [
     pytest.param(torch_case("permute", {"x": [2, 3, 4]}, ["x"], lambda x, dims: x.permute(dims), dims=[2, 0, 1]), id="permute"),
     pytest.param(torch_case("pad", {"x": [2, 3, 5]}, ["x"], F.pad, pad=[1, 2]), id="pad"),
     pytest.param(torch_case("pad", {"x": [2, 3, 5]}, ["x"], F.pad, pad=[-1, 1, 2, 0], value=0.5), id="pad-crop-value"),
+    *[pytest.param(torch_case("pad", {"x": shape}, ["x"], F.pad, pad=pad, mode=mode), id=f"pad-{mode}-{len(pad) // 2}d")
+      for mode in ("reflect", "replicate", "circular")
+      for shape, pad in (([2, 3, 6], [2, 3]), ([2, 3, 5, 4], [1, 0, 2, 3]), ([1, 2, 4, 3, 5], [1, 2, 0, 1, 2, 2]))],
+    pytest.param(torch_case("pad", {"x": [3, 5, 4]}, ["x"], F.pad, pad=[3, 3, 0, 4], mode="circular"),
+                 id="pad-circular-unbatched-full-wrap"),
     pytest.param(torch_case("pixel_shuffle", {"x": [2, 8, 3, 3]}, ["x"], F.pixel_shuffle, upscale_factor=2), id="pixel_shuffle"),
     pytest.param(torch_case("avg_pool2d", {"x": [2, 3, 7, 7]}, ["x"], F.avg_pool2d, kernel_size=3, stride=2, padding=1),
                  id="avg_pool2d-stride-padding"),
@@ -258,7 +270,8 @@ def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
     assert torch.equal(module.gradients_fast(inputs, y).x, expected)
 
 
-PER_SAMPLE_CASES = [case for case in CASES if case.id.startswith("conv") and "weight-only" not in case.id]
+PER_SAMPLE_CASES = [case for case in CASES if case.id.startswith("conv") and "weight-only" not in case.id
+                    and "unbatched" not in case.id]  # one unbatched input is one sample: refused, tested below
 
 
 @pytest.mark.parametrize("text", PER_SAMPLE_CASES)
@@ -296,6 +309,9 @@ def test_per_sample_refuses_what_it_cannot_derive():
         build_text(scale, extras=("per_sample",))
     with pytest.raises(SpecError, match="reduction: per_sample"):
         build_text(CASES[0].values[0], extras=("per_sample",))
+    unbatched = next(case.values[0] for case in CASES if case.id == "conv2d-unbatched-groups-bias")
+    with pytest.raises(SpecError, match="per-sample gradients of 'x' as the input of conv2d 'out' are not supported"):
+        build_text(unbatched.replace("reduction: sum", "reduction: per_sample"), extras=("per_sample",))
 
 
 def test_generated_test_file_of_a_classification_spec_passes(tmp_path):

@@ -118,6 +118,8 @@ def _weight_grad_code(operands, params, show):
     """F.convNd(x as [C_in/g, g*N, ...], grad as [C_out, N, ...], stride=dilation, dilation=stride)."""
     x, grad = operands
     dims, groups = params["dims"], params["groups"]
+    if params.get("unbatched"):  # [C, ...] is one sample: give it its batch axis back
+        x, grad = f"{x}.unsqueeze(0)", f"{grad}.unsqueeze(0)"
     if groups == 1:
         x_t = f"{x}.transpose(0, 1)"
     else:
@@ -161,8 +163,8 @@ def _per_sample_weight_grad_code(operands, params, show):
 
 
 primitive("crop_to",
-          code=lambda operands, params, show: f"{operands[0]}[:, :, " + ", ".join(
-              f":{operands[1]}.shape[{axis + 2}]" if keep else ":" for axis, keep in enumerate(params["axes"])) + "]",
+          code=lambda operands, params, show: f"{operands[0]}[{':, ' * params['lead']}" + ", ".join(
+              f":{operands[1]}.shape[{axis + params['lead']}]" if keep else ":" for axis, keep in enumerate(params["axes"])) + "]",
           latex=lambda operands, params, show: operands[0],
           tangent=lambda expr, tangent_of: TensorOp("crop_to", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
 
@@ -181,7 +183,8 @@ primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex, 
 
 
 def _sum_code(operands, params, show):
-    return f"{operands[0]}.sum(dim={_dims(params['dim'])})"
+    keep = ", keepdim=True" if params.get("keepdim") else ""
+    return f"{operands[0]}.sum(dim={_dims(params['dim'])}{keep})"
 
 
 def _dims(dims: tuple[int, ...]) -> str:
@@ -238,7 +241,8 @@ class Convolution(Rule):
 
     def _check_ranks(self, x, w, check: Checker) -> None:
         rank = self.dims + 2
-        check.require(len(x) == rank, f"input has {len(x)} dimensions but {self.op} needs {rank} ([N, C_in, {self._spatial()}])",
+        check.require(len(x) in (rank, rank - 1), f"input has {len(x)} dimensions but {self.op} needs {rank} "
+                      f"([N, C_in, {self._spatial()}]) or {rank - 1} (unbatched)",
                       f"reshape the input or use the {self.op[:-2]} of matching dimension")
         check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} "
                       f"([{self.WEIGHT_LAYOUT}, {self._kernel()}])", "give the weight a shape of matching rank")
@@ -249,8 +253,9 @@ class Convolution(Rule):
         groups = params["groups"]
         if params["padding"] == "same":
             self._resolve_same(w, params, check)
-        check.equal(x[1], w[1] * groups,
-                    f"input has {x[1]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
+        lead = len(x) - self.dims - 1  # 1 with a batch axis, 0 without
+        check.equal(x[lead], w[1] * groups,
+                    f"input has {x[lead]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
                     "make the weight's dim 1 equal the input channels divided by groups")
         check.equal(w[0] % groups, 0, f"weight has {w[0]} output channels, not divisible by groups={groups}",
                     "use a number of output channels divisible by groups")
@@ -259,12 +264,12 @@ class Convolution(Rule):
             check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
             check.equal(b[0], w[0], f"bias has {b[0]} entries but the weight has {w[0]} output channels",
                         "give bias the shape [C_out]")
-        out = [x[0], w[0]]
+        out = [*x[:lead], w[0]]
         for axis in range(self.dims):
-            size = x[axis + 2] + 2 * params["padding"][axis] - params["dilation"][axis] * (w[axis + 2] - 1) - 1
+            size = x[axis + lead + 1] + 2 * params["padding"][axis] - params["dilation"][axis] * (w[axis + 2] - 1) - 1
             length = (size if params["stride"][axis] == 1 else size // params["stride"][axis]) + 1
             check.positive(size + 1, f"kernel (dilated) does not fit the padded input along spatial axis {axis}: "
-                           f"input {x[axis + 2]} + 2 x padding {params['padding'][axis]} < "
+                           f"input {x[axis + lead + 1]} + 2 x padding {params['padding'][axis]} < "
                            f"dilation {params['dilation'][axis]} x (kernel {w[axis + 2]} - 1) + 1",
                            "use more padding, a smaller kernel or a larger input")
             out.append(length)
@@ -290,6 +295,14 @@ class Convolution(Rule):
     def _kernel(self) -> str:
         return ", ".join(["kD", "kH", "kW"][-self.dims:])
 
+    def _lead(self, node: NodeSymbols) -> int:
+        """Axes before the channel axis: 1 for [N, C, ...], 0 for an unbatched [C, ...] input."""
+        return len(node.shapes["input"]) - self.dims - 1
+
+    def _bias_sum_dims(self, node: NodeSymbols) -> tuple[int, ...]:
+        lead = self._lead(node)
+        return tuple(range(lead)) + tuple(range(lead + 1, lead + 1 + self.dims))
+
     def _params(self, node: NodeSymbols, **extra):
         return dict(dims=self.dims, **{key: node.params[key] for key in CONV_DEFAULTS}, **extra)
 
@@ -302,7 +315,8 @@ class Convolution(Rule):
     def pullback(self, node: NodeSymbols, grad, wanted):
         # Fuse only when several gradients share the call: for the input gradient alone,
         # conv_transpose is as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
-        if node.fused and len(wanted) > 1:
+        lead = self._lead(node)
+        if node.fused and len(wanted) > 1 and lead:
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]
@@ -310,15 +324,19 @@ class Convolution(Rule):
         if "input" in wanted:
             # output_padding = (H + 2p - d (K - 1) - 1) mod s, from the runtime shapes (see module docstring)
             output_padding = tuple(
-                sympy.Mod(Size(x, axis + 2) + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1, stride[axis])
+                sympy.Mod(Size(x, axis + lead + 1) + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1, stride[axis])
                 for axis in range(self.dims))
             grads["input"] = op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding))
         if "weight" in wanted:
             # taps past the kernel size exist only when stride > dilation (see module docstring)
-            grads["weight"] = op("conv_weight_grad", x, grad, **self._params(node, crop_to=self._weight_crop(node)))
+            grads["weight"] = op("conv_weight_grad", x, grad, **self._weight_params(node))
         if "bias" in wanted:
-            grads["bias"] = op("sum", grad, dim=(0,) + tuple(range(2, self.dims + 2)))
+            grads["bias"] = op("sum", grad, dim=self._bias_sum_dims(node))
         return grads
+
+    def _weight_params(self, node: NodeSymbols) -> dict:
+        extra = {"unbatched": True} if not self._lead(node) else {}
+        return self._params(node, crop_to=self._weight_crop(node), **extra)
 
     def _fused_pullback(self, node: NodeSymbols, grad, wanted):
         """One ``aten.convolution_backward`` call for every wanted gradient (PyTorch's own kernel,
@@ -343,6 +361,8 @@ class Convolution(Rule):
 
     def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
         """Each sample's own gradient of a shared weight or bias: [N, *weight.shape]."""
+        if not self._lead(node):
+            return None  # an unbatched input is one sample: there is nothing per sample
         if operand == "weight":
             source, kernel = self._correlated(node.operands["input"], grad)
             return op("conv_weight_grad_per_sample", source, kernel, **self._params(node, crop_to=self._weight_crop(node)))
@@ -383,7 +403,8 @@ class TransposedConvolution(Convolution):
         check.require(params["padding"] != "same", "padding='same' is not defined for transposed convolutions",
                       "give explicit padding")
         groups = params["groups"]
-        check.equal(x[1], w[0], f"input has {x[1]} channels but weight expects {w[0]}",
+        lead = len(x) - self.dims - 1  # 1 with a batch axis, 0 without
+        check.equal(x[lead], w[0], f"input has {x[lead]} channels but weight expects {w[0]}",
                     "make the weight's dim 0 equal the input channels")
         check.equal(w[0] % groups, 0, f"weight has {w[0]} input channels, not divisible by groups={groups}",
                     "use a number of input channels divisible by groups")
@@ -395,10 +416,10 @@ class TransposedConvolution(Convolution):
             check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
             check.equal(b[0], w[1] * groups, f"bias has {b[0]} entries but the output has {w[1] * groups} channels",
                         "give bias the shape [C_out]")
-        out = [x[0], w[1] * groups]
+        out = [*x[:lead], w[1] * groups]
         for axis in range(self.dims):
             p, d, s, o = (params[key][axis] for key in ("padding", "dilation", "stride", "output_padding"))
-            size = (x[axis + 2] - 1) * s - 2 * p + d * (w[axis + 2] - 1) + o + 1
+            size = (x[axis + lead + 1] - 1) * s - 2 * p + d * (w[axis + 2] - 1) + o + 1
             check.positive(size, f"output length along spatial axis {axis} is not positive", "use less padding")
             out.append(size)
         return tuple(out)
@@ -416,7 +437,8 @@ class TransposedConvolution(Convolution):
         return grad, x  # <conv_transpose(x, w), g> = <x, conv(g, w)>: g is the input, x the gradient
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        if node.fused and len(wanted) > 1:
+        lead = self._lead(node)
+        if node.fused and len(wanted) > 1 and lead:
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, dilation = node.params["stride"], node.params["dilation"]
@@ -425,12 +447,12 @@ class TransposedConvolution(Convolution):
             grads["input"] = op("conv", grad, w, **self._params(node))
             crop = tuple(dilation[axis] > stride[axis] for axis in range(self.dims))  # output_padding >= stride possible
             if any(crop):
-                grads["input"] = op("crop_to", grads["input"], x, axes=crop)
+                grads["input"] = op("crop_to", grads["input"], x, axes=crop, lead=lead + 1)
         if "weight" in wanted:
             source, kernel = self._correlated(x, grad)
-            grads["weight"] = op("conv_weight_grad", source, kernel, **self._params(node, crop_to=self._weight_crop(node)))
+            grads["weight"] = op("conv_weight_grad", source, kernel, **self._weight_params(node))
         if "bias" in wanted:
-            grads["bias"] = op("sum", grad, dim=(0,) + tuple(range(2, self.dims + 2)))
+            grads["bias"] = op("sum", grad, dim=self._bias_sum_dims(node))
         return grads
 
     def table_row(self):
