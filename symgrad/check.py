@@ -78,7 +78,6 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
 
 # ops that PyTorch spells as tensor methods, called here with their spec argument names
 METHODS = {"reshape": lambda input, shape: input.reshape(shape), "permute": lambda input, dims: input.permute(dims),
-           "interpolate": lambda input, scale_factor, mode, **_: F.interpolate(input, scale_factor=scale_factor, mode=mode),
            "cat": lambda dim, **tensors: torch.cat([tensors[f"tensors_{i}"] for i in range(len(tensors))], dim=dim)}
 
 

@@ -168,9 +168,9 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
     for name, (value, location) in arguments.items():
         if name not in rule.params:
             known = [operand.name for operand in rule.operands] + list(rule.params)
-            hint = difflib.get_close_matches(name, known, n=1)
+            hint = difflib.get_close_matches(name, known, n=1) if name not in rule.argument_hints else []
             raise SpecError(f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
-                            location, f"{rule.op} takes: {', '.join(known)}")
+                            location, rule.argument_hints.get(name, f"{rule.op} takes: {', '.join(known)}"))
         context = ParamContext(rule.op, name, location, rule.spatial_dims())
         node.params[name] = rule.params[name].normalize(value, context)
     for name, param in rule.params.items():

@@ -116,7 +116,7 @@ def derive(graph: Graph, fused: bool = False) -> Program:
         if missing:  # a rule that cannot differentiate an operand must say so, never drop it
             raise NotImplementedError(f"rule {node.rule.op} gave no gradient for {sorted(missing)}")
         for symbol, value in symbols.locals:
-            backward.append(Statement(symbol, value, node.name, f"local gradient of {node.name}"))
+            backward.append(Statement(symbol, value, node.name, symbols.notes.get(symbol, f"local gradient of {node.name}")))
         for operand in sorted(pulled, key=list(node.operands).index):
             source = node.operands[operand]
             contributions.setdefault(source, []).append((node, operand, pulled[operand]))

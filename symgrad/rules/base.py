@@ -133,6 +133,8 @@ class NodeSymbols:
     shapes: dict[str, tuple[int, ...]]
     out_shape: tuple[int, ...]
     locals: list[tuple[sympy.Symbol, sympy.Expr]] = field(default_factory=list)
+    notes: dict[sympy.Symbol, str] = field(default_factory=dict)
+    """What a local is, for the comment above it in the emitted code."""
     fused: bool = False
     """Derive for speed: a rule may then use one fused kernel where the readable form uses several."""
 
@@ -140,12 +142,15 @@ class NodeSymbols:
     def out(self) -> sympy.Symbol:
         return tensor(self.name)
 
-    def local(self, kind: str, value: sympy.Expr, plain: bool = False, suffix: str = "") -> sympy.Symbol:
-        """Name ``value`` as ``<kind>_<node>[_<suffix>]`` (or just ``kind``) so the emitted code shows it."""
+    def local(self, kind: str, value: sympy.Expr, plain: bool = False, suffix: str = "", note: str = "") -> sympy.Symbol:
+        """Name ``value`` as ``<kind>_<node>[_<suffix>]`` (or just ``kind``) so the emitted code shows it,
+        under the comment ``note`` (default: "local gradient of <node>")."""
         symbol = tensor(kind if plain else f"{kind}_{self.name}" + (f"_{suffix}" if suffix else ""))
         if any(existing == symbol for existing, _ in self.locals):
             raise ValueError(f"rule names two locals {symbol}: one would overwrite the other")
         self.locals.append((symbol, value))
+        if note:
+            self.notes[symbol] = note
         return symbol
 
 
@@ -166,6 +171,8 @@ class Rule:
     summary: ClassVar[str] = ""
     linear_in: ClassVar[tuple[str, ...]] = ()
     """Operands the op is linear in (each separately): their adjoints are certified exactly."""
+    argument_hints: ClassVar[dict[str, str]] = {}
+    """The fix to suggest for an argument the op does not take, where a general list would not help."""
 
     def spatial_dims(self) -> int:
         return 0

@@ -228,6 +228,8 @@ class Convolution(Rule):
         "groups": Param(1, positive_int),
     }
     linear_in = ("input", "weight")
+    argument_hints = {"padding_mode": "torch.nn.functional's convolutions take no padding_mode; pad first, as nn.Conv2d "
+                                      "does: `{op: pad, pad: [1, 1, 1, 1], mode: reflect}` then the conv with padding 0"}
 
     def __init__(self, dims: int):
         self.dims = dims
