@@ -54,7 +54,7 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
     def normalize(value: Any, context: ParamContext) -> tuple[int, ...]:
         n = context.spatial_dims
         values = value if isinstance(value, list) else [value]
-        if isinstance(value, list) and len(value) != n:
+        if isinstance(value, list) and len(value) not in (1, n):
             raise context.fail(f"has {len(value)} entries but the op has {n} spatial dimensions",
                                f"give one int or a list of {n} ints")
         for item in values:
@@ -64,7 +64,7 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
             if item < minimum:
                 raise context.fail(f"is {item}, below the smallest allowed value {minimum}",
                                    f"use a value of at least {minimum}")
-        return tuple(values) * n if not isinstance(value, list) else tuple(values)
+        return tuple(values) * (n if len(values) == 1 else 1)  # one value is every dim's, as PyTorch reads [1]
 
     return normalize
 
