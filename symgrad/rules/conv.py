@@ -163,8 +163,8 @@ def _per_sample_weight_grad_code(operands, params, show):
 
 
 primitive("crop_to",
-          code=lambda operands, params, show: f"{operands[0]}[{':, ' * params['lead']}" + ", ".join(
-              f":{operands[1]}.shape[{axis + params['lead']}]" if keep else ":" for axis, keep in enumerate(params["axes"])) + "]",
+          code=lambda operands, params, show: f"{operands[0]}[{':, ' * params['start']}" + ", ".join(
+              f":{operands[1]}.shape[{params['start'] + axis}]" if keep else ":" for axis, keep in enumerate(params["axes"])) + "]",
           latex=lambda operands, params, show: operands[0],
           tangent=lambda expr, tangent_of: TensorOp("crop_to", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
 
@@ -449,7 +449,7 @@ class TransposedConvolution(Convolution):
             grads["input"] = op("conv", grad, w, **self._params(node))
             crop = tuple(dilation[axis] > stride[axis] for axis in range(self.dims))  # output_padding >= stride possible
             if any(crop):
-                grads["input"] = op("crop_to", grads["input"], x, axes=crop, lead=lead + 1)
+                grads["input"] = op("crop_to", grads["input"], x, axes=crop, start=lead + 1)  # from the first spatial dim
         if "weight" in wanted:
             source, kernel = self._correlated(x, grad)
             grads["weight"] = op("conv_weight_grad", source, kernel, **self._weight_params(node))

@@ -189,9 +189,7 @@ class Pad(Rule):
         return tuple(shape)
 
     def forward(self, node):
-        if node.params["mode"] != "constant":
-            return Forward(op("pad", node.operands["input"], pad=node.params["pad"], mode=node.params["mode"]))
-        return Forward(op("pad", node.operands["input"], pad=node.params["pad"], value=node.params["value"]))
+        return Forward(op("pad", node.operands["input"], pad=node.params["pad"], mode=node.params["mode"], value=node.params["value"]))
 
     def pullback(self, node, grad, wanted):
         pad, mode = node.params["pad"], node.params["mode"]
@@ -321,12 +319,6 @@ class AveragePool(Rule):
                        "count_include_pad": Param(True, _boolean), "divisor_override": Param(None, self._divisor)}
 
     @staticmethod
-    def _refuse_true(value, context):
-        if value is not False:
-            raise context.fail("= true is not supported yet", "leave ceil_mode false")
-        return False
-
-    @staticmethod
     def _divisor(value, context):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value == 0):
             raise context.fail(f"must be a non-zero int or unset, not {value!r}", "write e.g. `divisor_override: 4`")
@@ -379,14 +371,9 @@ class AveragePool(Rule):
             # ragged windows (ceil mode, padding not counted) or a fixed divisor: still separable, the
             # divisor being the product of each axis's window length (see the note above Interpolate)
             divisor = node.params["divisor_override"]
-            lead = len(node.shapes["input"]) - self.dims - 1
-            matrices = [node.local("local", op("resampling_matrix", x, function="avg_pool", dims=self.dims, axis=axis, lead=lead,
-                                               kernel_size=kernel[axis], stride=stride[axis], padding=padding[axis],
-                                               **self._options(node.params)), suffix=f"dim{lead + 1 + axis}",
-                                   note=f"{node.name}'s {'window-sum' if divisor else 'averaging'} matrix along dim {lead + 1 + axis}, "
-                                        "transposed: the identity pooled along that dim")
-                        for axis in range(self.dims)]
-            contraction = op("axis_contraction", grad, *matrices, axes=tuple(range(lead + 1, lead + 1 + self.dims)))
+            contraction = separable_adjoint(node, grad, len(node.shapes["input"]) - self.dims, "window-sum" if divisor else "averaging",
+                                            [dict(function="avg_pool", kernel_size=kernel[axis], stride=stride[axis],
+                                                  padding=padding[axis], **self._options(node.params)) for axis in range(self.dims)])
             return {"input": contraction / divisor if divisor else contraction}
         output_padding = tuple(sympy.Mod(Size(x, axis + 2) + 2 * padding[axis] - kernel[axis], stride[axis])
                                for axis in range(self.dims))
@@ -442,7 +429,13 @@ class MaxPool(AveragePool):
         self.params = {"kernel_size": Param(None, int_tuple(1)),
                        "stride": Param(None, _pool_stride),
                        "padding": Param(0, int_tuple(0)), "dilation": Param(1, int_tuple(1)),
-                       "ceil_mode": Param(False, _boolean), "return_indices": Param(False, self._refuse_true)}
+                       "ceil_mode": Param(False, _boolean), "return_indices": Param(False, self._refuse_indices)}
+
+    @staticmethod
+    def _refuse_indices(value, context):
+        if value is not False:  # PyTorch then returns (values, indices): not one layer's tensor
+            raise context.fail("= true is not supported yet", "leave return_indices false; the gradient uses the indices itself")
+        return False
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
@@ -461,7 +454,7 @@ class MaxPool(AveragePool):
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
         indices = node.local("indices", op("max_pool_indices", x, **self._pool_params(node)))
-        return {"input": op("scatter_to", grad, indices, x, start=len(node.shapes["input"]) - self.dims)}
+        return {"input": op("scatter_to", grad, indices, x, start=self._pool_params(node)["start"])}
 
     def table_row(self):
         return (self.op, "out = max of each kernel window",
@@ -542,20 +535,43 @@ def _product(values) -> int:
 # support, adaptive window bounds) PyTorch's, and shape-generic.
 
 
+def separable_adjoint(node, grad, first: int, what: str, per_axis: list[dict]):
+    """``grad`` contracted with each spatial axis's matrix, transposed; ``per_axis[k]`` holds the
+    ``resampling_matrix`` params of spatial axis ``k``, which is dim ``first + k`` of the input."""
+    x = node.operands["input"]
+    matrices = [node.local("local", op("resampling_matrix", x, dim=first + axis, axis=axis, dims=len(per_axis), **params),
+                           suffix=f"dim{first + axis}", note=f"{node.name}'s {what} matrix along dim {first + axis}, transposed: "
+                                                             f"the identity {'interpolated' if params['function'] == 'interpolate' else 'pooled'} along that dim")
+                for axis, params in enumerate(per_axis)]
+    return op("axis_contraction", grad, *matrices, axes=tuple(range(first, first + len(per_axis))))
+
+
+def _interpolate_options(params) -> list[str]:
+    """mode, align_corners, recompute_scale_factor and antialias as PyTorch keywords, when set."""
+    keywords = [f"mode={params['mode']!r}"]
+    for key in ("align_corners", "recompute_scale_factor"):
+        if params[key] is not None:
+            keywords.append(f"{key}={params[key]}")
+    if params["antialias"]:
+        keywords.append("antialias=True")
+    return keywords
+
+
 def _resampling_matrix_code(operands, params, show):
     x, = operands
-    dims, axis, lead = params["dims"], params["axis"], params["lead"]
-    eye = f"torch.eye({x}.shape[{lead + 1 + axis}], dtype={x}.dtype, device={x}.device)"
+    dims, axis = params["dims"], params["axis"]
+    eye = f"torch.eye({x}.shape[{params['dim']}], dtype={x}.dtype, device={x}.device)"
     if params["function"] == "avg_pool":
-        options = keyword_arguments(params, {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True}, show)
-        if params.get("divisor_override"):  # the window sums; the one divisor is applied after the contraction
-            options = keyword_arguments({**dict(params.items()), "stride": (params["stride"], 1), "padding": (params["padding"], 0)},
-                                        {"stride": None, "padding": 0, "ceil_mode": False}, show)
+        divisor = params.get("divisor_override")
+        options = keyword_arguments({**dict(params.items()), "stride": (params["stride"], 1), "padding": (params["padding"], 0)}
+                                    if divisor else params, {"stride": None, "padding": 0, "ceil_mode": False,
+                                                             **({} if divisor else {"count_include_pad": True})}, show)
+        if divisor:  # the window sums; the one divisor is applied after the contraction
             return f"F.avg_pool2d({eye}[None, :, :, None], ({params['kernel_size']}, 1){options}, divisor_override=1)[0].flatten(1)"
         return f"F.avg_pool1d({eye}[None], {params['kernel_size']}{options})[0]"
     if params["function"] == "adaptive_avg_pool":
-        size = params["size"]
-        return f"F.adaptive_avg_pool1d({eye}[None], {size if size is not None else f'{x}.shape[{lead + 1 + axis}]'})[0]"
+        size = params["size"] if params["size"] is not None else f"{x}.shape[{params['dim']}]"  # None keeps the size
+        return f"F.adaptive_avg_pool1d({eye}[None], {size})[0]"
     index = ", ".join([":" if k == axis else "None" for k in range(dims)])
     # the other axes have size 1 (antialias: 2, as PyTorch's antialiased kernel resamples a probe one
     # entry wide wrongly), and are left as they are: size 1 -> 1, or 2 -> 2 by scale 1
@@ -568,12 +584,7 @@ def _resampling_matrix_code(operands, params, show):
     else:
         keywords.append("scale_factor=(" + ", ".join(repr(params["scale"]) if k == axis else "1.0" for k in range(dims))
                         + ("," if dims == 1 else "") + ")")
-    keywords.append(f"mode={params['mode']!r}")
-    for key in ("align_corners", "recompute_scale_factor"):
-        if params[key] is not None:
-            keywords.append(f"{key}={params[key]}")
-    if params["antialias"]:
-        keywords.append("antialias=True")
+    keywords += _interpolate_options(params)
     if width == 2:
         column = ", ".join(":" if k == axis else "0" for k in range(dims))
         return f"F.interpolate({probe}, {', '.join(keywords)})[0, :, {column}]"
@@ -581,7 +592,7 @@ def _resampling_matrix_code(operands, params, show):
 
 
 primitive("resampling_matrix", code=_resampling_matrix_code,
-          latex=lambda operands, params, show: rf"A_{{{params['lead'] + 1 + params['axis']}}}^{{\top}}",
+          latex=lambda operands, params, show: rf"A_{{{params['dim']}}}^{{\top}}",
           tangent=CONSTANT)  # built from sizes only
 
 def _contraction_code(operands, params, show):
@@ -599,12 +610,7 @@ primitive("axis_contraction", code=_contraction_code,
 
 def _interpolate_code(operands, params, show):
     keywords = [f"size={show_ints(params['size'])}" if params["size"] is not None
-                else f"scale_factor={_show_scale(params['scale_factor'])}", f"mode={params['mode']!r}"]
-    for key in ("align_corners", "recompute_scale_factor"):
-        if params[key] is not None:
-            keywords.append(f"{key}={params[key]}")
-    if params["antialias"]:
-        keywords.append("antialias=True")
+                else f"scale_factor={_show_scale(params['scale_factor'])}", *_interpolate_options(params)]
     return f"F.interpolate({operands[0]}, {', '.join(keywords)})"
 
 
@@ -659,7 +665,7 @@ class Interpolate(Rule):
     params = {"size": Param(None, _positive_sizes), "scale_factor": Param(None, _scales),
               "mode": Param("nearest", choice("nearest", "linear", "bilinear", "bicubic", "trilinear", "area", "nearest-exact")),
               "align_corners": Param(None, _optional_bool), "recompute_scale_factor": Param(None, _optional_bool),
-              "antialias": Param(False, lambda v, c: bool(_optional_bool(v, c)))}
+              "antialias": Param(False, _boolean)}
     summary = "resampling: nearest, nearest-exact, (bi/tri)linear, bicubic, area; by size or scale_factor"
 
     def _per_axis(self, value, spatial: int):
@@ -712,18 +718,12 @@ class Interpolate(Rule):
         if self._whole_nearest(node.params):
             scale = settings["scale_factor"]
             return {"input": op("block_sum", grad, dims=len(scale), scale=scale)}
-        dims = len(node.shapes["input"]) - 2
-        matrices = []
-        for axis in range(dims):
-            matrix = op("resampling_matrix", node.operands["input"], function="interpolate", dims=dims, axis=axis, lead=1,
-                        size=settings["size"][axis] if settings["size"] else None,
-                        scale=settings["scale_factor"][axis] if settings["scale_factor"] else None,
-                        mode=settings["mode"], align_corners=settings["align_corners"],
-                        recompute_scale_factor=settings["recompute_scale_factor"], antialias=settings["antialias"])
-            matrices.append(node.local("local", matrix, suffix=f"dim{axis + 2}",
-                                       note=f"{node.name}'s interpolation matrix along dim {axis + 2}, transposed: "
-                                            "the identity interpolated along that dim"))
-        return {"input": op("axis_contraction", grad, *matrices, axes=tuple(range(2, dims + 2)))}
+        per_axis = [dict(function="interpolate", size=settings["size"][axis] if settings["size"] else None,
+                         scale=settings["scale_factor"][axis] if settings["scale_factor"] else None,
+                         mode=settings["mode"], align_corners=settings["align_corners"],
+                         recompute_scale_factor=settings["recompute_scale_factor"], antialias=settings["antialias"])
+                    for axis in range(len(node.shapes["input"]) - 2)]
+        return {"input": separable_adjoint(node, grad, 2, "interpolation", per_axis)}
 
     def table_row(self):
         return (self.op, "out = interpolate(input): nearest by whole s copies each entry into an s×s block; every other "
@@ -768,13 +768,8 @@ class AdaptiveAveragePool(Rule):
         return Forward(op("adaptive_avg_pool", node.operands["input"], dims=self.dims, output_size=node.params["output_size"]))
 
     def pullback(self, node, grad, wanted):
-        lead = len(node.shapes["input"]) - self.dims - 1
-        matrices = [node.local("local", op("resampling_matrix", node.operands["input"], function="adaptive_avg_pool", dims=self.dims,
-                                           axis=axis, lead=lead, size=size), suffix=f"dim{lead + 1 + axis}",
-                               note=f"{node.name}'s averaging matrix along dim {lead + 1 + axis}, transposed: "
-                                    "the identity pooled along that dim")
-                    for axis, size in enumerate(node.params["output_size"])]
-        return {"input": op("axis_contraction", grad, *matrices, axes=tuple(range(lead + 1, lead + 1 + self.dims)))}
+        return {"input": separable_adjoint(node, grad, len(node.shapes["input"]) - self.dims, "averaging",
+                                           [dict(function="adaptive_avg_pool", size=size) for size in node.params["output_size"]])}
 
     def table_row(self):
         return (self.op, "out = mean over each adaptive window [floor(i n/m), ceil((i+1) n/m)), per axis",
