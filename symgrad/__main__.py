@@ -1,3 +1,6 @@
+"""``python -m symgrad``: the same command line as ``symgrad``."""
+
 from .cli import main
 
-main()
+if __name__ == "__main__":
+    main(prog_name="symgrad")

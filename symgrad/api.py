@@ -8,7 +8,7 @@ from pathlib import Path
 from .pipeline import Built, build, build_text
 
 
-@dataclass
+@dataclass(repr=False)
 class Generated:
     """Everything ``symgrad generate`` would write, in memory. Shows itself as math in Jupyter."""
 
@@ -48,6 +48,11 @@ class Generated:
         from .emit import write_files
 
         return write_files(self.built.rendered, Path(directory), force=force)
+
+    def __repr__(self) -> str:
+        graph = self.built.graph
+        return (f"<symgrad.Generated {self.name!r}: gradients of {', '.join(graph.wrt)} in "
+                f"{len(self.built.rendered.summary)} backward statements; files {', '.join(self.files)}>")
 
     def _repr_markdown_(self) -> str:
         return self.markdown.split("-->\n", 1)[-1]

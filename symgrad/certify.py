@@ -274,3 +274,78 @@ def _numel(shape) -> int:
     for size in shape:
         total *= size
     return total
+
+
+# --------------------------------------------------------------------------------------------
+# The linear rules of one spec, at that spec's own arguments
+# --------------------------------------------------------------------------------------------
+
+MAX_PROBES = 200_000
+"""Module calls one layer's certificate may take; a larger instance is reported, never skipped silently."""
+
+
+@dataclass(frozen=True)
+class LayerCertificate:
+    """One linear layer of a spec: certified (``entries`` > 0), failed or too large (``problem``)."""
+
+    label: str
+    entries: int = 0
+    problem: str = ""
+    too_large: bool = False
+
+
+def spec_certificate_cases(graph) -> list[tuple[str, dict, dict, tuple[str, ...]]]:
+    """For every layer of ``graph`` whose rule is linear in some operand: the layer alone, with its
+    spec arguments unchanged, at the smallest input shapes the shape solver finds consistent with
+    them (batch, spatial and channel sizes shrink; stride, padding, dilation, groups, modes stay)."""
+    from .graph import build_graph
+    from .shapes import small_shapes
+    from .spec import parse_spec
+
+    cases = []
+    for layer in graph.spec.layers:
+        node = graph.nodes[layer.out]
+        linear_operands = [operand for operand in node.operands
+                           if any(operand == name or operand.startswith(f"{name}_") for name in node.rule.linear_in)]
+        if not linear_operands:
+            continue
+        sources = list(dict.fromkeys(node.operands.values()))
+        inputs = {name: list(graph.nodes[name].shape) for name in sources}
+        entry = {"op": layer.op, "in": [name for name, _ in layer.sources],
+                 **{argument.name: _plain(argument.value) for argument in layer.arguments}, "out": "out"}
+        linear = tuple(dict.fromkeys(node.operands[operand] for operand in linear_operands))
+        draft = {"name": "certified", "inputs": {name: {"shape": shape} for name, shape in inputs.items()},
+                 "layers": [entry], "loss": {"op": "half_sq_error", "in": "out", "target": "out"}, "wrt": list(linear)}
+        single = build_graph(parse_spec(yaml.safe_dump(draft, sort_keys=False), graph.spec.file))
+        small = small_shapes(single)[0]
+        arguments = ", ".join(f"{argument.name}={_plain(argument.value)}" for argument in layer.arguments
+                              if not (isinstance(argument.value, str) and argument.value in inputs))
+        label = f"{layer.out} = {layer.op}({', '.join(sources)}{', ' if arguments else ''}{arguments}) at {small}"
+        entry = {key: value for key, value in entry.items() if key != "out"}
+        cases.append((label, {name: tuple(small[name]) for name in sources}, entry, linear))
+    return cases
+
+
+def _plain(value):
+    """A spec value as plain lists, dicts and scalars (the parser's located containers do not dump)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value
+
+
+def certify_spec(graph) -> list[LayerCertificate]:
+    results = []
+    for label, inputs, layer, linear in spec_certificate_cases(graph):
+        probes = sum(max((_numel(inputs[other]) for other in linear if other != operand), default=1)
+                     * (_numel(inputs[operand]) + 1) for operand in linear)
+        if probes > MAX_PROBES:
+            results.append(LayerCertificate(label, problem=f"{probes} probes, over the {MAX_PROBES} limit",
+                                            too_large=True))
+            continue
+        try:
+            results.append(LayerCertificate(label, entries=certify_linear(label, inputs, layer, linear)))
+        except AssertionError as error:
+            results.append(LayerCertificate(label, problem=str(error)))
+    return results

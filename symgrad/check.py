@@ -8,6 +8,8 @@ generated forward cannot hide a gradient mistake.
 from __future__ import annotations
 
 import importlib.util
+import math
+import os
 import sys
 import types
 from dataclasses import dataclass
@@ -130,11 +132,39 @@ def _through_explicit_backward(graph: Graph, module, shapes, seed: int):
     return loss, [inputs[name] for name in graph.wrt]
 
 
+def available_memory() -> int:
+    """Bytes this process can still allocate: MemAvailable on Linux, else the physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def require_memory(graph: Graph, shapes: dict[str, tuple[int, ...]], bytes_per_entry: int, where: str) -> None:
+    """Refuse, in one line, a check whose tensors cannot fit: every node's value and gradient, twice
+    over (ours and autograd's reference), at ``bytes_per_entry`` (8 in float64, 4 in float32)."""
+    from .errors import SymgradError
+
+    at_shapes = graph.with_input_shapes(shapes)
+    entries = sum(math.prod(node.shape) for node in at_shapes.nodes.values())
+    needed = 4 * entries * bytes_per_entry
+    free = available_memory()
+    if needed > free:
+        raise SymgradError(f"error: checking {graph.spec.name} at {where} needs about {needed / 2**30:.1f} GiB, "
+                           f"and {free / 2**30:.1f} GiB is available (fix: use smaller example shapes in the spec, "
+                           "or pass --float32-shapes small)")
+
+
 def accuracy_table(graph: Graph, module, shapes64, shapes32) -> list[tuple[str, ...]]:
     """Rows of: gradient, float64 error vs autograd, our float32 error vs float64, autograd's float32
     error vs float64, gradcheck, gradgradcheck. The float32 columns answer "does the explicit form
     accumulate more rounding error than autograd?" with numbers."""
     report = verify(graph, module, shapes64)
+    require_memory(graph, shapes32, 8, "the float32 shapes")  # the exact reference is float64
     inputs64 = random_inputs(shapes32, graph.wrt, seed=21, classes=graph.class_counts(shapes32))
     inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
                 for name, value in inputs64.items()}

@@ -391,6 +391,16 @@ def edited_by_hand(path: Path) -> bool:
     return hashlib.sha256(body.encode("utf-8")).hexdigest() != fields["content_hash"]
 
 
+def _mode_of_a_new_file(path: Path) -> int:
+    """The mode a plain ``open(path, "w")`` would give: the old file's mode if it exists, else 0o666
+    less the umask (``mkstemp`` makes its files 0o600 whatever the umask)."""
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_files(rendered: Rendered, directory: Path, force: bool = False) -> list[Path]:
     """Write all files atomically (temp file + rename), refusing to clobber hand edits.
 
@@ -409,6 +419,7 @@ def write_files(rendered: Rendered, directory: Path, force: bool = False) -> lis
             handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
                 stream.write(text)
+            os.chmod(temporary, _mode_of_a_new_file(path))
             staged.append((temporary, path))
         for temporary, path in staged:
             os.replace(temporary, path)

@@ -88,16 +88,24 @@ def load_yaml(text: str, file: str) -> Mapping:
         raise SpecError(f"spec is larger than the {MAX_SPEC_BYTES} byte limit", Location(file, 1, 1),
                         "split it or remove what it does not need")
     try:
+        depth = 0  # the event stream is parsed without recursion; PyYAML's composer recurses, so bound it first
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise SpecError("YAML anchors and aliases are not allowed in a spec",
                                 _location(file, event.start_mark), "write the value out in full")
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING + 1:
+                    raise SpecError(f"spec is nested deeper than {MAX_NESTING} levels", _location(file, event.start_mark),
+                                    "flatten the structure; specs need at most 4 levels")
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
         loader = yaml.SafeLoader(text)
         try:
             root = loader.get_single_node()
             if root is None:
                 raise SpecError("the spec is empty", Location(file, 1, 1),
-                                "start from `symgrad init` or examples/seed3_conv_relu_conv.yaml")
+                                "start from `symgrad init`, or read `symgrad spec-help`")
             counter = [0]
             value = _convert(root, loader, file, 0, counter)
         finally:
@@ -111,7 +119,7 @@ def load_yaml(text: str, file: str) -> Mapping:
         raise SpecError(f"malformed YAML: {error}", Location(file, 1, 1), "fix the YAML syntax") from None
     if not isinstance(value, Mapping):
         raise SpecError("the spec must be a YAML mapping with keys name, inputs, layers, loss, wrt",
-                        _location(file, root.start_mark), "see docs/spec.md for the format")
+                        _location(file, root.start_mark), "`symgrad spec-help` prints the format")
     return value
 
 
@@ -234,7 +242,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     for key in REQUIRED_KEYS:
         if key not in document:
             raise SpecError(f"missing required key '{key}'", document.location,
-                            f"add a '{key}:' entry (see docs/spec.md)")
+                            f"add a '{key}:' entry (see `symgrad spec-help`)")
 
     name = _identifier(document, "name", kind="module name")
     if name in RESERVED_MODULES or name.startswith("test_"):
