@@ -77,12 +77,12 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
         _fail(error)
     from .emit import write_files
 
-    for result in rendered_all:
+    for spec_path, result in zip(_expand(specs), rendered_all):
         try:
             written = write_files(result.rendered, Path(output), force=force)
         except SymgradError as error:
             _fail(error)
-        click.echo(f"{result.spec_label}: {result.rendered.name}")
+        click.echo(f"{spec_path.as_posix()}: {result.rendered.name}")
         click.echo("  forward:")
         for line in result.forward_text:
             click.echo(f"    {line}")

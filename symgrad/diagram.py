@@ -54,51 +54,141 @@ def mermaid(graph: Graph) -> str:
     return "\n".join(lines)
 
 
-def _ranks(graph: Graph) -> dict[str, int]:
-    rank = {}
-    for node in graph.nodes.values():
-        rank[node.name] = 1 + max((rank[source] for source in node.operands.values()), default=-1)
-    return rank
+def _node_width(graph: Graph, name: str) -> int:
+    """Wide enough for the bold name (about 8 px a character at 13 px monospace) and its op."""
+    return max(BOX_WIDTH, 8 * max(len(name), len(_label(graph, name))) + 24)
+
+
+def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, str], list[tuple[float, float]]]]:
+    """A layered (Sugiyama) layout by grandalf, top to bottom: each node's centre, and each forward
+    edge's route through the dummy points grandalf places where an edge spans several layers, so no
+    edge runs through a node. Leaves sit one layer above their first consumer (``optimize``)."""
+    from grandalf.graphs import Edge as LayoutEdge, Graph as LayoutGraph, Vertex
+    from grandalf.layouts import SugiyamaLayout
+
+    class Box:
+        def __init__(self, width: int):
+            self.w, self.h = width, BOX_HEIGHT
+
+    class Route:
+        points: list = []
+
+        def setpath(self, points):
+            self.points = [tuple(point) for point in points]
+
+    vertices = {name: Vertex(name) for name in graph.nodes}
+    for name, vertex in vertices.items():
+        vertex.view = Box(_node_width(graph, name))
+    pairs = list(dict.fromkeys((edge.source, edge.target) for edge in edges(graph) if not edge.backward))
+    layout_edges = {pair: LayoutEdge(vertices[pair[0]], vertices[pair[1]]) for pair in pairs}
+    for edge in layout_edges.values():
+        edge.view = Route()
+    centres: dict[str, tuple[float, float]] = {}
+    offset = 0.0
+    for component in LayoutGraph(list(vertices.values()), list(layout_edges.values())).C:  # side by side
+        sugiyama = SugiyamaLayout(component)
+        sugiyama.xspace, sugiyama.yspace = COLUMN_GAP // 2, ROW_GAP + 24
+        sugiyama.init_all(optimize=True)
+        sugiyama.draw()
+        placed = {vertex.data: vertex.view.xy for vertex in component.sV}
+        left = min(x - vertices[name].view.w / 2 for name, (x, _) in placed.items())
+        shift = offset - left
+        for name, (x, y) in placed.items():
+            centres[name] = (x + shift, y)
+        offset = max(x + vertices[name].view.w / 2 for name, (x, _) in centres.items()) + COLUMN_GAP
+        for edge in component.sE:
+            edge.view.points = [(x + shift, y) for x, y in edge.view.points]
+    widths = {name: vertex.view.w for name, vertex in vertices.items()}
+    gap = sugiyama.yspace if vertices else 0
+    return centres, _orthogonal_routes(pairs, {pair: edge.view.points for pair, edge in layout_edges.items()},
+                                       centres, widths, gap)
+
+
+def _spread(centre: float, width: float, index: int, count: int) -> float:
+    """The x where the index-th of count edges leaves or enters a box: spread 14 px apart, inside it."""
+    return centre + max(-width / 2 + 8, min(width / 2 - 8, (index - (count - 1) / 2) * 14))
+
+
+def _orthogonal_routes(pairs, raw, centres, widths, gap) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Each edge as vertical and horizontal segments: straight down out of the source's bottom, sideways
+    only in the empty band between two layers, straight down through each dummy slot grandalf kept
+    free for it, and into the target's top. So an edge never runs through a node."""
+    outgoing: dict[str, list] = {}
+    incoming: dict[str, list] = {}
+    for pair in pairs:  # order each node's edges by where they go, so they do not cross at the box
+        outgoing.setdefault(pair[0], []).append(pair)
+        incoming.setdefault(pair[1], []).append(pair)
+    for name, edges_out in outgoing.items():
+        edges_out.sort(key=lambda pair: raw[pair][1][0] if len(raw[pair]) > 1 else centres[pair[1]][0])
+    for name, edges_in in incoming.items():
+        edges_in.sort(key=lambda pair: raw[pair][-2][0] if len(raw[pair]) > 1 else centres[pair[0]][0])
+    routes = {}
+    for pair in pairs:
+        source, target = pair
+        (source_x, source_y), (target_x, target_y) = centres[source], centres[target]
+        start = (_spread(source_x, widths[source], outgoing[source].index(pair), len(outgoing[source])),
+                 source_y + BOX_HEIGHT / 2)
+        end = (_spread(target_x, widths[target], incoming[target].index(pair), len(incoming[target])),
+               target_y - BOX_HEIGHT / 2)
+        waypoints = [point for point in raw[pair][1:-1]] + [end]
+        route = [start]
+        for index, (x, y) in enumerate(waypoints):
+            last = index == len(waypoints) - 1
+            layer_top = y if last else y - BOX_HEIGHT / 2
+            band = layer_top - gap / 2  # the middle of the empty band above this layer
+            here = route[-1]
+            if abs(here[0] - x) > 0.5:
+                route += [(here[0], band), (x, band)]
+            route.append((x, y if last else y + BOX_HEIGHT / 2))
+        routes[pair] = route
+    return routes
+
+
+def _path(points: list[tuple[float, float]]) -> str:
+    return "M " + " L ".join(f"{x:.0f} {y:.0f}" for x, y in points)
 
 
 def svg(graph: Graph) -> str:
-    rank = _ranks(graph)
-    columns: dict[int, list[str]] = {}
-    for name, column in rank.items():
-        columns.setdefault(column, []).append(name)
-    position = {}
-    for column, names in columns.items():
-        for row, name in enumerate(names):
-            position[name] = (MARGIN + column * (BOX_WIDTH + COLUMN_GAP), MARGIN + row * (BOX_HEIGHT + ROW_GAP))
-    width = MARGIN * 2 + (max(columns) + 1) * (BOX_WIDTH + COLUMN_GAP) - COLUMN_GAP
-    height = MARGIN * 2 + max(len(names) for names in columns.values()) * (BOX_HEIGHT + ROW_GAP) - ROW_GAP + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="forward graph with backward edges">',
+    """The graph as inline SVG: a ``viewBox`` and no fixed width, so it scales down to fit the page."""
+    centres, routes = layout(graph)
+    widths = {name: _node_width(graph, name) for name in graph.nodes}
+    left = min(x - widths[name] / 2 for name, (x, _) in centres.items())
+    top = min(y for _, y in centres.values()) - BOX_HEIGHT / 2
+
+    def moved(point):
+        return point[0] - left + MARGIN, point[1] - top + MARGIN
+
+    centres = {name: moved(point) for name, point in centres.items()}
+    routes = {pair: [moved(point) for point in points] for pair, points in routes.items()}
+    width = max(x + widths[name] / 2 for name, (x, _) in centres.items()) + MARGIN
+    height = max(y for _, y in centres.values()) + BOX_HEIGHT / 2 + MARGIN + 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" viewBox="0 0 {width:.0f} {height:.0f}" '
+             f'width="{width:.0f}" role="img" aria-label="forward graph with backward edges">',
              '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
              'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#333"/></marker>'
              '<marker id="arrow-back" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
              'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#c0392b"/></marker></defs>']
     for edge in edges(graph):
-        (x1, y1), (x2, y2) = position[edge.source], position[edge.target]
-        offset = 6 if edge.backward else -6
-        if edge.backward:
-            start, end = (x1, y1 + BOX_HEIGHT / 2 + offset), (x2 + BOX_WIDTH, y2 + BOX_HEIGHT / 2 + offset)
+        pair = (edge.target, edge.source) if edge.backward else (edge.source, edge.target)
+        points = routes[pair]
+        if edge.backward:  # beside the forward route: 5 px right, and 5 px lower in the bands between layers
+            points = [(x + 5, y if index in (0, len(points) - 1) else y + 5) for index, (x, y) in enumerate(points)][::-1]
             style = 'stroke="#c0392b" stroke-dasharray="5 4" marker-end="url(#arrow-back)"'
         else:
-            start, end = (x1 + BOX_WIDTH, y1 + BOX_HEIGHT / 2 + offset), (x2, y2 + BOX_HEIGHT / 2 + offset)
             style = 'stroke="#333" marker-end="url(#arrow)"'
-        parts.append(f'<line class="{"backward" if edge.backward else "forward"}-edge" x1="{start[0]:.0f}" '
-                     f'y1="{start[1]:.0f}" x2="{end[0]:.0f}" y2="{end[1]:.0f}" stroke-width="1.5" {style}/>')
+        parts.append(f'<path class="{"backward" if edge.backward else "forward"}-edge" d="{_path(points)}" fill="none" '
+                     f'stroke-width="1.5" {style}/>')
     fills = {"input": "#eef5ff", "layer": "#f7f7f7", "loss": "#fff4e0"}
-    for name, (x, y) in position.items():
+    for name, (centre_x, centre_y) in centres.items():
         node = graph.nodes[name]
-        parts.append(f'<g class="node" id="node-{name}"><rect x="{x}" y="{y}" width="{BOX_WIDTH}" height="{BOX_HEIGHT}" '
-                     f'rx="8" fill="{fills[node.kind]}" stroke="#555"/>'
-                     f'<text x="{x + BOX_WIDTH / 2:.0f}" y="{y + 19}" text-anchor="middle" font-family="monospace" '
+        x, y = centre_x - widths[name] / 2, centre_y - BOX_HEIGHT / 2
+        parts.append(f'<g class="node" id="node-{name}"><rect x="{x:.0f}" y="{y:.0f}" width="{widths[name]}" '
+                     f'height="{BOX_HEIGHT}" rx="8" fill="{fills[node.kind]}" stroke="#555"/>'
+                     f'<text x="{centre_x:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-family="monospace" '
                      f'font-size="13" font-weight="bold">{escape(name)}</text>'
-                     f'<text x="{x + BOX_WIDTH / 2:.0f}" y="{y + 36}" text-anchor="middle" font-family="sans-serif" '
+                     f'<text x="{centre_x:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-family="sans-serif" '
                      f'font-size="11" fill="#555">{escape(_label(graph, name))}</text></g>')
-    parts.append(f'<text x="{MARGIN}" y="{height - 10}" font-family="sans-serif" font-size="11" fill="#333">'
+    parts.append(f'<text x="{MARGIN}" y="{height - 10:.0f}" font-family="sans-serif" font-size="11" fill="#333">'
                  'solid: forward pass; dashed red: gradient flowing back</text>')
     parts.append("</svg>")
     return "\n".join(parts)

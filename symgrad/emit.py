@@ -17,14 +17,14 @@ from pathlib import Path
 
 import jinja2
 import jinja2.sandbox
-import latex2mathml.converter
 import sympy
 from markupsafe import escape
 
 from . import __version__
 from .diagram import mermaid, svg
+from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .errors import StaleFileError
-from .printing import to_code, to_latex, to_text
+from .printing import to_code, to_latex
 from .algebra import TensorOp
 from .reverse import GRAD_LOSS, Program, Statement
 
@@ -53,8 +53,9 @@ class Line:
 
 def _line(statement: Statement) -> Line:
     math = statement.math if statement.math is not None else statement.value
-    return Line(statement.target.name, to_code(statement.value, boolean=_is_mask(statement)), statement.comment,
-                f"{statement.target.name} = {to_text(math)}", to_latex(statement.target), to_latex(math))
+    code = to_code(statement.value, boolean=_is_mask(statement))
+    return Line(statement.target.name, code, statement.comment, f"{statement.target.name} = {code}",
+                to_latex(statement.target), to_latex(math))
 
 
 def _shape_of(graph) -> dict[sympy.Symbol, tuple]:
@@ -166,12 +167,11 @@ class Rendered:
 NOTATION = (r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$), $\odot$ is "
             r"the elementwise product, $w \star_{s,p,d,g} x$ is PyTorch's convolution (cross-correlation) with "
             r"stride, padding, dilation and groups, $w^{\top} \star$ its adjoint in the input (a transposed "
-            r"convolution) and $x \star^{w} \overline{y}$ its adjoint in the weight.")
-
-
-def mathml(latex: str, block: bool = False) -> str:
-    """LaTeX (the one notation the rules define) as MathML, for HTML that works offline."""
-    return latex2mathml.converter.convert(latex, display="block" if block else "inline")
+            r"convolution) and $x \star^{w} \overline{y}$ its adjoint in the weight. $\mathrm{local}_{v}$ and "
+            r"$\mathrm{mask}_{v}$ name a local gradient of node $v$, computed once and reused; $A_{k}$ is the matrix "
+            r"of a separable resampling or pooling op along spatial axis $k$ (the code reads it off at run time by "
+            r"applying the op to the identity), so $A_{k}^{\top}$ carries the gradient back along that axis; "
+            r"$\operatorname{mean}_{D}$ averages over the normalised axes $D$.")
 
 
 def _notation_html() -> str:
@@ -315,7 +315,8 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         loss_mathml_block=mathml(r"\ell = " + to_latex(program.forward[-1].value), block=True),
         step_views=step_views,
         branch_rows=[dict(node=node, consumers=", ".join(consumers)) for node, consumers in program.branch_sums.items()],
-        formula_lines=[mathml(f"{line.latex_target} = {line.latex}", block=True) for line in gradients_backward],
+        mathml_css=MATHML_CSS,
+        gradients_mathml=aligned([(line.latex_target, line.latex) for line in gradients_backward]),
         code_lines=[dict(number=index, step=step, text=str(escape(f"{line.target} = {line.code}")))
                     for index, (line, step) in enumerate(zip(gradients_backward, step_of_line), 1)],
     )
@@ -355,7 +356,7 @@ def _node_description(program: Program) -> dict[str, str]:
     descriptions = {}
     for statement in program.forward:
         if statement.target.name in graph.nodes:
-            descriptions[statement.target.name] = to_text(statement.math if statement.math is not None else statement.value)
+            descriptions[statement.target.name] = to_code(statement.value)
     return descriptions
 
 

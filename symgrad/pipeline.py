@@ -23,7 +23,7 @@ class Built:
 
     @property
     def forward_text(self) -> list[str]:
-        return [f"{s.target} = {to_text(s.math if s.math is not None else s.value)}" for s in self.program.forward]
+        return [f"{s.target} = {to_text(s.value)}" for s in self.program.forward]
 
 
 def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:

@@ -1,6 +1,7 @@
 """Printers: sympy expressions to PyTorch source, to LaTeX and to plain text.
 
-They know sympy's core (sums, products, powers, numbers, elementwise functions, the Heaviside mask)
+Two notations, never mixed: Python (``to_code``, ``to_text``) and LaTeX (``to_latex``). They know
+sympy's core (sums, products, powers, numbers, elementwise functions, the Heaviside mask)
 and nothing about particular ops: a :class:`~symgrad.algebra.TensorOp` prints itself through its
 primitive.
 """
@@ -152,9 +153,10 @@ def _latex_name(name: str) -> str:
     """``x`` -> x, ``w1`` -> w_{1}, ``conv1`` -> \\mathrm{conv1}, ``grad_z`` -> \\overline{z}."""
     if name.startswith("grad_"):
         return rf"\overline{{{_latex_name(name[5:])}}}"
-    if "_" in name:
+    if "_" in name:  # fc_w -> fc with subscript w; local_padded2_dim3 -> local with subscript padded2_dim3
         head, tail = name.split("_", 1)
-        return rf"{_latex_name(head)}_{{{_latex_name(tail)}}}"
+        subscript = _latex_name(tail) if "_" not in tail else rf"\mathrm{{{tail.replace('_', chr(92) + '_')}}}"
+        return rf"{_latex_name(head)}_{{{subscript}}}"
     match = re.fullmatch(r"([A-Za-z])(\d*)", name)
     if match:
         letter, digits = match.groups()
@@ -164,6 +166,9 @@ def _latex_name(name: str) -> str:
 
 class MathPrinter(LatexPrinter):
     """LaTeX in which a product of tensors is the elementwise product ``\\odot``."""
+
+    def __init__(self):
+        super().__init__({"mul_symbol": "dot"})  # names are words: `2 \cdot loss \cdot residual`, never `2lossresidual`
 
     def _print_Symbol(self, expr, style="plain"):
         return _latex_name(expr.name)
@@ -190,22 +195,8 @@ class MathPrinter(LatexPrinter):
         return self._print(coefficient) + " " + body
 
 
-class TextPrinter(CodePrinter):
-    """One-line plain text for terminals and docstrings: the code, with masks written ``[h > 0]``."""
-
-    def _print_Heaviside(self, expr):
-        return f"[{self._print(expr.args[0])} > 0]"
-
-    def _print_Max(self, expr):
-        return "max(" + ", ".join(self._print(arg) for arg in expr.args) + ")"
-
-    def _print_Min(self, expr):
-        return "min(" + ", ".join(self._print(arg) for arg in expr.args) + ")"
-
-
 code_printer = CodePrinter()
 math_printer = MathPrinter()
-text_printer = TextPrinter()
 
 
 def to_code(expr: sympy.Expr, boolean: bool = False) -> str:
@@ -220,7 +211,9 @@ def to_latex(expr: sympy.Expr) -> str:
 
 
 def to_text(expr: sympy.Expr) -> str:
-    return text_printer.doprint(expr)
+    """One line for terminals, docstrings and tables: the Python that is emitted, never a pseudo-Python
+    look-alike (``max(0, h)``, ``[h > 0]``) that does not run."""
+    return code_printer.doprint(expr)
 
 
 __all__ = ["to_code", "to_latex", "to_text", "precedence"]

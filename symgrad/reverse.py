@@ -151,7 +151,7 @@ def _describe(graph: Graph, node: Node) -> str:
     from .printing import to_code
 
     symbols = graph.symbols(node)
-    return to_code(node.rule.forward(symbols).value).replace("F.", "")
+    return to_code(node.rule.forward(symbols).value)  # the emitted Python, as it runs
 
 
 def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contribution: sympy.Expr) -> sympy.Expr:

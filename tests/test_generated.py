@@ -97,10 +97,27 @@ def test_generate_prints_derivation_and_verification(monkeypatch, tmp_path: Path
     result = CliRunner().invoke(main, ["generate", "examples/seed3_conv_relu_conv.yaml", "-o", str(tmp_path), "--verify"])
     assert result.exit_code == 0, result.output
     assert "grad_conv1 = grad_relu1 * mask_relu1" in result.output
-    assert "mask_relu1 = [relu1 > 0]" in result.output
+    assert "mask_relu1 = (relu1 > 0)" in result.output
+    assert result.output.startswith("examples/seed3_conv_relu_conv.yaml: seed3_conv_relu_conv\n")
+    listing = result.output.split("  forward:\n", 1)[1].split("  wrote:", 1)[0]
+    statements = [line.strip() for line in listing.splitlines() if line.startswith("    ")]
+    assert len(statements) == 6 + 8
+    for statement in statements:  # real Python, not a look-alike such as `relu1 = max(0, conv1)` or `[h > 0]`
+        compile(statement, "<listing>", "exec")
     for name in ("x", "w1", "w2"):
         assert f"grad {name}: max rel error" in result.output
     assert "FAILED" not in result.output
+
+
+def test_module_docstring_lists_real_python():
+    import ast
+
+    module = (ROOT / "generated" / "seed3_conv_relu_conv.py").read_text()
+    docstring = ast.get_docstring(ast.parse(module))
+    listed = [line.strip() for line in docstring.splitlines() if line.startswith("    ")]
+    assert "relu1 = F.relu(conv1)" in listed and "mask_relu1 = (relu1 > 0)" in listed
+    for statement in listed:
+        compile(statement, "<docstring>", "exec")
 
 
 def test_ops_lists_every_rule():

@@ -14,22 +14,22 @@ from .base import Checker, Forward, NodeSymbols, Operand, Rule
 from .conv import _affine_tangent
 
 primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
-          latex=lambda operands, params, show: f"{operands[0]} {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
+          latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
           tangent=_affine_tangent("linear"))
 primitive("matmul", code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
-          latex=lambda operands, params, show: f"{operands[0]} {operands[1]}", tangent=LINEAR)
+          latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}", tangent=LINEAR)
 primitive("matmul_transposed", code=lambda operands, params, show: (
     f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})" if params["which"] == "left"
     else f"{operands[0]}.matmul({operands[1]}.transpose(-1, -2))"),
-    latex=lambda operands, params, show: (f"{operands[0]}^{{\\top}} {operands[1]}" if params["which"] == "left"
-                                          else f"{operands[0]} {operands[1]}^{{\\top}}"), tangent=LINEAR)
+    latex=lambda operands, params, show: (f"{operands[0]}^{{\\top}} \\cdot {operands[1]}" if params["which"] == "left"
+                                          else f"{operands[0]} \\cdot {operands[1]}^{{\\top}}"), tangent=LINEAR)
 primitive("linear_weight_grad", code=lambda operands, params, show: (
     f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"),
-    latex=lambda operands, params, show: f"\\sum_{{n}} {operands[0]}_{{n}} {operands[1]}_{{n}}^{{\\top}}", tangent=LINEAR)
+    latex=lambda operands, params, show: f"\\sum_{{n}} {operands[0]}_{{n}} \\cdot {operands[1]}_{{n}}^{{\\top}}", tangent=LINEAR)
 primitive("linear_weight_grad_per_sample", code=lambda operands, params, show: (
     f"{operands[0]}.unsqueeze(-1).mul({operands[1]}.unsqueeze(-2))"
     + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else "")),
-    latex=lambda operands, params, show: f"\\left[{operands[0]}_{{n}} {operands[1]}_{{n}}^{{\\top}}\\right]_{{n}}", tangent=LINEAR)
+    latex=lambda operands, params, show: f"\\left[{operands[0]}_{{n}} \\cdot {operands[1]}_{{n}}^{{\\top}}\\right]_{{n}}", tangent=LINEAR)
 
 
 class Linear(Rule):

@@ -25,7 +25,7 @@ from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, R
 
 primitive("mean_keep", code=lambda operands, params, show: (
     f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
-    latex=lambda operands, params, show: rf"\overline{{{operands[0]}}}^{{D}}", tangent=LINEAR)
+    latex=lambda operands, params, show: rf"\operatorname{{mean}}_{{D}}\left({operands[0]}\right)", tangent=LINEAR)
 primitive("channel_view", code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * params['trailing']})",
           latex=lambda operands, params, show: operands[0], tangent=LINEAR)
 primitive("group_view", code=lambda operands, params, show: f"{operands[0]}.unflatten(1, ({params['groups']}, -1))",

@@ -1,0 +1,182 @@
+"""The derivation documents' notation and layout, checked without a browser (the browser test checks
+the same pages as laid out in Chromium).
+
+Each test here failed before the change that made it pass (issue 14)."""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from .helpers import build_text, spec_text
+from symgrad.graph import build_graph
+from symgrad.mathml import INDICATOR, NAMESPACE, aligned, mathml
+from symgrad.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+M = f"{{{NAMESPACE}}}"
+
+
+def _parse(text: str) -> ElementTree.Element:
+    return ElementTree.fromstring(text)
+
+
+@pytest.mark.parametrize("latex, name", [(r"\overline{\mathrm{conv2}}", "conv2"), (r"\overline{\mathrm{loss}}", "loss"),
+                                         (r"\overline{x}", "x")])
+def test_gradient_overline_is_one_name_under_one_mover(latex, name):
+    root = _parse(mathml(latex))
+    movers = root.findall(f".//{M}mover")
+    assert len(movers) == 1 and movers[0].get("class") == "overline"
+    base, bar = list(movers[0])
+    assert base.tag == f"{M}mi" and base.text == name
+    assert bar.tag == f"{M}mo" and bar.get("stretchy") == "true"
+
+
+def test_operator_names_are_one_upright_name():
+    root = _parse(mathml(r"\operatorname{cross\_entropy}\left(a, b\right)"))
+    names = [element.text for element in root.iter(f"{M}mi")]
+    assert names[0] == "cross_entropy" and not any(element.text == "" for element in root.iter(f"{M}mo"))
+
+
+def test_indicator_is_its_own_character():
+    root = _parse(mathml(r"\mathbb{1}\left[\mathrm{relu1} > 0\right]"))
+    assert [element.text for element in root.iter(f"{M}mi")][:2] == [INDICATOR, "relu1"]
+    assert not any(element.get("mathvariant") == "double-struck" for element in root.iter())
+
+
+def test_aligned_rows_are_a_table_with_equals_opening_the_second_column():
+    root = _parse(aligned([(r"\overline{p}", r"\mathrm{residual}"), (r"\overline{x}", r"w^{\top} \star \overline{p}")]))
+    rows = root.findall(f".//{M}mtr")
+    assert len(rows) == 2
+    for row in rows:
+        left, right = row.findall(f"{M}mtd")
+        assert next(right.iter(f"{M}mo")).text == "="
+        assert "&" not in ElementTree.tostring(row, encoding="unicode")
+
+
+def test_products_of_names_are_separated():
+    import sympy
+
+    from symgrad.printing import to_latex
+
+    loss, residual, n = sympy.symbols("loss residual n")
+    assert r"\cdot" in to_latex(2 * loss * residual / n)
+
+
+def test_markdown_puts_display_math_in_math_fences():
+    """GitHub renders ```math blocks everywhere, also inside list items; `$$...$$` after text on a
+    list line is not reliably display math there."""
+    for path in sorted((ROOT / "generated").glob("*.md")):
+        text = path.read_text()
+        assert "$$" not in text, path
+        assert "```math" in text
+        for line in text.splitlines():
+            if line.lstrip().startswith("- to `"):  # a contribution: its formula is in the fence below
+                assert "$" not in line, (path, line)
+
+
+def _normalised_spec() -> str:
+    return spec_text({"x": [4, 3, 8, 8], "w": [6, 3, 3, 3], "b": [6], "y": [4, 6, 8, 8]},
+                     [{"op": "conv2d", "weight": "w", "bias": "b", "padding": 1, "out": "h"},
+                      {"op": "batch_norm", "training": True, "out": "n"}, {"op": "relu", "out": "r"},
+                      {"op": "interpolate", "scale_factor": 1, "mode": "bilinear", "out": "p"}],
+                     {"op": "mse_loss", "in": "p", "target": "y"}, ["x", "w"], name="normalised")
+
+
+def test_batch_norm_mean_is_not_written_as_a_gradient():
+    markdown = build_text(_normalised_spec()).rendered.files["normalised.md"]
+    assert r"\operatorname{mean}_{D}" in markdown
+    assert not re.search(r"\\overline\{[^{}]*\}\^\{D\}", markdown)
+
+
+def test_notation_explains_local_names_and_axis_matrices():
+    markdown = build_text(_normalised_spec()).rendered.files["normalised.md"]
+    notation = markdown.split("## 1.", 1)[0]
+    for term in (r"$\mathrm{local}_{v}$", r"$A_{k}$", r"$\operatorname{mean}_{D}$"):
+        assert term in notation
+    assert r"\mathrm{local}_{\mathrm{p\_dim2}}" in markdown or r"\mathrm{local}_{\mathrm{p\_dim3}}" in markdown
+
+
+def unet_spec(levels: int = 5, width: int = 2) -> str:
+    """A U-Net: per level two conv+batch_norm+relu, then max-pool down; up by nearest interpolation,
+    cat with the skip, two conv+batch_norm+relu. 82 layers at 5 levels."""
+    inputs, layers = {"x": [2, 1, 64, 64]}, []
+    channels, previous, skips = 1, "x", []
+
+    def conv_relu(name, cin, cout, source):
+        inputs[f"w_{name}"] = [cout, cin, 3, 3]
+        layers.append({"op": "conv2d", "in": [source], "weight": f"w_{name}", "padding": 1, "out": f"c_{name}"})
+        layers.append({"op": "batch_norm", "training": True, "out": f"n_{name}"})
+        layers.append({"op": "relu", "out": f"r_{name}"})
+        return f"r_{name}"
+
+    for level in range(levels):
+        out = width * 2 ** level
+        previous = conv_relu(f"d{level}a", channels, out, previous)
+        previous = conv_relu(f"d{level}b", out, out, previous)
+        skips.append((previous, out))
+        layers.append({"op": "max_pool2d", "kernel_size": 2, "out": f"pool{level}"})
+        previous, channels = f"pool{level}", out
+    previous = conv_relu("mid_a", channels, channels * 2, previous)
+    previous = conv_relu("mid_b", channels * 2, channels * 2, previous)
+    channels *= 2
+    for level in reversed(range(levels)):
+        skip, skip_channels = skips[level]
+        layers.append({"op": "interpolate", "in": [previous], "scale_factor": 2, "out": f"up{level}"})
+        layers.append({"op": "cat", "in": [f"up{level}", skip], "dim": 1, "out": f"cat{level}"})
+        previous = conv_relu(f"u{level}a", channels + skip_channels, skip_channels, f"cat{level}")
+        previous = conv_relu(f"u{level}b", skip_channels, skip_channels, previous)
+        channels = skip_channels
+    inputs["w_out"] = [1, channels, 1, 1]
+    layers.append({"op": "conv2d", "in": [previous], "weight": "w_out", "out": "restored"})
+    inputs["y"] = [2, 1, 64, 64]
+    return spec_text(inputs, layers, {"op": "mse_loss", "in": "restored", "target": "y"},
+                     ["x", *[name for name in inputs if name.startswith("w_")]], name="unet")
+
+
+def _crosses(segment, box) -> bool:
+    """Whether a straight segment passes through the inside of an axis-aligned box (sampled finely)."""
+    (x1, y1), (x2, y2) = segment
+    left, top, right, bottom = box
+    for step in range(1, 200):
+        t = step / 200
+        x, y = x1 + t * (x2 - x1), y1 + t * (y2 - y1)
+        if left + 1 < x < right - 1 and top + 1 < y < bottom - 1:
+            return True
+    return False
+
+
+def test_graph_layout_of_a_70_layer_unet_routes_edges_around_nodes():
+    from symgrad.diagram import BOX_HEIGHT, _node_width, layout
+
+    graph = build_graph(parse_spec(unet_spec(), "unet.yaml"))
+    assert len(graph.spec.layers) >= 70
+    started = time.perf_counter()
+    centres, routes = layout(graph)
+    assert time.perf_counter() - started < 10
+    boxes = {name: (x - _node_width(graph, name) / 2, y - BOX_HEIGHT / 2, x + _node_width(graph, name) / 2,
+                    y + BOX_HEIGHT / 2) for name, (x, y) in centres.items()}
+    for (source, target), points in routes.items():
+        for segment in zip(points, points[1:]):
+            for name, box in boxes.items():
+                if name not in (source, target):
+                    assert not _crosses(segment, box), f"edge {source} -> {target} runs through {name}"
+    for name, box in boxes.items():  # nodes do not overlap
+        for other, other_box in boxes.items():
+            if name < other:
+                assert (box[2] <= other_box[0] or other_box[2] <= box[0] or box[3] <= other_box[1]
+                        or other_box[3] <= box[1]), (name, other)
+
+
+def test_graph_svg_scales_to_the_page():
+    from symgrad.diagram import svg
+
+    picture = svg(build_graph(parse_spec(unet_spec(), "unet.yaml")))
+    opening = picture.split(">", 1)[0]
+    assert "viewBox=" in opening and 'height="' not in opening  # height follows the width the page gives it
+    template = (ROOT / "templates" / "derivation.html.jinja").read_text()
+    assert "svg.graph { display: block; max-width: 100%; height: auto; }" in template
