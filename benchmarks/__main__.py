@@ -3,7 +3,7 @@
 Every (case, variant) pair is measured in a fresh subprocess (``benchmarks/measure.py``), so that
 peak-memory numbers do not leak between variants. Results go to BENCHMARKS.md and a PNG plot.
 
-    python -m benchmarks                    # CPU, writes BENCHMARKS.md and docs/images/benchmarks.png
+    python -m benchmarks                    # CPU, writes out/BENCHMARKS.md and out/benchmarks.png
     python -m benchmarks --device cuda      # the same on a GPU (appends a CUDA section)
     python -m benchmarks --quick            # fewer repeats, for a smoke run
 """
@@ -103,10 +103,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="symgrad vs autograd, side by side")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="few repeats, for a smoke run")
-    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
-    parser.add_argument("--plot", default=str(ROOT / "docs" / "images" / "benchmarks.png"))
+    parser.add_argument("--output", default="out/BENCHMARKS.md",
+                        help="report to write (default out/BENCHMARKS.md; pass BENCHMARKS.md to refresh the committed one)")
+    parser.add_argument("--plot", default="out/benchmarks.png",
+                        help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png)")
     parser.add_argument("--cases", nargs="*", default=CASES)
     args = parser.parse_args(argv)
+    if args.plot and not _has_matplotlib():
+        print("error: --plot needs matplotlib (fix: pip install 'symgrad[plot]', or pass --plot '')", file=sys.stderr)
+        return 2
 
     ceiling = run_measurement("gemm", "-", "--device", args.device)["gflops"]
     rows = []
@@ -121,15 +126,25 @@ def main(argv=None) -> int:
     generation = generation_times((10, 50) if args.quick else (10, 50, 100, 200))
     report = render_report(rows, generation, ceiling, args.device)
     output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
     if args.device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
         existing = output.read_text().split(f"\n## On {args.device}\n")[0]
         output.write_text(existing.rstrip() + f"\n\n## On {args.device}\n\n" + report)
     else:
         output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
                           "every variant in a fresh process.\n\n## On cpu\n\n" + report)
-    plot(rows, args.plot, args.device)
-    print(f"wrote {output} and {args.plot}")
+    if args.plot:
+        plot(rows, args.plot, args.device)
+    print(f"wrote {output}" + (f" and {args.plot}" if args.plot else ""))
     return 0
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _ratios(rows):

@@ -9,9 +9,11 @@ gradient step on the data term, then applies a learned conv -> ReLU -> conv corr
 
 The same network can take the inner gradient from ``torch.autograd.grad(..., create_graph=True)``
 instead (``inner="autograd"``). Trained from the same start on the same data, the two must end with
-the same parameters: this script checks that in float64, prints both loss curves and saves a plot.
+the same parameters: this script checks that in float64 and prints both loss curves; with --plot it
+also plots them.
 
     python examples/unrolled_deblur.py                 # about half a minute on 2 CPU cores
+    python examples/unrolled_deblur.py --plot loss.png # needs pip install 'symgrad[plot]'
     python examples/unrolled_deblur.py --iterations 3  # the shortened run the tests use
     torchrun --nproc_per_node=2 examples/unrolled_deblur.py --distributed   # DDP, gloo on CPU
     torchrun --nproc_per_node=8 examples/unrolled_deblur.py --distributed --backend nccl --device cuda
@@ -115,16 +117,27 @@ def train(inner: str, iterations: int, batch: int = 4, learning_rate: float = 5e
     return losses, torch.cat([p.detach().flatten().cpu() for p in module.parameters()])
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--plot", default=str(ROOT / "docs" / "images" / "unrolled_deblur_loss.png"))
+    parser.add_argument("--plot", help="also plot the two loss curves to this PNG (needs `pip install 'symgrad[plot]'`)")
     parser.add_argument("--distributed", action="store_true", help="run under torchrun with DistributedDataParallel")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--result", help="write losses and final parameters (JSON) here")
     args = parser.parse_args(argv)
+    if args.plot and not _has_matplotlib():
+        print("error: --plot needs matplotlib (fix: pip install 'symgrad[plot]')", file=sys.stderr)
+        return 2
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     if args.distributed:

@@ -177,6 +177,8 @@ LINEAR_CASES = [
     ("pad reflect", {"x": (1, 2, 4, 3)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "reflect"}, ("x",)),
     ("pad replicate", {"x": (1, 2, 3, 3)}, {"op": "pad", "pad": [0, 2, 3, 1], "mode": "replicate"}, ("x",)),
     ("pad circular", {"x": (2, 3, 2)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "circular"}, ("x",)),
+    ("conv2d padding='same', even kernel (asymmetric)", {"x": (1, 2, 3, 4), "w": (2, 2, 2, 3)},
+     {"op": "conv2d", "weight": "w", "padding": "same", "dilation": [1, 2]}, ("x", "w")),
     ("conv2d (unbatched)", {"x": (2, 4, 3), "w": (2, 1, 2, 2)},
      {"op": "conv2d", "weight": "w", "stride": [2, 1], "padding": 1, "groups": 2}, ("x", "w")),
     ("conv_transpose1d (unbatched)", {"x": (2, 3), "w": (2, 2, 2)},

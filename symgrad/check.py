@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +72,13 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
                 values[node.name] = getattr(per_element, reduction)()
             continue
         function = getattr(F, node.rule.op, None) or getattr(torch, node.rule.op)
-        params = {key: float(value) if hasattr(value, "is_number") else value for key, value in node.params.items()
+        params = {key: float(value) if hasattr(value, "is_number") else value
+                  for key, value in node.rule.reference_params(node.params).items()
                   if value is not None}  # unset options (divisor_override) stay implicit
-        values[node.name] = function(**arguments, **params) if node.rule.op not in METHODS else \
-            METHODS[node.rule.op](**arguments, **params)
+        with warnings.catch_warnings():  # PyTorch's note that asymmetric 'same' copies the input: known, and fine
+            warnings.filterwarnings("ignore", message="Using padding='same'")
+            values[node.name] = function(**arguments, **params) if node.rule.op not in METHODS else \
+                METHODS[node.rule.op](**arguments, **params)
     return values
 
 

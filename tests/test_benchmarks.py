@@ -48,3 +48,23 @@ def test_measure_command_prints_json():
     result = json.loads(output.stdout.strip().splitlines()[-1])
     assert set(result) == {"symgrad gradients", "symgrad gradients_fast", "torch.autograd.grad", "torch.func.grad"}
     assert all(row["median"] > 0 for row in result.values())
+
+
+def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: Path):
+    """`python -m benchmarks` writes out/ by default; BENCHMARKS.md changes only when asked for."""
+    import benchmarks.__main__ as runner
+
+    committed = ROOT / "BENCHMARKS.md"
+    before = committed.stat().st_mtime_ns
+    calls = []
+    runner_measure, runner_generation = runner.run_measurement, runner.generation_times
+    try:
+        runner.run_measurement = lambda case_name, *arguments: calls.append(case_name) or (
+            {"gflops": 100.0} if case_name == "gemm" else {})
+        runner.generation_times = lambda depths: []
+        os.chdir(tmp_path)
+        assert runner.main(["--cases", "--plot", ""]) == 0
+    finally:
+        os.chdir(ROOT)
+        runner.run_measurement, runner.generation_times = runner_measure, runner_generation
+    assert (tmp_path / "out" / "BENCHMARKS.md").exists() and committed.stat().st_mtime_ns == before

@@ -41,7 +41,8 @@ def test_a_wrong_conv_adjoint_is_caught(monkeypatch, primitive):
 
 @pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear"),
                                              ("flip", "pad reflect"), ("axis_contraction", "interpolate bicubic"),
-                                             ("resampling_matrix", "adaptive_avg_pool1d (unbatched)")])  # one matrix: negating two would cancel
+                                             ("resampling_matrix", "adaptive_avg_pool1d (unbatched)"),
+                                             ("pad", "conv2d padding='same', even kernel (asymmetric)")])  # one matrix: negating two would cancel
 def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
     _negated(monkeypatch, primitive)
     label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == case)

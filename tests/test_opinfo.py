@@ -23,7 +23,6 @@ from .conftest import OPINFO_REPORT
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 
 ALLOWED_SKIPS = (
-    "padding='same' with dilated kernel extents",
     "conv_transpose",
 )
 

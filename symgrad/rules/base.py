@@ -174,6 +174,11 @@ class Rule:
     argument_hints: ClassVar[dict[str, str]] = {}
     """The fix to suggest for an argument the op does not take, where a general list would not help."""
 
+    def reference_params(self, params: dict) -> dict:
+        """The keyword arguments with which PyTorch's own function computes this op (the independent
+        reference in ``check``): the node's params, unless the rule resolved one into another form."""
+        return params
+
     def spatial_dims(self) -> int:
         return 0
 

@@ -56,6 +56,10 @@ def _padding(value, context: ParamContext):
     return int_tuple(0)(value, context)
 
 CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+SAME_KERNEL, SAME_PAD_END = "same_kernel", "same_pad_end"
+"""Node params set when padding='same' is resolved: the kernel size it was resolved for (the padding is
+'same' only for that size, so other shapes keep it), and, for an odd dilated kernel extent, one
+extra zero at each such axis's end."""
 TRANSPOSE_DEFAULTS = {"stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1}
 
 
@@ -255,6 +259,9 @@ class Convolution(Rule):
         groups = params["groups"]
         if params["padding"] == "same":
             self._resolve_same(w, params, check)
+        for axis, size in enumerate(params.get(SAME_KERNEL, ())):
+            check.equal(w[axis + 2], size, f"padding='same' was resolved for kernel size {list(params[SAME_KERNEL])}, "
+                        f"not {list(w[2:])}", "keep the weight's kernel size, or give explicit padding")
         lead = len(x) - self.dims - 1  # 1 with a batch axis, 0 without
         check.equal(x[lead], w[1] * groups,
                     f"input has {x[lead]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
@@ -268,7 +275,8 @@ class Convolution(Rule):
                         "give bias the shape [C_out]")
         out = [*x[:lead], w[0]]
         for axis in range(self.dims):
-            size = x[axis + lead + 1] + 2 * params["padding"][axis] - params["dilation"][axis] * (w[axis + 2] - 1) - 1
+            size = (x[axis + lead + 1] + 2 * params["padding"][axis] + params.get(SAME_PAD_END, (0,) * self.dims)[axis]
+                    - params["dilation"][axis] * (w[axis + 2] - 1) - 1)
             length = (size if params["stride"][axis] == 1 else size // params["stride"][axis]) + 1
             check.positive(size + 1, f"kernel (dilated) does not fit the padded input along spatial axis {axis}: "
                            f"input {x[axis + lead + 1]} + 2 x padding {params['padding'][axis]} < "
@@ -281,15 +289,20 @@ class Convolution(Rule):
         """padding='same' as the explicit padding PyTorch uses, from the spec's kernel size.
 
         The emitted code then writes those ints, so forward and backward agree for any input;
-        'same' with stride > 1 is rejected, as PyTorch rejects it, and an odd dilated kernel extent
-        (which PyTorch pads asymmetrically) is refused rather than differentiated wrongly."""
+        'same' with stride > 1 is rejected, as PyTorch rejects it. An odd dilated kernel extent
+        ``e = d (K - 1)`` cannot be split evenly: PyTorch pads ``e // 2`` before and ``e // 2 + 1``
+        after, by padding the input's end with one zero (``F.pad``) and then convolving with the
+        symmetric ``e // 2``. The rule does the same, so the input seen by the conv is
+        ``F.pad(x, (0, 1))`` along each odd axis; its adjoint is the conv's adjoint of that padded
+        input, cropped back by the negative pad (the zero that ``F.pad`` added gets no gradient), and
+        the weight correlates with the padded input. Since the stride is 1, ``output_padding`` is 0."""
         check.require(all(s == 1 for s in params["stride"]), "padding='same' needs stride 1 (PyTorch rejects it otherwise)",
                       "give explicit padding, or use stride 1")
         extents = [d * (k - 1) for d, k in zip(params["dilation"], w[2:])]
-        check.require(all(extent % 2 == 0 for extent in extents),
-                      f"padding='same' with dilated kernel extents {extents} needs asymmetric padding, not supported yet",
-                      "use an odd kernel size, or F.pad before the conv")
         params["padding"] = tuple(extent // 2 for extent in extents)
+        params[SAME_KERNEL] = tuple(w[2:])
+        if any(extent % 2 for extent in extents):
+            params[SAME_PAD_END] = tuple(extent % 2 for extent in extents)
 
     def _spatial(self) -> str:
         return ", ".join(["D", "H", "W"][-self.dims:])
@@ -308,8 +321,30 @@ class Convolution(Rule):
     def _params(self, node: NodeSymbols, **extra):
         return dict(dims=self.dims, **{key: node.params[key] for key in CONV_DEFAULTS}, **extra)
 
+    def reference_params(self, params: dict) -> dict:
+        resolved = {key: value for key, value in params.items() if key not in (SAME_KERNEL, SAME_PAD_END)}
+        if SAME_PAD_END in params:  # PyTorch's own asymmetric 'same', the reference for the pad-then-conv form
+            resolved["padding"] = "same"
+        return resolved
+
+    def _end_pad(self, node: NodeSymbols) -> list[int] | None:
+        """F.pad's argument (last axis first) that adds asymmetric 'same' padding's extra end zeros."""
+        ends = node.params.get(SAME_PAD_END)
+        return None if ends is None else [value for end in reversed(ends) for value in (0, end)]
+
+    def _conv_input(self, node: NodeSymbols):
+        """The input as the conv sees it: padded at the end for asymmetric 'same' padding."""
+        pad = self._end_pad(node)
+        x = node.operands["input"]
+        return x if pad is None else op("pad", x, pad=pad, mode="constant")
+
+    def _uncrop(self, node: NodeSymbols, grad_input):
+        """The gradient of the padded input, cropped back to the input (F.pad with the negated pads)."""
+        pad = self._end_pad(node)
+        return grad_input if pad is None else op("pad", grad_input, pad=[-value for value in pad], mode="constant")
+
     def forward(self, node: NodeSymbols) -> Forward:
-        operands = [node.operands["input"], node.operands["weight"]]
+        operands = [self._conv_input(node), node.operands["weight"]]
         if "bias" in node.operands:
             operands.append(node.operands["bias"])
         return Forward(op("conv", *operands, **self._params(node)))
@@ -322,16 +357,18 @@ class Convolution(Rule):
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]
+        end = node.params.get(SAME_PAD_END, (0,) * self.dims)
         grads = {}
         if "input" in wanted:
             # output_padding = (H + 2p - d (K - 1) - 1) mod s, from the runtime shapes (see module docstring)
             output_padding = tuple(
-                sympy.Mod(Size(x, axis + lead + 1) + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1, stride[axis])
+                sympy.Mod(Size(x, axis + lead + 1) + end[axis] + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1,
+                          stride[axis])
                 for axis in range(self.dims))
-            grads["input"] = op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding))
+            grads["input"] = self._uncrop(node, op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding)))
         if "weight" in wanted:
             # taps past the kernel size exist only when stride > dilation (see module docstring)
-            grads["weight"] = op("conv_weight_grad", x, grad, **self._weight_params(node))
+            grads["weight"] = op("conv_weight_grad", self._conv_input(node), grad, **self._weight_params(node))
         if "bias" in wanted:
             grads["bias"] = op("sum", grad, dim=self._bias_sum_dims(node))
         return grads
@@ -345,9 +382,12 @@ class Convolution(Rule):
         the one autograd calls): same maths as the readable adjoints above, fewer passes over memory."""
         names = ("input", "weight", "bias")
         mask = tuple(name in wanted for name in names)
-        fused = node.local("local", op("conv_backward", grad, node.operands["input"], node.operands["weight"],
+        fused = node.local("local", op("conv_backward", grad, self._conv_input(node), node.operands["weight"],
                                          **self._params(node, output_mask=mask, **self._fused_extras(node))))
-        return {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
+        grads = {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
+        if "input" in grads:
+            grads["input"] = self._uncrop(node, grads["input"])
+        return grads
 
     def _fused_extras(self, node: NodeSymbols) -> dict:
         return {}
@@ -366,7 +406,7 @@ class Convolution(Rule):
         if not self._lead(node):
             return None  # an unbatched input is one sample: there is nothing per sample
         if operand == "weight":
-            source, kernel = self._correlated(node.operands["input"], grad)
+            source, kernel = self._correlated(self._conv_input(node), grad)
             return op("conv_weight_grad_per_sample", source, kernel, **self._params(node, crop_to=self._weight_crop(node)))
         if operand == "bias":
             return op("sum", grad, dim=tuple(range(2, self.dims + 2)))
