@@ -115,6 +115,7 @@ class Verification:
 def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0) -> Verification:
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
     for index, shape_set in enumerate(shapes):
+        require_memory(graph, shape_set, 8, "the float64 test shapes")
         inputs = random_inputs(shape_set, graph.wrt, seed=seed + index, classes=graph.class_counts(shape_set))
         reference = reference_forward(graph, inputs)
         forward_error = max(forward_error, relative_error(module.forward(**inputs), reference))

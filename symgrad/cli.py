@@ -96,7 +96,10 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
             from .check import load_module, verify as run_verify
 
             module = load_module(Path(output) / f"{result.rendered.name}.py")
-            report = run_verify(result.graph, module, result.shapes)
+            try:
+                report = run_verify(result.graph, module, result.shapes)
+            except SymgradError as error:
+                _fail(error)
             ok = report.worst() <= TOLERANCE_FLOAT64
             failed |= not ok
             shapes = "; ".join(", ".join(f"{k}{list(v)}" for k, v in s.items()) for s in result.shapes)

@@ -145,6 +145,13 @@ def test_a_shape_too_large_to_check_is_one_line_exit_2(tmp_path: Path):
     result = _run("verify", str(spec))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and "GiB" in result.stderr and "--float32-shapes small" in result.stderr
+    unshrinkable = tmp_path / "unshrinkable.yaml"  # a fixed-size reshape keeps the spec's own shapes for float64
+    unshrinkable.write_text("name: unshrinkable\ninputs:\n  x: {shape: [60000, 60000]}\n  y: {shape: [60000, 60000]}\n"
+                            "layers:\n  - {op: reshape, shape: [60000, 60000], out: p}\n"
+                            "loss: {op: half_sq_error, in: p, target: y}\nwrt: [x]\n")
+    generated = _run("generate", str(unshrinkable), "-o", str(tmp_path / "gen"), "--verify")
+    assert generated.returncode == 2 and "Traceback" not in generated.stderr, generated.stderr
+    assert "float64 test shapes" in generated.stderr and generated.stderr.count("\n") == 1
 
 
 def test_generated_repr_is_short():
