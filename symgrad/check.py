@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from .graph import Graph
+from .roles import input_roles
+from .testdata import checked_subset, first_nonfinite, float32_acceptable, make_inputs, relative_errors
 
 
 def load_module(path: Path, name: str | None = None) -> types.ModuleType:
@@ -88,13 +90,15 @@ METHODS = {"reshape": lambda input, shape: input.reshape(shape), "permute": lamb
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0,
-                  classes: dict[str, int] | None = None):
-    """Normal random floats; class indices below ``classes[name]`` for int64 inputs."""
-    generator = torch.Generator().manual_seed(seed)
-    classes = classes or {}
-    return {name: (torch.randint(0, classes[name], shape, generator=generator) if name in classes
-                   else torch.randn(shape, dtype=dtype, generator=generator).requires_grad_(name in wrt))
-            for name, shape in shapes.items()}
+                  classes: dict[str, int] | None = None, roles: dict[str, list] | None = None):
+    """Inputs drawn by role (``symgrad.testdata.make_inputs``, the generated tests' own function);
+    without ``roles`` every float input is N(0, 1)."""
+    return make_inputs(shapes, roles or {}, wrt, dtype, seed, classes)
+
+
+def graph_inputs(graph: Graph, shapes: dict[str, tuple[int, ...]], dtype=torch.float64, seed: int = 0):
+    """The inputs ``verify`` and the generated test use: drawn by the roles the graph gives them."""
+    return make_inputs(shapes, input_roles(graph), graph.wrt, dtype, seed, graph.class_counts(shapes))
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -106,35 +110,69 @@ class Verification:
     forward_error: float
     """Generated forward vs the reference forward."""
     gradient_errors: dict[str, float]
-    """Max relative error of each gradient vs autograd on the reference forward, float64, random cotangent."""
+    """Each gradient's error vs autograd on the reference forward (``symgrad.testdata``'s measure), float64."""
+    problem: str | None = None
+    """NaN or Inf in the forward, the reference or a result: a failure whatever the errors say."""
 
     def worst(self) -> float:
-        return max([self.forward_error, *self.gradient_errors.values()])
+        return math.inf if self.problem else max([self.forward_error, *self.gradient_errors.values()])
 
 
-def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0) -> Verification:
+def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0,
+           progress=lambda message: None) -> Verification:
+    """Float64, random cotangent, inputs by role, at each of ``shapes``; ``progress`` hears each step."""
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
     for index, shape_set in enumerate(shapes):
+        progress(f"float64 against autograd at test shapes {index + 1} of {len(shapes)}")
         require_memory(graph, shape_set, 8, "the float64 test shapes")
-        inputs = random_inputs(shape_set, graph.wrt, seed=seed + index, classes=graph.class_counts(shape_set))
+        inputs = graph_inputs(graph, shape_set, seed=seed + index)
         reference = reference_forward(graph, inputs)
-        forward_error = max(forward_error, relative_error(module.forward(**inputs), reference))
+        try:
+            ours = module.forward(**inputs)
+        except Exception as error:  # noqa: BLE001 - broken generated code is a failed check, not a crash
+            return Verification(math.inf, errors, _raised("the generated forward", error))
+        problem = first_nonfinite({"the reference forward (the loss)": reference, "the generated forward": ours})
+        if problem:
+            return Verification(math.inf, errors, problem)
+        forward_error = max(forward_error, relative_errors({"loss": ours}, {"loss": reference})["loss"])
         cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 100))
-        expected = torch.autograd.grad(reference, [inputs[name] for name in graph.wrt], grad_outputs=cotangent)
-        actual = module.gradients(**inputs, grad_loss=cotangent)
-        for name, reference_gradient in zip(graph.wrt, expected):
-            errors[name] = max(errors[name], relative_error(getattr(actual, name), reference_gradient))
+        expected = dict(zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt],
+                                                            grad_outputs=cotangent)))
+        try:
+            actual = module.gradients(**inputs, grad_loss=cotangent)
+        except Exception as error:  # noqa: BLE001
+            return Verification(forward_error, errors, _raised("the generated gradients", error))
+        actual = {name: getattr(actual, name) for name in graph.wrt}
+        shapes_wrong = [name for name in graph.wrt if actual[name].shape != expected[name].shape]
+        if shapes_wrong:
+            return Verification(forward_error, errors, f"the explicit gradient of {shapes_wrong[0]} has shape "
+                                f"{list(actual[shapes_wrong[0]].shape)}, not {list(expected[shapes_wrong[0]].shape)}")
+        problem = first_nonfinite({**{f"autograd's gradient of {name}": value for name, value in expected.items()},
+                                   **{f"the explicit gradient of {name}": value for name, value in actual.items()}})
+        if problem:
+            return Verification(forward_error, errors, problem)
+        for name, error in relative_errors(actual, expected).items():
+            errors[name] = max(errors[name], error)
     return Verification(forward_error, errors)
 
 
-def _through_explicit_backward(graph: Graph, module, shapes, seed: int):
-    inputs = random_inputs(shapes, graph.wrt, seed=seed, classes=graph.class_counts(shapes))
-    fixed = {name: value.detach() for name, value in inputs.items() if name not in graph.wrt}
+def _raised(what: str, error: Exception) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{what} raised {type(error).__name__}: {first[:200]}"
+
+
+def through_explicit_backward(graph: Graph, module, shapes, seed: int):
+    """The loss as a function of a bounded subset of the differentiated inputs (``checked_subset``),
+    through ``loss_with_explicit_backward``: what gradcheck and gradgradcheck perturb, at a cost that
+    does not grow with the number of weights. The other inputs are held fixed."""
+    inputs = graph_inputs(graph, shapes, seed=seed)
+    checked = checked_subset(list(graph.wrt))
+    fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
 
     def loss(*values):
-        return module.loss_with_explicit_backward(**fixed, **dict(zip(graph.wrt, values)))
+        return module.loss_with_explicit_backward(**fixed, **dict(zip(checked, values)))
 
-    return loss, [inputs[name] for name in graph.wrt]
+    return loss, [inputs[name] for name in checked]
 
 
 def available_memory() -> int:
@@ -164,34 +202,61 @@ def require_memory(graph: Graph, shapes: dict[str, tuple[int, ...]], bytes_per_e
                            "or pass --float32-shapes small)")
 
 
-def accuracy_table(graph: Graph, module, shapes64, shapes32) -> list[tuple[str, ...]]:
-    """Rows of: gradient, float64 error vs autograd, our float32 error vs float64, autograd's float32
-    error vs float64, gradcheck, gradgradcheck. The float32 columns answer "does the explicit form
-    accumulate more rounding error than autograd?" with numbers."""
-    report = verify(graph, module, shapes64)
+@dataclass
+class AccuracyTable:
+    rows: list[tuple[str, ...]]
+    """gradient, float64 error, our float32 error, autograd's float32 error, gradcheck, gradgradcheck."""
+    problems: list[str]
+    """Why it failed, one line each; empty when every gradient is right."""
+
+
+def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda message: None,
+                   tolerance: float = 1e-12) -> AccuracyTable:
+    """Every check of ``symgrad verify``. The float32 columns answer "does the explicit form
+    accumulate more rounding error than autograd?" with numbers; see ``symgrad.testdata``."""
+    report = verify(graph, module, shapes64, progress=progress)
+    problems = [report.problem] if report.problem else []
+    problems += [f"gradient of {name}: float64 error {error:.1e} > {tolerance:.0e}"
+                 for name, error in report.gradient_errors.items() if not error <= tolerance]
+    progress("float32 against float64")
     require_memory(graph, shapes32, 8, "the float32 shapes")  # the exact reference is float64
-    inputs64 = random_inputs(shapes32, graph.wrt, seed=21, classes=graph.class_counts(shapes32))
+    inputs64 = graph_inputs(graph, shapes32, seed=21)
     inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
                 for name, value in inputs64.items()}
     loss64 = reference_forward(graph, inputs64)
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
-    exact = torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)
-    ours32 = module.gradients(**inputs32, grad_loss=cotangent.float())
-    autograd32 = torch.autograd.grad(reference_forward(graph, inputs32), [inputs32[name] for name in graph.wrt],
-                                     cotangent.float())
+    exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
+    try:
+        ours32 = module.gradients(**inputs32, grad_loss=cotangent.float())
+        ours32 = {name: getattr(ours32, name) for name in graph.wrt}
+        ours_shapes_right = all(ours32[name].shape == exact[name].shape for name in graph.wrt)
+    except Exception as error:  # noqa: BLE001
+        problems.append(_raised("the generated float32 gradients", error))
+        ours32, ours_shapes_right = {name: torch.full_like(exact[name], math.nan) for name in graph.wrt}, True
+    if not ours_shapes_right:
+        problems.append("the explicit float32 gradients have the wrong shapes")
+        ours32 = {name: torch.full_like(exact[name], math.nan) for name in graph.wrt}
+    loss32 = reference_forward(graph, inputs32)
+    autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))
+    problem = first_nonfinite({"the float64 forward": loss64, "the float32 forward": loss32,
+                               **{f"the explicit float32 gradient of {name}": value for name, value in ours32.items()}})
+    if problem:
+        problems.append(problem)
+    ours_error, autograd_error = relative_errors(ours32, exact, "2"), relative_errors(autograd32, exact, "2")
+    problems += [f"gradient of {name}: float32 error {ours_error[name]:.1e}, autograd's {autograd_error[name]:.1e}"
+                 for name in graph.wrt if not float32_acceptable(ours_error[name], autograd_error[name])]
     checks = {}
     for kind, check in (("gradcheck", torch.autograd.gradcheck), ("gradgradcheck", torch.autograd.gradgradcheck)):
-        loss, values = _through_explicit_backward(graph, module, shapes64[0], seed=23)
+        progress(f"{kind} of {', '.join(checked_subset(list(graph.wrt)))}")
+        loss, values = through_explicit_backward(graph, module, shapes64[0], seed=23)
         try:
             checks[kind] = "pass" if check(loss, values, fast_mode=True) else "FAIL"
-        except RuntimeError as error:  # gradcheck raises on mismatch
-            checks[kind] = f"FAIL ({str(error).splitlines()[0][:60]})"
-
-    def norm_error(actual, expected):
-        return ((actual.double() - expected).norm() / expected.norm().clamp_min(1e-300)).item()
-
+        except Exception as error:  # noqa: BLE001 - gradcheck raises on mismatch; broken code raises too
+            checks[kind] = f"FAIL ({(str(error).splitlines() or [type(error).__name__])[0][:60]})"
+        if checks[kind] != "pass":
+            problems.append(f"{kind}: {checks[kind]}")
     rows = []
-    for index, name in enumerate(graph.wrt):
-        rows.append((name, f"{report.gradient_errors[name]:.1e}", f"{norm_error(getattr(ours32, name), exact[index]):.1e}",
-                     f"{norm_error(autograd32[index], exact[index]):.1e}", checks["gradcheck"], checks["gradgradcheck"]))
-    return rows
+    for name in graph.wrt:
+        rows.append((name, f"{report.gradient_errors[name]:.1e}", f"{ours_error[name]:.1e}", f"{autograd_error[name]:.1e}",
+                     checks["gradcheck"], checks["gradgradcheck"]))
+    return AccuracyTable(rows, problems)

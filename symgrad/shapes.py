@@ -108,6 +108,16 @@ def _shapes_for(functions, free, values: dict[sympy.Symbol, int]) -> dict[str, t
     return shapes
 
 
+MIN_STATISTIC = 8
+"""Entries each normalisation statistic must see at the test shapes (or as many as at the spec's):
+a batch_norm over 2 values is all rounding, and no test of anything."""
+
+
+def _statistic_size(graph: Graph, node) -> int | None:
+    shapes = {operand: graph.nodes[source].shape for operand, source in node.operands.items()}
+    return node.rule.elements_per_statistic(shapes, node.params)
+
+
 def _valid(graph: Graph, shapes) -> bool:
     if shapes is None:
         return False
@@ -119,6 +129,10 @@ def _valid(graph: Graph, shapes) -> bool:
         original = graph.nodes[name].shape
         if any(new < 2 <= old for new, old in zip(node.shape, original)):
             return False
+        if node.rule is not None:
+            size = _statistic_size(resized, node)
+            if size is not None and size < min(MIN_STATISTIC, _statistic_size(graph, graph.nodes[name])):
+                return False
     return True
 
 

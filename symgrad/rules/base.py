@@ -174,6 +174,11 @@ class Rule:
     argument_hints: ClassVar[dict[str, str]] = {}
     """The fix to suggest for an argument the op does not take, where a general list would not help."""
 
+    def elements_per_statistic(self, shapes: dict, params: dict) -> int | None:
+        """For a normalisation, how many entries each mean and variance is taken over at these operand
+        shapes (the test-shape solver keeps it meaningful); None for every other op."""
+        return None
+
     def reference_params(self, params: dict) -> dict:
         """The keyword arguments with which PyTorch's own function computes this op (the independent
         reference in ``check``): the node's params, unless the rule resolved one into another form."""

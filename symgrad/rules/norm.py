@@ -165,12 +165,23 @@ class LayerNorm(_Norm):
                 "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = grad * weight; grad_weight = Σ grad x̂; grad_bias = Σ grad")
 
 
+def _product(sizes) -> int:
+    total = 1
+    for size in sizes:
+        total *= size
+    return total
+
+
 class BatchNorm(_Norm):
     op = "batch_norm"
     operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
                 Operand("weight", optional=True), Operand("bias", optional=True))
     params = {"training": Param(False, _boolean), "momentum": Param(0.1, number), "eps": Param(1e-5, number)}
     summary = "per-channel normalisation over batch and space (training), or by running statistics (eval)"
+
+    def elements_per_statistic(self, shapes, params):
+        x = shapes["input"]  # training: each channel over the batch and space; eval uses stored statistics
+        return _product([x[0], *x[2:]]) if params["training"] else None
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
@@ -221,6 +232,10 @@ class GroupNorm(_Norm):
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
     params = {"num_groups": Param(None, _positive), "eps": Param(1e-5, number)}
     summary = "normalise each group of channels over its channels and space"
+
+    def elements_per_statistic(self, shapes, params):
+        x = shapes["input"]
+        return (x[1] // params["num_groups"]) * _product(x[2:])
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]

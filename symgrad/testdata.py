@@ -1,0 +1,99 @@
+"""Test inputs and the error measure: one definition, shared verbatim by ``symgrad verify``,
+``symgrad generate --verify`` and every generated ``test_<name>.py`` (the template embeds the source
+of the functions below), so their verdicts can never disagree.
+
+This file imports only ``math`` and ``torch``: it must run inside a generated test, with no symgrad.
+
+Inputs make sense for what each tensor is. Its *role* is read off the op that consumes it when the
+spec is generated (``symgrad.roles``):
+
+* ``weight``: normal, with standard deviation ``gain / sqrt(fan_in)`` as ``nn.init.kaiming_normal_``
+  draws it, ``fan_in`` the product of the listed axes of the actual shape (``C_in/groups x kernel``),
+  ``gain`` sqrt(2) before a ReLU-like activation, else 1. Activations then keep their scale through
+  any depth, so neither float32 nor gradcheck meets values of 1e18;
+* ``variance`` (a running variance): uniform in [0.5, 1.5], positive;
+* ``scale`` (a normalisation's weight): 1 + N(0, 0.1);
+* ``shift`` (a bias, a running mean, a normalisation's bias): N(0, 0.1);
+* ``classes``: class indices below the scored input's class count (int64);
+* anything else: N(0, 1).
+
+The error of a gradient is measured in float64, in a norm (``max``: the largest entry; ``2``: the
+Euclidean norm), as ``||actual - expected|| / max(||expected||, typical)``, where ``typical`` is the
+root-mean-square of all the spec's gradients' norms. Relative to itself for an ordinary gradient;
+relative to the others for a gradient that is zero by structure (a bias right before training-mode
+batch_norm), whose own norm is rounding noise. NaN or Inf anywhere (forward, reference, result) is
+a failure of its own, reported by :func:`first_nonfinite`, never a number that happens to compare
+well.
+"""
+
+import math
+
+import torch
+
+
+def make_inputs(shapes, roles, wrt, dtype, seed, classes=None):
+    """Random inputs of ``shapes`` ({name: shape}) drawn by role ({name: [role, gain, fan_in_axes]})."""
+    generator = torch.Generator().manual_seed(seed)
+    classes = classes or {}
+    inputs = {}
+    for name, shape in shapes.items():
+        role, gain, fan_in_axes = roles.get(name, ["data", 1.0, []])
+        if name in classes:
+            inputs[name] = torch.randint(0, classes[name], tuple(shape), generator=generator)
+            continue
+        value = torch.randn(tuple(shape), dtype=dtype, generator=generator)
+        if role == "weight":
+            fan_in = math.prod(shape[axis] for axis in fan_in_axes) or 1
+            value = value * (gain / math.sqrt(fan_in))
+        elif role == "variance":
+            value = 0.5 + torch.rand(tuple(shape), dtype=dtype, generator=generator)
+        elif role == "scale":
+            value = 1 + 0.1 * value
+        elif role == "shift":
+            value = 0.1 * value
+        inputs[name] = value.requires_grad_(name in wrt)
+    return inputs
+
+
+def first_nonfinite(named):
+    """A message naming the first tensor ({description: tensor}) that holds NaN or Inf, else None."""
+    for description, tensor in named.items():
+        if tensor is None:
+            continue
+        tensor = tensor.detach()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            kind = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
+            return f"{description} holds {kind}"
+    return None
+
+
+def relative_errors(actual, expected, norm="max"):
+    """{name: error} for gradients ({name: tensor}), as the module docstring defines it."""
+    def measure(tensor):
+        if tensor.numel() == 0:
+            return 0.0
+        return float(tensor.abs().max()) if norm == "max" else float(torch.linalg.vector_norm(tensor))
+
+    expected = {name: value.detach().double() for name, value in expected.items()}
+    own = {name: measure(value) for name, value in expected.items()}
+    typical = math.sqrt(sum(value * value for value in own.values()) / max(1, len(own)))
+    errors = {}
+    for name, reference in expected.items():
+        difference = measure(actual[name].detach().double() - reference)
+        scale = max(own[name], typical, 1e-300)
+        errors[name] = difference / scale if math.isfinite(difference) else math.inf
+    return errors
+
+
+def checked_subset(wrt, most=3):
+    """The inputs gradcheck and gradgradcheck perturb: first, middle and last of ``wrt``, so their
+    cost stays bounded however deep the spec is (the others are held fixed)."""
+    picks = sorted({0, len(wrt) // 2, len(wrt) - 1})[:most]
+    return [wrt[index] for index in picks]
+
+
+def float32_acceptable(ours, autograd, floor=1e-5, factor=4.0):
+    """The float32 verdict on one gradient, both errors measured against float64 (2-norm): the
+    explicit form may round at most ``factor`` times as much as autograd does on the same data, or
+    ``floor``. Deep nets round more in both; only rounding beyond autograd's own is a failure."""
+    return ours <= max(floor, factor * autograd)
