@@ -105,11 +105,16 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="few repeats, for a smoke run")
     parser.add_argument("--output", default="out/BENCHMARKS.md",
                         help="report to write (default out/BENCHMARKS.md; pass BENCHMARKS.md to refresh the committed one)")
-    parser.add_argument("--plot", default="out/benchmarks.png",
-                        help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png)")
+    parser.add_argument("--plot", default=None,
+                        help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png when "
+                             "matplotlib is installed, else no plot); '' for none")
     parser.add_argument("--cases", nargs="*", default=CASES)
     args = parser.parse_args(argv)
-    if args.plot and not _has_matplotlib():
+    if args.plot is None:  # the default: a plot if the [plot] extra is there, the tables either way
+        args.plot = "out/benchmarks.png" if _has_matplotlib() else ""
+        if not args.plot:
+            print("note: no plot (pip install 'symgrad[plot]' for one); writing the tables", file=sys.stderr)
+    elif args.plot and not _has_matplotlib():
         print("error: --plot needs matplotlib (fix: pip install 'symgrad[plot]', or pass --plot '')", file=sys.stderr)
         return 2
 

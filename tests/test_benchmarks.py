@@ -50,6 +50,9 @@ def test_measure_command_prints_json():
     assert all(row["median"] > 0 for row in result.values())
 
 
+_ABSENT = object()
+
+
 def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: Path):
     """`python -m benchmarks` writes out/ by default; BENCHMARKS.md changes only when asked for."""
     import benchmarks.__main__ as runner
@@ -64,6 +67,16 @@ def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: P
         runner.generation_times = lambda depths: []
         os.chdir(tmp_path)
         assert runner.main(["--cases", "--plot", ""]) == 0
+        previous = sys.modules.get("matplotlib", _ABSENT)
+        sys.modules["matplotlib"] = None  # as after command (a): no [plot] extra; the default still runs
+        try:
+            assert runner.main(["--cases"]) == 0
+            assert runner.main(["--cases", "--plot", "p.png"]) == 2  # asked for a plot it cannot draw
+        finally:
+            if previous is _ABSENT:
+                del sys.modules["matplotlib"]
+            else:
+                sys.modules["matplotlib"] = previous
     finally:
         os.chdir(ROOT)
         runner.run_measurement, runner.generation_times = runner_measure, runner_generation
