@@ -330,23 +330,11 @@ def certify(specs):
                     failed += 1
                     click.echo(f"FAILED     {result.spec_label}: {layer.problem}")
     else:
-        from .certify import CASES, LINEAR_CASES, certify as prove, certify_linear
-
-        for case in CASES:
+        for attempt in _registry_certificates():
             try:
-                input_entries, weight_entries = prove(case)
+                message = attempt()
                 certified += 1
-                click.echo(f"certified  {case.label}: input adjoint = A(w)^T ({input_entries} entries), "
-                           f"weight adjoint = W(x)^T ({weight_entries} entries), residual 0")
-            except AssertionError as error:
-                failed += 1
-                click.echo(f"FAILED     {error}")
-        for label, inputs, layer, linear in LINEAR_CASES:
-            try:
-                entries = certify_linear(label, inputs, layer, linear)
-                certified += 1
-                click.echo(f"certified  {label}: adjoint of {', '.join(linear)} = transpose of PyTorch's forward "
-                           f"({entries} entries), residual 0")
+                click.echo(f"certified  {message}")
             except AssertionError as error:
                 failed += 1
                 click.echo(f"FAILED     {error}")
@@ -356,6 +344,23 @@ def certify(specs):
         click.echo("error: nothing to certify: the specs have no linear layer", err=True)
         sys.exit(2)
     sys.exit(1 if failed or too_large else 0)
+
+
+def _registry_certificates():
+    """One callable per built-in certificate case; each returns its success line or raises AssertionError."""
+    from .certify import CASES, LINEAR_CASES, certify as prove, certify_linear
+
+    def conv_case(case):
+        input_entries, weight_entries = prove(case)
+        return (f"{case.label}: input adjoint = A(w)^T ({input_entries} entries), "
+                f"weight adjoint = W(x)^T ({weight_entries} entries), residual 0")
+
+    def linear_case(label, inputs, layer, linear):
+        entries = certify_linear(label, inputs, layer, linear)
+        return f"{label}: adjoint of {', '.join(linear)} = transpose of PyTorch's forward ({entries} entries), residual 0"
+
+    return ([lambda case=case: conv_case(case) for case in CASES]
+            + [lambda item=item: linear_case(*item) for item in LINEAR_CASES])
 
 
 @main.command(name="trace")

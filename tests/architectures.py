@@ -178,13 +178,17 @@ def drunet(width: int = 4, blocks: int = 2) -> str:
     channels = width
     net.conv(2, width, 3, bias=False)
     skips = []
-    for scale in range(3):
+
+    def residual_blocks():
         for _ in range(blocks):
             start = net.last
             net.conv(channels, channels, 3, bias=False)
             net.relu()
             net.conv(channels, channels, 3, bias=False)
             net.layer("add", [net.last, start])
+
+    for scale in range(3):
+        residual_blocks()
         skips.append(net.last)
         net.conv(channels, 2 * channels, 2, stride=2, padding=0, bias=False)
         channels *= 2
@@ -192,12 +196,7 @@ def drunet(width: int = 4, blocks: int = 2) -> str:
         net.conv(channels, channels // 2, 2, stride=2, padding=0, bias=False, transposed=True)
         channels //= 2
         net.layer("add", [net.last, skips[scale]])
-        for _ in range(blocks):
-            start = net.last
-            net.conv(channels, channels, 3, bias=False)
-            net.relu()
-            net.conv(channels, channels, 3, bias=False)
-            net.layer("add", [net.last, start])
+        residual_blocks()
     net.conv(channels, 1, 3, bias=False)
     return net.spec("l1_loss")
 
