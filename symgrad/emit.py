@@ -7,6 +7,7 @@ string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import os
@@ -57,6 +58,8 @@ class Line:
     text: str
     latex_target: str
     latex: str
+    dead: tuple[str, ...] = ()
+    """Names ``gradients`` deletes right after this line: their last use."""
 
 
 def _line(statement: Statement) -> Line:
@@ -102,13 +105,7 @@ def fast_lines(statements: list[Statement], boundary: int, boundary_uses: set[sy
     this function made is deleted right after its last use. ``boundary`` splits forward from
     backward lines; ``boundary_uses`` are read between them (the default cotangent)."""
     statements, boundary = _hoist_item_reads(statements, boundary)
-    last_use: dict[sympy.Symbol, int] = {}
-    for index, statement in enumerate(statements):
-        for symbol in statement.value.free_symbols:
-            last_use[symbol] = index
-    for symbol in boundary_uses:
-        last_use[symbol] = max(last_use.get(symbol, -1), boundary - 0.5)
-    owned = {statement.target for statement in statements}
+    last_use, owned = _last_uses(statements, boundary, boundary_uses)
     # `grad_a = grad_r` makes two names for one tensor: it may be overwritten only once both are dead
     root: dict[sympy.Symbol, sympy.Symbol] = {}
     for statement in statements:
@@ -121,8 +118,7 @@ def fast_lines(statements: list[Statement], boundary: int, boundary_uses: set[sy
     lines: list[list[str]] = [[], []]
     for index, statement in enumerate(statements):
         part = lines[0 if index < boundary else 1]
-        dying = sorted((symbol for symbol in statement.value.free_symbols
-                        if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
+        dying = _dying(statement, index, last_use, owned, keep)
         target_shape = shapes.get(statement.target)
         overwritable = [symbol for symbol in dying
                         if target_shape is not None and shapes.get(symbol) == target_shape
@@ -139,10 +135,44 @@ def fast_lines(statements: list[Statement], boundary: int, boundary_uses: set[sy
         part.append(f"{statement.target.name} = {code or to_code(value, boolean=_is_mask(statement))}")
         if dying:
             part.append("del " + ", ".join(symbol.name for symbol in dying))
-    for symbol, index in last_use.items():  # forward values only the cotangent default reads
-        if index == boundary - 0.5 and symbol in owned and symbol not in keep:
-            lines[1].insert(0, f"del {symbol.name}")
+    for name in _dying_at_boundary(boundary, last_use, owned, keep):  # forward values only the cotangent default reads
+        lines[1].insert(0, f"del {name}")
     return lines[0], lines[1]
+
+
+def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol]):
+    """Each symbol's last reading statement (``boundary - 0.5``: the default cotangent, read between
+    the forward and the backward part), and the symbols these statements make."""
+    last_use: dict[sympy.Symbol, float] = {}
+    for index, statement in enumerate(statements):
+        for symbol in statement.value.free_symbols:
+            last_use[symbol] = index
+    for symbol in boundary_uses:
+        last_use[symbol] = max(last_use.get(symbol, -1), boundary - 0.5)
+    return last_use, {statement.target for statement in statements}
+
+
+def _dying(statement: Statement, index: int, last_use, owned, keep) -> list[sympy.Symbol]:
+    """What ``statement`` reads for the last time, of what this function made and does not return."""
+    return sorted((symbol for symbol in statement.value.free_symbols
+                   if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
+
+
+def _dying_at_boundary(boundary: int, last_use, owned, keep) -> list[str]:
+    return sorted(symbol.name for symbol, index in last_use.items()
+                  if index == boundary - 0.5 and symbol in owned and symbol not in keep)
+
+
+def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol],
+                    keep: set[sympy.Symbol]) -> tuple[list["Line"], list["Line"], list[str]]:
+    """The lines of ``gradients``, each with the names to delete right after it (so a value is freed
+    at its last use, not when the function returns; autograd keeps what it saved), split at the
+    boundary, and the names to delete once the default cotangent is made."""
+    last_use, owned = _last_uses(statements, boundary, boundary_uses)
+    lines = [dataclasses.replace(_line(statement), dead=tuple(symbol.name for symbol in
+                                                                _dying(statement, index, last_use, owned, keep)))
+             for index, statement in enumerate(statements)]
+    return lines[:boundary], lines[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
 
 
 def _is_mask(statement: Statement) -> bool:
@@ -240,8 +270,8 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
     backward_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
     split = len([s for s in backward_live if s in program.forward])
-    gradients_forward = [_line(s) for s in backward_live[:split]]
-    gradients_backward = [_line(s) for s in backward_live[split:]]
+    gradients_forward, gradients_backward, boundary_dead = _with_deletions(
+        backward_live, split, program.default_cotangent.free_symbols, gradient_symbols)
     loss_node = graph.loss
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     fast_split = len([s for s in fast_live if s in fast.forward])
@@ -294,6 +324,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         forward=forward,
         gradients_forward=gradients_forward,
         gradients_backward=gradients_backward,
+        boundary_dead=boundary_dead,
         fast_forward=fast_forward,
         hvp=bool(hvp_lines),
         per_sample=bool(per_sample_lines),

@@ -119,11 +119,20 @@ primitive("conv_transpose", code=_transpose_code, latex=_transpose_latex, tangen
 
 
 def _weight_grad_code(operands, params, show):
-    """F.convNd(x as [C_in/g, g*N, ...], grad as [C_out, N, ...], stride=dilation, dilation=stride)."""
+    """``torch.nn.grad.convNd_weight``: PyTorch's own weight-gradient kernel (one
+    ``aten.convolution_backward`` call, which is twice differentiable), given the weight's shape, so
+    no extra taps need cropping. Where the correlation's lengths do not match a forward conv (a
+    transposed conv's ``output_padding >= stride``), the correlation written out: ``F.convNd`` of
+    x as [C_in/g, g*N, ...] with grad as [C_out, N, ...], stride=dilation, dilation=stride."""
     x, grad = operands
     dims, groups = params["dims"], params["groups"]
     if params.get("unbatched"):  # [C, ...] is one sample: give it its batch axis back
         x, grad = f"{x}.unsqueeze(0)", f"{grad}.unsqueeze(0)"
+    weight_size = params.get("weight_size")
+    if weight_size is not None:
+        shown = {key: params[key] for key in CONV_DEFAULTS}
+        size = _shape_of(weight_size, show)
+        return f"torch.nn.grad.conv{dims}d_weight({x}, {size}, {grad}{keyword_arguments(shown, CONV_DEFAULTS, show)})"
     if groups == 1:
         x_t = f"{x}.transpose(0, 1)"
     else:
@@ -137,6 +146,14 @@ def _weight_grad_code(operands, params, show):
     if any(size is not None for size in crop):
         call += "[:, :, " + ", ".join(f":{show(size)}" if size is not None else ":" for size in crop) + "]"
     return call
+
+
+def _shape_of(sizes, show) -> str:
+    """``w.shape`` when the sizes are all of one tensor's axes in order, else the tuple written out."""
+    if all(isinstance(size, Size) for size in sizes) and len({size.of for size in sizes}) == 1 \
+            and [size.axis for size in sizes] == list(range(len(sizes))):
+        return f"{show(sizes[0].of)}.shape"
+    return "(" + ", ".join(show(size) for size in sizes) + ")"
 
 
 def _per_sample_weight_grad_code(operands, params, show):
@@ -375,7 +392,14 @@ class Convolution(Rule):
 
     def _weight_params(self, node: NodeSymbols) -> dict:
         extra = {"unbatched": True} if not self._lead(node) else {}
+        if self._lengths_match(node):
+            w = node.operands["weight"]
+            extra["weight_size"] = tuple(Size(w, axis) for axis in range(self.dims + 2))
         return self._params(node, crop_to=self._weight_crop(node), **extra)
+
+    def _lengths_match(self, node: NodeSymbols) -> bool:
+        """Whether the correlation is a forward conv's weight gradient as it stands (always, for conv)."""
+        return True
 
     def _fused_pullback(self, node: NodeSymbols, grad, wanted):
         """One ``aten.convolution_backward`` call for every wanted gradient (PyTorch's own kernel,
@@ -477,6 +501,10 @@ class TransposedConvolution(Convolution):
 
     def _correlated(self, x, grad):
         return grad, x  # <conv_transpose(x, w), g> = <x, conv(g, w)>: g is the input, x the gradient
+
+    def _lengths_match(self, node: NodeSymbols) -> bool:
+        # conv(g) has len(x) + floor(output_padding / s) entries: len(x) exactly when output_padding < s
+        return all(pad < stride for pad, stride in zip(node.params["output_padding"], node.params["stride"]))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         lead = self._lead(node)
