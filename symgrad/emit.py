@@ -268,10 +268,14 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     gradient_symbols = set(program.gradients.values())
     forward = [_line(s) for s in _live(program.forward, {program.loss_symbol})]
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
-    backward_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
-    split = len([s for s in backward_live if s in program.forward])
+    readable_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
+    readable_backward = [_line(s) for s in readable_live[len([s for s in readable_live if s in program.forward]):]]
+    # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
+    # more gradients (twice differentiable, as autograd's own); the documents' math is the readable one
+    backward_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
+    backward_live, split = _hoist_item_reads(backward_live, len([s for s in backward_live if s in fast.forward]))
     gradients_forward, gradients_backward, boundary_dead = _with_deletions(
-        backward_live, split, program.default_cotangent.free_symbols, gradient_symbols)
+        backward_live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     loss_node = graph.loss
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     fast_split = len([s for s in fast_live if s in fast.forward])
@@ -297,13 +301,13 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         boundary = len([s for s in live if s in program.forward])
         per_sample_lines = ([_line(s) for s in live[:boundary]], [_line(s) for s in live[boundary:]])
         per_sample_names = list(results)
-    stored = _stored(program, backward_live[split:])
+    stored = _stored(fast, backward_live[split:])
     descriptions = _node_description(program)
     kinds = {"input": "leaf", "layer": "intermediate", "loss": "output"}
     node_rows = [dict(name=node.name, op=descriptions.get(node.name, "input"), shape=list(node.shape), stored=stored[node.name],
                       kind=("leaf (parameter, differentiated)" if node.name in graph.wrt else "leaf (constant)")
                       if node.kind == "input" else kinds[node.kind]) for node in graph.nodes.values()]
-    step_of_line = _step_numbers(program, backward_live[split:])
+    step_of_line = _step_numbers(fast, backward_live[split:])
     step_views = []
     for number, step in enumerate(program.steps, 1):
         step_views.append(dict(
@@ -324,6 +328,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         forward=forward,
         gradients_forward=gradients_forward,
         gradients_backward=gradients_backward,
+        readable_backward=readable_backward,
         boundary_dead=boundary_dead,
         fast_forward=fast_forward,
         hvp=bool(hvp_lines),
@@ -358,7 +363,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         step_views=step_views,
         branch_rows=[dict(node=node, consumers=", ".join(consumers)) for node, consumers in program.branch_sums.items()],
         mathml_css=MATHML_CSS,
-        gradients_mathml=aligned([(line.latex_target, line.latex) for line in gradients_backward]),
+        gradients_mathml=aligned([(line.latex_target, line.latex) for line in readable_backward]),
         code_lines=[dict(number=index, step=step, text=str(escape(f"{line.target} = {line.code}")))
                     for index, (line, step) in enumerate(zip(gradients_backward, step_of_line), 1)],
     )
@@ -371,7 +376,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         files[file_name] = _with_header(body, spec_label, spec_hash, comment=_COMMENT_STYLE[file_name.rsplit(".", 1)[1]],
                                         extras=recorded_extras)
     summary = [line.text for line in gradients_backward]
-    latex = "\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in gradients_backward) + "\n\\end{aligned}"
+    latex = "\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable_backward) + "\n\\end{aligned}"
     return Rendered(spec.name, files, summary, latex)
 
 

@@ -59,9 +59,9 @@ LAYOUT = """() => {
   };
 }"""
 
-PAGES = {  # page: (graph nodes, backward edges, emitted backward lines, masks rendered with the indicator)
-    "seed3_conv_relu_conv": (10, 7, 8, 2),
-    "upsampling_decoder": (12, 10, 15, 2),
+PAGES = {  # page: (graph nodes, backward edges, derived formulas, emitted backward lines, masks shown with 𝟙)
+    "seed3_conv_relu_conv": (10, 7, 8, 10, 2),  # the code takes each conv's two gradients from one fused call
+    "upsampling_decoder": (12, 10, 15, 17, 2),
 }
 
 
@@ -96,7 +96,7 @@ def _bar_pixels(page, box) -> tuple[bool, bool]:
 
 @pytest.mark.parametrize("name", sorted(PAGES))
 def test_derivation_page_lays_out_right(browser, name: str, tmp_path: Path):
-    nodes, backward, code_lines, indicators = PAGES[name]
+    nodes, backward, formulas, code_lines, indicators = PAGES[name]
     page = _open(browser, name)
     layout = page.evaluate(LAYOUT)
     x, y, width, height = layout["firstFormula"]
@@ -114,7 +114,7 @@ def test_derivation_page_lays_out_right(browser, name: str, tmp_path: Path):
         assert overline["oneName"] and overline["solid"] and overline["border"] > 0, overline
     assert any(len(overline["name"]) > 1 for overline in layout["overlines"])
     # the final formulas: one aligned table, all `=` at one x coordinate
-    assert layout["rows"] == code_lines and None not in layout["equalsX"], layout
+    assert layout["rows"] == formulas and None not in layout["equalsX"], layout
     assert max(layout["equalsX"]) - min(layout["equalsX"]) < 0.5, layout["equalsX"]
     for first_quarter, last_quarter in bars:  # what a reader sees: ink above both ends of the name
         assert first_quarter and last_quarter, bars

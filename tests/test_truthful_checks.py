@@ -81,11 +81,14 @@ def test_normalisations_see_enough_entries_at_the_test_shapes():
                 assert x[0] * x[2] * x[3] >= 8, (node.name, x)
 
 
+# Each rule is emitted: conv1 needs only its weight adjoint (x is not differentiated), conv2 both
+# (the fused kernel), conv3 only its input adjoint (k is a constant); relu its mask.
 MUTATION_SPEC = spec_text(
-    {"x": [2, 3, 9, 9], "w1": [4, 3, 3, 3], "w2": [3, 4, 3, 3], "y": [2, 3, 5, 5]},
+    {"x": [2, 3, 9, 9], "w1": [4, 3, 3, 3], "w2": [3, 4, 3, 3], "k": [3, 3, 3, 3], "y": [2, 3, 5, 5]},
     [{"op": "conv2d", "weight": "w1", "stride": 2, "padding": 1, "out": "h"}, {"op": "relu", "out": "a"},
-     {"op": "conv2d", "weight": "w2", "dilation": 2, "padding": 2, "out": "p"}],
-    {"op": "mse_loss", "in": "p", "target": "y"}, ["x", "w1", "w2"], name="mutated")
+     {"op": "conv2d", "weight": "w2", "dilation": 2, "padding": 2, "out": "c"},
+     {"op": "conv2d", "weight": "k", "padding": 1, "out": "p"}],
+    {"op": "mse_loss", "in": "p", "target": "y"}, ["w1", "w2"], name="mutated")
 
 
 def _flip_a_sign(monkeypatch):

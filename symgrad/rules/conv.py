@@ -226,9 +226,10 @@ def _backward_code(operands, params, show):
     listed = lambda values: "[" + ", ".join(map(str, values)) + "]"  # noqa: E731
     bias = f"[{w}.shape[1] * {params['groups']}]" if params["output_mask"][2] and params.get("transposed") else bias
     output_padding = params.get("output_padding", (0,) * dims)
-    return (f"torch.ops.aten.convolution_backward({grad}, {x}, {w}, {bias}, {listed(params['stride'])}, "
-            f"{listed(params['padding'])}, {listed(params['dilation'])}, {bool(params.get('transposed'))}, "
-            f"{listed(output_padding)}, {params['groups']}, {listed(params['output_mask'])})")
+    return (f"torch.ops.aten.convolution_backward({grad}, {x}, {w}, bias_sizes={bias}, stride={listed(params['stride'])}, "
+            f"padding={listed(params['padding'])}, dilation={listed(params['dilation'])}, "
+            f"transposed={bool(params.get('transposed'))}, output_padding={listed(output_padding)}, "
+            f"groups={params['groups']}, output_mask={listed(params['output_mask'])})")
 
 
 def _backward_latex(operands, params, show):
@@ -406,8 +407,11 @@ class Convolution(Rule):
         the one autograd calls): same maths as the readable adjoints above, fewer passes over memory."""
         names = ("input", "weight", "bias")
         mask = tuple(name in wanted for name in names)
+        together = " and ".join(name for name in names if name in wanted)
         fused = node.local("local", op("conv_backward", grad, self._conv_input(node), node.operands["weight"],
-                                         **self._params(node, output_mask=mask, **self._fused_extras(node))))
+                                         **self._params(node, output_mask=mask, **self._fused_extras(node))),
+                           note=f"{node.name}'s {together} gradients in one convolution_backward call "
+                                "(autograd's own kernel, twice differentiable)")
         grads = {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
         if "input" in grads:
             grads["input"] = self._uncrop(node, grads["input"])
