@@ -32,8 +32,8 @@ TARGETS = {
 }
 WHY = {
     "full": "At these shapes over 95% of the time is inside the same oneDNN convolution kernels that autograd "
-            "calls (`gradients` computes weight gradients with `torch.nn.grad.convNd_weight`, autograd's own "
-            "`convolution_backward`), so removing autograd's bookkeeping gains little; the peak is inside those "
+            "calls (`gradients` takes a conv's input and weight gradients from one `convolution_backward` call, "
+            "as autograd does), so removing autograd's bookkeeping gains little; the peak is inside those "
             "kernels too (their workspaces and outputs). Closing it needs "
             "fewer or cheaper convolutions: the seed's stride-32, 32×32 conv has non-overlapping patches and is "
             "exactly a GEMM (reshape + matmul), which a specialised rule could emit.",
