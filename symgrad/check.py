@@ -90,10 +90,10 @@ METHODS = {"reshape": lambda input, shape: input.reshape(shape), "permute": lamb
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0,
-                  classes: dict[str, int] | None = None, roles: dict[str, list] | None = None):
-    """Inputs drawn by role (``symgrad.testdata.make_inputs``, the generated tests' own function);
-    without ``roles`` every float input is N(0, 1)."""
-    return make_inputs(shapes, roles or {}, wrt, dtype, seed, classes)
+                  classes: dict[str, int] | None = None):
+    """Every float input N(0, 1), class indices for int64 inputs (``symgrad.testdata.make_inputs``
+    with no roles); ``graph_inputs`` draws them by role."""
+    return make_inputs(shapes, {}, wrt, dtype, seed, classes)
 
 
 def graph_inputs(graph: Graph, shapes: dict[str, tuple[int, ...]], dtype=torch.float64, seed: int = 0):
@@ -121,10 +121,11 @@ class Verification:
 def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0,
            progress=lambda message: None) -> Verification:
     """Float64, random cotangent, inputs by role, at each of ``shapes``; ``progress`` hears each step."""
+    for shape_set in shapes:  # a check that cannot fit says so before it starts
+        require_memory(graph, shape_set, 8, "the float64 test shapes")
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
     for index, shape_set in enumerate(shapes):
         progress(f"float64 against autograd at test shapes {index + 1} of {len(shapes)}")
-        require_memory(graph, shape_set, 8, "the float64 test shapes")
         inputs = graph_inputs(graph, shape_set, seed=seed + index)
         reference = reference_forward(graph, inputs)
         try:
@@ -214,12 +215,12 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
                    tolerance: float = 1e-12) -> AccuracyTable:
     """Every check of ``symgrad verify``. The float32 columns answer "does the explicit form
     accumulate more rounding error than autograd?" with numbers; see ``symgrad.testdata``."""
+    require_memory(graph, shapes32, 8, "the float32 shapes")  # the exact reference is float64
     report = verify(graph, module, shapes64, progress=progress)
     problems = [report.problem] if report.problem else []
     problems += [f"gradient of {name}: float64 error {error:.1e} > {tolerance:.0e}"
                  for name, error in report.gradient_errors.items() if not error <= tolerance]
     progress("float32 against float64")
-    require_memory(graph, shapes32, 8, "the float32 shapes")  # the exact reference is float64
     inputs64 = graph_inputs(graph, shapes32, seed=21)
     inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
                 for name, value in inputs64.items()}
@@ -227,14 +228,12 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
     try:
-        ours32 = module.gradients(**inputs32, grad_loss=cotangent.float())
-        ours32 = {name: getattr(ours32, name) for name in graph.wrt}
-        ours_shapes_right = all(ours32[name].shape == exact[name].shape for name in graph.wrt)
-    except Exception as error:  # noqa: BLE001
+        result = module.gradients(**inputs32, grad_loss=cotangent.float())
+        ours32 = {name: getattr(result, name) for name in graph.wrt}
+        if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
+            raise ValueError("a gradient has the wrong shape")
+    except Exception as error:  # noqa: BLE001 - broken generated code is a failed check: NaN columns
         problems.append(_raised("the generated float32 gradients", error))
-        ours32, ours_shapes_right = {name: torch.full_like(exact[name], math.nan) for name in graph.wrt}, True
-    if not ours_shapes_right:
-        problems.append("the explicit float32 gradients have the wrong shapes")
         ours32 = {name: torch.full_like(exact[name], math.nan) for name in graph.wrt}
     loss32 = reference_forward(graph, inputs32)
     autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))

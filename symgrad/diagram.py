@@ -12,6 +12,8 @@ from xml.sax.saxutils import escape
 from .graph import Graph
 
 BOX_WIDTH, BOX_HEIGHT, COLUMN_GAP, ROW_GAP, MARGIN = 120, 46, 70, 22, 20
+LAYER_GAP = ROW_GAP + 24
+"""The empty band between two layers, where edges run sideways."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str
     offset = 0.0
     for component in LayoutGraph(list(vertices.values()), list(layout_edges.values())).C:  # side by side
         sugiyama = SugiyamaLayout(component)
-        sugiyama.xspace, sugiyama.yspace = COLUMN_GAP // 2, ROW_GAP + 24
+        sugiyama.xspace, sugiyama.yspace = COLUMN_GAP // 2, LAYER_GAP
         sugiyama.init_all(optimize=True)
         sugiyama.draw()
         placed = {vertex.data: vertex.view.xy for vertex in component.sV}
@@ -99,9 +101,8 @@ def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str
         for edge in component.sE:
             edge.view.points = [(x + shift, y) for x, y in edge.view.points]
     widths = {name: vertex.view.w for name, vertex in vertices.items()}
-    gap = sugiyama.yspace if vertices else 0
     return centres, _orthogonal_routes(pairs, {pair: edge.view.points for pair, edge in layout_edges.items()},
-                                       centres, widths, gap)
+                                       centres, widths, LAYER_GAP)
 
 
 def _spread(centre: float, width: float, index: int, count: int) -> float:

@@ -272,13 +272,12 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     readable_backward = [_line(s) for s in readable_live[len([s for s in readable_live if s in program.forward]):]]
     # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
     # more gradients (twice differentiable, as autograd's own); the documents' math is the readable one
-    backward_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
-    backward_live, split = _hoist_item_reads(backward_live, len([s for s in backward_live if s in fast.forward]))
+    fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
+    fast_split = len([s for s in fast_live if s in fast.forward])
+    backward_live, split = _hoist_item_reads(fast_live, fast_split)
     gradients_forward, gradients_backward, boundary_dead = _with_deletions(
         backward_live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     loss_node = graph.loss
-    fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
-    fast_split = len([s for s in fast_live if s in fast.forward])
     fast_forward, fast_backward = fast_lines(fast_live, fast_split, fast.default_cotangent.free_symbols,
                                              gradient_symbols, _shape_of(graph))
     hvp_lines, hvp_results = [], {}

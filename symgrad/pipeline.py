@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .emit import Rendered, render
 from .graph import Graph, build_graph
-from .printing import to_text
+from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
 from .spec import EXTRAS, Spec, parse_spec, read_spec
@@ -23,7 +23,7 @@ class Built:
 
     @property
     def forward_text(self) -> list[str]:
-        return [f"{s.target} = {to_text(s.value)}" for s in self.program.forward]
+        return [f"{s.target} = {to_code(s.value)}" for s in self.program.forward]
 
 
 def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:

@@ -1,6 +1,7 @@
 """Printers: sympy expressions to PyTorch source, to LaTeX and to plain text.
 
-Two notations, never mixed: Python (``to_code``, ``to_text``) and LaTeX (``to_latex``). They know
+Two notations, never mixed: Python (``to_code``, also in terminals, docstrings and tables, never a
+pseudo-Python look-alike such as ``max(0, h)``) and LaTeX (``to_latex``). They know
 sympy's core (sums, products, powers, numbers, elementwise functions, the Heaviside mask)
 and nothing about particular ops: a :class:`~symgrad.algebra.TensorOp` prints itself through its
 primitive.
@@ -210,10 +211,4 @@ def to_latex(expr: sympy.Expr) -> str:
     return math_printer.doprint(expr)
 
 
-def to_text(expr: sympy.Expr) -> str:
-    """One line for terminals, docstrings and tables: the Python that is emitted, never a pseudo-Python
-    look-alike (``max(0, h)``, ``[h > 0]``) that does not run."""
-    return code_printer.doprint(expr)
-
-
-__all__ = ["to_code", "to_latex", "to_text", "precedence"]
+__all__ = ["to_code", "to_latex", "precedence"]

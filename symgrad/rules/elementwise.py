@@ -18,7 +18,7 @@ import sympy
 
 from ..algebra import keyword_arguments, op, primitive
 from ..functions import Sigmoid, Softplus
-from ..printing import to_text
+from ..printing import to_code
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
 
 INPUT, OTHER = sympy.symbols("input other", real=True)
@@ -143,8 +143,8 @@ class Elementwise(Rule):
         return grads
 
     def table_row(self):
-        derivatives = "; ".join(f"d/d{scalar} = {to_text(self.local_derivative(scalar))}" for scalar in self.scalars)
-        return self.op, f"out = {to_text(self.scalar_forward())}", derivatives
+        derivatives = "; ".join(f"d/d{scalar} = {to_code(self.local_derivative(scalar))}" for scalar in self.scalars)
+        return self.op, f"out = {to_code(self.scalar_forward())}", derivatives
 
 
 def _binary(name: str, formula, summary: str) -> Elementwise:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
-from ..printing import to_text
+from ..printing import to_code
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
 
 RESIDUAL = sympy.Symbol("residual", real=True)
@@ -119,8 +119,8 @@ class Loss(Rule):
         return grads
 
     def table_row(self):
-        return (self.op, f"loss = reduce({to_text(self.density())}), residual = input - target",
-                f"d/dinput = -d/dtarget = {to_text(self.local_derivative())} (times the reduction's weight)")
+        return (self.op, f"loss = reduce({to_code(self.density())}), residual = input - target",
+                f"d/dinput = -d/dtarget = {to_code(self.local_derivative())} (times the reduction's weight)")
 
 
 def _softmax_tangent(expr, tangent_of):

@@ -18,6 +18,8 @@ In eval mode batch_norm uses fixed running statistics, so it is affine in x:
 
 from __future__ import annotations
 
+import math
+
 import sympy
 
 from ..algebra import LINEAR, op, primitive
@@ -165,13 +167,6 @@ class LayerNorm(_Norm):
                 "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = grad * weight; grad_weight = Σ grad x̂; grad_bias = Σ grad")
 
 
-def _product(sizes) -> int:
-    total = 1
-    for size in sizes:
-        total *= size
-    return total
-
-
 class BatchNorm(_Norm):
     op = "batch_norm"
     operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
@@ -181,7 +176,7 @@ class BatchNorm(_Norm):
 
     def elements_per_statistic(self, shapes, params):
         x = shapes["input"]  # training: each channel over the batch and space; eval uses stored statistics
-        return _product([x[0], *x[2:]]) if params["training"] else None
+        return math.prod([x[0], *x[2:]]) if params["training"] else None
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
@@ -235,7 +230,7 @@ class GroupNorm(_Norm):
 
     def elements_per_statistic(self, shapes, params):
         x = shapes["input"]
-        return (x[1] // params["num_groups"]) * _product(x[2:])
+        return (x[1] // params["num_groups"]) * math.prod(x[2:])
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
