@@ -24,6 +24,11 @@ DESCENT_WORK = 40_000
 network, fewer for a long chain, so the time stays linear in the graph's size."""
 
 
+ROUNDING = (sympy.floor, sympy.ceiling, sympy.Mod, sympy.Min, sympy.Max, sympy.Piecewise)
+"""Functions sympy.solve cannot invert in closed form but may spend seconds trying (nested floors of
+strided convs): equalities holding them stay unsolved, and each candidate is checked numerically."""
+
+
 def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
     """Solve the ops' size equalities; ``node_shapes``, if given, receives every node's symbolic shape."""
     symbols = {}
@@ -57,7 +62,7 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sym
             solved, value = left, right
         elif right.is_Symbol and right not in left.free_symbols:
             solved, value = right, left
-        else:  # e.g. x_2 == x_2 - w_2 + 3: a residual add fixes the kernel size
+        elif not (left - right).has(*ROUNDING):  # e.g. x_2 == x_2 - w_2 + 3: a residual add fixes the kernel size
             for symbol in sorted(left.free_symbols | right.free_symbols, key=str):
                 try:
                     solutions = sympy.solve(sympy.Eq(left, right), symbol)
