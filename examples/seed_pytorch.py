@@ -34,5 +34,6 @@ class ResidualBlock(nn.Module):
         return 0.5 * ((x + r) - target).pow(2).sum()
 
 
-def uses_sigmoid(x):
-    return 0.5 * torch.sigmoid(x).pow(2).sum()
+def uses_cumsum(x, y):
+    """A running sum is no op symgrad has a rule for: trace names it, with this file's line."""
+    return 0.5 * (torch.cumsum(x, dim=1) - y).pow(2).sum()

@@ -13,6 +13,9 @@ import click
 from . import __version__
 from .errors import SymgradError
 
+LOSS_CHOICES = ("mse", "half_sq_error", "l1", "smooth_l1", "huber", "cross_entropy", "nll")
+"""``symgrad trace --loss`` values (``trace.LOSS_NAMES`` maps them to the spec's loss ops)."""
+
 TOLERANCE_FLOAT64 = 1e-12
 
 
@@ -355,26 +358,51 @@ def _registry_certificates():
 
 @main.command(name="trace")
 @click.argument("target")
-@click.option("--shape", "shapes", multiple=True, required=True, metavar="NAME=D0,D1,...",
-              help="Shape of an argument; repeat for each argument.")
-@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: the arguments).")
+@click.option("--input", "--shape", "inputs", multiple=True, metavar="NAME=D0,D1,...",
+              help="A tensor argument's shape (NAME=int64:D0,... for class labels); repeat for each.")
+@click.option("--arg", "values", multiple=True, metavar="NAME=VALUE", help="A non-tensor argument (a number, string, list).")
+@click.option("--init", default=None, metavar="'NAME=VALUE,...'", help="Arguments for building an nn.Module class.")
+@click.option("--loss", "loss_kind", default=None, type=click.Choice(sorted(LOSS_CHOICES)),
+              help="Put this loss after a forward that returns its prediction.")
+@click.option("--target", "target_name", default="target", show_default=True, help="The target's input name (with --loss).")
+@click.option("--reduction", default=None, type=click.Choice(["sum", "mean", "per_sample"]),
+              help="The --loss reduction (default: PyTorch's, mean; sum for half_sq_error).")
+@click.option("--eval", "eval_mode", is_flag=True, help="Trace the modules in eval mode (running statistics as inputs).")
+@click.option("--train", "train_mode", is_flag=True, help="Trace the modules in train mode (batch statistics).")
+@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters).")
 @click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
-def trace_command(target, shapes, wrt, spec_name, output):
+def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, wrt, spec_name,
+                  output):
     """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec."""
-    from .trace import load_target, trace
+    from .trace import LOSS_NAMES, LossChoice, TraceError, load_target, trace
 
     try:
-        parsed = {}
-        for item in shapes:
+        if eval_mode and train_mode:
+            raise TraceError("error: --eval and --train both given (fix: choose one)")
+        shapes, dtypes = {}, {}
+        for item in inputs:
             name, _, sizes = item.partition("=")
+            dtype, _, sizes = sizes.rpartition(":")
             try:
-                parsed[name] = tuple(int(size) for size in sizes.split(","))
+                shapes[name] = tuple(int(size) for size in sizes.split(","))
             except ValueError:
-                raise SymgradError(f"error: --shape {item!r} is not NAME=D0,D1,... (fix: write e.g. x=8,3,32,32)") from None
-        function, files = load_target(target)
+                raise TraceError(f"error: --input {item!r} is not NAME=D0,D1,... (fix: write e.g. x=8,3,32,32 "
+                                 "or labels=int64:8)") from None
+            if dtype not in ("", "float32", "int64"):
+                raise TraceError(f"error: --input {item!r} has dtype {dtype!r} (fix: use int64 for labels, or no dtype)")
+            if dtype == "int64":
+                dtypes[name] = "int64"
+        if not shapes:
+            raise TraceError("error: no --input given (fix: pass each tensor argument's shape, e.g. --input x=8,3,32,32)")
+        arguments = dict(_literal_pair(item, "--arg") for item in values)
+        init_arguments = dict(_literal_pair(item, "--init") for item in _split_top_level(init)) if init else None
+        function, files = load_target(target, init_arguments)
+        loss = LossChoice(LOSS_NAMES[loss_kind], target_name, reduction) if loss_kind else None
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
-        text = trace(function, parsed, wrt.split(",") if wrt else None, name, files)
+        mode = "eval" if eval_mode else "train" if train_mode else None
+        text = trace(function, shapes, wrt.split(",") if wrt else None, name, files, loss=loss, arguments=arguments,
+                     dtypes=dtypes, mode=mode)
     except SymgradError as error:
         _fail(error)
     if output == "-":
@@ -382,6 +410,49 @@ def trace_command(target, shapes, wrt, spec_name, output):
     else:
         Path(output).write_text(text, encoding="utf-8")
         click.echo(f"wrote {output}; next: symgrad generate {output} --verify")
+
+
+def _literal_pair(item: str, option: str) -> tuple[str, object]:
+    """``NAME=VALUE`` with VALUE a YAML literal (number, string, bool, list): never code."""
+    import yaml
+
+    from .trace import TraceError
+
+    name, equals, text = item.partition("=")
+    name = name.strip()
+    if not equals or not name.isidentifier():
+        raise TraceError(f"error: {option} {item!r} is not NAME=VALUE (fix: write e.g. {option} sigma=0.1)")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
+                         f"(fix: write e.g. {name}=[64, 128])") from None
+    if not _plain_literal(value):
+        raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
+                         f"(fix: write e.g. {name}=[64, 128])")
+    return name, value
+
+
+def _plain_literal(value) -> bool:
+    if isinstance(value, list):
+        return all(_plain_literal(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _split_top_level(text: str) -> list[str]:
+    """``a=1,b=[2,3]`` into ``a=1`` and ``b=[2,3]``: commas inside brackets stay."""
+    parts, depth, current = [], 0, ""
+    for character in text:
+        if character in "[{(":
+            depth += 1
+        elif character in "]})":
+            depth -= 1
+        if character == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += character
+    return [part for part in [*parts, current] if part.strip()]
 
 
 @main.command(name="spec-help")

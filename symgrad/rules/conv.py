@@ -191,7 +191,7 @@ primitive("crop_to",
 
 
 primitive("conv_weight_grad_per_sample", code=_per_sample_weight_grad_code,
-          latex=lambda operands, params, show: rf"\left[{operands[0]}_{{n}} \star^{{w}}{_math_args(params, show)} {operands[1]}_{{n}}\right]_{{n}}",
+          latex=lambda operands, params, show: rf"\left[{{{operands[0]}}}_{{n}} \star^{{w}}{_math_args(params, show)} {{{operands[1]}}}_{{n}}\right]_{{n}}",
           tangent=LINEAR)
 
 

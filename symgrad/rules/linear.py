@@ -25,11 +25,11 @@ primitive("matmul_transposed", code=lambda operands, params, show: (
                                           else f"{operands[0]} \\cdot {operands[1]}^{{\\top}}"), tangent=LINEAR)
 primitive("linear_weight_grad", code=lambda operands, params, show: (
     f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"),
-    latex=lambda operands, params, show: f"\\sum_{{n}} {operands[0]}_{{n}} \\cdot {operands[1]}_{{n}}^{{\\top}}", tangent=LINEAR)
+    latex=lambda operands, params, show: f"\\sum_{{n}} {{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}", tangent=LINEAR)
 primitive("linear_weight_grad_per_sample", code=lambda operands, params, show: (
     f"{operands[0]}.unsqueeze(-1).mul({operands[1]}.unsqueeze(-2))"
     + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else "")),
-    latex=lambda operands, params, show: f"\\left[{operands[0]}_{{n}} \\cdot {operands[1]}_{{n}}^{{\\top}}\\right]_{{n}}", tangent=LINEAR)
+    latex=lambda operands, params, show: f"\\left[{{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}\\right]_{{n}}", tangent=LINEAR)
 
 
 class Linear(Rule):

@@ -31,7 +31,7 @@ def _reduce_code(operands, params, show):
 def _reduce_latex(operands, params, show):
     how = params["how"]
     if how == "per_sample":
-        return rf"\left[\sum_{{i}} {operands[0]}_{{n,i}}\right]_{{n}}"
+        return rf"\left[\sum_{{i}} {{{operands[0]}}}_{{n,i}}\right]_{{n}}"
     return (r"\operatorname{mean}" if how == "mean" else r"\sum") + f" {operands[0]}"
 
 

@@ -1,0 +1,384 @@
+"""From PyTorch code to a spec: ``symgrad trace model.py:Net --input x=8,3,32,32 --loss mse``.
+
+The function, or an ``nn.Module``'s forward, runs on random tensors while ``recorder.Recorder``
+keeps every torch call; ``layers.SpecBuilder`` turns the calls into layers, and the end of the
+function (or ``--loss``) into the spec's loss. Parameters and buffers become inputs named by their
+module path (``layer1_0_conv1_weight``, ``bn1_running_mean``); tensors the function reads from its
+module's globals or closure (the seed's ``k`` and ``y``), and the parameters of ``nn.Module``
+globals (``model_conv1_weight``), become inputs under those names.
+
+Sizes stay symbolic: the code runs a second time at other sizes (batch + 1, spatial sizes doubled,
+falling back to fewer changes where the model refuses), and an argument that differs between the
+two runs, being computed from the input's size, is refused rather than frozen into the spec.
+Everything that cannot be traced is reported at once, one line each, with the user's file:line
+and module path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+
+from ..errors import SymgradError
+from ..spec import check_identifier
+from .layers import Problem, Reduction, Source, SpecBuilder, plain_name
+from .recorder import Recorder, user_line_of_traceback
+
+
+class TraceError(SymgradError):
+    """The traced code does something symgrad cannot turn into a spec."""
+
+
+LOSS_NAMES = {"mse": "mse_loss", "half_sq_error": "half_sq_error", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss",
+              "huber": "huber_loss", "cross_entropy": "cross_entropy", "nll": "nll_loss"}
+"""``--loss`` values: short names and the spec's loss ops."""
+
+
+@dataclass(frozen=True)
+class LossChoice:
+    """A loss put after a model whose forward returns its prediction (``--loss mse --target y``)."""
+
+    op: str
+    target: str = "target"
+    reduction: str | None = None
+
+    @property
+    def classes(self) -> bool:
+        return self.op in ("cross_entropy", "nll_loss")
+
+
+def load_target(reference: str, init: dict[str, Any] | None = None) -> tuple[Callable, list[str]]:
+    """``path/to/file.py:function`` or ``:Class`` (an nn.Module, built with ``init`` as keyword arguments).
+
+    The file's folder goes on ``sys.path`` first, so a model imported from a file beside it is found."""
+    if ":" not in reference:
+        raise TraceError(f"error: '{reference}' is not FILE.py:NAME (fix: write e.g. model.py:Net or model.py:loss)")
+    file, attribute = reference.rsplit(":", 1)
+    path = Path(file)
+    if not path.is_file():
+        raise TraceError(f"error: no file {file} (fix: check the path)")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(f"_symgrad_traced_{plain_name(path.stem)}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # the user's file fails on import: one line, where
+        raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: importing {file} failed: "
+                         f"{_first_line(error)} (fix: make the file importable on its own)") from None
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise TraceError(f"error: {file} has no '{attribute}' (fix: name a function or nn.Module class in it)")
+    if inspect.isclass(target) and issubclass(target, torch.nn.Module):
+        try:
+            target = target(**(init or {}))
+        except Exception as error:
+            raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: building {attribute}"
+                             f"({_arguments_text(init)}) failed: {_first_line(error)} "
+                             "(fix: pass the constructor's arguments with --init 'name=value,...')") from None
+    elif init:
+        raise TraceError(f"error: --init is for an nn.Module class, and {attribute} is not one (fix: drop --init)")
+    return target, [str(path.resolve())]
+
+
+def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | None = None, name: str = "traced",
+          user_files: list[str] | None = None, *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
+          dtypes: dict[str, str] | None = None, mode: str | None = None) -> str:
+    """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
+    for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
+    mode while tracing (default: as they are). ``user_files`` is kept for compatibility."""
+    module = target if isinstance(target, torch.nn.Module) else None
+    function = module.forward if module is not None else target
+    parameters = [p for p in inspect.signature(function).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    arguments = dict(arguments or {})
+    dtypes = dict(dtypes or {})
+    missing = [p.name for p in parameters if p.name not in shapes and p.name not in arguments and p.default is p.empty]
+    if missing:
+        raise TraceError(f"error: no shape for argument(s) {', '.join(missing)} "
+                         f"(fix: pass --input {missing[0]}=8,3,32,32, or --arg {missing[0]}=VALUE for a number)")
+    unknown = [key for key in [*shapes, *arguments] if key not in {p.name for p in parameters}]
+    if unknown:
+        raise TraceError(f"error: {getattr(function, '__qualname__', 'the function')} takes no argument "
+                         f"'{unknown[0]}' (fix: name one of {', '.join(p.name for p in parameters) or 'none'})")
+    tensor_names = [p.name for p in parameters if p.name in shapes]
+    modules = [module] if module is not None else []
+    modules += [value for value in _visible_globals(function).values() if isinstance(value, torch.nn.Module)]
+    modes = [(each, each.training) for root in modules for each in root.modules()]
+    if mode is not None:
+        for root in modules:
+            root.train(mode == "train")
+    try:
+        return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name)
+    finally:
+        for each, training in modes:
+            each.training = training
+
+
+def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name) -> str:
+    spec, calls = _run(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
+    problems = _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls)
+    if problems:
+        raise TraceError("\n".join(problems))
+    if wrt:
+        spec["wrt"] = list(wrt)
+    header = (f"# Traced by symgrad from {getattr(function, '__qualname__', 'a function')} at "
+              + ", ".join(f"{key}={spec['inputs'][key]['shape']}" for key in tensor_names if key in spec["inputs"])
+              + "; edit freely.\n")
+    return header + _yaml({"name": name, **spec})
+
+
+def _yaml(document: dict) -> str:
+    """Block style for the sections, one flow-style line per input and per layer."""
+    def line(value) -> str:
+        return yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
+
+    lines = [f"name: {document['name']}", "inputs:"]
+    lines += [f"  {key}: {line(value)}" for key, value in document["inputs"].items()]
+    lines += ["layers:"] + [f"  - {line(layer)}" for layer in document["layers"]]
+    lines += [f"loss: {line(document['loss'])}", f"wrt: {line(document['wrt'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False):
+    """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls."""
+    roots: list[tuple[str, torch.nn.Module]] = [("", module)] if module is not None else []
+    named_tensors: dict[str, torch.Tensor] = {}
+    for key, value in _visible_globals(function).items():
+        if isinstance(value, torch.Tensor):
+            named_tensors[key] = value
+        elif isinstance(value, torch.nn.Module):
+            roots.append((key, value))
+    floating = [value.dtype for _, root in roots for value in root.parameters() if value.is_floating_point()]
+    floating += [value.dtype for value in named_tensors.values() if value.is_floating_point()]
+    dtype = floating[0] if floating else torch.get_default_dtype()  # the model's own precision
+    generator = torch.Generator().manual_seed(0)
+    tensors = {key: (torch.zeros(shape, dtype=torch.int64) if dtypes.get(key) == "int64"
+                     else torch.randn(shape, generator=generator, dtype=dtype)) for key, shape in shapes.items()}
+    sources: dict[int, Source] = {id(value): Source(key, dtypes.get(key) != "int64") for key, value in tensors.items()}
+    sources.update({id(value): Source(key, False) for key, value in named_tensors.items() if id(value) not in sources})
+    module_paths: dict[int, str] = {}
+    mutable: set[int] = set()
+    for prefix, root in roots:
+        for path, child in root.named_modules():
+            module_paths.setdefault(id(child), ".".join(part for part in (prefix, path) if part))
+        for path, value in root.named_parameters():
+            sources.setdefault(id(value), Source(_source_name(prefix, path, root), value.requires_grad))
+        for path, value in root.named_buffers():
+            sources.setdefault(id(value), Source(_source_name(prefix, path, root), False))
+            mutable.add(id(value))
+    saved = [(value, value.detach().clone()) for _, root in roots for value in root.buffers()]
+    recorder = Recorder(module_paths)
+    try:
+        with torch.no_grad(), recorder:
+            output = function(**tensors, **arguments)
+    except TraceError:
+        raise
+    except Exception as error:  # the user's code failed at these shapes: say where, in one line
+        if quiet:
+            raise
+        raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: running it at "
+                         f"{_shapes_text(shapes)} failed: {_first_line(error)} (fix: check the --input shapes and --arg values)") from None
+    finally:
+        for value, copy in saved:  # tracing must not move the model's running statistics
+            value.copy_(copy)
+    builder = SpecBuilder(sources, mutable)
+    for call in recorder.calls:
+        builder.add(call)
+    loss_entry = _loss(builder, output, loss, shapes)
+    layers, used = _live(builder, loss_entry)
+    inputs: dict[str, dict] = {}
+    for key in [*shapes, *builder.used_sources]:
+        if key in used and key not in inputs:
+            value = tensors.get(key, builder.used_sources.get(key))
+            inputs[key] = {"shape": list(value.shape), **({"dtype": "int64"} if value.dtype == torch.int64 else {})}
+    if loss is not None:
+        inputs[loss.target] = _target_input(builder, output, loss)
+    trainable = {source.name for source in sources.values() if source.trainable}
+    wrt = [key for key in inputs if key in trainable and key != loss_entry["target"]]
+    layer_calls = [call for call, layer in zip(builder.layer_calls, builder.layers) if layer in layers]
+    return {"inputs": inputs, "layers": layers, "loss": loss_entry, "wrt": wrt}, layer_calls
+
+
+def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes) -> dict:
+    """The spec's loss entry, or a TraceError listing every problem the loss depends on."""
+    where = getattr(builder.layer_calls[-1], "where", "<traced code>") if builder.layer_calls else "<traced code>"
+    if isinstance(output, (tuple, list)):
+        raise TraceError(f"{where}: error: the traced code returns {len(output)} values, not one loss "
+                         "(fix: return only the loss, or only the prediction and pass --loss)")
+    if not isinstance(output, torch.Tensor):
+        raise TraceError(f"{where}: error: the traced code returns {type(output).__name__}, not a tensor "
+                         "(fix: return the loss, or the prediction and pass --loss)")
+    reasons = builder.poison.get(id(output))
+    if reasons:
+        raise TraceError("\n".join(str(builder.problems[index]) for index in sorted(reasons) if index >= 0))
+    reduction = builder.reductions.get(id(output))
+    if loss is not None:
+        if reduction is not None:
+            raise TraceError(f"{reduction.call.where}: error: the traced code already ends in a loss "
+                             "(fix: drop --loss, or return the prediction)")
+        prediction = builder.node(output)
+        entry = {"op": loss.op, "in": prediction, "target": loss.target}
+        if loss.reduction:
+            entry["reduction"] = loss.reduction
+        return entry
+    if reduction is None:
+        shape = list(output.shape)
+        raise TraceError(f"{where}: error: the traced code returns a tensor of shape {shape}, not a loss "
+                         "(fix: pass --loss mse --target y, or end the code in a loss such as F.mse_loss(p, y))")
+    return _reduction_loss(builder, reduction)
+
+
+def _reduction_loss(builder: SpecBuilder, reduction: Reduction) -> dict:
+    call = reduction.call
+    how = reduction.how
+    forms = ("F.mse_loss(p, y), F.l1_loss(p, y), F.cross_entropy(p, labels), 0.5 * (p - y).pow(2).sum() "
+             "or .sum(dim=[1, 2, 3]) per sample")
+
+    def refuse(what: str) -> TraceError:
+        return TraceError(f"{call.where}: error: {what} (fix: end in one of {forms})")
+
+    if how == "none":
+        raise refuse("the traced code returns elementwise loss values, not a loss")
+    if reduction.loss is not None:
+        entry = dict(reduction.loss)
+        if reduction.scale == 0.5 and entry["op"] == "mse_loss":
+            entry["op"] = "half_sq_error"
+        elif reduction.scale != 1:
+            raise refuse(f"the loss is scaled by {reduction.scale}, which no spec loss is")
+        entry["reduction"] = how
+        return entry
+    producers = {layer["out"]: layer for layer in builder.layers}
+    inner = producers.get(reduction.source)
+    if inner is None:
+        raise refuse(f"the code reduces '{reduction.source}' directly, with no target to compare it with")
+    if inner["op"] == "pow" and inner.get("exponent", 2) == 2:
+        kind = {0.5: "half_sq_error", 1: "mse_loss"}.get(reduction.scale)
+    elif inner["op"] == "abs":
+        kind = {1: "l1_loss"}.get(reduction.scale)
+    else:
+        raise refuse(f"the code reduces the result of '{inner['op']}', which is no loss symgrad knows")
+    difference = producers.get(inner["in"]) if isinstance(inner["in"], str) else None
+    if kind is None or difference is None or difference["op"] != "sub" or not isinstance(difference["in"], list):
+        raise refuse(f"the reduced {inner['op']} is not of a difference prediction - target scaled to a known loss "
+                     f"(scale {reduction.scale})")
+    for layer in (inner, difference):
+        readers = [other for other in builder.layers if layer["out"] in _reads(other)]
+        if readers == ([inner] if layer is difference else []):
+            builder.layers.remove(layer)
+    left, right = difference["in"]
+    if left not in producers and right in producers:  # y - p: the prediction is the computed one
+        left, right = right, left
+    return {"op": kind, "in": left, "target": right, "reduction": how}
+
+
+def _reads(layer: dict) -> list[str]:
+    names = []
+    for key, value in layer.items():
+        if key in ("op", "out"):
+            continue
+        names += [item for item in (value if isinstance(value, list) else [value]) if isinstance(item, str)]
+    return names
+
+
+def _live(builder: SpecBuilder, loss: dict) -> tuple[list[dict], set[str]]:
+    """The layers the loss depends on, and every name they and the loss read."""
+    needed = {loss["in"], loss["target"]}
+    kept = []
+    for layer in reversed(builder.layers):
+        if layer["out"] in needed:
+            kept.append(layer)
+            needed.update(_reads(layer))
+    return kept[::-1], needed
+
+
+def _target_input(builder: SpecBuilder, output: torch.Tensor, loss: LossChoice) -> dict:
+    if check_identifier(loss.target) is not None or loss.target in builder.used_sources:
+        raise TraceError(f"error: --target {loss.target!r} is not a free identifier (fix: choose another name, e.g. y)")
+    if loss.classes:
+        if output.dim() < 2:
+            raise TraceError(f"error: {loss.op} needs a prediction [N, C, ...], and the model returns "
+                             f"{list(output.shape)} (fix: choose another --loss)")
+        return {"shape": [output.shape[0], *output.shape[2:]], "dtype": "int64"}
+    return {"shape": list(output.shape)}
+
+
+def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls) -> list[str]:
+    """Run again at other sizes; every layer argument that changed was computed from a size."""
+    for changed in _other_sizes({key: tuple(shapes[key]) for key in tensor_names}):
+        try:
+            other, _ = _run(function, module, changed, arguments, dtypes, loss, quiet=True)
+        except Exception:  # the model does not run at these sizes: try fewer changes
+            continue
+        described = _shapes_text(changed)
+        problems = []
+        if [layer["op"] for layer in other["layers"]] != [layer["op"] for layer in spec["layers"]]:
+            return [f"{calls[0].where if calls else '<traced code>'}: error: the code runs different ops at {described} "
+                    "than at the given shapes, so no single spec describes it (fix: trace a model whose ops do not "
+                    "depend on the input's size)"]
+        for layer, again, call in zip(spec["layers"], other["layers"], calls):
+            for key, value in layer.items():
+                if key in ("in", "out", "op") or again.get(key) == value:
+                    continue
+                problems.append(str(Problem(call.where, call.module, layer["op"], f"argument {key}={value!r} becomes "
+                                            f"{again.get(key)!r} at {described}: it is computed from the input's size, "
+                                            "which a spec cannot express",
+                                            "use sizes that do not depend on the input (a fixed pad, scale_factor "
+                                            "instead of size, flatten instead of view(N, ...))")))
+        if other["loss"] != spec["loss"]:
+            problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
+                            "(fix: reduce over every dim but the first, or over all)")
+        return problems
+    return []
+
+
+def _other_sizes(shapes: dict[str, tuple[int, ...]]):
+    """Other input sizes to run at: batch + 1 and spatial sizes doubled, then each change alone."""
+    batch = {key: (shape[0] + 1, *shape[1:]) if shape else shape for key, shape in shapes.items()}
+    spatial = {key: (*shape[:2], *(2 * size for size in shape[2:])) for key, shape in shapes.items()}
+    both = {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()}
+    for candidate in (both, batch, spatial):
+        if candidate != shapes:
+            yield candidate
+
+
+def _visible_globals(function) -> dict[str, Any]:
+    """What the function reads by name from its module's globals and its closure."""
+    try:
+        closure = inspect.getclosurevars(function)
+    except (TypeError, ValueError):
+        return {}
+    return {key: value for scope in (closure.globals, closure.nonlocals) for key, value in scope.items()
+            if check_identifier(key) is None}
+
+
+def _source_name(prefix: str, path: str, root: torch.nn.Module) -> str:
+    name = plain_name(".".join(part for part in (prefix, path) if part))
+    if name[:1].isdigit() or check_identifier(name) is not None:
+        name = f"{plain_name(type(root).__name__).lower()}_{name}"
+    return name
+
+
+def _shapes_text(shapes) -> str:
+    return ", ".join(f"{key}={list(shape)}" for key, shape in shapes.items())
+
+
+def _arguments_text(init) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in (init or {}).items())
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+__all__ = ["LOSS_NAMES", "LossChoice", "TraceError", "load_target", "trace"]

@@ -1,0 +1,560 @@
+"""Recorded torch calls to spec layers: one table, by the name torch gives each call.
+
+Every op in the rule registry is reached by its ``torch.nn.functional`` / ``torch`` function, its
+tensor method and its in-place variant (``relu_``, ``add_``: the out-of-place op, the tensor object
+taking the new node's name), and so by the ``nn.Module`` layers that call them. Arguments are bound
+by PyTorch's own positional order and kept only where they differ from the op's default.
+
+A call that cannot become a layer does not stop the walk: its result is *poisoned* with the reason,
+and anything computed from it inherits the poison. Only reasons the loss depends on are reported,
+all at once, so a forward that logs ``x.norm()`` is not refused for it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..rules import LAYER_RULES
+from ..spec import check_identifier
+from .recorder import Call
+
+CONVOLUTION = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+TRANSPOSED = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
+UNARY = ("input",)
+BINARY = ("input", "other")
+POOL = {"avg": ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"),
+        "max": ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")}
+
+SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{f"conv{n}d": (f"conv{n}d", CONVOLUTION) for n in (1, 2, 3)},
+    **{f"conv_transpose{n}d": (f"conv_transpose{n}d", TRANSPOSED) for n in (1, 2, 3)},
+    **{f"avg_pool{n}d": (f"avg_pool{n}d", POOL["avg"]) for n in (1, 2, 3)},
+    **{f"max_pool{n}d": (f"max_pool{n}d", POOL["max"]) for n in (1, 2, 3)},
+    **{f"adaptive_avg_pool{n}d": (f"adaptive_avg_pool{n}d", ("input", "output_size")) for n in (1, 2, 3)},
+    **{name: ("relu", ("input", "inplace")) for name in ("relu", "relu_")},
+    **{name: (name.strip("_"), UNARY) for name in ("sigmoid", "sigmoid_", "tanh", "tanh_", "exp", "exp_", "log", "log_",
+                                                   "sqrt", "sqrt_", "abs", "abs_", "__abs__", "neg", "neg_", "__neg__")},
+    "absolute": ("abs", UNARY), "negative": ("neg", UNARY),
+    "silu": ("silu", ("input", "inplace")), "gelu": ("gelu", ("input", "approximate")),
+    "softplus": ("softplus", ("input", "beta", "threshold")),
+    **{name: ("elu", ("input", "alpha", "inplace")) for name in ("elu", "elu_")},
+    **{name: ("leaky_relu", ("input", "negative_slope", "inplace")) for name in ("leaky_relu", "leaky_relu_")},
+    **{name: ("hardtanh", ("input", "min_val", "max_val", "inplace")) for name in ("hardtanh", "hardtanh_")},
+    "relu6": ("relu6", ("input", "inplace")),
+    **{name: ("add", ("input", "other", "alpha")) for name in ("add", "add_", "__add__", "__iadd__", "__radd__")},
+    **{name: ("sub", ("input", "other", "alpha")) for name in ("sub", "sub_", "__sub__", "__isub__", "subtract")},
+    **{name: ("mul", BINARY) for name in ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply")},
+    **{name: ("div", ("input", "other", "rounding_mode")) for name in ("div", "div_", "__truediv__", "__itruediv__",
+                                                                        "true_divide", "divide")},
+    **{name: ("pow", ("input", "exponent")) for name in ("pow", "pow_", "__pow__", "__ipow__")},
+    "linear": ("linear", ("input", "weight", "bias")),
+    **{name: ("matmul", BINARY) for name in ("matmul", "__matmul__", "mm", "bmm")},
+    "flatten": ("flatten", ("input", "start_dim", "end_dim")),
+    "pad": ("pad", ("input", "pad", "mode", "value")),
+    "pixel_shuffle": ("pixel_shuffle", ("input", "upscale_factor")),
+    "narrow": ("narrow", ("input", "dim", "start", "length")),
+    "interpolate": ("interpolate", ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor",
+                                    "antialias")),
+    **{name: ("cat", ("tensors", "dim")) for name in ("cat", "concat", "concatenate")},
+    "layer_norm": ("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps")),
+    "batch_norm": ("batch_norm", ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")),
+    "group_norm": ("group_norm", ("input", "num_groups", "weight", "bias", "eps")),
+}
+"""Recorded name -> (spec op, PyTorch's positional argument names)."""
+
+IGNORED = {"inplace"}
+"""Arguments that do not change the value (an in-place op is traced as its out-of-place op)."""
+
+PASS_THROUGH = {"contiguous", "clone", "to", "float", "double", "type_as", "requires_grad_"}
+"""Calls whose result is their input's value (when the dtype and device do not change)."""
+
+DROPOUT = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
+
+IN_PLACE_BOOKKEEPING = {"add_", "sub_", "mul_", "fill_", "zero_", "copy_", "__iadd__", "lerp_", "addcmul_"}
+"""In-place calls on a buffer (BatchNorm's ``num_batches_tracked += 1``): statistics bookkeeping."""
+
+FIXES = {
+    "sum": "reduce only at the end, as the loss (`.sum()`, `.mean()`, or `.sum(dim=[1, ...])` per sample)",
+    "mean": "reduce only at the end, as the loss (`.sum()`, `.mean()`, or `.sum(dim=[1, ...])` per sample)",
+    "detach": "remove .detach(): symgrad differentiates every path to the loss",
+    "__getitem__": "slice with plain start:stop ranges (x[:, :, 2:10]); write integer indexing as narrow + reshape",
+}
+
+
+@dataclass
+class Problem:
+    where: str
+    module: str
+    op: str
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        inside = f" (in {self.module})" if self.module else ""
+        return f"{self.where}: error: '{self.op}'{inside} {self.what} (fix: {self.fix})"
+
+
+@dataclass
+class Reduction:
+    """A loss value: ``scale * reduce(...)`` of an elementwise node, or of a PyTorch loss call."""
+
+    how: str
+    """``sum``, ``mean``, ``per_sample``, or ``none`` (a loss call's elementwise values)."""
+    source: str | None = None
+    loss: dict | None = None
+    scale: float = 1.0
+    call: Call | None = None
+
+
+@dataclass
+class Source:
+    """A tensor the traced code reads that no traced op made: an argument, parameter, buffer or global."""
+
+    name: str
+    trainable: bool
+
+
+LOSSES = {"mse_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
+          "l1_loss": ("input", "target", "size_average", "reduce", "reduction"),
+          "smooth_l1_loss": ("input", "target", "size_average", "reduce", "reduction", "beta"),
+          "huber_loss": ("input", "target", "reduction", "delta", "weight"),
+          "cross_entropy": ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                            "label_smoothing"),
+          "nll_loss": ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")}
+LOSS_DEFAULTS = {"size_average": None, "reduce": None, "weight": None, "ignore_index": -100, "label_smoothing": 0.0}
+
+
+def literal(value: Any) -> Any:
+    """A YAML-safe copy of an argument: tuples become lists, one repeated int becomes that int."""
+    if isinstance(value, torch.Size):
+        value = tuple(value)
+    if isinstance(value, (tuple, list)):
+        items = [literal(item) for item in value]
+        return items[0] if len(items) > 0 and len(set(map(repr, items))) == 1 and all(type(i) is int for i in items) else items
+    return value
+
+
+def plain_name(text: str) -> str:
+    return re.sub(r"\W", "_", text).strip("_")
+
+
+@dataclass
+class SpecBuilder:
+    """Walks the recorded calls in order, naming every tensor and turning calls into layers."""
+
+    sources: dict[int, Source]
+    mutable: set[int] = field(default_factory=set)
+    """ids of buffers: in-place updates of these are statistics bookkeeping."""
+    names: dict[int, str] = field(default_factory=dict)
+    layers: list[dict] = field(default_factory=list)
+    layer_calls: list[Call] = field(default_factory=list)
+    used_sources: dict[str, torch.Tensor] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    poison: dict[int, frozenset[int]] = field(default_factory=dict)
+    reductions: dict[int, Reduction] = field(default_factory=dict)
+    kept: list[Any] = field(default_factory=list)
+    taken: Counter = field(default_factory=Counter)
+    log_probabilities: dict[int, torch.Tensor] = field(default_factory=dict)
+    """id of ``log_softmax(z, dim=1)``'s result -> z."""
+
+    # ----- naming -----------------------------------------------------------------------------
+    def out_name(self, op: str, call: Call) -> str:
+        base = plain_name(call.module) if call.module else ""
+        if base and not call.leaf:
+            base = f"{base}_{op}"
+        base = base or op
+        if base[0].isdigit() or check_identifier(base) is not None:
+            base = f"{op}_{base}"
+        self.taken[base] += 1
+        name = base if self.taken[base] == 1 else f"{base}_{self.taken[base]}"
+        while name in self.used_sources or check_identifier(name) is not None:
+            self.taken[base] += 1
+            name = f"{base}_{self.taken[base]}"
+        return name
+
+    def fail(self, call: Call, what: str, fix: str, op: str | None = None) -> None:
+        """Poison the call's result with a new problem."""
+        self.problems.append(Problem(call.where, call.module, op or call.name, what, fix))
+        self.taint(call.result, frozenset({len(self.problems) - 1}))
+
+    def taint(self, result: Any, reasons: frozenset[int]) -> None:
+        for tensor in (result if isinstance(result, (tuple, list)) else [result]):
+            if isinstance(tensor, torch.Tensor):
+                self.kept.append(tensor)
+                self.poison[id(tensor)] = reasons
+                self.names.pop(id(tensor), None)
+
+    def node(self, tensor: torch.Tensor) -> str | frozenset[int]:
+        """The node name of ``tensor``, or the problems it carries."""
+        key = id(tensor)
+        if key in self.poison:
+            return self.poison[key]
+        if key in self.names:
+            return self.names[key]
+        if key in self.reductions:
+            return frozenset({-2})
+        source = self.sources.get(key)
+        if source is not None:
+            self.names[key] = source.name
+            self.used_sources[source.name] = tensor
+            return source.name
+        return frozenset({-1})  # an unknown tensor: reported with the call that reads it
+
+    # ----- the walk ---------------------------------------------------------------------------
+    def add(self, call: Call) -> None:
+        name = call.name
+        if self.scale_reduction(call):
+            return
+        if name in SIGNATURES:
+            op, positional = SIGNATURES[name]
+            bound = self.bind(call, positional)
+            if bound is None:
+                return
+            if name in IN_PLACE_BOOKKEEPING and id(bound["input"]) in self.mutable:
+                return
+            handler = getattr(self, f"_{op}", None)
+            (handler or self.layer)(op, bound, call)
+        elif name in LOSSES:
+            self.loss_call(name, call)
+        elif name in ("sum", "mean"):
+            self.reduce(call)
+        elif name == "log_softmax":
+            self.log_softmax(call)
+        elif name in PASS_THROUGH:
+            self.pass_through(call)
+        elif name in DROPOUT:
+            self.dropout(call)
+        elif name in ("view", "reshape"):
+            self.reshape(call)
+        elif name == "permute":
+            dims = call.arguments[1:] if len(call.arguments) > 2 or not isinstance(call.arguments[1:2], tuple) else ()
+            dims = call.keywords.get("dims", dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
+            self.layer("permute", {"input": call.arguments[0], "dims": list(dims)}, call)
+        elif name == "square":
+            self.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
+        elif name == "__rsub__":
+            self.reflected_sub(call)
+        elif name == "__getitem__":
+            self.slice(call)
+        elif name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
+            return
+        else:
+            self.unknown(call)
+
+    def bind(self, call: Call, positional: tuple[str, ...]) -> dict | None:
+        if len(call.arguments) > len(positional):
+            self.fail(call, f"was called with {len(call.arguments)} positional arguments", "pass arguments by keyword")
+            return None
+        bound = dict(zip(positional, call.arguments))
+        bound.update(call.keywords)
+        if call.name.startswith("__r") and call.name not in ("__rsub__",) and "other" in bound:
+            bound["input"], bound["other"] = bound["other"], bound["input"]
+        if "tensors" in bound:
+            bound["tensors"] = list(bound["tensors"])
+        return bound
+
+    def operand(self, value: Any, call: Call, reasons: set[int]) -> Any:
+        if isinstance(value, torch.Tensor):
+            found = self.node(value)
+            if isinstance(found, frozenset):
+                if -1 in found:
+                    self.problems.append(Problem(call.where, call.module, call.name,
+                                                 "reads a tensor that is neither an argument, a parameter or buffer of "
+                                                 "the model, a module-level tensor, nor the result of a traced call",
+                                                 "pass it to the traced function as an argument"))
+                    found = frozenset({len(self.problems) - 1})
+                elif -2 in found:
+                    self.problems.append(Problem(call.where, call.module, call.name,
+                                                 "computes with a loss value; a spec has one loss, reduced once",
+                                                 "return one loss (F.mse_loss(...), 0.5 * (p - y).pow(2).sum(), ...)"))
+                    found = frozenset({len(self.problems) - 1})
+                reasons.update(found)
+                return None
+            return found
+        return value
+
+    def layer(self, op: str, bound: dict, call: Call) -> None:
+        """The general case: tensor operands by the rule's names, other arguments if not defaults."""
+        rule = LAYER_RULES[op]
+        layer: dict[str, Any] = {"op": op}
+        reasons: set[int] = set()
+        sources: list[Any] = []
+        for operand in rule.operands:
+            value = bound.pop(operand.name, None)
+            if value is None:
+                continue
+            values = value if operand.variadic else [value]
+            named = [self.operand(item, call, reasons) for item in values]
+            if operand.from_in:
+                sources += named
+            else:
+                layer[operand.name] = named[0]
+            for original, item in zip(values, named):
+                if not isinstance(original, torch.Tensor) and not (operand.constant_ok and _is_number(original)):
+                    self.fail(call, f"argument '{operand.name}' is {original!r}, not a tensor", "pass a tensor", op)
+                    return
+        if reasons:
+            self.taint(call.result, frozenset(reasons))
+            return
+        if sources:
+            layer = {"op": op, "in": sources[0] if len(sources) == 1 else sources,
+                     **{key: value for key, value in layer.items() if key != "op"}}
+        for key, value in bound.items():
+            if key in IGNORED:
+                continue
+            if key not in rule.params:
+                if value is not None and not (key == "alpha" and value == 1):
+                    self.fail(call, f"argument {key}={value!r} is not supported", "leave it at its default", op)
+                    return
+                continue
+            value = literal(value)
+            if isinstance(value, torch.Tensor):
+                self.fail(call, f"argument '{key}' is a tensor", f"give {key} as a number", op)
+                return
+            if value is not None and value != literal(rule.params[key].default):
+                layer[key] = value
+        self.emit(op, layer, call)
+
+    def emit(self, op: str, layer: dict, call: Call) -> str:
+        name = self.out_name(op, call)
+        layer["out"] = name
+        self.layers.append(layer)
+        self.layer_calls.append(call)
+        self.kept.append(call.result)
+        self.poison.pop(id(call.result), None)
+        self.names[id(call.result)] = name  # an in-place op gives its tensor object the new node's name
+        return name
+
+    # ----- ops that need more than the table --------------------------------------------------
+    def _batch_norm(self, op: str, bound: dict, call: Call) -> None:
+        training = bool(bound.get("training"))
+        bound.pop("momentum", None)
+        if training:  # the running statistics are updated in place by the kernel: bookkeeping
+            bound.pop("running_mean", None)
+            bound.pop("running_var", None)
+        elif bound.get("running_mean") is None:
+            self.fail(call, "has no running statistics in eval mode", "track running statistics or trace in train mode")
+            return
+        self.layer(op, bound, call)
+
+    def _div(self, op: str, bound: dict, call: Call) -> None:
+        if bound.pop("rounding_mode", None) is not None:
+            self.fail(call, "rounds (rounding_mode is set), which has no gradient", "divide without rounding_mode")
+            return
+        self.layer(op, bound, call)
+
+    def _pow(self, op: str, bound: dict, call: Call) -> None:
+        if not _is_number(bound.get("exponent")):
+            self.fail(call, "has a tensor exponent", "raise to a number")
+            return
+        if bound["exponent"] == 1:
+            return self.alias(call, bound["input"])
+        self.layer(op, bound, call)
+
+    def reflected_sub(self, call: Call) -> None:
+        """``c - x`` is ``(-x) + c``: two layers."""
+        tensor, number = call.arguments[0], call.arguments[1]
+        if not _is_number(number):
+            return self.unknown(call)
+        negated = Call("neg", (tensor,), {}, torch.neg(tensor), call.where, call.module, call.leaf)
+        self.add(negated)
+        self.layer("add", {"input": negated.result, "other": number}, call)
+
+    def _relu6(self, op: str, bound: dict, call: Call) -> None:
+        self.layer(op, bound, call)
+
+    def _hardtanh(self, op: str, bound: dict, call: Call) -> None:
+        if bound.get("min_val", -1.0) == 0 and bound.get("max_val", 1.0) == 6:  # nn.ReLU6
+            bound.pop("min_val"), bound.pop("max_val")
+            op = "relu6"
+        self.layer(op, bound, call)
+
+    def _pad(self, op: str, bound: dict, call: Call) -> None:
+        bound["pad"] = list(bound["pad"])
+        if bound.get("mode") is None:
+            bound.pop("mode", None)
+        if bound.get("value") is None:
+            bound.pop("value", None)
+        if not any(bound["pad"]):
+            return self.alias(call, bound["input"])
+        self.layer(op, bound, call)
+
+    def _max_pool1d(self, op: str, bound: dict, call: Call) -> None:
+        if bound.get("return_indices"):
+            self.fail(call, "returns indices", "call it with return_indices=False")
+            return
+        bound.pop("return_indices", None)
+        self.layer(op, bound, call)
+
+    _max_pool2d = _max_pool3d = _max_pool1d
+
+    def _interpolate(self, op: str, bound: dict, call: Call) -> None:
+        if bound.get("scale_factor") is not None:
+            factors = literal(bound["scale_factor"])
+            bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
+        self.layer(op, bound, call)
+
+    def pass_through(self, call: Call) -> None:
+        source, result = call.arguments[0], call.result
+        if not isinstance(result, torch.Tensor) or not isinstance(source, torch.Tensor):
+            return self.unknown(call)
+        if result.dtype != source.dtype or result.device != source.device:
+            self.fail(call, f"converts {source.dtype} on {source.device} to {result.dtype} on {result.device}",
+                      "trace at the dtype and device the model runs in, without conversions")
+            return
+        self.alias(call, source)
+
+    def alias(self, call: Call, source: torch.Tensor) -> None:
+        """The result is the source's value under a new tensor object."""
+        found = self.node(source)
+        self.kept.append(call.result)
+        if isinstance(found, frozenset):
+            self.taint(call.result, found)
+        else:
+            self.names[id(call.result)] = found
+
+    def dropout(self, call: Call) -> None:
+        keywords = dict(zip(("input", "p", "training", "inplace"), call.arguments)) | call.keywords
+        if not keywords.get("training", True) or keywords.get("p", 0.5) == 0:
+            return self.alias(call, keywords["input"])
+        self.fail(call, "is random in training mode, so its gradient is not a function of the inputs",
+                  "trace the model in eval mode (--eval) or with p=0")
+
+    def reshape(self, call: Call) -> None:
+        source, result = call.arguments[0], call.result
+        shape = call.arguments[1:] if len(call.arguments) > 1 else (call.keywords.get("shape") or call.keywords.get("size"))
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        kept = result.dim() - 1  # (N, -1) is flatten(start_dim=1), whatever N is
+        if (0 <= kept < source.dim() and tuple(source.shape[:kept]) == tuple(result.shape[:kept])
+                and math.prod(source.shape[kept:]) == result.shape[kept]):
+            return self.layer("flatten", {"input": source, "start_dim": kept}, call)
+        if tuple(result.shape) == tuple(source.shape):
+            return self.alias(call, source)
+        self.layer("reshape", {"input": source, "shape": [int(size) for size in shape]}, call)
+
+    def slice(self, call: Call) -> None:
+        source, index = call.arguments[0], call.arguments[1]
+        index = index if isinstance(index, tuple) else (index,)
+        if any(item is Ellipsis for item in index):
+            position = index.index(Ellipsis)
+            index = index[:position] + (slice(None),) * (source.dim() - len(index) + 1) + index[position + 1:]
+        if not all(isinstance(item, slice) for item in index) or len(index) > source.dim():
+            self.fail(call, "indexes with something other than start:stop slices", FIXES["__getitem__"])
+            return
+        current = source
+        for dim, item in enumerate(index):
+            start, stop, step = item.indices(source.shape[dim])
+            if step != 1:
+                self.fail(call, "slices with a step", "slice with step 1")
+                return
+            if (start, stop) == (0, source.shape[dim]):
+                continue
+            narrowed = current.narrow(dim, start, max(stop - start, 0))
+            part = Call("narrow", (current, dim, start, max(stop - start, 0)), {}, narrowed, call.where, call.module, call.leaf)
+            self.add(part)
+            current = narrowed
+        self.alias(call, current)
+
+    def unknown(self, call: Call) -> None:
+        tensors = [a for a in _flat(call.arguments, call.keywords) if isinstance(a, torch.Tensor)]
+        reads_traced = any(id(t) in self.names or id(t) in self.poison or id(t) in self.sources for t in tensors)
+        what = ("is not an op symgrad can differentiate" if reads_traced
+                else "creates a tensor inside the traced code, which a spec cannot hold")
+        fix = FIXES.get(call.name, "write it with the ops `symgrad ops` lists" if reads_traced
+                        else "pass the tensor to the traced function as an argument")
+        self.fail(call, what, fix)
+
+    # ----- the loss tail ----------------------------------------------------------------------
+    def reduce(self, call: Call) -> None:
+        source = call.arguments[0]
+        dims = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
+        keepdim = call.keywords.get("keepdim", call.arguments[2] if len(call.arguments) > 2 else False)
+        rank = source.dim()
+        if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
+            how = call.name
+        else:
+            dims = sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims))
+            how = "per_sample" if call.name == "sum" and dims == list(range(1, rank)) and not keepdim else None
+        if how is None:
+            self.fail(call, f"reduces over dims {dims}, which only the loss may do, and only as .sum(), .mean() or a sum "
+                      "over every dim but the first", FIXES["sum"])
+            return
+        inner = self.reductions.get(id(source))
+        if inner is not None:  # F.mse_loss(..., reduction='none').sum()
+            if inner.how != "none":
+                self.fail(call, "reduces a loss twice", "reduce once")
+                return
+            self.reductions[id(call.result)] = Reduction(how, loss=inner.loss, call=call)
+            self.kept.append(call.result)
+            return
+        found = self.node(source)
+        if isinstance(found, frozenset):
+            self.taint(call.result, found)
+            return
+        self.reductions[id(call.result)] = Reduction(how, source=found, call=call)
+        self.kept.append(call.result)
+
+    def log_softmax(self, call: Call) -> None:
+        """Kept aside: ``nll_loss(log_softmax(z, dim=1), labels)`` is ``cross_entropy(z, labels)``; any
+        other use is reported."""
+        self.fail(call, "is not an op symgrad can differentiate, except as nll_loss(log_softmax(z, dim=1), labels)",
+                  "use F.cross_entropy(z, labels), which is that loss")
+        dim = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
+        if isinstance(call.arguments[0], torch.Tensor) and dim is not None and dim % call.arguments[0].dim() == 1:
+            self.log_probabilities[id(call.result)] = call.arguments[0]
+
+    def loss_call(self, op: str, call: Call) -> None:
+        bound = dict(zip(LOSSES[op], call.arguments)) | call.keywords
+        reasons: set[int] = set()
+        if op == "nll_loss" and id(bound["input"]) in self.log_probabilities:
+            op, bound["input"] = "cross_entropy", self.log_probabilities[id(bound["input"])]
+        prediction = self.operand(bound.pop("input"), call, reasons)
+        target = self.operand(bound.pop("target"), call, reasons)
+        if reasons:
+            self.taint(call.result, frozenset(reasons))
+            return
+        how = bound.pop("reduction", "mean")
+        for key, default in LOSS_DEFAULTS.items():
+            value = bound.pop(key, default)
+            if value is not None and value != default:
+                self.fail(call, f"argument {key}={value!r} is not supported", "leave it at its default")
+                return
+        loss = {"op": op, "in": prediction, "target": target, **{k: float(v) for k, v in bound.items() if v != 1.0}}
+        self.reductions[id(call.result)] = Reduction(how, loss=loss, call=call)
+        self.kept.append(call.result)
+
+    def scale_reduction(self, call: Call) -> bool:
+        """``0.5 * loss``, ``loss / 2``: scale a reduction; False when the call is not that."""
+        if call.name not in SIGNATURES or SIGNATURES[call.name][0] not in ("mul", "div"):
+            return False
+        bound = self.bind(call, SIGNATURES[call.name][1]) or {}
+        left, right = bound.get("input"), bound.get("other")
+        if isinstance(left, torch.Tensor) and id(left) in self.reductions and _is_number(right):
+            inner = self.reductions[id(left)]
+        elif isinstance(right, torch.Tensor) and id(right) in self.reductions and _is_number(left) and call.name != "div":
+            inner, right = self.reductions[id(right)], left
+        else:
+            return False
+        scale = inner.scale * right if SIGNATURES[call.name][0] == "mul" else inner.scale / right
+        self.reductions[id(call.result)] = Reduction(inner.how, inner.source, inner.loss, scale, inner.call)
+        self.kept.append(call.result)
+        return True
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flat(arguments, keywords):
+    for value in [*arguments, *keywords.values()]:
+        if isinstance(value, (tuple, list)):
+            yield from value
+        else:
+            yield value

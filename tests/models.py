@@ -1,0 +1,230 @@
+"""Classic CNNs written as people write them in PyTorch (nn.Module layers, in-place ReLUs, ``+=``
+shortcuts, ``view(x.size(0), -1)``, ``F.pad`` to a skip's size, ``torch.cat``), from their papers,
+for ``symgrad trace``. Widths are small so the tests can compare in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    """He et al. 2016: conv-bn-relu-conv-bn, plus the input (a 1x1 conv-bn when the shape changes)."""
+
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or in_planes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18(nn.Module):
+    """CIFAR stem, four stages of two BasicBlocks, global average pool, a linear classifier."""
+
+    def __init__(self, width: int = 4, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        planes, layers = width, []
+        for stage, out_planes in enumerate([width, 2 * width, 4 * width, 8 * width]):
+            stride = 1 if stage == 0 else 2
+            layers.append(nn.Sequential(BasicBlock(planes, out_planes, stride), BasicBlock(out_planes, out_planes)))
+            planes = out_planes
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(planes, classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = torch.flatten(self.avgpool(x), 1)
+        return self.fc(x)
+
+
+class DoubleConv(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.double_conv = nn.Sequential(
+            nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+
+    def forward(self, x):
+        return self.double_conv(x)
+
+
+class Up(nn.Module):
+    """Upsample (bilinear, or a 2x2 transposed conv), pad to the skip's size, concatenate, DoubleConv."""
+
+    def __init__(self, in_channels: int, out_channels: int, bilinear: bool = True):
+        super().__init__()
+        if bilinear:
+            self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+            self.conv = DoubleConv(in_channels + in_channels // 2, out_channels)
+        else:
+            self.up = nn.ConvTranspose2d(in_channels, in_channels // 2, kernel_size=2, stride=2)
+            self.conv = DoubleConv(in_channels, out_channels)
+
+    def forward(self, x1, x2):
+        x1 = self.up(x1)
+        diff_y = x2.size()[2] - x1.size()[2]
+        diff_x = x2.size()[3] - x1.size()[3]
+        x1 = F.pad(x1, [diff_x // 2, diff_x - diff_x // 2, diff_y // 2, diff_y - diff_y // 2])
+        return self.conv(torch.cat([x2, x1], dim=1))
+
+
+class UNet(nn.Module):
+    """Ronneberger et al. 2015 with BatchNorm: max-pool down, bilinear (or ConvTranspose2d) up."""
+
+    def __init__(self, in_channels: int = 1, width: int = 4, bilinear: bool = True):
+        super().__init__()
+        self.inc = DoubleConv(in_channels, width)
+        self.down1 = nn.Sequential(nn.MaxPool2d(2), DoubleConv(width, 2 * width))
+        self.down2 = nn.Sequential(nn.MaxPool2d(2), DoubleConv(2 * width, 4 * width))
+        self.up1 = Up(4 * width, 2 * width, bilinear)
+        self.up2 = Up(2 * width, width, bilinear)
+        self.outc = nn.Conv2d(width, in_channels, kernel_size=1)
+
+    def forward(self, x):
+        x1 = self.inc(x)
+        x2 = self.down1(x1)
+        x3 = self.down2(x2)
+        return self.outc(self.up2(self.up1(x3, x2), x1))
+
+
+class DnCNN(nn.Module):
+    """Zhang et al. 2017: conv-relu, (depth-2) x conv-bn-relu, conv; residual learning (x - noise)."""
+
+    def __init__(self, channels: int = 1, depth: int = 7, features: int = 8):
+        super().__init__()
+        layers = [nn.Conv2d(channels, features, 3, padding=1), nn.ReLU(inplace=True)]
+        for _ in range(depth - 2):
+            layers += [nn.Conv2d(features, features, 3, padding=1, bias=False), nn.BatchNorm2d(features), nn.ReLU(inplace=True)]
+        layers.append(nn.Conv2d(features, channels, 3, padding=1, bias=False))
+        self.dncnn = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return x - self.dncnn(x)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.res = nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.ReLU(inplace=True),
+                                 nn.Conv2d(channels, channels, 3, padding=1, bias=False))
+
+    def forward(self, x):
+        return x + self.res(x)
+
+
+class DRUNet(nn.Module):
+    """Zhang et al. 2021: the noise level as a second input channel, residual blocks per scale,
+    strided 2x2 convs down, 2x2 transposed convs up, the encoder's features added back."""
+
+    def __init__(self, in_nc: int = 1, nc=(4, 8, 16), blocks: int = 1):
+        super().__init__()
+        self.m_head = nn.Conv2d(in_nc + 1, nc[0], 3, padding=1, bias=False)
+        self.m_down = nn.ModuleList(
+            nn.Sequential(*[ResBlock(nc[i]) for _ in range(blocks)], nn.Conv2d(nc[i], nc[i + 1], 2, stride=2, bias=False))
+            for i in range(len(nc) - 1))
+        self.m_body = nn.Sequential(*[ResBlock(nc[-1]) for _ in range(blocks)])
+        self.m_up = nn.ModuleList(
+            nn.Sequential(nn.ConvTranspose2d(nc[i + 1], nc[i], 2, stride=2, bias=False), *[ResBlock(nc[i]) for _ in range(blocks)])
+            for i in reversed(range(len(nc) - 1)))
+        self.m_tail = nn.Conv2d(nc[0], in_nc, 3, padding=1, bias=False)
+
+    def forward(self, x, noise_map):
+        x = torch.cat((x, noise_map), dim=1)
+        skips = [self.m_head(x)]
+        for down in self.m_down:
+            skips.append(down(skips[-1]))
+        x = self.m_body(skips[-1])
+        for up in self.m_up:
+            x = up(x + skips.pop())
+        return self.m_tail(x + skips.pop())
+
+
+class VGG11BN(nn.Module):
+    """Simonyan & Zisserman 2015, configuration A with BatchNorm, CIFAR-sized (one linear classifier)."""
+
+    def __init__(self, width: int = 4, classes: int = 10):
+        super().__init__()
+        layers, channels = [], 3
+        for item in [1, "M", 2, "M", 4, 4, "M", 8, 8, "M", 8, 8, "M"]:
+            if item == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+            else:
+                layers += [nn.Conv2d(channels, item * width, 3, padding=1), nn.BatchNorm2d(item * width), nn.ReLU(inplace=True)]
+                channels = item * width
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(channels, classes)
+
+    def forward(self, x):
+        out = self.features(x)
+        out = out.view(out.size(0), -1)
+        return self.classifier(out)
+
+
+class LeNet5(nn.Module):
+    """LeCun et al. 1998 for CIFAR: two conv-relu-maxpool stages and three linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        out = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        out = F.max_pool2d(F.relu(self.conv2(out)), 2)
+        out = out.view(out.size(0), -1)
+        out = F.relu(self.fc1(out))
+        out = F.relu(self.fc2(out))
+        return self.fc3(out)
+
+
+class ESPCN(nn.Module):
+    """Shi et al. 2016: tanh feature maps, then a sub-pixel convolution (pixel_shuffle)."""
+
+    def __init__(self, scale: int = 2, channels: int = 1):
+        super().__init__()
+        self.feature_maps = nn.Sequential(nn.Conv2d(channels, 16, 5, padding=2), nn.Tanh(),
+                                          nn.Conv2d(16, 8, 3, padding=1), nn.Tanh())
+        self.sub_pixel = nn.Sequential(nn.Conv2d(8, channels * scale ** 2, 3, padding=1), nn.PixelShuffle(scale))
+
+    def forward(self, x):
+        return self.sub_pixel(self.feature_maps(x))
+
+
+class SRCNN(nn.Module):
+    """Dong et al. 2014: 9-1-5 convolutions (patch extraction, non-linear mapping, reconstruction)."""
+
+    def __init__(self, channels: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 16, 9, padding=4)
+        self.conv2 = nn.Conv2d(16, 8, 1)
+        self.conv3 = nn.Conv2d(8, channels, 5, padding=2)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.conv3(self.relu(self.conv2(self.relu(self.conv1(x)))))

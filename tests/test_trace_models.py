@@ -1,0 +1,128 @@
+"""Real models in: eight classic CNNs written as nn.Modules (``tests/models.py``), each traced in train
+and eval mode with two kinds of loss, generated, and compared in float64 with autograd through the
+original module, at a batch size and spatial size other than the traced ones, with a random cotangent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from symgrad.check import module_from_source, relative_error
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+from symgrad.trace import _source_name as source_name
+
+from . import models
+
+
+@dataclass(frozen=True)
+class Case:
+    model: type
+    traced: dict[str, tuple[int, ...]]
+    checked: dict[str, tuple[int, ...]]
+    losses: tuple[str, ...]
+    init: dict = field(default_factory=dict)
+
+
+CLASSIFIER = ("cross_entropy", "half_sq_error_function")
+RESTORATION = ("mse_loss", "half_sq_error_function")
+CASES = {
+    "resnet18": Case(models.ResNet18, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 24, 24)}, CLASSIFIER),
+    "unet_bilinear": Case(models.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 24, 24)}, RESTORATION),
+    "unet_transposed": Case(models.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 16)}, ("l1_loss", "mse_loss"),
+                            {"bilinear": False}),
+    "dncnn": Case(models.DnCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 10, 14)}, RESTORATION),
+    "drunet": Case(models.DRUNet, {"x": (2, 1, 16, 16), "noise_map": (2, 1, 16, 16)},
+                   {"x": (3, 1, 8, 12), "noise_map": (3, 1, 8, 12)}, ("l1_loss", "half_sq_error_function")),
+    "vgg11_bn": Case(models.VGG11BN, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 32)}, CLASSIFIER),
+    "lenet5": Case(models.LeNet5, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 32)}, ("nll_loss", "mse_loss")),
+    "espcn": Case(models.ESPCN, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 6, 10)}, RESTORATION),
+    "srcnn": Case(models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")),
+}
+
+
+def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Running statistics away from 0 and 1, so that eval mode is a real test."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("running_mean"):
+            buffer.copy_(torch.randn(buffer.shape, generator=generator, dtype=buffer.dtype))
+        elif name.endswith("running_var"):
+            buffer.copy_(torch.rand(buffer.shape, generator=generator, dtype=buffer.dtype) + 0.5)
+
+
+def traced_spec(case: Case, mode: str, kind: str, model: torch.nn.Module) -> str:
+    """Trace the module with ``--loss``, or a loss function around it (the model read from its closure)."""
+    if kind == "nll_loss":  # log-probabilities from the model's logits, in a function
+        def loss(x, target):
+            return F.nll_loss(torch.log_softmax(model(x), dim=1), target)
+        return trace(loss, {**case.traced, "target": (case.traced["x"][0],)}, name="traced", mode=mode,
+                     dtypes={"target": "int64"})
+    if kind == "half_sq_error_function":
+        with torch.no_grad():
+            output_shape = tuple(model(*(torch.zeros(shape, dtype=torch.float64) for shape in case.traced.values())).shape)
+        if "noise_map" in case.traced:
+            def loss(x, noise_map, target):
+                return 0.5 * (model(x, noise_map) - target).pow(2).sum()
+        else:
+            def loss(x, target):
+                return 0.5 * (model(x) - target).pow(2).sum()
+        return trace(loss, {**case.traced, "target": output_shape}, name="traced", mode=mode)
+    return trace(model, case.traced, name="traced", loss=LossChoice(kind), mode=mode)
+
+
+def reference_loss(kind: str, model: torch.nn.Module, inputs: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """The loss computed by autograd through the original module."""
+    if kind == "nll_loss":
+        return F.nll_loss(torch.log_softmax(model(*inputs), dim=1), target)
+    if kind == "half_sq_error_function":
+        return 0.5 * (model(*inputs) - target).pow(2).sum()
+    return getattr(F, kind)(model(*inputs), target)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("label", list(CASES))
+def test_traced_model_matches_autograd_on_the_original_module(label, mode):
+    case = CASES[label]
+    generator = torch.Generator().manual_seed(11)
+    torch.manual_seed(0)
+    model = case.model(**case.init).double()
+    randomize(model, generator)
+    model.train(mode == "train")
+    for kind in case.losses:
+        text = traced_spec(case, mode, kind, model)
+        spec = yaml.safe_load(text)
+        generated = build_text(text, f"{label}.yaml").rendered
+        module = module_from_source(generated.files[f"{generated.name}.py"], generated.name)
+
+        inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+                  for key, shape in case.checked.items()}
+        with torch.no_grad():
+            prediction = model(*inputs.values())
+        classes = spec["inputs"]["target"].get("dtype") == "int64"
+        target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator) if classes
+                  else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+        named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
+        if kind in ("half_sq_error_function", "nll_loss"):  # read from the loss function's closure
+            named = {f"model_{key}": value for key, value in named.items()}
+        arguments = {key: (inputs.get(key) if key in inputs else target if key == "target" else named[key])
+                     for key in spec["inputs"]}
+        wrt = spec["wrt"]
+        assert set(inputs) <= set(wrt) and len(wrt) > len(inputs), wrt
+
+        weight = torch.randn((), generator=generator, dtype=torch.float64)  # a random cotangent
+        model_before = {key: value.clone() for key, value in model.state_dict().items()}
+        loss = reference_loss(kind, model, list(inputs.values()), target)
+        expected = torch.autograd.grad(loss, [arguments[key] for key in wrt], grad_outputs=weight)
+        model.load_state_dict(model_before)  # train-mode forward moved the running statistics
+        actual = module.gradients(**arguments, grad_loss=weight)
+        scale = max(reference.abs().max().item() for reference in expected)
+        for key, reference in zip(wrt, expected):
+            value = getattr(actual, key)
+            if reference.abs().max() <= 1e-12 * scale:  # zero in exact arithmetic (a conv bias before a
+                assert value.abs().max() <= 1e-12 * scale, (label, mode, kind, key)  # train-mode batch_norm)
+            else:
+                assert relative_error(value, reference) <= 1e-10, (label, mode, kind, key)
