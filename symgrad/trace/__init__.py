@@ -98,8 +98,11 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     mode while tracing (default: as they are). ``user_files`` is kept for compatibility."""
     module = target if isinstance(target, torch.nn.Module) else None
     function = module.forward if module is not None else target
-    parameters = [p for p in inspect.signature(function).parameters.values()
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        raise TraceError(f"error: the arguments of {function!r} cannot be read (fix: trace a def or lambda that calls it)") from None
+    parameters = [p for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     arguments = dict(arguments or {})
     dtypes = dict(dtypes or {})
     missing = [p.name for p in parameters if p.name not in shapes and p.name not in arguments and p.default is p.empty]
@@ -144,7 +147,7 @@ def _yaml(document: dict) -> str:
 
     lines = [f"name: {document['name']}", "inputs:"]
     lines += [f"  {key}: {line(value)}" for key, value in document["inputs"].items()]
-    lines += ["layers:"] + [f"  - {line(layer)}" for layer in document["layers"]]
+    lines += ["layers:" + ("" if document["layers"] else " []")] + [f"  - {line(layer)}" for layer in document["layers"]]
     lines += [f"loss: {line(document['loss'])}", f"wrt: {line(document['wrt'])}"]
     return "\n".join(lines) + "\n"
 
@@ -235,10 +238,12 @@ def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes) ->
         shape = list(output.shape)
         raise TraceError(f"{where}: error: the traced code returns a tensor of shape {shape}, not a loss "
                          "(fix: pass --loss mse --target y, or end the code in a loss such as F.mse_loss(p, y))")
-    return _reduction_loss(builder, reduction)
+    return _reduction_loss(builder, reduction, list(shapes))
 
 
-def _reduction_loss(builder: SpecBuilder, reduction: Reduction) -> dict:
+def _reduction_loss(builder: SpecBuilder, reduction: Reduction, arguments: list[str]) -> dict:
+    """The loss a reduction spells; ``arguments`` (the traced arguments in order) decides which side of
+    ``p - y`` is the prediction when both are arguments: the one the function takes first."""
     call = reduction.call
     how = reduction.how
     forms = ("F.mse_loss(p, y), F.l1_loss(p, y), F.cross_entropy(p, labels), 0.5 * (p - y).pow(2).sum() "
@@ -276,8 +281,10 @@ def _reduction_loss(builder: SpecBuilder, reduction: Reduction) -> dict:
         if readers == ([inner] if layer is difference else []):
             builder.layers.remove(layer)
     left, right = difference["in"]
-    if left not in producers and right in producers:  # y - p: the prediction is the computed one
-        left, right = right, left
+    computed = [left in producers, right in producers]
+    if computed == [False, True] or (computed == [False, False] and left in arguments and right in arguments
+                                     and arguments.index(right) < arguments.index(left)):
+        left, right = right, left  # y - p: the prediction is the computed one, or the first argument
     return {"op": kind, "in": left, "target": right, "reduction": how}
 
 

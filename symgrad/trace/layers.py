@@ -130,13 +130,19 @@ LOSSES = {"mse_loss": ("input", "target", "size_average", "reduce", "reduction",
 LOSS_DEFAULTS = {"size_average": None, "reduce": None, "weight": None, "ignore_index": -100, "label_smoothing": 0.0}
 
 
-def literal(value: Any) -> Any:
-    """A YAML-safe copy of an argument: tuples become lists, one repeated int becomes that int."""
+PER_DIMENSION = {"stride", "padding", "dilation", "output_padding", "kernel_size"}
+"""Arguments with one int per spatial dim: one repeated value is written once (``padding: 1``)."""
+
+
+def literal(value: Any, key: str = "") -> Any:
+    """A YAML-safe copy of an argument: tuples become lists."""
     if isinstance(value, torch.Size):
         value = tuple(value)
     if isinstance(value, (tuple, list)):
         items = [literal(item) for item in value]
-        return items[0] if len(items) > 0 and len(set(map(repr, items))) == 1 and all(type(i) is int for i in items) else items
+        if key in PER_DIMENSION and items and len(set(items)) == 1 and all(type(item) is int for item in items):
+            return items[0]
+        return items
     return value
 
 
@@ -291,7 +297,7 @@ class SpecBuilder:
                 continue
             values = value if operand.variadic else [value]
             named = [self.operand(item, call, reasons) for item in values]
-            if operand.from_in:
+            if operand.from_in and not (operand.constant_ok and _is_number(value)):
                 sources += named
             else:
                 layer[operand.name] = named[0]
@@ -313,11 +319,11 @@ class SpecBuilder:
                     self.fail(call, f"argument {key}={value!r} is not supported", "leave it at its default", op)
                     return
                 continue
-            value = literal(value)
+            value = literal(value, key)
             if isinstance(value, torch.Tensor):
                 self.fail(call, f"argument '{key}' is a tensor", f"give {key} as a number", op)
                 return
-            if value is not None and value != literal(rule.params[key].default):
+            if value is not None and value != literal(rule.params[key].default, key):
                 layer[key] = value
         self.emit(op, layer, call)
 
@@ -437,7 +443,10 @@ class SpecBuilder:
             return self.layer("flatten", {"input": source, "start_dim": kept}, call)
         if tuple(result.shape) == tuple(source.shape):
             return self.alias(call, source)
-        self.layer("reshape", {"input": source, "shape": [int(size) for size in shape]}, call)
+        shape = [int(size) for size in shape]
+        if shape and -1 not in shape and shape[0] == source.shape[0] and source.dim() > 0:
+            shape[0] = -1  # the batch, read from the input: (N, C, 4, 16) stays shape-generic
+        self.layer("reshape", {"input": source, "shape": shape}, call)
 
     def slice(self, call: Call) -> None:
         source, index = call.arguments[0], call.arguments[1]

@@ -1,0 +1,184 @@
+"""Every op in the registry is traced, in the forms people write it (functional, torch, tensor method,
+in-place, nn.Module), with arguments off their defaults; each traced spec is generated and its
+gradients compared in float64 with autograd through the traced code itself. Loss tails likewise."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+from symgrad.check import module_from_source, relative_error
+from symgrad.pipeline import build_text
+from symgrad.rules import LAYER_RULES, LOSS_RULES
+from symgrad.trace import LossChoice, trace
+
+X = {"x": (2, 3, 8, 8)}
+
+
+def positive(x):
+    return x * x + 1
+
+
+OP_CASES = [  # (op the spec must hold, traced function or module, argument shapes)
+    ("conv1d", lambda x, w, b: F.conv1d(x, w, b, 2, 1, 2), {"x": (2, 3, 11), "w": (4, 3, 3), "b": (4,)}),
+    ("conv2d", lambda x, w: F.conv2d(x, w, None, (2, 1), 1, 2, 3), {"x": (2, 3, 9, 9), "w": (6, 1, 3, 3)}),
+    ("conv2d", nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), X),
+    ("conv3d", nn.Conv3d(2, 2, 3, padding=1, padding_mode="circular", bias=False), {"x": (2, 2, 5, 5, 5)}),
+    ("conv_transpose1d", lambda x, w: F.conv_transpose1d(x, w, None, 3, 1, 2, 1, 2), {"x": (2, 3, 5), "w": (3, 2, 3)}),
+    ("conv_transpose2d", nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1, groups=1, dilation=2), X),
+    ("conv_transpose3d", nn.ConvTranspose3d(2, 2, 2, stride=2, groups=2), {"x": (2, 2, 3, 3, 3)}),
+    ("relu", nn.ReLU(inplace=True), X),
+    ("relu", lambda x: x.relu_(), X),
+    ("add", lambda x, y: x + y, {"x": (2, 3, 4), "y": (2, 3, 4)}),
+    ("add", lambda x, y: x.add_(y), {"x": (2, 3, 4), "y": (2, 3, 4)}),
+    ("sub", lambda x, y: torch.sub(x, y), {"x": (2, 3, 4), "y": (3, 4)}),
+    ("neg", lambda x: 1 - x, {"x": (2, 3)}),  # (-x) + 1
+    ("mul", lambda x, y: 2 * x * y, {"x": (2, 3, 4), "y": (2, 3, 4)}),
+    ("div", lambda x, y: x / positive(y), {"x": (2, 3, 4), "y": (2, 3, 4)}),
+    ("neg", lambda x: -x, X),
+    ("pow", lambda x: x ** 3, X),
+    ("pow", lambda x: x.square(), X),
+    ("exp", lambda x: torch.exp(x), X),
+    ("log", lambda x: torch.log(positive(x)), X),
+    ("sqrt", lambda x: positive(x).sqrt(), X),
+    ("abs", lambda x: abs(x), X),
+    ("sigmoid", nn.Sigmoid(), X),
+    ("tanh", nn.Tanh(), X),
+    ("silu", nn.SiLU(), X),
+    ("gelu", nn.GELU(approximate="tanh"), X),
+    ("softplus", nn.Softplus(beta=2, threshold=10), X),
+    ("elu", nn.ELU(alpha=0.5), X),
+    ("leaky_relu", nn.LeakyReLU(0.2, inplace=True), X),
+    ("hardtanh", nn.Hardtanh(-0.5, 0.5), X),
+    ("relu6", nn.ReLU6(), X),
+    ("linear", nn.Linear(8, 5), {"x": (2, 3, 8)}),
+    ("matmul", lambda x, y: x @ y, {"x": (3, 4), "y": (4, 5)}),
+    ("flatten", nn.Flatten(), X),
+    ("flatten", lambda x: x.view(x.size(0), -1), X),
+    ("reshape", lambda x: x.reshape(x.shape[0], 3, 4, 16), X),
+    ("permute", lambda x: x.permute(0, 2, 3, 1), X),
+    ("pad", lambda x: F.pad(x, (1, 2, 0, 1), mode="reflect"), X),
+    ("pad", nn.ZeroPad2d((2, 0, 1, 1)), X),
+    ("pixel_shuffle", nn.PixelShuffle(2), {"x": (2, 8, 3, 3)}),
+    ("avg_pool1d", nn.AvgPool1d(3, 2, 1), {"x": (2, 3, 9)}),
+    ("avg_pool2d", nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), X),
+    ("avg_pool3d", nn.AvgPool3d(2), {"x": (2, 2, 4, 4, 4)}),
+    ("max_pool1d", nn.MaxPool1d(2), {"x": (2, 3, 8)}),
+    ("max_pool2d", nn.MaxPool2d(3, 2, 1, ceil_mode=True), X),
+    ("max_pool3d", lambda x: F.max_pool3d(x, 2), {"x": (2, 2, 4, 4, 4)}),
+    ("narrow", lambda x: x[:, 1:3], X),
+    ("narrow", lambda x: x.narrow(1, 0, 2), X),
+    ("interpolate", nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), X),
+    ("interpolate", lambda x: F.interpolate(x, scale_factor=2), X),
+    ("adaptive_avg_pool1d", nn.AdaptiveAvgPool1d(2), {"x": (2, 3, 8)}),
+    ("adaptive_avg_pool2d", nn.AdaptiveAvgPool2d((1, 1)), X),
+    ("adaptive_avg_pool3d", nn.AdaptiveAvgPool3d(1), {"x": (2, 2, 4, 4, 4)}),
+    ("cat", lambda x, y: torch.cat([x, y], dim=1), {"x": X["x"], "y": X["x"]}),
+    ("layer_norm", nn.LayerNorm([8, 8]), X),
+    ("batch_norm", nn.BatchNorm2d(3), X),
+    ("batch_norm", nn.BatchNorm2d(3).eval(), X),
+    ("batch_norm", nn.BatchNorm1d(3), {"x": (4, 3)}),
+    ("group_norm", nn.GroupNorm(3, 3), X),
+]
+
+
+def compare(function, shapes: dict, text: str, appended: bool = False) -> dict:
+    """Generate ``text`` and compare its gradients with autograd through ``function`` itself (float64);
+    ``appended``: the function returns a prediction, and ``--loss half_sq_error`` was put after it."""
+    spec = yaml.safe_load(text)
+    generated = build_text(text, "traced.yaml").rendered
+    module = module_from_source(generated.files[f"{generated.name}.py"], generated.name)
+    generator = torch.Generator().manual_seed(5)
+    if isinstance(function, nn.Module):
+        function = function.double()
+    parameters = dict(function.named_parameters()) | dict(function.named_buffers()) if isinstance(function, nn.Module) else {}
+    values = {}
+    for key, entry in spec["inputs"].items():
+        if key in parameters:
+            values[key] = parameters[key].detach().clone().requires_grad_(key in spec["wrt"])
+        elif entry.get("dtype") == "int64":
+            values[key] = torch.randint(0, 3, entry["shape"], generator=generator)
+        else:
+            values[key] = torch.randn(entry["shape"], generator=generator, dtype=torch.float64, requires_grad=True)
+    if isinstance(function, nn.Module):  # run the module on the same parameter values
+        with torch.no_grad():
+            for key, value in values.items():
+                if key in parameters:
+                    parameters[key].copy_(value)
+        reference = torch.func.functional_call(function, {key: values[key] for key in parameters if key in values},
+                                               tuple(values[key].clone() for key in shapes))
+    else:  # clones: the traced code may work in place (relu_, add_)
+        reference = function(*(values[key].clone() for key in shapes))
+    total = 0.5 * (reference - values[spec["loss"]["target"]]).pow(2).sum() if appended else reference
+    weight = torch.randn(total.shape, generator=generator, dtype=torch.float64)  # a random cotangent
+    expected = torch.autograd.grad(total, [values[key] for key in spec["wrt"]], grad_outputs=weight)
+    actual = module.gradients(**values, grad_loss=weight)
+    for key, reference_gradient in zip(spec["wrt"], expected):
+        assert relative_error(getattr(actual, key), reference_gradient) <= 1e-10, key
+    return spec
+
+
+@pytest.mark.parametrize("op, function, shapes", OP_CASES, ids=[f"{case[0]}-{index}" for index, case in enumerate(OP_CASES)])
+def test_op_is_traced_and_its_gradient_matches_autograd(op, function, shapes):
+    if isinstance(function, nn.Module):  # its forward's own argument names (``input``)
+        shapes = dict(zip(inspect.signature(function.forward).parameters, shapes.values()))
+    text = trace(function, shapes, name="traced", loss=LossChoice("half_sq_error"))
+    spec = compare(function, shapes, text, appended=True)
+    assert op in [layer["op"] for layer in spec["layers"]], text
+
+
+def test_every_registry_op_has_a_trace_case():
+    assert set(LAYER_RULES) <= {case[0] for case in OP_CASES}
+
+
+def half_sq(p, y):
+    return 0.5 * (p - y).pow(2).sum()
+
+
+LOSS_CASES = [  # (loss op and reduction the spec must hold, the traced loss function)
+    ("half_sq_error", "sum", half_sq),
+    ("half_sq_error", "sum", lambda p, y: ((y - p) ** 2).sum() / 2),
+    ("half_sq_error", "sum", lambda p, y: 0.5 * torch.sum(torch.square(p - y))),
+    ("half_sq_error", "sum", lambda p, y: F.mse_loss(p, y, reduction="sum") * 0.5),
+    ("half_sq_error", "mean", lambda p, y: 0.5 * ((p - y) ** 2).mean()),
+    ("half_sq_error", "per_sample", lambda p, y: 0.5 * (p - y).pow(2).sum(dim=[1, 2, 3])),
+    ("mse_loss", "mean", lambda p, y: F.mse_loss(p, y)),
+    ("mse_loss", "mean", lambda p, y: nn.MSELoss()(p, y)),
+    ("mse_loss", "sum", lambda p, y: ((p - y) ** 2).sum()),
+    ("mse_loss", "per_sample", lambda p, y: F.mse_loss(p, y, reduction="none").sum(dim=(1, 2, 3))),
+    ("l1_loss", "mean", lambda p, y: (y - p).abs().mean()),
+    ("l1_loss", "sum", lambda p, y: F.l1_loss(p, y, reduction="sum")),
+    ("smooth_l1_loss", "mean", lambda p, y: F.smooth_l1_loss(p, y, beta=0.5)),
+    ("huber_loss", "sum", lambda p, y: nn.HuberLoss(reduction="sum", delta=0.7)(p, y)),
+]
+
+
+@pytest.mark.parametrize("op, reduction, function", LOSS_CASES, ids=[f"{case[0]}-{index}" for index, case in enumerate(LOSS_CASES)])
+def test_loss_tail_is_recognised_and_matches_autograd(op, reduction, function):
+    shapes = {"p": (2, 3, 4, 4), "y": (2, 3, 4, 4)}
+    text = trace(function, shapes, name="traced")
+    spec = yaml.safe_load(text)
+    assert spec["loss"]["op"] == op and spec["loss"]["reduction"] == reduction and spec["layers"] == [], text
+    assert spec["wrt"] == ["p"] or set(spec["wrt"]) == {"p", "y"}
+    compare(function, shapes, text)
+
+
+@pytest.mark.parametrize("function", [lambda z, labels: F.cross_entropy(z, labels),
+                                      lambda z, labels: F.nll_loss(F.log_softmax(z, dim=1), labels, reduction="sum")])
+def test_class_losses_take_int64_labels(function):
+    shapes = {"z": (4, 5), "labels": (4,)}
+    text = trace(function, shapes, name="traced", dtypes={"labels": "int64"})
+    spec = yaml.safe_load(text)
+    assert spec["loss"]["op"] == "cross_entropy" and spec["inputs"]["labels"]["dtype"] == "int64"
+    assert spec["wrt"] == ["z"]
+    compare(function, shapes, text)
+
+
+def test_registry_losses_are_all_reachable():
+    reached = {case[0] for case in LOSS_CASES} | {"cross_entropy", "nll_loss"}
+    assert set(LOSS_RULES) <= reached
