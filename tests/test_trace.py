@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from symgrad.check import module_from_source, relative_error
 from symgrad.cli import main
 from symgrad.pipeline import build_text
-from symgrad.trace import TraceError, load_target, trace
+from symgrad.trace import LossChoice, TraceError, load_target, trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "seed_pytorch.py"
@@ -81,3 +81,96 @@ def test_trace_command_writes_a_spec_that_generates(tmp_path: Path):
                                       "--shape", "q2=1,32,3,3"])
     assert wrong.exit_code == 2 and "error: running it at z=[8, 32, 64, 64]" in wrong.output
     assert len(wrong.output.strip().splitlines()) == 1
+
+
+INPUTS = ROOT / "tests" / "trace_inputs"
+
+
+def marked_line(path: Path, marker: str) -> str:
+    """``path:line`` of the line holding ``# marker``."""
+    number = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if f"# {marker}" in text)
+    return f"{path}:{number}"
+
+
+def run_trace(*arguments: str):
+    return CliRunner().invoke(main, ["trace", *arguments])
+
+
+def test_every_problem_on_the_loss_path_is_listed_at_once_with_file_line_and_module_path():
+    model, _ = load_target(f"{INPUTS / 'blocks.py'}:Net")
+    with pytest.raises(TraceError) as error:
+        trace(model, {"x": (2, 1, 6, 6)}, loss=LossChoice("mse_loss"))
+    lines = str(error.value).splitlines()
+    blocks = INPUTS / "blocks.py"
+    assert len(lines) == 2, lines  # x.norm() is logged, never used by the loss: not reported
+    assert lines[0].startswith(f"{marked_line(blocks, 'CUMSUM')}: error: 'cumsum' (in block) is not an op")
+    assert lines[1].startswith(f"{marked_line(blocks, 'FLIP')}: error: 'flip' (in block)")
+    assert all("(fix: " in line for line in lines)
+
+
+def test_constructor_and_import_failures_are_one_line_with_their_file_line():
+    blocks = INPUTS / "blocks.py"
+    result = run_trace(f"{blocks}:Net", "--init", "width=0", "--input", "x=2,1,6,6", "--loss", "mse")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.output.startswith(f"{marked_line(blocks, 'CONSTRUCTOR')}: error: building Net(width=0) failed: "
+                                    "width must be positive")
+    broken = INPUTS / "broken_import.py"
+    result = run_trace(f"{broken}:loss", "--input", "x=2")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.output.startswith(f"{marked_line(broken, 'IMPORT')}: error: importing") and "not_a_module" in result.output
+    result = run_trace(f"{blocks}:Net", "--init", "width=__import__('os')", "--input", "x=2,1,6,6")
+    assert result.exit_code == 2 and "is not a number, string or list" not in result.output  # a string: reaches Net
+    result = run_trace(f"{blocks}:Net", "--init", "width={a: 1}", "--input", "x=2,1,6,6")
+    assert result.exit_code == 2 and "is not a number, string or list" in result.output
+
+
+def test_module_level_model_imported_from_a_file_beside_with_a_number_argument(tmp_path: Path):
+    spec = tmp_path / "wrapper.yaml"
+    result = run_trace(f"{INPUTS / 'wrapper.py'}:loss", "--input", "x=2,1,8,8", "--input", "y=2,1,8,8", "-o", str(spec))
+    assert result.exit_code == 0, result.output
+    text = spec.read_text()
+    assert "model_head_weight: {shape: [4, 1, 3, 3]}" in text and "other: 0.5" in text
+    assert "loss: {op: mse_loss, in: model_tail, target: y, reduction: mean}" in text
+    generate = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out"), "--verify"])
+    assert generate.exit_code == 0, generate.output
+
+
+def test_forward_returning_the_prediction_needs_loss_and_takes_init_and_arg(tmp_path: Path):
+    blocks = f"{INPUTS / 'blocks.py'}:Noisy"
+    result = run_trace(blocks, "--input", "x=2,1,8,8", "--arg", "sigma=0.1")
+    assert result.exit_code == 2 and "not a loss (fix: pass --loss mse --target y" in result.output
+    spec = tmp_path / "noisy.yaml"
+    result = run_trace(blocks, "--init", "in_nc=1,nc=[3, 6]", "--input", "x=2,1,8,8", "--arg", "sigma=0.25",
+                       "--loss", "mse", "--target", "clean", "--reduction", "sum", "-o", str(spec))
+    assert result.exit_code == 0, result.output
+    text = spec.read_text()
+    assert "head_weight: {shape: [3, 1, 3, 3]}" in text and "other: 0.25" in text
+    assert "clean: {shape: [2, 1, 8, 8]}" in text and "reduction: sum" in text
+    assert build_text(text, "noisy.yaml")
+
+
+def test_sizes_read_from_the_input_are_refused_not_frozen():
+    model, _ = load_target(f"{INPUTS / 'blocks.py'}:Padded")
+    with pytest.raises(TraceError) as error:  # at 9x9 max-pool floors: the pad is 1 here and 0 at 18x18
+        trace(model, {"x": (2, 1, 9, 9)}, loss=LossChoice("mse_loss"))
+    message = str(error.value)
+    assert message.startswith(f"{marked_line(INPUTS / 'blocks.py', 'PAD')}: error: 'pad' argument pad=[0, 1, 0, 1] becomes")
+    assert "computed from the input's size" in message
+    text = trace(model, {"x": (2, 1, 8, 8)}, loss=LossChoice("mse_loss"))  # even sizes never pad
+    assert "pad: [0, 0, 0, 0]" in text and "op: cat" in text
+
+
+def test_dropout_is_refused_in_training_and_the_identity_in_eval():
+    blocks = f"{INPUTS / 'blocks.py'}:Dropping"
+    result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1")
+    assert result.exit_code == 2 and result.output.startswith(marked_line(INPUTS / "blocks.py", "DROPOUT"))
+    assert "(in drop)" in result.output and "--eval" in result.output
+    result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1", "--eval")
+    assert result.exit_code == 0 and "dropout" not in result.output and "op: conv2d" in result.output
+
+
+def test_classifier_with_cross_entropy_gets_int64_labels():
+    result = run_trace(f"{ROOT / 'tests' / 'models.py'}:LeNet5", "--input", "x=2,3,32,32", "--loss", "cross_entropy",
+                       "--target", "labels")
+    assert result.exit_code == 0, result.output
+    assert "labels: {shape: [2], dtype: int64}" in result.output and "op: flatten" in result.output

@@ -328,10 +328,14 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
             continue
         described = _shapes_text(changed)
         problems = []
-        if [layer["op"] for layer in other["layers"]] != [layer["op"] for layer in spec["layers"]]:
-            return [f"{calls[0].where if calls else '<traced code>'}: error: the code runs different ops at {described} "
-                    "than at the given shapes, so no single spec describes it (fix: trace a model whose ops do not "
-                    "depend on the input's size)"]
+        ops, other_ops = [layer["op"] for layer in spec["layers"]], [layer["op"] for layer in other["layers"]]
+        if ops != other_ops:
+            first = next((index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
+                         min(len(ops), len(other_ops)))
+            where = calls[min(first, len(calls) - 1)].where if calls else "<traced code>"
+            return [f"{where}: error: the code runs different ops from here on at {described} than at the given "
+                    "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
+                    "input's size)"]
         for layer, again, call in zip(spec["layers"], other["layers"], calls):
             for key, value in layer.items():
                 if key in ("in", "out", "op") or again.get(key) == value:

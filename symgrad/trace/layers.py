@@ -185,9 +185,11 @@ class SpecBuilder:
         return name
 
     def fail(self, call: Call, what: str, fix: str, op: str | None = None) -> None:
-        """Poison the call's result with a new problem."""
+        """Poison the call's result with a new problem, and with those its inputs already carry."""
         self.problems.append(Problem(call.where, call.module, op or call.name, what, fix))
-        self.taint(call.result, frozenset({len(self.problems) - 1}))
+        inherited = [self.poison[id(value)] for value in _flat(call.arguments, call.keywords)
+                     if isinstance(value, torch.Tensor) and id(value) in self.poison]
+        self.taint(call.result, frozenset({len(self.problems) - 1}).union(*inherited))
 
     def taint(self, result: Any, reasons: frozenset[int]) -> None:
         for tensor in (result if isinstance(result, (tuple, list)) else [result]):
@@ -387,9 +389,7 @@ class SpecBuilder:
             bound.pop("mode", None)
         if bound.get("value") is None:
             bound.pop("value", None)
-        if not any(bound["pad"]):
-            return self.alias(call, bound["input"])
-        self.layer(op, bound, call)
+        self.layer(op, bound, call)  # a zero pad too: at other sizes the same call may pad
 
     def _max_pool1d(self, op: str, bound: dict, call: Call) -> None:
         if bound.get("return_indices"):

@@ -1,0 +1,1 @@
+import not_a_module_anywhere  # IMPORT
