@@ -17,7 +17,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -59,28 +58,11 @@ def run_measurement(*arguments: str) -> dict:
     return json.loads(output.stdout.strip().splitlines()[-1])
 
 
-def generation_times(lengths=(10, 50, 100, 200)) -> list[tuple[int, float]]:
-    """Seconds for ``symgrad.generate`` (derivation, both functions, tests and documents) of a
-    chain of ``n`` conv -> ReLU layers."""
-    import yaml
+def generation_table(quick: bool) -> str:
+    """The generation-time section (``benchmarks/generation.py``): traced real models and chains."""
+    from .generation import chain_rows, model_rows, render
 
-    import symgrad
-
-    results = []
-    for length in lengths:
-        inputs = {"x": {"shape": [8, 16, 32, 32]}}
-        layers = []
-        for index in range(length):
-            inputs[f"w{index}"] = {"shape": [16, 16, 3, 3]}
-            layers += [{"op": "conv2d", "weight": f"w{index}", "padding": 1, "out": f"c{index}"},
-                       {"op": "relu", "out": f"r{index}"}]
-        inputs["y"] = {"shape": [8, 16, 32, 32]}
-        text = yaml.safe_dump({"name": "chain", "inputs": inputs, "layers": layers,
-                               "loss": {"op": "half_sq_error", "target": "y"}, "wrt": ["x", "w0"]}, sort_keys=False)
-        start = time.perf_counter()
-        symgrad.generate(text=text)
-        results.append((length, time.perf_counter() - start))
-    return results
+    return render([] if quick else model_rows(3), chain_rows((5, 25) if quick else (5, 25, 50, 100), 1 if quick else 3))
 
 
 def machine_description(device: str) -> str:
@@ -129,7 +111,7 @@ def main(argv=None) -> int:
             rows.append(result)
             print(f"{case_name:12s} {variant:34s} median {result['median'] * 1e3:9.2f} ms  "
                   f"peak {_format_bytes(result['peak_bytes']):>10s}", flush=True)
-    generation = generation_times((10, 50) if args.quick else (10, 50, 100, 200))
+    generation = generation_table(args.quick)
     report = render_report(rows, generation, ceiling, args.device)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -199,15 +181,7 @@ def render_report(rows, generation, ceiling, device) -> str:
               f"({100 * best / ceiling:.0f}%). Autograd reaches the same fraction: both are bound by the convolution "
               "kernels, whose efficiency on these shapes (1 input channel, 32×32 stride-32 kernels) is far below "
               "a square GEMM's.", ""]
-    lines += ["### Generation time", "", "| conv→ReLU layers | seconds | ms per layer |", "|---:|---:|---:|"]
-    lines += [f"| {length} | {seconds:.2f} | {1e3 * seconds / length:.1f} |" for length, seconds in generation]
-    hundred = dict(generation).get(100)
-    if hundred is not None:
-        lines += ["", f"Target: a 100-layer chain in under 2 s, roughly linear growth: {hundred:.2f} s, "
-                  f"{'met' if hundred < 2 else 'missed'}. The per-layer cost grows because the small-shape solver "
-                  "works on symbolic sizes, and a chain's output size is a sum over all its kernels, so each layer's "
-                  "expression is longer than the last. Tying sizes by union-find and solving only the spatial sizes "
-                  "numerically would make it linear.", ""]
+    lines += [generation]
     return "\n".join(lines)
 
 

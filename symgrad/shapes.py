@@ -29,6 +29,19 @@ ROUNDING = (sympy.floor, sympy.ceiling, sympy.Mod, sympy.Min, sympy.Max, sympy.P
 strided convs): equalities holding them stay unsolved, and each candidate is checked numerically."""
 
 
+def _linear_solution(difference: sympy.Expr) -> tuple[sympy.Symbol | None, sympy.Expr | None]:
+    """A symbol that ``difference == 0`` fixes, with its value, where the equation is linear in it with
+    a constant coefficient (the sizes' equalities are sums and products of sizes): no search, no solve."""
+    difference = sympy.expand(difference)
+    for symbol in sorted(difference.free_symbols, key=str):
+        coefficient = difference.diff(symbol)
+        if coefficient.is_number and coefficient != 0:
+            value = sympy.expand(symbol - difference / coefficient)
+            if symbol not in value.free_symbols:
+                return symbol, value
+    return None, None
+
+
 def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
     """Solve the ops' size equalities; ``node_shapes``, if given, receives every node's symbolic shape."""
     symbols = {}
@@ -63,14 +76,7 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sym
         elif right.is_Symbol and right not in left.free_symbols:
             solved, value = right, left
         elif not (left - right).has(*ROUNDING):  # e.g. x_2 == x_2 - w_2 + 3: a residual add fixes the kernel size
-            for symbol in sorted(left.free_symbols | right.free_symbols, key=str):
-                try:
-                    solutions = sympy.solve(sympy.Eq(left, right), symbol)
-                except (NotImplementedError, ValueError):
-                    continue
-                if len(solutions) == 1 and symbol not in solutions[0].free_symbols:
-                    solved, value = symbol, solutions[0]
-                    break
+            solved, value = _linear_solution(left - right)
         if solved is None:
             continue  # checked numerically for each candidate
         substitution[solved] = value

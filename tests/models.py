@@ -228,3 +228,85 @@ class SRCNN(nn.Module):
 
     def forward(self, x):
         return self.conv3(self.relu(self.conv2(self.relu(self.conv1(x)))))
+
+
+class Bottleneck(nn.Module):
+    """He et al. 2016: 1x1 reduce, 3x3 (strided), 1x1 expand by 4, each with BatchNorm; the shortcut."""
+
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_planes != planes * 4:
+            self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes * 4, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(planes * 4))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += identity
+        return self.relu(out)
+
+
+class ResNet50(nn.Module):
+    """ImageNet ResNet-50: 7x7 stride-2 stem, max-pool, [3, 4, 6, 3] Bottlenecks, average pool, linear."""
+
+    def __init__(self, width: int = 64, classes: int = 1000):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        in_planes, stages = width, []
+        for index, (blocks, planes) in enumerate(zip([3, 4, 6, 3], [width, 2 * width, 4 * width, 8 * width])):
+            layers = []
+            for block in range(blocks):
+                layers.append(Bottleneck(in_planes, planes, 2 if index > 0 and block == 0 else 1))
+                in_planes = planes * 4
+            stages.append(nn.Sequential(*layers))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_planes, classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class VGG(nn.Module):
+    """Simonyan & Zisserman 2015 for ImageNet: a configuration's conv stack and the 3-layer classifier."""
+
+    CONFIGURATIONS = {"vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+                      "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+                                512, 512, 512, 512, "M"]}
+
+    def __init__(self, configuration: str = "vgg19", batch_norm: bool = False, classes: int = 1000):
+        super().__init__()
+        layers, channels = [], 3
+        for item in self.CONFIGURATIONS[configuration]:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+                continue
+            layers.append(nn.Conv2d(channels, item, 3, padding=1))
+            layers += [nn.BatchNorm2d(item)] if batch_norm else []
+            layers.append(nn.ReLU(inplace=True))
+            channels = item
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(),
+                                        nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, classes))
+
+    def forward(self, x):
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return self.classifier(x)

@@ -60,11 +60,11 @@ def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: P
     committed = ROOT / "BENCHMARKS.md"
     before = committed.stat().st_mtime_ns
     calls = []
-    runner_measure, runner_generation = runner.run_measurement, runner.generation_times
+    runner_measure, runner_generation = runner.run_measurement, runner.generation_table
     try:
         runner.run_measurement = lambda case_name, *arguments: calls.append(case_name) or (
             {"gflops": 100.0} if case_name == "gemm" else {})
-        runner.generation_times = lambda depths: []
+        runner.generation_table = lambda quick: ""
         os.chdir(tmp_path)
         assert runner.main(["--cases", "--plot", ""]) == 0
         previous = sys.modules.get("matplotlib", _ABSENT)
@@ -79,5 +79,5 @@ def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: P
                 sys.modules["matplotlib"] = previous
     finally:
         os.chdir(ROOT)
-        runner.run_measurement, runner.generation_times = runner_measure, runner_generation
+        runner.run_measurement, runner.generation_table = runner_measure, runner_generation
     assert (tmp_path / "out" / "BENCHMARKS.md").exists() and committed.stat().st_mtime_ns == before

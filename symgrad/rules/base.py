@@ -91,7 +91,11 @@ def number(value: Any, context: ParamContext) -> sympy.Expr:
         raise context.fail(f"must be a number, not {value!r}", f"write e.g. `{context.name}: 0.5`")
     if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
         raise context.fail(f"must be finite, not {value!r}", "use a finite number")
-    return sympy.nsimplify(value, rational=True) if isinstance(value, float) else sympy.Integer(value)
+    return sympy.Rational(repr(value)) if isinstance(value, float) else sympy.Integer(value)  # the decimal as written
+
+
+def _text(problem: str | Callable[[], str]) -> str:
+    return problem() if callable(problem) else problem
 
 
 class Checker:
@@ -105,17 +109,19 @@ class Checker:
         self.constraints: list[tuple[sympy.Expr, sympy.Expr]] = []
         self.positives: list[sympy.Expr] = []
 
-    def equal(self, left, right, problem: str, fix: str) -> None:
+    def equal(self, left, right, problem: str | Callable[[], str], fix: str) -> None:
+        """``problem`` may be a function giving the text, so that no message is formatted (sympy
+        printing is slow) unless the check fails."""
         if self.symbolic:
             self.constraints.append((sympy.sympify(left), sympy.sympify(right)))
         elif left != right:
-            raise SpecError(f"{self.op}: {problem}", self.location, fix)
+            raise SpecError(f"{self.op}: {_text(problem)}", self.location, fix)
 
-    def positive(self, size, problem: str, fix: str) -> None:
+    def positive(self, size, problem: str | Callable[[], str], fix: str) -> None:
         if self.symbolic:
             self.positives.append(sympy.sympify(size))
         elif size < 1:
-            raise SpecError(f"{self.op}: {problem}", self.location, fix)
+            raise SpecError(f"{self.op}: {_text(problem)}", self.location, fix)
 
     def require(self, condition: bool, problem: str, fix: str) -> None:
         """A check on static facts only (ranks, argument values), never on sizes."""

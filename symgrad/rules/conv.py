@@ -282,22 +282,22 @@ class Convolution(Rule):
                         f"not {list(w[2:])}", "keep the weight's kernel size, or give explicit padding")
         lead = len(x) - self.dims - 1  # 1 with a batch axis, 0 without
         check.equal(x[lead], w[1] * groups,
-                    f"input has {x[lead]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
+                    lambda: f"input has {x[lead]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
                     "make the weight's dim 1 equal the input channels divided by groups")
-        check.equal(w[0] % groups, 0, f"weight has {w[0]} output channels, not divisible by groups={groups}",
+        check.equal(w[0] % groups, 0, lambda: f"weight has {w[0]} output channels, not divisible by groups={groups}",
                     "use a number of output channels divisible by groups")
         if "bias" in shapes:
             b = shapes["bias"]
             check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
-            check.equal(b[0], w[0], f"bias has {b[0]} entries but the weight has {w[0]} output channels",
+            check.equal(b[0], w[0], lambda: f"bias has {b[0]} entries but the weight has {w[0]} output channels",
                         "give bias the shape [C_out]")
         out = [*x[:lead], w[0]]
         for axis in range(self.dims):
             size = (x[axis + lead + 1] + 2 * params["padding"][axis] + params.get(SAME_PAD_END, (0,) * self.dims)[axis]
                     - params["dilation"][axis] * (w[axis + 2] - 1) - 1)
             length = (size if params["stride"][axis] == 1 else size // params["stride"][axis]) + 1
-            check.positive(size + 1, f"kernel (dilated) does not fit the padded input along spatial axis {axis}: "
-                           f"input {x[axis + lead + 1]} + 2 x padding {params['padding'][axis]} < "
+            check.positive(size + 1, lambda axis=axis: f"kernel (dilated) does not fit the padded input along spatial "
+                           f"axis {axis}: input {x[axis + lead + 1]} + 2 x padding {params['padding'][axis]} < "
                            f"dilation {params['dilation'][axis]} x (kernel {w[axis + 2]} - 1) + 1",
                            "use more padding, a smaller kernel or a larger input")
             out.append(length)
