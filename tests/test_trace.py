@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from click.testing import CliRunner
 
 from symgrad.check import module_from_source, relative_error
@@ -174,3 +175,29 @@ def test_classifier_with_cross_entropy_gets_int64_labels():
                        "--target", "labels")
     assert result.exit_code == 0, result.output
     assert "labels: {shape: [2], dtype: int64}" in result.output and "op: flatten" in result.output
+
+
+def test_an_argument_a_rule_refuses_is_reported_at_the_models_line():
+    def broadcast(x, y, target):
+        return 0.5 * (x @ y - target).pow(2).sum()  # BROADCAST
+
+    with pytest.raises(TraceError) as error:
+        trace(broadcast, {"x": (2, 1, 3, 4), "y": (5, 4, 2), "target": (2, 5, 3, 2)})
+    assert str(error.value).startswith(f"{marked_line(Path(__file__), 'BROADCAST')}: error: matmul")
+    assert "broadcast batch dims" in str(error.value) and "\n" not in str(error.value)
+
+    def pooled(x, target):
+        return 0.5 * (F.max_pool2d(x, 2, return_indices=True)[0] - target).pow(2).sum()  # INDICES
+
+    with pytest.raises(TraceError) as error:
+        trace(pooled, {"x": (1, 1, 4, 4), "target": (1, 1, 2, 2)})
+    assert str(error.value).startswith(f"{marked_line(Path(__file__), 'INDICES')}: error: 'max_pool2d_with_indices' returns indices")
+
+
+def test_torch_batch_norm_binds_by_its_own_argument_order():
+    def normalised(x, gamma, beta, mean, var, y):
+        out = torch.batch_norm(x, gamma, beta, mean, var, False, 0.1, 1e-5, False)
+        return 0.5 * (out - y).pow(2).sum()
+
+    text = trace(normalised, {"x": (4, 3), "gamma": (3,), "beta": (3,), "mean": (3,), "var": (3,), "y": (4, 3)})
+    assert "running_mean: mean, running_var: var, weight: gamma, bias: beta" in text, text

@@ -26,8 +26,9 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from ..errors import SymgradError
-from ..spec import check_identifier
+from ..errors import SpecError, SymgradError
+from ..graph import build_graph
+from ..spec import check_identifier, parse_spec
 from .layers import Problem, Reduction, Source, SpecBuilder, plain_name
 from .recorder import Recorder, user_line_of_traceback
 
@@ -137,7 +138,23 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     header = (f"# Traced by symgrad from {getattr(function, '__qualname__', 'a function')} at "
               + ", ".join(f"{key}={spec['inputs'][key]['shape']}" for key in tensor_names if key in spec["inputs"])
               + "; edit freely.\n")
-    return header + _yaml({"name": name, **spec})
+    text = header + _yaml({"name": name, **spec})
+    try:  # arguments PyTorch took but a rule refuses: said at the model's line, not the spec's
+        build_graph(parse_spec(text, "<traced spec>"))
+    except SpecError as error:
+        raise TraceError(_at_call(error, text, calls)) from None
+    return text
+
+
+def _at_call(error: SpecError, text: str, calls: list) -> str:
+    lines = text.splitlines()
+    first_layer = next((number for number, line in enumerate(lines, 1) if line.startswith("layers:")), 0) + 1
+    index = error.location.line - first_layer if error.location else -1
+    if not 0 <= index < len(calls):
+        return str(error)
+    call = calls[index]
+    inside = f" (in {call.module})" if call.module else ""
+    return f"{call.where}: error: {error.message}{inside}" + (f" (fix: {error.fix})" if error.fix else "")
 
 
 def _yaml(document: dict) -> str:

@@ -36,6 +36,7 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     **{f"conv_transpose{n}d": (f"conv_transpose{n}d", TRANSPOSED) for n in (1, 2, 3)},
     **{f"avg_pool{n}d": (f"avg_pool{n}d", POOL["avg"]) for n in (1, 2, 3)},
     **{f"max_pool{n}d": (f"max_pool{n}d", POOL["max"]) for n in (1, 2, 3)},
+    **{f"max_pool{n}d_with_indices": (f"max_pool{n}d", POOL["max"]) for n in (1, 2, 3)},
     **{f"adaptive_avg_pool{n}d": (f"adaptive_avg_pool{n}d", ("input", "output_size")) for n in (1, 2, 3)},
     **{name: ("relu", ("input", "inplace")) for name in ("relu", "relu_")},
     **{name: (name.strip("_"), UNARY) for name in ("sigmoid", "sigmoid_", "tanh", "tanh_", "exp", "exp_", "log", "log_",
@@ -68,7 +69,14 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Recorded name -> (spec op, PyTorch's positional argument names)."""
 
-IGNORED = {"inplace"}
+BY_FUNCTION = {torch.batch_norm: ("batch_norm", ("input", "weight", "bias", "running_mean", "running_var", "training",
+                                                 "momentum", "eps", "cudnn_enabled"))}
+"""``torch.*`` functions whose arguments come in another order than their ``torch.nn.functional`` namesakes'."""
+
+NEUTRAL = {"alpha": 1, "scale": 1, "input_scale": 1}
+"""Arguments an op does not take, harmless at these values (``torch.add``'s alpha, ``elu``'s scales)."""
+
+IGNORED = {"inplace", "cudnn_enabled"}
 """Arguments that do not change the value (an in-place op is traced as its out-of-place op)."""
 
 PASS_THROUGH = {"contiguous", "clone", "to", "float", "double", "type_as", "requires_grad_"}
@@ -220,7 +228,7 @@ class SpecBuilder:
         if self.scale_reduction(call):
             return
         if name in SIGNATURES:
-            op, positional = SIGNATURES[name]
+            op, positional = BY_FUNCTION.get(call.function, SIGNATURES[name])
             bound = self.bind(call, positional)
             if bound is None:
                 return
@@ -317,7 +325,7 @@ class SpecBuilder:
             if key in IGNORED:
                 continue
             if key not in rule.params:
-                if value is not None and not (key == "alpha" and value == 1):
+                if value is not None and NEUTRAL.get(key, object()) != value:
                     self.fail(call, f"argument {key}={value!r} is not supported", "leave it at its default", op)
                     return
                 continue
@@ -370,7 +378,7 @@ class SpecBuilder:
         tensor, number = call.arguments[0], call.arguments[1]
         if not _is_number(number):
             return self.unknown(call)
-        negated = Call("neg", (tensor,), {}, torch.neg(tensor), call.where, call.module, call.leaf)
+        negated = Call("neg", torch.neg, (tensor,), {}, torch.neg(tensor), call.where, call.module, call.leaf)
         self.add(negated)
         self.layer("add", {"input": negated.result, "other": number}, call)
 
@@ -392,7 +400,7 @@ class SpecBuilder:
         self.layer(op, bound, call)  # a zero pad too: at other sizes the same call may pad
 
     def _max_pool1d(self, op: str, bound: dict, call: Call) -> None:
-        if bound.get("return_indices"):
+        if bound.get("return_indices") or call.name.endswith("_with_indices"):
             self.fail(call, "returns indices", "call it with return_indices=False")
             return
         bound.pop("return_indices", None)
@@ -466,7 +474,8 @@ class SpecBuilder:
             if (start, stop) == (0, source.shape[dim]):
                 continue
             narrowed = current.narrow(dim, start, max(stop - start, 0))
-            part = Call("narrow", (current, dim, start, max(stop - start, 0)), {}, narrowed, call.where, call.module, call.leaf)
+            part = Call("narrow", torch.narrow, (current, dim, start, max(stop - start, 0)), {}, narrowed, call.where,
+                        call.module, call.leaf)
             self.add(part)
             current = narrowed
         self.alias(call, current)

@@ -64,6 +64,7 @@ class Call:
 
     name: str
     """The function's name: ``conv2d``, ``view``, ``add_``, ``__getitem__``, ``max_pool2d``."""
+    function: Callable
     arguments: tuple
     keywords: dict[str, Any]
     result: Any
@@ -120,5 +121,5 @@ class Recorder(TorchFunctionMode):
         module = self.running[-1] if self.running else None
         path = self.module_paths.get(id(module), type(module).__name__) if module is not None else ""
         leaf = module is not None and next(iter(module.children()), None) is None
-        self.calls.append(Call(name, tuple(arguments), dict(keywords), result, user_line(sys._getframe(1)), path, leaf))
+        self.calls.append(Call(name, function, tuple(arguments), dict(keywords), result, user_line(sys._getframe(1)), path, leaf))
         return result
