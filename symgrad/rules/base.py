@@ -69,6 +69,21 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
     return normalize
 
 
+def ints(value, context: ParamContext) -> tuple[int, ...]:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(isinstance(item, bool) or not isinstance(item, int) for item in values):
+        raise context.fail(f"must be an int or a list of ints, not {value!r}", f"write e.g. `{context.name}: [0, 2, 1, 3]`")
+    return tuple(values)
+
+
+
+def boolean(value, context: ParamContext) -> bool:
+    if not isinstance(value, bool):
+        raise context.fail(f"must be true or false, not {value!r}", f"write `{context.name}: true`")
+    return value
+
+
+
 def positive_int(value: Any, context: ParamContext) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise context.fail(f"must be a positive int, not {value!r}", f"write e.g. `{context.name}: 1`")

@@ -1,0 +1,207 @@
+"""Ops that move entries without changing them: flatten, reshape, permute, narrow, cat.
+
+Each adjoint is one shape-generic PyTorch expression: ``flatten``/``reshape`` reshape the gradient
+back to the input's runtime shape; ``permute`` applies the inverse permutation; ``narrow`` pads the
+gradient with zeros back to the input's length; ``cat`` hands each input its own slice.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
+from .base import Checker, Forward, Operand, Param, Rule, ints
+
+
+primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
+          latex=lambda operands, params, show: operands[0],
+          tangent=lambda expr, tangent_of: op("reshape_like", tangent_of(expr.operands[0]), expr.operands[1]))
+primitive("flatten", code=lambda operands, params, show: f"torch.flatten({operands[0]}{keyword_arguments(params, {'start_dim': 0, 'end_dim': -1}, show)})",
+          latex=lambda operands, params, show: rf"\operatorname{{flatten}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive("reshape", code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(str, params['shape']))})",
+          latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive("permute", code=lambda operands, params, show: f"{operands[0]}.permute({', '.join(map(str, params['dims']))})",
+          latex=lambda operands, params, show: rf"{operands[0]}^{{\pi}}", tangent=LINEAR)
+
+class Flatten(Rule):
+    op = "flatten"
+    operands = (Operand("input", from_in=True),)
+    params = {"start_dim": Param(0, lambda v, c: ints(v, c)[0]), "end_dim": Param(-1, lambda v, c: ints(v, c)[0])}
+    summary = "merge dims start_dim..end_dim"
+    linear_in = ("input",)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        start, end = params["start_dim"] % len(shape), params["end_dim"] % len(shape)
+        check.require(start <= end, f"start_dim {params['start_dim']} comes after end_dim {params['end_dim']}", "swap them")
+        merged = 1
+        for size in shape[start:end + 1]:
+            merged = merged * size
+        return tuple(shape[:start] + [merged] + shape[end + 1:])
+
+    def forward(self, node):
+        return Forward(op("flatten", node.operands["input"], start_dim=node.params["start_dim"], end_dim=node.params["end_dim"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("reshape_like", grad, node.operands["input"])}
+
+    def table_row(self):
+        return self.op, "out = input with dims start_dim..end_dim merged", "grad_input = grad_out.reshape(input.shape)"
+
+
+class Reshape(Flatten):
+    op = "reshape"
+    params = {"shape": Param(None, ints)}
+    summary = "the same entries in another shape"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        target = list(params["shape"])
+        check.require(target.count(-1) <= 1 and all(s == -1 or s > 0 for s in target),
+                      f"shape {target} may hold one -1 and otherwise positive sizes", "fix the shape")
+        total = 1
+        for size in shapes["input"]:
+            total = total * size
+        known = 1
+        for size in target:
+            known = known * (size if size != -1 else 1)
+        if -1 in target:
+            target[target.index(-1)] = total // known
+            check.equal(total % known, 0, f"shape {list(params['shape'])} does not divide the input's {total} entries",
+                        "fix the shape")
+        else:
+            check.equal(known, total, f"shape {target} holds {known} entries, not the input's {total}", "fix the shape")
+        return tuple(target)
+
+    def forward(self, node):
+        return Forward(op("reshape", node.operands["input"], shape=node.params["shape"]))
+
+    def table_row(self):
+        return self.op, "out = input.reshape(shape)", "grad_input = grad_out.reshape(input.shape)"
+
+
+class Permute(Rule):
+    op = "permute"
+    operands = (Operand("input", from_in=True),)
+    params = {"dims": Param(None, ints)}
+    summary = "reorder the dims"
+    linear_in = ("input",)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = shapes["input"]
+        dims = [d % len(shape) for d in params["dims"]]
+        check.require(sorted(dims) == list(range(len(shape))), f"dims {list(params['dims'])} are not a permutation of the "
+                      f"input's {len(shape)} dims", f"list each of 0..{len(shape) - 1} once")
+        return tuple(shape[d] for d in dims)
+
+    def forward(self, node):
+        return Forward(op("permute", node.operands["input"], dims=node.params["dims"]))
+
+    def pullback(self, node, grad, wanted):
+        dims = [d % len(node.shapes["input"]) for d in node.params["dims"]]
+        inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+        return {"input": op("permute", grad, dims=inverse)}
+
+    def table_row(self):
+        return self.op, "out = input.permute(dims)", "grad_input = grad_out.permute(inverse of dims)"
+
+
+primitive("narrow", code=lambda operands, params, show: (
+    f"{operands[0]}.narrow({params['dim']}, {show(params['start'])}, {show(params['length'])})"),
+          latex=lambda operands, params, show: rf"{operands[0]}\left[{show(params['start'])}:{show(params['start'] + params['length'])}\right]",
+          tangent=LINEAR)
+
+
+class Narrow(Rule):
+    """Slicing, as ``torch.narrow``: the adjoint puts the gradient back in place and zero-pads the
+    rest, ``F.pad`` with ``start`` before and ``size - start - length`` after, from the runtime size."""
+
+    op = "narrow"
+    operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
+    params = {"dim": Param(None, lambda v, c: ints(v, c)[0]), "start": Param(None, lambda v, c: ints(v, c)[0]),
+              "length": Param(None, lambda v, c: ints(v, c)[0])}
+    summary = "the entries start..start+length-1 along dim"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        dim = params["dim"] % len(shape)
+        check.require(params["start"] >= 0 and params["length"] >= 1, "start must be >= 0 and length >= 1",
+                      "give a non-negative start and a positive length")
+        check.positive(shape[dim] - params["start"] - params["length"] + 1,
+                       f"start {params['start']} + length {params['length']} runs past dim {dim}", "shorten the slice")
+        shape[dim] = params["length"]
+        return tuple(shape)
+
+    def forward(self, node):
+        dim = node.params["dim"] % len(node.shapes["input"])
+        return Forward(op("narrow", node.operands["input"], dim=dim, start=node.params["start"], length=node.params["length"]))
+
+    def pullback(self, node, grad, wanted):
+        rank = len(node.shapes["input"])
+        dim, start, length = node.params["dim"] % rank, node.params["start"], node.params["length"]
+        after = Size(node.operands["input"], dim) - start - length
+        return {"input": op("pad", grad, pad=(0, 0) * (rank - 1 - dim) + (start, after))}
+
+    def table_row(self):
+        return self.op, "out = input.narrow(dim, start, length)", "grad_input = grad_out zero-padded back to the input's size"
+
+
+
+def _cat_tangent(expr, tangent_of):
+    moved = [tangent_of(operand) for operand in expr.operands]
+    if all(m == 0 for m in moved):
+        return sympy.Integer(0)
+    return op("cat", *(m if m != 0 else op("zeros_like", o) for m, o in zip(moved, expr.operands)), dim=expr.params["dim"])
+
+
+primitive("cat", code=lambda operands, params, show: f"torch.cat([{', '.join(operands)}], dim={params['dim']})",
+          latex=lambda operands, params, show: r"\left[" + ", ".join(operands) + r"\right]", tangent=_cat_tangent)
+
+
+class Cat(Rule):
+    """``torch.cat``: the adjoint hands each input its own slice of the gradient, ``narrow`` at the
+    offset summed from the runtime sizes of the inputs before it."""
+
+    op = "cat"
+    operands = (Operand("tensors", from_in=True, variadic=True),)
+    linear_in = ("tensors",)
+    params = {"dim": Param(0, lambda v, c: ints(v, c)[0])}
+    summary = "join tensors along dim"
+
+    def infer_shape(self, shapes, params, check: Checker):
+        ordered = [shapes[key] for key in sorted(shapes, key=lambda k: int(k.rsplit("_", 1)[1]))]
+        rank = len(ordered[0])
+        check.require(all(len(shape) == rank for shape in ordered), "cat needs tensors of one rank", "give them equal ranks")
+        dim = params["dim"] % rank
+        out = list(ordered[0])
+        for shape in ordered[1:]:
+            for axis in range(rank):
+                if axis != dim:
+                    check.equal(shape[axis], out[axis], f"shapes {[tuple(s) for s in ordered]} differ outside dim {dim}",
+                                "make every other dim equal")
+            out[dim] = out[dim] + shape[dim]
+        return tuple(out)
+
+    def _ordered(self, node):
+        return [node.operands[f"tensors_{index}"] for index in range(len(node.operands))]
+
+    def forward(self, node):
+        dim = node.params["dim"] % len(node.out_shape)
+        return Forward(op("cat", *self._ordered(node), dim=dim))
+
+    def pullback(self, node, grad, wanted):
+        dim = node.params["dim"] % len(node.out_shape)
+        grads, offset = {}, sympy.Integer(0)
+        for index, tensor in enumerate(self._ordered(node)):
+            name = f"tensors_{index}"
+            if name in wanted:
+                grads[name] = op("narrow", grad, dim=dim, start=offset, length=Size(tensor, dim))
+            offset = offset + Size(tensor, dim)
+        return grads
+
+    def table_row(self):
+        return self.op, "out = torch.cat([a, b, ...], dim)", "grad of each input = grad_out.narrow(dim, its offset, its size)"
+
+
+
+RULES = [Flatten(), Reshape(), Permute(), Narrow(), Cat()]

@@ -1,0 +1,214 @@
+"""Pooling: average (a depthwise convolution with the constant kernel 1/|K|, so its adjoint is the
+transposed depthwise convolution, ``output_padding`` from the runtime shapes exactly as for conv)
+and max (the gradient goes to the entry each window chose).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..algebra import LINEAR, Size, keyword_arguments, op, primitive, show_ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, int_tuple
+from .resample import separable_adjoint
+
+
+def _pool_adjoint_code(operands, params, show):
+    grad, x = operands
+    dims = params["dims"]
+    kernel = params["kernel_size"]
+    size = 1
+    for k in kernel:
+        size *= k
+    weight = f"{grad}.new_full(({x}.shape[1], 1, {', '.join(map(str, kernel))}), 1 / {size})"
+    output_padding = "(" + ", ".join(show(v) for v in params["output_padding"]) + ("," if dims == 1 else "") + ")"
+    keywords = keyword_arguments({"stride": params["stride"], "padding": params["padding"]}, {"stride": 1, "padding": 0}, show)
+    return (f"F.conv_transpose{dims}d({grad}, {weight}{keywords}, output_padding={output_padding}, groups={x}.shape[1])")
+
+
+primitive("avg_pool_adjoint", code=_pool_adjoint_code,
+          latex=lambda operands, params, show: rf"\operatorname{{avgpool}}^{{\top}}\left({operands[0]}\right)",
+          tangent=lambda expr, tangent_of: op("avg_pool_adjoint", tangent_of(expr.operands[0]), expr.operands[1],
+                                                **dict(expr.params.items())))
+AVG_POOL_DEFAULTS = {"padding": 0, "ceil_mode": False, "count_include_pad": True, "divisor_override": None}
+primitive("avg_pool", code=lambda operands, params, show: f"F.avg_pool{params['dims']}d({operands[0]}, {show_ints(params['kernel_size'])}"
+          + keyword_arguments({"stride": params["stride"], **{key: params.get(key, default) for key, default in AVG_POOL_DEFAULTS.items()}},
+                              {"stride": params["kernel_size"], **AVG_POOL_DEFAULTS}, show) + ")",
+          latex=lambda operands, params, show: rf"\operatorname{{avgpool}}\left({operands[0]}\right)", tangent=LINEAR)
+
+
+def _pool_stride(value, context: ParamContext):
+    """Unset, or an empty list (PyTorch's ``stride=()``), means the kernel size."""
+    return None if value is None or value == [] else int_tuple(1)(value, context)
+
+
+
+def _pool_length(n, span: int, stride: int, padding: int, ceil: bool):
+    """PyTorch's pooled length for input length ``n`` and window span ``span`` (dilated kernel): in
+    ceil mode it rounds up, but the last window must start inside the input or its left padding."""
+    size = n + 2 * padding - span
+    if not ceil:
+        return size // stride + 1
+    length = (size + stride - 1) // stride + 1
+    starts_past = (length - 1) * stride >= n + padding
+    if isinstance(starts_past, sympy.Basic):  # symbolic sizes, while solving for small test shapes
+        return sympy.Piecewise((length - 1, starts_past), (length, True))
+    return length - int(starts_past)
+
+
+class AveragePool(Rule):
+    operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
+
+    def __init__(self, dims: int):
+        self.dims = dims
+        self.op = f"avg_pool{dims}d"
+        self.summary = f"{dims}-d average pooling"
+        self.params = {"kernel_size": Param(None, int_tuple(1)), "stride": Param(None, _pool_stride),
+                       "padding": Param(0, int_tuple(0)), "ceil_mode": Param(False, boolean),
+                       "count_include_pad": Param(True, boolean), "divisor_override": Param(None, self._divisor)}
+
+    @staticmethod
+    def _divisor(value, context):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value == 0):
+            raise context.fail(f"must be a non-zero int or unset, not {value!r}", "write e.g. `divisor_override: 4`")
+        return value
+
+    def spatial_dims(self) -> int:
+        return self.dims
+
+    def _settings(self, params):
+        stride = params["stride"] if params["stride"] is not None else params["kernel_size"]
+        return params["kernel_size"], stride, params["padding"]
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        return self._pooled_shape(x, params, check, dilation=(1,) * self.dims)
+
+    def _pooled_shape(self, x, params, check: Checker, dilation):
+        check.require(len(x) in (self.dims + 1, self.dims + 2), f"input has {len(x)} dimensions but {self.op} needs "
+                      f"{self.dims + 2} ([N, C, ...]) or {self.dims + 1} (unbatched)", "reshape the input")
+        kernel, stride, padding = self._settings(params)
+        check.require(all(2 * p <= k for p, k in zip(padding, kernel)), "padding must be at most half the kernel size",
+                      "reduce padding")
+        lead = len(x) - self.dims
+        out = list(x[:lead])
+        for axis in range(self.dims):
+            span = dilation[axis] * (kernel[axis] - 1) + 1
+            check.positive(x[lead + axis] + 2 * padding[axis] - span + 1, f"kernel does not fit the padded input along axis {axis}",
+                           "use a smaller kernel")
+            out.append(_pool_length(x[lead + axis], span, stride[axis], padding[axis], params["ceil_mode"]))
+        return tuple(out)
+
+    def _uniform(self, params) -> bool:
+        """Every window divided by |K|: a depthwise conv with the constant kernel 1/|K|."""
+        return (not params["ceil_mode"] and params["divisor_override"] is None
+                and (params["count_include_pad"] or not any(params["padding"])))
+
+    def _options(self, params) -> dict:
+        return {key: params[key] for key in ("ceil_mode", "count_include_pad", "divisor_override")
+                if params[key] != AVG_POOL_DEFAULTS[key]}
+
+    def forward(self, node):
+        kernel, stride, padding = self._settings(node.params)
+        return Forward(op("avg_pool", node.operands["input"], dims=self.dims, kernel_size=kernel, stride=stride, padding=padding,
+                          **self._options(node.params)))
+
+    def pullback(self, node, grad, wanted):
+        kernel, stride, padding = self._settings(node.params)
+        x = node.operands["input"]
+        if not self._uniform(node.params) or len(node.shapes["input"]) == self.dims + 1:
+            # ragged windows (ceil mode, padding not counted) or a fixed divisor: still separable, the
+            # divisor being the product of each axis's window length (see the note above Interpolate)
+            divisor = node.params["divisor_override"]
+            contraction = separable_adjoint(node, grad, len(node.shapes["input"]) - self.dims, "window-sum" if divisor else "averaging",
+                                            [dict(function="avg_pool", kernel_size=kernel[axis], stride=stride[axis],
+                                                  padding=padding[axis], **self._options(node.params)) for axis in range(self.dims)])
+            return {"input": contraction / divisor if divisor else contraction}
+        output_padding = tuple(sympy.Mod(Size(x, axis + 2) + 2 * padding[axis] - kernel[axis], stride[axis])
+                               for axis in range(self.dims))
+        return {"input": op("avg_pool_adjoint", grad, x, dims=self.dims, kernel_size=kernel, stride=stride, padding=padding,
+                            output_padding=output_padding)}
+
+    def table_row(self):
+        return (self.op, "out = mean of each kernel window (a depthwise conv with the constant kernel 1/|K|)",
+                "grad_input = conv_transpose(grad_out, 1/|K|, stride, padding, groups=C, output_padding from shapes); with ceil_mode, "
+                "count_include_pad=False or divisor_override, grad_out contracted with each axis's pooling matrix transposed")
+
+
+def _max_pool_call(operands, params, show, indices: bool) -> str:
+    keywords = keyword_arguments({"stride": params["stride"], "padding": params["padding"], "dilation": params["dilation"],
+                                  "ceil_mode": params.get("ceil_mode", False)},
+                                 {"stride": params["kernel_size"], "padding": 0, "dilation": 1, "ceil_mode": False}, show)
+    call = f"F.max_pool{params['dims']}d({operands[0]}, {show_ints(params['kernel_size'])}{keywords}"
+    return call + (", return_indices=True)[1]" if indices else ")")
+
+
+primitive("gather_at", code=lambda operands, params, show: (
+    f"{operands[0]}.flatten({params['start']}).gather({params['start']}, {operands[1]}.flatten({params['start']})).view_as({operands[1]})"),
+    latex=lambda operands, params, show: rf"{operands[0]}\left[{operands[1]}\right]",
+    tangent=lambda expr, tangent_of: op("gather_at", tangent_of(expr.operands[0]), expr.operands[1], start=expr.params["start"]))
+primitive("max_pool", code=lambda operands, params, show: _max_pool_call(operands, params, show, False),
+          latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)",
+          # piecewise linear: along dx it moves by dx at each window's argmax
+          tangent=lambda expr, tangent_of: op("gather_at", tangent_of(expr.operands[0]),
+                                                op("max_pool_indices", expr.operands[0], **dict(expr.params.items())),
+                                                start=expr.params["start"]))
+primitive("max_pool_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, True),
+          latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)", tangent="constant")
+primitive("scatter_to", code=lambda operands, params, show: (
+    f"torch.zeros_like({operands[2]}).flatten({params['start']}).scatter_add({params['start']}, {operands[1]}.flatten({params['start']}), "
+    f"{operands[0]}.flatten({params['start']}))"
+    f".view_as({operands[2]})"),
+    latex=lambda operands, params, show: rf"\operatorname{{scatter}}_{{{operands[1]}}}\left({operands[0]}\right)",
+    tangent=lambda expr, tangent_of: op("scatter_to", tangent_of(expr.operands[0]), *expr.operands[1:], start=expr.params["start"]))
+
+
+class MaxPool(AveragePool):
+    """Max pooling: each output is one input entry, the argmax of its window (PyTorch's choice on
+    ties). The adjoint adds each output's gradient into the input entry it came from: a
+    ``scatter_add`` at the indices PyTorch's own max_pool returns, which also sums correctly where
+    windows overlap (``max_unpool`` would overwrite)."""
+
+    linear_in = ()
+
+    def __init__(self, dims: int):
+        super().__init__(dims)
+        self.op = f"max_pool{dims}d"
+        self.summary = f"{dims}-d max pooling (floor or ceil mode)"
+        self.params = {"kernel_size": Param(None, int_tuple(1)),
+                       "stride": Param(None, _pool_stride),
+                       "padding": Param(0, int_tuple(0)), "dilation": Param(1, int_tuple(1)),
+                       "ceil_mode": Param(False, boolean), "return_indices": Param(False, self._refuse_indices)}
+
+    @staticmethod
+    def _refuse_indices(value, context):
+        if value is not False:  # PyTorch then returns (values, indices): not one layer's tensor
+            raise context.fail("= true is not supported yet", "leave return_indices false; the gradient uses the indices itself")
+        return False
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        return self._pooled_shape(x, params, check, dilation=params["dilation"])
+
+    def _pool_params(self, node):
+        kernel, stride, padding = self._settings(node.params)
+        ceil = {"ceil_mode": True} if node.params["ceil_mode"] else {}
+        start = len(node.shapes["input"]) - self.dims  # the first spatial dim: PyTorch's indices count within it
+        return dict(dims=self.dims, kernel_size=kernel, stride=stride, padding=padding, dilation=node.params["dilation"],
+                    start=start, **ceil)
+
+    def forward(self, node):
+        return Forward(op("max_pool", node.operands["input"], **self._pool_params(node)))
+
+    def pullback(self, node, grad, wanted):
+        x = node.operands["input"]
+        indices = node.local("indices", op("max_pool_indices", x, **self._pool_params(node)))
+        return {"input": op("scatter_to", grad, indices, x, start=self._pool_params(node)["start"])}
+
+    def table_row(self):
+        return (self.op, "out = max of each kernel window",
+                "grad_input = grad_out scatter-added at the argmax indices (overlapping windows add up)")
+
+
+
+RULES = [AveragePool(1), AveragePool(2), AveragePool(3), MaxPool(1), MaxPool(2), MaxPool(3)]

@@ -1,0 +1,332 @@
+"""Resampling: pixel_shuffle (a permutation of entries: its adjoint is pixel_unshuffle), interpolate
+in every mode and adaptive average pooling (separable linear maps, one small matrix per axis).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..algebra import CONSTANT, LINEAR, keyword_arguments, op, primitive, show_ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice, ints
+
+
+primitive("pixel_shuffle", code=lambda operands, params, show: f"F.{params['function']}({operands[0]}, {params['factor']})",
+          latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
+          tangent=LINEAR)
+
+
+
+
+class PixelShuffle(Rule):
+    op = "pixel_shuffle"
+    operands = (Operand("input", from_in=True),)
+    params = {"upscale_factor": Param(None, lambda v, c: ints(v, c)[0])}
+    summary = "[N, C r², H, W] -> [N, C, H r, W r]"
+    linear_in = ("input",)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        n, c, h, w = shapes["input"] if len(shapes["input"]) == 4 else (None,) * 4
+        check.require(n is not None, "pixel_shuffle needs a 4-d input [N, C r², H, W]", "reshape the input")
+        r = params["upscale_factor"]
+        check.require(r >= 1, "upscale_factor must be positive", "use e.g. 2")
+        check.equal(c % (r * r), 0, f"{c} channels are not divisible by upscale_factor² = {r * r}", "fix the channels")
+        return (n, c // (r * r), h * r, w * r)
+
+    def forward(self, node):
+        return Forward(op("pixel_shuffle", node.operands["input"], function="pixel_shuffle", factor=node.params["upscale_factor"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("pixel_shuffle", grad, function="pixel_unshuffle", factor=node.params["upscale_factor"])}
+
+    def table_row(self):
+        return self.op, "out = F.pixel_shuffle(input, r)", "grad_input = F.pixel_unshuffle(grad_out, r)"
+
+
+
+primitive("interpolate_nearest", code=lambda operands, params, show: (
+    f"F.interpolate({operands[0]}, scale_factor={show_ints(params['scale'])}, mode='nearest')"),
+    latex=lambda operands, params, show: rf"\operatorname{{upsample}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive("block_sum", code=lambda operands, params, show: (
+    f"F.avg_pool{params['dims']}d({operands[0]}, {show_ints(params['scale'])}) * {_product(params['scale'])}"),
+    latex=lambda operands, params, show: rf"\operatorname{{blocksum}}\left({operands[0]}\right)", tangent=LINEAR)
+
+
+def _product(values) -> int:
+    total = 1
+    for value in values:
+        total *= value
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Separable resampling: interpolate in every mode, adaptive average pooling
+# --------------------------------------------------------------------------------------------
+#
+# Each of these acts on one spatial axis at a time with the same small matrix for every other index:
+# out[n, c, i, j] = sum_{p, q} A_H[i, p] A_W[j, q] x[n, c, p, q]. (Bilinear is linear interpolation
+# along H, then along W; an adaptive average over a rectangle is an average over its rows, then its
+# columns.) The adjoint is the same contraction with each matrix transposed,
+#
+#     grad_x[n, c, p, q] = sum_{i, j} A_H[i, p] A_W[j, q] grad[n, c, i, j],
+#
+# one einsum. Each A_k depends only on the sizes along its axis, so the emitted code builds it at run
+# time, exactly as PyTorch's own kernel weighs the entries: it applies the op itself, along that axis
+# only, to the identity matrix. Row p of eye(n) is the unit vector e_p, so the result's row p is
+# column p of A_k, that is A_k^T, with every convention (align_corners, cubic coefficient, antialias
+# support, adaptive window bounds) PyTorch's, and shape-generic.
+
+
+def separable_adjoint(node, grad, first: int, what: str, per_axis: list[dict]):
+    """``grad`` contracted with each spatial axis's matrix, transposed; ``per_axis[k]`` holds the
+    ``resampling_matrix`` params of spatial axis ``k``, which is dim ``first + k`` of the input."""
+    x = node.operands["input"]
+    matrices = [node.local("local", op("resampling_matrix", x, dim=first + axis, axis=axis, dims=len(per_axis), **params),
+                           suffix=f"dim{first + axis}", note=f"{node.name}'s {what} matrix along dim {first + axis}, transposed: "
+                                                             f"the identity {'interpolated' if params['function'] == 'interpolate' else 'pooled'} along that dim")
+                for axis, params in enumerate(per_axis)]
+    return op("axis_contraction", grad, *matrices, axes=tuple(range(first, first + len(per_axis))))
+
+
+def _interpolate_options(params) -> list[str]:
+    """mode, align_corners, recompute_scale_factor and antialias as PyTorch keywords, when set."""
+    keywords = [f"mode={params['mode']!r}"]
+    for key in ("align_corners", "recompute_scale_factor"):
+        if params[key] is not None:
+            keywords.append(f"{key}={params[key]}")
+    if params["antialias"]:
+        keywords.append("antialias=True")
+    return keywords
+
+
+def _resampling_matrix_code(operands, params, show):
+    x, = operands
+    dims, axis = params["dims"], params["axis"]
+    eye = f"torch.eye({x}.shape[{params['dim']}], dtype={x}.dtype, device={x}.device)"
+    if params["function"] == "avg_pool":
+        divisor = params.get("divisor_override")
+        options = keyword_arguments({**dict(params.items()), "stride": (params["stride"], 1), "padding": (params["padding"], 0)}
+                                    if divisor else params, {"stride": None, "padding": 0, "ceil_mode": False,
+                                                             **({} if divisor else {"count_include_pad": True})}, show)
+        if divisor:  # the window sums; the one divisor is applied after the contraction
+            return f"F.avg_pool2d({eye}[None, :, :, None], ({params['kernel_size']}, 1){options}, divisor_override=1)[0].flatten(1)"
+        return f"F.avg_pool1d({eye}[None], {params['kernel_size']}{options})[0]"
+    if params["function"] == "adaptive_avg_pool":
+        size = params["size"] if params["size"] is not None else f"{x}.shape[{params['dim']}]"  # None keeps the size
+        return f"F.adaptive_avg_pool1d({eye}[None], {size})[0]"
+    index = ", ".join([":" if k == axis else "None" for k in range(dims)])
+    # the other axes have size 1 (antialias: 2, as PyTorch's antialiased kernel resamples a probe one
+    # entry wide wrongly), and are left as they are: size 1 -> 1, or 2 -> 2 by scale 1
+    width = 2 if params["antialias"] else 1
+    probe = f"{eye}[None, :, {index}]" + (f".repeat(1, 1, {', '.join('1' if k == axis else '2' for k in range(dims))})" if width == 2 else "")
+    keywords = []
+    if params["size"] is not None:
+        keywords.append("size=(" + ", ".join(str(params["size"]) if k == axis else str(width) for k in range(dims))
+                        + ("," if dims == 1 else "") + ")")
+    else:
+        keywords.append("scale_factor=(" + ", ".join(repr(params["scale"]) if k == axis else "1.0" for k in range(dims))
+                        + ("," if dims == 1 else "") + ")")
+    keywords += _interpolate_options(params)
+    if width == 2:
+        column = ", ".join(":" if k == axis else "0" for k in range(dims))
+        return f"F.interpolate({probe}, {', '.join(keywords)})[0, :, {column}]"
+    return f"F.interpolate({probe}, {', '.join(keywords)})[0].flatten(1)"
+
+
+primitive("resampling_matrix", code=_resampling_matrix_code,
+          latex=lambda operands, params, show: rf"A_{{{params['dim']}}}^{{\top}}",
+          tangent=CONSTANT)  # built from sizes only
+
+def _contraction_code(operands, params, show):
+    grad, *matrices = operands
+    outer, inner = "ijk"[:len(matrices)], "pqr"[:len(matrices)]
+    subscripts = f"...{outer}," + ",".join(f"{p}{i}" for p, i in zip(inner, outer)) + f"->...{inner}"
+    return f"torch.einsum('{subscripts}', {grad}, {', '.join(matrices)})"
+
+
+primitive("axis_contraction", code=_contraction_code,
+          latex=lambda operands, params, show: operands[0] + "".join(
+              rf" \times_{{{axis}}} {matrix}" for axis, matrix in zip(params["axes"], operands[1:])),
+          tangent=LINEAR)
+
+
+def _interpolate_code(operands, params, show):
+    keywords = [f"size={show_ints(params['size'])}" if params["size"] is not None
+                else f"scale_factor={_show_scale(params['scale_factor'])}", *_interpolate_options(params)]
+    return f"F.interpolate({operands[0]}, {', '.join(keywords)})"
+
+
+def _show_scale(scale: tuple) -> str:
+    if len(set(scale)) == 1:
+        return repr(scale[0])
+    return "(" + ", ".join(map(repr, scale)) + ")"
+
+
+primitive("interpolate", code=_interpolate_code,
+          latex=lambda operands, params, show: rf"\operatorname{{{params['mode'].replace('-', '')}}}\left({operands[0]}\right)",
+          tangent=LINEAR)
+
+
+def _optional_bool(value, context: ParamContext):
+    if value is not None and not isinstance(value, bool):
+        raise context.fail(f"must be true, false or unset, not {value!r}", f"write `{context.name}: true`")
+    return value
+
+
+def _positive_sizes(value, context: ParamContext):
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise context.fail(f"must be a positive int or a list of them, not {value!r}", f"write e.g. `{context.name}: 8`")
+    return tuple(values) if isinstance(value, list) else value  # one value stays one, as PyTorch takes it
+
+
+def _scales(value, context: ParamContext):
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6 for v in values):
+        raise context.fail(f"must be a positive number or a list of them, not {value!r}", "write e.g. `scale_factor: 2`")
+    values = tuple(int(v) if float(v).is_integer() else float(v) for v in values)
+    return values if isinstance(value, list) else values[0]  # one value stays one, as PyTorch takes it
+
+
+INTERPOLATION_RANK = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
+
+
+class Interpolate(Rule):
+    """``F.interpolate`` in every mode. In ``nearest`` mode by whole scale factors each entry is
+    copied into an s×s block, so the adjoint sums each block, ``avg_pool(grad, s) * prod(s)``.
+    Every other case (fractional factors, ``size``, linear, bilinear, bicubic, trilinear, area,
+    nearest-exact, align_corners, antialias) is separable: see the note above this class."""
+
+    op = "interpolate"
+    operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
+    params = {"size": Param(None, _positive_sizes), "scale_factor": Param(None, _scales),
+              "mode": Param("nearest", choice("nearest", "linear", "bilinear", "bicubic", "trilinear", "area", "nearest-exact")),
+              "align_corners": Param(None, _optional_bool), "recompute_scale_factor": Param(None, _optional_bool),
+              "antialias": Param(False, boolean)}
+    summary = "resampling: nearest, nearest-exact, (bi/tri)linear, bicubic, area; by size or scale_factor"
+
+    def _per_axis(self, value, spatial: int):
+        return None if value is None else (value if isinstance(value, tuple) else (value,) * spatial)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        spatial = len(x) - 2
+        mode = params["mode"]
+        check.require(1 <= spatial <= 3, "interpolate needs [N, C, ...] with 1 to 3 spatial dims", "pass a batched input")
+        check.require(INTERPOLATION_RANK.get(mode, spatial) == spatial,
+                      f"mode '{mode}' needs a {INTERPOLATION_RANK.get(mode, 0) + 2}-d input, not {len(x)}-d",
+                      "use linear for 3-d, bilinear or bicubic for 4-d, trilinear for 5-d inputs")
+        size, scale = params["size"], params["scale_factor"]
+        check.require((size is None) != (scale is None), "needs exactly one of size and scale_factor", "give one of them")
+        for name, value in (("size", size), ("scale_factor", scale)):
+            check.require(not isinstance(value, tuple) or len(value) == spatial, f"{name} needs {spatial} entries, "
+                          f"one per spatial dim", f"give one value or a list of {spatial}")
+        check.require(params["align_corners"] is None or mode in INTERPOLATION_RANK,
+                      f"align_corners only applies to linear, bilinear, bicubic and trilinear, not '{mode}'",
+                      "drop align_corners")
+        check.require(not params["antialias"] or mode in ("bilinear", "bicubic"),
+                      "antialias only applies to bilinear and bicubic (PyTorch rejects it otherwise)", "drop antialias")
+        check.require(params["recompute_scale_factor"] is None or scale is not None,
+                      "recompute_scale_factor only applies with scale_factor", "drop recompute_scale_factor")
+        if size is not None:
+            return (x[0], x[1], *self._per_axis(size, spatial))
+        # PyTorch: floor(float(n) * s) in double; exact rationals for symbolic sizes
+        return (x[0], x[1], *(sympy.floor(n * sympy.nsimplify(s, rational=True)) if isinstance(n, sympy.Basic)
+                              else int(float(n) * s // 1) for n, s in zip(x[2:], self._per_axis(scale, spatial))))
+
+    def _whole_nearest(self, params) -> bool:
+        scale = params["scale_factor"]
+        return params["mode"] == "nearest" and scale is not None and all(isinstance(s, int) for s in self._per_axis(scale, 1))
+
+    def _settings(self, node):
+        spatial = len(node.shapes["input"]) - 2
+        return dict(size=self._per_axis(node.params["size"], spatial), scale_factor=self._per_axis(node.params["scale_factor"], spatial),
+                    mode=node.params["mode"], align_corners=node.params["align_corners"],
+                    recompute_scale_factor=node.params["recompute_scale_factor"], antialias=node.params["antialias"])
+
+    def forward(self, node):
+        settings = self._settings(node)
+        if self._whole_nearest(node.params):
+            return Forward(op("interpolate_nearest", node.operands["input"], scale=settings["scale_factor"]))
+        return Forward(op("interpolate", node.operands["input"], **settings))
+
+    def pullback(self, node, grad, wanted):
+        settings = self._settings(node)
+        if self._whole_nearest(node.params):
+            scale = settings["scale_factor"]
+            return {"input": op("block_sum", grad, dims=len(scale), scale=scale)}
+        per_axis = [dict(function="interpolate", size=settings["size"][axis] if settings["size"] else None,
+                         scale=settings["scale_factor"][axis] if settings["scale_factor"] else None,
+                         mode=settings["mode"], align_corners=settings["align_corners"],
+                         recompute_scale_factor=settings["recompute_scale_factor"], antialias=settings["antialias"])
+                    for axis in range(len(node.shapes["input"]) - 2)]
+        return {"input": separable_adjoint(node, grad, 2, "interpolation", per_axis)}
+
+    def table_row(self):
+        return (self.op, "out = interpolate(input): nearest by whole s copies each entry into an s×s block; every other "
+                "mode is separable, out = A_H · input · A_Wᵀ per channel",
+                "nearest by whole s: grad_input = avg_pool(grad_out, s) * prod(s); otherwise grad_input = A_Hᵀ · grad_out · A_W, "
+                "each A read off by interpolating the identity along its axis")
+
+
+class AdaptiveAveragePool(Rule):
+    """``adaptive_avg_poolNd``: output entry ``i`` averages input entries
+    ``floor(i n / m) .. ceil((i + 1) n / m) - 1`` along each axis, separably (see the note above
+    ``Interpolate``), so the adjoint is the einsum with each axis's averaging matrix transposed."""
+
+    operands = (Operand("input", from_in=True),)
+    linear_in = ("input",)
+
+    def __init__(self, dims: int):
+        self.dims = dims
+        self.op = f"adaptive_avg_pool{dims}d"
+        self.summary = f"{dims}-d adaptive average pooling to output_size"
+        self.params = {"output_size": Param(None, self._output_size)}
+
+    def spatial_dims(self) -> int:
+        return self.dims
+
+    def _output_size(self, value, context: ParamContext):
+        values = value if isinstance(value, list) else [value] * self.dims
+        if len(values) != self.dims or any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
+                                           for v in values):
+            raise context.fail(f"must be a positive int or a list of {self.dims} (positive ints or null), not {value!r}",
+                               "write e.g. `output_size: 7`")
+        return tuple(values)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        check.require(len(x) in (self.dims + 1, self.dims + 2), f"input has {len(x)} dimensions but {self.op} needs "
+                      f"{self.dims + 2} ([N, C, ...]) or {self.dims + 1} (unbatched)", "reshape the input")
+        lead = len(x) - self.dims
+        return (*x[:lead], *(n if m is None else m for n, m in zip(x[lead:], params["output_size"])))
+
+    def forward(self, node):
+        return Forward(op("adaptive_avg_pool", node.operands["input"], dims=self.dims, output_size=node.params["output_size"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": separable_adjoint(node, grad, len(node.shapes["input"]) - self.dims, "averaging",
+                                           [dict(function="adaptive_avg_pool", size=size) for size in node.params["output_size"]])}
+
+    def table_row(self):
+        return (self.op, "out = mean over each adaptive window [floor(i n/m), ceil((i+1) n/m)), per axis",
+                "grad_input = grad_out contracted with each axis's averaging matrix transposed (from adaptive_avg_pool1d of the identity)")
+
+
+primitive("adaptive_avg_pool", code=lambda operands, params, show: (
+    f"F.adaptive_avg_pool{params['dims']}d({operands[0]}, {_show_output_size(params['output_size'])})"),
+    latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}\left({operands[0]}\right)", tangent=LINEAR)
+
+
+def _show_output_size(sizes: tuple) -> str:
+    if len(set(sizes)) == 1 and sizes[0] is not None:
+        return str(sizes[0])
+    return "(" + ", ".join(map(str, sizes)) + ("," if len(sizes) == 1 else "") + ")"
+
+
+
+RULES = [PixelShuffle(), Interpolate(), AdaptiveAveragePool(1), AdaptiveAveragePool(2), AdaptiveAveragePool(3)]
