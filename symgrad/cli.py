@@ -408,7 +408,9 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
     if output == "-":
         click.echo(text, nl=False)
     else:
-        Path(output).write_text(text, encoding="utf-8")
+        from .emit import write_text
+
+        write_text(Path(output), text)
         click.echo(f"wrote {output}; next: symgrad generate {output} --verify")
 
 

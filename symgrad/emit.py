@@ -463,11 +463,7 @@ def write_files(rendered: Rendered, directory: Path, force: bool = False) -> lis
     staged = []
     try:
         for path, text in targets:
-            handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-                stream.write(text)
-            os.chmod(temporary, _mode_of_a_new_file(path))
-            staged.append((temporary, path))
+            staged.append((_staged(path, text), path))
         for temporary, path in staged:
             os.replace(temporary, path)
     finally:
@@ -475,3 +471,23 @@ def write_files(rendered: Rendered, directory: Path, force: bool = False) -> lis
             if os.path.exists(temporary):
                 os.unlink(temporary)
     return [path for path, _ in targets]
+
+
+def _staged(path: Path, text: str) -> str:
+    """``text`` in a temporary file beside ``path``, with the mode ``path`` would get; its name."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
+        stream.write(text)
+    os.chmod(temporary, _mode_of_a_new_file(path))
+    return temporary
+
+
+def write_text(path: Path, text: str) -> None:
+    """One file, atomically: a reader sees the old file or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = _staged(path, text)
+    try:
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
