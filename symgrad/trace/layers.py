@@ -252,6 +252,8 @@ class SpecBuilder:
             dims = call.arguments[1:] if len(call.arguments) > 2 or not isinstance(call.arguments[1:2], tuple) else ()
             dims = call.keywords.get("dims", dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
             self.layer("permute", {"input": call.arguments[0], "dims": list(dims)}, call)
+        elif name in ("clamp", "clamp_", "clip", "clip_"):
+            self.clamp(call)
         elif name == "square":
             self.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
         elif name == "__rsub__":
@@ -414,6 +416,22 @@ class SpecBuilder:
             bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
         self.layer(op, bound, call)
 
+    def clamp(self, call: Call) -> None:
+        """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b)."""
+        bound = dict(zip(("input", "min", "max"), call.arguments)) | call.keywords
+        low, high = bound.get("min"), bound.get("max")
+        if (low is not None and not _is_number(low)) or (high is not None and not _is_number(high)):
+            self.fail(call, "clamps to tensor bounds", "clamp to numbers")
+        elif low == 0 and high is None:
+            self.layer("relu", {"input": bound["input"]}, call)
+        elif low == 0 and high == 6:
+            self.layer("relu6", {"input": bound["input"]}, call)
+        elif low is not None and high is not None:
+            self.layer("hardtanh", {"input": bound["input"], "min_val": float(low), "max_val": float(high)}, call)
+        else:
+            self.fail(call, "clamps on one side to a bound other than 0, which no op symgrad lists does",
+                      "clamp to min=0 (relu) or to both bounds (hardtanh)")
+
     def pass_through(self, call: Call) -> None:
         source, result = call.arguments[0], call.result
         if not isinstance(result, torch.Tensor) or not isinstance(source, torch.Tensor):
@@ -495,6 +513,10 @@ class SpecBuilder:
         dims = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
         keepdim = call.keywords.get("keepdim", call.arguments[2] if len(call.arguments) > 2 else False)
         rank = source.dim()
+        spatial = list(range(2, rank))
+        if (call.name == "mean" and dims is not None and 3 <= rank <= 5 and id(source) not in self.reductions
+                and sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims)) == spatial):
+            return self.global_average(call, source, rank, bool(keepdim))
         if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
             how = call.name
         else:
@@ -527,6 +549,15 @@ class SpecBuilder:
         dim = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
         if isinstance(call.arguments[0], torch.Tensor) and dim is not None and dim % call.arguments[0].dim() == 1:
             self.log_probabilities[id(call.result)] = call.arguments[0]
+
+    def global_average(self, call: Call, source: torch.Tensor, rank: int, keepdim: bool) -> None:
+        """``x.mean(dim=(2, 3))``, global average pooling, is adaptive_avg_pool2d to 1 (then flatten)."""
+        pooled = torch.flatten(source, 2).mean(dim=2).reshape(*source.shape[:2], *([1] * (rank - 2)))
+        pool = Call(f"adaptive_avg_pool{rank - 2}d", call.function, (source, 1), {}, pooled if not keepdim else call.result,
+                    call.where, call.module, call.leaf)
+        self.add(pool)
+        if not keepdim:
+            self.layer("flatten", {"input": pool.result, "start_dim": 1}, call)
 
     def loss_call(self, op: str, call: Call) -> None:
         bound = dict(zip(LOSSES[op], call.arguments)) | call.keywords
