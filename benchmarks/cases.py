@@ -85,11 +85,31 @@ def seed_variants(seed: str, size: str, device: str):
     func_grad = torch.func.grad(summed, argnums=tuple(positions))
     ordered = list(inputs.values())
 
+    channels_last = {name: (value.contiguous(memory_format=torch.channels_last) if value.dim() == 4 else value)
+                     .clone().requires_grad_(name in wrt) for name, value in inputs.items()}
+
+    def autograd_channels_last():
+        loss = module.forward(**channels_last)
+        return torch.autograd.grad(loss, [channels_last[name] for name in wrt], torch.ones_like(loss))
+
+    def backward_through(function):
+        def run():
+            loss = function(**autograd_inputs)
+            loss.backward(torch.ones_like(loss))
+            grads = [autograd_inputs[name].grad for name in wrt]
+            for name in wrt:
+                autograd_inputs[name].grad = None
+            return grads
+        return run
+
     variants = {
         "symgrad gradients": lambda: module.gradients(**inputs),
         "symgrad gradients_fast": lambda: module.gradients_fast(**inputs),
         "torch.autograd.grad": autograd_grad,
+        "autograd.grad, channels_last inputs": autograd_channels_last,
         "torch.func.grad": lambda: func_grad(*ordered),
+        "symgrad loss_with_explicit_backward().backward()": backward_through(module.loss_with_explicit_backward),
+        "autograd loss.backward()": backward_through(module.forward),
     }
     return variants, conv_flops(seed, shapes)
 

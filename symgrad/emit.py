@@ -175,6 +175,19 @@ def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: s
     return lines[:boundary], lines[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
 
 
+def _saved_for_backward(fast: Program, statements: list[Statement], boundary: int) -> tuple[list[str], list["Line"], str]:
+    """For ``ExplicitGradient``, which saves instead of recomputing: the values the backward part of
+    ``gradients`` reads from its forward part (in forward order), and the lines that compute the
+    loss together with them, every other intermediate deleted at its last use."""
+    read = set().union(*(statement.value.free_symbols for statement in statements[boundary:]))
+    read |= fast.default_cotangent.free_symbols
+    kept = [statement.target for statement in statements[:boundary] if statement.target in read]
+    loss = fast.forward[-1].target
+    live = _live(fast.forward, {*kept, loss})
+    lines, _, _ = _with_deletions(live, len(live), set(), {*kept, loss})
+    return [symbol.name for symbol in kept], lines, loss.name
+
+
 def _is_mask(statement: Statement) -> bool:
     """A saved ReLU-style mask (``mask_<node>``): kept as bool, a quarter of a float's memory."""
     return statement.target.name.startswith("mask_")
@@ -277,6 +290,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     backward_live, split = _hoist_item_reads(fast_live, fast_split)
     gradients_forward, gradients_backward, boundary_dead = _with_deletions(
         backward_live, split, fast.default_cotangent.free_symbols, gradient_symbols)
+    saved_names, saving_forward, loss_name = _saved_for_backward(fast, backward_live, split)
     loss_node = graph.loss
     fast_forward, fast_backward = fast_lines(fast_live, fast_split, fast.default_cotangent.free_symbols,
                                              gradient_symbols, _shape_of(graph))
@@ -329,6 +343,9 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         gradients_backward=gradients_backward,
         readable_backward=readable_backward,
         boundary_dead=boundary_dead,
+        saved_names=saved_names,
+        saving_forward=saving_forward,
+        loss_name=loss_name,
         fast_forward=fast_forward,
         hvp=bool(hvp_lines),
         per_sample=bool(per_sample_lines),

@@ -31,8 +31,8 @@ IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 # Names the generated module defines or uses itself; a spec name equal to one would shadow it.
 RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
-     "loss", "grad_loss", "residual", "ctx", "self", "saved", "loss_with_explicit_backward", "hvp",
-     "gradients_fast", "PerSampleGradients"}
+     "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
+     "hvp", "gradients_fast", "PerSampleGradients"}
 )
 # Prefixes of names the reverse walk creates (grad_x, mask_relu1, shared_0, ...).
 RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_", "indices_", "centered_",
