@@ -397,11 +397,11 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
             raise TraceError("error: no --input given (fix: pass each tensor argument's shape, e.g. --input x=8,3,32,32)")
         arguments = dict(_literal_pair(item, "--arg") for item in values)
         init_arguments = dict(_literal_pair(item, "--init") for item in _split_top_level(init)) if init else None
-        function, files = load_target(target, init_arguments)
+        function = load_target(target, init_arguments)
         loss = LossChoice(LOSS_NAMES[loss_kind], target_name, reduction) if loss_kind else None
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
         mode = "eval" if eval_mode else "train" if train_mode else None
-        text = trace(function, shapes, wrt.split(",") if wrt else None, name, files, loss=loss, arguments=arguments,
+        text = trace(function, shapes, wrt.split(",") if wrt else None, name, loss=loss, arguments=arguments,
                      dtypes=dtypes, mode=mode)
     except SymgradError as error:
         _fail(error)

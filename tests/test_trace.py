@@ -24,9 +24,9 @@ def generated(text: str):
 
 
 def test_seed_loss_round_trip_matches_autograd_on_the_original_function():
-    function, files = load_target(f"{EXAMPLE}:loss")
+    function = load_target(f"{EXAMPLE}:loss")
     text = trace(function, {"z": (8, 32, 128, 128), "q1": (32, 32, 3, 3), "q2": (1, 32, 3, 3)}, ["z", "q1", "q2"],
-                 "traced_seed3", files)
+                 "traced_seed3")
     module = generated(text)
     shapes = {"z": (2, 32, 64, 64), "q1": (32, 32, 3, 3), "q2": (1, 32, 3, 3)}  # checked at other sizes
     original = function.__globals__
@@ -44,8 +44,8 @@ def test_seed_loss_round_trip_matches_autograd_on_the_original_function():
 
 
 def test_residual_block_module_round_trip():
-    block, files = load_target(f"{EXAMPLE}:ResidualBlock")
-    text = trace(block, {"x": (2, 4, 8, 8), "target": (2, 4, 8, 8)}, None, "residual_block", files)
+    block = load_target(f"{EXAMPLE}:ResidualBlock")
+    text = trace(block, {"x": (2, 4, 8, 8), "target": (2, 4, 8, 8)}, None, "residual_block")
     assert "bias: conv1_bias" in text and "op: add" in text
     module = generated(text)
     block = block.double()
@@ -60,9 +60,9 @@ def test_residual_block_module_round_trip():
 
 
 def test_unsupported_op_names_the_op_and_the_line():
-    function, files = load_target(f"{EXAMPLE}:uses_cumsum")
+    function = load_target(f"{EXAMPLE}:uses_cumsum")
     with pytest.raises(TraceError) as error:
-        trace(function, {"x": (2, 3), "y": (2, 3)}, None, "bad", files)
+        trace(function, {"x": (2, 3), "y": (2, 3)}, None, "bad")
     message = str(error.value)
     line = next(number for number, text in enumerate(EXAMPLE.read_text().splitlines(), 1) if "torch.cumsum" in text)
     assert "'cumsum' is not an op symgrad can differentiate" in message
@@ -98,7 +98,7 @@ def run_trace(*arguments: str):
 
 
 def test_every_problem_on_the_loss_path_is_listed_at_once_with_file_line_and_module_path():
-    model, _ = load_target(f"{INPUTS / 'blocks.py'}:Net")
+    model = load_target(f"{INPUTS / 'blocks.py'}:Net")
     with pytest.raises(TraceError) as error:
         trace(model, {"x": (2, 1, 6, 6)}, loss=LossChoice("mse_loss"))
     lines = str(error.value).splitlines()
@@ -151,7 +151,7 @@ def test_forward_returning_the_prediction_needs_loss_and_takes_init_and_arg(tmp_
 
 
 def test_sizes_read_from_the_input_are_refused_not_frozen():
-    model, _ = load_target(f"{INPUTS / 'blocks.py'}:Padded")
+    model = load_target(f"{INPUTS / 'blocks.py'}:Padded")
     with pytest.raises(TraceError) as error:  # at 9x9 max-pool floors: the pad is 1 here and 0 at 18x18
         trace(model, {"x": (2, 1, 9, 9)}, loss=LossChoice("mse_loss"))
     message = str(error.value)
@@ -201,3 +201,13 @@ def test_torch_batch_norm_binds_by_its_own_argument_order():
 
     text = trace(normalised, {"x": (4, 3), "gamma": (3,), "beta": (3,), "mean": (3,), "var": (3,), "y": (4, 3)})
     assert "running_mean: mean, running_var: var, weight: gamma, bias: beta" in text, text
+
+
+def test_tracing_leaves_the_models_running_statistics_and_mode_as_they_were():
+    model = load_target(f"{ROOT / 'tests' / 'models.py'}:ResNet18")
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    trace(model, {"x": (2, 3, 16, 16)}, loss=LossChoice("cross_entropy"), mode="train")
+    trace(model, {"x": (2, 3, 16, 16)}, loss=LossChoice("cross_entropy"), mode="eval")
+    assert model.training and all(module.training for module in model.modules())
+    after = model.state_dict()
+    assert all(torch.equal(before[key], after[key]) for key in before)

@@ -65,6 +65,9 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("flatten", lambda x: x.view(x.size(0), -1), X),
     ("reshape", lambda x: x.reshape(x.shape[0], 3, 4, 16), X),
     ("permute", lambda x: x.permute(0, 2, 3, 1), X),
+    ("permute", lambda x: torch.permute(x, (0, 3, 1, 2)), X),
+    ("reshape", lambda x: x.view((x.shape[0], 3, 16, 4)), X),
+    ("mul", lambda x: torch.mul(0.5, x), X),
     ("pad", lambda x: F.pad(x, (1, 2, 0, 1), mode="reflect"), X),
     ("pad", nn.ZeroPad2d((2, 0, 1, 1)), X),
     ("pixel_shuffle", nn.PixelShuffle(2), {"x": (2, 8, 3, 3)}),
@@ -173,17 +176,22 @@ def test_loss_tail_is_recognised_and_matches_autograd(op, reduction, function):
     compare(function, shapes, text)
 
 
-@pytest.mark.parametrize("function", [lambda z, labels: F.cross_entropy(z, labels),
-                                      lambda z, labels: F.nll_loss(F.log_softmax(z, dim=1), labels, reduction="sum")])
-def test_class_losses_take_int64_labels(function):
+CLASS_CASES = [  # (loss op the spec must hold, the traced loss function)
+    ("cross_entropy", lambda z, labels: F.cross_entropy(z, labels)),
+    ("cross_entropy", lambda z, labels: F.nll_loss(F.log_softmax(z, dim=1), labels, reduction="sum")),
+    ("nll_loss", lambda z, labels: F.nll_loss(z, labels)),  # z read as log-probabilities
+]
+
+
+@pytest.mark.parametrize("op, function", CLASS_CASES, ids=[f"{case[0]}-{index}" for index, case in enumerate(CLASS_CASES)])
+def test_class_losses_take_int64_labels(op, function):
     shapes = {"z": (4, 5), "labels": (4,)}
     text = trace(function, shapes, name="traced", dtypes={"labels": "int64"})
     spec = yaml.safe_load(text)
-    assert spec["loss"]["op"] == "cross_entropy" and spec["inputs"]["labels"]["dtype"] == "int64"
+    assert spec["loss"]["op"] == op and spec["inputs"]["labels"]["dtype"] == "int64"
     assert spec["wrt"] == ["z"]
     compare(function, shapes, text)
 
 
-def test_registry_losses_are_all_reachable():
-    reached = {case[0] for case in LOSS_CASES} | {"cross_entropy", "nll_loss"}
-    assert set(LOSS_RULES) <= reached
+def test_every_registry_loss_is_traced_by_some_case():
+    assert set(LOSS_RULES) <= {case[0] for case in [*LOSS_CASES, *CLASS_CASES]}

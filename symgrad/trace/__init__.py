@@ -55,7 +55,7 @@ class LossChoice:
         return self.op in ("cross_entropy", "nll_loss")
 
 
-def load_target(reference: str, init: dict[str, Any] | None = None) -> tuple[Callable, list[str]]:
+def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
     """``path/to/file.py:function`` or ``:Class`` (an nn.Module, built with ``init`` as keyword arguments).
 
     The file's folder goes on ``sys.path`` first, so a model imported from a file beside it is found."""
@@ -88,15 +88,15 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> tuple[Cal
                              "(fix: pass the constructor's arguments with --init 'name=value,...')") from None
     elif init:
         raise TraceError(f"error: --init is for an nn.Module class, and {attribute} is not one (fix: drop --init)")
-    return target, [str(path.resolve())]
+    return target
 
 
 def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | None = None, name: str = "traced",
-          user_files: list[str] | None = None, *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
+          *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
           dtypes: dict[str, str] | None = None, mode: str | None = None) -> str:
     """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
     for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
-    mode while tracing (default: as they are). ``user_files`` is kept for compatibility."""
+    mode while tracing (default: as they are)."""
     module = target if isinstance(target, torch.nn.Module) else None
     function = module.forward if module is not None else target
     try:

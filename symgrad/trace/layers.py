@@ -154,6 +154,17 @@ def literal(value: Any, key: str = "") -> Any:
     return value
 
 
+def _sizes(call: Call, *keywords: str) -> tuple:
+    """The ints after the tensor of ``x.view(2, -1)``, ``x.view((2, -1))`` or ``x.permute(dims=(0, 2, 1))``."""
+    for keyword in keywords:
+        if keyword in call.keywords:
+            return tuple(call.keywords[keyword])
+    sizes = call.arguments[1:]
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list, torch.Size)):
+        return tuple(sizes[0])
+    return tuple(sizes)
+
+
 def plain_name(text: str) -> str:
     return re.sub(r"\W", "_", text).strip("_")
 
@@ -177,6 +188,9 @@ class SpecBuilder:
     log_probabilities: dict[int, torch.Tensor] = field(default_factory=dict)
     """id of ``log_softmax(z, dim=1)``'s result -> z."""
 
+    def __post_init__(self):
+        self.source_names = {source.name for source in self.sources.values()}
+
     # ----- naming -----------------------------------------------------------------------------
     def out_name(self, op: str, call: Call) -> str:
         base = plain_name(call.module) if call.module else ""
@@ -187,7 +201,7 @@ class SpecBuilder:
             base = f"{op}_{base}"
         self.taken[base] += 1
         name = base if self.taken[base] == 1 else f"{base}_{self.taken[base]}"
-        while name in self.used_sources or check_identifier(name) is not None:
+        while name in self.source_names or check_identifier(name) is not None:
             self.taken[base] += 1
             name = f"{base}_{self.taken[base]}"
         return name
@@ -225,6 +239,8 @@ class SpecBuilder:
     # ----- the walk ---------------------------------------------------------------------------
     def add(self, call: Call) -> None:
         name = call.name
+        if name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
+            return  # num_batches_tracked += 1, a running-statistics update
         if self.scale_reduction(call):
             return
         if name in SIGNATURES:
@@ -232,8 +248,8 @@ class SpecBuilder:
             bound = self.bind(call, positional)
             if bound is None:
                 return
-            if name in IN_PLACE_BOOKKEEPING and id(bound["input"]) in self.mutable:
-                return
+            if op in ("add", "mul") and not isinstance(bound["input"], torch.Tensor):
+                bound["input"], bound["other"] = bound.get("other"), bound["input"]  # torch.mul(0.5, x): commutes
             handler = getattr(self, f"_{op}", None)
             (handler or self.layer)(op, bound, call)
         elif name in LOSSES:
@@ -249,9 +265,7 @@ class SpecBuilder:
         elif name in ("view", "reshape"):
             self.reshape(call)
         elif name == "permute":
-            dims = call.arguments[1:] if len(call.arguments) > 2 or not isinstance(call.arguments[1:2], tuple) else ()
-            dims = call.keywords.get("dims", dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
-            self.layer("permute", {"input": call.arguments[0], "dims": list(dims)}, call)
+            self.layer("permute", {"input": call.arguments[0], "dims": list(_sizes(call, "dims"))}, call)
         elif name in ("clamp", "clamp_", "clip", "clip_"):
             self.clamp(call)
         elif name == "square":
@@ -260,8 +274,6 @@ class SpecBuilder:
             self.reflected_sub(call)
         elif name == "__getitem__":
             self.slice(call)
-        elif name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
-            return
         else:
             self.unknown(call)
 
@@ -271,8 +283,6 @@ class SpecBuilder:
             return None
         bound = dict(zip(positional, call.arguments))
         bound.update(call.keywords)
-        if call.name.startswith("__r") and call.name not in ("__rsub__",) and "other" in bound:
-            bound["input"], bound["other"] = bound["other"], bound["input"]
         if "tensors" in bound:
             bound["tensors"] = list(bound["tensors"])
         return bound
@@ -384,9 +394,6 @@ class SpecBuilder:
         self.add(negated)
         self.layer("add", {"input": negated.result, "other": number}, call)
 
-    def _relu6(self, op: str, bound: dict, call: Call) -> None:
-        self.layer(op, bound, call)
-
     def _hardtanh(self, op: str, bound: dict, call: Call) -> None:
         if bound.get("min_val", -1.0) == 0 and bound.get("max_val", 1.0) == 6:  # nn.ReLU6
             bound.pop("min_val"), bound.pop("max_val")
@@ -460,9 +467,7 @@ class SpecBuilder:
 
     def reshape(self, call: Call) -> None:
         source, result = call.arguments[0], call.result
-        shape = call.arguments[1:] if len(call.arguments) > 1 else (call.keywords.get("shape") or call.keywords.get("size"))
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-            shape = tuple(shape[0])
+        shape = _sizes(call, "shape", "size")
         kept = result.dim() - 1  # (N, -1) is flatten(start_dim=1), whatever N is
         if (0 <= kept < source.dim() and tuple(source.shape[:kept]) == tuple(result.shape[:kept])
                 and math.prod(source.shape[kept:]) == result.shape[kept]):
@@ -581,17 +586,16 @@ class SpecBuilder:
 
     def scale_reduction(self, call: Call) -> bool:
         """``0.5 * loss``, ``loss / 2``: scale a reduction; False when the call is not that."""
-        if call.name not in SIGNATURES or SIGNATURES[call.name][0] not in ("mul", "div"):
+        kind = SIGNATURES.get(call.name, ("",))[0]
+        if kind not in ("mul", "div") or len(call.arguments) != 2 or call.keywords:
             return False
-        bound = self.bind(call, SIGNATURES[call.name][1]) or {}
-        left, right = bound.get("input"), bound.get("other")
-        if isinstance(left, torch.Tensor) and id(left) in self.reductions and _is_number(right):
-            inner = self.reductions[id(left)]
-        elif isinstance(right, torch.Tensor) and id(right) in self.reductions and _is_number(left) and call.name != "div":
-            inner, right = self.reductions[id(right)], left
-        else:
-            return False
-        scale = inner.scale * right if SIGNATURES[call.name][0] == "mul" else inner.scale / right
+        tensor, number = call.arguments
+        if kind == "mul" and not isinstance(tensor, torch.Tensor):
+            tensor, number = number, tensor  # torch.mul(0.5, loss)
+        if not (isinstance(tensor, torch.Tensor) and id(tensor) in self.reductions and _is_number(number)):
+            return False  # a reflected call (2 * loss) also arrives as (loss, 2)
+        inner = self.reductions[id(tensor)]
+        scale = inner.scale * number if kind == "mul" else inner.scale / number
         self.reductions[id(call.result)] = Reduction(inner.how, inner.source, inner.loss, scale, inner.call)
         self.kept.append(call.result)
         return True

@@ -36,13 +36,17 @@ LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
+def _is_users(filename: str) -> bool:
+    """Whether code in ``filename`` is the user's: not torch, symgrad or the standard library."""
+    return not filename.startswith("<") and not os.path.realpath(filename).startswith(LIBRARY_DIRS)
+
+
 def user_line(frame=None) -> str:
-    """``file:line`` of the innermost frame outside torch, symgrad and the standard library."""
+    """``file:line`` of the innermost frame in the user's own code."""
     frame = frame or sys._getframe(1)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not os.path.realpath(filename).startswith(LIBRARY_DIRS):
-            return f"{filename}:{frame.f_lineno}"
+        if _is_users(frame.f_code.co_filename):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<traced code>"
 
@@ -51,9 +55,8 @@ def user_line_of_traceback(traceback) -> str:
     """``file:line`` of the innermost user frame of an exception's traceback."""
     found = "<traced code>"
     while traceback is not None:
-        filename = traceback.tb_frame.f_code.co_filename
-        if not filename.startswith("<") and not os.path.realpath(filename).startswith(LIBRARY_DIRS):
-            found = f"{filename}:{traceback.tb_lineno}"
+        if _is_users(traceback.tb_frame.f_code.co_filename):
+            found = f"{traceback.tb_frame.f_code.co_filename}:{traceback.tb_lineno}"
         traceback = traceback.tb_next
     return found
 
