@@ -27,7 +27,7 @@ from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .errors import StaleFileError
 from .printing import to_code, to_latex
-from .algebra import TensorOp
+from .algebra import TensorOp, tensor
 from .reverse import GRAD_LOSS, Program, Statement
 from .roles import input_roles, zero_by_structure
 from . import testdata
@@ -188,6 +188,38 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     return [symbol.name for symbol in kept], lines, loss.name
 
 
+CHANNELS_LAST_MIN_POSITIONS = 16384
+"""Batch x height x width a convolution's input needs before moving to channels_last pays: measured
+(BENCHMARKS.md) as a gain at the seeds' 8 x 128 x 128 and a loss at 1 x 32 x 32, where the two
+layout copies cost more than the faster convolutions save."""
+
+
+def channels_last_inputs(graph, min_positions: int | None = None) -> list[str]:
+    """The inputs the generated gradient functions move to channels_last before computing.
+
+    oneDNN (CPU) and cuDNN run 2-d convolutions with several input channels faster in channels_last;
+    so when the chain has such a convolution on a large enough input (in the spec's shapes), every
+    4-d floating input is moved, and each gradient goes back to its caller's layout on return. Every
+    torch op the rules emit is layout-agnostic in value (none is a ``.view``), so the layout changes
+    speed only.
+    """
+    if min_positions is None:
+        min_positions = CHANNELS_LAST_MIN_POSITIONS
+
+    def pays(node) -> bool:
+        if node.kind != "layer" or node.rule.op not in ("conv2d", "conv_transpose2d"):
+            return False
+        shape = graph.nodes[node.operands["input"]].shape
+        if len(shape) != 4:  # an unbatched input has no channels_last layout
+            return False
+        batch, channels, height, width = (int(size) for size in shape)
+        return channels > 1 and batch * height * width >= min_positions
+
+    if not any(pays(node) for node in graph.nodes.values()):
+        return []
+    return [node.name for node in graph.inputs if len(node.shape) == 4 and node.dtype == "float"]
+
+
 def _is_mask(statement: Statement) -> bool:
     """A saved ReLU-style mask (``mask_<node>``): kept as bool, a quarter of a float's memory."""
     return statement.target.name.startswith("mask_")
@@ -330,7 +362,13 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
                                 branch=len(program.branch_sums.get(source, [])))
                            for operand, source, value in step.contributions],
             lines=[index for index, line_step in enumerate(step_of_line, 1) if line_step == number]))
+    moved = channels_last_inputs(graph)
+    read_in_backward = set().union(*(statement.value.free_symbols for statement in backward_live[split:]))
     context = dict(
+        channels_last=moved,
+        channels_last_in_backward=[name for name in moved if name in graph.wrt or tensor(name) in read_in_backward],
+        returned={name: (f"grad_{name}.contiguous(memory_format={name}_layout)" if name in moved else f"grad_{name}")
+                  for name in graph.wrt},
         name=spec.name,
         version=__version__,
         spec_label=spec_label,

@@ -10,8 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from symgrad import emit
 from symgrad.check import random_inputs, relative_error, verify
+from symgrad.graph import build_graph
 from symgrad.rules import all_rules
+from symgrad.spec import parse_spec
 
 from .helpers import build_text, generated_module, spec_text
 
@@ -278,6 +281,62 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
             assert relative_error(getattr(fast, name), gradient) <= 1e-10, name
         for name, value in inputs.items():
             assert torch.equal(value, before[name]), name
+
+
+def _moves_to_channels_last(text: str) -> bool:
+    """Whether the case has a 2-d convolution that channels_last is chosen for once size is no object."""
+    return bool(emit.channels_last_inputs(build_graph(parse_spec(text, "case.yaml")), min_positions=1))
+
+
+CHANNELS_LAST_CASES = [case for case in CASES if _moves_to_channels_last(case.values[0])]
+
+
+def test_enough_cases_reach_the_channels_last_layout():
+    assert len(CHANNELS_LAST_CASES) >= 10
+
+
+@pytest.mark.parametrize("text", CHANNELS_LAST_CASES)
+def test_channels_last_internal_layout_keeps_the_gradients_and_the_callers_layout(text, monkeypatch):
+    monkeypatch.setattr(emit, "CHANNELS_LAST_MIN_POSITIONS", 1)  # the small test shapes take the path too
+    built = build_text(text)
+    module = generated_module(built)
+    assert "memory_format=torch.channels_last" in built.rendered.files[f"{built.rendered.name}.py"]
+    report = verify(built.graph, module, built.shapes, seed=21)
+    assert report.problem is None, report.problem
+    for name, error in report.gradient_errors.items():
+        assert error <= 1e-10, (name, error)
+
+    wrt = built.graph.wrt
+    for layout in (torch.contiguous_format, torch.channels_last):
+        inputs = random_inputs(built.shapes[0], wrt, seed=22, classes=built.graph.class_counts(built.shapes[0]))
+        inputs = {name: (value.detach().contiguous(memory_format=layout).requires_grad_(value.requires_grad)
+                         if value.dim() == 4 and value.is_floating_point() else value) for name, value in inputs.items()}
+        reference = module.forward(**inputs)
+        cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
+        expected = torch.autograd.grad(reference, [inputs[name] for name in wrt], cotangent)
+        detached = {name: value.detach() for name, value in inputs.items()}
+        results = {"gradients": module.gradients(**detached, grad_loss=cotangent),
+                   "gradients_fast": module.gradients_fast(**detached, grad_loss=cotangent)}
+        for recompute in (False, True):
+            copies = {name: value.detach().clone(memory_format=torch.preserve_format).requires_grad_(name in wrt)
+                      for name, value in inputs.items()}
+            module.loss_with_explicit_backward(**copies, recompute=recompute).backward(cotangent)
+            results[f"ExplicitGradient, recompute={recompute}"] = {name: copies[name].grad for name in wrt}
+        for function, result in results.items():
+            for name, gradient in zip(wrt, expected):
+                actual = result[name] if isinstance(result, dict) else getattr(result, name)
+                assert relative_error(actual, gradient) <= 1e-10, (function, name)
+                if inputs[name].dim() == 4:  # returned in the layout the caller's tensor has
+                    assert actual.is_contiguous(memory_format=layout), (function, name, layout)
+
+        fixed = {name: value for name, value in detached.items() if name not in wrt}
+        leaves = [detached[name].clone(memory_format=torch.preserve_format).requires_grad_() for name in wrt]
+
+        def loss(*values):
+            return module.loss_with_explicit_backward(**fixed, **dict(zip(wrt, values)))
+
+        assert torch.autograd.gradcheck(loss, leaves)
+        assert torch.autograd.gradgradcheck(loss, leaves)
 
 
 def test_every_rule_has_a_case():
