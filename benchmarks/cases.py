@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = {"seed1": "seed1_strided_conv", "seed2": "seed2_conv_strided", "seed3": "seed3_conv_relu_conv"}
@@ -92,6 +93,8 @@ def seed_variants(seed: str, size: str, device: str):
         loss = module.forward(**channels_last)
         return torch.autograd.grad(loss, [channels_last[name] for name in wrt], torch.ones_like(loss))
 
+    channels_last_plain = {name: value.detach() for name, value in channels_last.items()}
+
     def backward_through(function):
         def run():
             loss = function(**autograd_inputs)
@@ -106,6 +109,7 @@ def seed_variants(seed: str, size: str, device: str):
         "symgrad gradients": lambda: module.gradients(**inputs),
         "symgrad gradients_fast": lambda: module.gradients_fast(**inputs),
         "torch.autograd.grad": autograd_grad,
+        "symgrad gradients, channels_last inputs": lambda: module.gradients(**channels_last_plain),
         "autograd.grad, channels_last inputs": autograd_channels_last,
         "torch.func.grad": lambda: func_grad(*ordered),
         "symgrad loss_with_explicit_backward().backward()": backward_through(module.loss_with_explicit_backward),
@@ -150,6 +154,48 @@ def per_sample_variants(device: str):
     variants = {
         "symgrad per_sample_gradients": lambda: module.per_sample_gradients(**inputs),
         "torch.func.vmap(grad)": lambda: per_sample_grad(tuple(inputs[n] for n in parameters), tuple(inputs[n] for n in batched)),
+        "unfold + einsum (Opacus)": lambda: unfold_einsum_per_sample(**inputs),
+    }
+    return variants, None
+
+
+def unfold_einsum_per_sample(x, w1, w2, k, y):
+    """Seed 3's per-sample weight gradients the way Opacus computes them: autograd gives each conv's
+    output gradient, and each sample's weight gradient is that gradient times the unfolded input
+    patches, one einsum per layer."""
+    w1, w2 = w1.detach().requires_grad_(), w2.detach().requires_grad_()
+    conv1 = F.conv2d(x, w1, padding=1)
+    relu1 = F.relu(conv1)
+    conv2 = F.conv2d(relu1, w2, padding=1)
+    loss = 0.5 * (F.conv2d(conv2, k, stride=32) - y).pow(2).sum()
+    grad_conv1, grad_conv2 = torch.autograd.grad(loss, [conv1, conv2])
+    batch = x.shape[0]
+    patches1 = F.unfold(x, w1.shape[2:], padding=1)
+    patches2 = F.unfold(relu1.detach(), w2.shape[2:], padding=1)
+    per_sample_w1 = torch.einsum("nol,npl->nop", grad_conv1.flatten(2), patches1).reshape(batch, *w1.shape)
+    per_sample_w2 = torch.einsum("nol,npl->nop", grad_conv2.flatten(2), patches2).reshape(batch, *w2.shape)
+    return per_sample_w1, per_sample_w2
+
+
+def compiled_variants(device: str):
+    """Seed 3 at its full shapes under ``torch.compile``: the generated gradients compiled, beside
+    the compiled forward differentiated by autograd (AOTAutograd compiles its backward too)."""
+    module = load_generated(SEEDS["seed3"])
+    shapes = seed_shapes("seed3", "full")
+    wrt = seed_wrt("seed3")
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randn(shape, generator=generator).to(device) for name, shape in shapes.items()}
+    autograd_inputs = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
+    compiled_gradients = torch.compile(module.gradients)
+    compiled_forward = torch.compile(module.forward)
+
+    def compiled_autograd():
+        loss = compiled_forward(**autograd_inputs)
+        return torch.autograd.grad(loss, [autograd_inputs[name] for name in wrt], torch.ones_like(loss))
+
+    variants = {
+        "torch.compile(symgrad gradients)": lambda: compiled_gradients(**inputs),
+        "torch.compile(forward) + autograd.grad": compiled_autograd,
     }
     return variants, None
 
@@ -160,8 +206,10 @@ def case(name: str, device: str):
         return unrolled_variants(device)
     if name == "per-sample":
         return per_sample_variants(device)
+    if name == "compiled":
+        return compiled_variants(device)
     seed, size = name.split("-")
     return seed_variants(seed, size, device)
 
 
-CASES = ["seed1-full", "seed2-full", "seed3-full", "seed1-small", "seed2-small", "seed3-small", "unrolled", "per-sample"]
+CASES = ["seed1-full", "seed2-full", "seed3-full", "seed1-small", "seed2-small", "seed3-small", "unrolled", "per-sample", "compiled"]

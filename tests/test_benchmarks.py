@@ -13,7 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cases import case, conv_flops, seed_shapes  # noqa: E402
+from benchmarks.cases import SEEDS, case, conv_flops, load_generated, seed_shapes, unfold_einsum_per_sample  # noqa: E402
 
 
 def test_flop_count_of_seed1_by_hand():
@@ -28,6 +28,17 @@ def test_every_variant_computes_the_same_gradients():
     for name, result in results.items():
         for actual, expected in zip(result, reference):
             assert torch.allclose(actual, expected, rtol=1e-4, atol=1e-5), name
+
+
+def test_the_opacus_peer_computes_the_per_sample_gradients():
+    module = load_generated(SEEDS["seed3"])
+    generator = torch.Generator().manual_seed(3)
+    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64)
+              for name, shape in seed_shapes("seed3", "small").items()}
+    inputs["x"], inputs["y"] = inputs["x"].repeat(3, 1, 1, 1), inputs["y"].repeat(3, 1, 1, 1) * torch.arange(3.0).reshape(3, 1, 1, 1)
+    expected = module.per_sample_gradients(**inputs)
+    for actual, reference in zip(unfold_einsum_per_sample(**inputs), expected):
+        assert torch.allclose(actual, reference, rtol=1e-10, atol=1e-12)
 
 
 def test_peak_memory_sees_a_known_allocation():
@@ -47,7 +58,8 @@ def test_measure_command_prints_json():
                             capture_output=True, text=True, env=environment, cwd=ROOT, check=True)
     result = json.loads(output.stdout.strip().splitlines()[-1])
     assert set(result) == {"symgrad gradients", "symgrad gradients_fast", "torch.autograd.grad", "torch.func.grad",
-                           "autograd.grad, channels_last inputs", "symgrad loss_with_explicit_backward().backward()",
+                           "autograd.grad, channels_last inputs", "symgrad gradients, channels_last inputs",
+                           "symgrad loss_with_explicit_backward().backward()",
                            "autograd loss.backward()"}
     assert all(row["median"] > 0 for row in result.values())
 
