@@ -113,6 +113,9 @@ def main(argv=None) -> int:
                         help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png when "
                              "matplotlib is installed, else no plot); '' for none")
     parser.add_argument("--cases", nargs="*", default=CASES)
+    parser.add_argument("--rows", default=None,
+                        help="re-render the report and plot from the measurements a previous run saved "
+                             "(its output path with .json), without measuring again")
     args = parser.parse_args(argv)
     if args.plot is None:  # the default: a plot if the [plot] extra is there, the tables either way
         args.plot = "out/benchmarks.png" if _has_matplotlib() else ""
@@ -122,6 +125,30 @@ def main(argv=None) -> int:
         print("error: --plot needs matplotlib (fix: pip install 'symgrad[plot]', or pass --plot '')", file=sys.stderr)
         return 2
 
+    output = Path(args.output)
+    if args.rows:  # the saved measurements of an earlier run, rendered again (the prose may have changed)
+        saved = json.loads(Path(args.rows).read_text())
+    else:
+        ceiling, rows = measure_all(args)
+        saved = {"ceiling": ceiling, "rows": rows, "generation": generation_table(args.quick)}
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.with_suffix(".json").write_text(json.dumps(saved, indent=1))
+    report = render_report(saved["rows"], saved["generation"], saved["ceiling"], args.device)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if args.device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
+        existing = output.read_text().split(f"\n## On {args.device}\n")[0]
+        output.write_text(existing.rstrip() + f"\n\n## On {args.device}\n\n" + report)
+    else:
+        output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
+                          "every variant in a fresh process.\n\n## On cpu\n\n" + report)
+    if args.plot:
+        plot(saved["rows"], args.plot, args.device)
+    print(f"wrote {output}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+def measure_all(args) -> tuple[float, list[dict]]:
+    """The GEMM ceiling, then every case's variants: timed together, each one's memory alone."""
     ceiling = run_measurement("gemm", "-", "--device", args.device)["gflops"]
     rows = []
     for case_name in args.cases:
@@ -132,20 +159,7 @@ def main(argv=None) -> int:
             rows.append(result)
             print(f"{case_name:12s} {variant:34s} median {result['median'] * 1e3:9.2f} ms  "
                   f"peak {_format_bytes(result['peak_bytes']):>10s}", flush=True)
-    generation = generation_table(args.quick)
-    report = render_report(rows, generation, ceiling, args.device)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    if args.device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
-        existing = output.read_text().split(f"\n## On {args.device}\n")[0]
-        output.write_text(existing.rstrip() + f"\n\n## On {args.device}\n\n" + report)
-    else:
-        output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
-                          "every variant in a fresh process.\n\n## On cpu\n\n" + report)
-    if args.plot:
-        plot(rows, args.plot, args.device)
-    print(f"wrote {output}" + (f" and {args.plot}" if args.plot else ""))
-    return 0
+    return ceiling, rows
 
 
 def _has_matplotlib() -> bool:
