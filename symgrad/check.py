@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from .graph import Graph
-from .roles import input_roles
-from .testdata import checked_subset, first_nonfinite, float32_acceptable, make_inputs, relative_errors
+from .roles import channels_last_inputs, input_roles
+from .testdata import checked_subset, first_nonfinite, float32_acceptable, in_layout, make_inputs, relative_errors
 
 
 def load_module(path: Path, name: str | None = None) -> types.ModuleType:
@@ -235,6 +235,7 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     except Exception as error:  # noqa: BLE001 - broken generated code is a failed check: NaN columns
         problems.append(_raised("the generated float32 gradients", error))
         ours32 = {name: torch.full_like(exact[name], math.nan) for name in graph.wrt}
+    inputs32 = in_layout(inputs32, channels_last_inputs(graph))  # autograd on the kernels the generated code runs
     loss32 = reference_forward(graph, inputs32)
     autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))
     problem = first_nonfinite({"the float64 forward": loss64, "the float32 forward": loss32,

@@ -92,6 +92,16 @@ def checked_subset(wrt, most=3):
     return [wrt[index] for index in picks]
 
 
+def in_layout(inputs, channels_last):
+    """``inputs`` with the tensors named in ``channels_last`` moved to that memory layout (leaves
+    again where they were leaves): the layout the generated gradients run their convolutions in, so
+    that autograd's float32 error is measured on the same kernels as theirs. The kernels of the two
+    layouts round differently; through a ReLU that can flip a pre-activation within rounding of zero,
+    which changes a deep net's float32 gradient in either layout, so like is compared with like."""
+    return {name: (value.detach().contiguous(memory_format=torch.channels_last).requires_grad_(value.requires_grad)
+                   if name in channels_last else value) for name, value in inputs.items()}
+
+
 def float32_acceptable(ours, autograd, floor=1e-5, factor=4.0):
     """The float32 verdict on one gradient, both errors measured against float64 (2-norm): the
     explicit form may round at most ``factor`` times as much as autograd does on the same data, or

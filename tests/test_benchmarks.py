@@ -95,3 +95,21 @@ def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: P
         os.chdir(ROOT)
         runner.run_measurement, runner.generation_table = runner_measure, runner_generation
     assert (tmp_path / "out" / "BENCHMARKS.md").exists() and committed.stat().st_mtime_ns == before
+
+
+def test_a_saved_run_renders_again_with_its_verdicts(tmp_path: Path):
+    """`--rows` re-renders from the measurements a run saved: each verdict is computed from them."""
+    import benchmarks.__main__ as runner
+
+    def row(variant, median, peak):
+        return {"case": "seed1-small", "variant": variant, "median": median, "min": median, "max": median,
+                "flops": None, "peak_bytes": peak}
+
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"ceiling": 100.0, "generation": "", "rows": [
+        row("symgrad gradients", 0.002, 10), row("torch.autograd.grad", 0.001, 10)]}))
+    output = tmp_path / "report.md"
+    assert runner.main(["--rows", str(saved), "--output", str(output), "--plot", ""]) == 0
+    report = output.read_text()
+    assert "| seed1-small | ≥1.0× (never slower) | symgrad gradients: 0.50×, memory 1.00× | missed |" in report
+    assert "*Why small targets are missed" in report

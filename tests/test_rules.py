@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from symgrad import emit
+from symgrad import roles
+from symgrad.roles import channels_last_inputs
 from symgrad.check import random_inputs, relative_error, verify
 from symgrad.graph import build_graph
 from symgrad.rules import all_rules
@@ -285,7 +286,7 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
 
 def _moves_to_channels_last(text: str) -> bool:
     """Whether the case has a 2-d convolution that channels_last is chosen for once size is no object."""
-    return bool(emit.channels_last_inputs(build_graph(parse_spec(text, "case.yaml")), min_positions=1))
+    return bool(channels_last_inputs(build_graph(parse_spec(text, "case.yaml")), min_positions=1))
 
 
 CHANNELS_LAST_CASES = [case for case in CASES if _moves_to_channels_last(case.values[0])]
@@ -297,7 +298,7 @@ def test_enough_cases_reach_the_channels_last_layout():
 
 @pytest.mark.parametrize("text", CHANNELS_LAST_CASES)
 def test_channels_last_internal_layout_keeps_the_gradients_and_the_callers_layout(text, monkeypatch):
-    monkeypatch.setattr(emit, "CHANNELS_LAST_MIN_POSITIONS", 1)  # the small test shapes take the path too
+    monkeypatch.setattr(roles, "CHANNELS_LAST_MIN_POSITIONS", 1)  # the small test shapes take the path too
     built = build_text(text)
     module = generated_module(built)
     assert "memory_format=torch.channels_last" in built.rendered.files[f"{built.rendered.name}.py"]
