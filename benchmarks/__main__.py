@@ -33,15 +33,19 @@ TARGETS = {
 WHY = {
     "full": "`gradients` moves its convolution weights to channels_last when the spec's shapes have a multi-channel "
             "2-d convolution (seeds 2 and 3), so oneDNN runs every convolution in its faster channels_last kernels "
-            "without a copy of the input; it takes a conv's input and weight gradients from one "
+            "without holding a copy of the input; it takes a conv's input and weight gradients from one "
             "`convolution_backward` call, as autograd does, and frees each value at its last use. Seed 1 is a single "
             "stride-32 convolution of a one-channel input: both layouts are the same there, `gradients` calls the "
             "kernels autograd calls, and only autograd's bookkeeping is saved (about 1.1-1.2x, within this "
             "machine's noise of the 1.2x goal). Writing it as reshape + matmul measured 1.04x (issue 13), too "
-            "little for a second rule; its memory is the same tensors autograd holds.",
-    "small": "Per-op overhead dominates; the explicit code saves autograd's graph bookkeeping but still runs "
-             "one kernel per op. Fusing the ReLU mask into the gradient (one threshold kernel instead of a "
-             "compare and a multiply) and compiling the function (torch.compile) would close the rest.",
+            "little for a second rule; its memory is the same tensors autograd holds. Seed 2 has one 3x3 "
+            "convolution, whose default-layout input oneDNN reorders inside each call that reads it (forward and "
+            "weight gradient); moving the input itself to channels_last measured 1.3x in a trial, but holds a "
+            "copy of it (1.2x autograd's peak memory), so the weights alone are moved.",
+    "small": "Per-op overhead dominates at 1-5 ms, and this machine's medians move by about ±10% between runs "
+             "there (seed 2 at batch 1 ran the same code at 1.14x in the run before this one). The explicit code "
+             "saves autograd's graph bookkeeping but still runs one kernel per op; fusing the ReLU mask into the "
+             "gradient (one threshold kernel instead of a compare and a multiply) would cut one more.",
     "per-sample": "symgrad writes each conv's per-sample weight gradient as one grouped convolution with the batch "
                   "folded into the groups (what PyTorch's ExpandedWeights picks below batch 32); vmap(grad) runs the "
                   "same correlations through conv's batching rule with fewer layout copies (the transposed input "
@@ -53,8 +57,9 @@ WHY = {
     "unrolled": "The time gain comes from not building a second-order graph for the inner gradient; the peak "
                 "memory is the saved activations of the outer graph, which both variants keep. Recomputing "
                 "the inner activations in the backward (checkpointing) would trade time for memory.",
-    "compiled": "Inductor lowers both to the same convolution calls (extern kernels) and fuses the elementwise "
-                "ops around them, so the compiled forms run at parity within this machine's noise.",
+    "compiled": "Inductor lowers both to the same extern convolution kernels and fuses the elementwise ops "
+                "around them, so what is left to differ is the graph each one hands it: the gap (a few percent, "
+                "inside this machine's ±10%) is not something the generated code can close by itself.",
 }
 SIDE_TARGETS = [
     ("symgrad gradients", "autograd.grad, channels_last inputs", "≥1.0× autograd given channels_last inputs", 1.0),
@@ -70,9 +75,10 @@ SIDE_WHY = ("*Why the side targets are missed.* Against autograd given channels_
             "it inside the first convolution and returns its gradient in the caller's layout (a copy), which is what "
             "the gap is. Given the same channels_last inputs the two are side by side in the table (the row "
             "`symgrad gradients, channels_last inputs`). `loss_with_explicit_backward(...).backward()` saves what its "
-            "backward reads; it is one autograd node, so everything it saved lives until its whole backward ends, "
-            "where autograd frees each node's saved values as it goes. `recompute=True` trades that memory for a "
-            "second forward.")
+            "backward reads; at the seeds' shapes it is 1.0-1.2x `loss.backward()`, at batch 1 0.8-0.9x: a Python "
+            "autograd.Function's own call costs what the small convolutions do. It is one autograd node, so "
+            "everything it saved lives until its whole backward ends, where autograd frees each node's saved "
+            "values as it goes. `recompute=True` trades that memory for a second forward.")
 """Printed below the verdicts when a side target is missed."""
 BASELINE = {"unrolled": "autograd.grad(create_graph=True)", "per-sample": "torch.func.vmap(grad)",
             "compiled": "torch.compile(forward) + autograd.grad"}
