@@ -292,6 +292,16 @@ def _moves_to_channels_last(text: str) -> bool:
 CHANNELS_LAST_CASES = [case for case in CASES if _moves_to_channels_last(case.values[0])]
 
 
+def test_no_rule_emits_a_view_which_a_channels_last_tensor_can_refuse():
+    """The layout choice relies on every emitted op taking any strides (`.view` raises on some)."""
+    from pathlib import Path
+
+    import symgrad
+
+    sources = [*(Path(symgrad.__file__).parent / "rules").glob("*.py"), Path(symgrad.__file__).parent / "printing.py"]
+    assert [path.name for path in sources if ".view(" in path.read_text()] == []
+
+
 def test_enough_cases_reach_the_channels_last_layout():
     assert len(CHANNELS_LAST_CASES) >= 10
 
