@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .cases import CASES, ROOT
+from .measure import GEMM_SIZE
 
 TARGETS = {
     "full": ("≥1.2× faster than autograd, peak memory ≤1.0×", 1.2, 1.0),
@@ -30,7 +31,7 @@ TARGETS = {
     "per-sample": ("≥1.0× vmap(grad), memory ≤1.2×", 1.0, 1.2),
     "compiled": ("compiled generated ≥1.0× compiled autograd", 1.0, None),
 }
-WHY = {
+WHY_CPU = {
     "full": "`gradients` moves its convolution weights to channels_last when the spec's shapes have a multi-channel "
             "2-d convolution (seeds 2 and 3), so oneDNN runs every convolution in its faster channels_last kernels "
             "without holding a copy of the input; it takes a conv's input and weight gradients from one "
@@ -73,7 +74,7 @@ SIDE_TARGETS = [
      "`loss_with_explicit_backward(...).backward()` ≥1.0× autograd's `loss.backward()`", 1.0),
 ]
 """Further verdicts on the seed cases: (judged variant, its baseline, target text, speed goal)."""
-SIDE_WHY = ("*Why the side targets are missed.* Against autograd given channels_last inputs: that peer's caller "
+SIDE_WHY_CPU = ("*Why the side targets are missed.* Against autograd given channels_last inputs: that peer's caller "
             "has already paid for the layout; `gradients` given the caller's default-layout input lets oneDNN reorder "
             "it inside each convolution that reads it and returns its gradient in the caller's layout (a copy). "
             "Given the same channels_last inputs, the two are side by side in the row `symgrad gradients, "
@@ -82,7 +83,14 @@ SIDE_WHY = ("*Why the side targets are missed.* Against autograd given channels_
             "autograd.Function's own call costs what the small convolutions do. It is one autograd node, so "
             "everything it saved lives until its whole backward ends, where autograd frees each node's saved "
             "values as it goes. `recompute=True` trades that memory for a second forward.")
-"""Printed below the verdicts when a side target is missed."""
+"""Printed below the CPU verdicts when a side target is missed."""
+GEMM_WHY_CPU = ("Its convolutions (1 input channel, 32×32 stride-32 kernels) run as oneDNN convolutions, whose "
+                "efficiency at this shape is below a square GEMM's; the reshape + matmul form measured only 1.04× "
+                "faster (issue 13).")
+WHY = {"cpu": WHY_CPU}
+SIDE_WHY = {"cpu": SIDE_WHY_CPU}
+GEMM_WHY = {"cpu": GEMM_WHY_CPU}
+"""Each device's reasons, written from its own run: a device without them prints that none are written."""
 BASELINE = {"unrolled": "autograd.grad(create_graph=True)", "per-sample": "torch.func.vmap(grad)",
             "compiled": "torch.compile(forward) + autograd.grad"}
 BEST = {"unrolled": "symgrad inner gradient", "per-sample": "symgrad per_sample_gradients",
@@ -130,9 +138,10 @@ def main(argv=None) -> int:
                         help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png when "
                              "matplotlib is installed, else no plot); '' for none")
     parser.add_argument("--cases", nargs="*", default=CASES)
-    parser.add_argument("--rows", default=None,
-                        help="re-render the report and plot from the measurements a previous run saved "
-                             "(its output path with .json), without measuring again")
+    parser.add_argument("--rows", nargs="+", default=None,
+                        help="re-render the report and plot from the measurements earlier runs saved (their "
+                             "output paths with .json; several runs of one device, e.g. its cases split in two "
+                             "calls, are joined), without measuring again")
     args = parser.parse_args(argv)
     if args.plot is None:  # the default: a plot if the [plot] extra is there, the tables either way
         args.plot = "out/benchmarks.png" if _has_matplotlib() else ""
@@ -143,25 +152,42 @@ def main(argv=None) -> int:
         return 2
 
     output = Path(args.output)
-    if args.rows:  # the saved measurements of an earlier run, rendered again (the prose may have changed)
-        saved = json.loads(Path(args.rows).read_text())
+    if args.rows:  # the saved measurements of earlier runs, rendered again (the prose may have changed)
+        saved = join_saved([json.loads(Path(path).read_text()) for path in args.rows])
     else:
         ceiling, rows = measure_all(args)
-        saved = {"ceiling": ceiling, "rows": rows, "generation": generation_table(args.quick)}
+        # generation is CPU work whatever the device: its table belongs to the CPU section alone
+        saved = {"ceiling": ceiling, "rows": rows, "device": args.device, "machine": machine_description(args.device),
+                 "date": datetime.date.today().isoformat(),
+                 "generation": generation_table(args.quick) if args.device == "cpu" else ""}
         output.parent.mkdir(parents=True, exist_ok=True)
         output.with_suffix(".json").write_text(json.dumps(saved, indent=1))
-    report = render_report(saved["rows"], saved["generation"], saved["ceiling"], args.device)
+    device = saved.get("device", args.device)
+    report = render_report(saved)
     output.parent.mkdir(parents=True, exist_ok=True)
-    if args.device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
-        existing = output.read_text().split(f"\n## On {args.device}\n")[0]
-        output.write_text(existing.rstrip() + f"\n\n## On {args.device}\n\n" + report)
+    if device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
+        existing = output.read_text().split(f"\n## On {device}\n")[0]
+        output.write_text(existing.rstrip() + f"\n\n## On {device}\n\n" + report)
     else:
         output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
-                          "every variant in a fresh process.\n\n## On cpu\n\n" + report)
+                          f"every variant in a fresh process.\n\n## On {device}\n\n" + report)
     if args.plot:
-        plot(saved["rows"], args.plot, args.device)
+        plot(saved["rows"], args.plot, device)
     print(f"wrote {output}" + (f" and {args.plot}" if args.plot else ""))
     return 0
+
+
+def join_saved(runs: list[dict]) -> dict:
+    """One device's runs (its cases measured in separate calls) as one: the first run's machine and
+    ceiling, every run's rows in order. Runs of different devices do not mix."""
+    devices = {run.get("device", "cpu") for run in runs}
+    if len(devices) > 1:
+        raise SystemExit(f"error: --rows joins runs of one device, got {sorted(devices)} "
+                         "(fix: render each device's runs in its own call)")
+    joined = dict(runs[0])
+    joined["rows"] = [row for run in runs for row in run["rows"]]
+    joined["generation"] = next((run["generation"] for run in runs if run.get("generation")), "")
+    return joined
 
 
 def measure_all(args) -> tuple[float, list[dict]]:
@@ -169,7 +195,8 @@ def measure_all(args) -> tuple[float, list[dict]]:
     ceiling = run_measurement("gemm", "-", "--device", args.device)["gflops"]
     rows = []
     for case_name in args.cases:
-        repeats = 3 if args.quick else (41 if case_name.endswith("small") else 15)
+        # a GPU's calls take well under a millisecond to a few: more repeats cost little there
+        repeats = 3 if args.quick else (41 if case_name.endswith("small") else 15) * (3 if args.device != "cpu" else 1)
         timed = run_measurement(case_name, "--timing", "--device", args.device, "--repeats", str(repeats))
         for variant, result in timed.items():
             result.update(run_measurement(case_name, variant, "--device", args.device))
@@ -194,9 +221,15 @@ def _ratios(rows):
     return by_case
 
 
-def render_report(rows, generation, ceiling, device) -> str:
-    lines = [f"Machine: {machine_description(device)}. Run on {datetime.date.today().isoformat()}.",
-             f"Measured float32 GEMM ceiling (2048×2048 matmul): **{ceiling:.0f} GFLOP/s**.", ""]
+def render_report(saved: dict) -> str:
+    """The tables and verdicts of one device's saved run (``main`` writes and reads these)."""
+    rows, ceiling, device = saved["rows"], saved["ceiling"], saved.get("device", "cpu")
+    machine = saved.get("machine") or machine_description(device)
+    date = saved.get("date") or datetime.date.today().isoformat()
+    lines = [f"Machine: {machine}. Run on {date}.", f"Measured float32 GEMM ceiling ({GEMM_SIZE[device]}×{GEMM_SIZE[device]} matmul): "
+             f"**{ceiling:.0f} GFLOP/s**" + (" with TF32 on, as cuDNN's convolutions run by PyTorch's default "
+                                             "(`torch.backends.cudnn.allow_tf32`)." if device == "cuda" else "."), ""]
+    why, side_why, gemm_why = WHY.get(device, {}), SIDE_WHY.get(device), GEMM_WHY.get(device)
     lines += ["| case | variant | median ms | min ms | max ms | peak memory | GFLOP/s (% of GEMM) | speed vs autograd | memory vs autograd |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     by_case = _ratios(rows)
@@ -232,18 +265,17 @@ def render_report(rows, generation, ceiling, device) -> str:
                                 f"{'met' if speed >= goal else 'missed'} |")
     lines += ["", "### Targets", "", "| case | target | measured | verdict |", "|---|---|---|---|", *verdicts, ""]
     for kind in sorted(missed_kinds):
-        lines += [f"*Why {kind} targets are missed, and what would close them.* {WHY[kind]}", ""]
+        lines += [f"*Why {kind} targets are missed, and what would close them.* "
+                  f"{why.get(kind, f'Not analysed yet for {device}.')}", ""]
     if any(row.endswith("| missed |") and ("channels_last" in row or "explicit" in row) for row in verdicts):
-        lines += [SIDE_WHY, ""]
+        lines += [side_why or f"*Why the side targets are missed.* Not analysed yet for {device}.", ""]
     seed1 = [row for row in rows if row["case"] == "seed1-full" and row["variant"] == "symgrad gradients"]
     if seed1:
         achieved = seed1[0]["flops"] / seed1[0]["median"] / 1e9
         lines += [f"*GEMM ceiling.* Target: seed 1 (non-overlapping patches, a GEMM in disguise) at ≥85% of the "
                   f"measured GEMM rate. `gradients` reaches {achieved:.0f} GFLOP/s ({100 * achieved / ceiling:.0f}%) "
-                  f"there; {'met' if achieved >= 0.85 * ceiling else 'missed'}. Its convolutions (1 input channel, "
-                  "32×32 stride-32 kernels) run as oneDNN convolutions, whose efficiency at this shape is below a "
-                  "square GEMM's; the reshape + matmul form measured only 1.04× faster (issue 13).", ""]
-    lines += [generation]
+                  f"there; {'met' if achieved >= 0.85 * ceiling else 'missed'}. {gemm_why or ''}".rstrip(), ""]
+    lines += [saved.get("generation", "")]
     return "\n".join(lines)
 
 
