@@ -409,6 +409,13 @@ def test_per_sample_kernel_gradients_match_vmap_of_grad(text):
     for name, reference in zip(parameters, expected):
         assert relative_error(getattr(actual, name), reference) <= 1e-10, name
 
+    def per_sample_of_parameters(*parameter_values):
+        return tuple(module.per_sample_gradients(**{**inputs, **dict(zip(parameters, parameter_values))},
+                                                 grad_loss=cotangent))
+    wanted = tuple(inputs[name].clone().requires_grad_() for name in parameters)
+    assert torch.autograd.gradcheck(per_sample_of_parameters, wanted, fast_mode=True)
+    assert torch.autograd.gradgradcheck(per_sample_of_parameters, wanted, fast_mode=True)
+
 
 def test_per_sample_refuses_what_it_cannot_derive():
     from symgrad.errors import SpecError
