@@ -175,6 +175,24 @@ def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: s
     return lines[:boundary], lines[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
 
 
+def _scheduled_early(statements: list[Statement], boundary: int, movable: list[Statement]) -> list[Statement]:
+    """The statements with each of ``movable`` moved up to just after the last statement whose value
+    it reads (never into the forward part): what it reads can then be freed before the next step."""
+    moving = {id(statement) for statement in movable}
+    result = [statement for statement in statements if id(statement) not in moving]
+    moved: set[int] = set()
+    for statement in statements:
+        if id(statement) not in moving:
+            continue
+        reads = statement.value.free_symbols
+        position = max([boundary] + [index + 1 for index, other in enumerate(result) if other.target in reads])
+        while position < len(result) and id(result[position]) in moved:  # keep the moved ones in their order
+            position += 1
+        result.insert(position, statement)
+        moved.add(id(statement))
+    return result
+
+
 def _saved_for_backward(fast: Program, statements: list[Statement], boundary: int) -> tuple[list[str], list["Line"], str]:
     """For ``ExplicitGradient``, which saves instead of recomputing: the values the backward part of
     ``gradients`` reads from its forward part (in forward order), and the lines that compute the
@@ -312,7 +330,9 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         extra, results, per_sample_batched = per_sample_statements(program)
         live = _live(program.forward + program.backward + extra, set(results.values()) | program.default_cotangent.free_symbols)
         boundary = len([s for s in live if s in program.forward])
-        per_sample_lines = ([_line(s) for s in live[:boundary]], [_line(s) for s in live[boundary:]])
+        # each per-sample product as soon as its output gradient exists, so both die there
+        live = _scheduled_early(live, boundary, extra)
+        per_sample_lines = _with_deletions(live, boundary, program.default_cotangent.free_symbols, set(results.values()))
         per_sample_names = list(results)
     stored = _stored(fast, backward_live[split:])
     descriptions = _node_description(program)

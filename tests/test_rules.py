@@ -7,6 +7,8 @@ that the explicit backward passes gradcheck and gradgradcheck.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,6 +20,8 @@ from symgrad.rules import all_rules
 from symgrad.spec import parse_spec
 
 from .helpers import build_text, generated_module, spec_text
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SQ = {"op": "half_sq_error", "target": "y", "reduction": "sum"}
 
@@ -415,6 +419,18 @@ def test_per_sample_kernel_gradients_match_vmap_of_grad(text):
     wanted = tuple(inputs[name].clone().requires_grad_() for name in parameters)
     assert torch.autograd.gradcheck(per_sample_of_parameters, wanted, fast_mode=True)
     assert torch.autograd.gradgradcheck(per_sample_of_parameters, wanted, fast_mode=True)
+
+
+def test_per_sample_products_run_as_soon_as_their_gradient_exists_and_free_it():
+    """Each per-sample product is scheduled right after the output gradient it reads, which is then
+    deleted, instead of every gradient living to the end of the function."""
+    source = (ROOT / "generated" / "seed3_conv_relu_conv.py").read_text()
+    body = source[source.index("def per_sample_gradients"):source.index("return PerSampleGradients")].splitlines()
+    lines = [line.strip() for line in body if line.strip()]
+    product = next(i for i, line in enumerate(lines) if line.startswith("per_sample_grad_w2 ="))
+    assert lines[product - 2].startswith("grad_conv2 =")  # made, its forward inputs freed, then read at once
+    assert lines[product + 1].startswith("grad_relu1 =") and lines[product + 2] == "del grad_conv2"
+    assert lines[-1] == "del grad_conv1"
 
 
 def test_per_sample_refuses_what_it_cannot_derive():
