@@ -50,14 +50,16 @@ WHY_CPU = {
              "1.14x and 1.07x, and this run does not separate the layout's cost from the noise. The explicit code "
              "saves autograd's graph bookkeeping but still runs one kernel per op; fusing the ReLU mask into the "
              "gradient (one threshold kernel instead of a compare and a multiply) would cut one more.",
-    "per-sample": "symgrad writes each conv's per-sample weight gradient as one grouped convolution with the batch "
-                  "folded into the groups (what PyTorch's ExpandedWeights picks below batch 32); vmap(grad) runs the "
-                  "same correlations through conv's batching rule with fewer layout copies (the transposed input "
-                  "and output gradient are copied before the grouped call), and `per_sample_gradients` keeps every "
-                  "forward value to its end. The unfold + einsum form (Opacus) is slower and far larger at this "
-                  "batch, so choosing it by shape pays only at large batches, which were not measured here. "
-                  "Scheduling each per-sample product right after its output gradient exists, and freeing values "
-                  "as `gradients` does, would close the memory gap.",
+    "per-sample": "symgrad calls PyTorch's weight-gradient kernel once per conv with the batch folded into the "
+                  "groups (`torch.nn.grad.conv2d_weight` of x as [1, N*C, H, W], groups = N: the form vmap's "
+                  "batching rule reaches) and frees each value at its last use, hence 0.79x vmap(grad)'s peak. On "
+                  "this CPU the rest of the gap is seed 3's second layer (32 -> 1 channels): with one output channel "
+                  "per group oneDNN's grouped weight-gradient kernel is slower than the grouped forward convolution "
+                  "it replaced (26 vs 16 ms at batch 8 in a trial), while the first layer (32 -> 32) became 2.4x "
+                  "faster (29 vs 72 ms). Choosing the form per layer from its channel counts would close it on the "
+                  "CPU; on CUDA the new form wins at both layers (13-27x), so the choice would be per device too. "
+                  "Unfold + bmm, ExpandedWeights' form from batch 32, was slower than both at batches 8 to 64 with "
+                  "5-10x the memory, on either device, so it is not offered.",
     "unrolled": "The time gain comes from not building a second-order graph for the inner gradient; the peak "
                 "memory is the saved activations of the outer graph, which both variants keep. Recomputing "
                 "the inner activations in the backward (checkpointing) would trade time for memory.",
@@ -87,9 +89,45 @@ SIDE_WHY_CPU = ("*Why the side targets are missed.* Against autograd given chann
 GEMM_WHY_CPU = ("Its convolutions (1 input channel, 32×32 stride-32 kernels) run as oneDNN convolutions, whose "
                 "efficiency at this shape is below a square GEMM's; the reshape + matmul form measured only 1.04× "
                 "faster (issue 13).")
-WHY = {"cpu": WHY_CPU}
-SIDE_WHY = {"cpu": SIDE_WHY_CPU}
-GEMM_WHY = {"cpu": GEMM_WHY_CPU}
+WHY_CUDA = {
+    "full": "Seed 2's memory: `gradients` moves the conv weights to channels_last (chosen from the spec's shapes, "
+            "as on the CPU), and cuDNN then copies the caller's default-layout input `x` to channels_last inside "
+            "each convolution that reads it (forward and weight gradient): 16 MiB more at the peak. A trial on "
+            "this machine with seed 2 generated without the layout move (`symgrad.roles.CHANNELS_LAST_MIN_POSITIONS` "
+            "raised past the spec's size) measured 0.54 ms "
+            "and 34.6 MiB (1.35x autograd, memory 1.00x), where the channels_last module measured 0.58 ms and "
+            "50.6 MiB; for seed 3 the same trial went the other way (default layout 0.87 ms and 71.9 MiB, "
+            "channels_last 0.82 ms and 50.6 MiB). Closing it needs the layout chosen per device and per conv "
+            "input (keep the default layout on CUDA where a conv reads a caller's tensor), which the generated "
+            "code does not yet do. At these sizes every variant is launch-bound (well under 1 ms for 2-12 "
+            "GFLOP), so the speed ratios measure Python and dispatch overhead as much as kernels.",
+    "unrolled": "Speed is met (no second-order graph for the inner gradient); the peak is the outer graph's saved "
+                "activations, which both variants keep, as on the CPU. Recomputing the inner activations in the "
+                "backward would trade time for memory.",
+}
+SIDE_WHY_CUDA = ("*Why the side targets are missed.* `loss_with_explicit_backward(...).backward()` is a Python "
+                 "`autograd.Function`: at these sub-millisecond, launch-bound sizes its own call and the saved "
+                 "tuple cost about what the convolutions do (0.67-0.99x `loss.backward()`; the CPU's full-size "
+                 "rows, where the convolutions dominate, are 1.0-1.2x). Seed 2's also carries the channels_last "
+                 "input copy above. A C++ or compiled backward node, or capturing the step in a CUDA graph, "
+                 "would remove the per-call overhead; neither is built.")
+GEMM_WHY_CUDA = ("On the GPU this target does not measure the code: seed 1 is 0.27 GFLOP, under a microsecond of "
+                 "the measured TF32 GEMM rate, so its 0.2-0.3 ms is kernel launches and Python, not arithmetic "
+                 "(autograd's own run takes 0.67 ms). It would take a far larger batch to be compute-bound.")
+WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
+SIDE_WHY = {"cpu": SIDE_WHY_CPU, "cuda": SIDE_WHY_CUDA}
+GEMM_WHY = {"cpu": GEMM_WHY_CPU, "cuda": GEMM_WHY_CUDA}
+DEVICE_NOTES = {"cpu": (
+    "The per-sample rows come from a later run on the same day, after per-sample gradients moved to PyTorch's "
+    "weight-gradient kernel and started freeing values as they go (the run before measured 0.77x vmap(grad) "
+    "and 1.80x its memory); every other row is from the run before."), "cuda": (
+    "The modules' correctness on this GPU, from `python -m benchmarks.device_check cuda` in the same session: "
+    "all four committed modules match autograd on CUDA in float64 (max relative error ≤2e-16 for `gradients`, "
+    "`gradients_fast` and the explicit backward), gradcheck and gradgradcheck pass through `gradients`, and the "
+    "float32 checks at the spec's shapes agree within TF32's rounding (seed 3's per-sample gradients summed vs "
+    "the summed gradient: 8.5e-4). The per-sample rows were measured in a later call of the same session, after "
+    "per-sample gradients moved to PyTorch's weight-gradient kernel (8.07 ms and 0.28x vmap(grad) before).")}
+"""A paragraph under a device's header: what else was checked there."""
 """Each device's reasons, written from its own run: a device without them prints that none are written."""
 BASELINE = {"unrolled": "autograd.grad(create_graph=True)", "per-sample": "torch.func.vmap(grad)",
             "compiled": "torch.compile(forward) + autograd.grad"}
@@ -229,6 +267,8 @@ def render_report(saved: dict) -> str:
     lines = [f"Machine: {machine}. Run on {date}.", f"Measured float32 GEMM ceiling ({GEMM_SIZE[device]}×{GEMM_SIZE[device]} matmul): "
              f"**{ceiling:.0f} GFLOP/s**" + (" with TF32 on, as cuDNN's convolutions run by PyTorch's default "
                                              "(`torch.backends.cudnn.allow_tf32`)." if device == "cuda" else "."), ""]
+    if device in DEVICE_NOTES:
+        lines += [DEVICE_NOTES[device], ""]
     why, side_why, gemm_why = WHY.get(device, {}), SIDE_WHY.get(device), GEMM_WHY.get(device)
     lines += ["| case | variant | median ms | min ms | max ms | peak memory | GFLOP/s (% of GEMM) | speed vs autograd | memory vs autograd |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -289,7 +329,7 @@ def plot(rows, path: str, device: str) -> None:
     cases = list(by_case)
     variants = [v for v in ("symgrad gradients", "symgrad gradients, channels_last inputs", "torch.func.grad",
                             "symgrad inner gradient", "symgrad per_sample_gradients", "torch.compile(symgrad gradients)")]
-    figure, (speed_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 3.8))
+    figure, (speed_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.4))
     width = 0.8 / len(variants)
     for index, variant in enumerate(variants):
         speeds, memories, positions = [], [], []
@@ -308,8 +348,9 @@ def plot(rows, path: str, device: str) -> None:
         axis.axhline(1.0, color="black", linewidth=0.8)
         axis.set_xticks([p + 0.4 - width / 2 for p in range(len(cases))], cases, rotation=30, ha="right")
         axis.set_title(f"{title}, {device}")
-    speed_axis.legend(fontsize=8)
-    figure.tight_layout()
+    handles, labels = speed_axis.get_legend_handles_labels()  # below both axes, clear of the bars
+    figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.12, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,3 +114,46 @@ def test_a_saved_run_renders_again_with_its_verdicts(tmp_path: Path):
     report = output.read_text()
     assert "| seed1-small | ≥1.0× (never slower) | symgrad gradients: 0.50×, memory 1.00× | missed |" in report
     assert "*Why small targets are missed" in report
+
+
+def test_saved_runs_of_one_device_join_and_of_two_devices_refuse(tmp_path: Path):
+    """A device's cases measured in two calls render as one report, under that device's header and
+    the machine the run recorded; runs of two devices never mix."""
+    import benchmarks.__main__ as runner
+
+    def run(device, case_name):
+        return {"ceiling": 100.0, "generation": "", "device": device, "machine": f"the {device} machine",
+                "date": "2026-01-02", "rows": [
+                    {"case": case_name, "variant": variant, "median": median, "min": median, "max": median,
+                     "flops": None, "peak_bytes": 10}
+                    for variant, median in (("symgrad gradients", 0.001), ("torch.autograd.grad", 0.002))]}
+    paths = []
+    for index, (device, case_name) in enumerate((("cuda", "seed1-small"), ("cuda", "seed2-small"), ("cpu", "seed3-small"))):
+        paths.append(tmp_path / f"{index}.json")
+        paths[-1].write_text(json.dumps(run(device, case_name)))
+    output = tmp_path / "report.md"
+    assert runner.main(["--rows", str(paths[0]), str(paths[1]), "--output", str(output), "--plot", ""]) == 0
+    report = output.read_text()
+    assert "## On cuda" in report and "Machine: the cuda machine. Run on 2026-01-02." in report
+    assert "| seed1-small | ≥1.0× (never slower) | symgrad gradients: 2.00×" in report
+    assert "| seed2-small | ≥1.0× (never slower) | symgrad gradients: 2.00×" in report
+    with pytest.raises(SystemExit, match="one device"):
+        runner.main(["--rows", str(paths[0]), str(paths[2]), "--output", str(output), "--plot", ""])
+
+
+def test_the_device_check_passes_on_the_cpu_and_fails_a_wrong_gradient(monkeypatch, capsys):
+    """`python -m benchmarks.device_check` (run on a GPU when one is lent) works here on the CPU, and
+    a gradient off by a little is reported as a failure."""
+    from benchmarks import device_check
+
+    assert device_check.main(["cpu"]) == 0
+    assert "4 of 4 modules pass on cpu" in capsys.readouterr().out
+    original = device_check.load_module
+
+    def with_a_wrong_gradient(path, name=None):
+        tests = original(path, name)
+        right = tests.module.gradients
+        tests.module.gradients = lambda *a, **k: type(right(*a, **k))(*(g * (1 + 1e-6) for g in right(*a, **k)))
+        return tests
+    monkeypatch.setattr(device_check, "load_module", with_a_wrong_gradient)
+    assert not device_check.check_module(sorted((ROOT / "generated").glob("test_*.py"))[0], "cpu")

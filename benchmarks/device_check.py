@@ -1,0 +1,74 @@
+"""``python -m benchmarks.device_check cuda``: the committed generated modules on a device, against
+autograd on the same device.
+
+The test suite never needs a GPU; this is what to run when one is at hand. For each module in
+generated/: float64 at its first small shape with a random cotangent (``gradients``,
+``gradients_fast``, ``loss_with_explicit_backward``, the per-sample gradients summed over the batch)
+and gradcheck + gradgradcheck through ``gradients``; float32 at the spec's shapes in the layout the
+module chooses. Prints one line per check and exits non-zero if any fails. float32 allows 1e-2: on
+CUDA both sides run cuDNN's convolutions in TF32 (PyTorch's default), but not always the same ones."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from symgrad.check import load_module, relative_error
+
+ROOT = Path(__file__).resolve().parent.parent
+NONDETERMINISM = {"cuda": 1e-12}
+"""gradcheck's tolerance for reruns that differ: CUDA's scatter-style backward kernels add with atomics."""
+LIMIT = {torch.float64: 1e-10, torch.float32: 1e-2}
+
+
+def check_module(test_path: Path, device: str) -> bool:
+    """Every check of one generated module (its generated test file gives shapes, roles and layout)."""
+    tests = load_module(test_path, test_path.stem)
+    module, wrt, passed = tests.module, tests.WRT, True
+    for dtype, shapes in ((torch.float64, tests.SMALL_SHAPES[0]), (torch.float32, tests.SPEC_SHAPES)):
+        drawn = tests.make_inputs(shapes, tests.ROLES, wrt, dtype, 3, getattr(tests, "CLASSES", None))
+        inputs = {name: value.to(device) for name, value in drawn.items()}
+        if dtype == torch.float32:
+            inputs = tests.in_layout(inputs, tests.CHANNELS_LAST)
+        leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
+        loss = module.forward(**leaves)
+        cotangent = torch.randn(loss.shape, dtype=dtype, generator=torch.Generator().manual_seed(5)).to(device)
+        expected = torch.autograd.grad(loss, [leaves[name] for name in wrt], cotangent)
+        leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
+        explicit = module.loss_with_explicit_backward(**leaves)
+        results = {"gradients": module.gradients(**inputs, grad_loss=cotangent),
+                   "gradients_fast": module.gradients_fast(**inputs, grad_loss=cotangent),
+                   "explicit backward": torch.autograd.grad(explicit, [leaves[name] for name in wrt], cotangent)}
+        if hasattr(module, "per_sample_gradients"):  # summed over the batch: the shared weights' gradient
+            per_sample = module.per_sample_gradients(**inputs, grad_loss=cotangent)._asdict()
+            results["per-sample, summed"] = [per_sample[name].sum(0) if name in per_sample else reference
+                                             for name, reference in zip(wrt, expected)]
+        for label, got in results.items():
+            error = max(relative_error(actual, reference) for actual, reference in zip(got, expected))
+            passed &= error <= LIMIT[dtype]
+            print(f"{test_path.stem[5:]:24s} {str(dtype)[6:]:8s} {label:24s} max relative error {error:.2e} "
+                  f"{'ok' if error <= LIMIT[dtype] else 'FAIL'}", flush=True)
+        if dtype == torch.float64:
+            wanted = tuple(inputs[name].clone().requires_grad_() for name in wrt)
+
+            def gradients_of(*values):
+                return tuple(module.gradients(**{**inputs, **dict(zip(wrt, values))}, grad_loss=cotangent))
+            tolerance = NONDETERMINISM.get(device, 0.0)
+            ok = (torch.autograd.gradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance)
+                  and torch.autograd.gradgradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance))
+            passed &= ok
+            print(f"{test_path.stem[5:]:24s} float64  gradcheck + gradgradcheck {'ok' if ok else 'FAIL'}", flush=True)
+    return passed
+
+
+def main(argv: list[str]) -> int:
+    device = argv[0] if argv else ("cuda" if torch.cuda.is_available() else "cpu")
+    results = [check_module(path, device) for path in sorted((ROOT / "generated").glob("test_*.py"))]
+    print(f"{sum(results)} of {len(results)} modules pass on {device}")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
