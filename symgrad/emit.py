@@ -323,7 +323,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         boundary = len([s for s in hvp_live if s in program.forward])
         hvp_lines = (hvp_lines[:boundary], hvp_lines[boundary:])
         hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})") for name, value in results.items()}
-    per_sample_lines, per_sample_names, per_sample_batched = [], [], []
+    per_sample_forward, per_sample_backward, per_sample_dead, per_sample_names, per_sample_batched = [], [], [], [], []
     if "per_sample" in extras:
         from .reverse import per_sample_statements
 
@@ -332,7 +332,8 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         boundary = len([s for s in live if s in program.forward])
         # each per-sample product as soon as its output gradient exists, so both die there
         live = _scheduled_early(live, boundary, extra)
-        per_sample_lines = _with_deletions(live, boundary, program.default_cotangent.free_symbols, set(results.values()))
+        per_sample_forward, per_sample_backward, per_sample_dead = _with_deletions(
+            live, boundary, program.default_cotangent.free_symbols, set(results.values()))
         per_sample_names = list(results)
     stored = _stored(fast, backward_live[split:])
     descriptions = _node_description(program)
@@ -377,8 +378,10 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         loss_name=loss_name,
         fast_forward=fast_forward,
         hvp=bool(hvp_lines),
-        per_sample=bool(per_sample_lines),
-        per_sample_lines=per_sample_lines,
+        per_sample=bool(per_sample_forward),
+        per_sample_forward=per_sample_forward,
+        per_sample_backward=per_sample_backward,
+        per_sample_dead=per_sample_dead,
         per_sample_names=per_sample_names,
         per_sample_batched=per_sample_batched,
         hvp_lines=hvp_lines,
