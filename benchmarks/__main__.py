@@ -32,34 +32,37 @@ TARGETS = {
     "compiled": ("compiled generated ≥1.0× compiled autograd", 1.0, None),
 }
 WHY_CPU = {
-    "full": "`gradients` moves its convolution weights to channels_last when the spec's shapes have a multi-channel "
+    "full": "At these shapes `gradients` and autograd run the same oneDNN convolutions; what the explicit code "
+            "saves is autograd's graph bookkeeping and the memory of values it frees early, worth 1.0-1.15x here "
+            "under glibc's default allocator. `gradients` moves its convolution weights to channels_last when the spec's shapes have a multi-channel "
             "2-d convolution (seeds 2 and 3), so oneDNN runs every convolution in its faster channels_last kernels "
             "without holding a copy of the input; it takes a conv's input and weight gradients from one "
             "`convolution_backward` call, as autograd does, and frees each value at its last use. Seed 1 is a single "
             "stride-32 convolution of a one-channel input: both layouts are the same there, `gradients` calls the "
-            "kernels autograd calls, and only autograd's bookkeeping is saved (about 1.1-1.2x, within this "
-            "machine's noise of the 1.2x goal). Writing it as reshape + matmul measured 1.04x (issue 13), too "
+            "kernels autograd calls, and only autograd's bookkeeping is saved. Writing it as reshape + matmul "
+            "measured 1.04x (issue 13), too "
             "little for a second rule; its memory is the same tensors autograd holds. Seed 2 has one 3x3 "
             "convolution, whose default-layout input oneDNN reorders inside each call that reads it (forward and "
             "weight gradient): the row `symgrad gradients, channels_last inputs` shows what the same function "
             "runs at when the caller keeps the input in channels_last. Moving the input inside `gradients` "
             "would hold a copy of it, and the memory target is ≤1.0x.",
-    "small": "Per-op overhead dominates at 1-5 ms, and this machine's medians move by about ±10% between runs. "
+    "small": "Per-op overhead dominates at 0.5-2 ms, and this machine's medians move by about ±10% between runs. "
              "The generated modules choose their layout from the spec's shapes, so these batch-1 calls run seeds "
-             "2 and 3 with channels_last weights too; the run before that change (this file in git history) had "
-             "1.14x and 1.07x, and this run does not separate the layout's cost from the noise. The explicit code "
-             "saves autograd's graph bookkeeping but still runs one kernel per op; fusing the ReLU mask into the "
-             "gradient (one threshold kernel instead of a compare and a multiply) would cut one more.",
+             "2 and 3 with channels_last weights too, where at 32x32 moving them costs about what it gains (the "
+             "rows given channels_last inputs are 1.0x). Choosing the layout from the call's shapes at run time, "
+             "rather than the spec's, would keep autograd's own kernels here. The explicit code saves autograd's "
+             "graph bookkeeping but still runs one kernel per op; fusing the ReLU mask into the gradient (one "
+             "threshold kernel instead of a compare and a multiply) would cut one more.",
     "per-sample": "symgrad calls PyTorch's weight-gradient kernel once per conv with the batch folded into the "
                   "groups (`torch.nn.grad.conv2d_weight` of x as [1, N*C, H, W], groups = N: the form vmap's "
                   "batching rule reaches) and frees each value at its last use, hence 0.79x vmap(grad)'s peak. On "
                   "this CPU the rest of the gap is seed 3's second layer (32 -> 1 channels): with one output channel "
                   "per group oneDNN's grouped weight-gradient kernel is slower than the grouped forward convolution "
-                  "it replaced (26 vs 16 ms at batch 8 in a trial), while the first layer (32 -> 32) became 2.4x "
-                  "faster (29 vs 72 ms). Choosing the form per layer from its channel counts would close it on the "
-                  "CPU; on CUDA the new form wins at both layers (13-27x), so the choice would be per device too. "
-                  "Unfold + bmm, ExpandedWeights' form from batch 32, was slower than both at batches 8 to 64 with "
-                  "5-10x the memory, on either device, so it is not offered.",
+                  "it replaced, while the first layer (32 -> 32) became faster (`python -m benchmarks.trials`, "
+                  "benchmarks/results/trials-cpu.md). Choosing the form per layer from its channel counts would close it on the "
+                  "CPU; on CUDA the new form wins at both layers (7-26x), so the choice would be per device too. "
+                  "Unfold + bmm, ExpandedWeights' form from batch 32, was slower than both at batches 8 to 64 and "
+                  "several times larger, on either device, so it is not offered.",
     "unrolled": "The time gain comes from not building a second-order graph for the inner gradient; the peak "
                 "memory is the saved activations of the outer graph, which both variants keep. Recomputing "
                 "the inner activations in the backward (checkpointing) would trade time for memory.",
@@ -81,7 +84,7 @@ SIDE_WHY_CPU = ("*Why the side targets are missed.* Against autograd given chann
             "it inside each convolution that reads it and returns its gradient in the caller's layout (a copy). "
             "Given the same channels_last inputs, the two are side by side in the row `symgrad gradients, "
             "channels_last inputs`, so the input's layout is most of the difference. `loss_with_explicit_backward(...).backward()` saves what its "
-            "backward reads; at the seeds' shapes it is 1.0-1.2x `loss.backward()`, at batch 1 0.8-0.9x: a Python "
+            "backward reads; at the seeds' shapes it is 0.9-1.0x `loss.backward()`, at batch 1 0.7-0.8x: a Python "
             "autograd.Function's own call costs what the small convolutions do. It is one autograd node, so "
             "everything it saved lives until its whole backward ends, where autograd frees each node's saved "
             "values as it goes. `recompute=True` trades that memory for a second forward.")
@@ -92,12 +95,10 @@ GEMM_WHY_CPU = ("Its convolutions (1 input channel, 32×32 stride-32 kernels) ru
 WHY_CUDA = {
     "full": "Seed 2's memory: `gradients` moves the conv weights to channels_last (chosen from the spec's shapes, "
             "as on the CPU), and cuDNN then copies the caller's default-layout input `x` to channels_last inside "
-            "each convolution that reads it (forward and weight gradient): 16 MiB more at the peak. A trial on "
-            "this machine with seed 2 generated without the layout move (`symgrad.roles.CHANNELS_LAST_MIN_POSITIONS` "
-            "raised past the spec's size) measured 0.54 ms "
-            "and 34.6 MiB (1.35x autograd, memory 1.00x), where the channels_last module measured 0.58 ms and "
-            "50.6 MiB; for seed 3 the same trial went the other way (default layout 0.87 ms and 71.9 MiB, "
-            "channels_last 0.82 ms and 50.6 MiB). Closing it needs the layout chosen per device and per conv "
+            "each convolution that reads it (forward and weight gradient): 16 MiB more at the peak. `python -m benchmarks.trials cuda` (benchmarks/results/trials-cuda.md) "
+            "generates seed 2 without the layout move: 0.51 ms and 34.6 MiB, where the channels_last module "
+            "took 0.60 ms and 50.6 MiB; for seed 3 it goes the other way (default layout 0.91 ms and 71.9 MiB, "
+            "channels_last 0.87 ms and 50.6 MiB). Closing it needs the layout chosen per device and per conv "
             "input (keep the default layout on CUDA where a conv reads a caller's tensor), which the generated "
             "code does not yet do. At these sizes every variant is launch-bound (well under 1 ms for 2-12 "
             "GFLOP), so the speed ratios measure Python and dispatch overhead as much as kernels.",
@@ -118,15 +119,18 @@ WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 SIDE_WHY = {"cpu": SIDE_WHY_CPU, "cuda": SIDE_WHY_CUDA}
 GEMM_WHY = {"cpu": GEMM_WHY_CPU, "cuda": GEMM_WHY_CUDA}
 DEVICE_NOTES = {"cpu": (
-    "The per-sample rows come from a later run on the same day, after per-sample gradients moved to PyTorch's "
-    "weight-gradient kernel and started freeing values as they go (the run before measured 0.77x vmap(grad) "
-    "and 1.80x its memory); every other row is from the run before."), "cuda": (
+    "Timed under glibc's default allocator. Runs before this one (this file in git history) timed with "
+    "`MALLOC_MMAP_THRESHOLD_=65536`, meant for the memory processes alone, which made every large allocation "
+    "fault its pages in afresh: it slowed every variant 1.6-1.9x and favoured the ones that allocate less, so "
+    "those runs overstated symgrad's margins (seed 3's `gradients`: 1.19x autograd then)."), "cuda": (
     "The modules' correctness on this GPU, from `python -m benchmarks.device_check cuda` in the same session: "
     "all four committed modules match autograd on CUDA in float64 (max relative error ≤2e-16 for `gradients`, "
     "`gradients_fast` and the explicit backward), gradcheck and gradgradcheck pass through `gradients`, and the "
     "float32 checks at the spec's shapes agree within TF32's rounding (seed 3's per-sample gradients summed vs "
     "the summed gradient: 8.5e-4). The per-sample rows were measured in a later call of the same session, after "
-    "per-sample gradients moved to PyTorch's weight-gradient kernel (8.07 ms and 0.28x vmap(grad) before).")}
+    "per-sample gradients moved to PyTorch's weight-gradient kernel (8.07 ms and 0.28x vmap(grad) before). This "
+    "run's timing processes still had glibc's mmap threshold fixed (see the CPU section); the GPU's memory comes "
+    "from CUDA's caching allocator, which that setting does not touch.")}
 """A paragraph under a device's header: what else was checked there."""
 """Each device's reasons, written from its own run: a device without them prints that none are written."""
 BASELINE = {"unrolled": "autograd.grad(create_graph=True)", "per-sample": "torch.func.vmap(grad)",
@@ -135,8 +139,17 @@ BEST = {"unrolled": "symgrad inner gradient", "per-sample": "symgrad per_sample_
         "compiled": "torch.compile(symgrad gradients)"}
 
 
+MEMORY_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+"""For the peak-memory processes only: each large block from its own mmap, so a tensor's pages are
+resident while it lives and the peak RSS counts it. Timing runs under glibc's defaults, as users do:
+this setting makes every large allocation fault its pages in afresh, which slowed seed 3 1.6-1.9x on
+this CPU and favoured whichever variant allocates less (issue 13 asked why an earlier figure was
+3.7x a plain timing; this was the allocation part of it)."""
+
+
 def run_measurement(*arguments: str) -> dict:
-    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    timing = "--timing" in arguments or arguments[0] == "gemm"
+    environment = {**os.environ, **({} if timing else MEMORY_ENVIRONMENT), "PYTHONPATH": str(ROOT)}
     output = subprocess.run([sys.executable, "-m", "benchmarks.measure", *arguments], capture_output=True, text=True,
                             env=environment, cwd=ROOT, check=True)
     return json.loads(output.stdout.strip().splitlines()[-1])

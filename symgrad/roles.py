@@ -74,7 +74,7 @@ def zero_by_structure(graph: Graph) -> dict[str, str]:
 CHANNELS_LAST_MIN_POSITIONS = 16384
 """Batch x height x width a 2-d convolution's input needs (in the spec's shapes) before the generated
 code runs it in channels_last. Measured (BENCHMARKS.md): at the seeds' 8 x 128 x 128 `gradients` runs
-at 1.08-1.19x autograd with 0.8x its memory in that layout. Below the threshold
+at 1.00-1.12x autograd with 0.81x its memory in that layout. Below the threshold
 the default layout is kept, so small nets run the kernels autograd runs on default-layout inputs and
 agree with it at ReLU kinks to the last bit (the two layouts' kernels sum in different orders, and a
 pre-activation that cancels to exactly zero in one may not in the other)."""

@@ -157,3 +157,40 @@ def test_the_device_check_passes_on_the_cpu_and_fails_a_wrong_gradient(monkeypat
         return tests
     monkeypatch.setattr(device_check, "load_module", with_a_wrong_gradient)
     assert not device_check.check_module(sorted((ROOT / "generated").glob("test_*.py"))[0], "cpu")
+
+
+def test_the_trials_compare_forms_that_agree_and_modules_that_differ_only_in_layout():
+    """`python -m benchmarks.trials`: its three per-sample forms give one answer (checked in float64
+    against a loop over samples), and its default-layout module is the committed one less the move."""
+    from benchmarks import trials
+    from symgrad.check import module_from_source, relative_error
+
+    trials.check_forms("cpu")
+    code = trials.default_layout_code("seed3")
+    assert "channels_last" not in code
+    assert "channels_last" in (ROOT / "generated" / f"{SEEDS['seed3']}.py").read_text()
+    default, committed = module_from_source(code, "seed3_default_layout"), load_generated(SEEDS["seed3"])
+    generator = torch.Generator().manual_seed(4)
+    inputs = {name: torch.randn(shape, dtype=torch.float64, generator=generator)
+              for name, shape in {"x": (2, 3, 32, 32), "w1": (3, 3, 3, 3), "w2": (1, 3, 3, 3), "k": (2, 1, 32, 32),
+                                  "y": (2, 2, 1, 1)}.items()}
+    for ours, theirs in zip(default.gradients(**inputs), committed.gradients(**inputs)):
+        assert relative_error(ours, theirs) <= 1e-12  # the layouts sum in different orders
+
+
+def test_only_the_memory_processes_change_the_allocator(monkeypatch):
+    """Timing runs under glibc's defaults, as users run; the fixed mmap threshold, which makes every
+    large allocation fault its pages in afresh, is for the peak-memory processes alone."""
+    import benchmarks.__main__ as runner
+
+    seen = {}
+
+    def fake_run(command, env, **keywords):
+        seen[tuple(command[3:])] = env.get("MALLOC_MMAP_THRESHOLD_")
+        return subprocess.CompletedProcess(command, 0, stdout="{}\n", stderr="")
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    runner.run_measurement("gemm", "-", "--device", "cpu")
+    runner.run_measurement("seed1-small", "--timing", "--device", "cpu")
+    runner.run_measurement("seed1-small", "symgrad gradients", "--device", "cpu")
+    assert seen == {("gemm", "-", "--device", "cpu"): None, ("seed1-small", "--timing", "--device", "cpu"): None,
+                    ("seed1-small", "symgrad gradients", "--device", "cpu"): "65536"}

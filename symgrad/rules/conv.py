@@ -168,10 +168,11 @@ def _per_sample_weight_grad_code(operands, params, show):
     Where the correlation is a forward conv's weight gradient (``weight_size`` given), it is
     ``torch.nn.grad.convNd_weight`` of x as [1, N*C_in, ...] and grad as [1, N*C_out, ...] for a
     weight [N*C_out, C_in/g, K...]: PyTorch's own weight-gradient kernel, reached through views
-    alone, and laid out as [N, C_out, C_in/g, K...] by splitting the first axis. (Issue 13 measured it
-    13-27x faster than the grouped forward conv below on an H100 and 1.6x faster over seed 3's two
-    layers on a CPU; unfold + bmm, ExpandedWeights' choice from batch 32, was slower than it on both
-    at batches 8 to 64, with 5-10x its memory, so it is not offered.)
+    alone, and laid out as [N, C_out, C_in/g, K...] by splitting the first axis. (``python -m
+    benchmarks.trials``, results in benchmarks/results: 7-26x faster than the grouped forward conv
+    below on an H100; on a 2-core CPU 2-2.6x faster at 32 -> 32 channels, and at 32 -> 1 as fast at
+    batch 8 but up to 1.6x slower at batches 32-64. Unfold + bmm, ExpandedWeights' choice from batch
+    32, was slower than it on both at batches 8 to 64 and several times larger, so it is not offered.)
 
     Otherwise (a transposed conv with ``output_padding >= stride``) the correlation is written out as
     one grouped forward conv: x [N, C_in, ...] becomes [C_in/g, N*g, ...]; grad [N, C_out, ...] becomes
