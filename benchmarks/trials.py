@@ -14,10 +14,8 @@ These are trials, not the benchmark: BENCHMARKS.md comes from ``python -m benchm
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +24,7 @@ from symgrad import generate, roles
 from symgrad.check import module_from_source
 
 from .cases import ROOT, SEEDS, load_generated, seed_shapes, seed_wrt
+from .measure import peak_growth_bytes, timings
 
 
 def grouped_forward_conv(x, grad, kernel, padding):
@@ -53,32 +52,12 @@ FORMS = {"grouped forward conv (before)": grouped_forward_conv, "weight-gradient
 
 
 def median_ms(function, device: str, repeats: int) -> float:
-    for _ in range(3):
-        function()
-    values = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        function()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        values.append(time.perf_counter() - start)
-    return statistics.median(values) * 1e3
+    return statistics.median(timings(function, device, 3, repeats)) * 1e3
 
 
 def peak_mib(function, device: str) -> str:
-    if device != "cuda":
-        return "–"
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    result = function()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del result
-    return f"{peak / 2**20:.1f}"
+    """Exact on CUDA (the caching allocator's own count); on a CPU the benchmark's fresh processes measure it."""
+    return f"{peak_growth_bytes(function, device) / 2**20:.1f}" if device == "cuda" else "–"
 
 
 def check_forms(device: str) -> None:
