@@ -35,11 +35,17 @@ def _spec_of(generated: Path, label: str) -> Path:
 
 
 def _expand(paths: tuple[str, ...]) -> list[Path]:
+    """The spec files named: each file as given, each folder's ``*.yaml`` and ``*.yml`` files; a
+    folder with none is an error (a command that silently did nothing would look like success)."""
     specs = []
     for item in paths:
         path = Path(item)
         if path.is_dir():
-            specs.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+            found = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+            if not found:
+                raise SymgradError(f"{path}: error: the folder holds no *.yaml or *.yml spec, so there is nothing "
+                                   "to do (fix: pass a spec file, or the folder that holds the specs)")
+            specs.extend(found)
         else:
             specs.append(path)
     return specs
@@ -58,7 +64,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(file_okay=False),
+@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(),
               help="Directory to write <name>.py, test_<name>.py and <name>.md into.")
 @click.option("--verify", is_flag=True, help="Compare the generated gradients with torch.autograd in float64.")
 @click.option("--force", is_flag=True, help="Overwrite generated files even if they were edited by hand.")
@@ -79,7 +85,7 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
                              Path(output), force)
     except SymgradError as error:
         _fail(error)
-    from .emit import write_files
+    from .write import write_files
 
     for spec_path, result in rendered_all:
         try:
@@ -123,7 +129,7 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
 def _refuse_name_clashes(named: list[tuple[Path, str]], output: Path, force: bool) -> None:
     """Two specs with one ``name:`` would write the same files: refuse, naming both, whether both are
     in this call or one was generated into ``output`` before (its header names its spec)."""
-    from .emit import read_header
+    from .write import read_generated, read_header
 
     seen: dict[str, Path] = {}
     for spec_path, name in named:
@@ -133,7 +139,7 @@ def _refuse_name_clashes(named: list[tuple[Path, str]], output: Path, force: boo
                                f"{output / name}.py (fix: give one of them another name:)")
         seen[name] = spec
         existing = output / f"{name}.py"
-        parsed = read_header(existing.read_text(encoding="utf-8", errors="replace")) if existing.is_file() else None
+        parsed = read_header(read_generated(existing)) if existing.is_file() else None
         other = _spec_of(existing, parsed[0]["spec"]).resolve() if parsed else None
         if other is not None and not force and other != spec and other.is_file():  # a renamed spec is no clash
             raise SymgradError(f"error: {existing} was generated from {other}, "
@@ -147,8 +153,8 @@ def check(paths):
     """Exit 1 and list stale files when generated files no longer match their specs (default: generated/).
 
     Exit 2 when there is nothing to check: a missing folder, or no file that symgrad generated."""
-    from .emit import edited_by_hand, read_header
     from .pipeline import build
+    from .write import edited_by_hand, read_generated, read_header
 
     files = []
     for item in paths or ("generated",):
@@ -156,19 +162,35 @@ def check(paths):
         if not path.exists():
             _fail(SymgradError(f"error: {path} does not exist, so there is nothing to check "
                                "(fix: pass the folder `symgrad generate` wrote to, e.g. `symgrad check generated`)"))
-        files.extend(sorted(path.glob("*.py")) if path.is_dir() else [path])
-    modules = []
-    for path in files:
-        parsed = read_header(path.read_text(encoding="utf-8", errors="replace"))
-        if parsed is not None and not path.name.startswith("test_"):
-            modules.append((path, parsed[0]))
-    if not modules:
+        files.extend(sorted(p for p in path.glob("*.py") if p.is_file()) if path.is_dir() else [path])
+    modules: dict[Path, dict[str, str]] = {}  # each generated module once, whether named itself or by its test
+    stale = []
+    try:
+        for path in files:
+            parsed = read_header(read_generated(path))
+            if parsed is None:
+                continue
+            module = path.with_name(f"{path.stem.removeprefix('test_')}.py")  # a module's name never starts test_
+            own = parsed if module == path else read_header(read_generated(module)) if module.is_file() else None
+            if own is not None:
+                modules.setdefault(module, own[0])
+                continue
+            spec_path = _spec_of(path, parsed[0]["spec"])
+            again = f"`symgrad generate {spec_path} -o {path.parent}`"
+            if module.exists():
+                stale.append(f"{module}: edited by hand: its symgrad header is gone, and {path} imports it "
+                             f"(fix: move the change into {spec_path}, then {again[:-1]} --force`)")
+            else:
+                stale.append(f"{path}: imports {module.name}, which is missing (fix: {again} writes it again, "
+                             f"or delete {path})")
+    except SymgradError as error:
+        _fail(error)
+    if not modules and not stale:
         where = ", ".join(paths or ("generated",))
         _fail(SymgradError(f"error: {where} holds no module generated by symgrad, so nothing was checked "
                            "(fix: pass the folder `symgrad generate` wrote to, not a spec or another folder)"))
-    stale = []
-    checked = 0
-    for path, fields in modules:
+    checked = len(stale)
+    for path, fields in modules.items():
         spec_path = _spec_of(path, fields["spec"])
         extras = tuple(fields["extras"].split(",")) if fields.get("extras") else ()
         try:
@@ -179,12 +201,15 @@ def check(paths):
         for name, text in result.rendered.files.items():
             target = path.parent / name
             checked += 1
-            if target.exists() and edited_by_hand(target):
-                stale.append(f"{target}: edited by hand since symgrad wrote it (fix: move the change into "
-                             f"{spec_path}, then `symgrad generate {spec_path} -o {path.parent} --force`)")
-            elif not target.exists() or target.read_text(encoding="utf-8") != text:
-                stale.append(f"{target}: out of date with {spec_path} (symgrad {__version__}); "
-                             f"run `symgrad generate {spec_path} -o {path.parent}`")
+            try:
+                if target.exists() and edited_by_hand(target):
+                    stale.append(f"{target}: edited by hand since symgrad wrote it (fix: move the change into "
+                                 f"{spec_path}, then `symgrad generate {spec_path} -o {path.parent} --force`)")
+                elif not target.is_file() or read_generated(target) != text:
+                    stale.append(f"{target}: out of date with {spec_path} (symgrad {__version__}); "
+                                 f"run `symgrad generate {spec_path} -o {path.parent}`")
+            except SymgradError as error:  # unreadable, or a folder where the file should be
+                stale.append(str(error))
     for line in stale:
         click.echo(line, err=True)
     if stale:
@@ -194,12 +219,13 @@ def check(paths):
 
 @main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(file_okay=False),
+@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(),
               help="Directory to write <name>.md and <name>.html into.")
 @click.option("--force", is_flag=True, help="Overwrite documents even if they were edited by hand.")
 def docs(specs, output, force):
     """Write only the derivation documents (Markdown and HTML) of each SPEC."""
-    from .emit import DOCUMENTS, Rendered, write_files
+    from .emit import DOCUMENTS, Rendered
+    from .write import write_files
     from .pipeline import build
 
     try:
@@ -287,11 +313,16 @@ wrt: [x, w1, w2]                 # gradients to derive, returned in this order
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def init(path, force):
     """Write a commented starter spec to PATH (default spec.yaml)."""
+    from .write import write_text
+
     target = Path(path)
     if target.exists() and not force:
         click.echo(f"error: {target} already exists (fix: choose another path or pass --force)", err=True)
         sys.exit(2)
-    target.write_text(STARTER_SPEC, encoding="utf-8")
+    try:
+        write_text(target, STARTER_SPEC)
+    except SymgradError as error:
+        _fail(error)
     click.echo(f"wrote {target}; next: symgrad generate {target} --verify")
 
 
@@ -372,8 +403,10 @@ def _registry_certificates():
 @click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters).")
 @click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
+@click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop with an error if tracing takes longer than this.")
 def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, wrt, spec_name,
-                  output):
+                  output, timeout):
     """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec."""
     from .trace import LOSS_NAMES, LossChoice, TraceError, load_target, trace
 
@@ -402,15 +435,18 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
         mode = "eval" if eval_mode else "train" if train_mode else None
         text = trace(function, shapes, wrt.split(",") if wrt else None, name, loss=loss, arguments=arguments,
-                     dtypes=dtypes, mode=mode)
+                     dtypes=dtypes, mode=mode, timeout=timeout)
     except SymgradError as error:
         _fail(error)
     if output == "-":
         click.echo(text, nl=False)
     else:
-        from .emit import write_text
+        from .write import write_text
 
-        write_text(Path(output), text)
+        try:
+            write_text(Path(output), text)
+        except SymgradError as error:
+            _fail(error)
         click.echo(f"wrote {output}; next: symgrad generate {output} --verify")
 
 

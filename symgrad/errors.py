@@ -41,3 +41,13 @@ class SpecError(SymgradError):
 
 class StaleFileError(SymgradError):
     """A generated file was edited by hand, so regenerating would destroy work."""
+
+
+class WriteError(SymgradError, OSError):
+    """A file that could not be written or read (read-only folder, full disk, a parent that is a
+    file): one line naming the path and the fix. The old files are left as they were.
+
+    It is an :class:`OSError` too, so code that caught the file system's own error still does."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "error: cannot write"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import keyword
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,7 +226,8 @@ def read_spec(path: str | Path) -> Spec:
     """Read and validate the spec file at ``path``."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = _read_bounded(path)
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
     except FileNotFoundError:
         raise SpecError(f"no spec file at {path}", None, "check the path") from None
     except UnicodeDecodeError as error:
@@ -233,6 +236,34 @@ def read_spec(path: str | Path) -> Spec:
     except OSError as error:
         raise SpecError(f"cannot read {path}: {error.strerror}", None, "check the path and permissions") from None
     return parse_spec(text, str(path))
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``, reading at most one byte past :data:`MAX_SPEC_BYTES`
+    (``/dev/zero`` is never read to the end). A folder, pipe, device or socket is refused unread:
+    opening a pipe without blocking, and looking at what was opened before reading it."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a regular file")
+            raise SpecError(f"{path} is {kind}, not a spec file", None,
+                            "pass a .yaml spec file, or on the command line a folder of them")
+        chunks, size = [], 0
+        while size <= MAX_SPEC_BYTES:
+            chunk = os.read(descriptor, MAX_SPEC_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(descriptor)
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"spec is larger than the {MAX_SPEC_BYTES} byte limit", Location(str(path), 1, 1),
+                        "split it or remove what it does not need")
+    return b"".join(chunks)
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:

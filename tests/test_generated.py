@@ -84,7 +84,7 @@ def test_failed_write_leaves_previous_files_intact(tmp_path: Path, monkeypatch):
         real_replace(source, target)
 
     changed = emit.Rendered(built.rendered.name, {k: v.replace("Explicit", "Changed") for k, v in built.rendered.files.items()}, [])
-    monkeypatch.setattr(emit.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)  # symgrad.write renames with os.replace
     with pytest.raises(OSError):
         emit.write_files(changed, out, force=True)
     after = {p.name: p.read_bytes() for p in out.iterdir()}
