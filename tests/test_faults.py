@@ -1,0 +1,299 @@
+"""Faults a hostile user or a bad day makes (issue 26): never a silent wrong answer, never a traceback.
+
+Every case runs the real command line in a subprocess and asserts what matters: the exit code, one
+error line that names the file (with its line where there is one) or the path and a fix, no Python
+traceback, no file written or temporary file left behind, the old files byte for byte as they were,
+and never a wrong "ok"."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED1 = ROOT / "examples" / "seed1_strided_conv.yaml"
+SEED3 = ROOT / "examples" / "seed3_conv_relu_conv.yaml"
+
+
+def run(*arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "symgrad", *arguments]
+    if user == "nobody":  # root writes anywhere: run the command as an unprivileged user to meet permissions
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=environment, preexec_fn=preexec_fn)
+
+
+def one_error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The single error line of a refused command (exit ``code``, no traceback), returned for more checks."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "error:" in lines[0] and "(fix: " in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden temporary files included) and its bytes."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def changed_spec(folder: Path) -> Path:
+    """Seed 1 with another comment: the same module name, other files (the spec hash differs)."""
+    spec = folder / "seed1_strided_conv.yaml"
+    spec.write_text(SEED1.read_text() + "# changed\n")
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
+# item 2: `check` after a generated module was deleted
+# --------------------------------------------------------------------------------------------
+
+
+def test_check_names_the_missing_module_whose_test_file_remains(tmp_path: Path):
+    out = tmp_path / "gen"
+    assert run("generate", str(SEED1), str(SEED3), "-o", str(out)).returncode == 0
+    assert run("check", str(out)).returncode == 0  # the good state says ok
+    (out / "seed1_strided_conv.py").unlink()  # seed 3's module still sits in the folder
+    result = run("check", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "up to date" not in result.stdout
+    assert "test_seed1_strided_conv.py: imports seed1_strided_conv.py, which is missing" in result.stderr, result.stderr
+    assert "symgrad generate" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_names_the_missing_module_when_no_module_is_left(tmp_path: Path):
+    out = tmp_path / "gen"
+    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    (out / "seed1_strided_conv.py").unlink()
+    result = run("check", str(out))
+    assert result.returncode == 1 and "seed1_strided_conv.py, which is missing" in result.stderr, result.stderr
+
+
+def test_check_says_a_module_whose_header_was_removed_was_edited(tmp_path: Path):
+    out = tmp_path / "gen"
+    assert run("generate", str(SEED1), str(SEED3), "-o", str(out)).returncode == 0
+    module = out / "seed1_strided_conv.py"
+    module.write_text(module.read_text().split("\n", 1)[1])  # the symgrad header line cut off by hand
+    result = run("check", str(out))
+    assert result.returncode == 1 and f"{module}: edited by hand" in result.stderr, result.stderr
+
+
+def test_check_names_a_folder_where_a_generated_file_should_be(tmp_path: Path):
+    out = tmp_path / "gen"
+    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    (out / "seed1_strided_conv.md").unlink()
+    (out / "seed1_strided_conv.md").mkdir()
+    result = run("check", str(out))
+    assert result.returncode == 1 and "seed1_strided_conv.md" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# items 4-6: the file system refuses the write
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder an unprivileged user can reach (pytest's tmp_path is private to root), removed after."""
+    folder = Path(tempfile.mkdtemp(prefix="symgrad-faults-"))
+    folder.chmod(0o755)
+    spec = folder / "seed1_strided_conv.yaml"
+    spec.write_text(SEED1.read_text())
+    spec.chmod(0o644)
+    yield folder
+    for path in folder.rglob("*"):
+        if path.is_dir():
+            path.chmod(0o755)
+    shutil.rmtree(folder)
+
+
+def _as_unprivileged(*arguments: str) -> subprocess.CompletedProcess:
+    if os.geteuid() != 0:
+        return run(*arguments)
+    if shutil.which("setpriv") is None:
+        pytest.fail("running as root without setpriv: cannot make a write fail on permissions")
+    return run(*arguments, user="nobody")
+
+
+@pytest.mark.parametrize("where", ["read-only folder", "new subfolder of a read-only folder"])
+def test_a_read_only_folder_is_one_line_and_keeps_the_old_files(shared_folder: Path, where: str):
+    out = shared_folder / "gen"
+    spec = shared_folder / "seed1_strided_conv.yaml"
+    assert run("generate", str(spec), "-o", str(out)).returncode == 0
+    spec.write_text(spec.read_text() + "# changed\n")
+    out.chmod(0o555)
+    before = snapshot(shared_folder)
+    target = out if where == "read-only folder" else out / "sub" / "deeper"
+    line = one_error_line(_as_unprivileged("generate", str(spec), "-o", str(target), "--force"))
+    assert "Permission denied" in line and "writable" in line and "-o" in line, line
+    assert line.startswith(str(out)), line  # names the path
+    assert snapshot(shared_folder) == before  # no temporary file, no folder, old files byte-identical
+    assert not (out / "sub").exists()
+
+
+def test_a_read_only_file_system_is_one_line(tmp_path: Path):
+    """EROFS cannot be made without mounting: the writer's mkstemp fails with it, in process."""
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+
+    out = tmp_path / "gen"
+    assert CliRunner().invoke(main, ["generate", str(SEED1), "-o", str(out)]).exit_code == 0
+    spec = changed_spec(tmp_path)
+    before = snapshot(tmp_path)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tempfile, "mkstemp", read_only)
+        result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(out), "--force"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "read-only file system" in lines[0] and str(out) in lines[0], result.stderr
+    assert snapshot(tmp_path) == before
+
+
+def _file_size_limit(limit: int):
+    def limit_writes():  # a full disk, as the writer sees one: the write fails (SIGXFSZ would kill instead)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return limit_writes
+
+
+@pytest.mark.parametrize("limit", [0, 5000])
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path: Path, limit: int):
+    out = tmp_path / "gen"
+    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    spec = changed_spec(tmp_path)
+    before = snapshot(tmp_path)
+    result = run("generate", str(spec), "-o", str(out), "--force", preexec_fn=_file_size_limit(limit))
+    line = one_error_line(result)
+    assert "File too large" in line and str(out) in line and "old files were kept" in line, line
+    assert snapshot(tmp_path) == before  # the half-written .NAME.XXXX.tmp is gone, the old files intact
+
+
+def test_a_full_disk_in_a_new_folder_removes_the_folder(tmp_path: Path):
+    result = run("generate", str(SEED1), "-o", str(tmp_path / "new" / "gen"), preexec_fn=_file_size_limit(1000))
+    one_error_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["generate", "docs"])
+@pytest.mark.parametrize("where", ["the output", "a parent of the output"])
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path: Path, command: str, where: str):
+    blocker = tmp_path / "taken"
+    blocker.write_text("mine\n")
+    target = blocker if where == "the output" else blocker / "sub" / "gen"
+    line = one_error_line(run(command, str(SEED1), "-o", str(target)))
+    assert f"{blocker} is a file, not a folder" in line, line
+    assert snapshot(tmp_path) == {"taken": b"mine\n"}
+
+
+def test_a_folder_where_a_generated_file_goes_is_one_line(tmp_path: Path):
+    out = tmp_path / "gen"
+    (out / "seed1_strided_conv.py").mkdir(parents=True)
+    line = one_error_line(run("generate", str(SEED1), "-o", str(out)))
+    assert "seed1_strided_conv.py" in line, line
+    assert snapshot(tmp_path) == {}
+
+
+def test_init_into_a_parent_that_is_a_file_is_one_line(tmp_path: Path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("mine\n")
+    one_error_line(run("init", str(blocker / "spec.yaml")))
+    assert snapshot(tmp_path) == {"taken": b"mine\n"}
+
+
+# --------------------------------------------------------------------------------------------
+# item 11: what the spec path is
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "folder given to the API"])
+def test_a_spec_path_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path, kind: str):
+    if kind == "device":
+        path = Path("/dev/zero")
+        result = run("generate", str(path), "-o", str(tmp_path / "gen"))
+    elif kind == "fifo":
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)  # nobody writes to it: reading it would block for ever
+        result = subprocess.run([sys.executable, "-m", "symgrad", "generate", str(path), "-o", str(tmp_path / "gen")],
+                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+    else:
+        from symgrad.errors import SpecError
+        from symgrad.spec import read_spec
+
+        with pytest.raises(SpecError) as error:
+            read_spec(tmp_path)
+        assert f"{tmp_path} is a folder, not a spec file" in str(error.value) and "\n" not in str(error.value)
+        return
+    line = one_error_line(result)
+    assert str(path) in line and ("a device" in line if kind == "device" else "named pipe" in line), line
+    assert not (tmp_path / "gen").exists()
+
+
+def test_a_huge_spec_is_refused_after_reading_one_byte_past_the_limit(tmp_path: Path, monkeypatch):
+    from symgrad import spec as spec_module
+    from symgrad.errors import SpecError
+
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (8 * spec_module.MAX_SPEC_BYTES))
+    read = []
+    real_read = os.read
+
+    def counting_read(descriptor, size):
+        chunk = real_read(descriptor, size)
+        read.append(len(chunk))
+        return chunk
+
+    monkeypatch.setattr(spec_module.os, "read", counting_read)
+    with pytest.raises(SpecError) as error:
+        spec_module.read_spec(big)
+    assert "larger than the 1048576 byte limit" in str(error.value) and str(big) in str(error.value)
+    assert sum(read) == spec_module.MAX_SPEC_BYTES + 1
+
+
+def test_dev_zero_is_refused_at_once():
+    result = subprocess.run([sys.executable, "-m", "symgrad", "generate", "/dev/zero", "-o", "/nonexistent/x"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "/dev/zero" in one_error_line(result)
+
+
+def test_a_spec_read_in_chunks_keeps_its_newlines_as_before(tmp_path: Path):
+    from symgrad.spec import read_spec
+
+    text = SEED1.read_text()
+    crlf = tmp_path / "crlf.yaml"
+    crlf.write_bytes(text.replace("\n", "\r\n").encode())
+    assert read_spec(crlf).text == read_spec(SEED1).text == text
+
+
+# --------------------------------------------------------------------------------------------
+# item 15: a folder with no spec
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["generate", "docs", "certify"])
+def test_a_folder_without_specs_is_an_error_not_a_silent_success(tmp_path: Path, command: str):
+    empty = tmp_path / "specs"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a spec\n")
+    (empty / "folder.yaml").mkdir()  # a folder named like a spec is not one
+    arguments = [command, str(empty)] + (["-o", str(tmp_path / "gen")] if command != "certify" else [])
+    line = one_error_line(run(*arguments))
+    assert line.startswith(f"{empty}: error: the folder holds no *.yaml or *.yml spec"), line
+    assert not (tmp_path / "gen").exists()
