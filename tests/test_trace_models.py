@@ -86,7 +86,12 @@ def reference_loss(kind: str, model: torch.nn.Module, inputs: list[torch.Tensor]
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_traced_model_matches_autograd_on_the_original_module(label, mode):
-    case = CASES[label]
+    matches_autograd(label, CASES[label], mode)
+
+
+def matches_autograd(label: str, case: Case, mode: str) -> None:
+    """Trace ``case`` in ``mode`` with each of its losses, generate, and compare the gradients with autograd
+    through the original module, in float64, at ``case.checked`` (another batch and spatial size): ≤1e-10."""
     generator = torch.Generator().manual_seed(11)
     torch.manual_seed(0)
     model = case.model(**case.init).double()
@@ -124,5 +129,7 @@ def test_traced_model_matches_autograd_on_the_original_module(label, mode):
             value = getattr(actual, key)
             if reference.abs().max() <= 1e-12 * scale:  # zero in exact arithmetic (a conv bias before a
                 assert value.abs().max() <= 1e-12 * scale, (label, mode, kind, key)  # train-mode batch_norm)
-            else:
-                assert relative_error(value, reference) <= 1e-10, (label, mode, kind, key)
+            else:  # or far below the others, and right to float64's precision of the whole gradient (DenseNet's
+                error = relative_error(value, reference)  # norm0.weight: the train-mode batch_norms after it make
+                assert error <= 1e-10 or error * reference.abs().max() <= 1e-14 * scale, (  # the loss scale-free
+                    label, mode, kind, key, error, reference.abs().max().item() / scale)  # in it, but for eps)

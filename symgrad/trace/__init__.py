@@ -16,9 +16,14 @@ and module path.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
+import math
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -26,15 +31,20 @@ from typing import Any, Callable
 import torch
 import yaml
 
+from ..check import available_memory
 from ..errors import SpecError, SymgradError
 from ..graph import build_graph
 from ..spec import check_identifier, parse_spec
-from .layers import Problem, Reduction, Source, SpecBuilder, plain_name
-from .recorder import Recorder, user_line_of_traceback
+from .layers import Problem, Reduction, Source, SpecBuilder, plain_name, report
+from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
 
 
 class TraceError(SymgradError):
     """The traced code does something symgrad cannot turn into a spec."""
+
+
+class Refusal(TraceError):
+    """A refusal that no other input size can mend (a value read, the timeout): raised through the second run."""
 
 
 LOSS_NAMES = {"mse": "mse_loss", "half_sq_error": "half_sq_error", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss",
@@ -93,10 +103,10 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
 
 def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | None = None, name: str = "traced",
           *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
-          dtypes: dict[str, str] | None = None, mode: str | None = None) -> str:
+          dtypes: dict[str, str] | None = None, mode: str | None = None, timeout: float | None = None) -> str:
     """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
     for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
-    mode while tracing (default: as they are)."""
+    mode while tracing (default: as they are); ``timeout``: seconds after which tracing stops with an error."""
     module = target if isinstance(target, torch.nn.Module) else None
     function = module.forward if module is not None else target
     try:
@@ -115,6 +125,7 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
         raise TraceError(f"error: {getattr(function, '__qualname__', 'the function')} takes no argument "
                          f"'{unknown[0]}' (fix: name one of {', '.join(p.name for p in parameters) or 'none'})")
     tensor_names = [p.name for p in parameters if p.name in shapes]
+    _check_sizes({key: tuple(shapes[key]) for key in tensor_names}, dtypes)
     modules = [module] if module is not None else []
     modules += [value for value in _visible_globals(function).values() if isinstance(value, torch.nn.Module)]
     modes = [(each, each.training) for root in modules for each in root.modules()]
@@ -122,10 +133,56 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
         for root in modules:
             root.train(mode == "train")
     try:
-        return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name)
+        with _time_limit(timeout):
+            return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name)
     finally:
         for each, training in modes:
             each.training = training
+
+
+def _check_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> None:
+    """Refuse sizes below 1, and inputs that cannot fit in memory at the traced sizes and the second run's
+    (both runs' tensors are alive at once), before anything is allocated."""
+    for key, shape in shapes.items():
+        if any(size < 1 for size in shape):
+            raise TraceError(f"error: --input {key}={','.join(map(str, shape))} has a size below 1 "
+                             "(fix: give every dimension a size of at least 1, e.g. x=8,3,32,32)")
+    other = next(_other_sizes(shapes), shapes)
+    needed = sum(math.prod(shape) * 8 for sizes in (shapes, other) for shape in sizes.values())  # float64 at most
+    free = available_memory()
+    if needed > free:
+        raise TraceError(f"error: the inputs {_shapes_text(shapes)} alone need about {needed / 2**30:.1f} GiB "
+                         f"(with the second run's, at other sizes), and {free / 2**30:.1f} GiB is available "
+                         "(fix: trace at small --input sizes, e.g. x=2,3,32,32: the spec's sizes stay symbolic)")
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Stop the trace with a Refusal after ``seconds`` (SIGALRM: the main thread only); the previous
+    handler and timer are put back."""
+    if seconds is None:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        raise TraceError("error: a trace timeout needs the main thread of a POSIX process (fix: trace without timeout, "
+                         "or from the main thread)")
+
+    def stop(number, frame):
+        where = user_line(frame)
+        raise Refusal(f"{where + ': ' if where != '<traced code>' else ''}error: tracing ran past --timeout "
+                      f"{seconds:g} s (fix: trace at smaller --input sizes, which the spec keeps symbolic, or give a "
+                      "longer --timeout; a loop that never ends stops here)")
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, stop)
+    earlier, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if earlier:  # someone else's timer was running: let it go off when it would have
+            signal.setitimer(signal.ITIMER_REAL, max(earlier - (time.monotonic() - started), 1e-3), interval)
 
 
 def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name) -> str:
@@ -200,10 +257,11 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     recorder = Recorder(module_paths)
     try:
         with torch.no_grad(), recorder:
-            output = function(**tensors, **arguments)
+            output, returned_at = _call(function, {**tensors, **arguments})
     except TraceError:
         raise
     except Exception as error:  # the user's code failed at these shapes: say where, in one line
+        _refuse_value_reads(recorder)  # ... unless it took a branch from a tensor's value first
         if quiet:
             raise
         raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: running it at "
@@ -211,10 +269,11 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     finally:
         for value, copy in saved:  # tracing must not move the model's running statistics
             value.copy_(copy)
+    _refuse_value_reads(recorder)
     builder = SpecBuilder(sources, mutable)
     for call in recorder.calls:
         builder.add(call)
-    loss_entry = _loss(builder, output, loss, shapes)
+    loss_entry = _loss(builder, output, loss, shapes, returned_at)
     layers, used = _live(builder, loss_entry)
     inputs: dict[str, dict] = {}
     for key in [*shapes, *builder.used_sources]:
@@ -229,18 +288,19 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     return {"inputs": inputs, "layers": layers, "loss": loss_entry, "wrt": wrt}, layer_calls
 
 
-def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes) -> dict:
-    """The spec's loss entry, or a TraceError listing every problem the loss depends on."""
+def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes, returned_at: str | None = None) -> dict:
+    """The spec's loss entry, or a TraceError listing every problem the loss depends on; ``returned_at``:
+    the ``file:line`` of the traced function's ``return``."""
     where = getattr(builder.layer_calls[-1], "where", "<traced code>") if builder.layer_calls else "<traced code>"
     if isinstance(output, (tuple, list)):
-        raise TraceError(f"{where}: error: the traced code returns {len(output)} values, not one loss "
+        raise TraceError(f"{returned_at or where}: error: the traced code returns {len(output)} values, not one loss "
                          "(fix: return only the loss, or only the prediction and pass --loss)")
     if not isinstance(output, torch.Tensor):
-        raise TraceError(f"{where}: error: the traced code returns {type(output).__name__}, not a tensor "
+        raise TraceError(f"{returned_at or where}: error: the traced code returns {type(output).__name__}, not a tensor "
                          "(fix: return the loss, or the prediction and pass --loss)")
     reasons = builder.poison.get(id(output))
     if reasons:
-        raise TraceError("\n".join(str(builder.problems[index]) for index in sorted(reasons) if index >= 0))
+        raise TraceError("\n".join(report([builder.problems[index] for index in sorted(reasons) if index >= 0])))
     reduction = builder.reductions.get(id(output))
     if loss is not None:
         if reduction is not None:
@@ -341,6 +401,8 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
     for changed in _other_sizes({key: tuple(shapes[key]) for key in tensor_names}):
         try:
             other, _ = _run(function, module, changed, arguments, dtypes, loss, quiet=True)
+        except Refusal:  # a value read or the timeout: no other size helps
+            raise
         except Exception:  # the model does not run at these sizes: try fewer changes
             continue
         described = _shapes_text(changed)
@@ -357,11 +419,12 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
             for key, value in layer.items():
                 if key in ("in", "out", "op") or again.get(key) == value:
                     continue
-                problems.append(str(Problem(call.where, call.module, layer["op"], f"argument {key}={value!r} becomes "
-                                            f"{again.get(key)!r} at {described}: it is computed from the input's size, "
-                                            "which a spec cannot express",
-                                            "use sizes that do not depend on the input (a fixed pad, scale_factor "
-                                            "instead of size, flatten instead of view(N, ...))")))
+                problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={value!r} becomes "
+                                        f"{again.get(key)!r} at {described}: it is computed from the input's size, "
+                                        "which a spec cannot express",
+                                        "use sizes that do not depend on the input (a fixed pad, scale_factor "
+                                        "instead of size, flatten instead of view(N, ...))"))
+        problems = report(problems)  # one line per source line, however many modules share it
         if other["loss"] != spec["loss"]:
             problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
                             "(fix: reduce over every dim but the first, or over all)")
@@ -377,6 +440,62 @@ def _other_sizes(shapes: dict[str, tuple[int, ...]]):
     for candidate in (both, batch, spatial):
         if candidate != shapes:
             yield candidate
+
+
+def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
+    """``function(**arguments)``, and the ``file:line`` of the ``return`` that ended it: the last line the
+    outermost frame of the user's own code ran (a forward wrapped by torch's decorators too)."""
+    here = sys._getframe()
+    users: dict[str, bool] = {}
+    returned: list[str] = []
+
+    def is_users(frame) -> bool:
+        name = frame.f_code.co_filename
+        if name not in users:
+            users[name] = _is_users(name)
+        return users[name]
+
+    def profile(frame, event, argument) -> None:
+        if event != "return" or not is_users(frame):
+            return
+        outer = frame.f_back
+        while outer is not None and outer is not here:
+            if is_users(outer):
+                return  # a helper the user's function called: not the end of the traced code
+            outer = outer.f_back
+        if outer is here:
+            returned.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        output = function(**arguments)
+    finally:
+        sys.setprofile(previous)
+    return output, (returned[-1] if returned else None)
+
+
+def _refuse_value_reads(recorder: Recorder) -> None:
+    """Refuse, one line per source line, every Python value or decision taken from a tensor that is not a
+    constant: the spec would hold the branch or the number these random inputs gave, for every input."""
+    if not recorder.value_reads:
+        return
+    problems = []
+    for read in recorder.value_reads:
+        shown, kind = VALUE_READS.get(read.name, (f"torch.{read.name}", "branch"))
+        if kind == "branch":
+            what = ("decides with the value of a tensor computed from the inputs, parameters or random numbers, "
+                    "so the spec would keep the branch these random inputs took, for every input")
+            fix = ("write the choice with tensor ops, so that every input runs the same ops (F.relu(h) for "
+                   "`h if h > 0 else 0`, h.abs(), h.clamp(a, b)); a setting that is not data belongs in a Python "
+                   "attribute or --arg, a check or a log line outside the traced code")
+        else:
+            what = ("takes a number out of a tensor computed from the inputs, parameters or random numbers, so the "
+                    "spec would keep the value these random inputs gave, for every input")
+            fix = ("keep it a tensor and compute with it (x * s, not x * s.item()); a setting that is not data "
+                   "belongs in a Python attribute or --arg, a check or a log line outside the traced code")
+        problems.append(Problem(read.where, read.module, shown, what, fix))
+    raise Refusal("\n".join(report(problems))) from None
 
 
 def _visible_globals(function) -> dict[str, Any]:

@@ -108,6 +108,23 @@ class Problem:
         return f"{self.where}: error: '{self.op}'{inside} {self.what} (fix: {self.fix})"
 
 
+def report(problems: list[Problem]) -> list[str]:
+    """One line per source line and op, in the order first met, naming the module instances that share it
+    (``(in 6 modules: layer1.0, layer1.1, layer1.2, ...)``); every line is kept."""
+    groups: dict[tuple[str, str], list[Problem]] = {}
+    for problem in problems:
+        groups.setdefault((problem.where, problem.op), []).append(problem)
+    lines = []
+    for group in groups.values():
+        modules = list(dict.fromkeys(problem.module for problem in group if problem.module))
+        first = group[0]
+        if len(modules) > 1:
+            shown = ", ".join(modules[:3]) + (", ..." if len(modules) > 3 else "")
+            first = Problem(first.where, f"{len(modules)} modules: {shown}", first.op, first.what, first.fix)
+        lines.append(str(first))
+    return lines
+
+
 @dataclass
 class Reduction:
     """A loss value: ``scale * reduce(...)`` of an elementwise node, or of a PyTorch loss call."""
@@ -451,12 +468,19 @@ class SpecBuilder:
 
     def alias(self, call: Call, source: torch.Tensor) -> None:
         """The result is the source's value under a new tensor object."""
-        found = self.node(source)
+        reasons: set[int] = set()
+        found = self.operand(source, call, reasons)  # an unknown tensor becomes a problem at this call
         self.kept.append(call.result)
-        if isinstance(found, frozenset):
-            self.taint(call.result, found)
+        if reasons:
+            self.taint(call.result, frozenset(reasons))
         else:
             self.names[id(call.result)] = found
+
+    def _cat(self, op: str, bound: dict, call: Call) -> None:
+        """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``."""
+        if len(bound.get("tensors", ())) == 1 and isinstance(bound["tensors"][0], torch.Tensor):
+            return self.alias(call, bound["tensors"][0])
+        self.layer(op, bound, call)
 
     def dropout(self, call: Call) -> None:
         keywords = dict(zip(("input", "p", "training", "inplace"), call.arguments)) | call.keywords
@@ -539,9 +563,10 @@ class SpecBuilder:
             self.reductions[id(call.result)] = Reduction(how, loss=inner.loss, call=call)
             self.kept.append(call.result)
             return
-        found = self.node(source)
-        if isinstance(found, frozenset):
-            self.taint(call.result, found)
+        reasons: set[int] = set()
+        found = self.operand(source, call, reasons)
+        if reasons:
+            self.taint(call.result, frozenset(reasons))
             return
         self.reductions[id(call.result)] = Reduction(how, source=found, call=call)
         self.kept.append(call.result)

@@ -22,15 +22,34 @@ from torch.overrides import TorchFunctionMode
 
 SHAPE_QUERIES = frozenset({
     "size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "is_contiguous", "is_floating_point",
-    "is_complex", "get_device", "data_ptr", "item", "tolist", "__float__", "__int__", "__index__", "__bool__",
-    "__len__", "__format__", "__repr__", "__hash__", "_set_grad_enabled", "requires_grad_", "__get__"})
-"""Calls that only read sizes, types or values: they leave no trace in the spec (``__get__`` is a
-property such as ``.shape``; one that returns a tensor, such as ``.T``, is recorded by its name)."""
+    "is_complex", "get_device", "data_ptr", "storage_offset", "is_same_size", "is_pinned", "is_shared", "is_signed",
+    "is_inference", "has_names", "type", "__sizeof__", "__len__", "__format__", "__repr__", "__str__", "__hash__",
+    "_set_grad_enabled", "requires_grad_", "__get__"})
+"""Calls that only read sizes, types or layout, or format a tensor for a log line: they leave no trace in
+the spec (``__get__`` is a property such as ``.shape``; one that returns a tensor, such as ``.T``, is
+recorded by its name)."""
+
+VALUE_READS = {
+    "__bool__": ("bool(tensor)", "branch"), "item": (".item()", "number"), "__float__": ("float(tensor)", "number"),
+    "__int__": ("int(tensor)", "number"), "__index__": ("a tensor as an index", "number"),
+    "__complex__": ("complex(tensor)", "number"), "tolist": (".tolist()", "number"), "numpy": (".numpy()", "number"),
+    "__array__": ("numpy.asarray(tensor)", "number")}
+"""Calls that take a Python value or decision out of a tensor: how the error shows each, and which fix fits
+(any other call that returns a Python bool or number from tensors, ``torch.equal``, is a decision too)."""
+
+RANDOM = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
+    "multinomial", "normal", "normal_", "uniform_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_",
+    "poisson", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+"""Calls whose result is random (or uninitialised memory): never a constant, even from literal arguments."""
 
 BOOLEAN_DISPATCH = {F.max_pool1d: "max_pool1d", F.max_pool2d: "max_pool2d", F.max_pool3d: "max_pool3d",
                     F.adaptive_max_pool1d: "adaptive_max_pool1d", F.adaptive_max_pool2d: "adaptive_max_pool2d",
                     F.adaptive_max_pool3d: "adaptive_max_pool3d"}
 """``torch.nn.functional`` functions whose Python name is a dispatcher's (``fn``), by identity."""
+
+TORCH_DIR = os.path.join(os.path.realpath(os.path.dirname(torch.__file__)), "")
+DISPATCH_FILES = tuple(os.path.join(TORCH_DIR, name) for name in ("overrides.py", "_tensor.py"))
 
 LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
@@ -78,6 +97,16 @@ class Call:
     """Whether that module has no submodules (so the call is the module's own op)."""
 
 
+@dataclass
+class ValueRead:
+    """A Python value or decision the traced code took out of a tensor that is not a constant."""
+
+    name: str
+    """The call: ``__bool__``, ``item``, ``tolist``, ``equal``."""
+    where: str
+    module: str
+
+
 def function_name(function: Callable) -> str:
     if function in BOOLEAN_DISPATCH:
         return BOOLEAN_DISPATCH[function]
@@ -91,6 +120,11 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.calls: list[Call] = []
         self.module_paths = module_paths
+        self.constants: set[int] = set()
+        """ids of the tensors the code made from literals alone (``torch.tensor(2.0)``, ``torch.ones(3)``, and
+        what is computed from those only): every other tensor may hold a value of the inputs, parameters,
+        buffers or random numbers. Recorded results stay alive in ``calls``, so their ids stay theirs."""
+        self.value_reads: list[ValueRead] = []
         self.running: list[torch.nn.Module] = []
         self._hooks: list = []
 
@@ -111,8 +145,16 @@ class Recorder(TorchFunctionMode):
         self.running.clear()
         return super().__exit__(*exception)
 
+    def _module(self) -> tuple[str, bool]:
+        """Path of the innermost running module, and whether it is a leaf."""
+        module = self.running[-1] if self.running else None
+        if module is None:
+            return "", False
+        return self.module_paths.get(id(module), type(module).__name__), next(iter(module.children()), None) is None
+
     def __torch_function__(self, function, types, arguments=(), keywords=None):
         keywords = keywords or {}
+        arguments, keywords = _copied(tuple(arguments)), _copied(dict(keywords))  # as called, not as later appended to
         result = function(*arguments, **keywords)
         name = function_name(function)
         if name == "__get__":
@@ -121,8 +163,54 @@ class Recorder(TorchFunctionMode):
             name = getattr(getattr(function, "__self__", None), "__name__", name)  # .T, .mT, .data
         elif name in SHAPE_QUERIES:
             return result
-        module = self.running[-1] if self.running else None
-        path = self.module_paths.get(id(module), type(module).__name__) if module is not None else ""
-        leaf = module is not None and next(iter(module.children()), None) is None
-        self.calls.append(Call(name, function, tuple(arguments), dict(keywords), result, user_line(sys._getframe(1)), path, leaf))
+        constant = name not in RANDOM and all(id(value) in self.constants for value in _tensors(arguments, keywords))
+        if name in VALUE_READS or _is_value(result):
+            if not constant:
+                self._value_read(name, sys._getframe(1))
+            return result
+        for value in _tensors((result,), {}):
+            (self.constants.add if constant else self.constants.discard)(id(value))
+        if not constant and arguments and isinstance(arguments[0], torch.Tensor) and (
+                name.endswith("_") or name == "__setitem__" or name.startswith("__i")):
+            self.constants.discard(id(arguments[0]))  # c[0] = h.sum(), c.add_(h): c now holds a value of h
+        path, leaf = self._module()
+        self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf))
         return result
+
+    def _value_read(self, name: str, frame) -> None:
+        """Keep a value read, unless torch's own code made it (BatchNorm's ``float(num_batches_tracked)``)."""
+        while frame is not None and frame.f_code.co_filename.startswith(DISPATCH_FILES):
+            frame = frame.f_back
+        if frame is None or os.path.realpath(frame.f_code.co_filename).startswith(TORCH_DIR):
+            return
+        self.value_reads.append(ValueRead(name, user_line(frame), self._module()[0]))
+
+
+def _copied(value: Any) -> Any:
+    """Lists, tuples and dicts copied (the items themselves not): ``torch.cat(features)`` keeps the list it was
+    given, not what ``features.append(...)`` makes of it later."""
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    if type(value) is tuple:
+        return tuple(_copied(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    return value
+
+
+def _tensors(arguments, keywords):
+    """The tensors among arguments, inside lists, tuples and dicts too."""
+    for value in [*arguments, *keywords.values()]:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors(value, {})
+        elif isinstance(value, dict):
+            yield from _tensors((), value)
+
+
+def _is_value(result: Any) -> bool:
+    """Whether a call's result is a Python value rather than tensors: ``torch.equal``'s bool, ``allclose``."""
+    if isinstance(result, (bool, int, float, complex)):
+        return True
+    return type(result).__module__ == "numpy"
