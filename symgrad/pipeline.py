@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .emit import Rendered, render
 from .graph import Graph, build_graph
+from .names import check_module_source, check_statement_targets
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
@@ -35,7 +36,10 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
     shapes = small_shapes(graph)
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
     added = tuple(sorted(set(extras) - set(spec.extras)))  # recorded in headers so `check` can redo them
-    rendered = render(program, label, shapes, derive(graph, fused=True), extras=wanted, recorded_extras=added)
+    fast = derive(graph, fused=True)
+    check_statement_targets(spec, program.forward, program.backward, fast.forward, fast.backward)
+    rendered = render(program, label, shapes, fast, extras=wanted, recorded_extras=added)
+    check_module_source(spec, rendered.files[f"{spec.name}.py"])  # a spec name the module also uses: refused
     return Built(label, graph, program, rendered, shapes)
 
 

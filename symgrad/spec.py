@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from .errors import Location, SpecError
+from .names import generated_names, template_names
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_NESTING = 32
@@ -30,15 +31,19 @@ MAX_DIM = 1 << 31
 
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 
-# Names the generated module defines or uses itself; a spec name equal to one would shadow it.
+# Names the generated module defines or uses itself; a spec name equal to one would shadow it. Most
+# are read off the template and the derivation's source (symgrad.names); generation then checks the
+# rendered module itself (names.check_module_source), so a name missed here is still refused.
 RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
      "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
      "hvp", "gradients_fast", "PerSampleGradients"}
-)
-# Prefixes of names the reverse walk creates (grad_x, mask_relu1, shared_0, ...).
-RESERVED_PREFIXES = ("grad_", "mask_", "local_", "shared_", "tangent_", "per_sample_", "indices_", "centered_",
-                     "rstd_", "xhat_", "ghat_")
+) | template_names()[0] | generated_names()[1]
+# Prefixes of names the derivation creates (grad_x, mask_relu1, shared_0, ...), read off its source,
+# and of the module's per_sample_* functions.
+RESERVED_PREFIXES = tuple(sorted(generated_names()[0] | {"per_sample_"}))
+# Suffixes the template puts after an input's name (x_layout: x's memory format).
+RESERVED_SUFFIXES = tuple(sorted(template_names()[1]))
 # Module names that would shadow a package the generated files import when they sit side by side.
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
@@ -312,6 +317,11 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         layers.append(_layer(layer, index, previous, known))
         previous = layers[-1].out
         known[previous] = layers[-1].out_location
+    for known_name, location in known.items():  # x_layout beside x: the generated code names x's layout so
+        for suffix in RESERVED_SUFFIXES:
+            if known_name.endswith(suffix) and known_name[:-len(suffix)] in inputs_map:
+                raise SpecError(f"name '{known_name}' is what the generated code calls the {suffix[1:]} of input "
+                                f"'{known_name[:-len(suffix)]}'", location, f"rename it, e.g. '{known_name}_in'")
 
     loss_map = _typed(document, "loss", Mapping, "a mapping like {op: half_sq_error, target: y}")
     if "op" not in loss_map:

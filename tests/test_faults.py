@@ -297,3 +297,151 @@ def test_a_folder_without_specs_is_an_error_not_a_silent_success(tmp_path: Path,
     line = one_error_line(run(*arguments))
     assert line.startswith(f"{empty}: error: the folder holds no *.yaml or *.yml spec"), line
     assert not (tmp_path / "gen").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# item 3: spec names that the generated code uses itself
+# --------------------------------------------------------------------------------------------
+
+
+def _clash_spec(name: str, where: str) -> str:
+    """A conv at shapes where the generated code runs channels_last (so x_layout and w_layout exist),
+    with ``name`` as an extra input (the conv's bias) or as the conv's output."""
+    from .helpers import spec_text
+
+    inputs = {"x": [16, 3, 32, 32], "w": [4, 3, 3, 3], "y": [16, 4, 30, 30]}
+    layer = {"op": "conv2d", "weight": "w", "out": "h"}
+    wrt = ["x", "w"]
+    if where == "input":
+        inputs[name] = [4]
+        layer["bias"] = name
+        wrt.append(name)
+    else:
+        layer["out"] = name
+    return spec_text(inputs, [layer, {"op": "relu"}], {"op": "half_sq_error", "target": "y"}, wrt)
+
+
+def _names_the_code_may_use() -> list[str]:
+    from symgrad.names import generated_names, template_names
+
+    prefixes, whole = generated_names()
+    names, suffixes = template_names()
+    return sorted({*names, *whole, *(prefix + "h" for prefix in prefixes), *("x" + suffix for suffix in suffixes),
+                   *("w" + suffix for suffix in suffixes), "RuntimeError", "backward", "tensor", "max", "float",
+                   "contiguous", "memory_format", "channels_last", "h_layout", "shared_0", "local_h_weight"})
+
+
+@pytest.mark.parametrize("where", ["input", "out"])
+@pytest.mark.parametrize("name", _names_the_code_may_use())
+def test_a_name_the_generated_code_uses_is_refused_at_its_line_or_works(name: str, where: str):
+    """Each name is either refused at the spec's line of that name, or the module it makes is right:
+    never a module that crashes (x_layout beside x was an UnboundLocalError) or reads the wrong value."""
+    from symgrad.errors import SpecError
+    from symgrad.roles import channels_last_inputs
+    import torch
+
+    from .helpers import build_text, generated_module
+
+    text = _clash_spec(name, where)
+    line = next(number for number, content in enumerate(text.splitlines(), 1)
+                if content.strip().startswith((f"{name}:", f"out: {name}")))
+    try:
+        built = build_text(text)
+    except SpecError as error:
+        message = str(error)
+        assert message.startswith(f"case.yaml:{line}:") and f"'{name}'" in message and "(fix: " in message, message
+        assert "\n" not in message
+        return
+    assert channels_last_inputs(built.graph) == ["w"]  # the layout code is in the module that works
+    module = generated_module(built)
+    generator = torch.Generator().manual_seed(0)
+    values = {node.name: torch.randn(node.shape, dtype=torch.float64, generator=generator, requires_grad=True)
+              for node in built.graph.inputs}
+    expected = torch.autograd.grad(module.forward(**values), [values[n] for n in built.graph.wrt])
+    for function in (module.gradients, module.gradients_fast):
+        result = function(**values)
+        for wrt, reference in zip(built.graph.wrt, expected):
+            torch.testing.assert_close(getattr(result, wrt), reference, rtol=1e-10, atol=1e-12)
+
+
+def test_the_reserved_prefixes_are_read_off_the_rules():
+    """A rule's new kind of local reserves its prefix without a list to edit: every kind the rules
+    pass to NodeSymbols.local today is among the computed prefixes."""
+    from symgrad.names import generated_names
+    from symgrad.spec import RESERVED_PREFIXES, check_identifier
+
+    prefixes, whole = generated_names()
+    assert {"grad_", "mask_", "local_", "shared_", "tangent_", "rstd_", "xhat_", "ghat_", "centered_",
+            "indices_", "per_sample_grad_"} <= prefixes and "residual" in whole
+    assert set(prefixes) <= set(RESERVED_PREFIXES)
+    assert check_identifier("x_layout") is None  # only beside an input x (checked in the spec)
+
+
+class _Name:
+    def __init__(self, name: str, line: int):
+        from symgrad.errors import Location
+
+        self.name = self.out = name
+        self.location = self.out_location = Location("clash.yaml", line, 3)
+
+
+class _Spec:
+    def __init__(self, inputs: list[str], outs: list[str]):
+        self.inputs = [_Name(name, number) for number, name in enumerate(inputs, 1)]
+        self.layers = [_Name(name, number) for number, name in enumerate(outs, len(inputs) + 1)]
+
+
+@pytest.mark.parametrize("source, clash", [
+    ("def gradients(x, x_layout):\n    x_layout = _memory_format(x)\n    return x_layout\n", "x_layout"),
+    ("def gradients(x, h):\n    h = x * 2\n    return h\n", "h"),
+    ("def forward(x):\n    h = x + 1\n    h = h.exp() * x\n    h = x\n    return h\n", "h"),
+    ("class ExplicitGradient:\n    def forward(ctx, recompute, x, ctx):\n        return x\n", "ctx"),
+    ("def gradients(x, helper):\n    return helper(x)\n", "helper"),
+    ("def helper(x):\n    return x\n\ndef gradients(x):\n    return helper(x)\n", "helper"),
+    ("def gradients(x):\n    return torch.exp(x)\n", "torch"),
+])
+def test_the_rendered_module_is_checked_for_clashes_the_lists_missed(source: str, clash: str):
+    """The last net: whatever the template or a rule adds later, a spec name that the module uses for
+    something else is refused at that name's line."""
+    from symgrad.errors import SpecError
+    from symgrad.names import check_module_source
+
+    spec = _Spec(["x", *([clash] if clash != "h" else [])], ["h"] if clash == "h" else [])
+    with pytest.raises(SpecError) as error:
+        check_module_source(spec, source)
+    names = {item.name: item.location for item in [*spec.inputs, *spec.layers]}
+    assert str(error.value).startswith(f"{names[clash]}: error: '{clash}'"), str(error.value)
+
+
+def test_a_module_that_only_moves_an_input_to_another_layout_passes_the_check():
+    from symgrad.names import check_module_source
+
+    source = ("def gradients(x, w, m, v):\n    w = w.contiguous(memory_format=torch.channels_last)\n"
+              "    m, v = m.clone(), v.clone()\n    h = x * w\n    return h\n")
+    check_module_source(_Spec(["x", "w", "m", "v"], ["h"]), source)
+
+
+def test_no_derived_statement_may_assign_a_spec_name():
+    from types import SimpleNamespace
+
+    import sympy
+
+    from symgrad.errors import SpecError
+    from symgrad.names import check_statement_targets
+
+    spec = _Spec(["x"], ["h"])
+    ok = SimpleNamespace(target=sympy.Symbol("h"), node="h", comment="")
+    check_statement_targets(spec, [ok])
+    for target, node in (("x", "h"), ("h", "other")):
+        wrong = SimpleNamespace(target=sympy.Symbol(target), node=node, comment="local gradient of h")
+        with pytest.raises(SpecError) as error:
+            check_statement_targets(spec, [ok, wrong])
+        assert f"'{target}'" in str(error.value) and str(error.value).startswith("clash.yaml:")
+
+
+def test_generate_refuses_x_layout_beside_x_in_one_line(tmp_path: Path):
+    spec = tmp_path / "clash.yaml"
+    spec.write_text(_clash_spec("x_layout", "input").replace("name: rule_case", "name: clash_case"))
+    line = one_error_line(run("generate", str(spec), "-o", str(tmp_path / "gen")))
+    assert line.startswith(f"{spec}:") and "x_layout" in line, line
+    assert not (tmp_path / "gen").exists()

@@ -1,0 +1,189 @@
+"""Spec names against the names the generated code uses itself: refused at the spec's line, never a
+module that crashes (``UnboundLocalError``) or silently reads the wrong value.
+
+Three nets, from the earliest to the last word:
+
+* ``spec.check_identifier`` refuses the names the template uses and the prefixes of the values the
+  derivation names. The prefixes are computed here from the source that makes those names
+  (:func:`generated_names`), so a rule with a new kind of local reserves it without a list to edit.
+* :func:`check_statement_targets`, after derivation: no statement may assign a spec tensor's name,
+  except the one statement that computes that layer.
+* :func:`check_module_source`, after rendering: the generated module is parsed, and no spec name may
+  be a name the module defines or reads from outside a function, nor be assigned in a function where
+  it is an argument (beyond moving it to another layout), nor twice where it is not.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+from .errors import Location, SpecError
+
+FIX = "rename it in the spec, e.g. append _in or _t"
+
+
+PACKAGE = Path(__file__).resolve().parent
+DERIVATION_MODULES = ("reverse.py", "tangent.py", "emit.py")
+"""The modules besides the rules that name derived values (``grad_x``, ``shared_0``, ``tangent_x``)."""
+
+
+def _string(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+@functools.cache
+def generated_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(prefixes, whole names) of the values the derivation names, read from the source that names
+    them, so a new kind of local reserves itself without a list to edit:
+
+    * each kind a rule passes to ``NodeSymbols.local`` (``mask`` makes ``mask_relu1``; with
+      ``plain=True`` the kind is the whole name, as ``residual``), and each ``local_kind`` a rule declares;
+    * the literal start of each f-string given to ``tensor(...)`` (``grad_``, ``tangent_``,
+      ``per_sample_grad_``) and each ``numbered_symbols`` prefix (``shared_``).
+    """
+    prefixes, whole = set(), set()
+    files = sorted((PACKAGE / "rules").glob("*.py")) + [PACKAGE / name for name in DERIVATION_MODULES]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                first = node.args[0] if node.args else None
+                if function == "local" and _string(first):
+                    plain = any(keyword.arg == "plain" and getattr(keyword.value, "value", False) for keyword in node.keywords)
+                    (whole.add(_string(first)) if plain else prefixes.add(_string(first) + "_"))
+                elif function == "tensor" and isinstance(first, ast.JoinedStr) and first.values and _string(first.values[0]):
+                    prefixes.add(_string(first.values[0]))
+                elif function == "numbered_symbols" and _string(first):
+                    prefixes.add(_string(first))
+            elif isinstance(node, ast.keyword) and node.arg == "local_kind" and _string(node.value):
+                prefixes.add(_string(node.value) + "_")
+            elif isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "local_kind" and _string(node.value):
+                prefixes.add(_string(node.value) + "_")
+    return frozenset(prefixes), frozenset(whole)
+
+
+TEMPLATE = PACKAGE.parent / "templates" / "module.py.jinja"
+
+
+@functools.cache
+def template_names() -> tuple[frozenset[str], frozenset[str]]:
+    """(names, suffixes) the module template writes itself, read off the template: what it imports,
+    the functions and classes it defines, the arguments of each function that also takes the spec's
+    tensors, the names it assigns (``grads``, ``saved``), and the suffixes it puts after a spec name
+    (``{{ name }}_layout`` makes ``x_layout``)."""
+    text = (TEMPLATE if TEMPLATE.is_file() else PACKAGE / "templates" / "module.py.jinja").read_text(encoding="utf-8")
+    text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
+    names, suffixes = set(), set()
+    for raw in text.splitlines():
+        suffixes.update(re.findall(r"\{\{ *\w+ *\}\}(_\w+) = ", raw))
+        line = re.sub(r"\{\{.*?\}\}", "", raw).strip()  # what the template fills in is checked after rendering
+        if match := re.match(r"(?:from \S+ )?import (.+)", line):
+            names.update(part.split(" as ")[-1].strip().split(".")[0] for part in match.group(1).split(","))
+        elif match := re.match(r"(?:def|class) (\w+)", raw):  # at module level (a method's name is no clash)
+            names.add(match.group(1))
+        elif match := re.match(r"[\w, *]+(?= = )", line):
+            names.update(part.strip("* ") for part in match.group(0).split(","))
+    for match in re.finditer(r"def \w+\(([^)]*\{\{ signature \}\}[^)]*)\)", text):
+        arguments = re.sub(r"\{\{.*?\}\}|\{%.*?%\}", "", match.group(1))
+        names.update(part.split("=")[0].strip() for part in arguments.split(","))
+    return frozenset(name for name in names if name.isidentifier() and not name.startswith("_")), frozenset(suffixes)
+
+
+def _spec_names(spec) -> dict[str, Location]:
+    names = {item.name: item.location for item in spec.inputs}
+    for layer in spec.layers:
+        names.setdefault(layer.out, layer.out_location)
+    return names
+
+
+def check_statement_targets(spec, *statement_lists) -> None:
+    """No derived statement assigns a spec tensor's name, but the one that computes that layer."""
+    names = _spec_names(spec)
+    layer_outputs = {layer.out for layer in spec.layers}
+    for statements in statement_lists:
+        for statement in statements:
+            name = statement.target.name
+            if name in names and not (name in layer_outputs and statement.node == name):
+                raise SpecError(f"'{name}' is also a name the generated code gives a value of its own "
+                                f"({statement.comment or 'a derived value'})", names[name], FIX)
+
+
+class _Scope(ast.NodeVisitor):
+    """The names one function binds and reads, with each assignment's own reads."""
+
+    def __init__(self, function: ast.FunctionDef):
+        arguments = function.args
+        self.parameters = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+        self.parameters += [a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None]
+        self.stores: list[tuple[str, set[str]]] = []  # (name, names the assigned value reads)
+        self.loads: set[str] = set()
+        self.bound: set[str] = set(self.parameters)
+        for statement in function.body:
+            self.visit(statement)
+
+    def visit_FunctionDef(self, node):  # a nested function is its own scope
+        self.bound.add(node.name)
+
+    def visit_Assign(self, node):
+        reads = {name.id for name in ast.walk(node.value) if isinstance(name, ast.Name)}
+        for target in node.targets:
+            for name in ast.walk(target):
+                if isinstance(name, ast.Name):
+                    self.stores.append((name.id, reads))
+                    self.bound.add(name.id)
+        self.visit(node.value)
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            self.loads.add(node.id)
+        else:
+            self.bound.add(node.id)
+
+
+def _functions(tree: ast.Module):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _module_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name))
+    return names
+
+
+def check_module_source(spec, source: str) -> None:
+    """Refuse, at the clashing name's line in the spec, a generated module in which a spec name
+    stands for two things. ``source`` is the module's text."""
+    names = _spec_names(spec)
+    tree = ast.parse(source)  # duplicate arguments parse; compiling them would fail (checked below)
+    module_names = _module_level_names(tree)
+    scopes = [_Scope(function) for function in _functions(tree)]
+    free = {name for scope in scopes for name in scope.loads - scope.bound}  # globals and builtins the code reads
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    for name, location in names.items():
+        if name in module_names or name in free or name in called:  # a tensor is never called: a function is meant
+            raise SpecError(f"'{name}' is a name the generated module uses itself", location, FIX)
+    for scope in scopes:
+        for name in scope.parameters:  # `def forward(ctx, recompute, ctx)`
+            if name in names and scope.parameters.count(name) > 1:
+                raise SpecError(f"'{name}' is also the name of an argument the generated code takes itself",
+                                names[name], FIX)
+        counts: dict[str, int] = {}
+        for name, reads in scope.stores:
+            if name in names and name not in reads:  # `w = w.contiguous(...)` moves w; it is still w
+                counts[name] = counts.get(name, 0) + 1
+        for name, count in counts.items():
+            if count > (0 if name in scope.parameters else 1):
+                raise SpecError(f"'{name}' is also a name the generated code gives a value of its own",
+                                names[name], FIX)
