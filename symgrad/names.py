@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from importlib import resources
 from pathlib import Path
 
 from .errors import Location, SpecError
@@ -65,16 +66,13 @@ def generated_names() -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(prefixes), frozenset(whole)
 
 
-TEMPLATE = PACKAGE.parent / "templates" / "module.py.jinja"
-
-
 @functools.cache
 def template_names() -> tuple[frozenset[str], frozenset[str]]:
     """(names, suffixes) the module template writes itself, read off the template: what it imports,
     the functions and classes it defines, the arguments of each function that also takes the spec's
     tensors, the names it assigns (``grads``, ``saved``), and the suffixes it puts after a spec name
     (``{{ name }}_layout`` makes ``x_layout``)."""
-    text = (TEMPLATE if TEMPLATE.is_file() else PACKAGE / "templates" / "module.py.jinja").read_text(encoding="utf-8")
+    text = resources.files("symgrad.templates").joinpath("module.py.jinja").read_text("utf-8")  # as emit loads it
     text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
     names, suffixes = set(), set()
     for raw in text.splitlines():
