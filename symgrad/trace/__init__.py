@@ -443,36 +443,26 @@ def _other_sizes(shapes: dict[str, tuple[int, ...]]):
 
 
 def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
-    """``function(**arguments)``, and the ``file:line`` of the ``return`` that ended it: the last line the
-    outermost frame of the user's own code ran (a forward wrapped by torch's decorators too)."""
+    """``function(**arguments)``, and the ``file:line`` of the ``return`` that ended it, when the function is
+    the user's own code: its frame, caught as it starts (the profiler then removes itself, so it costs nothing
+    while the code runs), keeps the line it returned from."""
     here = sys._getframe()
-    users: dict[str, bool] = {}
-    returned: list[str] = []
-
-    def is_users(frame) -> bool:
-        name = frame.f_code.co_filename
-        if name not in users:
-            users[name] = _is_users(name)
-        return users[name]
+    started: list = []
+    previous = sys.getprofile()
 
     def profile(frame, event, argument) -> None:
-        if event != "return" or not is_users(frame):
-            return
-        outer = frame.f_back
-        while outer is not None and outer is not here:
-            if is_users(outer):
-                return  # a helper the user's function called: not the end of the traced code
-            outer = outer.f_back
-        if outer is here:
-            returned.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+        sys.setprofile(previous)
+        if event == "call" and frame.f_back is here:
+            started.append(frame)
 
-    previous = sys.getprofile()
     sys.setprofile(profile)
     try:
         output = function(**arguments)
     finally:
         sys.setprofile(previous)
-    return output, (returned[-1] if returned else None)
+    if not started or not _is_users(started[0].f_code.co_filename):
+        return output, None
+    return output, f"{started[0].f_code.co_filename}:{started[0].f_lineno}"
 
 
 def _refuse_value_reads(recorder: Recorder) -> None:
