@@ -93,6 +93,15 @@ def test_a_forward_returning_a_number_is_reported_at_its_return_line():
                                     "(fix: return the loss, or the prediction and pass --loss)"]
 
 
+def test_a_tensor_no_traced_call_made_is_named_at_the_line_that_reads_it():
+    lines = refused("AttributeTensor")  # read through .contiguous(): the reason used to be dropped, the error empty
+    assert len(lines) == 1 and lines[0].startswith(f"{marked('ATTRIBUTE')}: error: 'contiguous' reads a tensor that "
+                                                   "is neither an argument"), lines
+    lines = refused("ReturnsAttribute")
+    assert lines == [f"{marked('RETURNS_ATTRIBUTE')}: error: the traced code returns a tensor that no traced call made "
+                     "and that is no input (fix: return the prediction computed from the inputs)"]
+
+
 def test_the_timeout_stops_the_trace_and_puts_the_previous_alarm_handler_back():
     def previous(number, frame):
         raise AssertionError("the previous handler ran")

@@ -307,6 +307,9 @@ def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes, re
             raise TraceError(f"{reduction.call.where}: error: the traced code already ends in a loss "
                              "(fix: drop --loss, or return the prediction)")
         prediction = builder.node(output)
+        if isinstance(prediction, frozenset):  # a tensor of the model's own, not computed from the inputs
+            raise TraceError(f"{returned_at or where}: error: the traced code returns a tensor that no traced call "
+                             "made and that is no input (fix: return the prediction computed from the inputs)")
         entry = {"op": loss.op, "in": prediction, "target": loss.target}
         if loss.reduction:
             entry["reduction"] = loss.reduction

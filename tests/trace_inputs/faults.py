@@ -163,6 +163,28 @@ class FloatLoss(nn.Module):
         return math.sqrt(self.weight_decay)  # RETURNS_FLOAT
 
 
+class AttributeTensor(nn.Module):
+    """A plain tensor attribute (neither parameter nor buffer) made contiguous, then used: reported at that line."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 3, padding=1)
+        self.scale = torch.full((1, 1, 1, 1), 2.0)
+
+    def forward(self, x):
+        scale = self.scale.contiguous()  # ATTRIBUTE
+        return self.conv(x) * scale
+
+
+class ReturnsAttribute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.template = torch.zeros(2, 1, 6, 6)
+
+    def forward(self, x):
+        return self.template  # RETURNS_ATTRIBUTE
+
+
 class Slow(nn.Module):
     """A forward that takes seconds: the trace must stop at --timeout."""
 
