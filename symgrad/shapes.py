@@ -42,19 +42,69 @@ def _linear_solution(difference: sympy.Expr) -> tuple[sympy.Symbol | None, sympy
     return None, None
 
 
-def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
-    """Solve the ops' size equalities; ``node_shapes``, if given, receives every node's symbolic shape."""
+ABBREVIATE = 40
+"""A symbolic size of more tree nodes than this is named by a fresh symbol for the nodes that read it.
+A conv chain's spatial size grows a term per layer (``x_2 + 3 - w0_2 + 3 - w1_2 ...``): built out in
+full, inferring N layers costs N**2 and sympy's ``Add`` sorting on top. Sizes are expanded again only
+where an equality reads them, so a plain chain never pays, and results are the same either way."""
+
+
+def _tree_size(expr: sympy.Expr, limit: int) -> int:
+    """Tree nodes of ``expr``, counting stops past ``limit`` (so this costs at most ``limit`` steps)."""
+    count = 0
+    for _ in sympy.preorder_traversal(expr):
+        count += 1
+        if count > limit:
+            break
+    return count
+
+
+def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
+                wanted: tuple[str, ...] | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
+    """Solve the ops' size equalities; ``node_shapes``, if given, receives the symbolic shape of every
+    node named in ``wanted`` (default: every node)."""
     symbols = {}
     shapes = {}
     for node in graph.inputs:
         shapes[node.name] = tuple(symbols.setdefault((node.name, axis), sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True))
                                   for axis in range(len(node.shape)))
+    definitions: dict[sympy.Symbol, sympy.Expr] = {}
+    """Abbreviations: each fresh symbol's value in the input sizes and earlier abbreviations."""
+
+    def abbreviated(size):
+        if isinstance(size, sympy.Basic) and not size.is_Atom and _tree_size(size, ABBREVIATE) > ABBREVIATE:
+            symbol = sympy.Dummy(f"size{len(definitions)}")
+            definitions[symbol] = size
+            return symbol
+        return size
+
+    written_out: dict[sympy.Symbol, sympy.Expr] = {}
+
+    def write_out(symbol: sympy.Symbol) -> sympy.Expr:
+        """An abbreviation in input sizes. The terms of nested sums are gathered and added once: adding
+        them level by level would rebuild a growing sum at every level, again N**2 for a chain."""
+        if symbol not in written_out:
+            terms, stack = [], [symbol]
+            while stack:
+                value = definitions[stack.pop()]
+                for term in value.args if value.is_Add else (value,):
+                    if term in definitions:
+                        stack.append(term)
+                    else:
+                        terms.append(expanded(term))
+            written_out[symbol] = sympy.Add(*terms)
+        return written_out[symbol]
+
+    def expanded(expr: sympy.Expr) -> sympy.Expr:
+        inner = [symbol for symbol in expr.free_symbols if symbol in definitions]
+        return expr.xreplace({symbol: write_out(symbol) for symbol in inner}) if inner else expr
+
     constraints = []
     for node in graph.nodes.values():
         if node.kind == "input":
             continue
         check = Checker(node.location, node.rule.op, symbolic=True)
-        shapes[node.name] = tuple(node.rule.infer_shape(
+        shapes[node.name] = tuple(abbreviated(size) for size in node.rule.infer_shape(
             {operand: shapes[source] for operand, source in node.operands.items()}, node.params, check))
         constraints += check.constraints
     substitution: dict[sympy.Symbol, sympy.Expr] = {}
@@ -67,7 +117,7 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sym
             expr = replaced
 
     for left, right in constraints:
-        left, right = resolve(sympy.sympify(left)), resolve(sympy.sympify(right))
+        left, right = resolve(expanded(sympy.sympify(left))), resolve(expanded(sympy.sympify(right)))
         if left == right:
             continue
         solved = value = None
@@ -82,7 +132,8 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None) -> tuple[dict[sym
         substitution[solved] = value
     substitution = {symbol: resolve(value) for symbol, value in substitution.items()}
     if node_shapes is not None:
-        node_shapes.update({name: tuple(resolve(sympy.sympify(size)) for size in shape) for name, shape in shapes.items()})
+        node_shapes.update({name: tuple(resolve(expanded(sympy.sympify(size))) for size in shape)
+                            for name, shape in shapes.items() if wanted is None or name in wanted})
     free = [symbol for symbol in symbols.values() if symbol not in substitution]
     return substitution, free
 
@@ -179,8 +230,15 @@ def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
         if not changed or budget <= 0:
             break
     grown = dict(values)
-    for symbol in free:  # grow each size a little where the ops allow it
+    budget = max(20, DESCENT_WORK // len(graph.nodes))
+    for index, symbol in enumerate(free):  # grow each size a little where the ops allow it
+        if budget <= 0:  # a long chain: the rest grow together, by one, if the ops allow it
+            trial = {**grown, **{rest: grown[rest] + 1 for rest in free[index:]}}
+            if _valid(graph, _shapes_for(functions, free, trial)):
+                grown = trial
+            break
         for growth in (1, 2, 3):
+            budget -= 1
             trial = {**grown, symbol: grown[symbol] + growth}
             if _valid(graph, _shapes_for(functions, free, trial)):
                 grown = trial
@@ -192,7 +250,7 @@ def batch_inputs(graph: Graph) -> list[str]:
     """The inputs whose dim 0 is the per-sample loss's batch axis: tied to it by the ops' own size
     rules, and of the batch size in the spec (a broadcast operand of size 1 is tied but is no batch)."""
     node_shapes: dict[str, tuple] = {}
-    _tied_sizes(graph, node_shapes)
+    _tied_sizes(graph, node_shapes, ("loss", *(node.name for node in graph.inputs)))
     if not node_shapes.get("loss"):
         return []
     batch, batch_size = node_shapes["loss"][0], graph.loss.shape[0]
