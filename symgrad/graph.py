@@ -49,8 +49,16 @@ class Graph:
         return [node for node in self.nodes.values() if node.kind == "input"]
 
     def consumers(self, name: str) -> list[tuple[Node, str]]:
-        return [(node, operand) for node in self.nodes.values() for operand, source in node.operands.items()
-                if source == name]
+        """The (node, operand) pairs that read ``name``, in graph order: from an index built once per
+        graph (a scan of every node per call made callers quadratic in the number of layers)."""
+        index = self.__dict__.get("_consumers")
+        if index is None or index[0] is not self.nodes or index[1] != len(self.nodes):
+            readers: dict[str, list[tuple[Node, str]]] = {}
+            for node in self.nodes.values():
+                for operand, source in node.operands.items():
+                    readers.setdefault(source, []).append((node, operand))
+            index = self.__dict__["_consumers"] = (self.nodes, len(self.nodes), readers)
+        return list(index[2].get(name, ()))
 
     def symbols(self, node: Node) -> NodeSymbols:
         operands = {operand: tensor(source) for operand, source in node.operands.items()}

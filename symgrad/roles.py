@@ -62,7 +62,7 @@ def zero_by_structure(graph: Graph) -> dict[str, str]:
         consumers = graph.consumers(node.name)
         if consumers and all(consumer.rule.op == "batch_norm" and consumer.params.get("training") and operand == "input"
                              for consumer, operand in consumers):
-            if sum(1 for other in graph.nodes.values() if bias in other.operands.values()) > 1:
+            if len({other.name for other, _ in graph.consumers(bias)}) > 1:
                 continue  # the bias is used elsewhere too
             norms = ", ".join(consumer.name for consumer, _ in consumers)
             zero[bias] = (f"{bias} is the bias of {node.name}, which feeds only training-mode batch_norm ({norms}); "
