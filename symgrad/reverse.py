@@ -169,19 +169,19 @@ def _share_common_subexpressions(statements: list[Statement]) -> list[Statement]
     if not replacements:
         return statements
     definitions = dict(replacements)
+    order = {symbol: index for index, (symbol, _) in enumerate(replacements)}
     result: list[Statement] = []
     defined: set[sympy.Symbol] = set()
     for statement, value in zip(statements, values):
         needed, stack = set(), [value]
         while stack:
             for symbol in stack.pop().free_symbols:
-                if symbol in definitions and symbol not in needed:
+                if symbol in definitions and symbol not in needed and symbol not in defined:
                     needed.add(symbol)
                     stack.append(definitions[symbol])
-        for symbol, shared in replacements:
-            if symbol in needed and symbol not in defined:
-                result.append(Statement(symbol, shared, statement.node, "shared by several gradients"))
-                defined.add(symbol)
+        for symbol in sorted(needed, key=order.__getitem__):  # in cse's order, each before its first reader
+            result.append(Statement(symbol, definitions[symbol], statement.node, "shared by several gradients"))
+            defined.add(symbol)
         result.append(Statement(statement.target, value, statement.node, statement.comment, statement.math))
     return result
 
