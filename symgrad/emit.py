@@ -204,6 +204,13 @@ def _is_mask(statement: Statement) -> bool:
     return statement.target.name.startswith("mask_")
 
 
+def _count_among(statements: list[Statement], among: list[Statement]) -> int:
+    """How many of ``statements`` are (the very objects) in ``among``: a set of ids, not a list scan
+    per statement, which made rendering quadratic in the number of layers."""
+    ids = {id(statement) for statement in among}
+    return sum(id(statement) in ids for statement in statements)
+
+
 def _live(statements: list[Statement], results: set[sympy.Symbol]) -> list[Statement]:
     """Drop statements whose value nothing returned depends on (no dead variables)."""
     needed = set(results)
@@ -293,11 +300,11 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     forward = [_line(s) for s in _live(program.forward, {program.loss_symbol})]
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
     readable_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
-    readable_backward = [_line(s) for s in readable_live[len([s for s in readable_live if s in program.forward]):]]
+    readable_backward = [_line(s) for s in readable_live[_count_among(readable_live, program.forward):]]
     # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
     # more gradients (twice differentiable, as autograd's own); the documents' math is the readable one
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
-    fast_split = len([s for s in fast_live if s in fast.forward])
+    fast_split = _count_among(fast_live, fast.forward)
     backward_live, split = _hoist_item_reads(fast_live, fast_split)
     gradients_forward, gradients_backward, boundary_dead = _with_deletions(
         backward_live, split, fast.default_cotangent.free_symbols, gradient_symbols)
@@ -313,7 +320,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         returned = {value for value in results.values() if value != 0}
         hvp_live = _live(program.forward + program.backward + tangents, returned | program.default_cotangent.free_symbols)
         hvp_lines = [_line(statement) for statement in hvp_live]
-        boundary = len([s for s in hvp_live if s in program.forward])
+        boundary = _count_among(hvp_live, program.forward)
         hvp_lines = (hvp_lines[:boundary], hvp_lines[boundary:])
         hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})") for name, value in results.items()}
     per_sample_forward, per_sample_backward, per_sample_dead, per_sample_names, per_sample_batched = [], [], [], [], []
@@ -322,7 +329,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
 
         extra, results, per_sample_batched = per_sample_statements(program)
         live = _live(program.forward + program.backward + extra, set(results.values()) | program.default_cotangent.free_symbols)
-        boundary = len([s for s in live if s in program.forward])
+        boundary = _count_among(live, program.forward)
         # each per-sample product as soon as its output gradient exists, so both die there
         live = _scheduled_early(live, boundary, extra)
         per_sample_forward, per_sample_backward, per_sample_dead = _with_deletions(
@@ -335,6 +342,9 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
                       kind=("leaf (parameter, differentiated)" if node.name in graph.wrt else "leaf (constant)")
                       if node.kind == "input" else kinds[node.kind]) for node in graph.nodes.values()]
     step_of_line = _step_numbers(fast, backward_live[split:])
+    lines_of_step: dict[int, list[int]] = {}
+    for index, line_step in enumerate(step_of_line, 1):
+        lines_of_step.setdefault(line_step, []).append(index)
     step_views = []
     for number, step in enumerate(program.steps, 1):
         step_views.append(dict(
@@ -343,7 +353,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
             contributions=[dict(source=source, operand=operand, mathml=mathml(to_latex(value)),
                                 branch=len(program.branch_sums.get(source, [])))
                            for operand, source, value in step.contributions],
-            lines=[index for index, line_step in enumerate(step_of_line, 1) if line_step == number]))
+            lines=lines_of_step.get(number, [])))
     moved = channels_last_inputs(graph)
     # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
     layout_kept = [node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4]
