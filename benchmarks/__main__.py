@@ -157,9 +157,10 @@ def run_measurement(*arguments: str) -> dict:
 
 def generation_table(quick: bool) -> str:
     """The generation-time section (``benchmarks/generation.py``): traced real models and chains."""
-    from .generation import chain_rows, model_rows, render
+    from .generation import chain_rows, depth_rows, model_rows, render
 
-    return render([] if quick else model_rows(3), chain_rows((5, 25) if quick else (5, 25, 50, 100), 1 if quick else 3))
+    return render([] if quick else model_rows(3), chain_rows((5, 25) if quick else (5, 25, 50, 100), 1 if quick else 3),
+                  [] if quick else depth_rows())
 
 
 def machine_description(device: str) -> str:
