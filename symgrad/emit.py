@@ -172,17 +172,20 @@ def _scheduled_early(statements: list[Statement], boundary: int, movable: list[S
     """The statements with each of ``movable`` moved up to just after the last statement whose value
     it reads (never into the forward part): what it reads can then be freed before the next step."""
     moving = {id(statement) for statement in movable}
-    result = [statement for statement in statements if id(statement) not in moving]
-    moved: set[int] = set()
+    kept = [statement for statement in statements if id(statement) not in moving]
+    anchor_of = {statement.target: index for index, statement in enumerate(kept)}
+    """Each value's statement among ``kept``, or, for a moved one, the kept statement it follows."""
+    following: dict[int, list[Statement]] = {}
     for statement in statements:
         if id(statement) not in moving:
             continue
-        reads = statement.value.free_symbols
-        position = max([boundary] + [index + 1 for index, other in enumerate(result) if other.target in reads])
-        while position < len(result) and id(result[position]) in moved:  # keep the moved ones in their order
-            position += 1
-        result.insert(position, statement)
-        moved.add(id(statement))
+        anchor = max([boundary - 1] + [anchor_of[symbol] for symbol in statement.value.free_symbols if symbol in anchor_of])
+        following.setdefault(anchor, []).append(statement)  # after those moved there before it, in their order
+        anchor_of[statement.target] = anchor
+    result = list(following.get(-1, []))
+    for index, statement in enumerate(kept):  # one pass: a scan of the list per moved statement was quadratic
+        result.append(statement)
+        result.extend(following.get(index, []))
     return result
 
 
