@@ -50,6 +50,7 @@ NUMBER = "takes a number out of a tensor"
     ("ItemFactor", "ITEM_FACTOR", f"'.item()' {NUMBER}"),
     ("DropPath", "COIN", f"'.item()' {NUMBER}"),  # random, not an input: still not a constant
     ("PolluteConstant", "POLLUTED", f"'.item()' {NUMBER}"),  # a literal tensor given an input's value
+    ("MaskSize", "MASK_SIZE", f"'size of x[mask], nonzero(), masked_select() or unique()' {NUMBER}"),
 ])
 def test_a_value_taken_from_a_tensor_is_refused_at_its_line(name, marker, what):
     lines = refused(name)
@@ -85,7 +86,7 @@ def test_one_line_per_source_line_with_the_modules_that_share_it():
 
 def test_values_from_literals_and_sizes_are_accepted():
     text = trace(load_target(f"{FAULTS}:ConstantsAndSizes"), {"x": (2, 2, 6, 6)}, loss=LossChoice("mse_loss"))
-    assert "op: conv2d" in text and "op: relu" in text and "other: 2.5" in text, text
+    assert "op: conv2d" in text and "op: relu" in text and "other: 4.5" in text, text
 
 
 def test_a_forward_returning_a_number_is_reported_at_its_return_line():

@@ -33,7 +33,8 @@ VALUE_READS = {
     "__bool__": ("bool(tensor)", "branch"), "item": (".item()", "number"), "__float__": ("float(tensor)", "number"),
     "__int__": ("int(tensor)", "number"), "__index__": ("a tensor as an index", "number"),
     "__complex__": ("complex(tensor)", "number"), "tolist": (".tolist()", "number"), "numpy": (".numpy()", "number"),
-    "__array__": ("numpy.asarray(tensor)", "number")}
+    "__array__": ("numpy.asarray(tensor)", "number"),
+    "size of values": ("size of x[mask], nonzero(), masked_select() or unique()", "number")}
 """Calls that take a Python value or decision out of a tensor: how the error shows each, and which fix fits
 (any other call that returns a Python bool or number from tensors, ``torch.equal``, is a decision too)."""
 
@@ -42,6 +43,14 @@ RANDOM = frozenset({
     "multinomial", "normal", "normal_", "uniform_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_",
     "poisson", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 """Calls whose result is random (or uninitialised memory): never a constant, even from literal arguments."""
+
+VALUE_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount",
+                          "repeat_interleave"})
+"""Calls whose result's size depends on their arguments' values (so does ``torch.where(c)``, one argument,
+and indexing with a boolean mask)."""
+
+SIZES = frozenset({"size", "numel", "nelement", "__len__", "shape"})
+"""Size queries: a number taken from values when the tensor's size came from values."""
 
 BOOLEAN_DISPATCH = {F.max_pool1d: "max_pool1d", F.max_pool2d: "max_pool2d", F.max_pool3d: "max_pool3d",
                     F.adaptive_max_pool1d: "adaptive_max_pool1d", F.adaptive_max_pool2d: "adaptive_max_pool2d",
@@ -125,6 +134,8 @@ class Recorder(TorchFunctionMode):
         what is computed from those only): every other tensor may hold a value of the inputs, parameters,
         buffers or random numbers. Recorded results stay alive in ``calls``, so their ids stay theirs."""
         self.value_reads: list[ValueRead] = []
+        self.value_shaped: set[int] = set()
+        """ids of the tensors whose size depends on values that are not constants (``h.nonzero()``)."""
         self.running: list[torch.nn.Module] = []
         self._hooks: list = []
 
@@ -158,23 +169,33 @@ class Recorder(TorchFunctionMode):
         result = function(*arguments, **keywords)
         name = function_name(function)
         if name == "__get__":
+            name = getattr(getattr(function, "__self__", None), "__name__", name)  # .shape, .T, .mT, .data
             if not isinstance(result, torch.Tensor):
-                return result
-            name = getattr(getattr(function, "__self__", None), "__name__", name)  # .T, .mT, .data
+                return self._size_read(name, arguments, result)
         elif name in SHAPE_QUERIES:
-            return result
+            return self._size_read(name, arguments, result)
         constant = name not in RANDOM and all(id(value) in self.constants for value in _tensors(arguments, keywords))
         if name in VALUE_READS or _is_value(result):
             if not constant:
                 self._value_read(name, sys._getframe(1))
             return result
+        shaped = not constant and (name in VALUE_SHAPED or (name == "where" and len(arguments) + len(keywords) == 1)
+                                    or (name == "__getitem__" and _masks(arguments[1:])))
+        shaped = shaped or any(id(value) in self.value_shaped for value in _tensors(arguments, keywords))
         for value in _tensors((result,), {}):
             (self.constants.add if constant else self.constants.discard)(id(value))
+            (self.value_shaped.add if shaped else self.value_shaped.discard)(id(value))
         if not constant and arguments and isinstance(arguments[0], torch.Tensor) and (
                 name.endswith("_") or name == "__setitem__" or name.startswith("__i")):
             self.constants.discard(id(arguments[0]))  # c[0] = h.sum(), c.add_(h): c now holds a value of h
         path, leaf = self._module()
         self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf))
+        return result
+
+    def _size_read(self, name: str, arguments: tuple, result: Any) -> Any:
+        """A size query's result; a value read when the tensor's size came from values."""
+        if name in SIZES and any(id(value) in self.value_shaped for value in _tensors(arguments, {})):
+            self._value_read("size of values", sys._getframe(2))
         return result
 
     def _value_read(self, name: str, frame) -> None:
@@ -207,6 +228,11 @@ def _tensors(arguments, keywords):
             yield from _tensors(value, {})
         elif isinstance(value, dict):
             yield from _tensors((), value)
+
+
+def _masks(index: tuple) -> bool:
+    """Whether an index holds a boolean tensor (``x[x > 0]``)."""
+    return any(value.dtype == torch.bool for value in _tensors(index, {}))
 
 
 def _is_value(result: Any) -> bool:

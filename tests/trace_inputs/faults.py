@@ -87,6 +87,21 @@ class Checks(nn.Module):
         return h * (factor + steps + len(values))
 
 
+class MaskSize(nn.Module):
+    """A decision on how many entries are positive: the size of a masked tensor is a value."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        positive = h[h > 0]
+        if len(positive) > h.numel() // 2:  # MASK_SIZE
+            h = F.relu(h)
+        return h
+
+
 class DropPath(nn.Module):
     """Stochastic depth as timm writes it in places: a coin flip in Python."""
 
@@ -124,6 +139,8 @@ class ConstantsAndSizes(nn.Module):
 
     def forward(self, x):
         scale = torch.tensor(0.5).item() + float(torch.ones(2).sum())  # 2.5, from literals
+        signs = torch.tensor([1.0, -1.0, 2.0])
+        scale += len(signs[signs > 0])  # 4.5: a masked size, of literals
         if x.shape[1] == 2 and x.dim() == 4 and x.size(0) > 0:
             x = self.conv(x)
         threshold = torch.full((1,), 4.0)
