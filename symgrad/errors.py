@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+CUT = 40
+"""The longest name or number a message repeats in full; a longer one is cut (a 10,000-character
+op name is not echoed)."""
+
+
+def cut(text: object, limit: int = CUT) -> str:
+    """``text`` as it is, or its first ``limit - 3`` characters and '...' when longer."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _cut_long_names(text: str) -> str:
+    """Every quoted name (``'...'``) and every run of digits in ``text`` longer than :data:`CUT`, cut."""
+    text = re.sub(r"'([^'\s]{%d,})'" % (CUT + 1), lambda match: f"'{cut(match.group(1))}'", text)
+    return re.sub(r"\d{%d,}" % (CUT + 1), lambda match: f"{match.group(0)[:20]}...({len(match.group(0))} digits)", text)
 
 
 @dataclass(frozen=True)
@@ -28,9 +45,9 @@ class SpecError(SymgradError):
     """
 
     def __init__(self, message: str, location: Location | None = None, fix: str | None = None):
-        self.message = " ".join(message.split())
+        self.message = _cut_long_names(" ".join(message.split()))
         self.location = location
-        self.fix = " ".join(fix.split()) if fix else None
+        self.fix = _cut_long_names(" ".join(fix.split())) if fix else None
         super().__init__(str(self))
 
     def __str__(self) -> str:

@@ -20,8 +20,10 @@ from .algebra import Size, TensorOp
 
 
 def _number(value: sympy.Expr) -> str:
-    """Numbers as Python literals: integers exactly, others as the nearest double (1/5 as 0.2)."""
-    if value.is_Integer:
+    """Numbers as Python literals: integers exactly, others as the nearest double (1/5 as 0.2). An
+    integer beyond int64 (a float argument of 1e30 is the exact integer 10**30) is a double too:
+    PyTorch cannot take a Python int that large."""
+    if value.is_Integer and -(1 << 63) <= int(value) < (1 << 63):
         return str(int(value))
     return repr(float(value))  # a rational prints as its correctly rounded double, as Python would compute it
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from .errors import Location, SpecError
+from .errors import Location, SpecError, cut
 from .names import generated_names, template_names
 
 MAX_SPEC_BYTES = 1 << 20
@@ -30,6 +30,8 @@ MAX_RANK = 8
 MAX_DIM = 1 << 31
 
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
+MAX_NAME = 64
+"""The longest name (and so the longest op name or key) a spec may hold."""
 
 # Names the generated module defines or uses itself; a spec name equal to one would shadow it. Most
 # are read off the template and the derivation's source (symgrad.names); generation then checks the
@@ -146,7 +148,10 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, co
             key = _convert(key_node, loader, file, depth + 1, counter)
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
-                raise SpecError(f"mapping key {key!r} is not a string", key_location, "use a plain name as the key")
+                raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")
+            if len(key) > MAX_NAME:  # no key of a spec is this long: an unknown key, echoed cut
+                raise SpecError(f"unknown key {cut(key)!r} ({len(key)} characters)", key_location,
+                                "spec keys are short names; `symgrad spec-help` lists them")
             if key in result:
                 first = result.key_locations[key]
                 raise SpecError(f"duplicate key '{key}' (first given on line {first.line})", key_location,
@@ -163,7 +168,11 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, co
             result.append(_convert(item, loader, file, depth + 1, counter))
             result.item_locations.append(_location(file, item.start_mark))
         return result
-    return loader.construct_object(node)
+    try:
+        return loader.construct_object(node)
+    except ValueError:  # an int of more than 4,300 digits (Python's limit on converting a string)
+        raise SpecError(f"the number {cut(node.value)} has {len(node.value)} characters, too long to read",
+                        _location(file, node.start_mark), "write a number that fits a 64-bit int or a float") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,7 +310,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                             "add `shape: [...]` with the example shape")
         dtype = declaration.get("dtype", "float")
         if dtype not in DTYPES:
-            raise SpecError(f"input '{input_name}' has dtype {dtype!r}" + _did_you_mean(str(dtype), DTYPES),
+            raise SpecError(f"input '{input_name}' has dtype {cut(repr(dtype))}" + _did_you_mean(str(dtype), DTYPES),
                             declaration.value_locations["dtype"], f"use one of: {', '.join(DTYPES)}")
         inputs.append(InputSpec(input_name, _shape(declaration, input_name), location, dtype))
 
@@ -371,7 +380,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
             raise SpecError("'extras' must be a list", location, f"write e.g. `extras: [{EXTRAS[0]}]`")
         for item, item_location in zip(value, value.item_locations):
             if item not in EXTRAS:
-                raise SpecError(f"unknown extra {item!r}" + (_did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
+                raise SpecError(f"unknown extra {cut(repr(item))}" + (_did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
                                 item_location, f"extras may be: {', '.join(EXTRAS)}")
             extras.append(item)
     return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
@@ -461,6 +470,10 @@ def _string(mapping: Mapping, key: str) -> str:
     if not isinstance(value, str):
         raise SpecError(f"'{key}' must be a name, not {_kind(value)}", mapping.value_locations[key],
                         f"write '{key}' as a plain name")
+    if len(value) > MAX_NAME:  # no op, reduction or tensor has a longer name: echoed cut
+        raise SpecError(f"'{key}' is {cut(value)!r}, longer than any name ({len(value)} characters)",
+                        mapping.value_locations[key], f"write '{key}' as a name of at most {MAX_NAME} characters"
+                        + ("; `symgrad ops` lists the ops" if key == "op" else ""))
     return value
 
 
@@ -488,7 +501,7 @@ def _check_name(name: Any, location: Location, kind: str) -> None:
         raise SpecError(f"{kind} {name!r} is not a string", location, "use an identifier such as x or w1")
     problem = check_identifier(name)
     if problem:
-        shown = name if len(name) <= 40 else name[:37] + "..."
+        shown = cut(name)
         raise SpecError(f"{kind} {shown!r} {problem}", location, "rename it, e.g. x, w1 or conv_out")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import resource
 import shutil
 import signal
@@ -445,3 +446,179 @@ def test_generate_refuses_x_layout_beside_x_in_one_line(tmp_path: Path):
     line = one_error_line(run("generate", str(spec), "-o", str(tmp_path / "gen")))
     assert line.startswith(f"{spec}:") and "x_layout" in line, line
     assert not (tmp_path / "gen").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# items 7-9: numeric arguments outside their domain, refused at their line
+# --------------------------------------------------------------------------------------------
+
+IMAGE = {"x": [2, 3, 4, 4], "y": [2, 3, 4, 4]}
+
+
+def _one_layer(layer: dict, loss: dict | None = None, inputs: dict | None = None) -> str:
+    """A spec with one layer (or none) and a loss, lists written inline so each argument has one line."""
+    document = {"name": "rule_case", "inputs": {name: {"shape": shape} for name, shape in (inputs or IMAGE).items()},
+                "layers": [layer] if layer else [], "loss": loss or {"op": "half_sq_error", "target": "y"}, "wrt": ["x"]}
+    return yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=1 << 20)
+
+
+def _argument_line(text: str, argument: str) -> int:
+    return next(number for number, line in enumerate(text.splitlines(), 1) if re.search(rf"\b{argument}:", line))
+
+
+BAD_NUMBERS = [
+    ({"op": "leaky_relu", "negative_slope": 10 ** 400}, None, "negative_slope", "beyond the numbers"),
+    ({"op": "leaky_relu", "negative_slope": float("nan")}, None, "negative_slope", "finite"),
+    ({"op": "elu", "alpha": float("inf")}, None, "alpha", "finite"),
+    ({"op": "mul", "other": 10 ** 30}, None, "other", "beyond the numbers"),
+    ({"op": "softplus", "beta": 0}, None, "beta", "must not be 0"),
+    ({"op": "pad", "pad": [1, 1], "value": float("-inf")}, None, "value", "finite"),
+    ({"op": "pad", "pad": [1, 1], "value": 10 ** 400}, None, "value", "beyond the numbers"),
+    ({"op": "pad", "pad": [1, 2 ** 63]}, None, "pad", "64-bit"),
+    ({"op": "batch_norm", "training": True, "eps": -10.0}, None, "eps", "must be positive"),
+    ({"op": "batch_norm", "training": True, "eps": 0.0}, None, "eps", "must be positive"),
+    ({"op": "layer_norm", "normalized_shape": [4, 4], "eps": 0}, None, "eps", "must be positive"),
+    ({"op": "group_norm", "num_groups": 3, "eps": -1.0e-5}, None, "eps", "must be positive"),
+    ({"op": "group_norm", "num_groups": 3, "eps": 1.0e-320}, None, "eps", "smallest normal float"),
+    (None, {"op": "smooth_l1_loss", "target": "y", "beta": -1}, "beta", "zero or positive"),
+    (None, {"op": "smooth_l1_loss", "target": "y", "beta": float("nan")}, "beta", "finite"),
+    (None, {"op": "huber_loss", "target": "y", "delta": 0}, "delta", "must be positive"),
+    (None, {"op": "huber_loss", "target": "y", "delta": -2.5}, "delta", "must be positive"),
+    ({"op": "avg_pool2d", "kernel_size": 2, "divisor_override": 2 ** 64}, None, "divisor_override", "64-bit"),
+]
+
+
+@pytest.mark.parametrize("layer, loss, argument, why", BAD_NUMBERS,
+                         ids=[f"{(layer or loss)['op']}-{argument}-{index}" for index, (layer, loss, argument, _)
+                              in enumerate(BAD_NUMBERS)])
+def test_a_number_outside_its_domain_is_refused_at_its_line(layer, loss, argument: str, why: str):
+    from symgrad.errors import SpecError
+
+    from .helpers import build_text
+
+    text = _one_layer(layer, loss)
+    with pytest.raises(SpecError) as error:
+        build_text(text)
+    message = str(error.value)
+    assert message.startswith(f"case.yaml:{_argument_line(text, argument)}:"), message
+    assert f"'{argument}'" in message and why in message and "(fix: " in message and len(message) < 300, message
+
+
+def test_generate_refuses_a_huge_slope_in_one_line(tmp_path: Path):
+    spec = tmp_path / "slope.yaml"
+    spec.write_text(_one_layer({"op": "leaky_relu", "negative_slope": 10 ** 400}).replace("rule_case", "slope_case"))
+    line = one_error_line(run("generate", str(spec), "-o", str(tmp_path / "gen")))
+    assert line.startswith(f"{spec}:") and "negative_slope" in line and "0" * 30 + "..." in line, line
+    assert len(line) < 250 + len(str(spec)), line
+    assert not (tmp_path / "gen").exists()
+
+
+@pytest.mark.parametrize("layer, loss", [
+    ({"op": "leaky_relu", "negative_slope": 1.5e100}, None),  # a float beyond int64 is printed as a float
+    ({"op": "leaky_relu", "negative_slope": 10 ** 18}, None),
+    ({"op": "mul", "other": 3.0e+30}, None),
+    (None, {"op": "smooth_l1_loss", "target": "y", "beta": 0}),  # PyTorch takes 0: l1_loss
+    (None, {"op": "smooth_l1_loss", "target": "y", "beta": 1.0e-300}),
+    (None, {"op": "huber_loss", "target": "y", "delta": 1.0e+300}),
+    ({"op": "batch_norm", "training": True, "eps": 1.0e-300}, None),
+])
+def test_numbers_at_the_edge_of_their_domain_make_right_gradients(layer, loss):
+    """Accepted means right: no OverflowError, and the float64 gradients match autograd."""
+    from symgrad.check import verify
+
+    from .helpers import build_text, generated_module
+
+    built = build_text(_one_layer(layer, loss))
+    report = verify(built.graph, generated_module(built), built.shapes)
+    assert report.problem is None and report.worst() <= 1e-12, (report.problem, report.gradient_errors)
+
+
+@pytest.mark.parametrize("loss, argument", [("smooth_l1_loss", "beta"), ("huber_loss", "delta")])
+@pytest.mark.parametrize("value", [-1.0, -1.0e-300, 0.0, 1.0e-300, 0.5, 1.0e+300])
+def test_loss_arguments_are_refused_exactly_where_pytorch_refuses_them(loss: str, argument: str, value: float):
+    import torch
+    import torch.nn.functional as F
+
+    from symgrad.errors import SpecError
+
+    from .helpers import build_text
+
+    try:
+        getattr(F, loss)(torch.zeros(2), torch.ones(2), **{argument: value})
+        torch_takes = True
+    except RuntimeError:
+        torch_takes = False
+    try:
+        build_text(_one_layer(None, {"op": loss, "target": "y", argument: value}))
+        we_take = True
+    except SpecError:
+        we_take = False
+    assert we_take == torch_takes, (loss, argument, value)
+
+
+def test_hardtanh_with_min_above_max_is_refused_as_pytorch_does():
+    from symgrad.errors import SpecError
+
+    from .helpers import build_text
+
+    with pytest.raises(SpecError) as error:
+        build_text(_one_layer({"op": "hardtanh", "min_val": 1.0, "max_val": -1.0}))
+    assert "min_val 1 is greater than max_val -1 (PyTorch refuses it)" in str(error.value)
+
+
+# --------------------------------------------------------------------------------------------
+# item 14: long names are cut in messages
+# --------------------------------------------------------------------------------------------
+
+LONG = "q" * 10_000
+
+
+@pytest.mark.parametrize("where", ["op", "loss op", "layer key", "loss key", "top-level key", "input key",
+                                   "reference", "wrt", "dtype", "out", "spaced op", "spaced layer key"])
+def test_a_ten_thousand_character_name_is_cut_in_the_message(where: str):
+    from symgrad.errors import SpecError
+
+    from .helpers import build_text
+
+    long = ("q " * 5_000).strip() if where.startswith("spaced") else LONG
+    document = yaml.safe_load(_one_layer({"op": "relu", "out": "h"}))
+    if where in ("op", "spaced op"):
+        document["layers"][0]["op"] = long
+    elif where == "loss op":
+        document["loss"]["op"] = long
+    elif where in ("layer key", "spaced layer key"):
+        document["layers"][0][long] = 1
+    elif where == "loss key":
+        document["loss"][long] = 1
+    elif where == "top-level key":
+        document[long] = 1
+    elif where == "input key":
+        document["inputs"]["x"][long] = 1
+    elif where == "reference":
+        document["loss"]["in"] = long
+    elif where == "wrt":
+        document["wrt"] = [long]
+    elif where == "dtype":
+        document["inputs"]["x"]["dtype"] = long
+    else:
+        document["layers"][0]["out"] = long
+    with pytest.raises(SpecError) as error:
+        build_text(yaml.safe_dump(document, sort_keys=False, width=1 << 20))
+    message = str(error.value)
+    assert len(message) < 700 and 15 <= message.count("q") <= 60, message
+    assert message.startswith("case.yaml:") and "\n" not in message
+
+
+def test_a_long_number_is_cut_in_the_message():
+    from symgrad.errors import SpecError
+
+    from .helpers import build_text
+
+    for digits in (400, 5000):  # beyond 4,300 digits Python refuses to convert the string
+        text = _one_layer({"op": "avg_pool2d", "kernel_size": 7}).replace("kernel_size: 7", f"kernel_size: {'9' * digits}")
+        with pytest.raises(SpecError) as error:
+            build_text(text)
+        message = str(error.value)
+        assert message.startswith(f"case.yaml:{_argument_line(text, 'kernel_size')}:"), message
+        assert len(message) < 300 and "9" * 30 + "..." in message and "9" * 41 not in message, message
+

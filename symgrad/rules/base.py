@@ -6,13 +6,15 @@ reverse walk (``reverse.py``) owns branch sums, un-broadcasting and naming.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import sympy
 
 from ..algebra import tensor
-from ..errors import Location, SpecError
+from ..errors import Location, SpecError, cut
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,12 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
                                f"give one int or a list of {n} ints")
         for item in values:
             if isinstance(item, bool) or not isinstance(item, int):
-                raise context.fail(f"must be an int or a list of {n} ints, not {item!r}",
+                raise context.fail(f"must be an int or a list of {n} ints, not {_cut(item)}",
                                    f"write e.g. `{context.name}: {max(minimum, 1)}`")
             if item < minimum:
-                raise context.fail(f"is {item}, below the smallest allowed value {minimum}",
+                raise context.fail(f"is {_cut(item)}, below the smallest allowed value {minimum}",
                                    f"use a value of at least {minimum}")
+            int64(item, context)
         return tuple(values) * (n if len(values) == 1 else 1)  # one value is every dim's, as PyTorch reads [1]
 
     return normalize
@@ -72,8 +75,8 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
 def ints(value, context: ParamContext) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     if not values or any(isinstance(item, bool) or not isinstance(item, int) for item in values):
-        raise context.fail(f"must be an int or a list of ints, not {value!r}", f"write e.g. `{context.name}: [0, 2, 1, 3]`")
-    return tuple(values)
+        raise context.fail(f"must be an int or a list of ints, not {_cut(value)}", f"write e.g. `{context.name}: [0, 2, 1, 3]`")
+    return tuple(int64(item, context) for item in values)
 
 
 
@@ -86,8 +89,69 @@ def boolean(value, context: ParamContext) -> bool:
 
 def positive_int(value: Any, context: ParamContext) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise context.fail(f"must be a positive int, not {value!r}", f"write e.g. `{context.name}: 1`")
+        raise context.fail(f"must be a positive int, not {_cut(value)}", f"write e.g. `{context.name}: 1`")
+    return int64(value, context)
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+"""The ints PyTorch takes as an int argument (a larger one is an ``OverflowError`` in the generated code)."""
+
+
+def _cut(value: Any) -> str:
+    """``repr(value)``, cut as every name in a message is (``10**400`` is 401 digits)."""
+    return cut(repr(value))
+
+
+def int64(value: int, context: ParamContext) -> int:
+    """An int argument that fits int64, as every int PyTorch takes must."""
+    if not INT64[0] <= value <= INT64[1]:
+        raise context.fail(f"is {_cut(value)}, which does not fit a 64-bit int (PyTorch's ints)",
+                           f"use a value between {INT64[0]} and {INT64[1]}")
     return value
+
+
+def finite_float(value: Any, context: ParamContext) -> int | float:
+    """A number that PyTorch can take as a float argument, kept as written: a finite float, or an int
+    that fits int64 (larger ints would be printed as int literals PyTorch cannot convert)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise context.fail(f"must be a number, not {_cut(value)}", f"write e.g. `{context.name}: 0.5`")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise context.fail(f"must be finite, not {value!r}", "use a finite number")
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        raise context.fail(f"is {_cut(value)}, beyond the numbers a 64-bit int or a float holds exactly",
+                           f"write it as a float, e.g. `{context.name}: 1.0e+30`, or use a smaller value")
+    return value
+
+
+def positive_number(value: Any, context: ParamContext) -> sympy.Expr:
+    """A finite number > 0 (``eps``, ``delta``), at least the smallest normal double, so that its
+    reciprocal, which the derivation may print, is finite too."""
+    exact = number(value, context)
+    if not value > 0:
+        raise context.fail(f"must be positive, not {value!r}", f"use a positive value, e.g. `{context.name}: 1.0e-5`")
+    if value < sys.float_info.min:
+        raise context.fail(f"is {value!r}, below the smallest normal float {sys.float_info.min!r}",
+                           f"use a value of at least {sys.float_info.min!r}, e.g. `{context.name}: 1.0e-5`")
+    return exact
+
+
+def nonzero_number(value: Any, context: ParamContext) -> sympy.Expr:
+    """A finite number other than 0 (``beta`` of softplus divides by it)."""
+    exact = number(value, context)
+    if value == 0:
+        raise context.fail("must not be 0 (the op divides by it)", f"use e.g. `{context.name}: 1`")
+    return exact
+
+
+def non_negative_number(value: Any, context: ParamContext) -> sympy.Expr:
+    """A finite number >= 0 (``beta`` of smooth_l1_loss, which PyTorch takes as 0, meaning l1_loss);
+    a positive one at least the smallest normal double."""
+    exact = number(value, context)
+    if value == 0:
+        return exact
+    if not value > 0:
+        raise context.fail(f"must be zero or positive, not {value!r}", f"use e.g. `{context.name}: 1.0`")
+    return positive_number(value, context)
 
 
 def choice(*allowed: str) -> Callable[[Any, ParamContext], str]:
@@ -101,11 +165,9 @@ def choice(*allowed: str) -> Callable[[Any, ParamContext], str]:
 
 
 def number(value: Any, context: ParamContext) -> sympy.Expr:
-    """A finite int or float, kept exact: 0.5 becomes 1/2 so sympy's algebra stays exact."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise context.fail(f"must be a number, not {value!r}", f"write e.g. `{context.name}: 0.5`")
-    if isinstance(value, float) and not (value == value and abs(value) != float("inf")):
-        raise context.fail(f"must be finite, not {value!r}", "use a finite number")
+    """A finite int or float, kept exact: 0.5 becomes 1/2 so sympy's algebra stays exact. Its domain
+    is :func:`finite_float`'s: the code prints it as a literal that PyTorch must take as a number."""
+    finite_float(value, context)
     return sympy.Rational(repr(value)) if isinstance(value, float) else sympy.Integer(value)  # the decimal as written
 
 

@@ -19,7 +19,7 @@ import sympy
 from ..algebra import keyword_arguments, op, primitive
 from ..functions import Sigmoid, Softplus
 from ..printing import to_code
-from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
+from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, nonzero_number, number
 
 INPUT, OTHER = sympy.symbols("input other", real=True)
 
@@ -87,6 +87,10 @@ class Elementwise(Rule):
                 for key, param in self.params.items()}
 
     def infer_shape(self, shapes, params, check: Checker):
+        if "min_val" in params and "max_val" in params:  # hardtanh
+            check.require(params["min_val"] <= params["max_val"],
+                          f"min_val {params['min_val']} is greater than max_val {params['max_val']} (PyTorch refuses it)",
+                          "give a min_val no greater than max_val")
         if len(shapes) == 1:
             return next(iter(shapes.values()))
         left, right = shapes["input"], shapes["other"]
@@ -187,7 +191,7 @@ RULES = [
         sympy.Heaviside(beta * x - threshold, 0) * x
         + (1 - sympy.Heaviside(beta * x - threshold, 0)) * Softplus(beta * x) / beta),
         "F.softplus", "log(1 + exp(beta x)) / beta, linear above the threshold as in PyTorch",
-        params={"beta": _param(1), "threshold": _param(20)}),
+        params={"beta": Param(1, nonzero_number), "threshold": _param(20)}),
     _unary("elu", lambda x, alpha: sympy.Heaviside(x, 0) * x + (1 - sympy.Heaviside(x, 0)) * alpha * (sympy.exp(x) - 1),
            "F.elu", "x above 0, alpha (exp(x) - 1) below; derivative alpha at 0 as in PyTorch",
            params={"alpha": _param(1.0)}),

@@ -11,7 +11,7 @@ import sympy
 
 from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
 from ..printing import to_code
-from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, number
+from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, non_negative_number, number, positive_number
 
 RESIDUAL = sympy.Symbol("residual", real=True)
 
@@ -203,11 +203,12 @@ RULES = [
          "half the squared error, ½‖input − target‖², reduced by sum, mean or per sample", default_reduction="sum"),
     Loss("mse_loss", lambda r: r ** 2, "squared error, as F.mse_loss"),
     Loss("l1_loss", lambda r: sympy.Abs(r), "absolute error, as F.l1_loss; derivative sign(r), 0 at 0"),
-    Loss("smooth_l1_loss", lambda r, beta: _inside(r, beta) * r ** 2 / (2 * beta)
-         + (1 - _inside(r, beta)) * (sympy.Abs(r) - beta / 2),
-         "as F.smooth_l1_loss: quadratic inside |r| < beta, linear outside", params={"beta": Param(1.0, number)}),
+    Loss("smooth_l1_loss", lambda r, beta: sympy.Abs(r) if beta == 0 else _inside(r, beta) * r ** 2 / (2 * beta)
+         + (1 - _inside(r, beta)) * (sympy.Abs(r) - beta / 2),  # beta 0 is l1_loss, as PyTorch computes it
+         "as F.smooth_l1_loss: quadratic inside |r| < beta, linear outside",
+         params={"beta": Param(1.0, non_negative_number)}),
     ClassificationLoss("cross_entropy", "as F.cross_entropy on logits [N, C, ...] with int64 class targets"),
     ClassificationLoss("nll_loss", "as F.nll_loss on log-probabilities [N, C, ...] with int64 class targets"),
     Loss("huber_loss", lambda r, delta: _inside(r, delta) * r ** 2 / 2 + (1 - _inside(r, delta)) * delta * (sympy.Abs(r) - delta / 2),
-         "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside", params={"delta": Param(1.0, number)}),
+         "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside", params={"delta": Param(1.0, positive_number)}),
 ]

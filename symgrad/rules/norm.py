@@ -23,7 +23,7 @@ import math
 import sympy
 
 from ..algebra import LINEAR, op, primitive
-from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number
+from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
 
 primitive("mean_keep", code=lambda operands, params, show: (
     f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
@@ -132,7 +132,7 @@ class LayerNorm(_Norm):
     op = "layer_norm"
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
     params = {"normalized_shape": Param(None, lambda v, c: tuple(v) if isinstance(v, list) else (v,)),
-              "eps": Param(1e-5, number)}
+              "eps": Param(1e-5, positive_number)}
     summary = "normalise over the trailing normalized_shape dims, then scale and shift"
 
     def infer_shape(self, shapes, params, check: Checker):
@@ -171,7 +171,7 @@ class BatchNorm(_Norm):
     op = "batch_norm"
     operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
                 Operand("weight", optional=True), Operand("bias", optional=True))
-    params = {"training": Param(False, _boolean), "momentum": Param(0.1, number), "eps": Param(1e-5, number)}
+    params = {"training": Param(False, _boolean), "momentum": Param(0.1, number), "eps": Param(1e-5, positive_number)}
     summary = "per-channel normalisation over batch and space (training), or by running statistics (eval)"
 
     def elements_per_statistic(self, shapes, params):
@@ -225,7 +225,7 @@ class BatchNorm(_Norm):
 class GroupNorm(_Norm):
     op = "group_norm"
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
-    params = {"num_groups": Param(None, _positive), "eps": Param(1e-5, number)}
+    params = {"num_groups": Param(None, _positive), "eps": Param(1e-5, positive_number)}
     summary = "normalise each group of channels over its channels and space"
 
     def elements_per_statistic(self, shapes, params):

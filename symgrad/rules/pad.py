@@ -12,7 +12,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, choice, ints
+from .base import Checker, Forward, Operand, Param, Rule, choice, finite_float, ints
 
 
 def _pad_code(operands, params, show):
@@ -48,7 +48,7 @@ class Pad(Rule):
     op = "pad"
     operands = (Operand("input", from_in=True),)
     params = {"pad": Param(None, ints), "mode": Param("constant", choice("constant", "reflect", "replicate", "circular")),
-              "value": Param(0, lambda v, c: v)}
+              "value": Param(0, finite_float)}
     summary = "padding: constant (negative pads crop), reflect, replicate or circular"
     linear_in = ("input",)  # for value 0; otherwise affine
 

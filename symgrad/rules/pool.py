@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, keyword_arguments, op, primitive, show_ints
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, int_tuple
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, int64, int_tuple
 from .resample import separable_adjoint
 
 
@@ -71,7 +71,7 @@ class AveragePool(Rule):
     def _divisor(value, context):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value == 0):
             raise context.fail(f"must be a non-zero int or unset, not {value!r}", "write e.g. `divisor_override: 4`")
-        return value
+        return value if value is None else int64(value, context)
 
     def spatial_dims(self) -> int:
         return self.dims
