@@ -84,6 +84,12 @@ def test_one_line_per_source_line_with_the_modules_that_share_it():
     assert lines[1].startswith(f"{marked('REPEATED_FLIP')}: error: 'flip' (in 5 modules: "), lines[1]
 
 
+def test_an_argument_the_spec_check_refuses_names_its_line_once_with_the_modules_running_it():
+    lines = refused("MixStack", shape=(2, 1, 3, 4))
+    assert len(lines) == 1 and lines[0].startswith(f"{marked('BROADCAST_MATMUL')}: error: matmul"), lines
+    assert "(in body.0, the first of 3 modules running this line: body.0, body.1, body.2) (fix: " in lines[0], lines
+
+
 def test_values_from_literals_and_sizes_are_accepted():
     text = trace(load_target(f"{FAULTS}:ConstantsAndSizes"), {"x": (2, 2, 6, 6)}, loss=LossChoice("mse_loss"))
     assert "op: conv2d" in text and "op: relu" in text and "other: 4.5" in text, text

@@ -211,6 +211,10 @@ def _at_call(error: SpecError, text: str, calls: list) -> str:
         return str(error)
     call = calls[index]
     inside = f" (in {call.module})" if call.module else ""
+    modules = list(dict.fromkeys(other.module for other in calls if other.where == call.where and other.module))
+    if len(modules) > 1:  # the check stops at the first instance; the others may fail alike
+        shown = ", ".join(modules[:3]) + (", ..." if len(modules) > 3 else "")
+        inside = f" (in {call.module}, the first of {len(modules)} modules running this line: {shown})"
     return f"{call.where}: error: {error.message}{inside}" + (f" (fix: {error.fix})" if error.fix else "")
 
 

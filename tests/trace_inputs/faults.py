@@ -238,6 +238,26 @@ class UnsupportedStack(nn.Module):
         return self.head(self.layer1(self.stem(x)))
 
 
+class Mix(nn.Module):
+    """A matmul PyTorch broadcasts over batch dims and the matmul rule does not: refused by the spec check."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, width, width))
+
+    def forward(self, x):
+        return x @ self.weight  # BROADCAST_MATMUL
+
+
+class MixStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(Mix(4), Mix(4), Mix(4))
+
+    def forward(self, x):
+        return self.body(x)
+
+
 # ----- accepted: DenseNet as torchvision writes it, at a small width ---------------------------------------------
 
 class _DenseLayer(nn.Module):
