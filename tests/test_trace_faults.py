@@ -123,6 +123,14 @@ def test_the_timeout_stops_the_trace_and_puts_the_previous_alarm_handler_back():
     assert len(lines) == 1 and lines[0].startswith(f"{marked('SLOW')}: error: tracing ran past --timeout 0.3 s (fix: ")
 
 
+def test_a_timeout_that_is_no_number_of_seconds_is_refused_and_an_endless_one_is_none():
+    assert refused("SignBranch", timeout=float("nan")) == ["error: the timeout is nan s (fix: give a positive number "
+                                                           "of seconds)"]
+    text = trace(load_target(f"{FAULTS}:ConstantsAndSizes"), {"x": (2, 2, 6, 6)}, loss=LossChoice("mse_loss"),
+                 timeout=float("inf"))
+    assert "op: conv2d" in text and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
 @pytest.mark.parametrize("arguments, start", [
     (["SignBranch", "x=2,1,6,6"], f"{marked('SUM_BRANCH')}: error: 'bool(tensor)' {BRANCH}"),
     (["GatedStack", "x=2,1,6,6"], f"{marked('GATE')}: error: 'bool(tensor)' (in 6 modules: body.0, body.1, body.2, ...)"),

@@ -160,9 +160,11 @@ def _check_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> 
 def _time_limit(seconds: float | None):
     """Stop the trace with a Refusal after ``seconds`` (SIGALRM: the main thread only); the previous
     handler and timer are put back."""
-    if seconds is None:
+    if seconds is None or seconds >= 2**31:  # no limit; setitimer cannot go that far
         yield
         return
+    if not seconds > 0:
+        raise TraceError(f"error: the timeout is {seconds!r} s (fix: give a positive number of seconds)")
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         raise TraceError("error: a trace timeout needs the main thread of a POSIX process (fix: trace without timeout, "
                          "or from the main thread)")
