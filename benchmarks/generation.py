@@ -33,14 +33,18 @@ def _median_seconds(function, repeats: int) -> float:
     return statistics.median(times)
 
 
-def chain_spec(length: int, channels: int = 16, batch: int = 8, size: int = 32) -> str:
-    """``length`` conv2d -> relu pairs (2 * length spec layers), each conv with its own 3x3 weight."""
+def chain_spec(length: int, channels: int = 16, batch: int = 8, size: int = 32, named: bool = True) -> str:
+    """``length`` conv2d -> relu pairs (2 * length spec layers), each conv with its own 3x3 weight;
+    ``named=False`` leaves the layers' default names (``conv2d_0``, ``relu_1``...), which keeps a
+    10,000-layer spec under the spec's 100,000 YAML nodes."""
     inputs = {"x": {"shape": [batch, channels, size, size]}}
     layers = []
     for index in range(length):
         inputs[f"w{index}"] = {"shape": [channels, channels, 3, 3]}
-        layers += [{"op": "conv2d", "weight": f"w{index}", "padding": 1, "out": f"c{index}"},
-                   {"op": "relu", "out": f"r{index}"}]
+        conv, relu = {"op": "conv2d", "weight": f"w{index}", "padding": 1}, {"op": "relu"}
+        if named:
+            conv["out"], relu["out"] = f"c{index}", f"r{index}"
+        layers += [conv, relu]
     inputs["y"] = {"shape": [batch, channels, size, size]}
     return yaml.safe_dump({"name": "chain", "inputs": inputs, "layers": layers,
                            "loss": {"op": "half_sq_error", "target": "y"}, "wrt": ["x", "w0"]}, sort_keys=False)
@@ -78,7 +82,7 @@ def depth_rows(pairs=DEPTH_PAIRS) -> list[tuple[int, float]]:
     """(spec layers, seconds) to generate 2-channel chains of ``pairs`` conv -> ReLU pairs, once each."""
     from symgrad import generate
 
-    return [(2 * length, _median_seconds(lambda: generate(text=chain_spec(length, channels=2, batch=2, size=8)), 1))
+    return [(2 * length, _median_seconds(lambda: generate(text=chain_spec(length, channels=2, batch=2, size=8, named=False)), 1))
             for length in pairs]
 
 
