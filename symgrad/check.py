@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import sys
 import types
 import warnings
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 from .graph import Graph
 from .roles import channels_last_inputs, input_roles
+from . import testdata
 from .testdata import checked_subset, first_nonfinite, float32_acceptable, in_layout, make_inputs, relative_errors
 
 
@@ -176,30 +176,20 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     return loss, [inputs[name] for name in checked]
 
 
-def available_memory() -> int:
-    """Bytes this process can still allocate: MemAvailable on Linux, else the physical memory."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+available_memory = testdata.available_memory  # one definition: the generated tests skip on the same estimate
 
 
 def require_memory(graph: Graph, shapes: dict[str, tuple[int, ...]], bytes_per_entry: int, where: str) -> None:
     """Refuse, in one line, a check whose tensors cannot fit: every node's value and gradient, twice
-    over (ours and autograd's reference), at ``bytes_per_entry`` (8 in float64, 4 in float32)."""
+    over (ours and autograd's reference), at ``bytes_per_entry`` (8 in float64, 4 in float32). The
+    generated test skips its spec-shape check with the same words (``testdata.memory_shortfall``)."""
     from .errors import SymgradError
 
     at_shapes = graph.with_input_shapes(shapes)
     entries = sum(math.prod(node.shape) for node in at_shapes.nodes.values())
-    needed = 4 * entries * bytes_per_entry
-    free = available_memory()
-    if needed > free:
-        raise SymgradError(f"error: checking {graph.spec.name} at {where} needs about {needed / 2**30:.1f} GiB, "
-                           f"and {free / 2**30:.1f} GiB is available (fix: use smaller example shapes in the spec, "
+    problem = testdata.memory_shortfall(graph.spec.name, where, entries, bytes_per_entry)
+    if problem:
+        raise SymgradError(f"error: {problem} (fix: use smaller example shapes in the spec, "
                            "or pass --float32-shapes small)")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -31,7 +32,7 @@ from .write import (HEADER, edited_by_hand, read_header, with_header as _with_he
 
 TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
     testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.checked_subset,
-    testdata.in_layout, testdata.float32_acceptable))
+    testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
 """symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
 
 
@@ -398,6 +399,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         grad_loss=GRAD_LOSS.name,
         reduction=loss_node.params["reduction"],
         spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
+        spec_entries=sum(math.prod(node.shape) for node in graph.nodes.values()),  # as check.require_memory counts
         small_shapes=shapes,
         classes=_class_table(graph, shapes),
         roles=input_roles(graph),

@@ -2,7 +2,8 @@
 ``symgrad generate --verify`` and every generated ``test_<name>.py`` (the template embeds the source
 of the functions below), so their verdicts can never disagree.
 
-This file imports only ``math`` and ``torch``: it must run inside a generated test, with no symgrad.
+This file imports only ``math`` and ``torch`` (and ``os`` inside :func:`available_memory`): it must
+run inside a generated test, with no symgrad.
 
 Inputs make sense for what each tensor is. Its *role* is read off the op that consumes it when the
 spec is generated (``symgrad.roles``):
@@ -107,3 +108,28 @@ def float32_acceptable(ours, autograd, floor=1e-5, factor=4.0):
     explicit form may round at most ``factor`` times as much as autograd does on the same data, or
     ``floor``. Deep nets round more in both; only rounding beyond autograd's own is a failure."""
     return ours <= max(floor, factor * autograd)
+
+
+def available_memory():
+    """Bytes this process can still allocate: MemAvailable on Linux, else the physical memory."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_shortfall(name, where, entries, bytes_per_entry):
+    """Why checking ``name`` at ``where`` cannot run in this memory, or None if it fits: every node's
+    value and gradient, twice over (ours and autograd's reference), ``entries`` numbers in all (one
+    per entry of every node), at ``bytes_per_entry`` (8 in float64, 4 in float32)."""
+    needed = 4 * entries * bytes_per_entry
+    free = available_memory()
+    if needed <= free:
+        return None
+    return f"checking {name} at {where} needs about {needed / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB is available"

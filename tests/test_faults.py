@@ -622,3 +622,57 @@ def test_a_long_number_is_cut_in_the_message():
         assert message.startswith(f"case.yaml:{_argument_line(text, 'kernel_size')}:"), message
         assert len(message) < 300 and "9" * 30 + "..." in message and "9" * 41 not in message, message
 
+
+# --------------------------------------------------------------------------------------------
+# item 12: the generated test at shapes that do not fit in memory
+# --------------------------------------------------------------------------------------------
+
+HUGE = """\
+name: huge_case
+inputs:
+  x: {shape: [1024, 16, 1024, 1024]}
+  w: {shape: [16, 16, 3, 3]}
+  y: {shape: [1024, 16, 1022, 1022]}
+layers:
+  - {op: conv2d, weight: w, out: h}
+loss: {op: half_sq_error, target: y}
+wrt: [x, w]
+"""
+
+
+def test_the_generated_test_skips_shapes_that_do_not_fit_with_verifys_reason(tmp_path: Path):
+    spec = tmp_path / "huge.yaml"
+    spec.write_text(HUGE)
+    out = tmp_path / "gen"
+    assert run("generate", str(spec), "-o", str(out)).returncode == 0
+    refused = one_error_line(run("verify", str(spec)))
+    needs = re.search(r"checking huge_case at the float32 shapes needs about [0-9.]+ GiB", refused)
+    assert needs, refused
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                             str(out / "test_huge_case.py")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "1 skipped" in result.stdout and " passed" in result.stdout and "failed" not in result.stdout, result.stdout
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == 1 and needs.group(0) in skipped[0] and "GiB is available" in skipped[0], result.stdout
+    assert "test_float32_at_spec_shapes" in skipped[0] or "test_huge_case.py" in skipped[0]
+
+
+def test_the_generated_test_runs_the_spec_shape_check_where_it_fits(tmp_path: Path):
+    out = tmp_path / "gen"
+    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "float32",
+                             str(out / "test_seed1_strided_conv.py")], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0 and "1 passed" in result.stdout and "skipped" not in result.stdout, result.stdout
+
+
+def test_verify_and_the_generated_test_share_one_memory_estimate():
+    from symgrad.check import require_memory
+    from symgrad.emit import TESTDATA_SOURCE
+    from symgrad.testdata import available_memory, memory_shortfall
+
+    assert "def memory_shortfall(" in TESTDATA_SOURCE and "def available_memory(" in TESTDATA_SOURCE
+    assert memory_shortfall("m", "here", 1, 8) is None
+    too_many = available_memory() // 8  # 4 copies of these entries, 8 bytes each: four times what is free
+    assert memory_shortfall("m", "here", too_many, 8).startswith("checking m at here needs about ")
+    assert "memory_shortfall" in require_memory.__code__.co_names
