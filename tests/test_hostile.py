@@ -182,7 +182,8 @@ def test_corrupted_specs_never_crash(data):
         elif kind == "insert":
             text = text[:position] + data.draw(st.text(min_size=1, max_size=8)) + text[position:]
         elif kind == "replace":
-            text = text[:position] + data.draw(st.sampled_from(["-", ":", "[", "]", "{", "}", "0", "-1", "x", "\t", "&a", "*a", "!!python/object:os.system", "'"])) + text[position + 1:]
+            text = text[:position] + data.draw(st.sampled_from(["-", ":", "[", "]", "{", "}", "0", "-1", "x", "\t", "&a", "*a", "!!python/object:os.system", "'",
+                                                                 ".nan", "-.inf", "1.0e+400", "9" * 30, "1.0e-320"])) + text[position + 1:]
         else:
             lines = text.split("\n")
             i, j = data.draw(st.integers(0, len(lines) - 1)), data.draw(st.integers(0, len(lines) - 1))
