@@ -13,6 +13,8 @@ shape-generic (it usually also makes a strided conv's ``output_padding`` non-zer
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import sympy
 
 from .errors import SpecError
@@ -138,6 +140,10 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
     return substitution, free
 
 
+LAMBDIFY_TERMS = 100
+"""A size that sums more terms than this is evaluated term by term, not compiled by lambdify."""
+
+
 def _size_functions(graph: Graph, substitution, free):
     """For each input, one function per axis from the free sizes (a dict) to that size."""
     functions = {}
@@ -150,9 +156,23 @@ def _size_functions(graph: Graph, substitution, free):
                 functions[node.name].append(lambda values, s=expr: values[s])
             elif expr.is_number:
                 functions[node.name].append(lambda values, e=int(expr): e)
+            elif expr.is_Add and len(expr.args) > LAMBDIFY_TERMS and all(
+                    (term.is_Symbol or term == 1) and coefficient.is_Rational
+                    for term, coefficient in expr.as_coefficients_dict().items()):
+                # a deep chain's sum of sizes: Python's compiler recurses once per term of lambdify's source
+                terms = [(term if term.is_Symbol else None,
+                          int(coefficient) if coefficient.is_Integer else Fraction(int(coefficient.p), int(coefficient.q)))
+                         for term, coefficient in expr.as_coefficients_dict().items()]
+                functions[node.name].append(lambda values, t=terms: sum(
+                    coefficient * (1 if term is None else values[term]) for term, coefficient in t))
             else:
                 arguments = sorted(expr.free_symbols, key=str)
-                compiled = sympy.lambdify(arguments, expr, modules="math")
+                try:
+                    compiled = sympy.lambdify(arguments, expr, modules="math")
+                except RecursionError:  # too deep for Python's compiler: substituted instead (slower)
+                    functions[node.name].append(lambda values, e=expr, a=arguments: e.xreplace(
+                        {s: sympy.Integer(values[s]) for s in a}))
+                    continue
                 functions[node.name].append(lambda values, f=compiled, a=arguments: f(*(values[s] for s in a)))
     return functions
 
@@ -180,7 +200,11 @@ def _statistic_size(graph: Graph, node) -> int | None:
     return node.rule.elements_per_statistic(shapes, node.params)
 
 
-def _valid(graph: Graph, shapes) -> bool:
+def _valid(graph: Graph, shapes, shrinking: bool = False) -> bool:
+    """Whether ``shapes`` fit the ops and keep every size of 2 or more at 2 or more (and every
+    normalisation's statistics over enough entries); ``shrinking`` also refuses any node larger than
+    at the spec's shapes: a 2-tap kernel where the spec has 3 (padding 1) grows the image a pixel a
+    layer, 5,000 pixels wide after a 10,000-layer chain."""
     if shapes is None:
         return False
     try:
@@ -190,6 +214,8 @@ def _valid(graph: Graph, shapes) -> bool:
     for name, node in resized.nodes.items():
         original = graph.nodes[name].shape
         if any(new < 2 <= old for new, old in zip(node.shape, original)):
+            return False
+        if shrinking and any(new > max(old, 2) for new, old in zip(node.shape, original)):
             return False
         if node.rule is not None:
             size = _statistic_size(resized, node)
@@ -212,7 +238,7 @@ def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
     # budget of trials, so that long chains stay linear in time and the result is deterministic
     for ceiling in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
         trial = {symbol: min(value, ceiling) for symbol, value in values.items()}
-        if _valid(graph, _shapes_for(functions, free, trial)):
+        if _valid(graph, _shapes_for(functions, free, trial), shrinking=True):
             values = trial
             break
     budget = max(20, DESCENT_WORK // len(graph.nodes))
@@ -224,7 +250,7 @@ def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
                     break
                 budget -= 1
                 trial = {**values, symbol: candidate}
-                if _valid(graph, _shapes_for(functions, free, trial)):
+                if _valid(graph, _shapes_for(functions, free, trial), shrinking=True):
                     values, changed = trial, True
                     break
         if not changed or budget <= 0:
