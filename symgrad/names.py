@@ -110,7 +110,8 @@ def check_statement_targets(spec, *statement_lists) -> None:
 
 
 class _Scope(ast.NodeVisitor):
-    """The names one function binds and reads, with each assignment's own reads."""
+    """The names one function binds, reads and calls, with what each assignment's value reads; one
+    pass over its body (a 10,000-layer module is megabytes of source)."""
 
     def __init__(self, function: ast.FunctionDef):
         arguments = function.args
@@ -118,7 +119,9 @@ class _Scope(ast.NodeVisitor):
         self.parameters += [a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None]
         self.stores: list[tuple[str, set[str]]] = []  # (name, names the assigned value reads)
         self.loads: set[str] = set()
+        self.calls: set[str] = set()
         self.bound: set[str] = set(self.parameters)
+        self.reads: set[str] | None = None
         for statement in function.body:
             self.visit(statement)
 
@@ -126,25 +129,49 @@ class _Scope(ast.NodeVisitor):
         self.bound.add(node.name)
 
     def visit_Assign(self, node):
-        reads = {name.id for name in ast.walk(node.value) if isinstance(name, ast.Name)}
-        for target in node.targets:
-            for name in ast.walk(target):
-                if isinstance(name, ast.Name):
-                    self.stores.append((name.id, reads))
-                    self.bound.add(name.id)
+        outer, self.reads = self.reads, set()
         self.visit(node.value)
+        reads, self.reads = self.reads, outer
+        for target in node.targets:
+            for name in _target_names(target):
+                self.stores.append((name, reads))
+                self.bound.add(name)
+
+    def visit_Constant(self, node):  # a leaf: NodeVisitor's own looks for the old visit_Num and kin
+        pass
+
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Name):
+            self.calls.add(node.func.id)
+        self.generic_visit(node)
 
     def visit_Name(self, node):
         if isinstance(node.ctx, ast.Load):
             self.loads.add(node.id)
+            if self.reads is not None:
+                self.reads.add(node.id)
         else:
             self.bound.add(node.id)
 
 
+def _target_names(target: ast.expr):
+    """The names an assignment target binds (``x``, ``a, *rest``); none for ``ctx.recompute``."""
+    if isinstance(target, ast.Starred):
+        target = target.value
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for item in target.elts:
+            yield from _target_names(item)
+
+
 def _functions(tree: ast.Module):
-    for node in ast.walk(tree):
+    """The module's functions and its classes' methods (the generated code nests no deeper)."""
+    for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
+        elif isinstance(node, ast.ClassDef):
+            yield from (item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def _module_level_names(tree: ast.Module) -> set[str]:
@@ -160,28 +187,49 @@ def _module_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def check_module_source(spec, source: str) -> None:
+_ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*$", re.M)
+
+
+def _stand_in(derived):
+    """A derived statement's line as ``target = None``, and a ``del`` line as ``pass``: what the
+    check reads of them (the name bound), parsed in a fraction of the time."""
+    def replace(match: re.Match) -> str:
+        indent, target = match.group(1), match.group(2)
+        if target is None:
+            return f"{indent}pass"
+        return f"{indent}{target} = None" if target in derived else match.group(0)
+    return replace
+
+
+def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = frozenset()) -> None:
     """Refuse, at the clashing name's line in the spec, a generated module in which a spec name
-    stands for two things. ``source`` is the module's text."""
+    stands for two things. ``source`` is the module's text; ``derived`` the targets of the derived
+    statements (checked by :func:`check_statement_targets`, and reading only derived names): their
+    one-line values are not parsed, which keeps the check a small part of generating a deep net."""
     names = _spec_names(spec)
+    if derived:
+        source = _ASSIGNMENT.sub(_stand_in(derived), source)
     tree = ast.parse(source)  # duplicate arguments parse; compiling them would fail (checked below)
     module_names = _module_level_names(tree)
     scopes = [_Scope(function) for function in _functions(tree)]
     free = {name for scope in scopes for name in scope.loads - scope.bound}  # globals and builtins the code reads
-    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    called = {name for scope in scopes for name in scope.calls}
     for name, location in names.items():
         if name in module_names or name in free or name in called:  # a tensor is never called: a function is meant
             raise SpecError(f"'{name}' is a name the generated module uses itself", location, FIX)
     for scope in scopes:
+        seen: set[str] = set()
         for name in scope.parameters:  # `def forward(ctx, recompute, ctx)`
-            if name in names and scope.parameters.count(name) > 1:
+            if name in seen and name in names:
                 raise SpecError(f"'{name}' is also the name of an argument the generated code takes itself",
                                 names[name], FIX)
+            seen.add(name)
         counts: dict[str, int] = {}
         for name, reads in scope.stores:
             if name in names and name not in reads:  # `w = w.contiguous(...)` moves w; it is still w
                 counts[name] = counts.get(name, 0) + 1
+        parameters = set(scope.parameters)
         for name, count in counts.items():
-            if count > (0 if name in scope.parameters else 1):
+            if count > (0 if name in parameters else 1):
                 raise SpecError(f"'{name}' is also a name the generated code gives a value of its own",
                                 names[name], FIX)

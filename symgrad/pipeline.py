@@ -39,7 +39,9 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
     fast = derive(graph, fused=True)
     check_statement_targets(spec, program.forward, program.backward, fast.forward, fast.backward)
     rendered = render(program, label, shapes, fast, extras=wanted, recorded_extras=added)
-    check_module_source(spec, rendered.files[f"{spec.name}.py"])  # a spec name the module also uses: refused
+    derived = {statement.target.name for statements in (program.forward, program.backward, fast.forward, fast.backward)
+               for statement in statements}
+    check_module_source(spec, rendered.files[f"{spec.name}.py"], derived)  # a spec name the module also uses: refused
     return Built(label, graph, program, rendered, shapes)
 
 
