@@ -6,9 +6,10 @@ for torch and sympy until a command or function needs them.
 
 __version__ = "0.1.0"
 
-__all__ = ["Generated", "SpecError", "SymgradError", "__version__", "generate"]
+__all__ = ["BindError", "Bound", "Generated", "SpecError", "SymgradError", "__version__", "bind", "generate"]
 
-_LAZY = {"Generated": "api", "generate": "api", "SpecError": "errors", "SymgradError": "errors"}
+_LAZY = {"Generated": "api", "generate": "api", "SpecError": "errors", "SymgradError": "errors", "bind": "binding",
+         "Bound": "binding", "BindError": "binding"}
 
 
 def __getattr__(name: str):

@@ -115,6 +115,9 @@ class Primitive:
     operand separately, so the product rule over operands applies), ``CONSTANT`` (its value does not
     depend on operand values: a shape, a count), a callable ``(expr, tangent_of) -> expr``, or None:
     not differentiable in forward mode, which is an error, never a silent zero."""
+    helper: str = ""
+    """Source of a module-level function the emitted code calls, written once into every generated
+    module whose statements use this primitive."""
 
 
 LINEAR = "linear"
@@ -124,11 +127,11 @@ CONSTANT = "constant"
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def primitive(name: str, *, code, latex, inplace=None, tangent=None) -> Primitive:
+def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "") -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper)
     return PRIMITIVES[name]
 
 

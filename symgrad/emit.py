@@ -203,6 +203,26 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     return [symbol.name for symbol in kept], lines, loss.name
 
 
+def _running_statistics(graph) -> list[tuple[str, str, str]]:
+    """(running_mean, running_var, momentum as Python source) of each layer whose forward moves
+    running statistics in place."""
+    found = []
+    for node in graph.nodes.values():
+        declared = node.rule.running_statistics(graph.symbols(node)) if node.kind == "layer" else None
+        if declared:
+            mean, var, momentum = declared
+            found.append((node.operands[mean], node.operands[var], "None" if momentum is None else repr(float(momentum))))
+    return found
+
+
+def _helpers(statements: list[Statement]) -> list[str]:
+    """The module-level functions the statements' primitives call, each once, in a fixed order."""
+    found = {expression.primitive.name: expression.primitive.helper
+             for statement in statements for expression in statement.value.atoms(TensorOp)
+             if expression.primitive.helper}
+    return [found[name] for name in sorted(found)]
+
+
 def _is_mask(statement: Statement) -> bool:
     """A saved ReLU-style mask (``mask_<node>``): kept as bool, a quarter of a float's memory."""
     return statement.target.name.startswith("mask_")
@@ -316,7 +336,7 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     loss_node = graph.loss
     fast_forward, fast_backward = fast_lines(fast_live, fast_split, fast.default_cotangent.free_symbols,
                                              gradient_symbols, _shape_of(graph))
-    hvp_lines, hvp_results = [], {}
+    hvp_lines, hvp_results, hvp_live, per_sample_live = [], {}, [], []
     if "hvp" in extras:
         from .tangent import tangent_statements
 
@@ -332,7 +352,8 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         from .reverse import per_sample_statements
 
         extra, results, per_sample_batched = per_sample_statements(program)
-        live = _live(program.forward + program.backward + extra, set(results.values()) | program.default_cotangent.free_symbols)
+        live = per_sample_live = _live(program.forward + program.backward + extra,
+                                       set(results.values()) | program.default_cotangent.free_symbols)
         boundary = _count_among(live, program.forward)
         # each per-sample product as soon as its output gradient exists, so both die there
         live = _scheduled_early(live, boundary, extra)
@@ -363,6 +384,9 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     layout_kept = [node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4]
     read_in_backward = set().union(*(statement.value.free_symbols for statement in backward_live[split:]))
     context = dict(
+        sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
+        running_statistics=(running := _running_statistics(graph)),
+        helpers=_helpers(program.forward + fast_live + hvp_live + per_sample_live),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
         layout_kept=layout_kept,
@@ -373,6 +397,9 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         spec_label=spec_label,
         inputs=names,
         signature=", ".join(names),
+        # the running statistics move in place after the Function saved them: it keeps copies
+        saved_signature=", ".join(f"{name}.clone()" if any(name in entry[:2] for entry in running)
+                                  else name for name in names),  # found once: per name, it was quadratic
         wrt=list(graph.wrt),
         non_wrt=[name for name in names if name not in graph.wrt],
         forward=forward,

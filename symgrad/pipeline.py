@@ -11,6 +11,7 @@ from .names import check_module_source, check_statement_targets
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
+from .errors import SymgradError
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 
 
@@ -41,8 +42,30 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
     rendered = render(program, label, shapes, fast, extras=wanted, recorded_extras=added)
     derived = {statement.target.name for statements in (program.forward, program.backward, fast.forward, fast.backward)
                for statement in statements}
-    check_module_source(spec, rendered.files[f"{spec.name}.py"], derived)  # a spec name the module also uses: refused
+    try:  # a spec name the module also uses is refused at the spec's line (a duplicate argument included) ...
+        check_module_source(spec, rendered.files[f"{spec.name}.py"], derived)
+    except SyntaxError:
+        pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
+    _check_compiles(rendered)
     return Built(label, graph, program, rendered, shapes)
+
+
+class GeneratorError(SymgradError):
+    """symgrad rendered code that Python cannot compile: a bug in symgrad, never the spec's fault."""
+
+
+def _check_compiles(rendered: Rendered) -> None:
+    """Compile every rendered Python file before anything is written, so that no command ever exits 0
+    after writing a module Python cannot import (Python's own limits included)."""
+    for file_name, text in rendered.files.items():
+        if file_name.endswith(".py"):
+            try:
+                compile(text, file_name, "exec")
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+                where = f" at line {error.lineno}" if getattr(error, "lineno", None) else ""
+                raise GeneratorError(f"error: symgrad rendered {file_name} that Python cannot compile "
+                                     f"({type(error).__name__}: {getattr(error, 'msg', error)}{where}); nothing was "
+                                     "written (fix: this is a bug in symgrad: please report it with the spec)") from None
 
 
 def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = ()) -> Built:

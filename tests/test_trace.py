@@ -145,7 +145,7 @@ def test_forward_returning_the_prediction_needs_loss_and_takes_init_and_arg(tmp_
                        "--loss", "mse", "--target", "clean", "--reduction", "sum", "-o", str(spec))
     assert result.exit_code == 0, result.output
     text = spec.read_text()
-    assert "head_weight: {shape: [3, 1, 3, 3]}" in text and "other: 0.25" in text
+    assert "head_weight: {shape: [3, 1, 3, 3], source: head.weight}" in text and "other: 0.25" in text
     assert "clean: {shape: [2, 1, 8, 8]}" in text and "reduction: sum" in text
     assert build_text(text, "noisy.yaml")
 

@@ -262,6 +262,12 @@ class Rule:
         shapes (the test-shape solver keeps it meaningful); None for every other op."""
         return None
 
+    def running_statistics(self, node: "NodeSymbols") -> tuple[str, str, Any] | None:
+        """For an op whose forward moves running statistics in place (training-mode batch_norm given
+        them): the operands (running_mean, running_var) and the momentum (None: a cumulative average,
+        kept by ``symgrad.bind``); None for every other op."""
+        return None
+
     def reference_params(self, params: dict) -> dict:
         """The keyword arguments with which PyTorch's own function computes this op (the independent
         reference in ``check``): the node's params, unless the rule resolved one into another form."""

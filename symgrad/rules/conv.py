@@ -250,7 +250,7 @@ def _backward_code(operands, params, show):
     listed = lambda values: "[" + ", ".join(map(str, values)) + "]"  # noqa: E731
     bias = f"[{w}.shape[1] * {params['groups']}]" if params["output_mask"][2] and params.get("transposed") else bias
     output_padding = params.get("output_padding", (0,) * dims)
-    return (f"torch.ops.aten.convolution_backward({grad}, {x}, {w}, bias_sizes={bias}, stride={listed(params['stride'])}, "
+    return (f"_convolution_backward({grad}, {x}, {w}, bias_sizes={bias}, stride={listed(params['stride'])}, "
             f"padding={listed(params['padding'])}, dilation={listed(params['dilation'])}, "
             f"transposed={bool(params.get('transposed'))}, output_padding={listed(output_padding)}, "
             f"groups={params['groups']}, output_mask={listed(params['output_mask'])})")
@@ -260,7 +260,26 @@ def _backward_latex(operands, params, show):
     return rf"\operatorname{{conv\_backward}}\left({', '.join(operands)}\right)"
 
 
-primitive("conv_backward", code=_backward_code, latex=_backward_latex)
+CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, **arguments):
+    """``torch.ops.aten.convolution_backward``, autograd's own (twice differentiable) kernel.
+
+    Autocast covers forward ops only. Under autocast the forward convolution ran in the autocast
+    dtype, so its backward runs in it too, as autograd's does; each gradient is returned in the
+    dtype of the tensor it belongs to.
+    """
+    device = grad_output.device.type
+    if not torch.is_autocast_enabled(device):
+        return torch.ops.aten.convolution_backward(grad_output, input, weight, **arguments)
+    dtype = torch.get_autocast_dtype(device)
+    with torch.autocast(device, enabled=False):
+        grads = torch.ops.aten.convolution_backward(
+            grad_output.to(dtype), input.to(dtype), weight.to(dtype), **arguments)
+    owners = (input, weight, weight)
+    return tuple(None if grad is None else grad.to(owner.dtype) for grad, owner in zip(grads, owners))
+'''
+"""Emitted once into each module that calls it (``Primitive.helper``)."""
+
+primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD)
 primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
           latex=lambda operands, params, show: f"{operands[0]}_{{{params['index']}}}", tangent=LINEAR)
 

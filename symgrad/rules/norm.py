@@ -22,7 +22,7 @@ import math
 
 import sympy
 
-from ..algebra import LINEAR, op, primitive
+from ..algebra import LINEAR, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
 
 primitive("mean_keep", code=lambda operands, params, show: (
@@ -87,6 +87,37 @@ _call("batch_norm", ("running_mean", "running_var", "weight", "bias"))
 _call("group_norm", ("weight", "bias"))
 
 
+NATIVE_ORDER = ("input", "weight", "bias", "running_mean", "running_var")
+"""``torch.native_batch_norm``'s tensor arguments, in its order."""
+
+
+def _native_code(operands, params, show):
+    named = dict(zip(params["operand_names"], operands))
+    arguments = ", ".join(named.get(name, "None") for name in NATIVE_ORDER)
+    return f"torch.native_batch_norm({arguments}, True, {show(params['momentum'])}, {show(params['eps'])})"
+
+
+primitive("native_batch_norm", code=_native_code,
+          latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
+BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps, output_mask):
+    """Training-mode batch_norm's input, weight and bias gradients in one call of
+    ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel, from
+    the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its derivative
+    accounts for their dependence on ``input``). Under autocast the gradient arrives in the
+    forward's precision, as autograd's does.
+    """
+    return torch.ops.aten.native_batch_norm_backward(
+        grad_output.to(input.dtype), input, weight, None, None, mean, invstd, True, eps, output_mask)
+'''
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+
+primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD,
+          code=lambda operands, params, show: (
+              f"_batch_norm_backward({operands[0]}, {operands[1]}, {operands[2] if params['weighted'] else 'None'}, "
+              f"{operands[-2]}, {operands[-1]}, eps={show(params['eps'])}, output_mask={list(params['output_mask'])})"),
+          latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
+
+
 def _positive(value, context: ParamContext):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise context.fail(f"must be a positive int, not {value!r}", "write e.g. `num_groups: 2`")
@@ -109,6 +140,18 @@ def _normalized_pullback(node: NodeSymbols, x_view, grad_view, dims, weight_view
     ghat = node.local("ghat", ghat) if weight_view is not None else ghat
     grad_x = rstd * (ghat - op("mean_keep", ghat, dims=dims) - xhat * op("mean_keep", ghat * xhat, dims=dims))
     return grad_x, xhat
+
+
+def _momentum(value, context: ParamContext):
+    """How far a training-mode step moves the running statistics, 0 to 1; ``null`` is nn.BatchNorm's
+    ``momentum=None``, a cumulative average, which needs the count of batches seen (``symgrad.bind``
+    keeps it): the statistics arguments then receive the batch's own statistics (momentum 1)."""
+    if value is None:
+        return None
+    momentum = number(value, context)
+    if not 0 <= momentum <= 1:
+        raise context.fail(f"is {value!r}, outside 0 to 1", "use a momentum between 0 and 1, or null for a cumulative average")
+    return momentum
 
 
 class _Norm(Rule):
@@ -171,7 +214,7 @@ class BatchNorm(_Norm):
     op = "batch_norm"
     operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
                 Operand("weight", optional=True), Operand("bias", optional=True))
-    params = {"training": Param(False, _boolean), "momentum": Param(0.1, number), "eps": Param(1e-5, positive_number)}
+    params = {"training": Param(False, _boolean), "momentum": Param(0.1, _momentum), "eps": Param(1e-5, positive_number)}
     summary = "per-channel normalisation over batch and space (training), or by running statistics (eval)"
 
     def elements_per_statistic(self, shapes, params):
@@ -182,10 +225,10 @@ class BatchNorm(_Norm):
         x = shapes["input"]
         check.require(len(x) >= 2, "batch_norm needs [N, C, ...]", "pass a batched input")
         stats = "running_mean" in shapes and "running_var" in shapes
-        check.require(stats == (not params["training"]),
-                      "batch_norm in training mode takes no running statistics here (they would be updated in place), "
-                      "and in eval mode needs running_mean and running_var",
-                      "training: true without running stats, or training: false with both")
+        check.require(stats or (params["training"] and "running_mean" not in shapes and "running_var" not in shapes),
+                      "batch_norm needs both running_mean and running_var in eval mode, and both or neither in "
+                      "training mode (where they are updated in place, as nn.BatchNorm does)",
+                      "give both running statistics, or (training: true) neither")
         for name in ("running_mean", "running_var", "weight", "bias"):
             if name in shapes:
                 check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
@@ -193,15 +236,37 @@ class BatchNorm(_Norm):
                             "give it the shape [C]")
         return tuple(x)
 
+    def running_statistics(self, node):
+        if node.params["training"] and "running_mean" in node.operands:
+            return "running_mean", "running_var", node.params["momentum"]
+        return None
+
     def forward(self, node):
-        names, params = self._forward_params(node, ("training", "eps"))
-        return Forward(op("batch_norm", *(node.operands[name] for name in names), **params))
+        updates = node.params["training"] and "running_mean" in node.operands
+        names, params = self._forward_params(node, ("training", "momentum", "eps") if updates else ("training", "eps"))
+        if updates:  # F.batch_norm moves the running statistics in place, as nn.BatchNorm's forward does
+            params["momentum"] = 1 if node.params["momentum"] is None else node.params["momentum"]
+        value = op("batch_norm", *(node.operands[name] for name in names), **params)
+        if not (node.fused and node.params["training"]):
+            return Forward(value)
+        # the fused pullback reads the batch mean and 1 / std this kernel computes anyway (as autograd saves them)
+        momentum = params.get("momentum", 0)
+        native = node.local("native", op("native_batch_norm", *(node.operands.get(name) for name in NATIVE_ORDER
+                                                                  if name in node.operands),
+                                         operand_names=tuple(name for name in NATIVE_ORDER if name in node.operands),
+                                         momentum=momentum, eps=node.params["eps"]),
+                            note=f"{node.name} with the batch statistics its gradient reads")
+        node.local("batch_mean", op("item", native, index=1), note=f"{node.name}'s batch mean")
+        node.local("batch_invstd", op("item", native, index=2), note=f"{node.name}'s batch 1 / std")
+        return Forward(op("item", native, index=0), math=value)
 
     def pullback(self, node, grad, wanted):
         rank = len(node.shapes["input"])
         view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731 - [C] -> [C, 1, ...]
         weight = view(node.operands["weight"]) if "weight" in node.operands else None
         sum_dims = (0,) + tuple(range(2, rank))
+        if node.params["training"] and node.fused:
+            return self._fused_pullback(node, grad, wanted)
         if node.params["training"]:
             grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, sum_dims, weight)
         else:
@@ -215,6 +280,24 @@ class BatchNorm(_Norm):
         if unsupported:
             raise NotImplementedError(f"gradients of batch_norm's {sorted(unsupported)} are not derived")
         return grads
+
+    def _fused_pullback(self, node, grad, wanted):
+        """Training mode: every wanted gradient from one ``native_batch_norm_backward`` call (autograd's
+        own kernel), the readable formula above in fewer passes over memory."""
+        unsupported = wanted & {"running_mean", "running_var"}
+        if unsupported:
+            raise NotImplementedError(f"gradients of batch_norm's {sorted(unsupported)} are not derived")
+        names = ("input", "weight", "bias")
+        mask = tuple(name in wanted for name in names)
+        weighted = "weight" in node.operands  # the batch statistics are named by forward() above
+        operands = [grad, node.operands["input"], *([node.operands["weight"]] if weighted else []),
+                    tensor(f"batch_mean_{node.name}"), tensor(f"batch_invstd_{node.name}")]
+        together = " and ".join(name for name in names if name in wanted)
+        fused = node.local("local", op("batch_norm_backward", *operands, eps=node.params["eps"], output_mask=mask,
+                                       weighted=weighted),
+                           note=f"{node.name}'s {together} gradients in one native_batch_norm_backward call "
+                                "(autograd's own kernel, twice differentiable)")
+        return {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
 
     def table_row(self):
         return (self.op, "training: per-channel (x - mean) / sqrt(var + eps) * weight + bias over N and space; "

@@ -255,9 +255,10 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
         for path, child in root.named_modules():
             module_paths.setdefault(id(child), ".".join(part for part in (prefix, path) if part))
         for path, value in root.named_parameters():
-            sources.setdefault(id(value), Source(_source_name(prefix, path, root), value.requires_grad))
+            sources.setdefault(id(value), Source(_source_name(prefix, path, root), value.requires_grad,
+                                                 path if root is module else None))
         for path, value in root.named_buffers():
-            sources.setdefault(id(value), Source(_source_name(prefix, path, root), False))
+            sources.setdefault(id(value), Source(_source_name(prefix, path, root), False, path if root is module else None))
             mutable.add(id(value))
     saved = [(value, value.detach().clone()) for _, root in roots for value in root.buffers()]
     recorder = Recorder(module_paths)
@@ -276,16 +277,19 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
         for value, copy in saved:  # tracing must not move the model's running statistics
             value.copy_(copy)
     _refuse_value_reads(recorder)
-    builder = SpecBuilder(sources, mutable)
+    modules = {path: child for path, child in module.named_modules()} if module is not None else {}
+    builder = SpecBuilder(sources, mutable, modules=modules)
     for call in recorder.calls:
         builder.add(call)
     loss_entry = _loss(builder, output, loss, shapes, returned_at)
     layers, used = _live(builder, loss_entry)
     inputs: dict[str, dict] = {}
+    state_keys = {source.name: source.state_key for source in sources.values() if source.state_key}
     for key in [*shapes, *builder.used_sources]:
         if key in used and key not in inputs:
             value = tensors.get(key, builder.used_sources.get(key))
-            inputs[key] = {"shape": list(value.shape), **({"dtype": "int64"} if value.dtype == torch.int64 else {})}
+            inputs[key] = {"shape": list(value.shape), **({"dtype": "int64"} if value.dtype == torch.int64 else {}),
+                           **({"source": state_keys[key]} if key in state_keys else {})}
     if loss is not None:
         inputs[loss.target] = _target_input(builder, output, loss)
     trainable = {source.name for source in sources.values() if source.trainable}

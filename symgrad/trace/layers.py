@@ -143,6 +143,8 @@ class Source:
 
     name: str
     trainable: bool
+    state_key: str | None = None
+    """Its key in the traced model's ``state_dict()``, for a parameter or buffer of that model."""
 
 
 LOSSES = {"mse_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
@@ -193,6 +195,8 @@ class SpecBuilder:
     sources: dict[int, Source]
     mutable: set[int] = field(default_factory=set)
     """ids of buffers: in-place updates of these are statistics bookkeeping."""
+    modules: dict[str, Any] = field(default_factory=dict)
+    """The traced model's modules by path (``layer2.0.bn1``)."""
     names: dict[int, str] = field(default_factory=dict)
     layers: list[dict] = field(default_factory=list)
     layer_calls: list[Call] = field(default_factory=list)
@@ -379,14 +383,17 @@ class SpecBuilder:
     # ----- ops that need more than the table --------------------------------------------------
     def _batch_norm(self, op: str, bound: dict, call: Call) -> None:
         training = bool(bound.get("training"))
-        bound.pop("momentum", None)
-        if training:  # the running statistics are updated in place by the kernel: bookkeeping
-            bound.pop("running_mean", None)
-            bound.pop("running_var", None)
-        elif bound.get("running_mean") is None:
+        # nn.BatchNorm's momentum=None passes 1 / num_batches_tracked, a count that grows: the spec says null
+        cumulative = training and getattr(self.modules.get(call.module), "momentum", 0.1) is None
+        if not training or cumulative or bound.get("running_mean") is None:
+            bound.pop("momentum", None)
+        if not training and bound.get("running_mean") is None:
             self.fail(call, "has no running statistics in eval mode", "track running statistics or trace in train mode")
             return
-        self.layer(op, bound, call)
+        count = len(self.layers)
+        self.layer(op, bound, call)  # in training the kernel moves the running statistics, as the module does
+        if cumulative and len(self.layers) > count:
+            self.layers[-1]["momentum"] = None
 
     def _div(self, op: str, bound: dict, call: Call) -> None:
         if bound.pop("rounding_mode", None) is not None:

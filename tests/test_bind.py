@@ -1,0 +1,184 @@
+"""symgrad.bind: a model traced from its file, generated, and trained with the explicit gradients,
+against the same model trained with autograd: losses, parameters, running statistics and
+``num_batches_tracked`` after several optimizer steps, at a batch and spatial size other than the
+traced ones; frozen parameters, accumulation, refusals, and CPU bfloat16 autocast."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import symgrad
+from symgrad.binding import BindError
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, load_target, trace
+
+ROOT = Path(__file__).resolve().parent
+MODEL = f"{ROOT / 'trace_inputs' / 'resnet_style.py'}:TinyResNet"
+
+
+def generated_for(model: torch.nn.Module, mode: str = "train", name: str = "tiny_resnet"):
+    text = trace(model, {"x": (2, 3, 16, 16)}, name=name, loss=LossChoice("cross_entropy", "labels"), mode=mode)
+    built = build_text(text, f"{name}.yaml")
+    return module_from_source(built.rendered.files[f"{name}.py"], name)
+
+
+def batches(steps: int, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(steps):  # another batch and spatial size than traced
+        yield (torch.randn(3, 3, 20, 12, generator=generator, dtype=dtype),
+               torch.randint(0, 5, (3,), generator=generator))
+
+
+def fresh_model(dtype=torch.float64) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return load_target(MODEL).to(dtype)
+
+
+def test_training_with_bind_equals_training_with_autograd():
+    model = fresh_model()
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated_for(model), model)
+    optimizers = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+                  for m in (model, reference)]
+    losses = []
+    for x, labels in batches(4):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        ours = step(x=x, labels=labels)
+        ours.backward()
+        theirs = F.cross_entropy(reference(x), labels)
+        theirs.backward()
+        losses.append((ours.item(), theirs.item()))
+        for optimizer in optimizers:
+            optimizer.step()
+    for ours, theirs in losses:
+        assert abs(ours - theirs) <= 1e-10 * abs(theirs)
+    trained, expected = model.state_dict(), reference.state_dict()
+    assert trained.keys() == expected.keys()
+    for key, value in expected.items():
+        if value.dtype == torch.int64:  # num_batches_tracked
+            assert torch.equal(trained[key], value) and int(value) == 4, key
+        else:
+            scale = max(value.abs().max().item(), 1e-30)
+            assert (trained[key] - value).abs().max().item() <= 1e-10 * scale, key
+    assert losses[-1][1] < losses[0][1]  # it trained
+
+
+def test_gradients_accumulate_and_frozen_parameters_stay_untouched():
+    model = fresh_model()
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated_for(model), model)
+    for x, labels in batches(2):
+        step(x=x, labels=labels).backward()
+        F.cross_entropy(reference(x), labels).backward()
+    assert model.conv1.weight.grad is None and not model.conv1.weight.requires_grad
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+        if theirs.grad is not None:
+            assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max(), name
+
+
+def test_eval_mode_binding_uses_running_statistics_and_moves_nothing():
+    model = fresh_model().eval()
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated_for(model, mode="eval", name="tiny_eval"), model)
+    x, labels = next(batches(1))
+    step(x=x, labels=labels).backward()
+    F.cross_entropy(reference(x), labels).backward()
+    for key, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        if theirs.grad is not None:
+            assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max()
+
+
+def test_bind_refuses_a_changed_model_another_module_and_the_wrong_mode():
+    model = fresh_model()
+    generated = generated_for(model)
+    with pytest.raises(BindError, match=r"does not fit TinyResNet: .*shape"):
+        symgrad.bind(generated, load_target(MODEL, {"width": 6}).double())
+    with pytest.raises(BindError, match="not a parameter or buffer"):
+        symgrad.bind(generated, load_target(MODEL, {"layers": (1,)}).double())
+    seed = module_from_source((ROOT.parent / "generated" / "seed1_strided_conv.py").read_text(), "seed1_bound")
+    with pytest.raises(BindError, match="not generated from a traced model"):
+        symgrad.bind(seed, model)
+    step = symgrad.bind(generated, model)
+    model.eval()
+    x, labels = next(batches(1))
+    with pytest.raises(BindError, match=r"traced in train mode.*model.train\(\)"):
+        step(x=x, labels=labels)
+    model.train()
+    with pytest.raises(TypeError, match="missing: labels"):
+        step(x=x)
+
+
+def test_bound_step_under_cpu_bfloat16_autocast_is_as_accurate_as_autograd():
+    exact = fresh_model()
+    model = copy.deepcopy(exact).float()
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated_for(model, name="tiny_autocast"), model)
+    x, labels = next(batches(1))
+    F.cross_entropy(exact(x), labels).backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = step(x=x.float(), labels=labels)
+        theirs = F.cross_entropy(reference(x.float()), labels)
+    ours.backward()
+    theirs.backward()
+    for (name, truth), mine, autograds in zip(exact.named_parameters(), model.parameters(), reference.parameters()):
+        if truth.grad is None:
+            continue
+        assert mine.grad.dtype == torch.float32
+        norm = truth.grad.norm().item()
+        our_error = (mine.grad.double() - truth.grad).norm().item() / norm
+        their_error = (autograds.grad.double() - truth.grad).norm().item() / norm
+        assert their_error > 1e-4, "autocast did not lower the precision: the comparison would prove nothing"
+        assert our_error <= 4 * their_error + 1e-3, (name, our_error, their_error)
+
+
+def test_grad_scaler_scales_through_the_explicit_backward():
+    model = fresh_model()
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated_for(model, name="tiny_scaled"), model)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x, labels = next(batches(1))
+    scaler.scale(step(x=x, labels=labels)).backward()
+    scaler.unscale_(optimizer)
+    F.cross_entropy(reference(x), labels).backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        if theirs.grad is not None:
+            assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+@pytest.mark.parametrize("entry", ["gradients", "loss_with_explicit_backward"])
+def test_generated_seed_module_under_cpu_bfloat16_autocast_is_as_accurate_as_autograd(entry):
+    module = module_from_source((ROOT.parent / "generated" / "seed3_conv_relu_conv.py").read_text(), "seed3_autocast")
+    generator = torch.Generator().manual_seed(3)
+    shapes = {"x": (2, 32, 64, 64), "w1": (32, 32, 3, 3), "w2": (1, 32, 3, 3), "k": (512, 1, 32, 32), "y": (2, 512, 2, 2)}
+    exact = {name: torch.randn(shape, generator=generator, dtype=torch.float64) / (shape[1] * 9 if name[0] == "w" else 1)
+             for name, shape in shapes.items()}
+    wrt = ("x", "w1", "w2")
+    truth = module.gradients(**exact)
+    inputs = {name: value.float().requires_grad_(name in wrt) for name, value in exact.items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = torch.autograd.grad(module.forward(**inputs).sum(), [inputs[name] for name in wrt])
+        if entry == "gradients":
+            ours = module.gradients(**inputs)
+        else:
+            loss = module.loss_with_explicit_backward(**inputs).sum()
+    if entry != "gradients":
+        ours = torch.autograd.grad(loss, [inputs[name] for name in wrt])
+    for name, mine, autograds in zip(wrt, ours, theirs):
+        expected = getattr(truth, name)
+        assert mine.dtype == torch.float32
+        our_error = ((mine.double() - expected).norm() / expected.norm()).item()
+        their_error = ((autograds.double() - expected).norm() / expected.norm()).item()
+        assert their_error > 1e-4, "autocast did not lower the precision: the comparison would prove nothing"
+        assert our_error <= 4 * their_error, (name, our_error, their_error)

@@ -1,0 +1,64 @@
+"""Generated code always compiles and imports: Python's own limits (more than 255 names in a
+star-unpacking, long argument lists) are never hit, and a module that would not compile is refused
+before anything is written, whatever the cause."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import symgrad.pipeline
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wide_spec(count: int) -> str:
+    """A chain that reads ``count`` parameters: more saved tensors than a starred target may name."""
+    inputs = ["  x: {shape: [2, 3]}", "  y: {shape: [2, 3]}"] + [f"  b{i}: {{shape: [3]}}" for i in range(count)]
+    layers = [f"  - {{op: mul, in: [{'x' if i == 0 else f'h{i - 1}'}, b{i}], out: h{i}}}" for i in range(count)]
+    return "\n".join(["name: wide", "inputs:", *inputs, "layers:", *layers,
+                      f"loss: {{op: mse_loss, in: h{count - 1}, target: y}}",
+                      f"wrt: [x, {', '.join(f'b{i}' for i in range(count))}]"]) + "\n"
+
+
+def test_a_module_with_300_saved_tensors_imports_and_its_drop_in_backward_is_right():
+    built = build_text(wide_spec(300), "wide.yaml")
+    module = module_from_source(built.rendered.files["wide.py"], "wide")
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: (1 + 0.01 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_()
+              for name, shape in [("x", (2, 3)), ("y", (2, 3))] + [(f"b{i}", (3,)) for i in range(300)]}
+    inputs["y"].requires_grad_(False)
+    wrt = [value for name, value in inputs.items() if name != "y"]
+    expected = torch.autograd.grad(module.forward(**inputs), wrt)
+    actual = torch.autograd.grad(module.loss_with_explicit_backward(**inputs), wrt)
+    for ours, theirs in zip(actual, expected):
+        assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+
+
+def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    spec = tmp_path / "s.yaml"
+    spec.write_text((ROOT / "examples" / "seed1_strided_conv.yaml").read_text())
+    render = symgrad.pipeline.render
+
+    def broken(*arguments, **keywords):
+        rendered = render(*arguments, **keywords)
+        rendered.files = {name: text + ("\ndef broken(:\n" if name.endswith(".py") else "")
+                          for name, text in rendered.files.items()}
+        return rendered
+
+    monkeypatch.setattr(symgrad.pipeline, "render", broken)
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+
+    result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "cannot compile" in result.output and "bug in symgrad" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
