@@ -74,7 +74,7 @@ class Program:
 
 def derive(graph: Graph, fused: bool = False) -> Program:
     """The forward and backward statements of ``graph``; ``fused`` lets rules use fused kernels."""
-    forward = _forward_statements(graph)
+    forward = _forward_statements(graph, fused)
     needs_gradient = graph.depends_on_wrt()
     nodes = list(graph.nodes.values())
     contributions: dict[str, list[tuple[Node, str, sympy.Expr]]] = {}
@@ -133,12 +133,15 @@ def derive(graph: Graph, fused: bool = False) -> Program:
     return Program(graph, forward, backward, gradients, default, steps, branch_sums)
 
 
-def _forward_statements(graph: Graph) -> list[Statement]:
+def _forward_statements(graph: Graph, fused: bool = False) -> list[Statement]:
+    """One statement per node (after the locals its rule names); ``fused``: a rule may compute, with
+    its value, what its fused pullback reads (training-mode batch_norm's batch statistics)."""
     statements = []
     for node in graph.nodes.values():
         if node.kind == "input":
             continue
         symbols = graph.symbols(node)
+        symbols.fused = fused
         result = node.rule.forward(symbols)
         for symbol, value in symbols.locals:
             statements.append(Statement(symbol, value, node.name))
@@ -155,8 +158,17 @@ def _describe(graph: Graph, node: Node) -> str:
 
 
 def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contribution: sympy.Expr) -> sympy.Expr:
-    """Sum a contribution back to the shape of the node it flows into, where the op broadcast it."""
-    if getattr(consumer.rule, "broadcasts", False) and consumer.shape != source.shape:
+    """Sum a contribution back to the shape of the node it flows into, where the op may broadcast it.
+
+    Broadcasting is decided at run time: an operand with fewer dims, or with size 1 on an axis, may be
+    broadcast at other input sizes even where the spec's shapes agree (a squeeze-and-excitation gate
+    ``x * s``, ``s`` of shape [N, C, 1, 1], traced where ``x`` is 1 x 1 too), so the sum is emitted
+    for every such operand; where nothing was broadcast it costs nothing (``sum_to_size`` of a
+    tensor to its own shape returns it)."""
+    if not getattr(consumer.rule, "broadcasts", False):
+        return contribution
+    lower_rank = len(source.shape) < len(consumer.shape)
+    if consumer.shape != source.shape or lower_rank or 1 in source.shape:
         return op("sum_to_size", contribution, tensor(source.name))
     return contribution
 

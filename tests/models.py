@@ -310,3 +310,34 @@ class VGG(nn.Module):
     def forward(self, x):
         x = torch.flatten(self.avgpool(self.features(x)), 1)
         return self.classifier(x)
+
+
+class SqueezeExcite(nn.Module):
+    """timm's squeeze-and-excitation gate: a channel mean kept as [N, C, 1, 1], two 1x1 convs, x * s."""
+
+    def __init__(self, channels: int, reduction: int = 2):
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, channels // reduction, 1)
+        self.act = nn.ReLU(inplace=True)
+        self.fc2 = nn.Conv2d(channels // reduction, channels, 1)
+
+    def forward(self, x):
+        s = x.mean((2, 3), keepdim=True)
+        s = self.fc2(self.act(self.fc1(s)))
+        return x * s.sigmoid()
+
+
+class SEStage(nn.Module):
+    """Conv, BatchNorm, ReLU and an SE gate, twice, the second after a stride-2 conv: traced at 2x2,
+    the second gate's feature map is 1x1, the size of the gate itself."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(inplace=True), SqueezeExcite(width))
+        self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
+                                  nn.BatchNorm2d(2 * width), nn.ReLU(inplace=True), SqueezeExcite(2 * width))
+        self.head = nn.Conv2d(2 * width, 3, 1)
+
+    def forward(self, x):
+        return self.head(self.down(self.stem(x)))

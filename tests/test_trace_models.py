@@ -41,6 +41,8 @@ CASES = {
     "vgg11_bn": Case(models.VGG11BN, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 32)}, CLASSIFIER),
     "lenet5": Case(models.LeNet5, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 32)}, ("nll_loss", "mse_loss")),
     "espcn": Case(models.ESPCN, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 6, 10)}, RESTORATION),
+    # traced where the last gate's feature map is 1x1: its broadcast must be summed back at every other size
+    "se_gate": Case(models.SEStage, {"x": (2, 3, 2, 2)}, {"x": (3, 3, 10, 6)}, RESTORATION),
     "srcnn": Case(models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")),
 }
 

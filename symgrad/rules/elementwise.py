@@ -59,6 +59,9 @@ class Elementwise(Rule):
     (``H(x) = H(relu(x))``): the input can then be freed after the forward. Tests check the identity."""
     inplace: str | None = None
     """An in-place torch call for the forward (``torch.relu_``), used by the fast function."""
+    fused_pullback: Callable[[sympy.Expr, sympy.Symbol], sympy.Expr] | None = None
+    """``(grad, output) -> grad_input`` by one autograd kernel, for the fused derivation (ReLU's
+    ``threshold_backward``: one pass instead of a mask and a product)."""
     summary: str = ""
     operands: tuple[Operand, ...] = field(default=(Operand("input", from_in=True),))
     params: dict = field(default_factory=dict)
@@ -132,6 +135,8 @@ class Elementwise(Rule):
         return cache[key]
 
     def pullback(self, node: NodeSymbols, grad, wanted):
+        if node.fused and self.fused_pullback is not None:
+            return {"input": self.fused_pullback(grad, node.out)}
         grads = {}
         for scalar, operand in zip(self.scalars, self.operands):
             if operand.name not in wanted:
@@ -151,6 +156,13 @@ class Elementwise(Rule):
         return self.op, f"out = {to_code(self.scalar_forward())}", derivatives
 
 
+# grad where out > 0, else 0: autograd's own ReLU backward, twice differentiable (its derivative in
+# grad is itself, in out zero), so the fused derivation's ReLU step is one pass over memory
+primitive("threshold_backward",
+          code=lambda operands, params, show: f"torch.ops.aten.threshold_backward({operands[0]}, {operands[1]}, 0)",
+          latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right)")
+
+
 def _binary(name: str, formula, summary: str) -> Elementwise:
     return Elementwise(name, formula, summary=summary,
                        operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True)))
@@ -167,6 +179,7 @@ def _param(default) -> Param:
 RULES = [
     Elementwise("relu", lambda x: sympy.Max(0, x), call="F.relu", local_kind="mask",
                 from_output=lambda out: sympy.Heaviside(out, 0), inplace="torch.relu_",
+                fused_pullback=lambda grad, out: op("threshold_backward", grad, out),
                 summary="rectified linear unit; its derivative is the Heaviside mask of the input"),
     _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting"),
     _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting"),

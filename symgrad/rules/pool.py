@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import LINEAR, Size, keyword_arguments, op, primitive, show_ints
+from ..algebra import LINEAR, Size, keyword_arguments, op, primitive, show_ints, tensor
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, int64, int_tuple
 from .resample import separable_adjoint
 
@@ -135,12 +135,13 @@ class AveragePool(Rule):
                 "count_include_pad=False or divisor_override, grad_out contracted with each axis's pooling matrix transposed")
 
 
-def _max_pool_call(operands, params, show, indices: bool) -> str:
+def _max_pool_call(operands, params, show, indices: bool | str) -> str:
+    """The max_pool call; ``indices``: only its argmax indices, or ``"both"``: (values, indices)."""
     keywords = keyword_arguments({"stride": params["stride"], "padding": params["padding"], "dilation": params["dilation"],
                                   "ceil_mode": params.get("ceil_mode", False)},
                                  {"stride": params["kernel_size"], "padding": 0, "dilation": 1, "ceil_mode": False}, show)
     call = f"F.max_pool{params['dims']}d({operands[0]}, {show_ints(params['kernel_size'])}{keywords}"
-    return call + (", return_indices=True)[1]" if indices else ")")
+    return call + {"both": ", return_indices=True)", True: ", return_indices=True)[1]", False: ")"}[indices]
 
 
 primitive("gather_at", code=lambda operands, params, show: (
@@ -155,6 +156,8 @@ primitive("max_pool", code=lambda operands, params, show: _max_pool_call(operand
                                                 start=expr.params["start"]))
 primitive("max_pool_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, True),
           latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)", tangent="constant")
+primitive("max_pool_with_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, "both"),
+          latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)")
 primitive("scatter_to", code=lambda operands, params, show: (
     f"torch.zeros_like({operands[2]}).flatten({params['start']}).scatter_add({params['start']}, {operands[1]}.flatten({params['start']}), "
     f"{operands[0]}.flatten({params['start']}))"
@@ -198,11 +201,21 @@ class MaxPool(AveragePool):
                     start=start, **ceil)
 
     def forward(self, node):
-        return Forward(op("max_pool", node.operands["input"], **self._pool_params(node)))
+        value = op("max_pool", node.operands["input"], **self._pool_params(node))
+        if not node.fused:
+            return Forward(value)
+        # the fused derivation keeps the argmax the forward finds, instead of pooling again in the backward
+        pooled = node.local("pooled", op("max_pool_with_indices", node.operands["input"], **self._pool_params(node)),
+                            note=f"{node.name} with the argmax indices its gradient reads")
+        node.local("indices", op("item", pooled, index=1), note=f"{node.name}'s argmax indices")
+        return Forward(op("item", pooled, index=0), math=value)
 
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
-        indices = node.local("indices", op("max_pool_indices", x, **self._pool_params(node)))
+        if node.fused:  # named by forward() above
+            indices = tensor(f"indices_{node.name}")
+        else:
+            indices = node.local("indices", op("max_pool_indices", x, **self._pool_params(node)))
         return {"input": op("scatter_to", grad, indices, x, start=self._pool_params(node)["start"])}
 
     def table_row(self):
