@@ -194,3 +194,34 @@ def test_only_the_memory_processes_change_the_allocator(monkeypatch):
     runner.run_measurement("seed1-small", "symgrad gradients", "--device", "cpu")
     assert seen == {("gemm", "-", "--device", "cpu"): None, ("seed1-small", "--timing", "--device", "cpu"): None,
                     ("seed1-small", "symgrad gradients", "--device", "cpu"): "65536"}
+
+
+def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
+    """The three training steps the real-network benchmark times start from one model and data: their
+    first losses agree, and one step moves the bound model's parameters as autograd's step moves its."""
+    from benchmarks import training
+
+    variants = training.step_variants("resnet18", 2, 32, 4, tmp_path)
+    losses = {name: function().item() for name, function in variants.items()}
+    assert set(losses) == set(training.VARIANTS)
+    assert abs(losses["symgrad.bind"] - losses["autograd"]) <= 1e-6 * abs(losses["autograd"])
+    assert abs(losses["autograd, channels_last"] - losses["autograd"]) <= 1e-4 * abs(losses["autograd"])  # its kernels round differently
+
+
+def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path):
+    from benchmarks import training
+
+    def row(variant, median, peak):
+        return {"network": "resnet18", "batch": 8, "size": 112, "width": 64, "variant": variant, "median": median,
+                "min": median, "max": median, "peak_bytes": peak}
+
+    saved = {"machine": "test", "date": "2026-11-23", "repeats": 3,
+             "rows": [row("symgrad.bind", 1.1, 90), row("autograd", 1.2, 100), row("autograd, channels_last", 1.0, 120)]}
+    text = training.render(saved)
+    assert "| resnet18 8 × 112² | 0.91× | 0.90× | missed |" in text  # slower than channels_last autograd
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n\n## On cpu\n\nseed rows\n\n## On cuda\n\ngpu rows\n")
+    training.write_section(report, text)
+    training.write_section(report, text)  # replaced, not added twice
+    written = report.read_text()
+    assert written.count(training.SECTION) == 1 and "seed rows" in written and "gpu rows" in written

@@ -158,6 +158,11 @@ primitive("max_pool_indices", code=lambda operands, params, show: _max_pool_call
           latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)", tangent="constant")
 primitive("max_pool_with_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, "both"),
           latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)")
+primitive("max_pool_backward", code=lambda operands, params, show: (
+    f"torch.ops.aten.max_pool{params['dims']}d_with_indices_backward({operands[0]}, {operands[1]}, "
+    + ", ".join(str(list(params[key])) for key in ("kernel_size", "stride", "padding", "dilation"))
+    + f", {params.get('ceil_mode', False)}, {operands[2]})"),
+    latex=lambda operands, params, show: rf"\operatorname{{scatter}}_{{{operands[2]}}}\left({operands[0]}\right)")
 primitive("scatter_to", code=lambda operands, params, show: (
     f"torch.zeros_like({operands[2]}).flatten({params['start']}).scatter_add({params['start']}, {operands[1]}.flatten({params['start']}), "
     f"{operands[0]}.flatten({params['start']}))"
@@ -212,6 +217,8 @@ class MaxPool(AveragePool):
 
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
+        if node.fused and self.dims in (2, 3):  # autograd's own kernel, at the argmax forward() above found
+            return {"input": op("max_pool_backward", grad, x, tensor(f"indices_{node.name}"), **self._pool_params(node))}
         if node.fused:  # named by forward() above
             indices = tensor(f"indices_{node.name}")
         else:

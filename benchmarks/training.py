@@ -1,0 +1,197 @@
+"""One training step of real networks, explicit gradients against autograd, side by side.
+
+``python -m benchmarks.training`` traces each network of ``examples/train_resnet.py``
+(torchvision-style ResNet-18 and ResNet-50, a U-Net), generates its gradient module and times one
+training step (zero_grad, forward, backward, SGD step) three ways, round-robin in one process with
+the order rotated each round:
+
+- ``symgrad.bind``: ``step(x=..., labels=...).backward()``, the explicit backward;
+- ``autograd``: ``loss.backward()`` on the model as it is;
+- ``autograd, channels_last``: the model and its input in channels_last, autograd's best layout
+  on a CPU for convolutions.
+
+Each variant's peak memory is measured alone, in a fresh process (``--memory``), as the growth of
+the peak resident set size over one step. Writes a Markdown table (and its JSON beside it); with
+``--output BENCHMARKS.md`` it replaces that file's "Real networks" section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .measure import peak_growth_bytes, timings
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("symgrad.bind", "autograd", "autograd, channels_last")
+ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow the image and the depth
+    ("resnet18", 8, 64, 64), ("resnet18", 8, 112, 64), ("resnet18", 8, 224, 64),
+    ("resnet50", 4, 112, 64), ("unet", 4, 128, 32),
+]
+QUICK_ROWS = [("resnet18", 2, 32, 8), ("unet", 2, 32, 4)]
+SECTION = "## Real networks: one training step"
+
+
+def _example():
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_resnet
+
+    return train_resnet
+
+
+def step_variants(network: str, batch: int, size: int, width: int, folder: Path):
+    """The three training steps of ``network`` at ``batch`` x ``size``², each with its own model copy."""
+    example = _example()
+    torch.manual_seed(0)
+    models = {"resnet18": example.ResNet18, "resnet50": example.ResNet50,
+              "unet": lambda width: example.UNet(1, width)}
+    model = models[network](width).train()
+    classify = network != "unet"
+    channels = 3 if classify else 1
+    traced = (2, channels, 32, 32) if classify else (2, channels, 16, 16)
+    loss = example.LossChoice("cross_entropy", "labels") if classify else example.LossChoice("mse_loss", "target")
+    generated = example.generated_module(model, f"{network}_step", {"x": traced}, loss, folder)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, channels, size, size, generator=generator)
+    target = (torch.randint(0, 10, (batch,), generator=generator) if classify
+              else torch.randn(batch, 1, size, size, generator=generator))
+    data = {"x": x, "labels" if classify else "target": target}
+
+    def autograd_loss(net, inputs):
+        prediction = net(inputs)
+        return F.cross_entropy(prediction, target) if classify else F.mse_loss(prediction, target)
+
+    variants = {}
+    for variant in VARIANTS:
+        net = copy.deepcopy(model)
+        inputs = x
+        if variant.endswith("channels_last"):
+            net = net.to(memory_format=torch.channels_last)
+            inputs = x.contiguous(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+        if variant == "symgrad.bind":
+            bound = example.symgrad.bind(generated, net)
+            compute = (lambda bound=bound: bound(**data))
+        else:
+            compute = (lambda net=net, inputs=inputs: autograd_loss(net, inputs))
+
+        def one_step(compute=compute, optimizer=optimizer):
+            optimizer.zero_grad(set_to_none=True)
+            value = compute()
+            value.backward()
+            optimizer.step()
+            return value.detach()
+
+        variants[variant] = one_step
+    return variants
+
+
+def measure_row(row, repeats: int) -> list[dict]:
+    network, batch, size, width = row
+    with tempfile.TemporaryDirectory() as folder:
+        variants = step_variants(network, batch, size, width, Path(folder))
+        for function in variants.values():
+            timings(function, "cpu", 1, 0)
+        samples = {name: [] for name in variants}
+        names = list(variants)
+        for round_index in range(repeats):
+            for name in names[round_index % len(names):] + names[:round_index % len(names)]:
+                samples[name] += timings(variants[name], "cpu", 0, 1)
+    results = []
+    for name, values in samples.items():
+        memory = json.loads(subprocess.run(
+            [sys.executable, "-m", "benchmarks.training", "--memory", json.dumps([network, batch, size, width, name])],
+            cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+        results.append({"network": network, "batch": batch, "size": size, "width": width, "variant": name,
+                        "median": statistics.median(values), "min": min(values), "max": max(values),
+                        "peak_bytes": memory["peak_bytes"]})
+    return results
+
+
+def render(saved: dict) -> str:
+    lines = [SECTION, "",
+             f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training` (medians of "
+             f"{saved['repeats']} round-robin repeats in one process; each peak memory in a fresh process).", "",
+             "One step = `zero_grad`, forward, backward, SGD step, float32, train mode (BatchNorm statistics "
+             "updated), networks of `examples/train_resnet.py` traced at a small size and run at the size shown. "
+             "Ratios are against autograd's best layout of the two (the faster one for speed, the leaner one for "
+             "memory).", "",
+             "| network | batch × image | variant | median ms | min ms | max ms | peak memory | speed vs best autograd "
+             "| memory vs best autograd |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    groups: dict[tuple, dict[str, dict]] = {}
+    for row in saved["rows"]:
+        groups.setdefault((row["network"], row["batch"], row["size"]), {})[row["variant"]] = row
+    verdicts = []
+    for (network, batch, size), variants in groups.items():
+        peers = [variants[name] for name in VARIANTS[1:] if name in variants]
+        fastest = min(row["median"] for row in peers)
+        leanest = min(row["peak_bytes"] for row in peers)
+        for name, row in variants.items():
+            lines.append(f"| {network} | {batch} × {size}² | {name} | {row['median'] * 1e3:.1f} | {row['min'] * 1e3:.1f} "
+                         f"| {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB | "
+                         f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |")
+        ours = variants["symgrad.bind"]
+        speed, memory = fastest / ours["median"], ours["peak_bytes"] / leanest
+        met = speed >= 1.0 and memory <= 1.0
+        verdicts.append(f"| {network} {batch} × {size}² | {speed:.2f}× | {memory:.2f}× | {'met' if met else 'missed'} |")
+    lines += ["", "Target: the bound explicit step ≥1.0× the best autograd step's speed and ≤1.0× its memory.", "",
+              "| row | speed | memory | verdict |", "|---|---:|---:|---|", *verdicts, ""]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    before, _, rest = text.partition(SECTION)
+    after = rest.split("\n## ", 1)[1] if "\n## " in rest else ""
+    path.write_text(before.rstrip() + "\n\n" + section.rstrip() + "\n" + (f"\n## {after}" if after else ""))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny networks and sizes, 3 repeats: a smoke run")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--output", default="out/BENCHMARKS-training.md")
+    parser.add_argument("--rows", help="render again from this saved JSON, without measuring")
+    parser.add_argument("--memory", help=argparse.SUPPRESS)  # one variant's peak, in this fresh process
+    args = parser.parse_args(argv)
+    if args.memory:
+        network, batch, size, width, variant = json.loads(args.memory)
+        with tempfile.TemporaryDirectory() as folder:
+            function = step_variants(network, batch, size, width, Path(folder))[variant]
+            function()  # first call: lazy initialisation and optimizer state are not what we measure
+            print(json.dumps({"peak_bytes": peak_growth_bytes(function, "cpu")}))
+        return 0
+    output = Path(args.output)
+    if args.rows:
+        saved = json.loads(Path(args.rows).read_text())
+    else:
+        from .__main__ import machine_description
+
+        repeats = 3 if args.quick else args.repeats
+        rows = []
+        for row in QUICK_ROWS if args.quick else ROWS:
+            rows += measure_row(row, repeats)
+            for result in rows[-len(VARIANTS):]:
+                print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
+                      f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)
+        saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
+                 "repeats": repeats, "rows": rows}
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.with_suffix(".json").write_text(json.dumps(saved, indent=1))
+    write_section(output, render(saved))
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
