@@ -197,6 +197,8 @@ LINEAR_CASES = [
     ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
     ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
     ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
+    ("unsqueeze", {"x": (2, 3)}, {"op": "unsqueeze", "dim": 1}, ("x",)),
+    ("squeeze", {"x": (2, 1, 3)}, {"op": "squeeze", "dim": -2}, ("x",)),
     ("narrow", {"x": (2, 5, 3)}, {"op": "narrow", "dim": 1, "start": 1, "length": 3}, ("x",)),
     ("interpolate", {"x": (1, 2, 2, 3)}, {"op": "interpolate", "scale_factor": [2, 3]}, ("x",)),
     ("interpolate bilinear", {"x": (1, 1, 3, 4)}, {"op": "interpolate", "scale_factor": 1.5, "mode": "bilinear"}, ("x",)),

@@ -62,6 +62,9 @@ class Elementwise(Rule):
     fused_pullback: Callable[[sympy.Expr, sympy.Symbol], sympy.Expr] | None = None
     """``(grad, output) -> grad_input`` by one autograd kernel, for the fused derivation (ReLU's
     ``threshold_backward``: one pass instead of a mask and a product)."""
+    derivative: Callable[..., sympy.Expr] | None = None
+    """The local derivative, as a function of ``input``, where PyTorch's backward is not the formula's
+    own (hardsigmoid's slope is the float32 constant 1/6, in float64 too); None: ``sympy.diff``."""
     summary: str = ""
     operands: tuple[Operand, ...] = field(default=(Operand("input", from_in=True),))
     params: dict = field(default_factory=dict)
@@ -129,7 +132,8 @@ class Elementwise(Rule):
         cache = self.__dict__.setdefault("_derivatives", {})
         key = (scalar, tuple(sorted(self._values(params).items(), key=lambda item: item[0])))
         if key not in cache:
-            derivative = sympy.diff(self.scalar_forward(params), scalar)
+            derivative = (self.derivative(*self.scalars, **self._values(params)) if self.derivative is not None
+                          else sympy.diff(self.scalar_forward(params), scalar))
             derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
             cache[key] = derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
         return cache[key]
@@ -214,4 +218,13 @@ RULES = [
     _unary("hardtanh", lambda x, min_val, max_val: sympy.Max(min_val, sympy.Min(max_val, x)), "F.hardtanh",
            "x clamped to [min_val, max_val]; derivative 1 strictly inside", params={"min_val": _param(-1.0), "max_val": _param(1.0)}),
     _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]"),
+    _unary("hardsigmoid", lambda x: sympy.Max(0, sympy.Min(1, x / 6 + sympy.Rational(1, 2))), "F.hardsigmoid",
+           "x / 6 + 1/2 clamped to [0, 1]; derivative 1/6 strictly inside (-3, 3), as in PyTorch",
+           # PyTorch's backward multiplies by 1.0f / 6.0f, the float32 1/6, whatever the dtype
+           derivative=lambda x: sympy.Rational(11184811, 2 ** 26) * sympy.Heaviside(x + 3, 0) * sympy.Heaviside(3 - x, 0)),
+    # x hardsigmoid(x), written with steps (H(0) = 0) so that sympy's derivative is PyTorch's backward at the
+    # kinks too (0 up to -3, x / 3 + 1/2 strictly between, 1 from 3 on) and holds no clamp
+    _unary("hardswish", lambda x: (x * (x + 3) / 6 * sympy.Heaviside(x + 3, 0) * sympy.Heaviside(3 - x, 0)
+                                   + x * (1 - sympy.Heaviside(3 - x, 0))), "F.hardswish",
+           "x hardsigmoid(x); derivative 0 up to -3, x / 3 + 1/2 inside, 1 from 3 on, as in PyTorch"),
 ]

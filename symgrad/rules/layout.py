@@ -1,8 +1,9 @@
-"""Ops that move entries without changing them: flatten, reshape, permute, narrow, cat.
+"""Ops that move entries without changing them: flatten, reshape, permute, unsqueeze, squeeze, narrow, cat.
 
 Each adjoint is one shape-generic PyTorch expression: ``flatten``/``reshape`` reshape the gradient
-back to the input's runtime shape; ``permute`` applies the inverse permutation; ``narrow`` pads the
-gradient with zeros back to the input's length; ``cat`` hands each input its own slice.
+back to the input's runtime shape; ``permute`` applies the inverse permutation; ``unsqueeze`` and
+``squeeze`` are each other's adjoint; ``narrow`` pads the gradient with zeros back to the input's
+length; ``cat`` hands each input its own slice.
 """
 
 from __future__ import annotations
@@ -105,6 +106,76 @@ class Permute(Rule):
         return self.op, "out = input.permute(dims)", "grad_input = grad_out.permute(inverse of dims)"
 
 
+primitive("unsqueeze", code=lambda operands, params, show: f"{operands[0]}.unsqueeze({params['dim']})",
+          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+primitive("squeeze", code=lambda operands, params, show: f"{operands[0]}.squeeze({params['dim']})",
+          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+
+
+class Unsqueeze(Rule):
+    """A new size-1 dim at ``dim`` (``x[:, None]``, ``x.unsqueeze(1)``); the adjoint squeezes it again."""
+
+    op = "unsqueeze"
+    operands = (Operand("input", from_in=True),)
+    params = {"dim": Param(None, lambda v, c: ints(v, c)[0])}
+    summary = "a new size-1 dim at dim"
+    linear_in = ("input",)
+
+    def _dim(self, rank: int, params, check: Checker | None = None) -> int:
+        dim = params["dim"]
+        if check is not None:
+            check.require(-rank - 1 <= dim <= rank, f"dim {dim} is out of range for a {rank}-dim input",
+                          f"give a dim in {-rank - 1}..{rank}")
+        return dim % (rank + 1)
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        dim = self._dim(len(shape), params, check)
+        return tuple(shape[:dim] + [1] + shape[dim:])
+
+    def forward(self, node):
+        return Forward(op("unsqueeze", node.operands["input"], dim=self._dim(len(node.shapes["input"]), node.params)))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("squeeze", grad, dim=self._dim(len(node.shapes["input"]), node.params))}
+
+    def table_row(self):
+        return self.op, "out = input.unsqueeze(dim)", "grad_input = grad_out.squeeze(dim)"
+
+
+class Squeeze(Rule):
+    """The size-1 dim ``dim`` removed (``x.squeeze(-1)``); the adjoint puts it back."""
+
+    op = "squeeze"
+    operands = (Operand("input", from_in=True),)
+    params = {"dim": Param(None, lambda v, c: ints(v, c)[0])}
+    summary = "the size-1 dim dim removed"
+    linear_in = ("input",)
+
+    def _dim(self, rank: int, params, check: Checker | None = None) -> int:
+        dim = params["dim"]
+        if check is not None:
+            check.require(rank >= 1 and -rank <= dim < rank, f"dim {dim} is out of range for a {rank}-dim input",
+                          f"give a dim in {-rank}..{rank - 1}")
+        return dim % rank
+
+    def infer_shape(self, shapes, params, check: Checker):
+        shape = list(shapes["input"])
+        dim = self._dim(len(shape), params, check)
+        check.equal(shape[dim], 1, lambda: f"dim {dim} has size {shape[dim]}, not 1", "squeeze a dim of size 1")
+        return tuple(shape[:dim] + shape[dim + 1:])
+
+    def forward(self, node):
+        return Forward(op("squeeze", node.operands["input"], dim=self._dim(len(node.shapes["input"]), node.params)))
+
+    def pullback(self, node, grad, wanted):
+        return {"input": op("unsqueeze", grad, dim=self._dim(len(node.shapes["input"]), node.params))}
+
+    def table_row(self):
+        return self.op, "out = input.squeeze(dim)", "grad_input = grad_out.unsqueeze(dim)"
+
+
+
 primitive("narrow", code=lambda operands, params, show: (
     f"{operands[0]}.narrow({params['dim']}, {show(params['start'])}, {show(params['length'])})"),
           latex=lambda operands, params, show: rf"{operands[0]}\left[{show(params['start'])}:{show(params['start'] + params['length'])}\right]",
@@ -204,4 +275,4 @@ class Cat(Rule):
 
 
 
-RULES = [Flatten(), Reshape(), Permute(), Narrow(), Cat()]
+RULES = [Flatten(), Reshape(), Permute(), Unsqueeze(), Squeeze(), Narrow(), Cat()]
