@@ -15,7 +15,7 @@ import yaml
 from symgrad.check import module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.rules import LAYER_RULES, LOSS_RULES
-from symgrad.trace import LossChoice, trace
+from symgrad.trace import LossChoice, TraceError, trace
 
 X = {"x": (2, 3, 8, 8)}
 
@@ -59,6 +59,10 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("leaky_relu", nn.LeakyReLU(0.2, inplace=True), X),
     ("hardtanh", nn.Hardtanh(-0.5, 0.5), X),
     ("relu6", nn.ReLU6(), X),
+    ("hardsigmoid", nn.Hardsigmoid(inplace=True), {"x": (2, 3, 8, 8)}),
+    ("hardsigmoid", lambda x: F.hardsigmoid(4 * x), X),  # past the kinks at -3 and 3
+    ("hardswish", nn.Hardswish(), X),
+    ("hardswish", lambda x: F.hardswish(4 * x, inplace=True), X),
     ("linear", nn.Linear(8, 5), {"x": (2, 3, 8)}),
     ("matmul", lambda x, y: x @ y, {"x": (3, 4), "y": (4, 5)}),
     ("flatten", nn.Flatten(), X),
@@ -79,6 +83,27 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("max_pool3d", lambda x: F.max_pool3d(x, 2), {"x": (2, 2, 4, 4, 4)}),
     ("narrow", lambda x: x[:, 1:3], X),
     ("narrow", lambda x: x.narrow(1, 0, 2), X),
+    ("narrow", lambda x: (lambda x1, x2: x1 * x2)(*x.chunk(2, dim=1)), {"x": (2, 4, 8, 8)}),  # NAFNet's SimpleGate
+    ("narrow", lambda x: (lambda a, b: a * b)(*torch.chunk(x, 2, 1)), {"x": (2, 4, 8, 8)}),
+    ("narrow", lambda x: torch.cat([p.exp() for p in torch.split(x, [1, 2], 1)][::-1], 1), X),
+    ("narrow", lambda x: torch.cat(x.split(2, dim=1), dim=1) * x, X),  # pieces 2 and 1
+    ("squeeze", lambda x: x.unbind(1)[2] * torch.unbind(x, dim=-1)[0], {"x": (2, 3, 3, 3)}),
+    ("squeeze", lambda x: x[:, 0] * x[:, -1], X),
+    ("squeeze", lambda x: F.adaptive_avg_pool2d(x, 1).squeeze(), X),
+    ("squeeze", lambda x: x[:, :1].squeeze(1), X),
+    ("squeeze", lambda x: x.mean((2, 3), keepdim=True).squeeze(-1).squeeze(-1), X),
+    ("unsqueeze", lambda x: x[:, None] * x.unsqueeze(2), {"x": (2, 3, 8)}),
+    ("unsqueeze", lambda x, gamma: x * gamma[..., None, None], {"x": X["x"], "gamma": (3,)}),
+    ("unsqueeze", lambda x: x * x.mean((2, 3))[:, :, None, None], X),
+    ("unsqueeze", lambda x: x[:, -1, None, 2:5] * torch.unsqueeze(x, -1)[:, :1, 2:5, ..., 0], X),
+    ("permute", lambda x: x.transpose(1, 2), X),
+    ("permute", lambda x: torch.transpose(x, -1, 1), X),
+    ("permute", lambda x: x.swapaxes(0, 3) * 2, X),
+    ("permute", lambda x: torch.swapdims(x, 2, 3), X),
+    ("permute", lambda x: x.mT, X),
+    ("permute", lambda x, y: x.T @ y, {"x": (4, 3), "y": (4, 5)}),
+    ("reshape", lambda x, w: x.reshape_as(w) * w, {"x": (2, 12), "w": (2, 3, 4)}),
+    ("flatten", lambda x: x.view_as(x.flatten(2)), X),
     ("interpolate", nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), X),
     ("interpolate", lambda x: F.interpolate(x, scale_factor=2), X),
     ("adaptive_avg_pool1d", nn.AdaptiveAvgPool1d(2), {"x": (2, 3, 8)}),
@@ -195,3 +220,14 @@ def test_class_losses_take_int64_labels(op, function):
 
 def test_every_registry_loss_is_traced_by_some_case():
     assert set(LOSS_RULES) <= {case[0] for case in [*LOSS_CASES, *CLASS_CASES]}
+
+
+@pytest.mark.parametrize("function", [lambda x: (lambda a, b: a * b)(*x.chunk(2, dim=2)),
+                                      lambda x: x.split(4, dim=-1)[-1],
+                                      lambda x: x[:, :, -1],
+                                      lambda x: x.reshape_as(x.permute(0, 2, 3, 1))],
+                         ids=["chunk-spatial", "split-spatial", "index-from-the-end", "reshape_as-spatial"])
+def test_pieces_whose_sizes_follow_the_input_are_refused(function):
+    """Along a spatial dim the pieces' offsets and sizes are the input's: the second run finds them changed."""
+    with pytest.raises(TraceError, match="computed from the input's size"):
+        trace(function, X, name="traced", loss=LossChoice("half_sq_error"))

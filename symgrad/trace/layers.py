@@ -12,6 +12,7 @@ all at once, so a forward that logs ``x.norm()`` is not refused for it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -48,6 +49,8 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     **{name: ("leaky_relu", ("input", "negative_slope", "inplace")) for name in ("leaky_relu", "leaky_relu_")},
     **{name: ("hardtanh", ("input", "min_val", "max_val", "inplace")) for name in ("hardtanh", "hardtanh_")},
     "relu6": ("relu6", ("input", "inplace")),
+    "hardsigmoid": ("hardsigmoid", ("input", "inplace")), "hardswish": ("hardswish", ("input", "inplace")),
+    "unsqueeze": ("unsqueeze", ("input", "dim")), "squeeze": ("squeeze", ("input", "dim")),
     **{name: ("add", ("input", "other", "alpha")) for name in ("add", "add_", "__add__", "__iadd__", "__radd__")},
     **{name: ("sub", ("input", "other", "alpha")) for name in ("sub", "sub_", "__sub__", "__isub__", "subtract")},
     **{name: ("mul", BINARY) for name in ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply")},
@@ -79,6 +82,13 @@ NEUTRAL = {"alpha": 1, "scale": 1, "input_scale": 1}
 IGNORED = {"inplace", "cudnn_enabled"}
 """Arguments that do not change the value (an in-place op is traced as its out-of-place op)."""
 
+TRANSPOSES = {"transpose": ("dim0", "dim1"), "transpose_": ("dim0", "dim1"), "swapaxes": ("axis0", "axis1"),
+              "swapaxes_": ("axis0", "axis1"), "swapdims": ("dim0", "dim1"), "swapdims_": ("dim0", "dim1")}
+"""Calls that swap two dims, with PyTorch's names for them: a ``permute`` (so are ``x.mT``, ``x.t()``, ``x.T``)."""
+
+PIECES = {"chunk", "split", "tensor_split", "unbind"}
+"""Calls that cut a tensor into a tuple of pieces: one ``narrow`` per piece (``unbind`` adds a ``squeeze``)."""
+
 PASS_THROUGH = {"contiguous", "clone", "to", "float", "double", "type_as", "requires_grad_"}
 """Calls whose result is their input's value (when the dtype and device do not change)."""
 
@@ -91,7 +101,8 @@ FIXES = {
     "sum": "reduce only at the end, as the loss (`.sum()`, `.mean()`, or `.sum(dim=[1, ...])` per sample)",
     "mean": "reduce only at the end, as the loss (`.sum()`, `.mean()`, or `.sum(dim=[1, ...])` per sample)",
     "detach": "remove .detach(): symgrad differentiates every path to the loss",
-    "__getitem__": "slice with plain start:stop ranges (x[:, :, 2:10]); write integer indexing as narrow + reshape",
+    "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]); "
+                   "write other indexing as narrow, cat and reshape",
 }
 
 
@@ -285,8 +296,14 @@ class SpecBuilder:
             self.dropout(call)
         elif name in ("view", "reshape"):
             self.reshape(call)
+        elif name in ("view_as", "reshape_as"):
+            self.reshape_as(call)
         elif name == "permute":
             self.layer("permute", {"input": call.arguments[0], "dims": list(_sizes(call, "dims"))}, call)
+        elif name in TRANSPOSES or name in ("mT", "T", "t", "t_"):
+            self.transpose(call)
+        elif name in PIECES:
+            self.pieces(call)
         elif name in ("clamp", "clamp_", "clip", "clip_"):
             self.clamp(call)
         elif name == "square":
@@ -424,6 +441,22 @@ class SpecBuilder:
             op = "relu6"
         self.layer(op, bound, call)
 
+    def _squeeze(self, op: str, bound: dict, call: Call) -> None:
+        """``x.squeeze(1)``, ``x.squeeze((2, 3))``, ``x.squeeze()``: one layer per size-1 dim; a dim that is not
+        size 1 is left (as PyTorch does; at other sizes the second run compares)."""
+        source, dims = bound.get("input"), bound.get("dim")
+        if not isinstance(source, torch.Tensor) or source.dim() == 0:
+            return self.unknown(call)
+        rank = source.dim()
+        dims = range(rank) if dims is None else [dims] if _is_int(dims) else dims
+        dims = sorted({dim % rank for dim in dims if source.shape[dim] == 1})
+        if not dims:
+            return self.alias(call, source)
+        current = source
+        for dim in reversed(dims[1:]):
+            current = self.part(call, "squeeze", current, dim)
+        self.layer(op, {"input": current, "dim": dims[0]}, call)
+
     def _pad(self, op: str, bound: dict, call: Call) -> None:
         bound["pad"] = list(bound["pad"])
         if bound.get("mode") is None:
@@ -511,28 +544,100 @@ class SpecBuilder:
         self.layer("reshape", {"input": source, "shape": shape}, call)
 
     def slice(self, call: Call) -> None:
+        """``x[:, 1:3]`` is narrow, ``x[:, 0]`` narrow and squeeze, ``x[:, None]`` and ``g[..., None, None]``
+        unsqueeze: the narrows first, then the squeezes, then the new dims, each a layer."""
         source, index = call.arguments[0], call.arguments[1]
         index = index if isinstance(index, tuple) else (index,)
-        if any(item is Ellipsis for item in index):
+        taken = sum(1 for item in index if item is not None and item is not Ellipsis)  # dims the index reads
+        if sum(1 for item in index if item is Ellipsis) == 1:
             position = index.index(Ellipsis)
-            index = index[:position] + (slice(None),) * (source.dim() - len(index) + 1) + index[position + 1:]
-        if not all(isinstance(item, slice) for item in index) or len(index) > source.dim():
-            self.fail(call, "indexes with something other than start:stop slices", FIXES["__getitem__"])
+            index = index[:position] + (slice(None),) * max(source.dim() - taken, 0) + index[position + 1:]
+        if not all(item is None or isinstance(item, slice) or _is_int(item) for item in index) or taken > source.dim():
+            self.fail(call, "indexes with something other than start:stop slices, ints, None and ...", FIXES["__getitem__"])
             return
-        current = source
-        for dim, item in enumerate(index):
-            start, stop, step = item.indices(source.shape[dim])
+        current, dim, out, squeezed, new = source, 0, 0, [], []
+        for item in index:
+            if item is None:
+                new.append(out)
+                out += 1
+                continue
+            size = source.shape[dim]
+            if _is_int(item):
+                start, stop, step = item % size, item % size + 1, 1  # in range: PyTorch indexed with it
+                squeezed.append(dim)
+            else:
+                start, stop, step = item.indices(size)
+                out += 1
             if step != 1:
                 self.fail(call, "slices with a step", "slice with step 1")
                 return
-            if (start, stop) == (0, source.shape[dim]):
-                continue
-            narrowed = current.narrow(dim, start, max(stop - start, 0))
-            part = Call("narrow", torch.narrow, (current, dim, start, max(stop - start, 0)), {}, narrowed, call.where,
-                        call.module, call.leaf)
-            self.add(part)
-            current = narrowed
+            if (start, stop) != (0, size) or _is_int(item):
+                current = self.part(call, "narrow", current, dim, start, max(stop - start, 0))
+            dim += 1
+        for dim in reversed(squeezed):
+            current = self.part(call, "squeeze", current, dim)
+        for dim in new:
+            current = self.part(call, "unsqueeze", current, dim)
         self.alias(call, current)
+
+    def part(self, call: Call, name: str, tensor: torch.Tensor, *arguments: int, result: Any = None) -> torch.Tensor:
+        """One layer of a call that becomes several (``x[:, 0, None]``): ``name`` applied to ``tensor``."""
+        function = getattr(torch, name)
+        result = function(tensor, *arguments) if result is None else result
+        self.add(Call(name, function, (tensor, *arguments), {}, result, call.where, call.module, call.leaf))
+        return result
+
+    def pieces(self, call: Call) -> None:
+        """``x.chunk(2, dim=1)``, ``torch.split(x, [16, 48], 1)``, ``x.unbind(1)``: one narrow per piece, at the
+        offsets of the pieces the call returned (a size that depends on the input's is refused by the second run)."""
+        source, result = call.arguments[0] if call.arguments else call.keywords.get("input"), call.result
+        if not isinstance(source, torch.Tensor) or not isinstance(result, (tuple, list)) or source.dim() == 0:
+            return self.unknown(call)
+        position = 1 if call.name == "unbind" else 2
+        dim = call.keywords.get("dim", call.arguments[position] if len(call.arguments) > position else 0)
+        dim = dim % source.dim()
+        start = 0
+        for piece in result:
+            length = 1 if call.name == "unbind" else piece.shape[dim]
+            if length == 0:
+                start += length
+                continue  # an empty piece: nothing to differentiate; reading it is reported as an unknown tensor
+            if call.name == "unbind":
+                self.part(call, "squeeze", self.part(call, "narrow", source, dim, start, length), dim, result=piece)
+            else:
+                self.part(call, "narrow", source, dim, start, length, result=piece)
+            start += length
+
+    def transpose(self, call: Call) -> None:
+        """``x.transpose(1, 2)``, ``torch.swapaxes``, ``x.mT``, ``x.t()``, ``x.T``: a permute."""
+        source = call.arguments[0] if call.arguments else call.keywords.get("input")
+        if not isinstance(source, torch.Tensor):
+            return self.unknown(call)
+        rank = source.dim()
+        if call.name in TRANSPOSES:
+            bound = dict(zip(("input", *TRANSPOSES[call.name]), call.arguments)) | call.keywords
+            first, second = (bound.get(key) for key in TRANSPOSES[call.name])
+        elif call.name == "mT":
+            first, second = -2, -1
+        elif call.name == "T":
+            first, second = None, None
+        else:  # t(): a 2-d transpose, nothing for fewer dims
+            first, second = (0, 1) if rank == 2 else (0, 0)
+        if first is None:
+            dims = list(range(rank))[::-1]
+        else:
+            dims = list(range(rank))
+            dims[first % rank], dims[second % rank] = dims[second % rank], dims[first % rank]
+        if dims == list(range(rank)):
+            return self.alias(call, source)
+        self.layer("permute", {"input": source, "dims": dims}, call)
+
+    def reshape_as(self, call: Call) -> None:
+        """``x.view_as(y)``, ``x.reshape_as(y)``: ``x.reshape(y.shape)``, the batch kept generic as for ``view``."""
+        other = call.keywords.get("other", call.arguments[1] if len(call.arguments) > 1 else None)
+        if not isinstance(other, torch.Tensor):
+            return self.unknown(call)
+        self.reshape(dataclasses.replace(call, arguments=(call.arguments[0], tuple(other.shape)), keywords={}))
 
     def unknown(self, call: Call) -> None:
         tensors = [a for a in _flat(call.arguments, call.keywords) if isinstance(a, torch.Tensor)]
@@ -631,6 +736,10 @@ class SpecBuilder:
         self.reductions[id(call.result)] = Reduction(inner.how, inner.source, inner.loss, scale, inner.call)
         self.kept.append(call.result)
         return True
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
