@@ -341,3 +341,244 @@ class SEStage(nn.Module):
 
     def forward(self, x):
         return self.head(self.down(self.stem(x)))
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """timm's LayerNorm2d: LayerNorm over the channels of an NCHW tensor (NAFNet's own computes the same
+    with a custom autograd.Function)."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        x = x.permute(0, 3, 1, 2)
+        return x
+
+
+class SimpleGate(nn.Module):
+    def forward(self, x):
+        x1, x2 = x.chunk(2, dim=1)
+        return x1 * x2
+
+
+class NAFBlock(nn.Module):
+    """Chen et al. 2022 (megvii-research/NAFNet): depthwise conv, SimpleGate, simplified channel attention
+    and the learned residual scales beta and gamma ([1, C, 1, 1], zeros upstream; ``layer_scale`` here, so
+    that the gradients through the block are not zero in the tests)."""
+
+    def __init__(self, c, DW_Expand=2, FFN_Expand=2, drop_out_rate=0., layer_scale=0.):
+        super().__init__()
+        dw_channel = c * DW_Expand
+        self.conv1 = nn.Conv2d(in_channels=c, out_channels=dw_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True)
+        self.conv2 = nn.Conv2d(in_channels=dw_channel, out_channels=dw_channel, kernel_size=3, padding=1, stride=1,
+                               groups=dw_channel, bias=True)
+        self.conv3 = nn.Conv2d(in_channels=dw_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1,
+                               bias=True)
+
+        # Simplified Channel Attention
+        self.sca = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(in_channels=dw_channel // 2, out_channels=dw_channel // 2, kernel_size=1, padding=0, stride=1,
+                      groups=1, bias=True),
+        )
+
+        # SimpleGate
+        self.sg = SimpleGate()
+
+        ffn_channel = FFN_Expand * c
+        self.conv4 = nn.Conv2d(in_channels=c, out_channels=ffn_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True)
+        self.conv5 = nn.Conv2d(in_channels=ffn_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1,
+                               bias=True)
+
+        self.norm1 = LayerNorm2d(c)
+        self.norm2 = LayerNorm2d(c)
+
+        self.dropout1 = nn.Dropout(drop_out_rate) if drop_out_rate > 0. else nn.Identity()
+        self.dropout2 = nn.Dropout(drop_out_rate) if drop_out_rate > 0. else nn.Identity()
+
+        self.beta = nn.Parameter(torch.full((1, c, 1, 1), layer_scale), requires_grad=True)
+        self.gamma = nn.Parameter(torch.full((1, c, 1, 1), layer_scale), requires_grad=True)
+
+    def forward(self, inp):
+        x = inp
+
+        x = self.norm1(x)
+
+        x = self.conv1(x)
+        x = self.conv2(x)
+        x = self.sg(x)
+        x = x * self.sca(x)
+        x = self.conv3(x)
+
+        x = self.dropout1(x)
+
+        y = inp + x * self.beta
+
+        x = self.conv4(self.norm2(y))
+        x = self.sg(x)
+        x = self.conv5(x)
+
+        x = self.dropout2(x)
+
+        return y + x * self.gamma
+
+
+class NAFNet(nn.Module):
+    """The NAFNet U-shape at a small width: intro conv, encoders with stride-2 2x2 downs, middle blocks,
+    1x1 conv + PixelShuffle ups added to the skips, ending conv plus the input; the input padded to a
+    multiple of the depth's stride (``check_image_size``) and cropped back."""
+
+    def __init__(self, img_channel=3, width=8, middle_blk_num=1, enc_blk_nums=(1,), dec_blk_nums=(1,), layer_scale=0.5):
+        super().__init__()
+
+        self.intro = nn.Conv2d(in_channels=img_channel, out_channels=width, kernel_size=3, padding=1, stride=1, groups=1,
+                               bias=True)
+        self.ending = nn.Conv2d(in_channels=width, out_channels=img_channel, kernel_size=3, padding=1, stride=1, groups=1,
+                                bias=True)
+
+        self.encoders = nn.ModuleList()
+        self.decoders = nn.ModuleList()
+        self.middle_blks = nn.ModuleList()
+        self.ups = nn.ModuleList()
+        self.downs = nn.ModuleList()
+
+        chan = width
+        for num in enc_blk_nums:
+            self.encoders.append(nn.Sequential(*[NAFBlock(chan, layer_scale=layer_scale) for _ in range(num)]))
+            self.downs.append(nn.Conv2d(chan, 2 * chan, 2, 2))
+            chan = chan * 2
+
+        self.middle_blks = nn.Sequential(*[NAFBlock(chan, layer_scale=layer_scale) for _ in range(middle_blk_num)])
+
+        for num in dec_blk_nums:
+            self.ups.append(nn.Sequential(nn.Conv2d(chan, chan * 2, 1, bias=False), nn.PixelShuffle(2)))
+            chan = chan // 2
+            self.decoders.append(nn.Sequential(*[NAFBlock(chan, layer_scale=layer_scale) for _ in range(num)]))
+
+        self.padder_size = 2 ** len(self.encoders)
+
+    def forward(self, x):  # upstream's argument is inp; the tests pass x
+        inp = x
+        B, C, H, W = inp.shape
+        inp = self.check_image_size(inp)
+
+        x = self.intro(inp)
+
+        encs = []
+
+        for encoder, down in zip(self.encoders, self.downs):
+            x = encoder(x)
+            encs.append(x)
+            x = down(x)
+
+        x = self.middle_blks(x)
+
+        for decoder, up, enc_skip in zip(self.decoders, self.ups, encs[::-1]):
+            x = up(x)
+            x = x + enc_skip
+            x = decoder(x)
+
+        x = self.ending(x)
+        x = x + inp
+
+        return x[:, :, :H, :W]
+
+    def check_image_size(self, x):
+        _, _, h, w = x.size()
+        mod_pad_h = (self.padder_size - h % self.padder_size) % self.padder_size
+        mod_pad_w = (self.padder_size - w % self.padder_size) % self.padder_size
+        x = F.pad(x, (0, mod_pad_w, 0, mod_pad_h))
+        return x
+
+
+def _make_divisible(v: float, divisor: int, min_value=None) -> int:
+    if min_value is None:
+        min_value = divisor
+    new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+    if new_v < 0.9 * v:
+        new_v += divisor
+    return new_v
+
+
+class Conv2dNormActivation(nn.Sequential):
+    """torchvision.ops.misc.Conv2dNormActivation: conv, BatchNorm, an activation made with inplace=True."""
+
+    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, groups=1, norm_layer=nn.BatchNorm2d,
+                 activation_layer=nn.ReLU):
+        padding = (kernel_size - 1) // 2
+        layers = [nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False),
+                  norm_layer(out_channels)]
+        if activation_layer is not None:
+            layers.append(activation_layer(inplace=True))
+        super().__init__(*layers)
+
+
+class SqueezeExcitation(nn.Module):
+    """torchvision.ops.misc.SqueezeExcitation as MobileNetV3 builds it: ReLU inside, Hardsigmoid gate."""
+
+    def __init__(self, input_channels, squeeze_channels, activation=nn.ReLU, scale_activation=nn.Hardsigmoid):
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(input_channels, squeeze_channels, 1)
+        self.fc2 = nn.Conv2d(squeeze_channels, input_channels, 1)
+        self.activation = activation()
+        self.scale_activation = scale_activation()
+
+    def _scale(self, input):
+        scale = self.avgpool(input)
+        scale = self.fc1(scale)
+        scale = self.activation(scale)
+        scale = self.fc2(scale)
+        return self.scale_activation(scale)
+
+    def forward(self, input):
+        scale = self._scale(input)
+        return scale * input
+
+
+class InvertedResidual(nn.Module):
+    """torchvision's MobileNetV3 block: 1x1 expand, depthwise conv, SE, 1x1 project, ``result += input``."""
+
+    def __init__(self, input_channels, kernel, expanded_channels, out_channels, use_se, use_hs, stride):
+        super().__init__()
+        self.use_res_connect = stride == 1 and input_channels == out_channels
+        layers = []
+        activation_layer = nn.Hardswish if use_hs else nn.ReLU
+        if expanded_channels != input_channels:  # expand
+            layers.append(Conv2dNormActivation(input_channels, expanded_channels, kernel_size=1,
+                                               activation_layer=activation_layer))
+        layers.append(Conv2dNormActivation(expanded_channels, expanded_channels, kernel_size=kernel, stride=stride,
+                                           groups=expanded_channels, activation_layer=activation_layer))  # depthwise
+        if use_se:
+            squeeze_channels = _make_divisible(expanded_channels // 4, 8)
+            layers.append(SqueezeExcitation(expanded_channels, squeeze_channels))
+        layers.append(Conv2dNormActivation(expanded_channels, out_channels, kernel_size=1, activation_layer=None))  # project
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, input):
+        result = self.block(input)
+        if self.use_res_connect:
+            result += input
+        return result
+
+
+class MobileNetV3(nn.Module):
+    """A small MobileNetV3: hardswish stem, inverted residuals with SE gates (a residual one, a strided
+    one), the last conv, global average pool and the Linear-Hardswish-Dropout-Linear classifier."""
+
+    def __init__(self, classes: int = 5, dropout: float = 0.0):
+        super().__init__()
+        settings = [(8, 3, 16, 8, True, True, 1), (8, 5, 24, 12, True, True, 2), (12, 3, 24, 12, False, False, 1)]
+        layers = [Conv2dNormActivation(3, 8, kernel_size=3, stride=2, activation_layer=nn.Hardswish)]
+        layers += [InvertedResidual(*setting) for setting in settings]
+        layers.append(Conv2dNormActivation(12, 32, kernel_size=1, activation_layer=nn.Hardswish))
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(nn.Linear(32, 16), nn.Hardswish(inplace=True), nn.Dropout(p=dropout, inplace=True),
+                                        nn.Linear(16, classes))
+
+    def forward(self, x):
+        x = self.features(x)
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        x = self.classifier(x)
+        return x

@@ -43,6 +43,9 @@ CASES = {
     "espcn": Case(models.ESPCN, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 6, 10)}, RESTORATION),
     # traced where the last gate's feature map is 1x1: its broadcast must be summed back at every other size
     "se_gate": Case(models.SEStage, {"x": (2, 3, 2, 2)}, {"x": (3, 3, 10, 6)}, RESTORATION),
+    # SimpleGate's chunk, channel attention x * sca(x), beta/gamma [1, C, 1, 1], a channel LayerNorm by permutes
+    "nafnet": Case(models.NAFNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, RESTORATION),
+    "mobilenet_v3": Case(models.MobileNetV3, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     "srcnn": Case(models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")),
 }
 
