@@ -82,9 +82,10 @@ NEUTRAL = {"alpha": 1, "scale": 1, "input_scale": 1}
 IGNORED = {"inplace", "cudnn_enabled"}
 """Arguments that do not change the value (an in-place op is traced as its out-of-place op)."""
 
-TRANSPOSES = {"transpose": ("dim0", "dim1"), "transpose_": ("dim0", "dim1"), "swapaxes": ("axis0", "axis1"),
-              "swapaxes_": ("axis0", "axis1"), "swapdims": ("dim0", "dim1"), "swapdims_": ("dim0", "dim1")}
-"""Calls that swap two dims, with PyTorch's names for them: a ``permute`` (so are ``x.mT``, ``x.t()``, ``x.T``)."""
+TRANSPOSES = {"transpose": ("dim0", "dim1"), "swapaxes": ("axis0", "axis1"), "swapdims": ("dim0", "dim1")}
+"""Calls that swap two dims, with PyTorch's names for them: a ``permute`` (so are ``x.mT``, ``x.t()``, ``x.T``).
+The in-place ones (``transpose_``) change a tensor's shape after the fact, which the walk, reading shapes
+once the code has run, cannot see: they stay refused, as ``squeeze_`` and ``unsqueeze_`` do."""
 
 PIECES = {"chunk", "split", "tensor_split", "unbind"}
 """Calls that cut a tensor into a tuple of pieces: one ``narrow`` per piece (``unbind`` adds a ``squeeze``)."""
@@ -300,7 +301,7 @@ class SpecBuilder:
             self.reshape_as(call)
         elif name == "permute":
             self.layer("permute", {"input": call.arguments[0], "dims": list(_sizes(call, "dims"))}, call)
-        elif name in TRANSPOSES or name in ("mT", "T", "t", "t_"):
+        elif name in TRANSPOSES or name in ("mT", "T", "t"):
             self.transpose(call)
         elif name in PIECES:
             self.pieces(call)
