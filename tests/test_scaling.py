@@ -4,6 +4,7 @@ make it flaky. The timings themselves are ``python -m benchmarks.generation --de
 from __future__ import annotations
 
 import cProfile
+import math
 import pstats
 
 import pytest
@@ -54,6 +55,20 @@ def test_abbreviated_sizes_give_the_same_test_shapes(text, monkeypatch):
         monkeypatch.setattr(shapes, "ABBREVIATE", limit)
         found[limit] = shapes.small_shapes(graph)
     assert found[40] == found[10 ** 9] and found[3] == found[10 ** 9]
+
+
+def test_a_plain_chain_shrinks_every_kernel_alike():
+    """Every 3x3 kernel of a conv -> ReLU chain shrinks to 2x2 (the image then grows a pixel a layer)
+    and grows back to 3x3 in the second set: mixed 2x2 and 3x3 kernels on a 2x2 image made the deep
+    chain's gradgradcheck cross ReLU kinks. A chain whose image would outgrow ``LARGEST_TEST_NODE``
+    keeps its test tensors within it."""
+    first, second = shapes.small_shapes(build_graph(parse_spec(chain_spec(50, channels=2, batch=2, size=8), "c.yaml")))
+    assert first.pop("y") == (2, 2, 52, 52) and set(first.values()) == {(2, 2, 2, 2)}
+    assert set(second.values()) == {(3, 3, 3, 3)}
+    graph = build_graph(parse_spec(chain_spec(300, channels=2, batch=2, size=8), "c.yaml"))
+    for small in shapes.small_shapes(graph):
+        resized = graph.with_input_shapes(small)
+        assert max(math.prod(node.shape) for node in resized.nodes.values()) <= shapes.LARGEST_TEST_NODE
 
 
 def test_simple_layout_routes_edges_around_nodes(monkeypatch):
