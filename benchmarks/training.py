@@ -128,7 +128,7 @@ WHY = ("*Why the targets are missed on this CPU.* Memory now follows autograd's 
        "the drop-in backward keeps its saved values in a plain list and frees each at its last use, as autograd "
        "frees a node's saved values once its backward has run; the U-Net's extra is its concatenated skips, which "
        "the explicit backward holds until their last reader. Speed: against autograd in the default layout the "
-       "bound step is within 2-14%, the rest being one Python autograd.Function around the whole backward and "
+       "bound step is 2-12% slower, the gap being one Python autograd.Function around the whole backward and "
        "out-of-place ReLUs where the models' own are in-place. Against autograd in channels_last, which wins "
        "from 224² and on the U-Net, the gap is the layout: the generated module chooses channels_last from the "
        "spec's shapes, and these networks were traced at 32² (16² for the U-Net), below the threshold, so they "
