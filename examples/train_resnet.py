@@ -56,40 +56,6 @@ class BasicBlock(nn.Module):
         return self.relu(out)
 
 
-class ResNet18(nn.Module):
-    """torchvision's ResNet-18 layout (7x7 stem, max-pool, four stages of two BasicBlocks)."""
-
-    def __init__(self, width=64, num_classes=10):
-        super().__init__()
-        self.inplanes = width
-        self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(width)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.layer1 = self._make_layer(width, 2)
-        self.layer2 = self._make_layer(width * 2, 2, stride=2)
-        self.layer3 = self._make_layer(width * 4, 2, stride=2)
-        self.layer4 = self._make_layer(width * 8, 2, stride=2)
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(width * 8, num_classes)
-
-    def _make_layer(self, planes, blocks, stride=1):
-        downsample = None
-        if stride != 1 or self.inplanes != planes:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(planes))
-        layers = [BasicBlock(self.inplanes, planes, stride, downsample)]
-        self.inplanes = planes
-        for _ in range(1, blocks):
-            layers.append(BasicBlock(self.inplanes, planes))
-        return nn.Sequential(*layers)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
 class Bottleneck(nn.Module):
     expansion = 4
 
@@ -115,33 +81,46 @@ class Bottleneck(nn.Module):
         return self.relu(out)
 
 
-class ResNet50(ResNet18):
-    """torchvision's ResNet-50 layout: four stages of [3, 4, 6, 3] Bottlenecks."""
+class ResNet(nn.Module):
+    """torchvision's ResNet layout: 7x7 stem, max-pool, four stages of blocks, average pool, linear."""
 
-    def __init__(self, width=64, num_classes=10):
-        nn.Module.__init__(self)
+    def __init__(self, block, layers, width=64, num_classes=10):
+        super().__init__()
         self.inplanes = width
         self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.layer1 = self._make_layer(width, 3)
-        self.layer2 = self._make_layer(width * 2, 4, stride=2)
-        self.layer3 = self._make_layer(width * 4, 6, stride=2)
-        self.layer4 = self._make_layer(width * 8, 3, stride=2)
+        self.layer1 = self._make_layer(block, width, layers[0])
+        self.layer2 = self._make_layer(block, width * 2, layers[1], stride=2)
+        self.layer3 = self._make_layer(block, width * 4, layers[2], stride=2)
+        self.layer4 = self._make_layer(block, width * 8, layers[3], stride=2)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(width * 8 * 4, num_classes)
+        self.fc = nn.Linear(width * 8 * block.expansion, num_classes)
 
-    def _make_layer(self, planes, blocks, stride=1):
+    def _make_layer(self, block, planes, blocks, stride=1):
         downsample = None
-        if stride != 1 or self.inplanes != planes * 4:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(planes * 4))
-        layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
-        self.inplanes = planes * 4
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(planes * block.expansion))
+        layers = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
         for _ in range(1, blocks):
-            layers.append(Bottleneck(self.inplanes, planes))
+            layers.append(block(self.inplanes, planes))
         return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def ResNet18(width=64, num_classes=10):
+    return ResNet(BasicBlock, [2, 2, 2, 2], width, num_classes)
+
+
+def ResNet50(width=64, num_classes=10):
+    return ResNet(Bottleneck, [3, 4, 6, 3], width, num_classes)
 
 
 class DoubleConv(nn.Sequential):
