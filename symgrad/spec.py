@@ -55,9 +55,10 @@ REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward, gradients and gradients_fast."""
 INPUT_KEYS = ("shape", "dtype", "source")
-SOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z0-9_]{1,64}){0,31}\Z")
+SOURCE = re.compile(r"[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,31}\Z")
 """An input's ``source:``, the ``state_dict()`` key of the model parameter or buffer it was traced
-from (``layer1.0.conv1.weight``): dotted identifiers or indices, nothing else."""
+from (``layer1.0.conv1.weight``, ``0.weight`` for an nn.Sequential): dotted identifiers or indices, nothing
+else."""
 DTYPES = ("float", "int64")
 """``int64`` inputs are class indices (the target of cross_entropy / nll_loss): never differentiated."""
 LOSS_STRUCTURE_KEYS = ("op", "in", "target", "reduction")
@@ -319,8 +320,8 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                             declaration.value_locations["dtype"], f"use one of: {', '.join(DTYPES)}")
         source = declaration.get("source")
         if source is not None and not (isinstance(source, str) and SOURCE.match(source)):
-            raise SpecError(f"input '{input_name}' has source {_kind(source) if not isinstance(source, str) else repr(source[:80])}, "
-                            "not a state_dict key", declaration.value_locations["source"],
+            shown = repr(source[:80]) if isinstance(source, str) else _kind(source)
+            raise SpecError(f"input '{input_name}' has source {shown}, not a state_dict key", declaration.value_locations["source"],
                             "write the parameter's or buffer's dotted path, e.g. `source: layer1.0.conv1.weight`")
         inputs.append(InputSpec(input_name, _shape(declaration, input_name), location, dtype, source))
 

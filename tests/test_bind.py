@@ -182,3 +182,32 @@ def test_generated_seed_module_under_cpu_bfloat16_autocast_is_as_accurate_as_aut
         their_error = ((autograds.double() - expected).norm() / expected.norm()).item()
         assert their_error > 1e-4, "autocast did not lower the precision: the comparison would prove nothing"
         assert our_error <= 4 * their_error, (name, our_error, their_error)
+
+
+@pytest.mark.parametrize("source", ["conv1.weight'); import os #", "a..b", "-1.weight", "[1, 2]", "a b"])
+def test_a_source_that_is_not_a_state_dict_key_is_refused_at_its_line(source):
+    """Only dotted identifiers and indices reach the generated module's SOURCES table."""
+    from symgrad.errors import SpecError
+    from symgrad.spec import parse_spec
+
+    text = (f"name: s\ninputs:\n  x: {{shape: [2, 3]}}\n  w: {{shape: [3], source: {source!r}}}\n  y: {{shape: [2, 3]}}\n"
+            "layers:\n  - {op: mul, in: [x, w], out: h}\nloss: {op: mse_loss, in: h, target: y}\nwrt: [w]\n")
+    with pytest.raises(SpecError, match=r"s.yaml:4:\d+: error: input 'w' has source .* not a state_dict key"):
+        parse_spec(text, "s.yaml")
+
+
+def test_a_model_that_is_an_nn_sequential_binds_by_its_index_keys():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.BatchNorm2d(2), torch.nn.ReLU(),
+                                torch.nn.Conv2d(2, 1, 1)).double()
+    reference = copy.deepcopy(model)
+    text = trace(model, {"input": (2, 1, 6, 6)}, name="sequential", loss=LossChoice("mse_loss", "y"), mode="train")
+    assert "source: 0.weight" in text
+    built = build_text(text, "sequential.yaml")
+    step = symgrad.bind(module_from_source(built.rendered.files["sequential.py"], "sequential"), model)
+    x, y = torch.randn(3, 1, 5, 7, dtype=torch.float64), torch.randn(3, 1, 5, 7, dtype=torch.float64)
+    step(input=x, y=y).backward()
+    F.mse_loss(reference(x), y).backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max()
+    assert torch.equal(model[1].running_mean, reference[1].running_mean)
