@@ -208,6 +208,7 @@ def test_a_model_that_is_an_nn_sequential_binds_by_its_index_keys():
     x, y = torch.randn(3, 1, 5, 7, dtype=torch.float64), torch.randn(3, 1, 5, 7, dtype=torch.float64)
     step(input=x, y=y).backward()
     F.mse_loss(reference(x), y).backward()
+    scale = max(p.grad.abs().max() for p in reference.parameters())  # conv 0's bias feeds BatchNorm: zero by structure
     for ours, theirs in zip(model.parameters(), reference.parameters()):
-        assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max()
+        assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * scale
     assert torch.equal(model[1].running_mean, reference[1].running_mean)
