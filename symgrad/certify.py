@@ -198,6 +198,8 @@ LINEAR_CASES = [
     ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
     ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
     ("unsqueeze", {"x": (2, 3)}, {"op": "unsqueeze", "dim": 1}, ("x",)),
+    ("sum", {"x": (2, 3, 2)}, {"op": "sum", "dim": [1], "keepdim": True}, ("x",)),
+    ("mean", {"x": (2, 3, 2)}, {"op": "mean", "dim": [0, 2]}, ("x",)),
     ("squeeze", {"x": (2, 1, 3)}, {"op": "squeeze", "dim": -2}, ("x",)),
     ("narrow", {"x": (2, 5, 3)}, {"op": "narrow", "dim": 1, "start": 1, "length": 3}, ("x",)),
     ("interpolate", {"x": (1, 2, 2, 3)}, {"op": "interpolate", "scale_factor": [2, 3]}, ("x",)),

@@ -165,7 +165,7 @@ def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contr
     ``x * s``, ``s`` of shape [N, C, 1, 1], traced where ``x`` is 1 x 1 too), so the sum is emitted
     for every such operand; where nothing was broadcast it costs nothing (``sum_to_size`` of a
     tensor to its own shape returns it)."""
-    if not getattr(consumer.rule, "broadcasts", False):
+    if not getattr(consumer.rule, "broadcasts", False) or contribution.is_number:  # a number (0 * y) has no shape
         return contribution
     lower_rank = len(source.shape) < len(consumer.shape)
     if consumer.shape != source.shape or lower_rank or 1 in source.shape:

@@ -582,3 +582,43 @@ class MobileNetV3(nn.Module):
         x = torch.flatten(x, 1)
         x = self.classifier(x)
         return x
+
+
+class LayerNorm2d(nn.Module):
+    """ConvNeXt's channels-first LayerNorm as its authors write it: the mean and variance over the
+    channel dim by hand, the affine parameters indexed up to [C, 1, 1]."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.eps = eps
+
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt stage: stem with LayerNorm2d, then blocks of depthwise 7x7, LayerNorm2d, 1x1 expand,
+    GELU, 1x1 project, layer scale gamma[:, None, None] and the residual."""
+
+    def __init__(self, width: int = 4, depth: int = 2):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 2, stride=2), LayerNorm2d(width))
+        self.blocks = nn.ModuleList()
+        for _ in range(depth):
+            self.blocks.append(nn.ModuleDict({
+                "dwconv": nn.Conv2d(width, width, 7, padding=3, groups=width), "norm": LayerNorm2d(width),
+                "pwconv1": nn.Conv2d(width, 4 * width, 1), "act": nn.GELU(), "pwconv2": nn.Conv2d(4 * width, width, 1)}))
+        self.gamma = nn.Parameter(torch.full((depth, width), 0.5))
+        self.head = nn.Conv2d(width, 3, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for index, block in enumerate(self.blocks):
+            y = block["pwconv2"](block["act"](block["pwconv1"](block["norm"](block["dwconv"](x)))))
+            x = x + self.gamma[index][:, None, None] * y
+        return self.head(x)

@@ -46,6 +46,7 @@ CASES = {
     # SimpleGate's chunk, channel attention x * sca(x), beta/gamma [1, C, 1, 1], a channel LayerNorm by permutes
     "nafnet": Case(models.NAFNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, RESTORATION),
     "mobilenet_v3": Case(models.MobileNetV3, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
+    "convnext": Case(models.ConvNeXtBlock, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, RESTORATION),
     "srcnn": Case(models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")),
 }
 

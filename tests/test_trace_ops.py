@@ -92,6 +92,10 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("squeeze", lambda x: F.adaptive_avg_pool2d(x, 1).squeeze(), X),
     ("squeeze", lambda x: x[:, :1].squeeze(1), X),
     ("squeeze", lambda x: x.mean((2, 3), keepdim=True).squeeze(-1).squeeze(-1), X),
+    ("mean", lambda x: x - x.mean(1, keepdim=True), X),  # a hand-written LayerNorm's channel mean
+    ("mean", lambda x: torch.mean(x * x, dim=(1, 3)), X),
+    ("sum", lambda x: x * x.sum(dim=-1, keepdim=True), X),
+    ("sum", lambda x: torch.sum(x, (0, 2)), X),
     ("unsqueeze", lambda x: x[:, None] * x.unsqueeze(2), {"x": (2, 3, 8)}),
     ("unsqueeze", lambda x, gamma: x * gamma[..., None, None], {"x": X["x"], "gamma": (3,)}),
     ("unsqueeze", lambda x: x * x.mean((2, 3))[:, :, None, None], X),

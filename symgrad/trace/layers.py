@@ -99,8 +99,6 @@ IN_PLACE_BOOKKEEPING = {"add_", "sub_", "mul_", "fill_", "zero_", "copy_", "__ia
 """In-place calls on a buffer (BatchNorm's ``num_batches_tracked += 1``): statistics bookkeeping."""
 
 FIXES = {
-    "sum": "reduce only at the end, as the loss (`.sum()`, `.mean()`, or `.sum(dim=[1, ...])` per sample)",
-    "mean": "reduce only at the end, as the loss (`.sum()`, `.mean()`, or `.sum(dim=[1, ...])` per sample)",
     "detach": "remove .detach(): symgrad differentiates every path to the loss",
     "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]); "
                    "write other indexing as narrow, cat and reshape",
@@ -664,9 +662,8 @@ class SpecBuilder:
         else:
             dims = sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims))
             how = "per_sample" if call.name == "sum" and dims == list(range(1, rank)) and not keepdim else None
-        if how is None:
-            self.fail(call, f"reduces over dims {dims}, which only the loss may do, and only as .sum(), .mean() or a sum "
-                      "over every dim but the first", FIXES["sum"])
+        if how is None:  # a reduction inside the network (a hand-written LayerNorm's channel mean): a layer
+            self.layer(call.name, {"input": source, "dim": dims, "keepdim": bool(keepdim)}, call)
             return
         inner = self.reductions.get(id(source))
         if inner is not None:  # F.mse_loss(..., reduction='none').sum()
