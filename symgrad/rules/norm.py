@@ -251,9 +251,9 @@ class BatchNorm(_Norm):
             return Forward(value)
         # the fused pullback reads the batch mean and 1 / std this kernel computes anyway (as autograd saves them)
         momentum = params.get("momentum", 0)
-        native = node.local("native", op("native_batch_norm", *(node.operands.get(name) for name in NATIVE_ORDER
-                                                                  if name in node.operands),
-                                         operand_names=tuple(name for name in NATIVE_ORDER if name in node.operands),
+        present = tuple(name for name in NATIVE_ORDER if name in node.operands)
+        native = node.local("native", op("native_batch_norm", *(node.operands[name] for name in present),
+                                         operand_names=present,
                                          momentum=momentum, eps=node.params["eps"]),
                             note=f"{node.name} with the batch statistics its gradient reads")
         node.local("batch_mean", op("item", native, index=1), note=f"{node.name}'s batch mean")
@@ -261,6 +261,9 @@ class BatchNorm(_Norm):
         return Forward(op("item", native, index=0), math=value)
 
     def pullback(self, node, grad, wanted):
+        unsupported = wanted & {"running_mean", "running_var"}
+        if unsupported:
+            raise NotImplementedError(f"gradients of batch_norm's {sorted(unsupported)} are not derived")
         rank = len(node.shapes["input"])
         view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731 - [C] -> [C, 1, ...]
         weight = view(node.operands["weight"]) if "weight" in node.operands else None
@@ -276,17 +279,11 @@ class BatchNorm(_Norm):
         grads = self._affine_grads(node, grad, xhat, wanted, sum_dims)
         if "input" in wanted:
             grads["input"] = grad_x
-        unsupported = wanted & {"running_mean", "running_var"}
-        if unsupported:
-            raise NotImplementedError(f"gradients of batch_norm's {sorted(unsupported)} are not derived")
         return grads
 
     def _fused_pullback(self, node, grad, wanted):
         """Training mode: every wanted gradient from one ``native_batch_norm_backward`` call (autograd's
         own kernel), the readable formula above in fewer passes over memory."""
-        unsupported = wanted & {"running_mean", "running_var"}
-        if unsupported:
-            raise NotImplementedError(f"gradients of batch_norm's {sorted(unsupported)} are not derived")
         names = ("input", "weight", "bias")
         mask = tuple(name in wanted for name in names)
         weighted = "weight" in node.operands  # the batch statistics are named by forward() above
