@@ -194,6 +194,8 @@ LINEAR_CASES = [
     ("conv_transpose1d (unbatched)", {"x": (2, 3), "w": (2, 2, 2)},
      {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1}, ("x", "w")),
     ("pixel_shuffle", {"x": (1, 4, 2, 3)}, {"op": "pixel_shuffle", "upscale_factor": 2}, ("x",)),
+    ("pixel_unshuffle", {"x": (1, 1, 4, 2)}, {"op": "pixel_unshuffle", "downscale_factor": 2}, ("x",)),
+    ("stack (second input)", {"x": (2, 3), "v": (2, 3)}, {"op": "stack", "in": ["x", "v"], "dim": 1}, ("v",)),
     ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
     ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
     ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),

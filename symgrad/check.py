@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .graph import Graph
 from .roles import channels_last_inputs, input_roles
@@ -58,35 +57,21 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
         arguments.update({operand.name: None for operand in node.rule.operands  # absent optional tensors
                           if operand.optional and operand.name not in arguments})
         arguments.update({name: float(value) for name, value in node.constants.items()})
+        params = {key: float(value) if hasattr(value, "is_number") else value
+                  for key, value in node.rule.reference_params(node.params).items()
+                  if value is not None}  # unset options (divisor_override) stay implicit
         if node.kind == "loss":
-            prediction, target = arguments["input"], arguments["target"]
-            params = {key: float(value) for key, value in node.params.items() if key != "reduction"}
-            if getattr(node.rule, "class_targets", False):
-                per_element = getattr(F, node.rule.op)(prediction, target, reduction="none")
-            elif node.rule.op == "half_sq_error":
-                per_element = 0.5 * (prediction - target) ** 2
-            else:  # PyTorch's own loss, unreduced
-                per_element = getattr(F, node.rule.op)(prediction, target, reduction="none", **params)
-            reduction = node.params["reduction"]
+            reduction = params.pop("reduction")
+            per_element = node.rule.reference(arguments, params)
             if reduction == "per_sample":
                 values[node.name] = per_element.flatten(1).sum(1) if per_element.dim() > 1 else per_element
             else:
                 values[node.name] = getattr(per_element, reduction)()
             continue
-        function = getattr(F, node.rule.op, None) or getattr(torch, node.rule.op)
-        params = {key: float(value) if hasattr(value, "is_number") else value
-                  for key, value in node.rule.reference_params(node.params).items()
-                  if value is not None}  # unset options (divisor_override) stay implicit
         with warnings.catch_warnings():  # PyTorch's note that asymmetric 'same' copies the input: known, and fine
             warnings.filterwarnings("ignore", message="Using padding='same'")
-            values[node.name] = function(**arguments, **params) if node.rule.op not in METHODS else \
-                METHODS[node.rule.op](**arguments, **params)
+            values[node.name] = node.rule.reference(arguments, params)
     return values
-
-
-# ops that PyTorch spells as tensor methods, called here with their spec argument names
-METHODS = {"reshape": lambda input, shape: input.reshape(shape), "permute": lambda input, dims: input.permute(dims),
-           "cat": lambda dim, **tensors: torch.cat([tensors[f"tensors_{i}"] for i in range(len(tensors))], dim=dim)}
 
 
 def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0,

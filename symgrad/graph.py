@@ -192,7 +192,7 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
     take nothing else as their target."""
     for node in nodes.values():
         for operand, source in node.operands.items():
-            classifies = getattr(node.rule, "class_targets", False) and operand == "target"
+            classifies = node.rule.class_targets and operand == "target"
             if nodes[source].dtype == "int64" and not classifies:
                 raise SpecError(f"'{source}' is int64 (class indices), but {node.rule.op} '{node.name}' reads it as its "
                                 f"{operand}", node.location, "use int64 inputs only as the target of cross_entropy or nll_loss")

@@ -19,17 +19,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import CONSTANT, TensorOp, op, primitive, tensor
+from .algebra import op, tensor
 from .graph import Graph, Node
 
 GRAD_LOSS = tensor("grad_loss")
-
-primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
-          latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
-primitive("sum_to_size",
-          code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]}.shape)",
-          latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)",
-          tangent=lambda expr, tangent_of: TensorOp("sum_to_size", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
 
 
 @dataclass
@@ -165,7 +158,7 @@ def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contr
     ``x * s``, ``s`` of shape [N, C, 1, 1], traced where ``x`` is 1 x 1 too), so the sum is emitted
     for every such operand; where nothing was broadcast it costs nothing (``sum_to_size`` of a
     tensor to its own shape returns it)."""
-    if not getattr(consumer.rule, "broadcasts", False) or contribution.is_number:  # a number (0 * y) has no shape
+    if not consumer.rule.broadcasts or contribution.is_number:  # a number (0 * y) has no shape
         return contribution
     lower_rank = len(source.shape) < len(consumer.shape)
     if consumer.shape != source.shape or lower_rank or 1 in source.shape:
@@ -224,7 +217,7 @@ def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, 
             continue  # batch data (x): sample n's loss only sees x[n], so its gradient is already per sample
         terms = []
         for node, operand in consumers:
-            pullback = getattr(node.rule, "per_sample_pullback", None)
+            pullback = node.rule.per_sample_pullback
             term = pullback(graph.symbols(node), tensor(f"grad_{node.name}"), operand) if pullback else None
             if term is None:
                 raise SpecError(f"per-sample gradients of '{name}' as the {operand} of {node.rule.op} "

@@ -9,42 +9,25 @@ from __future__ import annotations
 
 from .graph import Graph
 
-RELU_LIKE = frozenset({"relu", "leaky_relu", "relu6", "elu", "gelu", "silu", "hardtanh"})
-"""Activations after which He's gain sqrt(2) keeps the activations' scale (half the inputs are cut)."""
-
-NORMALISATIONS = frozenset({"batch_norm", "layer_norm", "group_norm"})
-
-
-def _fan_in_axes(op: str, rank: int) -> list[int]:
-    """Axes of the weight whose product is the number of terms each output sums (nn.init's fan_in)."""
-    if op.startswith("conv_transpose"):
-        return [0, *range(2, rank)]  # [C_in, C_out/groups, kernel...]: every input channel reaches each output
-    return [1, *range(2, rank)]  # conv [C_out, C_in/groups, kernel...], linear [out, in]
-
 
 def input_roles(graph: Graph) -> dict[str, list]:
-    """{input name: [role, gain, fan_in_axes]} for the inputs whose role is not plain data."""
+    """{input name: [role, gain, fan_in_axes]} for the inputs whose role is not plain data, as the rule
+    of the op that first reads each declares it (``Rule.operand_roles``)."""
     roles: dict[str, list] = {}
     for node in graph.nodes.values():
         if node.kind == "input" or node.rule is None:
             continue
-        op = node.rule.op
         for operand, source in node.operands.items():
-            if source in roles or graph.nodes[source].kind != "input" or graph.nodes[source].dtype == "int64":
+            role = node.rule.operand_roles.get(operand)
+            if role is None or source in roles or graph.nodes[source].kind != "input" \
+                    or graph.nodes[source].dtype == "int64":
                 continue
-            role = None
-            if operand == "weight" and op in NORMALISATIONS:
-                role = ["scale", 1.0, []]
-            elif operand == "weight" and (op.startswith("conv") or op == "linear"):
-                activated = any(consumer.rule.op in RELU_LIKE for consumer, _ in graph.consumers(node.name)
-                                if consumer.rule is not None)
-                role = ["weight", 2 ** 0.5 if activated else 1.0, _fan_in_axes(op, len(graph.nodes[source].shape))]
-            elif operand in ("bias", "running_mean"):
-                role = ["shift", 1.0, []]
-            elif operand == "running_var":
-                role = ["variance", 1.0, []]
-            if role is not None:
-                roles[source] = role
+            if role == "weight":
+                gain = max((consumer.rule.activation_gain for consumer, _ in graph.consumers(node.name)
+                            if consumer.rule is not None), default=1.0)
+                roles[source] = [role, gain, node.rule.fan_in_axes(len(graph.nodes[source].shape))]
+            else:
+                roles[source] = [role, 1.0, []]
     return roles
 
 
@@ -57,8 +40,8 @@ def zero_by_structure(graph: Graph) -> dict[str, str]:
         bias = node.operands.get("bias")
         if node.kind != "layer" or bias is None or bias not in graph.wrt or graph.nodes[bias].kind != "input":
             continue
-        if not (node.rule.op.startswith("conv") or node.rule.op == "linear"):
-            continue
+        if node.rule.operand_roles.get("weight") != "weight":
+            continue  # not a convolution or linear layer
         consumers = graph.consumers(node.name)
         if consumers and all(consumer.rule.op == "batch_norm" and consumer.params.get("training") and operand == "input"
                              for consumer, operand in consumers):

@@ -144,6 +144,19 @@ CASES = [
     pytest.param(torch_case("mean", {"x": [2, 3, 4, 5]}, ["x"], torch.mean, dim=[-1, 2]), id="mean-spatial"),
     pytest.param(torch_case("sum", {"x": [2, 3, 4, 5]}, ["x"], torch.sum, dim=[2, 3], keepdim=True), id="sum-spatial-keepdim"),
     pytest.param(torch_case("sum", {"x": [3, 4, 5]}, ["x"], torch.sum, dim=[0, 2]), id="sum-batch-and-last"),
+    pytest.param(torch_case("var", {"x": [2, 3, 4, 5]}, ["x"], torch.var, dim=[1], keepdim=True, unbiased=False),
+                 id="var-channels-keepdim-biased"),
+    pytest.param(torch_case("var", {"x": [3, 4, 5]}, ["x"], torch.var, dim=[0, 2]), id="var-unbiased"),
+    pytest.param(torch_case("std", {"x": [2, 3, 4, 5]}, ["x"], torch.std, dim=[-1], keepdim=True, correction=0),
+                 id="std-last-keepdim-correction0"),
+    pytest.param(torch_case("std", {"x": [2, 3, 4]}, ["x"], torch.std, dim=[1, 2]), id="std-spatial"),
+    pytest.param(torch_case("normalize", {"x": [2, 3, 4, 5]}, ["x"], F.normalize, dim=-1), id="normalize-last"),
+    pytest.param(torch_case("normalize", {"x": [2, 3, 4]}, ["x"], F.normalize, dim=1, eps=0.5),
+                 id="normalize-some-clamped"),
+    pytest.param(torch_case("softmax", {"x": [2, 3, 4, 5]}, ["x"], torch.softmax, dim=1), id="softmax-channels"),
+    pytest.param(torch_case("softmax", {"x": [2, 6, 5]}, ["x"], torch.softmax, dim=-1), id="softmax-last"),
+    pytest.param(torch_case("log_softmax", {"x": [3, 4, 5]}, ["x"], torch.log_softmax, dim=0), id="log_softmax-first"),
+    pytest.param(torch_case("log_softmax", {"x": [2, 3, 4]}, ["x"], torch.log_softmax, dim=-2), id="log_softmax-middle"),
     pytest.param(torch_case("squeeze", {"x": [2, 3, 1]}, ["x"], torch.squeeze, dim=-1), id="squeeze-last"),
     pytest.param(torch_case("pad", {"x": [2, 3, 5]}, ["x"], F.pad, pad=[1, 2]), id="pad"),
     pytest.param(torch_case("pad", {"x": [2, 3, 5]}, ["x"], F.pad, pad=[-1, 1, 2, 0], value=0.5), id="pad-crop-value"),
@@ -153,6 +166,8 @@ CASES = [
     pytest.param(torch_case("pad", {"x": [3, 5, 4]}, ["x"], F.pad, pad=[3, 3, 0, 4], mode="circular"),
                  id="pad-circular-unbatched-full-wrap"),
     pytest.param(torch_case("pixel_shuffle", {"x": [2, 8, 3, 3]}, ["x"], F.pixel_shuffle, upscale_factor=2), id="pixel_shuffle"),
+    pytest.param(torch_case("pixel_unshuffle", {"x": [2, 3, 4, 6]}, ["x"], F.pixel_unshuffle, downscale_factor=2),
+                 id="pixel_unshuffle"),
     pytest.param(torch_case("avg_pool2d", {"x": [2, 3, 7, 7]}, ["x"], F.avg_pool2d, kernel_size=3, stride=2, padding=1),
                  id="avg_pool2d-stride-padding"),
     pytest.param(torch_case("avg_pool1d", {"x": [2, 3, 9]}, ["x"], F.avg_pool1d, kernel_size=2), id="avg_pool1d-default-stride"),
@@ -194,6 +209,10 @@ CASES = [
                  id="adaptive_avg_pool3d"),
     pytest.param(spec_text({"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 2, 4], "y": [2, 6, 4]},
                            [{"op": "cat", "in": ["a", "b", "c"], "dim": 1}], SQ, ["a", "b", "c"]), id="cat-three"),
+    pytest.param(spec_text({"a": [2, 3], "b": [2, 3], "c": [2, 3], "y": [2, 3, 3]},
+                           [{"op": "stack", "in": ["a", "b", "c"], "dim": -1}], SQ, ["a", "c"]), id="stack-last"),
+    pytest.param(spec_text({"a": [2, 4, 3], "y": [2, 2, 4, 3]}, [{"op": "stack", "in": ["a", "a"], "dim": 1}], SQ, ["a"]),
+                 id="stack-one-tensor-twice"),
     pytest.param(spec_text({"a": [2, 3], "y": [2, 6]}, [{"op": "cat", "in": ["a", "a"], "dim": -1}], SQ, ["a"]),
                  id="cat-same-tensor-twice"),
     pytest.param(torch_case("max_pool2d", {"x": [2, 3, 7, 7]}, ["x"], F.max_pool2d, kernel_size=3, stride=2, padding=1),
@@ -479,3 +498,73 @@ def test_generated_test_file_of_a_classification_spec_passes(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_classifier.py")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def _declared_lacks(rule, tested_ops: set[str], certified_ops: set[str]) -> list[str]:
+    """What a rule still lacks of the op contract (``symgrad/rules/base.py``), in words a contributor
+    can act on: every fact the tracer, the checker, the docs and the certificates read from it."""
+    from symgrad.rules.base import Rule
+    from symgrad.trace.layers import torch_signature
+
+    lacks = []
+    if not rule.summary:
+        lacks.append("summary (its one-line description in `symgrad ops`)")
+    try:
+        rule.table_row()
+    except NotImplementedError:
+        lacks.append("table_row (forward and local gradient for `symgrad ops` and docs/ops.md)")
+    if not rule.calls and not rule.traced_elsewhere:
+        lacks.append("calls (the torch calls `symgrad trace` records as this op), or traced_elsewhere saying why none")
+    elif rule.calls and rule.signature is None:
+        try:
+            torch_signature(rule.op)
+        except (LookupError, AttributeError):
+            lacks.append("signature (PyTorch's positional argument names: it has none to read)")
+    if type(rule).reference is Rule.reference and not (hasattr(torch.nn.functional, rule.op) or hasattr(torch, rule.op)):
+        lacks.append("reference (how PyTorch computes the op, for `symgrad verify`)")
+    if rule.op not in tested_ops:
+        lacks.append("a case in tests/test_rules.py CASES")
+    if rule.linear_in and rule.op not in certified_ops:
+        lacks.append("a certificate case in symgrad/certify.py (it is linear in " + ", ".join(rule.linear_in) + ")")
+    return lacks
+
+
+def _tested_and_certified() -> tuple[set[str], set[str]]:
+    from symgrad import certify
+
+    tested = {line.split("op: ")[1].split()[0].strip(",}") for case in CASES for line in case.values[0].splitlines()
+              if "op: " in line}
+    certified = {layer["op"] for _, _, layer, _ in certify.LINEAR_CASES} | {f"conv{dims}d" for dims in (1, 2, 3)}
+    return tested, certified
+
+
+def test_every_rule_declares_what_the_pipeline_reads():
+    tested, certified = _tested_and_certified()
+    lacking = {rule.op: _declared_lacks(rule, tested, certified) for rule in all_rules()}
+    report = [f"rule {op} lacks: " + "; ".join(lacks) for op, lacks in lacking.items() if lacks]
+    assert not report, "\n".join(report)
+
+
+def test_a_new_rule_is_told_exactly_what_it_lacks():
+    from symgrad.rules.base import Operand, Rule
+
+    class Softsign(Rule):  # a contributor's first draft: the math is there, nothing else
+        op = "softsign"
+        operands = (Operand("input", from_in=True),)
+        linear_in = ("input",)  # (not true; it makes the certificate check speak)
+
+    tested, certified = _tested_and_certified()
+    lacks = _declared_lacks(Softsign(), tested, certified)
+    assert [item.split(" (")[0] for item in lacks] == [
+        "summary", "table_row", "calls", "a case in tests/test_rules.py CASES", "a certificate case in symgrad/certify.py"]
+
+
+def test_each_torch_call_is_claimed_by_one_rule_and_bound_by_pytorchs_own_names():
+    from symgrad.trace.layers import SIGNATURES
+
+    assert SIGNATURES["relu_"] == ("relu", ("input", "inplace"))
+    assert SIGNATURES["__radd__"][0] == "add" and SIGNATURES["squeeze"][1] == ("input", "dim")
+    assert SIGNATURES["conv2d"][1] == ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    assert SIGNATURES["log"][1] == ("input",)  # torch.log's tensor schema, not math's log(a, b)
+    claimed = [name for rule in all_rules() for name in rule.calls]
+    assert len(claimed) == len(set(claimed))

@@ -75,6 +75,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("pad", lambda x: F.pad(x, (1, 2, 0, 1), mode="reflect"), X),
     ("pad", nn.ZeroPad2d((2, 0, 1, 1)), X),
     ("pixel_shuffle", nn.PixelShuffle(2), {"x": (2, 8, 3, 3)}),
+    ("pixel_unshuffle", nn.PixelUnshuffle(2), X),
+    ("pixel_unshuffle", lambda x: F.pixel_unshuffle(x, 4), X),
     ("avg_pool1d", nn.AvgPool1d(3, 2, 1), {"x": (2, 3, 9)}),
     ("avg_pool2d", nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), X),
     ("avg_pool3d", nn.AvgPool3d(2), {"x": (2, 2, 4, 4, 4)}),
@@ -96,6 +98,16 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("mean", lambda x: torch.mean(x * x, dim=(1, 3)), X),
     ("sum", lambda x: x * x.sum(dim=-1, keepdim=True), X),
     ("sum", lambda x: torch.sum(x, (0, 2)), X),
+    ("var", lambda x: (x - x.mean(1, keepdim=True)) / (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt(), X),
+    ("var", lambda x: torch.var(x, dim=(2, 3)), X),
+    ("std", lambda x: x / x.std(-1, keepdim=True), X),
+    ("normalize", lambda x: F.normalize(x.flatten(2), dim=-1), X),  # Restormer's queries and keys
+    ("normalize", lambda x: torch.nn.functional.normalize(x), X),
+    ("softmax", lambda x: F.softmax(x, dim=-1), X),
+    ("softmax", nn.Softmax(dim=1), X),
+    ("softmax", lambda x: x.flatten(2).softmax(-1), X),  # attention weights over positions
+    ("log_softmax", lambda x: torch.log_softmax(x, 2), X),
+    ("log_softmax", nn.LogSoftmax(dim=1), X),  # a layer when no nll_loss follows
     ("unsqueeze", lambda x: x[:, None] * x.unsqueeze(2), {"x": (2, 3, 8)}),
     ("unsqueeze", lambda x, gamma: x * gamma[..., None, None], {"x": X["x"], "gamma": (3,)}),
     ("unsqueeze", lambda x: x * x.mean((2, 3))[:, :, None, None], X),
@@ -116,6 +128,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("adaptive_avg_pool2d", lambda x: x.mean([-1, -2], keepdim=True), X),
     ("adaptive_avg_pool3d", nn.AdaptiveAvgPool3d(1), {"x": (2, 2, 4, 4, 4)}),
     ("cat", lambda x, y: torch.cat([x, y], dim=1), {"x": X["x"], "y": X["x"]}),
+    ("stack", lambda x, y: torch.stack([x, y.relu()], dim=1).sum(1), {"x": X["x"], "y": X["x"]}),  # SK-style
+    ("stack", lambda x, y: torch.stack((x, y), -1), {"x": X["x"], "y": X["x"]}),
     ("layer_norm", nn.LayerNorm([8, 8]), X),
     ("batch_norm", nn.BatchNorm2d(3), X),
     ("batch_norm", nn.BatchNorm2d(3).eval(), X),

@@ -257,6 +257,48 @@ class Rule:
     argument_hints: ClassVar[dict[str, str]] = {}
     """The fix to suggest for an argument the op does not take, where a general list would not help."""
 
+    # ----- how ``symgrad trace`` finds the op in a model ------------------------------------------------
+    calls: ClassVar[tuple[str, ...]] = ()
+    """The names torch gives the calls that are this op, as ``symgrad trace`` records them: the
+    ``torch.nn.functional`` / ``torch`` function, the tensor method, the in-place variant (traced as the
+    out-of-place op) and the operator dunders (``add``, ``add_``, ``__add__``, ``__radd__``, ...)."""
+    traced_elsewhere: ClassVar[str] = ""
+    """Where ``calls`` is empty: which tracer handler makes the op, and from which calls."""
+    signature: ClassVar[tuple[str, ...] | None] = None
+    """PyTorch's positional argument names, by which a recorded call's arguments are bound; None: read
+    from PyTorch's own signature of the op (:func:`torch_signature`), which is right for most ops."""
+
+    # ----- what the rest of the pipeline may ask of the op -----------------------------------------------
+    is_loss: ClassVar[bool] = False
+    """The op reduces to the spec's scalar loss (its ``loss:`` entry), not a layer."""
+    broadcasts: ClassVar[bool] = False
+    """Its tensor operands broadcast against each other (``x * s``): the reverse walk sums each
+    operand's gradient back to that operand's run-time shape."""
+    class_targets: ClassVar[bool] = False
+    """A loss whose target holds class indices (int64), not values."""
+    operand_roles: ClassVar[dict[str, str]] = {}
+    """What an operand that is a spec input is, for drawing test inputs: ``weight`` (fan-in scaled),
+    ``scale`` (around 1), ``shift`` (around 0) or ``variance`` (positive)."""
+    activation_gain: ClassVar[float] = 1.0
+    """How much a weight feeding only this op is scaled up so that activations keep their scale
+    (He's sqrt(2) after ReLU-like ops, which cut about half of their inputs)."""
+
+    def fan_in_axes(self, rank: int) -> list[int]:
+        """For an operand with the ``weight`` role: the axes whose product is the number of terms each
+        output sums (``nn.init``'s fan_in)."""
+        return [1, *range(2, rank)]
+
+    def reference(self, arguments: dict, params: dict):
+        """The op computed by PyTorch's own function (the independent reference in ``check``), from
+        the operands and the keyword arguments :meth:`reference_params` gives."""
+        import torch  # the rules are sympy-only elsewhere: torch is needed here alone
+        function = getattr(torch.nn.functional, self.op, None) or getattr(torch, self.op)
+        return function(**arguments, **params)
+
+    per_sample_pullback: ClassVar[Callable | None] = None
+    """For ops with a weight: ``per_sample_pullback(node, grad, operand)``, the gradient of each sample's
+    loss alone (``symgrad``'s per-sample gradients); None where the op has none."""
+
     def elements_per_statistic(self, shapes: dict, params: dict) -> int | None:
         """For a normalisation, how many entries each mean and variance is taken over at these operand
         shapes (the test-shape solver keeps it meaningful); None for every other op."""

@@ -227,20 +227,6 @@ def _weight_grad_latex(operands, params, show):
 primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex, tangent=LINEAR)
 
 
-def _sum_code(operands, params, show):
-    keep = ", keepdim=True" if params.get("keepdim") else ""
-    return f"{operands[0]}.sum(dim={_dims(params['dim'])}{keep})"
-
-
-def _dims(dims: tuple[int, ...]) -> str:
-    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
-
-
-def _sum_latex(operands, params, show):
-    return rf"\sum_{{{','.join(map(str, params['dim']))}}} {operands[0]}"
-
-
-primitive("sum", code=_sum_code, latex=_sum_latex, tangent=LINEAR)
 
 
 def _backward_code(operands, params, show):
@@ -280,10 +266,6 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 
 primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD)
-primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
-          latex=lambda operands, params, show: f"{operands[0]}_{{{params['index']}}}", tangent=LINEAR)
-
-
 class Convolution(Rule):
     operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
     params = {
@@ -299,6 +281,8 @@ class Convolution(Rule):
     def __init__(self, dims: int):
         self.dims = dims
         self.op = f"conv{dims}d"
+        self.calls = (self.op,)
+        self.operand_roles = {"weight": "weight", "bias": "shift"}
         self.summary = f"{dims}-d convolution (cross-correlation) of input with weight, plus bias"
 
     def spatial_dims(self) -> int:
@@ -506,9 +490,13 @@ class TransposedConvolution(Convolution):
     def __init__(self, dims: int):
         super().__init__(dims)
         self.op = f"conv_transpose{dims}d"
+        self.calls = (self.op,)
         self.summary = f"{dims}-d transposed convolution (the adjoint of conv{dims}d in its input), plus bias"
 
     WEIGHT_LAYOUT = "C_in, C_out/groups"
+
+    def fan_in_axes(self, rank: int) -> list[int]:
+        return [0, *range(2, rank)]  # [C_in, C_out/groups, kernel...]: every input channel reaches each output
 
     def infer_shape(self, shapes, params, check: Checker):
         x, w = shapes["input"], shapes["weight"]

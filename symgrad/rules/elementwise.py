@@ -69,9 +69,13 @@ class Elementwise(Rule):
     operands: tuple[Operand, ...] = field(default=(Operand("input", from_in=True),))
     params: dict = field(default_factory=dict)
     """PyTorch's keyword arguments of the op (``negative_slope``), passed to ``formula``."""
+    calls: tuple[str, ...] = ()
+    """The recorded torch calls that are this op; empty: the op's own name and its in-place variant."""
+    activation_gain: float = 1.0
     broadcasts = True
 
     def __post_init__(self):
+        self.calls = self.calls or (self.op, f"{self.op}_")
         if self.call is not None:
             defaults = {key: param.default for key, param in self.params.items()}
             _call_primitive(self.op, self.call, self.formula, self.inplace,
@@ -167,8 +171,8 @@ primitive("threshold_backward",
           latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right)")
 
 
-def _binary(name: str, formula, summary: str) -> Elementwise:
-    return Elementwise(name, formula, summary=summary,
+def _binary(name: str, formula, summary: str, calls: tuple[str, ...]) -> Elementwise:
+    return Elementwise(name, formula, summary=summary, calls=calls,
                        operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True)))
 
 
@@ -180,51 +184,65 @@ def _param(default) -> Param:
     return Param(default, number)
 
 
+HE_GAIN = 2 ** 0.5
+"""He's gain: a weight before a ReLU-like activation, which cuts about half its inputs, is scaled up by it."""
+
 RULES = [
     Elementwise("relu", lambda x: sympy.Max(0, x), call="F.relu", local_kind="mask",
                 from_output=lambda out: sympy.Heaviside(out, 0), inplace="torch.relu_",
                 fused_pullback=lambda grad, out: op("threshold_backward", grad, out),
-                summary="rectified linear unit; its derivative is the Heaviside mask of the input"),
-    _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting"),
-    _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting"),
-    _binary("mul", lambda a, b: a * b, "elementwise product (or scaling by a constant), broadcasting"),
-    _binary("div", lambda a, b: a / b, "elementwise quotient, broadcasting"),
-    _unary("neg", lambda x: -x, None, "negation"),
+                summary="rectified linear unit; its derivative is the Heaviside mask of the input",
+                activation_gain=HE_GAIN),
+    _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting",
+            ("add", "add_", "__add__", "__iadd__", "__radd__")),
+    _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting",
+            ("sub", "sub_", "__sub__", "__isub__", "subtract")),
+    _binary("mul", lambda a, b: a * b, "elementwise product (or scaling by a constant), broadcasting",
+            ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply")),
+    _binary("div", lambda a, b: a / b, "elementwise quotient, broadcasting",
+            ("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide")),
+    _unary("neg", lambda x: -x, None, "negation", calls=("neg", "neg_", "__neg__", "negative")),
     _unary("pow", lambda x, exponent: x ** exponent, None, "power by a constant exponent",
-           params={"exponent": _param(2)}),
+           params={"exponent": _param(2)}, calls=("pow", "pow_", "__pow__", "__ipow__")),
     _unary("exp", sympy.exp, "torch.exp", "exponential", from_output=lambda out: out),
     _unary("log", sympy.log, "torch.log", "natural logarithm"),
     _unary("sqrt", sympy.sqrt, "torch.sqrt", "square root", from_output=lambda out: 1 / (2 * out)),
-    _unary("abs", sympy.Abs, "torch.abs", "absolute value; derivative sign(x), 0 at 0 as in PyTorch"),
+    _unary("abs", sympy.Abs, "torch.abs", "absolute value; derivative sign(x), 0 at 0 as in PyTorch",
+           calls=("abs", "abs_", "__abs__", "absolute")),
     _unary("sigmoid", Sigmoid, "torch.sigmoid", "logistic sigmoid", from_output=lambda out: out * (1 - out)),
     _unary("tanh", sympy.tanh, "torch.tanh", "hyperbolic tangent", from_output=lambda out: 1 - out ** 2),
-    _unary("silu", lambda x: x * Sigmoid(x), "F.silu", "x * sigmoid(x)"),
+    _unary("silu", lambda x: x * Sigmoid(x), "F.silu", "x * sigmoid(x)", calls=("silu",),
+           activation_gain=HE_GAIN),
     _unary("gelu", lambda x, approximate: (
         x / 2 * (1 + sympy.erf(x / sympy.sqrt(2))) if approximate == "none"
         else x / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + sympy.Rational(44715, 1000000) * x ** 3)))),
         "F.gelu", "Gaussian error linear unit, exact (erf) or tanh-approximated",
-        params={"approximate": Param("none", choice("none", "tanh"))}),
+        params={"approximate": Param("none", choice("none", "tanh"))}, calls=("gelu",), activation_gain=HE_GAIN),
     _unary("softplus", lambda x, beta, threshold: (
         sympy.Heaviside(beta * x - threshold, 0) * x
         + (1 - sympy.Heaviside(beta * x - threshold, 0)) * Softplus(beta * x) / beta),
         "F.softplus", "log(1 + exp(beta x)) / beta, linear above the threshold as in PyTorch",
-        params={"beta": Param(1, nonzero_number), "threshold": _param(20)}),
+        params={"beta": Param(1, nonzero_number), "threshold": _param(20)}, calls=("softplus",)),
     _unary("elu", lambda x, alpha: sympy.Heaviside(x, 0) * x + (1 - sympy.Heaviside(x, 0)) * alpha * (sympy.exp(x) - 1),
            "F.elu", "x above 0, alpha (exp(x) - 1) below; derivative alpha at 0 as in PyTorch",
-           params={"alpha": _param(1.0)}),
+           params={"alpha": _param(1.0)}, activation_gain=HE_GAIN),
     _unary("leaky_relu", lambda x, negative_slope: negative_slope * x + (1 - negative_slope) * sympy.Max(0, x),
            "F.leaky_relu", "max(0, x) + negative_slope min(0, x); derivative negative_slope at 0 as in PyTorch",
-           params={"negative_slope": _param(0.01)}),
+           params={"negative_slope": _param(0.01)}, activation_gain=HE_GAIN),
     _unary("hardtanh", lambda x, min_val, max_val: sympy.Max(min_val, sympy.Min(max_val, x)), "F.hardtanh",
-           "x clamped to [min_val, max_val]; derivative 1 strictly inside", params={"min_val": _param(-1.0), "max_val": _param(1.0)}),
-    _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]"),
+           "x clamped to [min_val, max_val]; derivative 1 strictly inside",
+           params={"min_val": _param(-1.0), "max_val": _param(1.0)}, activation_gain=HE_GAIN),
+    _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]", calls=("relu6",),
+           activation_gain=HE_GAIN),
     _unary("hardsigmoid", lambda x: sympy.Max(0, sympy.Min(1, x / 6 + sympy.Rational(1, 2))), "F.hardsigmoid",
            "x / 6 + 1/2 clamped to [0, 1]; derivative 1/6 strictly inside (-3, 3), as in PyTorch",
            # PyTorch's backward multiplies by 1.0f / 6.0f, the float32 1/6, whatever the dtype
-           derivative=lambda x: sympy.Rational(11184811, 2 ** 26) * sympy.Heaviside(x + 3, 0) * sympy.Heaviside(3 - x, 0)),
+           derivative=lambda x: sympy.Rational(11184811, 2 ** 26) * sympy.Heaviside(x + 3, 0) * sympy.Heaviside(3 - x, 0),
+           calls=("hardsigmoid",)),
     # x hardsigmoid(x), written with steps (H(0) = 0) so that sympy's derivative is PyTorch's backward at the
     # kinks too (0 up to -3, x / 3 + 1/2 strictly between, 1 from 3 on) and holds no clamp
     _unary("hardswish", lambda x: (x * (x + 3) / 6 * sympy.Heaviside(x + 3, 0) * sympy.Heaviside(3 - x, 0)
                                    + x * (1 - sympy.Heaviside(3 - x, 0))), "F.hardswish",
-           "x hardsigmoid(x); derivative 0 up to -3, x / 3 + 1/2 inside, 1 from 3 on, as in PyTorch"),
+           "x hardsigmoid(x); derivative 0 up to -3, x / 3 + 1/2 inside, 1 from 3 on, as in PyTorch",
+           calls=("hardswish",)),
 ]

@@ -26,6 +26,7 @@ primitive("permute", code=lambda operands, params, show: f"{operands[0]}.permute
 
 class Flatten(Rule):
     op = "flatten"
+    calls = ("flatten",)
     operands = (Operand("input", from_in=True),)
     params = {"start_dim": Param(0, lambda v, c: ints(v, c)[0]), "end_dim": Param(-1, lambda v, c: ints(v, c)[0])}
     summary = "merge dims start_dim..end_dim"
@@ -52,8 +53,13 @@ class Flatten(Rule):
 
 class Reshape(Flatten):
     op = "reshape"
+    calls = ()
+    traced_elsewhere = "view, reshape, view_as and reshape_as calls: the tracer's reshape handlers"
     params = {"shape": Param(None, ints)}
     summary = "the same entries in another shape"
+
+    def reference(self, arguments, params):
+        return arguments["input"].reshape(params["shape"])
 
     def infer_shape(self, shapes, params, check: Checker):
         target = list(params["shape"])
@@ -82,10 +88,15 @@ class Reshape(Flatten):
 
 class Permute(Rule):
     op = "permute"
+    traced_elsewhere = ("x.permute(...), x.transpose(a, b), swapaxes, x.mT, x.t(): the tracer's permute and "
+                        "transpose handlers")
     operands = (Operand("input", from_in=True),)
     params = {"dims": Param(None, ints)}
     summary = "reorder the dims"
     linear_in = ("input",)
+
+    def reference(self, arguments, params):
+        return arguments["input"].permute(params["dims"])
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = shapes["input"]
@@ -116,6 +127,7 @@ class Unsqueeze(Rule):
     """A new size-1 dim at ``dim`` (``x[:, None]``, ``x.unsqueeze(1)``); the adjoint squeezes it again."""
 
     op = "unsqueeze"
+    calls = ("unsqueeze",)
     operands = (Operand("input", from_in=True),)
     params = {"dim": Param(None, lambda v, c: ints(v, c)[0])}
     summary = "a new size-1 dim at dim"
@@ -147,6 +159,7 @@ class Squeeze(Rule):
     """The size-1 dim ``dim`` removed (``x.squeeze(-1)``); the adjoint puts it back."""
 
     op = "squeeze"
+    calls = ("squeeze",)
     operands = (Operand("input", from_in=True),)
     params = {"dim": Param(None, lambda v, c: ints(v, c)[0])}
     summary = "the size-1 dim dim removed"
@@ -187,6 +200,7 @@ class Narrow(Rule):
     rest, ``F.pad`` with ``start`` before and ``size - start - length`` after, from the runtime size."""
 
     op = "narrow"
+    calls = ("narrow",)
     operands = (Operand("input", from_in=True),)
     linear_in = ("input",)
     params = {"dim": Param(None, lambda v, c: ints(v, c)[0]), "start": Param(None, lambda v, c: ints(v, c)[0]),
@@ -234,10 +248,15 @@ class Cat(Rule):
     offset summed from the runtime sizes of the inputs before it."""
 
     op = "cat"
+    calls = ("cat", "concat", "concatenate")
     operands = (Operand("tensors", from_in=True, variadic=True),)
     linear_in = ("tensors",)
     params = {"dim": Param(0, lambda v, c: ints(v, c)[0])}
     summary = "join tensors along dim"
+
+    def reference(self, arguments, params):
+        import torch
+        return torch.cat([arguments[f"tensors_{i}"] for i in range(len(arguments))], dim=params["dim"])
 
     def infer_shape(self, shapes, params, check: Checker):
         ordered = [shapes[key] for key in sorted(shapes, key=lambda k: int(k.rsplit("_", 1)[1]))]

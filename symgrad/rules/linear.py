@@ -34,6 +34,8 @@ primitive("linear_weight_grad_per_sample", code=lambda operands, params, show: (
 
 class Linear(Rule):
     op = "linear"
+    calls = ("linear",)
+    operand_roles = {"weight": "weight", "bias": "shift"}
     operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
     linear_in = ("input", "weight")
     summary = "input @ weight.T + bias over the last dim"
@@ -79,6 +81,7 @@ class Linear(Rule):
 
 class MatMul(Rule):
     op = "matmul"
+    calls = ("matmul", "__matmul__", "mm", "bmm")
     operands = (Operand("input", from_in=True), Operand("other", from_in=True))
     linear_in = ("input", "other")
     summary = "matrix product of the last two dims, equal batch dims"

@@ -11,6 +11,7 @@ import sympy
 
 from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
 from ..printing import to_code
+from . import softmax  # noqa: F401 (defines the softmax primitive used here)
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, non_negative_number, number, positive_number
 
 RESIDUAL = sympy.Symbol("residual", real=True)
@@ -55,9 +56,13 @@ class Loss(Rule):
     but dim 0) is symgrad's addition for the seed's per-sample losses."""
 
     operands = (Operand("input", from_in=True), Operand("target"))
+    is_loss = True
+    traced_elsewhere = ("0.5 * (prediction - target).pow(2).sum() and its variants: the tracer's "
+                        "reduction handler reads a scaled sum or mean of squares as this loss")
 
     def __init__(self, op_name: str, density, summary: str, default_reduction: str = "mean", params=None):
         self.op = op_name
+        self.calls = () if op_name == "half_sq_error" else (op_name,)
         self.density_formula = density
         self.summary = summary
         self.params = {"reduction": Param(default_reduction, choice("sum", "mean", "per_sample")), **(params or {})}
@@ -118,24 +123,18 @@ class Loss(Rule):
                 grads[operand] = sign * local * weight
         return grads
 
+    def reference(self, arguments: dict, params: dict):
+        """The unreduced loss of each element, by PyTorch's own loss (``check`` reduces it)."""
+        import torch.nn.functional as F
+        if self.op == "half_sq_error":  # symgrad's own: no PyTorch function
+            return 0.5 * (arguments["input"] - arguments["target"]) ** 2
+        return getattr(F, self.op)(arguments["input"], arguments["target"], reduction="none", **params)
+
     def table_row(self):
         return (self.op, f"loss = reduce({to_code(self.density())}), residual = input - target",
                 f"d/dinput = -d/dtarget = {to_code(self.local_derivative())} (times the reduction's weight)")
 
 
-def _softmax_tangent(expr, tangent_of):
-    """d softmax(x) = s * (dx - sum_c s * dx), along the class dim."""
-    moved = tangent_of(expr.operands[0])
-    if moved == 0:
-        return sympy.Integer(0)
-    s = expr
-    return s * (moved - op("class_sum", s * moved))
-
-
-primitive("softmax", code=lambda operands, params, show: f"torch.softmax({operands[0]}, 1)",
-          latex=lambda operands, params, show: rf"\operatorname{{softmax}}\left({operands[0]}\right)", tangent=_softmax_tangent)
-primitive("class_sum", code=lambda operands, params, show: f"{operands[0]}.sum(1, keepdim=True)",
-          latex=lambda operands, params, show: rf"\sum_{{c}} {operands[0]}", tangent=LINEAR)
 primitive("one_hot", code=lambda operands, params, show: (
     f"F.one_hot({operands[0]}, {operands[1]}.shape[1]).movedim(-1, 1).to({operands[1]}.dtype)"),
     latex=lambda operands, params, show: rf"\mathbf{{1}}_{{{operands[0]}}}", tangent=CONSTANT)
@@ -184,7 +183,7 @@ class ClassificationLoss(Loss):
             raise NotImplementedError("class indices have no gradient")
         scores, target = node.operands["input"], node.operands["target"]
         hot = op("one_hot", target, scores)
-        local = op("softmax", scores) - hot if self.op == "cross_entropy" else -hot
+        local = op("softmax", scores, dim=1) - hot if self.op == "cross_entropy" else -hot
         return {"input": local * self.cotangent(node, grad)}
 
     def table_row(self):

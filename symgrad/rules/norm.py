@@ -173,6 +173,8 @@ class _Norm(Rule):
 
 class LayerNorm(_Norm):
     op = "layer_norm"
+    calls = ("layer_norm",)
+    operand_roles = {"weight": "scale", "bias": "shift"}
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
     params = {"normalized_shape": Param(None, lambda v, c: tuple(v) if isinstance(v, list) else (v,)),
               "eps": Param(1e-5, positive_number)}
@@ -212,6 +214,8 @@ class LayerNorm(_Norm):
 
 class BatchNorm(_Norm):
     op = "batch_norm"
+    calls = ("batch_norm",)
+    operand_roles = {"weight": "scale", "bias": "shift", "running_mean": "shift", "running_var": "variance"}
     operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
                 Operand("weight", optional=True), Operand("bias", optional=True))
     params = {"training": Param(False, _boolean), "momentum": Param(0.1, _momentum), "eps": Param(1e-5, positive_number)}
@@ -304,6 +308,8 @@ class BatchNorm(_Norm):
 
 class GroupNorm(_Norm):
     op = "group_norm"
+    calls = ("group_norm",)
+    operand_roles = {"weight": "scale", "bias": "shift"}
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
     params = {"num_groups": Param(None, _positive), "eps": Param(1e-5, positive_number)}
     summary = "normalise each group of channels over its channels and space"

@@ -46,6 +46,7 @@ class Pad(Rule):
     Each of these is a ``narrow`` of the gradient (flipped or summed) zero-padded into place."""
 
     op = "pad"
+    calls = ("pad",)
     operands = (Operand("input", from_in=True),)
     params = {"pad": Param(None, ints), "mode": Param("constant", choice("constant", "reflect", "replicate", "circular")),
               "value": Param(0, finite_float)}

@@ -62,6 +62,7 @@ class AveragePool(Rule):
     def __init__(self, dims: int):
         self.dims = dims
         self.op = f"avg_pool{dims}d"
+        self.calls = (self.op,)
         self.summary = f"{dims}-d average pooling"
         self.params = {"kernel_size": Param(None, int_tuple(1)), "stride": Param(None, _pool_stride),
                        "padding": Param(0, int_tuple(0)), "ceil_mode": Param(False, boolean),
@@ -182,6 +183,9 @@ class MaxPool(AveragePool):
     def __init__(self, dims: int):
         super().__init__(dims)
         self.op = f"max_pool{dims}d"
+        self.calls = (self.op, f"{self.op}_with_indices")
+        # F.max_pool2d is a dispatch wrapper whose own signature is (*args, **kwargs)
+        self.signature = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
         self.summary = f"{dims}-d max pooling (floor or ceil mode)"
         self.params = {"kernel_size": Param(None, int_tuple(1)),
                        "stride": Param(None, _pool_stride),

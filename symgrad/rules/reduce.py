@@ -1,4 +1,5 @@
-"""Reductions inside a network: ``x.sum(dim, keepdim)`` and ``x.mean(dim, keepdim)`` over any dims.
+"""Reductions inside a network: ``x.sum(dim, keepdim)`` and ``x.mean(dim, keepdim)`` over any dims, and
+the statistics ``x.var(...)`` and ``x.std(...)``.
 
 They are what hand-written normalisations are made of (a channel LayerNorm written as
 ``u = x.mean(1, keepdim=True); s = (x - u).pow(2).mean(1, keepdim=True)``) and what a
@@ -19,24 +20,9 @@ import math
 
 import sympy
 
-from ..algebra import LINEAR, Size, op, primitive
+from ..algebra import Size, op, primitive
 from .base import Checker, Forward, Operand, Param, Rule, boolean, ints
-
-
-def _dims(dims: tuple[int, ...]) -> str:
-    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
-
-
-primitive("reduce_dims", code=lambda operands, params, show: (
-    f"{operands[0]}.{params['how']}(dim={_dims(params['dims'])}" + (", keepdim=True)" if params["keepdim"] else ")")),
-    latex=lambda operands, params, show: (rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
-                                          rf"\left({operands[0]}\right)"), tangent=LINEAR)
-primitive("spread", code=lambda operands, params, show: (
-    operands[0] + "".join(f".unsqueeze({d})" for d in ([] if params["keepdim"] else params["dims"]))
-    + f".expand_as({operands[1]}).contiguous()"),
-    latex=lambda operands, params, show: rf"\operatorname{{spread}}_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)",
-    # linear in the gradient; the second operand gives only its shape
-    tangent=lambda expr, tangent_of: op("spread", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())))
+from .shared import show_dims
 
 
 class Reduce(Rule):
@@ -48,6 +34,8 @@ class Reduce(Rule):
 
     def __init__(self, how: str):
         self.op = how
+        self.traced_elsewhere = (f"x.{how}(dims) and torch.{how}: the tracer's reduction handler makes the loss of "
+                                 "a reduction of the whole output, and this layer of any other")
         self.how = how
         self.summary = f"{how} over the dims dim (kept as size 1 with keepdim)"
 
@@ -86,4 +74,94 @@ class Reduce(Rule):
                 f"grad_input = grad_out (unsqueezed at dim unless keepdim) expanded to the input's shape{scale}")
 
 
-RULES = [Reduce("sum"), Reduce("mean")]
+def _optional_dims(value, context):
+    return None if value is None else ints(value, context)  # None: every dim
+
+
+def _correction(value, context) -> int | None:
+    if value is None:
+        return None  # from unbiased
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise context.fail(f"must be a non-negative int, not {value!r}", f"write e.g. `{context.name}: 0`")
+    return value
+
+
+class Variance(Rule):
+    """``x.var(dim, keepdim, unbiased / correction)`` and ``x.std(...)``: what hand-written LayerNorms
+    (``x.var(-1, keepdim=True, unbiased=False)``) normalise with. Over the ``n`` entries of each group,
+    with ``c`` the correction, ``var = sum((x - mean)^2) / (n - c)``, so::
+
+        grad_x = spread(grad) * 2 (x - mean) / (n - c)            # var
+        grad_x = spread(grad / std) * (x - mean) / (n - c)        # std = sqrt(var)
+    """
+
+    operands = (Operand("input", from_in=True),)
+    params = {"dim": Param(None, _optional_dims), "unbiased": Param(True, boolean), "keepdim": Param(False, boolean),
+              "correction": Param(None, _correction)}
+
+    def __init__(self, how: str):
+        self.op = how
+        self.calls = (how,)
+        self.summary = {"var": "variance", "std": "standard deviation"}[how] + \
+            " over the dims dim (Bessel's correction unless unbiased: false or correction: 0)"
+
+    def _dims(self, rank: int, params, check: Checker | None = None) -> tuple[int, ...]:
+        if params["dim"] is None:
+            return tuple(range(rank))
+        return Reduce._dims(self, rank, params, check)
+
+    def _correction(self, params) -> int:
+        return params["correction"] if params["correction"] is not None else int(params["unbiased"])
+
+    def reference_params(self, params: dict) -> dict:
+        return {"dim": params["dim"], "keepdim": params["keepdim"], "correction": self._correction(params)}
+
+    def infer_shape(self, shapes, params, check: Checker):
+        return Reduce.infer_shape(self, shapes, params, check)
+
+    def forward(self, node):
+        dims = self._dims(len(node.shapes["input"]), node.params)
+        return Forward(op("statistic", node.operands["input"], how=self.op, dims=dims,
+                          keepdim=node.params["keepdim"], correction=self._correction(node.params)))
+
+    def pullback(self, node, grad, wanted):
+        x = node.operands["input"]
+        dims = self._dims(len(node.shapes["input"]), node.params)
+        keepdim = node.params["keepdim"]
+        centred = node.local("centred", x - op("reduce_dims", x, how="mean", dims=dims, keepdim=True),
+                             note=f"input of {node.name} minus its mean over {list(dims)}")
+        count = math.prod(Size(x, axis) for axis in dims) - self._correction(node.params)
+        if self.op == "var":
+            return {"input": op("spread", grad, x, dims=dims, keepdim=keepdim) * 2 * centred / count}
+        return {"input": op("spread", grad / node.out, x, dims=dims, keepdim=keepdim) * centred / count}
+
+    def table_row(self):
+        if self.op == "var":
+            return (self.op, "out = sum_dim((input - mean)^2) / (n - correction)",
+                    "grad_input = grad_out (spread over dim) * 2 (input - mean) / (n - correction)")
+        return (self.op, "out = sqrt(var(input, dim))",
+                "grad_input = grad_out / out (spread over dim) * (input - mean) / (n - correction)")
+
+
+def _statistic(operands, params, show) -> str:
+    return (f"{operands[0]}.{params['how']}(dim={show_dims(params['dims'])}, correction={params['correction']}"
+            + (", keepdim=True)" if params["keepdim"] else ")"))
+
+
+def _statistic_tangent(expr, tangent_of):
+    """d var = sum_dim(2 (x - mean) dx) / (n - c); d std = d var / (2 std)."""
+    x, moved = expr.operands[0], tangent_of(expr.operands[0])
+    if moved == 0:
+        return sympy.Integer(0)
+    dims, correction = expr.params["dims"], expr.params["correction"]
+    centred = x - op("reduce_dims", x, how="mean", dims=dims, keepdim=True)
+    count = math.prod(Size(x, axis) for axis in dims) - correction
+    change = op("reduce_dims", 2 * centred * moved, how="sum", dims=dims, keepdim=expr.params["keepdim"]) / count
+    return change if expr.params["how"] == "var" else change / (2 * expr)
+
+
+primitive("statistic", code=_statistic,
+          latex=lambda operands, params, show: (rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
+                                                rf"\left({operands[0]}\right)"), tangent=_statistic_tangent)
+
+RULES = [Reduce("sum"), Reduce("mean"), Variance("var"), Variance("std")]

@@ -1,4 +1,4 @@
-"""Resampling: pixel_shuffle (a permutation of entries: its adjoint is pixel_unshuffle), interpolate
+"""Resampling: pixel_shuffle and pixel_unshuffle (permutations of entries, each the other's adjoint), interpolate
 in every mode and adaptive average pooling (separable linear maps, one small matrix per axis).
 """
 
@@ -18,29 +18,38 @@ primitive("pixel_shuffle", code=lambda operands, params, show: f"F.{params['func
 
 
 class PixelShuffle(Rule):
-    op = "pixel_shuffle"
+    """``pixel_shuffle`` moves r² channels into an r×r block of pixels; ``pixel_unshuffle`` (the
+    downsampling of Restormer and FFDNet) moves them back. Each is a permutation of entries, so each
+    is the other's adjoint."""
+
     operands = (Operand("input", from_in=True),)
-    params = {"upscale_factor": Param(None, lambda v, c: ints(v, c)[0])}
-    summary = "[N, C r², H, W] -> [N, C, H r, W r]"
     linear_in = ("input",)
+
+    def __init__(self, op_name: str, factor: str, inverse: str, summary: str):
+        self.op, self.factor, self.inverse, self.summary = op_name, factor, inverse, summary
+        self.calls = (op_name,)
+        self.params = {factor: Param(None, lambda v, c: ints(v, c)[0])}
 
     def infer_shape(self, shapes, params, check: Checker):
         n, c, h, w = shapes["input"] if len(shapes["input"]) == 4 else (None,) * 4
-        check.require(n is not None, "pixel_shuffle needs a 4-d input [N, C r², H, W]", "reshape the input")
-        r = params["upscale_factor"]
-        check.require(r >= 1, "upscale_factor must be positive", "use e.g. 2")
-        check.equal(c % (r * r), 0, f"{c} channels are not divisible by upscale_factor² = {r * r}", "fix the channels")
-        return (n, c // (r * r), h * r, w * r)
+        check.require(n is not None, f"{self.op} needs a 4-d input [N, C, H, W]", "reshape the input")
+        r = params[self.factor]
+        check.require(r >= 1, f"{self.factor} must be positive", "use e.g. 2")
+        if self.op == "pixel_shuffle":
+            check.equal(c % (r * r), 0, f"{c} channels are not divisible by upscale_factor² = {r * r}", "fix the channels")
+            return (n, c // (r * r), h * r, w * r)
+        check.equal(h % r, 0, f"height {h} is not divisible by downscale_factor {r}", "pad or crop the input")
+        check.equal(w % r, 0, f"width {w} is not divisible by downscale_factor {r}", "pad or crop the input")
+        return (n, c * r * r, h // r, w // r)
 
     def forward(self, node):
-        return Forward(op("pixel_shuffle", node.operands["input"], function="pixel_shuffle", factor=node.params["upscale_factor"]))
+        return Forward(op("pixel_shuffle", node.operands["input"], function=self.op, factor=node.params[self.factor]))
 
     def pullback(self, node, grad, wanted):
-        return {"input": op("pixel_shuffle", grad, function="pixel_unshuffle", factor=node.params["upscale_factor"])}
+        return {"input": op("pixel_shuffle", grad, function=self.inverse, factor=node.params[self.factor])}
 
     def table_row(self):
-        return self.op, "out = F.pixel_shuffle(input, r)", "grad_input = F.pixel_unshuffle(grad_out, r)"
-
+        return self.op, f"out = F.{self.op}(input, r)", f"grad_input = F.{self.inverse}(grad_out, r)"
 
 
 primitive("interpolate_nearest", code=lambda operands, params, show: (
@@ -201,6 +210,7 @@ class Interpolate(Rule):
     nearest-exact, align_corners, antialias) is separable: see the note above this class."""
 
     op = "interpolate"
+    calls = ("interpolate",)
     operands = (Operand("input", from_in=True),)
     linear_in = ("input",)
     params = {"size": Param(None, _positive_sizes), "scale_factor": Param(None, _scales),
@@ -284,6 +294,7 @@ class AdaptiveAveragePool(Rule):
     def __init__(self, dims: int):
         self.dims = dims
         self.op = f"adaptive_avg_pool{dims}d"
+        self.calls = (self.op,)
         self.summary = f"{dims}-d adaptive average pooling to output_size"
         self.params = {"output_size": Param(None, self._output_size)}
 
@@ -329,4 +340,6 @@ def _show_output_size(sizes: tuple) -> str:
 
 
 
-RULES = [PixelShuffle(), Interpolate(), AdaptiveAveragePool(1), AdaptiveAveragePool(2), AdaptiveAveragePool(3)]
+RULES = [PixelShuffle("pixel_shuffle", "upscale_factor", "pixel_unshuffle", "[N, C r², H, W] -> [N, C, H r, W r]"),
+         PixelShuffle("pixel_unshuffle", "downscale_factor", "pixel_shuffle", "[N, C, H r, W r] -> [N, C r², H, W]"),
+         Interpolate(), AdaptiveAveragePool(1), AdaptiveAveragePool(2), AdaptiveAveragePool(3)]

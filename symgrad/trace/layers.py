@@ -13,6 +13,7 @@ all at once, so a forward that logs ``x.norm()`` is not refused for it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 from collections import Counter
@@ -20,57 +21,51 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.operator_schemas import get_signature_for_torch_op
 
-from ..rules import LAYER_RULES
+from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import check_identifier
 from .recorder import Call
 
-CONVOLUTION = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-TRANSPOSED = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
-UNARY = ("input",)
-BINARY = ("input", "other")
-POOL = {"avg": ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"),
-        "max": ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")}
+def torch_signature(op: str) -> tuple[str, ...]:
+    """PyTorch's positional argument names of the op ``torch.nn.functional.<op>`` or ``torch.<op>``:
+    the Python function's own signature, else the longest positional form among the op's schemas on
+    tensors (``torch.squeeze(input, dim)``; not ``math``'s ``log(a, b)``), as ``torch.fx`` reads them."""
+    function = getattr(torch.nn.functional, op, None)
+    if function is not None:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):  # a builtin (F.conv2d is torch.conv2d)
+            pass
+        else:
+            return tuple(parameter.name for parameter in parameters
+                         if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    forms = [form for candidate in (getattr(torch, op, None), function) if candidate is not None
+             for form in get_signature_for_torch_op(candidate) or []
+             if any("Tensor" in str(parameter.annotation) for parameter in form.parameters.values())]
+    positional = [tuple(parameter.name for parameter in form.parameters.values()
+                        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD) for form in forms]
+    if not positional:
+        raise LookupError(f"PyTorch has no signature for {op}: give the rule a `signature`")
+    return max(positional, key=len)
 
-SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
-    **{f"conv{n}d": (f"conv{n}d", CONVOLUTION) for n in (1, 2, 3)},
-    **{f"conv_transpose{n}d": (f"conv_transpose{n}d", TRANSPOSED) for n in (1, 2, 3)},
-    **{f"avg_pool{n}d": (f"avg_pool{n}d", POOL["avg"]) for n in (1, 2, 3)},
-    **{f"max_pool{n}d": (f"max_pool{n}d", POOL["max"]) for n in (1, 2, 3)},
-    **{f"max_pool{n}d_with_indices": (f"max_pool{n}d", POOL["max"]) for n in (1, 2, 3)},
-    **{f"adaptive_avg_pool{n}d": (f"adaptive_avg_pool{n}d", ("input", "output_size")) for n in (1, 2, 3)},
-    **{name: ("relu", ("input", "inplace")) for name in ("relu", "relu_")},
-    **{name: (name.strip("_"), UNARY) for name in ("sigmoid", "sigmoid_", "tanh", "tanh_", "exp", "exp_", "log", "log_",
-                                                   "sqrt", "sqrt_", "abs", "abs_", "__abs__", "neg", "neg_", "__neg__")},
-    "absolute": ("abs", UNARY), "negative": ("neg", UNARY),
-    "silu": ("silu", ("input", "inplace")), "gelu": ("gelu", ("input", "approximate")),
-    "softplus": ("softplus", ("input", "beta", "threshold")),
-    **{name: ("elu", ("input", "alpha", "inplace")) for name in ("elu", "elu_")},
-    **{name: ("leaky_relu", ("input", "negative_slope", "inplace")) for name in ("leaky_relu", "leaky_relu_")},
-    **{name: ("hardtanh", ("input", "min_val", "max_val", "inplace")) for name in ("hardtanh", "hardtanh_")},
-    "relu6": ("relu6", ("input", "inplace")),
-    "hardsigmoid": ("hardsigmoid", ("input", "inplace")), "hardswish": ("hardswish", ("input", "inplace")),
-    "unsqueeze": ("unsqueeze", ("input", "dim")), "squeeze": ("squeeze", ("input", "dim")),
-    **{name: ("add", ("input", "other", "alpha")) for name in ("add", "add_", "__add__", "__iadd__", "__radd__")},
-    **{name: ("sub", ("input", "other", "alpha")) for name in ("sub", "sub_", "__sub__", "__isub__", "subtract")},
-    **{name: ("mul", BINARY) for name in ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply")},
-    **{name: ("div", ("input", "other", "rounding_mode")) for name in ("div", "div_", "__truediv__", "__itruediv__",
-                                                                        "true_divide", "divide")},
-    **{name: ("pow", ("input", "exponent")) for name in ("pow", "pow_", "__pow__", "__ipow__")},
-    "linear": ("linear", ("input", "weight", "bias")),
-    **{name: ("matmul", BINARY) for name in ("matmul", "__matmul__", "mm", "bmm")},
-    "flatten": ("flatten", ("input", "start_dim", "end_dim")),
-    "pad": ("pad", ("input", "pad", "mode", "value")),
-    "pixel_shuffle": ("pixel_shuffle", ("input", "upscale_factor")),
-    "narrow": ("narrow", ("input", "dim", "start", "length")),
-    "interpolate": ("interpolate", ("input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor",
-                                    "antialias")),
-    **{name: ("cat", ("tensors", "dim")) for name in ("cat", "concat", "concatenate")},
-    "layer_norm": ("layer_norm", ("input", "normalized_shape", "weight", "bias", "eps")),
-    "batch_norm": ("batch_norm", ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")),
-    "group_norm": ("group_norm", ("input", "num_groups", "weight", "bias", "eps")),
-}
-"""Recorded name -> (spec op, PyTorch's positional argument names)."""
+
+def _signatures(rules) -> dict[str, tuple[str, tuple[str, ...]]]:
+    table = {}
+    for rule in rules:
+        positional = (rule.signature or torch_signature(rule.op)) if rule.calls else ()
+        for name in rule.calls:
+            if name in table:
+                raise ValueError(f"rules {table[name][0]} and {rule.op} both claim the torch call {name}")
+            table[name] = (rule.op, positional)
+    return table
+
+
+SIGNATURES = _signatures(LAYER_RULES.values())
+"""Recorded name -> (spec op, PyTorch's positional argument names), from each rule's ``calls``."""
+
+LOSSES = {name: positional for name, (_, positional) in _signatures(LOSS_RULES.values()).items()}
+"""Recorded loss call -> PyTorch's positional argument names."""
 
 BY_FUNCTION = {torch.batch_norm: ("batch_norm", ("input", "weight", "bias", "running_mean", "running_var", "training",
                                                  "momentum", "eps", "cudnn_enabled"))}
@@ -79,7 +74,7 @@ BY_FUNCTION = {torch.batch_norm: ("batch_norm", ("input", "weight", "bias", "run
 NEUTRAL = {"alpha": 1, "scale": 1, "input_scale": 1}
 """Arguments an op does not take, harmless at these values (``torch.add``'s alpha, ``elu``'s scales)."""
 
-IGNORED = {"inplace", "cudnn_enabled"}
+IGNORED = {"inplace", "cudnn_enabled", "_stacklevel"}
 """Arguments that do not change the value (an in-place op is traced as its out-of-place op)."""
 
 TRANSPOSES = {"transpose": ("dim0", "dim1"), "swapaxes": ("axis0", "axis1"), "swapdims": ("dim0", "dim1")}
@@ -157,13 +152,6 @@ class Source:
     """Its key in the traced model's ``state_dict()``, for a parameter or buffer of that model."""
 
 
-LOSSES = {"mse_loss": ("input", "target", "size_average", "reduce", "reduction", "weight"),
-          "l1_loss": ("input", "target", "size_average", "reduce", "reduction"),
-          "smooth_l1_loss": ("input", "target", "size_average", "reduce", "reduction", "beta"),
-          "huber_loss": ("input", "target", "reduction", "delta", "weight"),
-          "cross_entropy": ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
-                            "label_smoothing"),
-          "nll_loss": ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction")}
 LOSS_DEFAULTS = {"size_average": None, "reduce": None, "weight": None, "ignore_index": -100, "label_smoothing": 0.0}
 
 
@@ -287,8 +275,6 @@ class SpecBuilder:
             self.loss_call(name, call)
         elif name in ("sum", "mean"):
             self.reduce(call)
-        elif name == "log_softmax":
-            self.log_softmax(call)
         elif name in PASS_THROUGH:
             self.pass_through(call)
         elif name in DROPOUT:
@@ -681,14 +667,13 @@ class SpecBuilder:
         self.reductions[id(call.result)] = Reduction(how, source=found, call=call)
         self.kept.append(call.result)
 
-    def log_softmax(self, call: Call) -> None:
-        """Kept aside: ``nll_loss(log_softmax(z, dim=1), labels)`` is ``cross_entropy(z, labels)``; any
-        other use is reported."""
-        self.fail(call, "is not an op symgrad can differentiate, except as nll_loss(log_softmax(z, dim=1), labels)",
-                  "use F.cross_entropy(z, labels), which is that loss")
-        dim = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
-        if isinstance(call.arguments[0], torch.Tensor) and dim is not None and dim % call.arguments[0].dim() == 1:
-            self.log_probabilities[id(call.result)] = call.arguments[0]
+    def _log_softmax(self, op: str, bound: dict, call: Call) -> None:
+        """A layer; noted too, because ``nll_loss(log_softmax(z, dim=1), labels)`` is
+        ``cross_entropy(z, labels)``, which ``loss_call`` makes of it."""
+        source, dim = bound.get("input"), bound.get("dim")
+        self.layer(op, bound, call)
+        if isinstance(source, torch.Tensor) and isinstance(dim, int) and dim % source.dim() == 1:
+            self.log_probabilities[id(call.result)] = source
 
     def global_average(self, call: Call, source: torch.Tensor, rank: int, keepdim: bool) -> None:
         """``x.mean(dim=(2, 3))``, global average pooling, is adaptive_avg_pool2d to 1 (then flatten)."""
@@ -703,6 +688,7 @@ class SpecBuilder:
         bound = dict(zip(LOSSES[op], call.arguments)) | call.keywords
         reasons: set[int] = set()
         if op == "nll_loss" and id(bound["input"]) in self.log_probabilities:
+            self.drop_unread(self.names.get(id(bound["input"])))  # the log_softmax layer, now inside the loss
             op, bound["input"] = "cross_entropy", self.log_probabilities[id(bound["input"])]
         prediction = self.operand(bound.pop("input"), call, reasons)
         target = self.operand(bound.pop("target"), call, reasons)
@@ -718,6 +704,13 @@ class SpecBuilder:
         loss = {"op": op, "in": prediction, "target": target, **{k: float(v) for k, v in bound.items() if v != 1.0}}
         self.reductions[id(call.result)] = Reduction(how, loss=loss, call=call)
         self.kept.append(call.result)
+
+    def drop_unread(self, name: str | None) -> None:
+        """Remove the layer that makes ``name`` if no later layer reads it."""
+        index = next((i for i, layer in enumerate(self.layers) if layer["out"] == name), None)
+        if index is None or any(name in _flat(list(layer.values()), {}) for layer in self.layers[index + 1:]):
+            return
+        del self.layers[index], self.layer_calls[index]
 
     def scale_reduction(self, call: Call) -> bool:
         """``0.5 * loss``, ``loss / 2``: scale a reduction; False when the call is not that."""

@@ -1,0 +1,47 @@
+"""Tensor primitives that several rules and the reverse walk use: sums over dims, sums back to a
+broadcast operand's shape, zeros, one entry of a tuple. Each rule's own primitives (a convolution's
+backward, a pool's scatter) stay beside that rule.
+"""
+
+from __future__ import annotations
+
+from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive
+
+
+def show_dims(dims: tuple[int, ...]) -> str:
+    """``1`` for one dim, ``(0, 2, 3)`` for several: as a person writes ``dim=``."""
+    return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
+
+
+primitive("sum", code=lambda operands, params, show: (
+    f"{operands[0]}.sum(dim={show_dims(params['dim'])}" + (", keepdim=True)" if params.get("keepdim") else ")")),
+    latex=lambda operands, params, show: rf"\sum_{{{','.join(map(str, params['dim']))}}} {operands[0]}", tangent=LINEAR)
+
+primitive("reduce_dims", code=lambda operands, params, show: (
+    f"{operands[0]}.{params['how']}(dim={show_dims(params['dims'])}" + (", keepdim=True)" if params["keepdim"] else ")")),
+    latex=lambda operands, params, show: (rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
+                                          rf"\left({operands[0]}\right)"), tangent=LINEAR)
+
+
+def sum_over(value, dim: int):
+    """``value.sum(dim=dim, keepdim=True)``: a sum that broadcasts back against ``value``."""
+    return op("reduce_dims", value, how="sum", dims=(dim,), keepdim=True)
+
+
+primitive("spread", code=lambda operands, params, show: (
+    operands[0] + "".join(f".unsqueeze({d})" for d in ([] if params["keepdim"] else params["dims"]))
+    + f".expand_as({operands[1]}).contiguous()"),
+    latex=lambda operands, params, show: rf"\operatorname{{spread}}_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)",
+    # linear in the gradient; the second operand gives only its shape
+    tangent=lambda expr, tangent_of: op("spread", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())))
+
+primitive("sum_to_size",
+          code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]}.shape)",
+          latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)",
+          tangent=lambda expr, tangent_of: TensorOp("sum_to_size", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
+
+primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
+          latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
+
+primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
+          latex=lambda operands, params, show: f"{operands[0]}_{{{params['index']}}}", tangent=LINEAR)
