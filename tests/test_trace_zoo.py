@@ -1,0 +1,64 @@
+"""Upstream-style blocks (``tests/zoo.py``) in: traced in train and eval mode, generated, and compared in
+float64 with autograd through the original module at another batch and spatial size; Restormer, whose
+reshapes take their sizes from ``x.shape``, is refused at each such source line, never frozen."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, TraceError, trace
+
+from . import zoo
+from .test_trace_models import CASES as MODEL_CASES
+from .test_trace_models import Case, matches_autograd
+
+CASES = {
+    # branches stacked on a new dim, a softmax over it, squeeze() of the pooled features, SK attention
+    "sknet": Case(zoo.SKNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, ("cross_entropy",)),
+    # pixel_unshuffle front end, a noise-level map concatenated, pixel_shuffle back
+    "ffdnet": Case(zoo.FFDNet, {"x": (2, 1, 8, 8), "sigma_map": (2, 1, 4, 4)},
+                   {"x": (3, 1, 12, 8), "sigma_map": (3, 1, 6, 4)}, ("mse_loss",)),
+}
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("label", list(CASES))
+def test_upstream_block_matches_autograd_on_the_original_module(label, mode):
+    matches_autograd(label, CASES[label], mode)
+
+
+def test_restormer_reshapes_sized_from_the_input_are_refused_once_per_source_line():
+    with pytest.raises(TraceError) as caught:
+        trace(zoo.Restormer().double(), {"inp_img": (2, 3, 8, 8)}, name="restormer", loss=LossChoice("mse_loss"))
+    lines = str(caught.value).splitlines()
+    places = [re.match(r".*zoo\.py:(\d+): error", line).group(1) for line in lines]
+    assert len(places) == len(set(places)) == 5, lines  # to_4d, the three head splits, the merge
+    assert all("computed from the input's size" in line for line in lines)
+
+
+GENERATED_TEST_CASES = [("sknet", CASES["sknet"]), ("ffdnet", CASES["ffdnet"])] + [
+    (label, MODEL_CASES[label]) for label in ("resnet18", "mobilenet_v3", "nafnet")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,case", GENERATED_TEST_CASES, ids=[label for label, _ in GENERATED_TEST_CASES])
+def test_traced_models_own_generated_test_file_passes(label, case, tmp_path):
+    """The test file written beside each traced model's module runs and passes (its shapes for the
+    float64 and float32 checks are solved for the whole graph, residual adds and cats included)."""
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
+    rendered = build_text(text, f"{label}.yaml").rendered
+    for name, content in rendered.files.items():
+        if name.endswith(".py"):
+            (tmp_path / name).write_text(content)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
