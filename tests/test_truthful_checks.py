@@ -46,11 +46,11 @@ CORRECT = {**{name: builder for name, builder in ARCHITECTURES.items()},
 
 
 # Each generated test file runs in a subprocess: by default one representative per section of the
-# test template (the rest, the depth-100/200 chains among them, are marked slow; CI runs them all).
+# test template (the rest, every plain chain among them, are marked slow; CI runs them all).
 REPRESENTATIVES = {
-    "vgg11_bn-train": "the classes table and the zero-by-structure check (biases before training batch_norm)",
+    "vgg11_bn-train": "the classes table, the zero-by-structure check (biases before training batch_norm), "
+                      "and gradcheck's first/middle/last subset of many weights",
     "srcnn": "neither optional section: the template's base checks alone",
-    "chain20x4": "a deep plain chain: gradcheck's first/middle/last subset of many weights",
 }
 assert set(REPRESENTATIVES) <= set(CORRECT), "a representative that is no case would leave its section unrun"
 
