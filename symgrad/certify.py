@@ -1,21 +1,26 @@
 """Exact certificates that the emitted adjoints of linear and bilinear ops are transposes.
 
-For a small instance of a convolution, sympy builds the operator's exact matrix from the index
-definition of convolution, independently of PyTorch and of symgrad's rules:
+For a small instance of a convolution, the operator's exact coefficients are counted from the
+index definition of convolution, independently of PyTorch and of symgrad's rules:
 
     out[n, o, i] = sum_{c, a} w[o, c, a] * x_pad[n, g(o) * C_g + c, i * s + a * d]
 
-with a symbol for every weight entry, so ``A(w)`` (input side) has symbolic entries, and likewise
-``W(x)`` (weight side) with a symbol for every input entry. The emitted gradient module is then
-probed: for every one-hot weight ``e_j`` and one-hot cotangent ``e_m`` it returns a column of the
-adjoint it implements. Those runs use only 0/1 inputs, so float64 computes them exactly and they
-convert to sympy integers. By linearity ``B(w) = sum_j w_j B(e_j)``, and the certificate is the
-polynomial identity ``B(w) - A(w)^T = 0``, checked entry by entry with zero residual: the emitted
-input adjoint is the transpose for *every* weight, and the weight adjoint for every input.
+Convolution is bilinear, so one integer array ``T[m, i, j]`` (the coefficient of ``x_i * w_j`` in
+output ``m``) holds it whole: ``A(w)`` (input side, outputs x inputs) is ``sum_j w_j T[:, :, j]``
+and ``W(x)`` (weight side, outputs x weights) is ``sum_i x_i T[:, i, :]``. The emitted gradient
+module is then probed: for every one-hot weight ``e_j`` and one-hot cotangent ``e_m`` it returns
+the column ``B(e_j)[:, m]`` of the input adjoint it implements, and for every one-hot input ``e_i``
+the column ``V(e_i)[:, m]`` of its weight adjoint. Those runs use only 0/1 inputs, so float64
+computes them exactly (each entry is checked integral) and they convert to int64. By linearity
+``B(w) = sum_j w_j B(e_j)``, so the polynomial identity ``B(w) - A(w)^T = 0`` holds for *every*
+weight exactly when the integer arrays agree coefficient by coefficient: ``B(e_j)[i, m] ==
+T[m, i, j]`` for all ``i, m, j``; likewise ``V(e_i)[j, m] == T[m, i, j]`` for every input. Equal
+integer arrays are the same proof as a zero residual after sympy expansion, without the algebra.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass
 
@@ -74,89 +79,103 @@ def _spec_text(case: ConvCase, wrt: tuple[str, ...] = ("x", "w")) -> str:
         "loss": {"op": "half_sq_error", "target": "y"}, "wrt": list(wrt)}, sort_keys=False)
 
 
-def _definition_matrices(case: ConvCase):
-    """A(w) (outputs x inputs, entries in weight symbols) and W(x) (outputs x weights, in input symbols)."""
-    x_shape = (case.batch, case.in_channels, *case.size)
-    w_shape = (case.out_channels, case.in_channels // case.groups, *case.kernel)
-    y_shape = (case.batch, case.out_channels, *case.out_size)
+def _definition_coefficients(case: ConvCase) -> torch.Tensor:
+    """``T[m, i, j]``: the integer coefficient of ``x_i * w_j`` in output ``m`` (flat row-major
+    indices), counted from the index definition above with Python integers."""
+    x_shape, w_shape, y_shape = _shapes(case)
     x_index = {index: position for position, index in enumerate(itertools.product(*map(range, x_shape)))}
     w_index = {index: position for position, index in enumerate(itertools.product(*map(range, w_shape)))}
-    w_symbols = sympy.symbols(f"w0:{len(w_index)}")
-    x_symbols = sympy.symbols(f"x0:{len(x_index)}")
     per_group_in, per_group_out = case.in_channels // case.groups, case.out_channels // case.groups
-    A = sympy.zeros(len(list(itertools.product(*map(range, y_shape)))), len(x_index))
-    W = sympy.zeros(A.rows, len(w_index))
+    coefficients = torch.zeros(_numel(y_shape), len(x_index), len(w_index), dtype=torch.int64)
     for row, (n, o, *i) in enumerate(itertools.product(*map(range, y_shape))):
         group = o // per_group_out
         for c in range(per_group_in):
             for taps in itertools.product(*map(range, case.kernel)):
                 position = tuple(i_k * s - p + a * d for i_k, s, p, d, a in zip(i, case.stride, case.padding, case.dilation, taps))
                 if all(0 <= q < n_k for q, n_k in zip(position, case.size)):  # outside is zero padding
-                    column = x_index[(n, group * per_group_in + c, *position)]
-                    weight = w_index[(o, c, *taps)]
-                    A[row, column] += w_symbols[weight]
-                    W[row, weight] += x_symbols[column]
-    return A, W, w_symbols, x_symbols, x_shape, w_shape, y_shape
+                    coefficients[row, x_index[(n, group * per_group_in + c, *position)], w_index[(o, c, *taps)]] += 1
+    return coefficients
 
 
-def _exact(tensor: torch.Tensor) -> list[int]:
-    values = tensor.flatten().tolist()
-    if any(value != int(value) for value in values):
+def _shapes(case: ConvCase) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    return ((case.batch, case.in_channels, *case.size),
+            (case.out_channels, case.in_channels // case.groups, *case.kernel),
+            (case.batch, case.out_channels, *case.out_size))
+
+
+def _exact(tensor: torch.Tensor) -> torch.Tensor:
+    """A probe's float64 result as int64, refused unless every entry is an integer (then float64 was exact)."""
+    flat = tensor.detach().flatten()
+    if not (torch.equal(flat, flat.round()) and bool((flat.abs() < 2 ** 53).all())):
         raise AssertionError("a probe was not integral, so float64 was not exact: enlarge nothing, shrink the case")
-    return [int(value) for value in values]
+    return flat.to(torch.int64)
 
 
 def certify(case: ConvCase) -> tuple[int, int]:
     """Prove both adjoints of ``case`` as emitted: derived separately (the module for one gradient
     alone: conv_transpose, and the weight correlation) and fused (both gradients from one
     ``convolution_backward`` call, what ``gradients`` runs when both are wanted). Returns the number of
-    matrix entries checked on each side."""
+    matrix entries checked on each side (each entry a polynomial, proven coefficient by coefficient)."""
+    coefficients = _definition_coefficients(case)
     input_entries, weight_entries = 0, 0
-    for wrt in (("x",), ("w",), ("x", "w")):
-        entries = _certify_module(case, wrt)
-        input_entries, weight_entries = input_entries + entries[0], weight_entries + entries[1]
+    with _one_thread():
+        for wrt in (("x",), ("w",), ("x", "w")):
+            entries = _certify_module(case, wrt, coefficients)
+            input_entries, weight_entries = input_entries + entries[0], weight_entries + entries[1]
     return input_entries, weight_entries
 
 
-def _certify_module(case: ConvCase, wrt: tuple[str, ...]) -> tuple[int, int]:
+@contextlib.contextmanager
+def _one_thread():
+    """Run the probes on one thread: they are thousands of calls on tensors of a few dozen entries,
+    where a second thread only adds synchronisation (and on a busy machine waits for a core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Tensor) -> tuple[int, int]:
     from .pipeline import build_text
 
     built = build_text(_spec_text(case, wrt), "certify.yaml")
     module = module_from_source(built.rendered.files["certified.py"], "certified")
-    A, W, w_symbols, x_symbols, x_shape, w_shape, y_shape = _definition_matrices(case)
-    outputs = A.rows
+    x_shape, w_shape, y_shape = _shapes(case)
+    outputs, inputs, weights = coefficients.shape
+    forward = torch.nn.functional.__dict__[f"conv{case.dims}d"]
 
     def adjoints(x: torch.Tensor, w: torch.Tensor, cotangent: torch.Tensor):
         # with residual = conv(x, w) - y, choosing y = conv(x, w) - cotangent makes the gradient
         # arriving at the conv output exactly the cotangent, so the module returns the adjoints
-        y = torch.nn.functional.__dict__[f"conv{case.dims}d"](
-            x, w, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.groups) - cotangent
+        y = forward(x, w, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.groups) - cotangent
         return module.gradients(x=x, w=w, y=y)
+
+    def one_hot(size: int, index: int, shape) -> torch.Tensor:
+        basis = torch.zeros(size, dtype=torch.float64)
+        basis[index] = 1
+        return basis.reshape(shape)
 
     zeros_x = torch.zeros(x_shape, dtype=torch.float64)
     zeros_w = torch.zeros(w_shape, dtype=torch.float64)
-    B = sympy.zeros(len(x_symbols), outputs)  # emitted input adjoint, as a matrix in the weight symbols
-    V = sympy.zeros(len(w_symbols), outputs)  # emitted weight adjoint, as a matrix in the input symbols
+    # B[i, m, j]: entry (i, m) of the emitted input adjoint B(w), coefficient of w_j; V[j, m, i]:
+    # entry (j, m) of the emitted weight adjoint V(x), coefficient of x_i
+    B = torch.zeros(inputs, outputs, weights, dtype=torch.int64)
+    V = torch.zeros(weights, outputs, inputs, dtype=torch.int64)
     for m in range(outputs):
-        cotangent = torch.zeros(outputs, dtype=torch.float64)
-        cotangent[m] = 1
-        cotangent = cotangent.reshape(y_shape)
-        for j, symbol in enumerate(w_symbols if "x" in wrt else ()):
-            basis = zeros_w.flatten().clone()
-            basis[j] = 1
-            column = _exact(adjoints(zeros_x, basis.reshape(w_shape), cotangent).x)
-            B[:, m] += sympy.Matrix(column) * symbol
-        for i, symbol in enumerate(x_symbols if "w" in wrt else ()):
-            basis = zeros_x.flatten().clone()
-            basis[i] = 1
-            column = _exact(adjoints(basis.reshape(x_shape), zeros_w, cotangent).w)
-            V[:, m] += sympy.Matrix(column) * symbol
+        cotangent = one_hot(outputs, m, y_shape)
+        for j in range(weights if "x" in wrt else 0):
+            B[:, m, j] = _exact(adjoints(zeros_x, one_hot(weights, j, w_shape), cotangent).x)
+        for i in range(inputs if "w" in wrt else 0):
+            V[:, m, i] = _exact(adjoints(one_hot(inputs, i, x_shape), zeros_w, cotangent).w)
     form = "fused" if len(wrt) > 1 else "alone"
-    if "x" in wrt and (B - A.T).expand() != sympy.zeros(*B.shape):
+    # A(w)^T[i, m] = sum_j w_j T[m, i, j]  and  W(x)^T[j, m] = sum_i x_i T[m, i, j]
+    if "x" in wrt and not torch.equal(B, coefficients.permute(1, 0, 2)):
         raise AssertionError(f"{case.label}: the emitted input adjoint ({form}) is not A(w)^T")
-    if "w" in wrt and (V - W.T).expand() != sympy.zeros(*V.shape):
+    if "w" in wrt and not torch.equal(V, coefficients.permute(2, 0, 1)):
         raise AssertionError(f"{case.label}: the emitted weight adjoint ({form}) is not W(x)^T")
-    return (B.rows * B.cols if "x" in wrt else 0), (V.rows * V.cols if "w" in wrt else 0)
+    return (inputs * outputs if "x" in wrt else 0), (weights * outputs if "w" in wrt else 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,6 +252,7 @@ def _rational(values: list[float], label: str) -> list[sympy.Rational]:
     return result
 
 
+@_one_thread()
 def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...]) -> int:
     """Prove the emitted adjoint of each linear operand is the exact transpose of PyTorch's forward
     operator, for every basis value of the other operand (so for all of its values). Returns the

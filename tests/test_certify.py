@@ -48,3 +48,16 @@ def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
     label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == case)
     with pytest.raises(AssertionError, match="is not the transpose"):
         certify_linear(label, inputs, layer, linear)
+
+
+def test_a_wrong_fused_conv_adjoint_is_caught(monkeypatch):
+    """The fused form (one convolution_backward call for both gradients) is certified on its own:
+    reading the cotangent reversed along the last axis keeps every shape and every entry an integer,
+    so only the comparison with the definition's coefficients can catch it."""
+    from symgrad.algebra import PRIMITIVES
+
+    original = PRIMITIVES["conv_backward"]
+    monkeypatch.setitem(PRIMITIVES, "conv_backward", dataclasses.replace(
+        original, code=lambda operands, params, show: original.code([f"{operands[0]}.flip(-1)", *operands[1:]], params, show)))
+    with pytest.raises(AssertionError, match=r"\(fused\) is not"):
+        certify(CASES[0])

@@ -30,6 +30,7 @@ def _calls(pairs: int) -> int:
     return pstats.Stats(profile).total_calls
 
 
+@pytest.mark.slow  # builds 50-, 100- and 200-pair chains; CI runs it
 def test_generation_work_grows_linearly_with_depth():
     """The work added by going from 200 to 400 layers is about twice that from 100 to 200 (a quadratic
     step makes it four times: before the fix the ratio was 3.1)."""

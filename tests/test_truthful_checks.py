@@ -45,7 +45,18 @@ CORRECT = {**{name: builder for name, builder in ARCHITECTURES.items()},
               for depth in (20, 50, 100, 200) for channels in (4, 64)}}
 
 
-@pytest.mark.parametrize("name", sorted(CORRECT))
+# Each generated test file runs in a subprocess: by default one representative per section of the
+# test template (the rest, every plain chain among them, are marked slow; CI runs them all).
+REPRESENTATIVES = {
+    "vgg11_bn-train": "the classes table, the zero-by-structure check (biases before training batch_norm), "
+                      "and gradcheck's first/middle/last subset of many weights",
+    "srcnn": "neither optional section: the template's base checks alone",
+}
+assert set(REPRESENTATIVES) <= set(CORRECT), "a representative that is no case would leave its section unrun"
+
+
+@pytest.mark.parametrize("name", [name if name in REPRESENTATIVES else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in sorted(CORRECT)])
 def test_verify_and_the_generated_test_pass_on_correct_modules(name: str, tmp_path: Path):
     built = build_text(CORRECT[name](), f"{name}.yaml")
     table = _verify(built)
@@ -115,7 +126,9 @@ def _swap_stride_and_dilation_in_the_weight_adjoint(monkeypatch):
             operands, {**dict(params._items), "stride": params["dilation"], "dilation": params["stride"]}, show)))
 
 
-@pytest.mark.parametrize("mutate", [_flip_a_sign, _drop_a_mask, _swap_stride_and_dilation_in_the_weight_adjoint],
+@pytest.mark.parametrize("mutate", [pytest.param(_flip_a_sign, marks=pytest.mark.slow),  # one spec: one subprocess
+                                    pytest.param(_drop_a_mask, marks=pytest.mark.slow),  # representative is enough
+                                    _swap_stride_and_dilation_in_the_weight_adjoint],   # by default; CI runs all three
                          ids=["flip-a-sign", "drop-a-mask", "swap-stride-and-dilation"])
 def test_a_wrong_rule_fails_both_verify_and_the_generated_test(mutate, monkeypatch, tmp_path: Path):
     correct = build_text(MUTATION_SPEC, "mutated.yaml")
