@@ -3,7 +3,7 @@ autograd on the same device.
 
 The test suite never needs a GPU; this is what to run when one is at hand. For each module in
 generated/: float64 at its first small shape with a random cotangent (``gradients``,
-``gradients_fast``, ``loss_with_explicit_backward``, the per-sample gradients summed over the batch)
+``loss_with_explicit_backward``, the per-sample gradients summed over the batch)
 and gradcheck + gradgradcheck through ``gradients``; float32 at the spec's shapes in the layout the
 module chooses. Prints one line per check and exits non-zero if any fails. float32 allows 1e-2: on
 CUDA both sides run cuDNN's convolutions in TF32 (PyTorch's default), but not always the same ones."""
@@ -39,7 +39,6 @@ def check_module(test_path: Path, device: str) -> bool:
         leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
         explicit = module.loss_with_explicit_backward(**leaves)
         results = {"gradients": module.gradients(**inputs, grad_loss=cotangent),
-                   "gradients_fast": module.gradients_fast(**inputs, grad_loss=cotangent),
                    "explicit backward": torch.autograd.grad(explicit, [leaves[name] for name in wrt], cotangent)}
         if hasattr(module, "per_sample_gradients"):  # summed over the batch: the shared weights' gradient
             per_sample = module.per_sample_gradients(**inputs, grad_loss=cotangent)._asdict()

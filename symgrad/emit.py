@@ -63,18 +63,6 @@ def _line(statement: Statement) -> Line:
                 to_latex(statement.target), to_latex(math))
 
 
-def _shape_of(graph) -> dict[sympy.Symbol, tuple]:
-    """Shapes of the floating-point tensors whose shape the graph knows: nodes and their gradients
-    (not the boolean masks, which must never be overwritten with floats)."""
-    shapes = {}
-    for node in graph.nodes.values():
-        for name in (node.name, f"grad_{node.name}"):
-            shapes[sympy.Symbol(name)] = tuple(node.shape)
-    loss = graph.loss
-    shapes[sympy.Symbol("residual")] = tuple(graph.nodes[loss.operands["input"]].shape)
-    return shapes
-
-
 def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:
     """Move each ``t = fused[i]`` right after ``fused`` is computed, so the tuple dies at once."""
     reads: dict[sympy.Symbol, list[Statement]] = {}
@@ -90,48 +78,6 @@ def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[
         result.append(statement)
         result.extend(reads.get(statement.target, []))
     return result, boundary
-
-
-def fast_lines(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol], keep: set[sympy.Symbol],
-               shapes: dict[sympy.Symbol, tuple]) -> tuple[list[str], list[str]]:
-    """The statements as code for the no-grad fast function: a value whose last use is a
-    same-shaped product or an op with an in-place form is overwritten in place, and every tensor
-    this function made is deleted right after its last use. ``boundary`` splits forward from
-    backward lines; ``boundary_uses`` are read between them (the default cotangent)."""
-    statements, boundary = _hoist_item_reads(statements, boundary)
-    last_use, owned = _last_uses(statements, boundary, boundary_uses)
-    # `grad_a = grad_r` makes two names for one tensor: it may be overwritten only once both are dead
-    root: dict[sympy.Symbol, sympy.Symbol] = {}
-    for statement in statements:
-        if statement.value.is_Symbol:
-            root[statement.target] = root.get(statement.value, statement.value)
-    group_last_use: dict[sympy.Symbol, float] = {}
-    for symbol, index in last_use.items():
-        key = root.get(symbol, symbol)
-        group_last_use[key] = max(group_last_use.get(key, -1), index)
-    lines: list[list[str]] = [[], []]
-    for index, statement in enumerate(statements):
-        part = lines[0 if index < boundary else 1]
-        dying = _dying(statement, index, last_use, owned, keep)
-        target_shape = shapes.get(statement.target)
-        overwritable = [symbol for symbol in dying
-                        if target_shape is not None and shapes.get(symbol) == target_shape
-                        and root.get(symbol, symbol) not in keep
-                        and group_last_use.get(root.get(symbol, symbol)) == index]
-        value = statement.value
-        code = None
-        if isinstance(value, sympy.Mul) and overwritable:
-            base = next((factor for factor in value.args if factor in overwritable), None)
-            if base is not None:
-                code = f"{base.name}.mul_({to_code(value / base)})"
-        elif isinstance(value, TensorOp) and value.primitive.inplace and value.operands and value.operands[0] in overwritable:
-            code = value.primitive.inplace([to_code(o) for o in value.operands], value.params, to_code)
-        part.append(f"{statement.target.name} = {code or to_code(value, boolean=_is_mask(statement))}")
-        if dying:
-            part.append("del " + ", ".join(symbol.name for symbol in dying))
-    for name in _dying_at_boundary(boundary, last_use, owned, keep):  # forward values only the cotangent default reads
-        lines[1].insert(0, f"del {name}")
-    return lines[0], lines[1]
 
 
 def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol]):
@@ -316,7 +262,7 @@ def _step_numbers(program: Program, lines: list[Statement]) -> list[int | None]:
 def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, ...]]], fast: Program,
            extras: tuple[str, ...] = (), recorded_extras: tuple[str, ...] = ()) -> Rendered:
     """All generated files for ``program``; ``shapes`` are the small test shapes (``shapes.small_shapes``)
-    and ``fast`` the same derivation with fused kernels, emitted as ``gradients_fast``."""
+    and ``fast`` the same derivation with fused kernels, the one ``gradients`` runs."""
     graph = program.graph
     spec = graph.spec
     names = [node.name for node in graph.inputs]
@@ -330,12 +276,10 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     fast_split = _count_among(fast_live, fast.forward)
     backward_live, split = _hoist_item_reads(fast_live, fast_split)
-    gradients_forward, gradients_backward, boundary_dead = _with_deletions(
+    _, gradients_backward, boundary_dead = _with_deletions(
         backward_live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, backward_live, split)
     loss_node = graph.loss
-    fast_forward, fast_backward = fast_lines(fast_live, fast_split, fast.default_cotangent.free_symbols,
-                                             gradient_symbols, _shape_of(graph))
     hvp_lines, hvp_results, hvp_live, per_sample_live = [], {}, [], []
     if "hvp" in extras:
         from .tangent import tangent_statements
@@ -403,14 +347,12 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         wrt=list(graph.wrt),
         non_wrt=[name for name in names if name not in graph.wrt],
         forward=forward,
-        gradients_forward=gradients_forward,
         gradients_backward=gradients_backward,
         readable_backward=readable_backward,
         boundary_dead=boundary_dead,
         saved_names=saved_names,
         saving_forward=saving_forward,
         loss_name=loss_name,
-        fast_forward=fast_forward,
         hvp=bool(hvp_lines),
         per_sample=bool(per_sample_forward),
         per_sample_forward=per_sample_forward,
@@ -421,7 +363,6 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         hvp_lines=hvp_lines,
         hvp_results=hvp_results,
         tangent_signature=", ".join(f"tangent_{name}" for name in graph.wrt),
-        fast_backward=fast_backward,
         default_cotangent=to_code(program.default_cotangent),
         grad_loss=GRAD_LOSS.name,
         reduction=loss_node.params["reduction"],
