@@ -28,7 +28,7 @@ def check_module(test_path: Path, device: str) -> bool:
     tests = load_module(test_path, test_path.stem)
     module, wrt, passed = tests.module, tests.WRT, True
     for dtype, shapes in ((torch.float64, tests.SMALL_SHAPES[0]), (torch.float32, tests.SPEC_SHAPES)):
-        drawn = tests.make_inputs(shapes, tests.ROLES, wrt, dtype, 3, getattr(tests, "CLASSES", None))
+        drawn = tests.inputs_for(shapes, dtype, 3)  # class indices below each shape set's class counts
         inputs = {name: value.to(device) for name, value in drawn.items()}
         if dtype == torch.float32:
             inputs = tests.in_layout(inputs, tests.CHANNELS_LAST)

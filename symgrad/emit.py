@@ -22,7 +22,7 @@ from markupsafe import escape
 from . import __version__
 from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
-from .printing import to_code, to_latex
+from .printing import comment_lines, fit, prose, to_code, to_latex
 from .algebra import TensorOp, tensor
 from .reverse import GRAD_LOSS, Program, Statement
 from .roles import channels_last_inputs, input_roles, zero_by_structure
@@ -38,8 +38,12 @@ TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
 
 def _environment() -> jinja2.Environment:
     loader = jinja2.FunctionLoader(lambda name: resources.files("symgrad.templates").joinpath(name).read_text("utf-8"))
-    return jinja2.sandbox.SandboxedEnvironment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
-                                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    environment = jinja2.sandbox.SandboxedEnvironment(
+        loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True)
+    # the Python templates lay out each statement and sentence within printing.WIDTH columns
+    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines)
+    return environment
 
 
 @dataclass(frozen=True)
@@ -334,8 +338,10 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
         layout_kept=layout_kept,
-        returned={name: (f"grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept else f"grad_{name}")
-                  for name in graph.wrt},
+        gradients_return=", ".join(
+            f"{name}=grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept
+            else f"{name}=grad_{name}" for name in graph.wrt),
+        function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in names),
         name=spec.name,
         version=__version__,
         spec_label=spec_label,
@@ -359,9 +365,10 @@ def render(program: Program, spec_label: str, shapes: list[dict[str, tuple[int, 
         per_sample_backward=per_sample_backward,
         per_sample_dead=per_sample_dead,
         per_sample_names=per_sample_names,
+        per_sample_return=", ".join(f"{name}=per_sample_grad_{name}" for name in per_sample_names),
         per_sample_batched=per_sample_batched,
         hvp_lines=hvp_lines,
-        hvp_results=hvp_results,
+        hvp_return=", ".join(f"{name}={hvp_results[name]}" for name in graph.wrt if hvp_results),
         tangent_signature=", ".join(f"tangent_{name}" for name in graph.wrt),
         default_cotangent=to_code(program.default_cotangent),
         grad_loss=GRAD_LOSS.name,
@@ -410,16 +417,14 @@ DOCUMENTS = ("{name}.md", "{name}.html")
 _COMMENT_STYLE = {"py": "python", "md": "markup", "html": "markup"}
 
 
-def _class_table(graph, shapes) -> dict[str, dict[str, int]]:
-    """Class counts of the int64 inputs for every shape set the generated test uses, keyed by the
-    shape set as sorted JSON; empty when the spec has no int64 input."""
-    import json
-
+def _class_table(graph, shapes) -> list[tuple[dict[str, list[int]], dict[str, int]]]:
+    """(shape set, class counts of the int64 inputs) for every shape set the generated test uses;
+    empty when the spec has no int64 input."""
     if not any(node.dtype == "int64" for node in graph.inputs):
-        return {}
+        return []
     shape_sets = list(shapes) + [{node.name: tuple(node.shape) for node in graph.inputs}]
-    return {json.dumps({k: list(v) for k, v in shape_set.items()}, sort_keys=True): graph.class_counts(shape_set)
-            for shape_set in shape_sets}
+    return [({name: list(shape) for name, shape in sorted(shape_set.items())}, graph.class_counts(shape_set))
+            for shape_set in shape_sets]
 
 
 def _node_description(program: Program) -> dict[str, str]:
