@@ -107,7 +107,6 @@ def seed_variants(seed: str, size: str, device: str):
 
     variants = {
         "symgrad gradients": lambda: module.gradients(**inputs),
-        "symgrad gradients_fast": lambda: module.gradients_fast(**inputs),
         "torch.autograd.grad": autograd_grad,
         "symgrad gradients, channels_last inputs": lambda: module.gradients(**channels_last_plain),
         "autograd.grad, channels_last inputs": autograd_channels_last,

@@ -3,7 +3,7 @@ autograd on the same device.
 
 The test suite never needs a GPU; this is what to run when one is at hand. For each module in
 generated/: float64 at its first small shape with a random cotangent (``gradients``,
-``gradients_fast``, ``loss_with_explicit_backward``, the per-sample gradients summed over the batch)
+``loss_with_explicit_backward``, the per-sample gradients summed over the batch)
 and gradcheck + gradgradcheck through ``gradients``; float32 at the spec's shapes in the layout the
 module chooses. Prints one line per check and exits non-zero if any fails. float32 allows 1e-2: on
 CUDA both sides run cuDNN's convolutions in TF32 (PyTorch's default), but not always the same ones."""
@@ -28,7 +28,7 @@ def check_module(test_path: Path, device: str) -> bool:
     tests = load_module(test_path, test_path.stem)
     module, wrt, passed = tests.module, tests.WRT, True
     for dtype, shapes in ((torch.float64, tests.SMALL_SHAPES[0]), (torch.float32, tests.SPEC_SHAPES)):
-        drawn = tests.make_inputs(shapes, tests.ROLES, wrt, dtype, 3, getattr(tests, "CLASSES", None))
+        drawn = tests.inputs_for(shapes, dtype, 3)  # class indices below each shape set's class counts
         inputs = {name: value.to(device) for name, value in drawn.items()}
         if dtype == torch.float32:
             inputs = tests.in_layout(inputs, tests.CHANNELS_LAST)
@@ -39,7 +39,6 @@ def check_module(test_path: Path, device: str) -> bool:
         leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
         explicit = module.loss_with_explicit_backward(**leaves)
         results = {"gradients": module.gradients(**inputs, grad_loss=cotangent),
-                   "gradients_fast": module.gradients_fast(**inputs, grad_loss=cotangent),
                    "explicit backward": torch.autograd.grad(explicit, [leaves[name] for name in wrt], cotangent)}
         if hasattr(module, "per_sample_gradients"):  # summed over the batch: the shared weights' gradient
             per_sample = module.per_sample_gradients(**inputs, grad_loss=cotangent)._asdict()

@@ -100,7 +100,7 @@ def render_depth(rows: list) -> str:
 def render(models: list, chains: list, depth: list = ()) -> str:
     lines = ["### Generation time", "",
              "Real models traced at 2×3×224×224 (eval mode, cross-entropy) and generated in-process "
-             "(derivation, `gradients`, `gradients_fast`, the test file and both documents); medians.", "",
+             "(derivation, the module, the test file and both documents); medians.", "",
              "| model | spec layers | trace s | generate s | ms per layer |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {label} | {layers} | {traced:.2f} | {generated:.2f} | {1e3 * generated / layers:.1f} |"
               for label, layers, traced, generated in models]

@@ -1,4 +1,5 @@
-"""Spec to rendered files: the steps every command and the Python API share."""
+"""Spec to rendered files: the steps every command and the Python API share, in order: parse,
+graph, derive, plan, render (and ``symgrad.write`` writes)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from .emit import Rendered, render
 from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
+from .plan import plan
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
@@ -33,13 +35,14 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
     if unknown:
         raise ValueError(f"unknown extras {sorted(unknown)}")
     graph = build_graph(spec)
-    program = derive(graph)
+    program = derive(graph)  # the readable derivation: the docstring's and documents' formulas
+    fast = derive(graph, fused=True)  # the same with autograd's fused kernels: what `gradients` runs
+    check_statement_targets(spec, program.forward, program.backward, fast.forward, fast.backward)
     shapes = small_shapes(graph)
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
+    planned = plan(program, fast, shapes, extras=wanted)
     added = tuple(sorted(set(extras) - set(spec.extras)))  # recorded in headers so `check` can redo them
-    fast = derive(graph, fused=True)
-    check_statement_targets(spec, program.forward, program.backward, fast.forward, fast.backward)
-    rendered = render(program, label, shapes, fast, extras=wanted, recorded_extras=added)
+    rendered = render(planned, label, recorded_extras=added)
     derived = {statement.target.name for statements in (program.forward, program.backward, fast.forward, fast.backward)
                for statement in statements}
     try:  # a spec name the module also uses is refused at the spec's line (a duplicate argument included) ...

@@ -39,7 +39,7 @@ MAX_NAME = 64
 RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
      "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
-     "hvp", "gradients_fast", "PerSampleGradients"}
+     "hvp", "PerSampleGradients"}
 ) | template_names()[0] | generated_names()[1]
 # Prefixes of names the derivation creates (grad_x, mask_relu1, shared_0, ...), read off its source,
 # and of the module's per_sample_* functions.
@@ -53,7 +53,7 @@ RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
 TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt", "extras")
 REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
-"""Optional functions a spec may ask for besides forward, gradients and gradients_fast."""
+"""Optional functions a spec may ask for besides forward and gradients."""
 INPUT_KEYS = ("shape", "dtype", "source")
 SOURCE = re.compile(r"[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,31}\Z")
 """An input's ``source:``, the ``state_dict()`` key of the model parameter or buffer it was traced

@@ -33,7 +33,8 @@ import torch
 
 
 def make_inputs(shapes, roles, wrt, dtype, seed, classes=None):
-    """Random inputs of ``shapes`` ({name: shape}) drawn by role ({name: [role, gain, fan_in_axes]})."""
+    """Random inputs of ``shapes`` ({name: shape}) drawn by role ({name: [role, gain,
+    fan_in_axes]})."""
     generator = torch.Generator().manual_seed(seed)
     classes = classes or {}
     inputs = {}
@@ -57,7 +58,8 @@ def make_inputs(shapes, roles, wrt, dtype, seed, classes=None):
 
 
 def first_nonfinite(named):
-    """A message naming the first tensor ({description: tensor}) that holds NaN or Inf, else None."""
+    """A message naming the first tensor ({description: tensor}) that holds NaN or Inf, else
+    None."""
     for description, tensor in named.items():
         if tensor is None:
             continue
@@ -73,7 +75,9 @@ def relative_errors(actual, expected, norm="max"):
     def measure(tensor):
         if tensor.numel() == 0:
             return 0.0
-        return float(tensor.abs().max()) if norm == "max" else float(torch.linalg.vector_norm(tensor))
+        if norm == "max":
+            return float(tensor.abs().max())
+        return float(torch.linalg.vector_norm(tensor))
 
     expected = {name: value.detach().double() for name, value in expected.items()}
     own = {name: measure(value) for name, value in expected.items()}
@@ -97,10 +101,15 @@ def in_layout(inputs, channels_last):
     """``inputs`` with the tensors named in ``channels_last`` moved to that memory layout (leaves
     again where they were leaves): the layout the generated gradients run their convolutions in, so
     that autograd's float32 error is measured on the same kernels as theirs. The kernels of the two
-    layouts round differently; through a ReLU that can flip a pre-activation within rounding of zero,
-    which changes a deep net's float32 gradient in either layout, so like is compared with like."""
-    return {name: (value.detach().contiguous(memory_format=torch.channels_last).requires_grad_(value.requires_grad)
-                   if name in channels_last else value) for name, value in inputs.items()}
+    layouts round differently; through a ReLU that can flip a pre-activation within rounding of
+    zero, which changes a deep net's float32 gradient in either layout, so like is compared with
+    like."""
+    moved = dict(inputs)
+    for name, value in inputs.items():
+        if name in channels_last:
+            moved[name] = value.detach().contiguous(memory_format=torch.channels_last)
+            moved[name].requires_grad_(value.requires_grad)
+    return moved
 
 
 def float32_acceptable(ours, autograd, floor=1e-5, factor=4.0):
@@ -125,11 +134,12 @@ def available_memory():
 
 
 def memory_shortfall(name, where, entries, bytes_per_entry):
-    """Why checking ``name`` at ``where`` cannot run in this memory, or None if it fits: every node's
-    value and gradient, twice over (ours and autograd's reference), ``entries`` numbers in all (one
-    per entry of every node), at ``bytes_per_entry`` (8 in float64, 4 in float32)."""
+    """Why checking ``name`` at ``where`` cannot run in this memory, or None if it fits: every
+    node's value and gradient, twice over (ours and autograd's reference), ``entries`` numbers in
+    all (one per entry of every node), at ``bytes_per_entry`` (8 in float64, 4 in float32)."""
     needed = 4 * entries * bytes_per_entry
     free = available_memory()
     if needed <= free:
         return None
-    return f"checking {name} at {where} needs about {needed / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB is available"
+    return (f"checking {name} at {where} needs about {needed / 2**30:.1f} GiB, and "
+            f"{free / 2**30:.1f} GiB is available")

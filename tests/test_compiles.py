@@ -62,3 +62,41 @@ def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_pa
     assert "cannot compile" in result.output and "bug in symgrad" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _too_wide(text: str) -> list[str]:
+    from symgrad.printing import WIDTH
+
+    return [f"line {number} ({len(line)} columns): {line[:60]}..."
+            for number, line in enumerate(text.split("\n"), 1) if len(line) > WIDTH]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "generated").glob("*.py")), ids=lambda path: path.name)
+def test_every_committed_generated_python_file_fits_in_100_columns_and_compiles(path: Path):
+    text = path.read_text(encoding="utf-8")
+    assert not _too_wide(text), (path.name, _too_wide(text))
+    compile(text, path.name, "exec")
+
+
+def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile():
+    """A ResNet-style model traced as ``symgrad trace`` does (long parameter names, batch norm's
+    running statistics, a downsampling shortcut): its module and test file, every line."""
+    from symgrad.trace import LossChoice, load_target, trace
+
+    torch.manual_seed(0)
+    model = load_target(f"{ROOT / 'tests' / 'trace_inputs' / 'resnet_style.py'}:TinyResNet")
+    text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"),
+                 mode="train")
+    built = build_text(text, "tiny_resnet.yaml")
+    symgrad.pipeline._check_compiles(built.rendered)
+    for name in ("tiny_resnet.py", "test_tiny_resnet.py"):
+        assert not _too_wide(built.rendered.files[name]), (name, _too_wide(built.rendered.files[name]))
+    assert any(line.startswith("        layers_") for line in built.rendered.files["tiny_resnet.py"].split("\n"))
+
+
+def test_every_helper_a_rule_emits_fits_in_100_columns():
+    """Helpers are copied into modules verbatim, so a rule's helper is as narrow as the module."""
+    from symgrad.algebra import PRIMITIVES
+
+    for name, primitive in PRIMITIVES.items():
+        assert not _too_wide(primitive.helper), (name, _too_wide(primitive.helper))

@@ -312,16 +312,16 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
     for name, reference in zip(built.graph.wrt, expected):
         assert relative_error(getattr(actual, name), reference) <= 1e-10, ("hvp", name)
 
-    # the fused, in-place fast function: same gradients, inputs untouched
+    # gradients with the inputs' own cotangent at every test shape: the same gradients, inputs untouched
     for shapes in built.shapes:
         inputs = random_inputs(shapes, built.graph.wrt, seed=13, classes=built.graph.class_counts(shapes))
         before = {name: value.detach().clone() for name, value in inputs.items()}
         reference = module.forward(**inputs)
         cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(14))
         expected = torch.autograd.grad(reference, [inputs[name] for name in built.graph.wrt], cotangent)
-        fast = module.gradients_fast(**inputs, grad_loss=cotangent)
+        actual = module.gradients(**inputs, grad_loss=cotangent)
         for name, gradient in zip(built.graph.wrt, expected):
-            assert relative_error(getattr(fast, name), gradient) <= 1e-10, name
+            assert relative_error(getattr(actual, name), gradient) <= 1e-10, name
         for name, value in inputs.items():
             assert torch.equal(value, before[name]), name
 
@@ -368,8 +368,7 @@ def test_channels_last_internal_layout_keeps_the_gradients_and_the_callers_layou
         cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
         expected = torch.autograd.grad(reference, [inputs[name] for name in wrt], cotangent)
         detached = {name: value.detach() for name, value in inputs.items()}
-        results = {"gradients": module.gradients(**detached, grad_loss=cotangent),
-                   "gradients_fast": module.gradients_fast(**detached, grad_loss=cotangent)}
+        results = {"gradients": module.gradients(**detached, grad_loss=cotangent)}
         for recompute in (False, True):
             copies = {name: value.detach().clone(memory_format=torch.preserve_format).requires_grad_(name in wrt)
                       for name, value in inputs.items()}
@@ -419,7 +418,6 @@ def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
     y = torch.zeros(4, dtype=torch.float64)
     expected, = torch.autograd.grad(module.forward(inputs, y), inputs)
     assert torch.equal(module.gradients(inputs, y).x, expected)  # relu'(0) = 0, as PyTorch
-    assert torch.equal(module.gradients_fast(inputs, y).x, expected)
 
 
 PER_SAMPLE_CASES = [case for case in CASES if case.id.startswith("conv") and "weight-only" not in case.id

@@ -261,7 +261,8 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
         grads = torch.ops.aten.convolution_backward(
             grad_output.to(dtype), input.to(dtype), weight.to(dtype), **arguments)
     owners = (input, weight, weight)
-    return tuple(None if grad is None else grad.to(owner.dtype) for grad, owner in zip(grads, owners))
+    return tuple(None if grad is None else grad.to(owner.dtype)
+                 for grad, owner in zip(grads, owners))
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 

@@ -101,13 +101,14 @@ primitive("native_batch_norm", code=_native_code,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
 BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps, output_mask):
     """Training-mode batch_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel, from
-    the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its derivative
-    accounts for their dependence on ``input``). Under autocast the gradient arrives in the
-    forward's precision, as autograd's does.
+    ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel,
+    from the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its
+    derivative accounts for their dependence on ``input``). Under autocast the gradient arrives in
+    the forward's precision, as autograd's does.
     """
     return torch.ops.aten.native_batch_norm_backward(
-        grad_output.to(input.dtype), input, weight, None, None, mean, invstd, True, eps, output_mask)
+        grad_output.to(input.dtype), input, weight, None, None, mean, invstd, True, eps,
+        output_mask)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 

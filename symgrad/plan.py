@@ -1,0 +1,304 @@
+"""Planning what each generated function runs, between the derivation and the rendering.
+
+``plan`` takes the two derivations (the readable one, whose formulas the docstring and documents
+show, and the fused one ``gradients`` runs) and decides, statement by statement: which statements
+each function needs (no dead variables), where each value is deleted (at its last use), what the
+drop-in backward keeps from its forward, the ``hvp`` and ``per_sample_gradients`` statements, the
+internal memory layout, and what the generated tests draw. :func:`symgrad.emit.render` then only
+prints and renders what the :class:`Plan` holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .algebra import Params, Size, TensorOp, tensor
+from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
+from .roles import channels_last_inputs, input_roles, zero_by_structure
+from .tangent import tangent_statements
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """A statement and the names deleted right after it (their last use: a value is freed there,
+    not when the function returns)."""
+
+    statement: Statement
+    dead: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the generated files hold, as statements and names, nothing printed yet."""
+
+    program: Program
+    """The readable derivation: the docstring's formulas, ``hvp``, the per-sample gradients, the
+    documents."""
+    fast: Program
+    """The fused derivation (one ``convolution_backward`` call per conv, and so on), which
+    ``gradients`` and the drop-in backward run."""
+    forward: list[Statement]
+    """``forward``: the statements the loss needs."""
+    readable_backward: list[Statement]
+    """The readable backward pass, as the docstring and documents list it."""
+    saving_forward: list[Scheduled]
+    """``_forward_saving``: the loss together with ``saved_names``."""
+    saved_names: list[str]
+    loss_name: str
+    boundary_dead: list[str]
+    """Forward values only the default cotangent reads: deleted once it is made."""
+    backward: list[Scheduled]
+    """``_backward_from_saved``, the one backward body."""
+    step_of_line: list[int | None]
+    """For each line of ``backward``, the derivation step (1-based) that produced it."""
+    stored: dict[str, str]
+    """What each node keeps alive for the backward pass."""
+    running_statistics: list[tuple[str, str, str]]
+    helpers: list[str]
+    channels_last: list[str]
+    channels_last_in_backward: list[str]
+    layout_kept: list[str]
+    roles: dict
+    zero_by_structure: dict
+    small_shapes: list[dict[str, tuple[int, ...]]]
+    classes: list[tuple[dict[str, list[int]], dict[str, int]]]
+    grad_loss: str = GRAD_LOSS.name
+    hvp_forward: list[Statement] = field(default_factory=list)
+    hvp_backward: list[Statement] = field(default_factory=list)
+    hvp_results: dict[str, sympy.Expr] = field(default_factory=dict)
+    """Each ``wrt`` name's Hessian-vector product (0: zero whatever the input)."""
+    per_sample_forward: list[Scheduled] = field(default_factory=list)
+    per_sample_backward: list[Scheduled] = field(default_factory=list)
+    per_sample_dead: list[str] = field(default_factory=list)
+    per_sample_names: list[str] = field(default_factory=list)
+    per_sample_batched: list[str] = field(default_factory=list)
+
+
+def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int, ...]]],
+         extras: tuple[str, ...] = ()) -> Plan:
+    """The :class:`Plan` for the derivations of one graph; ``small_shapes`` are the test shapes
+    (``shapes.small_shapes``), ``extras`` the optional functions wanted (``hvp``, ``per_sample``)."""
+    graph = program.graph
+    gradient_symbols = set(program.gradients.values())
+    # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
+    readable_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
+    # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
+    # more gradients (twice differentiable, as autograd's own); the documents' math is the readable one
+    fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
+    live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
+    _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
+    saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
+    optional: dict = {}
+    hvp_live, per_sample_live = [], []
+    if "hvp" in extras:
+        tangents, results = tangent_statements(program.forward + program.backward, graph.wrt)
+        returned = {value for value in results.values() if value != 0}
+        hvp_live = _live(program.forward + program.backward + tangents,
+                         returned | program.default_cotangent.free_symbols)
+        boundary = _count_among(hvp_live, program.forward)
+        optional.update(hvp_forward=hvp_live[:boundary], hvp_backward=hvp_live[boundary:],
+                        hvp_results={name: results[name] for name in graph.wrt})
+    if "per_sample" in extras:
+        extra, results, batched = per_sample_statements(program)
+        per_sample_live = _live(program.forward + program.backward + extra,
+                                set(results.values()) | program.default_cotangent.free_symbols)
+        boundary = _count_among(per_sample_live, program.forward)
+        # each per-sample product as soon as its output gradient exists, so both die there
+        scheduled = _scheduled_early(per_sample_live, boundary, extra)
+        forward, backward_part, dead = _with_deletions(
+            scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
+        optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
+                        per_sample_names=list(results), per_sample_batched=batched)
+    moved = channels_last_inputs(graph)
+    read_in_backward = set().union(*(statement.value.free_symbols for statement in live[split:]))
+    return Plan(
+        program=program, fast=fast,
+        forward=_live(program.forward, {program.loss_symbol}),
+        readable_backward=readable_live[_count_among(readable_live, program.forward):],
+        saving_forward=saving_forward, saved_names=saved_names, loss_name=loss_name,
+        boundary_dead=boundary_dead, backward=backward,
+        step_of_line=_step_numbers(fast, live[split:]),
+        stored=_stored(fast, live[split:]),
+        running_statistics=_running_statistics(graph),
+        helpers=_helpers(program.forward + fast_live + hvp_live + per_sample_live),
+        channels_last=moved,
+        channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
+        # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
+        layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
+        roles=input_roles(graph), zero_by_structure=zero_by_structure(graph),
+        small_shapes=small_shapes, classes=_class_table(graph, small_shapes),
+        **optional)
+
+
+def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:
+    """Move each ``t = fused[i]`` right after ``fused`` is computed, so the tuple dies at once."""
+    reads: dict[sympy.Symbol, list[Statement]] = {}
+    for statement in statements:
+        value = statement.value
+        if isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0].is_Symbol:
+            reads.setdefault(value.operands[0], []).append(statement)
+    moved = {id(statement) for group in reads.values() for statement in group}
+    result = []
+    for statement in statements:
+        if id(statement) in moved:
+            continue
+        result.append(statement)
+        result.extend(reads.get(statement.target, []))
+    return result, boundary
+
+
+def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol]):
+    """Each symbol's last reading statement (``boundary - 0.5``: the default cotangent, read between
+    the forward and the backward part), and the symbols these statements make."""
+    last_use: dict[sympy.Symbol, float] = {}
+    for index, statement in enumerate(statements):
+        for symbol in statement.value.free_symbols:
+            last_use[symbol] = index
+    for symbol in boundary_uses:
+        last_use[symbol] = max(last_use.get(symbol, -1), boundary - 0.5)
+    return last_use, {statement.target for statement in statements}
+
+
+def _dying(statement: Statement, index: int, last_use, owned, keep) -> list[sympy.Symbol]:
+    """What ``statement`` reads for the last time, of what this function made and does not return."""
+    return sorted((symbol for symbol in statement.value.free_symbols
+                   if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
+
+
+def _dying_at_boundary(boundary: int, last_use, owned, keep) -> list[str]:
+    return sorted(symbol.name for symbol, index in last_use.items()
+                  if index == boundary - 0.5 and symbol in owned and symbol not in keep)
+
+
+def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol],
+                    keep: set[sympy.Symbol]) -> tuple[list[Scheduled], list[Scheduled], list[str]]:
+    """The statements, each with the names to delete right after it (so a value is freed at its
+    last use, not when the function returns; autograd keeps what it saved), split at the boundary,
+    and the names to delete once the default cotangent is made."""
+    last_use, owned = _last_uses(statements, boundary, boundary_uses)
+    scheduled = [Scheduled(statement, tuple(symbol.name for symbol in _dying(statement, index, last_use, owned, keep)))
+                 for index, statement in enumerate(statements)]
+    return scheduled[:boundary], scheduled[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
+
+
+def _scheduled_early(statements: list[Statement], boundary: int, movable: list[Statement]) -> list[Statement]:
+    """The statements with each of ``movable`` moved up to just after the last statement whose value
+    it reads (never into the forward part): what it reads can then be freed before the next step."""
+    moving = {id(statement) for statement in movable}
+    kept = [statement for statement in statements if id(statement) not in moving]
+    anchor_of = {statement.target: index for index, statement in enumerate(kept)}
+    """Each value's statement among ``kept``, or, for a moved one, the kept statement it follows."""
+    following: dict[int, list[Statement]] = {}
+    for statement in statements:
+        if id(statement) not in moving:
+            continue
+        anchor = max([boundary - 1] + [anchor_of[symbol] for symbol in statement.value.free_symbols if symbol in anchor_of])
+        following.setdefault(anchor, []).append(statement)  # after those moved there before it, in their order
+        anchor_of[statement.target] = anchor
+    result = list(following.get(-1, []))
+    for index, statement in enumerate(kept):  # one pass: a scan of the list per moved statement was quadratic
+        result.append(statement)
+        result.extend(following.get(index, []))
+    return result
+
+
+def _saved_for_backward(fast: Program, statements: list[Statement], boundary: int) -> tuple[list[str], list[Scheduled], str]:
+    """For ``_forward_saving``, which saves instead of recomputing: the values the backward part
+    reads from the forward part (in forward order), and the statements that compute the loss
+    together with them, every other intermediate deleted at its last use."""
+    read = set().union(*(statement.value.free_symbols for statement in statements[boundary:]))
+    read |= fast.default_cotangent.free_symbols
+    kept = [statement.target for statement in statements[:boundary] if statement.target in read]
+    loss = fast.forward[-1].target
+    live = _live(fast.forward, {*kept, loss})
+    scheduled, _, _ = _with_deletions(live, len(live), set(), {*kept, loss})
+    return [symbol.name for symbol in kept], scheduled, loss.name
+
+
+def _running_statistics(graph) -> list[tuple[str, str, str]]:
+    """(running_mean, running_var, momentum as Python source) of each layer whose forward moves
+    running statistics in place."""
+    found = []
+    for node in graph.nodes.values():
+        declared = node.rule.running_statistics(graph.symbols(node)) if node.kind == "layer" else None
+        if declared:
+            mean, var, momentum = declared
+            found.append((node.operands[mean], node.operands[var], "None" if momentum is None else repr(float(momentum))))
+    return found
+
+
+def _helpers(statements: list[Statement]) -> list[str]:
+    """The module-level functions the statements' primitives call, each once, in a fixed order."""
+    found = {expression.primitive.name: expression.primitive.helper
+             for statement in statements for expression in statement.value.atoms(TensorOp)
+             if expression.primitive.helper}
+    return [found[name] for name in sorted(found)]
+
+
+def _count_among(statements: list[Statement], among: list[Statement]) -> int:
+    """How many of ``statements`` are (the very objects) in ``among``: a set of ids, not a list scan
+    per statement, which made rendering quadratic in the number of layers."""
+    ids = {id(statement) for statement in among}
+    return sum(id(statement) in ids for statement in statements)
+
+
+def _live(statements: list[Statement], results: set[sympy.Symbol]) -> list[Statement]:
+    """Drop statements whose value nothing returned depends on (no dead variables)."""
+    needed = set(results)
+    kept = []
+    for statement in reversed(statements):
+        if statement.target in needed:
+            kept.append(statement)
+            needed |= statement.value.free_symbols
+    return kept[::-1]
+
+
+def _stored(program: Program, backward: list[Statement]) -> dict[str, str]:
+    """What each node keeps alive for the backward pass: its value, only its shape, or nothing."""
+    values, shapes = set(), set()
+    for statement in backward:
+        shapes |= {size.of.name for size in statement.value.atoms(Size)}
+        for params in statement.value.atoms(Params):
+            shapes |= {symbol.name for symbol in params.free_symbols}
+        without_shapes = statement.value.replace(lambda e: isinstance(e, (Size, Params)), lambda e: sympy.Integer(1))
+        values |= {symbol.name for symbol in without_shapes.free_symbols}
+    stored = {}
+    for node in program.graph.nodes.values():
+        if node.kind == "loss":
+            stored[node.name] = "output: its gradient is 1 (or grad_loss)"
+        elif node.name in values:
+            stored[node.name] = "value, read by the backward pass"
+        elif node.name in shapes:
+            stored[node.name] = "only its shape"
+        else:
+            stored[node.name] = "nothing: freed after use" if node.kind == "layer" else "nothing"
+    return stored
+
+
+def _step_numbers(program: Program, lines: list[Statement]) -> list[int | None]:
+    """For each backward line, the derivation step (1-based) that produced it."""
+    by_node = {step.node: number for number, step in enumerate(program.steps, 1)}
+    by_source = {}
+    for number, step in enumerate(program.steps, 1):
+        for _, source, _ in step.contributions:
+            by_source.setdefault(source, number)
+    numbers = []
+    for statement in lines:
+        name = statement.target.name
+        if name.startswith("grad_") and name[5:] in by_source:
+            numbers.append(by_source[name[5:]])
+        else:
+            numbers.append(by_node.get(statement.node))
+    return numbers
+
+
+def _class_table(graph, shapes) -> list[tuple[dict[str, list[int]], dict[str, int]]]:
+    """(shape set, class counts of the int64 inputs) for every shape set the generated test uses;
+    empty when the spec has no int64 input."""
+    if not any(node.dtype == "int64" for node in graph.inputs):
+        return []
+    shape_sets = list(shapes) + [{node.name: tuple(node.shape) for node in graph.inputs}]
+    return [({name: list(shape) for name, shape in sorted(shape_set.items())}, graph.class_counts(shape_set))
+            for shape_set in shape_sets]

@@ -1,0 +1,106 @@
+"""printing.fit: one printed statement laid out black-style within 100 columns, meaning unchanged
+(the same syntax tree), string literals whole."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from symgrad.printing import WIDTH, fit, prose
+
+LONG = "a_rather_long_name_for_a_tensor"
+
+CASES = [
+    pytest.param(f"grad_x = F.conv_transpose2d({LONG}, {LONG}, stride=32, padding=(1, 2), output_padding=(3, 4))",
+                 4, id="call"),
+    pytest.param(f"grad_x = {LONG} * {LONG} + F.pad({LONG}.narrow(3, 0, 1).flip(3), [1, {LONG}.shape[3] - 2]) "
+                 f"- {LONG} / ({LONG} + 1)", 4, id="sum-of-products"),
+    pytest.param(f"local = F.pad({LONG}.narrow(3, 0, 1).flip(3), [1, {LONG}.shape[3] - 2]).sum_to_size({LONG}.shape)",
+                 4, id="method-after-call"),
+    pytest.param(f"{LONG}, {LONG}_2, {LONG}_3, {LONG}_4 = saved", 4, id="tuple-target"),
+    pytest.param(f"return {LONG}, {LONG}_2, {LONG}_3, {LONG}_4", 4, id="return-tuple"),
+    pytest.param(f"def gradients({LONG}, {LONG}_2, {LONG}_3, grad_loss=None):", 0, id="signature"),
+    pytest.param(f'raise RuntimeError("{LONG} is one literal: (never, cut) at its commas")', 12,
+                 id="string-literal"),
+    pytest.param(f'message = f"{{name}}: an f-string (whole), [brackets], {{(a, b)}}" + {LONG} + {LONG}', 4,
+                 id="f-string"),
+    pytest.param(f"mask = -{LONG} * (-{LONG} > 0).to({LONG}.dtype) ** 2 + torch.where({LONG} > 0, {LONG}, -{LONG})",
+                 4, id="unary-and-power"),
+    pytest.param(f"value = {{'{LONG}': [1, 2, 3], '{LONG}_2': ({LONG}, {LONG}), '{LONG}_3': None}}", 0, id="dict"),
+    pytest.param("grads = _backward_from_saved(" + ", ".join(f"w{i}" for i in range(40)) + ", saved, grad_loss=g)",
+                 16, id="many-arguments"),
+]
+
+
+@pytest.mark.parametrize("code,indent", CASES)
+def test_fit_keeps_the_syntax_tree_and_the_width(code: str, indent: int):
+    laid_out = " " * indent + fit(code, indent)
+    assert len(" " * indent + code) > WIDTH  # each case needs laying out
+    assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
+    if code.startswith("def"):  # a signature: give it a body
+        source, original = laid_out + "\n    pass", code + "\n    pass"
+    elif indent == 0:  # a module-level statement
+        source, original = laid_out, code
+    else:  # a statement at its indent: the body of a function (a return may stand there)
+        source, original = "def f():\n" + laid_out, "def f():\n" + " " * indent + code
+    assert ast.dump(ast.parse(source)) == ast.dump(ast.parse(original)), laid_out
+
+
+def test_fit_leaves_a_line_that_fits_alone_and_puts_a_comment_above_a_long_one():
+    assert fit("x = F.relu(y)", 4) == "x = F.relu(y)"
+    assert fit("x = F.relu(y)", 4, "spec line 3") == "x = F.relu(y)  # spec line 3"
+    long = f"x = F.conv2d({LONG}, {LONG}, stride=2, padding=1, dilation=2, groups=4)"
+    laid_out = fit(long, 4, "spec line 3")
+    assert laid_out.startswith("# spec line 3\n    x = F.conv2d(")
+
+
+def test_a_string_literal_wider_than_the_line_stays_whole():
+    literal = '"' + " ".join([LONG] * 4) + ', (a, b)"'
+    laid_out = fit(f"raise RuntimeError({literal})", 8)
+    assert laid_out == f"raise RuntimeError(\n            {literal}\n        )"
+
+
+def test_a_long_delete_splits_into_a_parenthesised_tuple():
+    names = ", ".join(f"{LONG}_{i}" for i in range(5))
+    laid_out = fit(f"del {names}", 4)
+    namespace = {f"{LONG}_{i}": i for i in range(5)}
+    exec(compile(laid_out, "del", "exec"), {}, namespace)
+    assert namespace == {} and laid_out.startswith("del (\n")
+
+
+def test_prose_wraps_at_spaces_and_never_breaks_a_word():
+    text = " ".join([LONG] * 8)
+    wrapped = "    " + prose(text, 4)
+    assert all(len(line) <= WIDTH for line in wrapped.split("\n"))
+    assert wrapped.split() == text.split()
+
+
+def test_every_statement_of_a_traced_resnet_keeps_its_syntax_tree_when_laid_out():
+    """Real statements (convolution_backward calls, batch norm, cross-entropy, long names): each
+    laid out at a function body's indent parses to the statement printed on one line."""
+    from pathlib import Path
+
+    import torch
+
+    from symgrad.pipeline import build_text
+    from symgrad.printing import to_code
+    from symgrad.reverse import derive
+    from symgrad.trace import LossChoice, load_target, trace
+
+    torch.manual_seed(0)
+    model = load_target(f"{Path(__file__).parent / 'trace_inputs' / 'resnet_style.py'}:TinyResNet")
+    text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"),
+                 mode="train")
+    graph = build_text(text, "tiny_resnet.yaml").graph
+    statements = [statement for program in (derive(graph), derive(graph, fused=True))
+                  for statement in program.forward + program.backward]
+    laid_out = 0
+    for statement in statements:
+        code = f"{statement.target.name} = {to_code(statement.value)}"
+        lines = "    " + fit(code, 4)
+        assert max(map(len, lines.split("\n"))) <= WIDTH, lines
+        assert ast.dump(ast.parse(textwrap.dedent(lines))) == ast.dump(ast.parse(code)), lines
+        laid_out += "\n" in lines
+    assert laid_out >= 10  # the long ones were laid out, not merely left alone
