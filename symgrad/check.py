@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .graph import Graph
+from .graph import Graph, sized
 from .roles import channels_last_inputs, input_roles
 from . import testdata
 from .testdata import checked_subset, first_nonfinite, float32_acceptable, in_layout, make_inputs, relative_errors
@@ -74,8 +74,9 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
                 values[node.name] = getattr(per_element, reduction)()
             continue
         function = getattr(F, node.rule.op, None) or getattr(torch, node.rule.op)
+        at_run_time = sized(node.params, lambda name: values[name].shape)  # skip.shape[2] read off skip's value
         params = {key: float(value) if hasattr(value, "is_number") else value
-                  for key, value in node.rule.reference_params(node.params).items()
+                  for key, value in node.rule.reference_params(at_run_time).items()
                   if value is not None}  # unset options (divisor_override) stay implicit
         with warnings.catch_warnings():  # PyTorch's note that asymmetric 'same' copies the input: known, and fine
             warnings.filterwarnings("ignore", message="Using padding='same'")

@@ -218,6 +218,8 @@ class SpecBuilder:
     taken: Counter = field(default_factory=Counter)
     log_probabilities: dict[int, torch.Tensor] = field(default_factory=dict)
     """id of ``log_softmax(z, dim=1)``'s result -> z."""
+    sizes_read: list[torch.Tensor] = field(default_factory=list)
+    """The tensors whose sizes the user's code has read so far, in order (``x.shape[-2:]``)."""
 
     def __post_init__(self):
         self.source_names = {source.name for source in self.sources.values()}
@@ -269,6 +271,7 @@ class SpecBuilder:
 
     # ----- the walk ---------------------------------------------------------------------------
     def add(self, call: Call) -> None:
+        self.sizes_read += call.sizes_read
         name = call.name
         if name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
             return  # num_batches_tracked += 1, a running-statistics update
@@ -457,7 +460,14 @@ class SpecBuilder:
         self.layer(op, {"input": current, "dim": dims[0]}, call)
 
     def _pad(self, op: str, bound: dict, call: Call) -> None:
-        bound["pad"] = list(bound["pad"])
+        bound["pad"] = pads = [int(p) for p in bound["pad"]]
+        source = bound.get("input")
+        if (isinstance(source, torch.Tensor) and source.dim() >= 3 and len(pads) == 2 * (source.dim() - 2)
+                and bound.get("mode") in (None, "constant") and not bound.get("value")):
+            def centred_to(other: torch.Tensor) -> bool:  # U-Net's [diffX // 2, diffX - diffX // 2, ...]
+                differences = [other.shape[dim] - source.shape[dim] for dim in reversed(range(2, source.dim()))]
+                return pads == [part for d in differences for part in (d // 2, d - d // 2)]
+            bound["pad"] = self.size_of(source, centred_to) or pads
         if bound.get("mode") is None:
             bound.pop("mode", None)
         if bound.get("value") is None:
@@ -477,7 +487,22 @@ class SpecBuilder:
         if bound.get("scale_factor") is not None:
             factors = literal(bound["scale_factor"])
             bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
+        source, size = bound.get("input"), literal(bound.get("size"))
+        if isinstance(source, torch.Tensor) and isinstance(size, list) and len(size) == source.dim() - 2:
+            bound["size"] = self.size_of(source, lambda other: list(other.shape[2:]) == size) or size
         self.layer(op, bound, call)
+
+    def size_of(self, source: torch.Tensor, fits) -> dict | None:
+        """``{like: NODE}`` for the tensor, of ``source``'s rank and not ``source`` itself, whose sizes the
+        code read most recently and that ``fits`` (``F.interpolate(h, size=skip.shape[-2:])``); None when no
+        size read fits: the sizes stay numbers, and the second run refuses them if they follow the input."""
+        for other in reversed(self.sizes_read):
+            if other is source or other.dim() != source.dim() or not fits(other):
+                continue
+            found = self.node(other)
+            if isinstance(found, str):
+                return {"like": found}
+        return None
 
     def clamp(self, call: Call) -> None:
         """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b)."""

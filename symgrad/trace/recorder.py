@@ -104,6 +104,9 @@ class Call:
     """Path of the innermost ``nn.Module`` running (``layer2.0.bn1``); empty outside any module."""
     leaf: bool
     """Whether that module has no submodules (so the call is the module's own op)."""
+    sizes_read: tuple = ()
+    """The tensors whose sizes the user's own code read (``x.shape[-2:]``, ``x2.size()[2]``) since the call
+    before: where a size argument may have come from."""
 
 
 @dataclass
@@ -138,6 +141,7 @@ class Recorder(TorchFunctionMode):
         """ids of the tensors whose size depends on values that are not constants (``h.nonzero()``)."""
         self.running: list[torch.nn.Module] = []
         self._hooks: list = []
+        self._sizes_read: list[torch.Tensor] = []
 
     def __enter__(self):
         self._hooks = [module_hooks.register_module_forward_pre_hook(self._entered),
@@ -189,13 +193,17 @@ class Recorder(TorchFunctionMode):
                 name.endswith("_") or name == "__setitem__" or name.startswith("__i")):
             self.constants.discard(id(arguments[0]))  # c[0] = h.sum(), c.add_(h): c now holds a value of h
         path, leaf = self._module()
-        self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf))
+        self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
+                               tuple(self._sizes_read)))
+        self._sizes_read.clear()
         return result
 
     def _size_read(self, name: str, arguments: tuple, result: Any) -> Any:
         """A size query's result; a value read when the tensor's size came from values."""
         if name in SIZES and any(id(value) in self.value_shaped for value in _tensors(arguments, {})):
             self._value_read("size of values", sys._getframe(2))
+        if name in SIZES and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(2)):
+            self._sizes_read.append(arguments[0])
         return result
 
     def _value_read(self, name: str, frame) -> None:
@@ -205,6 +213,14 @@ class Recorder(TorchFunctionMode):
         if frame is None or os.path.realpath(frame.f_code.co_filename).startswith(TORCH_DIR):
             return
         self.value_reads.append(ValueRead(name, user_line(frame), self._module()[0]))
+
+
+def _by_user(frame) -> bool:
+    """Whether the user's own code made the call whose dispatch runs in ``frame`` (not torch's, such as
+    BatchNorm's check of the batch size)."""
+    while frame is not None and frame.f_code.co_filename.startswith(DISPATCH_FILES):
+        frame = frame.f_back
+    return frame is not None and _is_users(frame.f_code.co_filename)
 
 
 def _copied(value: Any) -> Any:
