@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -108,7 +107,8 @@ def build_graph(spec: Spec) -> Graph:
             raise SpecError(f"unknown op '{layer.op}'{suggestion}", layer.op_location,
                             f"use one of: {', '.join(sorted(LAYER_RULES))} (`symgrad ops` lists them)")
         node = Node(layer.out, "layer", layer.location, rule)
-        _bind(node, rule, [source for source, _ in layer.sources], layer.sources,
+        reads = layer.sources if not (layer.implicit_in and not any(o.from_in for o in rule.operands)) else ()
+        _bind(node, rule, [source for source, _ in reads], reads,
               {argument.name: (argument.value, argument.location) for argument in layer.arguments}, nodes)
         nodes[node.name] = node
 
@@ -181,11 +181,7 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
             hint = difflib.get_close_matches(name, known, n=1) if name not in rule.argument_hints else []
             raise SpecError(f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
                             location, rule.argument_hints.get(name, f"{rule.op} takes: {', '.join(known)}"))
-        if isinstance(value, Like):  # resolved once the shapes before it are known (_infer_shapes)
-            if name not in _referencing(rule.op):
-                raise SpecError(f"{rule.op}: argument '{name}' takes values, not a size read from a node ({value})",
-                                location, f"give {name} as the op takes it; `{{like: NODE}}` is for "
-                                "interpolate's size and pad's pad")
+        if _references(value):  # resolved once the shapes before it are known (_infer_shapes)
             node.params[name] = value
             continue
         context = ParamContext(rule.op, name, location, rule.spatial_dims())
@@ -210,35 +206,38 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
                                 node.location, f"declare '{source}' with `dtype: int64`")
 
 
-@functools.cache
-def _referencing(op: str) -> frozenset[str]:
-    """The params of ``op`` whose normaliser takes a size reference ``{like: NODE}``."""
-    probe = Like("x", Location("<probe>", 1, 1), rank=4, input="x", input_rank=4)
-    rule, taken = LAYER_RULES[op], set()
-    for name, param in rule.params.items():
-        try:
-            param.normalize(probe, ParamContext(op, name, probe.location, rule.spatial_dims()))
-        except (SpecError, TypeError, ValueError, AttributeError):
-            continue
-        taken.add(name)
-    return frozenset(taken)
+def _references(value: Any) -> bool:
+    """Whether an argument reads a size from a node: ``{like: NODE}``, itself or in a list."""
+    return isinstance(value, Like) or (isinstance(value, list) and any(isinstance(item, Like) for item in value))
 
 
 def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
     """Turn each ``{like: NODE}`` param into the rule's size expressions (``NODE.shape[2]``), now that
-    NODE's rank and the layer's input are known."""
+    NODE's rank and the layer's input are known; a param that takes no reference says so (its normaliser)."""
     for name, value in node.params.items():
-        if not isinstance(value, Like):
+        if not _references(value):
             continue
         source = node.operands.get("input")
-        referenced, own = nodes[value.node].shape, nodes[source].shape if source else ()
-        if len(referenced) < 3 or len(referenced) != len(own):
-            raise SpecError(f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "
-                            f"of '{value.node}' {list(referenced)}, which do not fit the input {list(own)}", value.location,
-                            "name a node of the input's rank, [N, C, ...] with spatial dims")
-        resolved = dataclasses.replace(value, rank=len(referenced), input=source, input_rank=len(own))
-        context = ParamContext(node.rule.op, name, value.location, node.rule.spatial_dims())
+        own = nodes[source].shape if source else ()
+        if isinstance(value, Like):  # the spatial sizes, dims 2 on, of a node of the input's rank
+            referenced = nodes[value.node].shape
+            if len(referenced) < 3 or len(referenced) != len(own):
+                raise SpecError(f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "
+                                f"of '{value.node}' {list(referenced)}, which do not fit the input {list(own)}",
+                                value.location, "name a node of the input's rank, [N, C, ...] with spatial dims")
+        resolved = _with_ranks(value, nodes, source, len(own))
+        location = value.location if isinstance(value, Like) else next(v for v in value if isinstance(v, Like)).location
+        context = ParamContext(node.rule.op, name, location, node.rule.spatial_dims())
         node.params[name] = node.rule.params[name].normalize(resolved, context)
+
+
+def _with_ranks(value: Any, nodes: dict[str, Node], source: str | None, rank: int) -> Any:
+    """Each :class:`Like` in ``value`` told its node's rank and the layer's input."""
+    if isinstance(value, list):
+        return [_with_ranks(item, nodes, source, rank) for item in value]
+    if isinstance(value, Like):
+        return dataclasses.replace(value, rank=len(nodes[value.node].shape), input=source, input_rank=rank)
+    return value
 
 
 def size_references(node: Node) -> set[str]:
@@ -262,8 +261,15 @@ def sized(params: dict[str, Any], shape_of: Callable[[str], tuple]) -> dict[str,
         value = expr.xreplace(sizes)
         return int(value) if value.is_Integer else value
 
+    if not any(_reads_sizes(value) for value in params.values()):
+        return params  # the same dict: a rule's infer_shape may write into it ('same' padding's resolved ints)
     return {key: tuple(value_of(part) for part in value) if isinstance(value, tuple) else value_of(value)
             for key, value in params.items()}
+
+
+def _reads_sizes(value: Any) -> bool:
+    return any(isinstance(part, sympy.Basic) and part.atoms(Size)
+               for part in (value if isinstance(value, tuple) else (value,)))
 
 
 def _infer_shapes(nodes: dict[str, Node]) -> None:

@@ -276,6 +276,8 @@ class LayerSpec:
     location: Location
     op_location: Location
     out_location: Location
+    implicit_in: bool = False
+    """No ``in:``: ``sources`` is the previous node, which an op that reads no tensor (``full``) ignores."""
 
 
 @dataclass(frozen=True)
@@ -488,14 +490,22 @@ def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]
     if out in known:
         raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
                         "give this layer a unique `out:` name")
-    arguments = tuple(Argument(key, _like(value, layer.value_locations[key], key, known)
-                               if isinstance(value, Mapping) else value, layer.value_locations[key])
+    arguments = tuple(Argument(key, _likes(value, layer.value_locations[key], key, known), layer.value_locations[key])
                       for key, value in layer.items() if key not in LAYER_STRUCTURE_KEYS)
     for argument in arguments:
-        if not isinstance(argument.value, Like):
-            _check_value(argument.value, argument.location, f"argument '{argument.name}'")
+        _check_value(argument.value, argument.location, f"argument '{argument.name}'")
     return LayerSpec(index=index, op=op, sources=sources, arguments=arguments, out=out, location=layer.location,
-                     op_location=layer.value_locations["op"], out_location=out_location)
+                     op_location=layer.value_locations["op"], out_location=out_location, implicit_in="in" not in layer)
+
+
+def _likes(value: Any, location: Location, key: str, known: dict[str, Location]) -> Any:
+    """An argument with ``{like: NODE}`` read as :class:`Like`, itself or as the items of a list."""
+    if isinstance(value, Mapping):
+        return _like(value, location, key, known)
+    if isinstance(value, Sequence) and any(isinstance(item, Mapping) for item in value):
+        return [_like(item, item_location, key, known) if isinstance(item, Mapping) else item
+                for item, item_location in zip(value, value.item_locations)]
+    return value
 
 
 def _like(value: Mapping, location: Location, key: str, known: dict[str, Location]) -> Like:
@@ -509,8 +519,8 @@ def _like(value: Mapping, location: Location, key: str, known: dict[str, Locatio
 
 
 def _check_value(value: Any, location: Location, what: str, depth: int = 0) -> None:
-    """Only plain scalars and flat lists of them may be op arguments."""
-    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
+    """Only plain scalars, size references and flat lists of them may be op arguments."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str, Like)):
         return
     if isinstance(value, list) and depth == 0:
         for item in value:

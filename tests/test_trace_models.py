@@ -56,6 +56,8 @@ CASES = {
     "unet_pad_to_skip": Case(models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION),
     "unet_interpolate_to_skip": Case(models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION,
                                      {"how": "interpolate"}),
+    # a constant made inside forward: torch.full((n, 1, h, w), sigma) from x.shape, concatenated to x
+    "ffdnet": Case(models.FFDNet, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 11, 6)}, RESTORATION),
 }
 
 
@@ -149,7 +151,7 @@ def matches_autograd(label: str, case: Case, mode: str) -> None:
                     label, mode, kind, key, error, reference.abs().max().item() / scale)  # in it, but for eps)
 
 
-SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip")
+SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip", "ffdnet")
 """The models whose sizes are read from another tensor at run time (``size: {like: ...}``)."""
 
 

@@ -68,7 +68,7 @@ def test_a_pad_like_a_larger_node_crops_with_the_same_split():
     (("size: {like: x}", "size: {like: x, dims: 2}"), 9, "unknown key 'dims' at argument 'size'"),
     (("size: {like: x}", "size: {as: x}"), 9, "unknown key 'as' at argument 'size'"),
     (("size: {like: x}", "size: {like: [x]}"), 9, "'like' must be a name, not a list"),
-    (("padding: 1, out: h", "padding: {like: x}, out: h"), 8, "conv2d: argument 'padding' takes values, not a size"),
+    (("padding: 1, out: h", "padding: {like: x}, out: h"), 8, "conv2d: argument 'padding' must be an int or a list of 2 ints, not {like: x}"),
     (("weight: w, padding: 1", "weight: {like: x}, padding: 1"), 8, "conv2d: 'weight' must be a node name, not {like: x}"),
     ((("size: {like: x}", "size: {like: s}"), ("  t: {", "  s: {shape: [9, 11]}\n  t: {")), 10,
      "reads the spatial sizes (dims 2 on) of 's' [9, 11], which do not fit the input [2, 3, 4, 5]"),
@@ -81,3 +81,48 @@ def test_a_bad_size_reference_is_one_error_at_its_line(edit, line, message):
         build_graph(parse_spec(text, "like.yaml"))
     assert message in error.value.message, error.value.message
     assert error.value.location.line == line and error.value.fix
+
+
+FULL = """\
+name: noise_level
+inputs:
+  x: {shape: [2, 1, 9, 11]}
+  w: {shape: [4, 2, 3, 3]}
+  t: {shape: [2, 4, 9, 11]}
+layers:
+  - {op: full, size: [{like: x}, 1, {like: x}, {like: x}], fill_value: 0.098, out: level}
+  - {op: cat, in: [x, level], dim: 1, out: joined}
+  - {op: conv2d, in: joined, weight: w, padding: 1, out: h}
+loss: {op: mse_loss, in: h, target: t}
+wrt: [x, w]
+"""
+
+
+def test_a_full_map_follows_its_node_at_run_time_and_has_no_gradient():
+    source = build_text(FULL, "noise_level.yaml").rendered.files["noise_level.py"]
+    assert "level = x.new_full((x.shape[0], 1, x.shape[2], x.shape[3]), 0.098)" in source
+    assert "grad_level" not in source  # it reads no tensor's values: the reverse walk never reaches it
+    module = module_from_source(source, "noise_level")
+    x = torch.randn(3, 1, 6, 13, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(3, 4, 6, 13, dtype=torch.float64)
+    h = F.conv2d(torch.cat([x, torch.full((3, 1, 6, 13), 0.098, dtype=torch.float64)], 1), w, padding=1)
+    expected = torch.autograd.grad(F.mse_loss(h, t), (x, w))
+    for value, reference in zip(module.gradients(x=x, w=w, t=t), expected):
+        assert relative_error(value, reference) <= 1e-12
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [2, 1, 9, 11]"), "reads no size from a node"),
+    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [{like: x}, 1, {like: x}]"),
+     "entry 0 is {like: x}, a size of 'x', which has 4 dims, not 3"),
+    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: {like: x}"), "reads the spatial sizes (dims 2 on) of 'x'"),
+    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [{like: x}, 0, {like: x}, {like: x}]"),
+     "entry 1 is 0, neither a positive int nor {like: NODE}"),
+    (("{op: full, size", "{op: full, in: x, size"), "full reads 0 tensor(s) from 'in:' but 1 are given"),
+])
+def test_a_bad_full_is_one_error_at_its_line(edit, message):
+    with pytest.raises(SpecError) as error:
+        build_graph(parse_spec(FULL.replace(*edit), "full.yaml"))
+    assert message in error.value.message, error.value.message
+    assert error.value.location.line == 7 and error.value.fix

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import conv, elementwise, layout, linear, loss, norm, pad, pool, reduce, resample
+from . import conv, elementwise, fill, layout, linear, loss, norm, pad, pool, reduce, resample
 from .base import Rule
 
-LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES, *linear.RULES, *layout.RULES, *pad.RULES, *resample.RULES, *pool.RULES, *norm.RULES, *reduce.RULES]}
+LAYER_RULES: dict[str, Rule] = {rule.op: rule for rule in [*conv.RULES, *elementwise.RULES, *linear.RULES, *layout.RULES, *pad.RULES, *resample.RULES, *pool.RULES, *norm.RULES, *reduce.RULES, *fill.RULES]}
 LOSS_RULES: dict[str, Rule] = {rule.op: rule for rule in loss.RULES}
 
 

@@ -383,9 +383,9 @@ def _reads(layer: dict) -> list[str]:
     for key, value in layer.items():
         if key in ("op", "out"):
             continue
-        if isinstance(value, dict):  # size: {like: skip}, skip's sizes read at run time
-            value = value.get("like")
-        names += [item for item in (value if isinstance(value, list) else [value]) if isinstance(item, str)]
+        items = value if isinstance(value, list) else [value]  # size: {like: skip}, skip's sizes read at run time
+        items = [item.get("like") if isinstance(item, dict) else item for item in items]
+        names += [item for item in items if isinstance(item, str)]
     return names
 
 
