@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .graph import Graph
+from .graph import Graph, sized
 from .roles import channels_last_inputs, input_roles
 from . import testdata
 from .testdata import checked_subset, first_nonfinite, float32_acceptable, in_layout, make_inputs, relative_errors
@@ -57,8 +57,9 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
         arguments.update({operand.name: None for operand in node.rule.operands  # absent optional tensors
                           if operand.optional and operand.name not in arguments})
         arguments.update({name: float(value) for name, value in node.constants.items()})
+        at_run_time = sized(node.params, lambda name: values[name].shape)  # skip.shape[2] read off skip's value
         params = {key: float(value) if hasattr(value, "is_number") else value
-                  for key, value in node.rule.reference_params(node.params).items()
+                  for key, value in node.rule.reference_params(at_run_time).items()
                   if value is not None}  # unset options (divisor_override) stay implicit
         if node.kind == "loss":
             reduction = params.pop("reduction")

@@ -7,17 +7,18 @@ written.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 
-from .algebra import tensor
+from .algebra import Size, tensor
 from .errors import Location, SpecError
 from .rules import LAYER_RULES, LOSS_RULES
 from .rules.base import Checker, NodeSymbols, ParamContext, Rule
-from .spec import Spec
+from .spec import Like, Spec
 
 
 @dataclass
@@ -106,7 +107,8 @@ def build_graph(spec: Spec) -> Graph:
             raise SpecError(f"unknown op '{layer.op}'{suggestion}", layer.op_location,
                             f"use one of: {', '.join(sorted(LAYER_RULES))} (`symgrad ops` lists them)")
         node = Node(layer.out, "layer", layer.location, rule)
-        _bind(node, rule, [source for source, _ in layer.sources], layer.sources,
+        reads = layer.sources if not (layer.implicit_in and not any(o.from_in for o in rule.operands)) else ()
+        _bind(node, rule, [source for source, _ in reads], reads,
               {argument.name: (argument.value, argument.location) for argument in layer.arguments}, nodes)
         nodes[node.name] = node
 
@@ -179,6 +181,9 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
             hint = difflib.get_close_matches(name, known, n=1) if name not in rule.argument_hints else []
             raise SpecError(f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
                             location, rule.argument_hints.get(name, f"{rule.op} takes: {', '.join(known)}"))
+        if _references(value):  # resolved once the shapes before it are known (_infer_shapes)
+            node.params[name] = value
+            continue
         context = ParamContext(rule.op, name, location, rule.spatial_dims())
         node.params[name] = rule.params[name].normalize(value, context)
     for name, param in rule.params.items():
@@ -201,14 +206,82 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
                                 node.location, f"declare '{source}' with `dtype: int64`")
 
 
+def _references(value: Any) -> bool:
+    """Whether an argument reads a size from a node: ``{like: NODE}``, itself or in a list."""
+    return isinstance(value, Like) or (isinstance(value, list) and any(isinstance(item, Like) for item in value))
+
+
+def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
+    """Turn each ``{like: NODE}`` param into the rule's size expressions (``NODE.shape[2]``), now that
+    NODE's rank and the layer's input are known; a param that takes no reference says so (its normaliser)."""
+    for name, value in node.params.items():
+        if not _references(value):
+            continue
+        source = node.operands.get("input")
+        own = nodes[source].shape if source else ()
+        if isinstance(value, Like):  # the spatial sizes, dims 2 on, of a node of the input's rank
+            referenced = nodes[value.node].shape
+            if len(referenced) < 3 or len(referenced) != len(own):
+                raise SpecError(f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "
+                                f"of '{value.node}' {list(referenced)}, which do not fit the input {list(own)}",
+                                value.location, "name a node of the input's rank, [N, C, ...] with spatial dims")
+        resolved = _with_ranks(value, nodes, source, len(own))
+        location = value.location if isinstance(value, Like) else next(v for v in value if isinstance(v, Like)).location
+        context = ParamContext(node.rule.op, name, location, node.rule.spatial_dims())
+        node.params[name] = node.rule.params[name].normalize(resolved, context)
+
+
+def _with_ranks(value: Any, nodes: dict[str, Node], source: str | None, rank: int) -> Any:
+    """Each :class:`Like` in ``value`` told its node's rank and the layer's input."""
+    if isinstance(value, list):
+        return [_with_ranks(item, nodes, source, rank) for item in value]
+    if isinstance(value, Like):
+        return dataclasses.replace(value, rank=len(nodes[value.node].shape), input=source, input_rank=rank)
+    return value
+
+
+def size_references(node: Node) -> set[str]:
+    """The nodes whose sizes ``node``'s params read at run time (``{like: skip}``)."""
+    names = set()
+    for value in node.params.values():
+        for part in value if isinstance(value, tuple) else (value,):
+            if isinstance(part, sympy.Basic):
+                names |= {size.of.name for size in part.atoms(Size)}
+    return names
+
+
+def sized(params: dict[str, Any], shape_of: Callable[[str], tuple]) -> dict[str, Any]:
+    """``params`` with every size read at run time (``skip.shape[2]``) replaced by its value,
+    ``shape_of(name)[axis]``: a number, or a shape symbol when the shapes are symbolic."""
+
+    def value_of(expr):
+        if not isinstance(expr, sympy.Basic) or not expr.atoms(Size):
+            return expr
+        sizes = {size: sympy.sympify(shape_of(size.of.name)[size.axis]) for size in expr.atoms(Size)}
+        value = expr.xreplace(sizes)
+        return int(value) if value.is_Integer else value
+
+    if not any(_reads_sizes(value) for value in params.values()):
+        return params  # the same dict: a rule's infer_shape may write into it ('same' padding's resolved ints)
+    return {key: tuple(value_of(part) for part in value) if isinstance(value, tuple) else value_of(value)
+            for key, value in params.items()}
+
+
+def _reads_sizes(value: Any) -> bool:
+    return any(isinstance(part, sympy.Basic) and part.atoms(Size)
+               for part in (value if isinstance(value, tuple) else (value,)))
+
+
 def _infer_shapes(nodes: dict[str, Node]) -> None:
     for node in nodes.values():
         if node.kind == "input":
             continue
+        _resolve_references(node, nodes)
         shapes = {operand: nodes[source].shape for operand, source in node.operands.items()}
         check = Checker(node.location, f"{node.rule.op} '{node.name}'")
         try:
-            node.shape = tuple(node.rule.infer_shape(shapes, node.params, check))
+            params = sized(node.params, lambda name: nodes[name].shape)
+            node.shape = tuple(node.rule.infer_shape(shapes, params, check))
         except SpecError as error:
             context = "; ".join(f"{operand} is '{source}' {nodes[source].shape} from line {nodes[source].location.line}"
                                 for operand, source in node.operands.items())
@@ -217,12 +290,14 @@ def _infer_shapes(nodes: dict[str, Node]) -> None:
 
 def _check_reachability(graph: Graph) -> None:
     """Every layer must feed the loss, and every ``wrt`` input must influence it."""
-    feeds_loss = {"loss"}
+    feeds_loss, needed = {"loss"}, {"loss"}  # needed: also the nodes whose sizes a needed layer reads
     for node in reversed(list(graph.nodes.values())):
         if node.name in feeds_loss:
             feeds_loss.update(node.operands.values())
+        if node.name in needed:
+            needed.update(node.operands.values(), size_references(node))
     for node in graph.nodes.values():
-        if node.kind == "layer" and node.name not in feeds_loss:
+        if node.kind == "layer" and node.name not in needed:
             raise SpecError(f"layer '{node.name}' ({node.rule.op}) does not contribute to the loss", node.location,
                             "remove it, or make a later layer read it with `in:`")
     for name, location in graph.spec.wrt:

@@ -19,7 +19,7 @@ from fractions import Fraction
 import sympy
 
 from .errors import SpecError
-from .graph import Graph
+from .graph import Graph, sized
 from .rules.base import Checker
 
 DESCENT_WORK = 40_000
@@ -108,7 +108,8 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
             continue
         check = Checker(node.location, node.rule.op, symbolic=True)
         shapes[node.name] = tuple(abbreviated(size) for size in node.rule.infer_shape(
-            {operand: shapes[source] for operand, source in node.operands.items()}, node.params, check))
+            {operand: shapes[source] for operand, source in node.operands.items()},
+            sized(node.params, lambda name: shapes[name]), check))
         constraints += check.constraints
     substitution: dict[sympy.Symbol, sympy.Expr] = {}
 

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sympy
 import yaml
 
+from .algebra import Size, tensor
 from .errors import Location, SpecError, cut
 from .names import generated_names, template_names
 
@@ -203,6 +205,66 @@ class Argument:
     location: Location
 
 
+class HalfDown(sympy.Function):
+    """``n // 2`` of a size expression: the pad before, when a size difference is split as evenly as
+    ints allow (U-Net's ``diff // 2, diff - diff // 2``). Printed with Python's floor division, in
+    parentheses, so that a minus sign in front stays outside it."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, n):
+        if n.is_Integer:
+            return sympy.Integer(int(n) // 2)
+        return None
+
+    def _torchcode(self, printer) -> str:
+        return f"(({printer._print(self.args[0])}) // 2)"
+
+    def _sympystr(self, printer) -> str:
+        return f"(({printer._print(self.args[0])}) // 2)"
+
+    def _latex(self, printer) -> str:
+        return rf"\left\lfloor \frac{{{printer._print(self.args[0])}}}{{2}} \right\rfloor"
+
+
+@dataclass(frozen=True, repr=False)
+class Like:
+    """``{like: NODE}``: a size argument read at run time from node NODE's spatial dims (its dims from 2
+    on), never frozen into the spec. ``interpolate``'s ``size: {like: skip}`` is ``size=skip.shape[2:]``;
+    ``pad``'s ``pad: {like: skip}`` pads (or crops) the input's spatial dims to skip's sizes, the
+    difference split as U-Net's up-step splits it: ``diff // 2`` before, the rest after.
+
+    The spec gives ``node``; the graph adds its ``rank`` and the layer's own ``input`` node, so that a
+    rule's argument normaliser can turn the reference into size expressions (``skip.shape[2]``)."""
+
+    node: str
+    location: Location
+    rank: int = 0
+    input: str | None = None
+    input_rank: int = 0
+
+    def sizes(self) -> tuple[sympy.Expr, ...]:
+        """``(NODE.shape[2], NODE.shape[3], ...)``."""
+        return tuple(Size(tensor(self.node), dim) for dim in range(2, self.rank))
+
+    def pads(self) -> tuple[sympy.Expr, ...]:
+        """``F.pad``'s list taking the input's spatial dims to NODE's: last dim first, (before, after)."""
+        pads: list[sympy.Expr] = []
+        for dim in reversed(range(2, self.rank)):
+            difference = Size(tensor(self.node), dim) - Size(tensor(self.input), dim)
+            pads += [HalfDown(difference), difference - HalfDown(difference)]
+        return tuple(pads)
+
+    def __str__(self) -> str:
+        return f"{{like: {self.node}}}"
+
+    __repr__ = __str__
+
+
+LIKE_KEYS = ("like",)
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     index: int
@@ -214,6 +276,8 @@ class LayerSpec:
     location: Location
     op_location: Location
     out_location: Location
+    implicit_in: bool = False
+    """No ``in:``: ``sources`` is the previous node, which an op that reads no tensor (``full``) ignores."""
 
 
 @dataclass(frozen=True)
@@ -426,17 +490,37 @@ def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]
     if out in known:
         raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
                         "give this layer a unique `out:` name")
-    arguments = tuple(Argument(key, value, layer.value_locations[key])
+    arguments = tuple(Argument(key, _likes(value, layer.value_locations[key], key, known), layer.value_locations[key])
                       for key, value in layer.items() if key not in LAYER_STRUCTURE_KEYS)
     for argument in arguments:
         _check_value(argument.value, argument.location, f"argument '{argument.name}'")
     return LayerSpec(index=index, op=op, sources=sources, arguments=arguments, out=out, location=layer.location,
-                     op_location=layer.value_locations["op"], out_location=out_location)
+                     op_location=layer.value_locations["op"], out_location=out_location, implicit_in="in" not in layer)
+
+
+def _likes(value: Any, location: Location, key: str, known: dict[str, Location]) -> Any:
+    """An argument with ``{like: NODE}`` read as :class:`Like`, itself or as the items of a list."""
+    if isinstance(value, Mapping):
+        return _like(value, location, key, known)
+    if isinstance(value, Sequence) and any(isinstance(item, Mapping) for item in value):
+        return [_like(item, item_location, key, known) if isinstance(item, Mapping) else item
+                for item, item_location in zip(value, value.item_locations)]
+    return value
+
+
+def _like(value: Mapping, location: Location, key: str, known: dict[str, Location]) -> Like:
+    """``{like: NODE}``, a size read from an earlier node at run time."""
+    _reject_unknown_keys(value, LIKE_KEYS, f"argument '{key}'")
+    if "like" not in value:
+        raise SpecError(f"argument '{key}' is a mapping without 'like'", location,
+                        f"write `{key}: {{like: NODE}}` to read the size of node NODE at run time, or give numbers")
+    name = _string(value, "like")
+    return Like(_known(name, value.value_locations["like"], known), value.value_locations["like"])
 
 
 def _check_value(value: Any, location: Location, what: str, depth: int = 0) -> None:
-    """Only plain scalars and flat lists of them may be op arguments."""
-    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
+    """Only plain scalars, size references and flat lists of them may be op arguments."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str, Like)):
         return
     if isinstance(value, list) and depth == 0:
         for item in value:

@@ -622,3 +622,118 @@ class ConvNeXtBlock(nn.Module):
             y = block["pwconv2"](block["act"](block["pwconv1"](block["norm"](block["dwconv"](x)))))
             x = x + self.gamma[index][:, None, None] * y
         return self.head(x)
+
+
+class ASPPConv(nn.Sequential):
+    def __init__(self, in_channels: int, out_channels: int, dilation: int):
+        super().__init__(nn.Conv2d(in_channels, out_channels, 3, padding=dilation, dilation=dilation, bias=False),
+                         nn.BatchNorm2d(out_channels), nn.ReLU())
+
+
+class ASPPPooling(nn.Sequential):
+    """The image-pooling branch: pooled to 1x1, then interpolated back to the input's size, read from it."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__(nn.AdaptiveAvgPool2d(1), nn.Conv2d(in_channels, out_channels, 1, bias=False),
+                         nn.BatchNorm2d(out_channels), nn.ReLU())
+
+    def forward(self, x):
+        size = x.shape[-2:]
+        for mod in self:
+            x = mod(x)
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+
+class ASPP(nn.Module):
+    def __init__(self, in_channels: int, atrous_rates: tuple[int, ...], out_channels: int):
+        super().__init__()
+        modules = [nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
+                                 nn.ReLU())]
+        for rate in atrous_rates:
+            modules.append(ASPPConv(in_channels, out_channels, rate))
+        modules.append(ASPPPooling(in_channels, out_channels))
+        self.convs = nn.ModuleList(modules)
+        self.project = nn.Sequential(nn.Conv2d(len(self.convs) * out_channels, out_channels, 1, bias=False),
+                                     nn.BatchNorm2d(out_channels), nn.ReLU())
+
+    def forward(self, x):
+        res = []
+        for conv in self.convs:
+            res.append(conv(x))
+        res = torch.cat(res, dim=1)
+        return self.project(res)
+
+
+class DeepLabV3(nn.Module):
+    """torchvision's DeepLabV3 in small: a stride-2 backbone, the ASPP head (1x1, three dilated 3x3, image
+    pooling), a classifier, and the logits interpolated back to the input's size (odd sizes too).
+    torchvision's ASPP projection ends in Dropout(0.5), left out: it is random in training mode."""
+
+    def __init__(self, in_channels: int = 3, width: int = 4, classes: int = 3):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(in_channels, width, 3, stride=2, padding=1, bias=False),
+                                      nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        self.classifier = nn.Sequential(ASPP(width, (1, 2, 3), width), nn.Conv2d(width, width, 3, padding=1, bias=False),
+                                        nn.BatchNorm2d(width), nn.ReLU(), nn.Conv2d(width, classes, 1))
+
+    def forward(self, x):
+        input_shape = x.shape[-2:]
+        features = self.backbone(x)
+        x = self.classifier(features)
+        return F.interpolate(x, size=input_shape, mode="bilinear", align_corners=False)
+
+
+class FFDNet(nn.Module):
+    """Zhang et al. 2018, in small: a noise-level map of one value, shaped like the input's batch and
+    spatial sizes and made inside forward with torch.full, concatenated to the image; the body predicts
+    the noise, which is subtracted."""
+
+    def __init__(self, in_channels: int = 1, width: int = 8, depth: int = 3, sigma: float = 25 / 255):
+        super().__init__()
+        self.sigma = sigma
+        layers = [nn.Conv2d(in_channels + 1, width, 3, padding=1), nn.ReLU(inplace=True)]
+        for _ in range(depth - 2):
+            layers += [nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+        layers.append(nn.Conv2d(width, in_channels, 3, padding=1))
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        noise_map = torch.full((n, 1, h, w), self.sigma, dtype=x.dtype, device=x.device)
+        return x - self.body(torch.cat([x, noise_map], dim=1))
+
+
+class UpToSkip(nn.Module):
+    """A U-Net up-step as written for any input size: upsample by 2, then pad (or crop) to the skip's size
+    with F.pad, or interpolate straight to it."""
+
+    def __init__(self, channels: int, how: str = "pad"):
+        super().__init__()
+        self.how = how
+        self.up = nn.ConvTranspose2d(channels, channels, kernel_size=2, stride=2)
+        self.conv = nn.Sequential(nn.Conv2d(2 * channels, channels, 3, padding=1), nn.ReLU(inplace=True))
+
+    def forward(self, x1, x2):
+        if self.how == "pad":
+            x1 = self.up(x1)
+            diffY = x2.size()[2] - x1.size()[2]
+            diffX = x2.size()[3] - x1.size()[3]
+            x1 = F.pad(x1, [diffX // 2, diffX - diffX // 2, diffY // 2, diffY - diffY // 2])
+        else:
+            x1 = F.interpolate(x1, size=x2.shape[-2:], mode="bilinear", align_corners=True)
+        return self.conv(torch.cat([x2, x1], dim=1))
+
+
+class OddUNet(nn.Module):
+    """Down by a max-pool that floors odd sizes, and back up to the skip's size (pad or interpolate)."""
+
+    def __init__(self, in_channels: int = 1, width: int = 4, how: str = "pad"):
+        super().__init__()
+        self.inc = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(inplace=True))
+        self.down = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True))
+        self.up = UpToSkip(width, how)
+        self.outc = nn.Conv2d(width, in_channels, kernel_size=1)
+
+    def forward(self, x):
+        x1 = self.inc(x)
+        return self.outc(self.up(self.down(x1), x1))

@@ -150,15 +150,29 @@ def test_forward_returning_the_prediction_needs_loss_and_takes_init_and_arg(tmp_
     assert build_text(text, "noisy.yaml")
 
 
-def test_sizes_read_from_the_input_are_refused_not_frozen():
+def test_a_pad_to_the_size_of_a_tensor_the_code_read_is_read_at_run_time_not_frozen():
     model = load_target(f"{INPUTS / 'blocks.py'}:Padded")
-    with pytest.raises(TraceError) as error:  # at 9x9 max-pool floors: the pad is 1 here and 0 at 18x18
-        trace(model, {"x": (2, 1, 9, 9)}, loss=LossChoice("mse_loss"))
+    for size in (9, 8):  # at 9x9 max-pool floors: the pad is 1 here and 0 at 18x18; even sizes never pad
+        text = trace(model, {"x": (2, 1, size, size)}, loss=LossChoice("mse_loss"))
+        assert "pad: {like: x}" in text and "op: cat" in text, text
+    module = generated(text)
+    x = torch.randn(3, 1, 11, 7, dtype=torch.float64, requires_grad=True)  # odd: a pad of 1 on each side
+    target = torch.randn(3, 2, 11, 7, dtype=torch.float64)
+    expected, = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    assert relative_error(module.gradients(x=x, target=target).x, expected) <= 1e-12
+
+
+@pytest.mark.parametrize("model, marker, argument", [
+    ("Doubled", "DOUBLED", "'interpolate' argument size=[22, 22] becomes [44, 44]"),
+    # 11 -> 3 -> 9 pads [0, 2], not U-Net's [1, 1]; at 22 -> 7 -> 21 the pad [0, 1] is U-Net's: no one spec
+    ("PaddedAfter", "PADDED AFTER", "'pad' argument pad=[0, 2, 0, 2] becomes {like: x}")])
+def test_sizes_computed_from_the_input_that_no_tensor_has_are_refused_not_frozen(model, marker, argument):
+    path = INPUTS / "sizes.py"
+    with pytest.raises(TraceError) as error:
+        trace(load_target(f"{path}:{model}"), {"x": (2, 1, 11, 11)}, loss=LossChoice("mse_loss"))
     message = str(error.value)
-    assert message.startswith(f"{marked_line(INPUTS / 'blocks.py', 'PAD')}: error: 'pad' argument pad=[0, 1, 0, 1] becomes")
-    assert "computed from the input's size" in message
-    text = trace(model, {"x": (2, 1, 8, 8)}, loss=LossChoice("mse_loss"))  # even sizes never pad
-    assert "pad: [0, 0, 0, 0]" in text and "op: cat" in text
+    assert message.startswith(f"{marked_line(path, marker)}: error: {argument}"), message
+    assert "computed from the input's size" in message and "size=skip.shape[-2:]" in message
 
 
 def test_dropout_is_refused_in_training_and_the_identity_in_eval():

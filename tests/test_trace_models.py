@@ -48,6 +48,16 @@ CASES = {
     "mobilenet_v3": Case(models.MobileNetV3, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     "convnext": Case(models.ConvNeXtBlock, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, RESTORATION),
     "srcnn": Case(models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")),
+    # sizes read from another tensor: the ASPP pooling branch's and the logits' interpolate to x.shape[-2:]
+    # (size: {like: ...}), at odd sizes where no scale_factor would do
+    "deeplabv3": Case(models.DeepLabV3, {"x": (2, 3, 9, 11)}, {"x": (3, 3, 13, 10)}, RESTORATION),
+    # a U-Net up-step to the skip's size: F.pad by diffX // 2, diffX - diffX // 2 (pad: {like: ...}), or an
+    # interpolate to x2.shape[-2:]; traced where the pad is 1 and checked where it is 0 and 1
+    "unet_pad_to_skip": Case(models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION),
+    "unet_interpolate_to_skip": Case(models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION,
+                                     {"how": "interpolate"}),
+    # a constant made inside forward: torch.full((n, 1, h, w), sigma) from x.shape, concatenated to x
+    "ffdnet": Case(models.FFDNet, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 11, 6)}, RESTORATION),
 }
 
 
@@ -139,3 +149,30 @@ def matches_autograd(label: str, case: Case, mode: str) -> None:
                 error = relative_error(value, reference)  # norm0.weight: the train-mode batch_norms after it make
                 assert error <= 1e-10 or error * reference.abs().max() <= 1e-14 * scale, (  # the loss scale-free
                     label, mode, kind, key, error, reference.abs().max().item() / scale)  # in it, but for eps)
+
+
+SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip", "ffdnet")
+"""The models whose sizes are read from another tensor at run time (``size: {like: ...}``)."""
+
+
+@pytest.mark.parametrize("label", SIZES_READ)
+def test_generated_test_file_of_a_model_reading_sizes_passes(label, tmp_path):
+    """The spec says where each size is read (``{like: ...}``), the generated module prints it as
+    ``skip.shape[2]``, and the generated test file passes at its own shapes, with nothing skipped."""
+    import subprocess
+    import sys
+
+    case = CASES[label]
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().eval()
+    text = traced_spec(case, "eval", "mse_loss", model)
+    assert "{like: " in text and "shape[2]" not in text, text
+    generated = build_text(text, f"{label}.yaml").rendered
+    assert ".shape[2]" in generated.files[f"{generated.name}.py"]
+    for name, content in generated.files.items():
+        (tmp_path / name).write_text(content)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                             str(tmp_path / f"test_{generated.name}.py")], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout and "failed" not in result.stdout, result.stdout

@@ -44,6 +44,15 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("mul", lambda x, y: 2 * x * y, {"x": (2, 3, 4), "y": (2, 3, 4)}),
     ("div", lambda x, y: x / positive(y), {"x": (2, 3, 4), "y": (2, 3, 4)}),
     ("neg", lambda x: -x, X),
+    # constants made inside forward: one value broadcast against a tensor is a number ...
+    ("mul", lambda x: torch.full_like(x, 2.0) * x, X),
+    ("mul", lambda x: x * torch.ones(1, 3, 1, 1) * torch.tensor(0.5), X),
+    ("add", lambda x: torch.zeros_like(x).add_(x) + x.new_full((1,), 1.5), X),
+    ("neg", lambda x: torch.ones_like(x) - x, X),  # (-x) + 1.0
+    ("pow", lambda x: torch.full_like(x, 3.0) / positive(x), X),  # positive(x) ** -1 * 3.0
+    # ... and a map of one value, read as a tensor, is a full layer with its sizes read from x at run time
+    ("full", lambda x: torch.cat([x, torch.full((x.shape[0], 1, x.shape[2], x.shape[3]), 0.25, dtype=x.dtype)], 1), X),
+    ("full", lambda x: x[:, :1] * x.new_ones(x.shape[0], 4, *x.shape[2:]), X),
     ("pow", lambda x: x ** 3, X),
     ("pow", lambda x: x.square(), X),
     ("exp", lambda x: torch.exp(x), X),

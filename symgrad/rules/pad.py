@@ -12,7 +12,16 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, choice, finite_float, ints
+from ..spec import Like
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, choice, finite_float, ints
+
+
+def _pads(value, context: ParamContext):
+    """Ints, last dim first, or ``{like: NODE}``: the pads that take the input's spatial dims to NODE's,
+    read when the code runs, ``diff // 2`` before and the rest after."""
+    if isinstance(value, Like):
+        return value.pads()
+    return ints(value, context)
 
 
 def _pad_code(operands, params, show):
@@ -48,7 +57,7 @@ class Pad(Rule):
     op = "pad"
     calls = ("pad",)
     operands = (Operand("input", from_in=True),)
-    params = {"pad": Param(None, ints), "mode": Param("constant", choice("constant", "reflect", "replicate", "circular")),
+    params = {"pad": Param(None, _pads), "mode": Param("constant", choice("constant", "reflect", "replicate", "circular")),
               "value": Param(0, finite_float)}
     summary = "padding: constant (negative pads crop), reflect, replicate or circular"
     linear_in = ("input",)  # for value 0; otherwise affine

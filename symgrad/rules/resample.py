@@ -7,6 +7,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import CONSTANT, LINEAR, keyword_arguments, op, primitive, show_ints
+from ..spec import Like
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice, ints
 
 
@@ -182,8 +183,11 @@ def _optional_bool(value, context: ParamContext):
 
 
 def _positive_sizes(value, context: ParamContext):
+    """Positive ints, or ``{like: NODE}``: NODE's spatial sizes, read when the code runs."""
     if value is None:
         return None
+    if isinstance(value, Like):
+        return value.sizes()
     values = value if isinstance(value, list) else [value]
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
         raise context.fail(f"must be a positive int or a list of them, not {value!r}", f"write e.g. `{context.name}: 8`")

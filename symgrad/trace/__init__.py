@@ -383,7 +383,9 @@ def _reads(layer: dict) -> list[str]:
     for key, value in layer.items():
         if key in ("op", "out"):
             continue
-        names += [item for item in (value if isinstance(value, list) else [value]) if isinstance(item, str)]
+        items = value if isinstance(value, list) else [value]  # size: {like: skip}, skip's sizes read at run time
+        items = [item.get("like") if isinstance(item, dict) else item for item in items]
+        names += [item for item in items if isinstance(item, str)]
     return names
 
 
@@ -432,17 +434,27 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
             for key, value in layer.items():
                 if key in ("in", "out", "op") or again.get(key) == value:
                     continue
-                problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={value!r} becomes "
-                                        f"{again.get(key)!r} at {described}: it is computed from the input's size, "
+                problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
+                                        f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
                                         "which a spec cannot express",
                                         "use sizes that do not depend on the input (a fixed pad, scale_factor "
-                                        "instead of size, flatten instead of view(N, ...))"))
+                                        "instead of size, flatten instead of view(N, ...)), or read them from the "
+                                        "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
+                                        "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
+                                        "from skip.size() and h.size()"))
         problems = report(problems)  # one line per source line, however many modules share it
         if other["loss"] != spec["loss"]:
             problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
                             "(fix: reduce over every dim but the first, or over all)")
         return problems
     return []
+
+
+def _shown(value: Any) -> str:
+    """An argument as the spec writes it: ``{like: x}``, ``[0, 1]``."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {item}" for key, item in value.items()) + "}"
+    return repr(value)
 
 
 def _other_sizes(shapes: dict[str, tuple[int, ...]]):

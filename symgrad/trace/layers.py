@@ -93,6 +93,13 @@ DROPOUT = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "f
 IN_PLACE_BOOKKEEPING = {"add_", "sub_", "mul_", "fill_", "zero_", "copy_", "__iadd__", "lerp_", "addcmul_"}
 """In-place calls on a buffer (BatchNorm's ``num_batches_tracked += 1``): statistics bookkeeping."""
 
+CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torch.full, torch.ones_like, "
+            "torch.tensor), which a spec holds only as a number broadcast against a tensor, or as a map filled "
+            "with one value whose sizes are read from a traced tensor",
+            "write the number (x * 0.5, not x * torch.full_like(x, 0.5) broadcast wider than x), or make it a "
+            "buffer (self.register_buffer('name', tensor) in __init__) so that it becomes an input")
+"""The problem and fix when a constant made inside forward is read where no number can stand for it."""
+
 FIXES = {
     "detach": "remove .detach(): symgrad differentiates every path to the loss",
     "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]); "
@@ -206,6 +213,10 @@ class SpecBuilder:
     taken: Counter = field(default_factory=Counter)
     log_probabilities: dict[int, torch.Tensor] = field(default_factory=dict)
     """id of ``log_softmax(z, dim=1)``'s result -> z."""
+    sizes_read: list[torch.Tensor] = field(default_factory=list)
+    """The tensors whose sizes the user's code has read so far, in order (``x.shape[-2:]``)."""
+    constants: dict[int, Call] = field(default_factory=dict)
+    """id of a constant tensor the code made (``torch.full_like(x, 2.0)``) -> the call that made it."""
 
     def __post_init__(self):
         self.source_names = {source.name for source in self.sources.values()}
@@ -257,15 +268,36 @@ class SpecBuilder:
 
     # ----- the walk ---------------------------------------------------------------------------
     def add(self, call: Call) -> None:
+        self.sizes_read += call.sizes_read
+        target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
+        problems = len(self.problems)
+        try:
+            self.dispatch(call)
+        finally:  # out[:, :2] = h, c.copy_(h): no longer its constant (a layer made of it renamed it) ...
+            if (target is not None and not call.constant and id(target) in self.constants
+                    and (call.name.endswith("_") or call.name == "__setitem__" or call.name.startswith("__i"))):
+                del self.constants[id(target)]
+                if len(self.problems) > problems:  # ... and what reads it carries the write's problem
+                    self.taint(target, frozenset(range(problems, len(self.problems))))
+
+    def dispatch(self, call: Call) -> None:
         name = call.name
         if name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
             return  # num_batches_tracked += 1, a running-statistics update
+        if call.constant:  # torch.full(...), torch.ones_like(x), torch.tensor(0.5): a value, not a node
+            self.kept.append(call.result)
+            self.constants[id(call.result)] = call
+            self.names.pop(id(call.result), None)
+            self.poison.pop(id(call.result), None)
+            return
         if self.scale_reduction(call):
             return
         if name in SIGNATURES:
             op, positional = BY_FUNCTION.get(call.function, SIGNATURES[name])
             bound = self.bind(call, positional)
             if bound is None:
+                return
+            if op in ("add", "sub", "mul", "div") and self.fold_constants(op, bound, call):
                 return
             if op in ("add", "mul") and not isinstance(bound["input"], torch.Tensor):
                 bound["input"], bound["other"] = bound.get("other"), bound["input"]  # torch.mul(0.5, x): commutes
@@ -300,6 +332,57 @@ class SpecBuilder:
         else:
             self.unknown(call)
 
+    def fold_constants(self, op: str, bound: dict, call: Call) -> bool:
+        """A constant operand of one value, ``torch.full_like(x, 2.0) * x`` or ``x + torch.tensor(0.5)``, is
+        that number when it only broadcasts against the other operand (the result has the other's shape and
+        dtype). ``c - x`` becomes ``(-x) + c`` and ``c / x`` becomes ``x ** -1 * c``: True when those layers
+        are made here; otherwise the numbers are put in ``bound``."""
+        for key, other_key in (("input", "other"), ("other", "input")):
+            value, other = bound.get(key), bound.get(other_key)
+            if not (isinstance(value, torch.Tensor) and id(value) in self.constants and isinstance(other, torch.Tensor)):
+                continue
+            fill = self.fill(value)
+            if (fill is not None and call.result.dtype == other.dtype
+                    and torch.broadcast_shapes(value.shape, other.shape) == other.shape):
+                bound[key] = fill if value.is_floating_point() or not float(fill).is_integer() else int(fill)
+        number, tensor = bound.get("input"), bound.get("other")
+        if op not in ("sub", "div") or isinstance(number, torch.Tensor) or not isinstance(tensor, torch.Tensor):
+            return False
+        if bound.get("alpha", 1) != 1 or bound.get("rounding_mode") is not None:
+            return False  # the layer refuses these arguments
+        if op == "sub":
+            made = Call("neg", torch.neg, (tensor,), {}, torch.neg(tensor), call.where, call.module, call.leaf)
+        else:
+            made = Call("pow", torch.pow, (tensor, -1), {}, torch.pow(tensor, -1), call.where, call.module, call.leaf)
+        self.add(made)
+        self.layer("add" if op == "sub" else "mul", {"input": made.result, "other": number}, call)
+        return True
+
+    def fill(self, value: torch.Tensor) -> float | None:
+        """The one value of a constant, when its every entry held it as made and still holds it (a write
+        through a view, ``c[:, :1].copy_(h)``, is not followed: the tensor as the code left it must agree)."""
+        fill = self.constants[id(value)].fill
+        if fill is None or not bool((value == fill).all()):
+            return None
+        return fill
+
+    def constant_map(self, value: torch.Tensor) -> str | None:
+        """A ``full`` layer for a constant of one value read as a tensor (FFDNet's noise-level map, concatenated
+        to the input), each size ``{like: NODE}`` where the code read a tensor of that size at that dim, the
+        others numbers (the second run refuses them if they follow the input); None when it holds several
+        values, is no float or reads no size."""
+        made = self.constants[id(value)]
+        if self.fill(value) is None or value.dim() == 0 or not value.is_floating_point():
+            return None
+        size: list[Any] = []
+        for dim, length in enumerate(value.shape):
+            source = next((name for other in reversed(self.sizes_read) if other.dim() == value.dim()
+                           and other.shape[dim] == length and isinstance(name := self.node(other), str)), None)
+            size.append({"like": source} if source is not None else int(length))
+        if all(isinstance(item, int) for item in size):
+            return None
+        return self.emit("full", {"op": "full", "size": size, "fill_value": float(made.fill)}, made)
+
     def bind(self, call: Call, positional: tuple[str, ...]) -> dict | None:
         if len(call.arguments) > len(positional):
             self.fail(call, f"was called with {len(call.arguments)} positional arguments", "pass arguments by keyword")
@@ -311,6 +394,13 @@ class SpecBuilder:
         return bound
 
     def operand(self, value: Any, call: Call, reasons: set[int]) -> Any:
+        if isinstance(value, torch.Tensor) and id(value) in self.constants and id(value) not in self.names:
+            name = self.constant_map(value)
+            if name is not None:
+                return name
+            self.problems.append(Problem(call.where, call.module, call.name, CONSTANT[0], CONSTANT[1]))
+            reasons.add(len(self.problems) - 1)
+            return None
         if isinstance(value, torch.Tensor):
             found = self.node(value)
             if isinstance(found, frozenset):
@@ -379,6 +469,7 @@ class SpecBuilder:
         self.layer_calls.append(call)
         self.kept.append(call.result)
         self.poison.pop(id(call.result), None)
+        self.constants.pop(id(call.result), None)  # c += h: c holds a node's value now
         self.names[id(call.result)] = name  # an in-place op gives its tensor object the new node's name
         return name
 
@@ -443,7 +534,14 @@ class SpecBuilder:
         self.layer(op, {"input": current, "dim": dims[0]}, call)
 
     def _pad(self, op: str, bound: dict, call: Call) -> None:
-        bound["pad"] = list(bound["pad"])
+        bound["pad"] = pads = [int(p) for p in bound["pad"]]
+        source = bound.get("input")
+        if (isinstance(source, torch.Tensor) and source.dim() >= 3 and len(pads) == 2 * (source.dim() - 2)
+                and bound.get("mode") in (None, "constant") and not bound.get("value")):
+            def centred_to(other: torch.Tensor) -> bool:  # U-Net's [diffX // 2, diffX - diffX // 2, ...]
+                differences = [other.shape[dim] - source.shape[dim] for dim in reversed(range(2, source.dim()))]
+                return pads == [part for d in differences for part in (d // 2, d - d // 2)]
+            bound["pad"] = self.size_of(source, centred_to) or pads
         if bound.get("mode") is None:
             bound.pop("mode", None)
         if bound.get("value") is None:
@@ -463,7 +561,22 @@ class SpecBuilder:
         if bound.get("scale_factor") is not None:
             factors = literal(bound["scale_factor"])
             bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
+        source, size = bound.get("input"), literal(bound.get("size"))
+        if isinstance(source, torch.Tensor) and isinstance(size, list) and len(size) == source.dim() - 2:
+            bound["size"] = self.size_of(source, lambda other: list(other.shape[2:]) == size) or size
         self.layer(op, bound, call)
+
+    def size_of(self, source: torch.Tensor, fits) -> dict | None:
+        """``{like: NODE}`` for the tensor, of ``source``'s rank and not ``source`` itself, whose sizes the
+        code read most recently and that ``fits`` (``F.interpolate(h, size=skip.shape[-2:])``); None when no
+        size read fits: the sizes stay numbers, and the second run refuses them if they follow the input."""
+        for other in reversed(self.sizes_read):
+            if other is source or other.dim() != source.dim() or not fits(other):
+                continue
+            found = self.node(other)
+            if isinstance(found, str):
+                return {"like": found}
+        return None
 
     def clamp(self, call: Call) -> None:
         """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b)."""

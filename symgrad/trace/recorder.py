@@ -9,6 +9,7 @@ not seen: the mode is off while its handler runs. Queries of size, type and layo
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import sysconfig
@@ -43,6 +44,11 @@ RANDOM = frozenset({
     "multinomial", "normal", "normal_", "uniform_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_",
     "poisson", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 """Calls whose result is random (or uninitialised memory): never a constant, even from literal arguments."""
+
+FILLERS = frozenset({"ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full", "new_tensor"})
+"""Calls whose result's values do not depend on the values of their first tensor, whose size, dtype or
+device they only take (``torch.ones_like(x)``, ``x.new_full((n, 1), 0.5)``): a constant when their other
+arguments are (``x.new_tensor(y)`` copies y's values)."""
 
 VALUE_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount",
                           "repeat_interleave"})
@@ -104,6 +110,14 @@ class Call:
     """Path of the innermost ``nn.Module`` running (``layer2.0.bn1``); empty outside any module."""
     leaf: bool
     """Whether that module has no submodules (so the call is the module's own op)."""
+    sizes_read: tuple = ()
+    """The tensors whose sizes the user's own code read (``x.shape[-2:]``, ``x2.size()[2]``) since the call
+    before: where a size argument may have come from."""
+    constant: bool = False
+    """Whether the result is a constant: made from literals alone (``torch.full``, ``torch.ones_like(x)``)."""
+    fill: float | None = None
+    """A constant result's one value, when every entry holds it (``torch.full((n, 1, h, w), 0.1)``), as it
+    was when made (a later in-place update makes a new call)."""
 
 
 @dataclass
@@ -138,6 +152,7 @@ class Recorder(TorchFunctionMode):
         """ids of the tensors whose size depends on values that are not constants (``h.nonzero()``)."""
         self.running: list[torch.nn.Module] = []
         self._hooks: list = []
+        self._sizes_read: list[torch.Tensor] = []
 
     def __enter__(self):
         self._hooks = [module_hooks.register_module_forward_pre_hook(self._entered),
@@ -174,7 +189,8 @@ class Recorder(TorchFunctionMode):
                 return self._size_read(name, arguments, result)
         elif name in SHAPE_QUERIES:
             return self._size_read(name, arguments, result)
-        constant = name not in RANDOM and all(id(value) in self.constants for value in _tensors(arguments, keywords))
+        read = _tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords)
+        constant = name not in RANDOM and all(id(value) in self.constants for value in read)
         if name in VALUE_READS or _is_value(result):
             if not constant:
                 self._value_read(name, sys._getframe(1))
@@ -189,13 +205,18 @@ class Recorder(TorchFunctionMode):
                 name.endswith("_") or name == "__setitem__" or name.startswith("__i")):
             self.constants.discard(id(arguments[0]))  # c[0] = h.sum(), c.add_(h): c now holds a value of h
         path, leaf = self._module()
-        self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf))
+        constant_result = constant and isinstance(result, torch.Tensor)
+        self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
+                               tuple(self._sizes_read), constant_result, _fill(result) if constant_result else None))
+        self._sizes_read.clear()
         return result
 
     def _size_read(self, name: str, arguments: tuple, result: Any) -> Any:
         """A size query's result; a value read when the tensor's size came from values."""
         if name in SIZES and any(id(value) in self.value_shaped for value in _tensors(arguments, {})):
             self._value_read("size of values", sys._getframe(2))
+        if name in SIZES and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(2)):
+            self._sizes_read.append(arguments[0])
         return result
 
     def _value_read(self, name: str, frame) -> None:
@@ -205,6 +226,25 @@ class Recorder(TorchFunctionMode):
         if frame is None or os.path.realpath(frame.f_code.co_filename).startswith(TORCH_DIR):
             return
         self.value_reads.append(ValueRead(name, user_line(frame), self._module()[0]))
+
+
+def _fill(tensor: torch.Tensor) -> float | None:
+    """The one value every entry of ``tensor`` holds, or None (empty, or several values)."""
+    if tensor.numel() == 0 or tensor.is_complex() or tensor.dtype == torch.bool:
+        return None
+    flat = tensor.detach().reshape(-1)
+    first = flat[0].item()
+    if not bool((flat == first).all()) or not math.isfinite(first):
+        return None
+    return first
+
+
+def _by_user(frame) -> bool:
+    """Whether the user's own code made the call whose dispatch runs in ``frame`` (not torch's, such as
+    BatchNorm's check of the batch size)."""
+    while frame is not None and frame.f_code.co_filename.startswith(DISPATCH_FILES):
+        frame = frame.f_back
+    return frame is not None and _is_users(frame.f_code.co_filename)
 
 
 def _copied(value: Any) -> Any:
