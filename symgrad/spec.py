@@ -243,6 +243,18 @@ class Like:
     rank: int = 0
     input: str | None = None
     input_rank: int = 0
+    dims: tuple[int, ...] | None = None
+    """In a list of sizes (``reshape``'s ``shape``, ``full``'s ``size``): the product of NODE's sizes at
+    these dims (``{like: x, dims: [2, 3]}`` is ``x.shape[2] * x.shape[3]``); None: NODE's size at the
+    entry's own position in the list."""
+
+    def size_at(self, position: int) -> sympy.Expr:
+        """The size this reference stands for as entry ``position`` of a list of sizes."""
+        dims = self.dims if self.dims is not None else (position,)
+        product = sympy.Integer(1)
+        for dim in dims:
+            product = product * Size(tensor(self.node), dim % self.rank)
+        return product
 
     def sizes(self) -> tuple[sympy.Expr, ...]:
         """``(NODE.shape[2], NODE.shape[3], ...)``."""
@@ -257,12 +269,13 @@ class Like:
         return tuple(pads)
 
     def __str__(self) -> str:
-        return f"{{like: {self.node}}}"
+        dims = "" if self.dims is None else f", dims: [{', '.join(map(str, self.dims))}]"
+        return f"{{like: {self.node}{dims}}}"
 
     __repr__ = __str__
 
 
-LIKE_KEYS = ("like",)
+LIKE_KEYS = ("like", "dims")
 
 
 @dataclass(frozen=True)
@@ -515,7 +528,13 @@ def _like(value: Mapping, location: Location, key: str, known: dict[str, Locatio
         raise SpecError(f"argument '{key}' is a mapping without 'like'", location,
                         f"write `{key}: {{like: NODE}}` to read the size of node NODE at run time, or give numbers")
     name = _string(value, "like")
-    return Like(_known(name, value.value_locations["like"], known), value.value_locations["like"])
+    dims = value.get("dims")
+    if dims is not None and (not isinstance(dims, list) or not dims
+                             or any(isinstance(dim, bool) or not isinstance(dim, int) for dim in dims)):
+        raise SpecError(f"argument '{key}': dims of {{like: {name}}} must be a list of ints, not {str(dims)[:40]!r}",
+                        value.value_locations.get("dims", location), "write e.g. `{like: x, dims: [2, 3]}`")
+    return Like(_known(name, value.value_locations["like"], known), value.value_locations["like"],
+                dims=tuple(dims) if dims is not None else None)
 
 
 def _check_value(value: Any, location: Location, what: str, depth: int = 0) -> None:

@@ -10,17 +10,23 @@ in the dtype and on the device of the first node it reads a size from (``x.new_f
 
 from __future__ import annotations
 
+import sympy
 import torch
 
-from ..algebra import CONSTANT, Size, op, primitive, tensor
+from ..algebra import CONSTANT, Size, op, primitive
 from ..spec import Like
 from .base import Checker, Forward, Param, ParamContext, Rule, finite_float
 
 
+def _reads(size) -> bool:
+    """Whether a size is read from a node at run time (``x.shape[2]``, ``x.shape[2] * x.shape[3]``)."""
+    return isinstance(size, sympy.Basic) and bool(size.atoms(Size))
+
+
 def _full_code(operands, params, show):
     sizes = params["size"]
-    like = next(size.of.name for size in sizes if isinstance(size, Size))
-    shown = ", ".join(show(size) if isinstance(size, Size) else str(size) for size in sizes)
+    like = next(min(size.atoms(Size), key=str).of.name for size in sizes if _reads(size))
+    shown = ", ".join(show(size) if _reads(size) else str(size) for size in sizes)
     return f"{like}.new_full(({shown}{',' if len(sizes) == 1 else ''}), {params['fill_value']!r})"
 
 
@@ -36,16 +42,16 @@ def _sizes(value, context: ParamContext) -> tuple:
     sizes = []
     for dim, item in enumerate(value):
         if isinstance(item, Like):
-            if item.rank != len(value):
+            if item.dims is None and item.rank != len(value):
                 raise context.fail(f"entry {dim} is {item}, a size of '{item.node}', which has {item.rank} dims, "
                                    f"not {len(value)}", "read each size from a node of the map's rank")
-            sizes.append(Size(tensor(item.node), dim))
+            sizes.append(item.size_at(dim))
         elif isinstance(item, int) and not isinstance(item, bool) and item >= 1:
             sizes.append(item)
         else:
             raise context.fail(f"entry {dim} is {item!r}, neither a positive int nor {{like: NODE}}",
                                "write a size, or {like: NODE} for NODE's size at this dim")
-    if not any(isinstance(size, Size) for size in sizes):
+    if not any(_reads(size) for size in sizes):
         raise context.fail("reads no size from a node: a constant of fixed size is data, not a layer",
                            "declare it under inputs, or read the sizes that follow the input with {like: NODE}")
     return tuple(sizes)

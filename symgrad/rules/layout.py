@@ -11,7 +11,8 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, ints
+from ..spec import Like
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 
 
 primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
@@ -19,7 +20,7 @@ primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.re
           tangent=lambda expr, tangent_of: op("reshape_like", tangent_of(expr.operands[0]), expr.operands[1]))
 primitive("flatten", code=lambda operands, params, show: f"torch.flatten({operands[0]}{keyword_arguments(params, {'start_dim': 0, 'end_dim': -1}, show)})",
           latex=lambda operands, params, show: rf"\operatorname{{flatten}}\left({operands[0]}\right)", tangent=LINEAR)
-primitive("reshape", code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(str, params['shape']))})",
+primitive("reshape", code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(show, params['shape']))})",
           latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)", tangent=LINEAR)
 primitive("permute", code=lambda operands, params, show: f"{operands[0]}.permute({', '.join(map(str, params['dims']))})",
           latex=lambda operands, params, show: rf"{operands[0]}^{{\pi}}", tangent=LINEAR)
@@ -51,11 +52,29 @@ class Flatten(Rule):
         return self.op, "out = input with dims start_dim..end_dim merged", "grad_input = grad_out.reshape(input.shape)"
 
 
+def _shape(value, context: ParamContext) -> tuple:
+    """``reshape``'s target: ints (one may be -1) and sizes read from nodes at run time, ``{like: x}`` (x's
+    size at the same position) or ``{like: x, dims: [2, 3]}`` (``x.shape[2] * x.shape[3]``)."""
+    if not isinstance(value, list) or not any(isinstance(item, Like) for item in value):
+        return ints(value, context)
+    shape = []
+    for position, item in enumerate(value):
+        if not isinstance(item, Like):
+            shape.append(ints(item, context)[0])
+            continue
+        dims = item.dims if item.dims is not None else (position,)
+        if any(not -item.rank <= dim < item.rank for dim in dims):
+            raise context.fail(f"entry {position} is {item}, but '{item.node}' has {item.rank} dims",
+                               f"read dims of '{item.node}' between {-item.rank} and {item.rank - 1}")
+        shape.append(item.size_at(position))
+    return tuple(shape)
+
+
 class Reshape(Flatten):
     op = "reshape"
     calls = ()
     traced_elsewhere = "view, reshape, view_as and reshape_as calls: the tracer's reshape handlers"
-    params = {"shape": Param(None, ints)}
+    params = {"shape": Param(None, _shape)}
     summary = "the same entries in another shape"
 
     def reference(self, arguments, params):
@@ -63,7 +82,7 @@ class Reshape(Flatten):
 
     def infer_shape(self, shapes, params, check: Checker):
         target = list(params["shape"])
-        check.require(target.count(-1) <= 1 and all(s == -1 or s > 0 for s in target),
+        check.require(target.count(-1) <= 1 and all(s == -1 or not isinstance(s, int) or s > 0 for s in target),
                       f"shape {target} may hold one -1 and otherwise positive sizes", "fix the shape")
         total = 1
         for size in shapes["input"]:

@@ -458,12 +458,20 @@ def _shown(value: Any) -> str:
 
 
 def _other_sizes(shapes: dict[str, tuple[int, ...]]):
-    """Other input sizes to run at: batch + 1 and spatial sizes doubled, then each change alone."""
+    """Other input sizes to run at: batch + 1 and the spatial sizes grown unequally (x2, x3, x2, ...: a
+    square input becomes oblong, so a size read from the height is never mistaken for the width's), then
+    the spatial sizes doubled with the batch, then each change alone (for models that need square or
+    power-of-two inputs)."""
     batch = {key: (shape[0] + 1, *shape[1:]) if shape else shape for key, shape in shapes.items()}
     spatial = {key: (*shape[:2], *(2 * size for size in shape[2:])) for key, shape in shapes.items()}
-    both = {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()}
-    for candidate in (both, batch, spatial):
-        if candidate != shapes:
+    oblong = {key: (*shape[:2], *((2 + axis % 2) * size for axis, size in enumerate(shape[2:])))
+              for key, shape in shapes.items()}
+    tried = []
+    for candidate in ({key: (batch[key][:1] + oblong[key][1:]) if shape else shape for key, shape in shapes.items()},
+                      {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()},
+                      batch, spatial):
+        if candidate != shapes and candidate not in tried:
+            tried.append(candidate)
             yield candidate
 
 

@@ -639,7 +639,30 @@ class SpecBuilder:
         shape = [int(size) for size in shape]
         if shape and -1 not in shape and shape[0] == source.shape[0] and source.dim() > 0:
             shape[0] = -1  # the batch, read from the input: (N, C, 4, 16) stays shape-generic
+        shape = [size if size == -1 else self.size_read(size, position, len(shape)) for position, size in enumerate(shape)]
         self.layer("reshape", {"input": source, "shape": shape}, call)
+
+    def size_read(self, size: int, position: int, rank: int) -> int | dict:
+        """Entry ``position`` of a ``rank``-long list of sizes as a size the code read, when one fits:
+        ``{like: x}`` for x's size at the same position (x of that rank: ``reshape(b, c, h, w)`` with
+        ``b, c, h, w = x.shape``), ``{like: x, dims: [2, 3]}`` for a product of two or more of x's dims aligned
+        with the entry's place from the end or the start (``h * w`` last), most recent reads first; else the number,
+        which the second run, at other and unequal sizes, refuses if it follows the input."""
+        named = [(other, found) for other in reversed(self.sizes_read) if isinstance(found := self.node(other), str)]
+        for other, found in named:
+            if other.dim() == rank and other.shape[position] == size:
+                return {"like": found}
+        from_end = rank - 1 - position
+        for aligned_end in (True, False):
+            for other, found in named:
+                for length in range(2, other.dim() + 1):  # one dim elsewhere than its place: a coincidence
+                    start = other.dim() - from_end - length if aligned_end else position
+                    dims = list(range(start, start + length))
+                    if start < 0 or dims[-1] >= other.dim():
+                        continue
+                    if math.prod(other.shape[dim] for dim in dims) == size:
+                        return {"like": found, "dims": dims}
+        return size
 
     def slice(self, call: Call) -> None:
         """``x[:, 1:3]`` is narrow, ``x[:, 0]`` narrow and squeeze, ``x[:, None]`` and ``g[..., None, None]``
