@@ -78,11 +78,14 @@ def test_every_committed_generated_python_file_fits_in_100_columns_and_compiles(
     compile(text, path.name, "exec")
 
 
-def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile():
+def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile(monkeypatch):
     """A ResNet-style model traced as ``symgrad trace`` does (long parameter names, batch norm's
-    running statistics, a downsampling shortcut): its module and test file, every line."""
+    running statistics, a downsampling shortcut, the internal channels_last layout that larger
+    inputs get): its module and test file, every line."""
+    import symgrad.roles
     from symgrad.trace import LossChoice, load_target, trace
 
+    monkeypatch.setattr(symgrad.roles, "CHANNELS_LAST_MIN_POSITIONS", 1)
     torch.manual_seed(0)
     model = load_target(f"{ROOT / 'tests' / 'trace_inputs' / 'resnet_style.py'}:TinyResNet")
     text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"),
@@ -91,7 +94,9 @@ def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile():
     symgrad.pipeline._check_compiles(built.rendered)
     for name in ("tiny_resnet.py", "test_tiny_resnet.py"):
         assert not _too_wide(built.rendered.files[name]), (name, _too_wide(built.rendered.files[name]))
-    assert any(line.startswith("        layers_") for line in built.rendered.files["tiny_resnet.py"].split("\n"))
+    module = built.rendered.files["tiny_resnet.py"]
+    assert any(line.startswith("        layers_") for line in module.split("\n"))  # laid out, not left alone
+    assert "layers_1_0_downsample_0_weight = layers_1_0_downsample_0_weight.contiguous(" in module
 
 
 def test_every_helper_a_rule_emits_fits_in_100_columns():
