@@ -134,6 +134,9 @@ CASES = [
     pytest.param(torch_case("flatten", {"x": [2, 3, 4, 5]}, ["x"], torch.flatten, start_dim=1), id="flatten"),
     pytest.param(torch_case("reshape", {"x": [2, 3, 4]}, ["x"], lambda x, shape: x.reshape(shape), shape=[2, -1]), id="reshape-minus-one"),
     pytest.param(torch_case("reshape", {"x": [2, 3, 4]}, ["x"], lambda x, shape: x.reshape(shape), shape=[6, 4]), id="reshape"),
+    pytest.param(spec_text({"x": [2, 3, 4, 5], "y": [2, 3, 20]},
+                           [{"op": "reshape", "shape": [{"like": "x"}, {"like": "x"}, {"like": "x", "dims": [2, 3]}],
+                             "out": "out"}], SQ, ["x"]), id="reshape-sizes-read-at-run-time"),
     pytest.param(torch_case("permute", {"x": [2, 3, 4]}, ["x"], lambda x, dims: x.permute(dims), dims=[2, 0, 1]), id="permute"),
     *[pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "mul", "other": 4}, {"op": op}], SQ, ["x"]),
                    id=f"{op}-past-its-kinks") for op in ("hardsigmoid", "hardswish")],  # 4 N(0, 1): all three pieces

@@ -38,6 +38,13 @@ BAD = [
     ("not-a-mapping", "- 1\n- 2\n", 1, "must be a YAML mapping"),
     ("alias", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: &s [2, 3, 8, 8]}\n  z: {shape: *s}"), 3, "anchors and aliases"),
     ("bad-name", variant("name: good", "name: 1bad"), 1, "must be an ASCII identifier"),
+    ("reshape-like-dims-out-of-range", variant("  - {op: relu, out: a}",
+                                                "  - {op: relu, out: a}\n  - {op: reshape, shape: [{like: a, dims: [2, 4]}, -1], out: r}"
+                                                ).replace("y: {shape: [2, 4, 6, 6]}", "y: {shape: [36, 8]}"),
+     9, "entry 0 is {like: a, dims: [2, 4]}, but 'a' has 4 dims"),
+    ("reshape-like-dims-not-ints", variant("  - {op: relu, out: a}",
+                                           "  - {op: relu, out: a}\n  - {op: reshape, shape: [{like: a, dims: 2}, -1], out: r}"),
+     9, "dims of {like: a} must be a list of ints"),
     ("keyword-name", variant("name: good", "name: lambda"), 1, "Python keyword"),
     ("shadowing-module-name", variant("name: good", "name: os"), 1, "would shadow"),
     ("injection-name", variant("name: good", 'name: "x\\nimport os"'), 1, "must be an ASCII identifier"),

@@ -163,7 +163,7 @@ def test_a_pad_to_the_size_of_a_tensor_the_code_read_is_read_at_run_time_not_fro
 
 
 @pytest.mark.parametrize("model, marker, argument", [
-    ("Doubled", "DOUBLED", "'interpolate' argument size=[22, 22] becomes [44, 44]"),
+    ("Doubled", "DOUBLED", "'interpolate' argument size=[22, 22] becomes [44, 66]"),
     # 11 -> 3 -> 9 pads [0, 2], not U-Net's [1, 1]; at 22 -> 7 -> 21 the pad [0, 1] is U-Net's: no one spec
     ("PaddedAfter", "PADDED AFTER", "'pad' argument pad=[0, 2, 0, 2] becomes {like: x}")])
 def test_sizes_computed_from_the_input_that_no_tensor_has_are_refused_not_frozen(model, marker, argument):

@@ -45,7 +45,7 @@ def test_a_map_of_one_value_in_any_spelling_follows_the_input_and_matches_autogr
 @pytest.mark.parametrize("model, marker, message", [
     ("ChannelRamp", "RAMP", "'mul' reads a tensor made inside the traced code from numbers alone"),
     ("Blurred", "BLUR", "'conv2d' reads a tensor made inside the traced code from numbers alone"),
-    ("WidthScaled", "WIDTH", "'mul' argument other=5.0 becomes 10.0"),
+    ("WidthScaled", "WIDTH", "'mul' argument other=5.0 becomes 15.0"),
 ])
 def test_a_constant_no_spec_can_hold_is_refused_at_its_line_with_a_fix(model, marker, message):
     with pytest.raises(TraceError) as error:

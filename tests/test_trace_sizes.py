@@ -65,7 +65,7 @@ def test_a_pad_like_a_larger_node_crops_with_the_same_split():
 @pytest.mark.parametrize("edit, line, message", [
     (("size: {like: x}", "size: {like: y}"), 9, "'y' is not defined before this point"),
     (("size: {like: x}", "size: {like: padded}"), 9, "'padded' is not defined before this point"),
-    (("size: {like: x}", "size: {like: x, dims: 2}"), 9, "unknown key 'dims' at argument 'size'"),
+    (("size: {like: x}", "size: {like: x, dim: 2}"), 9, "unknown key 'dim' at argument 'size'"),
     (("size: {like: x}", "size: {as: x}"), 9, "unknown key 'as' at argument 'size'"),
     (("size: {like: x}", "size: {like: [x]}"), 9, "'like' must be a name, not a list"),
     (("padding: 1, out: h", "padding: {like: x}, out: h"), 8, "conv2d: argument 'padding' must be an int or a list of 2 ints, not {like: x}"),
