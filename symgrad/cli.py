@@ -1,4 +1,7 @@
-"""The ``symgrad`` command line. Exit codes: 0 ok, 1 verification failed or files stale, 2 bad input."""
+"""The ``symgrad`` command line. Exit codes: 0 ok, 1 verification failed or files stale, 2 bad input.
+
+Longer than most modules here because each subcommand's options, help and one-line error handling are
+declared beside it; each command's body only calls the library (``pipeline``, ``trace``, ``certify``)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,10 @@ Everything a spec says that later becomes Python source passes through here firs
 strict ASCII identifiers that cannot shadow what the generated module uses, and values must be
 plain YAML scalars (int, float, bool, string) or lists of them. Op-specific arguments are checked
 against the op's rule when the graph is built (``graph.py``), still with the spec's line numbers.
+
+It is one of the longer modules because every key of the format is checked here, each with its own
+one-line message and fix; splitting the checks from the objects they build would make each rule of
+the format live in two places.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """``conv1d``, ``conv2d``, ``conv3d``: one N-d rule, bilinear in (input, weight).
 
+(One file for the convolution and its transpose, which share every helper: the input adjoint of one is
+the other's forward. The derivation below is why it is longer than other rule files.)
+
 Why the adjoints look the way they do
 -------------------------------------
 Write the forward, per spatial axis, for stride ``s``, padding ``p``, dilation ``d`` and kernel
