@@ -214,6 +214,8 @@ LINEAR_CASES = [
      {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1}, ("x", "w")),
     ("pixel_shuffle", {"x": (1, 4, 2, 3)}, {"op": "pixel_shuffle", "upscale_factor": 2}, ("x",)),
     ("pixel_unshuffle", {"x": (1, 1, 4, 2)}, {"op": "pixel_unshuffle", "downscale_factor": 2}, ("x",)),
+    ("expand", {"x": (2, 1, 3)}, {"op": "expand", "shape": [2, 2, 2, -1]}, ("x",)),
+    ("repeat", {"x": (2, 3)}, {"op": "repeat", "counts": [2, 1, 2]}, ("x",)),
     ("stack (second input)", {"x": (2, 3), "v": (2, 3)}, {"op": "stack", "in": ["x", "v"], "dim": 1}, ("v",)),
     ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
     ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),

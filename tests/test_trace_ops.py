@@ -139,6 +139,10 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("cat", lambda x, y: torch.cat([x, y], dim=1), {"x": X["x"], "y": X["x"]}),
     ("stack", lambda x, y: torch.stack([x, y.relu()], dim=1).sum(1), {"x": X["x"], "y": X["x"]}),  # SK-style
     ("stack", lambda x, y: torch.stack((x, y), -1), {"x": X["x"], "y": X["x"]}),
+    ("expand", lambda x: x * x.mean((2, 3), keepdim=True).expand_as(x), X),  # SENet ports' gate
+    ("expand", lambda x: x.sum(1, keepdim=True).expand(-1, 3, -1, -1) * x, X),
+    ("repeat", lambda x: x.repeat(1, 2, 1, 1).sum(1, keepdim=True) * x, X),
+    ("repeat", lambda x: torch.tile(x, (2, 1)).relu(), X),
     ("layer_norm", nn.LayerNorm([8, 8]), X),
     ("batch_norm", nn.BatchNorm2d(3), X),
     ("batch_norm", nn.BatchNorm2d(3).eval(), X),

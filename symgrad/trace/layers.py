@@ -315,6 +315,10 @@ class SpecBuilder:
             self.reshape(call)
         elif name in ("view_as", "reshape_as"):
             self.reshape_as(call)
+        elif name in ("expand", "expand_as", "broadcast_to"):
+            self.expand(call)
+        elif name in ("repeat", "tile"):
+            self.repeat(call)
         elif name == "permute":
             self.layer("permute", {"input": call.arguments[0], "dims": list(_sizes(call, "dims"))}, call)
         elif name in TRANSPOSES or name in ("mT", "T", "t"):
@@ -759,6 +763,32 @@ class SpecBuilder:
         if not isinstance(other, torch.Tensor):
             return self.unknown(call)
         self.reshape(dataclasses.replace(call, arguments=(call.arguments[0], tuple(other.shape)), keywords={}))
+
+    def expand(self, call: Call) -> None:
+        """``x.expand(b, c, h, w)``, ``x.expand_as(y)``, ``torch.broadcast_to(x, shape)``: the sizes are read at
+        run time where the code read them (``expand_as(y)``: every entry ``{like: y}``); -1 keeps a size."""
+        source = call.arguments[0]
+        if call.name == "expand_as":
+            other = call.keywords.get("other", call.arguments[1] if len(call.arguments) > 1 else None)
+            if not isinstance(other, torch.Tensor) or not isinstance(self.node(other), str):
+                return self.unknown(call)
+            shape: list[Any] = [{"like": self.node(other)} for _ in range(other.dim())]  # fresh dicts: no YAML aliases
+        else:
+            shape = [int(size) for size in _sizes(call, "size", "shape")]
+            shape = [size if size == -1 else self.size_read(size, position, len(shape))
+                     for position, size in enumerate(shape)]
+        if not isinstance(source, torch.Tensor):
+            return self.unknown(call)
+        self.layer("expand", {"input": source, "shape": shape}, call)
+
+    def repeat(self, call: Call) -> None:
+        """``x.repeat(1, 1, 2, 2)``, ``torch.tile(x, (2, 2))`` (tile pads the counts with leading 1s)."""
+        source, counts = call.arguments[0], [int(count) for count in _sizes(call, "repeats", "dims")]
+        if not isinstance(source, torch.Tensor):
+            return self.unknown(call)
+        if call.name == "tile" and len(counts) < source.dim():
+            counts = [1] * (source.dim() - len(counts)) + counts
+        self.layer("repeat", {"input": source, "counts": counts}, call)
 
     def unknown(self, call: Call) -> None:
         tensors = [a for a in _flat(call.arguments, call.keywords) if isinstance(a, torch.Tensor)]
