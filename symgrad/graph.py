@@ -225,6 +225,10 @@ def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
                 raise SpecError(f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "
                                 f"of '{value.node}' {list(referenced)}, which do not fit the input {list(own)}",
                                 value.location, "name a node of the input's rank, [N, C, ...] with spatial dims")
+            mode = node.params.get("mode", "constant") if node.rule.op == "pad" else "constant"
+            if mode != "constant":  # the copying modes' checks (pads >= 0, < the size) need numbers
+                raise SpecError(f"pad '{node.name}': pad {value} pads in constant mode only, not '{mode}'",
+                                value.location, f"give the pads as numbers for mode {mode}, or pad in constant mode")
         resolved = _with_ranks(value, nodes, source, len(own))
         location = value.location if isinstance(value, Like) else next(v for v in value if isinstance(v, Like)).location
         context = ParamContext(node.rule.op, name, location, node.rule.spatial_dims())

@@ -70,6 +70,8 @@ def test_a_pad_like_a_larger_node_crops_with_the_same_split():
     (("size: {like: x}", "size: {like: [x]}"), 9, "'like' must be a name, not a list"),
     (("padding: 1, out: h", "padding: {like: x}, out: h"), 8, "conv2d: argument 'padding' must be an int or a list of 2 ints, not {like: x}"),
     (("weight: w, padding: 1", "weight: {like: x}, padding: 1"), 8, "conv2d: 'weight' must be a node name, not {like: x}"),
+    (("pad: {like: x}, out: padded", "pad: {like: x}, mode: replicate, out: padded"), 11,
+     "pad 'padded': pad {like: x} pads in constant mode only, not 'replicate'"),
     ((("size: {like: x}", "size: {like: s}"), ("  t: {", "  s: {shape: [9, 11]}\n  t: {")), 10,
      "reads the spatial sizes (dims 2 on) of 's' [9, 11], which do not fit the input [2, 3, 4, 5]"),
 ])

@@ -215,8 +215,12 @@ class SpecBuilder:
     """id of ``log_softmax(z, dim=1)``'s result -> z."""
     sizes_read: list[torch.Tensor] = field(default_factory=list)
     """The tensors whose sizes the user's code has read so far, in order (``x.shape[-2:]``)."""
-    constants: dict[int, Call] = field(default_factory=dict)
-    """id of a constant tensor the code made (``torch.full_like(x, 2.0)``) -> the call that made it."""
+    constants: dict[int, tuple[Call, int]] = field(default_factory=dict)
+    """id of a constant tensor the code made (``torch.full_like(x, 2.0)``) -> the call that made it, and
+    when (the count of calls walked)."""
+    writes: dict[int, int] = field(default_factory=dict)
+    """Storage of a tensor written in place with a value that is not a constant -> when, last."""
+    walked: int = 0
 
     def __post_init__(self):
         self.source_names = {source.name for source in self.sources.values()}
@@ -269,14 +273,18 @@ class SpecBuilder:
     # ----- the walk ---------------------------------------------------------------------------
     def add(self, call: Call) -> None:
         self.sizes_read += call.sizes_read
+        self.walked += 1
         target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
+        writes = target is not None and not call.constant and (
+            call.name.endswith("_") or call.name == "__setitem__" or call.name.startswith("__i"))
         problems = len(self.problems)
         try:
             self.dispatch(call)
-        finally:  # out[:, :2] = h, c.copy_(h): no longer its constant (a layer made of it renamed it) ...
-            if (target is not None and not call.constant and id(target) in self.constants
-                    and (call.name.endswith("_") or call.name == "__setitem__" or call.name.startswith("__i"))):
-                del self.constants[id(target)]
+        finally:
+            if writes:  # every view of its storage, a constant's too (c[:, :1].copy_(h)), changed here
+                self.writes[_storage(target)] = self.walked
+            if writes and id(target) in self.constants:  # out[:, :2] = h: no longer its constant (a layer
+                del self.constants[id(target)]  # made of it, c.add_(h), renamed it) ...
                 if len(self.problems) > problems:  # ... and what reads it carries the write's problem
                     self.taint(target, frozenset(range(problems, len(self.problems))))
 
@@ -286,7 +294,7 @@ class SpecBuilder:
             return  # num_batches_tracked += 1, a running-statistics update
         if call.constant:  # torch.full(...), torch.ones_like(x), torch.tensor(0.5): a value, not a node
             self.kept.append(call.result)
-            self.constants[id(call.result)] = call
+            self.constants[id(call.result)] = (call, self.walked)
             self.names.pop(id(call.result), None)
             self.poison.pop(id(call.result), None)
             return
@@ -363,19 +371,19 @@ class SpecBuilder:
         return True
 
     def fill(self, value: torch.Tensor) -> float | None:
-        """The one value of a constant, when its every entry held it as made and still holds it (a write
-        through a view, ``c[:, :1].copy_(h)``, is not followed: the tensor as the code left it must agree)."""
-        fill = self.constants[id(value)].fill
-        if fill is None or not bool((value == fill).all()):
+        """The one value of a constant, when its every entry held it as made and nothing wrote a value that
+        is not a constant into its storage since (``c[:, :1].copy_(h)`` through a view)."""
+        made, when = self.constants[id(value)]
+        if made.fill is None or self.writes.get(_storage(value), 0) > when:
             return None
-        return fill
+        return made.fill
 
     def constant_map(self, value: torch.Tensor) -> str | None:
         """A ``full`` layer for a constant of one value read as a tensor (FFDNet's noise-level map, concatenated
         to the input), each size ``{like: NODE}`` where the code read a tensor of that size at that dim, the
         others numbers (the second run refuses them if they follow the input); None when it holds several
         values, is no float or reads no size."""
-        made = self.constants[id(value)]
+        made = self.constants[id(value)][0]
         if self.fill(value) is None or value.dim() == 0 or not value.is_floating_point():
             return None
         size: list[Any] = []
@@ -893,6 +901,12 @@ class SpecBuilder:
         self.reductions[id(call.result)] = Reduction(inner.how, inner.source, inner.loss, scale, inner.call)
         self.kept.append(call.result)
         return True
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Where a tensor's entries live, shared by its views (every recorded tensor stays alive, so no other
+    takes its place)."""
+    return tensor.untyped_storage().data_ptr()
 
 
 def _is_int(value: Any) -> bool:
