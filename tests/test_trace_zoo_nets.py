@@ -33,6 +33,9 @@ CASES = {
     # SE gates of 1x1 convs on AdaptiveAvgPool2d(1), traced where the last stage's map is 1x1; x.view(x.size(0), -1)
     "se_resnet_conv_gate": Case(zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER,
                                 {"se_layer": "conv"}),
+    # SENet ports' gate, `b, c, _, _ = x.size()`, `view(b, c)`, nn.Linear, `view(b, c, 1, 1)`, then `x * y`
+    "se_resnet_linear_gate": Case(zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER,
+                                  {"se_layer": "linear_broadcast"}),
     # group conv, `scale * input` SE gate; traced where the last stage's map is 1x1; blocks named b0, b1 (timm)
     "regnety_plain_names": Case(zoo_nets.RegNetY, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 20)}, CLASSIFIER,
                                 {"block_name": "b{index}"}),
@@ -45,6 +48,9 @@ CASES = {
     # weight standardization with w.mean / w.var(unbiased=False) in forward, then F.conv2d; GroupNorm; x[..., 0, 0]
     "bit_mean_var": Case(zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
                          {"conv": "mean_var"}),
+    # timm's StdConv2d: F.batch_norm(self.weight.reshape(1, out, -1), None, None, training=True).reshape_as(weight)
+    "bit_timm_std_conv": Case(zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
+                              {"conv": "batch_norm"}),
     # ScaledStdConv2d: F.batch_norm over the weight with a gain, reshape_as; `out * alpha + shortcut`
     "nf_resnet": Case(zoo_nets.NFResNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     # MeanShift as a frozen 1x1 conv, `.mul(res_scale)` then `res += x`, conv + PixelShuffle upsampler
@@ -89,7 +95,8 @@ def refusal(model: torch.nn.Module, shapes: dict, loss: str = "cross_entropy") -
 
 def test_se_resnet_gate_by_view_and_expand_as_is_refused_at_its_expand_as_line():
     """The SE gate as the popular SENet ports write it (`y.view(b, c)`, nn.Linear, `x * y.expand_as(x)`):
-    expand_as is no op symgrad has, refused once at its line, for the three gates that share it."""
+    expand_as is no op symgrad has, refused once at its line, for the three gates that share it (ending in
+    ``x * y`` instead, ``se_resnet_linear_gate``, it goes through)."""
     lines = refusal(zoo_nets.SEResNet(), {"x": (2, 3, 4, 4)})
     assert len(lines) == 1, lines
     assert at(lines[0]) == (line_of("return x * y.expand_as(x)"), "error: 'expand_as' (in 3 modules: layer1.0.se, "

@@ -248,6 +248,16 @@ class SELayer(nn.Module):
         return x * y.expand_as(x)
 
 
+class SELayerBroadcast(SELayer):
+    """The same gate ending in ``x * y``, broadcasting y of [b, c, 1, 1] (as other ports write it)."""
+
+    def forward(self, x):
+        b, c, _, _ = x.size()
+        y = self.avg_pool(x).view(b, c)
+        y = self.fc(y).view(b, c, 1, 1)
+        return x * y
+
+
 class SEConvLayer(nn.Module):
     """The same gate with 1x1 convs on the pooled [N, C, 1, 1] map (timm's SEModule): no view."""
 
@@ -303,7 +313,7 @@ class SEResNet(nn.Module):
 
     def __init__(self, widths=(8, 16, 32), blocks=(1, 1, 1), num_classes=5, reduction=4, se_layer="linear"):
         super().__init__()
-        self.se_layer = SELayer if se_layer == "linear" else SEConvLayer
+        self.se_layer = {"linear": SELayer, "linear_broadcast": SELayerBroadcast, "conv": SEConvLayer}[se_layer]
         self.inplane = widths[0]
         self.conv1 = nn.Conv2d(3, self.inplane, kernel_size=3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(self.inplane)
@@ -719,6 +729,19 @@ class StdConv2d(nn.Conv2d):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class StdConv2dBatchNorm(nn.Conv2d):
+    """timm's StdConv2d: the standardization as a batch_norm over the weight's [1, out, in * k * k] view."""
+
+    def __init__(self, *args, eps=1e-6, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.eps = eps
+
+    def forward(self, x):
+        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0,
+                              eps=self.eps).reshape_as(self.weight)
+        return F.conv2d(x, weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
 class StdConv2dMeanVar(nn.Conv2d):
     """The same standardization with mean and var as separate calls (as in many ports of BiT)."""
 
@@ -762,7 +785,7 @@ class PreActBottleneck(nn.Module):
 class ResNetV2(nn.Module):
     def __init__(self, block_units=(1, 1), wf=1, num_classes=5, conv="var_mean"):
         super().__init__()
-        conv = StdConv2d if conv == "var_mean" else StdConv2dMeanVar
+        conv = {"var_mean": StdConv2d, "mean_var": StdConv2dMeanVar, "batch_norm": StdConv2dBatchNorm}[conv]
         self.root = nn.Sequential(OrderedDict([
             ("conv", conv(3, 8 * wf, kernel_size=7, stride=2, padding=3, bias=False)),
             ("pad", nn.ConstantPad2d(1, 0)),
