@@ -83,7 +83,7 @@ def line_of(text: str) -> str:
 def at(line: str) -> tuple[str, str]:
     """``FILE:LINE: error: WHAT (fix: ...)`` of zoo_nets.py -> (LINE, "error: WHAT")."""
     match = re.match(r"(.*):(\d+): (error: .*?) \(fix: ", line)
-    assert match and Path(match.group(1)) == SOURCE, line
+    assert match and Path(match.group(1)).resolve() == SOURCE.resolve(), line
     return match.group(2), match.group(3)
 
 
@@ -132,6 +132,22 @@ def test_nf_resnet_scalar_skipinit_gain_is_refused_by_the_spec_not_at_a_source_l
     assert len(lines) == 1, lines
     assert re.match(r"<traced spec>:\d+:\d+: error: shape of 'stages_0_skipinit_gain' has 0 dimensions; "
                     r"symgrad supports 1 to 8", lines[0]), lines
+
+
+def test_grid_attention_gate_as_its_authors_write_it_is_refused_at_each_line_never_frozen():
+    """Oktay et al.'s grid attention gate: ``sigm_psi_f.expand_as(x) * x`` is refused first, alone, at its line
+    (shared by both gates); written ``sigm_psi_f * x``, each of its two ``F.interpolate(..., size=...)``
+    sized from the input is refused at its own line, never frozen at the traced size."""
+    lines = refusal(zoo_nets.GridAttentionUNet(), {"inputs": (2, 1, 16, 16)}, "mse_loss")
+    assert [at(line) for line in lines] == [(line_of("y = sigm_psi_f.expand_as(x) * x"), "error: 'expand_as' (in 2 "
+                                             "modules: attentionblock2, attentionblock1) is not an op symgrad can "
+                                             "differentiate")], lines
+    lines = refusal(zoo_nets.GridAttentionUNet(expand=False), {"inputs": (2, 1, 16, 16)}, "mse_loss")
+    places = [at(line)[0] for line in lines]
+    assert places == [line_of("phi_g = F.interpolate(self.phi(g), size=theta_x_size[2:]"),
+                      line_of("sigm_psi_f = F.interpolate(sigm_psi_f, size=input_size[2:]")], lines
+    assert all("'interpolate' (in 2 modules: attentionblock2, attentionblock1) argument size=" in line
+               and "it is computed from the input's size, which a spec cannot express" in line for line in lines), lines
 
 
 GENERATED_TEST_CASES = ["densenet", "res2net", "attention_unet"]

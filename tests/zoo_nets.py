@@ -1210,3 +1210,72 @@ class AttU_Net(nn.Module):
         d1 = self.Conv_1x1(d2)
 
         return d1
+
+
+# ----- Attention U-Net's grid attention gate as Oktay et al.'s own code writes it ------------------------
+class GridAttentionBlock2D(nn.Module):
+    """theta(x) strided by the sub-sample factor, phi(g) resized to it by ``size=theta_x.size()[2:]``, the
+    one-channel psi resized back to ``size=input_size[2:]``, ``sigm_psi_f.expand_as(x) * x``, then W."""
+
+    def __init__(self, in_channels, gating_channels, inter_channels=None, sub_sample_factor=(2, 2),
+                 mode="bilinear", expand=True):
+        super().__init__()
+        self.upsample_mode = mode
+        self.expand = expand
+        if inter_channels is None:
+            inter_channels = in_channels // 2
+            if inter_channels == 0:
+                inter_channels = 1
+        self.W = nn.Sequential(nn.Conv2d(in_channels, in_channels, kernel_size=1, stride=1, padding=0),
+                               nn.BatchNorm2d(in_channels))
+        self.theta = nn.Conv2d(in_channels, inter_channels, kernel_size=sub_sample_factor, stride=sub_sample_factor,
+                               padding=0, bias=False)
+        self.phi = nn.Conv2d(gating_channels, inter_channels, kernel_size=1, stride=1, padding=0, bias=True)
+        self.psi = nn.Conv2d(inter_channels, 1, kernel_size=1, stride=1, padding=0, bias=True)
+
+    def forward(self, x, g):
+        input_size = x.size()
+        batch_size = input_size[0]
+        assert batch_size == g.size(0)
+        theta_x = self.theta(x)
+        theta_x_size = theta_x.size()
+        phi_g = F.interpolate(self.phi(g), size=theta_x_size[2:], mode=self.upsample_mode)
+        f = F.relu(theta_x + phi_g, inplace=True)
+        sigm_psi_f = torch.sigmoid(self.psi(f))
+        sigm_psi_f = F.interpolate(sigm_psi_f, size=input_size[2:], mode=self.upsample_mode)
+        if self.expand:
+            y = sigm_psi_f.expand_as(x) * x
+        else:
+            y = sigm_psi_f * x
+        W_y = self.W(y)
+        return W_y, sigm_psi_f
+
+
+class GridAttentionUNet(nn.Module):
+    """Two levels of conv_block, gates on the skips gated by the coarser level, up by nn.Upsample."""
+
+    def __init__(self, img_ch=1, output_ch=1, widths=(8, 16, 32), expand=True):
+        super().__init__()
+        w1, w2, w3 = widths
+        self.maxpool = nn.MaxPool2d(kernel_size=2)
+        self.conv1 = conv_block(img_ch, w1)
+        self.conv2 = conv_block(w1, w2)
+        self.center = conv_block(w2, w3)
+        self.attentionblock2 = GridAttentionBlock2D(in_channels=w2, gating_channels=w3, inter_channels=w2,
+                                                    expand=expand)
+        self.attentionblock1 = GridAttentionBlock2D(in_channels=w1, gating_channels=w2, inter_channels=w1,
+                                                    expand=expand)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear")
+        self.up_concat2 = conv_block(w3 + w2, w2)
+        self.up_concat1 = conv_block(w2 + w1, w1)
+        self.final = nn.Conv2d(w1, output_ch, 1)
+
+    def forward(self, inputs):
+        conv1 = self.conv1(inputs)
+        conv2 = self.conv2(self.maxpool(conv1))
+        center = self.center(self.maxpool(conv2))
+        g_conv2, att2 = self.attentionblock2(conv2, center)
+        up2 = self.up_concat2(torch.cat([g_conv2, self.up(center)], 1))
+        g_conv1, att1 = self.attentionblock1(conv1, up2)
+        up1 = self.up_concat1(torch.cat([g_conv1, self.up(up2)], 1))
+        return self.final(up1)
