@@ -134,6 +134,19 @@ def test_nf_resnet_scalar_skipinit_gain_is_refused_by_the_spec_not_at_a_source_l
                     r"symgrad supports 1 to 8", lines[0]), lines
 
 
+def test_efficientnet_stochastic_depth_is_refused_in_train_mode_and_goes_through_in_eval_mode():
+    """timm's drop_path, ``x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep).div_(keep)``: a random mask in
+    train mode is refused (never frozen into the spec), today as two unknown ops on the one line; in eval
+    mode the branch is not taken and the network goes through."""
+    lines = refusal(zoo_nets.EfficientNet(drop_path_rate=0.2), {"x": (2, 3, 32, 32)})
+    line = line_of(".bernoulli_(keep).div_(keep)")
+    assert [at(text) for text in lines] == [
+        (line, "error: 'new_empty' (in blocks.1.1) is not an op symgrad can differentiate"),
+        (line, "error: 'bernoulli_' (in blocks.1.1) is not an op symgrad can differentiate")], lines
+    case = Case(zoo_nets.EfficientNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER, {"drop_path_rate": 0.2})
+    matches_autograd("efficientnet_b0_drop_path", case, "eval")
+
+
 def test_grid_attention_gate_as_its_authors_write_it_is_refused_at_each_line_never_frozen():
     """Oktay et al.'s grid attention gate: ``sigm_psi_f.expand_as(x) * x`` is refused first, alone, at its line
     (shared by both gates); written ``sigm_psi_f * x``, each of its two ``F.interpolate(..., size=...)``

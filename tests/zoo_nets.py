@@ -582,7 +582,7 @@ class MBConv(nn.Module):
 
 
 class EfficientNet(nn.Module):
-    def __init__(self, num_classes=5, stem_chs=8, num_features=32):
+    def __init__(self, num_classes=5, stem_chs=8, num_features=32, drop_path_rate=0.0):
         super().__init__()
         # (kernel, stride, exp_ratio, out_chs, repeats): B0's first three stages, narrowed
         arch = [(3, 1, 1, 8, 1), (3, 2, 6, 12, 2), (5, 2, 6, 16, 1)]
@@ -590,11 +590,14 @@ class EfficientNet(nn.Module):
         self.bn1 = nn.BatchNorm2d(stem_chs)
         self.act1 = nn.SiLU(inplace=True)
         blocks, in_chs = [], stem_chs
+        total, index = sum(repeats for *_, repeats in arch), 0
         for kernel, stride, exp_ratio, out_chs, repeats in arch:
             stage = []
             for i in range(repeats):
-                stage.append(MBConv(in_chs, out_chs, kernel, stride if i == 0 else 1, exp_ratio))
+                stage.append(MBConv(in_chs, out_chs, kernel, stride if i == 0 else 1, exp_ratio,
+                                    drop_path_rate=drop_path_rate * index / total))
                 in_chs = out_chs
+                index += 1
             blocks.append(nn.Sequential(*stage))
         self.blocks = nn.Sequential(*blocks)
         self.conv_head = nn.Conv2d(in_chs, num_features, 1, bias=False)
