@@ -26,6 +26,11 @@ RESTORATION = ("mse_loss",)
 CASES = {
     # a list of features handed to each dense layer and torch.cat-ed; avg-pool transitions; F.adaptive_avg_pool2d
     "densenet": Case(zoo_nets.DenseNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
+    # memory_efficient=True: torchvision's any_requires_grad sends each bottleneck through torch.utils.checkpoint
+    # when its inputs need grad, which they do not while tracing (that branch is not what is traced), and do in
+    # the check: autograd's reference goes through the checkpoints
+    "densenet_memory_efficient": Case(zoo_nets.DenseNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)},
+                                      CLASSIFIER, {"memory_efficient": True}),
     # torchvision's Bottleneck: `out += identity`, the downsample Sequential, _make_layer, torch.flatten
     "resnet50": Case(zoo_nets.ResNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     # the same with grouped 3x3 convs (groups=4, width_per_group=32)

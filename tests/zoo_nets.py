@@ -14,12 +14,13 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint as cp
 from torch import Tensor
 
 
 # ----- DenseNet-121 (Huang et al. 2017), torchvision's layout ----------------------------------------
 class _DenseLayer(nn.Module):
-    def __init__(self, num_input_features, growth_rate, bn_size, drop_rate=0.0):
+    def __init__(self, num_input_features, growth_rate, bn_size, drop_rate=0.0, memory_efficient=False):
         super().__init__()
         self.norm1 = nn.BatchNorm2d(num_input_features)
         self.relu1 = nn.ReLU(inplace=True)
@@ -28,18 +29,34 @@ class _DenseLayer(nn.Module):
         self.relu2 = nn.ReLU(inplace=True)
         self.conv2 = nn.Conv2d(bn_size * growth_rate, growth_rate, kernel_size=3, stride=1, padding=1, bias=False)
         self.drop_rate = float(drop_rate)
+        self.memory_efficient = memory_efficient
 
     def bn_function(self, inputs):
         concated_features = torch.cat(inputs, 1)
         bottleneck_output = self.conv1(self.relu1(self.norm1(concated_features)))
         return bottleneck_output
 
+    def any_requires_grad(self, input):
+        for tensor in input:
+            if tensor.requires_grad:
+                return True
+        return False
+
+    def call_checkpoint_bottleneck(self, input):
+        def closure(*inputs):
+            return self.bn_function(inputs)
+
+        return cp.checkpoint(closure, *input, use_reentrant=False)
+
     def forward(self, input):
         if isinstance(input, Tensor):
             prev_features = [input]
         else:
             prev_features = input
-        bottleneck_output = self.bn_function(prev_features)
+        if self.memory_efficient and self.any_requires_grad(prev_features):
+            bottleneck_output = self.call_checkpoint_bottleneck(prev_features)
+        else:
+            bottleneck_output = self.bn_function(prev_features)
         new_features = self.conv2(self.relu2(self.norm2(bottleneck_output)))
         if self.drop_rate > 0:
             new_features = F.dropout(new_features, p=self.drop_rate, training=self.training)
@@ -47,10 +64,10 @@ class _DenseLayer(nn.Module):
 
 
 class _DenseBlock(nn.ModuleDict):
-    def __init__(self, num_layers, num_input_features, bn_size, growth_rate, drop_rate=0.0):
+    def __init__(self, num_layers, num_input_features, bn_size, growth_rate, drop_rate=0.0, memory_efficient=False):
         super().__init__()
         for i in range(num_layers):
-            layer = _DenseLayer(num_input_features + i * growth_rate, growth_rate, bn_size, drop_rate)
+            layer = _DenseLayer(num_input_features + i * growth_rate, growth_rate, bn_size, drop_rate, memory_efficient)
             self.add_module("denselayer%d" % (i + 1), layer)
 
     def forward(self, init_features):
@@ -74,7 +91,7 @@ class DenseNet(nn.Module):
     """DenseNet-BC: 7x7 stem, max-pool, dense blocks joined by compressing transitions, final norm."""
 
     def __init__(self, growth_rate=8, block_config=(2, 2, 2), num_init_features=16, bn_size=2, drop_rate=0.0,
-                 num_classes=5):
+                 num_classes=5, memory_efficient=False):
         super().__init__()
         self.features = nn.Sequential(OrderedDict([
             ("conv0", nn.Conv2d(3, num_init_features, kernel_size=7, stride=2, padding=3, bias=False)),
@@ -85,7 +102,7 @@ class DenseNet(nn.Module):
         num_features = num_init_features
         for i, num_layers in enumerate(block_config):
             block = _DenseBlock(num_layers=num_layers, num_input_features=num_features, bn_size=bn_size,
-                                growth_rate=growth_rate, drop_rate=drop_rate)
+                                growth_rate=growth_rate, drop_rate=drop_rate, memory_efficient=memory_efficient)
             self.features.add_module("denseblock%d" % (i + 1), block)
             num_features = num_features + num_layers * growth_rate
             if i != len(block_config) - 1:
