@@ -148,7 +148,8 @@ def test_efficientnet_stochastic_depth_is_refused_in_train_mode_and_goes_through
     assert [at(text) for text in lines] == [
         (line, "error: 'new_empty' (in blocks.1.1) is not an op symgrad can differentiate"),
         (line, "error: 'bernoulli_' (in blocks.1.1) is not an op symgrad can differentiate")], lines
-    case = Case(zoo_nets.EfficientNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER, {"drop_path_rate": 0.2})
+    case = Case(zoo_nets.EfficientNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
+                {"drop_path_rate": 0.2})
     matches_autograd("efficientnet_b0_drop_path", case, "eval")
 
 
