@@ -110,6 +110,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("var", lambda x: (x - x.mean(1, keepdim=True)) / (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt(), X),
     ("var", lambda x: torch.var(x, dim=(2, 3)), X),
     ("std", lambda x: x / x.std(-1, keepdim=True), X),
+    ("var", lambda x: (lambda v, m: (x - m) / (v + 1e-5).sqrt())(*torch.var_mean(x, dim=1, keepdim=True)), X),
+    ("std", lambda x: (lambda s, m: (x - m) / s)(*torch.std_mean(x, dim=(2, 3), keepdim=True, correction=0)), X),
     ("normalize", lambda x: F.normalize(x.flatten(2), dim=-1), X),  # Restormer's queries and keys
     ("normalize", lambda x: torch.nn.functional.normalize(x), X),
     ("softmax", lambda x: F.softmax(x, dim=-1), X),

@@ -327,6 +327,8 @@ class SpecBuilder:
             self.expand(call)
         elif name in ("repeat", "tile"):
             self.repeat(call)
+        elif name in ("var_mean", "std_mean"):
+            self.statistic_and_mean(call)
         elif name == "permute":
             self.layer("permute", {"input": call.arguments[0], "dims": list(_sizes(call, "dims"))}, call)
         elif name in TRANSPOSES or name in ("mT", "T", "t"):
@@ -660,6 +662,8 @@ class SpecBuilder:
         ``b, c, h, w = x.shape``), ``{like: x, dims: [2, 3]}`` for a product of two or more of x's dims aligned
         with the entry's place from the end or the start (``h * w`` last), most recent reads first; else the number,
         which the second run, at other and unequal sizes, refuses if it follows the input."""
+        if size == 1:  # a literal 1 (view(b, c, 1, 1)), even where a map happens to be 1x1 when traced
+            return size
         named = [(other, found) for other in reversed(self.sizes_read) if isinstance(found := self.node(other), str)]
         for other, found in named:
             if other.dim() == rank and other.shape[position] == size:
@@ -797,6 +801,24 @@ class SpecBuilder:
         if call.name == "tile" and len(counts) < source.dim():
             counts = [1] * (source.dim() - len(counts)) + counts
         self.layer("repeat", {"input": source, "counts": counts}, call)
+
+    def statistic_and_mean(self, call: Call) -> None:
+        """``torch.var_mean(w, dim, unbiased / correction, keepdim)`` (BiT's weight standardization) and
+        ``std_mean``: a var (or std) layer for the first result and a mean layer for the second."""
+        bound = dict(zip(("input", "dim", "unbiased", "keepdim"), call.arguments)) | call.keywords
+        source, results = bound.pop("input", None), call.result
+        if not isinstance(source, torch.Tensor) or not isinstance(results, tuple) or len(results) != 2:
+            return self.unknown(call)
+        dims = bound.get("dim")
+        dims = None if dims is None else [dims] if isinstance(dims, int) else list(dims)
+        keepdim = bool(bound.get("keepdim", False))
+        statistic = {"input": source, "dim": dims, "keepdim": keepdim}
+        for key in ("unbiased", "correction"):
+            if bound.get(key) is not None:
+                statistic[key] = bound[key] if key == "unbiased" else int(bound[key])
+        self.layer(call.name.split("_")[0], statistic, dataclasses.replace(call, result=results[0]))
+        mean = {"input": source, "dim": dims if dims is not None else list(range(source.dim())), "keepdim": keepdim}
+        self.layer("mean", mean, dataclasses.replace(call, result=results[1]))
 
     def unknown(self, call: Call) -> None:
         tensors = [a for a in _flat(call.arguments, call.keywords) if isinstance(a, torch.Tensor)]
