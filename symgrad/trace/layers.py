@@ -25,7 +25,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import check_identifier
-from .recorder import Call
+from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
     """PyTorch's positional argument names of the op ``torch.nn.functional.<op>`` or ``torch.<op>``:
@@ -121,19 +121,23 @@ class Problem:
 
 
 def report(problems: list[Problem]) -> list[str]:
-    """One line per source line and op, in the order first met, naming the module instances that share it
-    (``(in 6 modules: layer1.0, layer1.1, layer1.2, ...)``); every line is kept."""
-    groups: dict[tuple[str, str], list[Problem]] = {}
+    """One line per source line, in the order first met, naming the module instances that share it
+    (``(in 6 modules: layer1.0, layer1.1, layer1.2, ...)``); where one line holds several refused calls
+    (``x.new_empty(...).bernoulli_(p)``), the others follow on the same line. Every source line is kept."""
+    groups: dict[str, dict[str, list[Problem]]] = {}
     for problem in problems:
-        groups.setdefault((problem.where, problem.op), []).append(problem)
+        groups.setdefault(problem.where, {}).setdefault(problem.op, []).append(problem)
     lines = []
-    for group in groups.values():
-        modules = list(dict.fromkeys(problem.module for problem in group if problem.module))
-        first = group[0]
-        if len(modules) > 1:
-            shown = ", ".join(modules[:3]) + (", ..." if len(modules) > 3 else "")
-            first = Problem(first.where, f"{len(modules)} modules: {shown}", first.op, first.what, first.fix)
-        lines.append(str(first))
+    for by_op in groups.values():
+        texts = []
+        for group in by_op.values():
+            modules = list(dict.fromkeys(problem.module for problem in group if problem.module))
+            first = group[0]
+            if len(modules) > 1:
+                shown = ", ".join(modules[:3]) + (", ..." if len(modules) > 3 else "")
+                first = Problem(first.where, f"{len(modules)} modules: {shown}", first.op, first.what, first.fix)
+            texts.append(str(first))
+        lines.append(texts[0] + "".join("; on the same line, " + text.split(": error: ", 1)[1] for text in texts[1:]))
     return lines
 
 
@@ -821,6 +825,10 @@ class SpecBuilder:
         self.layer("mean", mean, dataclasses.replace(call, result=results[1]))
 
     def unknown(self, call: Call) -> None:
+        if call.name in RANDOM:  # timm's drop_path: x.new_empty(...).bernoulli_(keep) in training mode
+            return self.fail(call, "draws random numbers, which a spec cannot hold (stochastic depth and dropout "
+                             "are random in training mode only)", "trace the model in eval mode (--eval), or turn "
+                             "the randomness off (drop_path_rate=0)")
         tensors = [a for a in _flat(call.arguments, call.keywords) if isinstance(a, torch.Tensor)]
         reads_traced = any(id(t) in self.names or id(t) in self.poison or id(t) in self.sources for t in tensors)
         what = ("is not an op symgrad can differentiate" if reads_traced
