@@ -71,7 +71,7 @@ def _lines(scheduled: list[Scheduled]) -> list[Line]:
 
 def _is_mask(statement) -> bool:
     """A saved ReLU-style mask (``mask_<node>``): kept as bool, a quarter of a float's memory."""
-    return statement.target.name.startswith("mask_")
+    return statement.local_kind == "mask"
 
 
 @dataclass

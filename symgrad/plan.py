@@ -286,9 +286,8 @@ def _step_numbers(program: Program, lines: list[Statement]) -> list[int | None]:
             by_source.setdefault(source, number)
     numbers = []
     for statement in lines:
-        name = statement.target.name
-        if name.startswith("grad_") and name[5:] in by_source:
-            numbers.append(by_source[name[5:]])
+        if statement.gradient_of in by_source:
+            numbers.append(by_source[statement.gradient_of])
         else:
             numbers.append(by_node.get(statement.node))
     return numbers

@@ -15,6 +15,7 @@ computed once.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -34,6 +35,10 @@ class Statement:
     comment: str = ""
     math: sympy.Expr | None = None
     """How the docs write the value, where it differs from the code."""
+    gradient_of: str | None = None
+    """The node or input whose gradient this line computes (``grad_h``: ``h``); None for other values."""
+    local_kind: str | None = None
+    """For a value a rule named (``node.local``): its kind (``mask`` for a ReLU's step, ``local``, ...)."""
 
 
 @dataclass
@@ -94,7 +99,7 @@ def derive(graph: Graph, fused: bool = False) -> Program:
             else:
                 consumer, operand, _ = incoming[0]
                 comment = f"{consumer.name} = {_describe(graph, consumer)}: pulled back to its {operand}"
-            backward.append(Statement(grad, value, node.name, comment))
+            backward.append(Statement(grad, value, node.name, comment, gradient_of=node.name))
         else:
             continue
         if node.kind == "input":
@@ -109,7 +114,8 @@ def derive(graph: Graph, fused: bool = False) -> Program:
         if missing:  # a rule that cannot differentiate an operand must say so, never drop it
             raise NotImplementedError(f"rule {node.rule.op} gave no gradient for {sorted(missing)}")
         for symbol, value in symbols.locals:
-            backward.append(Statement(symbol, value, node.name, symbols.notes.get(symbol, f"local gradient of {node.name}")))
+            backward.append(Statement(symbol, value, node.name, symbols.notes.get(symbol, f"local gradient of {node.name}"),
+                                      local_kind=symbols.kinds[symbol]))
         for operand in sorted(pulled, key=list(node.operands).index):
             source = node.operands[operand]
             contributions.setdefault(source, []).append((node, operand, pulled[operand]))
@@ -137,7 +143,7 @@ def _forward_statements(graph: Graph, fused: bool = False) -> list[Statement]:
         symbols.fused = fused
         result = node.rule.forward(symbols)
         for symbol, value in symbols.locals:
-            statements.append(Statement(symbol, value, node.name))
+            statements.append(Statement(symbol, value, node.name, local_kind=symbols.kinds[symbol]))
         statements.append(Statement(tensor(node.name), result.value, node.name,
                                     f"spec line {node.location.line}", result.math))
     return statements
@@ -187,7 +193,7 @@ def _share_common_subexpressions(statements: list[Statement]) -> list[Statement]
         for symbol in sorted(needed, key=order.__getitem__):  # in cse's order, each before its first reader
             result.append(Statement(symbol, definitions[symbol], statement.node, "shared by several gradients"))
             defined.add(symbol)
-        result.append(Statement(statement.target, value, statement.node, statement.comment, statement.math))
+        result.append(dataclasses.replace(statement, value=value))
     return result
 
 

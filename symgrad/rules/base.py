@@ -218,6 +218,8 @@ class NodeSymbols:
     locals: list[tuple[sympy.Symbol, sympy.Expr]] = field(default_factory=list)
     notes: dict[sympy.Symbol, str] = field(default_factory=dict)
     """What a local is, for the comment above it in the emitted code."""
+    kinds: dict[sympy.Symbol, str] = field(default_factory=dict)
+    """Each local's kind (``mask``, ``local``, ...), which the planner reads (a mask is kept as bool)."""
     fused: bool = False
     """Derive for speed: a rule may then use one fused kernel where the readable form uses several."""
 
@@ -232,6 +234,7 @@ class NodeSymbols:
         if any(existing == symbol for existing, _ in self.locals):
             raise ValueError(f"rule names two locals {symbol}: one would overwrite the other")
         self.locals.append((symbol, value))
+        self.kinds[symbol] = kind
         if note:
             self.notes[symbol] = note
         return symbol
