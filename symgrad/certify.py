@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from .check import module_from_source
+from .rules import CERTIFICATE_CASES
 
 
 @dataclass(frozen=True)
@@ -182,65 +183,10 @@ def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Te
 # Every other linear or bilinear rule, against PyTorch's own forward
 # --------------------------------------------------------------------------------------------
 
-_F = torch.nn.functional
 
 
-LINEAR_CASES = [
-    ("conv_transpose2d", {"x": (1, 2, 3, 3), "w": (2, 2, 2, 2)},
-     {"op": "conv_transpose2d", "weight": "w", "stride": 2, "padding": 1, "output_padding": 1}, ("x", "w")),
-    ("conv_transpose1d", {"x": (1, 2, 3), "w": (2, 1, 2)},
-     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "dilation": 3, "output_padding": 2, "groups": 2}, ("x", "w")),
-    ("conv_transpose3d", {"x": (1, 1, 2, 2, 2), "w": (1, 2, 2, 1, 2)},
-     {"op": "conv_transpose3d", "weight": "w", "stride": [2, 1, 2], "padding": [1, 0, 0]}, ("x", "w")),
-    ("avg_pool2d", {"x": (1, 2, 5, 5)}, {"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "padding": 1}, ("x",)),
-    ("avg_pool1d", {"x": (1, 1, 7)}, {"op": "avg_pool1d", "kernel_size": 2}, ("x",)),
-    ("avg_pool3d", {"x": (1, 1, 3, 4, 3)}, {"op": "avg_pool3d", "kernel_size": [2, 2, 1], "stride": [1, 2, 1]}, ("x",)),
-    ("avg_pool2d (ceil_mode, padding not counted)", {"x": (1, 1, 5, 7)},  # ragged last window along W
-     {"op": "avg_pool2d", "kernel_size": 2, "stride": [2, 3], "padding": [1, 0], "ceil_mode": True, "count_include_pad": False}, ("x",)),
-    ("avg_pool1d (ceil_mode)", {"x": (1, 2, 8)},  # 4 windows, the last one ragged (floor mode: 3)
-     {"op": "avg_pool1d", "kernel_size": 3, "stride": 2, "ceil_mode": True}, ("x",)),
-    ("avg_pool3d (divisor_override)", {"x": (1, 1, 3, 3, 4)},
-     {"op": "avg_pool3d", "kernel_size": 2, "stride": [1, 2, 2], "padding": [0, 1, 1], "ceil_mode": True, "divisor_override": 3}, ("x",)),
-    ("pad", {"x": (1, 2, 3)}, {"op": "pad", "pad": [1, 2]}, ("x",)),
-    ("pad (crop)", {"x": (1, 2, 4)}, {"op": "pad", "pad": [-1, 1, 1, 0]}, ("x",)),
-    ("pad reflect", {"x": (1, 2, 4, 3)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "reflect"}, ("x",)),
-    ("pad replicate", {"x": (1, 2, 3, 3)}, {"op": "pad", "pad": [0, 2, 3, 1], "mode": "replicate"}, ("x",)),
-    ("pad circular", {"x": (2, 3, 2)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "circular"}, ("x",)),
-    ("conv2d padding='same', even kernel (asymmetric)", {"x": (1, 2, 3, 4), "w": (2, 2, 2, 3)},
-     {"op": "conv2d", "weight": "w", "padding": "same", "dilation": [1, 2]}, ("x", "w")),
-    ("conv2d (unbatched)", {"x": (2, 4, 3), "w": (2, 1, 2, 2)},
-     {"op": "conv2d", "weight": "w", "stride": [2, 1], "padding": 1, "groups": 2}, ("x", "w")),
-    ("conv_transpose1d (unbatched)", {"x": (2, 3), "w": (2, 2, 2)},
-     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1}, ("x", "w")),
-    ("pixel_shuffle", {"x": (1, 4, 2, 3)}, {"op": "pixel_shuffle", "upscale_factor": 2}, ("x",)),
-    ("pixel_unshuffle", {"x": (1, 1, 4, 2)}, {"op": "pixel_unshuffle", "downscale_factor": 2}, ("x",)),
-    ("expand", {"x": (2, 1, 3)}, {"op": "expand", "shape": [2, 2, 2, -1]}, ("x",)),
-    ("repeat", {"x": (2, 3)}, {"op": "repeat", "counts": [2, 1, 2]}, ("x",)),
-    ("stack (second input)", {"x": (2, 3), "v": (2, 3)}, {"op": "stack", "in": ["x", "v"], "dim": 1}, ("v",)),
-    ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
-    ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
-    ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
-    ("unsqueeze", {"x": (2, 3)}, {"op": "unsqueeze", "dim": 1}, ("x",)),
-    ("sum", {"x": (2, 3, 2)}, {"op": "sum", "dim": [1], "keepdim": True}, ("x",)),
-    ("mean", {"x": (2, 3, 2)}, {"op": "mean", "dim": [0, 2]}, ("x",)),
-    ("squeeze", {"x": (2, 1, 3)}, {"op": "squeeze", "dim": -2}, ("x",)),
-    ("narrow", {"x": (2, 5, 3)}, {"op": "narrow", "dim": 1, "start": 1, "length": 3}, ("x",)),
-    ("interpolate", {"x": (1, 2, 2, 3)}, {"op": "interpolate", "scale_factor": [2, 3]}, ("x",)),
-    ("interpolate bilinear", {"x": (1, 1, 3, 4)}, {"op": "interpolate", "scale_factor": 1.5, "mode": "bilinear"}, ("x",)),
-    ("interpolate bicubic", {"x": (1, 1, 3, 3)},
-     {"op": "interpolate", "size": [5, 4], "mode": "bicubic", "align_corners": True}, ("x",)),
-    ("interpolate linear", {"x": (1, 2, 5)}, {"op": "interpolate", "size": 3, "mode": "linear"}, ("x",)),
-    ("interpolate trilinear", {"x": (1, 1, 2, 3, 2)}, {"op": "interpolate", "scale_factor": [2, 1.5, 1], "mode": "trilinear"}, ("x",)),
-    ("interpolate area", {"x": (1, 1, 5, 4)}, {"op": "interpolate", "size": [3, 3], "mode": "area"}, ("x",)),
-    ("interpolate nearest-exact", {"x": (1, 1, 3, 4)}, {"op": "interpolate", "scale_factor": 1.5, "mode": "nearest-exact"}, ("x",)),
-    ("adaptive_avg_pool1d (unbatched)", {"x": (2, 7)}, {"op": "adaptive_avg_pool1d", "output_size": 3}, ("x",)),
-    ("adaptive_avg_pool2d", {"x": (1, 2, 5, 4)}, {"op": "adaptive_avg_pool2d", "output_size": [3, 3]}, ("x",)),
-    ("adaptive_avg_pool3d", {"x": (1, 1, 3, 4, 2)}, {"op": "adaptive_avg_pool3d", "output_size": [2, 3, None]}, ("x",)),
-    ("cat (first input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("x",)),
-    ("cat (second input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("v",)),
-    ("linear", {"x": (2, 3), "w": (2, 3)}, {"op": "linear", "weight": "w"}, ("x", "w")),
-    ("matmul", {"x": (2, 2, 3), "v": (2, 3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
-]
+LINEAR_CASES = CERTIFICATE_CASES
+"""Every linear rule's certificate cases, as its rule file declares them (``CERTIFICATES``)."""
 
 
 def _rational(values: list[float], label: str) -> list[sympy.Rational]:

@@ -1,7 +1,8 @@
 """The rule registry: every op symgrad can differentiate, by its ``torch.nn.functional`` name.
 
-Each module of this package declares its ops in a list ``RULES``; the registry collects every
-module's list, so adding an op is adding a rule to a module (or a new module) here and nothing else.
+Each module of this package declares its ops in a list ``RULES`` and, for its linear ops, the cases
+``symgrad certify`` proves in a list ``CERTIFICATES``; the registry collects every module's lists, so
+adding an op is adding a rule to a module (or a new module) here and nothing else.
 """
 
 from __future__ import annotations
@@ -12,20 +13,24 @@ import pkgutil
 from .base import Rule
 
 
-def _collect() -> tuple[dict[str, Rule], dict[str, Rule]]:
+def _collect() -> tuple[dict[str, Rule], dict[str, Rule], list[tuple]]:
     layers: dict[str, Rule] = {}
     losses: dict[str, Rule] = {}
+    certificates: list[tuple] = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
+        certificates += getattr(module, "CERTIFICATES", [])
         for rule in getattr(module, "RULES", ()):
             table = losses if rule.is_loss else layers
             if rule.op in layers or rule.op in losses:
                 raise ValueError(f"two rules declare the op {rule.op!r} (one in symgrad/rules/{info.name}.py)")
             table[rule.op] = rule
-    return layers, losses
+    return layers, losses, certificates
 
 
-LAYER_RULES, LOSS_RULES = _collect()
+LAYER_RULES, LOSS_RULES, CERTIFICATE_CASES = _collect()
+"""The ops by name, and each linear op's certificate cases (``symgrad certify``), as each rules module
+declares them in ``RULES`` and ``CERTIFICATES``."""
 
 
 def all_rules() -> list[Rule]:

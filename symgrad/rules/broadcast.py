@@ -117,3 +117,9 @@ class Repeat(Rule):
 
 
 RULES = [Expand(), Repeat()]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("expand", {"x": (2, 1, 3)}, {"op": "expand", "shape": [2, 2, 2, -1]}, ("x",)),
+    ("repeat", {"x": (2, 3)}, {"op": "repeat", "counts": [2, 1, 2]}, ("x",)),
+]

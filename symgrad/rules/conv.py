@@ -573,3 +573,19 @@ class TransposedConvolution(Convolution):
 
 RULES = [Convolution(1), Convolution(2), Convolution(3),
          TransposedConvolution(1), TransposedConvolution(2), TransposedConvolution(3)]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("conv_transpose2d", {"x": (1, 2, 3, 3), "w": (2, 2, 2, 2)},
+     {"op": "conv_transpose2d", "weight": "w", "stride": 2, "padding": 1, "output_padding": 1}, ("x", "w")),
+    ("conv_transpose1d", {"x": (1, 2, 3), "w": (2, 1, 2)},
+     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "dilation": 3, "output_padding": 2, "groups": 2}, ("x", "w")),
+    ("conv_transpose3d", {"x": (1, 1, 2, 2, 2), "w": (1, 2, 2, 1, 2)},
+     {"op": "conv_transpose3d", "weight": "w", "stride": [2, 1, 2], "padding": [1, 0, 0]}, ("x", "w")),
+    ("conv2d padding='same', even kernel (asymmetric)", {"x": (1, 2, 3, 4), "w": (2, 2, 2, 3)},
+     {"op": "conv2d", "weight": "w", "padding": "same", "dilation": [1, 2]}, ("x", "w")),
+    ("conv2d (unbatched)", {"x": (2, 4, 3), "w": (2, 1, 2, 2)},
+     {"op": "conv2d", "weight": "w", "stride": [2, 1], "padding": 1, "groups": 2}, ("x", "w")),
+    ("conv_transpose1d (unbatched)", {"x": (2, 3), "w": (2, 2, 2)},
+     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1}, ("x", "w")),
+]

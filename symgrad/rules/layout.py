@@ -314,3 +314,15 @@ class Cat(Rule):
 
 
 RULES = [Flatten(), Reshape(), Permute(), Unsqueeze(), Squeeze(), Narrow(), Cat()]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("flatten", {"x": (2, 3, 2)}, {"op": "flatten", "start_dim": 1}, ("x",)),
+    ("reshape", {"x": (2, 3, 2)}, {"op": "reshape", "shape": [3, -1]}, ("x",)),
+    ("permute", {"x": (2, 3, 2)}, {"op": "permute", "dims": [1, 2, 0]}, ("x",)),
+    ("unsqueeze", {"x": (2, 3)}, {"op": "unsqueeze", "dim": 1}, ("x",)),
+    ("squeeze", {"x": (2, 1, 3)}, {"op": "squeeze", "dim": -2}, ("x",)),
+    ("narrow", {"x": (2, 5, 3)}, {"op": "narrow", "dim": 1, "start": 1, "length": 3}, ("x",)),
+    ("cat (first input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("x",)),
+    ("cat (second input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("v",)),
+]

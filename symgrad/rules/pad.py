@@ -138,3 +138,12 @@ class Pad(Rule):
 
 
 RULES = [Pad()]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("pad", {"x": (1, 2, 3)}, {"op": "pad", "pad": [1, 2]}, ("x",)),
+    ("pad (crop)", {"x": (1, 2, 4)}, {"op": "pad", "pad": [-1, 1, 1, 0]}, ("x",)),
+    ("pad reflect", {"x": (1, 2, 4, 3)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "reflect"}, ("x",)),
+    ("pad replicate", {"x": (1, 2, 3, 3)}, {"op": "pad", "pad": [0, 2, 3, 1], "mode": "replicate"}, ("x",)),
+    ("pad circular", {"x": (2, 3, 2)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "circular"}, ("x",)),
+]

@@ -236,3 +236,16 @@ class MaxPool(AveragePool):
 
 
 RULES = [AveragePool(1), AveragePool(2), AveragePool(3), MaxPool(1), MaxPool(2), MaxPool(3)]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("avg_pool2d", {"x": (1, 2, 5, 5)}, {"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "padding": 1}, ("x",)),
+    ("avg_pool1d", {"x": (1, 1, 7)}, {"op": "avg_pool1d", "kernel_size": 2}, ("x",)),
+    ("avg_pool3d", {"x": (1, 1, 3, 4, 3)}, {"op": "avg_pool3d", "kernel_size": [2, 2, 1], "stride": [1, 2, 1]}, ("x",)),
+    ("avg_pool2d (ceil_mode, padding not counted)", {"x": (1, 1, 5, 7)},  # ragged last window along W
+     {"op": "avg_pool2d", "kernel_size": 2, "stride": [2, 3], "padding": [1, 0], "ceil_mode": True, "count_include_pad": False}, ("x",)),
+    ("avg_pool1d (ceil_mode)", {"x": (1, 2, 8)},  # 4 windows, the last one ragged (floor mode: 3)
+     {"op": "avg_pool1d", "kernel_size": 3, "stride": 2, "ceil_mode": True}, ("x",)),
+    ("avg_pool3d (divisor_override)", {"x": (1, 1, 3, 3, 4)},
+     {"op": "avg_pool3d", "kernel_size": 2, "stride": [1, 2, 2], "padding": [0, 1, 1], "ceil_mode": True, "divisor_override": 3}, ("x",)),
+]

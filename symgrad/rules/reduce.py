@@ -165,3 +165,9 @@ primitive("statistic", code=_statistic,
                                                 rf"\left({operands[0]}\right)"), tangent=_statistic_tangent)
 
 RULES = [Reduce("sum"), Reduce("mean"), Variance("var"), Variance("std")]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("sum", {"x": (2, 3, 2)}, {"op": "sum", "dim": [1], "keepdim": True}, ("x",)),
+    ("mean", {"x": (2, 3, 2)}, {"op": "mean", "dim": [0, 2]}, ("x",)),
+]

@@ -347,3 +347,20 @@ def _show_output_size(sizes: tuple) -> str:
 RULES = [PixelShuffle("pixel_shuffle", "upscale_factor", "pixel_unshuffle", "[N, C r², H, W] -> [N, C, H r, W r]"),
          PixelShuffle("pixel_unshuffle", "downscale_factor", "pixel_shuffle", "[N, C, H r, W r] -> [N, C r², H, W]"),
          Interpolate(), AdaptiveAveragePool(1), AdaptiveAveragePool(2), AdaptiveAveragePool(3)]
+
+
+CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
+    ("pixel_shuffle", {"x": (1, 4, 2, 3)}, {"op": "pixel_shuffle", "upscale_factor": 2}, ("x",)),
+    ("pixel_unshuffle", {"x": (1, 1, 4, 2)}, {"op": "pixel_unshuffle", "downscale_factor": 2}, ("x",)),
+    ("interpolate", {"x": (1, 2, 2, 3)}, {"op": "interpolate", "scale_factor": [2, 3]}, ("x",)),
+    ("interpolate bilinear", {"x": (1, 1, 3, 4)}, {"op": "interpolate", "scale_factor": 1.5, "mode": "bilinear"}, ("x",)),
+    ("interpolate bicubic", {"x": (1, 1, 3, 3)},
+     {"op": "interpolate", "size": [5, 4], "mode": "bicubic", "align_corners": True}, ("x",)),
+    ("interpolate linear", {"x": (1, 2, 5)}, {"op": "interpolate", "size": 3, "mode": "linear"}, ("x",)),
+    ("interpolate trilinear", {"x": (1, 1, 2, 3, 2)}, {"op": "interpolate", "scale_factor": [2, 1.5, 1], "mode": "trilinear"}, ("x",)),
+    ("interpolate area", {"x": (1, 1, 5, 4)}, {"op": "interpolate", "size": [3, 3], "mode": "area"}, ("x",)),
+    ("interpolate nearest-exact", {"x": (1, 1, 3, 4)}, {"op": "interpolate", "scale_factor": 1.5, "mode": "nearest-exact"}, ("x",)),
+    ("adaptive_avg_pool1d (unbatched)", {"x": (2, 7)}, {"op": "adaptive_avg_pool1d", "output_size": 3}, ("x",)),
+    ("adaptive_avg_pool2d", {"x": (1, 2, 5, 4)}, {"op": "adaptive_avg_pool2d", "output_size": [3, 3]}, ("x",)),
+    ("adaptive_avg_pool3d", {"x": (1, 1, 3, 4, 2)}, {"op": "adaptive_avg_pool3d", "output_size": [2, 3, None]}, ("x",)),
+]
