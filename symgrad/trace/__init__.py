@@ -7,11 +7,14 @@ module path (``layer1_0_conv1_weight``, ``bn1_running_mean``); tensors the funct
 module's globals or closure (the seed's ``k`` and ``y``), and the parameters of ``nn.Module``
 globals (``model_conv1_weight``), become inputs under those names.
 
-Sizes stay symbolic: the code runs a second time at other sizes (batch + 1, spatial sizes doubled,
+Sizes stay symbolic: the code runs a second time at other sizes (batch + 1 and oblong spatial sizes,
 falling back to fewer changes where the model refuses), and an argument that differs between the
 two runs, being computed from the input's size, is refused rather than frozen into the spec.
 Everything that cannot be traced is reported at once, one line each, with the user's file:line
 and module path.
+
+Longer than most modules because it is the whole driver: loading a target from a file, the runs, the
+refusals of value reads and timeouts, and the loss tail, each with its one-line error.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ by PyTorch's own positional order and kept only where they differ from the op's 
 A call that cannot become a layer does not stop the walk: its result is *poisoned* with the reason,
 and anything computed from it inherits the poison. Only reasons the loss depends on are reported,
 all at once, so a forward that logs ``x.norm()`` is not refused for it.
+
+The longest module: besides the table (computed from the registry), it holds one handler per family of
+calls that needs more than the table (views, slices, pieces, constants, sizes read at run time, loss
+tails), all methods of the one walk whose naming, poison and size-read state they share. Splitting
+them by family is the next step when the file grows again.
 """
 
 from __future__ import annotations
