@@ -77,6 +77,7 @@ def template_names() -> tuple[frozenset[str], frozenset[str]]:
     names, suffixes = set(), set()
     for raw in text.splitlines():
         suffixes.update(re.findall(r"\{\{ *\w+ *\}\}(_\w+) = ", raw))
+        suffixes.update(re.findall(r"\w+ ~ \"(_\w+) = ", raw))  # {{ (name ~ "_layout = ...") | fit(4) }}
         line = re.sub(r"\{\{.*?\}\}", "", raw).strip()  # what the template fills in is checked after rendering
         if match := re.match(r"(?:from \S+ )?import (.+)", line):
             names.update(part.split(" as ")[-1].strip().split(".")[0] for part in match.group(1).split(","))

@@ -61,11 +61,11 @@ REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward and gradients."""
 INPUT_KEYS = ("shape", "dtype", "source")
-SOURCE = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,31}\Z")
+SOURCE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,63}){0,31}\Z")
 """An input's ``source:``, the ``state_dict()`` key of the model parameter or buffer it was traced
 from (``layer1.0.conv1.weight``, ``0.weight`` for an nn.Sequential, ``block1-0.proj.0.weight`` for
-torchvision's RegNet, whose module names hold hyphens): dotted parts of letters, digits, ``_`` and ``-``,
-nothing else (it is written into the generated module inside double quotes)."""
+torchvision's RegNet, whose module names hold hyphens): dotted parts of letters, digits, ``_`` and ``-``
+(not first), nothing else (it is written into the generated module inside double quotes)."""
 DTYPES = ("float", "int64")
 """``int64`` inputs are class indices (the target of cross_entropy / nll_loss): never differentiated."""
 LOSS_STRUCTURE_KEYS = ("op", "in", "target", "reduction")

@@ -480,9 +480,12 @@ def test_per_sample_kernel_gradients_match_vmap_of_grad(text):
 def test_per_sample_products_run_as_soon_as_their_gradient_exists_and_free_it():
     """Each per-sample product is scheduled right after the output gradient it reads, which is then
     deleted, instead of every gradient living to the end of the function."""
-    source = (ROOT / "generated" / "seed3_conv_relu_conv.py").read_text()
-    body = source[source.index("def per_sample_gradients"):source.index("return PerSampleGradients")].splitlines()
-    lines = [line.strip() for line in body if line.strip()]
+    import ast
+
+    tree = ast.parse((ROOT / "generated" / "seed3_conv_relu_conv.py").read_text())
+    function = next(node for node in tree.body if getattr(node, "name", "") == "per_sample_gradients")
+    lines = [ast.unparse(statement) for statement in function.body[:-1]  # statements, however each is wrapped
+             if not isinstance(statement, ast.Expr)]  # (not the docstring)
     product = next(i for i, line in enumerate(lines) if line.startswith("per_sample_grad_w2 ="))
     assert lines[product - 2].startswith("grad_conv2 =")  # made, its forward inputs freed, then read at once
     assert lines[product + 1].startswith("grad_relu1 =") and lines[product + 2] == "del grad_conv2"

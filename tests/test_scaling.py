@@ -32,11 +32,12 @@ def _calls(pairs: int) -> int:
 
 @pytest.mark.slow  # builds 50-, 100- and 200-pair chains; CI runs it
 def test_generation_work_grows_linearly_with_depth():
-    """The work added by going from 200 to 400 layers is about twice that from 100 to 200 (a quadratic
-    step makes it four times: before the fix the ratio was 3.1)."""
+    """The work added by going from 200 to 400 layers is at most about twice that from 100 to 200 (a
+    quadratic step makes it four times: before the fix the ratio was 3.1). It may be less: the test-shape
+    solver's rounds do not grow with the chain (1.4 measured when sizes read at run time came in)."""
     small, medium, large = (_calls(pairs) for pairs in (50, 100, 200))
     ratio = (large - medium) / (medium - small)
-    assert 1.5 < ratio < 2.5, (small, medium, large, ratio)
+    assert 1.0 < ratio < 2.5, (small, medium, large, ratio)
 
 
 def _residual_chain(pairs: int) -> str:

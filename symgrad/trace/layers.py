@@ -683,8 +683,8 @@ class SpecBuilder:
                 for length in range(2, other.dim() + 1):  # one dim elsewhere than its place: a coincidence
                     start = other.dim() - from_end - length if aligned_end else position
                     dims = list(range(start, start + length))
-                    if start < 0 or dims[-1] >= other.dim():
-                        continue
+                    if start < 0 or dims[-1] >= other.dim() or (start == 0 and position != 0):
+                        continue  # the batch merged into a later entry: a coincidence (b * c == features)
                     if math.prod(other.shape[dim] for dim in dims) == size:
                         return {"like": found, "dims": dims}
         return size
