@@ -110,14 +110,16 @@ def refusal(model: torch.nn.Module, shapes: dict, loss: str = "cross_entropy") -
     return str(caught.value).splitlines()
 
 
-def test_nf_resnet_scalar_skipinit_gain_is_refused_by_the_spec_not_at_a_source_line():
-    """timm's NF-ResNet with skipinit: ``nn.Parameter(torch.tensor(0.))``, a 0-dim parameter, which the spec
-    refuses (shapes of 1 to 8 dims); the refusal points into the traced spec, not at the model's line
+def test_nf_resnet_scalar_skipinit_gain_is_refused_at_the_line_that_reads_it():
+    """timm's NF-ResNet with skipinit: ``nn.Parameter(torch.tensor(0.))``, a 0-dim parameter, which a spec
+    cannot hold (shapes of 1 to 8 dims): refused once at the line that multiplies by it, with a fix
     (``nf_resnet`` is timm's default, skipinit=False)."""
     lines = refusal(zoo_nets.NFResNet(skipinit=True), {"x": (2, 3, 32, 32)})
     assert len(lines) == 1, lines
-    assert re.match(r"<traced spec>:\d+:\d+: error: shape of 'stages_0_skipinit_gain' has 0 dimensions; "
-                    r"symgrad supports 1 to 8", lines[0]), lines
+    line, what = at(lines[0])
+    assert line == line_of("out.mul_(self.skipinit_gain)"), lines
+    assert "reads 'stages_0_skipinit_gain', a 0-dim parameter or buffer" in what, lines
+    assert "nn.Parameter(torch.zeros(1))" in lines[0], lines
 
 
 def test_efficientnet_stochastic_depth_is_refused_in_train_mode_and_goes_through_in_eval_mode():

@@ -440,6 +440,14 @@ class SpecBuilder:
                     found = frozenset({len(self.problems) - 1})
                 reasons.update(found)
                 return None
+            if value.dim() == 0 and found in self.source_names:  # timm's skipinit gain, nn.Parameter(torch.tensor(0.))
+                self.problems.append(Problem(call.where, call.module, call.name,
+                                             f"reads '{found}', a 0-dim parameter or buffer, which a spec cannot hold "
+                                             "(its tensors have 1 to 8 dims)",
+                                             "make it a one-element tensor, e.g. nn.Parameter(torch.zeros(1)): it "
+                                             "broadcasts the same way"))
+                reasons.add(len(self.problems) - 1)
+                return None
             return found
         return value
 
