@@ -1,0 +1,86 @@
+"""Every architecture the suite traces, end to end as a user runs it: trace (train mode), generate, and
+run the generated test file in a fresh process; a Markdown table of the times and results.
+
+    python -m benchmarks.architectures [--only LABEL ...] [--output FILE]
+
+The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``), traced at
+their cases' sizes; the gradients' agreement with autograd through the original modules is the suite's
+job (``tests/test_trace_models.py`` and the zoo tests), this only times the user's path and runs each
+module's own tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cases() -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.test_trace_models import CASES as MODELS
+    from tests.test_trace_zoo import CASES as ZOO
+    from tests.test_trace_zoo_nets import CASES as NETS
+    return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS}
+
+
+def run(label: str, case, folder: Path) -> dict:
+    from symgrad.pipeline import build_text
+    from symgrad.trace import LossChoice, trace
+
+    loss = {"half_sq_error_function": "mse_loss", "nll_loss": "cross_entropy"}.get(case.losses[0], case.losses[0])
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    row = {"label": label, "traced": ", ".join(f"{key}={list(shape)}" for key, shape in case.traced.items())}
+    start = time.perf_counter()
+    text = trace(model, case.traced, name=label, loss=LossChoice(loss), mode="train")
+    row["trace"] = time.perf_counter() - start
+    start = time.perf_counter()
+    rendered = build_text(text, f"{label}.yaml").rendered
+    row["generate"] = time.perf_counter() - start
+    for name, content in rendered.files.items():
+        (folder / name).write_text(content)
+    row["layers"] = text.count("\n  - {op:")
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                             str(folder / f"test_{label}.py")], capture_output=True, text=True)
+    row["test"] = time.perf_counter() - start
+    last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr.strip()[-200:]
+    row["result"] = last.split(" in ")[0] if result.returncode == 0 and "skipped" not in last else f"FAILED: {last}"
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    parser.add_argument("--output", type=Path, help="write the Markdown table here too")
+    arguments = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as temporary:
+        for label, case in cases().items():
+            if arguments.only and label not in arguments.only:
+                continue
+            folder = Path(temporary) / label
+            folder.mkdir()
+            rows.append(run(label, case, folder))
+            print(rows[-1], file=sys.stderr, flush=True)
+    lines = ["| architecture | traced at | spec layers | trace s | generate s | generated tests s | result |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {row['label']} | {row['traced']} | {row['layers']} | {row['trace']:.1f} | {row['generate']:.1f} | "
+              f"{row['test']:.1f} | {row['result']} |" for row in rows]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if arguments.output:
+        arguments.output.write_text(table)
+    return 0 if all(not row["result"].startswith("FAILED") for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
