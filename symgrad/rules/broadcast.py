@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 from .layout import _shape
+from .shared import show_dims
 
 
 primitive("expand", code=lambda operands, params, show: f"{operands[0]}.expand({', '.join(map(show, params['shape']))})",
@@ -28,8 +29,7 @@ def _unrepeat_code(operands, params, show) -> str:
     for axis, _ in enumerate(counts):
         dims.append(position)
         position += 2 if axis >= lead else 1
-    shown = dims[0] if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
-    return f"{grad}.reshape({split}).sum(dim={shown})"
+    return f"{grad}.reshape({split}).sum(dim={show_dims(tuple(dims))})"
 
 
 primitive("repeat", code=lambda operands, params, show: f"{operands[0]}.repeat({', '.join(map(str, params['counts']))})",
