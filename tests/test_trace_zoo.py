@@ -26,6 +26,9 @@ CASES = {
     # x.shape read into b, c, h, w and reused by reshapes (heads split and merged, b (h w) c views for a
     # hand-written LayerNorm with x.var), F.normalize, attn.softmax(dim=-1), pixel_(un)shuffle, chunk
     "restormer": Case(zoo.Restormer, {"inp_img": (2, 3, 8, 8)}, {"inp_img": (3, 3, 12, 20)}, ("mse_loss",)),
+    # ConvNeXt-T's layout: blocks permuted to channels_last for nn.Linear and F.layer_norm, layer scale
+    # gamma * x, a channels_first LayerNorm class by hand, downsampling layers, x.mean([-2, -1]), nn.LayerNorm
+    "convnext_t": Case(zoo.ConvNeXt, {"x": (2, 3, 64, 64)}, {"x": (3, 3, 64, 96)}, ("cross_entropy",)),
     "ffdnet": Case(zoo.FFDNet, {"x": (2, 1, 8, 8), "sigma_map": (2, 1, 4, 4)},
                    {"x": (3, 1, 12, 8), "sigma_map": (3, 1, 6, 4)}, ("mse_loss",)),
 }

@@ -233,3 +233,83 @@ class FFDNet(nn.Module):
         x = F.pixel_unshuffle(x, 2)
         x = torch.cat((x, sigma_map), 1)
         return F.pixel_shuffle(self.body(x), 2)
+
+
+# ----- ConvNeXt: channels_last blocks by permute, nn.LayerNorm / a channels_first LayerNorm class ---------
+class ConvNeXtLayerNorm(nn.Module):
+    """LayerNorm over channels for channels_last (F.layer_norm) or channels_first (by hand) data."""
+
+    def __init__(self, normalized_shape, eps=1e-6, data_format="channels_last"):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(normalized_shape))
+        self.eps = eps
+        self.data_format = data_format
+        self.normalized_shape = (normalized_shape,)
+
+    def forward(self, x):
+        if self.data_format == "channels_last":
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class ConvNeXtStageBlock(nn.Module):
+    def __init__(self, dim, layer_scale_init_value=1e-6):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = ConvNeXtLayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(layer_scale_init_value * torch.ones((dim,))) if layer_scale_init_value > 0 else None
+        self.drop_path = nn.Identity()
+
+    def forward(self, x):
+        input = x
+        x = self.dwconv(x)
+        x = x.permute(0, 2, 3, 1)  # (N, C, H, W) -> (N, H, W, C)
+        x = self.norm(x)
+        x = self.pwconv1(x)
+        x = self.act(x)
+        x = self.pwconv2(x)
+        if self.gamma is not None:
+            x = self.gamma * x
+        x = x.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W)
+        return input + self.drop_path(x)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt-T's layout at small widths: a 4x4 stride-4 stem, four stages with downsampling layers
+    between them, global average pooling, a final LayerNorm and the head."""
+
+    def __init__(self, in_chans=3, num_classes=5, depths=(1, 1, 2, 1), dims=(8, 16, 24, 32),
+                 layer_scale_init_value=0.5):
+        super().__init__()
+        self.downsample_layers = nn.ModuleList()
+        stem = nn.Sequential(nn.Conv2d(in_chans, dims[0], kernel_size=4, stride=4),
+                             ConvNeXtLayerNorm(dims[0], eps=1e-6, data_format="channels_first"))
+        self.downsample_layers.append(stem)
+        for i in range(3):
+            downsample_layer = nn.Sequential(
+                ConvNeXtLayerNorm(dims[i], eps=1e-6, data_format="channels_first"),
+                nn.Conv2d(dims[i], dims[i + 1], kernel_size=2, stride=2))
+            self.downsample_layers.append(downsample_layer)
+        self.stages = nn.ModuleList()
+        for i in range(4):
+            stage = nn.Sequential(*[ConvNeXtStageBlock(dim=dims[i], layer_scale_init_value=layer_scale_init_value)
+                                    for _ in range(depths[i])])
+            self.stages.append(stage)
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], num_classes)
+
+    def forward_features(self, x):
+        for i in range(4):
+            x = self.downsample_layers[i](x)
+            x = self.stages[i](x)
+        return self.norm(x.mean([-2, -1]))  # global average pooling, (N, C, H, W) -> (N, C)
+
+    def forward(self, x):
+        return self.head(self.forward_features(x))
