@@ -584,7 +584,7 @@ class MobileNetV3(nn.Module):
         return x
 
 
-class LayerNorm2d(nn.Module):
+class ChannelsFirstLayerNorm(nn.Module):
     """ConvNeXt's channels-first LayerNorm as its authors write it: the mean and variance over the
     channel dim by hand, the affine parameters indexed up to [C, 1, 1]."""
 
@@ -602,16 +602,16 @@ class LayerNorm2d(nn.Module):
 
 
 class ConvNeXtBlock(nn.Module):
-    """A ConvNeXt stage: stem with LayerNorm2d, then blocks of depthwise 7x7, LayerNorm2d, 1x1 expand,
+    """A ConvNeXt stage: stem with a channels-first LayerNorm, then blocks of depthwise 7x7, that LayerNorm, 1x1 expand,
     GELU, 1x1 project, layer scale gamma[:, None, None] and the residual."""
 
     def __init__(self, width: int = 4, depth: int = 2):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 2, stride=2), LayerNorm2d(width))
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 2, stride=2), ChannelsFirstLayerNorm(width))
         self.blocks = nn.ModuleList()
         for _ in range(depth):
             self.blocks.append(nn.ModuleDict({
-                "dwconv": nn.Conv2d(width, width, 7, padding=3, groups=width), "norm": LayerNorm2d(width),
+                "dwconv": nn.Conv2d(width, width, 7, padding=3, groups=width), "norm": ChannelsFirstLayerNorm(width),
                 "pwconv1": nn.Conv2d(width, 4 * width, 1), "act": nn.GELU(), "pwconv2": nn.Conv2d(4 * width, width, 1)}))
         self.gamma = nn.Parameter(torch.full((depth, width), 0.5))
         self.head = nn.Conv2d(width, 3, 1)

@@ -4,8 +4,6 @@ before anything is written, whatever the cause."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

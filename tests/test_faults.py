@@ -13,7 +13,6 @@ import re
 import resource
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
