@@ -87,6 +87,13 @@ def boolean(value, context: ParamContext) -> bool:
 
 
 
+def one_dim(value: Any, context: ParamContext) -> int:
+    """A dim: one int (not a list, not a bool), within int64; its range is checked against the rank later."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise context.fail(f"must be an int (a dim), not {_cut(value)}", f"write e.g. `{context.name}: 1`")
+    return int64(value, context)
+
+
 def positive_int(value: Any, context: ParamContext) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise context.fail(f"must be a positive int, not {_cut(value)}", f"write e.g. `{context.name}: 1`")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import CONSTANT, op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, int64, positive_number
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, one_dim, positive_number
 from .shared import sum_over
 
 def _normalize_tangent(expr, tangent_of):
@@ -60,17 +60,11 @@ def _two(value, context: ParamContext):
     return 2
 
 
-def _dim(value, context: ParamContext) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise context.fail(f"must be an int, not {value!r}", f"write e.g. `{context.name}: 1`")
-    return int64(value, context)
-
-
 class Normalize(Rule):
     op = "normalize"
     calls = ("normalize",)
     operands = (Operand("input", from_in=True),)
-    params = {"p": Param(2, _two), "dim": Param(1, _dim), "eps": Param(1e-12, positive_number)}
+    params = {"p": Param(2, _two), "dim": Param(1, one_dim), "eps": Param(1e-12, positive_number)}
     summary = "each vector along dim divided by its Euclidean length (at least eps)"
 
     def reference_params(self, params: dict) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, int64
+from .base import Checker, Forward, Operand, Param, Rule, one_dim
 from .shared import sum_over
 
 
@@ -47,16 +47,9 @@ primitive("log_softmax", code=lambda operands, params, show: f"torch.log_softmax
           tangent=_log_softmax_tangent)
 
 
-def _dim(value, context: ParamContext) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise context.fail(f"must be an int (the dim to normalise over), not {value!r}",
-                           f"write e.g. `{context.name}: 1` (PyTorch's implicit dim is deprecated)")
-    return int64(value, context)
-
-
 class Softmax(Rule):
     operands = (Operand("input", from_in=True),)
-    params = {"dim": Param(None, _dim)}
+    params = {"dim": Param(None, one_dim)}
 
     def __init__(self, op_name: str, summary: str):
         self.op = op_name
