@@ -95,12 +95,13 @@ class Graph:
         return Graph(self.spec, nodes, self.wrt)
 
 
-def build_graph(spec: Spec) -> Graph:
+def build_graph(spec: Spec, extra_rules: dict[str, Rule] | None = None) -> Graph:
+    """``extra_rules``: rules for ops the spec defines itself (its blocks' instances, ``symgrad.structure``)."""
     nodes: dict[str, Node] = {}
     for item in spec.inputs:
         nodes[item.name] = Node(item.name, "input", item.location, shape=item.shape, dtype=item.dtype)
     for layer in spec.layers:
-        rule = LAYER_RULES.get(layer.op)
+        rule = (extra_rules or {}).get(layer.op) or LAYER_RULES.get(layer.op)
         if rule is None:
             hint = difflib.get_close_matches(layer.op, list(LAYER_RULES) + list(LOSS_RULES), n=1)
             suggestion = f"; did you mean '{hint[0]}'?" if hint else ""

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .emit import Rendered, render
+from .blocks import flatten
+from .emit import TESTDATA_SOURCE, Rendered, render
 from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
 from .plan import plan
@@ -30,10 +31,13 @@ class Built:
         return [f"{s.target} = {to_code(s.value)}" for s in self.program.forward]
 
 
-def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
+def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) -> Built:
     unknown = set(extras) - set(EXTRAS)
     if unknown:
         raise ValueError(f"unknown extras {sorted(unknown)}")
+    if spec.blocks and not flat and not (set(spec.extras) | set(extras)):
+        return _build_structured(spec, label)
+    spec = flatten(spec)  # every block instance written out (the extras are derived on the flat form)
     graph = build_graph(spec)
     program = derive(graph)  # the readable derivation: the docstring's and documents' formulas
     fast = derive(graph, fused=True)  # the same with autograd's fused kernels: what `gradients` runs
@@ -51,6 +55,21 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...]) -> Built:
         pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
     _check_compiles(rendered)
     return Built(label, graph, program, rendered, shapes)
+
+
+def _build_structured(spec: Spec, label: str) -> Built:
+    """A spec with blocks: each block derived once, the module calls it per instance (``structure``)."""
+    from .roles import input_roles
+    from .structure import build_structured, render_structured
+
+    structured = build_structured(spec)
+    shapes = small_shapes(structured.flat_graph)
+    test_context = dict(wrt=list(structured.graph.wrt), small_shapes=shapes, roles=input_roles(structured.flat_graph),
+                        testdata_source=TESTDATA_SOURCE)
+    files = render_structured(structured, label, test_context)
+    rendered = Rendered(spec.name, files, [])
+    _check_compiles(rendered)
+    return Built(label, structured.graph, structured.program, rendered, shapes)
 
 
 class GeneratorError(SymgradError):
@@ -71,12 +90,14 @@ def _check_compiles(rendered: Rendered) -> None:
                                      "written (fix: this is a bug in symgrad: please report it with the spec)") from None
 
 
-def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = ()) -> Built:
+def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = (),
+          flat: bool = False) -> Built:
     """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path);
-    ``extras`` adds optional functions (``hvp``) to those the spec asks for."""
-    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras)
+    ``extras`` adds optional functions (``hvp``) to those the spec asks for; ``flat`` writes a spec's
+    blocks out instance by instance instead of one function per block."""
+    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat)
 
 
-def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = ()) -> Built:
+def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False) -> Built:
     """Build from spec text; ``label`` names it in errors and headers."""
-    return _build(parse_spec(text, label), label, extras)
+    return _build(parse_spec(text, label), label, extras, flat)

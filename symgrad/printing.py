@@ -232,7 +232,8 @@ _UNSPLITTABLE = {"for", "if", "else", "lambda", "async", "await", "yield", ":="}
 def fit(code: str, indent: int = 4, comment: str = "", width: int = WIDTH) -> str:
     """``code``, one statement or expression as printed on one line, laid out black-style for a
     line that starts at column ``indent``: unchanged when it fits; otherwise split inside its
-    brackets, one element per line with a trailing comma and the closing bracket on its own line,
+    brackets, the arguments together on the next line when they fit there, else one element per
+    line with a trailing comma, and the closing bracket on its own line,
     and a long expression broken before its loosest operators inside parentheses. Python's own
     tokenizer finds the brackets, so a string literal is never cut. The first line is returned
     without its indent (the template writes it), the others with theirs. ``comment`` goes after
@@ -414,7 +415,11 @@ class _Layout:
                 chosen = opening
                 break
         closing = self.closes[chosen]
-        inner = (self.elements(chosen + 1, closing, indent + 4) if self._commas(chosen + 1, closing)
-                 else self.expression(chosen + 1, closing, indent + 4))
+        body = self.text(chosen + 1, closing)
+        if self.fits(indent + 4, body):  # black's first choice: the arguments together on their own line
+            inner = [" " * (indent + 4) + body]
+        else:
+            inner = (self.elements(chosen + 1, closing, indent + 4) if self._commas(chosen + 1, closing)
+                     else self.expression(chosen + 1, closing, indent + 4))
         return ([pad + head + self.text(start, chosen + 1)] + inner
                 + [pad + self.text(closing, stop) + tail])

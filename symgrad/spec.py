@@ -56,7 +56,7 @@ RESERVED_SUFFIXES = tuple(sorted(template_names()[1]))
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
 
-TOP_LEVEL_KEYS = ("name", "inputs", "layers", "loss", "wrt", "extras")
+TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "wrt", "extras")
 REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward and gradients."""
@@ -295,6 +295,10 @@ class LayerSpec:
     op_location: Location
     out_location: Location
     implicit_in: bool = False
+    block: str | None = None
+    """For a block instance (``{block: NAME, ...}``): the block it uses; ``op`` is its name too."""
+    binding: tuple[tuple[str, str], ...] = ()
+    """For a block instance: (the block's parameter, the spec input bound to it)."""
     """No ``in:``: ``sources`` is the previous node, which an op that reads no tensor (``full``) ignores."""
 
 
@@ -321,6 +325,8 @@ class Spec:
     file: str
     text: str = field(repr=False)
     extras: tuple[str, ...] = ()
+    blocks: dict = field(default_factory=dict)
+    """name -> :class:`symgrad.blocks.BlockSpec`, the blocks the layers use (``flatten`` inlines them)."""
 
 
 
@@ -407,6 +413,10 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                             "write the parameter's or buffer's dotted path, e.g. `source: layer1.0.conv1.weight`")
         inputs.append(InputSpec(input_name, _shape(declaration, input_name), location, dtype, source))
 
+    from .blocks import parse_blocks, parse_instance
+    from .rules import LAYER_RULES, LOSS_RULES
+
+    blocks = parse_blocks(document, set(LAYER_RULES) | set(LOSS_RULES) | set(inputs_map))
     layers_seq = _typed(document, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
     known = {item.name: item.location for item in inputs}
     previous = inputs[0].name
@@ -416,7 +426,10 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         if not isinstance(layer, Mapping):
             raise SpecError(f"layer {index + 1} must be a mapping like {{op: conv2d, weight: w}}", location,
                             "write each layer as `- {op: NAME, ...}`")
-        layers.append(_layer(layer, index, previous, known))
+        if "block" in layer:
+            layers.append(parse_instance(layer, index, previous, known, blocks, inputs))
+        else:
+            layers.append(_layer(layer, index, previous, known))
         previous = layers[-1].out
         known[previous] = layers[-1].out_location
     for known_name, location in known.items():  # x_layout beside x: the generated code names x's layout so
@@ -477,7 +490,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                                 item_location, f"extras may be: {', '.join(EXTRAS)}")
             extras.append(item)
     return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
-                file=file, text=text, extras=tuple(sorted(set(extras))))
+                file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks)
 
 
 def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:

@@ -106,10 +106,12 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
 
 def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | None = None, name: str = "traced",
           *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
-          dtypes: dict[str, str] | None = None, mode: str | None = None, timeout: float | None = None) -> str:
+          dtypes: dict[str, str] | None = None, mode: str | None = None, timeout: float | None = None,
+          blocks: bool = False) -> str:
     """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
     for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
-    mode while tracing (default: as they are); ``timeout``: seconds after which tracing stops with an error."""
+    mode while tracing (default: as they are); ``timeout``: seconds after which tracing stops with an error;
+    ``blocks``: write the instances of a repeated submodule as one block (``symgrad.trace.grouping``)."""
     module = target if isinstance(target, torch.nn.Module) else None
     function = module.forward if module is not None else target
     try:
@@ -137,7 +139,7 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
             root.train(mode == "train")
     try:
         with _time_limit(timeout):
-            return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name)
+            return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks)
     finally:
         for each, training in modes:
             each.training = training
@@ -190,7 +192,7 @@ def _time_limit(seconds: float | None):
             signal.setitimer(signal.ITIMER_REAL, max(earlier - (time.monotonic() - started), 1e-3), interval)
 
 
-def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name) -> str:
+def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False) -> str:
     spec, calls = _run(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
     problems = _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls)
     if problems:
@@ -202,10 +204,25 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
               + "; edit freely.\n")
     text = header + _yaml({"name": name, **spec})
     try:  # arguments PyTorch took but a rule refuses: said at the model's line, not the spec's
-        build_graph(parse_spec(text, "<traced spec>"))
+        graph = build_graph(parse_spec(text, "<traced spec>"))
     except SpecError as error:
         raise TraceError(_at_call(error, text, calls)) from None
+    if blocks and module is not None:
+        text = _with_blocks(text, header, name, spec, calls, module, graph)
     return text
+
+
+def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, module, graph) -> str:
+    """The traced spec with the instances of each repeated submodule as one block."""
+    from ..rules import LAYER_RULES, LOSS_RULES
+    from .grouping import group_blocks
+
+    shapes = {node.name: node.shape for node in graph.nodes.values()}
+    grouped = group_blocks(spec, [call.module for call in calls], dict(module.named_modules()), shapes,
+                           set(LAYER_RULES) | set(LOSS_RULES))
+    if "blocks" not in grouped:
+        return text
+    return header + _yaml({"name": name, **grouped})
 
 
 def _at_call(error: SpecError, text: str, calls: list) -> str:
@@ -230,6 +247,12 @@ def _yaml(document: dict) -> str:
 
     lines = [f"name: {document['name']}", "inputs:"]
     lines += [f"  {key}: {line(value)}" for key, value in document["inputs"].items()]
+    if document.get("blocks"):
+        lines.append("blocks:")
+        for block_name, block in document["blocks"].items():
+            lines += [f"  {block_name}:", f"    inputs: {line(block['inputs'])}", f"    params: {line(block['params'])}",
+                      "    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
+            lines.append(f"    output: {block['output']}")
     lines += ["layers:" + ("" if document["layers"] else " []")] + [f"  - {line(layer)}" for layer in document["layers"]]
     lines += [f"loss: {line(document['loss'])}", f"wrt: {line(document['wrt'])}"]
     return "\n".join(lines) + "\n"

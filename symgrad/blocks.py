@@ -1,0 +1,258 @@
+"""Blocks: a named sub-chain written once and used as a layer, instance by instance.
+
+A spec may define ``blocks:``, each with its own tensor ``inputs``, its ``params`` (a mapping of the
+block's name for a parameter to its key: ``conv1_weight: conv1.weight``, or a plain list where the
+name is the key), ``layers`` and ``output`` (the last layer's ``out`` unless given)::
+
+    blocks:
+      step:
+        inputs: [x]
+        params: [w]
+        layers:
+          - {op: conv2d, weight: w, padding: 1, out: response}
+          - {op: sub, in: [x, response], out: stepped}
+    layers:
+      - {block: step, in: x0, params: {w: w1}, out: x1}
+      - {block: step, in: x1, prefix: stage2, out: x2}
+
+An instance binds each of the block's params to a spec input: by name (``params: {w: w1}``), or by
+``prefix``: the input whose ``source`` is ``PREFIX.KEY`` (how ``symgrad trace`` writes the instances
+of a module class), else the input called ``PREFIX_KEY``. The generated module derives each block
+once and calls it per instance (``symgrad.structure``); :func:`flatten` writes the same network with
+every instance inlined, which the flat module, the derivation documents' checks and the extras use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import Location, SpecError
+
+BLOCK_KEYS = ("inputs", "params", "layers", "output")
+INSTANCE_KEYS = ("block", "in", "out", "params", "prefix")
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    name: str
+    inputs: tuple[str, ...]
+    params: tuple[tuple[str, str], ...]
+    """(the block's name for the parameter, its key in the instance's parameter mapping)."""
+    layers: tuple  # of spec.LayerSpec
+    output: str
+    location: Location
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.params)
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        """Everything the block reads from outside: its inputs, then its params."""
+        return self.inputs + self.param_names
+
+
+def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
+    """The ``blocks:`` section, each block's layers checked in the block's own scope."""
+    from .spec import Mapping, Sequence, _check_name, _identifier, _layer, _reject_unknown_keys, _typed
+
+    if "blocks" not in document:
+        return {}
+    section = _typed(document, "blocks", Mapping, "a mapping of block names to {inputs, params, layers}")
+    blocks: dict[str, BlockSpec] = {}
+    for name, body in section.items():
+        location = section.key_locations[name]
+        _check_name(name, location, "block name")
+        if name in reserved:
+            raise SpecError(f"block name '{name}' is already an op or a tensor name", location,
+                            f"rename the block, e.g. '{name}_block'")
+        if not isinstance(body, Mapping):
+            raise SpecError(f"block '{name}' must be a mapping with inputs, params and layers",
+                            section.value_locations[name], "write `NAME: {inputs: [x], params: [w], layers: [...]}`")
+        _reject_unknown_keys(body, BLOCK_KEYS, f"block '{name}'")
+        for key in ("inputs", "layers"):
+            if key not in body:
+                raise SpecError(f"block '{name}' has no '{key}'", body.location, f"add `{key}:` to the block")
+        inputs_seq = _typed(body, "inputs", Sequence, "a list of tensor names")
+        if not inputs_seq:
+            raise SpecError(f"block '{name}' has no inputs", body.value_locations["inputs"], "name at least one input")
+        inputs = []
+        for item, item_location in zip(inputs_seq, inputs_seq.item_locations):
+            _check_name(item, item_location, "block input")
+            inputs.append(item)
+        params = _block_params(body, name)
+        known = {}
+        for item in inputs + [param for param, _ in params]:
+            if item in known:
+                raise SpecError(f"block '{name}' names '{item}' twice among its inputs and params", body.location,
+                                "give each input and parameter its own name")
+            known[item] = body.location
+        layers_seq = _typed(body, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
+        if not layers_seq:
+            raise SpecError(f"block '{name}' has no layers", body.value_locations["layers"], "add at least one layer")
+        layers, previous = [], inputs[0]
+        for index, layer in enumerate(layers_seq):
+            item_location = layers_seq.item_locations[index]
+            if not isinstance(layer, Mapping):
+                raise SpecError(f"layer {index + 1} of block '{name}' must be a mapping like {{op: conv2d, weight: w}}",
+                                item_location, "write each layer as `- {op: NAME, ...}`")
+            if "block" in layer:
+                raise SpecError(f"block '{name}' uses block '{layer['block']}' inside it", item_location,
+                                "blocks hold plain layers: inline the inner block's layers here")
+            layers.append(_layer(layer, index, previous, known))
+            previous = layers[-1].out
+            known[previous] = layers[-1].out_location
+        output = _identifier(body, "output", kind="block output") if "output" in body else previous
+        if output not in {layer.out for layer in layers}:
+            raise SpecError(f"block '{name}' outputs '{output}', which none of its layers makes",
+                            body.value_locations.get("output", body.location), "name the `out:` of one of its layers")
+        blocks[name] = BlockSpec(name, tuple(inputs), tuple(params), tuple(layers), output, location)
+    return blocks
+
+
+def _block_params(body, block: str) -> list[tuple[str, str]]:
+    from .spec import SOURCE, Mapping, Sequence, _check_name
+
+    if "params" not in body:
+        return []
+    value, location = body["params"], body.value_locations["params"]
+    if isinstance(value, Sequence):
+        pairs = list(zip(value, value.item_locations))
+        keyed = [(name, name, item_location) for name, item_location in pairs]
+    elif isinstance(value, Mapping):
+        keyed = [(name, key, value.key_locations[name]) for name, key in value.items()]
+    else:
+        raise SpecError(f"params of block '{block}' must be a list of names or a mapping of names to keys", location,
+                        "write `params: [w, b]` or `params: {conv1_weight: conv1.weight}`")
+    params = []
+    for name, key, item_location in keyed:
+        _check_name(name, item_location, "block parameter")
+        if not (isinstance(key, str) and SOURCE.match(key)):
+            raise SpecError(f"block '{block}': the key of parameter '{name}' must be a dotted name, not {key!r}",
+                            item_location, "write e.g. `conv1_weight: conv1.weight`")
+        params.append((name, key))
+    return params
+
+
+def parse_instance(layer, index: int, previous: str, known: dict[str, Location], blocks: dict[str, BlockSpec],
+                   inputs) -> "object":
+    """A layer ``{block: NAME, in: ..., params: {...} | prefix: P, out: ...}`` as a LayerSpec whose
+    ``block`` names the block and whose ``binding`` maps each block param to a spec input."""
+    from .spec import LayerSpec, Sequence, _did_you_mean, _identifier, _known, _reject_unknown_keys, _string
+
+    _reject_unknown_keys(layer, INSTANCE_KEYS, f"layer {index + 1} (a block instance)")
+    name = _string(layer, "block")
+    where = layer.value_locations["block"]
+    if name not in blocks:
+        raise SpecError(f"unknown block '{name}'" + _did_you_mean(name, blocks), where,
+                        "define it under `blocks:` or use one of: " + (", ".join(blocks) or "(none defined)"))
+    block = blocks[name]
+    if "in" in layer:
+        value = layer["in"]
+        if isinstance(value, Sequence):
+            sources = tuple((_known(item, item_location, known), item_location)
+                            for item, item_location in zip(value, value.item_locations))
+        else:
+            sources = ((_known(_string(layer, "in"), layer.value_locations["in"], known), layer.value_locations["in"]),)
+    else:
+        sources = ((previous, layer.location),)
+    if len(sources) != len(block.inputs):
+        raise SpecError(f"block '{name}' takes {len(block.inputs)} input(s) ({', '.join(block.inputs)}) but "
+                        f"{len(sources)} are given", layer.value_locations.get("in", layer.location),
+                        f"list {len(block.inputs)} name(s) under 'in:'")
+    binding = _binding(layer, block, known, inputs)
+    out = _identifier(layer, "out", kind="output name") if "out" in layer else f"{name}_{index + 1}"
+    out_location = layer.value_locations.get("out", layer.location)
+    if out in known:
+        raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
+                        "give this instance a unique `out:` name")
+    return LayerSpec(index=index, op=name, sources=sources, arguments=(), out=out, location=layer.location,
+                     op_location=where, out_location=out_location, implicit_in="in" not in layer,
+                     block=name, binding=binding)
+
+
+def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], ...]:
+    from .spec import Mapping, _known, _string
+
+    explicit = {}
+    if "params" in layer:
+        value = layer["params"]
+        if not isinstance(value, Mapping):
+            raise SpecError("an instance's params must map the block's parameter names to inputs",
+                            layer.value_locations["params"], "write e.g. `params: {w: w1}`")
+        for param, bound in value.items():
+            if param not in block.param_names:
+                raise SpecError(f"block '{block.name}' has no parameter '{param}'", value.key_locations[param],
+                                f"its parameters are: {', '.join(block.param_names) or '(none)'}")
+            explicit[param] = _known(_string(value, param), value.value_locations[param], known)
+    prefix = _string(layer, "prefix") if "prefix" in layer else None
+    by_source = {item.source: item.name for item in inputs if item.source}
+    names = {item.name for item in inputs}
+    binding = []
+    for param, key in block.params:
+        if param in explicit:
+            binding.append((param, explicit[param]))
+            continue
+        if prefix is not None:
+            found = by_source.get(f"{prefix}.{key}")
+            plain = f"{prefix}_{key.replace('.', '_')}"
+            found = found or (plain if plain in names else None)
+            if found:
+                binding.append((param, found))
+                continue
+        raise SpecError(f"instance of block '{block.name}' does not bind its parameter '{param}'", layer.location,
+                        f"add `params: {{{param}: INPUT}}`" + (f" or declare an input with `source: {prefix}.{key}`"
+                                                                 if prefix is not None else " or a `prefix:`"))
+    return tuple(binding)
+
+
+def flatten(spec):
+    """The same spec with every block instance written out as its layers: an inner node ``o`` of the
+    instance whose ``out`` is ``I`` becomes ``I_o`` (its output ``I`` itself)."""
+    from .rules import LAYER_RULES
+
+    if not spec.blocks:
+        return spec
+    layers = []
+    taken = {item.name for item in spec.inputs} | {layer.out for layer in spec.layers}
+    for layer in spec.layers:
+        if layer.block is None:
+            layers.append(dataclasses.replace(layer, index=len(layers)))
+            continue
+        block = spec.blocks[layer.block]
+        renamed = dict(zip(block.inputs, (source for source, _ in layer.sources)))
+        renamed.update(layer.binding)
+        for inner in block.layers:
+            new = layer.out if inner.out == block.output else f"{layer.out}_{inner.out}"
+            if inner.out != block.output and new in taken:
+                raise SpecError(f"block instance '{layer.out}' would name its inner node '{inner.out}' '{new}', which "
+                                "the spec already uses", layer.out_location, "rename the instance's `out:`")
+            taken.add(new)
+            rule = LAYER_RULES.get(inner.op)
+            operand_keys = {operand.name for operand in rule.operands} if rule else set()
+            arguments = tuple(dataclasses.replace(argument, value=_renamed(argument.value, renamed))
+                              if argument.name in operand_keys or _has_like(argument.value) else argument
+                              for argument in inner.arguments)
+            sources = tuple((renamed.get(source, source), location) for source, location in inner.sources)
+            layers.append(dataclasses.replace(inner, index=len(layers), sources=sources, arguments=arguments, out=new))
+            renamed[inner.out] = new
+    return dataclasses.replace(spec, layers=tuple(layers), blocks={})
+
+
+def _has_like(value) -> bool:
+    from .spec import Like
+
+    return isinstance(value, Like) or (isinstance(value, list) and any(isinstance(item, Like) for item in value))
+
+
+def _renamed(value, renamed: dict[str, str]):
+    from .spec import Like
+
+    if isinstance(value, str):
+        return renamed.get(value, value)
+    if isinstance(value, Like):
+        return dataclasses.replace(value, node=renamed.get(value.node, value.node))
+    if isinstance(value, list):
+        return [_renamed(item, renamed) for item in value]
+    return value

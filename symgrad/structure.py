@@ -1,0 +1,394 @@
+"""The structured module of a spec with blocks: each block derived once, then called per instance.
+
+Steps, in order, as in ``pipeline``: the flat graph (every instance inlined, ``blocks.flatten``)
+checks the spec and gives each instance's shapes; each block becomes a graph of its own whose
+"loss" is its output (:class:`BlockOutput`: the gradient arriving there is the backward function's
+``grad_output``), derived and planned as a flat spec is; the top level becomes a graph in which each
+instance is one node (:class:`BlockRule`), derived by the same reverse walk, which sums the
+gradients of a parameter several instances share. ``render_structured`` prints it all.
+
+A block's forward function fills a list with what its backward reads (``saved_x1 = []``, then
+``x1 = step_forward(x0, y, p, saved_x1)``); its backward takes that list and the gradient arriving at
+its output and returns the gradients of its inputs and parameters, keyed by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import sympy
+
+from .algebra import CONSTANT, primitive, tensor, TensorOp, Params
+from .blocks import BlockSpec, flatten
+from .errors import SpecError
+from .graph import Graph, build_graph
+from .plan import Plan, plan
+from .reverse import GRAD_LOSS, Program, derive
+from .rules.base import Forward, Operand, Rule
+from .spec import Argument, LossSpec, Spec
+
+GRAD_OUTPUT = tensor("grad_output")
+
+
+def _block_parameters(operands, params, show):
+    """The mapping an instance passes: ``_scope(params, "layer1.0")`` or ``{"w": w1, ...}``."""
+    scope = params.get("scope")
+    if scope is not None:
+        return f'_scope(params, "{scope}")'
+    keys = params["keys"]
+    return "{" + ", ".join(f'"{key}": {operand}' for key, operand in zip(keys, operands)) + "}"
+
+
+def _forward_code(operands, params, show):
+    count, saving = params["inputs"], params["saving"]
+    inputs = operands[:count]
+    mapping = _block_parameters(operands[count:len(operands) - saving], params, show)
+    return f"{params['block']}_forward({', '.join(inputs + [mapping] + operands[len(operands) - saving:])})"
+
+
+def _backward_code(operands, params, show):
+    count = params["inputs"]
+    inputs = operands[:count]
+    mapping = _block_parameters(operands[count:-2], params, show)
+    return f"{params['block']}_backward({', '.join(inputs + [mapping] + operands[-2:])})"
+
+
+primitive("new_saved_list", code=lambda operands, params, show: "[]",
+          latex=lambda operands, params, show: r"\varnothing", tangent=CONSTANT)
+primitive("block_forward", code=_forward_code,
+          latex=lambda operands, params, show: rf"\operatorname{{{params['block']}}}\left({', '.join(operands[:params['inputs']])}\right)".replace("_", r"\_"))
+primitive("block_backward", code=_backward_code,
+          latex=lambda operands, params, show: rf"\operatorname{{{params['block']}}}^{{*}}\left({operands[-1]}\right)".replace("_", r"\_"))
+primitive("gradient_of", code=lambda operands, params, show: f'{operands[0]}.pop("{params["key"]}")',
+          latex=lambda operands, params, show: rf"{operands[0]}_{{\mathrm{{{params['key']}}}}}".replace("_", r"\_"))
+
+
+class BlockOutput(Rule):
+    """The end of a block's graph: its value is the block's output, and the gradient arriving there
+    is the one the caller passes (``grad_output``)."""
+
+    op = "block_output"
+    operands = (Operand("input", from_in=True),)
+    params = {}
+
+    def infer_shape(self, shapes, params, check):
+        return shapes["input"]
+
+    def forward(self, node):
+        return Forward(node.operands["input"])
+
+    def pullback(self, node, grad, wanted):
+        return {"input": grad}
+
+    def default_cotangent(self, node):
+        return GRAD_OUTPUT
+
+
+@dataclass
+class DerivedBlock:
+    spec: BlockSpec
+    graph: Graph
+    program: Program
+    planned: Plan
+    gradients: tuple[str, ...]
+    """The block operands it returns gradients of, in order."""
+    backward_inputs: tuple[str, ...]
+    """The block inputs its backward reads again (passed by the caller, as autograd saves them)."""
+
+
+class BlockRule(Rule):
+    """One instance of a block as a node of the top-level graph."""
+
+    params = {}
+    summary = "a block of the spec, derived once"
+
+    def __init__(self, derived: DerivedBlock):
+        self.derived = derived
+        block = derived.spec
+        self.op = block.name
+        self.operands = (tuple(Operand(name, from_in=True) for name in block.inputs)
+                         + tuple(Operand(name) for name in block.param_names))
+
+    def infer_shape(self, shapes, params, check):
+        graph = self.derived.graph.with_input_shapes({name: shapes[name] for name in self.derived.spec.operands})
+        return graph.nodes[self.derived.spec.output].shape
+
+    def _call_params(self, node) -> dict:
+        block = self.derived.spec
+        scope = node.params.get("_scope")
+        return dict(block=block.name, inputs=len(block.inputs), scope=scope,
+                    keys=tuple(key for _, key in block.params))
+
+    def forward(self, node):
+        block = self.derived.spec
+        arguments = [node.operands[name] for name in block.operands]
+        if node.fused:  # what `gradients` runs: the block's forward keeps what its backward reads
+            arguments.append(node.local("saved", TensorOp("new_saved_list", Params.of(node=node.name)),
+                                        note=f"{block.name}_forward fills it with what {block.name}_backward reads"))
+        return Forward(TensorOp("block_forward", Params.of(**self._call_params(node), saving=node.fused), *arguments))
+
+    def pullback(self, node, grad, wanted):
+        block, derived = self.derived.spec, self.derived
+        arguments = ([node.operands[name] for name in derived.backward_inputs]
+                     + [node.operands[name] for name in block.param_names] + [tensor(f"saved_{node.name}"), grad])
+        params = dict(self._call_params(node), inputs=len(derived.backward_inputs))
+        grads = node.local("grads", TensorOp("block_backward", Params.of(**params), *arguments),
+                           note=f"{block.name}_backward: the gradients of its inputs and parameters")
+        keys = dict(block.params)
+        missing = set(wanted) - set(derived.gradients)
+        if missing:
+            raise NotImplementedError(f"block {block.name} derives no gradient for {sorted(missing)}")
+        return {operand: TensorOp("gradient_of", Params.of(key=keys.get(operand, operand)), grads)
+                for operand in wanted}
+
+
+@dataclass
+class Structured:
+    spec: Spec
+    flat_graph: Graph
+    blocks: dict[str, DerivedBlock]
+    graph: Graph
+    program: Program
+    planned: Plan
+
+
+def build_structured(spec: Spec) -> Structured:
+    flat = flatten(spec)
+    flat_graph = build_graph(flat)
+    needs_gradient = flat_graph.depends_on_wrt()
+    instances: dict[str, list] = {}
+    for layer in spec.layers:
+        if layer.block:
+            instances.setdefault(layer.block, []).append(layer)
+    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient)
+               for name, layers in instances.items()}
+    top = _top_spec(spec)
+    rules = {name: BlockRule(block) for name, block in derived.items()}
+    graph = build_graph(top, extra_rules=rules)
+    for layer in top.layers:
+        if layer.block:
+            graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
+    program = derive(graph)
+    fast = derive(graph, fused=True)
+    planned = plan(program, fast, [], extras=())
+    return Structured(spec, flat_graph, derived, graph, program, planned)
+
+
+def _scope_of(layer, spec: Spec) -> str | None:
+    """The instance's parameter mapping as a slice of the ``params`` argument (``layer1.0``), where
+    every parameter it binds is an input traced from ``PREFIX.KEY``; None: a literal mapping."""
+    sources = {item.name: item.source for item in spec.inputs}
+    block = spec.blocks[layer.block]
+    keys = dict(block.params)
+    prefixes = set()
+    for param, bound in layer.binding:
+        source = sources.get(bound)
+        if source is None or not source.endswith("." + keys[param]):
+            return None
+        prefixes.add(source[: -len(keys[param]) - 1])
+    return prefixes.pop() if len(prefixes) == 1 else None
+
+
+def _signature(shapes) -> tuple:
+    """What a block's derivation may depend on besides sizes: each operand's rank and its size-1 axes."""
+    return tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1)) for shape in shapes)
+
+
+def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str]) -> DerivedBlock:
+    first = layers[0]
+    bound_of = _bound(block, first)
+    shapes = {name: flat_graph.nodes[bound].shape for name, bound in bound_of.items()}
+    signature = _signature(shapes[name] for name in block.operands)
+    wanted = set()
+    for layer in layers:
+        bound = _bound(block, layer)
+        other = _signature(flat_graph.nodes[bound[name]].shape for name in block.operands)
+        if other != signature:
+            raise SpecError(f"instance '{layer.out}' of block '{block.name}' has operands of other ranks or other "
+                            f"size-1 axes than instance '{first.out}', so one derivation cannot serve both",
+                            layer.location, "define a second block for it, or inline its layers")
+        wanted |= {name for name, node in bound.items() if node in needs_gradient}
+    graph = _block_graph(block, shapes, flat_graph.spec)
+    feeds_output = {"loss"}
+    for node in reversed(list(graph.nodes.values())):
+        if node.name in feeds_output:
+            feeds_output.update(node.operands.values())
+    graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
+    program = derive(graph)
+    fast = derive(graph, fused=True)
+    planned = plan(program, fast, [], extras=())
+    read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
+    backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
+    return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
+
+
+def _bound(block: BlockSpec, layer) -> dict[str, str]:
+    return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
+
+
+def _block_graph(block: BlockSpec, shapes: dict, spec: Spec) -> Graph:
+    """The block as a graph of its own, its operands as inputs, ending in :class:`BlockOutput`."""
+    from .spec import InputSpec
+
+    location = block.location
+    inputs = tuple(InputSpec(name, tuple(shapes[name]), location) for name in block.operands)
+    loss = LossSpec("half_sq_error", (block.output, location), (block.output, location), None, location, location)
+    sub = Spec(name=block.name, inputs=inputs, layers=tuple(block.layers), loss=loss, wrt=(), file=spec.file,
+               text=spec.text)
+    graph = build_graph(sub)
+    output = graph.nodes["loss"]
+    graph.nodes["loss"] = dataclasses.replace(output, rule=BlockOutput(), operands={"input": block.output},
+                                              params={"reduction": "none"}, shape=graph.nodes[block.output].shape)
+    return graph
+
+
+def _top_spec(spec: Spec) -> Spec:
+    """The spec's own layers, each instance one layer whose arguments bind the block's parameters."""
+    layers = []
+    for layer in spec.layers:
+        if layer.block:
+            arguments = tuple(Argument(param, bound, layer.location) for param, bound in layer.binding)
+            layer = dataclasses.replace(layer, arguments=arguments, implicit_in=False)
+        layers.append(layer)
+    return dataclasses.replace(spec, layers=tuple(layers), blocks={})
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def _renamed_statements(scheduled, renames: dict) -> list:
+    """``scheduled`` with each symbol in ``renames`` replaced (values and deletions alike)."""
+    from .plan import Scheduled
+
+    result = []
+    for item in scheduled:
+        statement = item.statement
+        value = statement.value.xreplace(renames)
+        if value in renames.values() and statement.target in renames:
+            continue  # the alias itself
+        dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
+        result.append(Scheduled(dataclasses.replace(statement, value=value), dead))
+    return result
+
+
+def _block_view(derived: DerivedBlock) -> dict:
+    from .emit import _line, _lines
+
+    block, planned = derived.spec, derived.planned
+    forward = [item for item in planned.saving_forward if item.statement.target.name != "loss"]
+    output = tensor(block.output)
+    # the gradient arriving at the output is the argument grad_output: `grad_out = grad_loss` goes
+    renames = {GRAD_LOSS: GRAD_OUTPUT}
+    for item in planned.backward:
+        if item.statement.value == GRAD_LOSS:
+            renames[item.statement.target] = GRAD_OUTPUT
+    backward = _renamed_statements(planned.backward, renames)
+    keys = dict(block.params)
+    read_forward = _read(item.statement for item in forward)
+    read_backward = _read(item.statement for item in backward)
+    gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
+    readable_backward = [dataclasses.replace(s, value=s.value.xreplace(renames)) for s in planned.readable_backward
+                         if s.value != GRAD_LOSS]
+    return dict(
+        name=block.name, inputs=list(block.inputs), output=output.name,
+        forward_unpack=[(name, key) for name, key in block.params if name in read_forward],
+        backward_unpack=[(name, key) for name, key in block.params if name in read_backward],
+        forward=_lines(forward), saved_names=planned.saved_names,
+        backward=_lines(backward), backward_inputs=list(derived.backward_inputs),
+        gradient_keys=[keys.get(name, name) for name in derived.gradients],
+        returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients],
+        readable_forward=[_line(statement) for statement in planned.forward if statement.target.name != "loss"],
+        readable_backward=[_line(statement) for statement in readable_backward])
+
+
+def _read(statements) -> set[str]:
+    """The names the printed statements read: a block call that passes ``_scope(params, ...)``
+    does not read its parameters' names."""
+    names: set[str] = set()
+    for statement in statements:
+        names |= _direct_names(statement.value)
+    return names
+
+
+def _direct_names(expression) -> set[str]:
+    if isinstance(expression, sympy.Symbol):
+        return {expression.name}
+    operands = expression.args
+    if isinstance(expression, TensorOp):
+        operands = expression.operands
+        if expression.primitive.name in ("block_forward", "block_backward") and expression.params["scope"]:
+            count = expression.params["inputs"]
+            tail = 2 if expression.primitive.name == "block_backward" else int(bool(expression.params["saving"]))
+            operands = operands[:count] + operands[len(operands) - tail:]
+        names = set()
+        for value in (expression.params,):
+            names |= {symbol.name for symbol in value.free_symbols}
+    else:
+        names = set()
+    for operand in operands:
+        names |= _direct_names(operand)
+    return names
+
+
+def render_structured(structured: Structured, spec_label: str, test_context: dict) -> dict[str, str]:
+    """The structured module and its test file, as text keyed by file name."""
+    import hashlib
+
+    from . import __version__
+    from .emit import _environment, _line, _lines
+    from .plan import _helpers
+    from .printing import to_code
+    from .write import with_header
+
+    spec, graph, planned = structured.spec, structured.graph, structured.planned
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    positional = [item.name for item in spec.inputs if not item.source]
+    signature = ", ".join(positional + (["params"] if sources else []))
+    inlined = {}
+    backward = []
+    for item in planned.backward:
+        statement = item.statement
+        value = statement.value
+        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
+                and value.primitive.name == "gradient_of"):
+            inlined[statement.gradient_of] = to_code(value)
+            continue
+        backward.append(item)
+
+    def unpack(statements):
+        read = _read(statements)
+        return [(name, source) for name, source in sources.items() if name in read]
+
+    statements_of = lambda scheduled: [item.statement for item in scheduled]  # noqa: E731
+    blocks = [_block_view(block) for block in structured.blocks.values()]
+    helpers = _helpers([item.statement for block in structured.blocks.values()
+                        for item in block.planned.saving_forward + block.planned.backward]
+                       + statements_of(planned.saving_forward) + statements_of(planned.backward))
+    context = dict(
+        name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
+        has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
+        forward=[_line(statement) for statement in planned.forward],
+        readable_backward=[_line(statement) for statement in planned.readable_backward],
+        forward_unpack=unpack(planned.forward),
+        saving_unpack=unpack(statements_of(planned.saving_forward)),
+        backward_unpack=unpack(statements_of(backward)),
+        saving_forward=_lines(planned.saving_forward), saved_names=planned.saved_names, loss_name=planned.loss_name,
+        backward=_lines(backward), boundary_dead=planned.boundary_dead,
+        default_cotangent=to_code(planned.program.default_cotangent),
+        signature=signature, reduction=graph.loss.params["reduction"],
+        positional_wrt=[name for name in graph.wrt if name not in sources],
+        positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
+        param_returns=[(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt if name in sources],
+    )
+    environment = _environment()
+    spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
+    files = {}
+    test_context = dict(test_context, name=spec.name, sources=sources, positional=positional)
+    for template, file_name, values in (("structured.py.jinja", f"{spec.name}.py", context),
+                                        ("test_structured.py.jinja", f"test_{spec.name}.py", test_context)):
+        body = environment.get_template(template).render(**values)
+        files[file_name] = with_header(body, spec_label, spec_hash, comment="python")
+    return files
