@@ -31,7 +31,9 @@ def cases() -> dict:
     return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS}
 
 
-def run(label: str, case, folder: Path) -> dict:
+def run(label: str, case, folder: Path, blocks: bool = False) -> dict:
+    """Trace, generate and test one architecture; ``blocks``: as ``symgrad trace`` writes it by
+    default, each repeated submodule one block (else every layer inline)."""
     from symgrad.pipeline import build_text
     from symgrad.trace import LossChoice, trace
 
@@ -40,14 +42,18 @@ def run(label: str, case, folder: Path) -> dict:
     model = case.model(**case.init).double().train()
     row = {"label": label, "traced": ", ".join(f"{key}={list(shape)}" for key, shape in case.traced.items())}
     start = time.perf_counter()
-    text = trace(model, case.traced, name=label, loss=LossChoice(loss), mode="train")
+    text = trace(model, case.traced, name=label, loss=LossChoice(loss), mode="train", blocks=blocks)
     row["trace"] = time.perf_counter() - start
     start = time.perf_counter()
     rendered = build_text(text, f"{label}.yaml").rendered
     row["generate"] = time.perf_counter() - start
     for name, content in rendered.files.items():
         (folder / name).write_text(content)
-    row["layers"] = text.count("\n  - {op:")
+    row["layers"] = text.count("\n  - {op:") + text.count("\n      - {op:")
+    row["blocks"] = text.count("\n  - {block:")
+    module = rendered.files[f"{label}.py"]
+    row["module lines"] = module.count("\n")
+    row["widest"] = max(len(line) for line in module.splitlines())
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
                              str(folder / f"test_{label}.py")], capture_output=True, text=True)
@@ -61,6 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
     parser.add_argument("--output", type=Path, help="write the Markdown table here too")
+    parser.add_argument("--flat", action="store_true", help="every layer inline (symgrad trace --flat), no blocks")
     arguments = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as temporary:
@@ -69,12 +76,13 @@ def main() -> int:
                 continue
             folder = Path(temporary) / label
             folder.mkdir()
-            rows.append(run(label, case, folder))
+            rows.append(run(label, case, folder, blocks=not arguments.flat))
             print(rows[-1], file=sys.stderr, flush=True)
-    lines = ["| architecture | traced at | spec layers | trace s | generate s | generated tests s | result |",
-             "|---|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {row['label']} | {row['traced']} | {row['layers']} | {row['trace']:.1f} | {row['generate']:.1f} | "
-              f"{row['test']:.1f} | {row['result']} |" for row in rows]
+    lines = ["| architecture | traced at | spec layers | block instances | module lines | widest line | trace s | "
+             "generate s | generated tests s | result |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {row['label']} | {row['traced']} | {row['layers']} | {row['blocks']} | {row['module lines']} | "
+              f"{row['widest']} | {row['trace']:.1f} | {row['generate']:.1f} | {row['test']:.1f} | {row['result']} |"
+              for row in rows]
     table = "\n".join(lines) + "\n"
     print(table)
     if arguments.output:

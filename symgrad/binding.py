@@ -1,7 +1,8 @@
 """Training a traced model with its explicit gradients: ``step = symgrad.bind(module, model)``.
 
 A module generated from ``symgrad trace model.py:Net`` takes every parameter and buffer as an
-argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from. ``bind`` reads
+argument (or, written as blocks, in one ``params`` mapping keyed by ``state_dict()`` names) and
+records, in ``SOURCES``, which ``state_dict()`` key each one came from. ``bind`` reads
 that table once, checks it against the model (names and shapes, so a model changed since it was
 traced is refused), and returns an ``nn.Module`` whose forward takes only the data arguments::
 
@@ -58,7 +59,9 @@ class Bound(torch.nn.Module):
             raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
         arguments = list(inspect.signature(generated.forward).parameters)
-        self.data_arguments = tuple(name for name in arguments if name not in sources)
+        self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
+        self.data_arguments = tuple(name for name in arguments if name not in sources
+                                    and not (self.structured and name == "params"))
         self._arguments = tuple(arguments)
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         _check_matches(generated, model, sources)
@@ -95,7 +98,11 @@ class Bound(torch.nn.Module):
             if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
                 previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
                                  1.0 / float(counter)))
-        loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
+        if self.structured:
+            params = {key: arguments[name] for name, (key, _) in self.generated.SOURCES.items()}
+            loss = self.generated.loss_with_explicit_backward(**data, params=params)
+        else:
+            loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
         with torch.no_grad():
             for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
                 for name, old in ((statistics.mean, mean), (statistics.var, var)):

@@ -107,6 +107,9 @@ class Verification:
 def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0,
            progress=lambda message: None) -> Verification:
     """Float64, random cotangent, inputs by role, at each of ``shapes``; ``progress`` hears each step."""
+    from .structure import flat_view
+
+    module = flat_view(module)
     for shape_set in shapes:  # a check that cannot fit says so before it starts
         require_memory(graph, shape_set, 8, "the float64 test shapes")
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
@@ -152,6 +155,9 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     """The loss as a function of a bounded subset of the differentiated inputs (``checked_subset``),
     through ``loss_with_explicit_backward``: what gradcheck and gradgradcheck perturb, at a cost that
     does not grow with the number of weights. The other inputs are held fixed."""
+    from .structure import flat_view
+
+    module = flat_view(module)
     inputs = graph_inputs(graph, shapes, seed=seed)
     checked = checked_subset(list(graph.wrt))
     fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
@@ -204,7 +210,9 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
     try:
-        result = module.gradients(**inputs32, grad_loss=cotangent.float())
+        from .structure import flat_view
+
+        result = flat_view(module).gradients(**inputs32, grad_loss=cotangent.float())
         ours32 = {name: getattr(result, name) for name in graph.wrt}
         if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
             raise ValueError("a gradient has the wrong shape")

@@ -59,17 +59,19 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
 
 def _build_structured(spec: Spec, label: str) -> Built:
     """A spec with blocks: each block derived once, the module calls it per instance (``structure``)."""
+    from .plan import _class_table
     from .roles import input_roles
     from .structure import build_structured, render_structured
 
     structured = build_structured(spec)
     shapes = small_shapes(structured.flat_graph)
     test_context = dict(wrt=list(structured.graph.wrt), small_shapes=shapes, roles=input_roles(structured.flat_graph),
-                        testdata_source=TESTDATA_SOURCE)
+                        testdata_source=TESTDATA_SOURCE, classes=_class_table(structured.flat_graph, shapes))
     files = render_structured(structured, label, test_context)
     rendered = Rendered(spec.name, files, [])
     _check_compiles(rendered)
-    return Built(label, structured.graph, structured.program, rendered, shapes)
+    # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
+    return Built(label, structured.flat_graph, structured.program, rendered, shapes)
 
 
 class GeneratorError(SymgradError):

@@ -339,7 +339,7 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
 
     from . import __version__
     from .emit import _environment, _line, _lines
-    from .plan import _helpers
+    from .plan import _helpers, _running_statistics
     from .printing import to_code
     from .write import with_header
 
@@ -382,6 +382,10 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         positional_wrt=[name for name in graph.wrt if name not in sources],
         positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
         param_returns=[(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt if name in sources],
+        positional=positional,
+        sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
+        running_statistics=_running_statistics(structured.flat_graph),
+        function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
     )
     environment = _environment()
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
@@ -392,3 +396,38 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         body = environment.get_template(template).render(**values)
         files[file_name] = with_header(body, spec_label, spec_hash, comment="python")
     return files
+
+
+class FlatView:
+    """A structured module seen with the flat module's calling convention (every input by its spec
+    name, each gradient an attribute), for the checks ``symgrad verify`` and ``generate --verify``
+    run on either."""
+
+    def __init__(self, module):
+        self.module = module
+        self.sources = {name: key for name, (key, _) in getattr(module, "SOURCES", {}).items()}
+
+    def _arguments(self, inputs: dict) -> dict:
+        named = {name: value for name, value in inputs.items() if name not in self.sources}
+        if self.sources:
+            named["params"] = {self.sources[name]: inputs[name] for name in self.sources}
+        return named
+
+    def forward(self, **inputs):
+        return self.module.forward(**self._arguments(inputs))
+
+    def gradients(self, grad_loss=None, **inputs):
+        import types
+
+        result = self.module.gradients(**self._arguments(inputs), grad_loss=grad_loss)._asdict()
+        params = result.pop("params", {})
+        result.update({name: params[key] for name, key in self.sources.items() if key in params})
+        return types.SimpleNamespace(**result)
+
+    def loss_with_explicit_backward(self, recompute=False, **inputs):
+        return self.module.loss_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
+
+
+def flat_view(module):
+    """``module`` itself, or a :class:`FlatView` of it when it was written as blocks."""
+    return FlatView(module) if getattr(module, "STRUCTURED", False) else module
