@@ -118,6 +118,9 @@ class Primitive:
     helper: str = ""
     """Source of a module-level function the emitted code calls, written once into every generated
     module whose statements use this primitive."""
+    outputs: int | None = None
+    """For an op returning a tuple (a fused kernel's gradients): how many entries it has, so that
+    the code unpacks it as ``a, b, _ = ...``; None: a single value, or a tuple of unknown length."""
 
 
 LINEAR = "linear"
@@ -127,11 +130,12 @@ CONSTANT = "constant"
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "") -> Primitive:
+def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
+              outputs: int | None = None) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs)
     return PRIMITIVES[name]
 
 

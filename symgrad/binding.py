@@ -54,20 +54,27 @@ class Bound(torch.nn.Module):
         super().__init__()
         self.model = model
         self.generated = generated
+        self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
         sources = getattr(generated, "SOURCES", None)
+        if self.structured and isinstance(getattr(generated, "SHAPES", None), dict):  # keyed by state_dict key
+            sources = {key: (key, shape) for key, shape in generated.SHAPES.items()}
         if not isinstance(sources, dict) or not hasattr(generated, "loss_with_explicit_backward"):
             raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
         arguments = list(inspect.signature(generated.forward).parameters)
-        self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
+        self.sources = sources
         self.data_arguments = tuple(name for name in arguments if name not in sources
                                     and not (self.structured and name == "params"))
         self._arguments = tuple(arguments)
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         _check_matches(generated, model, sources)
+        statistics = getattr(generated, "RUNNING_STATISTICS", ())
+        if self.structured:
+            statistics = [(f"{module}.running_mean", f"{module}.running_var", momentum)
+                          for module, momentum in getattr(generated, "MOMENTA", {}).items()]
         self._statistics = tuple(
             _Statistics(_owner(model, sources[mean][0])[0], mean, var, momentum)
-            for mean, var, momentum in getattr(generated, "RUNNING_STATISTICS", ()))
+            for mean, var, momentum in statistics)
         for statistics in self._statistics:
             if (statistics.module.momentum is None) != (statistics.momentum is None) or (
                     statistics.momentum is not None and statistics.module.momentum != statistics.momentum):
@@ -99,7 +106,7 @@ class Bound(torch.nn.Module):
                 previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
                                  1.0 / float(counter)))
         if self.structured:
-            params = {key: arguments[name] for name, (key, _) in self.generated.SOURCES.items()}
+            params = {key: arguments[name] for name, (key, _) in self.sources.items()}
             loss = self.generated.loss_with_explicit_backward(**data, params=params)
         else:
             loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})

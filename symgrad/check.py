@@ -109,7 +109,7 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     """Float64, random cotangent, inputs by role, at each of ``shapes``; ``progress`` hears each step."""
     from .structure import flat_view
 
-    module = flat_view(module)
+    module = flat_view(module, graph)
     for shape_set in shapes:  # a check that cannot fit says so before it starts
         require_memory(graph, shape_set, 8, "the float64 test shapes")
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
@@ -157,7 +157,7 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     does not grow with the number of weights. The other inputs are held fixed."""
     from .structure import flat_view
 
-    module = flat_view(module)
+    module = flat_view(module, graph)
     inputs = graph_inputs(graph, shapes, seed=seed)
     checked = checked_subset(list(graph.wrt))
     fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
@@ -212,7 +212,7 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     try:
         from .structure import flat_view
 
-        result = flat_view(module).gradients(**inputs32, grad_loss=cotangent.float())
+        result = flat_view(module, graph).gradients(**inputs32, grad_loss=cotangent.float())
         ours32 = {name: getattr(result, name) for name in graph.wrt}
         if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
             raise ValueError("a gradient has the wrong shape")

@@ -65,8 +65,45 @@ def _line(statement, dead: tuple[str, ...] = ()) -> Line:
                 to_latex(statement.target), to_latex(math), dead)
 
 
-def _lines(scheduled: list[Scheduled]) -> list[Line]:
-    return [_line(item.statement, item.dead) for item in scheduled]
+def _lines(scheduled: list[Scheduled], steps: list | None = None) -> list[Line]:
+    """The scheduled statements printed, a fused kernel's tuple unpacked where it is made
+    (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry; with
+    ``steps`` (each statement's derivation step), each line's step is ``steps`` entry, in place."""
+    lines, index = [], 0
+    kept = []
+    while index < len(scheduled):
+        line, used = _unpacked(scheduled, index)
+        lines.append(line)
+        kept.append(index)
+        index += used
+    if steps is not None:
+        steps[:] = [steps[position] for position in kept]
+    return lines
+
+
+def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
+    """The line for ``scheduled[index]`` and how many statements it stands for: one, or a tuple made
+    there together with the ``t[i]`` reads right after it, when they are its only uses."""
+    from .algebra import TensorOp
+
+    item = scheduled[index]
+    value, target = item.statement.value, item.statement.target
+    outputs = value.primitive.outputs if isinstance(value, TensorOp) else None
+    reads, position = {}, index + 1
+    while position < len(scheduled):
+        read = scheduled[position].statement.value
+        if not (isinstance(read, TensorOp) and read.primitive.name == "item" and read.operands[0] == target):
+            break
+        reads[read.params["index"]] = scheduled[position]
+        position += 1
+    dead = [name for other in reads.values() for name in other.dead]
+    if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
+        return _line(item.statement, item.dead), 1
+    names = ", ".join(reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs))
+    code = to_code(value)
+    dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))
+    return (Line(names, code, item.statement.comment, f"{names} = {code}", to_latex(target), to_latex(value), dying),
+            position - index)
 
 
 def _is_mask(statement) -> bool:
@@ -109,7 +146,8 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     names = [node.name for node in graph.inputs]
     forward = [_line(statement) for statement in planned.forward]
     readable_backward = [_line(statement) for statement in planned.readable_backward]
-    gradients_backward = _lines(planned.backward)
+    step_of_line = list(planned.step_of_line)
+    gradients_backward = _lines(planned.backward, step_of_line)
     descriptions = _node_description(program)
     kinds = {"input": "leaf", "layer": "intermediate", "loss": "output"}
     node_rows = [dict(name=node.name, op=descriptions.get(node.name, "input"), shape=list(node.shape),
@@ -117,7 +155,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
                       kind=("leaf (parameter, differentiated)" if node.name in graph.wrt else "leaf (constant)")
                       if node.kind == "input" else kinds[node.kind]) for node in graph.nodes.values()]
     lines_of_step: dict[int, list[int]] = {}
-    for index, line_step in enumerate(planned.step_of_line, 1):
+    for index, line_step in enumerate(step_of_line, 1):
         lines_of_step.setdefault(line_step, []).append(index)
     step_views = []
     for number, step in enumerate(program.steps, 1):
@@ -197,7 +235,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         mathml_css=MATHML_CSS,
         gradients_mathml=aligned([(line.latex_target, line.latex) for line in readable_backward]),
         code_lines=[dict(number=index, step=step, text=str(escape(f"{line.target} = {line.code}")))
-                    for index, (line, step) in enumerate(zip(gradients_backward, planned.step_of_line), 1)],
+                    for index, (line, step) in enumerate(zip(gradients_backward, step_of_line), 1)],
     )
     environment = _environment()
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()

@@ -61,13 +61,14 @@ def _build_structured(spec: Spec, label: str) -> Built:
     """A spec with blocks: each block derived once, the module calls it per instance (``structure``)."""
     from .plan import _class_table
     from .roles import input_roles
-    from .structure import build_structured, render_structured
+    from .structure import build_structured, render_documents, render_structured
 
     structured = build_structured(spec)
     shapes = small_shapes(structured.flat_graph)
     test_context = dict(wrt=list(structured.graph.wrt), small_shapes=shapes, roles=input_roles(structured.flat_graph),
                         testdata_source=TESTDATA_SOURCE, classes=_class_table(structured.flat_graph, shapes))
     files = render_structured(structured, label, test_context)
+    files.update(render_documents(structured, label))
     rendered = Rendered(spec.name, files, [])
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`

@@ -159,7 +159,10 @@ def _latex_name(name: str) -> str:
     if "_" in name:  # fc_w -> fc with subscript w; local_padded2_dim3 -> local with subscript padded2_dim3
         head, tail = name.split("_", 1)
         subscript = _latex_name(tail) if "_" not in tail else rf"\mathrm{{{tail.replace('_', chr(92) + '_')}}}"
-        return rf"{_latex_name(head)}_{{{subscript}}}"
+        shown = _latex_name(head)
+        if "_" in shown:  # m0_weight: m_{0} cannot take a second subscript
+            shown = rf"\mathrm{{{head}}}"
+        return rf"{shown}_{{{subscript}}}"
     match = re.fullmatch(r"([A-Za-z])(\d*)", name)
     if match:
         letter, digits = match.groups()
@@ -315,7 +318,7 @@ class _Layout:
         top = self.top(0, count)
         equals = next((index for index in top if self.tokens[index][0] == "="), None)
         if equals is not None:
-            head, start = self._target(0, equals, indent), equals + 1
+            head, start = self._target(0, equals, indent, count), equals + 1
         elif self.tokens[0][0] in ("return", "del", "raise", "assert"):
             head, start = [self.tokens[0][0] + " "], 1
         else:
@@ -324,10 +327,12 @@ class _Layout:
         first = head[-1]
         return lines + self._value(start, count, indent, first)
 
-    def _target(self, start: int, equals: int, indent: int) -> list[str]:
-        """``a = `` or, for a target tuple too long for one line, ``(``, one name a line, ``) = ``."""
+    def _target(self, start: int, equals: int, indent: int, stop: int) -> list[str]:
+        """``a = `` or, for a target tuple too long for one line with the start of its value (up to
+        the value's first bracket), ``(``, the names, ``) = ``."""
         target = self.text(start, equals)
-        if self.fits(indent, target, " = (") or not self._commas(start, equals):
+        opening = next((index for index in self.top(equals + 1, stop) if index in self.closes), stop - 1)
+        if self.fits(indent, target, " = ", self.text(equals + 1, opening + 1)) or not self._commas(start, equals):
             return [target + " = "]
         inner = self.elements(start, equals, indent + 4)
         return ["("] + [line[indent:] for line in inner] + [") = "]
@@ -368,7 +373,20 @@ class _Layout:
         return [index for index in binary if _PRIORITY[self.tokens[index][0]] == loosest]
 
     def elements(self, start: int, stop: int, indent: int) -> list[str]:
-        """``start:stop`` split at its top-level commas: one element a line, each with its comma."""
+        """``start:stop`` split at its top-level commas: one element a line, each with its comma; a
+        list of plain names (a signature, a tuple of saved values) fills its lines instead, as a
+        person writes a long list of names."""
+        commas = self._commas(start, stop)
+        bounds = list(zip([start] + [comma + 1 for comma in commas], commas + [stop]))
+        names = [self.text(begin, end) for begin, end in bounds if begin < end]
+        if len(names) > 2 and all(end - begin == 1 and self.tokens[begin][0].isidentifier() for begin, end in bounds
+                                  if begin < end):
+            lines = [" " * indent]
+            for name in names:
+                if len(lines[-1]) > indent and len(lines[-1]) + 1 + len(name) + 1 > self.width:
+                    lines.append(" " * indent)
+                lines[-1] += ("" if len(lines[-1]) == indent else " ") + name + ","
+            return lines
         lines, begin = [], start
         for comma in self._commas(start, stop) + [stop]:
             if begin < comma:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .algebra import CONSTANT, primitive, tensor, TensorOp, Params
+from .algebra import primitive, tensor, TensorOp, Params
 from .blocks import BlockSpec, flatten
 from .errors import SpecError
 from .graph import Graph, build_graph
@@ -41,22 +41,16 @@ def _block_parameters(operands, params, show):
 
 
 def _forward_code(operands, params, show):
-    count, saving = params["inputs"], params["saving"]
-    inputs = operands[:count]
-    mapping = _block_parameters(operands[count:len(operands) - saving], params, show)
-    return f"{params['block']}_forward({', '.join(inputs + [mapping] + operands[len(operands) - saving:])})"
+    count = params["inputs"]
+    mapping = _block_parameters(operands[count:], params, show)
+    return f"{params['block']}_forward({', '.join(operands[:count] + [mapping])}{', save=True' if params['saving'] else ''})"
 
 
 def _backward_code(operands, params, show):
-    count = params["inputs"]
-    inputs = operands[:count]
-    mapping = _block_parameters(operands[count:-2], params, show)
-    return f"{params['block']}_backward({', '.join(inputs + [mapping] + operands[-2:])})"
+    return f"{params['block']}_backward({operands[0]}, {operands[1]})"
 
 
-primitive("new_saved_list", code=lambda operands, params, show: "[]",
-          latex=lambda operands, params, show: r"\varnothing", tangent=CONSTANT)
-primitive("block_forward", code=_forward_code,
+primitive("block_forward", code=_forward_code, outputs=2,
           latex=lambda operands, params, show: rf"\operatorname{{{params['block']}}}\left({', '.join(operands[:params['inputs']])}\right)".replace("_", r"\_"))
 primitive("block_backward", code=_backward_code,
           latex=lambda operands, params, show: rf"\operatorname{{{params['block']}}}^{{*}}\left({operands[-1]}\right)".replace("_", r"\_"))
@@ -123,17 +117,19 @@ class BlockRule(Rule):
     def forward(self, node):
         block = self.derived.spec
         arguments = [node.operands[name] for name in block.operands]
-        if node.fused:  # what `gradients` runs: the block's forward keeps what its backward reads
-            arguments.append(node.local("saved", TensorOp("new_saved_list", Params.of(node=node.name)),
-                                        note=f"{block.name}_forward fills it with what {block.name}_backward reads"))
-        return Forward(TensorOp("block_forward", Params.of(**self._call_params(node), saving=node.fused), *arguments))
+        call = TensorOp("block_forward", Params.of(**self._call_params(node), saving=node.fused), *arguments)
+        if not node.fused:
+            return Forward(call)
+        # what `gradients` runs: the block's forward also returns what its backward reads
+        made = node.local("call", call, note=f"{block.name}_forward: its output, and what its backward reads")
+        node.local("saved", TensorOp("item", Params.of(index=1), made), note="what the block's backward reads")
+        return Forward(TensorOp("item", Params.of(index=0), made))
 
     def pullback(self, node, grad, wanted):
         block, derived = self.derived.spec, self.derived
-        arguments = ([node.operands[name] for name in derived.backward_inputs]
-                     + [node.operands[name] for name in block.param_names] + [tensor(f"saved_{node.name}"), grad])
-        params = dict(self._call_params(node), inputs=len(derived.backward_inputs))
-        grads = node.local("grads", TensorOp("block_backward", Params.of(**params), *arguments),
+        # the saved list holds what the block's backward reads, its inputs and parameters included
+        params = dict(block=block.name)
+        grads = node.local("grads", TensorOp("block_backward", Params.of(**params), tensor(f"saved_{node.name}"), grad),
                            note=f"{block.name}_backward: the gradients of its inputs and parameters")
         keys = dict(block.params)
         missing = set(wanted) - set(derived.gradients)
@@ -296,7 +292,9 @@ def _block_view(derived: DerivedBlock) -> dict:
         name=block.name, inputs=list(block.inputs), output=output.name,
         forward_unpack=[(name, key) for name, key in block.params if name in read_forward],
         backward_unpack=[(name, key) for name, key in block.params if name in read_backward],
-        forward=_lines(forward), saved_names=planned.saved_names,
+        forward=_lines(forward),
+        saved_names=list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
+        + planned.saved_names,
         backward=_lines(backward), backward_inputs=list(derived.backward_inputs),
         gradient_keys=[keys.get(name, name) for name in derived.gradients],
         returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients],
@@ -319,10 +317,8 @@ def _direct_names(expression) -> set[str]:
     operands = expression.args
     if isinstance(expression, TensorOp):
         operands = expression.operands
-        if expression.primitive.name in ("block_forward", "block_backward") and expression.params["scope"]:
-            count = expression.params["inputs"]
-            tail = 2 if expression.primitive.name == "block_backward" else int(bool(expression.params["saving"]))
-            operands = operands[:count] + operands[len(operands) - tail:]
+        if expression.primitive.name == "block_forward" and expression.params["scope"]:
+            operands = operands[:expression.params["inputs"]]
         names = set()
         for value in (expression.params,):
             names |= {symbol.name for symbol in value.free_symbols}
@@ -331,6 +327,53 @@ def _direct_names(expression) -> set[str]:
     for operand in operands:
         names |= _direct_names(operand)
     return names
+
+
+def _returned_parameters(structured: Structured, sources: dict, inlined: dict, inlined_from: dict, backward: list):
+    """The ``params`` gradients ``_backward_from_saved`` returns: ``**_prefixed("layer1.0", grads)``
+    for an instance whose block's gradient mapping holds exactly its own parameters' gradients (its
+    inputs' taken out already, none shared with another instance), one entry each for the rest."""
+    graph = structured.graph
+    popped: dict[str, set[str]] = {}
+    for item in backward:
+        for expression in item.statement.value.atoms(TensorOp):
+            if expression.primitive.name == "gradient_of":
+                popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
+    merged, covered = [], set()
+    for node in graph.nodes.values():
+        if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
+            continue
+        derived = node.rule.derived
+        grads = f"grads_{node.name}"
+        keys = dict(derived.spec.params)
+        params = [name for name in derived.gradients if name in keys]
+        bound = {name: node.operands[name] for name in params}
+        inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
+        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                  for value in bound.values())
+        if params and own and inputs_taken:
+            merged.append((node.params["_scope"], grads))
+            covered |= set(bound.values())
+    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
+               if name in sources and name not in covered]
+    return merged, returns
+
+
+def _momenta(statistics, sources: dict) -> list[str]:
+    """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key."""
+    return [f'"{sources[mean].rsplit(".", 1)[0]}": {momentum},' for mean, _, momentum in statistics]
+
+
+def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
+    """``entries`` (each ending in a comma) joined into as few lines of at most ``width`` columns
+    as they fill in order: a table's rows, not a statement, so several to a line."""
+    lines: list[str] = []
+    for entry in entries:
+        if lines and indent + len(lines[-1]) + 1 + len(entry) <= width:
+            lines[-1] += " " + entry
+        else:
+            lines.append(entry)
+    return lines
 
 
 def render_structured(structured: Structured, spec_label: str, test_context: dict) -> dict[str, str]:
@@ -347,7 +390,8 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
     sources = {item.name: item.source for item in spec.inputs if item.source}
     positional = [item.name for item in spec.inputs if not item.source]
     signature = ", ".join(positional + (["params"] if sources else []))
-    inlined = {}
+    inlined: dict[str, str] = {}
+    inlined_from: dict[str, TensorOp] = {}
     backward = []
     for item in planned.backward:
         statement = item.statement
@@ -355,8 +399,14 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
                 and value.primitive.name == "gradient_of"):
             inlined[statement.gradient_of] = to_code(value)
+            inlined_from[statement.gradient_of] = value
             continue
+        if isinstance(value, TensorOp) and value.primitive.name in ("gradient_of", "block_backward"):
+            # `grads_b = block_backward(...)`, `grads_b.pop("x")`: the code says it
+            item = dataclasses.replace(item, statement=dataclasses.replace(statement, comment=""))
         backward.append(item)
+
+    merged, param_returns = _returned_parameters(structured, sources, inlined, inlined_from, backward)
 
     def unpack(statements):
         read = _read(statements)
@@ -381,10 +431,10 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         signature=signature, reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
         positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
-        param_returns=[(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt if name in sources],
+        param_returns=param_returns, merged_returns=merged,
         positional=positional,
-        sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
-        running_statistics=_running_statistics(structured.flat_graph),
+        shape_lines=_packed([f'"{item.source}": {tuple(item.shape)!r},' for item in spec.inputs if item.source]),
+        momentum_lines=_packed(_momenta(_running_statistics(structured.flat_graph), sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
     )
     environment = _environment()
@@ -403,9 +453,9 @@ class FlatView:
     name, each gradient an attribute), for the checks ``symgrad verify`` and ``generate --verify``
     run on either."""
 
-    def __init__(self, module):
+    def __init__(self, module, graph: Graph):
         self.module = module
-        self.sources = {name: key for name, (key, _) in getattr(module, "SOURCES", {}).items()}
+        self.sources = {item.name: item.source for item in graph.spec.inputs if item.source}
 
     def _arguments(self, inputs: dict) -> dict:
         named = {name: value for name, value in inputs.items() if name not in self.sources}
@@ -428,6 +478,63 @@ class FlatView:
         return self.module.loss_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
 
 
-def flat_view(module):
-    """``module`` itself, or a :class:`FlatView` of it when it was written as blocks."""
-    return FlatView(module) if getattr(module, "STRUCTURED", False) else module
+def flat_view(module, graph: Graph):
+    """``module`` itself, or a :class:`FlatView` of it when it was written as blocks (``graph``: the
+    flat graph of its spec, whose inputs say which come in ``params``)."""
+    return FlatView(module, graph) if getattr(module, "STRUCTURED", False) else module
+
+
+def _section(title: str, anchor: str, program: Program, graph: Graph, instances=(), inputs=(), params=(),
+             diagram: bool = False) -> dict:
+    """One block's (or the top level's) derivation, for the documents."""
+    from markupsafe import escape
+
+    from .diagram import svg
+    from .mathml import mathml
+    from .printing import to_code, to_latex
+
+    steps = []
+    for step in program.steps:
+        if instances and step.node == "loss":  # a block's end: its output's gradient comes from the caller
+            continue
+        contributions = [dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
+                              branch=len(program.branch_sums.get(source, [])))
+                         for operand, source, value in step.contributions]
+        locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
+        steps.append(dict(node=step.node, incoming=to_latex(step.incoming), incoming_mathml=mathml(to_latex(step.incoming)),
+                          locals=locals_, locals_mathml=[mathml(local) for local in locals_],
+                          contributions=contributions))
+    forward = [f"{statement.target.name} = {to_code(statement.value)}" for statement in program.forward
+               if statement.target.name != "loss" or not instances]
+    return dict(title=title, anchor=anchor, instances=list(instances), inputs=list(inputs), params=list(params),
+                forward=[str(escape(line)) for line in forward] if diagram else forward, steps=steps,
+                svg=svg(graph) if diagram else "")
+
+
+def render_documents(structured: Structured, spec_label: str) -> dict[str, str]:
+    """``<name>.md`` and ``<name>.html``: each block's derivation once, then the top level."""
+    import hashlib
+
+    from . import __version__
+    from .emit import NOTATION, _environment, _notation_html
+    from .mathml import CSS
+    from .write import with_header
+
+    spec = structured.spec
+    instances: dict[str, list[str]] = {}
+    for layer in spec.layers:
+        if layer.block:
+            instances.setdefault(layer.block, []).append(layer.out)
+    environment = _environment()
+    spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
+    files = {}
+    for template, suffix, html in (("structured.md.jinja", "md", False), ("structured.html.jinja", "html", True)):
+        sections = [_section(f"Block {name}", f"block-{name}", block.program, block.graph, instances[name],
+                             block.spec.inputs, [key for _, key in block.spec.params], diagram=html)
+                    for name, block in structured.blocks.items()]
+        sections.append(_section("Top level", "top-level", structured.program, structured.graph, diagram=False))
+        body = environment.get_template(template).render(
+            name=spec.name, version=__version__, spec_label=spec_label, notation=NOTATION,
+            notation_html=_notation_html(), mathml_css=CSS, sections=sections)
+        files[f"{spec.name}.{suffix}"] = with_header(body, spec_label, spec_hash, comment="markup")
+    return files

@@ -233,29 +233,46 @@ primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex, 
 
 
 def _backward_code(operands, params, show):
+    """``_convolution_backward(grad, x, w, [mask], stride=2, padding=1)``: the arguments that differ
+    from a plain convolution's, as ``F.conv2d`` is written (the helper fills in the rest)."""
     grad, x, w = operands
     dims = params["dims"]
-    bias = f"[{w}.shape[0]]" if params["output_mask"][2] else "None"
-    listed = lambda values: "[" + ", ".join(map(str, values)) + "]"  # noqa: E731
-    bias = f"[{w}.shape[1] * {params['groups']}]" if params["output_mask"][2] and params.get("transposed") else bias
-    output_padding = params.get("output_padding", (0,) * dims)
-    return (f"_convolution_backward({grad}, {x}, {w}, bias_sizes={bias}, stride={listed(params['stride'])}, "
-            f"padding={listed(params['padding'])}, dilation={listed(params['dilation'])}, "
-            f"transposed={bool(params.get('transposed'))}, output_padding={listed(output_padding)}, "
-            f"groups={params['groups']}, output_mask={listed(params['output_mask'])})")
+    mask = "[" + ", ".join(map(str, params["output_mask"])) + "]"
+    parts = []
+    for key, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        if any(value != default for value in params[key]):
+            parts.append(f"{key}={show_ints(tuple(params[key]))}")
+    if params.get("transposed"):
+        parts.append("transposed=True")
+    output_padding = tuple(params.get("output_padding", (0,) * dims))
+    if any(value != 0 for value in output_padding):
+        parts.append(f"output_padding={show_ints(output_padding)}")
+    if params["groups"] != 1:
+        parts.append(f"groups={params['groups']}")
+    if params["output_mask"][2]:
+        parts.append(f"bias_sizes=[{w}.shape[1] * {params['groups']}]" if params.get("transposed")
+                     else f"bias_sizes=[{w}.shape[0]]")
+    return f"_convolution_backward({grad}, {x}, {w}, {mask}" + "".join(", " + part for part in parts) + ")"
 
 
 def _backward_latex(operands, params, show):
     return rf"\operatorname{{conv\_backward}}\left({', '.join(operands)}\right)"
 
 
-CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, **arguments):
-    """``torch.ops.aten.convolution_backward``, autograd's own (twice differentiable) kernel.
-
-    Autocast covers forward ops only. Under autocast the forward convolution ran in the autocast
-    dtype, so its backward runs in it too, as autograd's does; each gradient is returned in the
-    dtype of the tensor it belongs to.
+CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0,
+                          dilation=1, transposed=False, output_padding=0, groups=1,
+                          bias_sizes=None):
+    """``torch.ops.aten.convolution_backward``, autograd's own (twice differentiable) kernel: the
+    gradients of input, weight and bias that ``output_mask`` asks for (ints stand for every spatial
+    dim, as in ``F.conv2d``). Under autocast it runs in the dtype the forward ran in, as autograd's
+    does, and returns each gradient in the dtype of the tensor it belongs to.
     """
+    dims = weight.dim() - 2
+    arguments = dict(
+        bias_sizes=bias_sizes, transposed=transposed, groups=groups, output_mask=output_mask,
+        **{key: [value] * dims if isinstance(value, int) else list(value) for key, value in (
+            ("stride", stride), ("padding", padding), ("dilation", dilation),
+            ("output_padding", output_padding))})
     device = grad_output.device.type
     if not torch.is_autocast_enabled(device):
         return torch.ops.aten.convolution_backward(grad_output, input, weight, **arguments)
@@ -269,7 +286,7 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 
-primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD)
+primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD, outputs=3)
 class Convolution(Rule):
     operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
     params = {

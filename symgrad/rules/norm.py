@@ -97,9 +97,10 @@ def _native_code(operands, params, show):
     return f"torch.native_batch_norm({arguments}, True, {show(params['momentum'])}, {show(params['eps'])})"
 
 
-primitive("native_batch_norm", code=_native_code,
+primitive("native_batch_norm", code=_native_code, outputs=3,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
-BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps, output_mask):
+BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
+                         output_mask=(True, True, True)):
     """Training-mode batch_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel,
     from the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its
@@ -108,14 +109,21 @@ BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, me
     """
     return torch.ops.aten.native_batch_norm_backward(
         grad_output.to(input.dtype), input, weight, None, None, mean, invstd, True, eps,
-        output_mask)
+        list(output_mask))
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
-primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD,
-          code=lambda operands, params, show: (
-              f"_batch_norm_backward({operands[0]}, {operands[1]}, {operands[2] if params['weighted'] else 'None'}, "
-              f"{operands[-2]}, {operands[-1]}, eps={show(params['eps'])}, output_mask={list(params['output_mask'])})"),
+def _batch_norm_backward_code(operands, params, show):
+    """``_batch_norm_backward(grad, x, weight, mean, invstd)``, eps and the mask where they are not
+    the defaults (1e-05, every gradient)."""
+    weight = operands[2] if params["weighted"] else "None"
+    extra = "" if float(params["eps"]) == 1e-05 else f", eps={show(params['eps'])}"
+    if not all(params["output_mask"]):
+        extra += f", output_mask={list(params['output_mask'])}"
+    return f"_batch_norm_backward({operands[0]}, {operands[1]}, {weight}, {operands[-2]}, {operands[-1]}{extra})"
+
+
+primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_batch_norm_backward_code,
           latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
 
 

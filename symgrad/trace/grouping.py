@@ -1,9 +1,9 @@
 """Blocks from the model's own structure: the instances of one module class that run the same ops.
 
-``symgrad trace --blocks`` groups the traced layers by the ``nn.Module`` they ran in. A submodule
-(not a container: ``Sequential``, ``ModuleList``, ``ModuleDict`` hold no ops of their own) whose
-layers are contiguous, read the rest of the network through a few tensors and hand back one, is a
-candidate instance; candidates with the same class, the same ops and arguments, the same parameter
+``symgrad trace`` groups the traced layers by the ``nn.Module`` they ran in. A submodule (not a plain
+``Sequential``, ``ModuleList`` or ``ModuleDict``, which hold no ops of their own; a class derived
+from one is its author's block) whose layers are contiguous, read the rest of the network through a
+few tensors and hand back one, is a candidate instance; candidates with the same class, the same ops and arguments, the same parameter
 keys and the same operand ranks and size-1 axes (what a derivation may depend on besides sizes) are
 instances of one block, written once under ``blocks:`` and used with ``prefix:`` (its module path),
 as the model's author wrote the class once. Channel counts differ freely between instances: they
@@ -57,7 +57,7 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
     candidates = []
     for path in sorted({prefix for module in modules_of_layers for prefix in _prefixes(module)}, key=_depth):
         module = modules.get(path)
-        if module is None or isinstance(module, CONTAINERS) or next(iter(module.children()), None) is None:
+        if module is None or type(module) in CONTAINERS or next(iter(module.children()), None) is None:
             continue
         inside = [index for index, module_path in enumerate(modules_of_layers)
                   if module_path == path or module_path.startswith(path + ".")]
@@ -91,17 +91,25 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
             blocks[name] = candidate["block"]
     start_of = {candidate["indices"][0]: candidate for candidate in chosen}
     covered = {index for candidate in chosen for index in candidate["indices"]}
+    renamed: dict[str, str] = {}  # an instance's output is called as its module is (layer1_0)
+    for candidate in chosen:
+        plain = re.sub(r"[^A-Za-z0-9_]", "_", candidate["path"])
+        if plain[0].isalpha() and plain not in taken:
+            renamed[candidate["output"]] = plain
+            taken.add(plain)
     new_layers = []
     for index, layer in enumerate(layers):
         if index in start_of:
             candidate = start_of[index]
-            external = candidate["external"]
+            external = [renamed.get(name, name) for name in candidate["external"]]
             new_layers.append({"block": names[candidate["key"]],
                                "in": external if len(external) > 1 else external[0],
-                               "prefix": candidate["path"], "out": candidate["output"]})
+                               "prefix": candidate["path"], "out": renamed.get(candidate["output"], candidate["output"])})
         elif index not in covered:
-            new_layers.append(layer)
-    return {**spec, "blocks": blocks, "layers": new_layers}
+            new_layers.append({key: value if key in ("op", "out") else _renamed(value, renamed)
+                               for key, value in layer.items()})
+    loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
+    return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}
 
 
 def _prefixes(path: str) -> list[str]:
@@ -131,6 +139,16 @@ def _last_readers(spec: dict) -> dict[str, int]:
     return last
 
 
+def _local_name(name: str) -> str:
+    """``name`` as a block-local name the spec accepts (``0_weight``, a Sequential child's: ``m0_weight``)."""
+    from ..spec import check_identifier
+
+    if name and check_identifier(name) is None:
+        return name
+    name = f"m{name}" if name and name[0].isdigit() else f"v_{name}"
+    return name if check_identifier(name) is None else ""  # "": no such name; the candidate is not a block
+
+
 def _signature(shape: tuple) -> tuple:
     return (len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1))
 
@@ -155,7 +173,7 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
                 source = sources.get(name)
                 if source and source.startswith(prefix):
                     key_name = source[len(prefix):]
-                    local[name] = re.sub(r"[^A-Za-z0-9_]", "_", key_name)
+                    local[name] = _local_name(re.sub(r"[^A-Za-z0-9_]", "_", key_name))
                     params.append((local[name], key_name))
                 else:
                     if sources.get(name):  # another module's parameter: not this block's own
@@ -163,11 +181,10 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
                     local[name] = "x" if not external else f"x{len(external) + 1}"
                     external.append(name)
         out = layer["out"]
-        inner = out[len(plain):] if out.startswith(plain) else out
-        if not inner or not inner[0].isalpha():
-            inner = f"v_{inner}"
-        local[out] = inner
-    if len(set(local.values())) != len(local) or any(value in ("p", "saved", "grad_output") for value in local.values()):
+        local[out] = _local_name(out[len(plain):] if out.startswith(plain) else out)
+    own = [local[name] for name in local if name not in external]  # the block's names for params and nodes
+    if (len(set(local.values())) != len(local) or "" in own
+            or any(value in ("p", "save", "saved", "grad_output") or re.fullmatch(r"x\d*", value) for value in own)):
         return None
     block_layers = []
     for index in indices:
