@@ -50,12 +50,18 @@ def _backward_code(operands, params, show):
     return f"{params['block']}_backward({operands[0]}, {operands[1]})"
 
 
+def _text(name: str) -> str:
+    """A block's name or a parameter key as LaTeX text."""
+    return r"\mathrm{" + name.replace("_", r"\_") + "}"
+
+
 primitive("block_forward", code=_forward_code, outputs=2,
-          latex=lambda operands, params, show: rf"\operatorname{{{params['block']}}}\left({', '.join(operands[:params['inputs']])}\right)".replace("_", r"\_"))
+          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}\left("
+                                               rf"{', '.join(operands[:params['inputs']])}\right)")
 primitive("block_backward", code=_backward_code,
-          latex=lambda operands, params, show: rf"\operatorname{{{params['block']}}}^{{*}}\left({operands[-1]}\right)".replace("_", r"\_"))
+          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}^{{*}}\left({operands[-1]}\right)")
 primitive("gradient_of", code=lambda operands, params, show: f'{operands[0]}.pop("{params["key"]}")',
-          latex=lambda operands, params, show: rf"{operands[0]}_{{\mathrm{{{params['key']}}}}}".replace("_", r"\_"))
+          latex=lambda operands, params, show: rf"{operands[0]}\left[{_text(params['key'])}\right]")
 
 
 class BlockOutput(Rule):
@@ -136,7 +142,7 @@ class BlockRule(Rule):
         if missing:
             raise NotImplementedError(f"block {block.name} derives no gradient for {sorted(missing)}")
         return {operand: TensorOp("gradient_of", Params.of(key=keys.get(operand, operand)), grads)
-                for operand in wanted}
+                for operand in block.operands if operand in wanted}
 
 
 @dataclass
