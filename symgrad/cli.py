@@ -74,7 +74,8 @@ def main() -> None:
 @click.option("--show-derivation", is_flag=True, help="Print the whole derivation document too.")
 @click.option("--hvp", is_flag=True, help="Also emit hvp(...): closed-form Hessian-vector products.")
 @click.option("--per-sample", is_flag=True, help="Also emit per_sample_gradients(...) (needs reduction: per_sample).")
-def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
+@click.option("--flat", is_flag=True, help="Write a spec's blocks out instance by instance (one function for all).")
+def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
 
@@ -83,7 +84,8 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample):
     try:
         extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files
-            rendered_all.append((spec_path, build(spec_path, _spec_label(spec_path, Path(output)), extras=extras)))
+            rendered_all.append((spec_path, build(spec_path, _spec_label(spec_path, Path(output)), extras=extras,
+                                                  flat=flat)))
         _refuse_name_clashes([(spec_path, result.rendered.name) for spec_path, result in rendered_all],
                              Path(output), force)
     except SymgradError as error:
@@ -408,8 +410,9 @@ def _registry_certificates():
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
 @click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop with an error if tracing takes longer than this.")
+@click.option("--flat", is_flag=True, help="Every layer inline, instead of one block per repeated submodule class.")
 def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, wrt, spec_name,
-                  output, timeout):
+                  output, timeout, flat):
     """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec."""
     from .trace import LOSS_NAMES, LossChoice, TraceError, load_target, trace
 
@@ -438,7 +441,7 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
         mode = "eval" if eval_mode else "train" if train_mode else None
         text = trace(function, shapes, wrt.split(",") if wrt else None, name, loss=loss, arguments=arguments,
-                     dtypes=dtypes, mode=mode, timeout=timeout)
+                     dtypes=dtypes, mode=mode, timeout=timeout, blocks=not flat)
     except SymgradError as error:
         _fail(error)
     if output == "-":

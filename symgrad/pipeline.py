@@ -32,11 +32,14 @@ class Built:
 
 
 def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) -> Built:
+    flat = flat or "flat" in extras  # as a header records it, so that `check` builds it again the same way
+    extras = tuple(extra for extra in extras if extra != "flat")
     unknown = set(extras) - set(EXTRAS)
     if unknown:
         raise ValueError(f"unknown extras {sorted(unknown)}")
     if spec.blocks and not flat and not (set(spec.extras) | set(extras)):
         return _build_structured(spec, label)
+    recorded_flat = ("flat",) if spec.blocks and flat else ()
     spec = flatten(spec)  # every block instance written out (the extras are derived on the flat form)
     graph = build_graph(spec)
     program = derive(graph)  # the readable derivation: the docstring's and documents' formulas
@@ -45,7 +48,7 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
     shapes = small_shapes(graph)
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
     planned = plan(program, fast, shapes, extras=wanted)
-    added = tuple(sorted(set(extras) - set(spec.extras)))  # recorded in headers so `check` can redo them
+    added = tuple(sorted(set(extras) - set(spec.extras))) + recorded_flat  # in the headers: `check` redoes them
     rendered = render(planned, label, recorded_extras=added)
     derived = {statement.target.name for statements in (program.forward, program.backward, fast.forward, fast.backward)
                for statement in statements}

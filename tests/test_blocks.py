@@ -1,0 +1,215 @@
+"""Blocks (issue 23): a sub-chain written once and used per instance, in hand-written specs and in
+traced models. Each block is derived once; the structured module agrees with the flat one (every
+instance written out) and with autograd through the original module at another batch and spatial
+size; bad block specs are refused in one line at their own line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import symgrad.structure
+from symgrad.check import graph_inputs, module_from_source
+from symgrad.errors import SpecError
+from symgrad.pipeline import build, build_text
+from symgrad.structure import flat_view
+from symgrad.testdata import relative_errors
+from symgrad.trace import LossChoice, trace
+
+from .test_trace_models import CASES as MODELS, randomize, reference_loss, source_name
+from .test_trace_zoo_nets import CASES as NETS
+
+ROOT = Path(__file__).resolve().parent.parent
+UNROLLED = ROOT / "examples" / "unrolled_blocks.yaml"
+
+
+def test_a_block_used_four_times_is_derived_once_and_agrees_with_the_flat_form(monkeypatch):
+    derived = []
+    real = symgrad.structure.derive
+    monkeypatch.setattr(symgrad.structure, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    structured = build(UNROLLED)
+    assert len(derived) == 4  # the block and the top level, each readable and fused: not once per instance
+    flat = build(UNROLLED, flat=True)
+    source = structured.rendered.files["unrolled_blocks.py"]
+    assert source.count("def gradient_step_backward(") == 1
+    assert len(re.findall(r"= gradient_step_backward\(", source)) == 4
+    assert "def gradient_step" not in flat.rendered.files["unrolled_blocks.py"]
+    document = structured.rendered.files["unrolled_blocks.md"]
+    assert document.count("## Block gradient_step") == 1 and "Instances: x1, x2, x3, x4" in document
+    ours = flat_view(module_from_source(source, "unrolled_blocks"), flat.graph)
+    theirs = module_from_source(flat.rendered.files["unrolled_blocks.py"], "unrolled_blocks_flat")
+    graph = flat.graph
+    for seed, shapes in enumerate(flat.shapes):  # two small shape sets, other batch and spatial sizes
+        inputs = graph_inputs(graph, shapes, seed=seed)
+        cotangent = torch.randn(theirs.forward(**inputs).shape, dtype=torch.float64,
+                                generator=torch.Generator().manual_seed(seed + 7))
+        expected = torch.autograd.grad(theirs.forward(**inputs), [inputs[name] for name in graph.wrt], cotangent)
+        structured_grads = ours.gradients(**inputs, grad_loss=cotangent)
+        flat_grads = theirs.gradients(**inputs, grad_loss=cotangent)
+        for name, reference in zip(graph.wrt, expected):  # k is shared by the four steps: its gradients add
+            assert relative_errors({name: getattr(structured_grads, name)}, {name: getattr(flat_grads, name)})[name] <= 1e-12
+            assert relative_errors({name: getattr(structured_grads, name)}, {name: reference})[name] <= 1e-10
+
+
+def test_extras_are_derived_on_the_flat_form():
+    built = build(UNROLLED, extras=("hvp",))
+    source = built.rendered.files["unrolled_blocks.py"]
+    assert "def hvp(" in source and "def gradient_step_forward" not in source
+    assert "# extras=hvp" in source.splitlines()[1]
+
+
+BASE = """name: blocky
+inputs:
+  x: {shape: [2, 3, 8, 8]}
+  w1: {shape: [3, 3, 3, 3]}
+  w2: {shape: [3, 3, 3, 3]}
+  t: {shape: [2, 3, 8, 8]}
+blocks:
+  unit:
+    inputs: [h]
+    params: [w]
+    layers:
+      - {op: conv2d, weight: w, padding: 1, out: c}
+      - {op: relu, out: r}
+layers:
+  - {block: unit, in: x, params: {w: w1}, out: a}
+  - {block: unit, in: a, params: {w: w2}, out: b}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, w2]
+"""
+
+
+@pytest.mark.parametrize("old, new, line, words", [
+    ("{block: unit, in: a,", "{block: unt, in: a,", 16, "unknown block 'unt'; did you mean 'unit'?"),
+    ("in: a, params: {w: w2}", "in: a, params: {v: w2}", 16, "block 'unit' has no parameter 'v'"),
+    ("in: a, params: {w: w2}, out: b}", "in: a, out: b}", 16, "does not bind its parameter 'w'"),
+    ("in: a, params", "in: [a, x], params", 16, "takes 1 input(s) (h) but 2 are given"),
+    ("      - {op: relu, out: r}", "      - {block: unit, out: r}", 13, "uses block 'unit' inside it"),
+    ("    params: [w]\n", "    params: [w]\n    output: missing\n", 11, "outputs 'missing', which none of its layers makes"),
+    ("    params: [w]\n", "    params: [w]\n    extra: 1\n", 11, "unknown key 'extra' at block 'unit'"),
+    ("  unit:\n", "  relu:\n", 8, "block name 'relu' is already an op or a tensor name"),
+    ("weight: w, padding", "weight: v, padding", 12, "'weight' names 'v', which is not defined"),
+])
+def test_a_bad_block_is_refused_at_its_line(old, new, line, words):
+    text = BASE.replace(old, new)
+    assert text != BASE
+    with pytest.raises(SpecError) as raised:
+        build_text(text, "blocky.yaml")
+    message = str(raised.value)
+    assert f"blocky.yaml:{line}:" in message and words in message and "\n" not in message, message
+
+
+def test_instances_whose_operands_differ_in_rank_are_refused():
+    text = BASE.replace("  x: {shape: [2, 3, 8, 8]}", "  x: {shape: [3, 8, 8]}").replace(
+        "  t: {shape: [2, 3, 8, 8]}", "  t: {shape: [3, 8, 8]}").replace(
+        "  - {block: unit, in: a, params: {w: w2}, out: b}",
+        "  - {op: unsqueeze, in: a, dim: 0, out: a4}\n  - {block: unit, in: a4, params: {w: w2}, out: b}\n"
+        "  - {op: squeeze, in: b, dim: 0, out: b3}")
+    with pytest.raises(SpecError, match="of other ranks or other size-1 axes") as raised:
+        build_text(text, "blocky.yaml")
+    assert "blocky.yaml:17:" in str(raised.value)
+    assert build_text(text, "blocky.yaml", flat=True).rendered.files  # inlined, the same spec builds
+
+
+def test_the_command_line_refuses_a_bad_block_in_one_line_and_writes_nothing(tmp_path):
+    spec = tmp_path / "blocky.yaml"
+    spec.write_text(BASE.replace("{block: unit, in: a,", "{block: unt, in: a,"))
+    result = subprocess.run([sys.executable, "-m", "symgrad", "generate", str(spec), "-o", str(tmp_path / "out")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "blocky.yaml:16:" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Traced models: the repeated submodules become blocks
+# --------------------------------------------------------------------------------------------
+
+TRACED = {
+    "resnet18": (MODELS["resnet18"], {"x": (2, 3, 32, 32)}, True),
+    "unet_bilinear": (MODELS["unet_bilinear"], None, True),
+    "vgg11_bn": (MODELS["vgg11_bn"], None, False),
+    "dncnn": (MODELS["dncnn"], None, False),
+    "nafnet": (MODELS["nafnet"], None, True),
+    "deeplabv3": (MODELS["deeplabv3"], None, False),
+    "resnet50": (NETS["resnet50"], None, True),
+    "mobilenet_v2": (NETS["mobilenet_v2"], None, True),
+    "densenet": (NETS["densenet"], None, True),
+    "efficientnet_b0": (NETS["efficientnet_b0"], None, True),
+    "regnety": (NETS["regnety"], None, True),
+    "rcan": (NETS["rcan"], None, True),
+}
+"""label: (case, traced shapes where another size gives more repeated blocks, whether blocks are expected)."""
+
+
+def _structured_arguments(module, spec: dict, values: dict) -> dict:
+    """The structured module's arguments: inputs with a ``source`` in one ``params`` mapping."""
+    if not getattr(module, "STRUCTURED", False):
+        return values
+    sources = {name: entry["source"] for name, entry in spec["inputs"].items() if "source" in entry}
+    return {**{name: value for name, value in values.items() if name not in sources},
+            "params": {sources[name]: values[name] for name in sources}}
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("label", list(TRACED))
+def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(label, mode):
+    case, traced, expect_blocks = TRACED[label]
+    traced = traced or case.traced
+    kind = next(kind for kind in case.losses if kind not in ("half_sq_error_function", "nll_loss"))
+    generator = torch.Generator().manual_seed(11)
+    torch.manual_seed(0)
+    model = case.model(**case.init).double()
+    randomize(model, generator)
+    model.train(mode == "train")
+    text = trace(model, traced, name="traced", loss=LossChoice(kind), mode=mode, blocks=True)
+    assert ("\nblocks:\n" in text) == expect_blocks, text[:2000]
+    spec = yaml.safe_load(text)
+    built = build_text(text, f"{label}.yaml")
+    module = module_from_source(built.rendered.files["traced.py"], "traced")
+    inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+              for key, shape in case.checked.items()}  # another batch and spatial size than traced
+    with torch.no_grad():
+        prediction = model(*inputs.values())
+    classes = spec["inputs"]["target"].get("dtype") == "int64"
+    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator) if classes
+              else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+    named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
+    values = {key: inputs.get(key) if key in inputs else target if key == "target" else named[key]
+              for key in spec["inputs"]}
+    weight = torch.randn((), generator=generator, dtype=torch.float64)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    loss = reference_loss(kind, model, list(inputs.values()), target)
+    expected = torch.autograd.grad(loss, [values[key] for key in spec["wrt"]], grad_outputs=weight)
+    model.load_state_dict(before)  # the train-mode forward moved the running statistics
+    result = module.gradients(**_structured_arguments(module, spec, values), grad_loss=weight)
+    fields = result._asdict()
+    sources = {name: entry["source"] for name, entry in spec["inputs"].items() if "source" in entry}
+    scale = max(reference.abs().max().item() for reference in expected)
+    for key, reference in zip(spec["wrt"], expected):
+        value = fields["params"][sources[key]] if key in sources and "params" in fields else fields[key]
+        error = relative_errors({key: value}, {key: reference})[key]
+        assert error <= 1e-10 or (value - reference).abs().max() <= 1e-14 * scale, (label, mode, key, error)
+
+
+def test_the_generated_test_file_of_a_traced_model_with_blocks_passes(tmp_path):
+    case = MODELS["resnet18"]
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    text = trace(model, {"x": (2, 3, 32, 32)}, name="resnet_blocks", loss=LossChoice("cross_entropy"), mode="train",
+                 blocks=True)
+    built = build_text(text, "resnet_blocks.yaml")
+    source = built.rendered.files["resnet_blocks.py"]
+    assert source.count("def basic_block_backward(") == 1 and "_scope(params, \"layer1.1\")" in source
+    assert max(len(line) for line in source.splitlines()) <= 100
+    for name, content in built.rendered.files.items():
+        (tmp_path / name).write_text(content)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                             str(tmp_path / "test_resnet_blocks.py")], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0 and "skipped" not in result.stdout, result.stdout[-3000:]
