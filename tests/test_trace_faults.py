@@ -152,7 +152,7 @@ def test_the_command_refuses_with_one_line_and_exit_2(arguments, start):
 def test_the_command_traces_densenet_whose_list_grows_after_each_cat(tmp_path: Path):
     spec = tmp_path / "densenet.yaml"
     result = cli(f"{FAULTS}:DenseNet", "--input", "x=2,3,8,8", "--loss", "cross_entropy", "--timeout", "60",
-                 "-o", str(spec))
+                 "--flat", "-o", str(spec))  # every layer inline: the cats as the list grew
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     text = spec.read_text()
     assert text.count("op: cat") == 5, text  # 2 + 1 dense layers reading two tensors or more, and each block's end
