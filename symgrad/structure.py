@@ -7,9 +7,10 @@ checks the spec and gives each instance's shapes; each block becomes a graph of 
 instance is one node (:class:`BlockRule`), derived by the same reverse walk, which sums the
 gradients of a parameter several instances share. ``render_structured`` prints it all.
 
-A block's forward function fills a list with what its backward reads (``saved_x1 = []``, then
-``x1 = step_forward(x0, y, p, saved_x1)``); its backward takes that list and the gradient arriving at
-its output and returns the gradients of its inputs and parameters, keyed by name.
+A block's forward function, called with ``save=True``, also returns the list of what its backward
+reads (``x1, saved_x1 = step_forward(x0, y, p, save=True)``, its inputs and parameters included, as
+autograd saves them); its backward takes that list and the gradient arriving at its output and
+returns the gradients of its inputs and parameters, keyed by name (``grads_x1.pop("x")``).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class DerivedBlock:
     gradients: tuple[str, ...]
     """The block operands it returns gradients of, in order."""
     backward_inputs: tuple[str, ...]
-    """The block inputs its backward reads again (passed by the caller, as autograd saves them)."""
+    """The block inputs its backward reads again (its forward keeps them in the saved list)."""
 
 
 class BlockRule(Rule):
@@ -277,7 +278,7 @@ def _renamed_statements(scheduled, renames: dict) -> list:
 
 
 def _block_view(derived: DerivedBlock) -> dict:
-    from .emit import _line, _lines
+    from .emit import _lines
 
     block, planned = derived.spec, derived.planned
     forward = [item for item in planned.saving_forward if item.statement.target.name != "loss"]
@@ -292,8 +293,6 @@ def _block_view(derived: DerivedBlock) -> dict:
     read_forward = _read(item.statement for item in forward)
     read_backward = _read(item.statement for item in backward)
     gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
-    readable_backward = [dataclasses.replace(s, value=s.value.xreplace(renames)) for s in planned.readable_backward
-                         if s.value != GRAD_LOSS]
     return dict(
         name=block.name, inputs=list(block.inputs), output=output.name,
         forward_unpack=[(name, key) for name, key in block.params if name in read_forward],
@@ -301,11 +300,8 @@ def _block_view(derived: DerivedBlock) -> dict:
         forward=_lines(forward),
         saved_names=list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
         + planned.saved_names,
-        backward=_lines(backward), backward_inputs=list(derived.backward_inputs),
-        gradient_keys=[keys.get(name, name) for name in derived.gradients],
-        returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients],
-        readable_forward=[_line(statement) for statement in planned.forward if statement.target.name != "loss"],
-        readable_backward=[_line(statement) for statement in readable_backward])
+        backward=_lines(backward),
+        returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
 
 
 def _read(statements) -> set[str]:
@@ -320,16 +316,12 @@ def _read(statements) -> set[str]:
 def _direct_names(expression) -> set[str]:
     if isinstance(expression, sympy.Symbol):
         return {expression.name}
-    operands = expression.args
+    operands, names = expression.args, set()
     if isinstance(expression, TensorOp):
         operands = expression.operands
         if expression.primitive.name == "block_forward" and expression.params["scope"]:
             operands = operands[:expression.params["inputs"]]
-        names = set()
-        for value in (expression.params,):
-            names |= {symbol.name for symbol in value.free_symbols}
-    else:
-        names = set()
+        names = {symbol.name for symbol in expression.params.free_symbols}
     for operand in operands:
         names |= _direct_names(operand)
     return names
