@@ -288,7 +288,7 @@ def spec_certificate_cases(graph) -> list[tuple[str, dict, dict, tuple[str, ...]
     from .shapes import small_shapes
     from .spec import parse_spec
 
-    cases = []
+    cases, seen = [], {}
     for layer in graph.spec.layers:
         node = graph.nodes[layer.out]
         linear_operands = [operand for operand in node.operands
@@ -308,7 +308,21 @@ def spec_certificate_cases(graph) -> list[tuple[str, dict, dict, tuple[str, ...]
                               if not (isinstance(argument.value, str) and argument.value in inputs))
         label = f"{layer.out} = {layer.op}({', '.join(sources)}{', ' if arguments else ''}{arguments}) at {small}"
         entry = {key: value for key, value in entry.items() if key != "out"}
+        # a layer a block repeats (or any layer written twice alike) is one proof: the same op, arguments
+        # and small shapes, whatever its tensors are called
+        renamed = {name: f"t{index}" for index, name in enumerate(sources)}
+        same = repr(({key: [renamed.get(item, item) for item in value] if isinstance(value, list)
+                      else renamed.get(value, value) if isinstance(value, str) else value for key, value in entry.items()},
+                     [tuple(small[name]) for name in sources], [renamed[name] for name in linear]))
+        if same in seen:
+            seen[same][1] += 1
+            continue
+        seen[same] = [len(cases), 0]
         cases.append((label, {name: tuple(small[name]) for name in sources}, entry, linear))
+    for index, repeats in seen.values():
+        if repeats:
+            label, *rest = cases[index]
+            cases[index] = (f"{label} (and {repeats} more layer{'s' if repeats > 1 else ''} alike)", *rest)
     return cases
 
 
