@@ -104,3 +104,27 @@ def test_every_statement_of_a_traced_resnet_keeps_its_syntax_tree_when_laid_out(
         assert ast.dump(ast.parse(textwrap.dedent(lines))) == ast.dump(ast.parse(code)), lines
         laid_out += "\n" in lines
     assert laid_out >= 10  # the long ones were laid out, not merely left alone
+
+
+def test_arguments_that_fit_together_go_on_one_line_as_black_puts_them():
+    code = "native_bn1 = torch.native_batch_norm(conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True)"
+    assert fit(code, 4) == ("native_bn1 = torch.native_batch_norm(\n"
+                            "        conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True\n"
+                            "    )")
+
+
+def test_a_long_list_of_plain_names_fills_its_lines():
+    names = [f"saved_layer{index}_{block}" for index in range(1, 5) for block in range(3)]
+    laid_out = fit(", ".join(names) + " = saved", 4).splitlines()  # three lines of names, not twelve
+    assert len(laid_out) == 5 and laid_out[0] == "(" and laid_out[-1] == "    ) = saved", laid_out
+    assert all(len(line) <= WIDTH for line in laid_out)
+    assert ast.dump(ast.parse(textwrap.dedent("    " + "\n".join(laid_out)))) == ast.dump(
+        ast.parse(", ".join(names) + " = saved"))
+
+
+def test_a_fused_kernels_tuple_is_unpacked_where_it_is_made():
+    from symgrad.pipeline import build
+
+    source = build("examples/seed3_conv_relu_conv.yaml").rendered.files["seed3_conv_relu_conv.py"]
+    assert "grad_relu1, grad_w2, _ = _convolution_backward(" in source
+    assert "local_conv2[" not in source  # no entry-by-entry reads of a tuple that is unpacked
