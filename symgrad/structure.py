@@ -200,19 +200,19 @@ def _signature(shapes) -> tuple:
 
 def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str]) -> DerivedBlock:
     first = layers[0]
-    bound_of = _bound(block, first)
-    shapes = {name: flat_graph.nodes[bound].shape for name, bound in bound_of.items()}
-    signature = _signature(shapes[name] for name in block.operands)
+    shapes = {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, first).items()}
+    graph = _block_graph(block, shapes, flat_graph.spec)
+    signature = _node_signature(graph)
     wanted = set()
     for layer in layers:
         bound = _bound(block, layer)
-        other = _signature(flat_graph.nodes[bound[name]].shape for name in block.operands)
-        if other != signature:
-            raise SpecError(f"instance '{layer.out}' of block '{block.name}' has operands of other ranks or other "
+        other = _node_signature(graph.with_input_shapes({name: flat_graph.nodes[bound[name]].shape
+                                                         for name in block.operands}))
+        if other != signature:  # a rule may derive otherwise where a size is 1 (a broadcast, an expand)
+            raise SpecError(f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
                             f"size-1 axes than instance '{first.out}', so one derivation cannot serve both",
                             layer.location, "define a second block for it, or inline its layers")
         wanted |= {name for name, node in bound.items() if node in needs_gradient}
-    graph = _block_graph(block, shapes, flat_graph.spec)
     feeds_output = {"loss"}
     for node in reversed(list(graph.nodes.values())):
         if node.name in feeds_output:
@@ -224,6 +224,11 @@ def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: s
     read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
     backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
     return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
+
+
+def _node_signature(graph: Graph) -> tuple:
+    """What a block's derivation may depend on besides sizes: every tensor's rank and size-1 axes."""
+    return _signature(node.shape for node in graph.nodes.values())
 
 
 def _bound(block: BlockSpec, layer) -> dict[str, str]:
@@ -495,13 +500,19 @@ def _section(title: str, anchor: str, program: Program, graph: Graph, instances=
     for step in program.steps:
         if instances and step.node == "loss":  # a block's end: its output's gradient comes from the caller
             continue
+        node = graph.nodes[step.node]
+        instance = isinstance(node.rule, BlockRule)
+        # an instance's parameters take their gradients straight from its block's backward: named, not derived
+        parameters = [source for operand, source, _ in step.contributions
+                      if instance and operand in node.rule.derived.spec.param_names
+                      and not program.branch_sums.get(source)]
         contributions = [dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
                               branch=len(program.branch_sums.get(source, [])))
-                         for operand, source, value in step.contributions]
+                         for operand, source, value in step.contributions if source not in parameters]
         locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
         steps.append(dict(node=step.node, incoming=to_latex(step.incoming), incoming_mathml=mathml(to_latex(step.incoming)),
                           locals=locals_, locals_mathml=[mathml(local) for local in locals_],
-                          contributions=contributions))
+                          contributions=contributions, parameters=parameters))
     forward = [f"{statement.target.name} = {to_code(statement.value)}" for statement in program.forward
                if statement.target.name != "loss" or not instances]
     return dict(title=title, anchor=anchor, instances=list(instances), inputs=list(inputs), params=list(params),

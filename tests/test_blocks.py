@@ -144,6 +144,8 @@ TRACED = {
     "efficientnet_b0": (NETS["efficientnet_b0"], None, True),
     "regnety": (NETS["regnety"], None, True),
     "rcan": (NETS["rcan"], None, True),
+    # traced at 4 x 4: the later SE gates' maps are 1 x 1, where expand_as derives otherwise than at 2 x 2
+    "se_resnet_expand_as_gate": (NETS["se_resnet_expand_as_gate"], None, True),
 }
 """label: (case, traced shapes where another size gives more repeated blocks, whether blocks are expected)."""
 

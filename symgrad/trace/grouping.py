@@ -191,8 +191,9 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
         layer = layers[index]
         block_layers.append({key: (_renamed(value, local) if key != "op" else value) for key, value in layer.items()})
     canonical = repr(block_layers)
-    operand_shapes = tuple(_signature(shapes[name]) for name in external) + tuple(
-        _signature(shapes[name]) for name in local if name in sources and sources[name])
+    # every tensor's rank and size-1 axes, the block's own nodes' too: a rule may derive otherwise where
+    # a size is 1 (an SE gate's expand_as at 1 x 1), so instances that differ there are other blocks
+    operand_shapes = tuple(_signature(shapes[name]) for name in local)
     key = (class_name, canonical, tuple(params), operand_shapes)
     block = {"inputs": [local[name] for name in external], "params": {name: key_name for name, key_name in params},
              "layers": block_layers, "output": local[outputs[0]]}
