@@ -16,7 +16,7 @@ import sympy
 
 from .algebra import Params, Size, TensorOp, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import channels_last_inputs, input_roles, zero_by_structure
+from .roles import channels_last_weights, input_roles, zero_by_structure
 from .tangent import tangent_statements
 
 
@@ -111,7 +111,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
             scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
         optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
                         per_sample_names=list(results), per_sample_batched=batched)
-    moved = channels_last_inputs(graph)
+    moved = channels_last_weights(graph)  # the layout itself is chosen per call (roles.py)
     read_in_backward = set().union(*(statement.value.free_symbols for statement in live[split:]))
     return Plan(
         program=program, fast=fast,
