@@ -23,7 +23,6 @@ from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan, Scheduled
 from .printing import comment_lines, fit, prose, to_code, to_latex
-from .roles import channels_last_inputs, channels_last_test
 from . import testdata
 from .write import (HEADER, edited_by_hand, read_header, with_header as _with_header,  # noqa: F401
                     write_files, write_text)  # re-exported: the writing lives in symgrad.write
@@ -138,8 +137,8 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         helpers=planned.helpers,
         channels_last=planned.channels_last,
         channels_last_in_backward=planned.channels_last_in_backward,
-        channels_last_test=channels_last_test(graph) if planned.channels_last else None,
-        channels_last_at_spec=channels_last_inputs(graph),  # what the generated test compares with
+        channels_last_test=planned.channels_last_test,
+        channels_last_at_spec=planned.channels_last_at_spec,
         layout_kept=layout_kept,
         gradients_return=", ".join(
             f"{name}=grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept
