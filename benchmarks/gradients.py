@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -130,11 +132,17 @@ def profile(batch: int, size: int, width: int, folder: Path, rows: int) -> None:
         print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
-def render(machine: str, batch: int, size: int, width: int, repeats: int, samples, agreement: float) -> str:
+def render(machine: str, batch: int, size: int, width: int, repeats: int, samples, agreement: float,
+           load=None, date=None, note=None) -> str:
+    """The section; ``note``: what the saved run's JSON adds (other runs of the day, by hand)."""
     best = min(statistics.median(samples[name]) for name in AUTOGRAD)
+    shared = "" if load is None else (
+        f" Load average at the end of the run {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min): "
+        "the machine was shared with other jobs, so one run's medians move by more than the differences "
+        "between variants, and the minimums are the less disturbed figure.")
     lines = [SECTION, "",
-             f"Machine: {machine}. Run on {datetime.date.today().isoformat()}; `python -m benchmarks.gradients` "
-             f"(medians of {repeats} round-robin repeats in one process).", "",
+             f"Machine: {machine}. Run on {date or datetime.date.today().isoformat()}; `python -m benchmarks.gradients` "
+             f"(medians of {repeats} round-robin repeats in one process).{shared}", "",
              f"ResNet-18 of `examples/train_resnet.py` (width {width}) in train mode, float32, batch {batch} × "
              f"{size}², traced at 2 × 32²: the generated `gradients(...)` (forward and every parameter's gradient) "
              "against `torch.autograd.grad` of the same loss on the model, in the default layout and with the model "
@@ -152,6 +160,8 @@ def render(machine: str, batch: int, size: int, width: int, repeats: int, sample
               f"{'met' if ratio >= 1.0 else 'missed'}.", ""]
     if ratio < 1.0:
         lines += [WHY, ""]
+    if note:
+        lines += [note, ""]
     return "\n".join(lines)
 
 
@@ -164,7 +174,18 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="print the profiler table of each variant, no timing")
     parser.add_argument("--rows", type=int, default=25, help="profiler rows per variant")
     parser.add_argument("--output", default="out/BENCHMARKS-gradients.md")
+    parser.add_argument("--json", default="out/gradients-cpu.json", help="where the timings are saved")
+    parser.add_argument("--saved", help="render again from this saved JSON (--json), without measuring")
     args = parser.parse_args(argv)
+    if args.saved:
+        saved = json.loads(Path(args.saved).read_text())
+        write_section(Path(args.output), render(saved["machine"], saved["batch"], saved["size"], saved["width"],
+                                                len(saved["samples"]["gradients"]), saved["samples"],
+                                                saved["float64_agreement"], saved["load_average"], saved["date"],
+                                                saved.get("note")),
+                      SECTION)
+        print(f"wrote {args.output}")
+        return 0
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
         if args.profile:
@@ -182,10 +203,15 @@ def main(argv=None) -> int:
               flush=True)
     from .__main__ import machine_description
 
+    saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
+             "load_average": os.getloadavg(), "batch": args.batch, "size": args.size, "width": args.width,
+             "float64_agreement": agreement, "samples": samples}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(saved, indent=1))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    write_section(output, render(machine_description("cpu"), args.batch, args.size, args.width, args.repeats,
-                                 samples, agreement))
+    write_section(output, render(saved["machine"], args.batch, args.size, args.width, args.repeats,
+                                 samples, agreement, saved["load_average"], saved["date"]), SECTION)
     print(f"wrote {output}")
     return 0
 

@@ -171,9 +171,10 @@ def render(saved: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, title: str = SECTION) -> None:
+    """``path`` with its section ``title`` replaced by ``section`` (appended where it has none)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    before, _, rest = text.partition(SECTION)
+    before, _, rest = text.partition(title)
     after = rest.split("\n## ", 1)[1] if "\n## " in rest else ""
     path.write_text(before.rstrip() + "\n\n" + section.rstrip() + "\n" + (f"\n## {after}" if after else ""))
 
