@@ -124,17 +124,18 @@ def measure_row(row, repeats: int) -> list[dict]:
     return results
 
 
-WHY = ("*Why the targets are missed on this CPU.* Memory now follows autograd's (0.98-1.02x on the ResNets): "
+WHY = ("*Why the targets are missed on this CPU.* Memory follows autograd's on the ResNets: "
        "the drop-in backward keeps its saved values in a plain list and frees each at its last use, as autograd "
        "frees a node's saved values once its backward has run; the U-Net's extra is its concatenated skips, which "
-       "the explicit backward holds until their last reader. Speed: against autograd in the default layout the "
-       "bound step is 2-12% slower; the two run the same kernels, and what differs (one Python "
-       "autograd.Function around the whole backward, out-of-place ReLUs where the models' own are in-place) "
-       "has not been measured apart. Against autograd in channels_last, which wins "
-       "from 224² and on the U-Net, the gap is the layout: the generated module chooses channels_last from the "
-       "spec's shapes, and these networks were traced at 32² (16² for the U-Net), below the threshold, so they "
-       "run in the default layout at every size. Choosing the layout from the call's shapes at run time, or "
-       "tracing at the training size, would close that part.")
+       "the explicit backward holds until their last reader. Speed: the generated module now chooses its layout "
+       "per call from the call's shapes (not the traced 32²), weighing each convolution's positions by its "
+       "weight's size; these networks stay in the default layout at the sizes shown, because moving the weights "
+       "to channels_last and their gradients back each step costs more than the layout gains where large "
+       "weights meet few positions (`python -m benchmarks.gradients`). Against autograd in the default layout the "
+       "two run the same kernels, and what differs (one Python autograd.Function around the whole backward, "
+       "out-of-place ReLUs and adds where the models' own are in place) is a few per cent, within this shared "
+       "machine's noise. Where autograd in channels_last wins, it holds its weights in that layout for good, "
+       "which the bound step, given the model's default-layout weights, does not.")
 
 
 def render(saved: dict) -> str:
@@ -170,9 +171,10 @@ def render(saved: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, title: str = SECTION) -> None:
+    """``path`` with its section ``title`` replaced by ``section`` (appended where it has none)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    before, _, rest = text.partition(SECTION)
+    before, _, rest = text.partition(title)
     after = rest.split("\n## ", 1)[1] if "\n## " in rest else ""
     path.write_text(before.rstrip() + "\n\n" + section.rstrip() + "\n" + (f"\n## {after}" if after else ""))
 

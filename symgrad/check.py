@@ -219,7 +219,9 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     except Exception as error:  # noqa: BLE001 - broken generated code is a failed check: NaN columns
         problems.append(_raised("the generated float32 gradients", error))
         ours32 = {name: torch.full_like(exact[name], math.nan) for name in graph.wrt}
-    inputs32 = in_layout(inputs32, channels_last_inputs(graph))  # autograd on the kernels the generated code runs
+    # autograd on the kernels the generated code runs at these shapes
+    moved = channels_last_inputs(graph, shapes={name: tuple(value.shape) for name, value in inputs32.items()})
+    inputs32 = in_layout(inputs32, moved)
     loss32 = reference_forward(graph, inputs32)
     autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))
     problem = first_nonfinite({"the float64 forward": loss64, "the float32 forward": loss32,

@@ -16,7 +16,7 @@ import sympy
 
 from .algebra import Params, Size, TensorOp, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import channels_last_inputs, input_roles, zero_by_structure
+from .roles import channels_last_inputs, channels_last_test, channels_last_weights, input_roles, zero_by_structure
 from .tangent import tangent_statements
 
 
@@ -59,6 +59,8 @@ class Plan:
     helpers: list[str]
     channels_last: list[str]
     channels_last_in_backward: list[str]
+    channels_last_test: str | None  # the per-call condition of the move (None: fixed)
+    channels_last_at_spec: list[str]  # the weights moved at the spec's shapes
     layout_kept: list[str]
     roles: dict
     zero_by_structure: dict
@@ -111,7 +113,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
             scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
         optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
                         per_sample_names=list(results), per_sample_batched=batched)
-    moved = channels_last_inputs(graph)
+    moved = channels_last_weights(graph)  # the layout itself is chosen per call (roles.py)
     read_in_backward = set().union(*(statement.value.free_symbols for statement in live[split:]))
     return Plan(
         program=program, fast=fast,
@@ -125,6 +127,8 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         helpers=_helpers(program.forward + fast_live + hvp_live + per_sample_live),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
+        channels_last_test=channels_last_test(graph) if moved else None,
+        channels_last_at_spec=channels_last_inputs(graph),
         # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
         layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
         roles=input_roles(graph), zero_by_structure=zero_by_structure(graph),

@@ -7,6 +7,10 @@ zero instead of dividing rounding noise by rounding noise.
 
 from __future__ import annotations
 
+import math
+import sys
+from dataclasses import dataclass
+
 from .graph import Graph
 
 
@@ -55,38 +59,128 @@ def zero_by_structure(graph: Graph) -> dict[str, str]:
 
 
 CHANNELS_LAST_MIN_POSITIONS = 16384
-"""Batch x height x width a 2-d convolution's input needs (in the spec's shapes) before the generated
-code runs it in channels_last. Measured (BENCHMARKS.md): at the seeds' 8 x 128 x 128 `gradients` runs
-at 1.00-1.12x autograd with 0.81x its memory in that layout. Below the threshold
-the default layout is kept, so small nets run the kernels autograd runs on default-layout inputs and
-agree with it at ReLU kinks to the last bit (the two layouts' kernels sum in different orders, and a
-pre-activation that cancels to exactly zero in one may not in the other)."""
+"""Batch x height x width the 2-d convolutions' inputs need (averaged by weight size) before the
+generated code runs them in channels_last. Measured (BENCHMARKS.md): at the seeds' 8 x 128 x 128
+`gradients` runs at 1.00-1.12x autograd with 0.81x its memory in that layout; ResNet-18 at
+8 x 112² (average 511) runs slower in it, the weights' moves costing more than the layout
+gains (benchmarks/gradients.py). Below the threshold the default layout is kept, so small nets run
+the kernels autograd runs on default-layout inputs and agree with it at ReLU kinks to the last bit
+(the two layouts' kernels sum in different orders, and a pre-activation that cancels to exactly
+zero in one may not in the other). ``sys.maxsize`` turns the layout off:
+the generated code then has no layout code at all."""
 
 
-def channels_last_inputs(graph, min_positions: int | None = None) -> list[str]:
-    """The convolution weights the generated gradient functions move to channels_last.
+@dataclass(frozen=True)
+class ChannelsLastRule:
+    """When the generated gradient functions run the 2-d convolutions in channels_last.
 
-    oneDNN (CPU) and cuDNN run 2-d convolutions with several input channels faster in channels_last,
-    and PyTorch runs a convolution in that layout when its input *or its weight* is in it: so moving
-    the (small) weights is enough. Every activation after the first convolution is then channels_last,
-    the caller's input is read as it is (no copy of it is held), and each gradient goes back to its
-    caller's layout on return. Every torch op the rules emit is layout-agnostic in value (none is a
-    ``.view``), so the layout changes speed, memory and rounding only. Chosen when the chain has such
-    a convolution on at least ``min_positions`` (default :data:`CHANNELS_LAST_MIN_POSITIONS`) positions.
+    Decided per call, from the call's own shapes: a net traced at 32 x 32 and trained at 224 x 224
+    gets the layout that pays at 224 x 224. The test is on one 4-d data input, ``reference``: its
+    batch x height x width at least ``threshold``, the value at which the convolutions' positions,
+    averaged by their weights' sizes (:func:`_weighted_positions`), reach
+    :data:`CHANNELS_LAST_MIN_POSITIONS` when every size scales with the input's
+    (as they do through convolutions, pooling and resampling). Without such an input (``reference``
+    None) the choice is the spec's shapes', fixed (``threshold`` 0: always, else never emitted)."""
+
+    weights: tuple[str, ...]
+    reference: str | None
+    threshold: int
+
+    def test(self) -> str | None:
+        """The condition the generated code evaluates, or None where the layout is fixed."""
+        if self.reference is None:
+            return None
+        x = self.reference
+        return f"{x}.shape[0] * {x}.shape[2:].numel() >= {self.threshold}"
+
+    def holds(self, shapes: dict) -> bool:
+        """Whether the generated code runs channels_last for inputs of these shapes."""
+        if self.reference is None:
+            return True
+        batch, _, height, width = (int(size) for size in shapes[self.reference])
+        return batch * height * width >= self.threshold
+
+
+def _positions(shape) -> int:
+    batch, _, height, width = (int(size) for size in shape)
+    return batch * height * width
+
+
+def _weighted_positions(graph, convolutions) -> float:
+    """The convolutions' input positions (batch x height x width), averaged with their weights'
+    sizes as weights: what moving the weights costs (each is transposed on the way in and its
+    gradient on the way out) grows with its size, and what channels_last gains on it with its
+    positions too, so the layout pays where this average is large. ResNet-18 at 8 x 112²: the stem
+    has 100352 positions but 9408 weights; layer4 128 positions and 8.4M weights; the average 511."""
+    total = sum(_size(graph.nodes[node.operands["weight"]].shape) for node in convolutions)
+    return sum(_size(graph.nodes[node.operands["weight"]].shape) * _positions(graph.nodes[node.operands["input"]].shape)
+               for node in convolutions) / total
+
+
+def _size(shape) -> int:
+    size = 1
+    for length in shape:
+        size *= int(length)
+    return size
+
+
+def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastRule | None:
+    """The convolution weights the generated gradient functions move to channels_last, and when.
+
+    oneDNN (CPU) and cuDNN run 2-d convolutions with several input channels faster in channels_last
+    on large enough inputs, and PyTorch runs a convolution in that layout when its input *or its
+    weight* is in it: so moving the (small) weights is enough. Every activation after the first
+    convolution is then channels_last, the caller's input is read as it is (no copy of it is held),
+    and each gradient goes back to its caller's layout on return. Every torch op the rules emit is
+    layout-agnostic in value (none is a ``.view``), so the layout changes speed, memory and rounding
+    only. None where no 2-d convolution has several input channels, or the threshold is
+    ``sys.maxsize``; see :class:`ChannelsLastRule` for when it applies.
     """
     if min_positions is None:
         min_positions = CHANNELS_LAST_MIN_POSITIONS
+    if min_positions >= sys.maxsize:
+        return None
 
     def two_d_convolution(node) -> bool:
         return node.kind == "layer" and node.rule.op in ("conv2d", "conv_transpose2d") and \
             len(graph.nodes[node.operands["input"]].shape) == 4  # an unbatched input has no channels_last layout
 
-    def pays(node) -> bool:  # with one input channel both layouts are the same
-        batch, channels, height, width = (int(size) for size in graph.nodes[node.operands["input"]].shape)
-        return channels > 1 and batch * height * width >= min_positions
-
     convolutions = [node for node in graph.nodes.values() if two_d_convolution(node)]
-    if not any(pays(node) for node in convolutions):
-        return []
+    # with one input channel both layouts are the same
+    candidates = [node for node in convolutions if int(graph.nodes[node.operands["input"]].shape[1]) > 1]
+    if not candidates:
+        return None
     weights = {node.operands["weight"] for node in convolutions}
-    return [node.name for node in graph.inputs if node.name in weights]
+    moved = tuple(node.name for node in graph.inputs if node.name in weights)
+    most = _weighted_positions(graph, convolutions)
+    data = [node for node in graph.inputs if len(node.shape) == 4 and node.dtype != "int64"
+            and node.name not in weights and _positions(node.shape) > 0]
+    if not data:  # fixed by the spec's shapes
+        return ChannelsLastRule(moved, None, 0) if most >= min_positions else None
+    reference = max(data, key=lambda node: _positions(node.shape))  # the first of the largest
+    threshold = math.ceil(min_positions * _positions(reference.shape) / most)
+    return ChannelsLastRule(moved, reference.name, max(threshold, 1))
+
+
+def channels_last_inputs(graph, min_positions: int | None = None, shapes: dict | None = None) -> list[str]:
+    """The weights the generated gradient functions move to channels_last for inputs of ``shapes``
+    (default: the spec's), by :func:`channels_last_rule`."""
+    rule = channels_last_rule(graph, min_positions)
+    if rule is None:
+        return []
+    if shapes is None:
+        shapes = {node.name: node.shape for node in graph.inputs}
+    return list(rule.weights) if rule.holds(shapes) else []
+
+
+def channels_last_weights(graph) -> list[str]:
+    """The weights the generated code moves to channels_last where :func:`channels_last_rule` holds
+    (the layout code is emitted for them, its test evaluated per call)."""
+    rule = channels_last_rule(graph)
+    return list(rule.weights) if rule else []
+
+
+def channels_last_test(graph) -> str | None:
+    """The per-call condition of the layout code (None: the layout is fixed by the spec's shapes)."""
+    rule = channels_last_rule(graph)
+    return rule.test() if rule else None

@@ -225,3 +225,25 @@ def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path
     training.write_section(report, text)  # replaced, not added twice
     written = report.read_text()
     assert written.count(training.SECTION) == 1 and "seed rows" in written and "gpu rows" in written
+
+
+def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_sections(tmp_path: Path):
+    """`python -m benchmarks.gradients`: its variants give one set of gradients (float64, small size), and
+    its section goes beside the training section of a report, each replaced in place on a second run."""
+    from benchmarks import gradients, training
+
+    assert gradients.float64_agreement(tmp_path, width=4, batch=2, size=32) <= gradients.TOLERANCE
+    model, generated = gradients.traced_module(tmp_path, 4, torch.float64)
+    results = {name: function() for name, function in gradients.variants(model, generated, 2, 32, torch.float64).items()}
+    for ours, theirs in (("gradients", "autograd"), ("gradients, channels_last", "autograd, channels_last")):
+        assert len(results[ours]) == len(results[theirs]) == len(list(model.parameters()))
+        for mine, reference in zip(results[ours], results[theirs]):  # like with like: the layouts round apart
+            assert float((mine - reference).norm() / reference.norm()) <= gradients.TOLERANCE, ours
+    samples = {name: [1.0, 2.0, 3.0] for name in gradients.VARIANTS}
+    section = gradients.render("test", 8, 112, 64, 3, samples, 0.0, (1.0, 1.0, 1.0), "2026-11-23")
+    report = tmp_path / "B.md"
+    report.write_text(f"# Benchmarks\n\n{training.SECTION}\n\ntraining rows\n")
+    for _ in range(2):
+        gradients.write_section(report, section, gradients.SECTION)
+    text = report.read_text()
+    assert text.count(gradients.SECTION) == 1 and text.count(training.SECTION) == 1 and "training rows" in text
