@@ -25,14 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def networks() -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
     import train_resnet
-    from tests import models, zoo_nets
+    from tests import zoo_nets
 
     return {
         "ResNet-18": (lambda: train_resnet.ResNet18(), 3, "cross_entropy"),
         "ResNet-50": (lambda: train_resnet.ResNet50(), 3, "cross_entropy"),
         "U-Net": (lambda: train_resnet.UNet(1, 64), 1, "mse_loss"),
         "MobileNetV2": (lambda: zoo_nets.MobileNetV2(), 3, "cross_entropy"),
-        "VGG-16": (lambda: models.VGG("vgg16"), 3, "cross_entropy"),
         "DenseNet-121-style": (lambda: zoo_nets.DenseNet(), 3, "cross_entropy"),
     }
 
