@@ -14,6 +14,7 @@ review the diff in git::
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from pathlib import Path
 
@@ -32,9 +33,10 @@ UPDATE = os.environ.get("SYMGRAD_UPDATE_EXPECTED") == "1"
 OPS = [rule.op for rule in all_rules()]
 
 
-def _ops_of(text: str) -> list[str]:
+@functools.lru_cache(maxsize=None)  # each case is read once, not once per rule
+def _ops_of(text: str) -> tuple[str, ...]:
     document = yaml.safe_load(text)
-    return [layer["op"] for layer in document["layers"]] + [document["loss"]["op"]]
+    return (*(layer["op"] for layer in document["layers"]), document["loss"]["op"])
 
 
 def case_for(op: str):
