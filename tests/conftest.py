@@ -8,6 +8,7 @@ the report is the same in one process or many."""
 
 from __future__ import annotations
 
+import functools
 import os
 from types import SimpleNamespace
 
@@ -32,6 +33,24 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     elif config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_templates_once():
+    """``symgrad.emit.render`` builds a fresh jinja environment, so it compiles its four templates again
+    on every build: most of a small spec's build time, repeated in hundreds of tests. The environment has
+    no state but its template cache, so the tests share one (the same templates, rendered as before)."""
+    from symgrad import emit
+
+    original = getattr(emit, "_environment", None)
+    if original is None or hasattr(original, "cache_info"):
+        yield
+        return
+    emit._environment = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        emit._environment = original
 
 
 def pytest_deselected(items):
