@@ -9,7 +9,6 @@ the report is the same in one process or many."""
 from __future__ import annotations
 
 import functools
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -24,14 +23,10 @@ def _is_worker(config) -> bool:
 
 
 def pytest_configure(config):
-    if _is_worker(config):
-        # one torch thread per worker: the workers already fill the cores, and torch's own pool on top
-        # of them only contends (PyTorch reads OMP_NUM_THREADS for the subprocesses some tests start)
-        import torch
-
-        torch.set_num_threads(1)
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    elif config.pluginmanager.hasplugin("xdist"):
+    # torch keeps its default threads in each worker: torch.set_num_threads(1) made
+    # tests/test_benchmarks.py::test_the_training_step_variants_compute_the_same_step segfault in autograd's
+    # backward (torch 2.13 CPU, resnet18 channels_last), in one process as under xdist
+    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
 
 
