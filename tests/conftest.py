@@ -1,12 +1,88 @@
 """Shared pytest hooks: the OpInfo coverage report, and how many slow tests a ``-m "not slow"`` run
-left out, are printed at the end of the run."""
+left out, are printed at the end of the run.
+
+The suite runs in parallel (pytest-xdist, ``-n auto`` in pyproject.toml's addopts; ``-n 0`` runs it in one
+process). Each worker fills its own ``OPINFO_REPORT`` and ``DESELECTED_SLOW``; a worker hands them to the
+controller when it finishes (``workeroutput``), and the controller merges them before its summary, so
+the report is the same in one process or many."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import pytest
 
 OPINFO_REPORT: dict[str, dict] = {}
 DESELECTED_SLOW: list[str] = []
+DESELECTED: list[str] = []  # every deselected test (-k, -m), for the controller's "N deselected" under xdist
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    # torch keeps its default threads in each worker: torch.set_num_threads(1) made
+    # tests/test_benchmarks.py::test_the_training_step_variants_compute_the_same_step segfault in autograd's
+    # backward (torch 2.13 CPU, resnet18 channels_last), in one process as under xdist
+    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_templates_once():
+    """``symgrad.emit.render`` builds a fresh jinja environment, so it compiles its four templates again
+    on every build: most of a small spec's build time, repeated in hundreds of tests. The environment has
+    no state but its template cache, so the tests share one (the same templates, rendered as before)."""
+    from symgrad import emit
+
+    original = getattr(emit, "_environment", None)
+    if original is None or hasattr(original, "cache_info"):
+        yield
+        return
+    emit._environment = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        emit._environment = original
 
 
 def pytest_deselected(items):
+    DESELECTED.extend(item.nodeid for item in items)
     DESELECTED_SLOW.extend(item.nodeid for item in items if item.get_closest_marker("slow") is not None)
+
+
+def pytest_sessionfinish(session):
+    if _is_worker(session.config):
+        session.config.workeroutput["symgrad_opinfo"] = OPINFO_REPORT
+        session.config.workeroutput["symgrad_deselected_slow"] = DESELECTED_SLOW
+        session.config.workeroutput["symgrad_deselected"] = DESELECTED
+
+
+class _MergeWorkerReports:
+    """On the xdist controller: each worker's report, merged as it shuts down."""
+
+    def __init__(self, config):
+        self.config = config
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node, error):
+        output = getattr(node, "workeroutput", {})
+        for op, counts in output.get("symgrad_opinfo", {}).items():
+            merged = OPINFO_REPORT.setdefault(op, {"run": 0, "skipped": []})
+            merged["run"] += counts["run"]
+            merged["skipped"].extend(counts["skipped"])
+        # every worker collects (and deselects) the whole suite: the same list from each
+        known = set(DESELECTED_SLOW)
+        DESELECTED_SLOW.extend(nodeid for nodeid in output.get("symgrad_deselected_slow", []) if nodeid not in known)
+        # the controller collects nothing, so its last line would leave out "N deselected": add them, once
+        known = set(DESELECTED)
+        new = [nodeid for nodeid in output.get("symgrad_deselected", []) if nodeid not in known]
+        DESELECTED.extend(new)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and new:
+            reporter.stats.setdefault("deselected", []).extend(SimpleNamespace(nodeid=nodeid) for nodeid in new)
 
 
 def pytest_terminal_summary(terminalreporter):
