@@ -8,6 +8,7 @@ string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import math
@@ -33,7 +34,9 @@ TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
 """symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
 
 
+@functools.lru_cache(maxsize=None)
 def _environment() -> jinja2.Environment:
+    """The sandboxed Jinja environment, built once per process: it compiles each template once."""
     loader = jinja2.FunctionLoader(lambda name: resources.files("symgrad.templates").joinpath(name).read_text("utf-8"))
     environment = jinja2.sandbox.SandboxedEnvironment(
         loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,

@@ -8,7 +8,6 @@ the report is the same in one process or many."""
 
 from __future__ import annotations
 
-import functools
 from types import SimpleNamespace
 
 import pytest
@@ -28,24 +27,6 @@ def pytest_configure(config):
     # backward (torch 2.13 CPU, resnet18 channels_last), in one process as under xdist
     if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _compile_templates_once():
-    """``symgrad.emit.render`` builds a fresh jinja environment, so it compiles its four templates again
-    on every build: most of a small spec's build time, repeated in hundreds of tests. The environment has
-    no state but its template cache, so the tests share one (the same templates, rendered as before)."""
-    from symgrad import emit
-
-    original = getattr(emit, "_environment", None)
-    if original is None or hasattr(original, "cache_info"):
-        yield
-        return
-    emit._environment = functools.lru_cache(maxsize=None)(original)
-    try:
-        yield
-    finally:
-        emit._environment = original
 
 
 def pytest_deselected(items):
