@@ -27,18 +27,22 @@ def check_module(test_path: Path, device: str) -> bool:
     """Every check of one generated module (its generated test file gives shapes, roles and layout)."""
     tests = load_module(test_path, test_path.stem)
     module, wrt, passed = tests.module, tests.WRT, True
+    # a module written as blocks takes its parameters in one mapping: its test file says how
+    call = getattr(tests, "arguments", lambda values: values)
+    ordered = ((lambda result: [tests.by_name(result)[name] for name in wrt]) if hasattr(tests, "by_name")
+               else tuple)
     for dtype, shapes in ((torch.float64, tests.SMALL_SHAPES[0]), (torch.float32, tests.SPEC_SHAPES)):
         drawn = tests.inputs_for(shapes, dtype, 3)  # class indices below each shape set's class counts
         inputs = {name: value.to(device) for name, value in drawn.items()}
         if dtype == torch.float32:
             inputs = tests.in_layout(inputs, tests.CHANNELS_LAST)
         leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
-        loss = module.forward(**leaves)
+        loss = module.forward(**call(leaves))
         cotangent = torch.randn(loss.shape, dtype=dtype, generator=torch.Generator().manual_seed(5)).to(device)
         expected = torch.autograd.grad(loss, [leaves[name] for name in wrt], cotangent)
         leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
-        explicit = module.loss_with_explicit_backward(**leaves)
-        results = {"gradients": module.gradients(**inputs, grad_loss=cotangent),
+        explicit = module.loss_with_explicit_backward(**call(leaves))
+        results = {"gradients": ordered(module.gradients(**call(inputs), grad_loss=cotangent)),
                    "explicit backward": torch.autograd.grad(explicit, [leaves[name] for name in wrt], cotangent)}
         if hasattr(module, "per_sample_gradients"):  # summed over the batch: the shared weights' gradient
             per_sample = module.per_sample_gradients(**inputs, grad_loss=cotangent)._asdict()
@@ -53,7 +57,8 @@ def check_module(test_path: Path, device: str) -> bool:
             wanted = tuple(inputs[name].clone().requires_grad_() for name in wrt)
 
             def gradients_of(*values):
-                return tuple(module.gradients(**{**inputs, **dict(zip(wrt, values))}, grad_loss=cotangent))
+                return tuple(ordered(module.gradients(**call({**inputs, **dict(zip(wrt, values))}),
+                                                      grad_loss=cotangent)))
             tolerance = NONDETERMINISM.get(device, 0.0)
             ok = (torch.autograd.gradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance)
                   and torch.autograd.gradgradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance))

@@ -69,7 +69,8 @@ def _build_structured(spec: Spec, label: str) -> Built:
     structured = build_structured(spec)
     shapes = small_shapes(structured.flat_graph)
     test_context = dict(wrt=list(structured.graph.wrt), small_shapes=shapes, roles=input_roles(structured.flat_graph),
-                        testdata_source=TESTDATA_SOURCE, classes=_class_table(structured.flat_graph, shapes))
+                        testdata_source=TESTDATA_SOURCE, classes=_class_table(structured.flat_graph, shapes),
+                        spec_shapes={node.name: tuple(node.shape) for node in structured.flat_graph.inputs})
     files = render_structured(structured, label, test_context)
     files.update(render_documents(structured, label))
     rendered = Rendered(spec.name, files, [])

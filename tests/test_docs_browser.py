@@ -60,8 +60,8 @@ LAYOUT = """() => {
 }"""
 
 PAGES = {  # page: (graph nodes, backward edges, derived formulas, emitted backward lines, masks shown with 𝟙)
-    "seed3_conv_relu_conv": (10, 7, 8, 9, 2),  # one fused call per conv's two gradients, one per ReLU
-    "upsampling_decoder": (12, 10, 15, 16, 2),
+    "seed3_conv_relu_conv": (10, 7, 8, 5, 2),  # one fused call per conv's two gradients, one per ReLU
+    "upsampling_decoder": (12, 10, 15, 11, 2),
 }
 
 
