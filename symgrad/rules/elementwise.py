@@ -171,6 +171,14 @@ primitive("threshold_backward",
           latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right)")
 
 
+# grad strictly inside (0, 6), else 0: autograd's ReLU6 (hardtanh) backward, twice differentiable; read
+# off the output, which is outside (0, 6) exactly where the input is
+primitive("relu6_backward",
+          code=lambda operands, params, show: f"torch.ops.aten.hardtanh_backward({operands[0]}, {operands[1]}, 0, 6)",
+          latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right) \odot "
+                                               rf"H\left(6 - {operands[1]}\right)")
+
+
 def _binary(name: str, formula, summary: str, calls: tuple[str, ...]) -> Elementwise:
     return Elementwise(name, formula, summary=summary, calls=calls,
                        operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True)))
@@ -233,7 +241,7 @@ RULES = [
            "x clamped to [min_val, max_val]; derivative 1 strictly inside",
            params={"min_val": _param(-1.0), "max_val": _param(1.0)}, activation_gain=HE_GAIN),
     _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]", calls=("relu6",),
-           activation_gain=HE_GAIN),
+           fused_pullback=lambda grad, out: op("relu6_backward", grad, out), activation_gain=HE_GAIN),
     _unary("hardsigmoid", lambda x: sympy.Max(0, sympy.Min(1, x / 6 + sympy.Rational(1, 2))), "F.hardsigmoid",
            "x / 6 + 1/2 clamped to [0, 1]; derivative 1/6 strictly inside (-3, 3), as in PyTorch",
            # PyTorch's backward multiplies by 1.0f / 6.0f, the float32 1/6, whatever the dtype

@@ -63,19 +63,28 @@ def _expand(name: str, named: dict, params) -> sympy.Expr:
     return out + shift if shift is not None else out
 
 
+FUNCTIONAL_DEFAULTS = {"eps": 1e-05, "momentum": 0.1}
+"""What ``F.batch_norm``, ``F.layer_norm`` and ``F.group_norm`` take when an argument is left out."""
+
+
+def _is_functional_default(key: str, value) -> bool:
+    return key in FUNCTIONAL_DEFAULTS and not isinstance(value, bool) and value is not None and (
+        float(value) == FUNCTIONAL_DEFAULTS[key])
+
+
 def _call(name: str, fields: tuple[str, ...]):
     def tangent(expr, walk):
         return walk(_expand(name, dict(zip(expr.params["operand_names"], expr.operands)), expr.params))
 
     def code(operands, params, show):
         named = dict(zip(params["operand_names"], operands))
-        if name == "batch_norm":  # F.batch_norm takes the running statistics positionally, even as None
-            named.setdefault("running_mean", "None")
-            named.setdefault("running_var", "None")
-        arguments = [named["input"]] + [f"{key}={value}" for key, value in (
-            [(key, named[key]) for key in fields if key in named]
-            + [(key, show(params[key]) if isinstance(params[key], sympy.Basic) else repr(params[key]))
-               for key in params["shown"]])]
+        if name == "batch_norm":  # as nn.BatchNorm calls it: the tensors positionally, the statistics even as None
+            last = max(index for index, key in enumerate(fields) if key in named or index < 2)
+            arguments = [named["input"]] + [named.get(key, "None") for key in fields[:last + 1]]
+        else:
+            arguments = [named["input"]] + [f"{key}={named[key]}" for key in fields if key in named]
+        arguments += [f"{key}={show(params[key]) if isinstance(params[key], sympy.Basic) else repr(params[key])}"
+                      for key in params["shown"] if not _is_functional_default(key, params[key])]
         return f"F.{name}({', '.join(arguments)})"
 
     primitive(name, code=code, latex=lambda operands, params, show: rf"\operatorname{{{name.replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
