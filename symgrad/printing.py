@@ -374,13 +374,12 @@ class _Layout:
 
     def elements(self, start: int, stop: int, indent: int) -> list[str]:
         """``start:stop`` split at its top-level commas: one element a line, each with its comma; a
-        list of plain names (a signature, a tuple of saved values) fills its lines instead, as a
-        person writes a long list of names."""
+        list of plain names, numbers and ``name=number`` (a signature, a tuple of saved values, a
+        kernel's arguments) fills its lines instead, as a person writes a long list of names."""
         commas = self._commas(start, stop)
         bounds = list(zip([start] + [comma + 1 for comma in commas], commas + [stop]))
         names = [self.text(begin, end) for begin, end in bounds if begin < end]
-        if len(names) > 2 and all(end - begin == 1 and self.tokens[begin][0].isidentifier() for begin, end in bounds
-                                  if begin < end):
+        if len(names) > 2 and all(self._plain(begin, end) for begin, end in bounds if begin < end):
             lines = [" " * indent]
             for name in names:
                 if len(lines[-1]) > indent and len(lines[-1]) + 1 + len(name) + 1 > self.width:
@@ -393,6 +392,27 @@ class _Layout:
                 lines += self.expression(begin, comma, indent, tail=",")
             begin = comma + 1
         return lines
+
+    def _plain(self, begin: int, end: int) -> bool:
+        """A name, a number, or ``name=`` one of them: an element a list may share a line with."""
+        def atom(index: int) -> bool:
+            text = self.tokens[index][0]
+            return text.isidentifier() or text.replace(".", "", 1).replace("e-", "", 1).isdigit()
+
+        def atoms(first: int, last: int) -> bool:  # an atom, or a bracketed list of them ([True, True, False])
+            if last - first == 1:
+                return atom(first)
+            return (self.tokens[first][0] == "[" and self.closes.get(first) == last - 1
+                    and all(atom(index) if (index - first) % 2 else self.tokens[index][0] == ","
+                            for index in range(first + 1, last - 1)))
+
+        def entry(first: int, last: int) -> bool:  # a mapping's entry: p["conv1.weight"]
+            return (last - first == 4 and self.tokens[first][0].isidentifier() and self.tokens[first + 1][0] == "["
+                    and self.tokens[first + 2][0][:1] in "\"'" and self.tokens[first + 3][0] == "]")
+
+        if end - begin >= 3 and self.tokens[begin + 1][0] == "=":
+            return self.tokens[begin][0].isidentifier() and (atoms(begin + 2, end) or entry(begin + 2, end))
+        return atoms(begin, end) or entry(begin, end)
 
     def expression(self, start: int, stop: int, indent: int, head: str = "", tail: str = "") -> list[str]:
         """An expression inside brackets (so it may break anywhere): whole if it fits, else before
