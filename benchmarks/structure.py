@@ -25,15 +25,23 @@ ROOT = Path(__file__).resolve().parent.parent
 def networks() -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
     import train_resnet
-    from tests import zoo_nets
+    from tests import models, zoo_nets
 
     return {
         "ResNet-18": (lambda: train_resnet.ResNet18(), 3, "cross_entropy"),
         "ResNet-50": (lambda: train_resnet.ResNet50(), 3, "cross_entropy"),
+        "VGG-16-BN": (lambda: models.VGG("vgg16", batch_norm=True, classes=10, width=16, hidden=256, dropout=0.0),
+                      3, "cross_entropy"),
         "U-Net": (lambda: train_resnet.UNet(1, 64), 1, "mse_loss"),
-        "MobileNetV2": (lambda: zoo_nets.MobileNetV2(), 3, "cross_entropy"),
+        "MobileNetV2": (lambda: zoo_nets.MobileNetV2(10, 1.0, inverted_residual_setting=MOBILENET_V2,
+                                                     last_channel=1280), 3, "cross_entropy"),
         "DenseNet-121-style": (lambda: zoo_nets.DenseNet(), 3, "cross_entropy"),
     }
+
+
+MOBILENET_V2 = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2], [6, 96, 3, 1], [6, 160, 3, 2],
+                [6, 320, 1, 1]]
+"""torchvision's MobileNetV2 stages (t, c, n, s): 17 inverted residual blocks."""
 
 
 def _arguments(module, spec_inputs: dict, values: dict) -> dict:

@@ -1,10 +1,13 @@
 """Training a traced model with its explicit gradients: ``step = symgrad.bind(module, model)``.
 
 A module generated from ``symgrad trace model.py:Net`` takes every parameter and buffer as an
-argument (or, written as blocks, in one ``params`` mapping keyed by ``state_dict()`` names) and
-records, in ``SOURCES``, which ``state_dict()`` key each one came from. ``bind`` reads
+argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from. ``bind`` reads
 that table once, checks it against the model (names and shapes, so a model changed since it was
-traced is refused), and returns an ``nn.Module`` whose forward takes only the data arguments::
+traced is refused), and returns an ``nn.Module`` whose forward takes only the data arguments.
+Written as blocks (``STRUCTURED``), the module takes them in one ``params`` mapping keyed by
+``state_dict()`` names and reads each where it is used, at any size (a wider model of the same
+structure binds too): ``bind`` passes the model's parameters and buffers, and a key the module
+reads and the model lacks is refused at the first call::
 
     step = symgrad.bind(resnet_gradients, model)
     loss = step(x=images, target=labels)   # the traced loss, as a tensor
@@ -56,8 +59,10 @@ class Bound(torch.nn.Module):
         self.generated = generated
         self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
         sources = getattr(generated, "SOURCES", None)
-        if self.structured and isinstance(getattr(generated, "SHAPES", None), dict):  # keyed by state_dict key
-            sources = {key: (key, shape) for key, shape in generated.SHAPES.items()}
+        if self.structured:  # shape-generic, keyed by state_dict key: the model's own, whatever they are
+            state = {**dict(model.named_parameters(remove_duplicate=False)),
+                     **dict(model.named_buffers(remove_duplicate=False))}
+            sources = {key: (key, tuple(value.shape)) for key, value in state.items()}
         if not isinstance(sources, dict) or not hasattr(generated, "loss_with_explicit_backward"):
             raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
@@ -72,6 +77,8 @@ class Bound(torch.nn.Module):
         if self.structured:
             statistics = [(f"{module}.running_mean", f"{module}.running_var", momentum)
                           for module, momentum in getattr(generated, "MOMENTA", {}).items()]
+            for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
+                raise _missing(generated, model, key)
         self._statistics = tuple(
             _Statistics(_owner(model, sources[mean][0])[0], mean, var, momentum)
             for mean, var, momentum in statistics)
@@ -107,7 +114,12 @@ class Bound(torch.nn.Module):
                                  1.0 / float(counter)))
         if self.structured:
             params = {key: arguments[name] for name, (key, _) in self.sources.items()}
-            loss = self.generated.loss_with_explicit_backward(**data, params=params)
+            try:
+                loss = self.generated.loss_with_explicit_backward(**data, params=params)
+            except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
+                if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
+                    raise
+                raise _missing(self.generated, self.model, error.args[0]) from None
         else:
             loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
         with torch.no_grad():
@@ -175,6 +187,12 @@ def _load(path: Path) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _missing(generated: ModuleType, model: torch.nn.Module, key: str) -> BindError:
+    return BindError(f"{_name(generated)} does not fit {type(model).__name__}: it reads {key}, which is not a "
+                     "parameter or buffer of the model (fix: bind the module generated from this model, or trace "
+                     "the changed model again)")
 
 
 def _name(generated: ModuleType) -> str:

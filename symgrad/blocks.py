@@ -29,8 +29,54 @@ from dataclasses import dataclass
 
 from .errors import Location, SpecError
 
-BLOCK_KEYS = ("inputs", "params", "layers", "output")
-INSTANCE_KEYS = ("block", "in", "out", "params", "prefix")
+BLOCK_KEYS = ("inputs", "params", "hyper", "layers", "output")
+INSTANCE_KEYS = ("block", "in", "out", "params", "prefix", "offset", "hyper")
+
+
+@dataclass(frozen=True, repr=False)
+class Hyper:
+    """A block layer's argument written as the name of one of the block's ``hyper:`` ints (``stride:
+    stride``): each instance gives its own value (``hyper: {stride: 2}``), or takes the default."""
+
+    name: str
+    location: Location
+
+    def __str__(self) -> str:
+        return self.name
+
+    __repr__ = __str__
+
+
+class HyperInt(int):
+    """A block hyperparameter's value while the block is derived once for all its instances: an int
+    to the rules (shapes, checks), printed as its name, and equal only to itself, so that a rule
+    never takes it for its default (``stride=1`` left out) in one instance and not in another.
+    ``symgrad.structure`` derives the block once per distinct set of values its instances give and
+    refuses it if the printed code differs: no rule may specialise the code to a value unseen."""
+
+    name: str
+
+    def __new__(cls, name: str, value: int) -> "HyperInt":
+        obj = int.__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __repr__(self) -> str:
+        return self.name
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.name if not spec else format(int(self), spec)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, HyperInt) and other.name == self.name and int(other) == int(self)
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(("hyper", self.name, int(self)))
 
 
 @dataclass(frozen=True)
@@ -42,6 +88,17 @@ class BlockSpec:
     layers: tuple  # of spec.LayerSpec
     output: str
     location: Location
+    hyper: tuple[tuple[str, int], ...] = ()
+    """(name, default) of each int an instance may set (``hyper: {stride: 1}``); the layers read it
+    as :class:`Hyper`."""
+
+    def layers_with(self, values: dict) -> tuple:
+        """The block's layers with each :class:`Hyper` argument replaced by ``values[name]`` (an int,
+        or a :class:`HyperInt` while the block is derived), the default where ``values`` has none."""
+        chosen = {**dict(self.hyper), **values}
+        return tuple(dataclasses.replace(layer, arguments=tuple(
+            dataclasses.replace(argument, value=chosen[argument.value.name]) if isinstance(argument.value, Hyper)
+            else argument for argument in layer.arguments)) for layer in self.layers)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -82,11 +139,12 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
             _check_name(item, item_location, "block input")
             inputs.append(item)
         params = _block_params(body, name)
+        hyper = _block_hyper(body, name)
         known = {}
-        for item in inputs + [param for param, _ in params]:
+        for item in inputs + [param for param, _ in params] + [item for item, _ in hyper]:
             if item in known:
-                raise SpecError(f"block '{name}' names '{item}' twice among its inputs and params", body.location,
-                                "give each input and parameter its own name")
+                raise SpecError(f"block '{name}' names '{item}' twice among its inputs, params and hypers",
+                                body.location, "give each input, parameter and hyper its own name")
             known[item] = body.location
         layers_seq = _typed(body, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
         if not layers_seq:
@@ -100,15 +158,59 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
             if "block" in layer:
                 raise SpecError(f"block '{name}' uses block '{layer['block']}' inside it", item_location,
                                 "blocks hold plain layers: inline the inner block's layers here")
-            layers.append(_layer(layer, index, previous, known))
+            layers.append(_with_hyper(_layer(layer, index, previous, known), dict(hyper)))
             previous = layers[-1].out
             known[previous] = layers[-1].out_location
+        used = {argument.value.name for layer in layers for argument in layer.arguments
+                if isinstance(argument.value, Hyper)}
+        for item, _ in hyper:
+            if item not in used:
+                raise SpecError(f"block '{name}' declares hyper '{item}' but none of its layers reads it",
+                                body.value_locations["hyper"], f"write `ARGUMENT: {item}` in a layer, or drop it")
         output = _identifier(body, "output", kind="block output") if "output" in body else previous
         if output not in {layer.out for layer in layers}:
             raise SpecError(f"block '{name}' outputs '{output}', which none of its layers makes",
                             body.value_locations.get("output", body.location), "name the `out:` of one of its layers")
-        blocks[name] = BlockSpec(name, tuple(inputs), tuple(params), tuple(layers), output, location)
+        blocks[name] = BlockSpec(name, tuple(inputs), tuple(params), tuple(layers), output, location, tuple(hyper))
     return blocks
+
+
+def _block_hyper(body, block: str) -> list[tuple[str, int]]:
+    """``hyper: {stride: 1}``: each name an int argument of the layers may read, with its default."""
+    from .spec import Mapping, _check_name
+
+    if "hyper" not in body:
+        return []
+    value, location = body["hyper"], body.value_locations["hyper"]
+    if not isinstance(value, Mapping):
+        raise SpecError(f"hyper of block '{block}' must map names to default ints", location,
+                        "write e.g. `hyper: {stride: 1}`")
+    hyper = []
+    for name, default in value.items():
+        _check_name(name, value.key_locations[name], "block hyperparameter")
+        hyper.append((name, _hyper_int(default, value.value_locations[name], name)))
+    return hyper
+
+
+def _hyper_int(value, location, name: str) -> int:
+    from .rules.base import INT64
+
+    if isinstance(value, bool) or not isinstance(value, int) or not INT64[0] <= value <= INT64[1]:
+        raise SpecError(f"hyper '{name}' must be an int, not {str(value)[:40]!r}", location,
+                        f"write e.g. `{name}: 1`")
+    return value
+
+
+def _with_hyper(layer, hyper: dict):
+    """``layer`` with each non-tensor argument that names one of the block's hypers read as :class:`Hyper`."""
+    from .rules import LAYER_RULES
+
+    rule = LAYER_RULES.get(layer.op)
+    operands = {operand.name for operand in rule.operands} if rule else set()
+    return dataclasses.replace(layer, arguments=tuple(
+        dataclasses.replace(argument, value=Hyper(argument.value, argument.location))
+        if isinstance(argument.value, str) and argument.value in hyper and argument.name not in operands
+        else argument for argument in layer.arguments))
 
 
 def _block_params(body, block: str) -> list[tuple[str, str]]:
@@ -162,6 +264,7 @@ def parse_instance(layer, index: int, previous: str, known: dict[str, Location],
                         f"{len(sources)} are given", layer.value_locations.get("in", layer.location),
                         f"list {len(block.inputs)} name(s) under 'in:'")
     binding = _binding(layer, block, known, inputs)
+    hyper = _instance_hyper(layer, block)
     out = _identifier(layer, "out", kind="output name") if "out" in layer else f"{name}_{index + 1}"
     out_location = layer.value_locations.get("out", layer.location)
     if out in known:
@@ -169,7 +272,28 @@ def parse_instance(layer, index: int, previous: str, known: dict[str, Location],
                         "give this instance a unique `out:` name")
     return LayerSpec(index=index, op=name, sources=sources, arguments=(), out=out, location=layer.location,
                      op_location=where, out_location=out_location, implicit_in="in" not in layer,
-                     block=name, binding=binding)
+                     block=name, binding=binding, hyper=hyper,
+                     offset=_offset(layer, _string(layer, "prefix") if "prefix" in layer else None))
+
+
+def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"], ...]:
+    """``hyper: {stride: 2}``: the instance's value of each hyper it sets, and where it says so."""
+    from .spec import Mapping
+
+    if "hyper" not in layer:
+        return ()
+    value = layer["hyper"]
+    if not isinstance(value, Mapping):
+        raise SpecError("an instance's hyper must map the block's hyper names to ints", layer.value_locations["hyper"],
+                        "write e.g. `hyper: {stride: 2}`")
+    declared = dict(block.hyper)
+    hyper = []
+    for name, given in value.items():
+        if name not in declared:
+            raise SpecError(f"block '{block.name}' has no hyper '{name}'", value.key_locations[name],
+                            f"its hypers are: {', '.join(declared) or '(none)'}")
+        hyper.append((name, _hyper_int(given, value.value_locations[name], name), value.value_locations[name]))
+    return tuple(hyper)
 
 
 def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], ...]:
@@ -187,6 +311,7 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
                                 f"its parameters are: {', '.join(block.param_names) or '(none)'}")
             explicit[param] = _known(_string(value, param), value.value_locations[param], known)
     prefix = _string(layer, "prefix") if "prefix" in layer else None
+    offset = _offset(layer, prefix)
     by_source = {item.source: item.name for item in inputs if item.source}
     names = {item.name for item in inputs}
     binding = []
@@ -195,6 +320,11 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
             binding.append((param, explicit[param]))
             continue
         if prefix is not None:
+            key = shifted(key, offset)
+            if key is None:
+                raise SpecError(f"block '{block.name}': with an offset, the key of parameter '{param}' must start with "
+                                "a child's index", layer.value_locations["offset"], "drop `offset:`, or key the "
+                                "block's parameters by the children's indices from 0 (`0.weight`)")
             found = by_source.get(f"{prefix}.{key}")
             plain = f"{prefix}_{key.replace('.', '_')}"
             found = found or (plain if plain in names else None)
@@ -205,6 +335,30 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
                         f"add `params: {{{param}: INPUT}}`" + (f" or declare an input with `source: {prefix}.{key}`"
                                                                  if prefix is not None else " or a `prefix:`"))
     return tuple(binding)
+
+
+def _offset(layer, prefix) -> int:
+    """``offset: N``: the instance is a run of the children of ``prefix`` from index N (a Sequential's
+    ``features.3`` to ``features.5``), the block's keys numbered from 0."""
+    if "offset" not in layer:
+        return 0
+    value, location = layer["offset"], layer.value_locations["offset"]
+    if prefix is None:
+        raise SpecError("`offset:` numbers the children of a `prefix:`, and this instance has none", location,
+                        "add `prefix: CONTAINER` or drop `offset:`")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+        raise SpecError(f"offset must be a child's index, an int from 0, not {str(value)[:40]!r}", location,
+                        "write e.g. `offset: 3`")
+    return value
+
+
+def shifted(key: str, offset: int) -> str | None:
+    """A block's parameter key as the instance's: ``1.weight`` at offset 3 is ``4.weight``; None where
+    an offset is given and the key does not start with an index."""
+    if not offset:
+        return key
+    index, _, rest = key.partition(".")
+    return f"{int(index) + offset}.{rest}" if index.isdigit() and rest else None
 
 
 def flatten(spec):
@@ -223,6 +377,7 @@ def flatten(spec):
         block = spec.blocks[layer.block]
         renamed = dict(zip(block.inputs, (source for source, _ in layer.sources)))
         renamed.update(layer.binding)
+        given = {name: (value, location) for name, value, location in layer.hyper}
         for inner in block.layers:
             new = layer.out if inner.out == block.output else f"{layer.out}_{inner.out}"
             if inner.out != block.output and new in taken:
@@ -231,13 +386,25 @@ def flatten(spec):
             taken.add(new)
             rule = LAYER_RULES.get(inner.op)
             operand_keys = {operand.name for operand in rule.operands} if rule else set()
-            arguments = tuple(dataclasses.replace(argument, value=_renamed(argument.value, renamed))
+            arguments = tuple(_hyper_value(argument, block, given)
+                              if isinstance(argument.value, Hyper)
+                              else dataclasses.replace(argument, value=_renamed(argument.value, renamed))
                               if argument.name in operand_keys or _has_like(argument.value) else argument
                               for argument in inner.arguments)
             sources = tuple((renamed.get(source, source), location) for source, location in inner.sources)
             layers.append(dataclasses.replace(inner, index=len(layers), sources=sources, arguments=arguments, out=new))
             renamed[inner.out] = new
     return dataclasses.replace(spec, layers=tuple(layers), blocks={})
+
+
+def _hyper_value(argument, block: BlockSpec, given: dict):
+    """A :class:`Hyper` argument as the instance's int (located where the instance gives it, so that a
+    value the op refuses is reported there), or as the block's default."""
+    name = argument.value.name
+    if name in given:
+        value, location = given[name]
+        return dataclasses.replace(argument, value=value, location=location)
+    return dataclasses.replace(argument, value=dict(block.hyper)[name])
 
 
 def _has_like(value) -> bool:

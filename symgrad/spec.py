@@ -295,11 +295,15 @@ class LayerSpec:
     op_location: Location
     out_location: Location
     implicit_in: bool = False
+    """No ``in:``: ``sources`` is the previous node, which an op that reads no tensor (``full``) ignores."""
     block: str | None = None
     """For a block instance (``{block: NAME, ...}``): the block it uses; ``op`` is its name too."""
     binding: tuple[tuple[str, str], ...] = ()
     """For a block instance: (the block's parameter, the spec input bound to it)."""
-    """No ``in:``: ``sources`` is the previous node, which an op that reads no tensor (``full``) ignores."""
+    hyper: tuple = ()
+    """For a block instance: (hyper name, its int value, where the spec gives it) for each it sets."""
+    offset: int = 0
+    """For a block instance with ``prefix:``: the index of its first child there (``blocks._offset``)."""
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import sympy
 
 from .algebra import primitive, tensor, TensorOp, Params
-from .blocks import BlockSpec, flatten
+from .blocks import BlockSpec, HyperInt, flatten
 from .errors import SpecError
 from .graph import Graph, build_graph
 from .plan import Plan, plan
 from .reverse import GRAD_LOSS, Program, derive
-from .rules.base import Forward, Operand, Rule
+from .rules.base import Forward, Operand, Param, Rule
 from .spec import Argument, LossSpec, Spec
 
 GRAD_OUTPUT = tensor("grad_output")
@@ -36,15 +36,17 @@ def _block_parameters(operands, params, show):
     """The mapping an instance passes: ``_scope(params, "layer1.0")`` or ``{"w": w1, ...}``."""
     scope = params.get("scope")
     if scope is not None:
-        return f'_scope(params, "{scope}")'
+        prefix, offset = scope
+        return f'_scope(params, "{prefix}", {offset})' if offset else f'_scope(params, "{prefix}")'
     keys = params["keys"]
     return "{" + ", ".join(f'"{key}": {operand}' for key, operand in zip(keys, operands)) + "}"
 
 
 def _forward_code(operands, params, show):
     count = params["inputs"]
-    mapping = _block_parameters(operands[count:], params, show)
-    return f"{params['block']}_forward({', '.join(operands[:count] + [mapping])}{', save=True' if params['saving'] else ''})"
+    arguments = operands[:count] + [_block_parameters(operands[count:], params, show)]
+    arguments += [f"{name}={value}" for name, value in params["hyper"]]
+    return f"{params['block']}_forward({', '.join(arguments)}{', save=True' if params['saving'] else ''})"
 
 
 def _backward_code(operands, params, show):
@@ -61,6 +63,15 @@ primitive("block_forward", code=_forward_code, outputs=2,
                                                rf"{', '.join(operands[:params['inputs']])}\right)")
 primitive("block_backward", code=_backward_code,
           latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}^{{*}}\left({operands[-1]}\right)")
+primitive("chain_forward", outputs=2,
+          code=lambda operands, params, show: f"_run_forward({params['table']}, {operands[0]}, params"
+                                              f"{', save=True' if params['saving'] else ''})",
+          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['table'].lower())}}}\left("
+                                               rf"{operands[0]}\right)")
+primitive("chain_backward",
+          code=lambda operands, params, show: f"_run_backward({params['table']}, {operands[0]}, {operands[1]})",
+          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['table'].lower())}}}^{{*}}\left("
+                                               rf"{operands[-1]}\right)")
 primitive("gradient_of", code=lambda operands, params, show: f'{operands[0]}.pop("{params["key"]}")',
           latex=lambda operands, params, show: rf"{operands[0]}\left[{_text(params['key'])}\right]")
 
@@ -98,6 +109,11 @@ class DerivedBlock:
     """The block inputs its backward reads again (its forward keeps them in the saved list)."""
 
 
+def _hyper_value(value, context) -> int:
+    """An instance's hyper value, checked already by the spec (``blocks._hyper_int``)."""
+    return value
+
+
 class BlockRule(Rule):
     """One instance of a block as a node of the top-level graph."""
 
@@ -110,16 +126,20 @@ class BlockRule(Rule):
         self.op = block.name
         self.operands = (tuple(Operand(name, from_in=True) for name in block.inputs)
                          + tuple(Operand(name) for name in block.param_names))
+        self.params = {name: Param(default, _hyper_value) for name, default in block.hyper}
 
     def infer_shape(self, shapes, params, check):
-        graph = self.derived.graph.with_input_shapes({name: shapes[name] for name in self.derived.spec.operands})
-        return graph.nodes[self.derived.spec.output].shape
+        block = self.derived.spec
+        graph = _block_graph(block, {name: shapes[name] for name in block.operands}, self.derived.graph.spec,
+                             {name: params[name] for name, _ in block.hyper})
+        return graph.nodes[block.output].shape
 
     def _call_params(self, node) -> dict:
         block = self.derived.spec
         scope = node.params.get("_scope")
+        hyper = tuple((name, node.params[name]) for name, default in block.hyper if node.params[name] != default)
         return dict(block=block.name, inputs=len(block.inputs), scope=scope,
-                    keys=tuple(key for _, key in block.params))
+                    keys=tuple(key for _, key in block.params), hyper=hyper)
 
     def forward(self, node):
         block = self.derived.spec
@@ -146,6 +166,64 @@ class BlockRule(Rule):
                 for operand in block.operands if operand in wanted}
 
 
+@dataclass(frozen=True)
+class ChainLink:
+    """One instance a chain runs: its block, where its parameters are in ``params``, its hypers."""
+
+    rule: BlockRule
+    prefix: str
+    offset: int
+    hyper: tuple[tuple[str, int], ...]
+    """(name, value) of each hyper that differs from the block's default."""
+    binding: tuple[tuple[str, str], ...]
+    """(the block's parameter, the spec input bound to it)."""
+
+
+CHAIN_INPUT = "chain_input"
+"""The operand a chain reads from the layer before it (its parameters are the others)."""
+
+
+class ChainRule(Rule):
+    """Block instances that run one after another, each reading only the one before (a ResNet's
+    stages, a MobileNet's inverted residuals), as one node: the generated code runs them in a loop
+    over a table of the instances, ``_run_forward(TABLE, x, params)``, and pulls back through them
+    in reverse, ``_run_backward(TABLE, saved, grad_output)``, as a person writes a ``Sequential``."""
+
+    params = {}
+    summary = "block instances run one after another, derived once per block"
+
+    def __init__(self, table: str, links: tuple[ChainLink, ...], sources: dict[str, str]):
+        self.op = table.lower()
+        self.table = table
+        self.links = links
+        self.keys = {bound: sources[bound] for link in links for _, bound in link.binding}
+        self.operands = (Operand(CHAIN_INPUT, from_in=True),) + tuple(Operand(bound) for bound in self.keys)
+
+    def infer_shape(self, shapes, params, check):
+        shape = shapes[CHAIN_INPUT]
+        for link in self.links:
+            block, bound = link.rule.derived.spec, dict(link.binding)
+            operand_shapes = {block.inputs[0]: shape, **{name: shapes[bound[name]] for name in block.param_names}}
+            shape = link.rule.infer_shape(operand_shapes, {**dict(block.hyper), **dict(link.hyper)}, check)
+        return shape
+
+    def forward(self, node):
+        call = TensorOp("chain_forward", Params.of(table=self.table, saving=node.fused), node.operands[CHAIN_INPUT])
+        if not node.fused:
+            return Forward(call)
+        made = node.local("call", call, note=f"the instances of {self.table}: their output, and what their backwards read")
+        node.local("saved", TensorOp("item", Params.of(index=1), made), note="what the instances' backwards read")
+        return Forward(TensorOp("item", Params.of(index=0), made))
+
+    def pullback(self, node, grad, wanted):
+        grads = node.local("grads", TensorOp("chain_backward", Params.of(table=self.table),
+                                             tensor(f"saved_{node.name}"), grad),
+                           note=f"the instances of {self.table} pulled back in reverse")
+        return {operand: TensorOp("gradient_of", Params.of(key="x" if operand == CHAIN_INPUT else self.keys[operand]),
+                                  grads)
+                for operand in (CHAIN_INPUT, *self.keys) if operand in wanted}
+
+
 @dataclass
 class Structured:
     spec: Spec
@@ -154,6 +232,8 @@ class Structured:
     graph: Graph
     program: Program
     planned: Plan
+    chains: tuple = ()
+    """The :class:`ChainRule` of each run of instances the code loops over."""
 
 
 def build_structured(spec: Spec) -> Structured:
@@ -166,31 +246,120 @@ def build_structured(spec: Spec) -> Structured:
             instances.setdefault(layer.block, []).append(layer)
     derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient)
                for name, layers in instances.items()}
-    top = _top_spec(spec)
     rules = {name: BlockRule(block) for name, block in derived.items()}
-    graph = build_graph(top, extra_rules=rules)
+    top, chains = _chained(_top_spec(spec), spec, rules)
+    graph = build_graph(top, extra_rules={**rules, **{chain.op: chain for chain in chains}})
     for layer in top.layers:
         if layer.block:
             graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
     program = derive(graph)
     fast = derive(graph, fused=True)
     planned = plan(program, fast, [], extras=())
-    return Structured(spec, flat_graph, derived, graph, program, planned)
+    return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains))
 
 
-def _scope_of(layer, spec: Spec) -> str | None:
-    """The instance's parameter mapping as a slice of the ``params`` argument (``layer1.0``), where
-    every parameter it binds is an input traced from ``PREFIX.KEY``; None: a literal mapping."""
+CHAIN_LENGTH = 3
+"""The fewest instances a chain runs: two calls read better written out than as a table and a loop."""
+
+
+def _chained(top: Spec, spec: Spec, rules: dict[str, BlockRule]) -> tuple[Spec, list[ChainRule]]:
+    """``top`` with each run of at least :data:`CHAIN_LENGTH` instances that feed only the next (one
+    input each, parameters bound by ``prefix:`` and to no other layer) as one :class:`ChainRule` layer,
+    named as its last instance's output, so that nothing downstream changes."""
+    from .graph import _references
+
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    readers: dict[str, int] = {}
+    for layer in top.layers:
+        for name in [source for source, _ in layer.sources] + [
+                value for argument in layer.arguments for value in _names(argument.value)]:
+            readers[name] = readers.get(name, 0) + 1
+    for name in (top.loss.source[0], top.loss.target[0]):
+        readers[name] = readers.get(name, 0) + 1
+    bound_count: dict[str, int] = {}
+    for layer in top.layers:
+        for _, bound in (layer.binding if layer.block else ()):
+            bound_count[bound] = bound_count.get(bound, 0) + 1
+
+    def linkable(layer) -> bool:
+        return (layer.block is not None and len(spec.blocks[layer.block].inputs) == 1
+                and _scope_of(layer, spec) is not None
+                and all(bound_count[bound] == 1 and bound in sources for _, bound in layer.binding)
+                and not any(_references(argument.value) for argument in layer.arguments))
+
+    runs, current = [], []
+    for layer in top.layers:
+        if linkable(layer) and current and layer.sources[0][0] == current[-1].out and readers[current[-1].out] == 1:
+            current.append(layer)
+            continue
+        runs.append(current)
+        current = [layer] if linkable(layer) else []
+    runs.append(current)
+    chains, replaced, taken = [], {}, {layer.out for layer in top.layers} | set(spec.blocks)
+    for run in runs:
+        if len(run) < CHAIN_LENGTH:
+            continue
+        table = _table_name(run, spec, taken)
+        links = tuple(ChainLink(rules[layer.block], *_scope_of(layer, spec),
+                                tuple((name, value) for name, value, _ in layer.hyper
+                                      if value != dict(spec.blocks[layer.block].hyper)[name]),
+                                layer.binding) for layer in run)
+        chain = ChainRule(table, links, sources)
+        chains.append(chain)
+        arguments = tuple(Argument(bound, bound, layer.location) for layer in run for _, bound in layer.binding)
+        replaced[run[0].out] = dataclasses.replace(run[-1], op=chain.op, block=None, sources=run[0].sources,
+                                                   arguments=arguments, binding=(), hyper=())
+        for layer in run[1:]:
+            replaced[layer.out] = None
+    layers = tuple(replaced.get(layer.out, layer) for layer in top.layers if replaced.get(layer.out, layer) is not None)
+    return dataclasses.replace(top, layers=layers), chains
+
+
+def _names(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [name for item in value for name in _names(item)]
+    node = getattr(value, "node", None)  # {like: NODE}
+    return [node] if isinstance(node, str) else []
+
+
+def _table_name(run, spec: Spec, taken: set[str]) -> str:
+    """The chain's table, after what its instances' prefixes share (``features.2`` to ``features.17``:
+    FEATURES), else after its first and last (LAYER1_0_TO_LAYER4_2)."""
+    import os
+    import re
+
+    prefixes = [_scope_of(layer, spec)[0] for layer in run]
+    common = os.path.commonprefix([prefix + "." for prefix in prefixes])
+    common = common[:common.rfind(".")] if "." in common else ""
+    if common and all(prefix.startswith(common + ".") for prefix in prefixes):
+        base = re.sub(r"[^A-Za-z0-9]", "_", common).upper()
+    else:
+        base = "_TO_".join(re.sub(r"[^A-Za-z0-9]", "_", prefix).upper() for prefix in (prefixes[0], prefixes[-1]))
+    name, number = base, 2
+    while name.lower() in taken:
+        name, number = f"{base}_{number}", number + 1
+    taken.add(name.lower())
+    return name
+
+
+def _scope_of(layer, spec: Spec) -> tuple[str, int] | None:
+    """The instance's parameter mapping as a slice of the ``params`` argument (``layer1.0``; with an
+    offset, children numbered from it), where every parameter it binds is an input traced from
+    ``PREFIX.KEY``; None: a literal mapping."""
+    from .blocks import shifted
+
     sources = {item.name: item.source for item in spec.inputs}
     block = spec.blocks[layer.block]
     keys = dict(block.params)
     prefixes = set()
     for param, bound in layer.binding:
-        source = sources.get(bound)
-        if source is None or not source.endswith("." + keys[param]):
+        source, key = sources.get(bound), shifted(keys[param], layer.offset)
+        if source is None or key is None or not source.endswith("." + key):
             return None
-        prefixes.add(source[: -len(keys[param]) - 1])
-    return prefixes.pop() if len(prefixes) == 1 else None
+        prefixes.add(source[: -len(key) - 1])
+    return (prefixes.pop(), layer.offset) if len(prefixes) == 1 else None
 
 
 def _signature(shapes) -> tuple:
@@ -199,20 +368,43 @@ def _signature(shapes) -> tuple:
 
 
 def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str]) -> DerivedBlock:
+    """The block derived once for all ``layers`` (its instances), its hypers as :class:`HyperInt`.
+
+    What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
+    derive otherwise where a size is 1: a broadcast, an expand) and the hypers' values: the block is
+    derived once per distinct set of them among its instances, and every one must print the same
+    code, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do)."""
     first = layers[0]
-    shapes = {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, first).items()}
-    graph = _block_graph(block, shapes, flat_graph.spec)
-    signature = _node_signature(graph)
     wanted = set()
+    variants: dict[tuple, object] = {}
     for layer in layers:
-        bound = _bound(block, layer)
-        other = _node_signature(graph.with_input_shapes({name: flat_graph.nodes[bound[name]].shape
-                                                         for name in block.operands}))
-        if other != signature:  # a rule may derive otherwise where a size is 1 (a broadcast, an expand)
+        wanted |= {name for name, node in _bound(block, layer).items() if node in needs_gradient}
+        values = tuple(sorted(_hyper_values(block, layer).items()))
+        variants.setdefault((values, _instance_signature(block, layer, flat_graph)), layer)
+    derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
+                               flat_graph.spec, wanted, dict(values))
+               for (values, _), layer in variants.items()]
+    signature = next(iter(variants))[1]
+    for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
+        if _block_view(other) == _block_view(derived[0]):
+            continue
+        if other_signature != signature:  # a rule derives otherwise where a size is 1 (a broadcast, an expand)
             raise SpecError(f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
-                            f"size-1 axes than instance '{first.out}', so one derivation cannot serve both",
+                            f"size-1 axes than instance '{first.out}', and its derivation differs",
                             layer.location, "define a second block for it, or inline its layers")
-        wanted |= {name for name, node in bound.items() if node in needs_gradient}
+        raise SpecError(f"instance '{layer.out}' of block '{block.name}' sets its hypers to values for which the "
+                        f"derivation differs from that of instance '{first.out}' (not only in the values)",
+                        layer.location, "define a second block for it, or inline its layers")
+    return derived[0]
+
+
+def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
+    """The instance's value of each of the block's hypers, the default where it sets none."""
+    return {**dict(block.hyper), **{name: value for name, value, _ in layer.hyper}}
+
+
+def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict) -> DerivedBlock:
+    graph = _block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()})
     feeds_output = {"loss"}
     for node in reversed(list(graph.nodes.values())):
         if node.name in feeds_output:
@@ -226,24 +418,29 @@ def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: s
     return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
 
 
-def _node_signature(graph: Graph) -> tuple:
-    """What a block's derivation may depend on besides sizes: every tensor's rank and size-1 axes."""
-    return _signature(node.shape for node in graph.nodes.values())
+def _instance_signature(block: BlockSpec, layer, flat_graph: Graph) -> tuple:
+    """What a block's derivation may depend on besides sizes, for one instance: every tensor's rank
+    and size-1 axes, read from the flat graph (where the instance's node ``o`` is ``OUT_o``)."""
+    bound = _bound(block, layer)
+    names = [bound[name] for name in block.operands] + [
+        layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers]
+    return _signature(flat_graph.nodes[name].shape for name in names)
 
 
 def _bound(block: BlockSpec, layer) -> dict[str, str]:
     return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
 
 
-def _block_graph(block: BlockSpec, shapes: dict, spec: Spec) -> Graph:
-    """The block as a graph of its own, its operands as inputs, ending in :class:`BlockOutput`."""
+def _block_graph(block: BlockSpec, shapes: dict, spec: Spec, values: dict | None = None) -> Graph:
+    """The block as a graph of its own, its operands as inputs, ending in :class:`BlockOutput`;
+    ``values``: its hypers' (the defaults where none)."""
     from .spec import InputSpec
 
     location = block.location
     inputs = tuple(InputSpec(name, tuple(shapes[name]), location) for name in block.operands)
     loss = LossSpec("half_sq_error", (block.output, location), (block.output, location), None, location, location)
-    sub = Spec(name=block.name, inputs=inputs, layers=tuple(block.layers), loss=loss, wrt=(), file=spec.file,
-               text=spec.text)
+    sub = Spec(name=block.name, inputs=inputs, layers=block.layers_with(values or {}), loss=loss, wrt=(),
+               file=spec.file, text=spec.text)
     graph = build_graph(sub)
     output = graph.nodes["loss"]
     graph.nodes["loss"] = dataclasses.replace(output, rule=BlockOutput(), operands={"input": block.output},
@@ -257,6 +454,7 @@ def _top_spec(spec: Spec) -> Spec:
     for layer in spec.layers:
         if layer.block:
             arguments = tuple(Argument(param, bound, layer.location) for param, bound in layer.binding)
+            arguments += tuple(Argument(name, value, location) for name, value, location in layer.hyper)
             layer = dataclasses.replace(layer, arguments=arguments, implicit_in=False)
         layers.append(layer)
     return dataclasses.replace(spec, layers=tuple(layers), blocks={})
@@ -295,17 +493,18 @@ def _block_view(derived: DerivedBlock) -> dict:
             renames[item.statement.target] = GRAD_OUTPUT
     backward = _renamed_statements(planned.backward, renames)
     keys = dict(block.params)
-    read_forward = _read(item.statement for item in forward)
     read_backward = _read(item.statement for item in backward)
     gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
+    hyper_backward = _hypers(item.statement for item in backward)
+    # each parameter read where it is used, as the mapping's entry (`p["conv1.weight"]`): no names to unpack
+    entries = {tensor(name): tensor(f'p["{key}"]') for name, key in block.params}
     return dict(
         name=block.name, inputs=list(block.inputs), output=output.name,
-        forward_unpack=[(name, key) for name, key in block.params if name in read_forward],
-        backward_unpack=[(name, key) for name, key in block.params if name in read_backward],
-        forward=_lines(forward),
+        hyper=[f"{name}={default}" for name, default in block.hyper],
+        forward=_lines(_renamed_statements(forward, entries)),
         saved_names=list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
-        + planned.saved_names,
-        backward=_lines(backward),
+        + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names,
+        backward=_lines(_renamed_statements(backward, entries)),
         returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
 
 
@@ -318,6 +517,17 @@ def _read(statements) -> set[str]:
     return names
 
 
+def _hypers(statements) -> set[str]:
+    """The block hypers the statements' ops take as arguments."""
+    names: set[str] = set()
+    for statement in statements:
+        for expression in statement.value.atoms(TensorOp):
+            for _, value in expression.params.items():
+                names |= {part.name for part in (value if isinstance(value, tuple) else (value,))
+                          if isinstance(part, HyperInt)}
+    return names
+
+
 def _direct_names(expression) -> set[str]:
     if isinstance(expression, sympy.Symbol):
         return {expression.name}
@@ -326,6 +536,8 @@ def _direct_names(expression) -> set[str]:
         operands = expression.operands
         if expression.primitive.name == "block_forward" and expression.params["scope"]:
             operands = operands[:expression.params["inputs"]]
+        if expression.primitive.name == "chain_forward":  # the instances' parameters: from `params`
+            operands = operands[:1]
         names = {symbol.name for symbol in expression.params.free_symbols}
     for operand in operands:
         names |= _direct_names(operand)
@@ -344,6 +556,14 @@ def _returned_parameters(structured: Structured, sources: dict, inlined: dict, i
                 popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
     merged, covered = [], set()
     for node in graph.nodes.values():
+        if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
+            grads = f"grads_{node.name}"
+            bound = {value for value in node.rule.keys if value in graph.wrt}
+            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                    for value in bound) and "x" in popped.get(grads, set())):
+                merged.append((grads, grads))
+                covered |= bound
+            continue
         if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
             continue
         derived = node.rule.derived
@@ -355,11 +575,24 @@ def _returned_parameters(structured: Structured, sources: dict, inlined: dict, i
         own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
                   for value in bound.values())
         if params and own and inputs_taken:
-            merged.append((node.params["_scope"], grads))
+            prefix, offset = node.params["_scope"]
+            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
+                           grads))
             covered |= set(bound.values())
     returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
                if name in sources and name not in covered]
     return merged, returns
+
+
+def _chain_view(chain: ChainRule) -> dict:
+    """A chain's table: a row per instance, ``(block, prefix, offset, {hypers})``."""
+    rows = []
+    for link in chain.links:
+        name = link.rule.derived.spec.name
+        hyper = "{" + ", ".join(f'"{key}": {value}' for key, value in link.hyper) + "}"
+        rows.append(f'("{name}", "{link.prefix}", {link.offset}, {hyper})')
+    first, last = chain.links[0].prefix, chain.links[-1].prefix
+    return dict(table=chain.table, rows=rows, first=first, last=last, count=len(chain.links))
 
 
 def _momenta(statistics, sources: dict) -> list[str]:
@@ -410,11 +643,13 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         backward.append(item)
 
     merged, param_returns = _returned_parameters(structured, sources, inlined, inlined_from, backward)
+    returned = {grads for _, grads in merged}  # read again by the return statement: never deleted before it
+    offsets = any(layer.block and layer.offset for layer in spec.layers)
+    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
+                for item in backward]
 
-    def unpack(statements):
-        read = _read(statements)
-        return [(name, source) for name, source in sources.items() if name in read]
-
+    # each parameter read where it is used, as the mapping's entry (`params["fc.weight"]`)
+    entries = {tensor(name): tensor(f'params["{source}"]') for name, source in sources.items()}
     statements_of = lambda scheduled: [item.statement for item in scheduled]  # noqa: E731
     blocks = [_block_view(block) for block in structured.blocks.values()]
     helpers = _helpers([item.statement for block in structured.blocks.values()
@@ -423,20 +658,18 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
     context = dict(
         name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
-        forward=[_line(statement) for statement in planned.forward],
-        readable_backward=[_line(statement) for statement in planned.readable_backward],
-        forward_unpack=unpack(planned.forward),
-        saving_unpack=unpack(statements_of(planned.saving_forward)),
-        backward_unpack=unpack(statements_of(backward)),
-        saving_forward=_lines(planned.saving_forward), saved_names=planned.saved_names, loss_name=planned.loss_name,
-        backward=_lines(backward), boundary_dead=planned.boundary_dead,
+        forward=[_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                 for statement in planned.forward],
+        saving_forward=_lines(_renamed_statements(planned.saving_forward, entries)),
+        saved_names=planned.saved_names, loss_name=planned.loss_name,
+        backward=_lines(_renamed_statements(backward, entries)), boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),
         signature=signature, reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
         positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
-        param_returns=param_returns, merged_returns=merged,
+        param_returns=param_returns, merged_returns=[text for text, _ in merged], offsets=offsets,
+        chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
-        shape_lines=_packed([f'"{item.source}": {tuple(item.shape)!r},' for item in spec.inputs if item.source]),
         momentum_lines=_packed(_momenta(_running_statistics(structured.flat_graph), sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
     )
@@ -488,7 +721,7 @@ def flat_view(module, graph: Graph):
 
 
 def _section(title: str, anchor: str, program: Program, graph: Graph, instances=(), inputs=(), params=(),
-             diagram: bool = False) -> dict:
+             hyper=(), diagram: bool = False) -> dict:
     """One block's (or the top level's) derivation, for the documents."""
     from markupsafe import escape
 
@@ -501,11 +734,11 @@ def _section(title: str, anchor: str, program: Program, graph: Graph, instances=
         if instances and step.node == "loss":  # a block's end: its output's gradient comes from the caller
             continue
         node = graph.nodes[step.node]
-        instance = isinstance(node.rule, BlockRule)
+        own = (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule)
+               else tuple(node.rule.keys) if isinstance(node.rule, ChainRule) else ())
         # an instance's parameters take their gradients straight from its block's backward: named, not derived
         parameters = [source for operand, source, _ in step.contributions
-                      if instance and operand in node.rule.derived.spec.param_names
-                      and not program.branch_sums.get(source)]
+                      if operand in own and not program.branch_sums.get(source)]
         contributions = [dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
                               branch=len(program.branch_sums.get(source, [])))
                          for operand, source, value in step.contributions if source not in parameters]
@@ -516,6 +749,7 @@ def _section(title: str, anchor: str, program: Program, graph: Graph, instances=
     forward = [f"{statement.target.name} = {to_code(statement.value)}" for statement in program.forward
                if statement.target.name != "loss" or not instances]
     return dict(title=title, anchor=anchor, instances=list(instances), inputs=list(inputs), params=list(params),
+                hyper=list(hyper),
                 forward=[str(escape(line)) for line in forward] if diagram else forward, steps=steps,
                 svg=svg(graph) if diagram else "")
 
@@ -539,7 +773,8 @@ def render_documents(structured: Structured, spec_label: str) -> dict[str, str]:
     files = {}
     for template, suffix, html in (("structured.md.jinja", "md", False), ("structured.html.jinja", "html", True)):
         sections = [_section(f"Block {name}", f"block-{name}", block.program, block.graph, instances[name],
-                             block.spec.inputs, [key for _, key in block.spec.params], diagram=html)
+                             block.spec.inputs, [key for _, key in block.spec.params],
+                             [f"{name} (default {default})" for name, default in block.spec.hyper], diagram=html)
                     for name, block in structured.blocks.items()]
         sections.append(_section("Top level", "top-level", structured.program, structured.graph, diagram=False))
         body = environment.get_template(template).render(

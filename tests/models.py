@@ -288,24 +288,29 @@ class VGG(nn.Module):
     """Simonyan & Zisserman 2015 for ImageNet: a configuration's conv stack and the 3-layer classifier."""
 
     CONFIGURATIONS = {"vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+                      "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512,
+                                "M"],
                       "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
                                 512, 512, 512, 512, "M"]}
 
-    def __init__(self, configuration: str = "vgg19", batch_norm: bool = False, classes: int = 1000):
+    def __init__(self, configuration: str = "vgg19", batch_norm: bool = False, classes: int = 1000,
+                 width: int = 64, hidden: int = 4096, dropout: float = 0.5):
         super().__init__()
         layers, channels = [], 3
         for item in self.CONFIGURATIONS[configuration]:
             if item == "M":
                 layers.append(nn.MaxPool2d(2, 2))
                 continue
+            item = item * width // 64
             layers.append(nn.Conv2d(channels, item, 3, padding=1))
             layers += [nn.BatchNorm2d(item)] if batch_norm else []
             layers.append(nn.ReLU(inplace=True))
             channels = item
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
-        self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(),
-                                        nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, classes))
+        self.classifier = nn.Sequential(nn.Linear(channels * 7 * 7, hidden), nn.ReLU(True), nn.Dropout(dropout),
+                                        nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout(dropout),
+                                        nn.Linear(hidden, classes))
 
     def forward(self, x):
         x = torch.flatten(self.avgpool(self.features(x)), 1)

@@ -221,3 +221,25 @@ def test_a_model_that_is_an_nn_sequential_binds_by_its_index_keys():
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * scale
     assert torch.equal(model[1].running_mean, reference[1].running_mean)
+
+
+def test_a_module_written_as_blocks_binds_a_wider_model_and_refuses_a_missing_key_at_the_first_call():
+    """Written as blocks, the module reads each parameter by its ``state_dict()`` key at whatever
+    size it has: a model of the same structure and another width trains with it as with autograd;
+    one without a key the module reads is refused at the first call, in one line."""
+    generated = generated_for(fresh_model(layers=(2, 2)), blocks=True)
+    wider, reference = fresh_model(layers=(2, 2), width=6), fresh_model(layers=(2, 2), width=6)
+    step = symgrad.bind(generated, wider)
+    x, labels = next(batches(1))
+    step(x=x, labels=labels).backward()
+    F.cross_entropy(reference(x), labels).backward()
+    compared = 0
+    for ours, theirs in zip(wider.parameters(), reference.parameters()):
+        assert (ours.grad is None) == (theirs.grad is None)  # the frozen stem gets none
+        if theirs.grad is not None:
+            assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max()
+            compared += 1
+    assert compared >= 20
+    with pytest.raises(BindError, match=r"^tiny_resnet does not fit TinyResNet: it reads layers\.1\.1\.[a-z0-9_.]+, "
+                                        r"which is not a parameter or buffer of the model \(fix: [^\n]*\)$"):
+        symgrad.bind(generated, fresh_model(layers=(2, 1)))(x=x, labels=labels)  # at bind, or at the first call

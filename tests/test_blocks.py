@@ -95,6 +95,11 @@ wrt: [x, w1, w2]
     ("    params: [w]\n", "    params: [w]\n    extra: 1\n", 11, "unknown key 'extra' at block 'unit'"),
     ("  unit:\n", "  relu:\n", 8, "block name 'relu' is already an op or a tensor name"),
     ("weight: w, padding", "weight: v, padding", 12, "'weight' names 'v', which is not defined"),
+    ("params: {w: w2}, out: b}", "params: {w: w2}, offset: 2, out: b}", 16, "`offset:` numbers the children of a"),
+    ("{block: unit, in: a, params: {w: w2}, out: b}", "{block: unit, in: a, prefix: p, offset: -1, out: b}", 16,
+     "offset must be a child's index, an int from 0, not '-1'"),
+    ("{block: unit, in: a, params: {w: w2}, out: b}", "{block: unit, in: a, prefix: p, offset: 1, out: b}", 16,
+     "with an offset, the key of parameter 'w' must start with a child's index"),
 ])
 def test_a_bad_block_is_refused_at_its_line(old, new, line, words):
     text = BASE.replace(old, new)
@@ -117,6 +122,98 @@ def test_instances_whose_operands_differ_in_rank_are_refused():
     assert build_text(text, "blocky.yaml", flat=True).rendered.files  # inlined, the same spec builds
 
 
+HYPER = """name: strided
+inputs:
+  x: {shape: [2, 3, 16, 16]}
+  w1: {shape: [4, 3, 3, 3]}
+  w2: {shape: [4, 4, 3, 3]}
+  w3: {shape: [4, 4, 1, 1]}
+  t: {shape: [2, 4, 4, 4]}
+blocks:
+  down:
+    inputs: [h]
+    params: [w]
+    hyper: {stride: 1, padding: 1}
+    layers:
+      - {op: conv2d, weight: w, stride: stride, padding: padding, out: c}
+      - {op: relu, out: r}
+layers:
+  - {block: down, in: x, params: {w: w1}, out: a}
+  - {block: down, in: a, params: {w: w2}, hyper: {stride: 2}, out: b}
+  - {block: down, in: b, params: {w: w3}, hyper: {stride: 2, padding: 0}, out: c}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, w2, w3]
+"""
+
+
+def _agrees_with_flat_and_autograd(text: str, label: str) -> str:
+    """The structured module of ``text`` against its flat module and autograd, float64, at the two
+    small shape sets (other batch and spatial sizes than the spec's); returns its source."""
+    structured, flat = build_text(text, label), build_text(text, label, flat=True)
+    name = flat.graph.spec.name
+    source = structured.rendered.files[f"{name}.py"]
+    ours = flat_view(module_from_source(source, name), flat.graph)
+    theirs = module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat")
+    graph = flat.graph
+    for seed, shapes in enumerate(flat.shapes):
+        inputs = graph_inputs(graph, shapes, seed=seed)
+        cotangent = torch.randn(theirs.forward(**inputs).shape, dtype=torch.float64,
+                                generator=torch.Generator().manual_seed(seed + 7))
+        expected = torch.autograd.grad(theirs.forward(**inputs), [inputs[name] for name in graph.wrt], cotangent)
+        structured_grads = ours.gradients(**inputs, grad_loss=cotangent)
+        flat_grads = theirs.gradients(**inputs, grad_loss=cotangent)
+        for name, reference in zip(graph.wrt, expected):
+            ours_value = {name: getattr(structured_grads, name)}
+            assert relative_errors(ours_value, {name: getattr(flat_grads, name)})[name] <= 1e-12
+            assert relative_errors(ours_value, {name: reference})[name] <= 1e-10
+    return source
+
+
+def test_instances_that_differ_in_a_hyper_share_one_block_derived_once_per_value(monkeypatch):
+    derived = []
+    real = symgrad.structure.derive
+    monkeypatch.setattr(symgrad.structure, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    source = _agrees_with_flat_and_autograd(HYPER, "strided.yaml")
+    assert "def down_forward(h, p, stride=1, padding=1, save=False):" in source
+    assert 'F.conv2d(h, p["w"], stride=stride, padding=padding)' in source  # every instance's value, by name
+    assert 'down_forward(a, {"w": w2}, stride=2)' in source and 'stride=2, padding=0)' in source
+    assert source.count("def down_backward(") == 1
+    # the block three times (once per distinct set of values and size-1 axes: the printed code must
+    # agree), the top level once; readable and fused each
+    assert len(derived) == 2 * 3 + 2
+    document = build_text(HYPER, "strided.yaml").rendered.files["strided.md"]
+    assert "hyperparameters, set per instance: stride (default 1), padding (default 1)" in document
+
+
+@pytest.mark.parametrize("old, new, line, words", [
+    ("hyper: {stride: 2}, out: b", "hyper: {strides: 2}, out: b", 18, "block 'down' has no hyper 'strides'"),
+    ("hyper: {stride: 2}, out: b", "hyper: {stride: two}, out: b", 18, "hyper 'stride' must be an int, not 'two'"),
+    ("hyper: {stride: 2}, out: b", "hyper: {stride: 0}, out: b", 18, "argument 'stride' is 0, below"),
+    ("hyper: {stride: 1, padding: 1}", "hyper: {stride: 1, padding: 1, groups: 1}", 12,
+     "declares hyper 'groups' but none of its layers reads it"),
+    ("hyper: {stride: 1, padding: 1}", "hyper: {stride: 1, padding: 1, w: 1}", 10,
+     "names 'w' twice among its inputs, params and hypers"),
+    ("hyper: {stride: 1, padding: 1}", "hyper: [stride]", 12, "must map names to default ints"),
+])
+def test_a_bad_hyper_is_refused_at_its_line(old, new, line, words):
+    text = HYPER.replace(old, new)
+    assert text != HYPER
+    with pytest.raises(SpecError) as raised:
+        build_text(text, "strided.yaml")
+    message = str(raised.value)
+    assert f"strided.yaml:{line}:" in message and words in message and "\n" not in message, message
+
+
+def test_a_hyper_for_which_the_derivation_differs_is_refused_at_the_instance():
+    """A softmax's dim is normalised against the rank (-1 is 3): the printed code shows the value, so
+    one derivation cannot serve dim 1 and dim -1."""
+    text = HYPER.replace("      - {op: relu, out: r}", "      - {op: relu, out: r0}\n      - {op: softmax, dim: dim, out: r}")
+    text = text.replace("hyper: {stride: 1, padding: 1}", "hyper: {stride: 1, padding: 1, dim: 1}")
+    with pytest.raises(SpecError, match="derivation differs from that of instance 'a'") as raised:
+        build_text(text.replace("hyper: {stride: 2}, out: b", "hyper: {stride: 2, dim: -1}, out: b"), "strided.yaml")
+    assert "strided.yaml:19:" in str(raised.value)
+
+
 def test_the_command_line_refuses_a_bad_block_in_one_line_and_writes_nothing(tmp_path):
     spec = tmp_path / "blocky.yaml"
     spec.write_text(BASE.replace("{block: unit, in: a,", "{block: unt, in: a,"))
@@ -134,10 +231,10 @@ def test_the_command_line_refuses_a_bad_block_in_one_line_and_writes_nothing(tmp
 TRACED = {
     "resnet18": (MODELS["resnet18"], {"x": (2, 3, 32, 32)}, True),
     "unet_bilinear": (MODELS["unet_bilinear"], None, True),
-    "vgg11_bn": (MODELS["vgg11_bn"], None, False),
-    "dncnn": (MODELS["dncnn"], None, False),
+    "vgg11_bn": (MODELS["vgg11_bn"], None, True),  # its features: runs of Conv2d, BatchNorm2d, ReLU
+    "dncnn": (MODELS["dncnn"], None, True),  # conv, BatchNorm, ReLU five times in one Sequential
     "nafnet": (MODELS["nafnet"], None, True),
-    "deeplabv3": (MODELS["deeplabv3"], None, False),
+    "deeplabv3": (MODELS["deeplabv3"], None, True),  # its ASPP branches: one block, the dilation a hyper
     "resnet50": (NETS["resnet50"], None, True),
     "mobilenet_v2": (NETS["mobilenet_v2"], None, True),
     "densenet": (NETS["densenet"], None, True),
@@ -208,10 +305,33 @@ def test_the_generated_test_file_of_a_traced_model_with_blocks_passes(tmp_path):
                  blocks=True)
     built = build_text(text, "resnet_blocks.yaml")
     source = built.rendered.files["resnet_blocks.py"]
-    assert source.count("def basic_block_backward(") == 1 and "_scope(params, \"layer1.1\")" in source
+    assert source.count("def basic_block_backward(") == 1
+    # the eight instances, one after another: a table and a loop, as the model's Sequentials are
+    assert '("basic_block", "layer1.1", 0, {}),' in source and "_run_backward(LAYER1_0_TO_LAYER4_1, " in source
     assert max(len(line) for line in source.splitlines()) <= 100
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content)
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                              str(tmp_path / "test_resnet_blocks.py")], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0 and "skipped" not in result.stdout, result.stdout[-3000:]
+
+
+def test_first_blocks_of_stages_that_differ_in_stride_or_kernel_size_are_one_block():
+    """A ResNet's first bottleneck of each stage (stride 1 in the first stage, 2 after) and a
+    MobileNet's ConvBNReLU (3 x 3 stride 2 in the stem, 3 x 3 depthwise inside the first inverted
+    residual, 1 x 1 at the end): one block each, their strides, paddings and groups hypers."""
+    def traced(case):
+        torch.manual_seed(0)
+        model = case.model(**case.init).double().train()
+        return yaml.safe_load(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
+                                    blocks=True))
+
+    spec = traced(NETS["resnet50"])
+    instances = {layer["prefix"]: layer for layer in spec["layers"] if "block" in layer}
+    assert {instances[prefix]["block"] for prefix in ("layer1.0", "layer2.0", "layer3.0")} == {"bottleneck"}
+    assert spec["blocks"]["bottleneck"]["hyper"] == {"stride": 2}
+    assert instances["layer1.0"]["hyper"] == {"stride": 1} and "hyper" not in instances["layer2.0"]
+    spec = traced(NETS["mobilenet_v2"])
+    stems = [layer for layer in spec["layers"] if layer.get("block") == "conv_bn_relu"]
+    assert [layer["prefix"] for layer in stems][:2] == ["features.0", "features.1.conv.0"]
+    assert len(stems) == 3 and set(spec["blocks"]["conv_bn_relu"]["hyper"]) == {"stride", "padding", "groups"}

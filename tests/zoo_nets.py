@@ -508,16 +508,17 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    def __init__(self, num_classes=5, width_mult=0.25, round_nearest=8, dropout=0.0):
+    def __init__(self, num_classes=5, width_mult=0.25, round_nearest=8, dropout=0.0, inverted_residual_setting=None,
+                 last_channel=128):
         super().__init__()
         input_channel = 32
-        last_channel = 128
-        inverted_residual_setting = [
-            # t, c, n, s
-            [1, 16, 1, 1],
-            [6, 24, 2, 2],
-            [6, 32, 2, 2],
-        ]
+        if inverted_residual_setting is None:
+            inverted_residual_setting = [
+                # t, c, n, s
+                [1, 16, 1, 1],
+                [6, 24, 2, 2],
+                [6, 32, 2, 2],
+            ]
         input_channel = _make_divisible(input_channel * width_mult, round_nearest)
         self.last_channel = _make_divisible(last_channel * max(1.0, width_mult), round_nearest)
         features = [ConvBNReLU(3, input_channel, stride=2)]

@@ -215,14 +215,24 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
 def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, module, graph) -> str:
     """The traced spec with the instances of each repeated submodule as one block."""
     from ..rules import LAYER_RULES, LOSS_RULES
+    from ..structure import build_structured
     from .grouping import group_blocks
 
     shapes = {node.name: node.shape for node in graph.nodes.values()}
-    grouped = group_blocks(spec, [call.module for call in calls], dict(module.named_modules()), shapes,
-                           set(LAYER_RULES) | set(LOSS_RULES))
-    if "blocks" not in grouped:
-        return text
-    return header + _yaml({"name": name, **grouped})
+    for strict in (False, True):
+        grouped, relaxed = group_blocks(spec, [call.module for call in calls], dict(module.named_modules()),
+                                        shapes, set(LAYER_RULES) | set(LOSS_RULES), strict=strict)
+        if "blocks" not in grouped:
+            return text
+        grouped_text = header + _yaml({"name": name, **grouped})
+        if not relaxed:
+            return grouped_text
+        try:  # one derivation for instances that differ in hypers or kernel sizes, where it serves them all
+            build_structured(parse_spec(grouped_text, "<traced spec>"))
+        except SpecError:
+            continue
+        return grouped_text
+    return text
 
 
 def _at_call(error: SpecError, text: str, calls: list) -> str:
@@ -250,8 +260,9 @@ def _yaml(document: dict) -> str:
     if document.get("blocks"):
         lines.append("blocks:")
         for block_name, block in document["blocks"].items():
-            lines += [f"  {block_name}:", f"    inputs: {line(block['inputs'])}", f"    params: {line(block['params'])}",
-                      "    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
+            lines += [f"  {block_name}:", f"    inputs: {line(block['inputs'])}", f"    params: {line(block['params'])}"]
+            lines += [f"    hyper: {line(block['hyper'])}"] if block.get("hyper") else []
+            lines += ["    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
             lines.append(f"    output: {block['output']}")
     lines += ["layers:" + ("" if document["layers"] else " []")] + [f"  - {line(layer)}" for layer in document["layers"]]
     lines += [f"loss: {line(document['loss'])}", f"wrt: {line(document['wrt'])}"]

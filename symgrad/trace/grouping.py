@@ -40,16 +40,21 @@ def _renamed(value, names: dict[str, str]):
 
 
 def _snake(name: str) -> str:
-    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    """A class name as a function's: ``BasicBlock`` as ``basic_block``, ``ConvBNReLU`` as ``conv_bn_relu``."""
+    for word in ("ReLU", "GELU", "SiLU", "PReLU", "ELU"):
+        name = name.replace(word, word.capitalize())
+    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
     text = re.sub(r"[^a-z0-9_]", "_", text).strip("_")
     return text if text and text[0].isalpha() else f"block_{text}"
 
 
 def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, torch.nn.Module],
-                 shapes: dict[str, tuple], reserved: set[str]) -> dict:
-    """``spec`` (the traced document) with repeated submodules turned into blocks; unchanged when
-    there are none. ``modules_of_layers``: each layer's innermost module path; ``shapes``: every
-    node's shape at the traced size; ``reserved``: names a block may not take (ops, tensors)."""
+                 shapes: dict[str, tuple], reserved: set[str], strict: bool = False) -> tuple[dict, bool]:
+    """``spec`` (the traced document) with repeated submodules turned into blocks, unchanged when
+    there are none; and whether some block's instances differ in their hypers or their parameters'
+    size-1 axes (a block ``symgrad.structure`` may yet refuse, where its code would differ).
+    ``strict``: instances may not differ so. ``modules_of_layers``: each layer's innermost module
+    path; ``shapes``: every node's shape at the traced size; ``reserved``: names a block may not take."""
     layers = spec["layers"]
     sources = {name: entry.get("source") for name, entry in spec["inputs"].items()}
     known = set(spec["inputs"]) | {layer["out"] for layer in layers}
@@ -66,6 +71,16 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
         candidate = _candidate(path, type(module).__name__, inside, layers, sources, known, readers_after, shapes)
         if candidate is not None:
             candidates.append(candidate)
+    for path, module in modules.items():  # a Sequential of leaf modules built in a loop: VGG's features
+        for run in _runs(path, module, modules_of_layers):
+            candidate = _candidate(path, run["class"], run["indices"], layers, sources, known, readers_after, shapes,
+                                   offset=run["offset"], children=run["children"])
+            if candidate is not None:
+                candidates.append(candidate)
+    candidates.sort(key=lambda candidate: _depth(candidate["path"]))
+    for candidate in candidates:
+        if strict:
+            candidate["key"] = candidate["strict_key"]
     counts: dict = {}
     for candidate in candidates:
         counts[candidate["key"]] = counts.get(candidate["key"], 0) + 1
@@ -77,10 +92,13 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
             covered |= span
     chosen = [candidate for candidate in chosen if sum(other["key"] == candidate["key"] for other in chosen) >= 2]
     if not chosen:
-        return spec
-    blocks, names = {}, {}
+        return spec, False
+    relaxed = any(other["key"] == candidate["key"] and other["strict_key"] != candidate["strict_key"]
+                  for candidate in chosen for other in chosen)
+    blocks, names, hyper = {}, {}, {}
     taken = set(reserved) | known
-    for candidate in sorted(chosen, key=lambda item: item["indices"][0]):
+    chosen.sort(key=lambda item: item["indices"][0])
+    for candidate in chosen:
         if candidate["key"] not in names:
             base = _snake(candidate["class"])
             name, number = base, 2
@@ -88,11 +106,15 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
                 name, number = f"{base}_{number}", number + 1
             taken.add(name)
             names[candidate["key"]] = name
-            blocks[name] = candidate["block"]
+            group = [other for other in chosen if other["key"] == candidate["key"]]
+            blocks[name], given = _with_hypers(group)
+            hyper.update({other["path"]: values for other, values in zip(group, given)})
     start_of = {candidate["indices"][0]: candidate for candidate in chosen}
     covered = {index for candidate in chosen for index in candidate["indices"]}
     renamed: dict[str, str] = {}  # an instance's output is called as its module is (layer1_0)
     for candidate in chosen:
+        if candidate["offset"] is not None:  # a run of children: no module of its own to be named after
+            continue
         plain = re.sub(r"[^A-Za-z0-9_]", "_", candidate["path"])
         if plain[0].isalpha() and plain not in taken:
             renamed[candidate["output"]] = plain
@@ -104,12 +126,15 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
             external = [renamed.get(name, name) for name in candidate["external"]]
             new_layers.append({"block": names[candidate["key"]],
                                "in": external if len(external) > 1 else external[0],
-                               "prefix": candidate["path"], "out": renamed.get(candidate["output"], candidate["output"])})
+                               "prefix": candidate["prefix"],
+                               **({"offset": candidate["offset"]} if candidate["offset"] else {}),
+                               **({"hyper": hyper[candidate["path"]]} if hyper[candidate["path"]] else {}),
+                               "out": renamed.get(candidate["output"], candidate["output"])})
         elif index not in covered:
             new_layers.append({key: value if key in ("op", "out") else _renamed(value, renamed)
                                for key, value in layer.items()})
     loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
-    return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}
+    return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}, relaxed
 
 
 def _prefixes(path: str) -> list[str]:
@@ -153,10 +178,55 @@ def _signature(shape: tuple) -> tuple:
     return (len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1))
 
 
-def _candidate(path, class_name, indices, layers, sources, known, last_reader, shapes):
-    """The block a run of layers would be, with the key its twins share; None if it is not one."""
+def _runs(path: str, module: torch.nn.Module, modules_of_layers: list[str]) -> list[dict]:
+    """The runs of ``module``'s children that repeat one sequence of classes, where its children are
+    numbered leaf modules (``Conv2d, BatchNorm2d, ReLU`` thirteen times in VGG-16-BN's ``features``,
+    with max-pools between): the sequence that covers the most children less its own length."""
+    children = list(module.named_children())
+    if len(children) < 4 or not all(name.isdigit() and next(iter(child.children()), None) is None
+                                    for name, child in children):
+        return []
+    prefix = path + "." if path else ""
+    owned = {}  # child index -> its layers
+    for index, module_path in enumerate(modules_of_layers):
+        if module_path.startswith(prefix) and module_path[len(prefix):].isdigit():
+            owned.setdefault(int(module_path[len(prefix):]), []).append(index)
+    order = sorted(owned)
+    classes = [type(module[index]).__name__ for index in order]
+    best = ((0, False), [], 0)
+    for length in range(2, min(8, len(order) // 2) + 1):
+        for start in range(len(order) - length + 1):
+            unit, starts, at = classes[start:start + length], [], 0
+            while at + length <= len(order):
+                if classes[at:at + length] == unit:
+                    starts.append(at)
+                    at += length
+                else:
+                    at += 1
+            # the most children covered by the shortest unit (DnCNN's conv, norm, relu five times, not
+            # eight children twice); of equals, one that starts at a module with parameters (conv, norm,
+            # relu rather than relu, conv, norm)
+            score = (len(starts) * length - length, next(iter(module[order[start]].parameters()), None) is not None)
+            if len(starts) >= 2 and score > best[0]:
+                best = (score, starts, length)
+    runs = []
+    for start in best[1]:
+        children_of_run = order[start:start + best[2]]
+        indices = sorted(index for child in children_of_run for index in owned[child])
+        if indices != list(range(indices[0], indices[-1] + 1)):
+            continue
+        runs.append({"class": "_".join(_snake(name) for name in classes[start:start + best[2]]), "indices": indices,
+                     "offset": children_of_run[0], "children": children_of_run})
+    return runs
+
+
+def _candidate(path, class_name, indices, layers, sources, known, last_reader, shapes, offset=None, children=()):
+    """The block a run of layers would be, with the key its twins share; None if it is not one.
+    ``offset``: the layers are those of ``path``'s children ``children``, the block's parameter keys
+    counted from the first (``0.weight`` for ``features.3.weight``) and its nodes named by their ops."""
     prefix = path + "."
     plain = re.sub(r"[^A-Za-z0-9_]", "_", path) + "_"
+    op_names = _op_names(layers, indices) if offset is not None else {}
     made = {layers[index]["out"] for index in indices}
     outputs = [name for name in made if last_reader.get(name, -1) > indices[-1]]
     if len(outputs) != 1:
@@ -171,9 +241,10 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
                 if name in made or name in local:
                     continue
                 source = sources.get(name)
-                if source and source.startswith(prefix):
-                    key_name = source[len(prefix):]
-                    local[name] = _local_name(re.sub(r"[^A-Za-z0-9_]", "_", key_name))
+                key_name = _own_key(source, prefix, offset, children)
+                if key_name is not None:
+                    local[name] = (_local_name(re.sub(r"[^A-Za-z0-9_]", "_", key_name)) if offset is None
+                                   else f"{op_names[layer['out']]}_{key_name.partition('.')[2].replace('.', '_')}")
                     params.append((local[name], key_name))
                 else:
                     if sources.get(name):  # another module's parameter: not this block's own
@@ -181,7 +252,8 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
                     local[name] = "x" if not external else f"x{len(external) + 1}"
                     external.append(name)
         out = layer["out"]
-        local[out] = _local_name(out[len(plain):] if out.startswith(plain) else out)
+        local[out] = op_names[out] if offset is not None else _local_name(out[len(plain):] if out.startswith(plain)
+                                                                        else out)
     own = [local[name] for name in local if name not in external]  # the block's names for params and nodes
     if (len(set(local.values())) != len(local) or "" in own
             or any(value in ("p", "save", "saved", "grad_output") or re.fullmatch(r"x\d*", value) for value in own)):
@@ -190,12 +262,107 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
     for index in indices:
         layer = layers[index]
         block_layers.append({key: (_renamed(value, local) if key != "op" else value) for key, value in layer.items()})
-    canonical = repr(block_layers)
+    pattern, ints = _int_arguments(block_layers)
     # every tensor's rank and size-1 axes, the block's own nodes' too: a rule may derive otherwise where
-    # a size is 1 (an SE gate's expand_as at 1 x 1), so instances that differ there are other blocks
-    operand_shapes = tuple(_signature(shapes[name]) for name in local)
-    key = (class_name, canonical, tuple(params), operand_shapes)
+    # a size is 1 (an SE gate's expand_as at 1 x 1), so instances that differ there are other blocks; a
+    # parameter's rank only (a 1 x 1 and a 3 x 3 convolution derive alike: symgrad.structure checks it)
+    operand_shapes = tuple((len(shapes[name]),) if sources.get(name) else _signature(shapes[name]) for name in local)
+    key = (class_name, repr(pattern), tuple(params), operand_shapes)
+    strict_key = (class_name, repr(block_layers), tuple(params), tuple(_signature(shapes[name]) for name in local))
     block = {"inputs": [local[name] for name in external], "params": {name: key_name for name, key_name in params},
              "layers": block_layers, "output": local[outputs[0]]}
-    return {"key": key, "class": class_name, "path": path, "indices": indices, "external": external,
-            "output": outputs[0], "block": block}
+    if offset is not None:
+        path = f"{path}[{children[0]}:{children[-1] + 1}]"  # an id; the instance says prefix and offset
+    return {"key": key, "strict_key": strict_key, "class": class_name, "path": path,
+            "prefix": prefix[:-1], "offset": offset, "indices": indices, "external": external,
+            "output": outputs[0], "block": block, "ints": ints, "names": set(local.values())}
+
+
+def _own_key(source, prefix: str, offset, children) -> str | None:
+    """A parameter's key in the block (``conv1.weight``; in a run of children, ``0.weight``), or None
+    where it is not one of the block's own."""
+    if not source or not source.startswith(prefix):
+        return None
+    key = source[len(prefix):]
+    if offset is None:
+        return key
+    index, _, rest = key.partition(".")
+    return f"{int(index) - offset}.{rest}" if index.isdigit() and int(index) in children and rest else None
+
+
+def _op_names(layers, indices) -> dict[str, str]:
+    """In a run of children, each layer's node named by its op (``conv2d``, ``batch_norm``, ``relu``)."""
+    names: dict[str, str] = {}
+    for index in indices:
+        base, number = layers[index]["op"], 2
+        name = base
+        while name in names.values():
+            name, number = f"{base}_{number}", number + 1
+        names[layers[index]["out"]] = name
+    return names
+
+
+HYPER_KEYS = ("stride", "padding", "dilation", "groups")
+"""Int arguments in which instances of one block may differ, each a hyper of the block: the
+convolution and pooling rules derive the same code for every value (``symgrad.structure`` checks
+it), as a ResNet's first block of a stage differs from its first stage's only in its stride and a
+MobileNet's depthwise convolutions in their groups."""
+
+
+def _int_arguments(block_layers: list[dict]) -> tuple[list[dict], dict]:
+    """The layers with each :data:`HYPER_KEYS` int (the rule's default where the layer gives none)
+    replaced by a placeholder, and those ints by (layer index, key)."""
+    from ..rules import LAYER_RULES
+
+    pattern, ints = [], {}
+    for index, layer in enumerate(block_layers):
+        rule = LAYER_RULES.get(layer["op"])
+        shown = dict(layer)
+        for key in HYPER_KEYS:
+            if rule is None or key not in rule.params:
+                continue
+            value = layer.get(key, rule.params[key].default)
+            if isinstance(value, int) and not isinstance(value, bool):
+                ints[(index, key)] = value
+                shown[key] = "<int>"
+        pattern.append(sorted(shown.items()))
+    return pattern, ints
+
+
+def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
+    """The block of a group of instances, the ints they differ in as its ``hyper:`` (named by the
+    argument, ``stride``, or ``conv2_stride`` where two arguments of that name differ otherwise; the
+    default is the commonest value), and each instance's values that differ from the default."""
+    first = group[0]
+    block = {**first["block"], "layers": [dict(layer) for layer in first["block"]["layers"]]}
+    varying = {position: tuple(candidate["ints"][position] for candidate in group) for position in first["ints"]
+               if len({candidate["ints"][position] for candidate in group}) > 1}
+    if not varying:
+        return block, [{} for _ in group]
+    by_key: dict[str, list] = {}
+    for position, values in varying.items():
+        by_key.setdefault(position[1], []).append(values)
+    names, defaults = {}, {}
+    for (index, key), values in varying.items():
+        if len(set(by_key[key])) == 1:
+            name = key
+        else:
+            name = f"{block['layers'][index]['out']}_{key}"
+        while name in first["names"] or name in ("p", "save", "saved", "grad_output"):
+            name = f"{name}_value"
+        names[(index, key)] = name
+        defaults[name] = max(values, key=values.count)  # the commonest, the first of equals
+        layer = block["layers"][index]
+        block["layers"][index] = {**{item: value for item, value in layer.items() if item != "out"}, key: name,
+                                  "out": layer["out"]}
+    block = {"inputs": block["inputs"], "params": block["params"],
+             "hyper": {name: defaults[name] for name in dict.fromkeys(names.values())},
+             "layers": block["layers"], "output": block["output"]}
+    instances = []
+    for number, _ in enumerate(group):
+        given = {}
+        for position, name in names.items():
+            if varying[position][number] != defaults[name]:
+                given[name] = varying[position][number]
+        instances.append(given)
+    return block, instances
