@@ -364,6 +364,7 @@ def shifted(key: str, offset: int) -> str | None:
 def flatten(spec):
     """The same spec with every block instance written out as its layers: an inner node ``o`` of the
     instance whose ``out`` is ``I`` becomes ``I_o`` (its output ``I`` itself)."""
+    from .graph import _references
     from .rules import LAYER_RULES
 
     if not spec.blocks:
@@ -389,7 +390,7 @@ def flatten(spec):
             arguments = tuple(_hyper_value(argument, block, given)
                               if isinstance(argument.value, Hyper)
                               else dataclasses.replace(argument, value=_renamed(argument.value, renamed))
-                              if argument.name in operand_keys or _has_like(argument.value) else argument
+                              if argument.name in operand_keys or _references(argument.value) else argument
                               for argument in inner.arguments)
             sources = tuple((renamed.get(source, source), location) for source, location in inner.sources)
             layers.append(dataclasses.replace(inner, index=len(layers), sources=sources, arguments=arguments, out=new))
@@ -405,12 +406,6 @@ def _hyper_value(argument, block: BlockSpec, given: dict):
         value, location = given[name]
         return dataclasses.replace(argument, value=value, location=location)
     return dataclasses.replace(argument, value=dict(block.hyper)[name])
-
-
-def _has_like(value) -> bool:
-    from .spec import Like
-
-    return isinstance(value, Like) or (isinstance(value, list) and any(isinstance(item, Like) for item in value))
 
 
 def _renamed(value, renamed: dict[str, str]):

@@ -23,7 +23,7 @@ from . import __version__
 from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan, Scheduled
-from .printing import comment_lines, fit, prose, to_code, to_latex
+from .printing import comment_lines, entry, fit, prose, to_code, to_latex
 from . import testdata
 from .write import (HEADER, edited_by_hand, read_header, with_header as _with_header,  # noqa: F401
                     write_files, write_text)  # re-exported: the writing lives in symgrad.write
@@ -42,7 +42,7 @@ def _environment() -> jinja2.Environment:
         loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True)
     # the Python templates lay out each statement and sentence within printing.WIDTH columns
-    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines)
+    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry)
     return environment
 
 

@@ -250,6 +250,16 @@ def fit(code: str, indent: int = 4, comment: str = "", width: int = WIDTH) -> st
     return "\n".join(_Layout(code, width).statement(indent))[indent:]
 
 
+def entry(key: str, value: str, indent: int = 8, width: int = WIDTH) -> str:
+    """``"key": value,``, a mapping's entry at column ``indent``; when too long, its value in
+    parentheses on the next line, as black writes it. The first line without its indent."""
+    line = f'"{key}": {value},'
+    if indent + len(line) <= width:
+        return line
+    pad = " " * indent
+    return f'"{key}": (\n{pad}    {fit(value, indent + 4, width=width)}\n{pad}),'
+
+
 def comment_lines(comment: str, indent: int = 4, width: int = WIDTH) -> str:
     """``# comment``, wrapped at word boundaries to ``width``; the first line without its indent."""
     return prose(comment, indent + 2, width, prefix="# ")

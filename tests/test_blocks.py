@@ -271,6 +271,8 @@ def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(labe
     assert ("\nblocks:\n" in text) == expect_blocks, text[:2000]
     spec = yaml.safe_load(text)
     built = build_text(text, f"{label}.yaml")
+    widest = max(len(line) for line in built.rendered.files["traced.py"].splitlines())
+    assert widest <= 100, (label, widest)
     module = module_from_source(built.rendered.files["traced.py"], "traced")
     inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
               for key, shape in case.checked.items()}  # another batch and spatial size than traced
@@ -335,3 +337,13 @@ def test_first_blocks_of_stages_that_differ_in_stride_or_kernel_size_are_one_blo
     stems = [layer for layer in spec["layers"] if layer.get("block") == "conv_bn_relu"]
     assert [layer["prefix"] for layer in stems][:2] == ["features.0", "features.1.conv.0"]
     assert len(stems) == 3 and set(spec["blocks"]["conv_bn_relu"]["hyper"]) == {"stride", "padding", "groups"}
+
+
+def test_two_blocks_of_one_class_are_named_after_the_submodule_one_has_beyond_the_other():
+    case = NETS["resnet50"]
+    torch.manual_seed(0)
+    model = case.model(**{**case.init, "layers": (3, 2, 1)}).double().train()
+    spec = yaml.safe_load(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
+                                blocks=True))
+    assert set(spec["blocks"]) == {"bottleneck", "bottleneck_downsample"}
+    assert "downsample_0_weight" in spec["blocks"]["bottleneck_downsample"]["params"]

@@ -98,17 +98,25 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
     blocks, names, hyper = {}, {}, {}
     taken = set(reserved) | known
     chosen.sort(key=lambda item: item["indices"][0])
-    for candidate in chosen:
-        if candidate["key"] not in names:
-            base = _snake(candidate["class"])
-            name, number = base, 2
-            while name in taken:
-                name, number = f"{base}_{number}", number + 1
-            taken.add(name)
-            names[candidate["key"]] = name
-            group = [other for other in chosen if other["key"] == candidate["key"]]
-            blocks[name], given = _with_hypers(group)
-            hyper.update({other["path"]: values for other, values in zip(group, given)})
+    firsts = [candidate for position, candidate in enumerate(chosen)
+              if all(other["key"] != candidate["key"] for other in chosen[:position])]
+    for candidate in firsts:
+        base = _snake(candidate["class"])
+        own = _submodules(candidate)
+        # one class, several blocks: each after the submodules it has beyond the class's fewest
+        # (ResNet's bottleneck and bottleneck_downsample), else numbered
+        fewest = set.intersection(*(_submodules(other) for other in firsts if other["class"] == candidate["class"]))
+        extra = sorted(own - fewest)
+        if extra and len(extra) <= 2:
+            base = f"{base}_{'_'.join(re.sub(r'[^A-Za-z0-9]', '_', part) for part in extra)}".lower()
+        name, number = base, 2
+        while name in taken:
+            name, number = f"{base}_{number}", number + 1
+        taken.add(name)
+        names[candidate["key"]] = name
+        group = [other for other in chosen if other["key"] == candidate["key"]]
+        blocks[name], given = _with_hypers(group)
+        hyper.update({other["path"]: values for other, values in zip(group, given)})
     start_of = {candidate["indices"][0]: candidate for candidate in chosen}
     covered = {index for candidate in chosen for index in candidate["indices"]}
     renamed: dict[str, str] = {}  # an instance's output is called as its module is (layer1_0)
@@ -135,6 +143,11 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
                                for key, value in layer.items()})
     loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
     return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}, relaxed
+
+
+def _submodules(candidate: dict) -> set[str]:
+    """The submodules a candidate's parameters belong to, by their first name (``conv1``, ``downsample``)."""
+    return {key.split(".")[0] for key in candidate["block"]["params"].values() if "." in key}
 
 
 def _prefixes(path: str) -> list[str]:
