@@ -22,7 +22,10 @@ from symgrad.structure import flat_view
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, trace
 
-from .test_trace_models import CASES as MODELS, randomize, reference_loss, source_name
+from benchmarks.structure import MOBILENET_V2
+
+from . import models, zoo_nets
+from .test_trace_models import CASES as MODELS, Case, randomize, reference_loss, source_name
 from .test_trace_zoo_nets import CASES as NETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,6 +246,13 @@ TRACED = {
     "rcan": (NETS["rcan"], None, True),
     # traced at 4 x 4: the later SE gates' maps are 1 x 1, where expand_as derives otherwise than at 2 x 2
     "se_resnet_expand_as_gate": (NETS["se_resnet_expand_as_gate"], None, True),
+    # torchvision's 17 inverted residuals (narrow): strides and depthwise groups as hypers, one loop
+    "mobilenet_v2_17_blocks": (Case(zoo_nets.MobileNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 40, 24)},
+                                    ("cross_entropy",), {"inverted_residual_setting": MOBILENET_V2}), None, True),
+    # VGG-16-BN (narrow): its features one Sequential, runs of conv, BatchNorm, ReLU between max-pools
+    "vgg16_bn": (Case(models.VGG, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 40)}, ("cross_entropy",),
+                      {"configuration": "vgg16", "batch_norm": True, "classes": 5, "width": 8, "hidden": 16,
+                       "dropout": 0.0}), None, True),
 }
 """label: (case, traced shapes where another size gives more repeated blocks, whether blocks are expected)."""
 
@@ -256,8 +266,13 @@ def _structured_arguments(module, spec: dict, values: dict) -> dict:
             "params": {sources[name]: values[name] for name in sources}}
 
 
+SLOW = {"mobilenet_v2_17_blocks", "vgg16_bn"}
+"""The deepest two (a minute each on 2 cores): marked slow, and run in CI."""
+
+
 @pytest.mark.parametrize("mode", ["train", "eval"])
-@pytest.mark.parametrize("label", list(TRACED))
+@pytest.mark.parametrize("label", [pytest.param(label, marks=pytest.mark.slow) if label in SLOW else label
+                                   for label in TRACED])
 def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(label, mode):
     case, traced, expect_blocks = TRACED[label]
     traced = traced or case.traced
