@@ -114,6 +114,16 @@ def _hyper_value(value, context) -> int:
     return value
 
 
+def _saving(node, call: TensorOp, what: str, reads: str) -> Forward:
+    """The forward of an instance (or a chain of them): ``call`` itself, or, in what ``gradients``
+    runs, the call that also returns the list the backward reads, its output and that list unpacked."""
+    if not node.fused:
+        return Forward(call)
+    made = node.local("call", call, note=f"{what}: its output, and what {reads}")
+    node.local("saved", TensorOp("item", Params.of(index=1), made), note=f"what {reads}")
+    return Forward(TensorOp("item", Params.of(index=0), made))
+
+
 class BlockRule(Rule):
     """One instance of a block as a node of the top-level graph."""
 
@@ -145,12 +155,7 @@ class BlockRule(Rule):
         block = self.derived.spec
         arguments = [node.operands[name] for name in block.operands]
         call = TensorOp("block_forward", Params.of(**self._call_params(node), saving=node.fused), *arguments)
-        if not node.fused:
-            return Forward(call)
-        # what `gradients` runs: the block's forward also returns what its backward reads
-        made = node.local("call", call, note=f"{block.name}_forward: its output, and what its backward reads")
-        node.local("saved", TensorOp("item", Params.of(index=1), made), note="what the block's backward reads")
-        return Forward(TensorOp("item", Params.of(index=0), made))
+        return _saving(node, call, f"{block.name}_forward", "the block's backward reads")
 
     def pullback(self, node, grad, wanted):
         block, derived = self.derived.spec, self.derived
@@ -209,11 +214,7 @@ class ChainRule(Rule):
 
     def forward(self, node):
         call = TensorOp("chain_forward", Params.of(table=self.table, saving=node.fused), node.operands[CHAIN_INPUT])
-        if not node.fused:
-            return Forward(call)
-        made = node.local("call", call, note=f"the instances of {self.table}: their output, and what their backwards read")
-        node.local("saved", TensorOp("item", Params.of(index=1), made), note="what the instances' backwards read")
-        return Forward(TensorOp("item", Params.of(index=0), made))
+        return _saving(node, call, f"the instances of {self.table}", "the instances' backwards read")
 
     def pullback(self, node, grad, wanted):
         grads = node.local("grads", TensorOp("chain_backward", Params.of(table=self.table),

@@ -36,28 +36,14 @@ def test_a_block_used_four_times_is_derived_once_and_agrees_with_the_flat_form(m
     derived = []
     real = symgrad.structure.derive
     monkeypatch.setattr(symgrad.structure, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
-    structured = build(UNROLLED)
+    # k is shared by the four steps: its gradients add
+    source = _agrees_with_flat_and_autograd(UNROLLED.read_text(), str(UNROLLED))
     assert len(derived) == 4  # the block and the top level, each readable and fused: not once per instance
-    flat = build(UNROLLED, flat=True)
-    source = structured.rendered.files["unrolled_blocks.py"]
     assert source.count("def gradient_step_backward(") == 1
     assert len(re.findall(r"= gradient_step_backward\(", source)) == 4
-    assert "def gradient_step" not in flat.rendered.files["unrolled_blocks.py"]
-    document = structured.rendered.files["unrolled_blocks.md"]
+    assert "def gradient_step" not in build(UNROLLED, flat=True).rendered.files["unrolled_blocks.py"]
+    document = build(UNROLLED).rendered.files["unrolled_blocks.md"]
     assert document.count("## Block gradient_step") == 1 and "Instances: x1, x2, x3, x4" in document
-    ours = flat_view(module_from_source(source, "unrolled_blocks"), flat.graph)
-    theirs = module_from_source(flat.rendered.files["unrolled_blocks.py"], "unrolled_blocks_flat")
-    graph = flat.graph
-    for seed, shapes in enumerate(flat.shapes):  # two small shape sets, other batch and spatial sizes
-        inputs = graph_inputs(graph, shapes, seed=seed)
-        cotangent = torch.randn(theirs.forward(**inputs).shape, dtype=torch.float64,
-                                generator=torch.Generator().manual_seed(seed + 7))
-        expected = torch.autograd.grad(theirs.forward(**inputs), [inputs[name] for name in graph.wrt], cotangent)
-        structured_grads = ours.gradients(**inputs, grad_loss=cotangent)
-        flat_grads = theirs.gradients(**inputs, grad_loss=cotangent)
-        for name, reference in zip(graph.wrt, expected):  # k is shared by the four steps: its gradients add
-            assert relative_errors({name: getattr(structured_grads, name)}, {name: getattr(flat_grads, name)})[name] <= 1e-12
-            assert relative_errors({name: getattr(structured_grads, name)}, {name: reference})[name] <= 1e-10
 
 
 def test_extras_are_derived_on_the_flat_form():
