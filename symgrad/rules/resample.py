@@ -324,6 +324,8 @@ class AdaptiveAveragePool(Rule):
         return Forward(op("adaptive_avg_pool", node.operands["input"], dims=self.dims, output_size=node.params["output_size"]))
 
     def pullback(self, node, grad, wanted):
+        if node.fused and self.dims > 1:  # 1-d pooling runs as 2-d in PyTorch, with no kernel of its own
+            return {"input": op("adaptive_avg_pool_backward", grad, node.operands["input"], dims=self.dims)}
         return {"input": separable_adjoint(node, grad, len(node.shapes["input"]) - self.dims, "averaging",
                                            [dict(function="adaptive_avg_pool", size=size) for size in node.params["output_size"]])}
 
@@ -335,6 +337,15 @@ class AdaptiveAveragePool(Rule):
 primitive("adaptive_avg_pool", code=lambda operands, params, show: (
     f"F.adaptive_avg_pool{params['dims']}d({operands[0]}, {_show_output_size(params['output_size'])})"),
     latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}\left({operands[0]}\right)", tangent=LINEAR)
+
+
+# each input entry receives the gradient of every window holding it, over that window's size: autograd's
+# own kernel, one pass where the readable form builds each axis's matrix, and twice differentiable (its
+# derivative in the gradient is the pooling itself); the input gives only its shape
+primitive("adaptive_avg_pool_backward",
+          code=lambda operands, params, show: (
+              f"torch.ops.aten._adaptive_avg_pool{params['dims']}d_backward({operands[0]}, {operands[1]})"),
+          latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}^{{\top}}\left({operands[0]}\right)")
 
 
 def _show_output_size(sizes: tuple) -> str:
