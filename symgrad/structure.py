@@ -26,6 +26,7 @@ from .errors import SpecError
 from .graph import Graph, build_graph
 from .plan import Plan, plan
 from .reverse import GRAD_LOSS, Program, derive
+from .roles import channels_last_inputs, channels_last_rule
 from .rules.base import Forward, Operand, Param, Rule
 from .spec import Argument, LossSpec, Spec
 
@@ -673,16 +674,42 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         positional=positional,
         momentum_lines=_packed(_momenta(_running_statistics(structured.flat_graph), sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
+        **_layout_view(structured, sources, positional),
     )
     environment = _environment()
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
     files = {}
-    test_context = dict(test_context, name=spec.name, sources=sources, positional=positional)
+    test_context = dict(test_context, name=spec.name, sources=sources, positional=positional,
+                        channels_last_at_spec=channels_last_inputs(structured.flat_graph))
     for template, file_name, values in (("structured.py.jinja", f"{spec.name}.py", context),
                                         ("test_structured.py.jinja", f"test_{spec.name}.py", test_context)):
         body = environment.get_template(template).render(**values)
         files[file_name] = with_header(body, spec_label, spec_hash, comment="python")
     return files
+
+
+def _layout_view(structured: Structured, sources: dict[str, str], positional: list[str]) -> dict:
+    """The per-call layout rule of the flat module (:func:`symgrad.roles.channels_last_rule`), for
+    the structured one: the ``params`` keys of the 2-d convolution weights it moves to channels_last,
+    the test on the call's shapes, the keys the top level's own backward reads again, and the
+    positional inputs whose gradients go back to their caller's layout."""
+    rule = channels_last_rule(structured.flat_graph)
+    if rule is None:
+        return dict(channels_last_keys=[], channels_last_test=None, backward_channels_last=[], layout_kept=[])
+    flat_sources = {item.name: item.source for item in structured.flat_graph.spec.inputs if item.source}
+    keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
+    read_in_backward = {symbol.name for item in structured.planned.backward for symbol in item.statement.value.free_symbols}
+    shapes = {node.name: node.shape for node in structured.flat_graph.inputs}
+    # where the weights are all the 4-d entries of `params` (as in most CNNs), the code says so, not a table
+    others = [source for name, source in flat_sources.items() if len(shapes[name]) == 4 and source not in keys]
+    listed = bool(others)
+    return dict(
+        channels_last_keys=keys, channels_last_lines=_packed([f'"{key}",' for key in keys]) if listed else [],
+        channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
+        channels_last_test=rule.test(),
+        backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
+        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4] if keys else [],
+    )
 
 
 class FlatView:

@@ -348,3 +348,59 @@ def test_two_blocks_of_one_class_are_named_after_the_submodule_one_has_beyond_th
                                 blocks=True))
     assert set(spec["blocks"]) == {"bottleneck", "bottleneck_downsample"}
     assert "downsample_0_weight" in spec["blocks"]["bottleneck_downsample"]["params"]
+
+
+@pytest.mark.parametrize("label, listed", [("resnet18", False), ("nafnet", True)])
+def test_a_structured_module_runs_channels_last_where_it_pays_and_returns_each_gradient_in_its_callers_layout(
+        monkeypatch, label, listed):
+    """The flat module's per-call layout rule, in the structured one: the convolution weights move to
+    channels_last where the call's size pays (forced here at every size), the activations follow,
+    the gradients agree with autograd and come back in the layout the caller's tensors are in.
+    NAFNet's layer scales are 4-d without being convolution weights, so its module lists the weights
+    it moves; ResNet-18's 4-d entries are all convolution weights, and its module says so."""
+    import symgrad.roles
+
+    monkeypatch.setattr(symgrad.roles, "CHANNELS_LAST_MIN_POSITIONS", 1)
+    case = MODELS[label]
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    randomize(model, torch.Generator().manual_seed(5))
+    kind = next(kind for kind in case.losses if kind not in ("half_sq_error_function", "nll_loss"))
+    text = trace(model, case.traced, name="traced", loss=LossChoice(kind), mode="train", blocks=True)
+    spec = yaml.safe_load(text)
+    source = build_text(text, f"{label}.yaml").rendered.files["traced.py"]
+    assert "params = _channels_last(params)" in source and ("\nCHANNELS_LAST = (" in source) == listed
+    module = module_from_source(source, "traced")
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(case.checked["x"], generator=generator, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        prediction = model(x)
+    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+              if spec["inputs"]["target"].get("dtype") == "int64"
+              else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+    for layout in (torch.contiguous_format, torch.channels_last):
+        model.load_state_dict(state)
+        model.to(memory_format=layout)
+        named = {source_name("", path, model): value
+                 for path, value in [*model.named_parameters(), *model.named_buffers()]}
+        values = {key: x if key == "x" else target if key == "target" else named[key] for key in spec["inputs"]}
+        arguments = _structured_arguments(module, spec, values)
+        _, *saved = module._forward_saving(**arguments)
+        # the activations follow the weights (the first in the caller's layout: the convolutions' input)
+        assert any(value.is_contiguous(memory_format=torch.channels_last) and not value.is_contiguous()
+                   for value in saved if isinstance(value, torch.Tensor) and value.dim() == 4)
+        model.load_state_dict(state)
+        loss = reference_loss(kind, model, [x], target)
+        parameters = dict(model.named_parameters())
+        wrt = [key for key in spec["wrt"] if key != "x"]
+        sources = {name: entry["source"] for name, entry in spec["inputs"].items() if "source" in entry}
+        expected = dict(zip(["x", *wrt], torch.autograd.grad(loss, [x, *[parameters[sources[key]] for key in wrt]])))
+        model.load_state_dict(state)
+        result = module.gradients(**arguments)
+        got = {"x": result.x, **{key: result.params[sources[key]] for key in wrt}}
+        for key, reference in expected.items():
+            assert relative_errors({key: got[key]}, {key: reference})[key] <= 1e-10, (label, layout, key)
+            caller = x if key == "x" else parameters[sources[key]]
+            if caller.dim() == 4:  # each gradient in its caller's layout
+                assert got[key].is_contiguous(memory_format=layout) == caller.is_contiguous(memory_format=layout)
