@@ -244,11 +244,13 @@ def main(argv=None) -> int:
     failed = False
     tolerance = 1e-10 if args.dtype == "float64" and not args.amp else None
     for kind, (explicit, autograd, difference) in results.items():
-        print(f"{kind}: loss with symgrad.bind  " + " ".join(f"{value:.6f}" for value in explicit))
-        print(f"{kind}: loss with autograd      " + " ".join(f"{value:.6f}" for value in autograd))
         verdict = "" if tolerance is None else (" [ok]" if difference <= tolerance else f" [above {tolerance}]")
-        print(f"{kind}: largest relative difference of parameters and buffers after {args.steps} steps: "
-              f"{difference:.2e}{verdict}")
+        # one write per model: under torchrun the ranks share stdout, and their lines must not interleave
+        sys.stdout.write(f"{kind}: loss with symgrad.bind  " + " ".join(f"{value:.6f}" for value in explicit) + "\n"
+                         + f"{kind}: loss with autograd      " + " ".join(f"{value:.6f}" for value in autograd) + "\n"
+                         + f"{kind}: largest relative difference of parameters and buffers after {args.steps} steps: "
+                         f"{difference:.2e}{verdict}\n")
+        sys.stdout.flush()
         failed |= tolerance is not None and difference > tolerance
     if args.plot:
         import matplotlib
