@@ -8,7 +8,13 @@ the order rotated each round:
 - ``symgrad.bind``: ``step(x=..., labels=...).backward()``, the explicit backward;
 - ``autograd``: ``loss.backward()`` on the model as it is;
 - ``autograd, channels_last``: the model and its input in channels_last, autograd's best layout
-  on a CPU for convolutions.
+  on a CPU for convolutions;
+- ``autograd, torch.compile``: the model compiled by ``torch.compile`` (Inductor; its backward
+  compiled by AOTAutograd), compiled before timing;
+
+and, with ``, AMP`` after the name, the first three under ``torch.autocast("cpu", dtype=torch.bfloat16)``
+(the forward under autocast, the backward outside it, as PyTorch's AMP recipe runs them). Each
+variant is compared with the best autograd variant of its own precision.
 
 Each variant's peak memory is measured alone, in a fresh process (``--memory``), as the growth of
 the peak resident set size over one step after a first one, large blocks mapped and unmapped. Writes a Markdown table and saves the measurements (``--json``);
@@ -39,7 +45,9 @@ MEMORY_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 unmapped, so the resident set follows what is allocated rather than what glibc keeps."""
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("symgrad.bind", "autograd", "autograd, channels_last")
+VARIANTS = ("symgrad.bind", "autograd", "autograd, channels_last", "autograd, torch.compile",
+            "symgrad.bind, AMP", "autograd, AMP", "autograd, channels_last, AMP")
+AMP = ", AMP"
 ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow the image and the depth
     ("resnet18", 8, 64, 64), ("resnet18", 8, 112, 64), ("resnet18", 8, 224, 64),
     ("resnet50", 4, 112, 64), ("unet", 4, 128, 32),
@@ -55,8 +63,8 @@ def _example():
     return train_resnet
 
 
-def step_variants(network: str, batch: int, size: int, width: int, folder: Path):
-    """The three training steps of ``network`` at ``batch`` x ``size``², each with its own model copy."""
+def step_variants(network: str, batch: int, size: int, width: int, folder: Path, names=VARIANTS):
+    """The training steps ``names`` of ``network`` at ``batch`` x ``size``², each with its own model copy."""
     example = _example()
     torch.manual_seed(0)
     models = {"resnet18": example.ResNet18, "resnet50": example.ResNet50,
@@ -78,22 +86,25 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path)
         return F.cross_entropy(prediction, target) if classify else F.mse_loss(prediction, target)
 
     variants = {}
-    for variant in VARIANTS:
+    for variant in names:
+        kind, amp = variant.removesuffix(AMP), variant.endswith(AMP)
         net = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         inputs = x
-        if variant.endswith("channels_last"):
+        if kind == "autograd, channels_last":
             net = net.to(memory_format=torch.channels_last)
             inputs = x.contiguous(memory_format=torch.channels_last)
-        optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
-        if variant == "symgrad.bind":
+        if kind == "symgrad.bind":
             bound = example.symgrad.bind(generated, net)
             compute = (lambda bound=bound: bound(**data))
         else:
-            compute = (lambda net=net, inputs=inputs: autograd_loss(net, inputs))
+            runner = torch.compile(net) if kind == "autograd, torch.compile" else net
+            compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
 
-        def one_step(compute=compute, optimizer=optimizer):
+        def one_step(compute=compute, optimizer=optimizer, amp=amp):
             optimizer.zero_grad(set_to_none=True)
-            value = compute()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                value = compute()
             value.backward()
             optimizer.step()
             return value.detach()
@@ -102,12 +113,12 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path)
     return variants
 
 
-def measure_row(row, repeats: int) -> list[dict]:
+def measure_row(row, repeats: int, names=VARIANTS) -> list[dict]:
     network, batch, size, width = row
     with tempfile.TemporaryDirectory() as folder:
-        variants = step_variants(network, batch, size, width, Path(folder))
+        variants = step_variants(network, batch, size, width, Path(folder), names)
         for function in variants.values():
-            timings(function, "cpu", 1, 0)
+            timings(function, "cpu", 2, 0)  # the first call compiles (torch.compile), the second settles
         samples = {name: [] for name in variants}
         names = list(variants)
         for round_index in range(repeats):
@@ -142,10 +153,11 @@ def render(saved: dict) -> str:
     lines = [SECTION, "",
              f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training` (medians of "
              f"{saved['repeats']} round-robin repeats in one process; each peak memory in a fresh process).", "",
-             "One step = `zero_grad`, forward, backward, SGD step, float32, train mode (BatchNorm statistics "
-             "updated), networks of `examples/train_resnet.py` traced at a small size and run at the size shown. "
-             "Ratios are against autograd's best layout of the two (the faster one for speed, the leaner one for "
-             "memory).", "",
+             "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
+             "networks of `examples/train_resnet.py` traced at a small size and run at the size shown; float32, and "
+             "AMP (the forward under `torch.autocast(\"cpu\", dtype=torch.bfloat16)`). Ratios are against the best "
+             "autograd variant of the same precision (the fastest for speed, the leanest for memory): the default "
+             "layout, channels_last and, in float32, `torch.compile`.", "",
              "| network | batch × image | variant | median ms | min ms | max ms | peak memory | speed vs best autograd "
              "| memory vs best autograd |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     groups: dict[tuple, dict[str, dict]] = {}
@@ -153,22 +165,58 @@ def render(saved: dict) -> str:
         groups.setdefault((row["network"], row["batch"], row["size"]), {})[row["variant"]] = row
     verdicts = []
     for (network, batch, size), variants in groups.items():
-        peers = [variants[name] for name in VARIANTS[1:] if name in variants]
-        fastest = min(row["median"] for row in peers)
-        leanest = min(row["peak_bytes"] for row in peers)
-        for name, row in variants.items():
-            lines.append(f"| {network} | {batch} × {size}² | {name} | {row['median'] * 1e3:.1f} | {row['min'] * 1e3:.1f} "
-                         f"| {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB | "
-                         f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |")
-        ours = variants["symgrad.bind"]
-        speed, memory = fastest / ours["median"], ours["peak_bytes"] / leanest
-        met = speed >= 1.0 and memory <= 1.0
-        verdicts.append(f"| {network} {batch} × {size}² | {speed:.2f}× | {memory:.2f}× | {'met' if met else 'missed'} |")
+        for amp in (False, True):
+            ours_name = "symgrad.bind" + (AMP if amp else "")
+            own = {name: row for name, row in variants.items() if name.endswith(AMP) == amp}
+            peers = [row for name, row in own.items() if name != ours_name]
+            if not peers:
+                continue
+            fastest = min(row["median"] for row in peers)
+            leanest = min(row["peak_bytes"] for row in peers)
+            for name, row in own.items():
+                lines.append(f"| {network} | {batch} × {size}² | {name} | {row['median'] * 1e3:.1f} | "
+                             f"{row['min'] * 1e3:.1f} | {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB | "
+                             f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |")
+            if ours_name in own:
+                ours = own[ours_name]
+                speed, memory = fastest / ours["median"], ours["peak_bytes"] / leanest
+                met = speed >= 1.0 and memory <= 1.0
+                verdicts.append(f"| {network} {batch} × {size}², {'AMP' if amp else 'float32'} | {speed:.2f}× | "
+                                f"{memory:.2f}× | {'met' if met else 'missed'} |")
     lines += ["", "Target: the bound explicit step ≥1.0× the best autograd step's speed and ≤1.0× its memory.", "",
               "| row | speed | memory | verdict |", "|---|---:|---:|---|", *verdicts, ""]
     if any(verdict.endswith("| missed |") for verdict in verdicts):
         lines += [WHY, ""]
     return "\n".join(lines)
+
+
+def plot(saved: dict, path: Path) -> None:
+    """Time per step and peak memory of every variant, row by row: how each grows from ResNet-18 at
+    64² to 224² and to ResNet-50, side by side with autograd's variants."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(dict.fromkeys((row["network"], row["batch"], row["size"]) for row in saved["rows"]))
+    names = list(dict.fromkeys(row["variant"] for row in saved["rows"]))
+    by_key = {(row["network"], row["batch"], row["size"], row["variant"]): row for row in saved["rows"]}
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(names)
+    for index, name in enumerate(names):
+        positions = [position + (index - (len(names) - 1) / 2) * width for position in range(len(rows))]
+        found = [by_key.get((*row, name)) for row in rows]
+        for axis, value in ((axes[0], lambda r: r["median"] * 1e3), (axes[1], lambda r: r["peak_bytes"] / 2 ** 20)):
+            axis.bar([p for p, r in zip(positions, found) if r], [value(r) for r in found if r], width, label=name)
+    for axis, label in ((axes[0], "median ms per step (log)"), (axes[1], "peak memory, MiB (log)")):
+        axis.set_xticks(range(len(rows)), [f"{network}\n{batch} × {size}²" for network, batch, size in rows])
+        axis.set_yscale("log")
+        axis.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    figure.suptitle(f"One training step, {saved['machine']}, {saved['date']}", fontsize=9)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
 
 
 def write_section(path: Path, section: str, title: str = SECTION) -> None:
@@ -187,12 +235,15 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default="out/training-cpu.json",
                         help="where the measurements are saved (benchmarks/results/training-cpu.json is the committed run)")
     parser.add_argument("--rows", help="render again from this saved JSON, without measuring")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS, metavar="VARIANT",
+                        help="the variants to time (default: all: " + "; ".join(VARIANTS) + ")")
+    parser.add_argument("--plot", help="also draw the run as a PNG here (matplotlib)")
     parser.add_argument("--memory", help=argparse.SUPPRESS)  # one variant's peak, in this fresh process
     args = parser.parse_args(argv)
     if args.memory:
         network, batch, size, width, variant = json.loads(args.memory)
         with tempfile.TemporaryDirectory() as folder:
-            function = step_variants(network, batch, size, width, Path(folder))[variant]
+            function = step_variants(network, batch, size, width, Path(folder), [variant])[variant]
             function()  # first call: lazy initialisation and optimizer state are not what we measure
             print(json.dumps({"peak_bytes": peak_growth_bytes(function, "cpu")}))
         return 0
@@ -205,8 +256,8 @@ def main(argv=None) -> int:
         repeats = 3 if args.quick else args.repeats
         rows = []
         for row in QUICK_ROWS if args.quick else ROWS:
-            rows += measure_row(row, repeats)
-            for result in rows[-len(VARIANTS):]:
+            rows += measure_row(row, repeats, args.variants)
+            for result in rows[-len(args.variants):]:
                 print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
                       f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)
         saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
@@ -214,6 +265,8 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(saved, indent=1))
     write_section(output, render(saved))
+    if args.plot:
+        plot(saved, Path(args.plot))
     print(f"wrote {output}")
     return 0
 
