@@ -121,6 +121,10 @@ class Primitive:
     outputs: int | None = None
     """For an op returning a tuple (a fused kernel's gradients): how many entries it has, so that
     the code unpacks it as ``a, b, _ = ...``; None: a single value, or a tuple of unknown length."""
+    fresh: bool = False
+    """Its output (each entry, for a tuple) is a new tensor, no view of another, that its own autograd
+    backward does not read: an in-place op (``inplace``) may overwrite it where nothing else reads it
+    (a convolution's, a norm's, a linear map's output)."""
 
 
 LINEAR = "linear"
@@ -131,11 +135,11 @@ PRIMITIVES: dict[str, Primitive] = {}
 
 
 def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
-              outputs: int | None = None) -> Primitive:
+              outputs: int | None = None, fresh: bool = False) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh)
     return PRIMITIVES[name]
 
 

@@ -17,6 +17,7 @@ from importlib import resources
 
 import jinja2
 import jinja2.sandbox
+import sympy
 from markupsafe import escape
 
 from . import __version__
@@ -60,22 +61,27 @@ class Line:
     """Names ``gradients`` deletes right after this line: their last use."""
 
 
-def _line(statement, dead: tuple[str, ...] = ()) -> Line:
-    """``statement`` (a :class:`~symgrad.reverse.Statement`) printed."""
+def _line(statement, dead: tuple[str, ...] = (), in_place: bool = False) -> Line:
+    """``statement`` (a :class:`~symgrad.reverse.Statement`) printed; with ``in_place``, as its op's
+    in-place form, overwriting its first operand (``torch.relu_(norm)``)."""
     math = statement.math if statement.math is not None else statement.value
-    code = to_code(statement.value, boolean=_is_mask(statement))
+    value = statement.value
+    code = (value.primitive.inplace([to_code(operand) for operand in value.operands], value.params, to_code)
+            if in_place else to_code(value, boolean=_is_mask(statement)))
     return Line(statement.target.name, code, statement.comment, f"{statement.target.name} = {code}",
                 to_latex(statement.target), to_latex(math), dead)
 
 
-def _lines(scheduled: list[Scheduled], steps: list | None = None) -> list[Line]:
+def _lines(scheduled: list[Scheduled], steps: list | None = None, overwrite: bool = False) -> list[Line]:
     """The scheduled statements printed, a fused kernel's tuple unpacked where it is made
     (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry; with
-    ``steps`` (each statement's derivation step), each line's step is ``steps`` entry, in place."""
+    ``steps`` (each statement's derivation step), each line's step is ``steps`` entry, in place; with
+    ``overwrite`` (a forward), each op that may overwrite its operand does (:func:`_overwritable`)."""
     lines, index = [], 0
     kept = []
+    overwritten = _overwritable(scheduled) if overwrite else set()
     while index < len(scheduled):
-        line, used = _unpacked(scheduled, index)
+        line, used = _unpacked(scheduled, index, index in overwritten)
         lines.append(line)
         kept.append(index)
         index += used
@@ -84,7 +90,33 @@ def _lines(scheduled: list[Scheduled], steps: list | None = None) -> list[Line]:
     return lines
 
 
-def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
+def _overwritable(scheduled: list[Scheduled]) -> set[int]:
+    """The positions of the statements that may run in place: an op with an in-place form (ReLU's
+    ``torch.relu_``) whose operand dies there and was made here by an op whose output is fresh
+    (``Primitive.fresh``: a convolution's, a norm's, a sum's), so nothing else holds or reads that
+    buffer, autograd included. One buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``;
+    the ReLU's backward reads its output, which is what stays."""
+    from .algebra import TensorOp
+
+    made = {item.statement.target: item.statement.value for item in scheduled}
+
+    def fresh(value) -> bool:
+        if isinstance(value, TensorOp) and value.primitive.name == "item":  # an entry of a fresh tuple
+            value = made.get(value.operands[0])
+        return (isinstance(value, TensorOp) and value.primitive.fresh) or (
+            isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
+
+    positions = set()
+    for index, item in enumerate(scheduled):
+        value = item.statement.value
+        if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
+                and value.operands[0].is_Symbol and value.operands[0].name in item.dead
+                and fresh(made.get(value.operands[0]))):
+            positions.add(index)
+    return positions
+
+
+def _unpacked(scheduled: list[Scheduled], index: int, in_place: bool = False) -> tuple[Line, int]:
     """The line for ``scheduled[index]`` and how many statements it stands for: one, or a tuple made
     there together with the ``t[i]`` reads right after it, when they are its only uses."""
     from .algebra import TensorOp
@@ -101,7 +133,7 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
         position += 1
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
-        return _line(item.statement, item.dead), 1
+        return _line(item.statement, item.dead, in_place), 1
     names = ", ".join(reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs))
     code = to_code(value)
     dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))
@@ -200,7 +232,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         readable_backward=readable_backward,
         boundary_dead=planned.boundary_dead,
         saved_names=planned.saved_names,
-        saving_forward=_lines(planned.saving_forward),
+        saving_forward=_lines(planned.saving_forward, overwrite=True),
         loss_name=planned.loss_name,
         hvp=bool(hvp_results),
         per_sample=bool(planned.per_sample_forward),

@@ -503,7 +503,7 @@ def _block_view(derived: DerivedBlock) -> dict:
     return dict(
         name=block.name, inputs=list(block.inputs), output=output.name,
         hyper=[f"{name}={default}" for name, default in block.hyper],
-        forward=_lines(_renamed_statements(forward, entries)),
+        forward=_lines(_renamed_statements(forward, entries), overwrite=True),
         saved_names=list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
         + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names,
         backward=_lines(_renamed_statements(backward, entries)),
@@ -662,7 +662,7 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
         forward=[_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                  for statement in planned.forward],
-        saving_forward=_lines(_renamed_statements(planned.saving_forward, entries)),
+        saving_forward=_lines(_renamed_statements(planned.saving_forward, entries), overwrite=True),
         saved_names=planned.saved_names, loss_name=planned.loss_name,
         backward=_lines(_renamed_statements(backward, entries)), boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),

@@ -35,3 +35,57 @@ def test_a_deleted_value_is_never_read_again_and_every_returned_gradient_is_kept
         assert not deleted & returned, deleted & returned
     assert planned.saved_names and planned.loss_name == "loss"
     assert set(planned.hvp_results) == set(graph.wrt) and planned.per_sample_names == ["w1", "w2"]
+
+
+IN_PLACE = """name: overwriting
+inputs:
+  x: {shape: [2, 3, 6, 6]}
+  w1: {shape: [3, 3, 3, 3]}
+  w2: {shape: [3, 3, 3, 3]}
+  t: {shape: [2, 3, 6, 6]}
+layers:
+  - {op: relu, in: x, out: r0}
+  - {op: conv2d, in: r0, weight: w1, padding: 1, out: c1}
+  - {op: relu, in: c1, out: r1}
+  - {op: exp, in: r1, out: e}
+  - {op: relu, in: e, out: r2}
+  - {op: conv2d, in: r2, weight: w2, padding: 1, out: c2}
+  - {op: relu, in: c2, out: r3}
+  - {op: add, in: [r3, c2], out: s}
+  - {op: add, in: [s, r1], out: s2}
+  - {op: relu, in: s2, out: r4}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, w2]
+"""
+
+
+def test_a_relu_overwrites_its_operand_only_where_no_one_else_can_see_it():
+    """``torch.relu_`` in the saving forward where its operand dies there and was made fresh here (a
+    convolution's or a sum's output); never on an input (the caller's), on exp's output (exp's own
+    backward reads it) or on a value read again. The gradients stay autograd's, and differentiable."""
+    import torch
+
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    source = build_text(IN_PLACE, "overwriting.yaml").rendered.files["overwriting.py"]
+    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    assert "r0 = F.relu(x)" in saving and "r1 = torch.relu_(c1)" in saving  # the caller's x; a dead conv output
+    assert "r2 = F.relu(e)" in saving and "r3 = F.relu(c2)" in saving  # exp reads its output; c2 read again
+    assert "r4 = torch.relu_(s2)" in saving  # a dead sum
+    module = module_from_source(source, "overwriting")
+    generator = torch.Generator().manual_seed(0)
+    # small values: exp stays moderate, and gradgradcheck's finite differences cross no ReLU kink
+    inputs = {name: (0.3 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_(name != "t")
+              for name, shape in (("x", (2, 3, 6, 6)), ("w1", (3, 3, 3, 3)), ("w2", (3, 3, 3, 3)), ("t", (2, 3, 6, 6)))}
+    x, w1, w2, t = inputs.values()
+    r1 = torch.relu(torch.nn.functional.conv2d(torch.relu(x), w1, padding=1))
+    c2 = torch.nn.functional.conv2d(torch.relu(r1.exp()), w2, padding=1)
+    loss = torch.nn.functional.mse_loss(torch.relu(torch.relu(c2) + c2 + r1), t)
+    expected = torch.autograd.grad(loss, [x, w1, w2])
+    got = module.gradients(**inputs)
+    for name, reference in zip(("x", "w1", "w2"), expected):
+        assert torch.allclose(getattr(got, name), reference, rtol=1e-10, atol=1e-12), name
+    inputs_before = {name: value.detach().clone() for name, value in inputs.items()}
+    assert torch.autograd.gradgradcheck(lambda *values: tuple(module.gradients(*values, t)), (x, w1, w2))
+    assert all(torch.equal(inputs[name], inputs_before[name]) for name in inputs)  # no input overwritten

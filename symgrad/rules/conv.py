@@ -83,7 +83,7 @@ def _conv_latex(operands, params, show):
     return rf"{operands[1]} \star{_math_args(params, show)} {operands[0]}{bias}"
 
 
-primitive("conv", code=_conv_code, latex=_conv_latex, tangent=None)  # set below, once _affine_tangent exists
+primitive("conv", code=_conv_code, latex=_conv_latex, tangent=None, fresh=True)  # set below, once _affine_tangent exists
 
 
 def _transpose_code(operands, params, show):

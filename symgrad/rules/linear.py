@@ -15,7 +15,7 @@ from .conv import _affine_tangent
 
 primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
           latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
-          tangent=_affine_tangent("linear"))
+          tangent=_affine_tangent("linear"), fresh=True)
 primitive("matmul", code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
           latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}", tangent=LINEAR)
 primitive("matmul_transposed", code=lambda operands, params, show: (

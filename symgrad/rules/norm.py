@@ -88,7 +88,7 @@ def _call(name: str, fields: tuple[str, ...]):
         return f"F.{name}({', '.join(arguments)})"
 
     primitive(name, code=code, latex=lambda operands, params, show: rf"\operatorname{{{name.replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
-              tangent=tangent)
+              tangent=tangent, fresh=True)
 
 
 _call("layer_norm", ("weight", "bias"))
@@ -106,7 +106,7 @@ def _native_code(operands, params, show):
     return f"torch.native_batch_norm({arguments}, True, {show(params['momentum'])}, {show(params['eps'])})"
 
 
-primitive("native_batch_norm", code=_native_code, outputs=3,
+primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
 BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
                          output_mask=(True, True, True)):
