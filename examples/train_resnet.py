@@ -154,7 +154,8 @@ class UNet(nn.Module):
 
 def generated_module(model: nn.Module, name: str, shapes: dict, loss: LossChoice, folder: Path):
     """Trace ``model`` (in train mode), generate its gradient module into ``folder`` and import it."""
-    built = build_text(trace(model, shapes, name=name, loss=loss, mode="train"), f"{name}.yaml")
+    # a training step needs the parameters' gradients only: none of the input is computed
+    built = build_text(trace(model, shapes, wrt="parameters", name=name, loss=loss, mode="train"), f"{name}.yaml")
     path = folder / f"{name}.py"
     path.write_text(built.rendered.files[f"{name}.py"])
     spec = importlib.util.spec_from_file_location(name, path)

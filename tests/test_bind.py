@@ -243,3 +243,25 @@ def test_a_module_written_as_blocks_binds_a_wider_model_and_refuses_a_missing_ke
     with pytest.raises(BindError, match=r"^tiny_resnet does not fit TinyResNet: it reads layers\.1\.1\.[a-z0-9_.]+, "
                                         r"which is not a parameter or buffer of the model \(fix: [^\n]*\)$"):
         symgrad.bind(generated, fresh_model(layers=(2, 1)))(x=x, labels=labels)  # at bind, or at the first call
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["flat", "blocks"])
+def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_computes_no_input_gradient(blocks):
+    """``trace(..., wrt="parameters")``: what a training step needs, and no more (the input's gradient,
+    a stem convolution's backward-data, is not computed); bound, it trains as autograd does."""
+    model = fresh_model(**({"layers": (2, 2)} if blocks else {}))
+    reference = copy.deepcopy(model)
+    text = trace(model, {"x": (2, 3, 16, 16)}, wrt="parameters", name="params_only",
+                 loss=LossChoice("cross_entropy", "labels"), mode="train", blocks=blocks)
+    generated = module_from_source(build_text(text, "params_only.yaml").rendered.files["params_only.py"], "params_only")
+    assert "x" not in generated.Gradients._fields
+    step = symgrad.bind(generated, model)
+    for x, labels in batches(2):
+        step(x=x, labels=labels).backward()
+        F.cross_entropy(reference(x), labels).backward()
+    theirs = dict(reference.named_parameters())
+    for key, value in model.named_parameters():
+        if theirs[key].grad is None:  # frozen
+            assert value.grad is None, key
+            continue
+        assert (value.grad - theirs[key].grad).abs().max() <= 1e-10 * theirs[key].grad.abs().max(), key

@@ -416,10 +416,12 @@ class Convolution(Rule):
         return Forward(op("conv", *operands, **self._params(node)))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        # Fuse only when several gradients share the call: for the input gradient alone,
-        # conv_transpose is as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
+        # Fuse where several gradients share the call, or for the weight's alone (the same kernel
+        # torch.nn.grad.convNd_weight calls, through the helper that runs it under autocast as
+        # autograd does); for the input gradient alone, conv_transpose is as fast or faster
+        # (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
         lead = self._lead(node)
-        if node.fused and len(wanted) > 1 and lead:
+        if node.fused and lead and (len(wanted) > 1 or set(wanted) == {"weight"}):
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]
@@ -564,7 +566,7 @@ class TransposedConvolution(Convolution):
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         lead = self._lead(node)
-        if node.fused and len(wanted) > 1 and lead:
+        if node.fused and lead and (len(wanted) > 1 or set(wanted) == {"weight"}):  # as for conv
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, dilation = node.params["stride"], node.params["dilation"]

@@ -104,14 +104,18 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
     return target
 
 
-def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | None = None, name: str = "traced",
+def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None, name: str = "traced",
           *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
           dtypes: dict[str, str] | None = None, mode: str | None = None, timeout: float | None = None,
           blocks: bool = False) -> str:
     """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
     for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
     mode while tracing (default: as they are); ``timeout``: seconds after which tracing stops with an error;
-    ``blocks``: write the instances of a repeated submodule as one block (``symgrad.trace.grouping``)."""
+    ``blocks``: write the instances of a repeated submodule as one block (``symgrad.trace.grouping``).
+    ``wrt``: the tensors to differentiate by (default: the arguments and trainable parameters), or
+    ``"parameters"``: those parameters alone, as a training step (``symgrad.bind``) needs them: no
+    gradient of the input is then computed (a ResNet-18's stem convolution's input gradient is 9% of
+    its training step on a CPU)."""
     module = target if isinstance(target, torch.nn.Module) else None
     function = module.forward if module is not None else target
     try:
@@ -197,7 +201,9 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     problems = _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls)
     if problems:
         raise TraceError("\n".join(problems))
-    if wrt:
+    if wrt == "parameters":
+        spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
+    elif wrt:
         spec["wrt"] = list(wrt)
     header = (f"# Traced by symgrad from {getattr(function, '__qualname__', 'a function')} at "
               + ", ".join(f"{key}={spec['inputs'][key]['shape']}" for key in tensor_names if key in spec["inputs"])
