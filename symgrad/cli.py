@@ -405,7 +405,8 @@ def _registry_certificates():
               help="The --loss reduction (default: PyTorch's, mean; sum for half_sq_error).")
 @click.option("--eval", "eval_mode", is_flag=True, help="Trace the modules in eval mode (running statistics as inputs).")
 @click.option("--train", "train_mode", is_flag=True, help="Trace the modules in train mode (batch statistics).")
-@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters).")
+@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters), "
+              "or `parameters`: the parameters alone, as a training step (symgrad.bind) needs.")
 @click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
 @click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -440,7 +441,7 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         loss = LossChoice(LOSS_NAMES[loss_kind], target_name, reduction) if loss_kind else None
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
         mode = "eval" if eval_mode else "train" if train_mode else None
-        text = trace(function, shapes, wrt.split(",") if wrt else None, name, loss=loss, arguments=arguments,
+        text = trace(function, shapes, (wrt if wrt == "parameters" else wrt.split(",")) if wrt else None, name, loss=loss, arguments=arguments,
                      dtypes=dtypes, mode=mode, timeout=timeout, blocks=not flat)
     except SymgradError as error:
         _fail(error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
@@ -85,6 +86,15 @@ def test_trace_command_writes_a_spec_that_generates(tmp_path: Path):
 
 
 INPUTS = ROOT / "tests" / "trace_inputs"
+
+
+def test_trace_command_with_wrt_parameters_differentiates_by_the_parameters_alone(tmp_path: Path):
+    spec = tmp_path / "params.yaml"
+    result = CliRunner().invoke(main, ["trace", f"{INPUTS / 'resnet_style.py'}:TinyResNet", "--shape", "x=2,3,16,16",
+                                       "--loss", "cross_entropy", "--train", "--wrt", "parameters", "-o", str(spec)])
+    assert result.exit_code == 0, result.output
+    wrt = yaml.safe_load(spec.read_text())["wrt"]
+    assert "x" not in wrt and "bn1_weight" in wrt and "layers_0_0_conv1_weight" in wrt, wrt
 
 
 def marked_line(path: Path, marker: str) -> str:
