@@ -6,6 +6,7 @@ training step (zero_grad, forward, backward, SGD step) three ways, round-robin i
 the order rotated each round:
 
 - ``symgrad.bind``: ``step(x=..., labels=...).backward()``, the explicit backward;
+- ``symgrad.bind, channels_last``: the same with the model and its input in channels_last;
 - ``autograd``: ``loss.backward()`` on the model as it is;
 - ``autograd, channels_last``: the model and its input in channels_last, autograd's best layout
   on a CPU for convolutions;
@@ -45,8 +46,9 @@ MEMORY_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 unmapped, so the resident set follows what is allocated rather than what glibc keeps."""
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("symgrad.bind", "autograd", "autograd, channels_last", "autograd, torch.compile",
-            "symgrad.bind, AMP", "autograd, AMP", "autograd, channels_last, AMP")
+VARIANTS = ("symgrad.bind", "symgrad.bind, channels_last", "autograd", "autograd, channels_last",
+            "autograd, torch.compile", "symgrad.bind, AMP", "symgrad.bind, channels_last, AMP", "autograd, AMP",
+            "autograd, channels_last, AMP")
 AMP = ", AMP"
 ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow the image and the depth
     ("resnet18", 8, 64, 64), ("resnet18", 8, 112, 64), ("resnet18", 8, 224, 64),
@@ -91,12 +93,13 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
         net = copy.deepcopy(model)
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         inputs = x
-        if kind == "autograd, channels_last":
+        if kind.endswith("channels_last"):
             net = net.to(memory_format=torch.channels_last)
             inputs = x.contiguous(memory_format=torch.channels_last)
-        if kind == "symgrad.bind":
+        if kind.startswith("symgrad.bind"):
             bound = example.symgrad.bind(generated, net)
-            compute = (lambda bound=bound: bound(**data))
+            arguments = {**data, "x": inputs}
+            compute = (lambda bound=bound, arguments=arguments: bound(**arguments))
         else:
             runner = torch.compile(net) if kind == "autograd, torch.compile" else net
             compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
@@ -166,9 +169,9 @@ def render(saved: dict) -> str:
     verdicts = []
     for (network, batch, size), variants in groups.items():
         for amp in (False, True):
-            ours_name = "symgrad.bind" + (AMP if amp else "")
             own = {name: row for name, row in variants.items() if name.endswith(AMP) == amp}
-            peers = [row for name, row in own.items() if name != ours_name]
+            peers = [row for name, row in own.items() if not name.startswith("symgrad")]
+            ours_names = [name for name in own if name.startswith("symgrad")]
             if not peers:
                 continue
             fastest = min(row["median"] for row in peers)
@@ -177,14 +180,16 @@ def render(saved: dict) -> str:
                 lines.append(f"| {network} | {batch} × {size}² | {name} | {row['median'] * 1e3:.1f} | "
                              f"{row['min'] * 1e3:.1f} | {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB | "
                              f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |")
-            if ours_name in own:
-                ours = own[ours_name]
+            if ours_names:  # symgrad in its best layout, as autograd is
+                best = min(ours_names, key=lambda name: own[name]["median"])
+                ours = own[best]
                 speed, memory = fastest / ours["median"], ours["peak_bytes"] / leanest
                 met = speed >= 1.0 and memory <= 1.0
-                verdicts.append(f"| {network} {batch} × {size}², {'AMP' if amp else 'float32'} | {speed:.2f}× | "
+                verdicts.append(f"| {network} {batch} × {size}², {'AMP' if amp else 'float32'} | {best} | {speed:.2f}× | "
                                 f"{memory:.2f}× | {'met' if met else 'missed'} |")
-    lines += ["", "Target: the bound explicit step ≥1.0× the best autograd step's speed and ≤1.0× its memory.", "",
-              "| row | speed | memory | verdict |", "|---|---:|---:|---|", *verdicts, ""]
+    lines += ["", "Target: the bound explicit step, in its faster layout, ≥1.0× the best autograd step's speed and "
+              "≤1.0× its memory.", "",
+              "| row | faster bound step | speed | memory | verdict |", "|---|---|---:|---:|---|", *verdicts, ""]
     if any(verdict.endswith("| missed |") for verdict in verdicts):
         lines += [WHY, ""]
     return "\n".join(lines)
