@@ -138,24 +138,31 @@ def measure_row(row, repeats: int, names=VARIANTS) -> list[dict]:
     return results
 
 
-WHY = ("*Why the targets are missed on this CPU.* Memory follows autograd's on the ResNets: "
-       "the drop-in backward keeps its saved values in a plain list and frees each at its last use, as autograd "
-       "frees a node's saved values once its backward has run; the U-Net's extra is its concatenated skips, which "
-       "the explicit backward holds until their last reader. Speed: the generated module now chooses its layout "
-       "per call from the call's shapes (not the traced 32²), weighing each convolution's positions by its "
-       "weight's size; these networks stay in the default layout at the sizes shown, because moving the weights "
-       "to channels_last and their gradients back each step costs more than the layout gains where large "
-       "weights meet few positions (`python -m benchmarks.gradients`). Against autograd in the default layout the "
-       "two run the same kernels, and what differs (one Python autograd.Function around the whole backward, "
-       "out-of-place ReLUs and adds where the models' own are in place) is a few per cent, within this shared "
-       "machine's noise. Where autograd in channels_last wins, it holds its weights in that layout for good, "
-       "which the bound step, given the model's default-layout weights, does not.")
+WHY = ("*Why the targets are missed on this CPU.* Speed: in the same layout the bound step and autograd run the "
+       "same kernels (convolution_backward, native_batch_norm_backward, threshold_backward, the max-pool and "
+       "adaptive-pool backward kernels, in-place ReLUs), and the bound step ran 0.94-1.02x autograd's speed layout "
+       "for layout at 112² and above (0.93-1.18x at 64², a 60 ms step); its faster layout against autograd's faster "
+       "one is the verdict above, 0.95-1.00x. "
+       "What remains is the Python around the kernels: one autograd.Function whose forward keeps a list of saved "
+       "values and whose backward is a few hundred Python statements, about 2-5 ms a step, which shows at 64² "
+       "and is inside this machine's run-to-run spread (several per cent between runs) at the larger sizes. "
+       "`torch.compile` was no faster than eager autograd in any float32 row (1.00-1.50x its time: its CPU "
+       "convolutions are oneDNN's too, and its generated elementwise code did not pay back on 2 cores). Memory: the "
+       "ratio's reference is autograd's leanest variant, which is the default layout, so the channels_last bound "
+       "step reads 1.06-1.20x against it while layout for layout the ResNets' bound step is 0.99-1.01x autograd's; "
+       "under AMP it is leaner than autograd (0.74-0.93x layout for layout: it keeps bfloat16 values where "
+       "autograd's casts keep float32 copies). The U-Net's extra memory (1.12-1.15x layout for layout) is its concatenated skips, which the explicit backward holds "
+       "until their last reader, and `torch.compile`'s U-Net was the leanest of all (it recomputes cheap "
+       "elementwise values in its backward). A C++ or compiled backward node would remove the per-step Python; "
+       "neither is built.")
 
 
 def render(saved: dict) -> str:
     lines = [SECTION, "",
              f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training` (medians of "
-             f"{saved['repeats']} round-robin repeats in one process; each peak memory in a fresh process).", "",
+             f"{saved['repeats']} round-robin repeats in one process; each peak memory in a fresh process). The run "
+             "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: ![training step](docs/images/training-cpu.png) "
+             "(`--plot`).", "",
              "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
              "networks of `examples/train_resnet.py` traced at a small size and run at the size shown; float32, and "
              "AMP (the forward under `torch.autocast(\"cpu\", dtype=torch.bfloat16)`). Ratios are against the best "
