@@ -135,7 +135,10 @@ def _weight_grad_code(operands, params, show):
     if weight_size is not None:
         shown = {key: params[key] for key in CONV_DEFAULTS}
         size = _shape_of(weight_size, show)
-        return f"torch.nn.grad.conv{dims}d_weight({x}, {size}, {grad}{keyword_arguments(shown, CONV_DEFAULTS, show)})"
+        # x in grad's dtype: under autocast grad arrives in the precision the forward ran in, where
+        # the caller's x may be float32 (the kernel takes one dtype; autograd saved x cast alike)
+        return (f"torch.nn.grad.conv{dims}d_weight({x}.to({grad}.dtype), {size}, {grad}"
+                f"{keyword_arguments(shown, CONV_DEFAULTS, show)})")
     if groups == 1:
         x_t = f"{x}.transpose(0, 1)"
     else:
@@ -416,12 +419,10 @@ class Convolution(Rule):
         return Forward(op("conv", *operands, **self._params(node)))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        # Fuse where several gradients share the call, or for the weight's alone (the same kernel
-        # torch.nn.grad.convNd_weight calls, through the helper that runs it under autocast as
-        # autograd does); for the input gradient alone, conv_transpose is as fast or faster
-        # (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
+        # Fuse only when several gradients share the call: for the input gradient alone,
+        # conv_transpose is as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
         lead = self._lead(node)
-        if node.fused and lead and (len(wanted) > 1 or set(wanted) == {"weight"}):
+        if node.fused and len(wanted) > 1 and lead:
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]
@@ -566,7 +567,7 @@ class TransposedConvolution(Convolution):
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         lead = self._lead(node)
-        if node.fused and lead and (len(wanted) > 1 or set(wanted) == {"weight"}):  # as for conv
+        if node.fused and len(wanted) > 1 and lead:
             return self._fused_pullback(node, grad, wanted)
         x, w = node.operands["input"], node.operands["weight"]
         stride, dilation = node.params["stride"], node.params["dilation"]
