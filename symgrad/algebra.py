@@ -25,8 +25,14 @@ def tensor(name: str) -> sympy.Symbol:
     return sympy.Symbol(name)
 
 
+class ShapeOf(sympy.Symbol):
+    """A tensor's shape (a ``torch.Size``), kept for a backward pass that reads nothing else of the
+    tensor: ``up_shape`` for ``up``, so ``up`` itself is freed at its last forward use."""
+
+
 class Size(sympy.Expr):
-    """``tensor.shape[axis]``: a positive integer known only when the generated code runs."""
+    """``tensor.shape[axis]`` (``shape[axis]`` of a :class:`ShapeOf`): a positive integer known
+    only when the generated code runs."""
 
     is_integer = True
     is_positive = True
@@ -44,6 +50,8 @@ class Size(sympy.Expr):
         return int(self.args[1])
 
     def _sympystr(self, printer) -> str:
+        if isinstance(self.of, ShapeOf):
+            return f"{self.of.name}[{self.axis}]"
         return f"{self.of.name}.shape[{self.axis}]"
 
     def _latex(self, printer) -> str:
@@ -125,6 +133,14 @@ class Primitive:
     """Its output (each entry, for a tuple) is a new tensor, no view of another, that its own autograd
     backward does not read: an in-place op (``inplace``) may overwrite it where nothing else reads it
     (a convolution's, a norm's, a linear map's output)."""
+    shape_operands: tuple[int, ...] = ()
+    """The operands it reads only for their shape, which ``code`` gets printed as ``x.shape`` (a kept
+    :class:`ShapeOf` as itself): the planner may then keep that shape instead of the tensor."""
+
+    def printed(self, operands: list[str], expressions) -> list[str]:
+        """``operands`` (printed) with each shape operand read as a shape."""
+        return [text if index not in self.shape_operands or isinstance(expression, ShapeOf) else f"{text}.shape"
+                for index, (text, expression) in enumerate(zip(operands, expressions))]
 
 
 LINEAR = "linear"
@@ -135,11 +151,11 @@ PRIMITIVES: dict[str, Primitive] = {}
 
 
 def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
-              outputs: int | None = None, fresh: bool = False) -> Primitive:
+              outputs: int | None = None, fresh: bool = False, shape_operands: tuple[int, ...] = ()) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh, shape_operands)
     return PRIMITIVES[name]
 
 
@@ -167,7 +183,8 @@ class TensorOp(sympy.Expr):
         return self.args[2:]
 
     def _sympystr(self, printer) -> str:
-        return self.primitive.code([printer._print(o) for o in self.operands], self.params, printer._print)
+        operands = self.primitive.printed([printer._print(o) for o in self.operands], self.operands)
+        return self.primitive.code(operands, self.params, printer._print)
 
     def _latex(self, printer) -> str:
         return self.primitive.latex([printer._print(o) for o in self.operands], self.params, printer._print)

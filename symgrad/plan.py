@@ -10,11 +10,12 @@ prints and renders what the :class:`Plan` holds.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import Params, Size, TensorOp, tensor
+from .algebra import Params, ShapeOf, Size, TensorOp, op, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
 from .roles import channels_last_inputs, channels_last_test, channels_last_weights, input_roles, zero_by_structure
 from .tangent import tangent_statements
@@ -88,6 +89,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     readable_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
     # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
     # more gradients (twice differentiable, as autograd's own); the documents' math is the readable one
+    fast, shape_owners = _shapes_for_shape_reads(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
@@ -122,7 +124,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         saving_forward=saving_forward, saved_names=saved_names, loss_name=loss_name,
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
-        stored=_stored(fast, live[split:]),
+        stored=_stored(fast, live[split:], shape_owners),
         running_statistics=_running_statistics(graph),
         helpers=_helpers(program.forward + fast_live + hvp_live + per_sample_live),
         channels_last=moved,
@@ -134,6 +136,78 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         roles=input_roles(graph), zero_by_structure=zero_by_structure(graph),
         small_shapes=small_shapes, classes=_class_table(graph, small_shapes),
         **optional)
+
+
+def _shapes_for_shape_reads(fast: Program) -> tuple[Program, dict[str, str]]:
+    """``fast`` where each forward value that the backward reads only for its shape (a ``cat``'s
+    slice lengths, the shape a broadcast sum returns to) is kept as that shape: ``up_shape =
+    up.shape`` right after ``up`` is made, read as ``up_shape[1]``, so ``up`` is freed at its last
+    forward use, as autograd keeps only sizes for those ops. Also {shape name: tensor name}."""
+    made = {statement.target for statement in fast.forward}
+    names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
+    whole, shaped = set(fast.default_cotangent.free_symbols), set()
+    for statement in fast.backward:
+        _split_reads(statement.value, whole, shaped)
+    shapes = {symbol: ShapeOf(f"{symbol.name}_shape") for symbol in sorted(shaped & made - whole, key=str)
+              if f"{symbol.name}_shape" not in names}
+    if not shapes:
+        return fast, {}
+    forward = []
+    for statement in fast.forward:
+        forward.append(statement)
+        if statement.target in shapes:
+            forward.append(Statement(shapes[statement.target], op("shape", statement.target), statement.node,
+                                     f"{statement.target.name}'s shape: all the backward pass reads of it"))
+    backward = [dataclasses.replace(statement, value=_on_shapes(statement.value, shapes)) for statement in fast.backward]
+    return (dataclasses.replace(fast, forward=forward, backward=backward),
+            {shape.name: symbol.name for symbol, shape in shapes.items()})
+
+
+def _split_reads(expr, whole: set, shaped: set) -> None:
+    """Add to ``shaped`` the tensors ``expr`` reads as a shape (``Size``, a primitive's
+    ``shape_operands``), to ``whole`` those it reads otherwise."""
+    if isinstance(expr, Size):
+        shaped.add(expr.of)
+    elif isinstance(expr, Params):
+        for _, value in expr.items():
+            for part in value if isinstance(value, tuple) else (value,):
+                if isinstance(part, sympy.Basic):
+                    _split_reads(part, whole, shaped)
+    elif isinstance(expr, TensorOp):
+        for index, operand in enumerate(expr.operands):
+            if index in expr.primitive.shape_operands and operand.is_Symbol:
+                shaped.add(operand)
+            else:
+                _split_reads(operand, whole, shaped)
+        _split_reads(expr.params, whole, shaped)
+    elif expr.is_Symbol:
+        whole.add(expr)
+    else:
+        for argument in expr.args:
+            _split_reads(argument, whole, shaped)
+
+
+def _on_shapes(expr, shapes: dict):
+    """``expr`` reading each tensor of ``shapes`` through its kept shape instead."""
+    if isinstance(expr, Size):
+        return Size(shapes[expr.of], expr.axis) if expr.of in shapes else expr
+    if isinstance(expr, TensorOp):
+        operands = [shapes.get(operand, operand) if index in expr.primitive.shape_operands
+                    else _on_shapes(operand, shapes) for index, operand in enumerate(expr.operands)]
+        params = Params(tuple((key, _on_shapes_value(value, shapes)) for key, value in expr.params.items()))
+        if operands == list(expr.operands) and params == expr.params:
+            return expr
+        return TensorOp(expr.args[0], params, *operands)
+    if not expr.args:
+        return expr
+    arguments = [_on_shapes(argument, shapes) for argument in expr.args]
+    return expr if arguments == list(expr.args) else expr.func(*arguments)
+
+
+def _on_shapes_value(value, shapes: dict):
+    if isinstance(value, tuple):
+        return tuple(_on_shapes_value(part, shapes) for part in value)
+    return _on_shapes(value, shapes) if isinstance(value, sympy.Basic) else value
 
 
 def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:
@@ -259,15 +333,15 @@ def _live(statements: list[Statement], results: set[sympy.Symbol]) -> list[State
     return kept[::-1]
 
 
-def _stored(program: Program, backward: list[Statement]) -> dict[str, str]:
-    """What each node keeps alive for the backward pass: its value, only its shape, or nothing."""
-    values, shapes = set(), set()
+def _stored(program: Program, backward: list[Statement], shape_owners: dict[str, str]) -> dict[str, str]:
+    """What each node keeps alive for the backward pass: its value, only its shape, or nothing
+    (``shape_owners``: the kept shapes, by the tensor each belongs to)."""
+    whole, shaped = set(), set()
     for statement in backward:
-        shapes |= {size.of.name for size in statement.value.atoms(Size)}
-        for params in statement.value.atoms(Params):
-            shapes |= {symbol.name for symbol in params.free_symbols}
-        without_shapes = statement.value.replace(lambda e: isinstance(e, (Size, Params)), lambda e: sympy.Integer(1))
-        values |= {symbol.name for symbol in without_shapes.free_symbols}
+        _split_reads(statement.value, whole, shaped)
+    values = {symbol.name for symbol in whole}
+    shapes = {symbol.name for symbol in shaped}
+    shapes |= {shape_owners[name] for name in values | shapes if name in shape_owners}
     stored = {}
     for node in program.graph.nodes.values():
         if node.kind == "loss":

@@ -44,11 +44,11 @@ class CodePrinter(TorchPrinter):
         return expr.name
 
     def _print_Size(self, expr: Size):
-        return f"{expr.of.name}.shape[{expr.axis}]"
+        return expr._sympystr(self)
 
     def _print_TensorOp(self, expr: TensorOp):
         operands = [self._print(o) if _binds_tightly(o) else f"({self._print(o)})" for o in expr.operands]
-        return expr.primitive.code(operands, expr.params, self._print)
+        return expr.primitive.code(expr.primitive.printed(operands, expr.operands), expr.params, self._print)
 
     def _print_Integer(self, expr):
         return _number(expr)

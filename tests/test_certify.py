@@ -40,7 +40,8 @@ def test_a_wrong_conv_adjoint_is_caught(monkeypatch, primitive):
 
 
 @pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear"),
-                                             ("flip", "pad reflect"), ("axis_contraction", "interpolate bicubic"),
+                                             ("flip", "pad reflect"), ("upsample_backward", "interpolate bicubic"),
+                                             ("axis_contraction", "adaptive_avg_pool1d (unbatched)"),
                                              ("resampling_matrix", "adaptive_avg_pool1d (unbatched)"),
                                              ("pad", "conv2d padding='same', even kernel (asymmetric)")])  # one matrix: negating two would cancel
 def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):

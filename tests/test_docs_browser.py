@@ -61,7 +61,7 @@ LAYOUT = """() => {
 
 PAGES = {  # page: (graph nodes, backward edges, derived formulas, emitted backward lines, masks shown with 𝟙)
     "seed3_conv_relu_conv": (10, 7, 8, 5, 2),  # one fused call per conv's two gradients, one per ReLU
-    "upsampling_decoder": (12, 10, 15, 11, 2),
+    "upsampling_decoder": (12, 10, 15, 9, 2),  # the upsampling's backward one aten kernel call
 }
 
 

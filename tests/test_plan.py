@@ -89,3 +89,50 @@ def test_a_relu_overwrites_its_operand_only_where_no_one_else_can_see_it():
     inputs_before = {name: value.detach().clone() for name, value in inputs.items()}
     assert torch.autograd.gradgradcheck(lambda *values: tuple(module.gradients(*values, t)), (x, w1, w2))
     assert all(torch.equal(inputs[name], inputs_before[name]) for name in inputs)  # no input overwritten
+
+
+SHAPE_ONLY = """name: shape_only
+inputs:
+  x: {shape: [2, 3, 4, 4]}
+  skip: {shape: [2, 2, 8, 8]}
+  w: {shape: [3, 5, 3, 3]}
+  t: {shape: [2, 3, 8, 8]}
+layers:
+  - {op: relu, in: x, out: r}
+  - {op: interpolate, in: r, scale_factor: 2, mode: bilinear, out: up}
+  - {op: cat, in: [skip, up], dim: 1, out: joined}
+  - {op: conv2d, in: joined, weight: w, padding: 1, out: c}
+loss: {op: mse_loss, target: t}
+wrt: [x, w]
+"""
+
+
+def test_a_value_read_only_for_its_shape_is_kept_as_its_shape():
+    """``cat``'s backward reads ``up`` for its channel count alone: the saving forward keeps
+    ``up.shape`` and frees ``up`` right after the cat (autograd's cat keeps sizes, not tensors);
+    interpolation's backward runs as autograd's kernel. The gradients stay autograd's, at another
+    size, and differentiable."""
+    import torch
+
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    source = build_text(SHAPE_ONLY, "shape_only.yaml").rendered.files["shape_only.py"]
+    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    returned = saving[saving.rindex("return "):].split("\n")[0]
+    assert "up_shape = up.shape" in saving and "del up\n" in saving
+    assert "up_shape" in returned and " up," not in returned
+    assert "torch.ops.aten.upsample_bilinear2d_backward(" in source
+    module = module_from_source(source, "shape_only")
+    generator = torch.Generator().manual_seed(0)
+    shapes = {"x": (3, 3, 5, 7), "skip": (3, 2, 10, 14), "w": (3, 5, 3, 3), "t": (3, 3, 10, 14)}
+    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name in ("x", "w"))
+              for name, shape in shapes.items()}
+    x, skip, w, t = inputs.values()
+    up = torch.nn.functional.interpolate(torch.relu(x), scale_factor=2, mode="bilinear")
+    loss = torch.nn.functional.mse_loss(torch.nn.functional.conv2d(torch.cat([skip, up], 1), w, padding=1), t)
+    expected = torch.autograd.grad(loss, [x, w])
+    got = module.gradients(**inputs)
+    for name, reference in zip(("x", "w"), expected):
+        assert torch.allclose(getattr(got, name), reference, rtol=1e-10, atol=1e-12), name
+    assert torch.autograd.gradgradcheck(lambda x, w: tuple(module.gradients(x, skip, w, t)), (x, w))

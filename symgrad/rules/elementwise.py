@@ -72,7 +72,11 @@ class Elementwise(Rule):
     calls: tuple[str, ...] = ()
     """The recorded torch calls that are this op; empty: the op's own name and its in-place variant."""
     activation_gain: float = 1.0
-    broadcasts = True
+
+    @property
+    def broadcasts(self) -> bool:
+        """Only between two operands: a one-operand op's output has its operand's shape."""
+        return len(self.operands) > 1
 
     def __post_init__(self):
         self.calls = self.calls or (self.op, f"{self.op}_")

@@ -207,6 +207,31 @@ def _scales(value, context: ParamContext):
 INTERPOLATION_RANK = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
 
 
+UPSAMPLE_KERNELS = {("nearest", 1): "upsample_nearest1d", ("nearest", 2): "upsample_nearest2d",
+                    ("nearest", 3): "upsample_nearest3d", ("nearest-exact", 1): "_upsample_nearest_exact1d",
+                    ("nearest-exact", 2): "_upsample_nearest_exact2d", ("nearest-exact", 3): "_upsample_nearest_exact3d",
+                    ("linear", 1): "upsample_linear1d", ("bilinear", 2): "upsample_bilinear2d",
+                    ("bicubic", 2): "upsample_bicubic2d", ("trilinear", 3): "upsample_trilinear3d"}
+"""(mode, spatial dims) -> the aten kernel ``F.interpolate`` runs, whose ``_backward`` autograd runs."""
+
+
+def _upsample_backward_code(operands, params, show):
+    grad, input_shape = operands
+    arguments = [grad, f"{grad}.shape[2:]", input_shape]
+    if params["align_corners"] is not None:
+        arguments.append(str(params["align_corners"]))
+    if params["scales"] is not None:
+        arguments += [repr(scale) for scale in params["scales"]]
+    return f"torch.ops.aten.{params['kernel']}_backward({', '.join(arguments)})"
+
+
+# each input entry receives the interpolation weights it was given, summed: autograd's own kernel, one pass
+# where the readable form builds each axis's matrix, twice differentiable (its derivative in the gradient is
+# the interpolation itself); the input gives only its shape
+primitive("upsample_backward", code=_upsample_backward_code, shape_operands=(1,),
+          latex=lambda operands, params, show: rf"\operatorname{{interpolate}}^{{\top}}\left({operands[0]}\right)")
+
+
 class Interpolate(Rule):
     """``F.interpolate`` in every mode. In ``nearest`` mode by whole scale factors each entry is
     copied into an s×s block, so the adjoint sums each block, ``avg_pool(grad, s) * prod(s)``.
@@ -273,6 +298,14 @@ class Interpolate(Rule):
         if self._whole_nearest(node.params):
             scale = settings["scale_factor"]
             return {"input": op("block_sum", grad, dims=len(scale), scale=scale)}
+        kernel = UPSAMPLE_KERNELS.get((settings["mode"], len(node.shapes["input"]) - 2))
+        if node.fused and kernel and not settings["antialias"]:
+            # the scales F.interpolate hands its kernel: the factors given, unless recomputed from the sizes
+            given = settings["scale_factor"] is not None and not settings["recompute_scale_factor"]
+            scales = tuple(float(factor) for factor in settings["scale_factor"]) if given else None
+            return {"input": op("upsample_backward", grad, node.operands["input"], kernel=kernel, scales=scales,
+                                align_corners=(bool(settings["align_corners"]) if settings["mode"] in INTERPOLATION_RANK
+                                               else None))}
         per_axis = [dict(function="interpolate", size=settings["size"][axis] if settings["size"] else None,
                          scale=settings["scale_factor"][axis] if settings["scale_factor"] else None,
                          mode=settings["mode"], align_corners=settings["align_corners"],

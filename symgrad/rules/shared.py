@@ -35,10 +35,14 @@ primitive("spread", code=lambda operands, params, show: (
     # linear in the gradient; the second operand gives only its shape
     tangent=lambda expr, tangent_of: op("spread", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())))
 
-primitive("sum_to_size",
-          code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]}.shape)",
+primitive("sum_to_size", shape_operands=(1,),
+          code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]})",
           latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)",
           tangent=lambda expr, tangent_of: TensorOp("sum_to_size", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
+
+# the planner's: a value the backward reads only for its shape is kept as that shape (plan.py)
+primitive("shape", code=lambda operands, params, show: operands[0], shape_operands=(0,),
+          latex=lambda operands, params, show: rf"\operatorname{{shape}}\left({operands[0]}\right)", tangent=CONSTANT)
 
 primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
           latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
