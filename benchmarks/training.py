@@ -17,7 +17,9 @@ and, with ``, AMP`` after the name, the first three under ``torch.autocast("cpu"
 (the forward under autocast, the backward outside it, as PyTorch's AMP recipe runs them). Each
 variant is compared with the best autograd variant of its own precision.
 
-Each variant's peak memory is measured alone, in a fresh process (``--memory``), as the growth of
+The same steps are timed again at ``QUICK_ROWS``' sizes, where the kernels cost little: what each
+pays around its kernels (Python, dispatch, autograd's engine), the bound step against autograd in its
+layout and precision. Each variant's peak memory is measured alone, in a fresh process (``--memory``), as the growth of
 the peak resident set size over one step after a first one, large blocks mapped and unmapped. Writes a Markdown table and saves the measurements (``--json``);
 with ``--output BENCHMARKS.md`` it replaces that file's "Real networks" section, and ``--rows
 benchmarks/results/training-cpu.json`` renders the committed run again without measuring.
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .measure import peak_growth_bytes, timings
+from .measure import peak_growth_bytes, round_robin
 
 MEMORY_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 """For the peak-memory processes alone (as ``python -m benchmarks``): large blocks are mapped and
@@ -116,17 +118,47 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     return variants
 
 
+def peer_of(variant: str) -> str:
+    """The autograd variant of the same layout and precision as a bound-step variant."""
+    return variant.replace("symgrad.bind", "autograd")
+
+
+def measure_overhead(repeats: int, names=VARIANTS) -> list[dict]:
+    """Each variant but torch.compile's at :data:`QUICK_ROWS`' sizes, where the kernels cost little:
+    the times are mostly what each step pays around them (Python, dispatch, autograd's engine)."""
+    names = [name for name in names if "torch.compile" not in name]
+    results = []
+    for network, batch, size, width in QUICK_ROWS:
+        with tempfile.TemporaryDirectory() as folder:
+            samples = round_robin(step_variants(network, batch, size, width, Path(folder), names), repeats)
+        results += [{"network": network, "batch": batch, "size": size, "width": width, "variant": name,
+                     "median": statistics.median(values), "min": min(values)} for name, values in samples.items()]
+    return results
+
+
+def render_overhead(rows: list[dict]) -> list[str]:
+    """The table of :func:`measure_overhead`: each bound step against autograd in its layout and precision."""
+    found = {(row["network"], row["variant"]): row for row in rows}
+    lines = ["Around the kernels: the same steps at the sizes where the kernels cost little (" +
+             ", ".join(dict.fromkeys(f"{row['network']} of width {row['width']} at {row['batch']} × {row['size']}²"
+                                     for row in rows)) +
+             "), so the times are mostly what each step pays around them (Python, dispatch, autograd's engine). "
+             "Ratio: autograd's median in the same layout and precision over the bound step's.", "",
+             "| network | variant | median ms | min ms | autograd's median ms | speed vs autograd |",
+             "|---|---|---:|---:|---:|---:|"]
+    for row in rows:
+        peer = found.get((row["network"], peer_of(row["variant"])))
+        if row["variant"].startswith("symgrad") and peer:
+            lines.append(f"| {row['network']} | {row['variant']} | {row['median'] * 1e3:.2f} | {row['min'] * 1e3:.2f} | "
+                         f"{peer['median'] * 1e3:.2f} | {peer['median'] / row['median']:.2f}× |")
+    return lines + [""]
+
+
 def measure_row(row, repeats: int, names=VARIANTS) -> list[dict]:
     network, batch, size, width = row
     with tempfile.TemporaryDirectory() as folder:
-        variants = step_variants(network, batch, size, width, Path(folder), names)
-        for function in variants.values():
-            timings(function, "cpu", 2, 0)  # the first call compiles (torch.compile), the second settles
-        samples = {name: [] for name in variants}
-        names = list(variants)
-        for round_index in range(repeats):
-            for name in names[round_index % len(names):] + names[:round_index % len(names)]:
-                samples[name] += timings(variants[name], "cpu", 0, 1)
+        # two calls first: the first compiles (torch.compile), the second settles
+        samples = round_robin(step_variants(network, batch, size, width, Path(folder), names), repeats)
     results = []
     for name, values in samples.items():
         memory = json.loads(subprocess.run(
@@ -139,22 +171,27 @@ def measure_row(row, repeats: int, names=VARIANTS) -> list[dict]:
 
 
 WHY = ("*Why the targets are missed on this CPU.* Speed: in the same layout the bound step and autograd run the "
-       "same kernels (convolution_backward, native_batch_norm_backward, threshold_backward, the max-pool and "
-       "adaptive-pool backward kernels, in-place ReLUs), and the bound step ran 0.94-1.02x autograd's speed layout "
-       "for layout at 112² and above (0.93-1.18x at 64², a 60 ms step); its faster layout against autograd's faster "
-       "one is the verdict above, 0.95-1.00x. "
-       "What remains is the Python around the kernels: one autograd.Function whose forward keeps a list of saved "
-       "values and whose backward is a few hundred Python statements, about 2-5 ms a step, which shows at 64² "
-       "and is inside this machine's run-to-run spread (several per cent between runs) at the larger sizes. "
-       "`torch.compile` was no faster than eager autograd in any float32 row (1.00-1.50x its time: its CPU "
-       "convolutions are oneDNN's too, and its generated elementwise code did not pay back on 2 cores). Memory: the "
-       "ratio's reference is autograd's leanest variant, which is the default layout, so the channels_last bound "
-       "step reads 1.06-1.20x against it while layout for layout the ResNets' bound step is 0.99-1.01x autograd's; "
-       "under AMP it is leaner than autograd (0.74-0.93x layout for layout: it keeps bfloat16 values where "
-       "autograd's casts keep float32 copies). The U-Net's extra memory (1.12-1.15x layout for layout) is its concatenated skips, which the explicit backward holds "
-       "until their last reader, and `torch.compile`'s U-Net was the leanest of all (it recomputes cheap "
-       "elementwise values in its backward). A C++ or compiled backward node would remove the per-step Python; "
-       "neither is built.")
+       "same kernels (convolution_backward, native_batch_norm_backward, threshold_backward, the max-pool, "
+       "adaptive-pool and upsample backward kernels, in-place ReLUs), and the bound step ran 0.94-1.01x autograd's "
+       "speed layout for layout at 112² and above in float32 and 0.91-1.02x under AMP; its faster layout against "
+       "autograd's faster one is the verdict above. Around the kernels (the table above) the bound step costs "
+       "0.3-0.4 ms a step more than autograd in float32 and 0.5-1.0 ms more under AMP: one autograd.Function "
+       "taking every parameter and buffer, a backward of a few hundred Python statements, and under AMP every "
+       "convolution weight cast to bfloat16 in the forward and again in the backward, where autograd keeps the "
+       "forward's cast (casting once per step instead was tried and measured no faster; reverted). That is about "
+       "1% of a step from 112², inside this machine's spread between runs (several per cent: the same rows moved "
+       "by 2-6% between two runs on 2026-11-25 and 2026-11-26). ResNet-50 in the default float32 layout ran 0.94x "
+       "in both runs, more than its Python accounts for; a profile of three steps each put the two within 1% "
+       "(the profiler's own cost included), and the cause was not separated. `torch.compile` was no faster than "
+       "eager autograd in any float32 row (its CPU convolutions are oneDNN's too, and its generated elementwise "
+       "code did not pay back on 2 cores). Memory: the ratio's reference is autograd's leanest variant, which is "
+       "the default layout for the ResNets, so the channels_last bound step reads 1.06-1.18x against it while "
+       "layout for layout the bound step is 0.99-1.01x autograd's in float32 for every network, the U-Net "
+       "included (its concatenated skips are freed at their last forward use, the backward keeping only their "
+       "shapes); under AMP it is leaner than autograd (0.72-0.99x layout for layout: it keeps bfloat16 values "
+       "where autograd's casts keep float32 copies). The U-Net's float32 miss is against `torch.compile`, the "
+       "leanest U-Net step of all (1.22x: it recomputes cheap elementwise values in its backward instead of "
+       "keeping them). A C++ or compiled backward node would remove the per-step Python; neither is built.")
 
 
 def render(saved: dict) -> str:
@@ -197,6 +234,8 @@ def render(saved: dict) -> str:
     lines += ["", "Target: the bound explicit step, in its faster layout, ≥1.0× the best autograd step's speed and "
               "≤1.0× its memory.", "",
               "| row | faster bound step | speed | memory | verdict |", "|---|---|---:|---:|---|", *verdicts, ""]
+    if saved.get("overhead"):
+        lines += render_overhead(saved["overhead"])
     if any(verdict.endswith("| missed |") for verdict in verdicts):
         lines += [WHY, ""]
     return "\n".join(lines)
@@ -272,8 +311,9 @@ def main(argv=None) -> int:
             for result in rows[-len(args.variants):]:
                 print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
                       f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)
+        overhead = measure_overhead(3 if args.quick else max(args.repeats, 21), args.variants)
         saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
-                 "repeats": repeats, "rows": rows}
+                 "repeats": repeats, "rows": rows, "overhead": overhead}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(saved, indent=1))
     write_section(output, render(saved))

@@ -250,6 +250,12 @@ def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path
     assert "| resnet18 8 × 112², AMP | symgrad.bind, AMP | 1.20× | 0.86× | met |" in text  # against autocast only
     saved["rows"].append(row("symgrad.bind, channels_last", 0.85, 95))  # the faster bound layout is judged
     assert "| resnet18 8 × 112², float32 | symgrad.bind, channels_last | 1.06× | 0.95× | met |" in training.render(saved)
+    small = [dict(row(name, median, 0), batch=2, size=32, width=8) for name, median in (
+        ("symgrad.bind", 0.010), ("autograd", 0.009), ("symgrad.bind, AMP", 0.008), ("autograd, AMP", 0.010))]
+    saved["overhead"] = small
+    around = training.render(saved)  # each bound step against autograd of its own layout and precision
+    assert "| resnet18 | symgrad.bind | 10.00 | 10.00 | 9.00 | 0.90× |" in around
+    assert "| resnet18 | symgrad.bind, AMP | 8.00 | 8.00 | 10.00 | 1.25× |" in around
     report = tmp_path / "B.md"
     report.write_text("# Benchmarks\n\n## On cpu\n\nseed rows\n\n## On cuda\n\ngpu rows\n")
     training.write_section(report, text)
@@ -271,7 +277,12 @@ def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_section
         for mine, reference in zip(results[ours], results[theirs]):  # like with like: the layouts round apart
             assert float((mine - reference).norm() / reference.norm()) <= gradients.TOLERANCE, ours
     samples = {name: [1.0, 2.0, 3.0] for name in gradients.VARIANTS}
-    section = gradients.render("test", 8, 112, 64, 3, samples, 0.0, (1.0, 1.0, 1.0), "2026-11-23")
+    samples["gradients"] = [2.0, 4.0, 6.0]  # slower than autograd in the default layout only
+    overhead = dict(gradients.OVERHEAD, samples={name: [0.5] for name in gradients.VARIANTS})
+    section = gradients.render("test", 8, 112, 64, 3, samples, 0.0, (1.0, 1.0, 1.0), "2026-11-23", overhead=overhead)
+    assert "(gradients, channels_last) ≥1.0× the best autograd, as the training step's verdict judges: 1.00×, met" \
+        in section and "`torch.autograd.grad` on the default-layout model: 0.50×" in section
+    assert "| gradients | 500.00 | 500.00 | 1.00× |" in section
     report = tmp_path / "B.md"
     report.write_text(f"# Benchmarks\n\n{training.SECTION}\n\ntraining rows\n")
     for _ in range(2):
