@@ -103,6 +103,22 @@ class Params(sympy.Atom):
     def _sympystr(self, printer) -> str:
         return ", ".join(f"{key}={value}" for key, value in self._items)
 
+    def _xreplace(self, rule):
+        """``xreplace`` reaches the values too: a renamed tensor whose sizes a param reads (a weight
+        gradient's ``weight_size``, ``Size(w, 0)``) is renamed there as in the operands."""
+        if self in rule:
+            return rule[self], True
+        items = tuple((key, _replaced(value, rule)) for key, value in self._items)
+        if items == self._items:
+            return self, False
+        return Params(items), True
+
+
+def _replaced(value, rule):
+    if isinstance(value, tuple):
+        return tuple(_replaced(part, rule) for part in value)
+    return value.xreplace(rule) if isinstance(value, sympy.Basic) else value
+
 
 @dataclass(frozen=True)
 class Primitive:

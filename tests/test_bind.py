@@ -245,15 +245,23 @@ def test_a_module_written_as_blocks_binds_a_wider_model_and_refuses_a_missing_ke
         symgrad.bind(generated, fresh_model(layers=(2, 1)))(x=x, labels=labels)  # at bind, or at the first call
 
 
+@pytest.mark.parametrize("freeze_stem", [True, False], ids=["frozen stem", "trained stem"])
 @pytest.mark.parametrize("blocks", [False, True], ids=["flat", "blocks"])
-def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_computes_no_input_gradient(blocks):
+def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_computes_no_input_gradient(
+        blocks, freeze_stem):
     """``trace(..., wrt="parameters")``: what a training step needs, and no more (the input's gradient,
-    a stem convolution's backward-data, is not computed); bound, it trains as autograd does."""
-    model = fresh_model(**({"layers": (2, 2)} if blocks else {}))
+    a stem convolution's backward-data, is not computed); bound, it trains as autograd does. A trained
+    stem's weight gradient alone is ``conv2d_weight`` given the weight's shape, which the blocks form
+    reads from its ``params`` mapping like every other use of the weight."""
+    model = fresh_model(freeze_stem=freeze_stem, **({"layers": (2, 2)} if blocks else {}))
     reference = copy.deepcopy(model)
     text = trace(model, {"x": (2, 3, 16, 16)}, wrt="parameters", name="params_only",
                  loss=LossChoice("cross_entropy", "labels"), mode="train", blocks=blocks)
-    generated = module_from_source(build_text(text, "params_only.yaml").rendered.files["params_only.py"], "params_only")
+    source = build_text(text, "params_only.yaml").rendered.files["params_only.py"]
+    if not freeze_stem:
+        weight = 'params["conv1.weight"]' if blocks else "conv1_weight"
+        assert f"torch.nn.grad.conv2d_weight(\n        x.to(grad_conv1.dtype), {weight}.shape" in source, source
+    generated = module_from_source(source, "params_only")
     assert "x" not in generated.Gradients._fields
     step = symgrad.bind(generated, model)
     for x, labels in batches(2):
