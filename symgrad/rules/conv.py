@@ -43,7 +43,7 @@ import dataclasses
 
 import sympy
 
-from ..algebra import PRIMITIVES, LINEAR, Size, TensorOp, keyword_arguments, op, primitive, show_ints
+from ..algebra import PRIMITIVES, LINEAR, ShapeOf, Size, TensorOp, keyword_arguments, op, primitive, show_ints
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, int_tuple, positive_int
 
 
@@ -165,7 +165,9 @@ def _whole_shape_of(sizes):
 def _shape_of(sizes, show) -> str:
     """``w.shape`` when the sizes are all of one tensor's axes in order, else the tuple written out."""
     whole = _whole_shape_of(sizes)
-    return f"{show(whole)}.shape" if whole is not None else "(" + ", ".join(show(size) for size in sizes) + ")"
+    if whole is None:
+        return "(" + ", ".join(show(size) for size in sizes) + ")"
+    return show(whole) if isinstance(whole, ShapeOf) else f"{show(whole)}.shape"  # a kept shape is one
 
 
 def _per_sample_weight_grad_code(operands, params, show):
