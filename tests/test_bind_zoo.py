@@ -35,8 +35,10 @@ def test_every_network_has_a_torch_nn_functional_loss():
     assert all(any(hasattr(F, kind) for kind in case.losses) for case in CASES.values())
 
 
-@pytest.mark.parametrize("label", list(CASES))
-def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
+def traced_step(label: str):
+    """The network of ``label`` in train mode (float64, running statistics randomised), the module
+    generated from its trace for the parameters alone as blocks, its loss, and data at the checked
+    sizes: ``(model, generated, kind, inputs, target name, target)``."""
     case = CASES[label]
     kind = next(kind for kind in case.losses if hasattr(F, kind))
     generator = torch.Generator().manual_seed(11)
@@ -48,15 +50,22 @@ def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
     text = trace(model, case.traced, wrt="parameters", name="step", loss=LossChoice(kind, target_name),
                  mode="train", blocks=True)
     generated = module_from_source(build_text(text, "step.yaml").rendered.files["step.py"], "step")
-    reference, once = copy.deepcopy(model), copy.deepcopy(model)
-    step = symgrad.bind(generated, model)
-
     inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
     with torch.no_grad():
-        torch.manual_seed(7)  # the same dropout masks in every run below
-        prediction = once(*inputs.values())  # one forward, no graph: the statistics one training step moves
+        prediction = copy.deepcopy(model)(*inputs.values())
     target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
               if target_name == "labels" else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+    return model, generated, kind, inputs, target_name, target
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
+    model, generated, kind, inputs, target_name, target = traced_step(label)
+    reference, once = copy.deepcopy(model), copy.deepcopy(model)
+    step = symgrad.bind(generated, model)
+    with torch.no_grad():
+        torch.manual_seed(7)  # the same dropout masks in every run below
+        once(*inputs.values())  # one forward, no graph: the statistics one training step moves
     torch.manual_seed(7)
     step(**inputs, **{target_name: target}).backward()
     torch.manual_seed(7)
@@ -78,3 +87,37 @@ def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
             assert (value - moved[key]).abs().max().item() <= TOLERANCE * max(moved[key].abs().max().item(), 1.0), key
         else:
             assert torch.equal(value, moved[key]), key
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_a_network_bound_under_cpu_bfloat16_autocast_is_as_accurate_as_autograd(label):
+    """The same step under ``torch.autocast("cpu", dtype=torch.bfloat16)``, the model in float32: its
+    gradients as close to the float64 ones as autograd's under the same autocast (a max-pool after an
+    op autocast runs in float32, BiT's GroupNorm, gets its gradient in its input's dtype)."""
+    exact, generated, kind, inputs, target_name, target = traced_step(label)
+    model = copy.deepcopy(exact).float()
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated, model)
+    target32 = target if target_name == "labels" else target.float()
+    inputs32 = {name: value.float() for name, value in inputs.items()}
+    torch.manual_seed(7)
+    getattr(F, kind)(exact(*inputs.values()), target).backward()
+    torch.manual_seed(7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = step(**inputs32, **{target_name: target32})
+    ours.backward()
+    torch.manual_seed(7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = getattr(F, kind)(reference(*inputs32.values()), target32)
+    theirs.backward()
+    truth = [value.grad for value in exact.parameters() if value.grad is not None]
+    mine = [value.grad for value in model.parameters() if value.grad is not None]
+    autograds = [value.grad for value in reference.parameters() if value.grad is not None]
+    assert len(truth) == len(mine) == len(autograds) and all(grad.dtype == torch.float32 for grad in mine)
+    norm = torch.cat([grad.flatten() for grad in truth]).norm().item()
+
+    def error(grads):
+        return torch.cat([(grad.double() - exact_grad).flatten() for grad, exact_grad in zip(grads, truth)]).norm().item() / norm
+
+    assert error(autograds) > 1e-5, "autocast did not lower the precision: the comparison would prove nothing"
+    assert error(mine) <= 4 * error(autograds) + 1e-3, (error(mine), error(autograds))
