@@ -30,6 +30,12 @@ class ShapeOf(sympy.Symbol):
     tensor: ``up_shape`` for ``up``, so ``up`` itself is freed at its last forward use."""
 
 
+def shape_text(text: str, tensor: sympy.Basic) -> str:
+    """``text.shape``, the shape of the tensor printed as ``text``; ``text`` itself where that
+    tensor is a kept :class:`ShapeOf`, which already is one."""
+    return text if isinstance(tensor, ShapeOf) else f"{text}.shape"
+
+
 class Size(sympy.Expr):
     """``tensor.shape[axis]`` (``shape[axis]`` of a :class:`ShapeOf`): a positive integer known
     only when the generated code runs."""
@@ -50,9 +56,7 @@ class Size(sympy.Expr):
         return int(self.args[1])
 
     def _sympystr(self, printer) -> str:
-        if isinstance(self.of, ShapeOf):
-            return f"{self.of.name}[{self.axis}]"
-        return f"{self.of.name}.shape[{self.axis}]"
+        return f"{shape_text(self.of.name, self.of)}[{self.axis}]"
 
     def _latex(self, printer) -> str:
         return rf"\lvert {printer._print(self.of)} \rvert_{{{self.axis}}}"
@@ -155,7 +159,7 @@ class Primitive:
 
     def printed(self, operands: list[str], expressions) -> list[str]:
         """``operands`` (printed) with each shape operand read as a shape."""
-        return [text if index not in self.shape_operands or isinstance(expression, ShapeOf) else f"{text}.shape"
+        return [shape_text(text, expression) if index in self.shape_operands else text
                 for index, (text, expression) in enumerate(zip(operands, expressions))]
 
 

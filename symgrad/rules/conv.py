@@ -43,7 +43,7 @@ import dataclasses
 
 import sympy
 
-from ..algebra import PRIMITIVES, LINEAR, ShapeOf, Size, TensorOp, keyword_arguments, op, primitive, show_ints
+from ..algebra import PRIMITIVES, LINEAR, Size, TensorOp, keyword_arguments, op, primitive, shape_text, show_ints
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, int_tuple, positive_int
 
 
@@ -167,7 +167,7 @@ def _shape_of(sizes, show) -> str:
     whole = _whole_shape_of(sizes)
     if whole is None:
         return "(" + ", ".join(show(size) for size in sizes) + ")"
-    return show(whole) if isinstance(whole, ShapeOf) else f"{show(whole)}.shape"  # a kept shape is one
+    return shape_text(show(whole), whole)
 
 
 def _per_sample_weight_grad_code(operands, params, show):
