@@ -289,3 +289,24 @@ def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_section
         gradients.write_section(report, section, gradients.SECTION)
     text = report.read_text()
     assert text.count(gradients.SECTION) == 1 and text.count(training.SECTION) == 1 and "training rows" in text
+
+
+def test_the_ops_benchmark_checks_every_family_in_float64_and_renders_a_row_each(tmp_path: Path):
+    """`python -m benchmarks.ops`: each family's generated gradients agree with autograd's (float64, its
+    check size) before it is timed, and the section has one row a family and names the slower ones."""
+    from benchmarks import ops
+
+    for family in ops.FAMILIES:
+        assert ops.float64_agreement(family) <= ops.TOLERANCE, family.label
+    rows = [{"family": family.label, "shape": list(family.shape), "agreement": 1e-16,
+             "gradients": [0.002], "autograd": [0.001 if index == 0 else 0.003]}
+            for index, family in enumerate(ops.FAMILIES)]
+    text = ops.render({"machine": "test", "date": "2026-11-26", "repeats": 1, "rows": rows})
+    assert text.count("\n| ") == len(ops.FAMILIES) + 1  # the header and a row a family
+    assert "| conv 3×3, 64 → 64 | 8 × 64 × 56 × 56 | 2.00 | 1.00 | 0.50× | 1.0e-16 |" in text
+    assert f"Slower than autograd by median: {ops.FAMILIES[0].label}." in text
+    report = tmp_path / "B.md"
+    report.write_text("# Benchmarks\n\n## On cpu\n\nseed rows\n")
+    for _ in range(2):
+        ops.write_section(report, text, ops.SECTION)
+    assert report.read_text().count(ops.SECTION) == 1 and "seed rows" in report.read_text()
