@@ -63,16 +63,17 @@ def timings(function, device: str, warmup: int, repeats: int) -> list[float]:
     return values
 
 
-def round_robin(functions: dict, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+def round_robin(functions: dict, repeats: int, warmup: int = 2, device: str = "cpu") -> dict[str, list[float]]:
     """{name: seconds of each call}: ``warmup`` calls of each, then ``repeats`` rounds of one call of
-    each on the CPU, the order rotated every round so that none always follows the same one."""
+    each on ``device`` (each call waited for), the order rotated every round so that none always
+    follows the same one."""
     for function in functions.values():
-        timings(function, "cpu", warmup, 0)
+        timings(function, device, warmup, 0)
     names = list(functions)
     samples = {name: [] for name in names}
     for index in range(repeats):
         for name in names[index % len(names):] + names[:index % len(names)]:
-            samples[name] += timings(functions[name], "cpu", 0, 1)
+            samples[name] += timings(functions[name], device, 0, 1)
     return samples
 
 

@@ -56,8 +56,18 @@ ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow 
     ("resnet18", 8, 64, 64), ("resnet18", 8, 112, 64), ("resnet18", 8, 224, 64),
     ("resnet50", 4, 112, 64), ("unet", 4, 128, 32),
 ]
+CUDA_ROWS = [  # the issue's sizes: ResNet-18 and -50 at 32 x 224², a U-Net of width 64 at 8 x 256²; then scale
+    ("resnet18", 32, 224, 64), ("unet", 8, 256, 64), ("resnet50", 32, 224, 64),
+    ("resnet18", 32, 64, 64), ("resnet18", 32, 112, 64),
+]
+CUDA_COMPILED = 3
+"""On a GPU ``torch.compile`` is timed in the first rows alone (the target rows): compiling each
+network's step takes most of a minute there, and the scale rows keep the lease short."""
 QUICK_ROWS = [("resnet18", 2, 32, 8), ("unet", 2, 32, 4)]
 SECTION = "## Real networks: one training step"
+FAILURES: list[str] = []
+"""The variants that raised in this run, one line each (saved and rendered with the rows)."""
+SECTIONS = {"cpu": SECTION, "cuda": "## Real networks on a GPU: one training step"}
 
 
 def _example():
@@ -67,8 +77,10 @@ def _example():
     return train_resnet
 
 
-def step_variants(network: str, batch: int, size: int, width: int, folder: Path, names=VARIANTS):
-    """The training steps ``names`` of ``network`` at ``batch`` x ``size``², each with its own model copy."""
+def step_variants(network: str, batch: int, size: int, width: int, folder: Path, names=VARIANTS,
+                  device: str = "cpu"):
+    """The training steps ``names`` of ``network`` at ``batch`` x ``size``² on ``device``, each with its
+    own model copy (the module is traced and generated on the CPU, as a user generates it once)."""
     example = _example()
     torch.manual_seed(0)
     models = {"resnet18": example.ResNet18, "resnet50": example.ResNet50,
@@ -83,6 +95,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     x = torch.randn(batch, channels, size, size, generator=generator)
     target = (torch.randint(0, 10, (batch,), generator=generator) if classify
               else torch.randn(batch, 1, size, size, generator=generator))
+    x, target = x.to(device), target.to(device)
     data = {"x": x, "labels" if classify else "target": target}
 
     def autograd_loss(net, inputs):
@@ -92,7 +105,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     variants = {}
     for variant in names:
         kind, amp = variant.removesuffix(AMP), variant.endswith(AMP)
-        net = copy.deepcopy(model)
+        net = copy.deepcopy(model).to(device)
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         inputs = x
         if kind.endswith("channels_last"):
@@ -108,7 +121,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
 
         def one_step(compute=compute, optimizer=optimizer, amp=amp):
             optimizer.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
                 value = compute()
             value.backward()
             optimizer.step()
@@ -123,14 +136,15 @@ def peer_of(variant: str) -> str:
     return variant.replace("symgrad.bind", "autograd")
 
 
-def measure_overhead(repeats: int, names=VARIANTS) -> list[dict]:
+def measure_overhead(repeats: int, names=VARIANTS, device: str = "cpu") -> list[dict]:
     """Each variant but torch.compile's at :data:`QUICK_ROWS`' sizes, where the kernels cost little:
     the times are mostly what each step pays around them (Python, dispatch, autograd's engine)."""
     names = [name for name in names if "torch.compile" not in name]
     results = []
     for network, batch, size, width in QUICK_ROWS:
         with tempfile.TemporaryDirectory() as folder:
-            samples = round_robin(step_variants(network, batch, size, width, Path(folder), names), repeats)
+            functions = step_variants(network, batch, size, width, Path(folder), names, device)
+            samples = round_robin(functions, repeats, device=device)
         results += [{"network": network, "batch": batch, "size": size, "width": width, "variant": name,
                      "median": statistics.median(values), "min": min(values)} for name, values in samples.items()]
     return results
@@ -154,23 +168,39 @@ def render_overhead(rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def measure_row(row, repeats: int, names=VARIANTS) -> list[dict]:
+def measure_row(row, repeats: int, names=VARIANTS, device: str = "cpu") -> list[dict]:
+    """Every variant of one row, timed round-robin; the peak memory of each, on the CPU in a fresh
+    process, on a GPU in this one (``torch.cuda.max_memory_allocated`` counts each step's own)."""
     network, batch, size, width = row
+    peaks = {}
     with tempfile.TemporaryDirectory() as folder:
-        # two calls first: the first compiles (torch.compile), the second settles
-        samples = round_robin(step_variants(network, batch, size, width, Path(folder), names), repeats)
+        functions = step_variants(network, batch, size, width, Path(folder), names, device)
+        for name, function in list(functions.items()):  # a variant that fails is reported, not timed
+            try:
+                function()
+            except Exception as error:  # noqa: BLE001 - the run goes on and the failure is its row
+                print(f"{network} {batch}x{size} {name} failed: {type(error).__name__}: {error}", file=sys.stderr)
+                FAILURES.append(f"{network} {batch} × {size}², {name}: {type(error).__name__}: "
+                                f"{str(error).splitlines()[0] if str(error) else ''}")
+                del functions[name]
+        # warm-up calls first: the first compiles (torch.compile) and picks cuDNN's algorithms
+        samples = round_robin(functions, repeats, warmup=3 if device == "cuda" else 2, device=device)
+        if device == "cuda":
+            peaks = {name: peak_growth_bytes(function, device) for name, function in functions.items()}
     results = []
     for name, values in samples.items():
-        memory = json.loads(subprocess.run(
-            [sys.executable, "-m", "benchmarks.training", "--memory", json.dumps([network, batch, size, width, name])],
-            cwd=ROOT, check=True, capture_output=True, text=True, env={**os.environ, **MEMORY_ENVIRONMENT}).stdout)
+        if name not in peaks:
+            peaks[name] = json.loads(subprocess.run(
+                [sys.executable, "-m", "benchmarks.training", "--memory", json.dumps([network, batch, size, width, name])],
+                cwd=ROOT, check=True, capture_output=True, text=True,
+                env={**os.environ, **MEMORY_ENVIRONMENT}).stdout)["peak_bytes"]
         results.append({"network": network, "batch": batch, "size": size, "width": width, "variant": name,
                         "median": statistics.median(values), "min": min(values), "max": max(values),
-                        "peak_bytes": memory["peak_bytes"]})
+                        "peak_bytes": peaks[name]})
     return results
 
 
-WHY = ("*Why the targets are missed on this CPU.* Speed: in the same layout the bound step and autograd run the "
+WHY_CPU = ("*Why the targets are missed on this CPU.* Speed: in the same layout the bound step and autograd run the "
        "same kernels (convolution_backward, native_batch_norm_backward, threshold_backward, the max-pool, "
        "adaptive-pool and upsample backward kernels, in-place ReLUs), and the bound step ran 0.94-1.01x autograd's "
        "speed layout for layout at 112² and above in float32 and 0.91-1.02x under AMP; its faster layout against "
@@ -196,17 +226,28 @@ WHY = ("*Why the targets are missed on this CPU.* Speed: in the same layout the 
        "keeping them). A C++ or compiled backward node would remove the per-step Python; neither is built.")
 
 
+WHY_CUDA = "*Why the targets are missed on this GPU.* Not yet written from a run."
+WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
+"""Each device's reasons for its misses, written from its own committed run."""
+
+
 def render(saved: dict) -> str:
-    lines = [SECTION, "",
-             f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training` (medians of "
-             f"{saved['repeats']} round-robin repeats in one process; each peak memory in a fresh process). The run "
-             "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: ![training step](docs/images/training-cpu.png) "
-             "(`--plot`).", "",
+    device = saved.get("device", "cpu")
+    memory = ("each peak memory in a fresh process" if device == "cpu" else
+              "each peak memory from `torch.cuda.max_memory_allocated` over one step, after the timing; "
+              "`torch.backends.cudnn.benchmark` on for every variant, TF32 convolutions as PyTorch's default; "
+              f"`torch.compile` timed in the first {CUDA_COMPILED} networks' rows")
+    lines = [SECTIONS[device], "",
+             f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training"
+             f"{'' if device == 'cpu' else ' --device ' + device}` (medians of "
+             f"{saved['repeats']} round-robin repeats in one process; {memory}). The run "
+             "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: "
+             f"![training step](docs/images/training-{device}.png) (`--plot`).", "",
              "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
              "networks of `examples/train_resnet.py` traced at a small size and run at the size shown; float32, and "
-             "AMP (the forward under `torch.autocast(\"cpu\", dtype=torch.bfloat16)`). Ratios are against the best "
-             "autograd variant of the same precision (the fastest for speed, the leanest for memory): the default "
-             "layout, channels_last and, in float32, `torch.compile`.", "",
+             f"AMP (the forward under `torch.autocast(\"{device}\", dtype=torch.bfloat16)`). Ratios are against the "
+             "best autograd variant of the same precision (the fastest for speed, the leanest for memory): the "
+             "default layout, channels_last and, in float32, `torch.compile`.", "",
              "| network | batch × image | variant | median ms | min ms | max ms | peak memory | speed vs best autograd "
              "| memory vs best autograd |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     groups: dict[tuple, dict[str, dict]] = {}
@@ -236,10 +277,12 @@ def render(saved: dict) -> str:
     lines += ["", "Target: the bound explicit step, in its faster layout, ≥1.0× the best autograd step's speed and "
               "≤1.0× its memory.", "",
               "| row | faster bound step | speed | memory | verdict |", "|---|---|---:|---:|---|", *verdicts, ""]
+    if saved.get("failures"):
+        lines += ["Variants that raised (not timed):", "", *(f"- {line}" for line in saved["failures"]), ""]
     if saved.get("overhead"):
         lines += render_overhead(saved["overhead"])
     if any(verdict.endswith("| missed |") for verdict in verdicts):
-        lines += [WHY, ""]
+        lines += [WHY[device], ""]
     return "\n".join(lines)
 
 
@@ -282,11 +325,12 @@ def write_section(path: Path, section: str, title: str = SECTION) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny networks and sizes, 3 repeats: a smoke run")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--output", default="out/BENCHMARKS-training.md")
-    parser.add_argument("--json", default="out/training-cpu.json",
-                        help="where the measurements are saved (benchmarks/results/training-cpu.json is the committed run)")
+    parser.add_argument("--json", help="where the measurements are saved, after each row (default "
+                        "out/training-DEVICE.json; benchmarks/results/training-DEVICE.json is the committed run)")
     parser.add_argument("--rows", help="render again from this saved JSON, without measuring")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS, metavar="VARIANT",
                         help="the variants to time (default: all: " + "; ".join(VARIANTS) + ")")
@@ -306,19 +350,27 @@ def main(argv=None) -> int:
     else:
         from .__main__ import machine_description
 
+        if args.device == "cuda":
+            torch.backends.cudnn.benchmark = True  # autograd's best configuration for fixed sizes, for every variant
         repeats = 3 if args.quick else args.repeats
-        rows = []
-        for row in QUICK_ROWS if args.quick else ROWS:
-            rows += measure_row(row, repeats, args.variants)
-            for result in rows[-len(args.variants):]:
+        saved = {"machine": machine_description(args.device), "device": args.device,
+                 "date": datetime.date.today().isoformat(), "repeats": repeats, "rows": [], "overhead": []}
+        path = Path(args.json or f"out/training-{args.device}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = QUICK_ROWS if args.quick else CUDA_ROWS if args.device == "cuda" else ROWS
+        for index, row in enumerate(table):
+            names = [name for name in args.variants if args.device == "cpu" or index < CUDA_COMPILED
+                     or "torch.compile" not in name]
+            results = measure_row(row, repeats, names, args.device)
+            for result in results:
                 print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
                       f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)
-        overhead = measure_overhead(3 if args.quick else max(args.repeats, 21), args.variants)
-        saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
-                 "repeats": repeats, "rows": rows, "overhead": overhead}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(saved, indent=1))
-    write_section(output, render(saved))
+            saved["rows"] += results
+            saved["failures"] = FAILURES
+            path.write_text(json.dumps(saved, indent=1))  # a run cut short keeps the rows it measured
+        saved["overhead"] = measure_overhead(3 if args.quick else max(args.repeats, 21), args.variants, args.device)
+        path.write_text(json.dumps(saved, indent=1))
+    write_section(output, render(saved), SECTIONS[saved.get("device", "cpu")])
     if args.plot:
         plot(saved, Path(args.plot))
     print(f"wrote {output}")

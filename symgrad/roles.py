@@ -80,21 +80,31 @@ class ChannelsLastRule:
     averaged by their weights' sizes (:func:`_weighted_positions`), reach
     :data:`CHANNELS_LAST_MIN_POSITIONS` when every size scales with the input's
     (as they do through convolutions, pooling and resampling). Without such an input (``reference``
-    None) the choice is the spec's shapes', fixed (``threshold`` 0: always, else never emitted)."""
+    None) the choice is the spec's shapes', fixed (``threshold`` 0: always, else never emitted).
+
+    On a GPU the layout pays only where a convolution it moves reads a value computed inside
+    (``on_gpu``): where each one reads a caller's tensor, cuDNN copies that tensor to channels_last
+    inside each convolution that reads it and nothing after it is paid back (seed 2 on an H100:
+    0.60 ms and 50.6 MiB in channels_last, 0.51 ms and 34.6 MiB, autograd's own peak, in the default
+    layout; seed 3, whose second convolution reads the ReLU's output, the other way: 0.87 ms and
+    50.6 MiB against 0.91 ms and 71.9 MiB; benchmarks/results/trials-cuda.md). Where it does not pay
+    on a GPU the test asks for a CPU tensor first."""
 
     weights: tuple[str, ...]
     reference: str | None
     threshold: int
+    on_gpu: bool = True
 
     def test(self) -> str | None:
         """The condition the generated code evaluates, or None where the layout is fixed."""
         if self.reference is None:
             return None
         x = self.reference
-        return f"{x}.shape[0] * {x}.shape[2:].numel() >= {self.threshold}"
+        size = f"{x}.shape[0] * {x}.shape[2:].numel() >= {self.threshold}"
+        return size if self.on_gpu else f"{x}.is_cpu and {size}"
 
     def holds(self, shapes: dict) -> bool:
-        """Whether the generated code runs channels_last for inputs of these shapes."""
+        """Whether the generated code runs channels_last for inputs of these shapes, on a CPU."""
         if self.reference is None:
             return True
         batch, _, height, width = (int(size) for size in shapes[self.reference])
@@ -159,7 +169,9 @@ def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastR
         return ChannelsLastRule(moved, None, 0) if most >= min_positions else None
     reference = max(data, key=lambda node: _positions(node.shape))  # the first of the largest
     threshold = math.ceil(min_positions * _positions(reference.shape) / most)
-    return ChannelsLastRule(moved, reference.name, max(threshold, 1))
+    inputs = {node.name for node in graph.inputs}
+    on_gpu = any(node.operands["input"] not in inputs for node in candidates)
+    return ChannelsLastRule(moved, reference.name, max(threshold, 1), on_gpu)
 
 
 def channels_last_inputs(graph, min_positions: int | None = None, shapes: dict | None = None) -> list[str]:

@@ -12,6 +12,7 @@ when the input is differentiated too, as the other model tests do."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -29,6 +30,11 @@ CASES = {**{f"models:{label}": case for label, case in test_trace_models.CASES.i
          **{f"zoo:{label}": case for label, case in test_trace_zoo.CASES.items()},
          **{f"zoo_nets:{label}": case for label, case in test_trace_zoo_nets.CASES.items()}}
 TOLERANCE = 1e-10
+DEVICE = os.environ.get("SYMGRAD_TEST_DEVICE", "cpu")
+"""Where the bound steps run: the CPU in CI; ``SYMGRAD_TEST_DEVICE=cuda`` runs this file on a GPU
+(traced and generated on the CPU, as users do, then bound to the model on the device)."""
+AUTOCAST = {"cpu": [torch.bfloat16], "cuda": [torch.bfloat16, torch.float16]}
+"""The autocast dtypes each device's checks run (PyTorch's CPU autocast takes bfloat16 alone)."""
 
 
 def test_every_network_has_a_torch_nn_functional_loss():
@@ -58,9 +64,15 @@ def traced_step(label: str):
     return model, generated, kind, inputs, target_name, target
 
 
+def on_device(model, generated, kind, inputs, target_name, target):
+    """:func:`traced_step`'s model and data moved to :data:`DEVICE`."""
+    return (model.to(DEVICE), generated, kind, {name: value.to(DEVICE) for name, value in inputs.items()},
+            target_name, target.to(DEVICE))
+
+
 @pytest.mark.parametrize("label", list(CASES))
 def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
-    model, generated, kind, inputs, target_name, target = traced_step(label)
+    model, generated, kind, inputs, target_name, target = on_device(*traced_step(label))
     reference, once = copy.deepcopy(model), copy.deepcopy(model)
     step = symgrad.bind(generated, model)
     with torch.no_grad():
@@ -89,12 +101,13 @@ def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
             assert torch.equal(value, moved[key]), key
 
 
+@pytest.mark.parametrize("dtype", AUTOCAST[DEVICE], ids=str)
 @pytest.mark.parametrize("label", list(CASES))
-def test_a_network_bound_under_cpu_bfloat16_autocast_is_as_accurate_as_autograd(label):
-    """The same step under ``torch.autocast("cpu", dtype=torch.bfloat16)``, the model in float32: its
+def test_a_network_bound_under_autocast_is_as_accurate_as_autograd(label, dtype):
+    """The same step under ``torch.autocast(DEVICE, dtype=dtype)``, the model in float32: its
     gradients as close to the float64 ones as autograd's under the same autocast (a max-pool after an
     op autocast runs in float32, BiT's GroupNorm, gets its gradient in its input's dtype)."""
-    exact, generated, kind, inputs, target_name, target = traced_step(label)
+    exact, generated, kind, inputs, target_name, target = on_device(*traced_step(label))
     model = copy.deepcopy(exact).float()
     reference = copy.deepcopy(model)
     step = symgrad.bind(generated, model)
@@ -103,11 +116,11 @@ def test_a_network_bound_under_cpu_bfloat16_autocast_is_as_accurate_as_autograd(
     torch.manual_seed(7)
     getattr(F, kind)(exact(*inputs.values()), target).backward()
     torch.manual_seed(7)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE, dtype=dtype):
         ours = step(**inputs32, **{target_name: target32})
     ours.backward()
     torch.manual_seed(7)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE, dtype=dtype):
         theirs = getattr(F, kind)(reference(*inputs32.values()), target32)
     theirs.backward()
     truth = [value.grad for value in exact.parameters() if value.grad is not None]
