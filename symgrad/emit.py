@@ -222,8 +222,10 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         spec_label=spec_label,
         inputs=names,
         signature=", ".join(names),
-        # the running statistics move in place after the Function saved them: it keeps copies
-        saved_signature=", ".join(f"{name}.clone()" if any(name in entry[:2] for entry in running)
+        # the running statistics move in place in the forward, and a train-mode forward does not read
+        # them: the Function keeps None for them, so that a forward re-run in the backward
+        # (recompute, create_graph) computes the batch's statistics without moving them again
+        saved_signature=", ".join("None" if any(name in entry[:2] for entry in running)
                                   else name for name in names),  # found once: per name, it was quadratic
         wrt=list(graph.wrt),
         non_wrt=[name for name in names if name not in graph.wrt],

@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parent
 MODEL = f"{ROOT / 'trace_inputs' / 'resnet_style.py'}:TinyResNet"
 
 
-def generated_for(model: torch.nn.Module, mode: str = "train", name: str = "tiny_resnet", blocks: bool = False):
+def generated_for(model: torch.nn.Module, mode: str = "train", name: str = "tiny_resnet", blocks: bool = False,
+                  wrt=None):
     text = trace(model, {"x": (2, 3, 16, 16)}, name=name, loss=LossChoice("cross_entropy", "labels"), mode=mode,
-                 blocks=blocks)
+                 blocks=blocks, wrt=wrt)
     if blocks:  # the repeated BasicBlock is one block, its instances called by prefix
         assert "blocks:\n  basic_block:" in text and text.count("{block: basic_block,") >= 2, text
     built = build_text(text, f"{name}.yaml")
@@ -273,3 +274,66 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
             assert value.grad is None, key
             continue
         assert (value.grad - theirs[key].grad).abs().max() <= 1e-10 * theirs[key].grad.abs().max(), key
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["flat", "blocks"])
+def test_a_train_mode_step_differentiated_twice_moves_the_statistics_once(blocks):
+    """``create_graph=True`` and ``recompute=True`` re-run the forward inside the backward; the
+    running statistics, held aside rather than saved, move in the step's forward alone, and the
+    gradient of a gradient is autograd's."""
+    model = fresh_model(**({"layers": (2, 2)} if blocks else {}))
+    generated = generated_for(model, blocks=blocks)
+    x, labels = next(batches(1))
+    reference, once = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        once(x)  # one forward in train mode: the statistics a step moves
+    step = symgrad.bind(generated, model)
+    parameters = [value for value in model.parameters() if value.requires_grad]
+    grads = torch.autograd.grad(step(x=x, labels=labels), parameters, create_graph=True)
+    second = torch.autograd.grad(sum((grad ** 2).sum() for grad in grads), parameters)
+    theirs = [value for value in reference.parameters() if value.requires_grad]
+    expected_grads = torch.autograd.grad(F.cross_entropy(reference(x), labels), theirs, create_graph=True)
+    expected_second = torch.autograd.grad(sum((grad ** 2).sum() for grad in expected_grads), theirs)
+    for got, expected in zip((*grads, *second), (*expected_grads, *expected_second)):
+        assert (got - expected).abs().max() <= 1e-10 * max(expected.abs().max(), 1.0)
+    for key, value in model.named_buffers():
+        assert torch.equal(value, dict(once.named_buffers())[key]), key
+
+
+class _DispatchCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every aten op one block of code dispatches, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+VIEWS = {"view", "_unsafe_view", "reshape", "as_strided", "t", "transpose", "expand", "permute", "unsqueeze",
+         "squeeze", "alias", "detach", "slice", "select", "split", "unbind", "split_with_sizes", "movedim"}
+"""Ops that make a view: no kernel runs."""
+
+
+@pytest.mark.parametrize("network", ["resnet18", "unet"])
+def test_a_bound_step_runs_no_more_kernels_than_autograd_and_never_waits_for_the_device(network, tmp_path):
+    """On a GPU each op is a kernel launch, and a read back to the host (``.item()``, a tensor's truth
+    value, ``F.one_hot``'s range check) stalls the queue: the benchmarked training step of each
+    network (``benchmarks/training.py``: zero_grad, forward, explicit backward, SGD step) reads
+    nothing back, and dispatches no more kernel-running ops than autograd's step."""
+    from benchmarks.training import step_variants
+
+    steps = step_variants(network, 2, 32, 8 if network == "resnet18" else 4, tmp_path, ["symgrad.bind", "autograd"])
+    counted = {}
+    for name, run in steps.items():
+        run()  # first call: lazy initialisation and the optimizer's state are not what is counted
+        with _DispatchCount() as mode:
+            run()
+        counted[name] = mode.counts
+    kernels = {name: sum(number for op, number in counts.items() if op not in VIEWS)
+               for name, counts in counted.items()}
+    assert not {"_local_scalar_dense", "item", "is_nonzero"} & set(counted["symgrad.bind"]), counted["symgrad.bind"]
+    assert kernels["symgrad.bind"] <= kernels["autograd"], (kernels, counted)

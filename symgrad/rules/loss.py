@@ -135,8 +135,10 @@ class Loss(Rule):
                 f"d/dinput = -d/dtarget = {to_code(self.local_derivative())} (times the reduction's weight)")
 
 
+# the class indices as ones in a zero tensor of the scores' shape, dtype, device and layout; scattered
+# rather than F.one_hot, which reads the indices' range back to the host (a device sync on a GPU)
 primitive("one_hot", code=lambda operands, params, show: (
-    f"F.one_hot({operands[0]}, {operands[1]}.shape[1]).movedim(-1, 1).to({operands[1]}.dtype)"),
+    f"torch.zeros_like({operands[1]}).scatter_(1, {operands[0]}.unsqueeze(1), 1)"),
     latex=lambda operands, params, show: rf"\mathbf{{1}}_{{{operands[0]}}}", tangent=CONSTANT)
 primitive("class_loss", code=lambda operands, params, show: (
     f"F.{params['function']}({operands[0]}, {operands[1]}"
