@@ -97,28 +97,20 @@ GEMM_WHY_CPU = ("Its convolutions (1 input channel, 32×32 stride-32 kernels) ru
                 "efficiency at this shape is below a square GEMM's; the reshape + matmul form measured only 1.04× "
                 "faster (issue 13).")
 WHY_CUDA = {
-    "full": "Seed 2's memory: `gradients` moves the conv weights to channels_last (chosen from the spec's shapes, "
-            "as on the CPU), and cuDNN then copies the caller's default-layout input `x` to channels_last inside "
-            "each convolution that reads it (forward and weight gradient): 16 MiB more at the peak. `python -m benchmarks.trials cuda` (benchmarks/results/trials-cuda.md) "
-            "generates seed 2 without the layout move: 0.51 ms and 34.6 MiB, where the channels_last module "
-            "took 0.60 ms and 50.6 MiB; for seed 3 it goes the other way (default layout 0.91 ms and 71.9 MiB, "
-            "channels_last 0.87 ms and 50.6 MiB). Closing it needs the layout chosen per device and per conv "
-            "input (keep the default layout on CUDA where a conv reads a caller's tensor), which the generated "
-            "code does not yet do. At these sizes every variant is launch-bound (well under 1 ms for 2-12 "
-            "GFLOP), so the speed ratios measure Python and dispatch overhead as much as kernels.",
+    "full": "At these sizes every variant is launch-bound (well under 1 ms for 2-12 GFLOP), so the speed ratios "
+            "measure Python and dispatch overhead as much as kernels.",
     "unrolled": "Speed is met (no second-order graph for the inner gradient); the peak is the outer graph's saved "
                 "activations, which both variants keep, as on the CPU. Recomputing the inner activations in the "
                 "backward would trade time for memory.",
 }
 SIDE_WHY_CUDA = ("*Why the side targets are missed.* `loss_with_explicit_backward(...).backward()` is a Python "
                  "`autograd.Function`: at these sub-millisecond, launch-bound sizes its own call and the saved "
-                 "tuple cost about what the convolutions do (0.67-0.99x `loss.backward()`; the CPU's full-size "
-                 "rows, where the convolutions dominate, are 1.0-1.2x). Seed 2's also carries the channels_last "
-                 "input copy above. A C++ or compiled backward node, or capturing the step in a CUDA graph, "
-                 "would remove the per-call overhead; neither is built.")
+                 "tuple cost about what the convolutions do (0.85-0.94x `loss.backward()` on the H200; the CPU's "
+                 "full-size rows, where the convolutions dominate, are 0.95-1.12x). A C++ or compiled backward "
+                 "node, or capturing the step in a CUDA graph, would remove the per-call overhead; neither is built.")
 GEMM_WHY_CUDA = ("On the GPU this target does not measure the code: seed 1 is 0.27 GFLOP, under a microsecond of "
                  "the measured TF32 GEMM rate, so its 0.2-0.3 ms is kernel launches and Python, not arithmetic "
-                 "(autograd's own run takes 0.67 ms). It would take a far larger batch to be compute-bound.")
+                 "(autograd's own run takes 0.39 ms). It would take a far larger batch to be compute-bound.")
 WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 SIDE_WHY = {"cpu": SIDE_WHY_CPU, "cuda": SIDE_WHY_CUDA}
 GEMM_WHY = {"cpu": GEMM_WHY_CPU, "cuda": GEMM_WHY_CUDA}
@@ -127,14 +119,16 @@ DEVICE_NOTES = {"cpu": (
     "`MALLOC_MMAP_THRESHOLD_=65536`, meant for the memory processes alone, which made every large allocation "
     "fault its pages in afresh: it slowed every variant 1.6-1.9x and favoured the ones that allocate less, so "
     "those runs overstated symgrad's margins (seed 3's `gradients`: 1.19x autograd then)."), "cuda": (
-    "The modules' correctness on this GPU, from `python -m benchmarks.device_check cuda` in the same session: "
-    "all four committed modules match autograd on CUDA in float64 (max relative error ≤2e-16 for `gradients`, "
-    "`gradients_fast` and the explicit backward), gradcheck and gradgradcheck pass through `gradients`, and the "
-    "float32 checks at the spec's shapes agree within TF32's rounding (seed 3's per-sample gradients summed vs "
-    "the summed gradient: 8.5e-4). The per-sample rows were measured in a later call of the same session, after "
-    "per-sample gradients moved to PyTorch's weight-gradient kernel (8.07 ms and 0.28x vmap(grad) before). This "
-    "run's timing processes still had glibc's mmap threshold fixed (see the CPU section); the GPU's memory comes "
-    "from CUDA's caching allocator, which that setting does not touch.")}
+    "The modules' correctness on this GPU, from `python -m benchmarks.device_check cuda` in the same lease "
+    "(`benchmarks/on_gpu.sh`): all five committed modules match autograd on CUDA in float64 (max relative error "
+    "≤3.2e-16 for `gradients` and the explicit backward), gradcheck and gradgradcheck pass through `gradients`, "
+    "and the float32 checks at the spec's shapes agree within TF32's rounding (seed 3's per-sample gradients "
+    "summed vs the summed gradient: 8.8e-4). The lease ran the full-size seed cases alone; the small, unrolled, "
+    "compiled and per-sample cases were last measured on an H100 on 2026-11-22 (benchmarks/results/cuda-rest.json "
+    "and cuda-per-sample.json, from code before issue 21; `--rows` renders them). Seed 2 keeps autograd's peak "
+    "memory since the layout is chosen per device: on a GPU the conv weights move to channels_last only where a "
+    "moved convolution reads a value computed inside (seed 3's second convolution), not where each reads the "
+    "caller's tensor (seed 2's one; 50.6 MiB, 1.46x autograd's, in the H100 run before).")}
 """A paragraph under a device's header: what else was checked there."""
 """Each device's reasons, written from its own run: a device without them prints that none are written."""
 BASELINE = {"unrolled": "autograd.grad(create_graph=True)", "per-sample": "torch.func.vmap(grad)",
@@ -221,9 +215,10 @@ def main(argv=None) -> int:
     device = saved.get("device", args.device)
     report = render_report(saved)
     output.parent.mkdir(parents=True, exist_ok=True)
-    if device != "cpu" and output.exists():  # keep the CPU tables, add or replace this device's
-        existing = output.read_text().split(f"\n## On {device}\n")[0]
-        output.write_text(existing.rstrip() + f"\n\n## On {device}\n\n" + report)
+    if device != "cpu" and output.exists():  # keep the other sections, add or replace this device's
+        from .training import write_section
+
+        write_section(output, f"## On {device}\n\n" + report, f"## On {device}")
     else:
         output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
                           f"every variant in a fresh process.\n\n## On {device}\n\n" + report)

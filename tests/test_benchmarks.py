@@ -310,3 +310,28 @@ def test_the_ops_benchmark_checks_every_family_in_float64_and_renders_a_row_each
     for _ in range(2):
         ops.write_section(report, text, ops.SECTION)
     assert report.read_text().count(ops.SECTION) == 1 and "seed rows" in report.read_text()
+
+
+def test_a_device_run_rendered_again_replaces_its_section_and_keeps_the_others(tmp_path: Path):
+    """`python -m benchmarks --rows cuda.json --output B.md` replaces `## On cuda` in place: the CPU
+    section before it and the real-network sections after it stay; the GPU training section has its
+    own title, so that the CPU's and the GPU's are each replaced alone."""
+    from benchmarks import training
+    from benchmarks.__main__ import main
+
+    saved = json.loads((ROOT / "benchmarks" / "results" / "cuda-seeds.json").read_text())
+    rows = tmp_path / "cuda.json"
+    rows.write_text(json.dumps(saved))
+    report = tmp_path / "B.md"
+    report.write_text(f"# Benchmarks\n\n## On cpu\n\ncpu rows\n\n## On cuda\n\nold gpu rows\n\n{training.SECTION}\n\n"
+                      f"training rows\n\n{training.SECTIONS['cuda']}\n\ngpu training rows\n")
+    for _ in range(2):
+        assert main(["--rows", str(rows), "--output", str(report), "--plot", ""]) == 0
+    text = report.read_text()
+    assert "old gpu rows" not in text and text.count("## On cuda") == 1 and "NVIDIA H200" in text
+    assert all(part in text for part in ("cpu rows", "training rows", "gpu training rows"))
+    gpu = json.loads((ROOT / "benchmarks" / "results" / "training-cuda.json").read_text())
+    training.write_section(report, training.render(gpu), training.SECTIONS["cuda"])
+    text = report.read_text()
+    assert "gpu training rows" not in text and "training rows" in text and text.count(training.SECTIONS["cuda"]) == 1
+    assert 'torch.autocast("cuda", dtype=torch.bfloat16)' in text and "Why the targets are missed on this GPU" in text
