@@ -270,24 +270,24 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
     """``torch.ops.aten.convolution_backward``, autograd's own (twice differentiable) kernel: the
     gradients of input, weight and bias that ``output_mask`` asks for (ints stand for every spatial
     dim, as in ``F.conv2d``). Under autocast it runs in the dtype the forward ran in, as autograd's
-    does, and returns each gradient in the dtype of the tensor it belongs to.
+    does (autocast leaves this kernel alone: the casts are written out), and returns each gradient
+    in the dtype of the tensor it belongs to.
     """
     dims = weight.dim() - 2
-    arguments = dict(
-        bias_sizes=bias_sizes, transposed=transposed, groups=groups, output_mask=output_mask,
-        **{key: [value] * dims if isinstance(value, int) else list(value) for key, value in (
-            ("stride", stride), ("padding", padding), ("dilation", dilation),
-            ("output_padding", output_padding))})
+    stride, padding, dilation, output_padding = (
+        [value] * dims if isinstance(value, int) else list(value)
+        for value in (stride, padding, dilation, output_padding))
     device = grad_output.device.type
     if not torch.is_autocast_enabled(device):
-        return torch.ops.aten.convolution_backward(grad_output, input, weight, **arguments)
+        return torch.ops.aten.convolution_backward(
+            grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+            output_padding, groups, output_mask)
     dtype = torch.get_autocast_dtype(device)
-    with torch.autocast(device, enabled=False):
-        grads = torch.ops.aten.convolution_backward(
-            grad_output.to(dtype), input.to(dtype), weight.to(dtype), **arguments)
-    owners = (input, weight, weight)
+    grads = torch.ops.aten.convolution_backward(
+        grad_output.to(dtype), input.to(dtype), weight.to(dtype), bias_sizes, stride, padding,
+        dilation, transposed, output_padding, groups, output_mask)
     return tuple(None if grad is None else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, owners))
+                 for grad, owner in zip(grads, (input, weight, weight)))
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 
