@@ -125,8 +125,16 @@ class CodePrinter(TorchPrinter):
             numerator.insert(0, coefficient)
         if not numerator:
             numerator = [sympy.Integer(1)]
-        text = " * ".join(_number(f) if f.is_Number else self.parenthesize(f, PRECEDENCE["Mul"], strict=False)
-                          for f in numerator)
+        pieces = [_number(f) if f.is_Number else self.parenthesize(f, PRECEDENCE["Mul"], strict=False)
+                  for f in numerator]
+        # a division by a plain number (a count: `x.numel()`) goes right after the coefficient, or after a
+        # leading name: `2 / n * grad_loss * residual` scales a number, then multiplies the tensor once,
+        # where `2 * grad_loss * residual / n` makes two passes over it (Python evaluates left to right)
+        counts = [factor for factor in denominator if _is_count(factor)]
+        if counts and len(numerator) > 1 and (numerator[0].is_Number or isinstance(numerator[0], sympy.Symbol)):
+            denominator = [factor for factor in denominator if not _is_count(factor)]
+            pieces[0] += "".join(" / " + self.parenthesize(factor, PRECEDENCE["Mul"], strict=True) for factor in counts)
+        text = " * ".join(pieces)
         for factor in denominator:
             text += " / " + self.parenthesize(factor, PRECEDENCE["Mul"], strict=True)
         return sign + text
@@ -138,6 +146,11 @@ class CodePrinter(TorchPrinter):
         if exponent == -1:
             return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
         return f"{self.parenthesize(base, PRECEDENCE['Pow'], strict=True)} ** {self.parenthesize(exponent, PRECEDENCE['Pow'])}"
+
+
+def _is_count(expr) -> bool:
+    """A number, or a tensor's element count: a Python number in the emitted code."""
+    return expr.is_Number or (isinstance(expr, TensorOp) and expr.primitive.name == "numel")
 
 
 def _step_argument(expr) -> sympy.Expr:

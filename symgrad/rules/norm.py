@@ -136,6 +136,102 @@ primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_ba
           latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
 
 
+GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, groups, eps=1e-05,
+                         output_mask=(True, True, True)):
+    """group_norm's input, weight and bias gradients in one call of
+    ``torch.ops.aten.native_group_norm_backward``, autograd's own (twice differentiable) kernel.
+    Each group's mean and 1 / std come from ``torch.native_group_norm``, the kernel the forward
+    ran, again (one pass over ``input``; constants here, as autograd's saved ones are: the kernel's
+    derivative accounts for their dependence on ``input``). It runs in the dtype the forward
+    computed in, its output's and so the gradient's (autocast runs group_norm in float32 on a GPU),
+    and returns each gradient in the dtype of the tensor it belongs to. The kernel has no
+    derivative of its own: where autograd records this gradient it is the formula instead,
+    ``rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat))`` in each group, as autograd does.
+    """
+    dtype = torch.promote_types(input.dtype, grad_output.dtype)
+    x, grad = input.to(dtype), grad_output.to(dtype)
+    n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
+    tracked = [value for value in (x, grad, weight) if value is not None and value.requires_grad]
+    if torch.is_grad_enabled() and tracked:
+        centered = x.reshape(n, groups, -1) - x.reshape(n, groups, -1).mean(2, keepdim=True)
+        rstd = (centered.pow(2).mean(2, keepdim=True) + eps).rsqrt()
+        xhat = centered * rstd
+        channel = (1, c) + (1,) * (x.dim() - 2)
+        ghat = (grad if weight is None else grad * weight.reshape(channel)).reshape(n, groups, -1)
+        dims = [0] + list(range(2, x.dim()))
+        grads = ((rstd * (ghat - ghat.mean(2, keepdim=True)
+                          - xhat * (ghat * xhat).mean(2, keepdim=True))).reshape(x.shape),
+                 (grad * xhat.reshape(x.shape)).sum(dims), grad.sum(dims))
+        grads = [value if wanted else None for value, wanted in zip(grads, output_mask)]
+    else:
+        with torch.no_grad():
+            _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
+        grads = torch.ops.aten.native_group_norm_backward(
+            grad, x, mean, rstd, weight, n, c, hxw, groups, list(output_mask))
+    return tuple(None if grad is None else grad.to(owner.dtype)
+                 for grad, owner in zip(grads, (input, weight, weight)))
+'''
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, eps=1e-05,
+                         output_mask=(True, True, True)):
+    """layer_norm's input, weight and bias gradients in one call of
+    ``torch.ops.aten.native_layer_norm_backward``, autograd's own (twice differentiable) kernel,
+    the mean and 1 / std over ``normalized_shape`` from ``torch.native_layer_norm`` again, as
+    :func:`_group_norm_backward` takes its groups' (and in the same dtype).
+    """
+    dtype = torch.promote_types(input.dtype, grad_output.dtype)
+    x = input.to(dtype)
+    with torch.no_grad():  # constants: the kernel's derivative accounts for their dependence on x
+        _, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, None, eps)
+    grads = torch.ops.aten.native_layer_norm_backward(
+        grad_output.to(dtype), x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
+    return tuple(None if grad is None else grad.to(owner.dtype)
+                 for grad, owner in zip(grads, (input, weight, bias)))
+'''
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+
+
+def _norm_backward_code(name: str):
+    """``_group_norm_backward(grad, x, weight, groups)`` and ``_layer_norm_backward(grad, x, shape,
+    weight, bias)``: eps and the mask where they are not the defaults (1e-05, every gradient)."""
+    def code(operands, params, show):
+        named = dict(zip(params["operand_names"], operands))
+        weight, bias = named.get("weight", "None"), named.get("bias", "None")
+        if name == "group_norm":
+            arguments = [named["grad"], named["input"], weight, str(params["num_groups"])]
+        else:
+            arguments = [named["grad"], named["input"], str(list(params["normalized_shape"])), weight, bias]
+        if float(params["eps"]) != 1e-05:
+            arguments.append(f"eps={show(params['eps'])}")
+        if not all(params["output_mask"]):
+            arguments.append(f"output_mask={list(params['output_mask'])}")
+        return f"_{name}_backward({', '.join(arguments)})"
+    return code
+
+
+for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER_NORM_BACKWARD)):
+    primitive(f"{_name}_backward", helper=_helper, outputs=3, code=_norm_backward_code(_name),
+              latex=lambda operands, params, show, _name=_name: (
+                  rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"))
+
+
+def _fused_norm_pullback(node, grad, wanted, name: str, **params):
+    """Every wanted gradient of a group_norm or layer_norm from one call of autograd's own backward
+    kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory."""
+    names = ("input", "weight", "bias")
+    unsupported = wanted - set(names)
+    if unsupported:
+        raise NotImplementedError(f"gradients of {name}'s {sorted(unsupported)} are not derived")
+    present = ("grad", "input") + tuple(key for key in ("weight", "bias") if key in node.operands)
+    operands = [grad, *(node.operands[key] for key in present[1:])]
+    together = " and ".join(key for key in names if key in wanted)
+    fused = node.local("local", op(f"{name}_backward", *operands, operand_names=present, eps=node.params["eps"],
+                                   output_mask=tuple(key in wanted for key in names), **params),
+                       note=f"{node.name}'s {together} gradients in one native_{name}_backward call "
+                            "(autograd's own kernel, twice differentiable)")
+    return {key: op("item", fused, index=index) for index, key in enumerate(names) if key in wanted}
+
+
 def _positive(value, context: ParamContext):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise context.fail(f"must be a positive int, not {value!r}", "write e.g. `num_groups: 2`")
@@ -217,6 +313,9 @@ class LayerNorm(_Norm):
         return Forward(op("layer_norm", *(node.operands[name] for name in names), **params))
 
     def pullback(self, node, grad, wanted):
+        if node.fused:
+            return _fused_norm_pullback(node, grad, wanted, "layer_norm",
+                                        normalized_shape=tuple(node.params["normalized_shape"]))
         rank, count = len(node.shapes["input"]), len(node.params["normalized_shape"])
         dims = tuple(range(rank - count, rank))
         grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, dims, node.operands.get("weight"))
@@ -352,6 +451,8 @@ class GroupNorm(_Norm):
         return Forward(op("group_norm", *(node.operands[name] for name in names), **params))
 
     def pullback(self, node, grad, wanted):
+        if node.fused:
+            return _fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=node.params["num_groups"])
         rank, groups = len(node.shapes["input"]), node.params["num_groups"]
         weight = op("channel_view", node.operands["weight"], trailing=rank - 2) if "weight" in node.operands else None
         ghat_full = grad * weight if weight is not None else grad
