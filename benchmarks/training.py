@@ -242,11 +242,15 @@ WHY_CUDA = ("*Why the targets are missed on this GPU.* Speed: these steps are bo
             "lease was spent before it could be measured here. Closing the rest needs the step's Python gone from "
             "the hot path: a CUDA graph of the step, or a compiled backward node; neither is built. Memory: "
             "float32 is 1.00x autograd's in every target row; under AMP the ResNets are leaner (0.93-0.99x) but the "
-            "U-Net needs 1.18x (1905 against 1621 MiB at 8 × 256², channels_last), about four more bfloat16 "
-            "activations of full resolution than autograd keeps; on the CPU the same step is leaner than "
-            "autograd's, so it is CUDA's autocast policy (which ops it runs in float32) meeting what the generated "
-            "forward saves, not found in this lease (`torch.cuda.memory._record_memory_history` would name the "
-            "tensors). `torch.compile` was slower than eager channels_last autograd in every row it was timed.")
+            "U-Net needs 1.18x (1905 against 1621 MiB at 8 × 256², channels_last). CUDA's autocast runs bilinear "
+            "upsampling in float32 and a concatenation promotes to its widest input (checked on fake CUDA tensors "
+            "under CUDA's autocast: `F.interpolate` of a bfloat16 tensor gives float32, and so does `torch.cat` of "
+            "it with a bfloat16 skip; CPU autocast keeps both bfloat16), so the inputs of the two convolutions "
+            "after the concatenations are float32; autograd saves the bfloat16 copy the convolution's autocast "
+            "makes, the generated forward saves the float32 input itself and casts it in the backward: 2 bytes "
+            "more per element of 8 × 384 × 128² and 8 × 192 × 256², 288 MiB, against the measured 228-284 MiB. Saving a "
+            "value that only a convolution's backward reads in the dtype that convolution ran in would close it; "
+            "not built. `torch.compile` was slower than eager channels_last autograd in every row it was timed.")
 WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 """Each device's reasons for its misses, written from its own committed run."""
 
