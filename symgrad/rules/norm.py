@@ -139,7 +139,7 @@ primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_ba
 GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, groups, eps=1e-05,
                          output_mask=(True, True, True)):
     """group_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_group_norm_backward``, autograd's own (twice differentiable) kernel.
+    ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel.
     Each group's mean and 1 / std come from ``torch.native_group_norm``, the kernel the forward
     ran, again (one pass over ``input``; constants here, as autograd's saved ones are: the kernel's
     derivative accounts for their dependence on ``input``). It runs in the dtype the forward
@@ -228,7 +228,7 @@ def _fused_norm_pullback(node, grad, wanted, name: str, **params):
     fused = node.local("local", op(f"{name}_backward", *operands, operand_names=present, eps=node.params["eps"],
                                    output_mask=tuple(key in wanted for key in names), **params),
                        note=f"{node.name}'s {together} gradients in one native_{name}_backward call "
-                            "(autograd's own kernel, twice differentiable)")
+                            "(autograd's own kernel; twice differentiable)")
     return {key: op("item", fused, index=index) for index, key in enumerate(names) if key in wanted}
 
 
