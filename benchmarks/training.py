@@ -231,7 +231,7 @@ WHY_CUDA = ("*Why the targets are missed on this GPU.* Speed: these steps are bo
             "pixels), so what each step costs around its kernels is the step's time, and the bound step pays more "
             "there: at the tiny sizes of the table above 0.4-0.7 ms a step in float32 and 0.7-1.0 ms under AMP "
             "(one autograd.Function taking every parameter and buffer, a backward of a few hundred Python "
-            "statements, and under AMP every convolution weight cast again in the backward), which is the 2-17% "
+            "statements, and under AMP every convolution weight cast again in the backward), which is the 2-14% "
             "of the misses. Layout for layout the U-Net's default-layout bound step is 1.31x (float32) and 1.46x "
             "(AMP) autograd's, because the generated code runs its convolutions in channels_last at this size "
             "while autograd's default layout does not. This run measured the code of commit 069cbde; the next "
