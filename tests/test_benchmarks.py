@@ -335,3 +335,16 @@ def test_a_device_run_rendered_again_replaces_its_section_and_keeps_the_others(t
     text = report.read_text()
     assert "gpu training rows" not in text and "training rows" in text and text.count(training.SECTIONS["cuda"]) == 1
     assert 'torch.autocast("cuda", dtype=torch.bfloat16)' in text and "Why the targets are missed on this GPU" in text
+
+
+def test_the_autocast_policy_behind_the_unets_gpu_memory_is_what_benchmarks_md_says():
+    """BENCHMARKS.md's reason for the U-Net's AMP memory on the GPU: CUDA's autocast upsamples in
+    float32 and the concatenation promotes, where the CPU's keeps bfloat16 (read on fake CUDA
+    tensors, so on any machine). If PyTorch changes that policy, the reason is stale."""
+    from benchmarks.autocast_policy import dtypes
+
+    cpu, cuda = dtypes("cpu"), dtypes("cuda")
+    assert set(cpu.values()) == {torch.bfloat16}, cpu
+    assert cuda["interpolate (bilinear ×2)"] == cuda["cat (bfloat16 skip, upsampled)"] == torch.float32, cuda
+    assert cuda["conv2d"] == cuda["max_pool2d"] == torch.bfloat16, cuda
+    assert not torch.is_autocast_enabled("cuda")  # the switches are put back
