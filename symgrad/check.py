@@ -106,10 +106,17 @@ class Verification:
 
 def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0,
            progress=lambda message: None) -> Verification:
-    """Float64, random cotangent, inputs by role, at each of ``shapes``; ``progress`` hears each step."""
+    """Float64, random cotangent, inputs by role, at each of ``shapes`` and at shapes of at least 7x7
+    spatially (:func:`symgrad.shapes.non_degenerate_shapes`: the smallest shapes alone give no kernel
+    the layouts a larger map gives); ``progress`` hears each step. The gradients are computed from
+    inputs that do not require grad, as a training step computes them (the fused kernels' own path)."""
+    from .shapes import non_degenerate_shapes
     from .structure import flat_view
 
     module = flat_view(module, graph)
+    larger = non_degenerate_shapes(graph)
+    if larger is not None and larger not in shapes:
+        shapes = [*shapes, larger]
     for shape_set in shapes:  # a check that cannot fit says so before it starts
         require_memory(graph, shape_set, 8, "the float64 test shapes")
     forward_error, errors = 0.0, {name: 0.0 for name in graph.wrt}
@@ -129,7 +136,7 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
         expected = dict(zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt],
                                                             grad_outputs=cotangent)))
         try:
-            actual = module.gradients(**inputs, grad_loss=cotangent)
+            actual = module.gradients(**{name: value.detach() for name, value in inputs.items()}, grad_loss=cotangent)
         except Exception as error:  # noqa: BLE001
             return Verification(forward_error, errors, _raised("the generated gradients", error))
         actual = {name: getattr(actual, name) for name in graph.wrt}

@@ -292,3 +292,50 @@ def batch_inputs(graph: Graph) -> list[str]:
         return []
     batch, batch_size = node_shapes["loss"][0], graph.loss.shape[0]
     return [node.name for node in graph.inputs if node_shapes[node.name][0] == batch and node.shape[0] == batch_size]
+
+
+NON_DEGENERATE = 7
+"""The spatial size (or the spec's, where smaller) of the shapes :func:`non_degenerate_shapes` gives:
+a 2x2 map has no interior (every window touches a border), and no kernel meets a gradient of a layout
+that only a larger map has, so a check at the smallest shapes alone misses a wrong kernel call."""
+
+
+def non_degenerate_shapes(graph: Graph, least: int = NON_DEGENERATE) -> dict[str, tuple[int, ...]] | None:
+    """Consistent input shapes whose every free spatial size (an input's dims 2 and on, which the
+    ops do not tie to another's) is at least ``least`` (a weight's, its kernel, at most the spec's),
+    the other sizes as :func:`small_shapes` makes them; None when no such shapes fit the ops within
+    ``LARGEST_TEST_NODE`` entries a node, or when they are the spec's own or the smallest shapes."""
+    substitution, free = _tied_sizes(graph)
+    functions = _size_functions(graph, substitution, free)
+    spec_sizes = {sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
+                  for node in graph.inputs for axis, size in enumerate(node.shape)}
+    small = small_shapes(graph)[0]
+    axes = {symbol: _input_axis(symbol, small) for symbol in free}
+    small_values = {symbol: small[axis[0]][axis[1]] for symbol, axis in axes.items() if axis}
+    spec = {node.name: tuple(node.shape) for node in graph.inputs}
+
+    from .roles import input_roles
+
+    weights = {name for name, (role, *_) in input_roles(graph).items() if role == "weight"}
+
+    def size(symbol: sympy.Symbol, ceiling: int) -> int:
+        axis = axes[symbol]
+        if not axis or axis[1] < 2:
+            return small_values.get(symbol, spec_sizes[symbol])
+        grown = max(small_values[symbol], ceiling)
+        return min(grown, spec_sizes[symbol]) if axis[0] in weights else grown  # a kernel stays the spec's
+
+    for ceiling in (least, least + 1, 8, 12, 16, 24, 32, 48, 64):
+        trial = {symbol: size(symbol, ceiling) for symbol in free}
+        shapes = _shapes_for(functions, free, trial)
+        if _valid(graph, shapes):
+            return None if shapes in (spec, small) else shapes
+    return None
+
+
+def _input_axis(symbol: sympy.Symbol, shapes: dict) -> tuple[str, int] | None:
+    """The input and axis a free size symbol stands for (``x_2``: x's axis 2), or None."""
+    name, _, axis = symbol.name.rpartition("_")
+    if not axis.isdigit() or name not in shapes or int(axis) >= len(shapes[name]):
+        return None
+    return name, int(axis)
