@@ -305,6 +305,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             mutable.add(id(value))
     saved = [(value, value.detach().clone()) for _, root in roots for value in root.buffers()]
     recorder = Recorder(module_paths)
+    recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
     try:
         with torch.no_grad(), recorder:
             output, returned_at = _call(function, {**tensors, **arguments})

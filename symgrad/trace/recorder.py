@@ -148,6 +148,12 @@ class Recorder(TorchFunctionMode):
         what is computed from those only): every other tensor may hold a value of the inputs, parameters,
         buffers or random numbers. Recorded results stay alive in ``calls``, so their ids stay theirs."""
         self.value_reads: list[ValueRead] = []
+        self.precision: torch.dtype | None = None
+        """The model's floating dtype (its parameters'), which a constant follows where the code asks
+        for it (``dtype=x.dtype``, ``torch.full_like(x, ...)``)."""
+        self.exact: dict[int, torch.Tensor] = {}
+        """For the float constants among ``constants``: their values computed in float64 (see
+        :meth:`_exact_fill`), as the Python code wrote them whatever the model's precision."""
         self.value_shaped: set[int] = set()
         """ids of the tensors whose size depends on values that are not constants (``h.nonzero()``)."""
         self.running: list[torch.nn.Module] = []
@@ -190,6 +196,8 @@ class Recorder(TorchFunctionMode):
         elif name in SHAPE_QUERIES:
             return self._size_read(name, arguments, result)
         read = _tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords)
+        if name in FILLERS and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(1)):
+            self._sizes_read.append(arguments[0])  # torch.full_like(x[:, :1], 0.1): its sizes are x[:, :1]'s
         constant = name not in RANDOM and all(id(value) in self.constants for value in read)
         if name in VALUE_READS or _is_value(result):
             if not constant:
@@ -204,12 +212,54 @@ class Recorder(TorchFunctionMode):
         if not constant and arguments and isinstance(arguments[0], torch.Tensor) and (
                 name.endswith("_") or name == "__setitem__" or name.startswith("__i")):
             self.constants.discard(id(arguments[0]))  # c[0] = h.sum(), c.add_(h): c now holds a value of h
+            self.exact.pop(id(arguments[0]), None)
         path, leaf = self._module()
         constant_result = constant and isinstance(result, torch.Tensor)
+        fill = _fill(result) if constant_result else None
+        if constant_result and result.is_floating_point():
+            fill = self._exact_fill(function, name, arguments, keywords, result, fill)
+        else:
+            self.exact.pop(id(result), None)
         self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
-                               tuple(self._sizes_read), constant_result, _fill(result) if constant_result else None))
+                               tuple(self._sizes_read), constant_result, fill))
         self._sizes_read.clear()
         return result
+
+    def _exact_fill(self, function, name: str, arguments: tuple, keywords: dict, result: torch.Tensor,
+                    fill: float | None) -> float | None:
+        """A constant's one value as the Python code makes it when the model runs in float64: the call
+        made again with the model's precision (``precision``) read as float64, from the float64 values of
+        the constants it reads (kept in ``exact``), so that ``torch.full_like(x, 0.1)`` in a float32
+        model records 0.1, not float32's 0.10000000149011612 (``torch.tensor(0.1)``, float32 in a float64
+        model too, stays float32's). The value traced is kept where the float64 one does not round to it."""
+        def in_float64(value: Any, first: bool = False) -> Any:
+            if isinstance(value, torch.Tensor):
+                if id(value) in self.exact and id(value) in self.constants:
+                    return self.exact[id(value)]
+                return value.double() if value.dtype == self.precision and not (first and name in FILLERS) else value
+            if value == self.precision:  # dtype=x.dtype; torch.tensor(0.3) is float32 in a float64 model too
+                return torch.float64
+            if type(value) in (list, tuple):  # torch.cat's tensors; a torch.Size is a size, kept
+                return type(value)(in_float64(item) for item in value)
+            return value
+
+        exact = None
+        try:
+            arguments64 = [in_float64(value, index == 0) for index, value in enumerate(arguments)]
+            keywords64 = {key: in_float64(value) for key, value in keywords.items()}
+            if name in FILLERS and "dtype" not in keywords and arguments[0].dtype == self.precision:
+                keywords64["dtype"] = torch.float64
+            exact = function(*arguments64, **keywords64)
+        except Exception:  # noqa: BLE001 - a call that will not run in float64 keeps its traced value
+            exact = None
+        if not isinstance(exact, torch.Tensor) or exact.shape != result.shape or not exact.is_floating_point():
+            self.exact.pop(id(result), None)
+            return fill
+        self.exact[id(result)] = exact if exact.dtype == torch.float64 else exact.double()
+        exact_fill = _fill(self.exact[id(result)])
+        if fill is None or exact_fill is None or torch.tensor(exact_fill, dtype=result.dtype).item() != fill:
+            return fill
+        return exact_fill
 
     def _size_read(self, name: str, arguments: tuple, result: Any) -> Any:
         """A size query's result; a value read when the tensor's size came from values."""
