@@ -48,4 +48,4 @@ primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({
           latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
 
 primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
-          latex=lambda operands, params, show: f"{operands[0]}_{{{params['index']}}}", tangent=LINEAR)
+          latex=lambda operands, params, show: f"{{{operands[0]}}}_{{{params['index']}}}", tangent=LINEAR)

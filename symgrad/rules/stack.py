@@ -25,7 +25,7 @@ primitive("stack", code=lambda operands, params, show: f"torch.stack([{', '.join
           latex=lambda operands, params, show: r"\operatorname{stack}\left(" + ", ".join(operands) + r"\right)",
           tangent=_stack_tangent)
 primitive("select", code=lambda operands, params, show: f"{operands[0]}.select({params['dim']}, {params['index']})",
-          latex=lambda operands, params, show: rf"{operands[0]}_{{[{params['index']}]}}", tangent=LINEAR)
+          latex=lambda operands, params, show: rf"{{{operands[0]}}}_{{[{params['index']}]}}", tangent=LINEAR)
 
 
 class Stack(Rule):

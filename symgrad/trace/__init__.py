@@ -38,7 +38,7 @@ from ..check import available_memory
 from ..errors import SpecError, SymgradError
 from ..graph import build_graph
 from ..spec import check_identifier, parse_spec
-from .layers import Problem, Reduction, Source, SpecBuilder, plain_name, report
+from .layers import Problem, Reduction, Source, SpecBuilder, fitted, plain_name, report
 from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
 
 
@@ -144,6 +144,14 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     try:
         with _time_limit(timeout):
             return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks)
+    except SymgradError:
+        raise
+    except Exception as error:  # noqa: BLE001 - symgrad's own failure on a call it met: one line, never a traceback
+        where = user_line_of_traceback(error.__traceback__)
+        raise TraceError(f"{where + ': ' if where != '<traced code>' else ''}error: symgrad could not trace "
+                         f"{getattr(function, '__qualname__', 'the model')} ({type(error).__name__}: "
+                         f"{_first_line(error)[:200]}) (fix: this is a bug in symgrad's tracer: please report it "
+                         "with the model; until then, trace the part of the model before this line)") from None
     finally:
         for each, training in modes:
             each.training = training
@@ -231,10 +239,14 @@ def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, mod
         if "blocks" not in grouped:
             return text
         grouped_text = header + _yaml({"name": name, **grouped})
+        try:  # a block the spec refuses is no block (its names are checked as they are made: never expected)
+            grouped_spec = parse_spec(grouped_text, "<traced spec>")
+        except SpecError:
+            continue
         if not relaxed:
             return grouped_text
         try:  # one derivation for instances that differ in hypers or kernel sizes, where it serves them all
-            build_structured(parse_spec(grouped_text, "<traced spec>"))
+            build_structured(grouped_spec)
         except SpecError:
             continue
         return grouped_text
@@ -576,9 +588,9 @@ def _visible_globals(function) -> dict[str, Any]:
 
 
 def _source_name(prefix: str, path: str, root: torch.nn.Module) -> str:
-    name = plain_name(".".join(part for part in (prefix, path) if part))
+    name = fitted(plain_name(".".join(part for part in (prefix, path) if part)))
     if name[:1].isdigit() or check_identifier(name) is not None:
-        name = f"{plain_name(type(root).__name__).lower()}_{name}"
+        name = fitted(f"{plain_name(type(root).__name__).lower()}_{name}")
     return name
 
 

@@ -16,6 +16,9 @@ import re
 
 import torch
 
+from ..spec import check_identifier
+from .layers import fitted, numbered
+
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
@@ -109,9 +112,12 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
         extra = sorted(own - fewest)
         if extra and len(extra) <= 2:
             base = f"{base}_{'_'.join(re.sub(r'[^A-Za-z0-9]', '_', part) for part in extra)}".lower()
+        base = fitted(base)
+        if check_identifier(base) is not None:  # a name the generated module uses itself (ConvMixer's `residual`)
+            base = fitted(f"block_{base}")
         name, number = base, 2
-        while name in taken:
-            name, number = f"{base}_{number}", number + 1
+        while name in taken or check_identifier(name) is not None:
+            name, number = numbered(base, number), number + 1
         taken.add(name)
         names[candidate["key"]] = name
         group = [other for other in chosen if other["key"] == candidate["key"]]
@@ -124,7 +130,7 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
         if candidate["offset"] is not None:  # a run of children: no module of its own to be named after
             continue
         plain = re.sub(r"[^A-Za-z0-9_]", "_", candidate["path"])
-        if plain[0].isalpha() and plain not in taken:
+        if plain[0].isalpha() and plain not in taken and check_identifier(plain) is None:
             renamed[candidate["output"]] = plain
             taken.add(plain)
     new_layers = []

@@ -18,6 +18,7 @@ them by family is the next step when the file grows again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import math
 import re
@@ -29,7 +30,7 @@ import torch
 from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
-from ..spec import check_identifier
+from ..spec import MAX_NAME, check_identifier
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -202,6 +203,24 @@ def plain_name(text: str) -> str:
     return re.sub(r"\W", "_", text).strip("_")
 
 
+def fitted(name: str, room: int = MAX_NAME) -> str:
+    """``name`` within ``room`` characters (a spec's names have at most 64): a longer one keeps its start
+    and its end, with a digest of the whole between them, so that two long names stay two (RepViT's
+    79-character parameter paths, FastViT's 63-character attribute called twice)."""
+    if len(name) <= room:
+        return name
+    digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:6]
+    tail = min(20, (room - len(digest) - 2) // 2)
+    head = room - len(digest) - 2 - tail
+    return f"{name[:head]}_{digest}_{name[len(name) - tail:]}"
+
+
+def numbered(base: str, number: int) -> str:
+    """``base_<number>`` (the number-th node of that name), ``base`` shortened where that would not fit."""
+    suffix = f"_{number}"
+    return fitted(base, MAX_NAME - len(suffix)) + suffix
+
+
 @dataclass
 class SpecBuilder:
     """Walks the recorded calls in order, naming every tensor and turning calls into layers."""
@@ -239,14 +258,14 @@ class SpecBuilder:
         base = plain_name(call.module) if call.module else ""
         if base and not call.leaf:
             base = f"{base}_{op}"
-        base = base or op
+        base = fitted(base or op)
         if base[0].isdigit() or check_identifier(base) is not None:
-            base = f"{op}_{base}"
+            base = fitted(f"{op}_{base}")
         self.taken[base] += 1
-        name = base if self.taken[base] == 1 else f"{base}_{self.taken[base]}"
+        name = base if self.taken[base] == 1 else numbered(base, self.taken[base])
         while name in self.source_names or check_identifier(name) is not None:
             self.taken[base] += 1
-            name = f"{base}_{self.taken[base]}"
+            name = numbered(base, self.taken[base])
         return name
 
     def fail(self, call: Call, what: str, fix: str, op: str | None = None) -> None:

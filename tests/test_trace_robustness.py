@@ -1,0 +1,231 @@
+"""Trace robustness (issue 40, item 7), each on a model written the way its authors write it: a trace
+never loops, never writes a name its own spec parser refuses, names blocks only with names ``generate``
+accepts, and never prints a traceback; ``generate`` never crashes in the math rendering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+from symgrad.check import module_from_source, relative_error
+from symgrad.pipeline import build_text
+from symgrad.spec import MAX_NAME
+from symgrad.structure import flat_view
+from symgrad.trace import LossChoice, TraceError, _source_name, trace
+
+
+def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss: str = "mse_loss") -> None:
+    """Generate ``text``, and compare its gradients with autograd through ``model`` (made float64) at
+    ``shapes``: ≤1e-10."""
+    built = build_text(text, "traced.yaml")
+    module = flat_view(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
+                       built.graph)  # the block form too, through its flat arguments
+    model = model.double()
+    spec = yaml.safe_load(text)
+    generator = torch.Generator().manual_seed(4)
+    inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+              for key, shape in shapes.items()}
+    with torch.no_grad():
+        target = torch.randn(model(*inputs.values()).shape, generator=generator, dtype=torch.float64)
+    named = {_source_name("", key, model): value for key, value in [*model.named_parameters(), *model.named_buffers()]}
+    arguments = {key: inputs.get(key, target if key == "target" else named.get(key)) for key in spec["inputs"]}
+    wrt = spec["wrt"]
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+    expected = torch.autograd.grad(getattr(F, loss)(model(*inputs.values()), target), [arguments[key] for key in wrt])
+    model.load_state_dict(state)
+    actual = module.gradients(**{key: value.detach() for key, value in arguments.items()})
+    for key, reference in zip(wrt, expected):
+        assert relative_error(getattr(actual, key), reference) <= 1e-10, key
+
+
+def names_of(text: str) -> list[str]:
+    spec = yaml.safe_load(text)
+    names = [*spec["inputs"], *(layer["out"] for layer in spec["layers"] if "out" in layer)]
+    for block in spec.get("blocks", {}).values():
+        names += [*block["inputs"], *block["params"], *(layer["out"] for layer in block["layers"])]
+    return names
+
+
+# ----- FastViT: a 63-character attribute, called twice ---------------------------------------------------
+class ReparamLargeKernel(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.large_kernel_depthwise_reparameterized_convolutional_projection = nn.Conv2d(
+            channels, channels, 3, padding=1, groups=channels)
+
+    def forward(self, x):
+        x = self.large_kernel_depthwise_reparameterized_convolutional_projection(x)
+        return self.large_kernel_depthwise_reparameterized_convolutional_projection(F.relu(x))
+
+
+def test_a_name_at_the_length_limit_used_twice_is_traced_at_once_and_shortened():
+    torch.manual_seed(0)
+    model = ReparamLargeKernel(4)
+    assert len("large_kernel_depthwise_reparameterized_convolutional_projection") == 63
+    text = trace(model, {"x": (2, 4, 6, 6)}, loss=LossChoice("mse_loss"), timeout=60)  # looped forever
+    assert all(len(name) <= MAX_NAME for name in names_of(text)), text
+    gradients_match(model, text, {"x": (3, 4, 5, 7)})
+
+
+# ----- RepViT: parameter paths beyond 64 characters --------------------------------------------------------
+class Conv2dBN(nn.Sequential):
+    def __init__(self, a, b, ks=1, stride=1, pad=0, groups=1):
+        super().__init__()
+        self.add_module("c", nn.Conv2d(a, b, ks, stride, pad, groups=groups, bias=False))
+        self.add_module("bn", nn.BatchNorm2d(b))
+
+
+class RepVGGDepthwiseWithIdentityAndOneByOne(nn.Module):
+    def __init__(self, ed):
+        super().__init__()
+        self.conv_depthwise_three_by_three = Conv2dBN(ed, ed, 3, 1, 1, groups=ed)
+        self.conv_depthwise_one_by_one_branch = nn.Conv2d(ed, ed, 1, 1, 0, groups=ed)
+
+    def forward(self, x):
+        return self.conv_depthwise_three_by_three(x) + self.conv_depthwise_one_by_one_branch(x) + x
+
+
+class RepViTStage(nn.Module):
+    def __init__(self, ed):
+        super().__init__()
+        self.token_mixer_reparameterizable_block = nn.Sequential(RepVGGDepthwiseWithIdentityAndOneByOne(ed))
+        self.channel_mixer = nn.Sequential(Conv2dBN(ed, 2 * ed), nn.GELU(), Conv2dBN(2 * ed, ed))
+
+    def forward(self, x):
+        return x + self.channel_mixer(self.token_mixer_reparameterizable_block(x))
+
+
+def test_names_beyond_the_limit_are_shortened_to_names_the_spec_takes_and_stay_distinct():
+    torch.manual_seed(0)
+    model = RepViTStage(4).eval()
+    longest = max(len(name) for name in model.state_dict())
+    assert longest > MAX_NAME + 10
+    text = trace(model, {"x": (2, 4, 6, 6)}, loss=LossChoice("mse_loss"))
+    names = names_of(text)
+    assert all(len(name) <= MAX_NAME for name in names) and len(names) == len(set(names)), text
+    sources = [entry["source"] for entry in yaml.safe_load(text)["inputs"].values() if "source" in entry]
+    assert max(len(source) for source in sources) > MAX_NAME  # the state_dict key stays whole
+    gradients_match(model, text, {"x": (3, 4, 5, 7)})
+
+
+# ----- ConvMixer: a block class named Residual ----------------------------------------------------------
+class Residual(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x) + x
+
+
+class ConvMixer(nn.Module):
+    def __init__(self, dim, depth, kernel_size=5, patch_size=2, in_chans=3, num_classes=10, act_layer=nn.GELU):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size), act_layer(),
+                                  nn.BatchNorm2d(dim))
+        self.blocks = nn.Sequential(*[nn.Sequential(
+            Residual(nn.Sequential(nn.Conv2d(dim, dim, kernel_size, groups=dim, padding="same"), act_layer(),
+                                   nn.BatchNorm2d(dim))),
+            nn.Conv2d(dim, dim, kernel_size=1), act_layer(), nn.BatchNorm2d(dim)) for _ in range(depth)])
+        self.pooling = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.head(self.pooling(x).flatten(1))
+
+
+def test_blocks_are_named_only_with_names_generate_accepts():
+    torch.manual_seed(0)
+    model = ConvMixer(4, 3).eval()
+    text = trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), blocks=True)
+    blocks = yaml.safe_load(text).get("blocks", {})
+    assert blocks and "residual" not in blocks, text
+    build_text(text, "conv_mixer.yaml")  # generate accepts every name
+    gradients_match(model, text, {"x": (3, 3, 10, 6)})
+
+
+# ----- generate: the math of every primitive renders, whatever its operands' names --------------------------
+def test_the_math_renders_for_operands_that_carry_a_subscript():
+    """``item`` and ``select`` wrote ``x_{a}_{0}`` for an operand shown with a subscript (latex2mathml's
+    DoubleSubscriptsError: GhostNet's generate crashed): each primitive's LaTeX, given such operands."""
+    import symgrad.structure  # noqa: F401 - registers its primitives
+    from symgrad.algebra import PRIMITIVES, Params
+    from symgrad.mathml import mathml
+    from symgrad.printing import _latex_name
+
+    operands = [_latex_name(name) for name in ("local_conv1", "ghost_out", "grad_ghost_out")]  # x_{a}, \overline{x_{a}}
+    params = Params.of(index=0, dim=1, dims=(1,), how="sum", start=1, kernel="upsample_nearest2d", output_size=(2, 2))
+    rendered = 0
+    for name, primitive in PRIMITIVES.items():
+        for operand in operands:
+            try:
+                latex = primitive.latex([operand] * 4, params, str)
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue  # needs params of its own: rendered through the rule cases
+            mathml(latex)
+            rendered += 1
+    assert rendered > 20
+
+
+# ----- MixNet: torch.split with a list of sizes; and no traceback, whatever fails inside the tracer ------------
+def _split_channels(num_chan, num_groups):
+    split = [num_chan // num_groups for _ in range(num_groups)]
+    split[0] += num_chan - sum(split)
+    return split
+
+
+class MixedConv2d(nn.ModuleDict):
+    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, dilation=1, depthwise=False):
+        super().__init__()
+        kernel_size = kernel_size if isinstance(kernel_size, list) else [kernel_size]
+        num_groups = len(kernel_size)
+        in_splits = _split_channels(in_channels, num_groups)
+        out_splits = _split_channels(out_channels, num_groups)
+        for idx, (k, in_ch, out_ch) in enumerate(zip(kernel_size, in_splits, out_splits)):
+            conv_groups = in_ch if depthwise else 1
+            self.add_module(str(idx), nn.Conv2d(in_ch, out_ch, k, stride=stride, padding=(k - 1) // 2 * dilation,
+                                                dilation=dilation, groups=conv_groups, bias=False))
+        self.splits = in_splits
+
+    def forward(self, x):
+        x_split = torch.split(x, self.splits, 1)
+        x_out = [c(x_split[i]) for i, c in enumerate(self.values())]
+        x = torch.cat(x_out, 1)
+        return x
+
+
+class MixNetBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv_pw = MixedConv2d(c, 2 * c, [1, 1])
+        self.bn1 = nn.BatchNorm2d(2 * c)
+        self.conv_dw = MixedConv2d(2 * c, 2 * c, [3, 5, 7], depthwise=True)
+        self.bn2 = nn.BatchNorm2d(2 * c)
+
+    def forward(self, x):
+        return F.silu(self.bn2(self.conv_dw(F.silu(self.bn1(self.conv_pw(x))))))
+
+
+def test_split_with_a_list_of_sizes_traces_and_matches_autograd():
+    torch.manual_seed(0)
+    model = MixNetBlock(5)  # 10 channels in three groups: 4, 3, 3
+    text = trace(model, {"x": (2, 5, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
+    assert sum(layer["op"] == "narrow" for layer in yaml.safe_load(text)["layers"]) == 5, text
+    gradients_match(model, text, {"x": (3, 5, 9, 7)})
+
+
+def test_a_failure_inside_the_tracer_is_one_line_not_a_traceback(monkeypatch):
+    from symgrad.trace import layers
+
+    def broken(self, call):
+        raise KeyError("a case the tracer did not foresee")
+
+    monkeypatch.setattr(layers.SpecBuilder, "add", broken)
+    with pytest.raises(TraceError) as error:
+        trace(MixNetBlock(2), {"x": (2, 2, 6, 6)}, loss=LossChoice("mse_loss"))
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and "KeyError" in message and "(fix: " in message, message
