@@ -187,6 +187,11 @@ CASES = [
     pytest.param(torch_case("avg_pool1d", {"x": [2, 3, 9]}, ["x"], F.avg_pool1d, kernel_size=2), id="avg_pool1d-default-stride"),
     pytest.param(torch_case("avg_pool2d", {"x": [2, 2, 8, 7]}, ["x"], F.avg_pool2d, kernel_size=3, stride=2, padding=1, ceil_mode=True),
                  id="avg_pool2d-ceil_mode"),
+    # a window past the input's end (VoVNet's 3x3 stride-2 ceil-mode pool of a 2x2 map): PyTorch takes it
+    pytest.param(torch_case("max_pool2d", {"x": [2, 3, 2, 2]}, ["x"], F.max_pool2d, kernel_size=3, stride=2, ceil_mode=True),
+                 id="max_pool2d-ceil_mode-kernel-beyond-input"),
+    pytest.param(torch_case("avg_pool2d", {"x": [2, 3, 2, 3]}, ["x"], F.avg_pool2d, kernel_size=3, stride=2, ceil_mode=True),
+                 id="avg_pool2d-ceil_mode-kernel-beyond-input"),
     pytest.param(torch_case("avg_pool2d", {"x": [2, 2, 7, 6]}, ["x"], F.avg_pool2d, kernel_size=[3, 2], stride=2, padding=1,
                             count_include_pad=False), id="avg_pool2d-padding-not-counted"),
     pytest.param(torch_case("avg_pool3d", {"x": [1, 2, 5, 4, 5]}, ["x"], F.avg_pool3d, kernel_size=2, stride=[2, 1, 2], padding=1,

@@ -229,3 +229,54 @@ def test_a_failure_inside_the_tracer_is_one_line_not_a_traceback(monkeypatch):
         trace(MixNetBlock(2), {"x": (2, 2, 6, 6)}, loss=LossChoice("mse_loss"))
     message = str(error.value)
     assert len(message.splitlines()) == 1 and "KeyError" in message and "(fix: " in message, message
+
+
+# ----- VoVNet: ceil-mode max-pools down to a 2x2 map ---------------------------------------------------------
+class ConvBnAct(nn.Sequential):
+    def __init__(self, in_chs, out_chs, kernel_size=3, stride=1):
+        super().__init__(nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2, bias=False),
+                         nn.BatchNorm2d(out_chs), nn.ReLU(inplace=True))
+
+
+class OsaBlock(nn.Module):
+    def __init__(self, in_chs, mid_chs, out_chs, layer_per_block=3):
+        super().__init__()
+        self.conv_mid = nn.Sequential(*[ConvBnAct(in_chs if i == 0 else mid_chs, mid_chs) for i in range(layer_per_block)])
+        self.conv_concat = ConvBnAct(in_chs + layer_per_block * mid_chs, out_chs, 1)
+
+    def forward(self, x):
+        output = [x]
+        for conv in self.conv_mid:
+            x = conv(x)
+            output.append(x)
+        return self.conv_concat(torch.cat(output, dim=1))
+
+
+class OsaStage(nn.Module):
+    def __init__(self, in_chs, mid_chs, out_chs, downsample=True):
+        super().__init__()
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, ceil_mode=True) if downsample else None
+        self.blocks = nn.Sequential(OsaBlock(in_chs, mid_chs, out_chs))
+
+    def forward(self, x):
+        if self.pool is not None:
+            x = self.pool(x)
+        return self.blocks(x)
+
+
+class VoVNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(ConvBnAct(3, 8, 3, 2), ConvBnAct(8, 8), ConvBnAct(8, 8, 3, 2))
+        self.stages = nn.Sequential(OsaStage(8, 4, 8, downsample=False), OsaStage(8, 4, 12), OsaStage(12, 4, 16),
+                                    OsaStage(16, 4, 16))
+
+    def forward(self, x):
+        return self.stages(self.stem(x))
+
+
+def test_ceil_mode_pooling_of_a_map_smaller_than_its_kernel_traces_as_pytorch_runs_it():
+    torch.manual_seed(0)
+    model = VoVNet().eval()
+    text = trace(model, {"x": (2, 3, 32, 32)}, loss=LossChoice("mse_loss"))  # the last pool sees 2x2
+    gradients_match(model, text, {"x": (3, 3, 40, 56)})

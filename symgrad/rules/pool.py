@@ -95,9 +95,12 @@ class AveragePool(Rule):
         out = list(x[:lead])
         for axis in range(self.dims):
             span = dilation[axis] * (kernel[axis] - 1) + 1
-            check.positive(x[lead + axis] + 2 * padding[axis] - span + 1, f"kernel does not fit the padded input along axis {axis}",
-                           "use a smaller kernel")
-            out.append(_pool_length(x[lead + axis], span, stride[axis], padding[axis], params["ceil_mode"]))
+            length = _pool_length(x[lead + axis], span, stride[axis], padding[axis], params["ceil_mode"])
+            # in ceil mode PyTorch takes a window that runs past the input's end (VoVNet's 3x3 stride-2
+            # pool of a 2x2 map): only an empty output is refused
+            check.positive(length if params["ceil_mode"] else x[lead + axis] + 2 * padding[axis] - span + 1,
+                           f"kernel does not fit the padded input along axis {axis}", "use a smaller kernel")
+            out.append(length)
         return tuple(out)
 
     def _uniform(self, params) -> bool:
