@@ -280,3 +280,68 @@ def test_ceil_mode_pooling_of_a_map_smaller_than_its_kernel_traces_as_pytorch_ru
     model = VoVNet().eval()
     text = trace(model, {"x": (2, 3, 32, 32)}, loss=LossChoice("mse_loss"))  # the last pool sees 2x2
     gradients_match(model, text, {"x": (3, 3, 40, 56)})
+
+
+# ----- smp PAN: interpolation sizes computed by arithmetic on the input's size --------------------------------
+class FPABlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.down1 = nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2), nn.Conv2d(channels, channels, 3, padding=1))
+        self.down2 = nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2), nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x):
+        h, w = x.size(2), x.size(3)
+        x1 = self.down1(x)
+        x2 = self.down2(x1)
+        x2 = F.interpolate(x2, size=(h // 2, w // 2), mode="bilinear", align_corners=True)  # ARITHMETIC
+        x = x1 + x2
+        return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=True)
+
+
+def test_a_size_computed_by_arithmetic_is_refused_at_its_line_never_frozen():
+    with pytest.raises(TraceError) as error:
+        trace(FPABlock(3), {"x": (2, 3, 16, 16)}, loss=LossChoice("mse_loss"))
+    message = str(error.value)
+    line = next(number for number, text in enumerate(open(__file__).read().splitlines(), 1) if "# ARITHMETIC" in text)
+    assert message.startswith(f"{__file__}:{line}: error: 'interpolate' argument size=[8, 8] becomes "), message
+    assert len(message.splitlines()) == 1 and "(fix: " in message
+
+
+# ----- a 2-3k-op network traces in under a minute -------------------------------------------------------
+class BasicBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + x)
+
+
+class DeepResNet(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.Sequential(*[BasicBlock(8) for _ in range(depth)])
+
+    def forward(self, x):
+        return self.blocks(self.stem(x))
+
+
+def test_a_network_of_2800_ops_traces_in_under_a_minute():
+    import time
+
+    started = time.perf_counter()
+    text = trace(DeepResNet(400).eval(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"))
+    elapsed = time.perf_counter() - started
+    assert len(yaml.safe_load(text)["layers"]) == 2801
+    assert elapsed < 60, elapsed  # 86-127 s before, on a busy 2-core machine: intra-op threads spinning
+
+
+def test_the_trace_puts_the_thread_count_back():
+    threads = torch.get_num_threads()
+    trace(BasicBlock(2).eval(), {"x": (2, 2, 4, 4)}, loss=LossChoice("mse_loss"))
+    assert torch.get_num_threads() == threads

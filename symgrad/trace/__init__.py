@@ -141,6 +141,8 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     if mode is not None:
         for root in modules:
             root.train(mode == "train")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the runs are small: intra-op threads only spin, and on a busy machine 8x slower
     try:
         with _time_limit(timeout):
             return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks)
@@ -153,6 +155,7 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
                          f"{_first_line(error)[:200]}) (fix: this is a bug in symgrad's tracer: please report it "
                          "with the model; until then, trace the part of the model before this line)") from None
     finally:
+        torch.set_num_threads(threads)
         for each, training in modes:
             each.training = training
 

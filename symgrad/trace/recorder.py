@@ -9,6 +9,7 @@ not seen: the mode is off while its handler runs. Queries of size, type and layo
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -70,6 +71,7 @@ LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every frame of every call: realpath is a syscall per part
 def _is_users(filename: str) -> bool:
     """Whether code in ``filename`` is the user's: not torch, symgrad or the standard library."""
     return not filename.startswith("<") and not os.path.realpath(filename).startswith(LIBRARY_DIRS)
