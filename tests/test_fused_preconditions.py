@@ -218,3 +218,20 @@ def test_verify_also_checks_at_a_non_degenerate_size():
     steps = []
     verify(built.graph, generated_module(built), built.shapes, progress=steps.append)
     assert steps[-1] == f"float64 against autograd at test shapes {len(built.shapes) + 1} of {len(built.shapes) + 1}"
+
+
+def test_kernels_that_need_the_gradient_in_the_inputs_dtype_are_given_it():
+    """Under autocast a gradient may arrive in float32 (from an op autocast runs in float32) at a kernel
+    whose input is bfloat16; autograd gives the kernel the gradient in its input's dtype, which
+    ``max_pool*_with_indices_backward`` and ``_adaptive_avg_pool*_backward`` require."""
+    from symgrad.algebra import Params
+
+    x = torch.randn(2, 3, 6, 6).bfloat16()
+    grad = torch.randn(2, 3, 2, 2)
+    _, indices = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [3, 3], [0, 0], [1, 1], False)
+    calls = {"adaptive_avg_pool_backward": Params.of(dims=2),
+             "max_pool_backward": Params.of(dims=2, kernel_size=(3, 3), stride=(3, 3), padding=(0, 0), dilation=(1, 1))}
+    for name, params in calls.items():
+        code = PRIMITIVES[name].code(["grad", "x", "indices"], params, str)
+        result = eval(code, {"torch": torch, "grad": grad, "x": x, "indices": indices})  # noqa: S307 - symgrad's own code
+        assert result.dtype == x.dtype and result.shape == x.shape, name
