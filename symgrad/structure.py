@@ -645,7 +645,8 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         backward.append(item)
 
     merged, param_returns = _returned_parameters(structured, sources, inlined, inlined_from, backward)
-    returned = {grads for _, grads in merged}  # read again by the return statement: never deleted before it
+    # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
+    returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
     offsets = any(layer.block and layer.offset for layer in spec.layers)
     backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
                 for item in backward]
