@@ -39,12 +39,16 @@ from types import ModuleType
 import torch
 
 from .errors import SymgradError
-from .fingerprint import difference
+from .fingerprint import IGNORED, difference, literal
 from .write import read_generated, read_header
 
 
 class BindError(SymgradError):
     """The generated module and the model do not belong together."""
+
+
+class BindArgumentError(BindError, TypeError):
+    """A bound step called with arguments it does not take (a TypeError too, as Python's own)."""
 
 
 @dataclass(frozen=True)
@@ -135,15 +139,31 @@ class Bound(torch.nn.Module):
             (key, name) for name, (key, _) in sources.items() if key not in set(differentiated))
         self._constant_data = tuple(name for name in self.data_arguments if name not in gradient_fields)
         self._checked: set = set()
+        self._children = tuple((parent, name, child) for parent in modules.values()
+                               for name, child in parent._modules.items())
+        self._hypers = tuple((path, module, key, copy.copy(value)) for path, module in modules.items()
+                             for key, value in vars(module).items()
+                             if fingerprint and path in fingerprint and _hyper(key, value))
 
-    def forward(self, **data: torch.Tensor) -> torch.Tensor:
+    def forward(self, *positional, **data: torch.Tensor) -> torch.Tensor:
         """The traced loss for these data arguments; ``.backward()`` on it runs the explicit backward."""
         unknown = sorted(set(data) - set(self.data_arguments))
         missing = [name for name in self.data_arguments if name not in data]
-        if unknown or missing:
-            raise TypeError(f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}"
-                            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
-                            + (f"; missing: {', '.join(missing)}" if missing else ""))
+        if positional or unknown or missing:
+            raise BindArgumentError(
+                f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}, by keyword"
+                + (f"; given {len(positional)} by position" if positional else "")
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))")
+        for name, value in data.items():
+            if not isinstance(value, torch.Tensor):
+                raise BindArgumentError(f"{_name(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
+                                        f"(fix: pass torch.as_tensor({name}))")
+            if value.numel() == 0:
+                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
+                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
+        self._check_model()
         self._check_mode()
         arguments = dict(data)
         for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
@@ -162,20 +182,52 @@ class Bound(torch.nn.Module):
                 loss = self.generated.loss_with_explicit_backward(**data, params=params)
             except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
                 if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
-                    raise
+                    self._count()
+                    raise BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)}") from error
                 raise _missing(self.generated, self.model, error.args[0]) from None
+            except Exception as error:  # a value the sizes did not show (a label out of range)
+                self._count()
+                raise BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms "
+                                "moved their statistics, as the model's forward does before its loss fails; fix: "
+                                "pass the inputs the model takes)") from error
         else:
-            loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
+            try:
+                loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
+            except Exception as error:  # a value the sizes did not show (a label out of range)
+                self._count()
+                raise BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms "
+                                "moved their statistics, as the model's forward does before its loss fails; fix: "
+                                "pass the inputs the model takes)") from error
+        self._count()
         with torch.no_grad():
-            for statistics in self._statistics:  # as the module counts: once per call, after the call ran
-                counter = getattr(statistics.module, "num_batches_tracked", None)
-                if counter is not None:
-                    counter.add_(statistics.calls)
             for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
                 for name, old in ((statistics.mean, mean), (statistics.var, var)):
                     batch = arguments[name]
                     batch.copy_(factor * batch + (1 - factor) * old)
         return loss
+
+    def _count(self) -> None:
+        """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
+        with torch.no_grad():
+            for statistics in self._statistics:
+                counter = getattr(statistics.module, "num_batches_tracked", None)
+                if counter is not None:
+                    counter.add_(statistics.calls)
+
+    def _check_model(self) -> None:
+        """The model as bound: the same submodules in the same places, the same hyper-parameters
+        (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
+        for parent, name, child in self._children:
+            if parent._modules.get(name) is not child:
+                raise BindError(f"{_name(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
+                                f"or removed after bind (fix: bind the model again: {_retrace(self.generated, self.model)} "
+                                "if it changed what it computes)")
+        for path, module, key, value in self._hypers:
+            now = getattr(module, key, _MISSING)
+            if now is not value and now != value:
+                raise BindError(f"{_name(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
+                                f"{key}={now!r} since bind, traced with {value!r} (fix: set it back, or trace and "
+                                f"generate the changed model: {_retrace(self.generated, self.model)})")
 
     def _check_mode(self) -> None:
         if self._modes:  # every module whose code reads its mode, as traced
@@ -223,8 +275,7 @@ class Bound(torch.nn.Module):
         inputs it cannot take, and a training-mode BatchNorm given one value per channel, are refused
         before anything moves, as the model's forward refuses them."""
         autocast = tuple(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
-        key = (autocast, tuple((name, tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor)
-                               else (name, repr(value)) for name, value in data.items()))
+        key = (autocast, tuple((name, value.shape, value.dtype) for name, value in arguments.items()))
         if key in self._checked:
             return
         floating = next((value.dtype for name, value in arguments.items()
@@ -277,7 +328,7 @@ class Bound(torch.nn.Module):
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
         kind, where = self._reference
-        self._setup(_load(Path(where)) if kind == "path" else importlib.import_module(where))
+        self._setup(_load(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where))
 
     def __deepcopy__(self, memo):
         memo[id(self.generated)] = self.generated  # a module is shared, as copy.deepcopy shares functions
@@ -285,6 +336,14 @@ class Bound(torch.nn.Module):
         memo[id(self)] = copied
         copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return copied
+
+
+_MISSING = object()
+
+
+def _hyper(key: str, value) -> bool:
+    """Whether the attribute ``key`` of a module is a hyper-parameter the fingerprint holds."""
+    return not key.startswith("_") and key not in IGNORED and literal(value) is not ...
 
 
 class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
@@ -311,7 +370,7 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_ed
     a module without a fingerprint unchecked).
     """
     if isinstance(generated, (str, Path)):
-        generated = _load(Path(generated))
+        generated = _load(Path(generated), allow_edited)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise BindError("bind the model itself, then wrap the result: DistributedDataParallel(symgrad.bind(module, model))")
     return Bound(generated, model, allow_edited)
@@ -321,9 +380,14 @@ def check_generated(generated: ModuleType, allow_edited: bool = False) -> None:
     """Refuse a generated file that is not as symgrad wrote it (its header's content hash), unless
     ``allow_edited``. A module made in memory, without a file, has no header to read."""
     file = getattr(generated, "__file__", None)
-    if allow_edited or not file or not str(file).endswith(".py") or not Path(file).is_file():
+    if file and str(file).endswith(".py") and Path(file).is_file():
+        _check_file(Path(file), allow_edited)
+
+
+def _check_file(file: Path, allow_edited: bool) -> None:
+    if allow_edited:
         return
-    parsed = read_header(read_generated(Path(file)))
+    parsed = read_header(read_generated(file))
     if parsed is None:
         problem = "has no symgrad header (written by hand, or its header was removed)"
     elif hashlib.sha256(parsed[1].encode("utf-8")).hexdigest() != parsed[0]["content_hash"]:
@@ -400,9 +464,14 @@ def _check_matches(generated: ModuleType, model: torch.nn.Module, sources: dict[
                         "(fix: bind the module generated from this model, or trace the changed model again)")
 
 
-def _load(path: Path) -> ModuleType:
+def _load(path: Path, allow_edited: bool = False) -> ModuleType:
+    """The generated module at ``path``, imported once its header says symgrad wrote it as it is."""
     if not path.is_file():
         raise BindError(f"no generated module at {path} (fix: check the path)")
+    if path.suffix != ".py":
+        raise BindError(f"{path} is not a generated Python module (fix: symgrad generate the spec, and bind the .py "
+                        "file it writes)")
+    _check_file(path, allow_edited)
     spec = importlib.util.spec_from_file_location(f"_symgrad_bound_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

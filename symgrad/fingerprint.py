@@ -46,7 +46,7 @@ MAX_TEXT = 200
 MAX_ITEMS = 16
 
 
-def _literal(value: Any) -> Any:
+def literal(value: Any) -> Any:
     """``value`` as a fingerprint literal, or ``...`` where it is none (a tensor, a module, a function)."""
     if value is None or isinstance(value, bool):
         return value
@@ -59,7 +59,7 @@ def _literal(value: Any) -> Any:
             return value
         return "sha256:" + hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:16]
     if isinstance(value, (tuple, list)) and len(value) <= MAX_ITEMS:
-        items = [_literal(item) for item in value]
+        items = [literal(item) for item in value]
         if all(item is not ... and not isinstance(item, list) for item in items):
             return items
     return ...
@@ -118,7 +118,7 @@ def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) 
         for key, value in vars(module).items():
             if key.startswith("_") or key in IGNORED or not KEY.match(key):
                 continue
-            value = _literal(value)
+            value = literal(value)
             if value is not ...:
                 hyper[key] = value
         state = {key: list(value.shape)
@@ -165,7 +165,7 @@ def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
         if not isinstance(hyper, dict) or not isinstance(state, dict):
             raise refuse(f"entry {path!r}: hyper and state must be mappings", where)
         for key, item in hyper.items():
-            if not isinstance(key, str) or not KEY.match(key) or _literal(item) != item or _literal(item) is ...:
+            if not isinstance(key, str) or not KEY.match(key) or literal(item) != item or literal(item) is ...:
                 raise refuse(f"entry {path!r} has hyper {key!r:.60}: {item!r:.60}, not a literal", where)
         for key, shape in state.items():
             if (not isinstance(key, str) or not KEY.match(key) or not isinstance(shape, list) or len(shape) > 8
@@ -175,7 +175,7 @@ def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
         result[path] = {"class": entry["class"], "code": code,
                         **({"training": entry["training"]} if "training" in entry else {}),
                         **({"calls": calls} if "calls" in entry else {}),
-                        "hyper": {key: _literal(item) for key, item in hyper.items()},
+                        "hyper": {key: literal(item) for key, item in hyper.items()},
                         "state": {key: [int(size) for size in shape] for key, shape in state.items()}}
     return result
 
