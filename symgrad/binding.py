@@ -169,6 +169,7 @@ class Bound(torch.nn.Module):
         for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
             arguments[name] = getattr(owner, attribute)
         self._check_requires_grad(data, arguments)
+        self._check_devices(data, arguments)
         self._check_sizes(data, arguments)
         previous = []
         for statistics in self._statistics:
@@ -182,22 +183,15 @@ class Bound(torch.nn.Module):
                 loss = self.generated.loss_with_explicit_backward(**data, params=params)
             except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
                 if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
-                    self._count()
-                    raise BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)}") from error
+                    raise self._failed(error) from error
                 raise _missing(self.generated, self.model, error.args[0]) from None
             except Exception as error:  # a value the sizes did not show (a label out of range)
-                self._count()
-                raise BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms "
-                                "moved their statistics, as the model's forward does before its loss fails; fix: "
-                                "pass the inputs the model takes)") from error
+                raise self._failed(error) from error
         else:
             try:
                 loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
             except Exception as error:  # a value the sizes did not show (a label out of range)
-                self._count()
-                raise BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms "
-                                "moved their statistics, as the model's forward does before its loss fails; fix: "
-                                "pass the inputs the model takes)") from error
+                raise self._failed(error) from error
         self._count()
         with torch.no_grad():
             for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
@@ -213,6 +207,14 @@ class Bound(torch.nn.Module):
                 counter = getattr(statistics.module, "num_batches_tracked", None)
                 if counter is not None:
                     counter.add_(statistics.calls)
+
+    def _failed(self, error: Exception) -> BindError:
+        """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
+        range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
+        self._count()
+        return BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
+                         "their statistics, as the model's forward does before its loss fails; fix: pass the "
+                         "inputs the model takes)")
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
@@ -269,6 +271,13 @@ class Bound(torch.nn.Module):
                                 f"gradient for it (it was frozen when traced) (fix: freeze it again with "
                                 f"requires_grad_(False), or trace the model as it is now: "
                                 f"{_retrace(self.generated, self.model)})")
+
+    def _check_devices(self, data: dict, arguments: dict) -> None:
+        device = next((value.device for name, value in arguments.items() if name not in data), None)
+        for name, value in data.items():
+            if device is not None and value.device != device:
+                raise BindError(f"{_name(self.generated)}: {name} is on {value.device}, and the model on {device} "
+                                f"(fix: pass {name}.to('{device}'))")
 
     def _check_sizes(self, data: dict, arguments: dict) -> None:
         """Run the forward once per set of data sizes on meta tensors (no kernel, no buffer moved):
@@ -347,14 +356,23 @@ def _hyper(key: str, value) -> bool:
 
 
 class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
-    """The checks nn.BatchNorm's forward makes before it runs (``F.batch_norm``'s ``_verify_batch_size``),
-    made on the generated forward's training-mode ``native_batch_norm`` calls."""
+    """Checks meta tensors skip: nn.BatchNorm's before it runs (``F.batch_norm``'s ``_verify_batch_size``)
+    on the generated forward's training-mode ``native_batch_norm`` calls, and the dtypes of a
+    convolution's, a matrix product's or a batch norm's operands, which must agree (outside autocast)."""
+
+    SAME_DTYPE = frozenset({"convolution", "addmm", "mm", "bmm", "native_batch_norm", "linear"})
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ == "native_batch_norm" and len(args) > 5 and args[5]:
+        name = func.overloadpacket.__name__
+        if name == "native_batch_norm" and len(args) > 5 and args[5]:
             size = args[0].shape
             if size[0] * math.prod(size[2:]) == 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
+        if name in self.SAME_DTYPE:
+            dtypes = {value.dtype for value in args if isinstance(value, torch.Tensor) and value.is_floating_point()}
+            if len(dtypes) > 1:
+                raise RuntimeError(f"{name} of {' and '.join(sorted(map(str, dtypes)))} operands: the input's dtype "
+                                   "and the model's must be the same")
         return func(*args, **(kwargs or {}))
 
 
@@ -371,8 +389,8 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_ed
     """
     if isinstance(generated, (str, Path)):
         generated = _load(Path(generated), allow_edited)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise BindError("bind the model itself, then wrap the result: DistributedDataParallel(symgrad.bind(module, model))")
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
     return Bound(generated, model, allow_edited)
 
 
