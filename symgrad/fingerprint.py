@@ -220,16 +220,20 @@ def summary(entry: dict, any_width: bool) -> tuple:
 
 def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool = False) -> str | None:
     """The first way ``model`` differs from ``traced`` (path -> :func:`summary`), in words, or None;
-    ``any_width``: the module is written as blocks, and runs at any width. Structure first (submodules,
-    classes, hyper-parameters, parameters), then code."""
+    ``any_width``: the module is written as blocks, and runs at any width. The submodules and their
+    classes first, then hyper-parameters and parameters, then code."""
     now = fingerprint_of(model)
-    for path, (kind, code, hyper, state, _, _) in traced.items():
-        shown = path or "the model"
+    for path, (kind, *_) in traced.items():
         entry = now.get(path)
         if entry is None:
-            return f"{shown} ({kind}) is no submodule of the model any more"
+            return f"{path or 'the model'} ({kind}) is no submodule of the model any more"
         if entry["class"] != kind:
-            return f"{shown} is a {entry['class']}, traced as a {kind}"
+            return f"{path or 'the model'} is a {entry['class']}, traced as a {kind}"
+    for path in now:
+        if path not in traced:
+            return f"{path} ({now[path]['class']}) is a submodule the trace did not see"
+    for path, (kind, code, hyper, state, _, _) in traced.items():
+        shown, entry = path or "the model", now[path]
         now_hyper, now_state = digests(entry, any_width)
         if now_hyper != hyper:
             values = ", ".join(f"{key}={value!r}" for key, value in entry["hyper"].items()
@@ -238,9 +242,6 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
         if now_state != state:
             shapes = ", ".join(f"{key} {shape}" for key, shape in entry["state"].items()) or "none"
             return f"{shown} ({kind}) has other parameters or shapes than traced (now {shapes})"
-    for path in now:
-        if path not in traced:
-            return f"{path} ({now[path]['class']}) is a submodule the trace did not see"
     for path, (kind, code, *_) in traced.items():
         if now[path]["code"] != code:
             return f"the code of {path or 'the model'}'s class {kind} changed since it was traced"

@@ -313,3 +313,47 @@ def test_a_bound_module_made_in_memory_deepcopies_and_refuses_pickling_in_one_li
     assert copied.generated is step.generated and copied.model is not model
     with pytest.raises(BindError, match=r"^in_memory was not loaded from a file.*\(fix: bind the generated file's path"):
         pickle.dumps(step)
+
+
+SPEC = """name: s
+inputs:
+  x: {shape: [2, 3]}
+  w: {shape: [3], source: w}
+  y: {shape: [2, 3]}
+layers:
+  - {op: mul, in: [x, w], out: h}
+loss: {op: mse_loss, in: h, target: y}
+wrt: [w]
+fingerprint:
+"""
+
+
+@pytest.mark.parametrize("entry", [
+    '"": {class: "os.system(\'x\')", code: null, hyper: {}, state: {}}',
+    '"": {class: Net, code: "__import__(\'os\')", hyper: {}, state: {}}',
+    '"": {class: Net, code: null, hyper: {p: {nested: 1}}, state: {}}',
+    '"": {class: Net, code: null, hyper: {"a b": 1}, state: {}}',
+    '"": {class: Net, code: null, hyper: {}, state: {w: [3, "x"]}}',
+    '"": {class: Net, code: null, hyper: {}, state: {}, extra: 1}',
+    '"": {class: Net, code: null, training: "yes", hyper: {}, state: {}}',
+    '"a..b": {class: Net, code: null, hyper: {}, state: {}}',
+    '"": [1, 2]',
+])
+def test_a_fingerprint_that_is_not_the_traces_literals_is_refused_at_its_line(entry):
+    from symgrad.errors import SpecError
+    from symgrad.spec import parse_spec
+
+    with pytest.raises(SpecError, match=r"^s\.yaml:1[01]:\d+: error: fingerprint .*\(fix: trace the model again"):
+        parse_spec(SPEC + f"  {entry}\n", "s.yaml")
+
+
+def test_a_fingerprints_strings_reach_the_generated_module_as_literals():
+    """A hyper-parameter string holding quotes, a backslash and braces is written as a Python literal."""
+    from symgrad.check import module_from_source
+
+    text = SPEC + ('  "": {class: Net, code: 0123456789abcdef, hyper: {mode: "a\\"b\\\\{{ 7 }}\'", p: 0.1, k: [3, 3],'
+                   "}, state: {w: [3]}}\n")
+    built = build_text(text, "s.yaml")
+    module = module_from_source(built.rendered.files["s.py"], "s")
+    name, code, *_ = module.FINGERPRINT[""]
+    assert (name, code) == ("Net", "0123456789abcdef") and module.DIFFERENTIATED == ["w"]
