@@ -135,8 +135,9 @@ class Bound(torch.nn.Module):
         differentiated = getattr(generated, "DIFFERENTIATED", None)
         if differentiated is None and not self.structured:
             differentiated = [key for name, (key, _) in sources.items() if name in gradient_fields]
-        self._undifferentiated = () if differentiated is None else tuple(
-            (key, name) for name, (key, _) in sources.items() if key not in set(differentiated))
+        self._undifferentiated = () if differentiated is None else tuple(  # parameters: buffers need no gradient
+            (key, name) for name, (key, _) in sources.items() if key not in set(differentiated)
+            and self._state[name][1] in self._state[name][0]._parameters)
         self._constant_data = tuple(name for name in self.data_arguments if name not in gradient_fields)
         self._checked: set = set()
         self._children = tuple((parent, name, child) for parent in modules.values()
@@ -284,7 +285,8 @@ class Bound(torch.nn.Module):
         inputs it cannot take, and a training-mode BatchNorm given one value per channel, are refused
         before anything moves, as the model's forward refuses them."""
         autocast = tuple(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
-        key = (autocast, tuple((name, value.shape, value.dtype) for name, value in arguments.items()))
+        key = (autocast, tuple((name, value.shape, value.dtype) for name, value in data.items()),
+               tuple(map(id, arguments.values())))  # a parameter replaced is checked again
         if key in self._checked:
             return
         floating = next((value.dtype for name, value in arguments.items()
