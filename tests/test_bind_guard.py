@@ -67,6 +67,8 @@ CHANGED = {
                                          "        if freeze_stem:"), {}, r"extra \(Conv2d\) is a submodule the trace did not see"),
 }
 FORMS = ["flat", "blocks"]
+ALL_FORMS = [*FORMS, "--flat"]
+"""``--flat``: the spec traced with blocks, generated flat (``symgrad generate --flat``)."""
 
 
 def write_model(folder, source=MODEL, name="net_model"):
@@ -79,8 +81,8 @@ def generate(folder, model, form: str, name: str = "net", mode="train", wrt="par
     """Trace ``model``, generate its module into ``folder`` (with its header, as ``symgrad generate``
     writes it) and return the file's path."""
     text = trace(model, {"x": shapes}, wrt=wrt, name=name, loss=LossChoice("cross_entropy", "labels"), mode=mode,
-                 blocks=form == "blocks")
-    built = build_text(text, f"{name}.yaml")
+                 blocks=form != "flat")
+    built = build_text(text, f"{name}.yaml", flat=form == "--flat")
     path = folder / f"{name}.py"
     path.write_text(built.rendered.files[f"{name}.py"])
     return path
@@ -120,7 +122,7 @@ def assert_same(model, reference):
             buffers[key].double().abs().max().item(), 1.0), key
 
 
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", ALL_FORMS)
 def test_the_model_traced_trains_as_autograd_and_the_module_is_the_form_asked_for(form, tmp_path):
     reference_path = write_model(tmp_path)
     model = built_model(reference_path)
@@ -131,7 +133,7 @@ def test_the_model_traced_trains_as_autograd_and_the_module_is_the_form_asked_fo
     assert_trains_as_autograd(symgrad.bind(path, model), model, reference)
 
 
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", ALL_FORMS)
 @pytest.mark.parametrize("change", list(CHANGED))
 def test_a_model_changed_since_it_was_traced_is_refused_in_one_line_naming_the_submodule(change, form, tmp_path):
     path = generate(tmp_path, built_model(write_model(tmp_path)), form)
