@@ -132,11 +132,11 @@ class Bound(torch.nn.Module):
         self._modes = tuple((path, modules[path], entry[4]) for path, entry in (fingerprint or {}).items()
                             if entry[4] is not None and path in modules)
         gradient_fields = set(getattr(generated.Gradients, "_fields", ()))
-        differentiated = getattr(generated, "DIFFERENTIATED", None)
-        if differentiated is None and not self.structured:
-            differentiated = [key for name, (key, _) in sources.items() if name in gradient_fields]
-        self._undifferentiated = () if differentiated is None else tuple(  # parameters: buffers need no gradient
-            (key, name) for name, (key, _) in sources.items() if key not in set(differentiated)
+        frozen = getattr(generated, "FROZEN", None)
+        if frozen is None and not self.structured:
+            frozen = [key for name, (key, _) in sources.items() if name not in gradient_fields]
+        self._undifferentiated = tuple(  # parameters: buffers need no gradient
+            (key, name) for name, (key, _) in sources.items() if key in set(frozen or ())
             and self._state[name][1] in self._state[name][0]._parameters)
         self._constant_data = tuple(name for name in self.data_arguments if name not in gradient_fields)
         self._checked: set = set()

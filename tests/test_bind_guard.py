@@ -358,4 +358,14 @@ def test_a_fingerprints_strings_reach_the_generated_module_as_literals():
     built = build_text(text, "s.yaml")
     module = module_from_source(built.rendered.files["s.py"], "s")
     name, code, *_ = module.FINGERPRINT[""]
-    assert (name, code) == ("Net", "0123456789abcdef") and module.DIFFERENTIATED == ["w"]
+    assert (name, code) == ("Net", "0123456789abcdef") and module.FROZEN == []
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_parameter_the_forward_never_reads_gets_no_gradient_as_with_autograd(form, tmp_path):
+    """An auxiliary head the training forward skips: autograd leaves its ``.grad`` None, and so does the step."""
+    source = MODEL.replace("        if freeze_stem:", "        self.aux_head = nn.Linear(width, classes)\n        if freeze_stem:")
+    model = built_model(write_model(tmp_path, source))
+    reference = copy.deepcopy(model)
+    assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model), model, reference, steps=1)
+    assert model.aux_head.weight.grad is None and model.aux_head.weight.requires_grad
