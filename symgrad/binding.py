@@ -1,13 +1,16 @@
 """Training a traced model with its explicit gradients: ``step = symgrad.bind(module, model)``.
 
 A module generated from ``symgrad trace model.py:Net`` takes every parameter and buffer as an
-argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from. ``bind`` reads
-that table once, checks it against the model (names and shapes, so a model changed since it was
-traced is refused), and returns an ``nn.Module`` whose forward takes only the data arguments.
-Written as blocks (``STRUCTURED``), the module takes them in one ``params`` mapping keyed by
-``state_dict()`` names and reads each where it is used, at any size (a wider model of the same
-structure binds too): ``bind`` passes the model's parameters and buffers, and a key the module
-reads and the model lacks is refused at the first call::
+argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from, and in
+``FINGERPRINT`` what the traced model was (``symgrad.fingerprint``: per submodule its class, code,
+hyper-parameters, parameter shapes and mode). ``bind`` checks both against the model, and the
+generated file against its header's hash, and returns an ``nn.Module`` whose forward takes only
+the data arguments. Written as blocks (``STRUCTURED``), the module takes them in one ``params``
+mapping keyed by ``state_dict()`` names and reads each where it is used, at any size (a wider model
+of the same structure binds too). Each step checks what can change after ``bind`` (modes, a
+submodule swapped, a hyper-parameter set, a parameter unfrozen, an input that requires grad) and
+runs the forward on meta tensors once per new set of sizes, so a call the model would refuse moves
+no buffer. :func:`check_generated` and :func:`check_fingerprint` serve any bound form::
 
     step = symgrad.bind(resnet_gradients, model)
     loss = step(x=images, target=labels)   # the traced loss, as a tensor
