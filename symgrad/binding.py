@@ -443,7 +443,12 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
 def _retrace(generated: ModuleType, model: torch.nn.Module) -> str:
     """The commands that trace ``model`` again and generate its module anew."""
     spec = _spec_of(generated)
-    return (f"symgrad trace FILE.py:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}")
+    try:
+        file = Path(inspect.getsourcefile(type(model)) or "FILE.py")
+        file = file.relative_to(Path.cwd()) if file.is_relative_to(Path.cwd()) else file
+    except (TypeError, OSError, ValueError):
+        file = "FILE.py"
+    return f"symgrad trace {file}:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}"
 
 
 def _spec_of(generated: ModuleType) -> str:
