@@ -1,13 +1,16 @@
 """Training a traced model with its explicit gradients: ``step = symgrad.bind(module, model)``.
 
 A module generated from ``symgrad trace model.py:Net`` takes every parameter and buffer as an
-argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from. ``bind`` reads
-that table once, checks it against the model (names and shapes, so a model changed since it was
-traced is refused), and returns an ``nn.Module`` whose forward takes only the data arguments.
-Written as blocks (``STRUCTURED``), the module takes them in one ``params`` mapping keyed by
-``state_dict()`` names and reads each where it is used, at any size (a wider model of the same
-structure binds too): ``bind`` passes the model's parameters and buffers, and a key the module
-reads and the model lacks is refused at the first call::
+argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from, and in
+``FINGERPRINT`` what the traced model was (``symgrad.fingerprint``: per submodule its class, code,
+hyper-parameters, parameter shapes and mode). ``bind`` checks both against the model, and the
+generated file against its header's hash, and returns an ``nn.Module`` whose forward takes only
+the data arguments. Written as blocks (``STRUCTURED``), the module takes them in one ``params``
+mapping keyed by ``state_dict()`` names and reads each where it is used, at any size (a wider model
+of the same structure binds too). Each step checks what can change after ``bind`` (modes, a
+submodule swapped, a hyper-parameter set, a parameter unfrozen, an input that requires grad) and
+runs the forward on meta tensors once per new set of sizes, so a call the model would refuse moves
+no buffer. :func:`check_generated` and :func:`check_fingerprint` serve any bound form::
 
     step = symgrad.bind(resnet_gradients, model)
     loss = step(x=images, target=labels)   # the traced loss, as a tensor
@@ -24,8 +27,13 @@ the gradients as it does for the model. In training mode every BatchNorm's ``run
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import importlib
 import importlib.util
 import inspect
+import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,35 +42,54 @@ from types import ModuleType
 import torch
 
 from .errors import SymgradError
+from .fingerprint import IGNORED, difference, literal
+from .write import read_generated, read_header
 
 
 class BindError(SymgradError):
     """The generated module and the model do not belong together."""
 
 
+class BindArgumentError(BindError, TypeError):
+    """A bound step called with arguments it does not take (a TypeError too, as Python's own)."""
+
+
 @dataclass(frozen=True)
 class _Statistics:
-    """One training-mode batch norm's buffers, and its momentum (None: cumulative average)."""
+    """One training-mode batch norm's buffers, its momentum (None: cumulative average), and how often
+    the traced forward runs it."""
 
     module: torch.nn.Module
     mean: str
     var: str
     momentum: float | None
+    calls: int = 1
 
 
 class Bound(torch.nn.Module):
-    """``model`` with its generated explicit gradients; see :func:`bind`."""
+    """``model`` with its generated explicit gradients; see :func:`bind`. An ordinary ``nn.Module``:
+    ``copy.deepcopy``, ``pickle`` and ``torch.save`` work; it keeps the generated module by its file
+    or import name, and binds it again (with every check) when unpickled."""
 
-    def __init__(self, generated: ModuleType, model: torch.nn.Module):
+    def __init__(self, generated: ModuleType, model: torch.nn.Module, allow_edited: bool = False):
         super().__init__()
         self.model = model
+        self.allow_edited = allow_edited
+        self._reference = _reference(generated)
+        self._setup(generated)
+
+    def _setup(self, generated: ModuleType) -> None:
+        """Everything read off ``generated``, checked against the model (run again when unpickled)."""
+        model = self.model
+        check_generated(generated, self.allow_edited)
         self.generated = generated
         self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
         sources = getattr(generated, "SOURCES", None)
         if self.structured:  # shape-generic, keyed by state_dict key: the model's own, whatever they are
             state = {**dict(model.named_parameters(remove_duplicate=False)),
                      **dict(model.named_buffers(remove_duplicate=False))}
-            sources = {key: (key, tuple(value.shape)) for key, value in state.items()}
+            sources = {key: (key, tuple(value.shape)) for key, value in state.items()
+                       if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
         if not isinstance(sources, dict) or not hasattr(generated, "loss_with_explicit_backward"):
             raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
@@ -72,6 +99,7 @@ class Bound(torch.nn.Module):
                                     and not (self.structured and name == "params"))
         self._arguments = tuple(arguments)
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
+        fingerprint = check_fingerprint(generated, model, self.allow_edited)
         _check_matches(generated, model, sources)
         statistics = getattr(generated, "RUNNING_STATISTICS", ())
         if self.structured:
@@ -79,49 +107,96 @@ class Bound(torch.nn.Module):
                           for module, momentum in getattr(generated, "MOMENTA", {}).items()]
             for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
                 raise _missing(generated, model, key)
-        self._statistics = tuple(
-            _Statistics(_owner(model, sources[mean][0])[0], mean, var, momentum)
-            for mean, var, momentum in statistics)
+        calls: dict[str, int] = {}
+        for mean, _, _ in statistics:  # a module the flat table lists once per call
+            calls[mean] = calls.get(mean, 0) + 1
+        found = {}
+        for mean, var, momentum in statistics:
+            module = _owner(model, sources[mean][0])[0]
+            path = sources[mean][0].rpartition(".")[0]
+            count = fingerprint[path][5] if fingerprint and path in fingerprint else calls[mean]
+            found.setdefault(mean, _Statistics(module, mean, var, momentum, max(count, 1)))
+        self._statistics = tuple(found.values())
         for statistics in self._statistics:
             if (statistics.module.momentum is None) != (statistics.momentum is None) or (
                     statistics.momentum is not None and statistics.module.momentum != statistics.momentum):
                 raise BindError(f"{_name(generated)} was traced with momentum {statistics.momentum} for "
                                 f"{sources[statistics.mean][0].rsplit('.', 1)[0]}, and the model has "
                                 f"{statistics.module.momentum} (fix: trace the model again)")
+            if statistics.momentum is None and statistics.calls > 1:
+                raise BindError(f"{_name(generated)}: {sources[statistics.mean][0].rsplit('.', 1)[0]} is a "
+                                f"momentum=None BatchNorm the forward runs {statistics.calls} times, whose running "
+                                "statistics a bound step cannot move as the module does (fix: give it a momentum, "
+                                "e.g. 0.1, and trace again)")
         self._traced_training = bool(self._statistics) or None
         if not self._statistics and any(key.endswith(".running_mean") for key, _ in sources.values()):
             self._traced_training = False
+        modules = dict(model.named_modules(remove_duplicate=False))
+        self._modes = tuple((path, modules[path], entry[4]) for path, entry in (fingerprint or {}).items()
+                            if entry[4] is not None and path in modules)
+        gradient_fields = set(getattr(generated.Gradients, "_fields", ()))
+        frozen = getattr(generated, "FROZEN", None)
+        if frozen is None and not self.structured:
+            frozen = [key for name, (key, _) in sources.items() if name not in gradient_fields]
+        self._undifferentiated = tuple(  # parameters: buffers need no gradient
+            (key, name) for name, (key, _) in sources.items() if key in set(frozen or ())
+            and self._state[name][1] in self._state[name][0]._parameters)
+        self._constant_data = tuple(name for name in self.data_arguments if name not in gradient_fields)
+        self._checked: set = set()
+        self._children = tuple((parent, name, child) for parent in modules.values()
+                               for name, child in parent._modules.items())
+        self._hypers = tuple((path, module, key, copy.copy(value)) for path, module in modules.items()
+                             for key, value in vars(module).items()
+                             if fingerprint and path in fingerprint and _hyper(key, value))
 
-    def forward(self, **data: torch.Tensor) -> torch.Tensor:
+    def forward(self, *positional, **data: torch.Tensor) -> torch.Tensor:
         """The traced loss for these data arguments; ``.backward()`` on it runs the explicit backward."""
         unknown = sorted(set(data) - set(self.data_arguments))
         missing = [name for name in self.data_arguments if name not in data]
-        if unknown or missing:
-            raise TypeError(f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}"
-                            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
-                            + (f"; missing: {', '.join(missing)}" if missing else ""))
+        if positional or unknown or missing:
+            raise BindArgumentError(
+                f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}, by keyword"
+                + (f"; given {len(positional)} by position" if positional else "")
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))")
+        for name, value in data.items():
+            if not isinstance(value, torch.Tensor):
+                raise BindArgumentError(f"{_name(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
+                                        f"(fix: pass torch.as_tensor({name}))")
+            if value.numel() == 0:
+                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
+                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
+        self._check_model()
         self._check_mode()
         arguments = dict(data)
         for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
             arguments[name] = getattr(owner, attribute)
+        self._check_requires_grad(data, arguments)
+        self._check_devices(data, arguments)
+        self._check_sizes(data, arguments)
         previous = []
         for statistics in self._statistics:
-            counter = getattr(statistics.module, "num_batches_tracked", None)
-            if counter is not None:
-                counter.add_(1)
             if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
+                counter = getattr(statistics.module, "num_batches_tracked", None)
                 previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
-                                 1.0 / float(counter)))
+                                 1.0 / (float(counter) + 1)))
         if self.structured:
             params = {key: arguments[name] for name, (key, _) in self.sources.items()}
             try:
                 loss = self.generated.loss_with_explicit_backward(**data, params=params)
             except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
                 if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
-                    raise
+                    raise self._failed(error) from error
                 raise _missing(self.generated, self.model, error.args[0]) from None
+            except Exception as error:  # a value the sizes did not show (a label out of range)
+                raise self._failed(error) from error
         else:
-            loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
+            try:
+                loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
+            except Exception as error:  # a value the sizes did not show (a label out of range)
+                raise self._failed(error) from error
+        self._count()
         with torch.no_grad():
             for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
                 for name, old in ((statistics.mean, mean), (statistics.var, var)):
@@ -129,32 +204,270 @@ class Bound(torch.nn.Module):
                     batch.copy_(factor * batch + (1 - factor) * old)
         return loss
 
+    def _count(self) -> None:
+        """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
+        with torch.no_grad():
+            for statistics in self._statistics:
+                counter = getattr(statistics.module, "num_batches_tracked", None)
+                if counter is not None:
+                    counter.add_(statistics.calls)
+
+    def _failed(self, error: Exception) -> BindError:
+        """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
+        range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
+        self._count()
+        return BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
+                         "their statistics, as the model's forward does before its loss fails; fix: pass the "
+                         "inputs the model takes)")
+
+    def _check_model(self) -> None:
+        """The model as bound: the same submodules in the same places, the same hyper-parameters
+        (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
+        for parent, name, child in self._children:
+            if parent._modules.get(name) is not child:
+                raise BindError(f"{_name(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
+                                f"or removed after bind (fix: bind the model again: {_retrace(self.generated, self.model)} "
+                                "if it changed what it computes)")
+        for path, module, key, value in self._hypers:
+            now = getattr(module, key, _MISSING)
+            if now is not value and now != value:
+                raise BindError(f"{_name(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
+                                f"{key}={now!r} since bind, traced with {value!r} (fix: set it back, or trace and "
+                                f"generate the changed model: {_retrace(self.generated, self.model)})")
+
     def _check_mode(self) -> None:
-        if self._traced_training is None:
+        if self._modes:  # every module whose code reads its mode, as traced
+            wrong = [(path, module, training) for path, module, training in self._modes if module.training != training]
+            if not wrong:
+                return
+            path, module, training = wrong[0]
+            traced, now = ("train", "eval") if training else ("eval", "train")
+            if len(wrong) == len(self._modes) and len({entry[2] for entry in self._modes}) == 1:
+                raise BindError(f"{_name(self.generated)} was traced in {traced} mode, and the model is now in {now} "
+                                f"mode (fix: call model.{traced}(), or trace and generate the other mode too)")
+            raise BindError(f"{_name(self.generated)} was traced with {path or 'the model'} "
+                            f"({type(module).__name__}) in {traced} mode, and it is now in {now} mode (fix: call "
+                            f".{traced}() on it after model.{now}(), or trace and generate this mode: "
+                            f"{_retrace(self.generated, self.model)})")
+        if self._traced_training is not None:
+            modes = {statistics.module.training for statistics in self._statistics} or {
+                owner.training for owner, attribute in self._state.values() if attribute == "running_mean"}
+            if modes != {self._traced_training}:
+                traced = "train" if self._traced_training else "eval"
+                raise BindError(f"{_name(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
+                                f"modules are now in {'eval' if traced == 'train' else 'train'} mode (fix: call "
+                                f"model.{traced}(), or trace and generate the other mode too)")
+
+    def _check_requires_grad(self, data: dict, arguments: dict) -> None:
+        """Every tensor that requires grad gets its gradient, or this one-line error."""
+        if not torch.is_grad_enabled():
             return
-        modes = {statistics.module.training for statistics in self._statistics} or {
-            owner.training for owner, attribute in self._state.values() if attribute == "running_mean"}
-        if modes != {self._traced_training}:
-            traced = "train" if self._traced_training else "eval"
-            raise BindError(f"{_name(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
-                            f"modules are now in {'eval' if traced == 'train' else 'train'} mode (fix: call "
-                            f"model.{traced}(), or trace and generate the other mode too)")
+        for name in self._constant_data:
+            value = data[name]
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise BindError(f"{_name(self.generated)}: {name} requires grad, and the module computes no "
+                                f"gradient for it (traced without it in wrt) (fix: pass {name}.detach(), or trace "
+                                f"with --wrt naming {name} and generate again)")
+        for key, name in self._undifferentiated:
+            value = arguments[name]
+            if value.requires_grad:
+                raise BindError(f"{_name(self.generated)}: {key} requires grad, and the module computes no "
+                                f"gradient for it (it was frozen when traced) (fix: freeze it again with "
+                                f"requires_grad_(False), or trace the model as it is now: "
+                                f"{_retrace(self.generated, self.model)})")
+
+    def _check_devices(self, data: dict, arguments: dict) -> None:
+        device = next((value.device for name, value in arguments.items() if name not in data), None)
+        for name, value in data.items():
+            if device is not None and value.device != device:
+                raise BindError(f"{_name(self.generated)}: {name} is on {value.device}, and the model on {device} "
+                                f"(fix: pass {name}.to('{device}'))")
+
+    def _check_sizes(self, data: dict, arguments: dict) -> None:
+        """Run the forward once per set of data sizes on meta tensors (no kernel, no buffer moved):
+        inputs it cannot take, and a training-mode BatchNorm given one value per channel, are refused
+        before anything moves, as the model's forward refuses them."""
+        autocast = tuple(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
+        key = (autocast, tuple((name, value.shape, value.dtype) for name, value in data.items()),
+               tuple(map(id, arguments.values())))  # a parameter replaced is checked again
+        if key in self._checked:
+            return
+        floating = next((value.dtype for name, value in arguments.items()
+                         if isinstance(value, torch.Tensor) and value.is_floating_point() and name not in data), None)
+
+        def meta(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            dtype = floating if any(autocast) and value.is_floating_point() and floating is not None else value.dtype
+            return torch.empty(value.shape, dtype=dtype, device="meta")
+
+        try:
+            self._run_forward({name: meta(value) for name, value in arguments.items()}, data)
+        except ValueError as error:
+            raise ValueError(_first_line(error)) from None
+        except (NotImplementedError, KeyError):  # an op without a meta kernel: the call itself decides
+            pass
+        except Exception:  # the real forward's own message, on copies of the buffers (nothing moves)
+            buffers = {name for name, (owner, attribute) in self._state.items() if attribute in owner._buffers}
+            try:
+                self._run_forward({name: value.clone() if name in buffers else value
+                                   for name, value in arguments.items()}, data)
+            except Exception as error:
+                shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in data.items()
+                                   if isinstance(value, torch.Tensor))
+                raise BindError(f"{_name(self.generated)} cannot take {shapes}: {_first_line(error)} "
+                                "(fix: pass the inputs the model takes; nothing was moved)") from None
+        self._checked.add(key)
+
+    def _run_forward(self, values: dict, data: dict) -> None:
+        """The generated forward on ``values`` (the arguments by name), without a graph, with
+        nn.BatchNorm's own checks."""
+        with torch.no_grad(), _SizeChecks():
+            if self.structured:
+                self.generated.forward(**{name: values[name] for name in data},
+                                       params={key: values[name] for name, (key, _) in self.sources.items()})
+            else:
+                self.generated.forward(**{name: values[name] for name in self._arguments})
+
+    def __getstate__(self):
+        if self._reference is None:
+            raise BindError(f"{_name(self.generated)} was not loaded from a file, so a copy of the bound model "
+                            "cannot find it again (fix: bind the generated file's path, "
+                            "symgrad.bind('generated/NAME.py', model))")
+        state = dict(self.__dict__)
+        state["generated"] = None
+        state["_checked"] = set()
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        kind, where = self._reference
+        self._setup(_load(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where))
+
+    def __deepcopy__(self, memo):
+        memo[id(self.generated)] = self.generated  # a module is shared, as copy.deepcopy shares functions
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
 
 
-def bind(generated: ModuleType | str | Path, model: torch.nn.Module) -> Bound:
+_MISSING = object()
+
+
+def _hyper(key: str, value) -> bool:
+    """Whether the attribute ``key`` of a module is a hyper-parameter the fingerprint holds."""
+    return not key.startswith("_") and key not in IGNORED and literal(value) is not ...
+
+
+class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
+    """Checks meta tensors skip: nn.BatchNorm's before it runs (``F.batch_norm``'s ``_verify_batch_size``)
+    on the generated forward's training-mode ``native_batch_norm`` calls, and the dtypes of a
+    convolution's, a matrix product's or a batch norm's operands, which must agree (outside autocast)."""
+
+    SAME_DTYPE = frozenset({"convolution", "addmm", "mm", "bmm", "native_batch_norm", "linear"})
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name == "native_batch_norm" and len(args) > 5 and args[5]:
+            size = args[0].shape
+            if size[0] * math.prod(size[2:]) == 1:
+                raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
+        if name in self.SAME_DTYPE:
+            dtypes = {value.dtype for value in args if isinstance(value, torch.Tensor) and value.is_floating_point()}
+            if len(dtypes) > 1:
+                raise RuntimeError(f"{name} of {' and '.join(sorted(map(str, dtypes)))} operands: the input's dtype "
+                                   "and the model's must be the same")
+        return func(*args, **(kwargs or {}))
+
+
+def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_edited: bool = False) -> Bound:
     """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
     by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
 
     Returns an ``nn.Module``: call it with the data arguments by keyword (``step(x=images,
     target=labels)``) to get the loss; ``.backward()`` fills ``.grad`` of the model's parameters.
-    Raises :class:`BindError` when the model's parameter or buffer names or shapes differ from those
-    the module was traced with.
+    Raises :class:`BindError` when the model differs from the one traced (its submodules' classes,
+    code, hyper-parameters, parameter names and shapes: the module's ``FINGERPRINT``), and when the
+    generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
+    a module without a fingerprint unchecked).
     """
     if isinstance(generated, (str, Path)):
-        generated = _load(Path(generated))
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise BindError("bind the model itself, then wrap the result: DistributedDataParallel(symgrad.bind(module, model))")
-    return Bound(generated, model)
+        generated = _load(Path(generated), allow_edited)
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
+    return Bound(generated, model, allow_edited)
+
+
+def check_generated(generated: ModuleType, allow_edited: bool = False) -> None:
+    """Refuse a generated file that is not as symgrad wrote it (its header's content hash), unless
+    ``allow_edited``. A module made in memory, without a file, has no header to read."""
+    file = getattr(generated, "__file__", None)
+    if file and str(file).endswith(".py") and Path(file).is_file():
+        _check_file(Path(file), allow_edited)
+
+
+def _check_file(file: Path, allow_edited: bool) -> None:
+    if allow_edited:
+        return
+    parsed = read_header(read_generated(file))
+    if parsed is None:
+        problem = "has no symgrad header (written by hand, or its header was removed)"
+    elif hashlib.sha256(parsed[1].encode("utf-8")).hexdigest() != parsed[0]["content_hash"]:
+        problem = "was edited by hand since symgrad generated it (its content hash differs from its header's)"
+    else:
+        return
+    spec = parsed[0]["spec"] if parsed else "SPEC.yaml"
+    raise BindError(f"{file} {problem} (fix: symgrad generate {spec} again, or bind(..., allow_edited=True) "
+                    "if you mean to train with the edited code)")
+
+
+def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edited: bool = False) -> dict | None:
+    """Refuse ``model`` where it differs from the one ``generated`` was traced from (its
+    ``FINGERPRINT``), naming the first submodule that differs; the fingerprint, or None for a module
+    without one (refused unless ``allow_edited``). Any bound form calls it."""
+    fingerprint = getattr(generated, "FINGERPRINT", None)
+    if fingerprint is None:
+        if allow_edited:
+            return None
+        raise BindError(f"{_name(generated)} records no fingerprint of the model it was traced from (generated by "
+                        "an older symgrad, or from a spec written by hand), so bind cannot check the model "
+                        f"(fix: {_retrace(generated, model)}, or bind(..., allow_edited=True) to bind it unchecked)")
+    problem = difference(fingerprint, model, any_width=bool(getattr(generated, "STRUCTURED", False)))
+    if problem:
+        raise BindError(f"{_name(generated)} does not fit {type(model).__name__}: {problem} "
+                        f"(fix: {_retrace(generated, model)})")
+    return fingerprint
+
+
+def _retrace(generated: ModuleType, model: torch.nn.Module) -> str:
+    """The commands that trace ``model`` again and generate its module anew."""
+    spec = _spec_of(generated)
+    try:
+        file = Path(inspect.getsourcefile(type(model)) or "FILE.py")
+        file = file.relative_to(Path.cwd()) if file.is_relative_to(Path.cwd()) else file
+    except (TypeError, OSError, ValueError):
+        file = "FILE.py"
+    return f"symgrad trace {file}:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}"
+
+
+def _spec_of(generated: ModuleType) -> str:
+    match = re.search(r"from\s+(\S+\.ya?ml)\b", getattr(generated, "__doc__", None) or "")
+    return match.group(1) if match else "SPEC.yaml"
+
+
+def _reference(generated: ModuleType) -> tuple[str, str] | None:
+    """How to find ``generated`` again in another process: its import name or its file."""
+    name = getattr(generated, "__name__", None)
+    if name and sys.modules.get(name) is generated and not name.startswith("_symgrad_bound_"):
+        return "name", name
+    file = getattr(generated, "__file__", None)
+    return ("path", str(Path(file).resolve())) if file and Path(file).is_file() else None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 def _owner(model: torch.nn.Module, key: str) -> tuple[torch.nn.Module, str]:
@@ -179,9 +492,14 @@ def _check_matches(generated: ModuleType, model: torch.nn.Module, sources: dict[
                         "(fix: bind the module generated from this model, or trace the changed model again)")
 
 
-def _load(path: Path) -> ModuleType:
+def _load(path: Path, allow_edited: bool = False) -> ModuleType:
+    """The generated module at ``path``, imported once its header says symgrad wrote it as it is."""
     if not path.is_file():
         raise BindError(f"no generated module at {path} (fix: check the path)")
+    if path.suffix != ".py":
+        raise BindError(f"{path} is not a generated Python module (fix: symgrad generate the spec, and bind the .py "
+                        "file it writes)")
+    _check_file(path, allow_edited)
     spec = importlib.util.spec_from_file_location(f"_symgrad_bound_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -196,4 +514,4 @@ def _missing(generated: ModuleType, model: torch.nn.Module, key: str) -> BindErr
 
 
 def _name(generated: ModuleType) -> str:
-    return getattr(generated, "__name__", "the generated module")
+    return getattr(generated, "__name__", "the generated module").removeprefix("_symgrad_bound_")

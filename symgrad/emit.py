@@ -22,6 +22,7 @@ from markupsafe import escape
 
 from . import __version__
 from .diagram import mermaid, svg
+from .fingerprint import module_constants
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan, Scheduled
 from .printing import comment_lines, entry, fit, prose, to_code, to_latex
@@ -206,6 +207,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
                    for name, value in planned.hvp_results.items()}
     context = dict(
         sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
+        fingerprint=module_constants(spec),
         running_statistics=running,
         helpers=planned.helpers,
         channels_last=planned.channels_last,

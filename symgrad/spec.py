@@ -56,7 +56,7 @@ RESERVED_SUFFIXES = tuple(sorted(template_names()[1]))
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
 
-TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "wrt", "extras")
+TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "wrt", "extras", "fingerprint")
 REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward and gradients."""
@@ -331,6 +331,8 @@ class Spec:
     extras: tuple[str, ...] = ()
     blocks: dict = field(default_factory=dict)
     """name -> :class:`symgrad.blocks.BlockSpec`, the blocks the layers use (``flatten`` inlines them)."""
+    fingerprint: dict | None = None
+    """The traced model's submodules (``symgrad.fingerprint``), which ``symgrad.bind`` compares."""
 
 
 
@@ -493,8 +495,12 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                 raise SpecError(f"unknown extra {cut(repr(item))}" + (_did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
                                 item_location, f"extras may be: {', '.join(EXTRAS)}")
             extras.append(item)
+    fingerprint = None
+    if "fingerprint" in document:
+        from .fingerprint import parse_fingerprint
+        fingerprint = parse_fingerprint(document["fingerprint"], document.value_locations["fingerprint"])
     return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
-                file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks)
+                file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks, fingerprint=fingerprint)
 
 
 def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:

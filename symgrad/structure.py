@@ -23,6 +23,7 @@ import sympy
 from .algebra import primitive, tensor, TensorOp, Params
 from .blocks import BlockSpec, HyperInt, flatten
 from .errors import SpecError
+from .fingerprint import module_constants
 from .graph import Graph, build_graph
 from .plan import Plan, plan
 from .reverse import GRAD_LOSS, Program, derive
@@ -660,6 +661,7 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
                        + statements_of(planned.saving_forward) + statements_of(planned.backward))
     context = dict(
         name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
+        fingerprint=module_constants(spec, any_width=True),
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
         forward=[_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                  for statement in planned.forward],

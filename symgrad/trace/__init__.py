@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
+import json
 import math
 import signal
 import sys
@@ -226,7 +227,25 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
         raise TraceError(_at_call(error, text, calls)) from None
     if blocks and module is not None:
         text = _with_blocks(text, header, name, spec, calls, module, graph)
+    if module is not None:  # what symgrad.bind compares the model with
+        text += _fingerprint_text(module, calls)
     return text
+
+
+def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
+    """The spec's ``fingerprint:`` section for ``module`` as traced (``symgrad.fingerprint``)."""
+    from ..fingerprint import fingerprint_of
+
+    counts: dict[str, int] = {}
+    for call in calls:
+        if call.name == "batch_norm":
+            counts[call.module] = counts.get(call.module, 0) + 1
+    entries = fingerprint_of(module, counts)
+
+    def line(value) -> str:
+        return yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
+
+    return "fingerprint:\n" + "".join(f"  {json.dumps(path)}: {line(entry)}\n" for path, entry in entries.items())
 
 
 def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, module, graph) -> str:

@@ -1,0 +1,265 @@
+"""What a traced model computes, written down so that ``symgrad.bind`` binds only that model.
+
+``symgrad trace`` records, per submodule path, its class, the hyper-parameters that change the math
+(every public scalar attribute: a convolution's ``kernel_size``, ``stride``, ``padding``,
+``dilation``, ``groups``, ``padding_mode``; a BatchNorm's ``eps``, ``momentum``, ``affine``,
+``track_running_stats``; a dropout's ``p``; an activation's ``negative_slope`` or ``approximate``; a
+pooling's ``ceil_mode``; an upsampling's ``mode`` and ``scale_factor``; a model's own ``self.scale``),
+its own parameters' and buffers' shapes, the mode it ran in where its code reads ``self.training``,
+how often a BatchNorm ran, and a hash of the source of its class (every class of its MRO outside
+PyTorch, with the module-level functions their methods call). The spec carries it as a
+``fingerprint:`` section; the parser lets through only the literals below, and the generated module
+holds it as ``FINGERPRINT``. :func:`difference` compares a model against it and names the first
+submodule that differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import re
+from typing import Any
+
+import torch
+
+from .errors import Location, SpecError
+
+ENTRY_KEYS = ("class", "code", "training", "calls", "hyper", "state")
+"""What a submodule's entry may hold."""
+IGNORED = frozenset({"training", "inplace"})
+"""Attributes that do not change what the module computes (``training`` is recorded apart, where read)."""
+WIDTHS = frozenset({"in_channels", "out_channels", "num_features", "in_features", "out_features", "num_channels",
+                    "normalized_shape", "embed_dim"})
+"""Hyper-parameters that are a width: a module written as blocks runs at any width, so they are not compared there."""
+WIDTH_WORDS = ("channels", "planes", "features", "width", "dim", "hidden", "filters")
+"""A model's own attribute named with one of these (``self.inplanes``) is taken for a width too."""
+
+
+def _is_width(key: str) -> bool:
+    return key in WIDTHS or any(word in key for word in WIDTH_WORDS)
+PATH = re.compile(r"\Z|[A-Za-z0-9_][A-Za-z0-9_-]{0,63}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,63}){0,31}\Z")
+KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+CODE = re.compile(r"[0-9a-f]{16}\Z")
+MAX_TEXT = 200
+MAX_ITEMS = 16
+
+
+def literal(value: Any) -> Any:
+    """``value`` as a fingerprint literal, or ``...`` where it is none (a tensor, a module, a function)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        if len(value) <= MAX_TEXT and value.isprintable():
+            return value
+        return "sha256:" + hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:16]
+    if isinstance(value, (tuple, list)) and len(value) <= MAX_ITEMS:
+        items = [literal(item) for item in value]
+        if all(item is not ... and not isinstance(item, list) for item in items):
+            return items
+    return ...
+
+
+_CODE_CACHE: dict[type, str | None] = {}
+
+
+def _code_hash(cls: type) -> str | None:
+    """A hash of the source of ``cls`` and of its bases outside PyTorch, with the module-level functions
+    their methods call; None for a PyTorch class (its math is its class and hyper-parameters)."""
+    if cls in _CODE_CACHE:
+        return _CODE_CACHE[cls]
+    parts = []
+    for klass in cls.__mro__:
+        if (klass.__module__ or "").split(".")[0] in ("torch", "builtins"):
+            continue
+        parts.append(_source(klass))
+        for method in vars(klass).values():
+            method = getattr(method, "__func__", method)
+            code, names = getattr(method, "__code__", None), getattr(method, "__globals__", {})
+            for name in (code.co_names if code is not None else ()):
+                called = names.get(name)
+                if inspect.isfunction(called) and not (called.__module__ or "").startswith("torch"):
+                    parts.append(_source(called))
+    result = hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16] if parts else None
+    _CODE_CACHE[cls] = result
+    return result
+
+
+def _source(item) -> str:
+    try:
+        return inspect.getsource(item)
+    except (OSError, TypeError):  # made by exec: its name stands for it
+        return f"<no source: {getattr(item, '__qualname__', item)}>"
+
+
+_READS_TRAINING: dict[type, bool] = {}
+
+
+def _reads_training(cls: type) -> bool:
+    """Whether ``cls``'s forward may compute otherwise in train and eval mode (its code reads ``training``)."""
+    if cls not in _READS_TRAINING:
+        try:
+            _READS_TRAINING[cls] = "training" in inspect.getsource(cls.forward)
+        except (OSError, TypeError, AttributeError):
+            _READS_TRAINING[cls] = True
+    return _READS_TRAINING[cls]
+
+
+def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) -> dict[str, dict]:
+    """The fingerprint of ``model`` as it is now: path -> entry; ``calls``: how often each BatchNorm ran."""
+    result = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        hyper = {}
+        for key, value in vars(module).items():
+            if key.startswith("_") or key in IGNORED or not KEY.match(key):
+                continue
+            value = literal(value)
+            if value is not ...:
+                hyper[key] = value
+        state = {key: list(value.shape)
+                 for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+                 if value is not None}
+        entry = {"class": type(module).__name__, "code": _code_hash(type(module))}
+        if _reads_training(type(module)):
+            entry["training"] = bool(module.training)
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            entry["calls"] = (calls or {}).get(path, 0)
+        entry.update(hyper=hyper, state=state)
+        result[path] = entry
+    return result
+
+
+def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
+    """The ``fingerprint:`` section of a spec, checked to hold nothing but the literals
+    :func:`fingerprint_of` writes (only those reach the generated module)."""
+    def refuse(what: str, where: Location | None = None) -> SpecError:
+        return SpecError(f"fingerprint {what}", where or location,
+                         "trace the model again (symgrad trace ...); the fingerprint is written by the trace")
+
+    if not isinstance(value, dict):
+        raise refuse("must be a mapping of submodule paths to entries")
+    places = getattr(value, "value_locations", {})
+    result = {}
+    for path, entry in value.items():
+        where = places.get(path, location)
+        if not isinstance(path, str) or not PATH.match(path):
+            raise refuse(f"has {path!r:.60}, not a submodule path", where)
+        if not isinstance(entry, dict) or set(entry) - set(ENTRY_KEYS) or "class" not in entry:
+            raise refuse(f"entry {path!r} must be a mapping of {', '.join(ENTRY_KEYS)} with a class", where)
+        if not isinstance(entry["class"], str) or not KEY.match(entry["class"]):
+            raise refuse(f"entry {path!r} has class {entry['class']!r:.60}, not a class name", where)
+        code = entry.get("code")
+        if code is not None and not (isinstance(code, str) and CODE.match(code)):
+            raise refuse(f"entry {path!r} has code {code!r:.60}, not a 16-digit hash", where)
+        if not isinstance(entry.get("training", False), bool):
+            raise refuse(f"entry {path!r} has training {entry['training']!r:.60}, not true or false", where)
+        calls = entry.get("calls", 0)
+        if isinstance(calls, bool) or not isinstance(calls, int) or not 0 <= calls < 2**31:
+            raise refuse(f"entry {path!r} has calls {calls!r:.60}, not a count", where)
+        hyper, state = entry.get("hyper", {}), entry.get("state", {})
+        if not isinstance(hyper, dict) or not isinstance(state, dict):
+            raise refuse(f"entry {path!r}: hyper and state must be mappings", where)
+        for key, item in hyper.items():
+            if not isinstance(key, str) or not KEY.match(key) or literal(item) != item or literal(item) is ...:
+                raise refuse(f"entry {path!r} has hyper {key!r:.60}: {item!r:.60}, not a literal", where)
+        for key, shape in state.items():
+            if (not isinstance(key, str) or not KEY.match(key) or not isinstance(shape, list) or len(shape) > 8
+                    or any(isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**40
+                           for size in shape)):
+                raise refuse(f"entry {path!r} has state {key!r:.60}: {shape!r:.60}, not a shape", where)
+        result[path] = {"class": entry["class"], "code": code,
+                        **({"training": entry["training"]} if "training" in entry else {}),
+                        **({"calls": calls} if "calls" in entry else {}),
+                        "hyper": {key: literal(item) for key, item in hyper.items()},
+                        "state": {key: [int(size) for size in shape] for key, shape in state.items()}}
+    return result
+
+
+def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100) -> str:
+    """``value`` (checked literals) as Python source: on one line where it fits in ``width`` columns
+    after ``lead`` of them, else one entry per line, indented by ``indent`` + 4."""
+    def flat(item) -> str:
+        if isinstance(item, dict):
+            return "{" + ", ".join(f"{flat(key)}: {flat(entry)}" for key, entry in item.items()) + "}"
+        if isinstance(item, list):
+            return "[" + ", ".join(flat(entry) for entry in item) + "]"
+        if isinstance(item, str):
+            return json.dumps(item)
+        return repr(item)
+
+    one_line = flat(value)
+    if not isinstance(value, (dict, list)) or not value or lead + len(one_line) + 1 <= width:
+        return one_line
+    inner = " " * (indent + 4)
+    if isinstance(value, list):
+        lines = [f"{inner}{python_literal(entry, indent + 4, indent + 4, width)}," for entry in value]
+        return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
+    lines = [f"{inner}{flat(key)}: {python_literal(entry, indent + 4, indent + 6 + len(flat(key)), width)},"
+             for key, entry in value.items()]
+    return "{\n" + "\n".join(lines) + "\n" + " " * indent + "}"
+
+
+def digests(entry: dict, any_width: bool) -> tuple[str, str]:
+    """Short hashes of an entry's hyper-parameters and of its parameters' and buffers' shapes; with
+    ``any_width``, without the widths (a module written as blocks runs at any width)."""
+    hyper = {key: value for key, value in entry["hyper"].items() if not (any_width and _is_width(key))}
+    state = {key: [len(shape), *shape[2:]] if any_width else shape for key, shape in entry["state"].items()}
+    return tuple(hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:8] for part in (hyper, state))
+
+
+def summary(entry: dict, any_width: bool) -> tuple:
+    """What the generated module keeps of an entry: (class, code hash, hyper digest, state digest,
+    traced mode or None, BatchNorm calls)."""
+    return (entry["class"], entry.get("code"), *digests(entry, any_width), entry.get("training"), entry.get("calls", 0))
+
+
+def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool = False) -> str | None:
+    """The first way ``model`` differs from ``traced`` (path -> :func:`summary`), in words, or None;
+    ``any_width``: the module is written as blocks, and runs at any width. The submodules and their
+    classes first, then hyper-parameters and parameters, then code."""
+    now = fingerprint_of(model)
+    for path, (kind, *_) in traced.items():
+        entry = now.get(path)
+        if entry is None:
+            return f"{path or 'the model'} ({kind}) is no submodule of the model any more"
+        if entry["class"] != kind:
+            return f"{path or 'the model'} is a {entry['class']}, traced as a {kind}"
+    for path in now:
+        if path not in traced:
+            return f"{path} ({now[path]['class']}) is a submodule the trace did not see"
+    for path, (kind, code, hyper, state, _, _) in traced.items():
+        shown, entry = path or "the model", now[path]
+        now_hyper, now_state = digests(entry, any_width)
+        if now_hyper != hyper:
+            values = ", ".join(f"{key}={value!r}" for key, value in entry["hyper"].items()
+                               if not (any_width and _is_width(key))) or "none"
+            return f"{shown} ({kind}) has other hyper-parameters than traced (now {values})"
+        if now_state != state:
+            shapes = ", ".join(f"{key} {shape}" for key, shape in entry["state"].items()) or "none"
+            return f"{shown} ({kind}) has other parameters or shapes than traced (now {shapes})"
+    for path, (kind, code, *_) in traced.items():
+        if now[path]["code"] != code:
+            return f"the code of {path or 'the model'}'s class {kind} changed since it was traced"
+    return None
+
+
+def module_constants(spec, any_width: bool = False) -> str:
+    """``FINGERPRINT`` and ``FROZEN`` for the generated module of a traced ``spec`` (Python
+    source from its checked literals), or "" for a spec without a fingerprint."""
+    if spec.fingerprint is None:
+        return ""
+    wrt = {name for name, _ in spec.wrt}
+    frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt})
+    summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
+    return (f"FINGERPRINT = {python_literal(summaries, lead=14)}\n"
+            '"""The traced model, per submodule (the spec\'s ``fingerprint:``): class, a hash of its code, hashes\n'
+            "of its hyper-parameters and of its own parameters' and buffers' shapes, its mode where its code\n"
+            'reads it, how often a BatchNorm ran; ``symgrad.bind`` refuses a model that differs."""\n'
+            f"FROZEN = {python_literal(frozen, lead=9)}\n"
+            '"""The ``state_dict()`` keys this module reads and computes no gradient for (the buffers, and\n'
+            'the parameters frozen when traced: ``symgrad.bind`` refuses them unfrozen)."""')

@@ -1,0 +1,371 @@
+"""``symgrad.bind`` binds only what was traced, from the user's side: a model written in a file, traced,
+its module generated into a file (flat, ``--flat``, and as blocks), then the file or the model changed
+the ways people change them. Every case either trains as autograd does through the model itself
+(float64, another batch and spatial size, <= 1e-10) or is refused in one line naming what differs."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import symgrad
+from symgrad.binding import BindError
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, load_target, trace
+
+MODEL = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ConvBlock(nn.Module):
+    """A residual conv-BN-ReLU, as a ResNet stage repeats it."""
+
+    def __init__(self, channels, momentum=0.1):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size=3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels, momentum=momentum)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return x + self.act(self.bn(self.conv(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, width=4, classes=3, stem_kernel=3, stem_stride=1, eps=1e-5, momentum=0.1, freeze_stem=False):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, kernel_size=stem_kernel, stride=stem_stride, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width, eps=eps)
+        self.blocks = nn.Sequential(ConvBlock(width, momentum), ConvBlock(width, momentum))
+        self.head = nn.Linear(width, classes)
+        if freeze_stem:
+            self.stem.weight.requires_grad_(False)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        x = self.blocks(x)
+        return self.head(x.mean((2, 3)))
+'''
+
+CHANGED = {
+    "relu to gelu in forward": (MODEL.replace("x = F.relu(self.bn(", "x = F.gelu(self.bn("), {}, r"the code of the model's class Net changed"),
+    "the block's forward edited": (MODEL.replace("return x + self.act(", "return x - self.act("), {},
+                                   r"the code of blocks\.0's class ConvBlock changed"),
+    "stem 3x3 to 5x5, same keys": (MODEL, {"stem_kernel": 5}, r"stem \(Conv2d\) has other (hyper-parameters|parameters)"),
+    "stem stride 1 to 2": (MODEL, {"stem_stride": 2}, r"stem \(Conv2d\) has other hyper-parameters than traced .*stride=\[2, 2\]"),
+    "BatchNorm eps": (MODEL, {"eps": 1e-3}, r"bn \(BatchNorm2d\) has other hyper-parameters than traced .*eps=0\.001"),
+    "a gained parameter": (MODEL.replace("        if freeze_stem:", "        self.scale = nn.Parameter(torch.ones(1))\n"
+                                         "        if freeze_stem:"), {},
+                           r"the model \(Net\) has other parameters or shapes than traced \(now scale \[1\]\)"),
+    "a gained submodule": (MODEL.replace("        if freeze_stem:", "        self.extra = nn.Conv2d(3, 3, 1)\n"
+                                         "        if freeze_stem:"), {}, r"extra \(Conv2d\) is a submodule the trace did not see"),
+}
+FORMS = ["flat", "blocks"]
+ALL_FORMS = [*FORMS, "--flat"]
+"""``--flat``: the spec traced with blocks, generated flat (``symgrad generate --flat``)."""
+
+
+def write_model(folder, source=MODEL, name="net_model"):
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    return f"{path}:Net"
+
+
+def generate(folder, model, form: str, name: str = "net", mode="train", wrt="parameters", shapes=(2, 3, 8, 8)):
+    """Trace ``model``, generate its module into ``folder`` (with its header, as ``symgrad generate``
+    writes it) and return the file's path."""
+    text = trace(model, {"x": shapes}, wrt=wrt, name=name, loss=LossChoice("cross_entropy", "labels"), mode=mode,
+                 blocks=form != "flat")
+    built = build_text(text, f"{name}.yaml", flat=form == "--flat")
+    path = folder / f"{name}.py"
+    path.write_text(built.rendered.files[f"{name}.py"])
+    return path
+
+
+def built_model(reference: str, **init) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return load_target(reference, init).double().train()
+
+
+def data(batch=3, height=6, width=10, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 3, height, width, generator=generator, dtype=torch.float64),
+            torch.randint(0, 3, (batch,), generator=generator))
+
+
+def assert_trains_as_autograd(step, model, reference, steps=2, batch=3):
+    for index in range(steps):
+        x, labels = data(batch=batch, seed=index + 1)
+        step(x=x, labels=labels).backward()
+        F.cross_entropy(reference(x), labels).backward()
+    assert_same(model, reference)
+
+
+def assert_same(model, reference):
+    expected = dict(reference.named_parameters())
+    # against the largest gradient: one that is zero by structure is rounding on both sides
+    scale = max([value.grad.abs().max().item() for value in expected.values() if value.grad is not None] + [1e-30])
+    for key, value in model.named_parameters():
+        if expected[key].grad is None:
+            assert value.grad is None, key
+        else:
+            assert (value.grad - expected[key].grad).abs().max().item() <= 1e-10 * scale, key
+    buffers = dict(reference.named_buffers())
+    for key, value in model.named_buffers():
+        assert (value.double() - buffers[key].double()).abs().max().item() <= 1e-10 * max(
+            buffers[key].double().abs().max().item(), 1.0), key
+
+
+@pytest.mark.parametrize("form", ALL_FORMS)
+def test_the_model_traced_trains_as_autograd_and_the_module_is_the_form_asked_for(form, tmp_path):
+    reference_path = write_model(tmp_path)
+    model = built_model(reference_path)
+    path = generate(tmp_path, model, form)
+    generated = path.read_text()
+    assert ("STRUCTURED = True" in generated) == (form == "blocks") and "FINGERPRINT = {" in generated
+    reference = copy.deepcopy(model)
+    assert_trains_as_autograd(symgrad.bind(path, model), model, reference)
+
+
+@pytest.mark.parametrize("form", ALL_FORMS)
+@pytest.mark.parametrize("change", list(CHANGED))
+def test_a_model_changed_since_it_was_traced_is_refused_in_one_line_naming_the_submodule(change, form, tmp_path):
+    path = generate(tmp_path, built_model(write_model(tmp_path)), form)
+    source, init, message = CHANGED[change]
+    changed = built_model(write_model(tmp_path, source, name="net_changed"), **init)
+    with pytest.raises(BindError) as error:
+        symgrad.bind(path, changed)
+    text = str(error.value)
+    assert "\n" not in text and "symgrad trace" in text and "symgrad generate net.yaml" in text, text
+    assert __import__("re").search(message, text), text
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_generated_file_edited_by_hand_is_refused_unless_allowed(form, tmp_path):
+    model = built_model(write_model(tmp_path))
+    path = generate(tmp_path, model, form)
+    text = path.read_text()
+    edited = text.replace("grad_loss = ", "grad_loss = 2.5 * ", 1) if "grad_loss = " in text else text + "\n# edited\n"
+    assert edited != text
+    path.write_text(edited)
+    with pytest.raises(BindError, match=r"^\S+net\.py was edited by hand since symgrad generated it .*"
+                                        r"\(fix: symgrad generate net\.yaml again, or bind\(\.\.\., allow_edited=True\)"):
+        symgrad.bind(path, model)
+    symgrad.bind(path, model, allow_edited=True)  # meant: bound
+    path.write_text(text.split("\n", 3)[3])  # the header removed
+    with pytest.raises(BindError, match="has no symgrad header"):
+        symgrad.bind(path, model)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_parameter_frozen_when_traced_and_unfrozen_later_is_refused_at_the_step(form, tmp_path):
+    model = built_model(write_model(tmp_path), freeze_stem=True)
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generate(tmp_path, model, form), model)
+    assert_trains_as_autograd(step, model, reference, steps=1)  # frozen, as traced: fine
+    model.stem.weight.requires_grad_(True)
+    x, labels = data()
+    with pytest.raises(BindError, match=r"^net: stem\.weight requires grad, and the module computes no gradient for it "
+                                        r"\(it was frozen when traced\) \(fix: .*symgrad trace"):
+        step(x=x, labels=labels)
+    with torch.no_grad():  # no gradient asked for: nothing to refuse
+        step(x=x, labels=labels)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_input_that_requires_grad_outside_wrt_is_refused_as_an_upstream_networks_output(form, tmp_path):
+    model = built_model(write_model(tmp_path))
+    step = symgrad.bind(generate(tmp_path, model, form), model)
+    upstream = torch.nn.Conv2d(3, 3, 1).double()
+    x, labels = data()
+    with pytest.raises(BindError, match=r"^net: x requires grad, and the module computes no gradient for it"):
+        step(x=upstream(x), labels=labels)
+    assert all(value.grad is None for value in model.parameters())
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_batchnorm_frozen_when_traced_and_switched_by_model_train_is_refused(form, tmp_path):
+    model = built_model(write_model(tmp_path))
+    model.blocks[1].bn.eval()  # a frozen BatchNorm, the rest training
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generate(tmp_path, model, form, mode=None), model)
+    assert_trains_as_autograd(step, model, reference, steps=1)
+    model.train()
+    x, labels = data()
+    with pytest.raises(BindError, match=r"^net was traced with blocks\.1\.bn \(BatchNorm2d\) in eval mode, and it is "
+                                        r"now in train mode \(fix: call \.eval\(\) on it"):
+        step(x=x, labels=labels)
+    model.blocks[0].bn.eval()  # the other way: traced training, now frozen
+    model.blocks[1].bn.eval()
+    with pytest.raises(BindError, match=r"blocks\.0\.bn \(BatchNorm2d\) in train mode, and it is now in eval mode"):
+        step(x=x, labels=labels)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_one_value_per_channel_raises_pytorchs_value_error_and_moves_nothing(form, tmp_path):
+    model = built_model(write_model(tmp_path))
+    step = symgrad.bind(generate(tmp_path, model, form), model)
+    before = copy.deepcopy(model.state_dict())
+    x, labels = data(batch=1, height=1, width=1)
+    with pytest.raises(ValueError) as theirs:
+        copy.deepcopy(model)(x)
+    with pytest.raises(ValueError) as ours:
+        step(x=x, labels=labels)
+    assert str(ours.value) == str(theirs.value) and "Expected more than 1 value per channel" in str(ours.value)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_call_that_fails_moves_no_buffer_and_says_so_in_one_line(form, tmp_path):
+    model = built_model(write_model(tmp_path))
+    step = symgrad.bind(generate(tmp_path, model, form), model)
+    before = copy.deepcopy(model.state_dict())
+    wrong = torch.randn(2, 4, 8, 8, dtype=torch.float64)  # four channels, the stem takes three
+    with pytest.raises(BindError, match=r"^net cannot take x \[2, 4, 8, 8\], labels \[2\]: .*channels.*nothing was moved"):
+        step(x=wrong, labels=torch.zeros(2, dtype=torch.int64))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_two_steps_in_one_graph_train_as_autograd(form, tmp_path):
+    """``(step(x=x1) + 2 * step(x=x2)).backward()``: the second step moves the statistics the first
+    one's backward must not find changed."""
+    model = built_model(write_model(tmp_path))
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generate(tmp_path, model, form), model)
+    (x1, l1), (x2, l2) = data(seed=1), data(batch=4, height=7, width=5, seed=2)
+    (step(x=x1, labels=l1) + 2 * step(x=x2, labels=l2)).backward()
+    (F.cross_entropy(reference(x1), l1) + 2 * F.cross_entropy(reference(x2), l2)).backward()
+    assert_same(model, reference)
+    assert int(model.bn.num_batches_tracked) == 2
+
+
+SHARED = MODEL.replace("        x = self.blocks(x)\n", "        x = self.blocks(x)\n        x = self.bn(x)\n")
+"""The stem's BatchNorm applied twice per forward, as a weight-shared network does."""
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_batchnorm_called_twice_per_forward_moves_its_statistics_as_the_module_does(form, tmp_path):
+    model = built_model(write_model(tmp_path, SHARED))
+    reference = copy.deepcopy(model)
+    assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model), model, reference)
+    assert int(model.bn.num_batches_tracked) == 4 and int(model.blocks[0].bn.num_batches_tracked) == 2
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_momentum_none_batchnorm_called_once_per_forward_trains_and_twice_is_refused(form, tmp_path):
+    model = built_model(write_model(tmp_path), momentum=None)
+    reference = copy.deepcopy(model)
+    assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model), model, reference, steps=3)
+    shared = built_model(write_model(tmp_path, SHARED.replace("nn.BatchNorm2d(width, eps=eps)",
+                                                              "nn.BatchNorm2d(width, eps=eps, momentum=None)")))
+    with pytest.raises(BindError, match=r"^net: bn is a momentum=None BatchNorm the forward runs 2 times"):
+        symgrad.bind(generate(tmp_path, shared, form), shared)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_bound_model_deepcopies_pickles_and_saves_as_an_ordinary_module(form, tmp_path):
+    model = built_model(write_model(tmp_path))
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generate(tmp_path, model, form), model)
+    x, labels = data()
+    step(x=x, labels=labels).backward()
+    F.cross_entropy(reference(x), labels).backward()
+    copies = [copy.deepcopy(step), pickle.loads(pickle.dumps(step))]
+    buffer = io.BytesIO()
+    torch.save(step, buffer)
+    buffer.seek(0)
+    copies.append(torch.load(buffer, weights_only=False))
+    states = io.BytesIO()
+    torch.save(step.state_dict(), states)
+    states.seek(0)
+    fresh = symgrad.bind(generate(tmp_path, model, form, name="net_again"), built_model(write_model(tmp_path)))
+    fresh.load_state_dict(torch.load(states))
+    copies.append(fresh)
+    x2, l2 = data(batch=4, height=5, width=9, seed=3)
+    theirs = copy.deepcopy(reference)
+    for parameter in theirs.parameters():
+        parameter.grad = None
+    F.cross_entropy(theirs(x2), l2).backward()
+    for bound in copies:
+        assert bound.model is not model
+        for parameter in bound.model.parameters():
+            parameter.grad = None
+        bound(x=x2, labels=l2).backward()
+        assert_same(bound.model, theirs)
+    assert model.bn.num_batches_tracked == 1  # the copies moved their own buffers
+
+
+def test_a_bound_module_made_in_memory_deepcopies_and_refuses_pickling_in_one_line(tmp_path):
+    from symgrad.check import module_from_source
+
+    model = built_model(write_model(tmp_path))
+    text = trace(model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="in_memory", loss=LossChoice("cross_entropy", "labels"))
+    step = symgrad.bind(module_from_source(build_text(text, "in_memory.yaml").rendered.files["in_memory.py"],
+                                           "in_memory"), model)
+    copied = copy.deepcopy(step)
+    assert copied.generated is step.generated and copied.model is not model
+    with pytest.raises(BindError, match=r"^in_memory was not loaded from a file.*\(fix: bind the generated file's path"):
+        pickle.dumps(step)
+
+
+SPEC = """name: s
+inputs:
+  x: {shape: [2, 3]}
+  w: {shape: [3], source: w}
+  y: {shape: [2, 3]}
+layers:
+  - {op: mul, in: [x, w], out: h}
+loss: {op: mse_loss, in: h, target: y}
+wrt: [w]
+fingerprint:
+"""
+
+
+@pytest.mark.parametrize("entry", [
+    '"": {class: "os.system(\'x\')", code: null, hyper: {}, state: {}}',
+    '"": {class: Net, code: "__import__(\'os\')", hyper: {}, state: {}}',
+    '"": {class: Net, code: null, hyper: {p: {nested: 1}}, state: {}}',
+    '"": {class: Net, code: null, hyper: {"a b": 1}, state: {}}',
+    '"": {class: Net, code: null, hyper: {}, state: {w: [3, "x"]}}',
+    '"": {class: Net, code: null, hyper: {}, state: {}, extra: 1}',
+    '"": {class: Net, code: null, training: "yes", hyper: {}, state: {}}',
+    '"a..b": {class: Net, code: null, hyper: {}, state: {}}',
+    '"": [1, 2]',
+])
+def test_a_fingerprint_that_is_not_the_traces_literals_is_refused_at_its_line(entry):
+    from symgrad.errors import SpecError
+    from symgrad.spec import parse_spec
+
+    with pytest.raises(SpecError, match=r"^s\.yaml:1[01]:\d+: error: fingerprint .*\(fix: trace the model again"):
+        parse_spec(SPEC + f"  {entry}\n", "s.yaml")
+
+
+def test_a_fingerprints_strings_reach_the_generated_module_as_literals():
+    """A hyper-parameter string holding quotes, a backslash and braces is written as a Python literal."""
+    from symgrad.check import module_from_source
+
+    text = SPEC + ('  "": {class: Net, code: 0123456789abcdef, hyper: {mode: "a\\"b\\\\{{ 7 }}\'", p: 0.1, k: [3, 3],'
+                   "}, state: {w: [3]}}\n")
+    built = build_text(text, "s.yaml")
+    module = module_from_source(built.rendered.files["s.py"], "s")
+    name, code, *_ = module.FINGERPRINT[""]
+    assert (name, code) == ("Net", "0123456789abcdef") and module.FROZEN == []
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_parameter_the_forward_never_reads_gets_no_gradient_as_with_autograd(form, tmp_path):
+    """An auxiliary head the training forward skips: autograd leaves its ``.grad`` None, and so does the step."""
+    source = MODEL.replace("        if freeze_stem:", "        self.aux_head = nn.Linear(width, classes)\n        if freeze_stem:")
+    model = built_model(write_model(tmp_path, source))
+    reference = copy.deepcopy(model)
+    assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model), model, reference, steps=1)
+    assert model.aux_head.weight.grad is None and model.aux_head.weight.requires_grad
