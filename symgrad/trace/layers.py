@@ -344,7 +344,7 @@ class SpecBuilder:
             self.transpose(call)
         elif name in PIECES:
             self.pieces(call)
-        elif name in ("clamp", "clamp_", "clip", "clip_"):
+        elif name in ("clamp_min", "clamp_min_", "clamp_max", "clamp_max_"):
             self.clamp(call)
         elif name == "square":
             self.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
@@ -519,6 +519,14 @@ class SpecBuilder:
         if cumulative and len(self.layers) > count:
             self.layers[-1]["momentum"] = None
 
+    def _prelu(self, op: str, bound: dict, call: Call) -> None:
+        """nn.PReLU()'s one slope for every channel is ``shared: true`` (a [C] weight: one per channel)."""
+        weight, source = bound.get("weight"), bound.get("input")
+        if isinstance(weight, torch.Tensor) and isinstance(source, torch.Tensor) and weight.numel() == 1 and (
+                source.dim() < 2 or source.shape[1] != 1):
+            bound["shared"] = True
+        self.layer(op, bound, call)
+
     def _div(self, op: str, bound: dict, call: Call) -> None:
         if bound.pop("rounding_mode", None) is not None:
             self.fail(call, "rounds (rounding_mode is set), which has no gradient", "divide without rounding_mode")
@@ -610,8 +618,14 @@ class SpecBuilder:
         return None
 
     def clamp(self, call: Call) -> None:
-        """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b)."""
-        bound = dict(zip(("input", "min", "max"), call.arguments)) | call.keywords
+        """``x.clamp_min(a)``, ``torch.clamp_max(x, b)``: ``clamp`` with one bound."""
+        side = "min" if call.name.startswith("clamp_min") else "max"
+        bound = dict(zip(("input", side), call.arguments)) | call.keywords
+        self._clamp("clamp", bound, call)
+
+    def _clamp(self, op: str, bound: dict, call: Call) -> None:
+        """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b), any other the
+        clamp op (one-sided to another bound: SwinV2's logit scale)."""
         low, high = bound.get("min"), bound.get("max")
         if (low is not None and not _is_number(low)) or (high is not None and not _is_number(high)):
             self.fail(call, "clamps to tensor bounds", "clamp to numbers")
@@ -622,8 +636,7 @@ class SpecBuilder:
         elif low is not None and high is not None:
             self.layer("hardtanh", {"input": bound["input"], "min_val": float(low), "max_val": float(high)}, call)
         else:
-            self.fail(call, "clamps on one side to a bound other than 0, which no op symgrad lists does",
-                      "clamp to min=0 (relu) or to both bounds (hardtanh)")
+            self.layer("clamp", {"input": bound["input"], "min": low, "max": high}, call)
 
     def pass_through(self, call: Call) -> None:
         source, result = call.arguments[0], call.result
