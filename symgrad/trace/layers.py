@@ -30,6 +30,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import check_identifier
+from .constants import constant_layer
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -346,6 +347,8 @@ class SpecBuilder:
             self.pieces(call)
         elif name in ("clamp_min", "clamp_min_", "clamp_max", "clamp_max_"):
             self.clamp(call)
+        elif name == "norm":
+            self.norm(call)
         elif name == "square":
             self.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
         elif name == "__rsub__":
@@ -419,6 +422,8 @@ class SpecBuilder:
     def operand(self, value: Any, call: Call, reasons: set[int]) -> Any:
         if isinstance(value, torch.Tensor) and id(value) in self.constants and id(value) not in self.names:
             name = self.constant_map(value)
+            if name is None:
+                name = constant_layer(self, value, call)
             if name is not None:
                 return name
             self.problems.append(Problem(call.where, call.module, call.name, CONSTANT[0], CONSTANT[1]))
@@ -622,6 +627,17 @@ class SpecBuilder:
         side = "min" if call.name.startswith("clamp_min") else "max"
         bound = dict(zip(("input", side), call.arguments)) | call.keywords
         self._clamp("clamp", bound, call)
+
+    def norm(self, call: Call) -> None:
+        """``torch.norm(x, p=2, dim=(1, 2), keepdim=True)``, ``x.norm(dim=-1)``: vector_norm over the dims."""
+        bound = dict(zip(("input", "p", "dim", "keepdim"), call.arguments)) | call.keywords
+        if bound.get("dtype") is not None:
+            return self.fail(call, "converts the dtype", "leave dtype out")
+        dims = bound.get("dim")
+        p = bound.get("p", 2)
+        self.layer("vector_norm", {"x": bound["input"], "ord": 2 if p in ("fro", 2.0) else p,
+                                   "dim": None if dims is None else [dims] if isinstance(dims, int) else list(dims),
+                                   "keepdim": bool(bound.get("keepdim", False))}, call)
 
     def _clamp(self, op: str, bound: dict, call: Call) -> None:
         """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b), any other the
