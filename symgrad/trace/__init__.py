@@ -477,6 +477,10 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
             for key, value in layer.items():
                 if key in ("in", "out", "op") or again.get(key) == value:
                     continue
+                fixed = _fixed_sizes(value, again.get(key), call) if key in ("shape", "size") else None
+                if fixed is not None:  # a size that only happened to equal one the code read: the number
+                    layer[key] = fixed
+                    continue
                 problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
                                         f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
                                         "which a spec cannot express",
@@ -491,6 +495,26 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
                             "(fix: reduce over every dim but the first, or over all)")
         return problems
     return []
+
+
+def _fixed_sizes(value: Any, again: Any, call) -> list | None:
+    """A list of sizes where each entry that differs between the runs was read from a tensor at the given
+    shapes (``{like: x}``) but is the same number at the other shapes, the size this call's result has at
+    the given shapes too (Swin's ``view(N, N, -1)`` of its bias table, N happening to equal the tokens per
+    window the code read): those entries as that number; None when any other entry differs."""
+    traced = getattr(call.result, "shape", None)
+    if not (isinstance(value, list) and isinstance(again, list) and len(value) == len(again) and traced is not None
+            and len(traced) == len(value)):
+        return None
+    fixed = []
+    for position, (first, second) in enumerate(zip(value, again)):
+        if first == second:
+            fixed.append(first)
+        elif isinstance(first, dict) and isinstance(second, int) and second == traced[position]:
+            fixed.append(second)
+        else:
+            return None
+    return fixed
 
 
 def _shown(value: Any) -> str:

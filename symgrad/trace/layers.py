@@ -31,6 +31,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import check_identifier
 from .constants import constant_layer
+from .indexing import index_view, index_with_tensor
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -230,6 +231,8 @@ class SpecBuilder:
     when (the count of calls walked)."""
     writes: dict[int, int] = field(default_factory=dict)
     """Storage of a tensor written in place with a value that is not a constant -> when, last."""
+    index_views: dict[int, torch.Tensor] = field(default_factory=dict)
+    """id of a reshape of an int64 input (``index.view(-1)``) -> that input (``indexing.py``)."""
     walked: int = 0
 
     def __post_init__(self):
@@ -310,6 +313,8 @@ class SpecBuilder:
             return
         if self.scale_reduction(call):
             return
+        if index_view(self, call):
+            return
         if name in SIGNATURES:
             op, positional = BY_FUNCTION.get(call.function, SIGNATURES[name])
             bound = self.bind(call, positional)
@@ -354,7 +359,8 @@ class SpecBuilder:
         elif name == "__rsub__":
             self.reflected_sub(call)
         elif name == "__getitem__":
-            self.slice(call)
+            if not index_with_tensor(self, call):
+                self.slice(call)
         else:
             self.unknown(call)
 
