@@ -5,6 +5,7 @@ gradients compared in float64 with autograd through the traced code itself. Loss
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 import torch
@@ -22,6 +23,30 @@ X = {"x": (2, 3, 8, 8)}
 
 def positive(x):
     return x * x + 1
+
+
+class TokenGather(nn.Module):
+    """``x[:, idx]`` with an int64 buffer of any shape, reshaped as it is read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("idx", torch.tensor([[2, 0], [1, 1], [0, 2]]))
+
+    def forward(self, x):
+        return x[:, self.idx.view(-1)].mean(1, keepdim=True) * x[:, :, self.idx].sum(3)
+
+
+class BiasTable(nn.Module):
+    """Swin's relative position bias: ``table[index.view(-1)].view(N, N, -1)``, added to attention scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(5, 2))
+        self.register_buffer("index", torch.tensor([[2, 1, 0], [3, 2, 1], [4, 3, 2]]), persistent=False)
+
+    def forward(self, x):
+        bias = self.table[self.index.view(-1)].view(3, 3, -1).permute(2, 0, 1).contiguous()
+        return x + bias.unsqueeze(0)
 
 
 OP_CASES = [  # (op the spec must hold, traced function or module, argument shapes)
@@ -150,6 +175,32 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("batch_norm", nn.BatchNorm2d(3).eval(), X),
     ("batch_norm", nn.BatchNorm1d(3), {"x": (4, 3)}),
     ("group_norm", nn.GroupNorm(3, 3), X),
+    ("group_norm", nn.GroupNorm(1, 3), X),
+    ("instance_norm", nn.InstanceNorm2d(3, affine=True), X),
+    ("instance_norm", lambda x: F.instance_norm(x, eps=1e-3), X),
+    ("instance_norm", nn.InstanceNorm3d(2, track_running_stats=True), {"x": (2, 2, 3, 4, 3)}),
+    ("instance_norm", nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval(), {"x": (2, 2, 3, 4, 3)}),
+    ("roll", lambda x: torch.roll(x, shifts=(-1, 2), dims=(2, 3)), X),  # Swin's shifted windows
+    ("roll", lambda x: x.roll(3, -1), X),
+    ("clamp", lambda x: torch.clamp(x, max=0.5), X),  # SwinV2's logit scale, one-sided
+    ("clamp", lambda x: x.clamp_min(-0.2) * torch.clamp_max(x, 0.3), X),
+    ("clamp", lambda x: x.clip(min=0.1), X),
+    ("sin", lambda x: torch.sin(x), X),
+    ("cos", lambda x: x.cos(), X),
+    ("prelu", nn.PReLU(3), X),
+    ("prelu", nn.PReLU(), X),  # one slope for every channel
+    ("prelu", lambda x, w: F.prelu(x, w), {"x": X["x"], "w": (3,)}),
+    ("addcmul", lambda x, y: torch.addcmul(x, x, y, value=0.5), {"x": X["x"], "y": (3, 1, 1)}),
+    ("addcmul", lambda x, y: x.addcmul(y, y), {"x": X["x"], "y": X["x"]}),
+    ("vector_norm", lambda x: x / torch.norm(x, p=2, dim=(2, 3), keepdim=True), X),  # ConvNeXtV2's GRN
+    ("vector_norm", lambda x: x.norm(dim=1), X),
+    ("vector_norm", lambda x: torch.linalg.vector_norm(x, dim=-1, keepdim=True) * x, X),
+    # diffusers' sinusoidal timestep embedding: the frequencies, made from numbers alone, a constant layer
+    ("constant", lambda t: torch.cat([torch.sin(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) / 4)[None]),
+                                      torch.cos(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) / 4)[None])],
+                                     dim=-1), {"t": (3,)}),
+    ("index", TokenGather(), {"x": (2, 3, 3, 3)}),
+    ("index", BiasTable(), {"x": (2, 2, 3, 3)}),
 ]
 
 

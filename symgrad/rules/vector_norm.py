@@ -50,7 +50,7 @@ def _dims(value, context: ParamContext):
 
 class VectorNorm(Rule):
     op = "vector_norm"
-    calls = ("vector_norm",)
+    calls = ("vector_norm", "linalg_vector_norm")
     signature = ("x", "ord", "dim", "keepdim")
     operands = (Operand("x", from_in=True),)
     params = {"ord": Param(2, _two), "dim": Param(None, _dims), "keepdim": Param(False, boolean)}
