@@ -95,9 +95,14 @@ class AveragePool(Rule):
         out = list(x[:lead])
         for axis in range(self.dims):
             span = dilation[axis] * (kernel[axis] - 1) + 1
-            check.positive(x[lead + axis] + 2 * padding[axis] - span + 1, f"kernel does not fit the padded input along axis {axis}",
-                           "use a smaller kernel")
-            out.append(_pool_length(x[lead + axis], span, stride[axis], padding[axis], params["ceil_mode"]))
+            length = _pool_length(x[lead + axis], span, stride[axis], padding[axis], params["ceil_mode"])
+            if params["ceil_mode"]:  # a window may overhang a short input (VoVNet's 3x3 stride-2 pool of a 2x2 map)
+                check.positive(length, f"the pooled length along axis {axis} is {length}: no window starts inside the "
+                               "input or its left padding", "use a smaller kernel or stride, or a larger input")
+            else:
+                check.positive(x[lead + axis] + 2 * padding[axis] - span + 1,
+                               f"kernel does not fit the padded input along axis {axis}", "use a smaller kernel")
+            out.append(length)
         return tuple(out)
 
     def _uniform(self, params) -> bool:
