@@ -107,8 +107,8 @@ class Bound(torch.nn.Module):
         previous = []
         for statistics in self._statistics:
             counter = getattr(statistics.module, "num_batches_tracked", None)
-            if counter is not None:
-                counter.add_(1)
+            if counter is not None and isinstance(statistics.module, torch.nn.modules.batchnorm._BatchNorm):
+                counter.add_(1)  # nn.InstanceNorm keeps the counter but never moves it
             if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
                 previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
                                  1.0 / float(counter)))
