@@ -1,6 +1,6 @@
-"""Every network of ``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py`` and ``tests/zoo_modern.py`` as a training step: traced for its
-parameters alone (``wrt="parameters"``, what ``symgrad.bind`` needs), written as blocks (the CLI's
-default), bound to the model and run once at another batch and spatial size in float64, against
+"""Every network of ``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py`` and ``tests/zoo_modern.py``
+as a training step: traced for its parameters alone (``wrt="parameters"``, what ``symgrad.bind`` needs),
+written as blocks (the CLI's default), bound to the model and run once at another batch and spatial size in float64, against
 ``loss.backward()`` through a copy of the original module: every parameter's ``.grad`` and every
 BatchNorm buffer.
 

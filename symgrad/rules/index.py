@@ -23,7 +23,7 @@ def _index_add_code(operands, params, show):
     grad, shape, index = operands
     dim, rank = params["dim"], params["index_rank"]
     flat = grad if rank == 1 else f"{grad}.flatten({dim}, {dim + rank - 1})"
-    return f"{grad}.new_zeros({shape}).index_add({dim}, {index}.flatten(), {flat})"
+    return f"torch.index_add({grad}.new_zeros({shape}), {dim}, {index}.flatten(), {flat})"
 
 
 primitive("index", code=_index_code, latex=lambda operands, params, show: f"{operands[0]}[{operands[1]}]",
