@@ -22,7 +22,7 @@ import math
 
 import sympy
 
-from ..algebra import LINEAR, op, primitive, tensor
+from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
 
 primitive("mean_keep", code=lambda operands, params, show: (
@@ -526,6 +526,8 @@ class InstanceNorm(_Norm):
         unsupported = wanted & {"running_mean", "running_var"}
         if unsupported:
             raise NotImplementedError(f"gradients of instance_norm's {sorted(unsupported)} are not derived")
+        if node.fused and node.params["use_input_stats"]:  # group_norm with one channel per group: its kernel
+            return _fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=Size(node.operands["input"], 1))
         rank = len(node.shapes["input"])
         view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731 - [C] -> [C, 1, ...]
         weight = view(node.operands["weight"]) if "weight" in node.operands else None
