@@ -199,6 +199,11 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("constant", lambda t: torch.cat([torch.sin(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) / 4)[None]),
                                       torch.cos(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) / 4)[None])],
                                      dim=-1), {"t": (3,)}),
+    # MONAI's 3D layers beside the 2D ones above
+    ("pad", lambda x: F.pad(x, (1, 1, 1, 0, 0, 2), mode="replicate"), {"x": (2, 2, 4, 5, 3)}),
+    ("avg_pool3d", nn.AvgPool3d(3, 2, 1, count_include_pad=False), {"x": (2, 2, 4, 5, 3)}),
+    ("interpolate", nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True), {"x": (2, 2, 2, 3, 2)}),
+    ("group_norm", nn.GroupNorm(1, 2), {"x": (2, 2, 4, 5, 3)}),
     ("index", TokenGather(), {"x": (2, 3, 3, 3)}),
     ("index", BiasTable(), {"x": (2, 2, 3, 3)}),
 ]

@@ -35,9 +35,10 @@ import torch
 import yaml
 
 from ..check import available_memory
-from ..errors import SpecError, SymgradError
+from ..errors import SpecError, SymgradError, cut
 from ..graph import build_graph
 from ..spec import check_identifier, parse_spec
+from .constants import at_full_precision
 from .layers import Problem, Reduction, Source, SpecBuilder, plain_name, report
 from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
 
@@ -201,6 +202,8 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     problems = _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls)
     if problems:
         raise TraceError("\n".join(problems))
+    at_full_precision(spec, module, function, lambda function, module: _run(
+        function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True))
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
@@ -521,7 +524,7 @@ def _shown(value: Any) -> str:
     """An argument as the spec writes it: ``{like: x}``, ``[0, 1]``."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key}: {item}" for key, item in value.items()) + "}"
-    return repr(value)
+    return cut(repr(value), 120)  # a constant's values: the start says enough
 
 
 def _other_sizes(shapes: dict[str, tuple[int, ...]]):

@@ -22,14 +22,17 @@ if TYPE_CHECKING:
 
 def constant_layer(builder: "SpecBuilder", value: torch.Tensor, call: "Call") -> str | None:
     """The name of a new ``constant`` layer holding ``value``, read by ``call``; None when it cannot be
-    one (not floating point, 0-dim, too large, or no node of the call to take a dtype from)."""
+    one (not floating point, 0-dim, too large, written into since it was made, or no node of the call to
+    take a dtype from)."""
     if not value.is_floating_point() or value.dim() == 0 or value.numel() > MAX_CONSTANT:
         return None
+    made, when = builder.constants[id(value)]
+    if builder.writes.get(value.untyped_storage().data_ptr(), 0) > when:
+        return None  # c[:, :1].copy_(h) through a view since: it holds a node's values now, no constant's
     like = next((found for other in _tensors(call) if other is not value and id(other) not in builder.constants
                  and isinstance(found := builder.node(other), str)), None)
     if like is None:
         return None
-    made = builder.constants[id(value)][0]
     values = [float(entry) for entry in value.detach().to(torch.float64).reshape(-1).tolist()]
     layer = {"op": "constant", "in": like, "values": values, "shape": list(value.shape)}
     return builder.emit("constant", layer, made)
@@ -40,3 +43,34 @@ def _tensors(call: "Call"):
         for entry in (item if isinstance(item, (list, tuple)) else [item]):
             if isinstance(entry, torch.Tensor):
                 yield entry
+
+
+def at_full_precision(spec: dict, module, function, run) -> None:
+    """The ``constant`` layers' values as a float64 run computes them, where the trace ran in another
+    dtype (a float32 model's ``torch.ones(...) / 9`` is 1/9 rounded to float32; the spec holds the float64
+    value, and the generated code makes it in the dtype it runs in). ``run(function, module)`` runs the
+    trace again (``_run``) with a float64 copy of the model, float64 the default dtype; a constant the code
+    makes in a fixed dtype (diffusers' ``dtype=torch.float32``) is the same in that run. Values stay as
+    traced where that run fails or makes other constants."""
+    import copy
+
+    layers = [layer for layer in spec["layers"] if layer["op"] == "constant"]
+    parameters = list(module.parameters()) + list(module.buffers()) if module is not None else []
+    if not layers or (parameters and all(value.dtype == torch.float64 for value in parameters
+                                         if value.is_floating_point())):
+        return
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        if module is not None:
+            module = copy.deepcopy(module).double()
+            function = module.forward
+        precise, _ = run(function, module)
+    except Exception:  # noqa: BLE001 - the model does not run in float64: keep the traced values
+        return
+    finally:
+        torch.set_default_dtype(previous)
+    again = [layer for layer in precise["layers"] if layer["op"] == "constant"]
+    if len(again) == len(layers) and all(a["shape"] == b["shape"] for a, b in zip(layers, again)):
+        for layer, other in zip(layers, again):
+            layer["values"] = other["values"]
