@@ -36,6 +36,17 @@ class TokenGather(nn.Module):
         return x[:, self.idx.view(-1)].mean(1, keepdim=True) * x[:, :, self.idx].sum(3)
 
 
+class Selected(nn.Module):
+    """``torch.index_select`` and ``x.index_select`` with an int64 buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("picked", torch.tensor([2, 0, 1, 1]))
+
+    def forward(self, x):
+        return torch.index_select(x, 1, self.picked).sum(1, keepdim=True) * x.index_select(-1, self.picked).sum(-1, keepdim=True)
+
+
 class BiasTable(nn.Module):
     """Swin's relative position bias: ``table[index.view(-1)].view(N, N, -1)``, added to attention scores."""
 
@@ -206,6 +217,7 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("group_norm", nn.GroupNorm(1, 2), {"x": (2, 2, 4, 5, 3)}),
     ("index", TokenGather(), {"x": (2, 3, 3, 3)}),
     ("index", BiasTable(), {"x": (2, 2, 3, 3)}),
+    ("index", Selected(), {"x": (2, 3, 3, 3)}),
 ]
 
 

@@ -203,7 +203,8 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if problems:
         raise TraceError("\n".join(problems))
     at_full_precision(spec, module, function, lambda function, module: _run(
-        function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True))
+        function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True,
+        dtype=torch.float64))
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
@@ -278,8 +279,10 @@ def _yaml(document: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False):
-    """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls."""
+def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False,
+         dtype: torch.dtype | None = None):
+    """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls; ``dtype``: the
+    inputs' (default: the model's own precision)."""
     roots: list[tuple[str, torch.nn.Module]] = [("", module)] if module is not None else []
     named_tensors: dict[str, torch.Tensor] = {}
     for key, value in _visible_globals(function).items():
@@ -289,7 +292,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             roots.append((key, value))
     floating = [value.dtype for _, root in roots for value in root.parameters() if value.is_floating_point()]
     floating += [value.dtype for value in named_tensors.values() if value.is_floating_point()]
-    dtype = floating[0] if floating else torch.get_default_dtype()  # the model's own precision
+    dtype = dtype or (floating[0] if floating else torch.get_default_dtype())  # the model's own precision
     generator = torch.Generator().manual_seed(0)
     tensors = {key: (torch.zeros(shape, dtype=torch.int64) if dtypes.get(key) == "int64"
                      else torch.randn(shape, generator=generator, dtype=dtype)) for key, shape in shapes.items()}

@@ -47,11 +47,12 @@ def _tensors(call: "Call"):
 
 def at_full_precision(spec: dict, module, function, run) -> None:
     """The ``constant`` layers' values as a float64 run computes them, where the trace ran in another
-    dtype (a float32 model's ``torch.ones(...) / 9`` is 1/9 rounded to float32; the spec holds the float64
-    value, and the generated code makes it in the dtype it runs in). ``run(function, module)`` runs the
-    trace again (``_run``) with a float64 copy of the model, float64 the default dtype; a constant the code
-    makes in a fixed dtype (diffusers' ``dtype=torch.float32``) is the same in that run. Values stay as
-    traced where that run fails or makes other constants."""
+    dtype (a float32 model's ``torch.ones(..., dtype=x.dtype) / 9`` is 1/9 rounded to float32; the spec
+    holds the float64 value, and the generated code makes it in the dtype it runs in). ``run(function,
+    module)`` runs the trace again (``_run``) with a float64 copy of the model and float64 inputs; a
+    constant the code makes in a fixed dtype (diffusers' ``dtype=torch.float32``, or PyTorch's default
+    dtype) is the same in that run, as it is when the model runs in float64. Values stay as traced where
+    that run fails or makes other constants."""
     import copy
 
     layers = [layer for layer in spec["layers"] if layer["op"] == "constant"]
@@ -59,17 +60,13 @@ def at_full_precision(spec: dict, module, function, run) -> None:
     if not layers or (parameters and all(value.dtype == torch.float64 for value in parameters
                                          if value.is_floating_point())):
         return
-    previous = torch.get_default_dtype()
     try:
-        torch.set_default_dtype(torch.float64)
         if module is not None:
             module = copy.deepcopy(module).double()
             function = module.forward
         precise, _ = run(function, module)
     except Exception:  # noqa: BLE001 - the model does not run in float64: keep the traced values
         return
-    finally:
-        torch.set_default_dtype(previous)
     again = [layer for layer in precise["layers"] if layer["op"] == "constant"]
     if len(again) == len(layers) and all(a["shape"] == b["shape"] for a, b in zip(layers, again)):
         for layer, other in zip(layers, again):

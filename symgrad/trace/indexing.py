@@ -65,3 +65,20 @@ def index_with_tensor(builder: "SpecBuilder", call: "Call") -> bool:
 def _replaced(call: "Call", result: torch.Tensor) -> "Call":
     import dataclasses
     return dataclasses.replace(call, result=result)
+
+
+def index_select(builder: "SpecBuilder", call: "Call") -> bool:
+    """``torch.index_select(x, dim, idx)``, ``x.index_select(dim, idx)`` with idx a 1-d int64 input (or a
+    view of one): the ``index`` layer; False otherwise."""
+    bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
+    source, dim, index = bound.get("input"), bound.get("dim"), bound.get("index")
+    root = _root(builder, index)
+    if not isinstance(source, torch.Tensor) or not isinstance(dim, int) or root is None or index.dim() != 1:
+        return False
+    dim %= source.dim()
+    picked = source[(slice(None),) * dim + (root,)]
+    layer_call = call if picked.shape == call.result.shape else _replaced(call, picked)
+    builder.layer("index", {"input": source, "index": root, "dim": dim}, layer_call)
+    if layer_call is not call:
+        builder.part(call, "reshape", picked, tuple(call.result.shape), result=call.result)
+    return True

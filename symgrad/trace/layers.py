@@ -31,7 +31,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import check_identifier
 from .constants import constant_layer
-from .indexing import index_view, index_with_tensor
+from .indexing import index_select, index_view, index_with_tensor
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -109,8 +109,8 @@ CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torc
 
 FIXES = {
     "detach": "remove .detach(): symgrad differentiates every path to the loss",
-    "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]); "
-                   "write other indexing as narrow, cat and reshape",
+    "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]), or "
+                   "with one int64 buffer or argument (x[:, self.index]); write other indexing as narrow, cat and reshape",
 }
 
 
@@ -361,6 +361,9 @@ class SpecBuilder:
         elif name == "__getitem__":
             if not index_with_tensor(self, call):
                 self.slice(call)
+        elif name == "index_select":
+            if not index_select(self, call):
+                self.unknown(call)
         else:
             self.unknown(call)
 
