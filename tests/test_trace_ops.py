@@ -332,3 +332,15 @@ def test_pieces_whose_sizes_follow_the_input_are_refused(function):
     """Along a spatial dim the pieces' offsets and sizes are the input's: the second run finds them changed."""
     with pytest.raises(TraceError, match="computed from the input's size"):
         trace(function, X, name="traced", loss=LossChoice("half_sq_error"))
+
+
+def test_a_reshape_of_int64_labels_is_refused_at_its_line():
+    """int64 inputs reshaped are kept as views for indexing alone; a loss reading one says so, at its line."""
+    def flat_loss(x, labels):
+        return F.cross_entropy(x.permute(0, 2, 3, 1).reshape(-1, 3), labels.view(-1))  # FLAT_LABELS
+
+    with pytest.raises(TraceError) as error:
+        trace(flat_loss, {"x": (2, 3, 4, 4), "labels": (2, 4, 4)}, dtypes={"labels": "int64"})
+    (line,) = str(error.value).splitlines()
+    number = next(n for n, text in enumerate(open(__file__).read().splitlines(), 1) if text.endswith("# FLAT_LABELS"))
+    assert line.startswith(f"{__file__}:{number}: error: 'cross_entropy' reads a reshape of an int64 input"), line

@@ -101,8 +101,9 @@ IN_PLACE_BOOKKEEPING = {"add_", "sub_", "mul_", "fill_", "zero_", "copy_", "__ia
 """In-place calls on a buffer (BatchNorm's ``num_batches_tracked += 1``): statistics bookkeeping."""
 
 CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torch.full, torch.ones_like, "
-            "torch.tensor), which a spec holds only as a number broadcast against a tensor, or as a map filled "
-            "with one value whose sizes are read from a traced tensor",
+            "torch.tensor), which a spec holds only as a number broadcast against a tensor, as a map filled "
+            "with one value whose sizes are read from a traced tensor, or as a constant layer of at most 4096 "
+            "floating-point values, read with a traced tensor and never written into",
             "write the number (x * 0.5, not x * torch.full_like(x, 0.5) broadcast wider than x), or make it a "
             "buffer (self.register_buffer('name', tensor) in __init__) so that it becomes an input")
 """The problem and fix when a constant made inside forward is read where no number can stand for it."""
@@ -429,6 +430,12 @@ class SpecBuilder:
         return bound
 
     def operand(self, value: Any, call: Call, reasons: set[int]) -> Any:
+        if isinstance(value, torch.Tensor) and id(value) in self.index_views:  # labels.view(-1)
+            self.problems.append(Problem(call.where, call.module, call.name,
+                                         "reads a reshape of an int64 input, which only indexing (x[:, idx]) reads",
+                                         "pass the int64 input as it is (cross_entropy takes labels [N, ...])"))
+            reasons.add(len(self.problems) - 1)
+            return None
         if isinstance(value, torch.Tensor) and id(value) in self.constants and id(value) not in self.names:
             name = self.constant_map(value)
             if name is None:
