@@ -209,8 +209,8 @@ class Bound(torch.nn.Module):
         with torch.no_grad():
             for statistics in self._statistics:
                 counter = getattr(statistics.module, "num_batches_tracked", None)
-                if counter is not None:
-                    counter.add_(statistics.calls)
+                if counter is not None and isinstance(statistics.module, torch.nn.modules.batchnorm._BatchNorm):
+                    counter.add_(statistics.calls)  # nn.InstanceNorm keeps the counter but never moves it
 
     def _failed(self, error: Exception) -> BindError:
         """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of

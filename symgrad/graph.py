@@ -83,7 +83,10 @@ class Graph:
         for node in graph.inputs:
             if node.dtype == "int64":
                 scored = [consumer for consumer, operand in graph.consumers(node.name) if operand == "target"]
-                counts[node.name] = min(graph.nodes[consumer.operands["input"]].shape[1] for consumer in scored)
+                bounds = [consumer.rule.index_bound({key: graph.nodes[source].shape for key, source in
+                                                     consumer.operands.items()}, consumer.params)
+                          for consumer, operand in graph.consumers(node.name) if operand in consumer.rule.index_operands]
+                counts[node.name] = min([graph.nodes[consumer.operands["input"]].shape[1] for consumer in scored] + bounds)
         return counts
 
     def with_input_shapes(self, shapes: dict[str, tuple[int, ...]]) -> "Graph":
@@ -194,16 +197,17 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
 
 
 def _check_class_targets(nodes: dict[str, Node]) -> None:
-    """int64 inputs are class indices: only ever the target of cross_entropy / nll_loss, which
-    take nothing else as their target."""
+    """int64 inputs are class indices or indices: only ever the target of cross_entropy / nll_loss, which
+    take nothing else as their target, or an operand a rule declares an index (``index``'s ``index``)."""
     for node in nodes.values():
         for operand, source in node.operands.items():
-            classifies = node.rule.class_targets and operand == "target"
+            classifies = (node.rule.class_targets and operand == "target") or operand in node.rule.index_operands
             if nodes[source].dtype == "int64" and not classifies:
                 raise SpecError(f"'{source}' is int64 (class indices), but {node.rule.op} '{node.name}' reads it as its "
-                                f"{operand}", node.location, "use int64 inputs only as the target of cross_entropy or nll_loss")
+                                f"{operand}", node.location, "use int64 inputs only as the target of cross_entropy or nll_loss, or as index's index")
             if classifies and nodes[source].dtype != "int64":
-                raise SpecError(f"{node.rule.op} needs class indices, but target '{source}' is a float tensor",
+                raise SpecError(f"{node.rule.op} needs {'class' if operand == 'target' else 'integer'} indices, but "
+                                f"{operand} '{source}' is a float tensor",
                                 node.location, f"declare '{source}' with `dtype: int64`")
 
 

@@ -62,6 +62,8 @@ BAD = [
     ("same-padding-with-stride", variant("out: h}", "padding: same, stride: 2, out: h}"), 7, "padding='same' needs stride 1"),
     ("channel-mismatch", variant("w: {shape: [4, 3, 3, 3]}", "w: {shape: [4, 5, 3, 3]}"), 7, "input has 3 channels but weight expects 5"),
     ("kernel-too-large", variant("w: {shape: [4, 3, 3, 3]}", "w: {shape: [4, 3, 9, 9]}"), 7, "does not fit"),
+    ("ceil-pool-no-window", variant("out: h}", "out: h}\n  - {op: max_pool2d, kernel_size: 9, stride: 2, ceil_mode: true}"),
+     8, "no window starts inside the input"),
     ("target-shape-mismatch", variant("y: {shape: [2, 4, 6, 6]}", "y: {shape: [2, 4, 5, 6]}"), 9, "target has shape"),
     ("dangling-in", variant("op: relu, out: a", "op: relu, in: hh, out: a"), 8, "did you mean 'h'"),
     ("forward-reference", variant("op: conv2d, weight: w, out: h", "op: conv2d, in: a, weight: w, out: h"), 7, "not defined before this point"),

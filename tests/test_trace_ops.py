@@ -5,6 +5,7 @@ gradients compared in float64 with autograd through the traced code itself. Loss
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 import torch
@@ -22,6 +23,41 @@ X = {"x": (2, 3, 8, 8)}
 
 def positive(x):
     return x * x + 1
+
+
+class TokenGather(nn.Module):
+    """``x[:, idx]`` with an int64 buffer of any shape, reshaped as it is read."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("idx", torch.tensor([[2, 0], [1, 1], [0, 2]]))
+
+    def forward(self, x):
+        return x[:, self.idx.view(-1)].mean(1, keepdim=True) * x[:, :, self.idx].sum(3)
+
+
+class Selected(nn.Module):
+    """``torch.index_select`` and ``x.index_select`` with an int64 buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("picked", torch.tensor([2, 0, 1, 1]))
+
+    def forward(self, x):
+        return torch.index_select(x, 1, self.picked).sum(1, keepdim=True) * x.index_select(-1, self.picked).sum(-1, keepdim=True)
+
+
+class BiasTable(nn.Module):
+    """Swin's relative position bias: ``table[index.view(-1)].view(N, N, -1)``, added to attention scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(5, 2))
+        self.register_buffer("index", torch.tensor([[2, 1, 0], [3, 2, 1], [4, 3, 2]]), persistent=False)
+
+    def forward(self, x):
+        bias = self.table[self.index.view(-1)].view(3, 3, -1).permute(2, 0, 1).contiguous()
+        return x + bias.unsqueeze(0)
 
 
 OP_CASES = [  # (op the spec must hold, traced function or module, argument shapes)
@@ -150,6 +186,38 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("batch_norm", nn.BatchNorm2d(3).eval(), X),
     ("batch_norm", nn.BatchNorm1d(3), {"x": (4, 3)}),
     ("group_norm", nn.GroupNorm(3, 3), X),
+    ("group_norm", nn.GroupNorm(1, 3), X),
+    ("instance_norm", nn.InstanceNorm2d(3, affine=True), X),
+    ("instance_norm", lambda x: F.instance_norm(x, eps=1e-3), X),
+    ("instance_norm", nn.InstanceNorm3d(2, track_running_stats=True), {"x": (2, 2, 3, 4, 3)}),
+    ("instance_norm", nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval(), {"x": (2, 2, 3, 4, 3)}),
+    ("roll", lambda x: torch.roll(x, shifts=(-1, 2), dims=(2, 3)), X),  # Swin's shifted windows
+    ("roll", lambda x: x.roll(3, -1), X),
+    ("clamp", lambda x: torch.clamp(x, max=0.5), X),  # SwinV2's logit scale, one-sided
+    ("clamp", lambda x: x.clamp_min(-0.2) * torch.clamp_max(x, 0.3), X),
+    ("clamp", lambda x: x.clip(min=0.1), X),
+    ("sin", lambda x: torch.sin(x), X),
+    ("cos", lambda x: x.cos(), X),
+    ("prelu", nn.PReLU(3), X),
+    ("prelu", nn.PReLU(), X),  # one slope for every channel
+    ("prelu", lambda x, w: F.prelu(x, w), {"x": X["x"], "w": (3,)}),
+    ("addcmul", lambda x, y: torch.addcmul(x, x, y, value=0.5), {"x": X["x"], "y": (3, 1, 1)}),
+    ("addcmul", lambda x, y: x.addcmul(y, y), {"x": X["x"], "y": X["x"]}),
+    ("vector_norm", lambda x: x / torch.norm(x, p=2, dim=(2, 3), keepdim=True), X),  # ConvNeXtV2's GRN
+    ("vector_norm", lambda x: x.norm(dim=1), X),
+    ("vector_norm", lambda x: torch.linalg.vector_norm(x, dim=-1, keepdim=True) * x, X),
+    # diffusers' sinusoidal timestep embedding: the frequencies, made from numbers alone, a constant layer
+    ("constant", lambda t: torch.cat([torch.sin(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) / 4)[None]),
+                                      torch.cos(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) / 4)[None])],
+                                     dim=-1), {"t": (3,)}),
+    # MONAI's 3D layers beside the 2D ones above
+    ("pad", lambda x: F.pad(x, (1, 1, 1, 0, 0, 2), mode="replicate"), {"x": (2, 2, 4, 5, 3)}),
+    ("avg_pool3d", nn.AvgPool3d(3, 2, 1, count_include_pad=False), {"x": (2, 2, 4, 5, 3)}),
+    ("interpolate", nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True), {"x": (2, 2, 2, 3, 2)}),
+    ("group_norm", nn.GroupNorm(1, 2), {"x": (2, 2, 4, 5, 3)}),
+    ("index", TokenGather(), {"x": (2, 3, 3, 3)}),
+    ("index", BiasTable(), {"x": (2, 2, 3, 3)}),
+    ("index", Selected(), {"x": (2, 3, 3, 3)}),
 ]
 
 
@@ -264,3 +332,15 @@ def test_pieces_whose_sizes_follow_the_input_are_refused(function):
     """Along a spatial dim the pieces' offsets and sizes are the input's: the second run finds them changed."""
     with pytest.raises(TraceError, match="computed from the input's size"):
         trace(function, X, name="traced", loss=LossChoice("half_sq_error"))
+
+
+def test_a_reshape_of_int64_labels_is_refused_at_its_line():
+    """int64 inputs reshaped are kept as views for indexing alone; a loss reading one says so, at its line."""
+    def flat_loss(x, labels):
+        return F.cross_entropy(x.permute(0, 2, 3, 1).reshape(-1, 3), labels.view(-1))  # FLAT_LABELS
+
+    with pytest.raises(TraceError) as error:
+        trace(flat_loss, {"x": (2, 3, 4, 4), "labels": (2, 4, 4)}, dtypes={"labels": "int64"})
+    (line,) = str(error.value).splitlines()
+    number = next(n for n, text in enumerate(open(__file__).read().splitlines(), 1) if text.endswith("# FLAT_LABELS"))
+    assert line.startswith(f"{__file__}:{number}: error: 'cross_entropy' reads a reshape of an int64 input"), line

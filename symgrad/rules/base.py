@@ -286,6 +286,13 @@ class Rule:
     operand's gradient back to that operand's run-time shape."""
     class_targets: ClassVar[bool] = False
     """A loss whose target holds class indices (int64), not values."""
+    index_operands: ClassVar[tuple[str, ...]] = ()
+    """Operands that hold integer indices (int64 inputs, never differentiated): test inputs are drawn
+    below :meth:`index_bound`."""
+
+    def index_bound(self, shapes: dict, params: dict) -> int:
+        """For an op with ``index_operands``: the values its indices stay below, at these operand shapes."""
+        raise NotImplementedError
     operand_roles: ClassVar[dict[str, str]] = {}
     """What an operand that is a spec input is, for drawing test inputs: ``weight`` (fan-in scaled),
     ``scale`` (around 1), ``shift`` (around 0) or ``variance`` (positive)."""

@@ -196,6 +196,26 @@ def _param(default) -> Param:
     return Param(default, number)
 
 
+def _bound(value, context):
+    """One side of ``torch.clamp``: a number, or None for no bound on that side."""
+    return None if value is None else number(value, context)
+
+
+def _clamp(x, min=None, max=None):
+    value = x if max is None else sympy.Min(max, x)
+    return value if min is None else sympy.Max(min, value)
+
+
+def _clamp_derivative(x, min=None, max=None):
+    """1 where min <= x <= max, both ends included (PyTorch's clamp backward), as 1 - H(min - x) with H(0) = 0."""
+    inside = sympy.Integer(1)
+    if min is not None:
+        inside = inside * (1 - sympy.Heaviside(min - x, 0))
+    if max is not None:
+        inside = inside * (1 - sympy.Heaviside(x - max, 0))
+    return inside
+
+
 HE_GAIN = 2 ** 0.5
 """He's gain: a weight before a ReLU-like activation, which cuts about half its inputs, is scaled up by it."""
 
@@ -218,6 +238,13 @@ RULES = [
            params={"exponent": _param(2)}, calls=("pow", "pow_", "__pow__", "__ipow__")),
     _unary("exp", sympy.exp, "torch.exp", "exponential", from_output=lambda out: out),
     _unary("log", sympy.log, "torch.log", "natural logarithm"),
+    _unary("sin", sympy.sin, "torch.sin", "sine (timestep and position embeddings)"),
+    _unary("cos", sympy.cos, "torch.cos", "cosine (timestep and position embeddings)"),
+    # x.clamp(min=0) is traced as relu and clamp(a, b) as hardtanh; a one-sided or tensor-free clamp to
+    # another bound (SwinV2's logit scale, clamp(max=log(100))) is this op
+    _unary("clamp", _clamp, "torch.clamp", "x clamped to [min, max], either side optional; derivative 1 from "
+           "min to max, both included, as in PyTorch", derivative=_clamp_derivative,
+           params={"min": Param(None, _bound), "max": Param(None, _bound)}, calls=("clamp", "clamp_", "clip", "clip_")),
     _unary("sqrt", sympy.sqrt, "torch.sqrt", "square root", from_output=lambda out: 1 / (2 * out)),
     _unary("abs", sympy.Abs, "torch.abs", "absolute value; derivative sign(x), 0 at 0 as in PyTorch",
            calls=("abs", "abs_", "__abs__", "absolute")),

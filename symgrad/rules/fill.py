@@ -15,7 +15,7 @@ import torch
 
 from ..algebra import CONSTANT, Size, op, primitive
 from ..spec import Like
-from .base import Checker, Forward, Param, ParamContext, Rule, finite_float
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, finite_float, ints
 
 
 def _reads(size) -> bool:
@@ -85,4 +85,62 @@ class Full(Rule):
                 "none: its value depends on no input")
 
 
-RULES = [Full()]
+MAX_CONSTANT = 4096
+"""The most entries a constant layer holds written out in the spec; a larger one is a buffer's job."""
+
+
+def _constant_code(operands, params, show):
+    values = ", ".join(repr(float(value)) for value in params["values"])
+    shape = ", ".join(map(str, params["shape"]))
+    return f"{operands[0]}.new_tensor([{values}]).reshape({shape}{',' if len(params['shape']) == 1 else ''})"
+
+
+primitive("constant", code=_constant_code, tangent=CONSTANT,
+          latex=lambda operands, params, show: r"\mathbf{c}")
+
+
+def _values(value, context: ParamContext) -> tuple:
+    if not isinstance(value, list) or not value or len(value) > MAX_CONSTANT:
+        raise context.fail(f"must be a list of 1 to {MAX_CONSTANT} numbers",
+                           "write e.g. `values: [1.0, 0.5]`, or make a larger constant a buffer (an input)")
+    return tuple(float(finite_float(item, context)) for item in value)
+
+
+class Constant(Rule):
+    """A tensor of several values made inside the network from numbers alone (diffusers' timestep
+    frequencies ``exp(-log(10000) * arange(half) / half)``, a fixed mask): its values written out at the
+    precision they were computed in (each float's shortest exact decimal), made at run time in the
+    dtype and on the device of ``like``, a node the layer reads for nothing else; no gradient."""
+
+    op = "constant"
+    traced_elsewhere = ("torch.arange, torch.linspace, torch.tensor, ... and what is computed from them alone: the "
+                        "tracer's constant handling makes a constant layer of one read by a layer")
+    operands = (Operand("like", from_in=True),)
+    params = {"values": Param(None, _values), "shape": Param(None, ints)}
+    summary = "a tensor of given values made in the network, in like's dtype and device; no gradient"
+
+    def reference(self, arguments, params):
+        return torch.tensor(params["values"], dtype=arguments["like"].dtype).reshape(params["shape"])
+
+    def infer_shape(self, shapes, params, check: Checker):
+        check.require(params["values"] is not None and params["shape"] is not None, "needs values and shape",
+                      "write e.g. `values: [1.0, 0.5], shape: [2]`")
+        size = 1
+        for length in params["shape"]:
+            size *= length
+        check.require(all(length >= 1 for length in params["shape"]) and size == len(params["values"]),
+                      f"shape {list(params['shape'])} does not hold the {len(params['values'])} values",
+                      "give a shape whose sizes multiply to the number of values")
+        return tuple(params["shape"])
+
+    def forward(self, node):
+        return Forward(op("constant", node.operands["like"], values=node.params["values"], shape=node.params["shape"]))
+
+    def pullback(self, node, grad, wanted):
+        return {"like": sympy.Integer(0)}  # like gives only its dtype and device
+
+    def table_row(self):
+        return (self.op, "out = like.new_tensor(values).reshape(shape)", "none: its value depends on no input's value")
+
+
+RULES = [Full(), Constant()]

@@ -22,7 +22,7 @@ import math
 
 import sympy
 
-from ..algebra import LINEAR, op, primitive, tensor
+from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
 
 primitive("mean_keep", code=lambda operands, params, show: (
@@ -53,7 +53,10 @@ def _expand(name: str, named: dict, params) -> sympy.Expr:
         grouped = op("group_view", x, groups=params["num_groups"])
         out = op("group_unview", _normalize(grouped, tuple(range(2, rank + 1)), params["eps"]))
         scale, shift = [view(named[k]) if k in named else None for k in ("weight", "bias")]
-    elif params["training"]:
+    elif name == "instance_norm" and params["use_input_stats"]:
+        out = _normalize(x, tuple(range(2, rank)), params["eps"])
+        scale, shift = [view(named[k]) if k in named else None for k in ("weight", "bias")]
+    elif params.get("training"):
         out = _normalize(x, (0,) + tuple(range(2, rank)), params["eps"])
         scale, shift = [view(named[k]) if k in named else None for k in ("weight", "bias")]
     else:
@@ -94,6 +97,7 @@ def _call(name: str, fields: tuple[str, ...]):
 _call("layer_norm", ("weight", "bias"))
 _call("batch_norm", ("running_mean", "running_var", "weight", "bias"))
 _call("group_norm", ("weight", "bias"))
+_call("instance_norm", ("running_mean", "running_var", "weight", "bias"))
 
 
 NATIVE_ORDER = ("input", "weight", "bias", "running_mean", "running_var")
@@ -476,4 +480,78 @@ class GroupNorm(_Norm):
                 "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) in each group, ĝ = grad * weight")
 
 
-RULES = [LayerNorm(), BatchNorm(), GroupNorm()]
+class InstanceNorm(_Norm):
+    """``F.instance_norm``: each sample's channel normalised over its own space (group_norm with one
+    channel per group, so the same formula over dims 2..), then per-channel weight and bias. With
+    ``use_input_stats: false`` (nn.InstanceNorm in eval mode with track_running_stats) it normalises by
+    the running statistics, affine in x as eval-mode batch_norm is. Given running statistics in
+    training, ``F.instance_norm`` moves them in place (the batch average of each sample's statistics),
+    as the module's forward does."""
+
+    op = "instance_norm"
+    calls = ("instance_norm",)
+    operand_roles = BatchNorm.operand_roles
+    operands = BatchNorm.operands
+    params = {"use_input_stats": Param(True, _boolean), "momentum": Param(0.1, _momentum),
+              "eps": Param(1e-5, positive_number)}
+    summary = "normalise each sample's channel over its space (or by running statistics), then scale and shift"
+
+    def elements_per_statistic(self, shapes, params):
+        return math.prod(shapes["input"][2:]) if params["use_input_stats"] else None
+
+    def infer_shape(self, shapes, params, check: Checker):
+        x = shapes["input"]
+        check.require(len(x) >= 3, "instance_norm needs [N, C, ...]", "pass a batched input with spatial dims")
+        stats = "running_mean" in shapes and "running_var" in shapes
+        check.require(stats or (params["use_input_stats"] and "running_mean" not in shapes and "running_var" not in shapes),
+                      "instance_norm needs both running_mean and running_var with use_input_stats: false, and both "
+                      "or neither otherwise", "give both running statistics, or (use_input_stats: true) neither")
+        for name in ("running_mean", "running_var", "weight", "bias"):
+            if name in shapes:
+                check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
+                check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
+                            "give it the shape [C]")
+        return tuple(x)
+
+    def running_statistics(self, node):
+        if node.params["use_input_stats"] and "running_mean" in node.operands:
+            momentum = node.params["momentum"]
+            return "running_mean", "running_var", 0 if momentum is None else momentum
+        return None
+
+    def forward(self, node):
+        updates = node.params["use_input_stats"] and "running_mean" in node.operands
+        shown = ("momentum", "eps") if updates else ("eps",) if node.params["use_input_stats"] else ("use_input_stats", "eps")
+        names, params = self._forward_params(node, shown)
+        if updates:
+            params["momentum"] = 0 if node.params["momentum"] is None else node.params["momentum"]
+        return Forward(op("instance_norm", *(node.operands[name] for name in names), **params))
+
+    def pullback(self, node, grad, wanted):
+        unsupported = wanted & {"running_mean", "running_var"}
+        if unsupported:
+            raise NotImplementedError(f"gradients of instance_norm's {sorted(unsupported)} are not derived")
+        if node.fused and node.params["use_input_stats"]:  # group_norm with one channel per group: its kernel
+            return _fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=Size(node.operands["input"], 1))
+        rank = len(node.shapes["input"])
+        view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731 - [C] -> [C, 1, ...]
+        weight = view(node.operands["weight"]) if "weight" in node.operands else None
+        if node.params["use_input_stats"]:
+            grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, tuple(range(2, rank)), weight)
+        else:
+            rstd = node.local("rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2))
+            xhat = node.local("xhat", (node.operands["input"] - view(node.operands["running_mean"])) * rstd)
+            grad_x = grad * weight * rstd if weight is not None else grad * rstd
+        grads = self._affine_grads(node, grad, xhat, wanted, (0,) + tuple(range(2, rank)))
+        if "input" in wanted:
+            grads["input"] = grad_x
+        return grads
+
+    def table_row(self):
+        return (self.op, "out = per-sample, per-channel (x - mean) / sqrt(var + eps) * weight + bias over space "
+                "(use_input_stats: false: by running statistics)",
+                "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) over each sample's channel; running statistics: "
+                "grad_x = grad * weight * rstd")
+
+
+RULES = [LayerNorm(), BatchNorm(), GroupNorm(), InstanceNorm()]

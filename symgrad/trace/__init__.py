@@ -36,9 +36,10 @@ import torch
 import yaml
 
 from ..check import available_memory
-from ..errors import SpecError, SymgradError
+from ..errors import SpecError, SymgradError, cut
 from ..graph import build_graph
 from ..spec import check_identifier, parse_spec
+from .constants import at_full_precision
 from .layers import Problem, Reduction, Source, SpecBuilder, fitted, plain_name, report
 from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
 
@@ -213,6 +214,9 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     problems = _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls)
     if problems:
         raise TraceError("\n".join(problems))
+    at_full_precision(spec, module, function, lambda function, module: _run(
+        function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True,
+        dtype=torch.float64))
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
@@ -309,8 +313,10 @@ def _yaml(document: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False):
-    """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls."""
+def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False,
+         dtype: torch.dtype | None = None):
+    """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls; ``dtype``: the
+    inputs' (default: the model's own precision)."""
     roots: list[tuple[str, torch.nn.Module]] = [("", module)] if module is not None else []
     named_tensors: dict[str, torch.Tensor] = {}
     for key, value in _visible_globals(function).items():
@@ -320,7 +326,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             roots.append((key, value))
     floating = [value.dtype for _, root in roots for value in root.parameters() if value.is_floating_point()]
     floating += [value.dtype for value in named_tensors.values() if value.is_floating_point()]
-    dtype = floating[0] if floating else torch.get_default_dtype()  # the model's own precision
+    dtype = dtype or (floating[0] if floating else torch.get_default_dtype())  # the model's own precision
     generator = torch.Generator().manual_seed(0)
     tensors = {key: (torch.zeros(shape, dtype=torch.int64) if dtypes.get(key) == "int64"
                      else torch.randn(shape, generator=generator, dtype=dtype)) for key, shape in shapes.items()}
@@ -512,6 +518,10 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
             for key, value in layer.items():
                 if key in ("in", "out", "op") or again.get(key) == value:
                     continue
+                fixed = _fixed_sizes(value, again.get(key), call) if key in ("shape", "size") else None
+                if fixed is not None:  # a size that only happened to equal one the code read: the number
+                    layer[key] = fixed
+                    continue
                 problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
                                         f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
                                         "which a spec cannot express",
@@ -528,11 +538,31 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
     return []
 
 
+def _fixed_sizes(value: Any, again: Any, call) -> list | None:
+    """A list of sizes where each entry that differs between the runs was read from a tensor at the given
+    shapes (``{like: x}``) but is the same number at the other shapes, the size this call's result has at
+    the given shapes too (Swin's ``view(N, N, -1)`` of its bias table, N happening to equal the tokens per
+    window the code read): those entries as that number; None when any other entry differs."""
+    traced = getattr(call.result, "shape", None)
+    if not (isinstance(value, list) and isinstance(again, list) and len(value) == len(again) and traced is not None
+            and len(traced) == len(value)):
+        return None
+    fixed = []
+    for position, (first, second) in enumerate(zip(value, again)):
+        if first == second:
+            fixed.append(first)
+        elif isinstance(first, dict) and isinstance(second, int) and second == traced[position]:
+            fixed.append(second)
+        else:
+            return None
+    return fixed
+
+
 def _shown(value: Any) -> str:
     """An argument as the spec writes it: ``{like: x}``, ``[0, 1]``."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{key}: {item}" for key, item in value.items()) + "}"
-    return repr(value)
+    return cut(repr(value), 120)  # a constant's values: the start says enough
 
 
 def _other_sizes(shapes: dict[str, tuple[int, ...]]):

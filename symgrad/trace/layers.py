@@ -31,6 +31,8 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import MAX_NAME, check_identifier
+from .constants import constant_layer
+from .indexing import index_select, index_view, index_with_tensor
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -100,16 +102,17 @@ IN_PLACE_BOOKKEEPING = {"add_", "sub_", "mul_", "fill_", "zero_", "copy_", "__ia
 """In-place calls on a buffer (BatchNorm's ``num_batches_tracked += 1``): statistics bookkeeping."""
 
 CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torch.full, torch.ones_like, "
-            "torch.tensor), which a spec holds only as a number broadcast against a tensor, or as a map filled "
-            "with one value whose sizes are read from a traced tensor",
+            "torch.tensor), which a spec holds only as a number broadcast against a tensor, as a map filled "
+            "with one value whose sizes are read from a traced tensor, or as a constant layer of at most 4096 "
+            "floating-point values, read with a traced tensor and never written into",
             "write the number (x * 0.5, not x * torch.full_like(x, 0.5) broadcast wider than x), or make it a "
             "buffer (self.register_buffer('name', tensor) in __init__) so that it becomes an input")
 """The problem and fix when a constant made inside forward is read where no number can stand for it."""
 
 FIXES = {
     "detach": "remove .detach(): symgrad differentiates every path to the loss",
-    "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]); "
-                   "write other indexing as narrow, cat and reshape",
+    "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]), or "
+                   "with one int64 buffer or argument (x[:, self.index]); write other indexing as narrow, cat and reshape",
 }
 
 
@@ -248,6 +251,8 @@ class SpecBuilder:
     when (the count of calls walked)."""
     writes: dict[int, int] = field(default_factory=dict)
     """Storage of a tensor written in place with a value that is not a constant -> when, last."""
+    index_views: dict[int, torch.Tensor] = field(default_factory=dict)
+    """id of a reshape of an int64 input (``index.view(-1)``) -> that input (``indexing.py``)."""
     walked: int = 0
 
     def __post_init__(self):
@@ -328,6 +333,8 @@ class SpecBuilder:
             return
         if self.scale_reduction(call):
             return
+        if index_view(self, call):
+            return
         if name in SIGNATURES:
             op, positional = BY_FUNCTION.get(call.function, SIGNATURES[name])
             bound = self.bind(call, positional)
@@ -363,14 +370,20 @@ class SpecBuilder:
             self.transpose(call)
         elif name in PIECES:
             self.pieces(call)
-        elif name in ("clamp", "clamp_", "clip", "clip_"):
+        elif name in ("clamp_min", "clamp_min_", "clamp_max", "clamp_max_"):
             self.clamp(call)
+        elif name == "norm":
+            self.norm(call)
         elif name == "square":
             self.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
         elif name == "__rsub__":
             self.reflected_sub(call)
         elif name == "__getitem__":
-            self.slice(call)
+            if not index_with_tensor(self, call):
+                self.slice(call)
+        elif name == "index_select":
+            if not index_select(self, call):
+                self.unknown(call)
         else:
             self.unknown(call)
 
@@ -436,8 +449,16 @@ class SpecBuilder:
         return bound
 
     def operand(self, value: Any, call: Call, reasons: set[int]) -> Any:
+        if isinstance(value, torch.Tensor) and id(value) in self.index_views:  # labels.view(-1)
+            self.problems.append(Problem(call.where, call.module, call.name,
+                                         "reads a reshape of an int64 input, which only indexing (x[:, idx]) reads",
+                                         "pass the int64 input as it is (cross_entropy takes labels [N, ...])"))
+            reasons.add(len(self.problems) - 1)
+            return None
         if isinstance(value, torch.Tensor) and id(value) in self.constants and id(value) not in self.names:
             name = self.constant_map(value)
+            if name is None:
+                name = constant_layer(self, value, call)
             if name is not None:
                 return name
             self.problems.append(Problem(call.where, call.module, call.name, CONSTANT[0], CONSTANT[1]))
@@ -538,6 +559,14 @@ class SpecBuilder:
         if cumulative and len(self.layers) > count:
             self.layers[-1]["momentum"] = None
 
+    def _prelu(self, op: str, bound: dict, call: Call) -> None:
+        """nn.PReLU()'s one slope for every channel is ``shared: true`` (a [C] weight: one per channel)."""
+        weight, source = bound.get("weight"), bound.get("input")
+        if isinstance(weight, torch.Tensor) and isinstance(source, torch.Tensor) and weight.numel() == 1 and (
+                source.dim() < 2 or source.shape[1] != 1):
+            bound["shared"] = True
+        self.layer(op, bound, call)
+
     def _div(self, op: str, bound: dict, call: Call) -> None:
         if bound.pop("rounding_mode", None) is not None:
             self.fail(call, "rounds (rounding_mode is set), which has no gradient", "divide without rounding_mode")
@@ -629,8 +658,25 @@ class SpecBuilder:
         return None
 
     def clamp(self, call: Call) -> None:
-        """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b)."""
-        bound = dict(zip(("input", "min", "max"), call.arguments)) | call.keywords
+        """``x.clamp_min(a)``, ``torch.clamp_max(x, b)``: ``clamp`` with one bound."""
+        side = "min" if call.name.startswith("clamp_min") else "max"
+        bound = dict(zip(("input", side), call.arguments)) | call.keywords
+        self._clamp("clamp", bound, call)
+
+    def norm(self, call: Call) -> None:
+        """``torch.norm(x, p=2, dim=(1, 2), keepdim=True)``, ``x.norm(dim=-1)``: vector_norm over the dims."""
+        bound = dict(zip(("input", "p", "dim", "keepdim"), call.arguments)) | call.keywords
+        if bound.get("dtype") is not None:
+            return self.fail(call, "converts the dtype", "leave dtype out")
+        dims = bound.get("dim")
+        p = bound.get("p", 2)
+        self.layer("vector_norm", {"x": bound["input"], "ord": 2 if p in ("fro", 2.0) else p,
+                                   "dim": None if dims is None else [dims] if isinstance(dims, int) else list(dims),
+                                   "keepdim": bool(bound.get("keepdim", False))}, call)
+
+    def _clamp(self, op: str, bound: dict, call: Call) -> None:
+        """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b), any other the
+        clamp op (one-sided to another bound: SwinV2's logit scale)."""
         low, high = bound.get("min"), bound.get("max")
         if (low is not None and not _is_number(low)) or (high is not None and not _is_number(high)):
             self.fail(call, "clamps to tensor bounds", "clamp to numbers")
@@ -641,8 +687,7 @@ class SpecBuilder:
         elif low is not None and high is not None:
             self.layer("hardtanh", {"input": bound["input"], "min_val": float(low), "max_val": float(high)}, call)
         else:
-            self.fail(call, "clamps on one side to a bound other than 0, which no op symgrad lists does",
-                      "clamp to min=0 (relu) or to both bounds (hardtanh)")
+            self.layer("clamp", {"input": bound["input"], "min": low, "max": high}, call)
 
     def pass_through(self, call: Call) -> None:
         source, result = call.arguments[0], call.result

@@ -42,6 +42,13 @@ class Blurred(nn.Module):
         return F.conv2d(x, kernel, padding=1, groups=x.shape[1])  # BLUR
 
 
+class WidthRamp(nn.Module):
+    """A constant of several values whose size follows the input's width: no spec can hold it."""
+
+    def forward(self, x):
+        return x + torch.sin(torch.arange(x.shape[-1], dtype=x.dtype))  # SINE_POSITIONS
+
+
 class WidthScaled(nn.Module):
     """A constant whose value is computed from the input's size."""
 

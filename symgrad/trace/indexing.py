@@ -1,0 +1,84 @@
+"""Indexing with a constant integer tensor: ``table[self.relative_position_index.view(-1)]`` (Swin's
+relative position bias), ``x[:, idx]``.
+
+The index must be an int64 tensor the spec holds as an input (a buffer of the model, or an argument),
+possibly reshaped (``.view(-1)``, ``.flatten()``, ``.reshape(...)``, ``.contiguous()``): those reshapes of
+integers are not layers, they are remembered here as views of that input. ``x[:, :, v]`` with ``v`` such a
+view is then the ``index`` layer with the input itself as index (its own shape), followed by a reshape
+to the shape the view gives, so the spec's values are the code's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .layers import SpecBuilder
+    from .recorder import Call
+
+RESHAPES = {"view", "reshape", "flatten", "contiguous", "view_as", "reshape_as", "clone"}
+
+
+def _root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
+    """The int64 input ``value`` is (or is a reshape of), else None."""
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
+        return None
+    value = builder.index_views.get(id(value), value)
+    return value if id(value) in builder.sources else None
+
+
+def index_view(builder: "SpecBuilder", call: "Call") -> bool:
+    """Remember a reshape of an int64 input (``index.view(-1)``) as a view of it; False for any other call."""
+    if call.name not in RESHAPES or not call.arguments:
+        return False
+    root = _root(builder, call.arguments[0])
+    if root is None or not isinstance(call.result, torch.Tensor) or call.result.numel() != root.numel():
+        return False
+    builder.index_views[id(call.result)] = root
+    builder.kept.append(call.result)
+    return True
+
+
+def index_with_tensor(builder: "SpecBuilder", call: "Call") -> bool:
+    """``x[:, idx]``: full slices, then one int64 input (or a view of it), then full slices; False for any
+    other index (which the slicing handler takes or refuses)."""
+    source, index = call.arguments[0], call.arguments[1]
+    index = index if isinstance(index, tuple) else (index,)
+    tensors = [position for position, item in enumerate(index) if isinstance(item, torch.Tensor)]
+    if len(tensors) != 1 or not isinstance(source, torch.Tensor):
+        return False
+    dim = tensors[0]
+    rest = index[:dim] + index[dim + 1:]
+    root = _root(builder, index[dim])
+    if root is None or root.dim() == 0 or any(item != slice(None) for item in rest):
+        return False
+    picked = source[(slice(None),) * dim + (root,)]
+    layer_call = call if picked.shape == call.result.shape else _replaced(call, picked)
+    builder.layer("index", {"input": source, "index": root, "dim": dim}, layer_call)
+    if layer_call is not call:  # idx.view(-1): the index layer's output reshaped as the view shapes it
+        builder.part(call, "reshape", picked, tuple(call.result.shape), result=call.result)
+    return True
+
+
+def _replaced(call: "Call", result: torch.Tensor) -> "Call":
+    import dataclasses
+    return dataclasses.replace(call, result=result)
+
+
+def index_select(builder: "SpecBuilder", call: "Call") -> bool:
+    """``torch.index_select(x, dim, idx)``, ``x.index_select(dim, idx)`` with idx a 1-d int64 input (or a
+    view of one): the ``index`` layer; False otherwise."""
+    bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
+    source, dim, index = bound.get("input"), bound.get("dim"), bound.get("index")
+    root = _root(builder, index)
+    if not isinstance(source, torch.Tensor) or not isinstance(dim, int) or root is None or index.dim() != 1:
+        return False
+    dim %= source.dim()
+    picked = source[(slice(None),) * dim + (root,)]
+    layer_call = call if picked.shape == call.result.shape else _replaced(call, picked)
+    builder.layer("index", {"input": source, "index": root, "dim": dim}, layer_call)
+    if layer_call is not call:
+        builder.part(call, "reshape", picked, tuple(call.result.shape), result=call.result)
+    return True
