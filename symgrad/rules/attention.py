@@ -231,8 +231,7 @@ primitive("einsum", code=lambda operands, params, show: f"torch.einsum({params['
 
 class Einsum(Rule):
     op = "einsum"
-    calls = ("einsum",)
-    signature = ("equation", "operands")
+    traced_elsewhere = "torch.einsum(equation, *operands): the tracer's einsum handler (symgrad/trace/attention.py)"
     operands = (Operand("operands", from_in=True, variadic=True),)
     params = {"equation": Param(None, _equation)}
     summary = "torch.einsum(equation, *operands), without diagonals or indices summed within one operand"

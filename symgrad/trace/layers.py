@@ -30,6 +30,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import check_identifier
+from . import attention
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -352,6 +353,8 @@ class SpecBuilder:
             self.reflected_sub(call)
         elif name == "__getitem__":
             self.slice(call)
+        elif name == "einsum":
+            attention.einsum(self, call)
         else:
             self.unknown(call)
 
@@ -518,6 +521,9 @@ class SpecBuilder:
         self.layer(op, bound, call)  # in training the kernel moves the running statistics, as the module does
         if cumulative and len(self.layers) > count:
             self.layers[-1]["momentum"] = None
+
+    def _scaled_dot_product_attention(self, op: str, bound: dict, call: Call) -> None:
+        attention.attention(self, op, bound, call)
 
     def _div(self, op: str, bound: dict, call: Call) -> None:
         if bound.pop("rounding_mode", None) is not None:
