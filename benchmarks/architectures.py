@@ -3,7 +3,8 @@ run the generated test file in a fresh process; a Markdown table of the times an
 
     python -m benchmarks.architectures [--only LABEL ...] [--output FILE]
 
-The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``), traced at
+The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``,
+``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block), traced at
 their cases' sizes; the gradients' agreement with autograd through the original modules is the suite's
 job (``tests/test_trace_models.py`` and the zoo tests), this only times the user's path and runs each
 module's own tests.
@@ -28,7 +29,8 @@ def cases() -> dict:
     from tests.test_trace_models import CASES as MODELS
     from tests.test_trace_zoo import CASES as ZOO
     from tests.test_trace_zoo_nets import CASES as NETS
-    return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS}
+    from tests.test_trace_attention import CASES as ATTENTION
+    return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS, **ATTENTION}
 
 
 def run(label: str, case, folder: Path, blocks: bool = False) -> dict:

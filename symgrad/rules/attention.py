@@ -168,7 +168,7 @@ class ScaledDotProductAttention(Rule):
         params = self._params(node)
         query, key, value = (node.operands[name] for name in ("query", "key", "value"))
         mask = node.operands.get("attn_mask")
-        probabilities = node.local("attn", _probabilities(query, key, mask, params),
+        probabilities = node.local("probabilities", _probabilities(query, key, mask, params),
                                    note=f"attention probabilities of {node.name}, recomputed from q and k")
         grads = {}
         if "value" in wanted:
