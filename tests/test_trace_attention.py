@@ -31,6 +31,9 @@ CASES = {
     # Restormer's MDTA and LayerNorm through einops rearrange, an einops reduce / repeat gate, an einops
     # space-to-depth 'b c (h p1) (w p2) -> b (c p1 p2) h w'
     "einops_restormer": Case(zoo.EinopsRestormerBlock, {"x": (2, 8, 8, 8)}, {"x": (3, 8, 6, 10)}, ("mse_loss",)),
+    # UNETR's encoder in MONAI's layout: einops Rearrange layers for the 3D patches and the heads, einsum
+    # attention scores and output, tokens viewed back to a 3D map for a conv3d; another batch (position embedding)
+    "unetr_encoder": Case(zoo.UNETREncoder, {"x_in": (2, 1, 8, 8, 8)}, {"x_in": (3, 1, 8, 8, 8)}, ("mse_loss",)),
 }
 
 

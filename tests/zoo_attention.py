@@ -252,3 +252,79 @@ class EinopsRestormerBlock(nn.Module):
         x = x * repeat(gate, 'b c -> b c h w', h=x.shape[2], w=x.shape[3])
         x = rearrange(x, 'b c (h p1) (w p2) -> b (c p1 p2) h w', p1=2, p2=2)
         return self.down(x)
+
+
+# ----- UNETR-style 3D ViT encoder (MONAI's layout: einops Rearrange layers, einsum attention) ----------------
+from einops.layers.torch import Rearrange  # noqa: E402  (beside the models that use it, as MONAI imports it)
+
+
+class SABlock(nn.Module):
+    def __init__(self, hidden_size, num_heads, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.out_proj = nn.Linear(hidden_size, hidden_size)
+        self.qkv = nn.Linear(hidden_size, hidden_size * 3, bias=qkv_bias)
+        self.input_rearrange = Rearrange("b h (qkv l d) -> qkv b l h d", qkv=3, l=num_heads)
+        self.out_rearrange = Rearrange("b h l d -> b l (h d)")
+        self.drop_output = nn.Dropout(0.0)
+        self.drop_weights = nn.Dropout(0.0)
+        self.head_dim = hidden_size // num_heads
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x):
+        output = self.input_rearrange(self.qkv(x))
+        q, k, v = output[0], output[1], output[2]
+        att_mat = (torch.einsum("blxd,blyd->blxy", q, k) * self.scale).softmax(dim=-1)
+        att_mat = self.drop_weights(att_mat)
+        x = torch.einsum("bhxy,bhyd->bhxd", att_mat, v)
+        x = self.out_rearrange(x)
+        x = self.out_proj(x)
+        x = self.drop_output(x)
+        return x
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, hidden_size, mlp_dim, num_heads):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(hidden_size, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, hidden_size))
+        self.norm1 = nn.LayerNorm(hidden_size)
+        self.attn = SABlock(hidden_size, num_heads)
+        self.norm2 = nn.LayerNorm(hidden_size)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class UNETREncoder(nn.Module):
+    """A 3D image cut into patches by an einops Rearrange layer, a Linear embedding plus a learned position
+    embedding (fixing the patch count), transformer blocks, the tokens viewed back as a 3D feature map and a
+    conv3d head (UNETR's proj_feat)."""
+
+    def __init__(self, in_channels=1, img_size=8, patch_size=4, hidden_size=16, mlp_dim=32, num_heads=2, depth=2):
+        super().__init__()
+        self.feat_size = [img_size // patch_size] * 3
+        n_patches = (img_size // patch_size) ** 3
+        patch_dim = in_channels * patch_size ** 3
+        self.patch_embeddings = nn.Sequential(
+            Rearrange("b c (h p1) (w p2) (d p3) -> b (h w d) (p1 p2 p3 c)", p1=patch_size, p2=patch_size, p3=patch_size),
+            nn.Linear(patch_dim, hidden_size))
+        self.position_embeddings = nn.Parameter(torch.randn(1, n_patches, hidden_size) * 0.02)
+        self.blocks = nn.ModuleList([TransformerBlock(hidden_size, mlp_dim, num_heads) for _ in range(depth)])
+        self.norm = nn.LayerNorm(hidden_size)
+        self.hidden_size = hidden_size
+        self.head = nn.Conv3d(hidden_size, in_channels, kernel_size=3, padding=1)
+
+    def proj_feat(self, x):
+        new_view = [x.size(0)] + self.feat_size + [self.hidden_size]
+        x = x.view(new_view)
+        x = x.permute(0, 4, 1, 2, 3).contiguous()
+        return x
+
+    def forward(self, x_in):
+        x = self.patch_embeddings(x_in) + self.position_embeddings
+        for blk in self.blocks:
+            x = blk(x)
+        x = self.norm(x)
+        return self.head(self.proj_feat(x))
