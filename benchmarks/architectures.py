@@ -4,7 +4,7 @@ run the generated test file in a fresh process; a Markdown table of the times an
     python -m benchmarks.architectures [--only LABEL ...] [--output FILE]
 
 The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``,
-``tests/zoo_modern.py``), traced at
+``tests/zoo_modern.py``, ``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block), traced at
 their cases' sizes; the gradients' agreement with autograd through the original modules is the suite's
 job (``tests/test_trace_models.py`` and the zoo tests), this only times the user's path and runs each
 module's own tests.
@@ -30,8 +30,9 @@ def cases() -> dict:
     from tests.test_trace_zoo import CASES as ZOO
     from tests.test_trace_zoo_modern import CASES as MODERN
     from tests.test_trace_zoo_nets import CASES as NETS
+    from tests.test_trace_attention import CASES as ATTENTION
     return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS,
-            **{f"modern_{label}": case for label, case in MODERN.items()}}
+            **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION}
 
 
 def run(label: str, case, folder: Path, blocks: bool = False) -> dict:

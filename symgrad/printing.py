@@ -91,6 +91,25 @@ class CodePrinter(TorchPrinter):
             text = f"torch.clamp({text}, {bound}={self._print(numbers[0])})"
         return text
 
+    def _print_floor(self, expr):
+        """``floor(n / k)`` of a size as Python's ``n // k``: a size stays an int."""
+        numerator, denominator = sympy.fraction(sympy.together(expr.args[0]))
+        if not denominator.is_Integer:
+            return super()._print_floor(expr)
+        return f"({self._grouped(numerator)} // {self._print(denominator)})"
+
+    def _print_ceiling(self, expr):
+        """``ceiling(n / k)`` of a size as ``-(-n // k)``."""
+        numerator, denominator = sympy.fraction(sympy.together(expr.args[0]))
+        if not denominator.is_Integer:
+            return super()._print_ceiling(expr)
+        return f"(-(-{self._grouped(numerator)} // {self._print(denominator)}))"
+
+    def _grouped(self, expr) -> str:
+        """``expr`` printed to stand before ``//``: in parentheses unless a size or a number."""
+        text = self._print(expr)
+        return text if isinstance(expr, Size) or expr.is_Atom else f"({text})"
+
     def _print_Mod(self, expr):
         dividend, divisor = expr.args
         return f"({self._print(dividend)}) % {self.parenthesize(divisor, PRECEDENCE['Mul'])}"

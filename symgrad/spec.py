@@ -252,6 +252,10 @@ class Like:
     """In a list of sizes (``reshape``'s ``shape``, ``full``'s ``size``): the product of NODE's sizes at
     these dims (``{like: x, dims: [2, 3]}`` is ``x.shape[2] * x.shape[3]``); None: NODE's size at the
     entry's own position in the list."""
+    size: str | None = None
+    """A size computed from NODE's sizes, written as Python (``shape[2] // 2 * (shape[3] // 2)``,
+    ``4 * shape[0]``, ``ceil(shape[3] / 2)``): MobileViT's patches, einops' axis lengths. Only ints,
+    ``shape[i]``, ``+ - * //``, parentheses and ``ceil(a / k)`` are taken (:func:`size_expression`)."""
 
     def size_at(self, position: int) -> sympy.Expr:
         """The size this reference stands for as entry ``position`` of a list of sizes."""
@@ -259,6 +263,8 @@ class Like:
         product = sympy.Integer(1)
         for dim in dims:
             product = product * Size(tensor(self.node), dim % self.rank)
+        if self.size is not None:
+            return size_expression(self.size, lambda dim: Size(tensor(self.node), dim % self.rank))
         return product
 
     def sizes(self) -> tuple[sympy.Expr, ...]:
@@ -275,12 +281,50 @@ class Like:
 
     def __str__(self) -> str:
         dims = "" if self.dims is None else f", dims: [{', '.join(map(str, self.dims))}]"
+        dims += "" if self.size is None else f", size: {self.size!r}"
         return f"{{like: {self.node}{dims}}}"
 
     __repr__ = __str__
 
 
-LIKE_KEYS = ("like", "dims")
+LIKE_KEYS = ("like", "dims", "size")
+
+
+def size_expression(text: str, shape_at) -> sympy.Expr:
+    """The sympy value of a ``{like: NODE, size: TEXT}`` size: ``shape_at(i)`` for ``shape[i]``; ValueError
+    naming what is not taken (anything but ints, ``shape[i]``, ``+ - * //``, parentheses, ``ceil(a / k)``)."""
+    import ast
+
+    def value(node) -> sympy.Expr:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return sympy.Integer(node.value)
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "shape"
+                and isinstance(node.slice, ast.Constant) and type(node.slice.value) is int):
+            return shape_at(node.slice.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.FloorDiv):
+                if not (right.is_Integer and right > 0):
+                    raise ValueError("// takes a positive int on its right")
+                return sympy.floor(left / right)
+            return left + right if isinstance(node.op, ast.Add) else left - right if isinstance(node.op, ast.Sub) else left * right
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ceil" and not node.keywords
+                and len(node.args) == 1 and isinstance(node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Div)):
+            left, right = value(node.args[0].left), value(node.args[0].right)
+            if not (right.is_Integer and right > 0):
+                raise ValueError("ceil(a / k) takes a positive int k")
+            return sympy.ceiling(left / right)
+        raise ValueError(f"{ast.dump(node)[:40]} is not an int, shape[i], + - * //, or ceil(a / k)")
+
+    if not isinstance(text, str) or len(text) > 400:
+        raise ValueError("it must be a string of at most 400 characters")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ValueError("it is not a Python expression") from None
+    return value(tree.body)
 
 
 @dataclass(frozen=True)
@@ -561,8 +605,19 @@ def _like(value: Mapping, location: Location, key: str, known: dict[str, Locatio
                              or any(isinstance(dim, bool) or not isinstance(dim, int) for dim in dims)):
         raise SpecError(f"argument '{key}': dims of {{like: {name}}} must be a list of ints, not {str(dims)[:40]!r}",
                         value.value_locations.get("dims", location), "write e.g. `{like: x, dims: [2, 3]}`")
+    size = value.get("size")
+    if size is not None and dims is not None:
+        raise SpecError(f"argument '{key}': {{like: {name}}} gives both dims and size", location,
+                        "give one: dims for a product of sizes, size for any other expression of them")
+    if size is not None:
+        try:
+            size_expression(size, lambda dim: sympy.Integer(1))
+        except ValueError as error:
+            raise SpecError(f"argument '{key}': size of {{like: {name}}} is {str(size)[:60]!r}: {error}",
+                            value.value_locations.get("size", location),
+                            "write e.g. `{like: x, size: 'shape[2] // 2 * (shape[3] // 2)'}`") from None
     return Like(_known(name, value.value_locations["like"], known), value.value_locations["like"],
-                dims=tuple(dims) if dims is not None else None)
+                dims=tuple(dims) if dims is not None else None, size=size)
 
 
 def _check_value(value: Any, location: Location, what: str, depth: int = 0) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.attention
 
 from symgrad import roles
 from symgrad.roles import channels_last_inputs
@@ -317,6 +318,28 @@ CASES = [
                  .replace("op: linear", "op: linear\n  weight: w"), id="linear-rank3"),
     pytest.param(torch_case("matmul", {"a": [2, 3, 4], "b": [2, 4, 5]}, ["a", "b"], torch.matmul, in_names=["a", "b"]),
                  id="matmul-batched"),
+    pytest.param(torch_case("matmul", {"a": [2, 3, 4, 5], "b": [5, 3]}, ["a", "b"], torch.matmul, in_names=["a", "b"]),
+                 id="matmul-broadcast-rank"),
+    pytest.param(torch_case("matmul", {"a": [2, 1, 3, 4], "b": [3, 4, 2]}, ["a", "b"], torch.matmul, in_names=["a", "b"]),
+                 id="matmul-broadcast-size-1"),
+    pytest.param(torch_case("scaled_dot_product_attention", {"q": [2, 2, 4, 3], "k": [2, 2, 5, 3], "v": [2, 2, 5, 6]},
+                            ["q", "k", "v"], F.scaled_dot_product_attention, in_names=["q", "k", "v"]),
+                 id="scaled_dot_product_attention"),
+    pytest.param(torch_case("scaled_dot_product_attention", {"q": [2, 3, 4, 3], "k": [2, 3, 4, 3], "v": [2, 3, 4, 2]},
+                            ["q", "k", "v"], F.scaled_dot_product_attention, in_names=["q", "k", "v"], is_causal=True,
+                            scale=0.7), id="scaled_dot_product_attention-causal-scale"),
+    pytest.param(spec_text({"q": [2, 2, 4, 3], "k": [2, 2, 5, 3], "v": [2, 2, 5, 3], "m": [2, 1, 4, 5], "y": [2, 2, 4, 3]},
+                           [{"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "attn_mask": "m", "out": "out"}],
+                           SQ, ["q", "k", "v", "m"]), id="scaled_dot_product_attention-additive-mask"),
+    pytest.param(torch_case("einsum", {"q": [2, 3, 4, 5], "k": [2, 3, 6, 5]}, ["q", "k"],
+                            lambda q, k: torch.einsum("bhid,bhjd->bhij", q, k), in_names=["q", "k"])
+                 .replace("  out: out", "  equation: bhid,bhjd->bhij\n  out: out"), id="einsum-attention-scores"),
+    pytest.param(torch_case("einsum", {"a": [3, 4], "b": [4, 5], "c": [5, 2]}, ["a", "b", "c"],
+                            lambda a, b, c: torch.einsum("ij,jk,kl->il", a, b, c), in_names=["a", "b", "c"])
+                 .replace("  out: out", "  equation: ij,jk,kl->il\n  out: out"), id="einsum-three-operands"),
+    pytest.param(torch_case("einsum", {"a": [3, 4], "b": [4, 5]}, ["a", "b"],
+                            lambda a, b: torch.einsum("ij,jk", a, b), in_names=["a", "b"])
+                 .replace("  out: out", "  equation: ij,jk\n  out: out"), id="einsum-implicit-output"),
     *[pytest.param(spec_text({"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
                              [{"op": "linear", "weight": "w", "out": "logits"}],
                              {"op": loss, "in": "logits", "target": "t", **({"reduction": r} if r else {})}, ["x", "w"]),
@@ -365,8 +388,10 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
         arguments = {**{name: inputs[name].detach() for name in names}, **dict(zip(built.graph.wrt, values))}
         return (cotangent * module.forward(**arguments)).sum()
 
-    try:
-        _, expected = torch.func.jvp(torch.func.grad(weighted_loss, argnums=tuple(range(len(primals)))), primals, directions)
+    try:  # scaled_dot_product_attention through PyTorch's math kernel, the one with forward AD on a CPU
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            _, expected = torch.func.jvp(torch.func.grad(weighted_loss, argnums=tuple(range(len(primals)))), primals,
+                                         directions)
     except NotImplementedError:  # PyTorch cannot differentiate hardsigmoid_backward at all: forward AD through the
         def explicit(*values):  # explicit gradients instead (checked against autograd below, and by gradgradcheck above)
             result = module.gradients(**{**{name: inputs[name].detach() for name in names},

@@ -110,6 +110,17 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("hardswish", lambda x: F.hardswish(4 * x, inplace=True), X),
     ("linear", nn.Linear(8, 5), {"x": (2, 3, 8)}),
     ("matmul", lambda x, y: x @ y, {"x": (3, 4), "y": (4, 5)}),
+    ("matmul", lambda x, y: torch.bmm(x, y), {"x": (2, 3, 4), "y": (2, 4, 5)}),
+    ("matmul", lambda x, y: x @ y.transpose(-2, -1), {"x": (2, 2, 3, 4), "y": (5, 4)}),  # batch dims broadcast
+    ("scaled_dot_product_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+     {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3), "v": (2, 2, 5, 3)}),
+    ("scaled_dot_product_attention", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m, scale=0.5),
+     {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3), "v": (2, 2, 5, 3), "m": (4, 5)}),  # an additive float mask (a bias)
+    ("scaled_dot_product_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+     {"q": (2, 2, 4, 3), "k": (2, 2, 4, 3), "v": (2, 2, 4, 3)}),
+    ("einsum", lambda q, k: torch.einsum("bhid,bhjd->bhij", q, k), {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3)}),
+    ("einsum", lambda q, k: torch.einsum("...id,...jd->...ij", [q, k]), {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3)}),
+    ("einsum", lambda x, w: torch.einsum("bchw,oc", x, w), {"x": (2, 3, 4, 5), "w": (6, 3)}),  # implicit output
     ("flatten", nn.Flatten(), X),
     ("flatten", lambda x: x.view(x.size(0), -1), X),
     ("reshape", lambda x: x.reshape(x.shape[0], 3, 4, 16), X),

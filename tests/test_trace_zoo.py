@@ -52,10 +52,30 @@ class SwappedToFourD(torch.nn.Module):
         return self.conv(x).flatten(2).reshape(b, c, w, h)
 
 
-def test_a_size_read_the_wrong_way_round_is_refused_not_frozen():
-    """Traced square, h and w are the same number; the second run's oblong sizes tell them apart."""
+def test_a_size_read_the_wrong_way_round_is_written_as_read_not_frozen():
+    """Traced square, h and w are the same number; each size carries the dim it was read from, so the spec
+    reshapes to (w, h) as the code does, and matches autograd through the module at oblong sizes."""
+    text = trace(SwappedToFourD().double(), {"x": (2, 2, 6, 6)}, name="swapped", loss=LossChoice("mse_loss"))
+    assert "{like: x, dims: [3]}, {like: x, dims: [2]}]" in text, text
+    matches_autograd("swapped", Case(SwappedToFourD, {"x": (2, 2, 6, 6)}, {"x": (3, 2, 4, 10)}, ("mse_loss",)), "eval")
+
+
+class SizesOfTwoTensors(torch.nn.Module):
+    """A reshape entry computed from the sizes of two tensors, which no single node's expression holds, beside
+    a -1 already: kept as the traced number, and the second run refuses it since it follows the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(2, 2, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.down(x)
+        return y.reshape(x.shape[0], -1, x.shape[3] * y.shape[2])
+
+
+def test_a_size_no_expression_holds_is_refused_not_frozen():
     with pytest.raises(TraceError) as caught:
-        trace(SwappedToFourD().double(), {"x": (2, 2, 6, 6)}, name="swapped", loss=LossChoice("mse_loss"))
+        trace(SizesOfTwoTensors().double(), {"x": (2, 2, 6, 6)}, name="two", loss=LossChoice("mse_loss"))
     (line,) = str(caught.value).splitlines()
     assert re.match(r".*test_trace_zoo\.py:\d+: error: 'reshape'", line) and "becomes" in line, line
 

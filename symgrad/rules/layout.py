@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
-from ..spec import Like
+from ..spec import Like, size_expression
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 
 
@@ -63,6 +63,10 @@ def _shape(value, context: ParamContext) -> tuple:
             shape.append(ints(item, context)[0])
             continue
         dims = item.dims if item.dims is not None else (position,)
+        if item.size is not None:
+            read: list[int] = []
+            size_expression(item.size, lambda dim: read.append(dim) or sympy.Integer(1))
+            dims = tuple(read)
         if any(not -item.rank <= dim < item.rank for dim in dims):
             raise context.fail(f"entry {position} is {item}, but '{item.node}' has {item.rank} dims",
                                f"read dims of '{item.node}' between {-item.rank} and {item.rank - 1}")

@@ -3,8 +3,9 @@
 For ``out = x @ W.T + b`` over any leading dims: ``grad_x = grad @ W``; ``grad_W`` sums the outer
 products of the gradient and the input over every leading position, ``grad.flatten(0, -2).T @
 x.flatten(0, -2)``; ``grad_b`` sums the gradient over the leading dims. For ``out = a @ b``:
-``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` (transposing the last two dims); batch dims must
-agree, since broadcasting a batch dim would need a sum the rule does not emit.
+``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` (transposing the last two dims). Batch dims broadcast (``x @ w`` with w
+[K, M] against x [B, H, N, K]): a gradient is summed back to its operand's shape where the operand
+has fewer batch dims than the output or a batch size 1.
 """
 
 from __future__ import annotations
@@ -84,18 +85,24 @@ class MatMul(Rule):
     calls = ("matmul", "__matmul__", "mm", "bmm")
     operands = (Operand("input", from_in=True), Operand("other", from_in=True))
     linear_in = ("input", "other")
-    summary = "matrix product of the last two dims, equal batch dims"
+    summary = "matrix product of the last two dims, batch dims broadcast"
 
     def infer_shape(self, shapes, params, check: Checker):
         a, b = shapes["input"], shapes["other"]
         check.require(len(a) >= 2 and len(b) >= 2, "matmul of vectors is not supported yet", "give both operands >= 2 dims")
-        check.require(len(a) == len(b), f"operands have {len(a)} and {len(b)} dims (broadcast batch dims are not supported yet)",
-                      "give both operands the same batch dims")
-        for x, y in zip(a[:-2], b[:-2]):
-            check.equal(x, y, f"batch dims {tuple(a[:-2])} and {tuple(b[:-2])} differ (broadcasting them is not supported yet)",
-                        "give both operands the same batch dims")
         check.equal(a[-1], b[-2], f"inner sizes {a[-1]} and {b[-2]} differ", "make input's last dim equal other's second-to-last")
-        return (*a[:-1], b[-1])
+        rank = max(len(a), len(b)) - 2  # batch dims broadcast as elementwise ops' dims do
+        left, right = (1,) * (rank + 2 - len(a)) + tuple(a[:-2]), (1,) * (rank + 2 - len(b)) + tuple(b[:-2])
+        batch = []
+        for axis, (x, y) in enumerate(zip(left, right)):
+            if check.symbolic:
+                check.equal(x, y, "", "")  # the solver keeps the batch dims equal
+                batch.append(x)
+                continue
+            check.require(x == y or x == 1 or y == 1, f"batch dims {tuple(a[:-2])} and {tuple(b[:-2])} do not broadcast "
+                          f"(axis {axis}: {x} vs {y})", "make the batch sizes equal, or 1 on one side")
+            batch.append(max(x, y))
+        return (*batch, a[-2], b[-1])
 
     def forward(self, node):
         return Forward(op("matmul", node.operands["input"], node.operands["other"]))
@@ -103,10 +110,19 @@ class MatMul(Rule):
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
         if "input" in wanted:
-            grads["input"] = op("matmul_transposed", grad, node.operands["other"], which="right")
+            grads["input"] = self._unbroadcast(node, "input", op("matmul_transposed", grad, node.operands["other"], which="right"))
         if "other" in wanted:
-            grads["other"] = op("matmul_transposed", node.operands["input"], grad, which="left")
+            grads["other"] = self._unbroadcast(node, "other", op("matmul_transposed", node.operands["input"], grad, which="left"))
         return grads
+
+    @staticmethod
+    def _unbroadcast(node: NodeSymbols, operand: str, gradient):
+        """Summed back to the operand's run-time shape where its batch dims may have been broadcast (fewer
+        dims than the output's, or a size 1): the batch dims alone, not the matrix dims, decide."""
+        batch = node.shapes[operand][:-2]
+        if len(batch) < len(node.out_shape) - 2 or 1 in batch:
+            return op("sum_to_size", gradient, node.operands[operand])
+        return gradient
 
     def table_row(self):
         return self.op, "out = input @ other", "grad_input = grad_out @ other^T; grad_other = input^T @ grad_out"
@@ -118,4 +134,5 @@ RULES = [Linear(), MatMul()]
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
     ("linear", {"x": (2, 3), "w": (2, 3)}, {"op": "linear", "weight": "w"}, ("x", "w")),
     ("matmul", {"x": (2, 2, 3), "v": (2, 3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
+    ("matmul (batch dims broadcast)", {"x": (2, 2, 2, 3), "v": (3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
 ]

@@ -42,6 +42,7 @@ from ..spec import check_identifier, parse_spec
 from .constants import at_full_precision
 from .layers import Problem, Reduction, Source, SpecBuilder, fitted, plain_name, report
 from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
+from .sizes import einops_uncached
 
 
 class TraceError(SymgradError):
@@ -347,7 +348,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     recorder = Recorder(module_paths)
     recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
     try:
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), recorder, einops_uncached():
             output, returned_at = _call(function, {**tensors, **arguments})
     except TraceError:
         raise
@@ -362,7 +363,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             value.copy_(copy)
     _refuse_value_reads(recorder)
     modules = {path: child for path, child in module.named_modules()} if module is not None else {}
-    builder = SpecBuilder(sources, mutable, modules=modules)
+    builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors)
     for call in recorder.calls:
         builder.add(call)
     loss_entry = _loss(builder, output, loss, shapes, returned_at)

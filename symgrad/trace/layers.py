@@ -31,6 +31,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import MAX_NAME, check_identifier
+from . import attention, sizes
 from .constants import constant_layer
 from .indexing import index_select, index_view, index_with_tensor
 from .recorder import RANDOM, Call
@@ -111,6 +112,10 @@ CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torc
 
 FIXES = {
     "detach": "remove .detach(): symgrad differentiates every path to the loss",
+    "multi_head_attention_forward": "write the attention as timm's Attention does, with the same weights: "
+                                    "qkv = nn.Linear(dim, 3 * dim) (in_proj_weight, in_proj_bias), q, k, v from "
+                                    "qkv(x).reshape(B, N, 3, heads, dim // heads).permute(2, 0, 3, 1, 4).unbind(0), "
+                                    "F.scaled_dot_product_attention(q, k, v), then out_proj as an nn.Linear",
     "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]), or "
                    "with one int64 buffer or argument (x[:, self.index]); write other indexing as narrow, cat and reshape",
 }
@@ -183,6 +188,8 @@ def literal(value: Any, key: str = "") -> Any:
     """A YAML-safe copy of an argument: tuples become lists."""
     if isinstance(value, torch.Size):
         value = tuple(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and type(value) not in (int, float):
+        return (int if isinstance(value, int) else float)(value)  # a size that carries its dims (sizes.TracedSize)
     if isinstance(value, (tuple, list)):
         items = [literal(item) for item in value]
         if key in PER_DIMENSION and items and len(set(items)) == 1 and all(type(item) is int for item in items):
@@ -254,6 +261,8 @@ class SpecBuilder:
     index_views: dict[int, torch.Tensor] = field(default_factory=dict)
     """id of a reshape of an int64 input (``index.view(-1)``) -> that input (``indexing.py``)."""
     walked: int = 0
+    size_tensors: list[torch.Tensor] = field(default_factory=list)
+    """The tensors whose sizes the code read, by the index the sizes carry (``sizes.Dim``)."""
 
     def __post_init__(self):
         self.source_names = {source.name for source in self.sources.values()}
@@ -384,6 +393,8 @@ class SpecBuilder:
         elif name == "index_select":
             if not index_select(self, call):
                 self.unknown(call)
+        elif name == "einsum":
+            attention.einsum(self, call)
         else:
             self.unknown(call)
 
@@ -567,6 +578,9 @@ class SpecBuilder:
             bound["shared"] = True
         self.layer(op, bound, call)
 
+    def _scaled_dot_product_attention(self, op: str, bound: dict, call: Call) -> None:
+        attention.attention(self, op, bound, call)
+
     def _div(self, op: str, bound: dict, call: Call) -> None:
         if bound.pop("rounding_mode", None) is not None:
             self.fail(call, "rounds (rounding_mode is set), which has no gradient", "divide without rounding_mode")
@@ -731,6 +745,9 @@ class SpecBuilder:
             return self.layer("flatten", {"input": source, "start_dim": kept}, call)
         if tuple(result.shape) == tuple(source.shape):
             return self.alias(call, source)
+        traced = sizes.spec_sizes(shape, self.node, self.size_tensors)  # sizes that carry the dims they were read from
+        if traced is not None:
+            return self.layer("reshape", {"input": source, "shape": traced}, call)
         shape = [int(size) for size in shape]
         if shape and -1 not in shape and shape[0] == source.shape[0] and source.dim() > 0:
             shape[0] = -1  # the batch, read from the input: (N, C, 4, 16) stays shape-generic
@@ -867,9 +884,9 @@ class SpecBuilder:
                 return self.unknown(call)
             shape: list[Any] = [{"like": self.node(other)} for _ in range(other.dim())]  # fresh dicts: no YAML aliases
         else:
-            shape = [int(size) for size in _sizes(call, "size", "shape")]
-            shape = [size if size == -1 else self.size_read(size, position, len(shape))
-                     for position, size in enumerate(shape)]
+            shape = sizes.spec_sizes(_sizes(call, "size", "shape"), self.node, self.size_tensors, spare=False) or [
+                size if size == -1 else self.size_read(size, position, len(_sizes(call, "size", "shape")))
+                for position, size in enumerate(int(size) for size in _sizes(call, "size", "shape"))]
         if not isinstance(source, torch.Tensor):
             return self.unknown(call)
         self.layer("expand", {"input": source, "shape": shape}, call)

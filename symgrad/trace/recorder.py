@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 
+from . import sizes
+
 SHAPE_QUERIES = frozenset({
     "size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "is_contiguous", "is_floating_point",
     "is_complex", "get_device", "data_ptr", "storage_offset", "is_same_size", "is_pinned", "is_shared", "is_signed",
@@ -161,6 +163,9 @@ class Recorder(TorchFunctionMode):
         self.running: list[torch.nn.Module] = []
         self._hooks: list = []
         self._sizes_read: list[torch.Tensor] = []
+        self.size_tensors: list[torch.Tensor] = []
+        """The tensors whose sizes the user's code read, by the index its sizes carry (``sizes.Dim``)."""
+        self._size_index: dict[int, int] = {}
 
     def __enter__(self):
         self._hooks = [module_hooks.register_module_forward_pre_hook(self._entered),
@@ -269,6 +274,10 @@ class Recorder(TorchFunctionMode):
             self._value_read("size of values", sys._getframe(2))
         if name in SIZES and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(2)):
             self._sizes_read.append(arguments[0])
+            index = self._size_index.setdefault(id(arguments[0]), len(self.size_tensors))
+            if index == len(self.size_tensors):
+                self.size_tensors.append(arguments[0])
+            return sizes.traced(index, arguments[0], name, arguments, result)  # ints that carry their dims
         return result
 
     def _value_read(self, name: str, frame) -> None:

@@ -1,0 +1,240 @@
+"""Sizes that remember where they were read: ``B, N, C = x.shape`` in traced code gives ints that carry
+``x.shape[0]``, ``x.shape[1]``, ``x.shape[2]`` along, through the arithmetic the code does with them
+(``B * C * num_patch_h``, ``h // 2``, ``math.ceil(W / 2)``, einops' products of axis lengths).
+
+A reshape, view or expand then writes each size as the spec's ``{like: NODE, dims: [...], div: k}`` where
+it is a product of one node's dims (floor- or ceil-divided by a number), instead of guessing from the
+numbers. What no such form holds stays a number (or the reshape's one -1), and the second run, at other
+sizes, refuses it if it follows the input: never frozen.
+
+``TracedSize`` is an ``int``: torch, einops and the user's code take it as one. Its hash is the int's, so
+``{(H, W): ...}`` caches keep working; einops' own cache of shapes is bypassed while tracing, so that each
+call's sizes carry that call's tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from typing import Any, Iterator
+
+import sympy
+import torch
+
+
+class Dim(sympy.Symbol):
+    """``tensor.shape[dim]`` of the ``index``-th tensor whose size the code read (``Recorder.size_tensors``)."""
+
+    def __new__(cls, index: int, dim: int):
+        symbol = super().__new__(cls, f"size_{index}_{dim}", integer=True, positive=True)
+        symbol.index, symbol.dim = index, dim
+        return symbol
+
+    def __getnewargs_ex__(self):
+        return (self.index, self.dim), {}
+
+
+def _expr(value: Any) -> sympy.Expr | None:
+    if isinstance(value, (TracedSize, TracedFloat)):
+        return value.expr
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return sympy.Integer(value) if isinstance(value, int) else None
+
+
+def _combine(name: str, function, reflected: bool = False, floating: bool = False):
+    """An arithmetic dunder: the int's result, carrying the sympy expression of the same operation."""
+
+    def method(self, other):
+        result = getattr(int if not isinstance(self, float) else float, name)(self, other)
+        if result is NotImplemented or isinstance(result, bool):
+            return result
+        theirs = _expr(other)
+        if theirs is None or not isinstance(result, (int, float)):
+            return result
+        left, right = (theirs, self.expr) if reflected else (self.expr, theirs)
+        expr = function(left, right)
+        if isinstance(result, float) and not float(result).is_integer() and not floating:
+            return result
+        return (TracedFloat if isinstance(result, float) else TracedSize)(result, expr)
+
+    return method
+
+
+def _floor_div(a, b):
+    return sympy.floor(a / b)
+
+
+class TracedSize(int):
+    """An int computed from tensor sizes, with ``expr``, the sympy expression of :class:`Dim` it equals."""
+
+    def __new__(cls, value: int, expr: sympy.Expr):
+        made = super().__new__(cls, int(value))
+        made.expr = expr
+        return made
+
+    __hash__ = int.__hash__
+    __add__ = _combine("__add__", lambda a, b: a + b)
+    __radd__ = _combine("__radd__", lambda a, b: a + b, reflected=True)
+    __sub__ = _combine("__sub__", lambda a, b: a - b)
+    __rsub__ = _combine("__rsub__", lambda a, b: a - b, reflected=True)
+    __mul__ = _combine("__mul__", lambda a, b: a * b)
+    __rmul__ = _combine("__rmul__", lambda a, b: a * b, reflected=True)
+    __floordiv__ = _combine("__floordiv__", _floor_div)
+    __rfloordiv__ = _combine("__rfloordiv__", _floor_div, reflected=True)
+    __truediv__ = _combine("__truediv__", lambda a, b: a / b, floating=True)
+    __rtruediv__ = _combine("__rtruediv__", lambda a, b: a / b, reflected=True, floating=True)
+
+    def __neg__(self):
+        return TracedSize(-int(self), -self.expr)
+
+    def __pos__(self):
+        return self
+
+    def __index__(self):
+        return int(self)
+
+    def __repr__(self):
+        return int.__repr__(self)
+
+
+class TracedFloat(float):
+    """A size divided by a number (``W / 2``): ``math.ceil`` and ``math.floor`` of it are sizes again."""
+
+    def __new__(cls, value: float, expr: sympy.Expr):
+        made = super().__new__(cls, value)
+        made.expr = expr
+        return made
+
+    __hash__ = float.__hash__
+
+    def __ceil__(self):
+        return TracedSize(math.ceil(float(self)), sympy.ceiling(self.expr))
+
+    def __floor__(self):
+        return TracedSize(math.floor(float(self)), sympy.floor(self.expr))
+
+    __mul__ = _combine("__mul__", lambda a, b: a * b, floating=True)
+    __rmul__ = _combine("__rmul__", lambda a, b: a * b, reflected=True, floating=True)
+
+
+def traced_shape(index: int, shape: torch.Size) -> torch.Size:
+    """``shape`` with each entry a :class:`TracedSize` of its dim."""
+    return torch.Size([TracedSize(size, Dim(index, dim)) for dim, size in enumerate(shape)])
+
+
+def traced(index: int, tensor: torch.Tensor, name: str, arguments: tuple, result: Any) -> Any:
+    """The result of a size query (``x.shape``, ``x.size()``, ``x.size(1)``, ``x.numel()``), carrying its dims."""
+    if name == "shape" or (name == "size" and len(arguments) == 1):
+        return traced_shape(index, result) if isinstance(result, torch.Size) else result
+    if name == "size" and isinstance(result, int) and len(arguments) == 2 and isinstance(arguments[1], int):
+        return TracedSize(result, Dim(index, arguments[1] % max(tensor.dim(), 1)))
+    if name in ("numel", "nelement") and isinstance(result, int):
+        return TracedSize(result, sympy.Mul(*(Dim(index, dim) for dim in range(tensor.dim()))))
+    return result
+
+
+def _single_node(expr: sympy.Expr, resolve) -> tuple[str, list[int]] | None:
+    """``(node, dims)`` when ``expr`` is a product of distinct dims of one node, each once."""
+    factors = sympy.Mul.make_args(expr)
+    if not all(isinstance(factor, Dim) for factor in factors):
+        return None
+    found = [resolve(factor) for factor in factors]
+    if any(item is None for item in found) or len({node for node, _ in found}) != 1:
+        return None
+    dims = sorted(dim for _, dim in found)
+    return (found[0][0], dims) if len(set(dims)) == len(dims) else None
+
+
+def _text(expr: sympy.Expr) -> str | None:
+    """``expr`` in the spec's size language (``spec.size_expression``): ``shape[i]`` for a :class:`Dim`."""
+    if isinstance(expr, Dim):
+        return f"shape[{expr.dim}]"
+    if expr.is_Integer:
+        return str(int(expr))
+    if isinstance(expr, (sympy.floor, sympy.ceiling)):
+        numerator, denominator = sympy.fraction(sympy.together(expr.args[0]))
+        inner = _text(numerator)
+        if inner is None or not denominator.is_Integer or denominator < 1:
+            return None
+        inner = f"({inner})" if " " in inner else inner
+        return f"{inner} // {denominator}" if isinstance(expr, sympy.floor) else f"ceil({inner} / {denominator})"
+    if expr.is_Mul or expr.is_Add:
+        parts = [_text(arg) for arg in expr.args]
+        if any(part is None for part in parts):
+            return None
+        if expr.is_Add:  # * and // bind tighter than +
+            return " + ".join(parts)
+        return " * ".join(f"({part})" if isinstance(arg, (sympy.Add, sympy.floor)) else part
+                          for arg, part in zip(expr.args, parts))
+    return None
+
+
+def spec_size(value: Any, resolve) -> dict | None:
+    """``{like: NODE, dims: [...]}`` for a traced size that is a product of one node's dims, ``{like: NODE, size:
+    'shape[2] // 2 * (shape[3] // 2)'}`` for another expression of them; None when it reads several nodes or
+    none (``resolve`` maps a :class:`Dim` to ``(node, dim)``, or None where its tensor is no node)."""
+    expr = getattr(value, "expr", None)
+    if not isinstance(value, TracedSize) or expr is None or not expr.free_symbols:
+        return None
+    found = [resolve(symbol) for symbol in expr.free_symbols]
+    if any(item is None for item in found) or len({node for node, _ in found}) != 1:
+        return None
+    node = found[0][0]
+    factors = sympy.Mul.make_args(expr)
+    if all(isinstance(factor, Dim) for factor in factors) and len(set(factors)) == len(factors):
+        return {"like": node, "dims": sorted(factor.dim for factor in factors)}
+    text = _text(expr)
+    if text is None:
+        return None
+    try:  # the tracer writes only what the spec reads back to the same value
+        from ..spec import size_expression
+        by_dim = {symbol.dim: symbol for symbol in expr.free_symbols}
+        if sympy.simplify(size_expression(text, lambda dim: by_dim[dim]) - expr) != 0:
+            return None
+    except (ValueError, KeyError):
+        return None
+    return {"like": node, "size": text}
+
+
+def has_dims(value: Any) -> bool:
+    """Whether ``value`` is a size computed from tensor sizes."""
+    return isinstance(value, TracedSize) and bool(value.expr.free_symbols)
+
+
+@contextlib.contextmanager
+def einops_uncached() -> Iterator[None]:
+    """einops keeps each shape's recipe in an ``lru_cache`` keyed by the sizes' values: while tracing, every
+    call computes its own, so that its sizes carry its own tensor's dims."""
+    module = sys.modules.get("einops.einops")
+    cached = getattr(module, "_reconstruct_from_shape", None)
+    uncached = getattr(module, "_reconstruct_from_shape_uncached", None)
+    if cached is None or uncached is None:
+        yield
+        return
+    module._reconstruct_from_shape = uncached
+    try:
+        yield
+    finally:
+        module._reconstruct_from_shape = cached
+
+
+def spec_sizes(values, node_of, tensors: list[torch.Tensor], spare: bool = True) -> list | None:
+    """The spec's list for a reshape's or expand's sizes when any carries dims (None otherwise: the caller
+    matches the numbers as before): each size a ``{like: ...}`` where it is one node's dims, a number where it
+    is one (a literal, or what no form holds), and, with ``spare``, the one size no form holds as -1 when the
+    list has no -1 yet (``C // heads`` in einops' ``b (head c) h w`` reshape)."""
+    if not any(has_dims(value) for value in values):
+        return None
+
+    def resolve(dim: Dim):
+        found = node_of(tensors[dim.index]) if dim.index < len(tensors) else None
+        return (found, dim.dim) if isinstance(found, str) else None
+
+    entries: list[Any] = [spec_size(value, resolve) or int(value) for value in values]
+    unexpressed = [position for position, value in enumerate(values)
+                   if has_dims(value) and not isinstance(entries[position], dict)]
+    if spare and len(unexpressed) == 1 and -1 not in entries:
+        entries[unexpressed[0]] = -1
+    return entries
