@@ -154,6 +154,10 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module) -> Bound:
         generated = _load(Path(generated))
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise BindError("bind the model itself, then wrap the result: DistributedDataParallel(symgrad.bind(module, model))")
+    if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
+        from .bound_model import BoundModel
+
+        return BoundModel(generated, model)
     return Bound(generated, model)
 
 

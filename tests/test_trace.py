@@ -146,10 +146,10 @@ def test_module_level_model_imported_from_a_file_beside_with_a_number_argument(t
     assert generate.exit_code == 0, generate.output
 
 
-def test_forward_returning_the_prediction_needs_loss_and_takes_init_and_arg(tmp_path: Path):
+def test_forward_returning_the_prediction_ends_in_outputs_or_loss_and_takes_init_and_arg(tmp_path: Path):
     blocks = f"{INPUTS / 'blocks.py'}:Noisy"
-    result = run_trace(blocks, "--input", "x=2,1,8,8", "--arg", "sigma=0.1")
-    assert result.exit_code == 2 and "not a loss (fix: pass --loss mse --target y" in result.output
+    result = run_trace(blocks, "--input", "x=2,1,8,8", "--arg", "sigma=0.1")  # no --loss: the spec ends in outputs
+    assert result.exit_code == 0 and "\noutputs: " in result.output and "\nloss:" not in result.output, result.output
     spec = tmp_path / "noisy.yaml"
     result = run_trace(blocks, "--init", "in_nc=1,nc=[3, 6]", "--input", "x=2,1,8,8", "--arg", "sigma=0.25",
                        "--loss", "mse", "--target", "clean", "--reduction", "sum", "-o", str(spec))
