@@ -205,7 +205,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})")
                    for name, value in planned.hvp_results.items()}
     context = dict(
-        **_outputs_context(spec),
+        **_outputs_context(spec, graph),
         sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
         running_statistics=running,
         helpers=planned.helpers,
@@ -290,15 +290,16 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     return Rendered(spec.name, files, summary, latex)
 
 
-def _outputs_context(spec) -> dict:
+def _outputs_context(spec, graph) -> dict:
     """What the templates' outputs-form sections read (``outputs: False`` for a loss-ending spec)."""
     outputs = spec.outputs
+    random = any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None)
     if outputs is None:
         return dict(outputs=False)
     keys = [key for key, _, _ in outputs.entries]
     described = {"tensor": "one tensor", "tuple": f"a tuple of {len(keys)}",
                  "dict": "a dict with the keys " + ", ".join(keys)}[outputs.kind]
-    return dict(outputs=True, outputs_kind=outputs.kind, outputs_names=list(outputs.nodes), outputs_described=described,
+    return dict(outputs=True, outputs_kind=outputs.kind, random=random, outputs_names=list(outputs.nodes), outputs_described=described,
                 outputs_keys="(" + ", ".join(f'"{key}"' for key in keys) + ("," if len(keys) == 1 else "") + ")",
                 eval_module=spec.eval)
 
