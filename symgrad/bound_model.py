@@ -88,11 +88,12 @@ class BoundModel(torch.nn.Module):
         modes = [_Mode(generated, model)]
         eval_name = getattr(generated, "EVAL_MODULE", None)
         if eval_module is None and eval_name is not None:
-            path = Path(getattr(generated, "__file__", "") or ".").with_name(f"{eval_name}.py")
-            if not path.is_file():
+            where = getattr(generated, "__file__", None)
+            path = Path(where).with_name(f"{eval_name}.py") if where else None
+            if path is None or not path.is_file():
                 raise BindError(f"{_name(generated)} names its eval-mode module {eval_name}, and there is no "
-                                f"{path} (fix: symgrad generate the eval spec that symgrad trace wrote beside it, "
-                                "into the same folder)")
+                                f"{path or eval_name + '.py'} beside it (fix: symgrad generate the eval spec that "
+                                "symgrad trace wrote beside the train spec into the same folder, and bind by path)")
             eval_module = _load(path)
         if eval_module is not None:
             modes.append(_Mode(eval_module, model))

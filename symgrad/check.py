@@ -116,9 +116,9 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     for index, shape_set in enumerate(shapes):
         progress(f"float64 against autograd at test shapes {index + 1} of {len(shapes)}")
         inputs = graph_inputs(graph, shape_set, seed=seed + index)
-        reference = reference_forward(graph, inputs)
+        reference = _seeded(reference_forward, graph, inputs)  # dropout's masks: the same draws in each
         try:
-            ours = module.forward(**inputs)
+            ours = _seeded(module.forward, **inputs)
         except Exception as error:  # noqa: BLE001 - broken generated code is a failed check, not a crash
             return Verification(math.inf, errors, _raised("the generated forward", error))
         problem = first_nonfinite({"the reference forward (the loss)": reference, "the generated forward": ours})
@@ -129,7 +129,7 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
         expected = dict(zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt],
                                                             grad_outputs=cotangent)))
         try:
-            actual = module.gradients(**inputs, grad_loss=cotangent)
+            actual = _seeded(module.gradients, **inputs, grad_loss=cotangent)
         except Exception as error:  # noqa: BLE001
             return Verification(forward_error, errors, _raised("the generated gradients", error))
         actual = {name: getattr(actual, name) for name in graph.wrt}
@@ -144,6 +144,14 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
         for name, error in relative_errors(actual, expected).items():
             errors[name] = max(errors[name], error)
     return Verification(forward_error, errors)
+
+
+def _seeded(function, *arguments, **keywords):
+    """``function(...)`` from torch's seed 0 (the global random state put back after), so that the
+    random masks of a spec with dropout are the same draws in every forward compared."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return function(*arguments, **keywords)
 
 
 def _raised(what: str, error: Exception) -> str:

@@ -295,7 +295,7 @@ def _outputs_context(spec, graph) -> dict:
     outputs = spec.outputs
     random = any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None)
     if outputs is None:
-        return dict(outputs=False)
+        return dict(outputs=False, random=random)
     keys = [key for key, _, _ in outputs.entries]
     described = {"tensor": "one tensor", "tuple": f"a tuple of {len(keys)}",
                  "dict": "a dict with the keys " + ", ".join(keys)}[outputs.kind]

@@ -185,11 +185,14 @@ def test_sizes_computed_from_the_input_that_no_tensor_has_are_refused_not_frozen
     assert "computed from the input's size" in message and "size=skip.shape[-2:]" in message
 
 
-def test_dropout_is_refused_in_training_and_the_identity_in_eval():
+def test_dropout_is_a_random_mask_in_training_and_the_identity_in_eval(tmp_path: Path):
     blocks = f"{INPUTS / 'blocks.py'}:Dropping"
-    result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1")
-    assert result.exit_code == 2 and result.output.startswith(marked_line(INPUTS / "blocks.py", "DROPOUT"))
-    assert "(in drop)" in result.output and "--eval" in result.output
+    spec = tmp_path / "dropping.yaml"
+    result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1", "--train", "-o", str(spec))
+    assert result.exit_code == 0, result.output
+    assert "{op: dropout, in: conv, out: drop}" in spec.read_text()  # p: 0.5, the default
+    generate = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out"), "--verify"])
+    assert generate.exit_code == 0, generate.output
     result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1", "--eval")
     assert result.exit_code == 0 and "dropout" not in result.output and "op: conv2d" in result.output
 

@@ -149,6 +149,26 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
             each.training = training
 
 
+def trace_modes(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None,
+                name: str = "traced", **options) -> tuple[str, str | None]:
+    """A model whose forward returns its outputs, traced in train mode and in eval mode: (the train-mode
+    spec, the eval-mode spec named ``NAME_eval``), or (the one spec, None) where the two modes run the same
+    layers (no BatchNorm, no dropout, the same outputs). The train-mode spec then names the other in
+    ``eval: NAME_eval``, and ``symgrad.bind`` of the module generated from it runs the module generated
+    from the other while the model is in eval mode (both generated into one folder). ``options``: those
+    of :func:`trace` but ``mode`` and ``loss`` (a loss-ending spec trains in one mode)."""
+    train = trace(target, shapes, wrt, name, mode="train", **options)
+    evaluation = trace(target, shapes, wrt, f"{name}_eval", mode="eval", **options)
+    if "\noutputs:" not in train or _body(train) == _body(evaluation):
+        return train, None
+    return train + f"eval: {name}_eval\n", evaluation
+
+
+def _body(text: str) -> list[str]:
+    """A traced spec's lines but its header and name."""
+    return [line for line in text.splitlines() if not line.startswith(("#", "name:"))]
+
+
 def _check_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> None:
     """Refuse sizes below 1, and inputs that cannot fit in memory at the traced sizes and the second run's
     (both runs' tensors are alive at once), before anything is allocated."""
