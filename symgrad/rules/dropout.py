@@ -19,7 +19,7 @@ there the masks differ from the model's (each is still a valid dropout mask).
 
 from __future__ import annotations
 
-from ..algebra import primitive, tensor
+from ..algebra import CONSTANT, primitive, tensor
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice
 
 NOISE_SHAPES = ("element", "channel", "row", "batch")
@@ -50,7 +50,7 @@ def _noise_code(operands, params, show):
     return f"{blank}.bernoulli_({keep!r})" + (f".div_({keep!r})" if params["scale"] and keep > 0 else "")
 
 
-primitive("dropout_mask", code=_noise_code,
+primitive("dropout_mask", code=_noise_code, tangent=CONSTANT,  # the mask does not depend on the input's values
           latex=lambda operands, params, show: rf"\operatorname{{Bernoulli}}_{{{1 - params['p']!r}}}\left({operands[0]}\right)")
 
 
