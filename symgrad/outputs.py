@@ -62,3 +62,53 @@ def outputs_node(spec, nodes: dict) -> "object":
     return Node("loss", "loss", spec.outputs.location, Outputs(len(entries)),
                 operands={f"output_{index}": node for index, (_, node, _) in enumerate(entries)},
                 params={"reduction": "none"})
+
+
+# ----- the checks: an outputs-form module seen as a loss-ending one ------------------------------------
+
+
+def output_weights(outputs) -> list:
+    """Fixed random weights, one tensor per output, of its shape and dtype (float64 draws, the same at
+    every call): the checks compare ``sum((w * o).sum())``, a scalar whose gradient is the backward
+    from the cotangents ``w``."""
+    import torch
+
+    return [torch.randn(output.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1000 + index))
+            .to(output.dtype) for index, output in enumerate(outputs)]
+
+
+def weighted_sum(outputs):
+    """``sum((w * o).sum())`` over the outputs, ``w`` their :func:`output_weights`."""
+    return sum((weight * output).sum() for weight, output in zip(output_weights(outputs), outputs))
+
+
+class LossView:
+    """A module generated from a spec with ``outputs:`` seen as one that ends in the loss
+    :func:`weighted_sum` (what ``symgrad verify`` and ``generate --verify`` check): ``forward``,
+    ``gradients(..., grad_loss)`` and ``loss_with_explicit_backward`` of that loss."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def forward(self, **inputs):
+        return weighted_sum(self.module.forward(**inputs))
+
+    def gradients(self, grad_loss=None, **inputs):
+        import torch
+
+        with torch.random.fork_rng():  # the outputs' shapes only: the random state stays where it is
+            shapes = [output.detach() for output in self.module.forward(**inputs)]
+        weights = output_weights(shapes)
+        return self.module.gradients(**inputs, grad_outputs=[weight if grad_loss is None else weight * grad_loss
+                                                             for weight in weights])
+
+    def loss_with_explicit_backward(self, recompute=False, **inputs):
+        return weighted_sum(self.module.outputs_with_explicit_backward(**inputs, recompute=recompute))
+
+
+def loss_view(module):
+    """``module`` itself, or its :class:`LossView` where it was generated from a spec with ``outputs:``."""
+    return LossView(module) if hasattr(module, "OUTPUTS") and not isinstance(module, LossView) else module
