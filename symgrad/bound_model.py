@@ -34,21 +34,30 @@ class _Mode:
     """One generated module (of one mode) bound to the model's tensors."""
 
     def __init__(self, generated: ModuleType, model: torch.nn.Module):
+        self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
         sources = getattr(generated, "SOURCES", None)
+        statistics = getattr(generated, "RUNNING_STATISTICS", ())
+        if self.structured:  # keyed by state_dict key, read where used: the model's own, whatever they are
+            state = {**dict(model.named_parameters(remove_duplicate=False)),
+                     **dict(model.named_buffers(remove_duplicate=False))}
+            sources = {key: (key, tuple(value.shape)) for key, value in state.items()}
+            statistics = [(f"{path}.running_mean", f"{path}.running_var", momentum)
+                          for path, momentum in getattr(generated, "MOMENTA", {}).items()]
         if not isinstance(sources, dict) or not hasattr(generated, "outputs_with_explicit_backward"):
             raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
-        if getattr(generated, "STRUCTURED", False):
-            raise BindError(f"{_name(generated)} is written as blocks, and a model is bound from the flat form "
-                            "(fix: symgrad generate --flat the spec that symgrad trace wrote)")
         _check_matches(generated, model, sources)
         self.generated = generated
         self.arguments = tuple(inspect.signature(generated.forward).parameters)
-        self.data_arguments = tuple(name for name in self.arguments if name not in sources)
+        self.data_arguments = tuple(name for name in self.arguments if name not in sources and not (
+            self.structured and name == "params"))
         self.state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         self.sources = sources
+        for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
+            raise BindError(f"{_name(generated)} moves the running statistics {key}, which the model lacks (fix: "
+                            "bind the module generated from this model, or trace the changed model again)")
         self.statistics = tuple((_owner(model, sources[mean][0])[0], mean, var, momentum)
-                                for mean, var, momentum in getattr(generated, "RUNNING_STATISTICS", ()))
+                                for mean, var, momentum in statistics)
         has_batch_norm = any(key.endswith(".running_mean") for key, _ in sources.values())
         self.training = True if self.statistics else (False if has_batch_norm else None)
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
@@ -64,7 +73,11 @@ class _Mode:
                 counter.add_(1)
             if momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
                 previous.append((mean, var, arguments[mean].clone(), arguments[var].clone(), 1.0 / float(counter)))
-        outputs = self.generated.outputs_with_explicit_backward(*(arguments[name] for name in self.arguments))
+        if self.structured:
+            params = {key: arguments[name] for name, (key, _) in self.sources.items()}
+            outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
+        else:
+            outputs = self.generated.outputs_with_explicit_backward(*(arguments[name] for name in self.arguments))
         with torch.no_grad():
             for mean, var, old_mean, old_var, factor in previous:  # the generated code wrote the batch's own
                 for name, old in ((mean, old_mean), (var, old_var)):

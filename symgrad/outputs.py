@@ -111,4 +111,5 @@ class LossView:
 
 def loss_view(module):
     """``module`` itself, or its :class:`LossView` where it was generated from a spec with ``outputs:``."""
-    return LossView(module) if hasattr(module, "OUTPUTS") and not isinstance(module, LossView) else module
+    generated = getattr(module, "module", module)  # a structured module is checked through its FlatView
+    return LossView(module) if hasattr(generated, "OUTPUTS") and not isinstance(module, LossView) else module

@@ -292,3 +292,36 @@ def test_a_module_traced_in_one_mode_refuses_the_other(tmp_path):
     model.eval()
     with pytest.raises(symgrad.BindError, match="traced in train mode only"):
         fast(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+
+
+def test_the_block_form_binds_and_its_generated_tests_pass(tmp_path):
+    """Written as blocks (symgrad trace's default): the SE gate is one block, called per instance."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(2)
+    model = AuxNet().double()
+    model.layer1 = nn.Sequential(BasicBlock(8, drop_path_rate=0.2), BasicBlock(8, drop_path_rate=0.1)).double()
+    text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_blocks", blocks=True)
+    assert "blocks:" in text and "{block: squeeze_excite" in text and "outputs: [fc, aux]" in text
+    path = generated(tmp_path, text, evaluation)
+    assert "STRUCTURED = True" in path.read_text()
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(path, model)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9) for net in (model, reference)]
+    for step in range(2):
+        images, labels = torch.randn(3, 3, 6, 10, dtype=torch.float64), torch.randint(0, 5, (3,))
+        for net, optimizer in zip((fast, reference), optimizers):
+            optimizer.zero_grad()
+            torch.manual_seed(step)
+            logits, aux = net(images)
+            (F.cross_entropy(logits, labels, label_smoothing=0.1) + 0.4 * F.cross_entropy(aux, labels)).backward()
+            optimizer.step()
+    assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-10
+    model.eval()
+    reference.eval()
+    assert (fast(images) - reference(images)).abs().max().item() <= 1e-10
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+                             "test_auxnet_blocks.py", "test_auxnet_blocks_eval.py"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:]

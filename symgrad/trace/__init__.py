@@ -233,7 +233,7 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
         graph = build_graph(parse_spec(text, "<traced spec>"))
     except SpecError as error:
         raise TraceError(_at_call(error, text, calls)) from None
-    if blocks and module is not None and "outputs" not in spec:  # a spec ending in outputs binds in the flat form
+    if blocks and module is not None:
         text = _with_blocks(text, header, name, spec, calls, module, graph)
     return text
 
