@@ -325,3 +325,32 @@ def test_the_block_form_binds_and_its_generated_tests_pass(tmp_path):
                              "test_auxnet_blocks.py", "test_auxnet_blocks_eval.py"], capture_output=True, text=True,
                             cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_torch_compile_fullgraph_runs_and_equals_eager(tmp_path):
+    """``torch.compile(fast, fullgraph=True)``: no graph break (the Function saves every value through
+    save_for_backward while compiling); the same outputs, gradients and buffers as eager, in both
+    modes. The aot_eager backend keeps eager's kernels and random draws (inductor's own RNG would draw
+    other masks, unless torch._inductor.config.fallback_random is set)."""
+    torch.manual_seed(0)
+    model = AuxNet().double()
+    text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_compiled")
+    path = generated(tmp_path, text, evaluation)
+    eager_model = copy.deepcopy(model)
+    compiled, eager = torch.compile(symgrad.bind(path, model), fullgraph=True, backend="aot_eager"), \
+        symgrad.bind(path, eager_model)
+    for step in range(2):
+        images, labels = torch.randn(3, 3, 6, 10, dtype=torch.float64), torch.randint(0, 5, (3,))
+        results = []
+        for net in (compiled, eager):
+            torch.manual_seed(step)
+            logits, aux = net(images)
+            (F.cross_entropy(logits, labels, label_smoothing=0.1) + 0.4 * F.cross_entropy(aux, labels)).backward()
+            results.append({"logits": logits.detach(), "aux": aux.detach()})
+        assert max_difference(*results) <= 1e-12
+    grads = {name: value.grad for name, value in model.named_parameters()}
+    assert max_difference(grads, {name: value.grad for name, value in eager_model.named_parameters()}) <= 1e-12
+    assert max_difference(dict(model.named_buffers()), dict(eager_model.named_buffers())) <= 1e-12
+    model.eval()
+    eager_model.eval()
+    assert (compiled(images) - eager(images)).abs().max().item() <= 1e-12

@@ -80,3 +80,49 @@ def test_verify_checks_the_outputs_backward_and_catches_a_broken_one():
     broken = module_from_source(source.replace("grad_outputs[1]", "0 * grad_outputs[1]"), "two_heads_broken")
     report = verify(built.graph, broken, built.shapes)
     assert max(report.gradient_errors.values()) > 1e-3
+
+
+MODEL = '''\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+        self.aux = nn.Linear(8, 5)
+
+    def forward(self, x):
+        features = F.relu(self.bn(self.conv(x))).mean((2, 3))
+        if self.training:
+            return self.fc(features), self.aux(features)
+        return self.fc(features)
+'''
+
+
+def test_trace_without_a_loss_writes_both_modes_beside_each_other(tmp_path: Path):
+    import symgrad
+    from symgrad.trace import load_target
+
+    (tmp_path / "net.py").write_text(MODEL)
+    runner = CliRunner()
+    result = runner.invoke(main, ["trace", f"{tmp_path / 'net.py'}:Net", "--input", "x=2,3,8,8"])
+    assert result.exit_code == 2 and "pass -o FILE.yaml" in result.output and "\n" not in result.output.strip()
+    spec = tmp_path / "net.yaml"
+    result = runner.invoke(main, ["trace", f"{tmp_path / 'net.py'}:Net", "--input", "x=2,3,8,8", "--wrt", "parameters",
+                                  "-o", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert spec.read_text().endswith("outputs: [fc, aux]\nwrt: [conv_weight, bn_weight, bn_bias, fc_weight, fc_bias, "
+                                     "aux_weight, aux_bias]\neval: net_gradients_eval\n")
+    assert "outputs: fc\n" in (tmp_path / "net_eval.yaml").read_text()
+    result = runner.invoke(main, ["generate", str(spec), str(tmp_path / "net_eval.yaml"), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    model = load_target(f"{tmp_path / 'net.py'}:Net")
+    fast = symgrad.bind(tmp_path / "out" / "net_gradients.py", model)
+    logits, aux = fast(torch.randn(3, 3, 5, 7))
+    model.eval()
+    assert fast(torch.randn(3, 3, 5, 7)).shape == (3, 5)

@@ -2,7 +2,9 @@
 
 The function, or an ``nn.Module``'s forward, runs on random tensors while ``recorder.Recorder``
 keeps every torch call; ``layers.SpecBuilder`` turns the calls into layers, and the end of the
-function (or ``--loss``) into the spec's loss. Parameters and buffers become inputs named by their
+function (or ``--loss``) into the spec's loss; a function that returns no loss (a tensor, a tuple or a
+dict of tensors: the model's outputs) gives a spec that ends in ``outputs:``, which ``trace_modes``
+traces in train and in eval mode. Parameters and buffers become inputs named by their
 module path (``layer1_0_conv1_weight``, ``bn1_running_mean``); tensors the function reads from its
 module's globals or closure (the seed's ``k`` and ``y``), and the parameters of ``nn.Module``
 globals (``model_conv1_weight``), become inputs under those names.
