@@ -294,7 +294,8 @@ def test_a_module_traced_in_one_mode_refuses_the_other(tmp_path):
         fast(torch.randn(2, 3, 8, 8, dtype=torch.float64))
 
 
-def test_the_block_form_binds_and_its_generated_tests_pass(tmp_path):
+@pytest.mark.slow
+def test_the_block_form_binds_compiles_and_its_generated_tests_pass(tmp_path):
     """Written as blocks (symgrad trace's default): the SE gate is one block, called per instance."""
     import subprocess
     import sys
@@ -318,9 +319,17 @@ def test_the_block_form_binds_and_its_generated_tests_pass(tmp_path):
             (F.cross_entropy(logits, labels, label_smoothing=0.1) + 0.4 * F.cross_entropy(aux, labels)).backward()
             optimizer.step()
     assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-10
+    compiled = torch.compile(fast, fullgraph=True, backend="aot_eager")  # no graph break in the block form
+    for net in (compiled, reference):
+        torch.manual_seed(5)
+        logits, aux = net(images)
+        (logits.pow(2).sum() + aux.sum()).backward()
+    assert max_difference({name: value.grad for name, value in model.named_parameters()},
+                          {name: value.grad for name, value in reference.named_parameters()}) <= 1e-10
     model.eval()
     reference.eval()
     assert (fast(images) - reference(images)).abs().max().item() <= 1e-10
+    assert (compiled(images) - reference(images)).abs().max().item() <= 1e-10
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                              "test_auxnet_blocks.py", "test_auxnet_blocks_eval.py"], capture_output=True, text=True,
                             cwd=tmp_path)
