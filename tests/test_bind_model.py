@@ -363,3 +363,35 @@ def test_torch_compile_fullgraph_runs_and_equals_eager(tmp_path):
     model.eval()
     eager_model.eval()
     assert (compiled(images) - eager(images)).abs().max().item() <= 1e-12
+
+
+def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_path):
+    """The done-when model in float32 under CPU bfloat16 autocast: its gradients as close to the float64
+    ones as autograd's under the same autocast (the same masks: one seed)."""
+    torch.manual_seed(0)
+    exact = AuxNet().double()
+    text, evaluation = trace_modes(exact, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_autocast")
+    path = generated(tmp_path, text, evaluation)
+    model, reference = copy.deepcopy(exact).float(), copy.deepcopy(exact).float()
+    fast = symgrad.bind(path, model)
+    images, labels = torch.randn(4, 3, 10, 6, dtype=torch.float64), torch.randint(0, 5, (4,))
+
+    def step(net, data):
+        torch.manual_seed(3)
+        logits, aux = net(data)
+        (F.cross_entropy(logits.float(), labels, label_smoothing=0.1) + 0.4 * F.cross_entropy(aux.float(), labels)).backward()
+
+    step(exact, images)
+    for net in (fast, reference):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            step(net, images.float())
+    truth = [value.grad for value in exact.parameters()]
+    norm = torch.cat([grad.flatten() for grad in truth]).norm().item()
+
+    def error(net):
+        return torch.cat([(value.grad.double() - grad).flatten()
+                          for value, grad in zip(net.parameters(), truth)]).norm().item() / norm
+
+    assert all(value.grad.dtype == torch.float32 for value in model.parameters())
+    assert error(reference) > 1e-5, "autocast did not lower the precision: the comparison would prove nothing"
+    assert error(model) <= 4 * error(reference) + 1e-3, (error(model), error(reference))
