@@ -396,6 +396,10 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_ed
         generated = _load(Path(generated), allow_edited)
     if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
+    if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
+        from .bound_model import BoundModel
+
+        return BoundModel(generated, model, allow_edited=allow_edited)
     return Bound(generated, model, allow_edited)
 
 

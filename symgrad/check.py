@@ -61,6 +61,11 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
         params = {key: float(value) if hasattr(value, "is_number") else value
                   for key, value in node.rule.reference_params(at_run_time).items()
                   if value is not None}  # unset options (divisor_override) stay implicit
+        if node.kind == "loss" and node.rule.op == "outputs":  # a spec ending in outputs: checked as a loss
+            from .outputs import weighted_sum
+
+            values[node.name] = weighted_sum([values[source] for source in node.operands.values()])
+            continue
         if node.kind == "loss":
             reduction = params.pop("reduction")
             per_element = node.rule.reference(arguments, params)
@@ -113,7 +118,7 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     from .shapes import non_degenerate_shapes
     from .structure import flat_view
 
-    module = flat_view(module, graph)
+    module = _viewed(flat_view(module, graph))
     larger = non_degenerate_shapes(graph)
     if larger is not None and larger not in shapes:
         shapes = [*shapes, larger]
@@ -123,9 +128,9 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     for index, shape_set in enumerate(shapes):
         progress(f"float64 against autograd at test shapes {index + 1} of {len(shapes)}")
         inputs = graph_inputs(graph, shape_set, seed=seed + index)
-        reference = reference_forward(graph, inputs)
+        reference = _seeded(reference_forward, graph, inputs)  # dropout's masks: the same draws in each
         try:
-            ours = module.forward(**inputs)
+            ours = _seeded(module.forward, **inputs)
         except Exception as error:  # noqa: BLE001 - broken generated code is a failed check, not a crash
             return Verification(math.inf, errors, _raised("the generated forward", error))
         problem = first_nonfinite({"the reference forward (the loss)": reference, "the generated forward": ours})
@@ -136,7 +141,8 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
         expected = dict(zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt],
                                                             grad_outputs=cotangent)))
         try:
-            actual = module.gradients(**{name: value.detach() for name, value in inputs.items()}, grad_loss=cotangent)
+            actual = _seeded(module.gradients, **{name: value.detach() for name, value in inputs.items()},
+                             grad_loss=cotangent)
         except Exception as error:  # noqa: BLE001
             return Verification(forward_error, errors, _raised("the generated gradients", error))
         actual = {name: getattr(actual, name) for name in graph.wrt}
@@ -153,6 +159,21 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     return Verification(forward_error, errors)
 
 
+def _viewed(module):
+    """A module generated from a spec with ``outputs:``, seen as one ending in a loss (``outputs.LossView``)."""
+    from .outputs import loss_view
+
+    return loss_view(module)
+
+
+def _seeded(function, *arguments, **keywords):
+    """``function(...)`` from torch's seed 0 (the global random state put back after), so that the
+    random masks of a spec with dropout are the same draws in every forward compared."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return function(*arguments, **keywords)
+
+
 def _raised(what: str, error: Exception) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{what} raised {type(error).__name__}: {first[:200]}"
@@ -164,13 +185,13 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     does not grow with the number of weights. The other inputs are held fixed."""
     from .structure import flat_view
 
-    module = flat_view(module, graph)
+    module = _viewed(flat_view(module, graph))
     inputs = graph_inputs(graph, shapes, seed=seed)
     checked = checked_subset(list(graph.wrt))
     fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
 
     def loss(*values):
-        return module.loss_with_explicit_backward(**fixed, **dict(zip(checked, values)))
+        return _seeded(module.loss_with_explicit_backward, **fixed, **dict(zip(checked, values)))
 
     return loss, [inputs[name] for name in checked]
 
@@ -213,13 +234,13 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     inputs64 = graph_inputs(graph, shapes32, seed=21)
     inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
                 for name, value in inputs64.items()}
-    loss64 = reference_forward(graph, inputs64)
+    loss64 = _seeded(reference_forward, graph, inputs64)
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
     try:
         from .structure import flat_view
 
-        result = flat_view(module, graph).gradients(**inputs32, grad_loss=cotangent.float())
+        result = _seeded(_viewed(flat_view(module, graph)).gradients, **inputs32, grad_loss=cotangent.float())
         ours32 = {name: getattr(result, name) for name in graph.wrt}
         if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
             raise ValueError("a gradient has the wrong shape")
@@ -229,7 +250,7 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     # autograd on the kernels the generated code runs at these shapes
     moved = channels_last_inputs(graph, shapes={name: tuple(value.shape) for name, value in inputs32.items()})
     inputs32 = in_layout(inputs32, moved)
-    loss32 = reference_forward(graph, inputs32)
+    loss32 = _seeded(reference_forward, graph, inputs32)
     autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))
     problem = first_nonfinite({"the float64 forward": loss64, "the float32 forward": loss32,
                                **{f"the explicit float32 gradient of {name}": value for name, value in ours32.items()}})

@@ -441,10 +441,36 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         loss = LossChoice(LOSS_NAMES[loss_kind], target_name, reduction) if loss_kind else None
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
         mode = "eval" if eval_mode else "train" if train_mode else None
-        text = trace(function, shapes, (wrt if wrt == "parameters" else wrt.split(",")) if wrt else None, name, loss=loss, arguments=arguments,
-                     dtypes=dtypes, mode=mode, timeout=timeout, blocks=not flat)
+        wrt_list = (wrt if wrt == "parameters" else wrt.split(",")) if wrt else None
+        evaluation = None
+        import torch
+
+        if loss is None and mode is None and isinstance(function, torch.nn.Module):  # both modes, where they differ
+            from .trace import trace_modes
+
+            text, evaluation = trace_modes(function, shapes, wrt_list, name, arguments=arguments, dtypes=dtypes,
+                                           timeout=timeout, blocks=not flat)
+        else:
+            text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments,
+                         dtypes=dtypes, mode=mode, timeout=timeout, blocks=not flat)
+        if evaluation is not None and output == "-":
+            raise TraceError("error: the model runs other layers in eval mode than in train mode (BatchNorm, "
+                             "dropout or its outputs), so symgrad writes two specs (fix: pass -o FILE.yaml: the "
+                             "eval-mode spec goes beside it as FILE_eval.yaml; or trace one mode with --train or --eval)")
     except SymgradError as error:
         _fail(error)
+    if evaluation is not None:
+        from .write import write_text
+
+        beside = Path(output).with_name(f"{Path(output).stem}_eval.yaml")
+        try:
+            write_text(Path(output), text)
+            write_text(beside, evaluation)
+        except SymgradError as error:
+            _fail(error)
+        click.echo(f"wrote {output} (train mode) and {beside} (eval mode); next: symgrad generate {output} "
+                   f"{beside} -o DIR, then symgrad.bind(DIR/{name}.py, model)")
+        return
     if output == "-":
         click.echo(text, nl=False)
     else:

@@ -206,6 +206,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})")
                    for name, value in planned.hvp_results.items()}
     context = dict(
+        **_outputs_context(spec, graph),
         sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
         fingerprint=module_constants(spec),
         running_statistics=running,
@@ -289,6 +290,20 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     summary = [line.text for line in gradients_backward]
     latex = "\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable_backward) + "\n\\end{aligned}"
     return Rendered(spec.name, files, summary, latex)
+
+
+def _outputs_context(spec, graph) -> dict:
+    """What the templates' outputs-form sections read (``outputs: False`` for a loss-ending spec)."""
+    outputs = spec.outputs
+    random = any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None)
+    if outputs is None:
+        return dict(outputs=False, random=random)
+    keys = [key for key, _, _ in outputs.entries]
+    described = {"tensor": "one tensor", "tuple": f"a tuple of {len(keys)}",
+                 "dict": "a dict with the keys " + ", ".join(keys)}[outputs.kind]
+    return dict(outputs=True, outputs_kind=outputs.kind, random=random, outputs_names=list(outputs.nodes), outputs_described=described,
+                outputs_keys="(" + ", ".join(f'"{key}"' for key in keys) + ("," if len(keys) == 1 else "") + ")",
+                eval_module=spec.eval)
 
 
 TEMPLATES = (("module.py.jinja", "{name}.py"), ("test_module.py.jinja", "test_{name}.py"),

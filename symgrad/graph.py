@@ -116,6 +116,14 @@ def build_graph(spec: Spec, extra_rules: dict[str, Rule] | None = None) -> Graph
               {argument.name: (argument.value, argument.location) for argument in layer.arguments}, nodes)
         nodes[node.name] = node
 
+    if spec.outputs is not None:  # a spec that ends in outputs: their cotangents seed the reverse walk
+        from .outputs import outputs_node
+
+        nodes["loss"] = outputs_node(spec, nodes)
+        _infer_shapes(nodes)
+        graph = Graph(spec, nodes, tuple(name for name, _ in spec.wrt))
+        _check_reachability(graph)
+        return graph
     loss = spec.loss
     rule = LOSS_RULES.get(loss.op)
     if rule is None:

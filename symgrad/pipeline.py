@@ -37,6 +37,12 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
     unknown = set(extras) - set(EXTRAS)
     if unknown:
         raise ValueError(f"unknown extras {sorted(unknown)}")
+    if spec.outputs is not None and (set(spec.extras) | set(extras)):
+        from .errors import SpecError
+
+        where = spec.outputs.location
+        raise SpecError(f"extras ({', '.join(sorted(set(spec.extras) | set(extras)))}) are for a spec that ends in a "
+                        "loss, and this one ends in outputs", where, "drop the extras, or end the spec in a loss")
     if spec.blocks and not flat and not (set(spec.extras) | set(extras)):
         return _build_structured(spec, label)
     recorded_flat = ("flat",) if spec.blocks and flat else ()

@@ -94,8 +94,10 @@ def derive(graph: Graph, fused: bool = False) -> Program:
                 value = op("zeros_like", tensor(node.name))
             if len(incoming) > 1:
                 branch_sums[node.name] = [consumer.name for consumer, _, _ in incoming]
-                comment = (f"{node.name} feeds {', '.join(sorted({c.name for c, _, _ in incoming}))}: "
-                           "the gradients from every path add up")
+                readers = sorted({"the outputs" if c.rule.op == "outputs" else c.name for c, _, _ in incoming})
+                comment = f"{node.name} feeds {', '.join(readers)}: the gradients from every path add up"
+            elif incoming[0][0].rule.op == "outputs":  # a spec that ends in outputs: the seed of the walk
+                comment = f"{node.name} is output {incoming[0][1].rsplit('_', 1)[1]}: its gradient is the caller's cotangent"
             else:
                 consumer, operand, _ = incoming[0]
                 comment = f"{consumer.name} = {_describe(graph, consumer)}: pulled back to its {operand}"

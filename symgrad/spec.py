@@ -56,8 +56,9 @@ RESERVED_SUFFIXES = tuple(sorted(template_names()[1]))
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
     "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
 
-TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "wrt", "extras", "fingerprint")
-REQUIRED_KEYS = ("name", "inputs", "layers", "loss", "wrt")
+TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint")
+REQUIRED_KEYS = ("name", "inputs", "layers", "wrt")
+"""And one of ``loss`` or ``outputs``."""
 EXTRAS = ("hvp", "per_sample")
 """Optional functions a spec may ask for besides forward and gradients."""
 INPUT_KEYS = ("shape", "dtype", "source")
@@ -368,7 +369,7 @@ class Spec:
     name: str
     inputs: tuple[InputSpec, ...]
     layers: tuple[LayerSpec, ...]
-    loss: LossSpec
+    loss: LossSpec | None
     wrt: tuple[tuple[str, Location], ...]
     file: str
     text: str = field(repr=False)
@@ -377,7 +378,58 @@ class Spec:
     """name -> :class:`symgrad.blocks.BlockSpec`, the blocks the layers use (``flatten`` inlines them)."""
     fingerprint: dict | None = None
     """The traced model's submodules (``symgrad.fingerprint``), which ``symgrad.bind`` compares."""
+    outputs: "OutputsSpec | None" = None
+    """A spec that ends in outputs (``outputs:``) instead of a loss; ``loss`` is then None."""
+    eval: str | None = None
+    """``eval: NAME``: the spec (module) traced from the same model in eval mode, where it differs."""
 
+
+@dataclass(frozen=True)
+class OutputsSpec:
+    """``outputs:``: the tensors a spec ends in, returned as the traced model returns them: one node
+    (``outputs: logits``), a tuple (``outputs: [logits, aux]``) or a dict (``outputs: {out: fc, aux: head}``).
+    The backward takes their cotangents (``grad_outputs``, one per entry, in this order)."""
+
+    kind: str
+    """``tensor``, ``tuple`` or ``dict``."""
+    entries: tuple[tuple[str, str, Location], ...]
+    """(key, node, where): the key is the dict's key, or the entry's position for a tensor or tuple."""
+    location: Location
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(node for _, node, _ in self.entries)
+
+
+OUTPUT_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+"""A dict output's key: written into the generated module inside double quotes."""
+
+
+def _outputs(document: Mapping, known: dict[str, Location]) -> OutputsSpec:
+    value, location = document["outputs"], document.value_locations["outputs"]
+    if isinstance(value, str):
+        return OutputsSpec("tensor", (("0", _known(value, location, known), location),), location)
+    if isinstance(value, Sequence) and value:
+        entries = []
+        for index, (item, item_location) in enumerate(zip(value, value.item_locations)):
+            if not isinstance(item, str):
+                raise SpecError(f"'outputs' entry {cut(repr(item))} is not a node name", item_location,
+                                "name a layer's `out:`, e.g. `outputs: [logits, aux]`")
+            entries.append((str(index), _known(item, item_location, known), item_location))
+        return OutputsSpec("tuple", tuple(entries), location)
+    if isinstance(value, Mapping) and value:
+        entries = []
+        for key, item in value.items():
+            if not OUTPUT_KEY.match(key):
+                raise SpecError(f"'outputs' key {cut(key)!r} is not an identifier", value.key_locations[key],
+                                "name each output with letters, digits and '_'")
+            if not isinstance(item, str):
+                raise SpecError(f"'outputs' entry {key} is {_kind(item)}, not a node name", value.value_locations[key],
+                                f"write `{key}: NODE` with a layer's `out:`")
+            entries.append((key, _known(item, value.value_locations[key], known), value.value_locations[key]))
+        return OutputsSpec("dict", tuple(entries), location)
+    raise SpecError(f"'outputs' must be a node name, a list or a mapping of them, not {_kind(value)}", location,
+                    "write e.g. `outputs: logits`, `outputs: [logits, aux]` or `outputs: {logits: fc, aux: head}`")
 
 
 def read_spec(path: str | Path) -> Spec:
@@ -488,6 +540,33 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                 raise SpecError(f"name '{known_name}' is what the generated code calls the {suffix[1:]} of input "
                                 f"'{known_name[:-len(suffix)]}'", location, f"rename it, e.g. '{known_name}_in'")
 
+    if ("loss" in document) == ("outputs" in document):
+        raise SpecError("the spec needs either 'loss' or 'outputs'" if "loss" not in document
+                        else "the spec has both 'loss' and 'outputs'", document.location,
+                        "end it in `loss: {op: ..., target: ...}` or in `outputs: [NODE, ...]`, not both")
+    outputs = loss = None
+    if "outputs" in document:
+        outputs = _outputs(document, known)
+    else:
+        loss = _loss(document, known, previous)
+    eval_name = None
+    if "eval" in document:
+        if outputs is None:
+            raise SpecError("'eval' is for a spec that ends in outputs", document.value_locations["eval"],
+                            "remove it: a loss-ending spec trains in one mode")
+        eval_name = _identifier(document, "eval", kind="eval module name")
+    wrt = _wrt(document, inputs_map)
+    extras = _extras(document)
+    fingerprint = None
+    if "fingerprint" in document:
+        from .fingerprint import parse_fingerprint
+        fingerprint = parse_fingerprint(document["fingerprint"], document.value_locations["fingerprint"])
+    return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
+                file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks, outputs=outputs, eval=eval_name,
+                fingerprint=fingerprint)
+
+
+def _loss(document: Mapping, known: dict[str, Location], previous: str) -> LossSpec:
     loss_map = _typed(document, "loss", Mapping, "a mapping like {op: half_sq_error, target: y}")
     if "op" not in loss_map:
         raise SpecError("loss has no 'op'", loss_map.location, "add `op: half_sq_error`")
@@ -502,8 +581,10 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                            for key, value in loss_map.items() if key not in LOSS_STRUCTURE_KEYS)
     for argument in loss_arguments:
         _check_value(argument.value, argument.location, f"argument '{argument.name}'")
-    loss = LossSpec(loss_op, source, target, reduction, loss_map.location, reduction_location, loss_arguments)
+    return LossSpec(loss_op, source, target, reduction, loss_map.location, reduction_location, loss_arguments)
 
+
+def _wrt(document: Mapping, inputs_map: Mapping) -> list:
     wrt_value = document["wrt"]
     wrt_location = document.value_locations["wrt"]
     if isinstance(wrt_value, str):
@@ -527,7 +608,10 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         if item in (name for name, _ in wrt):
             raise SpecError(f"'wrt' names '{item}' twice", location, "remove the repeat")
         wrt.append((item, location))
+    return wrt
 
+
+def _extras(document: Mapping) -> list:
     extras = []
     if "extras" in document:
         value = document["extras"]
@@ -539,12 +623,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                 raise SpecError(f"unknown extra {cut(repr(item))}" + (_did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
                                 item_location, f"extras may be: {', '.join(EXTRAS)}")
             extras.append(item)
-    fingerprint = None
-    if "fingerprint" in document:
-        from .fingerprint import parse_fingerprint
-        fingerprint = parse_fingerprint(document["fingerprint"], document.value_locations["fingerprint"])
-    return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
-                file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks, fingerprint=fingerprint)
+    return extras
 
 
 def _layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:

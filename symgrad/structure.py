@@ -277,7 +277,7 @@ def _chained(top: Spec, spec: Spec, rules: dict[str, BlockRule]) -> tuple[Spec, 
         for name in [source for source, _ in layer.sources] + [
                 value for argument in layer.arguments for value in _names(argument.value)]:
             readers[name] = readers.get(name, 0) + 1
-    for name in (top.loss.source[0], top.loss.target[0]):
+    for name in (top.outputs.nodes if top.outputs is not None else (top.loss.source[0], top.loss.target[0])):
         readers[name] = readers.get(name, 0) + 1
     bound_count: dict[str, int] = {}
     for layer in top.layers:
@@ -659,7 +659,10 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
     helpers = _helpers([item.statement for block in structured.blocks.values()
                         for item in block.planned.saving_forward + block.planned.backward]
                        + statements_of(planned.saving_forward) + statements_of(planned.backward))
+    from .emit import _outputs_context
+
     context = dict(
+        **_outputs_context(spec, structured.flat_graph),
         name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
         fingerprint=module_constants(spec, any_width=True),
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
@@ -682,7 +685,7 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
     environment = _environment()
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
     files = {}
-    test_context = dict(test_context, name=spec.name, sources=sources, positional=positional,
+    test_context = dict(test_context, outputs=spec.outputs is not None, name=spec.name, sources=sources, positional=positional,
                         channels_last_at_spec=channels_last_inputs(structured.flat_graph))
     for template, file_name, values in (("structured.py.jinja", f"{spec.name}.py", context),
                                         ("test_structured.py.jinja", f"test_{spec.name}.py", test_context)):
@@ -733,16 +736,20 @@ class FlatView:
     def forward(self, **inputs):
         return self.module.forward(**self._arguments(inputs))
 
-    def gradients(self, grad_loss=None, **inputs):
+    def gradients(self, grad_loss=None, grad_outputs=None, **inputs):
         import types
 
-        result = self.module.gradients(**self._arguments(inputs), grad_loss=grad_loss)._asdict()
+        cotangent = dict(grad_loss=grad_loss) if grad_outputs is None else dict(grad_outputs=grad_outputs)
+        result = self.module.gradients(**self._arguments(inputs), **cotangent)._asdict()
         params = result.pop("params", {})
         result.update({name: params[key] for name, key in self.sources.items() if key in params})
         return types.SimpleNamespace(**result)
 
     def loss_with_explicit_backward(self, recompute=False, **inputs):
         return self.module.loss_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
+
+    def outputs_with_explicit_backward(self, recompute=False, **inputs):
+        return self.module.outputs_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
 
 
 def flat_view(module, graph: Graph):

@@ -85,6 +85,11 @@ CASES = [
     pytest.param(conv_case(3, 1, 2, 3, 2, 2, transposed=True, stride=2, padding=1, bias=True),
                  id="conv_transpose3d-stride-padding-bias"),
     pytest.param(spec_text({"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "relu"}], SQ, ["x"]), id="relu"),
+    pytest.param(spec_text({"x": [4, 3, 5, 6], "y": [4, 3, 5, 6]}, [{"op": "dropout", "p": 0.3}], SQ, ["x"]), id="dropout"),
+    pytest.param(spec_text({"x": [4, 5, 3, 4], "y": [4, 5, 3, 4]}, [{"op": "dropout", "p": 0.2, "noise": "channel"}], SQ,
+                           ["x"]), id="dropout2d-channel"),
+    pytest.param(spec_text({"x": [6, 3, 4], "y": [6, 3, 4]}, [{"op": "dropout", "p": 0.4, "noise": "row", "scale": False}],
+                           SQ, ["x"]), id="drop-path-row-unscaled"),
     pytest.param(spec_text({"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "add", "in": ["a", "b"]}], SQ, ["a", "b"]),
                  id="add"),
     pytest.param(spec_text({"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["a", "b"]}], SQ, ["a", "b"]),
@@ -358,10 +363,27 @@ CASES = [
 ]
 
 
+def _seeded(module):
+    """The generated module's functions, each run from torch's seed 0."""
+    import types
+
+    def seeded(function):
+        def run(*arguments, **keywords):
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                return function(*arguments, **keywords)
+        return run
+
+    names = ("forward", "gradients", "hvp", "loss_with_explicit_backward")
+    return types.SimpleNamespace(**{**vars(module), **{name: seeded(getattr(module, name)) for name in names}})
+
+
 @pytest.mark.parametrize("text", CASES)
 def test_rule_matches_autograd_and_is_twice_differentiable(text):
     built = build_text(text, extras=("hvp",))
     module = generated_module(built)
+    if any(getattr(node.rule, "random", False) for node in built.graph.nodes.values() if node.rule):
+        module = _seeded(module)  # dropout: every call draws the same masks, as two runs of a model from one seed
     report = verify(built.graph, module, built.shapes, seed=11)
     assert report.forward_error <= 1e-12
     for name, error in report.gradient_errors.items():

@@ -146,10 +146,10 @@ def test_module_level_model_imported_from_a_file_beside_with_a_number_argument(t
     assert generate.exit_code == 0, generate.output
 
 
-def test_forward_returning_the_prediction_needs_loss_and_takes_init_and_arg(tmp_path: Path):
+def test_forward_returning_the_prediction_ends_in_outputs_or_loss_and_takes_init_and_arg(tmp_path: Path):
     blocks = f"{INPUTS / 'blocks.py'}:Noisy"
-    result = run_trace(blocks, "--input", "x=2,1,8,8", "--arg", "sigma=0.1")
-    assert result.exit_code == 2 and "not a loss (fix: pass --loss mse --target y" in result.output
+    result = run_trace(blocks, "--input", "x=2,1,8,8", "--arg", "sigma=0.1")  # no --loss: the spec ends in outputs
+    assert result.exit_code == 0 and "\noutputs: " in result.output and "\nloss:" not in result.output, result.output
     spec = tmp_path / "noisy.yaml"
     result = run_trace(blocks, "--init", "in_nc=1,nc=[3, 6]", "--input", "x=2,1,8,8", "--arg", "sigma=0.25",
                        "--loss", "mse", "--target", "clean", "--reduction", "sum", "-o", str(spec))
@@ -185,11 +185,14 @@ def test_sizes_computed_from_the_input_that_no_tensor_has_are_refused_not_frozen
     assert "computed from the input's size" in message and "size=skip.shape[-2:]" in message
 
 
-def test_dropout_is_refused_in_training_and_the_identity_in_eval():
+def test_dropout_is_a_random_mask_in_training_and_the_identity_in_eval(tmp_path: Path):
     blocks = f"{INPUTS / 'blocks.py'}:Dropping"
-    result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1")
-    assert result.exit_code == 2 and result.output.startswith(marked_line(INPUTS / "blocks.py", "DROPOUT"))
-    assert "(in drop)" in result.output and "--eval" in result.output
+    spec = tmp_path / "dropping.yaml"
+    result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1", "--train", "-o", str(spec))
+    assert result.exit_code == 0, result.output
+    assert "{op: dropout, in: conv, out: drop}" in spec.read_text()  # p: 0.5, the default
+    generate = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out"), "--verify"])
+    assert generate.exit_code == 0, generate.output
     result = run_trace(blocks, "--input", "x=2,1,6,6", "--loss", "l1", "--eval")
     assert result.exit_code == 0 and "dropout" not in result.output and "op: conv2d" in result.output
 

@@ -68,6 +68,10 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("conv_transpose1d", lambda x, w: F.conv_transpose1d(x, w, None, 3, 1, 2, 1, 2), {"x": (2, 3, 5), "w": (3, 2, 3)}),
     ("conv_transpose2d", nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1, groups=1, dilation=2), X),
     ("conv_transpose3d", nn.ConvTranspose3d(2, 2, 2, stride=2, groups=2), {"x": (2, 2, 3, 3, 3)}),
+    ("dropout", nn.Dropout(0.3), X),  # in training mode: a mask drawn as the module draws it
+    ("dropout", lambda x: F.dropout2d(x, 0.2, training=True), X),
+    ("dropout", lambda x: x * x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(0.7).div_(0.7), X),  # timm's drop_path
+    ("dropout", lambda x: x * torch.empty([1, 1, 1, 1], dtype=x.dtype).bernoulli_(0.9), X),  # stochastic depth, batch
     ("relu", nn.ReLU(inplace=True), X),
     ("relu", lambda x: x.relu_(), X),
     ("relu", lambda x: x.clamp(min=0), X),
@@ -250,19 +254,26 @@ def compare(function, shapes: dict, text: str, appended: bool = False) -> dict:
             values[key] = torch.randint(0, 3, entry["shape"], generator=generator)
         else:
             values[key] = torch.randn(entry["shape"], generator=generator, dtype=torch.float64, requires_grad=True)
+    seeded = torch.random.fork_rng()  # dropout: the same masks in the function and the generated code
     if isinstance(function, nn.Module):  # run the module on the same parameter values
         with torch.no_grad():
             for key, value in values.items():
                 if key in parameters:
                     parameters[key].copy_(value)
-        reference = torch.func.functional_call(function, {key: values[key] for key in parameters if key in values},
-                                               tuple(values[key].clone() for key in shapes))
+        with seeded:
+            torch.manual_seed(0)
+            reference = torch.func.functional_call(function, {key: values[key] for key in parameters if key in values},
+                                                   tuple(values[key].clone() for key in shapes))
     else:  # clones: the traced code may work in place (relu_, add_)
-        reference = function(*(values[key].clone() for key in shapes))
+        with seeded:
+            torch.manual_seed(0)
+            reference = function(*(values[key].clone() for key in shapes))
     total = 0.5 * (reference - values[spec["loss"]["target"]]).pow(2).sum() if appended else reference
     weight = torch.randn(total.shape, generator=generator, dtype=torch.float64)  # a random cotangent
     expected = torch.autograd.grad(total, [values[key] for key in spec["wrt"]], grad_outputs=weight)
-    actual = module.gradients(**values, grad_loss=weight)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        actual = module.gradients(**values, grad_loss=weight)
     for key, reference_gradient in zip(spec["wrt"], expected):
         assert relative_error(getattr(actual, key), reference_gradient) <= 1e-10, key
     return spec

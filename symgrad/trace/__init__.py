@@ -2,7 +2,9 @@
 
 The function, or an ``nn.Module``'s forward, runs on random tensors while ``recorder.Recorder``
 keeps every torch call; ``layers.SpecBuilder`` turns the calls into layers, and the end of the
-function (or ``--loss``) into the spec's loss. Parameters and buffers become inputs named by their
+function (or ``--loss``) into the spec's loss; a function that returns no loss (a tensor, a tuple or a
+dict of tensors: the model's outputs) gives a spec that ends in ``outputs:``, which ``trace_modes``
+traces in train and in eval mode. Parameters and buffers become inputs named by their
 module path (``layer1_0_conv1_weight``, ``bn1_running_mean``); tensors the function reads from its
 module's globals or closure (the seed's ``k`` and ``y``), and the parameters of ``nn.Module``
 globals (``model_conv1_weight``), become inputs under those names.
@@ -163,6 +165,26 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
             each.training = training
 
 
+def trace_modes(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None,
+                name: str = "traced", **options) -> tuple[str, str | None]:
+    """A model whose forward returns its outputs, traced in train mode and in eval mode: (the train-mode
+    spec, the eval-mode spec named ``NAME_eval``), or (the one spec, None) where the two modes run the same
+    layers (no BatchNorm, no dropout, the same outputs). The train-mode spec then names the other in
+    ``eval: NAME_eval``, and ``symgrad.bind`` of the module generated from it runs the module generated
+    from the other while the model is in eval mode (both generated into one folder). ``options``: those
+    of :func:`trace` but ``mode`` and ``loss`` (a loss-ending spec trains in one mode)."""
+    train = trace(target, shapes, wrt, name, mode="train", **options)
+    evaluation = trace(target, shapes, wrt, f"{name}_eval", mode="eval", **options)
+    if "\noutputs:" not in train or _body(train) == _body(evaluation):
+        return train, None
+    return train + f"eval: {name}_eval\n", evaluation
+
+
+def _body(text: str) -> list[str]:
+    """A traced spec's lines but its header and name."""
+    return [line for line in text.splitlines() if not line.startswith(("#", "name:"))]
+
+
 def _check_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> None:
     """Refuse sizes below 1, and inputs that cannot fit in memory at the traced sizes and the second run's
     (both runs' tensors are alive at once), before anything is allocated."""
@@ -310,7 +332,10 @@ def _yaml(document: dict) -> str:
             lines += ["    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
             lines.append(f"    output: {block['output']}")
     lines += ["layers:" + ("" if document["layers"] else " []")] + [f"  - {line(layer)}" for layer in document["layers"]]
-    lines += [f"loss: {line(document['loss'])}", f"wrt: {line(document['wrt'])}"]
+    end = "outputs" if "outputs" in document else "loss"
+    value = document[end]  # one output: its node's name, an identifier
+    lines += [f"{end}: {value if isinstance(value, str) else line(value)}", f"wrt: {line(document['wrt'])}"]
+    lines += [f"eval: {document['eval']}"] if document.get("eval") else []
     return "\n".join(lines) + "\n"
 
 
@@ -366,8 +391,9 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors)
     for call in recorder.calls:
         builder.add(call)
-    loss_entry = _loss(builder, output, loss, shapes, returned_at)
-    layers, used = _live(builder, loss_entry)
+    outputs = _outputs(builder, output, returned_at) if loss is None and _ends_in_outputs(builder, output) else None
+    loss_entry = _loss(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
+    layers, used = _live(builder, loss_entry, outputs)
     inputs: dict[str, dict] = {}
     state_keys = {source.name: source.state_key for source in sources.values() if source.state_key}
     for key in [*shapes, *builder.used_sources]:
@@ -380,7 +406,49 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     trainable = {source.name for source in sources.values() if source.trainable}
     wrt = [key for key in inputs if key in trainable and key != loss_entry["target"]]
     layer_calls = [call for call, layer in zip(builder.layer_calls, builder.layers) if layer in layers]
-    return {"inputs": inputs, "layers": layers, "loss": loss_entry, "wrt": wrt}, layer_calls
+    end = {"outputs": outputs} if outputs is not None else {"loss": loss_entry}
+    return {"inputs": inputs, "layers": layers, **end, "wrt": wrt}, layer_calls
+
+
+def _ends_in_outputs(builder: SpecBuilder, output: Any) -> bool:
+    """Whether the traced code returns the model's outputs (a tensor that is no loss, a tuple or a dict
+    of tensors), which a spec then ends in, rather than a loss."""
+    if isinstance(output, (tuple, list, dict)):
+        return True
+    return isinstance(output, torch.Tensor) and id(output) not in builder.reductions
+
+
+def _outputs(builder: SpecBuilder, output: Any, returned_at: str | None) -> str | list | dict:
+    """The spec's ``outputs:`` for what the traced code returns: a node, a list or a mapping of them."""
+    where = returned_at or (builder.layer_calls[-1].where if builder.layer_calls else "<traced code>")
+    items = output.items() if isinstance(output, dict) else enumerate(output) if isinstance(output, (tuple, list)) \
+        else [(None, output)]
+    names, problems = {}, set()
+    for key, value in items:
+        shown = "the output" if key is None else f"output {key!r}"
+        if not isinstance(value, torch.Tensor):
+            raise TraceError(f"{where}: error: {shown} is {type(value).__name__}, not a tensor (fix: return "
+                             "tensors, a tuple or a dict of tensors)")
+        if isinstance(key, str) and check_identifier(key) is not None and not key.isidentifier():
+            raise TraceError(f"{where}: error: output key {key!r} is not an identifier (fix: name the outputs "
+                             "with letters, digits and '_')")
+        node = builder.node(value)
+        if isinstance(node, frozenset):
+            problems |= node
+            continue
+        if node not in {layer["out"] for layer in builder.layers}:
+            raise TraceError(f"{where}: error: {shown} is the input or parameter '{node}' itself, which no layer "
+                             "computes (fix: return what the model computes from its inputs)")
+        names[key] = node
+    if problems:
+        found = [builder.problems[index] for index in sorted(problems) if index >= 0]
+        raise TraceError("\n".join(report(found)) if found else f"{where}: error: an output is a tensor that no "
+                         "traced call made and that is no input (fix: return what the model computes from its inputs)")
+    if isinstance(output, dict):
+        return dict(names)
+    if isinstance(output, (tuple, list)):
+        return list(names.values())
+    return names[None]
 
 
 def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes, returned_at: str | None = None) -> dict:
@@ -474,9 +542,12 @@ def _reads(layer: dict) -> list[str]:
     return names
 
 
-def _live(builder: SpecBuilder, loss: dict) -> tuple[list[dict], set[str]]:
-    """The layers the loss depends on, and every name they and the loss read."""
-    needed = {loss["in"], loss["target"]}
+def _live(builder: SpecBuilder, loss: dict, outputs=None) -> tuple[list[dict], set[str]]:
+    """The layers the loss (or the outputs) depend on, and every name they and the loss read."""
+    needed = {loss["in"], loss["target"]} - {None}
+    if outputs is not None:
+        needed |= set(outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str)
+                      else outputs)
     kept = []
     for layer in reversed(builder.layers):
         if layer["out"] in needed:
@@ -532,7 +603,7 @@ def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, 
                                         "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
                                         "from skip.size() and h.size()"))
         problems = report(problems)  # one line per source line, however many modules share it
-        if other["loss"] != spec["loss"]:
+        if other.get("loss") != spec.get("loss") or other.get("outputs") != spec.get("outputs"):
             problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
                             "(fix: reduce over every dim but the first, or over all)")
         return problems

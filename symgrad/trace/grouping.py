@@ -147,6 +147,11 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
         elif index not in covered:
             new_layers.append({key: value if key in ("op", "out") else _renamed(value, renamed)
                                for key, value in layer.items()})
+    if "outputs" in spec:  # a spec that ends in outputs: each output node under its new name
+        outputs = spec["outputs"]
+        outputs = ({key: renamed.get(node, node) for key, node in outputs.items()} if isinstance(outputs, dict)
+                   else _renamed(outputs, renamed))
+        return {**spec, "blocks": blocks, "layers": new_layers, "outputs": outputs}, relaxed
     loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
     return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}, relaxed
 
@@ -174,6 +179,11 @@ def _last_readers(spec: dict) -> dict[str, int]:
             if key not in ("op", "out"):
                 for name in _references(value, known):
                     last[name] = index
+    if "outputs" in spec:  # the outputs count as read one past the end, as the loss does
+        outputs = spec["outputs"]
+        for name in (outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str) else outputs):
+            last[name] = len(spec["layers"])
+        return last
     for key in ("in", "target"):
         value = spec["loss"].get(key)
         if value in known:

@@ -1,0 +1,63 @@
+"""Every network of ``tests/models.py``, ``tests/zoo.py`` and ``tests/zoo_nets.py`` traced *without a loss*
+(its spec ends in the model's outputs), written as blocks, bound, and trained one step at another batch
+and spatial size in float64 with its loss written after the bound model in plain PyTorch, against
+``loss.backward()`` through a copy of the original module: every parameter's ``.grad`` and every
+BatchNorm buffer (issue 37)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import symgrad
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import trace
+
+from .test_bind_zoo import CASES, TOLERANCE
+from .test_trace_models import randomize
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CASES))
+def test_a_network_traced_without_a_loss_trains_as_autograd(label):
+    case = CASES[label]
+    kind = next(kind for kind in case.losses if hasattr(F, kind))
+    generator = torch.Generator().manual_seed(11)
+    torch.manual_seed(0)
+    model = case.model(**case.init).double()
+    randomize(model, generator)
+    model.train()
+    text = trace(model, case.traced, wrt="parameters", name="outputs_step", mode="train", blocks=True)
+    assert "\noutputs: " in text and "\nloss:" not in text
+    generated = module_from_source(build_text(text, "outputs_step.yaml").rendered.files["outputs_step.py"],
+                                   "outputs_step")
+    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
+    reference, once = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        torch.manual_seed(7)
+        prediction = once(*inputs.values())  # one forward, no graph: the statistics one training step moves
+    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+              if kind in ("cross_entropy", "nll_loss") else torch.randn(prediction.shape, generator=generator,
+                                                                         dtype=torch.float64))
+    fast = symgrad.bind(generated, model)
+    for net in (fast, reference):
+        torch.manual_seed(7)  # the same dropout masks in both
+        getattr(F, kind)(net(*inputs.values()), target).backward()
+
+    expected = dict(reference.named_parameters())
+    scale = max(value.grad.abs().max().item() for value in expected.values() if value.grad is not None)
+    for key, value in model.named_parameters():
+        if expected[key].grad is None:  # frozen
+            assert value.grad is None, key
+            continue
+        assert (value.grad - expected[key].grad).abs().max().item() <= TOLERANCE * scale, key
+    moved = dict(once.named_buffers())
+    for key, value in model.named_buffers():
+        if value.is_floating_point():
+            assert (value - moved[key]).abs().max().item() <= TOLERANCE * max(moved[key].abs().max().item(), 1.0), key
+        else:
+            assert torch.equal(value, moved[key]), key
