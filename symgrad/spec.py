@@ -161,9 +161,10 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, co
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
                 raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")
-            if len(key) > MAX_NAME:  # no key of a spec is this long: an unknown key, echoed cut
-                raise SpecError(f"unknown key {cut(key)!r} ({len(key)} characters)", key_location,
-                                "spec keys are short names; `symgrad spec-help` lists them")
+            if len(key) > MAX_NAME:  # no key or name (an input's, a block's) of a spec is this long: echoed cut
+                raise SpecError(f"key {cut(key)!r} is {len(key)} characters, longer than any key or name a spec "
+                                f"holds", key_location, f"shorten the name to at most {MAX_NAME} characters "
+                                "(`symgrad spec-help` lists the keys)")
             if key in result:
                 first = result.key_locations[key]
                 raise SpecError(f"duplicate key '{key}' (first given on line {first.line})", key_location,

@@ -112,3 +112,22 @@ def test_an_error_symgrad_did_not_foresee_is_one_line(monkeypatch, specs, tmp_pa
     result = CliRunner().invoke(main, ["generate", str(specs["like_sizes.yaml"]), "-o", str(tmp_path)])
     _one_line_or_result(result, ["generate"])
     assert result.exit_code == 2 and "RuntimeError: something deep" in result.stderr and "bug in symgrad" in result.stderr
+
+
+def test_wrt_params_suggests_parameters():
+    result = CliRunner().invoke(main, ["trace", f"{ROOT / 'examples' / 'seed_pytorch.py'}:ResidualBlock",
+                                       "--input", "x=2,4,8,8", "--input", "target=2,4,8,8", "--wrt", "params"])
+    _one_line_or_result(result, ["trace", "--wrt", "params"])
+    assert result.exit_code == 2 and "did you mean 'parameters'?" in result.stderr, result.stderr
+
+
+def test_a_too_long_block_name_is_said_to_be_too_long_not_an_unknown_key(tmp_path):
+    from symgrad.errors import SpecError
+    from symgrad.pipeline import build_text
+
+    name = "b" * 65
+    text = (ROOT / "examples" / "unrolled_blocks.yaml").read_text().replace("gradient_step", name)
+    with pytest.raises(SpecError) as raised:
+        build_text(text, "long.yaml")
+    message = str(raised.value)
+    assert "long.yaml:19:" in message and "65 characters" in message and "unknown key" not in message, message
