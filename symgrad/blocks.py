@@ -121,6 +121,7 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
     for name, body in section.items():
         location = section.key_locations[name]
         _check_name(name, location, "block name")
+        _check_block_functions(name, location, reserved)
         if name in reserved:
             raise SpecError(f"block name '{name}' is already an op or a tensor name", location,
                             f"rename the block, e.g. '{name}_block'")
@@ -137,6 +138,7 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
         inputs = []
         for item, item_location in zip(inputs_seq, inputs_seq.item_locations):
             _check_name(item, item_location, "block input")
+            _check_block_scope(item, item_location, "block input", name)
             inputs.append(item)
         params = _block_params(body, name)
         hyper = _block_hyper(body, name)
@@ -159,6 +161,7 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
                 raise SpecError(f"block '{name}' uses block '{layer['block']}' inside it", item_location,
                                 "blocks hold plain layers: inline the inner block's layers here")
             layers.append(_with_hyper(_layer(layer, index, previous, known), dict(hyper)))
+            _check_block_scope(layers[-1].out, layers[-1].out_location, "output name", name)
             previous = layers[-1].out
             known[previous] = layers[-1].out_location
         used = {argument.value.name for layer in layers for argument in layer.arguments
@@ -175,6 +178,45 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
     return blocks
 
 
+def _check_block_scope(name: str, location: Location, kind: str, block: str) -> None:
+    """Refuse a name of the block's own (input, parameter, hyper, layer output) that its generated
+    functions give a value of their own (``p``, ``save``, ``saved``: read off the template)."""
+    from .names import scan_template
+
+    if name in scan_template("structured.py.jinja").block:
+        raise SpecError(f"{kind} '{name}' of block '{block}' is a name the block's generated functions use "
+                        "themselves", location, f"rename it, e.g. '{name}_in'")
+
+
+def _check_block_functions(block: str, location: Location, reserved: set[str]) -> None:
+    """Refuse a block whose functions (``NAME_forward``, ``NAME_backward``: the template's suffixes)
+    would take a name the module or the spec already gives something."""
+    from .names import scan_template
+    from .spec import RESERVED_NAMES, RESERVED_PREFIXES
+
+    for suffix in scan_template("structured.py.jinja").block_functions:
+        function = block + suffix
+        if function in RESERVED_NAMES or function.startswith(RESERVED_PREFIXES) or function in reserved:
+            clash = "a tensor of the spec has that name" if function in reserved else "a name the module uses itself"
+            raise SpecError(f"block '{block}' would have a function '{function}', {clash}", location,
+                            f"rename the block, e.g. '{block}_block'")
+
+
+def check_instance_names(blocks: dict[str, BlockSpec], layers, known: dict[str, Location]) -> None:
+    """Refuse a spec tensor named as a block's function (``unit_forward``) or as a value the structured
+    module names after a block instance (``saved_a``, ``grads_a`` for the instance ``a``)."""
+    from .names import instance_prefixes, scan_template
+
+    taken = {block + suffix: f"the {suffix[1:]} function of block '{block}'"
+             for block in blocks for suffix in scan_template("structured.py.jinja").block_functions}
+    taken.update({prefix + layer.out: f"a value of block instance '{layer.out}'"
+                  for layer in layers if layer.block for prefix in instance_prefixes()})
+    for name, location in known.items():
+        if name in taken:
+            raise SpecError(f"'{name}' is what the generated module calls {taken[name]}", location,
+                            f"rename it, e.g. '{name}_t'")
+
+
 def _block_hyper(body, block: str) -> list[tuple[str, int]]:
     """``hyper: {stride: 1}``: each name an int argument of the layers may read, with its default."""
     from .spec import Mapping, _check_name
@@ -188,6 +230,7 @@ def _block_hyper(body, block: str) -> list[tuple[str, int]]:
     hyper = []
     for name, default in value.items():
         _check_name(name, value.key_locations[name], "block hyperparameter")
+        _check_block_scope(name, value.key_locations[name], "block hyperparameter", block)
         hyper.append((name, _hyper_int(default, value.value_locations[name], name)))
     return hyper
 
@@ -230,6 +273,7 @@ def _block_params(body, block: str) -> list[tuple[str, str]]:
     params = []
     for name, key, item_location in keyed:
         _check_name(name, item_location, "block parameter")
+        _check_block_scope(name, item_location, "block parameter", block)
         if not (isinstance(key, str) and SOURCE.match(key)):
             raise SpecError(f"block '{block}': the key of parameter '{name}' must be a dotted name, not {key!r}",
                             item_location, "write e.g. `conv1_weight: conv1.weight`")

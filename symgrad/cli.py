@@ -59,7 +59,29 @@ def _fail(error: Exception) -> None:
     sys.exit(2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Every command gives a result or a one-line error, never a traceback: an error symgrad did not
+    foresee is said in one line, as its own (``SYMGRAD_TRACEBACK=1`` shows where it was raised)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
+                KeyboardInterrupt):
+            raise
+        except SymgradError as error:
+            _fail(error)
+        except Exception as error:  # noqa: BLE001 - said in one line, as asked
+            if os.environ.get("SYMGRAD_TRACEBACK"):
+                raise
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            click.echo(f"error: symgrad {ctx.invoked_subcommand or ''} failed: {type(error).__name__}: {first} (fix: "
+                       "this is a bug in symgrad: please report it with the command and its spec; "
+                       "SYMGRAD_TRACEBACK=1 shows where)", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="symgrad")
 def main() -> None:
     """Explicit, closed-form, differentiable PyTorch gradients for layer chains described in YAML."""

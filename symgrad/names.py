@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import keyword
 import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -45,8 +47,20 @@ def generated_names() -> tuple[frozenset[str], frozenset[str]]:
     * the literal start of each f-string given to ``tensor(...)`` (``grad_``, ``tangent_``,
       ``per_sample_grad_``) and each ``numbered_symbols`` prefix (``shared_``).
     """
+    return _names_made_in(tuple(sorted((PACKAGE / "rules").glob("*.py")) + [PACKAGE / name for name in DERIVATION_MODULES]))
+
+
+@functools.cache
+def instance_prefixes() -> tuple[str, ...]:
+    """The prefixes of the values the structured module names after a block instance (``saved_a``,
+    ``grads_a``, ``call_a`` for the instance whose ``out`` is ``a``), read off ``structure.py`` as
+    :func:`generated_names` reads the rules."""
+    prefixes, _ = _names_made_in((PACKAGE / "structure.py",))
+    return tuple(sorted(prefix for prefix in prefixes if re.fullmatch(r"[A-Za-z]\w*_", prefix)))  # not `p["`
+
+
+def _names_made_in(files) -> tuple[frozenset[str], frozenset[str]]:
     prefixes, whole = set(), set()
-    files = sorted((PACKAGE / "rules").glob("*.py")) + [PACKAGE / name for name in DERIVATION_MODULES]
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
@@ -91,10 +105,122 @@ def template_names() -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(name for name in names if name.isidentifier() and not name.startswith("_")), frozenset(suffixes)
 
 
-def _spec_names(spec) -> dict[str, Location]:
+SPEC_FACING = re.compile(r"signature|positional|statements\(|block\.|saved_names|\bname ~|line\.target")
+"""What a template function's lines say when it takes or names the spec's tensors; the other
+functions (``_scope``, ``_run_forward``) are written out verbatim and never see a spec name."""
+
+
+@dataclass(frozen=True)
+class TemplateNames:
+    """The names a module template gives things itself, by where a spec name would clash with them."""
+
+    top: frozenset[str]
+    """Defined at module level, or an argument or local of a function that takes the spec's tensors."""
+    block: frozenset[str]
+    """An argument or local of a block's own functions (``p``, ``save``, ``saved``, ``grad_output``)."""
+    block_functions: tuple[str, ...]
+    """The suffixes of a block's functions after its name (``_forward``, ``_backward``)."""
+    verbatim: frozenset[str] = frozenset()
+    """The functions and classes written out as they are, which never see a spec name (``_scope``)."""
+
+
+def _literal_names(expression: str) -> set[str]:
+    """The names in the string literals of a Jinja expression that writes code: ``"grads = gradients("``
+    assigns ``grads``; ``["p"]``, ``["save=False"]`` and ``", saved, grad_loss):"`` are arguments."""
+    names = set()
+    for literal in re.findall(r'"([^"]*)"', expression):
+        for part in re.split(r"[,()\[\]:]", literal):
+            part = part.strip().lstrip("*").split("=")[0].strip()
+            if part.isidentifier():
+                names.add(part)
+    return names
+
+
+@functools.cache
+def scan_template(template: str) -> TemplateNames:
+    """:class:`TemplateNames` of ``template``, read off its text: each function's arguments and
+    assigned names (written out or in a ``{{ ... }}`` expression), sorted by the function they are
+    in, and what it defines at module level."""
+    text = resources.files("symgrad.templates").joinpath(template).read_text("utf-8")
+    text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
+    lines = text.splitlines()
+    top, block, suffixes, verbatim = set(), set(), set(), set()
+    classes, facing, owner = set(), set(), ""  # a class is verbatim when none of its parts faces the spec
+    function: list[str] | None = None  # the lines of the function being read
+    kind = ""
+
+    def close():
+        if function is None:
+            return
+        if not SPEC_FACING.search("\n".join(function)):
+            if match := re.match(r"(?:def|class) (\w+)", function[0]):
+                verbatim.add(match.group(1))
+            return
+        facing.add(owner)
+        names = set()
+        for line in function:
+            expressions = re.findall(r"\{\{(.*?)\}\}", line)
+            if re.match(r"\s*\{\{ *\(*\"def ", line) or re.match(r"\s*def ", line):  # the arguments
+                head = re.sub(r"\{\{.*?\}\}", "", line)
+                if match := re.match(r"\s*def \w+\(([^)]*)\)", head):
+                    names.update(part.strip().lstrip("*").split("=")[0].strip() for part in match.group(1).split(","))
+                for expression in expressions:
+                    names.update(_literal_names(expression.split("(", 1)[1] if "def " in expression else expression))
+                continue
+            for expression in expressions:  # `("grads = gradients(" ~ ...)`, `(... ~ " = saved")`
+                for literal in re.findall(r'"([\w, *]+) = ', expression):
+                    names.update(part.strip("* ") for part in literal.split(","))
+            raw = re.sub(r"\{\{.*?\}\}", "", line).strip()
+            if match := re.match(r"[\w, *]+(?= = )", raw):
+                names.update(part.strip("* ") for part in match.group(0).split(","))
+        (block if kind == "block" else top).update(name for name in names if name.isidentifier())
+
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        stripped = line.strip()
+        if not stripped or stripped.startswith("{%") or stripped.startswith("@"):
+            continue
+        defines = re.match(r'(?:\{\{ *\(*"|)(?:def|class) ', stripped)
+        if indent == 0 or (defines and indent == 4 and stripped.startswith(("{{", "def "))):
+            close()
+            function, kind = None, ""
+            if indent == 0:
+                owner = match.group(1) if (match := re.match(r"class (\w+)", stripped)) else ""
+                classes.update([owner] if owner else [])
+            if defines and stripped.startswith(("def ", "class ", "{{")) or stripped.startswith("{{ (\"def "):
+                function = [line]
+                if match := re.search(r'block\.name ~ "(_\w+)\(', stripped):
+                    kind = "block"
+                    suffixes.add(match.group(1))
+            if indent == 0:
+                head = re.sub(r"\{\{.*?\}\}", "", stripped)
+                if match := re.match(r"(?:from \S+ )?import (.+)", head):
+                    top.update(part.split(" as ")[-1].strip().split(".")[0] for part in match.group(1).split(","))
+                elif match := re.match(r"(?:def|class) (\w+)", head):
+                    top.add(match.group(1))
+                elif match := re.match(r"(\w+) = ", head):
+                    top.add(match.group(1))
+                elif match := re.match(r'\{\{ *\(*"(?:def|class) (\w+)\(', stripped):
+                    top.add(match.group(1))
+            continue
+        if function is not None:
+            function.append(line)
+    close()
+    keep = lambda names: frozenset(name for name in names if name.isidentifier()  # noqa: E731
+                                   and not keyword.iskeyword(name) and not name.startswith("_"))
+    verbatim = (verbatim - classes) | (classes - facing)
+    return TemplateNames(keep(top), keep(block), tuple(sorted(suffixes)), frozenset(verbatim))
+
+
+def _spec_names(spec, blocks: bool = False) -> dict[str, Location]:
     names = {item.name: item.location for item in spec.inputs}
     for layer in spec.layers:
         names.setdefault(layer.out, layer.out_location)
+    for block in spec.blocks.values() if blocks else ():  # the names its functions take and make
+        for name in (*block.operands, *(name for name, _ in block.hyper)):
+            names.setdefault(name, block.location)
+        for layer in block.layers:
+            names.setdefault(layer.out, layer.out_location)
     return names
 
 
@@ -166,9 +292,12 @@ def _target_names(target: ast.expr):
             yield from _target_names(item)
 
 
-def _functions(tree: ast.Module):
-    """The module's functions and its classes' methods (the generated code nests no deeper)."""
+def _functions(tree: ast.Module, skip=()):
+    """The module's functions and its classes' methods (the generated code nests no deeper), but
+    those in ``skip`` (by their or their class's name)."""
     for node in tree.body:
+        if getattr(node, "name", None) in skip:
+            continue
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node
         elif isinstance(node, ast.ClassDef):
@@ -202,17 +331,21 @@ def _stand_in(derived):
     return replace
 
 
-def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = frozenset()) -> None:
+def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = frozenset(),
+                        template: str = "module.py.jinja") -> None:
     """Refuse, at the clashing name's line in the spec, a generated module in which a spec name
     stands for two things. ``source`` is the module's text; ``derived`` the targets of the derived
     statements (checked by :func:`check_statement_targets`, and reading only derived names): their
-    one-line values are not parsed, which keeps the check a small part of generating a deep net."""
-    names = _spec_names(spec)
+    one-line values are not parsed, which keeps the check a small part of generating a deep net.
+    ``template``: the one that wrote it (a structured module's blocks' own names are checked too; its
+    functions written out verbatim, which never see a spec name, are not read as scopes)."""
+    structured = template == "structured.py.jinja"
+    names = _spec_names(spec, blocks=structured)
     if derived:
         source = _ASSIGNMENT.sub(_stand_in(derived), source)
     tree = ast.parse(source)  # duplicate arguments parse; compiling them would fail (checked below)
     module_names = _module_level_names(tree)
-    scopes = [_Scope(function) for function in _functions(tree)]
+    scopes = [_Scope(function) for function in _functions(tree, scan_template(template).verbatim if structured else ())]
     free = {name for scope in scopes for name in scope.loads - scope.bound}  # globals and builtins the code reads
     called = {name for scope in scopes for name in scope.calls}
     for name, location in names.items():

@@ -80,6 +80,10 @@ def _build_structured(spec: Spec, label: str) -> Built:
     files = render_structured(structured, label, test_context)
     files.update(render_documents(structured, label))
     rendered = Rendered(spec.name, files, [])
+    try:  # as for the flat module: a spec name the module also uses is refused at the spec's line
+        check_module_source(spec, files[f"{spec.name}.py"], template="structured.py.jinja")
+    except SyntaxError:
+        pass  # symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
     return Built(label, structured.flat_graph, structured.program, rendered, shapes)

@@ -27,7 +27,7 @@ import yaml
 
 from .algebra import Size, tensor
 from .errors import Location, SpecError, cut
-from .names import generated_names, template_names
+from .names import generated_names, scan_template, template_names
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_NESTING = 32
@@ -46,7 +46,8 @@ RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
      "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
      "hvp", "PerSampleGradients"}
-) | template_names()[0] | generated_names()[1]
+) | template_names()[0] | generated_names()[1] | scan_template("module.py.jinja").top \
+  | scan_template("structured.py.jinja").top  # both forms: a spec may be generated either way
 # Prefixes of names the derivation creates (grad_x, mask_relu1, shared_0, ...), read off its source,
 # and of the module's per_sample_* functions.
 RESERVED_PREFIXES = tuple(sorted(generated_names()[0] | {"per_sample_"}))
@@ -161,9 +162,10 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, co
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
                 raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")
-            if len(key) > MAX_NAME:  # no key of a spec is this long: an unknown key, echoed cut
-                raise SpecError(f"unknown key {cut(key)!r} ({len(key)} characters)", key_location,
-                                "spec keys are short names; `symgrad spec-help` lists them")
+            if len(key) > MAX_NAME:  # no key or name (an input's, a block's) of a spec is this long: echoed cut
+                raise SpecError(f"key {cut(key)!r} is {len(key)} characters, longer than any key or name a spec "
+                                f"holds", key_location, f"shorten the name to at most {MAX_NAME} characters "
+                                "(`symgrad spec-help` lists the keys)")
             if key in result:
                 first = result.key_locations[key]
                 raise SpecError(f"duplicate key '{key}' (first given on line {first.line})", key_location,
@@ -515,7 +517,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                             "write the parameter's or buffer's dotted path, e.g. `source: layer1.0.conv1.weight`")
         inputs.append(InputSpec(input_name, _shape(declaration, input_name), location, dtype, source))
 
-    from .blocks import parse_blocks, parse_instance
+    from .blocks import check_instance_names, parse_blocks, parse_instance
     from .rules import LAYER_RULES, LOSS_RULES
 
     blocks = parse_blocks(document, set(LAYER_RULES) | set(LOSS_RULES) | set(inputs_map))
@@ -534,6 +536,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
             layers.append(_layer(layer, index, previous, known))
         previous = layers[-1].out
         known[previous] = layers[-1].out_location
+    check_instance_names(blocks, layers, known)
     for known_name, location in known.items():  # x_layout beside x: the generated code names x's layout so
         for suffix in RESERVED_SUFFIXES:
             if known_name.endswith(suffix) and known_name[:-len(suffix)] in inputs_map:

@@ -298,7 +298,10 @@ def _chained(top: Spec, spec: Spec, rules: dict[str, BlockRule]) -> tuple[Spec, 
         runs.append(current)
         current = [layer] if linkable(layer) else []
     runs.append(current)
-    chains, replaced, taken = [], {}, {layer.out for layer in top.layers} | set(spec.blocks)
+    # a table never takes a name the spec gives a tensor or a block, in either case
+    taken = {name.lower() for name in [*(item.name for item in spec.inputs), *(layer.out for layer in spec.layers),
+                                       *spec.blocks]}
+    chains, replaced = [], {}
     for run in runs:
         if len(run) < CHAIN_LENGTH:
             continue

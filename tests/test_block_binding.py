@@ -156,3 +156,121 @@ def block_specs(draw) -> str:
 @given(block_specs())
 def test_any_block_spec_generates_a_module_that_matches_autograd(text):
     _agrees_with_flat_and_autograd(text, "swept.yaml")
+
+
+# --------------------------------------------------------------------------------------------
+# Names (issue 38, item 4): every name the structured module uses itself is refused at the spec line
+# that clashes; the names it does not use are accepted and the module runs
+# --------------------------------------------------------------------------------------------
+
+NAMED = """name: blocky
+inputs:
+  x: {shape: [2, 3, 8, 8]}
+  w1: {shape: [3, 3, 3, 3], source: s1.w}
+  w2: {shape: [3, 3, 3, 3], source: s2.w}
+  w3: {shape: [3, 3, 3, 3], source: s3.w}
+  t: {shape: [2, 3, 8, 8]}
+blocks:
+  unit:
+    inputs: [h]
+    params: [w]
+    layers:
+      - {op: conv2d, weight: w, padding: 1, out: c}
+      - {op: relu, out: r}
+layers:
+  - {block: unit, in: x, prefix: s1, out: a}
+  - {block: unit, in: a, prefix: s2, out: b}
+  - {op: relu, out: g}
+  - {block: unit, in: g, prefix: s3, out: d}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, w2, w3]
+"""
+
+
+def _renamed(where: str, name: str) -> tuple[str, int]:
+    """NAMED with ``name`` put ``where``, and the line the clash is to be reported at."""
+    import re
+
+    edits = {
+        "block input": ([(r"inputs: \[h\]", f"inputs: [{name}]")], 10),
+        "block param": ([(r"params: \[w\]", f"params: {{{name}: w}}"), (r"weight: w,", f"weight: {name},")], 11),
+        "block output": ([(r"out: c\}", f"out: {name}}}")], 13),
+        "block name": ([(r"  unit:", f"  {name}:"), (r"block: unit", f"block: {name}")], 9),
+        "layer output": ([(r"out: g\}", f"out: {name}}}"), (r"in: g,", f"in: {name},")], 18),
+        "input": ([(r"  x: \{", f"  {name}: {{"), (r"in: x,", f"in: {name},"), (r"wrt: \[x,", f"wrt: [{name},")], 3),
+    }[where]
+    text = NAMED
+    for old, new in edits[0]:
+        assert re.search(old, text), old
+        text = re.sub(old, new, text)
+    return text, edits[1]
+
+
+REFUSED = [
+    # the block's own functions' arguments and locals: `def unit_forward(h, p, save=False)`, `(saved, grad_output)`
+    *[(where, name) for name in ("p", "save", "saved") for where in ("block input", "block param", "block output")],
+    # the top level's: ExplicitGradient's `keys`, `kept`, `*values`; `params`, `layouts`; the module's tables
+    *[(where, name) for name in ("keys", "kept", "values", "params", "layouts", "parameter_grads", "BLOCKS",
+                                 "MOMENTA", "RUNNING", "STRUCTURED", "CHANNELS_LAST") for where in ("input", "layer output")],
+    # what the module names after a block or an instance: `unit_forward`, `saved_a`, `grads_a`, `call_a`
+    *[(where, name) for name in ("unit_forward", "unit_backward", "saved_a", "grads_a", "call_a")
+      for where in ("input", "layer output")],
+    # a block whose functions would take a name the module uses: `loss_with_explicit_backward`
+    ("block name", "loss_with_explicit"), ("block name", "per_sample"),
+]
+
+
+@pytest.mark.parametrize("where, name", REFUSED, ids=[f"{where}-{name}" for where, name in REFUSED])
+def test_a_name_the_structured_module_uses_itself_is_refused_at_its_line(where, name):
+    from symgrad.errors import SpecError
+    from symgrad.pipeline import build_text
+
+    text, line = _renamed(where, name)
+    with pytest.raises(SpecError) as raised:
+        build_text(text, "blocky.yaml")
+    message = str(raised.value)
+    expected_line = 9 if where == "input" and name.startswith("unit_") else line  # the block takes the name
+    assert f"blocky.yaml:{expected_line}:" in message and f"'{name}" in message and "\n" not in message, message
+    assert "bug in symgrad" not in message
+
+
+ACCEPTED = [("layer output", "p"), ("input", "p"), ("layer output", "save"), ("input", "x_layout"),
+            ("layer output", "instance_grads"), ("block name", "S1")]
+
+
+@pytest.mark.parametrize("where, name", ACCEPTED, ids=[f"{where}-{name}" for where, name in ACCEPTED])
+def test_a_name_the_structured_module_does_not_use_is_accepted_and_the_module_runs(where, name):
+    text, _ = _renamed(where, name)
+    _agrees_with_flat_and_autograd(text, "blocky.yaml")
+    _explicit_backward_agrees(text)
+
+
+def test_a_loop_table_never_takes_an_inputs_name():
+    # three instances in a row: the loop's table would be S1_TO_S3, the input's name
+    text = NAMED.replace("  - {op: relu, out: g}\n", "").replace("in: g,", "in: b,").replace(
+        "  x: {", "  S1_TO_S3: {").replace("in: x,", "in: S1_TO_S3,").replace("wrt: [x,", "wrt: [S1_TO_S3,")
+    source = _agrees_with_flat_and_autograd(text, "blocky.yaml")
+    assert "S1_TO_S3_2 = (" in source
+    _explicit_backward_agrees(text)
+
+
+def _explicit_backward_agrees(text: str) -> None:
+    """``loss_with_explicit_backward(...).backward()`` of the structured module gives autograd's
+    gradients through its flat form (float64)."""
+    import torch
+
+    from symgrad.check import graph_inputs, module_from_source
+    from symgrad.pipeline import build_text
+    from symgrad.structure import flat_view
+    from symgrad.testdata import relative_errors
+
+    structured, flat = build_text(text, "blocky.yaml"), build_text(text, "blocky.yaml", flat=True)
+    name = flat.graph.spec.name
+    ours = flat_view(module_from_source(structured.rendered.files[f"{name}.py"], name), flat.graph)
+    theirs = module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat")
+    inputs = graph_inputs(flat.graph, flat.shapes[0], seed=3)
+    wanted = [inputs[key] for key in flat.graph.wrt]
+    expected = torch.autograd.grad(theirs.forward(**inputs), wanted)
+    actual = torch.autograd.grad(ours.loss_with_explicit_backward(**inputs), wanted)
+    errors = relative_errors(dict(zip(flat.graph.wrt, actual)), dict(zip(flat.graph.wrt, expected)))
+    assert max(errors.values()) <= 1e-10, errors

@@ -243,6 +243,14 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
+        for item in wrt:  # `--wrt params`: said against what --wrt takes, not at the traced spec's line
+            if item not in spec["inputs"]:
+                import difflib
+
+                close = difflib.get_close_matches(item, ["parameters", *spec["inputs"]], n=1)
+                raise TraceError(f"error: --wrt names '{item}', which is not an input of the traced spec"
+                                 + (f"; did you mean '{close[0]}'?" if close else "") + " (fix: name the function's "
+                                 "arguments or parameters by their spec names, or write --wrt parameters)")
         spec["wrt"] = list(wrt)
     header = (f"# Traced by symgrad from {getattr(function, '__qualname__', 'a function')} at "
               + ", ".join(f"{key}={spec['inputs'][key]['shape']}" for key in tensor_names if key in spec["inputs"])
