@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
@@ -146,3 +147,22 @@ def test_attention_models_own_generated_test_file_passes(label, tmp_path):
                              str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+
+
+@pytest.mark.parametrize("layer, problem", [
+    ({"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "attn_mask": "m", "is_causal": True},
+     "together with is_causal"),
+    ({"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "dropout_p": 0.1}, "dropout inside attention"),
+    ({"op": "einsum", "in": ["q", "k"], "equation": "bhii,bhjd->bhj"}, "a diagonal"),
+    ({"op": "einsum", "in": ["q", "k"], "equation": "bhid,bhjc->bhij"}, "alone"),
+])
+def test_attention_layers_outside_the_rules_are_refused_in_one_line(layer, problem):
+    from symgrad.errors import SpecError
+    from symgrad.pipeline import build_text as build
+    text = yaml.safe_dump({"name": "refused", "inputs": {name: {"shape": [2, 2, 4, 4]} for name in ("q", "k", "v", "m", "y")},
+                           "layers": [{**layer, "out": "out"}], "loss": {"op": "half_sq_error", "target": "y"},
+                           "wrt": ["q"]}, sort_keys=False)
+    with pytest.raises(SpecError) as caught:
+        build(text, "refused.yaml")
+    (line,) = str(caught.value).splitlines()
+    assert "refused.yaml:" in line and problem in line and "fix" in line, line

@@ -141,6 +141,8 @@ class ScaledDotProductAttention(Rule):
         check.equal(value[-2], key[-2], lambda: f"value has {value[-2]} positions but key {key[-2]}",
                     "give key and value the same number of positions")
         if "attn_mask" in shapes:
+            check.require(not params["is_causal"], "takes attn_mask together with is_causal, which PyTorch refuses",
+                          "add the causal -inf entries to the mask and drop is_causal, or drop the mask")
             mask = shapes["attn_mask"]
             scores = (*query[:-1], key[-2])
             check.require(len(mask) <= len(scores), f"attn_mask has {len(mask)} dims, more than the scores' {len(scores)}",

@@ -2,10 +2,10 @@
 ``x.shape[0]``, ``x.shape[1]``, ``x.shape[2]`` along, through the arithmetic the code does with them
 (``B * C * num_patch_h``, ``h // 2``, ``math.ceil(W / 2)``, einops' products of axis lengths).
 
-A reshape, view or expand then writes each size as the spec's ``{like: NODE, dims: [...], div: k}`` where
-it is a product of one node's dims (floor- or ceil-divided by a number), instead of guessing from the
-numbers. What no such form holds stays a number (or the reshape's one -1), and the second run, at other
-sizes, refuses it if it follows the input: never frozen.
+A reshape, view or expand then writes each size as the spec's ``{like: NODE, dims: [...]}`` where it is a
+product of one node's dims, or ``{like: NODE, size: 'shape[2] // 2'}`` for another expression of them,
+instead of guessing from the numbers. What no such form holds stays a number (or the reshape's one -1),
+and the second run, at other sizes, refuses it if it follows the input: never frozen.
 
 ``TracedSize`` is an ``int``: torch, einops and the user's code take it as one. Its hash is the int's, so
 ``{(H, W): ...}`` caches keep working; einops' own cache of shapes is bypassed while tracing, so that each
@@ -133,18 +133,6 @@ def traced(index: int, tensor: torch.Tensor, name: str, arguments: tuple, result
     if name in ("numel", "nelement") and isinstance(result, int):
         return TracedSize(result, sympy.Mul(*(Dim(index, dim) for dim in range(tensor.dim()))))
     return result
-
-
-def _single_node(expr: sympy.Expr, resolve) -> tuple[str, list[int]] | None:
-    """``(node, dims)`` when ``expr`` is a product of distinct dims of one node, each once."""
-    factors = sympy.Mul.make_args(expr)
-    if not all(isinstance(factor, Dim) for factor in factors):
-        return None
-    found = [resolve(factor) for factor in factors]
-    if any(item is None for item in found) or len({node for node, _ in found}) != 1:
-        return None
-    dims = sorted(dim for _, dim in found)
-    return (found[0][0], dims) if len(set(dims)) == len(dims) else None
 
 
 def _text(expr: sympy.Expr) -> str | None:

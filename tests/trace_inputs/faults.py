@@ -239,14 +239,14 @@ class UnsupportedStack(nn.Module):
 
 
 class Mix(nn.Module):
-    """A matmul PyTorch broadcasts over batch dims and the matmul rule does not: refused by the spec check."""
+    """An einsum over a diagonal, which PyTorch computes and the einsum rule does not: refused by the spec check."""
 
     def __init__(self, width):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(5, width, width))
+        self.weight = nn.Parameter(torch.randn(width, width))
 
     def forward(self, x):
-        return x @ self.weight  # BROADCAST_MATMUL
+        return torch.einsum("bcii,ij->bcij", x, self.weight)  # DIAGONAL_EINSUM
 
 
 class MixStack(nn.Module):
