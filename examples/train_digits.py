@@ -13,6 +13,7 @@ the end; in float64 the two runs must agree to 1e-10, else it exits 1::
 
     python examples/train_digits.py                      # float64, 8 epochs, about half a minute on 2 cores
     python examples/train_digits.py --dtype float32      # the curves agree to rounding
+    python examples/train_digits.py --epochs 1 --steps 4 # a quick check of the agreement
     python examples/train_digits.py --plot digits.png    # both curves and the accuracy (pip install matplotlib)
 """
 
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=None, help="stop each epoch after this many steps (a quick check)")
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     parser.add_argument("--plot", default=None, help="write both loss curves and the accuracy to this PNG")
     args = parser.parse_args(argv)
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
         step = 0
         for epoch in range(args.epochs):
             order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(epoch + 1))
-            for start in range(0, len(order), args.batch):
+            for start in range(0, len(order), args.batch)[:args.steps]:
                 batch = order[start:start + args.batch]
                 for name, (runner, trained) in runs.items():
                     trained.train()
