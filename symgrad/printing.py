@@ -169,7 +169,7 @@ class CodePrinter(TorchPrinter):
 
 def _is_count(expr) -> bool:
     """A number, or a tensor's element count: a Python number in the emitted code."""
-    return expr.is_Number or (isinstance(expr, TensorOp) and expr.primitive.name == "numel")
+    return expr.is_Number or (isinstance(expr, TensorOp) and expr.primitive.name in ("numel", "count_counted"))
 
 
 def _step_argument(expr) -> sympy.Expr:

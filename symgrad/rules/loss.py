@@ -135,11 +135,23 @@ class Loss(Rule):
                 f"d/dinput = -d/dtarget = {to_code(self.local_derivative())} (times the reduction's weight)")
 
 
+IGNORE_INDEX = -100
+"""The class index ``F.cross_entropy`` and ``F.nll_loss`` skip by default (``ignore_index=-100``): such an
+entry adds nothing to the loss, gets a zero gradient, and is not counted by the mean."""
+
 # the class indices as ones in a zero tensor of the scores' shape, dtype, device and layout; scattered
-# rather than F.one_hot, which reads the indices' range back to the host (a device sync on a GPU)
+# rather than F.one_hot, which reads the indices' range back to the host (a device sync on a GPU); an
+# ignored entry's index is clamped to 0 here, and its row zeroed by the `counted` mask
 primitive("one_hot", code=lambda operands, params, show: (
-    f"torch.zeros_like({operands[1]}).scatter_(1, {operands[0]}.unsqueeze(1), 1)"),
+    f"torch.zeros_like({operands[1]}).scatter_(1, {operands[0]}.clamp_min(0).unsqueeze(1), 1)"),
     latex=lambda operands, params, show: rf"\mathbf{{1}}_{{{operands[0]}}}", tangent=CONSTANT)
+# 1 where a class index is counted (not ignore_index), 0 where ignored: [N, 1, ...] in the scores' dtype
+primitive("counted", code=lambda operands, params, show: (
+    f"({operands[0]} != {IGNORE_INDEX}).unsqueeze(1).to({operands[1]}.dtype)"),
+          latex=lambda operands, params, show: rf"\mathbb{{1}}[{operands[0]} \neq {IGNORE_INDEX}]", tangent=CONSTANT)
+# how many class indices the mean averages over: those that are not ignore_index
+primitive("count_counted", code=lambda operands, params, show: f"({operands[0]} != {IGNORE_INDEX}).sum()",
+          latex=lambda operands, params, show: rf"\lvert {operands[0]} \neq {IGNORE_INDEX} \rvert", tangent=CONSTANT)
 primitive("class_loss", code=lambda operands, params, show: (
     f"F.{params['function']}({operands[0]}, {operands[1]}"
     + (f", reduction={params['how']!r})" if params["how"] != "per_sample"
@@ -176,8 +188,8 @@ class ClassificationLoss(Loss):
         reduction = node.params["reduction"]
         if reduction == "per_sample":
             return op("per_sample_view", grad, rank=len(node.shapes["input"]))
-        if reduction == "mean":  # PyTorch averages over the target's entries (no class weights)
-            return grad / op("numel", node.operands["target"])
+        if reduction == "mean":  # PyTorch averages over the target's counted entries (no class weights)
+            return grad / op("count_counted", node.operands["target"])
         return grad
 
     def pullback(self, node, grad, wanted):
@@ -186,7 +198,7 @@ class ClassificationLoss(Loss):
         scores, target = node.operands["input"], node.operands["target"]
         hot = op("one_hot", target, scores)
         local = op("softmax", scores, dim=1) - hot if self.op == "cross_entropy" else -hot
-        return {"input": local * self.cotangent(node, grad)}
+        return {"input": local * op("counted", target, scores) * self.cotangent(node, grad)}
 
     def table_row(self):
         derivative = "softmax(input) - one_hot(target)" if self.op == "cross_entropy" else "-one_hot(target)"
