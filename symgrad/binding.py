@@ -66,17 +66,13 @@ class _Statistics:
     calls: int = 1
 
 
-class Bound(torch.nn.Module):
-    """``model`` with its generated explicit gradients; see :func:`bind`. An ordinary ``nn.Module``:
-    ``copy.deepcopy``, ``pickle`` and ``torch.save`` work; it keeps the generated module by its file
-    or import name, and binds it again (with every check) when unpickled."""
+class _Guard:
+    """What a bound form reads off its generated module and checks at each call (both forms: :class:`Bound`
+    and :class:`symgrad.bound_model.BoundModel` per mode): the model as bound, every mode as traced,
+    every tensor that requires grad given its gradient, devices, and sizes on meta tensors (nothing moves
+    on a call the model refuses). Needs ``model`` and ``allow_edited``; ``_setup`` sets the rest."""
 
-    def __init__(self, generated: ModuleType, model: torch.nn.Module, allow_edited: bool = False):
-        super().__init__()
-        self.model = model
-        self.allow_edited = allow_edited
-        self._reference = _reference(generated)
-        self._setup(generated)
+    _ENTRY = "loss_with_explicit_backward"  # the function of the generated module the form calls
 
     def _setup(self, generated: ModuleType) -> None:
         """Everything read off ``generated``, checked against the model (run again when unpickled)."""
@@ -90,7 +86,7 @@ class Bound(torch.nn.Module):
                      **dict(model.named_buffers(remove_duplicate=False))}
             sources = {key: (key, tuple(value.shape)) for key, value in state.items()
                        if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
-        if not isinstance(sources, dict) or not hasattr(generated, "loss_with_explicit_backward"):
+        if not isinstance(sources, dict) or not hasattr(generated, self._ENTRY):
             raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
         arguments = list(inspect.signature(generated.forward).parameters)
@@ -149,61 +145,6 @@ class Bound(torch.nn.Module):
                              for key, value in vars(module).items()
                              if fingerprint and path in fingerprint and _hyper(key, value))
 
-    def forward(self, *positional, **data: torch.Tensor) -> torch.Tensor:
-        """The traced loss for these data arguments; ``.backward()`` on it runs the explicit backward."""
-        unknown = sorted(set(data) - set(self.data_arguments))
-        missing = [name for name in self.data_arguments if name not in data]
-        if positional or unknown or missing:
-            raise BindArgumentError(
-                f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}, by keyword"
-                + (f"; given {len(positional)} by position" if positional else "")
-                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
-                + (f"; missing: {', '.join(missing)}" if missing else "")
-                + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))")
-        for name, value in data.items():
-            if not isinstance(value, torch.Tensor):
-                raise BindArgumentError(f"{_name(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
-                                        f"(fix: pass torch.as_tensor({name}))")
-            if value.numel() == 0:
-                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
-                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
-        self._check_model()
-        self._check_mode()
-        arguments = dict(data)
-        for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
-            arguments[name] = getattr(owner, attribute)
-        self._check_requires_grad(data, arguments)
-        self._check_devices(data, arguments)
-        self._check_sizes(data, arguments)
-        previous = []
-        for statistics in self._statistics:
-            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
-                counter = getattr(statistics.module, "num_batches_tracked", None)
-                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
-                                 1.0 / (float(counter) + 1)))
-        if self.structured:
-            params = {key: arguments[name] for name, (key, _) in self.sources.items()}
-            try:
-                loss = self.generated.loss_with_explicit_backward(**data, params=params)
-            except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
-                if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
-                    raise self._failed(error) from error
-                raise _missing(self.generated, self.model, error.args[0]) from None
-            except Exception as error:  # a value the sizes did not show (a label out of range)
-                raise self._failed(error) from error
-        else:
-            try:
-                loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
-            except Exception as error:  # a value the sizes did not show (a label out of range)
-                raise self._failed(error) from error
-        self._count()
-        with torch.no_grad():
-            for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
-                for name, old in ((statistics.mean, mean), (statistics.var, var)):
-                    batch = arguments[name]
-                    batch.copy_(factor * batch + (1 - factor) * old)
-        return loss
-
     def _count(self) -> None:
         """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
         with torch.no_grad():
@@ -212,13 +153,6 @@ class Bound(torch.nn.Module):
                 if counter is not None and isinstance(statistics.module, torch.nn.modules.batchnorm._BatchNorm):
                     counter.add_(statistics.calls)  # nn.InstanceNorm keeps the counter but never moves it
 
-    def _failed(self, error: Exception) -> BindError:
-        """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
-        range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
-        self._count()
-        return BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
-                         "their statistics, as the model's forward does before its loss fails; fix: pass the "
-                         "inputs the model takes)")
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
@@ -328,6 +262,85 @@ class Bound(torch.nn.Module):
                                        params={key: values[name] for name, (key, _) in self.sources.items()})
             else:
                 self.generated.forward(**{name: values[name] for name in self._arguments})
+
+
+class Bound(_Guard, torch.nn.Module):
+    """``model`` with its generated explicit gradients; see :func:`bind`. An ordinary ``nn.Module``:
+    ``copy.deepcopy``, ``pickle`` and ``torch.save`` work; it keeps the generated module by its file
+    or import name, and binds it again (with every check) when unpickled."""
+
+    def __init__(self, generated: ModuleType, model: torch.nn.Module, allow_edited: bool = False):
+        super().__init__()
+        self.model = model
+        self.allow_edited = allow_edited
+        self._reference = _reference(generated)
+        self._setup(generated)
+
+
+    def forward(self, *positional, **data: torch.Tensor) -> torch.Tensor:
+        """The traced loss for these data arguments; ``.backward()`` on it runs the explicit backward."""
+        unknown = sorted(set(data) - set(self.data_arguments))
+        missing = [name for name in self.data_arguments if name not in data]
+        if positional or unknown or missing:
+            raise BindArgumentError(
+                f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}, by keyword"
+                + (f"; given {len(positional)} by position" if positional else "")
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))")
+        for name, value in data.items():
+            if not isinstance(value, torch.Tensor):
+                raise BindArgumentError(f"{_name(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
+                                        f"(fix: pass torch.as_tensor({name}))")
+            if value.numel() == 0:
+                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
+                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
+        self._check_model()
+        self._check_mode()
+        arguments = dict(data)
+        for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
+            arguments[name] = getattr(owner, attribute)
+        self._check_requires_grad(data, arguments)
+        self._check_devices(data, arguments)
+        self._check_sizes(data, arguments)
+        previous = []
+        for statistics in self._statistics:
+            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
+                counter = getattr(statistics.module, "num_batches_tracked", None)
+                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
+                                 1.0 / (float(counter) + 1)))
+        if self.structured:
+            params = {key: arguments[name] for name, (key, _) in self.sources.items()}
+            try:
+                loss = self.generated.loss_with_explicit_backward(**data, params=params)
+            except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
+                if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
+                    raise self._failed(error) from error
+                raise _missing(self.generated, self.model, error.args[0]) from None
+            except Exception as error:  # a value the sizes did not show (a label out of range)
+                raise self._failed(error) from error
+        else:
+            try:
+                loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
+            except Exception as error:  # a value the sizes did not show (a label out of range)
+                raise self._failed(error) from error
+        self._count()
+        with torch.no_grad():
+            for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
+                for name, old in ((statistics.mean, mean), (statistics.var, var)):
+                    batch = arguments[name]
+                    batch.copy_(factor * batch + (1 - factor) * old)
+        return loss
+
+
+    def _failed(self, error: Exception) -> BindError:
+        """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
+        range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
+        self._count()
+        return BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
+                         "their statistics, as the model's forward does before its loss fails; fix: pass the "
+                         "inputs the model takes)")
+
 
     def __getstate__(self):
         if self._reference is None:

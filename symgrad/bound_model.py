@@ -17,73 +17,72 @@ It follows ``model.training`` at every call: where the model was traced in both 
 module names its eval-mode sibling in ``EVAL_MODULE``), eval mode runs the sibling (BatchNorm's
 running statistics, no dropout, the eval-mode outputs). In training mode BatchNorm's running
 statistics and ``num_batches_tracked`` move exactly as the model's own forward moves them.
+
+Every call makes the checks of the loss-ending form (:class:`symgrad.binding.Bound`, shared through
+``binding._Guard``), against the module that serves the model's current mode: the model as bound
+(submodules, hyper-parameters), each BatchNorm and dropout in the mode that module was traced in, an
+input outside wrt or a parameter frozen when traced that requires grad (refused: it would get no
+gradient), devices, and the sizes on meta tensors first, so a call the model refuses (PyTorch's own
+ValueError for one value per channel) moves no buffer; ``num_batches_tracked`` moves once the forward
+ran. Under ``torch.compile`` the meta-tensor size check is skipped (dynamo cannot trace its dispatch
+mode). ``copy.deepcopy``, ``pickle`` and ``torch.save`` work: the generated modules are kept by file
+or import name, and bound again, with every check, when unpickled.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib
 import inspect
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from .binding import BindError, _check_matches, _load, _name, _owner, check_fingerprint, check_generated
+from .binding import BindError, _Guard, _load, _name, _reference
 
 
-class _Mode:
-    """One generated module (of one mode) bound to the model's tensors."""
+class _Mode(_Guard):
+    """One generated module (of one mode) bound to the model's tensors, with the checks of
+    :class:`symgrad.binding.Bound` at every call (``_Guard``)."""
+
+    _ENTRY = "outputs_with_explicit_backward"
 
     def __init__(self, generated: ModuleType, model: torch.nn.Module, allow_edited: bool = False):
-        check_generated(generated, allow_edited)
-        check_fingerprint(generated, model, allow_edited)
-        self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
-        sources = getattr(generated, "SOURCES", None)
-        statistics = getattr(generated, "RUNNING_STATISTICS", ())
-        if self.structured:  # keyed by state_dict key, read where used: the model's own, whatever they are
-            state = {**dict(model.named_parameters(remove_duplicate=False)),
-                     **dict(model.named_buffers(remove_duplicate=False))}
-            sources = {key: (key, tuple(value.shape)) for key, value in state.items()}
-            statistics = [(f"{path}.running_mean", f"{path}.running_var", momentum)
-                          for path, momentum in getattr(generated, "MOMENTA", {}).items()]
-        if not isinstance(sources, dict) or not hasattr(generated, "outputs_with_explicit_backward"):
-            raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
-                            "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
-        _check_matches(generated, model, sources)
-        self.generated = generated
-        self.arguments = tuple(inspect.signature(generated.forward).parameters)
-        self.data_arguments = tuple(name for name in self.arguments if name not in sources and not (
-            self.structured and name == "params"))
-        self.state = {name: _owner(model, key) for name, (key, _) in sources.items()}
-        self.sources = sources
-        for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
-            raise BindError(f"{_name(generated)} moves the running statistics {key}, which the model lacks (fix: "
-                            "bind the module generated from this model, or trace the changed model again)")
-        self.statistics = tuple((_owner(model, sources[mean][0])[0], mean, var, momentum)
-                                for mean, var, momentum in statistics)
-        has_batch_norm = any(key.endswith(".running_mean") for key, _ in sources.values())
-        self.training = True if self.statistics else (False if has_batch_norm else None)
+        self.model = model
+        self.allow_edited = allow_edited
+        self._setup(generated)
+        traced = {training for _, _, training in self._modes}  # no BatchNorm: its dropouts' mode, as traced
+        self.training = self._traced_training if self._traced_training is not None or len(traced) != 1 else traced.pop()
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
 
     def __call__(self, data: dict[str, torch.Tensor]):
+        self._check_model()
+        self._check_mode()
         arguments = dict(data)
-        for name, (owner, attribute) in self.state.items():  # looked up per call: .to() replaces buffers
+        for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
             arguments[name] = getattr(owner, attribute)
+        self._check_requires_grad(data, arguments)
+        self._check_devices(data, arguments)
+        if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
+            self._check_sizes(data, arguments)  # a call the model refuses moves nothing
         previous = []
-        for module, mean, var, momentum in self.statistics:  # as nn.BatchNorm's forward counts batches
-            counter = getattr(module, "num_batches_tracked", None)
-            if counter is not None:
-                counter.add_(1)
-            if momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
-                previous.append((mean, var, arguments[mean].clone(), arguments[var].clone(), 1.0 / float(counter)))
+        for statistics in self._statistics:
+            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
+                counter = getattr(statistics.module, "num_batches_tracked", None)
+                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
+                                 1.0 / (float(counter) + 1)))
         if self.structured:
             params = {key: arguments[name] for name, (key, _) in self.sources.items()}
             outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
         else:
-            outputs = self.generated.outputs_with_explicit_backward(*(arguments[name] for name in self.arguments))
+            outputs = self.generated.outputs_with_explicit_backward(*(arguments[name] for name in self._arguments))
+        self._count()  # as nn.BatchNorm's forward counts batches, once the forward ran
         with torch.no_grad():
-            for mean, var, old_mean, old_var, factor in previous:  # the generated code wrote the batch's own
-                for name, old in ((mean, old_mean), (var, old_var)):
-                    arguments[name].copy_(factor * arguments[name] + (1 - factor) * old)
+            for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own
+                for name, old in ((statistics.mean, mean), (statistics.var, var)):
+                    batch = arguments[name]
+                    batch.copy_(factor * batch + (1 - factor) * old)
         kind, keys = self.generated.OUTPUTS_KIND, self.generated.OUTPUTS
         if kind == "tensor":
             return outputs[0]
@@ -100,6 +99,14 @@ class BoundModel(torch.nn.Module):
                  allow_edited: bool = False):
         super().__init__()
         self.model = model
+        self.allow_edited = allow_edited
+        self._build(generated, eval_module)
+        self._references = [_reference(mode.generated) for mode in self._modes]
+        self._signature = inspect.signature(model.forward)
+
+    def _build(self, generated: ModuleType, eval_module: ModuleType | None = None) -> None:
+        """Each mode's module bound to the model, with every check (run again when unpickled)."""
+        model, allow_edited = self.model, self.allow_edited
         self.generated = generated
         modes = [_Mode(generated, model, allow_edited)]
         eval_name = getattr(generated, "EVAL_MODULE", None)
@@ -115,7 +122,31 @@ class BoundModel(torch.nn.Module):
             modes.append(_Mode(eval_module, model, allow_edited))
             modes[0].training, modes[1].training = True, False
         self._modes = modes
-        self._signature = inspect.signature(model.forward)
+
+    def __getstate__(self):
+        for mode, reference in zip(self._modes, self._references):
+            if reference is None:
+                raise BindError(f"{_name(mode.generated)} was not loaded from a file, so a copy of the bound model "
+                                "cannot find it again (fix: bind the generated file's path, "
+                                "symgrad.bind('generated/NAME.py', model))")
+        state = dict(self.__dict__)
+        state["generated"] = state["_modes"] = state["_signature"] = None
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        modules = [_load(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where)
+                   for kind, where in self._references]
+        self._build(modules[0], modules[1] if len(modules) > 1 else None)
+        self._signature = inspect.signature(self.model.forward)
+
+    def __deepcopy__(self, memo):
+        for mode in self._modes:  # a module is shared, as copy.deepcopy shares functions
+            memo[id(mode.generated)] = mode.generated
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
 
     def forward(self, *args, **kwargs):
         """What ``model(*args, **kwargs)`` returns, computed by the generated forward of the model's
