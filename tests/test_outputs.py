@@ -116,8 +116,9 @@ def test_trace_without_a_loss_writes_both_modes_beside_each_other(tmp_path: Path
     result = runner.invoke(main, ["trace", f"{tmp_path / 'net.py'}:Net", "--input", "x=2,3,8,8", "--wrt", "parameters",
                                   "-o", str(spec)])
     assert result.exit_code == 0, result.output
-    assert spec.read_text().endswith("outputs: [fc, aux]\nwrt: [conv_weight, bn_weight, bn_bias, fc_weight, fc_bias, "
-                                     "aux_weight, aux_bias]\neval: net_gradients_eval\n")
+    text = spec.read_text()  # the outputs, wrt, then the model's fingerprint, and the eval module last
+    assert "outputs: [fc, aux]\nwrt: [conv_weight, bn_weight, bn_bias, fc_weight, fc_bias, aux_weight, aux_bias]\n" in text
+    assert "\nfingerprint:" in text and text.endswith("\neval: net_gradients_eval\n")
     assert "outputs: fc\n" in (tmp_path / "net_eval.yaml").read_text()
     result = runner.invoke(main, ["generate", str(spec), str(tmp_path / "net_eval.yaml"), "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
