@@ -184,3 +184,20 @@ def test_a_bound_model_deepcopies_pickles_and_saves_and_trains_as_autograd(form,
         copied.model.eval()
         theirs.eval()
         assert (copied(images()) - theirs(images())).abs().max().item() <= 1e-10
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_frozen_stem_convolution_binds_and_trains_as_autograd(form, tmp_path):
+    """The stem's convolution frozen (fine-tuning): no gradient flows into any convolution, and the module's
+    backward has no weight to move to channels_last (an empty `if` made the generated module not compile)."""
+    torch.manual_seed(0)
+    model = Net().double()
+    model.stem.conv.weight.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    fast = bound(tmp_path, model, form)
+    for seed in range(2):
+        train_step(fast, images(4, 6, 5, seed=seed), seed=seed)
+        train_step(reference, images(4, 6, 5, seed=seed), seed=seed)
+    assert model.stem.conv.weight.grad is None and reference.stem.conv.weight.grad is None
+    model.stem.conv.weight.grad = reference.stem.conv.weight.grad = torch.zeros_like(model.stem.conv.weight)
+    assert_same_training(model, reference)
