@@ -145,6 +145,36 @@ class _Guard:
                              for key, value in vars(module).items()
                              if fingerprint and path in fingerprint and _hyper(key, value))
 
+    def _checked_arguments(self, data: dict) -> tuple[dict, list]:
+        """Every per-step check passed, the call's arguments with the model's tensors looked up now (``.to()``
+        replaces buffers), and each cumulative (``momentum=None``) BatchNorm's statistics before the step."""
+        self._check_model()
+        self._check_mode()
+        arguments = dict(data)
+        for name, (owner, attribute) in self._state.items():
+            arguments[name] = getattr(owner, attribute)
+        self._check_requires_grad(data, arguments)
+        self._check_devices(data, arguments)
+        if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
+            self._check_sizes(data, arguments)  # a call the model refuses moves nothing
+        previous = []
+        for statistics in self._statistics:
+            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
+                counter = getattr(statistics.module, "num_batches_tracked", None)
+                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
+                                 1.0 / (float(counter) + 1)))
+        return arguments, previous
+
+    def _moved(self, arguments: dict, previous: list) -> None:
+        """After the generated forward ran: the batch counted, and each cumulative BatchNorm's statistics
+        (the generated code wrote the batch's own) blended with those before, as nn.BatchNorm does."""
+        self._count()
+        with torch.no_grad():
+            for statistics, mean, var, factor in previous:
+                for name, old in ((statistics.mean, mean), (statistics.var, var)):
+                    batch = arguments[name]
+                    batch.copy_(factor * batch + (1 - factor) * old)
+
     def _count(self) -> None:
         """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
         with torch.no_grad():
@@ -295,20 +325,7 @@ class Bound(_Guard, torch.nn.Module):
             if value.numel() == 0:
                 raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
                                  "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
-        self._check_model()
-        self._check_mode()
-        arguments = dict(data)
-        for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
-            arguments[name] = getattr(owner, attribute)
-        self._check_requires_grad(data, arguments)
-        self._check_devices(data, arguments)
-        self._check_sizes(data, arguments)
-        previous = []
-        for statistics in self._statistics:
-            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
-                counter = getattr(statistics.module, "num_batches_tracked", None)
-                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
-                                 1.0 / (float(counter) + 1)))
+        arguments, previous = self._checked_arguments(data)
         if self.structured:
             params = {key: arguments[name] for name, (key, _) in self.sources.items()}
             try:
@@ -324,12 +341,7 @@ class Bound(_Guard, torch.nn.Module):
                 loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
             except Exception as error:  # a value the sizes did not show (a label out of range)
                 raise self._failed(error) from error
-        self._count()
-        with torch.no_grad():
-            for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own statistics
-                for name, old in ((statistics.mean, mean), (statistics.var, var)):
-                    batch = arguments[name]
-                    batch.copy_(factor * batch + (1 - factor) * old)
+        self._moved(arguments, previous)
         return loss
 
 

@@ -57,32 +57,13 @@ class _Mode(_Guard):
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
 
     def __call__(self, data: dict[str, torch.Tensor]):
-        self._check_model()
-        self._check_mode()
-        arguments = dict(data)
-        for name, (owner, attribute) in self._state.items():  # looked up per call: .to() replaces buffers
-            arguments[name] = getattr(owner, attribute)
-        self._check_requires_grad(data, arguments)
-        self._check_devices(data, arguments)
-        if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
-            self._check_sizes(data, arguments)  # a call the model refuses moves nothing
-        previous = []
-        for statistics in self._statistics:
-            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
-                counter = getattr(statistics.module, "num_batches_tracked", None)
-                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
-                                 1.0 / (float(counter) + 1)))
+        arguments, previous = self._checked_arguments(data)
         if self.structured:
             params = {key: arguments[name] for name, (key, _) in self.sources.items()}
             outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
         else:
             outputs = self.generated.outputs_with_explicit_backward(*(arguments[name] for name in self._arguments))
-        self._count()  # as nn.BatchNorm's forward counts batches, once the forward ran
-        with torch.no_grad():
-            for statistics, mean, var, factor in previous:  # the generated code wrote the batch's own
-                for name, old in ((statistics.mean, mean), (statistics.var, var)):
-                    batch = arguments[name]
-                    batch.copy_(factor * batch + (1 - factor) * old)
+        self._moved(arguments, previous)  # as nn.BatchNorm's forward moves its buffers, once the forward ran
         kind, keys = self.generated.OUTPUTS_KIND, self.generated.OUTPUTS
         if kind == "tensor":
             return outputs[0]

@@ -277,6 +277,15 @@ def _momentum(value, context: ParamContext):
     return momentum
 
 
+
+def _check_per_channel(shapes, x, check) -> None:
+    """batch_norm's and instance_norm's running statistics and affine parameters: one entry per channel."""
+    for name in ("running_mean", "running_var", "weight", "bias"):
+        if name in shapes:
+            check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
+            check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
+                        "give it the shape [C]")
+
 class _Norm(Rule):
     linear_in = ()
 
@@ -359,11 +368,7 @@ class BatchNorm(_Norm):
                       "batch_norm needs both running_mean and running_var in eval mode, and both or neither in "
                       "training mode (where they are updated in place, as nn.BatchNorm does)",
                       "give both running statistics, or (training: true) neither")
-        for name in ("running_mean", "running_var", "weight", "bias"):
-            if name in shapes:
-                check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
-                check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
-                            "give it the shape [C]")
+        _check_per_channel(shapes, x, check)
         return tuple(x)
 
     def running_statistics(self, node):
@@ -506,11 +511,7 @@ class InstanceNorm(_Norm):
         check.require(stats or (params["use_input_stats"] and "running_mean" not in shapes and "running_var" not in shapes),
                       "instance_norm needs both running_mean and running_var with use_input_stats: false, and both "
                       "or neither otherwise", "give both running statistics, or (use_input_stats: true) neither")
-        for name in ("running_mean", "running_var", "weight", "bias"):
-            if name in shapes:
-                check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
-                check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
-                            "give it the shape [C]")
+        _check_per_channel(shapes, x, check)
         return tuple(x)
 
     def running_statistics(self, node):
