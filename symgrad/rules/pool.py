@@ -98,8 +98,12 @@ class AveragePool(Rule):
             length = _pool_length(x[lead + axis], span, stride[axis], padding[axis], params["ceil_mode"])
             # in ceil mode PyTorch takes a window that runs past the input's end (VoVNet's 3x3 stride-2
             # pool of a 2x2 map): only an empty output is refused
-            check.positive(length if params["ceil_mode"] else x[lead + axis] + 2 * padding[axis] - span + 1,
-                           f"kernel does not fit the padded input along axis {axis}", "use a smaller kernel")
+            if params["ceil_mode"]:
+                check.positive(length, f"the pooled length along axis {axis} is {length}: no window starts inside the "
+                               "input or its left padding", "use a smaller kernel or stride, or a larger input")
+            else:
+                check.positive(x[lead + axis] + 2 * padding[axis] - span + 1,
+                               f"kernel does not fit the padded input along axis {axis}", "use a smaller kernel")
             out.append(length)
         return tuple(out)
 
