@@ -38,6 +38,8 @@ MAX_DIM = 1 << 31
 IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 MAX_NAME = 64
 """The longest name (and so the longest op name or key) a spec may hold."""
+MAX_PATH = 1000
+"""The longest module path a spec's ``fingerprint:`` keys (``stages.3.blocks.2.token_mixer...``) may have."""
 
 # Names the generated module defines or uses itself; a spec name equal to one would shadow it. Most
 # are read off the template and the derivation's source (symgrad.names); generation then checks the
@@ -162,9 +164,10 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, co
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
                 raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")
-            if len(key) > MAX_NAME:  # no key or name (an input's, a block's) of a spec is this long: echoed cut
+            limit = MAX_PATH if "." in key else MAX_NAME  # a module path (fingerprint:) or a name
+            if len(key) > limit:  # no key or name (an input's, a block's) of a spec is this long: echoed cut
                 raise SpecError(f"key {cut(key)!r} is {len(key)} characters, longer than any key or name a spec "
-                                f"holds", key_location, f"shorten the name to at most {MAX_NAME} characters "
+                                f"holds", key_location, f"shorten the name to at most {limit} characters "
                                 "(`symgrad spec-help` lists the keys)")
             if key in result:
                 first = result.key_locations[key]

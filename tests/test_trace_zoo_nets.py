@@ -122,16 +122,33 @@ def test_nf_resnet_scalar_skipinit_gain_is_refused_at_the_line_that_reads_it():
     assert "nn.Parameter(torch.zeros(1))" in lines[0], lines
 
 
-def test_efficientnet_stochastic_depth_is_refused_in_train_mode_and_goes_through_in_eval_mode():
-    """timm's drop_path, ``x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep).div_(keep)``: a random mask in
-    train mode is refused (never frozen into the spec), in one line for its one source line, saying to trace
-    in eval mode; in eval mode the branch is not taken and the network goes through."""
-    lines = refusal(zoo_nets.EfficientNet(drop_path_rate=0.2), {"x": (2, 3, 32, 32)})
-    assert len(lines) == 1, lines
-    assert at(lines[0]) == (line_of(".bernoulli_(keep).div_(keep)"), "error: 'new_empty' (in blocks.1.1) draws random "
-                            "numbers, which a spec cannot hold (stochastic depth and dropout are random in training "
-                            "mode only)"), lines
-    assert "on the same line, 'bernoulli_'" in lines[0] and "trace the model in eval mode" in lines[0], lines
+def test_efficientnet_stochastic_depth_trains_with_the_models_own_masks_and_goes_through_in_eval_mode(tmp_path):
+    """timm's drop_path, ``x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep).div_(keep)``: in train mode the
+    generated forward draws each mask as the model does, so from one seed a bound training step equals
+    autograd's (float64, another batch and size); in eval mode the branch is not taken."""
+    import copy
+
+    import torch.nn.functional as F
+
+    import symgrad
+
+    torch.manual_seed(0)
+    model = zoo_nets.EfficientNet(drop_path_rate=0.2).double().train()
+    reference = copy.deepcopy(model)
+    built = build_text(trace(model, {"x": (2, 3, 32, 32)}, "parameters", "efficientnet_drop_path", mode="train"),
+                       "efficientnet_drop_path.yaml")
+    path = tmp_path / "efficientnet_drop_path.py"
+    path.write_text(built.rendered.files[path.name])
+    assert "bernoulli_" in path.read_text()  # the mask is drawn, not frozen
+    fast = symgrad.bind(path, model)
+    x = torch.randn(3, 3, 24, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(3) % 10
+    for net in (fast, reference):
+        torch.manual_seed(5)
+        F.cross_entropy(net(x), labels).backward()
+    scale = max(parameter.grad.abs().max().item() for parameter in reference.parameters())  # some are 0 by structure
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+        assert (ours.grad - theirs.grad).abs().max().item() <= 1e-10 * scale, name
     case = Case(zoo_nets.EfficientNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
                 {"drop_path_rate": 0.2})
     matches_autograd("efficientnet_b0_drop_path", case, "eval")

@@ -1,6 +1,6 @@
 """Indexing along one dim with a constant integer tensor: ``input[:, index]`` (PyTorch's advanced
 indexing with one index tensor), as Swin's relative position bias reads its table,
-``table[relative_position_index.view(-1)]``; ``index`` is an int64 input (a buffer), never differentiated.
+``table[relative_position_index.reshape(-1)]``; ``index`` is an int64 input (a buffer), never differentiated.
 
 The output holds ``input``'s dims before ``dim``, then ``index``'s dims, then ``input``'s dims after it.
 Each output entry copies one input entry, so the adjoint adds every gradient entry back onto the entry
@@ -36,7 +36,7 @@ primitive("index_add_back", code=_index_add_code, shape_operands=(1,),
 
 class Index(Rule):
     op = "index"
-    traced_elsewhere = ("x[:, idx], table[idx.view(-1)] with an int64 buffer or input idx: the tracer's indexing "
+    traced_elsewhere = ("x[:, idx], table[idx.reshape(-1)] with an int64 buffer or input idx: the tracer's indexing "
                         "handler (symgrad/trace/indexing.py)")
     operands = (Operand("input", from_in=True), Operand("index"))
     index_operands = ("index",)

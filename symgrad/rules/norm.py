@@ -167,11 +167,12 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
                           - xhat * (ghat * xhat).mean(2, keepdim=True))).reshape(x.shape),
                  (grad * xhat.reshape(x.shape)).sum(dims), grad.sum(dims))
         grads = [value if wanted else None for value, wanted in zip(grads, output_mask)]
-    else:  # the kernels read raw memory: input and gradient in one layout, dense in it, as autograd
-        # gives them (derivatives.yaml: grad.contiguous(...), input.contiguous(...)); a permuted gradient
-        # (a layer scale done in [N, H, W, C]) otherwise gives wrong values, silently
-        layout = (torch.channels_last if x.dim() == 4 and x.device.type == "cpu" and not x.is_contiguous()
-                  and x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format)
+    else:  # the kernels read raw memory: input and gradient in one layout, dense in it,
+        # as autograd gives them (derivatives.yaml: grad.contiguous(...), input.contiguous(...));
+        # a permuted gradient (a layer scale done in [N, H, W, C]) otherwise gives wrong values
+        in_channels_last = x.dim() == 4 and x.device.type == "cpu" and not x.is_contiguous()
+        in_channels_last = in_channels_last and x.is_contiguous(memory_format=torch.channels_last)
+        layout = torch.channels_last if in_channels_last else torch.contiguous_format
         x, grad = x.contiguous(memory_format=layout), grad.contiguous(memory_format=layout)
         with torch.no_grad():
             _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
