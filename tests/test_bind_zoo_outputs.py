@@ -1,8 +1,9 @@
-"""Every network of ``tests/models.py``, ``tests/zoo.py`` and ``tests/zoo_nets.py`` traced *without a loss*
-(its spec ends in the model's outputs), written as blocks, bound, and trained one step at another batch
-and spatial size in float64 with its loss written after the bound model in plain PyTorch, against
-``loss.backward()`` through a copy of the original module: every parameter's ``.grad`` and every
-BatchNorm buffer (issue 37)."""
+"""Every network of the bind zoo (``tests/test_bind_zoo.py``: models, zoo, zoo_nets, zoo_modern and
+zoo_attention) traced *without a loss* (its spec ends in the model's outputs), written as blocks, bound,
+and trained one step at another batch and spatial size in float64 with its loss written after the bound
+model in plain PyTorch, against ``loss.backward()`` through a copy of the original module: every
+parameter's ``.grad`` and every BatchNorm buffer; and under CPU bfloat16 autocast, as accurate as
+autograd (issue 37)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from .test_bind_zoo import CASES, TOLERANCE
 from .test_trace_models import randomize
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("label", list(CASES))
-def test_a_network_traced_without_a_loss_trains_as_autograd(label):
+def traced_outputs(label):
+    """The case's network (float64, random weights, train mode), its module traced without a loss as blocks,
+    the loss it is trained with, inputs at the case's other size and a target for them."""
     case = CASES[label]
     kind = next(kind for kind in case.losses if hasattr(F, kind))
     generator = torch.Generator().manual_seed(11)
@@ -36,13 +37,23 @@ def test_a_network_traced_without_a_loss_trains_as_autograd(label):
     generated = module_from_source(build_text(text, "outputs_step.yaml").rendered.files["outputs_step.py"],
                                    "outputs_step")
     inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
-    reference, once = copy.deepcopy(model), copy.deepcopy(model)
     with torch.no_grad():
         torch.manual_seed(7)
-        prediction = once(*inputs.values())  # one forward, no graph: the statistics one training step moves
+        prediction = copy.deepcopy(model)(*inputs.values())
     target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
               if kind in ("cross_entropy", "nll_loss") else torch.randn(prediction.shape, generator=generator,
                                                                          dtype=torch.float64))
+    return model, generated, kind, inputs, target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CASES))
+def test_a_network_traced_without_a_loss_trains_as_autograd(label):
+    model, generated, kind, inputs, target = traced_outputs(label)
+    reference, once = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        torch.manual_seed(7)
+        once(*inputs.values())  # one forward, no graph: the statistics one training step moves
     fast = symgrad.bind(generated, model)
     for net in (fast, reference):
         torch.manual_seed(7)  # the same dropout masks in both
@@ -61,3 +72,34 @@ def test_a_network_traced_without_a_loss_trains_as_autograd(label):
             assert (value - moved[key]).abs().max().item() <= TOLERANCE * max(moved[key].abs().max().item(), 1.0), key
         else:
             assert torch.equal(value, moved[key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CASES))
+def test_a_network_traced_without_a_loss_is_as_accurate_as_autograd_under_bfloat16_autocast(label):
+    """The same step under CPU bfloat16 autocast, the model in float32: the bound model's gradients as close
+    to the float64 ones as autograd's under the same autocast."""
+    exact, generated, kind, inputs, target = traced_outputs(label)
+    model = copy.deepcopy(exact).float()
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(generated, model)
+    inputs32 = [value.float() for value in inputs.values()]
+    target32 = target if not target.is_floating_point() else target.float()
+    torch.manual_seed(7)
+    getattr(F, kind)(exact(*inputs.values()), target).backward()
+    for net in (fast, reference):
+        torch.manual_seed(7)  # the same dropout masks in both
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = getattr(F, kind)(net(*inputs32), target32)
+        loss.backward()
+    truth = [value.grad for value in exact.parameters() if value.grad is not None]
+    mine = [value.grad for value in model.parameters() if value.grad is not None]
+    autograds = [value.grad for value in reference.parameters() if value.grad is not None]
+    assert len(truth) == len(mine) == len(autograds) and all(grad.dtype == torch.float32 for grad in mine)
+    norm = torch.cat([grad.flatten() for grad in truth]).norm().item()
+
+    def error(grads):
+        return torch.cat([(grad.double() - exact_grad).flatten() for grad, exact_grad in zip(grads, truth)]).norm().item() / norm
+
+    assert error(autograds) > 1e-5, "autocast did not lower the precision: the comparison would prove nothing"
+    assert error(mine) <= 4 * error(autograds) + 1e-3, (error(mine), error(autograds))
