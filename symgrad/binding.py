@@ -148,6 +148,10 @@ class _Guard:
     def _checked_arguments(self, data: dict) -> tuple[dict, list]:
         """Every per-step check passed, the call's arguments with the model's tensors looked up now (``.to()``
         replaces buffers), and each cumulative (``momentum=None``) BatchNorm's statistics before the step."""
+        for name, value in data.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 0:
+                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
+                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
         self._check_model()
         self._check_mode()
         arguments = dict(data)
@@ -322,9 +326,6 @@ class Bound(_Guard, torch.nn.Module):
             if not isinstance(value, torch.Tensor):
                 raise BindArgumentError(f"{_name(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
                                         f"(fix: pass torch.as_tensor({name}))")
-            if value.numel() == 0:
-                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
-                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
         arguments, previous = self._checked_arguments(data)
         if self.structured:
             params = {key: arguments[name] for name, (key, _) in self.sources.items()}

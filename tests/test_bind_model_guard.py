@@ -201,3 +201,14 @@ def test_a_frozen_stem_convolution_binds_and_trains_as_autograd(form, tmp_path):
     assert model.stem.conv.weight.grad is None and reference.stem.conv.weight.grad is None
     model.stem.conv.weight.grad = reference.stem.conv.weight.grad = torch.zeros_like(model.stem.conv.weight)
     assert_same_training(model, reference)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_empty_batch_is_refused_in_one_line_and_moves_nothing(form, tmp_path):
+    torch.manual_seed(0)
+    model = Net().double()
+    fast = bound(tmp_path, model, form)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"^x has shape \[0, 3, 5, 7\]: an empty batch.*skip empty batches\)$"):
+        fast(images(0))
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
