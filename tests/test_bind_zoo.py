@@ -90,6 +90,11 @@ def test_a_network_traced_for_its_parameters_trains_as_autograd(label):
     torch.manual_seed(7)
     getattr(F, kind)(reference(*inputs.values()), target).backward()
 
+    assert_trained_as_autograd(model, reference, once)
+
+
+def assert_trained_as_autograd(model, reference, once) -> None:
+    """``model``'s gradients equal ``reference``'s (autograd's) and its buffers ``once``'s (one forward's)."""
     expected = dict(reference.named_parameters())
     scale = max(value.grad.abs().max().item() for value in expected.values() if value.grad is not None)
     for key, value in model.named_parameters():

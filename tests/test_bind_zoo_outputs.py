@@ -18,7 +18,7 @@ from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import trace
 
-from .test_bind_zoo import AUTOCAST_CASES, CASES, TOLERANCE, assert_as_accurate_as_autograd
+from .test_bind_zoo import AUTOCAST_CASES, CASES, assert_as_accurate_as_autograd, assert_trained_as_autograd
 from .test_trace_models import randomize
 
 
@@ -59,19 +59,7 @@ def test_a_network_traced_without_a_loss_trains_as_autograd(label):
         torch.manual_seed(7)  # the same dropout masks in both
         getattr(F, kind)(net(*inputs.values()), target).backward()
 
-    expected = dict(reference.named_parameters())
-    scale = max(value.grad.abs().max().item() for value in expected.values() if value.grad is not None)
-    for key, value in model.named_parameters():
-        if expected[key].grad is None:  # frozen
-            assert value.grad is None, key
-            continue
-        assert (value.grad - expected[key].grad).abs().max().item() <= TOLERANCE * scale, key
-    moved = dict(once.named_buffers())
-    for key, value in model.named_buffers():
-        if value.is_floating_point():
-            assert (value - moved[key]).abs().max().item() <= TOLERANCE * max(moved[key].abs().max().item(), 1.0), key
-        else:
-            assert torch.equal(value, moved[key]), key
+    assert_trained_as_autograd(model, reference, once)
 
 
 @pytest.mark.slow
