@@ -622,7 +622,7 @@ def _declared_lacks(rule, tested_ops: set[str], certified_ops: set[str]) -> list
     """What a rule still lacks of the op contract (``symgrad/rules/base.py``), in words a contributor
     can act on: every fact the tracer, the checker, the docs and the certificates read from it."""
     from symgrad.rules.base import Rule
-    from symgrad.trace.layers import torch_signature
+    from symgrad.trace.torch_names import torch_signature
 
     lacks = []
     if not rule.summary:
@@ -679,7 +679,7 @@ def test_a_new_rule_is_told_exactly_what_it_lacks():
 
 
 def test_each_torch_call_is_claimed_by_one_rule_and_bound_by_pytorchs_own_names():
-    from symgrad.trace.layers import SIGNATURES
+    from symgrad.trace.torch_names import SIGNATURES
 
     assert SIGNATURES["relu_"] == ("relu", ("input", "inplace"))
     assert SIGNATURES["__radd__"][0] == "add" and SIGNATURES["squeeze"][1] == ("input", "dim")

@@ -42,7 +42,8 @@ from ..errors import SpecError, SymgradError, cut
 from ..graph import build_graph
 from ..spec import check_identifier, parse_spec
 from .constants import at_full_precision
-from .layers import Problem, Reduction, Source, SpecBuilder, fitted, plain_name, report
+from .dataflow import Problem, Reduction, Source, fitted, plain_name, report
+from .layers import SpecBuilder
 from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
 from .sizes import einops_uncached
 

@@ -1,6 +1,6 @@
 """Recorded attention calls to spec layers: ``F.scaled_dot_product_attention`` and ``torch.einsum``.
 
-Both need more than the table in ``layers.py``: attention refuses what has no gradient as a function of
+Both need more than the table in ``torch_names.py``: attention refuses what has no gradient as a function of
 its inputs (dropout inside it in training mode, a boolean mask, grouped-query heads) at the user's line,
 and einsum takes its operands as ``*operands`` (or one list), with ``...`` written out as letters at the
 ranks the code ran with.

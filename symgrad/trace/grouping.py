@@ -17,7 +17,7 @@ import re
 import torch
 
 from ..spec import check_identifier
-from .layers import fitted, numbered
+from .dataflow import fitted, numbered
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 

@@ -1,0 +1,122 @@
+"""The loss tail of a traced function: reductions (``sum``, ``mean``), PyTorch loss calls, their scaling
+(``0.5 * loss``), and ``nll_loss(log_softmax(z, dim=1), labels)`` read as ``cross_entropy(z, labels)``.
+
+A reduction inside the network (a hand-written LayerNorm's channel mean) is an ordinary layer; one the
+loss depends on is noted as a ``Reduction``, which the end of the trace turns into the spec's loss.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .dataflow import Reduction, flat_arguments, is_number
+from .recorder import Call
+from .torch_names import LOSSES, SIGNATURES
+
+if TYPE_CHECKING:
+    from .layers import SpecBuilder
+
+
+LOSS_DEFAULTS = {"size_average": None, "reduce": None, "weight": None, "ignore_index": -100, "label_smoothing": 0.0}
+
+
+def reduce(builder: SpecBuilder, call: Call) -> None:
+    source = call.arguments[0]
+    dims = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
+    keepdim = call.keywords.get("keepdim", call.arguments[2] if len(call.arguments) > 2 else False)
+    rank = source.dim()
+    spatial = list(range(2, rank))
+    if (call.name == "mean" and dims is not None and 3 <= rank <= 5 and id(source) not in builder.reductions
+            and sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims)) == spatial):
+        return global_average(builder, call, source, rank, bool(keepdim))
+    if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
+        how = call.name
+    else:
+        dims = sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims))
+        how = "per_sample" if call.name == "sum" and dims == list(range(1, rank)) and not keepdim else None
+    if how is None:  # a reduction inside the network (a hand-written LayerNorm's channel mean): a layer
+        builder.layer(call.name, {"input": source, "dim": dims, "keepdim": bool(keepdim)}, call)
+        return
+    inner = builder.reductions.get(id(source))
+    if inner is not None:  # F.mse_loss(..., reduction='none').sum()
+        if inner.how != "none":
+            builder.fail(call, "reduces a loss twice", "reduce once")
+            return
+        builder.reductions[id(call.result)] = Reduction(how, loss=inner.loss, call=call)
+        builder.kept.append(call.result)
+        return
+    reasons: set[int] = set()
+    found = builder.operand(source, call, reasons)
+    if reasons:
+        builder.taint(call.result, frozenset(reasons))
+        return
+    builder.reductions[id(call.result)] = Reduction(how, source=found, call=call)
+    builder.kept.append(call.result)
+
+
+def log_softmax(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """A layer; noted too, because ``nll_loss(log_softmax(z, dim=1), labels)`` is
+    ``cross_entropy(z, labels)``, which ``loss_call`` makes of it."""
+    source, dim = bound.get("input"), bound.get("dim")
+    builder.layer(op, bound, call)
+    if isinstance(source, torch.Tensor) and isinstance(dim, int) and dim % source.dim() == 1:
+        builder.log_probabilities[id(call.result)] = source
+
+
+def global_average(builder: SpecBuilder, call: Call, source: torch.Tensor, rank: int, keepdim: bool) -> None:
+    """``x.mean(dim=(2, 3))``, global average pooling, is adaptive_avg_pool2d to 1 (then flatten)."""
+    pooled = torch.flatten(source, 2).mean(dim=2).reshape(*source.shape[:2], *([1] * (rank - 2)))
+    pool = Call(f"adaptive_avg_pool{rank - 2}d", call.function, (source, 1), {}, pooled if not keepdim else call.result,
+                call.where, call.module, call.leaf)
+    builder.add(pool)
+    if not keepdim:
+        builder.layer("flatten", {"input": pool.result, "start_dim": 1}, call)
+
+
+def loss_call(builder: SpecBuilder, op: str, call: Call) -> None:
+    bound = dict(zip(LOSSES[op], call.arguments)) | call.keywords
+    reasons: set[int] = set()
+    if op == "nll_loss" and id(bound["input"]) in builder.log_probabilities:
+        drop_unread(builder, builder.names.get(id(bound["input"])))  # the log_softmax layer, now inside the loss
+        op, bound["input"] = "cross_entropy", builder.log_probabilities[id(bound["input"])]
+    prediction = builder.operand(bound.pop("input"), call, reasons)
+    target = builder.operand(bound.pop("target"), call, reasons)
+    if reasons:
+        builder.taint(call.result, frozenset(reasons))
+        return
+    how = bound.pop("reduction", "mean")
+    for key, default in LOSS_DEFAULTS.items():
+        value = bound.pop(key, default)
+        if value is not None and value != default:
+            builder.fail(call, f"argument {key}={value!r} is not supported", "leave it at its default")
+            return
+    loss = {"op": op, "in": prediction, "target": target, **{k: float(v) for k, v in bound.items() if v != 1.0}}
+    builder.reductions[id(call.result)] = Reduction(how, loss=loss, call=call)
+    builder.kept.append(call.result)
+
+
+def drop_unread(builder: SpecBuilder, name: str | None) -> None:
+    """Remove the layer that makes ``name`` if no later layer reads it."""
+    index = next((i for i, layer in enumerate(builder.layers) if layer["out"] == name), None)
+    if index is None or any(name in flat_arguments(list(layer.values()), {}) for layer in builder.layers[index + 1:]):
+        return
+    del builder.layers[index], builder.layer_calls[index]
+
+
+def scale_reduction(builder: SpecBuilder, call: Call) -> bool:
+    """``0.5 * loss``, ``loss / 2``: scale a reduction; False when the call is not that."""
+    kind = SIGNATURES.get(call.name, ("",))[0]
+    if kind not in ("mul", "div") or len(call.arguments) != 2 or call.keywords:
+        return False
+    tensor, number = call.arguments
+    if kind == "mul" and not isinstance(tensor, torch.Tensor):
+        tensor, number = number, tensor  # torch.mul(0.5, loss)
+    if not (isinstance(tensor, torch.Tensor) and id(tensor) in builder.reductions and is_number(number)):
+        return False  # a reflected call (2 * loss) also arrives as (loss, 2)
+    inner = builder.reductions[id(tensor)]
+    scale = inner.scale * number if kind == "mul" else inner.scale / number
+    builder.reductions[id(call.result)] = Reduction(inner.how, inner.source, inner.loss, scale, inner.call)
+    builder.kept.append(call.result)
+    return True

@@ -1,0 +1,170 @@
+"""Per-op trace hooks: the ops whose calls need more than binding PyTorch's arguments to the rule's.
+
+``HOOKS`` maps a rule's op to its hook, ``hook(builder, op, bound, call)``, called with the call's
+arguments bound by PyTorch's names; an op without a hook becomes ``builder.layer(op, bound, call)``.
+A key that names no rule (a renamed or removed op) fails at import, so no hook is silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..rules import LAYER_RULES
+from . import attention, loss_tail
+from .dataflow import is_int, is_number, literal
+
+if TYPE_CHECKING:
+    from .layers import SpecBuilder
+    from .recorder import Call
+
+
+def batch_norm(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    training = bool(bound.get("training"))
+    # nn.BatchNorm's momentum=None passes 1 / num_batches_tracked, a count that grows: the spec says null
+    cumulative = training and getattr(builder.modules.get(call.module), "momentum", 0.1) is None
+    if not training or cumulative or bound.get("running_mean") is None:
+        bound.pop("momentum", None)
+    if not training and bound.get("running_mean") is None:
+        builder.fail(call, "has no running statistics in eval mode", "track running statistics or trace in train mode")
+        return
+    count = len(builder.layers)
+    builder.layer(op, bound, call)  # in training the kernel moves the running statistics, as the module does
+    if cumulative and len(builder.layers) > count:
+        builder.layers[-1]["momentum"] = None
+
+
+def prelu(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """nn.PReLU()'s one slope for every channel is ``shared: true`` (a [C] weight: one per channel)."""
+    weight, source = bound.get("weight"), bound.get("input")
+    if isinstance(weight, torch.Tensor) and isinstance(source, torch.Tensor) and weight.numel() == 1 and (
+            source.dim() < 2 or source.shape[1] != 1):
+        bound["shared"] = True
+    builder.layer(op, bound, call)
+
+
+def div(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    if bound.pop("rounding_mode", None) is not None:
+        builder.fail(call, "rounds (rounding_mode is set), which has no gradient", "divide without rounding_mode")
+        return
+    builder.layer(op, bound, call)
+
+
+def power(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    if not is_number(bound.get("exponent")):
+        builder.fail(call, "has a tensor exponent", "raise to a number")
+        return
+    if bound["exponent"] == 1:
+        return builder.alias(call, bound["input"])
+    builder.layer(op, bound, call)
+
+
+def hardtanh(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    if bound.get("min_val", -1.0) == 0 and bound.get("max_val", 1.0) == 6:  # nn.ReLU6
+        bound.pop("min_val"), bound.pop("max_val")
+        op = "relu6"
+    builder.layer(op, bound, call)
+
+
+def squeeze(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """``x.squeeze(1)``, ``x.squeeze((2, 3))``, ``x.squeeze()``: one layer per size-1 dim; a dim that is not
+    size 1 is left (as PyTorch does; at other sizes the second run compares)."""
+    source, dims = bound.get("input"), bound.get("dim")
+    if not isinstance(source, torch.Tensor) or source.dim() == 0:
+        return builder.unknown(call)
+    rank = source.dim()
+    dims = range(rank) if dims is None else [dims] if is_int(dims) else dims
+    dims = sorted({dim % rank for dim in dims if source.shape[dim] == 1})
+    if not dims:
+        return builder.alias(call, source)
+    current = source
+    for dim in reversed(dims[1:]):
+        current = builder.part(call, "squeeze", current, dim)
+    builder.layer(op, {"input": current, "dim": dims[0]}, call)
+
+
+def pad(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    bound["pad"] = pads = [int(p) for p in bound["pad"]]
+    source = bound.get("input")
+    if (isinstance(source, torch.Tensor) and source.dim() >= 3 and len(pads) == 2 * (source.dim() - 2)
+            and bound.get("mode") in (None, "constant") and not bound.get("value")):
+        def centred_to(other: torch.Tensor) -> bool:  # U-Net's [diffX // 2, diffX - diffX // 2, ...]
+            differences = [other.shape[dim] - source.shape[dim] for dim in reversed(range(2, source.dim()))]
+            return pads == [part for d in differences for part in (d // 2, d - d // 2)]
+        bound["pad"] = builder.size_of(source, centred_to) or pads
+    if bound.get("mode") is None:
+        bound.pop("mode", None)
+    if bound.get("value") is None:
+        bound.pop("value", None)
+    builder.layer(op, bound, call)  # a zero pad too: at other sizes the same call may pad
+
+
+def max_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    if bound.get("return_indices") or call.name.endswith("_with_indices"):
+        builder.fail(call, "returns indices", "call it with return_indices=False")
+        return
+    bound.pop("return_indices", None)
+    builder.layer(op, bound, call)
+
+
+def interpolate(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    if bound.get("scale_factor") is not None:
+        factors = literal(bound["scale_factor"])
+        bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
+    source, size = bound.get("input"), literal(bound.get("size"))
+    if isinstance(source, torch.Tensor) and isinstance(size, list) and len(size) == source.dim() - 2:
+        bound["size"] = builder.size_of(source, lambda other: list(other.shape[2:]) == size) or size
+    builder.layer(op, bound, call)
+
+
+def clamp(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b), any other the
+    clamp op (one-sided to another bound: SwinV2's logit scale)."""
+    low, high = bound.get("min"), bound.get("max")
+    if (low is not None and not is_number(low)) or (high is not None and not is_number(high)):
+        builder.fail(call, "clamps to tensor bounds", "clamp to numbers")
+    elif low == 0 and high is None:
+        builder.layer("relu", {"input": bound["input"]}, call)
+    elif low == 0 and high == 6:
+        builder.layer("relu6", {"input": bound["input"]}, call)
+    elif low is not None and high is not None:
+        builder.layer("hardtanh", {"input": bound["input"], "min_val": float(low), "max_val": float(high)}, call)
+    else:
+        builder.layer("clamp", {"input": bound["input"], "min": low, "max": high}, call)
+
+
+def cat(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``."""
+    if len(bound.get("tensors", ())) == 1 and isinstance(bound["tensors"][0], torch.Tensor):
+        return builder.alias(call, bound["tensors"][0])
+    builder.layer(op, bound, call)
+
+
+def checked(hooks: dict) -> dict:
+    """``hooks``, refused at import where a key names no rule's op (an op renamed or removed since)."""
+    unknown = sorted(set(hooks) - set(LAYER_RULES))
+    if unknown:
+        raise ImportError(f"trace hooks for ops that no rule declares: {', '.join(unknown)} (fix: key each hook by "
+                          "its rule's op in symgrad/trace/op_hooks.py)")
+    return hooks
+
+
+HOOKS = checked({
+    "batch_norm": batch_norm,
+    "cat": cat,
+    "clamp": clamp,
+    "div": div,
+    "hardtanh": hardtanh,
+    "interpolate": interpolate,
+    "log_softmax": loss_tail.log_softmax,
+    "max_pool1d": max_pool,
+    "max_pool2d": max_pool,
+    "max_pool3d": max_pool,
+    "pad": pad,
+    "pow": power,
+    "prelu": prelu,
+    "scaled_dot_product_attention": attention.attention,
+    "squeeze": squeeze,
+})
+"""A rule's op -> its trace hook."""

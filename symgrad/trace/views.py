@@ -1,0 +1,265 @@
+"""Tensor methods and calls rewritten as the spec's ops: views and reshapes, slices, pieces, transposes,
+expansions and repeats, one-sided clamps, norms, ``c - x``, and ``var_mean``: calls that have no rule of
+their own, or reach one under another form (``x.view(n, -1)`` is ``flatten``, ``x[:, 0]`` a ``narrow``
+and a ``squeeze``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import op_hooks, sizes
+from .dataflow import call_sizes, is_int, is_number
+from .indexing import index_select, index_with_tensor
+from .recorder import Call
+from .torch_names import FIXES, TRANSPOSES
+
+if TYPE_CHECKING:
+    from .layers import SpecBuilder
+
+
+def permute(builder: SpecBuilder, call: Call) -> None:
+    builder.layer("permute", {"input": call.arguments[0], "dims": list(call_sizes(call, "dims"))}, call)
+
+
+def square(builder: SpecBuilder, call: Call) -> None:
+    builder.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
+
+
+def getitem(builder: SpecBuilder, call: Call) -> None:
+    """``x[:, idx]`` with an int64 input (``indexing.py``), else ``x[:, 1:3, None]`` (``basic_index``)."""
+    if not index_with_tensor(builder, call):
+        basic_index(builder, call)
+
+
+def selected(builder: SpecBuilder, call: Call) -> None:
+    """``torch.index_select(x, dim, idx)`` with an int64 input (``indexing.py``)."""
+    if not index_select(builder, call):
+        builder.unknown(call)
+
+
+def pass_through(builder: SpecBuilder, call: Call) -> None:
+    source, result = call.arguments[0], call.result
+    if not isinstance(result, torch.Tensor) or not isinstance(source, torch.Tensor):
+        return builder.unknown(call)
+    if result.dtype != source.dtype or result.device != source.device:
+        builder.fail(call, f"converts {source.dtype} on {source.device} to {result.dtype} on {result.device}",
+                     "trace at the dtype and device the model runs in, without conversions")
+        return
+    builder.alias(call, source)
+
+
+def reshape(builder: SpecBuilder, call: Call) -> None:
+    source, result = call.arguments[0], call.result
+    shape = call_sizes(call, "shape", "size")
+    kept = result.dim() - 1  # (N, -1) is flatten(start_dim=1), whatever N is
+    if (0 <= kept < source.dim() and tuple(source.shape[:kept]) == tuple(result.shape[:kept])
+            and math.prod(source.shape[kept:]) == result.shape[kept]):
+        return builder.layer("flatten", {"input": source, "start_dim": kept}, call)
+    if tuple(result.shape) == tuple(source.shape):
+        return builder.alias(call, source)
+    traced = sizes.spec_sizes(shape, builder.node, builder.size_tensors)  # sizes that carry the dims they were read from
+    if traced is not None:
+        return builder.layer("reshape", {"input": source, "shape": traced}, call)
+    shape = [int(size) for size in shape]
+    if shape and -1 not in shape and shape[0] == source.shape[0] and source.dim() > 0:
+        shape[0] = -1  # the batch, read from the input: (N, C, 4, 16) stays shape-generic
+    shape = [size if size == -1 else size_read(builder, size, position, len(shape)) for position, size in enumerate(shape)]
+    builder.layer("reshape", {"input": source, "shape": shape}, call)
+
+
+def size_read(builder: SpecBuilder, size: int, position: int, rank: int) -> int | dict:
+    """Entry ``position`` of a ``rank``-long list of sizes as a size the code read, when one fits:
+    ``{like: x}`` for x's size at the same position (x of that rank: ``reshape(b, c, h, w)`` with
+    ``b, c, h, w = x.shape``), ``{like: x, dims: [2, 3]}`` for a product of two or more of x's dims aligned
+    with the entry's place from the end or the start (``h * w`` last), most recent reads first; else the number,
+    which the second run, at other and unequal sizes, refuses if it follows the input."""
+    if size == 1:  # a literal 1 (view(b, c, 1, 1)), even where a map happens to be 1x1 when traced
+        return size
+    named = [(other, found) for other in reversed(builder.sizes_read) if isinstance(found := builder.node(other), str)]
+    for other, found in named:
+        if other.dim() == rank and other.shape[position] == size:
+            return {"like": found}
+    from_end = rank - 1 - position
+    for aligned_end in (True, False):
+        for other, found in named:
+            for length in range(2, other.dim() + 1):  # one dim elsewhere than its place: a coincidence
+                start = other.dim() - from_end - length if aligned_end else position
+                dims = list(range(start, start + length))
+                if start < 0 or dims[-1] >= other.dim() or (start == 0 and position != 0):
+                    continue  # the batch merged into a later entry: a coincidence (b * c == features)
+                if math.prod(other.shape[dim] for dim in dims) == size:
+                    return {"like": found, "dims": dims}
+    return size
+
+
+def reshape_as(builder: SpecBuilder, call: Call) -> None:
+    """``x.view_as(y)``, ``x.reshape_as(y)``: ``x.reshape(y.shape)``, the batch kept generic as for ``view``."""
+    other = call.keywords.get("other", call.arguments[1] if len(call.arguments) > 1 else None)
+    if not isinstance(other, torch.Tensor):
+        return builder.unknown(call)
+    reshape(builder, dataclasses.replace(call, arguments=(call.arguments[0], tuple(other.shape)), keywords={}))
+
+
+def expand(builder: SpecBuilder, call: Call) -> None:
+    """``x.expand(b, c, h, w)``, ``x.expand_as(y)``, ``torch.broadcast_to(x, shape)``: the sizes are read at
+    run time where the code read them (``expand_as(y)``: every entry ``{like: y}``); -1 keeps a size."""
+    source = call.arguments[0]
+    if call.name == "expand_as":
+        other = call.keywords.get("other", call.arguments[1] if len(call.arguments) > 1 else None)
+        if not isinstance(other, torch.Tensor) or not isinstance(builder.node(other), str):
+            return builder.unknown(call)
+        shape: list[Any] = [{"like": builder.node(other)} for _ in range(other.dim())]  # fresh dicts: no YAML aliases
+    else:
+        shape = sizes.spec_sizes(call_sizes(call, "size", "shape"), builder.node, builder.size_tensors, spare=False) or [
+            size if size == -1 else size_read(builder, size, position, len(call_sizes(call, "size", "shape")))
+            for position, size in enumerate(int(size) for size in call_sizes(call, "size", "shape"))]
+    if not isinstance(source, torch.Tensor):
+        return builder.unknown(call)
+    builder.layer("expand", {"input": source, "shape": shape}, call)
+
+
+def repeat(builder: SpecBuilder, call: Call) -> None:
+    """``x.repeat(1, 1, 2, 2)``, ``torch.tile(x, (2, 2))`` (tile pads the counts with leading 1s)."""
+    source, counts = call.arguments[0], [int(count) for count in call_sizes(call, "repeats", "dims")]
+    if not isinstance(source, torch.Tensor):
+        return builder.unknown(call)
+    if call.name == "tile" and len(counts) < source.dim():
+        counts = [1] * (source.dim() - len(counts)) + counts
+    builder.layer("repeat", {"input": source, "counts": counts}, call)
+
+
+def basic_index(builder: SpecBuilder, call: Call) -> None:
+    """``x[:, 1:3]`` is narrow, ``x[:, 0]`` narrow and squeeze, ``x[:, None]`` and ``g[..., None, None]``
+    unsqueeze: the narrows first, then the squeezes, then the new dims, each a layer."""
+    source, index = call.arguments[0], call.arguments[1]
+    index = index if isinstance(index, tuple) else (index,)
+    taken = sum(1 for item in index if item is not None and item is not Ellipsis)  # dims the index reads
+    if sum(1 for item in index if item is Ellipsis) == 1:
+        position = index.index(Ellipsis)
+        index = index[:position] + (slice(None),) * max(source.dim() - taken, 0) + index[position + 1:]
+    if not all(item is None or isinstance(item, slice) or is_int(item) for item in index) or taken > source.dim():
+        builder.fail(call, "indexes with something other than start:stop slices, ints, None and ...", FIXES["__getitem__"])
+        return
+    current, dim, out, squeezed, new = source, 0, 0, [], []
+    for item in index:
+        if item is None:
+            new.append(out)
+            out += 1
+            continue
+        size = source.shape[dim]
+        if is_int(item):
+            start, stop, step = item % size, item % size + 1, 1  # in range: PyTorch indexed with it
+            squeezed.append(dim)
+        else:
+            start, stop, step = item.indices(size)
+            out += 1
+        if step != 1:
+            builder.fail(call, "slices with a step", "slice with step 1")
+            return
+        if (start, stop) != (0, size) or is_int(item):
+            current = builder.part(call, "narrow", current, dim, start, max(stop - start, 0))
+        dim += 1
+    for dim in reversed(squeezed):
+        current = builder.part(call, "squeeze", current, dim)
+    for dim in new:
+        current = builder.part(call, "unsqueeze", current, dim)
+    builder.alias(call, current)
+
+
+def pieces(builder: SpecBuilder, call: Call) -> None:
+    """``x.chunk(2, dim=1)``, ``torch.split(x, [16, 48], 1)``, ``x.unbind(1)``: one narrow per piece, at the
+    offsets of the pieces the call returned (a size that depends on the input's is refused by the second run)."""
+    source, result = call.arguments[0] if call.arguments else call.keywords.get("input"), call.result
+    if not isinstance(source, torch.Tensor) or not isinstance(result, (tuple, list)) or source.dim() == 0:
+        return builder.unknown(call)
+    position = 1 if call.name == "unbind" else 2
+    dim = call.keywords.get("dim", call.arguments[position] if len(call.arguments) > position else 0)
+    dim = dim % source.dim()
+    start = 0
+    for piece in result:
+        length = 1 if call.name == "unbind" else piece.shape[dim]
+        if length == 0:
+            start += length
+            continue  # an empty piece: nothing to differentiate; reading it is reported as an unknown tensor
+        if call.name == "unbind":
+            builder.part(call, "squeeze", builder.part(call, "narrow", source, dim, start, length), dim, result=piece)
+        else:
+            builder.part(call, "narrow", source, dim, start, length, result=piece)
+        start += length
+
+
+def transpose(builder: SpecBuilder, call: Call) -> None:
+    """``x.transpose(1, 2)``, ``torch.swapaxes``, ``x.mT``, ``x.t()``, ``x.T``: a permute."""
+    source = call.arguments[0] if call.arguments else call.keywords.get("input")
+    if not isinstance(source, torch.Tensor):
+        return builder.unknown(call)
+    rank = source.dim()
+    if call.name in TRANSPOSES:
+        bound = dict(zip(("input", *TRANSPOSES[call.name]), call.arguments)) | call.keywords
+        first, second = (bound.get(key) for key in TRANSPOSES[call.name])
+    elif call.name == "mT":
+        first, second = -2, -1
+    elif call.name == "T":
+        first, second = None, None
+    else:  # t(): a 2-d transpose, nothing for fewer dims
+        first, second = (0, 1) if rank == 2 else (0, 0)
+    if first is None:
+        dims = list(range(rank))[::-1]
+    else:
+        dims = list(range(rank))
+        dims[first % rank], dims[second % rank] = dims[second % rank], dims[first % rank]
+    if dims == list(range(rank)):
+        return builder.alias(call, source)
+    builder.layer("permute", {"input": source, "dims": dims}, call)
+
+
+def clamp_one_side(builder: SpecBuilder, call: Call) -> None:
+    """``x.clamp_min(a)``, ``torch.clamp_max(x, b)``: ``clamp`` with one bound."""
+    side = "min" if call.name.startswith("clamp_min") else "max"
+    bound = dict(zip(("input", side), call.arguments)) | call.keywords
+    op_hooks.clamp(builder, "clamp", bound, call)
+
+
+def norm(builder: SpecBuilder, call: Call) -> None:
+    """``torch.norm(x, p=2, dim=(1, 2), keepdim=True)``, ``x.norm(dim=-1)``: vector_norm over the dims."""
+    bound = dict(zip(("input", "p", "dim", "keepdim"), call.arguments)) | call.keywords
+    if bound.get("dtype") is not None:
+        return builder.fail(call, "converts the dtype", "leave dtype out")
+    dims = bound.get("dim")
+    p = bound.get("p", 2)
+    builder.layer("vector_norm", {"x": bound["input"], "ord": 2 if p in ("fro", 2.0) else p,
+                                  "dim": None if dims is None else [dims] if isinstance(dims, int) else list(dims),
+                                  "keepdim": bool(bound.get("keepdim", False))}, call)
+
+
+def reflected_sub(builder: SpecBuilder, call: Call) -> None:
+    """``c - x`` is ``(-x) + c``: two layers."""
+    tensor, number = call.arguments[0], call.arguments[1]
+    if not is_number(number):
+        return builder.unknown(call)
+    negated = Call("neg", torch.neg, (tensor,), {}, torch.neg(tensor), call.where, call.module, call.leaf)
+    builder.add(negated)
+    builder.layer("add", {"input": negated.result, "other": number}, call)
+
+
+def statistic_and_mean(builder: SpecBuilder, call: Call) -> None:
+    """``torch.var_mean(w, dim, unbiased / correction, keepdim)`` (BiT's weight standardization) and
+    ``std_mean``: a var (or std) layer for the first result and a mean layer for the second."""
+    bound = dict(zip(("input", "dim", "unbiased", "keepdim"), call.arguments)) | call.keywords
+    source, results = bound.pop("input", None), call.result
+    if not isinstance(source, torch.Tensor) or not isinstance(results, tuple) or len(results) != 2:
+        return builder.unknown(call)
+    dims = bound.get("dim")
+    dims = None if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    keepdim = bool(bound.get("keepdim", False))
+    statistic = {"input": source, "dim": dims, "keepdim": keepdim}
+    for key in ("unbiased", "correction"):
+        if bound.get(key) is not None:
+            statistic[key] = bound[key] if key == "unbiased" else int(bound[key])
+    builder.layer(call.name.split("_")[0], statistic, dataclasses.replace(call, result=results[0]))
+    mean = {"input": source, "dim": dims if dims is not None else list(range(source.dim())), "keepdim": keepdim}
+    builder.layer("mean", mean, dataclasses.replace(call, result=results[1]))
