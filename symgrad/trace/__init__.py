@@ -15,8 +15,9 @@ two runs, being computed from the input's size, is refused rather than frozen in
 Everything that cannot be traced is reported at once, one line each, with the user's file:line
 and module path.
 
-Longer than most modules because it is the whole driver: loading a target from a file, the runs, the
-refusals of value reads and timeouts, and the loss tail, each with its one-line error.
+This file is the driver: loading a target from a file, the runs, the refusals of value reads and
+timeouts, and the spec's text. How the code ends (a loss or the outputs) is read in ``losses.py``; the
+second run at other sizes is ``rerun.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,40 +38,17 @@ import torch
 import yaml
 
 from ..check import available_memory
-from ..errors import SpecError, SymgradError, cut
+from ..errors import SpecError, SymgradError
 from ..graph import build_graph
 from ..spec import check_identifier, parse_spec
 from .constants import at_full_precision
-from .dataflow import Problem, Reduction, Source, fitted, plain_name, report
+from .dataflow import Problem, Source, fitted, plain_name, report
+from .errors import Refusal, TraceError
 from .layers import SpecBuilder
-from .recorder import VALUE_READS, Recorder, _is_users, user_line, user_line_of_traceback
+from .losses import LOSS_NAMES, LossChoice, ends_in_outputs, live_layers, loss_of, outputs_of, target_input
+from .recorder import VALUE_READS, Recorder, is_users, user_line, user_line_of_traceback
+from .rerun import other_sizes, shapes_text, size_dependence
 from .sizes import einops_uncached
-
-
-class TraceError(SymgradError):
-    """The traced code does something symgrad cannot turn into a spec."""
-
-
-class Refusal(TraceError):
-    """A refusal that no other input size can mend (a value read, the timeout): raised through the second run."""
-
-
-LOSS_NAMES = {"mse": "mse_loss", "half_sq_error": "half_sq_error", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss",
-              "huber": "huber_loss", "cross_entropy": "cross_entropy", "nll": "nll_loss"}
-"""``--loss`` values: short names and the spec's loss ops."""
-
-
-@dataclass(frozen=True)
-class LossChoice:
-    """A loss put after a model whose forward returns its prediction (``--loss mse --target y``)."""
-
-    op: str
-    target: str = "target"
-    reduction: str | None = None
-
-    @property
-    def classes(self) -> bool:
-        return self.op in ("cross_entropy", "nll_loss")
 
 
 def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
@@ -193,11 +170,11 @@ def _check_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> 
         if any(size < 1 for size in shape):
             raise TraceError(f"error: --input {key}={','.join(map(str, shape))} has a size below 1 "
                              "(fix: give every dimension a size of at least 1, e.g. x=8,3,32,32)")
-    other = next(_other_sizes(shapes), shapes)
+    other = next(other_sizes(shapes), shapes)
     needed = sum(math.prod(shape) * 8 for sizes in (shapes, other) for shape in sizes.values())  # float64 at most
     free = available_memory()
     if needed > free:
-        raise TraceError(f"error: the inputs {_shapes_text(shapes)} alone need about {needed / 2**30:.1f} GiB "
+        raise TraceError(f"error: the inputs {shapes_text(shapes)} alone need about {needed / 2**30:.1f} GiB "
                          f"(with the second run's, at other sizes), and {free / 2**30:.1f} GiB is available "
                          "(fix: trace at small --input sizes, e.g. x=2,3,32,32: the spec's sizes stay symbolic)")
 
@@ -235,7 +212,8 @@ def _time_limit(seconds: float | None):
 
 def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False) -> str:
     spec, calls = _run(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
-    problems = _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls)
+    problems = size_dependence(lambda changed: _run(function, module, changed, arguments, dtypes, loss, quiet=True),
+                               {key: tuple(shapes[key]) for key in tensor_names}, spec, calls)
     if problems:
         raise TraceError("\n".join(problems))
     at_full_precision(spec, module, function, lambda function, module: _run(
@@ -391,7 +369,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
         if quiet:
             raise
         raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: running it at "
-                         f"{_shapes_text(shapes)} failed: {_first_line(error)} (fix: check the --input shapes and --arg values)") from None
+                         f"{shapes_text(shapes)} failed: {_first_line(error)} (fix: check the --input shapes and --arg values)") from None
     finally:
         for value, copy in saved:  # tracing must not move the model's running statistics
             value.copy_(copy)
@@ -400,9 +378,9 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors)
     for call in recorder.calls:
         builder.add(call)
-    outputs = _outputs(builder, output, returned_at) if loss is None and _ends_in_outputs(builder, output) else None
-    loss_entry = _loss(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
-    layers, used = _live(builder, loss_entry, outputs)
+    outputs = outputs_of(builder, output, returned_at) if loss is None and ends_in_outputs(builder, output) else None
+    loss_entry = loss_of(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
+    layers, used = live_layers(builder, loss_entry, outputs)
     inputs: dict[str, dict] = {}
     state_keys = {source.name: source.state_key for source in sources.values() if source.state_key}
     for key in [*shapes, *builder.used_sources]:
@@ -411,257 +389,12 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             inputs[key] = {"shape": list(value.shape), **({"dtype": "int64"} if value.dtype == torch.int64 else {}),
                            **({"source": state_keys[key]} if key in state_keys else {})}
     if loss is not None:
-        inputs[loss.target] = _target_input(builder, output, loss)
+        inputs[loss.target] = target_input(builder, output, loss)
     trainable = {source.name for source in sources.values() if source.trainable}
     wrt = [key for key in inputs if key in trainable and key != loss_entry["target"]]
     layer_calls = [call for call, layer in zip(builder.layer_calls, builder.layers) if layer in layers]
     end = {"outputs": outputs} if outputs is not None else {"loss": loss_entry}
     return {"inputs": inputs, "layers": layers, **end, "wrt": wrt}, layer_calls
-
-
-def _ends_in_outputs(builder: SpecBuilder, output: Any) -> bool:
-    """Whether the traced code returns the model's outputs (a tensor that is no loss, a tuple or a dict
-    of tensors), which a spec then ends in, rather than a loss."""
-    if isinstance(output, (tuple, list, dict)):
-        return True
-    return isinstance(output, torch.Tensor) and id(output) not in builder.reductions
-
-
-def _outputs(builder: SpecBuilder, output: Any, returned_at: str | None) -> str | list | dict:
-    """The spec's ``outputs:`` for what the traced code returns: a node, a list or a mapping of them."""
-    where = returned_at or (builder.layer_calls[-1].where if builder.layer_calls else "<traced code>")
-    items = output.items() if isinstance(output, dict) else enumerate(output) if isinstance(output, (tuple, list)) \
-        else [(None, output)]
-    names, problems = {}, set()
-    for key, value in items:
-        shown = "the output" if key is None else f"output {key!r}"
-        if not isinstance(value, torch.Tensor):
-            raise TraceError(f"{where}: error: {shown} is {type(value).__name__}, not a tensor (fix: return "
-                             "tensors, a tuple or a dict of tensors)")
-        if isinstance(key, str) and check_identifier(key) is not None and not key.isidentifier():
-            raise TraceError(f"{where}: error: output key {key!r} is not an identifier (fix: name the outputs "
-                             "with letters, digits and '_')")
-        node = builder.node(value)
-        if isinstance(node, frozenset):
-            problems |= node
-            continue
-        if node not in {layer["out"] for layer in builder.layers}:
-            raise TraceError(f"{where}: error: {shown} is the input or parameter '{node}' itself, which no layer "
-                             "computes (fix: return what the model computes from its inputs)")
-        names[key] = node
-    if problems:
-        found = [builder.problems[index] for index in sorted(problems) if index >= 0]
-        raise TraceError("\n".join(report(found)) if found else f"{where}: error: an output is a tensor that no "
-                         "traced call made and that is no input (fix: return what the model computes from its inputs)")
-    if isinstance(output, dict):
-        return dict(names)
-    if isinstance(output, (tuple, list)):
-        return list(names.values())
-    return names[None]
-
-
-def _loss(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes, returned_at: str | None = None) -> dict:
-    """The spec's loss entry, or a TraceError listing every problem the loss depends on; ``returned_at``:
-    the ``file:line`` of the traced function's ``return``."""
-    where = getattr(builder.layer_calls[-1], "where", "<traced code>") if builder.layer_calls else "<traced code>"
-    if isinstance(output, (tuple, list)):
-        raise TraceError(f"{returned_at or where}: error: the traced code returns {len(output)} values, not one loss "
-                         "(fix: return only the loss, or only the prediction and pass --loss)")
-    if not isinstance(output, torch.Tensor):
-        raise TraceError(f"{returned_at or where}: error: the traced code returns {type(output).__name__}, not a tensor "
-                         "(fix: return the loss, or the prediction and pass --loss)")
-    reasons = builder.poison.get(id(output))
-    if reasons:
-        raise TraceError("\n".join(report([builder.problems[index] for index in sorted(reasons) if index >= 0])))
-    reduction = builder.reductions.get(id(output))
-    if loss is not None:
-        if reduction is not None:
-            raise TraceError(f"{reduction.call.where}: error: the traced code already ends in a loss "
-                             "(fix: drop --loss, or return the prediction)")
-        prediction = builder.node(output)
-        if isinstance(prediction, frozenset):  # a tensor of the model's own, not computed from the inputs
-            raise TraceError(f"{returned_at or where}: error: the traced code returns a tensor that no traced call "
-                             "made and that is no input (fix: return the prediction computed from the inputs)")
-        entry = {"op": loss.op, "in": prediction, "target": loss.target}
-        if loss.reduction:
-            entry["reduction"] = loss.reduction
-        return entry
-    if reduction is None:
-        shape = list(output.shape)
-        raise TraceError(f"{where}: error: the traced code returns a tensor of shape {shape}, not a loss "
-                         "(fix: pass --loss mse --target y, or end the code in a loss such as F.mse_loss(p, y))")
-    return _reduction_loss(builder, reduction, list(shapes))
-
-
-def _reduction_loss(builder: SpecBuilder, reduction: Reduction, arguments: list[str]) -> dict:
-    """The loss a reduction spells; ``arguments`` (the traced arguments in order) decides which side of
-    ``p - y`` is the prediction when both are arguments: the one the function takes first."""
-    call = reduction.call
-    how = reduction.how
-    forms = ("F.mse_loss(p, y), F.l1_loss(p, y), F.cross_entropy(p, labels), 0.5 * (p - y).pow(2).sum() "
-             "or .sum(dim=[1, 2, 3]) per sample")
-
-    def refuse(what: str) -> TraceError:
-        return TraceError(f"{call.where}: error: {what} (fix: end in one of {forms})")
-
-    if how == "none":
-        raise refuse("the traced code returns elementwise loss values, not a loss")
-    if reduction.loss is not None:
-        entry = dict(reduction.loss)
-        if reduction.scale == 0.5 and entry["op"] == "mse_loss":
-            entry["op"] = "half_sq_error"
-        elif reduction.scale != 1:
-            raise refuse(f"the loss is scaled by {reduction.scale}, which no spec loss is")
-        entry["reduction"] = how
-        return entry
-    producers = {layer["out"]: layer for layer in builder.layers}
-    inner = producers.get(reduction.source)
-    if inner is None:
-        raise refuse(f"the code reduces '{reduction.source}' directly, with no target to compare it with")
-    if inner["op"] == "pow" and inner.get("exponent", 2) == 2:
-        kind = {0.5: "half_sq_error", 1: "mse_loss"}.get(reduction.scale)
-    elif inner["op"] == "abs":
-        kind = {1: "l1_loss"}.get(reduction.scale)
-    else:
-        raise refuse(f"the code reduces the result of '{inner['op']}', which is no loss symgrad knows")
-    difference = producers.get(inner["in"]) if isinstance(inner["in"], str) else None
-    if kind is None or difference is None or difference["op"] != "sub" or not isinstance(difference["in"], list):
-        raise refuse(f"the reduced {inner['op']} is not of a difference prediction - target scaled to a known loss "
-                     f"(scale {reduction.scale})")
-    for layer in (inner, difference):
-        readers = [other for other in builder.layers if layer["out"] in _reads(other)]
-        if readers == ([inner] if layer is difference else []):
-            builder.layers.remove(layer)
-    left, right = difference["in"]
-    computed = [left in producers, right in producers]
-    if computed == [False, True] or (computed == [False, False] and left in arguments and right in arguments
-                                     and arguments.index(right) < arguments.index(left)):
-        left, right = right, left  # y - p: the prediction is the computed one, or the first argument
-    return {"op": kind, "in": left, "target": right, "reduction": how}
-
-
-def _reads(layer: dict) -> list[str]:
-    names = []
-    for key, value in layer.items():
-        if key in ("op", "out"):
-            continue
-        items = value if isinstance(value, list) else [value]  # size: {like: skip}, skip's sizes read at run time
-        items = [item.get("like") if isinstance(item, dict) else item for item in items]
-        names += [item for item in items if isinstance(item, str)]
-    return names
-
-
-def _live(builder: SpecBuilder, loss: dict, outputs=None) -> tuple[list[dict], set[str]]:
-    """The layers the loss (or the outputs) depend on, and every name they and the loss read."""
-    needed = {loss["in"], loss["target"]} - {None}
-    if outputs is not None:
-        needed |= set(outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str)
-                      else outputs)
-    kept = []
-    for layer in reversed(builder.layers):
-        if layer["out"] in needed:
-            kept.append(layer)
-            needed.update(_reads(layer))
-    return kept[::-1], needed
-
-
-def _target_input(builder: SpecBuilder, output: torch.Tensor, loss: LossChoice) -> dict:
-    if check_identifier(loss.target) is not None or loss.target in builder.used_sources:
-        raise TraceError(f"error: --target {loss.target!r} is not a free identifier (fix: choose another name, e.g. y)")
-    if loss.classes:
-        if output.dim() < 2:
-            raise TraceError(f"error: {loss.op} needs a prediction [N, C, ...], and the model returns "
-                             f"{list(output.shape)} (fix: choose another --loss)")
-        return {"shape": [output.shape[0], *output.shape[2:]], "dtype": "int64"}
-    return {"shape": list(output.shape)}
-
-
-def _size_dependence(function, module, shapes, tensor_names, arguments, dtypes, loss, spec, calls) -> list[str]:
-    """Run again at other sizes; every layer argument that changed was computed from a size."""
-    for changed in _other_sizes({key: tuple(shapes[key]) for key in tensor_names}):
-        try:
-            other, _ = _run(function, module, changed, arguments, dtypes, loss, quiet=True)
-        except Refusal:  # a value read or the timeout: no other size helps
-            raise
-        except Exception:  # the model does not run at these sizes: try fewer changes
-            continue
-        described = _shapes_text(changed)
-        problems = []
-        ops, other_ops = [layer["op"] for layer in spec["layers"]], [layer["op"] for layer in other["layers"]]
-        if ops != other_ops:
-            first = next((index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
-                         min(len(ops), len(other_ops)))
-            where = calls[min(first, len(calls) - 1)].where if calls else "<traced code>"
-            return [f"{where}: error: the code runs different ops from here on at {described} than at the given "
-                    "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
-                    "input's size)"]
-        for layer, again, call in zip(spec["layers"], other["layers"], calls):
-            for key, value in layer.items():
-                if key in ("in", "out", "op") or again.get(key) == value:
-                    continue
-                fixed = _fixed_sizes(value, again.get(key), call) if key in ("shape", "size") else None
-                if fixed is not None:  # a size that only happened to equal one the code read: the number
-                    layer[key] = fixed
-                    continue
-                problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
-                                        f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
-                                        "which a spec cannot express",
-                                        "use sizes that do not depend on the input (a fixed pad, scale_factor "
-                                        "instead of size, flatten instead of view(N, ...)), or read them from the "
-                                        "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
-                                        "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
-                                        "from skip.size() and h.size()"))
-        problems = report(problems)  # one line per source line, however many modules share it
-        if other.get("loss") != spec.get("loss") or other.get("outputs") != spec.get("outputs"):
-            problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
-                            "(fix: reduce over every dim but the first, or over all)")
-        return problems
-    return []
-
-
-def _fixed_sizes(value: Any, again: Any, call) -> list | None:
-    """A list of sizes where each entry that differs between the runs was read from a tensor at the given
-    shapes (``{like: x}``) but is the same number at the other shapes, the size this call's result has at
-    the given shapes too (Swin's ``view(N, N, -1)`` of its bias table, N happening to equal the tokens per
-    window the code read): those entries as that number; None when any other entry differs."""
-    traced = getattr(call.result, "shape", None)
-    if not (isinstance(value, list) and isinstance(again, list) and len(value) == len(again) and traced is not None
-            and len(traced) == len(value)):
-        return None
-    fixed = []
-    for position, (first, second) in enumerate(zip(value, again)):
-        if first == second:
-            fixed.append(first)
-        elif isinstance(first, dict) and isinstance(second, int) and second == traced[position]:
-            fixed.append(second)
-        else:
-            return None
-    return fixed
-
-
-def _shown(value: Any) -> str:
-    """An argument as the spec writes it: ``{like: x}``, ``[0, 1]``."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key}: {item}" for key, item in value.items()) + "}"
-    return cut(repr(value), 120)  # a constant's values: the start says enough
-
-
-def _other_sizes(shapes: dict[str, tuple[int, ...]]):
-    """Other input sizes to run at: batch + 1 and the spatial sizes grown unequally (x2, x3, x2, ...: a
-    square input becomes oblong, so a size read from the height is never mistaken for the width's), then
-    the spatial sizes doubled with the batch, then each change alone (for models that need square or
-    power-of-two inputs)."""
-    batch = {key: (shape[0] + 1, *shape[1:]) if shape else shape for key, shape in shapes.items()}
-    spatial = {key: (*shape[:2], *(2 * size for size in shape[2:])) for key, shape in shapes.items()}
-    oblong = {key: (*shape[:2], *((2 + axis % 2) * size for axis, size in enumerate(shape[2:])))
-              for key, shape in shapes.items()}
-    tried = []
-    for candidate in ({key: (batch[key][:1] + oblong[key][1:]) if shape else shape for key, shape in shapes.items()},
-                      {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()},
-                      batch, spatial):
-        if candidate != shapes and candidate not in tried:
-            tried.append(candidate)
-            yield candidate
 
 
 def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
@@ -682,7 +415,7 @@ def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
         output = function(**arguments)
     finally:
         sys.setprofile(previous)
-    if not started or not _is_users(started[0].f_code.co_filename):
+    if not started or not is_users(started[0].f_code.co_filename):
         return output, None
     return output, f"{started[0].f_code.co_filename}:{started[0].f_lineno}"
 
@@ -725,10 +458,6 @@ def _source_name(prefix: str, path: str, root: torch.nn.Module) -> str:
     if name[:1].isdigit() or check_identifier(name) is not None:
         name = fitted(f"{plain_name(type(root).__name__).lower()}_{name}")
     return name
-
-
-def _shapes_text(shapes) -> str:
-    return ", ".join(f"{key}={list(shape)}" for key, shape in shapes.items())
 
 
 def _arguments_text(init) -> str:

@@ -74,7 +74,7 @@ LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every frame of every call: realpath is a syscall per part
-def _is_users(filename: str) -> bool:
+def is_users(filename: str) -> bool:
     """Whether code in ``filename`` is the user's: not torch, symgrad or the standard library."""
     return not filename.startswith("<") and not os.path.realpath(filename).startswith(LIBRARY_DIRS)
 
@@ -83,7 +83,7 @@ def user_line(frame=None) -> str:
     """``file:line`` of the innermost frame in the user's own code."""
     frame = frame or sys._getframe(1)
     while frame is not None:
-        if _is_users(frame.f_code.co_filename):
+        if is_users(frame.f_code.co_filename):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<traced code>"
@@ -93,7 +93,7 @@ def user_line_of_traceback(traceback) -> str:
     """``file:line`` of the innermost user frame of an exception's traceback."""
     found = "<traced code>"
     while traceback is not None:
-        if _is_users(traceback.tb_frame.f_code.co_filename):
+        if is_users(traceback.tb_frame.f_code.co_filename):
             found = f"{traceback.tb_frame.f_code.co_filename}:{traceback.tb_lineno}"
         traceback = traceback.tb_next
     return found
@@ -305,7 +305,7 @@ def _by_user(frame) -> bool:
     BatchNorm's check of the batch size)."""
     while frame is not None and frame.f_code.co_filename.startswith(DISPATCH_FILES):
         frame = frame.f_back
-    return frame is not None and _is_users(frame.f_code.co_filename)
+    return frame is not None and is_users(frame.f_code.co_filename)
 
 
 def _copied(value: Any) -> Any:

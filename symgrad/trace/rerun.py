@@ -1,0 +1,104 @@
+"""The size-dependence rerun: the traced code runs again at other input sizes, and a layer argument that
+differs between the two runs, being computed from the input's size, is refused rather than frozen into
+the spec (a size read from a tensor that only happened to match is written as the number)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import cut
+from .dataflow import Problem, report
+from .errors import Refusal
+
+
+def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, calls: list) -> list[str]:
+    """Run again at other sizes (``run(shapes)``: the spec dict and calls there); every layer argument that
+    changed was computed from a size."""
+    for changed in other_sizes(shapes):
+        try:
+            other, _ = run(changed)
+        except Refusal:  # a value read or the timeout: no other size helps
+            raise
+        except Exception:  # the model does not run at these sizes: try fewer changes
+            continue
+        described = shapes_text(changed)
+        problems = []
+        ops, other_ops = [layer["op"] for layer in spec["layers"]], [layer["op"] for layer in other["layers"]]
+        if ops != other_ops:
+            first = next((index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
+                         min(len(ops), len(other_ops)))
+            where = calls[min(first, len(calls) - 1)].where if calls else "<traced code>"
+            return [f"{where}: error: the code runs different ops from here on at {described} than at the given "
+                    "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
+                    "input's size)"]
+        for layer, again, call in zip(spec["layers"], other["layers"], calls):
+            for key, value in layer.items():
+                if key in ("in", "out", "op") or again.get(key) == value:
+                    continue
+                fixed = _fixed_sizes(value, again.get(key), call) if key in ("shape", "size") else None
+                if fixed is not None:  # a size that only happened to equal one the code read: the number
+                    layer[key] = fixed
+                    continue
+                problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
+                                        f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
+                                        "which a spec cannot express",
+                                        "use sizes that do not depend on the input (a fixed pad, scale_factor "
+                                        "instead of size, flatten instead of view(N, ...)), or read them from the "
+                                        "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
+                                        "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
+                                        "from skip.size() and h.size()"))
+        problems = report(problems)  # one line per source line, however many modules share it
+        if other.get("loss") != spec.get("loss") or other.get("outputs") != spec.get("outputs"):
+            problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
+                            "(fix: reduce over every dim but the first, or over all)")
+        return problems
+    return []
+
+
+def _fixed_sizes(value: Any, again: Any, call) -> list | None:
+    """A list of sizes where each entry that differs between the runs was read from a tensor at the given
+    shapes (``{like: x}``) but is the same number at the other shapes, the size this call's result has at
+    the given shapes too (Swin's ``view(N, N, -1)`` of its bias table, N happening to equal the tokens per
+    window the code read): those entries as that number; None when any other entry differs."""
+    traced = getattr(call.result, "shape", None)
+    if not (isinstance(value, list) and isinstance(again, list) and len(value) == len(again) and traced is not None
+            and len(traced) == len(value)):
+        return None
+    fixed = []
+    for position, (first, second) in enumerate(zip(value, again)):
+        if first == second:
+            fixed.append(first)
+        elif isinstance(first, dict) and isinstance(second, int) and second == traced[position]:
+            fixed.append(second)
+        else:
+            return None
+    return fixed
+
+
+def _shown(value: Any) -> str:
+    """An argument as the spec writes it: ``{like: x}``, ``[0, 1]``."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {item}" for key, item in value.items()) + "}"
+    return cut(repr(value), 120)  # a constant's values: the start says enough
+
+
+def other_sizes(shapes: dict[str, tuple[int, ...]]):
+    """Other input sizes to run at: batch + 1 and the spatial sizes grown unequally (x2, x3, x2, ...: a
+    square input becomes oblong, so a size read from the height is never mistaken for the width's), then
+    the spatial sizes doubled with the batch, then each change alone (for models that need square or
+    power-of-two inputs)."""
+    batch = {key: (shape[0] + 1, *shape[1:]) if shape else shape for key, shape in shapes.items()}
+    spatial = {key: (*shape[:2], *(2 * size for size in shape[2:])) for key, shape in shapes.items()}
+    oblong = {key: (*shape[:2], *((2 + axis % 2) * size for axis, size in enumerate(shape[2:])))
+              for key, shape in shapes.items()}
+    tried = []
+    for candidate in ({key: (batch[key][:1] + oblong[key][1:]) if shape else shape for key, shape in shapes.items()},
+                      {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()},
+                      batch, spatial):
+        if candidate != shapes and candidate not in tried:
+            tried.append(candidate)
+            yield candidate
+
+
+def shapes_text(shapes) -> str:
+    return ", ".join(f"{key}={list(shape)}" for key, shape in shapes.items())
