@@ -28,6 +28,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from .errors import Location, SpecError
+from .spec_layer import LayerSpec, parse_layer
+from .spec_values import (RESERVED_NAMES, RESERVED_PREFIXES, SOURCE, Like, check_name, defined, did_you_mean, has_like,
+                          identifier_at, reject_unknown_keys, string_at, typed_at)
+from .spec_yaml import Mapping, Sequence
 
 BLOCK_KEYS = ("inputs", "params", "hyper", "layers", "output")
 INSTANCE_KEYS = ("block", "in", "out", "params", "prefix", "offset", "hyper")
@@ -112,15 +116,13 @@ class BlockSpec:
 
 def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
     """The ``blocks:`` section, each block's layers checked in the block's own scope."""
-    from .spec import Mapping, Sequence, _check_name, _identifier, _layer, _reject_unknown_keys, _typed
-
     if "blocks" not in document:
         return {}
-    section = _typed(document, "blocks", Mapping, "a mapping of block names to {inputs, params, layers}")
+    section = typed_at(document, "blocks", Mapping, "a mapping of block names to {inputs, params, layers}")
     blocks: dict[str, BlockSpec] = {}
     for name, body in section.items():
         location = section.key_locations[name]
-        _check_name(name, location, "block name")
+        check_name(name, location, "block name")
         _check_block_functions(name, location, reserved)
         if name in reserved:
             raise SpecError(f"block name '{name}' is already an op or a tensor name", location,
@@ -128,16 +130,16 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
         if not isinstance(body, Mapping):
             raise SpecError(f"block '{name}' must be a mapping with inputs, params and layers",
                             section.value_locations[name], "write `NAME: {inputs: [x], params: [w], layers: [...]}`")
-        _reject_unknown_keys(body, BLOCK_KEYS, f"block '{name}'")
+        reject_unknown_keys(body, BLOCK_KEYS, f"block '{name}'")
         for key in ("inputs", "layers"):
             if key not in body:
                 raise SpecError(f"block '{name}' has no '{key}'", body.location, f"add `{key}:` to the block")
-        inputs_seq = _typed(body, "inputs", Sequence, "a list of tensor names")
+        inputs_seq = typed_at(body, "inputs", Sequence, "a list of tensor names")
         if not inputs_seq:
             raise SpecError(f"block '{name}' has no inputs", body.value_locations["inputs"], "name at least one input")
         inputs = []
         for item, item_location in zip(inputs_seq, inputs_seq.item_locations):
-            _check_name(item, item_location, "block input")
+            check_name(item, item_location, "block input")
             _check_block_scope(item, item_location, "block input", name)
             inputs.append(item)
         params = _block_params(body, name)
@@ -148,7 +150,7 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
                 raise SpecError(f"block '{name}' names '{item}' twice among its inputs, params and hypers",
                                 body.location, "give each input, parameter and hyper its own name")
             known[item] = body.location
-        layers_seq = _typed(body, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
+        layers_seq = typed_at(body, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
         if not layers_seq:
             raise SpecError(f"block '{name}' has no layers", body.value_locations["layers"], "add at least one layer")
         layers, previous = [], inputs[0]
@@ -160,7 +162,7 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
             if "block" in layer:
                 raise SpecError(f"block '{name}' uses block '{layer['block']}' inside it", item_location,
                                 "blocks hold plain layers: inline the inner block's layers here")
-            layers.append(_with_hyper(_layer(layer, index, previous, known), dict(hyper)))
+            layers.append(_with_hyper(parse_layer(layer, index, previous, known), dict(hyper)))
             _check_block_scope(layers[-1].out, layers[-1].out_location, "output name", name)
             previous = layers[-1].out
             known[previous] = layers[-1].out_location
@@ -170,7 +172,7 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
             if item not in used:
                 raise SpecError(f"block '{name}' declares hyper '{item}' but none of its layers reads it",
                                 body.value_locations["hyper"], f"write `ARGUMENT: {item}` in a layer, or drop it")
-        output = _identifier(body, "output", kind="block output") if "output" in body else previous
+        output = identifier_at(body, "output", kind="block output") if "output" in body else previous
         if output not in {layer.out for layer in layers}:
             raise SpecError(f"block '{name}' outputs '{output}', which none of its layers makes",
                             body.value_locations.get("output", body.location), "name the `out:` of one of its layers")
@@ -192,7 +194,6 @@ def _check_block_functions(block: str, location: Location, reserved: set[str]) -
     """Refuse a block whose functions (``NAME_forward``, ``NAME_backward``: the template's suffixes)
     would take a name the module or the spec already gives something."""
     from .names import scan_template
-    from .spec import RESERVED_NAMES, RESERVED_PREFIXES
 
     for suffix in scan_template("structured.py.jinja").block_functions:
         function = block + suffix
@@ -219,8 +220,6 @@ def check_instance_names(blocks: dict[str, BlockSpec], layers, known: dict[str, 
 
 def _block_hyper(body, block: str) -> list[tuple[str, int]]:
     """``hyper: {stride: 1}``: each name an int argument of the layers may read, with its default."""
-    from .spec import Mapping, _check_name
-
     if "hyper" not in body:
         return []
     value, location = body["hyper"], body.value_locations["hyper"]
@@ -229,7 +228,7 @@ def _block_hyper(body, block: str) -> list[tuple[str, int]]:
                         "write e.g. `hyper: {stride: 1}`")
     hyper = []
     for name, default in value.items():
-        _check_name(name, value.key_locations[name], "block hyperparameter")
+        check_name(name, value.key_locations[name], "block hyperparameter")
         _check_block_scope(name, value.key_locations[name], "block hyperparameter", block)
         hyper.append((name, _hyper_int(default, value.value_locations[name], name)))
     return hyper
@@ -257,8 +256,6 @@ def _with_hyper(layer, hyper: dict):
 
 
 def _block_params(body, block: str) -> list[tuple[str, str]]:
-    from .spec import SOURCE, Mapping, Sequence, _check_name
-
     if "params" not in body:
         return []
     value, location = body["params"], body.value_locations["params"]
@@ -272,7 +269,7 @@ def _block_params(body, block: str) -> list[tuple[str, str]]:
                         "write `params: [w, b]` or `params: {conv1_weight: conv1.weight}`")
     params = []
     for name, key, item_location in keyed:
-        _check_name(name, item_location, "block parameter")
+        check_name(name, item_location, "block parameter")
         _check_block_scope(name, item_location, "block parameter", block)
         if not (isinstance(key, str) and SOURCE.match(key)):
             raise SpecError(f"block '{block}': the key of parameter '{name}' must be a dotted name, not {key!r}",
@@ -285,22 +282,20 @@ def parse_instance(layer, index: int, previous: str, known: dict[str, Location],
                    inputs) -> "object":
     """A layer ``{block: NAME, in: ..., params: {...} | prefix: P, out: ...}`` as a LayerSpec whose
     ``block`` names the block and whose ``binding`` maps each block param to a spec input."""
-    from .spec import LayerSpec, Sequence, _did_you_mean, _identifier, _known, _reject_unknown_keys, _string
-
-    _reject_unknown_keys(layer, INSTANCE_KEYS, f"layer {index + 1} (a block instance)")
-    name = _string(layer, "block")
+    reject_unknown_keys(layer, INSTANCE_KEYS, f"layer {index + 1} (a block instance)")
+    name = string_at(layer, "block")
     where = layer.value_locations["block"]
     if name not in blocks:
-        raise SpecError(f"unknown block '{name}'" + _did_you_mean(name, blocks), where,
+        raise SpecError(f"unknown block '{name}'" + did_you_mean(name, blocks), where,
                         "define it under `blocks:` or use one of: " + (", ".join(blocks) or "(none defined)"))
     block = blocks[name]
     if "in" in layer:
         value = layer["in"]
         if isinstance(value, Sequence):
-            sources = tuple((_known(item, item_location, known), item_location)
+            sources = tuple((defined(item, item_location, known), item_location)
                             for item, item_location in zip(value, value.item_locations))
         else:
-            sources = ((_known(_string(layer, "in"), layer.value_locations["in"], known), layer.value_locations["in"]),)
+            sources = ((defined(string_at(layer, "in"), layer.value_locations["in"], known), layer.value_locations["in"]),)
     else:
         sources = ((previous, layer.location),)
     if len(sources) != len(block.inputs):
@@ -309,7 +304,7 @@ def parse_instance(layer, index: int, previous: str, known: dict[str, Location],
                         f"list {len(block.inputs)} name(s) under 'in:'")
     binding = _binding(layer, block, known, inputs)
     hyper = _instance_hyper(layer, block)
-    out = _identifier(layer, "out", kind="output name") if "out" in layer else f"{name}_{index + 1}"
+    out = identifier_at(layer, "out", kind="output name") if "out" in layer else f"{name}_{index + 1}"
     out_location = layer.value_locations.get("out", layer.location)
     if out in known:
         raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
@@ -317,13 +312,11 @@ def parse_instance(layer, index: int, previous: str, known: dict[str, Location],
     return LayerSpec(index=index, op=name, sources=sources, arguments=(), out=out, location=layer.location,
                      op_location=where, out_location=out_location, implicit_in="in" not in layer,
                      block=name, binding=binding, hyper=hyper,
-                     offset=_offset(layer, _string(layer, "prefix") if "prefix" in layer else None))
+                     offset=_offset(layer, string_at(layer, "prefix") if "prefix" in layer else None))
 
 
 def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"], ...]:
     """``hyper: {stride: 2}``: the instance's value of each hyper it sets, and where it says so."""
-    from .spec import Mapping
-
     if "hyper" not in layer:
         return ()
     value = layer["hyper"]
@@ -341,8 +334,6 @@ def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"
 
 
 def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], ...]:
-    from .spec import Mapping, _known, _string
-
     explicit = {}
     if "params" in layer:
         value = layer["params"]
@@ -353,8 +344,8 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
             if param not in block.param_names:
                 raise SpecError(f"block '{block.name}' has no parameter '{param}'", value.key_locations[param],
                                 f"its parameters are: {', '.join(block.param_names) or '(none)'}")
-            explicit[param] = _known(_string(value, param), value.value_locations[param], known)
-    prefix = _string(layer, "prefix") if "prefix" in layer else None
+            explicit[param] = defined(string_at(value, param), value.value_locations[param], known)
+    prefix = string_at(layer, "prefix") if "prefix" in layer else None
     offset = _offset(layer, prefix)
     by_source = {item.source: item.name for item in inputs if item.source}
     names = {item.name for item in inputs}
@@ -408,7 +399,6 @@ def shifted(key: str, offset: int) -> str | None:
 def flatten(spec):
     """The same spec with every block instance written out as its layers: an inner node ``o`` of the
     instance whose ``out`` is ``I`` becomes ``I_o`` (its output ``I`` itself)."""
-    from .graph import _references
     from .rules import LAYER_RULES
 
     if not spec.blocks:
@@ -434,7 +424,7 @@ def flatten(spec):
             arguments = tuple(_hyper_value(argument, block, given)
                               if isinstance(argument.value, Hyper)
                               else dataclasses.replace(argument, value=_renamed(argument.value, renamed))
-                              if argument.name in operand_keys or _references(argument.value) else argument
+                              if argument.name in operand_keys or has_like(argument.value) else argument
                               for argument in inner.arguments)
             sources = tuple((renamed.get(source, source), location) for source, location in inner.sources)
             layers.append(dataclasses.replace(inner, index=len(layers), sources=sources, arguments=arguments, out=new))
@@ -453,8 +443,6 @@ def _hyper_value(argument, block: BlockSpec, given: dict):
 
 
 def _renamed(value, renamed: dict[str, str]):
-    from .spec import Like
-
     if isinstance(value, str):
         return renamed.get(value, value)
     if isinstance(value, Like):

@@ -343,7 +343,7 @@ def spec_certificate_cases(graph) -> list[tuple[str, dict, dict, tuple[str, ...]
 
 def _like_nodes(value) -> list[str]:
     """The nodes a spec value reads its sizes off (``{like: skip}``, in a list or alone)."""
-    from .spec import Like
+    from .spec_values import Like
 
     if isinstance(value, Like):
         return [value.node]
@@ -355,7 +355,7 @@ def _like_nodes(value) -> list[str]:
 def _plain(value):
     """A spec value as plain lists, dicts and scalars (the parser's located containers do not dump;
     ``{like: NODE}`` is written back as the spec writes it)."""
-    from .spec import Like
+    from .spec_values import Like
 
     if isinstance(value, Like):
         return {"like": value.node, **({"dims": list(value.dims)} if value.dims is not None else {})}

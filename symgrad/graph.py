@@ -18,7 +18,8 @@ from .algebra import Size, tensor
 from .errors import Location, SpecError
 from .rules import LAYER_RULES, LOSS_RULES
 from .rules.base import Checker, NodeSymbols, ParamContext, Rule
-from .spec import Like, Spec
+from .spec import Spec
+from .spec_values import Like, has_like
 
 
 @dataclass
@@ -117,9 +118,12 @@ def build_graph(spec: Spec, extra_rules: dict[str, Rule] | None = None) -> Graph
         nodes[node.name] = node
 
     if spec.outputs is not None:  # a spec that ends in outputs: their cotangents seed the reverse walk
-        from .outputs import outputs_node
+        from .outputs import Outputs
 
-        nodes["loss"] = outputs_node(spec, nodes)
+        entries = spec.outputs.entries  # one end node, named ``loss`` as every graph's end is
+        nodes["loss"] = Node("loss", "loss", spec.outputs.location, Outputs(len(entries)),
+                             operands={f"output_{index}": node for index, (_, node, _) in enumerate(entries)},
+                             params={"reduction": "none"})
         _infer_shapes(nodes)
         graph = Graph(spec, nodes, tuple(name for name, _ in spec.wrt))
         _check_reachability(graph)
@@ -193,7 +197,7 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
             hint = difflib.get_close_matches(name, known, n=1) if name not in rule.argument_hints else []
             raise SpecError(f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
                             location, rule.argument_hints.get(name, f"{rule.op} takes: {', '.join(known)}"))
-        if _references(value):  # resolved once the shapes before it are known (_infer_shapes)
+        if has_like(value):  # resolved once the shapes before it are known (_infer_shapes)
             node.params[name] = value
             continue
         context = ParamContext(rule.op, name, location, rule.spatial_dims())
@@ -219,16 +223,14 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
                                 node.location, f"declare '{source}' with `dtype: int64`")
 
 
-def _references(value: Any) -> bool:
-    """Whether an argument reads a size from a node: ``{like: NODE}``, itself or in a list."""
-    return isinstance(value, Like) or (isinstance(value, list) and any(isinstance(item, Like) for item in value))
+_references = has_like  # structure.py's name for it (wt-one's file: PENDING in tests/test_source_layout.py)
 
 
 def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
     """Turn each ``{like: NODE}`` param into the rule's size expressions (``NODE.shape[2]``), now that
     NODE's rank and the layer's input are known; a param that takes no reference says so (its normaliser)."""
     for name, value in node.params.items():
-        if not _references(value):
+        if not has_like(value):
             continue
         source = node.operands.get("input")
         own = nodes[source].shape if source else ()

@@ -54,16 +54,6 @@ class Outputs(Rule):
         return GRAD_OUTPUTS
 
 
-def outputs_node(spec, nodes: dict) -> "object":
-    """The graph's end node for ``spec.outputs``, named ``loss`` as every graph's end is."""
-    from .graph import Node
-
-    entries = spec.outputs.entries
-    return Node("loss", "loss", spec.outputs.location, Outputs(len(entries)),
-                operands={f"output_{index}": node for index, (_, node, _) in enumerate(entries)},
-                params={"reduction": "none"})
-
-
 # ----- the checks: an outputs-form module seen as a loss-ending one ------------------------------------
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
-from .layout import _shape
+from .layout import target_shape
 from .shared import show_dims
 
 
@@ -45,7 +45,7 @@ class Expand(Rule):
     op = "expand"
     traced_elsewhere = "x.expand(...) and x.expand_as(y): the tracer's expand handler (sizes read at run time)"
     operands = (Operand("input", from_in=True),)
-    params = {"shape": Param(None, _shape)}
+    params = {"shape": Param(None, target_shape)}
     summary = "broadcast size-1 dims (and new leading dims) to shape, without copying"
     linear_in = ("input",)
 

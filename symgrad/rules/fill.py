@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from ..algebra import CONSTANT, Size, op, primitive
-from ..spec import Like
+from ..spec_values import Like
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, finite_float, ints
 
 

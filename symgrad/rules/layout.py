@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
-from ..spec import Like, size_expression
+from ..spec_values import Like, size_expression
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 
 
@@ -52,7 +52,7 @@ class Flatten(Rule):
         return self.op, "out = input with dims start_dim..end_dim merged", "grad_input = grad_out.reshape(input.shape)"
 
 
-def _shape(value, context: ParamContext) -> tuple:
+def target_shape(value, context: ParamContext) -> tuple:
     """``reshape``'s target: ints (one may be -1) and sizes read from nodes at run time, ``{like: x}`` (x's
     size at the same position) or ``{like: x, dims: [2, 3]}`` (``x.shape[2] * x.shape[3]``)."""
     if not isinstance(value, list) or not any(isinstance(item, Like) for item in value):
@@ -78,7 +78,7 @@ class Reshape(Flatten):
     op = "reshape"
     calls = ()
     traced_elsewhere = "view, reshape, view_as and reshape_as calls: the tracer's reshape handlers"
-    params = {"shape": Param(None, _shape)}
+    params = {"shape": Param(None, target_shape)}
     summary = "the same entries in another shape"
 
     def reference(self, arguments, params):

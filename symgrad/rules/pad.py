@@ -12,7 +12,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, op, primitive
-from ..spec import Like
+from ..spec_values import Like
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, choice, finite_float, ints
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import CONSTANT, LINEAR, keyword_arguments, op, primitive, show_ints
-from ..spec import Like
+from ..spec_values import Like
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice, ints
 
 

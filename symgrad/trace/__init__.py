@@ -40,7 +40,8 @@ import yaml
 from ..check import available_memory
 from ..errors import SpecError, SymgradError
 from ..graph import build_graph
-from ..spec import check_identifier, parse_spec
+from ..spec import parse_spec
+from ..spec_values import check_identifier
 from .constants import at_full_precision
 from .dataflow import Problem, Source, fitted, plain_name, report
 from .errors import Refusal, TraceError

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..spec import MAX_NAME
+from ..spec_yaml import MAX_NAME
 from .recorder import Call
 
 

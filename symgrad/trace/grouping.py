@@ -16,7 +16,7 @@ import re
 
 import torch
 
-from ..spec import check_identifier
+from ..spec_values import check_identifier
 from .dataflow import fitted, numbered
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -195,7 +195,7 @@ def _last_readers(spec: dict) -> dict[str, int]:
 
 def _local_name(name: str) -> str:
     """``name`` as a block-local name the spec accepts (``0_weight``, a Sequential child's: ``m0_weight``)."""
-    from ..spec import check_identifier
+    from ..spec_values import check_identifier
 
     if name and check_identifier(name) is None:
         return name

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..rules import LAYER_RULES
-from ..spec import check_identifier
+from ..spec_values import check_identifier
 from . import attention, loss_tail, random_masks, views
 from .constants import constant_layer
 from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_number, literal, numbered,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..spec import check_identifier
+from ..spec_values import check_identifier
 from .dataflow import Reduction, report
 from .errors import TraceError
 from .layers import SpecBuilder

@@ -177,7 +177,7 @@ def spec_size(value: Any, resolve) -> dict | None:
     if text is None:
         return None
     try:  # the tracer writes only what the spec reads back to the same value
-        from ..spec import size_expression
+        from ..spec_values import size_expression
         by_dim = {symbol.dim: symbol for symbol in expr.free_symbols}
         if sympy.simplify(size_expression(text, lambda dim: by_dim[dim]) - expr) != 0:
             return None

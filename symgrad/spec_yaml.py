@@ -1,0 +1,129 @@
+"""A spec's YAML, read with the location of every node (``Mapping``, ``Sequence``), and the limits that
+keep reading it bounded: size, nesting, node count, and the length of keys and names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .errors import Location, SpecError, cut
+
+MAX_SPEC_BYTES = 1 << 20
+MAX_NESTING = 32
+MAX_YAML_NODES = 100_000
+MAX_NAME = 64
+"""The longest name (and so the longest op name or key) a spec may hold."""
+MAX_PATH = 1000
+"""The longest module path a spec's ``fingerprint:`` keys (``stages.3.blocks.2.token_mixer...``) may have."""
+
+
+class Mapping(dict):
+    """A YAML mapping that remembers where it, each key and each value stand in the file."""
+
+    location: Location
+    key_locations: dict[str, Location]
+    value_locations: dict[str, Location]
+
+
+class Sequence(list):
+    """A YAML sequence that remembers where it and each item stand in the file."""
+
+    location: Location
+    item_locations: list[Location]
+
+
+def _location(file: str, mark: yaml.Mark | None) -> Location:
+    if mark is None:
+        return Location(file, 1, 1)
+    return Location(file, mark.line + 1, mark.column + 1)
+
+
+def load_yaml(text: str, file: str) -> Mapping:
+    """Parse ``text`` with PyYAML's safe loader, keeping the location of every node.
+
+    Anchors and aliases are refused outright: a spec never needs them, and refusing them removes
+    the "billion laughs" expansion attack. Size, nesting and node count are bounded too.
+    """
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise SpecError(f"spec is larger than the {MAX_SPEC_BYTES} byte limit", Location(file, 1, 1),
+                        "split it or remove what it does not need")
+    try:
+        depth = 0  # the event stream is parsed without recursion; PyYAML's composer recurses, so bound it first
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise SpecError("YAML anchors and aliases are not allowed in a spec",
+                                _location(file, event.start_mark), "write the value out in full")
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING + 1:
+                    raise SpecError(f"spec is nested deeper than {MAX_NESTING} levels", _location(file, event.start_mark),
+                                    "flatten the structure; specs need at most 4 levels")
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                raise SpecError("the spec is empty", Location(file, 1, 1),
+                                "start from `symgrad init`, or read `symgrad spec-help`")
+            counter = [0]
+            value = _convert(root, loader, file, 0, counter)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        problem = error.problem or error.context or "malformed YAML"
+        raise SpecError(f"malformed YAML: {problem}", _location(file, mark),
+                        "check the indentation, colons and brackets on this line") from None
+    except yaml.YAMLError as error:  # pragma: no cover - PyYAML raises marked errors for text input
+        raise SpecError(f"malformed YAML: {error}", Location(file, 1, 1), "fix the YAML syntax") from None
+    if not isinstance(value, Mapping):
+        raise SpecError("the spec must be a YAML mapping with keys name, inputs, layers, loss, wrt",
+                        _location(file, root.start_mark), "`symgrad spec-help` prints the format")
+    return value
+
+
+def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, counter: list[int]) -> Any:
+    counter[0] += 1
+    if counter[0] > MAX_YAML_NODES:
+        raise SpecError(f"spec has more than {MAX_YAML_NODES} YAML nodes", _location(file, node.start_mark),
+                        "a layer chain never needs this many; remove the excess")
+    if depth > MAX_NESTING:
+        raise SpecError(f"spec is nested deeper than {MAX_NESTING} levels", _location(file, node.start_mark),
+                        "flatten the structure; specs need at most 4 levels")
+    if isinstance(node, yaml.MappingNode):
+        result = Mapping()
+        result.location = _location(file, node.start_mark)
+        result.key_locations, result.value_locations = {}, {}
+        for key_node, value_node in node.value:
+            key = _convert(key_node, loader, file, depth + 1, counter)
+            key_location = _location(file, key_node.start_mark)
+            if not isinstance(key, str):
+                raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")
+            limit = MAX_PATH if "." in key else MAX_NAME  # a module path (fingerprint:) or a name
+            if len(key) > limit:  # no key or name (an input's, a block's) of a spec is this long: echoed cut
+                raise SpecError(f"key {cut(key)!r} is {len(key)} characters, longer than any key or name a spec "
+                                f"holds", key_location, f"shorten the name to at most {limit} characters "
+                                "(`symgrad spec-help` lists the keys)")
+            if key in result:
+                first = result.key_locations[key]
+                raise SpecError(f"duplicate key '{key}' (first given on line {first.line})", key_location,
+                                "remove one of the two")
+            result[key] = _convert(value_node, loader, file, depth + 1, counter)
+            result.key_locations[key] = key_location
+            result.value_locations[key] = _location(file, value_node.start_mark)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        result = Sequence()
+        result.location = _location(file, node.start_mark)
+        result.item_locations = []
+        for item in node.value:
+            result.append(_convert(item, loader, file, depth + 1, counter))
+            result.item_locations.append(_location(file, item.start_mark))
+        return result
+    try:
+        return loader.construct_object(node)
+    except ValueError:  # an int of more than 4,300 digits (Python's limit on converting a string)
+        raise SpecError(f"the number {cut(node.value)} has {len(node.value)} characters, too long to read",
+                        _location(file, node.start_mark), "write a number that fits a 64-bit int or a float") from None
