@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 __all__ = ["BindError", "Bound", "Generated", "SpecError", "SymgradError", "__version__", "bind", "generate"]
 
-_LAZY = {"Generated": "api", "generate": "api", "SpecError": "errors", "SymgradError": "errors", "bind": "binding",
+_LAZY = {"Generated": "api", "generate": "api", "SpecError": "errors", "SymgradError": "errors", "bind": "bound_model",
          "Bound": "binding", "BindError": "binding"}
 
 

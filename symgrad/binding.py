@@ -66,7 +66,7 @@ class _Statistics:
     calls: int = 1
 
 
-class _Guard:
+class Guard:
     """What a bound form reads off its generated module and checks at each call (both forms: :class:`Bound`
     and :class:`symgrad.bound_model.BoundModel` per mode): the model as bound, every mode as traced,
     every tensor that requires grad given its gradient, devices, and sizes on meta tensors (nothing moves
@@ -87,7 +87,7 @@ class _Guard:
             sources = {key: (key, tuple(value.shape)) for key, value in state.items()
                        if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
         if not isinstance(sources, dict) or not hasattr(generated, self._ENTRY):
-            raise BindError(f"{_name(generated)} was not generated from a traced model (it has no SOURCES table) "
+            raise BindError(f"{name_of(generated)} was not generated from a traced model (it has no SOURCES table) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
         arguments = list(inspect.signature(generated.forward).parameters)
         self.sources = sources
@@ -116,11 +116,11 @@ class _Guard:
         for statistics in self._statistics:
             if (statistics.module.momentum is None) != (statistics.momentum is None) or (
                     statistics.momentum is not None and statistics.module.momentum != statistics.momentum):
-                raise BindError(f"{_name(generated)} was traced with momentum {statistics.momentum} for "
+                raise BindError(f"{name_of(generated)} was traced with momentum {statistics.momentum} for "
                                 f"{sources[statistics.mean][0].rsplit('.', 1)[0]}, and the model has "
                                 f"{statistics.module.momentum} (fix: trace the model again)")
             if statistics.momentum is None and statistics.calls > 1:
-                raise BindError(f"{_name(generated)}: {sources[statistics.mean][0].rsplit('.', 1)[0]} is a "
+                raise BindError(f"{name_of(generated)}: {sources[statistics.mean][0].rsplit('.', 1)[0]} is a "
                                 f"momentum=None BatchNorm the forward runs {statistics.calls} times, whose running "
                                 "statistics a bound step cannot move as the module does (fix: give it a momentum, "
                                 "e.g. 0.1, and trace again)")
@@ -193,13 +193,13 @@ class _Guard:
         (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
         for parent, name, child in self._children:
             if parent._modules.get(name) is not child:
-                raise BindError(f"{_name(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
+                raise BindError(f"{name_of(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
                                 f"or removed after bind (fix: bind the model again: {_retrace(self.generated, self.model)} "
                                 "if it changed what it computes)")
         for path, module, key, value in self._hypers:
             now = getattr(module, key, _MISSING)
             if now is not value and now != value:
-                raise BindError(f"{_name(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
+                raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
                                 f"{key}={now!r} since bind, traced with {value!r} (fix: set it back, or trace and "
                                 f"generate the changed model: {_retrace(self.generated, self.model)})")
 
@@ -211,9 +211,9 @@ class _Guard:
             path, module, training = wrong[0]
             traced, now = ("train", "eval") if training else ("eval", "train")
             if len(wrong) == len(self._modes) and len({entry[2] for entry in self._modes}) == 1:
-                raise BindError(f"{_name(self.generated)} was traced in {traced} mode, and the model is now in {now} "
+                raise BindError(f"{name_of(self.generated)} was traced in {traced} mode, and the model is now in {now} "
                                 f"mode (fix: call model.{traced}(), or trace and generate the other mode too)")
-            raise BindError(f"{_name(self.generated)} was traced with {path or 'the model'} "
+            raise BindError(f"{name_of(self.generated)} was traced with {path or 'the model'} "
                             f"({type(module).__name__}) in {traced} mode, and it is now in {now} mode (fix: call "
                             f".{traced}() on it after model.{now}(), or trace and generate this mode: "
                             f"{_retrace(self.generated, self.model)})")
@@ -222,7 +222,7 @@ class _Guard:
                 owner.training for owner, attribute in self._state.values() if attribute == "running_mean"}
             if modes != {self._traced_training}:
                 traced = "train" if self._traced_training else "eval"
-                raise BindError(f"{_name(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
+                raise BindError(f"{name_of(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
                                 f"modules are now in {'eval' if traced == 'train' else 'train'} mode (fix: call "
                                 f"model.{traced}(), or trace and generate the other mode too)")
 
@@ -233,13 +233,13 @@ class _Guard:
         for name in self._constant_data:
             value = data[name]
             if isinstance(value, torch.Tensor) and value.requires_grad:
-                raise BindError(f"{_name(self.generated)}: {name} requires grad, and the module computes no "
+                raise BindError(f"{name_of(self.generated)}: {name} requires grad, and the module computes no "
                                 f"gradient for it (traced without it in wrt) (fix: pass {name}.detach(), or trace "
                                 f"with --wrt naming {name} and generate again)")
         for key, name in self._undifferentiated:
             value = arguments[name]
             if value.requires_grad:
-                raise BindError(f"{_name(self.generated)}: {key} requires grad, and the module computes no "
+                raise BindError(f"{name_of(self.generated)}: {key} requires grad, and the module computes no "
                                 f"gradient for it (it was frozen when traced) (fix: freeze it again with "
                                 f"requires_grad_(False), or trace the model as it is now: "
                                 f"{_retrace(self.generated, self.model)})")
@@ -248,7 +248,7 @@ class _Guard:
         device = next((value.device for name, value in arguments.items() if name not in data), None)
         for name, value in data.items():
             if device is not None and value.device != device:
-                raise BindError(f"{_name(self.generated)}: {name} is on {value.device}, and the model on {device} "
+                raise BindError(f"{name_of(self.generated)}: {name} is on {value.device}, and the model on {device} "
                                 f"(fix: pass {name}.to('{device}'))")
 
     def _check_sizes(self, data: dict, arguments: dict) -> None:
@@ -283,7 +283,7 @@ class _Guard:
             except Exception as error:
                 shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in data.items()
                                    if isinstance(value, torch.Tensor))
-                raise BindError(f"{_name(self.generated)} cannot take {shapes}: {_first_line(error)} "
+                raise BindError(f"{name_of(self.generated)} cannot take {shapes}: {_first_line(error)} "
                                 "(fix: pass the inputs the model takes; nothing was moved)") from None
         self._checked.add(key)
 
@@ -298,7 +298,7 @@ class _Guard:
                 self.generated.forward(**{name: values[name] for name in self._arguments})
 
 
-class Bound(_Guard, torch.nn.Module):
+class Bound(Guard, torch.nn.Module):
     """``model`` with its generated explicit gradients; see :func:`bind`. An ordinary ``nn.Module``:
     ``copy.deepcopy``, ``pickle`` and ``torch.save`` work; it keeps the generated module by its file
     or import name, and binds it again (with every check) when unpickled."""
@@ -307,7 +307,7 @@ class Bound(_Guard, torch.nn.Module):
         super().__init__()
         self.model = model
         self.allow_edited = allow_edited
-        self._reference = _reference(generated)
+        self._reference = generated_reference(generated)
         self._setup(generated)
 
 
@@ -317,14 +317,14 @@ class Bound(_Guard, torch.nn.Module):
         missing = [name for name in self.data_arguments if name not in data]
         if positional or unknown or missing:
             raise BindArgumentError(
-                f"{_name(self.generated)} takes the data arguments {', '.join(self.data_arguments)}, by keyword"
+                f"{name_of(self.generated)} takes the data arguments {', '.join(self.data_arguments)}, by keyword"
                 + (f"; given {len(positional)} by position" if positional else "")
                 + (f"; unknown: {', '.join(unknown)}" if unknown else "")
                 + (f"; missing: {', '.join(missing)}" if missing else "")
                 + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))")
         for name, value in data.items():
             if not isinstance(value, torch.Tensor):
-                raise BindArgumentError(f"{_name(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
+                raise BindArgumentError(f"{name_of(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
                                         f"(fix: pass torch.as_tensor({name}))")
         arguments, previous = self._checked_arguments(data)
         if self.structured:
@@ -350,14 +350,14 @@ class Bound(_Guard, torch.nn.Module):
         """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
         range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
         self._count()
-        return BindError(f"{_name(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
+        return BindError(f"{name_of(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
                          "their statistics, as the model's forward does before its loss fails; fix: pass the "
                          "inputs the model takes)")
 
 
     def __getstate__(self):
         if self._reference is None:
-            raise BindError(f"{_name(self.generated)} was not loaded from a file, so a copy of the bound model "
+            raise BindError(f"{name_of(self.generated)} was not loaded from a file, so a copy of the bound model "
                             "cannot find it again (fix: bind the generated file's path, "
                             "symgrad.bind('generated/NAME.py', model))")
         state = dict(self.__dict__)
@@ -368,7 +368,7 @@ class Bound(_Guard, torch.nn.Module):
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
         kind, where = self._reference
-        self._setup(_load(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where))
+        self._setup(load_generated(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where))
 
     def __deepcopy__(self, memo):
         memo[id(self.generated)] = self.generated  # a module is shared, as copy.deepcopy shares functions
@@ -407,28 +407,6 @@ class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_edited: bool = False) -> Bound:
-    """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
-    by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
-
-    Returns an ``nn.Module``: call it with the data arguments by keyword (``step(x=images,
-    target=labels)``) to get the loss; ``.backward()`` fills ``.grad`` of the model's parameters.
-    Raises :class:`BindError` when the model differs from the one traced (its submodules' classes,
-    code, hyper-parameters, parameter names and shapes: the module's ``FINGERPRINT``), and when the
-    generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
-    a module without a fingerprint unchecked).
-    """
-    if isinstance(generated, (str, Path)):
-        generated = _load(Path(generated), allow_edited)
-    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
-    if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
-        from .bound_model import BoundModel
-
-        return BoundModel(generated, model, allow_edited=allow_edited)
-    return Bound(generated, model, allow_edited)
-
-
 def check_generated(generated: ModuleType, allow_edited: bool = False) -> None:
     """Refuse a generated file that is not as symgrad wrote it (its header's content hash), unless
     ``allow_edited``. A module made in memory, without a file, has no header to read."""
@@ -460,12 +438,12 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
     if fingerprint is None:
         if allow_edited:
             return None
-        raise BindError(f"{_name(generated)} records no fingerprint of the model it was traced from (generated by "
+        raise BindError(f"{name_of(generated)} records no fingerprint of the model it was traced from (generated by "
                         "an older symgrad, or from a spec written by hand), so bind cannot check the model "
                         f"(fix: {_retrace(generated, model)}, or bind(..., allow_edited=True) to bind it unchecked)")
     problem = difference(fingerprint, model, any_width=bool(getattr(generated, "STRUCTURED", False)))
     if problem:
-        raise BindError(f"{_name(generated)} does not fit {type(model).__name__}: {problem} "
+        raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {problem} "
                         f"(fix: {_retrace(generated, model)})")
     return fingerprint
 
@@ -486,7 +464,7 @@ def _spec_of(generated: ModuleType) -> str:
     return match.group(1) if match else "SPEC.yaml"
 
 
-def _reference(generated: ModuleType) -> tuple[str, str] | None:
+def generated_reference(generated: ModuleType) -> tuple[str, str] | None:
     """How to find ``generated`` again in another process: its import name or its file."""
     name = getattr(generated, "__name__", None)
     if name and sys.modules.get(name) is generated and not name.startswith("_symgrad_bound_"):
@@ -518,11 +496,11 @@ def _check_matches(generated: ModuleType, model: torch.nn.Module, sources: dict[
             problems.append(f"{key} has shape {list(state[key].shape)}, traced as {list(shape)}")
     if problems:
         more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
-        raise BindError(f"{_name(generated)} does not fit {type(model).__name__}: {'; '.join(problems[:3])}{more} "
+        raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {'; '.join(problems[:3])}{more} "
                         "(fix: bind the module generated from this model, or trace the changed model again)")
 
 
-def _load(path: Path, allow_edited: bool = False) -> ModuleType:
+def load_generated(path: Path, allow_edited: bool = False) -> ModuleType:
     """The generated module at ``path``, imported once its header says symgrad wrote it as it is."""
     if not path.is_file():
         raise BindError(f"no generated module at {path} (fix: check the path)")
@@ -538,10 +516,10 @@ def _load(path: Path, allow_edited: bool = False) -> ModuleType:
 
 
 def _missing(generated: ModuleType, model: torch.nn.Module, key: str) -> BindError:
-    return BindError(f"{_name(generated)} does not fit {type(model).__name__}: it reads {key}, which is not a "
+    return BindError(f"{name_of(generated)} does not fit {type(model).__name__}: it reads {key}, which is not a "
                      "parameter or buffer of the model (fix: bind the module generated from this model, or trace "
                      "the changed model again)")
 
 
-def _name(generated: ModuleType) -> str:
+def name_of(generated: ModuleType) -> str:
     return getattr(generated, "__name__", "the generated module").removeprefix("_symgrad_bound_")

@@ -19,7 +19,7 @@ running statistics, no dropout, the eval-mode outputs). In training mode BatchNo
 statistics and ``num_batches_tracked`` move exactly as the model's own forward moves them.
 
 Every call makes the checks of the loss-ending form (:class:`symgrad.binding.Bound`, shared through
-``binding._Guard``), against the module that serves the model's current mode: the model as bound
+``binding.Guard``), against the module that serves the model's current mode: the model as bound
 (submodules, hyper-parameters), each BatchNorm and dropout in the mode that module was traced in, an
 input outside wrt or a parameter frozen when traced that requires grad (refused: it would get no
 gradient), devices, and the sizes on meta tensors first, so a call the model refuses (PyTorch's own
@@ -39,12 +39,12 @@ from types import ModuleType
 
 import torch
 
-from .binding import BindError, _Guard, _load, _name, _reference
+from .binding import BindError, Bound, Guard, name_of, generated_reference, load_generated
 
 
-class _Mode(_Guard):
+class _Mode(Guard):
     """One generated module (of one mode) bound to the model's tensors, with the checks of
-    :class:`symgrad.binding.Bound` at every call (``_Guard``)."""
+    :class:`symgrad.binding.Bound` at every call (``Guard``)."""
 
     _ENTRY = "outputs_with_explicit_backward"
 
@@ -82,7 +82,7 @@ class BoundModel(torch.nn.Module):
         self.model = model
         self.allow_edited = allow_edited
         self._build(generated, eval_module)
-        self._references = [_reference(mode.generated) for mode in self._modes]
+        self._references = [generated_reference(mode.generated) for mode in self._modes]
         self._signature = inspect.signature(model.forward)
 
     def _build(self, generated: ModuleType, eval_module: ModuleType | None = None) -> None:
@@ -95,10 +95,10 @@ class BoundModel(torch.nn.Module):
             where = getattr(generated, "__file__", None)
             path = Path(where).with_name(f"{eval_name}.py") if where else None
             if path is None or not path.is_file():
-                raise BindError(f"{_name(generated)} names its eval-mode module {eval_name}, and there is no "
+                raise BindError(f"{name_of(generated)} names its eval-mode module {eval_name}, and there is no "
                                 f"{path or eval_name + '.py'} beside it (fix: symgrad generate the eval spec that "
                                 "symgrad trace wrote beside the train spec into the same folder, and bind by path)")
-            eval_module = _load(path, allow_edited)
+            eval_module = load_generated(path, allow_edited)
         if eval_module is not None:
             modes.append(_Mode(eval_module, model, allow_edited))
             modes[0].training, modes[1].training = True, False
@@ -107,7 +107,7 @@ class BoundModel(torch.nn.Module):
     def __getstate__(self):
         for mode, reference in zip(self._modes, self._references):
             if reference is None:
-                raise BindError(f"{_name(mode.generated)} was not loaded from a file, so a copy of the bound model "
+                raise BindError(f"{name_of(mode.generated)} was not loaded from a file, so a copy of the bound model "
                                 "cannot find it again (fix: bind the generated file's path, "
                                 "symgrad.bind('generated/NAME.py', model))")
         state = dict(self.__dict__)
@@ -116,7 +116,7 @@ class BoundModel(torch.nn.Module):
 
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
-        modules = [_load(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where)
+        modules = [load_generated(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where)
                    for kind, where in self._references]
         self._build(modules[0], modules[1] if len(modules) > 1 else None)
         self._signature = inspect.signature(self.model.forward)
@@ -140,7 +140,7 @@ class BoundModel(torch.nn.Module):
         mode = self._mode()
         missing = [name for name in mode.data_arguments if name not in bound.arguments]
         if missing:
-            raise TypeError(f"{_name(mode.generated)} takes the data arguments {', '.join(mode.data_arguments)}; "
+            raise TypeError(f"{name_of(mode.generated)} takes the data arguments {', '.join(mode.data_arguments)}; "
                             f"missing: {', '.join(missing)}")
         return mode({name: bound.arguments[name] for name in mode.data_arguments})
 
@@ -150,6 +150,30 @@ class BoundModel(torch.nn.Module):
             if mode.training is None or mode.training == training:
                 return mode
         traced = "train" if self._modes[0].training else "eval"
-        raise BindError(f"{_name(self.generated)} was traced in {traced} mode only, and the model is now in "
+        raise BindError(f"{name_of(self.generated)} was traced in {traced} mode only, and the model is now in "
                         f"{'train' if training else 'eval'} mode (fix: call model.{traced}(), or trace without "
                         "--eval/--train so that symgrad traces both modes)")
+
+
+def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
+         allow_edited: bool = False) -> Bound | BoundModel:
+    """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
+    by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
+
+    Returns an ``nn.Module``: call it with the data arguments by keyword (``step(x=images,
+    target=labels)``) to get the loss; ``.backward()`` fills ``.grad`` of the model's parameters.
+    Raises :class:`BindError` when the model differs from the one traced (its submodules' classes,
+    code, hyper-parameters, parameter names and shapes: the module's ``FINGERPRINT``), and when the
+    generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
+    a module without a fingerprint unchecked).
+
+    Here, above both bound forms: a module that ends in outputs binds as :class:`BoundModel`, one that
+    ends in a loss as :class:`symgrad.binding.Bound`.
+    """
+    if isinstance(generated, (str, Path)):
+        generated = load_generated(Path(generated), allow_edited)
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
+    if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
+        return BoundModel(generated, model, allow_edited=allow_edited)
+    return Bound(generated, model, allow_edited)

@@ -39,12 +39,11 @@ positions the forward never reached, so they are cropped when ``s > d`` can make
 
 from __future__ import annotations
 
-import dataclasses
-
 import sympy
 
-from ..algebra import PRIMITIVES, LINEAR, Size, TensorOp, keyword_arguments, op, primitive, shape_text, show_ints
+from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, op, primitive, shape_text, show_ints
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, int_tuple, positive_int
+from .shared import affine_tangent
 
 
 def _padding(value, context: ParamContext):
@@ -83,7 +82,7 @@ def _conv_latex(operands, params, show):
     return rf"{operands[1]} \star{_math_args(params, show)} {operands[0]}{bias}"
 
 
-primitive("conv", code=_conv_code, latex=_conv_latex, tangent=None, fresh=True)  # set below, once _affine_tangent exists
+primitive("conv", code=_conv_code, latex=_conv_latex, tangent=affine_tangent("conv"), fresh=True)
 
 
 def _transpose_code(operands, params, show):
@@ -97,28 +96,8 @@ def _transpose_latex(operands, params, show):
     return rf"{weight}^{{\top}} \star{_math_args(params, show)} {source}" + (f" + {bias[0]}" if bias else "")
 
 
-def _affine_tangent(kind: str):
-    """op(x, w) + b is bilinear in (x, w) and affine in b: d = op(dx, w, db) + op(x, dw)."""
-
-    def tangent(expr: TensorOp, tangent_of):
-        x, w, *bias = expr.operands
-        dx, dw = tangent_of(x), tangent_of(w)
-        db = tangent_of(bias[0]) if bias else 0
-        terms = []
-        if dx != 0 or db != 0:
-            x_part = dx if dx != 0 else op("zeros_like", x)  # only the bias moves: op(0, w) + db
-            terms.append(TensorOp(kind, expr.params, x_part, w, *([db] if db != 0 else [])))
-        if dw != 0:
-            terms.append(TensorOp(kind, expr.params, x, dw))
-        return sum(terms, sympy.Integer(0))
-
-    return tangent
-
-
-PRIMITIVES["conv"] = dataclasses.replace(PRIMITIVES["conv"], tangent=_affine_tangent("conv"))
-
 # the input adjoint of conv, and the forward of conv_transpose: one definition
-primitive("conv_transpose", code=_transpose_code, latex=_transpose_latex, tangent=_affine_tangent("conv_transpose"))
+primitive("conv_transpose", code=_transpose_code, latex=_transpose_latex, tangent=affine_tangent("conv_transpose"))
 
 
 def _weight_grad_code(operands, params, show):

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, NodeSymbols, Operand, Rule
-from .conv import _affine_tangent
+from .shared import affine_tangent
 
 primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
           latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
-          tangent=_affine_tangent("linear"), fresh=True)
+          tangent=affine_tangent("linear"), fresh=True)
 primitive("matmul", code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
           latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}", tangent=LINEAR)
 primitive("matmul_transposed", code=lambda operands, params, show: (

@@ -1,9 +1,12 @@
 """Tensor primitives that several rules and the reverse walk use: sums over dims, sums back to a
-broadcast operand's shape, zeros, one entry of a tuple. Each rule's own primitives (a convolution's
-backward, a pool's scatter) stay beside that rule.
+broadcast operand's shape, zeros, one entry of a tuple; and the tangent of an op affine in its input,
+weight and bias (conv, conv_transpose, linear). Each rule's own primitives (a convolution's backward,
+a pool's scatter) stay beside that rule.
 """
 
 from __future__ import annotations
+
+import sympy
 
 from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive
 
@@ -49,3 +52,21 @@ primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({
 
 primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
           latex=lambda operands, params, show: f"{{{operands[0]}}}_{{{params['index']}}}", tangent=LINEAR)
+
+
+def affine_tangent(kind: str):
+    """op(x, w) + b is bilinear in (x, w) and affine in b: d = op(dx, w, db) + op(x, dw)."""
+
+    def tangent(expr: TensorOp, tangent_of):
+        x, w, *bias = expr.operands
+        dx, dw = tangent_of(x), tangent_of(w)
+        db = tangent_of(bias[0]) if bias else 0
+        terms = []
+        if dx != 0 or db != 0:
+            x_part = dx if dx != 0 else op("zeros_like", x)  # only the bias moves: op(0, w) + db
+            terms.append(TensorOp(kind, expr.params, x_part, w, *([db] if db != 0 else [])))
+        if dw != 0:
+            terms.append(TensorOp(kind, expr.params, x, dw))
+        return sum(terms, sympy.Integer(0))
+
+    return tangent
