@@ -206,3 +206,13 @@ def test_a_trace_hook_keyed_by_no_rule_fails_at_import():
     assert set(HOOKS) <= set(LAYER_RULES)
     with pytest.raises(ImportError, match="no rule declares: maxpool2d "):
         checked({"max_pool1d": max_pool, "maxpool2d": max_pool})
+
+
+def test_a_trace_hook_written_as_a_method_of_the_walk_fails_at_import():
+    """The walk used to find ``SpecBuilder._<op>`` by name; a hook still written that way is refused."""
+    from symgrad.trace.layers import SpecBuilder, refuse_method_hooks
+
+    refuse_method_hooks(SpecBuilder)
+    stale = type("Stale", (SpecBuilder,), {"_hardswish": lambda self, op, bound, call: None})
+    with pytest.raises(ImportError, match="nothing calls: _hardswish "):
+        refuse_method_hooks(stale)

@@ -396,3 +396,15 @@ class SpecBuilder:
         fix = FIXES.get(call.name, "write it with the ops `symgrad ops` lists" if reads_traced
                         else "pass the tensor to the traced function as an argument")
         self.fail(call, what, fix)
+
+
+def refuse_method_hooks(builder_class: type) -> None:
+    """Refuse a method named ``_<op>`` for a rule's op: the walk once found hooks by that name, and no
+    longer calls one (``op_hooks.HOOKS`` does), so such a method would be dropped without a word."""
+    stray = sorted(name for name in vars(builder_class) if name.startswith("_") and name[1:] in LAYER_RULES)
+    if stray:
+        raise ImportError(f"{builder_class.__name__} has per-op methods that nothing calls: {', '.join(stray)} (fix: "
+                          "move each into symgrad/trace/op_hooks.py as hook(builder, op, bound, call) in HOOKS)")
+
+
+refuse_method_hooks(SpecBuilder)
