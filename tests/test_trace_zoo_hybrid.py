@@ -1,6 +1,7 @@
-"""timm's remaining transformer, hybrid and CNN families (``tests/zoo_hybrid.py``): each traced in train and eval
-mode, generated, and compared in float64 with autograd through the original module at another batch and, where
-the network allows, another spatial size (≤1e-10); their generated test files pass. The networks whose
+"""timm's remaining transformer, hybrid and CNN families (``tests/zoo_hybrid.py``, ``tests/zoo_hybrid_conv.py``):
+each traced in train and eval mode, generated, and compared in float64 with autograd through the original
+module at another batch and, where the network allows, another spatial size (≤1e-10); their generated test
+files pass. The networks whose
 attention has a table for one feature size (CoAtNet's transformer stage, EfficientFormerV2, LeViT, BoTNet) and
 DeiT (its position embedding) are checked at another batch. EdgeNeXt's position encoding, made in ``forward``
 from the input's size, is refused at its line; the workaround the refusal names traces and matches."""
@@ -15,6 +16,7 @@ from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
 
 from . import zoo_hybrid as zoo
+from . import zoo_hybrid_conv as conv_zoo
 from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
 CLASSIFIER = ("cross_entropy",)
@@ -29,25 +31,25 @@ CASES = {
     # conv + BN q/k/v and a depthwise local value branch
     "efficientformerv2": Case(zoo.EfficientFormerV2, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER),
     # LeViT: BatchNorm1d on linear tokens (bn(x.flatten(0, 1)).reshape_as(x)), split with a list, hardswish,
-    # attention biases, a distillation head averaged with the head
+    # attention biases, the subsampling attention's x.view(B, H, W, C)[:, ::2, ::2] queries, two heads averaged
     "levit": Case(zoo.LeViTDistilled, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, CLASSIFIER),
     # DeiT: class and distillation tokens expanded and cat-ed, position embedding, fused attention, two heads
     "deit": Case(zoo.DeiTDistilled, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER),
     # PoolFormer: GroupNorm(1, C), AvgPool2d(count_include_pad=False)(x) - x, layer scales unsqueezed twice
-    "poolformer": Case(zoo.PoolFormer, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
+    "poolformer": Case(conv_zoo.PoolFormer, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
     # ConvMixer: one nn.Sequential (forward(input)), a Residual wrapper, depthwise conv with padding="same"
-    "convmixer": Case(zoo.ConvMixer, {"input": (2, 3, 8, 8)}, {"input": (3, 3, 12, 6)}, CLASSIFIER),
+    "convmixer": Case(conv_zoo.ConvMixer, {"input": (2, 3, 8, 8)}, {"input": (3, 3, 12, 6)}, CLASSIFIER),
     # FastViT/RepViT-style training-time branches (BN skip, kxk and 1x1 conv + BN branches summed), module paths
-    # past 64 characters, a 63-character class, a 60-character conv attribute called twice
-    "fastvit_repvit": Case(zoo.FastRepNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
+    # past 64 characters, a 63-character class, a 63-character conv attribute called twice
+    "fastvit_repvit": Case(conv_zoo.FastRepNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
     # TResNet: space-to-depth by view/permute from x.size(), reflect pad + blur filter buffer conv (groups from
     # x.shape[1]), leaky ReLU 1e-3 in place, ceil-mode average-pool shortcut, `out += shortcut`
-    "tresnet": Case(zoo.TResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 16)}, CLASSIFIER),
+    "tresnet": Case(conv_zoo.TResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 16)}, CLASSIFIER),
     # ECA: x.mean((2, 3)).view(x.shape[0], 1, -1) -> Conv1d -> sigmoid -> view(x.shape[0], -1, 1, 1), expand_as
-    "ecaresnet": Case(zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
+    "ecaresnet": Case(conv_zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
     # BoTNet: torch.split with a list, reshape(B * heads, d, -1), relative logits by pad, flatten, pad, reshape,
     # slice, expand and permute
-    "botnet": Case(zoo.BoTNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, CLASSIFIER),
+    "botnet": Case(conv_zoo.BoTNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, CLASSIFIER),
 }
 
 
@@ -71,7 +73,7 @@ def test_hybrid_network_traced_as_blocks_writes_its_repeated_modules_once(label)
     build_text(text, f"{label}.yaml")
 
 
-class CachedFourierEncoding(zoo.PositionalEncodingFourier):
+class CachedFourierEncoding(conv_zoo.PositionalEncodingFourier):
     """The workaround the refusal names: the Fourier features made once, for one feature size, as a buffer,
     expanded to the batch in ``forward``."""
 
@@ -84,7 +86,7 @@ class CachedFourierEncoding(zoo.PositionalEncodingFourier):
         return self.token_projection(features.to(self.token_projection.weight.dtype))
 
 
-class EdgeNeXtCached(zoo.EdgeNeXt):
+class EdgeNeXtCached(conv_zoo.EdgeNeXt):
     def __init__(self, img_size=8, **kwargs):
         super().__init__(**kwargs)
         block = self.stages[0]
@@ -99,13 +101,13 @@ def test_edgenext_position_encoding_made_from_the_input_size_is_refused_with_a_w
     workaround. That workaround gives the original's output at its size and matches autograd at another batch."""
     torch.manual_seed(0)
     with pytest.raises(TraceError) as caught:
-        trace(zoo.EdgeNeXt().double(), {"x": (2, 3, 8, 8)}, name="edgenext", loss=LossChoice("cross_entropy"))
+        trace(conv_zoo.EdgeNeXt().double(), {"x": (2, 3, 8, 8)}, name="edgenext", loss=LossChoice("cross_entropy"))
     (line,) = str(caught.value).splitlines()
-    assert "zoo_hybrid.py:" in line and "'constant'" in line and "pos_embd" in line, line
+    assert "zoo_hybrid_conv.py:" in line and "'constant'" in line and "pos_embd" in line, line
     assert "register_buffer" in line and "(fix: " in line, line
 
     torch.manual_seed(0)
-    original = zoo.EdgeNeXt().double().eval()
+    original = conv_zoo.EdgeNeXt().double().eval()
     cached = EdgeNeXtCached().double().eval()
     cached.load_state_dict(original.state_dict())
     x = torch.randn(3, 3, 8, 8, dtype=torch.float64)

@@ -33,7 +33,7 @@ from ..rules import LAYER_RULES, LOSS_RULES
 from ..spec import MAX_NAME, check_identifier
 from . import attention, sizes
 from .constants import constant_layer
-from .indexing import index_select, index_view, index_with_tensor
+from .indexing import index_select, index_view, index_with_tensor, strided_slice
 from .recorder import RANDOM, Call
 
 def torch_signature(op: str) -> tuple[str, ...]:
@@ -817,9 +817,8 @@ class SpecBuilder:
                 start, stop, step = item.indices(size)
                 out += 1
             if step != 1:
-                self.fail(call, "slices with a step", "slice with step 1")
-                return
-            if (start, stop) != (0, size) or _is_int(item):
+                current = strided_slice(self, call, current, dim, start, stop, step)
+            elif (start, stop) != (0, size) or _is_int(item):
                 current = self.part(call, "narrow", current, dim, start, max(stop - start, 0))
             dim += 1
         for dim in reversed(squeezed):
