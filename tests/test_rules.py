@@ -307,6 +307,8 @@ CASES = [
                  id="vector_norm-last"),
     pytest.param(torch_case("roll", {"x": [2, 5, 4, 3]}, ["x"], torch.roll, shifts=[-2, 3], dims=[1, 2]),
                  id="roll-two-dims"),
+    pytest.param(torch_case("amax", {"x": [2, 3, 4, 5]}, ["x"], torch.amax, dim=[2, 3], keepdim=True), id="amax-space-keepdim"),
+    pytest.param(torch_case("amax", {"x": [2, 3, 4, 5]}, ["x"], torch.amax, dim=[1]), id="amax-channels"),
     pytest.param(spec_text({"x": [2, 3, 7, 5], "y": [2, 3, 4, 5]}, [{"op": "slice", "dim": 2, "step": 2}], SQ, ["x"]),
                  id="slice-every-2nd-odd-size"),
     pytest.param(spec_text({"x": [2, 3, 4, 9], "y": [2, 3, 4, 3]},

@@ -2,7 +2,8 @@
 them, at tiny sizes: EdgeNeXt (Fourier position encoding made in ``forward``, cross-covariance attention,
 ``torch.split`` with a list), PoolFormer, ConvMixer, a FastViT/RepViT-style reparameterizable block with long
 attribute names, TResNet (space-to-depth from ``x.size()``, a blur-filter buffer, leaky ReLU), ECA-ResNet
-and BoTNet (relative logits by the pad/reshape trick). The code is ours; the architectures' facts are public.
+(and CBAM's ``amax`` descriptors) and BoTNet (relative logits by the pad/reshape trick). The code is ours; the
+architectures' facts are public.
 """
 
 from __future__ import annotations
@@ -322,10 +323,50 @@ class EcaModule(nn.Module):
         return x * y.expand_as(x)
 
 
+class ChannelAttn(nn.Module):
+    """CBAM's channel attention: one MLP of 1x1 convs over the average- and the max-pooled descriptors."""
+
+    def __init__(self, channels, rd_ratio=1. / 4, act_layer=nn.ReLU, mlp_bias=False):
+        super().__init__()
+        rd_channels = max(1, int(channels * rd_ratio))
+        self.fc1 = nn.Conv2d(channels, rd_channels, 1, bias=mlp_bias)
+        self.act = act_layer(inplace=True)
+        self.fc2 = nn.Conv2d(rd_channels, channels, 1, bias=mlp_bias)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x):
+        x_avg = self.fc2(self.act(self.fc1(x.mean((2, 3), keepdim=True))))
+        x_max = self.fc2(self.act(self.fc1(x.amax((2, 3), keepdim=True))))
+        return x * self.gate(x_avg + x_max)
+
+
+class SpatialAttn(nn.Module):
+    def __init__(self, kernel_size=7):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(2, 1, kernel_size, padding=kernel_size // 2, bias=False), nn.BatchNorm2d(1))
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x):
+        x_attn = torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)
+        x_attn = self.conv(x_attn)
+        return x * self.gate(x_attn)
+
+
+class CbamModule(nn.Module):
+    def __init__(self, channels, spatial_kernel_size=7):
+        super().__init__()
+        self.channel = ChannelAttn(channels)
+        self.spatial = SpatialAttn(spatial_kernel_size)
+
+    def forward(self, x):
+        x = self.channel(x)
+        return self.spatial(x)
+
+
 class EcaBottleneck(nn.Module):
     expansion = 2
 
-    def __init__(self, inplanes, planes, stride=1, downsample=None):
+    def __init__(self, inplanes, planes, stride=1, downsample=None, attn_layer=EcaModule):
         super().__init__()
         width = planes
         outplanes = planes * self.expansion
@@ -337,7 +378,7 @@ class EcaBottleneck(nn.Module):
         self.act2 = nn.ReLU(inplace=True)
         self.conv3 = nn.Conv2d(width, outplanes, kernel_size=1, bias=False)
         self.bn3 = nn.BatchNorm2d(outplanes)
-        self.se = EcaModule(outplanes)
+        self.se = attn_layer(outplanes)
         self.act3 = nn.ReLU(inplace=True)
         self.downsample = downsample
 
@@ -354,16 +395,19 @@ class EcaBottleneck(nn.Module):
 
 
 class EcaResNet(nn.Module):
-    def __init__(self, width=8, num_classes=5):
+    """ECA bottlenecks (``attn_layer="cbam"``: CBAM's, as timm's ``cbam_resnet``-style models)."""
+
+    def __init__(self, width=8, num_classes=5, attn_layer="eca"):
         super().__init__()
+        attn_layer = {"eca": EcaModule, "cbam": CbamModule}[attn_layer]
         self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=2, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.act1 = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.layer1 = nn.Sequential(
             EcaBottleneck(width, width, downsample=nn.Sequential(nn.Conv2d(width, 2 * width, 1, bias=False),
-                                                                 nn.BatchNorm2d(2 * width))),
-            EcaBottleneck(2 * width, width))
+                                                                 nn.BatchNorm2d(2 * width)), attn_layer=attn_layer),
+            EcaBottleneck(2 * width, width, attn_layer=attn_layer))
         self.fc = nn.Linear(2 * width, num_classes)
 
     def forward(self, x):
