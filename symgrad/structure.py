@@ -139,12 +139,20 @@ class BlockRule(Rule):
         self.operands = (tuple(Operand(name, from_in=True) for name in block.inputs)
                          + tuple(Operand(name) for name in block.param_names))
         self.params = {name: Param(default, _hyper_value) for name, default in block.hyper}
+        self.index_operands = tuple(name for name in block.operands if derived.graph.nodes[name].dtype == "int64")
 
     def infer_shape(self, shapes, params, check):
         block = self.derived.spec
         graph = _block_graph(block, {name: shapes[name] for name in block.operands}, self.derived.graph.spec,
                              {name: params[name] for name, _ in block.hyper})
         return graph.nodes[block.output].shape
+
+    def index_bound(self, shapes, params) -> int:
+        """What the block's int64 operands index stays below (each index op's inside it, the least)."""
+        block = self.derived.spec
+        graph = _block_graph(block, {name: shapes[name] for name in block.operands}, self.derived.graph.spec,
+                             {name: params[name] for name, _ in block.hyper})
+        return min(graph.class_counts().values())
 
     def _call_params(self, node) -> dict:
         block = self.derived.spec
@@ -166,10 +174,13 @@ class BlockRule(Rule):
         grads = node.local("grads", TensorOp("block_backward", Params.of(**params), tensor(f"saved_{node.name}"), grad),
                            note=f"{block.name}_backward: the gradients of its inputs and parameters")
         keys = dict(block.params)
-        missing = set(wanted) - set(derived.gradients)
+        read = {source for other in derived.graph.nodes.values() for source in other.operands.values()}
+        sizes_only = set(wanted) - read  # LeViT's reshape_as(x) reads x's sizes alone: no gradient flows to it
+        missing = set(wanted) - set(derived.gradients) - sizes_only
         if missing:
             raise NotImplementedError(f"block {block.name} derives no gradient for {sorted(missing)}")
-        return {operand: TensorOp("gradient_of", Params.of(key=keys.get(operand, operand)), grads)
+        return {operand: (sympy.S.Zero if operand in sizes_only
+                          else TensorOp("gradient_of", Params.of(key=keys.get(operand, operand)), grads))
                 for operand in block.operands if operand in wanted}
 
 
@@ -388,7 +399,8 @@ def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: s
         values = tuple(sorted(_hyper_values(block, layer).items()))
         variants.setdefault((values, _instance_signature(block, layer, flat_graph)), layer)
     derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
-                               flat_graph.spec, wanted, dict(values))
+                               flat_graph.spec, wanted, dict(values),
+                               {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()})
                for (values, _), layer in variants.items()]
     signature = next(iter(variants))[1]
     for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
@@ -409,8 +421,9 @@ def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
     return {**dict(block.hyper), **{name: value for name, value, _ in layer.hyper}}
 
 
-def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict) -> DerivedBlock:
-    graph = _block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()})
+def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict,
+                    dtypes: dict) -> DerivedBlock:
+    graph = _block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()}, dtypes)
     feeds_output = {"loss"}
     for node in reversed(list(graph.nodes.values())):
         if node.name in feeds_output:
@@ -437,13 +450,17 @@ def _bound(block: BlockSpec, layer) -> dict[str, str]:
     return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
 
 
-def _block_graph(block: BlockSpec, shapes: dict, spec: Spec, values: dict | None = None) -> Graph:
+def _block_graph(block: BlockSpec, shapes: dict, spec: Spec, values: dict | None = None,
+                 dtypes: dict | None = None) -> Graph:
     """The block as a graph of its own, its operands as inputs, ending in :class:`BlockOutput`;
-    ``values``: its hypers' (the defaults where none)."""
+    ``values``: its hypers' (the defaults where none); ``dtypes``: its operands' (an int64 buffer, a relative
+    position index, stays int64 inside the block)."""
     from .spec import InputSpec
 
     location = block.location
-    inputs = tuple(InputSpec(name, tuple(shapes[name]), location) for name in block.operands)
+    if dtypes is None:  # the block's own graph: its operands as it declares them
+        dtypes = {entry.name: entry.dtype for entry in spec.inputs} if spec.name == block.name else {}
+    inputs = tuple(InputSpec(name, tuple(shapes[name]), location, dtypes.get(name, "float")) for name in block.operands)
     loss = LossSpec("half_sq_error", (block.output, location), (block.output, location), None, location, location)
     sub = Spec(name=block.name, inputs=inputs, layers=block.layers_with(values or {}), loss=loss, wrt=(),
                file=spec.file, text=spec.text)

@@ -1,5 +1,5 @@
-"""Every network of ``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``, ``tests/zoo_modern.py`` and
-``tests/zoo_attention.py``
+"""Every network of ``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``, ``tests/zoo_modern.py``,
+``tests/zoo_attention.py`` and ``tests/zoo_hybrid.py``
 as a training step: traced for its parameters alone (``wrt="parameters"``, what ``symgrad.bind`` needs),
 written as blocks (the CLI's default), bound to the model and run once at another batch and spatial size in float64, against
 ``loss.backward()`` through a copy of the original module: every parameter's ``.grad`` and every
@@ -24,14 +24,16 @@ from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 
-from . import test_trace_attention, test_trace_models, test_trace_zoo, test_trace_zoo_modern, test_trace_zoo_nets
+from . import (test_trace_attention, test_trace_models, test_trace_zoo, test_trace_zoo_hybrid, test_trace_zoo_modern,
+               test_trace_zoo_nets)
 from .test_trace_models import randomize
 
 CASES = {**{f"models:{label}": case for label, case in test_trace_models.CASES.items()},
          **{f"zoo:{label}": case for label, case in test_trace_zoo.CASES.items()},
          **{f"zoo_nets:{label}": case for label, case in test_trace_zoo_nets.CASES.items()},
          **{f"zoo_modern:{label}": case for label, case in test_trace_zoo_modern.CASES.items()},
-         **{f"zoo_attention:{label}": case for label, case in test_trace_attention.CASES.items()}}
+         **{f"zoo_attention:{label}": case for label, case in test_trace_attention.CASES.items()},
+         **{f"zoo_hybrid:{label}": case for label, case in test_trace_zoo_hybrid.CASES.items()}}
 TOLERANCE = 1e-10
 AUTOCAST_CASES = [label for label in CASES if label != "zoo_attention:unetr_encoder"]
 """The networks the autocast tests judge: the UNETR-style encoder's own autograd step under bfloat16 gave

@@ -38,6 +38,12 @@ BAD = [
     ("not-a-mapping", "- 1\n- 2\n", 1, "must be a YAML mapping"),
     ("alias", variant("x: {shape: [2, 3, 8, 8]}", "x: {shape: &s [2, 3, 8, 8]}\n  z: {shape: *s}"), 3, "anchors and aliases"),
     ("bad-name", variant("name: good", "name: 1bad"), 1, "must be an ASCII identifier"),
+    ("slice-step-0", variant("  - {op: relu, out: a}", "  - {op: relu, out: a}\n  - {op: slice, dim: 2, step: 0}"),
+     9, "'step' must be a positive int"),
+    ("slice-end-past-the-dim", variant("  - {op: relu, out: a}", "  - {op: relu, out: a}\n  - {op: slice, dim: 2, end: 9, step: 2}"),
+     9, "ends past dim 2 (size 6)"),
+    ("amax-dim-out-of-range", variant("  - {op: relu, out: a}", "  - {op: relu, out: a}\n  - {op: amax, dim: [4]}"),
+     9, "dim [4] is out of range for a 4-dim input"),
     ("reshape-like-dims-out-of-range", variant("  - {op: relu, out: a}",
                                                 "  - {op: relu, out: a}\n  - {op: reshape, shape: [{like: a, dims: [2, 4]}, -1], out: r}"
                                                 ).replace("y: {shape: [2, 4, 6, 6]}", "y: {shape: [36, 8]}"),

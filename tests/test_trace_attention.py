@@ -4,19 +4,15 @@ size where the network allows it (a ViT's learned position embedding fixes its n
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 
-from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
 
 from . import zoo_attention as zoo
-from .test_trace_models import Case, matches_autograd
+from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
 CASES = {
     # timm's Attention through F.scaled_dot_product_attention; cls token, position embedding, LayerScale, GELU Mlp
@@ -135,18 +131,7 @@ GENERATED_TEST_CASES = ["vit_fused", "mobilevit", "einops_restormer"]
 def test_attention_models_own_generated_test_file_passes(label, tmp_path):
     """The test file written beside each traced attention model's module runs and passes, at the shapes its
     solver picks for the whole graph (the ViT's token count fixed by its position embedding)."""
-    case = CASES[label]
-    torch.manual_seed(0)
-    model = case.model(**case.init).double().train()
-    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml").rendered
-    for name, content in rendered.files.items():
-        if name.endswith(".py"):
-            (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+    assert_generated_test_file_passes(label, CASES[label], tmp_path)
 
 
 @pytest.mark.parametrize("layer, problem", [

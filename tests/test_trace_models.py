@@ -151,6 +151,30 @@ def matches_autograd(label: str, case: Case, mode: str) -> None:
                     label, mode, kind, key, error, reference.abs().max().item() / scale)  # in it, but for eps)
 
 
+def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float:
+    """Trace ``case`` in train mode with its first loss, write the generated module and its test file to
+    ``tmp_path`` and run that test file in a subprocess: it passes with nothing skipped. Returns its seconds."""
+    import subprocess
+    import sys
+    import time
+
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
+    rendered = build_text(text, f"{label}.yaml").rendered
+    for name, content in rendered.files.items():
+        if name.endswith(".py"):
+            (tmp_path / name).write_text(content)
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - started
+    print(f"{label}: generated test file ran in {seconds:.1f} s")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+    return seconds
+
+
 SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip", "ffdnet")
 """The models whose sizes are read from another tensor at run time (``size: {like: ...}``)."""
 

@@ -208,6 +208,11 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("instance_norm", nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval(), {"x": (2, 2, 3, 4, 3)}),
     ("roll", lambda x: torch.roll(x, shifts=(-1, 2), dims=(2, 3)), X),  # Swin's shifted windows
     ("roll", lambda x: x.roll(3, -1), X),
+    ("amax", lambda x: x * x.amax((2, 3), keepdim=True), X),  # CBAM's channel descriptor
+    ("amax", lambda x: torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], dim=1), X),
+    ("amax", lambda x: x.amax(dim=-1).exp(), X),
+    ("slice", lambda x: x[:, :, ::2, 1::2], X),  # LeViT's subsampled queries: x.view(B, H, W, C)[:, ::s, ::s]
+    ("slice", lambda x: x[..., 1:7:3] * x[:, 1::2, :, ::4], X),  # a fixed end; channels 1::2 broadcast
     ("clamp", lambda x: torch.clamp(x, max=0.5), X),  # SwinV2's logit scale, one-sided
     ("clamp", lambda x: x.clamp_min(-0.2) * torch.clamp_max(x, 0.3), X),
     ("clamp", lambda x: x.clip(min=0.1), X),

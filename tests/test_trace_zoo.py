@@ -6,18 +6,15 @@ traced sizes is refused, never frozen."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
 
 from . import zoo
 from .test_trace_models import CASES as MODEL_CASES
-from .test_trace_models import Case, matches_autograd
+from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
 CASES = {
     # branches stacked on a new dim, a softmax over it, squeeze() of the pooled features, SK attention
@@ -89,14 +86,4 @@ GENERATED_TEST_CASES = [(label, CASES[label]) for label in ("sknet", "ffdnet", "
 def test_traced_models_own_generated_test_file_passes(label, case, tmp_path):
     """The test file written beside each traced model's module runs and passes (its shapes for the
     float64 and float32 checks are solved for the whole graph, residual adds and cats included)."""
-    torch.manual_seed(0)
-    model = case.model(**case.init).double().train()
-    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml").rendered
-    for name, content in rendered.files.items():
-        if name.endswith(".py"):
-            (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+    assert_generated_test_file_passes(label, case, tmp_path)

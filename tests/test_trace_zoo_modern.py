@@ -5,17 +5,10 @@ batch only), each ≤1e-10; and their generated test files pass."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-import torch
-
-from symgrad.pipeline import build_text
-from symgrad.trace import LossChoice, trace
 
 from . import zoo_modern as zoo
-from .test_trace_models import Case, matches_autograd
+from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
 CASES = {
     # window partition/merge as view/permute chains, the relative position bias table indexed by a constant
@@ -47,14 +40,4 @@ def test_modern_network_matches_autograd_on_the_original_module(label, mode):
 @pytest.mark.slow
 @pytest.mark.parametrize("label", list(CASES))
 def test_modern_networks_own_generated_test_file_passes(label, tmp_path):
-    case = CASES[label]
-    torch.manual_seed(0)
-    model = case.model(**case.init).double().train()
-    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml").rendered
-    for name, content in rendered.files.items():
-        if name.endswith(".py"):
-            (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0 and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
+    assert_generated_test_file_passes(label, CASES[label], tmp_path)

@@ -7,9 +7,6 @@ the rest of the network through."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,7 @@ from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
 
 from . import zoo_nets
-from .test_trace_models import Case, matches_autograd
+from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
 CLASSIFIER = ("cross_entropy",)
 RESTORATION = ("mse_loss",)
@@ -161,17 +158,4 @@ GENERATED_TEST_CASES = ["densenet", "res2net", "attention_unet"]
 @pytest.mark.parametrize("label", GENERATED_TEST_CASES)
 def test_upstream_networks_own_generated_test_file_passes(label, tmp_path):
     """The test file written beside the traced network's module runs and passes in a subprocess."""
-    case = CASES[label]
-    torch.manual_seed(0)
-    model = case.model(**case.init).double().train()
-    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml").rendered
-    for name, content in rendered.files.items():
-        if name.endswith(".py"):
-            (tmp_path / name).write_text(content)
-    started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=600)
-    print(f"{label}: generated test file ran in {time.perf_counter() - started:.1f} s")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+    assert_generated_test_file_passes(label, CASES[label], tmp_path)

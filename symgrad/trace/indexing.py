@@ -82,3 +82,16 @@ def index_select(builder: "SpecBuilder", call: "Call") -> bool:
     if layer_call is not call:
         builder.part(call, "reshape", picked, tuple(call.result.shape), result=call.result)
     return True
+
+
+def strided_slice(builder: "SpecBuilder", call: "Call", source: torch.Tensor, dim: int, start: int, stop: int,
+                  step: int) -> torch.Tensor:
+    """``source[:, ..., start:stop:step]`` along ``dim`` with a step of 2 or more: the ``slice`` layer (its end
+    left open where the slice runs to the end of the dim, so the spec stays shape-generic)."""
+    import dataclasses
+
+    result = source[(slice(None),) * dim + (slice(start, stop, step),)]
+    end = None if stop >= source.shape[dim] else stop
+    part = dataclasses.replace(call, name="slice", arguments=(source,), keywords={}, result=result)
+    builder.layer("slice", {"input": source, "dim": dim, "start": start, "end": end, "step": step}, part)
+    return result

@@ -41,7 +41,7 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
                     continue
                 problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
                                         f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
-                                        "which a spec cannot express",
+                                        "which a spec cannot express", CONSTANT_FIX if layer["op"] == "constant" else
                                         "use sizes that do not depend on the input (a fixed pad, scale_factor "
                                         "instead of size, flatten instead of view(N, ...)), or read them from the "
                                         "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
@@ -53,6 +53,12 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
                             "(fix: reduce over every dim but the first, or over all)")
         return problems
     return []
+
+
+CONSTANT_FIX = ("make it once, for one input size, in __init__ and register_buffer it (EdgeNeXt's position "
+                "encoding: the model then runs at that size, any batch; expand it to the batch in forward), or pass "
+                "it in as an input")
+"""The fix for a tensor made in ``forward`` whose values or size follow the input's size."""
 
 
 def _fixed_sizes(value: Any, again: Any, call) -> list | None:

@@ -13,7 +13,7 @@ import torch
 
 from . import op_hooks, sizes
 from .dataflow import call_sizes, is_int, is_number
-from .indexing import index_select, index_with_tensor
+from .indexing import index_select, index_with_tensor, strided_slice
 from .recorder import Call
 from .torch_names import FIXES, TRANSPOSES
 
@@ -158,9 +158,8 @@ def basic_index(builder: SpecBuilder, call: Call) -> None:
             start, stop, step = item.indices(size)
             out += 1
         if step != 1:
-            builder.fail(call, "slices with a step", "slice with step 1")
-            return
-        if (start, stop) != (0, size) or is_int(item):
+            current = strided_slice(builder, call, current, dim, start, stop, step)
+        elif (start, stop) != (0, size) or is_int(item):
             current = builder.part(call, "narrow", current, dim, start, max(stop - start, 0))
         dim += 1
     for dim in reversed(squeezed):
