@@ -307,6 +307,10 @@ CASES = [
                  id="vector_norm-last"),
     pytest.param(torch_case("roll", {"x": [2, 5, 4, 3]}, ["x"], torch.roll, shifts=[-2, 3], dims=[1, 2]),
                  id="roll-two-dims"),
+    pytest.param(torch_case("strided_slice", {"x": [2, 7, 4, 3]}, ["x"], lambda x, dim, start, step: x[
+        (slice(None),) * dim + (slice(start, None, step),)], dim=1, start=1, step=2), id="strided_slice-odd-size"),
+    pytest.param(torch_case("strided_slice", {"x": [2, 3, 8, 5]}, ["x"], lambda x, dim, start, step: x[
+        (slice(None),) * dim + (slice(start, None, step),)], dim=2, start=0, step=3), id="strided_slice-step3"),
     pytest.param(spec_text({"x": [2, 3, 4, 3], "w": [3], "b": [3], "y": [2, 3, 4, 3]},
                            [{"op": "instance_norm", "weight": "w", "bias": "b"}], SQ, ["x", "w", "b"]),
                  id="instance_norm-affine"),

@@ -816,9 +816,15 @@ class SpecBuilder:
             else:
                 start, stop, step = item.indices(size)
                 out += 1
-            if step != 1:
-                self.fail(call, "slices with a step", "slice with step 1")
+            if step != 1 and stop < size:
+                self.fail(call, "slices with a step to a stop before the end", "slice to the end (x[:, 1::2])")
                 return
+            if step != 1:  # x[:, 1::2]: patch merging, space-to-depth
+                result = current[(slice(None),) * dim + (slice(start, None, step),)]
+                self.layer("strided_slice", {"input": current, "dim": dim, "start": start, "step": step},
+                           Call("strided_slice", None, (current,), {}, result, call.where, call.module, call.leaf))
+                current, dim = result, dim + 1
+                continue
             if (start, stop) != (0, size) or _is_int(item):
                 current = self.part(call, "narrow", current, dim, start, max(stop - start, 0))
             dim += 1
