@@ -661,7 +661,11 @@ class SpecBuilder:
             bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
         source, size = bound.get("input"), literal(bound.get("size"))
         if isinstance(source, torch.Tensor) and isinstance(size, list) and len(size) == source.dim() - 2:
-            bound["size"] = self.size_of(source, lambda other: list(other.shape[2:]) == size) or size
+            traced = sizes.spec_sizes(list(bound["size"]), self.node, self.size_tensors, spare=False)  # (h // 2, w // 2)
+            nodes = {entry["like"] for entry in traced or () if isinstance(entry, dict)}
+            if traced and traced == [{"like": next(iter(nodes)), "dims": [dim]} for dim in range(2, source.dim())]:
+                traced = {"like": next(iter(nodes))}  # size=skip.shape[-2:]
+            bound["size"] = traced or self.size_of(source, lambda other: list(other.shape[2:]) == size) or size
         self.layer(op, bound, call)
 
     def size_of(self, source: torch.Tensor, fits) -> dict | None:
