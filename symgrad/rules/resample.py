@@ -160,7 +160,10 @@ primitive("axis_contraction", code=_contraction_code,
 
 
 def _interpolate_code(operands, params, show):
-    keywords = [f"size={show_ints(params['size'])}" if params["size"] is not None
+    size = params["size"]
+    if isinstance(size, tuple):  # sizes computed from another node's (PAN's h // 2) print as Python
+        size = tuple(show(entry) if isinstance(entry, sympy.Basic) and not entry.is_Integer else entry for entry in size)
+    keywords = [f"size={show_ints(size)}" if params["size"] is not None
                 else f"scale_factor={_show_scale(params['scale_factor'])}", *_interpolate_options(params)]
     return f"F.interpolate({operands[0]}, {', '.join(keywords)})"
 
@@ -188,6 +191,8 @@ def _positive_sizes(value, context: ParamContext):
         return None
     if isinstance(value, Like):
         return value.sizes()
+    if isinstance(value, list) and any(isinstance(v, Like) for v in value):  # [{like: x, size: 'shape[2] // 2'}, ...]
+        return tuple(v.size_at(position + 2) if isinstance(v, Like) else v for position, v in enumerate(value))
     values = value if isinstance(value, list) else [value]
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
         raise context.fail(f"must be a positive int or a list of them, not {value!r}", f"write e.g. `{context.name}: 8`")

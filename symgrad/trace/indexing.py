@@ -31,7 +31,7 @@ def _root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
 
 def index_view(builder: "SpecBuilder", call: "Call") -> bool:
     """Remember a reshape of an int64 input (``index.view(-1)``) as a view of it; False for any other call."""
-    if call.name not in RESHAPES or not call.arguments:
+    if (call.name not in RESHAPES and call.name != "__getitem__") or not call.arguments:  # [:n, :n] of all n too
         return False
     root = _root(builder, call.arguments[0])
     if root is None or not isinstance(call.result, torch.Tensor) or call.result.numel() != root.numel():

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..rules import LAYER_RULES
-from . import attention, loss_tail
+from . import attention, loss_tail, sizes
 from .dataflow import is_int, is_number, literal
 
 if TYPE_CHECKING:
@@ -114,7 +114,11 @@ def interpolate(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
     source, size = bound.get("input"), literal(bound.get("size"))
     if isinstance(source, torch.Tensor) and isinstance(size, list) and len(size) == source.dim() - 2:
-        bound["size"] = builder.size_of(source, lambda other: list(other.shape[2:]) == size) or size
+        traced = sizes.spec_sizes(list(bound["size"]), builder.node, builder.size_tensors, spare=False)  # h // 2
+        nodes = {entry["like"] for entry in traced or () if isinstance(entry, dict)}
+        if traced and traced == [{"like": next(iter(nodes)), "dims": [dim]} for dim in range(2, source.dim())]:
+            traced = {"like": next(iter(nodes))}  # size=skip.shape[-2:]
+        bound["size"] = traced or builder.size_of(source, lambda other: list(other.shape[2:]) == size) or size
     builder.layer(op, bound, call)
 
 

@@ -1,0 +1,155 @@
+"""Segmentation and medical networks (``tests/zoo_segmentation.py``: segmentation-models-pytorch decoders on
+ResNet- and EfficientNet-style encoders; ``tests/zoo_monai.py``: MONAI's networks in 2D and 3D): each traced
+in train and eval mode, generated, and compared in float64 with autograd through the original module at
+another batch and spatial size, ≤1e-10; and their generated test files pass."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, TraceError, trace
+
+from . import zoo_monai as monai
+from . import zoo_segmentation as smp
+from . import zoo_swinunetr as swin
+from . import test_blocks
+from .test_trace_models import Case, matches_autograd
+
+SEGMENTATION = ("mse_loss",)
+CASES = {
+    # F.interpolate(x, scale_factor=2, mode="nearest"), torch.cat([x, skip], dim=1), features as a list
+    "smp_unet_resnet": Case(smp.Unet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
+    # the same on MBConv blocks (SiLU, squeeze-excitation, depthwise), with scSE attention in the decoder
+    "smp_unet_efficientnet_scse": Case(smp.Unet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)}, SEGMENTATION,
+                                       {"encoder_name": "efficientnet", "decoder_attention_type": "scse"}),
+    # lateral 1x1 + nearest upsample-add, GroupNorm(32, C) blocks with bilinear align_corners upsampling,
+    # sum() of the four, Dropout2d in place, the head's UpsamplingBilinear2d(scale_factor=4)
+    "smp_fpn_resnet": Case(smp.FPN, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
+    "smp_fpn_efficientnet": Case(smp.FPN, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)}, SEGMENTATION,
+                                 {"encoder_name": "efficientnet"}),
+    # ASPP on a dilated stride-16 stage: atrous separable convs, the pooling branch interpolated to
+    # x.shape[-2:], Dropout(0.5); fused with the stride-4 feature
+    "smp_deeplabv3plus": Case(smp.DeepLabV3Plus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 48, 32)}, SEGMENTATION),
+    # 1x1, ConvTranspose2d(4, stride 2, padding 1), 1x1, `x + skip`
+    "smp_linknet_resnet": Case(smp.Linknet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
+    "smp_linknet_efficientnet": Case(smp.Linknet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)}, SEGMENTATION,
+                                     {"encoder_name": "efficientnet"}),
+    # FPA's interpolations to (h // 4, w // 4) and (h // 2, w // 2) of x.size(): traced where the stride-16 map
+    # is 8x8 and checked where it is 10x8 (a ratio frozen at the traced size would give 2x2 -> 5x4 wrong)
+    "smp_pan": Case(smp.PAN, {"x": (2, 3, 128, 128)}, {"x": (3, 3, 160, 128)}, SEGMENTATION),
+    # the nested dense skips in a dict, torch.cat of a growing list
+    "smp_unetplusplus_resnet": Case(smp.UnetPlusPlus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
+    "smp_unetplusplus_efficientnet": Case(smp.UnetPlusPlus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)},
+                                          SEGMENTATION, {"encoder_name": "efficientnet"}),
+    # GroupNorm(8, C), ReLU in place, `x += identity`, a strided conv down, a 1x1 conv and nn.Upsample(bilinear /
+    # trilinear, align_corners=True) up, `up(x) + down_x[i + 1]`
+    "monai_segresnet_2d": Case(monai.SegResNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 24, 16)}, SEGMENTATION,
+                               {"spatial_dims": 2}),
+    "monai_segresnet_3d": Case(monai.SegResNet, {"x": (2, 1, 8, 8, 8)}, {"x": (3, 1, 8, 16, 8)}, SEGMENTATION),
+    # UnetResBlocks with InstanceNorm(affine) and LeakyReLU, transposed-conv up blocks, skip layers built
+    # recursively; in train mode the deep supervision heads, written into a list by the skip layers,
+    # F.interpolate(feature_map, out.shape[2:]) (nearest) and torch.stack-ed with the output
+    "monai_dynunet_2d": Case(monai.DynUNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 24, 16)}, SEGMENTATION,
+                             {"spatial_dims": 2, "kernel_size": (3, 3, 3, 3)}),
+    "monai_dynunet_3d": Case(monai.DynUNet, {"x": (2, 1, 16, 8, 8)}, {"x": (3, 1, 8, 16, 16)}, SEGMENTATION),
+    # MONAI's attention gate (1x1 convs + BatchNorm, ReLU, sigmoid psi, `x * psi`), transposed-conv up
+    # (output_padding = stride - 1), Convolution's conv + ADN (InstanceNorm, PReLU) merge
+    "monai_attentionunet_2d": Case(monai.AttentionUnet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 24)}, SEGMENTATION,
+                                   {"spatial_dims": 2}),
+    "monai_attentionunet_3d": Case(monai.AttentionUnet, {"x": (2, 1, 8, 8, 8)}, {"x": (3, 1, 8, 4, 12)}, SEGMENTATION),
+    # TwoConv (InstanceNorm affine, LeakyReLU 0.1), Down by MaxPool, UpCat's deconv, the skip cat; at sizes
+    # divisible by 16 UpCat's replicate pad is [0, 0, 0, 0] (at odd pooled sizes: refused, test below)
+    "monai_basicunet_2d": Case(monai.BasicUNet, {"x": (2, 1, 16, 32)}, {"x": (3, 1, 32, 16)}, SEGMENTATION,
+                               {"spatial_dims": 2}),
+    "monai_basicunet_3d": Case(monai.BasicUNet, {"x": (2, 1, 16, 16, 32)}, {"x": (3, 1, 16, 32, 16)}, SEGMENTATION),
+    # SwinUNETR's first stage in 3D: patch embedding, a plain and a shifted window block (the relative position
+    # bias table indexed by `relative_position_index.clone()[:n, :n].reshape(-1)`, torch.roll over three dims,
+    # the mask a buffer made in __init__), patch merging by `x[:, 0::2, 1::2, 0::2, :]` and torch.cat, the
+    # hidden state layer-normed through einops, the instance-norm UNETR block; at another batch (the mask is
+    # built for one resolution)
+    "monai_swinunetr_stage_3d": Case(swin.SwinUNETRStage, {"x_in": (2, 1, 16, 16, 16)}, {"x_in": (3, 1, 16, 16, 16)},
+                                     SEGMENTATION),
+}
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("label", list(CASES))
+def test_segmentation_network_matches_autograd_on_the_original_module(label, mode):
+    matches_autograd(label, CASES[label], mode)
+
+
+DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus"}
+"""Train-mode dropout: the blocks check draws the model's and the module's masks from different seeds."""
+
+
+WIDE_COMMENT = {"monai_swinunetr_stage_3d"}
+"""The blocks form writes the index op's comment line, `# layers1_0_blocks_1_attn_relative_position_bias_table[
+layers1_0_blocks_1_attn_relative_position_index]:`, 108 columns wide, which the blocks check refuses (> 100)."""
+
+
+@pytest.mark.parametrize("label", [label for label in CASES if label not in WIDE_COMMENT])
+def test_segmentation_network_traced_as_blocks_matches_autograd(label, monkeypatch):
+    """The same, each repeated submodule one block (``symgrad trace``'s default form), by the blocks check of
+    ``tests/test_blocks.py``: in train mode (eval where the network has dropout)."""
+    monkeypatch.setitem(test_blocks.TRACED, label, (CASES[label], None, True))
+    test_blocks.test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(
+        label, "eval" if label in DROPOUT else "train")
+
+
+def test_basicunet_pad_decided_from_sizes_is_refused_at_its_line_at_odd_sizes():
+    """MONAI's UpCat pads its upsampled map by one (replicate) where the skip is one larger, a decision taken in
+    Python from the two sizes: at 18x36, where it pads, the trace's second run at other sizes pads elsewhere,
+    and the pad is refused at its line, once, naming the three up-steps (sizes divisible by 16 go in, above)."""
+    with pytest.raises(TraceError) as caught:
+        trace(monai.BasicUNet(spatial_dims=2).double(), {"x": (2, 1, 18, 36)}, name="refused",
+              loss=LossChoice("mse_loss"))
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1, lines
+    line = next(number for number, text in enumerate(Path(monai.__file__).read_text().splitlines(), 1)
+                if 'x_0 = torch.nn.functional.pad(x_0, sp, "replicate")' in text)
+    assert lines[0].startswith(f"{monai.__file__}:{line}: error: 'pad' (in 3 modules: upcat_4, upcat_3, upcat_2)"), lines
+    assert "computed from the input's size" in lines[0] and "(fix: " in lines[0], lines
+
+
+def test_swinunetr_is_refused_at_the_lines_of_its_forward_made_mask_and_its_shrunk_window_index():
+    """The whole SwinUNETR (its input at least 32 and once 64 per dim): ``compute_mask`` builds the shifted
+    windows' mask in ``forward`` from numbers (refused where it is added: a buffer made in ``__init__`` is the
+    workaround, ``BasicLayerFixedMask`` above), and at the last stage, where the 2x2x4 map is smaller than
+    the window, ``relative_position_index.clone()[:n, :n]`` takes a corner of the index buffer (refused at its
+    line: an index must be the buffer or a reshape of all of it)."""
+    with pytest.raises(TraceError) as caught:
+        trace(swin.SwinUNETR().double(), {"x_in": (2, 1, 32, 32, 64)}, name="refused", loss=LossChoice("mse_loss"))
+    lines = str(caught.value).splitlines()
+    source = Path(swin.__file__).read_text().splitlines()
+
+    def line_of(text):
+        return next(number for number, line in enumerate(source, 1) if text in line)
+
+    where = sorted(int(line.split(":")[1]) for line in lines)
+    assert where == sorted({line_of("attn = attn.view(b // nw, nw, self.num_heads, n, n) + mask"),
+                            line_of("self.relative_position_index.clone()[:n, :n].reshape(-1)]"),
+                            line_of("relative_position_bias = self.relative_position_bias_table[")}), lines
+    assert all(line.startswith(swin.__file__) and "(fix: " in line for line in lines), lines
+    assert "made inside the traced code from numbers" in lines[0] and "register_buffer" in lines[0], lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(CASES))
+def test_segmentation_networks_own_generated_test_file_passes(label, tmp_path):
+    case = CASES[label]
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
+    rendered = build_text(text, f"{label}.yaml").rendered
+    for name, content in rendered.files.items():
+        if name.endswith(".py"):
+            (tmp_path / name).write_text(content)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0 and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
