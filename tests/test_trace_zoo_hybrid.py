@@ -119,9 +119,8 @@ def test_edgenext_position_encoding_made_from_the_input_size_is_refused_with_a_w
                          mode)
 
 
-GENERATED_TEST_CASES = ["coatnet", "maxvit", "levit", "edgenext_cached", "botnet", "tresnet"]
-"""One of each kind: a bias table (CoAtNet, MaxViT), BatchNorm1d on tokens (LeViT), XCA (EdgeNeXt), relative
-logits (BoTNet), space-to-depth and blur pooling (TResNet)."""
+GENERATED_TEST_CASES = [*CASES, "edgenext_cached"]
+"""Every family, EdgeNeXt with its position encoding as a buffer."""
 
 
 @pytest.mark.slow
