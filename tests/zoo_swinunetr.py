@@ -355,3 +355,17 @@ class SwinUNETRStage(nn.Module):
         n, ch, d, h, w = x1.size()
         x1_out = rearrange(F.layer_norm(rearrange(x1, "n c d h w -> n d h w c"), [ch]), "n d h w c -> n c d h w")
         return self.encoder3(x1_out)
+
+
+class SwinUNETRFixedMasks(SwinUNETR):
+    """The whole SwinUNETR with the workaround: each stage's mask a buffer made in ``__init__`` for ``img_size``."""
+
+    def __init__(self, img_size=(32, 32, 64), **kwargs):
+        super().__init__(**kwargs)
+        for i_layer in range(4):
+            layer = getattr(self.swinViT, f"layers{i_layer + 1}")[0]
+            fixed = BasicLayerFixedMask(layer.blocks[0].dim, layer.depth, layer.blocks[0].num_heads, layer.window_size,
+                                        qkv_bias=True, downsample=PatchMerging,
+                                        input_resolution=tuple(s // 2 ** (i_layer + 1) for s in img_size))
+            fixed.load_state_dict(layer.state_dict(), strict=False)
+            getattr(self.swinViT, f"layers{i_layer + 1}")[0] = fixed

@@ -10,6 +10,7 @@ to the shape the view gives, so the spec's values are the code's.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,14 +30,36 @@ def _root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
     return value if id(value) in builder.sources else None
 
 
+def _corner(builder: "SpecBuilder", value: Any) -> tuple[int, ...] | None:
+    """The sizes of the leading corner of its int64 input that ``value`` holds (``index[:n, :n]``), None for all."""
+    return builder.index_views.get(("corner", id(value)))
+
+
+def _is_corner(index: Any) -> bool:
+    """``[:n, :m]``: slices from 0 with step 1."""
+    return all(isinstance(item, slice) and item.start in (None, 0) and item.step in (None, 1)
+               for item in (index if isinstance(index, tuple) else (index,)))
+
+
 def index_view(builder: "SpecBuilder", call: "Call") -> bool:
-    """Remember a reshape of an int64 input (``index.view(-1)``) as a view of it; False for any other call."""
-    if (call.name not in RESHAPES and call.name != "__getitem__") or not call.arguments:  # [:n, :n] of all n too
+    """Remember a reshape of an int64 input (``index.view(-1)``), or of its leading corner (``index.clone()[:n,
+    :n]``: SwinUNETR where a map is smaller than the window), as a view of it; False for any other call."""
+    if (call.name not in RESHAPES and call.name != "__getitem__") or not call.arguments:
         return False
-    root = _root(builder, call.arguments[0])
-    if root is None or not isinstance(call.result, torch.Tensor) or call.result.numel() != root.numel():
+    source = call.arguments[0]
+    root = _root(builder, source)
+    if root is None or not isinstance(call.result, torch.Tensor):
+        return False
+    corner = _corner(builder, source)
+    if call.name == "__getitem__":
+        if corner is not None or source.shape != root.shape or not _is_corner(call.arguments[1]):
+            return False
+        corner = tuple(call.result.shape) if call.result.shape != root.shape else None
+    if call.result.numel() != (math.prod(corner) if corner is not None else root.numel()):
         return False
     builder.index_views[id(call.result)] = root
+    if corner is not None:
+        builder.index_views[("corner", id(call.result))] = corner
     builder.kept.append(call.result)
     return True
 
@@ -55,6 +78,17 @@ def index_with_tensor(builder: "SpecBuilder", call: "Call") -> bool:
     if root is None or root.dim() == 0 or any(item != slice(None) for item in rest):
         return False
     picked = source[(slice(None),) * dim + (root,)]
+    corner = _corner(builder, index[dim])
+    if corner is not None:  # table[index[:n, :n].reshape(-1)]: table[index], its corner, reshaped as the view
+        builder.layer("index", {"input": source, "index": root, "dim": dim}, _replaced(call, picked))
+        for position, stop in enumerate(corner):
+            if stop != root.shape[position]:
+                picked = builder.part(call, "narrow", picked, dim + position, 0, stop)
+        shape = list(call.result.shape)
+        if index[dim].dim() == 1:  # .reshape(-1): its length is the corner's, no other node's size
+            shape[dim] = -1
+        builder.part(call, "reshape", picked, tuple(shape), result=call.result)
+        return True
     layer_call = call if picked.shape == call.result.shape else _replaced(call, picked)
     builder.layer("index", {"input": source, "index": root, "dim": dim}, layer_call)
     if layer_call is not call:  # idx.view(-1): the index layer's output reshaped as the view shapes it
