@@ -187,8 +187,8 @@ class _Guard:
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
         (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
-        if self._snapshot.unchanged():  # the common case, in a few C calls; else the loops below say what changed
-            return
+        if not torch.compiler.is_compiling() and self._snapshot.unchanged():  # the common case in a few C calls
+            return  # (dynamo traces the loops below, and guards on what they read); else they say what changed
         for parent, name, child in self._children:
             if parent._modules.get(name) is not child:
                 raise BindError(f"{_name(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
