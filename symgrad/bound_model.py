@@ -144,6 +144,10 @@ class BoundModel(torch.nn.Module):
                             f"missing: {', '.join(missing)}")
         return mode({name: bound.arguments[name] for name in mode.data_arguments})
 
+    def check_unchanged(self) -> None:
+        """The checks a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run, for the model's current mode."""
+        self._mode().check_unchanged()
+
     def _mode(self) -> _Mode:
         training = self.model.training
         for mode in self._modes:
@@ -156,7 +160,7 @@ class BoundModel(torch.nn.Module):
 
 
 def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
-         allow_edited: bool = False) -> Bound | BoundModel:
+         allow_edited: bool = False, cuda_graph: bool = False) -> torch.nn.Module:
     """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
     by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
 
@@ -165,7 +169,8 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
     Raises :class:`BindError` when the model differs from the one traced (its submodules' classes,
     code, hyper-parameters, parameter names and shapes: the module's ``FINGERPRINT``), and when the
     generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
-    a module without a fingerprint unchecked).
+    a module without a fingerprint unchecked). ``cuda_graph=True``: on CUDA, each set of data shapes is
+    captured once and replayed as CUDA graphs (:mod:`symgrad.cuda_graph`); elsewhere it runs as without.
 
     Here, above both bound forms: a module that ends in outputs binds as :class:`BoundModel`, one that
     ends in a loss as :class:`symgrad.binding.Bound`.
@@ -175,5 +180,11 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
     if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
     if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
-        return BoundModel(generated, model, allow_edited=allow_edited)
-    return Bound(generated, model, allow_edited)
+        bound = BoundModel(generated, model, allow_edited=allow_edited)
+    else:
+        bound = Bound(generated, model, allow_edited)
+    if cuda_graph:
+        from .cuda_graph import GraphedStep
+
+        return GraphedStep(bound)
+    return bound
