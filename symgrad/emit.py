@@ -8,45 +8,18 @@ string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import inspect
-import math
 from dataclasses import dataclass
-from importlib import resources
 
-import jinja2
-import jinja2.sandbox
 import sympy
-from markupsafe import escape
 
 from . import __version__
-from .diagram import mermaid, svg
+from .documents import Section, environment, render_documents, render_tests
 from .fingerprint import module_constants
-from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan, Scheduled
-from .printing import comment_lines, entry, fit, prose, to_code, to_latex
-from . import testdata
+from .printing import to_code, to_latex
 from .write import (HEADER, edited_by_hand, read_header, with_header as _with_header,  # noqa: F401
                     write_files, write_text)  # re-exported: the writing lives in symgrad.write
-
-TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
-    testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.checked_subset,
-    testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
-"""symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
-
-
-@functools.lru_cache(maxsize=None)
-def _environment() -> jinja2.Environment:
-    """The sandboxed Jinja environment, built once per process: it compiles each template once."""
-    loader = jinja2.FunctionLoader(lambda name: resources.files("symgrad.templates").joinpath(name).read_text("utf-8"))
-    environment = jinja2.sandbox.SandboxedEnvironment(
-        loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-        trim_blocks=True, lstrip_blocks=True)
-    # the Python templates lay out each statement and sentence within printing.WIDTH columns
-    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry)
-    return environment
-
 
 @dataclass(frozen=True)
 class Line:
@@ -158,21 +131,6 @@ class Rendered:
     """The emitted gradients as one LaTeX ``aligned`` block."""
 
 
-NOTATION = (r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$), $\odot$ is "
-            r"the elementwise product, $w \star_{s,p,d,g} x$ is PyTorch's convolution (cross-correlation) with "
-            r"stride, padding, dilation and groups, $w^{\top} \star$ its adjoint in the input (a transposed "
-            r"convolution) and $x \star^{w} \overline{y}$ its adjoint in the weight. $\mathrm{local}_{v}$ and "
-            r"$\mathrm{mask}_{v}$ name a local gradient of node $v$, computed once and reused; $A_{k}$ is the matrix "
-            r"of a separable resampling or pooling op along spatial axis $k$ (the code reads it off at run time by "
-            r"applying the op to the identity), so $A_{k}^{\top}$ carries the gradient back along that axis; "
-            r"$\operatorname{mean}_{D}$ averages over the normalised axes $D$.")
-
-
-def _notation_html() -> str:
-    parts = NOTATION.split("$")
-    return "".join(mathml(part) if index % 2 else str(escape(part)) for index, part in enumerate(parts))
-
-
 def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()) -> Rendered:
     """All generated files for ``planned``; ``recorded_extras`` are the extras named in the headers
     (those the command line added, so that ``check`` can redo them)."""
@@ -184,24 +142,6 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     readable_backward = [_line(statement) for statement in planned.readable_backward]
     step_of_line = list(planned.step_of_line)
     gradients_backward = _lines(planned.backward, step_of_line)
-    descriptions = _node_description(program)
-    kinds = {"input": "leaf", "layer": "intermediate", "loss": "output"}
-    node_rows = [dict(name=node.name, op=descriptions.get(node.name, "input"), shape=list(node.shape),
-                      stored=planned.stored[node.name],
-                      kind=("leaf (parameter, differentiated)" if node.name in graph.wrt else "leaf (constant)")
-                      if node.kind == "input" else kinds[node.kind]) for node in graph.nodes.values()]
-    lines_of_step: dict[int, list[int]] = {}
-    for index, line_step in enumerate(step_of_line, 1):
-        lines_of_step.setdefault(line_step, []).append(index)
-    step_views = []
-    for number, step in enumerate(program.steps, 1):
-        step_views.append(dict(
-            number=number, node=step.node, forward=step.forward, incoming=mathml(to_latex(step.incoming)),
-            locals=[mathml(f"{to_latex(symbol)} = {to_latex(value)}") for symbol, value in step.locals],
-            contributions=[dict(source=source, operand=operand, mathml=mathml(to_latex(value)),
-                                branch=len(program.branch_sums.get(source, [])))
-                           for operand, source, value in step.contributions],
-            lines=lines_of_step.get(number, [])))
     layout_kept, running = planned.layout_kept, planned.running_statistics
     hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})")
                    for name, value in planned.hvp_results.items()}
@@ -214,7 +154,6 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         channels_last=planned.channels_last,
         channels_last_in_backward=planned.channels_last_in_backward,
         channels_last_test=planned.channels_last_test,
-        channels_last_at_spec=planned.channels_last_at_spec,
         layout_kept=layout_kept,
         gradients_return=", ".join(
             f"{name}=grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept
@@ -254,39 +193,15 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         default_cotangent=to_code(program.default_cotangent),
         grad_loss=planned.grad_loss,
         reduction=graph.loss.params["reduction"],
-        spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
-        spec_entries=sum(math.prod(node.shape) for node in graph.nodes.values()),  # as check.require_memory counts
-        small_shapes=planned.small_shapes,
-        classes=planned.classes,
-        roles=planned.roles,
-        zero_by_structure=planned.zero_by_structure,
-        testdata_source=TESTDATA_SOURCE,
-        node_rows=node_rows,
-        steps=program.steps,
-        branch_sums=program.branch_sums,
-        to_latex=to_latex,
-        notation=NOTATION,
-        loss_latex=to_latex(program.forward[-1].value),
-        mermaid=mermaid(graph),
-        # HTML views: every string below is built from validated names and printed sympy, then escaped
-        svg=svg(graph),
-        notation_html=_notation_html(),
-        loss_mathml_block=mathml(r"\ell = " + to_latex(program.forward[-1].value), block=True),
-        step_views=step_views,
-        branch_rows=[dict(node=node, consumers=", ".join(consumers)) for node, consumers in program.branch_sums.items()],
-        mathml_css=MATHML_CSS,
-        gradients_mathml=aligned([(line.latex_target, line.latex) for line in readable_backward]),
-        code_lines=[dict(number=index, step=step, text=str(escape(f"{line.target} = {line.code}")))
-                    for index, (line, step) in enumerate(zip(gradients_backward, step_of_line), 1)],
     )
-    environment = _environment()
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
-    files = {}
-    for template, file_name in TEMPLATES:
-        file_name = file_name.format(name=spec.name)
-        body = environment.get_template(template).render(**context)
-        files[file_name] = _with_header(body, spec_label, spec_hash, comment=_COMMENT_STYLE[file_name.rsplit(".", 1)[1]],
-                                        extras=recorded_extras)
+    body = environment().get_template("module.py.jinja").render(**context)
+    files = {f"{spec.name}.py": _with_header(body, spec_label, spec_hash, comment="python", extras=recorded_extras)}
+    per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
+    files.update(render_tests(graph, planned.small_shapes, spec_label, {},  # this module takes every input by name
+                              hvp=bool(hvp_results), per_sample=per_sample, recorded_extras=recorded_extras))
+    section = Section(spec.name, "", planned, tuple(line.text for line in gradients_backward), tuple(step_of_line))
+    files.update(render_documents(spec, spec_label, [section], recorded_extras))
     summary = [line.text for line in gradients_backward]
     latex = "\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable_backward) + "\n\\end{aligned}"
     return Rendered(spec.name, files, summary, latex)
@@ -306,16 +221,5 @@ def _outputs_context(spec, graph) -> dict:
                 eval_module=spec.eval)
 
 
-TEMPLATES = (("module.py.jinja", "{name}.py"), ("test_module.py.jinja", "test_{name}.py"),
-             ("derivation.md.jinja", "{name}.md"), ("derivation.html.jinja", "{name}.html"))
 DOCUMENTS = ("{name}.md", "{name}.html")
-_COMMENT_STYLE = {"py": "python", "md": "markup", "html": "markup"}
 
-
-def _node_description(program) -> dict[str, str]:
-    graph = program.graph
-    descriptions = {}
-    for statement in program.forward:
-        if statement.target.name in graph.nodes:
-            descriptions[statement.target.name] = to_code(statement.value)
-    return descriptions

@@ -17,7 +17,8 @@ import sympy
 
 from .algebra import Params, ShapeOf, Size, TensorOp, op, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import channels_last_inputs, channels_last_test, channels_last_weights, input_roles, zero_by_structure
+from .roles import (channels_last_inputs, channels_last_test, channels_last_weights, class_table, input_roles,
+                    running_statistics, zero_by_structure)
 from .tangent import tangent_statements
 
 
@@ -125,7 +126,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], shape_owners),
-        running_statistics=_running_statistics(graph),
+        running_statistics=running_statistics(graph),
         helpers=_helpers(program.forward + fast_live + hvp_live + per_sample_live),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
@@ -134,7 +135,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
         layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
         roles=input_roles(graph), zero_by_structure=zero_by_structure(graph),
-        small_shapes=small_shapes, classes=_class_table(graph, small_shapes),
+        small_shapes=small_shapes, classes=class_table(graph, small_shapes),
         **optional)
 
 
@@ -295,18 +296,6 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     return [symbol.name for symbol in kept], scheduled, loss.name
 
 
-def _running_statistics(graph) -> list[tuple[str, str, str]]:
-    """(running_mean, running_var, momentum as Python source) of each layer whose forward moves
-    running statistics in place."""
-    found = []
-    for node in graph.nodes.values():
-        declared = node.rule.running_statistics(graph.symbols(node)) if node.kind == "layer" else None
-        if declared:
-            mean, var, momentum = declared
-            found.append((node.operands[mean], node.operands[var], "None" if momentum is None else repr(float(momentum))))
-    return found
-
-
 def _helpers(statements: list[Statement]) -> list[str]:
     """The module-level functions the statements' primitives call, each once, in a fixed order."""
     found = {expression.primitive.name: expression.primitive.helper
@@ -369,13 +358,3 @@ def _step_numbers(program: Program, lines: list[Statement]) -> list[int | None]:
         else:
             numbers.append(by_node.get(statement.node))
     return numbers
-
-
-def _class_table(graph, shapes) -> list[tuple[dict[str, list[int]], dict[str, int]]]:
-    """(shape set, class counts of the int64 inputs) for every shape set the generated test uses;
-    empty when the spec has no int64 input."""
-    if not any(node.dtype == "int64" for node in graph.inputs):
-        return []
-    shape_sets = list(shapes) + [{node.name: tuple(node.shape) for node in graph.inputs}]
-    return [({name: list(shape) for name, shape in sorted(shape_set.items())}, graph.class_counts(shape_set))
-            for shape_set in shape_sets]

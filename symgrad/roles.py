@@ -58,6 +58,28 @@ def zero_by_structure(graph: Graph) -> dict[str, str]:
     return zero
 
 
+def running_statistics(graph) -> list[tuple[str, str, str]]:
+    """(running_mean, running_var, momentum as Python source) of each layer whose forward moves
+    running statistics in place."""
+    found = []
+    for node in graph.nodes.values():
+        declared = node.rule.running_statistics(graph.symbols(node)) if node.kind == "layer" else None
+        if declared:
+            mean, var, momentum = declared
+            found.append((node.operands[mean], node.operands[var], "None" if momentum is None else repr(float(momentum))))
+    return found
+
+
+def class_table(graph, shapes) -> list[tuple[dict[str, list[int]], dict[str, int]]]:
+    """(shape set, class counts of the int64 inputs) for every shape set the generated test uses;
+    empty when the spec has no int64 input."""
+    if not any(node.dtype == "int64" for node in graph.inputs):
+        return []
+    shape_sets = list(shapes) + [{node.name: tuple(node.shape) for node in graph.inputs}]
+    return [({name: list(shape) for name, shape in sorted(shape_set.items())}, graph.class_counts(shape_set))
+            for shape_set in shape_sets]
+
+
 CHANNELS_LAST_MIN_POSITIONS = 16384
 """Batch x height x width the 2-d convolutions' inputs need (averaged by weight size) before the
 generated code runs them in channels_last. Measured (BENCHMARKS.md): at the seeds' 8 x 128 x 128

@@ -27,7 +27,7 @@ from .fingerprint import module_constants
 from .graph import Graph, build_graph
 from .plan import Plan, plan
 from .reverse import GRAD_LOSS, Program, derive
-from .roles import channels_last_inputs, channels_last_rule
+from .roles import channels_last_rule
 from .rules.base import Forward, Operand, Param, Rule
 from .spec import Argument, LossSpec, Spec
 
@@ -635,13 +635,16 @@ def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
     return lines
 
 
-def render_structured(structured: Structured, spec_label: str, test_context: dict) -> dict[str, str]:
-    """The structured module and its test file, as text keyed by file name."""
+def render_structured(structured: Structured, spec_label: str, shapes: list) -> dict[str, str]:
+    """The structured module, its test file (``shapes``: the test shapes) and its documents, as text
+    keyed by file name."""
     import hashlib
 
     from . import __version__
-    from .emit import _environment, _line, _lines
-    from .plan import _helpers, _running_statistics
+    from .documents import environment, render_tests
+    from .emit import _line, _lines
+    from .plan import _helpers
+    from .roles import running_statistics
     from .printing import to_code
     from .write import with_header
 
@@ -698,19 +701,15 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
         param_returns=param_returns, merged_returns=[text for text, _ in merged], offsets=offsets,
         chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
-        momentum_lines=_packed(_momenta(_running_statistics(structured.flat_graph), sources)),
+        momentum_lines=_packed(_momenta(running_statistics(structured.flat_graph), sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         **_layout_view(structured, sources, positional),
     )
-    environment = _environment()
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
-    files = {}
-    test_context = dict(test_context, outputs=spec.outputs is not None, name=spec.name, sources=sources, positional=positional,
-                        channels_last_at_spec=channels_last_inputs(structured.flat_graph))
-    for template, file_name, values in (("structured.py.jinja", f"{spec.name}.py", context),
-                                        ("test_structured.py.jinja", f"test_{spec.name}.py", test_context)):
-        body = environment.get_template(template).render(**values)
-        files[file_name] = with_header(body, spec_label, spec_hash, comment="python")
+    body = environment().get_template("structured.py.jinja").render(**context)
+    files = {f"{spec.name}.py": with_header(body, spec_label, spec_hash, comment="python")}
+    files.update(render_tests(structured.flat_graph, shapes, spec_label, sources))  # the parameters in `params`
+    files.update(_documents(structured, spec_label, blocks, context["backward"]))
     return files
 
 
@@ -778,65 +777,25 @@ def flat_view(module, graph: Graph):
     return FlatView(module, graph) if getattr(module, "STRUCTURED", False) else module
 
 
-def _section(title: str, anchor: str, program: Program, graph: Graph, instances=(), inputs=(), params=(),
-             hyper=(), diagram: bool = False) -> dict:
-    """One block's (or the top level's) derivation, for the documents."""
-    from markupsafe import escape
-
-    from .diagram import svg
-    from .mathml import mathml
-    from .printing import to_code, to_latex
-
-    steps = []
-    for step in program.steps:
-        if instances and step.node == "loss":  # a block's end: its output's gradient comes from the caller
-            continue
-        node = graph.nodes[step.node]
-        own = (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule)
-               else tuple(node.rule.keys) if isinstance(node.rule, ChainRule) else ())
-        # an instance's parameters take their gradients straight from its block's backward: named, not derived
-        parameters = [source for operand, source, _ in step.contributions
-                      if operand in own and not program.branch_sums.get(source)]
-        contributions = [dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
-                              branch=len(program.branch_sums.get(source, [])))
-                         for operand, source, value in step.contributions if source not in parameters]
-        locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
-        steps.append(dict(node=step.node, incoming=to_latex(step.incoming), incoming_mathml=mathml(to_latex(step.incoming)),
-                          locals=locals_, locals_mathml=[mathml(local) for local in locals_],
-                          contributions=contributions, parameters=parameters))
-    forward = [f"{statement.target.name} = {to_code(statement.value)}" for statement in program.forward
-               if statement.target.name != "loss" or not instances]
-    return dict(title=title, anchor=anchor, instances=list(instances), inputs=list(inputs), params=list(params),
-                hyper=list(hyper),
-                forward=[str(escape(line)) for line in forward] if diagram else forward, steps=steps,
-                svg=svg(graph) if diagram else "")
-
-
-def render_documents(structured: Structured, spec_label: str) -> dict[str, str]:
-    """``<name>.md`` and ``<name>.html``: each block's derivation once, then the top level."""
-    import hashlib
-
-    from . import __version__
-    from .emit import NOTATION, _environment, _notation_html
-    from .mathml import CSS
-    from .write import with_header
+def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_lines: list) -> dict[str, str]:
+    """``<name>.md`` and ``<name>.html``: each block's derivation once (``blocks``: their views, in
+    order), then the top level's (``top_lines``: its backward as printed)."""
+    from .documents import Section, render_documents
 
     spec = structured.spec
     instances: dict[str, list[str]] = {}
     for layer in spec.layers:
         if layer.block:
             instances.setdefault(layer.block, []).append(layer.out)
-    environment = _environment()
-    spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
-    files = {}
-    for template, suffix, html in (("structured.md.jinja", "md", False), ("structured.html.jinja", "html", True)):
-        sections = [_section(f"Block {name}", f"block-{name}", block.program, block.graph, instances[name],
-                             block.spec.inputs, [key for _, key in block.spec.params],
-                             [f"{name} (default {default})" for name, default in block.spec.hyper], diagram=html)
-                    for name, block in structured.blocks.items()]
-        sections.append(_section("Top level", "top-level", structured.program, structured.graph, diagram=False))
-        body = environment.get_template(template).render(
-            name=spec.name, version=__version__, spec_label=spec_label, notation=NOTATION,
-            notation_html=_notation_html(), mathml_css=CSS, sections=sections)
-        files[f"{spec.name}.{suffix}"] = with_header(body, spec_label, spec_hash, comment="markup")
-    return files
+    sections = [Section(f"Block {name}", f"block-{name}", block.planned, tuple(line.text for line in view["backward"]),
+                        instances=tuple(instances[name]), inputs=tuple(block.spec.inputs),
+                        params=tuple(key for _, key in block.spec.params),
+                        hyper=tuple(f"{hyper} (default {default})" for hyper, default in block.spec.hyper))
+                for (name, block), view in zip(structured.blocks.items(), blocks)]
+    # an instance's parameters take their gradients straight from its block's backward: named, not derived
+    named = {node.name: (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule) else tuple(node.rule.keys))
+             for node in structured.graph.nodes.values() if isinstance(node.rule, (BlockRule, ChainRule))}
+    # no SVG of the top level: grandalf lays out its graph differently from run to run (the files must not change)
+    sections.append(Section("Top level", "top-level", structured.planned, tuple(line.text for line in top_lines),
+                            named_parameters=named, svg=False))
+    return render_documents(spec, spec_label, sections)

@@ -180,3 +180,20 @@ def test_graph_svg_scales_to_the_page():
     assert "viewBox=" in opening and 'height="' not in opening  # height follows the width the page gives it
     template = (ROOT / "templates" / "derivation.html.jinja").read_text()
     assert "svg.graph { display: block; max-width: 100%; height: auto; }" in template
+
+
+def test_a_block_specs_documents_have_the_node_table_graph_and_branch_sums_in_every_section():
+    """One Markdown and one HTML template for every spec: with blocks, each block's section and the
+    top level's have what a flat spec's document has (the node table, the graph, the steps, the
+    branch sums, the gradients as emitted), with ids of their own on the page."""
+    markdown = (ROOT / "generated" / "unrolled_blocks.md").read_text()
+    html = (ROOT / "generated" / "unrolled_blocks.html").read_text()
+    for part in ("| node | kind | op | shape | stored for the backward pass |", "```mermaid",
+                 "### 1. Forward pass: build the graph", "### 3. Branch sums", "### 4. The gradients, as emitted"):
+        assert markdown.count(part) == 2, part  # the block gradient_step, then the top level
+    assert "- `k` feeds x4, x3, x2, x1, so" in markdown  # the top level sums the four instances' gradients of k
+    assert "#### Step 1: `stepped = x - correction`" in markdown
+    for section in ("block-gradient_step", "top-level"):
+        for part in ("forward-table", "step-1", "branches", "gradients"):
+            assert html.count(f'id="{section}-{part}"') == 1, (section, part)
+    assert 'id="block-gradient_step-L1"' in html and html.count("<svg") == 1  # the block's graph drawn

@@ -666,7 +666,7 @@ def test_the_generated_test_runs_the_spec_shape_check_where_it_fits(tmp_path: Pa
 
 def test_verify_and_the_generated_test_share_one_memory_estimate():
     from symgrad.check import require_memory
-    from symgrad.emit import TESTDATA_SOURCE
+    from symgrad.documents import TESTDATA_SOURCE
     from symgrad.testdata import available_memory, memory_shortfall
 
     assert "def memory_shortfall(" in TESTDATA_SOURCE and "def available_memory(" in TESTDATA_SOURCE

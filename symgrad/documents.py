@@ -1,0 +1,212 @@
+"""The files that go with a generated module: its test file (``test_<name>.py``) and its derivation
+(``<name>.md``, ``<name>.html``), one template each for every spec, with blocks or without.
+
+:func:`render_tests` reads the graph of the spec with every block written out (the inputs, shapes and
+``wrt`` the module is called with, whatever its form) and how the module takes each input: in its
+``params`` mapping under a ``state_dict()`` key, or by name. :func:`render_documents` shows one
+:class:`Section` per derivation: a spec without blocks has one, a spec with blocks one per block and
+one for the top level, each with the same parts (node table, graph, steps, branch sums, the gradients
+as emitted).
+
+Templates only ever receive strings made here from validated identifiers, ints and printed sympy
+expressions: no spec string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+import jinja2
+import jinja2.sandbox
+from markupsafe import escape
+
+from . import __version__, testdata
+from .diagram import mermaid, svg
+from .graph import Graph
+from .mathml import CSS as MATHML_CSS, aligned, mathml
+from .plan import Plan
+from .printing import comment_lines, entry, fit, prose, to_code, to_latex
+from .reverse import GRAD_LOSS
+from .roles import channels_last_inputs, class_table, input_roles, running_statistics, zero_by_structure
+from .write import with_header
+
+TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
+    testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.checked_subset,
+    testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
+"""symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
+
+NOTATION = (r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$), $\odot$ is "
+            r"the elementwise product, $w \star_{s,p,d,g} x$ is PyTorch's convolution (cross-correlation) with "
+            r"stride, padding, dilation and groups, $w^{\top} \star$ its adjoint in the input (a transposed "
+            r"convolution) and $x \star^{w} \overline{y}$ its adjoint in the weight. $\mathrm{local}_{v}$ and "
+            r"$\mathrm{mask}_{v}$ name a local gradient of node $v$, computed once and reused; $A_{k}$ is the matrix "
+            r"of a separable resampling or pooling op along spatial axis $k$ (the code reads it off at run time by "
+            r"applying the op to the identity), so $A_{k}^{\top}$ carries the gradient back along that axis; "
+            r"$\operatorname{mean}_{D}$ averages over the normalised axes $D$.")
+
+
+@functools.lru_cache(maxsize=None)
+def environment() -> jinja2.Environment:
+    """The sandboxed Jinja environment, built once per process: it compiles each template once."""
+    loader = jinja2.FunctionLoader(lambda name: resources.files("symgrad.templates").joinpath(name).read_text("utf-8"))
+    environment = jinja2.sandbox.SandboxedEnvironment(
+        loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True)
+    # the Python templates lay out each statement and sentence within printing.WIDTH columns
+    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry)
+    return environment
+
+
+def notation_html() -> str:
+    """:data:`NOTATION` for the HTML page: its math as MathML, the prose escaped."""
+    parts = NOTATION.split("$")
+    return "".join(mathml(part) if index % 2 else str(escape(part)) for index, part in enumerate(parts))
+
+
+def _rendered(template: str, file_name: str, context: dict, spec, spec_label: str, extras: tuple[str, ...]) -> str:
+    body = environment().get_template(template).render(**context)
+    spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
+    comment = "python" if file_name.endswith(".py") else "markup"
+    return with_header(body, spec_label, spec_hash, comment=comment, extras=extras)
+
+
+# --------------------------------------------------------------------------------------------
+# The test file
+# --------------------------------------------------------------------------------------------
+
+
+def render_tests(graph: Graph, small_shapes: list[dict[str, tuple[int, ...]]], spec_label: str,
+                 params: dict[str, str], hvp: bool = False, per_sample: tuple[list[str], list[str]] | None = None,
+                 recorded_extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """``test_<name>.py`` for the module generated from ``graph``'s spec (every block written out:
+    the inputs, shapes and ``wrt`` the module is called with), ``small_shapes`` its test shapes.
+
+    ``params``: the inputs the module takes in its ``params`` mapping, each to its key there (its
+    ``state_dict()`` key); it takes every other input by name. ``hvp`` and ``per_sample`` (the
+    parameters and the batched inputs of ``per_sample_gradients``) add the extras' tests;
+    ``recorded_extras`` are named in the header."""
+    spec = graph.spec
+    moved = sorted({name for mean, var, _ in running_statistics(graph) for name in (mean, var)})
+    random = any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None)
+    context = dict(
+        name=spec.name, wrt=list(graph.wrt), params=dict(params),
+        spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
+        spec_entries=sum(math.prod(node.shape) for node in graph.nodes.values()),  # as check.require_memory counts
+        channels_last_at_spec=channels_last_inputs(graph), small_shapes=small_shapes, roles=input_roles(graph),
+        moved=moved, zero_by_structure=zero_by_structure(graph), classes=class_table(graph, small_shapes),
+        testdata_source=TESTDATA_SOURCE, outputs=spec.outputs is not None, random=random,
+        hvp=hvp, per_sample=per_sample is not None,
+        per_sample_names=per_sample[0] if per_sample else [], per_sample_batched=per_sample[1] if per_sample else [])
+    file_name = f"test_{spec.name}.py"
+    return {file_name: _rendered("test_module.py.jinja", file_name, context, spec, spec_label, recorded_extras)}
+
+
+# --------------------------------------------------------------------------------------------
+# The derivation documents
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """One derivation the documents show: a spec's without blocks, a block's, or the top level's of
+    a spec with blocks."""
+
+    title: str
+    anchor: str
+    """The section's HTML id and the prefix of its own ids (empty: the only section)."""
+    planned: Plan
+    emitted: tuple[str, ...]
+    """The backward as the module runs it, one printed statement a line."""
+    step_of_line: tuple[int | None, ...] | None = None
+    """Each emitted line's derivation step (1-based); None: not known, the lines are not linked."""
+    instances: tuple[str, ...] = ()
+    """A block's instances (a block's section has at least one)."""
+    inputs: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    hyper: tuple[str, ...] = ()
+    named_parameters: dict | None = None
+    """{node: its operands whose gradients its block's backward returns as they are}: said, not derived."""
+    svg: bool = True
+    """Whether the HTML page draws the graph (the Markdown's Mermaid graph is always there)."""
+
+
+def render_documents(spec, spec_label: str, sections: list[Section],
+                     recorded_extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """``<name>.md`` and ``<name>.html`` for ``spec``: each section's derivation, in order."""
+    blocked = len(sections) > 1 or bool(sections[0].instances)
+    files = {}
+    for suffix, html in (("md", False), ("html", True)):
+        context = dict(name=spec.name, version=__version__, spec_label=spec_label, notation=NOTATION,
+                       notation_html=notation_html(), mathml_css=MATHML_CSS, blocked=blocked,
+                       sections=[_section_view(section, blocked, html) for section in sections])
+        file_name = f"{spec.name}.{suffix}"
+        files[file_name] = _rendered(f"derivation.{suffix}.jinja", file_name, context, spec, spec_label,
+                                     recorded_extras)
+    return files
+
+
+def _section_view(section: Section, blocked: bool, html: bool) -> dict:
+    """What the templates show of one section; ``html``: the page's parts (SVG, MathML), else the
+    Markdown's (Mermaid, LaTeX)."""
+    planned = section.planned
+    program = planned.program
+    graph = program.graph
+    block = bool(section.instances)
+    output = program.forward[-1].value if block else None  # a block's end: the output the caller's gradient meets
+    descriptions = {statement.target.name: to_code(statement.value) for statement in program.forward
+                    if statement.target.name in graph.nodes}
+    kinds = {"input": "leaf", "layer": "intermediate", "loss": "output"}
+    node_rows = [dict(name=node.name, op=descriptions.get(node.name, "input"), shape=list(node.shape),
+                      stored=planned.stored[node.name],
+                      kind=("leaf (parameter, differentiated)" if node.name in graph.wrt else "leaf (constant)")
+                      if node.kind == "input" else kinds[node.kind])
+                 for node in graph.nodes.values() if not (block and node.kind == "loss")]
+    lines_of_step: dict[int, list[int]] = {}
+    for index, line_step in enumerate(section.step_of_line or (), 1):
+        lines_of_step.setdefault(line_step, []).append(index)
+    named = section.named_parameters or {}
+    steps = []
+    for step in program.steps:
+        if block and step.node == "loss":  # the block's end: its output's gradient comes from the caller
+            continue
+        # an instance's parameters take their gradients straight from its block's backward: named, not derived
+        parameters = [source for operand, source, _ in step.contributions
+                      if operand in named.get(step.node, ()) and not program.branch_sums.get(source)]
+        locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
+        steps.append(dict(
+            number=len(steps) + 1, node=step.node, forward=step.forward, incoming=to_latex(step.incoming),
+            incoming_mathml=mathml(to_latex(step.incoming)), locals=locals_,
+            locals_mathml=[mathml(local) for local in locals_], parameters=parameters,
+            contributions=[dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
+                                branch=len(program.branch_sums.get(source, [])))
+                           for operand, source, value in step.contributions if source not in parameters],
+            lines=lines_of_step.get(len(steps) + 1, [])))
+    # a block's output takes the gradient the caller passes (`grad_output`), not the loss's: no alias line for it
+    readable = [(to_latex(statement.target), to_latex(statement.math if statement.math is not None else statement.value))
+                for statement in planned.readable_backward if not (block and statement.value == GRAD_LOSS)]
+    loss = program.forward[-1].value
+    prefix = f"{section.anchor}-" if section.anchor else ""
+    return dict(
+        title=section.title, anchor=section.anchor, prefix=prefix, heading="###" if blocked else "##",
+        level=3 if blocked else 2, block=block, instances=list(section.instances), inputs=list(section.inputs),
+        params=list(section.params), hyper=list(section.hyper), output=str(output) if block else "",
+        output_gradient=rf"\overline{{{to_latex(output)}}}" if block else "",
+        reduction=graph.loss.params.get("reduction", "none"),
+        mermaid="" if html else mermaid(graph), svg=svg(graph) if html and section.svg else "",
+        node_rows=node_rows,
+        forward=[f"{statement.target.name} = {to_code(statement.value)}" for statement in planned.forward
+                 if not (block and statement.target.name == "loss")],
+        loss_latex="" if block else to_latex(loss),
+        loss_mathml_block="" if block or not html else mathml(r"\ell = " + to_latex(loss), block=True),
+        steps=steps, linked=section.step_of_line is not None,
+        branch_rows=[dict(node=node, consumers=list(consumers)) for node, consumers in program.branch_sums.items()],
+        readable=readable, gradients_mathml=aligned(readable) if html else "",
+        emitted=list(section.emitted),
+        code_lines=[dict(number=index, step=step, text=str(escape(text)))
+                    for index, (text, step) in enumerate(zip(section.emitted, section.step_of_line
+                                                             or [None] * len(section.emitted)), 1)])

@@ -1,0 +1,91 @@
+"""The one test template, for a spec with blocks as for one without: a traced model written as its
+blocks gets the float64, float32, zero-by-structure and inputs-unchanged tests, and each of them fails
+when the module is broken the way it guards against."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+
+
+class ConvBNReLU(nn.Sequential):
+    """A convolution with a bias before training-mode BatchNorm: the bias's gradient is zero by
+    structure (torchvision's own blocks drop it; many hand-written ones keep it)."""
+
+    def __init__(self, cin, cout):
+        super().__init__(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class SmallNet(nn.Module):
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = ConvBNReLU(3, 8)
+        self.body = nn.Sequential(ConvBNReLU(8, 8), ConvBNReLU(8, 8))
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x):
+        x = self.body(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+BROKEN = '''
+
+import os as _os
+
+_gradients = gradients
+
+
+def gradients(*positional, **named):
+    """The module broken as $BROKEN says, for the test that its generated test file notices."""
+    result = _gradients(*positional, **named)
+    broken = _os.environ.get("BROKEN") if "x" in named else None  # as the tests call it: by name
+    if broken == "input":  # an input overwritten in place
+        with torch.no_grad():
+            named["x"].mul_(2)
+    elif broken == "bias":  # a gradient that is zero by structure made nonzero
+        result.params["stem.0.bias"] = result.params["stem.0.bias"] + 1e-3
+    elif broken == "float32" and named["x"].dtype == torch.float32:  # rounded as bfloat16 in float32 only
+        for key, value in result.params.items():
+            result.params[key] = value.bfloat16().float()
+    return result
+'''
+
+
+def _run(folder, broken: str, only: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "-n", "0",
+                           "test_blocky.py", *(["-k", only] if only else [])], cwd=folder, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "BROKEN": broken})
+
+
+def test_a_block_specs_test_file_has_every_check_and_each_fails_on_a_broken_module(tmp_path):
+    torch.manual_seed(0)
+    text = trace(SmallNet().double().train(), {"x": (2, 3, 8, 8)}, name="blocky", loss=LossChoice("cross_entropy"),
+                 mode="train", blocks=True)
+    built = build_text(text, "blocky.yaml")
+    assert "def conv_bn_relu_backward(" in built.rendered.files["blocky.py"]  # written as its block
+    test_file = built.rendered.files["test_blocky.py"]
+    for name in ("test_float32_at_spec_shapes_rounds_no_more_than_autograd", "test_gradients_zero_by_structure_are_zero",
+                 "test_matches_autograd_float64_random_cotangent", "test_gradgradcheck_of_the_explicit_backward"):
+        assert f"def {name}(" in test_file
+    assert '"stem_0_weight": "stem.0.weight"' in test_file  # the parameters come in `params`, by state_dict key
+    for name, content in built.rendered.files.items():
+        (tmp_path / name).write_text(content + (BROKEN if name == "blocky.py" else ""))
+    clean = _run(tmp_path, "")
+    assert clean.returncode == 0 and "skipped" not in clean.stdout, clean.stdout[-3000:]
+    for broken, failing, message in (
+            ("input", "test_matches_autograd_float64_random_cotangent[small]", "gradients modified its input x"),
+            ("bias", "test_gradients_zero_by_structure_are_zero", "stem_0_bias is the bias of")):
+        result = _run(tmp_path, broken, failing.split("[")[0])
+        assert f"FAILED test_blocky.py::{failing}" in result.stdout and message in result.stdout, \
+            (broken, result.stdout[-3000:])
+    float32 = _run(tmp_path, "float32")  # the float32 test alone fails: the float64 ones still pass
+    assert float32.stdout.count("FAILED") == 1, float32.stdout[-3000:]
+    assert "FAILED test_blocky.py::test_float32_at_spec_shapes_rounds_no_more_than_autograd" in float32.stdout
