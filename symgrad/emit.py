@@ -44,8 +44,27 @@ def _environment() -> jinja2.Environment:
         loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True)
     # the Python templates lay out each statement and sentence within printing.WIDTH columns
-    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry)
+    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry, hanging=hanging)
     return environment
+
+
+def hanging(names: list[str], head: str, tail: str, indent: int = 4, plain: str | None = None,
+            width: int = 100) -> str:
+    """``plain`` where it fits on one line at column ``indent``, else ``head``, the ``names`` as
+    many to a line as fit, aligned under the first, and ``tail``: ``(x, p, conv1,`` over
+    `` relu) = saved``. The first line without its indent."""
+    one = plain if plain is not None else head + ", ".join(names) + tail
+    if indent + len(one) <= width:
+        return one
+    pad = indent + len(head)
+    lines = [head]
+    for index, name in enumerate(names):
+        item = name + (tail if index == len(names) - 1 else ",")
+        if lines[-1] == head or (pad if len(lines) > 1 else indent) + len(lines[-1]) + 1 + len(item) <= width:
+            lines[-1] += ("" if lines[-1] == head else " ") + item
+        else:
+            lines.append(" " * pad + item)
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -214,6 +233,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         channels_last=planned.channels_last,
         channels_last_in_backward=planned.channels_last_in_backward,
         channels_last_test=planned.channels_last_test,
+        channels_last_constant=planned.channels_last_constant,
         channels_last_at_spec=planned.channels_last_at_spec,
         layout_kept=layout_kept,
         gradients_return=", ".join(

@@ -289,7 +289,20 @@ def entry(key: str, value: str, indent: int = 8, width: int = WIDTH) -> str:
     if indent + len(line) <= width:
         return line
     pad = " " * indent
+    if value.startswith("(") and _closing(value) == len(value) - 1:  # a tuple: its own parentheses
+        value = value[1:-1]
     return f'"{key}": (\n{pad}    {fit(value, indent + 4, width=width)}\n{pad}),'
+
+
+def _closing(text: str) -> int:
+    """The index of the bracket that closes ``text``'s first one (-1: none)."""
+    depth = 0
+    for index, character in enumerate(text):
+        depth += character in "([{"
+        depth -= character in ")]}"
+        if depth == 0:
+            return index
+    return -1
 
 
 def comment_lines(comment: str, indent: int = 4, width: int = WIDTH) -> str:

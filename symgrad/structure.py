@@ -27,7 +27,7 @@ from .fingerprint import module_constants
 from .graph import Graph, build_graph
 from .plan import Plan, plan
 from .reverse import GRAD_LOSS, Program, derive
-from .roles import channels_last_inputs, channels_last_rule
+from .roles import channels_last_constant, channels_last_inputs, channels_last_rule
 from .rules.base import Forward, Operand, Param, Rule
 from .spec import Argument, LossSpec, Spec
 
@@ -472,9 +472,14 @@ def _top_spec(spec: Spec) -> Spec:
 
 
 def _renamed_statements(scheduled, renames: dict) -> list:
-    """``scheduled`` with each symbol in ``renames`` replaced (values and deletions alike)."""
+    """``scheduled`` with each symbol in ``renames`` replaced (values, deletions and the comments'
+    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``)."""
+    import re
+
     from .plan import Scheduled
 
+    names = {old.name: new.name for old, new in renames.items()}
+    spelled = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")\b") if names else None
     result = []
     for item in scheduled:
         statement = item.statement
@@ -482,7 +487,26 @@ def _renamed_statements(scheduled, renames: dict) -> list:
         if value in renames.values() and statement.target in renames:
             continue  # the alias itself
         dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
-        result.append(Scheduled(dataclasses.replace(statement, value=value), dead))
+        comment = statement.comment
+        code = re.match(r"\w+ = .*?\)(?=: )", comment) if spelled else None  # `fc = F.linear(...): pulled back`
+        if code:  # the forward line it quotes, never the prose (a parameter may be called `weight`)
+            comment = spelled.sub(lambda match: names[match.group(1)], code.group(0)) + comment[code.end():]
+        result.append(Scheduled(dataclasses.replace(statement, value=value, comment=comment), dead))
+    return result
+
+
+def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
+    """``scheduled`` with each comment on one line: one too long for it loses its closing remark in
+    parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls says)."""
+    import re
+
+    result = []
+    for item in scheduled:
+        comment = item.statement.comment
+        if indent + 2 + len(comment) > width:
+            comment = re.sub(r" \([^()]*\)$", "", comment)
+        result.append(item if comment == item.statement.comment else
+                      dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=comment)))
     return result
 
 
@@ -504,13 +528,14 @@ def _block_view(derived: DerivedBlock) -> dict:
     hyper_backward = _hypers(item.statement for item in backward)
     # each parameter read where it is used, as the mapping's entry (`p["conv1.weight"]`): no names to unpack
     entries = {tensor(name): tensor(f'p["{key}"]') for name, key in block.params}
+    saved_names = (list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
+                   + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names)
     return dict(
         name=block.name, inputs=list(block.inputs), output=output.name,
         hyper=[f"{name}={default}" for name, default in block.hyper],
         forward=_lines(_renamed_statements(forward, entries), overwrite=True),
-        saved_names=list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
-        + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names,
-        backward=_lines(_renamed_statements(backward, entries)),
+        saved_names=saved_names,
+        backward=_lines(_one_line(_renamed_statements(backward, entries))),
         returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
 
 
@@ -673,7 +698,7 @@ def render_structured(structured: Structured, spec_label: str, test_context: dic
                  for statement in planned.forward],
         saving_forward=_lines(_renamed_statements(planned.saving_forward, entries), overwrite=True),
         saved_names=planned.saved_names, loss_name=planned.loss_name,
-        backward=_lines(_renamed_statements(backward, entries)), boundary_dead=planned.boundary_dead,
+        backward=_lines(_one_line(_renamed_statements(backward, entries))), boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),
         signature=signature, reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
@@ -704,7 +729,8 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
     positional inputs whose gradients go back to their caller's layout."""
     rule = channels_last_rule(structured.flat_graph)
     if rule is None:
-        return dict(channels_last_keys=[], channels_last_test=None, backward_channels_last=[], layout_kept=[])
+        return dict(channels_last_keys=[], channels_last_test=None, channels_last_constant=None,
+                    backward_channels_last=[], layout_kept=[])
     flat_sources = {item.name: item.source for item in structured.flat_graph.spec.inputs if item.source}
     keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
     read_in_backward = {symbol.name for item in structured.planned.backward for symbol in item.statement.value.free_symbols}
@@ -715,7 +741,7 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
     return dict(
         channels_last_keys=keys, channels_last_lines=_packed([f'"{key}",' for key in keys]) if listed else [],
         channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
-        channels_last_test=rule.test(),
+        channels_last_test=rule.test(), channels_last_constant=channels_last_constant(structured.flat_graph),
         backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
         layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4] if keys else [],
     )
