@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .blocks import flatten
-from .emit import TESTDATA_SOURCE, Rendered, render
+from .emit import Rendered, render
 from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
 from .plan import plan
@@ -68,17 +68,11 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
 
 def _build_structured(spec: Spec, label: str) -> Built:
     """A spec with blocks: each block derived once, the module calls it per instance (``structure``)."""
-    from .plan import _class_table
-    from .roles import input_roles
-    from .structure import build_structured, render_documents, render_structured
+    from .plan_blocks import build_structured
+    from .render_blocks import render_files
 
     structured = build_structured(spec)
-    shapes = small_shapes(structured.flat_graph)
-    test_context = dict(wrt=list(structured.graph.wrt), small_shapes=shapes, roles=input_roles(structured.flat_graph),
-                        testdata_source=TESTDATA_SOURCE, classes=_class_table(structured.flat_graph, shapes),
-                        spec_shapes={node.name: tuple(node.shape) for node in structured.flat_graph.inputs})
-    files = render_structured(structured, label, test_context)
-    files.update(render_documents(structured, label))
+    files = render_files(structured, label)
     rendered = Rendered(spec.name, files, [])
     try:  # as for the flat module: a spec name the module also uses is refused at the spec's line
         check_module_source(spec, files[f"{spec.name}.py"], template="structured.py.jinja")
@@ -86,7 +80,7 @@ def _build_structured(spec: Spec, label: str) -> Built:
         pass  # symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
-    return Built(label, structured.flat_graph, structured.program, rendered, shapes)
+    return Built(label, structured.flat_graph, structured.program, rendered, structured.test_data["small_shapes"])
 
 
 class GeneratorError(SymgradError):

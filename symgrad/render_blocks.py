@@ -1,0 +1,359 @@
+"""Rendering a :class:`~symgrad.plan_blocks.Structured` plan into the module, its test file and
+its documents: each block's forward and backward function once, then the top level, printed from
+the plan (``statements`` renamed to the names the code uses: ``p["conv1.weight"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from .blocks import HyperInt
+from .fingerprint import module_constants
+from .graph import Graph
+from .plan_blocks import Structured
+from .reverse import GRAD_LOSS, Program
+from .structure import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
+from .algebra import TensorOp, tensor
+
+
+def _renamed_statements(scheduled, renames: dict) -> list:
+    """``scheduled`` with each symbol in ``renames`` replaced (values, deletions and the comments'
+    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``)."""
+    import re
+
+    from .plan import Scheduled
+
+    names = {old.name: new.name for old, new in renames.items()}
+    spelled = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")\b") if names else None
+    result = []
+    for item in scheduled:
+        statement = item.statement
+        value = statement.value.xreplace(renames)
+        if value in renames.values() and statement.target in renames:
+            continue  # the alias itself
+        dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
+        comment = statement.comment
+        code = re.match(r"\w+ = .*?\)(?=: )", comment) if spelled else None  # `fc = F.linear(...): pulled back`
+        if code:  # the forward line it quotes, never the prose (a parameter may be called `weight`)
+            comment = spelled.sub(lambda match: names[match.group(1)], code.group(0)) + comment[code.end():]
+        result.append(Scheduled(dataclasses.replace(statement, value=value, comment=comment), dead))
+    return result
+
+
+def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
+    """``scheduled`` with each comment on one line: one too long for it loses its closing remark in
+    parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls says)."""
+    import re
+
+    result = []
+    for item in scheduled:
+        comment = item.statement.comment
+        if indent + 2 + len(comment) > width:
+            comment = re.sub(r" \([^()]*\)$", "", comment)
+        result.append(item if comment == item.statement.comment else
+                      dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=comment)))
+    return result
+
+
+def _block_view(derived: DerivedBlock) -> dict:
+    from .emit import _lines
+
+    block, planned = derived.spec, derived.planned
+    forward = [item for item in planned.saving_forward if item.statement.target.name != "loss"]
+    output = tensor(block.output)
+    # the gradient arriving at the output is the argument grad_output: `grad_out = grad_loss` goes
+    renames = {GRAD_LOSS: GRAD_OUTPUT}
+    for item in planned.backward:
+        if item.statement.value == GRAD_LOSS:
+            renames[item.statement.target] = GRAD_OUTPUT
+    backward = _renamed_statements(planned.backward, renames)
+    keys = dict(block.params)
+    read_backward = _read(item.statement for item in backward)
+    gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
+    hyper_backward = _hypers(item.statement for item in backward)
+    # each parameter read where it is used, as the mapping's entry (`p["conv1.weight"]`): no names to unpack
+    entries = {tensor(name): tensor(f'p["{key}"]') for name, key in block.params}
+    saved_names = (list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
+                   + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names)
+    return dict(
+        name=block.name, inputs=list(block.inputs), output=output.name,
+        hyper=[f"{name}={default}" for name, default in block.hyper],
+        forward=_lines(_renamed_statements(forward, entries), overwrite=True),
+        saved_names=saved_names,
+        backward=_lines(_one_line(_renamed_statements(backward, entries))),
+        returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
+
+
+def _read(statements) -> set[str]:
+    """The names the printed statements read: a block call that passes ``_scope(params, ...)``
+    does not read its parameters' names."""
+    names: set[str] = set()
+    for statement in statements:
+        names |= _direct_names(statement.value)
+    return names
+
+
+def _hypers(statements) -> set[str]:
+    """The block hypers the statements' ops take as arguments."""
+    names: set[str] = set()
+    for statement in statements:
+        for expression in statement.value.atoms(TensorOp):
+            for _, value in expression.params.items():
+                names |= {part.name for part in (value if isinstance(value, tuple) else (value,))
+                          if isinstance(part, HyperInt)}
+    return names
+
+
+def _direct_names(expression) -> set[str]:
+    if isinstance(expression, sympy.Symbol):
+        return {expression.name}
+    operands, names = expression.args, set()
+    if isinstance(expression, TensorOp):
+        operands = expression.operands
+        if expression.primitive.name == "block_forward" and expression.params["scope"]:
+            operands = operands[:expression.params["inputs"]]
+        if expression.primitive.name == "chain_forward":  # the instances' parameters: from `params`
+            operands = operands[:1]
+        names = {symbol.name for symbol in expression.params.free_symbols}
+    for operand in operands:
+        names |= _direct_names(operand)
+    return names
+
+
+def _returned_parameters(structured: Structured, sources: dict, inlined: dict, inlined_from: dict, backward: list):
+    """The ``params`` gradients ``_backward_from_saved`` returns: ``**_prefixed("layer1.0", grads)``
+    for an instance whose block's gradient mapping holds exactly its own parameters' gradients (its
+    inputs' taken out already, none shared with another instance), one entry each for the rest."""
+    graph = structured.graph
+    popped: dict[str, set[str]] = {}
+    for item in backward:
+        for expression in item.statement.value.atoms(TensorOp):
+            if expression.primitive.name == "gradient_of":
+                popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
+    merged, covered = [], set()
+    for node in graph.nodes.values():
+        if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
+            grads = f"grads_{node.name}"
+            bound = {value for value in node.rule.keys if value in graph.wrt}
+            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                    for value in bound) and "x" in popped.get(grads, set())):
+                merged.append((grads, grads))
+                covered |= bound
+            continue
+        if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
+            continue
+        derived = node.rule.derived
+        grads = f"grads_{node.name}"
+        keys = dict(derived.spec.params)
+        params = [name for name in derived.gradients if name in keys]
+        bound = {name: node.operands[name] for name in params}
+        inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
+        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                  for value in bound.values())
+        if params and own and inputs_taken:
+            prefix, offset = node.params["_scope"]
+            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
+                           grads))
+            covered |= set(bound.values())
+    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
+               if name in sources and name not in covered]
+    return merged, returns
+
+
+def _chain_view(chain: ChainRule) -> dict:
+    """A chain's table: a row per instance, ``(block, prefix, offset, {hypers})``."""
+    rows = []
+    for link in chain.links:
+        name = link.rule.derived.spec.name
+        hyper = "{" + ", ".join(f'"{key}": {value}' for key, value in link.hyper) + "}"
+        rows.append(f'("{name}", "{link.prefix}", {link.offset}, {hyper})')
+    first, last = chain.links[0].prefix, chain.links[-1].prefix
+    return dict(table=chain.table, rows=rows, first=first, last=last, count=len(chain.links))
+
+
+def _momenta(statistics, sources: dict) -> list[str]:
+    """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key."""
+    return [f'"{sources[mean].rsplit(".", 1)[0]}": {momentum},' for mean, _, momentum in statistics]
+
+
+def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
+    """``entries`` (each ending in a comma) joined into as few lines of at most ``width`` columns
+    as they fill in order: a table's rows, not a statement, so several to a line."""
+    lines: list[str] = []
+    for entry in entries:
+        if lines and indent + len(lines[-1]) + 1 + len(entry) <= width:
+            lines[-1] += " " + entry
+        else:
+            lines.append(entry)
+    return lines
+
+
+def render_files(structured: Structured, spec_label: str) -> dict[str, str]:
+    """Every file generated for a spec with blocks, keyed by file name: the module, its test file
+    and its documents printed, then each under the header ``symgrad check`` reads."""
+    import hashlib
+
+    from .write import with_header
+
+    spec_hash = hashlib.sha256(structured.spec.text.encode("utf-8")).hexdigest()
+    bodies = {**render_structured(structured, spec_label), **render_documents(structured, spec_label)}
+    return {name: with_header(body, spec_label, spec_hash, comment="python" if name.endswith(".py") else "markup")
+            for name, body in bodies.items()}
+
+
+def render_structured(structured: Structured, spec_label: str) -> dict[str, str]:
+    """The structured module and its test file, as text keyed by file name (without their headers)."""
+    from . import __version__
+    from .emit import TESTDATA_SOURCE, _environment, _line, _lines
+    from .printing import to_code
+
+    spec, graph, planned = structured.spec, structured.graph, structured.planned
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    positional = [item.name for item in spec.inputs if not item.source]
+    signature = ", ".join(positional + (["params"] if sources else []))
+    inlined: dict[str, str] = {}
+    inlined_from: dict[str, TensorOp] = {}
+    backward = []
+    for item in planned.backward:
+        statement = item.statement
+        value = statement.value
+        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
+                and value.primitive.name == "gradient_of"):
+            inlined[statement.gradient_of] = to_code(value)
+            inlined_from[statement.gradient_of] = value
+            continue
+        if isinstance(value, TensorOp) and value.primitive.name in ("gradient_of", "block_backward"):
+            # `grads_b = block_backward(...)`, `grads_b.pop("x")`: the code says it
+            item = dataclasses.replace(item, statement=dataclasses.replace(statement, comment=""))
+        backward.append(item)
+
+    merged, param_returns = _returned_parameters(structured, sources, inlined, inlined_from, backward)
+    # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
+    returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
+    offsets = any(layer.block and layer.offset for layer in spec.layers)
+    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
+                for item in backward]
+
+    # each parameter read where it is used, as the mapping's entry (`params["fc.weight"]`)
+    entries = {tensor(name): tensor(f'params["{source}"]') for name, source in sources.items()}
+    blocks = [_block_view(block) for block in structured.blocks.values()]
+    helpers = structured.helpers
+    from .emit import _outputs_context
+
+    context = dict(
+        **_outputs_context(spec, structured.flat_graph),
+        name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
+        fingerprint=module_constants(spec, any_width=True),
+        has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
+        forward=[_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                 for statement in planned.forward],
+        saving_forward=_lines(_renamed_statements(planned.saving_forward, entries), overwrite=True),
+        saved_names=planned.saved_names, loss_name=planned.loss_name,
+        backward=_lines(_one_line(_renamed_statements(backward, entries))), boundary_dead=planned.boundary_dead,
+        default_cotangent=to_code(planned.program.default_cotangent),
+        signature=signature, reduction=graph.loss.params["reduction"],
+        positional_wrt=[name for name in graph.wrt if name not in sources],
+        positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
+        param_returns=param_returns, merged_returns=[text for text, _ in merged], offsets=offsets,
+        chains=[_chain_view(chain) for chain in structured.chains],
+        positional=positional,
+        momentum_lines=_packed(_momenta(structured.running_statistics, sources)),
+        function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
+        **_layout_view(structured, sources, positional),
+    )
+    environment = _environment()
+    files = {}
+    test_context = dict(structured.test_data, testdata_source=TESTDATA_SOURCE, outputs=spec.outputs is not None,
+                        name=spec.name, sources=sources, positional=positional)
+    for template, file_name, values in (("structured.py.jinja", f"{spec.name}.py", context),
+                                        ("test_structured.py.jinja", f"test_{spec.name}.py", test_context)):
+        files[file_name] = environment.get_template(template).render(**values)
+    return files
+
+
+def _layout_view(structured: Structured, sources: dict[str, str], positional: list[str]) -> dict:
+    """The per-call layout rule of the flat module (:func:`symgrad.roles.channels_last_rule`), for
+    the structured one: the ``params`` keys of the 2-d convolution weights it moves to channels_last,
+    the test on the call's shapes, the keys the top level's own backward reads again, and the
+    positional inputs whose gradients go back to their caller's layout."""
+    rule = structured.layout
+    if rule is None:
+        return dict(channels_last_keys=[], channels_last_test=None, channels_last_constant=None,
+                    backward_channels_last=[], layout_kept=[])
+    flat_sources = {item.name: item.source for item in structured.flat_graph.spec.inputs if item.source}
+    keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
+    read_in_backward = {symbol.name for item in structured.planned.backward for symbol in item.statement.value.free_symbols}
+    shapes = {node.name: node.shape for node in structured.flat_graph.inputs}
+    # where the weights are all the 4-d entries of `params` (as in most CNNs), the code says so, not a table
+    others = [source for name, source in flat_sources.items() if len(shapes[name]) == 4 and source not in keys]
+    listed = bool(others)
+    return dict(
+        channels_last_keys=keys, channels_last_lines=_packed([f'"{key}",' for key in keys]) if listed else [],
+        channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
+        channels_last_test=rule.test(), channels_last_constant=structured.layout_constant,
+        backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
+        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4] if keys else [],
+    )
+
+
+def _section(title: str, anchor: str, program: Program, graph: Graph, instances=(), inputs=(), params=(),
+             hyper=(), diagram: bool = False) -> dict:
+    """One block's (or the top level's) derivation, for the documents."""
+    from markupsafe import escape
+
+    from .diagram import svg
+    from .mathml import mathml
+    from .printing import to_code, to_latex
+
+    steps = []
+    for step in program.steps:
+        if instances and step.node == "loss":  # a block's end: its output's gradient comes from the caller
+            continue
+        node = graph.nodes[step.node]
+        own = (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule)
+               else tuple(node.rule.keys) if isinstance(node.rule, ChainRule) else ())
+        # an instance's parameters take their gradients straight from its block's backward: named, not derived
+        parameters = [source for operand, source, _ in step.contributions
+                      if operand in own and not program.branch_sums.get(source)]
+        contributions = [dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
+                              branch=len(program.branch_sums.get(source, [])))
+                         for operand, source, value in step.contributions if source not in parameters]
+        locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
+        steps.append(dict(node=step.node, incoming=to_latex(step.incoming), incoming_mathml=mathml(to_latex(step.incoming)),
+                          locals=locals_, locals_mathml=[mathml(local) for local in locals_],
+                          contributions=contributions, parameters=parameters))
+    forward = [f"{statement.target.name} = {to_code(statement.value)}" for statement in program.forward
+               if statement.target.name != "loss" or not instances]
+    return dict(title=title, anchor=anchor, instances=list(instances), inputs=list(inputs), params=list(params),
+                hyper=list(hyper),
+                forward=[str(escape(line)) for line in forward] if diagram else forward, steps=steps,
+                svg=svg(graph) if diagram else "")
+
+
+def render_documents(structured: Structured, spec_label: str) -> dict[str, str]:
+    """``<name>.md`` and ``<name>.html`` (without their headers): each block's derivation once, then
+    the top level."""
+    from . import __version__
+    from .emit import NOTATION, _environment, _notation_html
+    from .mathml import CSS
+
+    spec = structured.spec
+    instances: dict[str, list[str]] = {}
+    for layer in spec.layers:
+        if layer.block:
+            instances.setdefault(layer.block, []).append(layer.out)
+    environment = _environment()
+    files = {}
+    for template, suffix, html in (("structured.md.jinja", "md", False), ("structured.html.jinja", "html", True)):
+        sections = [_section(f"Block {name}", f"block-{name}", block.program, block.graph, instances[name],
+                             block.spec.inputs, [key for _, key in block.spec.params],
+                             [f"{name} (default {default})" for name, default in block.spec.hyper], diagram=html)
+                    for name, block in structured.blocks.items()]
+        sections.append(_section("Top level", "top-level", structured.program, structured.graph, diagram=False))
+        body = environment.get_template(template).render(
+            name=spec.name, version=__version__, spec_label=spec_label, notation=NOTATION,
+            notation_html=_notation_html(), mathml_css=CSS, sections=sections)
+        files[f"{spec.name}.{suffix}"] = body
+    return files
