@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .algebra import tensor
+from .algebra import TensorOp, tensor
 from .blocks import BlockSpec, HyperInt, flatten
 from .errors import SpecError
 from .graph import Graph, build_graph
@@ -47,6 +47,12 @@ class Structured:
     """The module's constant for the size from which they do (``roles.channels_last_constant``)."""
     test_data: dict = dataclasses.field(default_factory=dict)
     """What the generated tests draw: the small shapes, the inputs' roles, the class counts, ..."""
+    backward: list = dataclasses.field(default_factory=list)
+    """The top level's backward as the module runs it (:func:`_top_backward`)."""
+    merged_returns: list = dataclasses.field(default_factory=list)
+    """``_prefixed("layer1.0", grads_a)``: the instances whose parameters' gradients return at once."""
+    param_returns: list = dataclasses.field(default_factory=list)
+    """(``params`` key, gradient) of each other parameter."""
 
 
 def build_structured(spec: Spec) -> Structured:
@@ -79,7 +85,8 @@ def build_structured(spec: Spec) -> Structured:
                      channels_last_at_spec=channels_last_inputs(flat_graph))
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=_helpers(statements),
                       running_statistics=_running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
-                      layout_constant=channels_last_constant(flat_graph), test_data=test_data)
+                      layout_constant=channels_last_constant(flat_graph), test_data=test_data,
+                      **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
 
 
 CHAIN_LENGTH = 3
@@ -280,3 +287,72 @@ def _printed(derived: DerivedBlock) -> tuple:
 
     return (lines(planned.saving_forward), lines(planned.backward), tuple(planned.saved_names),
             tuple(derived.gradients), tuple(derived.backward_inputs))
+
+
+def _top_backward(graph: Graph, spec: Spec, planned: Plan) -> tuple[list, list, list]:
+    """The top level's backward as the module runs it, and what it returns: each parameter's
+    gradient taken from its instance's mapping in the return itself (``grads_a.pop("w")``, or all of
+    an instance's at once, ``**_prefixed("layer1.0", grads_a)``), the names the return reads kept
+    alive until then, and no comment on a block call, whose code says it."""
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    inlined: dict[str, str] = {}
+    inlined_from: dict[str, TensorOp] = {}
+    backward = []
+    for item in planned.backward:
+        statement = item.statement
+        value = statement.value
+        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
+                and value.primitive.name == "gradient_of"):
+            inlined[statement.gradient_of] = to_code(value)
+            inlined_from[statement.gradient_of] = value
+            continue
+        if isinstance(value, TensorOp) and value.primitive.name in ("gradient_of", "block_backward"):
+            # `grads_b = block_backward(...)`, `grads_b.pop("x")`: the code says it
+            item = dataclasses.replace(item, statement=dataclasses.replace(statement, comment=""))
+        backward.append(item)
+
+    merged, param_returns = _returned_parameters(graph, sources, inlined, inlined_from, backward)
+    # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
+    returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
+    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
+                for item in backward]
+    return backward, [text for text, _ in merged], param_returns
+
+
+def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_from: dict, backward: list):
+    """The ``params`` gradients ``_backward_from_saved`` returns: ``**_prefixed("layer1.0", grads)``
+    for an instance whose block's gradient mapping holds exactly its own parameters' gradients (its
+    inputs' taken out already, none shared with another instance), one entry each for the rest."""
+    popped: dict[str, set[str]] = {}
+    for item in backward:
+        for expression in item.statement.value.atoms(TensorOp):
+            if expression.primitive.name == "gradient_of":
+                popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
+    merged, covered = [], set()
+    for node in graph.nodes.values():
+        if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
+            grads = f"grads_{node.name}"
+            bound = {value for value in node.rule.keys if value in graph.wrt}
+            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                    for value in bound) and "x" in popped.get(grads, set())):
+                merged.append((grads, grads))
+                covered |= bound
+            continue
+        if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
+            continue
+        derived = node.rule.derived
+        grads = f"grads_{node.name}"
+        keys = dict(derived.spec.params)
+        params = [name for name in derived.gradients if name in keys]
+        bound = {name: node.operands[name] for name in params}
+        inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
+        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                  for value in bound.values())
+        if params and own and inputs_taken:
+            prefix, offset = node.params["_scope"]
+            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
+                           grads))
+            covered |= set(bound.values())
+    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
+               if name in sources and name not in covered]
+    return merged, returns

@@ -122,46 +122,6 @@ def _direct_names(expression) -> set[str]:
     return names
 
 
-def _returned_parameters(structured: Structured, sources: dict, inlined: dict, inlined_from: dict, backward: list):
-    """The ``params`` gradients ``_backward_from_saved`` returns: ``**_prefixed("layer1.0", grads)``
-    for an instance whose block's gradient mapping holds exactly its own parameters' gradients (its
-    inputs' taken out already, none shared with another instance), one entry each for the rest."""
-    graph = structured.graph
-    popped: dict[str, set[str]] = {}
-    for item in backward:
-        for expression in item.statement.value.atoms(TensorOp):
-            if expression.primitive.name == "gradient_of":
-                popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
-    merged, covered = [], set()
-    for node in graph.nodes.values():
-        if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
-            grads = f"grads_{node.name}"
-            bound = {value for value in node.rule.keys if value in graph.wrt}
-            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
-                    for value in bound) and "x" in popped.get(grads, set())):
-                merged.append((grads, grads))
-                covered |= bound
-            continue
-        if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
-            continue
-        derived = node.rule.derived
-        grads = f"grads_{node.name}"
-        keys = dict(derived.spec.params)
-        params = [name for name in derived.gradients if name in keys]
-        bound = {name: node.operands[name] for name in params}
-        inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
-        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
-                  for value in bound.values())
-        if params and own and inputs_taken:
-            prefix, offset = node.params["_scope"]
-            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
-                           grads))
-            covered |= set(bound.values())
-    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
-               if name in sources and name not in covered]
-    return merged, returns
-
-
 def _chain_view(chain: ChainRule) -> dict:
     """A chain's table: a row per instance, ``(block, prefix, offset, {hypers})``."""
     rows = []
@@ -213,28 +173,8 @@ def render_structured(structured: Structured, spec_label: str) -> dict[str, str]
     sources = {item.name: item.source for item in spec.inputs if item.source}
     positional = [item.name for item in spec.inputs if not item.source]
     signature = ", ".join(positional + (["params"] if sources else []))
-    inlined: dict[str, str] = {}
-    inlined_from: dict[str, TensorOp] = {}
-    backward = []
-    for item in planned.backward:
-        statement = item.statement
-        value = statement.value
-        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
-                and value.primitive.name == "gradient_of"):
-            inlined[statement.gradient_of] = to_code(value)
-            inlined_from[statement.gradient_of] = value
-            continue
-        if isinstance(value, TensorOp) and value.primitive.name in ("gradient_of", "block_backward"):
-            # `grads_b = block_backward(...)`, `grads_b.pop("x")`: the code says it
-            item = dataclasses.replace(item, statement=dataclasses.replace(statement, comment=""))
-        backward.append(item)
-
-    merged, param_returns = _returned_parameters(structured, sources, inlined, inlined_from, backward)
-    # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
-    returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
+    backward, merged, param_returns = structured.backward, structured.merged_returns, structured.param_returns
     offsets = any(layer.block and layer.offset for layer in spec.layers)
-    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
-                for item in backward]
 
     # each parameter read where it is used, as the mapping's entry (`params["fc.weight"]`)
     entries = {tensor(name): tensor(f'params["{source}"]') for name, source in sources.items()}
@@ -256,7 +196,7 @@ def render_structured(structured: Structured, spec_label: str) -> dict[str, str]
         signature=signature, reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
         positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
-        param_returns=param_returns, merged_returns=[text for text, _ in merged], offsets=offsets,
+        param_returns=param_returns, merged_returns=merged, offsets=offsets,
         chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
         momentum_lines=_packed(_momenta(structured.running_statistics, sources)),
