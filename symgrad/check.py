@@ -116,7 +116,6 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     the layouts a larger map gives); ``progress`` hears each step. The gradients are computed from
     inputs that do not require grad, as a training step computes them (the fused kernels' own path)."""
     from .shapes import non_degenerate_shapes
-    from .structure import flat_view
 
     module = _viewed(flat_view(module, graph))
     larger = non_degenerate_shapes(graph)
@@ -183,8 +182,6 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     """The loss as a function of a bounded subset of the differentiated inputs (``checked_subset``),
     through ``loss_with_explicit_backward``: what gradcheck and gradgradcheck perturb, at a cost that
     does not grow with the number of weights. The other inputs are held fixed."""
-    from .structure import flat_view
-
     module = _viewed(flat_view(module, graph))
     inputs = graph_inputs(graph, shapes, seed=seed)
     checked = checked_subset(list(graph.wrt))
@@ -238,8 +235,6 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
     try:
-        from .structure import flat_view
-
         result = _seeded(_viewed(flat_view(module, graph)).gradients, **inputs32, grad_loss=cotangent.float())
         ours32 = {name: getattr(result, name) for name in graph.wrt}
         if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
@@ -274,3 +269,43 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
         rows.append((name, f"{report.gradient_errors[name]:.1e}", f"{ours_error[name]:.1e}", f"{autograd_error[name]:.1e}",
                      checks["gradcheck"], checks["gradgradcheck"]))
     return AccuracyTable(rows, problems)
+
+
+class FlatView:
+    """A structured module seen with the flat module's calling convention (every input by its spec
+    name, each gradient an attribute), for the checks ``symgrad verify`` and ``generate --verify``
+    run on either."""
+
+    def __init__(self, module, graph: Graph):
+        self.module = module
+        self.sources = {item.name: item.source for item in graph.spec.inputs if item.source}
+
+    def _arguments(self, inputs: dict) -> dict:
+        named = {name: value for name, value in inputs.items() if name not in self.sources}
+        if self.sources:
+            named["params"] = {self.sources[name]: inputs[name] for name in self.sources}
+        return named
+
+    def forward(self, **inputs):
+        return self.module.forward(**self._arguments(inputs))
+
+    def gradients(self, grad_loss=None, grad_outputs=None, **inputs):
+        import types
+
+        cotangent = dict(grad_loss=grad_loss) if grad_outputs is None else dict(grad_outputs=grad_outputs)
+        result = self.module.gradients(**self._arguments(inputs), **cotangent)._asdict()
+        params = result.pop("params", {})
+        result.update({name: params[key] for name, key in self.sources.items() if key in params})
+        return types.SimpleNamespace(**result)
+
+    def loss_with_explicit_backward(self, recompute=False, **inputs):
+        return self.module.loss_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
+
+    def outputs_with_explicit_backward(self, recompute=False, **inputs):
+        return self.module.outputs_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
+
+
+def flat_view(module, graph: Graph):
+    """``module`` itself, or a :class:`FlatView` of it when it was written as blocks (``graph``: the
+    flat graph of its spec, whose inputs say which come in ``params``)."""
+    return FlatView(module, graph) if getattr(module, "STRUCTURED", False) else module

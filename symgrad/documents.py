@@ -30,7 +30,7 @@ from .diagram import mermaid, svg
 from .graph import Graph
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan
-from .printing import comment_lines, entry, fit, prose, to_code, to_latex
+from .printing import comment_lines, entry, fit, hanging, prose, to_code, to_latex
 from .reverse import GRAD_LOSS
 from .roles import channels_last_inputs, class_table, input_roles, running_statistics, zero_by_structure
 from .write import with_header
@@ -58,7 +58,7 @@ def environment() -> jinja2.Environment:
         loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True)
     # the Python templates lay out each statement and sentence within printing.WIDTH columns
-    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry)
+    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry, hanging=hanging)
     return environment
 
 

@@ -35,7 +35,7 @@ class Line:
     """Names ``gradients`` deletes right after this line: their last use."""
 
 
-def _line(statement, dead: tuple[str, ...] = (), in_place: bool = False) -> Line:
+def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False) -> Line:
     """``statement`` (a :class:`~symgrad.reverse.Statement`) printed; with ``in_place``, as its op's
     in-place form, overwriting its first operand (``torch.relu_(norm)``)."""
     math = statement.math if statement.math is not None else statement.value
@@ -46,7 +46,7 @@ def _line(statement, dead: tuple[str, ...] = (), in_place: bool = False) -> Line
                 to_latex(statement.target), to_latex(math), dead)
 
 
-def _lines(scheduled: list[Scheduled], steps: list | None = None, overwrite: bool = False) -> list[Line]:
+def printed_lines(scheduled: list[Scheduled], steps: list | None = None, overwrite: bool = False) -> list[Line]:
     """The scheduled statements printed, a fused kernel's tuple unpacked where it is made
     (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry; with
     ``steps`` (each statement's derivation step), each line's step is ``steps`` entry, in place; with
@@ -107,7 +107,7 @@ def _unpacked(scheduled: list[Scheduled], index: int, in_place: bool = False) ->
         position += 1
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
-        return _line(item.statement, item.dead, in_place), 1
+        return printed_line(item.statement, item.dead, in_place), 1
     names = ", ".join(reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs))
     code = to_code(value)
     dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))
@@ -138,15 +138,15 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     graph = program.graph
     spec = graph.spec
     names = [node.name for node in graph.inputs]
-    forward = [_line(statement) for statement in planned.forward]
-    readable_backward = [_line(statement) for statement in planned.readable_backward]
+    forward = [printed_line(statement) for statement in planned.forward]
+    readable_backward = [printed_line(statement) for statement in planned.readable_backward]
     step_of_line = list(planned.step_of_line)
-    gradients_backward = _lines(planned.backward, step_of_line)
+    gradients_backward = printed_lines(planned.backward, step_of_line)
     layout_kept, running = planned.layout_kept, planned.running_statistics
     hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})")
                    for name, value in planned.hvp_results.items()}
     context = dict(
-        **_outputs_context(spec, graph),
+        **outputs_context(spec, graph),
         sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
         fingerprint=module_constants(spec),
         running_statistics=running,
@@ -154,6 +154,8 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         channels_last=planned.channels_last,
         channels_last_in_backward=planned.channels_last_in_backward,
         channels_last_test=planned.channels_last_test,
+        channels_last_constant=planned.channels_last_constant,
+        channels_last_at_spec=planned.channels_last_at_spec,
         layout_kept=layout_kept,
         gradients_return=", ".join(
             f"{name}=grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept
@@ -176,18 +178,18 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         readable_backward=readable_backward,
         boundary_dead=planned.boundary_dead,
         saved_names=planned.saved_names,
-        saving_forward=_lines(planned.saving_forward, overwrite=True),
+        saving_forward=printed_lines(planned.saving_forward, overwrite=True),
         loss_name=planned.loss_name,
         hvp=bool(hvp_results),
         per_sample=bool(planned.per_sample_forward),
-        per_sample_forward=_lines(planned.per_sample_forward),
-        per_sample_backward=_lines(planned.per_sample_backward),
+        per_sample_forward=printed_lines(planned.per_sample_forward),
+        per_sample_backward=printed_lines(planned.per_sample_backward),
         per_sample_dead=planned.per_sample_dead,
         per_sample_names=planned.per_sample_names,
         per_sample_return=", ".join(f"{name}=per_sample_grad_{name}" for name in planned.per_sample_names),
         per_sample_batched=planned.per_sample_batched,
-        hvp_lines=([_line(statement) for statement in planned.hvp_forward],
-                   [_line(statement) for statement in planned.hvp_backward]),
+        hvp_lines=([printed_line(statement) for statement in planned.hvp_forward],
+                   [printed_line(statement) for statement in planned.hvp_backward]),
         hvp_return=", ".join(f"{name}={value}" for name, value in hvp_results.items()),
         tangent_signature=", ".join(f"tangent_{name}" for name in graph.wrt),
         default_cotangent=to_code(program.default_cotangent),
@@ -207,7 +209,7 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
     return Rendered(spec.name, files, summary, latex)
 
 
-def _outputs_context(spec, graph) -> dict:
+def outputs_context(spec, graph) -> dict:
     """What the templates' outputs-form sections read (``outputs: False`` for a loss-ending spec)."""
     outputs = spec.outputs
     random = any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None)

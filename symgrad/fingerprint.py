@@ -180,9 +180,10 @@ def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
     return result
 
 
-def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100) -> str:
+def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100, packed: bool = False) -> str:
     """``value`` (checked literals) as Python source: on one line where it fits in ``width`` columns
-    after ``lead`` of them, else one entry per line, indented by ``indent`` + 4."""
+    after ``lead`` of them, else one entry per line, indented by ``indent`` + 4 (``packed``: a list's
+    entries as many to a line as fit, as a table's)."""
     def flat(item) -> str:
         if isinstance(item, dict):
             return "{" + ", ".join(f"{flat(key)}: {flat(entry)}" for key, entry in item.items()) + "}"
@@ -196,6 +197,14 @@ def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100)
     if not isinstance(value, (dict, list)) or not value or lead + len(one_line) + 1 <= width:
         return one_line
     inner = " " * (indent + 4)
+    if isinstance(value, list) and packed:
+        lines = []
+        for entry in (f"{flat(entry)}," for entry in value):
+            if lines and len(lines[-1]) + 1 + len(entry) <= width:
+                lines[-1] += " " + entry
+            else:
+                lines.append(inner + entry)
+        return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
     if isinstance(value, list):
         lines = [f"{inner}{python_literal(entry, indent + 4, indent + 4, width)}," for entry in value]
         return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
@@ -260,6 +269,6 @@ def module_constants(spec, any_width: bool = False) -> str:
             '"""The traced model, per submodule (the spec\'s ``fingerprint:``): class, a hash of its code, hashes\n'
             "of its hyper-parameters and of its own parameters' and buffers' shapes, its mode where its code\n"
             'reads it, how often a BatchNorm ran; ``symgrad.bind`` refuses a model that differs."""\n'
-            f"FROZEN = {python_literal(frozen, lead=9)}\n"
+            f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
             '"""The ``state_dict()`` keys this module reads and computes no gradient for (the buffers, and\n'
             'the parameters frozen when traced: ``symgrad.bind`` refuses them unfrozen)."""')

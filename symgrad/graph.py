@@ -223,9 +223,6 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
                                 node.location, f"declare '{source}' with `dtype: int64`")
 
 
-_references = has_like  # structure.py's name for it (wt-one's file: PENDING in tests/test_source_layout.py)
-
-
 def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
     """Turn each ``{like: NODE}`` param into the rule's size expressions (``NODE.shape[2]``), now that
     NODE's rank and the layer's input are known; a param that takes no reference says so (its normaliser)."""

@@ -68,11 +68,11 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
 
 def _build_structured(spec: Spec, label: str) -> Built:
     """A spec with blocks: each block derived once, the module calls it per instance (``structure``)."""
-    from .structure import build_structured, render_structured
+    from .plan_blocks import build_structured
+    from .render_blocks import render_files
 
     structured = build_structured(spec)
-    shapes = small_shapes(structured.flat_graph)
-    files = render_structured(structured, label, shapes)
+    files = render_files(structured, label)
     rendered = Rendered(spec.name, files, [])
     try:  # as for the flat module: a spec name the module also uses is refused at the spec's line
         check_module_source(spec, files[f"{spec.name}.py"], template="structured.py.jinja")
@@ -80,7 +80,7 @@ def _build_structured(spec: Spec, label: str) -> Built:
         pass  # symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
-    return Built(label, structured.flat_graph, structured.program, rendered, shapes)
+    return Built(label, structured.flat_graph, structured.program, rendered, structured.test_data["small_shapes"])
 
 
 class GeneratorError(SymgradError):

@@ -17,8 +17,8 @@ import sympy
 
 from .algebra import Params, ShapeOf, Size, TensorOp, op, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import (channels_last_inputs, channels_last_test, channels_last_weights, class_table, input_roles,
-                    running_statistics, zero_by_structure)
+from .roles import (channels_last_constant, channels_last_inputs, channels_last_test, channels_last_weights, class_table,
+                    input_roles, running_statistics, zero_by_structure)
 from .tangent import tangent_statements
 
 
@@ -78,6 +78,8 @@ class Plan:
     per_sample_dead: list[str] = field(default_factory=list)
     per_sample_names: list[str] = field(default_factory=list)
     per_sample_batched: list[str] = field(default_factory=list)
+    channels_last_constant: dict | None = None
+    """The size from which the layout moves (:func:`symgrad.roles.channels_last_constant`)."""
 
 
 def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int, ...]]],
@@ -93,6 +95,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     fast, shape_owners = _shapes_for_shape_reads(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
+    live = live[:split] + _named_entries(_without_aliases(live[split:], gradient_symbols), live)
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
     optional: dict = {}
@@ -127,10 +130,11 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], shape_owners),
         running_statistics=running_statistics(graph),
-        helpers=_helpers(program.forward + fast_live + hvp_live + per_sample_live),
+        helpers=helpers_of(program.forward + fast_live + hvp_live + per_sample_live),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
         channels_last_test=channels_last_test(graph) if moved else None,
+        channels_last_constant=channels_last_constant(graph) if moved else None,
         channels_last_at_spec=channels_last_inputs(graph),
         # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
         layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
@@ -228,6 +232,53 @@ def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[
     return result, boundary
 
 
+def _without_aliases(backward: list[Statement], keep: set[sympy.Symbol]) -> list[Statement]:
+    """``backward`` without its aliases (``grad_bn2 = grad_add``, a gradient passed on unchanged):
+    each later read of one reads what it names (the gradients returned, ``keep``, stay, and so does
+    a name for the incoming ``grad_loss``, which a block's backward renames to its argument)."""
+    renames: dict[sympy.Symbol, sympy.Symbol] = {}
+    result = []
+    for statement in backward:
+        value = statement.value.xreplace(renames) if renames else statement.value
+        if value.is_Symbol and value != GRAD_LOSS and statement.target not in keep:
+            renames[statement.target] = value
+            continue
+        result.append(statement if value is statement.value else dataclasses.replace(statement, value=value))
+    return result
+
+
+def _named_entries(backward: list[Statement], every: list[Statement]) -> list[Statement]:
+    """``backward`` with each entry of a fused kernel's tuple that a longer expression reads
+    (``grad_x = grad_add + local_conv1[0]``) named right after the tuple is made (``local_conv1_0``),
+    so that the tuple is unpacked where it is made and dies there (``every``: all statements, whose
+    names a new one must not take)."""
+    tuples = {statement.target for statement in backward
+              if isinstance(statement.value, TensorOp) and (statement.value.primitive.outputs or 0) > 1}
+    whole = {statement.value for statement in backward}
+    inline = {}
+    for statement in backward:
+        for expression in statement.value.atoms(TensorOp):
+            if (expression.primitive.name == "item" and expression.operands[0] in tuples
+                    and expression not in whole):
+                inline.setdefault(expression.operands[0], {})[expression.params["index"]] = expression
+    if not inline:
+        return backward
+    taken = {statement.target.name for statement in every}
+    names: dict[TensorOp, sympy.Symbol] = {}
+    result = []
+    for statement in backward:
+        value = statement.value.xreplace(names) if names else statement.value
+        result.append(statement if value is statement.value else dataclasses.replace(statement, value=value))
+        for index, expression in sorted(inline.get(statement.target, {}).items()):
+            name = f"{statement.target.name}_{index}"
+            if name in taken:
+                continue
+            taken.add(name)
+            names[expression] = tensor(name)
+            result.append(Statement(tensor(name), expression, statement.node, gradient_of=None))
+    return result
+
+
 def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol]):
     """Each symbol's last reading statement (``boundary - 0.5``: the default cotangent, read between
     the forward and the backward part), and the symbols these statements make."""
@@ -296,7 +347,7 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     return [symbol.name for symbol in kept], scheduled, loss.name
 
 
-def _helpers(statements: list[Statement]) -> list[str]:
+def helpers_of(statements: list[Statement]) -> list[str]:
     """The module-level functions the statements' primitives call, each once, in a fixed order."""
     found = {expression.primitive.name: expression.primitive.helper
              for statement in statements for expression in statement.value.atoms(TensorOp)

@@ -289,7 +289,20 @@ def entry(key: str, value: str, indent: int = 8, width: int = WIDTH) -> str:
     if indent + len(line) <= width:
         return line
     pad = " " * indent
+    if value.startswith("(") and _closing(value) == len(value) - 1:  # a tuple: its own parentheses
+        value = value[1:-1]
     return f'"{key}": (\n{pad}    {fit(value, indent + 4, width=width)}\n{pad}),'
+
+
+def _closing(text: str) -> int:
+    """The index of the bracket that closes ``text``'s first one (-1: none)."""
+    depth = 0
+    for index, character in enumerate(text):
+        depth += character in "([{"
+        depth -= character in ")]}"
+        if depth == 0:
+            return index
+    return -1
 
 
 def comment_lines(comment: str, indent: int = 4, width: int = WIDTH) -> str:
@@ -503,3 +516,22 @@ class _Layout:
                      else self.expression(chosen + 1, closing, indent + 4))
         return ([pad + head + self.text(start, chosen + 1)] + inner
                 + [pad + self.text(closing, stop) + tail])
+
+
+def hanging(names: list[str], head: str, tail: str, indent: int = 4, plain: str | None = None,
+            width: int = 100) -> str:
+    """``plain`` where it fits on one line at column ``indent``, else ``head``, the ``names`` as
+    many to a line as fit, aligned under the first, and ``tail``: ``(x, p, conv1,`` over
+    `` relu) = saved``. The first line without its indent."""
+    one = plain if plain is not None else head + ", ".join(names) + tail
+    if indent + len(one) <= width:
+        return one
+    pad = indent + len(head)
+    lines = [head]
+    for index, name in enumerate(names):
+        item = name + (tail if index == len(names) - 1 else ",")
+        if lines[-1] == head or (pad if len(lines) > 1 else indent) + len(lines[-1]) + 1 + len(item) <= width:
+            lines[-1] += ("" if lines[-1] == head else " ") + item
+        else:
+            lines.append(" " * pad + item)
+    return "\n".join(lines)

@@ -92,6 +92,10 @@ zero in one may not in the other). ``sys.maxsize`` turns the layout off:
 the generated code then has no layout code at all."""
 
 
+THRESHOLD_NAME = "CHANNELS_LAST_FROM"
+"""The generated module's constant holding :attr:`ChannelsLastRule.threshold`, named once."""
+
+
 @dataclass(frozen=True)
 class ChannelsLastRule:
     """When the generated gradient functions run the 2-d convolutions in channels_last.
@@ -116,13 +120,15 @@ class ChannelsLastRule:
     reference: str | None
     threshold: int
     on_gpu: bool = True
+    min_positions: int = CHANNELS_LAST_MIN_POSITIONS
 
     def test(self) -> str | None:
-        """The condition the generated code evaluates, or None where the layout is fixed."""
+        """The condition the generated code evaluates, or None where the layout is fixed; it reads
+        ``threshold`` as the module's constant :data:`THRESHOLD_NAME`."""
         if self.reference is None:
             return None
         x = self.reference
-        size = f"{x}.shape[0] * {x}.shape[2:].numel() >= {self.threshold}"
+        size = f"{x}.shape[0] * {x}.shape[2:].numel() >= {THRESHOLD_NAME}"
         return size if self.on_gpu else f"{x}.is_cpu and {size}"
 
     def holds(self, shapes: dict) -> bool:
@@ -193,7 +199,7 @@ def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastR
     threshold = math.ceil(min_positions * _positions(reference.shape) / most)
     inputs = {node.name for node in graph.inputs}
     on_gpu = any(node.operands["input"] not in inputs for node in candidates)
-    return ChannelsLastRule(moved, reference.name, max(threshold, 1), on_gpu)
+    return ChannelsLastRule(moved, reference.name, max(threshold, 1), on_gpu, min_positions)
 
 
 def channels_last_inputs(graph, min_positions: int | None = None, shapes: dict | None = None) -> list[str]:
@@ -218,3 +224,12 @@ def channels_last_test(graph) -> str | None:
     """The per-call condition of the layout code (None: the layout is fixed by the spec's shapes)."""
     rule = channels_last_rule(graph)
     return rule.test() if rule else None
+
+
+def channels_last_constant(graph) -> dict | None:
+    """What the generated module's :data:`THRESHOLD_NAME` constant says: its value, the input
+    whose sizes the test reads and the positions it stands for (None: no test)."""
+    rule = channels_last_rule(graph)
+    if rule is None or rule.reference is None:
+        return None
+    return dict(name=THRESHOLD_NAME, value=rule.threshold, reference=rule.reference, positions=rule.min_positions)

@@ -261,7 +261,7 @@ def _explicit_backward_agrees(text: str) -> None:
 
     from symgrad.check import graph_inputs, module_from_source
     from symgrad.pipeline import build_text
-    from symgrad.structure import flat_view
+    from symgrad.check import flat_view
     from symgrad.testdata import relative_errors
 
     structured, flat = build_text(text, "blocky.yaml"), build_text(text, "blocky.yaml", flat=True)

@@ -14,11 +14,11 @@ import pytest
 import torch
 import yaml
 
-import symgrad.structure
+import symgrad.plan_blocks
 from symgrad.check import graph_inputs, module_from_source
 from symgrad.errors import SpecError
 from symgrad.pipeline import build, build_text
-from symgrad.structure import flat_view
+from symgrad.check import flat_view
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, trace
 
@@ -34,8 +34,8 @@ UNROLLED = ROOT / "examples" / "unrolled_blocks.yaml"
 
 def test_a_block_used_four_times_is_derived_once_and_agrees_with_the_flat_form(monkeypatch):
     derived = []
-    real = symgrad.structure.derive
-    monkeypatch.setattr(symgrad.structure, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    real = symgrad.plan_blocks.derive
+    monkeypatch.setattr(symgrad.plan_blocks, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
     # k is shared by the four steps: its gradients add
     source = _agrees_with_flat_and_autograd(UNROLLED.read_text(), str(UNROLLED))
     assert len(derived) == 4  # the block and the top level, each readable and fused: not once per instance
@@ -160,8 +160,8 @@ def _agrees_with_flat_and_autograd(text: str, label: str) -> str:
 
 def test_instances_that_differ_in_a_hyper_share_one_block_derived_once_per_value(monkeypatch):
     derived = []
-    real = symgrad.structure.derive
-    monkeypatch.setattr(symgrad.structure, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    real = symgrad.plan_blocks.derive
+    monkeypatch.setattr(symgrad.plan_blocks, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
     source = _agrees_with_flat_and_autograd(HYPER, "strided.yaml")
     assert "def down_forward(h, p, stride=1, padding=1, save=False):" in source
     assert 'F.conv2d(h, p["w"], stride=stride, padding=padding)' in source  # every instance's value, by name

@@ -13,21 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "symgrad"
 MAX_LINES = 600
 
-PENDING: set[str] = {
-    # wt-one's files (issue 36 items 1, 3, 7: one build path, one module template: pipeline.py, emit.py,
-    # structure.py, plan.py, ...): the lead empties this set when that branch is merged. Each entry is a
-    # finding as the test words it, without line numbers.
-    "symgrad.pipeline uses symgrad.plan._class_table",
-    "symgrad.structure uses symgrad.emit._environment",
-    "symgrad.structure uses symgrad.emit._line",
-    "symgrad.structure uses symgrad.emit._lines",
-    "symgrad.structure uses symgrad.emit._notation_html",
-    "symgrad.structure uses symgrad.emit._outputs_context",
-    "symgrad.structure uses symgrad.graph._references",  # graph.py keeps the alias until then
-    "symgrad.structure uses symgrad.plan._helpers",
-    "symgrad.structure uses symgrad.plan._running_statistics",
-    "symgrad.structure is over 600 lines",
-}
+PENDING: set[str] = set()
 """Findings known and owned elsewhere; every other finding fails."""
 
 

@@ -13,7 +13,7 @@ import yaml
 from symgrad.check import module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.spec import MAX_NAME
-from symgrad.structure import flat_view
+from symgrad.check import flat_view
 from symgrad.trace import LossChoice, TraceError, _source_name, trace
 
 

@@ -164,15 +164,15 @@ primitive("max_pool", code=lambda operands, params, show: _max_pool_call(operand
                                                 start=expr.params["start"]))
 primitive("max_pool_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, True),
           latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)", tangent="constant")
-primitive("max_pool_with_indices", code=lambda operands, params, show: _max_pool_call(operands, params, show, "both"),
+primitive("max_pool_with_indices", outputs=2, code=lambda operands, params, show: _max_pool_call(operands, params, show, "both"),
           latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)")
 # the kernel takes the gradient in x's dtype only: under autocast it may arrive in float32 from an op
 # autocast runs in float32 (group_norm, layer_norm) where x is bfloat16; autograd's is x's dtype too
 primitive("max_pool_backward", code=lambda operands, params, show: (
     f"torch.ops.aten.max_pool{params['dims']}d_with_indices_backward({operands[0]}.to({operands[1]}.dtype), "
-    f"{operands[1]}, "
-    + ", ".join(str(list(params[key])) for key in ("kernel_size", "stride", "padding", "dilation"))
-    + f", {params.get('ceil_mode', False)}, {operands[2]})"),
+    f"{operands[1]}, "  # six more arguments: by their schema's names
+    + ", ".join(f"{key}={show_ints(tuple(params[key]))}" for key in ("kernel_size", "stride", "padding", "dilation"))
+    + f", ceil_mode={params.get('ceil_mode', False)}, indices={operands[2]})"),
     latex=lambda operands, params, show: rf"\operatorname{{scatter}}_{{{operands[2]}}}\left({operands[0]}\right)")
 primitive("scatter_to", code=lambda operands, params, show: (
     f"torch.zeros_like({operands[2]}).flatten({params['start']}).scatter_add({params['start']}, {operands[1]}.flatten({params['start']}), "

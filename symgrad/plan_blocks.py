@@ -1,0 +1,361 @@
+"""Planning a spec with blocks: each block derived and planned once, then the top level.
+
+Steps, in order: the flat graph (every instance inlined, ``blocks.flatten``) checks the spec and
+gives each instance's shapes; each block becomes a graph of its own (``structure.block_graph``),
+derived and planned as a spec without blocks is, once per distinct set of hyper values and size-1
+axes among its instances (variants whose statements print the same serve them all); the top level
+becomes a graph in which each instance is one :class:`~symgrad.structure.BlockRule` node (a run of
+them one :class:`~symgrad.structure.ChainRule`), derived and planned in turn. ``render_blocks``
+prints the :class:`Structured` result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .algebra import TensorOp, tensor
+from .blocks import BlockSpec, HyperInt, flatten
+from .errors import SpecError
+from .graph import Graph, build_graph
+from .plan import Plan, helpers_of, plan
+from .printing import to_code
+from .reverse import Program, derive
+from .roles import (channels_last_constant, channels_last_inputs, channels_last_rule, class_table, input_roles,
+                    running_statistics)
+from .shapes import small_shapes
+from .spec import Argument, Spec
+from .structure import BlockRule, ChainLink, ChainRule, DerivedBlock, block_graph
+
+
+@dataclass
+class Structured:
+    spec: Spec
+    flat_graph: Graph
+    blocks: dict[str, DerivedBlock]
+    graph: Graph
+    program: Program
+    planned: Plan
+    chains: tuple = ()
+    """The :class:`ChainRule` of each run of instances the code loops over."""
+    helpers: list = dataclasses.field(default_factory=list)
+    """The module-level functions the blocks' and the top level's statements call."""
+    running_statistics: list = dataclasses.field(default_factory=list)
+    """(running_mean, running_var, momentum) of each training-mode batch_norm (``plan``)."""
+    layout: object = None
+    """When the 2-d convolutions run in channels_last (:class:`symgrad.roles.ChannelsLastRule`, or None)."""
+    layout_constant: dict | None = None
+    """The module's constant for the size from which they do (``roles.channels_last_constant``)."""
+    test_data: dict = dataclasses.field(default_factory=dict)
+    """What the generated tests draw: the small shapes, the inputs' roles, the class counts, ..."""
+    backward: list = dataclasses.field(default_factory=list)
+    """The top level's backward as the module runs it (:func:`_top_backward`)."""
+    merged_returns: list = dataclasses.field(default_factory=list)
+    """``_prefixed("layer1.0", grads_a)``: the instances whose parameters' gradients return at once."""
+    param_returns: list = dataclasses.field(default_factory=list)
+    """(``params`` key, gradient) of each other parameter."""
+
+
+def build_structured(spec: Spec) -> Structured:
+    """Each block derived and planned once, then the top level, and what the module and its tests
+    read besides: the helpers, the running statistics, the layout, the test data."""
+    flat = flatten(spec)
+    flat_graph = build_graph(flat)
+    shapes = small_shapes(flat_graph)
+    needs_gradient = flat_graph.depends_on_wrt()
+    instances: dict[str, list] = {}
+    for layer in spec.layers:
+        if layer.block:
+            instances.setdefault(layer.block, []).append(layer)
+    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient)
+               for name, layers in instances.items()}
+    rules = {name: BlockRule(block) for name, block in derived.items()}
+    top, chains = _chained(_top_spec(spec), spec, rules)
+    graph = build_graph(top, extra_rules={**rules, **{chain.op: chain for chain in chains}})
+    for layer in top.layers:
+        if layer.block:
+            graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
+    program = derive(graph)
+    fast = derive(graph, fused=True)
+    planned = plan(program, fast, [], extras=())
+    statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
+                  + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
+    test_data = dict(wrt=list(graph.wrt), small_shapes=shapes, roles=input_roles(flat_graph),
+                     classes=class_table(flat_graph, shapes),
+                     spec_shapes={node.name: tuple(node.shape) for node in flat_graph.inputs},
+                     channels_last_at_spec=channels_last_inputs(flat_graph))
+    return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers_of(statements),
+                      running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
+                      layout_constant=channels_last_constant(flat_graph), test_data=test_data,
+                      **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
+
+
+CHAIN_LENGTH = 3
+"""The fewest instances a chain runs: two calls read better written out than as a table and a loop."""
+
+
+def _chained(top: Spec, spec: Spec, rules: dict[str, BlockRule]) -> tuple[Spec, list[ChainRule]]:
+    """``top`` with each run of at least :data:`CHAIN_LENGTH` instances that feed only the next (one
+    input each, parameters bound by ``prefix:`` and to no other layer) as one :class:`ChainRule` layer,
+    named as its last instance's output, so that nothing downstream changes."""
+    from .spec_values import has_like
+
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    readers: dict[str, int] = {}
+    for layer in top.layers:
+        for name in [source for source, _ in layer.sources] + [
+                value for argument in layer.arguments for value in _names(argument.value)]:
+            readers[name] = readers.get(name, 0) + 1
+    for name in (top.outputs.nodes if top.outputs is not None else (top.loss.source[0], top.loss.target[0])):
+        readers[name] = readers.get(name, 0) + 1
+    bound_count: dict[str, int] = {}
+    for layer in top.layers:
+        for _, bound in (layer.binding if layer.block else ()):
+            bound_count[bound] = bound_count.get(bound, 0) + 1
+
+    def linkable(layer) -> bool:
+        return (layer.block is not None and len(spec.blocks[layer.block].inputs) == 1
+                and _scope_of(layer, spec) is not None
+                and all(bound_count[bound] == 1 and bound in sources for _, bound in layer.binding)
+                and not any(has_like(argument.value) for argument in layer.arguments))
+
+    runs, current = [], []
+    for layer in top.layers:
+        if linkable(layer) and current and layer.sources[0][0] == current[-1].out and readers[current[-1].out] == 1:
+            current.append(layer)
+            continue
+        runs.append(current)
+        current = [layer] if linkable(layer) else []
+    runs.append(current)
+    # a table never takes a name the spec gives a tensor or a block, in either case
+    taken = {name.lower() for name in [*(item.name for item in spec.inputs), *(layer.out for layer in spec.layers),
+                                       *spec.blocks]}
+    chains, replaced = [], {}
+    for run in runs:
+        if len(run) < CHAIN_LENGTH:
+            continue
+        table = _table_name(run, spec, taken)
+        links = tuple(ChainLink(rules[layer.block], *_scope_of(layer, spec),
+                                tuple((name, value) for name, value, _ in layer.hyper
+                                      if value != dict(spec.blocks[layer.block].hyper)[name]),
+                                layer.binding) for layer in run)
+        chain = ChainRule(table, links, sources)
+        chains.append(chain)
+        arguments = tuple(Argument(bound, bound, layer.location) for layer in run for _, bound in layer.binding)
+        replaced[run[0].out] = dataclasses.replace(run[-1], op=chain.op, block=None, sources=run[0].sources,
+                                                   arguments=arguments, binding=(), hyper=())
+        for layer in run[1:]:
+            replaced[layer.out] = None
+    layers = tuple(replaced.get(layer.out, layer) for layer in top.layers if replaced.get(layer.out, layer) is not None)
+    return dataclasses.replace(top, layers=layers), chains
+
+
+def _names(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [name for item in value for name in _names(item)]
+    node = getattr(value, "node", None)  # {like: NODE}
+    return [node] if isinstance(node, str) else []
+
+
+def _table_name(run, spec: Spec, taken: set[str]) -> str:
+    """The chain's table, after what its instances' prefixes share (``features.2`` to ``features.17``:
+    FEATURES), else after its first and last (LAYER1_0_TO_LAYER4_2)."""
+    import os
+    import re
+
+    prefixes = [_scope_of(layer, spec)[0] for layer in run]
+    common = os.path.commonprefix([prefix + "." for prefix in prefixes])
+    common = common[:common.rfind(".")] if "." in common else ""
+    if common and all(prefix.startswith(common + ".") for prefix in prefixes):
+        base = re.sub(r"[^A-Za-z0-9]", "_", common).upper()
+    else:
+        base = "_TO_".join(re.sub(r"[^A-Za-z0-9]", "_", prefix).upper() for prefix in (prefixes[0], prefixes[-1]))
+    name, number = base, 2
+    while name.lower() in taken:
+        name, number = f"{base}_{number}", number + 1
+    taken.add(name.lower())
+    return name
+
+
+def _scope_of(layer, spec: Spec) -> tuple[str, int] | None:
+    """The instance's parameter mapping as a slice of the ``params`` argument (``layer1.0``; with an
+    offset, children numbered from it), where every parameter it binds is an input traced from
+    ``PREFIX.KEY``; None: a literal mapping."""
+    from .blocks import shifted
+
+    sources = {item.name: item.source for item in spec.inputs}
+    block = spec.blocks[layer.block]
+    keys = dict(block.params)
+    prefixes = set()
+    for param, bound in layer.binding:
+        source, key = sources.get(bound), shifted(keys[param], layer.offset)
+        if source is None or key is None or not source.endswith("." + key):
+            return None
+        prefixes.add(source[: -len(key) - 1])
+    return (prefixes.pop(), layer.offset) if len(prefixes) == 1 else None
+
+
+def _signature(shapes) -> tuple:
+    """What a block's derivation may depend on besides sizes: each operand's rank and its size-1 axes."""
+    return tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1)) for shape in shapes)
+
+
+def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str]) -> DerivedBlock:
+    """The block derived once for all ``layers`` (its instances), its hypers as :class:`HyperInt`.
+
+    What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
+    derive otherwise where a size is 1: a broadcast, an expand) and the hypers' values: the block is
+    derived once per distinct set of them among its instances, and every one must print the same
+    code, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do)."""
+    first = layers[0]
+    wanted = set()
+    variants: dict[tuple, object] = {}
+    for layer in layers:
+        wanted |= {name for name, node in _bound(block, layer).items() if node in needs_gradient}
+        values = tuple(sorted(_hyper_values(block, layer).items()))
+        variants.setdefault((values, _instance_signature(block, layer, flat_graph)), layer)
+    derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
+                               flat_graph.spec, wanted, dict(values),
+                               {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()})
+               for (values, _), layer in variants.items()]
+    signature = next(iter(variants))[1]
+    for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
+        if _printed(other) == _printed(derived[0]):
+            continue
+        if other_signature != signature:  # a rule derives otherwise where a size is 1 (a broadcast, an expand)
+            raise SpecError(f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
+                            f"size-1 axes than instance '{first.out}', and its derivation differs",
+                            layer.location, "define a second block for it, or inline its layers")
+        raise SpecError(f"instance '{layer.out}' of block '{block.name}' sets its hypers to values for which the "
+                        f"derivation differs from that of instance '{first.out}' (not only in the values)",
+                        layer.location, "define a second block for it, or inline its layers")
+    return derived[0]
+
+
+def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
+    """The instance's value of each of the block's hypers, the default where it sets none."""
+    return {**dict(block.hyper), **{name: value for name, value, _ in layer.hyper}}
+
+
+def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict,
+                    dtypes: dict) -> DerivedBlock:
+    graph = block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()}, dtypes)
+    feeds_output = {"loss"}
+    for node in reversed(list(graph.nodes.values())):
+        if node.name in feeds_output:
+            feeds_output.update(node.operands.values())
+    graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
+    program = derive(graph)
+    fast = derive(graph, fused=True)
+    planned = plan(program, fast, [], extras=())
+    read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
+    backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
+    return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
+
+
+def _instance_signature(block: BlockSpec, layer, flat_graph: Graph) -> tuple:
+    """What a block's derivation may depend on besides sizes, for one instance: every tensor's rank
+    and size-1 axes, read from the flat graph (where the instance's node ``o`` is ``OUT_o``)."""
+    bound = _bound(block, layer)
+    names = [bound[name] for name in block.operands] + [
+        layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers]
+    return _signature(flat_graph.nodes[name].shape for name in names)
+
+
+def _bound(block: BlockSpec, layer) -> dict[str, str]:
+    return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
+
+
+def _top_spec(spec: Spec) -> Spec:
+    """The spec's own layers, each instance one layer whose arguments bind the block's parameters."""
+    layers = []
+    for layer in spec.layers:
+        if layer.block:
+            arguments = tuple(Argument(param, bound, layer.location) for param, bound in layer.binding)
+            arguments += tuple(Argument(name, value, location) for name, value, location in layer.hyper)
+            layer = dataclasses.replace(layer, arguments=arguments, implicit_in=False)
+        layers.append(layer)
+    return dataclasses.replace(spec, layers=tuple(layers), blocks={})
+
+
+def _printed(derived: DerivedBlock) -> tuple:
+    """A block variant as the statements its two functions run, printed (a hyper by its name), with
+    what it saves and returns: two variants that agree here serve each other's instances."""
+    planned = derived.planned
+
+    def lines(scheduled) -> tuple:
+        return tuple((item.statement.target.name, to_code(item.statement.value), item.dead) for item in scheduled)
+
+    return (lines(planned.saving_forward), lines(planned.backward), tuple(planned.saved_names),
+            tuple(derived.gradients), tuple(derived.backward_inputs))
+
+
+def _top_backward(graph: Graph, spec: Spec, planned: Plan) -> tuple[list, list, list]:
+    """The top level's backward as the module runs it, and what it returns: each parameter's
+    gradient taken from its instance's mapping in the return itself (``grads_a.pop("w")``, or all of
+    an instance's at once, ``**_prefixed("layer1.0", grads_a)``), the names the return reads kept
+    alive until then, and no comment on a block call, whose code says it."""
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    inlined: dict[str, str] = {}
+    inlined_from: dict[str, TensorOp] = {}
+    backward = []
+    for item in planned.backward:
+        statement = item.statement
+        value = statement.value
+        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
+                and value.primitive.name == "gradient_of"):
+            inlined[statement.gradient_of] = to_code(value)
+            inlined_from[statement.gradient_of] = value
+            continue
+        if isinstance(value, TensorOp) and value.primitive.name in ("gradient_of", "block_backward"):
+            # `grads_b = block_backward(...)`, `grads_b.pop("x")`: the code says it
+            item = dataclasses.replace(item, statement=dataclasses.replace(statement, comment=""))
+        backward.append(item)
+
+    merged, param_returns = _returned_parameters(graph, sources, inlined, inlined_from, backward)
+    # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
+    returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
+    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
+                for item in backward]
+    return backward, [text for text, _ in merged], param_returns
+
+
+def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_from: dict, backward: list):
+    """The ``params`` gradients ``_backward_from_saved`` returns: ``**_prefixed("layer1.0", grads)``
+    for an instance whose block's gradient mapping holds exactly its own parameters' gradients (its
+    inputs' taken out already, none shared with another instance), one entry each for the rest."""
+    popped: dict[str, set[str]] = {}
+    for item in backward:
+        for expression in item.statement.value.atoms(TensorOp):
+            if expression.primitive.name == "gradient_of":
+                popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
+    merged, covered = [], set()
+    for node in graph.nodes.values():
+        if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
+            grads = f"grads_{node.name}"
+            bound = {value for value in node.rule.keys if value in graph.wrt}
+            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                    for value in bound) and "x" in popped.get(grads, set())):
+                merged.append((grads, grads))
+                covered |= bound
+            continue
+        if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
+            continue
+        derived = node.rule.derived
+        grads = f"grads_{node.name}"
+        keys = dict(derived.spec.params)
+        params = [name for name in derived.gradients if name in keys]
+        bound = {name: node.operands[name] for name in params}
+        inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
+        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                  for value in bound.values())
+        if params and own and inputs_taken:
+            prefix, offset = node.params["_scope"]
+            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
+                           grads))
+            covered |= set(bound.values())
+    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
+               if name in sources and name not in covered]
+    return merged, returns
