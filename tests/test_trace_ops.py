@@ -208,6 +208,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("instance_norm", nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval(), {"x": (2, 2, 3, 4, 3)}),
     ("roll", lambda x: torch.roll(x, shifts=(-1, 2), dims=(2, 3)), X),  # Swin's shifted windows
     ("roll", lambda x: x.roll(3, -1), X),
+    ("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, 1) * x, X),  # a global max pool
+    ("adaptive_max_pool2d", lambda x: torch.cat([F.adaptive_avg_pool2d(x, (3, 2)), nn.AdaptiveMaxPool2d((3, 2))(x)], 1), X),
     ("amax", lambda x: x * x.amax((2, 3), keepdim=True), X),  # CBAM's channel descriptor
     ("amax", lambda x: torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], dim=1), X),
     ("amax", lambda x: x.amax(dim=-1).exp(), X),

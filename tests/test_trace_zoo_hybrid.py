@@ -47,8 +47,10 @@ CASES = {
     "tresnet": Case(conv_zoo.TResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 16)}, CLASSIFIER),
     # ECA: x.mean((2, 3)).view(x.shape[0], 1, -1) -> Conv1d -> sigmoid -> view(x.shape[0], -1, 1, 1), expand_as
     "ecaresnet": Case(conv_zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
-    # CBAM in the same bottlenecks: x.amax((2, 3), keepdim=True) and x.amax(dim=1, keepdim=True) descriptors
-    "cbamresnet": Case(conv_zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER, {"attn_layer": "cbam"}),
+    # CBAM in the same bottlenecks: x.amax((2, 3), keepdim=True) and x.amax(dim=1, keepdim=True) descriptors;
+    # timm's catavgmax head: cat of F.adaptive_avg_pool2d(x, 1) and F.adaptive_max_pool2d(x, 1)
+    "cbamresnet": Case(conv_zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER,
+                       {"attn_layer": "cbam", "global_pool": "catavgmax"}),
     # BoTNet: torch.split with a list, reshape(B * heads, d, -1), relative logits by pad, flatten, pad, reshape,
     # slice, expand and permute
     "botnet": Case(conv_zoo.BoTNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, CLASSIFIER),

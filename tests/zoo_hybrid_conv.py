@@ -394,10 +394,34 @@ class EcaBottleneck(nn.Module):
         return self.act3(x)
 
 
-class EcaResNet(nn.Module):
-    """ECA bottlenecks (``attn_layer="cbam"``: CBAM's, as timm's ``cbam_resnet``-style models)."""
+def adaptive_catavgmax_pool2d(x, output_size=1):
+    x_avg = F.adaptive_avg_pool2d(x, output_size)
+    x_max = F.adaptive_max_pool2d(x, output_size)
+    return torch.cat((x_avg, x_max), 1)
 
-    def __init__(self, width=8, num_classes=5, attn_layer="eca"):
+
+class SelectAdaptivePool2d(nn.Module):
+    """timm's head pooling: ``avg``, or ``catavgmax`` (average and max pooled features side by side)."""
+
+    def __init__(self, pool_type="avg", flatten=True):
+        super().__init__()
+        self.pool_type = pool_type
+        self.pool = nn.AdaptiveAvgPool2d(1) if pool_type == "avg" else None
+        self.flatten = nn.Flatten(1) if flatten else nn.Identity()
+
+    def forward(self, x):
+        x = self.pool(x) if self.pool is not None else adaptive_catavgmax_pool2d(x, 1)
+        return self.flatten(x)
+
+    def feat_mult(self):
+        return 2 if self.pool_type == "catavgmax" else 1
+
+
+class EcaResNet(nn.Module):
+    """ECA bottlenecks (``attn_layer="cbam"``: CBAM's, as timm's ``cbam_resnet``-style models), timm's head
+    pooling (``global_pool="catavgmax"``: average and max)."""
+
+    def __init__(self, width=8, num_classes=5, attn_layer="eca", global_pool="avg"):
         super().__init__()
         attn_layer = {"eca": EcaModule, "cbam": CbamModule}[attn_layer]
         self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=2, padding=1, bias=False)
@@ -408,11 +432,12 @@ class EcaResNet(nn.Module):
             EcaBottleneck(width, width, downsample=nn.Sequential(nn.Conv2d(width, 2 * width, 1, bias=False),
                                                                  nn.BatchNorm2d(2 * width)), attn_layer=attn_layer),
             EcaBottleneck(2 * width, width, attn_layer=attn_layer))
-        self.fc = nn.Linear(2 * width, num_classes)
+        self.global_pool = SelectAdaptivePool2d(global_pool)
+        self.fc = nn.Linear(2 * width * self.global_pool.feat_mult(), num_classes)
 
     def forward(self, x):
         x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
-        return self.fc(self.layer1(x).mean((2, 3)))
+        return self.fc(self.global_pool(self.layer1(x)))
 
 
 # ----- BoTNet: bottleneck attention with relative position logits (the pad/reshape trick) -------------------------
