@@ -42,6 +42,7 @@ from types import ModuleType
 import torch
 
 from .errors import SymgradError
+from .fast_checks import Snapshot, count_batches, read_state
 from .fingerprint import IGNORED, difference, literal
 from .write import read_generated, read_header
 
@@ -144,6 +145,7 @@ class _Guard:
         self._hypers = tuple((path, module, key, copy.copy(value)) for path, module in modules.items()
                              for key, value in vars(module).items()
                              if fingerprint and path in fingerprint and _hyper(key, value))
+        self._snapshot = Snapshot(self._children, self._hypers)
 
     def _checked_arguments(self, data: dict) -> tuple[dict, list]:
         """Every per-step check passed, the call's arguments with the model's tensors looked up now (``.to()``
@@ -154,9 +156,7 @@ class _Guard:
                                  "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
         self._check_model()
         self._check_mode()
-        arguments = dict(data)
-        for name, (owner, attribute) in self._state.items():
-            arguments[name] = getattr(owner, attribute)
+        arguments = read_state(self._state, data)
         self._check_requires_grad(data, arguments)
         self._check_devices(data, arguments)
         if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
@@ -181,16 +181,14 @@ class _Guard:
 
     def _count(self) -> None:
         """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
-        with torch.no_grad():
-            for statistics in self._statistics:
-                counter = getattr(statistics.module, "num_batches_tracked", None)
-                if counter is not None and isinstance(statistics.module, torch.nn.modules.batchnorm._BatchNorm):
-                    counter.add_(statistics.calls)  # nn.InstanceNorm keeps the counter but never moves it
+        count_batches(self._statistics)
 
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
         (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
+        if not torch.compiler.is_compiling() and self._snapshot.unchanged():  # the common case in a few C calls
+            return  # (dynamo traces the loops below, and guards on what they read); else they say what changed
         for parent, name, child in self._children:
             if parent._modules.get(name) is not child:
                 raise BindError(f"{_name(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "

@@ -1,0 +1,60 @@
+"""The per-call helpers of a bound step (symgrad.fast_checks) read and compare what the guard's plain
+loops read and compare: model tensors as getattr gives them, a change to any child or hyper-parameter."""
+
+import torch
+import torch.nn as nn
+from torch.nn.utils import parametrize
+
+from symgrad.binding import _Statistics
+from symgrad.fast_checks import Snapshot, count_batches, read_state
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight):
+        return 2 * weight
+
+
+def _net():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+
+
+def test_read_state_gives_what_getattr_gives_for_parameters_buffers_and_a_parametrized_weight():
+    net = _net()
+    parametrize.register_parametrization(net[0], "weight", _Doubled())  # weight now a property
+    state = {"w": (net[0], "weight"), "mean": (net[1], "running_mean"), "gamma": (net[1], "weight")}
+    net[1].running_mean = torch.ones(4)  # a buffer replaced, as .to() replaces it
+    read = read_state(state, {"x": torch.zeros(1)})
+    assert list(read) == ["x", "w", "mean", "gamma"]
+    for name, (owner, attribute) in state.items():
+        expected = getattr(owner, attribute)
+        assert torch.equal(read[name], expected) and (read[name] is expected or name == "w")
+    assert torch.equal(read["w"], 2 * net[0].parametrizations.weight.original)
+
+
+def _snapshot(net):
+    modules = dict(net.named_modules())
+    children = tuple((parent, name, child) for parent in modules.values() for name, child in parent._modules.items())
+    hypers = tuple((path, module, key, value) for path, module in modules.items() for key, value in vars(module).items()
+                   if key in ("stride", "padding", "eps", "momentum"))
+    return Snapshot(children, hypers)
+
+
+def test_snapshot_sees_a_child_swapped_a_hyper_parameter_changed_or_deleted():
+    for change in (lambda net: net.__setitem__(1, nn.Identity()), lambda net: setattr(net[0], "stride", (2, 2)),
+                   lambda net: setattr(net[1], "eps", 1e-3), lambda net: delattr(net[1], "momentum")):
+        net = _net()
+        snapshot = _snapshot(net)
+        assert snapshot.unchanged()
+        change(net)
+        assert not snapshot.unchanged()
+    net = _net()
+    snapshot = _snapshot(net)
+    net[0].stride = (1, 1)  # an equal value, another object: unchanged, as the guard's `==` says
+    assert snapshot.unchanged()
+
+
+def test_count_batches_moves_each_batchnorm_by_its_calls_and_leaves_instance_norm_alone():
+    bn, twice, instance = nn.BatchNorm2d(2), nn.BatchNorm2d(2), nn.InstanceNorm2d(2, track_running_stats=True)
+    count_batches([_Statistics(bn, "m", "v", 0.1), _Statistics(twice, "m", "v", 0.1, calls=2),
+                   _Statistics(instance, "m", "v", 0.1)])
+    assert (int(bn.num_batches_tracked), int(twice.num_batches_tracked), int(instance.num_batches_tracked)) == (1, 2, 0)
