@@ -184,6 +184,12 @@ class _Guard:
         count_batches(self._statistics)
 
 
+    def check_unchanged(self) -> None:
+        """The checks that a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run: the model as bound, and
+        every module in the mode it was traced in."""
+        self._check_model()
+        self._check_mode()
+
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
         (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
@@ -405,7 +411,8 @@ class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_edited: bool = False) -> Bound:
+def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_edited: bool = False,
+         cuda_graph: bool = False) -> Bound:
     """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
     by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
 
@@ -414,7 +421,8 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_ed
     Raises :class:`BindError` when the model differs from the one traced (its submodules' classes,
     code, hyper-parameters, parameter names and shapes: the module's ``FINGERPRINT``), and when the
     generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
-    a module without a fingerprint unchecked).
+    a module without a fingerprint unchecked). ``cuda_graph=True``: on CUDA, each set of data shapes is
+    captured once and replayed as CUDA graphs (:mod:`symgrad.cuda_graph`); elsewhere it runs as without.
     """
     if isinstance(generated, (str, Path)):
         generated = _load(Path(generated), allow_edited)
@@ -423,8 +431,14 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *, allow_ed
     if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
         from .bound_model import BoundModel
 
-        return BoundModel(generated, model, allow_edited=allow_edited)
-    return Bound(generated, model, allow_edited)
+        bound = BoundModel(generated, model, allow_edited=allow_edited)
+    else:
+        bound = Bound(generated, model, allow_edited)
+    if cuda_graph:
+        from .cuda_graph import GraphedStep
+
+        return GraphedStep(bound)
+    return bound
 
 
 def check_generated(generated: ModuleType, allow_edited: bool = False) -> None:

@@ -144,6 +144,10 @@ class BoundModel(torch.nn.Module):
                             f"missing: {', '.join(missing)}")
         return mode({name: bound.arguments[name] for name in mode.data_arguments})
 
+    def check_unchanged(self) -> None:
+        """The checks a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run, for the model's current mode."""
+        self._mode().check_unchanged()
+
     def _mode(self) -> _Mode:
         training = self.model.training
         for mode in self._modes:
