@@ -11,7 +11,14 @@ the order rotated each round:
 - ``autograd, channels_last``: the model and its input in channels_last, autograd's best layout
   on a CPU for convolutions;
 - ``autograd, torch.compile``: the model compiled by ``torch.compile`` (Inductor; its backward
-  compiled by AOTAutograd), compiled before timing;
+  compiled by AOTAutograd), compiled before timing; ``autograd, torch.compile max-autotune`` the same
+  with ``mode="max-autotune-no-cudagraphs"`` (in :data:`COMPILED_ROWS`);
+- ``symgrad.bind, torch.compile``: the bound model of the module traced without the loss (the outputs
+  form, whose step compiles whole: ``torch.compile(fast, fullgraph=True)``), the loss after it in
+  autograd (in :data:`COMPILED_ROWS`: each compiles for minutes on 2 cores);
+- on CUDA alone, ``symgrad.bind, CUDA graph`` (``bind(..., cuda_graph=True)``: the step captured once,
+  replayed) and ``autograd, torch.compile reduce-overhead`` (``mode="reduce-overhead"``: Inductor's CUDA
+  graphs), the peer it is fairest against;
 
 and, with ``, AMP`` after the name, the first three under ``torch.autocast("cpu", dtype=torch.bfloat16)``
 (the forward under autocast, the backward outside it, as PyTorch's AMP recipe runs them). Each
@@ -49,16 +56,31 @@ unmapped, so the resident set follows what is allocated rather than what glibc k
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("symgrad.bind", "symgrad.bind, channels_last", "autograd", "autograd, channels_last",
-            "autograd, torch.compile", "symgrad.bind, AMP", "symgrad.bind, channels_last, AMP", "autograd, AMP",
-            "autograd, channels_last, AMP")
+            "autograd, torch.compile", "symgrad.bind, torch.compile", "autograd, torch.compile max-autotune",
+            "symgrad.bind, AMP", "symgrad.bind, channels_last, AMP", "autograd, AMP", "autograd, channels_last, AMP")
+CUDA_VARIANTS = ("symgrad.bind, CUDA graph", "autograd, torch.compile reduce-overhead",
+                 "symgrad.bind, CUDA graph, AMP")
+"""Timed on CUDA alone (after :data:`VARIANTS`): the step replayed as CUDA graphs, and its fairest peer."""
+COMPILED = ("symgrad.bind, torch.compile", "autograd, torch.compile max-autotune")
+"""Timed in :data:`COMPILED_ROWS` alone: compiling a whole step takes minutes on 2 CPU cores."""
 AMP = ", AMP"
 ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow the image and the depth
     ("resnet18", 8, 64, 64), ("resnet18", 8, 112, 64), ("resnet18", 8, 224, 64),
     ("resnet50", 4, 112, 64), ("unet", 4, 128, 32),
+    ("convnext", 4, 64, 24), ("efficientnet", 8, 64, 0), ("mobilenetv3", 8, 64, 0),
 ]
+COMPILED_ROWS = {("resnet18", 8, 112, 64), ("unet", 4, 128, 32)}
+"""The CPU rows that time :data:`COMPILED` too (on CUDA: the first :data:`CUDA_COMPILED` rows)."""
+NETWORKS = {
+    "convnext": "ConvNeXt-T's depths (3, 3, 9, 3), widths WIDTH × (1, 2, 4, 8) (tests/zoo.py)",
+    "efficientnet": "EfficientNet-B0's first three stages, narrowed: SiLU, depthwise MBConv, SE (tests/zoo_nets.py)",
+    "mobilenetv3": "torchvision's MobileNetV3 blocks, small: hardswish, depthwise, SE (tests/models.py)",
+}
+"""The networks beside examples/train_resnet.py's, from the suite's model zoo, as their authors write them."""
 CUDA_ROWS = [  # the issue's sizes: ResNet-18 and -50 at 32 x 224², a U-Net of width 64 at 8 x 256²; then scale
     ("resnet18", 32, 224, 64), ("unet", 8, 256, 64), ("resnet50", 32, 224, 64),
     ("resnet18", 32, 64, 64), ("resnet18", 32, 112, 64),
+    ("convnext", 32, 224, 96), ("efficientnet", 64, 224, 0), ("mobilenetv3", 64, 224, 0),
 ]
 CUDA_COMPILED = 3
 """On a GPU ``torch.compile`` is timed in the first rows alone (the target rows): compiling each
@@ -83,14 +105,13 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     own model copy (the module is traced and generated on the CPU, as a user generates it once)."""
     example = _example()
     torch.manual_seed(0)
-    models = {"resnet18": example.ResNet18, "resnet50": example.ResNet50,
-              "unet": lambda width: example.UNet(1, width)}
-    model = models[network](width).train()
+    model = _network(network, width).train()
     classify = network != "unet"
     channels = 3 if classify else 1
     traced = (2, channels, 32, 32) if classify else (2, channels, 16, 16)
     loss = example.LossChoice("cross_entropy", "labels") if classify else example.LossChoice("mse_loss", "target")
     generated = example.generated_module(model, f"{network}_step", {"x": traced}, loss, folder)
+    outputs_form = None  # the module traced without the loss, for the compiled bound model
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, channels, size, size, generator=generator)
     target = (torch.randint(0, 10, (batch,), generator=generator) if classify
@@ -111,12 +132,18 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
         if kind.endswith("channels_last"):
             net = net.to(memory_format=torch.channels_last)
             inputs = x.contiguous(memory_format=torch.channels_last)
-        if kind.startswith("symgrad.bind"):
-            bound = example.symgrad.bind(generated, net)
+        if kind == "symgrad.bind, torch.compile":
+            outputs_form = outputs_form or _outputs_module(model, network, traced, folder)
+            runner = torch.compile(example.symgrad.bind(outputs_form, net), fullgraph=True)
+            compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
+        elif kind.startswith("symgrad.bind"):
+            bound = example.symgrad.bind(generated, net, cuda_graph=kind.endswith("CUDA graph"))
             arguments = {**data, "x": inputs}
             compute = (lambda bound=bound, arguments=arguments: bound(**arguments))
         else:
-            runner = torch.compile(net) if kind == "autograd, torch.compile" else net
+            mode = kind.partition("torch.compile")[2].strip()
+            runner = (torch.compile(net, mode={"max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode) or None)
+                      if "torch.compile" in kind else net)
             compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
 
         def one_step(compute=compute, optimizer=optimizer, amp=amp):
@@ -131,9 +158,44 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     return variants
 
 
+def _network(network: str, width: int) -> torch.nn.Module:
+    """``network`` at ``width`` (its first stage's channels; the zoo's EfficientNet and MobileNetV3 are
+    of one width), with 10 classes."""
+    example = _example()
+    if network in ("resnet18", "resnet50", "unet"):
+        return {"resnet18": example.ResNet18, "resnet50": example.ResNet50,
+                "unet": lambda width: example.UNet(1, width)}[network](width)
+    sys.path.insert(0, str(ROOT))
+    if network == "convnext":
+        from tests.zoo import ConvNeXt
+
+        return ConvNeXt(num_classes=10, depths=(3, 3, 9, 3), dims=(width, 2 * width, 4 * width, 8 * width),
+                        layer_scale_init_value=1e-6)
+    if network == "efficientnet":
+        from tests.zoo_nets import EfficientNet
+
+        return EfficientNet(num_classes=10)
+    from tests.models import MobileNetV3
+
+    return MobileNetV3(classes=10)
+
+
+def _outputs_module(model, network: str, traced: tuple, folder: Path) -> Path:
+    """The module of ``model`` traced without a loss (the bound model's outputs form), written into
+    ``folder``: its path (``torch.compile`` finds a module bound by path again)."""
+    from symgrad.pipeline import build_text
+    from symgrad.trace import trace
+
+    name = f"{network}_outputs"
+    path = folder / f"{name}.py"
+    path.write_text(build_text(trace(model, {"x": traced}, wrt="parameters", name=name, mode="train"),
+                               f"{name}.yaml").rendered.files[f"{name}.py"])
+    return path
+
+
 def peer_of(variant: str) -> str:
     """The autograd variant of the same layout and precision as a bound-step variant."""
-    return variant.replace("symgrad.bind", "autograd")
+    return variant.replace("symgrad.bind", "autograd").replace(", CUDA graph", "")
 
 
 def measure_overhead(repeats: int, names=VARIANTS, device: str = "cpu") -> list[dict]:
@@ -258,6 +320,7 @@ WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 
 def render(saved: dict) -> str:
     device = saved.get("device", "cpu")
+    networks = {row["network"] for row in saved["rows"]}
     memory = ("each peak memory in a fresh process" if device == "cpu" else
               "each peak memory from `torch.cuda.max_memory_allocated` over one step, after the timing; "
               "`torch.backends.cudnn.benchmark` on for every variant, TF32 convolutions as PyTorch's default; "
@@ -269,7 +332,9 @@ def render(saved: dict) -> str:
              "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: "
              f"![training step](docs/images/training-{device}.png) (`--plot`).", "",
              "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
-             "networks of `examples/train_resnet.py` traced at a small size and run at the size shown; float32, and "
+             "networks of `examples/train_resnet.py` and, from the suite's zoo, " + "; ".join(
+                 f"{name}: {text}" for name, text in NETWORKS.items() if name in networks) +
+             (", " if networks & set(NETWORKS) else "") + "traced at a small size and run at the size shown; float32, and "
              f"AMP (the forward under `torch.autocast(\"{device}\", dtype=torch.bfloat16)`). Ratios are against the "
              "best autograd variant of the same precision (the fastest for speed, the leanest for memory): the "
              "default layout, channels_last and, in float32, `torch.compile`.", "",
@@ -357,8 +422,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="where the measurements are saved, after each row (default "
                         "out/training-DEVICE.json; benchmarks/results/training-DEVICE.json is the committed run)")
     parser.add_argument("--rows", help="render again from this saved JSON, without measuring")
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS, metavar="VARIANT",
-                        help="the variants to time (default: all: " + "; ".join(VARIANTS) + ")")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS + CUDA_VARIANTS),
+                        choices=VARIANTS + CUDA_VARIANTS, metavar="VARIANT",
+                        help="the variants to time (default: all: " + "; ".join(VARIANTS + CUDA_VARIANTS) + ")")
+    parser.add_argument("--networks", nargs="*", help="time these networks' rows alone (default: every row)")
+    parser.add_argument("--skip-overhead", action="store_true", help="leave out the around-the-kernels table")
     parser.add_argument("--plot", help="also draw the run as a PNG here (matplotlib)")
     parser.add_argument("--memory", help=argparse.SUPPRESS)  # one variant's peak, in this fresh process
     args = parser.parse_args(argv)
@@ -383,9 +451,12 @@ def main(argv=None) -> int:
         path = Path(args.json or f"out/training-{args.device}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         table = QUICK_ROWS if args.quick else CUDA_ROWS if args.device == "cuda" else ROWS
+        table = [row for row in table if not args.networks or row[0] in args.networks]
+        variants = [name for name in args.variants if name not in CUDA_VARIANTS or args.device == "cuda"]
         for index, row in enumerate(table):
-            names = [name for name in args.variants if args.device == "cpu" or index < CUDA_COMPILED
-                     or "torch.compile" not in name]
+            compiled = row in COMPILED_ROWS if args.device == "cpu" else index < CUDA_COMPILED
+            names = [name for name in variants if (name not in COMPILED or compiled) and
+                     ("torch.compile" not in name or args.device == "cpu" or compiled)]
             results = measure_row(row, repeats, names, args.device)
             for result in results:
                 print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
@@ -393,7 +464,9 @@ def main(argv=None) -> int:
             saved["rows"] += results
             saved["failures"] = FAILURES
             path.write_text(json.dumps(saved, indent=1))  # a run cut short keeps the rows it measured
-        saved["overhead"] = measure_overhead(3 if args.quick else max(args.repeats, 21), args.variants, args.device)
+        if not args.skip_overhead:
+            saved["overhead"] = measure_overhead(3 if args.quick else max(args.repeats, 21), variants,
+                                                 args.device)
         path.write_text(json.dumps(saved, indent=1))
     write_section(output, render(saved), SECTIONS[saved.get("device", "cpu")])
     if args.plot:

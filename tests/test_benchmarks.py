@@ -203,7 +203,7 @@ def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
     after each variant's own first, agrees too: every variant moved its parameters alike."""
     from benchmarks import training
 
-    names = [name for name in training.VARIANTS if name != "autograd, torch.compile"]  # compiled: test below
+    names = [name for name in training.VARIANTS if "torch.compile" not in name]  # compiled: tests below
     variants = training.step_variants("resnet18", 2, 32, 4, tmp_path, names)
     assert set(variants) == set(names)
     for step in range(2):
@@ -230,6 +230,31 @@ def test_the_compiled_training_step_computes_the_same_step(tmp_path: Path):
         losses = {name: function().item() for name, function in variants.items()}
         loose = 1e-4 if step == 0 else 5e-2  # its kernels round apart, magnified by a step (above)
         assert abs(losses["autograd, torch.compile"] - losses["autograd"]) <= loose * abs(losses["autograd"]), losses
+
+
+@pytest.mark.slow
+def test_the_compiled_bound_model_computes_the_same_step(tmp_path: Path):
+    """``torch.compile(fast, fullgraph=True)`` of the outputs form, Inductor's kernels: its steps as autograd's."""
+    from benchmarks import training
+
+    variants = training.step_variants("resnet18", 2, 32, 4, tmp_path, ["autograd", "symgrad.bind, torch.compile"])
+    for step in range(2):
+        losses = {name: function().item() for name, function in variants.items()}
+        loose = 1e-4 if step == 0 else 5e-2  # Inductor's kernels round apart, magnified by a step (above)
+        assert abs(losses["symgrad.bind, torch.compile"] - losses["autograd"]) <= loose * abs(losses["autograd"])
+
+
+@pytest.mark.parametrize("network", [pytest.param("convnext", marks=pytest.mark.slow), "efficientnet", "mobilenetv3"])
+def test_the_zoo_networks_training_steps_agree(tmp_path: Path, network: str):
+    """The ConvNeXt-, EfficientNet- and MobileNetV3-style rows: the bound step is autograd's, step after step."""
+    from benchmarks import training
+
+    variants = training.step_variants(network, 2, 32, 8, tmp_path, ["symgrad.bind", "autograd", "symgrad.bind, AMP",
+                                                                    "autograd, AMP"])
+    for step in range(2):
+        losses = {name: function().item() for name, function in variants.items()}
+        assert abs(losses["symgrad.bind"] - losses["autograd"]) <= 1e-5 * abs(losses["autograd"]), (step, losses)
+        assert abs(losses["symgrad.bind, AMP"] - losses["autograd, AMP"]) <= 2e-2 * abs(losses["autograd"]), losses
 
 
 def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path):
