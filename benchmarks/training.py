@@ -332,9 +332,9 @@ def render(saved: dict) -> str:
              "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: "
              f"![training step](docs/images/training-{device}.png) (`--plot`).", "",
              "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
-             "networks of `examples/train_resnet.py` and, from the suite's zoo, " + "; ".join(
-                 f"{name}: {text}" for name, text in NETWORKS.items() if name in networks) +
-             (", " if networks & set(NETWORKS) else "") + "traced at a small size and run at the size shown; float32, and "
+             "networks of `examples/train_resnet.py`" + "".join(
+                 f"; {name}: {text}" for name, text in NETWORKS.items() if name in networks) +
+             (", " if networks & set(NETWORKS) else " ") + "traced at a small size and run at the size shown; float32, and "
              f"AMP (the forward under `torch.autocast(\"{device}\", dtype=torch.bfloat16)`). Ratios are against the "
              "best autograd variant of the same precision (the fastest for speed, the leanest for memory): the "
              "default layout, channels_last and, in float32, `torch.compile`.", "",
