@@ -6,6 +6,7 @@
 # install would map). Writes into ${OUT:-out/gpu}:
 #   device_check.log  the committed generated modules on the GPU against autograd (benchmarks/device_check.py)
 #   bind_zoo.log      every zoo network bound on the GPU: float64 grads, bfloat16 and float16 autocast
+#   cuda_graph.log    the bound step captured and replayed as CUDA graphs against autograd (tests/test_cuda_graph.py)
 #   training.log, training-cuda.json, BENCHMARKS-training.md   python -m benchmarks.training --device cuda
 #   seeds-CASE.log, .json, .md   python -m benchmarks --device cuda --cases CASE, for seeds 2, 3 and 1
 # With WORK set they are written there and packed into $OUT/results.tgz after each step (a lease
@@ -35,6 +36,11 @@ SYMGRAD_TEST_DEVICE=$device timeout "$(seconds 90)" $python -m pytest -q -p no:c
     tests/test_bind_zoo.py ${QUICK:+-k resnet} >"$out/bind_zoo.log" 2>&1
 echo "bind_zoo: exit $? $(tail -n 1 "$out/bind_zoo.log")"; keep
 
+SYMGRAD_TEST_DEVICE=$device timeout "$(seconds 60)" $python -m pytest -q -p no:cacheprovider -n 0 \
+    tests/test_cuda_graph.py >"$out/cuda_graph.log" 2>&1  # bind(..., cuda_graph=True) against autograd, several steps
+echo "cuda_graph: exit $? $(tail -n 1 "$out/cuda_graph.log")"; keep
+
+# the training rows include "symgrad.bind, CUDA graph" and "autograd, torch.compile reduce-overhead" on CUDA
 timeout "$(seconds 230)" $python -m benchmarks.training --device "$device" $quick --json "$out/training-$device.json" \
     --output "$out/BENCHMARKS-training.md" >"$out/training.log" 2>&1
 echo "training: exit $?"; tail -n 3 "$out/training.log"; keep
