@@ -285,7 +285,11 @@ WHY_CPU = ("*Why the targets are missed on this CPU.* Speed: in the same layout 
        "shapes); under AMP it is leaner than autograd (0.72-0.99x layout for layout: it keeps bfloat16 values "
        "where autograd's casts keep float32 copies). The U-Net's float32 miss is against `torch.compile`, the "
        "leanest U-Net step of all (1.22x: it recomputes cheap elementwise values in its backward instead of "
-       "keeping them). A C++ or compiled backward node would remove the per-step Python; neither is built.")
+       "keeping them). A C++ or compiled backward node would remove the per-step Python; neither is built. Since "
+       "this run the guard's per-call checks cost less (84 to 31 µs a ResNet-18 step, `symgrad/fast_checks.py`), "
+       "and the compiled bound model and the ConvNeXt, EfficientNet and MobileNetV3 rows joined the benchmark; they "
+       "were not timed here: the machine ran at a load of 14 on 2 cores for the rest of the session, which put "
+       "the tiny steps at 4-40 times their quiet cost.")
 
 
 WHY_CUDA = ("*Why the targets are missed on this GPU.* Speed: these steps are bound by the host, not the GPU: "
@@ -302,7 +306,9 @@ WHY_CUDA = ("*Why the targets are missed on this GPU.* Speed: these steps are bo
             "and 40 copies of running statistics per ResNet-18 step, so that the bound step now dispatches fewer "
             "kernels than autograd's (358 against 373 per ResNet-18 step; `tests/test_bind.py` counts them); the "
             "lease was spent before it could be measured here. Closing the rest needs the step's Python gone from "
-            "the hot path: a CUDA graph of the step, or a compiled backward node; neither is built. Memory: "
+            "the hot path: a CUDA graph of the step (`symgrad.bind(..., cuda_graph=True)`, built since this run: "
+            "captured once per shape set, replayed; not yet run on a GPU, so neither its tests nor its rows are in "
+            "this run), or a compiled backward node (not built). Memory: "
             "float32 is 1.00x autograd's in every target row; under AMP the ResNets are leaner (0.93-0.99x) but the "
             "U-Net needs 1.18x (1905 against 1621 MiB at 8 × 256², channels_last). CUDA's autocast runs bilinear "
             "upsampling in float32 and a concatenation promotes to its widest input (`python -m "
