@@ -97,8 +97,9 @@ class GraphedStep(torch.nn.Module):
         if not torch.is_grad_enabled() or not data or not all(
                 isinstance(value, torch.Tensor) and value.is_cuda for value in data.values()):
             return None
-        identity = tuple(map(id, read_state(self._tensors, {}).values()))
-        if identity != self._identity:  # a parameter or buffer replaced: the graphs read the old ones
+        identity = tuple((id(value), getattr(value, "requires_grad", None))
+                         for value in read_state(self._tensors, {}).values())
+        if identity != self._identity:  # a tensor replaced (the graphs read the old ones), or (un)frozen
             self._graphs.clear()
             self._refused.clear()
             self._identity = identity
