@@ -1,4 +1,4 @@
-"""The per-call work of a bound step (``binding._Guard``) done with as little Python as it allows.
+"""The per-call work of a bound step (``binding.Guard``) done with as little Python as it allows.
 
 A bound step reads the model's tensors, checks the model is as bound and counts the batch at every
 call. At the sizes where the kernels cost little (ResNet-18 of width 8 at 2 × 32²) that work was

@@ -1,11 +1,12 @@
 """The per-call helpers of a bound step (symgrad.fast_checks) read and compare what the guard's plain
 loops read and compare: model tensors as getattr gives them, a change to any child or hyper-parameter."""
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
-from symgrad.binding import _Statistics
 from symgrad.fast_checks import Snapshot, count_batches, read_state
 
 
@@ -55,6 +56,6 @@ def test_snapshot_sees_a_child_swapped_a_hyper_parameter_changed_or_deleted():
 
 def test_count_batches_moves_each_batchnorm_by_its_calls_and_leaves_instance_norm_alone():
     bn, twice, instance = nn.BatchNorm2d(2), nn.BatchNorm2d(2), nn.InstanceNorm2d(2, track_running_stats=True)
-    count_batches([_Statistics(bn, "m", "v", 0.1), _Statistics(twice, "m", "v", 0.1, calls=2),
-                   _Statistics(instance, "m", "v", 0.1)])
+    count_batches([SimpleNamespace(module=bn, calls=1), SimpleNamespace(module=twice, calls=2),
+                   SimpleNamespace(module=instance, calls=1)])  # as binding's statistics entries hold them
     assert (int(bn.num_batches_tracked), int(twice.num_batches_tracked), int(instance.num_batches_tracked)) == (1, 2, 0)
