@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -32,7 +31,6 @@ from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan
 from .printing import comment_lines, entry, fit, hanging, prose, to_code, to_latex
 from .reverse import GRAD_LOSS
-from .roles import channels_last_inputs, class_table, input_roles, running_statistics, zero_by_structure
 from .write import with_header
 
 TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
@@ -68,11 +66,18 @@ def notation_html() -> str:
     return "".join(mathml(part) if index % 2 else str(escape(part)) for index, part in enumerate(parts))
 
 
-def _rendered(template: str, file_name: str, context: dict, spec, spec_label: str, extras: tuple[str, ...]) -> str:
-    body = environment().get_template(template).render(**context)
+def _rendered(template: str, context: dict) -> str:
+    """A template's text, without the header (the caller heads every file last: :func:`headed`)."""
+    return environment().get_template(template).render(**context)
+
+
+def headed(files: dict[str, str], spec, spec_label: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """Each rendered file under the header ``symgrad check`` reads (the spec's hash, the extras added
+    on the command line): the last step of rendering, after every file's text is printed."""
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
-    comment = "python" if file_name.endswith(".py") else "markup"
-    return with_header(body, spec_label, spec_hash, comment=comment, extras=extras)
+    return {name: with_header(body, spec_label, spec_hash, comment="python" if name.endswith(".py") else "markup",
+                              extras=extras)
+            for name, body in files.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,30 +85,18 @@ def _rendered(template: str, file_name: str, context: dict, spec, spec_label: st
 # --------------------------------------------------------------------------------------------
 
 
-def render_tests(graph: Graph, small_shapes: list[dict[str, tuple[int, ...]]], spec_label: str,
-                 params: dict[str, str], hvp: bool = False, per_sample: tuple[list[str], list[str]] | None = None,
-                 recorded_extras: tuple[str, ...] = ()) -> dict[str, str]:
-    """``test_<name>.py`` for the module generated from ``graph``'s spec (every block written out:
-    the inputs, shapes and ``wrt`` the module is called with), ``small_shapes`` its test shapes.
+def render_tests(facts: dict, params: dict[str, str], hvp: bool = False,
+                 per_sample: tuple[list[str], list[str]] | None = None) -> dict[str, str]:
+    """``test_<name>.py`` for a module, from the ``facts`` its planning decided
+    (:func:`symgrad.roles.test_facts`: inputs, shapes, ``wrt``, roles, test shapes, ...).
 
     ``params``: the inputs the module takes in its ``params`` mapping, each to its key there (its
     ``state_dict()`` key); it takes every other input by name. ``hvp`` and ``per_sample`` (the
-    parameters and the batched inputs of ``per_sample_gradients``) add the extras' tests;
-    ``recorded_extras`` are named in the header."""
-    spec = graph.spec
-    moved = sorted({name for mean, var, _ in running_statistics(graph) for name in (mean, var)})
-    random = any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None)
+    parameters and the batched inputs of ``per_sample_gradients``) add the extras' tests."""
     context = dict(
-        name=spec.name, wrt=list(graph.wrt), params=dict(params),
-        spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
-        spec_entries=sum(math.prod(node.shape) for node in graph.nodes.values()),  # as check.require_memory counts
-        channels_last_at_spec=channels_last_inputs(graph), small_shapes=small_shapes, roles=input_roles(graph),
-        moved=moved, zero_by_structure=zero_by_structure(graph), classes=class_table(graph, small_shapes),
-        testdata_source=TESTDATA_SOURCE, outputs=spec.outputs is not None, random=random,
-        hvp=hvp, per_sample=per_sample is not None,
+        facts, params=dict(params), testdata_source=TESTDATA_SOURCE, hvp=hvp, per_sample=per_sample is not None,
         per_sample_names=per_sample[0] if per_sample else [], per_sample_batched=per_sample[1] if per_sample else [])
-    file_name = f"test_{spec.name}.py"
-    return {file_name: _rendered("test_module.py.jinja", file_name, context, spec, spec_label, recorded_extras)}
+    return {f"test_{facts['name']}.py": _rendered("test_module.py.jinja", context)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,8 +128,7 @@ class Section:
     """Whether the HTML page draws the graph (the Markdown's Mermaid graph is always there)."""
 
 
-def render_documents(spec, spec_label: str, sections: list[Section],
-                     recorded_extras: tuple[str, ...] = ()) -> dict[str, str]:
+def render_documents(spec, spec_label: str, sections: list[Section]) -> dict[str, str]:
     """``<name>.md`` and ``<name>.html`` for ``spec``: each section's derivation, in order."""
     blocked = len(sections) > 1 or bool(sections[0].instances)
     files = {}
@@ -145,8 +137,7 @@ def render_documents(spec, spec_label: str, sections: list[Section],
                        notation_html=notation_html(), mathml_css=MATHML_CSS, blocked=blocked,
                        sections=[_section_view(section, blocked, html) for section in sections])
         file_name = f"{spec.name}.{suffix}"
-        files[file_name] = _rendered(f"derivation.{suffix}.jinja", file_name, context, spec, spec_label,
-                                     recorded_extras)
+        files[file_name] = _rendered(f"derivation.{suffix}.jinja", context)
     return files
 
 

@@ -8,13 +8,12 @@ string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import sympy
 
 from . import __version__
-from .documents import Section, environment, render_documents, render_tests
+from .documents import Section, environment, headed, render_documents, render_tests
 from .fingerprint import module_constants
 from .plan import Plan, Scheduled
 from .printing import to_code, to_latex
@@ -196,14 +195,13 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         grad_loss=planned.grad_loss,
         reduction=graph.loss.params["reduction"],
     )
-    spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
-    body = environment().get_template("module.py.jinja").render(**context)
-    files = {f"{spec.name}.py": _with_header(body, spec_label, spec_hash, comment="python", extras=recorded_extras)}
+    files = {f"{spec.name}.py": environment().get_template("module.py.jinja").render(**context)}
     per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
-    files.update(render_tests(graph, planned.small_shapes, spec_label, {},  # this module takes every input by name
-                              hvp=bool(hvp_results), per_sample=per_sample, recorded_extras=recorded_extras))
+    files.update(render_tests(planned.test_facts, {},  # this module takes every input by name
+                              hvp=bool(hvp_results), per_sample=per_sample))
     section = Section(spec.name, "", planned, tuple(line.text for line in gradients_backward), tuple(step_of_line))
-    files.update(render_documents(spec, spec_label, [section], recorded_extras))
+    files.update(render_documents(spec, spec_label, [section]))
+    files = headed(files, spec, spec_label, recorded_extras)
     summary = [line.text for line in gradients_backward]
     latex = "\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable_backward) + "\n\\end{aligned}"
     return Rendered(spec.name, files, summary, latex)

@@ -18,7 +18,7 @@ import sympy
 from .algebra import Params, ShapeOf, Size, TensorOp, op, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
 from .roles import (channels_last_constant, channels_last_inputs, channels_last_test, channels_last_weights, class_table,
-                    input_roles, running_statistics, zero_by_structure)
+                    input_roles, running_statistics, test_facts, zero_by_structure)
 from .tangent import tangent_statements
 
 
@@ -67,6 +67,8 @@ class Plan:
     roles: dict
     zero_by_structure: dict
     small_shapes: list[dict[str, tuple[int, ...]]]
+    test_facts: dict
+    """What the generated tests are written from (:func:`symgrad.roles.test_facts`)."""
     classes: list[tuple[dict[str, list[int]], dict[str, int]]]
     grad_loss: str = GRAD_LOSS.name
     hvp_forward: list[Statement] = field(default_factory=list)
@@ -140,7 +142,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
         roles=input_roles(graph), zero_by_structure=zero_by_structure(graph),
         small_shapes=small_shapes, classes=class_table(graph, small_shapes),
-        **optional)
+        test_facts=test_facts(graph, small_shapes), **optional)
 
 
 def _shapes_for_shape_reads(fast: Program) -> tuple[Program, dict[str, str]]:

@@ -21,7 +21,7 @@ from .graph import Graph, build_graph
 from .plan import Plan, helpers_of, plan
 from .printing import to_code
 from .reverse import Program, derive
-from .roles import (channels_last_constant, channels_last_inputs, channels_last_rule, class_table, input_roles,
+from .roles import (test_facts, channels_last_constant, channels_last_inputs, channels_last_rule, class_table, input_roles,
                     running_statistics)
 from .shapes import small_shapes
 from .spec import Argument, Spec
@@ -80,10 +80,7 @@ def build_structured(spec: Spec) -> Structured:
     planned = plan(program, fast, [], extras=())
     statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
                   + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
-    test_data = dict(wrt=list(graph.wrt), small_shapes=shapes, roles=input_roles(flat_graph),
-                     classes=class_table(flat_graph, shapes),
-                     spec_shapes={node.name: tuple(node.shape) for node in flat_graph.inputs},
-                     channels_last_at_spec=channels_last_inputs(flat_graph))
+    test_data = test_facts(flat_graph, shapes)
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers_of(statements),
                       running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
                       layout_constant=channels_last_constant(flat_graph), test_data=test_data,

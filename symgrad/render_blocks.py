@@ -151,21 +151,17 @@ def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
 
 
 def render_files(structured: Structured, spec_label: str) -> dict[str, str]:
-    """Every file generated for a spec with blocks, keyed by file name: the module under the header
-    ``symgrad check`` reads, its test file and its documents (:mod:`symgrad.documents`)."""
-    import hashlib
-
-    from .documents import render_tests
-    from .write import with_header
+    """Every file generated for a spec with blocks, keyed by file name: the module, its test file and its
+    documents (:mod:`symgrad.documents`) printed, then each under the header ``symgrad check`` reads."""
+    from .documents import headed, render_tests
 
     spec = structured.spec
-    spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
     body, blocks, top_lines = render_structured(structured, spec_label)
-    files = {f"{spec.name}.py": with_header(body, spec_label, spec_hash, comment="python")}
-    sources = {item.name: item.source for item in spec.inputs if item.source}
-    files.update(render_tests(structured.flat_graph, structured.test_data["small_shapes"], spec_label, sources))
-    files.update(_documents(structured, spec_label, blocks, top_lines))  # the parameters in `params`
-    return files
+    files = {f"{spec.name}.py": body}
+    sources = {item.name: item.source for item in spec.inputs if item.source}  # the parameters in `params`
+    files.update(render_tests(structured.test_data, sources))
+    files.update(_documents(structured, spec_label, blocks, top_lines))
+    return headed(files, spec, spec_label)
 
 
 def render_structured(structured: Structured, spec_label: str) -> tuple[str, list[dict], list]:

@@ -233,3 +233,20 @@ def channels_last_constant(graph) -> dict | None:
     if rule is None or rule.reference is None:
         return None
     return dict(name=THRESHOLD_NAME, value=rule.threshold, reference=rule.reference, positions=rule.min_positions)
+
+
+def test_facts(graph, small_shapes: list[dict[str, tuple[int, ...]]]) -> dict:
+    """What a module's generated tests are written from, decided while planning (the test file's
+    renderer only prints them): ``graph``'s spec with every block written out, ``small_shapes`` its
+    test shapes."""
+    import math
+
+    return dict(
+        name=graph.spec.name, wrt=list(graph.wrt),
+        spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
+        spec_entries=sum(math.prod(node.shape) for node in graph.nodes.values()),  # as check.require_memory counts
+        channels_last_at_spec=channels_last_inputs(graph), small_shapes=small_shapes, roles=input_roles(graph),
+        moved=sorted({name for mean, var, _ in running_statistics(graph) for name in (mean, var)}),
+        zero_by_structure=zero_by_structure(graph), classes=class_table(graph, small_shapes),
+        outputs=graph.spec.outputs is not None,
+        random=any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None))

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from ..algebra import op, primitive
 from .base import Checker, Forward, Param, Rule
-from .resample import AdaptiveAveragePool, _show_output_size
+from .resample import AdaptiveAveragePool, show_output_size
 
 
 def _call(operands, params, indices: bool) -> str:
-    call = f"F.adaptive_max_pool{params['dims']}d({operands[0]}, {_show_output_size(params['output_size'])}"
+    call = f"F.adaptive_max_pool{params['dims']}d({operands[0]}, {show_output_size(params['output_size'])}"
     return call + (", return_indices=True)[1]" if indices else ")")
 
 

@@ -373,7 +373,7 @@ class AdaptiveAveragePool(Rule):
 
 
 primitive("adaptive_avg_pool", code=lambda operands, params, show: (
-    f"F.adaptive_avg_pool{params['dims']}d({operands[0]}, {_show_output_size(params['output_size'])})"),
+    f"F.adaptive_avg_pool{params['dims']}d({operands[0]}, {show_output_size(params['output_size'])})"),
     latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}\left({operands[0]}\right)", tangent=LINEAR)
 
 
@@ -388,7 +388,7 @@ primitive("adaptive_avg_pool_backward",
           latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}^{{\top}}\left({operands[0]}\right)")
 
 
-def _show_output_size(sizes: tuple) -> str:
+def show_output_size(sizes: tuple) -> str:
     if len(set(sizes)) == 1 and sizes[0] is not None:
         return str(sizes[0])
     return "(" + ", ".join(map(str, sizes)) + ("," if len(sizes) == 1 else "") + ")"
