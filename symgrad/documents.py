@@ -26,7 +26,6 @@ from markupsafe import escape
 
 from . import __version__, testdata
 from .diagram import mermaid, svg
-from .graph import Graph
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan
 from .printing import comment_lines, entry, fit, hanging, prose, to_code, to_latex

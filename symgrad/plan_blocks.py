@@ -21,8 +21,7 @@ from .graph import Graph, build_graph
 from .plan import Plan, helpers_of, plan
 from .printing import to_code
 from .reverse import Program, derive
-from .roles import (test_facts, channels_last_constant, channels_last_inputs, channels_last_rule, class_table, input_roles,
-                    running_statistics)
+from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
 from .shapes import small_shapes
 from .spec import Argument, Spec
 from .structure import BlockRule, ChainLink, ChainRule, DerivedBlock, block_graph

@@ -11,9 +11,8 @@ import sympy
 
 from .blocks import HyperInt
 from .fingerprint import module_constants
-from .graph import Graph
 from .plan_blocks import Structured
-from .reverse import GRAD_LOSS, Program
+from .reverse import GRAD_LOSS
 from .structure import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
 from .algebra import TensorOp, tensor
 
