@@ -208,6 +208,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("instance_norm", nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval(), {"x": (2, 2, 3, 4, 3)}),
     ("roll", lambda x: torch.roll(x, shifts=(-1, 2), dims=(2, 3)), X),  # Swin's shifted windows
     ("roll", lambda x: x.roll(3, -1), X),
+    ("strided_slice", lambda x: x[:, :, 1::2], X),  # SwinUNETR's patch merging, space-to-depth
+    ("strided_slice", lambda x: torch.cat([x[..., 0::2, 0::2], x[..., 1::2, 0::2]], 1), X),
     ("clamp", lambda x: torch.clamp(x, max=0.5), X),  # SwinV2's logit scale, one-sided
     ("clamp", lambda x: x.clamp_min(-0.2) * torch.clamp_max(x, 0.3), X),
     ("clamp", lambda x: x.clip(min=0.1), X),
