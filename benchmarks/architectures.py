@@ -4,7 +4,9 @@ run the generated test file in a fresh process; a Markdown table of the times an
     python -m benchmarks.architectures [--only LABEL ...] [--output FILE]
 
 The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``,
-``tests/zoo_modern.py``, ``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block), traced at
+``tests/zoo_modern.py``, ``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block;
+``tests/zoo_segmentation.py``, ``zoo_monai.py``, ``zoo_swinunetr.py``: smp decoders, MONAI in 2D and 3D; and
+``tests/zoo_hybrid.py``'s timm transformers and hybrids where present), traced at
 their cases' sizes; the gradients' agreement with autograd through the original modules is the suite's
 job (``tests/test_trace_models.py`` and the zoo tests), this only times the user's path and runs each
 module's own tests.
@@ -31,8 +33,13 @@ def cases() -> dict:
     from tests.test_trace_zoo_modern import CASES as MODERN
     from tests.test_trace_zoo_nets import CASES as NETS
     from tests.test_trace_attention import CASES as ATTENTION
+    from tests.test_trace_zoo_segmentation import CASES as SEGMENTATION
+    try:  # timm's transformers and hybrids, where that zoo is present
+        from tests.test_trace_zoo_hybrid import CASES as HYBRID
+    except ImportError:
+        HYBRID = {}
     return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS,
-            **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION}
+            **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION, **SEGMENTATION, **HYBRID}
 
 
 def run(label: str, case, folder: Path, blocks: bool = False) -> dict:

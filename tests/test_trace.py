@@ -172,8 +172,20 @@ def test_a_pad_to_the_size_of_a_tensor_the_code_read_is_read_at_run_time_not_fro
     assert relative_error(module.gradients(x=x, target=target).x, expected) <= 1e-12
 
 
+def test_an_interpolation_size_computed_from_the_input_is_an_expression_of_its_sizes():
+    """``size=(2 * x.shape[2], 2 * x.shape[3])`` (refused before issue 40's PAN change) is written as x's sizes
+    and matches autograd at another size."""
+    model = load_target(f"{INPUTS / 'sizes.py'}:Doubled")
+    text = trace(model, {"x": (2, 1, 11, 11)}, loss=LossChoice("mse_loss"))
+    assert "size: [{like: x, size: '2 * shape[2]'}, {like: x, size: '2 * shape[3]'}]" in text, text
+    module = generated(text)
+    x = torch.randn(3, 1, 9, 6, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(3, 1, 18, 12, dtype=torch.float64)
+    expected, = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    assert relative_error(module.gradients(x=x, target=target).x, expected) <= 1e-12
+
+
 @pytest.mark.parametrize("model, marker, argument", [
-    ("Doubled", "DOUBLED", "'interpolate' argument size=[22, 22] becomes [44, 66]"),
     # 11 -> 3 -> 9 pads [0, 2], not U-Net's [1, 1]; at 22 -> 7 -> 21 the pad [0, 1] is U-Net's: no one spec
     ("PaddedAfter", "PADDED AFTER", "'pad' argument pad=[0, 2, 0, 2] becomes {like: x}")])
 def test_sizes_computed_from_the_input_that_no_tensor_has_are_refused_not_frozen(model, marker, argument):

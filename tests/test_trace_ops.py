@@ -215,6 +215,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("amax", lambda x: x.amax(dim=-1).exp(), X),
     ("slice", lambda x: x[:, :, ::2, 1::2], X),  # LeViT's subsampled queries: x.view(B, H, W, C)[:, ::s, ::s]
     ("slice", lambda x: x[..., 1:7:3] * x[:, 1::2, :, ::4], X),  # a fixed end; channels 1::2 broadcast
+    ("slice", lambda x: x[:, :, 1::2], X),  # SwinUNETR's patch merging, space-to-depth
+    ("slice", lambda x: torch.cat([x[..., 0::2, 0::2], x[..., 1::2, 0::2]], 1), X),
     ("clamp", lambda x: torch.clamp(x, max=0.5), X),  # SwinV2's logit scale, one-sided
     ("clamp", lambda x: x.clamp_min(-0.2) * torch.clamp_max(x, 0.3), X),
     ("clamp", lambda x: x.clip(min=0.1), X),

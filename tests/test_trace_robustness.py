@@ -298,13 +298,22 @@ class FPABlock(nn.Module):
         return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=True)
 
 
-def test_a_size_computed_by_arithmetic_is_refused_at_its_line_never_frozen():
-    with pytest.raises(TraceError) as error:
-        trace(FPABlock(3), {"x": (2, 3, 16, 16)}, loss=LossChoice("mse_loss"))
-    message = str(error.value)
-    line = next(number for number, text in enumerate(open(__file__).read().splitlines(), 1) if "# ARITHMETIC" in text)
-    assert message.startswith(f"{__file__}:{line}: error: 'interpolate' argument size=[8, 8] becomes "), message
-    assert len(message.splitlines()) == 1 and "(fix: " in message
+def test_a_size_computed_by_arithmetic_is_an_expression_of_the_sizes_never_frozen():
+    """smp PAN's FPA: ``size=(h // 2, w // 2)`` from ``h, w = x.size(2), x.size(3)`` is written as x's sizes
+    (it was refused: issue 40), and the gradients match autograd through the block at another size."""
+    torch.manual_seed(0)
+    block = FPABlock(3).double()
+    text = trace(block, {"x": (2, 3, 16, 16)}, loss=LossChoice("mse_loss"))
+    assert "size: [{like: x, size: 'shape[2] // 2'}, {like: x, size: 'shape[3] // 2'}]" in text, text
+    generated = build_text(text, "fpa.yaml").rendered
+    module = module_from_source(generated.files["traced.py"], "traced")
+    x = torch.randn(3, 3, 20, 12, dtype=torch.float64, requires_grad=True)  # x1 10x6, x2 5x3 -> 10x6
+    target = torch.randn(3, 3, 20, 12, dtype=torch.float64)
+    weights = dict(block.named_parameters())
+    expected = torch.autograd.grad(F.mse_loss(block(x), target), [x, *weights.values()])
+    actual = module.gradients(x=x, target=target, **{name.replace(".", "_"): value for name, value in weights.items()})
+    for name, reference in zip(["x", *(name.replace(".", "_") for name in weights)], expected):
+        assert (getattr(actual, name) - reference).abs().max() <= 1e-10 * reference.abs().max(), name
 
 
 # ----- a 2-3k-op network traces in under a minute -------------------------------------------------------
