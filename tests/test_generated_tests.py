@@ -89,3 +89,27 @@ def test_a_block_specs_test_file_has_every_check_and_each_fails_on_a_broken_modu
     float32 = _run(tmp_path, "float32")  # the float32 test alone fails: the float64 ones still pass
     assert float32.stdout.count("FAILED") == 1, float32.stdout[-3000:]
     assert "FAILED test_blocky.py::test_float32_at_spec_shapes_rounds_no_more_than_autograd" in float32.stdout
+
+
+class DropoutNet(nn.Module):
+    """A small classifier with dropout in train mode, as torchvision's heads write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.drop2d = nn.Dropout2d(0.3)
+        self.drop = nn.Dropout(0.5)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        x = self.drop2d(F.relu(self.conv(x)))
+        return self.fc(self.drop(x.mean((2, 3))))
+
+
+def test_a_generated_test_file_of_a_model_with_dropout_in_train_mode_passes(tmp_path):
+    """Its forward and its gradients are run from one torch seed, so the module and autograd's reference
+    draw the same masks (unseeded, they compared different draws: errors of order 1, smp's FPN)."""
+    from tests.test_trace_models import Case, assert_generated_test_file_passes
+
+    case = Case(DropoutNet, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 7, 5)}, ("cross_entropy",))
+    assert_generated_test_file_passes("dropout_net", case, tmp_path)

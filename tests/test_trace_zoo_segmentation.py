@@ -5,7 +5,6 @@ another batch and spatial size, ≤1e-10; and their generated test files pass.""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from . import zoo_monai as monai
 from . import zoo_segmentation as smp
 from . import zoo_swinunetr as swin
 from . import test_blocks
-from .test_trace_models import Case, matches_autograd
+from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
 SEGMENTATION = ("mse_loss",)
 CASES = {
@@ -134,30 +133,17 @@ def test_swinunetr_is_refused_at_the_line_that_adds_its_forward_made_mask():
     assert "made inside the traced code from numbers" in lines[0] and "register_buffer" in lines[0], lines
 
 
-GENERATED_TESTS = ["smp_unet_resnet", "smp_unet_efficientnet_scse", "smp_pan", "monai_dynunet_3d", "monai_basicunet_2d",
-                   "monai_swinunetr_stage_3d",
-                   pytest.param("smp_fpn_resnet", marks=pytest.mark.xfail(strict=True, reason=(
-                       "its generated test fails: with Dropout2d(0.2) in train mode its reference draws other masks "
-                       "(errors ~1; the module matches the original model with the same masks, above), and with p=0 "
-                       "float64 agrees to 1.6e-11, over the generated test's 1e-12: GroupNorm(32, 32) normalises "
-                       "single values on the 1x1 stride-32 map of a 32x32 input")))]
-"""The networks whose generated test files were run (each takes minutes on the shared 2-core machine)."""
+GENERATED_TESTS = ["smp_unet_resnet", "smp_pan", "monai_dynunet_3d", "monai_basicunet_2d", "monai_swinunetr_stage_3d"]
+"""The networks whose generated test files run here (each a minute or more on 2 cores). Left out, for CI's time:
+the EfficientNet-encoder U-Net (451 s on the loaded 2-core machine; its flat module's file passed) and FPN
+(24 min; with train-mode Dropout2d it needs the seeded generated tests, and at a 32x32 input its GroupNorm(32, 32)
+normalises single values on the 1x1 stride-32 map, which agrees with autograd only to 1.6e-11)."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("label", GENERATED_TESTS)
 def test_segmentation_networks_own_generated_test_file_passes(label, tmp_path):
-    case = CASES[label]
-    torch.manual_seed(0)
-    model = case.model(**case.init).double().train()
-    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml").rendered
-    for name, content in rendered.files.items():
-        if name.endswith(".py"):
-            (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0 and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
+    assert_generated_test_file_passes(label, CASES[label], tmp_path)
 
 
 class CornerBias(torch.nn.Module):
