@@ -209,6 +209,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("roll", lambda x: torch.roll(x, shifts=(-1, 2), dims=(2, 3)), X),  # Swin's shifted windows
     ("roll", lambda x: x.roll(3, -1), X),
     ("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, 1) * x, X),  # a global max pool
+    ("adaptive_max_pool1d", nn.AdaptiveMaxPool1d(2), {"x": (2, 3, 5)}),
+    ("adaptive_max_pool3d", nn.AdaptiveMaxPool3d((2, 1, 2)), {"x": (2, 2, 3, 4, 3)}),
     ("adaptive_max_pool2d", lambda x: torch.cat([F.adaptive_avg_pool2d(x, (3, 2)), nn.AdaptiveMaxPool2d((3, 2))(x)], 1), X),
     ("amax", lambda x: x * x.amax((2, 3), keepdim=True), X),  # CBAM's channel descriptor
     ("amax", lambda x: torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], dim=1), X),

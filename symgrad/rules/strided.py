@@ -1,5 +1,5 @@
 """Slicing with a step along one dim: ``x[:, ::2]``, ``x[:, 1::2, ::2]`` (LeViT's subsampled queries,
-``x.view(B, H, W, C)[:, ::stride, ::stride]``; a space-to-depth written by slices), as PyTorch's
+``x.reshape(B, H, W, C)[:, ::stride, ::stride]``; a space-to-depth written by slices), as PyTorch's
 ``aten.slice(input, dim, start, end, step)``; a step of 1 is ``narrow``.
 
 The output keeps every ``step``-th entry from ``start`` up to ``end`` (the end of the dim where None, so
