@@ -154,7 +154,6 @@ def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()
         channels_last_in_backward=planned.channels_last_in_backward,
         channels_last_test=planned.channels_last_test,
         channels_last_constant=planned.channels_last_constant,
-        channels_last_at_spec=planned.channels_last_at_spec,
         layout_kept=layout_kept,
         gradients_return=", ".join(
             f"{name}=grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept

@@ -17,8 +17,8 @@ import sympy
 
 from .algebra import Params, ShapeOf, Size, TensorOp, op, tensor
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import (channels_last_constant, channels_last_inputs, channels_last_test, channels_last_weights, class_table,
-                    input_roles, running_statistics, test_facts, zero_by_structure)
+from .roles import (channels_last_constant, channels_last_test, channels_last_weights, running_statistics,
+                    test_facts)
 from .tangent import tangent_statements
 
 
@@ -62,14 +62,9 @@ class Plan:
     channels_last: list[str]
     channels_last_in_backward: list[str]
     channels_last_test: str | None  # the per-call condition of the move (None: fixed)
-    channels_last_at_spec: list[str]  # the weights moved at the spec's shapes
     layout_kept: list[str]
-    roles: dict
-    zero_by_structure: dict
-    small_shapes: list[dict[str, tuple[int, ...]]]
     test_facts: dict
     """What the generated tests are written from (:func:`symgrad.roles.test_facts`)."""
-    classes: list[tuple[dict[str, list[int]], dict[str, int]]]
     grad_loss: str = GRAD_LOSS.name
     hvp_forward: list[Statement] = field(default_factory=list)
     hvp_backward: list[Statement] = field(default_factory=list)
@@ -137,11 +132,8 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
         channels_last_test=channels_last_test(graph) if moved else None,
         channels_last_constant=channels_last_constant(graph) if moved else None,
-        channels_last_at_spec=channels_last_inputs(graph),
         # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
         layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
-        roles=input_roles(graph), zero_by_structure=zero_by_structure(graph),
-        small_shapes=small_shapes, classes=class_table(graph, small_shapes),
         test_facts=test_facts(graph, small_shapes), **optional)
 
 
