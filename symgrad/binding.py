@@ -1,13 +1,11 @@
 """Training a traced model with its explicit gradients: ``step = symgrad.bind(module, model)``.
 
-A module generated from ``symgrad trace model.py:Net`` takes every parameter and buffer as an
-argument and records, in ``SOURCES``, which ``state_dict()`` key each one came from, and in
-``FINGERPRINT`` what the traced model was (``symgrad.fingerprint``: per submodule its class, code,
-hyper-parameters, parameter shapes and mode). ``bind`` checks both against the model, and the
-generated file against its header's hash, and returns an ``nn.Module`` whose forward takes only
-the data arguments. Written as blocks (``STRUCTURED``), the module takes them in one ``params``
-mapping keyed by ``state_dict()`` names and reads each where it is used, at any size (a wider model
-of the same structure binds too). Each step checks what can change after ``bind`` (modes, a
+A module generated from ``symgrad trace model.py:Net`` takes every parameter and buffer in one
+``params`` mapping keyed by ``state_dict()`` names, reads each where it is used, at any size (a
+wider model of the same structure binds too), and records in ``FINGERPRINT`` what the traced model
+was (``symgrad.fingerprint``: per submodule its class, code, hyper-parameters, parameter shapes and
+mode). ``bind`` checks it against the model, and the generated file against its header's hash, and
+returns an ``nn.Module`` whose forward takes only the data arguments. Each step checks what can change after ``bind`` (modes, a
 submodule swapped, a hyper-parameter set, a parameter unfrozen, an input that requires grad) and
 runs the forward on meta tensors once per new set of sizes, so a call the model would refuse moves
 no buffer. :func:`check_generated` and :func:`check_fingerprint` serve any bound form::
@@ -80,30 +78,24 @@ class Guard:
         model = self.model
         check_generated(generated, self.allow_edited)
         self.generated = generated
-        self.structured = bool(getattr(generated, "STRUCTURED", False))  # parameters in one `params` mapping
-        sources = getattr(generated, "SOURCES", None)
-        if self.structured:  # shape-generic, keyed by state_dict key: the model's own, whatever they are
-            state = {**dict(model.named_parameters(remove_duplicate=False)),
-                     **dict(model.named_buffers(remove_duplicate=False))}
-            sources = {key: (key, tuple(value.shape)) for key, value in state.items()
-                       if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
-        if not isinstance(sources, dict) or not hasattr(generated, self._ENTRY):
-            raise BindError(f"{name_of(generated)} was not generated from a traced model (it has no SOURCES table) "
+        arguments = list(inspect.signature(generated.forward).parameters) if hasattr(generated, "forward") else []
+        if "params" not in arguments or not hasattr(generated, self._ENTRY):
+            raise BindError(f"{name_of(generated)} was not generated from a traced model (it takes no `params`) "
                             "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
-        arguments = list(inspect.signature(generated.forward).parameters)
+        # shape-generic, keyed by state_dict key: the model's own, whatever they are
+        state = {**dict(model.named_parameters(remove_duplicate=False)),
+                 **dict(model.named_buffers(remove_duplicate=False))}
+        sources = {key: (key, tuple(value.shape)) for key, value in state.items()
+                   if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
         self.sources = sources
-        self.data_arguments = tuple(name for name in arguments if name not in sources
-                                    and not (self.structured and name == "params"))
-        self._arguments = tuple(arguments)
+        self.data_arguments = tuple(name for name in arguments if name not in sources and name != "params")
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         fingerprint = check_fingerprint(generated, model, self.allow_edited)
         _check_matches(generated, model, sources)
-        statistics = getattr(generated, "RUNNING_STATISTICS", ())
-        if self.structured:
-            statistics = [(f"{module}.running_mean", f"{module}.running_var", momentum)
-                          for module, momentum in getattr(generated, "MOMENTA", {}).items()]
-            for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
-                raise _missing(generated, model, key)
+        statistics = [(f"{module}.running_mean", f"{module}.running_var", momentum)
+                      for module, momentum in getattr(generated, "MOMENTA", {}).items()]
+        for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
+            raise _missing(generated, model, key)
         calls: dict[str, int] = {}
         for mean, _, _ in statistics:  # a module the flat table lists once per call
             calls[mean] = calls.get(mean, 0) + 1
@@ -133,8 +125,6 @@ class Guard:
                             if entry[4] is not None and path in modules)
         gradient_fields = set(getattr(generated.Gradients, "_fields", ()))
         frozen = getattr(generated, "FROZEN", None)
-        if frozen is None and not self.structured:
-            frozen = [key for name, (key, _) in sources.items() if name not in gradient_fields]
         self._undifferentiated = tuple(  # parameters: buffers need no gradient
             (key, name) for name, (key, _) in sources.items() if key in set(frozen or ())
             and self._state[name][1] in self._state[name][0]._parameters)
@@ -295,11 +285,8 @@ class Guard:
         """The generated forward on ``values`` (the arguments by name), without a graph, with
         nn.BatchNorm's own checks."""
         with torch.no_grad(), _SizeChecks():
-            if self.structured:
-                self.generated.forward(**{name: values[name] for name in data},
-                                       params={key: values[name] for name, (key, _) in self.sources.items()})
-            else:
-                self.generated.forward(**{name: values[name] for name in self._arguments})
+            self.generated.forward(**{name: values[name] for name in data},
+                                   params={key: values[name] for name, (key, _) in self.sources.items()})
 
 
 class Bound(Guard, torch.nn.Module):
@@ -331,21 +318,15 @@ class Bound(Guard, torch.nn.Module):
                 raise BindArgumentError(f"{name_of(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
                                         f"(fix: pass torch.as_tensor({name}))")
         arguments, previous = self._checked_arguments(data)
-        if self.structured:
-            params = {key: arguments[name] for name, (key, _) in self.sources.items()}
-            try:
-                loss = self.generated.loss_with_explicit_backward(**data, params=params)
-            except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
-                if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
-                    raise self._failed(error) from error
-                raise _missing(self.generated, self.model, error.args[0]) from None
-            except Exception as error:  # a value the sizes did not show (a label out of range)
+        params = {key: arguments[name] for name, (key, _) in self.sources.items()}
+        try:
+            loss = self.generated.loss_with_explicit_backward(**data, params=params)
+        except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
+            if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
                 raise self._failed(error) from error
-        else:
-            try:
-                loss = self.generated.loss_with_explicit_backward(**{name: arguments[name] for name in self._arguments})
-            except Exception as error:  # a value the sizes did not show (a label out of range)
-                raise self._failed(error) from error
+            raise _missing(self.generated, self.model, error.args[0]) from None
+        except Exception as error:  # a value the sizes did not show (a label out of range)
+            raise self._failed(error) from error
         self._moved(arguments, previous)
         return loss
 
@@ -445,7 +426,7 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
         raise BindError(f"{name_of(generated)} records no fingerprint of the model it was traced from (generated by "
                         "an older symgrad, or from a spec written by hand), so bind cannot check the model "
                         f"(fix: {_retrace(generated, model)}, or bind(..., allow_edited=True) to bind it unchecked)")
-    problem = difference(fingerprint, model, any_width=bool(getattr(generated, "STRUCTURED", False)))
+    problem = difference(fingerprint, model, any_width=True)  # the module reads each parameter at its size
     if problem:
         raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {problem} "
                         f"(fix: {_retrace(generated, model)})")

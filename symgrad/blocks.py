@@ -185,7 +185,7 @@ def _check_block_scope(name: str, location: Location, kind: str, block: str) -> 
     functions give a value of their own (``p``, ``save``, ``saved``: read off the template)."""
     from .names import scan_template
 
-    if name in scan_template("structured.py.jinja").block:
+    if name in scan_template("module.py.jinja").block:
         raise SpecError(f"{kind} '{name}' of block '{block}' is a name the block's generated functions use "
                         "themselves", location, f"rename it, e.g. '{name}_in'")
 
@@ -195,7 +195,7 @@ def _check_block_functions(block: str, location: Location, reserved: set[str]) -
     would take a name the module or the spec already gives something."""
     from .names import scan_template
 
-    for suffix in scan_template("structured.py.jinja").block_functions:
+    for suffix in scan_template("module.py.jinja").block_functions:
         function = block + suffix
         if function in RESERVED_NAMES or function.startswith(RESERVED_PREFIXES) or function in reserved:
             clash = "a tensor of the spec has that name" if function in reserved else "a name the module uses itself"
@@ -209,7 +209,7 @@ def check_instance_names(blocks: dict[str, BlockSpec], layers, known: dict[str, 
     from .names import instance_prefixes, scan_template
 
     taken = {block + suffix: f"the {suffix[1:]} function of block '{block}'"
-             for block in blocks for suffix in scan_template("structured.py.jinja").block_functions}
+             for block in blocks for suffix in scan_template("module.py.jinja").block_functions}
     taken.update({prefix + layer.out: f"a value of block instance '{layer.out}'"
                   for layer in layers if layer.block for prefix in instance_prefixes()})
     for name, location in known.items():

@@ -58,11 +58,8 @@ class _Mode(Guard):
 
     def __call__(self, data: dict[str, torch.Tensor]):
         arguments, previous = self._checked_arguments(data)
-        if self.structured:
-            params = {key: arguments[name] for name, (key, _) in self.sources.items()}
-            outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
-        else:
-            outputs = self.generated.outputs_with_explicit_backward(*(arguments[name] for name in self._arguments))
+        params = {key: arguments[name] for name, (key, _) in self.sources.items()}
+        outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
         self._moved(arguments, previous)  # as nn.BatchNorm's forward moves its buffers, once the forward ran
         kind, keys = self.generated.OUTPUTS_KIND, self.generated.OUTPUTS
         if kind == "tensor":

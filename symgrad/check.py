@@ -117,7 +117,7 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     inputs that do not require grad, as a training step computes them (the fused kernels' own path)."""
     from .shapes import non_degenerate_shapes
 
-    module = _viewed(flat_view(module, graph))
+    module = _viewed(by_name(module, graph))
     larger = non_degenerate_shapes(graph)
     if larger is not None and larger not in shapes:
         shapes = [*shapes, larger]
@@ -182,7 +182,7 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     """The loss as a function of a bounded subset of the differentiated inputs (``checked_subset``),
     through ``loss_with_explicit_backward``: what gradcheck and gradgradcheck perturb, at a cost that
     does not grow with the number of weights. The other inputs are held fixed."""
-    module = _viewed(flat_view(module, graph))
+    module = _viewed(by_name(module, graph))
     inputs = graph_inputs(graph, shapes, seed=seed)
     checked = checked_subset(list(graph.wrt))
     fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
@@ -235,7 +235,7 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
     try:
-        result = _seeded(_viewed(flat_view(module, graph)).gradients, **inputs32, grad_loss=cotangent.float())
+        result = _seeded(_viewed(by_name(module, graph)).gradients, **inputs32, grad_loss=cotangent.float())
         ours32 = {name: getattr(result, name) for name in graph.wrt}
         if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
             raise ValueError("a gradient has the wrong shape")
@@ -271,14 +271,19 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     return AccuracyTable(rows, problems)
 
 
-class FlatView:
-    """A structured module seen with the flat module's calling convention (every input by its spec
-    name, each gradient an attribute), for the checks ``symgrad verify`` and ``generate --verify``
-    run on either."""
+class ByName:
+    """A generated module called with every input by its spec name and each gradient read as an
+    attribute, as the checks draw them (``symgrad verify``, ``generate --verify``): the inputs with a
+    ``source:`` go in the ``params`` mapping, keyed as ``state_dict()``, the others by name."""
 
     def __init__(self, module, graph: Graph):
         self.module = module
         self.sources = {item.name: item.source for item in graph.spec.inputs if item.source}
+
+    def __getattr__(self, name):  # the module's other names (Gradients, OUTPUTS, ...)
+        if name == "module":
+            raise AttributeError(name)
+        return getattr(self.module, name)
 
     def _arguments(self, inputs: dict) -> dict:
         named = {name: value for name, value in inputs.items() if name not in self.sources}
@@ -305,7 +310,7 @@ class FlatView:
         return self.module.outputs_with_explicit_backward(**self._arguments(inputs), recompute=recompute)
 
 
-def flat_view(module, graph: Graph):
-    """``module`` itself, or a :class:`FlatView` of it when it was written as blocks (``graph``: the
-    flat graph of its spec, whose inputs say which come in ``params``)."""
-    return FlatView(module, graph) if getattr(module, "STRUCTURED", False) else module
+def by_name(module, graph: Graph):
+    """``module`` itself where its spec has no ``source:`` input (it takes every input by name), else
+    a :class:`ByName` view of it (``graph``: its spec's graph, whose inputs say which come in ``params``)."""
+    return ByName(module, graph) if any(item.source for item in graph.spec.inputs) else module

@@ -1,8 +1,8 @@
-"""Rendering a :class:`~symgrad.plan.Plan` into files (``symgrad.write`` writes them): printing
-its statements and filling the templates, nothing decided here.
+"""Printing planned statements into the lines the templates write (``render_blocks`` fills the
+templates with them; ``symgrad.write`` writes the files): printing only, nothing decided here.
 
 Templates live in ``templates/`` (shipped in the wheel as ``symgrad/templates``). They only ever
-receive strings made here from validated identifiers, ints and printed sympy expressions: no spec
+receive strings made from validated identifiers, ints and printed sympy expressions: no spec
 string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``.
 """
 
@@ -12,10 +12,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import __version__
-from .documents import Section, environment, headed, render_documents, render_tests
-from .fingerprint import module_constants
-from .plan import Plan, Scheduled
+from .plan import Scheduled
 from .printing import to_code, to_latex
 from .write import (HEADER, edited_by_hand, read_header, with_header as _with_header,  # noqa: F401
                     write_files, write_text)  # re-exported: the writing lives in symgrad.write
@@ -121,89 +118,13 @@ def _is_mask(statement) -> bool:
 
 @dataclass
 class Rendered:
-    """The three generated files, as text, keyed by file name."""
+    """The generated files, as text, keyed by file name."""
 
     name: str
     files: dict[str, str]
     summary: list[str]
     latex: str = ""
     """The emitted gradients as one LaTeX ``aligned`` block."""
-
-
-def render(planned: Plan, spec_label: str, recorded_extras: tuple[str, ...] = ()) -> Rendered:
-    """All generated files for ``planned``; ``recorded_extras`` are the extras named in the headers
-    (those the command line added, so that ``check`` can redo them)."""
-    program = planned.program
-    graph = program.graph
-    spec = graph.spec
-    names = [node.name for node in graph.inputs]
-    forward = [printed_line(statement) for statement in planned.forward]
-    readable_backward = [printed_line(statement) for statement in planned.readable_backward]
-    step_of_line = list(planned.step_of_line)
-    gradients_backward = printed_lines(planned.backward, step_of_line)
-    layout_kept, running = planned.layout_kept, planned.running_statistics
-    hvp_results = {name: (to_code(value) if value != 0 else f"torch.zeros_like({name})")
-                   for name, value in planned.hvp_results.items()}
-    context = dict(
-        **outputs_context(spec, graph),
-        sources={item.name: (item.source, item.shape) for item in spec.inputs if item.source},
-        fingerprint=module_constants(spec),
-        running_statistics=running,
-        helpers=planned.helpers,
-        channels_last=planned.channels_last,
-        channels_last_in_backward=planned.channels_last_in_backward,
-        channels_last_test=planned.channels_last_test,
-        channels_last_constant=planned.channels_last_constant,
-        layout_kept=layout_kept,
-        gradients_return=", ".join(
-            f"{name}=grad_{name}.contiguous(memory_format={name}_layout)" if name in layout_kept
-            else f"{name}=grad_{name}" for name in graph.wrt),
-        function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in names),
-        name=spec.name,
-        version=__version__,
-        spec_label=spec_label,
-        inputs=names,
-        signature=", ".join(names),
-        # the running statistics move in place in the forward, and a train-mode forward does not read
-        # them: the Function keeps None for them, so that a forward re-run in the backward
-        # (recompute, create_graph) computes the batch's statistics without moving them again
-        saved_signature=", ".join("None" if any(name in entry[:2] for entry in running)
-                                  else name for name in names),  # found once: per name, it was quadratic
-        wrt=list(graph.wrt),
-        non_wrt=[name for name in names if name not in graph.wrt],
-        forward=forward,
-        gradients_backward=gradients_backward,
-        readable_backward=readable_backward,
-        boundary_dead=planned.boundary_dead,
-        saved_names=planned.saved_names,
-        saving_forward=printed_lines(planned.saving_forward, overwrite=True),
-        loss_name=planned.loss_name,
-        hvp=bool(hvp_results),
-        per_sample=bool(planned.per_sample_forward),
-        per_sample_forward=printed_lines(planned.per_sample_forward),
-        per_sample_backward=printed_lines(planned.per_sample_backward),
-        per_sample_dead=planned.per_sample_dead,
-        per_sample_names=planned.per_sample_names,
-        per_sample_return=", ".join(f"{name}=per_sample_grad_{name}" for name in planned.per_sample_names),
-        per_sample_batched=planned.per_sample_batched,
-        hvp_lines=([printed_line(statement) for statement in planned.hvp_forward],
-                   [printed_line(statement) for statement in planned.hvp_backward]),
-        hvp_return=", ".join(f"{name}={value}" for name, value in hvp_results.items()),
-        tangent_signature=", ".join(f"tangent_{name}" for name in graph.wrt),
-        default_cotangent=to_code(program.default_cotangent),
-        grad_loss=planned.grad_loss,
-        reduction=graph.loss.params["reduction"],
-    )
-    files = {f"{spec.name}.py": environment().get_template("module.py.jinja").render(**context)}
-    per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
-    files.update(render_tests(planned.test_facts, {},  # this module takes every input by name
-                              hvp=bool(hvp_results), per_sample=per_sample))
-    section = Section(spec.name, "", planned, tuple(line.text for line in gradients_backward), tuple(step_of_line))
-    files.update(render_documents(spec, spec_label, [section]))
-    files = headed(files, spec, spec_label, recorded_extras)
-    summary = [line.text for line in gradients_backward]
-    latex = "\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable_backward) + "\n\\end{aligned}"
-    return Rendered(spec.name, files, summary, latex)
 
 
 def outputs_context(spec, graph) -> dict:

@@ -86,10 +86,17 @@ def template_names() -> tuple[frozenset[str], frozenset[str]]:
     the functions and classes it defines, the arguments of each function that also takes the spec's
     tensors, the names it assigns (``grads``, ``saved``), and the suffixes it puts after a spec name
     (``{{ name }}_layout`` makes ``x_layout``)."""
-    text = resources.files("symgrad.templates").joinpath("module.py.jinja").read_text("utf-8")  # as emit loads it
+    text = resources.files("symgrad.templates").joinpath("module.py.jinja").read_text("utf-8")  # as render_blocks loads it
     text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
     names, suffixes = set(), set()
+    verbatim, inside = scan_template("module.py.jinja").verbatim, ""  # functions that never see a spec name
     for raw in text.splitlines():
+        if match := re.match(r"(?:def|class) (\w+)", raw):
+            inside = match.group(1)
+        elif raw and not raw[0].isspace() and not raw.startswith("{"):
+            inside = ""
+        if inside in verbatim and not raw.startswith(("def ", "class ")):
+            continue  # `x = forward(x, ...)` in `_run_forward` is its own local, never a spec name's clash
         suffixes.update(re.findall(r"\{\{ *\w+ *\}\}(_\w+) = ", raw))
         suffixes.update(re.findall(r"\w+ ~ \"(_\w+) = ", raw))  # {{ (name ~ "_layout = ...") | fit(4) }}
         line = re.sub(r"\{\{.*?\}\}", "", raw).strip()  # what the template fills in is checked after rendering
@@ -331,21 +338,19 @@ def _stand_in(derived):
     return replace
 
 
-def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = frozenset(),
-                        template: str = "module.py.jinja") -> None:
+def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = frozenset()) -> None:
     """Refuse, at the clashing name's line in the spec, a generated module in which a spec name
     stands for two things. ``source`` is the module's text; ``derived`` the targets of the derived
     statements (checked by :func:`check_statement_targets`, and reading only derived names): their
     one-line values are not parsed, which keeps the check a small part of generating a deep net.
-    ``template``: the one that wrote it (a structured module's blocks' own names are checked too; its
-    functions written out verbatim, which never see a spec name, are not read as scopes)."""
-    structured = template == "structured.py.jinja"
-    names = _spec_names(spec, blocks=structured)
+    A block's own names are checked too; the template's functions written out verbatim, which never
+    see a spec name, are not read as scopes."""
+    names = _spec_names(spec, blocks=True)
     if derived:
         source = _ASSIGNMENT.sub(_stand_in(derived), source)
     tree = ast.parse(source)  # duplicate arguments parse; compiling them would fail (checked below)
     module_names = _module_level_names(tree)
-    scopes = [_Scope(function) for function in _functions(tree, scan_template(template).verbatim if structured else ())]
+    scopes = [_Scope(function) for function in _functions(tree, scan_template("module.py.jinja").verbatim)]
     free = {name for scope in scopes for name in scope.loads - scope.bound}  # globals and builtins the code reads
     called = {name for scope in scopes for name in scope.calls}
     for name, location in names.items():

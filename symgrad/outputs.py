@@ -101,5 +101,5 @@ class LossView:
 
 def loss_view(module):
     """``module`` itself, or its :class:`LossView` where it was generated from a spec with ``outputs:``."""
-    generated = getattr(module, "module", module)  # a structured module is checked through its FlatView
+    generated = getattr(module, "module", module)  # a module with `params` is checked through check.ByName
     return LossView(module) if hasattr(generated, "OUTPUTS") and not isinstance(module, LossView) else module

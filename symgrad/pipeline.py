@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .blocks import flatten
-from .emit import Rendered, render
+from .emit import Rendered
 from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
-from .plan import plan
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
@@ -43,41 +42,36 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
         where = spec.outputs.location
         raise SpecError(f"extras ({', '.join(sorted(set(spec.extras) | set(extras)))}) are for a spec that ends in a "
                         "loss, and this one ends in outputs", where, "drop the extras, or end the spec in a loss")
-    if spec.blocks and not flat and not (set(spec.extras) | set(extras)):
-        return _build_structured(spec, label)
-    recorded_flat = ("flat",) if spec.blocks and flat else ()
-    spec = flatten(spec)  # every block instance written out (the extras are derived on the flat form)
-    graph = build_graph(spec)
-    program = derive(graph)  # the readable derivation: the docstring's and documents' formulas
-    fast = derive(graph, fused=True)  # the same with autograd's fused kernels: what `gradients` runs
-    check_statement_targets(spec, program.forward, program.backward, fast.forward, fast.backward)
-    shapes = small_shapes(graph)
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
-    planned = plan(program, fast, shapes, extras=wanted)
-    added = tuple(sorted(set(extras) - set(spec.extras))) + recorded_flat  # in the headers: `check` redoes them
-    rendered = render(planned, label, recorded_extras=added)
-    derived = {statement.target.name for statements in (program.forward, program.backward, fast.forward, fast.backward)
-               for statement in statements}
-    try:  # a spec name the module also uses is refused at the spec's line (a duplicate argument included) ...
-        check_module_source(spec, rendered.files[f"{spec.name}.py"], derived)
-    except SyntaxError:
-        pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
-    _check_compiles(rendered)
-    return Built(label, graph, program, rendered, shapes)
+    # in the headers, so that `check` redoes them: the extras the command line added, and --flat
+    recorded = tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
+    # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
+    # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
+    expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
+    return _build_structured(expanded, label, wanted, recorded)
 
 
-def _build_structured(spec: Spec, label: str) -> Built:
-    """A spec with blocks: each block derived once, the module calls it per instance (``structure``)."""
+def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = ()) -> Built:
+    """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
+    (``render_blocks``), and the checks on what was rendered."""
     from .plan_blocks import build_structured
     from .render_blocks import render_files
 
-    structured = build_structured(spec)
-    files = render_files(structured, label)
-    rendered = Rendered(spec.name, files, [])
-    try:  # as for the flat module: a spec name the module also uses is refused at the spec's line
-        check_module_source(spec, files[f"{spec.name}.py"], template="structured.py.jinja")
+    flat_graph = build_graph(flatten(spec) if spec.blocks else spec)  # every instance written out
+    shapes = small_shapes(flat_graph)  # the tests' shapes, and each instance's
+    derived_top, statements = None, []
+    if not spec.blocks:  # the graph is the module's top level: derived here (a block's is, once, in plan_blocks)
+        derived_top = derive(flat_graph), derive(flat_graph, fused=True)  # the readable one, and the fused one
+        statements = [part for program in derived_top for part in (program.forward, program.backward)]
+        check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
+    structured = build_structured(spec, flat_graph, shapes, extras, derived_top)
+    rendered = render_files(structured, label, recorded)
+    files = rendered.files
+    derived = {statement.target.name for part in statements for statement in part} if derived_top else frozenset()
+    try:  # a spec name the module also uses is refused at the spec's line (a duplicate argument included) ...
+        check_module_source(spec, files[f"{spec.name}.py"], derived)
     except SyntaxError:
-        pass  # symgrad's own bug, said as such just below
+        pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
     return Built(label, structured.flat_graph, structured.program, rendered, structured.test_data["small_shapes"])

@@ -4,7 +4,7 @@
 show, and the fused one ``gradients`` runs) and decides, statement by statement: which statements
 each function needs (no dead variables), where each value is deleted (at its last use), what the
 drop-in backward keeps from its forward, the ``hvp`` and ``per_sample_gradients`` statements, the
-internal memory layout, and what the generated tests draw. :func:`symgrad.emit.render` then only
+internal memory layout, and what the generated tests draw. :mod:`symgrad.render_blocks` then only
 prints and renders what the :class:`Plan` holds.
 """
 

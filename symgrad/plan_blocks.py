@@ -55,12 +55,20 @@ class Structured:
     """(``params`` key, gradient) of each other parameter."""
 
 
-def build_structured(spec: Spec) -> Structured:
+def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list | None = None,
+                     extras: tuple[str, ...] = (), derived_top: tuple[Program, Program] | None = None) -> Structured:
     """Each block derived and planned once, then the top level, and what the module and its tests
-    read besides: the helpers, the running statistics, the layout, the test data."""
-    flat = flatten(spec)
-    flat_graph = build_graph(flat)
-    shapes = small_shapes(flat_graph)
+    read besides: the helpers, the running statistics, the layout, the test data. ``flat_graph``
+    (every instance inlined) and its ``shapes`` are built here where not given; a spec without blocks
+    may come derived already (``derived_top``: the readable and the fused derivation of its graph);
+    ``extras`` (``hvp``, ``per_sample``) are planned for a spec without blocks (``blocks.flatten``
+    inlines them first)."""
+    if extras and spec.blocks:
+        raise ValueError("extras are derived on a spec without blocks: flatten it first")
+    if flat_graph is None:
+        flat_graph = build_graph(flatten(spec) if spec.blocks else spec)
+    if shapes is None:
+        shapes = small_shapes(flat_graph)
     needs_gradient = flat_graph.depends_on_wrt()
     instances: dict[str, list] = {}
     for layer in spec.layers:
@@ -70,15 +78,20 @@ def build_structured(spec: Spec) -> Structured:
                for name, layers in instances.items()}
     rules = {name: BlockRule(block) for name, block in derived.items()}
     top, chains = _chained(_top_spec(spec), spec, rules)
-    graph = build_graph(top, extra_rules={**rules, **{chain.op: chain for chain in chains}})
-    for layer in top.layers:
-        if layer.block:
-            graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
-    program = derive(graph)
-    fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=())
+    if derived_top is not None and not spec.blocks:  # the flat graph is the top level's
+        graph, (program, fast) = flat_graph, derived_top
+    else:
+        graph = build_graph(top, extra_rules={**rules, **{chain.op: chain for chain in chains}})
+        for layer in top.layers:
+            if layer.block:
+                graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
+        program = derive(graph)
+        fast = derive(graph, fused=True)
+    planned = plan(program, fast, [], extras=extras)
     statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
                   + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
+    statements += [getattr(item, "statement", item) for item in (
+        planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward)]
     test_data = test_facts(flat_graph, shapes)
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers_of(statements),
                       running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),

@@ -41,6 +41,22 @@ def _renamed_statements(scheduled, renames: dict) -> list:
     return result
 
 
+def _guard_view(positional: list[str], wrt: list[str], keyed: bool) -> dict:
+    """The named inputs the spec does not differentiate by, and their positions among the autograd
+    Function's arguments (after ``recompute``, and ``keys`` where there are parameters): its backward
+    refuses a call that asks for their gradients."""
+    guarded = [(index, name) for index, name in enumerate(positional, start=2 if keyed else 1) if name not in wrt]
+    return dict(guarded=guarded, guarded_names=", ".join(name for _, name in guarded),
+                guarded_indices=", ".join(str(index) for index, _ in guarded) + ("," if len(guarded) == 1 else ""))
+
+
+def _trailing_comments(lines: list, indent: int = 4, width: int = 100) -> list:
+    """The forward's lines, each with its comment (``spec line 12``) where it fits after the code on
+    one line, and none where it does not: a line of its own for it would be noise."""
+    return [line if indent + len(line.text) + 4 + len(line.comment) <= width else dataclasses.replace(line, comment="")
+            for line in lines]
+
+
 def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
     """``scheduled`` with each comment on one line: one too long for it loses its closing remark in
     parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls says)."""
@@ -134,7 +150,8 @@ def _chain_view(chain: ChainRule) -> dict:
 
 def _momenta(statistics, sources: dict) -> list[str]:
     """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key."""
-    return [f'"{sources[mean].rsplit(".", 1)[0]}": {momentum},' for mean, _, momentum in statistics]
+    return [f'"{sources[mean].rsplit(".", 1)[0]}": {momentum},' for mean, _, momentum in statistics
+            if mean in sources]  # one passed by name moves where it is
 
 
 def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
@@ -149,23 +166,31 @@ def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
     return lines
 
 
-def render_files(structured: Structured, spec_label: str) -> dict[str, str]:
-    """Every file generated for a spec with blocks, keyed by file name: the module, its test file and its
-    documents (:mod:`symgrad.documents`) printed, then each under the header ``symgrad check`` reads."""
+def render_files(structured: Structured, spec_label: str, recorded_extras: tuple[str, ...] = ()):
+    """Every file generated for a spec (a :class:`~symgrad.emit.Rendered`), keyed by file name: the
+    module, its test file and its documents (:mod:`symgrad.documents`) printed, then each under the
+    header ``symgrad check`` reads; with the backward as printed, and its readable form in LaTeX."""
+    from .emit import Rendered, printed_line
+
     from .documents import headed, render_tests
 
     spec = structured.spec
-    body, blocks, top_lines = render_structured(structured, spec_label)
+    body, blocks, top_lines, steps = render_structured(structured, spec_label)
     files = {f"{spec.name}.py": body}
     sources = {item.name: item.source for item in spec.inputs if item.source}  # the parameters in `params`
-    files.update(render_tests(structured.test_data, sources))
-    files.update(_documents(structured, spec_label, blocks, top_lines))
-    return headed(files, spec, spec_label)
+    planned = structured.planned
+    per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
+    files.update(render_tests(structured.test_data, sources, hvp=bool(planned.hvp_results), per_sample=per_sample))
+    files.update(_documents(structured, spec_label, blocks, top_lines, steps))
+    readable = [printed_line(statement) for statement in planned.readable_backward] if not blocks else []
+    latex = ("\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable)
+             + "\n\\end{aligned}")
+    return Rendered(spec.name, headed(files, spec, spec_label, recorded_extras), [line.text for line in top_lines], latex)
 
 
-def render_structured(structured: Structured, spec_label: str) -> tuple[str, list[dict], list]:
-    """The structured module's text (without its header), each block's view and the top level's
-    backward lines as printed (the documents show them)."""
+def render_structured(structured: Structured, spec_label: str) -> tuple[str, list[dict], list, list | None]:
+    """The module's text (without its header), each block's view, the top level's backward lines
+    as printed (the documents show them) and, without blocks, each line's derivation step."""
     from . import __version__
     from .documents import environment
     from .emit import printed_line, printed_lines
@@ -184,16 +209,28 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     helpers = structured.helpers
     from .emit import outputs_context
 
+    # a spec without blocks: the docstring lists its derivation, as its documents do
+    readable = ([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                 for statement in planned.forward],
+                [printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                 for statement in planned.readable_backward]) if not blocks else ([], [])
+    steps = list(planned.step_of_line)
+    printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries)), steps if not blocks else None)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
+        readable_forward=readable[0], readable_backward=readable[1],
+        wrt=list(graph.wrt),
+        **_guard_view(positional, list(graph.wrt), bool(sources)),
+        **_function_view(positional, sources, structured.running_statistics),
+        **_extras_view(planned, entries, sources, positional),
         name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
         fingerprint=module_constants(spec, any_width=True),
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
-        forward=[printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
-                 for statement in planned.forward],
+        forward=_trailing_comments([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                                    for statement in planned.forward]),
         saving_forward=printed_lines(_renamed_statements(planned.saving_forward, entries), overwrite=True),
         saved_names=planned.saved_names, loss_name=planned.loss_name,
-        backward=printed_lines(_one_line(_renamed_statements(backward, entries))), boundary_dead=planned.boundary_dead,
+        backward=printed_backward, boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),
         signature=signature, reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
@@ -205,8 +242,64 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         **_layout_view(structured, sources, positional),
     )
-    body = environment().get_template("structured.py.jinja").render(**context)
-    return body, blocks, context["backward"]
+    import re
+
+    # a section the spec does not need leaves its blank lines: two between top-level definitions
+    body = re.sub(r"\n{4,}", "\n\n\n", environment().get_template("module.py.jinja").render(**context))
+    return body, blocks, context["backward"], (steps if not blocks else None)
+
+
+def _extras_view(planned, entries: dict, sources: dict, positional: list[str]) -> dict:
+    """``hvp`` and ``per_sample_gradients`` (a spec without blocks; ``Plan``'s extras), printed with
+    the names the code uses: a parameter's tangent is its entry of ``tangent_params``, keyed as
+    ``params`` is, and its gradients come back keyed so too."""
+    from .emit import printed_line, printed_lines
+    from .printing import to_code
+
+    wrt = list(planned.program.graph.wrt)
+    tangents = {tensor(f"tangent_{name}"): tensor(f'tangent_params["{sources[name]}"]') for name in wrt if name in sources}
+    names = {**entries, **tangents}
+
+    def returned(values: dict, params: bool) -> str:
+        named = [f"{name}={value}" for name, value in values.items() if name not in sources]
+        keyed = [f'"{sources[name]}": {value}' for name, value in values.items() if name in sources]
+        return ", ".join(named + (["params={" + ", ".join(keyed) + "}"] if params else []))
+
+    hvp = {name: (to_code(value.xreplace(names)) if value != 0 else f"torch.zeros_like({to_code(tensor(name).xreplace(entries))})")
+           for name, value in planned.hvp_results.items()}
+    per_sample = planned.per_sample_names
+    return dict(
+        hvp=bool(hvp),
+        hvp_lines=([printed_line(dataclasses.replace(s, value=s.value.xreplace(names))) for s in planned.hvp_forward],
+                   [printed_line(dataclasses.replace(s, value=s.value.xreplace(names))) for s in planned.hvp_backward]),
+        hvp_return=returned(hvp, bool(sources)),
+        tangent_signature=", ".join([f"tangent_{name}" for name in positional if name in wrt]
+                                    + (["tangent_params"] if any(name in sources for name in wrt) else [])),
+        per_sample=bool(planned.per_sample_forward),
+        per_sample_forward=printed_lines(_renamed_statements(planned.per_sample_forward, entries)),
+        per_sample_backward=printed_lines(_renamed_statements(planned.per_sample_backward, entries)),
+        per_sample_dead=planned.per_sample_dead,
+        per_sample_fields=[name for name in per_sample if name not in sources],
+        per_sample_params=any(name in sources for name in per_sample),
+        per_sample_return=returned({name: f"per_sample_grad_{name}" for name in per_sample},
+                                   any(name in sources for name in per_sample)),
+        per_sample_described=", ".join(name if name not in sources else f'``params["{sources[name]}"]``'
+                                       for name in per_sample),
+    )
+
+
+def _function_view(positional: list[str], sources: dict, statistics) -> dict:
+    """The autograd Function's argument lists: with parameters, a tuple of their keys and their
+    values after the named inputs; a running statistic passed by name is saved as None (a train-mode
+    forward does not read it, and one re-run in the backward must not move it again)."""
+    running = {name for mean, var, _ in statistics for name in (mean, var)}
+    saved = [("None" if name in running else name) for name in positional]
+    if sources:
+        return dict(function_inputs=", ".join(["keys", *positional, "*values"]),
+                    saved_inputs=", ".join([*saved, "*kept"]), unpacked_inputs=", ".join([*positional, "*values"]))
+    comma = "," if len(positional) == 1 else ""
+    return dict(function_inputs=", ".join(positional), saved_inputs=", ".join(saved) + comma,
+                unpacked_inputs=", ".join(positional) + comma)
 
 
 def _layout_view(structured: Structured, sources: dict[str, str], positional: list[str]) -> dict:
@@ -217,9 +310,11 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
     rule = structured.layout
     if rule is None:
         return dict(channels_last_keys=[], channels_last_test=None, channels_last_constant=None,
-                    backward_channels_last=[], layout_kept=[])
+                    backward_channels_last=[], layout_kept=[], channels_last_named=[],
+                    backward_channels_last_named=[])
     flat_sources = {item.name: item.source for item in structured.flat_graph.spec.inputs if item.source}
     keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
+    named = [name for name in rule.weights if name not in flat_sources]  # weights the caller passes by name
     read_in_backward = {symbol.name for item in structured.planned.backward for symbol in item.statement.value.free_symbols}
     shapes = {node.name: node.shape for node in structured.flat_graph.inputs}
     # where the weights are all the 4-d entries of `params` (as in most CNNs), the code says so, not a table
@@ -230,16 +325,22 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
         channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
         channels_last_test=rule.test(), channels_last_constant=structured.layout_constant,
         backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
-        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4] if keys else [],
+        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4],
+        channels_last_named=named, backward_channels_last_named=[name for name in named if name in read_in_backward],
     )
 
 
-def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_lines: list) -> dict[str, str]:
+def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_lines: list,
+               steps: list | None = None) -> dict[str, str]:
     """``<name>.md`` and ``<name>.html``: each block's derivation once (``blocks``: their views, in
-    order), then the top level's (``top_lines``: its backward as printed)."""
+    order), then the top level's (``top_lines``: its backward as printed); without blocks, the one
+    derivation, each line linked to its step (``steps``)."""
     from .documents import Section, render_documents
 
     spec = structured.spec
+    if not blocks:
+        section = Section(spec.name, "", structured.planned, tuple(line.text for line in top_lines), tuple(steps))
+        return render_documents(spec, spec_label, [section])
     instances: dict[str, list[str]] = {}
     for layer in spec.layers:
         if layer.block:

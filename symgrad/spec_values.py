@@ -30,8 +30,7 @@ RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
      "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
      "hvp", "PerSampleGradients"}
-) | template_names()[0] | generated_names()[1] | scan_template("module.py.jinja").top \
-  | scan_template("structured.py.jinja").top  # both forms: a spec may be generated either way
+) | template_names()[0] | generated_names()[1] | scan_template("module.py.jinja").top
 # Prefixes of names the derivation creates (grad_x, mask_relu1, shared_0, ...), read off its source,
 # and of the module's per_sample_* functions.
 RESERVED_PREFIXES = tuple(sorted(generated_names()[0] | {"per_sample_"}))

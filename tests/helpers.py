@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from symgrad.check import module_from_source
+from symgrad.check import by_name, module_from_source
 from symgrad.pipeline import Built, build_text as _build_text
 
 
@@ -20,4 +20,7 @@ def build_text(text: str, label: str = "case.yaml", extras: tuple[str, ...] = ()
 
 
 def generated_module(built: Built):
-    return module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name)
+    """The generated module, called with every input by its spec name (``check.by_name``: the
+    inputs with a ``source:`` go in its ``params`` mapping)."""
+    module = module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name)
+    return by_name(module, built.graph)

@@ -211,7 +211,7 @@ REFUSED = [
     *[(where, name) for name in ("p", "save", "saved") for where in ("block input", "block param", "block output")],
     # the top level's: ExplicitGradient's `keys`, `kept`, `*values`; `params`, `layouts`; the module's tables
     *[(where, name) for name in ("keys", "kept", "values", "params", "layouts", "parameter_grads", "BLOCKS",
-                                 "MOMENTA", "RUNNING", "STRUCTURED", "CHANNELS_LAST") for where in ("input", "layer output")],
+                                 "MOMENTA", "RUNNING", "CHANNELS_LAST") for where in ("input", "layer output")],
     # what the module names after a block or an instance: `unit_forward`, `saved_a`, `grads_a`, `call_a`
     *[(where, name) for name in ("unit_forward", "unit_backward", "saved_a", "grads_a", "call_a")
       for where in ("input", "layer output")],
@@ -261,12 +261,12 @@ def _explicit_backward_agrees(text: str) -> None:
 
     from symgrad.check import graph_inputs, module_from_source
     from symgrad.pipeline import build_text
-    from symgrad.check import flat_view
+    from symgrad.check import by_name
     from symgrad.testdata import relative_errors
 
     structured, flat = build_text(text, "blocky.yaml"), build_text(text, "blocky.yaml", flat=True)
     name = flat.graph.spec.name
-    ours = flat_view(module_from_source(structured.rendered.files[f"{name}.py"], name), flat.graph)
+    ours = by_name(module_from_source(structured.rendered.files[f"{name}.py"], name), flat.graph)
     theirs = module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat")
     inputs = graph_inputs(flat.graph, flat.shapes[0], seed=3)
     wanted = [inputs[key] for key in flat.graph.wrt]

@@ -18,7 +18,7 @@ import symgrad.plan_blocks
 from symgrad.check import graph_inputs, module_from_source
 from symgrad.errors import SpecError
 from symgrad.pipeline import build, build_text
-from symgrad.check import flat_view
+from symgrad.check import by_name
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, trace
 
@@ -141,8 +141,8 @@ def _agrees_with_flat_and_autograd(text: str, label: str) -> str:
     structured, flat = build_text(text, label), build_text(text, label, flat=True)
     name = flat.graph.spec.name
     source = structured.rendered.files[f"{name}.py"]
-    ours = flat_view(module_from_source(source, name), flat.graph)
-    theirs = module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat")
+    ours = by_name(module_from_source(source, name), flat.graph)
+    theirs = by_name(module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat"), flat.graph)
     graph = flat.graph
     for seed, shapes in enumerate(flat.shapes):
         inputs = graph_inputs(graph, shapes, seed=seed)
@@ -244,10 +244,10 @@ TRACED = {
 
 
 def _structured_arguments(module, spec: dict, values: dict) -> dict:
-    """The structured module's arguments: inputs with a ``source`` in one ``params`` mapping."""
-    if not getattr(module, "STRUCTURED", False):
-        return values
+    """The module's arguments: inputs with a ``source`` in one ``params`` mapping, the others by name."""
     sources = {name: entry["source"] for name, entry in spec["inputs"].items() if "source" in entry}
+    if not sources:
+        return values
     return {**{name: value for name, value in values.items() if name not in sources},
             "params": {sources[name]: values[name] for name in sources}}
 

@@ -54,9 +54,8 @@ def test_residual_block_module_round_trip():
     target = torch.randn(2, 4, 8, 8, dtype=torch.float64)
     parameters = dict(block.named_parameters())
     expected = torch.autograd.grad(block(x, target), [x, *parameters.values()])
-    actual = module.gradients(x=x, target=target, conv1_weight=parameters["conv1.weight"],
-                              conv1_bias=parameters["conv1.bias"], conv2_weight=parameters["conv2.weight"])
-    for value, reference in zip(actual, expected):
+    actual = module.gradients(x=x, target=target, params=parameters)  # keyed as state_dict()
+    for value, reference in zip([actual.x, *(actual.params[key] for key in parameters)], expected):
         assert relative_error(value, reference) <= 1e-12
 
 

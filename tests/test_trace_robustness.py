@@ -13,7 +13,7 @@ import yaml
 from symgrad.check import module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.spec import MAX_NAME
-from symgrad.check import flat_view
+from symgrad.check import by_name
 from symgrad.trace import LossChoice, TraceError, _source_name, trace
 
 
@@ -21,8 +21,8 @@ def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss:
     """Generate ``text``, and compare its gradients with autograd through ``model`` (made float64) at
     ``shapes``: ≤1e-10."""
     built = build_text(text, "traced.yaml")
-    module = flat_view(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
-                       built.graph)  # the block form too, through its flat arguments
+    module = by_name(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
+                     built.graph)  # the parameters go in `params`: called here by their spec names
     model = model.double()
     spec = yaml.safe_load(text)
     generator = torch.Generator().manual_seed(4)
