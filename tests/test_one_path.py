@@ -66,3 +66,21 @@ def test_a_traced_resnet_gives_autograds_gradients_with_blocks_and_flat_through_
     for key, reference in expected.items():
         assert relative_errors({key: results[0][key]}, {key: reference})[key] <= 1e-10, key
         assert relative_errors({key: results[0][key]}, {key: results[1][key]})[key] <= 1e-12, key
+
+
+def test_a_loss_with_dropout_recomputed_in_the_backward_draws_the_same_masks():
+    """``loss_with_explicit_backward(..., recompute=True)`` re-runs the forward in the backward: from
+    the random state the forward started from, as the outputs form does, so the masks are the same."""
+    from .helpers import spec_text
+
+    squared = {"op": "mse_loss", "target": "y", "reduction": "sum"}
+    built = build_text(spec_text({"x": [4, 3, 5, 6], "y": [4, 3, 5, 6]}, [{"op": "dropout", "p": 0.3}], squared, ["x"]))
+    module = generated_module(built)
+    x = torch.randn(4, 3, 5, 6, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(4, 3, 5, 6, dtype=torch.float64)
+    torch.manual_seed(1)
+    expected, = torch.autograd.grad(module.forward(x=x, y=y), x)
+    for recompute in (False, True):
+        torch.manual_seed(1)
+        actual, = torch.autograd.grad(module.loss_with_explicit_backward(x=x, y=y, recompute=recompute), x)
+        assert torch.equal(actual, expected), recompute
