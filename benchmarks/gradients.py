@@ -77,7 +77,6 @@ def variants(model, generated, batch: int, size: int, dtype=torch.float32):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 3, size, size, generator=generator, dtype=dtype)
     labels = torch.randint(0, 10, (batch,), generator=generator)
-    keys = {key: name for name, (key, _) in generated.SOURCES.items()}
     result = {}
     for variant in VARIANTS:
         net = copy.deepcopy(model)
@@ -87,11 +86,11 @@ def variants(model, generated, batch: int, size: int, dtype=torch.float32):
             inputs = x.contiguous(memory_format=torch.channels_last)
         parameters = [(key, value) for key, value in net.named_parameters()]
         if variant.startswith("gradients"):
-            state = {name: net.state_dict()[key] for key, name in keys.items()}
+            state = dict(net.state_dict())  # the module reads its parameters and buffers by these keys
 
             def compute(state=state, parameters=parameters, inputs=inputs):
-                grads = generated.gradients(x=inputs, labels=labels, **state)
-                return [getattr(grads, keys[key]) for key, _ in parameters]
+                grads = generated.gradients(x=inputs, labels=labels, params=state)
+                return [grads.params[key] for key, _ in parameters]
         else:
             def compute(net=net, parameters=parameters, inputs=inputs):
                 loss = F.cross_entropy(net(inputs), labels)

@@ -87,14 +87,15 @@ def variants(family: Family, shape: tuple[int, ...], dtype=torch.float32):
     traced = (2, *shape[1:]) if len(shape) == 4 else (2, shape[1])
     argument = next(iter(inspect.signature(model.forward).parameters))  # nn.Conv2d's is `input`
     text = trace(model, {argument: traced}, name="layer", loss=loss, mode="train")
-    generated = module_from_source(build_text(text, "layer.yaml").rendered.files["layer.py"], "layer")
+    built = build_text(text, "layer.yaml")
+    generated = module_from_source(built.rendered.files["layer.py"], "layer")
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(shape, generator=generator, dtype=dtype)
     with torch.no_grad():
         output_shape = model(x).shape
     target = (torch.randint(output_shape[1], (shape[0],), generator=generator) if classes
               else torch.randn(output_shape, generator=generator, dtype=dtype))
-    keys = {name: key for name, (key, _) in getattr(generated, "SOURCES", {}).items()}
+    keys = {item.name: item.source for item in built.graph.spec.inputs if item.source}  # in `params`
     state = dict(model.state_dict())
     own = {name: state[key] for name, key in keys.items()}
     parameters = [(name, value) for name, value in own.items() if value.is_floating_point()
@@ -102,8 +103,9 @@ def variants(family: Family, shape: tuple[int, ...], dtype=torch.float32):
     target_name = "labels" if classes else "target"
 
     def gradients():
-        grads = generated.gradients(**{argument: x, target_name: target}, **own)
-        return [getattr(grads, argument), *(getattr(grads, name) for name, _ in parameters)]
+        grads = generated.gradients(**{argument: x, target_name: target},
+                                    params={keys[name]: value for name, value in own.items()})
+        return [getattr(grads, argument), *(grads.params[keys[name]] for name, _ in parameters)]
 
     leaf = x.clone().requires_grad_()
     module_parameters = [dict(model.named_parameters())[keys[name]] for name, _ in parameters]

@@ -45,9 +45,9 @@ MOBILENET_V2 = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2], [6, 
 
 
 def _arguments(module, spec_inputs: dict, values: dict) -> dict:
-    if not getattr(module, "STRUCTURED", False):
-        return values
     sources = {name: entry["source"] for name, entry in spec_inputs.items() if "source" in entry}
+    if not sources:  # every input by name
+        return values
     return {**{name: value for name, value in values.items() if name not in sources},
             "params": {sources[name]: values[name] for name in sources}}
 

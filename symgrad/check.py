@@ -313,4 +313,6 @@ class ByName:
 def by_name(module, graph: Graph):
     """``module`` itself where its spec has no ``source:`` input (it takes every input by name), else
     a :class:`ByName` view of it (``graph``: its spec's graph, whose inputs say which come in ``params``)."""
-    return ByName(module, graph) if any(item.source for item in graph.spec.inputs) else module
+    if isinstance(module, ByName) or not any(item.source for item in graph.spec.inputs):
+        return module  # already called by name, or taking every input by name itself
+    return ByName(module, graph)

@@ -112,7 +112,7 @@ def template_names() -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(name for name in names if name.isidentifier() and not name.startswith("_")), frozenset(suffixes)
 
 
-SPEC_FACING = re.compile(r"signature|positional|statements\(|block\.|saved_names|\bname ~|line\.target")
+SPEC_FACING = re.compile(r"signature|positional|statements\(|block\.|saved_names|\bname ~|line\.target|function_")
 """What a template function's lines say when it takes or names the spec's tensors; the other
 functions (``_scope``, ``_run_forward``) are written out verbatim and never see a spec name."""
 

@@ -325,7 +325,8 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
         channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
         channels_last_test=rule.test(), channels_last_constant=structured.layout_constant,
         backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
-        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4],
+        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4]
+        if keys or named else [],  # nothing moves: every gradient is in its input's layout already
         channels_last_named=named, backward_channels_last_named=[name for name in named if name in read_in_backward],
     )
 

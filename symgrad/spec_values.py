@@ -29,7 +29,7 @@ IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 RESERVED_NAMES = frozenset(
     {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
      "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
-     "hvp", "PerSampleGradients"}
+     "hvp", "PerSampleGradients", "outputs_with_explicit_backward"}
 ) | template_names()[0] | generated_names()[1] | scan_template("module.py.jinja").top
 # Prefixes of names the derivation creates (grad_x, mask_relu1, shared_0, ...), read off its source,
 # and of the module's per_sample_* functions.

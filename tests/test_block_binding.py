@@ -267,7 +267,7 @@ def _explicit_backward_agrees(text: str) -> None:
     structured, flat = build_text(text, "blocky.yaml"), build_text(text, "blocky.yaml", flat=True)
     name = flat.graph.spec.name
     ours = by_name(module_from_source(structured.rendered.files[f"{name}.py"], name), flat.graph)
-    theirs = module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat")
+    theirs = by_name(module_from_source(flat.rendered.files[f"{name}.py"], f"{name}_flat"), flat.graph)
     inputs = graph_inputs(flat.graph, flat.shapes[0], seed=3)
     wanted = [inputs[key] for key in flat.graph.wrt]
     expected = torch.autograd.grad(theirs.forward(**inputs), wanted)

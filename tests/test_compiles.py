@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import symgrad.pipeline
+import symgrad.render_blocks
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 
@@ -42,7 +43,7 @@ def test_a_module_with_300_saved_tensors_imports_and_its_drop_in_backward_is_rig
 def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
     spec = tmp_path / "s.yaml"
     spec.write_text((ROOT / "examples" / "seed1_strided_conv.yaml").read_text())
-    render = symgrad.pipeline.render
+    render = symgrad.render_blocks.render_files
 
     def broken(*arguments, **keywords):
         rendered = render(*arguments, **keywords)
@@ -50,7 +51,7 @@ def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_pa
                           for name, text in rendered.files.items()}
         return rendered
 
-    monkeypatch.setattr(symgrad.pipeline, "render", broken)
+    monkeypatch.setattr(symgrad.render_blocks, "render_files", broken)
     from click.testing import CliRunner
 
     from symgrad.cli import main
@@ -93,8 +94,8 @@ def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile(mon
     for name in ("tiny_resnet.py", "test_tiny_resnet.py"):
         assert not _too_wide(built.rendered.files[name]), (name, _too_wide(built.rendered.files[name]))
     module = built.rendered.files["tiny_resnet.py"]
-    assert any(line.startswith("        layers_") for line in module.split("\n"))  # laid out, not left alone
-    assert "layers_1_0_downsample_0_weight = layers_1_0_downsample_0_weight.contiguous(" in module
+    assert any(line.startswith('        params["layers.') for line in module.split("\n"))  # laid out, not left alone
+    assert "        params = _channels_last(params)\n" in module  # the weights, moved where the call's size pays
 
 
 def test_every_helper_a_rule_emits_fits_in_100_columns():

@@ -388,6 +388,7 @@ class _Spec:
     def __init__(self, inputs: list[str], outs: list[str]):
         self.inputs = [_Name(name, number) for number, name in enumerate(inputs, 1)]
         self.layers = [_Name(name, number) for number, name in enumerate(outs, len(inputs) + 1)]
+        self.blocks = {}  # a spec without blocks (the check reads a block's own names too)
 
 
 @pytest.mark.parametrize("source, clash", [

@@ -318,7 +318,8 @@ CASES = {
 """Case name -> (what must happen: "trains", "refused", or "as autograd": the same error autograd raises).
 A label of -100 is ``F.cross_entropy``'s default ``ignore_index``: the gradient skips it as autograd's does."""
 WIDER_TRAINS = {"a wider model", "a model built with other classes"}
-"""Written as blocks, a module runs at any width: these train there (checked against autograd below)."""
+"""A module reads each parameter at its size, with blocks or flat: these train there (checked against
+autograd below)."""
 
 
 def test_there_are_at_least_forty_hostile_cases():
@@ -332,7 +333,7 @@ def test_hostile_bind_case(name, form, generated):
     env = env_for(generated, form, "frozen" if name == "a parameter frozen at trace, unfrozen" else "plain")
     _current_model[0] = env.model
     ours, theirs = case(env)
-    if form == "blocks" and name in WIDER_TRAINS:
+    if name in WIDER_TRAINS:
         expected = "trains at any width"
     before = copy.deepcopy(env.model.state_dict())
     try:

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from symgrad.check import module_from_source, relative_error
+from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, _source_name, trace
 
@@ -50,8 +50,9 @@ def test_a_float32_trace_records_constants_as_written_and_float64_gradients_matc
     layers = yaml.safe_load(text)["layers"]
     assert [layer["fill_value"] for layer in layers if layer["op"] == "full"] == [0.1], text
     assert {"op": "mul", "in": "x", "other": 0.3, "out": "mul_2"} in layers, text
-    built = build_text(text, "drunet.yaml").rendered
-    module = module_from_source(built.files[f"{built.name}.py"], built.name)
+    built = build_text(text, "drunet.yaml")
+    module = by_name(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
+                     built.graph)  # the parameters go in `params`: called here by their spec names
     model = model.double()
     spec = yaml.safe_load(text)
     generator = torch.Generator().manual_seed(1)

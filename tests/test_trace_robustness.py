@@ -305,8 +305,8 @@ def test_a_size_computed_by_arithmetic_is_an_expression_of_the_sizes_never_froze
     block = FPABlock(3).double()
     text = trace(block, {"x": (2, 3, 16, 16)}, loss=LossChoice("mse_loss"))
     assert "size: [{like: x, size: 'shape[2] // 2'}, {like: x, size: 'shape[3] // 2'}]" in text, text
-    generated = build_text(text, "fpa.yaml").rendered
-    module = module_from_source(generated.files["traced.py"], "traced")
+    built = build_text(text, "fpa.yaml")
+    module = by_name(module_from_source(built.rendered.files["traced.py"], "traced"), built.graph)
     x = torch.randn(3, 3, 20, 12, dtype=torch.float64, requires_grad=True)  # x1 10x6, x2 5x3 -> 10x6
     target = torch.randn(3, 3, 20, 12, dtype=torch.float64)
     weights = dict(block.named_parameters())
