@@ -103,8 +103,8 @@ def variants(family: Family, shape: tuple[int, ...], dtype=torch.float32):
     target_name = "labels" if classes else "target"
 
     def gradients():
-        grads = generated.gradients(**{argument: x, target_name: target},
-                                    params={keys[name]: value for name, value in own.items()})
+        params = {keys[name]: value for name, value in own.items()}
+        grads = generated.gradients(**{argument: x, target_name: target}, **({"params": params} if keys else {}))
         return [getattr(grads, argument), *(grads.params[keys[name]] for name, _ in parameters)]
 
     leaf = x.clone().requires_grad_()

@@ -216,6 +216,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
                  for statement in planned.readable_backward]) if not blocks else ([], [])
     steps = list(planned.step_of_line)
     printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries)), steps if not blocks else None)
+    layout = _layout_view(structured, sources, positional)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
         readable_forward=readable[0], readable_backward=readable[1],
@@ -234,13 +235,15 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         default_cotangent=to_code(planned.program.default_cotangent),
         signature=signature, reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
-        positional_returns=[(name, f"grad_{name}") for name in graph.wrt if name not in sources],
+        positional_returns=[(name, f"grad_{name}.contiguous(memory_format={name}_layout)"
+                             if name in layout["layout_kept"] else f"grad_{name}")
+                            for name in graph.wrt if name not in sources],
         param_returns=param_returns, merged_returns=merged, offsets=offsets,
         chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
         momentum_lines=_packed(_momenta(structured.running_statistics, sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
-        **_layout_view(structured, sources, positional),
+        **layout,
     )
     import re
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from symgrad.check import module_from_source, relative_error
+from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 from symgrad.trace import _source_name as source_name
@@ -116,8 +116,10 @@ def matches_autograd(label: str, case: Case, mode: str) -> None:
     for kind in case.losses:
         text = traced_spec(case, mode, kind, model)
         spec = yaml.safe_load(text)
-        generated = build_text(text, f"{label}.yaml").rendered
-        module = module_from_source(generated.files[f"{generated.name}.py"], generated.name)
+        built = build_text(text, f"{label}.yaml")
+        generated = built.rendered
+        module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),
+                         built.graph)  # the parameters go in `params`: called here by their spec names
 
         inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
                   for key, shape in case.checked.items()}

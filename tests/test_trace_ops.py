@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from symgrad.check import module_from_source, relative_error
+from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.rules import LAYER_RULES, LOSS_RULES
 from symgrad.trace import LossChoice, TraceError, trace
@@ -251,8 +251,10 @@ def compare(function, shapes: dict, text: str, appended: bool = False) -> dict:
     """Generate ``text`` and compare its gradients with autograd through ``function`` itself (float64);
     ``appended``: the function returns a prediction, and ``--loss half_sq_error`` was put after it."""
     spec = yaml.safe_load(text)
-    generated = build_text(text, "traced.yaml").rendered
-    module = module_from_source(generated.files[f"{generated.name}.py"], generated.name)
+    built = build_text(text, "traced.yaml")
+    generated = built.rendered
+    module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),
+                     built.graph)  # the parameters go in `params`: called here by their spec names
     generator = torch.Generator().manual_seed(5)
     if isinstance(function, nn.Module):
         function = function.double()
