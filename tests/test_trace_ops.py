@@ -215,6 +215,13 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("amax", lambda x: x * x.amax((2, 3), keepdim=True), X),  # CBAM's channel descriptor
     ("amax", lambda x: torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], dim=1), X),
     ("amax", lambda x: x.amax(dim=-1).exp(), X),
+    # CBAM's spatial attention: torch.max(x, 1, keepdim=True)[0]; MaxViT-style .values; torch.min
+    ("max", lambda x: torch.cat([torch.mean(x, 1, keepdim=True), torch.max(x, 1, keepdim=True)[0]], dim=1), X),
+    ("max", lambda x: x.max(dim=-1).values.exp(), X),
+    ("max", lambda x: x.max(1)[0].unsqueeze(1) * x.max(dim=2, keepdim=True).values, X),
+    ("min", lambda x: torch.min(x, dim=2, keepdim=True)[0] * x, X),
+    ("min", lambda x: x.min(-1).values.sigmoid(), X),
+    ("amax", lambda x: torch.max(x) * x, X),  # over every entry: autograd shares ties' gradient, as amax does
     ("slice", lambda x: x[:, :, ::2, 1::2], X),  # LeViT's subsampled queries: x.view(B, H, W, C)[:, ::s, ::s]
     ("slice", lambda x: x[..., 1:7:3] * x[:, 1::2, :, ::4], X),  # a fixed end; channels 1::2 broadcast
     ("slice", lambda x: x[:, :, 1::2], X),  # SwinUNETR's patch merging, space-to-depth
