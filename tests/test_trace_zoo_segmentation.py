@@ -87,14 +87,7 @@ DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus"}
 """Train-mode dropout: the blocks check draws the model's and the module's masks from different seeds."""
 
 
-WIDE = {"monai_swinunetr_stage_3d", "smp_unet_efficientnet_scse"}
-"""Their blocks form writes lines wider than the blocks check's 100 columns from long module paths: the index op's
-comment `# layers1_0_blocks_1_attn_relative_position_bias_table[layers1_0_blocks_1_attn_relative_position_index]:`
-(108), and `grad_decoder_blocks_4_attention2_attention_sSE_0_weight = local_decoder_blocks_4_attention2_...` (112);
-their flat form matches above."""
-
-
-@pytest.mark.parametrize("label", [label for label in CASES if label not in WIDE])
+@pytest.mark.parametrize("label", list(CASES))
 def test_segmentation_network_traced_as_blocks_matches_autograd(label, monkeypatch):
     """The same, each repeated submodule one block (``symgrad trace``'s default form), by the blocks check of
     ``tests/test_blocks.py``: in train mode (eval where the network has dropout)."""
