@@ -134,7 +134,8 @@ def test_a_fused_kernels_tuple_is_unpacked_where_it_is_made():
 def test_a_comment_whose_expression_is_wider_than_the_line_is_cut_at_a_bracket(indent):
     """SwinUNETR's index comment, ``table[index]`` of two 52-character module paths, ran to 108 columns in the
     block form: it is cut after the bracket, no line past 100 columns, no character lost."""
-    table, index = "layers1_0_blocks_1_attn_relative_position_bias_table", "layers1_0_blocks_1_attn_relative_position_index"
+    table = "layers1_0_blocks_1_attn_relative_position_bias_table"
+    index = "layers1_0_blocks_1_attn_relative_position_index"
     comment = f"layers1_0_blocks_1_attn_index = {table}[{index}].flatten(0, 1): pulled back to its input"
     lines = (" " * indent + comment_lines(comment, indent)).splitlines()
     assert max(map(len, lines)) <= WIDTH, lines

@@ -15,6 +15,7 @@ from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
 
 from . import zoo_monai as monai
+from . import zoo_monai_unet as monai_unet
 from . import zoo_segmentation as smp
 from . import zoo_swinunetr as swin
 from . import test_blocks
@@ -62,6 +63,11 @@ CASES = {
     "monai_attentionunet_2d": Case(monai.AttentionUnet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 24)}, SEGMENTATION,
                                    {"spatial_dims": 2}),
     "monai_attentionunet_3d": Case(monai.AttentionUnet, {"x": (2, 1, 8, 8, 8)}, {"x": (3, 1, 8, 4, 12)}, SEGMENTATION),
+    # MONAI's UNet: Sequential(down, SkipConnection(subblock), up) built recursively, strided ResidualUnits of
+    # Convolution + InstanceNorm + PReLU (one shared slope), transposed-conv up paths, torch.cat skips
+    "monai_unet_2d": Case(monai_unet.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 24, 16)}, SEGMENTATION),
+    "monai_unet_3d": Case(monai_unet.UNet, {"x": (2, 1, 8, 8, 8)}, {"x": (3, 1, 8, 16, 12)}, SEGMENTATION,
+                          {"spatial_dims": 3}),
     # TwoConv (InstanceNorm affine, LeakyReLU 0.1), Down by MaxPool, UpCat's deconv, the skip cat; at sizes
     # divisible by 16 UpCat's replicate pad is [0, 0, 0, 0] (at odd pooled sizes: refused, test below)
     "monai_basicunet_2d": Case(monai.BasicUNet, {"x": (2, 1, 16, 32)}, {"x": (3, 1, 32, 16)}, SEGMENTATION,
@@ -127,7 +133,7 @@ def test_swinunetr_is_refused_at_the_line_that_adds_its_forward_made_mask():
 
 
 GENERATED_TESTS = ["smp_unet_resnet", "smp_fpn_resnet", "smp_pan", "monai_dynunet_3d", "monai_basicunet_2d",
-                   "monai_swinunetr_stage_3d"]
+                   "monai_unet_3d", "monai_swinunetr_stage_3d"]
 """The networks whose generated test files run here (each a minute or more on 2 cores; FPN's 8 s at its small
 shapes, train-mode Dropout2d drawn by the seeded tests). Left out, for CI's time: the EfficientNet-encoder U-Net
 (451 s on the loaded 2-core machine; its flat module's file passed). FPN on the EfficientNet encoder: its file's

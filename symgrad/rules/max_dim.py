@@ -73,7 +73,8 @@ class MaxDim(Rule):
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
         check.require(len(x) >= 1 and -len(x) <= params["dim"] < len(x),
-                      f"dim {params['dim']} is out of range for a {len(x)}-dim input", f"give a dim in {-len(x)}..{len(x) - 1}")
+                      f"dim {params['dim']} is out of range for a {len(x)}-dim input",
+                      f"give a dim in {-len(x)}..{len(x) - 1}")
         dim = params["dim"] % len(x)
         return tuple(x[:dim]) + ((1,) if params["keepdim"] else ()) + tuple(x[dim + 1:])
 

@@ -111,16 +111,22 @@ def max_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
 
 def avg_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     """A window the input's own size, read from it (CBAM's ``F.avg_pool2d(x, (x.size(2), x.size(3)), stride=(
-    x.size(2), x.size(3)))``), is one window at every size: the adaptive pool to 1."""
+    x.size(2), x.size(3)))``), is one window at every size: the adaptive pool to 1. A window of fixed numbers
+    stays a window, even where the traced input is its size (``nn.AvgPool2d(7)``)."""
     source, kernel, dims = bound.get("input"), bound.get("kernel_size"), int(op[-2])
-    whole = isinstance(source, torch.Tensor) and isinstance(kernel, (tuple, list)) and len(kernel) == dims and all(
-        isinstance(size, sizes.TracedSize) and isinstance(size.expr, sizes.Dim) and size.expr.dim == source.dim() - dims + axis
-        and builder.node(builder.size_tensors[size.expr.index]) == builder.node(source) for axis, size in enumerate(kernel))
-    def all_are(key, value):  # padding 0, dilation 1: then any stride and ceil_mode give one window
+
+    def read_from_source(size, axis: int) -> bool:  # source.shape[-dims + axis], as the code read it
+        return (isinstance(size, sizes.TracedSize) and isinstance(size.expr, sizes.Dim)
+                and size.expr.dim == source.dim() - dims + axis
+                and builder.node(builder.size_tensors[size.expr.index]) == builder.node(source))
+
+    def all_are(key: str, value: int) -> bool:  # padding 0 and dilation 1: any stride or ceil_mode gives one window
         given = literal(bound.get(key, value))
         return all(item == value for item in (given if isinstance(given, list) else [given]))
 
-    if whole and all_are("padding", 0) and all_are("dilation", 1) and bound.get("divisor_override") is None:
+    if (isinstance(source, torch.Tensor) and isinstance(kernel, (tuple, list)) and len(kernel) == dims
+            and all(read_from_source(size, axis) for axis, size in enumerate(kernel))
+            and all_are("padding", 0) and all_are("dilation", 1) and bound.get("divisor_override") is None):
         return builder.layer(f"adaptive_{op[:3]}_pool{dims}d", {"input": source, "output_size": 1}, call)
     builder.layer(op, bound, call)
 
