@@ -183,6 +183,26 @@ def max_dim(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.taint(indices, frozenset({len(builder.problems) - 1}))
 
 
+def gather(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """``x.gather(dim, index)`` with an int64 buffer or argument: the ``gather`` layer. An index that is a 1-d
+    buffer viewed along dim and expanded over the others (``idx.view(1, -1, 1).expand(B, -1, C)``: a token
+    pick) is ``x[:, idx]``, the ``index`` layer, so that the spec stays shape-generic."""
+    source, dim, index, views = bound.get("input"), bound.get("dim"), bound.get("index"), builder.index_views
+    if bound.pop("sparse_grad", False):
+        return builder.fail(call, "asks for a sparse gradient", "leave sparse_grad False")
+    if isinstance(source, torch.Tensor) and is_int(dim) and isinstance(index, torch.Tensor) and id(index) in views:
+        root, dim = views[id(index)], dim % source.dim()
+        along = [-1 if d == dim else 1 for d in range(source.dim())]
+        if (("corner", id(index)) not in views and root.dim() == 1 and index.dim() == source.dim()
+                and all(index.shape[d] == source.shape[d] for d in range(source.dim()) if d != dim)
+                and torch.equal(index, root.reshape(along).expand(index.shape))):
+            return builder.layer("index", {"input": source, "index": root, "dim": dim}, call)
+        return builder.fail(call, "reads its index through a reshape or expand of an int64 input",
+                            "give gather the int64 buffer or argument itself, of the output's shape (made so outside "
+                            "the traced code), or a 1-d index viewed along dim and expanded over the other dims")
+    builder.layer(op, bound, call)
+
+
 def cat(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``."""
     if len(bound.get("tensors", ())) == 1 and isinstance(bound["tensors"][0], torch.Tensor):
@@ -207,6 +227,7 @@ HOOKS = checked({
     "cat": cat,
     "clamp": clamp,
     "div": div,
+    "gather": gather,
     "hardtanh": hardtanh,
     "interpolate": interpolate,
     "log_softmax": loss_tail.log_softmax,
