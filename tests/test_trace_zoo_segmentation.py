@@ -18,6 +18,7 @@ from . import zoo_monai as monai
 from . import zoo_monai_unet as monai_unet
 from . import zoo_segmentation as smp
 from . import zoo_swinunetr as swin
+from . import zoo_unetr as unetr
 from . import test_blocks
 from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
@@ -73,6 +74,12 @@ CASES = {
     "monai_basicunet_2d": Case(monai.BasicUNet, {"x": (2, 1, 16, 32)}, {"x": (3, 1, 32, 16)}, SEGMENTATION,
                                {"spatial_dims": 2}),
     "monai_basicunet_3d": Case(monai.BasicUNet, {"x": (2, 1, 16, 16, 32)}, {"x": (3, 1, 16, 32, 16)}, SEGMENTATION),
+    # MONAI's whole UNETR: a ViT (conv patch embedding, flatten(2).transpose(-1, -2), position embedding, 12
+    # einops-attention blocks whose hidden states 3, 6, 9 feed the skips), proj_feat's view/permute, transposed
+    # conv + instance-norm residual decoder blocks; the position embedding fixes the size: another batch only
+    "monai_unetr_2d": Case(unetr.UNETR, {"x_in": (2, 1, 32, 32)}, {"x_in": (3, 1, 32, 32)}, SEGMENTATION,
+                           {"spatial_dims": 2}),
+    "monai_unetr_3d": Case(unetr.UNETR, {"x_in": (2, 1, 32, 32, 32)}, {"x_in": (3, 1, 32, 32, 32)}, SEGMENTATION),
     # SwinUNETR's first stage in 3D: patch embedding, a plain and a shifted window block (the relative position
     # bias table indexed by `relative_position_index.clone()[:n, :n].reshape(-1)`, torch.roll over three dims,
     # the mask a buffer made in __init__), patch merging by `x[:, 0::2, 1::2, 0::2, :]` and torch.cat, the
@@ -133,7 +140,7 @@ def test_swinunetr_is_refused_at_the_line_that_adds_its_forward_made_mask():
 
 
 GENERATED_TESTS = ["smp_unet_resnet", "smp_fpn_resnet", "smp_pan", "monai_dynunet_3d", "monai_basicunet_2d",
-                   "monai_unet_3d", "monai_swinunetr_stage_3d"]
+                   "monai_unet_3d", "monai_unetr_2d", "monai_swinunetr_stage_3d"]
 """The networks whose generated test files run here (each a minute or more on 2 cores; FPN's 8 s at its small
 shapes, train-mode Dropout2d drawn by the seeded tests). Left out, for CI's time: the EfficientNet-encoder U-Net
 (451 s on the loaded 2-core machine; its flat module's file passed). FPN on the EfficientNet encoder: its file's
