@@ -37,6 +37,9 @@ CASES = {
     # ASPP on a dilated stride-16 stage: atrous separable convs, the pooling branch interpolated to
     # x.shape[-2:], Dropout(0.5); fused with the stride-4 feature
     "smp_deeplabv3plus": Case(smp.DeepLabV3Plus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 48, 32)}, SEGMENTATION),
+    # on the EfficientNet encoder, its last stage dilated by smp's make_dilated (stride 1, dilation 2)
+    "smp_deeplabv3plus_efficientnet": Case(smp.DeepLabV3Plus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 48)},
+                                           SEGMENTATION, {"encoder_name": "efficientnet"}),
     # 1x1, ConvTranspose2d(4, stride 2, padding 1), 1x1, `x + skip`
     "smp_linknet_resnet": Case(smp.Linknet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
     "smp_linknet_efficientnet": Case(smp.Linknet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)}, SEGMENTATION,
@@ -44,6 +47,8 @@ CASES = {
     # FPA's interpolations to (h // 4, w // 4) and (h // 2, w // 2) of x.size(): traced where the stride-16 map
     # is 8x8 and checked where it is 10x8 (a ratio frozen at the traced size would give 2x2 -> 5x4 wrong)
     "smp_pan": Case(smp.PAN, {"x": (2, 3, 128, 128)}, {"x": (3, 3, 160, 128)}, SEGMENTATION),
+    "smp_pan_efficientnet": Case(smp.PAN, {"x": (2, 3, 128, 128)}, {"x": (3, 3, 128, 160)}, SEGMENTATION,
+                                 {"encoder_name": "efficientnet"}),
     # the nested dense skips in a dict, torch.cat of a growing list
     "smp_unetplusplus_resnet": Case(smp.UnetPlusPlus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
     "smp_unetplusplus_efficientnet": Case(smp.UnetPlusPlus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)},
@@ -96,7 +101,7 @@ def test_segmentation_network_matches_autograd_on_the_original_module(label, mod
     matches_autograd(label, CASES[label], mode)
 
 
-DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus"}
+DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus", "smp_deeplabv3plus_efficientnet"}
 """Train-mode dropout: the blocks check draws the model's and the module's masks from different seeds."""
 
 
