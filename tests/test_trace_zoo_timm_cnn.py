@@ -1,4 +1,4 @@
-"""ResNeSt and GhostNet as timm writes them (``tests/zoo_timm_cnn.py``): traced in train and eval mode,
+"""ResNeSt, GhostNet and HGNetV2 as timm writes them (``tests/zoo_timm_cnn.py``): traced in train and eval mode,
 generated, and compared in float64 with autograd through the original module at another batch and spatial
 size (≤1e-10); their generated test files pass."""
 
@@ -17,6 +17,9 @@ CASES = {
     # GhostModule: cat of the primary and the cheap depthwise conv, cut to out[:, :self.out_chs]; an empty
     # nn.Sequential() shortcut, `x += self.shortcut(shortcut)`, a hard-sigmoid SE on a strided block
     "ghostnet": Case(zoo.GhostNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, ("cross_entropy",)),
+    # HGNetV2: StemV2's F.pad(x, (0, 1, 0, 1)) and ceil-mode 2x2 max pool cat-ed, HG blocks' cat of every layer,
+    # learnable affine blocks (scale and bias of shape [1]) after ReLU, light depthwise blocks, the "se" aggregation
+    "hgnetv2": Case(zoo.HGNetV2, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 20, 12)}, ("cross_entropy",)),
 }
 
 

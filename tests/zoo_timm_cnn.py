@@ -1,10 +1,11 @@
-"""Two timm CNN families the issue's audit found without a test of their own, written the way timm writes
+"""Three timm CNN families the issue's audit found without a test of their own, written the way timm writes
 them, at tiny widths: ResNeSt (``SplitAttn``: a grouped conv producing ``radix`` splits, reshaped by
 ``(B, self.radix, RC // self.radix, H, W)`` from ``x.shape``, a radix softmax by ``view(batch, cardinality,
-radix, -1).transpose(1, 2)``; ``avd`` average pooling and the ``avg_down`` shortcut with ``ceil_mode=True``)
-and GhostNet (``GhostModule``: a primary conv and a cheap depthwise conv concatenated and cut to
+radix, -1).transpose(1, 2)``; ``avd`` average pooling and the ``avg_down`` shortcut with ``ceil_mode=True``),
+GhostNet (``GhostModule``: a primary conv and a cheap depthwise conv concatenated and cut to
 ``out[:, :self.out_chs]``; ``GhostBottleneck`` with a hard-sigmoid squeeze-excitation and an empty
-``nn.Sequential()`` shortcut). The code is ours; the architectures' facts are public.
+``nn.Sequential()`` shortcut) and HGNetV2 (``StemV2``'s pads and ceil-mode pool, ``HG_Block``'s cat of every
+layer, learnable affine blocks). The code is ours; the architectures' facts are public.
 """
 
 from __future__ import annotations
@@ -318,3 +319,172 @@ class GhostNet(nn.Module):
         x = self.blocks(x)
         x = self.act2(self.conv_head(self.global_pool(x)))
         return self.classifier(self.flatten(x))
+
+
+# ----- HGNetV2 ---------------------------------------------------------------------------------------------
+class LearnableAffineBlock(nn.Module):
+    def __init__(self, scale_value=1.0, bias_value=0.0):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([scale_value]), requires_grad=True)
+        self.bias = nn.Parameter(torch.tensor([bias_value]), requires_grad=True)
+
+    def forward(self, x):
+        return self.scale * x + self.bias
+
+
+class ConvBNAct(nn.Module):
+    def __init__(self, in_chs, out_chs, kernel_size, stride=1, groups=1, use_act=True, use_lab=False):
+        super().__init__()
+        self.use_act = use_act
+        self.use_lab = use_lab
+        padding = ((stride - 1) + (kernel_size - 1)) // 2  # timm's get_padding for padding=''
+        self.conv = nn.Conv2d(in_chs, out_chs, kernel_size, stride=stride, padding=padding, groups=groups, bias=False)
+        self.bn = nn.BatchNorm2d(out_chs)
+        if self.use_act:
+            self.act = nn.ReLU()
+        else:
+            self.act = nn.Identity()
+        if self.use_act and self.use_lab:
+            self.lab = LearnableAffineBlock()
+        else:
+            self.lab = nn.Identity()
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = self.bn(x)
+        x = self.act(x)
+        x = self.lab(x)
+        return x
+
+
+class LightConvBNAct(nn.Module):
+    def __init__(self, in_chs, out_chs, kernel_size, groups=1, use_lab=False):
+        super().__init__()
+        self.conv1 = ConvBNAct(in_chs, out_chs, kernel_size=1, use_act=False, use_lab=use_lab)
+        self.conv2 = ConvBNAct(out_chs, out_chs, kernel_size=kernel_size, groups=out_chs, use_act=True,
+                               use_lab=use_lab)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        x = self.conv2(x)
+        return x
+
+
+class StemV2(nn.Module):
+    def __init__(self, in_chs, mid_chs, out_chs, use_lab=False):
+        super().__init__()
+        self.stem1 = ConvBNAct(in_chs, mid_chs, kernel_size=3, stride=2, use_lab=use_lab)
+        self.stem2a = ConvBNAct(mid_chs, mid_chs // 2, kernel_size=2, stride=1, use_lab=use_lab)
+        self.stem2b = ConvBNAct(mid_chs // 2, mid_chs, kernel_size=2, stride=1, use_lab=use_lab)
+        self.stem3 = ConvBNAct(mid_chs * 2, mid_chs, kernel_size=3, stride=2, use_lab=use_lab)
+        self.stem4 = ConvBNAct(mid_chs, out_chs, kernel_size=1, stride=1, use_lab=use_lab)
+        self.pool = nn.MaxPool2d(kernel_size=2, stride=1, ceil_mode=True)
+
+    def forward(self, x):
+        x = self.stem1(x)
+        x = F.pad(x, (0, 1, 0, 1))
+        x2 = self.stem2a(x)
+        x2 = F.pad(x2, (0, 1, 0, 1))
+        x2 = self.stem2b(x2)
+        x1 = self.pool(x)
+        x = torch.cat([x1, x2], dim=1)
+        x = self.stem3(x)
+        x = self.stem4(x)
+        return x
+
+
+class EseModule(nn.Module):
+    def __init__(self, chs):
+        super().__init__()
+        self.conv = nn.Conv2d(chs, chs, kernel_size=1, stride=1, padding=0)
+        self.sigmoid = nn.Sigmoid()
+
+    def forward(self, x):
+        identity = x
+        x = x.mean((2, 3), keepdim=True)
+        x = self.conv(x)
+        x = self.sigmoid(x)
+        return torch.mul(identity, x)
+
+
+class HG_Block(nn.Module):
+    def __init__(self, in_chs, mid_chs, out_chs, layer_num, kernel_size=3, residual=False, light_block=False,
+                 use_lab=False, agg="ese"):
+        super().__init__()
+        self.residual = residual
+        self.layers = nn.ModuleList()
+        for i in range(layer_num):
+            if light_block:
+                self.layers.append(LightConvBNAct(in_chs if i == 0 else mid_chs, mid_chs, kernel_size=kernel_size,
+                                                  use_lab=use_lab))
+            else:
+                self.layers.append(ConvBNAct(in_chs if i == 0 else mid_chs, mid_chs, kernel_size=kernel_size,
+                                             stride=1, use_lab=use_lab))
+        # feature aggregation
+        total_chs = in_chs + layer_num * mid_chs
+        if agg == "se":
+            aggregation_squeeze_conv = ConvBNAct(total_chs, out_chs // 2, kernel_size=1, stride=1, use_lab=use_lab)
+            aggregation_excitation_conv = ConvBNAct(out_chs // 2, out_chs, kernel_size=1, stride=1, use_lab=use_lab)
+            self.aggregation = nn.Sequential(aggregation_squeeze_conv, aggregation_excitation_conv)
+        else:
+            aggregation_conv = ConvBNAct(total_chs, out_chs, kernel_size=1, stride=1, use_lab=use_lab)
+            att = EseModule(out_chs)
+            self.aggregation = nn.Sequential(aggregation_conv, att)
+        self.drop_path = nn.Identity()
+
+    def forward(self, x):
+        identity = x
+        output = [x]
+        for layer in self.layers:
+            x = layer(x)
+            output.append(x)
+        x = torch.cat(output, dim=1)
+        x = self.aggregation(x)
+        if self.residual:
+            x = self.drop_path(x) + identity
+        return x
+
+
+class HG_Stage(nn.Module):
+    def __init__(self, in_chs, mid_chs, out_chs, block_num, layer_num, downsample=True, light_block=False,
+                 kernel_size=3, use_lab=False, agg="se"):
+        super().__init__()
+        if downsample:
+            self.downsample = ConvBNAct(in_chs, in_chs, kernel_size=3, stride=2, groups=in_chs, use_act=False,
+                                        use_lab=use_lab)
+        else:
+            self.downsample = nn.Identity()
+        blocks_list = []
+        for i in range(block_num):
+            blocks_list.append(HG_Block(in_chs if i == 0 else out_chs, mid_chs, out_chs, layer_num,
+                                        residual=False if i == 0 else True, kernel_size=kernel_size,
+                                        light_block=light_block, agg=agg, use_lab=use_lab))
+        self.blocks = nn.Sequential(*blocks_list)
+
+    def forward(self, x):
+        x = self.downsample(x)
+        x = self.blocks(x)
+        return x
+
+
+class HGNetV2(nn.Module):
+    """StemV2 (its pads, a ceil-mode 2x2 max pool, cat), two HG stages (the second strided by a depthwise conv,
+    light blocks with learnable affine scales on ReLU), a 1x1 conv head after global pooling."""
+
+    def __init__(self, num_classes=5, use_lab=True, agg="se"):
+        super().__init__()
+        self.stem = StemV2(3, 8, 8, use_lab=use_lab)
+        self.stages = nn.Sequential(
+            HG_Stage(8, 8, 16, block_num=1, layer_num=2, downsample=False, use_lab=use_lab, agg=agg),
+            HG_Stage(16, 8, 16, block_num=2, layer_num=2, light_block=True, kernel_size=5, use_lab=use_lab, agg=agg),
+        )
+        self.global_pool = nn.AdaptiveAvgPool2d(1)
+        self.last_conv = nn.Conv2d(16, 24, 1, bias=False)
+        self.act = nn.ReLU()
+        self.flatten = nn.Flatten(1)
+        self.fc = nn.Linear(24, num_classes)
+
+    def forward(self, x):
+        x = self.stages(self.stem(x))
+        x = self.act(self.last_conv(self.global_pool(x)))
+        return self.fc(self.flatten(x))
