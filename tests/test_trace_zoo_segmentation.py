@@ -18,6 +18,7 @@ from . import zoo_monai as monai
 from . import zoo_monai_unet as monai_unet
 from . import zoo_segmentation as smp
 from . import zoo_swinunetr as swin
+from . import zoo_swinunetr_2d as swin2d
 from . import zoo_unetr as unetr
 from . import test_blocks
 from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
@@ -92,6 +93,9 @@ CASES = {
     # built for one resolution)
     "monai_swinunetr_stage_3d": Case(swin.SwinUNETRStage, {"x_in": (2, 1, 16, 16, 16)}, {"x_in": (3, 1, 16, 16, 16)},
                                      SEGMENTATION),
+    # the same stage in 2D, MONAI's len(x_shape) == 4 branches: 2D windows and relative index, roll over two dims
+    "monai_swinunetr_stage_2d": Case(swin2d.SwinUNETRStage2D, {"x_in": (2, 1, 16, 16)}, {"x_in": (3, 1, 16, 16)},
+                                     SEGMENTATION),
 }
 
 
@@ -145,7 +149,7 @@ def test_swinunetr_is_refused_at_the_line_that_adds_its_forward_made_mask():
 
 
 GENERATED_TESTS = ["smp_unet_resnet", "smp_fpn_resnet", "smp_pan", "monai_dynunet_3d", "monai_basicunet_2d",
-                   "monai_unet_3d", "monai_unetr_2d", "monai_swinunetr_stage_3d"]
+                   "monai_unet_3d", "monai_unetr_2d", "monai_swinunetr_stage_3d", "monai_swinunetr_stage_2d"]
 """The networks whose generated test files run here (each a minute or more on 2 cores; FPN's 8 s at its small
 shapes, train-mode Dropout2d drawn by the seeded tests). Left out, for CI's time: the EfficientNet-encoder U-Net
 (451 s on the loaded 2-core machine; its flat module's file passed). FPN on the EfficientNet encoder: its file's

@@ -50,7 +50,8 @@ class Gather(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         x, index = shapes["input"], shapes["index"]
-        check.require(-len(x) <= params["dim"] < len(x), f"dim {params['dim']} is out of range for a {len(x)}-dim input",
+        check.require(-len(x) <= params["dim"] < len(x),
+                      f"dim {params['dim']} is out of range for a {len(x)}-dim input",
                       f"give a dim in {-len(x)}..{len(x) - 1}")
         check.require(len(index) == len(x), f"index has {len(index)} dims, input {len(x)}: gather takes an index of "
                       "the input's rank", "give the index as many dims as the input (unsqueeze it in the buffer)")
