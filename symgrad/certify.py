@@ -211,10 +211,15 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
     from .pipeline import build_text
     from .spec import parse_spec
 
+    # an int64 input (gather's index) is a constant, given by its entries: {"int64": [[...], ...]}
+    constants = {name: torch.tensor(value["int64"], dtype=torch.int64) for name, value in inputs.items()
+                 if isinstance(value, dict)}
+    inputs = {name: tuple(constants[name].shape) if name in constants else value for name, value in inputs.items()}
     # the case's own output and target take names none of its inputs has (a spec's `y`, `out`)
     out, y = (next(name for name in itertools.chain([base], (f"{base}_{n}" for n in itertools.count(2)))
                    if name not in inputs) for base in ("out", "y"))
-    draft = {"name": "certified", "inputs": {k: {"shape": list(v)} for k, v in inputs.items()},
+    draft = {"name": "certified", "inputs": {k: {"shape": list(v), **({"dtype": "int64"} if k in constants else {})}
+                                             for k, v in inputs.items()},
              "layers": [{**layer, "out": out}], "loss": {"op": "half_sq_error", "target": y}, "wrt": list(linear)}
     shapes_only = build_graph(parse_spec(yaml.safe_dump({**draft, "inputs": {**draft["inputs"], y: {"shape": [1]}},
                                                          "loss": {"op": "half_sq_error", "in": out, "target": out}},
@@ -231,7 +236,7 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
     def forward(values: dict) -> torch.Tensor:
         return reference_values(graph, {**values, y: torch.zeros(out_shape, dtype=torch.float64)})[out]
 
-    zeros = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in inputs.items()}
+    zeros = {name: constants.get(name, torch.zeros(shape, dtype=torch.float64)) for name, shape in inputs.items()}
     for operand in linear:
         others = [name for name in linear if name != operand]
         if others and forward({**zeros, others[0]: torch.ones(inputs[others[0]], dtype=torch.float64)}).any():
@@ -240,7 +245,7 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
             others = []
         other_bases = [None] if not others else range(_numel(inputs[others[0]]))
         for j in other_bases:
-            base = {name: torch.zeros(shape, dtype=torch.float64) for name, shape in inputs.items()}
+            base = {name: constants.get(name, torch.zeros(shape, dtype=torch.float64)) for name, shape in inputs.items()}
             if others:
                 flat = base[others[0]].flatten()
                 flat[j] = 1

@@ -306,8 +306,21 @@ def _closing(text: str) -> int:
 
 
 def comment_lines(comment: str, indent: int = 4, width: int = WIDTH) -> str:
-    """``# comment``, wrapped at word boundaries to ``width``; the first line without its indent."""
-    return prose(comment, indent + 2, width, prefix="# ")
+    """``# comment``, wrapped at word boundaries to ``width``; the first line without its indent. A word
+    wider than the line (``table_of_a_long_module_path[index_of_a_long_module_path]:``) is cut after an
+    opening bracket or a comma, or before a dot, where it fits: a comment never runs past ``width``."""
+    room = max(width - indent - 2, 20)
+    words = []
+    for word in comment.split(" "):
+        while len(word) > room:
+            cuts = [at + 1 for at, character in enumerate(word[:room]) if character in "[(,"] + [
+                at for at, character in enumerate(word[:room + 1]) if character == "." and at > 0]
+            if not cuts:
+                break
+            words.append(word[:max(cuts)])
+            word = word[max(cuts):]
+        words.append(word)
+    return prose(" ".join(words), indent + 2, width, prefix="# ")
 
 
 def prose(text: str, indent: int = 4, width: int = WIDTH, prefix: str = "") -> str:

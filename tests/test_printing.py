@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from symgrad.printing import WIDTH, fit, prose
+from symgrad.printing import WIDTH, comment_lines, fit, prose
 
 LONG = "a_rather_long_name_for_a_tensor"
 
@@ -128,3 +128,18 @@ def test_a_fused_kernels_tuple_is_unpacked_where_it_is_made():
     source = build("examples/seed3_conv_relu_conv.yaml").rendered.files["seed3_conv_relu_conv.py"]
     assert "grad_relu1, grad_w2, _ = _convolution_backward(" in source
     assert "local_conv2[" not in source  # no entry-by-entry reads of a tuple that is unpacked
+
+
+@pytest.mark.parametrize("indent", [4, 8])
+def test_a_comment_whose_expression_is_wider_than_the_line_is_cut_at_a_bracket(indent):
+    """SwinUNETR's index comment, ``table[index]`` of two 52-character module paths, ran to 108 columns in the
+    block form: it is cut after the bracket, no line past 100 columns, no character lost."""
+    table = "layers1_0_blocks_1_attn_relative_position_bias_table"
+    index = "layers1_0_blocks_1_attn_relative_position_index"
+    comment = f"layers1_0_blocks_1_attn_index = {table}[{index}].flatten(0, 1): pulled back to its input"
+    lines = (" " * indent + comment_lines(comment, indent)).splitlines()
+    assert max(map(len, lines)) <= WIDTH, lines
+    assert all(line.startswith(" " * indent + "# ") for line in lines)
+    assert "".join(line.strip()[2:] for line in lines).replace(" ", "") == comment.replace(" ", "")
+    assert lines[1].strip() == f"# {index}].flatten(0, 1): pulled back to its input", lines
+

@@ -47,6 +47,21 @@ class Selected(nn.Module):
         return torch.index_select(x, 1, self.picked).sum(1, keepdim=True) * x.index_select(-1, self.picked).sum(-1, keepdim=True)
 
 
+class Gathered(nn.Module):
+    """``torch.gather`` with an int64 buffer of the output's shape, and ``x.gather`` with a 1-d buffer viewed
+    along the dim and expanded over the others (traced as ``x[:, idx]``)."""
+
+    def __init__(self, shape=(2, 3, 8, 8)):
+        super().__init__()
+        self.register_buffer("full", torch.randint(0, shape[2], (shape[0], shape[1], 5, shape[3] - 1),
+                                                   generator=torch.Generator().manual_seed(2)))
+        self.register_buffer("keep", torch.tensor([3, 0, 3]))
+
+    def forward(self, x):
+        picked = x.gather(-1, self.keep.view(1, 1, 1, -1).expand(*x.shape[:-1], -1))
+        return torch.gather(x, 2, index=self.full).sum(2, keepdim=True) * picked.mean(-1, keepdim=True)
+
+
 class BiasTable(nn.Module):
     """Swin's relative position bias: ``table[index.view(-1)].view(N, N, -1)``, added to attention scores."""
 
@@ -215,6 +230,13 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("amax", lambda x: x * x.amax((2, 3), keepdim=True), X),  # CBAM's channel descriptor
     ("amax", lambda x: torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], dim=1), X),
     ("amax", lambda x: x.amax(dim=-1).exp(), X),
+    # CBAM's spatial attention: torch.max(x, 1, keepdim=True)[0]; MaxViT-style .values; torch.min
+    ("max", lambda x: torch.cat([torch.mean(x, 1, keepdim=True), torch.max(x, 1, keepdim=True)[0]], dim=1), X),
+    ("max", lambda x: x.max(dim=-1).values.exp(), X),
+    ("max", lambda x: x.max(1)[0].unsqueeze(1) * x.max(dim=2, keepdim=True).values, X),
+    ("min", lambda x: torch.min(x, dim=2, keepdim=True)[0] * x, X),
+    ("min", lambda x: x.min(-1).values.sigmoid(), X),
+    ("amax", lambda x: torch.max(x) * x, X),  # over every entry: autograd shares ties' gradient, as amax does
     ("slice", lambda x: x[:, :, ::2, 1::2], X),  # LeViT's subsampled queries: x.view(B, H, W, C)[:, ::s, ::s]
     ("slice", lambda x: x[..., 1:7:3] * x[:, 1::2, :, ::4], X),  # a fixed end; channels 1::2 broadcast
     ("slice", lambda x: x[:, :, 1::2], X),  # SwinUNETR's patch merging, space-to-depth
@@ -244,6 +266,7 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("index", TokenGather(), {"x": (2, 3, 3, 3)}),
     ("index", BiasTable(), {"x": (2, 2, 3, 3)}),
     ("index", Selected(), {"x": (2, 3, 3, 3)}),
+    ("gather", Gathered(), X),
 ]
 
 

@@ -159,3 +159,14 @@ GENERATED_TEST_CASES = ["densenet", "res2net", "attention_unet"]
 def test_upstream_networks_own_generated_test_file_passes(label, tmp_path):
     """The test file written beside the traced network's module runs and passes in a subprocess."""
     assert_generated_test_file_passes(label, CASES[label], tmp_path)
+
+
+@pytest.mark.parametrize("label", ["bit", "bit_mean_var"])
+def test_bit_traced_as_blocks_matches_autograd(label, monkeypatch):
+    """timm's BiT once built a block-form module that raised NameError on a flat parameter name: as ``symgrad
+    trace`` writes it by default (each repeated submodule one block), it builds and matches autograd through the
+    original module at another batch and size, by the blocks check of ``tests/test_blocks.py``."""
+    from . import test_blocks  # it reads this file's CASES
+
+    monkeypatch.setitem(test_blocks.TRACED, label, (CASES[label], None, True))
+    test_blocks.test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(label, "train")

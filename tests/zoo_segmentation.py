@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .zoo_segmentation_encoders import ENCODERS, ResNetEncoder
+from .zoo_segmentation_encoders import ENCODERS
 
 
 # ----- shared blocks ----------------------------------------------------------------------------------------
@@ -322,9 +322,9 @@ class DeepLabV3PlusDecoder(nn.Module):
 
 
 class DeepLabV3Plus(SegmentationModel):
-    def __init__(self, classes=2):
+    def __init__(self, encoder_name="resnet", classes=2):
         super().__init__()
-        self.encoder = ResNetEncoder(output_stride=16)
+        self.encoder = ENCODERS[encoder_name](output_stride=16)
         self.decoder = DeepLabV3PlusDecoder(self.encoder.out_channels)
         self.segmentation_head = SegmentationHead(self.decoder.out_channels, classes, kernel_size=1, upsampling=4)
 
@@ -468,8 +468,8 @@ class PANDecoder(nn.Module):
 
 
 class PAN(SegmentationModel):
-    def __init__(self, classes=2):
+    def __init__(self, encoder_name="resnet", classes=2):
         super().__init__()
-        self.encoder = ResNetEncoder(output_stride=16)
+        self.encoder = ENCODERS[encoder_name](output_stride=16)
         self.decoder = PANDecoder(self.encoder.out_channels)
         self.segmentation_head = SegmentationHead(8, classes, kernel_size=3, upsampling=4)

@@ -117,12 +117,23 @@ class InvertedResidual(nn.Module):
         return x
 
 
+def replace_strides_with_dilation(module, dilation_rate):
+    """Patch Conv2d modules replacing strides with dilation (smp's ``make_dilated``)"""
+    for mod in module.modules():
+        if isinstance(mod, nn.Conv2d):
+            mod.stride = (1, 1)
+            mod.dilation = (dilation_rate, dilation_rate)
+            kh, kw = mod.kernel_size
+            mod.padding = ((kh // 2) * dilation_rate, (kw // 2) * dilation_rate)
+
+
 class EfficientNetEncoder(nn.Module):
     """An EfficientNet-style encoder as smp's timm-efficientnet encoders cut it: the stem, then the blocks,
-    a feature after the stages where the stride doubles (``_stage_idxs``)."""
+    a feature after the stages where the stride doubles (``_stage_idxs``); ``output_stride=16`` dilates the
+    last stage, as smp's ``make_dilated`` does."""
 
     def __init__(self, stem=8, stages=((8, 3, 1), (8, 3, 2), (16, 5, 2), (16, 3, 2), (16, 5, 1), (16, 3, 2)),
-                 depth=5):
+                 depth=5, output_stride=32):
         super().__init__()
         self._depth = depth
         self.conv_stem = nn.Conv2d(3, stem, 3, stride=2, padding=1, bias=False)
@@ -137,6 +148,8 @@ class EfficientNetEncoder(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self._stage_idxs = (1, 2, 3, 5)
         self.out_channels = (3, *(stages[i - 1][0] for i in self._stage_idxs), stages[-1][0])
+        if output_stride == 16:
+            replace_strides_with_dilation(self.blocks[self._stage_idxs[3]:], dilation_rate=2)
 
     def get_stages(self):
         return [nn.Identity(), nn.Sequential(self.conv_stem, self.bn1, self.act1, self.blocks[: self._stage_idxs[0]]),

@@ -19,12 +19,14 @@ if TYPE_CHECKING:
     from .layers import SpecBuilder
     from .recorder import Call
 
-RESHAPES = {"view", "reshape", "flatten", "contiguous", "view_as", "reshape_as", "clone"}
+RESHAPES = {"view", "reshape", "flatten", "contiguous", "view_as", "reshape_as", "clone", "unsqueeze"}
+EXPANDS = {"expand", "expand_as", "broadcast_to"}
+"""``idx.view(1, -1, 1).expand(B, -1, C)``: only ``gather`` reads it (as ``x[:, idx]``, op_hooks.gather)."""
 
 
 def _root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
     """The int64 input ``value`` is (or is a reshape of), else None."""
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or ("expanded", id(value)) in builder.index_views:
         return None
     value = builder.index_views.get(id(value), value)
     return value if id(value) in builder.sources else None
@@ -44,13 +46,20 @@ def _is_corner(index: Any) -> bool:
 def index_view(builder: "SpecBuilder", call: "Call") -> bool:
     """Remember a reshape of an int64 input (``index.view(-1)``), or of its leading corner (``index.clone()[:n,
     :n]``: SwinUNETR where a map is smaller than the window), as a view of it; False for any other call."""
-    if (call.name not in RESHAPES and call.name != "__getitem__") or not call.arguments:
+    if (call.name not in RESHAPES | EXPANDS and call.name != "__getitem__") or not call.arguments:
         return False
     source = call.arguments[0]
     root = _root(builder, source)
     if root is None or not isinstance(call.result, torch.Tensor):
         return False
     corner = _corner(builder, source)
+    if call.name in EXPANDS:
+        if corner is not None:
+            return False
+        builder.index_views[id(call.result)] = root
+        builder.index_views[("expanded", id(call.result))] = root
+        builder.kept.append(call.result)
+        return True
     if call.name == "__getitem__":
         if corner is not None or source.shape != root.shape or not _is_corner(call.arguments[1]):
             return False

@@ -7,13 +7,14 @@ A key that names no rule (a renamed or removed op) fails at import, so no hook i
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..rules import LAYER_RULES
 from . import attention, loss_tail, sizes
-from .dataflow import is_int, is_number, literal
+from .dataflow import Problem, is_int, is_number, literal
 
 if TYPE_CHECKING:
     from .layers import SpecBuilder
@@ -105,6 +106,28 @@ def max_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         builder.fail(call, "returns indices", "call it with return_indices=False")
         return
     bound.pop("return_indices", None)
+    avg_pool(builder, op, bound, call)
+
+
+def avg_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """A window the input's own size, read from it (CBAM's ``F.avg_pool2d(x, (x.size(2), x.size(3)), stride=(
+    x.size(2), x.size(3)))``), is one window at every size: the adaptive pool to 1. A window of fixed numbers
+    stays a window, even where the traced input is its size (``nn.AvgPool2d(7)``)."""
+    source, kernel, dims = bound.get("input"), bound.get("kernel_size"), int(op[-2])
+
+    def read_from_source(size, axis: int) -> bool:  # source.shape[-dims + axis], as the code read it
+        return (isinstance(size, sizes.TracedSize) and isinstance(size.expr, sizes.Dim)
+                and size.expr.dim == source.dim() - dims + axis
+                and builder.node(builder.size_tensors[size.expr.index]) == builder.node(source))
+
+    def all_are(key: str, value: int) -> bool:  # padding 0 and dilation 1: any stride or ceil_mode gives one window
+        given = literal(bound.get(key, value))
+        return all(item == value for item in (given if isinstance(given, list) else [given]))
+
+    if (isinstance(source, torch.Tensor) and isinstance(kernel, (tuple, list)) and len(kernel) == dims
+            and all(read_from_source(size, axis) for axis, size in enumerate(kernel))
+            and all_are("padding", 0) and all_are("dilation", 1) and bound.get("divisor_override") is None):
+        return builder.layer(f"adaptive_{op[:3]}_pool{dims}d", {"input": source, "output_size": 1}, call)
     builder.layer(op, bound, call)
 
 
@@ -138,6 +161,48 @@ def clamp(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         builder.layer("clamp", {"input": bound["input"], "min": low, "max": high}, call)
 
 
+def max_dim(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """``torch.max(x, 1, keepdim=True)`` returns (values, indices): the values are the ``max`` layer, the
+    indices integers whose every use is refused here; ``torch.max(x)`` is ``amax`` over every dim (autograd
+    shares its gradient among ties too); ``torch.max(a, b)`` is refused."""
+    source, dim = bound.get("input"), bound.get("dim")
+    if isinstance(dim, torch.Tensor) or "other" in bound:
+        return builder.fail(call, f"takes the elementwise {op}imum of two tensors, which has no rule",
+                            f"write it as F.relu(a - b) + b{'' if op == 'max' else ' negated: -(F.relu(b - a) - b)'}")
+    if dim is None and isinstance(source, torch.Tensor) and op == "max":
+        return builder.layer("amax", {"input": source, "dim": list(range(source.dim()))}, call)
+    if dim is None:
+        return builder.fail(call, "over every entry has no rule", "write -(-x).amax(), or give the dim")
+    if not isinstance(call.result, tuple) or len(call.result) != 2:
+        return builder.unknown(call)
+    values, indices = call.result
+    builder.layer(op, bound, dataclasses.replace(call, result=values))
+    builder.problems.append(Problem(call.where, call.module, op, f"returns indices (torch.{op}(x, dim)[1]), integers "
+                                    "picked by the data, and the loss reads them", f"use only the values, torch.{op}("
+                                    "x, dim)[0] or .values; an index must be a buffer or argument of the model"))
+    builder.taint(indices, frozenset({len(builder.problems) - 1}))
+
+
+def gather(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+    """``x.gather(dim, index)`` with an int64 buffer or argument: the ``gather`` layer. An index that is a 1-d
+    buffer viewed along dim and expanded over the others (``idx.view(1, -1, 1).expand(B, -1, C)``: a token
+    pick) is ``x[:, idx]``, the ``index`` layer, so that the spec stays shape-generic."""
+    source, dim, index, views = bound.get("input"), bound.get("dim"), bound.get("index"), builder.index_views
+    if bound.pop("sparse_grad", False):
+        return builder.fail(call, "asks for a sparse gradient", "leave sparse_grad False")
+    if isinstance(source, torch.Tensor) and is_int(dim) and isinstance(index, torch.Tensor) and id(index) in views:
+        root, dim = views[id(index)], dim % source.dim()
+        along = [-1 if d == dim else 1 for d in range(source.dim())]
+        if (("corner", id(index)) not in views and root.dim() == 1 and index.dim() == source.dim()
+                and all(index.shape[d] == source.shape[d] for d in range(source.dim()) if d != dim)
+                and torch.equal(index, root.reshape(along).expand(index.shape))):
+            return builder.layer("index", {"input": source, "index": root, "dim": dim}, call)
+        return builder.fail(call, "reads its index through a reshape or expand of an int64 input",
+                            "give gather the int64 buffer or argument itself, of the output's shape (made so outside "
+                            "the traced code), or a 1-d index viewed along dim and expanded over the other dims")
+    builder.layer(op, bound, call)
+
+
 def cat(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``."""
     if len(bound.get("tensors", ())) == 1 and isinstance(bound["tensors"][0], torch.Tensor):
@@ -155,13 +220,19 @@ def checked(hooks: dict) -> dict:
 
 
 HOOKS = checked({
+    "avg_pool1d": avg_pool,
+    "avg_pool2d": avg_pool,
+    "avg_pool3d": avg_pool,
     "batch_norm": batch_norm,
     "cat": cat,
     "clamp": clamp,
     "div": div,
+    "gather": gather,
     "hardtanh": hardtanh,
     "interpolate": interpolate,
     "log_softmax": loss_tail.log_softmax,
+    "max": max_dim,
+    "min": max_dim,
     "max_pool1d": max_pool,
     "max_pool2d": max_pool,
     "max_pool3d": max_pool,
