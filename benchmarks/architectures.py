@@ -34,8 +34,10 @@ def cases() -> dict:
     from tests.test_trace_zoo_nets import CASES as NETS
     from tests.test_trace_attention import CASES as ATTENTION
     from tests.test_trace_zoo_segmentation import CASES as SEGMENTATION
-    try:  # timm's transformers and hybrids, where that zoo is present
-        from tests.test_trace_zoo_hybrid import CASES as HYBRID
+    try:  # timm's transformers and hybrids, where that zoo is present; EdgeNeXt with its encoding as a buffer
+        from tests.test_trace_models import Case
+        from tests.test_trace_zoo_hybrid import CASES, CLASSIFIER, EdgeNeXtCached
+        HYBRID = {**CASES, "edgenext_cached": Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER)}
     except ImportError:
         HYBRID = {}
     return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS,
