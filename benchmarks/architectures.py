@@ -1,7 +1,7 @@
 """Every architecture the suite traces, end to end as a user runs it: trace (train mode), generate, and
 run the generated test file in a fresh process; a Markdown table of the times and results.
 
-    python -m benchmarks.architectures [--only LABEL ...] [--output FILE]
+    python -m benchmarks.architectures [--only LABEL ...] [--output FILE [--append]] [--timeout S]
 
 The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``,
 ``tests/zoo_modern.py``, ``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block;
@@ -34,17 +34,20 @@ def cases() -> dict:
     from tests.test_trace_zoo_nets import CASES as NETS
     from tests.test_trace_attention import CASES as ATTENTION
     from tests.test_trace_zoo_segmentation import CASES as SEGMENTATION
-    try:  # timm's transformers and hybrids, where that zoo is present
-        from tests.test_trace_zoo_hybrid import CASES as HYBRID
+    try:  # timm's transformers and hybrids, where that zoo is present; EdgeNeXt with its encoding as a buffer
+        from tests.test_trace_models import Case
+        from tests.test_trace_zoo_hybrid import CASES, CLASSIFIER, EdgeNeXtCached
+        HYBRID = {**CASES, "edgenext_cached": Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER)}
     except ImportError:
         HYBRID = {}
     return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS,
             **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION, **SEGMENTATION, **HYBRID}
 
 
-def run(label: str, case, folder: Path, blocks: bool = False) -> dict:
+def run(label: str, case, folder: Path, blocks: bool = False, timeout: float | None = None) -> dict:
     """Trace, generate and test one architecture; ``blocks``: as ``symgrad trace`` writes it by
-    default, each repeated submodule one block (else every layer inline)."""
+    default, each repeated submodule one block (else every layer inline); ``timeout``: seconds the
+    generated test file may run before it is stopped and its row says so."""
     from symgrad.pipeline import build_text
     from symgrad.trace import LossChoice, trace
 
@@ -66,8 +69,13 @@ def run(label: str, case, folder: Path, blocks: bool = False) -> dict:
     row["module lines"] = module.count("\n")
     row["widest"] = max(len(line) for line in module.splitlines())
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(folder / f"test_{label}.py")], capture_output=True, text=True)
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                                 str(folder / f"test_{label}.py")], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        row["test"] = time.perf_counter() - start
+        row["result"] = f"STOPPED: still running after {timeout:.0f} s"
+        return row
     row["test"] = time.perf_counter() - start
     last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr.strip()[-200:]
     row["result"] = last.split(" in ")[0] if result.returncode == 0 and "skipped" not in last else f"FAILED: {last}"
@@ -76,29 +84,35 @@ def run(label: str, case, folder: Path, blocks: bool = False) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    parser.add_argument("--only", nargs="*", help="labels to run, in this order (default: all)")
     parser.add_argument("--output", type=Path, help="write the Markdown table here too")
     parser.add_argument("--flat", action="store_true", help="every layer inline (symgrad trace --flat), no blocks")
+    parser.add_argument("--append", action="store_true", help="add the rows to the table already in --output")
+    parser.add_argument("--timeout", type=float, help="stop a generated test file after this many seconds")
     arguments = parser.parse_args()
-    rows = []
+    known = cases()
+    unknown = [label for label in arguments.only or [] if label not in known]
+    if unknown:
+        parser.error(f"no such label: {', '.join(unknown)} (labels: {', '.join(known)})")
+    header = ["| architecture | traced at | spec layers | block instances | module lines | widest line | trace s | "
+              "generate s | generated tests s | result |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    before = arguments.output.read_text() if arguments.append and arguments.output and arguments.output.exists() else ""
+    rows, lines = [], [] if "| architecture |" in before else list(header)
     with tempfile.TemporaryDirectory() as temporary:
-        for label, case in cases().items():
-            if arguments.only and label not in arguments.only:
-                continue
+        for label in arguments.only or known:  # in the order asked for
+            case = known[label]
             folder = Path(temporary) / label
             folder.mkdir()
-            rows.append(run(label, case, folder, blocks=not arguments.flat))
-            print(rows[-1], file=sys.stderr, flush=True)
-    lines = ["| architecture | traced at | spec layers | block instances | module lines | widest line | trace s | "
-             "generate s | generated tests s | result |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    lines += [f"| {row['label']} | {row['traced']} | {row['layers']} | {row['blocks']} | {row['module lines']} | "
-              f"{row['widest']} | {row['trace']:.1f} | {row['generate']:.1f} | {row['test']:.1f} | {row['result']} |"
-              for row in rows]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if arguments.output:
-        arguments.output.write_text(table)
-    return 0 if all(not row["result"].startswith("FAILED") for row in rows) else 1
+            row = run(label, case, folder, blocks=not arguments.flat, timeout=arguments.timeout)
+            rows.append(row)
+            print(row, file=sys.stderr, flush=True)
+            lines.append(f"| {row['label']} | {row['traced']} | {row['layers']} | {row['blocks']} | "
+                         f"{row['module lines']} | {row['widest']} | {row['trace']:.1f} | {row['generate']:.1f} | "
+                         f"{row['test']:.1f} | {row['result']} |")
+            if arguments.output:  # each row as it comes: a run stopped midway keeps the rows it finished
+                arguments.output.write_text(before + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if any(row["result"].startswith(("FAILED", "STOPPED")) for row in rows) else 0
 
 
 if __name__ == "__main__":
