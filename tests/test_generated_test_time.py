@@ -1,10 +1,12 @@
 """The generated test files a user keeps in CI: a wrong gradient fails them in seconds (torch's gradcheck,
 on a mismatch in its fast mode, recomputed both Jacobians in full only to print them: smp FPN's failing
-file ran 750-1470 s), and a model with train-mode dropout written as blocks passes them (the re-run forward
-of a second backward must draw the first forward's masks)."""
+file ran 750-1470 s), a model with train-mode dropout written as blocks passes them (the re-run forward
+of a second backward must draw the first forward's masks), and a one-channel spatial gate leaves them small
+shapes (its channel was tied to the map's, so the tests ran at the traced size)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from symgrad.blocks import flatten
+from symgrad.graph import build_graph
 from symgrad.pipeline import build_text
+from symgrad.shapes import small_shapes
+from symgrad.spec import parse_spec
 from symgrad.trace import LossChoice, trace
 
 SCALED = '''
@@ -108,3 +114,41 @@ def test_a_block_models_generated_file_passes_with_train_mode_dropout(tmp_path):
     assert "def drop_block_backward(" in module  # written as its block
     result = _run(tmp_path, "block_dropout", "gradcheck_of or drop_in")
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-3000:]
+
+
+class SpatialGate(nn.Module):
+    """smp's scSE spatial half: a 1x1 conv to one channel, a sigmoid, multiplied into the C-channel map."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.sSE = nn.Sequential(nn.Conv2d(channels, 1, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        return x * self.sSE(x)
+
+
+class GatedNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.gate = SpatialGate(8)
+        self.head = nn.Conv2d(8, 1, 1)
+
+    def forward(self, x):
+        return self.head(self.gate(F.relu(self.conv(x))))
+
+
+def test_a_one_channel_gate_keeps_small_test_shapes_and_its_file_passes(tmp_path):
+    """The gate's product broadcasts its one channel over C: no tie between the two (tied, the sizes read back
+    at the spec's gave the gate 8 channels, and the tests fell back to the traced shapes)."""
+    from tests.test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
+
+    torch.manual_seed(0)
+    text = trace(GatedNet().double().train(), {"x": (2, 3, 12, 12)}, name="gated", loss=LossChoice("mse_loss"))
+    graph = build_graph(flatten(parse_spec(text, "gated.yaml")))
+    small, other = small_shapes(graph)
+    assert small["x"] != (2, 3, 12, 12) and math.prod(small["x"]) < 2 * 3 * 12 * 12, small
+    assert small["gate_sSE_0_weight"][0] == other["gate_sSE_0_weight"][0] == 1, (small, other)
+    case = Case(GatedNet, {"x": (2, 3, 12, 12)}, {"x": (3, 3, 10, 14)}, ("mse_loss",))
+    matches_autograd("gated", case, "train")
+    assert_generated_test_file_passes("gated", case, tmp_path)
