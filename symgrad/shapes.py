@@ -120,8 +120,16 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
                 return expr
             expr = replaced
 
+    at_spec = {symbols[(node.name, axis)]: size for node in graph.inputs for axis, size in enumerate(node.shape)}
     for left, right in constraints:
-        left, right = resolve(expanded(sympy.sympify(left))), resolve(expanded(sympy.sympify(right)))
+        left, right = expanded(sympy.sympify(left)), expanded(sympy.sympify(right))
+        if left.xreplace(at_spec) != right.xreplace(at_spec):
+            # no tie: a broadcast whose one side is 1 in the spec (a gate's one channel times C), and stays 1
+            for side in (left, right):
+                if side.is_Symbol and at_spec.get(side) == 1 and side not in substitution:
+                    substitution[side] = sympy.Integer(1)
+            continue
+        left, right = resolve(left), resolve(right)
         if left == right:
             continue
         solved = value = None
@@ -184,7 +192,10 @@ def _shapes_for(functions, free, values: dict[sympy.Symbol, int]) -> dict[str, t
     for name, axes in functions.items():
         shape = []
         for function in axes:
-            size = function(values)
+            try:
+                size = function(values)
+            except ZeroDivisionError:  # a size that divides by another, at a trial where that one is 0
+                return None
             if size != int(size) or size < 1:
                 return None
             shape.append(int(size))
