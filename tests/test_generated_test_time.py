@@ -105,10 +105,6 @@ def test_a_wrong_gradient_fails_gradcheck_without_the_full_jacobians(tmp_path):
     assert "in slow mode" not in result.stdout, result.stdout[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="templates/structured.py.jinja's loss-form ExplicitGradient re-runs the "
-                   "forward in a second backward (recompute=True, create_graph, gradcheck's reentrancy check) "
-                   "from torch's current random state, not the first forward's: its masks differ. The flat "
-                   "template keeps ctx.random_state; the lead ports it after wt-one's template merge.")
 def test_a_block_models_generated_file_passes_with_train_mode_dropout(tmp_path):
     module = _generated(BlockDropoutNet(), "block_dropout", tmp_path)
     assert "def drop_block_backward(" in module  # written as its block
