@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -43,6 +44,8 @@ from .errors import SymgradError
 from .fast_checks import Snapshot, count_batches, read_state
 from .fingerprint import IGNORED, difference, literal
 from .write import read_generated, read_header
+
+_BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
 
 
 class BindError(SymgradError):
@@ -452,7 +455,7 @@ def _spec_of(generated: ModuleType) -> str:
 def generated_reference(generated: ModuleType) -> tuple[str, str] | None:
     """How to find ``generated`` again in another process: its import name or its file."""
     name = getattr(generated, "__name__", None)
-    if name and sys.modules.get(name) is generated and not name.startswith("_symgrad_bound_"):
+    if name and sys.modules.get(name) is generated and not name.startswith(_BOUND_PREFIX):
         return "name", name
     file = getattr(generated, "__file__", None)
     return ("path", str(Path(file).resolve())) if file and Path(file).is_file() else None
@@ -493,7 +496,10 @@ def load_generated(path: Path, allow_edited: bool = False) -> ModuleType:
         raise BindError(f"{path} is not a generated Python module (fix: symgrad generate the spec, and bind the .py "
                         "file it writes)")
     _check_file(path, allow_edited)
-    spec = importlib.util.spec_from_file_location(f"_symgrad_bound_{path.stem}", path)
+    # one import name per file: two files of one stem bound in one process (compiled, dynamo's guards
+    # find each module by that name) must not replace each other in sys.modules
+    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    spec = importlib.util.spec_from_file_location(f"{_BOUND_PREFIX}{where}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -507,4 +513,5 @@ def _missing(generated: ModuleType, model: torch.nn.Module, key: str) -> BindErr
 
 
 def name_of(generated: ModuleType) -> str:
-    return getattr(generated, "__name__", "the generated module").removeprefix("_symgrad_bound_")
+    name = getattr(generated, "__name__", "the generated module")
+    return name[len(_BOUND_PREFIX) + 9:] if name.startswith(_BOUND_PREFIX) else name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+import sys
 
 import pytest
 import torch
@@ -340,3 +341,22 @@ def test_a_bound_step_runs_no_more_kernels_than_autograd_and_never_waits_for_the
                for name, counts in counted.items()}
     assert not {"_local_scalar_dense", "item", "is_nonzero"} & set(counted["symgrad.bind"]), counted["symgrad.bind"]
     assert kernels["symgrad.bind"] <= kernels["autograd"], (kernels, counted)
+
+
+
+def test_two_generated_files_of_one_name_bound_in_one_process_keep_their_own_modules(tmp_path):
+    """Each file bound by its path gets its own import name: a second file of the same stem must not
+    replace the first one in sys.modules (a compiled step's guards find its module by that name)."""
+    models = [fresh_model(), fresh_model(layers=(2, 2))]
+    steps = []
+    for index, (model, blocks) in enumerate(zip(models, (False, True))):
+        text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_twice", loss=LossChoice("cross_entropy", "labels"),
+                     mode="train", blocks=blocks)
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        path = folder / "tiny_twice.py"
+        path.write_text(build_text(text, "tiny_twice.yaml").rendered.files["tiny_twice.py"])
+        steps.append(symgrad.bind(path, model))
+    modules = [step.generated for step in steps]
+    assert modules[0].__name__ != modules[1].__name__
+    assert all(sys.modules[module.__name__] is module for module in modules)
