@@ -194,10 +194,9 @@ def test_a_corner_of_an_index_buffer_is_the_table_indexed_by_the_buffer_then_nar
     target = torch.randn(5, 3, 8, 8, dtype=torch.float64)
     expected = torch.autograd.grad(torch.nn.functional.mse_loss(model(attn), target),
                                    [attn, model.relative_position_bias_table])
-    actual = module.gradients(attn=attn, relative_position_bias_table=model.relative_position_bias_table,
-                              relative_position_index=model.relative_position_index, target=target)
+    actual = module.gradients(attn=attn, target=target, params=dict(model.state_dict()))  # keyed as state_dict()
     assert (actual.attn - expected[0]).abs().max() <= 1e-12
-    assert (actual.relative_position_bias_table - expected[1]).abs().max() <= 1e-12
+    assert (actual.params["relative_position_bias_table"] - expected[1]).abs().max() <= 1e-12
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ formula::
     grad_input = zeros(input.shape).scatter_add(dim, index, grad)
 
 A gather whose index is a 1-d buffer viewed along ``dim`` and expanded over the other dims
-(``x.gather(1, idx.view(1, -1, 1).expand(B, -1, C))``) is ``x[:, idx]``: the tracer writes it as ``index``.
+(``x.gather(1, idx.reshape(1, -1, 1).expand(B, -1, C))``) is ``x[:, idx]``: the tracer writes it as ``index``.
 """
 
 from __future__ import annotations
