@@ -373,3 +373,30 @@ def test_the_autocast_policy_behind_the_unets_gpu_memory_is_what_benchmarks_md_s
     assert cuda["interpolate (bilinear ×2)"] == cuda["cat (bfloat16 skip, upsampled)"] == torch.float32, cuda
     assert cuda["conv2d"] == cuda["max_pool2d"] == torch.bfloat16, cuda
     assert not torch.is_autocast_enabled("cuda")  # the switches are put back
+
+
+def test_the_saved_values_account_counts_each_storage_once_under_every_node_that_keeps_it():
+    from benchmarks.saved_values import networks, saved_by_reader
+
+    torch.manual_seed(0)
+    model = networks()["resnet50"](4)
+    x, target = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    by_readers, total = saved_by_reader(model, x, target)
+    assert sum(by_readers.values()) == total
+    # an in-place ReLU's result is the next convolution's input: one storage, kept by both
+    shared = ("ConvolutionBackward0", "input"), ("ReluBackward0", "result")
+    assert by_readers[shared] > 0
+    # every batch norm keeps its input: 2 × C × 16² floats for the stem's alone
+    assert by_readers[(("NativeBatchNormBackward0", "input"),)] >= 2 * 4 * 16 * 16 * 4
+    # the same total as counting what autograd packs as the forward runs, each storage once
+    packed = {}
+
+    def pack(tensor):
+        packed[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        _, again = saved_by_reader(model, x, target)
+    for tensor in (*model.parameters(), *model.buffers()):
+        packed.pop(tensor.untyped_storage().data_ptr(), None)
+    assert again == total == sum(packed.values())
