@@ -114,8 +114,8 @@ def rounding_tolerances(expected, at_moved_inputs, floor=1e-12, factor=4.0):
     largest move counts), or ``floor``, whichever is larger. A well-conditioned gradient moves by
     about 1e-16 and keeps the floor. One whose value is rounding noise amplified (GroupNorm over one
     value per group, on a 1x1 map: autograd's gradient there is noise times 1/sqrt(eps), and it
-    reaches every parameter upstream) moves by as much as the explicit form differs from it, and gets
-    a bound autograd itself would meet; a wrong formula is off by far more than either."""
+    reaches every parameter upstream) moves by as much as the explicit form differs from it, and
+    gets a bound autograd itself would meet; a wrong formula is off by far more than either."""
     spread = {name: 0.0 for name in expected}
     for gradients in at_moved_inputs:
         for name, error in relative_errors(gradients, expected).items():
