@@ -294,6 +294,20 @@ def entry(key: str, value: str, indent: int = 8, width: int = WIDTH) -> str:
     return f'"{key}": (\n{pad}    {fit(value, indent + 4, width=width)}\n{pad}),'
 
 
+def literal_lines(text: str, indent: int = 8, width: int = WIDTH) -> str:
+    """``text`` as adjacent string literals (Python joins them), cut after spaces so that each line
+    at column ``indent`` fits where its words allow: a long message in a generated table. The first
+    line without its indent."""
+    import json
+
+    pieces, room = [""], width - indent - 2
+    for word in text.split(" "):
+        if pieces[-1] and len(json.dumps(pieces[-1] + word)) - 2 > room:
+            pieces.append("")
+        pieces[-1] += word + " "
+    return ("\n" + " " * indent).join(json.dumps(piece) for piece in [*pieces[:-1], pieces[-1][:-1]])
+
+
 def _closing(text: str) -> int:
     """The index of the bracket that closes ``text``'s first one (-1: none)."""
     depth = 0

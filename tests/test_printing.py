@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from symgrad.printing import WIDTH, comment_lines, fit, prose
+from symgrad.printing import WIDTH, comment_lines, fit, literal_lines, prose
 
 LONG = "a_rather_long_name_for_a_tensor"
 LONG60 = "decoder_spatial_and_channel_squeeze_excitation_attention_conv"
@@ -198,3 +198,12 @@ wrt: [{x}, {w}, {b}, {g}]
     actual = module.gradients(**inputs)
     for name, value in zip((x, w, b, g), expected):
         assert (getattr(actual, name) - value).abs().max() <= 1e-12 * value.abs().max()
+
+
+def test_a_long_message_becomes_adjacent_literals_within_the_width():
+    """The test file's ZERO_BY_STRUCTURE reasons (430 characters with 60-character names): cut after spaces into
+    literals Python joins back into the message."""
+    message = " ".join([LONG60, "is the bias of", LONG60, "which feeds only training-mode batch_norm; it's zero"] * 2)
+    laid_out = "        " + literal_lines(message, 8)
+    assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
+    assert ast.literal_eval("(" + laid_out + ")") == message
