@@ -28,12 +28,13 @@ from . import __version__, testdata
 from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .plan import Plan
-from .printing import comment_lines, entry, fit, hanging, prose, to_code, to_latex
+from .printing import comment_lines, entry, fit, hanging, literal_lines, prose, to_code, to_latex
 from .reverse import GRAD_LOSS
 from .write import with_header
 
 TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
-    testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.checked_subset,
+    testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.moved_one_ulp,
+    testdata.rounding_tolerances, testdata.checked_subset,
     testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
 """symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
 
@@ -55,7 +56,8 @@ def environment() -> jinja2.Environment:
         loader=loader, undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True)
     # the Python templates lay out each statement and sentence within printing.WIDTH columns
-    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry, hanging=hanging)
+    environment.filters.update(fit=fit, prose=prose, comment_lines=comment_lines, entry=entry, hanging=hanging,
+                               literal_lines=literal_lines)
     return environment
 
 

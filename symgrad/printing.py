@@ -294,6 +294,20 @@ def entry(key: str, value: str, indent: int = 8, width: int = WIDTH) -> str:
     return f'"{key}": (\n{pad}    {fit(value, indent + 4, width=width)}\n{pad}),'
 
 
+def literal_lines(text: str, indent: int = 8, width: int = WIDTH) -> str:
+    """``text`` as adjacent string literals (Python joins them), cut after spaces so that each line
+    at column ``indent`` fits where its words allow: a long message in a generated table. The first
+    line without its indent."""
+    import json
+
+    pieces, room = [""], width - indent - 2
+    for word in text.split(" "):
+        if pieces[-1] and len(json.dumps(pieces[-1] + word)) - 2 > room:
+            pieces.append("")
+        pieces[-1] += word + " "
+    return ("\n" + " " * indent).join(json.dumps(piece) for piece in [*pieces[:-1], pieces[-1][:-1]])
+
+
 def _closing(text: str) -> int:
     """The index of the bracket that closes ``text``'s first one (-1: none)."""
     depth = 0
@@ -387,6 +401,9 @@ class _Layout:
         equals = next((index for index in top if self.tokens[index][0] == "="), None)
         if equals is not None:
             head, start = self._target(0, equals, indent, count), equals + 1
+        elif self.tokens[0][0] in ("if", "elif", "while") and self.tokens[-1][0] == ":":  # black's
+            return ([" " * indent + self.tokens[0][0] + " ("] + self.expression(1, count - 1, indent + 4)
+                    + [" " * indent + "):"])
         elif self.tokens[0][0] in ("return", "del", "raise", "assert"):
             head, start = [self.tokens[0][0] + " "], 1
         else:
@@ -415,7 +432,8 @@ class _Layout:
             inner = (self.elements(start, stop, indent + 4) if self._commas(start, stop)
                      else self.expression(start, stop, indent + 4))
             return [pad + head + "("] + inner + [pad + ")"]
-        return self.trailers(start, stop, indent, head, "")
+        return self.narrowest(self.trailers(start, stop, indent, head, ""),
+                              self.parenthesized(start, stop, indent, head, ""))
 
     def _commas(self, start: int, stop: int) -> list[int]:
         top = self.top(start, stop)
@@ -447,7 +465,8 @@ class _Layout:
         commas = self._commas(start, stop)
         bounds = list(zip([start] + [comma + 1 for comma in commas], commas + [stop]))
         names = [self.text(begin, end) for begin, end in bounds if begin < end]
-        if len(names) > 2 and all(self._plain(begin, end) for begin, end in bounds if begin < end):
+        if (len(names) > 2 and all(self._plain(begin, end) for begin, end in bounds if begin < end)
+                and all(indent + len(name) < self.width for name in names)):
             lines = [" " * indent]
             for name in names:
                 if len(lines[-1]) > indent and len(lines[-1]) + 1 + len(name) + 1 > self.width:
@@ -489,12 +508,15 @@ class _Layout:
         if self.fits(indent, head, self.text(start, stop), tail):
             return [pad + head + self.text(start, stop) + tail]
         top = self.top(start, stop)
-        if len(top) > 2 and self.tokens[top[1]][0] == "=" and self.tokens[start][0].isidentifier():
-            keyword = self.text(start, start + 2)  # name=value: the value's own layout after `name=`
-            if self._operators(start + 2, stop):
-                return ([pad + head + keyword + "("] + self.expression(start + 2, stop, indent + 4)
-                        + [pad + ")" + tail])
-            return self.trailers(start + 2, stop, indent, head + keyword, tail)
+        if len(top) > 2 and self.tokens[top[1]][0] in ("=", ":") and (
+                self.tokens[start][0].isidentifier() or self.tokens[top[1]][0] == ":") and not any(
+                self.tokens[index][0] in ("for", "async") for index in top):  # no comprehension
+            # name=value, a mapping's "key": value: the value's own layout after them
+            keyword = self.text(start, top[1] + 1) + ("" if self.tokens[top[1]][0] == "=" else " ")
+            if self._operators(top[1] + 1, stop) or stop - top[1] == 2:
+                return self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail)
+            return self.narrowest(self.trailers(top[1] + 1, stop, indent, head + keyword, tail),
+                                  self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail))
         operators = self._operators(start, stop)
         if operators:
             lines, begin, prefix = [], start, head
@@ -504,6 +526,19 @@ class _Layout:
                     prefix, begin = self.tokens[operator][0] + " ", operator + 1
             return lines
         return self.trailers(start, stop, indent, head, tail)
+
+    def parenthesized(self, start: int, stop: int, indent: int, head: str, tail: str) -> list[str]:
+        """``head(``, the expression on the lines below, ``)tail``: where a name too long to share
+        its line with the start of its value (a 60-character key or keyword) needs the value below."""
+        if self.fits(indent, head, self.text(start, stop), tail):
+            return [" " * indent + head + self.text(start, stop) + tail]
+        return ([" " * indent + head + "("] + self.expression(start, stop, indent + 4)
+                + [" " * indent + ")" + tail])
+
+    def narrowest(self, *layouts: list[str]) -> list[str]:
+        """The first of ``layouts`` that fits the width, else the one with the narrowest widest line."""
+        fitting = [lines for lines in layouts if max(map(len, lines)) <= self.width]
+        return fitting[0] if fitting else min(layouts, key=lambda lines: max(map(len, lines)))
 
     def trailers(self, start: int, stop: int, indent: int, head: str, tail: str) -> list[str]:
         """An atom and its calls and subscripts, split inside the last bracket pair whose opening

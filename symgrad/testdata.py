@@ -90,6 +90,39 @@ def relative_errors(actual, expected, norm="max"):
     return errors
 
 
+def moved_one_ulp(inputs, seed):
+    """Copies of ``inputs`` with every floating entry moved to the next float64 (or float32) up or
+    down, the direction drawn per entry from ``seed``: the same problem, rounded differently."""
+    generator = torch.Generator().manual_seed(seed)
+    moved = {}
+    for name, value in inputs.items():
+        value = value.detach()
+        if value.is_floating_point():
+            up = torch.rand(value.shape, generator=generator) < 0.5
+            toward = torch.where(up, math.inf, -math.inf).to(value.dtype)
+            value = torch.nextafter(value, toward)
+        else:
+            value = value.clone()
+        moved[name] = value.requires_grad_(inputs[name].requires_grad)
+    return moved
+
+
+def rounding_tolerances(expected, at_moved_inputs, floor=1e-12, factor=4.0):
+    """{name: bound} for float64 gradients checked against ``expected`` (autograd's, {name:
+    tensor}): ``factor`` times as far as autograd's own gradient moves when the inputs move by one
+    unit in the last place (``at_moved_inputs``: its gradients at :func:`moved_one_ulp` copies; the
+    largest move counts), or ``floor``, whichever is larger. A well-conditioned gradient moves by
+    about 1e-16 and keeps the floor. One whose value is rounding noise amplified (GroupNorm over one
+    value per group, on a 1x1 map: autograd's gradient there is noise times 1/sqrt(eps), and it
+    reaches every parameter upstream) moves by as much as the explicit form differs from it, and
+    gets a bound autograd itself would meet; a wrong formula is off by far more than either."""
+    spread = {name: 0.0 for name in expected}
+    for gradients in at_moved_inputs:
+        for name, error in relative_errors(gradients, expected).items():
+            spread[name] = max(spread[name], error)
+    return {name: max(floor, factor * error) for name, error in spread.items()}
+
+
 def checked_subset(wrt, most=3):
     """The inputs gradcheck and gradgradcheck perturb: first, middle and last of ``wrt``, so their
     cost stays bounded however deep the spec is (the others are held fixed)."""

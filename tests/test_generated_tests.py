@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -113,3 +114,62 @@ def test_a_generated_test_file_of_a_model_with_dropout_in_train_mode_passes(tmp_
 
     case = Case(DropoutNet, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 7, 5)}, ("cross_entropy",))
     assert_generated_test_file_passes("dropout_net", case, tmp_path)
+
+
+class OneValuePerGroup(nn.Module):
+    """GroupNorm over one value per group (a pooled 1x1 map, as smp FPN's deepest map at small shapes)
+    with a small eps: the exact gradient of everything upstream of it is 0, autograd's kernel returns
+    rounding noise times 1/sqrt(eps) there, and the explicit (differentiable) formula returns 0."""
+
+    def __init__(self, eps):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = nn.GroupNorm(8, 8, eps=eps)
+        self.b = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.gn(F.adaptive_avg_pool2d(self.a(x), 1))))
+
+
+def test_the_summed_loss_bound_is_how_far_autograd_itself_moves_under_rounding(tmp_path):
+    """The summed-loss test's bound is 1e-12, or 4 times how far autograd's gradient moves when every input
+    moves by one ulp: a well-conditioned gradient keeps 1e-12; on GroupNorm over one value per group the
+    explicit gradients differ from autograd's by more than 1e-12 (the fixed bound failed there: smp FPN on
+    the EfficientNet encoder, 2.7e-12) and pass; one gradient off by 1e-9 of itself still fails."""
+    import importlib.util
+
+    from symgrad.testdata import moved_one_ulp, relative_errors, rounding_tolerances
+
+    def conv_tanh(inputs):  # well-conditioned: a 1-ulp move changes the gradient by ~1e-16
+        values = torch.autograd.grad(torch.tanh(F.conv2d(inputs["x"], inputs["w"])).sum(), list(inputs.values()))
+        return dict(zip(inputs, values))
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randn(shape, dtype=torch.float64, generator=generator).requires_grad_()
+              for name, shape in (("x", (2, 3, 6, 6)), ("w", (4, 3, 3, 3)))}
+    moved = [conv_tanh(moved_one_ulp(inputs, seed)) for seed in (1, 2)]
+    assert rounding_tolerances(conv_tanh(inputs), moved) == {"x": 1e-12, "w": 1e-12}
+
+    torch.manual_seed(0)
+    text = trace(OneValuePerGroup(1e-12).double().train(), {"x": (2, 3, 4, 4)}, name="one_value_per_group",
+                 loss=LossChoice("mse_loss"), mode="train")
+    for name, content in build_text(text, "one_value_per_group.yaml").rendered.files.items():
+        (tmp_path / name).write_text(content)
+    spec = importlib.util.spec_from_file_location("test_one_value_per_group", tmp_path / "test_one_value_per_group.py")
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    inputs = generated.inputs_for(generated.SMALL_SHAPES[0], torch.float64, seed=3)  # as the test draws them
+    expected = generated.summed_loss_gradients(inputs)
+    actual = generated.by_name(generated.module.gradients(**generated.arguments(inputs)))
+    assert max(relative_errors(actual, expected).values()) > 1e-12  # beyond the fixed bound
+    generated.test_default_cotangent_is_the_summed_loss()
+    gradients = generated.module.gradients
+
+    def one_gradient_off(**named):  # the last conv's bias gradient, 1e-9 of itself off
+        result = gradients(**named)
+        result.params["b.bias"] = result.params["b.bias"] * (1 + 1e-9)
+        return result
+
+    generated.module.gradients = one_gradient_off
+    with pytest.raises(AssertionError, match="b_bias"):
+        generated.test_default_cotangent_is_the_summed_loss()

@@ -8,9 +8,10 @@ import textwrap
 
 import pytest
 
-from symgrad.printing import WIDTH, comment_lines, fit, prose
+from symgrad.printing import WIDTH, comment_lines, fit, literal_lines, prose
 
 LONG = "a_rather_long_name_for_a_tensor"
+LONG60 = "decoder_spatial_and_channel_squeeze_excitation_attention_conv"
 
 CASES = [
     pytest.param(f"grad_x = F.conv_transpose2d({LONG}, {LONG}, stride=32, padding=(1, 2), output_padding=(3, 4))",
@@ -31,6 +32,14 @@ CASES = [
     pytest.param(f"value = {{'{LONG}': [1, 2, 3], '{LONG}_2': ({LONG}, {LONG}), '{LONG}_3': None}}", 0, id="dict"),
     pytest.param("grads = _backward_from_saved(" + ", ".join(f"w{i}" for i in range(40)) + ", saved, grad_loss=g)",
                  16, id="many-arguments"),
+    # 60-character names (SwinUNETR's, smp's scSE decoder's): a keyword, a key, a target longer than half a line
+    pytest.param(f"return Gradients({LONG60}=grad_{LONG60}, x=grad_x, {LONG60}_2=grad_{LONG60}_2)", 4,
+                 id="keyword-wider-than-half-a-line"),
+    pytest.param(f'PARAMS = {{"{LONG60}": "decoder.{LONG60}.weight", "x": "x.weight"}}', 0,
+                 id="entry-wider-than-half-a-line"),
+    pytest.param(f"grad_{LONG60} = grad_{LONG60}_output.sum(dim=(0, 2, 3))", 4, id="target-and-callee-wide"),
+    pytest.param(f"if {LONG60}.is_cpu and {LONG60}.shape[0] * {LONG60}.shape[2:].numel() >= THRESHOLD:", 4,
+                 id="if-condition"),
 ]
 
 
@@ -41,6 +50,8 @@ def test_fit_keeps_the_syntax_tree_and_the_width(code: str, indent: int):
     assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
     if code.startswith("def"):  # a signature: give it a body
         source, original = laid_out + "\n    pass", code + "\n    pass"
+    elif code.startswith("if"):  # a condition: give it a body
+        source, original = "def f():\n" + laid_out + "\n        pass", f"def f():\n    {code}\n        pass"
     elif indent == 0:  # a module-level statement
         source, original = laid_out, code
     else:  # a statement at its indent: the body of a function (a return may stand there)
@@ -143,3 +154,56 @@ def test_a_comment_whose_expression_is_wider_than_the_line_is_cut_at_a_bracket(i
     assert "".join(line.strip()[2:] for line in lines).replace(" ", "") == comment.replace(" ", "")
     assert lines[1].strip() == f"# {index}].flatten(0, 1): pulled back to its input", lines
 
+
+
+def test_a_spec_of_60_character_names_generates_lines_within_100_columns_and_runs():
+    """Every line of the module and its test file within 100 columns where the names are 60 characters long
+    (the keywords of ``return Gradients(...)``, the test file's names, the channels_last test, an assignment
+    whose target and callee share no line); the module imports and its gradients are autograd's."""
+    import sys
+
+    import torch
+
+    from symgrad.pipeline import build_text
+
+    x, w, b, g, c = (f"{what}_of_the_spatial_and_channel_squeeze_excitation_attention"[:62]
+                     for what in ("image", "weight", "bias", "scale", "output"))
+    spec = f"""name: squeeze_excitation_unit_of_a_decoder_with_a_long_name
+inputs:
+  {x}: {{shape: [2, 3, 6, 6]}}
+  {w}: {{shape: [4, 3, 3, 3]}}
+  {b}: {{shape: [4]}}
+  {g}: {{shape: [4]}}
+  target: {{shape: [2, 4, 6, 6]}}
+layers:
+  - {{op: conv2d, in: {x}, weight: {w}, bias: {b}, padding: 1, out: {c}}}
+  - {{op: group_norm, in: {c}, weight: {g}, num_groups: 2, out: normalised}}
+  - {{op: relu, out: activated}}
+loss: {{op: mse_loss, in: activated, target: target}}
+wrt: [{x}, {w}, {b}, {g}]
+"""
+    files = build_text(spec, "long.yaml").rendered.files
+    assert min(map(len, (x, w, b, g, c))) >= 60
+    for name, content in files.items():
+        if name.endswith(".py"):
+            wide = [(number, line) for number, line in enumerate(content.splitlines(), 1) if len(line) > WIDTH]
+            assert not wide, (name, wide[:3])
+            compile(content, name, "exec")
+    module = type(sys)("long")
+    exec(compile(files["squeeze_excitation_unit_of_a_decoder_with_a_long_name.py"], "long.py", "exec"), module.__dict__)
+    generator = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randn(shape, dtype=torch.float64, generator=generator).requires_grad_(name != "target")
+              for name, shape in ((x, (3, 3, 5, 7)), (w, (4, 3, 3, 3)), (b, (4,)), (g, (4,)), ("target", (3, 4, 5, 7)))}
+    expected = torch.autograd.grad(module.forward(**inputs), [inputs[name] for name in (x, w, b, g)])
+    actual = module.gradients(**inputs)
+    for name, value in zip((x, w, b, g), expected):
+        assert (getattr(actual, name) - value).abs().max() <= 1e-12 * value.abs().max()
+
+
+def test_a_long_message_becomes_adjacent_literals_within_the_width():
+    """The test file's ZERO_BY_STRUCTURE reasons (430 characters with 60-character names): cut after spaces into
+    literals Python joins back into the message."""
+    message = " ".join([LONG60, "is the bias of", LONG60, "which feeds only training-mode batch_norm; it's zero"] * 2)
+    laid_out = "        " + literal_lines(message, 8)
+    assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
+    assert ast.literal_eval("(" + laid_out + ")") == message

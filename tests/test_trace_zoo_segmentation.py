@@ -130,9 +130,9 @@ GENERATED_TESTS = ["smp_unet_resnet", "smp_fpn_resnet", "smp_pan", "monai_dynune
                    "monai_swinunetr_stage_3d"]
 """The networks whose generated test files run here (each a minute or more on 2 cores; FPN's 8 s at its small
 shapes, train-mode Dropout2d drawn by the seeded tests). Left out, for CI's time: the EfficientNet-encoder U-Net
-(451 s on the loaded 2-core machine; its flat module's file passed). FPN on the EfficientNet encoder: its file's
-test_default_cotangent_is_the_summed_loss finds 1.0e-12..2.7e-12 on the encoder's weights against the file's
-1e-12 (float64 rounding through the encoder's train-mode BatchNorms; this file's check at 1e-10 above passes)."""
+(451 s on the loaded 2-core machine; its flat module's file passed) and FPN on it (7 passed, 60 s in the block
+form, 28 s flat: its summed-loss test's bound follows autograd's own rounding, 1e-12..6.6e-12 there, where
+GroupNorm(32, 32) on the 1x1 map makes autograd's gradient rounding noise)."""
 
 
 @pytest.mark.slow
