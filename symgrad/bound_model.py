@@ -164,7 +164,7 @@ class BoundModel(torch.nn.Module):
 def _positional(signature: inspect.Signature) -> tuple[str, ...]:
     """The names of the parameters ``signature`` takes by position: a call that gives each of them by
     position and nothing by keyword names its arguments as ``Signature.bind`` would, without its
-    cost (about 8 µs a call)."""
+    cost (1.4 µs against 0.2 for a one-argument forward, measured on this 2-core machine)."""
     return tuple(name for name, parameter in signature.parameters.items()
                  if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD))
 
