@@ -81,6 +81,7 @@ class BoundModel(torch.nn.Module):
         self._build(generated, eval_module)
         self._references = [generated_reference(mode.generated) for mode in self._modes]
         self._signature = inspect.signature(model.forward)
+        self._positional = _positional(self._signature)
 
     def _build(self, generated: ModuleType, eval_module: ModuleType | None = None) -> None:
         """Each mode's module bound to the model, with every check (run again when unpickled)."""
@@ -117,6 +118,7 @@ class BoundModel(torch.nn.Module):
                    for kind, where in self._references]
         self._build(modules[0], modules[1] if len(modules) > 1 else None)
         self._signature = inspect.signature(self.model.forward)
+        self._positional = _positional(self._signature)
 
     def __deepcopy__(self, memo):
         for mode in self._modes:  # a module is shared, as copy.deepcopy shares functions
@@ -129,17 +131,20 @@ class BoundModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         """What ``model(*args, **kwargs)`` returns, computed by the generated forward of the model's
         current mode; a backward through it runs the explicit gradients."""
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"{type(self.model).__name__}.forward: {error}") from None
-        bound.apply_defaults()
-        mode = self._mode()
-        missing = [name for name in mode.data_arguments if name not in bound.arguments]
+        arguments = dict(zip(self._positional, args)) if not kwargs and len(args) == len(self._positional) else None
+        mode = None if arguments is None else self._mode()  # the common call, fast(images): by position alone
+        if mode is None or any(name not in arguments for name in mode.data_arguments):
+            try:
+                bound = self._signature.bind(*args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{type(self.model).__name__}.forward: {error}") from None
+            bound.apply_defaults()
+            arguments, mode = bound.arguments, self._mode()
+        missing = [name for name in mode.data_arguments if name not in arguments]
         if missing:
             raise TypeError(f"{name_of(mode.generated)} takes the data arguments {', '.join(mode.data_arguments)}; "
                             f"missing: {', '.join(missing)}")
-        return mode({name: bound.arguments[name] for name in mode.data_arguments})
+        return mode({name: arguments[name] for name in mode.data_arguments})
 
     def check_unchanged(self) -> None:
         """The checks a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run, for the model's current mode."""
@@ -154,6 +159,14 @@ class BoundModel(torch.nn.Module):
         raise BindError(f"{name_of(self.generated)} was traced in {traced} mode only, and the model is now in "
                         f"{'train' if training else 'eval'} mode (fix: call model.{traced}(), or trace without "
                         "--eval/--train so that symgrad traces both modes)")
+
+
+def _positional(signature: inspect.Signature) -> tuple[str, ...]:
+    """The names of the parameters ``signature`` takes by position: a call that gives each of them by
+    position and nothing by keyword names its arguments as ``Signature.bind`` would, without its
+    cost (1.4 µs against 0.2 for a one-argument forward, measured on this 2-core machine)."""
+    return tuple(name for name, parameter in signature.parameters.items()
+                 if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD))
 
 
 def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,

@@ -14,7 +14,7 @@ from torch import nn
 
 import symgrad
 from symgrad.pipeline import build_text
-from symgrad.trace import trace, trace_modes
+from symgrad.trace import LossChoice, trace, trace_modes
 
 
 # ----- the model, written as timm and torchvision write these layers ----------------------------------
@@ -363,6 +363,30 @@ def test_torch_compile_fullgraph_runs_and_equals_eager(tmp_path):
     model.eval()
     eager_model.eval()
     assert (compiled(images) - eager(images)).abs().max().item() <= 1e-12
+
+
+def test_the_loss_form_step_compiles_whole_and_trains_as_autograd(tmp_path):
+    """``torch.compile(step, fullgraph=True)`` of the loss-ending form too: no graph break (dynamo
+    cannot empty the forward's list of saved values in the backward, so the backward empties a copy
+    of its own), and two SGD steps in float64 move the parameters and statistics as autograd's do."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(4, 5)).double()
+    reference = copy.deepcopy(model)
+    text = trace(model, {"input": (2, 3, 6, 6)}, "parameters", "conv_loss", loss=LossChoice("cross_entropy", "labels"),
+                 mode="train")
+    step = symgrad.bind(generated(tmp_path, text), model)
+    compiled = torch.compile(lambda x, labels: step(input=x, labels=labels), fullgraph=True, backend="aot_eager")
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for _ in range(2):
+        x, labels = torch.randn(3, 3, 5, 7, dtype=torch.float64), torch.randint(0, 5, (3,))
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        compiled(x, labels).backward()
+        F.cross_entropy(reference(x), labels).backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
 
 
 def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_path):

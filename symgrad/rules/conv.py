@@ -253,18 +253,16 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
     in the dtype of the tensor it belongs to.
     """
     dims = weight.dim() - 2
-    stride, padding, dilation, output_padding = (
+    stride, padding, dilation, output_padding = [
         [value] * dims if isinstance(value, int) else list(value)
-        for value in (stride, padding, dilation, output_padding))
+        for value in (stride, padding, dilation, output_padding)]
+    others = bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
     device = grad_output.device.type
     if not torch.is_autocast_enabled(device):
-        return torch.ops.aten.convolution_backward(
-            grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-            output_padding, groups, output_mask)
+        return torch.ops.aten.convolution_backward(grad_output, input, weight, *others)
     dtype = torch.get_autocast_dtype(device)
     grads = torch.ops.aten.convolution_backward(
-        grad_output.to(dtype), input.to(dtype), weight.to(dtype), bias_sizes, stride, padding,
-        dilation, transposed, output_padding, groups, output_mask)
+        grad_output.to(dtype), input.to(dtype), weight.to(dtype), *others)
     return tuple(None if grad is None else grad.to(owner.dtype)
                  for grad, owner in zip(grads, (input, weight, weight)))
 '''

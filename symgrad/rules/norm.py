@@ -121,8 +121,8 @@ BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, me
     the forward's precision, as autograd's does.
     """
     return torch.ops.aten.native_batch_norm_backward(
-        grad_output.to(input.dtype), input, weight, None, None, mean, invstd, True, eps,
-        list(output_mask))
+        grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
+        weight, None, None, mean, invstd, True, eps, output_mask)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
