@@ -15,8 +15,11 @@ from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
 
 from . import zoo_monai as monai
+from . import zoo_monai_unet as monai_unet
 from . import zoo_segmentation as smp
 from . import zoo_swinunetr as swin
+from . import zoo_swinunetr_2d as swin2d
+from . import zoo_unetr as unetr
 from . import test_blocks
 from .test_trace_models import Case, assert_generated_test_file_passes, matches_autograd
 
@@ -35,6 +38,9 @@ CASES = {
     # ASPP on a dilated stride-16 stage: atrous separable convs, the pooling branch interpolated to
     # x.shape[-2:], Dropout(0.5); fused with the stride-4 feature
     "smp_deeplabv3plus": Case(smp.DeepLabV3Plus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 48, 32)}, SEGMENTATION),
+    # on the EfficientNet encoder, its last stage dilated by smp's make_dilated (stride 1, dilation 2)
+    "smp_deeplabv3plus_efficientnet": Case(smp.DeepLabV3Plus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 48)},
+                                           SEGMENTATION, {"encoder_name": "efficientnet"}),
     # 1x1, ConvTranspose2d(4, stride 2, padding 1), 1x1, `x + skip`
     "smp_linknet_resnet": Case(smp.Linknet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
     "smp_linknet_efficientnet": Case(smp.Linknet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)}, SEGMENTATION,
@@ -42,6 +48,8 @@ CASES = {
     # FPA's interpolations to (h // 4, w // 4) and (h // 2, w // 2) of x.size(): traced where the stride-16 map
     # is 8x8 and checked where it is 10x8 (a ratio frozen at the traced size would give 2x2 -> 5x4 wrong)
     "smp_pan": Case(smp.PAN, {"x": (2, 3, 128, 128)}, {"x": (3, 3, 160, 128)}, SEGMENTATION),
+    "smp_pan_efficientnet": Case(smp.PAN, {"x": (2, 3, 128, 128)}, {"x": (3, 3, 128, 160)}, SEGMENTATION,
+                                 {"encoder_name": "efficientnet"}),
     # the nested dense skips in a dict, torch.cat of a growing list
     "smp_unetplusplus_resnet": Case(smp.UnetPlusPlus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 64, 32)}, SEGMENTATION),
     "smp_unetplusplus_efficientnet": Case(smp.UnetPlusPlus, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 64)},
@@ -62,17 +70,31 @@ CASES = {
     "monai_attentionunet_2d": Case(monai.AttentionUnet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 24)}, SEGMENTATION,
                                    {"spatial_dims": 2}),
     "monai_attentionunet_3d": Case(monai.AttentionUnet, {"x": (2, 1, 8, 8, 8)}, {"x": (3, 1, 8, 4, 12)}, SEGMENTATION),
+    # MONAI's UNet: Sequential(down, SkipConnection(subblock), up) built recursively, strided ResidualUnits of
+    # Convolution + InstanceNorm + PReLU (one shared slope), transposed-conv up paths, torch.cat skips
+    "monai_unet_2d": Case(monai_unet.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 24, 16)}, SEGMENTATION),
+    "monai_unet_3d": Case(monai_unet.UNet, {"x": (2, 1, 8, 8, 8)}, {"x": (3, 1, 8, 16, 12)}, SEGMENTATION,
+                          {"spatial_dims": 3}),
     # TwoConv (InstanceNorm affine, LeakyReLU 0.1), Down by MaxPool, UpCat's deconv, the skip cat; at sizes
     # divisible by 16 UpCat's replicate pad is [0, 0, 0, 0] (at odd pooled sizes: refused, test below)
     "monai_basicunet_2d": Case(monai.BasicUNet, {"x": (2, 1, 16, 32)}, {"x": (3, 1, 32, 16)}, SEGMENTATION,
                                {"spatial_dims": 2}),
     "monai_basicunet_3d": Case(monai.BasicUNet, {"x": (2, 1, 16, 16, 32)}, {"x": (3, 1, 16, 32, 16)}, SEGMENTATION),
+    # MONAI's whole UNETR: a ViT (conv patch embedding, flatten(2).transpose(-1, -2), position embedding, 12
+    # einops-attention blocks whose hidden states 3, 6, 9 feed the skips), proj_feat's view/permute, transposed
+    # conv + instance-norm residual decoder blocks; the position embedding fixes the size: another batch only
+    "monai_unetr_2d": Case(unetr.UNETR, {"x_in": (2, 1, 32, 32)}, {"x_in": (3, 1, 32, 32)}, SEGMENTATION,
+                           {"spatial_dims": 2}),
+    "monai_unetr_3d": Case(unetr.UNETR, {"x_in": (2, 1, 32, 32, 32)}, {"x_in": (3, 1, 32, 32, 32)}, SEGMENTATION),
     # SwinUNETR's first stage in 3D: patch embedding, a plain and a shifted window block (the relative position
     # bias table indexed by `relative_position_index.clone()[:n, :n].reshape(-1)`, torch.roll over three dims,
     # the mask a buffer made in __init__), patch merging by `x[:, 0::2, 1::2, 0::2, :]` and torch.cat, the
     # hidden state layer-normed through einops, the instance-norm UNETR block; at another batch (the mask is
     # built for one resolution)
     "monai_swinunetr_stage_3d": Case(swin.SwinUNETRStage, {"x_in": (2, 1, 16, 16, 16)}, {"x_in": (3, 1, 16, 16, 16)},
+                                     SEGMENTATION),
+    # the same stage in 2D, MONAI's len(x_shape) == 4 branches: 2D windows and relative index, roll over two dims
+    "monai_swinunetr_stage_2d": Case(swin2d.SwinUNETRStage2D, {"x_in": (2, 1, 16, 16)}, {"x_in": (3, 1, 16, 16)},
                                      SEGMENTATION),
 }
 
@@ -83,7 +105,7 @@ def test_segmentation_network_matches_autograd_on_the_original_module(label, mod
     matches_autograd(label, CASES[label], mode)
 
 
-DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus"}
+DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus", "smp_deeplabv3plus_efficientnet"}
 """Train-mode dropout: the blocks check draws the model's and the module's masks from different seeds."""
 
 
@@ -127,7 +149,7 @@ def test_swinunetr_is_refused_at_the_line_that_adds_its_forward_made_mask():
 
 
 GENERATED_TESTS = ["smp_unet_resnet", "smp_fpn_resnet", "smp_pan", "monai_dynunet_3d", "monai_basicunet_2d",
-                   "monai_swinunetr_stage_3d"]
+                   "monai_unet_3d", "monai_unetr_2d", "monai_swinunetr_stage_3d", "monai_swinunetr_stage_2d"]
 """The networks whose generated test files run here (each a minute or more on 2 cores; FPN's 8 s at its small
 shapes, train-mode Dropout2d drawn by the seeded tests). Left out, for CI's time: the EfficientNet-encoder U-Net
 (451 s on the loaded 2-core machine; its flat module's file passed) and FPN on it (7 passed, 60 s in the block
