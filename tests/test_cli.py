@@ -42,10 +42,17 @@ def test_verify_prints_a_table_and_exits_zero():
 
 
 def test_verify_exits_one_when_a_gradient_is_wrong(monkeypatch):
-    """A deliberately broken rule (the ReLU mask inverted) must be caught, with exit code 1."""
+    """A deliberately broken rule (the ReLU mask inverted) must be caught, with exit code 1, gradcheck's
+    mismatch included, in seconds: its full-Jacobian message (100 s here) is not computed, and torch's
+    private step is put back after."""
+    import importlib
+
     import sympy
 
     from symgrad.rules import LAYER_RULES
+
+    gradcheck = importlib.import_module("torch.autograd.gradcheck")
+    slow_mode = getattr(gradcheck, "_run_slow_mode_and_get_error", None)
 
     relu = LAYER_RULES["relu"]
     monkeypatch.setattr(relu, "from_output", lambda out: sympy.Heaviside(-out, 0))
@@ -53,6 +60,8 @@ def test_verify_exits_one_when_a_gradient_is_wrong(monkeypatch):
     result = CliRunner().invoke(main, ["verify", str(ROOT / "examples" / "seed3_conv_relu_conv.yaml"),
                                        "--float32-shapes", "small"])
     assert result.exit_code == 1, result.output
+    assert "FAILED: gradcheck: FAIL (Jacobian mismatch" in result.output, result.output
+    assert getattr(gradcheck, "_run_slow_mode_and_get_error", None) is slow_mode
 
 
 def test_init_writes_a_spec_that_generates_and_verifies(tmp_path: Path, monkeypatch):

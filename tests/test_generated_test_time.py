@@ -148,3 +148,17 @@ def test_a_one_channel_gate_keeps_small_test_shapes_and_its_file_passes(tmp_path
     case = Case(GatedNet, {"x": (2, 3, 12, 12)}, {"x": (3, 3, 10, 14)}, ("mse_loss",))
     matches_autograd("gated", case, "train")
     assert_generated_test_file_passes("gated", case, tmp_path)
+
+
+def test_a_generated_test_file_fails_loudly_where_torch_renamed_the_step_it_stubs_out():
+    """The fail-fast fixture stubs out a private torch function; under a torch without it the gradcheck
+    test fails with a one-line reason (it silently ran the slow-mode dump again)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    without = ("import importlib, sys, pytest; gradcheck = importlib.import_module('torch.autograd.gradcheck'); "
+               "del gradcheck._run_slow_mode_and_get_error; sys.exit(pytest.main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", without, "-q", "-p", "no:cacheprovider", "-n", "0", "-k",
+                             "test_gradcheck_of", "generated/test_seed1_strided_conv.py"], cwd=root,
+                            capture_output=True, text=True, timeout=600)
+    failed = "ERROR generated/test_seed1_strided_conv.py::test_gradcheck_of_the_explicit_backward"
+    assert result.returncode != 0 and failed in result.stdout, result.stdout[-3000:]
+    assert "has no gradcheck._run_slow_mode_and_get_error" in result.stdout, result.stdout[-3000:]

@@ -268,8 +268,7 @@ class VoVNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.stem = nn.Sequential(ConvBnAct(3, 8, 3, 2), ConvBnAct(8, 8), ConvBnAct(8, 8, 3, 2))
-        self.stages = nn.Sequential(OsaStage(8, 4, 8, downsample=False), OsaStage(8, 4, 12), OsaStage(12, 4, 16),
-                                    OsaStage(16, 4, 16))
+        self.stages = nn.Sequential(OsaStage(8, 4, 8, downsample=False), OsaStage(8, 4, 12), OsaStage(12, 4, 16))
 
     def forward(self, x):
         return self.stages(self.stem(x))
@@ -278,7 +277,8 @@ class VoVNet(nn.Module):
 def test_ceil_mode_pooling_of_a_map_smaller_than_its_kernel_traces_as_pytorch_runs_it():
     torch.manual_seed(0)
     model = VoVNet().eval()
-    text = trace(model, {"x": (2, 3, 32, 32)}, loss=LossChoice("mse_loss"))  # the last pool sees 2x2
+    # the last pool sees 2x2 (a fourth stage and 32x32, as VoVNet, checked the same in 5x the time)
+    text = trace(model, {"x": (2, 3, 16, 16)}, loss=LossChoice("mse_loss"))
     gradients_match(model, text, {"x": (3, 3, 40, 56)})
 
 
