@@ -35,8 +35,10 @@ class Layout:
             self.tokens.append((token.string, token.start[1], token.end[1]))
             depth = int(token.type == fstring_start)
         self.closes: dict[int, int] = {}
+        self.within: list[str] = []  # each token's innermost enclosing bracket ("" at the top)
         stack = []
         for index, (text, _, _) in enumerate(self.tokens):
+            self.within.append(self.tokens[stack[-1]][0] if stack else "")
             if text in _OPENING:
                 stack.append(index)
             elif text in _CLOSING:
@@ -171,15 +173,28 @@ class Layout:
         if self.fits(indent, head, self.text(start, stop), tail):
             return [pad + head + self.text(start, stop) + tail]
         top = self.top(start, stop)
-        if len(top) > 2 and self.tokens[top[1]][0] in ("=", ":") and (
-                self.tokens[start][0].isidentifier() or self.tokens[top[1]][0] == ":") and not any(
+        if len(top) > 2 and (self.tokens[top[1]][0] == "=" and self.tokens[start][0].isidentifier()
+                             or self.tokens[top[1]][0] == ":" and self.within[start] == "{") and not any(
                 self.tokens[index][0] in ("for", "async") for index in top):  # no comprehension
-            # name=value, a mapping's "key": value: the value's own layout after them
+            # name=value, a dict display's "key": value (not a slice's bounds, not an annotated
+            # parameter, not a lambda): the value's own layout after them
             keyword = self.text(start, top[1] + 1) + ("" if self.tokens[top[1]][0] == "=" else " ")
             if self._operators(top[1] + 1, stop) or stop - top[1] == 2:
                 return self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail)
             return self.narrowest(self.trailers(top[1] + 1, stop, indent, head + keyword, tail),
                                   self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail))
+        colons = [index for index in top if self.tokens[index][0] == ":"] if self.within[start] == "[" else []
+        if colons and not any(self.tokens[index][0] in _UNSPLITTABLE for index in top):
+            # a slice: a line for each bound, before its colon (an empty bound adds its colon)
+            lines, begin, prefix = [], start, head
+            for colon in colons + [stop]:
+                if begin < colon:
+                    lines += self.expression(begin, colon, indent, prefix, tail if colon == stop else "")
+                    prefix = ""
+                elif colon == stop:
+                    lines.append(pad + prefix + tail)
+                prefix, begin = prefix + ":", colon + 1
+            return lines
         operators = self._operators(start, stop)
         if operators:
             lines, begin, prefix = [], start, head
