@@ -294,12 +294,19 @@ def literal_lines(text: str, indent: int = 8, width: int = WIDTH) -> str:
     line without its indent."""
     import json
 
-    pieces, room = [""], width - indent - 2
-    for word in text.split(" "):
-        if pieces[-1] and len(json.dumps(pieces[-1] + word)) - 2 > room:
+    def wide(piece: str) -> bool:  # the piece's literal, quotes included, past the line
+        return indent + len(json.dumps(piece, ensure_ascii=False)) > width
+
+    words = text.split(" ")
+    pieces = [""]
+    for word in [word + " " for word in words[:-1]] + words[-1:]:  # each keeps its space
+        if pieces[-1] and wide(pieces[-1] + word):
             pieces.append("")
-        pieces[-1] += word + " "
-    return ("\n" + " " * indent).join(json.dumps(piece) for piece in [*pieces[:-1], pieces[-1][:-1]])
+        if not pieces[-1] and wide(word) and word.endswith(" "):  # its space opens the next line
+            pieces[-1:] = [word[:-1], ""]
+            word = " "
+        pieces[-1] += word
+    return ("\n" + " " * indent).join(json.dumps(piece, ensure_ascii=False) for piece in pieces)
 
 
 def _closing(text: str) -> int:

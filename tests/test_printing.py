@@ -220,3 +220,18 @@ def test_a_long_message_becomes_adjacent_literals_within_the_width():
     assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
     assert ast.literal_eval("(" + laid_out + ")") == message
 
+
+@pytest.mark.parametrize("indent", [4, 8])
+def test_literal_lines_count_the_space_each_literal_keeps(indent: int):
+    """Words that fill a line to within a column or two of the width, across the boundary: the space a
+    literal ends with counts (a 90-character first word at column 8 made a 101-column line). Non-ASCII
+    text stays readable, and counts as what it shows."""
+    room = WIDTH - indent - 2  # inside the quotes
+    for first in range(room - 12, room + 3):
+        for message in ("a" * first + " " + "b" * 5, "a" * 40 + " " + "b" * (first - 41) + " c",
+                        "é" * first + " ü ü"):
+            laid_out = " " * indent + literal_lines(message, indent)
+            assert ast.literal_eval("(" + laid_out + ")") == message
+            if first <= room:  # every word fits a line of its own
+                assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
+    assert literal_lines("é ü") == '"é ü"'
