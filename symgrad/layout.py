@@ -69,6 +69,8 @@ class Layout:
         elif self.tokens[0][0] in ("if", "elif", "while") and self.tokens[-1][0] == ":":  # black's
             return ([" " * indent + self.tokens[0][0] + " ("] + self.expression(1, count - 1, indent + 4)
                     + [" " * indent + "):"])
+        elif self.tokens[0][0] == "assert" and any(self.tokens[index][0] == "," for index in top):
+            return self._assert(next(index for index in top if self.tokens[index][0] == ","), indent)
         elif self.tokens[0][0] in ("return", "del", "raise", "assert"):
             head, start = [self.tokens[0][0] + " "], 1
         else:
@@ -76,6 +78,18 @@ class Layout:
         lines = [" " * indent + line for line in head[:-1]]
         first = head[-1]
         return lines + self._value(start, count, indent, first)
+
+    def _assert(self, comma: int, indent: int) -> list[str]:
+        """``assert condition, message``: the condition laid out alone (in parentheses of its own,
+        never one tuple with the message: a tuple is always true), then the message after it, or
+        in parentheses below when it does not fit there."""
+        pad, count = " " * indent, len(self.tokens)
+        lines = self._value(1, comma, indent, "assert ")
+        message = self.text(comma + 1, count)
+        if self.fits(0, lines[-1], ", ", message):
+            return lines[:-1] + [lines[-1] + ", " + message]
+        return (lines[:-1] + [lines[-1] + ", ("] + self.expression(comma + 1, count, indent + 4)
+                + [pad + ")"])
 
     def _target(self, start: int, equals: int, indent: int, stop: int) -> list[str]:
         """``a = `` or, for a target tuple too long for one line with the start of its value (up to

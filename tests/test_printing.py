@@ -52,6 +52,11 @@ CASES = [
                  id="annotated-default"),
     pytest.param(f"f = wrapper(callback=lambda: {LONG44}_function_called_here({LONG44}_first, {LONG44}_second))", 4,
                  id="lambda-keyword"),
+    # assert condition, message: never one tuple (a tuple is always true)
+    pytest.param(f"assert {LONG44} == {LONG44}_other, 'the message that explains what went wrong with these'", 4,
+                 id="assert-with-message"),
+    pytest.param(f"assert {LONG44}.size(0), 'a message long enough that it does not fit after the condition here'", 4,
+                 id="assert-message-below"),
 ]
 
 
