@@ -12,6 +12,7 @@ from symgrad.printing import WIDTH, comment_lines, fit, literal_lines, prose
 
 LONG = "a_rather_long_name_for_a_tensor"
 LONG60 = "decoder_spatial_and_channel_squeeze_excitation_attention_conv"
+LONG44 = "a_rather_long_name_for_a_tensor_that_is_long"
 
 CASES = [
     pytest.param(f"grad_x = F.conv_transpose2d({LONG}, {LONG}, stride=32, padding=(1, 2), output_padding=(3, 4))",
@@ -40,6 +41,22 @@ CASES = [
     pytest.param(f"grad_{LONG60} = grad_{LONG60}_output.sum(dim=(0, 2, 3))", 4, id="target-and-callee-wide"),
     pytest.param(f"if {LONG60}.is_cpu and {LONG60}.shape[0] * {LONG60}.shape[2:].numel() >= THRESHOLD:", 4,
                  id="if-condition"),
+    # a colon that is no dict entry's: a slice's bounds, an annotated parameter, a lambda (review of fee35bb)
+    pytest.param(f"y = {LONG44}[:, {LONG44}_start_index:{LONG44}_stop_value.size({LONG44}_dimension_index):2]",
+                 4, id="three-part-slice"),
+    pytest.param(f"y = {LONG44}[:, {LONG44}_start + 1:{LONG44}_stop_plus_some_more_characters_here + 2:{LONG44}_step]",
+                 4, id="slice-bounds-with-operators"),
+    pytest.param(f"y = {LONG44}[:, {LONG44}_start_index_value_here:] + {LONG44}[::{LONG44}_step.size({LONG44}_dim)]",
+                 4, id="slices-with-empty-bounds"),
+    pytest.param(f"def f(x, {LONG44}_with_an_annotation: torch.Tensor = torch.zeros(3, 4, 5, 6, 7, 8, 9, 10)):", 0,
+                 id="annotated-default"),
+    pytest.param(f"f = wrapper(callback=lambda: {LONG44}_function_called_here({LONG44}_first, {LONG44}_second))", 4,
+                 id="lambda-keyword"),
+    # assert condition, message: never one tuple (a tuple is always true)
+    pytest.param(f"assert {LONG44} == {LONG44}_other, 'the message that explains what went wrong with these'", 4,
+                 id="assert-with-message"),
+    pytest.param(f"assert {LONG44}.size(0), 'a message long enough that it does not fit after the condition here'", 4,
+                 id="assert-message-below"),
 ]
 
 
@@ -207,3 +224,19 @@ def test_a_long_message_becomes_adjacent_literals_within_the_width():
     laid_out = "        " + literal_lines(message, 8)
     assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
     assert ast.literal_eval("(" + laid_out + ")") == message
+
+
+@pytest.mark.parametrize("indent", [4, 8])
+def test_literal_lines_count_the_space_each_literal_keeps(indent: int):
+    """Words that fill a line to within a column or two of the width, across the boundary: the space a
+    literal ends with counts (a 90-character first word at column 8 made a 101-column line). Non-ASCII
+    text stays readable, and counts as what it shows."""
+    room = WIDTH - indent - 2  # inside the quotes
+    for first in range(room - 12, room + 3):
+        for message in ("a" * first + " " + "b" * 5, "a" * 40 + " " + "b" * (first - 41) + " c",
+                        "é" * first + " ü ü"):
+            laid_out = " " * indent + literal_lines(message, indent)
+            assert ast.literal_eval("(" + laid_out + ")") == message
+            if first <= room:  # every word fits a line of its own
+                assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
+    assert literal_lines("é ü") == '"é ü"'
