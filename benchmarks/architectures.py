@@ -5,8 +5,9 @@ run the generated test file in a fresh process; a Markdown table of the times an
 
 The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``,
 ``tests/zoo_modern.py``, ``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block;
-``tests/zoo_segmentation.py``, ``zoo_monai.py``, ``zoo_swinunetr.py``: smp decoders, MONAI in 2D and 3D; and
-``tests/zoo_hybrid.py``'s timm transformers and hybrids where present), traced at
+``tests/zoo_segmentation.py``, ``zoo_monai.py``, ``zoo_monai_unet.py``, ``zoo_unetr.py``, ``zoo_swinunetr.py``,
+``zoo_swinunetr_2d.py``: smp decoders, MONAI in 2D and 3D; ``tests/zoo_timm_cnn.py``: ResNeSt, GhostNet, HGNetV2;
+and ``tests/zoo_hybrid.py``'s timm transformers and hybrids where present), traced at
 their cases' sizes; the gradients' agreement with autograd through the original modules is the suite's
 job (``tests/test_trace_models.py`` and the zoo tests), this only times the user's path and runs each
 module's own tests.
@@ -34,6 +35,7 @@ def cases() -> dict:
     from tests.test_trace_zoo_nets import CASES as NETS
     from tests.test_trace_attention import CASES as ATTENTION
     from tests.test_trace_zoo_segmentation import CASES as SEGMENTATION
+    from tests.test_trace_zoo_timm_cnn import CASES as TIMM_CNN
     try:  # timm's transformers and hybrids, where that zoo is present; EdgeNeXt with its encoding as a buffer
         from tests.test_trace_models import Case
         from tests.test_trace_zoo_hybrid import CASES, CLASSIFIER, EdgeNeXtCached
@@ -41,7 +43,7 @@ def cases() -> dict:
     except ImportError:
         HYBRID = {}
     return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS,
-            **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION, **SEGMENTATION, **HYBRID}
+            **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION, **SEGMENTATION, **TIMM_CNN, **HYBRID}
 
 
 def run(label: str, case, folder: Path, blocks: bool = False, timeout: float | None = None) -> dict:
