@@ -98,7 +98,7 @@ def moved_one_ulp(inputs, seed):
     for name, value in inputs.items():
         value = value.detach()
         if value.is_floating_point():
-            up = torch.rand(value.shape, generator=generator) < 0.5
+            up = (torch.rand(value.shape, generator=generator) < 0.5).to(value.device)
             toward = torch.where(up, math.inf, -math.inf).to(value.dtype)
             value = torch.nextafter(value, toward)
         else:

@@ -173,3 +173,12 @@ def test_the_summed_loss_bound_is_how_far_autograd_itself_moves_under_rounding(t
     generated.module.gradients = one_gradient_off
     with pytest.raises(AssertionError, match="b_bias"):
         generated.test_default_cotangent_is_the_summed_loss()
+
+
+def test_moved_one_ulp_keeps_each_input_on_its_device():
+    """The directions are drawn on the CPU (one stream whatever the device) and moved to the input's
+    device: a CUDA (here: meta) input used to meet a CPU mask in nextafter."""
+    from symgrad.testdata import moved_one_ulp
+
+    moved = moved_one_ulp({"x": torch.ones(3, 4, dtype=torch.float64, device="meta").requires_grad_()}, 1)
+    assert moved["x"].device.type == "meta" and moved["x"].requires_grad
