@@ -4,6 +4,7 @@ when the module is broken the way it guards against."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -173,3 +174,43 @@ def test_the_summed_loss_bound_is_how_far_autograd_itself_moves_under_rounding(t
     generated.module.gradients = one_gradient_off
     with pytest.raises(AssertionError, match="b_bias"):
         generated.test_default_cotangent_is_the_summed_loss()
+
+    def loosened_name_off(**named):  # a_bias: autograd's own spread loosens its bound to ~2e-10
+        result = gradients(**named)
+        result.params["a.bias"] = result.params["a.bias"] + 1e-6 * result.params["b.bias"].abs().max()
+        return result
+
+    assert 1e-11 < generated.rounding_tolerances(expected, [generated.summed_loss_gradients(
+        generated.moved_one_ulp(inputs, seed)) for seed in (1, 2)])["a_bias"] <= 1e-8
+    generated.module.gradients = loosened_name_off
+    with pytest.raises(AssertionError, match=r"\{'a_bias': .*bounds loosened .*'a_bias': '"):
+        generated.test_default_cotangent_is_the_summed_loss()
+    generated.module.gradients = gradients
+    # the whole file: the random-cotangent test's bound is rounding-aware too (its 1e-12 failed: 4e-11..5e-10)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
+                             "test_one_value_per_group.py"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0 and "skipped" not in result.stdout, result.stdout[-3000:]
+
+
+def test_a_gradient_that_is_not_finite_at_moved_inputs_is_a_failure_not_an_infinite_bound():
+    """autograd's gradient turning NaN/Inf one ulp away would make the bound infinite (any finite explicit
+    gradient would pass): it fails, naming the gradient."""
+    from symgrad.testdata import rounding_tolerances
+
+    expected = {"x": torch.ones(3, dtype=torch.float64), "w": torch.ones(2, dtype=torch.float64)}
+    for bad in (math.nan, math.inf):
+        moved = {"x": torch.ones(3, dtype=torch.float64), "w": torch.tensor([1.0, bad], dtype=torch.float64)}
+        with pytest.raises(AssertionError, match="gradient of w is not finite"):
+            rounding_tolerances(expected, [moved])
+    far = {"x": torch.ones(3, dtype=torch.float64) * 2, "w": torch.ones(2, dtype=torch.float64)}
+    assert rounding_tolerances(expected, [far]) == {"x": 1e-8, "w": 1e-12}  # capped
+
+
+def test_moved_one_ulp_keeps_each_input_on_its_device():
+    """The directions are drawn on the CPU (one stream whatever the device) and moved to the input's
+    device: a CUDA (here: meta) input used to meet a CPU mask in nextafter."""
+    from symgrad.testdata import moved_one_ulp
+
+    moved = moved_one_ulp({"x": torch.ones(3, 4, dtype=torch.float64, device="meta").requires_grad_()}, 1)
+    assert moved["x"].device.type == "meta" and moved["x"].requires_grad
