@@ -29,7 +29,12 @@ def test_timm_cnn_matches_autograd_on_the_original_module(label, mode):
     matches_autograd(label, CASES[label], mode)
 
 
+GENERATED_TESTS = ["hgnetv2"]
+"""The file the suite runs (14 s here); ResNeSt's and GhostNet's (18 and 23 s) pass in
+`benchmarks/results/architectures-issue40-cpu.md`, left out of CI's 30 minutes."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("label", list(CASES))
+@pytest.mark.parametrize("label", GENERATED_TESTS)
 def test_timm_cnns_own_generated_test_file_passes(label, tmp_path):
     assert_generated_test_file_passes(label, CASES[label], tmp_path)
