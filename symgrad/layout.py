@@ -209,6 +209,13 @@ class Layout:
                     lines.append(pad + prefix + tail)
                 prefix, begin = prefix + ":", colon + 1
             return lines
+        conditional = [index for index in top if self.tokens[index][0] in ("if", "else")]
+        if ([self.tokens[index][0] for index in conditional] == ["if", "else"]
+                and not any(self.tokens[index][0] in ("for", "async", "lambda") for index in top)):
+            # one conditional expression: its value, its condition and its alternative a line each
+            when, otherwise = conditional
+            return (self.expression(start, when, indent, head) + self.expression(when + 1, otherwise, indent, "if ")
+                    + self.expression(otherwise + 1, stop, indent, "else ", tail))
         operators = self._operators(start, stop)
         if operators:
             lines, begin, prefix = [], start, head

@@ -389,6 +389,46 @@ def test_the_loss_form_step_compiles_whole_and_trains_as_autograd(tmp_path):
     assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
 
 
+class Upsampling(nn.Module):
+    """A decoder's resampling as authors write it: bilinear by 2, and nearest by 1.5 (both autograd's
+    kernels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.up = nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Conv2d(4, 3, 3, padding=1)
+
+    def forward(self, x):
+        low = F.relu(self.down(x))
+        up = F.interpolate(low, scale_factor=2, mode="bilinear", align_corners=False)
+        return self.up(up), F.interpolate(low, scale_factor=1.5, mode="nearest")
+
+
+def test_the_compiled_bound_model_trains_at_a_new_batch_and_size(tmp_path):
+    """``torch.compile`` of a bound model whose batch or image size changes (the last, smaller batch;
+    validation at another size) traces its step again at symbolic sizes, where the upsample backward
+    kernels have no fake implementation (torch 2.13); the module's compiled path traces the same
+    adjoint from ``F.interpolate``. Three steps at three shapes, ``dynamic=True`` as dynamo's second
+    shape makes it, equal autograd's in float64."""
+    torch.manual_seed(0)
+    model = Upsampling().double()
+    reference = copy.deepcopy(model)
+    path = generated(tmp_path, trace(model, {"x": (2, 3, 8, 8)}, "parameters", "upsampling", mode="train"))
+    compiled = torch.compile(symgrad.bind(path, model), fullgraph=True, dynamic=True, backend="aot_eager")
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for shape in ((2, 3, 8, 8), (3, 3, 8, 8), (3, 3, 12, 10)):
+        x = torch.randn(shape, dtype=torch.float64)
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        for net in (compiled, reference):
+            image, side = net(x)
+            (F.mse_loss(image, x) + side.square().mean()).backward()
+        assert max_difference({name: value.grad for name, value in model.named_parameters()},
+                              {name: value.grad for name, value in reference.named_parameters()}) <= 1e-12
+        for optimizer in optimizers:
+            optimizer.step()
+    assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
+
+
 def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_path):
     """The done-when model in float32 under CPU bfloat16 autocast: its gradients as close to the float64
     ones as autograd's under the same autocast (the same masks: one seed)."""

@@ -240,3 +240,20 @@ def test_literal_lines_count_the_space_each_literal_keeps(indent: int):
             if first <= room:  # every word fits a line of its own
                 assert max(map(len, laid_out.split("\n"))) <= WIDTH, laid_out
     assert literal_lines("é ü") == '"é ü"'
+
+
+def test_a_long_conditional_expression_puts_its_condition_and_alternative_on_lines_of_their_own():
+    """The compiled path's choice of an upsample adjoint: ``kernel(...) if not compiling else adjoint(...)``
+    in black's layout, within the width and the same expression; a comprehension's ``if`` is left whole."""
+    code = ("grad_conv_up1_5 = (torch.ops.aten.upsample_bilinear2d_backward(grad_up_2, grad_up_2.shape[2:], "
+            "conv_up1_5.shape, False, 2.0, 2.0) if not torch.compiler.is_compiling() else _interpolate_adjoint("
+            "grad_up_2, conv_up1_5.shape, scale_factor=2, mode='bilinear', align_corners=False))")
+    laid_out = "    " + fit(code)
+    lines = laid_out.split("\n")
+    assert max(map(len, lines)) <= WIDTH, laid_out
+    assert "        if not torch.compiler.is_compiling()" in lines
+    assert any(line.startswith("        else _interpolate_adjoint(") for line in lines), laid_out
+    assert ast.dump(ast.parse(textwrap.dedent(laid_out))) == ast.dump(ast.parse(code))
+    comprehension = ("values = [size_of_the_first_axis_of_the_input + size_of_the_second_axis_of_the_input if axis "
+                     "% 2 else 0 for axis in range(9)]")
+    assert ast.dump(ast.parse(textwrap.dedent("    " + fit(comprehension)))) == ast.dump(ast.parse(comprehension))

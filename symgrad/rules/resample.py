@@ -159,13 +159,18 @@ primitive("axis_contraction", code=_contraction_code,
           tangent=LINEAR)
 
 
-def _interpolate_code(operands, params, show):
+def _interpolate_keywords(params, show) -> str:
+    """``F.interpolate``'s keywords: size or scale_factor, then :func:`_interpolate_options`."""
     size = params["size"]
     if isinstance(size, tuple):  # sizes computed from another node's (PAN's h // 2) print as Python
         size = tuple(show(entry) if isinstance(entry, sympy.Basic) and not entry.is_Integer else entry for entry in size)
     keywords = [f"size={show_ints(size)}" if params["size"] is not None
                 else f"scale_factor={_show_scale(params['scale_factor'])}", *_interpolate_options(params)]
-    return f"F.interpolate({operands[0]}, {', '.join(keywords)})"
+    return ", ".join(keywords)
+
+
+def _interpolate_code(operands, params, show):
+    return f"F.interpolate({operands[0]}, {_interpolate_keywords(params, show)})"
 
 
 def _show_scale(scale: tuple) -> str:
@@ -220,20 +225,36 @@ UPSAMPLE_KERNELS = {("nearest", 1): "upsample_nearest1d", ("nearest", 2): "upsam
 """(mode, spatial dims) -> the aten kernel ``F.interpolate`` runs, whose ``_backward`` autograd runs."""
 
 
+INTERPOLATE_ADJOINT = '''def _interpolate_adjoint(grad_output, input_shape, **interpolate):
+    """``F.interpolate(input, **interpolate)``'s adjoint at ``grad_output``, for ``torch.compile``.
+    There the ``upsample_*_backward`` kernels have no fake implementation for symbolic sizes (torch
+    2.13: a batch or image size that changed), so the adjoint of this linear map is traced through
+    ``F.interpolate``'s own decomposition, as compiled autograd traces it.
+    """
+    zeros = grad_output.new_zeros(input_shape)
+    _, pullback = torch.func.vjp(lambda input: F.interpolate(input, **interpolate), zeros)
+    return pullback(grad_output)[0]
+'''
+"""Emitted once into each module that calls it (``Primitive.helper``)."""
+
+
 def _upsample_backward_code(operands, params, show):
     grad, input_shape = operands
     arguments = [grad, f"{grad}.shape[2:]", input_shape]
-    if params["align_corners"] is not None:
-        arguments.append(str(params["align_corners"]))
+    if params["mode"] in INTERPOLATION_RANK:
+        arguments.append(str(bool(params["align_corners"])))
     if params["scales"] is not None:
         arguments += [repr(scale) for scale in params["scales"]]
-    return f"torch.ops.aten.{params['kernel']}_backward({', '.join(arguments)})"
+    kernel = f"torch.ops.aten.{params['kernel']}_backward({', '.join(arguments)})"
+    adjoint = f"_interpolate_adjoint({grad}, {input_shape}, {_interpolate_keywords(params, show)})"
+    return f"({kernel} if not torch.compiler.is_compiling() else {adjoint})"
 
 
 # each input entry receives the interpolation weights it was given, summed: autograd's own kernel, one pass
 # where the readable form builds each axis's matrix, twice differentiable (its derivative in the gradient is
-# the interpolation itself); the input gives only its shape
-primitive("upsample_backward", code=_upsample_backward_code, shape_operands=(1,),
+# the interpolation itself); the input gives only its shape. Under torch.compile the kernel cannot be traced
+# at symbolic sizes, and the same adjoint is traced from F.interpolate (INTERPOLATE_ADJOINT)
+primitive("upsample_backward", code=_upsample_backward_code, shape_operands=(1,), helper=INTERPOLATE_ADJOINT,
           latex=lambda operands, params, show: rf"\operatorname{{interpolate}}^{{\top}}\left({operands[0]}\right)")
 
 
@@ -309,8 +330,7 @@ class Interpolate(Rule):
             given = settings["scale_factor"] is not None and not settings["recompute_scale_factor"]
             scales = tuple(float(factor) for factor in settings["scale_factor"]) if given else None
             return {"input": op("upsample_backward", grad, node.operands["input"], kernel=kernel, scales=scales,
-                                align_corners=(bool(settings["align_corners"]) if settings["mode"] in INTERPOLATION_RANK
-                                               else None))}
+                                **settings)}
         per_axis = [dict(function="interpolate", size=settings["size"][axis] if settings["size"] else None,
                          scale=settings["scale_factor"][axis] if settings["scale_factor"] else None,
                          mode=settings["mode"], align_corners=settings["align_corners"],
