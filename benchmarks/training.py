@@ -289,7 +289,11 @@ WHY_CPU = ("*Why the targets are missed on this CPU.* Run of 2026-11-27 on a qui
        "layout for layout in float32 and EfficientNet 1.07x in the default layout, though the values each step "
        "keeps for its backward differ by 3% (MobileNetV3 at 8 x 64²: 9.63 MiB against autograd's 9.38, counted "
        "by storage): the difference is the backward's temporaries, the same activation formulas' "
-       "intermediates where autograd's kernel writes one tensor. A C++ or compiled backward node would remove "
+       "intermediates where autograd's kernel writes one tensor. The commit after this run pulls hardswish "
+       "back by autograd's hardswish_backward (twice differentiable; SiLU's and hardsigmoid's kernels are not, "
+       "so they keep their formulas): MobileNetV3's peak at 8 x 64² went from 11.6 to 9.7 MiB (0.98x autograd's "
+       "9.9) and 9.8 MiB in channels_last (1.01x), measured apart from this run; its speed was not timed. "
+       "A C++ or compiled backward node would remove "
        "the per-step Python; neither is built (the compiled bound model, above, compiles the step whole but "
        "is no faster on this CPU).")
 

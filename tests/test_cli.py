@@ -56,7 +56,7 @@ def test_verify_exits_one_when_a_gradient_is_wrong(monkeypatch):
 
     relu = LAYER_RULES["relu"]
     monkeypatch.setattr(relu, "from_output", lambda out: sympy.Heaviside(-out, 0))
-    monkeypatch.setattr(relu, "fused_pullback", lambda grad, out: sympy.Heaviside(-out, 0) * grad)
+    monkeypatch.setattr(relu, "fused_pullback", lambda grad, node: sympy.Heaviside(-node.out, 0) * grad)
     result = CliRunner().invoke(main, ["verify", str(ROOT / "examples" / "seed3_conv_relu_conv.yaml"),
                                        "--float32-shapes", "small"])
     assert result.exit_code == 1, result.output

@@ -116,7 +116,7 @@ def _drop_a_mask(monkeypatch):
     from symgrad.rules import LAYER_RULES
 
     monkeypatch.setattr(LAYER_RULES["relu"], "from_output", lambda out: sympy.Integer(1))
-    monkeypatch.setattr(LAYER_RULES["relu"], "fused_pullback", lambda grad, out: grad)  # and in the fused form
+    monkeypatch.setattr(LAYER_RULES["relu"], "fused_pullback", lambda grad, node: grad)  # and in the fused form
 
 
 def _swap_stride_and_dilation_in_the_weight_adjoint(monkeypatch):

@@ -59,9 +59,10 @@ class Elementwise(Rule):
     (``H(x) = H(relu(x))``): the input can then be freed after the forward. Tests check the identity."""
     inplace: str | None = None
     """An in-place torch call for the forward (``torch.relu_``), used by the fast function."""
-    fused_pullback: Callable[[sympy.Expr, sympy.Symbol], sympy.Expr] | None = None
-    """``(grad, output) -> grad_input`` by one autograd kernel, for the fused derivation (ReLU's
-    ``threshold_backward``: one pass instead of a mask and a product)."""
+    fused_pullback: Callable[[sympy.Expr, NodeSymbols], sympy.Expr] | None = None
+    """``(grad, node) -> grad_input`` by one twice-differentiable autograd kernel, for the fused
+    derivation (ReLU's ``threshold_backward`` of the output, hardswish's ``hardswish_backward`` of
+    the input: one pass instead of a mask or a local derivative and a product)."""
     derivative: Callable[..., sympy.Expr] | None = None
     """The local derivative, as a function of ``input``, where PyTorch's backward is not the formula's
     own (hardsigmoid's slope is the float32 constant 1/6, in float64 too); None: ``sympy.diff``."""
@@ -148,7 +149,7 @@ class Elementwise(Rule):
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         if node.fused and self.fused_pullback is not None:
-            return {"input": self.fused_pullback(grad, node.out)}
+            return {"input": self.fused_pullback(grad, node)}
         grads = {}
         for scalar, operand in zip(self.scalars, self.operands):
             if operand.name not in wanted:
@@ -181,6 +182,14 @@ primitive("relu6_backward",
           code=lambda operands, params, show: f"torch.ops.aten.hardtanh_backward({operands[0]}, {operands[1]}, 0, 6)",
           latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right) \odot "
                                                rf"H\left(6 - {operands[1]}\right)")
+
+
+# the local derivative above times grad, in one pass: autograd's hardswish backward, twice differentiable
+# (derivatives.yaml differentiates it; SiLU's and hardsigmoid's backward kernels are not, so those two
+# keep their formulas), read off the input
+primitive("hardswish_backward",
+          code=lambda operands, params, show: f"torch.ops.aten.hardswish_backward({operands[0]}, {operands[1]})",
+          latex=lambda operands, params, show: rf"{operands[0]} \odot \operatorname{{hardswish}}'\left({operands[1]}\right)")
 
 
 def _binary(name: str, formula, summary: str, calls: tuple[str, ...]) -> Elementwise:
@@ -222,7 +231,7 @@ HE_GAIN = 2 ** 0.5
 RULES = [
     Elementwise("relu", lambda x: sympy.Max(0, x), call="F.relu", local_kind="mask",
                 from_output=lambda out: sympy.Heaviside(out, 0), inplace="torch.relu_",
-                fused_pullback=lambda grad, out: op("threshold_backward", grad, out),
+                fused_pullback=lambda grad, node: op("threshold_backward", grad, node.out),
                 summary="rectified linear unit; its derivative is the Heaviside mask of the input",
                 activation_gain=HE_GAIN),
     _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting",
@@ -272,7 +281,7 @@ RULES = [
            "x clamped to [min_val, max_val]; derivative 1 strictly inside",
            params={"min_val": _param(-1.0), "max_val": _param(1.0)}, activation_gain=HE_GAIN),
     _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]", calls=("relu6",),
-           fused_pullback=lambda grad, out: op("relu6_backward", grad, out), activation_gain=HE_GAIN),
+           fused_pullback=lambda grad, node: op("relu6_backward", grad, node.out), activation_gain=HE_GAIN),
     _unary("hardsigmoid", lambda x: sympy.Max(0, sympy.Min(1, x / 6 + sympy.Rational(1, 2))), "F.hardsigmoid",
            "x / 6 + 1/2 clamped to [0, 1]; derivative 1/6 strictly inside (-3, 3), as in PyTorch",
            # PyTorch's backward multiplies by 1.0f / 6.0f, the float32 1/6, whatever the dtype
@@ -283,5 +292,5 @@ RULES = [
     _unary("hardswish", lambda x: (x * (x + 3) / 6 * sympy.Heaviside(x + 3, 0) * sympy.Heaviside(3 - x, 0)
                                    + x * (1 - sympy.Heaviside(3 - x, 0))), "F.hardswish",
            "x hardsigmoid(x); derivative 0 up to -3, x / 3 + 1/2 inside, 1 from 3 on, as in PyTorch",
-           calls=("hardswish",)),
+           calls=("hardswish",), fused_pullback=lambda grad, node: op("hardswish_backward", grad, node.operands["input"])),
 ]
