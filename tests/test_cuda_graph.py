@@ -114,17 +114,18 @@ def test_a_step_that_reads_back_to_the_host_warns_once_and_runs_eagerly(tmp_path
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4, momentum=None), nn.ReLU(),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10)).double().train()
-    path = generated_path(model, tmp_path, "cumulative", {"x": (2, 3, 8, 8)}, LossChoice("cross_entropy", "labels"))
+    # nn.Sequential's forward names its argument ``input``
+    path = generated_path(model, tmp_path, "cumulative", {"input": (2, 3, 8, 8)}, LossChoice("cross_entropy", "labels"))
     model = model.to("cuda")
     reference = copy.deepcopy(model)
     fast = symgrad.bind(path, model, cuda_graph=True)
     generator = torch.Generator().manual_seed(3)
-    batches = [{"x": torch.randn(3, 3, 8, 8, generator=generator, dtype=torch.float64).cuda(),
+    batches = [{"input": torch.randn(3, 3, 8, 8, generator=generator, dtype=torch.float64).cuda(),
                 "labels": torch.randint(0, 10, (3,), generator=generator).cuda()} for _ in range(3)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses = train_both(model, reference, batches, lambda batch: fast(**batch),
-                            lambda batch: F.cross_entropy(reference(batch["x"]), batch["labels"]))
+                            lambda batch: F.cross_entropy(reference(batch["input"]), batch["labels"]))
     said = [str(warning.message) for warning in caught if "CUDA graph" in str(warning.message)]
     assert len(said) == 1 and "\n" not in said[0] and "runs eagerly" in said[0], said
     assert all(abs(ours - theirs) <= 1e-10 for ours, theirs in losses), losses
@@ -147,19 +148,22 @@ def test_a_submodule_swapped_after_capture_is_refused_before_a_replay(tmp_path):
 
 
 def test_on_the_cpu_the_graphed_binding_runs_the_eager_step_as_without(tmp_path):
+    """The same bound step, bit for bit (the CPU's own rounding: the last stage's BatchNorm normalises
+    two values per channel, where autograd's kernels and the explicit formulas round apart by 3e-10 on
+    some CPUs; the bound step against autograd is checked in tests/test_bind.py)."""
     torch.manual_seed(0)
     model = ResNet18(4).double().train()
     path = generated_path(model, tmp_path, "cpu_step", {"x": (2, 3, 32, 32)}, LossChoice("cross_entropy", "labels"))
     reference = copy.deepcopy(model)
     fast = symgrad.bind(path, model, cuda_graph=True)
+    plain = symgrad.bind(path, reference)
     generator = torch.Generator().manual_seed(4)
     batches = [{"x": torch.randn(2, 3, 32, 32, generator=generator, dtype=torch.float64),
                 "labels": torch.randint(0, 10, (2,), generator=generator)} for _ in range(2)]
-    losses = train_both(model, reference, batches, lambda batch: fast(**batch),
-                        lambda batch: F.cross_entropy(reference(batch["x"]), batch["labels"]))
+    losses = train_both(model, reference, batches, lambda batch: fast(**batch), lambda batch: plain(**batch))
     assert not fast._graphs and not fast._refused
-    assert all(abs(ours - theirs) <= 1e-10 for ours, theirs in losses), losses
-    assert largest_difference(model, reference) <= 1e-10
+    assert all(ours == theirs for ours, theirs in losses), losses
+    assert largest_difference(model, reference) == 0
     with pytest.raises(symgrad.BindError, match="takes the data arguments"):  # the bound step's own refusal
         fast(batches[0]["x"])
     assert copy.deepcopy(fast)(**batches[0]).item() > 0  # copied without its graphs
