@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -58,9 +59,14 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("symgrad.bind", "symgrad.bind, channels_last", "autograd", "autograd, channels_last",
             "autograd, torch.compile", "symgrad.bind, torch.compile", "autograd, torch.compile max-autotune",
             "symgrad.bind, AMP", "symgrad.bind, channels_last, AMP", "autograd, AMP", "autograd, channels_last, AMP")
-CUDA_VARIANTS = ("symgrad.bind, CUDA graph", "autograd, torch.compile reduce-overhead",
-                 "symgrad.bind, CUDA graph, AMP")
-"""Timed on CUDA alone (after :data:`VARIANTS`): the step replayed as CUDA graphs, and its fairest peer."""
+CUDA_VARIANTS = ("symgrad.bind, CUDA graph", "symgrad.bind, channels_last, CUDA graph",
+                 "autograd, torch.compile reduce-overhead", "autograd, channels_last, torch.compile reduce-overhead",
+                 "symgrad.bind, CUDA graph, AMP", "symgrad.bind, channels_last, CUDA graph, AMP")
+"""Timed on CUDA alone (after :data:`VARIANTS`): the step replayed as CUDA graphs, in both layouts, and
+its fairest peer, Inductor's CUDA graphs (``mode="reduce-overhead"``)."""
+GRAPHED = ("CUDA graph", "reduce-overhead")
+"""The variants whose step replays CUDA graphs: a replay allocates nothing, so the memory its graphs
+hold is measured apart (:func:`measure_row`)."""
 COMPILED = ("symgrad.bind, torch.compile", "autograd, torch.compile max-autotune")
 """Timed in :data:`COMPILED_ROWS` alone: compiling a whole step takes minutes on 2 CPU cores."""
 AMP = ", AMP"
@@ -129,7 +135,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
         net = copy.deepcopy(model).to(device)
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         inputs = x
-        if kind.endswith("channels_last"):
+        if "channels_last" in kind:
             net = net.to(memory_format=torch.channels_last)
             inputs = x.contiguous(memory_format=torch.channels_last)
         if kind == "symgrad.bind, torch.compile":
@@ -154,6 +160,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
             optimizer.step()
             return value.detach()
 
+        one_step.graphed = bound if "CUDA graph" in kind else None  # its graphs captured again to measure them
         variants[variant] = one_step
     return variants
 
@@ -248,7 +255,8 @@ def measure_row(row, repeats: int, names=VARIANTS, device: str = "cpu") -> list[
         # warm-up calls first: the first compiles (torch.compile) and picks cuDNN's algorithms
         samples = round_robin(functions, repeats, warmup=3 if device == "cuda" else 2, device=device)
         if device == "cuda":
-            peaks = {name: peak_growth_bytes(function, device) for name, function in functions.items()}
+            peaks = {name: graphed_peak_bytes(function) if function.graphed else peak_growth_bytes(function, device)
+                     for name, function in functions.items()}
     results = []
     for name, values in samples.items():
         if name not in peaks:
@@ -258,8 +266,20 @@ def measure_row(row, repeats: int, names=VARIANTS, device: str = "cpu") -> list[
                 env={**os.environ, **MEMORY_ENVIRONMENT}).stdout)["peak_bytes"]
         results.append({"network": network, "batch": batch, "size": size, "width": width, "variant": name,
                         "median": statistics.median(values), "min": min(values), "max": max(values),
-                        "peak_bytes": peaks[name]})
+                        "peak_bytes": peaks[name],
+                        **({"pool_uncounted": True} if device == "cuda" and "reduce-overhead" in name else {})})
     return results
+
+
+def graphed_peak_bytes(function) -> int:
+    """The peak memory of a step bound with ``cuda_graph=True``, its graphs included: they are dropped
+    and captured again inside the measured step (warm-up, capture and the first replay), since a replay
+    allocates nothing and its graphs' memory pool is held from the capture on."""
+    function.graphed._graphs.clear()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return peak_growth_bytes(function, "cuda")
 
 
 WHY_CPU = ("*Why the targets are missed on this CPU.* Run of 2026-11-27 on a quiet machine (load 1-2), at the "
@@ -297,34 +317,34 @@ WHY_CPU = ("*Why the targets are missed on this CPU.* Run of 2026-11-27 on a qui
        "the per-step Python; neither is built (the compiled bound model, above, compiles the step whole but "
        "is no faster on this CPU).")
 
-WHY_CUDA = ("*Why the targets are missed on this GPU.* Speed: these steps are bound by the host, not the GPU: "
-            "autograd's channels_last ResNet-18 step takes 7.7 ms at 32 × 64² and 7.6 ms at 32 × 224² (49 times the "
-            "pixels), so what each step costs around its kernels is the step's time, and the bound step pays more "
-            "there: at the tiny sizes of the table above 0.4-0.7 ms a step in float32 and 0.7-1.0 ms under AMP "
-            "(one autograd.Function taking every parameter and buffer, a backward of a few hundred Python "
-            "statements, and under AMP every convolution weight cast again in the backward), which is the 2-14% "
-            "of the misses. Layout for layout the U-Net's default-layout bound step is 1.31x (float32) and 1.46x "
-            "(AMP) autograd's, because the generated code runs its convolutions in channels_last at this size "
-            "while autograd's default layout does not. This run measured the code of commit 069cbde; the next "
-            "commit (f5a32d1) removed from every cross-entropy step the two reads back to the host of `F.one_hot`'s "
-            "range check (each one waits for the GPU's queue to drain, which a host-bound step cannot afford) "
-            "and 40 copies of running statistics per ResNet-18 step, so that the bound step now dispatches fewer "
-            "kernels than autograd's (358 against 373 per ResNet-18 step; `tests/test_bind.py` counts them); the "
-            "lease was spent before it could be measured here. Closing the rest needs the step's Python gone from "
-            "the hot path: a CUDA graph of the step (`symgrad.bind(..., cuda_graph=True)`, built since this run: "
-            "captured once per shape set, replayed; not yet run on a GPU, so neither its tests nor its rows are in "
-            "this run), or a compiled backward node (not built). Memory: "
-            "float32 is 1.00x autograd's in every target row; under AMP the ResNets are leaner (0.93-0.99x) but the "
-            "U-Net needs 1.18x (1905 against 1621 MiB at 8 × 256², channels_last). CUDA's autocast runs bilinear "
-            "upsampling in float32 and a concatenation promotes to its widest input (`python -m "
-            "benchmarks.autocast_policy` reads the policy on fake CUDA tensors: `F.interpolate` of a bfloat16 "
-            "tensor gives float32, and so does `torch.cat` of it with a bfloat16 skip; CPU autocast keeps both "
-            "bfloat16), so the inputs of the two convolutions "
-            "after the concatenations are float32; autograd saves the bfloat16 copy the convolution's autocast "
-            "makes, the generated forward saves the float32 input itself and casts it in the backward: 2 bytes "
-            "more per element of 8 × 384 × 128² and 8 × 192 × 256², 288 MiB, against the measured 228-284 MiB. Saving a "
-            "value that only a convolution's backward reads in the dtype that convolution ran in would close it; "
-            "not built. `torch.compile` was slower than eager channels_last autograd in every row it was timed.")
+WHY_CUDA = ("*Why the targets are missed on this GPU.* Run of 2026-11-27 on an H100 lease (torch 2.11.0+cu130), "
+            "at commit ba662f5 with this run's benchmark changes (the bound step's CUDA graphs in both layouts, their "
+            "memory measured over a capture); the compiled bound model in `compiled run 2` at fb0b435 (`compiled run "
+            "1` shows it failing on torch 2.11 before that fix). Fifteen minutes of device time held the rows above: "
+            "ResNet-18 at 32 × 112², ConvNeXt-T, EfficientNet-B0 and MobileNetV3 at 224² and the around-the-kernels "
+            "table were cut off by their time limits and are not measured on a GPU. Speed: as CUDA graphs "
+            "(`bind(..., cuda_graph=True)`) the bound step runs without its Python: 1.65x the best eager autograd "
+            "step on ResNet-18 at 32 × 224² (6.3 against 10.4 ms), 1.72x on ResNet-50 (17.6 against 30.2 ms), "
+            "2.41x and 2.67x under AMP, 3.4x on ResNet-18 at 32 × 64², and 1.00x on the U-Net at 8 × 256² (16.1 "
+            "against 16.0 ms: its kernels, not its host, bound it); against Inductor's CUDA graphs "
+            "(`torch.compile(mode=\"reduce-overhead\")`, the fairest peer: both replay a captured step) it is 0.98x "
+            "(6.7 against 6.6 ms channels_last, 1.01x against its default layout's 6.8 ms). Eager, layout for layout, "
+            "the bound step is 0.91-1.08x autograd's (its Python, a few hundred statements, costs about what "
+            "autograd's engine does at these sizes; the U-Net's default layout 1.29-1.41x, as the generated code runs "
+            "its convolutions in channels_last there). Memory: the eager bound step keeps autograd's peak (0.99-1.00x "
+            "in float32 channels_last, 0.95-0.99x under AMP for the ResNets), but the fastest, graphed step needs "
+            "1.00-1.19x in float32 and 1.10-1.29x under AMP at the target sizes (3.2-4.8x at 32 × 64², where activations are "
+            "small): `torch.cuda.make_graphed_callables` keeps a static gradient buffer for every parameter, which "
+            "AccumulateGrad then copies into `.grad`, a static copy of each input, and the capture's own pool (about "
+            "one parameter copy plus the input: 43 + 18 MiB for ResNet-18). Inductor's graphs are not comparable "
+            "here (†: its pool is not counted by `max_memory_allocated` over a replay). The U-Net's AMP miss is "
+            "CUDA's autocast policy: bilinear upsampling runs in float32 and a concatenation promotes to its widest "
+            "input (`python -m benchmarks.autocast_policy`), so the convolutions after the concatenations read "
+            "float32 tensors, which the generated forward saves where autograd saves the convolution's bfloat16 "
+            "copy (1907 against 1623 MiB); saving a value that only a convolution's backward reads in the dtype "
+            "that convolution ran in would close it; not built. The compiled bound model ran 0.91x compiled "
+            "autograd (13.9 against 12.6 ms, 1.01x its memory), and both were slower than eager channels_last "
+            "autograd (10.4 ms).")
 WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 """Each device's reasons for its misses, written from its own committed run."""
 
@@ -333,7 +353,10 @@ def render(saved: dict) -> str:
     device = saved.get("device", "cpu")
     networks = {row["network"] for row in saved["rows"]}
     memory = ("each peak memory in a fresh process" if device == "cpu" else
-              "each peak memory from `torch.cuda.max_memory_allocated` over one step, after the timing; "
+              "each peak memory from `torch.cuda.max_memory_allocated` over one step, after the timing; a step "
+              "bound with `cuda_graph=True` measured over its graphs' capture (warm-up, capture, first replay), "
+              "since a replay allocates nothing; † marks a peak that leaves out the memory held by "
+              "Inductor's CUDA graphs (not counted in the ratios); "
               "`torch.backends.cudnn.benchmark` on for every variant, TF32 convolutions as PyTorch's default; "
               f"`torch.compile` timed in the first {CUDA_COMPILED} networks' rows")
     lines = [SECTIONS[device], "",
@@ -353,9 +376,9 @@ def render(saved: dict) -> str:
              "| memory vs best autograd |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     groups: dict[tuple, dict[str, dict]] = {}
     for row in saved["rows"]:
-        groups.setdefault((row["network"], row["batch"], row["size"]), {})[row["variant"]] = row
+        groups.setdefault((row["network"], row["batch"], row["size"], row.get("tag", "")), {})[row["variant"]] = row
     verdicts = []
-    for (network, batch, size), variants in groups.items():
+    for (network, batch, size, tag), variants in groups.items():
         for amp in (False, True):
             own = {name: row for name, row in variants.items() if name.endswith(AMP) == amp}
             peers = [row for name, row in own.items() if not name.startswith("symgrad")]
@@ -363,17 +386,19 @@ def render(saved: dict) -> str:
             if not peers:
                 continue
             fastest = min(row["median"] for row in peers)
-            leanest = min(row["peak_bytes"] for row in peers)
+            leanest = min(row["peak_bytes"] for row in peers if not row.get("pool_uncounted"))
             for name, row in own.items():
-                lines.append(f"| {network} | {batch} × {size}² | {name} | {row['median'] * 1e3:.1f} | "
-                             f"{row['min'] * 1e3:.1f} | {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB | "
+                mark = " †" if row.get("pool_uncounted") else ""
+                lines.append(f"| {network} | {batch} × {size}²{tag and f' ({tag})'} | {name} | {row['median'] * 1e3:.1f} | "
+                             f"{row['min'] * 1e3:.1f} | {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB{mark} | "
                              f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |")
             if ours_names:  # symgrad in its best layout, as autograd is
                 best = min(ours_names, key=lambda name: own[name]["median"])
                 ours = own[best]
                 speed, memory = fastest / ours["median"], ours["peak_bytes"] / leanest
                 met = speed >= 1.0 and memory <= 1.0
-                verdicts.append(f"| {network} {batch} × {size}², {'AMP' if amp else 'float32'} | {best} | {speed:.2f}× | "
+                verdicts.append(f"| {network} {batch} × {size}²{tag and f' ({tag})'}, {'AMP' if amp else 'float32'} | "
+                                f"{best} | {speed:.2f}× | "
                                 f"{memory:.2f}× | {'met' if met else 'missed'} |")
     lines += ["", "Target: the bound explicit step, in its faster layout, ≥1.0× the best autograd step's speed and "
               "≤1.0× its memory.", "",
@@ -424,6 +449,17 @@ def write_section(path: Path, section: str, title: str = SECTION) -> None:
     path.write_text(before.rstrip() + "\n\n" + section.rstrip() + "\n" + (f"\n## {after}" if after else ""))
 
 
+def merged(runs: list[dict]) -> dict:
+    """Runs of one session as one: the first's description, every run's rows and failures, the last
+    around-the-kernels table measured."""
+    if len({run.get("device", "cpu") for run in runs}) > 1:
+        raise SystemExit("error: the runs are of more than one device (fix: render one device's runs at a time)")
+    overheads = [run["overhead"] for run in runs if run.get("overhead")]
+    return {**runs[0], "rows": [row for run in runs for row in run["rows"]],
+            "failures": [line for run in runs for line in run.get("failures", [])],
+            "overhead": overheads[-1] if overheads else []}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -432,12 +468,17 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default="out/BENCHMARKS-training.md")
     parser.add_argument("--json", help="where the measurements are saved, after each row (default "
                         "out/training-DEVICE.json; benchmarks/results/training-DEVICE.json is the committed run)")
-    parser.add_argument("--rows", help="render again from this saved JSON, without measuring")
+    parser.add_argument("--rows", nargs="+", help="render again from these saved JSON files (runs of one "
+                        "session, merged: rows, failures, the last around-the-kernels table), without measuring")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS + CUDA_VARIANTS),
                         choices=VARIANTS + CUDA_VARIANTS, metavar="VARIANT",
                         help="the variants to time (default: all: " + "; ".join(VARIANTS + CUDA_VARIANTS) + ")")
     parser.add_argument("--networks", nargs="*", help="time these networks' rows alone (default: every row)")
+    parser.add_argument("--limit", type=int, help="time the first LIMIT rows alone (after --networks)")
+    parser.add_argument("--tag", default="", help="a label for this run's rows, rendered beside their size "
+                        "(rows of a separate run, such as the compiled one, kept apart when merged)")
     parser.add_argument("--skip-overhead", action="store_true", help="leave out the around-the-kernels table")
+    parser.add_argument("--overhead-only", action="store_true", help="the around-the-kernels table alone, no rows")
     parser.add_argument("--plot", help="also draw the run as a PNG here (matplotlib)")
     parser.add_argument("--memory", help=argparse.SUPPRESS)  # one variant's peak, in this fresh process
     args = parser.parse_args(argv)
@@ -450,7 +491,7 @@ def main(argv=None) -> int:
         return 0
     output = Path(args.output)
     if args.rows:
-        saved = json.loads(Path(args.rows).read_text())
+        saved = merged([json.loads(Path(name).read_text()) for name in args.rows])
     else:
         from .__main__ import machine_description
 
@@ -462,13 +503,15 @@ def main(argv=None) -> int:
         path = Path(args.json or f"out/training-{args.device}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         table = QUICK_ROWS if args.quick else CUDA_ROWS if args.device == "cuda" else ROWS
-        table = [row for row in table if not args.networks or row[0] in args.networks]
+        table = [row for row in table if not args.networks or row[0] in args.networks][:args.limit]
+        table = [] if args.overhead_only else table
         variants = [name for name in args.variants if name not in CUDA_VARIANTS or args.device == "cuda"]
         for index, row in enumerate(table):
             compiled = row in COMPILED_ROWS if args.device == "cpu" else index < CUDA_COMPILED
             names = [name for name in variants if (name not in COMPILED or compiled) and
                      ("torch.compile" not in name or args.device == "cpu" or compiled)]
-            results = measure_row(row, repeats, names, args.device)
+            results = [{**result, **({"tag": args.tag} if args.tag else {})}
+                       for result in measure_row(row, repeats, names, args.device)]
             for result in results:
                 print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
                       f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)

@@ -141,6 +141,38 @@ def test_saved_runs_of_one_device_join_and_of_two_devices_refuse(tmp_path: Path)
         runner.main(["--rows", str(paths[0]), str(paths[2]), "--output", str(output), "--plot", ""])
 
 
+def test_training_runs_of_one_lease_merge_their_tags_apart_and_a_graph_pool_uncounted_is_no_peer(tmp_path: Path):
+    """`benchmarks.training --rows A B`: the runs' rows render as one table, a tagged run's rows judged
+    among themselves; a peak that leaves out a CUDA graph pool (†) is shown but never the leanest."""
+    from benchmarks import training
+
+    def row(variant, median, peak, **extra):
+        return {"network": "resnet18", "batch": 32, "size": 224, "width": 64, "variant": variant,
+                "median": median, "min": median, "max": median, "peak_bytes": peak * 2 ** 20, **extra}
+
+    def run(rows, failures=(), overhead=()):
+        return {"machine": "the GPU", "device": "cuda", "date": "2026-01-02", "repeats": 7, "rows": rows,
+                "failures": list(failures), "overhead": list(overhead)}
+
+    eager = run([row("symgrad.bind, channels_last, CUDA graph", 0.006, 700), row("autograd, channels_last", 0.010, 600)])
+    compiled = run([row("symgrad.bind, channels_last, CUDA graph", 0.0066, 700, tag="compiled run"),
+                    row("autograd, torch.compile reduce-overhead", 0.0065, 0, tag="compiled run", pool_uncounted=True),
+                    row("autograd", 0.012, 650, tag="compiled run")], failures=["resnet18: it raised"])
+    paths = []
+    for index, saved in enumerate((eager, compiled, {**eager, "device": "cpu"})):
+        paths.append(tmp_path / f"{index}.json")
+        paths[-1].write_text(json.dumps(saved))
+    output = tmp_path / "B.md"
+    assert training.main(["--rows", str(paths[0]), str(paths[1]), "--output", str(output)]) == 0
+    report = output.read_text()
+    assert "| resnet18 32 × 224², float32 | symgrad.bind, channels_last, CUDA graph | 1.67× | 1.17× | missed |" in report
+    assert ("| resnet18 32 × 224² (compiled run), float32 | symgrad.bind, channels_last, CUDA graph | 0.98× | 1.08× "
+            "| missed |") in report  # against reduce-overhead's speed, the default layout's memory (650 MiB)
+    assert "| 0.0 MiB † |" in report and "- resnet18: it raised" in report
+    with pytest.raises(SystemExit, match="more than one device"):
+        training.main(["--rows", str(paths[0]), str(paths[2]), "--output", str(output)])
+
+
 def test_the_device_check_passes_on_the_cpu_and_fails_a_wrong_gradient(monkeypatch, capsys):
     """`python -m benchmarks.device_check` (run on a GPU when one is lent) works here on the CPU, and
     a gradient off by a little is reported as a failure."""
