@@ -225,12 +225,15 @@ UPSAMPLE_KERNELS = {("nearest", 1): "upsample_nearest1d", ("nearest", 2): "upsam
 """(mode, spatial dims) -> the aten kernel ``F.interpolate`` runs, whose ``_backward`` autograd runs."""
 
 
-INTERPOLATE_ADJOINT = '''def _interpolate_adjoint(grad_output, input_shape, **interpolate):
-    """``F.interpolate(input, **interpolate)``'s adjoint at ``grad_output``, for ``torch.compile``.
-    There the ``upsample_*_backward`` kernels have no fake implementation for symbolic sizes (torch
-    2.13: a batch or image size that changed), so the adjoint of this linear map is traced through
-    ``F.interpolate``'s own decomposition, as compiled autograd traces it.
+UPSAMPLE_BACKWARD = '''def _upsample_backward(kernel, grad_output, input_shape, options, **interpolate):
+    """The adjoint of ``F.interpolate(input, **interpolate)`` at ``grad_output``: autograd's own
+    ``kernel`` (an ``upsample_*_backward``; ``options``: its align_corners and scales), one pass and
+    twice differentiable. Under ``torch.compile`` these kernels have no fake implementation for
+    symbolic sizes (torch 2.13: a batch or image size that changed), so there the adjoint of this
+    linear map is traced through ``F.interpolate``'s own decomposition, as compiled autograd traces it.
     """
+    if not torch.compiler.is_compiling():
+        return kernel(grad_output, grad_output.shape[2:], input_shape, *options)
     zeros = grad_output.new_zeros(input_shape)
     _, pullback = torch.func.vjp(lambda input: F.interpolate(input, **interpolate), zeros)
     return pullback(grad_output)[0]
@@ -240,21 +243,19 @@ INTERPOLATE_ADJOINT = '''def _interpolate_adjoint(grad_output, input_shape, **in
 
 def _upsample_backward_code(operands, params, show):
     grad, input_shape = operands
-    arguments = [grad, f"{grad}.shape[2:]", input_shape]
-    if params["mode"] in INTERPOLATION_RANK:
-        arguments.append(str(bool(params["align_corners"])))
+    options = [str(bool(params["align_corners"]))] if params["mode"] in INTERPOLATION_RANK else []
     if params["scales"] is not None:
-        arguments += [repr(scale) for scale in params["scales"]]
-    kernel = f"torch.ops.aten.{params['kernel']}_backward({', '.join(arguments)})"
-    adjoint = f"_interpolate_adjoint({grad}, {input_shape}, {_interpolate_keywords(params, show)})"
-    return f"({kernel} if not torch.compiler.is_compiling() else {adjoint})"
+        options += [repr(scale) for scale in params["scales"]]
+    kernel = f"torch.ops.aten.{params['kernel']}_backward"
+    return (f"_upsample_backward({kernel}, {grad}, {input_shape}, [{', '.join(options)}], "
+            f"{_interpolate_keywords(params, show)})")
 
 
 # each input entry receives the interpolation weights it was given, summed: autograd's own kernel, one pass
 # where the readable form builds each axis's matrix, twice differentiable (its derivative in the gradient is
 # the interpolation itself); the input gives only its shape. Under torch.compile the kernel cannot be traced
-# at symbolic sizes, and the same adjoint is traced from F.interpolate (INTERPOLATE_ADJOINT)
-primitive("upsample_backward", code=_upsample_backward_code, shape_operands=(1,), helper=INTERPOLATE_ADJOINT,
+# at symbolic sizes, and the same adjoint is traced from F.interpolate (UPSAMPLE_BACKWARD)
+primitive("upsample_backward", code=_upsample_backward_code, shape_operands=(1,), helper=UPSAMPLE_BACKWARD,
           latex=lambda operands, params, show: rf"\operatorname{{interpolate}}^{{\top}}\left({operands[0]}\right)")
 
 
