@@ -156,11 +156,32 @@ class Primitive:
     shape_operands: tuple[int, ...] = ()
     """The operands it reads only for their shape, which ``code`` gets printed as ``x.shape`` (a kept
     :class:`ShapeOf` as itself): the planner may then keep that shape instead of the tensor."""
+    autocast_operands: tuple[int, ...] = ()
+    """The operands its kernel reads cast to autocast's lower precision, as the forward op read them (a
+    convolution's input, in its backward): a forward value that only such operands read is saved so
+    under autocast, as autograd saves the op's cast copy (its helper takes ``(copy, own dtype)``)."""
 
     def printed(self, operands: list[str], expressions) -> list[str]:
         """``operands`` (printed) with each shape operand read as a shape."""
         return [shape_text(text, expression) if index in self.shape_operands else text
                 for index, (text, expression) in enumerate(zip(operands, expressions))]
+
+
+AUTOCAST_SAVING = '''def _saved_as_autocast_casts(value):
+    """``value``, read in the backward only as a convolution's input, kept as autograd keeps it: under
+    autocast the convolution ran on ``value`` cast to autocast's dtype, and that copy is what its
+    backward reads, so the copy is kept, beside ``value``'s own dtype for its gradient:
+    ``(copy, dtype)``. Elsewhere (no autocast, a value already in that dtype, float64) ``value``."""
+    device = value.device.type
+    if not torch.is_autocast_enabled(device):
+        return value
+    dtype = torch.get_autocast_dtype(device)
+    if not value.is_floating_point() or value.dtype in (dtype, torch.float64):
+        return value
+    return value.to(dtype), value.dtype
+'''
+"""Emitted into a module that keeps a value so (``Plan.saved_as_autocast_casts``), beside the helpers
+of the primitives that read it (``Primitive.autocast_operands``)."""
 
 
 LINEAR = "linear"
@@ -171,11 +192,13 @@ PRIMITIVES: dict[str, Primitive] = {}
 
 
 def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
-              outputs: int | None = None, fresh: bool = False, shape_operands: tuple[int, ...] = ()) -> Primitive:
+              outputs: int | None = None, fresh: bool = False, shape_operands: tuple[int, ...] = (),
+              autocast_operands: tuple[int, ...] = ()) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh, shape_operands)
+    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh, shape_operands,
+                                 autocast_operands)
     return PRIMITIVES[name]
 
 

@@ -29,9 +29,11 @@ class Line:
     latex: str
     dead: tuple[str, ...] = ()
     """Names ``gradients`` deletes right after this line: their last use."""
+    narrowed: tuple[str, ...] = ()
+    """Saved names kept from this line on as autocast's cast copy (``Scheduled.narrowed``)."""
 
 
-def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False) -> Line:
+def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, narrowed: tuple[str, ...] = ()) -> Line:
     """``statement`` (a :class:`~symgrad.reverse.Statement`) printed; with ``in_place``, as its op's
     in-place form, overwriting its first operand (``torch.relu_(norm)``)."""
     math = statement.math if statement.math is not None else statement.value
@@ -39,7 +41,7 @@ def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False) 
     code = (value.primitive.inplace([to_code(operand) for operand in value.operands], value.params, to_code)
             if in_place else to_code(value, boolean=_is_mask(statement)))
     return Line(statement.target.name, code, statement.comment, f"{statement.target.name} = {code}",
-                to_latex(statement.target), to_latex(math), dead)
+                to_latex(statement.target), to_latex(math), dead, narrowed)
 
 
 def printed_lines(scheduled: list[Scheduled], steps: list | None = None, overwrite: bool = False) -> list[Line]:
@@ -103,12 +105,13 @@ def _unpacked(scheduled: list[Scheduled], index: int, in_place: bool = False) ->
         position += 1
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
-        return printed_line(item.statement, item.dead, in_place), 1
+        return printed_line(item.statement, item.dead, in_place, item.narrowed), 1
     names = ", ".join(reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs))
     code = to_code(value)
     dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))
-    return (Line(names, code, item.statement.comment, f"{names} = {code}", to_latex(target), to_latex(value), dying),
-            position - index)
+    narrowed = tuple(dict.fromkeys((*item.narrowed, *(name for other in reads.values() for name in other.narrowed))))
+    return (Line(names, code, item.statement.comment, f"{names} = {code}", to_latex(target), to_latex(value), dying,
+                 narrowed), position - index)
 
 
 def _is_mask(statement) -> bool:

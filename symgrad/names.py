@@ -328,13 +328,18 @@ _ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*$", re.M)
 
 
 def _stand_in(derived):
-    """A derived statement's line as ``target = None``, and a ``del`` line as ``pass``: what the
-    check reads of them (the name bound), parsed in a fraction of the time."""
+    """A derived statement's line as ``target = None`` (``target = target`` where it reads itself), and
+    a ``del`` line as ``pass``: what the check reads of them (the name bound), parsed in a fraction of
+    the time."""
     def replace(match: re.Match) -> str:
         indent, target = match.group(1), match.group(2)
         if target is None:
             return f"{indent}pass"
-        return f"{indent}{target} = None" if target in derived else match.group(0)
+        if target not in derived:
+            return match.group(0)
+        # a value kept as another form of itself (`cat = _saved_as_autocast_casts(cat)`) still reads it
+        reads_itself = re.search(rf"\b{target}\b", match.group(0)[len(indent) + len(target) + 3:])
+        return f"{indent}{target} = {target if reads_itself else None}"
     return replace
 
 

@@ -29,6 +29,9 @@ class Scheduled:
 
     statement: Statement
     dead: tuple[str, ...] = ()
+    narrowed: tuple[str, ...] = ()
+    """Saved names kept from here on as autocast's cast copy (:func:`_autocast_saved`): their last
+    forward use, so the wider value is freed where autograd frees it."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class Plan:
     saving_forward: list[Scheduled]
     """``_forward_saving``: the loss together with ``saved_names``."""
     saved_names: list[str]
+    saved_as_autocast_casts: list[str]
+    """Of ``saved_names``, those the backward reads only as a kernel's autocast-cast operand (a
+    convolution's input): kept under autocast as that cast copy, as autograd keeps it."""
     loss_name: str
     boundary_dead: list[str]
     """Forward values only the default cotangent reads: deleted once it is made."""
@@ -95,6 +101,11 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     live = live[:split] + _named_entries(_without_aliases(live[split:], gradient_symbols), live)
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
+    # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
+    # keeps) stays as it is: a cast copy there would be kept beside it
+    returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols)}
+    narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
+    saving_forward = _narrowed_at_last_use(saving_forward, narrowed)
     optional: dict = {}
     hvp_live, per_sample_live = [], []
     if "hvp" in extras:
@@ -122,7 +133,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         program=program, fast=fast,
         forward=_live(program.forward, {program.loss_symbol}),
         readable_backward=readable_live[_count_among(readable_live, program.forward):],
-        saving_forward=saving_forward, saved_names=saved_names, loss_name=loss_name,
+        saving_forward=saving_forward, saved_names=saved_names, saved_as_autocast_casts=narrowed, loss_name=loss_name,
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], shape_owners),
@@ -339,6 +350,43 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     live = _live(fast.forward, {*kept, loss})
     scheduled, _, _ = _with_deletions(live, len(live), set(), {*kept, loss})
     return [symbol.name for symbol in kept], scheduled, loss.name
+
+
+def _autocast_saved(saved_names: list[str], backward: list[Statement]) -> list[str]:
+    """The saved names every backward statement reads only as an operand its kernel reads cast to
+    autocast's dtype (``Primitive.autocast_operands``: a convolution's input, in its backward)."""
+    as_operand, elsewhere = set(), set()
+
+    def visit(expression) -> None:
+        if isinstance(expression, TensorOp):
+            params = expression.params
+            elsewhere.update(params.free_symbols if isinstance(params, sympy.Basic) else ())
+            for index, operand in enumerate(expression.operands):
+                if index in expression.primitive.autocast_operands and operand.is_Symbol:
+                    as_operand.add(operand.name)
+                else:
+                    visit(operand)
+        elif isinstance(expression, sympy.Symbol):
+            elsewhere.add(expression.name)
+        elif isinstance(expression, sympy.Basic):
+            for argument in expression.args:
+                visit(argument)
+
+    for statement in backward:
+        visit(statement.value)
+    return [name for name in saved_names if name in as_operand and name not in elsewhere]
+
+
+def _narrowed_at_last_use(scheduled: list[Scheduled], narrowed: list[str]) -> list[Scheduled]:
+    """``scheduled`` (a saving forward) with each ``narrowed`` name cast right after its last reading
+    statement there (or the one making it, where none reads it)."""
+    last = {}
+    for index, item in enumerate(scheduled):
+        for name in narrowed:
+            if item.statement.target.name == name or tensor(name) in item.statement.value.free_symbols:
+                last[name] = index
+    return [dataclasses.replace(item, narrowed=tuple(name for name in narrowed if last.get(name) == index))
+            for index, item in enumerate(scheduled)]
 
 
 def helpers_of(statements: list[Statement]) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .algebra import TensorOp, tensor
+from .algebra import AUTOCAST_SAVING, TensorOp, tensor
 from .blocks import BlockSpec, HyperInt, flatten
 from .errors import SpecError
 from .graph import Graph, build_graph
@@ -93,7 +93,9 @@ def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list |
     statements += [getattr(item, "statement", item) for item in (
         planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward)]
     test_data = test_facts(flat_graph, shapes)
-    return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers_of(statements),
+    narrowing = planned.saved_as_autocast_casts or any(block.planned.saved_as_autocast_casts for block in derived.values())
+    helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
+    return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,
                       running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
                       layout_constant=channels_last_constant(flat_graph), test_data=test_data,
                       **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))

@@ -37,7 +37,8 @@ def _renamed_statements(scheduled, renames: dict) -> list:
         code = re.match(r"\w+ = .*?\)(?=: )", comment) if spelled else None  # `fc = F.linear(...): pulled back`
         if code:  # the forward line it quotes, never the prose (a parameter may be called `weight`)
             comment = spelled.sub(lambda match: names[match.group(1)], code.group(0)) + comment[code.end():]
-        result.append(Scheduled(dataclasses.replace(statement, value=value, comment=comment), dead))
+        narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
+        result.append(Scheduled(dataclasses.replace(statement, value=value, comment=comment), dead, narrowed))
     return result
 
 
@@ -76,7 +77,10 @@ def _block_view(derived: DerivedBlock) -> dict:
     from .emit import printed_lines
 
     block, planned = derived.spec, derived.planned
-    forward = [item for item in planned.saving_forward if item.statement.target.name != "loss"]
+    # a block's forward also runs unsaved (save=False): what its backward reads as a convolution's input
+    # is kept as autocast's cast copy in its return (saved_returned), not cast at its last use
+    forward = [dataclasses.replace(item, narrowed=()) for item in planned.saving_forward
+               if item.statement.target.name != "loss"]
     output = tensor(block.output)
     # the gradient arriving at the output is the argument grad_output: `grad_out = grad_loss` goes
     renames = {GRAD_LOSS: GRAD_OUTPUT}
@@ -97,6 +101,8 @@ def _block_view(derived: DerivedBlock) -> dict:
         hyper=[f"{name}={default}" for name, default in block.hyper],
         forward=printed_lines(_renamed_statements(forward, entries), overwrite=True),
         saved_names=saved_names,
+        saved_returned=[f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
+                        for name in saved_names],
         backward=printed_lines(_one_line(_renamed_statements(backward, entries))),
         returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
 

@@ -249,9 +249,9 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
     """``torch.ops.aten.convolution_backward``, autograd's own (twice differentiable) kernel: the
     gradients of input, weight and bias that ``output_mask`` asks for (ints stand for every spatial
     dim, as in ``F.conv2d``). Under autocast it runs in the dtype the forward ran in, as autograd's
-    does (autocast leaves this kernel alone: the casts are written out), and returns each gradient
-    in the dtype of the tensor it belongs to.
-    """
+    does, and returns each gradient in its tensor's dtype (an ``input`` kept as autocast's copy
+    comes as ``(copy, dtype)``: ``_saved_as_autocast_casts``)."""
+    input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
     dims = weight.dim() - 2
     stride, padding, dilation, output_padding = [
         [value] * dims if isinstance(value, int) else list(value)
@@ -263,12 +263,13 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
     dtype = torch.get_autocast_dtype(device)
     grads = torch.ops.aten.convolution_backward(
         grad_output.to(dtype), input.to(dtype), weight.to(dtype), *others)
-    return tuple(None if grad is None else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, (input, weight, weight)))
+    return tuple(None if grad is None else grad.to(owner_dtype)
+                 for grad, owner_dtype in zip(grads, (input_dtype, weight.dtype, weight.dtype)))
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 
-primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD, outputs=3)
+primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD, outputs=3,
+          autocast_operands=(1,))
 class Convolution(Rule):
     operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
     params = {

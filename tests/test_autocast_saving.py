@@ -1,0 +1,148 @@
+"""Under autocast a value that only a convolution's backward reads is kept as the convolution ran on it:
+autocast's cast copy, as autograd keeps it (issue 39's "save in the dtype the consumer ran in").
+
+CPU autocast runs reflection padding and 3-d average pooling in float32 (CUDA's runs bilinear upsampling in
+float32, and a concatenation promotes to its widest input): the convolution after them reads a float32
+tensor and runs on its bfloat16 copy. Autograd's convolution node saves that copy; the generated forward
+kept the float32 tensor and cast it again in its backward, twice the bytes. These models are written as
+restoration and 3-d segmentation networks are: ``padding_mode="reflect"``, ``nn.AvgPool3d``."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symgrad
+from symgrad.check import load_module
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+
+
+class ReflectDenoiser(nn.Module):
+    """A DnCNN-style residual denoiser whose convolutions pad by reflection, as restoration code writes it."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.head = nn.Conv2d(1, width, 3, padding=1, padding_mode="reflect")
+        self.body = nn.Sequential(nn.Conv2d(width, width, 3, padding=1, padding_mode="reflect", bias=False),
+                                  nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        self.tail = nn.Conv2d(width, 1, 3, padding=1, padding_mode="reflect")
+
+    def forward(self, noisy):
+        return noisy - self.tail(self.body(F.relu(self.head(noisy))))
+
+
+class Pooled3d(nn.Module):
+    """A 3-d encoder stage: convolution, average pooling, convolution (a 3-d U-Net's down path)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv3d(1, 4, 3, padding=1)
+        self.pool = nn.AvgPool3d(2)
+        self.conv2 = nn.Conv3d(4, 4, 3, padding=1)
+
+    def forward(self, volume):
+        return self.conv2(self.pool(torch.relu(self.conv1(volume))))
+
+
+CASES = {
+    "reflect": (ReflectDenoiser, {"noisy": (2, 1, 12, 12)}, (3, 1, 16, 20)),
+    "pool3d": (Pooled3d, {"volume": (2, 1, 8, 8, 8)}, (2, 1, 8, 12, 8)),
+}
+
+
+def generated_module(label: str, tmp_path: Path):
+    make, shapes, _ = CASES[label]
+    torch.manual_seed(0)
+    model = make().train()
+    text = trace(model, shapes, wrt="parameters", name=f"autocast_{label}", loss=LossChoice("mse_loss", "target"),
+                 mode="train")
+    built = build_text(text, f"autocast_{label}.yaml")
+    for name, content in built.rendered.files.items():
+        (tmp_path / name).write_text(content)
+    return model, tmp_path / f"autocast_{label}.py"
+
+
+def saved_bytes(values) -> int:
+    """Bytes of the distinct storages among ``values`` (tensors, or ``(copy, dtype)`` pairs)."""
+    storages = {}
+    for value in values:
+        value = value[0] if type(value) is tuple else value
+        if isinstance(value, torch.Tensor):
+            storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def autograd_saved_bytes(model, data: torch.Tensor, target: torch.Tensor) -> int:
+    """Bytes of the distinct non-parameter storages autograd's nodes keep for one step's backward."""
+    parameters = {tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), *model.buffers())}
+    kept = {}
+
+    def pack(tensor):
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer not in parameters:
+            kept[pointer] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            F.mse_loss(model(data), target)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("label", CASES)
+def test_a_value_only_a_convolution_reads_is_kept_in_autocasts_dtype_no_wider_than_autograds(label, tmp_path):
+    model, path = generated_module(label, tmp_path)
+    module = load_module(path)
+    torch.manual_seed(1)
+    data = torch.randn(*CASES[label][2])
+    target = torch.randn_like(model(data))
+    arguments = {**{name: value.detach() for name, value in model.named_parameters()},
+                 **{name: value.clone() for name, value in model.named_buffers()}}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, *saved = module._forward_saving(data, **_parameters(module, arguments), target=target)
+    narrowed = [value for value in saved if type(value) is tuple]  # (copy, dtype); a kept torch.Size is a tuple too
+    assert narrowed and all(copy_.dtype == torch.bfloat16 and dtype == torch.float32 for copy_, dtype in narrowed)
+    assert saved_bytes(saved) <= autograd_saved_bytes(copy.deepcopy(model), data, target)
+    with torch.no_grad():  # outside autocast nothing is cast: the saved values are the forward's own
+        _, *plain = module._forward_saving(data, **_parameters(module, arguments), target=target)
+    assert not any(type(value) is tuple for value in plain)
+
+
+def _parameters(module, arguments: dict) -> dict:
+    """``arguments`` keyed as the generated ``_forward_saving`` names its parameters (``head_weight`` for
+    ``head.weight``), or under ``params`` where it takes them in one mapping."""
+    import inspect
+
+    names = inspect.signature(module._forward_saving).parameters
+    if "params" in names:
+        return {"params": arguments}
+    return {name: arguments[key] for key in arguments for name in names if name == key.replace(".", "_")}
+
+
+@pytest.mark.parametrize("label", CASES)
+def test_the_bound_step_under_autocast_computes_the_same_gradients_as_when_it_kept_the_wide_value(
+        label, tmp_path, monkeypatch):
+    """Casting the kept value at the forward's last use or in the backward is the same cast: the
+    gradients agree bit for bit, each in its parameter's dtype, and as closely with autograd's as before."""
+    model, path = generated_module(label, tmp_path)
+    torch.manual_seed(2)
+    data = torch.randn(*CASES[label][2])
+    target = torch.randn_like(model(data))
+    grads = []
+    for narrowing in (True, False):
+        net = copy.deepcopy(model)
+        step = symgrad.bind(path, net)
+        if not narrowing:  # the module as it was: every value kept as the forward made it
+            monkeypatch.setattr(step.generated, "_saved_as_autocast_casts", lambda value: value)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = step(**{next(iter(CASES[label][1])): data, "target": target})
+        loss.backward()
+        grads.append({name: value.grad for name, value in net.named_parameters()})
+    assert all(grad.dtype == torch.float32 for grad in grads[0].values())
+    assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
