@@ -341,8 +341,9 @@ WHY_CUDA = ("*Why the targets are missed on this GPU.* Run of 2026-11-27 on an H
             "CUDA's autocast policy: bilinear upsampling runs in float32 and a concatenation promotes to its widest "
             "input (`python -m benchmarks.autocast_policy`), so the convolutions after the concatenations read "
             "float32 tensors, which the generated forward saves where autograd saves the convolution's bfloat16 "
-            "copy (1907 against 1623 MiB); saving a value that only a convolution's backward reads in the dtype "
-            "that convolution ran in would close it; not built. The compiled bound model ran 0.91x compiled "
+            "copy (1907 against 1623 MiB); the generated forward keeps that copy since this run (a value only a "
+            "convolution's backward reads, kept in the dtype the convolution ran in: `_saved_as_autocast_casts`), "
+            "not yet measured on a GPU. The compiled bound model ran 0.91x compiled "
             "autograd (13.9 against 12.6 ms, 1.01x its memory), and both were slower than eager channels_last "
             "autograd (10.4 ms).")
 WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
