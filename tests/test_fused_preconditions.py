@@ -235,3 +235,38 @@ def test_kernels_that_need_the_gradient_in_the_inputs_dtype_are_given_it():
         code = PRIMITIVES[name].code(["grad", "x", "indices"], params, str)
         result = eval(code, {"torch": torch, "grad": grad, "x": x, "indices": indices})  # noqa: S307 - symgrad's own code
         assert result.dtype == x.dtype and result.shape == x.shape, name
+
+
+@pytest.mark.parametrize("name", ["group_norm", "layer_norm"])
+def test_norm_kernels_take_a_float32_weight_with_a_bfloat16_input_as_cuda_does(name):
+    """Under autocast an affine instance norm (or a layer norm after a convolution) reaches its fused
+    backward with x and the gradient in bfloat16 and the weight in float32. The CPU's kernels take the
+    mix; CUDA's read the weight (and group_norm's statistics) in x's dtype and refuse it, which failed
+    the bound U-Net 3D, MONAI blocks, MaxViT and MobileViT steps under CUDA autocast. The helpers
+    compute in float32 there, as autograd's kernels do, and return each gradient in its tensor's dtype."""
+    from symgrad.rules.norm import GROUP_NORM_BACKWARD, LAYER_NORM_BACKWARD
+
+    from .helpers import CudaNormKernels
+
+    namespace = {"torch": torch}
+    exec(GROUP_NORM_BACKWARD + LAYER_NORM_BACKWARD, namespace)  # noqa: S102 - symgrad's own helpers
+    generator = torch.Generator().manual_seed(3)
+    x, grad = (torch.randn(2, 4, 3, 5, 6, generator=generator, dtype=torch.float64) for _ in range(2))
+    weight, bias = (torch.randn(4 if name == "group_norm" else 6, generator=generator, dtype=torch.float64)
+                    for _ in range(2))
+
+    def helper(x, grad, weight, bias):
+        if name == "group_norm":  # an instance norm: one channel per group
+            return namespace["_group_norm_backward"](grad, x, weight, 4)
+        return namespace["_layer_norm_backward"](grad, x, [6], weight, bias)
+
+    exact = helper(x, grad, weight, bias)
+    with CudaNormKernels():
+        mixed = helper(x.bfloat16(), grad.bfloat16(), weight.float(), bias.float())
+    assert [value.dtype for value in mixed] == [torch.bfloat16, torch.float32, torch.float32]
+    # from the bfloat16-rounded x and gradient, in float32: the input's gradient within bfloat16's rounding
+    rounded = helper(x.bfloat16().double(), grad.bfloat16().double(), weight, bias)
+    for value, expected in zip(mixed, rounded):
+        assert (value.double() - expected).norm() <= 1e-2 * expected.norm()
+    assert (mixed[1].double() - rounded[1]).norm() <= 1e-5 * rounded[1].norm()
+    assert all(value.shape == expected.shape for value, expected in zip(mixed, exact))

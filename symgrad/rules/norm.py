@@ -148,12 +148,18 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
     ran, again (one pass over ``input``; constants here, as autograd's saved ones are: the kernel's
     derivative accounts for their dependence on ``input``). It runs in the dtype the forward
     computed in, its output's and so the gradient's (autocast runs group_norm in float32 on a GPU),
-    and returns each gradient in the dtype of the tensor it belongs to. The kernel has no
-    derivative of its own: where autograd records this gradient it is the formula instead,
-    ``rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat))`` in each group, as autograd does.
+    and returns each gradient in the dtype of the tensor it belongs to. A float32 weight with a
+    bfloat16 input (an instance norm under autocast) takes x and the gradient to float32: CUDA's
+    kernels read the weight, mean and 1 / std in the input's dtype and refuse any other (the CPU's
+    take the mix), and float32 is the precision autograd's batch_norm kernel computes it in. The
+    kernel has no derivative of its own: where autograd records this gradient it is the formula
+    instead, ``rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat))`` in each group, as autograd does.
     """
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
+    dtype = dtype if weight is None else torch.promote_types(dtype, weight.dtype)
+    owners = (input, weight, weight)  # each gradient goes back in its tensor's dtype
     x, grad = input.to(dtype), grad_output.to(dtype)
+    weight = None if weight is None else weight.to(dtype)
     n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
     tracked = [value for value in (x, grad, weight) if value is not None and value.requires_grad]
     if torch.is_grad_enabled() and tracked:
@@ -179,7 +185,7 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
         grads = torch.ops.aten.native_group_norm_backward(
             grad, x, mean, rstd, weight, n, c, hxw, groups, list(output_mask))
     return tuple(None if grad is None else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, (input, weight, weight)))
+                 for grad, owner in zip(grads, owners))
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, eps=1e-05,
@@ -187,16 +193,21 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
     """layer_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_layer_norm_backward``, autograd's own (twice differentiable) kernel,
     the mean and 1 / std over ``normalized_shape`` from ``torch.native_layer_norm`` again, as
-    :func:`_group_norm_backward` takes its groups' (and in the same dtype).
+    :func:`_group_norm_backward` takes its groups' (and in the same dtype, a float32 weight's
+    with a bfloat16 input: CUDA's kernels read the weight and bias in the input's dtype).
     """
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
+    for param in (weight, bias):
+        dtype = dtype if param is None else torch.promote_types(dtype, param.dtype)
+    owners = (input, weight, bias)  # each gradient goes back in its tensor's dtype
     x = input.to(dtype)
+    weight, bias = (None if param is None else param.to(dtype) for param in (weight, bias))
     with torch.no_grad():  # constants: the kernel's derivative accounts for their dependence on x
         _, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, None, eps)
     grads = torch.ops.aten.native_layer_norm_backward(
         grad_output.to(dtype), x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
     return tuple(None if grad is None else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, (input, weight, bias)))
+                 for grad, owner in zip(grads, owners))
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
