@@ -168,9 +168,9 @@ class Primitive:
 
 
 AUTOCAST_SAVING = '''def _saved_as_autocast_casts(value):
-    """``value``, read in the backward only as a convolution's input, kept as autograd keeps it: under
-    autocast the convolution ran on ``value`` cast to autocast's dtype, and that copy is what its
-    backward reads, so the copy is kept, beside ``value``'s own dtype for its gradient:
+    """``value``, read in the backward only as a convolution's input, kept as autograd keeps it:
+    under autocast the convolution ran on ``value`` cast to autocast's dtype, and that copy is what
+    its backward reads, so the copy is kept, beside ``value``'s own dtype for its gradient:
     ``(copy, dtype)``. Elsewhere (no autocast, a value already in that dtype, float64) ``value``."""
     device = value.device.type
     if not torch.is_autocast_enabled(device):

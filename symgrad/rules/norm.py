@@ -153,7 +153,8 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
     kernels read the weight, mean and 1 / std in the input's dtype and refuse any other (the CPU's
     take the mix), and float32 is the precision autograd's batch_norm kernel computes it in. The
     kernel has no derivative of its own: where autograd records this gradient it is the formula
-    instead, ``rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat))`` in each group, as autograd does.
+    instead, ``rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat))`` in each group, as
+    autograd does.
     """
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
     dtype = dtype if weight is None else torch.promote_types(dtype, weight.dtype)

@@ -230,7 +230,8 @@ UPSAMPLE_BACKWARD = '''def _upsample_backward(kernel, grad_output, input_shape, 
     ``kernel`` (an ``upsample_*_backward``; ``options``: its align_corners and scales), one pass and
     twice differentiable. Under ``torch.compile`` these kernels have no fake implementation for
     symbolic sizes (torch 2.13: a batch or image size that changed), so there the adjoint of this
-    linear map is traced through ``F.interpolate``'s own decomposition, as compiled autograd traces it.
+    linear map is traced through ``F.interpolate``'s own decomposition, as compiled autograd
+    traces it.
     """
     if not torch.compiler.is_compiling():
         return kernel(grad_output, grad_output.shape[2:], input_shape, *options)
