@@ -185,11 +185,35 @@ primitive("relu6_backward",
 
 
 # the local derivative above times grad, in one pass: autograd's hardswish backward, twice differentiable
-# (derivatives.yaml differentiates it; SiLU's and hardsigmoid's backward kernels are not, so those two
-# keep their formulas), read off the input
+# (derivatives.yaml differentiates it; SiLU's kernel is not, and runs where no derivative is wanted, as
+# autograd runs it; hardsigmoid's keeps its formula), read off the input
 primitive("hardswish_backward",
           code=lambda operands, params, show: f"torch.ops.aten.hardswish_backward({operands[0]}, {operands[1]})",
           latex=lambda operands, params, show: rf"{operands[0]} \odot \operatorname{{hardswish}}'\left({operands[1]}\right)")
+
+
+# GELU's pullback in one pass: autograd's gelu_backward, twice differentiable (derivatives.yaml
+# differentiates it), read off the input, in the op's own approximation
+primitive("gelu_backward",
+          code=lambda operands, params, show: (f"torch.ops.aten.gelu_backward({operands[0]}, {operands[1]}"
+                                               + (f", approximate={params['approximate']!r})"
+                                                  if params["approximate"] != "none" else ")")),
+          latex=lambda operands, params, show: rf"{operands[0]} \odot \operatorname{{gelu}}'\left({operands[1]}\right)")
+
+
+SILU_BACKWARD = '''def _silu_backward(grad_output, input):
+    """SiLU's pullback as autograd runs it: its one-pass silu_backward kernel where no derivative
+    of the gradient is wanted, else the formula, twice differentiable (the kernel is not)."""
+    if not torch.is_grad_enabled():
+        return torch.ops.aten.silu_backward(grad_output, input)
+    sigmoid = torch.sigmoid(input)
+    return grad_output * sigmoid * (1 + input * (1 - sigmoid))
+'''
+"""Emitted once into each module that calls it (``Primitive.helper``): derivatives.yaml's choice for
+``silu``, ``GradMode::is_enabled() ? infinitely_differentiable_silu_backward : silu_backward``."""
+primitive("silu_backward", helper=SILU_BACKWARD,
+          code=lambda operands, params, show: f"_silu_backward({operands[0]}, {operands[1]})",
+          latex=lambda operands, params, show: rf"{operands[0]} \odot \operatorname{{silu}}'\left({operands[1]}\right)")
 
 
 def _binary(name: str, formula, summary: str, calls: tuple[str, ...]) -> Elementwise:
@@ -260,12 +284,14 @@ RULES = [
     _unary("sigmoid", Sigmoid, "torch.sigmoid", "logistic sigmoid", from_output=lambda out: out * (1 - out)),
     _unary("tanh", sympy.tanh, "torch.tanh", "hyperbolic tangent", from_output=lambda out: 1 - out ** 2),
     _unary("silu", lambda x: x * Sigmoid(x), "F.silu", "x * sigmoid(x)", calls=("silu",),
-           activation_gain=HE_GAIN),
+           fused_pullback=lambda grad, node: op("silu_backward", grad, node.operands["input"]), activation_gain=HE_GAIN),
     _unary("gelu", lambda x, approximate: (
         x / 2 * (1 + sympy.erf(x / sympy.sqrt(2))) if approximate == "none"
         else x / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + sympy.Rational(44715, 1000000) * x ** 3)))),
         "F.gelu", "Gaussian error linear unit, exact (erf) or tanh-approximated",
-        params={"approximate": Param("none", choice("none", "tanh"))}, calls=("gelu",), activation_gain=HE_GAIN),
+        params={"approximate": Param("none", choice("none", "tanh"))}, calls=("gelu",), activation_gain=HE_GAIN,
+        fused_pullback=lambda grad, node: op("gelu_backward", grad, node.operands["input"],
+                                             approximate=node.params["approximate"])),
     _unary("softplus", lambda x, beta, threshold: (
         sympy.Heaviside(beta * x - threshold, 0) * x
         + (1 - sympy.Heaviside(beta * x - threshold, 0)) * Softplus(beta * x) / beta),
