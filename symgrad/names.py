@@ -328,7 +328,8 @@ _ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*$", re.M)
 
 
 def _stand_in(derived):
-    """A derived statement's line as ``target = None`` (``target = target`` where it reads itself), and
+    """A derived statement's line as ``target = None`` (``target = target`` where it keeps autocast's
+    copy of itself, ``target = _saved_as_autocast_casts(target)``), and
     a ``del`` line as ``pass``: what the check reads of them (the name bound), parsed in a fraction of
     the time."""
     def replace(match: re.Match) -> str:
@@ -337,9 +338,9 @@ def _stand_in(derived):
             return f"{indent}pass"
         if target not in derived:
             return match.group(0)
-        # a value kept as another form of itself (`cat = _saved_as_autocast_casts(cat)`) still reads it
-        reads_itself = re.search(rf"\b{target}\b", match.group(0)[len(indent) + len(target) + 3:])
-        return f"{indent}{target} = {target if reads_itself else None}"
+        # a value kept as autocast's copy of itself is still the one value, not a second store
+        kept_as_cast = match.group(0) == f"{indent}{target} = _saved_as_autocast_casts({target})"
+        return f"{indent}{target} = {target if kept_as_cast else None}"
     return replace
 
 

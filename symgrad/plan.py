@@ -103,7 +103,9 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
     # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
     # keeps) stays as it is: a cast copy there would be kept beside it
-    returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols)}
+    # the default cotangent (`pred.new_ones(...)`) reads the loss's input as a tensor too
+    returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
+                *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
     narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
     saving_forward = _narrowed_at_last_use(saving_forward, narrowed)
     optional: dict = {}

@@ -10,6 +10,7 @@ restoration and 3-d segmentation networks are: ``padding_mode="reflect"``, ``nn.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,79 @@ def test_the_bound_step_under_autocast_computes_the_same_gradients_as_when_it_ke
         grads.append({name: value.grad for name, value in net.named_parameters()})
     assert all(grad.dtype == torch.float32 for grad in grads[0].values())
     assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
+
+
+LOSS_READS_A_CONVOLUTIONS_INPUT = """
+name: loss_input_convolved
+inputs:
+  features: {shape: [2, 3, 8, 8]}
+  w2: {shape: [3, 3, 3, 3]}
+layers:
+  - {op: pad, pad: [1, 1, 1, 1], mode: reflect, out: pred}
+  - {op: conv2d, in: pred, weight: w2, padding: 1, out: aux}
+loss: {op: mse_loss, in: pred, target: aux, reduction: sum}
+wrt: [features, w2]
+"""
+
+
+def test_a_value_the_default_cotangent_reads_is_kept_as_it_is(tmp_path):
+    """``pred`` is the loss's input, which the default cotangent (``pred.new_ones(...)``) reads as a
+    tensor, and a convolution's input: it is not cast, and ``gradients`` runs under autocast."""
+    from symgrad.check import module_from_source
+
+    built = build_text(LOSS_READS_A_CONVOLUTIONS_INPUT, "loss_input_convolved.yaml")
+    source = built.rendered.files["loss_input_convolved.py"]
+    assert "pred = _saved_as_autocast_casts(pred)" not in source
+    module = module_from_source(source, "loss_input_convolved")
+    features, w2 = torch.randn(2, 3, 8, 8), torch.randn(3, 3, 3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        grads = module.gradients(features, w2)
+    assert [grad.dtype for grad in grads] == [torch.float32, torch.float32]
+
+
+class ReflectStage(nn.Module):
+    """A residual stage of two reflection-padded convolutions."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1, padding_mode="reflect")
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, padding_mode="reflect")
+
+    def forward(self, x):
+        return x + self.conv2(torch.relu(self.conv1(x)))
+
+
+class RepeatedReflect(nn.Module):
+    """Two instances of one reflection-padded stage, traced as a block (``blocks=True``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.Sequential(ReflectStage(), ReflectStage())
+
+    def forward(self, x):
+        return self.stages(x)
+
+
+def test_a_block_keeps_autocasts_copy_in_what_it_saves_with_the_same_gradients(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = RepeatedReflect()
+    text = trace(model, {"x": (2, 4, 8, 8)}, wrt="parameters", name="repeated_reflect",
+                 loss=LossChoice("mse_loss", "target"), mode="train", blocks=True)
+    built = build_text(text, "repeated_reflect.yaml")
+    for name, content in built.rendered.files.items():
+        (tmp_path / name).write_text(content)
+    path = tmp_path / "repeated_reflect.py"
+    assert re.search(r"return \w+, \[[^\]]*_saved_as_autocast_casts\(", path.read_text())  # in the block's return
+    data, target = torch.randn(3, 4, 10, 6), torch.randn(3, 4, 10, 6)
+    grads = []
+    for narrowing in (True, False):
+        net = copy.deepcopy(model)
+        step = symgrad.bind(path, net)
+        if not narrowing:
+            monkeypatch.setattr(step.generated, "_saved_as_autocast_casts", lambda value: value)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = step(x=data, target=target)
+        loss.backward()
+        grads.append([value.grad for value in net.parameters()])
+    assert all(grad.dtype == torch.float32 for grad in grads[0])
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(*grads))
