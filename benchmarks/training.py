@@ -282,40 +282,27 @@ def graphed_peak_bytes(function) -> int:
     return peak_growth_bytes(function, "cuda")
 
 
-WHY_CPU = ("*Why the targets are missed on this CPU.* Run of 2026-11-27 on a quiet machine (load 1-2), at the "
-       "code of commit 6d01719. Speed: in the same layout the bound step and autograd run the same convolution, "
-       "batch-norm, ReLU, pool and upsample kernels, and layout for layout the bound step ran 0.85-1.06x autograd's "
-       "speed at 112² and above in float32 (ResNet-18's channels_last row at 112² is the 0.85x outlier; every other "
-       "row 0.97-1.06x) and 0.95-1.06x under AMP; its faster layout against autograd's faster one is the verdict "
-       "above, where ResNet-18 at 112² under AMP meets the target (1.06x, 0.81x memory) and ResNet-18 at 224² in "
-       "float32 (1.06x) and ResNet-50 (1.00x) miss on memory alone, against autograd's default layout, which "
-       "is leaner than either channels_last step. Around the kernels (the table above) the bound step costs "
-       "0.4-0.6 ms a step more than autograd (0.87-0.93x): one autograd.Function taking every parameter and "
-       "buffer, and a backward of a few hundred Python statements. The ConvNeXt, EfficientNet and MobileNetV3 "
-       "rows are small steps (10-26 ms at 64²), where that cost is 3-8% of a step; MobileNetV3 (0.81x) and "
-       "EfficientNet (0.92x) pay more in their backward: hardswish, hardsigmoid and SiLU are pulled back by "
-       "their derivative formulas, a few elementwise passes each, where autograd runs one hardswish_backward or "
-       "silu_backward kernel (ReLU and ReLU6 already use autograd's kernels; these do not yet). `torch.compile` "
-       "was no faster than eager autograd in any row from 112² (its CPU convolutions are oneDNN's too). The "
-       "compiled bound model ran 1.03x compiled autograd's speed on ResNet-18 at 112² (112.3 against 115.4 ms) "
-       "and 0.98x on the U-Net (213.5 against 208.5 ms), with the same memory as compiled autograd (62.1 against "
-       "60.7 MiB, 134.1 against 134.1 MiB): both slower than the eager steps on 2 cores. Memory: layout for layout "
-       "the bound step keeps 0.99-1.00x autograd's peak in float32 for the ResNets and the U-Net (its "
-       "concatenated skips are freed at their last forward use, the backward keeping only their shapes), and "
-       "0.71-0.99x under AMP (it keeps bfloat16 values where autograd's casts keep float32 copies). The U-Net's "
-       "float32 miss is against `torch.compile`, the leanest U-Net step (1.22x: it recomputes cheap elementwise "
-       "values in its backward instead of keeping them), and so are ConvNeXt's (3.0 MiB compiled against 7.3 "
-       "eager; the bound step is 0.72-0.83x eager autograd's). MobileNetV3 needs 1.19-1.20x autograd's peak "
-       "layout for layout in float32 and EfficientNet 1.07x in the default layout, though the values each step "
-       "keeps for its backward differ by 3% (MobileNetV3 at 8 x 64²: 9.63 MiB against autograd's 9.38, counted "
-       "by storage): the difference is the backward's temporaries, the same activation formulas' "
-       "intermediates where autograd's kernel writes one tensor. The commit after this run pulls hardswish "
-       "back by autograd's hardswish_backward (twice differentiable; SiLU's and hardsigmoid's kernels are not, "
-       "so they keep their formulas): MobileNetV3's peak at 8 x 64² went from 11.6 to 9.7 MiB (0.98x autograd's "
-       "9.9) and 9.8 MiB in channels_last (1.01x), measured apart from this run; its speed was not timed. "
-       "A C++ or compiled backward node would remove "
-       "the per-step Python; neither is built (the compiled bound model, above, compiles the step whole but "
-       "is no faster on this CPU).")
+WHY_CPU = ("*Why the targets are missed on this CPU.* Run of 2026-11-27, 09:06-09:20, at the code of commit "
+       "a6c73ea (GELU, SiLU and hardswish pulled back by autograd's kernels), load 2-3: one of sixteen rows meets "
+       "the target (ResNet-50 at 112² under AMP: 1.01x, 0.91x memory). Speed: in the same layout the bound step "
+       "and autograd run the same convolution, batch-norm, activation, pool and upsample kernels, and layout for "
+       "layout the bound step ran 0.95-1.01x autograd's speed from 112² in float32 and 0.94-1.01x under AMP, "
+       "0.92-1.02x on the ConvNeXt, EfficientNet and MobileNetV3 rows (small steps, 9-26 ms at 64²); the "
+       "verdicts above set its faster layout against autograd's fastest variant. Around the kernels (the table "
+       "above) the bound step costs 0.4-0.8 ms a step more than autograd (0.87-0.93x): one autograd.Function "
+       "taking every parameter and buffer, a backward of a few hundred Python statements, and the guard's checks "
+       "of the model. A C++ or compiled backward node would remove that; neither is built. The compiled bound "
+       "model ran 1.08x compiled autograd's speed on ResNet-18 at 112² (102.8 against 110.9 ms) and 1.00x on the "
+       "U-Net (213.2 against 212.3 ms), with the same memory (61.4 against 61.1 MiB, 134.1 against 134.4), both "
+       "slower than the eager steps on 2 cores (`torch.compile`'s CPU convolutions are oneDNN's too). Memory: "
+       "layout for layout the bound step keeps 1.00x autograd's peak in float32 for the ResNets and the U-Net "
+       "and 0.71-0.99x under AMP (bfloat16 values where autograd's casts keep float32 copies); where ResNet-18 "
+       "and ResNet-50 miss, their faster layout, channels_last, is set against autograd's leaner default layout "
+       "(1.03-1.19x). The U-Net's, ConvNeXt's, EfficientNet's and MobileNetV3's float32 misses are against "
+       "`torch.compile`, the leanest step there (it recomputes cheap elementwise values in its backward instead "
+       "of keeping them: 134.4 MiB against eager's 163.3 for the U-Net, 3.0 against 6.9 for ConvNeXt); against "
+       "eager autograd ConvNeXt's bound step is 0.78-0.82x, EfficientNet's 1.02-1.03x and MobileNetV3's 1.02x "
+       "(1.19-1.20x before hardswish's kernel: 11.6 MiB then, 9.9 now, autograd 9.7).")
 
 WHY_CUDA = ("*Why the targets are missed on this GPU.* Run of 2026-11-27 on an H100 lease (torch 2.11.0+cu130), "
             "at commit ba662f5 with this run's benchmark changes (the bound step's CUDA graphs in both layouts, their "
@@ -331,7 +318,8 @@ WHY_CUDA = ("*Why the targets are missed on this GPU.* Run of 2026-11-27 on an H
             "(6.7 against 6.6 ms channels_last, 1.01x against its default layout's 6.8 ms). Eager, layout for layout, "
             "the bound step is 0.91-1.08x autograd's (its Python, a few hundred statements, costs about what "
             "autograd's engine does at these sizes; the U-Net's default layout 1.29-1.41x, as the generated code runs "
-            "its convolutions in channels_last there). Memory: the eager bound step keeps autograd's peak (0.99-1.00x "
+            "its convolutions in channels_last there). Memory: at the target sizes the eager bound step keeps "
+            "autograd's peak (0.99-1.00x "
             "in float32 channels_last, 0.95-0.99x under AMP for the ResNets), but the fastest, graphed step needs "
             "1.00-1.19x in float32 and 1.10-1.29x under AMP at the target sizes (3.2-4.8x at 32 × 64², where activations are "
             "small): `torch.cuda.make_graphed_callables` keeps a static gradient buffer for every parameter, which "
@@ -387,7 +375,8 @@ def render(saved: dict) -> str:
             if not peers:
                 continue
             fastest = min(row["median"] for row in peers)
-            leanest = min(row["peak_bytes"] for row in peers if not row.get("pool_uncounted"))
+            # a peak that leaves out a graph pool is never the leanest; none counted: no memory ratio
+            leanest = min((row["peak_bytes"] for row in peers if not row.get("pool_uncounted")), default=float("nan"))
             for name, row in own.items():
                 mark = " †" if row.get("pool_uncounted") else ""
                 lines.append(f"| {network} | {batch} × {size}²{tag and f' ({tag})'} | {name} | {row['median'] * 1e3:.1f} | "
@@ -517,7 +506,7 @@ def main(argv=None) -> int:
                 print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
                       f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)
             saved["rows"] += results
-            saved["failures"] = FAILURES
+            saved["failures"] = [line + (f" ({args.tag})" if args.tag else "") for line in FAILURES]
             path.write_text(json.dumps(saved, indent=1))  # a run cut short keeps the rows it measured
         if not args.skip_overhead:
             saved["overhead"] = measure_overhead(3 if args.quick else max(args.repeats, 21), variants,
