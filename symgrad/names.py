@@ -324,7 +324,9 @@ def _module_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-_ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*$", re.M)
+_ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*(?:\n\1[ \t]+[^\n]*)*(?:\n\1[)\]][^\n]*)?$", re.M)
+"""A one-name assignment or a ``del``, with the lines it wraps onto (indented deeper, then the
+closing bracket at its own indent: after a whole simple statement no line is indented deeper)."""
 
 
 def _stand_in(derived):
@@ -339,7 +341,7 @@ def _stand_in(derived):
         if target not in derived:
             return match.group(0)
         # a value kept as autocast's copy of itself is still the one value, not a second store
-        kept_as_cast = match.group(0) == f"{indent}{target} = _saved_as_autocast_casts({target})"
+        kept_as_cast = re.fullmatch(rf"{target}=_saved_as_autocast_casts\({target},?\)", re.sub(r"\s", "", match.group(0)))
         return f"{indent}{target} = {target if kept_as_cast else None}"
     return replace
 
@@ -352,9 +354,11 @@ def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = 
     A block's own names are checked too; the template's functions written out verbatim, which never
     see a spec name, are not read as scopes."""
     names = _spec_names(spec, blocks=True)
-    if derived:
-        source = _ASSIGNMENT.sub(_stand_in(derived), source)
-    tree = ast.parse(source)  # duplicate arguments parse; compiling them would fail (checked below)
+    stood_in = _ASSIGNMENT.sub(_stand_in(derived), source) if derived else source
+    try:
+        tree = ast.parse(stood_in)  # duplicate arguments parse; compiling them would fail (checked below)
+    except SyntaxError:  # a stand-in that does not parse: the module itself, read whole (never skipped)
+        tree = ast.parse(source)
     module_names = _module_level_names(tree)
     scopes = [_Scope(function) for function in _functions(tree, scan_template("module.py.jinja").verbatim)]
     free = {name for scope in scopes for name in scope.loads - scope.bound}  # globals and builtins the code reads

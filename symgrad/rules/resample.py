@@ -236,7 +236,7 @@ UPSAMPLE_BACKWARD = '''def _upsample_backward(kernel, grad_output, input_shape, 
     if not torch.compiler.is_compiling():
         return kernel(grad_output, grad_output.shape[2:], input_shape, *options)
     zeros = grad_output.new_zeros(input_shape)
-    _, pullback = torch.func.vjp(lambda input: F.interpolate(input, **interpolate), zeros)
+    _, pullback = torch.func.vjp(lambda value: F.interpolate(value, **interpolate), zeros)
     return pullback(grad_output)[0]
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
