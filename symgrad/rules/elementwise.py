@@ -60,9 +60,10 @@ class Elementwise(Rule):
     inplace: str | None = None
     """An in-place torch call for the forward (``torch.relu_``), used by the fast function."""
     fused_pullback: Callable[[sympy.Expr, NodeSymbols], sympy.Expr] | None = None
-    """``(grad, node) -> grad_input`` by one twice-differentiable autograd kernel, for the fused
-    derivation (ReLU's ``threshold_backward`` of the output, hardswish's ``hardswish_backward`` of
-    the input: one pass instead of a mask or a local derivative and a product)."""
+    """``(grad, node) -> grad_input`` by autograd's own kernel, for the fused derivation (ReLU's
+    ``threshold_backward`` of the output, hardswish's and GELU's of the input: one pass instead of a
+    mask or a local derivative and a product); where that kernel is not twice differentiable (SiLU's),
+    a helper runs it only where no derivative of the gradient is wanted, as autograd does."""
     derivative: Callable[..., sympy.Expr] | None = None
     """The local derivative, as a function of ``input``, where PyTorch's backward is not the formula's
     own (hardsigmoid's slope is the float32 constant 1/6, in float64 too); None: ``sympy.diff``."""
