@@ -41,7 +41,7 @@ from types import ModuleType
 import torch
 
 from .errors import SymgradError
-from .fast_checks import Snapshot, count_batches, read_state
+from .fast_checks import BatchCounter, Snapshot, StateReader
 from .fingerprint import IGNORED, difference, literal
 from .write import read_generated, read_header
 
@@ -138,29 +138,36 @@ class Guard:
         self._hypers = tuple((path, module, key, copy.copy(value)) for path, module in modules.items()
                              for key, value in vars(module).items()
                              if fingerprint and path in fingerprint and _hyper(key, value))
-        self._snapshot = Snapshot(self._children, self._hypers)
+        moded = tuple(self._modes)
+        if not self._modes and self._traced_training is not None:  # _check_mode's second rule: these in the traced mode
+            owners = [statistics.module for statistics in self._statistics] or [
+                owner for owner, attribute in self._state.values() if attribute == "running_mean"]
+            moded += tuple(("", owner, self._traced_training) for owner in owners)
+        self._snapshot = Snapshot(self._children, self._hypers, moded)
+        self._reader = StateReader(self._state)
+        self._counter = BatchCounter(self._statistics)
+        self._cumulative = tuple(statistics for statistics in self._statistics if statistics.momentum is None)
 
-    def _checked_arguments(self, data: dict) -> tuple[dict, list]:
+    def _checked_arguments(self, data: dict) -> tuple[dict, dict, list]:
         """Every per-step check passed, the call's arguments with the model's tensors looked up now (``.to()``
-        replaces buffers), and each cumulative (``momentum=None``) BatchNorm's statistics before the step."""
+        replaces buffers), those tensors alone by key, and each cumulative (``momentum=None``) BatchNorm's
+        statistics before the step."""
         for name, value in data.items():
             if isinstance(value, torch.Tensor) and value.numel() == 0:
                 raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
                                  "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
-        self._check_model()
-        self._check_mode()
-        arguments = read_state(self._state, data)
+        self._check_model_and_mode()
+        arguments, params = self._reader.read(data)  # params: each argument is named by its state_dict key
         self._check_requires_grad(data, arguments)
         self._check_devices(data, arguments)
         if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
             self._check_sizes(data, arguments)  # a call the model refuses moves nothing
         previous = []
-        for statistics in self._statistics:
-            if statistics.momentum is None:  # cumulative: the module passes 1 / num_batches_tracked
-                counter = getattr(statistics.module, "num_batches_tracked", None)
-                previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
-                                 1.0 / (float(counter) + 1)))
-        return arguments, previous
+        for statistics in self._cumulative:  # momentum=None: the module passes 1 / num_batches_tracked
+            counter = getattr(statistics.module, "num_batches_tracked", None)
+            previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
+                             1.0 / (float(counter) + 1)))
+        return arguments, params, previous
 
     def _moved(self, arguments: dict, previous: list) -> None:
         """After the generated forward ran: the batch counted, and each cumulative BatchNorm's statistics
@@ -174,20 +181,26 @@ class Guard:
 
     def _count(self) -> None:
         """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
-        count_batches(self._statistics)
+        self._counter()
 
 
     def check_unchanged(self) -> None:
         """The checks that a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run: the model as bound, and
         every module in the mode it was traced in."""
+        self._check_model_and_mode()
+
+    def _check_model_and_mode(self) -> None:
+        """:meth:`_check_model` and :meth:`_check_mode`, the common case (nothing changed) in a few C calls
+        (dynamo traces the loops instead, and guards on what they read); where anything changed the loops
+        say what."""
+        if not torch.compiler.is_compiling() and self._snapshot.unchanged():
+            return
         self._check_model()
         self._check_mode()
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
         (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
-        if not torch.compiler.is_compiling() and self._snapshot.unchanged():  # the common case in a few C calls
-            return  # (dynamo traces the loops below, and guards on what they read); else they say what changed
         for parent, name, child in self._children:
             if parent._modules.get(name) is not child:
                 raise BindError(f"{name_of(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
@@ -320,8 +333,7 @@ class Bound(Guard, torch.nn.Module):
             if not isinstance(value, torch.Tensor):
                 raise BindArgumentError(f"{name_of(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
                                         f"(fix: pass torch.as_tensor({name}))")
-        arguments, previous = self._checked_arguments(data)
-        params = {key: arguments[name] for name, (key, _) in self.sources.items()}
+        arguments, params, previous = self._checked_arguments(data)
         try:
             loss = self.generated.loss_with_explicit_backward(**data, params=params)
         except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks

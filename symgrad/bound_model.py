@@ -57,8 +57,7 @@ class _Mode(Guard):
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
 
     def __call__(self, data: dict[str, torch.Tensor]):
-        arguments, previous = self._checked_arguments(data)
-        params = {key: arguments[name] for name, (key, _) in self.sources.items()}
+        arguments, params, previous = self._checked_arguments(data)
         outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
         self._moved(arguments, previous)  # as nn.BatchNorm's forward moves its buffers, once the forward ran
         kind, keys = self.generated.OUTPUTS_KIND, self.generated.OUTPUTS

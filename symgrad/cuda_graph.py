@@ -39,7 +39,7 @@ import warnings
 import torch
 
 from .errors import SymgradError
-from .fast_checks import read_state
+from .fast_checks import StateReader
 
 
 class _Positional(torch.nn.Module):
@@ -64,8 +64,8 @@ class GraphedStep(torch.nn.Module):
         self.bound = bound
         self.warmup = warmup
         model = bound.model
-        self._tensors = {key: (model.get_submodule(key.rpartition(".")[0]), key.rpartition(".")[2])
-                         for key, _ in [*model.named_parameters(), *model.named_buffers()]}
+        self._tensors = StateReader({key: (model.get_submodule(key.rpartition(".")[0]), key.rpartition(".")[2])
+                                     for key, _ in [*model.named_parameters(), *model.named_buffers()]})
         self._signature = None if hasattr(bound, "data_arguments") else inspect.signature(model.forward)
         self._graphs: dict = {}
         self._refused: set = set()
@@ -98,7 +98,7 @@ class GraphedStep(torch.nn.Module):
                 isinstance(value, torch.Tensor) and value.is_cuda for value in data.values()):
             return None
         identity = tuple((id(value), getattr(value, "requires_grad", None))
-                         for value in read_state(self._tensors, {}).values())
+                         for value in self._tensors.read({})[1].values())
         if identity != self._identity:  # a tensor replaced (the graphs read the old ones), or (un)frozen
             self._graphs.clear()
             self._refused.clear()

@@ -1,18 +1,23 @@
 """The per-call work of a bound step (``binding.Guard``) done with as little Python as it allows.
 
 A bound step reads the model's tensors, checks the model is as bound and counts the batch at every
-call. At the sizes where the kernels cost little (ResNet-18 of width 8 at 2 × 32²) that work was
-about 120 µs of a 5 ms step (84 µs the checks, 36 µs the counting): ``nn.Module.__getattr__`` once per parameter and buffer, one comparison
-per submodule and hyper-parameter, one ``add_`` per BatchNorm. Each helper here does the same work
-with fewer Python frames, and where anything differs from what was bound it returns to the caller's
-plain loop, which reads or refuses exactly as before (its messages are the guard's own).
+call. At the sizes where the kernels cost little (ResNet-18 of width 8 at 2 × 32²) that work cost
+about 250 µs of a 4.2 ms step once timed between real steps (the kernels between two calls evict
+the Python objects a loop walks; the same work cost 50 µs timed alone in a loop): one Python
+iteration per parameter, buffer, submodule and hyper-parameter. Each helper here walks those
+objects in C (``map`` over ``getattr``, ``dict.__getitem__``, ``attrgetter``, and one tuple
+comparison), and where anything differs from what was bound it returns to the caller's plain loop,
+which reads or refuses exactly as before (its messages are the guard's own).
 """
 
 from __future__ import annotations
 
 import operator
+from itertools import repeat
 
 import torch
+
+_CALL = operator.attrgetter.__call__  # map(_CALL, getters, objects): each getter on its object, in C
 
 
 def read_state(state: dict, data: dict) -> dict:
@@ -31,44 +36,97 @@ def read_state(state: dict, data: dict) -> dict:
     return arguments
 
 
-class Snapshot:
-    """The submodules and hyper-parameters a bound model was bound with, compared in a few C calls per
-    module: ``unchanged()`` is True where every child is the same object and every hyper-parameter
-    equal (``is`` or ``==``, as the guard compares them); False sends the caller to its own checks,
-    which name what changed."""
+class StateReader:
+    """:func:`read_state` of one ``state``, in C where every entry was a parameter or a buffer when bound:
+    each owner's ``_parameters`` or ``_buffers`` (the one that held it then) read again, then each entry
+    looked up in it. An entry no longer there (deleted, parametrized, moved between the two) sends the
+    call to :func:`read_state`, which reads what ``getattr`` gives."""
 
-    def __init__(self, children, hypers):
-        self._children = children  # (parent, name, child): cheap to compare one by one
+    def __init__(self, state: dict):
+        self._state = state
+        self.names = tuple(state)
+        self._owners = tuple(owner for owner, _ in state.values())
+        self._attributes = tuple(attribute for _, attribute in state.values())
+        kinds = tuple("_parameters" if attribute in owner._parameters else
+                      "_buffers" if attribute in owner._buffers else None for owner, attribute in state.values())
+        self._kinds = None if None in kinds else kinds  # a property or parametrization when bound: getattr's
+
+    def values(self) -> tuple | None:
+        """The model's tensors, in ``names``' order; None where an entry moved (read them by ``read_state``)."""
+        if self._kinds is None or torch.compiler.is_compiling():  # dynamo traces read_state's plain loop
+            return None
+        try:
+            return tuple(map(dict.__getitem__, map(getattr, self._owners, self._kinds), self._attributes))
+        except KeyError:
+            return None
+
+    def read(self, data: dict) -> tuple[dict, dict]:
+        """What ``read_state(state, data)`` gives, and its model tensors alone (name -> tensor)."""
+        values = self.values()
+        if values is None:
+            arguments = read_state(self._state, data)
+            return arguments, {name: arguments[name] for name in self.names}
+        tensors = dict(zip(self.names, values))
+        return {**data, **tensors}, tensors
+
+
+class Snapshot:
+    """The submodules, hyper-parameters and modes a bound model was bound with, compared in a few C
+    calls: ``unchanged()`` is True where every child is the same object, every hyper-parameter equal
+    (``is`` or ``==``, as the guard compares them) and every mode-reading module in its traced mode;
+    False sends the caller to its own checks, which name what changed."""
+
+    def __init__(self, children, hypers, modes=()):
+        self._parents = tuple(parent for parent, _, _ in children)
+        self._child_names = tuple(name for _, name, _ in children)
+        self._children = tuple(child for _, _, child in children)
         modules: dict[int, tuple] = {}
         for _, module, key, value in hypers:
             modules.setdefault(id(module), (module, [], []))
             modules[id(module)][1].append(key)
             modules[id(module)][2].append(value)
-        self._hypers = tuple((module, operator.attrgetter(*keys), tuple(values) if len(keys) > 1 else values[0])
-                             for module, keys, values in modules.values())
+        self._hyper_owners = tuple(module for module, _, _ in modules.values())
+        self._hyper_readers = tuple(operator.attrgetter(*keys) for _, keys, _ in modules.values())
+        # attrgetter of several keys gives a tuple: compared whole, element by element
+        self._hyper_values = tuple(tuple(values) if len(values) > 1 else values[0] for _, _, values in modules.values())
+        self._mode_owners = tuple(module for _, module, _ in modes)
+        self._modes = tuple(training for _, _, training in modes)
 
     def unchanged(self) -> bool:
-        for parent, name, child in self._children:
-            if parent._modules.get(name) is not child:
-                return False
-        try:
-            for module, read, values in self._hypers:  # attrgetter of several keys: a tuple, in one C call
-                now = read(module)
-                if now is not values and now != values:
-                    return False
+        now = map(dict.get, map(getattr, self._parents, repeat("_modules")), self._child_names)
+        if not all(map(operator.is_, now, self._children)):
+            return False
+        if tuple(map(operator.attrgetter("training"), self._mode_owners)) != self._modes:
+            return False
+        try:  # tuple equality compares each element by `is`, then `==`: the guard's own comparison
+            return tuple(map(_CALL, self._hyper_readers, self._hyper_owners)) == self._hyper_values
         except AttributeError:  # a hyper-parameter deleted: the guard's loop says which
             return False
-        return True
 
 
 def count_batches(statistics) -> None:
     """``num_batches_tracked`` of each training-mode ``nn.BatchNorm`` in ``statistics``, moved by how often
     the traced forward runs it, as the module's forward moves it: one ``torch._foreach_add_`` per count."""
-    counters: dict[int, list] = {}
-    for entry in statistics:
-        counter = entry.module._buffers.get("num_batches_tracked")
-        if counter is not None and isinstance(entry.module, torch.nn.modules.batchnorm._BatchNorm):
-            counters.setdefault(entry.calls, []).append(counter)  # nn.InstanceNorm keeps it but never moves it
-    with torch.no_grad():
-        for calls, tensors in counters.items():
-            torch._foreach_add_(tensors, calls)
+    BatchCounter(statistics)()
+
+
+class BatchCounter:
+    """:func:`count_batches` of one ``statistics``, its BatchNorms grouped by count once: each call reads
+    every counter again (``.to()`` replaces buffers) and adds to each group in one ``_foreach_add_``."""
+
+    def __init__(self, statistics):
+        groups: dict[int, list] = {}
+        for entry in statistics:  # nn.InstanceNorm keeps num_batches_tracked but never moves it
+            if isinstance(entry.module, torch.nn.modules.batchnorm._BatchNorm):
+                groups.setdefault(entry.calls, []).append(entry.module)
+        self._groups = tuple((calls, tuple(modules)) for calls, modules in groups.items())
+
+    def __call__(self) -> None:
+        with torch.no_grad():
+            for calls, modules in self._groups:
+                counters = ([module._buffers.get("num_batches_tracked") for module in modules]
+                            if torch.compiler.is_compiling() else  # the loop dynamo traces
+                            map(dict.get, map(getattr, modules, repeat("_buffers")), repeat("num_batches_tracked")))
+                counters = [counter for counter in counters if counter is not None]
+                if counters:
+                    torch._foreach_add_(counters, calls)
