@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
+import operator
 import re
 import sys
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from types import ModuleType
 
@@ -158,6 +159,11 @@ class Guard:
                                  "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
         self._check_model_and_mode()
         arguments, params = self._reader.read(data)  # params: each argument is named by its state_dict key
+        if not all(map(operator.is_not, params.values(), repeat(None))):
+            key = next(key for key, value in params.items() if value is None)
+            raise BindError(f"{name_of(self.generated)}: {key} is None since bind, and the generated code reads it "
+                            f"(fix: give the model its tensor back, or trace and generate the changed model: "
+                            f"{_retrace(self.generated, self.model)})")
         self._check_requires_grad(data, arguments)
         self._check_devices(data, arguments)
         if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
@@ -208,9 +214,10 @@ class Guard:
                                 "if it changed what it computes)")
         for path, module, key, value in self._hypers:
             now = getattr(module, key, _MISSING)
-            if now is not value and now != value:
+            if not _same(now, value):
+                has = f"no {key}" if now is _MISSING else f"{key}={now!r}"
                 raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
-                                f"{key}={now!r} since bind, traced with {value!r} (fix: set it back, or trace and "
+                                f"{has} since bind, traced with {key}={value!r} (fix: set it back, or trace and "
                                 f"generate the changed model: {_retrace(self.generated, self.model)})")
 
     def _check_mode(self) -> None:
@@ -379,6 +386,17 @@ class Bound(Guard, torch.nn.Module):
 
 
 _MISSING = object()
+
+
+def _same(now, value) -> bool:
+    """Whether a hyper-parameter read now is the one bound: the same object or equal (a value whose
+    comparison gives no single truth value, such as a tensor of several elements, is not)."""
+    if now is value:
+        return True
+    try:
+        return bool(now == value)
+    except (RuntimeError, TypeError, ValueError):
+        return False
 
 
 def _hyper(key: str, value) -> bool:

@@ -100,8 +100,8 @@ class Snapshot:
             return False
         try:  # tuple equality compares each element by `is`, then `==`: the guard's own comparison
             return tuple(map(_CALL, self._hyper_readers, self._hyper_owners)) == self._hyper_values
-        except AttributeError:  # a hyper-parameter deleted: the guard's loop says which
-            return False
+        except (AttributeError, RuntimeError, TypeError, ValueError):  # deleted, or no single truth value
+            return False  # (a tensor of several elements): the guard's loop says which
 
 
 def count_batches(statistics) -> None:
@@ -111,17 +111,23 @@ def count_batches(statistics) -> None:
 
 
 class BatchCounter:
-    """:func:`count_batches` of one ``statistics``, its BatchNorms grouped by count once: each call reads
-    every counter again (``.to()`` replaces buffers) and adds to each group in one ``_foreach_add_``."""
+    """:func:`count_batches` of one ``statistics``, its entries grouped by count once: each call reads
+    every counter again (``.to()`` replaces buffers) and adds to each group in one ``_foreach_add_``; a
+    module whose class changed since (``__class__`` assigned) is sorted again, as count_batches sorts it."""
 
     def __init__(self, statistics):
+        self._statistics = tuple(statistics)
+        self._modules = tuple(entry.module for entry in self._statistics)
+        self._classes = tuple(map(type, self._modules))
         groups: dict[int, list] = {}
-        for entry in statistics:  # nn.InstanceNorm keeps num_batches_tracked but never moves it
+        for entry in self._statistics:  # nn.InstanceNorm keeps num_batches_tracked but never moves it
             if isinstance(entry.module, torch.nn.modules.batchnorm._BatchNorm):
                 groups.setdefault(entry.calls, []).append(entry.module)
         self._groups = tuple((calls, tuple(modules)) for calls, modules in groups.items())
 
     def __call__(self) -> None:
+        if tuple(map(type, self._modules)) != self._classes:
+            self.__init__(self._statistics)
         with torch.no_grad():
             for calls, modules in self._groups:
                 counters = ([module._buffers.get("num_batches_tracked") for module in modules]

@@ -371,3 +371,26 @@ def test_a_parameter_the_forward_never_reads_gets_no_gradient_as_with_autograd(f
     reference = copy.deepcopy(model)
     assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model), model, reference, steps=1)
     assert model.aux_head.weight.grad is None and model.aux_head.weight.requires_grad
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_tensor_set_to_none_or_a_hyper_parameter_deleted_or_made_a_tensor_after_bind_is_refused_in_one_line(
+        form, tmp_path):
+    changes = {
+        "head.bias = None": (lambda net: setattr(net.head, "bias", None), r"^net: head\.bias is None since bind"),
+        "del bn.momentum": (lambda net: delattr(net.bn, "momentum"),
+                            r"^net: bn \(BatchNorm2d\) has no momentum since bind, traced with momentum=0\.1 "),
+        "bn.eps a tensor of two": (lambda net: setattr(net.bn, "eps", torch.tensor([1e-5, 1e-5])),
+                                   r"^net: bn \(BatchNorm2d\) has eps=tensor\("),
+    }
+    reference = write_model(tmp_path)
+    path = generate(tmp_path, built_model(reference), form)
+    for change, pattern in changes.values():
+        model = built_model(reference)
+        step = symgrad.bind(path, model)
+        x, labels = data()
+        step(x=x, labels=labels).backward()
+        change(model)
+        with pytest.raises(BindError, match=pattern) as raised:
+            step(x=x, labels=labels)
+        assert "\n" not in str(raised.value)

@@ -129,3 +129,22 @@ def test_batch_counter_reads_each_counter_again_at_every_call():
     assert int(bn.num_batches_tracked) == 13
     bn.num_batches_tracked = None  # track_running_stats off: nothing to count, nothing fails
     counter()
+
+
+def test_batch_counter_sorts_a_module_whose_class_changed_again():
+    bn = nn.BatchNorm2d(2)
+    counter = BatchCounter([SimpleNamespace(module=bn, calls=1)])
+    counter()
+    bn.__class__ = nn.InstanceNorm2d  # no longer a BatchNorm: count_batches leaves it alone
+    counter()
+    assert int(bn.num_batches_tracked) == 1
+    bn.__class__ = nn.BatchNorm2d
+    counter()
+    assert int(bn.num_batches_tracked) == 2
+
+
+def test_snapshot_refers_a_hyper_parameter_without_a_single_truth_value_to_the_guard():
+    net = _net()
+    snapshot = _snapshot(net)
+    net[1].eps = torch.tensor([1e-5, 1e-5])
+    assert not snapshot.unchanged()
