@@ -34,16 +34,18 @@ import math
 import operator
 import re
 import sys
+import warnings
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from types import ModuleType
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .errors import SymgradError
 from .fast_checks import BatchCounter, Snapshot, StateReader
-from .fingerprint import IGNORED, difference, literal
+from .fingerprint import FORWARD_HOOKS, IGNORED, difference, hooks_of, literal
 from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
@@ -145,6 +147,14 @@ class Guard:
                 owner for owner, attribute in self._state.values() if attribute == "running_mean"]
             moded += tuple(("", owner, self._traced_training) for owner in owners)
         self._snapshot = Snapshot(self._children, self._hypers, moded)
+        self._hooks = hooks_of(model)
+        self._refuse_backward_hooks(self._hooks)
+        self._watch_hooks()
+        hooked = [path or "the model" for path, hooks in self._hooks.items() if hooks]
+        if hooked:
+            warnings.warn(f"symgrad.bind: {', '.join(hooked[:3])}{' and others' if len(hooked) > 3 else ''} "
+                          "ran forward hooks when traced: the bound step runs what they computed then, not the hooks "
+                          "(their side effects, such as storing outputs, do not happen)", stacklevel=4)
         self._reader = StateReader(self._state)
         self._counter = BatchCounter(self._statistics)
         self._cumulative = tuple(statistics for statistics in self._statistics if statistics.momentum is None)
@@ -198,11 +208,49 @@ class Guard:
     def _check_model_and_mode(self) -> None:
         """:meth:`_check_model` and :meth:`_check_mode`, the common case (nothing changed) in a few C calls
         (dynamo traces the loops instead, and guards on what they read); where anything changed the loops
-        say what."""
-        if not torch.compiler.is_compiling() and self._snapshot.unchanged():
-            return
+        say what. Hooks are looked at where one was registered anywhere since (``RemovableHandle`` counts
+        them all) or one the model had is gone."""
+        if not torch.compiler.is_compiling():
+            if RemovableHandle.next_id != self._hook_epoch or tuple(map(len, self._hook_dicts)) != self._hook_lengths:
+                self._check_hooks()
+            if self._snapshot.unchanged():
+                return
         self._check_model()
         self._check_mode()
+
+    def _watch_hooks(self) -> None:
+        """Where a later call looks for a hook registered or removed: the global hook counter, and the
+        hook dictionaries that held one now (the global ones always)."""
+        from torch.nn.modules import module as modules
+
+        self._hook_epoch = RemovableHandle.next_id
+        self._hook_dicts = (modules._global_forward_pre_hooks, modules._global_forward_hooks,
+                            *(getattr(module, name) for path, module in self.model.named_modules(remove_duplicate=False)
+                              if self._hooks.get(path) for name in FORWARD_HOOKS))
+        self._hook_lengths = tuple(map(len, self._hook_dicts))
+
+    def _refuse_backward_hooks(self, hooks: dict) -> None:
+        for path, kind in hooks.items():
+            if kind == "backward":
+                raise BindError(f"{name_of(self.generated)}: {path or 'the model'} has a backward hook, which the "
+                                "explicit backward does not run (fix: remove it, or apply what it does to the "
+                                "parameters' .grad after backward)")
+
+    def _check_hooks(self) -> None:
+        """The model's hooks as bound: a forward hook registered or removed since changes what the model
+        computes, and the bound step runs what was traced."""
+        now = hooks_of(self.model)
+        self._refuse_backward_hooks(now)
+        for path, hooks in now.items():
+            if hooks != self._hooks.get(path):
+                shown = path or "the model"
+                change = (f"a forward hook of {shown} was removed" if hooks is None and self._hooks.get(path)
+                          else f"{shown} has a forward hook registered" if not self._hooks.get(path)
+                          else f"the forward hooks of {shown} changed")
+                raise BindError(f"{name_of(self.generated)}: {change} since bind, and the bound step runs what was "
+                                f"traced (fix: set the hooks back, or trace and generate the model with its hooks: "
+                                f"{_retrace(self.generated, self.model)})")
+        self._watch_hooks()
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters

@@ -7,7 +7,8 @@
 pooling's ``ceil_mode``; an upsampling's ``mode`` and ``scale_factor``; a model's own ``self.scale``),
 its own parameters' and buffers' shapes, the mode it ran in where its code reads ``self.training``,
 how often a BatchNorm ran, and a hash of the source of its class (every class of its MRO outside
-PyTorch, with the module-level functions their methods call). The spec carries it as a
+PyTorch, with the module-level functions their methods call) and of its forward hooks, whose math the
+trace folds into the module. The spec carries it as a
 ``fingerprint:`` section; the parser lets through only the literals below, and the generated module
 holds it as ``FINGERPRINT``. :func:`difference` compares a model against it and names the first
 submodule that differs.
@@ -90,6 +91,66 @@ def _code_hash(cls: type) -> str | None:
     return result
 
 
+FORWARD_HOOKS = ("_forward_pre_hooks", "_forward_hooks")
+"""A module's hooks that the trace runs with its forward, and so folds into the generated code."""
+BACKWARD_HOOKS = ("_backward_pre_hooks", "_backward_hooks")
+"""A module's hooks on its gradients, which the explicit backward never runs (``bind`` refuses them)."""
+
+
+def forward_hooks(module: torch.nn.Module, root: bool = False) -> list:
+    """The forward (pre-)hooks ``module`` runs, with the global ones (``register_module_forward_hook``)
+    for the ``root`` module."""
+    hooks = [hook for name in FORWARD_HOOKS for hook in getattr(module, name, {}).values()]
+    if root:
+        from torch.nn.modules import module as modules
+
+        hooks += [*modules._global_forward_pre_hooks.values(), *modules._global_forward_hooks.values()]
+    return hooks
+
+
+def backward_hooks(module: torch.nn.Module, root: bool = False) -> list:
+    """The backward (pre-)hooks of ``module`` (and the global ones for the ``root``)."""
+    hooks = [hook for name in BACKWARD_HOOKS for hook in getattr(module, name, {}).values()]
+    if root:
+        from torch.nn.modules import module as modules
+
+        hooks += [*modules._global_backward_pre_hooks.values(), *modules._global_backward_hooks.values()]
+    return hooks
+
+
+def _hook_source(hook) -> str:
+    """What identifies a hook across processes: a function's source, else its class's name (the
+    ``WeightNorm`` object old-style ``weight_norm`` registers)."""
+    function = getattr(hook, "__func__", getattr(hook, "func", hook))  # a bound method, a functools.partial
+    if inspect.isfunction(function):
+        return _source(function)
+    return f"<{type(hook).__module__}.{type(hook).__qualname__}>"
+
+
+def _code_of(module: torch.nn.Module, root: bool) -> str | None:
+    """The fingerprint's ``code`` of ``module``: its class's hash (:func:`_code_hash`), taken again with
+    the source of each forward hook where it has any (a hook's math is traced into the module)."""
+    code = _code_hash(type(module))
+    hooks = forward_hooks(module, root)
+    if not hooks:
+        return code
+    return hashlib.sha256("\n".join([code or "", *map(_hook_source, hooks)]).encode("utf-8")).hexdigest()[:16]
+
+
+def hooks_of(model: torch.nn.Module) -> dict[str, str | None]:
+    """Per submodule path, a hash of its forward hooks' sources (None where it has none), and
+    ``"backward"`` where it has a backward hook: what a bound step compares when hooks were registered."""
+    result = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        if backward_hooks(module, path == ""):
+            result[path] = "backward"
+            continue
+        hooks = forward_hooks(module, path == "")
+        result[path] = (hashlib.sha256("\n".join(map(_hook_source, hooks)).encode("utf-8")).hexdigest()[:16]
+                        if hooks else None)
+    return result
+
+
 def _source(item) -> str:
     try:
         return inspect.getsource(item)
@@ -124,7 +185,7 @@ def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) 
         state = {key: list(value.shape)
                  for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
                  if value is not None}
-        entry = {"class": type(module).__name__, "code": _code_hash(type(module))}
+        entry = {"class": type(module).__name__, "code": _code_of(module, path == "")}
         if _reads_training(type(module)):
             entry["training"] = bool(module.training)
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -253,7 +314,15 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
             return f"{shown} ({kind}) has other parameters or shapes than traced (now {shapes})"
     for path, (kind, code, *_) in traced.items():
         if now[path]["code"] != code:
-            return f"the code of {path or 'the model'}'s class {kind} changed since it was traced"
+            module = model.get_submodule(path)
+            hooked, class_code = forward_hooks(module, path == ""), _code_hash(type(module))
+            shown = f"{path or 'the model'} ({kind})"
+            if hooked and class_code == code:
+                return f"{shown} has a forward hook the trace did not see"
+            if class_code is None:  # PyTorch's own class: only hooks made its code differ
+                return (f"{shown} ran a forward hook when traced that it no longer has" if not hooked
+                        else f"{shown} has other forward hooks than traced")
+            return f"the code of {path or 'the model'}'s class {kind} changed since it was traced (or its forward hooks did)"
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -394,3 +395,88 @@ def test_a_tensor_set_to_none_or_a_hyper_parameter_deleted_or_made_a_tensor_afte
         with pytest.raises(BindError, match=pattern) as raised:
             step(x=x, labels=labels)
         assert "\n" not in str(raised.value)
+
+
+def _doubled(module, inputs, output):
+    return output * 2
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_forward_hooks_are_traced_into_the_module_and_any_change_to_them_is_refused(form, tmp_path):
+    reference = write_model(tmp_path)
+    hooked = built_model(reference)
+    hooked.stem.register_forward_hook(_doubled)  # present when traced: its math is in the module
+    path = generate(tmp_path, hooked, form)
+    model, copy_ = built_model(reference), built_model(reference)
+    for net in (model, copy_):
+        net.stem.register_forward_hook(_doubled)
+    with pytest.warns(UserWarning, match=r"^symgrad\.bind: stem ran forward hooks when traced"):
+        step = symgrad.bind(path, model)
+    assert_trains_as_autograd(step, model, copy_)
+    with pytest.raises(BindError, match=r"^net does not fit Net: stem \(Conv2d\) ran a forward hook when traced that it no"):
+        symgrad.bind(path, built_model(reference))  # the hook traced, gone before bind: refused at bind
+    extra = built_model(reference)
+    for hook in (_doubled, _doubled):  # the traced hook and one more
+        extra.stem.register_forward_hook(hook)
+    with pytest.raises(BindError, match=r"^net does not fit Net: stem \(Conv2d\) has other forward hooks than traced"):
+        symgrad.bind(path, extra)
+    extra = built_model(reference)
+    extra.stem.register_forward_hook(_doubled)
+    extra.head.register_forward_hook(_doubled)
+    with pytest.raises(BindError, match=r"^net does not fit Net: head \(Linear\) has a forward hook the trace did not"):
+        symgrad.bind(path, extra)
+    changes = {
+        "a hook removed": (lambda net: net.stem._forward_hooks.clear(), r"^net: a forward hook of stem was removed"),
+        "a hook added": (lambda net: net.head.register_forward_hook(_doubled), r"^net: head has a forward hook registered"),
+        "a global hook": (lambda net: handles.append(torch.nn.modules.module.register_module_forward_hook(_doubled)),
+                          r"^net: the forward hooks of the model changed|^net: the model has a forward hook registered"),
+        "weight_norm": (lambda net: torch.nn.utils.weight_norm(net.head), r"^net: head has a forward hook registered"),
+        "a backward hook": (lambda net: net.head.register_full_backward_hook(lambda *args: None),
+                            r"^net: head has a backward hook, which the explicit backward does not run"),
+    }
+    handles = []
+    x, labels = data()
+    for change, pattern in changes.values():
+        model = built_model(reference)
+        model.stem.register_forward_hook(_doubled)
+        with pytest.warns(UserWarning):
+            step = symgrad.bind(path, model)
+        step(x=x, labels=labels).backward()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # old-style weight_norm's
+                change(model)
+            with pytest.raises(BindError, match=pattern) as raised:
+                step(x=x, labels=labels)
+            assert "\n" not in str(raised.value)
+        finally:
+            for handle in handles:
+                handle.remove()
+            handles.clear()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_tensor_hooks_registered_at_every_step_neither_refuse_nor_change_the_step(form, tmp_path):
+    reference = write_model(tmp_path)
+    path = generate(tmp_path, built_model(reference), form)
+    model, copy_ = built_model(reference), built_model(reference)
+    step = symgrad.bind(path, model)
+    for index in range(2):  # each registration moves RemovableHandle's counter: the hooks are looked at, unchanged
+        x, labels = data(seed=index + 1)
+        x.requires_grad_(False)
+        loss = step(x=x, labels=labels)
+        loss.register_hook(lambda grad: grad * 3)
+        loss.backward()
+        expected = F.cross_entropy(copy_(x), labels)
+        expected.register_hook(lambda grad: grad * 3)
+        expected.backward()
+    assert_same(model, copy_)
+
+
+def test_a_backward_hook_is_refused_at_bind(tmp_path):
+    reference = write_model(tmp_path)
+    path = generate(tmp_path, built_model(reference), "blocks")
+    model = built_model(reference)
+    model.bn.register_full_backward_pre_hook(lambda module, grad: None)
+    with pytest.raises(BindError, match=r"^net: bn has a backward hook, which the explicit backward does not run"):
+        symgrad.bind(path, model)
