@@ -34,7 +34,6 @@ import math
 import operator
 import re
 import sys
-import warnings
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -45,7 +44,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .errors import SymgradError
 from .fast_checks import BatchCounter, Snapshot, StateReader
-from .fingerprint import FORWARD_HOOKS, IGNORED, difference, hooks_of, literal
+from .fingerprint import IGNORED, difference, hook_dictionaries, hooks_of, literal
 from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
@@ -150,11 +149,6 @@ class Guard:
         self._hooks = hooks_of(model)
         self._refuse_backward_hooks(self._hooks)
         self._watch_hooks()
-        hooked = [path or "the model" for path, hooks in self._hooks.items() if hooks]
-        if hooked:
-            warnings.warn(f"symgrad.bind: {', '.join(hooked[:3])}{' and others' if len(hooked) > 3 else ''} "
-                          "ran forward hooks when traced: the bound step runs what they computed then, not the hooks "
-                          "(their side effects, such as storing outputs, do not happen)", stacklevel=4)
         self._reader = StateReader(self._state)
         self._counter = BatchCounter(self._statistics)
         self._cumulative = tuple(statistics for statistics in self._statistics if statistics.momentum is None)
@@ -211,7 +205,7 @@ class Guard:
         say what. Hooks are looked at where one was registered anywhere since (``RemovableHandle`` counts
         them all) or one the model had is gone."""
         if not torch.compiler.is_compiling():
-            if RemovableHandle.next_id != self._hook_epoch or tuple(map(len, self._hook_dicts)) != self._hook_lengths:
+            if RemovableHandle.next_id != self._hook_epoch or tuple(map(tuple, self._hooked)) != self._hooked_keys:
                 self._check_hooks()
             if self._snapshot.unchanged():
                 return
@@ -219,15 +213,15 @@ class Guard:
         self._check_mode()
 
     def _watch_hooks(self) -> None:
-        """Where a later call looks for a hook registered or removed: the global hook counter, and the
-        hook dictionaries that held one now (the global ones always)."""
-        from torch.nn.modules import module as modules
-
+        """What a later call compares to notice a hook registered or removed: ``RemovableHandle``'s counter
+        (every registration moves it), every hook dictionary's keys (the handles' ids, which a registration
+        or removal changes), and at every call those of the dictionaries that hold a hook now (a removal
+        moves no counter)."""
         self._hook_epoch = RemovableHandle.next_id
-        self._hook_dicts = (modules._global_forward_pre_hooks, modules._global_forward_hooks,
-                            *(getattr(module, name) for path, module in self.model.named_modules(remove_duplicate=False)
-                              if self._hooks.get(path) for name in FORWARD_HOOKS))
-        self._hook_lengths = tuple(map(len, self._hook_dicts))
+        self._hook_dicts = hook_dictionaries(self.model)
+        self._hook_keys = tuple(map(tuple, self._hook_dicts))
+        self._hooked = tuple(dictionary for dictionary in self._hook_dicts if dictionary)
+        self._hooked_keys = tuple(map(tuple, self._hooked))
 
     def _refuse_backward_hooks(self, hooks: dict) -> None:
         for path, kind in hooks.items():
@@ -238,7 +232,11 @@ class Guard:
 
     def _check_hooks(self) -> None:
         """The model's hooks as bound: a forward hook registered or removed since changes what the model
-        computes, and the bound step runs what was traced."""
+        computes, and the bound step runs what was traced. Where no dictionary's keys moved (a tensor hook
+        moved the counter) only the counter is taken again."""
+        if tuple(map(tuple, self._hook_dicts)) == self._hook_keys:
+            self._hook_epoch = RemovableHandle.next_id
+            return
         now = hooks_of(self.model)
         self._refuse_backward_hooks(now)
         for path, hooks in now.items():

@@ -34,12 +34,14 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import warnings
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from .binding import BindError, Bound, Guard, name_of, generated_reference, load_generated
+from .fingerprint import forward_hooks
 
 
 class _Mode(Guard):
@@ -198,6 +200,11 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
         bound = BoundModel(generated, model, allow_edited=allow_edited)
     else:
         bound = Bound(generated, model, allow_edited)
+    hooked = [path for path, module in model.named_modules() if forward_hooks(module)]
+    if hooked:
+        warnings.warn(f"symgrad.bind: {', '.join(hooked[:3])}{' and others' if len(hooked) > 3 else ''} ran forward "
+                      "hooks when traced: the bound step runs what they computed then, not the hooks (their side "
+                      "effects, such as storing an output, do not happen)", stacklevel=2)
     if cuda_graph:
         from .cuda_graph import GraphedStep
 

@@ -16,6 +16,7 @@ submodule that differs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -92,63 +93,90 @@ def _code_hash(cls: type) -> str | None:
 
 
 FORWARD_HOOKS = ("_forward_pre_hooks", "_forward_hooks")
-"""A module's hooks that the trace runs with its forward, and so folds into the generated code."""
+"""A submodule's hooks that the trace runs with its forward (it calls each submodule), and so folds into
+the generated code. The model's own are not run (the trace calls its ``forward``): the trace refuses
+them. Global module hooks (``register_module_forward_hook``) are not part of the model: the trace
+refuses them, and a bound step, which calls no submodule, never runs them."""
 BACKWARD_HOOKS = ("_backward_pre_hooks", "_backward_hooks")
 """A module's hooks on its gradients, which the explicit backward never runs (``bind`` refuses them)."""
 
 
-def forward_hooks(module: torch.nn.Module, root: bool = False) -> list:
-    """The forward (pre-)hooks ``module`` runs, with the global ones (``register_module_forward_hook``)
-    for the ``root`` module."""
-    hooks = [hook for name in FORWARD_HOOKS for hook in getattr(module, name, {}).values()]
-    if root:
-        from torch.nn.modules import module as modules
-
-        hooks += [*modules._global_forward_pre_hooks.values(), *modules._global_forward_hooks.values()]
-    return hooks
+def forward_hooks(module: torch.nn.Module) -> list[tuple[str, Any]]:
+    """The forward (pre-)hooks of ``module``, each with the dictionary it sits in."""
+    return [(name, hook) for name in FORWARD_HOOKS for hook in getattr(module, name, {}).values()]
 
 
-def backward_hooks(module: torch.nn.Module, root: bool = False) -> list:
-    """The backward (pre-)hooks of ``module`` (and the global ones for the ``root``)."""
-    hooks = [hook for name in BACKWARD_HOOKS for hook in getattr(module, name, {}).values()]
-    if root:
-        from torch.nn.modules import module as modules
-
-        hooks += [*modules._global_backward_pre_hooks.values(), *modules._global_backward_hooks.values()]
-    return hooks
+def hook_dictionaries(model: torch.nn.Module) -> tuple[dict, ...]:
+    """Every forward and backward hook dictionary of ``model``'s modules, in a fixed order."""
+    return tuple(getattr(module, name) for _, module in model.named_modules(remove_duplicate=False)
+                 for name in (*FORWARD_HOOKS, *BACKWARD_HOOKS) if isinstance(getattr(module, name, None), dict))
 
 
-def _hook_source(hook) -> str:
-    """What identifies a hook across processes: a function's source, else its class's name (the
-    ``WeightNorm`` object old-style ``weight_norm`` registers)."""
-    function = getattr(hook, "__func__", getattr(hook, "func", hook))  # a bound method, a functools.partial
+def _value_text(value: Any) -> str:
+    """A value a hook holds, as text that is the same in another process: a literal's repr, else its type."""
+    found = literal(value)
+    return repr(found) if found is not ... else f"<{type(value).__qualname__}>"
+
+
+def _state_text(state: dict) -> list[str]:
+    """An object's attributes (or keyword arguments), each as ``name=`` :func:`_value_text`, by name."""
+    return [f"{key}={_value_text(value)}" for key, value in sorted(state.items(), key=lambda item: str(item[0]))]
+
+
+def _code_text(code) -> str:
+    """A code object's instructions and constants (nested code objects in turn): two lambdas on one
+    source line, or one closing over another number, differ here."""
+    constants = [_code_text(item) if inspect.iscode(item) else _value_text(item) for item in code.co_consts]
+    return f"{code.co_code.hex()}|{code.co_names}|{'|'.join(constants)}"
+
+
+def _hook_text(kind: str, hook) -> str:
+    """What identifies a hook across processes: the dictionary it sits in; a function's source, code
+    and the literals it closes over (a ``functools.partial``'s arguments, a bound method's object's
+    state); a callable object's class source and state (a PyTorch class by its name: old-style
+    ``weight_norm``'s ``WeightNorm``)."""
+    parts, function = [kind], hook
+    if isinstance(function, functools.partial):
+        parts += [*map(_value_text, function.args), *_state_text(function.keywords)]
+        function = function.func
+    if inspect.ismethod(function):
+        owner = function.__self__
+        if not isinstance(owner, torch.nn.Module):  # a module's own state is its fingerprint entry's
+            parts += _state_text(getattr(owner, "__dict__", {}))
+        function = function.__func__
     if inspect.isfunction(function):
-        return _source(function)
-    return f"<{type(hook).__module__}.{type(hook).__qualname__}>"
+        parts += [_source(function), _code_text(function.__code__),
+                  *(_value_text(cell.cell_contents) for cell in function.__closure__ or ())]
+    else:
+        kind_of = type(function)
+        parts.append(_code_hash(kind_of) or f"<{kind_of.__module__}.{kind_of.__qualname__}>")
+        if not (kind_of.__module__ or "").startswith("torch"):
+            parts += _state_text(getattr(function, "__dict__", {}))
+    return "\n".join(parts)
 
 
-def _code_of(module: torch.nn.Module, root: bool) -> str | None:
-    """The fingerprint's ``code`` of ``module``: its class's hash (:func:`_code_hash`), taken again with
-    the source of each forward hook where it has any (a hook's math is traced into the module)."""
-    code = _code_hash(type(module))
-    hooks = forward_hooks(module, root)
+def hooks_hash(module: torch.nn.Module) -> str | None:
+    """A hash of ``module``'s forward hooks (:func:`_hook_text`), or None where it has none."""
+    hooks = forward_hooks(module)
     if not hooks:
+        return None
+    return hashlib.sha256("\n".join(_hook_text(kind, hook) for kind, hook in hooks).encode("utf-8")).hexdigest()[:16]
+
+
+def _code_of(module: torch.nn.Module) -> str | None:
+    """The fingerprint's ``code`` of ``module``: its class's hash (:func:`_code_hash`), taken again with
+    its forward hooks' (:func:`hooks_hash`) where it has any."""
+    code, hooks = _code_hash(type(module)), hooks_hash(module)
+    if hooks is None:
         return code
-    return hashlib.sha256("\n".join([code or "", *map(_hook_source, hooks)]).encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(f"{code or ''}\n{hooks}".encode("utf-8")).hexdigest()[:16]
 
 
 def hooks_of(model: torch.nn.Module) -> dict[str, str | None]:
-    """Per submodule path, a hash of its forward hooks' sources (None where it has none), and
-    ``"backward"`` where it has a backward hook: what a bound step compares when hooks were registered."""
-    result = {}
-    for path, module in model.named_modules(remove_duplicate=False):
-        if backward_hooks(module, path == ""):
-            result[path] = "backward"
-            continue
-        hooks = forward_hooks(module, path == "")
-        result[path] = (hashlib.sha256("\n".join(map(_hook_source, hooks)).encode("utf-8")).hexdigest()[:16]
-                        if hooks else None)
-    return result
+    """Per submodule path, :func:`hooks_hash`, or ``"backward"`` where it has a backward hook: what a
+    bound step compares once a hook was registered or removed."""
+    return {path: "backward" if any(getattr(module, name, None) for name in BACKWARD_HOOKS) else hooks_hash(module)
+            for path, module in model.named_modules(remove_duplicate=False)}
 
 
 def _source(item) -> str:
@@ -185,7 +213,7 @@ def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) 
         state = {key: list(value.shape)
                  for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
                  if value is not None}
-        entry = {"class": type(module).__name__, "code": _code_of(module, path == "")}
+        entry = {"class": type(module).__name__, "code": _code_of(module)}
         if _reads_training(type(module)):
             entry["training"] = bool(module.training)
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -315,8 +343,7 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
     for path, (kind, code, *_) in traced.items():
         if now[path]["code"] != code:
             module = model.get_submodule(path)
-            hooked, class_code = forward_hooks(module, path == ""), _code_hash(type(module))
-            shown = f"{path or 'the model'} ({kind})"
+            hooked, class_code, shown = bool(forward_hooks(module)), _code_hash(type(module)), f"{path or 'the model'} ({kind})"
             if hooked and class_code == code:
                 return f"{shown} has a forward hook the trace did not see"
             if class_code is None:  # PyTorch's own class: only hooks made its code differ

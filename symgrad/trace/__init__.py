@@ -101,6 +101,7 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     gradient of the input is then computed (a ResNet-18's stem convolution's input gradient is 9% of
     its training step on a CPU)."""
     module = target if isinstance(target, torch.nn.Module) else None
+    _refuse_untraced_hooks(module)
     function = module.forward if module is not None else target
     try:
         signature = inspect.signature(function)
@@ -245,6 +246,21 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if module is not None:  # what symgrad.bind compares the model with
         text += _fingerprint_text(module, calls)
     return text
+
+
+def _refuse_untraced_hooks(module: torch.nn.Module | None) -> None:
+    """Refuse the forward hooks a trace would not run: the model's own (the trace calls its ``forward``,
+    where each submodule's run with it) and the global ones (a bound step calls no module)."""
+    from torch.nn.modules import module as modules
+
+    from ..fingerprint import forward_hooks
+
+    if module is not None and forward_hooks(module):
+        raise TraceError(f"error: {type(module).__name__} itself has a forward hook, which tracing its forward does "
+                         "not run (fix: remove it, or register it on a submodule, whose hooks the trace runs)")
+    if modules._global_forward_pre_hooks or modules._global_forward_hooks:
+        raise TraceError("error: a global module forward hook is registered (register_module_forward_hook), which a "
+                         "bound step would not run (fix: remove it while tracing)")
 
 
 def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
