@@ -496,12 +496,12 @@ def test_global_observer_hooks_such_as_flop_counters_neither_refuse_nor_change_t
 def test_the_trace_refuses_the_forward_hooks_it_would_not_run(tmp_path):
     model = built_model(write_model(tmp_path))
     handle = model.register_forward_hook(_doubled)
-    with pytest.raises(TraceError, match=r"^error: Net itself has a forward hook, which tracing its forward does not"):
+    with pytest.raises(TraceError, match=r"^\S*test_bind_guard\.py:\d+: error: Net itself has a forward hook, which tracing its forward does not"):
         generate(tmp_path, model, "flat")
     handle.remove()
     handle = torch.nn.modules.module.register_module_forward_hook(_doubled)
     try:
-        with pytest.raises(TraceError, match=r"^error: a global module forward hook is registered"):
+        with pytest.raises(TraceError, match=r"^\S*test_bind_guard\.py:\d+: error: a global module forward hook is registered"):
             generate(tmp_path, model, "flat")
     finally:
         handle.remove()

@@ -256,11 +256,28 @@ def _refuse_untraced_hooks(module: torch.nn.Module | None) -> None:
     from ..fingerprint import forward_hooks
 
     if module is not None and forward_hooks(module):
-        raise TraceError(f"error: {type(module).__name__} itself has a forward hook, which tracing its forward does "
-                         "not run (fix: remove it, or register it on a submodule, whose hooks the trace runs)")
-    if modules._global_forward_pre_hooks or modules._global_forward_hooks:
-        raise TraceError("error: a global module forward hook is registered (register_module_forward_hook), which a "
-                         "bound step would not run (fix: remove it while tracing)")
+        raise TraceError(f"{_defined_at(forward_hooks(module)[0][1])}error: {type(module).__name__} itself has a "
+                         "forward hook, which tracing its forward does not run (fix: remove it, or register it on a "
+                         "submodule, whose hooks the trace runs)")
+    hooks = [*modules._global_forward_pre_hooks.values(), *modules._global_forward_hooks.values()]
+    if hooks:
+        raise TraceError(f"{_defined_at(hooks[0])}error: a global module forward hook is registered "
+                         "(register_module_forward_hook), which a bound step would not run (fix: remove it while "
+                         "tracing)")
+
+
+def _defined_at(hook) -> str:
+    """``FILE:LINE: `` where ``hook``'s function is defined, or "" where it has no code (a callable object)."""
+    function = getattr(hook, "__func__", getattr(hook, "func", hook))
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return ""
+    file = Path(code.co_filename)
+    try:
+        file = file.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"{file}:{code.co_firstlineno}: "
 
 
 def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
