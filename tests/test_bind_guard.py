@@ -450,12 +450,17 @@ def test_forward_hooks_are_traced_into_the_module_and_any_change_to_them_is_refu
         assert "\n" not in str(raised.value)
 
 
+def _bound_with_a_copy(folder, form):
+    """The test model's step bound in ``form``, its model, and an equal copy to train by autograd."""
+    reference = write_model(folder)
+    path = generate(folder, built_model(reference), form)
+    model, copy_ = built_model(reference), built_model(reference)
+    return symgrad.bind(path, model), model, copy_
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_tensor_hooks_registered_at_every_step_neither_refuse_nor_change_the_step(form, tmp_path):
-    reference = write_model(tmp_path)
-    path = generate(tmp_path, built_model(reference), form)
-    model, copy_ = built_model(reference), built_model(reference)
-    step = symgrad.bind(path, model)
+    step, model, copy_ = _bound_with_a_copy(tmp_path, form)
     for index in range(2):  # each registration moves RemovableHandle's counter: the hooks are looked at, unchanged
         x, labels = data(seed=index + 1)
         x.requires_grad_(False)
@@ -481,10 +486,7 @@ def test_a_backward_hook_is_refused_at_bind(tmp_path):
 def test_global_observer_hooks_such_as_flop_counters_neither_refuse_nor_change_the_step(form, tmp_path):
     from torch.utils.flop_counter import FlopCounterMode
 
-    reference = write_model(tmp_path)
-    path = generate(tmp_path, built_model(reference), form)
-    model, copy_ = built_model(reference), built_model(reference)
-    step = symgrad.bind(path, model)
+    step, model, copy_ = _bound_with_a_copy(tmp_path, form)
     x, labels = data()
     with FlopCounterMode(display=False) as counter:  # registers global module hooks, then removes them
         step(x=x, labels=labels).backward()
