@@ -40,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+import torch.utils.checkpoint
 from torch.utils.hooks import RemovableHandle
 
 from .errors import SymgradError
@@ -389,6 +390,9 @@ class Bound(Guard, torch.nn.Module):
         arguments, params, previous = self._checked_arguments(data)
         try:
             loss = self.generated.loss_with_explicit_backward(**data, params=params)
+        except CHECKPOINT_STOP:
+            self._moved(arguments, previous)  # checkpoint's recomputation, stopped once its values were kept:
+            raise  # the forward ran whole, and its BatchNorms moved, as the model's own do there
         except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
             if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
                 raise self._failed(error) from error
@@ -432,6 +436,10 @@ class Bound(Guard, torch.nn.Module):
 
 
 _MISSING = object()
+
+CHECKPOINT_STOP = tuple(filter(None, [getattr(torch.utils.checkpoint, "_StopRecomputationError", None)]))
+"""What ``torch.utils.checkpoint(..., use_reentrant=False)`` raises through a recomputed forward to stop it
+early (PyTorch's control flow, not a failure of the step: passed through as it is)."""
 
 
 def _same(now, value) -> bool:

@@ -40,7 +40,7 @@ from types import ModuleType
 
 import torch
 
-from .binding import BindError, Bound, Guard, name_of, generated_reference, load_generated
+from .binding import CHECKPOINT_STOP, BindError, Bound, Guard, name_of, generated_reference, load_generated
 from .fingerprint import forward_hooks
 
 
@@ -60,7 +60,11 @@ class _Mode(Guard):
 
     def __call__(self, data: dict[str, torch.Tensor]):
         arguments, params, previous = self._checked_arguments(data)
-        outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
+        try:
+            outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
+        except CHECKPOINT_STOP:  # checkpoint's recomputation stopped early: the forward ran whole
+            self._moved(arguments, previous)
+            raise
         self._moved(arguments, previous)  # as nn.BatchNorm's forward moves its buffers, once the forward ran
         kind, keys = self.generated.OUTPUTS_KIND, self.generated.OUTPUTS
         if kind == "tensor":

@@ -507,3 +507,14 @@ def test_the_trace_refuses_the_forward_hooks_it_would_not_run(tmp_path):
             generate(tmp_path, model, "flat")
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_step_under_non_reentrant_checkpoint_trains_as_the_model_under_it(form, tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    step, model, copy_ = _bound_with_a_copy(tmp_path, form)
+    x, labels = data()
+    checkpoint(lambda images: step(x=images, labels=labels), x, use_reentrant=False).backward()
+    checkpoint(lambda images: F.cross_entropy(copy_(images), labels), x, use_reentrant=False).backward()
+    assert_same(model, copy_)  # the BatchNorms moved twice in both, as the recomputed forward moves them
