@@ -32,6 +32,7 @@ import importlib.util
 import inspect
 import math
 import operator
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -497,8 +498,8 @@ def _check_file(file: Path, allow_edited: bool) -> None:
         problem = "was edited by hand since symgrad generated it (its content hash differs from its header's)"
     else:
         return
-    spec = parsed[0]["spec"] if parsed else "SPEC.yaml"
-    raise BindError(f"{file} {problem} (fix: symgrad generate {spec} again, or bind(..., allow_edited=True) "
+    spec, output = _spec_and_output(file, parsed[0]["spec"]) if parsed else ("SPEC.yaml", "")
+    raise BindError(f"{file} {problem} (fix: symgrad generate {spec}{output} again, or bind(..., allow_edited=True) "
                     "if you mean to train with the edited code)")
 
 
@@ -521,19 +522,31 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
 
 
 def _retrace(generated: ModuleType, model: torch.nn.Module) -> str:
-    """The commands that trace ``model`` again and generate its module anew."""
-    spec = _spec_of(generated)
-    try:
-        file = Path(inspect.getsourcefile(type(model)) or "FILE.py")
-        file = file.relative_to(Path.cwd()) if file.is_relative_to(Path.cwd()) else file
-    except (TypeError, OSError, ValueError):
-        file = "FILE.py"
-    return f"symgrad trace {file}:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}"
-
-
-def _spec_of(generated: ModuleType) -> str:
+    """The commands that trace ``model`` again and generate its module anew, where it is."""
     match = re.search(r"from\s+(\S+\.ya?ml)\b", getattr(generated, "__doc__", None) or "")
-    return match.group(1) if match else "SPEC.yaml"
+    file = getattr(generated, "__file__", None)
+    spec, output = _spec_and_output(Path(file) if file else None, match.group(1) if match else "SPEC.yaml")
+    try:
+        source = Path(inspect.getsourcefile(type(model)) or "FILE.py")
+        source = source.relative_to(Path.cwd()) if source.is_relative_to(Path.cwd()) else source
+    except (TypeError, OSError, ValueError):
+        source = "FILE.py"
+    return f"symgrad trace {source}:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}{output}"
+
+
+def _spec_and_output(file: Path | None, label: str) -> tuple[str, str]:
+    """The spec, and `` -o FOLDER`` (or ""), with which ``symgrad generate``, run from here, writes ``file``
+    again: its header names the spec relative to the file's folder (``cli._spec_of``), and the folder may
+    not be ``generate``'s default."""
+    if file is None:
+        return label, ""
+
+    def shown(path: Path) -> str:
+        path = Path(os.path.normpath(path.absolute()))
+        return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+    folder = shown(file.parent)
+    return shown(file.parent / label), "" if folder == "generated" else f" -o {folder}"
 
 
 def generated_reference(generated: ModuleType) -> tuple[str, str] | None:
