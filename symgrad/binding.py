@@ -42,11 +42,10 @@ from types import ModuleType
 
 import torch
 import torch.utils.checkpoint
-from torch.utils.hooks import RemovableHandle
 
 from .errors import SymgradError
-from .fast_checks import BatchCounter, Snapshot, StateReader
-from .fingerprint import IGNORED, difference, hook_dictionaries, hooks_of, literal
+from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
+from .fingerprint import IGNORED, difference, literal
 from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
@@ -148,9 +147,8 @@ class Guard:
                 owner for owner, attribute in self._state.values() if attribute == "running_mean"]
             moded += tuple(("", owner, self._traced_training) for owner in owners)
         self._snapshot = Snapshot(self._children, self._hypers, moded)
-        self._hooks = hooks_of(model)
-        self._refuse_backward_hooks(self._hooks)
-        self._watch_hooks()
+        self._hook_watch = HookWatch(model)
+        self._refuse_backward_hooks(self._hook_watch.hooks)
         self._reader = StateReader(self._state)
         self._counter = BatchCounter(self._statistics)
         self._cumulative = tuple(statistics for statistics in self._statistics if statistics.momentum is None)
@@ -207,23 +205,12 @@ class Guard:
         say what. Hooks are looked at where one was registered anywhere since (``RemovableHandle`` counts
         them all) or one the model had is gone."""
         if not torch.compiler.is_compiling():
-            if RemovableHandle.next_id != self._hook_epoch or tuple(map(tuple, self._hooked)) != self._hooked_keys:
+            if self._hook_watch.moved():
                 self._check_hooks()
             if self._snapshot.unchanged():
                 return
         self._check_model()
         self._check_mode()
-
-    def _watch_hooks(self) -> None:
-        """What a later call compares to notice a hook registered or removed: ``RemovableHandle``'s counter
-        (every registration moves it), every hook dictionary's keys (the handles' ids, which a registration
-        or removal changes), and at every call those of the dictionaries that hold a hook now (a removal
-        moves no counter)."""
-        self._hook_epoch = RemovableHandle.next_id
-        self._hook_dicts = hook_dictionaries(self.model)
-        self._hook_keys = tuple(map(tuple, self._hook_dicts))
-        self._hooked = tuple(dictionary for dictionary in self._hook_dicts if dictionary)
-        self._hooked_keys = tuple(map(tuple, self._hooked))
 
     def _refuse_backward_hooks(self, hooks: dict) -> None:
         for path, kind in hooks.items():
@@ -234,23 +221,18 @@ class Guard:
 
     def _check_hooks(self) -> None:
         """The model's hooks as bound: a forward hook registered or removed since changes what the model
-        computes, and the bound step runs what was traced. Where no dictionary's keys moved (a tensor hook
-        moved the counter) only the counter is taken again."""
-        if tuple(map(tuple, self._hook_dicts)) == self._hook_keys:
-            self._hook_epoch = RemovableHandle.next_id
-            return
-        now = hooks_of(self.model)
+        computes, and the bound step runs what was traced."""
+        now, bound = self._hook_watch.changes(), self._hook_watch.hooks
         self._refuse_backward_hooks(now)
         for path, hooks in now.items():
-            if hooks != self._hooks.get(path):
+            if hooks != bound.get(path):
                 shown = path or "the model"
-                change = (f"a forward hook of {shown} was removed" if hooks is None and self._hooks.get(path)
-                          else f"{shown} has a forward hook registered" if not self._hooks.get(path)
+                change = (f"a forward hook of {shown} was removed" if hooks is None and bound.get(path)
+                          else f"{shown} has a forward hook registered" if not bound.get(path)
                           else f"the forward hooks of {shown} changed")
                 raise BindError(f"{name_of(self.generated)}: {change} since bind, and the bound step runs what was "
                                 f"traced (fix: set the hooks back, or trace and generate the model with its hooks: "
                                 f"{_retrace(self.generated, self.model)})")
-        self._watch_hooks()
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters

@@ -16,6 +16,9 @@ import operator
 from itertools import repeat
 
 import torch
+from torch.utils.hooks import RemovableHandle
+
+from .fingerprint import hook_dictionaries, hooks_of
 
 _CALL = operator.attrgetter.__call__  # map(_CALL, getters, objects): each getter on its object, in C
 
@@ -136,3 +139,39 @@ class BatchCounter:
                 counters = [counter for counter in counters if counter is not None]
                 if counters:
                     torch._foreach_add_(counters, calls)
+
+
+class HookWatch:
+    """A model's hooks as bound (:func:`symgrad.fingerprint.hooks_of`), and what shows at each call, in a
+    few C calls, whether any was registered or removed since: ``RemovableHandle``'s counter (every
+    registration moves it), every hook dictionary's keys (the handles' ids, which a registration or a
+    removal changes), and at every call those of the dictionaries that hold a hook (a removal moves no
+    counter)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.hooks = hooks_of(model)
+        self._watch()
+
+    def _watch(self) -> None:
+        self._epoch = RemovableHandle.next_id
+        self._dictionaries = hook_dictionaries(self.model)
+        self._keys = tuple(map(tuple, self._dictionaries))
+        self._hooked = tuple(dictionary for dictionary in self._dictionaries if dictionary)
+        self._hooked_keys = tuple(map(tuple, self._hooked))
+
+    def moved(self) -> bool:
+        """Whether a hook may have been registered or removed since (then :meth:`changes` says)."""
+        return RemovableHandle.next_id != self._epoch or tuple(map(tuple, self._hooked)) != self._hooked_keys
+
+    def changes(self) -> dict[str, str | None]:
+        """The model's hooks now (``hooks_of``) where they differ from those bound, else {} (and the
+        watch taken again: a tensor hook moved the counter, or nothing moved)."""
+        if tuple(map(tuple, self._dictionaries)) == self._keys:
+            self._epoch = RemovableHandle.next_id
+            return {}
+        now = hooks_of(self.model)
+        if now == self.hooks:
+            self._watch()
+            return {}
+        return now

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
-from symgrad.fast_checks import BatchCounter, Snapshot, StateReader, count_batches, read_state
+from symgrad.fast_checks import BatchCounter, HookWatch, Snapshot, StateReader, count_batches, read_state
 
 
 class _Doubled(nn.Module):
@@ -148,3 +148,20 @@ def test_snapshot_refers_a_hyper_parameter_without_a_single_truth_value_to_the_g
     snapshot = _snapshot(net)
     net[1].eps = torch.tensor([1e-5, 1e-5])
     assert not snapshot.unchanged()
+
+
+def test_hook_watch_looks_again_only_where_a_hook_may_have_moved_and_says_what_changed():
+    net = _net()
+    watch = HookWatch(net)
+    assert not watch.moved()
+    torch.zeros(1, requires_grad=True).register_hook(lambda grad: grad)  # moves the counter, no module hook
+    assert watch.moved() and watch.changes() == {} and not watch.moved()
+    handle = net[2].register_forward_hook(lambda module, inputs, output: output)
+    assert watch.moved() and watch.changes()["2"] is not None
+    handle.remove()
+    assert watch.changes() == {} and not watch.moved()
+    traced = nn.Sequential(nn.ReLU())
+    handle = traced[0].register_forward_hook(lambda module, inputs, output: output)
+    watch = HookWatch(traced)
+    handle.remove()  # a removal moves no counter: the dictionary that held a hook is read at every call
+    assert watch.moved() and watch.changes()["0"] is None
