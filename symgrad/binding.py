@@ -32,7 +32,6 @@ import importlib.util
 import inspect
 import math
 import operator
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ import torch.utils.checkpoint
 from .errors import SymgradError
 from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
 from .fingerprint import IGNORED, difference, literal
-from .write import read_generated, read_header
+from .write import read_generated, read_header, shown_path, spec_of
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
 
@@ -141,11 +140,12 @@ class Guard:
         self._hypers = tuple((path, module, key, copy.copy(value)) for path, module in modules.items()
                              for key, value in vars(module).items()
                              if fingerprint and path in fingerprint and _hyper(key, value))
+        # _check_mode's second rule: the BatchNorms (or the running statistics' owners) in the traced mode
+        self._normed = tuple(statistics.module for statistics in self._statistics) or tuple(
+            owner for owner, attribute in self._state.values() if attribute == "running_mean")
         moded = tuple(self._modes)
-        if not self._modes and self._traced_training is not None:  # _check_mode's second rule: these in the traced mode
-            owners = [statistics.module for statistics in self._statistics] or [
-                owner for owner, attribute in self._state.values() if attribute == "running_mean"]
-            moded += tuple(("", owner, self._traced_training) for owner in owners)
+        if not self._modes and self._traced_training is not None:
+            moded += tuple(("", owner, self._traced_training) for owner in self._normed)
         self._snapshot = Snapshot(self._children, self._hypers, moded)
         self._hook_watch = HookWatch(model)
         self._refuse_backward_hooks(self._hook_watch.hooks)
@@ -265,9 +265,7 @@ class Guard:
                             f".{traced}() on it after model.{now}(), or trace and generate this mode: "
                             f"{_retrace(self.generated, self.model)})")
         if self._traced_training is not None:
-            modes = {statistics.module.training for statistics in self._statistics} or {
-                owner.training for owner, attribute in self._state.values() if attribute == "running_mean"}
-            if modes != {self._traced_training}:
+            if {owner.training for owner in self._normed} != {self._traced_training}:
                 traced = "train" if self._traced_training else "eval"
                 raise BindError(f"{name_of(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
                                 f"modules are now in {'eval' if traced == 'train' else 'train'} mode (fix: call "
@@ -509,8 +507,7 @@ def _retrace(generated: ModuleType, model: torch.nn.Module) -> str:
     file = getattr(generated, "__file__", None)
     spec, output = _spec_and_output(Path(file) if file else None, match.group(1) if match else "SPEC.yaml")
     try:
-        source = Path(inspect.getsourcefile(type(model)) or "FILE.py")
-        source = source.relative_to(Path.cwd()) if source.is_relative_to(Path.cwd()) else source
+        source = shown_path(inspect.getsourcefile(type(model)) or "FILE.py")
     except (TypeError, OSError, ValueError):
         source = "FILE.py"
     return f"symgrad trace {source}:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}{output}"
@@ -518,17 +515,12 @@ def _retrace(generated: ModuleType, model: torch.nn.Module) -> str:
 
 def _spec_and_output(file: Path | None, label: str) -> tuple[str, str]:
     """The spec, and `` -o FOLDER`` (or ""), with which ``symgrad generate``, run from here, writes ``file``
-    again: its header names the spec relative to the file's folder (``cli._spec_of``), and the folder may
-    not be ``generate``'s default."""
+    again: its header names the spec relative to the file's folder, and the folder may not be
+    ``generate``'s default."""
     if file is None:
         return label, ""
-
-    def shown(path: Path) -> str:
-        path = Path(os.path.normpath(path.absolute()))
-        return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
-
-    folder = shown(file.parent)
-    return shown(file.parent / label), "" if folder == "generated" else f" -o {folder}"
+    folder = shown_path(file.parent)
+    return shown_path(spec_of(file, label)), "" if folder == "generated" else f" -o {folder}"
 
 
 def generated_reference(generated: ModuleType) -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ import click
 
 from . import __version__
 from .errors import SymgradError
+from .write import spec_of
 
 LOSS_CHOICES = ("mse", "half_sq_error", "l1", "smooth_l1", "huber", "cross_entropy", "nll")
 """``symgrad trace --loss`` values (``trace.LOSS_NAMES`` maps them to the spec's loss ops)."""
@@ -30,11 +31,6 @@ def _spec_label(path: Path, output: Path) -> str:
     except ValueError:  # another drive
         label = path.name
     return label if " " not in label else path.name
-
-
-def _spec_of(generated: Path, label: str) -> Path:
-    """The spec a generated file names in its header, resolved relative to the file's folder."""
-    return Path(os.path.normpath(generated.parent / label))
 
 
 def _expand(paths: tuple[str, ...]) -> list[Path]:
@@ -167,7 +163,7 @@ def _refuse_name_clashes(named: list[tuple[Path, str]], output: Path, force: boo
         seen[name] = spec
         existing = output / f"{name}.py"
         parsed = read_header(read_generated(existing)) if existing.is_file() else None
-        other = _spec_of(existing, parsed[0]["spec"]).resolve() if parsed else None
+        other = spec_of(existing, parsed[0]["spec"]).resolve() if parsed else None
         if other is not None and not force and other != spec and other.is_file():  # a renamed spec is no clash
             raise SymgradError(f"error: {existing} was generated from {other}, "
                                f"and {spec} has the same name: {name} (fix: give one of them another name:, "
@@ -202,7 +198,7 @@ def check(paths):
             if own is not None:
                 modules.setdefault(module, own[0])
                 continue
-            spec_path = _spec_of(path, parsed[0]["spec"])
+            spec_path = spec_of(path, parsed[0]["spec"])
             again = f"`symgrad generate {spec_path} -o {path.parent}`"
             if module.exists():
                 stale.append(f"{module}: edited by hand: its symgrad header is gone, and {path} imports it "
@@ -218,7 +214,7 @@ def check(paths):
                            "(fix: pass the folder `symgrad generate` wrote to, not a spec or another folder)"))
     checked = len(stale)
     for path, fields in modules.items():
-        spec_path = _spec_of(path, fields["spec"])
+        spec_path = spec_of(path, fields["spec"])
         extras = tuple(fields["extras"].split(",")) if fields.get("extras") else ()
         try:
             result = build(spec_path, fields["spec"], extras=extras)

@@ -107,16 +107,11 @@ class Snapshot:
             return False  # (a tensor of several elements): the guard's loop says which
 
 
-def count_batches(statistics) -> None:
-    """``num_batches_tracked`` of each training-mode ``nn.BatchNorm`` in ``statistics``, moved by how often
-    the traced forward runs it, as the module's forward moves it: one ``torch._foreach_add_`` per count."""
-    BatchCounter(statistics)()
-
-
 class BatchCounter:
-    """:func:`count_batches` of one ``statistics``, its entries grouped by count once: each call reads
-    every counter again (``.to()`` replaces buffers) and adds to each group in one ``_foreach_add_``; a
-    module whose class changed since (``__class__`` assigned) is sorted again, as count_batches sorts it."""
+    """``num_batches_tracked`` of each training-mode ``nn.BatchNorm`` in ``statistics``, moved by how often the
+    traced forward runs it, as the module's forward moves it: the entries grouped by count once, each call
+    reading every counter again (``.to()`` replaces buffers) and adding to each group in one
+    ``_foreach_add_``; a module whose class changed since (``__class__`` assigned) is sorted again."""
 
     def __init__(self, statistics):
         self._statistics = tuple(statistics)

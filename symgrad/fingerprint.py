@@ -130,20 +130,23 @@ def _code_text(code) -> str:
     return f"{code.co_code.hex()}|{code.co_names}|{'|'.join(constants)}"
 
 
+def hook_function(hook):
+    """The function behind a hook: a ``functools.partial``'s, a bound method's; else ``hook`` itself."""
+    hook = hook.func if isinstance(hook, functools.partial) else hook
+    return hook.__func__ if inspect.ismethod(hook) else hook
+
+
 def _hook_text(kind: str, hook) -> str:
     """What identifies a hook across processes: the dictionary it sits in; a function's source, code
     and the literals it closes over (a ``functools.partial``'s arguments, a bound method's object's
     state); a callable object's class source and state (a PyTorch class by its name: old-style
     ``weight_norm``'s ``WeightNorm``)."""
-    parts, function = [kind], hook
-    if isinstance(function, functools.partial):
-        parts += [*map(_value_text, function.args), *_state_text(function.keywords)]
-        function = function.func
-    if inspect.ismethod(function):
-        owner = function.__self__
-        if not isinstance(owner, torch.nn.Module):  # a module's own state is its fingerprint entry's
-            parts += _state_text(getattr(owner, "__dict__", {}))
-        function = function.__func__
+    parts, function = [kind], hook_function(hook)
+    if isinstance(hook, functools.partial):
+        parts += [*map(_value_text, hook.args), *_state_text(hook.keywords)]
+        hook = hook.func
+    if inspect.ismethod(hook) and not isinstance(hook.__self__, torch.nn.Module):  # a module's state: its entry's
+        parts += _state_text(getattr(hook.__self__, "__dict__", {}))
     if inspect.isfunction(function):
         parts += [_source(function), _code_text(function.__code__),
                   *(_value_text(cell.cell_contents) for cell in function.__closure__ or ())]

@@ -37,6 +37,17 @@ class HasFiles(Protocol):
     files: dict[str, str]
 
 
+
+def spec_of(generated: Path, label: str) -> Path:
+    """The spec a generated file names in its header, resolved relative to the file's folder."""
+    return Path(os.path.normpath(generated.parent / label))
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as a message shows it: relative to the working directory where it lies under it, else absolute."""
+    path = Path(os.path.normpath(Path(path).absolute()))
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
 def with_header(body: str, spec_label: str, spec_hash: str, comment: str, extras: tuple[str, ...] = ()) -> str:
     """``body`` under the header that ``symgrad check`` reads: version, spec, and both hashes."""
     content_hash = hashlib.sha256(body.encode("utf-8")).hexdigest()

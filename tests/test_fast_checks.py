@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
-from symgrad.fast_checks import BatchCounter, HookWatch, Snapshot, StateReader, count_batches, read_state
+from symgrad.fast_checks import BatchCounter, HookWatch, Snapshot, StateReader, read_state
 
 
 class _Doubled(nn.Module):
@@ -113,10 +113,10 @@ def test_snapshot_sees_a_module_leave_its_traced_mode():
     assert snapshot.unchanged()
 
 
-def test_count_batches_moves_each_batchnorm_by_its_calls_and_leaves_instance_norm_alone():
+def test_batch_counter_moves_each_batchnorm_by_its_calls_and_leaves_instance_norm_alone():
     bn, twice, instance = nn.BatchNorm2d(2), nn.BatchNorm2d(2), nn.InstanceNorm2d(2, track_running_stats=True)
-    count_batches([SimpleNamespace(module=bn, calls=1), SimpleNamespace(module=twice, calls=2),
-                   SimpleNamespace(module=instance, calls=1)])  # as binding's statistics entries hold them
+    BatchCounter([SimpleNamespace(module=bn, calls=1), SimpleNamespace(module=twice, calls=2),
+                  SimpleNamespace(module=instance, calls=1)])()  # as binding's statistics entries hold them
     assert (int(bn.num_batches_tracked), int(twice.num_batches_tracked), int(instance.num_batches_tracked)) == (1, 2, 0)
 
 
@@ -135,7 +135,7 @@ def test_batch_counter_sorts_a_module_whose_class_changed_again():
     bn = nn.BatchNorm2d(2)
     counter = BatchCounter([SimpleNamespace(module=bn, calls=1)])
     counter()
-    bn.__class__ = nn.InstanceNorm2d  # no longer a BatchNorm: count_batches leaves it alone
+    bn.__class__ = nn.InstanceNorm2d  # no longer a BatchNorm: left alone, as the module moves no counter
     counter()
     assert int(bn.num_batches_tracked) == 1
     bn.__class__ = nn.BatchNorm2d

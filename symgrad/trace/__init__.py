@@ -268,16 +268,11 @@ def _refuse_untraced_hooks(module: torch.nn.Module | None) -> None:
 
 def _defined_at(hook) -> str:
     """``FILE:LINE: `` where ``hook``'s function is defined, or "" where it has no code (a callable object)."""
-    function = getattr(hook, "__func__", getattr(hook, "func", hook))
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return ""
-    file = Path(code.co_filename)
-    try:
-        file = file.relative_to(Path.cwd())
-    except ValueError:
-        pass
-    return f"{file}:{code.co_firstlineno}: "
+    from ..fingerprint import hook_function
+    from ..write import shown_path
+
+    code = getattr(hook_function(hook), "__code__", None)
+    return f"{shown_path(code.co_filename)}:{code.co_firstlineno}: " if code is not None else ""
 
 
 def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
