@@ -258,7 +258,11 @@ def test_norm_kernels_take_a_float32_weight_with_a_bfloat16_input_as_cuda_does(n
     def helper(x, grad, weight, bias):
         if name == "group_norm":  # an instance norm: one channel per group
             return namespace["_group_norm_backward"](grad, x, weight, 4)
-        return namespace["_layer_norm_backward"](grad, x, [6], weight, bias)
+        # the statistics as the forward computed them: in float32 under CUDA's autocast (its layer_norm
+        # casts every operand), from x and a weight of one dtype elsewhere
+        promoted = torch.promote_types(x.dtype, weight.dtype)
+        _, mean, rstd = torch.native_layer_norm(x.to(promoted), [6], weight.to(promoted), bias.to(promoted), 1e-5)
+        return namespace["_layer_norm_backward"](grad, x, [6], weight, bias, mean, rstd)
 
     exact = helper(x, grad, weight, bias)
     with CudaNormKernels():

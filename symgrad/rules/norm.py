@@ -110,6 +110,14 @@ def _native_code(operands, params, show):
     return f"torch.native_batch_norm({arguments}, True, {show(params['momentum'])}, {show(params['eps'])})"
 
 
+def _native_layer_norm_code(operands, params, show):
+    named = dict(zip(params["operand_names"], operands))
+    return (f"torch.native_layer_norm({named['input']}, {list(params['normalized_shape'])}, "
+            f"{named.get('weight', 'None')}, {named.get('bias', 'None')}, {show(params['eps'])})")
+
+
+primitive("native_layer_norm", code=_native_layer_norm_code, outputs=3, fresh=True,
+          latex=lambda operands, params, show: rf"\operatorname{{layer\_norm}}\left({operands[0]}\right)")
 primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
 BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
@@ -189,25 +197,25 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
                  for grad, owner in zip(grads, owners))
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
-LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, eps=1e-05,
+LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, mean, rstd,
                          output_mask=(True, True, True)):
     """layer_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_layer_norm_backward``, autograd's own (twice differentiable) kernel,
-    the mean and 1 / std over ``normalized_shape`` from ``torch.native_layer_norm`` again, as
-    :func:`_group_norm_backward` takes its groups' (and in the same dtype, a float32 weight's
-    with a bfloat16 input: CUDA's kernels read the weight and bias in the input's dtype).
+    from the mean and 1 / std the forward's ``torch.native_layer_norm`` returned, as autograd saves
+    them (no derivative of their own: the kernel's accounts for their dependence on ``input``). It
+    runs in the dtype of its operands together, a float32 weight's with a bfloat16 input (CUDA's
+    kernels read the weight and bias in the input's dtype; the forward computed the statistics in
+    float32 there too), and returns each gradient in its tensor's dtype.
     """
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
     for param in (weight, bias):
         dtype = dtype if param is None else torch.promote_types(dtype, param.dtype)
     owners = (input, weight, bias)  # each gradient goes back in its tensor's dtype
-    x = input.to(dtype)
-    weight, bias = (None if param is None else param.to(dtype) for param in (weight, bias))
-    with torch.no_grad():  # constants: the kernel's derivative accounts for their dependence on x
-        _, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, None, eps)
+    grad, x, weight, bias = (value if value is None or value.dtype == dtype else value.to(dtype)
+                             for value in (grad_output, input, weight, bias))
     grads = torch.ops.aten.native_layer_norm_backward(
-        grad_output.to(dtype), x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
-    return tuple(None if grad is None else grad.to(owner.dtype)
+        grad, x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
+    return tuple(grad if grad is None or grad.dtype == owner.dtype else grad.to(owner.dtype)
                  for grad, owner in zip(grads, owners))
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
@@ -215,16 +223,18 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
 
 def _norm_backward_code(name: str):
     """``_group_norm_backward(grad, x, weight, groups)`` and ``_layer_norm_backward(grad, x, shape,
-    weight, bias)``: eps and the mask where they are not the defaults (1e-05, every gradient)."""
+    weight, bias, mean, rstd)``: eps (group_norm's) and the mask where they are not the defaults
+    (1e-05, every gradient)."""
     def code(operands, params, show):
         named = dict(zip(params["operand_names"], operands))
         weight, bias = named.get("weight", "None"), named.get("bias", "None")
         if name == "group_norm":
             arguments = [named["grad"], named["input"], weight, str(params["num_groups"])]
+            if float(params["eps"]) != 1e-05:
+                arguments.append(f"eps={show(params['eps'])}")
         else:
-            arguments = [named["grad"], named["input"], str(list(params["normalized_shape"])), weight, bias]
-        if float(params["eps"]) != 1e-05:
-            arguments.append(f"eps={show(params['eps'])}")
+            arguments = [named["grad"], named["input"], str(list(params["normalized_shape"])), weight, bias,
+                         named["mean"], named["rstd"]]
         if not all(params["output_mask"]):
             arguments.append(f"output_mask={list(params['output_mask'])}")
         return f"_{name}_backward({', '.join(arguments)})"
@@ -237,18 +247,21 @@ for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER
                   rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"))
 
 
-def _fused_norm_pullback(node, grad, wanted, name: str, **params):
+def _fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), **params):
     """Every wanted gradient of a group_norm or layer_norm from one call of autograd's own backward
-    kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory."""
+    kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory
+    (``statistics``: the locals the forward kept for it, layer_norm's mean and 1 / std)."""
     names = ("input", "weight", "bias")
     unsupported = wanted - set(names)
     if unsupported:
         raise NotImplementedError(f"gradients of {name}'s {sorted(unsupported)} are not derived")
     present = ("grad", "input") + tuple(key for key in ("weight", "bias") if key in node.operands)
-    operands = [grad, *(node.operands[key] for key in present[1:])]
+    operands = [grad, *(node.operands[key] for key in present[1:]), *(tensor(f"{kind}_{node.name}")
+                                                                       for kind in statistics)]
     together = " and ".join(key for key in names if key in wanted)
-    fused = node.local("local", op(f"{name}_backward", *operands, operand_names=present, eps=node.params["eps"],
-                                   output_mask=tuple(key in wanted for key in names), **params),
+    fused = node.local("local", op(f"{name}_backward", *operands, operand_names=present + statistics,
+                                   eps=node.params["eps"], output_mask=tuple(key in wanted for key in names),
+                                   **params),
                        note=f"{node.name}'s {together} gradients in one native_{name}_backward call "
                             "(autograd's own kernel; twice differentiable)")
     return {key: op("item", fused, index=index) for index, key in enumerate(names) if key in wanted}
@@ -341,11 +354,22 @@ class LayerNorm(_Norm):
     def forward(self, node):
         names, params = self._forward_params(node, ("normalized_shape", "eps"))
         params["normalized_shape"] = list(node.params["normalized_shape"])
-        return Forward(op("layer_norm", *(node.operands[name] for name in names), **params))
+        value = op("layer_norm", *(node.operands[name] for name in names), **params)
+        if not node.fused:
+            return Forward(value)
+        # the fused pullback reads the mean and 1 / std this kernel computes anyway (as autograd saves them)
+        present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
+        native = node.local("native", op("native_layer_norm", *(node.operands[name] for name in present),
+                                         operand_names=present, normalized_shape=params["normalized_shape"],
+                                         eps=node.params["eps"]),
+                            note=f"{node.name} with the statistics its gradient reads")
+        node.local("mean", op("item", native, index=1), note=f"{node.name}'s mean")
+        node.local("rstd", op("item", native, index=2), note=f"{node.name}'s 1 / std")
+        return Forward(op("item", native, index=0), math=value)
 
     def pullback(self, node, grad, wanted):
         if node.fused:
-            return _fused_norm_pullback(node, grad, wanted, "layer_norm",
+            return _fused_norm_pullback(node, grad, wanted, "layer_norm", statistics=("mean", "rstd"),
                                         normalized_shape=tuple(node.params["normalized_shape"]))
         rank, count = len(node.shapes["input"]), len(node.params["normalized_shape"])
         dims = tuple(range(rank - count, rank))
