@@ -118,6 +118,30 @@ def _native_layer_norm_code(operands, params, show):
 
 primitive("native_layer_norm", code=_native_layer_norm_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{layer\_norm}}\left({operands[0]}\right)")
+GROUP_NORM = '''def _group_norm(input, weight, bias, groups, eps=1e-05):
+    """``F.group_norm(input, groups, weight, bias, eps)``, with the mean and 1 / std of each group its
+    backward reads, from ``torch.native_group_norm``, the kernel F.group_norm runs (on ``input`` in
+    the layout it gives it). Under autocast, which runs F.group_norm in float32 on a GPU and not the
+    native kernel, F.group_norm itself and no statistics (the backward computes them again)."""
+    if torch.is_autocast_enabled(input.device.type):
+        return F.group_norm(input, groups, weight, bias, eps), None, None
+    in_channels_last = input.dim() == 4 and input.device.type == "cpu" and not input.is_contiguous()
+    in_channels_last = in_channels_last and input.is_contiguous(memory_format=torch.channels_last)
+    x = input.contiguous(memory_format=torch.channels_last if in_channels_last else torch.contiguous_format)
+    return torch.native_group_norm(x, weight, bias, x.shape[0], x.shape[1], x.shape[2:].numel(), groups, eps)
+'''
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+
+
+def _group_norm_code(operands, params, show):
+    named = dict(zip(params["operand_names"], operands))
+    eps = "" if float(params["eps"]) == 1e-05 else f", eps={show(params['eps'])}"
+    return (f"_group_norm({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}, "
+            f"{params['num_groups']}{eps})")
+
+
+primitive("native_group_norm", code=_group_norm_code, outputs=3, fresh=True, helper=GROUP_NORM,
+          latex=lambda operands, params, show: rf"\operatorname{{group\_norm}}\left({operands[0]}\right)")
 primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
 BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
@@ -148,13 +172,13 @@ primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_ba
           latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
 
 
-GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, groups, eps=1e-05,
+GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, groups, mean, rstd, eps=1e-05,
                          output_mask=(True, True, True)):
     """group_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel.
-    Each group's mean and 1 / std come from ``torch.native_group_norm``, the kernel the forward
-    ran, again (one pass over ``input``; constants here, as autograd's saved ones are: the kernel's
-    derivative accounts for their dependence on ``input``). It runs in the dtype the forward
+    ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel, from each group's mean
+    and 1 / std as the forward's ``_group_norm`` returned them, as autograd saves them (None, under
+    autocast: ``torch.native_group_norm`` computes them again, one pass over ``input``; constants
+    here, as autograd's saved ones are). It runs in the dtype the forward
     computed in, its output's and so the gradient's (autocast runs group_norm in float32 on a GPU),
     and returns each gradient in the dtype of the tensor it belongs to. A float32 weight with a
     bfloat16 input (an instance norm under autocast) takes x and the gradient to float32: CUDA's
@@ -189,8 +213,9 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
         in_channels_last = in_channels_last and x.is_contiguous(memory_format=torch.channels_last)
         layout = torch.channels_last if in_channels_last else torch.contiguous_format
         x, grad = x.contiguous(memory_format=layout), grad.contiguous(memory_format=layout)
-        with torch.no_grad():
-            _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
+        if mean is None or mean.dtype != torch.promote_types(mean.dtype, dtype):
+            with torch.no_grad():
+                _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
         grads = torch.ops.aten.native_group_norm_backward(
             grad, x, mean, rstd, weight, n, c, hxw, groups, list(output_mask))
     return tuple(None if grad is None else grad.to(owner.dtype)
@@ -222,14 +247,16 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
 
 
 def _norm_backward_code(name: str):
-    """``_group_norm_backward(grad, x, weight, groups)`` and ``_layer_norm_backward(grad, x, shape,
-    weight, bias, mean, rstd)``: eps (group_norm's) and the mask where they are not the defaults
-    (1e-05, every gradient)."""
+    """``_group_norm_backward(grad, x, weight, groups, mean, rstd)`` and ``_layer_norm_backward(grad,
+    x, shape, weight, bias, mean, rstd)``: eps (group_norm's) and the mask where they are not the
+    defaults (1e-05, every gradient)."""
     def code(operands, params, show):
         named = dict(zip(params["operand_names"], operands))
         weight, bias = named.get("weight", "None"), named.get("bias", "None")
         if name == "group_norm":
-            arguments = [named["grad"], named["input"], weight, str(params["num_groups"])]
+            # instance_norm's forward (F.instance_norm) keeps no group statistics: None, computed again
+            arguments = [named["grad"], named["input"], weight, str(params["num_groups"]),
+                         named.get("mean", "None"), named.get("rstd", "None")]
             if float(params["eps"]) != 1e-05:
                 arguments.append(f"eps={show(params['eps'])}")
         else:
@@ -499,11 +526,23 @@ class GroupNorm(_Norm):
 
     def forward(self, node):
         names, params = self._forward_params(node, ("num_groups", "eps"))
-        return Forward(op("group_norm", *(node.operands[name] for name in names), **params))
+        value = op("group_norm", *(node.operands[name] for name in names), **params)
+        if not node.fused:
+            return Forward(value)
+        # the fused pullback reads each group's mean and 1 / std this kernel computes anyway (as autograd saves them)
+        present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
+        native = node.local("native", op("native_group_norm", *(node.operands[name] for name in present),
+                                         operand_names=present, num_groups=node.params["num_groups"],
+                                         eps=node.params["eps"]),
+                            note=f"{node.name} with the statistics its gradient reads")
+        node.local("mean", op("item", native, index=1), note=f"{node.name}'s mean of each group")
+        node.local("rstd", op("item", native, index=2), note=f"{node.name}'s 1 / std of each group")
+        return Forward(op("item", native, index=0), math=value)
 
     def pullback(self, node, grad, wanted):
         if node.fused:
-            return _fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=node.params["num_groups"])
+            return _fused_norm_pullback(node, grad, wanted, "group_norm", statistics=("mean", "rstd"),
+                                        num_groups=node.params["num_groups"])
         rank, groups = len(node.shapes["input"]), node.params["num_groups"]
         weight = op("channel_view", node.operands["weight"], trailing=rank - 2) if "weight" in node.operands else None
         ghat_full = grad * weight if weight is not None else grad
