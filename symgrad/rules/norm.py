@@ -24,6 +24,7 @@ import sympy
 
 from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
+from .norm_helpers import BATCH_NORM_BACKWARD, GROUP_NORM, GROUP_NORM_BACKWARD, LAYER_NORM_BACKWARD
 
 primitive("mean_keep", code=lambda operands, params, show: (
     f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
@@ -118,19 +119,6 @@ def _native_layer_norm_code(operands, params, show):
 
 primitive("native_layer_norm", code=_native_layer_norm_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{layer\_norm}}\left({operands[0]}\right)")
-GROUP_NORM = '''def _group_norm(input, weight, bias, groups, eps=1e-05):
-    """``F.group_norm(input, groups, weight, bias, eps)``, with the mean and 1 / std of each group its
-    backward reads, from ``torch.native_group_norm``, the kernel F.group_norm runs (on ``input`` in
-    the layout it gives it). Under autocast, which runs F.group_norm in float32 on a GPU and not the
-    native kernel, F.group_norm itself and no statistics (the backward computes them again)."""
-    if torch.is_autocast_enabled(input.device.type):
-        return F.group_norm(input, groups, weight, bias, eps), None, None
-    in_channels_last = input.dim() == 4 and input.device.type == "cpu" and not input.is_contiguous()
-    in_channels_last = in_channels_last and input.is_contiguous(memory_format=torch.channels_last)
-    x = input.contiguous(memory_format=torch.channels_last if in_channels_last else torch.contiguous_format)
-    return torch.native_group_norm(x, weight, bias, x.shape[0], x.shape[1], x.shape[2:].numel(), groups, eps)
-'''
-"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
 def _group_norm_code(operands, params, show):
@@ -144,19 +132,6 @@ primitive("native_group_norm", code=_group_norm_code, outputs=3, fresh=True, hel
           latex=lambda operands, params, show: rf"\operatorname{{group\_norm}}\left({operands[0]}\right)")
 primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
-BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
-                         output_mask=(True, True, True)):
-    """Training-mode batch_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel,
-    from the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its
-    derivative accounts for their dependence on ``input``). Under autocast the gradient arrives in
-    the forward's precision, as autograd's does.
-    """
-    return torch.ops.aten.native_batch_norm_backward(
-        grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
-        weight, None, None, mean, invstd, True, eps, output_mask)
-'''
-"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 def _batch_norm_backward_code(operands, params, show):
     """``_batch_norm_backward(grad, x, weight, mean, invstd)``, eps and the mask where they are not
@@ -170,80 +145,6 @@ def _batch_norm_backward_code(operands, params, show):
 
 primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_batch_norm_backward_code,
           latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
-
-
-GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, groups, mean, rstd, eps=1e-05,
-                         output_mask=(True, True, True)):
-    """group_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel, from each group's mean
-    and 1 / std as the forward's ``_group_norm`` returned them, as autograd saves them (None, under
-    autocast: ``torch.native_group_norm`` computes them again, one pass over ``input``; constants
-    here, as autograd's saved ones are). It runs in the dtype the forward
-    computed in, its output's and so the gradient's (autocast runs group_norm in float32 on a GPU),
-    and returns each gradient in the dtype of the tensor it belongs to. A float32 weight with a
-    bfloat16 input (an instance norm under autocast) takes x and the gradient to float32: CUDA's
-    kernels read the weight, mean and 1 / std in the input's dtype and refuse any other (the CPU's
-    take the mix), and float32 is the precision autograd's batch_norm kernel computes it in. The
-    kernel has no derivative of its own: where autograd records this gradient it is the formula
-    instead, ``rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat))`` in each group, as
-    autograd does.
-    """
-    dtype = torch.promote_types(input.dtype, grad_output.dtype)
-    dtype = dtype if weight is None else torch.promote_types(dtype, weight.dtype)
-    owners = (input, weight, weight)  # each gradient goes back in its tensor's dtype
-    x, grad = input.to(dtype), grad_output.to(dtype)
-    weight = None if weight is None else weight.to(dtype)
-    n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
-    tracked = [value for value in (x, grad, weight) if value is not None and value.requires_grad]
-    if torch.is_grad_enabled() and tracked:
-        centered = x.reshape(n, groups, -1) - x.reshape(n, groups, -1).mean(2, keepdim=True)
-        rstd = (centered.pow(2).mean(2, keepdim=True) + eps).rsqrt()
-        xhat = centered * rstd
-        channel = (1, c) + (1,) * (x.dim() - 2)
-        ghat = (grad if weight is None else grad * weight.reshape(channel)).reshape(n, groups, -1)
-        dims = [0] + list(range(2, x.dim()))
-        grads = ((rstd * (ghat - ghat.mean(2, keepdim=True)
-                          - xhat * (ghat * xhat).mean(2, keepdim=True))).reshape(x.shape),
-                 (grad * xhat.reshape(x.shape)).sum(dims), grad.sum(dims))
-        grads = [value if wanted else None for value, wanted in zip(grads, output_mask)]
-    else:  # the kernels read raw memory: input and gradient in one layout, dense in it,
-        # as autograd gives them (derivatives.yaml: grad.contiguous(...), input.contiguous(...));
-        # a permuted gradient (a layer scale done in [N, H, W, C]) otherwise gives wrong values
-        in_channels_last = x.dim() == 4 and x.device.type == "cpu" and not x.is_contiguous()
-        in_channels_last = in_channels_last and x.is_contiguous(memory_format=torch.channels_last)
-        layout = torch.channels_last if in_channels_last else torch.contiguous_format
-        x, grad = x.contiguous(memory_format=layout), grad.contiguous(memory_format=layout)
-        if mean is None or mean.dtype != torch.promote_types(mean.dtype, dtype):
-            with torch.no_grad():
-                _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
-        grads = torch.ops.aten.native_group_norm_backward(
-            grad, x, mean, rstd, weight, n, c, hxw, groups, list(output_mask))
-    return tuple(None if grad is None else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, owners))
-'''
-"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
-LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, mean, rstd,
-                         output_mask=(True, True, True)):
-    """layer_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_layer_norm_backward``, autograd's own (twice differentiable) kernel,
-    from the mean and 1 / std the forward's ``torch.native_layer_norm`` returned, as autograd saves
-    them (no derivative of their own: the kernel's accounts for their dependence on ``input``). It
-    runs in the dtype of its operands together, a float32 weight's with a bfloat16 input (CUDA's
-    kernels read the weight and bias in the input's dtype; the forward computed the statistics in
-    float32 there too), and returns each gradient in its tensor's dtype.
-    """
-    dtype = torch.promote_types(input.dtype, grad_output.dtype)
-    for param in (weight, bias):
-        dtype = dtype if param is None else torch.promote_types(dtype, param.dtype)
-    owners = (input, weight, bias)  # each gradient goes back in its tensor's dtype
-    grad, x, weight, bias = (value if value is None or value.dtype == dtype else value.to(dtype)
-                             for value in (grad_output, input, weight, bias))
-    grads = torch.ops.aten.native_layer_norm_backward(
-        grad, x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
-    return tuple(grad if grad is None or grad.dtype == owner.dtype else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, owners))
-'''
-"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
 def _norm_backward_code(name: str):
@@ -328,7 +229,6 @@ def _momentum(value, context: ParamContext):
     if not 0 <= momentum <= 1:
         raise context.fail(f"is {value!r}, outside 0 to 1", "use a momentum between 0 and 1, or null for a cumulative average")
     return momentum
-
 
 
 def _check_per_channel(shapes, x, check) -> None:
