@@ -320,11 +320,15 @@ class Guard:
             raise ValueError(_first_line(error)) from None
         except (NotImplementedError, KeyError):  # an op without a meta kernel: the call itself decides
             pass
-        except Exception:  # the real forward's own message, on copies of the buffers (nothing moves)
+        except Exception:  # the real forward's own message, on copies of the buffers (nothing moves, the
+            # random state neither: where it runs whole, the step then draws the masks it would have drawn)
             buffers = {name for name, (owner, attribute) in self._state.items() if attribute in owner._buffers}
+            devices = {value.device for value in data.values()
+                       if isinstance(value, torch.Tensor) and value.device.type == "cuda"}
             try:
-                self._run_forward({name: value.clone() if name in buffers else value
-                                   for name, value in arguments.items()}, data)
+                with torch.random.fork_rng(devices=sorted(devices, key=str)):
+                    self._run_forward({name: value.clone() if name in buffers else value
+                                       for name, value in arguments.items()}, data)
             except Exception as error:
                 shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in data.items()
                                    if isinstance(value, torch.Tensor))

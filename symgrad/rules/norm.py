@@ -149,8 +149,8 @@ primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_ba
 
 def _norm_backward_code(name: str):
     """``_group_norm_backward(grad, x, weight, groups, mean, rstd)`` and ``_layer_norm_backward(grad,
-    x, shape, weight, bias, mean, rstd)``: eps (group_norm's) and the mask where they are not the
-    defaults (1e-05, every gradient)."""
+    x, shape, weight, bias, mean, rstd)``: eps and the mask where they are not the defaults (1e-05,
+    every gradient)."""
     def code(operands, params, show):
         named = dict(zip(params["operand_names"], operands))
         weight, bias = named.get("weight", "None"), named.get("bias", "None")
@@ -158,11 +158,11 @@ def _norm_backward_code(name: str):
             # instance_norm's forward (F.instance_norm) keeps no group statistics: None, computed again
             arguments = [named["grad"], named["input"], weight, str(params["num_groups"]),
                          named.get("mean", "None"), named.get("rstd", "None")]
-            if float(params["eps"]) != 1e-05:
-                arguments.append(f"eps={show(params['eps'])}")
         else:
             arguments = [named["grad"], named["input"], str(list(params["normalized_shape"])), weight, bias,
                          named["mean"], named["rstd"]]
+        if float(params["eps"]) != 1e-05:
+            arguments.append(f"eps={show(params['eps'])}")
         if not all(params["output_mask"]):
             arguments.append(f"output_mask={list(params['output_mask'])}")
         return f"_{name}_backward({', '.join(arguments)})"

@@ -22,13 +22,22 @@ GROUP_NORM = '''def _group_norm(input, weight, bias, groups, eps=1e-05):
     its backward reads, from ``torch.native_group_norm``, the kernel F.group_norm runs (on ``input``
     in the layout it gives it). Under autocast, which runs F.group_norm in float32 on a GPU and not
     the native kernel, F.group_norm itself and no statistics (the backward computes them again)."""
-    if torch.is_autocast_enabled(input.device.type):
+    device = input.device.type  # "meta" where bind checks a call's sizes: no autocast there
+    if device != "meta" and torch.is_autocast_enabled(device):
         return F.group_norm(input, groups, weight, bias, eps), None, None
-    # the layout F.group_norm gives the kernel on a CPU (suggest_memory_format), dense elsewhere
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(input.dim())
-    dense = input.device.type == "cpu" and layout is not None and not input.is_contiguous()
-    dense = dense and input.is_contiguous(memory_format=layout)
-    x = input.contiguous(memory_format=layout if dense else torch.contiguous_format)
+
+    def layout_of(x):
+        """``Tensor.suggest_memory_format()``: the layout F.group_norm and autograd's
+        backward give the kernels on a CPU, channels_last where the strides are, dense
+        or not (``empty_like`` follows it where they are not), else dense; dense on
+        other devices."""
+        layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        if x.device.type != "cpu" or layout is None or x.is_contiguous():
+            return torch.contiguous_format
+        probe = x if x.is_contiguous(memory_format=layout) else torch.empty_like(x)
+        return layout if probe.is_contiguous(memory_format=layout) else torch.contiguous_format
+
+    x = input.contiguous(memory_format=layout_of(input))
     n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
     return torch.native_group_norm(x, weight, bias, n, c, hxw, groups, eps)
 '''
@@ -72,14 +81,25 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
     else:  # the kernels read raw memory: input and gradient in one layout, dense in it,
         # as autograd gives them (derivatives.yaml: grad.contiguous(...), input.contiguous(...));
         # a permuted gradient (a layer scale done in [N, H, W, C]) otherwise gives wrong values
-        layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-        dense = x.device.type == "cpu" and layout is not None and not x.is_contiguous()
-        dense = dense and x.is_contiguous(memory_format=layout)
-        layout = layout if dense else torch.contiguous_format
+        def layout_of(x):
+            """``Tensor.suggest_memory_format()``: the layout F.group_norm and autograd's
+            backward give the kernels on a CPU, channels_last where the strides are, dense
+            or not (``empty_like`` follows it where they are not), else dense; dense on
+            other devices."""
+            layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+            if x.device.type != "cpu" or layout is None or x.is_contiguous():
+                return torch.contiguous_format
+            probe = x if x.is_contiguous(memory_format=layout) else torch.empty_like(x)
+            return layout if probe.is_contiguous(memory_format=layout) else torch.contiguous_format
+
+        layout = layout_of(x)
         x, grad = x.contiguous(memory_format=layout), grad.contiguous(memory_format=layout)
-        if mean is None or mean.dtype != torch.promote_types(mean.dtype, dtype):
+        if mean is None or mean.dtype != torch.promote_types(mean.dtype, dtype):  # or narrower
             with torch.no_grad():
                 _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
+        # the forward's are differentiable outputs of native_group_norm (their grad_fn reaches x's,
+        # which is not tracked here, or the bias's, which they do not depend on): constants here
+        mean, rstd = mean.detach(), rstd.detach()
         grads = torch.ops.aten.native_group_norm_backward(
             grad, x, mean, rstd, weight, n, c, hxw, groups, list(output_mask))
     return tuple(None if grad is None else grad.to(owner.dtype)
@@ -89,14 +109,15 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
 
 
 LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, mean, rstd,
-                         output_mask=(True, True, True)):
+                         eps=1e-05, output_mask=(True, True, True)):
     """layer_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_layer_norm_backward``, autograd's own (twice differentiable) kernel,
     from the mean and 1 / std the forward's ``torch.native_layer_norm`` returned, as autograd saves
     them (no derivative of their own: the kernel's accounts for their dependence on ``input``). It
     runs in the dtype of its operands together, a float32 weight's with a bfloat16 input (CUDA's
     kernels read the weight and bias in the input's dtype; the forward computed the statistics in
-    float32 there too), and returns each gradient in its tensor's dtype.
+    float32 there too), computing the statistics again where they are narrower than that, and
+    returns each gradient in its tensor's dtype.
     """
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
     for param in (weight, bias):
@@ -104,6 +125,9 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
     owners = (input, weight, bias)  # each gradient goes back in its tensor's dtype
     grad, x, weight, bias = (value if value is None or value.dtype == dtype else value.to(dtype)
                              for value in (grad_output, input, weight, bias))
+    if mean.dtype != torch.promote_types(mean.dtype, dtype):  # narrower: a wider gradient
+        with torch.no_grad():  # (a float64 target, a float32 layer scale after it under autocast)
+            _, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, None, eps)
     grads = torch.ops.aten.native_layer_norm_backward(
         grad, x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
     return tuple(grad if grad is None or grad.dtype == owner.dtype else grad.to(owner.dtype)
