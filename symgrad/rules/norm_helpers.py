@@ -69,12 +69,12 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
     tracked = [value for value in (x, grad, weight) if value is not None and value.requires_grad]
     if torch.is_grad_enabled() and tracked:
         centered = x.reshape(n, groups, -1) - x.reshape(n, groups, -1).mean(2, keepdim=True)
-        rstd = (centered.pow(2).mean(2, keepdim=True) + eps).rsqrt()
-        xhat = centered * rstd
+        group_rstd = (centered.pow(2).mean(2, keepdim=True) + eps).rsqrt()
+        xhat = centered * group_rstd
         channel = (1, c) + (1,) * (x.dim() - 2)
         ghat = (grad if weight is None else grad * weight.reshape(channel)).reshape(n, groups, -1)
         dims = [0] + list(range(2, x.dim()))
-        grads = ((rstd * (ghat - ghat.mean(2, keepdim=True)
+        grads = ((group_rstd * (ghat - ghat.mean(2, keepdim=True)
                           - xhat * (ghat * xhat).mean(2, keepdim=True))).reshape(x.shape),
                  (grad * xhat.reshape(x.shape)).sum(dims), grad.sum(dims))
         grads = [value if wanted else None for value, wanted in zip(grads, output_mask)]
@@ -94,14 +94,15 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
 
         layout = layout_of(x)
         x, grad = x.contiguous(memory_format=layout), grad.contiguous(memory_format=layout)
-        if mean is None or mean.dtype != torch.promote_types(mean.dtype, dtype):  # or narrower
-            with torch.no_grad():
-                _, mean, rstd = torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)
-        # the forward's are differentiable outputs of native_group_norm (their grad_fn reaches x's,
-        # which is not tracked here, or the bias's, which they do not depend on): constants here
-        mean, rstd = mean.detach(), rstd.detach()
+        # the forward's statistics, or computed again where there are none or they are narrower;
+        # constants here (the forward's are differentiable outputs of native_group_norm, through
+        # x, not tracked here, or the bias, which they do not depend on)
+        again = mean is None or mean.dtype != torch.promote_types(mean.dtype, dtype)
+        with torch.no_grad():
+            statistics = (torch.native_group_norm(x, weight, None, n, c, hxw, groups, eps)[1:]
+                          if again else (mean.detach(), rstd.detach()))
         grads = torch.ops.aten.native_group_norm_backward(
-            grad, x, mean, rstd, weight, n, c, hxw, groups, list(output_mask))
+            grad, x, *statistics, weight, n, c, hxw, groups, list(output_mask))
     return tuple(None if grad is None else grad.to(owner.dtype)
                  for grad, owner in zip(grads, owners))
 '''
@@ -125,11 +126,14 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
     owners = (input, weight, bias)  # each gradient goes back in its tensor's dtype
     grad, x, weight, bias = (value if value is None or value.dtype == dtype else value.to(dtype)
                              for value in (grad_output, input, weight, bias))
-    if mean.dtype != torch.promote_types(mean.dtype, dtype):  # narrower: a wider gradient
-        with torch.no_grad():  # (a float64 target, a float32 layer scale after it under autocast)
-            _, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, None, eps)
+    # the forward's statistics, or computed again where they are narrower than that (a wider
+    # gradient: a float64 target, a float32 layer scale after it under autocast)
+    again = mean.dtype != torch.promote_types(mean.dtype, dtype)
+    with torch.no_grad():
+        statistics = (torch.native_layer_norm(x, normalized_shape, weight, None, eps)[1:]
+                      if again else (mean, rstd))
     grads = torch.ops.aten.native_layer_norm_backward(
-        grad, x, normalized_shape, mean, rstd, weight, bias, list(output_mask))
+        grad, x, normalized_shape, *statistics, weight, bias, list(output_mask))
     return tuple(grad if grad is None or grad.dtype == owner.dtype else grad.to(owner.dtype)
                  for grad, owner in zip(grads, owners))
 '''
