@@ -392,11 +392,15 @@ def _narrowed_at_last_use(scheduled: list[Scheduled], narrowed: list[str]) -> li
 
 
 def helpers_of(statements: list[Statement]) -> list[str]:
-    """The module-level functions the statements' primitives call, each once, in a fixed order."""
+    """The module-level functions the statements' primitives call, each once, in a fixed order (a
+    helper may hold several, one of them shared with another primitive's helper: written once)."""
     found = {expression.primitive.name: expression.primitive.helper
              for statement in statements for expression in statement.value.atoms(TensorOp)
              if expression.primitive.helper}
-    return [found[name] for name in sorted(found)]
+    functions: dict[str, None] = {}
+    for name in sorted(found):
+        functions.update(dict.fromkeys(part.strip("\n") + "\n" for part in found[name].split("\n\n\n")))
+    return list(functions)
 
 
 def _count_among(statements: list[Statement], among: list[Statement]) -> int:

@@ -17,7 +17,20 @@ BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, me
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
-GROUP_NORM = '''def _group_norm(input, weight, bias, groups, eps=1e-05):
+SUGGESTED_MEMORY_FORMAT = '''def _suggested_memory_format(x):
+    """``x.suggest_memory_format()``, the layout ``F.group_norm`` and autograd's backward give the
+    group_norm kernels on a CPU: channels_last where the strides are, dense or not (``empty_like``
+    follows it where they are not), else dense; dense on other devices."""
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    if x.device.type != "cpu" or layout is None or x.is_contiguous():
+        return torch.contiguous_format
+    probe = x if x.is_contiguous(memory_format=layout) else torch.empty_like(x)
+    return layout if probe.is_contiguous(memory_format=layout) else torch.contiguous_format
+'''
+"""Emitted once into each module with a fused group_norm or instance_norm (both helpers hold it)."""
+
+
+GROUP_NORM = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm(input, weight, bias, groups, eps=1e-05):
     """``F.group_norm(input, groups, weight, bias, eps)``, with the mean and 1 / std of each group
     its backward reads, from ``torch.native_group_norm``, the kernel F.group_norm runs (on ``input``
     in the layout it gives it). Under autocast, which runs F.group_norm in float32 on a GPU and not
@@ -25,26 +38,14 @@ GROUP_NORM = '''def _group_norm(input, weight, bias, groups, eps=1e-05):
     device = input.device.type  # "meta" where bind checks a call's sizes: no autocast there
     if device != "meta" and torch.is_autocast_enabled(device):
         return F.group_norm(input, groups, weight, bias, eps), None, None
-
-    def layout_of(x):
-        """``Tensor.suggest_memory_format()``: the layout F.group_norm and autograd's
-        backward give the kernels on a CPU, channels_last where the strides are, dense
-        or not (``empty_like`` follows it where they are not), else dense; dense on
-        other devices."""
-        layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-        if x.device.type != "cpu" or layout is None or x.is_contiguous():
-            return torch.contiguous_format
-        probe = x if x.is_contiguous(memory_format=layout) else torch.empty_like(x)
-        return layout if probe.is_contiguous(memory_format=layout) else torch.contiguous_format
-
-    x = input.contiguous(memory_format=layout_of(input))
+    x = input.contiguous(memory_format=_suggested_memory_format(input))
     n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
     return torch.native_group_norm(x, weight, bias, n, c, hxw, groups, eps)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
-GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, groups, mean, rstd, eps=1e-05,
+GROUP_NORM_BACKWARD = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm_backward(grad_output, input, weight, groups, mean, rstd, eps=1e-05,
                          output_mask=(True, True, True)):
     """group_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel, from each group's mean
@@ -81,18 +82,7 @@ GROUP_NORM_BACKWARD = '''def _group_norm_backward(grad_output, input, weight, gr
     else:  # the kernels read raw memory: input and gradient in one layout, dense in it,
         # as autograd gives them (derivatives.yaml: grad.contiguous(...), input.contiguous(...));
         # a permuted gradient (a layer scale done in [N, H, W, C]) otherwise gives wrong values
-        def layout_of(x):
-            """``Tensor.suggest_memory_format()``: the layout F.group_norm and autograd's
-            backward give the kernels on a CPU, channels_last where the strides are, dense
-            or not (``empty_like`` follows it where they are not), else dense; dense on
-            other devices."""
-            layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-            if x.device.type != "cpu" or layout is None or x.is_contiguous():
-                return torch.contiguous_format
-            probe = x if x.is_contiguous(memory_format=layout) else torch.empty_like(x)
-            return layout if probe.is_contiguous(memory_format=layout) else torch.contiguous_format
-
-        layout = layout_of(x)
+        layout = _suggested_memory_format(x)
         x, grad = x.contiguous(memory_format=layout), grad.contiguous(memory_format=layout)
         # the forward's statistics, or computed again where there are none or they are narrower;
         # constants here (the forward's are differentiable outputs of native_group_norm, through
