@@ -178,7 +178,8 @@ for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER
 def _fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), **params):
     """Every wanted gradient of a group_norm or layer_norm from one call of autograd's own backward
     kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory
-    (``statistics``: the locals the forward kept for it, layer_norm's mean and 1 / std)."""
+    (``statistics``: the locals the forward kept for it, :meth:`_Norm._native_forward`'s; none for
+    instance_norm)."""
     names = ("input", "weight", "bias")
     unsupported = wanted - set(names)
     if unsupported:
@@ -247,6 +248,20 @@ class _Norm(Rule):
         params = {key: node.params[key] for key in node.params if key != "momentum"}
         return names, dict(operand_names=tuple(names), shown=shown, rank=len(node.shapes["input"]), **params)
 
+    def _native_forward(self, node, value, native: str, **params) -> Forward:
+        """``value`` (the functional call), or where the derivation is fused the native kernel ``native``,
+        whose mean and 1 / std the fused pullback reads (``mean_<node>``, ``rstd_<node>``), as autograd
+        keeps them, instead of computing them again: layer_norm's and group_norm's."""
+        if not node.fused:
+            return Forward(value)
+        present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
+        kernel = node.local("native", op(native, *(node.operands[name] for name in present), operand_names=present,
+                                         eps=node.params["eps"], **params),
+                            note=f"{node.name} with the statistics its gradient reads")
+        node.local("mean", op("item", kernel, index=1), note=f"{node.name}'s mean")
+        node.local("rstd", op("item", kernel, index=2), note=f"{node.name}'s 1 / std")
+        return Forward(op("item", kernel, index=0), math=value)
+
     def _affine_grads(self, node, grad, xhat, wanted, sum_dims, unview=lambda e: e):
         grads = {}
         if "weight" in wanted:
@@ -282,17 +297,7 @@ class LayerNorm(_Norm):
         names, params = self._forward_params(node, ("normalized_shape", "eps"))
         params["normalized_shape"] = list(node.params["normalized_shape"])
         value = op("layer_norm", *(node.operands[name] for name in names), **params)
-        if not node.fused:
-            return Forward(value)
-        # the fused pullback reads the mean and 1 / std this kernel computes anyway (as autograd saves them)
-        present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
-        native = node.local("native", op("native_layer_norm", *(node.operands[name] for name in present),
-                                         operand_names=present, normalized_shape=params["normalized_shape"],
-                                         eps=node.params["eps"]),
-                            note=f"{node.name} with the statistics its gradient reads")
-        node.local("mean", op("item", native, index=1), note=f"{node.name}'s mean")
-        node.local("rstd", op("item", native, index=2), note=f"{node.name}'s 1 / std")
-        return Forward(op("item", native, index=0), math=value)
+        return self._native_forward(node, value, "native_layer_norm", normalized_shape=params["normalized_shape"])
 
     def pullback(self, node, grad, wanted):
         if node.fused:
@@ -427,17 +432,7 @@ class GroupNorm(_Norm):
     def forward(self, node):
         names, params = self._forward_params(node, ("num_groups", "eps"))
         value = op("group_norm", *(node.operands[name] for name in names), **params)
-        if not node.fused:
-            return Forward(value)
-        # the fused pullback reads each group's mean and 1 / std this kernel computes anyway (as autograd saves them)
-        present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
-        native = node.local("native", op("native_group_norm", *(node.operands[name] for name in present),
-                                         operand_names=present, num_groups=node.params["num_groups"],
-                                         eps=node.params["eps"]),
-                            note=f"{node.name} with the statistics its gradient reads")
-        node.local("mean", op("item", native, index=1), note=f"{node.name}'s mean of each group")
-        node.local("rstd", op("item", native, index=2), note=f"{node.name}'s 1 / std of each group")
-        return Forward(op("item", native, index=0), math=value)
+        return self._native_forward(node, value, "native_group_norm", num_groups=node.params["num_groups"])
 
     def pullback(self, node, grad, wanted):
         if node.fused:

@@ -51,9 +51,9 @@ GROUP_NORM_BACKWARD = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm_back
     ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel, from each group's mean
     and 1 / std as the forward's ``_group_norm`` returned them, as autograd saves them (None, under
     autocast: ``torch.native_group_norm`` computes them again, one pass over ``input``; constants
-    here, as autograd's saved ones are). It runs in the dtype the forward
-    computed in, its output's and so the gradient's (autocast runs group_norm in float32 on a GPU),
-    and returns each gradient in the dtype of the tensor it belongs to. A float32 weight with a
+    here, as autograd's saved ones are). It runs in the dtype the forward computed in, its
+    output's and so the gradient's (autocast runs group_norm in float32 on a GPU), and returns
+    each gradient in the dtype of the tensor it belongs to. A float32 weight with a
     bfloat16 input (an instance norm under autocast) takes x and the gradient to float32: CUDA's
     kernels read the weight, mean and 1 / std in the input's dtype and refuse any other (the CPU's
     take the mix), and float32 is the precision autograd's batch_norm kernel computes it in. The
