@@ -133,23 +133,36 @@ def test_the_forward_equals_f_group_norm_bit_for_bit_in_every_layout():
         assert all(torch.equal(ours, theirs) for ours, theirs in zip(grads, expected_grads)), x.shape
 
 
+class _ScaledNorm(nn.Module):
+    """A layer norm without affine, then a layer scale (timm's ``LayerScale``: ``x * gamma``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(6, 8), nn.LayerNorm(8, elementwise_affine=False)
+        self.gamma = nn.Parameter(torch.full((8,), 0.5))
+
+    def forward(self, input):
+        return self.norm(self.fc(input)) * self.gamma
+
+
 def test_a_step_whose_gradient_is_wider_than_its_layer_norm_takes_statistics_in_that_dtype():
-    """A float64 target after a float32 model (and, under autocast, a float32 layer scale after a bfloat16
-    layer norm without affine) makes the gradient wider than the statistics the forward kept: the kernel
-    reads them in its input's dtype, so the backward computes them again there, as it did before."""
+    """Under autocast a bfloat16 layer norm without affine, then a float32 layer scale, gets a float32
+    gradient: wider than the statistics its forward kept, which the kernel reads in its input's dtype, so
+    the backward computes them again in that dtype (it raised before)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8))  # the loss's float64 gradient reaches it
+    model = _ScaledNorm()
     text = trace(model, {"input": (4, 6)}, wrt="parameters", name="wider", loss=LossChoice("mse_loss", "target"),
                  mode="train")
     generated = module_from_source(build_text(text, "wider.yaml").rendered.files["wider.py"], "wider")
     bound_model = copy.deepcopy(model)
     bound = symgrad.bind(generated, bound_model)
     generator = torch.Generator().manual_seed(4)
-    x, target = torch.randn(5, 6, generator=generator), torch.randn(5, 8, generator=generator, dtype=torch.float64)
-    bound(input=x, target=target).backward()
-    F.mse_loss(model(x), target).backward()
+    x, target = torch.randn(5, 6, generator=generator), torch.randn(5, 8, generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bound(input=x, target=target).backward()
+        F.mse_loss(model(x), target).backward()
     for (name, ours), theirs in zip(bound_model.named_parameters(), model.parameters()):
-        assert (ours.grad - theirs.grad).norm() <= 1e-6 * theirs.grad.norm(), name
+        assert (ours.grad - theirs.grad).norm() <= 2e-2 * theirs.grad.norm(), name
 
 
 class _Block(nn.Module):

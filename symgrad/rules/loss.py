@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import CONSTANT, LINEAR, op, primitive, tensor
+from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive, tensor
 from ..printing import to_code
 from . import softmax  # noqa: F401 (defines the softmax primitive used here)
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, non_negative_number, number, positive_number
@@ -42,6 +42,11 @@ primitive("per_sample_view",
           latex=lambda operands, params, show: operands[0], tangent=LINEAR)
 primitive("numel", code=lambda operands, params, show: f"{operands[0]}.numel()",
           latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert", tangent=CONSTANT)
+# autograd's engine casts each gradient to its input's dtype: a float64 target promotes the residual,
+# and the prediction's gradient goes back in the prediction's dtype (a no-op where they agree)
+primitive("cast_like", code=lambda operands, params, show: f"{operands[0]}.to({operands[1]}.dtype)",
+          latex=lambda operands, params, show: operands[0],
+          tangent=lambda expr, tangent_of: TensorOp("cast_like", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
 primitive("ones_cotangent",
           code=lambda operands, params, show: f"{operands[0]}.new_ones({operands[0]}.shape[0])" if params["per_sample"]
           else f"{operands[0]}.new_ones(())",
@@ -120,7 +125,7 @@ class Loss(Rule):
         local = self.local_derivative(node.params).xreplace({RESIDUAL: residual})
         for sign, operand in ((1, "input"), (-1, "target")):  # r = input - target
             if operand in wanted:
-                grads[operand] = sign * local * weight
+                grads[operand] = op("cast_like", sign * local * weight, node.operands[operand])
         return grads
 
     def reference(self, arguments: dict, params: dict):

@@ -117,7 +117,7 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
     grad, x, weight, bias = (value if value is None or value.dtype == dtype else value.to(dtype)
                              for value in (grad_output, input, weight, bias))
     # the forward's statistics, or computed again where they are narrower than that (a wider
-    # gradient: a float64 target, a float32 layer scale after it under autocast)
+    # gradient: a float32 layer scale after it under autocast)
     again = mean.dtype != torch.promote_types(mean.dtype, dtype)
     with torch.no_grad():
         statistics = (torch.native_layer_norm(x, normalized_shape, weight, None, eps)[1:]
