@@ -38,6 +38,10 @@ class SymgradError(Exception):
     """Base class of every error symgrad reports to a user."""
 
 
+class GeneratorError(SymgradError):
+    """symgrad rendered code that is wrong whatever the spec: a bug in symgrad, never the spec's fault."""
+
+
 class SpecError(SymgradError):
     """A spec that cannot be turned into correct gradient code.
 

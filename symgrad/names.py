@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import Location, SpecError
+from .errors import GeneratorError, Location, SpecError
 
 FIX = "rename it in the spec, e.g. append _in or _t"
 
@@ -324,6 +324,26 @@ def _module_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
+def _refuse_names_defined_twice(tree: ast.Module) -> None:
+    """A module-level name bound twice (a chain's table after a submodule named ``blocks`` once
+    replaced the ``BLOCKS`` dictionary) makes a module that imports and then fails, or computes
+    something else: symgrad's own bug, refused before anything is written."""
+    seen: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)]
+        else:
+            continue
+        for name in names:
+            if name in seen:
+                raise GeneratorError(f"error: symgrad wrote the module-level name {name!r} twice (line {node.lineno}); "
+                                     "nothing was written (fix: this is a bug in symgrad: please report it with the spec)")
+            seen.add(name)
+
+
 _ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*(?:\n\1[ \t]+[^\n]*)*(?:\n\1[)\]][^\n]*)?$", re.M)
 """A one-name assignment or a ``del``, with the lines it wraps onto (indented deeper, then the
 closing bracket at its own indent: after a whole simple statement no line is indented deeper)."""
@@ -360,6 +380,7 @@ def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = 
     except SyntaxError:  # a stand-in that does not parse: the module itself, read whole (never skipped)
         tree = ast.parse(source)
     module_names = _module_level_names(tree)
+    _refuse_names_defined_twice(tree)
     scopes = [_Scope(function) for function in _functions(tree, scan_template("module.py.jinja").verbatim)]
     free = {name for scope in scopes for name in scope.loads - scope.bound}  # globals and builtins the code reads
     called = {name for scope in scopes for name in scope.calls}

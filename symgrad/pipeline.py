@@ -13,7 +13,7 @@ from .names import check_module_source, check_statement_targets
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
-from .errors import SymgradError
+from .errors import GeneratorError, SymgradError  # noqa: F401 (GeneratorError: raised here, imported from here)
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 
 
@@ -75,10 +75,6 @@ def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), reco
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
     return Built(label, structured.flat_graph, structured.program, rendered, structured.test_data["small_shapes"])
-
-
-class GeneratorError(SymgradError):
-    """symgrad rendered code that Python cannot compile: a bug in symgrad, never the spec's fault."""
 
 
 def _check_compiles(rendered: Rendered) -> None:

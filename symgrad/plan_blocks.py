@@ -138,9 +138,9 @@ def _chained(top: Spec, spec: Spec, rules: dict[str, BlockRule]) -> tuple[Spec, 
         runs.append(current)
         current = [layer] if linkable(layer) else []
     runs.append(current)
-    # a table never takes a name the spec gives a tensor or a block, in either case
+    # a table never takes a name the spec gives a tensor or a block, in either case, nor one the module's own
     taken = {name.lower() for name in [*(item.name for item in spec.inputs), *(layer.out for layer in spec.layers),
-                                       *spec.blocks]}
+                                       *spec.blocks, *MODULE_NAMES]}
     chains, replaced = [], {}
     for run in runs:
         if len(run) < CHAIN_LENGTH:
@@ -168,6 +168,14 @@ def _names(value) -> list[str]:
         return [name for item in value for name in _names(item)]
     node = getattr(value, "node", None)  # {like: NODE}
     return [node] if isinstance(node, str) else []
+
+
+MODULE_NAMES = frozenset({
+    "BLOCKS", "CHANNELS_LAST", "CHANNELS_LAST_FROM", "EVAL_MODULE", "FINGERPRINT", "FROZEN", "MOMENTA", "MOVED",
+    "OUTPUTS", "OUTPUTS_KIND", "PARAMS", "ROLES", "RUNNING", "SMALL_SHAPES", "SPEC_ENTRIES", "SPEC_SHAPES", "WRT",
+    "ZERO_BY_STRUCTURE"})
+"""The upper-case names a generated module or its test file defines for itself: a chain's table, named
+after a submodule (``self.blocks``: BLOCKS), takes another (BLOCKS_2)."""
 
 
 def _table_name(run, spec: Spec, taken: set[str]) -> str:
