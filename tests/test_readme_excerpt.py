@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_readme_excerpt_of_seed3s_backward_is_in_the_generated_module():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index("```python\ngrad_p = residual") + len("```python\n")
+    start = readme.index("```python\ngrad_p = (residual") + len("```python\n")
     excerpt = [line.strip() for line in readme[start:readme.index("```", start)].splitlines() if line.strip()]
     module = [line.strip() for line in (ROOT / "generated" / "seed3_conv_relu_conv.py").read_text().splitlines()]
     position = module.index(excerpt[0])

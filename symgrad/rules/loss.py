@@ -42,11 +42,17 @@ primitive("per_sample_view",
           latex=lambda operands, params, show: operands[0], tangent=LINEAR)
 primitive("numel", code=lambda operands, params, show: f"{operands[0]}.numel()",
           latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert", tangent=CONSTANT)
+def _cast_tangent(expr, moved):
+    """Linear in the value cast; the second operand gives only its dtype (a piecewise-constant
+    gradient, l1's sign, moves by nothing)."""
+    return moved if moved == 0 else TensorOp("cast_like", expr.params, moved, expr.operands[1])
+
+
 # autograd's engine casts each gradient to its input's dtype: a float64 target promotes the residual,
 # and the prediction's gradient goes back in the prediction's dtype (a no-op where they agree)
 primitive("cast_like", code=lambda operands, params, show: f"{operands[0]}.to({operands[1]}.dtype)",
           latex=lambda operands, params, show: operands[0],
-          tangent=lambda expr, tangent_of: TensorOp("cast_like", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
+          tangent=lambda expr, tangent_of: _cast_tangent(expr, tangent_of(expr.operands[0])))
 primitive("ones_cotangent",
           code=lambda operands, params, show: f"{operands[0]}.new_ones({operands[0]}.shape[0])" if params["per_sample"]
           else f"{operands[0]}.new_ones(())",
