@@ -332,9 +332,12 @@ def _refuse_names_defined_twice(tree: ast.Module) -> None:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names = [node.name]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):  # `import torch.nn.functional as F` binds F; the
+            seen.update((alias.asname or alias.name).split(".")[0] for alias in node.names)  # imports come first
+            continue
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = [name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)]
+            names = [name for target in targets for name in _bound_names(target)]
         else:
             continue
         for name in names:
@@ -342,6 +345,15 @@ def _refuse_names_defined_twice(tree: ast.Module) -> None:
                 raise GeneratorError(f"error: symgrad wrote the module-level name {name!r} twice (line {node.lineno}); "
                                      "nothing was written (fix: this is a bug in symgrad: please report it with the spec)")
             seen.add(name)
+
+
+def _bound_names(target: ast.expr) -> list[str]:
+    """The names an assignment target binds: ``a``, ``a, b``, ``*a``; not ``a[key]`` or ``a.b``, which bind none."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in _bound_names(element)]
+    return _bound_names(target.value) if isinstance(target, ast.Starred) else []
 
 
 _ASSIGNMENT = re.compile(r"^([ \t]+)(?:([A-Za-z_]\w*) = |del )[^\n]*(?:\n\1[ \t]+[^\n]*)*(?:\n\1[)\]][^\n]*)?$", re.M)

@@ -73,9 +73,44 @@ def test_a_submodule_named_blocks_gets_a_table_of_another_name_and_trains_as_aut
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-12, atol=1e-14, msg=name)
 
 
+class Lowercase(nn.Module):
+    """A stage named ``f``: its table would be ``F``, the name of ``torch.nn.functional`` in the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(*[Residual(3) for _ in range(4)])
+
+    def forward(self, x):
+        return self.f(x)
+
+
+def test_a_submodule_whose_table_would_be_f_leaves_torch_nn_functional_alone():
+    torch.manual_seed(0)
+    model = Lowercase().double()
+    source = build_text(trace(model, {"x": (2, 3, 6, 6)}, wrt="parameters", name="lower", mode="train", blocks=True),
+                        "lower.yaml").rendered.files["lower.py"]
+    tables = set(re.findall(r"_run_forward\(([A-Z][A-Z0-9_]*)", source))
+    assert tables and "F" not in tables, tables
+    x = torch.randn(2, 3, 7, 5, dtype=torch.float64)
+    ours = symgrad.bind(module_from_source(source, "lower"), copy.deepcopy(model))(x)
+    torch.testing.assert_close(ours, model(x), rtol=0, atol=0)
+
+
+def test_module_names_lists_every_constant_the_templates_write():
+    """A constant added to a template (or to the header symgrad writes) and not to MODULE_NAMES fails here."""
+    from symgrad.roles import THRESHOLD_NAME
+
+    root = GENERATED.parent
+    texts = [path.read_text() for path in (root / "templates").glob("*.jinja")]
+    written = {name for text in texts for name in re.findall(r'(?m)^(?:\{\{ \(")?([A-Z][A-Z0-9_]+) = ', text)}
+    written |= {name for path in (root / "symgrad").glob("*.py")
+                for name in re.findall(r'f?"([A-Z][A-Z0-9_]+) = ', path.read_text())}
+    assert {"BLOCKS", "FINGERPRINT", "OUTPUTS", "CLASSES"} <= written  # the scan reads what it should
+    assert written | {THRESHOLD_NAME} <= MODULE_NAMES
+
+
 @pytest.mark.parametrize("path", sorted(GENERATED.glob("*.py")), ids=lambda path: path.name)
 def test_every_constant_a_generated_file_defines_is_a_module_name_or_a_chain_table(path):
-    """MODULE_NAMES lists what the templates write; a constant added to a template and not to it fails here."""
     source = path.read_text()
     tables = set(re.findall(r"_run_forward\(([A-Z][A-Z0-9_]*)", source))
     assert _module_constants(source) - tables <= MODULE_NAMES
@@ -88,3 +123,6 @@ def test_a_module_that_binds_a_name_twice_is_refused_as_symgrads_own_bug():
     check_module_source(spec, source)  # as written: each name once
     with pytest.raises(GeneratorError, match="module-level name 'gradients' twice"):
         check_module_source(spec, source + "\n\ndef gradients():\n    pass\n")
+    with pytest.raises(GeneratorError, match="module-level name 'F' twice"):  # an import binds its name too
+        check_module_source(spec, source + "\n\nF = ()\n")
+    check_module_source(spec, source + "\n\nFINGERPRINT[''] = None\n")  # binds no name
