@@ -67,6 +67,7 @@ FAMILIES = [
     Family("batch_norm (train)", lambda c=64: nn.BatchNorm2d(c), IMAGE, SMALL),
     Family("group_norm (8 groups)", lambda c=64: nn.GroupNorm(8, c), IMAGE, SMALL),
     Family("layer_norm over channels", lambda c=64: ChannelsLastLayerNorm(c), IMAGE, SMALL),
+    Family("instance_norm (affine)", lambda c=64: nn.InstanceNorm2d(c, affine=True), IMAGE, SMALL),
     Family("relu", lambda c=64: nn.ReLU(), IMAGE, SMALL),
     Family("max_pool 3×3 stride 2", lambda c=64: nn.MaxPool2d(3, 2, 1), IMAGE, SMALL),
     Family("avg_pool 2×2", lambda c=64: nn.AvgPool2d(2), IMAGE, SMALL),

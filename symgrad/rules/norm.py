@@ -24,7 +24,8 @@ import sympy
 
 from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
-from .norm_helpers import BATCH_NORM_BACKWARD, GROUP_NORM, GROUP_NORM_BACKWARD, LAYER_NORM_BACKWARD
+from .norm_helpers import (BATCH_NORM_BACKWARD, GROUP_NORM, GROUP_NORM_BACKWARD, INSTANCE_NORM, INSTANCE_NORM_BACKWARD,
+                           LAYER_NORM_BACKWARD)
 
 primitive("mean_keep", code=lambda operands, params, show: (
     f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
@@ -130,6 +131,16 @@ def _group_norm_code(operands, params, show):
 
 primitive("native_group_norm", code=_group_norm_code, outputs=3, fresh=True, helper=GROUP_NORM,
           latex=lambda operands, params, show: rf"\operatorname{{group\_norm}}\left({operands[0]}\right)")
+
+
+def _instance_norm_code(operands, params, show):
+    named = dict(zip(params["operand_names"], operands))
+    eps = "" if float(params["eps"]) == 1e-05 else f", eps={show(params['eps'])}"
+    return f"_instance_norm({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}{eps})"
+
+
+primitive("native_instance_norm", code=_instance_norm_code, outputs=3, fresh=True, helper=INSTANCE_NORM,
+          latex=lambda operands, params, show: rf"\operatorname{{instance\_norm}}\left({operands[0]}\right)")
 primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
 
@@ -155,9 +166,11 @@ def _norm_backward_code(name: str):
         named = dict(zip(params["operand_names"], operands))
         weight, bias = named.get("weight", "None"), named.get("bias", "None")
         if name == "group_norm":
-            # instance_norm's forward (F.instance_norm) keeps no group statistics: None, computed again
+            # instance_norm's forward with running statistics (F.instance_norm) keeps none: None, computed again
             arguments = [named["grad"], named["input"], weight, str(params["num_groups"]),
                          named.get("mean", "None"), named.get("rstd", "None")]
+        elif name == "instance_norm":
+            arguments = [named["grad"], named["input"], weight, named["mean"], named["rstd"]]
         else:
             arguments = [named["grad"], named["input"], str(list(params["normalized_shape"])), weight, bias,
                          named["mean"], named["rstd"]]
@@ -169,7 +182,8 @@ def _norm_backward_code(name: str):
     return code
 
 
-for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER_NORM_BACKWARD)):
+for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER_NORM_BACKWARD),
+                       ("instance_norm", INSTANCE_NORM_BACKWARD)):
     primitive(f"{_name}_backward", helper=_helper, outputs=3, code=_norm_backward_code(_name),
               latex=lambda operands, params, show, _name=_name: (
                   rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"))
@@ -179,7 +193,7 @@ def _fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), 
     """Every wanted gradient of a group_norm or layer_norm from one call of autograd's own backward
     kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory
     (``statistics``: the locals the forward kept for it, :meth:`_Norm._native_forward`'s; none for
-    instance_norm)."""
+    an instance_norm with running statistics)."""
     names = ("input", "weight", "bias")
     unsupported = wanted - set(names)
     if unsupported:
@@ -251,7 +265,7 @@ class _Norm(Rule):
     def _native_forward(self, node, value, native: str, **params) -> Forward:
         """``value`` (the functional call), or where the derivation is fused the native kernel ``native``,
         whose mean and 1 / std the fused pullback reads (``mean_<node>``, ``rstd_<node>``), as autograd
-        keeps them, instead of computing them again: layer_norm's and group_norm's."""
+        keeps them, instead of computing them again: layer_norm's, group_norm's and instance_norm's."""
         if not node.fused:
             return Forward(value)
         present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
@@ -497,12 +511,24 @@ class InstanceNorm(_Norm):
         names, params = self._forward_params(node, shown)
         if updates:
             params["momentum"] = 0 if node.params["momentum"] is None else node.params["momentum"]
-        return Forward(op("instance_norm", *(node.operands[name] for name in names), **params))
+        value = op("instance_norm", *(node.operands[name] for name in names), **params)
+        if self._keeps_statistics(node):
+            return self._native_forward(node, value, "native_instance_norm")
+        return Forward(value)
+
+    @staticmethod
+    def _keeps_statistics(node) -> bool:
+        """Normalised by its own statistics, with no running ones to move: the forward keeps the mean and
+        1 / std its kernel computed, as autograd keeps them (with running statistics F.instance_norm moves
+        them in place, and the backward computes its own again)."""
+        return node.params["use_input_stats"] and "running_mean" not in node.operands
 
     def pullback(self, node, grad, wanted):
         unsupported = wanted & {"running_mean", "running_var"}
         if unsupported:
             raise NotImplementedError(f"gradients of instance_norm's {sorted(unsupported)} are not derived")
+        if node.fused and self._keeps_statistics(node):  # autograd's batch_norm kernel on N x C channels
+            return _fused_norm_pullback(node, grad, wanted, "instance_norm", statistics=("mean", "rstd"))
         if node.fused and node.params["use_input_stats"]:  # group_norm with one channel per group: its kernel
             return _fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=Size(node.operands["input"], 1))
         rank = len(node.shapes["input"])

@@ -8,11 +8,16 @@ BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, me
     ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel,
     from the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its
     derivative accounts for their dependence on ``input``). Under autocast the gradient arrives in
-    the forward's precision, as autograd's does.
+    the forward's precision, as autograd's does. Without a weight, where the gradients are
+    differentiated again, the kernel gets a weight of ones: its own derivative drops the bias
+    gradient's dependence on ``grad_output`` when the weight is None (PyTorch's own double
+    backward of ``F.instance_norm(x, bias=b)`` is wrong for that reason).
     """
-    return torch.ops.aten.native_batch_norm_backward(
+    ones = weight is None and torch.is_grad_enabled()  # (no argument is reassigned: a spec may
+    return torch.ops.aten.native_batch_norm_backward(  # name its tensors `weight` or `mean`)
         grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
-        weight, None, None, mean, invstd, True, eps, output_mask)
+        torch.ones(input.shape[1], dtype=input.dtype, device=input.device) if ones else weight,
+        None, None, mean, invstd, True, eps, output_mask)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
@@ -63,7 +68,8 @@ GROUP_NORM_BACKWARD = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm_back
     """
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
     dtype = dtype if weight is None else torch.promote_types(dtype, weight.dtype)
-    owners = (input, weight, weight)  # each gradient goes back in its tensor's dtype
+    # each gradient goes back in its tensor's dtype (a bias without a weight: the dtype computed in)
+    owners = (input.dtype, *[dtype if weight is None else weight.dtype] * 2)
     x, grad = input.to(dtype), grad_output.to(dtype)
     weight = None if weight is None else weight.to(dtype)
     n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
@@ -93,8 +99,7 @@ GROUP_NORM_BACKWARD = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm_back
                           if again else (mean.detach(), rstd.detach()))
         grads = torch.ops.aten.native_group_norm_backward(
             grad, x, *statistics, weight, n, c, hxw, groups, list(output_mask))
-    return tuple(None if grad is None else grad.to(owner.dtype)
-                 for grad, owner in zip(grads, owners))
+    return tuple(None if grad is None else grad.to(owner) for grad, owner in zip(grads, owners))
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
@@ -126,5 +131,52 @@ LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized
         grad, x, normalized_shape, *statistics, weight, bias, list(output_mask))
     return tuple(grad if grad is None or grad.dtype == owner.dtype else grad.to(owner.dtype)
                  for grad, owner in zip(grads, owners))
+'''
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+
+
+INSTANCE_NORM = '''def _instance_norm(input, weight, bias, eps=1e-05):
+    """``F.instance_norm(input, weight=weight, bias=bias, eps=eps)`` as it runs, with the mean and
+    1 / std of each sample's channel that its backward reads: ``torch.native_batch_norm`` of
+    ``input`` seen as one sample of N x C channels, weight and bias repeated N times (bit for bit
+    F.instance_norm's output on a CPU; on a GPU F.instance_norm may run cuDNN's kernel). Under
+    autocast, F.instance_norm itself and no statistics (the backward computes them again)."""
+    device = input.device.type  # "meta" where bind checks a call's sizes: no autocast there
+    if device != "meta" and torch.is_autocast_enabled(device):
+        return F.instance_norm(input, weight=weight, bias=bias, eps=eps), None, None
+    if input.shape[2:].numel() <= 1:  # F.instance_norm's own refusal: its statistics are 0 and 0
+        raise ValueError("Expected more than 1 spatial element when training, got input size "
+                         f"{list(input.shape)}")
+    n = input.shape[0]
+    repeated = [None if value is None else value.repeat(n) for value in (weight, bias)]
+    channels = input.contiguous().reshape(1, -1, *input.shape[2:])  # dense: a view, no copy
+    out, mean, invstd = torch.native_batch_norm(channels, *repeated, None, None, True, 0.1, eps)
+    return out.reshape(input.shape), mean, invstd
+'''
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+
+
+INSTANCE_NORM_BACKWARD = BATCH_NORM_BACKWARD + "\n\n" + GROUP_NORM_BACKWARD + "\n\n" + '''def _instance_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
+                            output_mask=(True, True, True)):
+    """instance_norm's input, weight and bias gradients as autograd takes them through
+    F.instance_norm: one ``native_batch_norm_backward`` call on the N x C channels the forward's
+    ``_instance_norm`` normalised, from the mean and 1 / std it returned, the weight's and bias's
+    summed over their N copies. Without statistics (under autocast), group_norm's kernels with
+    one group per channel, which compute them again; where the gradients are differentiated
+    again, group_norm's formula (the derivatives of ``native_batch_norm_backward``'s own
+    derivative are wrong: a third-order gradgradcheck through it fails)."""
+    tracked = [value for value in (grad_output, input, weight)
+               if value is not None and value.requires_grad]
+    if mean is None or (torch.is_grad_enabled() and tracked):
+        return _group_norm_backward(grad_output, input, weight, input.shape[1], None, None, eps,
+                                    output_mask)
+    n, c = input.shape[0], input.shape[1]
+    channels = (1, n * c, *input.shape[2:])
+    grad_input, grad_weight, grad_bias = _batch_norm_backward(
+        grad_output.reshape(channels), input.contiguous().reshape(channels),
+        None if weight is None else weight.repeat(n), mean, invstd, eps, output_mask)
+    summed = (None if grad is None else grad.reshape(n, c).sum(0)
+              for grad in (grad_weight, grad_bias))
+    return (None if grad_input is None else grad_input.reshape(input.shape), *summed)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
