@@ -183,3 +183,17 @@ def test_instance_norm_gradients_are_differentiable_twice_more():
         return grads.x, grads.w, grads.b
 
     assert torch.autograd.gradgradcheck(gradients, (x, w, b), fast_mode=True)
+
+
+def test_one_spatial_element_is_refused_as_f_instance_norm_refuses_it():
+    """Each channel's statistics would be its one value and 0: F.instance_norm raises in training, and so do
+    the generated functions (they called the batch_norm kernel, which returned zeros)."""
+    model = nn.InstanceNorm2d(4, affine=True)
+    text = trace(model, {"input": (2, 4, 3, 3)}, name="single", loss=LossChoice("mse_loss", "target"), mode="train")
+    generated = module_from_source(build_text(text, "single.yaml").rendered.files["single.py"], "single")
+    x, target = torch.randn(2, 4, 1, 1), torch.randn(2, 4, 1, 1)
+    params = {"weight": model.weight.detach(), "bias": model.bias.detach()}
+    with pytest.raises(ValueError, match="Expected more than 1 spatial element when training"):
+        model(x)
+    with pytest.raises(ValueError, match="Expected more than 1 spatial element when training"):
+        generated.gradients(input=x, target=target, params=params)
