@@ -8,15 +8,11 @@ BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, me
     ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel,
     from the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its
     derivative accounts for their dependence on ``input``). Under autocast the gradient arrives in
-    the forward's precision, as autograd's does. Without a weight, where the gradients are
-    differentiated again, the kernel gets a weight of ones: its own derivative drops the bias
-    gradient's dependence on ``grad_output`` when the weight is None (PyTorch's own double
-    backward of ``F.instance_norm(x, bias=b)`` is wrong for that reason).
-    """
-    ones = weight is None and torch.is_grad_enabled()  # (no argument is reassigned: a spec may
-    return torch.ops.aten.native_batch_norm_backward(  # name its tensors `weight` or `mean`)
+    the forward's precision, as autograd's does. Differentiated again, a missing weight is ones:
+    without one the kernel's derivative drops ``grad_output`` from the bias gradient's."""
+    return torch.ops.aten.native_batch_norm_backward(
         grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
-        torch.ones(input.shape[1], dtype=input.dtype, device=input.device) if ones else weight,
+        input.new_ones(input.shape[1]) if weight is None and torch.is_grad_enabled() else weight,
         None, None, mean, invstd, True, eps, output_mask)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
