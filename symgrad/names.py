@@ -311,40 +311,34 @@ def _functions(tree: ast.Module, skip=()):
             yield from (item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
-def _module_level_names(tree: ast.Module) -> set[str]:
-    names = set()
+def _module_bindings(tree: ast.Module):
+    """Each (name, statement, imported) a module's top level binds: its functions, classes, imports
+    (``import torch.nn.functional as F`` binds F) and assignments."""
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
+            yield node.name, node, False
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            yield from (((alias.asname or alias.name).split(".")[0], node, True) for alias in node.names)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name))
-    return names
+            yield from ((name, node, False) for target in targets for name in _bound_names(target))
+
+
+def _module_level_names(tree: ast.Module) -> set[str]:
+    return {name for name, _, _ in _module_bindings(tree)}
 
 
 def _refuse_names_defined_twice(tree: ast.Module) -> None:
     """A module-level name bound twice (a chain's table after a submodule named ``blocks`` once
     replaced the ``BLOCKS`` dictionary) makes a module that imports and then fails, or computes
-    something else: symgrad's own bug, refused before anything is written."""
+    something else: symgrad's own bug, refused before anything is written. Imports may repeat a
+    name (``import torch``, then ``import torch.nn.functional as F``); they come first."""
     seen: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names = [node.name]
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):  # `import torch.nn.functional as F` binds F; the
-            seen.update((alias.asname or alias.name).split(".")[0] for alias in node.names)  # imports come first
-            continue
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = [name for target in targets for name in _bound_names(target)]
-        else:
-            continue
-        for name in names:
-            if name in seen:
-                raise GeneratorError(f"error: symgrad wrote the module-level name {name!r} twice (line {node.lineno}); "
-                                     "nothing was written (fix: this is a bug in symgrad: please report it with the spec)")
-            seen.add(name)
+    for name, node, imported in _module_bindings(tree):
+        if name in seen and not imported:
+            raise GeneratorError(f"error: symgrad wrote the module-level name {name!r} twice (line {node.lineno}); "
+                                 "nothing was written (fix: this is a bug in symgrad: please report it with the spec)")
+        seen.add(name)
 
 
 def _bound_names(target: ast.expr) -> list[str]:

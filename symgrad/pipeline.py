@@ -13,7 +13,7 @@ from .names import check_module_source, check_statement_targets
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
-from .errors import GeneratorError, SymgradError  # noqa: F401 (GeneratorError: raised here, imported from here)
+from .errors import GeneratorError, SymgradError
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 
 

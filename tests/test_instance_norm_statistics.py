@@ -152,7 +152,8 @@ wrt: [x, b]
 def test_a_norm_with_a_bias_and_no_weight_has_gradients_that_differentiate_right(op, extra):
     """``native_batch_norm_backward``'s own derivative drops the bias gradient's dependence on its incoming
     gradient when the weight is None (PyTorch's gradgradcheck of ``F.instance_norm(x, bias=b)`` fails): where
-    the gradients are differentiated again, the kernel gets a weight of ones."""
+    the gradients are differentiated again, batch_norm's kernel gets a weight of ones, and instance_norm's
+    backward is group_norm's formula, which raised for a bias without a weight."""
     generated = module_from_source(build_text(BIAS_ONLY.format(name="bias_only", op=op, extra=extra), "bias_only.yaml")
                                    .rendered.files["bias_only.py"], "bias_only")
     generator = torch.Generator().manual_seed(7)

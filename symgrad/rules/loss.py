@@ -42,6 +42,8 @@ primitive("per_sample_view",
           latex=lambda operands, params, show: operands[0], tangent=LINEAR)
 primitive("numel", code=lambda operands, params, show: f"{operands[0]}.numel()",
           latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert", tangent=CONSTANT)
+
+
 def _cast_tangent(expr, moved):
     """Linear in the value cast; the second operand gives only its dtype (a piecewise-constant
     gradient, l1's sign, moves by nothing)."""

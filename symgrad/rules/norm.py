@@ -190,8 +190,8 @@ for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER
 
 
 def _fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), **params):
-    """Every wanted gradient of a group_norm or layer_norm from one call of autograd's own backward
-    kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory
+    """Every wanted gradient of a group_norm, layer_norm or instance_norm from one call of autograd's own
+    backward kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory
     (``statistics``: the locals the forward kept for it, :meth:`_Norm._native_forward`'s; none for
     an instance_norm with running statistics)."""
     names = ("input", "weight", "bias")
