@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sympy
 
 from .plan import Scheduled
 from .printing import to_code, to_latex
@@ -44,16 +43,15 @@ def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, 
                 to_latex(statement.target), to_latex(math), dead, narrowed)
 
 
-def printed_lines(scheduled: list[Scheduled], steps: list | None = None, overwrite: bool = False) -> list[Line]:
+def printed_lines(scheduled: list[Scheduled], steps: list | None = None) -> list[Line]:
     """The scheduled statements printed, a fused kernel's tuple unpacked where it is made
-    (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry; with
-    ``steps`` (each statement's derivation step), each line's step is ``steps`` entry, in place; with
-    ``overwrite`` (a forward), each op that may overwrite its operand does (:func:`_overwritable`)."""
+    (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry, each the
+    planner marked ``in_place`` as its op's in-place form; with ``steps`` (each statement's
+    derivation step), each line's step is ``steps`` entry, in place."""
     lines, index = [], 0
     kept = []
-    overwritten = _overwritable(scheduled) if overwrite else set()
     while index < len(scheduled):
-        line, used = _unpacked(scheduled, index, index in overwritten)
+        line, used = _unpacked(scheduled, index)
         lines.append(line)
         kept.append(index)
         index += used
@@ -62,33 +60,7 @@ def printed_lines(scheduled: list[Scheduled], steps: list | None = None, overwri
     return lines
 
 
-def _overwritable(scheduled: list[Scheduled]) -> set[int]:
-    """The positions of the statements that may run in place: an op with an in-place form (ReLU's
-    ``torch.relu_``) whose operand dies there and was made here by an op whose output is fresh
-    (``Primitive.fresh``: a convolution's, a norm's, a sum's), so nothing else holds or reads that
-    buffer, autograd included. One buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``;
-    the ReLU's backward reads its output, which is what stays."""
-    from .algebra import TensorOp
-
-    made = {item.statement.target: item.statement.value for item in scheduled}
-
-    def fresh(value) -> bool:
-        if isinstance(value, TensorOp) and value.primitive.name == "item":  # an entry of a fresh tuple
-            value = made.get(value.operands[0])
-        return (isinstance(value, TensorOp) and value.primitive.fresh) or (
-            isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
-
-    positions = set()
-    for index, item in enumerate(scheduled):
-        value = item.statement.value
-        if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
-                and value.operands[0].is_Symbol and value.operands[0].name in item.dead
-                and fresh(made.get(value.operands[0]))):
-            positions.add(index)
-    return positions
-
-
-def _unpacked(scheduled: list[Scheduled], index: int, in_place: bool = False) -> tuple[Line, int]:
+def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
     """The line for ``scheduled[index]`` and how many statements it stands for: one, or a tuple made
     there together with the ``t[i]`` reads right after it, when they are its only uses."""
     from .algebra import TensorOp
@@ -105,7 +77,7 @@ def _unpacked(scheduled: list[Scheduled], index: int, in_place: bool = False) ->
         position += 1
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
-        return printed_line(item.statement, item.dead, in_place, item.narrowed), 1
+        return printed_line(item.statement, item.dead, item.in_place, item.narrowed), 1
     names = ", ".join(reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs))
     code = to_code(value)
     dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))

@@ -356,18 +356,19 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
     return None
 
 
-def module_constants(spec, any_width: bool = False) -> str:
+def module_constants(spec, any_width: bool = False, running: frozenset = frozenset()) -> str:
     """``FINGERPRINT`` and ``FROZEN`` for the generated module of a traced ``spec`` (Python
-    source from its checked literals), or "" for a spec without a fingerprint."""
+    source from its checked literals), or "" for a spec without a fingerprint; ``running``: the
+    inputs that are running statistics, which the module lists in ``RUNNING`` instead."""
     if spec.fingerprint is None:
         return ""
     wrt = {name for name, _ in spec.wrt}
-    frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt})
+    frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt | running})
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
     return (f"FINGERPRINT = {python_literal(summaries, lead=14)}\n"
             '"""The traced model, per submodule (the spec\'s ``fingerprint:``): class, a hash of its code, hashes\n'
             "of its hyper-parameters and of its own parameters' and buffers' shapes, its mode where its code\n"
             'reads it, how often a BatchNorm ran; ``symgrad.bind`` refuses a model that differs."""\n'
             f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
-            '"""The ``state_dict()`` keys this module reads and computes no gradient for (the buffers, and\n'
-            'the parameters frozen when traced: ``symgrad.bind`` refuses them unfrozen)."""')
+            '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
+            'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""')

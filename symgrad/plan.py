@@ -32,6 +32,9 @@ class Scheduled:
     narrowed: tuple[str, ...] = ()
     """Saved names kept from here on as autocast's cast copy (:func:`_autocast_saved`): their last
     forward use, so the wider value is freed where autograd frees it."""
+    in_place: bool = False
+    """Run as its op's in-place form, overwriting its first operand (``torch.relu_(norm)``):
+    :func:`_overwriting`."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
     live = live[:split] + _named_entries(_without_aliases(live[split:], gradient_symbols), live)
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
+    backward = _added_in_place(backward)
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
     # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
     # keeps) stays as it is: a cast copy there would be kept beside it
@@ -107,7 +111,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
                 *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
     narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
-    saving_forward = _narrowed_at_last_use(saving_forward, narrowed)
+    saving_forward = _overwriting(_narrowed_at_last_use(saving_forward, narrowed))
     optional: dict = {}
     hvp_live, per_sample_live = [], []
     if "hvp" in extras:
@@ -140,7 +144,8 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], shape_owners),
         running_statistics=running_statistics(graph),
-        helpers=helpers_of(program.forward + fast_live + hvp_live + per_sample_live),
+        helpers=helpers_of(program.forward + fast_live + [item.statement for item in backward] + hvp_live
+                           + per_sample_live),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
         channels_last_test=channels_last_test(graph) if moved else None,
@@ -318,6 +323,67 @@ def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: s
     scheduled = [Scheduled(statement, tuple(symbol.name for symbol in _dying(statement, index, last_use, owned, keep)))
                  for index, statement in enumerate(statements)]
     return scheduled[:boundary], scheduled[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
+
+
+def _is_fresh(value, made: dict) -> bool:
+    """Whether ``value`` makes a new tensor, no view of another, that its own autograd backward does
+    not read: an op whose output is fresh (``Primitive.fresh``: a convolution, a norm, a kernel's
+    gradients), an entry of such an op's tuple (``made``: each symbol's value), a sum of names."""
+    if isinstance(value, TensorOp) and value.primitive.name == "item":  # an entry of a fresh tuple
+        value = made.get(value.operands[0])
+    return (isinstance(value, TensorOp) and value.primitive.fresh) or (
+        isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
+
+
+def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
+    """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
+    in-place form (ReLU's ``torch.relu_``) whose operand dies there and was made here by an op whose
+    output is fresh (:func:`_is_fresh`), so nothing else holds or reads that buffer, autograd
+    included. One buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; the ReLU's
+    backward reads its output, which is what stays."""
+    made = {item.statement.target: item.statement.value for item in scheduled}
+    result = []
+    for item in scheduled:
+        value = item.statement.value
+        if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
+                and value.operands[0].is_Symbol and value.operands[0].name in item.dead
+                and _is_fresh(made.get(value.operands[0]), made)):
+            item = dataclasses.replace(item, in_place=True)
+        result.append(item)
+    return result
+
+
+def _added_in_place(backward: list[Scheduled]) -> list[Scheduled]:
+    """``backward`` with each branch sum that has a fresh term (``grad_x = local_conv1_0 + grad_add``:
+    a kernel's new output that this sum alone reads, or a term computed right there) written as
+    ``_add_into(local_conv1_0, grad_add)``, which adds the other terms into that one where no graph is
+    recorded: no new tensor per branch, as autograd's engine adds a node's incoming gradients into
+    its buffer."""
+    made = {item.statement.target: item.statement.value for item in backward}
+    readers: dict[sympy.Symbol, int] = {}
+    for item in backward:
+        for symbol in item.statement.value.free_symbols:
+            readers[symbol] = readers.get(symbol, 0) + 1
+
+    def owned_here(term, item) -> bool:
+        if term.is_Symbol:  # made here, fresh, read by this sum alone, and not kept
+            return (term.name in item.dead and readers.get(term) == 1 and term in made
+                    and _is_fresh(made[term], made))
+        # computed as the call's argument, where nothing else holds it: a product is a new tensor
+        return isinstance(term, sympy.Mul) or _is_fresh(term, made)
+
+    result = []
+    for item in backward:
+        value = item.statement.value
+        if isinstance(value, sympy.Add) and item.statement.gradient_of is not None:
+            terms = value.as_ordered_terms()
+            first = next((term for term in terms if owned_here(term, item)), None)
+            if first is not None and not any(term.is_number for term in terms):
+                others = [term for term in terms if term is not first]
+                value = op("add_into", first, *others)
+                item = dataclasses.replace(item, statement=dataclasses.replace(item.statement, value=value))
+        result.append(item)
+    return result
 
 
 def _scheduled_early(statements: list[Statement], boundary: int, movable: list[Statement]) -> list[Statement]:

@@ -38,7 +38,8 @@ def _renamed_statements(scheduled, renames: dict) -> list:
         if code:  # the forward line it quotes, never the prose (a parameter may be called `weight`)
             comment = spelled.sub(lambda match: names[match.group(1)], code.group(0)) + comment[code.end():]
         narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
-        result.append(Scheduled(dataclasses.replace(statement, value=value, comment=comment), dead, narrowed))
+        result.append(dataclasses.replace(item, statement=dataclasses.replace(statement, value=value, comment=comment),
+                                          dead=dead, narrowed=narrowed))
     return result
 
 
@@ -99,7 +100,7 @@ def _block_view(derived: DerivedBlock) -> dict:
     return dict(
         name=block.name, inputs=list(block.inputs), output=output.name,
         hyper=[f"{name}={default}" for name, default in block.hyper],
-        forward=printed_lines(_renamed_statements(forward, entries), overwrite=True),
+        forward=printed_lines(_renamed_statements(forward, entries)),
         saved_names=saved_names,
         saved_returned=[f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
                         for name in saved_names],
@@ -231,11 +232,12 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         **_function_view(positional, sources, structured.running_statistics),
         **_extras_view(planned, entries, sources, positional),
         name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
-        fingerprint=module_constants(spec, any_width=True),
+        fingerprint=module_constants(spec, any_width=True, running=frozenset(
+            name for statistics in structured.running_statistics for name in statistics[:2])),
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
         forward=_trailing_comments([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                                     for statement in planned.forward]),
-        saving_forward=printed_lines(_renamed_statements(planned.saving_forward, entries), overwrite=True),
+        saving_forward=printed_lines(_renamed_statements(planned.saving_forward, entries)),
         saved_names=planned.saved_names, loss_name=planned.loss_name,
         backward=printed_backward, boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),

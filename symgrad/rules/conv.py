@@ -269,7 +269,7 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 
 primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD, outputs=3,
-          autocast_operands=(1,))
+          autocast_operands=(1,), fresh=True)
 class Convolution(Rule):
     operands = (Operand("input", from_in=True), Operand("weight"), Operand("bias", optional=True))
     params = {

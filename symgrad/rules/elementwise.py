@@ -172,14 +172,14 @@ class Elementwise(Rule):
 
 # grad where out > 0, else 0: autograd's own ReLU backward, twice differentiable (its derivative in
 # grad is itself, in out zero), so the fused derivation's ReLU step is one pass over memory
-primitive("threshold_backward",
+primitive("threshold_backward", fresh=True,
           code=lambda operands, params, show: f"torch.ops.aten.threshold_backward({operands[0]}, {operands[1]}, 0)",
           latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right)")
 
 
 # grad strictly inside (0, 6), else 0: autograd's ReLU6 (hardtanh) backward, twice differentiable; read
 # off the output, which is outside (0, 6) exactly where the input is
-primitive("relu6_backward",
+primitive("relu6_backward", fresh=True,
           code=lambda operands, params, show: f"torch.ops.aten.hardtanh_backward({operands[0]}, {operands[1]}, 0, 6)",
           latex=lambda operands, params, show: rf"{operands[0]} \odot H\left({operands[1]}\right) \odot "
                                                rf"H\left(6 - {operands[1]}\right)")
@@ -188,14 +188,14 @@ primitive("relu6_backward",
 # the local derivative above times grad, in one pass: autograd's hardswish backward, twice differentiable
 # (derivatives.yaml differentiates it; SiLU's kernel is not, and runs where no derivative is wanted, as
 # autograd runs it; hardsigmoid's keeps its formula), read off the input
-primitive("hardswish_backward",
+primitive("hardswish_backward", fresh=True,
           code=lambda operands, params, show: f"torch.ops.aten.hardswish_backward({operands[0]}, {operands[1]})",
           latex=lambda operands, params, show: rf"{operands[0]} \odot \operatorname{{hardswish}}'\left({operands[1]}\right)")
 
 
 # GELU's pullback in one pass: autograd's gelu_backward, twice differentiable (derivatives.yaml
 # differentiates it), read off the input, in the op's own approximation
-primitive("gelu_backward",
+primitive("gelu_backward", fresh=True,
           code=lambda operands, params, show: (f"torch.ops.aten.gelu_backward({operands[0]}, {operands[1]}"
                                                + (f", approximate={params['approximate']!r})"
                                                   if params["approximate"] != "none" else ")")),
@@ -212,7 +212,7 @@ SILU_BACKWARD = '''def _silu_backward(grad_output, input):
 '''
 """Emitted once into each module that calls it (``Primitive.helper``): derivatives.yaml's choice for
 ``silu``, ``GradMode::is_enabled() ? infinitely_differentiable_silu_backward : silu_backward``."""
-primitive("silu_backward", helper=SILU_BACKWARD,
+primitive("silu_backward", fresh=True, helper=SILU_BACKWARD,
           code=lambda operands, params, show: f"_silu_backward({operands[0]}, {operands[1]})",
           latex=lambda operands, params, show: rf"{operands[0]} \odot \operatorname{{silu}}'\left({operands[1]}\right)")
 

@@ -18,12 +18,14 @@ primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(op
           latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
           tangent=affine_tangent("linear"), fresh=True)
 primitive("matmul", code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
-          latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}", tangent=LINEAR)
+          latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}", tangent=LINEAR,
+          fresh=True)
 primitive("matmul_transposed", code=lambda operands, params, show: (
     f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})" if params["which"] == "left"
     else f"{operands[0]}.matmul({operands[1]}.transpose(-1, -2))"),
     latex=lambda operands, params, show: (f"{operands[0]}^{{\\top}} \\cdot {operands[1]}" if params["which"] == "left"
-                                          else f"{operands[0]} \\cdot {operands[1]}^{{\\top}}"), tangent=LINEAR)
+                                          else f"{operands[0]} \\cdot {operands[1]}^{{\\top}}"), tangent=LINEAR,
+    fresh=True)
 primitive("linear_weight_grad", code=lambda operands, params, show: (
     f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"),
     latex=lambda operands, params, show: f"\\sum_{{n}} {{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}", tangent=LINEAR)

@@ -154,7 +154,7 @@ def _batch_norm_backward_code(operands, params, show):
     return f"_batch_norm_backward({operands[0]}, {operands[1]}, {weight}, {operands[-2]}, {operands[-1]}{extra})"
 
 
-primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, code=_batch_norm_backward_code,
+primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, fresh=True, code=_batch_norm_backward_code,
           latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
 
 
@@ -184,7 +184,7 @@ def _norm_backward_code(name: str):
 
 for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER_NORM_BACKWARD),
                        ("instance_norm", INSTANCE_NORM_BACKWARD)):
-    primitive(f"{_name}_backward", helper=_helper, outputs=3, code=_norm_backward_code(_name),
+    primitive(f"{_name}_backward", helper=_helper, outputs=3, fresh=True, code=_norm_backward_code(_name),
               latex=lambda operands, params, show, _name=_name: (
                   rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"))
 

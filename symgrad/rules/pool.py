@@ -168,7 +168,7 @@ primitive("max_pool_with_indices", outputs=2, code=lambda operands, params, show
           latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)")
 # the kernel takes the gradient in x's dtype only: under autocast it may arrive in float32 from an op
 # autocast runs in float32 (group_norm, layer_norm) where x is bfloat16; autograd's is x's dtype too
-primitive("max_pool_backward", code=lambda operands, params, show: (
+primitive("max_pool_backward", fresh=True, code=lambda operands, params, show: (
     f"torch.ops.aten.max_pool{params['dims']}d_with_indices_backward({operands[0]}.to({operands[1]}.dtype), "
     f"{operands[1]}, "  # six more arguments: by their schema's names
     + ", ".join(f"{key}={show_ints(tuple(params[key]))}" for key in ("kernel_size", "stride", "padding", "dilation"))

@@ -402,7 +402,7 @@ primitive("adaptive_avg_pool", code=lambda operands, params, show: (
 # each input entry receives the gradient of every window holding it, over that window's size: autograd's
 # own kernel, one pass where the readable form builds each axis's matrix, and twice differentiable (its
 # derivative in the gradient is the pooling itself); the input gives only its shape
-primitive("adaptive_avg_pool_backward",
+primitive("adaptive_avg_pool_backward", fresh=True,
           code=lambda operands, params, show: (  # the kernel takes the gradient in the input's dtype only, as autograd
               # gives it (under autocast it may arrive in float32 from an op autocast runs in float32)
               f"torch.ops.aten._adaptive_avg_pool{params['dims']}d_backward({operands[0]}.to({operands[1]}.dtype), "

@@ -50,6 +50,24 @@ primitive("shape", code=lambda operands, params, show: operands[0], shape_operan
 primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
           latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
 
+ADD_INTO = '''def _add_into(fresh, *others):
+    """``fresh + others``, a value's gradients from several paths, added as autograd's engine adds
+    them: into ``fresh`` (a kernel's new output that nothing else reads) where no graph is recorded,
+    no torch.func transform runs and each term has its shape and dtype; else as ``+`` adds them."""
+    new = (torch.is_grad_enabled() or torch.compiler.is_compiling()
+           or torch._C._are_functorch_transforms_active()
+           or any(other.shape != fresh.shape or other.dtype != fresh.dtype for other in others))
+    for other in others:
+        fresh = fresh + other if new else fresh.add_(other)
+    return fresh
+'''
+"""Emitted once into each module whose backward adds a kernel's fresh gradient to others in place
+(``plan._added_in_place``); autograd's ``InputBuffer::accumulate`` adds in place on the same terms."""
+
+primitive("add_into", helper=ADD_INTO, fresh=True, tangent=LINEAR,
+          code=lambda operands, params, show: f"_add_into({', '.join(operands)})",
+          latex=lambda operands, params, show: " + ".join(operands))
+
 primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
           latex=lambda operands, params, show: f"{{{operands[0]}}}_{{{params['index']}}}", tangent=LINEAR)
 
