@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from .plan import Scheduled
 from .printing import to_code, to_latex
 from .write import (HEADER, edited_by_hand, read_header, with_header as _with_header,  # noqa: F401

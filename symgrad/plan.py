@@ -377,7 +377,9 @@ def _added_in_place(backward: list[Scheduled]) -> list[Scheduled]:
         value = item.statement.value
         if isinstance(value, sympy.Add) and item.statement.gradient_of is not None:
             terms = value.as_ordered_terms()
-            first = next((term for term in terms if owned_here(term, item)), None)
+            # never one that another term also reads (`t + t.permute(1, 0)`: an overlapping in-place add)
+            first = next((term for term in terms if owned_here(term, item)
+                          and not any(term in other.free_symbols for other in terms if other is not term)), None)
             if first is not None and not any(term.is_number for term in terms):
                 others = [term for term in terms if term is not first]
                 value = op("add_into", first, *others)

@@ -106,6 +106,35 @@ def test_the_planner_leaves_a_sum_whose_fresh_term_is_read_elsewhere_or_kept():
                                    dead={"grad_x": ("u", "v")}), sympy.Add)
 
 
+def test_the_planner_never_adds_into_a_term_that_another_term_of_the_sum_reads():
+    # `W + W.t()`'s gradient, `grad_add + grad_add.permute(1, 0)`: added in place, the kernel would read a
+    # view of the tensor it writes (PyTorch refuses a dense one, and a strided one comes out wrong)
+    read_twice = Statement(tensor("grad_x"), t + op("sum_to_size", t, x), "x", gradient_of="x")
+    assert isinstance(_planned_sum(MASKED, read_twice, dead={"grad_x": ("t",)}), sympy.Add)
+
+
+class Symmetric(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return F.relu(x @ (self.weight + self.weight.t()))
+
+
+def test_a_parameter_read_with_its_transpose_trains_as_autograd():
+    torch.manual_seed(0)
+    model = Symmetric().double()
+    text = trace(model, {"x": (5, 4)}, wrt="parameters", name="symmetric", mode="train",
+                 loss=LossChoice("mse_loss", "target"))
+    generated = module_from_source(build_text(text, "symmetric.yaml").rendered.files["symmetric.py"], "symmetric")
+    bound_model = copy.deepcopy(model)
+    x, target = torch.randn(7, 4, dtype=torch.float64), torch.randn(7, 4, dtype=torch.float64)
+    symgrad.bind(generated, bound_model)(x=x, target=target).backward()
+    F.mse_loss(model(x), target).backward()
+    assert (bound_model.weight.grad - model.weight.grad).abs().max() <= 1e-12
+
+
 def test_a_product_computed_in_the_call_is_a_fresh_term():
     total = _planned_sum(UNBROADCAST, Statement(tensor("grad_x"), u + g * y, "x", gradient_of="x"),
                          dead={"grad_x": ("u",)})
