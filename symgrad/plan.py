@@ -111,7 +111,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
                 *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
     narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
-    saving_forward = _overwriting(_narrowed_at_last_use(saving_forward, narrowed))
+    saving_forward = _overwriting(_added_in_place(_narrowed_at_last_use(saving_forward, narrowed), sums="all"))
     optional: dict = {}
     hvp_live, per_sample_live = [], []
     if "hvp" in extras:
@@ -353,19 +353,23 @@ def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
     return result
 
 
-def _added_in_place(backward: list[Scheduled]) -> list[Scheduled]:
-    """``backward`` with each branch sum that has a fresh term (``grad_x = local_conv1_0 + grad_add``:
-    a kernel's new output that this sum alone reads, or a term computed right there) written as
-    ``_add_into(local_conv1_0, grad_add)``, which adds the other terms into that one where no graph is
-    recorded: no new tensor per branch, as autograd's engine adds a node's incoming gradients into
-    its buffer."""
-    made = {item.statement.target: item.statement.value for item in backward}
+def _added_in_place(scheduled: list[Scheduled], sums: str = "gradients") -> list[Scheduled]:
+    """``scheduled`` with each sum (``sums``: the backward's branch sums, "gradients", or every sum of
+    a forward, "all") that has a fresh term (``grad_x = local_conv1_0 + grad_add``: a kernel's new
+    output that this sum alone reads and no other term reads, or a product computed right there)
+    written as ``_add_into(local_conv1_0, grad_add)``, which adds the other terms into that one where
+    no graph is recorded: no new tensor per sum, as autograd's engine adds a node's incoming gradients
+    into its buffer, and as a model's ``out += identity`` adds. A sum with a negated term stays as it
+    is (``a - b`` is one kernel; ``_add_into(a, -b)`` two)."""
+    made = {item.statement.target: item.statement.value for item in scheduled}
     readers: dict[sympy.Symbol, int] = {}
-    for item in backward:
+    for item in scheduled:
         for symbol in item.statement.value.free_symbols:
             readers[symbol] = readers.get(symbol, 0) + 1
 
-    def owned_here(term, item) -> bool:
+    def owned_here(term, item, terms) -> bool:
+        if any(term in other.free_symbols for other in terms if other is not term):
+            return False  # `t + t.permute(1, 0)`: an in-place add would read a view of what it writes
         if term.is_Symbol:  # made here, fresh, read by this sum alone, and not kept
             return (term.name in item.dead and readers.get(term) == 1 and term in made
                     and _is_fresh(made[term], made))
@@ -373,16 +377,13 @@ def _added_in_place(backward: list[Scheduled]) -> list[Scheduled]:
         return isinstance(term, sympy.Mul) or _is_fresh(term, made)
 
     result = []
-    for item in backward:
+    for item in scheduled:
         value = item.statement.value
-        if isinstance(value, sympy.Add) and item.statement.gradient_of is not None:
+        if isinstance(value, sympy.Add) and (sums == "all" or item.statement.gradient_of is not None):
             terms = value.as_ordered_terms()
-            # never one that another term also reads (`t + t.permute(1, 0)`: an overlapping in-place add)
-            first = next((term for term in terms if owned_here(term, item)
-                          and not any(term in other.free_symbols for other in terms if other is not term)), None)
-            if first is not None and not any(term.is_number for term in terms):
-                others = [term for term in terms if term is not first]
-                value = op("add_into", first, *others)
+            first = next((term for term in terms if owned_here(term, item, terms)), None)
+            if first is not None and not any(term.is_number or term.could_extract_minus_sign() for term in terms):
+                value = op("add_into", first, *(term for term in terms if term is not first))
                 item = dataclasses.replace(item, statement=dataclasses.replace(item.statement, value=value))
         result.append(item)
     return result

@@ -5,8 +5,9 @@ Where a value feeds several ops, its gradient is the sum of what each path sends
 nothing else holds that buffer; the generated backward made a new tensor per sum (``a + b``). The planner
 now writes ``_add_into(fresh, *others)`` where one term is a kernel's new output that this sum alone
 reads (or a product computed right there), and the helper adds into it where no graph is recorded, no
-``torch.func`` transform runs and every term has its shape and dtype; else it adds as ``+`` does, so
-``gradients`` stays differentiable.
+``torch.func`` transform runs and every term is a tensor of its shape and dtype; else it adds as ``+``
+does, so ``gradients`` stays differentiable. The forward's residual sums add into their fresh term the same
+way, as a model's ``out += identity`` does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from symgrad.rules.shared import ADD_INTO
 from symgrad.trace import LossChoice, trace
 
 from .helpers import build_text, module_from_source
+from .models import BasicBlock  # torchvision's, as its authors write it: `out += identity`
 from .test_norm_statistics import _Counted
 
 
@@ -56,11 +58,11 @@ def test_where_a_graph_is_recorded_the_sum_is_new_and_differentiable():
     assert torch.equal(grad, torch.ones(2, 3))
 
 
-@pytest.mark.parametrize("case", ["dtype", "shape"])
-def test_terms_of_another_dtype_or_shape_are_added_as_plus_adds_them(case):
+@pytest.mark.parametrize("case", ["dtype", "shape", "number"])
+def test_terms_of_another_dtype_or_shape_or_numbers_are_added_as_plus_adds_them(case):
     add_into = _helper()
     fresh = torch.randn(1, 3, dtype=torch.bfloat16) if case == "dtype" else torch.randn(1, 3)
-    other = torch.randn(1, 3) if case == "dtype" else torch.randn(2, 3)
+    other = {"dtype": torch.randn(1, 3), "shape": torch.randn(2, 3), "number": 0.5}[case]
     before = fresh.clone()
     with torch.no_grad():
         total = add_into(fresh, other)
@@ -141,29 +143,6 @@ def test_a_product_computed_in_the_call_is_a_fresh_term():
     assert total == op("add_into", g * y, u)
 
 
-class BasicBlock(nn.Module):
-    """torchvision's BasicBlock as its authors write it: in-place ReLU, ``out += identity``."""
-
-    def __init__(self, inplanes, planes, stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = (nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
-                           if stride != 1 or inplanes != planes else None)
-
-    def forward(self, x):
-        identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        return self.relu(out)
-
-
 class SmallResNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -177,7 +156,7 @@ class SmallResNet(nn.Module):
 
 
 @pytest.mark.parametrize("blocks", [False, True], ids=["flat", "blocks"])
-def test_a_bound_residual_step_makes_no_tensor_per_branch_sum_and_equals_autograd(blocks):
+def test_a_bound_residual_step_makes_no_tensor_per_sum_and_equals_autograd(blocks):
     torch.manual_seed(0)
     model = SmallResNet().double().train()
     text = trace(model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="small_resnet", mode="train",
@@ -189,7 +168,11 @@ def test_a_bound_residual_step_makes_no_tensor_per_branch_sum_and_equals_autogra
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(3, 3, 10, 6, generator=generator, dtype=torch.float64)  # another batch and size
     labels = torch.randint(0, 5, (3,), generator=generator)
-    loss = bound(x=x, labels=labels)
+    bound(x=x, labels=labels)  # bind checks a call's sizes once, on meta tensors
+    with _Counted() as forward:
+        loss = bound(x=x, labels=labels)
+    # the forward's residual sums (`out += identity` in the model) add into the fresh batch-norm output
+    assert forward.calls["aten.add.Tensor"] == 0 and forward.calls["aten.add_.Tensor"] == 3, forward.calls
     with _Counted() as counted:
         loss.backward()
     # three branch sums: each block's input feeds its first convolution and the residual path (the
@@ -197,6 +180,7 @@ def test_a_bound_residual_step_makes_no_tensor_per_branch_sum_and_equals_autogra
     # `aten.add.Tensor` calls made a new tensor each
     assert counted.calls["aten.add.Tensor"] == 0, counted.calls
     assert counted.calls["aten.add_.Tensor"] == 3, counted.calls
+    model(x)  # the running statistics moved twice, as the bound model's
     F.cross_entropy(model(x), labels).backward()
     for (name, ours), theirs in zip(bound_model.named_parameters(), model.parameters()):
         assert (ours.grad - theirs.grad).norm() <= 1e-12 * theirs.grad.norm(), name

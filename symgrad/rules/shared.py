@@ -51,12 +51,13 @@ primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({
           latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
 
 ADD_INTO = '''def _add_into(fresh, *others):
-    """``fresh + others``, a value's gradients from several paths, added as autograd's engine adds
-    them: into ``fresh`` (a kernel's new output that nothing else reads) where no graph is recorded,
-    no torch.func transform runs and each term has its shape and dtype; else as ``+`` adds them."""
+    """``fresh + others`` (a residual sum, a value's gradients from several paths): into ``fresh``,
+    a new tensor nothing else reads, where no graph is recorded, no torch.func transform runs and
+    each term is a tensor of its shape and dtype, as autograd's engine adds; else as ``+`` adds."""
     new = (torch.is_grad_enabled() or torch.compiler.is_compiling()
            or torch._C._are_functorch_transforms_active()
-           or any(other.shape != fresh.shape or other.dtype != fresh.dtype for other in others))
+           or not all(isinstance(other, torch.Tensor) and other.shape == fresh.shape
+                      and other.dtype == fresh.dtype for other in others))
     for other in others:
         fresh = fresh + other if new else fresh.add_(other)
     return fresh
