@@ -69,6 +69,13 @@ def test_terms_of_another_dtype_or_shape_or_numbers_are_added_as_plus_adds_them(
     assert torch.equal(total, fresh + other) and total.dtype == torch.float32 and torch.equal(fresh, before)
 
 
+def test_a_product_of_numbers_as_the_fresh_term_is_added_as_plus_adds_it():
+    # a block's hyper-parameters are Python numbers: `alpha * beta + x` may pick their product
+    add_into, other = _helper(), torch.randn(2, 3)
+    with torch.no_grad():
+        assert torch.equal(add_into(0.5 * 2.0, other), 1.0 + other)
+
+
 def test_under_vmap_an_unbatched_fresh_term_takes_a_batched_one():
     add_into = _helper()
     fresh = torch.randn(3)

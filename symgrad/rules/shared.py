@@ -56,8 +56,8 @@ ADD_INTO = '''def _add_into(fresh, *others):
     each term is a tensor of its shape and dtype, as autograd's engine adds; else as ``+`` adds."""
     new = (torch.is_grad_enabled() or torch.compiler.is_compiling()
            or torch._C._are_functorch_transforms_active()
-           or not all(isinstance(other, torch.Tensor) and other.shape == fresh.shape
-                      and other.dtype == fresh.dtype for other in others))
+           or not all(isinstance(term, torch.Tensor) and term.shape == fresh.shape
+                      and term.dtype == fresh.dtype for term in (fresh, *others)))
     for other in others:
         fresh = fresh + other if new else fresh.add_(other)
     return fresh
