@@ -67,7 +67,6 @@ class Plan:
     stored: dict[str, str]
     """What each node keeps alive for the backward pass."""
     running_statistics: list[tuple[str, str, str]]
-    helpers: list[str]
     channels_last: list[str]
     channels_last_in_backward: list[str]
     channels_last_test: str | None  # the per-call condition of the move (None: fixed)
@@ -111,7 +110,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
                 *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
     narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
-    saving_forward = _overwriting(_added_in_place(_narrowed_at_last_use(saving_forward, narrowed), sums="all"))
+    saving_forward = _overwriting(_added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
     optional: dict = {}
     hvp_live, per_sample_live = [], []
     if "hvp" in extras:
@@ -144,8 +143,6 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], shape_owners),
         running_statistics=running_statistics(graph),
-        helpers=helpers_of(program.forward + fast_live + [item.statement for item in backward] + hvp_live
-                           + per_sample_live),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
         channels_last_test=channels_last_test(graph) if moved else None,
@@ -353,14 +350,14 @@ def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
     return result
 
 
-def _added_in_place(scheduled: list[Scheduled], sums: str = "gradients") -> list[Scheduled]:
-    """``scheduled`` with each sum (``sums``: the backward's branch sums, "gradients", or every sum of
-    a forward, "all") that has a fresh term (``grad_x = local_conv1_0 + grad_add``: a kernel's new
-    output that this sum alone reads and no other term reads, or a product computed right there)
-    written as ``_add_into(local_conv1_0, grad_add)``, which adds the other terms into that one where
-    no graph is recorded: no new tensor per sum, as autograd's engine adds a node's incoming gradients
-    into its buffer, and as a model's ``out += identity`` adds. A sum with a negated term stays as it
-    is (``a - b`` is one kernel; ``_add_into(a, -b)`` two)."""
+def _added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list[Scheduled]:
+    """``scheduled`` with each branch sum (``every_sum``: each sum, in a forward) that has a fresh term
+    (``grad_x = local_conv1_0 + grad_add``: a kernel's new output that this sum alone reads and no
+    other term reads, or a product computed right there) written as ``_add_into(local_conv1_0,
+    grad_add)``, which adds the other terms into that one where no graph is recorded: no new tensor
+    per sum, as autograd's engine adds a node's incoming gradients into its buffer, and as a model's
+    ``out += identity`` adds. A sum with a negated term stays as it is (``a - b`` is one kernel;
+    ``_add_into(a, -b)`` two)."""
     made = {item.statement.target: item.statement.value for item in scheduled}
     readers: dict[sympy.Symbol, int] = {}
     for item in scheduled:
@@ -379,7 +376,7 @@ def _added_in_place(scheduled: list[Scheduled], sums: str = "gradients") -> list
     result = []
     for item in scheduled:
         value = item.statement.value
-        if isinstance(value, sympy.Add) and (sums == "all" or item.statement.gradient_of is not None):
+        if isinstance(value, sympy.Add) and (every_sum or item.statement.gradient_of is not None):
             terms = value.as_ordered_terms()
             first = next((term for term in terms if owned_here(term, item, terms)), None)
             if first is not None and not any(term.is_number or term.could_extract_minus_sign() for term in terms):

@@ -78,10 +78,10 @@ def test_a_product_of_numbers_as_the_fresh_term_is_added_as_plus_adds_it():
 
 def test_under_vmap_an_unbatched_fresh_term_takes_a_batched_one():
     add_into = _helper()
-    fresh = torch.randn(3)
+    fresh, others = torch.randn(3), torch.randn(5, 3)
     with torch.no_grad():
-        total = torch.func.vmap(lambda other: add_into(fresh * 1.0, other))(torch.randn(5, 3))
-    assert total.shape == (5, 3)
+        total = torch.func.vmap(lambda other: add_into(fresh * 1.0, other))(others)
+    assert torch.equal(total, fresh + others)
 
 
 def _scheduled(*statements, dead=None):

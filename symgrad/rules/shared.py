@@ -62,7 +62,7 @@ ADD_INTO = '''def _add_into(fresh, *others):
         fresh = fresh + other if new else fresh.add_(other)
     return fresh
 '''
-"""Emitted once into each module whose backward adds a kernel's fresh gradient to others in place
+"""Emitted once into each module with a sum the planner adds into its fresh term
 (``plan._added_in_place``); autograd's ``InputBuffer::accumulate`` adds in place on the same terms."""
 
 primitive("add_into", helper=ADD_INTO, fresh=True, tangent=LINEAR,
