@@ -115,8 +115,10 @@ def _exact(tensor: torch.Tensor) -> torch.Tensor:
 
 def certify(case: ConvCase) -> tuple[int, int]:
     """Prove both adjoints of ``case`` as emitted: derived separately (the module for one gradient
-    alone: conv_transpose, and the weight correlation) and fused (both gradients from one
-    ``convolution_backward`` call, what ``gradients`` runs when both are wanted). Returns the number of
+    alone: conv_transpose for the input's, one ``convolution_backward`` call asking for the weight's
+    alone) and fused (both gradients from one ``convolution_backward`` call, what ``gradients`` runs when
+    both are wanted). The readable weight correlation (``conv_weight_grad``, which ``hvp`` and an
+    unbatched input run) is certified by :func:`certify_linear`'s unbatched conv case. Returns the number of
     matrix entries checked on each side (each entry a polynomial, proven coefficient by coefficient)."""
     coefficients = _definition_coefficients(case)
     input_entries, weight_entries = 0, 0
@@ -171,7 +173,7 @@ def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Te
             B[:, m, j] = _exact(adjoints(zeros_x, one_hot(weights, j, w_shape), cotangent).x)
         for i in range(inputs if "w" in wrt else 0):
             V[:, m, i] = _exact(adjoints(one_hot(inputs, i, x_shape), zeros_w, cotangent).w)
-    form = "fused" if len(wrt) > 1 else "alone"
+    form = "fused" if len(wrt) > 1 else "fused, weight alone" if wrt == ("w",) else "alone"
     # A(w)^T[i, m] = sum_j w_j T[m, i, j]  and  W(x)^T[j, m] = sum_i x_i T[m, i, j]
     if "x" in wrt and not torch.equal(B, coefficients.permute(1, 0, 2)):
         raise AssertionError(f"{case.label}: the emitted input adjoint ({form}) is not A(w)^T")

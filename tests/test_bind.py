@@ -256,8 +256,9 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
         blocks, freeze_stem):
     """``trace(..., wrt="parameters")``: what a training step needs, and no more (the input's gradient,
     a stem convolution's backward-data, is not computed); bound, it trains as autograd does. A trained
-    stem's weight gradient alone is ``conv2d_weight`` given the weight's shape, which the blocks form
-    reads from its ``params`` mapping like every other use of the weight."""
+    stem's weight gradient alone is one ``convolution_backward`` call asking for it alone, with the
+    weight itself, as autograd calls it (the readable ``backward`` writes ``conv2d_weight``), in the
+    flat form and in the blocks form, which reads the weight from its ``params`` mapping too."""
     model = fresh_model(freeze_stem=freeze_stem, **({"layers": (2, 2)} if blocks else {}))
     reference = copy.deepcopy(model)
     text = trace(model, {"x": (2, 3, 16, 16)}, wrt="parameters", name="params_only",
@@ -265,7 +266,8 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
     source = build_text(text, "params_only.yaml").rendered.files["params_only.py"]
     if not freeze_stem:
         weight = 'params["conv1.weight"]'  # with blocks or without, the parameters come in `params`
-        assert f"torch.nn.grad.conv2d_weight(\n        x.to(grad_conv1.dtype), {weight}.shape" in source, source
+        assert f"_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, {weight}, [False, True, False]" \
+            in source, source
     generated = module_from_source(source, "params_only")
     assert "x" not in generated.Gradients._fields
     step = symgrad.bind(generated, model)

@@ -6,7 +6,7 @@ written as blocks (the CLI's default), bound to the model and run once at anothe
 BatchNorm buffer.
 
 Tracing for the parameters alone changes what is derived: the input's gradient is not computed, so
-the first convolution's weight gradient is emitted alone (``conv2d_weight`` given the weight's shape),
+the first convolution's weight gradient is emitted alone (one ``convolution_backward`` call asking for it alone),
 and in a weight-standardised network (BiT) that weight is itself computed; these paths are not taken
 when the input is differentiated too, as the other model tests do."""
 

@@ -32,11 +32,20 @@ def _negated(monkeypatch, name):
     monkeypatch.setitem(PRIMITIVES, name, wrong)
 
 
-@pytest.mark.parametrize("primitive", ["conv_transpose", "conv_weight_grad"])
-def test_a_wrong_conv_adjoint_is_caught(monkeypatch, primitive):
-    _negated(monkeypatch, primitive)
-    with pytest.raises(AssertionError, match="is not"):
+def test_a_wrong_conv_adjoint_is_caught(monkeypatch):
+    _negated(monkeypatch, "conv_transpose")
+    with pytest.raises(AssertionError, match=r"input adjoint \(alone\) is not"):
         certify(CASES[1])
+
+
+def test_a_wrong_readable_weight_correlation_is_caught(monkeypatch):
+    """``conv_weight_grad``, which ``gradients`` no longer runs for a batched conv (one
+    ``convolution_backward`` call there), is still what ``hvp`` and an unbatched input run: the
+    unbatched certificate case proves it."""
+    _negated(monkeypatch, "conv_weight_grad")
+    label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == "conv2d (unbatched)")
+    with pytest.raises(AssertionError, match="is not the transpose"):
+        certify_linear(label, inputs, layer, linear)
 
 
 @pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear"),
@@ -52,13 +61,13 @@ def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
 
 
 def test_a_wrong_fused_conv_adjoint_is_caught(monkeypatch):
-    """The fused form (one convolution_backward call for both gradients) is certified on its own:
-    reading the cotangent reversed along the last axis keeps every shape and every entry an integer,
+    """The fused form (one convolution_backward call for both gradients, or for the weight's alone) is
+    certified on its own: reading the cotangent reversed along the last axis keeps every shape and every entry an integer,
     so only the comparison with the definition's coefficients can catch it."""
     from symgrad.algebra import PRIMITIVES
 
     original = PRIMITIVES["conv_backward"]
     monkeypatch.setitem(PRIMITIVES, "conv_backward", dataclasses.replace(
         original, code=lambda operands, params, show: original.code([f"{operands[0]}.flip(-1)", *operands[1:]], params, show)))
-    with pytest.raises(AssertionError, match=r"\(fused\) is not"):
+    with pytest.raises(AssertionError, match=r"\(fused(, weight alone)?\) is not"):
         certify(CASES[0])

@@ -120,12 +120,19 @@ def _drop_a_mask(monkeypatch):
 
 
 def _swap_stride_and_dilation_in_the_weight_adjoint(monkeypatch):
+    """In the weight's gradient alone (w1's: the spec differentiates no input), which ``gradients``
+    computes with one ``convolution_backward`` call asking for it alone."""
     from symgrad.algebra import PRIMITIVES
 
-    original = PRIMITIVES["conv_weight_grad"]
-    monkeypatch.setitem(PRIMITIVES, "conv_weight_grad", dataclasses.replace(
-        original, code=lambda operands, params, show: original.code(
-            operands, {**dict(params._items), "stride": params["dilation"], "dilation": params["stride"]}, show)))
+    original = PRIMITIVES["conv_backward"]
+
+    def swapped(operands, params, show):
+        if tuple(params["output_mask"]) != (False, True, False):
+            return original.code(operands, params, show)
+        return original.code(operands, {**dict(params._items), "stride": params["dilation"],
+                                        "dilation": params["stride"]}, show)
+
+    monkeypatch.setitem(PRIMITIVES, "conv_backward", dataclasses.replace(original, code=swapped))
 
 
 @pytest.mark.parametrize("mutate", [pytest.param(_flip_a_sign, marks=pytest.mark.slow),  # one spec: one subprocess

@@ -399,11 +399,9 @@ class Convolution(Rule):
         return Forward(op("conv", *operands, **self._params(node)))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        # Fuse only when several gradients share the call: for the input gradient alone,
-        # conv_transpose is as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms).
-        lead = self._lead(node)
-        if node.fused and len(wanted) > 1 and lead:
+        if self._fuses(node, wanted):
             return self._fused_pullback(node, grad, wanted)
+        lead = self._lead(node)
         x, w = node.operands["input"], node.operands["weight"]
         stride, padding, dilation = node.params["stride"], node.params["padding"], node.params["dilation"]
         end = node.params.get(SAME_PAD_END, (0,) * self.dims)
@@ -433,6 +431,14 @@ class Convolution(Rule):
         """Whether the correlation is a forward conv's weight gradient as it stands (always, for conv)."""
         return True
 
+    def _fuses(self, node: NodeSymbols, wanted) -> bool:
+        """Whether the fused derivation makes one ``convolution_backward`` call: where several gradients
+        share it, or the weight's is wanted alone (a network's first conv: autograd's own call, with the
+        weight itself, and under autocast the input as the forward cast it). The input's gradient alone
+        is ``conv_transpose``, as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms), and
+        the bias's alone a sum."""
+        return node.fused and bool(self._lead(node)) and (len(wanted) > 1 or "weight" in wanted)
+
     def _fused_pullback(self, node: NodeSymbols, grad, wanted):
         """One ``aten.convolution_backward`` call for every wanted gradient (PyTorch's own kernel,
         the one autograd calls): same maths as the readable adjoints above, fewer passes over memory."""
@@ -441,8 +447,8 @@ class Convolution(Rule):
         together = " and ".join(name for name in names if name in wanted)
         fused = node.local("local", op("conv_backward", grad, self._conv_input(node), node.operands["weight"],
                                          **self._params(node, output_mask=mask, **self._fused_extras(node))),
-                           note=f"{node.name}'s {together} gradients in one convolution_backward call "
-                                "(autograd's own kernel, twice differentiable)")
+                           note=f"{node.name}'s {together} gradient{'s' if len(wanted) > 1 else ''} in one "
+                                "convolution_backward call (autograd's own kernel, twice differentiable)")
         grads = {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
         if "input" in grads:
             grads["input"] = self._uncrop(node, grads["input"])
@@ -546,9 +552,9 @@ class TransposedConvolution(Convolution):
         return all(pad < stride for pad, stride in zip(node.params["output_padding"], node.params["stride"]))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        lead = self._lead(node)
-        if node.fused and len(wanted) > 1 and lead:
+        if self._fuses(node, wanted):
             return self._fused_pullback(node, grad, wanted)
+        lead = self._lead(node)
         x, w = node.operands["input"], node.operands["weight"]
         stride, dilation = node.params["stride"], node.params["dilation"]
         grads = {}
