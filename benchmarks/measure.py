@@ -63,17 +63,20 @@ def timings(function, device: str, warmup: int, repeats: int) -> list[float]:
     return values
 
 
-def round_robin(functions: dict, repeats: int, warmup: int = 2, device: str = "cpu") -> dict[str, list[float]]:
-    """{name: seconds of each call}: ``warmup`` calls of each, then ``repeats`` rounds of one call of
-    each on ``device`` (each call waited for), the order rotated every round so that none always
-    follows the same one."""
+def round_robin(functions: dict, repeats: int, warmup: int = 2, device: str = "cpu",
+                run: int = 1) -> dict[str, list[float]]:
+    """{name: seconds of each call}: ``warmup`` calls of each, then ``repeats`` rounds of ``run`` calls
+    of each in a row on ``device`` (each call waited for), the order rotated every round so that none
+    always follows the same one. With ``run`` > 1 the first call of each run is left out: the others
+    follow a call of their own, as the steps of a training loop follow each other (the first follows
+    another variant's, whose objects and memory it finds in the caches)."""
     for function in functions.values():
         timings(function, device, warmup, 0)
     names = list(functions)
     samples = {name: [] for name in names}
     for index in range(repeats):
         for name in names[index % len(names):] + names[:index % len(names)]:
-            samples[name] += timings(functions[name], device, 0, 1)
+            samples[name] += timings(functions[name], device, 0, run)[1 if run > 1 else 0:]
     return samples
 
 

@@ -205,17 +205,26 @@ def peer_of(variant: str) -> str:
     return variant.replace("symgrad.bind", "autograd").replace(", CUDA graph", "")
 
 
+RUN = 5
+"""Steps in a row per variant and round in the around-the-kernels table's second timing (the first
+of each run left out): each step then follows one of its own, as in a training loop."""
+
+
 def measure_overhead(repeats: int, names=VARIANTS, device: str = "cpu") -> list[dict]:
     """Each variant but torch.compile's at :data:`QUICK_ROWS`' sizes, where the kernels cost little:
-    the times are mostly what each step pays around them (Python, dispatch, autograd's engine)."""
+    the times are mostly what each step pays around them (Python, dispatch, autograd's engine). Timed
+    twice: one step per variant and round, as the rows are (each step follows another variant's), and
+    in runs of :data:`RUN` steps (each follows its own: ``median_in_run``)."""
     names = [name for name in names if "torch.compile" not in name]
     results = []
     for network, batch, size, width in QUICK_ROWS:
         with tempfile.TemporaryDirectory() as folder:
             functions = step_variants(network, batch, size, width, Path(folder), names, device)
             samples = round_robin(functions, repeats, device=device)
+            in_runs = round_robin(functions, max(repeats // 2, 3), warmup=0, device=device, run=RUN)
         results += [{"network": network, "batch": batch, "size": size, "width": width, "variant": name,
-                     "median": statistics.median(values), "min": min(values)} for name, values in samples.items()]
+                     "median": statistics.median(values), "min": min(values),
+                     "median_in_run": statistics.median(in_runs[name])} for name, values in samples.items()]
     return results
 
 
@@ -226,14 +235,24 @@ def render_overhead(rows: list[dict]) -> list[str]:
              ", ".join(dict.fromkeys(f"{row['network']} of width {row['width']} at {row['batch']} × {row['size']}²"
                                      for row in rows)) +
              "), so the times are mostly what each step pays around them (Python, dispatch, autograd's engine). "
-             "Ratio: autograd's median in the same layout and precision over the bound step's.", "",
-             "| network | variant | median ms | min ms | autograd's median ms | speed vs autograd |",
-             "|---|---|---:|---:|---:|---:|"]
+             "Ratio: autograd's median in the same layout and precision over the bound step's. Timed twice: one "
+             "step of each variant per round, as the rows above (each step follows another variant's, which "
+             "left its own objects and memory in the caches), and, where the run has them, in runs of "
+             f"{RUN} steps per variant and round, the first of each left out (each step follows one of its "
+             "own, as in a training loop).", ""]
+    in_runs = all("median_in_run" in row for row in rows)
+    head = "| network | variant | median ms | min ms | autograd's median ms | speed vs autograd |"
+    lines += ([head + " median ms in runs | autograd's in runs | speed vs autograd in runs |",
+               "|---|---|---:|---:|---:|---:|---:|---:|---:|"] if in_runs else [head, "|---|---|---:|---:|---:|---:|"])
     for row in rows:
         peer = found.get((row["network"], peer_of(row["variant"])))
         if row["variant"].startswith("symgrad") and peer:
-            lines.append(f"| {row['network']} | {row['variant']} | {row['median'] * 1e3:.2f} | {row['min'] * 1e3:.2f} | "
-                         f"{peer['median'] * 1e3:.2f} | {peer['median'] / row['median']:.2f}× |")
+            line = (f"| {row['network']} | {row['variant']} | {row['median'] * 1e3:.2f} | {row['min'] * 1e3:.2f} | "
+                    f"{peer['median'] * 1e3:.2f} | {peer['median'] / row['median']:.2f}× |")
+            if in_runs:
+                line += (f" {row['median_in_run'] * 1e3:.2f} | {peer['median_in_run'] * 1e3:.2f} | "
+                         f"{peer['median_in_run'] / row['median_in_run']:.2f}× |")
+            lines.append(line)
     return lines + [""]
 
 

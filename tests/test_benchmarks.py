@@ -313,12 +313,29 @@ def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path
     around = training.render(saved)  # each bound step against autograd of its own layout and precision
     assert "| resnet18 | symgrad.bind | 10.00 | 10.00 | 9.00 | 0.90× |" in around
     assert "| resnet18 | symgrad.bind, AMP | 8.00 | 8.00 | 10.00 | 1.25× |" in around
+    saved["overhead"] = [dict(entry, median_in_run=entry["median"] * 0.5 * (1.1 if "symgrad" in entry["variant"] else 1))
+                         for entry in small]  # a run of steps: each follows its own
+    in_runs = training.render(saved)
+    assert "| resnet18 | symgrad.bind | 10.00 | 10.00 | 9.00 | 0.90× | 5.50 | 4.50 | 0.82× |" in in_runs
     report = tmp_path / "B.md"
     report.write_text("# Benchmarks\n\n## On cpu\n\nseed rows\n\n## On cuda\n\ngpu rows\n")
     training.write_section(report, text)
     training.write_section(report, text)  # replaced, not added twice
     written = report.read_text()
     assert written.count(training.SECTION) == 1 and "seed rows" in written and "gpu rows" in written
+
+
+def test_round_robin_times_runs_of_steps_leaving_out_each_runs_first():
+    """``run=3``: three calls of each variant in a row per round, the first of each run not counted
+    (it follows another variant's call); every call is made, in the rotated order."""
+    from benchmarks.measure import round_robin
+
+    calls = []
+    functions = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    samples = round_robin(functions, repeats=2, warmup=1, run=3)
+    assert calls == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
+    assert {name: len(values) for name, values in samples.items()} == {"a": 4, "b": 4}
+    assert len(round_robin(functions, repeats=2, warmup=0)["a"]) == 2  # one call per round: each counted
 
 
 def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_sections(tmp_path: Path):
