@@ -334,10 +334,10 @@ def _is_fresh(value, made: dict) -> bool:
 
 def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
     """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
-    in-place form (ReLU's ``torch.relu_``) whose operand dies there and was made here by an op whose
-    output is fresh (:func:`_is_fresh`), so nothing else holds or reads that buffer, autograd
-    included. One buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; the ReLU's
-    backward reads its output, which is what stays."""
+    in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand dies there and was
+    made here by an op whose output is fresh (:func:`_is_fresh`), so nothing else holds or reads that
+    buffer, autograd included. One buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``;
+    its backward reads its output, which is what stays."""
     made = {item.statement.target: item.statement.value for item in scheduled}
     result = []
     for item in scheduled:

@@ -91,6 +91,66 @@ def test_a_relu_overwrites_its_operand_only_where_no_one_else_can_see_it():
     assert all(torch.equal(inputs[name], inputs_before[name]) for name in inputs)  # no input overwritten
 
 
+RELU6_IN_PLACE = """name: relu6_overwriting
+inputs:
+  x: {shape: [2, 3, 6, 6]}
+  w1: {shape: [4, 3, 3, 3]}
+  w2: {shape: [4, 4, 3, 3]}
+  t: {shape: [2, 4, 6, 6]}
+layers:
+  - {op: relu6, in: x, out: r0}
+  - {op: conv2d, in: r0, weight: w1, padding: 1, out: c1}
+  - {op: batch_norm, in: c1, training: true, out: b1}
+  - {op: relu6, in: b1, out: r1}
+  - {op: conv2d, in: r1, weight: w2, padding: 1, out: c2}
+  - {op: relu6, in: c2, out: r2}
+  - {op: add, in: [r2, c2], out: s}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, w2]
+"""
+
+
+def test_a_relu6_overwrites_its_operand_as_relu_does():
+    """``F.relu6(b1, inplace=True)`` in the saving forward, as MobileNetV2's ``ReLU6(inplace=True)``: its
+    fused backward reads the output (``hardtanh_backward`` of it), so a batch norm's dead output may be
+    overwritten; never the caller's input, never a value read again. The gradients are autograd's, and
+    differentiable, and the caller's input is left as it was."""
+    import torch
+    import torch.nn.functional as F
+
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    source = build_text(RELU6_IN_PLACE, "relu6_overwriting.yaml").rendered.files["relu6_overwriting.py"]
+    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    assert "r0 = F.relu6(x)" in saving and "r2 = F.relu6(c2)" in saving, saving  # the caller's x; c2 read again
+    assert "r1 = F.relu6(b1, inplace=True)" in saving, saving  # a dead batch norm output
+    module = module_from_source(source, "relu6_overwriting")
+    generator = torch.Generator().manual_seed(0)
+    # values across both kinks: some inputs below 0 and above 6
+    inputs = {name: (4 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_(name != "t")
+              for name, shape in (("x", (2, 3, 6, 6)), ("w1", (4, 3, 3, 3)), ("w2", (4, 4, 3, 3)), ("t", (2, 4, 6, 6)))}
+    x, w1, w2, t = inputs.values()
+
+    def autograd_gradients():
+        b1 = F.batch_norm(F.conv2d(F.relu6(x), w1, padding=1), None, None, training=True)
+        c2 = F.conv2d(F.relu6(b1), w2, padding=1)
+        return torch.autograd.grad(F.mse_loss(F.relu6(c2) + c2, t), [x, w1, w2], create_graph=True)
+
+    before = {name: value.detach().clone() for name, value in inputs.items()}
+    got = module.gradients(**inputs)
+    expected = autograd_gradients()
+    for name, reference in zip(("x", "w1", "w2"), expected):
+        assert torch.allclose(getattr(got, name), reference, rtol=1e-10, atol=1e-12), name
+    assert all(torch.equal(inputs[name], before[name]) for name in inputs)  # no input overwritten
+    # differentiated again through the in-place forward (a gradient penalty), against autograd's own
+    # second derivative (finite differences would straddle the batch-normalised values' kinks at 0)
+    second = torch.autograd.grad(sum(grad.pow(2).sum() for grad in got), [x, w1, w2])
+    reference = torch.autograd.grad(sum(grad.pow(2).sum() for grad in expected), [x, w1, w2])
+    for name, ours, theirs in zip(("x", "w1", "w2"), second, reference):
+        assert torch.allclose(ours, theirs, rtol=1e-9, atol=1e-11), name
+
+
 SHAPE_ONLY = """name: shape_only
 inputs:
   x: {shape: [2, 3, 4, 4]}

@@ -24,13 +24,14 @@ from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, n
 INPUT, OTHER = sympy.symbols("input other", real=True)
 
 
-def _call_primitive(name: str, call: str, math: Callable[..., sympy.Expr], inplace: str | None,
+def _call_primitive(name: str, call: str, math: Callable[..., sympy.Expr], inplace: str | bool | None,
                     derivative: Callable[..., sympy.Expr], defaults: dict):
     def code(operands, params, show):
         return f"{call}({', '.join(operands)}{keyword_arguments(params, defaults, show)})"
 
     def inplace_code(operands, params, show):
-        return f"{inplace}({', '.join(operands)}{keyword_arguments(params, defaults, show)})"
+        arguments = ", ".join(operands) + keyword_arguments(params, defaults, show)
+        return f"{call}({arguments}, inplace=True)" if inplace is True else f"{inplace}({arguments})"
 
     def latex(operands, params, show):
         from ..printing import to_latex  # the scalar formula, shown with the operand in place
@@ -57,8 +58,9 @@ class Elementwise(Rule):
     from_output: Callable[[sympy.Symbol], sympy.Expr] | None = None
     """The local derivative written with the op's output instead of its input, when that is exact
     (``H(x) = H(relu(x))``): the input can then be freed after the forward. Tests check the identity."""
-    inplace: str | None = None
-    """An in-place torch call for the forward (``torch.relu_``), used by the fast function."""
+    inplace: str | bool | None = None
+    """An in-place torch call for the forward (``torch.relu_``), or True for the call's own flag
+    (``F.relu6(x, inplace=True)``), used by the fast function where its backward reads the output."""
     fused_pullback: Callable[[sympy.Expr, NodeSymbols], sympy.Expr] | None = None
     """``(grad, node) -> grad_input`` by autograd's own kernel, for the fused derivation (ReLU's
     ``threshold_backward`` of the output, hardswish's and GELU's of the input: one pass instead of a
@@ -308,7 +310,8 @@ RULES = [
            "x clamped to [min_val, max_val]; derivative 1 strictly inside",
            params={"min_val": _param(-1.0), "max_val": _param(1.0)}, activation_gain=HE_GAIN),
     _unary("relu6", lambda x: sympy.Max(0, sympy.Min(6, x)), "F.relu6", "x clamped to [0, 6]", calls=("relu6",),
-           fused_pullback=lambda grad, node: op("relu6_backward", grad, node.out), activation_gain=HE_GAIN),
+           fused_pullback=lambda grad, node: op("relu6_backward", grad, node.out), activation_gain=HE_GAIN,
+           inplace=True),  # its fused backward reads the output, as nn.ReLU6(inplace=True)'s does
     _unary("hardsigmoid", lambda x: sympy.Max(0, sympy.Min(1, x / 6 + sympy.Rational(1, 2))), "F.hardsigmoid",
            "x / 6 + 1/2 clamped to [0, 1]; derivative 1/6 strictly inside (-3, 3), as in PyTorch",
            # PyTorch's backward multiplies by 1.0f / 6.0f, the float32 1/6, whatever the dtype
