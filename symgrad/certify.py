@@ -115,16 +115,16 @@ def _exact(tensor: torch.Tensor) -> torch.Tensor:
 
 def certify(case: ConvCase) -> tuple[int, int]:
     """Prove both adjoints of ``case`` as emitted: derived separately (the module for one gradient
-    alone: conv_transpose for the input's, one ``convolution_backward`` call asking for the weight's
-    alone) and fused (both gradients from one ``convolution_backward`` call, what ``gradients`` runs when
-    both are wanted). The readable weight correlation (``conv_weight_grad``, which ``hvp`` and an
-    unbatched input run) is certified by :func:`certify_linear`'s unbatched conv case. Returns the number of
-    matrix entries checked on each side (each entry a polynomial, proven coefficient by coefficient)."""
+    alone: conv_transpose for the input's, and for the weight's both the readable correlation, which
+    the documents, ``hvp`` and an unbatched input run, and the one ``convolution_backward`` call asking
+    for it alone that ``gradients`` runs) and fused (both gradients from one ``convolution_backward``
+    call, what ``gradients`` runs when both are wanted). Returns the number of matrix entries checked on
+    each side (each entry a polynomial, proven coefficient by coefficient)."""
     coefficients = _definition_coefficients(case)
     input_entries, weight_entries = 0, 0
     with _one_thread():
-        for wrt in (("x",), ("w",), ("x", "w")):
-            entries = _certify_module(case, wrt, coefficients)
+        for wrt, fused in ((("x",), True), (("w",), False), (("w",), True), (("x", "w"), True)):
+            entries = _certify_module(case, wrt, coefficients, fused)
             input_entries, weight_entries = input_entries + entries[0], weight_entries + entries[1]
     return input_entries, weight_entries
 
@@ -141,10 +141,11 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Tensor) -> tuple[int, int]:
+def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Tensor,
+                    fused: bool = True) -> tuple[int, int]:
     from .pipeline import build_text
 
-    built = build_text(_spec_text(case, wrt), "certify.yaml")
+    built = build_text(_spec_text(case, wrt), "certify.yaml", fused=fused)
     module = module_from_source(built.rendered.files["certified.py"], "certified")
     x_shape, w_shape, y_shape = _shapes(case)
     outputs, inputs, weights = coefficients.shape
@@ -173,7 +174,7 @@ def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Te
             B[:, m, j] = _exact(adjoints(zeros_x, one_hot(weights, j, w_shape), cotangent).x)
         for i in range(inputs if "w" in wrt else 0):
             V[:, m, i] = _exact(adjoints(one_hot(inputs, i, x_shape), zeros_w, cotangent).w)
-    form = "fused" if len(wrt) > 1 else "fused, weight alone" if wrt == ("w",) else "alone"
+    form = "fused" if len(wrt) > 1 else "fused, weight alone" if wrt == ("w",) and fused else "alone"
     # A(w)^T[i, m] = sum_j w_j T[m, i, j]  and  W(x)^T[j, m] = sum_i x_i T[m, i, j]
     if "x" in wrt and not torch.equal(B, coefficients.permute(1, 0, 2)):
         raise AssertionError(f"{case.label}: the emitted input adjoint ({form}) is not A(w)^T")

@@ -30,7 +30,7 @@ class Built:
         return [f"{s.target} = {to_code(s.value)}" for s in self.program.forward]
 
 
-def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) -> Built:
+def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True) -> Built:
     flat = flat or "flat" in extras  # as a header records it, so that `check` builds it again the same way
     extras = tuple(extra for extra in extras if extra != "flat")
     unknown = set(extras) - set(EXTRAS)
@@ -48,12 +48,14 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False) 
     # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
     # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
     expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
-    return _build_structured(expanded, label, wanted, recorded)
+    return _build_structured(expanded, label, wanted, recorded, fused)
 
 
-def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = ()) -> Built:
+def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
+                      fused: bool = True) -> Built:
     """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
-    (``render_blocks``), and the checks on what was rendered."""
+    (``render_blocks``), and the checks on what was rendered. ``fused=False`` (a spec without blocks):
+    ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way."""
     from .plan_blocks import build_structured
     from .render_blocks import render_files
 
@@ -61,7 +63,7 @@ def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), reco
     shapes = small_shapes(flat_graph)  # the tests' shapes, and each instance's
     derived_top, statements = None, []
     if not spec.blocks:  # the graph is the module's top level: derived here (a block's is, once, in plan_blocks)
-        derived_top = derive(flat_graph), derive(flat_graph, fused=True)  # the readable one, and the fused one
+        derived_top = derive(flat_graph), derive(flat_graph, fused=fused)  # the readable one, and the fused one
         statements = [part for program in derived_top for part in (program.forward, program.backward)]
         check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
     structured = build_structured(spec, flat_graph, shapes, extras, derived_top)
@@ -99,6 +101,8 @@ def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[st
     return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat)
 
 
-def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False) -> Built:
-    """Build from spec text; ``label`` names it in errors and headers."""
-    return _build(parse_spec(text, label), label, extras, flat)
+def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
+               fused: bool = True) -> Built:
+    """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
+    ``gradients`` run the readable derivation (a spec without blocks: ``symgrad certify``'s)."""
+    return _build(parse_spec(text, label), label, extras, flat, fused)

@@ -96,7 +96,8 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
     readable_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
     # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
-    # more gradients (twice differentiable, as autograd's own); the documents' math is the readable one
+    # more gradients, or its weight's alone (twice differentiable, as autograd's own); the documents'
+    # math is the readable one
     fast, shape_owners = _shapes_for_shape_reads(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))

@@ -32,16 +32,19 @@ def _negated(monkeypatch, name):
     monkeypatch.setitem(PRIMITIVES, name, wrong)
 
 
-def test_a_wrong_conv_adjoint_is_caught(monkeypatch):
-    _negated(monkeypatch, "conv_transpose")
-    with pytest.raises(AssertionError, match=r"input adjoint \(alone\) is not"):
+@pytest.mark.parametrize("primitive", ["conv_transpose", "conv_weight_grad"])
+def test_a_wrong_conv_adjoint_is_caught(monkeypatch, primitive):
+    """The readable forms (what the documents, ``hvp`` and an unbatched input run): conv_transpose for
+    the input's gradient alone, and the weight's correlation, which ``gradients`` replaces by one
+    ``convolution_backward`` call for a batched input and ``certify`` proves apart."""
+    _negated(monkeypatch, primitive)
+    with pytest.raises(AssertionError, match=r"adjoint \(alone\) is not"):
         certify(CASES[1])
 
 
-def test_a_wrong_readable_weight_correlation_is_caught(monkeypatch):
-    """``conv_weight_grad``, which ``gradients`` no longer runs for a batched conv (one
-    ``convolution_backward`` call there), is still what ``hvp`` and an unbatched input run: the
-    unbatched certificate case proves it."""
+def test_a_wrong_unbatched_weight_correlation_is_caught(monkeypatch):
+    """``conv_weight_grad`` of an unbatched input (its ``.unsqueeze(0)`` form), which ``gradients``
+    runs: the unbatched certificate case proves it."""
     _negated(monkeypatch, "conv_weight_grad")
     label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == "conv2d (unbatched)")
     with pytest.raises(AssertionError, match="is not the transpose"):
@@ -60,14 +63,22 @@ def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
         certify_linear(label, inputs, layer, linear)
 
 
-def test_a_wrong_fused_conv_adjoint_is_caught(monkeypatch):
-    """The fused form (one convolution_backward call for both gradients, or for the weight's alone) is
-    certified on its own: reading the cotangent reversed along the last axis keeps every shape and every entry an integer,
-    so only the comparison with the definition's coefficients can catch it."""
+@pytest.mark.parametrize("mask, form", [((True, True, False), "fused"), ((False, True, False), "fused, weight alone")],
+                         ids=["both gradients", "weight alone"])
+def test_a_wrong_fused_conv_adjoint_is_caught(monkeypatch, mask, form):
+    """Each fused form (one convolution_backward call for both gradients, and for the weight's alone)
+    is certified on its own: the call with that mask alone reads the cotangent reversed along the last
+    axis, which keeps every shape and every entry an integer, so only the comparison with the
+    definition's coefficients can catch it, and the message names the form."""
     from symgrad.algebra import PRIMITIVES
 
     original = PRIMITIVES["conv_backward"]
-    monkeypatch.setitem(PRIMITIVES, "conv_backward", dataclasses.replace(
-        original, code=lambda operands, params, show: original.code([f"{operands[0]}.flip(-1)", *operands[1:]], params, show)))
-    with pytest.raises(AssertionError, match=r"\(fused(, weight alone)?\) is not"):
+
+    def flipped(operands, params, show):
+        if tuple(params["output_mask"]) == mask:
+            operands = [f"{operands[0]}.flip(-1)", *operands[1:]]
+        return original.code(operands, params, show)
+
+    monkeypatch.setitem(PRIMITIVES, "conv_backward", dataclasses.replace(original, code=flipped))
+    with pytest.raises(AssertionError, match=rf"\({form}\) is not"):
         certify(CASES[0])
