@@ -335,17 +335,23 @@ def _is_fresh(value, made: dict) -> bool:
 
 def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
     """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
-    in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand dies there and was
-    made here by an op whose output is fresh (:func:`_is_fresh`), so nothing else holds or reads that
-    buffer, autograd included. One buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``;
-    its backward reads its output, which is what stays."""
+    in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand this statement alone
+    reads, dies there and was made here by an op whose output is fresh (:func:`_is_fresh`), so nothing
+    else holds or reads that buffer, autograd included: an earlier reader's autograd node may have
+    saved it (a convolution saves its input), which ``gradients`` differentiated again would read. One
+    buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; its backward reads its output,
+    which is what stays."""
     made = {item.statement.target: item.statement.value for item in scheduled}
+    readers: dict[sympy.Symbol, int] = {}
+    for item in scheduled:
+        for symbol in item.statement.value.free_symbols:
+            readers[symbol] = readers.get(symbol, 0) + 1
     result = []
     for item in scheduled:
         value = item.statement.value
         if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
                 and value.operands[0].is_Symbol and value.operands[0].name in item.dead
-                and _is_fresh(made.get(value.operands[0]), made)):
+                and readers.get(value.operands[0]) == 1 and _is_fresh(made.get(value.operands[0]), made)):
             item = dataclasses.replace(item, in_place=True)
         result.append(item)
     return result

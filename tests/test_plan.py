@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+import torch
+
 from symgrad.pipeline import build
 from symgrad.plan import plan
 from symgrad.reverse import derive
@@ -149,6 +152,82 @@ def test_a_relu6_overwrites_its_operand_as_relu_does():
     reference = torch.autograd.grad(sum(grad.pow(2).sum() for grad in expected), [x, w1, w2])
     for name, ours, theirs in zip(("x", "w1", "w2"), second, reference):
         assert torch.allclose(ours, theirs, rtol=1e-9, atol=1e-11), name
+
+
+READ_BEFORE = """name: read_before
+inputs:
+  x: {shape: [2, 3, 6, 6]}
+  w1: {shape: [4, 3, 3, 3]}
+  w2: {shape: [4, 4, 3, 3]}
+  t: {shape: [2, 4, 6, 6]}
+layers:
+  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
+  - {op: batch_norm, in: c1, training: true, out: b1}
+  - {op: conv2d, in: b1, weight: w2, padding: 1, out: c2}
+  - {op: relu6, in: b1, out: r1}
+  - {op: add, in: [c2, r1], out: s}
+loss: {op: mse_loss, in: s, target: t}
+wrt: [w1]
+"""
+
+ATTENTION_THEN_RELU = """name: attention_relu
+inputs:
+  q: {shape: [2, 2, 4, 8]}
+  k: {shape: [2, 2, 5, 8]}
+  v: {shape: [2, 2, 5, 8]}
+  t: {shape: [2, 2, 4, 8]}
+layers:
+  - {op: scaled_dot_product_attention, in: [q, k, v], out: a}
+  - {op: relu, in: a, out: r}
+loss: {op: mse_loss, target: t}
+wrt: [q, k, v]
+"""
+
+
+@pytest.mark.parametrize("spec, names, dtype", [(READ_BEFORE, ("w1",), torch.float64),
+                                                (ATTENTION_THEN_RELU, ("q", "k", "v"), torch.float32)],
+                         ids=["read by a convolution first", "attention's output"])
+def test_no_operand_an_autograd_node_saved_is_overwritten(spec, names, dtype):
+    """A second reader's two cases: ``b1`` read by a convolution (whose autograd node saves its input,
+    though w2 wants no gradient) before the ReLU6; an attention's output, which the flash kernels'
+    backward reads (float32 on the CPU). Overwritten, ``gradients`` differentiated again failed on the
+    version check; now each runs out of place, and the second derivatives are autograd's."""
+    import torch.nn.functional as F
+
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    name = spec.split("\n", 1)[0].split(": ")[1]
+    source = build_text(spec, f"{name}.yaml").rendered.files[f"{name}.py"]
+    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    assert "inplace=True" not in saving and "relu_(" not in saving, saving
+    module = module_from_source(source, name)
+    generator = torch.Generator().manual_seed(0)
+    values = {item.split(": ")[0].strip(): tuple(int(size) for size in item.split("[")[1].split("]")[0].split(", "))
+              for item in spec.split("inputs:\n")[1].split("layers:")[0].strip().splitlines()}
+    inputs = {key: (3 * torch.randn(shape, generator=generator, dtype=dtype)).requires_grad_(key in names)
+              for key, shape in values.items()}
+
+    def reference():
+        if "q" in inputs:  # the math kernel: the flash kernel's backward is not differentiable
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.MATH):
+                out = F.relu(F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"]))
+        else:
+            b1 = F.batch_norm(F.conv2d(inputs["x"], inputs["w1"], padding=1), None, None, training=True)
+            out = F.conv2d(b1, inputs["w2"], padding=1) + F.relu6(b1)
+        return torch.autograd.grad(F.mse_loss(out, inputs["t"]), [inputs[key] for key in names], create_graph=True)
+
+    got = [getattr(module.gradients(**inputs), key) for key in names]
+    expected = reference()
+    tolerance = dict(rtol=1e-9, atol=1e-11) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    for ours, theirs in zip(got, expected):
+        assert torch.allclose(ours, theirs, **tolerance)
+    second = torch.autograd.grad(sum(grad.pow(2).sum() for grad in got), [inputs[key] for key in names])
+    reference_second = torch.autograd.grad(sum(grad.pow(2).sum() for grad in expected), [inputs[key] for key in names])
+    for ours, theirs in zip(second, reference_second):
+        assert torch.allclose(ours, theirs, **tolerance)
 
 
 SHAPE_ONLY = """name: shape_only

@@ -64,7 +64,7 @@ primitive("scaled_dot_product_attention", code=_attention_code,
           latex=lambda operands, params, show: (
               rf"\operatorname{{softmax}}\left({show(params['scale'])}\, {operands[0]} {operands[1]}^{{\top}}"
               + (f" + {operands[3]}" if len(operands) > 3 else "") + rf"\right) {operands[2]}"),
-          tangent=_attention_tangent, fresh=True)
+          tangent=_attention_tangent)  # not fresh: the flash and efficient kernels' backward reads the output
 _FILL = {False: "float('-inf')", True: "0.0"}
 """What the entries above the diagonal become: -inf in the scores, 0 in their tangent."""
 
