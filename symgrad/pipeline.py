@@ -42,6 +42,8 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
         where = spec.outputs.location
         raise SpecError(f"extras ({', '.join(sorted(set(spec.extras) | set(extras)))}) are for a spec that ends in a "
                         "loss, and this one ends in outputs", where, "drop the extras, or end the spec in a loss")
+    if not fused and spec.blocks and not flat:
+        raise ValueError("fused=False builds a spec without blocks (flat=True writes its blocks out)")
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
     # in the headers, so that `check` redoes them: the extras the command line added, and --flat
     recorded = tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
@@ -104,5 +106,6 @@ def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[st
 def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
                fused: bool = True) -> Built:
     """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
-    ``gradients`` run the readable derivation (a spec without blocks: ``symgrad certify``'s)."""
+    ``gradients`` run the readable derivation (a spec without blocks, or with ``flat``; not recorded in
+    the header, so for a module kept in memory, as ``symgrad certify``'s)."""
     return _build(parse_spec(text, label), label, extras, flat, fused)
