@@ -89,9 +89,9 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("dropout", lambda x: x * torch.empty([1, 1, 1, 1], dtype=x.dtype).bernoulli_(0.9), X),  # stochastic depth, batch
     ("relu", nn.ReLU(inplace=True), X),
     ("relu", lambda x: x.relu_(), X),
-    ("relu", lambda x: x.clamp(min=0), X),
-    ("hardtanh", lambda x: torch.clamp(x, -0.5, 0.25), X),
-    ("relu6", lambda x: x.clamp(0, 6), X),
+    ("clamp", lambda x: x.clamp(min=0), X),  # not relu: autograd's clamp passes the gradient at 0
+    ("clamp", lambda x: torch.clamp(x, -0.5, 0.25), X),
+    ("clamp", lambda x: x.clamp(0, 6), X),
     ("add", lambda x, y: x + y, {"x": (2, 3, 4), "y": (2, 3, 4)}),
     ("add", lambda x, y: x.add_(y), {"x": (2, 3, 4), "y": (2, 3, 4)}),
     ("sub", lambda x, y: torch.sub(x, y), {"x": (2, 3, 4), "y": (3, 4)}),
@@ -322,6 +322,25 @@ def test_op_is_traced_and_its_gradient_matches_autograd(op, function, shapes):
     text = trace(function, shapes, name="traced", loss=LossChoice("half_sq_error"))
     spec = compare(function, shapes, text, appended=True)
     assert op in [layer["op"] for layer in spec["layers"]], text
+
+
+@pytest.mark.parametrize("function", [lambda x: x.clamp(min=0), lambda x: x.clamp(0, 6),
+                                      lambda x: torch.clamp(x, -0.5, 0.25)], ids=["clamp(min=0)", "clamp(0, 6)", "clamp(a, b)"])
+def test_a_traced_clamp_passes_the_gradient_at_its_bounds_as_autograd_does(function):
+    """``x.clamp(min=0)`` at 0 (a ReLU's zeros sit there), ``clamp(0, 6)`` at 0 and 6: autograd's
+    clamp passes the gradient there, where relu's and relu6's backward give 0, so the traced spec keeps the
+    clamp op (it was relu and relu6, and the gradients at the bounds were 0)."""
+    text = trace(function, {"x": (2, 6)}, name="clamped", loss=LossChoice("half_sq_error"))
+    assert [layer["op"] for layer in yaml.safe_load(text)["layers"]][-1] == "clamp", text
+    built = build_text(text, "clamped.yaml")
+    module = module_from_source(built.rendered.files["clamped.py"], "clamped")
+    x = torch.tensor([[0.0, 6.0, -0.5, 0.25, 3.0, -1.0], [7.0, 0.0, 0.1, 6.0, -0.5, 0.25]], dtype=torch.float64,
+                     requires_grad=True)
+    target = torch.zeros(2, 6, dtype=torch.float64)
+    expected, = torch.autograd.grad(0.5 * (function(x.clone()) - target).pow(2).sum() + function(x.clone()).sum(), [x])
+    names = [name for name in yaml.safe_load(text)["inputs"] if name != "x"]
+    got = module.gradients(x=x, **{names[0]: target - 1})  # (out - (target - 1)) = (out - target) + 1
+    assert torch.equal(got.x, expected), (got.x, expected)
 
 
 def test_every_registry_op_has_a_trace_case():

@@ -276,8 +276,8 @@ RULES = [
     _unary("log", sympy.log, "torch.log", "natural logarithm"),
     _unary("sin", sympy.sin, "torch.sin", "sine (timestep and position embeddings)"),
     _unary("cos", sympy.cos, "torch.cos", "cosine (timestep and position embeddings)"),
-    # x.clamp(min=0) is traced as relu and clamp(a, b) as hardtanh; a one-sided or tensor-free clamp to
-    # another bound (SwinV2's logit scale, clamp(max=log(100))) is this op
+    # every traced clamp is this op (x.clamp(min=0) too: autograd's clamp passes the gradient at a bound,
+    # relu's does not), one-sided to another bound as SwinV2's logit scale, clamp(max=log(100))
     _unary("clamp", _clamp, "torch.clamp", "x clamped to [min, max], either side optional; derivative 1 from "
            "min to max, both included, as in PyTorch", derivative=_clamp_derivative,
            params={"min": Param(None, _bound), "max": Param(None, _bound)}, calls=("clamp", "clamp_", "clip", "clip_")),

@@ -146,17 +146,12 @@ def interpolate(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
 
 
 def clamp(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
-    """``x.clamp(min=0)`` is relu, ``clamp(0, 6)`` relu6, ``clamp(a, b)`` hardtanh(a, b), any other the
-    clamp op (one-sided to another bound: SwinV2's logit scale)."""
+    """``x.clamp(...)``, ``torch.clamp``, ``clip``, ``clamp_min``, ``clamp_max``: the clamp op, whatever the
+    bounds. Not relu for ``clamp(min=0)`` nor relu6 for ``clamp(0, 6)``: autograd's clamp passes the
+    gradient at a bound (an input exactly 0, as a ReLU's zeros are), relu's and hardtanh's do not."""
     low, high = bound.get("min"), bound.get("max")
     if (low is not None and not is_number(low)) or (high is not None and not is_number(high)):
         builder.fail(call, "clamps to tensor bounds", "clamp to numbers")
-    elif low == 0 and high is None:
-        builder.layer("relu", {"input": bound["input"]}, call)
-    elif low == 0 and high == 6:
-        builder.layer("relu6", {"input": bound["input"]}, call)
-    elif low is not None and high is not None:
-        builder.layer("hardtanh", {"input": bound["input"], "min_val": float(low), "max_val": float(high)}, call)
     else:
         builder.layer("clamp", {"input": bound["input"], "min": low, "max": high}, call)
 
