@@ -333,6 +333,16 @@ def _is_fresh(value, made: dict) -> bool:
         isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
 
 
+def _made_and_readers(scheduled: list[Scheduled]) -> tuple[dict, dict[sympy.Symbol, int]]:
+    """Each symbol's value in ``scheduled``, and how many of its statements read each symbol."""
+    made = {item.statement.target: item.statement.value for item in scheduled}
+    readers: dict[sympy.Symbol, int] = {}
+    for item in scheduled:
+        for symbol in item.statement.value.free_symbols:
+            readers[symbol] = readers.get(symbol, 0) + 1
+    return made, readers
+
+
 def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
     """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
     in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand this statement alone
@@ -341,11 +351,7 @@ def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
     saved it (a convolution saves its input), which ``gradients`` differentiated again would read. One
     buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; its backward reads its output,
     which is what stays."""
-    made = {item.statement.target: item.statement.value for item in scheduled}
-    readers: dict[sympy.Symbol, int] = {}
-    for item in scheduled:
-        for symbol in item.statement.value.free_symbols:
-            readers[symbol] = readers.get(symbol, 0) + 1
+    made, readers = _made_and_readers(scheduled)
     result = []
     for item in scheduled:
         value = item.statement.value
@@ -365,11 +371,7 @@ def _added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list
     per sum, as autograd's engine adds a node's incoming gradients into its buffer, and as a model's
     ``out += identity`` adds. A sum with a negated term stays as it is (``a - b`` is one kernel;
     ``_add_into(a, -b)`` two)."""
-    made = {item.statement.target: item.statement.value for item in scheduled}
-    readers: dict[sympy.Symbol, int] = {}
-    for item in scheduled:
-        for symbol in item.statement.value.free_symbols:
-            readers[symbol] = readers.get(symbol, 0) + 1
+    made, readers = _made_and_readers(scheduled)
 
     def owned_here(term, item, terms) -> bool:
         if any(term in other.free_symbols for other in terms if other is not term):

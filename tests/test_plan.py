@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from symgrad.pipeline import build
 from symgrad.plan import plan
@@ -197,16 +198,15 @@ def test_no_operand_an_autograd_node_saved_is_overwritten(spec, names, dtype):
     from symgrad.check import module_from_source
     from symgrad.pipeline import build_text
 
-    name = spec.split("\n", 1)[0].split(": ")[1]
+    parsed = yaml.safe_load(spec)
+    name = parsed["name"]
     source = build_text(spec, f"{name}.yaml").rendered.files[f"{name}.py"]
     saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
     assert "inplace=True" not in saving and "relu_(" not in saving, saving
     module = module_from_source(source, name)
     generator = torch.Generator().manual_seed(0)
-    values = {item.split(": ")[0].strip(): tuple(int(size) for size in item.split("[")[1].split("]")[0].split(", "))
-              for item in spec.split("inputs:\n")[1].split("layers:")[0].strip().splitlines()}
-    inputs = {key: (3 * torch.randn(shape, generator=generator, dtype=dtype)).requires_grad_(key in names)
-              for key, shape in values.items()}
+    inputs = {key: (3 * torch.randn(entry["shape"], generator=generator, dtype=dtype)).requires_grad_(key in names)
+              for key, entry in parsed["inputs"].items()}
 
     def reference():
         if "q" in inputs:  # the math kernel: the flash kernel's backward is not differentiable

@@ -434,9 +434,9 @@ class Convolution(Rule):
     def _fuses(self, node: NodeSymbols, wanted) -> bool:
         """Whether the fused derivation makes one ``convolution_backward`` call: where several gradients
         share it, or the weight's is wanted alone (a network's first conv: autograd's own call, with the
-        weight itself, and under autocast the input as the forward cast it). The input's gradient alone
-        is ``conv_transpose``, as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs 1.27 ms), and
-        the bias's alone a sum."""
+        weight itself; under autocast an input the forward made is kept as it cast it). The input's
+        gradient alone is ``conv_transpose``, as fast or faster (BENCHMARKS.md, seed1-small: 1.10 ms vs
+        1.27 ms), and the bias's alone a sum."""
         return node.fused and bool(self._lead(node)) and (len(wanted) > 1 or "weight" in wanted)
 
     def _fused_pullback(self, node: NodeSymbols, grad, wanted):
