@@ -160,6 +160,10 @@ class Primitive:
     """The operands its kernel reads cast to autocast's lower precision, as the forward op read them (a
     convolution's input, in its backward): a forward value that only such operands read is saved so
     under autocast, as autograd saves the op's cast copy (its helper takes ``(copy, own dtype)``)."""
+    recomputable: bool = False
+    """A cheap elementwise map of one tensor (an activation): where the backward reads its output and
+    keeps its operand anyway, the saving forward does not keep the output; the backward computes it
+    again from the operand (``plan._recomputed``), as torch.compile's partitioner does."""
 
     def printed(self, operands: list[str], expressions) -> list[str]:
         """``operands`` (printed) with each shape operand read as a shape."""
@@ -193,12 +197,12 @@ PRIMITIVES: dict[str, Primitive] = {}
 
 def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
               outputs: int | None = None, fresh: bool = False, shape_operands: tuple[int, ...] = (),
-              autocast_operands: tuple[int, ...] = ()) -> Primitive:
+              autocast_operands: tuple[int, ...] = (), recomputable: bool = False) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
     PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh, shape_operands,
-                                 autocast_operands)
+                                 autocast_operands, recomputable)
     return PRIMITIVES[name]
 
 

@@ -93,7 +93,9 @@ def main() -> None:
 @click.option("--hvp", is_flag=True, help="Also emit hvp(...): closed-form Hessian-vector products.")
 @click.option("--per-sample", is_flag=True, help="Also emit per_sample_gradients(...) (needs reduction: per_sample).")
 @click.option("--flat", is_flag=True, help="Write a spec's blocks out instance by instance (one function for all).")
-def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat):
+@click.option("--no-recompute", is_flag=True, help="Keep every activation the backward reads, as autograd does "
+              "(default: a cheap one, GELU's or SiLU's output, is computed again from its input, which is kept).")
+def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat, no_recompute):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
 
@@ -103,7 +105,7 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
         extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files
             rendered_all.append((spec_path, build(spec_path, _spec_label(spec_path, Path(output)), extras=extras,
-                                                  flat=flat)))
+                                                  flat=flat, recompute=not no_recompute)))
         _refuse_name_clashes([(spec_path, result.rendered.name) for spec_path, result in rendered_all],
                              Path(output), force)
     except SymgradError as error:

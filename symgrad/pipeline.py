@@ -30,9 +30,11 @@ class Built:
         return [f"{s.target} = {to_code(s.value)}" for s in self.program.forward]
 
 
-def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True) -> Built:
-    flat = flat or "flat" in extras  # as a header records it, so that `check` builds it again the same way
-    extras = tuple(extra for extra in extras if extra != "flat")
+def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True,
+           recompute: bool = True) -> Built:
+    flat = flat or "flat" in extras  # as a header records them, so that `check` builds it again the same way
+    recompute = recompute and "no_recompute" not in extras
+    extras = tuple(extra for extra in extras if extra not in ("flat", "no_recompute"))
     unknown = set(extras) - set(EXTRAS)
     if unknown:
         raise ValueError(f"unknown extras {sorted(unknown)}")
@@ -45,16 +47,17 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
     if not fused and spec.blocks and not flat:
         raise ValueError("fused=False builds a spec without blocks (flat=True writes its blocks out)")
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
-    # in the headers, so that `check` redoes them: the extras the command line added, and --flat
-    recorded = tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
+    # in the headers, so that `check` redoes them: the extras the command line added, --flat, --no-recompute
+    recorded = (tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
+                + (() if recompute else ("no_recompute",)))
     # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
     # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
     expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
-    return _build_structured(expanded, label, wanted, recorded, fused)
+    return _build_structured(expanded, label, wanted, recorded, fused, recompute)
 
 
 def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
-                      fused: bool = True) -> Built:
+                      fused: bool = True, recompute: bool = True) -> Built:
     """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
     (``render_blocks``), and the checks on what was rendered. ``fused=False`` (a spec without blocks):
     ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way."""
@@ -68,7 +71,7 @@ def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), reco
         derived_top = derive(flat_graph), derive(flat_graph, fused=fused)  # the readable one, and the fused one
         statements = [part for program in derived_top for part in (program.forward, program.backward)]
         check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
-    structured = build_structured(spec, flat_graph, shapes, extras, derived_top)
+    structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute)
     rendered = render_files(structured, label, recorded)
     files = rendered.files
     derived = {statement.target.name for part in statements for statement in part} if derived_top else frozenset()
@@ -96,16 +99,20 @@ def _check_compiles(rendered: Rendered) -> None:
 
 
 def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = (),
-          flat: bool = False) -> Built:
+          flat: bool = False, recompute: bool = True) -> Built:
     """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path);
     ``extras`` adds optional functions (``hvp``) to those the spec asks for; ``flat`` writes a spec's
-    blocks out instance by instance instead of one function per block."""
-    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat)
+    blocks out instance by instance instead of one function per block; ``recompute=False`` keeps
+    every activation the backward reads, as autograd does, where by default a cheap one is computed
+    again in the backward from the operand it keeps anyway (both recorded in the header)."""
+    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat,
+                  recompute=recompute)
 
 
 def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
-               fused: bool = True) -> Built:
+               fused: bool = True, recompute: bool = True) -> Built:
     """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
     ``gradients`` run the readable derivation (a spec without blocks, or with ``flat``; not recorded in
-    the header, so for a module kept in memory, as ``symgrad certify``'s)."""
-    return _build(parse_spec(text, label), label, extras, flat, fused)
+    the header, so for a module kept in memory, as ``symgrad certify``'s); ``recompute``: see
+    :func:`build`."""
+    return _build(parse_spec(text, label), label, extras, flat, fused, recompute)

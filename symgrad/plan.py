@@ -88,9 +88,10 @@ class Plan:
 
 
 def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int, ...]]],
-         extras: tuple[str, ...] = ()) -> Plan:
+         extras: tuple[str, ...] = (), recompute: bool = True) -> Plan:
     """The :class:`Plan` for the derivations of one graph; ``small_shapes`` are the test shapes
-    (``shapes.small_shapes``), ``extras`` the optional functions wanted (``hvp``, ``per_sample``)."""
+    (``shapes.small_shapes``), ``extras`` the optional functions wanted (``hvp``, ``per_sample``);
+    ``recompute=False`` keeps every value the backward reads, as autograd does (:func:`_recomputed`)."""
     graph = program.graph
     gradient_symbols = set(program.gradients.values())
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
@@ -101,7 +102,16 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     fast, shape_owners = _shapes_for_shape_reads(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
-    live = live[:split] + _named_entries(_without_aliases(live[split:], gradient_symbols), live)
+    # a parameter's gradient as soon as what it reads exists (a linear map's weight's, which the walk
+    # writes after the input's), so that its operands die there, as autograd's node frees them
+    backward = _without_aliases(live[split:], gradient_symbols)
+    returned = [statement for statement in backward if statement.target in gradient_symbols]
+    live = _scheduled_early(live[:split] + backward, split, returned)
+    live = live[:split] + _named_entries(live[split:], live)
+    kept_by_caller = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols,
+                      *fast.default_cotangent.free_symbols}
+    if recompute:
+        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller)
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     backward = _added_in_place(backward)
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
@@ -240,6 +250,27 @@ def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[
         result.append(statement)
         result.extend(reads.get(statement.target, []))
     return result, boundary
+
+
+def _recomputed(forward: list[Statement], backward: list[Statement], kept_by_caller: set) -> list[Statement]:
+    """``backward`` with each cheap elementwise value it reads (``Primitive.recomputable``: an
+    activation's output, read by the next layer's backward) computed again right before its first
+    read, from operands the backward reads anyway: the saving forward then keeps the operand alone,
+    as torch.compile's partitioner does (``kept_by_caller``: the loss's inputs, which stay)."""
+    read = set().union(*(statement.value.free_symbols for statement in backward))
+    made = {statement.target for statement in forward}
+    again = {statement.target: statement for statement in forward
+             if statement.target in read and statement.target not in kept_by_caller
+             and isinstance(statement.value, TensorOp) and statement.value.primitive.recomputable
+             and all(symbol in read or symbol not in made for symbol in statement.value.free_symbols)}
+    again = {target: statement for target, statement in again.items()  # from kept operands, not a chain
+             if not statement.value.free_symbols & again.keys()}
+    result = []
+    for statement in backward:
+        for symbol in sorted(statement.value.free_symbols & again.keys(), key=str):
+            result.append(dataclasses.replace(again.pop(symbol), comment="recomputed: not kept by the forward"))
+        result.append(statement)
+    return result
 
 
 def _without_aliases(backward: list[Statement], keep: set[sympy.Symbol]) -> list[Statement]:
@@ -421,6 +452,7 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     reads from the forward part (in forward order), and the statements that compute the loss
     together with them, every other intermediate deleted at its last use."""
     read = set().union(*(statement.value.free_symbols for statement in statements[boundary:]))
+    read -= {statement.target for statement in statements[boundary:]}  # a value recomputed there
     read |= fast.default_cotangent.free_symbols
     kept = [statement.target for statement in statements[:boundary] if statement.target in read]
     loss = fast.forward[-1].target
@@ -502,7 +534,8 @@ def _stored(program: Program, backward: list[Statement], shape_owners: dict[str,
     whole, shaped = set(), set()
     for statement in backward:
         _split_reads(statement.value, whole, shaped)
-    values = {symbol.name for symbol in whole}
+    recomputed = {statement.target.name for statement in backward}  # a forward value made again there
+    values = {symbol.name for symbol in whole} - recomputed
     shapes = {symbol.name for symbol in shaped}
     shapes |= {shape_owners[name] for name in values | shapes if name in shape_owners}
     stored = {}
@@ -511,6 +544,8 @@ def _stored(program: Program, backward: list[Statement], shape_owners: dict[str,
             stored[node.name] = "output: its gradient is 1 (or grad_loss)"
         elif node.name in values:
             stored[node.name] = "value, read by the backward pass"
+        elif node.name in recomputed:
+            stored[node.name] = "nothing: the backward pass computes it again from its input"
         elif node.name in shapes:
             stored[node.name] = "only its shape"
         else:

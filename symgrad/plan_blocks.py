@@ -56,13 +56,14 @@ class Structured:
 
 
 def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list | None = None,
-                     extras: tuple[str, ...] = (), derived_top: tuple[Program, Program] | None = None) -> Structured:
+                     extras: tuple[str, ...] = (), derived_top: tuple[Program, Program] | None = None,
+                     recompute: bool = True) -> Structured:
     """Each block derived and planned once, then the top level, and what the module and its tests
     read besides: the helpers, the running statistics, the layout, the test data. ``flat_graph``
     (every instance inlined) and its ``shapes`` are built here where not given; a spec without blocks
     may come derived already (``derived_top``: the readable and the fused derivation of its graph);
     ``extras`` (``hvp``, ``per_sample``) are planned for a spec without blocks (``blocks.flatten``
-    inlines them first)."""
+    inlines them first); ``recompute``: see :func:`symgrad.plan.plan`."""
     if extras and spec.blocks:
         raise ValueError("extras are derived on a spec without blocks: flatten it first")
     if flat_graph is None:
@@ -74,7 +75,7 @@ def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list |
     for layer in spec.layers:
         if layer.block:
             instances.setdefault(layer.block, []).append(layer)
-    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient)
+    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient, recompute)
                for name, layers in instances.items()}
     rules = {name: BlockRule(block) for name, block in derived.items()}
     top, chains = _chained(_top_spec(spec), spec, rules)
@@ -87,7 +88,7 @@ def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list |
                 graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
         program = derive(graph)
         fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=extras)
+    planned = plan(program, fast, [], extras=extras, recompute=recompute)
     statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
                   + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
     statements += [getattr(item, "statement", item) for item in (
@@ -222,7 +223,8 @@ def _signature(shapes) -> tuple:
     return tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1)) for shape in shapes)
 
 
-def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str]) -> DerivedBlock:
+def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str],
+                  recompute: bool = True) -> DerivedBlock:
     """The block derived once for all ``layers`` (its instances), its hypers as :class:`HyperInt`.
 
     What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
@@ -238,7 +240,8 @@ def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: s
         variants.setdefault((values, _instance_signature(block, layer, flat_graph)), layer)
     derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
                                flat_graph.spec, wanted, dict(values),
-                               {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()})
+                               {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()},
+                               recompute)
                for (values, _), layer in variants.items()]
     signature = next(iter(variants))[1]
     for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
@@ -260,7 +263,7 @@ def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
 
 
 def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict,
-                    dtypes: dict) -> DerivedBlock:
+                    dtypes: dict, recompute: bool = True) -> DerivedBlock:
     graph = block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()}, dtypes)
     feeds_output = {"loss"}
     for node in reversed(list(graph.nodes.values())):
@@ -269,7 +272,7 @@ def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str]
     graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
     program = derive(graph)
     fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=())
+    planned = plan(program, fast, [], extras=(), recompute=recompute)
     read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
     backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
     return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)

@@ -230,6 +230,109 @@ def test_no_operand_an_autograd_node_saved_is_overwritten(spec, names, dtype):
         assert torch.allclose(ours, theirs, **tolerance)
 
 
+RECOMPUTED = """name: recomputed
+inputs:
+  x: {shape: [2, 3, 6, 6]}
+  w1: {shape: [8, 3, 3, 3]}
+  w2: {shape: [4, 8, 1, 1]}
+  w3: {shape: [4, 4, 3, 3]}
+  t: {shape: [2, 4, 6, 6]}
+layers:
+  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
+  - {op: gelu, in: c1, out: g1}
+  - {op: conv2d, in: g1, weight: w2, out: c2}
+  - {op: silu, in: c2, out: s2}
+  - {op: relu, in: s2, out: r2}
+  - {op: conv2d, in: r2, weight: w3, padding: 1, out: c3}
+  - {op: tanh, in: c3, out: h}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, w2, w3]
+"""
+
+
+def test_a_cheap_activation_is_recomputed_from_the_operand_the_backward_keeps():
+    """GELU's backward reads ``c1`` and the next convolution's weight gradient reads ``g1 = gelu(c1)``:
+    the saving forward keeps ``c1`` alone and the backward computes ``g1`` again right before that read
+    (autograd keeps both). Not where the operand would be kept only for it (``r2 = relu(s2)``: ReLU's
+    backward reads its output, so ``s2`` is not kept), nor the loss's input (``h``, which the caller
+    keeps). The gradients are autograd's, and so is their derivative."""
+    import torch.nn.functional as F
+
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    built = build_text(RECOMPUTED, "recomputed.yaml")
+    source = built.rendered.files["recomputed.py"]
+    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
+    assert "# recomputed: not kept by the forward\n    g1 = F.gelu(c1)" in backward, backward
+    assert backward.index("g1 = F.gelu(c1)") < backward.index("_convolution_backward(grad_c2, g1")
+    unpacked = backward[:backward.index("= saved")]
+    assert "c1" in unpacked and "g1" not in unpacked and "r2" in unpacked and "s2" not in unpacked, unpacked
+    assert "\n    r2 = " not in backward and "\n    h = " not in backward, backward
+    module = module_from_source(source, "recomputed")
+    generator = torch.Generator().manual_seed(0)
+    shapes = {name: entry["shape"] for name, entry in yaml.safe_load(RECOMPUTED)["inputs"].items()}
+    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
+              for name, shape in shapes.items()}
+    x, w1, w2, w3, t = inputs.values()
+    h = torch.tanh(F.conv2d(F.relu(F.silu(F.conv2d(F.gelu(F.conv2d(x, w1, padding=1)), w2))), w3, padding=1))
+    expected = torch.autograd.grad(F.mse_loss(h, t), [x, w1, w2, w3], create_graph=True)
+    got = module.gradients(**inputs)
+    for name, reference in zip(("x", "w1", "w2", "w3"), expected):
+        assert torch.allclose(getattr(got, name), reference, rtol=1e-10, atol=1e-12), name
+    second = torch.autograd.grad(sum(grad.pow(2).sum() for grad in got), [x, w1, w2, w3])
+    reference = torch.autograd.grad(sum(grad.pow(2).sum() for grad in expected), [x, w1, w2, w3])
+    for name, ours, theirs in zip(("x", "w1", "w2", "w3"), second, reference):
+        assert torch.allclose(ours, theirs, rtol=1e-9, atol=1e-11), name
+
+
+LINEAR_CHAIN = """name: linear_chain
+inputs:
+  x: {shape: [4, 6]}
+  w1: {shape: [8, 6]}
+  b1: {shape: [8]}
+  w2: {shape: [3, 8]}
+  t: {shape: [4, 3]}
+layers:
+  - {op: linear, in: x, weight: w1, bias: b1, out: l1}
+  - {op: gelu, in: l1, out: g}
+  - {op: linear, in: g, weight: w2, out: l2}
+loss: {op: mse_loss, target: t}
+wrt: [w1, b1, w2]
+"""
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["recomputed", "kept"])
+def test_a_weight_gradient_is_computed_where_its_node_is_and_frees_what_it_reads(recompute):
+    """The walk writes a linear map's input gradient before its weight's; the weight's was then
+    computed after the whole walk, holding every linear's input and output gradient until the end (a
+    ConvNeXt's MLPs). It now comes as soon as what it reads exists, as autograd's node runs it, and
+    ``g`` and ``grad_l2`` die there, before ``l1``'s gradient is made. The gradients are autograd's."""
+    import torch.nn.functional as F
+
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    source = build_text(LINEAR_CHAIN, "linear_chain.yaml", recompute=recompute).rendered.files["linear_chain.py"]
+    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
+    lines = [line.strip() for line in backward.splitlines() if not line.strip().startswith("#")]
+    weight = next(index for index, line in enumerate(lines) if line.startswith("grad_w2 = "))
+    freed = next(index for index, line in enumerate(lines) if line.startswith("del ") and "grad_l2" in line)
+    made = next(index for index, line in enumerate(lines) if line.startswith("grad_l1 = "))
+    assert weight < freed < made, "\n".join(lines)
+    assert ("\n    g = F.gelu(l1)" in backward) == recompute, backward
+    module = module_from_source(source, "linear_chain")
+    generator = torch.Generator().manual_seed(0)
+    shapes = {name: entry["shape"] for name, entry in yaml.safe_load(LINEAR_CHAIN)["inputs"].items()}
+    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
+              for name, shape in shapes.items()}
+    x, w1, b1, w2, t = inputs.values()
+    expected = torch.autograd.grad(F.mse_loss(F.linear(F.gelu(F.linear(x, w1, b1)), w2), t), [w1, b1, w2])
+    got = module.gradients(**inputs)
+    for name, reference in zip(("w1", "b1", "w2"), expected):
+        assert torch.allclose(getattr(got, name), reference, rtol=1e-10, atol=1e-12), name
+
+
 SHAPE_ONLY = """name: shape_only
 inputs:
   x: {shape: [2, 3, 4, 4]}

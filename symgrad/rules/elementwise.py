@@ -43,7 +43,8 @@ def _call_primitive(name: str, call: str, math: Callable[..., sympy.Expr], inpla
         (operand,) = expr.operands
         return derivative(operand, dict(expr.params.items())) * tangent_of(operand)
 
-    primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent)
+    primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent,
+              recomputable=True)
 
 
 @dataclass
