@@ -156,10 +156,17 @@ class Primitive:
     shape_operands: tuple[int, ...] = ()
     """The operands it reads only for their shape, which ``code`` gets printed as ``x.shape`` (a kept
     :class:`ShapeOf` as itself): the planner may then keep that shape instead of the tensor."""
+    layout_operands: tuple[int, ...] = ()
+    """The operands its kernel reads only for their sizes, strides, dtype and device, never their values
+    (a pooling backward's input, which sizes and lays out the gradient it returns): the planner may
+    keep that layout instead and pass an uninitialised tensor of it (:func:`symgrad.kept.kept_as_layouts`)."""
     autocast_operands: tuple[int, ...] = ()
     """The operands its kernel reads cast to autocast's lower precision, as the forward op read them (a
     convolution's input, in its backward): a forward value that only such operands read is saved so
     under autocast, as autograd saves the op's cast copy (its helper takes ``(copy, own dtype)``)."""
+    keeps_operands: bool = False
+    """Its call keeps its operands itself (a block's forward, in the list its backward reads): a value
+    passed to it stays alive anyway, so the planner keeps nothing less of it (:mod:`symgrad.kept`)."""
     recomputable: bool = False
     """A cheap elementwise map of one tensor (an activation): where the backward reads its output and
     keeps its operand anyway, the saving forward does not keep the output; the backward computes it
@@ -197,12 +204,13 @@ PRIMITIVES: dict[str, Primitive] = {}
 
 def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
               outputs: int | None = None, fresh: bool = False, shape_operands: tuple[int, ...] = (),
-              autocast_operands: tuple[int, ...] = (), recomputable: bool = False) -> Primitive:
+              autocast_operands: tuple[int, ...] = (), recomputable: bool = False,
+              layout_operands: tuple[int, ...] = (), keeps_operands: bool = False) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
     PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh, shape_operands,
-                                 autocast_operands, recomputable)
+                                 layout_operands, autocast_operands, keeps_operands, recomputable)
     return PRIMITIVES[name]
 
 
@@ -235,6 +243,15 @@ class TensorOp(sympy.Expr):
 
     def _latex(self, printer) -> str:
         return self.primitive.latex([printer._print(o) for o in self.operands], self.params, printer._print)
+
+
+def laid_out(operands: list[str], params: Params) -> str:
+    """A layout operand (``Primitive.layout_operands``, the second) as its kernel is passed it: the
+    tensor, or, where the planner kept only its layout (``params["stand_in"]``, :mod:`symgrad.kept`),
+    a tensor of that layout whose values are never set, on the device of the gradient (the first)."""
+    if params.get("stand_in"):
+        return f"torch.empty_like({operands[1]}, device={operands[0]}.device)"
+    return operands[1]
 
 
 def show_ints(value: tuple | int) -> str:

@@ -83,6 +83,9 @@ class Guard:
         model = self.model
         check_generated(generated, self.allow_edited)
         self.generated = generated
+        # kept.kept_as_layouts's stand-ins, made in the saving forwards: CPU and CUDA kernels only (_check_devices)
+        self._keeps_layouts = any("meta" in value.__code__.co_consts for name, value in vars(generated).items()
+                                  if inspect.isfunction(value) and name.endswith(("_forward_saving", "_forward")))
         arguments = list(inspect.signature(generated.forward).parameters) if hasattr(generated, "forward") else []
         if "params" not in arguments or not hasattr(generated, self._ENTRY):
             raise BindError(f"{name_of(generated)} was not generated from a traced model (it takes no `params`) "
@@ -291,6 +294,10 @@ class Guard:
 
     def _check_devices(self, data: dict, arguments: dict) -> None:
         device = next((value.device for name, value in arguments.items() if name not in data), None)
+        if device is not None and device.type not in ("cpu", "cuda") and self._keeps_layouts:
+            raise BindError(f"{name_of(self.generated)} passes a pooling backward an unset tensor laid out as its "
+                            f"input, which CPU's and CUDA's kernels read only for its layout, and {device.type}'s "
+                            f"may not (fix: train on cpu or cuda, or generate the module with --no-recompute)")
         for name, value in data.items():
             if device is not None and value.device != device:
                 raise BindError(f"{name_of(self.generated)}: {name} is on {value.device}, and the model on {device} "

@@ -93,8 +93,10 @@ def main() -> None:
 @click.option("--hvp", is_flag=True, help="Also emit hvp(...): closed-form Hessian-vector products.")
 @click.option("--per-sample", is_flag=True, help="Also emit per_sample_gradients(...) (needs reduction: per_sample).")
 @click.option("--flat", is_flag=True, help="Write a spec's blocks out instance by instance (one function for all).")
-@click.option("--no-recompute", is_flag=True, help="Keep every activation the backward reads, as autograd does "
-              "(default: a cheap one, GELU's or SiLU's output, is computed again from its input, which is kept).")
+@click.option("--no-recompute", is_flag=True, help="Keep every value the backward reads, as autograd does "
+              "(default: a cheap activation, GELU's or SiLU's output, is computed again from its input, which is "
+              "kept; a ReLU output only its own pullback reads is kept as a byte mask; a pooling's input as its "
+              "layout).")
 def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat, no_recompute):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import Params, ShapeOf, Size, TensorOp, op, tensor
+from .algebra import TensorOp, op, tensor
+from .kept import kept_as_layouts, kept_as_shapes, kept_as_signs, split_reads
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
 from .roles import (channels_last_constant, channels_last_test, channels_last_weights, running_statistics,
                     test_facts)
@@ -91,7 +92,8 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
          extras: tuple[str, ...] = (), recompute: bool = True) -> Plan:
     """The :class:`Plan` for the derivations of one graph; ``small_shapes`` are the test shapes
     (``shapes.small_shapes``), ``extras`` the optional functions wanted (``hvp``, ``per_sample``);
-    ``recompute=False`` keeps every value the backward reads, as autograd does (:func:`_recomputed`)."""
+    ``recompute=False`` keeps every value the backward reads, as autograd does: no activation computed
+    again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`)."""
     graph = program.graph
     gradient_symbols = set(program.gradients.values())
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
@@ -99,7 +101,14 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
     # more gradients, or its weight's alone (twice differentiable, as autograd's own); the documents'
     # math is the readable one
-    fast, shape_owners = _shapes_for_shape_reads(fast)
+    # the loss's inputs and the outputs, which the caller keeps, are kept whole
+    kept_by_caller = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols,
+                      *fast.default_cotangent.free_symbols}
+    mask_owners, layout_owners = {}, {}
+    if recompute:  # keep less than autograd keeps: masks, layouts (kept.py), recomputed activations
+        fast, mask_owners = kept_as_signs(fast, kept_by_caller)
+        fast, layout_owners = kept_as_layouts(fast)
+    fast, shape_owners = kept_as_shapes(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
     # a parameter's gradient as soon as what it reads exists (a linear map's weight's, which the walk
@@ -108,8 +117,6 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     returned = [statement for statement in backward if statement.target in gradient_symbols]
     live = _scheduled_early(live[:split] + backward, split, returned)
     live = live[:split] + _named_entries(live[split:], live)
-    kept_by_caller = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols,
-                      *fast.default_cotangent.free_symbols}
     if recompute:
         live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller)
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
@@ -152,7 +159,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         saving_forward=saving_forward, saved_names=saved_names, saved_as_autocast_casts=narrowed, loss_name=loss_name,
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
-        stored=_stored(fast, live[split:], shape_owners),
+        stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}),
         running_statistics=running_statistics(graph),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
@@ -161,78 +168,6 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
         layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
         test_facts=test_facts(graph, small_shapes), **optional)
-
-
-def _shapes_for_shape_reads(fast: Program) -> tuple[Program, dict[str, str]]:
-    """``fast`` where each forward value that the backward reads only for its shape (a ``cat``'s
-    slice lengths, the shape a broadcast sum returns to) is kept as that shape: ``up_shape =
-    up.shape`` right after ``up`` is made, read as ``up_shape[1]``, so ``up`` is freed at its last
-    forward use, as autograd keeps only sizes for those ops. Also {shape name: tensor name}."""
-    made = {statement.target for statement in fast.forward}
-    names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
-    whole, shaped = set(fast.default_cotangent.free_symbols), set()
-    for statement in fast.backward:
-        _split_reads(statement.value, whole, shaped)
-    shapes = {symbol: ShapeOf(f"{symbol.name}_shape") for symbol in sorted(shaped & made - whole, key=str)
-              if f"{symbol.name}_shape" not in names}
-    if not shapes:
-        return fast, {}
-    forward = []
-    for statement in fast.forward:
-        forward.append(statement)
-        if statement.target in shapes:
-            forward.append(Statement(shapes[statement.target], op("shape", statement.target), statement.node,
-                                     f"{statement.target.name}'s shape: all the backward pass reads of it"))
-    backward = [dataclasses.replace(statement, value=_on_shapes(statement.value, shapes)) for statement in fast.backward]
-    return (dataclasses.replace(fast, forward=forward, backward=backward),
-            {shape.name: symbol.name for symbol, shape in shapes.items()})
-
-
-def _split_reads(expr, whole: set, shaped: set) -> None:
-    """Add to ``shaped`` the tensors ``expr`` reads as a shape (``Size``, a primitive's
-    ``shape_operands``), to ``whole`` those it reads otherwise."""
-    if isinstance(expr, Size):
-        shaped.add(expr.of)
-    elif isinstance(expr, Params):
-        for _, value in expr.items():
-            for part in value if isinstance(value, tuple) else (value,):
-                if isinstance(part, sympy.Basic):
-                    _split_reads(part, whole, shaped)
-    elif isinstance(expr, TensorOp):
-        for index, operand in enumerate(expr.operands):
-            if index in expr.primitive.shape_operands and operand.is_Symbol:
-                shaped.add(operand)
-            else:
-                _split_reads(operand, whole, shaped)
-        _split_reads(expr.params, whole, shaped)
-    elif expr.is_Symbol:
-        whole.add(expr)
-    else:
-        for argument in expr.args:
-            _split_reads(argument, whole, shaped)
-
-
-def _on_shapes(expr, shapes: dict):
-    """``expr`` reading each tensor of ``shapes`` through its kept shape instead."""
-    if isinstance(expr, Size):
-        return Size(shapes[expr.of], expr.axis) if expr.of in shapes else expr
-    if isinstance(expr, TensorOp):
-        operands = [shapes.get(operand, operand) if index in expr.primitive.shape_operands
-                    else _on_shapes(operand, shapes) for index, operand in enumerate(expr.operands)]
-        params = Params(tuple((key, _on_shapes_value(value, shapes)) for key, value in expr.params.items()))
-        if operands == list(expr.operands) and params == expr.params:
-            return expr
-        return TensorOp(expr.args[0], params, *operands)
-    if not expr.args:
-        return expr
-    arguments = [_on_shapes(argument, shapes) for argument in expr.args]
-    return expr if arguments == list(expr.args) else expr.func(*arguments)
-
-
-def _on_shapes_value(value, shapes: dict):
-    if isinstance(value, tuple):
-        return tuple(_on_shapes_value(part, shapes) for part in value)
-    return _on_shapes(value, shapes) if isinstance(value, sympy.Basic) else value
 
 
 def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:
@@ -528,16 +463,21 @@ def _live(statements: list[Statement], results: set[sympy.Symbol]) -> list[State
     return kept[::-1]
 
 
-def _stored(program: Program, backward: list[Statement], shape_owners: dict[str, str]) -> dict[str, str]:
-    """What each node keeps alive for the backward pass: its value, only its shape, or nothing
-    (``shape_owners``: the kept shapes, by the tensor each belongs to)."""
+def _stored(program: Program, backward: list[Statement], owners: dict[str, str]) -> dict[str, str]:
+    """What each node keeps alive for the backward pass: its value, only what the backward reads of
+    it (its shape, its layout, where it is zero), or nothing (``owners``: each value kept instead of
+    a tensor, by that tensor's name: :mod:`symgrad.kept`)."""
     whole, shaped = set(), set()
     for statement in backward:
-        _split_reads(statement.value, whole, shaped)
+        split_reads(statement.value, whole, shaped)
     recomputed = {statement.target.name for statement in backward}  # a forward value made again there
     values = {symbol.name for symbol in whole} - recomputed
     shapes = {symbol.name for symbol in shaped}
-    shapes |= {shape_owners[name] for name in values | shapes if name in shape_owners}
+    kept: dict[str, list[str]] = {}
+    for name in sorted(values | shapes):
+        if name in owners:  # up_shape, relu_layout, relu_active: what it says
+            kept.setdefault(owners[name], []).append(name.rsplit("_", 1)[1])
+    parts = {"shape": "its shape", "layout": "its layout", "active": "where it is not zero, as a byte mask"}
     stored = {}
     for node in program.graph.nodes.values():
         if node.kind == "loss":
@@ -546,8 +486,9 @@ def _stored(program: Program, backward: list[Statement], shape_owners: dict[str,
             stored[node.name] = "value, read by the backward pass"
         elif node.name in recomputed:
             stored[node.name] = "nothing: the backward pass computes it again from its input"
-        elif node.name in shapes:
-            stored[node.name] = "only its shape"
+        elif node.name in kept or node.name in shapes:
+            stored[node.name] = "only " + " and ".join(text for part, text in parts.items()
+                                                       if part in kept.get(node.name, ["shape"]))
         else:
             stored[node.name] = "nothing: freed after use" if node.kind == "layer" else "nothing"
     return stored

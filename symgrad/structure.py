@@ -58,12 +58,12 @@ def _text(name: str) -> str:
     return r"\mathrm{" + name.replace("_", r"\_") + "}"
 
 
-primitive("block_forward", code=_forward_code, outputs=2,
+primitive("block_forward", code=_forward_code, outputs=2, keeps_operands=True,
           latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}\left("
                                                rf"{', '.join(operands[:params['inputs']])}\right)")
 primitive("block_backward", code=_backward_code,
           latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}^{{*}}\left({operands[-1]}\right)")
-primitive("chain_forward", outputs=2,
+primitive("chain_forward", outputs=2, keeps_operands=True,
           code=lambda operands, params, show: f"_run_forward({params['table']}, {operands[0]}, params"
                                               f"{', save=True' if params['saving'] else ''})",
           latex=lambda operands, params, show: rf"\operatorname{{{_text(params['table'].lower())}}}\left("

@@ -243,14 +243,12 @@ def _backward_latex(operands, params, show):
     return rf"\operatorname{{conv\_backward}}\left({', '.join(operands)}\right)"
 
 
-CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0,
-                          dilation=1, transposed=False, output_padding=0, groups=1,
-                          bias_sizes=None):
-    """``torch.ops.aten.convolution_backward``, autograd's own (twice differentiable) kernel: the
-    gradients of input, weight and bias that ``output_mask`` asks for (ints stand for every spatial
-    dim, as in ``F.conv2d``). Under autocast it runs in the dtype the forward ran in, as autograd's
-    does, and returns each gradient in its tensor's dtype (an ``input`` kept as autocast's copy
-    comes as ``(copy, dtype)``: ``_saved_as_autocast_casts``)."""
+CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
+                          transposed=False, output_padding=0, groups=1, bias_sizes=None):
+    """Autograd's own (twice differentiable) ``convolution_backward`` kernel: the gradients of
+    input, weight and bias ``output_mask`` asks for (an int stands for every spatial dim, as in
+    ``F.conv2d``). Under autocast it runs in the dtype the forward ran in, as autograd's does, and
+    returns each gradient in its tensor's dtype (``input`` may be autocast's ``(copy, dtype)``)."""
     input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
     dims = weight.dim() - 2
     stride, padding, dilation, output_padding = [

@@ -4,12 +4,11 @@ layout autograd gives it."""
 
 BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
                          output_mask=(True, True, True)):
-    """Training-mode batch_norm's input, weight and bias gradients in one call of
-    ``torch.ops.aten.native_batch_norm_backward``, autograd's own (twice differentiable) kernel,
-    from the batch mean and 1 / std the forward's ``torch.native_batch_norm`` returned (its
-    derivative accounts for their dependence on ``input``). Under autocast the gradient arrives in
-    the forward's precision, as autograd's does. Differentiated again, a missing weight is ones:
-    without one the kernel's derivative drops ``grad_output`` from the bias gradient's."""
+    """Training-mode batch_norm's input, weight and bias gradients in one call of autograd's own
+    (twice differentiable) ``native_batch_norm_backward``, from the batch mean and 1 / std the
+    forward's ``torch.native_batch_norm`` returned (its derivative accounts for their dependence on
+    ``input``); under autocast the gradient comes in the forward's precision, as autograd's does. A
+    missing weight is ones where differentiated (without, its derivative drops the bias's term)."""
     return torch.ops.aten.native_batch_norm_backward(
         grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
         input.new_ones(input.shape[1]) if weight is None and torch.is_grad_enabled() else weight,

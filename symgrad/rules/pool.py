@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import LINEAR, Size, keyword_arguments, op, primitive, show_ints, tensor
+from ..algebra import LINEAR, Size, keyword_arguments, laid_out, op, primitive, show_ints, tensor
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, int64, int_tuple
 from .resample import separable_adjoint
 
@@ -168,9 +168,9 @@ primitive("max_pool_with_indices", outputs=2, code=lambda operands, params, show
           latex=lambda operands, params, show: rf"\operatorname{{maxpool}}\left({operands[0]}\right)")
 # the kernel takes the gradient in x's dtype only: under autocast it may arrive in float32 from an op
 # autocast runs in float32 (group_norm, layer_norm) where x is bfloat16; autograd's is x's dtype too
-primitive("max_pool_backward", fresh=True, code=lambda operands, params, show: (
+primitive("max_pool_backward", fresh=True, layout_operands=(1,), code=lambda operands, params, show: (
     f"torch.ops.aten.max_pool{params['dims']}d_with_indices_backward({operands[0]}.to({operands[1]}.dtype), "
-    f"{operands[1]}, "  # six more arguments: by their schema's names
+    f"{laid_out(operands, params)}, "  # six more arguments: by their schema's names
     + ", ".join(f"{key}={show_ints(tuple(params[key]))}" for key in ("kernel_size", "stride", "padding", "dilation"))
     + f", ceil_mode={params.get('ceil_mode', False)}, indices={operands[2]})"),
     latex=lambda operands, params, show: rf"\operatorname{{scatter}}_{{{operands[2]}}}\left({operands[0]}\right)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import CONSTANT, LINEAR, keyword_arguments, op, primitive, show_ints
+from ..algebra import CONSTANT, LINEAR, keyword_arguments, laid_out, op, primitive, show_ints
 from ..spec_values import Like
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice, ints
 
@@ -401,12 +401,12 @@ primitive("adaptive_avg_pool", code=lambda operands, params, show: (
 
 # each input entry receives the gradient of every window holding it, over that window's size: autograd's
 # own kernel, one pass where the readable form builds each axis's matrix, and twice differentiable (its
-# derivative in the gradient is the pooling itself); the input gives only its shape
-primitive("adaptive_avg_pool_backward", fresh=True,
+# derivative in the gradient is the pooling itself); the input gives only its layout
+primitive("adaptive_avg_pool_backward", fresh=True, layout_operands=(1,),
           code=lambda operands, params, show: (  # the kernel takes the gradient in the input's dtype only, as autograd
               # gives it (under autocast it may arrive in float32 from an op autocast runs in float32)
               f"torch.ops.aten._adaptive_avg_pool{params['dims']}d_backward({operands[0]}.to({operands[1]}.dtype), "
-              f"{operands[1]})"),
+              f"{laid_out(operands, params)})"),
           latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}^{{\top}}\left({operands[0]}\right)")
 
 

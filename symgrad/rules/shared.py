@@ -47,6 +47,12 @@ primitive("sum_to_size", shape_operands=(1,),
 primitive("shape", code=lambda operands, params, show: operands[0], shape_operands=(0,),
           latex=lambda operands, params, show: rf"\operatorname{{shape}}\left({operands[0]}\right)", tangent=CONSTANT)
 
+# the planner's: a value the backward reads only as a kernel's layout operand is kept as its layout, a
+# meta tensor (its sizes, strides and dtype, no memory), from which the kernel's caller makes an unset
+# tensor so laid out (kept.py, algebra.laid_out)
+primitive("layout", tangent=CONSTANT, code=lambda operands, params, show: f'{operands[0]}.to("meta")',
+          latex=lambda operands, params, show: rf"\operatorname{{layout}}\left({operands[0]}\right)")
+
 primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
           latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
 
