@@ -108,8 +108,9 @@ def _on_shapes_value(value, shapes: dict):
 def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str, str]]:
     """``fast`` where each forward value ``r = relu(c)`` that the backward reads only in its ReLU's
     pullback, ``threshold_backward(grad, r, 0)``, and otherwise at most for its shape or layout, is
-    pulled back from what is kept anyway or from less: from ``c`` where the backward keeps ``c`` (or
-    it is an input), the same values (``r <= 0`` exactly where ``c <= 0``); else from the mask
+    pulled back from what is kept anyway or from less: from ``c`` where ``c`` stays anyway (the
+    backward reads it or a view of it, or the caller keeps it; or it is an input), the same
+    values (``r <= 0`` exactly where ``c <= 0``); else from the mask
     ``r_active = r.bool().to(torch.uint8)`` made right after ``r`` (a quarter of a float32 value's
     bytes; a ReLU's output is never negative, and NaN stays active), which ``threshold_backward``
     reads as it reads ``r``. Not for ``kept_by_caller`` (the loss's inputs), a value a block keeps
@@ -127,12 +128,13 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     recomputed_from = {symbol for statement in fast.forward if statement.target in whole
                        and isinstance(statement.value, TensorOp) and statement.value.primitive.recomputable
                        for symbol in statement.value.free_symbols}
-    skipped = whole | kept_by_caller | _held(fast) | _aliased(fast, whole | kept_by_caller) | recomputed_from
+    kept_anyway = whole | kept_by_caller | _aliased(fast, whole | kept_by_caller)
     replaced = {}
-    for symbol in sorted({pullback.operands[1] for pullback in pullbacks} - skipped, key=str):
+    for symbol in sorted({pullback.operands[1] for pullback in pullbacks} - kept_anyway - _held(fast)
+                         - recomputed_from, key=str):
         value = made[symbol].value
         operand = value.operands[0] if isinstance(value, TensorOp) and value.primitive.name == "relu" else None
-        if operand is not None and operand.is_Symbol and (operand not in made or operand in whole):
+        if operand is not None and operand.is_Symbol and (operand not in made or operand in kept_anyway):
             replaced[symbol] = operand  # kept anyway: the pullback reads it instead
         elif f"{symbol.name}_active" not in names:
             replaced[symbol] = tensor(f"{symbol.name}_active")

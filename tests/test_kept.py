@@ -163,6 +163,31 @@ def test_no_mask_where_the_value_stays_anyway():
     got = module.gradients(x=x, w1=w1, w2=w2, w3=w3, t=t.detach())
     for got, expected in zip(got, torch.autograd.grad(loss, [x, w1, w2, w3])):
         assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12)
+    viewed = spec("viewed", """  x: {shape: [2, 3, 5, 5]}
+  w1: {shape: [6, 3, 3, 3]}
+  w2: {shape: [4, 6, 1, 1]}
+  w3: {shape: [4, 6]}
+  t: {shape: [2, 5, 5, 4]}
+""", """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
+  - {op: relu, in: c1, out: r1}
+  - {op: adaptive_avg_pool2d, in: r1, output_size: 1, out: m}
+  - {op: permute, in: c1, dims: [0, 2, 3, 1], out: p}
+  - {op: linear, in: p, weight: w3, out: q}
+  - {op: conv2d, in: m, weight: w2, out: o1}
+  - {op: permute, in: o1, dims: [0, 2, 3, 1], out: o2}
+  - {op: add, in: [q, o2], out: o}
+""", "x, w1, w2, w3")
+    unpacked = _saved_of(viewed, "viewed")  # c1 stays, as the view p its linear map's weight gradient reads
+    assert "r1_active" not in unpacked and re.search(r"\bc1\b", unpacked) and re.search(r"\bp\b", unpacked), unpacked
+    module = module_from_source(build_text(viewed, "viewed.yaml").rendered.files["viewed.py"], "viewed")
+    x, w1, w2, w3, t = (torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
+                        for shape in ((2, 3, 5, 5), (6, 3, 3, 3), (4, 6, 1, 1), (4, 6), (2, 5, 5, 4)))
+    c1 = F.conv2d(x, w1, padding=1)
+    o1 = F.conv2d(F.adaptive_avg_pool2d(F.relu(c1), 1), w2)
+    loss = F.mse_loss(F.linear(c1.permute(0, 2, 3, 1), w3) + o1.permute(0, 2, 3, 1), t)
+    got = module.gradients(x=x, w1=w1, w2=w2, w3=w3, t=t.detach())
+    for got, expected in zip(got, torch.autograd.grad(loss, [x, w1, w2, w3])):
+        assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
 POOLED = """name: pooled
