@@ -61,10 +61,13 @@ class Generated:
         return f"$${self.latex}$$"
 
 
-def generate(spec: str | Path | None = None, *, text: str | None = None, label: str | None = None) -> Generated:
-    """Derive the gradients of a spec file (``spec``) or of spec ``text``; raises ``SpecError`` on bad input."""
+def generate(spec: str | Path | None = None, *, text: str | None = None, label: str | None = None,
+             recompute: bool = True) -> Generated:
+    """Derive the gradients of a spec file (``spec``) or of spec ``text``; raises ``SpecError`` on bad input.
+    ``recompute=False`` (``symgrad generate --no-recompute``) keeps every value the backward reads, as
+    autograd does: no activation computed again, no mask or layout kept in its place."""
     if (spec is None) == (text is None):
         raise TypeError("pass either a spec path or text=...")
     if text is not None:
-        return Generated(build_text(text, label or "<spec>"))
-    return Generated(build(spec, label))
+        return Generated(build_text(text, label or "<spec>", recompute=recompute))
+    return Generated(build(spec, label, recompute=recompute))

@@ -279,8 +279,12 @@ def test_the_pool_backward_kernels_read_only_their_inputs_layout(dims, channels_
 
 def test_without_recomputation_the_forward_keeps_what_autograd_keeps():
     """``recompute=False`` (``symgrad generate --no-recompute``): the values themselves, as autograd
-    keeps them, no mask and no layout; the same gradients."""
+    keeps them, no mask and no layout; the same gradients. ``symgrad.generate`` takes it too."""
+    import symgrad
+
     source = build_text(POOLED, "pooled.yaml", recompute=False).rendered.files["pooled.py"]
+    assert symgrad.generate(text=POOLED, label="pooled.yaml", recompute=False).code == source
+    assert "_active = " in symgrad.generate(text=POOLED, label="pooled.yaml").code
     unpacked = source[source.index("def _backward_from_saved("):]
     unpacked = unpacked[:unpacked.index("= saved")]
     assert re.search(r"\br1\b", unpacked) and re.search(r"\br2\b", unpacked), unpacked
