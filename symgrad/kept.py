@@ -9,7 +9,8 @@ the value itself is freed at its last forward use:
 - where it is not zero, as a byte mask (``relu1_active = relu1.bool().to(torch.uint8)``, a quarter
   of a float32 value's bytes), where the backward reads it only in its own ReLU's pullback
   (``threshold_backward`` of the output) and nothing after the ReLU reads it whole (an upsampling, a
-  pool, a sum): the pullback reads the mask as it read the output, the same values;
+  pool, a sum): the pullback reads the mask as it read the output, the same values (while
+  torch.compile traces it, the output itself: Inductor's partitioner decides what its graph keeps);
 - its layout, a meta tensor (``relu_layout = relu.to("meta")``: sizes, strides, dtype, no memory),
   where a kernel reads nothing else of it (a max or mean pool's backward, given an unset tensor so
   laid out).

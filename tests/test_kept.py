@@ -12,6 +12,7 @@ import yaml
 from symgrad.algebra import PRIMITIVES
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
 
 MASKED = """name: masked
 inputs:
@@ -50,7 +51,7 @@ def test_a_relu_output_only_its_own_pullback_reads_is_kept_as_a_byte_mask():
     unpacked = backward[:backward.index("= saved")]
     assert "r1_active" in unpacked and not re.search(r"\br1\b", unpacked), unpacked
     assert "r2" in unpacked and "r2_active" not in source and "h_active" not in source, unpacked
-    assert "    r1_active = r1.bool().to(torch.uint8)\n" in source, source
+    assert "    r1_active = r1 if torch.compiler.is_compiling() else r1.bool().to(torch.uint8)\n" in source, source
     assert "grad_c1 = torch.ops.aten.threshold_backward(grad_r1, r1_active, 0)" in backward, backward
     assert "threshold_backward(grad_r2, r2, 0)" in backward and "threshold_backward(grad_h, h, 0)" in backward
     assert "| only where it is not zero, as a byte mask |" in built.rendered.files["masked.md"]
@@ -307,3 +308,38 @@ def test_bind_refuses_a_device_whose_pooling_kernels_may_read_the_stand_in():
                                          r"or generate the module with --no-recompute\)$"):
         bound._check_devices({}, {"conv1.weight": torch.empty(1, device="meta")})
     bound._check_devices({}, {"conv1.weight": torch.empty(1)})  # the CPU: nothing to refuse
+
+
+def test_under_torch_compile_the_relu_output_is_kept_and_the_step_trains_as_autograd(monkeypatch, tmp_path):
+    """While torch.compile traces it, the saving forward keeps a ReLU output itself where eagerly it
+    keeps the mask (Inductor's partitioner keeps or recomputes what the backward reads, as it does for
+    autograd; a mask made the compiled step slower); the compiled step (whole graph) trains as autograd."""
+    import copy
+
+    import symgrad
+
+    from .test_bind import batches, fresh_model
+    from .test_bind_model import generated
+
+    out = torch.relu(torch.randn(5))
+    code = PRIMITIVES["active"].code(["out"], None, str)
+    assert eval(code, {"out": out, "torch": torch}).dtype == torch.uint8  # noqa: S307
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert eval(code, {"out": out, "torch": torch}) is out  # noqa: S307
+    monkeypatch.undo()
+    model = fresh_model()
+    reference = copy.deepcopy(model)
+    text = trace(model, {"x": (2, 3, 16, 16)}, name="compiled_resnet", loss=LossChoice("cross_entropy", "labels"),
+                 mode="train")
+    step = symgrad.bind(generated(tmp_path, text), model)  # torch.compile finds a module by its file
+    assert step._keeps_layouts
+    compiled = torch.compile(lambda x, labels: step(x=x, labels=labels), fullgraph=True, backend="aot_eager")
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for x, labels in batches(2):
+        for loss, optimizer in ((lambda: compiled(x, labels), optimizers[0]),
+                                (lambda: F.cross_entropy(reference(x), labels), optimizers[1])):
+            optimizer.zero_grad()
+            loss().backward()
+            optimizer.step()
+    for name, value in reference.state_dict().items():
+        assert torch.allclose(model.state_dict()[name].double(), value.double(), rtol=1e-10, atol=1e-12), name
