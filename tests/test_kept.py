@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -13,6 +14,9 @@ from symgrad.algebra import PRIMITIVES
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
+
+DEVICE = os.environ.get("SYMGRAD_TEST_DEVICE", "cpu")
+"""Where the pooling kernels' reads are checked: the CPU in CI, ``SYMGRAD_TEST_DEVICE=cuda`` on a GPU."""
 
 MASKED = """name: masked
 inputs:
@@ -262,14 +266,14 @@ def test_the_pool_backward_kernels_read_only_their_inputs_layout(dims, channels_
     """What ``layout_operands`` declares of the two kernels, checked on torch itself: given a tensor
     made as the generated code makes it from the input's kept layout and filled with NaN instead of
     the input, each returns the same gradient, laid out the same (a torch whose kernel read the
-    values would fail here)."""
+    values would fail here). The CPU's kernels in CI; ``SYMGRAD_TEST_DEVICE=cuda`` checks CUDA's."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn((2, 3) + (7,) * dims, generator=generator).to(dtype)
+    x = torch.randn((2, 3) + (7,) * dims, generator=generator).to(DEVICE, dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last if dims == 2 else torch.channels_last_3d)
     stand_in = torch.empty_like(x.to("meta"), device=x.device).fill_(float("nan"))
     pooled, indices = getattr(F, f"max_pool{dims}d")(x, 3, 2, 1, return_indices=True)
-    grad = torch.randn(pooled.shape, generator=generator).to(dtype)
+    grad = torch.randn(pooled.shape, generator=generator).to(DEVICE, dtype)
     max_backward = getattr(torch.ops.aten, f"max_pool{dims}d_with_indices_backward")
     mean_backward = getattr(torch.ops.aten, f"_adaptive_avg_pool{dims}d_backward")
     for kernel in (lambda value: max_backward(grad, value, [3] * dims, [2] * dims, [1] * dims, [1] * dims, False, indices),
