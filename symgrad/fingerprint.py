@@ -366,9 +366,8 @@ def module_constants(spec, any_width: bool = False, running: frozenset = frozens
     frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt | running})
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
     return (f"FINGERPRINT = {python_literal(summaries, lead=14)}\n"
-            '"""The traced model, per submodule (the spec\'s ``fingerprint:``): class, a hash of its code, hashes\n'
-            "of its hyper-parameters and of its own parameters' and buffers' shapes, its mode where its code\n"
-            'reads it, how often a BatchNorm ran; ``symgrad.bind`` refuses a model that differs."""\n'
+            '"""The traced model by submodule (the spec\'s ``fingerprint:``): class, hashes of code, hypers and\n'
+            'own tensors\' shapes, mode if read, BatchNorm runs; ``symgrad.bind`` refuses a model that differs."""\n'
             f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
             '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
             'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""')

@@ -148,6 +148,52 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     return _keeping(fast, masks, "active", lambda value: value.xreplace(rewritten))
 
 
+def kept_as_narrow_indices(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str, str]]:
+    """``fast`` where a max pool's argmax indices, which the backward reads only as its pullback's
+    (``max_pool_backward``'s) indices, are kept in the narrowest integer dtype that holds a position
+    within the pool input's planes: ``indices_pool_narrow = _narrowed_indices(indices_pool,
+    x.shape[2:].numel())`` right after they are made (int16 up to 2**15 positions, a quarter of
+    int64's bytes, int32 up to 2**31), which the pullback passes its kernel as int64 again
+    (``.long()``): the same positions. Autograd keeps them int64. Also {kept name: indices name}."""
+    made = {statement.target: statement.value for statement in fast.forward}
+    names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
+    pullbacks = {expression for statement in fast.backward for expression in statement.value.atoms(TensorOp)
+                 if expression.primitive.name == "max_pool_backward"}
+    whole, shaped = set(fast.default_cotangent.free_symbols) | kept_by_caller, set()
+    for statement in fast.backward:  # every read but those pullbacks' of their indices
+        split_reads(statement.value.xreplace({pullback: sympy.Tuple(*pullback.operands[:2])
+                                              for pullback in pullbacks}), whole, shaped)
+    narrowed = {}
+    for indices in sorted({pullback.operands[2] for pullback in pullbacks} - whole - shaped - _held(fast), key=str):
+        entry = made.get(indices)  # pooled_pool[1], an entry of F.max_pool2d(x, ..., return_indices=True)
+        pooled = made.get(entry.operands[0]) if isinstance(entry, TensorOp) and entry.primitive.name == "item" else None
+        if (isinstance(pooled, TensorOp) and pooled.primitive.name == "max_pool_with_indices"
+                and pooled.operands[0].is_Symbol and f"{indices.name}_narrow" not in names):
+            narrowed[indices] = (tensor(f"{indices.name}_narrow"), pooled.operands[0], pooled.params["start"])
+    if not narrowed:
+        return fast, {}
+    # after the pool's entries, which the code unpacks together: `pooled, indices_pooled = F.max_pool2d(...)`
+    last_entry = {made[indices].operands[0]: indices for indices in narrowed}
+    for statement in fast.forward:
+        value = statement.value
+        if isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0] in last_entry:
+            last_entry[value.operands[0]] = statement.target
+    after = {last_entry[made[indices].operands[0]]: indices for indices in narrowed}
+    forward = []
+    for statement in fast.forward:
+        forward.append(statement)
+        if statement.target in after:
+            indices = after[statement.target]
+            kept, pool_input, start = narrowed[indices]
+            forward.append(Statement(kept, op("narrowed_indices", indices, pool_input, start=start), statement.node))
+    rewritten = {pullback: TensorOp(pullback.args[0], Params(pullback.params.items() + (("narrowed", True),)),
+                                    *pullback.operands[:2], narrowed[pullback.operands[2]][0])
+                 for pullback in pullbacks if pullback.operands[2] in narrowed}
+    backward = [dataclasses.replace(statement, value=statement.value.xreplace(rewritten)) for statement in fast.backward]
+    return (dataclasses.replace(fast, forward=forward, backward=backward),
+            {kept.name: indices.name for indices, (kept, _, _) in narrowed.items()})
+
+
 VIEWS = frozenset({"reshape", "reshape_like", "flatten", "permute", "unsqueeze", "squeeze", "squeeze_dims",
                    "narrow", "expand", "select", "slice", "channel_view", "group_view", "group_unview"})
 """The primitives whose output may share its operand's memory (a view): keeping less of a value is

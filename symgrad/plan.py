@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from .algebra import TensorOp, op, tensor
-from .kept import kept_as_layouts, kept_as_shapes, kept_as_signs, split_reads
+from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
 from .roles import (channels_last_constant, channels_last_test, channels_last_weights, running_statistics,
                     test_facts)
@@ -108,6 +108,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     if recompute:  # keep less than autograd keeps: masks, layouts (kept.py), recomputed activations
         fast, mask_owners = kept_as_signs(fast, kept_by_caller)
         fast, layout_owners = kept_as_layouts(fast)
+        fast, _ = kept_as_narrow_indices(fast, kept_by_caller)
     fast, shape_owners = kept_as_shapes(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))

@@ -282,6 +282,54 @@ def test_the_pool_backward_kernels_read_only_their_inputs_layout(dims, channels_
         assert torch.equal(ours, theirs) and ours.stride() == theirs.stride()
 
 
+PLANE_POOLED = """name: plane_pooled
+inputs:
+  x: {shape: [1, 2, 128, 256]}
+  t: {shape: [1, 2, 64, 128]}
+layers:
+  - {op: relu, in: x, out: r}
+  - {op: max_pool2d, in: r, kernel_size: 2, out: pooled}
+  - {op: mul, in: [pooled, pooled], out: h}
+loss: {op: mse_loss, target: t}
+wrt: [x]
+"""
+
+
+def test_a_max_pools_indices_are_kept_in_the_narrowest_integer_type_that_holds_them():
+    """The argmax indices, which only the pool's pullback reads, are kept as int16 where the pool's
+    input planes hold at most 2**15 positions (128 x 256: the last one, 32767, is int16's largest),
+    as int32 beyond (130 x 260), as made while torch.compile traces the step; the kernel reads them
+    as int64 again. Gradients and their derivative are autograd's, the last position chosen too."""
+    built = build_text(PLANE_POOLED, "plane_pooled.yaml")
+    source = built.rendered.files["plane_pooled.py"]
+    assert "    indices_pooled_narrow = _narrowed_indices(indices_pooled, r.shape[2:].numel())\n" in source
+    assert "indices=indices_pooled_narrow.long()," in source
+    module = module_from_source(source, "plane_pooled")
+    indices = torch.tensor([0, 32767])
+    for positions, dtype in ((2**15, torch.int16), (2**15 + 1, torch.int32), (2**31, torch.int32),
+                             (2**31 + 1, torch.int64)):
+        narrowed = module._narrowed_indices(indices, positions)
+        assert narrowed.dtype == dtype and torch.equal(narrowed.long(), indices), positions
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert module._narrowed_indices(indices, 4) is indices
+    generator = torch.Generator().manual_seed(0)
+    for size, dtype in (((1, 2, 128, 256), torch.int16), ((2, 3, 130, 260), torch.int32)):
+        x = torch.randn(size, generator=generator, dtype=torch.float64)
+        x[..., -1, -1] = 10.0  # each plane's largest: its last position is an argmax
+        x.requires_grad_()
+        t = torch.randn(*size[:2], size[2] // 2, size[3] // 2, generator=generator, dtype=torch.float64)
+        _, *saved = module._forward_saving(x, t)
+        kept = [value for value in saved if isinstance(value, torch.Tensor) and not value.is_floating_point()]
+        assert [value.dtype for value in kept] == [dtype] and kept[0].max() == size[2] * size[3] - 1
+        loss = F.mse_loss(F.max_pool2d(F.relu(x), 2).pow(2), t)
+        expected, = torch.autograd.grad(loss, x, create_graph=True)
+        got = module.gradients(x, t).x
+        assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12)
+        second, = torch.autograd.grad(got.pow(2).sum(), x)
+        assert torch.allclose(second, torch.autograd.grad(expected.pow(2).sum(), x)[0], rtol=1e-9, atol=1e-11)
+
+
 def test_without_recomputation_the_forward_keeps_what_autograd_keeps():
     """``recompute=False`` (``symgrad generate --no-recompute``): the values themselves, as autograd
     keeps them, no mask and no layout; the same gradients. ``symgrad.generate`` takes it too."""
@@ -294,6 +342,7 @@ def test_without_recomputation_the_forward_keeps_what_autograd_keeps():
     unpacked = unpacked[:unpacked.index("= saved")]
     assert re.search(r"\br1\b", unpacked) and re.search(r"\br2\b", unpacked), unpacked
     assert "_active" not in unpacked and "_layout" not in unpacked and '.to("meta")' not in source
+    assert "_narrow" not in source and ".long()" not in source
 
 
 def test_bind_refuses_a_device_whose_pooling_kernels_may_read_the_stand_in():

@@ -172,8 +172,18 @@ primitive("max_pool_backward", fresh=True, layout_operands=(1,), code=lambda ope
     f"torch.ops.aten.max_pool{params['dims']}d_with_indices_backward({operands[0]}.to({operands[1]}.dtype), "
     f"{laid_out(operands, params)}, "  # six more arguments: by their schema's names
     + ", ".join(f"{key}={show_ints(tuple(params[key]))}" for key in ("kernel_size", "stride", "padding", "dilation"))
-    + f", ceil_mode={params.get('ceil_mode', False)}, indices={operands[2]})"),
+    + f", ceil_mode={params.get('ceil_mode', False)}, indices={operands[2]}{'.long()' if params.get('narrowed') else ''})"),
     latex=lambda operands, params, show: rf"\operatorname{{scatter}}_{{{operands[2]}}}\left({operands[0]}\right)")
+NARROWED_INDICES = '''def _narrowed_indices(indices, positions):
+    """Max-pool ``indices`` in planes of ``positions`` as int16 or int32 (int64 while compiling)."""
+    narrow = torch.int16 if positions <= 2**15 else torch.int32 if positions <= 2**31 else None
+    return indices if narrow is None or torch.compiler.is_compiling() else indices.to(narrow)
+'''
+"""Emitted once into each module that keeps a max pool's indices so (:func:`symgrad.kept.kept_as_narrow_indices`)."""
+
+primitive("narrowed_indices", helper=NARROWED_INDICES, shape_operands=(1,), code=lambda operands, params, show: (
+    f"_narrowed_indices({operands[0]}, {operands[1]}[{params['start']}:].numel())"),
+    latex=lambda operands, params, show: operands[0], tangent="constant")
 primitive("scatter_to", code=lambda operands, params, show: (
     f"torch.zeros_like({operands[2]}).flatten({params['start']}).scatter_add({params['start']}, {operands[1]}.flatten({params['start']}), "
     f"{operands[0]}.to({operands[2]}.dtype).flatten({params['start']}))"
