@@ -396,3 +396,39 @@ def test_under_torch_compile_the_relu_output_is_kept_and_the_step_trains_as_auto
             optimizer.step()
     for name, value in reference.state_dict().items():
         assert torch.allclose(model.state_dict()[name].double(), value.double(), rtol=1e-10, atol=1e-12), name
+
+
+def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
+    """A frozen linear head reads its input for nothing but the dtype its input's gradient is cast
+    back to under autocast: that cast is left out there (the forward would keep the whole input for
+    it, with ``--no-recompute`` too, and autograd keeps nothing of it), so the ReLU output before it is
+    kept as a mask alone, or as itself without recomputation, as autograd keeps it. A trained linear
+    reads its input for its weight's gradient anyway, and casts. Gradients: autograd's in float64."""
+    import copy
+
+    import symgrad
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)).double()
+    model[2].requires_grad_(False)
+    text = trace(model, {"input": (2, 5)}, wrt="parameters", name="frozen_head", loss=LossChoice("mse_loss", "target"))
+    source = build_text(text, "frozen_head.yaml").rendered.files["frozen_head.py"]
+    assert 'matmul(params["2.weight"])\n' in source and 'matmul(params["0.weight"]).to(input.dtype)' not in source
+    assert "    return loss, relu_1_active, linear_2, residual\n" in source, source
+    plain = build_text(text, "frozen_head.yaml", recompute=False).rendered.files["frozen_head.py"]
+    assert "    return loss, relu_1, linear_2, residual\n" in plain, plain
+    trained = trace(model.requires_grad_(True), {"input": (2, 5)}, wrt="parameters", name="trained_head",
+                    loss=LossChoice("mse_loss", "target"))
+    assert 'matmul(params["2.weight"]).to(relu_1.dtype)' in build_text(trained, "trained_head.yaml").rendered.files[
+        "trained_head.py"]
+    model[2].requires_grad_(False)
+    path = tmp_path / "frozen_head.py"
+    path.write_text(source)
+    reference, net = copy.deepcopy(model), copy.deepcopy(model)
+    step = symgrad.bind(path, net)
+    data, target = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    F.mse_loss(reference(data), target).backward()
+    step(input=data, target=target).backward()
+    for (name, theirs), ours in zip(reference.named_parameters(), net.parameters()):
+        if theirs.requires_grad:
+            assert torch.allclose(ours.grad, theirs.grad, rtol=1e-12, atol=1e-14), name

@@ -27,7 +27,7 @@ import sympy
 
 from ..algebra import LINEAR, Size, op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, finite_float
-from .shared import sum_over
+from .shared import in_operands_dtype, sum_over
 
 
 # ----- scaled dot-product attention ----------------------------------------------------------------
@@ -173,18 +173,20 @@ class ScaledDotProductAttention(Rule):
         probabilities = node.local("probabilities", _probabilities(query, key, mask, params),
                                    note=f"attention probabilities of {node.name}, recomputed from q and k")
         grads = {}
-        if "value" in wanted:
-            grads["value"] = op("matmul_transposed", probabilities, grad, which="left")
+        if "value" in wanted:  # value is read where query's, key's or the mask's gradient is
+            grads["value"] = in_operands_dtype(op("matmul_transposed", probabilities, grad, which="left"), value,
+                                               read_anyway=bool(wanted & {"query", "key", "attn_mask"}))
         if wanted & {"query", "key", "attn_mask"}:
             grad_probabilities = op("matmul_transposed", grad, value, which="right")
             rank = len(node.shapes["query"])
             grad_scores = node.local("grad_scores", probabilities * (
                 grad_probabilities - sum_over(probabilities * grad_probabilities, rank - 1)),
                 note=f"gradient of {node.name}'s scores: softmax's Jacobian-vector product")
-            if "query" in wanted:
-                grads["query"] = params["scale"] * op("matmul", grad_scores, key)
+            if "query" in wanted:  # query and key are read for the probabilities
+                grads["query"] = in_operands_dtype(params["scale"] * op("matmul", grad_scores, key), query, True)
             if "key" in wanted:
-                grads["key"] = params["scale"] * op("matmul_transposed", grad_scores, query, which="left")
+                grads["key"] = in_operands_dtype(
+                    params["scale"] * op("matmul_transposed", grad_scores, query, which="left"), key, True)
             if "attn_mask" in wanted:
                 grads["attn_mask"] = op("sum_to_size", grad_scores, mask)
         return grads
@@ -278,8 +280,10 @@ class Einsum(Rule):
                 continue
             others = [other for position, other in enumerate(terms) if position != index]
             equation = ",".join([output, *others]) + "->" + term
-            grads[f"operands_{index}"] = op("einsum", grad, *(ordered[position] for position in range(len(terms))
-                                                              if position != index), equation=equation)
+            gradient = op("einsum", grad, *(ordered[position] for position in range(len(terms)) if position != index),
+                          equation=equation)
+            read_anyway = any(f"operands_{position}" in wanted for position in range(len(terms)) if position != index)
+            grads[f"operands_{index}"] = in_operands_dtype(gradient, ordered[index], read_anyway)
         return grads
 
     def table_row(self):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, NodeSymbols, Operand, Rule
-from .shared import affine_tangent
+from .shared import affine_tangent, in_operands_dtype
 
 primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
           latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
@@ -61,7 +61,8 @@ class Linear(Rule):
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
         if "input" in wanted:
-            grads["input"] = op("matmul", grad, node.operands["weight"])
+            grads["input"] = in_operands_dtype(op("matmul", grad, node.operands["weight"]), node.operands["input"],
+                                               read_anyway="weight" in wanted)
         if "weight" in wanted:
             grads["weight"] = op("linear_weight_grad", grad, node.operands["input"])
         if "bias" in wanted:
@@ -112,9 +113,11 @@ class MatMul(Rule):
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
         if "input" in wanted:
-            grads["input"] = self._unbroadcast(node, "input", op("matmul_transposed", grad, node.operands["other"], which="right"))
+            gradient = self._unbroadcast(node, "input", op("matmul_transposed", grad, node.operands["other"], which="right"))
+            grads["input"] = in_operands_dtype(gradient, node.operands["input"], read_anyway="other" in wanted)
         if "other" in wanted:
-            grads["other"] = self._unbroadcast(node, "other", op("matmul_transposed", node.operands["input"], grad, which="left"))
+            gradient = self._unbroadcast(node, "other", op("matmul_transposed", node.operands["input"], grad, which="left"))
+            grads["other"] = in_operands_dtype(gradient, node.operands["other"], read_anyway="input" in wanted)
         return grads
 
     @staticmethod

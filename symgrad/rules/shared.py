@@ -11,6 +11,14 @@ import sympy
 from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive
 
 
+def in_operands_dtype(gradient, operand, read_anyway: bool):
+    """``gradient`` cast to ``operand``'s dtype, as autograd's engine casts an input's gradient (under
+    autocast a product runs in a lower precision than a float32 operand: what is summed after it is
+    then summed in float32), where the backward reads ``operand`` anyway; as it is where the cast alone
+    would read it (the forward would keep the operand for its dtype). A no-op outside autocast."""
+    return op("cast_like", gradient, operand) if read_anyway else gradient
+
+
 def show_dims(dims: tuple[int, ...]) -> str:
     """``1`` for one dim, ``(0, 2, 3)`` for several: as a person writes ``dim=``."""
     return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
