@@ -248,9 +248,10 @@ class TensorOp(sympy.Expr):
 def laid_out(operands: list[str], params: Params) -> str:
     """A layout operand (``Primitive.layout_operands``, the second) as its kernel is passed it: the
     tensor, or, where the planner kept only its layout (``params["stand_in"]``, :mod:`symgrad.kept`),
-    a tensor of that layout whose values are never set, on the device of the gradient (the first)."""
+    a tensor of that layout whose values are never set, on the device of the gradient (the first),
+    made by the ``layout`` primitive's helper."""
     if params.get("stand_in"):
-        return f"torch.empty_like({operands[1]}, device={operands[0]}.device)"
+        return f"_stand_in({operands[1]}, {operands[0]}.device)"
     return operands[1]
 
 

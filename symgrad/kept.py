@@ -6,7 +6,7 @@ the value itself is freed at its last forward use:
 
 - its shape (``up_shape = up.shape``), where the backward reads only sizes (a ``cat``'s slices, an
   upsampling's input), as autograd keeps only sizes for those ops;
-- where it is not zero, as a byte mask (``relu1_active = relu1.bool().to(torch.uint8)``, a quarter
+- where it is not zero, as a byte mask (``relu1_active = relu1.bool().view(torch.uint8)``, a quarter
   of a float32 value's bytes), where the backward reads it only in its own ReLU's pullback
   (``threshold_backward`` of the output) and nothing after the ReLU reads it whole (an upsampling, a
   pool, a sum): the pullback reads the mask as it read the output, the same values (while
@@ -112,7 +112,7 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     pulled back from what is kept anyway or from less: from ``c`` where ``c`` stays anyway (the
     backward reads it or a view of it, or the caller keeps it; or it is an input), the same
     values (``r <= 0`` exactly where ``c <= 0``); else from the mask
-    ``r_active = r.bool().to(torch.uint8)`` made right after ``r`` (a quarter of a float32 value's
+    ``r_active = r.bool().view(torch.uint8)`` made right after ``r`` (a quarter of a float32 value's
     bytes; a ReLU's output is never negative, and NaN stays active), which ``threshold_backward``
     reads as it reads ``r``. Not for ``kept_by_caller`` (the loss's inputs), a value a block keeps
     itself (:func:`_held`), one a view of which the backward keeps (:func:`_aliased`), nor one a
@@ -227,8 +227,8 @@ def kept_as_layouts(fast: Program) -> tuple[Program, dict[str, str]]:
     """``fast`` where each forward value that the backward reads only as a kernel's layout operand
     (``Primitive.layout_operands``: a max or adaptive mean pool's input, in its backward) or for its
     shape is kept as its layout: ``relu_layout = relu.to("meta")`` right after ``relu`` is made (its
-    sizes, strides and dtype, no memory); the kernel is passed ``torch.empty_like(relu_layout,
-    device=grad.device)``, whose values are never set (``algebra.laid_out``). Not a value a block
+    sizes, strides and dtype, no memory); the kernel is passed ``_stand_in(relu_layout, grad.device)``
+    (``torch.empty_strided`` of its sizes, strides and dtype), whose values are never set (``algebra.laid_out``). Not a value a block
     keeps itself (:func:`_held`), nor where the gradient is not a name (it is printed twice). Also
     {layout name: tensor name}."""
     made = {statement.target for statement in fast.forward}

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from symgrad.algebra import PRIMITIVES
+from symgrad.algebra import PRIMITIVES, laid_out
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
@@ -55,7 +55,7 @@ def test_a_relu_output_only_its_own_pullback_reads_is_kept_as_a_byte_mask():
     unpacked = backward[:backward.index("= saved")]
     assert "r1_active" in unpacked and not re.search(r"\br1\b", unpacked), unpacked
     assert "r2" in unpacked and "r2_active" not in source and "h_active" not in source, unpacked
-    assert "    r1_active = r1 if torch.compiler.is_compiling() else r1.bool().to(torch.uint8)\n" in source, source
+    assert "    r1_active = r1 if torch.compiler.is_compiling() else r1.bool().view(torch.uint8)\n" in source, source
     assert "grad_c1 = torch.ops.aten.threshold_backward(grad_r1, r1_active, 0)" in backward, backward
     assert "threshold_backward(grad_r2, r2, 0)" in backward and "threshold_backward(grad_h, h, 0)" in backward
     assert "| only where it is not zero, as a byte mask |" in built.rendered.files["masked.md"]
@@ -230,7 +230,7 @@ def test_a_pooled_relu_output_is_kept_as_its_layout_and_a_mask(layout):
         assert f"{name}_layout" in unpacked and f"{name}_active" in unpacked, unpacked
         assert not re.search(rf"\b{name}\b", unpacked), unpacked
         assert f'    {name}_layout = {name}.to("meta")\n' in source, source
-        assert f"torch.empty_like({name}_layout, device=grad_" in backward, backward
+        assert f"_stand_in({name}_layout, grad_" in backward, backward
     assert "| only its layout and where it is not zero, as a byte mask |" in built.rendered.files["pooled.md"]
 
     module = module_from_source(source, "pooled")
@@ -271,7 +271,10 @@ def test_the_pool_backward_kernels_read_only_their_inputs_layout(dims, channels_
     x = torch.randn((2, 3) + (7,) * dims, generator=generator).to(DEVICE, dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last if dims == 2 else torch.channels_last_3d)
-    stand_in = torch.empty_like(x.to("meta"), device=x.device).fill_(float("nan"))
+    made = laid_out(["x", "x_layout"], {"stand_in": True})  # the generated code's expression and helper
+    names = {"torch": torch, "x": x, "x_layout": x.to("meta")}
+    exec(PRIMITIVES["layout"].helper, names)  # noqa: S102
+    stand_in = eval(made, names).fill_(float("nan"))  # noqa: S307
     pooled, indices = getattr(F, f"max_pool{dims}d")(x, 3, 2, 1, return_indices=True)
     grad = torch.randn(pooled.shape, generator=generator).to(DEVICE, dtype)
     max_backward = getattr(torch.ops.aten, f"max_pool{dims}d_with_indices_backward")

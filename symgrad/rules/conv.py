@@ -245,10 +245,9 @@ def _backward_latex(operands, params, show):
 
 CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
                           transposed=False, output_padding=0, groups=1, bias_sizes=None):
-    """Autograd's own (twice differentiable) ``convolution_backward`` kernel: the gradients of
-    input, weight and bias ``output_mask`` asks for (an int stands for every spatial dim, as in
-    ``F.conv2d``). Under autocast it runs in the dtype the forward ran in, as autograd's does, and
-    returns each gradient in its tensor's dtype (``input`` may be autocast's ``(copy, dtype)``)."""
+    """Autograd's own (twice differentiable) ``convolution_backward``: the gradients ``output_mask``
+    asks for (an int is every spatial dim's), run in the forward's dtype under autocast, each
+    returned in its tensor's (``input`` may be autocast's ``(copy, dtype)``), as autograd does."""
     input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
     dims = weight.dim() - 2
     stride, padding, dilation, output_padding = [

@@ -183,11 +183,12 @@ primitive("threshold_backward", fresh=True,
 # the planner's (kept.py): where ReLU's pullback is all the backward reads of its output, the forward
 # keeps where the output is not zero (it is never negative; NaN counts as not zero, as it passes the
 # gradient), as 0/1 bytes that threshold_backward reads as it reads the output (.bool() is a vectorised
-# cast, five times faster than .ne(0) on the CPU; a uint8 mask takes threshold_backward's fast path).
+# cast, five times faster than .ne(0) on the CPU, viewed as uint8 without a copy: threshold_backward
+# reads a uint8 mask about four times as fast as a bool one on the CPU).
 # Under torch.compile the output itself: Inductor's partitioner keeps or recomputes what the backward
 # reads as it does for autograd, and a mask made the compiled step slower (BENCHMARKS.md, WHY_CPU)
 primitive("active", tangent=CONSTANT, code=lambda operands, params, show: (
-    f"{operands[0]} if torch.compiler.is_compiling() else {operands[0]}.bool().to(torch.uint8)"),
+    f"{operands[0]} if torch.compiler.is_compiling() else {operands[0]}.bool().view(torch.uint8)"),
     latex=lambda operands, params, show: rf"\left[{operands[0]} \ne 0\right]")
 
 

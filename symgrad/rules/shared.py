@@ -57,17 +57,23 @@ primitive("shape", code=lambda operands, params, show: operands[0], shape_operan
 
 # the planner's: a value the backward reads only as a kernel's layout operand is kept as its layout, a
 # meta tensor (its sizes, strides and dtype, no memory), from which the kernel's caller makes an unset
-# tensor so laid out (kept.py, algebra.laid_out)
-primitive("layout", tangent=CONSTANT, code=lambda operands, params, show: f'{operands[0]}.to("meta")',
+# tensor so laid out (kept.py, algebra.laid_out): ``empty_strided``, as ``empty_like`` of a meta tensor
+# onto a device runs PyTorch's Python reference (about 20 us against 1.5 a call on the CPU)
+STAND_IN = '''def _stand_in(layout, device):
+    """An unset tensor on ``device`` of ``layout``'s sizes, strides and dtype (a meta tensor)."""
+    return torch.empty_strided(layout.shape, layout.stride(), dtype=layout.dtype, device=device)
+'''
+"""Emitted once into each module that keeps a layout (a kernel is passed ``_stand_in(...)``)."""
+
+primitive("layout", tangent=CONSTANT, helper=STAND_IN, code=lambda operands, params, show: f'{operands[0]}.to("meta")',
           latex=lambda operands, params, show: rf"\operatorname{{layout}}\left({operands[0]}\right)")
 
 primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
           latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
 
 ADD_INTO = '''def _add_into(fresh, *others):
-    """``fresh + others`` (a residual sum, a value's gradients from several paths): into ``fresh``,
-    a new tensor nothing else reads, where no graph is recorded, no torch.func transform runs and
-    each term is a tensor of its shape and dtype, as autograd's engine adds; else as ``+`` adds."""
+    """``fresh + others``, into ``fresh`` (new, read by nothing else) as autograd's engine adds,
+    where no graph is recorded, no torch.func transform runs, each term of its shape and dtype."""
     new = (torch.is_grad_enabled() or torch.compiler.is_compiling()
            or torch._C._are_functorch_transforms_active()
            or not all(isinstance(term, torch.Tensor) and term.shape == fresh.shape
