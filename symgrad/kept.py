@@ -227,10 +227,10 @@ def kept_as_layouts(fast: Program) -> tuple[Program, dict[str, str]]:
     """``fast`` where each forward value that the backward reads only as a kernel's layout operand
     (``Primitive.layout_operands``: a max or adaptive mean pool's input, in its backward) or for its
     shape is kept as its layout: ``relu_layout = relu.to("meta")`` right after ``relu`` is made (its
-    sizes, strides and dtype, no memory); the kernel is passed ``_stand_in(relu_layout, grad.device)``
-    (``torch.empty_strided`` of its sizes, strides and dtype), whose values are never set (``algebra.laid_out``). Not a value a block
-    keeps itself (:func:`_held`), nor where the gradient is not a name (it is printed twice). Also
-    {layout name: tensor name}."""
+    sizes, strides and dtype, no memory); the kernel is passed ``_stand_in(relu_layout,
+    grad.device)`` (``torch.empty_strided`` of those), whose values are never set
+    (``algebra.laid_out``). Not a value a block keeps itself (:func:`_held`), nor where the gradient
+    is not a name (it is printed twice). Also {layout name: tensor name}."""
     made = {statement.target for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
     whole, shaped, laid_out = set(fast.default_cotangent.free_symbols), set(), set()

@@ -14,8 +14,9 @@ from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive
 def in_operands_dtype(gradient, operand, read_anyway: bool):
     """``gradient`` cast to ``operand``'s dtype, as autograd's engine casts an input's gradient (under
     autocast a product runs in a lower precision than a float32 operand: what is summed after it is
-    then summed in float32), where the backward reads ``operand`` anyway; as it is where the cast alone
-    would read it (the forward would keep the operand for its dtype). A no-op outside autocast."""
+    then summed in float32), where the backward reads ``operand`` anyway; left as it is where only the
+    cast would read it (the forward would keep the whole operand for its dtype). A no-op outside
+    autocast."""
     return op("cast_like", gradient, operand) if read_anyway else gradient
 
 
