@@ -3,6 +3,7 @@ keep reading it bounded: size, nesting, node count, and the length of keys and n
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -16,6 +17,23 @@ MAX_NAME = 64
 """The longest name (and so the longest op name or key) a spec may hold."""
 MAX_PATH = 1000
 """The longest module path a spec's ``fingerprint:`` keys (``stages.3.blocks.2.token_mixer...``) may have."""
+
+
+class SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false (any case) are bools, so a name
+    written ``on``, ``off``, ``yes`` or ``no`` (a module's, an input's) stays a string."""
+
+
+SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+
+
+def load_literal(text: str) -> Any:
+    """One YAML value (a number, string, bool or list), read as a spec reads it."""
+    return yaml.load(text, Loader=SpecLoader)
 
 
 class Mapping(dict):
@@ -50,7 +68,7 @@ def load_yaml(text: str, file: str) -> Mapping:
                         "split it or remove what it does not need")
     try:
         depth = 0  # the event stream is parsed without recursion; PyYAML's composer recurses, so bound it first
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=SpecLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise SpecError("YAML anchors and aliases are not allowed in a spec",
                                 _location(file, event.start_mark), "write the value out in full")
@@ -61,7 +79,7 @@ def load_yaml(text: str, file: str) -> Mapping:
                                     "flatten the structure; specs need at most 4 levels")
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 depth -= 1
-        loader = yaml.SafeLoader(text)
+        loader = SpecLoader(text)
         try:
             root = loader.get_single_node()
             if root is None:
@@ -84,7 +102,7 @@ def load_yaml(text: str, file: str) -> Mapping:
     return value
 
 
-def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, counter: list[int]) -> Any:
+def _convert(node: yaml.Node, loader: SpecLoader, file: str, depth: int, counter: list[int]) -> Any:
     counter[0] += 1
     if counter[0] > MAX_YAML_NODES:
         raise SpecError(f"spec has more than {MAX_YAML_NODES} YAML nodes", _location(file, node.start_mark),
@@ -97,7 +115,10 @@ def _convert(node: yaml.Node, loader: yaml.SafeLoader, file: str, depth: int, co
         result.location = _location(file, node.start_mark)
         result.key_locations, result.value_locations = {}, {}
         for key_node, value_node in node.value:
-            key = _convert(key_node, loader, file, depth + 1, counter)
+            # a spec's keys are names: a plain key is its text, never YAML 1.1's on/off/yes/no/null or a number
+            # (a module named `on` traced, or an input called `no`)
+            plain = isinstance(key_node, yaml.ScalarNode) and key_node.style is None
+            key = key_node.value if plain else _convert(key_node, loader, file, depth + 1, counter)
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
                 raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")

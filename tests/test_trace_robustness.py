@@ -354,3 +354,60 @@ def test_the_trace_puts_the_thread_count_back():
     threads = torch.get_num_threads()
     trace(BasicBlock(2).eval(), {"x": (2, 2, 4, 4)}, loss=LossChoice("mse_loss"))
     assert torch.get_num_threads() == threads
+
+
+# ----- names YAML 1.1 reads as bools or null: a gate written with `on`/`off` branches ---------------------
+class Gated(nn.Module):
+    """Two branches named as their author thought of them, a scale called ``yes``, a norm called ``null``."""
+
+    def __init__(self, channels=4):
+        super().__init__()
+        self.on = nn.Conv2d(3, channels, 3, padding=1)
+        self.off = nn.Conv2d(3, channels, 1)
+        self.null = nn.BatchNorm2d(channels)
+        self.yes = nn.Parameter(torch.full((channels,), 0.5))
+        self.no = nn.Linear(channels, 5)
+
+    def forward(self, x):
+        h = F.relu(self.null(self.on(x) + self.off(x) * self.yes[:, None, None]))
+        return self.no(h.mean((2, 3)))
+
+
+def test_modules_named_on_off_yes_no_null_trace_bind_and_train_as_autograd(tmp_path):
+    import copy
+
+    import symgrad
+    from symgrad.check import module_from_source
+
+    torch.manual_seed(0)
+    model = Gated().double()
+    text = trace(model, {"x": (2, 3, 8, 8)}, name="gated", loss=LossChoice("cross_entropy", "labels"), mode="train")
+    for name in ("on", "off", "null", "yes"):  # quoted where the tracer writes them as values
+        assert f"'{name}'" in text, (name, text)
+    built = build_text(text, "gated.yaml")
+    generated = module_from_source(built.rendered.files["gated.py"], "gated")
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated, model)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9) for net in (model, reference)]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):  # another batch and spatial size than traced
+        x = torch.randn(3, 3, 10, 6, generator=generator, dtype=torch.float64)
+        labels = torch.randint(0, 5, (3,), generator=generator)
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        step(x=x, labels=labels).backward()
+        F.cross_entropy(reference(x), labels).backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    for key, value in reference.state_dict().items():
+        assert torch.allclose(model.state_dict()[key], value, rtol=1e-10, atol=1e-12), key
+
+
+def test_a_hand_written_spec_reads_on_off_yes_no_as_names_and_only_true_false_as_bools():
+    from symgrad.spec_yaml import load_literal, load_yaml
+
+    spec = load_yaml("name: s\ninputs:\n  on: {shape: [1]}\n  no: {shape: [1]}\nlayers:\n"
+                     "  - {op: relu, in: on, out: off}\nwrt: [yes]\nflag: True\n", "s.yaml")
+    assert list(spec["inputs"]) == ["on", "no"] and spec["layers"][0] == {"op": "relu", "in": "on", "out": "off"}
+    assert spec["wrt"] == ["yes"] and spec["flag"] is True
+    assert [load_literal(text) for text in ("off", "false", "TRUE", "null", "2")] == ["off", False, True, None, 2]

@@ -338,7 +338,7 @@ def _yaml(document: dict) -> str:
     def line(value) -> str:
         return yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
 
-    lines = [f"name: {document['name']}", "inputs:"]
+    lines = [f"name: {_name(document['name'])}", "inputs:"]
     lines += [f"  {key}: {line(value)}" for key, value in document["inputs"].items()]
     if document.get("blocks"):
         lines.append("blocks:")
@@ -346,13 +346,18 @@ def _yaml(document: dict) -> str:
             lines += [f"  {block_name}:", f"    inputs: {line(block['inputs'])}", f"    params: {line(block['params'])}"]
             lines += [f"    hyper: {line(block['hyper'])}"] if block.get("hyper") else []
             lines += ["    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
-            lines.append(f"    output: {block['output']}")
+            lines.append(f"    output: {_name(block['output'])}")
     lines += ["layers:" + ("" if document["layers"] else " []")] + [f"  - {line(layer)}" for layer in document["layers"]]
     end = "outputs" if "outputs" in document else "loss"
     value = document[end]  # one output: its node's name, an identifier
-    lines += [f"{end}: {value if isinstance(value, str) else line(value)}", f"wrt: {line(document['wrt'])}"]
+    lines += [f"{end}: {_name(value) if isinstance(value, str) else line(value)}", f"wrt: {line(document['wrt'])}"]
     lines += [f"eval: {document['eval']}"] if document.get("eval") else []
     return "\n".join(lines) + "\n"
+
+
+def _name(name: str) -> str:
+    """``name`` as a YAML value: quoted where YAML would read it as another value (``off``, ``null``, ``1``)."""
+    return name if yaml.safe_load(name) == name else json.dumps(name)
 
 
 def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False,
