@@ -20,7 +20,7 @@ MAX_PATH = 1000
 
 
 class SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2's booleans: only true and false (any case) are bools, so a name
+    """PyYAML's safe loader with YAML 1.2's booleans: only true, True, TRUE, false, False, FALSE are bools, so a name
     written ``on``, ``off``, ``yes`` or ``no`` (a module's, an input's) stays a string."""
 
 
