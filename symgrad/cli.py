@@ -506,10 +506,10 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
 
 
 def _literal_pair(item: str, option: str) -> tuple[str, object]:
-    """``NAME=VALUE`` with VALUE a YAML literal (number, string, bool, list): never code."""
+    """``NAME=VALUE`` with VALUE a YAML literal (number, string, bool, list): never code. A value for the
+    model's own code, not a name: ``relu=off`` is False, as YAML 1.1 reads it (a spec's names read ``off``)."""
     import yaml
 
-    from .spec_yaml import load_literal
     from .trace import TraceError
 
     name, equals, text = item.partition("=")
@@ -517,7 +517,7 @@ def _literal_pair(item: str, option: str) -> tuple[str, object]:
     if not equals or not name.isidentifier():
         raise TraceError(f"error: {option} {item!r} is not NAME=VALUE (fix: write e.g. {option} sigma=0.1)")
     try:
-        value = load_literal(text) if text.strip() else None
+        value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
                          f"(fix: write e.g. {name}=[64, 128])") from None

@@ -230,8 +230,10 @@ def kind_of(value: Any) -> str:
 def string_at(mapping: Mapping, key: str) -> str:
     value = mapping[key]
     if not isinstance(value, str):
+        read = "null" if value is None else str(value).lower() if isinstance(value, bool) else None
         raise SpecError(f"'{key}' must be a name, not {kind_of(value)}", mapping.value_locations[key],
-                        f"write '{key}' as a plain name")
+                        f"write '{key}' as a plain name" + (f", quoted where YAML reads it as another value "
+                                                            f"(`{key}: '{read}'`)" if read else ""))
     if len(value) > MAX_NAME:  # no op, reduction or tensor has a longer name: echoed cut
         raise SpecError(f"'{key}' is {cut(value)!r}, longer than any name ({len(value)} characters)",
                         mapping.value_locations[key], f"write '{key}' as a name of at most {MAX_NAME} characters"

@@ -31,11 +31,6 @@ SpecLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true
                                  list("tTfF"))
 
 
-def load_literal(text: str) -> Any:
-    """One YAML value (a number, string, bool or list), read as a spec reads it."""
-    return yaml.load(text, Loader=SpecLoader)
-
-
 class Mapping(dict):
     """A YAML mapping that remembers where it, each key and each value stand in the file."""
 
@@ -58,7 +53,7 @@ def _location(file: str, mark: yaml.Mark | None) -> Location:
 
 
 def load_yaml(text: str, file: str) -> Mapping:
-    """Parse ``text`` with PyYAML's safe loader, keeping the location of every node.
+    """Parse ``text`` with :class:`SpecLoader`, keeping the location of every node; a plain key is its text.
 
     Anchors and aliases are refused outright: a spec never needs them, and refusing them removes
     the "billion laughs" expansion attack. Size, nesting and node count are bounded too.

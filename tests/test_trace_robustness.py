@@ -404,10 +404,22 @@ def test_modules_named_on_off_yes_no_null_trace_bind_and_train_as_autograd(tmp_p
 
 
 def test_a_hand_written_spec_reads_on_off_yes_no_as_names_and_only_true_false_as_bools():
-    from symgrad.spec_yaml import load_literal, load_yaml
+    from symgrad.cli import _literal_pair
+    from symgrad.spec_yaml import load_yaml
 
     spec = load_yaml("name: s\ninputs:\n  on: {shape: [1]}\n  no: {shape: [1]}\nlayers:\n"
                      "  - {op: relu, in: on, out: off}\nwrt: [yes]\nflag: True\n", "s.yaml")
     assert list(spec["inputs"]) == ["on", "no"] and spec["layers"][0] == {"op": "relu", "in": "on", "out": "off"}
     assert spec["wrt"] == ["yes"] and spec["flag"] is True
-    assert [load_literal(text) for text in ("off", "false", "TRUE", "null", "2")] == ["off", False, True, None, 2]
+    # a value for the model's own code (`--arg`, `--init`) is not a name: `off` is False there, as YAML 1.1 reads it
+    assert [_literal_pair(f"a={text}", "--arg")[1] for text in ("off", "yes", "TRUE", "2")] == [False, True, True, 2]
+
+
+def test_a_name_yaml_cannot_read_bare_is_quoted_and_refused_as_a_name_in_one_line():
+    def f(x):
+        return F.relu(x)
+
+    with pytest.raises(TraceError) as error:
+        trace(f, {"x": (2, 3)}, name="[x", loss=LossChoice("mse_loss"))
+    message = str(error.value)
+    assert "\n" not in message and "<traced spec>:2:" in message and "identifier" in message, message

@@ -357,7 +357,11 @@ def _yaml(document: dict) -> str:
 
 def _name(name: str) -> str:
     """``name`` as a YAML value: quoted where YAML would read it as another value (``off``, ``null``, ``1``)."""
-    return name if yaml.safe_load(name) == name else json.dumps(name)
+    try:
+        plain = yaml.safe_load(name) == name
+    except yaml.YAMLError:  # not a name YAML takes bare (`[x`): the spec's reader then says what a name is
+        plain = False
+    return name if plain else json.dumps(name)
 
 
 def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False,
