@@ -72,7 +72,7 @@ def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str
     ``LAYOUT_LIMIT`` nodes, ``_simple_layout`` instead."""
     if len(graph.nodes) > LAYOUT_LIMIT:
         return _simple_layout(graph)
-    from grandalf.graphs import Edge as LayoutEdge, Graph as LayoutGraph, Vertex
+    from grandalf.graphs import Edge as LayoutEdge, Vertex, graph_core
     from grandalf.layouts import SugiyamaLayout
 
     class Box:
@@ -94,7 +94,8 @@ def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str
         edge.view = Route()
     centres: dict[str, tuple[float, float]] = {}
     offset = 0.0
-    for component in LayoutGraph(list(vertices.values()), list(layout_edges.values())).C:  # side by side
+    for names, component_pairs in _components(list(vertices), pairs):  # side by side, in the graph's order
+        component = graph_core([vertices[name] for name in names], [layout_edges[pair] for pair in component_pairs])
         sugiyama = SugiyamaLayout(component)
         sugiyama.xspace, sugiyama.yspace = COLUMN_GAP // 2, LAYER_GAP
         sugiyama.init_all(optimize=True)
@@ -110,6 +111,29 @@ def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str
     widths = {name: vertex.view.w for name, vertex in vertices.items()}
     return centres, _orthogonal_routes(pairs, {pair: edge.view.points for pair, edge in layout_edges.items()},
                                        centres, widths, LAYER_GAP)
+
+
+def _components(names: list[str], pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[tuple[str, str]]]]:
+    """The connected components of the graph of ``names`` and edges ``pairs``, each its names and pairs in the
+    order given, ordered by their first name. (grandalf's ``Graph`` gathers a component's edges in a set of
+    objects, whose order changes from one process to the next, and the layout with it: ``symgrad check``
+    then found a file just generated out of date.)"""
+    root = {name: name for name in names}
+
+    def find(name: str) -> str:
+        while root[name] != name:
+            root[name] = root[root[name]]
+            name = root[name]
+        return name
+
+    for source, target in pairs:
+        root[find(source)] = find(target)
+    components: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
+    for name in names:
+        components.setdefault(find(name), ([], []))[0].append(name)
+    for pair in pairs:
+        components[find(pair[0])][1].append(pair)
+    return list(components.values())
 
 
 def _simple_layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, str], list[tuple[float, float]]]]:
