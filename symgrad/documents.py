@@ -125,8 +125,6 @@ class Section:
     hyper: tuple[str, ...] = ()
     named_parameters: dict | None = None
     """{node: its operands whose gradients its block's backward returns as they are}: said, not derived."""
-    svg: bool = True
-    """Whether the HTML page draws the graph (the Markdown's Mermaid graph is always there)."""
 
 
 def render_documents(spec, spec_label: str, sections: list[Section]) -> dict[str, str]:
@@ -189,7 +187,7 @@ def _section_view(section: Section, blocked: bool, html: bool) -> dict:
         params=list(section.params), hyper=list(section.hyper), output=str(output) if block else "",
         output_gradient=rf"\overline{{{to_latex(output)}}}" if block else "",
         reduction=graph.loss.params.get("reduction", "none"),
-        mermaid="" if html else mermaid(graph), svg=svg(graph) if html and section.svg else "",
+        mermaid="" if html else mermaid(graph), svg=svg(graph) if html else "",
         node_rows=node_rows,
         forward=[f"{statement.target.name} = {to_code(statement.value)}" for statement in planned.forward
                  if not (block and statement.target.name == "loss")],

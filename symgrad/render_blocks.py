@@ -366,7 +366,6 @@ def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_
     named = {node.name: (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule)
                          else tuple(node.rule.keys))
              for node in structured.graph.nodes.values() if isinstance(node.rule, (BlockRule, ChainRule))}
-    # no SVG of the top level: grandalf lays out its graph differently from run to run (the files must not change)
     sections.append(Section("Top level", "top-level", structured.planned, tuple(line.text for line in top_lines),
-                            named_parameters=named, svg=False))
+                            named_parameters=named))
     return render_documents(spec, spec_label, sections)

@@ -196,7 +196,7 @@ def test_a_block_specs_documents_have_the_node_table_graph_and_branch_sums_in_ev
     for section in ("block-gradient_step", "top-level"):
         for part in ("forward-table", "step-1", "branches", "gradients"):
             assert html.count(f'id="{section}-{part}"') == 1, (section, part)
-    assert 'id="block-gradient_step-L1"' in html and html.count("<svg") == 1  # the block's graph drawn
+    assert 'id="block-gradient_step-L1"' in html and html.count("<svg") == 2  # the block's graph and the top level's
 
 
 BRANCHING = """\
@@ -227,13 +227,17 @@ wrt: [x, conv_weight, conv_bias, bn_weight, bn_bias, fc_weight, fc_bias]
 def test_the_graph_drawing_is_the_same_in_every_process():
     """grandalf's ``Graph`` gathers a component's edges in a set of objects, whose order follows the
     process (here: its hash seed): the layout moved with it, and ``symgrad check`` found a file just
-    generated out of date. Components are now made in the graph's order (``diagram._components``)."""
+    generated out of date. Components are now made in the graph's order (``diagram._components``), and a
+    block spec's page draws its top level's graph too (left out while the drawing moved)."""
     import os
     import subprocess
     import sys
 
-    script = ("import sys; from symgrad.diagram import svg; from symgrad.graph import build_graph; "
-              "from symgrad.spec import parse_spec; sys.stdout.write(svg(build_graph(parse_spec(sys.stdin.read(), 's.yaml'))))")
-    drawings = {subprocess.run([sys.executable, "-c", script], input=BRANCHING, capture_output=True, text=True, check=True,
-                               env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(1, 4)}
-    assert len(drawings) == 1 and "<svg" in next(iter(drawings))
+    script = ("import sys; from symgrad.pipeline import build_text; "
+              "sys.stdout.write(build_text(sys.stdin.read(), 's.yaml').rendered.files[sys.argv[1] + '.html'])")
+    blocks = (ROOT / "examples" / "unrolled_blocks.yaml").read_text()  # the top level's graph is drawn too
+    for text, name, drawn in ((BRANCHING, "branching", 1), (blocks, "unrolled_blocks", 2)):
+        pages = {subprocess.run([sys.executable, "-c", script, name], input=text, capture_output=True, text=True,
+                                check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+                 for seed in range(1, 4)}
+        assert len(pages) == 1 and next(iter(pages)).count("<svg") == drawn, name
