@@ -423,3 +423,139 @@ def test_a_name_yaml_cannot_read_bare_is_quoted_and_refused_as_a_name_in_one_lin
         trace(f, {"x": (2, 3)}, name="[x", loss=LossChoice("mse_loss"))
     message = str(error.value)
     assert "\n" not in message and "<traced spec>:2:" in message and "identifier" in message, message
+
+
+# ----- a teacher run under torch.no_grad() inside forward (distillation, a target network) -----------------
+class Distilled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.student = nn.Conv2d(3, 4, 3, padding=1)
+        self.teacher = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        with torch.no_grad():
+            target = self.teacher(x)
+        return F.mse_loss(self.student(x), target)
+
+
+class Rescaled(nn.Module):
+    """A scale taken without a gradient (as autograd sees it): ``x / scale`` with ``scale`` a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        with torch.inference_mode():
+            scale = h.abs().amax()
+        return h / scale
+
+
+class DistilledFromInput(nn.Module):
+    """The fix the refusal names: the teacher's output computed before the forward, passed in."""
+
+    def __init__(self):
+        super().__init__()
+        self.student = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, target):
+        return F.mse_loss(self.student(x), target)
+
+
+@pytest.mark.parametrize("model, line", [(Distilled, "target = self.teacher(x)"), (Rescaled, "scale = h.abs().amax()")],
+                         ids=["no_grad", "inference_mode"])
+def test_a_value_computed_under_no_grad_in_forward_is_refused_at_its_line(model, line):
+    """autograd gives such a value no gradient; the explicit backward would differentiate it (it gave the
+    teacher a gradient, and the student's input another): refused where the loss reads it, at its line."""
+    import inspect
+
+    with pytest.raises(TraceError) as error:
+        trace(model(), {"x": (2, 3, 8, 8)}, wrt="parameters", mode="train")
+    message = str(error.value)
+    source, first = inspect.getsourcelines(model.forward)
+    number = first + next(index for index, text in enumerate(source) if line in text)
+    assert f"test_trace_robustness.py:{number}: error:" in message and "no_grad()" in message, message
+    assert "\n" not in message and "(fix: compute it before the model's forward" in message
+
+
+def test_the_no_grad_refusals_fix_traces_and_trains_as_autograd():
+    import copy
+
+    import symgrad
+    from symgrad.check import module_from_source
+
+    torch.manual_seed(0)
+    teacher, model = nn.Conv2d(3, 4, 3, padding=1).double(), DistilledFromInput().double()
+    text = trace(model, {"x": (2, 3, 8, 8), "target": (2, 4, 8, 8)}, name="distilled", wrt="parameters", mode="train")
+    generated = module_from_source(build_text(text, "distilled.yaml").rendered.files["distilled.py"], "distilled")
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(generated, model)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for _ in range(2):
+        x = torch.randn(3, 3, 6, 10, dtype=torch.float64)
+        with torch.no_grad():
+            target = teacher(x)
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        step(x=x, target=target).backward()
+        reference(x, target).backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    for key, value in reference.state_dict().items():
+        assert torch.allclose(model.state_dict()[key], value, rtol=1e-10, atol=1e-12), key
+
+
+# ----- a buffer moved in forward (an EMA of features): refused, the bound step would not move it ------------
+class FeatureAverage(nn.Module):
+    def __init__(self, returns_features=False):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 5)
+        self.register_buffer("feature_mean", torch.zeros(4))
+        self.returns_features = returns_features
+
+    def forward(self, x):
+        pooled = F.relu(self.conv(x)).mean((2, 3))
+        if self.returns_features:  # the fix: the update moved to the training loop
+            return {"logits": self.fc(pooled), "pooled": pooled}
+        if self.training:
+            with torch.no_grad():
+                self.feature_mean.mul_(0.9).add_(pooled.mean(0), alpha=0.1)
+        return self.fc(pooled)
+
+
+def test_a_buffer_moved_in_forward_is_refused_and_the_fix_trains_as_autograd(tmp_path):
+    import copy
+    import inspect
+
+    import symgrad
+
+    with pytest.raises(TraceError) as error:
+        trace(FeatureAverage(), {"x": (2, 3, 8, 8)}, loss=LossChoice("cross_entropy", "labels"), mode="train")
+    source, first = inspect.getsourcelines(FeatureAverage.forward)
+    number = first + next(index for index, text in enumerate(source) if "self.feature_mean.mul_" in text)
+    message = str(error.value)
+    assert f"test_trace_robustness.py:{number}: error: 'mul_' writes the buffer feature_mean" in message, message
+    assert "\n" not in message and "update the buffer in your training loop" in message
+
+    torch.manual_seed(0)
+    model = FeatureAverage(returns_features=True).double()
+    text = trace(model, {"x": (2, 3, 8, 8)}, name="averaged", wrt="parameters", mode="train")
+    (tmp_path / "averaged.py").write_text(build_text(text, "averaged.yaml").rendered.files["averaged.py"])
+    reference = copy.deepcopy(model)
+    bound = symgrad.bind(tmp_path / "averaged.py", model)
+    for net, runner in ((model, bound), (reference, reference)):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(2)
+        for _ in range(2):
+            x = torch.randn(3, 3, 6, 10, generator=generator, dtype=torch.float64)
+            labels = torch.randint(0, 5, (3,), generator=generator)
+            optimizer.zero_grad()
+            outputs = runner(x=x) if runner is bound else runner(x)
+            F.cross_entropy(outputs["logits"], labels).backward()
+            optimizer.step()
+            with torch.no_grad():
+                net.feature_mean.mul_(0.9).add_(outputs["pooled"].mean(0), alpha=0.1)
+    assert model.feature_mean.abs().sum() > 0
+    for key, value in reference.state_dict().items():
+        assert torch.allclose(model.state_dict()[key], value, rtol=1e-10, atol=1e-12), key

@@ -398,7 +398,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     recorder = Recorder(module_paths)
     recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
     try:
-        with torch.no_grad(), recorder, einops_uncached():
+        with torch.enable_grad(), recorder, einops_uncached():  # as a training step runs it (each call: no graph)
             output, returned_at = _call(function, {**tensors, **arguments})
     except TraceError:
         raise

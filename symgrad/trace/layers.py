@@ -32,6 +32,7 @@ from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_nu
                        plain_name, storage_of)
 from .indexing import index_view
 from .op_hooks import HOOKS
+from .errors import TraceError
 from .recorder import RANDOM, Call
 from .torch_names import (BY_FUNCTION, CONSTANT, DROPOUT, FIXES, IGNORED, IN_PLACE_BOOKKEEPING, LOSSES, NEUTRAL,
                           PASS_THROUGH, PIECES, SIGNATURES, TRANSPOSES)
@@ -161,17 +162,37 @@ class SpecBuilder:
                 if len(self.problems) > problems:  # ... and what reads it carries the write's problem
                     self.taint(target, frozenset(range(problems, len(self.problems))))
 
+    def bookkeeping(self, call: Call) -> None:
+        """A buffer written in place by the forward: BatchNorm's batch count, or refused (an EMA, a step count),
+        whose write the bound step would leave out."""
+        source = self.sources.get(id(call.arguments[0]))
+        key = source.state_key if source is not None else None
+        if key is None or key.rpartition(".")[2] == "num_batches_tracked":
+            return
+        inside = f" (in {call.module})" if call.module else ""
+        raise TraceError(f"{call.where}: error: '{call.name}' writes the buffer {key} in the forward{inside}, which "
+                         "the explicit training step does not do (it moves BatchNorm's statistics alone) (fix: "
+                         "return what the update reads as one more output and update the buffer in your training "
+                         "loop, or trace the model without the update)")
+
     def dispatch(self, call: Call) -> None:
         name = call.name
         if random_masks.random_mask(self, call):
             return
         if name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
-            return  # num_batches_tracked += 1, a running-statistics update
+            self.bookkeeping(call)  # num_batches_tracked += 1, which symgrad.bind counts as the module does
+            return
         if call.constant:  # torch.full(...), torch.ones_like(x), torch.tensor(0.5): a value, not a node
             self.kept.append(call.result)
             self.constants[id(call.result)] = (call, self.walked)
             self.names.pop(id(call.result), None)
             self.poison.pop(id(call.result), None)
+            return
+        if call.undifferentiated:  # a value autograd does not differentiate: refused where the loss reads it
+            self.fail(call, "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
+                      "gradient, and the explicit backward would differentiate it",
+                      "compute it before the model's forward and pass it in as an argument (a teacher's output, "
+                      "a target), or outside no_grad() where its gradient is zero anyway (a comparison, a mask)")
             return
         if loss_tail.scale_reduction(self, call):
             return

@@ -28,7 +28,7 @@ SHAPE_QUERIES = frozenset({
     "size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "is_contiguous", "is_floating_point",
     "is_complex", "get_device", "data_ptr", "storage_offset", "is_same_size", "is_pinned", "is_shared", "is_signed",
     "is_inference", "has_names", "type", "__sizeof__", "__len__", "__format__", "__repr__", "__str__", "__hash__",
-    "_set_grad_enabled", "requires_grad_", "__get__"})
+    "requires_grad_", "__get__"})
 """Calls that only read sizes, types or layout, or format a tensor for a log line: they leave no trace in
 the spec (``__get__`` is a property such as ``.shape``; one that returns a tensor, such as ``.T``, is
 recorded by its name)."""
@@ -122,6 +122,9 @@ class Call:
     fill: float | None = None
     """A constant result's one value, when every entry holds it (``torch.full((n, 1, h, w), 0.1)``), as it
     was when made (a later in-place update makes a new call)."""
+    undifferentiated: bool = False
+    """Whether the traced code ran the call under ``torch.no_grad()`` or ``torch.inference_mode()``, where
+    autograd gives its result no gradient."""
 
 
 @dataclass
@@ -193,8 +196,12 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, function, types, arguments=(), keywords=None):
         keywords = keywords or {}
+        if function is torch._C._set_grad_enabled:  # the traced code's torch.no_grad(), as it sets it
+            return function(*arguments, **keywords)
         arguments, keywords = _copied(tuple(arguments)), _copied(dict(keywords))  # as called, not as later appended to
-        result = function(*arguments, **keywords)
+        differentiated = torch.is_grad_enabled()  # False under the traced code's no_grad() or inference_mode()
+        with torch.no_grad():  # the calls themselves build no graph
+            result = function(*arguments, **keywords)
         name = function_name(function)
         if name == "__get__":
             name = getattr(getattr(function, "__self__", None), "__name__", name)  # .shape, .T, .mT, .data
@@ -228,7 +235,7 @@ class Recorder(TorchFunctionMode):
         else:
             self.exact.pop(id(result), None)
         self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
-                               tuple(self._sizes_read), constant_result, fill))
+                               tuple(self._sizes_read), constant_result, fill, not differentiated))
         self._sizes_read.clear()
         return result
 
