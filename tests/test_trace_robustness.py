@@ -559,3 +559,64 @@ def test_a_buffer_moved_in_forward_is_refused_and_the_fix_trains_as_autograd(tmp
     assert model.feature_mean.abs().sum() > 0
     for key, value in reference.state_dict().items():
         assert torch.allclose(model.state_dict()[key], value, rtol=1e-10, atol=1e-12), key
+
+
+# ----- two reductions of one name in the traced module's own forward (ConvNeXt's channels-first LayerNorm) ---
+class ChannelsFirstLayerNorm(nn.Module):
+    """ConvNeXt's ``LayerNorm(data_format="channels_first")`` body, traced as the model itself: its second
+    ``mean`` was named ``mean_2``, a name the generated code reserves, and the tracer renumbered forever."""
+
+    def __init__(self, channels=4):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.rand(channels) + 0.5), nn.Parameter(torch.randn(channels))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None] + x.softmax(1) + (2 * x).softmax(1)
+
+
+def test_a_second_mean_or_softmax_of_the_model_itself_is_named_and_matches_autograd():
+    torch.manual_seed(0)
+    model = ChannelsFirstLayerNorm()
+    text = trace(model, {"x": (2, 4, 6, 6)}, loss=LossChoice("mse_loss"), mode="train", timeout=120)  # hung before
+    assert {"mean", "mean2", "softmax", "softmax2"} <= set(names_of(text)), text
+    gradients_match(model, text, {"x": (3, 4, 5, 7)})
+
+
+class Cropped(nn.Module):
+    def __init__(self, negative_pad=False):
+        super().__init__()
+        self.conv, self.negative_pad = nn.Conv2d(3, 4, 3, padding=1), negative_pad
+
+    def forward(self, x):
+        h = self.conv(x)
+        return F.pad(h, [0, 0, -1, -1]) if self.negative_pad else h[..., 1:-1, :]
+
+
+def test_a_crop_of_fixed_margins_is_refused_with_the_negative_pad_that_traces():
+    with pytest.raises(TraceError) as error:
+        trace(Cropped(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
+    assert "F.pad(h, [0, 0, -1, -1]) for h[..., 1:-1, :]" in str(error.value), str(error.value)
+    torch.manual_seed(0)
+    model = Cropped(negative_pad=True)
+    gradients_match(model, trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train"),
+                    {"x": (3, 3, 9, 6)})
+
+
+def test_a_stop_gradient_is_refused_without_a_fix_that_changes_the_gradients():
+    class StraightThrough(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.quantize = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            z = self.conv(x)
+            return z + (self.quantize(z) - z).detach()
+
+    with pytest.raises(TraceError) as error:
+        trace(StraightThrough(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
+    message = str(error.value)
+    assert "removing it changes the gradients" in message and "remove .detach()" not in message, message

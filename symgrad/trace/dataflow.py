@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..spec_values import RESERVED_PREFIXES
 from ..spec_yaml import MAX_NAME
 from .recorder import Call
 
@@ -120,9 +121,14 @@ def fitted(name: str, room: int = MAX_NAME) -> str:
 
 
 def numbered(base: str, number: int) -> str:
-    """``base_<number>`` (the number-th node of that name), ``base`` shortened where that would not fit."""
-    suffix = f"_{number}"
-    return fitted(base, MAX_NAME - len(suffix)) + suffix
+    """``base_<number>`` (the number-th node of that name), ``base`` shortened where that would not fit;
+    ``base<number>`` where ``base_`` is a prefix the generated code reserves (a second top-level ``mean``:
+    ``mean2``, never ``mean_2``, which no number makes a name the spec takes)."""
+    for suffix in (f"_{number}", str(number)):
+        name = fitted(base, MAX_NAME - len(suffix)) + suffix
+        if not name.startswith(RESERVED_PREFIXES):
+            return name
+    return name
 
 
 def storage_of(tensor: torch.Tensor) -> int:

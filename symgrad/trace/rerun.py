@@ -41,7 +41,7 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
                     continue
                 problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
                                         f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
-                                        "which a spec cannot express", CONSTANT_FIX if layer["op"] == "constant" else
+                                        "which a spec cannot express", FIXES.get(layer["op"]) or
                                         "use sizes that do not depend on the input (a fixed pad, scale_factor "
                                         "instead of size, flatten instead of view(N, ...)), or read them from the "
                                         "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
@@ -59,6 +59,11 @@ CONSTANT_FIX = ("make it once, for one input size, in __init__ and register_buff
                 "encoding: the model then runs at that size, any batch; expand it to the batch in forward), or pass "
                 "it in as an input")
 """The fix for a tensor made in ``forward`` whose values or size follow the input's size."""
+
+FIXES = {"constant": CONSTANT_FIX,
+         "narrow": "crop fixed margins with a negative pad, which takes any size: F.pad(h, [0, 0, -1, -1]) for "
+                   "h[..., 1:-1, :] (left, right, top, bottom)"}
+"""The fix for an argument that follows the input's size, by op, where the general one does not work."""
 
 
 def _fixed_sizes(value: Any, again: Any, call) -> list | None:

@@ -88,7 +88,10 @@ CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torc
 """The problem and fix when a constant made inside forward is read where no number can stand for it."""
 
 FIXES = {
-    "detach": "remove .detach(): symgrad differentiates every path to the loss",
+    "detach": "a stop-gradient is not expressed, and removing it changes the gradients: where the detached value "
+              "does not depend on what is trained (a target from the input), compute it before the forward and pass "
+              "it in; a straight-through estimator (z + (q - z).detach()) cannot be traced: train that model "
+              "with autograd",
     "multi_head_attention_forward": "write the attention as timm's Attention does, with the same weights: "
                                     "qkv = nn.Linear(dim, 3 * dim) (in_proj_weight, in_proj_bias), q, k, v from "
                                     "qkv(x).reshape(B, N, 3, heads, dim // heads).permute(2, 0, 3, 1, 4).unbind(0), "
