@@ -620,3 +620,65 @@ def test_a_stop_gradient_is_refused_without_a_fix_that_changes_the_gradients():
         trace(StraightThrough(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
     message = str(error.value)
     assert "removing it changes the gradients" in message and "remove .detach()" not in message, message
+
+
+class Checkpointed(nn.Module):
+    """A block run through ``torch.utils.checkpoint`` (its reentrant form runs it under no_grad, then again with
+    gradients in the backward): differentiated as autograd differentiates it, not refused as no_grad."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+        self.head, self.reentrant = nn.Conv2d(4, 2, 1), reentrant
+
+    def forward(self, x):
+        return self.head(torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=self.reentrant))
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+def test_a_checkpointed_block_traces_and_matches_autograd():
+    """Both forms trace to the same spec (the reentrant one's autograd takes no torch.autograd.grad), and that
+    spec's gradients are autograd's through the module."""
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant=False).eval()
+    texts = [trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="eval")]
+    model.reentrant = True
+    texts.append(trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="eval"))
+    layers = [text.partition("fingerprint:")[0] for text in texts]  # the fingerprint holds `reentrant` itself
+    assert layers[0] == layers[1] and "op: conv2d" in layers[0]
+    model.reentrant = False
+    gradients_match(model, texts[0], {"x": (3, 3, 9, 6)})
+
+
+class ReverseGradient(torch.autograd.Function):
+    """Domain adaptation's gradient reversal: the identity forward, the negated gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+class DomainHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features, self.domain = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        return self.domain(ReverseGradient.apply(self.features(x)))
+
+
+def test_a_custom_autograd_function_is_refused_not_traced_through_its_forward():
+    """Traced through its forward, the reversal was the identity: the features got the opposite gradient."""
+    import inspect
+
+    with pytest.raises(TraceError) as error:
+        trace(DomainHead(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
+    source, first = inspect.getsourcelines(ReverseGradient.forward)
+    message = str(error.value)
+    assert f"test_trace_robustness.py:{first + 2}: error: 'view_as' runs in the forward of the " \
+           "torch.autograd.Function ReverseGradient" in message, message
+    assert "\n" not in message and "train that model with autograd" in message

@@ -189,9 +189,12 @@ class SpecBuilder:
             self.poison.pop(id(call.result), None)
             return
         if call.undifferentiated:  # a value autograd does not differentiate: refused where the loss reads it
-            self.fail(call, "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
-                      "gradient, and the explicit backward would differentiate it",
-                      "compute it before the model's forward and pass it in as an argument (a teacher's output, "
+            custom = "autograd.Function" in call.undifferentiated
+            self.fail(call, f"{call.undifferentiated} the explicit backward would not follow: it would differentiate "
+                      "the forward's ops" if custom else f"{call.undifferentiated} the explicit backward would "
+                      "differentiate it",
+                      "write the Function's math as torch ops in the model, or train that model with autograd" if custom
+                      else "compute it before the model's forward and pass it in as an argument (a teacher's output, "
                       "a target), or outside no_grad() where its gradient is zero anyway (a comparison, a mask)")
             return
         if loss_tail.scale_reduction(self, call):

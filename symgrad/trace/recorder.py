@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+import torch.autograd.function
+import torch.utils.checkpoint
 from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 
@@ -73,6 +75,27 @@ LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
+CHECKPOINT_FILES = {torch.utils.checkpoint.__file__, os.path.realpath(torch.utils.checkpoint.__file__)}
+FUNCTION_FILES = {torch.autograd.function.__file__, os.path.realpath(torch.autograd.function.__file__)}
+
+
+def _undifferentiated(frame) -> str:
+    """Why a call made with gradients off (from ``frame``) gets no gradient from autograd: the custom
+    ``autograd.Function`` whose forward runs it (its own backward decides), or the code's ``no_grad()``;
+    "" where ``torch.utils.checkpoint`` runs it (its reentrant form runs the forward under ``no_grad`` and
+    again with gradients in the backward)."""
+    while frame is not None:
+        if frame.f_code.co_filename in CHECKPOINT_FILES:
+            return ""
+        function = frame.f_locals.get("cls") if frame.f_code.co_filename in FUNCTION_FILES else None
+        if isinstance(function, type) and frame.f_code.co_name == "apply":
+            if function.__module__ == torch.utils.checkpoint.__name__:
+                return ""
+            return f"runs in the forward of the torch.autograd.Function {function.__name__}, whose own backward"
+        frame = frame.f_back
+    return "runs under torch.no_grad() or inference_mode(), so autograd gives its result no gradient, and"
+
+
 @functools.lru_cache(maxsize=4096)  # asked for every frame of every call: realpath is a syscall per part
 def is_users(filename: str) -> bool:
     """Whether code in ``filename`` is the user's: not torch, symgrad or the standard library."""
@@ -122,9 +145,9 @@ class Call:
     fill: float | None = None
     """A constant result's one value, when every entry holds it (``torch.full((n, 1, h, w), 0.1)``), as it
     was when made (a later in-place update makes a new call)."""
-    undifferentiated: bool = False
-    """Whether the traced code ran the call under ``torch.no_grad()`` or ``torch.inference_mode()``, where
-    autograd gives its result no gradient."""
+    undifferentiated: str = ""
+    """Where autograd does not differentiate the call (the traced code's ``torch.no_grad()``, a custom
+    ``autograd.Function``'s forward): the start of the refusal; "" where it does."""
 
 
 @dataclass
@@ -199,7 +222,8 @@ class Recorder(TorchFunctionMode):
         if function is torch._C._set_grad_enabled:  # the traced code's torch.no_grad(), as it sets it
             return function(*arguments, **keywords)
         arguments, keywords = _copied(tuple(arguments)), _copied(dict(keywords))  # as called, not as later appended to
-        differentiated = torch.is_grad_enabled()  # False under the traced code's no_grad() or inference_mode()
+        # the traced code's no_grad() or inference_mode(), or a custom autograd.Function's forward (not checkpoint's)
+        undifferentiated = "" if torch.is_grad_enabled() else _undifferentiated(sys._getframe(1))
         with torch.no_grad():  # the calls themselves build no graph
             result = function(*arguments, **keywords)
         name = function_name(function)
@@ -235,7 +259,7 @@ class Recorder(TorchFunctionMode):
         else:
             self.exact.pop(id(result), None)
         self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
-                               tuple(self._sizes_read), constant_result, fill, not differentiated))
+                               tuple(self._sizes_read), constant_result, fill, undifferentiated))
         self._sizes_read.clear()
         return result
 
