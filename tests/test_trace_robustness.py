@@ -682,3 +682,83 @@ def test_a_custom_autograd_function_is_refused_not_traced_through_its_forward():
     assert f"test_trace_robustness.py:{first + 2}: error: 'view_as' runs in the forward of the " \
            "torch.autograd.Function ReverseGradient" in message, message
     assert "\n" not in message and "train that model with autograd" in message
+
+
+class NoGradInCheckpoint(nn.Module):
+    """A teacher under no_grad inside a checkpointed block: checkpoint's own no_grad would hide it."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.student, self.teacher = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.reentrant = reentrant
+
+    def block(self, x):
+        with torch.no_grad():
+            target = self.teacher(x)
+        return self.student(x) - target
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=self.reentrant)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_no_grad_inside_a_checkpointed_block_is_refused_at_its_line(reentrant):
+    import inspect
+
+    with pytest.raises(TraceError) as error:
+        trace(NoGradInCheckpoint(reentrant), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
+    source, first = inspect.getsourcelines(NoGradInCheckpoint.block)
+    message = str(error.value)
+    assert f"test_trace_robustness.py:{first + 1}: error: turns gradients off inside a torch.utils.checkpoint" \
+           in message, message
+
+
+class BufferWrites(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.conv, self.how = nn.Conv2d(3, 4, 3, padding=1), how
+        self.register_buffer("num_batches_tracked", torch.tensor(0))  # a step count, no BatchNorm's
+        self.register_buffer("feature_mean", torch.zeros(4))
+
+    def forward(self, x):
+        h = self.conv(x)
+        if self.how == "setitem":
+            self.feature_mean[:] = h.detach().mean((0, 2, 3))
+        elif self.how == "reassign":
+            self.feature_mean = h.mean((0, 2, 3))
+        elif self.how == "counter":
+            self.num_batches_tracked += 1
+        return h
+
+
+@pytest.mark.parametrize("how", ["setitem", "reassign", "counter"])
+def test_every_buffer_write_in_forward_is_refused_and_the_model_left_as_it_was(how):
+    """``__setitem__`` and a reassignment traced silently before (the bound step left the buffer unmoved),
+    and a ``num_batches_tracked`` passed by its name alone, which ``symgrad.bind`` counts on BatchNorms only."""
+    model = BufferWrites(how)
+    before = {key: (value, value.clone()) for key, value in model.state_dict(keep_vars=True).items()}
+    with pytest.raises(TraceError) as error:
+        trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
+    message = str(error.value)
+    assert ("num_batches_tracked" if how == "counter" else "feature_mean") in message and "\n" not in message, message
+    assert "training loop" in message
+    for key, value in model.state_dict(keep_vars=True).items():
+        assert value is before[key][0] and torch.equal(value, before[key][1]), key
+
+
+class GradientGatedCheckpoint(Checkpointed):
+    """timm's pattern: checkpoint only where gradients are on (here: the trace runs as a training step)."""
+
+    def forward(self, x):
+        block = self.block(x) if not torch.is_grad_enabled() else torch.utils.checkpoint.checkpoint(
+            self.block, x, use_reentrant=False)
+        return self.head(block)
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_trace_called_with_gradients_off_runs_the_model_as_a_training_step(mode):
+    model = GradientGatedCheckpoint(reentrant=False).eval()
+    with mode():
+        text = trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="eval")
+    assert text == trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="eval")

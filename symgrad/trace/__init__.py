@@ -129,7 +129,7 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the runs are small: intra-op threads only spin, and on a busy machine 8x slower
     try:
-        with _time_limit(timeout):
+        with _time_limit(timeout), torch.inference_mode(False):  # the caller's inference_mode: a training step's run
             return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks)
     except SymgradError:
         raise
@@ -395,10 +395,11 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             sources.setdefault(id(value), Source(_source_name(prefix, path, root), False, path if root is module else None))
             mutable.add(id(value))
     saved = [(value, value.detach().clone()) for _, root in roots for value in root.buffers()]
+    owned = [(owner, key, value) for _, root in roots for owner in root.modules() for key, value in owner._buffers.items()]
     recorder = Recorder(module_paths)
     recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
-    try:
-        with torch.enable_grad(), recorder, einops_uncached():  # as a training step runs it (each call: no graph)
+    try:  # as a training step runs it, whatever the caller's mode (each recorded call: no graph)
+        with torch.enable_grad(), recorder, einops_uncached():
             output, returned_at = _call(function, {**tensors, **arguments})
     except TraceError:
         raise
@@ -411,7 +412,20 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     finally:
         for value, copy in saved:  # tracing must not move the model's running statistics
             value.copy_(copy)
+        replaced = [(owner, key) for owner, key, value in owned if owner._buffers.get(key) is not value]
+        for owner, key, value in owned:  # ... nor put another tensor in a buffer's place
+            owner._buffers[key] = value
     _refuse_value_reads(recorder)
+    if replaced or recorder.no_grad_in_checkpoint:
+        owner, key = replaced[0] if replaced else (None, "")
+        buffer = ".".join(part for part in (module_paths.get(id(owner), ""), key) if part)
+        raise TraceError(
+            f"{recorder.no_grad_in_checkpoint[0]}: error: turns gradients off inside a torch.utils.checkpoint block, "
+            "whose own no_grad() hides which values autograd differentiates (fix: compute that value outside the "
+            "checkpointed function)" if not replaced else
+            f"error: the forward puts a new tensor in the buffer {buffer} (self.{key} = ...), which the explicit training step "
+            "does not do (fix: return what the update reads as one more output and update the buffer in your "
+            "training loop, or trace the model without the update)")
     modules = {path: child for path, child in module.named_modules()} if module is not None else {}
     builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors)
     for call in recorder.calls:

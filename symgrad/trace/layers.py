@@ -151,6 +151,10 @@ class SpecBuilder:
         target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
         writes = target is not None and not call.constant and (
             call.name.endswith("_") or call.name == "__setitem__" or call.name.startswith("__i"))
+        written = target if writes else call.keywords.get("out")
+        if isinstance(written, torch.Tensor) and id(written) in self.mutable:  # a buffer: the batch count alone
+            self.bookkeeping(call, written)
+            return
         problems = len(self.problems)
         try:
             self.dispatch(call)
@@ -162,12 +166,14 @@ class SpecBuilder:
                 if len(self.problems) > problems:  # ... and what reads it carries the write's problem
                     self.taint(target, frozenset(range(problems, len(self.problems))))
 
-    def bookkeeping(self, call: Call) -> None:
-        """A buffer written in place by the forward: BatchNorm's batch count, or refused (an EMA, a step count),
-        whose write the bound step would leave out."""
-        source = self.sources.get(id(call.arguments[0]))
+    def bookkeeping(self, call: Call, buffer: torch.Tensor) -> None:
+        """A buffer written in place by the forward: a BatchNorm's batch count (``symgrad.bind`` counts it as
+        the module does), or refused (an EMA, a step count, a cache), whose write the bound step would leave out."""
+        source = self.sources.get(id(buffer))
         key = source.state_key if source is not None else None
-        if key is None or key.rpartition(".")[2] == "num_batches_tracked":
+        path, _, attribute = (key or "").rpartition(".")
+        if key is None or (attribute == "num_batches_tracked" and call.name in IN_PLACE_BOOKKEEPING
+                           and isinstance(self.modules.get(path), torch.nn.modules.batchnorm._BatchNorm)):
             return
         inside = f" (in {call.module})" if call.module else ""
         raise TraceError(f"{call.where}: error: '{call.name}' writes the buffer {key} in the forward{inside}, which "
@@ -178,9 +184,6 @@ class SpecBuilder:
     def dispatch(self, call: Call) -> None:
         name = call.name
         if random_masks.random_mask(self, call):
-            return
-        if name in IN_PLACE_BOOKKEEPING and call.arguments and id(call.arguments[0]) in self.mutable:
-            self.bookkeeping(call)  # num_batches_tracked += 1, which symgrad.bind counts as the module does
             return
         if call.constant:  # torch.full(...), torch.ones_like(x), torch.tensor(0.5): a value, not a node
             self.kept.append(call.result)
@@ -195,7 +198,7 @@ class SpecBuilder:
                       "differentiate it",
                       "write the Function's math as torch ops in the model, or train that model with autograd" if custom
                       else "compute it before the model's forward and pass it in as an argument (a teacher's output, "
-                      "a target), or outside no_grad() where its gradient is zero anyway (a comparison, a mask)")
+                      "a target), or train that model with autograd")
             return
         if loss_tail.scale_reduction(self, call):
             return

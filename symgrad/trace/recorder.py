@@ -20,6 +20,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 import torch.autograd.function
+import torch.autograd.grad_mode
+import torch.utils._contextlib
 import torch.utils.checkpoint
 from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
@@ -84,6 +86,8 @@ def _undifferentiated(frame) -> str:
     ``autograd.Function`` whose forward runs it (its own backward decides), or the code's ``no_grad()``;
     "" where ``torch.utils.checkpoint`` runs it (its reentrant form runs the forward under ``no_grad`` and
     again with gradients in the backward)."""
+    if torch.is_inference_mode_enabled():  # never checkpoint's
+        return "runs under torch.no_grad() or inference_mode(), so autograd gives its result no gradient, and"
     while frame is not None:
         if frame.f_code.co_filename in CHECKPOINT_FILES:
             return ""
@@ -94,6 +98,18 @@ def _undifferentiated(frame) -> str:
             return f"runs in the forward of the torch.autograd.Function {function.__name__}, whose own backward"
         frame = frame.f_back
     return "runs under torch.no_grad() or inference_mode(), so autograd gives its result no gradient, and"
+
+
+GRAD_MODE_FILES = {torch.autograd.grad_mode.__file__, torch.utils._contextlib.__file__}
+GRAD_MODE_FILES |= {os.path.realpath(path) for path in GRAD_MODE_FILES}
+
+
+def _setter(frame):
+    """The user's frame that turned gradients on or off (``with torch.no_grad():``, a ``@torch.no_grad()``
+    method, ``torch.set_grad_enabled(False)``), past torch's own grad-mode code; None where torch's code did."""
+    while frame is not None and frame.f_code.co_filename in GRAD_MODE_FILES:
+        frame = frame.f_back
+    return frame if frame is not None and is_users(frame.f_code.co_filename) else None
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every frame of every call: realpath is a syscall per part
@@ -178,6 +194,8 @@ class Recorder(TorchFunctionMode):
         what is computed from those only): every other tensor may hold a value of the inputs, parameters,
         buffers or random numbers. Recorded results stay alive in ``calls``, so their ids stay theirs."""
         self.value_reads: list[ValueRead] = []
+        self.no_grad_in_checkpoint: list[str] = []
+        """Where the traced code turns gradients off inside a ``torch.utils.checkpoint`` block."""
         self.precision: torch.dtype | None = None
         """The model's floating dtype (its parameters'), which a constant follows where the code asks
         for it (``dtype=x.dtype``, ``torch.full_like(x, ...)``)."""
@@ -220,6 +238,9 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, function, types, arguments=(), keywords=None):
         keywords = keywords or {}
         if function is torch._C._set_grad_enabled:  # the traced code's torch.no_grad(), as it sets it
+            caller = _setter(sys._getframe(1))
+            if arguments and not arguments[0] and caller is not None and _undifferentiated(caller) == "":
+                self.no_grad_in_checkpoint.append(user_line(caller))  # checkpoint's own no_grad would hide it
             return function(*arguments, **keywords)
         arguments, keywords = _copied(tuple(arguments)), _copied(dict(keywords))  # as called, not as later appended to
         # the traced code's no_grad() or inference_mode(), or a custom autograd.Function's forward (not checkpoint's)
