@@ -110,10 +110,9 @@ def _convert(node: yaml.Node, loader: SpecLoader, file: str, depth: int, counter
         result.location = _location(file, node.start_mark)
         result.key_locations, result.value_locations = {}, {}
         for key_node, value_node in node.value:
-            # a spec's keys are names: a plain key is its text, never YAML 1.1's on/off/yes/no/null or a number
-            # (a module named `on` traced, or an input called `no`)
-            plain = isinstance(key_node, yaml.ScalarNode) and key_node.style is None
-            key = key_node.value if plain else _convert(key_node, loader, file, depth + 1, counter)
+            key = _convert(key_node, loader, file, depth + 1, counter)
+            if isinstance(key_node, yaml.ScalarNode) and key_node.style is None:  # a spec's keys are names: a plain
+                key = key_node.value  # key is its text, never null or a number (an input called `null`)
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
                 raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")

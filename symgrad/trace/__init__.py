@@ -394,8 +394,8 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
         for path, value in root.named_buffers():
             sources.setdefault(id(value), Source(_source_name(prefix, path, root), False, path if root is module else None))
             mutable.add(id(value))
-    saved = [(value, value.detach().clone()) for _, root in roots for value in root.buffers()]
-    owned = [(owner, key, value) for _, root in roots for owner in root.modules() for key, value in owner._buffers.items()]
+    saved = [(owner, key, value, value.detach().clone()) for _, root in roots for owner in root.modules()
+             for key, value in owner._buffers.items() if value is not None]
     recorder = Recorder(module_paths)
     recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
     try:  # as a training step runs it, whatever the caller's mode (each recorded call: no graph)
@@ -409,23 +409,23 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
             raise
         raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: running it at "
                          f"{shapes_text(shapes)} failed: {_first_line(error)} (fix: check the --input shapes and --arg values)") from None
-    finally:
-        for value, copy in saved:  # tracing must not move the model's running statistics
-            value.copy_(copy)
-        replaced = [(owner, key) for owner, key, value in owned if owner._buffers.get(key) is not value]
-        for owner, key, value in owned:  # ... nor put another tensor in a buffer's place
+    finally:  # tracing must not move the model's running statistics, nor put another tensor in a buffer's place
+        replaced = [(owner, key) for owner, key, value, _ in saved if owner._buffers.get(key) is not value]
+        for owner, key, value, copy in saved:
             owner._buffers[key] = value
+            value.copy_(copy)
     _refuse_value_reads(recorder)
-    if replaced or recorder.no_grad_in_checkpoint:
-        owner, key = replaced[0] if replaced else (None, "")
+    if replaced:
+        owner, key = replaced[0]
         buffer = ".".join(part for part in (module_paths.get(id(owner), ""), key) if part)
-        raise TraceError(
-            f"{recorder.no_grad_in_checkpoint[0]}: error: turns gradients off inside a torch.utils.checkpoint block, "
-            "whose own no_grad() hides which values autograd differentiates (fix: compute that value outside the "
-            "checkpointed function)" if not replaced else
-            f"error: the forward puts a new tensor in the buffer {buffer} (self.{key} = ...), which the explicit training step "
-            "does not do (fix: return what the update reads as one more output and update the buffer in your "
-            "training loop, or trace the model without the update)")
+        raise TraceError(f"{_defined_at(type(owner).forward)}error: the forward puts a new tensor in the buffer "
+                         f"{buffer} (self.{key} = ...), which the explicit training step does not do (fix: return what "
+                         "the update reads as one more output and update the buffer in your training loop, or trace "
+                         "the model without the update)")
+    if recorder.no_grad_in_checkpoint:
+        raise TraceError(f"{recorder.no_grad_in_checkpoint[0]}: error: turns gradients off inside a "
+                         "torch.utils.checkpoint block, whose own no_grad() hides which values autograd "
+                         "differentiates (fix: compute that value outside the checkpointed function)")
     modules = {path: child for path, child in module.named_modules()} if module is not None else {}
     builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors)
     for call in recorder.calls:

@@ -30,10 +30,10 @@ from . import attention, loss_tail, random_masks, views
 from .constants import constant_layer
 from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_number, literal, numbered,
                        plain_name, storage_of)
+from .errors import TraceError
 from .indexing import index_view
 from .op_hooks import HOOKS
-from .errors import TraceError
-from .recorder import RANDOM, Call
+from .recorder import NO_GRAD, RANDOM, Call
 from .torch_names import (BY_FUNCTION, CONSTANT, DROPOUT, FIXES, IGNORED, IN_PLACE_BOOKKEEPING, LOSSES, NEUTRAL,
                           PASS_THROUGH, PIECES, SIGNATURES, TRANSPOSES)
 
@@ -191,14 +191,16 @@ class SpecBuilder:
             self.names.pop(id(call.result), None)
             self.poison.pop(id(call.result), None)
             return
-        if call.undifferentiated:  # a value autograd does not differentiate: refused where the loss reads it
-            custom = "autograd.Function" in call.undifferentiated
-            self.fail(call, f"{call.undifferentiated} the explicit backward would not follow: it would differentiate "
-                      "the forward's ops" if custom else f"{call.undifferentiated} the explicit backward would "
-                      "differentiate it",
-                      "write the Function's math as torch ops in the model, or train that model with autograd" if custom
-                      else "compute it before the model's forward and pass it in as an argument (a teacher's output, "
+        if call.undifferentiated == NO_GRAD:  # a value autograd does not differentiate: refused where the loss reads it
+            self.fail(call, "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
+                      "gradient, and the explicit backward would differentiate it",
+                      "compute it before the model's forward and pass it in as an argument (a teacher's output, "
                       "a target), or train that model with autograd")
+            return
+        if call.undifferentiated:  # ... or differentiates by a backward of its own
+            self.fail(call, f"runs in the forward of the torch.autograd.Function {call.undifferentiated}, whose own "
+                      "backward the explicit backward would not follow: it would differentiate the forward's ops",
+                      "write the Function's math as torch ops in the model, or train that model with autograd")
             return
         if loss_tail.scale_reduction(self, call):
             return

@@ -81,23 +81,25 @@ CHECKPOINT_FILES = {torch.utils.checkpoint.__file__, os.path.realpath(torch.util
 FUNCTION_FILES = {torch.autograd.function.__file__, os.path.realpath(torch.autograd.function.__file__)}
 
 
+NO_GRAD = "no_grad"
+"""``Call.undifferentiated`` of a call the traced code made under ``torch.no_grad()`` or ``inference_mode()``."""
+
+
 def _undifferentiated(frame) -> str:
-    """Why a call made with gradients off (from ``frame``) gets no gradient from autograd: the custom
-    ``autograd.Function`` whose forward runs it (its own backward decides), or the code's ``no_grad()``;
-    "" where ``torch.utils.checkpoint`` runs it (its reentrant form runs the forward under ``no_grad`` and
+    """Why a call made with gradients off (from ``frame``) gets no gradient from autograd: the name of the
+    custom ``autograd.Function`` whose forward runs it (its own backward decides), or :data:`NO_GRAD`; ""
+    where ``torch.utils.checkpoint`` runs it (its reentrant form runs the forward under ``no_grad`` and
     again with gradients in the backward)."""
     if torch.is_inference_mode_enabled():  # never checkpoint's
-        return "runs under torch.no_grad() or inference_mode(), so autograd gives its result no gradient, and"
+        return NO_GRAD
     while frame is not None:
         if frame.f_code.co_filename in CHECKPOINT_FILES:
             return ""
         function = frame.f_locals.get("cls") if frame.f_code.co_filename in FUNCTION_FILES else None
         if isinstance(function, type) and frame.f_code.co_name == "apply":
-            if function.__module__ == torch.utils.checkpoint.__name__:
-                return ""
-            return f"runs in the forward of the torch.autograd.Function {function.__name__}, whose own backward"
+            return "" if function.__module__ == torch.utils.checkpoint.__name__ else function.__name__
         frame = frame.f_back
-    return "runs under torch.no_grad() or inference_mode(), so autograd gives its result no gradient, and"
+    return NO_GRAD
 
 
 GRAD_MODE_FILES = {torch.autograd.grad_mode.__file__, torch.utils._contextlib.__file__}
@@ -162,8 +164,8 @@ class Call:
     """A constant result's one value, when every entry holds it (``torch.full((n, 1, h, w), 0.1)``), as it
     was when made (a later in-place update makes a new call)."""
     undifferentiated: str = ""
-    """Where autograd does not differentiate the call (the traced code's ``torch.no_grad()``, a custom
-    ``autograd.Function``'s forward): the start of the refusal; "" where it does."""
+    """Why autograd does not differentiate the call: :data:`NO_GRAD` (the traced code's ``torch.no_grad()``),
+    or the name of the custom ``autograd.Function`` whose forward ran it; "" where it does."""
 
 
 @dataclass
