@@ -186,6 +186,8 @@ class Guard:
         """After the generated forward ran: the batch counted, and each cumulative BatchNorm's statistics
         (the generated code wrote the batch's own) blended with those before, as nn.BatchNorm does."""
         self._count()
+        if not previous:  # no cumulative BatchNorm
+            return
         with torch.no_grad():
             for statistics, mean, var, factor in previous:
                 for name, old in ((statistics.mean, mean), (statistics.var, var)):

@@ -126,14 +126,13 @@ class BatchCounter:
     def __call__(self) -> None:
         if tuple(map(type, self._modules)) != self._classes:
             self.__init__(self._statistics)
-        with torch.no_grad():
-            for calls, modules in self._groups:
-                counters = ([module._buffers.get("num_batches_tracked") for module in modules]
-                            if torch.compiler.is_compiling() else  # the loop dynamo traces
-                            map(dict.get, map(getattr, modules, repeat("_buffers")), repeat("num_batches_tracked")))
-                counters = [counter for counter in counters if counter is not None]
-                if counters:
-                    torch._foreach_add_(counters, calls)
+        for calls, modules in self._groups:  # integer counters: no graph to keep out (no no_grad())
+            counters = ([module._buffers.get("num_batches_tracked") for module in modules]
+                        if torch.compiler.is_compiling() else  # the loop dynamo traces
+                        map(dict.get, map(getattr, modules, repeat("_buffers")), repeat("num_batches_tracked")))
+            counters = [counter for counter in counters if counter is not None]
+            if counters:
+                torch._foreach_add_(counters, calls)
 
 
 class HookWatch:
