@@ -132,6 +132,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     variants = {}
     for variant in names:
         kind, amp = variant.removesuffix(AMP), variant.endswith(AMP)
+        bound = None
         net = copy.deepcopy(model).to(device)
         optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
         inputs = x
@@ -161,6 +162,7 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
             return value.detach()
 
         one_step.graphed = bound if "CUDA graph" in kind else None  # its graphs captured again to measure them
+        one_step.compute, one_step.optimizer, one_step.bound = compute, optimizer, bound  # for step_pieces
         variants[variant] = one_step
     return variants
 

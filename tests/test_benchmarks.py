@@ -338,6 +338,28 @@ def test_round_robin_times_runs_of_steps_leaving_out_each_runs_first():
     assert len(round_robin(functions, repeats=2, warmup=0)["a"]) == 2  # one call per round: each counted
 
 
+def test_the_step_pieces_clock_the_bound_steps_own_functions_and_leave_its_gradients_alone(tmp_path: Path):
+    """``benchmarks.step_pieces``: each piece is clocked at every step (one sample per step and piece,
+    the first of each run left out), the pieces fit inside the forward and the backward they are part
+    of, the clocked step fills the same gradients as the step unclocked, and the table renders them."""
+    from benchmarks import step_pieces
+
+    (_, bound_step, samples, bound_optimizer, _), (_, autograd_step, _, autograd_optimizer, _) = step_pieces._steps(
+        "resnet18", 2, 16, 4, "default", tmp_path)
+    bound_step()
+    autograd_step()
+    for values in samples.values():
+        assert len(values) == 1  # every clock ran once: the pieces are the functions the step calls
+    assert samples["checks"][0] + samples["saving forward"][0] + samples["batch counts"][0] < samples["forward"][0]
+    assert samples["backward body"][0] < samples["backward"][0]
+    for mine, theirs in zip(*(optimizer.param_groups[0]["params"] for optimizer in (bound_optimizer, autograd_optimizer))):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+    row = step_pieces.measure("resnet18", 2, 16, 4, "default", rounds=1)
+    assert row["bound saving forward"] < row["bound forward"] and row["bound backward body"] < row["bound backward"]
+    text = step_pieces.render({"machine": "test", "date": "today", "rounds": 1, "rows": [row]})
+    assert "| resnet18 of width 4 at 2 × 16² | default | … body |" in text
+
+
 def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_sections(tmp_path: Path):
     """`python -m benchmarks.gradients`: its variants give one set of gradients (float64, small size), and
     its section goes beside the training section of a report, each replaced in place on a second run."""
