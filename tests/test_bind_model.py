@@ -429,6 +429,37 @@ def test_the_compiled_bound_model_trains_at_a_new_batch_and_size(tmp_path):
     assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
 
 
+class ConvNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return F.relu(self.norm(self.conv(x)))
+
+
+def test_the_compiled_bound_model_of_a_conv_and_batch_norm_trains_at_symbolic_sizes(tmp_path):
+    """``torch.compile(..., dynamic=True)`` of a bound convolution and BatchNorm: the backward's layout
+    rule and batch-norm backward trace at symbolic sizes (a version that read the caller's weights'
+    layouts only at the end of the backward failed in dynamo, lifting BatchNorm's eps as a free
+    variable of its root graph); two shapes, equal to autograd in float64, buffers included."""
+    torch.manual_seed(0)
+    model = ConvNorm().double()
+    reference = copy.deepcopy(model)
+    path = generated(tmp_path, trace(model, {"x": (2, 3, 8, 8)}, "parameters", "conv_norm", mode="train"))
+    compiled = torch.compile(symgrad.bind(path, model), fullgraph=True, dynamic=True, backend="aot_eager")
+    for shape in ((2, 3, 8, 8), (3, 3, 10, 8)):
+        x = torch.randn(shape, dtype=torch.float64)
+        for net, parameters in ((compiled, model), (reference, reference)):
+            parameters.zero_grad()
+            net(x).square().mean().backward()
+        assert max_difference({name: value.grad for name, value in model.named_parameters()},
+                              {name: value.grad for name, value in reference.named_parameters()}) <= 1e-12
+    assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
+    assert model.norm.num_batches_tracked.item() == 2
+
+
 def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_path):
     """The done-when model in float32 under CPU bfloat16 autocast: its gradients as close to the float64
     ones as autograd's under the same autocast (the same masks: one seed)."""

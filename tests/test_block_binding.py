@@ -209,8 +209,8 @@ def _renamed(where: str, name: str) -> tuple[str, int]:
 REFUSED = [
     # the block's own functions' arguments and locals: `def unit_forward(h, p, save=False)`, `(saved, grad_output)`
     *[(where, name) for name in ("p", "save", "saved") for where in ("block input", "block param", "block output")],
-    # the top level's: ExplicitGradient's `keys`, `kept`, `*values`; `params`, `caller_params`; the module's tables
-    *[(where, name) for name in ("keys", "kept", "values", "params", "caller_params", "parameter_grads", "BLOCKS",
+    # the top level's: ExplicitGradient's `keys`, `kept`, `*values`; `params`, `layouts`; the module's tables
+    *[(where, name) for name in ("keys", "kept", "values", "params", "layouts", "parameter_grads", "BLOCKS",
                                  "MOMENTA", "RUNNING", "CHANNELS_LAST") for where in ("input", "layer output")],
     # what the module names after a block or an instance: `unit_forward`, `saved_a`, `grads_a`, `call_a`
     *[(where, name) for name in ("unit_forward", "unit_backward", "saved_a", "grads_a", "call_a")
