@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .measure import round_robin
-from .training import ROOT, write_section
+from .training import ROOT, save_run, write_report, write_section
 
 VARIANTS = ("gradients", "autograd", "autograd, channels_last", "gradients, channels_last")
 AUTOGRAD = VARIANTS[1:3]
@@ -229,14 +229,10 @@ def main(argv=None) -> int:
     saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
              "load_average": os.getloadavg(), "batch": args.batch, "size": args.size, "width": args.width,
              "float64_agreement": agreement, "samples": samples, "overhead": overhead}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(saved, indent=1))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_section(output, render(saved["machine"], args.batch, args.size, args.width, args.repeats,
-                                 samples, agreement, saved["load_average"], saved["date"], overhead=overhead),
-                  SECTION)
-    print(f"wrote {output}")
+    save_run(saved, args.json)
+    write_report(args.output, render(saved["machine"], args.batch, args.size, args.width, args.repeats,
+                                     samples, agreement, saved["load_average"], saved["date"], overhead=overhead),
+                 SECTION)
     return 0
 
 

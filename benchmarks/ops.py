@@ -34,7 +34,7 @@ from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 
 from .measure import round_robin
-from .training import write_section
+from .training import save_run, write_report
 
 SECTION = "## Op families: one layer's gradients"
 TOLERANCE = 1e-10
@@ -173,12 +173,8 @@ def main(argv=None) -> int:
                   f"autograd {statistics.median(samples['autograd']) * 1e3:8.2f} ms", flush=True)
         saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
                  "load_average": os.getloadavg(), "repeats": repeats, "rows": rows}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(saved, indent=1))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_section(output, render(saved), SECTION)
-    print(f"wrote {output}")
+        save_run(saved, args.json)
+    write_report(args.output, render(saved), SECTION)
     return 0
 
 

@@ -34,10 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .training import QUICK_ROWS, step_variants, write_section
+from .training import QUICK_ROWS, save_run, step_variants, write_report
 
 SECTION = "## Around the kernels: where a bound step's time goes"
 RUN = 6
@@ -203,12 +202,8 @@ def main(argv=None) -> int:
                 print(f"{row[0]:9s} {layout:13s} bound {result['bound step'] * 1e3:6.2f} ms  "
                       f"autograd {result['autograd step'] * 1e3:6.2f} ms", flush=True)
                 saved["rows"].append(result)
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(saved, indent=1))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_section(output, render(saved), SECTION)
-    print(f"wrote {output}")
+        save_run(saved, args.json)
+    write_report(args.output, render(saved), SECTION)
     return 0
 
 

@@ -485,6 +485,21 @@ def plot(saved: dict, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
+def save_run(saved: dict, path) -> None:
+    """A run's measurements as JSON at ``path`` (its folder made)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(saved, indent=1))
+
+
+def write_report(path, section: str, title: str) -> None:
+    """``section`` as the section ``title`` of the Markdown file ``path`` (its folder made), said on stdout."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_section(path, section, title)
+    print(f"wrote {path}")
+
+
 def write_section(path: Path, section: str, title: str = SECTION) -> None:
     """``path`` with its section ``title`` replaced by ``section`` (appended where it has none)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"

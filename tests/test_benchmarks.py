@@ -404,7 +404,7 @@ def test_the_ops_benchmark_checks_every_family_in_float64_and_renders_a_row_each
     report = tmp_path / "B.md"
     report.write_text("# Benchmarks\n\n## On cpu\n\nseed rows\n")
     for _ in range(2):
-        ops.write_section(report, text, ops.SECTION)
+        ops.write_report(report, text, ops.SECTION)
     assert report.read_text().count(ops.SECTION) == 1 and "seed rows" in report.read_text()
 
 
