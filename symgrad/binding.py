@@ -198,7 +198,6 @@ class Guard:
         """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
         self._counter()
 
-
     def check_unchanged(self) -> None:
         """The checks that a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run: the model as bound, and
         every module in the mode it was traced in."""
@@ -365,7 +364,6 @@ class Bound(Guard, torch.nn.Module):
         self._reference = generated_reference(generated)
         self._setup(generated)
 
-
     def forward(self, *positional, **data: torch.Tensor) -> torch.Tensor:
         """The traced loss for these data arguments; ``.backward()`` on it runs the explicit backward."""
         unknown = sorted(set(data) - set(self.data_arguments))
@@ -396,7 +394,6 @@ class Bound(Guard, torch.nn.Module):
         self._moved(arguments, previous)
         return loss
 
-
     def _failed(self, error: Exception) -> BindError:
         """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
         range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
@@ -404,7 +401,6 @@ class Bound(Guard, torch.nn.Module):
         return BindError(f"{name_of(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
                          "their statistics, as the model's forward does before its loss fails; fix: pass the "
                          "inputs the model takes)")
-
 
     def __getstate__(self):
         if self._reference is None:
