@@ -70,9 +70,11 @@ class _KernelCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def kernel_calls(compute) -> dict:
-    """The aten calls of one forward ``compute()`` and its backward (on the CPU autograd's engine runs
-    the backward in the calling thread, so the mode sees its kernels too)."""
+def kernel_calls(compute, optimizer) -> dict:
+    """The aten calls of one forward ``compute()`` and its backward, from gradients set to None as a
+    step's are (on the CPU autograd's engine runs the backward in the calling thread, so the mode sees
+    its kernels too)."""
+    optimizer.zero_grad(set_to_none=True)
     counting = _KernelCount()
     with counting:
         loss = compute()
@@ -116,10 +118,10 @@ def measure(network: str, batch: int, size: int, width: int, layout: str, rounds
     with tempfile.TemporaryDirectory() as folder:
         steps = _steps(network, batch, size, width, layout, Path(folder))
         calls = []
-        for _, step, samples, _, compute in steps:  # warm-up and a count of the kernels, then forget them
+        for _, step, samples, optimizer, compute in steps:  # warm-up and a count of the kernels, then forget them
             for _ in range(3):
                 step()
-            calls.append(kernel_calls(compute))
+            calls.append(kernel_calls(compute, optimizer))
             for values in samples.values():
                 values.clear()
         for index in range(rounds):
@@ -147,7 +149,7 @@ def render(saved: dict) -> str:
              f"({saved['rounds']} rounds of {RUN} steps per variant, the first of each run left out; medians in µs, "
              "one process). The bound step's pieces are timed by a clock around the function that does each "
              "(the module's docstring lists them); its forward's and backward's rest is what they leave of the "
-             "whole. Autograd's step runs the same kernels, called from its engine in C++.", "",
+             "whole. Autograd's backward runs its kernels from its engine, in C++.", "",
              "| network | layout | piece | symgrad.bind µs | autograd µs |", "|---|---|---|---:|---:|"]
     for row in saved["rows"]:
         head = f"| {row['network']} of width {row['width']} at {row['batch']} × {row['size']}² | {row['layout']} |"

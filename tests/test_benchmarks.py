@@ -339,9 +339,9 @@ def test_round_robin_times_runs_of_steps_leaving_out_each_runs_first():
 
 
 def test_the_step_pieces_clock_the_bound_steps_own_functions_and_leave_its_gradients_alone(tmp_path: Path):
-    """``benchmarks.step_pieces``: each piece is clocked at every step (one sample per step and piece,
-    the first of each run left out), the pieces fit inside the forward and the backward they are part
-    of, the clocked step fills the same gradients as the step unclocked, and the table renders them."""
+    """``benchmarks.step_pieces``: each piece is clocked once at every step, the pieces fit inside the
+    forward and the backward they are part of, the clocked step fills autograd's gradients, a step's
+    kernel calls are counted from gradients set to None (no AccumulateGrad add), and the table renders."""
     from benchmarks import step_pieces
 
     (_, bound_step, samples, bound_optimizer, _), (_, autograd_step, _, autograd_optimizer, _) = step_pieces._steps(
@@ -354,6 +354,10 @@ def test_the_step_pieces_clock_the_bound_steps_own_functions_and_leave_its_gradi
     assert samples["backward body"][0] < samples["backward"][0]
     for mine, theirs in zip(*(optimizer.param_groups[0]["params"] for optimizer in (bound_optimizer, autograd_optimizer))):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+    calls = step_pieces.kernel_calls(lambda: autograd_optimizer.param_groups[0]["params"][0].sum(), autograd_optimizer)
+    # sum; its backward's ones_like and expand, and AccumulateGrad's copy into a new .grad (an add_ into the
+    # .grad the step above left would be 3 calls)
+    assert calls == {"forward": 1, "backward": 4}
     row = step_pieces.measure("resnet18", 2, 16, 4, "default", rounds=1)
     assert row["bound saving forward"] < row["bound forward"] and row["bound backward body"] < row["bound backward"]
     text = step_pieces.render({"machine": "test", "date": "today", "rounds": 1, "rows": [row]})
