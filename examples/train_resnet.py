@@ -155,7 +155,8 @@ class UNet(nn.Module):
 def generated_module(model: nn.Module, name: str, shapes: dict, loss: LossChoice, folder: Path):
     """Trace ``model`` (in train mode), generate its gradient module into ``folder`` and import it."""
     # a training step needs the parameters' gradients only: none of the input is computed
-    built = build_text(trace(model, shapes, wrt="parameters", name=name, loss=loss, mode="train"), f"{name}.yaml")
+    built = build_text(trace(model, shapes, wrt="parameters", name=name, loss=loss, mode="train"), f"{name}.yaml",
+                       documents=False)  # the module alone: the derivation's pages are for reading
     path = folder / f"{name}.py"
     path.write_text(built.rendered.files[f"{name}.py"])
     spec = importlib.util.spec_from_file_location(name, path)

@@ -145,7 +145,7 @@ def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Te
                     fused: bool = True) -> tuple[int, int]:
     from .pipeline import build_text
 
-    built = build_text(_spec_text(case, wrt), "certify.yaml", fused=fused)
+    built = build_text(_spec_text(case, wrt), "certify.yaml", fused=fused, documents=False)
     module = module_from_source(built.rendered.files["certified.py"], "certified")
     x_shape, w_shape, y_shape = _shapes(case)
     outputs, inputs, weights = coefficients.shape
@@ -229,7 +229,7 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
                                                         sort_keys=False), "certify.yaml"))
     out_shape = shapes_only.nodes[out].shape
     draft["inputs"][y] = {"shape": list(out_shape)}
-    built = build_text(yaml.safe_dump(draft, sort_keys=False), "certify.yaml")
+    built = build_text(yaml.safe_dump(draft, sort_keys=False), "certify.yaml", documents=False)
     module = module_from_source(built.rendered.files["certified.py"], "certified")
     graph = built.graph
     outputs = 1

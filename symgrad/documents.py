@@ -160,6 +160,7 @@ def _section_view(section: Section, blocked: bool, html: bool) -> dict:
     for index, line_step in enumerate(section.step_of_line or (), 1):
         lines_of_step.setdefault(line_step, []).append(index)
     named = section.named_parameters or {}
+    page = mathml if html else (lambda latex: "")  # MathML is the page's alone; the Markdown shows the LaTeX
     steps = []
     for step in program.steps:
         if block and step.node == "loss":  # the block's end: its output's gradient comes from the caller
@@ -168,13 +169,16 @@ def _section_view(section: Section, blocked: bool, html: bool) -> dict:
         parameters = [source for operand, source, _ in step.contributions
                       if operand in named.get(step.node, ()) and not program.branch_sums.get(source)]
         locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
+        incoming = to_latex(step.incoming)
         steps.append(dict(
-            number=len(steps) + 1, node=step.node, forward=step.forward, incoming=to_latex(step.incoming),
-            incoming_mathml=mathml(to_latex(step.incoming)), locals=locals_,
-            locals_mathml=[mathml(local) for local in locals_], parameters=parameters,
-            contributions=[dict(operand=operand, source=source, latex=to_latex(value), mathml=mathml(to_latex(value)),
+            number=len(steps) + 1, node=step.node, forward=step.forward, incoming=incoming,
+            incoming_mathml=page(incoming), locals=locals_, locals_mathml=[page(local) for local in locals_],
+            parameters=parameters,
+            contributions=[dict(operand=operand, source=source, latex=latex, mathml=page(latex),
                                 branch=len(program.branch_sums.get(source, [])))
-                           for operand, source, value in step.contributions if source not in parameters],
+                           for operand, source, latex in ((operand, source, to_latex(value))
+                                                          for operand, source, value in step.contributions
+                                                          if source not in parameters)],
             lines=lines_of_step.get(len(steps) + 1, [])))
     # a block's output takes the gradient the caller passes (`grad_output`), not the loss's: no alias line for it
     readable = [(to_latex(statement.target), to_latex(statement.math if statement.math is not None else statement.value))

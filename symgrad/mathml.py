@@ -23,6 +23,7 @@ MathML Core layout:
 
 from __future__ import annotations
 
+import functools
 import re
 import xml.etree.ElementTree as ElementTree
 
@@ -104,12 +105,19 @@ def _mend(element: ElementTree.Element) -> None:
 
 
 def _tree(latex: str, display: str) -> ElementTree.Element:
+    root = ElementTree.fromstring(_converted(latex, display))
+    _mend(root)
+    return root
+
+
+@functools.lru_cache(maxsize=4096)
+def _converted(latex: str, display: str) -> str:
+    """latex2mathml's text of ``latex`` (the slow part of a page: a network's page repeats many
+    formulas, and a process generating several modules repeats them across pages)."""
     # latex2mathml drops \operatorname's name into italic letters after an empty <mo>; \mathrm is
     # read right, and _merge_names makes it one upright <mi>
     latex = re.sub(r"\\operatorname\{([^{}]*)\}", r"\\mathrm{\1}", latex)
-    root = ElementTree.fromstring(latex2mathml.converter.convert(latex, display=display))
-    _mend(root)
-    return root
+    return latex2mathml.converter.convert(latex, display=display)
 
 
 def _text(root: ElementTree.Element) -> str:

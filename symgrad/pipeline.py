@@ -31,7 +31,7 @@ class Built:
 
 
 def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True,
-           recompute: bool = True) -> Built:
+           recompute: bool = True, documents: bool = True) -> Built:
     flat = flat or "flat" in extras  # as a header records them, so that `check` builds it again the same way
     recompute = recompute and "no_recompute" not in extras
     extras = tuple(extra for extra in extras if extra not in ("flat", "no_recompute"))
@@ -53,14 +53,15 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
     # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
     # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
     expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
-    return _build_structured(expanded, label, wanted, recorded, fused, recompute)
+    return _build_structured(expanded, label, wanted, recorded, fused, recompute, documents)
 
 
 def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
-                      fused: bool = True, recompute: bool = True) -> Built:
+                      fused: bool = True, recompute: bool = True, documents: bool = True) -> Built:
     """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
     (``render_blocks``), and the checks on what was rendered. ``fused=False`` (a spec without blocks):
-    ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way."""
+    ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way;
+    ``documents=False``: the module and its test file, without the derivation's pages."""
     from .plan_blocks import build_structured
     from .render_blocks import render_files
 
@@ -72,7 +73,7 @@ def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), reco
         statements = [part for program in derived_top for part in (program.forward, program.backward)]
         check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
     structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute)
-    rendered = render_files(structured, label, recorded)
+    rendered = render_files(structured, label, recorded, documents)
     files = rendered.files
     derived = {statement.target.name for part in statements for statement in part} if derived_top else frozenset()
     try:  # a spec name the module also uses is refused at the spec's line (a duplicate argument included) ...
@@ -99,20 +100,22 @@ def _check_compiles(rendered: Rendered) -> None:
 
 
 def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = (),
-          flat: bool = False, recompute: bool = True) -> Built:
+          flat: bool = False, recompute: bool = True, documents: bool = True) -> Built:
     """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path);
     ``extras`` adds optional functions (``hvp``) to those the spec asks for; ``flat`` writes a spec's
     blocks out instance by instance instead of one function per block; ``recompute=False`` keeps
     every activation the backward reads, as autograd does, where by default a cheap one is computed
-    again in the backward from the operand it keeps anyway (both recorded in the header)."""
+    again in the backward from the operand it keeps anyway (both recorded in the header);
+    ``documents=False`` renders the module and its test file alone, not the derivation's ``.md`` and
+    ``.html`` pages (most of the time of a large network's build: for a module imported, not kept)."""
     return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat,
-                  recompute=recompute)
+                  recompute=recompute, documents=documents)
 
 
 def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
-               fused: bool = True, recompute: bool = True) -> Built:
+               fused: bool = True, recompute: bool = True, documents: bool = True) -> Built:
     """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
     ``gradients`` run the readable derivation (a spec without blocks, or with ``flat``; not recorded in
-    the header, so for a module kept in memory, as ``symgrad certify``'s); ``recompute``: see
-    :func:`build`."""
-    return _build(parse_spec(text, label), label, extras, flat, fused, recompute)
+    the header, so for a module kept in memory, as ``symgrad certify``'s); ``recompute`` and
+    ``documents``: see :func:`build`."""
+    return _build(parse_spec(text, label), label, extras, flat, fused, recompute, documents)

@@ -173,10 +173,12 @@ def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
     return lines
 
 
-def render_files(structured: Structured, spec_label: str, recorded_extras: tuple[str, ...] = ()):
+def render_files(structured: Structured, spec_label: str, recorded_extras: tuple[str, ...] = (),
+                 documents: bool = True):
     """Every file generated for a spec (a :class:`~symgrad.emit.Rendered`), keyed by file name: the
-    module, its test file and its documents (:mod:`symgrad.documents`) printed, then each under the
-    header ``symgrad check`` reads; with the backward as printed, and its readable form in LaTeX."""
+    module, its test file and (``documents``) its documents (:mod:`symgrad.documents`) printed, then
+    each under the header ``symgrad check`` reads; with the backward as printed, and its readable
+    form in LaTeX."""
     from .emit import Rendered, printed_line
 
     from .documents import headed, render_tests
@@ -188,7 +190,8 @@ def render_files(structured: Structured, spec_label: str, recorded_extras: tuple
     planned = structured.planned
     per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
     files.update(render_tests(structured.test_data, sources, hvp=bool(planned.hvp_results), per_sample=per_sample))
-    files.update(_documents(structured, spec_label, blocks, top_lines, steps))
+    if documents:
+        files.update(_documents(structured, spec_label, blocks, top_lines, steps))
     readable = [printed_line(statement) for statement in planned.readable_backward] if not blocks else []
     latex = ("\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable)
              + "\n\\end{aligned}")

@@ -65,7 +65,7 @@ def traced_step(label: str):
     target_name = "labels" if kind in ("cross_entropy", "nll_loss") else "target"
     text = trace(model, case.traced, wrt="parameters", name="step", loss=LossChoice(kind, target_name),
                  mode="train", blocks=True)
-    generated = module_from_source(build_text(text, "step.yaml").rendered.files["step.py"], "step")
+    generated = module_from_source(build_text(text, "step.yaml", documents=False).rendered.files["step.py"], "step")
     inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
     with torch.no_grad():
         prediction = copy.deepcopy(model)(*inputs.values())

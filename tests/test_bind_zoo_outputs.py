@@ -34,7 +34,7 @@ def traced_outputs(label):
     model.train()
     text = trace(model, case.traced, wrt="parameters", name="outputs_step", mode="train", blocks=True)
     assert "\noutputs: " in text and "\nloss:" not in text
-    generated = module_from_source(build_text(text, "outputs_step.yaml").rendered.files["outputs_step.py"],
+    generated = module_from_source(build_text(text, "outputs_step.yaml", documents=False).rendered.files["outputs_step.py"],
                                    "outputs_step")
     inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
     with torch.no_grad():

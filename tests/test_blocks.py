@@ -271,7 +271,7 @@ def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(labe
     text = trace(model, traced, name="traced", loss=LossChoice(kind), mode=mode, blocks=True)
     assert ("\nblocks:\n" in text) == expect_blocks, text[:2000]
     spec = yaml.safe_load(text)
-    built = build_text(text, f"{label}.yaml")
+    built = build_text(text, f"{label}.yaml", documents=False)
     widest = max(len(line) for line in built.rendered.files["traced.py"].splitlines())
     assert widest <= 100, (label, widest)
     module = module_from_source(built.rendered.files["traced.py"], "traced")
@@ -306,7 +306,7 @@ def test_the_generated_test_file_of_a_traced_model_with_blocks_passes(tmp_path):
     model = case.model(**case.init).double().train()
     text = trace(model, {"x": (2, 3, 32, 32)}, name="resnet_blocks", loss=LossChoice("cross_entropy"), mode="train",
                  blocks=True)
-    built = build_text(text, "resnet_blocks.yaml")
+    built = build_text(text, "resnet_blocks.yaml", documents=False)
     source = built.rendered.files["resnet_blocks.py"]
     assert source.count("def basic_block_backward(") == 1
     # the eight instances, one after another: a table and a loop, as the model's Sequentials are
@@ -368,7 +368,7 @@ def test_a_structured_module_runs_channels_last_where_it_pays_and_returns_each_g
     kind = next(kind for kind in case.losses if kind not in ("half_sq_error_function", "nll_loss"))
     text = trace(model, case.traced, name="traced", loss=LossChoice(kind), mode="train", blocks=True)
     spec = yaml.safe_load(text)
-    source = build_text(text, f"{label}.yaml").rendered.files["traced.py"]
+    source = build_text(text, f"{label}.yaml", documents=False).rendered.files["traced.py"]
     assert "params = _channels_last(params)" in source and ("\nCHANNELS_LAST = (" in source) == listed
     module = module_from_source(source, "traced")
     generator = torch.Generator().manual_seed(6)

@@ -241,3 +241,27 @@ def test_the_graph_drawing_is_the_same_in_every_process():
                                 check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
                  for seed in range(1, 4)}
         assert len(pages) == 1 and next(iter(pages)).count("<svg") == drawn, name
+
+
+@pytest.mark.parametrize("spec", ["seed3_conv_relu_conv.yaml", "unrolled_blocks.yaml"])
+def test_a_build_without_documents_has_the_same_module_and_test_file_and_no_pages(spec):
+    """``documents=False`` (what a test or a bound model that imports the module asks for) leaves the pages
+    out, and nothing else: the module and its test file are the full build's, byte for byte."""
+    from symgrad.pipeline import build
+
+    full, bare = build(ROOT / "examples" / spec), build(ROOT / "examples" / spec, documents=False)
+    pages = {name for name in full.rendered.files if name.endswith((".md", ".html"))}
+    assert len(pages) == 2 and set(bare.rendered.files) == set(full.rendered.files) - pages
+    assert all(bare.rendered.files[name] == full.rendered.files[name] for name in bare.rendered.files)
+
+
+def test_a_formula_converted_once_is_the_same_page_text_each_time():
+    """The MathML of a formula is latex2mathml's text kept (``mathml._converted``), mended anew each time:
+    a second conversion is the first's, and mending one tree leaves the kept text alone."""
+    from symgrad import mathml as module
+
+    latex = r"\overline{\mathrm{conv2}} = \operatorname{relu}\left(x\right)"
+    first = mathml(latex)
+    assert module._converted.cache_info().currsize >= 1
+    module._tree(latex, "inline").clear()  # a caller's edit of its tree
+    assert mathml(latex) == first and "mover" in first

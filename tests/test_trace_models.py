@@ -116,7 +116,7 @@ def matches_autograd(label: str, case: Case, mode: str) -> None:
     for kind in case.losses:
         text = traced_spec(case, mode, kind, model)
         spec = yaml.safe_load(text)
-        built = build_text(text, f"{label}.yaml")
+        built = build_text(text, f"{label}.yaml", documents=False)
         generated = built.rendered
         module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),
                          built.graph)  # the parameters go in `params`: called here by their spec names
@@ -165,7 +165,7 @@ def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float
     torch.manual_seed(0)
     model = case.model(**case.init).double().train()
     text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml").rendered
+    rendered = build_text(text, f"{label}.yaml", documents=False).rendered
     for name, content in rendered.files.items():
         if name.endswith(".py"):
             (tmp_path / name).write_text(content)
@@ -195,7 +195,7 @@ def test_generated_test_file_of_a_model_reading_sizes_passes(label, tmp_path):
     model = case.model(**case.init).double().eval()
     text = traced_spec(case, "eval", "mse_loss", model)
     assert "{like: " in text and "shape[2]" not in text, text
-    generated = build_text(text, f"{label}.yaml").rendered
+    generated = build_text(text, f"{label}.yaml", documents=False).rendered
     assert ".shape[2]" in generated.files[f"{generated.name}.py"]
     for name, content in generated.files.items():
         (tmp_path / name).write_text(content)
