@@ -25,9 +25,6 @@ microsecond each, a few per step.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import statistics
 import sys
 import tempfile
@@ -36,13 +33,12 @@ from pathlib import Path
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .training import QUICK_ROWS, save_run, step_variants, write_report
+from .training import quick_rows_command, step_variants
 
 SECTION = "## Around the kernels: where a bound step's time goes"
 RUN = 6
 """Steps in a row per variant and round; the first of each run is left out (it follows the other's)."""
 PIECES = ("checks", "saving forward", "batch counts", "backward body")
-LAYOUTS = ("default", "channels_last")
 
 
 def _clocked(function, samples: list):
@@ -181,32 +177,8 @@ def render(saved: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=LAYOUTS)
-    parser.add_argument("--networks", nargs="*", help="these networks of QUICK_ROWS alone (default: all)")
-    parser.add_argument("--output", default="out/BENCHMARKS-step-pieces.md")
-    parser.add_argument("--json", default="out/step-pieces-cpu.json")
-    parser.add_argument("--rows", help="render this saved JSON run again, without measuring")
-    args = parser.parse_args(argv)
-    if args.rows:
-        saved = json.loads(Path(args.rows).read_text())
-    else:
-        from .__main__ import machine_description
-
-        saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
-                 "rounds": args.rounds, "rows": []}
-        for row in QUICK_ROWS:
-            if args.networks and row[0] not in args.networks:
-                continue
-            for layout in args.layouts:
-                result = measure(*row, layout, args.rounds)
-                print(f"{row[0]:9s} {layout:13s} bound {result['bound step'] * 1e3:6.2f} ms  "
-                      f"autograd {result['autograd step'] * 1e3:6.2f} ms", flush=True)
-                saved["rows"].append(result)
-        save_run(saved, args.json)
-    write_report(args.output, render(saved), SECTION)
-    return 0
+    return quick_rows_command(argv, __doc__, "step-pieces", SECTION, measure, render, lambda result: (
+        f"bound {result['bound step'] * 1e3:6.2f} ms  autograd {result['autograd step'] * 1e3:6.2f} ms"))
 
 
 if __name__ == "__main__":

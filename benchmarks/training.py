@@ -139,13 +139,13 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
         if "channels_last" in kind:
             net = net.to(memory_format=torch.channels_last)
             inputs = x.contiguous(memory_format=torch.channels_last)
+        arguments = {**data, "x": inputs}
         if kind == "symgrad.bind, torch.compile":
             outputs_form = outputs_form or _outputs_module(model, network, traced, folder)
             runner = torch.compile(example.symgrad.bind(outputs_form, net), fullgraph=True)
             compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
         elif kind.startswith("symgrad.bind"):
             bound = example.symgrad.bind(generated, net, cuda_graph=kind.endswith("CUDA graph"))
-            arguments = {**data, "x": inputs}
             compute = (lambda bound=bound, arguments=arguments: bound(**arguments))
         else:
             mode = kind.partition("torch.compile")[2].strip()
@@ -162,7 +162,8 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
             return value.detach()
 
         one_step.graphed = bound if "CUDA graph" in kind else None  # its graphs captured again to measure them
-        one_step.compute, one_step.optimizer, one_step.bound = compute, optimizer, bound  # for step_pieces
+        # for step_pieces and captured_backward
+        one_step.compute, one_step.optimizer, one_step.bound, one_step.arguments = compute, optimizer, bound, arguments
         variants[variant] = one_step
     return variants
 
@@ -498,6 +499,39 @@ def write_report(path, section: str, title: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_section(path, section, title)
     print(f"wrote {path}")
+
+
+def quick_rows_command(argv, doc: str, slug: str, section: str, measure, render, line) -> int:
+    """The command of a benchmark timed at :data:`QUICK_ROWS`' sizes in both layouts (``benchmarks.step_pieces``,
+    ``benchmarks.captured_backward``): ``measure(network, batch, size, width, layout, rounds)`` makes each row,
+    ``line(row)`` says it on stdout, ``render(saved)`` the report's ``section``; the run is saved as JSON
+    (``--json``), and ``--rows FILE`` renders a saved run again."""
+    layouts = ("default", "channels_last")
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--layouts", nargs="*", default=list(layouts), choices=layouts)
+    parser.add_argument("--networks", nargs="*", help="these networks of QUICK_ROWS alone (default: all)")
+    parser.add_argument("--output", default=f"out/BENCHMARKS-{slug}.md")
+    parser.add_argument("--json", default=f"out/{slug}-cpu.json")
+    parser.add_argument("--rows", help="render this saved JSON run again, without measuring")
+    args = parser.parse_args(argv)
+    if args.rows:
+        saved = json.loads(Path(args.rows).read_text())
+    else:
+        from .__main__ import machine_description
+
+        saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
+                 "rounds": args.rounds, "rows": []}
+        for row in QUICK_ROWS:
+            if args.networks and row[0] not in args.networks:
+                continue
+            for layout in args.layouts:
+                result = measure(*row, layout, args.rounds)
+                print(f"{row[0]:9s} {layout:13s} {line(result)}", flush=True)
+                saved["rows"].append(result)
+        save_run(saved, args.json)
+    write_report(args.output, render(saved), section)
+    return 0
 
 
 def write_section(path: Path, section: str, title: str = SECTION) -> None:

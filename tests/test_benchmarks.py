@@ -364,6 +364,31 @@ def test_the_step_pieces_clock_the_bound_steps_own_functions_and_leave_its_gradi
     assert "| resnet18 of width 4 at 2 × 16² | default | … body |" in text
 
 
+def test_the_captured_backward_replays_the_bodys_own_kernels_bit_for_bit_and_captures_per_layout(tmp_path: Path):
+    """``benchmarks.captured_backward`` (a measurement): a bound step whose backward body runs as a TorchScript
+    graph gives the plain bound step's gradients bit for bit (strides too), one graph per set of layouts (a
+    second batch size makes a second), and its table renders."""
+    from benchmarks import captured_backward
+
+    (_, plain_step, _, plain), (_, captured_step, samples, bound), (_, autograd_step, _, _) = captured_backward._steps(
+        "resnet18", 2, 16, 4, "default", tmp_path)
+    replay = bound.generated._backward_from_saved
+    for _ in range(2):
+        plain_step(), captured_step(), autograd_step()
+        assert all(torch.equal(a, b) and a.stride() == b.stride()
+                   for a, b in zip(captured_backward._gradients(plain), captured_backward._gradients(bound)))
+    assert len(replay.graphs) == 1 and len(samples) == 2
+    x = torch.randn(3, 3, 16, 16)
+    labels = torch.randint(0, 10, (3,))
+    bound(x=x, labels=labels).backward()
+    assert len(replay.graphs) == 2  # another batch size: another graph
+    row = captured_backward.measure("resnet18", 2, 16, 4, "default", rounds=1)
+    assert row["identical"] and row["graphs"] == 1
+    text = captured_backward.render({"machine": "test", "date": "today", "rounds": 1, "rows": [row]})
+    assert "| resnet18 of width 4 at 2 × 16² | default | symgrad.bind, backward in TorchScript |" in text
+    assert "bit for bit" in text
+
+
 def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_sections(tmp_path: Path):
     """`python -m benchmarks.gradients`: its variants give one set of gradients (float64, small size), and
     its section goes beside the training section of a report, each replaced in place on a second run."""
