@@ -21,22 +21,14 @@ MAX_PATH = 1000
 
 class SpecLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's booleans: only true, True, TRUE, false, False, FALSE are bools, so a name
-    written ``on``, ``off``, ``yes`` or ``no`` (a module's, an input's) stays a string. Its errors are the ones a
-    spec's author reads."""
+    written ``on``, ``off``, ``yes`` or ``no`` (a module's, an input's) stays a string."""
 
 
-class FastSpecLoader(getattr(yaml, "CSafeLoader", SpecLoader)):
-    """:class:`SpecLoader` on libyaml's parser where PyYAML has it (a traced network's spec is 100k+ characters,
-    a few times faster to read); a spec it cannot read is read again by :class:`SpecLoader`, which says why."""
-
-
-for _loader in (SpecLoader, FastSpecLoader):
-    _loader.yaml_implicit_resolvers = {
-        first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    _loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                  list("tTfF"))
-del _loader
+SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+SpecLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
 
 
 class Mapping(dict):
@@ -61,8 +53,7 @@ def _location(file: str, mark: yaml.Mark | None) -> Location:
 
 
 def load_yaml(text: str, file: str) -> Mapping:
-    """Parse ``text`` (with :class:`FastSpecLoader`; where that fails, with :class:`SpecLoader`, whose error is
-    raised), keeping the location of every node; a plain key is its text.
+    """Parse ``text`` with :class:`SpecLoader`, keeping the location of every node; a plain key is its text.
 
     Anchors and aliases are refused outright: a spec never needs them, and refusing them removes
     the "billion laughs" expansion attack. Size, nesting and node count are bounded too.
@@ -70,19 +61,9 @@ def load_yaml(text: str, file: str) -> Mapping:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise SpecError(f"spec is larger than the {MAX_SPEC_BYTES} byte limit", Location(file, 1, 1),
                         "split it or remove what it does not need")
-    if hasattr(yaml, "CSafeLoader"):
-        try:
-            return _loaded(text, file, FastSpecLoader)
-        except Exception:  # libyaml's messages, limits and encodings differ: PyYAML's own reading says what is wrong
-            pass
-    return _loaded(text, file, SpecLoader)
-
-
-def _loaded(text: str, file: str, loader_class: type) -> Mapping:
-    """:func:`load_yaml`'s reading with ``loader_class``."""
     try:
         depth = 0  # the event stream is parsed without recursion; PyYAML's composer recurses, so bound it first
-        for event in yaml.parse(text, Loader=loader_class):
+        for event in yaml.parse(text, Loader=SpecLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise SpecError("YAML anchors and aliases are not allowed in a spec",
                                 _location(file, event.start_mark), "write the value out in full")
@@ -93,7 +74,7 @@ def _loaded(text: str, file: str, loader_class: type) -> Mapping:
                                     "flatten the structure; specs need at most 4 levels")
             elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
                 depth -= 1
-        loader = loader_class(text)
+        loader = SpecLoader(text)
         try:
             root = loader.get_single_node()
             if root is None:
@@ -130,8 +111,8 @@ def _convert(node: yaml.Node, loader: SpecLoader, file: str, depth: int, counter
         result.key_locations, result.value_locations = {}, {}
         for key_node, value_node in node.value:
             key = _convert(key_node, loader, file, depth + 1, counter)
-            if isinstance(key_node, yaml.ScalarNode) and not key_node.style:  # a spec's keys are names: a plain
-                key = key_node.value  # key (style None, '' from libyaml) is its text, never null or a number
+            if isinstance(key_node, yaml.ScalarNode) and key_node.style is None:  # a spec's keys are names: a plain
+                key = key_node.value  # key is its text, never null or a number (an input called `null`)
             key_location = _location(file, key_node.start_mark)
             if not isinstance(key, str):
                 raise SpecError(f"mapping key {cut(repr(key))} is not a string", key_location, "use a plain name as the key")

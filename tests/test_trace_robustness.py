@@ -4,8 +4,6 @@ accepts, and never prints a traceback; ``generate`` never crashes in the math re
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn as nn
@@ -16,7 +14,6 @@ from symgrad.check import module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.spec import MAX_NAME
 from symgrad.check import by_name
-from symgrad.errors import SpecError
 from symgrad.trace import LossChoice, TraceError, _source_name, trace
 
 
@@ -416,51 +413,6 @@ def test_a_hand_written_spec_reads_on_off_yes_no_as_names_and_only_true_false_as
     assert spec["wrt"] == ["yes"] and spec["flag"] is True
     # a value for the model's own code (`--arg`, `--init`) is not a name: `off` is False there, as YAML 1.1 reads it
     assert [_literal_pair(f"a={text}", "--arg")[1] for text in ("off", "yes", "TRUE", "2")] == [False, True, True, 2]
-
-
-def _located(value):
-    """A loaded spec with every node's locations, to compare two readings of it."""
-    from symgrad.spec_yaml import Mapping, Sequence
-
-    if isinstance(value, Mapping):
-        return ("map", value.location, value.key_locations, value.value_locations,
-                [(key, _located(item)) for key, item in value.items()])
-    if isinstance(value, Sequence):
-        return ("seq", value.location, value.item_locations, [_located(item) for item in value])
-    return type(value).__name__, value
-
-
-def test_libyamls_reading_of_a_spec_is_pyyamls_and_a_spec_it_cannot_read_gets_pyyamls_error(monkeypatch):
-    """load_yaml reads with libyaml's parser (FastSpecLoader) for speed: every example spec and a traced
-    network's read the same, locations included, as with PyYAML's own (SpecLoader); a malformed spec and one
-    past libyaml's nesting limit are refused with PyYAML's reading's message and line."""
-    import yaml
-    from symgrad import spec_yaml
-    from symgrad.spec_yaml import load_yaml
-
-    assert hasattr(yaml, "CSafeLoader")  # the wheel PyYAML ships for this platform has libyaml
-    texts = [path.read_text() for path in sorted(Path(__file__).parents[1].glob("examples/*.yaml"))]
-    texts.append(trace(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()), {"input": (2, 3, 8, 8)},
-                       loss=LossChoice("mse_loss")))
-    texts.append('name: s\ninputs:\n  "1": {shape: [1]}\n  on: {shape: [2, 3]}\nflag: off\nn: 1e3\nq: \'x\'\n')
-    read = []
-    for loader in (spec_yaml.FastSpecLoader, spec_yaml.SpecLoader):
-        monkeypatch.setattr(spec_yaml, "FastSpecLoader", loader)
-        read.append([_located(load_yaml(text, "s.yaml")) for text in texts])
-    assert read[0] == read[1] and len(texts) >= 6
-    monkeypatch.undo()
-    used = []
-    original = spec_yaml._loaded
-    monkeypatch.setattr(spec_yaml, "_loaded", lambda *args: used.append(args[2]) or original(*args))
-    for text, expected in [("name: a\n  b: : c\n", "s.yaml:2:"),  # libyaml: "mapping values are not allowed in
-                           ("name: a\ninputs: " + "[" * 1100 + "]" * 1100 + "\n",  # this context"; PyYAML "here"
-                            "s.yaml:2:41: error: spec is nested deeper than 32 levels")]:  # libyaml: its own limit
-        used.clear()
-        with pytest.raises(SpecError) as error:
-            load_yaml(text, "s.yaml")
-        assert str(error.value).startswith(expected), str(error.value)
-        assert used == [spec_yaml.FastSpecLoader, spec_yaml.SpecLoader]
-    assert "mapping values are not allowed here" in str(pytest.raises(SpecError, load_yaml, "a:\n  b: : c\n", "s").value)
 
 
 def test_a_name_yaml_cannot_read_bare_is_quoted_and_refused_as_a_name_in_one_line():
