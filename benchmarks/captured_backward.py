@@ -39,33 +39,29 @@ RUN = 6
 CAPTURED = "symgrad.bind, backward in TorchScript"
 
 
-def _layout_key(value):
-    """What a captured graph depends on in one argument: a tensor's sizes, strides, dtype and device."""
-    if isinstance(value, torch.Tensor):
-        return "tensor", tuple(value.shape), value.stride(), value.dtype, value.device.type
-    return "value", value
-
-
 def captured(body, gradients_type):
     """``body`` (a generated ``_backward_from_saved``), run as a TorchScript graph of its aten calls per
-    key (every argument's layout, and the kept values that are not tensors); the body itself where grad
-    mode or autocast is on (a create_graph backward, AMP). ``replay.graphs``: the graphs made."""
+    key: the layouts (sizes, strides, dtype, device) of the inputs, the parameters and the cotangent, from
+    which the forward that made ``saved`` made every kept value and size; the body itself where grad mode
+    or autocast is on (a create_graph backward, AMP). ``replay.graphs``: the graphs made."""
     graphs = {}
 
     def replay(*arguments):
         *inputs, params, saved, grad_loss = arguments
-        if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or grad_loss is None:
+        if (grad_loss is None or torch.is_grad_enabled()
+                or torch.is_autocast_enabled(grad_loss.device.type)):
             return body(*arguments)
-        at = [index for index, value in enumerate(saved)
-              if isinstance(value, torch.Tensor) and value.device.type != "meta"]
-        tensors = [*inputs, *params.values(), *(saved[index] for index in at), grad_loss]
-        key = (tuple(params), tuple(at), tuple(map(_layout_key, tensors)),
-               tuple(_layout_key(value) for index, value in enumerate(saved) if index not in at))
+        tensors = [*inputs, *params.values(), grad_loss]
+        key = tuple(params), tuple((value.shape, value.stride(), value.dtype, value.device) for value in tensors)
         if key not in graphs:
-            graphs[key] = _compiled(body, len(inputs), list(params), list(saved), at, tensors)
-        graph, keys = graphs[key]
+            at = [index for index, value in enumerate(saved)
+                  if isinstance(value, torch.Tensor) and value.device.type != "meta"]
+            graphs[key] = _compiled(body, len(inputs), list(params), list(saved), at, tensors[:-1] + [
+                saved[index] for index in at] + tensors[-1:]), at
+        (graph, keys), at = graphs[key]
+        kept = [saved[index] for index in at]
         saved.clear()
-        return gradients_type(params=dict(zip(keys, graph(*tensors))))
+        return gradients_type(params=dict(zip(keys, graph(*tensors[:-1], *kept, grad_loss))))
 
     replay.graphs = graphs
     return replay
@@ -180,9 +176,8 @@ def render(saved: dict) -> str:
     lines += ["", f"The same kernel calls run from TorchScript's interpreter took {min(saving):.0%}–{max(saving):.0%} "
               f"off the bound step (its speed against autograd's {min(plain):.2f}–{max(plain):.2f}× plain, "
               f"{min(ahead):.2f}–{max(ahead):.2f}× captured), so running the backward body outside Python closes "
-              "part of the around-the-kernels gap, not all of it. This run does not apportion the rest (in the "
-              "step_pieces run the Function and engine around the body took 0.23–0.44 ms, the per-call checks "
-              "0.16–0.26 ms)."]
+              "that much of the around-the-kernels gap (one run: rows move by several per cent between runs on "
+              "this machine; `python -m benchmarks.step_pieces` times the pieces around the body)."]
     return "\n".join(lines) + "\n"
 
 
