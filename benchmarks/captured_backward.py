@@ -43,7 +43,8 @@ def captured(body, gradients_type):
     """``body`` (a generated ``_backward_from_saved``), run as a TorchScript graph of its aten calls per
     key: the layouts (sizes, strides, dtype, device) of the inputs, the parameters and the cotangent, from
     which the forward that made ``saved`` made every kept value and size; the body itself where grad mode
-    or autocast is on (a create_graph backward, AMP). ``replay.graphs``: the graphs made."""
+    or autocast is on (a create_graph backward, AMP). ``replay.graphs``: the graphs made;
+    ``replay.replays``: the backwards a graph ran."""
     graphs = {}
 
     def replay(*arguments):
@@ -56,14 +57,15 @@ def captured(body, gradients_type):
         if key not in graphs:
             at = [index for index, value in enumerate(saved)
                   if isinstance(value, torch.Tensor) and value.device.type != "meta"]
-            graphs[key] = _compiled(body, len(inputs), list(params), list(saved), at, tensors[:-1] + [
-                saved[index] for index in at] + tensors[-1:]), at
-        (graph, keys), at = graphs[key]
+            graphs[key] = (*_compiled(body, len(inputs), list(params), list(saved), at,
+                                      [*tensors[:-1], *(saved[index] for index in at), grad_loss]), at)
+        graph, keys, at = graphs[key]
         kept = [saved[index] for index in at]
         saved.clear()
+        replay.replays += 1
         return gradients_type(params=dict(zip(keys, graph(*tensors[:-1], *kept, grad_loss))))
 
-    replay.graphs = graphs
+    replay.graphs, replay.replays = graphs, 0
     return replay
 
 
@@ -111,11 +113,11 @@ def _steps(network: str, batch: int, size: int, width: int, layout: str, folder:
     module._backward_from_saved = captured(module._backward_from_saved, module.Gradients)
     model = copy.deepcopy(plain.bound.model)
     bound = symgrad.bind(module, model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    captured_optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     made = []
     for name, compute, optimizer, bound_of in [
             ("symgrad.bind", plain.compute, plain.optimizer, plain.bound),
-            (CAPTURED, lambda: bound(**plain.arguments), optimizer, bound),
+            (CAPTURED, lambda: bound(**plain.arguments), captured_optimizer, bound),
             ("autograd", autograd.compute, autograd.optimizer, None)]:
         samples = []
 

@@ -176,9 +176,8 @@ def _section_view(section: Section, blocked: bool, html: bool) -> dict:
             parameters=parameters,
             contributions=[dict(operand=operand, source=source, latex=latex, mathml=page(latex),
                                 branch=len(program.branch_sums.get(source, [])))
-                           for operand, source, latex in ((operand, source, to_latex(value))
-                                                          for operand, source, value in step.contributions
-                                                          if source not in parameters)],
+                           for operand, source, value in step.contributions if source not in parameters
+                           for latex in (to_latex(value),)],
             lines=lines_of_step.get(len(steps) + 1, [])))
     # a block's output takes the gradient the caller passes (`grad_output`), not the loss's: no alias line for it
     readable = [(to_latex(statement.target), to_latex(statement.math if statement.math is not None else statement.value))
