@@ -112,7 +112,31 @@ def outputs_context(spec, graph) -> dict:
                  "dict": "a dict with the keys " + ", ".join(keys)}[outputs.kind]
     return dict(outputs=True, outputs_kind=outputs.kind, random=random, outputs_names=list(outputs.nodes), outputs_described=described,
                 outputs_keys="(" + ", ".join(f'"{key}"' for key in keys) + ("," if len(keys) == 1 else "") + ")",
-                eval_module=spec.eval)
+                eval_module=spec.eval, reached_by=_reached_by(spec, graph))
+
+
+def _reached_by(spec, graph) -> list[str]:
+    """The rows of ``REACHED_BY``: each differentiated input (a parameter by its ``state_dict`` key)
+    that some outputs read and others do not, with the outputs that read it. A backward whose loss
+    reads none of those leaves its gradient None, as autograd leaves a parameter its loss never reaches."""
+    sources = {item.name: item.source or item.name for item in spec.inputs}
+    end = graph.loss
+    reached: dict[str, list[int]] = {}
+    for index, node in enumerate(end.operands[f"output_{position}"] for position in range(len(end.operands))):
+        ancestors, stack = set(), [node]
+        while stack:
+            name = stack.pop()
+            if name not in ancestors:
+                ancestors.add(name)
+                stack.extend(graph.nodes[name].operands.values())
+        for name in graph.wrt:
+            if name in ancestors:
+                reached.setdefault(name, []).append(index)
+    from .render_blocks import _packed
+
+    count = len(end.operands)
+    return _packed([f'"{sources.get(name, name)}": {tuple(indices)},' for name, indices in reached.items()
+                    if len(indices) < count])
 
 
 DOCUMENTS = ("{name}.md", "{name}.html")
