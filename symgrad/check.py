@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from . import stale
+from .callable_module import make_callable
 from .graph import Graph, sized
 from .roles import channels_last_inputs, input_roles
 from . import testdata
@@ -335,3 +337,6 @@ def by_name(module, graph: Graph):
     if isinstance(module, ByName) or not any(item.source for item in graph.spec.inputs):
         return module  # already called by name, or taking every input by name itself
     return ByName(module, graph)
+
+
+make_callable(__name__, stale.check)  # symgrad.check("generated") compares generated files with their specs

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
+from ..callable_module import make_callable
 from ..check import available_memory
 from ..errors import SpecError, SymgradError
 from ..graph import build_graph
@@ -521,4 +522,6 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-__all__ = ["LOSS_NAMES", "LossChoice", "TraceError", "load_target", "trace"]
+__all__ = ["LOSS_NAMES", "LossChoice", "TraceError", "load_target", "trace", "trace_modes"]
+
+make_callable(__name__, trace)  # symgrad.trace(model, shapes) is trace(...) (symgrad/callable_module.py)
