@@ -32,7 +32,6 @@ import importlib.util
 import inspect
 import math
 import operator
-import re
 import sys
 from dataclasses import dataclass
 from itertools import repeat
@@ -45,7 +44,9 @@ import torch.utils.checkpoint
 from .errors import SymgradError
 from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
 from .fingerprint import IGNORED, difference, literal
-from .write import read_generated, read_header, shown_path, spec_of
+from .guards import MISSING, code_difference, first_changed, guardable, kept
+from .retrace import retrace, spec_and_output
+from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
 
@@ -115,8 +116,11 @@ class Guard:
             found.setdefault(mean, _Statistics(module, mean, var, momentum, max(count, 1)))
         self._statistics = tuple(found.values())
         for statistics in self._statistics:
-            if (statistics.module.momentum is None) != (statistics.momentum is None) or (
-                    statistics.momentum is not None and statistics.module.momentum != statistics.momentum):
+            momentum = statistics.module.momentum  # nn.InstanceNorm passes None on as 0.0: its statistics stay
+            momentum = 0.0 if momentum is None and statistics.momentum == 0.0 and not isinstance(
+                statistics.module, torch.nn.modules.batchnorm._BatchNorm) else momentum
+            if (momentum is None) != (statistics.momentum is None) or (
+                    statistics.momentum is not None and momentum != statistics.momentum):
                 raise BindError(f"{name_of(generated)} was traced with momentum {statistics.momentum} for "
                                 f"{sources[statistics.mean][0].rsplit('.', 1)[0]}, and the model has "
                                 f"{statistics.module.momentum} (fix: trace the model again)")
@@ -140,15 +144,16 @@ class Guard:
         self._checked: set = set()
         self._children = tuple((parent, name, child) for parent in modules.values()
                                for name, child in parent._modules.items())
-        self._hypers = tuple((path, module, key, copy.copy(value)) for path, module in modules.items()
-                             for key, value in vars(module).items()
-                             if fingerprint and path in fingerprint and _hyper(key, value))
+        self._hypers = [(path, module, key, kept(value)) for path, module in modules.items()
+                        for key, value in vars(module).items()
+                        if fingerprint and path in fingerprint and _hyper(key, value)]
         # _check_mode's second rule: the BatchNorms (or the running statistics' owners) in the traced mode
         self._normed = tuple(statistics.module for statistics in self._statistics) or tuple(
             owner for owner, attribute in self._state.values() if attribute == "running_mean")
         moded = tuple(self._modes)
         if not self._modes and self._traced_training is not None:
             moded += tuple(("", owner, self._traced_training) for owner in self._normed)
+        self._moded = moded
         self._snapshot = Snapshot(self._children, self._hypers, moded)
         self._hook_watch = HookWatch(model)
         self._refuse_backward_hooks(self._hook_watch.hooks)
@@ -246,13 +251,15 @@ class Guard:
                 raise BindError(f"{name_of(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
                                 f"or removed after bind (fix: bind the model again: {_retrace(self.generated, self.model)} "
                                 "if it changed what it computes)")
-        for path, module, key, value in self._hypers:
-            now = getattr(module, key, _MISSING)
-            if not _same(now, value):
-                has = f"no {key}" if now is _MISSING else f"{key}={now!r}"
-                raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
-                                f"{has} since bind, traced with {key}={value!r} (fix: set it back, or trace and "
-                                f"generate the changed model: {_retrace(self.generated, self.model)})")
+        changed, refreshed = first_changed(self._hypers)  # symgrad.guards: dicts, lists, partials by value
+        if refreshed:  # an equal value made anew (a partial): compared as it is now from here on
+            self._snapshot = Snapshot(self._children, self._hypers, self._moded)
+        if changed:
+            path, module, key, value, now = changed
+            has = f"no {key}" if now is MISSING else f"{key}={now!r}"
+            raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
+                            f"{has} since bind, traced with {key}={value!r} (fix: set it back, or trace and "
+                            f"generate the changed model: {_retrace(self.generated, self.model)})")
 
     def _check_mode(self) -> None:
         if self._modes:  # every module whose code reads its mode, as traced
@@ -425,27 +432,14 @@ class Bound(Guard, torch.nn.Module):
         return copied
 
 
-_MISSING = object()
-
 CHECKPOINT_STOP = tuple(filter(None, [getattr(torch.utils.checkpoint, "_StopRecomputationError", None)]))
 """What ``torch.utils.checkpoint(..., use_reentrant=False)`` raises through a recomputed forward to stop it
 early (PyTorch's control flow, not a failure of the step: passed through as it is)."""
 
 
-def _same(now, value) -> bool:
-    """Whether a hyper-parameter read now is the one bound: the same object or equal (a value whose
-    comparison gives no single truth value, such as a tensor of several elements, is not)."""
-    if now is value:
-        return True
-    try:
-        return bool(now == value)
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
 def _hyper(key: str, value) -> bool:
     """Whether the attribute ``key`` of a module is a hyper-parameter the fingerprint holds."""
-    return not key.startswith("_") and key not in IGNORED and literal(value) is not ...
+    return not key.startswith("_") and key not in IGNORED and (literal(value) is not ... or guardable(value))
 
 
 class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
@@ -487,7 +481,7 @@ def _check_file(file: Path, allow_edited: bool) -> None:
         problem = "was edited by hand since symgrad generated it (its content hash differs from its header's)"
     else:
         return
-    spec, output = _spec_and_output(file, parsed[0]["spec"]) if parsed else ("SPEC.yaml", "")
+    spec, output = spec_and_output(file, parsed[0]["spec"]) if parsed else ("SPEC.yaml", "")
     raise BindError(f"{file} {problem} (fix: symgrad generate {spec}{output} again, or bind(..., allow_edited=True) "
                     "if you mean to train with the edited code)")
 
@@ -503,33 +497,17 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
         raise BindError(f"{name_of(generated)} records no fingerprint of the model it was traced from (generated by "
                         "an older symgrad, or from a spec written by hand), so bind cannot check the model "
                         f"(fix: {_retrace(generated, model)}, or bind(..., allow_edited=True) to bind it unchecked)")
-    problem = difference(fingerprint, model, any_width=True)  # the module reads each parameter at its size
+    problem = difference(fingerprint, model, any_width=True) or code_difference(getattr(generated, "GUARDS", None), model)
     if problem:
         raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {problem} "
                         f"(fix: {_retrace(generated, model)})")
     return fingerprint
 
 
-def _retrace(generated: ModuleType, model: torch.nn.Module) -> str:
-    """The commands that trace ``model`` again and generate its module anew, where it is."""
-    match = re.search(r"from\s+(\S+\.ya?ml)\b", getattr(generated, "__doc__", None) or "")
-    file = getattr(generated, "__file__", None)
-    spec, output = _spec_and_output(Path(file) if file else None, match.group(1) if match else "SPEC.yaml")
-    try:
-        source = shown_path(inspect.getsourcefile(type(model)) or "FILE.py")
-    except (TypeError, OSError, ValueError):
-        source = "FILE.py"
-    return f"symgrad trace {source}:{type(model).__name__} --input ... -o {spec} && symgrad generate {spec}{output}"
-
-
-def _spec_and_output(file: Path | None, label: str) -> tuple[str, str]:
-    """The spec, and `` -o FOLDER`` (or ""), with which ``symgrad generate``, run from here, writes ``file``
-    again: its header names the spec relative to the file's folder, and the folder may not be
-    ``generate``'s default."""
-    if file is None:
-        return label, ""
-    folder = shown_path(file.parent)
-    return shown_path(spec_of(file, label)), "" if folder == "generated" else f" -o {folder}"
+def _retrace(generated: ModuleType, model: torch.nn.Module, options: str = "") -> str:
+    """The commands that trace ``model`` again as it was traced (``options``: the modes as it has them now)
+    and generate its modules anew, where they are (``symgrad.retrace``)."""
+    return retrace(generated, model, options)
 
 
 def generated_reference(generated: ModuleType) -> tuple[str, str] | None:

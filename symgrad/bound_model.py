@@ -42,6 +42,7 @@ import torch
 
 from .binding import CHECKPOINT_STOP, BindError, Bound, Guard, name_of, generated_reference, load_generated
 from .fingerprint import forward_hooks
+from .guards import ArgumentGuard
 
 
 class _Mode(Guard):
@@ -54,6 +55,9 @@ class _Mode(Guard):
         self.model = model
         self.allow_edited = allow_edited
         self._setup(generated)
+        self.arguments = ArgumentGuard((getattr(generated, "GUARDS", None) or {}).get("arguments", {}),
+                                       inspect.signature(model.forward), self.data_arguments)
+        """The forward's non-tensor arguments as traced, and its optional tensors (``symgrad.guards``)."""
         traced = {training for _, _, training in self._modes}  # no BatchNorm: its dropouts' mode, as traced
         self.training = self._traced_training if self._traced_training is not None or len(traced) != 1 else traced.pop()
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
@@ -150,6 +154,9 @@ class BoundModel(torch.nn.Module):
         if missing:
             raise TypeError(f"{name_of(mode.generated)} takes the data arguments {', '.join(mode.data_arguments)}; "
                             f"missing: {', '.join(missing)}")
+        problem = mode.arguments.problem(arguments)
+        if problem:  # the generated code computes what was traced: another argument would be ignored
+            raise BindError(f"{name_of(mode.generated)}: {problem}")
         return mode({name: arguments[name] for name in mode.data_arguments})
 
     def check_unchanged(self) -> None:

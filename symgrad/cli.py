@@ -428,6 +428,11 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         else:
             text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments,
                          dtypes=dtypes, mode=mode, timeout=timeout, blocks=not flat)
+        from .retrace import options_line, with_options  # what bind's refusals print to trace it again
+
+        line = options_line(inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode,
+                            None, wrt, spec_name, timeout, flat)
+        text, evaluation = with_options(text, line), evaluation and with_options(evaluation, line)
         if evaluation is not None and output == "-":
             raise TraceError("error: the model runs other layers in eval mode than in train mode (BatchNorm, "
                              "dropout or its outputs), so symgrad writes two specs (fix: pass -o FILE.yaml: the "

@@ -16,6 +16,7 @@ submodule that differs.
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import inspect
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from .errors import Location, SpecError
+from .guards import code_text, guardable, names_read, short, value_text
 
 ENTRY_KEYS = ("class", "code", "training", "calls", "hyper", "state")
 """What a submodule's entry may hold."""
@@ -49,14 +51,18 @@ MAX_ITEMS = 16
 
 
 def literal(value: Any) -> Any:
-    """``value`` as a fingerprint literal, or ``...`` where it is none (a tensor, a module, a function)."""
+    """``value`` as a fingerprint literal, or ``...`` where it is none (a tensor, a module, a function); an
+    ``Enum`` as its text, ``Format.NCHW`` (YAML writes no Enum, and its text is the same in another process)."""
+    if isinstance(value, enum.Enum):
+        return value_text(value)
     if value is None or isinstance(value, bool):
-        return value
+        return None if value is None else bool(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
         return float(value) if math.isfinite(value) else str(value)
     if isinstance(value, str):
+        value = str.__str__(value)
         if len(value) <= MAX_TEXT and value.isprintable():
             return value
         return "sha256:" + hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:16]
@@ -71,22 +77,29 @@ _CODE_CACHE: dict[type, str | None] = {}
 
 
 def _code_hash(cls: type) -> str | None:
-    """A hash of the source of ``cls`` and of its bases outside PyTorch, with the module-level functions
-    their methods call; None for a PyTorch class (its math is its class and hyper-parameters)."""
+    """A hash of the code of ``cls`` and of its bases outside PyTorch (every method's code object, and
+    the class's literal attributes), with the module-level functions their methods call; None for a
+    PyTorch class (its math is its class and hyper-parameters). Code objects, not source text: a class
+    made by ``exec``, or whose file was moved since, is guarded as well (``symgrad.guards``)."""
     if cls in _CODE_CACHE:
         return _CODE_CACHE[cls]
     parts = []
     for klass in cls.__mro__:
         if (klass.__module__ or "").split(".")[0] in ("torch", "builtins"):
             continue
-        parts.append(_source(klass))
-        for method in vars(klass).values():
-            method = getattr(method, "__func__", method)
+        parts.append(klass.__qualname__)
+        for key, member in vars(klass).items():
+            method = getattr(member, "__func__", getattr(member, "fget", member))
             code, names = getattr(method, "__code__", None), getattr(method, "__globals__", {})
-            for name in (code.co_names if code is not None else ()):
+            if code is None:
+                text = value_text(member) if not key.startswith("__") else None
+                parts += [f"{key}={text}"] if text is not None and not text.startswith("<") else []
+                continue
+            parts.append(f"{key}:{code_text(code)}")
+            for name in code.co_names:
                 called = names.get(name)
                 if inspect.isfunction(called) and not (called.__module__ or "").startswith("torch"):
-                    parts.append(_source(called))
+                    parts.append(code_text(called.__code__))
     result = hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16] if parts else None
     _CODE_CACHE[cls] = result
     return result
@@ -195,10 +208,8 @@ _READS_TRAINING: dict[type, bool] = {}
 def _reads_training(cls: type) -> bool:
     """Whether ``cls``'s forward may compute otherwise in train and eval mode (its code reads ``training``)."""
     if cls not in _READS_TRAINING:
-        try:
-            _READS_TRAINING[cls] = "training" in inspect.getsource(cls.forward)
-        except (OSError, TypeError, AttributeError):
-            _READS_TRAINING[cls] = True
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        _READS_TRAINING[cls] = code is None or "training" in names_read(code)
     return _READS_TRAINING[cls]
 
 
@@ -210,9 +221,11 @@ def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) 
         for key, value in vars(module).items():
             if key.startswith("_") or key in IGNORED or not KEY.match(key):
                 continue
-            value = literal(value)
-            if value is not ...:
-                hyper[key] = value
+            found = literal(value)
+            if found is ... and guardable(value):  # a dict, a nested list, a partial, a function: its text
+                found = short(value_text(value))
+            if found is not ...:
+                hyper[key] = found
         state = {key: list(value.shape)
                  for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
                  if value is not None}
@@ -370,4 +383,8 @@ def module_constants(spec, any_width: bool = False, running: frozenset = frozens
             'own tensors\' shapes, mode if read, BatchNorm runs; ``symgrad.bind`` refuses a model that differs."""\n'
             f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
             '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
-            'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""')
+            'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
+            + (f"\nGUARDS = {python_literal(spec.guards, lead=9)}\n"
+               '"""What else the traced forward read (``symgrad.guards``): the functions of the model\'s code it\n'
+               'called (hashed with what they read), their literal reads, its non-tensor arguments."""'
+               if spec.guards else ""))

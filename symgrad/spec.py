@@ -27,7 +27,7 @@ from .spec_values import (MAX_DIM, MAX_RANK, RESERVED_MODULES, RESERVED_NAMES, R
                           string_at, typed_at)
 from .spec_yaml import MAX_NAME, MAX_SPEC_BYTES, Mapping, Sequence, load_yaml
 
-TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint")
+TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint", "guards")
 REQUIRED_KEYS = ("name", "inputs", "layers", "wrt")
 """And one of ``loss`` or ``outputs``."""
 EXTRAS = ("hvp", "per_sample")
@@ -75,6 +75,8 @@ class Spec:
     """name -> :class:`symgrad.blocks.BlockSpec`, the blocks the layers use (``flatten`` inlines them)."""
     fingerprint: dict | None = None
     """The traced model's submodules (``symgrad.fingerprint``), which ``symgrad.bind`` compares."""
+    guards: dict | None = None
+    """What else the traced forward read (``symgrad.guards``: the code it called, values, arguments)."""
     outputs: "OutputsSpec | None" = None
     """A spec that ends in outputs (``outputs:``) instead of a loss; ``loss`` is then None."""
     eval: str | None = None
@@ -259,9 +261,13 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     if "fingerprint" in document:
         from .fingerprint import parse_fingerprint
         fingerprint = parse_fingerprint(document["fingerprint"], document.value_locations["fingerprint"])
+    guards = None
+    if "guards" in document:
+        from .guards import parse_guards
+        guards = parse_guards(document["guards"], document.value_locations["guards"])
     return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
                 file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks, outputs=outputs, eval=eval_name,
-                fingerprint=fingerprint)
+                fingerprint=fingerprint, guards=guards)
 
 
 def _loss(document: Mapping, known: dict[str, Location], previous: str) -> LossSpec:

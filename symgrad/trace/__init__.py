@@ -41,6 +41,7 @@ from ..callable_module import make_callable
 from ..check import available_memory
 from ..errors import SpecError, SymgradError
 from ..graph import build_graph
+from ..guards import CallRecorder, guards_text
 from ..spec import parse_spec
 from ..spec_values import check_identifier
 from .constants import at_full_precision
@@ -214,7 +215,8 @@ def _time_limit(seconds: float | None):
 
 
 def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False) -> str:
-    spec, calls = _run(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
+    with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
+        spec, calls = _run(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
     problems = size_dependence(lambda changed: _run(function, module, changed, arguments, dtypes, loss, quiet=True),
                                {key: tuple(shapes[key]) for key in tensor_names}, spec, calls)
     if problems:
@@ -245,7 +247,7 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if blocks and module is not None:
         text = _with_blocks(text, header, name, spec, calls, module, graph)
     if module is not None:  # what symgrad.bind compares the model with
-        text += _fingerprint_text(module, calls)
+        text += _fingerprint_text(module, calls) + guards_text(module, function, called, tensor_names, arguments)
     return text
 
 

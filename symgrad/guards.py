@@ -1,0 +1,466 @@
+"""Guards from the trace: the Python values a traced forward read, checked where ``symgrad.bind`` binds.
+
+As TorchDynamo guards a compiled graph, ``symgrad trace`` records, beside the per-submodule
+``fingerprint`` (classes, hyper-parameters, shapes), what else decided the computation:
+
+* ``code``: every Python function of the model's own code that the forward called, found while it ran
+  (``sys.setprofile``), transitively, each named by the way it is reached from the model
+  (``Net.forward>helper>helpers.act``: a method, then the global ``helper`` it reads, then the module
+  attribute ``helpers.act`` that one reads) and hashed from its code object (instructions, constants,
+  names, defaults) with every global, module attribute and closure cell it reads: a helper called by a
+  helper, a module constant, a closure variable and a class made by ``exec`` are all guarded, and no
+  source file is needed;
+* ``values``: those reads that are short literals (``Net.forward>SLOPE: 0.1``), so that a refusal names
+  the value with its traced and current value;
+* ``arguments``: the forward's non-tensor arguments as traced (``scale: 1.0``), and ``None`` for each
+  optional tensor it ran without; a bound model refuses a call that differs.
+
+Values that are not literals (a dict, a nested list, a ``functools.partial``, an ``Enum``, a function)
+are guarded by :func:`value_text`, a text that is the same in another process (hashed where long).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import inspect
+import math
+import os
+import re
+import sys
+import sysconfig
+import types
+from typing import Any
+
+import torch
+
+MAX_TEXT = 200
+PATH = re.compile(r"[A-Za-z0-9_.<>:#-]{1,300}\Z")
+HASH = re.compile(r"[0-9a-f]{16}\Z")
+LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
+    os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"]))
+"""Code that is not the model's: PyTorch's, symgrad's, the standard library's (guarded by its version)."""
+
+_LIBRARY_FILES: dict[str, bool] = {}
+
+
+def is_library(code: types.CodeType) -> bool:
+    file = code.co_filename
+    if file not in _LIBRARY_FILES:
+        _LIBRARY_FILES[file] = not file.startswith("<") and os.path.realpath(file).startswith(LIBRARY_DIRS)
+    return _LIBRARY_FILES[file]
+
+
+def _is_library_object(value) -> bool:
+    module = getattr(value, "__module__", None) or ""
+    return module.split(".")[0] in ("torch", "builtins", "functools", "math", "operator", "typing", "collections")
+
+
+def short(text: str) -> str:
+    """``text`` where it is short and printable, else ``sha256:`` and a 16-digit hash of it."""
+    if len(text) <= MAX_TEXT and text.isprintable():
+        return text
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def code_text(code: types.CodeType) -> str:
+    """A code object's instructions, names and constants (nested code objects in turn): the same in
+    another process of the same Python, whatever its source file says now."""
+    constants = [code_text(item) if inspect.iscode(item) else value_text(item, 3) or "<?>" for item in code.co_consts]
+    return f"{code.co_code.hex()}|{code.co_names}|{code.co_varnames}|{'|'.join(constants)}"
+
+
+def code_hash(code: types.CodeType) -> str:
+    return hashlib.sha256(code_text(code).encode("utf-8")).hexdigest()[:16]
+
+
+def value_text(value: Any, depth: int = 0) -> str | None:
+    """A value the forward reads, as a text that is the same in another process and differs where the
+    value does; None for a tensor or a module (guarded as the trace's inputs and submodules)."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(int(value))
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, str):
+        return repr(str.__str__(value))
+    if isinstance(value, (torch.Tensor, torch.nn.Module)):
+        return None if depth == 0 else f"<{type(value).__name__}>"
+    if isinstance(value, (torch.dtype, torch.device, torch.Size, torch.memory_format, torch.layout)):
+        return repr(value)
+    if depth > 4:
+        return f"<{type(value).__qualname__}>"
+    inner = functools.partial(_inner, depth=depth + 1)
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(map(inner, value))
+        return f"[{text}]" if isinstance(value, list) else f"({text})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{inner(key)}: {inner(item)}" for key, item in value.items())) + "}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(inner, value))) + "}"
+    if isinstance(value, functools.partial):
+        arguments = [*map(inner, value.args), *(f"{key}={inner(item)}" for key, item in value.keywords.items())]
+        return f"partial({inner(value.func)}, {', '.join(arguments)})"
+    if inspect.ismethod(value):
+        return f"{inner(value.__func__)} of <{type(value.__self__).__qualname__}>"
+    if inspect.isfunction(value):
+        name = f"{value.__module__}.{value.__qualname__}" if is_library(value.__code__) else value.__qualname__
+        return name if is_library(value.__code__) else f"{name}#{code_hash(value.__code__)}"
+    if inspect.isbuiltin(value) or inspect.isclass(value) or isinstance(value, types.ModuleType):
+        return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', value.__name__)}"
+    if not _is_library_object(type(value)) and hasattr(value, "__dict__"):
+        state = ", ".join(f"{key}={inner(item)}" for key, item in sorted(vars(value).items()) if not key.startswith("_"))
+        return f"{type(value).__qualname__}({state})"
+    return f"<{type(value).__qualname__}>"
+
+
+def _inner(value, depth: int) -> str:
+    return value_text(value, depth) or f"<{type(value).__name__}>"
+
+
+def guardable(value: Any) -> bool:
+    """Whether a module attribute is a value the fingerprint guards by :func:`value_text` (not a
+    tensor, module, or an object whose text names nothing but its type)."""
+    if isinstance(value, (torch.Tensor, torch.nn.Module)):
+        return False
+    text = value_text(value)
+    return text is not None and text != f"<{type(value).__qualname__}>"
+
+
+def literal_or_text(value: Any) -> Any:
+    """A literal the spec holds as it is (None, bool, int, float, short str, flat list), else
+    :func:`value_text` (shortened)."""
+    if value is None or isinstance(value, bool) or (isinstance(value, int) and not isinstance(value, enum.Enum)):
+        return None if value is None else (bool(value) if isinstance(value, bool) else int(value))
+    if isinstance(value, float) and not isinstance(value, enum.Enum):
+        return float(value) if math.isfinite(value) else str(value)
+    if type(value) is str and len(value) <= MAX_TEXT and value.isprintable():
+        return value
+    if isinstance(value, list) and len(value) <= 16 and all(
+            item is None or type(item) in (bool, int, float) or type(item) is str and len(item) < 60 for item in value):
+        return [literal_or_text(item) for item in value]
+    return short(value_text(value) or f"<{type(value).__qualname__}>")
+
+
+# --- the functions a forward called -------------------------------------------------------------------------
+
+
+class CallRecorder:
+    """The code objects of every Python function that runs inside the ``with`` block (``sys.setprofile``,
+    chained with a profiler already set; it keeps its own working when another one sets and restores it)."""
+
+    def __enter__(self) -> set[types.CodeType]:
+        self.codes: set = set()
+        self._previous = sys.getprofile()
+        codes, previous = self.codes, self._previous
+
+        def profile(frame, event, argument):
+            if event == "call" or event == "return":
+                codes.add(frame.f_code)
+            if previous is not None:
+                previous(frame, event, argument)
+
+        sys.setprofile(profile)
+        return self.codes
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self._previous)
+
+
+def _unwrap(value):
+    value = value.func if isinstance(value, functools.partial) else value
+    if isinstance(value, (staticmethod, classmethod)) or inspect.ismethod(value):
+        value = value.__func__
+    if isinstance(value, property):
+        value = value.fget
+    return value
+
+
+def names_read(code: types.CodeType) -> list[str]:
+    """Every name ``code`` and the code nested in it (lambdas, comprehensions, inner functions) reads."""
+    names = list(code.co_names)
+    for item in code.co_consts:
+        if inspect.iscode(item):
+            names += [name for name in names_read(item) if name not in names]
+    return names
+
+
+def _reads(function) -> list[tuple[str, Any]]:
+    """What ``function`` reads besides its arguments: each global (and ``module.attribute`` of a
+    global module of the model's own code), each closure cell, its defaults."""
+    names, found = names_read(function.__code__), []
+    scope = function.__globals__
+    for name in names:
+        if name not in scope:
+            continue
+        value = scope[name]
+        found.append((name, value))
+        if isinstance(value, types.ModuleType) and not _is_library_object(value) and \
+                not (getattr(value, "__file__", None) or "").startswith(LIBRARY_DIRS):
+            found += [(f"{name}.{attribute}", getattr(value, attribute)) for attribute in names
+                      if attribute != name and hasattr(value, attribute)]
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            found.append((name, cell.cell_contents))
+        except ValueError:  # an empty cell
+            continue
+    for index, value in enumerate(function.__defaults__ or ()):
+        found.append((f"default{index}", value))
+    found += [(f"default_{key}", value) for key, value in (function.__kwdefaults__ or {}).items()]
+    return found
+
+
+def functions_of(model: torch.nn.Module) -> dict[str, types.FunctionType]:
+    """Every function of the model's own code reachable from it, by its path: its submodules' classes'
+    methods (``Net.forward``), functions held as attributes (``blocks.0:act``), and, in turn, the
+    functions, classes and module attributes those read (``Net.forward>helpers.act``). The same model
+    gives the same paths."""
+    found: dict[str, types.FunctionType] = {}
+    seen: set[int] = set()
+    queue: list[tuple[str, types.FunctionType]] = []
+
+    def add(path: str, value) -> None:
+        value = _unwrap(value)
+        if not inspect.isfunction(value) or id(value) in seen or is_library(value.__code__):
+            return
+        seen.add(id(value))
+        while path in found:
+            path += "#"
+        found[path] = value
+        queue.append((path, value))
+
+    def add_class(path: str, cls: type) -> None:
+        for klass in cls.__mro__:
+            if _is_library_object(klass):
+                continue
+            for name, member in vars(klass).items():
+                add(f"{path}.{name}" if path else f"{klass.__qualname__}.{name}", member)
+
+    for module_path, module in model.named_modules(remove_duplicate=False):
+        add_class("", type(module))
+        for key, value in vars(module).items():
+            if key.startswith("_"):
+                continue
+            add(f"{module_path}:{key}", value)
+            if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__") and not inspect.isroutine(value) \
+                    and not inspect.isclass(value) and not _is_library_object(type(value)):
+                add_class(f"{module_path}:{key}", type(value))  # a callable object's methods
+    while queue:
+        path, function = queue.pop(0)
+        for name, value in _reads(function):
+            if inspect.isclass(value) and not _is_library_object(value) and not issubclass(value, enum.Enum):
+                add_class(f"{path}>{name}", value)
+            else:
+                add(f"{path}>{name}", value)
+    return found
+
+
+def function_guard(function) -> tuple[str, dict[str, Any]]:
+    """The hash guarding ``function`` (its code and everything it reads), and its short literal reads by name."""
+    parts, values = [code_text(function.__code__)], {}
+    for name, value in _reads(function):
+        text = value_text(value)
+        parts.append(f"{name}={text}")
+        if text is not None and not callable(value) and not isinstance(value, types.ModuleType):
+            values[name] = literal_or_text(value)
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16], values
+
+
+def code_guards(model: torch.nn.Module, called: set) -> tuple[dict[str, str], dict[str, Any]]:
+    """``code`` and ``values`` of the guards: each function of the model's code the forward called
+    (code objects in ``called``), and the literals they read."""
+    codes, values = {}, {}
+    for path, function in functions_of(model).items():
+        if function.__code__ in called:
+            codes[path], reads = function_guard(function)
+            values.update({f"{path}>{name}": value for name, value in reads.items()})
+    return codes, values
+
+
+def arguments_of(function, shapes: dict, arguments: dict) -> dict[str, Any]:
+    """``arguments`` of the guards: each argument of the traced ``function`` that is not a traced
+    tensor, as it was given (``--arg``) or defaulted; ``None`` for an optional tensor left out."""
+    found = {}
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name in shapes:
+            continue
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            found[parameter.name] = "()"
+        elif parameter.kind is parameter.VAR_KEYWORD:
+            found[parameter.name] = "{}"
+        else:
+            value = arguments.get(parameter.name, parameter.default)
+            found[parameter.name] = literal_or_text(value)
+    return found
+
+
+def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, arguments: dict) -> str:
+    """The spec's ``guards:`` section (flow-style YAML of checked literals)."""
+    import json
+
+    import yaml
+
+    codes, values = code_guards(module, called)
+    guards = {"code": codes, "values": values, "arguments": arguments_of(function, shapes, arguments)}
+
+    def line(value) -> str:  # one value in flow style (a bare scalar would end its document with "...")
+        return yaml.safe_dump([value], default_flow_style=True, width=10_000, sort_keys=False).strip()[1:-1]
+
+    return "guards:\n" + "".join(f"  {key}:\n" + "".join(f"    {json.dumps(name)}: {line(item)}\n"
+                                                         for name, item in entries.items())
+                                 if entries else f"  {key}: {{}}\n" for key, entries in guards.items())
+
+
+def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
+    """The first function of the model's code, or value it reads, that differs from what the trace
+    called and read (``guards``: :func:`parse_guards`'s), in words; None where none does."""
+    if not guards or not guards.get("code"):
+        return None
+    found, traced_values = functions_of(model), guards.get("values", {})
+    # the deepest first: a caller's hash holds its callees' code, so the function edited is the deepest that differs
+    for path, traced in sorted(guards["code"].items(), key=lambda item: -item[0].count(">")):
+        function = found.get(path)
+        if function is None:
+            return f"{path}, which the forward called when traced, is no longer reached from the model (its code changed)"
+        now, values = function_guard(function)
+        if now == traced:
+            continue
+        for name, value in values.items():
+            before = traced_values.get(f"{path}>{name}", ...)
+            if before is not ... and before != value:
+                return (f"{name} (read by {function.__qualname__}) is {value!r}, traced with {name}={before!r}")
+        where = "" if path == function.__qualname__ else f" ({path})"
+        return f"the code of {function.__qualname__}{where}, which the forward calls, changed since it was traced"
+    return None
+
+
+def parse_guards(value: Any, location) -> dict:
+    """The ``guards:`` section of a spec, checked to hold nothing but what :func:`guards_text` writes."""
+    from .errors import SpecError
+
+    def refuse(what: str) -> SpecError:
+        return SpecError(f"guards {what}", location, "trace the model again (symgrad trace ...); the guards are "
+                         "written by the trace")
+
+    if not isinstance(value, dict) or set(value) - {"code", "values", "arguments"}:
+        raise refuse("must be a mapping of code, values and arguments")
+    result = {}
+    for key in ("code", "values", "arguments"):
+        entries = value.get(key) or {}
+        if not isinstance(entries, dict):
+            raise refuse(f"{key} must be a mapping")
+        for name, item in entries.items():
+            if not isinstance(name, str) or not PATH.match(name):
+                raise refuse(f"{key} has {name!r:.60}, not a path")
+            if key == "code" and not (isinstance(item, str) and HASH.match(item)):
+                raise refuse(f"code {name!r:.60} has {item!r:.60}, not a 16-digit hash")
+            if key != "code" and literal_or_text(item) != item:
+                raise refuse(f"{key} {name!r:.60} has {item!r:.60}, not a literal")
+        result[key] = dict(entries)
+    return result
+
+
+# --- at each call of a bound model -------------------------------------------------------------------------
+
+MISSING = object()
+
+
+def kept(value: Any) -> Any:
+    """``value`` as bound, for comparing at each call: a container deep-copied (an entry set in place
+    after bind, ``self.cfg["gain"] = 0.3``, then differs), anything else itself."""
+    if isinstance(value, (dict, list, set)) or (isinstance(value, tuple) and not hasattr(value, "_fields")):
+        try:
+            import copy
+
+            return copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - a value that cannot be copied is compared by its text
+            return value
+    return value
+
+
+def same(now: Any, value: Any) -> bool:
+    """Whether a hyper-parameter read now is the one bound: the same object, equal (a value whose
+    comparison gives no single truth value, such as a tensor of several elements, is not), or of the
+    same :func:`value_text` (an equal ``functools.partial`` made anew)."""
+    if now is value:
+        return True
+    try:
+        if bool(now == value):
+            return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    if now is MISSING or isinstance(now, (int, float, str, bool, type(None))):
+        return False
+    text = value_text(now)
+    return text is not None and not text.startswith("<") and text == value_text(value)
+
+
+def first_changed(hypers: list) -> tuple[tuple | None, bool]:
+    """The first of ``hypers`` (``[path, module, key, value]`` entries) whose attribute differs now, as
+    (path, module, key, value, now), or None; and whether an entry equal by its text alone was taken
+    as it is now (so that a comparison by ``==`` finds it unchanged at the next call)."""
+    refreshed = False
+    for index, (path, module, key, value) in enumerate(hypers):
+        now = getattr(module, key, MISSING)
+        if now is value:
+            continue
+        if not same(now, value):
+            return (path, module, key, value, now), refreshed
+        if not _equal(now, value):
+            hypers[index] = (path, module, key, kept(now))
+            refreshed = True
+    return None, refreshed
+
+
+def _equal(now, value) -> bool:
+    try:
+        return bool(now == value)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+class ArgumentGuard:
+    """The traced forward's non-tensor arguments (``GUARDS["arguments"]``), checked at each call of a
+    bound model: a value other than traced, a tensor where the trace had ``None``, or ``None`` where
+    it had a tensor is refused, as the generated code computes what was traced."""
+
+    def __init__(self, traced: dict, signature: inspect.Signature, data_arguments: tuple):
+        parameters = signature.parameters
+        self._checked = tuple((name, value, MISSING if name not in parameters or parameters[name].default
+                               is inspect.Parameter.empty else parameters[name].default)
+                              for name, value in traced.items())
+        self._data = data_arguments
+
+    def problem(self, arguments: dict) -> str | None:
+        """What differs in ``arguments`` (the call's, by name, defaults not applied), in words, or None."""
+        for name, traced, default in self._checked:
+            now = arguments.get(name, default)
+            if now is MISSING or _matches(now, traced):
+                continue
+            if traced is None and isinstance(now, torch.Tensor):
+                return (f"{name} is a tensor, and the trace ran without it ({name}=None), so the generated code "
+                        f"never reads it (fix: call it without {name}, or trace with --input {name}="
+                        f"{','.join(map(str, now.shape))})")
+            shown = value_text(now) or f"<{type(now).__name__}>"
+            return (f"it is called with {name}={shown:.80}, and was traced with {name}={traced!r:.80} (fix: call it "
+                    f"with {name}={traced!r:.60}, or trace with --arg {name}=VALUE and generate again)")
+        for name in self._data:
+            if name in arguments and arguments[name] is None:
+                return (f"{name} is None, and the trace had a tensor there (fix: pass {name}, or trace without "
+                        f"--input {name})")
+        return None
+
+
+def _matches(now, traced) -> bool:
+    if traced is None or now is None:
+        return now is traced
+    if isinstance(now, torch.Tensor):
+        return False
+    found = literal_or_text(now)
+    return found == traced and type(found) is type(traced) or (
+        isinstance(found, (int, float)) and isinstance(traced, (int, float)) and not isinstance(found, bool)
+        and not isinstance(traced, bool) and found == traced)
