@@ -133,11 +133,22 @@ def render_documents(spec, spec_label: str, sections: list[Section]) -> dict[str
     files = {}
     for suffix, html in (("md", False), ("html", True)):
         context = dict(name=spec.name, version=__version__, spec_label=spec_label, notation=NOTATION,
+                       checked_functions=[_functions_view(function.sentence(), html) for function in
+                                          getattr(spec, "checked_functions", ())],
                        notation_html=notation_html(), mathml_css=MATHML_CSS, blocked=blocked,
                        sections=[_section_view(section, blocked, html) for section in sections])
         file_name = f"{spec.name}.{suffix}"
         files[file_name] = _rendered(f"derivation.{suffix}.jinja", context)
     return files
+
+
+def _functions_view(sentence: str, html: bool) -> str:
+    """A checked Function's sentence (``spec_functions``: an identifier, numbers and fixed words), its
+    backticks as code on the page."""
+    if not html:
+        return sentence
+    parts = str(escape(sentence)).split("`")
+    return "".join(f"<code>{part}</code>" if index % 2 else part for index, part in enumerate(parts))
 
 
 def _section_view(section: Section, blocked: bool, html: bool) -> dict:

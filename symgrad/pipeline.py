@@ -15,6 +15,7 @@ from .reverse import Program, derive
 from .shapes import small_shapes
 from .errors import GeneratorError, SymgradError
 from .spec import EXTRAS, Spec, parse_spec, read_spec
+from .spec_functions import refuse_second_order
 
 
 @dataclass
@@ -47,6 +48,7 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
     if not fused and spec.blocks and not flat:
         raise ValueError("fused=False builds a spec without blocks (flat=True writes its blocks out)")
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
+    refuse_second_order(spec.checked_functions, wanted)
     # in the headers, so that `check` redoes them: the extras the command line added, --flat, --no-recompute
     recorded = (tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
                 + (() if recompute else ("no_recompute",)))

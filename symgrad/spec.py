@@ -27,7 +27,8 @@ from .spec_values import (MAX_DIM, MAX_RANK, RESERVED_MODULES, RESERVED_NAMES, R
                           string_at, typed_at)
 from .spec_yaml import MAX_NAME, MAX_SPEC_BYTES, Mapping, Sequence, load_yaml
 
-TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint", "guards")
+TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint", "guards",
+                  "checked_functions")
 REQUIRED_KEYS = ("name", "inputs", "layers", "wrt")
 """And one of ``loss`` or ``outputs``."""
 EXTRAS = ("hvp", "per_sample")
@@ -81,6 +82,8 @@ class Spec:
     """A spec that ends in outputs (``outputs:``) instead of a loss; ``loss`` is then None."""
     eval: str | None = None
     """``eval: NAME``: the spec (module) traced from the same model in eval mode, where it differs."""
+    checked_functions: tuple = ()
+    """The custom ``autograd.Function``s traced through (``symgrad.spec_functions.CheckedFunction``)."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,12 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     if "guards" in document:
         from .guards import parse_guards
         guards = parse_guards(document["guards"], document.value_locations["guards"])
-    return Spec(name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
+    checked = ()
+    if "checked_functions" in document:
+        from .spec_functions import parse_checked_functions
+        checked = parse_checked_functions(document["checked_functions"], document.value_locations["checked_functions"])
+    return Spec(checked_functions=checked,
+                name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
                 file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks, outputs=outputs, eval=eval_name,
                 fingerprint=fingerprint, guards=guards)
 

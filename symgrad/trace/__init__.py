@@ -45,6 +45,7 @@ from ..guards import CallRecorder, guards_text
 from ..spec import parse_spec
 from ..spec_values import check_identifier
 from .constants import at_full_precision
+from .custom_functions import checked_functions, merge_checks
 from .dataflow import Problem, Source, fitted, plain_name, report
 from .errors import Refusal, TraceError
 from .layers import SpecBuilder
@@ -217,13 +218,16 @@ def _time_limit(seconds: float | None):
 def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False) -> str:
     with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
         spec, calls = _run(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
-    problems = size_dependence(lambda changed: _run(function, module, changed, arguments, dtypes, loss, quiet=True),
+    again: list[dict] = []  # the second run's specs: their Functions' checks, at other sizes, are the spec's too
+    problems = size_dependence(lambda changed: _kept(again, _run(function, module, changed, arguments, dtypes, loss,
+                                                                 quiet=True)),
                                {key: tuple(shapes[key]) for key in tensor_names}, spec, calls)
     if problems:
         raise TraceError("\n".join(problems))
     at_full_precision(spec, module, function, lambda function, module: _run(
         function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True,
         dtype=torch.float64))
+    merge_checks(spec, again)
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
@@ -249,6 +253,11 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if module is not None:  # what symgrad.bind compares the model with
         text += _fingerprint_text(module, calls) + guards_text(module, function, called, tensor_names, arguments)
     return text
+
+
+def _kept(runs: list, run: tuple) -> tuple:
+    runs.append(run[0])
+    return run
 
 
 def _refuse_untraced_hooks(module: torch.nn.Module | None) -> None:
@@ -355,6 +364,9 @@ def _yaml(document: dict) -> str:
     value = document[end]  # one output: its node's name, an identifier
     lines += [f"{end}: {_name(value) if isinstance(value, str) else line(value)}", f"wrt: {line(document['wrt'])}"]
     lines += [f"eval: {document['eval']}"] if document.get("eval") else []
+    if document.get("checked_functions"):
+        lines.append("checked_functions:")
+        lines += [f"  {key}: {line(value)}" for key, value in document["checked_functions"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -430,11 +442,14 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
                          "torch.utils.checkpoint block, whose own no_grad() hides which values autograd "
                          "differentiates (fix: compute that value outside the checkpointed function)")
     modules = {path: child for path, child in module.named_modules()} if module is not None else {}
-    builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors)
+    builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors, quiet=quiet)
     for call in recorder.calls:
         builder.add(call)
-    outputs = outputs_of(builder, output, returned_at) if loss is None and ends_in_outputs(builder, output) else None
-    loss_entry = loss_of(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
+    try:
+        outputs = outputs_of(builder, output, returned_at) if loss is None and ends_in_outputs(builder, output) else None
+        loss_entry = loss_of(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
+    except TraceError as error:  # a custom Function refused at these sizes alone: no other size mends it
+        raise builder.function_refusal(error) from None
     layers, used = live_layers(builder, loss_entry, outputs)
     inputs: dict[str, dict] = {}
     state_keys = {source.name: source.state_key for source in sources.values() if source.state_key}
@@ -449,7 +464,8 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     wrt = [key for key in inputs if key in trainable and key != loss_entry["target"]]
     layer_calls = [call for call, layer in zip(builder.layer_calls, builder.layers) if layer in layers]
     end = {"outputs": outputs} if outputs is not None else {"loss": loss_entry}
-    return {"inputs": inputs, "layers": layers, **end, "wrt": wrt}, layer_calls
+    checked = checked_functions(builder.checked_functions, layer_calls)
+    return {"inputs": inputs, "layers": layers, **end, "wrt": wrt, **checked}, layer_calls
 
 
 def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:

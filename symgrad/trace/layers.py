@@ -30,7 +30,8 @@ from . import attention, loss_tail, random_masks, views
 from .constants import constant_layer
 from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_number, literal, numbered,
                        plain_name, storage_of)
-from .errors import TraceError
+from .custom_functions import Applied, check
+from .errors import Refusal, TraceError
 from .indexing import index_view
 from .op_hooks import HOOKS
 from .recorder import NO_GRAD, RANDOM, Call
@@ -92,6 +93,12 @@ class SpecBuilder:
     walked: int = 0
     size_tensors: list[torch.Tensor] = field(default_factory=list)
     """The tensors whose sizes the code read, by the index the sizes carry (``sizes.Dim``)."""
+    quiet: bool = False
+    """The second run's walk (other sizes, or float64): see :meth:`function_refusal`."""
+    checked_functions: dict[str, list] = field(default_factory=dict)
+    """Custom ``autograd.Function`` name -> its checks (``custom_functions.Checked``), where they passed."""
+    function_refusals: dict[int, int | None] = field(default_factory=dict)
+    """id of an ``Applied`` -> the index of its refusal in ``problems``, or None where its check passed."""
     masks: dict[int, dict] = field(default_factory=dict)
     """id of a random mask being drawn (``x.new_empty(shape)``, then ``.bernoulli_(keep)``, ``.div_(keep)``:
     timm's DropPath, torchvision's StochasticDepth) -> {"keep": keep or None before bernoulli_, "scale": bool}."""
@@ -197,11 +204,8 @@ class SpecBuilder:
                       "compute it before the model's forward and pass it in as an argument (a teacher's output, "
                       "a target), or train that model with autograd")
             return
-        if call.undifferentiated:  # ... or differentiates by a backward of its own
-            self.fail(call, f"runs in the forward of the torch.autograd.Function {call.undifferentiated}, whose own "
-                      "backward the explicit backward would not follow: it would differentiate the forward's ops",
-                      "write the Function's math as torch ops in the model, or train that model with autograd")
-            return
+        if call.undifferentiated and not self.function_checked(call, call.undifferentiated):
+            return  # ... or differentiates by a backward of its own, which is not its forward's derivative
         if loss_tail.scale_reduction(self, call):
             return
         if index_view(self, call):
@@ -226,6 +230,42 @@ class SpecBuilder:
             CALLS[name](self, call)
         else:
             self.unknown(call)
+
+    def function_checked(self, call: Call, applied: Applied) -> bool:
+        """Whether the call, run in a custom ``autograd.Function``'s forward, is traced as any other: where
+        that Function's own backward was checked equal to its forward's derivative (``custom_functions``,
+        noted in ``checked_functions``); otherwise refused at its forward's first call, and what the
+        Function's outputs feed carries that refusal."""
+        if id(applied) not in self.function_refusals:
+            found = check(applied)
+            if not found.refusal:
+                self.checked_functions.setdefault(applied.name, []).append(found)
+                self.function_refusals[id(applied)] = None
+            else:
+                problem = Problem(call.where, call.module, call.name, f"runs in the forward of the torch.autograd."
+                                  f"Function {applied.name}, whose own backward {found.refusal} (float64, random "
+                                  f"arguments {found.shapes} and cotangent), which the explicit backward would not "
+                                  "follow: it differentiates the forward's ops", "write the Function's math as torch "
+                                  "ops in the model, or make its backward its forward's derivative, or train that "
+                                  "model with autograd")
+                self.problems.append(problem)
+                self.function_refusals[id(applied)] = len(self.problems) - 1
+        index = self.function_refusals[id(applied)]
+        if index is None:
+            return True
+        inherited = [self.poison[id(value)] for value in flat_arguments(call.arguments, call.keywords)
+                     if isinstance(value, torch.Tensor) and id(value) in self.poison]
+        self.taint(call.result, frozenset({index}).union(*inherited))
+        return False
+
+    def function_refusal(self, error: TraceError) -> TraceError:
+        """``error`` (the loss's or the outputs' problems) as a :class:`Refusal` where the second run
+        (``quiet``) reports a custom Function's refusal in it: one found at other sizes alone, which the
+        second run would otherwise take for a model that does not run at those sizes."""
+        lines = {self.problems[index].where for index in self.function_refusals.values() if index is not None}
+        if self.quiet and any(f"{where}: error: " in str(error) for where in lines):
+            return Refusal(str(error))
+        return error
 
     def fold_constants(self, op: str, bound: dict, call: Call) -> bool:
         """A constant operand of one value, ``torch.full_like(x, 2.0) * x`` or ``x + torch.tensor(0.5)``, is

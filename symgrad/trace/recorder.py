@@ -27,6 +27,7 @@ from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 
 from . import sizes
+from .custom_functions import Applied
 
 SHAPE_QUERIES = frozenset({
     "size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "is_contiguous", "is_floating_point",
@@ -85,11 +86,11 @@ NO_GRAD = "no_grad"
 """``Call.undifferentiated`` of a call the traced code made under ``torch.no_grad()`` or ``inference_mode()``."""
 
 
-def _undifferentiated(frame) -> str:
-    """Why a call made with gradients off (from ``frame``) gets no gradient from autograd: the name of the
-    custom ``autograd.Function`` whose forward runs it (its own backward decides), or :data:`NO_GRAD`; ""
-    where ``torch.utils.checkpoint`` runs it (its reentrant form runs the forward under ``no_grad`` and
-    again with gradients in the backward)."""
+def _undifferentiated(frame, applied: dict[int, Applied] | None = None) -> str | Applied:
+    """Why a call made with gradients off (from ``frame``) gets no gradient from autograd: the custom
+    ``autograd.Function``'s apply whose forward runs it (its own backward decides; ``applied`` keeps one
+    :class:`Applied` per apply, by its arguments), or :data:`NO_GRAD`; "" where ``torch.utils.checkpoint``
+    runs it (its reentrant form runs the forward under ``no_grad`` and again with gradients in the backward)."""
     if torch.is_inference_mode_enabled():  # never checkpoint's
         return NO_GRAD
     while frame is not None:
@@ -97,7 +98,16 @@ def _undifferentiated(frame) -> str:
             return ""
         function = frame.f_locals.get("cls") if frame.f_code.co_filename in FUNCTION_FILES else None
         if isinstance(function, type) and frame.f_code.co_name == "apply":
-            return "" if function.__module__ == torch.utils.checkpoint.__name__ else function.__name__
+            if function.__module__ == torch.utils.checkpoint.__name__:
+                return ""
+            arguments = frame.f_locals.get("args", ())
+            if applied is None or id(arguments) not in applied:  # one per apply (it keeps the tuple, and so its id)
+                made = Applied(function, tuple(arguments), dict(frame.f_locals.get("kwargs") or {}),
+                               user_line(frame))
+                if applied is None:
+                    return made
+                applied[id(arguments)] = made
+            return applied[id(arguments)]
         frame = frame.f_back
     return NO_GRAD
 
@@ -163,9 +173,9 @@ class Call:
     fill: float | None = None
     """A constant result's one value, when every entry holds it (``torch.full((n, 1, h, w), 0.1)``), as it
     was when made (a later in-place update makes a new call)."""
-    undifferentiated: str = ""
+    undifferentiated: str | Applied = ""
     """Why autograd does not differentiate the call: :data:`NO_GRAD` (the traced code's ``torch.no_grad()``),
-    or the name of the custom ``autograd.Function`` whose forward ran it; "" where it does."""
+    or the custom ``autograd.Function``'s apply whose forward ran it; "" where it does."""
 
 
 @dataclass
@@ -207,6 +217,8 @@ class Recorder(TorchFunctionMode):
         self.value_shaped: set[int] = set()
         """ids of the tensors whose size depends on values that are not constants (``h.nonzero()``)."""
         self.running: list[torch.nn.Module] = []
+        self.applied: dict[int, Applied] = {}
+        """The custom ``autograd.Function`` applies met, by the id of their arguments' tuple."""
         self._hooks: list = []
         self._sizes_read: list[torch.Tensor] = []
         self.size_tensors: list[torch.Tensor] = []
@@ -246,7 +258,7 @@ class Recorder(TorchFunctionMode):
             return function(*arguments, **keywords)
         arguments, keywords = _copied(tuple(arguments)), _copied(dict(keywords))  # as called, not as later appended to
         # the traced code's no_grad() or inference_mode(), or a custom autograd.Function's forward (not checkpoint's)
-        undifferentiated = "" if torch.is_grad_enabled() else _undifferentiated(sys._getframe(1))
+        undifferentiated = "" if torch.is_grad_enabled() else _undifferentiated(sys._getframe(1), self.applied)
         with torch.no_grad():  # the calls themselves build no graph
             result = function(*arguments, **keywords)
         name = function_name(function)
