@@ -4,8 +4,8 @@ window.
 
 Runs Debian's Chromium headless through Playwright (which drives, never downloads, the browser).
 Without Chromium the tests are skipped, unless SYMGRAD_REQUIRE_BROWSER=1 (set by .ci/run), where a
-missing browser is a failure. SYMGRAD_UPDATE_SCREENSHOT=1 also refreshes the README's screenshot of
-the whole seed-3 page.
+missing browser is a failure. SYMGRAD_UPDATE_SCREENSHOT=1 also refreshes docs/derivations.md's screenshot
+of the whole seed-3 page.
 """
 
 from __future__ import annotations
