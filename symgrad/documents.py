@@ -34,7 +34,7 @@ from .write import with_header
 
 TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
     testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.moved_one_ulp,
-    testdata.rounding_tolerances, testdata.checked_subset,
+    testdata.rounding_tolerances, testdata.value_sums, testdata.sums_differ, testdata.checked_subset,
     testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
 """symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
 

@@ -248,5 +248,35 @@ def test_facts(graph, small_shapes: list[dict[str, tuple[int, ...]]]) -> dict:
         channels_last_at_spec=channels_last_inputs(graph), small_shapes=small_shapes, roles=input_roles(graph),
         moved=sorted({name for mean, var, _ in running_statistics(graph) for name in (mean, var)}),
         zero_by_structure=zero_by_structure(graph), classes=class_table(graph, small_shapes),
-        outputs=graph.spec.outputs is not None,
+        outputs=graph.spec.outputs is not None, reference_sums=reference_sums(graph, small_shapes[0]) if small_shapes else None,
         random=any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None))
+
+
+def reference_sums(graph, shapes: dict[str, tuple[int, ...]]) -> str:
+    """``REFERENCE_SUMS`` of the generated test: :func:`symgrad.testdata.value_sums` of the spec's results
+    (its loss, or each output) at ``shapes``, from the test's inputs (``inputs_for(..., seed=1)``, torch's
+    seed 0), computed op by op by PyTorch's own functions (``check.reference_values``: not the generated
+    code); each number to 10 digits, which the last bits of another machine's float64 do not reach. A
+    result whose sums move further than that when the inputs move by one ulp (rounding noise amplified)
+    is None: checked against the module's own values alone."""
+    from .check import _seeded, graph_inputs, reference_values
+    from .testdata import moved_one_ulp, value_sums
+
+    nodes = graph.spec.outputs.nodes if graph.spec.outputs is not None else ("loss",)
+    at_shapes = graph.with_input_shapes(shapes)
+    inputs = graph_inputs(graph, dict(sorted(shapes.items())), seed=1)  # drawn in the test's order (tojson sorts)
+    import torch
+
+    def results(values):
+        with torch.no_grad():
+            return [reference_values(at_shapes, values)[node] for node in nodes]
+
+    runs = [value_sums(_seeded(results, each)) for each in (inputs, moved_one_ulp(inputs, 1), moved_one_ulp(inputs, 2))]
+    rows = []
+    for index, row in enumerate(runs[0]):
+        finite = all(math.isfinite(value) for value in row)
+        spread = max(abs(run[index][position] - value) / (max(abs(value), 1e-300) if position % 2 == 0 else 1.0)
+                     for run in runs[1:] for position, value in enumerate(row)) if finite else math.inf
+        rows.append("[" + ", ".join(f"{value:.10g}" if position % 2 == 0 else f"{round(value, 10) + 0.0:.10f}"
+                                    for position, value in enumerate(row)) + "]" if spread <= 1e-13 else "None")
+    return "[" + ", ".join(rows) + "]"

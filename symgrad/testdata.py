@@ -128,6 +128,40 @@ def rounding_tolerances(expected, at_moved_inputs, floor=1e-12, factor=4.0, cap=
     return {name: min(cap, max(floor, factor * error)) for name, error in spread.items()}
 
 
+def value_sums(results):
+    """A forward's values in a few numbers, for each result tensor (float64): the sum of its
+    magnitudes, its sum divided by that, and the same two for its entries weighted by a fixed draw.
+    Any change of the values moves them: a shift of every entry the plain ratio, others the weighted
+    one. The ratios lie in [-1, 1], so their digits are not lost to cancellation."""
+    sums = []
+    for index, result in enumerate(results):
+        value = result.detach().double()
+        weights = torch.randn(value.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(50 + index))
+        row = []
+        for weighted in (value, weights.to(value.device) * value):
+            magnitude = float(weighted.abs().sum())
+            row += [magnitude, float(weighted.sum()) / max(magnitude, 1e-300)]
+        sums.append(row)
+    return sums
+
+
+def sums_differ(actual, expected, at_moved, floor=1e-9, factor=4.0):
+    """Where :func:`value_sums` ``actual`` differ from ``expected`` (None for a result not
+    recorded) by more than ``floor`` (relative for a magnitude) or ``factor`` times as far as they
+    move when the inputs move by one ulp (``at_moved``: the sums of one forward at the inputs, then
+    at :func:`moved_one_ulp` copies), a message saying which; else None."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} results, not {len(expected)}"
+    names = ("sum of magnitudes", "sum ratio", "weighted sum of magnitudes", "weighted sum ratio")
+    for index, (ours, theirs) in enumerate(zip(actual, expected)):
+        for position, name in enumerate(names if theirs is not None else ()):
+            spread = max(abs(moved[index][position] - at_moved[0][index][position]) for moved in at_moved[1:])
+            scale = abs(theirs[position]) if position % 2 == 0 else 1.0
+            if not abs(ours[position] - theirs[position]) <= max(floor * scale, factor * spread):
+                return f"result {index}: {name} {ours[position]!r}, expected {theirs[position]!r}"
+    return None
+
+
 def checked_subset(wrt, most=3):
     """The inputs gradcheck and gradgradcheck perturb: first, middle and last of ``wrt``, so their
     cost stays bounded however deep the spec is (the others are held fixed)."""
