@@ -383,3 +383,52 @@ def test_the_check_leaves_the_random_state_as_it_was():
     found = check(applied)
     assert found.first is not None and found.first <= 1e-10 and not found.refusal, found
     assert torch.equal(state, torch.get_rng_state())
+
+
+class WithCount(torch.autograd.Function):
+    """Returns a number beside its tensor."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0, 3
+
+    @staticmethod
+    def backward(ctx, grad, count):
+        return grad * 2.0
+
+
+class TooFewGradients(torch.autograd.Function):
+    """x * w whose backward returns x's gradient alone."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w,) = ctx.saved_tensors
+        return (grad * w,)
+
+
+class Uncheckable(nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.conv, self.function = nn.Conv2d(3, 4, 3, padding=1), function
+        self.scale = nn.Parameter(torch.rand(1, 4, 1, 1) + 0.5)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return self.function.apply(h)[0] if self.function is WithCount else self.function.apply(h, self.scale)
+
+
+@pytest.mark.parametrize("function, why", [
+    (WithCount, "cannot be checked against its forward's derivative: its forward returns int, not only tensors"),
+    (TooFewGradients, "cannot be checked against its forward's derivative: the check raised RuntimeError: "
+                      "function TooFewGradientsBackward returned an incorrect number of gradients"),
+], ids=["returns-a-number", "backward-raises"])
+def test_a_function_that_cannot_be_checked_is_refused_saying_why(function, why):
+    with pytest.raises(TraceError) as error:
+        trace(Uncheckable(function).double(), {"x": (2, 3, 6, 6)}, loss=LossChoice("mse_loss"), mode="train")
+    (message,) = str(error.value).splitlines()
+    assert f"torch.autograd.Function {function.__name__}, whose own backward {why}" in message, message
