@@ -231,7 +231,8 @@ def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
             continue
         source = node.operands.get("input")
         own = nodes[source].shape if source else ()
-        if isinstance(value, Like):  # the spatial sizes, dims 2 on, of a node of the input's rank
+        if isinstance(value, Like) and value.dims is None and value.size is None:  # the spatial sizes, dims 2 on,
+            # of a node of the input's rank (a Like with dims or size is one size: narrow's length)
             referenced = nodes[value.node].shape
             if len(referenced) < 3 or len(referenced) != len(own):
                 raise SpecError(f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "

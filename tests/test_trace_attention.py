@@ -49,7 +49,7 @@ def _refusal(function, shapes, mode=None, where="test_trace_attention.py:") -> s
 
 
 class Dropping(torch.nn.Module):
-    """timm's Attention with attn_drop > 0: random in training mode, so refused there, traced in eval mode."""
+    """timm's Attention with attn_drop > 0: dropout inside attention in training mode, none in eval mode."""
 
     def __init__(self):
         super().__init__()
@@ -59,10 +59,17 @@ class Dropping(torch.nn.Module):
         return self.attn(x)
 
 
-def test_attention_dropout_is_refused_in_training_mode_and_traced_in_eval_mode():
-    line = _refusal(Dropping().double(), {"x": (2, 5, 8)}, mode="train", where="zoo_attention.py:")
-    assert "dropout_p=0.1" in line and "--eval" in line, line
-    trace(Dropping().double(), {"x": (2, 5, 8)}, name="evaluated", loss=LossChoice("mse_loss"), mode="eval")
+def test_attention_dropout_is_traced_as_the_math_kernel_computes_it_in_training_mode_and_absent_in_eval_mode():
+    """Its probabilities, dropout drawn as F.dropout draws it, and the product with v (the CPU math kernel's
+    steps; the bound model's draws are the model's: tests/test_text_transformers.py)."""
+    text = trace(Dropping().double(), {"x": (2, 5, 8)}, name="dropping", loss=LossChoice("mse_loss"), mode="train")
+    layers = [layer for layer in yaml.safe_load(text)["layers"]]
+    ops = [layer["op"] for layer in layers]
+    assert "scaled_dot_product_attention" not in ops and ops.count("dropout") == 1, ops
+    start = ops.index("attention_probabilities")
+    assert ops[start:start + 3] == ["attention_probabilities", "dropout", "matmul"] and layers[start + 1]["p"] == 0.1
+    evaluated = trace(Dropping().double(), {"x": (2, 5, 8)}, name="evaluated", loss=LossChoice("mse_loss"), mode="eval")
+    assert "op: scaled_dot_product_attention" in evaluated and "op: dropout" not in evaluated
 
 
 def test_a_boolean_mask_is_refused_with_the_additive_form():

@@ -75,6 +75,20 @@ class BiasTable(nn.Module):
         return x + bias.unsqueeze(0)
 
 
+class Tokens(nn.Module):
+    """Token embeddings: ``F.embedding`` of an int64 buffer of ids, and of the same table with ``padding_idx``
+    (its row gets no gradient from that read), as a language model reads its tokens (``nn.Embedding``:
+    tests/test_text_transformers.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(5, 4))
+        self.register_buffer("ids", torch.tensor([[1, 0, 2], [2, 2, 1]]))
+
+    def forward(self, x):
+        return x * F.embedding(self.ids, self.table) + F.embedding(self.ids, self.table, padding_idx=1).tanh()
+
+
 OP_CASES = [  # (op the spec must hold, traced function or module, argument shapes)
     ("conv1d", lambda x, w, b: F.conv1d(x, w, b, 2, 1, 2), {"x": (2, 3, 11), "w": (4, 3, 3), "b": (4,)}),
     ("conv2d", lambda x, w: F.conv2d(x, w, None, (2, 1), 1, 2, 3), {"x": (2, 3, 9, 9), "w": (6, 1, 3, 3)}),
@@ -267,6 +281,7 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("index", BiasTable(), {"x": (2, 2, 3, 3)}),
     ("index", Selected(), {"x": (2, 3, 3, 3)}),
     ("gather", Gathered(), X),
+    ("embedding", Tokens(), {"x": (2, 3, 4)}),
 ]
 
 

@@ -11,7 +11,8 @@ kernels do), then::
     grad_q = scale * grad_S k,   grad_k = scale * grad_S^T q,   grad_mask = grad_S summed to the mask's shape
 
 The Jacobian of softmax is never built: its product with a row of ``grad_P`` is the row minus its
-P-weighted mean, times P. Dropout inside attention is random, so ``dropout_p`` must be 0.
+P-weighted mean, times P. Dropout inside attention (``dropout_p > 0``) is written as three layers, the
+probabilities, dropout and the product with v (``attention_probabilities.py``).
 
 ``einsum`` is multilinear: the adjoint for one operand is the einsum of the gradient with the other
 operands, written to that operand's subscripts (``ij,jk->ik`` gives ``ik,jk->ij`` for the first). That
@@ -57,7 +58,7 @@ def _attention_code(operands, params, show) -> str:
 def _attention_tangent(expr, tangent_of):
     """Forward mode through the composition softmax(scale * q k^T + mask) v, whose steps have tangents."""
     query, key, value, *mask = expr.operands
-    return tangent_of(op("matmul", _probabilities(query, key, mask[0] if mask else None, expr.params), value))
+    return tangent_of(op("matmul", attention_softmax(query, key, mask[0] if mask else None, expr.params), value))
 
 
 primitive("scaled_dot_product_attention", code=_attention_code,
@@ -75,7 +76,7 @@ primitive("causal_fill", code=lambda operands, params, show: (
     tangent=lambda expr, tangent_of: op("causal_fill", tangent_of(expr.operands[0]), zero=True))
 
 
-def _probabilities(query, key, mask, params):
+def attention_softmax(query, key, mask, params):
     """P = softmax(scale * q k^T (+ mask), -1), with -inf above the diagonal when causal."""
     scores = params["scale"] * op("matmul_transposed", query, key, which="right")
     if mask is not None:
@@ -88,12 +89,13 @@ def _probabilities(query, key, mask, params):
 def _dropout(value, context: ParamContext):
     value = finite_float(value, context)
     if value != 0:
-        raise context.fail(f"is {value!r}: dropout inside attention is random, so its gradient is not a function of "
-                           "the inputs", "trace in eval mode (--eval), or with attn_drop=0 / dropout_p=0.0")
+        raise context.fail(f"is {value!r}: dropout inside attention is written as three layers, not as this op's "
+                           "argument", "write {op: attention_probabilities, in: [q, k]}, {op: dropout, p: ...} and "
+                           "{op: matmul, in: [dropped, v]}, as symgrad trace writes it (rules/attention_probabilities.py)")
     return 0
 
 
-def _scale(value, context: ParamContext):
+def scale_argument(value, context: ParamContext):
     if value is None:
         return None
     value = finite_float(value, context)
@@ -113,7 +115,7 @@ class ScaledDotProductAttention(Rule):
     signature = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     operands = (Operand("query", from_in=True), Operand("key", from_in=True), Operand("value", from_in=True),
                 Operand("attn_mask", optional=True))
-    params = {"dropout_p": Param(0.0, _dropout), "is_causal": Param(False, boolean), "scale": Param(None, _scale),
+    params = {"dropout_p": Param(0.0, _dropout), "is_causal": Param(False, boolean), "scale": Param(None, scale_argument),
               "enable_gqa": Param(False, _no_gqa)}
     operand_roles = {"attn_mask": "shift"}
     summary = "softmax(scale * q @ k^T + attn_mask) @ v over the last two dims (dropout_p 0)"
@@ -170,7 +172,7 @@ class ScaledDotProductAttention(Rule):
         params = self._params(node)
         query, key, value = (node.operands[name] for name in ("query", "key", "value"))
         mask = node.operands.get("attn_mask")
-        probabilities = node.local("probabilities", _probabilities(query, key, mask, params),
+        probabilities = node.local("probabilities", attention_softmax(query, key, mask, params),
                                    note=f"attention probabilities of {node.name}, recomputed from q and k")
         grads = {}
         if "value" in wanted:  # value is read where query's, key's or the mask's gradient is

@@ -218,6 +218,16 @@ primitive("narrow", code=lambda operands, params, show: (
           tangent=LINEAR)
 
 
+def _length(value, context: ParamContext):
+    """narrow's length: an int, or one size read at run time (``{like: idx, dims: [1]}``: ``idx.shape[1]``,
+    the positions ``torch.arange(idx.shape[1])`` reads from a position embedding's table)."""
+    if isinstance(value, Like):
+        if value.dims is None and value.size is None:
+            raise context.fail(f"is {value}, which names no dim", f"write `{context.name}: {{like: {value.node}, dims: [1]}}`")
+        return value.size_at(0)
+    return ints(value, context)[0]
+
+
 class Narrow(Rule):
     """Slicing, as ``torch.narrow``: the adjoint puts the gradient back in place and zero-pads the
     rest, ``F.pad`` with ``start`` before and ``size - start - length`` after, from the runtime size."""
@@ -227,14 +237,14 @@ class Narrow(Rule):
     operands = (Operand("input", from_in=True),)
     linear_in = ("input",)
     params = {"dim": Param(None, lambda v, c: ints(v, c)[0]), "start": Param(None, lambda v, c: ints(v, c)[0]),
-              "length": Param(None, lambda v, c: ints(v, c)[0])}
+              "length": Param(None, _length)}
     summary = "the entries start..start+length-1 along dim"
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
         dim = params["dim"] % len(shape)
-        check.require(params["start"] >= 0 and params["length"] >= 1, "start must be >= 0 and length >= 1",
-                      "give a non-negative start and a positive length")
+        check.require(params["start"] >= 0, "start must be >= 0", "give a non-negative start")
+        check.positive(params["length"], "length must be >= 1", "give a positive length")
         check.positive(shape[dim] - params["start"] - params["length"] + 1,
                        f"start {params['start']} + length {params['length']} runs past dim {dim}", "shorten the slice")
         shape[dim] = params["length"]

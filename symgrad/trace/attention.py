@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 def attention(builder: "SpecBuilder", op: str, bound: dict, call: "Call") -> None:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None)``."""
     mask = bound.get("attn_mask")
-    if bound.get("dropout_p", 0.0):
-        return builder.fail(call, f"drops attention weights at random (dropout_p={bound['dropout_p']!r}), so its gradient "
-                            "is not a function of the inputs", "trace in eval mode (--eval), or with attn_drop=0 "
-                            "(dropout_p=0.0)", op)
+    dropout_p = bound.get("dropout_p", 0.0)
+    if dropout_p and not (isinstance(dropout_p, float) and 0 < dropout_p < 1):
+        return builder.fail(call, f"drops attention weights with dropout_p={dropout_p!r}, not a probability in (0, 1)",
+                            "pass dropout_p as a float below 1 (0.0 in eval mode)", op)
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         return builder.fail(call, "takes a boolean attn_mask, which a spec cannot hold (its tensors are float)",
                             "make the mask additive: register a float buffer holding 0 where attention is allowed "
@@ -37,7 +37,30 @@ def attention(builder: "SpecBuilder", op: str, bound: dict, call: "Call") -> Non
     bound.pop("enable_gqa", None)
     if bound.get("scale") is not None:
         bound["scale"] = float(bound["scale"])
+    if dropout_p:
+        return _with_dropout(builder, bound, dropout_p, call)
     builder.layer(op, bound, call)
+
+
+def _with_dropout(builder: "SpecBuilder", bound: dict, dropout_p: float, call: "Call") -> None:
+    """Attention with dropout inside it, as PyTorch's math kernel (the one it runs on the CPU when
+    dropout_p > 0) computes it: the probabilities, then dropout, then their product with v, three layers
+    (``rules/attention_probabilities.py``), whose forward draws the model's own masks."""
+    from .recorder import Call
+
+    query, key, value = bound["query"], bound["key"], bound["value"]
+    scale = bound.get("scale")
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    with torch.no_grad():  # stand-ins of the right shapes and dtypes; no random number is drawn
+        scores = scale * query @ key.transpose(-2, -1)
+        probabilities = torch.softmax(scores, -1)
+        dropped = probabilities.clone()
+    made = Call("attention_probabilities", None, (), {}, probabilities, call.where, call.module, call.leaf)
+    builder.layer("attention_probabilities", {name: bound[name] for name in ("query", "key", "attn_mask", "is_causal",
+                                                                              "scale") if name in bound}, made)
+    drawn = Call("dropout", None, (), {}, dropped, call.where, call.module, call.leaf)
+    builder.layer("dropout", {"input": probabilities, "p": dropout_p}, drawn)
+    builder.layer("matmul", {"input": dropped, "other": value}, call)
 
 
 def einsum(builder: "SpecBuilder", call: "Call") -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..rules import LAYER_RULES
-from . import attention, loss_tail, sizes
+from . import attention, embedding, loss_tail, sizes
 from .dataflow import Problem, is_int, is_number, literal
 
 if TYPE_CHECKING:
@@ -222,6 +222,7 @@ HOOKS = checked({
     "cat": cat,
     "clamp": clamp,
     "div": div,
+    "embedding": embedding.embedding,
     "gather": gather,
     "hardtanh": hardtanh,
     "interpolate": interpolate,

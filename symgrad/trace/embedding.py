@@ -1,0 +1,94 @@
+"""``F.embedding`` and ``nn.Embedding`` calls: the ``embedding`` layer, or, for positions made inside the
+forward from ``torch.arange`` (nanoGPT's ``wpe(torch.arange(t))``, GPT-2's ``torch.arange(T) + past`` then
+``unsqueeze(0)``), a ``narrow`` of the table: rows ``start .. start + t - 1`` are ``weight[start:start + t]``,
+whose length ``t`` is read at run time from the tensor the code took it from (``{like: idx, dims: [1]}``),
+never frozen. Its gradient puts the gradient rows back in place, zero elsewhere, which is what
+``embedding_backward`` adds into a table of zeros (each row is read once): equal bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import sizes
+from .recorder import Call
+
+if TYPE_CHECKING:
+    from .layers import SpecBuilder
+
+_VIEWS = {"unsqueeze", "add", "__add__", "__radd__", "view", "reshape", "__getitem__", "to", "long", "int",
+          "contiguous", "clone"}
+"""Calls an arange's positions may pass through on their way to the table (their values are checked)."""
+
+
+def embedding(builder: "SpecBuilder", op: str, bound: dict, call: Call) -> None:
+    """``F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)``."""
+    if bound.pop("max_norm", None) is not None:
+        return builder.fail(call, "renormalises the rows it reads in place (max_norm is set), a write into the "
+                            "weight that the explicit step would not make", "leave max_norm at None", op)
+    if bound.pop("scale_grad_by_freq", False):
+        return builder.fail(call, "scales each row's gradient by its count in the batch (scale_grad_by_freq)",
+                            "leave scale_grad_by_freq off", op)
+    if bound.pop("sparse", False):
+        return builder.fail(call, "asks for a sparse gradient (sparse=True); the explicit backward gives a dense one",
+                            "leave sparse off (torch.optim.SparseAdam needs it; use Adam or SGD)", op)
+    bound.pop("norm_type", None)
+    index, weight = bound.get("input"), bound.get("weight")
+    positions = _positions(builder, index) if isinstance(index, torch.Tensor) else None
+    if positions is None or not isinstance(weight, torch.Tensor) or bound.get("padding_idx") is not None:
+        return builder.layer(op, bound, call)
+    start, length = positions
+    name = builder.node(weight)
+    if not isinstance(name, str):
+        return builder.layer(op, bound, call)  # reports what the weight carries
+    rows = weight.narrow(0, start, int(length))
+    resolve = _resolver(builder)
+    spoken = sizes.spec_size(length, resolve) if sizes.has_dims(length) else None
+    made = Call("narrow", torch.narrow, (weight, 0, start, int(length)), {}, rows, call.where, call.module, call.leaf)
+    builder.emit("narrow", {"op": "narrow", "in": name, "dim": 0, "start": start,
+                            "length": spoken if spoken is not None else int(length)}, made)
+    current = rows
+    while current.dim() < call.result.dim():
+        current = builder.part(call, "unsqueeze", current, 0)
+    builder.alias(call, current)
+
+
+def _resolver(builder: "SpecBuilder"):
+    def resolve(dim: sizes.Dim):
+        tensors = builder.size_tensors
+        found = builder.node(tensors[dim.index]) if dim.index < len(tensors) else None
+        return (found, dim.dim) if isinstance(found, str) else None
+
+    return resolve
+
+
+def _positions(builder: "SpecBuilder", index: torch.Tensor) -> tuple[int, int] | None:
+    """``(start, length)`` where ``index`` holds ``start, start + 1, ..., start + length - 1`` along its last
+    dim (its other dims of size 1) and was made in the traced code from ``torch.arange``; ``length`` the
+    arange's own (a size that carries the dims it was read from). None for any other index."""
+    if id(index) not in builder.constants or index.dtype not in (torch.int64, torch.int32) or index.dim() == 0:
+        return None
+    if any(size != 1 for size in index.shape[:-1]) or index.numel() == 0:
+        return None
+    values = index.reshape(-1)
+    start = int(values[0])
+    if start < 0 or not torch.equal(values, torch.arange(start, start + values.numel(), dtype=values.dtype)):
+        return None
+    made = builder.constants[id(index)][0]
+    while made.name != "arange":
+        if made.name not in _VIEWS or not made.arguments or not isinstance(made.arguments[0], torch.Tensor) \
+                or id(made.arguments[0]) not in builder.constants:
+            return None
+        made = builder.constants[id(made.arguments[0])][0]
+    arguments = dict(zip(("start", "end", "step"), made.arguments)) | made.keywords
+    if "end" not in arguments:
+        arguments = {"start": 0, "end": arguments["start"], **{k: v for k, v in arguments.items() if k == "step"}}
+    first, end, step = arguments["start"], arguments["end"], arguments.get("step", 1)
+    if step != 1 or not isinstance(end, int) or not isinstance(first, int) or sizes.has_dims(first):
+        return None  # an offset that follows the input's size stays a constant (refused by the second run)
+    length = end - first
+    if int(length) != values.numel():
+        return None
+    return start, length
