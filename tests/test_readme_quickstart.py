@@ -1,6 +1,7 @@
 """The README's quickstart and Python API excerpts run as written: its net.py, its two commands, its
 train.py (which binds, trains, evaluates and saves), then its Python API block over the same model.
-The excerpts are read from README.md, so an edit there that breaks them fails here."""
+The excerpts are read from README.md, so an edit there that breaks them fails here; and `.ci/run` runs
+the README's test command."""
 
 from __future__ import annotations
 
@@ -48,3 +49,11 @@ def test_the_readme_quickstart_and_python_api_run_as_written(tmp_path, monkeypat
     namespace = {"__name__": "__main__"}
     exec(compile(api, "api.py", "exec"), namespace)
     assert callable(namespace["fast"]) and namespace["eval_text"] is not None
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    """`.ci/run` runs the README's command (b): each step of it, flags like `-q` aside."""
+    command = next(block for block in blocks("bash") if "'.[test]'" in block).strip()
+    ci = (README.parent / ".ci" / "run").read_text().replace(" -q", "")
+    for step in command.split(" && "):
+        assert step in ci, f"README's test command step not in .ci/run: {step}"
