@@ -411,6 +411,23 @@ class TooFewGradients(torch.autograd.Function):
         return (grad * w,)
 
 
+class ScaleByDetachedStd(torch.autograd.Function):
+    """x / std(x), the std under no_grad in its forward and a constant in its backward, as autograd differentiates
+    that forward: the check would find them equal, and the trace differentiates the std."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        with torch.no_grad():
+            s = x.std()
+        ctx.save_for_backward(x, s, w)
+        return x / s * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, s, w = ctx.saved_tensors
+        return grad / s * w, (grad * x / s).sum((0, 2, 3), keepdim=True)
+
+
 class Uncheckable(nn.Module):
     def __init__(self, function):
         super().__init__()
@@ -426,7 +443,9 @@ class Uncheckable(nn.Module):
     (WithCount, "cannot be checked against its forward's derivative: its forward returns int, not only tensors"),
     (TooFewGradients, "cannot be checked against its forward's derivative: the check raised RuntimeError: "
                       "function TooFewGradientsBackward returned an incorrect number of gradients"),
-], ids=["returns-a-number", "backward-raises"])
+    (ScaleByDetachedStd, "cannot be checked against its forward's derivative: its forward turns gradients off at "
+                         f"{__file__}:"),
+], ids=["returns-a-number", "backward-raises", "no-grad-inside"])
 def test_a_function_that_cannot_be_checked_is_refused_saying_why(function, why):
     with pytest.raises(TraceError) as error:
         trace(Uncheckable(function).double(), {"x": (2, 3, 6, 6)}, loss=LossChoice("mse_loss"), mode="train")

@@ -26,7 +26,7 @@ import torch
 from ..spec_functions import NOT_DIFFERENTIABLE, TOLERANCE
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class Applied:
     """One ``Fn.apply(...)``, met while its forward ran: the Function, its arguments as called, the user's
     ``file:line`` that called it."""
@@ -35,6 +35,10 @@ class Applied:
     arguments: tuple
     keywords: dict
     where: str
+    no_grad_at: str = ""
+    """Where its forward turns gradients off itself (``with torch.no_grad():``): the values computed there
+    are constants to autograd's derivative of that forward, and not to the trace, which differentiates
+    every op it records; so the check would compare the wrong derivative."""
 
     @property
     def name(self) -> str:
@@ -103,6 +107,9 @@ def check(applied: Applied) -> Checked:
         key = None
     shapes = ", ".join(f"{name}={list(value.shape)}" for name, value in zip(names, applied.arguments)
                        if isinstance(value, torch.Tensor))
+    if applied.no_grad_at:
+        return Checked(None, refusal=f"cannot be checked against its forward's derivative: its forward turns "
+                       f"gradients off at {applied.no_grad_at}", shapes=shapes)
     cache = _CHECKED.setdefault(applied.function, {})
     if key is not None and key in cache:
         return cache[key]
@@ -160,8 +167,8 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
         raise NotCheckable("it takes tensors as keyword arguments")
     if not positions:
         raise NotCheckable("it takes no tensor")
-    values = {index: torch.randn(applied.arguments[index].shape, generator=generator, dtype=torch.float64)
-              for index in positions}
+    values = {index: torch.randn(applied.arguments[index].shape, generator=generator, dtype=torch.float64).to(
+        applied.arguments[index].device) for index in positions}  # on the model's device, which its forward may read
 
     def leaves() -> list:
         arguments = list(applied.arguments)
@@ -171,7 +178,7 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
 
     # the forward as written, differentiated by autograd
     written = leaves()
-    torch.manual_seed(0)  # a forward that draws random numbers draws the same in both runs
+    torch.default_generator.manual_seed(0)  # a forward drawing random numbers draws the same in both runs
     if _has_setup_context(applied.function):
         outputs = applied.function.forward(*written, **applied.keywords)
     else:
@@ -180,12 +187,12 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
     outputs = _tensors_returned(outputs)
     # the Function's own backward
     own = leaves()
-    torch.manual_seed(0)
+    torch.default_generator.manual_seed(0)
     own_outputs = _tensors_returned(applied.function.apply(*own, **applied.keywords))
     if [value.shape for value in own_outputs] != [value.shape for value in outputs]:
         raise NotCheckable("its apply returns other shapes than its forward")
     # a cotangent that requires grad, as it does inside a second derivative (once_differentiable then refuses)
-    cotangents = [torch.randn(value.shape, generator=generator, dtype=torch.float64).requires_grad_()
+    cotangents = [torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device).requires_grad_()
                   for value in outputs]
     inputs_written = [written[index] for index in positions]
     inputs_own = [own[index] for index in positions]
@@ -199,7 +206,8 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
         return Checked(first, refusal=f"differs from its forward's derivative by {first:.2g} (relative, largest "
                        f"entry) in its input '{input_names[where]}'")
     # one order up: the derivative of <gradients, direction> by the inputs
-    directions = [torch.randn(value.shape, generator=generator, dtype=torch.float64) for value in inputs_written]
+    directions = [torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device)
+                  for value in inputs_written]
     second_expected = _gradients([_inner(expected, directions)], inputs_written, None)
     total = _inner(actual, directions)
     if total.grad_fn is None:  # its backward built no graph: its derivative is zero to autograd

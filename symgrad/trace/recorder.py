@@ -253,8 +253,11 @@ class Recorder(TorchFunctionMode):
         keywords = keywords or {}
         if function is torch._C._set_grad_enabled:  # the traced code's torch.no_grad(), as it sets it
             caller = _setter(sys._getframe(1))
-            if arguments and not arguments[0] and caller is not None and _undifferentiated(caller) == "":
+            why = _undifferentiated(caller, self.applied) if arguments and not arguments[0] and caller else NO_GRAD
+            if why == "":
                 self.no_grad_in_checkpoint.append(user_line(caller))  # checkpoint's own no_grad would hide it
+            elif isinstance(why, Applied) and not why.no_grad_at:  # a Function's forward: its check must know
+                why.no_grad_at = user_line(caller)
             return function(*arguments, **keywords)
         arguments, keywords = _copied(tuple(arguments)), _copied(dict(keywords))  # as called, not as later appended to
         # the traced code's no_grad() or inference_mode(), or a custom autograd.Function's forward (not checkpoint's)
