@@ -254,6 +254,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         positional=positional,
         momentum_lines=_packed(_momenta(structured.running_statistics, sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
+        device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
         **layout,
     )
     import re
@@ -310,7 +311,8 @@ def _function_view(positional: list[str], sources: dict, statistics) -> dict:
     saved = [("None" if name in running else name) for name in positional]
     if sources:
         return dict(function_inputs=", ".join(["keys", *positional, "*values"]),
-                    saved_inputs=", ".join([*saved, "*kept"]), unpacked_inputs=", ".join([*positional, "*values"]))
+                    saved_inputs=", ".join([*saved, "*kept"]),
+                    unpacked_inputs=", ".join([*positional, "*values"]) if positional else "values")
     comma = "," if len(positional) == 1 else ""
     return dict(function_inputs=", ".join(positional), saved_inputs=", ".join(saved) + comma,
                 unpacked_inputs=", ".join(positional) + comma)

@@ -6,7 +6,11 @@ The output holds ``input``'s dims before ``dim``, then ``index``'s dims, then ``
 Each output entry copies one input entry, so the adjoint adds every gradient entry back onto the entry
 it was copied from (entries read several times add up)::
 
-    grad_input = zeros(input.shape).index_add(dim, index.flatten(), grad.flatten(dim, dim + index.dim() - 1))
+    grad_input = zeros(input.shape).index_add(dim, index.flatten() % input.shape[dim], grad.flatten(dim, dim + index.dim() - 1))
+
+``% input.shape[dim]``: an index may count from the end (``-1``, as indexing takes it, a Swin-style table
+built with negative offsets); ``index_add`` takes none, and the remainder (Python's sign, torch's too)
+names the same entry.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ def _index_add_code(operands, params, show):
     grad, shape, index = operands
     dim, rank = params["dim"], params["index_rank"]
     flat = grad if rank == 1 else f"{grad}.flatten({dim}, {dim + rank - 1})"
-    return f"torch.index_add({grad}.new_zeros({shape}), {dim}, {index}.flatten(), {flat})"
+    return f"torch.index_add({grad}.new_zeros({shape}), {dim}, {index}.flatten() % {shape}[{dim}], {flat})"
 
 
 primitive("index", code=_index_code, latex=lambda operands, params, show: f"{operands[0]}[{operands[1]}]",
@@ -71,7 +75,8 @@ class Index(Rule):
 
     def table_row(self):
         return (self.op, "out = input[:, ..., index] (index along dim)",
-                "grad_input = zeros(input.shape).index_add(dim, index.flatten(), grad with index's dims flattened)")
+                "grad_input = zeros(input.shape).index_add(dim, index.flatten() % input.shape[dim], grad with index's "
+                "dims flattened)")
 
 
 RULES = [Index()]

@@ -1,0 +1,79 @@
+"""Models that trace and run forward, and whose generated code once raised a traceback (issue 62): an
+output that reads no data input (``return self.w * 2.0``: the template read the first data input for
+the device), and a Swin-style table indexed with negative entries (``-1`` counts from the end in the
+forward; ``index_add`` in the backward took none)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import symgrad
+from symgrad.pipeline import build_text
+from symgrad.trace import trace
+
+
+def bound(tmp_path: Path, model: nn.Module, shapes: dict, name: str):
+    built = build_text(trace(model, shapes, "parameters", name, mode="train"), "traced.yaml")
+    for file, content in built.rendered.files.items():
+        (tmp_path / file).write_text(content)
+    return symgrad.bind(tmp_path / f"{name}.py", model)
+
+
+def trains_as_autograd(fast, model, reference, x) -> None:
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for net, optimizer in zip((fast, reference), optimizers):
+        optimizer.zero_grad()
+        out = net(x)
+        (out * torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)).pow(2).sum().backward()
+        optimizer.step()
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+        assert ours.grad is not None and ours.grad.abs().max() > 0, name
+        assert (ours - theirs).abs().max().item() <= 1e-12, name
+
+
+class Constant(nn.Module):
+    """An output computed from a parameter alone (a learned query, a prior): forward(x) does not read x."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return self.w * 2.0
+
+
+def test_an_output_that_reads_no_data_input_generates_and_trains(tmp_path):
+    torch.manual_seed(0)
+    model = Constant().double()
+    reference = copy.deepcopy(model)
+    fast = bound(tmp_path, model, {"x": (2, 4)}, "constant")
+    x = torch.randn(5, 4, dtype=torch.float64)
+    assert torch.equal(fast(x), reference(x))
+    trains_as_autograd(fast, model, reference, x)
+
+
+class RelativeBias(nn.Module):
+    """Swin's relative position bias, its index table built with offsets that count from the end (-1, -2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.relative_position_bias_table = nn.Parameter(torch.randn(5, 2))
+        self.register_buffer("relative_position_index", torch.tensor([[0, 1, -1], [2, -2, 0], [-1, 3, 4]]))
+        self.proj = nn.Linear(3, 3)
+
+    def forward(self, x):
+        bias = self.relative_position_bias_table[self.relative_position_index.reshape(-1)].reshape(3, 3, -1)
+        attn = (x.unsqueeze(1) + bias.permute(2, 0, 1).unsqueeze(0)).softmax(-1)
+        return self.proj(attn)
+
+
+def test_negative_entries_of_an_index_buffer_index_as_in_the_forward(tmp_path):
+    torch.manual_seed(1)
+    model = RelativeBias().double()
+    reference = copy.deepcopy(model)
+    fast = bound(tmp_path, model, {"x": (2, 3, 3)}, "relative_bias")
+    trains_as_autograd(fast, model, reference, torch.randn(4, 3, 3, dtype=torch.float64))
