@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from .measure import round_robin
-from .training import ROOT, save_run, write_report, write_section
+from .report import machine_description, save_run, write_report, write_section
+from .training import ROOT
 
 VARIANTS = ("gradients", "autograd", "autograd, channels_last", "gradients, channels_last")
 AUTOGRAD = VARIANTS[1:3]
@@ -224,8 +225,6 @@ def main(argv=None) -> int:
         for name in VARIANTS:
             values = found[name]
             print(f"  {name:24s} median {_median_ms(values):8.2f} ms  min {min(values) * 1e3:8.2f} ms", flush=True)
-    from .__main__ import machine_description
-
     saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
              "load_average": os.getloadavg(), "batch": args.batch, "size": args.size, "width": args.width,
              "float64_agreement": agreement, "samples": samples, "overhead": overhead}

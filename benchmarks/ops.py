@@ -34,7 +34,7 @@ from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 
 from .measure import round_robin
-from .training import save_run, write_report
+from .report import machine_description, save_run, write_report
 
 SECTION = "## Op families: one layer's gradients"
 TOLERANCE = 1e-10
@@ -157,8 +157,6 @@ def main(argv=None) -> int:
     if args.saved:
         saved = json.loads(Path(args.saved).read_text())
     else:
-        from .__main__ import machine_description
-
         repeats = 3 if args.quick else args.repeats
         rows = []
         for family in FAMILIES:

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .measure import peak_growth_bytes, round_robin
+from .report import machine_description, save_run, write_report, write_section
 
 MEMORY_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 """For the peak-memory processes alone (as ``python -m benchmarks``): large blocks are mapped and
@@ -486,21 +487,6 @@ def plot(saved: dict, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
-def save_run(saved: dict, path) -> None:
-    """A run's measurements as JSON at ``path`` (its folder made)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(saved, indent=1))
-
-
-def write_report(path, section: str, title: str) -> None:
-    """``section`` as the section ``title`` of the Markdown file ``path`` (its folder made), said on stdout."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_section(path, section, title)
-    print(f"wrote {path}")
-
-
 def quick_rows_command(argv, doc: str, slug: str, section: str, measure, render, line) -> int:
     """The command of a benchmark timed at :data:`QUICK_ROWS`' sizes in both layouts (``benchmarks.step_pieces``,
     ``benchmarks.captured_backward``): ``measure(network, batch, size, width, layout, rounds)`` makes each row,
@@ -518,8 +504,6 @@ def quick_rows_command(argv, doc: str, slug: str, section: str, measure, render,
     if args.rows:
         saved = json.loads(Path(args.rows).read_text())
     else:
-        from .__main__ import machine_description
-
         saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
                  "rounds": args.rounds, "rows": []}
         for row in QUICK_ROWS:
@@ -532,14 +516,6 @@ def quick_rows_command(argv, doc: str, slug: str, section: str, measure, render,
         save_run(saved, args.json)
     write_report(args.output, render(saved), section)
     return 0
-
-
-def write_section(path: Path, section: str, title: str = SECTION) -> None:
-    """``path`` with its section ``title`` replaced by ``section`` (appended where it has none)."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    before, _, rest = text.partition(title)
-    after = rest.split("\n## ", 1)[1] if "\n## " in rest else ""
-    path.write_text(before.rstrip() + "\n\n" + section.rstrip() + "\n" + (f"\n## {after}" if after else ""))
 
 
 def merged(runs: list[dict]) -> dict:
@@ -586,8 +562,6 @@ def main(argv=None) -> int:
     if args.rows:
         saved = merged([json.loads(Path(name).read_text()) for name in args.rows])
     else:
-        from .__main__ import machine_description
-
         if args.device == "cuda":
             torch.backends.cudnn.benchmark = True  # autograd's best configuration for fixed sizes, for every variant
         repeats = 3 if args.quick else args.repeats

@@ -71,15 +71,16 @@ _ABSENT = object()
 def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: Path):
     """`python -m benchmarks` writes out/ by default; BENCHMARKS.md changes only when asked for."""
     import benchmarks.__main__ as runner
+    from benchmarks import side_by_side
 
     committed = ROOT / "BENCHMARKS.md"
     before = committed.stat().st_mtime_ns
     calls = []
-    runner_measure, runner_generation = runner.run_measurement, runner.generation_table
+    runner_measure, runner_generation = side_by_side.run_measurement, side_by_side.generation_table
     try:
-        runner.run_measurement = lambda case_name, *arguments: calls.append(case_name) or (
+        side_by_side.run_measurement = lambda case_name, *arguments: calls.append(case_name) or (
             {"gflops": 100.0} if case_name == "gemm" else {})
-        runner.generation_table = lambda quick: ""
+        side_by_side.generation_table = lambda quick: ""
         os.chdir(tmp_path)
         assert runner.main(["--cases", "--plot", ""]) == 0
         previous = sys.modules.get("matplotlib", _ABSENT)
@@ -94,7 +95,7 @@ def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: P
                 sys.modules["matplotlib"] = previous
     finally:
         os.chdir(ROOT)
-        runner.run_measurement, runner.generation_table = runner_measure, runner_generation
+        side_by_side.run_measurement, side_by_side.generation_table = runner_measure, runner_generation
     assert (tmp_path / "out" / "BENCHMARKS.md").exists() and committed.stat().st_mtime_ns == before
 
 
@@ -214,17 +215,17 @@ def test_the_trials_compare_forms_that_agree_and_modules_that_differ_only_in_lay
 def test_only_the_memory_processes_change_the_allocator(monkeypatch):
     """Timing runs under glibc's defaults, as users run; the fixed mmap threshold, which makes every
     large allocation fault its pages in afresh, is for the peak-memory processes alone."""
-    import benchmarks.__main__ as runner
+    from benchmarks import side_by_side
 
     seen = {}
 
     def fake_run(command, env, **keywords):
         seen[tuple(command[3:])] = env.get("MALLOC_MMAP_THRESHOLD_")
         return subprocess.CompletedProcess(command, 0, stdout="{}\n", stderr="")
-    monkeypatch.setattr(runner.subprocess, "run", fake_run)
-    runner.run_measurement("gemm", "-", "--device", "cpu")
-    runner.run_measurement("seed1-small", "--timing", "--device", "cpu")
-    runner.run_measurement("seed1-small", "symgrad gradients", "--device", "cpu")
+    monkeypatch.setattr(side_by_side.subprocess, "run", fake_run)
+    side_by_side.run_measurement("gemm", "-", "--device", "cpu")
+    side_by_side.run_measurement("seed1-small", "--timing", "--device", "cpu")
+    side_by_side.run_measurement("seed1-small", "symgrad gradients", "--device", "cpu")
     assert seen == {("gemm", "-", "--device", "cpu"): None, ("seed1-small", "--timing", "--device", "cpu"): None,
                     ("seed1-small", "symgrad gradients", "--device", "cpu"): "65536"}
 
@@ -291,6 +292,7 @@ def test_the_zoo_networks_training_steps_agree(tmp_path: Path, network: str):
 
 def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path):
     from benchmarks import training
+    from benchmarks.report import write_section
 
     def row(variant, median, peak):
         return {"network": "resnet18", "batch": 8, "size": 112, "width": 64, "variant": variant, "median": median,
@@ -319,8 +321,8 @@ def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path
     assert "| resnet18 | symgrad.bind | 10.00 | 10.00 | 9.00 | 0.90× | 5.50 | 4.50 | 0.82× |" in in_runs
     report = tmp_path / "B.md"
     report.write_text("# Benchmarks\n\n## On cpu\n\nseed rows\n\n## On cuda\n\ngpu rows\n")
-    training.write_section(report, text)
-    training.write_section(report, text)  # replaced, not added twice
+    write_section(report, text, training.SECTION)
+    write_section(report, text, training.SECTION)  # replaced, not added twice
     written = report.read_text()
     assert written.count(training.SECTION) == 1 and "seed rows" in written and "gpu rows" in written
 
@@ -393,6 +395,7 @@ def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_section
     """`python -m benchmarks.gradients`: its variants give one set of gradients (float64, small size), and
     its section goes beside the training section of a report, each replaced in place on a second run."""
     from benchmarks import gradients, training
+    from benchmarks.report import write_section
 
     assert gradients.float64_agreement(tmp_path, width=4, batch=2, size=32) <= gradients.TOLERANCE
     model, generated = gradients.traced_module(tmp_path, 4, torch.float64)
@@ -411,7 +414,7 @@ def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_section
     report = tmp_path / "B.md"
     report.write_text(f"# Benchmarks\n\n{training.SECTION}\n\ntraining rows\n")
     for _ in range(2):
-        gradients.write_section(report, section, gradients.SECTION)
+        write_section(report, section, gradients.SECTION)
     text = report.read_text()
     assert text.count(gradients.SECTION) == 1 and text.count(training.SECTION) == 1 and "training rows" in text
 
@@ -448,13 +451,21 @@ def test_a_device_run_rendered_again_replaces_its_section_and_keeps_the_others(t
     rows = tmp_path / "cuda.json"
     rows.write_text(json.dumps(saved))
     report = tmp_path / "B.md"
-    report.write_text(f"# Benchmarks\n\n## On cpu\n\ncpu rows\n\n## On cuda\n\nold gpu rows\n\n{training.SECTION}\n\n"
+    report.write_text(f"# Benchmarks\n\nThe GPU runs (`## On cuda`) are older.\n\n## Summary\n\nsummary rows\n\n"
+                      f"## On cpu\n\ncpu rows\n\n## On cuda\n\nold gpu rows\n\n{training.SECTION}\n\n"
                       f"training rows\n\n{training.SECTIONS['cuda']}\n\ngpu training rows\n")
     for _ in range(2):
         assert main(["--rows", str(rows), "--output", str(report), "--plot", ""]) == 0
     text = report.read_text()
-    assert "old gpu rows" not in text and text.count("## On cuda") == 1 and "NVIDIA H200" in text
-    assert all(part in text for part in ("cpu rows", "training rows", "gpu training rows"))
+    assert "old gpu rows" not in text and text.count("## On cuda") == 2 and "NVIDIA H200" in text  # the title quoted stays
+    assert all(part in text for part in ("The GPU runs (`## On cuda`) are older.", "summary rows", "cpu rows",
+                                         "training rows", "gpu training rows"))
+    cpu = tmp_path / "cpu.json"  # a CPU run rendered again replaces its own section alone too
+    cpu.write_text((ROOT / "benchmarks" / "results" / "cpu.json").read_text())
+    assert main(["--rows", str(cpu), "--output", str(report), "--plot", ""]) == 0
+    text = report.read_text()
+    assert "cpu rows" not in text and text.count("## On cpu") == 1 and "NVIDIA H200" in text
+    assert all(part in text for part in ("summary rows", "training rows", "gpu training rows"))
     gpu = json.loads((ROOT / "benchmarks" / "results" / "training-cuda.json").read_text())
     training.write_section(report, training.render(gpu), training.SECTIONS["cuda"])
     text = report.read_text()

@@ -184,6 +184,17 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
     assert long_files() == [f"symgrad.c has {MAX_LINES + 1} lines (at most {MAX_LINES})"]
 
 
+
+def test_benchmarks_have_no_import_cycle(monkeypatch):
+    """benchmarks/ read by the same cycle check: the report helpers every benchmark shares live in
+    benchmarks/report.py, not in the command (``python -m benchmarks``'s ``__main__``) they imported back."""
+    package = ROOT.parent / "benchmarks"
+    this = sys.modules[__name__]
+    monkeypatch.setattr(this, "ROOT", package)
+    monkeypatch.setattr(this, "MODULES", {module_name(path): path for path in sorted(package.rglob("*.py"))})
+    assert "benchmarks.__main__" in MODULES and "benchmarks.training" in MODULES
+    assert cycles() == []
+
 def test_a_trace_hook_keyed_by_no_rule_fails_at_import():
     """A per-op trace hook is keyed by its rule's op: renaming the op without its hook fails loudly."""
     from symgrad.rules import LAYER_RULES
