@@ -214,6 +214,19 @@ class ChainRule(Rule):
         self.links = links
         self.keys = {bound: sources[bound] for link in links for _, bound in link.binding}
         self.operands = (Operand(CHAIN_INPUT, from_in=True),) + tuple(Operand(bound) for bound in self.keys)
+        # an instance's int64 buffer (a relative position index) is an index its block reads
+        self.index_operands = tuple(dict(link.binding)[name] for link in self.links
+                                    for name in link.rule.index_operands if name in dict(link.binding))
+
+    def _instances(self, shapes):
+        """Each instance's link, its operands' shapes and hypers, in the order they run."""
+        shape = shapes[CHAIN_INPUT]
+        for link in self.links:
+            block, bound = link.rule.derived.spec, dict(link.binding)
+            operand_shapes = {block.inputs[0]: shape, **{name: shapes[bound[name]] for name in block.param_names}}
+            values = {**dict(block.hyper), **dict(link.hyper)}
+            yield link, operand_shapes, values
+            shape = link.rule.infer_shape(operand_shapes, values, None)
 
     def infer_shape(self, shapes, params, check):
         shape = shapes[CHAIN_INPUT]
@@ -222,6 +235,11 @@ class ChainRule(Rule):
             operand_shapes = {block.inputs[0]: shape, **{name: shapes[bound[name]] for name in block.param_names}}
             shape = link.rule.infer_shape(operand_shapes, {**dict(block.hyper), **dict(link.hyper)}, check)
         return shape
+
+    def index_bound(self, shapes, params) -> int:
+        """What the instances' int64 operands index stays below (the least of their blocks')."""
+        return min(link.rule.index_bound(operand_shapes, values) for link, operand_shapes, values
+                   in self._instances(shapes) if link.rule.index_operands)
 
     def forward(self, node):
         call = TensorOp("chain_forward", Params.of(table=self.table, saving=node.fused), node.operands[CHAIN_INPUT])

@@ -221,7 +221,8 @@ def _runs(path: str, module: torch.nn.Module, modules_of_layers: list[str]) -> l
         if module_path.startswith(prefix) and module_path[len(prefix):].isdigit():
             owned.setdefault(int(module_path[len(prefix):]), []).append(index)
     order = sorted(owned)
-    classes = [type(module[index]).__name__ for index in order]
+    numbered = {int(name): child for name, child in children}  # a ModuleDict's keys are text: "0", not 0
+    classes = [type(numbered[index]).__name__ for index in order]
     best = ((0, False), [], 0)
     for length in range(2, min(8, len(order) // 2) + 1):
         for start in range(len(order) - length + 1):
@@ -235,7 +236,7 @@ def _runs(path: str, module: torch.nn.Module, modules_of_layers: list[str]) -> l
             # the most children covered by the shortest unit (DnCNN's conv, norm, relu five times, not
             # eight children twice); of equals, one that starts at a module with parameters (conv, norm,
             # relu rather than relu, conv, norm)
-            score = (len(starts) * length - length, next(iter(module[order[start]].parameters()), None) is not None)
+            score = (len(starts) * length - length, next(iter(numbered[order[start]].parameters()), None) is not None)
             if len(starts) >= 2 and score > best[0]:
                 best = (score, starts, length)
     runs = []

@@ -114,6 +114,8 @@ class SpecBuilder:
         base = fitted(base or op)
         if base[0].isdigit() or check_identifier(base) is not None:
             base = fitted(f"{op}_{base}")
+        if check_identifier(base) is not None:  # softmax in a Sequential's "0": softmax_ is a reserved prefix
+            base = fitted(f"layer_{base}")
         self.taken[base] += 1
         name = base if self.taken[base] == 1 else numbered(base, self.taken[base])
         while name in self.source_names or check_identifier(name) is not None:

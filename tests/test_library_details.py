@@ -1,0 +1,101 @@
+"""Details of the real model libraries that look-alikes missed (issue 63; ``benchmarks/upstream_check.py`` runs the
+libraries themselves, outside CI): each written here without the library, at the smallest sizes that show it,
+traced for its parameters as blocks (the CLI's default), bound, and one step compared with autograd in float64 at
+another batch (and size, where the model takes one)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symgrad
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+
+from .test_bind_zoo import assert_trained_as_autograd
+
+
+def _bound_step_matches(model: nn.Module, traced: dict, checked: dict, dtypes: dict | None = None,
+                        data: dict | None = None) -> str:
+    """Trace ``model`` (float64, train mode) at ``traced``, bind the generated step and compare one step at
+    ``checked`` with autograd's (``data``: the checked int64 inputs). Returns the spec."""
+    torch.manual_seed(0)
+    model = model.double().train()
+    text = trace(model, traced, wrt="parameters", name="step", loss=LossChoice("mse_loss", "target"), mode="train",
+                 blocks=True, dtypes=dtypes)
+    generated = module_from_source(build_text(text, "step.yaml", documents=False).rendered.files["step.py"], "step")
+    generator = torch.Generator().manual_seed(3)
+    inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64) for key, shape in checked.items()}
+    inputs.update(data or {})
+    reference, once = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        target = torch.randn_like(once(**inputs))
+    step = symgrad.bind(generated, model)
+    step(**inputs, target=target).backward()
+    F.mse_loss(reference(**inputs), target).backward()
+    assert_trained_as_autograd(model, reference, once)
+    return text
+
+
+class RelativePositionAttention(nn.Module):
+    """timm's Swin / CoAtNet / EfficientFormerV2 attention bias: a learnt table read through an int64
+    ``relative_position_index`` buffer each block holds (``table[index.view(-1)].view(N, N, heads)``)."""
+
+    def __init__(self, window: int = 3, dim: int = 4):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(2 * window - 1, 1))
+        position = torch.arange(window)
+        self.register_buffer("relative_position_index", (position[:, None] - position[None, :] + window - 1))
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        n = self.relative_position_index.shape[0]
+        bias = self.table[self.relative_position_index.view(-1)].view(n, n)
+        attention = (x @ x.transpose(-1, -2) + bias).softmax(dim=-1)
+        return x + self.proj(attention @ x)
+
+
+class Stages(nn.Module):
+    """Three instances of ``block`` after a linear stem, as a timm model's ``stages``."""
+
+    def __init__(self, block, **options):
+        super().__init__()
+        self.stem = nn.Linear(4, 4)
+        self.stages = nn.Sequential(*(block(**options) for _ in range(3)))
+
+    def forward(self, x):
+        return self.stages(self.stem(x))
+
+
+def test_an_int64_index_buffer_each_chained_block_holds_goes_in():
+    """The blocks run one after another (one chain in the generated code), each binding its own index buffer:
+    refused before as if the chain read an int64 input as something other than an index."""
+    model = Stages(RelativePositionAttention)
+    text = _bound_step_matches(model, {"x": (2, 3, 4)}, {"x": (3, 3, 4)})
+    assert "relative_position_index" in text and "{block:" in text
+
+
+class MixedConv(nn.ModuleDict):
+    """timm's MixNet ``MixedConv2d``: a ``ModuleDict`` of depthwise convolutions with other kernel sizes, each on
+    its own unequal split of the channels (``torch.split(x, self.splits, 1)``), cat-ed back."""
+
+    def __init__(self, splits=(2, 1, 1, 1)):
+        super().__init__()
+        for index, size in enumerate(splits):
+            self.add_module(str(index), nn.Conv2d(size, size, 2 * index + 1, padding=index, groups=size))
+        self.splits = list(splits)
+
+    def forward(self, x):
+        parts = torch.split(x, self.splits, 1)
+        return torch.cat([conv(parts[index]) for index, conv in enumerate(self.values())], 1)
+
+
+def test_a_module_dict_of_numbered_convolutions_on_unequal_splits_goes_in():
+    """Four leaf children named by number in a ``ModuleDict`` (looked up there by the number, not its text:
+    a ``KeyError: 0`` inside the tracer before)."""
+    model = nn.Sequential(nn.Conv2d(3, 5, 1), MixedConv())
+    _bound_step_matches(model, {"input": (2, 3, 6, 6)}, {"input": (3, 3, 5, 7)})
