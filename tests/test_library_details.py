@@ -99,3 +99,10 @@ def test_a_module_dict_of_numbered_convolutions_on_unequal_splits_goes_in():
     a ``KeyError: 0`` inside the tracer before)."""
     model = nn.Sequential(nn.Conv2d(3, 5, 1), MixedConv())
     _bound_step_matches(model, {"input": (2, 3, 6, 6)}, {"input": (3, 3, 5, 7)})
+
+
+def test_a_softmax_in_a_module_named_by_a_number_is_named():
+    """``nn.Softmax`` as a Sequential's child "1": its layer is named ``layer_softmax_1`` (every name
+    ``softmax_...`` takes the prefix the generated code reserves; tracing looped for ever before)."""
+    text = trace(nn.Sequential(nn.Linear(4, 4), nn.Softmax(dim=-1)), {"input": (2, 4)}, timeout=30)
+    assert "out: layer_softmax_1}" in text
