@@ -44,8 +44,8 @@ import torch.utils.checkpoint
 from .errors import SymgradError
 from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
 from .fingerprint import IGNORED, difference, literal
-from .guards import MISSING, code_difference, first_changed, guardable, kept
-from .retrace import retrace, spec_and_output
+from .guards import MISSING, code_difference, first_changed, guardable, kept, shown
+from .retrace import hyper_difference, retrace, spec_and_output
 from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
@@ -256,9 +256,9 @@ class Guard:
             self._snapshot = Snapshot(self._children, self._hypers, self._moded)
         if changed:
             path, module, key, value, now = changed
-            has = f"no {key}" if now is MISSING else f"{key}={now!r}"
+            has = f"no {key}" if now is MISSING else f"{key}={shown(now)}"
             raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
-                            f"{has} since bind, traced with {key}={value!r} (fix: set it back, or trace and "
+                            f"{has} since bind, traced with {key}={shown(value)} (fix: set it back, or trace and "
                             f"generate the changed model: {_retrace(self.generated, self.model)})")
 
     def _check_mode(self) -> None:
@@ -498,6 +498,8 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
                         "an older symgrad, or from a spec written by hand), so bind cannot check the model "
                         f"(fix: {_retrace(generated, model)}, or bind(..., allow_edited=True) to bind it unchecked)")
     problem = difference(fingerprint, model, any_width=True) or code_difference(getattr(generated, "GUARDS", None), model)
+    if problem and "other hyper-parameters" in problem:  # the spec beside it holds each traced value
+        problem = hyper_difference(generated, model) or problem
     if problem:
         raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {problem} "
                         f"(fix: {_retrace(generated, model)})")

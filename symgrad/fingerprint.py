@@ -41,7 +41,7 @@ WIDTH_WORDS = ("channels", "planes", "features", "width", "dim", "hidden", "filt
 """A model's own attribute named with one of these (``self.inplanes``) is taken for a width too."""
 
 
-def _is_width(key: str) -> bool:
+def is_width(key: str) -> bool:
     return key in WIDTHS or any(word in key for word in WIDTH_WORDS)
 PATH = re.compile(r"\Z|[A-Za-z0-9_][A-Za-z0-9_-]{0,63}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,63}){0,31}\Z")
 KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
@@ -321,7 +321,7 @@ def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100,
 def digests(entry: dict, any_width: bool) -> tuple[str, str]:
     """Short hashes of an entry's hyper-parameters and of its parameters' and buffers' shapes; with
     ``any_width``, without the widths (a module written as blocks runs at any width)."""
-    hyper = {key: value for key, value in entry["hyper"].items() if not (any_width and _is_width(key))}
+    hyper = {key: value for key, value in entry["hyper"].items() if not (any_width and is_width(key))}
     state = {key: [len(shape), *shape[2:]] if any_width else shape for key, shape in entry["state"].items()}
     return tuple(hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:8] for part in (hyper, state))
 
@@ -351,7 +351,7 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
         now_hyper, now_state = digests(entry, any_width)
         if now_hyper != hyper:
             values = ", ".join(f"{key}={value!r}" for key, value in entry["hyper"].items()
-                               if not (any_width and _is_width(key))) or "none"
+                               if not (any_width and is_width(key))) or "none"
             return f"{shown} ({kind}) has other hyper-parameters than traced (now {values})"
         if now_state != state:
             shapes = ", ".join(f"{key} {shape}" for key, shape in entry["state"].items()) or "none"

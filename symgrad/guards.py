@@ -118,6 +118,14 @@ def value_text(value: Any, depth: int = 0) -> str | None:
     return f"<{type(value).__qualname__}>"
 
 
+def shown(value: Any) -> str:
+    """``value`` as a refusal shows it: its ``repr`` where that is a literal's, else :func:`value_text`."""
+    if value is None or type(value) in (bool, int, float, str):
+        return repr(value)
+    text = value_text(value)
+    return f"{text:.120}" if text is not None else f"<{type(value).__name__}>"
+
+
 def _inner(value, depth: int) -> str:
     return value_text(value, depth) or f"<{type(value).__name__}>"
 
@@ -445,8 +453,7 @@ class ArgumentGuard:
                 return (f"{name} is a tensor, and the trace ran without it ({name}=None), so the generated code "
                         f"never reads it (fix: call it without {name}, or trace with --input {name}="
                         f"{','.join(map(str, now.shape))})")
-            shown = value_text(now) or f"<{type(now).__name__}>"
-            return (f"it is called with {name}={shown:.80}, and was traced with {name}={traced!r:.80} (fix: call it "
+            return (f"it is called with {name}={shown(now):.80}, and was traced with {name}={traced!r:.80} (fix: call it "
                     f"with {name}={traced!r:.60}, or trace with --arg {name}=VALUE and generate again)")
         for name in self._data:
             if name in arguments and arguments[name] is None:

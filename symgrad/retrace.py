@@ -99,14 +99,43 @@ def _without(options: list[str], flags: tuple[str, ...], valued: tuple[str, ...]
     return kept
 
 
+def spec_path(generated: ModuleType) -> Path:
+    """The spec ``generated`` was generated from, as its docstring names it beside its file."""
+    match = re.search(r"from\s+(\S+\.ya?ml)\b", getattr(generated, "__doc__", None) or "")
+    file = getattr(generated, "__file__", None)
+    label = match.group(1) if match else "SPEC.yaml"
+    return spec_of(Path(file), label) if file else Path(label)
+
+
+def hyper_difference(generated: ModuleType, model) -> str | None:
+    """The first hyper-parameter of ``model`` (its widths aside) other than in the fingerprint of the spec
+    ``generated`` was made from, with both values; None where the spec cannot be read or none differs
+    (the module itself holds their hashes alone)."""
+    import yaml
+
+    from .fingerprint import fingerprint_of, is_width
+
+    try:
+        traced = yaml.safe_load(spec_path(generated).read_text())["fingerprint"]
+    except Exception:  # noqa: BLE001 - no spec beside it, or none with a fingerprint: the hashes said it
+        return None
+    now = fingerprint_of(model)
+    for path, entry in traced.items() if isinstance(traced, dict) else ():
+        before, after = (entry or {}).get("hyper") or {}, now.get(path, {}).get("hyper", {})
+        for key in [*before, *(key for key in after if key not in before)]:
+            if not is_width(key) and before.get(key, ...) != after.get(key, ...):
+                has = f"no {key}" if key not in after else f"{key}={after[key]!r:.100}"
+                was = f"without {key}" if key not in before else f"with {key}={before[key]!r:.100}"
+                return f"{path or 'the model'} ({now[path]['class']}) has other hyper-parameters than traced: {has}, traced {was}"
+    return None
+
+
 def retrace(generated: ModuleType, model, modes: str = "") -> str:
     """The commands that trace ``model`` again, as ``generated``'s spec was traced (``modes``: options
     that set the modes as the model has them now, in place of the traced ones), and generate every
     module of that spec where ``generated`` is."""
-    match = re.search(r"from\s+(\S+\.ya?ml)\b", getattr(generated, "__doc__", None) or "")
     file = getattr(generated, "__file__", None)
-    label = match.group(1) if match else "SPEC.yaml"
-    spec = spec_of(Path(file), label) if file else Path(label)
+    spec = spec_path(generated)
     train = spec.with_name(spec.name.replace("_eval.", ".", 1))
     if spec.stem.endswith("_eval") and train.is_file() and "\neval: " in train.read_text(errors="replace"):
         spec = train  # an eval-mode twin: traced with its train-mode spec, by one command
