@@ -76,14 +76,38 @@ primitive("causal_fill", code=lambda operands, params, show: (
     tangent=lambda expr, tangent_of: op("causal_fill", tangent_of(expr.operands[0]), zero=True))
 
 
+MASKED_SOFTMAX = '''def _masked_softmax(scores, dim):
+    """softmax over ``dim``, 0 along a row whose every entry is masked (-inf), as scaled_dot_product_attention
+    computes it (torch.softmax gives NaN there, and so does attention before torch 2.5, whose softmax this is)."""
+    if hasattr(torch.ops.aten, "_safe_softmax"):
+        return torch.ops.aten._safe_softmax(scores, dim)
+    return torch.softmax(scores, dim)
+'''
+"""Emitted once into each module with attention."""
+
+
+def _masked_softmax_tangent(expr, tangent_of):
+    """d P = P * (dS - sum_dim(P * dS)), as softmax's: a masked row's P, 0, gives it 0."""
+    moved = tangent_of(expr.operands[0])
+    if moved == 0:
+        return sympy.Integer(0)
+    return expr * (moved - sum_over(expr * moved, expr.params["dim"]))
+
+
+primitive("masked_softmax", code=lambda operands, params, show: f"_masked_softmax({operands[0]}, {params['dim']})",
+          latex=lambda operands, params, show: rf"\operatorname{{softmax}}_{{{params['dim']}}}\left({operands[0]}\right)",
+          tangent=_masked_softmax_tangent, helper=MASKED_SOFTMAX)
+
+
 def attention_softmax(query, key, mask, params):
-    """P = softmax(scale * q k^T (+ mask), -1), with -inf above the diagonal when causal."""
+    """P = softmax(scale * q k^T (+ mask), -1), with -inf above the diagonal when causal; a row masked
+    whole gets 0, not NaN, as PyTorch's attention kernels give it (and their gradients are finite there)."""
     scores = params["scale"] * op("matmul_transposed", query, key, which="right")
     if mask is not None:
         scores = scores + mask
     if params["is_causal"]:
         scores = op("causal_fill", scores, zero=False)
-    return op("softmax", scores, dim=-1)
+    return op("masked_softmax", scores, dim=-1)
 
 
 def _dropout(value, context: ParamContext):

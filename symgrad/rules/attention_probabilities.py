@@ -38,6 +38,8 @@ PROBABILITIES = '''def _attention_probabilities(query, key, attn_mask=None, is_c
         scores = scores.masked_fill(above, float("-inf"))
     if attn_mask is not None:
         scores = scores + attn_mask
+    if hasattr(torch.ops.aten, "_safe_softmax"):  # a row masked whole: 0, as the kernel gives it since torch 2.5
+        return torch.ops.aten._safe_softmax(scores, -1)
     return torch.softmax(scores, -1)
 '''
 """Emitted once into each module with attention dropout."""
@@ -77,7 +79,9 @@ class AttentionProbabilities(Rule):
         scores = scale * query @ key.transpose(-2, -1)
         if params.get("is_causal"):
             scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-        return torch.softmax(scores if mask is None else scores + mask, -1)
+        scores = scores if mask is None else scores + mask
+        return torch.ops.aten._safe_softmax(scores, -1) if hasattr(torch.ops.aten, "_safe_softmax") else \
+            torch.softmax(scores, -1)
 
     def infer_shape(self, shapes, params, check: Checker):
         query, key = shapes["query"], shapes["key"]
