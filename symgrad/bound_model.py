@@ -43,6 +43,7 @@ import torch
 from .binding import CHECKPOINT_STOP, BindError, Bound, Guard, name_of, generated_reference, load_generated
 from .fingerprint import forward_hooks
 from .guards import ArgumentGuard
+from .retrace import retrace
 
 
 class _Mode(Guard):
@@ -156,7 +157,9 @@ class BoundModel(torch.nn.Module):
                             f"missing: {', '.join(missing)}")
         problem = mode.arguments.problem(arguments)
         if problem:  # the generated code computes what was traced: another argument would be ignored
-            raise BindError(f"{name_of(mode.generated)}: {problem}")
+            text, change = problem
+            again = f", or trace and generate it so: {retrace(mode.generated, self.model, change=change)}" if change else ""
+            raise BindError(f"{name_of(mode.generated)}: {text}{again})")
         return mode({name: arguments[name] for name in mode.data_arguments})
 
     def check_unchanged(self) -> None:

@@ -267,10 +267,21 @@ def functions_of(model: torch.nn.Module) -> dict[str, types.FunctionType]:
     return found
 
 
+def _installed(code: types.CodeType) -> bool:
+    """Whether ``code`` is an installed library's (site-packages): its module state (a flag set on a first
+    call, a cache) may differ between the process that traced and one that binds, so only its code, and
+    the functions it reads, are guarded."""
+    file = code.co_filename
+    return "site-packages" in file or "dist-packages" in file
+
+
 def function_guard(function) -> tuple[str, dict[str, Any]]:
     """The hash guarding ``function`` (its code and everything it reads), and its short literal reads by name."""
     parts, values = [code_text(function.__code__)], {}
+    installed = _installed(function.__code__)
     for name, value in _reads(function):
+        if installed and not (callable(value) or isinstance(value, types.ModuleType)):
+            continue
         text = value_text(value)
         parts.append(f"{name}={text}")
         if text is not None and not callable(value) and not isinstance(value, types.ModuleType):
@@ -443,22 +454,26 @@ class ArgumentGuard:
                               for name, value in traced.items())
         self._data = data_arguments
 
-    def problem(self, arguments: dict) -> str | None:
-        """What differs in ``arguments`` (the call's, by name, defaults not applied), in words, or None."""
+    def problem(self, arguments: dict) -> tuple[str, tuple | None] | None:
+        """What differs in ``arguments`` (the call's, by name, defaults not applied), in words ending in the
+        first fix, with the ``symgrad trace`` option that traces the call as it is ((flag, name, value),
+        value None: left out), or None where that cannot be written; None where nothing differs."""
         for name, traced, default in self._checked:
             now = arguments.get(name, default)
             if now is MISSING or _matches(now, traced):
                 continue
             if traced is None and isinstance(now, torch.Tensor):
+                shape = ",".join(map(str, now.shape))
                 return (f"{name} is a tensor, and the trace ran without it ({name}=None), so the generated code "
-                        f"never reads it (fix: call it without {name}, or trace with --input {name}="
-                        f"{','.join(map(str, now.shape))})")
-            return (f"it is called with {name}={shown(now):.80}, and was traced with {name}={traced!r:.80} (fix: call it "
-                    f"with {name}={traced!r:.60}, or trace with --arg {name}=VALUE and generate again)")
+                        f"never reads it (fix: call it without {name}"), ("--input", name, shape)
+            plain = now is None or type(now) in (bool, int, float, str)
+            option = ("null" if now is None else now if isinstance(now, str) else str(now).lower()
+                      if isinstance(now, bool) else repr(now)) if plain else None  # as --arg reads it (YAML)
+            return (f"it is called with {name}={shown(now):.80}, and was traced with {name}={traced!r:.80} (fix: "
+                    f"call it with {name}={traced!r:.60}"), option and ("--arg", name, option)
         for name in self._data:
             if name in arguments and arguments[name] is None:
-                return (f"{name} is None, and the trace had a tensor there (fix: pass {name}, or trace without "
-                        f"--input {name})")
+                return (f"{name} is None, and the trace had a tensor there (fix: pass {name}"), ("--input", name, None)
         return None
 
 

@@ -130,9 +130,10 @@ def hyper_difference(generated: ModuleType, model) -> str | None:
     return None
 
 
-def retrace(generated: ModuleType, model, modes: str = "") -> str:
+def retrace(generated: ModuleType, model, modes: str = "", change: tuple | None = None) -> str:
     """The commands that trace ``model`` again, as ``generated``'s spec was traced (``modes``: options
-    that set the modes as the model has them now, in place of the traced ones), and generate every
+    that set the modes as the model has them now, in place of the traced ones; ``change``: (flag, name,
+    value) in place of that flag's ``name=...``, or without it where value is None), and generate every
     module of that spec where ``generated`` is."""
     file = getattr(generated, "__file__", None)
     spec = spec_path(generated)
@@ -143,6 +144,12 @@ def retrace(generated: ModuleType, model, modes: str = "") -> str:
     options = _options_of(text) or _options_from_spec(text) if text else ["--input", "..."]
     if modes:
         options = _without(options, MODE_OPTIONS, ("--modes",)) + shlex.split(modes)
+    if change:
+        flag, argument, value = change
+        kept = [index for index in range(len(options)) if not (
+            options[index] == flag and index + 1 < len(options) and options[index + 1].partition("=")[0] == argument
+            or index and options[index - 1] == flag and options[index].partition("=")[0] == argument)]
+        options = [options[index] for index in kept] + ([flag, f"{argument}={value}"] if value is not None else [])
     traced_class = re.search(r"^# Traced by symgrad from (\w+)\.forward", text, re.MULTILINE)
     name, after = None, ""
     if traced_class and traced_class.group(1) != type(model).__name__:  # another model: its own spec and module

@@ -209,7 +209,9 @@ def test_a_call_with_other_arguments_than_traced_is_refused(tmp_path):
     fast = symgrad.bind(generated(tmp_path, model), model)
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(fast(x), model(x)) and torch.equal(fast(x, 1.0, None), model(x))  # as traced
-    one_line_refusal(lambda: fast(x, scale=2.0), r"^net: it is called with scale=2\.0, and was traced with scale=1\.0")
+    one_line_refusal(lambda: fast(x, scale=2.0), r"^net: it is called with scale=2\.0, and was traced with scale=1\.0 \(fix: "
+                     r"call it with scale=1\.0, or trace and generate it so: symgrad trace \S+guarded_model\.py:Net "
+                     r"--input x=2,4 --wrt parameters --name net --arg scale=2\.0 -o \S+net\.yaml && symgrad generate")
     one_line_refusal(lambda: fast(x, 3.0), r"scale=3\.0, and was traced with scale=1\.0")
     one_line_refusal(lambda: fast(x, return_features=True), r"return_features=True, and was traced with return_features=False")
     one_line_refusal(lambda: fast(x, mask=torch.ones(3, 3, dtype=torch.float64)),
