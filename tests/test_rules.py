@@ -290,6 +290,8 @@ CASES = [
                  id="gather-last-dim-index-smaller-and-longer"),
     pytest.param(spec_text({"w": [5, 3], "i": {"shape": [2, 4], "dtype": "int64"}, "y": [2, 4, 3]},
                            [{"op": "embedding", "in": "i", "weight": "w"}], SQ, ["w"]), id="embedding"),
+    pytest.param(torch_case("addmm", {"b": [4], "x": [3, 5], "w": [5, 4]}, ["b", "x", "w"], torch.addmm,
+                            in_names=["b", "x", "w"]), id="addmm-bias-broadcast"),
     pytest.param(spec_text({"q": [2, 2, 3, 4], "k": [2, 2, 5, 4], "y": [2, 2, 3, 5]},
                            [{"op": "attention_probabilities", "in": ["q", "k"]}], SQ, ["q", "k"]),
                  id="attention_probabilities"),

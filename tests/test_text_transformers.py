@@ -158,3 +158,58 @@ def test_an_embedding_spec_reads_as_the_op(tmp_path):
     y = torch.randn(2, 4, 3, dtype=torch.float64)
     expected, = torch.autograd.grad(0.5 * (F.embedding(i, w, padding_idx=2) - y).pow(2).sum(), [w])
     assert torch.equal(module.gradients(w=w.detach(), i=i, y=y).w, expected)
+
+
+class Conv1D(nn.Module):
+    """transformers' ``pytorch_utils.Conv1D`` (GPT-2's linear layers, the weight stored [in, out]), as written there."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.3)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class BertStyleEmbeddings(nn.Module):
+    """BERT's embeddings as transformers writes them: ``input_ids.view(-1, T)``, positions sliced from a
+    ``position_ids`` buffer (``self.position_ids[:, :seq_length]``), token types passed in; then GPT-2's Conv1D."""
+
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(7, 6, padding_idx=0)
+        self.position_embeddings = nn.Embedding(12, 6)
+        self.token_type_embeddings = nn.Embedding(2, 6)
+        self.register_buffer("position_ids", torch.arange(12).expand((1, -1)), persistent=False)
+        self.proj = Conv1D(4, 6)
+
+    def forward(self, input_ids, token_type_ids):
+        input_shape = input_ids.size()
+        input_ids = input_ids.view(-1, input_shape[-1])
+        batch_size, seq_length = input_shape
+        position_ids = self.position_ids[:, 0:seq_length]
+        embeddings = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.proj(torch.tanh(embeddings + self.position_embeddings(position_ids)))
+
+
+def test_bert_style_position_ids_sliced_from_a_buffer_and_gpt2_conv1d_train_as_autograd(tmp_path):
+    """Slicing the position_ids buffer is a read, not a write (it was refused as one); the rows at the whole
+    buffer are narrowed to the length read from input_ids at run time; Conv1D's addmm is one op."""
+    torch.manual_seed(2)
+    model = BertStyleEmbeddings().double()
+    text = trace(model, {"input_ids": (2, 3), "token_type_ids": (2, 3)}, "parameters", "bert_style",
+                 dtypes={"input_ids": "int64", "token_type_ids": "int64"})
+    assert "op: addmm" in text and "length: {like: input_ids, dims: [1]}" in text, text
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(_generated(tmp_path, text), model)
+    idx, types = torch.randint(0, 7, (3, 5)), torch.randint(0, 2, (3, 5))  # another batch and length
+    outputs = [net(idx, types) for net in (fast, reference)]
+    assert torch.equal(outputs[0], outputs[1])  # torch.addmm itself: the model's values bit for bit
+    for output in outputs:
+        (output * torch.linspace(-1, 1, 4, dtype=torch.float64)).sum().backward()
+    for (key, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+        assert (ours.grad - theirs.grad).abs().max().item() <= 1e-12, key

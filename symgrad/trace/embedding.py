@@ -36,6 +36,8 @@ def embedding(builder: "SpecBuilder", op: str, bound: dict, call: Call) -> None:
                             "leave sparse off (torch.optim.SparseAdam needs it; use Adam or SGD)", op)
     bound.pop("norm_type", None)
     index, weight = bound.get("input"), bound.get("weight")
+    if isinstance(index, torch.Tensor) and id(index) in builder.index_views:
+        return _of_view(builder, op, bound, call, builder.index_views[id(index)])
     positions = _positions(builder, index) if isinstance(index, torch.Tensor) else None
     if positions is None or not isinstance(weight, torch.Tensor) or bound.get("padding_idx") is not None:
         return builder.layer(op, bound, call)
@@ -52,6 +54,35 @@ def embedding(builder: "SpecBuilder", op: str, bound: dict, call: Call) -> None:
     current = rows
     while current.dim() < call.result.dim():
         current = builder.part(call, "unsqueeze", current, 0)
+    builder.alias(call, current)
+
+
+def _of_view(builder: "SpecBuilder", op: str, bound: dict, call: Call, root: torch.Tensor) -> None:
+    """The rows at a view of an int64 input: ``input_ids.view(-1, T)`` of an input of that shape is the input;
+    a leading corner of a buffer (BERT's ``self.position_ids[:, :seq_length]``) is the rows at the whole buffer,
+    narrowed to the corner, each length read at run time from the tensor of that size the code read last (the
+    second run, at other sizes, refuses a guess that does not follow)."""
+    from .views import size_read
+
+    index = bound["input"]
+    corner = builder.index_views.get(("corner", id(index)))
+    if ("expanded", id(index)) in builder.index_views or (corner is None and root.shape != index.shape):
+        return builder.layer(op, bound, call)  # refused, as any reader of a reshaped int64 input
+    if corner is None:
+        bound["input"] = root
+        return builder.layer(op, bound, call)
+    rows = torch.nn.functional.embedding(root, bound["weight"])
+    builder.layer(op, {**bound, "input": root}, Call(call.name, call.function, (), {}, rows, call.where, call.module,
+                                                     call.leaf))
+    current = rows
+    for dim, stop in enumerate(corner):
+        if stop != root.shape[dim]:
+            length = size_read(builder, stop, dim, len(corner))
+            narrowed = current.narrow(dim, 0, stop)
+            made = Call("narrow", torch.narrow, (current, dim, 0, stop), {}, narrowed, call.where, call.module, call.leaf)
+            builder.emit("narrow", {"op": "narrow", "in": builder.node(current), "dim": dim, "start": 0,
+                                    "length": {**length, "dims": [dim]} if isinstance(length, dict) else stop}, made)
+            current = narrowed
     builder.alias(call, current)
 
 

@@ -158,8 +158,9 @@ class SpecBuilder:
         self.sizes_read += call.sizes_read
         self.walked += 1
         target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
-        writes = target is not None and not call.constant and (
-            call.name.endswith("_") or call.name == "__setitem__" or call.name.startswith("__i"))
+        writes = target is not None and not call.constant and (  # x.add_(y), x[i] = y, x += y; not x[i] (__getitem__)
+            (call.name.endswith("_") and not call.name.endswith("__")) or call.name == "__setitem__"
+            or call.name.startswith("__i"))
         written = target if writes else call.keywords.get("out")
         if isinstance(written, torch.Tensor) and id(written) in self.mutable:  # a buffer: the batch count alone
             self.bookkeeping(call, written)
