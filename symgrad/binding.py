@@ -45,6 +45,7 @@ from .errors import SymgradError
 from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
 from .fingerprint import IGNORED, difference, literal
 from .guards import MISSING, code_difference, first_changed, guardable, kept, shown
+from .modes import mode_refusal
 from .retrace import hyper_difference, retrace, spec_and_output
 from .write import read_generated, read_header
 
@@ -262,19 +263,13 @@ class Guard:
                             f"generate the changed model: {_retrace(self.generated, self.model)})")
 
     def _check_mode(self) -> None:
-        if self._modes:  # every module whose code reads its mode, as traced
+        if self._modes:  # every module whose code reads its mode, as traced (symgrad.modes words the refusal)
             wrong = [(path, module, training) for path, module, training in self._modes if module.training != training]
-            if not wrong:
-                return
-            path, module, training = wrong[0]
-            traced, now = ("train", "eval") if training else ("eval", "train")
-            if len(wrong) == len(self._modes) and len({entry[2] for entry in self._modes}) == 1:
-                raise BindError(f"{name_of(self.generated)} was traced in {traced} mode, and the model is now in {now} "
-                                f"mode (fix: call model.{traced}(), or trace and generate the other mode too)")
-            raise BindError(f"{name_of(self.generated)} was traced with {path or 'the model'} "
-                            f"({type(module).__name__}) in {traced} mode, and it is now in {now} mode (fix: call "
-                            f".{traced}() on it after model.{now}(), or trace and generate this mode: "
-                            f"{_retrace(self.generated, self.model)})")
+            if wrong:
+                raise BindError(mode_refusal(name_of(self.generated), wrong, list(self._modes), self.model,
+                                             lambda options: _retrace(self.generated, self.model, options),
+                                             both_modes=self._ENTRY == "outputs_with_explicit_backward"))
+            return
         if self._traced_training is not None:
             if {owner.training for owner in self._normed} != {self._traced_training}:
                 traced = "train" if self._traced_training else "eval"

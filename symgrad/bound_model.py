@@ -13,10 +13,13 @@ model's ``.grad``. Everything after the outputs is the user's, in plain autograd
     loss.backward()                      # explicit backward from d loss / d outputs
     optimizer.step()
 
-It follows ``model.training`` at every call: where the model was traced in both modes (the generated
-module names its eval-mode sibling in ``EVAL_MODULE``), eval mode runs the sibling (BatchNorm's
-running statistics, no dropout, the eval-mode outputs). In training mode BatchNorm's running
-statistics and ``num_batches_tracked`` move exactly as the model's own forward moves them.
+It follows the model's modes at every call: where the model was traced in both modes (the generated
+module names its eval-mode sibling in ``EVAL_MODULE``), ``model.eval()`` runs the sibling
+(BatchNorm's running statistics, no dropout, the eval-mode outputs), and the model in the modes it
+was traced in (``model.train(); model.backbone.eval()``: a frozen backbone) runs the train-mode
+module; any other combination of submodule modes is refused, naming the submodules whose mode
+differs. In training mode BatchNorm's running statistics and ``num_batches_tracked`` move exactly as
+the model's own forward moves them.
 
 Every call makes the checks of the loss-ending form (:class:`symgrad.binding.Bound`, shared through
 ``binding.Guard``), against the module that serves the model's current mode: the model as bound
@@ -62,6 +65,14 @@ class _Mode(Guard):
         traced = {training for _, _, training in self._modes}  # no BatchNorm: its dropouts' mode, as traced
         self.training = self._traced_training if self._traced_training is not None or len(traced) != 1 else traced.pop()
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
+        self.watches_modes = self._snapshot.watches_modes
+
+    def serves(self) -> bool:
+        """Whether the model is in the modes this module was traced in: each submodule that reads its mode
+        in the mode it was traced in (the fingerprint's), else the root in the traced BatchNorm mode."""
+        if self.watches_modes:
+            return self._snapshot.modes_unchanged()
+        return self.training is None or self.training == self.model.training
 
     def __call__(self, data: dict[str, torch.Tensor]):
         arguments, params, previous = self._checked_arguments(data)
@@ -166,11 +177,24 @@ class BoundModel(torch.nn.Module):
         """The checks a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run, for the model's current mode."""
         self._mode().check_unchanged()
 
+    def serving(self) -> int:
+        """Which generated module serves the model's modes now (:meth:`_mode`), by its place: a CUDA graph's
+        key, as two combinations of modes with the root in one mode may run two modules."""
+        return self._modes.index(self._mode())
+
     def _mode(self) -> _Mode:
+        """The module whose traced modes the model's submodules are in now (a frozen backbone in a training
+        model: the train-mode module traced so); where none is, the one its checks refuse with, naming the
+        submodules whose mode differs: the module of the root's mode, or the one module that records modes."""
+        for mode in self._modes:
+            if mode.serves():
+                return mode
         training = self.model.training
         for mode in self._modes:
             if mode.training is None or mode.training == training:
                 return mode
+        if len(self._modes) == 1 and self._modes[0].watches_modes:
+            return self._modes[0]
         traced = "train" if self._modes[0].training else "eval"
         raise BindError(f"{name_of(self.generated)} was traced in {traced} mode only, and the model is now in "
                         f"{'train' if training else 'eval'} mode (fix: call model.{traced}(), or trace without "

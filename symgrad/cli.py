@@ -378,8 +378,13 @@ def _registry_certificates():
 @click.option("--target", "target_name", default="target", show_default=True, help="The target's input name (with --loss).")
 @click.option("--reduction", default=None, type=click.Choice(["sum", "mean", "per_sample"]),
               help="The --loss reduction (default: PyTorch's, mean; sum for half_sq_error).")
-@click.option("--eval", "eval_mode", is_flag=True, help="Trace the modules in eval mode (running statistics as inputs).")
-@click.option("--train", "train_mode", is_flag=True, help="Trace the modules in train mode (batch statistics).")
+@click.option("--eval", "eval_mode", is_flag=True, help="Trace every submodule in eval mode, as model.eval() sets it "
+              "(running statistics as inputs), whatever mode the model set; one spec.")
+@click.option("--train", "train_mode", is_flag=True, help="Trace every submodule in train mode, as model.train() sets it "
+              "(batch statistics), whatever mode the model set; one spec.")
+@click.option("--modes", "module_modes", default=None, metavar="'PATH=eval,...'",
+              help="Set submodules' modes after model.train() (model.eval() with --eval), in order: backbone=eval "
+              "traces a frozen backbone (its BatchNorm keeps its running statistics).")
 @click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters), "
               "or `parameters`: the parameters alone, as a training step (symgrad.bind) needs.")
 @click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
@@ -387,9 +392,14 @@ def _registry_certificates():
 @click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop with an error if tracing takes longer than this.")
 @click.option("--flat", is_flag=True, help="Every layer inline, instead of one block per repeated submodule class.")
-def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, wrt, spec_name,
-                  output, timeout, flat):
-    """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec."""
+def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, module_modes,
+                  wrt, spec_name, output, timeout, flat):
+    """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec.
+
+    Without --train or --eval the model is traced as it sets its modes, each submodule in its own
+    (self.backbone.eval() in __init__: a frozen backbone); a model that returns its outputs is traced in
+    its other mode too, as a whole (model.eval(), or model.train() where its root is in eval mode), and
+    symgrad.bind runs whichever the model's modes are in."""
     from .trace import LOSS_NAMES, LossChoice, TraceError, load_target, trace
 
     try:
@@ -413,6 +423,10 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         arguments = dict(_literal_pair(item, "--arg") for item in values)
         init_arguments = dict(_literal_pair(item, "--init") for item in _split_top_level(init)) if init else None
         function = load_target(target, init_arguments)
+        if module_modes is not None:  # the whole model in the flag's mode, then each entry
+            from .modes import apply_modes
+
+            apply_modes(function, module_modes, evaluation=eval_mode)
         loss = LossChoice(LOSS_NAMES[loss_kind], target_name, reduction) if loss_kind else None
         name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
         mode = "eval" if eval_mode else "train" if train_mode else None
@@ -420,18 +434,18 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         evaluation = None
         import torch
 
-        if loss is None and mode is None and isinstance(function, torch.nn.Module):  # both modes, where they differ
+        if loss is None and mode is None and isinstance(function, torch.nn.Module):  # as set, and the other mode
             from .trace import trace_modes
 
             text, evaluation = trace_modes(function, shapes, wrt_list, name, arguments=arguments, dtypes=dtypes,
                                            timeout=timeout, blocks=not flat)
         else:
-            text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments,
-                         dtypes=dtypes, mode=mode, timeout=timeout, blocks=not flat)
+            text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments, dtypes=dtypes,
+                         mode=mode if module_modes is None else None, timeout=timeout, blocks=not flat)
         from .retrace import options_line, with_options  # what bind's refusals print to trace it again
 
         line = options_line(inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode,
-                            None, wrt, spec_name, timeout, flat)
+                            module_modes, wrt, spec_name, timeout, flat)
         text, evaluation = with_options(text, line), evaluation and with_options(evaluation, line)
         if evaluation is not None and output == "-":
             raise TraceError("error: the model runs other layers in eval mode than in train mode (BatchNorm, "

@@ -4,8 +4,8 @@ On a GPU a training step at the sizes people train is bound by the host: what th
 its kernels (the guard, the generated forward's and backward's Python, autograd's engine) is the
 step's time. :class:`GraphedStep` captures the bound step, forward and explicit backward, as two CUDA
 graphs with ``torch.cuda.make_graphed_callables``, once per set of data shapes, dtypes, strides,
-autocast state and mode, and replays them at every later call with the same set: the Python runs once
-per capture, not once per step. ::
+autocast state and generated module serving the model's modes, and replays them at every later call
+with the same set: the Python runs once per capture, not once per step. ::
 
     fast = symgrad.bind("gen/net_gradients.py", model, cuda_graph=True)
     for images, labels in loader:                      # the same batch size at every step
@@ -105,7 +105,8 @@ class GraphedStep(torch.nn.Module):
             self._identity = identity
         return (tuple((name, value.shape, value.dtype, value.stride(), value.requires_grad)
                       for name, value in data.items()),
-                torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), self.bound.model.training)
+                torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+                self.bound.serving() if hasattr(self.bound, "serving") else self.bound.model.training)
 
     def _capture(self, key: tuple, data: dict):
         """The step captured for ``key``, or None (warned) where it cannot be; the model's buffers as

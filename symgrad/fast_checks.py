@@ -95,11 +95,20 @@ class Snapshot:
         self._mode_owners = tuple(module for _, module, _ in modes)
         self._modes = tuple(training for _, _, training in modes)
 
+    @property
+    def watches_modes(self) -> bool:
+        """Whether any module's mode is compared (a module whose code reads ``self.training``, as traced)."""
+        return bool(self._mode_owners)
+
+    def modes_unchanged(self) -> bool:
+        """Whether every mode-reading module is in the mode it was traced in."""
+        return tuple(map(operator.attrgetter("training"), self._mode_owners)) == self._modes
+
     def unchanged(self) -> bool:
         now = map(dict.get, map(getattr, self._parents, repeat("_modules")), self._child_names)
         if not all(map(operator.is_, now, self._children)):
             return False
-        if tuple(map(operator.attrgetter("training"), self._mode_owners)) != self._modes:
+        if not self.modes_unchanged():
             return False
         try:  # tuple equality compares each element by `is`, then `==`: the guard's own comparison
             return tuple(map(_CALL, self._hyper_readers, self._hyper_owners)) == self._hyper_values

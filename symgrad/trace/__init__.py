@@ -4,7 +4,7 @@ The function, or an ``nn.Module``'s forward, runs on random tensors while ``reco
 keeps every torch call; ``layers.SpecBuilder`` turns the calls into layers, and the end of the
 function (or ``--loss``) into the spec's loss; a function that returns no loss (a tensor, a tuple or a
 dict of tensors: the model's outputs) gives a spec that ends in ``outputs:``, which ``trace_modes``
-traces in train and in eval mode. Parameters and buffers become inputs named by their
+traces as the user set its modes and in its other mode. Parameters and buffers become inputs named by their
 module path (``layer1_0_conv1_weight``, ``bn1_running_mean``); tensors the function reads from its
 module's globals or closure (the seed's ``k`` and ``y``), and the parameters of ``nn.Module``
 globals (``model_conv1_weight``), become inputs under those names.
@@ -150,17 +150,35 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
 
 def trace_modes(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None,
                 name: str = "traced", **options) -> tuple[str, str | None]:
-    """A model whose forward returns its outputs, traced in train mode and in eval mode: (the train-mode
-    spec, the eval-mode spec named ``NAME_eval``), or (the one spec, None) where the two modes run the same
-    layers (no BatchNorm, no dropout, the same outputs). The train-mode spec then names the other in
-    ``eval: NAME_eval``, and ``symgrad.bind`` of the module generated from it runs the module generated
-    from the other while the model is in eval mode (both generated into one folder). ``options``: those
-    of :func:`trace` but ``mode`` and ``loss`` (a loss-ending spec trains in one mode)."""
-    train = trace(target, shapes, wrt, name, mode="train", **options)
-    evaluation = trace(target, shapes, wrt, f"{name}_eval", mode="eval", **options)
-    if "\noutputs:" not in train or _body(train) == _body(evaluation):
+    """A model traced as the user set it, and in its other mode where it returns its outputs: (the
+    train-mode spec, the eval-mode spec named ``NAME_eval``), or (the one spec, None) where the model
+    ends in a loss (a loss-ending spec trains in one mode) or both run the same layers.
+
+    The modes as set are never changed: the spec of the mode the model's root is in is the model as it
+    is, each submodule in its own mode (``model.train(); model.backbone.eval()``: a frozen backbone's
+    BatchNorm normalises with its running statistics and moves nothing, its dropout draws nothing); the
+    other spec is the whole model in the other mode (``model.eval()``, or ``model.train()`` where the root
+    was in eval mode when traced). The train-mode spec then names the other in ``eval: NAME_eval``, and
+    ``symgrad.bind`` of the module generated from it runs, at each call, the module whose traced modes
+    the model's submodules are in (both generated into one folder). ``options``: those of :func:`trace`
+    but ``mode`` and ``loss``."""
+    training = not isinstance(target, torch.nn.Module) or target.training
+    as_set = trace(target, shapes, wrt, name, **options)
+    if "\noutputs:" not in as_set:
+        return as_set, None
+    other = trace(target, shapes, wrt, name if not training else f"{name}_eval",
+                  mode="eval" if training else "train", **options)
+    train, evaluation = (as_set, other) if training else (other, _renamed(as_set, f"{name}_eval"))
+    if _body(train) == _body(evaluation):
         return train, None
     return train + f"eval: {name}_eval\n", evaluation
+
+
+def _renamed(text: str, name: str) -> str:
+    """A traced spec under another name (its one ``name:`` line)."""
+    lines = text.splitlines(keepends=True)
+    index = next(number for number, line in enumerate(lines) if line.startswith("name:"))
+    return "".join([*lines[:index], f"name: {_name(name)}\n", *lines[index + 1:]])
 
 
 def _body(text: str) -> list[str]:
