@@ -108,8 +108,11 @@ def value_text(value: Any, depth: int = 0) -> str | None:
     if inspect.ismethod(value):
         return f"{inner(value.__func__)} of <{type(value.__self__).__qualname__}>"
     if inspect.isfunction(value):
-        name = f"{value.__module__}.{value.__qualname__}" if is_library(value.__code__) else value.__qualname__
-        return name if is_library(value.__code__) else f"{name}#{code_hash(value.__code__)}"
+        if is_library(value.__code__):
+            return f"{value.__module__}.{value.__qualname__}"
+        cells = [cell.cell_contents for cell in value.__closure__ or () if _filled(cell)]
+        bound = ", ".join(map(inner, [*cells, *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]))
+        return f"{value.__qualname__}#{code_hash(value.__code__)}" + (f"({bound})" if bound else "")
     if inspect.isbuiltin(value) or inspect.isclass(value) or isinstance(value, types.ModuleType):
         return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', value.__name__)}"
     if not _is_library_object(type(value)) and hasattr(value, "__dict__"):
@@ -124,6 +127,14 @@ def shown(value: Any) -> str:
         return repr(value)
     text = value_text(value)
     return f"{text:.120}" if text is not None else f"<{type(value).__name__}>"
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
 
 
 def _inner(value, depth: int) -> str:
