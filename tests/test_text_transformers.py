@@ -213,3 +213,23 @@ def test_bert_style_position_ids_sliced_from_a_buffer_and_gpt2_conv1d_train_as_a
         (output * torch.linspace(-1, 1, 4, dtype=torch.float64)).sum().backward()
     for (key, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         assert (ours.grad - theirs.grad).abs().max().item() <= 1e-12, key
+
+
+def test_a_cache_started_as_an_empty_tensor_is_concatenated_as_pytorch_does():
+    """transformers' DynamicLayer starts its cache as ``torch.tensor([])`` and concatenates each step's keys to
+    it; PyTorch's cat leaves a 1-d empty tensor out, so the cache is the keys (GPT-2 called as it is, with its
+    cache on, was refused at that cat)."""
+    def attend(x, w):
+        keys = torch.tensor([], dtype=x.dtype, device=x.device)
+        keys = torch.cat([keys, x @ w], dim=-2)
+        return torch.tanh(keys)
+
+    text = trace(attend, {"x": (2, 3, 4), "w": (4, 4)}, name="cached", loss=LossChoice("half_sq_error"))
+    spec = yaml.safe_load(text)
+    assert [layer["op"] for layer in spec["layers"]] == ["matmul", "tanh"], text
+    module = module_from_source(build_text(text, "cached.yaml").rendered.files["cached.py"], "cached")
+    x, w = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True), torch.randn(4, 4, dtype=torch.float64)
+    target = torch.randn(3, 5, 4, dtype=torch.float64)
+    expected, = torch.autograd.grad(0.5 * (attend(x, w) - target).pow(2).sum(), [x])
+    got = module.gradients(x=x.detach(), w=w, **{spec["loss"]["target"]: target}).x
+    assert (got - expected).abs().max().item() <= 1e-12

@@ -199,7 +199,12 @@ def gather(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
 
 
 def cat(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
-    """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``."""
+    """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``. A 1-d empty tensor among them is
+    left out, as PyTorch's cat leaves it out (transformers' DynamicLayer starts its cache as ``torch.tensor([])``
+    and concatenates each step's keys to it: the first step's cache is the keys)."""
+    tensors = bound.get("tensors", ())
+    if len(tensors) > 1 and all(isinstance(tensor, torch.Tensor) for tensor in tensors):
+        bound["tensors"] = [tensor for tensor in tensors if not (tensor.dim() == 1 and tensor.numel() == 0)] or tensors
     if len(bound.get("tensors", ())) == 1 and isinstance(bound["tensors"][0], torch.Tensor):
         return builder.alias(call, bound["tensors"][0])
     builder.layer(op, bound, call)
