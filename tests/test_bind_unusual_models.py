@@ -77,3 +77,45 @@ def test_negative_entries_of_an_index_buffer_index_as_in_the_forward(tmp_path):
     reference = copy.deepcopy(model)
     fast = bound(tmp_path, model, {"x": (2, 3, 3)}, "relative_bias")
     trains_as_autograd(fast, model, reference, torch.randn(4, 3, 3, dtype=torch.float64))
+
+
+class Einsums(nn.Module):
+    """One-operand einsums as people write them: a transpose, or (``form``) a diagonal or a sum, and the fix
+    each refusal prints, written as it says."""
+
+    def __init__(self, form="transpose"):
+        super().__init__()
+        self.form = form
+        self.proj = nn.Linear(3, 3)
+        self.register_buffer("eye", torch.eye(3))
+
+    def forward(self, x):
+        y = self.proj(x)
+        if self.form == "transpose":
+            return torch.einsum("bij->bji", y)
+        if self.form == "diagonal":
+            return torch.einsum("bii->bi", y)
+        if self.form == "diagonal fixed":
+            return (y * self.eye).sum(-1)
+        if self.form == "sum":
+            return torch.einsum("bij->bj", y) * 2.0
+        return y.sum(1) * 2.0  # "sum fixed"
+
+
+def test_a_one_operand_einsum_traces_as_a_permute_or_is_refused_with_a_fix_that_traces(tmp_path):
+    import pytest
+
+    from symgrad.trace import TraceError
+
+    torch.manual_seed(3)
+    model = Einsums().double()
+    reference = copy.deepcopy(model)
+    trains_as_autograd(bound(tmp_path, model, {"x": (2, 3, 3)}, "einsum_transpose"), model, reference,
+                       torch.randn(4, 3, 3, dtype=torch.float64))
+    for form, message in (("diagonal", r"takes a diagonal .*\(fix: multiply by an identity registered as a buffer"),
+                          ("sum", r"sums within its one operand .*\(fix: write the sum itself, x.sum\(dims\)")):
+        with pytest.raises(TraceError, match=message) as refused:
+            trace(Einsums(form).double(), {"x": (2, 3, 3)}, "parameters", "refused", mode="train")
+        assert "'in:'" not in str(refused.value) and len(str(refused.value).splitlines()) == 1
+        assert "outputs:" in trace(Einsums(f"{form} fixed").double(), {"x": (2, 3, 3)}, "parameters", "fixed",
+                                   mode="train")

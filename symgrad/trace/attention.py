@@ -75,6 +75,22 @@ def einsum(builder: "SpecBuilder", call: "Call") -> None:
     if written is None:
         return builder.fail(call, f"has the equation {equation!r}, which is not letters, commas, '->' and '...' "
                             "matching the operands' ranks", "write it with one letter per dim, e.g. 'bij,bjk->bik'")
+    inputs, arrow, output = written.partition("->")
+    terms = inputs.split(",")
+    if not arrow:  # implicit: the letters met once, in alphabetical order
+        output = "".join(sorted(letter for letter in set(inputs) if inputs.count(letter) == 1))
+    for term in terms:
+        repeated = sorted({letter for letter in term if term.count(letter) > 1})
+        if repeated:
+            return builder.fail(call, f"takes a diagonal (index {repeated[0]!r} twice in {term!r}), whose adjoint is no "
+                                "einsum", "multiply by an identity registered as a buffer and sum instead, e.g. "
+                                "(x * self.eye).sum(-1) for 'bii->bi'")
+    if len(terms) == 1:  # one operand: a permutation is a permute layer, a sum is written as one
+        if sorted(output) != sorted(terms[0]):
+            return builder.fail(call, f"sums within its one operand ({equation!r}), which is no einsum of two "
+                                "tensors", "write the sum itself, x.sum(dims), then x.permute(...) for the order")
+        return builder.layer("permute", {"input": operands[0], "dims": [terms[0].index(letter) for letter in output]},
+                             call)
     builder.layer("einsum", {"operands": list(operands), "equation": written}, call)
 
 
