@@ -233,3 +233,39 @@ def test_a_cache_started_as_an_empty_tensor_is_concatenated_as_pytorch_does():
     expected, = torch.autograd.grad(0.5 * (attend(x, w) - target).pow(2).sum(), [x])
     got = module.gradients(x=x.detach(), w=w, **{spec["loss"]["target"]: target}).x
     assert (got - expected).abs().max().item() <= 1e-12
+
+
+class MaskedAttention(nn.Module):
+    """Self-attention with dropout reading a padding mask given as transformers' 4-d additive form (0 where a key
+    is attended, the dtype's most negative number where it is padding), [B, 1, 1 or T, T]."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+
+    def forward(self, x, attention_mask):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 2).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.2 if self.training else 0.0)
+        return y.transpose(1, 2).reshape(B, T, 4)
+
+
+def test_a_padding_mask_in_the_4d_additive_form_trains_with_attention_dropout_as_autograd(tmp_path):
+    torch.manual_seed(3)
+    model = MaskedAttention().double()
+    text = trace(model, {"x": (2, 3, 4), "attention_mask": (2, 1, 1, 3)}, "parameters", "masked")
+    assert "attn_mask: attention_mask" in text and "op: attention_probabilities" in text, text
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(_generated(tmp_path, text), model)
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    keep = torch.ones(3, 5)
+    keep[0, -2:] = 0  # the first sequence is padded
+    mask = torch.zeros(3, 1, 1, 5, dtype=torch.float64).masked_fill(keep[:, None, None] == 0, torch.finfo(torch.float64).min)
+    outputs = []
+    for net in (fast, reference):
+        torch.manual_seed(9)
+        outputs.append(net(x, mask))
+        (outputs[-1] * torch.linspace(-1, 1, 4, dtype=torch.float64)).sum().backward()
+    assert torch.equal(outputs[0], outputs[1])
+    for (key, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+        assert (ours.grad - theirs.grad).abs().max().item() <= 1e-12, key
