@@ -269,3 +269,26 @@ def test_a_padding_mask_in_the_4d_additive_form_trains_with_attention_dropout_as
     assert torch.equal(outputs[0], outputs[1])
     for (key, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         assert (ours.grad - theirs.grad).abs().max().item() <= 1e-12, key
+
+
+class BufferedTypes(nn.Module):
+    """BERT's token types when none are passed: its all-zero buffer, expanded and gathered at the positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.token_type_embeddings = nn.Embedding(2, 3)
+        self.register_buffer("position_ids", torch.arange(8).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(1, 8, dtype=torch.long), persistent=False)
+
+    def forward(self, x):
+        batch_size, seq_length = x.shape[:2]
+        position_ids = self.position_ids[:, :seq_length]
+        buffered = torch.gather(self.token_type_ids.expand(position_ids.shape[0], -1), dim=1, index=position_ids)
+        return x * self.token_type_embeddings(buffered.expand(batch_size, seq_length))
+
+
+def test_ids_gathered_from_an_integer_buffer_are_refused_with_a_fix_that_needs_no_edit():
+    with pytest.raises(TraceError) as error:
+        trace(BufferedTypes().double(), {"x": (2, 3, 3)}, loss=LossChoice("half_sq_error"))
+    (line,) = str(error.value).splitlines()
+    assert "test_text_transformers.py:" in line and "gathers integers" in line and "token_type_ids=" in line, line

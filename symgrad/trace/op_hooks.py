@@ -185,6 +185,10 @@ def gather(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     source, dim, index, views = bound.get("input"), bound.get("dim"), bound.get("index"), builder.index_views
     if bound.pop("sparse_grad", False):
         return builder.fail(call, "asks for a sparse gradient", "leave sparse_grad False")
+    if isinstance(source, torch.Tensor) and not source.is_floating_point():  # BERT's token_type_ids from its buffer
+        return builder.fail(call, f"gathers integers ({source.dtype}), ids a spec cannot compute: its int64 tensors "
+                            "are inputs, read as indices", "pass the ids to the traced function as an argument (for "
+                            "transformers' BERT: token_type_ids=torch.zeros_like(input_ids) for one segment)")
     if isinstance(source, torch.Tensor) and is_int(dim) and isinstance(index, torch.Tensor) and id(index) in views:
         root, dim = views[id(index)], dim % source.dim()
         along = [-1 if d == dim else 1 for d in range(source.dim())]
