@@ -191,8 +191,11 @@ def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastR
     weights = {node.operands["weight"] for node in convolutions}
     moved = tuple(node.name for node in graph.inputs if node.name in weights)
     most = _weighted_positions(graph, convolutions)
+    # the data: not a model's parameter or buffer (BiT's standardised 3x3 weights reach their convolutions
+    # through a reshape, and may have more positions than a small image)
+    sourced = {entry.name for entry in graph.spec.inputs if entry.source}
     data = [node for node in graph.inputs if len(node.shape) == 4 and node.dtype != "int64"
-            and node.name not in weights and _positions(node.shape) > 0]
+            and node.name not in weights and node.name not in sourced and _positions(node.shape) > 0]
     if not data:  # fixed by the spec's shapes
         return ChannelsLastRule(moved, None, 0) if most >= min_positions else None
     reference = max(data, key=lambda node: _positions(node.shape))  # the first of the largest

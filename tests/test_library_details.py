@@ -62,9 +62,9 @@ class RelativePositionAttention(nn.Module):
 class Stages(nn.Module):
     """Three instances of ``block`` after a linear stem, as a timm model's ``stages``."""
 
-    def __init__(self, block, **options):
+    def __init__(self, block, stem: nn.Module | None = None, **options):
         super().__init__()
-        self.stem = nn.Linear(4, 4)
+        self.stem = stem or nn.Linear(4, 4)
         self.stages = nn.Sequential(*(block(**options) for _ in range(3)))
 
     def forward(self, x):
@@ -106,3 +106,32 @@ def test_a_softmax_in_a_module_named_by_a_number_is_named():
     ``softmax_...`` takes the prefix the generated code reserves; tracing looped for ever before)."""
     text = trace(nn.Sequential(nn.Linear(4, 4), nn.Softmax(dim=-1)), {"input": (2, 4)}, timeout=30)
     assert "out: layer_softmax_1}" in text
+
+
+class StdConv2d(nn.Conv2d):
+    """timm's ``StdConv2d`` (BiT): the weight standardised by a batch_norm over each output channel's entries
+    before the convolution."""
+
+    def forward(self, x):
+        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True,
+                              momentum=0.0, eps=1e-8).reshape_as(self.weight)
+        return F.conv2d(x, weight, self.bias, self.stride, self.padding)
+
+
+def test_a_standardised_weight_larger_than_the_image_is_not_taken_for_the_data():
+    """The layout test reads the data input's size: a model's 4-d parameter with more positions than the image
+    (BiT's 3x3 weights at a small image), read by a reshape rather than a convolution, was taken for the data and
+    read by its spec name where the parameters are in ``params`` (refused as a name the module uses itself)."""
+    model = Stages(StandardisedBlock, stem=nn.Conv2d(3, 8, 3, padding=1))
+    text = _bound_step_matches(model, {"x": (1, 3, 2, 2)}, {"x": (2, 3, 3, 4)})
+    assert "{block:" in text
+
+
+class StandardisedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = StdConv2d(8, 8, 3, padding=1)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return x + self.act(self.conv(x))
