@@ -355,3 +355,21 @@ def test_the_printed_retrace_run_as_printed_makes_the_next_bind_pass(tmp_path, m
     assert torch.allclose(fast(x), edited(x), rtol=0, atol=1e-12)
     edited.eval()
     assert torch.allclose(fast(x), edited(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("section, message", [
+    ('{code: {"Net.forward": "import os"}}', "not a 16-digit hash"),
+    ('{values: {"Net.forward>SLOPE": {a: 1}}}', "not a literal"),
+    ('{arguments: {"scale; import os": 1.0}}', "not a path"),
+    ('{code: {}, other: {}}', "must be a mapping of code, values and arguments"),
+])
+def test_a_guards_section_holds_only_what_the_trace_writes(section, message):
+    """Only checked literals reach the generated module (its ``GUARDS``): a spec edited to hold code is refused."""
+    from symgrad.errors import SpecError
+    from symgrad.spec import parse_spec
+
+    text = ("name: net\ninputs:\n  x: {shape: [2, 4]}\n  w: {shape: [3, 4]}\nlayers:\n  - {op: linear, in: x, weight: w, out: y}\n"
+            f"outputs: y\nwrt: [w]\nguards: {section}\n")
+    parse_spec(text.replace(f"guards: {section}\n", 'guards: {code: {"Net.forward": 0123456789abcdef}}\n'))
+    with pytest.raises(SpecError, match=message):
+        parse_spec(text)
