@@ -282,6 +282,8 @@ OP_CASES = [  # (op the spec must hold, traced function or module, argument shap
     ("index", Selected(), {"x": (2, 3, 3, 3)}),
     ("gather", Gathered(), X),
     ("embedding", Tokens(), {"x": (2, 3, 4)}),
+    ("attention_probabilities", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True),
+     {"q": (2, 2, 4, 3), "k": (2, 2, 4, 3), "v": (2, 2, 4, 3)}),  # dropout inside attention (training mode)
     ("addmm", lambda b, x, w: torch.addmm(b, x.view(-1, x.size(-1)), w).view(2, 3, 4), {"b": (4,), "x": (2, 3, 5),
                                                                                      "w": (5, 4)}),  # GPT-2's Conv1D
 ]
