@@ -403,6 +403,8 @@ def kept(value: Any) -> Any:
     """``value`` as bound, for comparing at each call: a container deep-copied (an entry set in place
     after bind, ``self.cfg["gain"] = 0.3``, then differs), anything else itself."""
     if isinstance(value, (dict, list, set)) or (isinstance(value, tuple) and not hasattr(value, "_fields")):
+        if "<" in (value_text(value) or "<"):  # holds a tensor, a module, an object: compared by its text
+            return value
         try:
             import copy
 
@@ -421,8 +423,8 @@ def same(now: Any, value: Any) -> bool:
     try:
         if bool(now == value):
             return True
-    except (RuntimeError, TypeError, ValueError):
-        return False
+    except (RuntimeError, TypeError, ValueError):  # no single truth value (a tensor inside): by text
+        pass
     if now is MISSING or isinstance(now, (int, float, str, bool, type(None))):
         return False
     text = value_text(now)

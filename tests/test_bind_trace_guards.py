@@ -373,3 +373,14 @@ def test_a_guards_section_holds_only_what_the_trace_writes(section, message):
     parse_spec(text.replace(f"guards: {section}\n", 'guards: {code: {"Net.forward": 0123456789abcdef}}\n'))
     with pytest.raises(SpecError, match=message):
         parse_spec(text)
+
+
+def test_an_attribute_holding_tensors_in_a_dict_binds_and_trains_on(tmp_path):
+    """A container of tensors (a cache, a table of buffers kept by hand) is guarded by its text, never
+    compared element by element: no false refusal at bind or at a call."""
+    model = imported(tmp_path, HYPERS.replace('self.cfg = {"gain": gain}', 'self.cfg = {"gain": gain}\n'
+                                              '        self.cache = {"table": torch.ones(3)}'))
+    fast = symgrad.bind(generated(tmp_path, model), model)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model.cache["table"] = torch.zeros(3)
+    assert torch.equal(fast(x), model(x)) and torch.equal(fast(x), model(x))
