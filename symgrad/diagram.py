@@ -6,6 +6,7 @@ what is done here for XML.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -25,6 +26,28 @@ class Edge:
     source: str
     target: str
     backward: bool
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A graph drawn with its parameter and buffer leaves folded into the ops that read them: a
+    network's overview shows its data flow, not one leaf per weight. Its backward edges are the
+    whole graph's (``needs``)."""
+
+    nodes: dict
+    wrt: tuple[str, ...]
+    needs: frozenset[str]
+
+    def depends_on_wrt(self) -> set[str]:
+        return set(self.needs)
+
+
+def folded(graph: Graph, leaves: set[str]) -> Folded:
+    """``graph`` without the input nodes ``leaves`` (parameters, buffers) and the edges from them."""
+    nodes = {name: dataclasses.replace(node, operands={role: source for role, source in node.operands.items()
+                                                       if source not in leaves})
+             for name, node in graph.nodes.items() if name not in leaves}
+    return Folded(nodes, graph.wrt, frozenset(graph.depends_on_wrt()) | frozenset(graph.wrt))
 
 
 def edges(graph: Graph) -> list[Edge]:

@@ -38,14 +38,28 @@ TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
     testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
 """symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
 
-NOTATION = (r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$), $\odot$ is "
-            r"the elementwise product, $w \star_{s,p,d,g} x$ is PyTorch's convolution (cross-correlation) with "
-            r"stride, padding, dilation and groups, $w^{\top} \star$ its adjoint in the input (a transposed "
-            r"convolution) and $x \star^{w} \overline{y}$ its adjoint in the weight. $\mathrm{local}_{v}$ and "
-            r"$\mathrm{mask}_{v}$ name a local gradient of node $v$, computed once and reused; $A_{k}$ is the matrix "
-            r"of a separable resampling or pooling op along spatial axis $k$ (the code reads it off at run time by "
-            r"applying the op to the identity), so $A_{k}^{\top}$ carries the gradient back along that axis; "
-            r"$\operatorname{mean}_{D}$ averages over the normalised axes $D$.")
+NOTATION = (
+    ("", r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$)"),
+    (r"\odot", r"$\odot$ is the elementwise product"),
+    (r"\star", r"$w \star_{s,p,d,g} x$ is PyTorch's convolution (cross-correlation) with stride, padding, "
+               r"dilation and groups, $w^{\top} \star$ its adjoint in the input (a transposed convolution) and "
+               r"$x \star^{w} \overline{y}$ its adjoint in the weight"),
+    ((r"\mathrm{local}_", r"\mathrm{mask}_"), r"$\mathrm{local}_{v}$ and $\mathrm{mask}_{v}$ name a local gradient "
+                                              r"of node $v$, computed once and reused"),
+    ("A_{", r"$A_{k}$ is the matrix of a separable resampling or pooling op along spatial axis $k$ (the code "
+            r"reads it off at run time by applying the op to the identity), so $A_{k}^{\top}$ carries the "
+            r"gradient back along that axis"),
+    (r"\operatorname{mean}_{D}", r"$\operatorname{mean}_{D}$ averages over the normalised axes $D$"),
+)
+"""Each symbol the documents use, with the LaTeX that shows a document uses it: a document defines the
+symbols its formulas use, and no others."""
+
+
+def notation(latex: str) -> str:
+    """The notation sentence for a document whose formulas are ``latex``: its symbols' terms only."""
+    terms = [text for triggers, text in NOTATION
+             if any(trigger in latex for trigger in ((triggers,) if isinstance(triggers, str) else triggers))]
+    return ("; ".join(terms[:-1]) + ", and " + terms[-1] if len(terms) > 1 else terms[0]) + "."
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,9 +75,9 @@ def environment() -> jinja2.Environment:
     return environment
 
 
-def notation_html() -> str:
-    """:data:`NOTATION` for the HTML page: its math as MathML, the prose escaped."""
-    parts = NOTATION.split("$")
+def notation_html(sentence: str) -> str:
+    """A :func:`notation` sentence for the HTML page: its math as MathML, the prose escaped."""
+    parts = sentence.split("$")
     return "".join(mathml(part) if index % 2 else str(escape(part)) for index, part in enumerate(parts))
 
 
@@ -127,19 +141,78 @@ class Section:
     """{node: its operands whose gradients its block's backward returns as they are}: said, not derived."""
 
 
-def render_documents(spec, spec_label: str, sections: list[Section]) -> dict[str, str]:
-    """``<name>.md`` and ``<name>.html`` for ``spec``: each section's derivation, in order."""
+def render_documents(spec, spec_label: str, sections: list[Section], module: str = "",
+                     flat_graph=None) -> dict[str, str]:
+    """``<name>.md`` and ``<name>.html`` for ``spec``. Without blocks: its one section's derivation,
+    step by step. With blocks (``sections``: each block's, then the top level's): the network's
+    overview, each op kind derived once, and each section's step table linked to the lines of
+    ``module`` (the generated module as written, header included); ``flat_graph``: the spec with every
+    block written out (the instances' shapes)."""
     blocked = len(sections) > 1 or bool(sections[0].instances)
     files = {}
     for suffix, html in (("md", False), ("html", True)):
-        context = dict(name=spec.name, version=__version__, spec_label=spec_label, notation=NOTATION,
+        if blocked:
+            view = _blocked_view(spec, sections, module, flat_graph, html)
+        else:
+            view = dict(sections=[_section_view(section, False, html) for section in sections])
+        sentence = notation(_latex_of(view))
+        context = dict(name=spec.name, version=__version__, spec_label=spec_label, notation=sentence,
                        checked_functions=[_functions_view(function.sentence(), html) for function in
                                           getattr(spec, "checked_functions", ())],
-                       notation_html=notation_html(), mathml_css=MATHML_CSS, blocked=blocked,
-                       sections=[_section_view(section, blocked, html) for section in sections])
+                       notation_html=notation_html(sentence), mathml_css=MATHML_CSS, blocked=blocked, **view)
         file_name = f"{spec.name}.{suffix}"
         files[file_name] = _rendered(f"derivation.{suffix}.jinja", context)
     return files
+
+
+def _latex_of(view: dict) -> str:
+    """Every formula a document's view shows, as one text (what :func:`notation` reads)."""
+    parts = []
+    for item in [*view.get("sections", ()), *view.get("kinds", ())]:
+        parts += [item.get("incoming", ""), item.get("loss_latex", ""), *item.get("locals", ())]
+        parts += [contribution["latex"] for contribution in item.get("contributions", ())]
+        parts += [latex for _, latex in item.get("readable", ())]
+        for step in item.get("steps", ()):
+            parts += [step.get("incoming", ""), *step.get("locals", ())]
+            parts += [contribution["latex"] for contribution in step.get("contributions", ())]
+    return "\n".join(parts)
+
+
+def _blocked_view(spec, sections: list[Section], module: str, flat_graph, html: bool) -> dict:
+    """The parts of a block spec's documents (:mod:`symgrad.overview`): the overview graph with the
+    parameters folded into their ops, the block table, each op kind's derivation once, and each
+    block's and the top level's step table."""
+    from .diagram import folded
+    from .overview import instance_rows, step_rows
+
+    page = mathml if html else (lambda latex: "")
+    *blocks, top = sections
+    names = {section.anchor.removeprefix("block-"): section for section in blocks}
+    kinds: dict[str, dict] = {}
+    views = []
+    for section in [*blocks, top]:
+        block = section.anchor.removeprefix("block-")
+        function = f"{block}_backward" if section.instances else "_backward_from_saved"
+        rows = step_rows(section, kinds, module, function, {name: name for name in names}, page)
+        program = section.planned.program
+        views.append(dict(
+            title=section.title, anchor=section.anchor, instances=list(section.instances),
+            inputs=list(section.inputs), params=list(section.params), hyper=list(section.hyper),
+            output=str(program.forward[-1].value) if section.instances else "", rows=rows,
+            loss_latex="" if section.instances else to_latex(program.forward[-1].value),
+            loss_mathml_block="" if section.instances or not html else mathml(
+                r"\ell = " + to_latex(program.forward[-1].value), block=True),
+            reduction=program.graph.loss.params.get("reduction", "none"),
+            branch_rows=[dict(node=node, consumers=list(consumers)) for node, consumers in program.branch_sums.items()]))
+    graph = top.planned.program.graph
+    # parameters: the module's `params` entries, and differentiated inputs only ever read after an op's first operand
+    firsts = {next(iter(node.operands.values()), None) for node in graph.nodes.values()}
+    leaves = {item.name for item in spec.inputs if getattr(item, "source", None)
+              or (item.name in graph.wrt and item.name not in firsts)}
+    overview = folded(graph, leaves)
+    return dict(sections=views, kinds=list(kinds.values()), module_file=f"{spec.name}.py",
+                instances=instance_rows(spec, flat_graph if flat_graph is not None else graph),
+                mermaid="" if html else mermaid(overview), svg=svg(overview) if html else "")
 
 
 def _functions_view(sentence: str, html: bool) -> str:

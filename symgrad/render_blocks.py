@@ -190,8 +190,9 @@ def render_files(structured: Structured, spec_label: str, recorded_extras: tuple
     planned = structured.planned
     per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
     files.update(render_tests(structured.test_data, sources, hvp=bool(planned.hvp_results), per_sample=per_sample))
-    if documents:
-        files.update(_documents(structured, spec_label, blocks, top_lines, steps))
+    if documents:  # the documents link to the module's lines as written, its header included
+        module = headed({f"{spec.name}.py": body}, spec, spec_label, recorded_extras)[f"{spec.name}.py"]
+        files.update(_documents(structured, spec_label, blocks, top_lines, steps, module))
     readable = [printed_line(statement) for statement in planned.readable_backward] if not blocks else []
     latex = ("\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable)
              + "\n\\end{aligned}")
@@ -348,7 +349,7 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
 
 
 def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_lines: list,
-               steps: list | None = None) -> dict[str, str]:
+               steps: list | None = None, module: str = "") -> dict[str, str]:
     """``<name>.md`` and ``<name>.html``: each block's derivation once (``blocks``: their views, in
     order), then the top level's (``top_lines``: its backward as printed); without blocks, the one
     derivation, each line linked to its step (``steps``)."""
@@ -373,4 +374,4 @@ def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_
              for node in structured.graph.nodes.values() if isinstance(node.rule, (BlockRule, ChainRule))}
     sections.append(Section("Top level", "top-level", structured.planned, tuple(line.text for line in top_lines),
                             named_parameters=named))
-    return render_documents(spec, spec_label, sections)
+    return render_documents(spec, spec_label, sections, module, structured.flat_graph)

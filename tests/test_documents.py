@@ -182,21 +182,38 @@ def test_graph_svg_scales_to_the_page():
     assert "svg.graph { display: block; max-width: 100%; height: auto; }" in template
 
 
-def test_a_block_specs_documents_have_the_node_table_graph_and_branch_sums_in_every_section():
-    """One Markdown and one HTML template for every spec: with blocks, each block's section and the
-    top level's have what a flat spec's document has (the node table, the graph, the steps, the
-    branch sums, the gradients as emitted), with ids of their own on the page."""
+def test_a_block_specs_documents_show_an_overview_each_op_kind_once_and_step_tables_linked_to_the_module():
+    """Issue 64: a spec with blocks gets the network's overview (its top-level graph with each parameter
+    folded into its op, the block instances' table), each op kind derived once however many nodes
+    have it, and per block and for the top level a step table whose links name the module's lines
+    pulling each node back; no copy of the code."""
     markdown = (ROOT / "generated" / "unrolled_blocks.md").read_text()
     html = (ROOT / "generated" / "unrolled_blocks.html").read_text()
-    for part in ("| node | kind | op | shape | stored for the backward pass |", "```mermaid",
-                 "### 1. Forward pass: build the graph", "### 3. Branch sums", "### 4. The gradients, as emitted"):
-        assert markdown.count(part) == 2, part  # the block gradient_step, then the top level
+    module = (ROOT / "generated" / "unrolled_blocks.py").read_text().splitlines()
+    assert markdown.count("```mermaid") == 1 and "```python" not in markdown
+    graph = markdown.split("```mermaid", 1)[1].split("```", 1)[0]
+    assert "x1[" in graph and "step1_w1" not in graph and "k(" not in graph  # parameters folded into their ops
+    assert markdown.count("](#block-gradient_step) |") == 4 + 4  # the block table's instances, the top level's steps
+    # the three conv2d nodes of the block (to input and weight) are derived once, and each links there
+    assert markdown.count('<a id="op-conv2d-input-weight"></a>') == 1
+    assert markdown.count("](#op-conv2d-input-weight) |") == 3
+    links = re.findall(r"^\| \d+ \| `(\w+)` \|.*\[L(\d+)\]\(unrolled_blocks\.py#L\d+\) \|$", markdown, re.M)
+    assert len(links) >= 10, links  # 6 of the block's 7 steps, the top level's 5
+    for node, line in links:
+        assert re.search(rf"\b(?:grads_)?{node}\b", module[int(line) - 1]), (node, module[int(line) - 1])
     assert "- `k` feeds x4, x3, x2, x1, so" in markdown  # the top level sums the four instances' gradients of k
-    assert "#### Step 1: `stepped = x - correction`" in markdown
-    for section in ("block-gradient_step", "top-level"):
-        for part in ("forward-table", "step-1", "branches", "gradients"):
-            assert html.count(f'id="{section}-{part}"') == 1, (section, part)
-    assert 'id="block-gradient_step-L1"' in html and html.count("<svg") == 2  # the block's graph and the top level's
+    for part in ("overview", "blocks", "op-kinds", "block-gradient_step", "block-gradient_step-steps",
+                 "block-gradient_step-branches", "top-level-steps", "top-level-branches", "top-level-step-1"):
+        assert html.count(f'id="{part}"') == 1, part
+    assert html.count("<svg") == 1 and "<script" not in html and not re.search(r'(?:src|href)="https?:', html)
+
+
+def test_the_notation_defines_the_symbols_a_document_uses_and_no_others():
+    seed3 = (ROOT / "generated" / "seed3_conv_relu_conv.md").read_text().split("\n\n", 2)[1]
+    decoder = (ROOT / "generated" / "upsampling_decoder.md").read_text().split("\n\n", 2)[1]
+    assert r"\star" in seed3 and r"\mathrm{mask}_{v}" in seed3
+    assert r"A_{k}" not in seed3 and r"\operatorname{mean}_{D}" not in seed3  # no resampling, no normalisation
+    assert r"A_{k}" in decoder  # its upsampling's axis matrices
 
 
 BRANCHING = """\
@@ -228,7 +245,7 @@ def test_the_graph_drawing_is_the_same_in_every_process():
     """grandalf's ``Graph`` gathers a component's edges in a set of objects, whose order follows the
     process (here: its hash seed): the layout moved with it, and ``symgrad check`` found a file just
     generated out of date. Components are now made in the graph's order (``diagram._components``), and a
-    block spec's page draws its top level's graph too (left out while the drawing moved)."""
+    block spec's page draws its overview, the top level's graph (left out while the drawing moved)."""
     import os
     import subprocess
     import sys
@@ -236,7 +253,7 @@ def test_the_graph_drawing_is_the_same_in_every_process():
     script = ("import sys; from symgrad.pipeline import build_text; "
               "sys.stdout.write(build_text(sys.stdin.read(), 's.yaml').rendered.files[sys.argv[1] + '.html'])")
     blocks = (ROOT / "examples" / "unrolled_blocks.yaml").read_text()  # the top level's graph is drawn too
-    for text, name, drawn in ((BRANCHING, "branching", 1), (blocks, "unrolled_blocks", 2)):
+    for text, name, drawn in ((BRANCHING, "branching", 1), (blocks, "unrolled_blocks", 1)):
         pages = {subprocess.run([sys.executable, "-c", script, name], input=text, capture_output=True, text=True,
                                 check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
                  for seed in range(1, 4)}
