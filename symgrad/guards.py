@@ -220,8 +220,9 @@ def _reads(function) -> list[tuple[str, Any]]:
         found.append((name, value))
         if isinstance(value, types.ModuleType) and not _is_library_object(value) and \
                 not (getattr(value, "__file__", None) or "").startswith(LIBRARY_DIRS):
-            found += [(f"{name}.{attribute}", getattr(value, attribute)) for attribute in names
-                      if attribute != name and hasattr(value, attribute)]
+            members = vars(value)  # what the module holds now: a lazy module's attribute is not imported here
+            found += [(f"{name}.{attribute}", members[attribute]) for attribute in names
+                      if attribute != name and attribute in members]
     for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
         try:
             found.append((name, cell.cell_contents))
