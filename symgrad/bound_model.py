@@ -186,10 +186,13 @@ class BoundModel(torch.nn.Module):
         """The module whose traced modes the model's submodules are in now (a frozen backbone in a training
         model: the train-mode module traced so); where none is, the one its checks refuse with, naming the
         submodules whose mode differs: the module of the root's mode, or the one module that records modes."""
+        training = self.model.training
+        for mode in self._modes:  # the root's mode's module first: most calls look at one
+            if (mode.training is None or mode.training == training) and mode.serves():
+                return mode
         for mode in self._modes:
             if mode.serves():
                 return mode
-        training = self.model.training
         for mode in self._modes:
             if mode.training is None or mode.training == training:
                 return mode
@@ -215,7 +218,7 @@ def _positional(signature: inspect.Signature) -> tuple[str, ...] | None:
 
 
 def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
-         allow_edited: bool = False, cuda_graph: bool = False) -> torch.nn.Module:
+         allow_edited: bool = False, cuda_graph: bool = False, verify: bool = True) -> torch.nn.Module:
     """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
     by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
 
@@ -226,6 +229,9 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
     generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
     a module without a fingerprint unchecked). ``cuda_graph=True``: on CUDA, each set of data shapes is
     captured once and replayed as CUDA graphs (:mod:`symgrad.cuda_graph`); elsewhere it runs as without.
+    ``verify=True`` (a module that ends in outputs): a float64 copy of the model is run once through the
+    bound module and through autograd at small sizes, and a difference refuses (:mod:`symgrad.verify`,
+    which says what ``verify=False`` leaves unchecked).
 
     Here, above both bound forms: a module that ends in outputs binds as :class:`BoundModel`, one that
     ends in a loss as :class:`symgrad.binding.Bound`.
@@ -236,6 +242,10 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
         raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
     if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
         bound = BoundModel(generated, model, allow_edited=allow_edited)
+        if verify:
+            from .verify import verify_binding
+
+            verify_binding(bound)
     else:
         bound = Bound(generated, model, allow_edited)
     hooked = [path for path, module in model.named_modules() if forward_hooks(module)]
