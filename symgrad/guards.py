@@ -5,12 +5,12 @@ As TorchDynamo guards a compiled graph, ``symgrad trace`` records, beside the pe
 
 * ``code``: every Python function of the model's own code that the forward called, found while it ran
   (``sys.setprofile``), transitively, each named by the way it is reached from the model
-  (``Net.forward>helper>helpers.act``: a method, then the global ``helper`` it reads, then the module
+  (``Net.forward/helper/helpers.act``: a method, then the global ``helper`` it reads, then the module
   attribute ``helpers.act`` that one reads) and hashed from its code object (instructions, constants,
   names, defaults) with every global, module attribute and closure cell it reads: a helper called by a
   helper, a module constant, a closure variable and a class made by ``exec`` are all guarded, and no
   source file is needed;
-* ``values``: those reads that are short literals (``Net.forward>SLOPE: 0.1``), so that a refusal names
+* ``values``: those reads that are short literals (``Net.forward/SLOPE: 0.1``), so that a refusal names
   the value with its traced and current value;
 * ``arguments``: the forward's non-tensor arguments as traced (``scale: 1.0``), and ``None`` for each
   optional tensor it ran without; a bound model refuses a call that differs.
@@ -36,12 +36,14 @@ from typing import Any
 import torch
 
 MAX_TEXT = 200
-PATH = re.compile(r"[A-Za-z0-9_.<>:#-]{1,300}\Z")
+PATH = re.compile(r"[A-Za-z0-9_.<>:#/-]{1,300}\Z")
 HASH = re.compile(r"[0-9a-f]{16}\Z")
 LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
     os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"]))
 """Code that is not the model's: PyTorch's, symgrad's, the standard library's (guarded by its version)."""
 
+MISSING = object()
+"""An attribute or argument that is not there."""
 _LIBRARY_FILES: dict[str, bool] = {}
 
 
@@ -234,10 +236,10 @@ def _reads(function) -> list[tuple[str, Any]]:
     return found
 
 
-def functions_of(model: torch.nn.Module) -> dict[str, types.FunctionType]:
+def functions_of(model: torch.nn.Module, follow: bool = True) -> dict[str, types.FunctionType]:
     """Every function of the model's own code reachable from it, by its path: its submodules' classes'
     methods (``Net.forward``), functions held as attributes (``blocks.0:act``), and, in turn, the
-    functions, classes and module attributes those read (``Net.forward>helpers.act``). The same model
+    functions, classes and module attributes those read (``Net.forward/helpers.act``). The same model
     gives the same paths."""
     found: dict[str, types.FunctionType] = {}
     seen: set[int] = set()
@@ -269,14 +271,51 @@ def functions_of(model: torch.nn.Module) -> dict[str, types.FunctionType]:
             if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__") and not inspect.isroutine(value) \
                     and not inspect.isclass(value) and not _is_library_object(type(value)):
                 add_class(f"{module_path}:{key}", type(value))  # a callable object's methods
-    while queue:
+    while queue and follow:
         path, function = queue.pop(0)
         for name, value in _reads(function):
             if inspect.isclass(value) and not _is_library_object(value) and not issubclass(value, enum.Enum):
-                add_class(f"{path}>{name}", value)
+                add_class(f"{path}/{name}", value)
             else:
-                add(f"{path}>{name}", value)
+                add(f"{path}/{name}", value)
     return found
+
+
+def resolved(model: torch.nn.Module, paths) -> dict[str, types.FunctionType | None]:
+    """The function at each of ``paths`` (:func:`functions_of`'s), found by following the path itself from
+    its root (another process may reach a function first by another way: a lazy module loaded since), or
+    None where the path leads nowhere now."""
+    roots, found = functions_of(model, follow=False), {}
+
+    def at(path: str):
+        if path not in found:
+            before, _, step = path.rpartition("/")
+            found[path] = roots.get(path) if not before else _step(at(before), step.rstrip("#"))
+        return found[path]
+
+    return {path: at(path) for path in paths}
+
+
+def _step(function, step: str):
+    """What ``function`` reads as ``step``: a global, closure cell or default (``helper``), a global module's
+    attribute (``helpers.act``, imported where a lazy module had not yet), or a method of a class it reads
+    (``Helper.apply``); None where it reads no such function."""
+    if function is None:
+        return None
+    reads = dict(reversed(_reads(function)))  # the first read of a name, as functions_of met it
+    value = reads.get(step, MISSING)
+    if value is MISSING and "." in step:
+        owner, _, member = step.rpartition(".")
+        holder = reads.get(owner, reads.get(owner.partition(".")[0]))
+        if inspect.isclass(holder):
+            value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)), MISSING)
+        elif isinstance(holder, types.ModuleType):
+            try:
+                value = getattr(holder, member)
+            except Exception:  # noqa: BLE001 - a module that cannot give it: the path leads nowhere
+                return None
+    value = _unwrap(value) if value is not MISSING else None
+    return value if inspect.isfunction(value) else None
 
 
 def _installed(code: types.CodeType) -> bool:
@@ -308,7 +347,7 @@ def code_guards(model: torch.nn.Module, called: set) -> tuple[dict[str, str], di
     for path, function in functions_of(model).items():
         if function.__code__ in called:
             codes[path], reads = function_guard(function)
-            values.update({f"{path}>{name}": value for name, value in reads.items()})
+            values.update({f"{path}/{name}": value for name, value in reads.items()})
     return codes, values
 
 
@@ -351,9 +390,9 @@ def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
     called and read (``guards``: :func:`parse_guards`'s), in words; None where none does."""
     if not guards or not guards.get("code"):
         return None
-    found, traced_values = functions_of(model), guards.get("values", {})
+    found, traced_values = resolved(model, guards["code"]), guards.get("values", {})
     # the deepest first: a caller's hash holds its callees' code, so the function edited is the deepest that differs
-    for path, traced in sorted(guards["code"].items(), key=lambda item: -item[0].count(">")):
+    for path, traced in sorted(guards["code"].items(), key=lambda item: -item[0].count("/")):
         function = found.get(path)
         if function is None:
             return f"{path}, which the forward called when traced, is no longer reached from the model (its code changed)"
@@ -361,7 +400,7 @@ def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
         if now == traced:
             continue
         for name, value in values.items():
-            before = traced_values.get(f"{path}>{name}", ...)
+            before = traced_values.get(f"{path}/{name}", ...)
             if before is not ... and before != value:
                 return (f"{name} (read by {function.__qualname__}) is {value!r}, traced with {name}={before!r}")
         where = "" if path == function.__qualname__ else f" ({path})"
@@ -397,7 +436,6 @@ def parse_guards(value: Any, location) -> dict:
 
 # --- at each call of a bound model -------------------------------------------------------------------------
 
-MISSING = object()
 
 
 def kept(value: Any) -> Any:
@@ -489,6 +527,16 @@ class ArgumentGuard:
             if name in arguments and arguments[name] is None:
                 return (f"{name} is None, and the trace had a tensor there (fix: pass {name}"), ("--input", name, None)
         return None
+
+
+def traced_arguments(generated, model: torch.nn.Module) -> dict[str, Any]:
+    """The forward's non-tensor arguments a call must give to run as traced: those traced with another
+    value than their default (``--arg scale=2.0``), as YAML read them (a literal: passed as it is)."""
+    traced = (getattr(generated, "GUARDS", None) or {}).get("arguments", {})
+    parameters = inspect.signature(model.forward).parameters
+    return {name: value for name, value in traced.items() if name in parameters
+            and parameters[name].kind not in (parameters[name].VAR_POSITIONAL, parameters[name].VAR_KEYWORD)
+            and not _matches(parameters[name].default, value)}
 
 
 def _matches(now, traced) -> bool:

@@ -45,7 +45,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         return helper(self.lin(x))
-''', ("F.leaky_relu(x, 0.1)", "F.leaky_relu(x, 0.3)"), r"the code of act \(Net\.forward>helper>act\), which the forward calls, changed"),
+''', ("F.leaky_relu(x, 0.1)", "F.leaky_relu(x, 0.3)"), r"the code of act \(Net\.forward/helper/act\), which the forward calls, changed"),
     "a module constant": (HEAD + '''
 SLOPE = 0.1
 
@@ -69,7 +69,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         return helpers.act(self.lin(x))
-''', None, r"the code of act \(Net\.forward>helpers\.act\), which the forward calls, changed"),
+''', None, r"the code of act \(Net\.forward/helpers\.act\), which the forward calls, changed"),
     "a closure variable of a class made in a function": (HEAD + '''
 def make(slope):
     class Net(nn.Module):
@@ -359,7 +359,7 @@ def test_the_printed_retrace_run_as_printed_makes_the_next_bind_pass(tmp_path, m
 
 @pytest.mark.parametrize("section, message", [
     ('{code: {"Net.forward": "import os"}}', "not a 16-digit hash"),
-    ('{values: {"Net.forward>SLOPE": {a: 1}}}', "not a literal"),
+    ('{values: {"Net.forward/SLOPE": {a: 1}}}', "not a literal"),
     ('{arguments: {"scale; import os": 1.0}}', "not a path"),
     ('{code: {}, other: {}}', "must be a mapping of code, values and arguments"),
 ])
