@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 MAX_TEXT = 200
-PATH = re.compile(r"[A-Za-z0-9_.<>:#/-]{1,300}\Z")
+PATH = re.compile(r"[A-Za-z0-9_.<>:#/@-]{1,300}\Z")
 HASH = re.compile(r"[0-9a-f]{16}\Z")
 LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
     os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"]))
@@ -256,11 +256,12 @@ def functions_of(model: torch.nn.Module, follow: bool = True) -> dict[str, types
         queue.append((path, value))
 
     def add_class(path: str, cls: type) -> None:
-        for klass in cls.__mro__:
+        for klass in cls.__mro__:  # a base's method (super().forward()) named apart: Helper.forward@Base
             if _is_library_object(klass):
                 continue
             for name, member in vars(klass).items():
-                add(f"{path}.{name}" if path else f"{klass.__qualname__}.{name}", member)
+                base = f"@{klass.__qualname__}" if klass is not cls else ""
+                add(f"{path}.{name}{base}" if path else f"{klass.__qualname__}.{name}", member)
 
     for module_path, module in model.named_modules(remove_duplicate=False):
         add_class("", type(module))
@@ -305,10 +306,12 @@ def _step(function, step: str):
     reads = dict(reversed(_reads(function)))  # the first read of a name, as functions_of met it
     value = reads.get(step, MISSING)
     if value is MISSING and "." in step:
+        step, _, base = step.partition("@")
         owner, _, member = step.rpartition(".")
         holder = reads.get(owner, reads.get(owner.partition(".")[0]))
         if inspect.isclass(holder):
-            value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)), MISSING)
+            value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)
+                          and (klass.__qualname__ == base if base else klass is holder)), MISSING)
         elif isinstance(holder, types.ModuleType):
             try:
                 value = getattr(holder, member)

@@ -384,3 +384,40 @@ def test_an_attribute_holding_tensors_in_a_dict_binds_and_trains_on(tmp_path):
     x = torch.randn(3, 4, dtype=torch.float64)
     model.cache["table"] = torch.zeros(3)
     assert torch.equal(fast(x), model(x)) and torch.equal(fast(x), model(x))
+
+
+OVERRIDDEN = HEAD + '''
+
+class Base:
+    def scale(self, x):
+        return x * 2
+
+
+class Helper(Base):
+    def scale(self, x):
+        return super().scale(x) + 1
+
+
+def helper(x):
+    return Helper().scale(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return helper(self.lin(x))
+'''
+
+
+def test_a_method_and_the_base_method_it_overrides_are_guarded_apart(tmp_path):
+    """A helper class's method and its base's (super().scale()), both called, are two guards (transformers'
+    cache classes): the model binds as traced, and an edit of the base method is refused, naming it."""
+    path = generated(tmp_path, imported(tmp_path, OVERRIDDEN))
+    model = imported(tmp_path, OVERRIDDEN)  # imported anew, as another process does
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert torch.equal(symgrad.bind(path, model)(x), model(x))
+    one_line_refusal(lambda: symgrad.bind(path, imported(tmp_path, OVERRIDDEN.replace("x * 2", "x * 3"))),
+                     r"the code of Base\.scale \(Net\.forward/helper/Helper\.scale@Base\), which the forward calls, changed")
