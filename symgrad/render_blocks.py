@@ -256,6 +256,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         momentum_lines=_packed(_momenta(structured.running_statistics, sources)),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
+        small_inputs=_small_inputs(structured.flat_graph, positional) if structured.spec.fingerprint else "{}",
         **layout,
     )
     import re
@@ -263,6 +264,20 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     # a section the spec does not need leaves its blank lines: two between top-level definitions
     body = re.sub(r"\n{4,}", "\n\n\n", environment().get_template("module.py.jinja").render(**context))
     return body, blocks, context["backward"], (steps if not blocks else None)
+
+
+def _small_inputs(graph, positional: list[str]) -> str:
+    """``SMALL_INPUTS``: each data input at small sizes with every parameter at its own
+    (:func:`symgrad.shapes.data_shapes`), with the class count of an int64 input (None for a float one),
+    as a literal; what ``symgrad.bind`` checks a binding at (:mod:`symgrad.verify`)."""
+    from .shapes import data_shapes
+
+    if not any(item.source for item in graph.spec.inputs):
+        return "{}"
+    shapes = data_shapes(graph)
+    classes = graph.class_counts({**{node.name: node.shape for node in graph.inputs}, **shapes})
+    return "{" + ", ".join(f'"{name}": ({list(shapes[name])}, {classes.get(name)})' for name in positional
+                           if name in shapes) + "}"
 
 
 def _extras_view(planned, entries: dict, sources: dict, positional: list[str]) -> dict:
