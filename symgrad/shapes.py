@@ -350,3 +350,25 @@ def _input_axis(symbol: sympy.Symbol, shapes: dict) -> tuple[str, int] | None:
     if not axis.isdigit() or name not in shapes or int(axis) >= len(shapes[name]):
         return None
     return name, int(axis)
+
+
+def data_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
+    """Small shapes of the data inputs with every parameter and buffer (an input with a ``source``) at its
+    own size: the sizes tied to none of them (batch, and spatial where the ops allow) shrunk together as
+    far as the ops allow, for a check on the model itself (``SMALL_INPUTS``, :mod:`symgrad.verify`)."""
+    substitution, free = _tied_sizes(graph)
+    functions = _size_functions(graph, substitution, free)
+    spec_sizes = {sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
+                  for node in graph.inputs for axis, size in enumerate(node.shape)}
+    sources = {item.name for item in graph.spec.inputs if item.source}
+    fixed = {symbol for node in graph.inputs if node.name in sources for axis in range(len(node.shape))
+             for symbol in sympy.sympify(substitution.get(sympy.Symbol(f"{node.name}_{axis}", positive=True,
+                                                                       integer=True), 0)).free_symbols} & set(free)
+    fixed |= {symbol for symbol in free if symbol.name.rsplit("_", 1)[0] in sources}
+    values = {symbol: spec_sizes[symbol] for symbol in free}
+    for ceiling in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+        trial = {symbol: value if symbol in fixed else min(value, ceiling) for symbol, value in values.items()}
+        shapes = _shapes_for(functions, free, trial)
+        if _valid(graph, shapes):
+            return {node.name: shapes[node.name] for node in graph.inputs if node.name not in sources}
+    return {node.name: tuple(node.shape) for node in graph.inputs if node.name not in sources}
