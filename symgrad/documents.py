@@ -32,11 +32,29 @@ from .printing import comment_lines, entry, fit, hanging, literal_lines, prose, 
 from .reverse import GRAD_LOSS
 from .write import with_header
 
-TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in (
+SHARED_FUNCTIONS = (
     testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.moved_one_ulp,
     testdata.rounding_tolerances, testdata.value_sums, testdata.sums_differ, testdata.checked_subset,
-    testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall))
+    testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall)
+"""The functions of symgrad.testdata the generated tests share, in the order ``SHARED`` lists them there."""
+TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in SHARED_FUNCTIONS)
 """symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
+
+SHARED_TESTS = "_symgrad_testdata.py"
+"""The file ``symgrad generate`` writes once into the output folder beside the generated tests, which
+each import it by path: the checking code they share (:data:`TESTDATA_SOURCE`), not a copy in every
+test file. It is the same for every spec; its header names ``symgrad.testdata`` as its source."""
+
+SHARED_LABEL = "symgrad.testdata"
+
+
+def shared_tests() -> str:
+    """The text of :data:`SHARED_TESTS`, without its header."""
+    return ('"""The checking code every generated test in this folder shares: symgrad.testdata\'s own functions,\n'
+            "verbatim (`symgrad verify` draws the same inputs and applies the same error measure, so the\n"
+            'verdicts cannot disagree). Imports only torch and the standard library."""\n\n'
+            f"import math\n\nimport torch\n\n\n{TESTDATA_SOURCE}\n\n"
+            + fit("SHARED = (" + ", ".join(function.__name__ for function in SHARED_FUNCTIONS) + ")", 0) + "\n")
 
 NOTATION = (
     ("", r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$)"),
@@ -91,7 +109,8 @@ def headed(files: dict[str, str], spec, spec_label: str, extras: tuple[str, ...]
     on the command line): the last step of rendering, after every file's text is printed."""
     spec_hash = hashlib.sha256(spec.text.encode("utf-8")).hexdigest()
     return {name: with_header(body, spec_label, spec_hash, comment="python" if name.endswith(".py") else "markup",
-                              extras=extras)
+                              extras=extras) if name != SHARED_TESTS else
+            with_header(body, SHARED_LABEL, hashlib.sha256(body.encode("utf-8")).hexdigest(), comment="python")
             for name, body in files.items()}
 
 
@@ -109,9 +128,38 @@ def render_tests(facts: dict, params: dict[str, str], hvp: bool = False,
     ``state_dict()`` key); it takes every other input by name. ``hvp`` and ``per_sample`` (the
     parameters and the batched inputs of ``per_sample_gradients``) add the extras' tests."""
     context = dict(
-        facts, params=dict(params), testdata_source=TESTDATA_SOURCE, hvp=hvp, per_sample=per_sample is not None,
+        facts, params=dict(params), shared_tests=SHARED_TESTS, hvp=hvp, per_sample=per_sample is not None,
+        **_input_tables(facts, params),
         per_sample_names=per_sample[0] if per_sample else [], per_sample_batched=per_sample[1] if per_sample else [])
-    return {f"test_{facts['name']}.py": _rendered("test_module.py.jinja", context)}
+    return {f"test_{facts['name']}.py": _rendered("test_module.py.jinja", context), SHARED_TESTS: shared_tests()}
+
+
+def _input_tables(facts: dict, params: dict[str, str]) -> dict:
+    """The test file's table, one row per input, merged: keyed by its ``params`` key (else by its
+    name), what the module does with it (``params``: taken in the mapping; ``wrt``: differentiated;
+    ``moved``: moved in place by the forward), its role, its shape at the spec and at each small shape
+    set. Rows in the order of the inputs' names, the order they are drawn in (make_inputs)."""
+    import json
+
+    small = facts["small_shapes"]
+    rows = []
+    for name in sorted(facts["spec_shapes"]):
+        flags = " ".join(flag for flag, present in (("params", name in params), ("wrt", name in facts["wrt"]),
+                                                    ("moved", name in facts["moved"])) if present)
+        role = facts["roles"].get(name, ["data", 1.0, []])
+        # a role alone where its gain is 1 and its fan-in axes are none, or all but the first for a
+        # weight; with its fan-in axes where its gain is 1 (ROLES in the file reads them back)
+        alone = not role[2] or (role[0] == "weight" and role[2] == list(range(1, len(facts["spec_shapes"][name]))))
+        role = json.dumps(role if role[1] != 1.0 else role[0] if alone else [role[0], role[2]])
+        shapes = [list(facts["spec_shapes"][name]), *(list(shape_set[name]) for shape_set in small)]
+        rows.append(entry(params.get(name, name), "(" + ", ".join([json.dumps(flags), role, *map(json.dumps, shapes)])
+                          + ")", indent=4))
+    classes = {}
+    for _, counts in facts["classes"]:  # [small shape sets..., the spec's shapes], as class_table lists them
+        for name, count in counts.items():
+            classes.setdefault(name, []).append(count)
+    renamed = {key: name for name, key in params.items() if key.replace(".", "_") != name}
+    return dict(input_rows=rows, small_count=len(small), renamed=json.dumps(renamed), class_rows=json.dumps(classes))
 
 
 # --------------------------------------------------------------------------------------------

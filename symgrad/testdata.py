@@ -136,7 +136,8 @@ def value_sums(results):
     sums = []
     for index, result in enumerate(results):
         value = result.detach().double()
-        weights = torch.randn(value.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(50 + index))
+        generator = torch.Generator().manual_seed(50 + index)
+        weights = torch.randn(value.shape, dtype=torch.float64, generator=generator)
         row = []
         for weighted in (value, weights.to(value.device) * value):
             magnitude = float(weighted.abs().sum())
@@ -155,7 +156,8 @@ def sums_differ(actual, expected, at_moved, floor=1e-9, factor=4.0):
     names = ("sum of magnitudes", "sum ratio", "weighted sum of magnitudes", "weighted sum ratio")
     for index, (ours, theirs) in enumerate(zip(actual, expected)):
         for position, name in enumerate(names if theirs is not None else ()):
-            spread = max(abs(moved[index][position] - at_moved[0][index][position]) for moved in at_moved[1:])
+            first = at_moved[0][index][position]
+            spread = max(abs(moved[index][position] - first) for moved in at_moved[1:])
             scale = abs(theirs[position]) if position % 2 == 0 else 1.0
             if not abs(ours[position] - theirs[position]) <= max(floor * scale, factor * spread):
                 return f"result {index}: {name} {ours[position]!r}, expected {theirs[position]!r}"

@@ -77,7 +77,8 @@ def test_a_block_specs_test_file_has_every_check_and_each_fails_on_a_broken_modu
     for name in ("test_float32_at_spec_shapes_rounds_no_more_than_autograd", "test_gradients_zero_by_structure_are_zero",
                  "test_matches_autograd_float64_random_cotangent", "test_gradgradcheck_of_the_explicit_backward"):
         assert f"def {name}(" in test_file
-    assert '"stem_0_weight": "stem.0.weight"' in test_file  # the parameters come in `params`, by state_dict key
+    # the parameters come in `params`, by state_dict key, their inputs' names following from the keys
+    assert '"stem.0.weight": ("params wrt", "weight", ' in test_file and "RENAMED = {}" in test_file
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content + (BROKEN if name == "blocky.py" else ""))
     clean = _run(tmp_path, "")

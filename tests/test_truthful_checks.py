@@ -170,11 +170,15 @@ def test_a_nan_forward_fails_everywhere(tmp_path: Path):
 
 
 def test_the_generated_test_embeds_the_shared_definitions_verbatim():
+    """symgrad.testdata's functions, verbatim, in the one file every generated test beside it imports
+    (issue 64: not a copy in every test file)."""
     built = build_text(ARCHITECTURES["espcn"](), "espcn.yaml")
-    test_source = built.rendered.files["test_espcn.py"]
+    test_source, shared = built.rendered.files["test_espcn.py"], built.rendered.files["_symgrad_testdata.py"]
     for function in (testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors,
                      testdata.checked_subset, testdata.float32_acceptable):
-        assert inspect.getsource(function) in test_source, function.__name__
+        assert inspect.getsource(function) in shared, function.__name__
+        assert f"def {function.__name__}(" not in test_source, function.__name__
+    assert '_location.with_name("_symgrad_testdata.py")' in test_source
 
 
 def test_error_measure():
