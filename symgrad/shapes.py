@@ -65,7 +65,21 @@ def _tree_size(expr: sympy.Expr, limit: int) -> int:
 def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
                 wanted: tuple[str, ...] | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
     """Solve the ops' size equalities; ``node_shapes``, if given, receives the symbolic shape of every
-    node named in ``wanted`` (default: every node)."""
+    node named in ``wanted`` (default: every node). Solved once per graph (a build asks up to five
+    times: the tests' shapes, the non-degenerate ones, the model check's, the batch inputs), and kept
+    in the graph as its consumer index is, for as long as its nodes are the same."""
+    kept = graph.__dict__.get("_tied_sizes")
+    if kept is None or kept[0] is not graph.nodes or kept[1] != len(graph.nodes):
+        kept = graph.__dict__["_tied_sizes"] = (graph.nodes, len(graph.nodes), *_solve_tied_sizes(graph))
+    substitution, free, shapes_of = kept[2:]
+    if node_shapes is not None:
+        node_shapes.update(shapes_of(wanted))
+    return dict(substitution), list(free)
+
+
+def _solve_tied_sizes(graph: Graph):
+    """:func:`_tied_sizes`' work: (the substitution, the free symbols, a function from the wanted
+    node names to their symbolic shapes)."""
     symbols = {}
     shapes = {}
     for node in graph.inputs:
@@ -143,11 +157,13 @@ def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
             continue  # checked numerically for each candidate
         substitution[solved] = value
     substitution = {symbol: resolve(value) for symbol, value in substitution.items()}
-    if node_shapes is not None:
-        node_shapes.update({name: tuple(resolve(expanded(sympy.sympify(size))) for size in shape)
-                            for name, shape in shapes.items() if wanted is None or name in wanted})
+
+    def shapes_of(wanted: tuple[str, ...] | None) -> dict[str, tuple]:
+        return {name: tuple(resolve(expanded(sympy.sympify(size))) for size in shape)
+                for name, shape in shapes.items() if wanted is None or name in wanted}
+
     free = [symbol for symbol in symbols.values() if symbol not in substitution]
-    return substitution, free
+    return substitution, free, shapes_of
 
 
 LAMBDIFY_TERMS = 100
@@ -247,7 +263,15 @@ def _valid(graph: Graph, shapes) -> bool:
 
 
 def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
-    """Two small, different, consistent sets of input shapes (falling back to the spec's own)."""
+    """Two small, different, consistent sets of input shapes (falling back to the spec's own); found
+    once per graph, as :func:`_tied_sizes` is (the pipeline and :func:`non_degenerate_shapes` ask)."""
+    kept = graph.__dict__.get("_small_shapes")
+    if kept is None or kept[0] is not graph.nodes or kept[1] != len(graph.nodes):
+        kept = graph.__dict__["_small_shapes"] = (graph.nodes, len(graph.nodes), _small_shapes(graph))
+    return [dict(shapes) for shapes in kept[2]]
+
+
+def _small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
     substitution, free = _tied_sizes(graph)
     functions = _size_functions(graph, substitution, free)
     spec_sizes = {sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
