@@ -182,14 +182,25 @@ class CallRecorder:
         def profile(frame, event, argument):
             if event == "call" or event == "return":
                 codes.add(frame.f_code)
-            if previous is not None:
+            if callable(previous):  # a profiler written in Python; cProfile's is C, and is paused meanwhile
                 previous(frame, event, argument)
 
         sys.setprofile(profile)
         return self.codes
 
     def __exit__(self, *exc) -> None:
-        sys.setprofile(self._previous)
+        set_profile_back(self._previous)
+
+
+def set_profile_back(previous) -> None:
+    """Put back the profiler ``sys.getprofile()`` gave: a Python function as it was, and cProfile's (an object
+    ``sys.setprofile`` cannot take, which it returns all the same) by enabling it again."""
+    if previous is None or callable(previous):
+        sys.setprofile(previous)
+    else:
+        sys.setprofile(None)
+        if hasattr(previous, "enable"):
+            previous.enable()
 
 
 def _unwrap(value):

@@ -41,7 +41,7 @@ from ..callable_module import make_callable
 from ..check import available_memory
 from ..errors import SpecError, SymgradError
 from ..graph import build_graph
-from ..guards import CallRecorder, guards_text
+from ..guards import CallRecorder, guards_text, set_profile_back
 from ..spec import parse_spec
 from ..spec_values import check_identifier
 from .constants import at_full_precision
@@ -495,7 +495,7 @@ def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
     previous = sys.getprofile()
 
     def profile(frame, event, argument) -> None:
-        sys.setprofile(previous)
+        set_profile_back(previous)
         if event == "call" and frame.f_back is here:
             started.append(frame)
 
@@ -503,7 +503,7 @@ def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
     try:
         output = function(**arguments)
     finally:
-        sys.setprofile(previous)
+        set_profile_back(previous)
     if not started or not is_users(started[0].f_code.co_filename):
         return output, None
     return output, f"{started[0].f_code.co_filename}:{started[0].f_lineno}"
