@@ -80,3 +80,12 @@ def pytest_terminal_summary(terminalreporter):
             reasons[reason] = reasons.get(reason, 0) + 1
         for reason, number in sorted(reasons.items()):
             terminalreporter.write_line(f"    skipped {number}: {reason}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _built_once_folder(tmp_path_factory):
+    """``tests/built_once.py``'s folder: one for the run, inside pytest's, which every xdist worker's is in."""
+    from . import built_once
+
+    base = tmp_path_factory.getbasetemp()
+    built_once.FOLDER = (base.parent if base.name.startswith("popen-") else base) / "built-once"

@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 
 import symgrad
-from symgrad.check import module_from_source
-from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 
 from . import (test_trace_attention, test_trace_models, test_trace_zoo, test_trace_zoo_hybrid, test_trace_zoo_modern,
                test_trace_zoo_nets)
+from .built_once import module_of, once
 from .helpers import CudaNormKernels
 from .test_trace_models import randomize
 
@@ -54,7 +53,8 @@ def test_every_network_has_a_torch_nn_functional_loss():
 def traced_step(label: str):
     """The network of ``label`` in train mode (float64, running statistics randomised), the module
     generated from its trace for the parameters alone as blocks, its loss, and data at the checked
-    sizes: ``(model, generated, kind, inputs, target name, target)``."""
+    sizes: ``(model, generated, kind, inputs, target name, target)``; traced and built once a run
+    (``tests/built_once.py``: the float64 and the autocast test read the same)."""
     case = CASES[label]
     kind = next(kind for kind in case.losses if hasattr(F, kind))
     generator = torch.Generator().manual_seed(11)
@@ -63,9 +63,9 @@ def traced_step(label: str):
     randomize(model, generator)
     model.train()
     target_name = "labels" if kind in ("cross_entropy", "nll_loss") else "target"
-    text = trace(model, case.traced, wrt="parameters", name="step", loss=LossChoice(kind, target_name),
-                 mode="train", blocks=True)
-    generated = module_from_source(build_text(text, "step.yaml", documents=False).rendered.files["step.py"], "step")
+    text = once(("bind_zoo step", label), lambda: trace(model, case.traced, wrt="parameters", name="step",
+                                                        loss=LossChoice(kind, target_name), mode="train", blocks=True))
+    generated = module_of(text, "step.yaml", "step")
     inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
     with torch.no_grad():
         prediction = copy.deepcopy(model)(*inputs.values())

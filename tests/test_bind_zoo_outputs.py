@@ -14,17 +14,17 @@ import torch
 import torch.nn.functional as F
 
 import symgrad
-from symgrad.check import module_from_source
-from symgrad.pipeline import build_text
 from symgrad.trace import trace
 
+from .built_once import module_of, once
 from .test_bind_zoo import AUTOCAST_CASES, CASES, assert_as_accurate_as_autograd, assert_trained_as_autograd
 from .test_trace_models import randomize
 
 
 def traced_outputs(label):
     """The case's network (float64, random weights, train mode), its module traced without a loss as blocks,
-    the loss it is trained with, inputs at the case's other size and a target for them."""
+    the loss it is trained with, inputs at the case's other size and a target for them; traced and built
+    once a run (``tests/built_once.py``)."""
     case = CASES[label]
     kind = next(kind for kind in case.losses if hasattr(F, kind))
     generator = torch.Generator().manual_seed(11)
@@ -32,10 +32,10 @@ def traced_outputs(label):
     model = case.model(**case.init).double()
     randomize(model, generator)
     model.train()
-    text = trace(model, case.traced, wrt="parameters", name="outputs_step", mode="train", blocks=True)
+    text = once(("bind_zoo outputs", label),
+                lambda: trace(model, case.traced, wrt="parameters", name="outputs_step", mode="train", blocks=True))
     assert "\noutputs: " in text and "\nloss:" not in text
-    generated = module_from_source(build_text(text, "outputs_step.yaml", documents=False).rendered.files["outputs_step.py"],
-                                   "outputs_step")
+    generated = module_of(text, "outputs_step.yaml", "outputs_step")
     inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
     with torch.no_grad():
         torch.manual_seed(7)
