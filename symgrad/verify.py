@@ -1,4 +1,4 @@
-"""The binding checked on the user's own model: ``symgrad.bind(module, model)`` runs, by default, one float64
+"""The binding checked on the user's own model: ``symgrad.bind(module, model, verify=True)`` runs one float64
 forward and backward of a copy of the model at small sizes (the module's ``SMALL_INPUTS``) through the bound
 module and through autograd, from one seed, and compares what each left: the outputs, every parameter's
 gradient (None where autograd leaves it None), every buffer (running statistics, counters) and the random
@@ -7,7 +7,8 @@ state after the call (the same masks drawn by the same calls). A difference refu
 The guards (``symgrad.guards``) check what the trace read; this checks what the binding computes, on the
 model as the user has it (its modes, its submodules' classes and code as they are now), so it catches what
 no guard names. It is a check at one set of sizes, of one mode (the model's at bind), in float64 on the
-model's device: ``bind(..., verify=False)`` skips it, and then a model that differs from the trace in a way
+model's device. It is off by default (``bind``'s docstring says why: its cost, and a checkpointed BatchNorm
+that autograd's recomputation moves twice, which it reports); without it a model that differs from the trace in a way
 the guards and the fingerprint do not see (the code of a function reached only through a C extension, a
 value read through an object the trace could not name) trains on the generated code's numbers unchecked.
 A module generated without ``SMALL_INPUTS`` (an older symgrad), and one that ends in a loss (its loss is

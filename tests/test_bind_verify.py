@@ -1,6 +1,6 @@
 """``symgrad.bind`` checks the binding on the user's own model (issue 62): a float64 copy at the module's
 small sizes, run through the bound module and through autograd from one seed, must give the same outputs,
-gradients, buffers and random state, or bind refuses naming what differed; ``verify=False`` skips it."""
+gradients, buffers and random state, or bind refuses naming what differed (``verify=True``; off by default)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_a_binding_that_computes_otherwise_is_refused_naming_what_differs_and_ve
     before = copy.deepcopy(model.state_dict())
     path = generated(tmp_path / "as_written", model)
     state = torch.get_rng_state()
-    symgrad.bind(path, model)  # checked, and passes
+    symgrad.bind(path, model, verify=True)  # checked, and passes
     assert torch.equal(torch.get_rng_state(), state)  # the check draws from the random state it puts back
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())  # on a copy
     assert all(parameter.grad is None for parameter in model.parameters())
@@ -76,6 +76,6 @@ def test_a_binding_that_computes_otherwise_is_refused_naming_what_differs_and_ve
         path = generated(tmp_path / edit, model, edit)
         with pytest.raises(symgrad.BindError, match=r"does not compute what Net computes: on a float64 copy at "
                            rf"x \[2, 3, \d+, \d+\] \(seed 0\), {said}.*verify=False"):
-            symgrad.bind(path, model, allow_edited=True)
-        symgrad.bind(path, model, allow_edited=True, verify=False)  # unchecked, as asked
+            symgrad.bind(path, model, allow_edited=True, verify=True)
+        symgrad.bind(path, model, allow_edited=True)  # unchecked: verify is off by default
 
