@@ -176,10 +176,12 @@ def test_training_runs_of_one_lease_merge_their_tags_apart_and_a_graph_pool_unco
 
 def test_the_device_check_passes_on_the_cpu_and_fails_a_wrong_gradient(monkeypatch, capsys):
     """`python -m benchmarks.device_check` (run on a GPU when one is lent) works here on the CPU, and
-    a gradient off by a little is reported as a failure."""
+    a gradient off by a little is reported as a failure. ``--quick``: float32 at the small shapes and
+    gradcheck over the generated tests' subset of inputs (every input of the unrolled example took 68 s
+    of CPU; each generated test file runs its own gradcheck and float32 checks in the suite)."""
     from benchmarks import device_check
 
-    assert device_check.main(["cpu"]) == 0
+    assert device_check.main(["cpu", "--quick"]) == 0
     count = len(list((ROOT / "generated").glob("test_*.py")))  # the blocks example's structured module too
     assert f"{count} of {count} modules pass on cpu" in capsys.readouterr().out and count == 5
     original = device_check.load_module
@@ -190,7 +192,7 @@ def test_the_device_check_passes_on_the_cpu_and_fails_a_wrong_gradient(monkeypat
         tests.module.gradients = lambda *a, **k: type(right(*a, **k))(*(g * (1 + 1e-6) for g in right(*a, **k)))
         return tests
     monkeypatch.setattr(device_check, "load_module", with_a_wrong_gradient)
-    assert not device_check.check_module(sorted((ROOT / "generated").glob("test_*.py"))[0], "cpu")
+    assert not device_check.check_module(sorted((ROOT / "generated").glob("test_*.py"))[0], "cpu", quick=True)
 
 
 def test_the_trials_compare_forms_that_agree_and_modules_that_differ_only_in_layout():
