@@ -12,7 +12,6 @@ import importlib.util
 import math
 import sys
 import types
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,9 @@ import torch
 
 from . import stale
 from .callable_module import make_callable
-from .graph import Graph, sized
-from .roles import channels_last_inputs, input_roles
+from .graph import Graph
+from .reference import reference_forward, seeded
+from .roles import channels_last_inputs, graph_inputs
 from . import testdata
 from .testdata import checked_subset, first_nonfinite, float32_acceptable, in_layout, make_inputs, relative_errors
 
@@ -45,54 +45,11 @@ def module_from_source(source: str, name: str) -> types.ModuleType:
     return module
 
 
-def reference_forward(graph: Graph, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The spec's loss, computed op by op by PyTorch's own functions."""
-    return reference_values(graph, inputs)["loss"]
-
-
-def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every node's value, computed op by op by PyTorch's own functions (never the printers)."""
-    values = dict(inputs)
-    for node in graph.nodes.values():
-        if node.kind == "input":
-            continue
-        arguments = {operand: values[source] for operand, source in node.operands.items()}
-        arguments.update({operand.name: None for operand in node.rule.operands  # absent optional tensors
-                          if operand.optional and operand.name not in arguments})
-        arguments.update({name: float(value) for name, value in node.constants.items()})
-        at_run_time = sized(node.params, lambda name: values[name].shape)  # skip.shape[2] read off skip's value
-        params = {key: float(value) if hasattr(value, "is_number") else value
-                  for key, value in node.rule.reference_params(at_run_time).items()
-                  if value is not None}  # unset options (divisor_override) stay implicit
-        if node.kind == "loss" and node.rule.op == "outputs":  # a spec ending in outputs: checked as a loss
-            from .outputs import weighted_sum
-
-            values[node.name] = weighted_sum([values[source] for source in node.operands.values()])
-            continue
-        if node.kind == "loss":
-            reduction = params.pop("reduction")
-            per_element = node.rule.reference(arguments, params)
-            if reduction == "per_sample":
-                values[node.name] = per_element.flatten(1).sum(1) if per_element.dim() > 1 else per_element
-            else:
-                values[node.name] = getattr(per_element, reduction)()
-            continue
-        with warnings.catch_warnings():  # PyTorch's note that asymmetric 'same' copies the input: known, and fine
-            warnings.filterwarnings("ignore", message="Using padding='same'")
-            values[node.name] = node.rule.reference(arguments, params)
-    return values
-
-
 def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0,
                   classes: dict[str, int] | None = None):
     """Every float input N(0, 1), class indices for int64 inputs (``symgrad.testdata.make_inputs``
     with no roles); ``graph_inputs`` draws them by role."""
     return make_inputs(shapes, {}, wrt, dtype, seed, classes)
-
-
-def graph_inputs(graph: Graph, shapes: dict[str, tuple[int, ...]], dtype=torch.float64, seed: int = 0):
-    """The inputs ``verify`` and the generated test use: drawn by the roles the graph gives them."""
-    return make_inputs(shapes, input_roles(graph), graph.wrt, dtype, seed, graph.class_counts(shapes))
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -130,9 +87,9 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
     for index, shape_set in enumerate(shapes):
         progress(f"float64 against autograd at test shapes {index + 1} of {len(shapes)}")
         inputs = graph_inputs(graph, shape_set, seed=seed + index)
-        reference = _seeded(reference_forward, graph, inputs)  # dropout's masks: the same draws in each
+        reference = seeded(reference_forward, graph, inputs)  # dropout's masks: the same draws in each
         try:
-            ours = _seeded(module.forward, **inputs)
+            ours = seeded(module.forward, **inputs)
         except Exception as error:  # noqa: BLE001 - broken generated code is a failed check, not a crash
             return Verification(math.inf, errors, _raised("the generated forward", error))
         problem = first_nonfinite({"the reference forward (the loss)": reference, "the generated forward": ours})
@@ -143,8 +100,8 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
         expected = dict(zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt],
                                                             grad_outputs=cotangent)))
         try:
-            actual = _seeded(module.gradients, **{name: value.detach() for name, value in inputs.items()},
-                             grad_loss=cotangent)
+            actual = seeded(module.gradients, **{name: value.detach() for name, value in inputs.items()},
+                            grad_loss=cotangent)
         except Exception as error:  # noqa: BLE001
             return Verification(forward_error, errors, _raised("the generated gradients", error))
         actual = {name: getattr(actual, name) for name in graph.wrt}
@@ -168,14 +125,6 @@ def _viewed(module):
     return loss_view(module)
 
 
-def _seeded(function, *arguments, **keywords):
-    """``function(...)`` from torch's seed 0 (the global random state put back after), so that the
-    random masks of a spec with dropout are the same draws in every forward compared."""
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return function(*arguments, **keywords)
-
-
 def _raised(what: str, error: Exception) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{what} raised {type(error).__name__}: {first[:200]}"
@@ -191,7 +140,7 @@ def through_explicit_backward(graph: Graph, module, shapes, seed: int):
     fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
 
     def loss(*values):
-        return _seeded(module.loss_with_explicit_backward, **fixed, **dict(zip(checked, values)))
+        return seeded(module.loss_with_explicit_backward, **fixed, **dict(zip(checked, values)))
 
     return loss, [inputs[name] for name in checked]
 
@@ -234,11 +183,11 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     inputs64 = graph_inputs(graph, shapes32, seed=21)
     inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
                 for name, value in inputs64.items()}
-    loss64 = _seeded(reference_forward, graph, inputs64)
+    loss64 = seeded(reference_forward, graph, inputs64)
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
     try:
-        result = _seeded(_viewed(by_name(module, graph)).gradients, **inputs32, grad_loss=cotangent.float())
+        result = seeded(_viewed(by_name(module, graph)).gradients, **inputs32, grad_loss=cotangent.float())
         ours32 = {name: getattr(result, name) for name in graph.wrt}
         if any(ours32[name].shape != exact[name].shape for name in graph.wrt):
             raise ValueError("a gradient has the wrong shape")
@@ -248,7 +197,7 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     # autograd on the kernels the generated code runs at these shapes
     moved = channels_last_inputs(graph, shapes={name: tuple(value.shape) for name, value in inputs32.items()})
     inputs32 = in_layout(inputs32, moved)
-    loss32 = _seeded(reference_forward, graph, inputs32)
+    loss32 = seeded(reference_forward, graph, inputs32)
     autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))
     problem = first_nonfinite({"the float64 forward": loss64, "the float32 forward": loss32,
                                **{f"the explicit float32 gradient of {name}": value for name, value in ours32.items()}})

@@ -11,7 +11,11 @@ import math
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from .graph import Graph
+from .reference import reference_values, seeded
+from .testdata import make_inputs, moved_one_ulp, value_sums
 
 
 def input_roles(graph: Graph) -> dict[str, list]:
@@ -33,6 +37,11 @@ def input_roles(graph: Graph) -> dict[str, list]:
             else:
                 roles[source] = [role, 1.0, []]
     return roles
+
+
+def graph_inputs(graph: Graph, shapes: dict[str, tuple[int, ...]], dtype=torch.float64, seed: int = 0):
+    """The inputs ``verify`` and the generated test use: drawn by the roles the graph gives them."""
+    return make_inputs(shapes, input_roles(graph), graph.wrt, dtype, seed, graph.class_counts(shapes))
 
 
 def zero_by_structure(graph: Graph) -> dict[str, str]:
@@ -258,26 +267,23 @@ def test_facts(graph, small_shapes: list[dict[str, tuple[int, ...]]]) -> dict:
 def reference_sums(graph, shapes: dict[str, tuple[int, ...]]) -> str:
     """``REFERENCE_SUMS`` of the generated test: :func:`symgrad.testdata.value_sums` of the spec's results
     (its loss, or each output) at ``shapes``, from the test's inputs (``inputs_for(..., seed=1)``, torch's
-    seed 0), computed op by op by PyTorch's own functions (``check.reference_values``: not the generated
+    seed 0), computed op by op by PyTorch's own functions (``reference.reference_values``: not the generated
     code); each number to 10 digits, which the last bits of another machine's float64 do not reach. A
     result whose sums move further than that when the inputs move by one ulp (rounding noise amplified),
     and every result of a spec with random masks (the reference draws them in graph order, the module
     where its blocks run), is None: checked against the module's own values alone."""
-    from .check import _seeded, graph_inputs, reference_values
-    from .testdata import moved_one_ulp, value_sums
 
     nodes = graph.spec.outputs.nodes if graph.spec.outputs is not None else ("loss",)
     if any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None):
         return "[" + ", ".join("None" for _ in nodes) + "]"  # the reference draws its masks in graph order
     at_shapes = graph.with_input_shapes(shapes)
     inputs = graph_inputs(graph, dict(sorted(shapes.items())), seed=1)  # drawn in the test's order (tojson sorts)
-    import torch
 
     def results(values):
         with torch.no_grad():
             return [reference_values(at_shapes, values)[node] for node in nodes]
 
-    runs = [value_sums(_seeded(results, each)) for each in (inputs, moved_one_ulp(inputs, 1), moved_one_ulp(inputs, 2))]
+    runs = [value_sums(seeded(results, each)) for each in (inputs, moved_one_ulp(inputs, 1), moved_one_ulp(inputs, 2))]
     rows = []
     for index, row in enumerate(runs[0]):
         finite = all(math.isfinite(value) for value in row)
