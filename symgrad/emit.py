@@ -90,6 +90,18 @@ def _is_mask(statement) -> bool:
     return statement.local_kind == "mask"
 
 
+def packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
+    """``entries`` (each ending in a comma) joined into as few lines of at most ``width`` columns
+    as they fill in order: a table's rows, not a statement, so several to a line."""
+    lines: list[str] = []
+    for entry in entries:
+        if lines and indent + len(lines[-1]) + 1 + len(entry) <= width:
+            lines[-1] += " " + entry
+        else:
+            lines.append(entry)
+    return lines
+
+
 @dataclass
 class Rendered:
     """The generated files, as text, keyed by file name."""
@@ -132,11 +144,9 @@ def _reached_by(spec, graph) -> list[str]:
         for name in graph.wrt:
             if name in ancestors:
                 reached.setdefault(name, []).append(index)
-    from .render_blocks import _packed
-
     count = len(end.operands)
-    return _packed([f'"{sources.get(name, name)}": {tuple(indices)},' for name, indices in reached.items()
-                    if len(indices) < count])
+    return packed([f'"{sources.get(name, name)}": {tuple(indices)},' for name, indices in reached.items()
+                   if len(indices) < count])
 
 
 DOCUMENTS = ("{name}.md", "{name}.html")

@@ -15,6 +15,7 @@ from .plan_blocks import Structured
 from .reverse import GRAD_LOSS
 from .structure import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
 from .algebra import TensorOp, tensor
+from .emit import packed
 
 
 def _renamed_statements(scheduled, renames: dict) -> list:
@@ -156,21 +157,20 @@ def _chain_view(chain: ChainRule) -> dict:
 
 
 def _momenta(statistics, sources: dict) -> list[str]:
-    """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key."""
-    return [f'"{sources[mean].rsplit(".", 1)[0]}": {momentum},' for mean, _, momentum in statistics
-            if mean in sources]  # one passed by name moves where it is
+    """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key; where
+    there are several, all with one momentum, ``"layer1.0.bn1",`` alone (``dict.fromkeys``: written once)."""
+    moved = [(sources[mean].rsplit(".", 1)[0], momentum) for mean, _, momentum in statistics
+             if mean in sources]  # one passed by name moves where it is
+    if _shared_momentum(statistics, sources) is not None:
+        return [f'"{module}",' for module in dict.fromkeys(module for module, _ in moved)]
+    return [f'"{module}": {momentum},' for module, momentum in moved]
 
 
-def _packed(entries: list[str], indent: int = 4, width: int = 100) -> list[str]:
-    """``entries`` (each ending in a comma) joined into as few lines of at most ``width`` columns
-    as they fill in order: a table's rows, not a statement, so several to a line."""
-    lines: list[str] = []
-    for entry in entries:
-        if lines and indent + len(lines[-1]) + 1 + len(entry) <= width:
-            lines[-1] += " " + entry
-        else:
-            lines.append(entry)
-    return lines
+def _shared_momentum(statistics, sources: dict) -> str | None:
+    """The momentum every training-mode batch_norm of several has, as written (``None`` too), else None."""
+    momenta = {f"{momentum}" for mean, _, momentum in statistics if mean in sources}
+    modules = {sources[mean] for mean, _, _ in statistics if mean in sources}
+    return momenta.pop() if len(momenta) == 1 and len(modules) > 1 else None
 
 
 def render_files(structured: Structured, spec_label: str, recorded_extras: tuple[str, ...] = (),
@@ -253,7 +253,8 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         param_returns=param_returns, merged_returns=merged, offsets=offsets,
         chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
-        momentum_lines=_packed(_momenta(structured.running_statistics, sources)),
+        momentum_lines=packed(_momenta(structured.running_statistics, sources)),
+        momentum_shared=_shared_momentum(structured.running_statistics, sources),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
         small_inputs=_small_inputs(structured.flat_graph, positional)  # bind's verify: the outputs form alone
@@ -354,7 +355,7 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
     others = [source for name, source in flat_sources.items() if len(shapes[name]) == 4 and source not in keys]
     listed = bool(others)
     return dict(
-        channels_last_keys=keys, channels_last_lines=_packed([f'"{key}",' for key in keys]) if listed else [],
+        channels_last_keys=keys, channels_last_lines=packed([f'"{key}",' for key in keys]) if listed else [],
         channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
         channels_last_test=rule.test(), channels_last_constant=structured.layout_constant,
         backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
