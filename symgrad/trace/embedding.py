@@ -14,6 +14,7 @@ import torch
 
 from . import sizes
 from .recorder import Call
+from .sizes import size_read
 
 if TYPE_CHECKING:
     from .layers import SpecBuilder
@@ -62,8 +63,6 @@ def _of_view(builder: "SpecBuilder", op: str, bound: dict, call: Call, root: tor
     a leading corner of a buffer (BERT's ``self.position_ids[:, :seq_length]``) is the rows at the whole buffer,
     narrowed to the corner, each length read at run time from the tensor of that size the code read last (the
     second run, at other sizes, refuses a guess that does not follow)."""
-    from .views import size_read
-
     index = bound["input"]
     corner = builder.index_views.get(("corner", id(index)))
     if ("expanded", id(index)) in builder.index_views or (corner is None and root.shape != index.shape):

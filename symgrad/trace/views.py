@@ -15,6 +15,7 @@ from . import op_hooks, sizes
 from .dataflow import call_sizes, is_int, is_number
 from .indexing import index_select, index_with_tensor, strided_slice
 from .recorder import Call
+from .sizes import size_read
 from .torch_names import FIXES, TRANSPOSES
 
 if TYPE_CHECKING:
@@ -69,31 +70,6 @@ def reshape(builder: SpecBuilder, call: Call) -> None:
         shape[0] = -1  # the batch, read from the input: (N, C, 4, 16) stays shape-generic
     shape = [size if size == -1 else size_read(builder, size, position, len(shape)) for position, size in enumerate(shape)]
     builder.layer("reshape", {"input": source, "shape": shape}, call)
-
-
-def size_read(builder: SpecBuilder, size: int, position: int, rank: int) -> int | dict:
-    """Entry ``position`` of a ``rank``-long list of sizes as a size the code read, when one fits:
-    ``{like: x}`` for x's size at the same position (x of that rank: ``reshape(b, c, h, w)`` with
-    ``b, c, h, w = x.shape``), ``{like: x, dims: [2, 3]}`` for a product of two or more of x's dims aligned
-    with the entry's place from the end or the start (``h * w`` last), most recent reads first; else the number,
-    which the second run, at other and unequal sizes, refuses if it follows the input."""
-    if size == 1:  # a literal 1 (view(b, c, 1, 1)), even where a map happens to be 1x1 when traced
-        return size
-    named = [(other, found) for other in reversed(builder.sizes_read) if isinstance(found := builder.node(other), str)]
-    for other, found in named:
-        if other.dim() == rank and other.shape[position] == size:
-            return {"like": found}
-    from_end = rank - 1 - position
-    for aligned_end in (True, False):
-        for other, found in named:
-            for length in range(2, other.dim() + 1):  # one dim elsewhere than its place: a coincidence
-                start = other.dim() - from_end - length if aligned_end else position
-                dims = list(range(start, start + length))
-                if start < 0 or dims[-1] >= other.dim() or (start == 0 and position != 0):
-                    continue  # the batch merged into a later entry: a coincidence (b * c == features)
-                if math.prod(other.shape[dim] for dim in dims) == size:
-                    return {"like": found, "dims": dims}
-    return size
 
 
 def reshape_as(builder: SpecBuilder, call: Call) -> None:
