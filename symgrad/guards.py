@@ -55,8 +55,18 @@ def is_library(code: types.CodeType) -> bool:
 
 
 def _is_library_object(value) -> bool:
-    module = getattr(value, "__module__", None) or ""
-    return module.split(".")[0] in ("torch", "builtins", "functools", "math", "operator", "typing", "collections")
+    """Whether a class (or a module) is PyTorch's, the builtins' or a standard helper module's. A module's
+    name is read from what it holds: a lazy namespace (``torch.classes``, ``torch.ops``) makes any attribute
+    it lacks, ``__module__`` too, and raises on the next read."""
+    module = _module_name(value) if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+    return (module if isinstance(module, str) else "").split(".")[0] in (
+        "torch", "builtins", "functools", "math", "operator", "typing", "collections")
+
+
+def _module_name(module: types.ModuleType) -> str:
+    """A module's name, read from its ``vars`` (never through getattr, which a lazy namespace answers)."""
+    name = vars(module).get("__name__")
+    return name if isinstance(name, str) else ""
 
 
 def short(text: str) -> str:
@@ -115,7 +125,9 @@ def value_text(value: Any, depth: int = 0) -> str | None:
         cells = [cell.cell_contents for cell in value.__closure__ or () if _filled(cell)]
         bound = ", ".join(map(inner, [*cells, *(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]))
         return f"{value.__qualname__}#{code_hash(value.__code__)}" + (f"({bound})" if bound else "")
-    if inspect.isbuiltin(value) or inspect.isclass(value) or isinstance(value, types.ModuleType):
+    if isinstance(value, types.ModuleType):  # by its vars: torch.classes makes a namespace of any name read
+        return f".{_module_name(value)}"
+    if inspect.isbuiltin(value) or inspect.isclass(value):
         return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', value.__name__)}"
     if not _is_library_object(type(value)) and hasattr(value, "__dict__"):
         state = ", ".join(f"{key}={inner(item)}" for key, item in sorted(vars(value).items()) if not key.startswith("_"))
@@ -232,7 +244,7 @@ def _reads(function) -> list[tuple[str, Any]]:
         value = scope[name]
         found.append((name, value))
         if isinstance(value, types.ModuleType) and not _is_library_object(value) and \
-                not (getattr(value, "__file__", None) or "").startswith(LIBRARY_DIRS):
+                not str(vars(value).get("__file__") or "").startswith(LIBRARY_DIRS):
             members = vars(value)  # what the module holds now: a lazy module's attribute is not imported here
             found += [(f"{name}.{attribute}", members[attribute]) for attribute in names
                       if attribute != name and attribute in members]
@@ -324,10 +336,12 @@ def _step(function, step: str):
             value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)
                           and (klass.__qualname__ == base if base else klass is holder)), MISSING)
         elif isinstance(holder, types.ModuleType):
-            try:
-                value = getattr(holder, member)
-            except Exception:  # noqa: BLE001 - a module that cannot give it: the path leads nowhere
-                return None
+            value = vars(holder).get(member, MISSING)
+            if value is MISSING and not _is_library_object(holder):  # a lazy module's submodule: imported now
+                try:
+                    value = getattr(holder, member)
+                except Exception:  # noqa: BLE001 - a module that cannot give it: the path leads nowhere
+                    return None
     value = _unwrap(value) if value is not MISSING else None
     return value if inspect.isfunction(value) else None
 
