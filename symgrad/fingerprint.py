@@ -381,10 +381,17 @@ def module_constants(spec, any_width: bool = False, running: frozenset = frozens
     return (f"FINGERPRINT = {python_literal(summaries, lead=14)}\n"
             '"""The traced model by submodule (the spec\'s ``fingerprint:``): class, hashes of code, hypers and\n'
             'own tensors\' shapes, mode if read, BatchNorm runs; ``symgrad.bind`` refuses a model that differs."""\n'
-            f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
-            '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
-            'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
-            + (f"\nGUARDS = {python_literal(spec.guards, lead=9)}\n"
+            + (f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
+               '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
+               'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
+               if frozen else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's")
+            + (f"\nGUARDS = {python_literal(_guards(spec.guards), lead=9)}\n"
                '"""What else the traced forward read (``symgrad.guards``): the functions of the model\'s code it\n'
-               'called (hashed with what they read), their literal reads, its non-tensor arguments."""'
+               'called (hashed with what they read); its literal reads and non-tensor arguments, where any."""'
                if spec.guards else ""))
+
+
+def _guards(guards: dict) -> dict:
+    """``GUARDS`` as written: its ``values`` and ``arguments`` only where there are some (read with
+    ``.get``), so a model's code is the table's one entry where the forward read nothing else."""
+    return {key: value for key, value in guards.items() if value or key == "code"}
