@@ -136,9 +136,12 @@ def value_text(value: Any, depth: int = 0) -> str | None:
 
 
 def shown(value: Any) -> str:
-    """``value`` as a refusal shows it: its ``repr`` where that is a literal's, else :func:`value_text`."""
+    """``value`` as a refusal shows it: its ``repr`` where that is a literal's or a small tensor's (on one
+    line), else :func:`value_text`."""
     if value is None or type(value) in (bool, int, float, str):
         return repr(value)
+    if isinstance(value, torch.Tensor) and value.numel() <= 8:
+        return f"{' '.join(repr(value.detach()).split()):.120}"
     text = value_text(value)
     return f"{text:.120}" if text is not None else f"<{type(value).__name__}>"
 
