@@ -32,7 +32,7 @@ class Built:
 
 
 def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True,
-           recompute: bool = True, documents: bool = True) -> Built:
+           recompute: bool = True, documents: bool = True, tests: bool = True) -> Built:
     flat = flat or "flat" in extras  # as a header records them, so that `check` builds it again the same way
     recompute = recompute and "no_recompute" not in extras
     extras = tuple(extra for extra in extras if extra not in ("flat", "no_recompute"))
@@ -55,26 +55,28 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
     # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
     # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
     expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
-    return _build_structured(expanded, label, wanted, recorded, fused, recompute, documents)
+    return _build_structured(expanded, label, wanted, recorded, fused, recompute, documents, tests)
 
 
 def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
-                      fused: bool = True, recompute: bool = True, documents: bool = True) -> Built:
+                      fused: bool = True, recompute: bool = True, documents: bool = True,
+                      tests: bool = True) -> Built:
     """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
     (``render_blocks``), and the checks on what was rendered. ``fused=False`` (a spec without blocks):
     ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way;
-    ``documents=False``: the module and its test file, without the derivation's pages."""
+    ``documents=False``: the module and its test file, without the derivation's pages; ``tests=False``:
+    without the test file either (its small shapes and reference values are most of a network's build)."""
     from .plan_blocks import build_structured
     from .render_blocks import render_files
 
     flat_graph = build_graph(flatten(spec) if spec.blocks else spec)  # every instance written out
-    shapes = small_shapes(flat_graph)  # the tests' shapes, and each instance's
+    shapes = small_shapes(flat_graph) if tests else None  # the tests' shapes
     derived_top, statements = None, []
     if not spec.blocks:  # the graph is the module's top level: derived here (a block's is, once, in plan_blocks)
         derived_top = derive(flat_graph), derive(flat_graph, fused=fused)  # the readable one, and the fused one
         statements = [part for program in derived_top for part in (program.forward, program.backward)]
         check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
-    structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute)
+    structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute, tests)
     rendered = render_files(structured, label, recorded, documents)
     files = rendered.files
     derived = {statement.target.name for part in statements for statement in part} if derived_top else frozenset()
@@ -84,7 +86,8 @@ def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), reco
         pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
-    return Built(label, structured.flat_graph, structured.program, rendered, structured.test_data["small_shapes"])
+    return Built(label, structured.flat_graph, structured.program, rendered,
+                 structured.test_data["small_shapes"] if tests else [])
 
 
 def _check_compiles(rendered: Rendered) -> None:
@@ -115,9 +118,10 @@ def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[st
 
 
 def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
-               fused: bool = True, recompute: bool = True, documents: bool = True) -> Built:
+               fused: bool = True, recompute: bool = True, documents: bool = True, tests: bool = True) -> Built:
     """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
     ``gradients`` run the readable derivation (a spec without blocks, or with ``flat``; not recorded in
     the header, so for a module kept in memory, as ``symgrad certify``'s); ``recompute`` and
-    ``documents``: see :func:`build`."""
-    return _build(parse_spec(text, label), label, extras, flat, fused, recompute, documents)
+    ``documents``: see :func:`build`; ``tests=False``: the module alone, for one imported and not kept
+    (``Built.shapes`` is then empty)."""
+    return _build(parse_spec(text, label), label, extras, flat, fused, recompute, documents, tests)

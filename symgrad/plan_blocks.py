@@ -57,18 +57,19 @@ class Structured:
 
 def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list | None = None,
                      extras: tuple[str, ...] = (), derived_top: tuple[Program, Program] | None = None,
-                     recompute: bool = True) -> Structured:
+                     recompute: bool = True, tests: bool = True) -> Structured:
     """Each block derived and planned once, then the top level, and what the module and its tests
     read besides: the helpers, the running statistics, the layout, the test data. ``flat_graph``
     (every instance inlined) and its ``shapes`` are built here where not given; a spec without blocks
     may come derived already (``derived_top``: the readable and the fused derivation of its graph);
     ``extras`` (``hvp``, ``per_sample``) are planned for a spec without blocks (``blocks.flatten``
-    inlines them first); ``recompute``: see :func:`symgrad.plan.plan`."""
+    inlines them first); ``recompute``: see :func:`symgrad.plan.plan`; ``tests=False``: no test data
+    (and so no test file: the module alone)."""
     if extras and spec.blocks:
         raise ValueError("extras are derived on a spec without blocks: flatten it first")
     if flat_graph is None:
         flat_graph = build_graph(flatten(spec) if spec.blocks else spec)
-    if shapes is None:
+    if shapes is None and tests:
         shapes = small_shapes(flat_graph)
     needs_gradient = flat_graph.depends_on_wrt()
     instances: dict[str, list] = {}
@@ -93,7 +94,7 @@ def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list |
                   + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
     statements += [getattr(item, "statement", item) for item in (
         planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward)]
-    test_data = test_facts(flat_graph, shapes)
+    test_data = test_facts(flat_graph, shapes) if tests else {}
     narrowing = planned.saved_as_autocast_casts or any(block.planned.saved_as_autocast_casts for block in derived.values())
     helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,

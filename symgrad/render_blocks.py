@@ -189,7 +189,8 @@ def render_files(structured: Structured, spec_label: str, recorded_extras: tuple
     sources = {item.name: item.source for item in spec.inputs if item.source}  # the parameters in `params`
     planned = structured.planned
     per_sample = (planned.per_sample_names, planned.per_sample_batched) if planned.per_sample_forward else None
-    files.update(render_tests(structured.test_data, sources, hvp=bool(planned.hvp_results), per_sample=per_sample))
+    if structured.test_data:  # planned without tests (pipeline's tests=False): the module alone
+        files.update(render_tests(structured.test_data, sources, hvp=bool(planned.hvp_results), per_sample=per_sample))
     if documents:  # the documents link to the module's lines as written, its header included
         module = headed({f"{spec.name}.py": body}, spec, spec_label, recorded_extras)[f"{spec.name}.py"]
         files.update(_documents(structured, spec_label, blocks, top_lines, steps, module))
