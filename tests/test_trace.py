@@ -221,7 +221,7 @@ def test_an_argument_a_rule_refuses_is_reported_at_the_models_line():
 
     with pytest.raises(TraceError) as error:
         trace(diagonal, {"x": (2, 3, 3), "y": (2, 3, 4), "target": (2, 4)})
-    assert str(error.value).startswith(f"{marked_line(Path(__file__), 'DIAGONAL')}: error: einsum")
+    assert str(error.value).startswith(f"{marked_line(Path(__file__), 'DIAGONAL')}: error: 'einsum' takes a diagonal")
     assert "a diagonal" in str(error.value) and "\n" not in str(error.value)
 
     def pooled(x, target):

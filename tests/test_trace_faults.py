@@ -86,8 +86,9 @@ def test_one_line_per_source_line_with_the_modules_that_share_it():
 
 def test_an_argument_the_spec_check_refuses_names_its_line_once_with_the_modules_running_it():
     lines = refused("MixStack", shape=(2, 1, 4, 4))
-    assert len(lines) == 1 and lines[0].startswith(f"{marked('DIAGONAL_EINSUM')}: error: einsum"), lines
-    assert "(in body.0, the first of 3 modules running this line: body.0, body.1, body.2) (fix: " in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith(f"{marked('DIAGONAL_EINSUM')}: error: 'einsum' (in 3 modules: "
+                                                   "body.0, body.1, body.2) takes a diagonal"), lines
+    assert "(fix: multiply by an identity registered as a buffer" in lines[0], lines
 
 
 def test_values_from_literals_and_sizes_are_accepted():

@@ -495,7 +495,11 @@ def _call(function, arguments: dict[str, Any]) -> tuple[Any, str | None]:
     previous = sys.getprofile()
 
     def profile(frame, event, argument) -> None:
+        if frame is here and event == "c_return" and argument is sys.setprofile:
+            return  # sys.setprofile's own return, reported to this profiler where one was set before (guards')
         set_profile_back(previous)
+        if callable(previous):  # the event removing this one, which a Python profiler set before would have had
+            previous(frame, event, argument)
         if event == "call" and frame.f_back is here:
             started.append(frame)
 

@@ -239,7 +239,7 @@ class UnsupportedStack(nn.Module):
 
 
 class Mix(nn.Module):
-    """An einsum over a diagonal, which PyTorch computes and the einsum rule does not: refused by the spec check."""
+    """An einsum over a diagonal, which PyTorch computes and the einsum rule does not: refused at its line."""
 
     def __init__(self, width):
         super().__init__()
