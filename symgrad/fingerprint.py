@@ -285,6 +285,28 @@ def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
     return result
 
 
+def _split_key(key: Any, inner: str, width: int) -> str:
+    """A dict key as written after ``inner``: a string too long for ``width`` columns as parenthesised pieces
+    that Python joins (split after a ``/`` where it has one), any other key as it is."""
+    text = json.dumps(key) if isinstance(key, str) else repr(key)
+    if not isinstance(key, str) or len(inner) + len(text) + 1 <= width:
+        return inner + text
+    room = width - len(inner) - 4
+    pieces, piece = [], ""
+    for part in re.split(r"(?<=/)", key):
+        while len(json.dumps(piece + part)) > room and (piece or len(json.dumps(part)) > room):
+            if piece:
+                pieces.append(piece)
+                piece = ""
+            else:
+                cut = max(1, room - 2)
+                pieces.append(part[:cut])
+                part = part[cut:]
+        piece += part
+    pieces.append(piece)
+    return f"{inner}(" + f"\n{inner} ".join(json.dumps(each) for each in pieces) + ")"
+
+
 def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100, packed: bool = False) -> str:
     """``value`` (checked literals) as Python source: on one line where it fits in ``width`` columns
     after ``lead`` of them, else one entry per line, indented by ``indent`` + 4 (``packed``: a list's
@@ -313,8 +335,12 @@ def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100,
     if isinstance(value, list):
         lines = [f"{inner}{python_literal(entry, indent + 4, indent + 4, width)}," for entry in value]
         return "[\n" + "\n".join(lines) + "\n" + " " * indent + "]"
-    lines = [f"{inner}{flat(key)}: {python_literal(entry, indent + 4, indent + 6 + len(flat(key)), width)},"
-             for key, entry in value.items()]
+    lines = []
+    for key, entry in value.items():
+        line = f"{inner}{flat(key)}: {python_literal(entry, indent + 4, indent + 6 + len(flat(key)), width)},"
+        if len(line) > width and "\n" not in line:  # a long key (a guarded function's path): its value below it
+            line = f"{_split_key(key, inner, width)}:\n{inner}    {python_literal(entry, indent + 8, indent + 8, width)},"
+        lines.append(line)
     return "{\n" + "\n".join(lines) + "\n" + " " * indent + "}"
 
 

@@ -77,8 +77,9 @@ primitive("causal_fill", code=lambda operands, params, show: (
 
 
 MASKED_SOFTMAX = '''def _masked_softmax(scores, dim):
-    """softmax over ``dim``, 0 along a row whose every entry is masked (-inf), as scaled_dot_product_attention
-    computes it (torch.softmax gives NaN there, and so does attention before torch 2.5, whose softmax this is)."""
+    """softmax over ``dim``, 0 along a row whose every entry is masked (-inf), as
+    scaled_dot_product_attention computes it (torch.softmax gives NaN there, and so does
+    attention before torch 2.5, whose softmax this is)."""
     if hasattr(torch.ops.aten, "_safe_softmax"):
         return torch.ops.aten._safe_softmax(scores, dim)
     return torch.softmax(scores, dim)

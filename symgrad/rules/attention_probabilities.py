@@ -25,20 +25,23 @@ from .base import Checker, Forward, Operand, Param, Rule, boolean
 from .shared import in_operands_dtype, sum_over
 
 PROBABILITIES = '''def _attention_probabilities(query, key, attn_mask=None, is_causal=False, scale=None):
-    """softmax(scale * query @ key^T + attn_mask, -1), computed step for step as PyTorch's math kernel of
-    scaled_dot_product_attention computes it (its CPU kernel when dropout_p > 0): q and k each scaled by
-    sqrt(scale), so that the values, and the dropout drawn after them, are the model's bit for bit."""
+    """softmax(scale * query @ key^T + attn_mask, -1), computed step for step as PyTorch's
+    math kernel of scaled_dot_product_attention computes it (its CPU kernel when dropout_p > 0):
+    q and k each scaled by sqrt(scale), so that the values, and the dropout drawn after them,
+    are the model's bit for bit."""
     import math
 
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     factor = math.sqrt(abs(scale))
     scores = (query * (factor if scale >= 0 else 0.0 - factor)) @ (key.transpose(-2, -1) * factor)
     if is_causal:
-        above = torch.ones(scores.shape[-2], scores.shape[-1], dtype=torch.bool, device=scores.device).triu(1)
+        rows, columns = scores.shape[-2], scores.shape[-1]
+        above = torch.ones(rows, columns, dtype=torch.bool, device=scores.device).triu(1)
         scores = scores.masked_fill(above, float("-inf"))
     if attn_mask is not None:
         scores = scores + attn_mask
-    if hasattr(torch.ops.aten, "_safe_softmax"):  # a row masked whole: 0, as the kernel gives it since torch 2.5
+    # a row masked whole: 0, as the kernel gives it since torch 2.5
+    if hasattr(torch.ops.aten, "_safe_softmax"):
         return torch.ops.aten._safe_softmax(scores, -1)
     return torch.softmax(scores, -1)
 '''
