@@ -181,7 +181,8 @@ def test_good_spec_generates(tmp_path: Path):
     spec.write_text(GOOD, encoding="utf-8")
     result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out"), "--verify"])
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good.html", "good.md", "good.py", "test_good.py"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["_symgrad_testdata.py", "good.html", "good.md",
+                                                                    "good.py", "test_good.py"]
 
 
 def test_one_bad_spec_among_several_writes_nothing(tmp_path: Path):
