@@ -83,6 +83,10 @@ class AveragePool(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
+        if self.dims == 3:  # avg_pool3d alone (not 1d/2d, not max) refuses an input smaller than its kernel
+            for axis, k in enumerate(params["kernel_size"]):
+                check.positive(x[len(x) - 3 + axis] - k + 1, f"the input is smaller than the kernel ({k}) along "
+                               f"axis {axis}, which avg_pool3d refuses", "use a smaller kernel or a larger input")
         return self._pooled_shape(x, params, check, dilation=(1,) * self.dims)
 
     def _pooled_shape(self, x, params, check: Checker, dilation):
