@@ -167,19 +167,7 @@ class ScaledDotProductAttention(Rule):
                     "give query and key the same embedding size")
         check.equal(value[-2], key[-2], lambda: f"value has {value[-2]} positions but key {key[-2]}",
                     "give key and value the same number of positions")
-        if "attn_mask" in shapes:
-            check.require(not params["is_causal"], "takes attn_mask together with is_causal, which PyTorch refuses",
-                          "add the causal -inf entries to the mask and drop is_causal, or drop the mask")
-            mask = shapes["attn_mask"]
-            scores = (*query[:-1], key[-2])
-            check.require(len(mask) <= len(scores), f"attn_mask has {len(mask)} dims, more than the scores' {len(scores)}",
-                          "give attn_mask the shape [..., L, S], broadcast against the scores")
-            for size, target in zip(mask[::-1], scores[::-1]):
-                if check.symbolic:
-                    check.equal(size, target, "", "")
-                else:
-                    check.require(size == target or size == 1, f"attn_mask of shape {tuple(mask)} does not broadcast "
-                                  f"to the scores' {tuple(scores)}", "give attn_mask the shape [..., L, S]")
+        check_mask(shapes, params, (*query[:-1], key[-2]), check)
         return (*query[:-1], value[-1])
 
     def _params(self, node):
@@ -328,3 +316,21 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("einsum (second operand)", {"x": (2, 3, 2), "v": (3, 2)}, {"op": "einsum", "in": ["x", "v"],
                                                                 "equation": "bij,ik->bkj"}, ("v",)),
 ]
+
+
+def check_mask(shapes, params, scores, check) -> None:
+    """An ``attn_mask`` operand's checks, where there is one: not with ``is_causal``, and broadcast to the
+    ``scores`` (query @ key^T) shape; shared by attention and its probabilities alone."""
+    if "attn_mask" not in shapes:
+        return
+    check.require(not params["is_causal"], "takes attn_mask together with is_causal, which PyTorch refuses",
+                  "add the causal -inf entries to the mask and drop is_causal, or drop the mask")
+    mask = shapes["attn_mask"]
+    check.require(len(mask) <= len(scores), f"attn_mask has {len(mask)} dims, more than the scores' {len(scores)}",
+                  "give attn_mask the shape [..., L, S], broadcast against the scores")
+    for size, target in zip(mask[::-1], scores[::-1]):
+        if check.symbolic:
+            check.equal(size, target, "", "")
+        else:
+            check.require(size == target or size == 1, f"attn_mask of shape {tuple(mask)} does not broadcast "
+                          f"to the scores' {tuple(scores)}", "give attn_mask the shape [..., L, S]")

@@ -20,7 +20,7 @@ The adjoint is softmax's Jacobian-vector product through the scores, as in ``att
 from __future__ import annotations
 
 from ..algebra import Size, op, primitive
-from .attention import InverseRoot, attention_softmax, scale_argument
+from .attention import InverseRoot, attention_softmax, check_mask, scale_argument
 from .base import Checker, Forward, Operand, Param, Rule, boolean
 from .shared import in_operands_dtype, sum_over
 
@@ -96,18 +96,7 @@ class AttentionProbabilities(Rule):
         check.equal(key[-1], query[-1], lambda: f"key's last dim {key[-1]} differs from query's {query[-1]}",
                     "give query and key the same embedding size")
         scores = (*query[:-1], key[-2])
-        if "attn_mask" in shapes:
-            check.require(not params["is_causal"], "takes attn_mask together with is_causal, which PyTorch refuses",
-                          "add the causal -inf entries to the mask and drop is_causal, or drop the mask")
-            mask = shapes["attn_mask"]
-            check.require(len(mask) <= len(scores), f"attn_mask has {len(mask)} dims, more than the scores' {len(scores)}",
-                          "give attn_mask the shape [..., L, S], broadcast against the scores")
-            for size, target in zip(mask[::-1], scores[::-1]):
-                if check.symbolic:
-                    check.equal(size, target, "", "")
-                else:
-                    check.require(size == target or size == 1, f"attn_mask of shape {tuple(mask)} does not broadcast "
-                                  f"to the scores' {tuple(scores)}", "give attn_mask the shape [..., L, S]")
+        check_mask(shapes, params, scores, check)
         return scores
 
     def _params(self, node):
