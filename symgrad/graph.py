@@ -217,7 +217,7 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
             if nodes[source].dtype == "int64" and not classifies:
                 raise SpecError(f"'{source}' is int64 (class indices), but {node.rule.op} '{node.name}' reads it as its "
                                 f"{operand}", node.location, "use int64 inputs only as the target of cross_entropy or nll_loss, or as index's index")
-            if classifies and nodes[source].dtype != "int64":
+            if classifies and nodes[source].dtype != "int64" and not node.rule.float_index_ok:
                 raise SpecError(f"{node.rule.op} needs {'class' if operand == 'target' else 'integer'} indices, but "
                                 f"{operand} '{source}' is a float tensor",
                                 node.location, f"declare '{source}' with `dtype: int64`")

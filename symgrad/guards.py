@@ -336,8 +336,9 @@ def _step(function, step: str):
         owner, _, member = step.rpartition(".")
         holder = reads.get(owner, reads.get(owner.partition(".")[0]))
         if inspect.isclass(holder):
-            value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)
-                          and (klass.__qualname__ == base if base else klass is holder)), MISSING)
+            value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)  # a base
+                          and (klass is not holder and klass.__qualname__ == base if base else klass is holder)),
+                         MISSING)  # of the class's own name (diffusers' Transformer2DModelOutput) is the base
         elif isinstance(holder, types.ModuleType):
             value = vars(holder).get(member, MISSING)
             if value is MISSING and not _is_library_object(holder):  # a lazy module's submodule: imported now

@@ -290,6 +290,9 @@ class Rule:
     """Operands that hold integer indices (int64 inputs, never differentiated): test inputs are drawn
     below :meth:`index_bound`."""
 
+    float_index_ok: ClassVar[bool] = False
+    """Its ``index_operands`` may hold floats too (``cast`` converts an int64 timestep or a float node)."""
+
     def index_bound(self, shapes: dict, params: dict) -> int:
         """For an op with ``index_operands``: the values its indices stay below, at these operand shapes."""
         raise NotImplementedError

@@ -460,7 +460,8 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
                          "torch.utils.checkpoint block, whose own no_grad() hides which values autograd "
                          "differentiates (fix: compute that value outside the checkpointed function)")
     modules = {path: child for path, child in module.named_modules()} if module is not None else {}
-    builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors, quiet=quiet)
+    builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors, quiet=quiet,
+                          arguments={key: value for key, value in tensors.items() if value.is_floating_point()})
     for call in recorder.calls:
         builder.add(call)
     try:

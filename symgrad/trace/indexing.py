@@ -24,7 +24,7 @@ EXPANDS = {"expand", "expand_as", "broadcast_to"}
 """``idx.view(1, -1, 1).expand(B, -1, C)``: only ``gather`` reads it (as ``x[:, idx]``, op_hooks.gather)."""
 
 
-def _root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
+def integer_root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
     """The int64 input ``value`` is (or is a reshape of), else None."""
     if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or ("expanded", id(value)) in builder.index_views:
         return None
@@ -43,13 +43,20 @@ def _is_corner(index: Any) -> bool:
                for item in (index if isinstance(index, tuple) else (index,)))
 
 
+def _new_dims(index: Any) -> bool:
+    """``[:, None]``, ``[None]``, ``[..., None]``: full slices and new dims, at least one of these."""
+    items = index if isinstance(index, tuple) else (index,)
+    return any(item is None for item in items) and all(
+        item is None or item is Ellipsis or (isinstance(item, slice) and item == slice(None)) for item in items)
+
+
 def index_view(builder: "SpecBuilder", call: "Call") -> bool:
     """Remember a reshape of an int64 input (``index.view(-1)``), or of its leading corner (``index.clone()[:n,
     :n]``: SwinUNETR where a map is smaller than the window), as a view of it; False for any other call."""
     if (call.name not in RESHAPES | EXPANDS and call.name != "__getitem__") or not call.arguments:
         return False
     source = call.arguments[0]
-    root = _root(builder, source)
+    root = integer_root(builder, source)
     if root is None or not isinstance(call.result, torch.Tensor):
         return False
     corner = _corner(builder, source)
@@ -61,6 +68,10 @@ def index_view(builder: "SpecBuilder", call: "Call") -> bool:
         builder.kept.append(call.result)
         return True
     if call.name == "__getitem__":
+        if corner is None and _new_dims(call.arguments[1]):  # timesteps[:, None]: the same values
+            builder.index_views[id(call.result)] = root
+            builder.kept.append(call.result)
+            return True
         if corner is not None or source.shape != root.shape or not _is_corner(call.arguments[1]):
             return False
         corner = tuple(call.result.shape) if call.result.shape != root.shape else None
@@ -83,7 +94,7 @@ def index_with_tensor(builder: "SpecBuilder", call: "Call") -> bool:
         return False
     dim = tensors[0]
     rest = index[:dim] + index[dim + 1:]
-    root = _root(builder, index[dim])
+    root = integer_root(builder, index[dim])
     if root is None or root.dim() == 0 or any(item != slice(None) for item in rest):
         return False
     picked = source[(slice(None),) * dim + (root,)]
@@ -115,7 +126,7 @@ def index_select(builder: "SpecBuilder", call: "Call") -> bool:
     view of one): the ``index`` layer; False otherwise."""
     bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
     source, dim, index = bound.get("input"), bound.get("dim"), bound.get("index")
-    root = _root(builder, index)
+    root = integer_root(builder, index)
     if not isinstance(source, torch.Tensor) or not isinstance(dim, int) or root is None or index.dim() != 1:
         return False
     dim %= source.dim()

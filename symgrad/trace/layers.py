@@ -27,6 +27,7 @@ import torch
 from ..rules import LAYER_RULES
 from ..spec_values import check_identifier
 from . import attention, loss_tail, random_masks, views
+from .casts import integer_identity
 from .constants import constant_layer
 from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_number, literal, numbered,
                        plain_name, storage_of)
@@ -90,6 +91,9 @@ class SpecBuilder:
     """Storage of a tensor written in place with a value that is not a constant -> when, last."""
     index_views: dict[int, torch.Tensor] = field(default_factory=dict)
     """id of a reshape of an int64 input (``index.view(-1)``) -> that input (``indexing.py``)."""
+    arguments: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The traced function's floating tensor arguments by name (a conversion to the model's dtype is
+    written ``like`` one of them: ``casts.py``)."""
     walked: int = 0
     size_tensors: list[torch.Tensor] = field(default_factory=list)
     """The tensors whose sizes the code read, by the index the sizes carry (``sizes.Dim``)."""
@@ -218,7 +222,8 @@ class SpecBuilder:
             bound = self.bind(call, positional)
             if bound is None:
                 return
-            if op in ("add", "sub", "mul", "div") and self.fold_constants(op, bound, call):
+            if op in ("add", "sub", "mul", "div") and (self.fold_constants(op, bound, call)
+                                                       or integer_identity(self, op, bound, call)):
                 return
             if op in ("add", "mul") and not isinstance(bound["input"], torch.Tensor):
                 bound["input"], bound["other"] = bound.get("other"), bound["input"]  # torch.mul(0.5, x): commutes

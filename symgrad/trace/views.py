@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import op_hooks, sizes
+from . import casts, op_hooks, sizes
 from .dataflow import call_sizes, is_int, is_number
 from .indexing import index_select, index_with_tensor, strided_slice
 from .recorder import Call
@@ -47,6 +47,8 @@ def pass_through(builder: SpecBuilder, call: Call) -> None:
     if not isinstance(result, torch.Tensor) or not isinstance(source, torch.Tensor):
         return builder.unknown(call)
     if result.dtype != source.dtype or result.device != source.device:
+        if casts.convert(builder, call):
+            return
         builder.fail(call, f"converts {source.dtype} on {source.device} to {result.dtype} on {result.device}",
                      "trace at the dtype and device the model runs in, without conversions")
         return
