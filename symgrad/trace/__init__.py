@@ -430,6 +430,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     saved = [(owner, key, value, value.detach().clone()) for _, root in roots for owner in root.modules()
              for key, value in owner._buffers.items() if value is not None]
     recorder = Recorder(module_paths)
+    recorder.from_integers.update(id(value) for value in tensors.values() if value.dtype == torch.int64)
     recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
     try:  # as a training step runs it, whatever the caller's mode (each recorded call: no graph)
         with torch.enable_grad(), recorder, einops_uncached():
@@ -522,7 +523,13 @@ def _refuse_value_reads(recorder: Recorder) -> None:
     problems = []
     for read in recorder.value_reads:
         shown, kind = VALUE_READS.get(read.name, (f"torch.{read.name}", "branch"))
-        if kind == "branch":
+        if kind == "branch" and read.integers:  # transformers' padding_mask.all() (masking_utils.py:369)
+            what = ("decides with the values of an int64 input (a padding mask, ids), so the spec would keep the "
+                    "branch these inputs took, for every input")
+            fix = ("pass the mask as the float tensor the attention adds to its scores, which the code uses as "
+                   "given (transformers: attention_mask of shape [B, 1, 1, T], 0 where attended and -1e4 where "
+                   "padded), or compute the decision outside the traced code")
+        elif kind == "branch":
             what = ("decides with the value of a tensor computed from the inputs, parameters or random numbers, "
                     "so the spec would keep the branch these random inputs took, for every input")
             fix = ("write the choice with tensor ops, so that every input runs the same ops (F.relu(h) for "

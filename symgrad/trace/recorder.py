@@ -186,6 +186,8 @@ class ValueRead:
     """The call: ``__bool__``, ``item``, ``tolist``, ``equal``."""
     where: str
     module: str
+    integers: bool = False
+    """Whether the tensor read is an int64 input or computed from one (a padding mask)."""
 
 
 def function_name(function: Callable) -> str:
@@ -216,6 +218,8 @@ class Recorder(TorchFunctionMode):
         :meth:`_exact_fill`), as the Python code wrote them whatever the model's precision."""
         self.value_shaped: set[int] = set()
         """ids of the tensors whose size depends on values that are not constants (``h.nonzero()``)."""
+        self.from_integers: set[int] = set()
+        """ids of the int64 inputs and of what is computed from them (a padding mask's ``mask.all()``)."""
         self.running: list[torch.nn.Module] = []
         self.applied: dict[int, Applied] = {}
         """The custom ``autograd.Function`` applies met, by the id of their arguments' tuple."""
@@ -271,14 +275,17 @@ class Recorder(TorchFunctionMode):
                 return self._size_read(name, arguments, result)
         elif name in SHAPE_QUERIES:
             return self._size_read(name, arguments, result)
-        read = _tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords)
+        read = list(_tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords))
         if name in FILLERS and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(1)):
             self._sizes_read.append(arguments[0])  # torch.full_like(x[:, :1], 0.1): its sizes are x[:, :1]'s
         constant = name not in RANDOM and all(id(value) in self.constants for value in read)
+        integers = any(id(value) in self.from_integers for value in read)
         if name in VALUE_READS or _is_value(result):
             if not constant:
-                self._value_read(name, sys._getframe(1))
+                self._value_read(name, sys._getframe(1), integers)
             return result
+        if integers:
+            self.from_integers.update(id(value) for value in _tensors((result,), {}))
         shaped = not constant and (name in VALUE_SHAPED or (name == "where" and len(arguments) + len(keywords) == 1)
                                     or (name == "__getitem__" and _masks(arguments[1:])))
         shaped = shaped or any(id(value) in self.value_shaped for value in _tensors(arguments, keywords))
@@ -349,13 +356,13 @@ class Recorder(TorchFunctionMode):
             return sizes.traced(index, arguments[0], name, arguments, result)  # ints that carry their dims
         return result
 
-    def _value_read(self, name: str, frame) -> None:
+    def _value_read(self, name: str, frame, integers: bool = False) -> None:
         """Keep a value read, unless torch's own code made it (BatchNorm's ``float(num_batches_tracked)``)."""
         while frame is not None and frame.f_code.co_filename.startswith(DISPATCH_FILES):
             frame = frame.f_back
         if frame is None or os.path.realpath(frame.f_code.co_filename).startswith(TORCH_DIR):
             return
-        self.value_reads.append(ValueRead(name, user_line(frame), self._module()[0]))
+        self.value_reads.append(ValueRead(name, user_line(frame), self._module()[0], integers))
 
 
 def _fill(tensor: torch.Tensor) -> float | None:

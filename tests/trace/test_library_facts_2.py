@@ -73,3 +73,38 @@ def test_a_base_class_of_the_same_name_is_guarded_as_the_base():
     changed ('the code of Output.__init__ ... changed since it was traced'; diffusers' UNet2DModel)."""
     text = _bound_step_matches(WrappedOutput(), {"x": (2, 2, 4, 4)}, {"x": (3, 2, 6, 4)})
     assert "Output.__init__@Output" in text
+
+
+class PaddedAttention(nn.Module):
+    """transformers' masking_utils (5.x): a 2-d int64 attention_mask is dropped where it pads nothing
+    (``padding_mask.all()``, masking_utils.py:307 and 369: a branch on the mask's values), else made additive;
+    a 4-d float mask is used as given."""
+
+    def __init__(self, dim: int = 4):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x, attention_mask):
+        if attention_mask.dim() == 2:
+            padding = attention_mask.to(torch.bool)
+            attention_mask = None if padding.all() else (~padding)[:, None, None, :].to(x.dtype) * -1e4
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=attention_mask)[:, 0]
+
+
+def test_a_branch_on_an_int64_padding_mask_is_refused_naming_the_float_mask_that_goes_in():
+    """The refusal said only 'decides with the value of a tensor computed from the inputs' (its fix, tensor ops,
+    needs editing the library): it now names the int64 input and the 4-d additive mask, which goes in as given and
+    trains as autograd does."""
+    import pytest
+
+    from symgrad.trace import LossChoice, trace
+    from symgrad.trace.errors import TraceError
+
+    with pytest.raises(TraceError, match=r"test_library_facts_2\.py:\d+: error: 'bool\(tensor\)' decides with the "
+                                         r"values of an int64 input .*attention_mask of shape \[B, 1, 1, T\]"):
+        trace(PaddedAttention().double(), {"x": (2, 3, 4), "attention_mask": (2, 3)}, wrt="parameters", name="step",
+              loss=LossChoice("mse_loss", "target"), dtypes={"attention_mask": "int64"})
+    padded = torch.tensor([[0.0, 0.0, -1e4], [0.0, 0.0, 0.0], [0.0, -1e4, -1e4]], dtype=torch.float64)
+    _bound_step_matches(PaddedAttention(), {"x": (2, 3, 4), "attention_mask": (2, 1, 1, 3)}, {"x": (3, 3, 4)},
+                        data={"attention_mask": padded[:, None, None, :]})
