@@ -103,18 +103,25 @@ def main() -> None:
 @click.option("--no-recompute", is_flag=True, help="Keep every value the backward reads, as autograd does "
               "(default: a cheap activation, GELU's or SiLU's output, is computed again from its input, which is "
               "kept; a ReLU output only its own pullback reads is kept as a byte mask; a pooling's input as its "
-              "layout).")
-def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat, no_recompute):
+              "layout). The same as --keep autograd.")
+@click.option("--keep", type=click.Choice(["autograd", "all", "lean"]), default=None,
+              help="What the forward keeps for the backward: all (the default: every value, but masks and layouts "
+              "where those are all it reads), lean (each batch norm's activation output, a convolution's input, "
+              "made again in the backward, bit for bit, from the batch norm's input and statistics), autograd "
+              "(as --no-recompute).")
+def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat, no_recompute, keep):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
 
     failed = False
     rendered_all = []
+    if no_recompute and keep not in (None, "autograd"):
+        _fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} (fix: drop one of them)"))
     try:
         extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files
             rendered_all.append((spec_path, build(spec_path, _spec_label(spec_path, Path(output)), extras=extras,
-                                                  flat=flat, recompute=not no_recompute)))
+                                                  flat=flat, recompute=not no_recompute, keep=keep)))
         _refuse_name_clashes([(spec_path, result.rendered.name) for spec_path, result in rendered_all],
                              Path(output), force)
     except SymgradError as error:

@@ -31,11 +31,32 @@ class Built:
         return [f"{s.target} = {to_code(s.value)}" for s in self.program.forward]
 
 
+KEEP = ("autograd", "all", "lean")
+"""What the saving forward keeps (``symgrad generate --keep``): ``autograd``, every value the backward
+reads, as autograd does (``--no-recompute``); ``all`` (the default), those values, but a ReLU output
+only its pullback reads as a byte mask, a pool's input as its layout, a cheap activation of a value
+kept anyway made again; ``lean``, less still: a batch norm's activation output made again in the
+backward from the batch norm's input and statistics (:mod:`symgrad.rematerialize`)."""
+
+
+def keep_policy(keep: str | None, recompute: bool = True) -> str:
+    """``keep`` (one of :data:`KEEP`; None: ``all``, or ``autograd`` where ``recompute`` is False)."""
+    if keep is None:
+        return "all" if recompute else "autograd"
+    if keep not in KEEP:
+        raise ValueError(f"keep={keep!r}: one of {', '.join(KEEP)}")
+    if not recompute and keep != "autograd":
+        raise ValueError(f"recompute=False is keep='autograd', not keep={keep!r}: pass one of them")
+    return keep
+
+
 def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True,
-           recompute: bool = True, documents: bool = True, tests: bool = True) -> Built:
+           recompute: bool = True, documents: bool = True, tests: bool = True, keep: str | None = None) -> Built:
     flat = flat or "flat" in extras  # as a header records them, so that `check` builds it again the same way
-    recompute = recompute and "no_recompute" not in extras
-    extras = tuple(extra for extra in extras if extra not in ("flat", "no_recompute"))
+    keep = keep_policy(keep, recompute and "no_recompute" not in extras)
+    keep = "lean" if "keep_lean" in extras else keep
+    recompute, lean = keep != "autograd", keep == "lean"
+    extras = tuple(extra for extra in extras if extra not in ("flat", "no_recompute", "keep_lean"))
     unknown = set(extras) - set(EXTRAS)
     if unknown:
         raise ValueError(f"unknown extras {sorted(unknown)}")
@@ -51,16 +72,16 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
     refuse_second_order(spec.checked_functions, wanted)
     # in the headers, so that `check` redoes them: the extras the command line added, --flat, --no-recompute
     recorded = (tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
-                + (() if recompute else ("no_recompute",)))
+                + (() if recompute else ("no_recompute",)) + (("keep_lean",) if lean else ()))
     # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
     # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
     expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
-    return _build_structured(expanded, label, wanted, recorded, fused, recompute, documents, tests)
+    return _build_structured(expanded, label, wanted, recorded, fused, recompute, documents, tests, lean)
 
 
 def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
                       fused: bool = True, recompute: bool = True, documents: bool = True,
-                      tests: bool = True) -> Built:
+                      tests: bool = True, lean: bool = False) -> Built:
     """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
     (``render_blocks``), and the checks on what was rendered. ``fused=False`` (a spec without blocks):
     ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way;
@@ -76,7 +97,7 @@ def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), reco
         derived_top = derive(flat_graph), derive(flat_graph, fused=fused)  # the readable one, and the fused one
         statements = [part for program in derived_top for part in (program.forward, program.backward)]
         check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
-    structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute, tests)
+    structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute, tests, lean)
     rendered = render_files(structured, label, recorded, documents)
     files = rendered.files
     derived = {statement.target.name for part in statements for statement in part} if derived_top else frozenset()
@@ -105,23 +126,25 @@ def _check_compiles(rendered: Rendered) -> None:
 
 
 def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = (),
-          flat: bool = False, recompute: bool = True, documents: bool = True) -> Built:
+          flat: bool = False, recompute: bool = True, documents: bool = True, keep: str | None = None) -> Built:
     """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path);
     ``extras`` adds optional functions (``hvp``) to those the spec asks for; ``flat`` writes a spec's
     blocks out instance by instance instead of one function per block; ``recompute=False`` keeps
     every activation the backward reads, as autograd does, where by default a cheap one is computed
-    again in the backward from the operand it keeps anyway (both recorded in the header);
+    again in the backward from the operand it keeps anyway (both recorded in the header); ``keep``:
+    one of :data:`KEEP` (``recompute=False`` is ``keep="autograd"``; ``lean`` is recorded too);
     ``documents=False`` renders the module and its test file alone, not the derivation's ``.md`` and
     ``.html`` pages (most of the time of a large network's build: for a module imported, not kept)."""
     return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat,
-                  recompute=recompute, documents=documents)
+                  recompute=recompute, documents=documents, keep=keep)
 
 
 def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
-               fused: bool = True, recompute: bool = True, documents: bool = True, tests: bool = True) -> Built:
+               fused: bool = True, recompute: bool = True, documents: bool = True, tests: bool = True,
+               keep: str | None = None) -> Built:
     """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
     ``gradients`` run the readable derivation (a spec without blocks, or with ``flat``; not recorded in
     the header, so for a module kept in memory, as ``symgrad certify``'s); ``recompute`` and
-    ``documents``: see :func:`build`; ``tests=False``: the module alone, for one imported and not kept
+    ``documents``, ``keep``: see :func:`build`; ``tests=False``: the module alone, for one imported and not kept
     (``Built.shapes`` is then empty)."""
-    return _build(parse_spec(text, label), label, extras, flat, fused, recompute, documents, tests)
+    return _build(parse_spec(text, label), label, extras, flat, fused, recompute, documents, tests, keep)

@@ -17,6 +17,7 @@ import sympy
 
 from .algebra import TensorOp, op, tensor
 from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
+from .rematerialize import COMMENT as REBUILT, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
 from .roles import (channels_last_constant, channels_last_test, channels_last_weights, running_statistics,
                     test_facts)
@@ -86,14 +87,19 @@ class Plan:
     per_sample_batched: list[str] = field(default_factory=list)
     channels_last_constant: dict | None = None
     """The size from which the layout moves (:func:`symgrad.roles.channels_last_constant`)."""
+    rebuilt: list[str] = field(default_factory=list)
+    """The values the backward reads that the forward does not keep, made again in the backward
+    (``lean``: :mod:`symgrad.rematerialize`)."""
 
 
 def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int, ...]]],
-         extras: tuple[str, ...] = (), recompute: bool = True) -> Plan:
+         extras: tuple[str, ...] = (), recompute: bool = True, lean: bool = False) -> Plan:
     """The :class:`Plan` for the derivations of one graph; ``small_shapes`` are the test shapes
     (``shapes.small_shapes``), ``extras`` the optional functions wanted (``hvp``, ``per_sample``);
     ``recompute=False`` keeps every value the backward reads, as autograd does: no activation computed
-    again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`)."""
+    again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`); ``lean``
+    (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
+    from the batch norm's input and statistics (:mod:`symgrad.rematerialize`)."""
     graph = program.graph
     gradient_symbols = set(program.gradients.values())
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
@@ -120,8 +126,12 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
     live = live[:split] + _named_entries(live[split:], live)
     if recompute:
         live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller)
+    rebuilt_names: list[str] = []
+    if recompute and lean:
+        again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
+        live = live[:split] + again
     _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
-    backward = _added_in_place(backward)
+    backward = _added_in_place(_overwriting(backward, only=REBUILT))
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
     # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
     # keeps) stays as it is: a cast copy there would be kept beside it
@@ -160,7 +170,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         saving_forward=saving_forward, saved_names=saved_names, saved_as_autocast_casts=narrowed, loss_name=loss_name,
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
-        stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}),
+        stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}), rebuilt=rebuilt_names,
         running_statistics=running_statistics(graph),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
@@ -310,18 +320,22 @@ def _made_and_readers(scheduled: list[Scheduled]) -> tuple[dict, dict[sympy.Symb
     return made, readers
 
 
-def _overwriting(scheduled: list[Scheduled]) -> list[Scheduled]:
+def _overwriting(scheduled: list[Scheduled], only: str | None = None) -> list[Scheduled]:
     """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
     in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand this statement alone
     reads, dies there and was made here by an op whose output is fresh (:func:`_is_fresh`), so nothing
     else holds or reads that buffer, autograd included: an earlier reader's autograd node may have
     saved it (a convolution saves its input), which ``gradients`` differentiated again would read. One
     buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; its backward reads its output,
-    which is what stays."""
+    which is what stays. ``only``: the statements with that comment alone (a backward's values made
+    again, :mod:`symgrad.rematerialize`)."""
     made, readers = _made_and_readers(scheduled)
     result = []
     for item in scheduled:
         value = item.statement.value
+        if only is not None and item.statement.comment != only:
+            result.append(item)
+            continue
         if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
                 and value.operands[0].is_Symbol and value.operands[0].name in item.dead
                 and readers.get(value.operands[0]) == 1 and _is_fresh(made.get(value.operands[0]), made)):
@@ -472,6 +486,7 @@ def _stored(program: Program, backward: list[Statement], owners: dict[str, str])
     for statement in backward:
         split_reads(statement.value, whole, shaped)
     recomputed = {statement.target.name for statement in backward}  # a forward value made again there
+    rebuilt = {statement.target.name for statement in backward if statement.comment == REBUILT}
     values = {symbol.name for symbol in whole} - recomputed
     shapes = {symbol.name for symbol in shaped}
     kept: dict[str, list[str]] = {}
@@ -485,6 +500,9 @@ def _stored(program: Program, backward: list[Statement], owners: dict[str, str])
             stored[node.name] = "output: its gradient is 1 (or grad_loss)"
         elif node.name in values:
             stored[node.name] = "value, read by the backward pass"
+        elif node.name in rebuilt:
+            stored[node.name] = ("nothing (--keep lean): the backward pass makes it again from what it keeps, "
+                                 "bit for bit")
         elif node.name in recomputed:
             stored[node.name] = "nothing: the backward pass computes it again from its input"
         elif node.name in kept or node.name in shapes:

@@ -57,13 +57,13 @@ class Structured:
 
 def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list | None = None,
                      extras: tuple[str, ...] = (), derived_top: tuple[Program, Program] | None = None,
-                     recompute: bool = True, tests: bool = True) -> Structured:
+                     recompute: bool = True, tests: bool = True, lean: bool = False) -> Structured:
     """Each block derived and planned once, then the top level, and what the module and its tests
     read besides: the helpers, the running statistics, the layout, the test data. ``flat_graph``
     (every instance inlined) and its ``shapes`` are built here where not given; a spec without blocks
     may come derived already (``derived_top``: the readable and the fused derivation of its graph);
     ``extras`` (``hvp``, ``per_sample``) are planned for a spec without blocks (``blocks.flatten``
-    inlines them first); ``recompute``: see :func:`symgrad.plan.plan`; ``tests=False``: no test data
+    inlines them first); ``recompute``, ``lean``: see :func:`symgrad.plan.plan`; ``tests=False``: no test data
     (and so no test file: the module alone)."""
     if extras and spec.blocks:
         raise ValueError("extras are derived on a spec without blocks: flatten it first")
@@ -76,7 +76,7 @@ def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list |
     for layer in spec.layers:
         if layer.block:
             instances.setdefault(layer.block, []).append(layer)
-    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient, recompute)
+    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient, recompute, lean)
                for name, layers in instances.items()}
     rules = {name: BlockRule(block) for name, block in derived.items()}
     top, chains = _chained(_top_spec(spec), spec, rules)
@@ -89,7 +89,7 @@ def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list |
                 graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
         program = derive(graph)
         fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=extras, recompute=recompute)
+    planned = plan(program, fast, [], extras=extras, recompute=recompute, lean=lean)
     statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
                   + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
     statements += [getattr(item, "statement", item) for item in (
@@ -226,7 +226,7 @@ def _signature(shapes) -> tuple:
 
 
 def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str],
-                  recompute: bool = True) -> DerivedBlock:
+                  recompute: bool = True, lean: bool = False) -> DerivedBlock:
     """The block derived once for all ``layers`` (its instances), its hypers as :class:`HyperInt`.
 
     What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
@@ -243,7 +243,7 @@ def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: s
     derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
                                flat_graph.spec, wanted, dict(values),
                                {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()},
-                               recompute)
+                               recompute, lean)
                for (values, _), layer in variants.items()]
     signature = next(iter(variants))[1]
     for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
@@ -265,7 +265,7 @@ def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
 
 
 def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict,
-                    dtypes: dict, recompute: bool = True) -> DerivedBlock:
+                    dtypes: dict, recompute: bool = True, lean: bool = False) -> DerivedBlock:
     graph = block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()}, dtypes)
     feeds_output = {"loss"}
     for node in reversed(list(graph.nodes.values())):
@@ -274,7 +274,7 @@ def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str]
     graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
     program = derive(graph)
     fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=(), recompute=recompute)
+    planned = plan(program, fast, [], extras=(), recompute=recompute, lean=lean)
     read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
     backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
     return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)

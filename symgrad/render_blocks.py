@@ -258,6 +258,8 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         momentum_shared=_shared_momentum(structured.running_statistics, sources),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
+        rebuilt=list(dict.fromkeys(planned.rebuilt + [name for block in structured.blocks.values()
+                                                       for name in block.planned.rebuilt])),
         small_inputs=_small_inputs(structured.flat_graph, positional)  # bind's verify: the outputs form alone
         if structured.spec.fingerprint and structured.spec.outputs is not None else "{}",
         **layout,

@@ -24,8 +24,8 @@ import sympy
 
 from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
-from .norm_helpers import (BATCH_NORM_BACKWARD, GROUP_NORM, GROUP_NORM_BACKWARD, INSTANCE_NORM, INSTANCE_NORM_BACKWARD,
-                           LAYER_NORM_BACKWARD)
+from .norm_helpers import (BATCH_NORM_AGAIN, BATCH_NORM_BACKWARD, GROUP_NORM, GROUP_NORM_BACKWARD, INSTANCE_NORM,
+                           INSTANCE_NORM_BACKWARD, LAYER_NORM_BACKWARD)
 
 primitive("mean_keep", code=lambda operands, params, show: (
     f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
@@ -142,6 +142,18 @@ def _instance_norm_code(operands, params, show):
 primitive("native_instance_norm", code=_instance_norm_code, outputs=3, fresh=True, helper=INSTANCE_NORM,
           latex=lambda operands, params, show: rf"\operatorname{{instance\_norm}}\left({operands[0]}\right)")
 primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
+          latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
+
+
+def _again_code(operands, params, show):
+    """``_batch_norm_again(x, weight, bias, mean, invstd)``: the forward's output made again."""
+    named = dict(zip(params["operand_names"], operands))
+    eps = "" if float(params["eps"]) == 1e-05 else f", eps={show(params['eps'])}"
+    return (f"_batch_norm_again({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}, "
+            f"{named['mean']}, {named['invstd']}{eps})")
+
+
+primitive("batch_norm_again", code=_again_code, helper=BATCH_NORM_AGAIN, fresh=True,
           latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
 
 def _batch_norm_backward_code(operands, params, show):

@@ -173,3 +173,26 @@ INSTANCE_NORM_BACKWARD = BATCH_NORM_BACKWARD + "\n\n" + GROUP_NORM_BACKWARD + "\
     return (None if grad_input is None else grad_input.reshape(input.shape), *summed)
 '''
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+
+
+BATCH_NORM_AGAIN = '''def _batch_norm_again(input, weight, bias, mean, invstd, eps=1e-05):
+    """Training-mode batch_norm's output made again, bit for bit, from its input and the batch mean
+    and 1 / std its forward returned (``--keep lean``). On a CPU the kernel computes ``input * alpha
+    + beta`` with alpha = invstd * weight and beta = bias - mean * alpha, each a fused multiply-add,
+    as ``torch.addcmul`` does (float32 or float64 statistics; a bfloat16 or float16 input rounded
+    from float32). Elsewhere, and where a graph is recorded (a derivative of the gradient also reads
+    the statistics' dependence on ``input``), the forward's own kernel on the same input again."""
+    graph = torch.is_grad_enabled() and any(
+        value is not None and value.requires_grad for value in (input, weight, bias))
+    if (graph or input.device.type != "cpu" or torch.compiler.is_compiling() or weight is None
+            or bias is None or mean.dtype not in (torch.float32, torch.float64)
+            or weight.dtype != mean.dtype or bias.dtype != mean.dtype):
+        return torch.native_batch_norm(input, weight, bias, None, None, True, 0.0, eps)[0]
+    channels = (1, -1) + (1,) * (input.dim() - 2)
+    alpha = invstd * weight
+    beta = torch.addcmul(bias, mean, alpha, value=-1)
+    return torch.addcmul(beta.view(channels), input, alpha.view(channels)).to(input.dtype)
+'''
+"""Emitted into a module whose backward makes a batch norm's output again (``symgrad.rematerialize``).
+tests/test_rematerialization.py checks it bitwise against ``torch.native_batch_norm`` (float32 and
+float64, contiguous and channels_last, a bfloat16 input)."""

@@ -1,0 +1,133 @@
+"""What ``symgrad generate --keep lean`` makes again in the backward instead of keeping it.
+
+Between the schedule and the deletions of :func:`symgrad.plan.plan`: a value the backward reads
+(a convolution's or linear map's input, for its weight gradient; a ReLU's output, for its own
+pullback) that the forward made from what the saving forward keeps anyway by cheap elementwise steps
+is not kept: the backward makes it again right before the first line that reads it, and frees it
+at its last read. The steps, each bit for bit the forward's value:
+
+- a training-mode batch norm's output, from its input and the batch mean and 1 / std its backward
+  reads anyway (``_batch_norm_again``: the CPU kernel's own ``input * alpha + beta``, each a fused
+  multiply-add, or the forward's kernel again; tests/test_rematerialization.py checks it bitwise);
+- an activation (``Primitive.recomputable``: ReLU, SiLU, GELU, hardswish, ...) of such a value: the
+  same kernel on the same input;
+- the sum of two such values, or of one and a kept value (a residual block's ``bn2 + identity``):
+  one rounding, whichever term comes first.
+
+A value is made again only from values that stay anyway (the forward's inputs and parameters, what
+the backward reads for other reasons), never from another value made again (no chains: in a stage
+of residual blocks every other block's output stays, and the next one is made from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from .algebra import TensorOp, op
+from .kept import VIEWS
+from .reverse import Statement
+
+COMMENT = "made again (--keep lean): not kept by the forward"
+
+
+def rebuilt(forward: list[Statement], backward: list[Statement],
+            kept_by_caller: set) -> tuple[list[Statement], list[str]]:
+    """``backward`` with each value it reads from ``forward`` that can be made again from what stays
+    anyway made right before its first read (``kept_by_caller``: the loss's inputs and outputs,
+    which stay whole); also the names of the values no longer kept."""
+    made = {statement.target: statement for statement in forward}
+    entries = _entries(forward)
+    read = set().union(*(statement.value.free_symbols for statement in backward))
+    kept = {symbol for symbol in read - {statement.target for statement in backward} if symbol in made}
+    viewed = _viewed(forward, kept)
+    recipes: dict[sympy.Symbol, list[Statement]] = {}
+    for statement in forward:  # in forward order: a value made again never feeds another one
+        target = statement.target
+        if target not in kept or target in kept_by_caller or target in viewed:
+            continue
+        recipe = _recipe(target, made, entries, kept - {target}, set(recipes))
+        if recipe:
+            recipes[target] = recipe
+            kept.discard(target)
+    names = [symbol.name for symbol in recipes]
+    result = []
+    for statement in backward:
+        for symbol in sorted(statement.value.free_symbols & recipes.keys(), key=str):
+            result.extend(recipes.pop(symbol))
+        result.append(statement)
+    return result, names
+
+
+def _viewed(forward: list[Statement], kept: set) -> set:
+    """The forward values a view of which (or a view of a view) stays: making one again frees nothing."""
+    views = {}
+    for statement in forward:
+        value = statement.value
+        if isinstance(value, TensorOp) and value.primitive.name in VIEWS and value.operands[0].is_Symbol:
+            views.setdefault(value.operands[0], set()).add(statement.target)
+    viewed: set = set()
+    for statement in reversed(forward):
+        if views.get(statement.target, set()) & (kept | viewed):
+            viewed.add(statement.target)
+    return viewed
+
+
+def _entries(forward: list[Statement]) -> dict:
+    """{(tuple symbol, index): the symbol naming that entry} for each ``t = fused[i]``."""
+    entries = {}
+    for statement in forward:
+        value = statement.value
+        if isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0].is_Symbol:
+            entries[(value.operands[0], value.params["index"])] = statement.target
+    return entries
+
+
+def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[Statement] | None:
+    """The statements that make ``symbol`` again from ``kept`` values and inputs, in order; None where
+    some step is not a cheap exact one or reads a value neither kept nor cheaply made (``rebuilt``:
+    the values made again already, which no other is made from)."""
+    if symbol not in made or symbol in kept:
+        return []  # an input or a parameter, which the caller passes again, or a value that stays
+    if symbol in rebuilt:
+        return None
+    statement = made[symbol]
+    value = statement.value
+    if isinstance(value, sympy.Add):
+        terms = value.args
+        if len(terms) != 2 or not all(term.is_Symbol for term in terms):
+            return None  # a sum of three rounds in the order the forward added: not made again
+        steps = [_recipe(term, made, entries, kept, rebuilt) for term in terms]
+    elif isinstance(value, TensorOp) and value.primitive.recomputable and len(value.operands) == 1:
+        if not value.operands[0].is_Symbol:
+            return None
+        steps = [_recipe(value.operands[0], made, entries, kept, rebuilt)]
+    elif isinstance(value, TensorOp) and value.primitive.name == "item" and value.params["index"] == 0:
+        again = _batch_norm_again(value.operands[0], made, entries, kept)
+        if again is None:
+            return None
+        statement = dataclasses.replace(statement, value=again)
+        steps = [_recipe(operand, made, entries, kept, rebuilt) for operand in again.operands]
+    else:
+        return None
+    if any(step is None for step in steps):
+        return None
+    return [part for step in steps for part in step] + [dataclasses.replace(statement, comment=COMMENT)]
+
+
+def _batch_norm_again(native, made: dict, entries: dict, kept: set):
+    """``batch_norm_again(input, weight, bias, mean, invstd)`` for ``native[0]``, where ``native`` is a
+    training-mode ``native_batch_norm`` call whose batch mean and 1 / std stay anyway; else None."""
+    call = made[native].value if native in made else None
+    if not (isinstance(call, TensorOp) and call.primitive.name == "native_batch_norm"):
+        return None
+    mean, invstd = entries.get((native, 1)), entries.get((native, 2))
+    if mean not in kept or invstd not in kept:
+        return None
+    named = dict(zip(call.params["operand_names"], call.operands))
+    names = tuple(name for name in ("input", "weight", "bias") if name in named) + ("mean", "invstd")
+    operands = [named[name] for name in names if name in named] + [mean, invstd]
+    if not all(operand.is_Symbol for operand in operands):
+        return None
+    return op("batch_norm_again", *operands, operand_names=names, eps=call.params["eps"])

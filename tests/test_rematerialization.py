@@ -1,0 +1,160 @@
+"""``symgrad generate --keep lean`` (issue 65): a batch norm's activation output that a convolution's
+weight gradient reads is not kept by the forward but made again in the backward from the batch
+norm's input and statistics, bit for bit the forward's value, so the gradients are unchanged."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symgrad
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.rules.norm_helpers import BATCH_NORM_AGAIN
+from symgrad.trace import trace
+
+
+class Chain(nn.Module):
+    """conv -> BN -> ReLU -> conv -> BN -> SiLU -> conv: each BN's activation is the next conv's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(2, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3)
+        self.conv2, self.bn2 = nn.Conv2d(3, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3)
+        self.conv3 = nn.Conv2d(3, 2, 1)
+
+    def forward(self, x):
+        return self.conv3(F.silu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))))
+
+
+class Residual(nn.Module):
+    """A stem, a block with a downsampling shortcut (ReLU of a sum of two BNs) and one with an identity
+    shortcut (ReLU of a BN plus the block's input), a pool and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(2, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3)
+        self.a1, self.abn1 = nn.Conv2d(3, 4, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.a2, self.abn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.down, self.dbn = nn.Conv2d(3, 4, 1, stride=2, bias=False), nn.BatchNorm2d(4)
+        self.b1, self.bbn1 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.b2, self.bbn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.bn0(self.stem(x)))
+        a = torch.relu(self.abn2(self.a2(torch.relu(self.abn1(self.a1(x))))) + self.dbn(self.down(x)))
+        b = torch.relu(self.bbn2(self.b2(torch.relu(self.bbn1(self.b1(a))))) + a)
+        return self.fc(b.mean(dim=(2, 3)))
+
+
+MODELS = {"chain": Chain, "resblock": Residual}
+_MODULES: dict = {}
+
+
+def generated(name: str, keep: str):
+    """The module ``keep`` generates for MODELS[name], traced in train mode at 2 x 6 x 6."""
+    if (name, keep) not in _MODULES:
+        torch.manual_seed(0)
+        text = trace(MODELS[name]().train(), {"x": (2, 2, 6, 6)}, wrt="parameters", name=name, mode="train")
+        source = build_text(text, f"{name}.yaml", documents=False, tests=False, keep=keep).rendered.files[f"{name}.py"]
+        _MODULES[name, keep] = module_from_source(source, name)
+    return _MODULES[name, keep]
+
+
+def _params(model):
+    """The model's floating state, keyed as ``state_dict()`` (copies: a forward moves the running
+    statistics in place)."""
+    return {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
+
+
+def _saved_bytes(saved) -> int:
+    """The bytes of the distinct storages in what ``_forward_saving`` returns for the backward."""
+    storages = {}
+    for value in saved:
+        if isinstance(value, torch.Tensor):
+            storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+        elif isinstance(value, (list, tuple)):
+            storages[id(value)] = _saved_bytes(value)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_batch_norm_made_again_is_the_kernels_output_bit_for_bit(dtype, channels_last):
+    namespace = {"torch": torch}
+    exec(BATCH_NORM_AGAIN, namespace)
+    again = namespace["_batch_norm_again"]
+    torch.manual_seed(0)
+    for shape in [(2, 3, 5, 5), (4, 16, 7, 7), (3, 8, 1, 1), (2, 5, 3, 7), (5, 9), (2, 3, 2, 3, 4)]:
+        if channels_last and len(shape) != 4:
+            continue
+        for scale in (1.0, 1e3, 1e-3):
+            x = (torch.randn(shape, dtype=dtype) * 3 + 1) * scale
+            x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+            weight, bias = torch.randn(shape[1], dtype=dtype), torch.randn(shape[1], dtype=dtype)
+            out, mean, invstd = torch.native_batch_norm(x, weight, bias, torch.zeros(shape[1], dtype=dtype),
+                                                        torch.ones(shape[1], dtype=dtype), True, 0.1, 1e-5)
+            assert torch.equal(again(x, weight, bias, mean, invstd), out), (shape, scale)
+            recorded = again(x.requires_grad_(), weight, bias, mean, invstd)  # the forward's kernel again
+            assert recorded.grad_fn is not None and torch.equal(recorded, out)
+            x = x.detach()
+            half = x.to(torch.bfloat16)  # autocast's: a bfloat16 input, float32 parameters
+            weight, bias = weight.float(), bias.float()
+            out, mean, invstd = torch.native_batch_norm(half, weight, bias, None, None, True, 0.1, 1e-5)
+            assert torch.equal(again(half, weight, bias, mean, invstd), out), (shape, scale)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_lean_gradients_equal_autograds_in_float64(name):
+    lean = generated(name, "lean")
+    assert "_batch_norm_again" in vars(lean)  # it makes a batch norm's output again
+    torch.manual_seed(1)
+    model = MODELS[name]().train().double()
+    params = _params(model)
+    x = torch.randn(3, 2, 8, 8, dtype=torch.float64)  # another batch and size than traced
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
+    got = lean.gradients(x, params, (grad,)).params
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_lean_float32_gradients_are_keep_alls_bit_for_bit_from_fewer_bytes(name, channels_last):
+    lean, full = generated(name, "lean"), generated(name, "all")
+    torch.manual_seed(2)
+    model = MODELS[name]().train()
+    x = torch.randn(4, 2, 10, 10)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    grad = torch.randn_like(full.forward(x, _params(model))[0])
+    got, expected = (module.gradients(x, _params(model), (grad,)).params for module in (lean, full))
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
+    kept, kept_all = (_saved_bytes(module._forward_saving(x, _params(model))[1:]) for module in (lean, full))
+    # chain: both ReLU/SiLU outputs (the SiLU's input, its BN's output, kept for SiLU's pullback);
+    # residual: the stem's, each block's inner ReLU and the first block's output
+    assert kept <= kept_all * (0.6 if name == "chain" else 0.8), (kept, kept_all)
+
+
+def test_the_bound_lean_model_trains_as_autograd():
+    module = generated("resblock", "lean")
+    torch.manual_seed(3)
+    model = Residual().train().double()
+    twin = copy.deepcopy(model)
+    bound = symgrad.bind(module, twin)
+    optimizers = [torch.optim.SGD(each.parameters(), lr=0.1, momentum=0.9) for each in (model, twin)]
+    for _ in range(3):
+        x, target = torch.randn(4, 2, 8, 8, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+        for forward, optimizer in zip((model, bound), optimizers):
+            optimizer.zero_grad()
+            F.mse_loss(forward(x), target).backward()
+            optimizer.step()
+    for (key, value), other in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert (value - other).abs().max() <= 1e-12, key
