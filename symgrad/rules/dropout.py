@@ -11,7 +11,10 @@ shape, ``bernoulli_(keep)`` (``keep = 1 - p``), ``div_(keep)``, then ``input * m
 * torchvision's ``stochastic_depth(mode="batch")``: one for the whole batch (``noise: batch``).
 
 The generated forward writes the same calls in the module's order, so from the same
-``torch.manual_seed`` it draws the same masks as the model. The mask is kept for the backward: the
+``torch.manual_seed`` it draws the same masks as the model; an element mask is drawn in the default
+(contiguous) layout, as the model's is, also where the generated code runs its convolutions in
+channels_last. A mask the model draws once and uses twice, or uses after another draw, is a node of its
+own (``full`` ones, then this op with ``noise: element``), made where the model draws it. The mask is kept for the backward: the
 input's gradient is ``grad * mask`` (summed to the input's shape by broadcasting rules: the mask
 broadcasts, the input does not). On CUDA, ``F.dropout`` runs a fused kernel that draws otherwise:
 there the masks differ from the model's (each is still a valid dropout mask).
@@ -45,7 +48,9 @@ def _mask_shape(input_name: str, rank: int, noise: str) -> str:
 def _noise_code(operands, params, show):
     keep = 1 - params["p"]  # as PyTorch computes it: 1 - p in double precision
     source = operands[0]
-    blank = (f"torch.empty_like({source})" if params["noise"] == "element"
+    # in the default layout, as the model draws it: where the generated code runs the convolutions in
+    # channels_last the input is laid out so, and a mask filled in its memory order would be another
+    blank = (f"torch.empty_like({source}, memory_format=torch.contiguous_format)" if params["noise"] == "element"
              else f"{source}.new_empty({_mask_shape(source, params['rank'], params['noise'])})")
     return f"{blank}.bernoulli_({keep!r})" + (f".div_({keep!r})" if params["scale"] and keep > 0 else "")
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import random_masks
+
 if TYPE_CHECKING:
     from .layers import SpecBuilder
     from .recorder import Call
@@ -38,6 +40,7 @@ def attention(builder: "SpecBuilder", op: str, bound: dict, call: "Call") -> Non
     if bound.get("scale") is not None:
         bound["scale"] = float(bound["scale"])
     if dropout_p:
+        random_masks.drawn(builder)
         return _with_dropout(builder, bound, dropout_p, call)
     builder.layer(op, bound, call)
 
