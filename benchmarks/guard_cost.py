@@ -3,8 +3,8 @@
 ResNet-18 (``examples/train_resnet.py``, width 64 or ``--width``, 10 classes) traced without a loss (the bound model's
 outputs form), its module generated and bound; then, on the CPU in float32, the median of a training
 step (zero_grad, ``fast(x)``, cross-entropy, backward, SGD step) and of the checks each call makes before
-its forward (``Guard._check_model_and_mode``: submodules, hyper-parameters, modes, hooks; and the call
-arguments, ``symgrad.guards.ArgumentGuard``), timed right after a step, as a training loop calls them,
+its forward (``Guard._check_model_and_mode``: submodules, hyper-parameters, modes, hooks; the call
+arguments, ``symgrad.guards.ArgumentGuard``; the module constants read, ``symgrad.value_guard``), timed right after a step, as a training loop calls them,
 and in a loop of their own. Prints one line per figure.
 """
 
@@ -55,6 +55,7 @@ def main() -> None:
     def guards() -> None:
         mode._check_model_and_mode()
         mode.arguments.problem(arguments)
+        mode.values.problem()
 
     steps, after = [], []
     for _ in range(options.steps + 2):
@@ -76,7 +77,8 @@ def main() -> None:
     argument_guard = (time.perf_counter() - started) / 1000
     step, guard = statistics.median(steps[2:]), statistics.median(after[2:])
     print(f"trace of ResNet-18 (width {options.width}) at 2 x 3 x 32²: {traced:.1f} s; guards: {len(mode.generated.GUARDS['code'])} "
-          f"functions, {len(mode._hypers)} hyper-parameters, {len(mode._children)} submodules")
+          f"functions, {len(mode._hypers)} hyper-parameters, {len(mode._children)} submodules, "
+          f"{len(mode.values._places)} module constants")
     print(f"training step at {options.batch} x 3 x {options.size}²: {step * 1e3:.1f} ms (median of {options.steps})")
     print(f"per-call guards right after a step: {guard * 1e6:.0f} us = {100 * guard / step:.2f} % of the step")
     print(f"per-call guards in a loop of their own: {looped * 1e6:.0f} us = {100 * looped / step:.2f} % of the step")

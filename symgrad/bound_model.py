@@ -2,7 +2,8 @@
 
 For a module generated from a spec that ends in outputs (``symgrad trace model.py:Net --input ...``
 without ``--loss``), ``bind`` returns a :class:`BoundModel`: an ``nn.Module`` called as the model is
-called, returning what ``model.forward`` returns (a tensor, a tuple or a dict), computed by the
+called, returning what ``model.forward`` returns (a tensor, a tuple, a list, a dict, a namedtuple or a
+``ModelOutput``-like dict subclass: :mod:`symgrad.output_types`), computed by the
 generated forward. Its backward is one ``autograd.Function`` (``outputs_with_explicit_backward``)
 whose backward runs the generated explicit backward from the outputs' cotangents and fills the
 model's ``.grad``. Everything after the outputs is the user's, in plain autograd::
@@ -43,10 +44,20 @@ from types import ModuleType
 
 import torch
 
-from .binding import CHECKPOINT_STOP, BindError, Bound, Guard, name_of, generated_reference, load_generated
+from .binding import (
+    CHECKPOINT_STOP,
+    BindError,
+    Bound,
+    Guard,
+    generated_reference,
+    load_generated,
+    name_of,
+)
 from .fingerprint import forward_hooks
 from .guards import ArgumentGuard
+from .output_types import rebuilder
 from .retrace import retrace
+from .value_guard import ValueGuard
 
 
 class _Mode(Guard):
@@ -66,6 +77,10 @@ class _Mode(Guard):
         self.training = self._traced_training if self._traced_training is not None or len(traced) != 1 else traced.pop()
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
         self.watches_modes = self._snapshot.watches_modes
+        self.container = rebuilder((getattr(generated, "GUARDS", None) or {}).get("output"), model, name_of(generated))
+        """The model's own container of the outputs (a list, a namedtuple, a ModelOutput), or None."""
+        self.values = ValueGuard(getattr(generated, "GUARDS", None), model)
+        """The module constants and closure variables the forward read, checked at each call."""
 
     def serves(self) -> bool:
         """Whether the model is in the modes this module was traced in: each submodule that reads its mode
@@ -83,6 +98,8 @@ class _Mode(Guard):
             raise
         self._moved(arguments, previous)  # as nn.BatchNorm's forward moves its buffers, once the forward ran
         kind, keys = self.generated.OUTPUTS_KIND, self.generated.OUTPUTS
+        if self.container is not None and kind != "tensor":
+            return self.container(kind, outputs, keys)
         if kind == "tensor":
             return outputs[0]
         if kind == "dict":
@@ -171,6 +188,10 @@ class BoundModel(torch.nn.Module):
             text, change = problem
             again = f", or trace and generate it so: {retrace(mode.generated, self.model, change=change)}" if change else ""
             raise BindError(f"{name_of(mode.generated)}: {text}{again})")
+        changed = mode.values.problem()
+        if changed:  # a module constant set between calls: the generated code computes with the traced one
+            raise BindError(f"{name_of(mode.generated)}: {changed}, or trace and generate the model again: "
+                            f"{retrace(mode.generated, self.model)})")
         return mode({name: arguments[name] for name in mode.data_arguments})
 
     def check_unchanged(self) -> None:

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from .output_types import output_entry
+
 MAX_TEXT = 200
 PATH = re.compile(r"[A-Za-z0-9_.<>:#/@-]{1,300}\Z")
 HASH = re.compile(r"[0-9a-f]{16}\Z")
@@ -61,6 +63,11 @@ def _is_library_object(value) -> bool:
     module = _module_name(value) if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
     return (module if isinstance(module, str) else "").split(".")[0] in (
         "torch", "builtins", "functools", "math", "operator", "typing", "collections")
+
+
+def _from_library(cls: type) -> bool:
+    file = vars(sys.modules[cls.__module__]).get("__file__") if cls.__module__ in sys.modules else None
+    return isinstance(file, str) and os.path.realpath(file).startswith(LIBRARY_DIRS)
 
 
 def _module_name(module: types.ModuleType) -> str:
@@ -127,6 +134,8 @@ def value_text(value: Any, depth: int = 0) -> str | None:
         return f"{value.__qualname__}#{code_hash(value.__code__)}" + (f"({bound})" if bound else "")
     if isinstance(value, types.ModuleType):  # by its vars: torch.classes makes a namespace of any name read
         return f".{_module_name(value)}"
+    if inspect.isclass(value) and not _is_library_object(value) and not _from_library(value):
+        return f".{value.__qualname__}"  # the user's: `symgrad trace net.py:Net` imports net.py under a name of its own
     if inspect.isbuiltin(value) or inspect.isclass(value):
         return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', value.__name__)}"
     if not _is_library_object(type(value)) and hasattr(value, "__dict__"):
@@ -190,13 +199,16 @@ class CallRecorder:
     chained with a profiler already set; it keeps its own working when another one sets and restores it)."""
 
     def __enter__(self) -> set[types.CodeType]:
-        self.codes: set = set()
+        self.codes: set = _Called()
+        self.codes.returned = {}
         self._previous = sys.getprofile()
-        codes, previous = self.codes, self._previous
+        codes, previous, returned = self.codes, self._previous, self.codes.returned
 
         def profile(frame, event, argument):
             if event == "call" or event == "return":
                 codes.add(frame.f_code)
+            if event == "return":  # the forward's own: the container a bound model returns (output_types.py)
+                returned[frame.f_code] = type(argument)
             if callable(previous):  # a profiler written in Python; cProfile's is C, and is paused meanwhile
                 previous(frame, event, argument)
 
@@ -205,6 +217,11 @@ class CallRecorder:
 
     def __exit__(self, *exc) -> None:
         set_profile_back(self._previous)
+
+
+class _Called(set):
+    """The code objects called; ``returned``: the type each one last returned."""
+    returned: dict[types.CodeType, type]
 
 
 def set_profile_back(previous) -> None:
@@ -407,14 +424,16 @@ def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, ar
     import yaml
 
     codes, values = code_guards(module, called)
-    guards = {"code": codes, "values": values, "arguments": arguments_of(function, shapes, arguments)}
+    guards = {"code": codes, "values": values, "arguments": arguments_of(function, shapes, arguments),
+              "output": output_entry(getattr(called, "returned", {}).get(getattr(function, "__code__", None)), module)}
 
     def line(value) -> str:  # one value in flow style (a bare scalar would end its document with "...")
         return yaml.safe_dump([value], default_flow_style=True, width=10_000, sort_keys=False).strip()[1:-1]
 
     return "guards:\n" + "".join(f"  {key}:\n" + "".join(f"    {json.dumps(name)}: {line(item)}\n"
                                                          for name, item in entries.items())
-                                 if entries else f"  {key}: {{}}\n" for key, entries in guards.items())
+                                 if entries else f"  {key}: {{}}\n" for key, entries in guards.items()
+                                 if entries or key != "output")
 
 
 def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
@@ -448,10 +467,10 @@ def parse_guards(value: Any, location) -> dict:
         return SpecError(f"guards {what}", location, "trace the model again (symgrad trace ...); the guards are "
                          "written by the trace")
 
-    if not isinstance(value, dict) or set(value) - {"code", "values", "arguments"}:
-        raise refuse("must be a mapping of code, values and arguments")
+    if not isinstance(value, dict) or set(value) - {"code", "values", "arguments", "output"}:
+        raise refuse("must be a mapping of code, values and arguments (and output)")
     result = {}
-    for key in ("code", "values", "arguments"):
+    for key in ("code", "values", "arguments", "output"):
         entries = value.get(key) or {}
         if not isinstance(entries, dict):
             raise refuse(f"{key} must be a mapping")
@@ -467,7 +486,6 @@ def parse_guards(value: Any, location) -> dict:
 
 
 # --- at each call of a bound model -------------------------------------------------------------------------
-
 
 
 def kept(value: Any) -> Any:
