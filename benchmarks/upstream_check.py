@@ -141,7 +141,7 @@ MODELS: dict[str, Model] = {
     "coatnet_nano_rw_224": _timm_vit("coatnet_nano_rw_224", size=64, img_size=64),
     "maxvit_nano_rw_256": _timm_vit("maxvit_nano_rw_256", size=64, img_size=64),
     "efficientformerv2_s0": _timm_vit("efficientformerv2_s0", size=64, img_size=64),
-    "mobilevit_xxs": _timm_vit("mobilevit_xxs", size=32, other=(48, 32)),
+    "mobilevit_xxs": _timm_vit("mobilevit_xxs", size=64, other=(128, 64)),  # its branches as traced (below)
     "levit_128s": _timm_vit("levit_128s", size=32, img_size=32),
     "repvit_m1": _timm_vit("repvit_m1", size=32, other=(48, 32)),
     "botnet26t_256": _timm_vit("botnet26t_256", size=64, img_size=64),

@@ -52,6 +52,7 @@ from .layers import SpecBuilder
 from .losses import LOSS_NAMES, LossChoice, ends_in_outputs, live_layers, loss_of, outputs_of, target_input
 from .recorder import VALUE_READS, Recorder, is_users, user_line, user_line_of_traceback
 from .rerun import other_sizes, shapes_text, size_dependence
+from .size_checks import drop_fixed
 from .sizes import einops_uncached
 
 
@@ -246,6 +247,7 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
         function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True,
         dtype=torch.float64))
     merge_checks(spec, again)
+    calls[:] = [calls[index] for index in drop_fixed(spec, again[-1] if again else None)]
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:

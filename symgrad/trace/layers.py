@@ -28,6 +28,7 @@ from ..rules import LAYER_RULES
 from ..spec_values import check_identifier
 from . import attention, loss_tail, random_masks, views
 from .casts import integer_identity
+from .size_checks import write_checks
 from .constants import constant_layer
 from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_number, literal, numbered,
                        plain_name, storage_of)
@@ -161,6 +162,8 @@ class SpecBuilder:
     def add(self, call: Call) -> None:
         self.sizes_read += call.sizes_read
         self.walked += 1
+        if call.compared:  # the branches taken on sizes since the call before: checked at run time
+            write_checks(self, call)
         target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
         writes = target is not None and not call.constant and (  # x.add_(y), x[i] = y, x += y; not x[i] (__getitem__)
             (call.name.endswith("_") and not call.name.endswith("__")) or call.name == "__setitem__"

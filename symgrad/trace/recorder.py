@@ -176,6 +176,9 @@ class Call:
     undifferentiated: str | Applied = ""
     """Why autograd does not differentiate the call: :data:`NO_GRAD` (the traced code's ``torch.no_grad()``),
     or the custom ``autograd.Function``'s apply whose forward ran it; "" where it does."""
+    compared: tuple = ()
+    """The sizes the user's code compared since the call before (``sizes.COMPARED``), as ``(relation, left,
+    right, outcome, where)``: the branches taken on the input's size, which the walk writes as checks."""
 
 
 @dataclass
@@ -230,6 +233,7 @@ class Recorder(TorchFunctionMode):
         self._size_index: dict[int, int] = {}
 
     def __enter__(self):
+        self.compared = sizes.COMPARED = []
         self._hooks = [module_hooks.register_module_forward_pre_hook(self._entered),
                        module_hooks.register_module_forward_hook(self._left, always_call=True)]
         return super().__enter__()
@@ -241,6 +245,7 @@ class Recorder(TorchFunctionMode):
         self.running.pop()
 
     def __exit__(self, *exception):
+        sizes.COMPARED = None
         for hook in self._hooks:
             hook.remove()
         self.running.clear()
@@ -304,8 +309,10 @@ class Recorder(TorchFunctionMode):
         else:
             self.exact.pop(id(result), None)
         self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
-                               tuple(self._sizes_read), constant_result, fill, undifferentiated))
+                               tuple(self._sizes_read), constant_result, fill, undifferentiated,
+                               tuple((*entry[:4], user_line(entry[4])) for entry in self.compared if _by_user(entry[4]))))
         self._sizes_read.clear()
+        self.compared.clear()
         return result
 
     def _exact_fill(self, function, name: str, arguments: tuple, keywords: dict, result: torch.Tensor,

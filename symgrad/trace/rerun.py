@@ -23,17 +23,20 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
             continue
         described = shapes_text(changed)
         problems = []
-        ops, other_ops = [layer["op"] for layer in spec["layers"]], [layer["op"] for layer in other["layers"]]
+        # the checks of branches on sizes aside: `A or B` compares B only where A is false (trace.size_checks)
+        ours = [(layer, call) for layer, call in zip(spec["layers"], calls) if layer["op"] != "size_check"]
+        theirs = [layer for layer in other["layers"] if layer["op"] != "size_check"]
+        ops, other_ops = [layer["op"] for layer, _ in ours], [layer["op"] for layer in theirs]
         if ops != other_ops:
             first = next((index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
                          min(len(ops), len(other_ops)))
-            where = calls[min(first, len(calls) - 1)].where if calls else "<traced code>"
+            where = ours[min(first, len(ours) - 1)][1].where if ours else "<traced code>"
             return [f"{where}: error: the code runs different ops from here on at {described} than at the given "
                     "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
                     "input's size)"]
-        for layer, again, call in zip(spec["layers"], other["layers"], calls):
+        for (layer, call), again in zip(ours, theirs):
             for key, value in layer.items():
-                if key in ("in", "out", "op") or again.get(key) == value:
+                if key in ("in", "out", "op") or key.startswith("_") or again.get(key) == value:
                     continue
                 fixed = _fixed_sizes(value, again.get(key), call) if key in ("shape", "size") else None
                 if fixed is not None:  # a size that only happened to equal one the code read: the number

@@ -69,6 +69,33 @@ def _floor_div(a, b):
     return sympy.floor(a / b)
 
 
+COMPARED: list | None = None
+"""While the recorder runs: each comparison of a size computed from tensor sizes with another size, as
+``(relation, left, right, outcome, frame)`` (``new_h != H`` in timm's MobileViT block, which decides whether
+it interpolates): the recorder keeps the user's own and the walk writes each as a ``size_check`` layer."""
+
+
+def _compare(name: str, relation: str):
+    def method(self, other):
+        result = getattr(int if isinstance(self, int) else float, name)(self, other)
+        theirs = _expr(other)
+        if COMPARED is not None and isinstance(result, bool) and theirs is not None and (
+                self.expr.free_symbols or theirs.free_symbols):
+            COMPARED.append((relation, self.expr, theirs, result, sys._getframe(1)))
+        return result
+
+    return method
+
+
+def _comparisons(cls):
+    """``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` of a traced size, recorded (:data:`COMPARED`)."""
+    for name, relation in (("__eq__", "eq"), ("__ne__", "ne"), ("__lt__", "lt"), ("__le__", "le"),
+                           ("__gt__", "gt"), ("__ge__", "ge")):
+        setattr(cls, name, _compare(name, relation))
+    return cls
+
+
+@_comparisons
 class TracedSize(int):
     """An int computed from tensor sizes, with ``expr``, the sympy expression of :class:`Dim` it equals."""
 
@@ -102,6 +129,7 @@ class TracedSize(int):
         return int.__repr__(self)
 
 
+@_comparisons
 class TracedFloat(float):
     """A size divided by a number (``W / 2``): ``math.ceil`` and ``math.floor`` of it are sizes again."""
 

@@ -108,3 +108,55 @@ def test_a_branch_on_an_int64_padding_mask_is_refused_naming_the_float_mask_that
     padded = torch.tensor([[0.0, 0.0, -1e4], [0.0, 0.0, 0.0], [0.0, -1e4, -1e4]], dtype=torch.float64)
     _bound_step_matches(PaddedAttention(), {"x": (2, 3, 4), "attention_mask": (2, 1, 1, 3)}, {"x": (3, 3, 4)},
                         data={"attention_mask": padded[:, None, None, :]})
+
+
+class PatchedMap(nn.Module):
+    """timm's MobileViT block (mobilevit.py:248-256): the map interpolated up to a multiple of the patch size only
+    where ``math.ceil(H / p) * p != H``, unfolded into patches by reshapes, a linear across each patch's entries,
+    folded back, and interpolated back where it was."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+        self.mix = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.conv(x)
+        B, C, H, W = x.shape
+        new_h, new_w = math.ceil(H / 2) * 2, math.ceil(W / 2) * 2
+        interpolate = new_h != H or new_w != W
+        if interpolate:
+            x = F.interpolate(x, size=(new_h, new_w), mode="bilinear", align_corners=False)
+        nh, nw = new_h // 2, new_w // 2
+        x = x.reshape(B * C * nh, 2, nw, 2).transpose(1, 2).reshape(B, C, nh * nw, 4)
+        x = self.mix(x)
+        x = x.reshape(B * C * nh, nw, 2, 2).transpose(1, 2).reshape(B, C, nh * 2, nw * 2)
+        if interpolate:
+            x = F.interpolate(x, size=(H, W), mode="bilinear", align_corners=False)
+        return x
+
+
+def test_a_branch_on_the_input_size_is_checked_where_the_step_runs():
+    """Traced at an even height the spec holds no interpolation; called at an odd one it computed the other
+    branch's reshapes and failed inside them ('shape [...] is invalid'), or, where those fit, would compute
+    something else. The comparison is a size_check layer: equal at other even sizes, and at an odd height the
+    step stops naming the model's line and the comparison."""
+    import re
+
+    import pytest
+
+    import symgrad
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+    from symgrad.trace import LossChoice, trace
+
+    text = _bound_step_matches(PatchedMap(), {"x": (2, 2, 4, 6)}, {"x": (3, 2, 6, 8)})
+    assert text.count("op: size_check") == 2 and "holds: false" in text
+    model = PatchedMap().double()
+    spec = trace(model, {"x": (2, 2, 4, 6)}, wrt="parameters", name="step", loss=LossChoice("mse_loss", "target"))
+    step = symgrad.bind(module_from_source(build_text(spec, "step.yaml", documents=False).rendered.files["step.py"],
+                                           "step"), model)
+    x = torch.randn(3, 2, 5, 8, dtype=torch.float64)
+    with pytest.raises(Exception, match=re.escape("test_library_facts_2.py:") + r"\d+: the traced code branches on "
+                                        r"2\*ceil\(shape\[2\]/2\) != shape\[2\] of conv \(False when traced\)"):
+        step(x=x, target=torch.randn_like(x))

@@ -1,0 +1,135 @@
+"""The branches the traced code takes on the input's size, written as ``size_check`` layers.
+
+``math.ceil(H / patch_h) * patch_h != H`` (timm's MobileViT block, mobilevit.py:248) compares sizes the code
+read; ``sizes.py`` records each such comparison and the recorder hands it to the next call. Here each becomes a
+``size_check`` layer on the node whose sizes it reads, which every later read of that node goes through: the
+generated code checks the comparison at run time and stops where it comes out otherwise than when traced (the
+spec holds one branch). A comparison that holds at every size (``H >= 1``) needs no check; one of sizes that
+do not follow the input's (a channel count) is dropped after the second run (:func:`drop_fixed`), which sees
+them unchanged at other input sizes. A comparison of the sizes of two nodes, which no layer reads, is refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sympy
+
+from .sizes import Dim, TracedSize, spec_size
+
+if TYPE_CHECKING:
+    from .layers import SpecBuilder
+    from .recorder import Call
+
+SYMBOLS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+DECIDE = {"eq": sympy.Eq, "ne": sympy.Ne, "lt": sympy.Lt, "le": sympy.Le, "gt": sympy.Gt, "ge": sympy.Ge}
+VALUES = "_values"
+"""The layer's private entry: the comparison without node names and the two sides' values when traced, which
+:func:`drop_fixed` matches and compares between the runs (and removes before the spec is written)."""
+
+
+def write_checks(builder: "SpecBuilder", call: "Call") -> None:
+    """The ``size_check`` layers of the comparisons made since the call before ``call``."""
+    for relation, left, right, holds, where in call.compared:
+        try:
+            decided = DECIDE[relation](left, right)
+        except TypeError:
+            decided = None
+        if decided in (sympy.true, sympy.false) or sympy.simplify(left - right).is_number:
+            continue  # the same at every size (H >= 1, H == H)
+        symbols = {symbol for side in (left, right) for symbol in side.free_symbols}
+        tensors = {symbol: builder.size_tensors[symbol.index] for symbol in symbols if isinstance(symbol, Dim)
+                   and symbol.index < len(builder.size_tensors)}
+        names = {builder.node(tensor) for tensor in tensors.values()}
+        if len(tensors) != len(symbols) or len(names) != 1 or not isinstance(next(iter(names)), str):
+            builder.fail(call, f"follows a branch on {_text(relation, left, right)} ({holds} when traced, at "
+                               f"{where}), sizes of {'several tensors' if len(names) > 1 else 'no traced node'}, "
+                               "which the spec cannot check at run time",
+                         "compare sizes of one tensor, or take the branch on a Python setting (--arg)")
+            continue
+        name = next(iter(names))
+        tensor = next(iter(tensors.values()))
+
+        def resolve(dim: Dim, name=name):
+            return name, dim.dim
+
+        sides = [_side(side, resolve) for side in (left, right)]
+        if any(side is None for side in sides):
+            builder.fail(call, f"follows a branch on {_text(relation, left, right)} ({holds} when traced, at {where}),"
+                               " sizes the spec cannot write", "compare sizes read from one tensor's shape")
+            continue
+        values = [int(side.xreplace({symbol: tensors[symbol].shape[symbol.dim] for symbol in symbols}))
+                  if isinstance(side, sympy.Basic) else int(side) for side in (left, right)]
+        layer = {"op": "size_check", "in": name, "left": sides[0], "right": sides[1], "relation": relation,
+                 "holds": bool(holds), "line": where.rsplit("/", 1)[-1],
+                 "text": _short(_text(relation, _named(left, ""), _named(right, "")), name),
+                 VALUES: (_text(relation, _named(left, ""), _named(right, "")), values)}
+        builder.layers.append(layer)
+        builder.layer_calls.append(call)
+        checked = builder.out_name("size_check", call)
+        layer["out"] = checked
+        builder.names[id(tensor)] = checked  # every later read of the node goes through the check
+
+
+def _side(expr: sympy.Expr, resolve) -> Any:
+    if not expr.free_symbols:
+        return int(expr) if expr.is_Integer else None
+    return spec_size(TracedSize(0, expr), resolve)
+
+
+def _named(expr: sympy.Expr, name: str) -> sympy.Expr:
+    """``expr`` with each size written as the node's (``x.shape[2]``; ``shape[2]`` without a name)."""
+    return expr.xreplace({symbol: sympy.Symbol(f"{name}{'.' if name else ''}shape[{symbol.dim}]")
+                          for symbol in expr.free_symbols if isinstance(symbol, Dim)})
+
+
+def _short(text: str, name: str) -> str:
+    """The check's message: the comparison and the node, within a generated line's width."""
+    return f"{text} of {name}" if len(text) + len(name) < 60 else text
+
+
+def _text(relation: str, left: sympy.Expr, right: sympy.Expr) -> str:
+    def shown(expr):
+        return str(expr).replace("ceiling", "ceil")
+    return f"{shown(left)} {SYMBOLS[relation]} {shown(right)}"
+
+
+def drop_fixed(spec: dict, other: dict | None) -> list[int]:
+    """Remove the checks whose sides came out the same at the second run's sizes (``other``'s layers): a
+    comparison of sizes that do not follow the input's (a channel count, a fixed window) needs none; every
+    later read of a removed check's output reads its input again. Without a second run every check stays."""
+    layers = spec["layers"]
+    again: dict[tuple, list] = {}  # the other run's checks by line and comparison, in order
+    for layer in other["layers"] if other else ():
+        if layer["op"] == "size_check":
+            key, values = layer.get(VALUES, ("", None))
+            again.setdefault((layer["line"], key), []).append(values)
+    renamed: dict[str, str] = {}
+    kept, indices = [], []
+    for index, layer in enumerate(layers):
+        layer = _renamed(layer, renamed)
+        if layer["op"] == "size_check":
+            key, values = layer.pop(VALUES, ("", None))
+            twins = again.get((layer["line"], key))
+            if twins and twins.pop(0) == values:
+                renamed[layer["out"]] = layer["in"]
+                continue
+        kept.append(layer)
+        indices.append(index)
+    spec["layers"] = kept
+    for key in ("loss", "outputs"):
+        if spec.get(key) is not None:
+            spec[key] = _renamed(spec[key], renamed)
+    return indices
+
+
+def _renamed(value: Any, renamed: dict[str, str]) -> Any:
+    if not renamed:
+        return value
+    if isinstance(value, str):
+        return renamed.get(value, value)
+    if isinstance(value, list):
+        return [_renamed(item, renamed) for item in value]
+    if isinstance(value, dict):
+        return {key: (item if key in ("op", "out") else _renamed(item, renamed)) for key, item in value.items()}
+    return value
