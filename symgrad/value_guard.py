@@ -1,50 +1,108 @@
-"""Module constants, module attributes and closure variables the traced forward read, checked at each call
-of a bound model (``GUARDS["values"]``: ``SLOPE`` read by ``Net.forward``, ``helpers.GAIN``, a closure's
-``slope``). ``bind`` compares them with the traced values once (``guards.code_difference``); a value set
-between calls (``net.SLOPE = 0.3`` in a schedule, a ``nonlocal`` written) is refused at the next call, as
-the generated code computes with the traced value. The common case, nothing changed, is one comparison of
-a tuple of objects by identity; a value made anew but equal (``net.SLOPE = 0.1`` again) is taken as it
-is. Defaults (``def f(x, slope=0.1)``) and the code itself are checked at ``bind`` alone."""
+"""What the traced forward read that a program can change between calls of a bound model, checked at
+each call (``bind`` checks the same once, by the guards' hashes: ``guards.code_difference``):
+
+* module constants, a helper module's attributes and closure variables (``GUARDS["values"]``: ``SLOPE``
+  read by ``Net.forward``, ``helpers.GAIN``, a closure's ``slope``), a dict or list among them by its
+  entries (``CFG["slope"] = 0.3`` in place);
+* the functions it called by name (``GUARDS["code"]``'s paths): a helper replaced at module level
+  (``net.inner = other``, ``helpers.act = torch.sigmoid``);
+* class attributes of the model's submodules that its code reads (``self.BIAS``), set on the class or
+  shadowed on an instance;
+* a ``forward`` set on the model or a submodule instance (``model.forward = ...``).
+
+A change is refused at the next call in one line, as the generated code computes with what was traced.
+The common case, nothing changed, is a comparison of one tuple of objects by identity and one of the
+containers' texts; a value made anew but equal (``net.SLOPE = 0.1`` again) is taken as it is. Defaults
+(``def f(x, slope=0.1)``) and code edited in a file are checked at ``bind`` alone."""
 
 from __future__ import annotations
 
 import types
 from typing import Any
 
-from .guards import MISSING, literal_or_text, resolved, shown
+from .guards import MISSING, literal_or_text, resolved, shown, value_text
+
+_LITERALS = (bool, int, float, str, type(None))
 
 
 class ValueGuard:
-    """The literal values the traced forward's functions read, as bound, by where each one lives now."""
+    """The values and functions the traced forward read, as bound, by where each one lives now."""
 
     def __init__(self, guards: dict | None, model):
-        values = (guards or {}).get("values") or {}
-        functions = resolved(model, (guards or {}).get("code") or {}) if values else {}
-        self._places: list[tuple[Any, str, str, Any]] = []  # (dict or cell, name, shown as, traced)
+        guards = guards or {}
+        values, codes = guards.get("values") or {}, guards.get("code") or {}
+        functions = resolved(model, codes) if codes else {}
+        self._places: list[tuple[Any, str, str, Any]] = []  # (dict, cell or module, name, shown as, traced)
         for key, traced in values.items():
             path, _, name = key.rpartition("/")
             place = _place(functions.get(path), name)
             if place is not None:
                 self._places.append((*place, f"{name} (read by {functions[path].__qualname__})", traced))
+        for path, function in functions.items():  # a function called by its name: the same object
+            before, _, step = path.rpartition("/")
+            place = _place(functions.get(before), step) if before and function is not None else None
+            if place is not None and _get(*place) is function:
+                self._places.append((*place, f"{step} (called by {functions[before].__qualname__})", function))
+        self._class_attributes(model, functions)
+        self._containers = [index for index, (_, _, _, traced) in enumerate(self._places)
+                            if isinstance(_get(*self._places[index][:2]), (dict, list, set))]
+        self._texts = tuple(value_text(_get(*self._places[index][:2])) for index in self._containers)
         self._bound = self._now()
+        self._instances = tuple(vars(module) for module in model.modules())
+        self._patched = tuple("forward" in found for found in self._instances)
+
+    def _class_attributes(self, model, functions: dict) -> None:
+        """``self.NAME`` the code reads where NAME is a literal class attribute of a submodule's class."""
+        read = set().union(*(function.__code__.co_names for function in functions.values() if function is not None))
+        for path, module in model.named_modules():
+            for klass in type(module).__mro__:
+                if klass.__module__.split(".")[0] in ("torch", "builtins"):
+                    break
+                for name, value in vars(klass).items():
+                    if name in read and not name.startswith("__") and isinstance(value, _LITERALS) \
+                            and name not in vars(module):
+                        self._places.append((module, name, f"{type(module).__name__}.{name} ({path or 'the model'})",
+                                             literal_or_text(value)))
 
     def _now(self) -> tuple:
-        return tuple(place.get(name, MISSING) if isinstance(place, dict) else _contents(place)
-                     for place, name, _, _ in self._places)
+        return tuple(_get(place, name) for place, name, _, _ in self._places)
 
     def problem(self) -> str | None:
-        """What differs from the traced values, in words ending in its fix; None where nothing does."""
-        if not self._places:
-            return None
+        """What differs from what was traced, in words ending in its fix; None where nothing does."""
         now = self._now()
-        if all(a is b for a, b in zip(now, self._bound)):
-            return None
-        for value, (_, name, what, traced) in zip(now, self._places):
-            if value is MISSING or literal_or_text(value) != traced or type(literal_or_text(value)) is not type(traced):
-                return (f"{what} is {shown(value) if value is not MISSING else 'gone'} now, and the code was traced "
-                        f"with {name.split('.')[-1]}={traced!r:.60} (fix: set it back")
-        self._bound = now  # equal values made anew: compared by identity from here on
+        if not all(a is b for a, b in zip(now, self._bound)) or \
+                tuple(value_text(now[index]) for index in self._containers) != self._texts:
+            found = self._changed(now)
+            if found:
+                return found
+            self._bound = now  # equal values made anew: compared by identity from here on
+            self._texts = tuple(value_text(now[index]) for index in self._containers)
+        if tuple("forward" in found for found in self._instances) != self._patched:
+            return ("a forward was set on the model or a submodule since bind, which the generated code does not "
+                    "run (fix: remove it")
         return None
+
+    def _changed(self, now: tuple) -> str | None:
+        for value, (_, name, what, traced) in zip(now, self._places):
+            if callable(traced) and not isinstance(traced, type):
+                if value is not traced:
+                    return f"{what} was replaced since bind (fix: set it back"
+            elif value is MISSING or (now_text := literal_or_text(value)) != traced or type(now_text) is not type(traced):
+                was = traced if isinstance(traced, str) and not isinstance(value, str) else repr(traced)
+                return (f"{what} is {shown(value) if value is not MISSING else 'gone'} now, and the code was traced "
+                        f"with {name.split('.')[-1]}={was:.60} (fix: set it back")
+        return None
+
+
+def _get(place, name: str) -> Any:
+    if isinstance(place, dict):
+        return place.get(name, MISSING)
+    if isinstance(place, types.CellType):
+        try:
+            return place.cell_contents
+        except ValueError:  # emptied since
+            return MISSING
+    return getattr(place, name, MISSING)
 
 
 def _place(function, name: str) -> tuple[Any, str] | None:
@@ -61,10 +119,3 @@ def _place(function, name: str) -> tuple[Any, str] | None:
     if attribute and isinstance(scope.get(module), types.ModuleType):
         return vars(scope[module]), attribute
     return None
-
-
-def _contents(cell) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # emptied since
-        return MISSING
