@@ -77,7 +77,10 @@ class _Mode(Guard):
         self.training = self._traced_training if self._traced_training is not None or len(traced) != 1 else traced.pop()
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
         self.watches_modes = self._snapshot.watches_modes
-        self.container = rebuilder((getattr(generated, "GUARDS", None) or {}).get("output"), model, name_of(generated))
+        try:
+            self.container = rebuilder((getattr(generated, "GUARDS", None) or {}).get("output"), model, name_of(generated))
+        except LookupError as error:
+            raise BindError(str(error)) from None
         """The model's own container of the outputs (a list, a namedtuple, a ModelOutput), or None."""
         self.values = ValueGuard(getattr(generated, "GUARDS", None), model)
         """The module constants and closure variables the forward read, checked at each call."""

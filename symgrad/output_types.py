@@ -33,9 +33,8 @@ def output_entry(returned: type | None, model: object) -> dict[str, str]:
 
 def rebuilder(entry: dict | None, model: object, where: str) -> Callable[[str, list, tuple], Any] | None:
     """``make(kind, outputs, keys)``: the model's container of the outputs, for the guards' ``output``
-    entry (None: the plain tuple, dict or tensor); ``BindError`` where its class cannot be found."""
-    from .binding import BindError
-
+    entry (None: the plain tuple, dict or tensor); ``LookupError`` saying why where its class cannot be
+    found (``symgrad.bind`` refuses with it)."""
     if not entry:
         return None
     if entry.get("type") == "list":
@@ -50,7 +49,7 @@ def rebuilder(entry: dict | None, model: object, where: str) -> Callable[[str, l
     except (ImportError, AttributeError, ValueError):
         found = None
     if not isinstance(found, type):
-        raise BindError(f"{where}: the model returns an instance of {qualname}, a class bind cannot find again by its module and "
+        raise LookupError(f"{where}: the model returns an instance of {qualname}, a class bind cannot find again by its module and "
                         f"name ({module_name}), so it would return a plain "
                         f"{'tuple' if entry.get('type') == 'namedtuple' else 'dict'} (fix: define {qualname.split('.')[-1]} "
                         "at the top level of its module, trace and generate again)")
