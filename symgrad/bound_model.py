@@ -78,7 +78,8 @@ class _Mode(Guard):
         """The BatchNorm mode it was traced in; None: it has no BatchNorm, and serves either mode."""
         self.watches_modes = self._snapshot.watches_modes
         try:
-            self.container = rebuilder((getattr(generated, "GUARDS", None) or {}).get("output"), model, name_of(generated))
+            guards = getattr(generated, "GUARDS", None) or {}
+            self.container = rebuilder(guards.get("output"), model, name_of(generated))
         except LookupError as error:
             raise BindError(str(error)) from None
         """The model's own container of the outputs (a list, a namedtuple, a ModelOutput), or None."""

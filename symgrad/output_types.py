@@ -49,10 +49,11 @@ def rebuilder(entry: dict | None, model: object, where: str) -> Callable[[str, l
     except (ImportError, AttributeError, ValueError):
         found = None
     if not isinstance(found, type):
-        raise LookupError(f"{where}: the model returns an instance of {qualname}, a class bind cannot find again by its module and "
-                        f"name ({module_name}), so it would return a plain "
-                        f"{'tuple' if entry.get('type') == 'namedtuple' else 'dict'} (fix: define {qualname.split('.')[-1]} "
-                        "at the top level of its module, trace and generate again)")
+        plain = "tuple" if entry.get("type") == "namedtuple" else "dict"
+        raise LookupError(  # noqa: TRY004 - not found by its name: bind refuses it as a BindError
+            f"{where}: the model returns an instance of {qualname}, a class bind cannot find again by its module "
+            f"and name ({module_name}), so it would return a plain {plain} (fix: define {qualname.split('.')[-1]} "
+            "at the top level of its module, trace and generate again)")
     if entry.get("type") == "namedtuple":
         return lambda kind, outputs, keys: found(*outputs)
     return lambda kind, outputs, keys: found(**dict(zip(keys, outputs)))

@@ -87,7 +87,7 @@ class ValueGuard:
             if callable(traced) and not isinstance(traced, type):
                 if value is not traced:
                     return f"{what} was replaced since bind (fix: set it back"
-            elif value is MISSING or (now_text := literal_or_text(value)) != traced or type(now_text) is not type(traced):
+            elif value is MISSING or (text := literal_or_text(value)) != traced or type(text) is not type(traced):
                 was = traced if isinstance(traced, str) and not isinstance(value, str) else repr(traced)
                 return (f"{what} is {shown(value) if value is not MISSING else 'gone'} now, and the code was traced "
                         f"with {name.split('.')[-1]}={was:.60} (fix: set it back")

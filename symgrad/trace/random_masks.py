@@ -48,7 +48,7 @@ def random_mask(builder: SpecBuilder, call: Call) -> bool:
     if call.name in ("mul", "__mul__", "__rmul__") and len(call.arguments) == 2 and _fused(builder, call):
         return True
     masks = [builder.masks[id(value)] for value in flat_arguments(call.arguments, call.keywords)
-             if isinstance(value, torch.Tensor) and id(value) in builder.masks and "node" not in builder.masks[id(value)]]
+             if isinstance(value, torch.Tensor) and "node" not in builder.masks.get(id(value), {"node": None})]
     if not masks:
         return False
     if any(found["keep"] is None for found in masks):
