@@ -65,11 +65,11 @@ def generate(spec: str | Path | None = None, *, text: str | None = None, label: 
              recompute: bool = True, keep: str | None = None) -> Generated:
     """Derive the gradients of a spec file (``spec``) or of spec ``text``; raises ``SpecError`` on bad input.
     ``keep`` (``symgrad generate --keep``): what the forward keeps for the backward. ``"all"`` (the
-    default): every value the backward reads, but a ReLU output only its pullback reads as a byte mask,
-    a pool's input as its layout, a cheap activation of a kept value made again. ``"lean"``: less still,
-    each batch norm's activation output (a convolution's input) made again in the backward, bit for bit,
-    from the batch norm's input and statistics. ``"autograd"`` (``recompute=False``, ``--no-recompute``):
-    every value the backward reads, as autograd keeps it."""
+    default): every value the backward reads, but a ReLU output only its pullback reads as a byte
+    mask, a pool's input as its layout, a cheap activation of a kept value made again. ``"lean"``:
+    less still, each batch norm's activation output (a convolution's input) made again in the
+    backward, bit for bit, from the batch norm's input and statistics. ``"autograd"``
+    (``recompute=False``, ``--no-recompute``): every value the backward reads, as autograd keeps it."""
     if (spec is None) == (text is None):
         raise TypeError("pass either a spec path or text=...")
     if text is not None:

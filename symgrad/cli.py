@@ -105,10 +105,10 @@ def main() -> None:
               "kept; a ReLU output only its own pullback reads is kept as a byte mask; a pooling's input as its "
               "layout). The same as --keep autograd.")
 @click.option("--keep", type=click.Choice(["autograd", "all", "lean"]), default=None,
-              help="What the forward keeps for the backward: all (the default: every value, but masks and layouts "
-              "where those are all it reads), lean (each batch norm's activation output, a convolution's input, "
-              "made again in the backward, bit for bit, from the batch norm's input and statistics), autograd "
-              "(as --no-recompute).")
+              help="What the forward keeps for the backward: all (the default: every value, but "
+              "masks and layouts where those are all it reads), lean (each batch norm's activation "
+              "output, a convolution's input, made again in the backward, bit for bit, from the batch "
+              "norm's input and statistics), autograd (as --no-recompute).")
 def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat, no_recompute, keep):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
@@ -116,7 +116,8 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
     failed = False
     rendered_all = []
     if no_recompute and keep not in (None, "autograd"):
-        _fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} (fix: drop one of them)"))
+        _fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} "
+                         "(fix: drop one of them)"))
     try:
         extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files

@@ -32,15 +32,16 @@ class Built:
 
 
 KEEP = ("autograd", "all", "lean")
-"""What the saving forward keeps (``symgrad generate --keep``): ``autograd``, every value the backward
-reads, as autograd does (``--no-recompute``); ``all`` (the default), those values, but a ReLU output
-only its pullback reads as a byte mask, a pool's input as its layout, a cheap activation of a value
-kept anyway made again; ``lean``, less still: a batch norm's activation output made again in the
-backward from the batch norm's input and statistics (:mod:`symgrad.rematerialize`)."""
+"""What the saving forward keeps (``symgrad generate --keep``): ``autograd``, every value the
+backward reads, as autograd does (``--no-recompute``); ``all`` (the default), those values, but a
+ReLU output only its pullback reads as a byte mask, a pool's input as its layout, a cheap activation
+of a value kept anyway made again; ``lean``, less still: a batch norm's activation output made again
+in the backward from the batch norm's input and statistics (:mod:`symgrad.rematerialize`)."""
 
 
 def keep_policy(keep: str | None, recompute: bool = True) -> str:
-    """``keep`` (one of :data:`KEEP`; None: ``all``, or ``autograd`` where ``recompute`` is False)."""
+    """``keep`` (one of :data:`KEEP`; None: ``all``, or ``autograd`` where ``recompute`` is
+    False)."""
     if keep is None:
         return "all" if recompute else "autograd"
     if keep not in KEEP:

@@ -170,7 +170,8 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         saving_forward=saving_forward, saved_names=saved_names, saved_as_autocast_casts=narrowed, loss_name=loss_name,
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
-        stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}), rebuilt=rebuilt_names,
+        stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}),
+        rebuilt=rebuilt_names,
         running_statistics=running_statistics(graph),
         channels_last=moved,
         channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
@@ -501,8 +502,8 @@ def _stored(program: Program, backward: list[Statement], owners: dict[str, str])
         elif node.name in values:
             stored[node.name] = "value, read by the backward pass"
         elif node.name in rebuilt:
-            stored[node.name] = ("nothing (--keep lean): the backward pass makes it again from what it keeps, "
-                                 "bit for bit")
+            stored[node.name] = ("nothing (--keep lean): the backward pass makes it again from "
+                                 "what it keeps, bit for bit")
         elif node.name in recomputed:
             stored[node.name] = "nothing: the backward pass computes it again from its input"
         elif node.name in kept or node.name in shapes:

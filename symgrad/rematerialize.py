@@ -40,11 +40,12 @@ def rebuilt(forward: list[Statement], backward: list[Statement],
     made = {statement.target: statement for statement in forward}
     entries = _entries(forward)
     read = set().union(*(statement.value.free_symbols for statement in backward))
-    kept = {symbol for symbol in read - {statement.target for statement in backward} if symbol in made}
+    made_back = {statement.target for statement in backward}
+    kept = {symbol for symbol in read - made_back if symbol in made}
     viewed = _viewed(forward, kept)
-    # a value the backward makes itself (plan._recomputed's activation) or another recipe makes already
-    # is made once: no second recipe reads it
-    claimed = {statement.target for statement in backward}
+    # a value the backward makes itself (plan._recomputed's activation) or another recipe makes
+    # already is made once: no second recipe reads it
+    claimed = set(made_back)
     recipes: dict[sympy.Symbol, list[Statement]] = {}
     for statement in forward:  # in forward order: a value made again never feeds another one
         target = statement.target
@@ -65,11 +66,13 @@ def rebuilt(forward: list[Statement], backward: list[Statement],
 
 
 def _viewed(forward: list[Statement], kept: set) -> set:
-    """The forward values a view of which (or a view of a view) stays: making one again frees nothing."""
+    """The forward values a view of which (or a view of a view) stays: making one again frees
+    nothing."""
     views = {}
     for statement in forward:
         value = statement.value
-        if isinstance(value, TensorOp) and value.primitive.name in VIEWS and value.operands[0].is_Symbol:
+        if (isinstance(value, TensorOp) and value.primitive.name in VIEWS
+                and value.operands[0].is_Symbol):
             views.setdefault(value.operands[0], set()).add(statement.target)
     viewed: set = set()
     for statement in reversed(forward):
@@ -83,15 +86,17 @@ def _entries(forward: list[Statement]) -> dict:
     entries = {}
     for statement in forward:
         value = statement.value
-        if isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0].is_Symbol:
+        if (isinstance(value, TensorOp) and value.primitive.name == "item"
+                and value.operands[0].is_Symbol):
             entries[(value.operands[0], value.params["index"])] = statement.target
     return entries
 
 
 def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[Statement] | None:
-    """The statements that make ``symbol`` again from ``kept`` values and inputs, in order; None where
-    some step is not a cheap exact one or reads a value neither kept nor cheaply made (``rebuilt``:
-    the values made in the backward already, by another recipe or as its own, which none is made from)."""
+    """The statements that make ``symbol`` again from ``kept`` values and inputs, in order; None
+    where some step is not a cheap exact one or reads a value neither kept nor cheaply made
+    (``rebuilt``: the values made in the backward already, by another recipe or as its own, which
+    none is made from)."""
     if symbol not in made or symbol in kept:
         return []  # an input or a parameter, which the caller passes again, or a value that stays
     if symbol in rebuilt:
@@ -107,7 +112,8 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
         if not value.operands[0].is_Symbol:
             return None
         steps = [_recipe(value.operands[0], made, entries, kept, rebuilt)]
-    elif isinstance(value, TensorOp) and value.primitive.name == "item" and value.params["index"] == 0:
+    elif (isinstance(value, TensorOp) and value.primitive.name == "item"
+          and value.params["index"] == 0):
         again = _batch_norm_again(value.operands[0], made, entries, kept)
         if again is None:
             return None
@@ -117,12 +123,14 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
         return None
     if any(step is None for step in steps):
         return None
-    return [part for step in steps for part in step] + [dataclasses.replace(statement, comment=COMMENT)]
+    made_again = [part for step in steps for part in step]
+    return made_again + [dataclasses.replace(statement, comment=COMMENT)]
 
 
 def _batch_norm_again(native, made: dict, entries: dict, kept: set):
-    """``batch_norm_again(input, weight, bias, mean, invstd)`` for ``native[0]``, where ``native`` is a
-    training-mode ``native_batch_norm`` call whose batch mean and 1 / std stay anyway; else None."""
+    """``batch_norm_again(input, weight, bias, mean, invstd)`` for ``native[0]``, where ``native``
+    is a training-mode ``native_batch_norm`` call whose batch mean and 1 / std stay anyway; else
+    None."""
     call = made[native].value if native in made else None
     if not (isinstance(call, TensorOp) and call.primitive.name == "native_batch_norm"):
         return None
@@ -130,7 +138,8 @@ def _batch_norm_again(native, made: dict, entries: dict, kept: set):
     if mean not in kept or invstd not in kept:
         return None
     named = dict(zip(call.params["operand_names"], call.operands))
-    names = tuple(name for name in ("input", "weight", "bias") if name in named) + ("mean", "invstd")
+    names = tuple(name for name in ("input", "weight", "bias") if name in named)
+    names += ("mean", "invstd")
     operands = [named[name] for name in names if name in named] + [mean, invstd]
     if not all(operand.is_Symbol for operand in operands):
         return None

@@ -149,12 +149,13 @@ def _again_code(operands, params, show):
     """``_batch_norm_again(x, weight, bias, mean, invstd)``: the forward's output made again."""
     named = dict(zip(params["operand_names"], operands))
     eps = "" if float(params["eps"]) == 1e-05 else f", eps={show(params['eps'])}"
-    return (f"_batch_norm_again({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}, "
-            f"{named['mean']}, {named['invstd']}{eps})")
+    affine = f"{named.get('weight', 'None')}, {named.get('bias', 'None')}"
+    return f"_batch_norm_again({named['input']}, {affine}, {named['mean']}, {named['invstd']}{eps})"
 
 
 primitive("batch_norm_again", code=_again_code, helper=BATCH_NORM_AGAIN, fresh=True,
-          latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
+          latex=lambda operands, params, show: (
+              rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)"))
 
 def _batch_norm_backward_code(operands, params, show):
     """``_batch_norm_backward(grad, x, weight, mean, invstd)``, eps and the mask where they are not

@@ -193,6 +193,7 @@ BATCH_NORM_AGAIN = '''def _batch_norm_again(input, weight, bias, mean, invstd, e
     beta = torch.addcmul(bias, mean, alpha, value=-1)
     return torch.addcmul(beta.view(channels), input, alpha.view(channels)).to(input.dtype)
 '''
-"""Emitted into a module whose backward makes a batch norm's output again (``symgrad.rematerialize``).
+"""Emitted into a module whose backward makes a batch norm's output again
+(``symgrad.rematerialize``).
 tests/test_rematerialization.py checks it bitwise against ``torch.native_batch_norm`` (float32 and
 float64, contiguous and channels_last, a bfloat16 input)."""
