@@ -3,13 +3,13 @@ run the generated test file in a fresh process; a Markdown table of the times an
 
     python -m benchmarks.architectures [--only LABEL ...] [--output FILE [--append]] [--timeout S]
 
-The models are the suite's (``tests/models.py``, ``tests/zoo.py``, ``tests/zoo_nets.py``,
-``tests/zoo_modern.py``, ``tests/zoo_attention.py``: ViT, MobileViT, an einops Restormer block;
-``tests/zoo_segmentation.py``, ``zoo_monai.py``, ``zoo_monai_unet.py``, ``zoo_unetr.py``, ``zoo_swinunetr.py``,
-``zoo_swinunetr_2d.py``: smp decoders, MONAI in 2D and 3D; ``tests/zoo_timm_cnn.py``: ResNeSt, GhostNet, HGNetV2;
-and ``tests/zoo_hybrid.py``'s timm transformers and hybrids where present), traced at
+The models are the suite's (``tests/models/classic.py``, ``tests/models/zoo.py``, ``tests/models/zoo_nets.py``,
+``tests/models/zoo_modern.py``, ``tests/models/zoo_attention.py``: ViT, MobileViT, an einops Restormer block;
+``tests/models/zoo_segmentation.py``, ``zoo_monai.py``, ``zoo_monai_unet.py``, ``zoo_unetr.py``, ``zoo_swinunetr.py``,
+``zoo_swinunetr_2d.py``: smp decoders, MONAI in 2D and 3D; ``tests/models/zoo_timm_cnn.py``: ResNeSt, GhostNet, HGNetV2;
+and ``tests/models/zoo_hybrid.py``'s timm transformers and hybrids where present), traced at
 their cases' sizes; the gradients' agreement with autograd through the original modules is the suite's
-job (``tests/test_trace_models.py`` and the zoo tests), this only times the user's path and runs each
+job (``tests/models/test_classic_cnns.py`` and the zoo tests), this only times the user's path and runs each
 module's own tests.
 """
 
@@ -29,16 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cases() -> dict:
     sys.path.insert(0, str(ROOT))
-    from tests.test_trace_models import CASES as MODELS
-    from tests.test_trace_zoo import CASES as ZOO
-    from tests.test_trace_zoo_modern import CASES as MODERN
-    from tests.test_trace_zoo_nets import CASES as NETS
-    from tests.test_trace_attention import CASES as ATTENTION
-    from tests.test_trace_zoo_segmentation import CASES as SEGMENTATION
-    from tests.test_trace_zoo_timm_cnn import CASES as TIMM_CNN
+    from tests.models.test_classic_cnns import CASES as MODELS
+    from tests.models.test_zoo_blocks import CASES as ZOO
+    from tests.models.test_zoo_modern import CASES as MODERN
+    from tests.models.test_zoo_nets import CASES as NETS
+    from tests.models.test_zoo_attention import CASES as ATTENTION
+    from tests.models.test_zoo_segmentation import CASES as SEGMENTATION
+    from tests.models.test_zoo_timm_cnn import CASES as TIMM_CNN
     try:  # timm's transformers and hybrids, where that zoo is present; EdgeNeXt with its encoding as a buffer
-        from tests.test_trace_models import Case
-        from tests.test_trace_zoo_hybrid import CASES, CLASSIFIER, EdgeNeXtCached
+        from tests.models.test_classic_cnns import Case
+        from tests.models.test_zoo_hybrid import CASES, CLASSIFIER, EdgeNeXtCached
         HYBRID = {**CASES, "edgenext_cached": Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER)}
     except ImportError:
         HYBRID = {}

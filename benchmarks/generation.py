@@ -1,6 +1,6 @@
 """``python -m benchmarks.generation``: how long ``symgrad trace`` and ``symgrad.generate`` take.
 
-Real models (ResNet-18/50, VGG-11/19 at ImageNet size, written in ``tests/models.py``) are traced at
+Real models (ResNet-18/50, VGG-11/19 at ImageNet size, written in ``tests/models/classic.py``) are traced at
 batch 2, 224x224 and generated in this process; conv -> ReLU chains show the growth with depth. Each
 time is the median of ``--repeats`` runs. ``--depth`` times only the 2-channel chains of 100, 1,000
 and 10,000 layers (issue 26: generation linear in depth), once each. The table is printed and written to ``out/generation.md``;
@@ -54,7 +54,7 @@ def model_rows(repeats: int) -> list[tuple[str, int, float, float]]:
     """(model, spec layers, trace seconds, generate seconds) for real models traced at 2x3x224x224."""
     from symgrad import generate
     from symgrad.trace import LossChoice, trace
-    from tests import models
+    from tests.models import classic as models
 
     rows = []
     for label, build in [("ResNet-18 (torchvision layout, CIFAR stem, width 64)", lambda: models.ResNet18(64, 1000)),

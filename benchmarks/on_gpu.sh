@@ -6,7 +6,7 @@
 # install would map). Writes into ${OUT:-out/gpu}:
 #   device_check.log  the committed generated modules on the GPU against autograd (benchmarks/device_check.py)
 #   bind_zoo.log      every zoo network bound on the GPU: float64 grads, bfloat16 and float16 autocast
-#   cuda_graph.log    the bound step captured and replayed as CUDA graphs against autograd (tests/test_cuda_graph.py)
+#   cuda_graph.log    the bound step captured and replayed as CUDA graphs against autograd (tests/bind/test_cuda_graph.py)
 #   training*.log, training-cuda*.json   python -m benchmarks.training --device cuda, in three runs:
 #                     every row eagerly and as CUDA graphs; the around-the-kernels table; ResNet-18 at
 #                     32 x 224² with torch.compile (default, reduce-overhead) and the compiled bound model
@@ -34,7 +34,7 @@ keep() { [ -n "${OUT:-}" ] && [ "$out" != "$OUT" ] && tar czf "$OUT/results.tgz"
 
 cuda_graph_check() {
     SYMGRAD_TEST_DEVICE=$device timeout "$(seconds 90)" $python -m pytest -q -p no:cacheprovider -n 0 \
-        tests/test_cuda_graph.py >"$out/cuda_graph.log" 2>&1  # bind(..., cuda_graph=True) against autograd
+        tests/bind/test_cuda_graph.py >"$out/cuda_graph.log" 2>&1  # bind(..., cuda_graph=True) against autograd
     echo "cuda_graph: exit $? $(tail -n 1 "$out/cuda_graph.log")"; keep
 }
 [ "${GRAPHS:-1}" = 1 ] && cuda_graph_check
@@ -67,7 +67,7 @@ runs=(); for name in training-cuda training-cuda-overhead training-cuda-compiled
 
 if [ "${ZOO:-1}" = 1 ]; then  # -v: each test named as it ends, so a run cut short says which failed
     SYMGRAD_TEST_DEVICE=$device timeout "$(seconds 100)" $python -m pytest -v -rf -p no:cacheprovider -n 16 \
-        tests/test_bind_zoo.py ${QUICK:+-k resnet} >"$out/bind_zoo.log" 2>&1
+        tests/models/test_bind_zoo.py ${QUICK:+-k resnet} >"$out/bind_zoo.log" 2>&1
     echo "bind_zoo: exit $? $(tail -n 1 "$out/bind_zoo.log")"; grep -E "(FAILED|ERROR) " "$out/bind_zoo.log"; keep
 fi
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def networks() -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
     import train_resnet
-    from tests import models, zoo_nets
+    from tests.models import classic as models, zoo_nets
 
     return {
         "ResNet-18": (lambda: train_resnet.ResNet18(), 3, "cross_entropy"),

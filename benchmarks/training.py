@@ -79,9 +79,9 @@ ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow 
 COMPILED_ROWS = {("resnet18", 8, 112, 64), ("unet", 4, 128, 32)}
 """The CPU rows that time :data:`COMPILED` too (on CUDA: the first :data:`CUDA_COMPILED` rows)."""
 NETWORKS = {
-    "convnext": "ConvNeXt-T's depths (3, 3, 9, 3), widths WIDTH × (1, 2, 4, 8) (tests/zoo.py)",
-    "efficientnet": "EfficientNet-B0's first three stages, narrowed: SiLU, depthwise MBConv, SE (tests/zoo_nets.py)",
-    "mobilenetv3": "torchvision's MobileNetV3 blocks, small: hardswish, depthwise, SE (tests/models.py)",
+    "convnext": "ConvNeXt-T's depths (3, 3, 9, 3), widths WIDTH × (1, 2, 4, 8) (tests/models/zoo.py)",
+    "efficientnet": "EfficientNet-B0's first three stages, narrowed: SiLU, depthwise MBConv, SE (tests/models/zoo_nets.py)",
+    "mobilenetv3": "torchvision's MobileNetV3 blocks, small: hardswish, depthwise, SE (tests/models/classic.py)",
 }
 """The networks beside examples/train_resnet.py's, from the suite's model zoo, as their authors write them."""
 CUDA_ROWS = [  # the issue's sizes: ResNet-18 and -50 at 32 x 224², a U-Net of width 64 at 8 x 256²; then scale
@@ -178,15 +178,15 @@ def _network(network: str, width: int) -> torch.nn.Module:
                 "unet": lambda width: example.UNet(1, width)}[network](width)
     sys.path.insert(0, str(ROOT))
     if network == "convnext":
-        from tests.zoo import ConvNeXt
+        from tests.models.zoo import ConvNeXt
 
         return ConvNeXt(num_classes=10, depths=(3, 3, 9, 3), dims=(width, 2 * width, 4 * width, 8 * width),
                         layer_scale_init_value=1e-6)
     if network == "efficientnet":
-        from tests.zoo_nets import EfficientNet
+        from tests.models.zoo_nets import EfficientNet
 
         return EfficientNet(num_classes=10)
-    from tests.models import MobileNetV3
+    from tests.models.classic import MobileNetV3
 
     return MobileNetV3(classes=10)
 

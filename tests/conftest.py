@@ -23,7 +23,7 @@ def _is_worker(config) -> bool:
 
 def pytest_configure(config):
     # torch keeps its default threads in each worker: torch.set_num_threads(1) made
-    # tests/test_benchmarks.py::test_the_training_step_variants_compute_the_same_step segfault in autograd's
+    # tests/benchmarks/test_benchmarks.py::test_the_training_step_variants_compute_the_same_step segfault in autograd's
     # backward (torch 2.13 CPU, resnet18 channels_last), in one process as under xdist
     if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
@@ -84,8 +84,8 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session", autouse=True)
 def _built_once_folder(tmp_path_factory):
-    """``tests/built_once.py``'s folder: one for the run, inside pytest's, which every xdist worker's is in."""
-    from . import built_once
+    """``tests/models/built_once.py``'s folder: one for the run, inside pytest's, which every xdist worker's is in."""
+    from tests.models import built_once
 
     base = tmp_path_factory.getbasetemp()
     built_once.FOLDER = (base.parent if base.name.startswith("popen-") else base) / "built-once"

@@ -90,3 +90,20 @@ def test_a_value_set_between_calls_is_refused_and_set_back_runs_on(bound, change
         refused(fast, x, r"gain \(read by make_gain\.<locals>\.scaled\) is 3\.0 now, .* traced with gain=2\.0")
         module.set_gain(float("2.0"))  # equal, another object: runs on
     assert (fast(x) - model(x)).abs().max().item() <= 1e-12
+
+
+def test_the_loss_form_checks_them_at_each_call_too(bound, tmp_path):
+    """A spec traced with a loss (``symgrad.bind`` returns the loss): a module constant set between steps."""
+    from symgrad.trace import LossChoice
+
+    _, model, module = bound
+    text = trace(model, {"x": (2, 4)}, "parameters", "values_loss", loss=LossChoice("mse_loss"))
+    path = tmp_path / "values_loss.py"
+    path.write_text(build_text(text, "values_loss.yaml", documents=False).rendered.files["values_loss.py"])
+    step = symgrad.bind(path, model)
+    x, target = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    step(x=x, target=target).backward()
+    module.SLOPE = 0.3
+    with pytest.raises(BindError, match=r"SLOPE \(read by Net\.forward\) is 0\.3 now") as error:
+        step(x=x, target=target)
+    assert "\n" not in str(error.value)

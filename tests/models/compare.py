@@ -1,0 +1,144 @@
+"""The one way a zoo test checks a network: trace it (train or eval mode, with a loss), build the module
+alone, and compare its gradients with autograd through the ORIGINAL module in float64, at another batch and
+size, with a random cotangent (``matches_autograd``); and run a generated test file in a subprocess
+(``assert_generated_test_file_passes``). Every zoo test file reads it from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from symgrad.check import by_name, module_from_source, relative_error
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+from symgrad.trace import _source_name as source_name
+
+__all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",
+           "assert_generated_test_file_passes", "source_name"]
+
+
+@dataclass(frozen=True)
+class Case:
+    model: type
+    traced: dict[str, tuple[int, ...]]
+    checked: dict[str, tuple[int, ...]]
+    losses: tuple[str, ...]
+    init: dict = field(default_factory=dict)
+
+
+CLASSIFIER = ("cross_entropy", "half_sq_error_function")
+RESTORATION = ("mse_loss", "half_sq_error_function")
+
+def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Running statistics away from 0 and 1, so that eval mode is a real test."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("running_mean"):
+            buffer.copy_(torch.randn(buffer.shape, generator=generator, dtype=buffer.dtype))
+        elif name.endswith("running_var"):
+            buffer.copy_(torch.rand(buffer.shape, generator=generator, dtype=buffer.dtype) + 0.5)
+
+
+def traced_spec(case: Case, mode: str, kind: str, model: torch.nn.Module) -> str:
+    """Trace the module with ``--loss``, or a loss function around it (the model read from its closure)."""
+    if kind == "nll_loss":  # log-probabilities from the model's logits, in a function
+        def loss(x, target):
+            return F.nll_loss(torch.log_softmax(model(x), dim=1), target)
+        return trace(loss, {**case.traced, "target": (case.traced["x"][0],)}, name="traced", mode=mode,
+                     dtypes={"target": "int64"})
+    if kind == "half_sq_error_function":
+        with torch.no_grad():
+            output_shape = tuple(model(*(torch.zeros(shape, dtype=torch.float64) for shape in case.traced.values())).shape)
+        if "noise_map" in case.traced:
+            def loss(x, noise_map, target):
+                return 0.5 * (model(x, noise_map) - target).pow(2).sum()
+        else:
+            def loss(x, target):
+                return 0.5 * (model(x) - target).pow(2).sum()
+        return trace(loss, {**case.traced, "target": output_shape}, name="traced", mode=mode)
+    return trace(model, case.traced, name="traced", loss=LossChoice(kind), mode=mode)
+
+
+def reference_loss(kind: str, model: torch.nn.Module, inputs: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """The loss computed by autograd through the original module."""
+    if kind == "nll_loss":
+        return F.nll_loss(torch.log_softmax(model(*inputs), dim=1), target)
+    if kind == "half_sq_error_function":
+        return 0.5 * (model(*inputs) - target).pow(2).sum()
+    return getattr(F, kind)(model(*inputs), target)
+
+
+def matches_autograd(label: str, case: Case, mode: str) -> None:
+    """Trace ``case`` in ``mode`` with each of its losses, generate, and compare the gradients with autograd
+    through the original module, in float64, at ``case.checked`` (another batch and spatial size): ≤1e-10."""
+    generator = torch.Generator().manual_seed(11)
+    torch.manual_seed(0)
+    model = case.model(**case.init).double()
+    randomize(model, generator)
+    model.train(mode == "train")
+    for kind in case.losses:
+        text = traced_spec(case, mode, kind, model)
+        spec = yaml.safe_load(text)
+        built = build_text(text, f"{label}.yaml", documents=False, tests=False)  # the module alone: imported here
+        generated = built.rendered
+        module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),
+                         built.graph)  # the parameters go in `params`: called here by their spec names
+
+        inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+                  for key, shape in case.checked.items()}
+        with torch.no_grad():
+            prediction = model(*inputs.values())
+        classes = spec["inputs"]["target"].get("dtype") == "int64"
+        target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator) if classes
+                  else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+        named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
+        if kind in ("half_sq_error_function", "nll_loss"):  # read from the loss function's closure
+            named = {f"model_{key}": value for key, value in named.items()}
+        arguments = {key: (inputs.get(key) if key in inputs else target if key == "target" else named[key])
+                     for key in spec["inputs"]}
+        wrt = spec["wrt"]
+        assert set(inputs) <= set(wrt) and len(wrt) > len(inputs), wrt
+
+        weight = torch.randn((), generator=generator, dtype=torch.float64)  # a random cotangent
+        model_before = {key: value.clone() for key, value in model.state_dict().items()}
+        torch.manual_seed(5)  # the same dropout masks in both runs (the generated forward draws as the model does)
+        loss = reference_loss(kind, model, list(inputs.values()), target)
+        expected = torch.autograd.grad(loss, [arguments[key] for key in wrt], grad_outputs=weight)
+        model.load_state_dict(model_before)  # train-mode forward moved the running statistics
+        torch.manual_seed(5)
+        actual = module.gradients(**arguments, grad_loss=weight)
+        scale = max(reference.abs().max().item() for reference in expected)
+        for key, reference in zip(wrt, expected):
+            value = getattr(actual, key)
+            if reference.abs().max() <= 1e-12 * scale:  # zero in exact arithmetic (a conv bias before a
+                assert value.abs().max() <= 1e-12 * scale, (label, mode, kind, key)  # train-mode batch_norm)
+            else:  # or far below the others, and right to float64's precision of the whole gradient (DenseNet's
+                error = relative_error(value, reference)  # norm0.weight: the train-mode batch_norms after it make
+                assert error <= 1e-10 or error * reference.abs().max() <= 1e-14 * scale, (  # the loss scale-free
+                    label, mode, kind, key, error, reference.abs().max().item() / scale)  # in it, but for eps)
+
+
+def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float:
+    """Trace ``case`` in train mode with its first loss, write the generated module and its test file to
+    ``tmp_path`` and run that test file in a subprocess: it passes with nothing skipped. Returns its seconds."""
+    import subprocess
+    import sys
+    import time
+
+    torch.manual_seed(0)
+    model = case.model(**case.init).double().train()
+    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
+    rendered = build_text(text, f"{label}.yaml", documents=False).rendered
+    for name, content in rendered.files.items():
+        if name.endswith(".py"):
+            (tmp_path / name).write_text(content)
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - started
+    print(f"{label}: generated test file ran in {seconds:.1f} s")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+    return seconds

@@ -1,0 +1,119 @@
+"""The module generated for a traced torchvision-style ResNet-18 (examples/train_resnet.py, written as its
+blocks, as ``symgrad.bind`` trains it) reads as a person would write it (issue 36, item 7), and gives
+autograd's gradients through the original nn.Module at another batch and spatial size."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("train_resnet_example", ROOT / "examples" / "train_resnet.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    torch.manual_seed(0)
+    model = _example().ResNet18(width=8)
+    text = trace(model, {"x": (2, 3, 64, 64)}, wrt="parameters", name="resnet18", loss=LossChoice("cross_entropy"),
+                 mode="train", blocks=True)
+    source = build_text(text, "resnet18.yaml").rendered.files["resnet18.py"]
+    return model, source
+
+
+def _function(source: str, name: str) -> str:
+    return re.search(rf"^def {name}\(.*?(?=^\S)", source, re.S | re.M).group(0)
+
+
+def test_the_resnet18_module_fits_600_lines_of_100_columns(resnet18):
+    _, source = resnet18
+    lines = source.splitlines()
+    assert len(lines) <= 600, len(lines)
+    assert max(map(len, lines)) <= 100
+
+
+def test_no_alias_and_no_entry_read_of_an_unpacked_tuple(resnet18):
+    _, source = resnet18
+    # `grad_bn2 = grad_add`: a gradient passed on unchanged is read under its own name
+    assert not re.findall(r"^ +grad_\w+ = \w+$", source, re.M)
+    # `local_conv1[1]`: a fused kernel's tuple is unpacked where it is made, never read entry by entry
+    assert not re.findall(r"\b(?:local|grads?)_\w+\[\d+\]", source)
+    assert "local_conv1_0, grad_conv1_weight, _ = _convolution_backward(" in _function(source, "basic_block_backward")
+
+
+def test_a_kernel_with_many_arguments_is_called_with_keywords(resnet18):
+    _, source = resnet18
+    call = re.search(r"max_pool2d_with_indices_backward\((.*?)\n    \)", source, re.S).group(1)
+    assert "kernel_size=3" in call and "ceil_mode=False" in call and "indices=indices_maxpool" in call
+
+
+def test_the_channels_last_size_is_one_named_constant(resnet18):
+    _, source = resnet18
+    value = re.search(r"^CHANNELS_LAST_FROM = (\d+)\n\"\"\"(.*?)\"\"\"", source, re.S | re.M)
+    assert value and "CHANNELS_LAST_MIN_POSITIONS" in value.group(2)
+    assert source.count(value.group(1)) == 1  # the number once, the tests by name
+    assert source.count(">= CHANNELS_LAST_FROM:") == 2
+
+
+def test_each_step_of_a_block_backward_has_a_one_line_comment_in_the_codes_names(resnet18):
+    _, source = resnet18
+    body = _function(source, "basic_block_backward").split("saved.clear()\n", 1)[1].split("    return {", 1)[0]
+    statements = re.findall(r"^    (?!del )\w[\w, ]* = ", body, re.M)
+    comments = re.findall(r"^    # (.*)$", body, re.M)
+    assert len(comments) == len(statements) == 7
+    assert all(len(comment) <= 94 for comment in comments)
+    assert '# fc = F.linear(flatten, params["fc.weight"], params["fc.bias"]): pulled back to its input' in source
+    assert not re.findall(r"^ *#.*\bfc_weight\b", source, re.M)
+
+
+def test_the_resnet18_module_gives_autograds_gradients_through_the_original_model(resnet18):
+    model, source = resnet18
+    generated = module_from_source(source, "resnet18")
+    model = copy.deepcopy(model).double().train()
+    reference = copy.deepcopy(model)
+    x = torch.randn(3, 3, 72, 56, dtype=torch.float64)
+    target = torch.randint(0, 10, (3,))
+    expected = torch.autograd.grad(torch.nn.functional.cross_entropy(reference(x), target), list(reference.parameters()))
+    params = {key: value.clone() for key, value in model.state_dict().items()}
+    grads = generated.gradients(x, target, params).params
+    for (name, _), wanted in zip(reference.named_parameters(), expected):
+        assert ((grads[name] - wanted).abs().max() / wanted.abs().max()).item() <= 1e-10, name
+    for key, value in reference.state_dict().items():  # the running statistics moved as the model's did
+        if "running" in key:
+            assert torch.allclose(params[key], value, rtol=1e-12, atol=0), key
+
+
+def test_below_the_channels_last_size_each_gradient_comes_back_in_its_weights_layout(resnet18):
+    """The module's promise whatever the caller's layouts: a channels_last model, or a contiguous one given
+    a channels_last input, at a size where the module moves nothing itself (oneDNN's backward returns some
+    weight gradients in the other layout there; they are moved back)."""
+    model, source = resnet18
+    generated = module_from_source(source, "resnet18")
+    x = torch.randn(2, 3, 32, 32)
+    assert x.shape[0] * x.shape[2:].numel() < generated.CHANNELS_LAST_FROM
+    for weights_layout, input_layout in ((torch.channels_last, torch.contiguous_format),
+                                         (torch.contiguous_format, torch.channels_last)):
+        params = {key: value.clone() if value.dim() != 4 else value.clone().contiguous(memory_format=weights_layout)
+                  for key, value in model.state_dict().items()}
+        grads = generated.gradients(x.contiguous(memory_format=input_layout), torch.randint(0, 10, (2,)),
+                                    params).params
+        wrong = [key for key, grad in grads.items()
+                 if grad.dim() == 4 and not grad.is_contiguous(memory_format=weights_layout)]
+        assert not wrong, (weights_layout, input_layout, wrong)
