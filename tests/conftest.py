@@ -8,6 +8,7 @@ the report is the same in one process or many."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -22,9 +23,15 @@ def _is_worker(config) -> bool:
 
 
 def pytest_configure(config):
-    # torch keeps its default threads in each worker: torch.set_num_threads(1) made
-    # tests/benchmarks/test_benchmarks.py::test_the_training_step_variants_compute_the_same_step segfault in autograd's
-    # backward (torch 2.13 CPU, resnet18 channels_last), in one process as under xdist
+    if not _is_worker(config) and config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        # one torch (OpenMP) thread per worker, set before the workers start and import torch: the workers
+        # already fill the cores, and each worker's own pool on top of them only spins and contends (the
+        # bind zoo's float64 steps: 2.5x the CPU time and wall time with two threads per worker on two
+        # cores). Set in the environment, not by torch.set_num_threads(1) after torch started: that made
+        # tests/benchmarks/test_benchmarks.py::test_the_training_step_variants_compute_the_same_step segfault
+        # in autograd's backward (torch 2.13 CPU); the whole file passes with OMP_NUM_THREADS=1. The
+        # subprocesses tests start (generated test files, examples) inherit it. A value set by hand is kept.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if not _is_worker(config) and config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
 
