@@ -191,7 +191,7 @@ BATCH_NORM_AGAIN = '''def _batch_norm_again(input, weight, bias, mean, invstd, e
     channels = (1, -1) + (1,) * (input.dim() - 2)
     alpha = invstd * weight
     beta = torch.addcmul(bias, mean, alpha, value=-1)
-    return torch.addcmul(beta.view(channels), input, alpha.view(channels)).to(input.dtype)
+    return torch.addcmul(beta.reshape(channels), input, alpha.reshape(channels)).to(input.dtype)
 '''
 """Emitted into a module whose backward makes a batch norm's output again
 (``symgrad.rematerialize``).
