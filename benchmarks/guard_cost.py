@@ -55,7 +55,7 @@ def main() -> None:
     def guards() -> None:
         mode._check_model_and_mode()
         mode.arguments.problem(arguments)
-        mode.values.problem()
+        mode.values.problem()  # in _check_model_and_mode's caller, Guard._checked_arguments
 
     steps, after = [], []
     for _ in range(options.steps + 2):

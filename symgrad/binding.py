@@ -47,6 +47,7 @@ from .fingerprint import IGNORED, difference, literal
 from .guards import MISSING, code_difference, first_changed, guardable, kept, shown
 from .modes import mode_refusal
 from .retrace import hyper_difference, retrace, spec_and_output
+from .value_guard import ValueGuard
 from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
@@ -85,6 +86,8 @@ class Guard:
         model = self.model
         check_generated(generated, self.allow_edited)
         self.generated = generated
+        self.values = ValueGuard(getattr(generated, "GUARDS", None), model)
+        """Module constants, functions called by name, class attributes read: checked at each call."""
         # kept.kept_as_layouts's stand-ins, made in the saving forwards: CPU and CUDA kernels only (_check_devices)
         self._keeps_layouts = any("meta" in value.__code__.co_consts for name, value in vars(generated).items()
                                   if inspect.isfunction(value) and name.endswith(("_forward_saving", "_forward")))
@@ -171,6 +174,7 @@ class Guard:
                 raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
                                  "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
         self._check_model_and_mode()
+        self._check_values()
         arguments, params = self._reader.read(data)  # params: each argument is named by its state_dict key
         if not all(map(operator.is_not, params.values(), repeat(None))):
             key = next(key for key, value in params.items() if value is None)
@@ -208,6 +212,14 @@ class Guard:
         """The checks that a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run: the model as bound, and
         every module in the mode it was traced in."""
         self._check_model_and_mode()
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """What the forward read that can be set between calls (:mod:`symgrad.value_guard`)."""
+        changed = self.values.problem()
+        if changed:  # the generated code computes with what was traced
+            raise BindError(f"{name_of(self.generated)}: {changed}, or trace and generate the model again: "
+                            f"{_retrace(self.generated, self.model)})")
 
     def _check_model_and_mode(self) -> None:
         """:meth:`_check_model` and :meth:`_check_mode`, the common case (nothing changed) in a few C calls

@@ -57,7 +57,6 @@ from .fingerprint import forward_hooks
 from .guards import ArgumentGuard
 from .output_types import rebuilder
 from .retrace import retrace
-from .value_guard import ValueGuard
 
 
 class _Mode(Guard):
@@ -83,8 +82,6 @@ class _Mode(Guard):
         except LookupError as error:
             raise BindError(str(error)) from None
         """The model's own container of the outputs (a list, a namedtuple, a ModelOutput), or None."""
-        self.values = ValueGuard(getattr(generated, "GUARDS", None), model)
-        """The module constants and closure variables the forward read, checked at each call."""
 
     def serves(self) -> bool:
         """Whether the model is in the modes this module was traced in: each submodule that reads its mode
@@ -192,10 +189,6 @@ class BoundModel(torch.nn.Module):
             text, change = problem
             again = f", or trace and generate it so: {retrace(mode.generated, self.model, change=change)}" if change else ""
             raise BindError(f"{name_of(mode.generated)}: {text}{again})")
-        changed = mode.values.problem()
-        if changed:  # a module constant set between calls: the generated code computes with the traced one
-            raise BindError(f"{name_of(mode.generated)}: {changed}, or trace and generate the model again: "
-                            f"{retrace(mode.generated, self.model)})")
         return mode({name: arguments[name] for name in mode.data_arguments})
 
     def check_unchanged(self) -> None:
