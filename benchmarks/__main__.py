@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .cases import CASES
 from . import side_by_side
+from .cases import CASES
 from .report import has_matplotlib, machine_description, write_section
 
 

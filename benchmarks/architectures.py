@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def cases() -> dict:
     sys.path.insert(0, str(ROOT))
     from tests.models.test_classic_cnns import CASES as MODELS
+    from tests.models.test_zoo_attention import CASES as ATTENTION
     from tests.models.test_zoo_blocks import CASES as ZOO
     from tests.models.test_zoo_modern import CASES as MODERN
     from tests.models.test_zoo_nets import CASES as NETS
-    from tests.models.test_zoo_attention import CASES as ATTENTION
     from tests.models.test_zoo_segmentation import CASES as SEGMENTATION
     from tests.models.test_zoo_timm_cnn import CASES as TIMM_CNN
     try:  # timm's transformers and hybrids, where that zoo is present; EdgeNeXt with its encoding as a buffer

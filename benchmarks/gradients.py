@@ -114,8 +114,7 @@ def measure(batch: int, size: int, width: int, repeats: int, folder: Path) -> di
 
 
 def profile(batch: int, size: int, width: int, folder: Path, rows: int) -> None:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as profiler
+    from torch.profiler import ProfilerActivity, profile as profiler
 
     model, generated = traced_module(folder, width)
     for name, function in variants(model, generated, batch, size).items():

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def networks() -> dict:
     sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
     import train_resnet
+
     from tests.models import classic as models, zoo_nets
 
     return {

@@ -89,7 +89,6 @@ def _flat_gpt2():
 
 
 def _bert_any_types():
-    import transformers
     model = _bert()
     config = model.config
     config.type_vocab_size = 1000  # the check draws every int64 input below 1000

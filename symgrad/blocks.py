@@ -29,8 +29,20 @@ from dataclasses import dataclass
 
 from .errors import Location, SpecError
 from .spec_layer import LayerSpec, parse_layer
-from .spec_values import (RESERVED_NAMES, RESERVED_PREFIXES, SOURCE, Like, check_name, defined, did_you_mean, has_like,
-                          identifier_at, reject_unknown_keys, string_at, typed_at)
+from .spec_values import (
+    RESERVED_NAMES,
+    RESERVED_PREFIXES,
+    SOURCE,
+    Like,
+    check_name,
+    defined,
+    did_you_mean,
+    has_like,
+    identifier_at,
+    reject_unknown_keys,
+    string_at,
+    typed_at,
+)
 from .spec_yaml import Mapping, Sequence
 
 BLOCK_KEYS = ("inputs", "params", "hyper", "layers", "output")

@@ -209,9 +209,9 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
     """Prove the emitted adjoint of each linear operand is the exact transpose of PyTorch's forward
     operator, for every basis value of the other operand (so for all of its values). Returns the
     number of matrix entries compared."""
-    from .reference import reference_values
     from .graph import build_graph
     from .pipeline import build_text
+    from .reference import reference_values
     from .spec import parse_spec
 
     # an int64 input (gather's index) is a constant, given by its entries: {"int64": [[...], ...]}

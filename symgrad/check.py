@@ -17,12 +17,11 @@ from pathlib import Path
 
 import torch
 
-from . import stale
+from . import stale, testdata
 from .callable_module import make_callable
 from .graph import Graph
 from .reference import reference_forward, seeded
 from .roles import channels_last_inputs, graph_inputs
-from . import testdata
 from .testdata import checked_subset, first_nonfinite, float32_acceptable, in_layout, make_inputs, relative_errors
 
 

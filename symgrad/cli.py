@@ -213,8 +213,8 @@ def check(paths):
 def docs(specs, output, force):
     """Write only the derivation documents (Markdown and HTML) of each SPEC."""
     from .emit import DOCUMENTS, Rendered
-    from .write import write_files
     from .pipeline import build
+    from .write import write_files
 
     try:
         built = [build(path, _spec_label(path, Path(output))) for path in _expand(specs)]

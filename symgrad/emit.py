@@ -12,8 +12,15 @@ from dataclasses import dataclass
 
 from .plan import Scheduled
 from .printing import to_code, to_latex
-from .write import (HEADER, edited_by_hand, read_header, with_header as _with_header,  # noqa: F401
-                    write_files, write_text)  # re-exported: the writing lives in symgrad.write
+from .write import (  # noqa: F401
+    HEADER,
+    edited_by_hand,
+    read_header,
+    with_header as _with_header,
+    write_files,  # re-exported: the writing lives in symgrad.write
+    write_text,
+)
+
 
 @dataclass(frozen=True)
 class Line:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .printing import to_code, to_latex
+from .printing import to_latex
 
 
 def module_lines(module: str, function: str) -> dict[str, int]:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from .blocks import flatten
 from .emit import Rendered
+from .errors import GeneratorError
 from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
-from .errors import GeneratorError, SymgradError
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 from .spec_functions import refuse_second_order
 

@@ -19,8 +19,7 @@ from .algebra import TensorOp, op, tensor
 from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
 from .rematerialize import COMMENT as REBUILT, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import (channels_last_constant, channels_last_test, channels_last_weights, running_statistics,
-                    test_facts)
+from .roles import channels_last_constant, channels_last_test, channels_last_weights, running_statistics, test_facts
 from .tangent import tangent_statements
 
 

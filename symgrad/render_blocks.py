@@ -9,13 +9,13 @@ import dataclasses
 
 import sympy
 
+from .algebra import TensorOp, tensor
 from .blocks import HyperInt
+from .emit import packed
 from .fingerprint import module_constants
 from .plan_blocks import Structured
 from .reverse import GRAD_LOSS
 from .structure import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
-from .algebra import TensorOp, tensor
-from .emit import packed
 
 
 def _renamed_statements(scheduled, renames: dict) -> list:
@@ -23,7 +23,6 @@ def _renamed_statements(scheduled, renames: dict) -> list:
     code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``)."""
     import re
 
-    from .plan import Scheduled
 
     names = {old.name: new.name for old, new in renames.items()}
     spelled = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")\b") if names else None
@@ -179,9 +178,8 @@ def render_files(structured: Structured, spec_label: str, recorded_extras: tuple
     module, its test file and (``documents``) its documents (:mod:`symgrad.documents`) printed, then
     each under the header ``symgrad check`` reads; with the backward as printed, and its readable
     form in LaTeX."""
-    from .emit import Rendered, printed_line
-
     from .documents import headed, render_tests
+    from .emit import Rendered, printed_line
 
     spec = structured.spec
     body, blocks, top_lines, steps = render_structured(structured, spec_label)

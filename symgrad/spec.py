@@ -21,10 +21,29 @@ from pathlib import Path
 
 from .errors import Location, SpecError, cut
 from .spec_layer import Argument, LayerSpec, parse_layer
-from .spec_values import (MAX_DIM, MAX_RANK, RESERVED_MODULES, RESERVED_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES,
-                          SOURCE, Like, check_identifier, check_name, check_value, defined, did_you_mean,
-                          identifier_at, input_shape, kind_of, reference_at, reject_unknown_keys, size_expression,
-                          string_at, typed_at)
+from .spec_values import (
+    MAX_DIM,
+    MAX_RANK,
+    RESERVED_MODULES,
+    RESERVED_NAMES,
+    RESERVED_PREFIXES,
+    RESERVED_SUFFIXES,
+    SOURCE,
+    Like,
+    check_identifier,
+    check_name,
+    check_value,
+    defined,
+    did_you_mean,
+    identifier_at,
+    input_shape,
+    kind_of,
+    reference_at,
+    reject_unknown_keys,
+    size_expression,
+    string_at,
+    typed_at,
+)
 from .spec_yaml import MAX_NAME, MAX_SPEC_BYTES, Mapping, Sequence, load_yaml
 
 TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint", "guards",

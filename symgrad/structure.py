@@ -20,14 +20,13 @@ from dataclasses import dataclass
 
 import sympy
 
-from .algebra import primitive, tensor, TensorOp, Params
+from .algebra import Params, TensorOp, primitive, tensor
 from .blocks import BlockSpec
 from .graph import Graph, build_graph
 from .plan import Plan
 from .reverse import Program
 from .rules.base import Forward, Operand, Param, Rule
 from .spec import LossSpec, Spec
-
 
 GRAD_OUTPUT = tensor("grad_output")
 

@@ -15,7 +15,6 @@ from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 from .layout import target_shape
 from .shared import show_dims
 
-
 primitive("expand", code=lambda operands, params, show: f"{operands[0]}.expand({', '.join(map(show, params['shape']))})",
           latex=lambda operands, params, show: rf"\operatorname{{expand}}\left({operands[0]}\right)", tangent=LINEAR)
 

@@ -14,7 +14,6 @@ from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
 from ..spec_values import Like, size_expression
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 
-
 primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
           latex=lambda operands, params, show: operands[0],
           tangent=lambda expr, tangent_of: op("reshape_like", tangent_of(expr.operands[0]), expr.operands[1]))

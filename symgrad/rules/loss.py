@@ -12,7 +12,18 @@ import sympy
 from ..algebra import CONSTANT, LINEAR, TensorOp, op, primitive, tensor
 from ..printing import to_code
 from . import softmax  # noqa: F401 (defines the softmax primitive used here)
-from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, non_negative_number, number, positive_number
+from .base import (
+    Checker,
+    Forward,
+    NodeSymbols,
+    Operand,
+    Param,
+    Rule,
+    choice,
+    non_negative_number,
+    number,
+    positive_number,
+)
 
 RESIDUAL = sympy.Symbol("residual", real=True)
 

@@ -24,8 +24,15 @@ import sympy
 
 from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, number, positive_number
-from .norm_helpers import (BATCH_NORM_AGAIN, BATCH_NORM_BACKWARD, GROUP_NORM, GROUP_NORM_BACKWARD, INSTANCE_NORM,
-                           INSTANCE_NORM_BACKWARD, LAYER_NORM_BACKWARD)
+from .norm_helpers import (
+    BATCH_NORM_AGAIN,
+    BATCH_NORM_BACKWARD,
+    GROUP_NORM,
+    GROUP_NORM_BACKWARD,
+    INSTANCE_NORM,
+    INSTANCE_NORM_BACKWARD,
+    LAYER_NORM_BACKWARD,
+)
 
 primitive("mean_keep", code=lambda operands, params, show: (
     f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),

@@ -17,6 +17,7 @@ from ..algebra import CONSTANT, op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, one_dim, positive_number
 from .shared import sum_over
 
+
 def _normalize_tangent(expr, tangent_of):
     """The Jacobian is symmetric: the tangent has the pullback's form."""
     moved = tangent_of(expr.operands[0])

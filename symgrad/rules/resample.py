@@ -10,7 +10,6 @@ from ..algebra import CONSTANT, LINEAR, keyword_arguments, laid_out, op, primiti
 from ..spec_values import Like
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice, ints
 
-
 primitive("pixel_shuffle", code=lambda operands, params, show: f"F.{params['function']}({operands[0]}, {params['factor']})",
           latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
           tangent=LINEAR)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
 
-
 primitive("roll", code=lambda operands, params, show: (
     f"torch.roll({operands[0]}, shifts={_show(params['shifts'])}, dims={_show(params['dims'])})"),
     latex=lambda operands, params, show: (rf"\operatorname{{roll}}_{{{','.join(map(str, params['shifts']))}}}"

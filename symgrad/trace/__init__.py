@@ -325,8 +325,8 @@ def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
 
 def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, module, graph) -> str:
     """The traced spec with the instances of each repeated submodule as one block."""
-    from ..rules import LAYER_RULES, LOSS_RULES
     from ..plan_blocks import build_structured
+    from ..rules import LAYER_RULES, LOSS_RULES
     from .grouping import group_blocks
 
     shapes = {node.name: node.shape for node in graph.nodes.values()}

@@ -28,17 +28,39 @@ from ..rules import LAYER_RULES
 from ..spec_values import check_identifier
 from . import attention, loss_tail, random_masks, views
 from .casts import integer_identity
-from .size_checks import write_checks
 from .constants import constant_layer
-from .dataflow import (Problem, Reduction, Source, flat_arguments, fitted, is_number, literal, numbered,
-                       plain_name, storage_of)
 from .custom_functions import Applied, check
+from .dataflow import (
+    Problem,
+    Reduction,
+    Source,
+    fitted,
+    flat_arguments,
+    is_number,
+    literal,
+    numbered,
+    plain_name,
+    storage_of,
+)
 from .errors import Refusal, TraceError
 from .indexing import index_view
 from .op_hooks import HOOKS
 from .recorder import NO_GRAD, RANDOM, Call
-from .torch_names import (BY_FUNCTION, CONSTANT, DROPOUT, FIXES, IGNORED, IN_PLACE_BOOKKEEPING, LOSSES, NEUTRAL,
-                          PASS_THROUGH, PIECES, SIGNATURES, TRANSPOSES)
+from .size_checks import write_checks
+from .torch_names import (
+    BY_FUNCTION,
+    CONSTANT,
+    DROPOUT,
+    FIXES,
+    IGNORED,
+    IN_PLACE_BOOKKEEPING,
+    LOSSES,
+    NEUTRAL,
+    PASS_THROUGH,
+    PIECES,
+    SIGNATURES,
+    TRANSPOSES,
+)
 
 CALLS = {
     **dict.fromkeys(("sum", "mean"), loss_tail.reduce),

@@ -14,7 +14,6 @@ from .dataflow import Reduction, report
 from .errors import TraceError
 from .layers import SpecBuilder
 
-
 LOSS_NAMES = {"mse": "mse_loss", "half_sq_error": "half_sq_error", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss",
               "huber": "huber_loss", "cross_entropy": "cross_entropy", "nll": "nll_loss"}
 """``--loss`` values: short names and the spec's loss ops."""

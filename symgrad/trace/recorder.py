@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 import torch.autograd.function
 import torch.autograd.grad_mode
+import torch.nn.functional as F
 import torch.utils._contextlib
 import torch.utils.checkpoint
 from torch.nn.modules import module as module_hooks

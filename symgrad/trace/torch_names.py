@@ -13,6 +13,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from ..rules import LAYER_RULES, LOSS_RULES
 
+
 def torch_signature(op: str) -> tuple[str, ...]:
     """PyTorch's positional argument names of the op ``torch.nn.functional.<op>`` or ``torch.<op>``:
     the Python function's own signature, else the longest positional form among the op's schemas on

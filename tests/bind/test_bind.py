@@ -6,8 +6,8 @@ traced ones; frozen parameters, accumulation, refusals, and CPU bfloat16 autocas
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 import torch

@@ -10,7 +10,6 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -18,8 +17,7 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.binding import BindError
-
-from tests.bind.test_guard import MODEL, assert_same, built_model, data, generate, write_model
+from tests.bind.test_guard import assert_same, built_model, data, generate, write_model
 
 FORMS = ["flat", "blocks"]
 

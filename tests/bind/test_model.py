@@ -16,7 +16,6 @@ import symgrad
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace, trace_modes
 
-
 # ----- the model, written as timm and torchvision write these layers ----------------------------------
 
 

@@ -11,16 +11,14 @@ import os
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from symgrad.check import random_inputs, relative_error, verify
 from symgrad.errors import SpecError
 from symgrad.graph import build_graph
 from symgrad.spec import parse_spec
-
-from tests.helpers import build_text, generated_module, spec_text
 from tests.cli.test_spec_errors import GOOD
+from tests.helpers import build_text, generated_module, spec_text
 
 EXAMPLES = int(os.environ.get("SYMGRAD_FUZZ_EXAMPLES", "25"))
 # the bounded run (CI) draws the same examples every time, so it is reproducible; a long fuzz explores

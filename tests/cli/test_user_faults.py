@@ -336,10 +336,10 @@ def _names_the_code_may_use() -> list[str]:
 def test_a_name_the_generated_code_uses_is_refused_at_its_line_or_works(name: str, where: str):
     """Each name is either refused at the spec's line of that name, or the module it makes is right:
     never a module that crashes (x_layout beside x was an UnboundLocalError) or reads the wrong value."""
-    from symgrad.errors import SpecError
-    from symgrad.roles import channels_last_inputs
     import torch
 
+    from symgrad.errors import SpecError
+    from symgrad.roles import channels_last_inputs
     from tests.helpers import build_text, generated_module
 
     text = _clash_spec(name, where)
@@ -492,7 +492,6 @@ BAD_NUMBERS = [
                               in enumerate(BAD_NUMBERS)])
 def test_a_number_outside_its_domain_is_refused_at_its_line(layer, loss, argument: str, why: str):
     from symgrad.errors import SpecError
-
     from tests.helpers import build_text
 
     text = _one_layer(layer, loss)
@@ -524,7 +523,6 @@ def test_generate_refuses_a_huge_slope_in_one_line(tmp_path: Path):
 def test_numbers_at_the_edge_of_their_domain_make_right_gradients(layer, loss):
     """Accepted means right: no OverflowError, and the float64 gradients match autograd."""
     from symgrad.check import verify
-
     from tests.helpers import build_text, generated_module
 
     built = build_text(_one_layer(layer, loss))
@@ -539,7 +537,6 @@ def test_loss_arguments_are_refused_exactly_where_pytorch_refuses_them(loss: str
     import torch.nn.functional as F
 
     from symgrad.errors import SpecError
-
     from tests.helpers import build_text
 
     try:
@@ -557,7 +554,6 @@ def test_loss_arguments_are_refused_exactly_where_pytorch_refuses_them(loss: str
 
 def test_hardtanh_with_min_above_max_is_refused_as_pytorch_does():
     from symgrad.errors import SpecError
-
     from tests.helpers import build_text
 
     with pytest.raises(SpecError) as error:
@@ -576,7 +572,6 @@ LONG = "q" * 10_000
                                    "reference", "wrt", "dtype", "out", "spaced op", "spaced layer key"])
 def test_a_ten_thousand_character_name_is_cut_in_the_message(where: str):
     from symgrad.errors import SpecError
-
     from tests.helpers import build_text
 
     long = ("q " * 5_000).strip() if where.startswith("spaced") else LONG
@@ -610,7 +605,6 @@ def test_a_ten_thousand_character_name_is_cut_in_the_message(where: str):
 
 def test_a_long_number_is_cut_in_the_message():
     from symgrad.errors import SpecError
-
     from tests.helpers import build_text
 
     for digits in (400, 5000):  # beyond 4,300 digits Python refuses to convert the string

@@ -19,7 +19,6 @@ from typing import Callable
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 
-
 FOLDER: Path | None = None
 """Where the texts go: set for the run by ``tests/conftest.py``; outside pytest, a new temporary folder."""
 

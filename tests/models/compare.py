@@ -13,8 +13,7 @@ import yaml
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
-from symgrad.trace import LossChoice, trace
-from symgrad.trace import _source_name as source_name
+from symgrad.trace import LossChoice, _source_name as source_name, trace
 
 __all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",
            "assert_generated_test_file_passes", "source_name"]

@@ -21,15 +21,16 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.trace import LossChoice, trace
-
-from tests.models import test_zoo_attention as test_trace_attention
-from tests.models import test_classic_cnns as test_trace_models
-from tests.models import test_zoo_blocks as test_trace_zoo
-from tests.models import test_zoo_hybrid as test_trace_zoo_hybrid
-from tests.models import test_zoo_modern as test_trace_zoo_modern
-from tests.models import test_zoo_nets as test_trace_zoo_nets
-from tests.models.built_once import module_of, once
 from tests.helpers import CudaNormKernels
+from tests.models import (
+    test_classic_cnns as test_trace_models,
+    test_zoo_attention as test_trace_attention,
+    test_zoo_blocks as test_trace_zoo,
+    test_zoo_hybrid as test_trace_zoo_hybrid,
+    test_zoo_modern as test_trace_zoo_modern,
+    test_zoo_nets as test_trace_zoo_nets,
+)
+from tests.models.built_once import module_of, once
 from tests.models.compare import randomize
 
 CASES = {**{f"models:{label}": case for label, case in test_trace_models.CASES.items()},

@@ -15,10 +15,9 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.trace import trace
-
 from tests.models.built_once import module_of, once
-from tests.models.test_bind_zoo import AUTOCAST_CASES, CASES, assert_as_accurate_as_autograd, assert_trained_as_autograd
 from tests.models.compare import randomize
+from tests.models.test_bind_zoo import AUTOCAST_CASES, CASES, assert_as_accurate_as_autograd, assert_trained_as_autograd
 
 
 def traced_outputs(label):

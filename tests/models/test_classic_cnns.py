@@ -8,10 +8,14 @@ import pytest
 import torch
 
 from symgrad.pipeline import build_text
-
 from tests.models import classic as models
-from tests.models.compare import (CLASSIFIER, RESTORATION, Case, assert_generated_test_file_passes,
-                                   matches_autograd, randomize, reference_loss, source_name, traced_spec)
+from tests.models.compare import (
+    CLASSIFIER,
+    RESTORATION,
+    Case,
+    matches_autograd,
+    traced_spec,
+)
 
 CASES = {
     "resnet18": Case(models.ResNet18, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 24, 24)}, CLASSIFIER),

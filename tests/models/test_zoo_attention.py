@@ -10,7 +10,6 @@ import torch.nn.functional as F
 import yaml
 
 from symgrad.trace import LossChoice, TraceError, trace
-
 from tests.models import zoo_attention as zoo
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 

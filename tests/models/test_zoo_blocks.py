@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from symgrad.trace import LossChoice, TraceError, trace
-
 from tests.models import zoo
-from tests.models.test_classic_cnns import CASES as MODEL_CASES
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
+from tests.models.test_classic_cnns import CASES as MODEL_CASES
 
 CASES = {
     # branches stacked on a new dim, a softmax over it, squeeze() of the pooled features, SK attention

@@ -14,9 +14,7 @@ import yaml
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
-
-from tests.models import zoo_hybrid as zoo
-from tests.models import zoo_hybrid_conv as conv_zoo
+from tests.models import zoo_hybrid as zoo, zoo_hybrid_conv as conv_zoo
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 
 CLASSIFIER = ("cross_entropy",)

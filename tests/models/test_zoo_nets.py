@@ -14,7 +14,6 @@ import torch
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
-
 from tests.models import zoo_nets
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 

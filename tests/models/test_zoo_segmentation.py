@@ -13,15 +13,16 @@ import torch
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
-
-from tests.models import zoo_monai as monai
-from tests.models import zoo_monai_unet as monai_unet
-from tests.models import zoo_segmentation as smp
-from tests.models import zoo_swinunetr as swin
-from tests.models import zoo_swinunetr_2d as swin2d
-from tests.models import zoo_unetr as unetr
-from tests.pipeline import test_blocks
+from tests.models import (
+    zoo_monai as monai,
+    zoo_monai_unet as monai_unet,
+    zoo_segmentation as smp,
+    zoo_swinunetr as swin,
+    zoo_swinunetr_2d as swin2d,
+    zoo_unetr as unetr,
+)
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
+from tests.pipeline import test_blocks
 
 SEGMENTATION = ("mse_loss",)
 CASES = {

@@ -7,8 +7,6 @@ instance-norm UNETR decoder blocks). The code is ours; the architectures' facts 
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

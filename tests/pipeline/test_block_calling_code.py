@@ -12,8 +12,7 @@ import os
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.pipeline.test_blocks import _agrees_with_flat_and_autograd
 
@@ -259,9 +258,8 @@ def _explicit_backward_agrees(text: str) -> None:
     gradients through its flat form (float64)."""
     import torch
 
-    from symgrad.check import graph_inputs, module_from_source
+    from symgrad.check import by_name, graph_inputs, module_from_source
     from symgrad.pipeline import build_text
-    from symgrad.check import by_name
     from symgrad.testdata import relative_errors
 
     structured, flat = build_text(text, "blocky.yaml"), build_text(text, "blocky.yaml", flat=True)

@@ -15,17 +15,13 @@ import torch
 import yaml
 
 import symgrad.plan_blocks
-from symgrad.check import graph_inputs, module_from_source
+from benchmarks.structure import MOBILENET_V2
+from symgrad.check import by_name, graph_inputs, module_from_source
 from symgrad.errors import SpecError
 from symgrad.pipeline import build, build_text
-from symgrad.check import by_name
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, trace
-
-from benchmarks.structure import MOBILENET_V2
-
-from tests.models import classic as models
-from tests.models import zoo_nets
+from tests.models import classic as models, zoo_nets
 from tests.models.compare import Case, randomize, reference_loss, source_name
 from tests.models.test_classic_cnns import CASES as MODELS
 from tests.models.test_zoo_nets import CASES as NETS

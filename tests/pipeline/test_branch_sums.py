@@ -26,7 +26,6 @@ from symgrad.plan import Scheduled, _added_in_place
 from symgrad.reverse import Statement
 from symgrad.rules.shared import ADD_INTO
 from symgrad.trace import LossChoice, trace
-
 from tests.helpers import build_text, module_from_source
 from tests.models.classic import BasicBlock  # torchvision's, as its authors write it: `out += identity`
 from tests.rules.test_norm_statistics import _Counted

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import build_text, spec_text
 from symgrad.graph import build_graph
 from symgrad.mathml import INDICATOR, NAMESPACE, aligned, mathml
 from symgrad.spec import parse_spec
+from tests.helpers import build_text, spec_text
 
 ROOT = Path(__file__).resolve().parents[2]
 M = f"{{{NAMESPACE}}}"

@@ -354,7 +354,6 @@ def test_bind_refuses_a_device_whose_pooling_kernels_may_read_the_stand_in():
     stand-in refuses any other device in one line, naming the fix; with --no-recompute it has none."""
     import symgrad
     from symgrad.binding import BindError
-
     from tests.bind.test_bind import fresh_model, generated_for
 
     model = fresh_model()
@@ -373,7 +372,6 @@ def test_under_torch_compile_the_relu_output_is_kept_and_the_step_trains_as_auto
     import copy
 
     import symgrad
-
     from tests.bind.test_bind import batches, fresh_model
     from tests.bind.test_model import generated
 

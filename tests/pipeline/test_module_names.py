@@ -22,7 +22,6 @@ from symgrad.names import check_module_source
 from symgrad.plan_blocks import MODULE_NAMES
 from symgrad.spec import parse_spec
 from symgrad.trace import trace
-
 from tests.helpers import build_text, module_from_source
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"

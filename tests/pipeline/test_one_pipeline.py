@@ -15,7 +15,6 @@ import torch
 from symgrad.pipeline import build, build_text
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, load_target, trace
-
 from tests.helpers import generated_module
 from tests.pipeline.test_blocks import _agrees_with_flat_and_autograd
 

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from symgrad.check import module_from_source, verify
 from symgrad.cli import main
-
 from tests.helpers import build_text
 
 SPEC = """\

@@ -24,7 +24,6 @@ import yaml
 from symgrad.printing import to_code
 from symgrad.reverse import Statement, derive
 from symgrad.rules import all_rules
-
 from tests.helpers import build_text
 from tests.rules.test_rules import CASES
 

@@ -33,7 +33,6 @@ from symgrad.graph import build_graph
 from symgrad.printing import to_code
 from symgrad.reverse import derive
 from symgrad.spec import parse_spec
-
 from tests.helpers import build_text, generated_module
 from tests.rules.test_rules import CASES
 
@@ -245,7 +244,6 @@ def test_norm_kernels_take_a_float32_weight_with_a_bfloat16_input_as_cuda_does(n
     the bound U-Net 3D, MONAI blocks, MaxViT and MobileViT steps under CUDA autocast. The helpers
     compute in float32 there, as autograd's kernels do, and return each gradient in its tensor's dtype."""
     from symgrad.rules.norm import GROUP_NORM_BACKWARD, LAYER_NORM_BACKWARD
-
     from tests.helpers import CudaNormKernels
 
     namespace = {"torch": torch}

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.trace import LossChoice, trace
-
 from tests.helpers import build_text, module_from_source
 from tests.rules.test_norm_statistics import _Counted
 

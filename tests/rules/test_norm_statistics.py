@@ -22,7 +22,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import symgrad
 from symgrad.trace import LossChoice, trace
-
 from tests.helpers import build_text, module_from_source
 
 

@@ -17,7 +17,6 @@ import yaml
 from symgrad.check import module_from_source, relative_error
 from symgrad.errors import SpecError
 from symgrad.pipeline import build_text
-
 from tests.conftest import OPINFO_REPORT
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db

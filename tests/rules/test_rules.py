@@ -15,12 +15,11 @@ import torch
 import torch.nn.attention
 
 from symgrad import roles
-from symgrad.roles import channels_last_inputs
 from symgrad.check import random_inputs, relative_error, verify
 from symgrad.graph import build_graph
+from symgrad.roles import channels_last_inputs
 from symgrad.rules import all_rules
 from symgrad.spec import parse_spec
-
 from tests.helpers import build_text, generated_module, spec_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -569,7 +568,6 @@ def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
     import sympy
 
     from symgrad.rules import LAYER_RULES
-
     from symgrad.rules.elementwise import INPUT as x
 
     relu = LAYER_RULES["relu"]

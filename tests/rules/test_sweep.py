@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from symgrad.check import random_inputs, relative_error, verify
-
 from tests.helpers import build_text, generated_module, spec_text
 
 COMBINATIONS = list(itertools.product((1, 2, 3), (0, 1, 2), (1, 2), (1, 2), (False, True), (False, True)))

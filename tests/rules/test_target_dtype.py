@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.trace import LossChoice, trace
-
 from tests.helpers import build_text, module_from_source
 
 

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
-
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 
 pytestmark = pytest.mark.filterwarnings("ignore:'saved_variables' is deprecated")  # as upstream writes it
@@ -375,7 +374,7 @@ def test_a_hand_written_entry_claiming_an_unequal_backward_is_refused():
 
 
 def test_the_check_leaves_the_random_state_as_it_was():
-    from symgrad.trace.custom_functions import Applied, _CHECKED, check
+    from symgrad.trace.custom_functions import _CHECKED, Applied, check
 
     _CHECKED.pop(Tanh, None)
     applied = Applied(Tanh, (torch.randn(2, 3),), {}, "here:1")

@@ -9,7 +9,6 @@ import torch
 import torch.nn as nn
 
 from symgrad.trace import LossChoice, TraceError, trace
-
 from tests.models.compare import Case, matches_autograd
 
 

@@ -15,7 +15,6 @@ import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
-
 from tests.models.test_bind_zoo import assert_trained_as_autograd
 
 

@@ -9,11 +9,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from symgrad.check import relative_error
 from symgrad.trace import LossChoice, TraceError, trace
-
-from tests.models import zoo_cbam
 from tests.helpers import build_text, generated_module, spec_text
+from tests.models import zoo_cbam
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 
 CBAM = Case(zoo_cbam.CBAMNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, ("cross_entropy",))

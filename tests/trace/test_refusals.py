@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from symgrad.trace import LossChoice, TraceError, load_target, trace
-
 from tests.models.compare import Case, matches_autograd
 
 ROOT = Path(__file__).resolve().parents[2]

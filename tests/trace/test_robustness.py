@@ -10,10 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-from symgrad.check import module_from_source, relative_error
+from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.spec import MAX_NAME
-from symgrad.check import by_name
 from symgrad.trace import LossChoice, TraceError, _source_name, trace
 
 

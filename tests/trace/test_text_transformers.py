@@ -17,7 +17,6 @@ import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace, trace_modes
-
 from tests.models.zoo_gpt import GPT
 
 

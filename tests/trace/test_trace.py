@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 import torch
 import torch.nn.functional as F
+import yaml
 from click.testing import CliRunner
 
 from symgrad.check import module_from_source, relative_error
