@@ -8,7 +8,8 @@ at its last read. The steps, each bit for bit the forward's value:
 
 - a training-mode batch norm's output, from its input and the batch mean and 1 / std its backward
   reads anyway (``_batch_norm_again``: the CPU kernel's own ``input * alpha + beta``, each a fused
-  multiply-add, or the forward's kernel again; tests/test_rematerialization.py checks it bitwise);
+  multiply-add, or the forward's kernel again; tests/pipeline/test_rematerialization.py checks it
+  bitwise);
 - an activation (``Primitive.recomputable``: ReLU, SiLU, GELU, hardswish, ...) of such a value: the
   same kernel on the same input;
 - the sum of two such values, or of one and a kept value (a residual block's ``bn2 + identity``):

@@ -194,6 +194,5 @@ BATCH_NORM_AGAIN = '''def _batch_norm_again(input, weight, bias, mean, invstd, e
     return torch.addcmul(beta.reshape(channels), input, alpha.reshape(channels)).to(input.dtype)
 '''
 """Emitted into a module whose backward makes a batch norm's output again
-(``symgrad.rematerialize``).
-tests/test_rematerialization.py checks it bitwise against ``torch.native_batch_norm`` (float32 and
-float64, contiguous and channels_last, a bfloat16 input)."""
+(``symgrad.rematerialize``). tests/pipeline/test_rematerialization.py checks it bitwise against
+``torch.native_batch_norm`` (float32 and float64, contiguous and channels_last, a bfloat16 input)."""
