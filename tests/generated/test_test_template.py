@@ -112,7 +112,7 @@ class DropoutNet(nn.Module):
 def test_a_generated_test_file_of_a_model_with_dropout_in_train_mode_passes(tmp_path):
     """Its forward and its gradients are run from one torch seed, so the module and autograd's reference
     draw the same masks (unseeded, they compared different draws: errors of order 1, smp's FPN)."""
-    from tests.models.test_classic_cnns import Case, assert_generated_test_file_passes
+    from tests.models.compare import Case, assert_generated_test_file_passes
 
     case = Case(DropoutNet, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 7, 5)}, ("cross_entropy",))
     assert_generated_test_file_passes("dropout_net", case, tmp_path)

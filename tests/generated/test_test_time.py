@@ -137,7 +137,7 @@ class GatedNet(nn.Module):
 def test_a_one_channel_gate_keeps_small_test_shapes_and_its_file_passes(tmp_path):
     """The gate's product broadcasts its one channel over C: no tie between the two (tied, the sizes read back
     at the spec's gave the gate 8 channels, and the tests fell back to the traced shapes)."""
-    from tests.models.test_classic_cnns import Case, assert_generated_test_file_passes, matches_autograd
+    from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 
     torch.manual_seed(0)
     text = trace(GatedNet().double().train(), {"x": (2, 3, 12, 12)}, name="gated", loss=LossChoice("mse_loss"))
