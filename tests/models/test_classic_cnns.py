@@ -1,6 +1,7 @@
-"""Real models in: eight classic CNNs written as nn.Modules (``tests/models/classic.py``), each traced in train
-and eval mode with two kinds of loss, generated, and compared in float64 with autograd through the
-original module, at a batch size and spatial size other than the traced ones, with a random cotangent."""
+"""Real models in: classic CNNs written as nn.Modules (``tests/models/classic.py``), each traced in train
+mode with its first loss and in eval mode with its second (``compare.matches_autograd(...,
+one_loss_per_mode=True)``), generated, and compared in float64 with autograd through the original module, at
+a batch size and spatial size other than the traced ones, with a random cotangent."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ CASES = {
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_traced_model_matches_autograd_on_the_original_module(label, mode):
-    matches_autograd(label, CASES[label], mode)
+    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True)
 
 
 SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip", "ffdnet")

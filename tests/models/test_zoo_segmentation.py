@@ -103,7 +103,7 @@ CASES = {
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_segmentation_network_matches_autograd_on_the_original_module(label, mode):
-    matches_autograd(label, CASES[label], mode)
+    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True)
 
 
 DROPOUT = {"smp_fpn_resnet", "smp_fpn_efficientnet", "smp_deeplabv3plus", "smp_deeplabv3plus_efficientnet"}
@@ -204,6 +204,7 @@ def test_a_corner_of_an_index_buffer_is_the_table_indexed_by_the_buffer_then_nar
 def test_the_whole_swinunetr_with_its_masks_as_buffers_matches_autograd():
     """SwinUNETR (four stages, the last one's window shrunk to its 2x2x4 map and its bias read through a corner of
     the index buffer, the UNETR decoder at full resolution) with the workaround for its forward-made mask: train
-    mode, another batch (the masks are built for one resolution); about 8 minutes on the shared 2-core machine."""
-    matches_autograd("swinunetr", Case(swin.SwinUNETRFixedMasks, {"x_in": (2, 1, 32, 32, 64)},
-                                       {"x_in": (3, 1, 32, 32, 64)}, SEGMENTATION), "train")
+    mode, another batch (the masks are built for one resolution): traced at batch 1, checked at batch 2 (was 2 and 3:
+    38 s of CI's slowest test for the same ops)."""
+    matches_autograd("swinunetr", Case(swin.SwinUNETRFixedMasks, {"x_in": (1, 1, 32, 32, 64)},
+                                       {"x_in": (2, 1, 32, 32, 64)}, SEGMENTATION), "train")
