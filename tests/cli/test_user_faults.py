@@ -34,6 +34,17 @@ def run(*arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=N
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=environment, preexec_fn=preexec_fn)
 
 
+def prepared(*arguments: str) -> None:
+    """A command that sets the scene (generated files to then break or guard), run in this process with
+    click's runner: it must succeed; the command under test runs in its own process (:func:`run`)."""
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+
+    result = CliRunner().invoke(main, list(arguments))
+    assert result.exit_code == 0, (result.output, result.exception)
+
+
 def one_error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
     """The single error line of a refused command (exit ``code``, no traceback), returned for more checks."""
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
@@ -63,7 +74,7 @@ def changed_spec(folder: Path) -> Path:
 
 def test_check_names_the_missing_module_whose_test_file_remains(tmp_path: Path):
     out = tmp_path / "gen"
-    assert run("generate", str(SEED1), str(SEED3), "-o", str(out)).returncode == 0
+    prepared("generate", str(SEED1), str(SEED3), "-o", str(out))
     assert run("check", str(out)).returncode == 0  # the good state says ok
     (out / "seed1_strided_conv.py").unlink()  # seed 3's module still sits in the folder
     result = run("check", str(out))
@@ -75,7 +86,7 @@ def test_check_names_the_missing_module_whose_test_file_remains(tmp_path: Path):
 
 def test_check_names_the_missing_module_when_no_module_is_left(tmp_path: Path):
     out = tmp_path / "gen"
-    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    prepared("generate", str(SEED1), "-o", str(out))
     (out / "seed1_strided_conv.py").unlink()
     result = run("check", str(out))
     assert result.returncode == 1 and "seed1_strided_conv.py, which is missing" in result.stderr, result.stderr
@@ -83,7 +94,7 @@ def test_check_names_the_missing_module_when_no_module_is_left(tmp_path: Path):
 
 def test_check_says_a_module_whose_header_was_removed_was_edited(tmp_path: Path):
     out = tmp_path / "gen"
-    assert run("generate", str(SEED1), str(SEED3), "-o", str(out)).returncode == 0
+    prepared("generate", str(SEED1), str(SEED3), "-o", str(out))
     module = out / "seed1_strided_conv.py"
     module.write_text(module.read_text().split("\n", 1)[1])  # the symgrad header line cut off by hand
     result = run("check", str(out))
@@ -92,7 +103,7 @@ def test_check_says_a_module_whose_header_was_removed_was_edited(tmp_path: Path)
 
 def test_check_names_a_folder_where_a_generated_file_should_be(tmp_path: Path):
     out = tmp_path / "gen"
-    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    prepared("generate", str(SEED1), "-o", str(out))
     (out / "seed1_strided_conv.md").unlink()
     (out / "seed1_strided_conv.md").mkdir()
     result = run("check", str(out))
@@ -132,7 +143,7 @@ def _as_unprivileged(*arguments: str) -> subprocess.CompletedProcess:
 def test_a_read_only_folder_is_one_line_and_keeps_the_old_files(shared_folder: Path, where: str):
     out = shared_folder / "gen"
     spec = shared_folder / "seed1_strided_conv.yaml"
-    assert run("generate", str(spec), "-o", str(out)).returncode == 0
+    prepared("generate", str(spec), "-o", str(out))
     spec.write_text(spec.read_text() + "# changed\n")
     out.chmod(0o555)
     before = snapshot(shared_folder)
@@ -177,7 +188,7 @@ def _file_size_limit(limit: int):
 @pytest.mark.parametrize("limit", [0, 5000])
 def test_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path: Path, limit: int):
     out = tmp_path / "gen"
-    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    prepared("generate", str(SEED1), "-o", str(out))
     spec = changed_spec(tmp_path)
     before = snapshot(tmp_path)
     result = run("generate", str(spec), "-o", str(out), "--force", preexec_fn=_file_size_limit(limit))
@@ -637,7 +648,7 @@ def test_the_generated_test_skips_shapes_that_do_not_fit_with_verifys_reason(tmp
     spec = tmp_path / "huge.yaml"
     spec.write_text(HUGE)
     out = tmp_path / "gen"
-    assert run("generate", str(spec), "-o", str(out)).returncode == 0
+    prepared("generate", str(spec), "-o", str(out))
     refused = one_error_line(run("verify", str(spec)))
     needs = re.search(r"checking huge_case at the float32 shapes needs about [0-9.]+ GiB", refused)
     assert needs, refused
@@ -652,7 +663,7 @@ def test_the_generated_test_skips_shapes_that_do_not_fit_with_verifys_reason(tmp
 
 def test_the_generated_test_runs_the_spec_shape_check_where_it_fits(tmp_path: Path):
     out = tmp_path / "gen"
-    assert run("generate", str(SEED1), "-o", str(out)).returncode == 0
+    prepared("generate", str(SEED1), "-o", str(out))
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "float32",
                              str(out / "test_seed1_strided_conv.py")], cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)
