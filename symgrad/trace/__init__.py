@@ -54,6 +54,7 @@ from .recorder import VALUE_READS, Recorder, is_users, user_line, user_line_of_t
 from .rerun import other_sizes, shapes_text, size_dependence
 from .size_checks import drop_fixed
 from .sizes import einops_uncached
+from .unused_statistics import refuse_unused_statistics
 
 
 def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
@@ -473,6 +474,7 @@ def _run(function, module, shapes, arguments, dtypes, loss: LossChoice | None, q
     except TraceError as error:  # a custom Function refused at these sizes alone: no other size mends it
         raise builder.function_refusal(error) from None
     layers, used = live_layers(builder, loss_entry, outputs)
+    refuse_unused_statistics(builder.layers, layers, builder.layer_calls, modules)
     inputs: dict[str, dict] = {}
     state_keys = {source.name: source.state_key for source in sources.values() if source.state_key}
     for key in [*shapes, *builder.used_sources]:
