@@ -18,8 +18,9 @@ name is the key), ``layers`` and ``output`` (the last layer's ``out`` unless giv
 An instance binds each of the block's params to a spec input: by name (``params: {w: w1}``), or by
 ``prefix``: the input whose ``source`` is ``PREFIX.KEY`` (how ``symgrad trace`` writes the instances
 of a module class), else the input called ``PREFIX_KEY``. The generated module derives each block
-once and calls it per instance (``symgrad.plan_blocks``); :func:`flatten` writes the same network with
-every instance inlined, which the flat module, the derivation documents' checks and the extras use.
+once and calls it per instance (``symgrad.plan_blocks``); ``symgrad.expand.flatten`` writes the same
+network with every instance inlined, which the flat module, the derivation documents' checks and the
+extras use.
 """
 
 from __future__ import annotations
@@ -33,13 +34,12 @@ from .spec_values import (
     RESERVED_NAMES,
     RESERVED_PREFIXES,
     SOURCE,
-    Like,
     check_name,
     defined,
     did_you_mean,
-    has_like,
     identifier_at,
     reject_unknown_keys,
+    shifted,
     string_at,
     typed_at,
 )
@@ -396,69 +396,4 @@ def _offset(layer, prefix) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
         raise SpecError(f"offset must be a child's index, an int from 0, not {str(value)[:40]!r}", location,
                         "write e.g. `offset: 3`")
-    return value
-
-
-def shifted(key: str, offset: int) -> str | None:
-    """A block's parameter key as the instance's: ``1.weight`` at offset 3 is ``4.weight``; None where
-    an offset is given and the key does not start with an index."""
-    if not offset:
-        return key
-    index, _, rest = key.partition(".")
-    return f"{int(index) + offset}.{rest}" if index.isdigit() and rest else None
-
-
-def flatten(spec):
-    """The same spec with every block instance written out as its layers: an inner node ``o`` of the
-    instance whose ``out`` is ``I`` becomes ``I_o`` (its output ``I`` itself)."""
-    from .rules import LAYER_RULES
-
-    if not spec.blocks:
-        return spec
-    layers = []
-    taken = {item.name for item in spec.inputs} | {layer.out for layer in spec.layers}
-    for layer in spec.layers:
-        if layer.block is None:
-            layers.append(dataclasses.replace(layer, index=len(layers)))
-            continue
-        block = spec.blocks[layer.block]
-        renamed = dict(zip(block.inputs, (source for source, _ in layer.sources)))
-        renamed.update(layer.binding)
-        given = {name: (value, location) for name, value, location in layer.hyper}
-        for inner in block.layers:
-            new = layer.out if inner.out == block.output else f"{layer.out}_{inner.out}"
-            if inner.out != block.output and new in taken:
-                raise SpecError(f"block instance '{layer.out}' would name its inner node '{inner.out}' '{new}', which "
-                                "the spec already uses", layer.out_location, "rename the instance's `out:`")
-            taken.add(new)
-            rule = LAYER_RULES.get(inner.op)
-            operand_keys = {operand.name for operand in rule.operands} if rule else set()
-            arguments = tuple(_hyper_value(argument, block, given)
-                              if isinstance(argument.value, Hyper)
-                              else dataclasses.replace(argument, value=_renamed(argument.value, renamed))
-                              if argument.name in operand_keys or has_like(argument.value) else argument
-                              for argument in inner.arguments)
-            sources = tuple((renamed.get(source, source), location) for source, location in inner.sources)
-            layers.append(dataclasses.replace(inner, index=len(layers), sources=sources, arguments=arguments, out=new))
-            renamed[inner.out] = new
-    return dataclasses.replace(spec, layers=tuple(layers), blocks={})
-
-
-def _hyper_value(argument, block: BlockSpec, given: dict):
-    """A :class:`Hyper` argument as the instance's int (located where the instance gives it, so that a
-    value the op refuses is reported there), or as the block's default."""
-    name = argument.value.name
-    if name in given:
-        value, location = given[name]
-        return dataclasses.replace(argument, value=value, location=location)
-    return dataclasses.replace(argument, value=dict(block.hyper)[name])
-
-
-def _renamed(value, renamed: dict[str, str]):
-    if isinstance(value, str):
-        return renamed.get(value, value)
-    if isinstance(value, Like):
-        return dataclasses.replace(value, node=renamed.get(value.node, value.node))
-    if isinstance(value, list):
-        return [_renamed(item, renamed) for item in value]
     return value

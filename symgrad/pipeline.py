@@ -1,21 +1,24 @@
 """Spec to rendered files: the steps every command and the Python API share, in order: parse,
-graph, derive, plan, render (and ``symgrad.write`` writes)."""
+expand (a program of bodies: the top one and one per block), then for every body alike graph,
+derive, plan, and render (and ``symgrad.write`` writes)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from .blocks import flatten
 from .emit import Rendered
 from .errors import GeneratorError
+from .expand import Expanded, expand
 from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
+from .plan_blocks import Structured, derive_block, plan_program
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 from .spec_functions import refuse_second_order
+from .structure import top_graph
 
 
 @dataclass
@@ -67,49 +70,56 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
         where = spec.outputs.location
         raise SpecError(f"extras ({', '.join(sorted(set(spec.extras) | set(extras)))}) are for a spec that ends in a "
                         "loss, and this one ends in outputs", where, "drop the extras, or end the spec in a loss")
-    if not fused and spec.blocks and not flat:
-        raise ValueError("fused=False builds a spec without blocks (flat=True writes its blocks out)")
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
     refuse_second_order(spec.checked_functions, wanted)
+    expanded = expand(spec, flat, wanted, fused)  # the extras and fused=False: on the inlined program
     # in the headers, so that `check` redoes them: the extras the command line added, --flat, --no-recompute
-    recorded = (tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if spec.blocks and flat else ())
+    recorded = (tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if flat and expanded.written_out else ())
                 + (() if recompute else ("no_recompute",)) + (("keep_lean",) if lean else ()))
-    # expand: a pure spec -> spec step (every block instance written out for --flat, and for the
-    # extras, which are derived on the flat form); a spec without blocks is one with zero blocks
-    expanded = flatten(spec) if spec.blocks and (flat or wanted) else spec
-    return _build_structured(expanded, label, wanted, recorded, fused, recompute, documents, tests, lean)
+    return _build_program(expanded, label, wanted, recorded, fused, recompute, documents, tests, lean)
 
 
-def _build_structured(spec: Spec, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
-                      fused: bool = True, recompute: bool = True, documents: bool = True,
-                      tests: bool = True, lean: bool = False) -> Built:
-    """Graph, derive and plan (each block once, then the top level: ``plan_blocks``), render
-    (``render_blocks``), and the checks on what was rendered. ``fused=False`` (a spec without blocks):
+def _build_program(expanded: Expanded, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
+                   fused: bool = True, recompute: bool = True, documents: bool = True,
+                   tests: bool = True, lean: bool = False) -> Built:
+    """Every body graphed, derived and planned (:func:`planned_program`), rendered
+    (``render_blocks``), and the checks on what was rendered. ``fused=False`` (an inlined program):
     ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way;
     ``documents=False``: the module and its test file, without the derivation's pages; ``tests=False``:
     without the test file either (its small shapes and reference values are most of a network's build)."""
-    from .plan_blocks import build_structured
     from .render_blocks import render_files
 
-    flat_graph = build_graph(flatten(spec) if spec.blocks else spec)  # every instance written out
-    shapes = small_shapes(flat_graph) if tests else None  # the tests' shapes
-    derived_top, statements = None, []
-    if not spec.blocks:  # the graph is the module's top level: derived here (a block's is, once, in plan_blocks)
-        derived_top = derive(flat_graph), derive(flat_graph, fused=fused)  # the readable one, and the fused one
-        statements = [part for program in derived_top for part in (program.forward, program.backward)]
-        check_statement_targets(spec, *statements)  # a derived value never takes a spec tensor's name
-    structured = build_structured(spec, flat_graph, shapes, extras, derived_top, recompute, tests, lean)
+    spec = expanded.spec
+    structured = planned_program(expanded, extras, fused, recompute, tests, lean)
     rendered = render_files(structured, label, recorded, documents)
-    files = rendered.files
-    derived = {statement.target.name for part in statements for statement in part} if derived_top else frozenset()
     try:  # a spec name the module also uses is refused at the spec's line (a duplicate argument included) ...
-        check_module_source(spec, files[f"{spec.name}.py"], derived)
+        check_module_source(spec, rendered.files[f"{spec.name}.py"], structured.top_names)
     except SyntaxError:
         pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
     return Built(label, structured.flat_graph, structured.program, rendered,
                  structured.test_data["small_shapes"] if tests else [])
+
+
+def planned_program(expanded: Expanded, extras: tuple[str, ...] = (), fused: bool = True, recompute: bool = True,
+                    tests: bool = True, lean: bool = False) -> Structured:
+    """The one walk over a program's bodies: the flat graph (the checks, the instances' shapes, the
+    tests' small shapes), then each block body graphed, derived and planned (once per block, not
+    per instance: ``plan_blocks.derive_block``), then the top body, in which each instance is one
+    call: graphed (``structure.top_graph``), derived, checked for names, planned. An inlined program
+    (``expand``) has no block body and its top body's graph is the flat graph. ``extras``, ``fused``,
+    ``recompute``, ``lean``: see :func:`_build_program`; ``tests=False``: no test data. What
+    ``symgrad trace`` checks a grouping of instances into blocks with."""
+    flat_graph = build_graph(expanded.flat)
+    shapes = small_shapes(flat_graph) if tests else None
+    needs_gradient = flat_graph.depends_on_wrt()
+    derived = {name: derive_block(expanded.blocks[name], layers, flat_graph, needs_gradient, recompute, lean)
+               for name, layers in expanded.calls.items()}
+    graph, chains = top_graph(expanded, derived, flat_graph)
+    top = derive(graph), derive(graph, fused=fused)  # the readable derivation, and the one `gradients` runs
+    check_statement_targets(expanded.spec, *(part for program in top for part in (program.forward, program.backward)))
+    return plan_program(expanded, flat_graph, shapes, derived, graph, chains, top, extras, recompute, lean)
 
 
 def _check_compiles(rendered: Rendered) -> None:

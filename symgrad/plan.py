@@ -3,9 +3,9 @@
 ``plan`` takes the two derivations (the readable one, whose formulas the docstring and documents
 show, and the fused one ``gradients`` runs) and decides, statement by statement: which statements
 each function needs (no dead variables), where each value is deleted (at its last use), what the
-drop-in backward keeps from its forward, the ``hvp`` and ``per_sample_gradients`` statements, the
-internal memory layout, and what the generated tests draw. :mod:`symgrad.render_blocks` then only
-prints and renders what the :class:`Plan` holds.
+drop-in backward keeps from its forward, and the ``hvp`` and ``per_sample_gradients`` statements.
+The layout rule and what the generated tests draw are the program's, computed once from its flat
+graph (``plan_blocks``). :mod:`symgrad.render_blocks` then only prints what the :class:`Plan` holds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from .algebra import TensorOp, op, tensor
 from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
 from .rematerialize import COMMENT as REBUILT, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .roles import channels_last_constant, channels_last_test, channels_last_weights, running_statistics, test_facts
 from .tangent import tangent_statements
 
 
@@ -67,13 +66,6 @@ class Plan:
     """For each line of ``backward``, the derivation step (1-based) that produced it."""
     stored: dict[str, str]
     """What each node keeps alive for the backward pass."""
-    running_statistics: list[tuple[str, str, str]]
-    channels_last: list[str]
-    channels_last_in_backward: list[str]
-    channels_last_test: str | None  # the per-call condition of the move (None: fixed)
-    layout_kept: list[str]
-    test_facts: dict
-    """What the generated tests are written from (:func:`symgrad.roles.test_facts`)."""
     grad_loss: str = GRAD_LOSS.name
     hvp_forward: list[Statement] = field(default_factory=list)
     hvp_backward: list[Statement] = field(default_factory=list)
@@ -84,17 +76,15 @@ class Plan:
     per_sample_dead: list[str] = field(default_factory=list)
     per_sample_names: list[str] = field(default_factory=list)
     per_sample_batched: list[str] = field(default_factory=list)
-    channels_last_constant: dict | None = None
-    """The size from which the layout moves (:func:`symgrad.roles.channels_last_constant`)."""
     rebuilt: list[str] = field(default_factory=list)
     """The values the backward reads that the forward does not keep, made again in the backward
     (``lean``: :mod:`symgrad.rematerialize`)."""
 
 
-def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int, ...]]],
-         extras: tuple[str, ...] = (), recompute: bool = True, lean: bool = False) -> Plan:
-    """The :class:`Plan` for the derivations of one graph; ``small_shapes`` are the test shapes
-    (``shapes.small_shapes``), ``extras`` the optional functions wanted (``hvp``, ``per_sample``);
+def plan(program: Program, fast: Program, extras: tuple[str, ...] = (), recompute: bool = True,
+         lean: bool = False) -> Plan:
+    """The :class:`Plan` for the derivations of one body's graph; ``extras`` the optional functions
+    wanted (``hvp``, ``per_sample``: the inlined program's, ``expand``);
     ``recompute=False`` keeps every value the backward reads, as autograd does: no activation computed
     again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`); ``lean``
     (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
@@ -160,8 +150,6 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
             scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
         optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
                         per_sample_names=list(results), per_sample_batched=batched)
-    moved = channels_last_weights(graph)  # the layout itself is chosen per call (roles.py)
-    read_in_backward = set().union(*(statement.value.free_symbols for statement in live[split:]))
     return Plan(
         program=program, fast=fast,
         forward=_live(program.forward, {program.loss_symbol}),
@@ -170,15 +158,7 @@ def plan(program: Program, fast: Program, small_shapes: list[dict[str, tuple[int
         boundary_dead=boundary_dead, backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}),
-        rebuilt=rebuilt_names,
-        running_statistics=running_statistics(graph),
-        channels_last=moved,
-        channels_last_in_backward=[name for name in moved if tensor(name) in read_in_backward],
-        channels_last_test=channels_last_test(graph) if moved else None,
-        channels_last_constant=channels_last_constant(graph) if moved else None,
-        # every 4-d gradient goes back to its caller's layout, whatever layout the convolutions left it in
-        layout_kept=[node.name for node in graph.inputs if moved and node.name in graph.wrt and len(node.shape) == 4],
-        test_facts=test_facts(graph, small_shapes), **optional)
+        rebuilt=rebuilt_names, **optional)
 
 
 def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:

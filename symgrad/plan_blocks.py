@@ -1,12 +1,13 @@
-"""Planning a spec with blocks: each block derived and planned once, then the top level.
+"""Planning a program (``expand``): every body graphed, derived and planned by the same steps.
 
-Steps, in order: the flat graph (every instance inlined, ``blocks.flatten``) checks the spec and
-gives each instance's shapes; each block becomes a graph of its own (``structure.block_graph``),
-derived and planned as a spec without blocks is, once per distinct set of hyper values and size-1
-axes among its instances (variants whose statements print the same serve them all); the top level
+Steps, in order: the flat graph (every instance written out, ``expand.flatten``) checks the spec
+and gives each instance's shapes; each block body becomes a graph of its own
+(``structure.block_graph``), derived and planned once per distinct set of hyper values and size-1
+axes among its instances (variants whose statements print the same serve them all); the top body
 becomes a graph in which each instance is one :class:`~symgrad.structure.BlockRule` node (a run of
-them one :class:`~symgrad.structure.ChainRule`), derived and planned in turn. ``render_blocks``
-prints the :class:`Structured` result.
+them one :class:`~symgrad.structure.ChainRule`), derived and planned in turn. A program without
+blocks is its top body alone, whose graph is the flat graph. ``render_blocks`` prints the
+:class:`Structured` result.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
-from .blocks import BlockSpec, HyperInt, flatten
+from .blocks import BlockSpec, HyperInt
 from .errors import SpecError
-from .graph import Graph, build_graph
+from .expand import Expanded
+from .graph import Graph
 from .plan import Plan, helpers_of, plan
 from .printing import to_code
 from .reverse import Program, derive
 from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
-from .shapes import small_shapes
-from .spec import Argument, Spec
-from .structure import BlockRule, ChainLink, ChainRule, DerivedBlock, block_graph
+from .spec import Spec
+from .structure import BlockRule, ChainRule, DerivedBlock, block_graph
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Structured:
     helpers: list = dataclasses.field(default_factory=list)
     """The module-level functions the blocks' and the top level's statements call."""
     running_statistics: list = dataclasses.field(default_factory=list)
-    """(running_mean, running_var, momentum) of each training-mode batch_norm (``plan``)."""
+    """(running_mean, running_var, momentum) of each training-mode batch_norm (``roles``)."""
     layout: object = None
     """When the 2-d convolutions run in channels_last (:class:`symgrad.roles.ChannelsLastRule`, or None)."""
     layout_constant: dict | None = None
@@ -53,171 +54,44 @@ class Structured:
     """``_prefixed("layer1.0", grads_a)``: the instances whose parameters' gradients return at once."""
     param_returns: list = dataclasses.field(default_factory=list)
     """(``params`` key, gradient) of each other parameter."""
+    docstring: tuple = ((), ())
+    """The readable forward and backward the module's docstring lists: the top body's, where it is
+    the whole network (an inlined program); with calls, the documents derive each body."""
+    top_names: frozenset = frozenset()
+    """The names the top body's derived statements assign and no block body's do."""
 
 
-def build_structured(spec: Spec, flat_graph: Graph | None = None, shapes: list | None = None,
-                     extras: tuple[str, ...] = (), derived_top: tuple[Program, Program] | None = None,
-                     recompute: bool = True, tests: bool = True, lean: bool = False) -> Structured:
-    """Each block derived and planned once, then the top level, and what the module and its tests
-    read besides: the helpers, the running statistics, the layout, the test data. ``flat_graph``
-    (every instance inlined) and its ``shapes`` are built here where not given; a spec without blocks
-    may come derived already (``derived_top``: the readable and the fused derivation of its graph);
-    ``extras`` (``hvp``, ``per_sample``) are planned for a spec without blocks (``blocks.flatten``
-    inlines them first); ``recompute``, ``lean``: see :func:`symgrad.plan.plan`; ``tests=False``: no test data
-    (and so no test file: the module alone)."""
-    if extras and spec.blocks:
-        raise ValueError("extras are derived on a spec without blocks: flatten it first")
-    if flat_graph is None:
-        flat_graph = build_graph(flatten(spec) if spec.blocks else spec)
-    if shapes is None and tests:
-        shapes = small_shapes(flat_graph)
-    needs_gradient = flat_graph.depends_on_wrt()
-    instances: dict[str, list] = {}
-    for layer in spec.layers:
-        if layer.block:
-            instances.setdefault(layer.block, []).append(layer)
-    derived = {name: _derive_block(spec.blocks[name], layers, flat_graph, needs_gradient, recompute, lean)
-               for name, layers in instances.items()}
-    rules = {name: BlockRule(block) for name, block in derived.items()}
-    top, chains = _chained(_top_spec(spec), spec, rules)
-    if derived_top is not None and not spec.blocks:  # the flat graph is the top level's
-        graph, (program, fast) = flat_graph, derived_top
-    else:
-        graph = build_graph(top, extra_rules={**rules, **{chain.op: chain for chain in chains}})
-        for layer in top.layers:
-            if layer.block:
-                graph.nodes[layer.out].params["_scope"] = _scope_of(layer, spec)
-        program = derive(graph)
-        fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=extras, recompute=recompute, lean=lean)
+def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
+                 graph: Graph, chains: list, top: tuple[Program, Program], extras: tuple[str, ...] = (),
+                 recompute: bool = True, lean: bool = False) -> Structured:
+    """The top body planned as each block body was (``derived``: theirs, :func:`derive_block`), from
+    its ``graph`` and its two derivations (``top``: the readable one and the one ``gradients`` runs),
+    and what the module and its tests read besides, each computed once from the flat graph: the
+    helpers, the running statistics, the layout rule, the test data (``shapes``: the tests' small
+    shapes; None: no test file). ``extras`` (``hvp``, ``per_sample``) come with an inlined program
+    (``expand``'s precondition); ``recompute``, ``lean``: see :func:`symgrad.plan.plan`."""
+    spec = expanded.spec
+    program, fast = top
+    planned = plan(program, fast, extras=extras, recompute=recompute, lean=lean)
     statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
                   + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
     statements += [getattr(item, "statement", item) for item in (
         planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward)]
-    test_data = test_facts(flat_graph, shapes) if tests else {}
+    test_data = test_facts(flat_graph, shapes) if shapes is not None else {}
     narrowing = planned.saved_as_autocast_casts or any(block.planned.saved_as_autocast_casts for block in derived.values())
     helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
+    # the names the top body's own statements assign (none of them a block body's): what the check
+    # of the module's names may read as stand-ins
+    inner = {item.statement.target.name for block in derived.values()
+             for item in block.planned.saving_forward + block.planned.backward}
+    top_names = {statement.target.name for part in (program.forward, program.backward, fast.forward, fast.backward)
+                 for statement in part} - inner
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,
                       running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
                       layout_constant=channels_last_constant(flat_graph), test_data=test_data,
+                      docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
+                      top_names=frozenset(top_names),
                       **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
-
-
-CHAIN_LENGTH = 3
-"""The fewest instances a chain runs: two calls read better written out than as a table and a loop."""
-
-
-def _chained(top: Spec, spec: Spec, rules: dict[str, BlockRule]) -> tuple[Spec, list[ChainRule]]:
-    """``top`` with each run of at least :data:`CHAIN_LENGTH` instances that feed only the next (one
-    input each, parameters bound by ``prefix:`` and to no other layer) as one :class:`ChainRule` layer,
-    named as its last instance's output, so that nothing downstream changes."""
-    from .spec_values import has_like
-
-    sources = {item.name: item.source for item in spec.inputs if item.source}
-    readers: dict[str, int] = {}
-    for layer in top.layers:
-        for name in [source for source, _ in layer.sources] + [
-                value for argument in layer.arguments for value in _names(argument.value)]:
-            readers[name] = readers.get(name, 0) + 1
-    for name in (top.outputs.nodes if top.outputs is not None else (top.loss.source[0], top.loss.target[0])):
-        readers[name] = readers.get(name, 0) + 1
-    bound_count: dict[str, int] = {}
-    for layer in top.layers:
-        for _, bound in (layer.binding if layer.block else ()):
-            bound_count[bound] = bound_count.get(bound, 0) + 1
-
-    def linkable(layer) -> bool:
-        return (layer.block is not None and len(spec.blocks[layer.block].inputs) == 1
-                and _scope_of(layer, spec) is not None
-                and all(bound_count[bound] == 1 and bound in sources for _, bound in layer.binding)
-                and not any(has_like(argument.value) for argument in layer.arguments))
-
-    runs, current = [], []
-    for layer in top.layers:
-        if linkable(layer) and current and layer.sources[0][0] == current[-1].out and readers[current[-1].out] == 1:
-            current.append(layer)
-            continue
-        runs.append(current)
-        current = [layer] if linkable(layer) else []
-    runs.append(current)
-    # a table never takes a name the spec gives a tensor or a block, in either case, nor one the module's own
-    taken = {name.lower() for name in [*(item.name for item in spec.inputs), *(layer.out for layer in spec.layers),
-                                       *spec.blocks, *MODULE_NAMES]}
-    chains, replaced = [], {}
-    for run in runs:
-        if len(run) < CHAIN_LENGTH:
-            continue
-        table = _table_name(run, spec, taken)
-        links = tuple(ChainLink(rules[layer.block], *_scope_of(layer, spec),
-                                tuple((name, value) for name, value, _ in layer.hyper
-                                      if value != dict(spec.blocks[layer.block].hyper)[name]),
-                                layer.binding) for layer in run)
-        chain = ChainRule(table, links, sources)
-        chains.append(chain)
-        arguments = tuple(Argument(bound, bound, layer.location) for layer in run for _, bound in layer.binding)
-        replaced[run[0].out] = dataclasses.replace(run[-1], op=chain.op, block=None, sources=run[0].sources,
-                                                   arguments=arguments, binding=(), hyper=())
-        for layer in run[1:]:
-            replaced[layer.out] = None
-    layers = tuple(replaced.get(layer.out, layer) for layer in top.layers if replaced.get(layer.out, layer) is not None)
-    return dataclasses.replace(top, layers=layers), chains
-
-
-def _names(value) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        return [name for item in value for name in _names(item)]
-    node = getattr(value, "node", None)  # {like: NODE}
-    return [node] if isinstance(node, str) else []
-
-
-MODULE_NAMES = frozenset({
-    "BLOCKS", "CHANNELS_LAST", "CHANNELS_LAST_FROM", "CLASSES", "EVAL_MODULE", "F", "FINGERPRINT", "FROZEN", "GUARDS",
-    "INPUTS", "MOMENTA", "MOVED", "NAMES", "OUTPUTS", "OUTPUTS_KIND", "PARAMS", "REACHED_BY", "REFERENCE_SUMS",
-    "RENAMED", "ROLES", "ROWS", "RUNNING", "SHARED", "SMALL_INPUTS", "SMALL_SHAPES", "SPEC_ENTRIES", "SPEC_SHAPES",
-    "WRT", "ZERO_BY_STRUCTURE"})
-"""The upper-case names a generated module or its test file defines or imports for itself (``F``:
-``torch.nn.functional``): a chain's table, named after a submodule (``self.blocks``: BLOCKS; ``self.f``:
-F), takes another (BLOCKS_2)."""
-
-
-def _table_name(run, spec: Spec, taken: set[str]) -> str:
-    """The chain's table, after what its instances' prefixes share (``features.2`` to ``features.17``:
-    FEATURES), else after its first and last (LAYER1_0_TO_LAYER4_2)."""
-    import os
-    import re
-
-    prefixes = [_scope_of(layer, spec)[0] for layer in run]
-    common = os.path.commonprefix([prefix + "." for prefix in prefixes])
-    common = common[:common.rfind(".")] if "." in common else ""
-    if common and all(prefix.startswith(common + ".") for prefix in prefixes):
-        base = re.sub(r"[^A-Za-z0-9]", "_", common).upper()
-    else:
-        base = "_TO_".join(re.sub(r"[^A-Za-z0-9]", "_", prefix).upper() for prefix in (prefixes[0], prefixes[-1]))
-    name, number = base, 2
-    while name.lower() in taken:
-        name, number = f"{base}_{number}", number + 1
-    taken.add(name.lower())
-    return name
-
-
-def _scope_of(layer, spec: Spec) -> tuple[str, int] | None:
-    """The instance's parameter mapping as a slice of the ``params`` argument (``layer1.0``; with an
-    offset, children numbered from it), where every parameter it binds is an input traced from
-    ``PREFIX.KEY``; None: a literal mapping."""
-    from .blocks import shifted
-
-    sources = {item.name: item.source for item in spec.inputs}
-    block = spec.blocks[layer.block]
-    keys = dict(block.params)
-    prefixes = set()
-    for param, bound in layer.binding:
-        source, key = sources.get(bound), shifted(keys[param], layer.offset)
-        if source is None or key is None or not source.endswith("." + key):
-            return None
-        prefixes.add(source[: -len(key) - 1])
-    return (prefixes.pop(), layer.offset) if len(prefixes) == 1 else None
 
 
 def _signature(shapes) -> tuple:
@@ -225,9 +99,10 @@ def _signature(shapes) -> tuple:
     return tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1)) for shape in shapes)
 
 
-def _derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str],
-                  recompute: bool = True, lean: bool = False) -> DerivedBlock:
-    """The block derived once for all ``layers`` (its instances), its hypers as :class:`HyperInt`.
+def derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str],
+                 recompute: bool = True, lean: bool = False) -> DerivedBlock:
+    """The block's body graphed, derived and planned once for all ``layers`` (its instances), its
+    hypers as :class:`HyperInt`; ``needs_gradient``: the flat graph's names that depend on ``wrt``.
 
     What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
     derive otherwise where a size is 1: a broadcast, an expand) and the hypers' values: the block is
@@ -274,7 +149,7 @@ def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str]
     graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
     program = derive(graph)
     fast = derive(graph, fused=True)
-    planned = plan(program, fast, [], extras=(), recompute=recompute, lean=lean)
+    planned = plan(program, fast, recompute=recompute, lean=lean)
     read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
     backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
     return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
@@ -291,18 +166,6 @@ def _instance_signature(block: BlockSpec, layer, flat_graph: Graph) -> tuple:
 
 def _bound(block: BlockSpec, layer) -> dict[str, str]:
     return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
-
-
-def _top_spec(spec: Spec) -> Spec:
-    """The spec's own layers, each instance one layer whose arguments bind the block's parameters."""
-    layers = []
-    for layer in spec.layers:
-        if layer.block:
-            arguments = tuple(Argument(param, bound, layer.location) for param, bound in layer.binding)
-            arguments += tuple(Argument(name, value, location) for name, value, location in layer.hyper)
-            layer = dataclasses.replace(layer, arguments=arguments, implicit_in=False)
-        layers.append(layer)
-    return dataclasses.replace(spec, layers=tuple(layers), blocks={})
 
 
 def _printed(derived: DerivedBlock) -> tuple:

@@ -192,15 +192,15 @@ def render_files(structured: Structured, spec_label: str, recorded_extras: tuple
     if documents:  # the documents link to the module's lines as written, its header included
         module = headed({f"{spec.name}.py": body}, spec, spec_label, recorded_extras)[f"{spec.name}.py"]
         files.update(_documents(structured, spec_label, blocks, top_lines, steps, module))
-    readable = [printed_line(statement) for statement in planned.readable_backward] if not blocks else []
+    readable = [printed_line(statement) for statement in structured.docstring[1]]
     latex = ("\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable)
              + "\n\\end{aligned}")
     return Rendered(spec.name, headed(files, spec, spec_label, recorded_extras), [line.text for line in top_lines], latex)
 
 
-def render_structured(structured: Structured, spec_label: str) -> tuple[str, list[dict], list, list | None]:
-    """The module's text (without its header), each block's view, the top level's backward lines
-    as printed (the documents show them) and, without blocks, each line's derivation step."""
+def render_structured(structured: Structured, spec_label: str) -> tuple[str, list[dict], list, list]:
+    """The module's text (without its header), each block's view, the top body's backward lines
+    as printed (the documents show them) and each line's derivation step."""
     from . import __version__
     from .documents import environment
     from .emit import printed_line, printed_lines
@@ -219,13 +219,11 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     helpers = structured.helpers
     from .emit import outputs_context
 
-    # a spec without blocks: the docstring lists its derivation, as its documents do
-    readable = ([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
-                 for statement in planned.forward],
-                [printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
-                 for statement in planned.readable_backward]) if not blocks else ([], [])
+    # an inlined program: the docstring lists its derivation, as its documents do (``Structured.docstring``)
+    readable = [[printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                 for statement in part] for part in structured.docstring]
     steps = list(planned.step_of_line)
-    printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries)), steps if not blocks else None)
+    printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries)), steps)
     layout = _layout_view(structured, sources, positional)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
@@ -266,7 +264,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
 
     # a section the spec does not need leaves its blank lines: two between top-level definitions
     body = re.sub(r"\n{4,}", "\n\n\n", environment().get_template("module.py.jinja").render(**context))
-    return body, blocks, context["backward"], (steps if not blocks else None)
+    return body, blocks, context["backward"], steps
 
 
 def _small_inputs(graph, positional: list[str]) -> str:
@@ -367,16 +365,13 @@ def _layout_view(structured: Structured, sources: dict[str, str], positional: li
 
 
 def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_lines: list,
-               steps: list | None = None, module: str = "") -> dict[str, str]:
-    """``<name>.md`` and ``<name>.html``: each block's derivation once (``blocks``: their views, in
-    order), then the top level's (``top_lines``: its backward as printed); without blocks, the one
-    derivation, each line linked to its step (``steps``)."""
+               steps: list, module: str = "") -> dict[str, str]:
+    """``<name>.md`` and ``<name>.html``: each block body's derivation once (``blocks``: their views,
+    in order), then the top body's (``top_lines``: its backward as printed, each line's derivation
+    step in ``steps``), the only section of an inlined program."""
     from .documents import Section, render_documents
 
     spec = structured.spec
-    if not blocks:
-        section = Section(spec.name, "", structured.planned, tuple(line.text for line in top_lines), tuple(steps))
-        return render_documents(spec, spec_label, [section])
     instances: dict[str, list[str]] = {}
     for layer in spec.layers:
         if layer.block:
@@ -390,6 +385,7 @@ def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_
     named = {node.name: (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule)
                          else tuple(node.rule.keys))
              for node in structured.graph.nodes.values() if isinstance(node.rule, (BlockRule, ChainRule))}
-    sections.append(Section("Top level", "top-level", structured.planned, tuple(line.text for line in top_lines),
-                            named_parameters=named))
+    title, anchor = ("Top level", "top-level") if sections else (spec.name, "")  # the only section: the network's
+    sections.append(Section(title, anchor, structured.planned, tuple(line.text for line in top_lines), tuple(steps),
+                            named_parameters=named or None))
     return render_documents(spec, spec_label, sections, module, structured.flat_graph)

@@ -319,3 +319,12 @@ def parse_like(value: Mapping, location: Location, key: str, known: dict[str, Lo
 def has_like(value: Any) -> bool:
     """Whether an argument reads a size from a node: ``{like: NODE}``, itself or in a list."""
     return isinstance(value, Like) or (isinstance(value, list) and any(isinstance(item, Like) for item in value))
+
+
+def shifted(key: str, offset: int) -> str | None:
+    """A block's parameter key as the instance's: ``1.weight`` at offset 3 is ``4.weight``; None where
+    an offset is given and the key does not start with an index."""
+    if not offset:
+        return key
+    index, _, rest = key.partition(".")
+    return f"{int(index) + offset}.{rest}" if index.isdigit() and rest else None

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from symgrad.blocks import flatten
+from symgrad.expand import flatten
 from symgrad.graph import build_graph
 from symgrad.pipeline import build_text
 from symgrad.shapes import small_shapes

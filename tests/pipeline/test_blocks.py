@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+import symgrad.pipeline
 import symgrad.plan_blocks
 from benchmarks.structure import MOBILENET_V2
 from symgrad.check import by_name, graph_inputs, module_from_source
@@ -30,13 +31,22 @@ ROOT = Path(__file__).resolve().parents[2]
 UNROLLED = ROOT / "examples" / "unrolled_blocks.yaml"
 
 
-def test_a_block_used_four_times_is_derived_once_and_agrees_with_the_flat_form(monkeypatch):
+def _derivations(monkeypatch) -> list:
+    """The graph of each body derived from here on: a block's (by the planner) and a top body's (by
+    the pipeline's walk), each derived twice, readable and fused."""
     derived = []
     real = symgrad.plan_blocks.derive
-    monkeypatch.setattr(symgrad.plan_blocks, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    for module in (symgrad.plan_blocks, symgrad.pipeline):
+        monkeypatch.setattr(module, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    return derived
+
+
+def test_a_block_used_four_times_is_derived_once_and_agrees_with_the_flat_form(monkeypatch):
+    derived = _derivations(monkeypatch)
     # k is shared by the four steps: its gradients add
     source = _agrees_with_flat_and_autograd(UNROLLED.read_text(), str(UNROLLED))
-    assert len(derived) == 4  # the block and the top level, each readable and fused: not once per instance
+    # the block's body readable and fused, not once per instance; the top body of each build (with blocks, flat)
+    assert [graph.spec.name for graph in derived].count("gradient_step") == 2 and len(derived) == 2 + 2 + 2
     assert source.count("def gradient_step_backward(") == 1
     assert len(re.findall(r"= gradient_step_backward\(", source)) == 4
     assert "def gradient_step" not in build(UNROLLED, flat=True).rendered.files["unrolled_blocks.py"]
@@ -157,17 +167,15 @@ def _agrees_with_flat_and_autograd(text: str, label: str) -> str:
 
 
 def test_instances_that_differ_in_a_hyper_share_one_block_derived_once_per_value(monkeypatch):
-    derived = []
-    real = symgrad.plan_blocks.derive
-    monkeypatch.setattr(symgrad.plan_blocks, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
+    derived = _derivations(monkeypatch)
     source = _agrees_with_flat_and_autograd(HYPER, "strided.yaml")
     assert "def down_forward(h, p, stride=1, padding=1, save=False):" in source
     assert 'F.conv2d(h, p["w"], stride=stride, padding=padding)' in source  # every instance's value, by name
     assert 'down_forward(a, {"w": w2}, stride=2)' in source and 'stride=2, padding=0)' in source
     assert source.count("def down_backward(") == 1
     # the block three times (once per distinct set of values and size-1 axes: the printed code must
-    # agree), the top level once; readable and fused each
-    assert len(derived) == 2 * 3 + 2
+    # agree), the top body once per build (with blocks, flat); readable and fused each
+    assert [graph.spec.name for graph in derived].count("down") == 2 * 3 and len(derived) == 2 * 3 + 2 + 2
     document = build_text(HYPER, "strided.yaml").rendered.files["strided.md"]
     assert "hyperparameters, set per instance: stride (default 1), padding (default 1)" in document
 
