@@ -48,3 +48,63 @@ class CudaNormKernels(TorchDispatchMode):
                     raise RuntimeError(f"{func}: expected scalar type {dtype} but found {value.dtype} "
                                        f"(argument {index}; CUDA's kernel reads it in the input's dtype)")
         return func(*args, **(kwargs or {}))
+
+
+class _Outcomes:
+    """A pytest plugin that counts a nested run's outcomes (its call phase; setup errors as failures)."""
+
+    def __init__(self):
+        self.passed, self.failed, self.skipped, self.lines = 0, 0, 0, []
+
+    def pytest_runtest_logreport(self, report):
+        if report.skipped:
+            self.skipped += 1
+            self.lines.append(f"SKIPPED {report.nodeid}: {report.longrepr}")
+        elif report.failed:
+            self.failed += 1
+            self.lines.append(f"FAILED {report.nodeid} ({report.when}):\n{report.longreprtext[-3000:]}")
+        elif report.when == "call":
+            self.passed += 1
+
+    @property
+    def ok(self) -> bool:
+        """Something passed, nothing failed and nothing was skipped."""
+        return self.passed > 0 and self.failed == 0 and self.skipped == 0
+
+    @property
+    def report(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped\n" + "\n".join(self.lines)
+
+
+def run_generated_tests(test_file) -> _Outcomes:
+    """Run a generated test file with pytest in this process, as ``pytest -q test_x.py`` would in its own:
+    the interpreter start, torch's and pytest's imports (about 3 s of CPU a file) are not paid again. The
+    file must read only torch, pytest and the standard library (checked from its imports first: what a
+    subprocess in a fresh interpreter would show), and leaves no module, path or default dtype behind."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    test_file = Path(test_file)
+    for node in ast.walk(ast.parse(test_file.read_text())):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        for name in names:
+            top = name.split(".")[0]
+            assert top in {"torch", "pytest"} or top in sys.stdlib_module_names, f"{test_file.name} imports {name}"
+    outcomes = _Outcomes()
+    modules, path, dtype = dict(sys.modules), list(sys.path), torch.get_default_dtype()
+    rng = torch.get_rng_state()
+    try:
+        pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib",
+                     "--rootdir", str(test_file.parent), "--override-ini", "addopts=", str(test_file)],
+                    plugins=[outcomes])
+    finally:
+        for name in set(sys.modules) - set(modules):
+            del sys.modules[name]
+        sys.path[:] = path
+        torch.set_default_dtype(dtype)
+        torch.set_rng_state(rng)
+    return outcomes

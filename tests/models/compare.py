@@ -1,6 +1,6 @@
 """The one way a zoo test checks a network: trace it (train or eval mode, with a loss), build the module
 alone, and compare its gradients with autograd through the ORIGINAL module in float64, at another batch and
-size, with a random cotangent (``matches_autograd``); and run a generated test file in a subprocess
+size, with a random cotangent (``matches_autograd``); and run a generated test file
 (``assert_generated_test_file_passes``). Every zoo test file reads it from here."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import yaml
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, _source_name as source_name, trace
+from tests.helpers import run_generated_tests
 
 __all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",
            "assert_generated_test_file_passes", "source_name"]
@@ -128,9 +129,8 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
 
 def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float:
     """Trace ``case`` in train mode with its first loss, write the generated module and its test file to
-    ``tmp_path`` and run that test file in a subprocess: it passes with nothing skipped. Returns its seconds."""
-    import subprocess
-    import sys
+    ``tmp_path`` and run that test file in this process (``tests.helpers.run_generated_tests``): it passes with
+    nothing skipped. Returns its seconds."""
     import time
 
     torch.manual_seed(0)
@@ -141,10 +141,8 @@ def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float
         if name.endswith(".py"):
             (tmp_path / name).write_text(content)
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                             str(tmp_path / f"test_{label}.py")], capture_output=True, text=True, timeout=900)
+    outcomes = run_generated_tests(tmp_path / f"test_{label}.py")
     seconds = time.perf_counter() - started
     print(f"{label}: generated test file ran in {seconds:.1f} s")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-1000:]
+    assert outcomes.ok, outcomes.report
     return seconds

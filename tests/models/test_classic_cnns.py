@@ -63,8 +63,7 @@ SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip", "ffdn
 def test_generated_test_file_of_a_model_reading_sizes_passes(label, tmp_path):
     """The spec says where each size is read (``{like: ...}``), the generated module prints it as
     ``skip.shape[2]``, and the generated test file passes at its own shapes, with nothing skipped."""
-    import subprocess
-    import sys
+    from tests.helpers import run_generated_tests
 
     case = CASES[label]
     torch.manual_seed(0)
@@ -75,8 +74,5 @@ def test_generated_test_file_of_a_model_reading_sizes_passes(label, tmp_path):
     assert ".shape[2]" in generated.files[f"{generated.name}.py"]
     for name, content in generated.files.items():
         (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                             str(tmp_path / f"test_{generated.name}.py")], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout and "failed" not in result.stdout, result.stdout
+    outcomes = run_generated_tests(tmp_path / f"test_{generated.name}.py")
+    assert outcomes.ok, outcomes.report

@@ -22,6 +22,7 @@ from symgrad.errors import SpecError
 from symgrad.pipeline import build, build_text
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, trace
+from tests.helpers import run_generated_tests
 from tests.models import classic as models, zoo_nets
 from tests.models.compare import Case, randomize, reference_loss, source_name
 from tests.models.test_classic_cnns import CASES as MODELS
@@ -320,9 +321,8 @@ def test_the_generated_test_file_of_a_traced_model_with_blocks_passes(tmp_path):
     assert max(len(line) for line in source.splitlines()) <= 100
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                             str(tmp_path / "test_resnet_blocks.py")], cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 0 and "skipped" not in result.stdout, result.stdout[-3000:]
+    outcomes = run_generated_tests(tmp_path / "test_resnet_blocks.py")
+    assert outcomes.ok, outcomes.report
 
 
 def test_first_blocks_of_stages_that_differ_in_stride_or_kernel_size_are_one_block():

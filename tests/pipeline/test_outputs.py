@@ -3,8 +3,6 @@ and ``symgrad verify`` of it, which fails when a formula is broken."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ from click.testing import CliRunner
 
 from symgrad.check import module_from_source, verify
 from symgrad.cli import main
-from tests.helpers import build_text
+from tests.helpers import build_text, run_generated_tests
 
 SPEC = """\
 name: two_heads
@@ -65,9 +63,8 @@ def test_the_generated_module_returns_the_outputs_and_its_own_test_passes(tmp_pa
     assert module.OUTPUTS == ("out", "features") and module.OUTPUTS_KIND == "dict"
     out, features = module.forward(torch.randn(2, 3, 6, 5), torch.randn(4, 3, 3, 3), torch.randn(5, 4, 3, 3))
     assert out.shape == (2, 5, 6, 5) and features.shape == (2, 4, 6, 5)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-                             str(tmp_path / "test_two_heads.py")], capture_output=True, text=True, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:]
+    outcomes = run_generated_tests(tmp_path / "test_two_heads.py")
+    assert outcomes.ok, outcomes.report
 
 
 def test_verify_checks_the_outputs_backward_and_catches_a_broken_one():
