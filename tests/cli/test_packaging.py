@@ -23,31 +23,6 @@ def built_wheel(tmp_path: Path) -> Path:
     return next(wheels.glob("symgrad-*.whl"))
 
 
-def test_wheel_ships_templates_and_generates(tmp_path: Path):
-    wheel = built_wheel(tmp_path)
-    names = zipfile.ZipFile(wheel).namelist()
-    for template in ("module.py.jinja", "test_module.py.jinja", "derivation.md.jinja"):
-        assert f"symgrad/templates/{template}" in names
-    assert "symgrad/docs/spec.md" in names  # `symgrad spec-help` works from a wheel
-    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "s.yaml").write_text((ROOT / "examples" / "seed1_strided_conv.yaml").read_text())
-    result = subprocess.run([sys.executable, "-c", "import symgrad, sys; print(symgrad.__file__); "
-                             "from symgrad.cli import main; sys.argv=['symgrad','generate','s.yaml','-o','gen']; main()"],
-                            cwd=work, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert str(site) in result.stdout.splitlines()[0]  # the installed copy, not the source tree
-    assert (work / "gen" / "seed1_strided_conv.py").exists()
-    help_text = subprocess.run([sys.executable, "-c", "import sys; from symgrad.cli import main; "
-                                "sys.argv=['symgrad','spec-help']; main()"],
-                               cwd=work, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
-    assert help_text.stdout.startswith("# The spec format"), help_text.stderr
-
-
 MODEL = '''
 import torch.nn as nn
 
@@ -90,18 +65,26 @@ print(symgrad.__file__)
 '''
 
 
-def test_a_fresh_venv_with_only_the_wheel_runs_every_command(tmp_path: Path):
-    """The built wheel, installed into a new venv outside the checkout (its dependencies seen through a
-    path file, so nothing is downloaded), runs each subcommand end to end, trace and bind included."""
+def test_the_wheel_ships_its_data_and_a_fresh_venv_with_only_it_runs_every_command(tmp_path: Path):
+    """The built wheel holds the templates, the spec format and the licence; installed into a new venv outside
+    the checkout (its dependencies seen through a path file, so nothing is downloaded), it runs each
+    subcommand end to end, trace and bind included. The console script runs in its own process; the other
+    subcommands run one after another in one interpreter of that venv (click's ``standalone_mode=False``:
+    each must end with exit status 0), then the user's training script in its own."""
     import sysconfig
     import venv
 
     wheel = built_wheel(tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    for template in ("module.py.jinja", "test_module.py.jinja", "derivation.md.jinja"):
+        assert f"symgrad/templates/{template}" in names
+    assert "symgrad/docs/spec.md" in names  # `symgrad spec-help` works from a wheel
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     fresh = tmp_path / "fresh"
     venv.EnvBuilder(with_pip=False).create(fresh)
     python = fresh / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = fresh / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    assert site.is_dir(), sorted(path.name for path in (fresh / "lib").iterdir())
     # the dependencies (torch, sympy, ...) from this interpreter; its editable symgrad is not activated this way
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
@@ -113,20 +96,31 @@ def test_a_fresh_venv_with_only_the_wheel_runs_every_command(tmp_path: Path):
     (work / "s.yaml").write_text(SMALL_SPEC)
     (work / "model.py").write_text(MODEL)
     (work / "train.py").write_text(TRAIN)
-    symgrad = str(fresh / "bin" / "symgrad")
     commands = [
-        [symgrad, "--version"], [symgrad, "ops"], [symgrad, "spec-help"], [symgrad, "init", "starter.yaml"],
-        [symgrad, "generate", "s.yaml", "-o", "gen", "--verify"], [symgrad, "check", "gen"],
-        [symgrad, "verify", "s.yaml"], [symgrad, "docs", "s.yaml", "-o", "documents"], [symgrad, "certify", "s.yaml"],
-        [symgrad, "trace", "model.py:Net", "--input", "x=2,1,6,6", "--loss", "mse", "--target", "y", "--train",
+        ["ops"], ["spec-help"], ["init", "starter.yaml"], ["generate", "s.yaml", "-o", "gen", "--verify"],
+        ["check", "gen"], ["verify", "s.yaml"], ["docs", "s.yaml", "-o", "documents"], ["certify", "s.yaml"],
+        ["trace", "model.py:Net", "--input", "x=2,1,6,6", "--loss", "mse", "--target", "y", "--train",
          "-o", "net.yaml"],
-        [symgrad, "generate", "net.yaml", "-o", "gen"],
-        [str(python), "train.py"],
+        ["generate", "net.yaml", "-o", "gen"],
     ]
+    (work / "commands.py").write_text(
+        "import sys\nimport symgrad\nfrom symgrad.cli import main\nprint(symgrad.__file__)\n"
+        f"for command in {commands!r}:\n"
+        "    print('$ symgrad', *command, flush=True)\n"
+        "    try:\n"
+        "        code = main.main(command, prog_name='symgrad', standalone_mode=False)\n"
+        "    except SystemExit as exit:\n"
+        "        code = exit.code\n"
+        "    assert code in (0, None), (command, code)\n")
     environment = {"PATH": f"{fresh / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    for command in commands:
+    for command in [[str(fresh / "bin" / "symgrad"), "--version"], [str(python), "commands.py"],
+                    [str(python), "train.py"]]:
         result = subprocess.run(command, cwd=work, env=environment, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (command[1:], result.stdout[-2000:], result.stderr[-2000:])
+        assert command[-1] != "commands.py" or result.stdout.startswith(str(site)), result.stdout[:500]
+        assert command[-1] != "commands.py" or result.stdout.count("$ symgrad") == len(commands)
     assert str(site) in result.stdout  # train.py imported the installed copy, not the source tree
+    assert (work / "gen" / "small_chain.py").exists() and (work / "starter.yaml").exists()
+    assert (work / "documents").is_dir() and (work / "gen" / "net_gradients.py").exists()
     for module in ("trace", "binding", "rules"):
         assert (site / "symgrad" / module).exists() or (site / "symgrad" / f"{module}.py").exists()
