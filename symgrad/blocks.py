@@ -18,7 +18,7 @@ name is the key), ``layers`` and ``output`` (the last layer's ``out`` unless giv
 An instance binds each of the block's params to a spec input: by name (``params: {w: w1}``), or by
 ``prefix``: the input whose ``source`` is ``PREFIX.KEY`` (how ``symgrad trace`` writes the instances
 of a module class), else the input called ``PREFIX_KEY``. The generated module derives each block
-once and calls it per instance (``symgrad.plan_blocks``); ``symgrad.expand.flatten`` writes the same
+once and calls it per instance (``symgrad.plan``); ``symgrad.expand.flatten`` writes the same
 network with every instance inlined, which the flat module, the derivation documents' checks and the
 extras use.
 """
@@ -67,7 +67,7 @@ class HyperInt(int):
     """A block hyperparameter's value while the block is derived once for all its instances: an int
     to the rules (shapes, checks), printed as its name, and equal only to itself, so that a rule
     never takes it for its default (``stride=1`` left out) in one instance and not in another.
-    ``symgrad.plan_blocks`` derives the block once per distinct set of values its instances give and
+    ``symgrad.plan`` derives the block once per distinct set of values its instances give and
     refuses it if the printed code differs: no rule may specialise the code to a value unseen."""
 
     name: str

@@ -27,9 +27,9 @@ from markupsafe import escape
 from . import __version__, testdata
 from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
-from .plan import Plan
 from .printing import comment_lines, entry, fit, hanging, literal_lines, prose, to_code, to_latex
 from .reverse import GRAD_LOSS
+from .schedule import Plan
 from .write import with_header
 
 SHARED_FUNCTIONS = (

@@ -1,4 +1,4 @@
-"""Printing planned statements into the lines the templates write (``render_blocks`` fills the
+"""Printing planned statements into the lines the templates write (``render`` fills the
 templates with them; ``symgrad.write`` writes the files): printing only, nothing decided here.
 
 Templates live in ``templates/`` (shipped in the wheel as ``symgrad/templates``). They only ever
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import Scheduled
 from .printing import to_code, to_latex
+from .schedule import Scheduled
 from .write import (  # noqa: F401
     HEADER,
     edited_by_hand,

@@ -2,7 +2,7 @@
 
 A spec's blocks are bodies of their own, as a nested jaxpr is (JAX) or a ``CALL``'s body (tinygrad):
 each is graphed, derived, planned and rendered by the same code as the top body, in which each
-instance is one call (``symgrad.structure.BlockRule``). A spec without blocks is a program of one body.
+instance is one call (``symgrad.rules.call.BlockRule``). A spec without blocks is a program of one body.
 :func:`flatten` is the one inlining pass (``--flat``): every instance written out as its layers.
 
 The one precondition, decided here and nowhere else: the extras (``hvp``, ``per_sample``) and

@@ -1,6 +1,6 @@
 """What the saving forward keeps of a value the backward reads only in part.
 
-Between the derivation and the plan (:mod:`symgrad.plan`): where every backward read of a forward
+Between the derivation and the plan (:mod:`symgrad.schedule`): where every backward read of a forward
 value needs less than the value, the forward keeps that less, right after the value is made, and
 the value itself is freed at its last forward use:
 

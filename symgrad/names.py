@@ -47,15 +47,16 @@ def generated_names() -> tuple[frozenset[str], frozenset[str]]:
     * the literal start of each f-string given to ``tensor(...)`` (``grad_``, ``tangent_``,
       ``per_sample_grad_``) and each ``numbered_symbols`` prefix (``shared_``).
     """
-    return _names_made_in(tuple(sorted((PACKAGE / "rules").glob("*.py")) + [PACKAGE / name for name in DERIVATION_MODULES]))
+    rules = [path for path in sorted((PACKAGE / "rules").glob("*.py")) if path.name != "call.py"]  # a block's: below
+    return _names_made_in(tuple(rules + [PACKAGE / name for name in DERIVATION_MODULES]))
 
 
 @functools.cache
 def instance_prefixes() -> tuple[str, ...]:
     """The prefixes of the values the structured module names after a block instance (``saved_a``,
-    ``grads_a``, ``call_a`` for the instance whose ``out`` is ``a``), read off ``structure.py`` as
-    :func:`generated_names` reads the rules."""
-    prefixes, _ = _names_made_in((PACKAGE / "structure.py",))
+    ``grads_a``, ``call_a`` for the instance whose ``out`` is ``a``), read off the call rule
+    (``rules/call.py``) as :func:`generated_names` reads the other rules."""
+    prefixes, _ = _names_made_in((PACKAGE / "rules" / "call.py",))
     return tuple(sorted(prefix for prefix in prefixes if re.fullmatch(r"[A-Za-z]\w*_", prefix)))  # not `p["`
 
 
@@ -86,7 +87,7 @@ def template_names() -> tuple[frozenset[str], frozenset[str]]:
     the functions and classes it defines, the arguments of each function that also takes the spec's
     tensors, the names it assigns (``grads``, ``saved``), and the suffixes it puts after a spec name
     (``{{ name }}_layout`` makes ``x_layout``)."""
-    text = resources.files("symgrad.templates").joinpath("module.py.jinja").read_text("utf-8")  # as render_blocks loads it
+    text = resources.files("symgrad.templates").joinpath("module.py.jinja").read_text("utf-8")  # as render loads it
     text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
     names, suffixes = set(), set()
     verbatim, inside = scan_template("module.py.jinja").verbatim, ""  # functions that never see a spec name

@@ -10,15 +10,14 @@ from pathlib import Path
 from .emit import Rendered
 from .errors import GeneratorError
 from .expand import Expanded, expand
-from .graph import Graph, build_graph
+from .graph import Graph, build_graph, top_graph
 from .names import check_module_source, check_statement_targets
-from .plan_blocks import Structured, derive_block, plan_program
+from .plan import Structured, derive_block, plan_program
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 from .spec_functions import refuse_second_order
-from .structure import top_graph
 
 
 @dataclass
@@ -83,11 +82,11 @@ def _build_program(expanded: Expanded, label: str, extras: tuple[str, ...] = (),
                    fused: bool = True, recompute: bool = True, documents: bool = True,
                    tests: bool = True, lean: bool = False) -> Built:
     """Every body graphed, derived and planned (:func:`planned_program`), rendered
-    (``render_blocks``), and the checks on what was rendered. ``fused=False`` (an inlined program):
+    (``symgrad.render``), and the checks on what was rendered. ``fused=False`` (an inlined program):
     ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way;
     ``documents=False``: the module and its test file, without the derivation's pages; ``tests=False``:
     without the test file either (its small shapes and reference values are most of a network's build)."""
-    from .render_blocks import render_files
+    from .render import render_files
 
     spec = expanded.spec
     structured = planned_program(expanded, extras, fused, recompute, tests, lean)
@@ -106,8 +105,8 @@ def planned_program(expanded: Expanded, extras: tuple[str, ...] = (), fused: boo
                     tests: bool = True, lean: bool = False) -> Structured:
     """The one walk over a program's bodies: the flat graph (the checks, the instances' shapes, the
     tests' small shapes), then each block body graphed, derived and planned (once per block, not
-    per instance: ``plan_blocks.derive_block``), then the top body, in which each instance is one
-    call: graphed (``structure.top_graph``), derived, checked for names, planned. An inlined program
+    per instance: ``plan.derive_block``), then the top body, in which each instance is one
+    call: graphed (``graph.top_graph``), derived, checked for names, planned. An inlined program
     (``expand``) has no block body and its top body's graph is the flat graph. ``extras``, ``fused``,
     ``recompute``, ``lean``: see :func:`_build_program`; ``tests=False``: no test data. What
     ``symgrad trace`` checks a grouping of instances into blocks with."""

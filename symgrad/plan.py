@@ -1,509 +1,249 @@
-"""Planning what each generated function runs, between the derivation and the rendering.
+"""Planning a program (``expand``): every body graphed, derived and planned by the same steps.
 
-``plan`` takes the two derivations (the readable one, whose formulas the docstring and documents
-show, and the fused one ``gradients`` runs) and decides, statement by statement: which statements
-each function needs (no dead variables), where each value is deleted (at its last use), what the
-drop-in backward keeps from its forward, and the ``hvp`` and ``per_sample_gradients`` statements.
-The layout rule and what the generated tests draw are the program's, computed once from its flat
-graph (``plan_blocks``). :mod:`symgrad.render_blocks` then only prints what the :class:`Plan` holds.
+Steps, in order: the flat graph (every instance written out, ``expand.flatten``) checks the spec
+and gives each instance's shapes; each block body becomes a graph of its own
+(``graph.block_graph``), derived and planned once per distinct set of hyper values and size-1
+axes among its instances (variants whose statements print the same serve them all); the top body
+becomes a graph in which each instance is one :class:`~symgrad.rules.call.BlockRule` node (a run of
+them one :class:`~symgrad.rules.call.ChainRule`), derived and planned in turn. A program without
+blocks is its top body alone, whose graph is the flat graph. ``symgrad.render`` prints the
+:class:`Structured` result.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import sympy
-
-from .algebra import TensorOp, op, tensor
-from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
-from .rematerialize import COMMENT as REBUILT, rebuilt
-from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .tangent import tangent_statements
-
-
-@dataclass(frozen=True)
-class Scheduled:
-    """A statement and the names deleted right after it (their last use: a value is freed there,
-    not when the function returns)."""
-
-    statement: Statement
-    dead: tuple[str, ...] = ()
-    narrowed: tuple[str, ...] = ()
-    """Saved names kept from here on as autocast's cast copy (:func:`_autocast_saved`): their last
-    forward use, so the wider value is freed where autograd frees it."""
-    in_place: bool = False
-    """Run as its op's in-place form, overwriting its first operand (``torch.relu_(norm)``):
-    :func:`_overwriting`."""
+from .algebra import AUTOCAST_SAVING, TensorOp, tensor
+from .blocks import BlockSpec, HyperInt
+from .errors import SpecError
+from .expand import Expanded
+from .graph import Graph, block_graph
+from .printing import to_code
+from .reverse import Program, derive
+from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
+from .rules.call import BlockRule, ChainRule, DerivedBlock
+from .schedule import Plan, helpers_of, schedule
+from .spec import Spec
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Everything the generated files hold, as statements and names, nothing printed yet."""
-
+@dataclass
+class Structured:
+    spec: Spec
+    flat_graph: Graph
+    blocks: dict[str, DerivedBlock]
+    graph: Graph
     program: Program
-    """The readable derivation: the docstring's formulas, ``hvp``, the per-sample gradients, the
-    documents."""
-    fast: Program
-    """The fused derivation (one ``convolution_backward`` call per conv, and so on), which
-    ``gradients`` and the drop-in backward run."""
-    forward: list[Statement]
-    """``forward``: the statements the loss needs."""
-    readable_backward: list[Statement]
-    """The readable backward pass, as the docstring and documents list it."""
-    saving_forward: list[Scheduled]
-    """``_forward_saving``: the loss together with ``saved_names``."""
-    saved_names: list[str]
-    saved_as_autocast_casts: list[str]
-    """Of ``saved_names``, those the backward reads only as a kernel's autocast-cast operand (a
-    convolution's input): kept under autocast as that cast copy, as autograd keeps it."""
-    loss_name: str
-    boundary_dead: list[str]
-    """Forward values only the default cotangent reads: deleted once it is made."""
-    backward: list[Scheduled]
-    """``_backward_from_saved``, the one backward body."""
-    step_of_line: list[int | None]
-    """For each line of ``backward``, the derivation step (1-based) that produced it."""
-    stored: dict[str, str]
-    """What each node keeps alive for the backward pass."""
-    grad_loss: str = GRAD_LOSS.name
-    hvp_forward: list[Statement] = field(default_factory=list)
-    hvp_backward: list[Statement] = field(default_factory=list)
-    hvp_results: dict[str, sympy.Expr] = field(default_factory=dict)
-    """Each ``wrt`` name's Hessian-vector product (0: zero whatever the input)."""
-    per_sample_forward: list[Scheduled] = field(default_factory=list)
-    per_sample_backward: list[Scheduled] = field(default_factory=list)
-    per_sample_dead: list[str] = field(default_factory=list)
-    per_sample_names: list[str] = field(default_factory=list)
-    per_sample_batched: list[str] = field(default_factory=list)
-    rebuilt: list[str] = field(default_factory=list)
-    """The values the backward reads that the forward does not keep, made again in the backward
-    (``lean``: :mod:`symgrad.rematerialize`)."""
+    planned: Plan
+    chains: tuple = ()
+    """The :class:`ChainRule` of each run of instances the code loops over."""
+    helpers: list = dataclasses.field(default_factory=list)
+    """The module-level functions the blocks' and the top level's statements call."""
+    running_statistics: list = dataclasses.field(default_factory=list)
+    """(running_mean, running_var, momentum) of each training-mode batch_norm (``roles``)."""
+    layout: object = None
+    """When the 2-d convolutions run in channels_last (:class:`symgrad.roles.ChannelsLastRule`, or None)."""
+    layout_constant: dict | None = None
+    """The module's constant for the size from which they do (``roles.channels_last_constant``)."""
+    test_data: dict = dataclasses.field(default_factory=dict)
+    """What the generated tests draw: the small shapes, the inputs' roles, the class counts, ..."""
+    backward: list = dataclasses.field(default_factory=list)
+    """The top level's backward as the module runs it (:func:`_top_backward`)."""
+    merged_returns: list = dataclasses.field(default_factory=list)
+    """``_prefixed("layer1.0", grads_a)``: the instances whose parameters' gradients return at once."""
+    param_returns: list = dataclasses.field(default_factory=list)
+    """(``params`` key, gradient) of each other parameter."""
+    docstring: tuple = ((), ())
+    """The readable forward and backward the module's docstring lists: the top body's, where it is
+    the whole network (an inlined program); with calls, the documents derive each body."""
+    top_names: frozenset = frozenset()
+    """The names the top body's derived statements assign and no block body's do."""
 
 
-def plan(program: Program, fast: Program, extras: tuple[str, ...] = (), recompute: bool = True,
-         lean: bool = False) -> Plan:
-    """The :class:`Plan` for the derivations of one body's graph; ``extras`` the optional functions
-    wanted (``hvp``, ``per_sample``: the inlined program's, ``expand``);
-    ``recompute=False`` keeps every value the backward reads, as autograd does: no activation computed
-    again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`); ``lean``
-    (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
-    from the batch norm's input and statistics (:mod:`symgrad.rematerialize`)."""
-    graph = program.graph
-    gradient_symbols = set(program.gradients.values())
-    # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
-    readable_live = _live(program.forward + program.backward, gradient_symbols | program.default_cotangent.free_symbols)
-    # `gradients` runs the fused derivation: one convolution_backward call per conv that needs two or
-    # more gradients, or its weight's alone (twice differentiable, as autograd's own); the documents'
-    # math is the readable one
-    # the loss's inputs and the outputs, which the caller keeps, are kept whole
-    kept_by_caller = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols,
-                      *fast.default_cotangent.free_symbols}
-    mask_owners, layout_owners = {}, {}
-    if recompute:  # keep less than autograd keeps: masks, layouts (kept.py), recomputed activations
-        fast, mask_owners = kept_as_signs(fast, kept_by_caller)
-        fast, layout_owners = kept_as_layouts(fast)
-        fast, _ = kept_as_narrow_indices(fast, kept_by_caller)
-    fast, shape_owners = kept_as_shapes(fast)
-    fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
-    live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
-    # a parameter's gradient as soon as what it reads exists (a linear map's weight's, which the walk
-    # writes after the input's), so that its operands die there, as autograd's node frees them
-    backward = _without_aliases(live[split:], gradient_symbols)
-    returned = [statement for statement in backward if statement.target in gradient_symbols]
-    live = _scheduled_early(live[:split] + backward, split, returned)
-    live = live[:split] + _named_entries(live[split:], live)
-    if recompute:
-        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller)
-    rebuilt_names: list[str] = []
-    if recompute and lean:
-        again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
-        live = live[:split] + again
-    _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
-    backward = _added_in_place(_overwriting(backward, only=REBUILT))
-    saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
-    # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
-    # keeps) stays as it is: a cast copy there would be kept beside it
-    # the default cotangent (`pred.new_ones(...)`) reads the loss's input as a tensor too
-    returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
-                *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
-    narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
-    saving_forward = _overwriting(_added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
-    optional: dict = {}
-    hvp_live, per_sample_live = [], []
-    if "hvp" in extras:
-        tangents, results = tangent_statements(program.forward + program.backward, graph.wrt)
-        returned = {value for value in results.values() if value != 0}
-        hvp_live = _live(program.forward + program.backward + tangents,
-                         returned | program.default_cotangent.free_symbols)
-        boundary = _count_among(hvp_live, program.forward)
-        optional.update(hvp_forward=hvp_live[:boundary], hvp_backward=hvp_live[boundary:],
-                        hvp_results={name: results[name] for name in graph.wrt})
-    if "per_sample" in extras:
-        extra, results, batched = per_sample_statements(program)
-        per_sample_live = _live(program.forward + program.backward + extra,
-                                set(results.values()) | program.default_cotangent.free_symbols)
-        boundary = _count_among(per_sample_live, program.forward)
-        # each per-sample product as soon as its output gradient exists, so both die there
-        scheduled = _scheduled_early(per_sample_live, boundary, extra)
-        forward, backward_part, dead = _with_deletions(
-            scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
-        optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
-                        per_sample_names=list(results), per_sample_batched=batched)
-    return Plan(
-        program=program, fast=fast,
-        forward=_live(program.forward, {program.loss_symbol}),
-        readable_backward=readable_live[_count_among(readable_live, program.forward):],
-        saving_forward=saving_forward, saved_names=saved_names, saved_as_autocast_casts=narrowed, loss_name=loss_name,
-        boundary_dead=boundary_dead, backward=backward,
-        step_of_line=_step_numbers(fast, live[split:]),
-        stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}),
-        rebuilt=rebuilt_names, **optional)
+def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
+                 graph: Graph, chains: list, top: tuple[Program, Program], extras: tuple[str, ...] = (),
+                 recompute: bool = True, lean: bool = False) -> Structured:
+    """The top body planned as each block body was (``derived``: theirs, :func:`derive_block`), from
+    its ``graph`` and its two derivations (``top``: the readable one and the one ``gradients`` runs),
+    and what the module and its tests read besides, each computed once from the flat graph: the
+    helpers, the running statistics, the layout rule, the test data (``shapes``: the tests' small
+    shapes; None: no test file). ``extras`` (``hvp``, ``per_sample``) come with an inlined program
+    (``expand``'s precondition); ``recompute``, ``lean``: see :func:`symgrad.schedule.schedule`."""
+    spec = expanded.spec
+    program, fast = top
+    planned = schedule(program, fast, extras=extras, recompute=recompute, lean=lean)
+    statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
+                  + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
+    statements += [getattr(item, "statement", item) for item in (
+        planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward)]
+    test_data = test_facts(flat_graph, shapes) if shapes is not None else {}
+    narrowing = planned.saved_as_autocast_casts or any(block.planned.saved_as_autocast_casts for block in derived.values())
+    helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
+    # the names the top body's own statements assign (none of them a block body's): what the check
+    # of the module's names may read as stand-ins
+    inner = {item.statement.target.name for block in derived.values()
+             for item in block.planned.saving_forward + block.planned.backward}
+    top_names = {statement.target.name for part in (program.forward, program.backward, fast.forward, fast.backward)
+                 for statement in part} - inner
+    return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,
+                      running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
+                      layout_constant=channels_last_constant(flat_graph), test_data=test_data,
+                      docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
+                      top_names=frozenset(top_names),
+                      **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
 
 
-def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:
-    """Move each ``t = fused[i]`` right after ``fused`` is computed, so the tuple dies at once."""
-    reads: dict[sympy.Symbol, list[Statement]] = {}
-    for statement in statements:
+def _signature(shapes) -> tuple:
+    """What a block's derivation may depend on besides sizes: each operand's rank and its size-1 axes."""
+    return tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1)) for shape in shapes)
+
+
+def derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str],
+                 recompute: bool = True, lean: bool = False) -> DerivedBlock:
+    """The block's body graphed, derived and planned once for all ``layers`` (its instances), its
+    hypers as :class:`HyperInt`; ``needs_gradient``: the flat graph's names that depend on ``wrt``.
+
+    What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
+    derive otherwise where a size is 1: a broadcast, an expand) and the hypers' values: the block is
+    derived once per distinct set of them among its instances, and every one must print the same
+    code, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do)."""
+    first = layers[0]
+    wanted = set()
+    variants: dict[tuple, object] = {}
+    for layer in layers:
+        wanted |= {name for name, node in _bound(block, layer).items() if node in needs_gradient}
+        values = tuple(sorted(_hyper_values(block, layer).items()))
+        variants.setdefault((values, _instance_signature(block, layer, flat_graph)), layer)
+    derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
+                               flat_graph.spec, wanted, dict(values),
+                               {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()},
+                               recompute, lean)
+               for (values, _), layer in variants.items()]
+    signature = next(iter(variants))[1]
+    for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
+        if _printed(other) == _printed(derived[0]):
+            continue
+        if other_signature != signature:  # a rule derives otherwise where a size is 1 (a broadcast, an expand)
+            raise SpecError(f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
+                            f"size-1 axes than instance '{first.out}', and its derivation differs",
+                            layer.location, "define a second block for it, or inline its layers")
+        raise SpecError(f"instance '{layer.out}' of block '{block.name}' sets its hypers to values for which the "
+                        f"derivation differs from that of instance '{first.out}' (not only in the values)",
+                        layer.location, "define a second block for it, or inline its layers")
+    return derived[0]
+
+
+def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
+    """The instance's value of each of the block's hypers, the default where it sets none."""
+    return {**dict(block.hyper), **{name: value for name, value, _ in layer.hyper}}
+
+
+def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict,
+                    dtypes: dict, recompute: bool = True, lean: bool = False) -> DerivedBlock:
+    graph = block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()}, dtypes)
+    feeds_output = {"loss"}
+    for node in reversed(list(graph.nodes.values())):
+        if node.name in feeds_output:
+            feeds_output.update(node.operands.values())
+    graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
+    program = derive(graph)
+    fast = derive(graph, fused=True)
+    planned = schedule(program, fast, recompute=recompute, lean=lean)
+    read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
+    backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
+    return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
+
+
+def _instance_signature(block: BlockSpec, layer, flat_graph: Graph) -> tuple:
+    """What a block's derivation may depend on besides sizes, for one instance: every tensor's rank
+    and size-1 axes, read from the flat graph (where the instance's node ``o`` is ``OUT_o``)."""
+    bound = _bound(block, layer)
+    names = [bound[name] for name in block.operands] + [
+        layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers]
+    return _signature(flat_graph.nodes[name].shape for name in names)
+
+
+def _bound(block: BlockSpec, layer) -> dict[str, str]:
+    return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
+
+
+def _printed(derived: DerivedBlock) -> tuple:
+    """A block variant as the statements its two functions run, printed (a hyper by its name), with
+    what it saves and returns: two variants that agree here serve each other's instances."""
+    planned = derived.planned
+
+    def lines(scheduled) -> tuple:
+        return tuple((item.statement.target.name, to_code(item.statement.value), item.dead) for item in scheduled)
+
+    return (lines(planned.saving_forward), lines(planned.backward), tuple(planned.saved_names),
+            tuple(derived.gradients), tuple(derived.backward_inputs))
+
+
+def _top_backward(graph: Graph, spec: Spec, planned: Plan) -> tuple[list, list, list]:
+    """The top level's backward as the module runs it, and what it returns: each parameter's
+    gradient taken from its instance's mapping in the return itself (``grads_a.pop("w")``, or all of
+    an instance's at once, ``**_prefixed("layer1.0", grads_a)``), the names the return reads kept
+    alive until then, and no comment on a block call, whose code says it."""
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    inlined: dict[str, str] = {}
+    inlined_from: dict[str, TensorOp] = {}
+    backward = []
+    for item in planned.backward:
+        statement = item.statement
         value = statement.value
-        if isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0].is_Symbol:
-            reads.setdefault(value.operands[0], []).append(statement)
-    moved = {id(statement) for group in reads.values() for statement in group}
-    result = []
-    for statement in statements:
-        if id(statement) in moved:
+        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
+                and value.primitive.name == "gradient_of"):
+            inlined[statement.gradient_of] = to_code(value)
+            inlined_from[statement.gradient_of] = value
             continue
-        result.append(statement)
-        result.extend(reads.get(statement.target, []))
-    return result, boundary
+        if isinstance(value, TensorOp) and value.primitive.name in ("gradient_of", "block_backward"):
+            # `grads_b = block_backward(...)`, `grads_b.pop("x")`: the code says it
+            item = dataclasses.replace(item, statement=dataclasses.replace(statement, comment=""))
+        backward.append(item)
+
+    merged, param_returns = _returned_parameters(graph, sources, inlined, inlined_from, backward)
+    # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
+    returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
+    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
+                for item in backward]
+    return backward, [text for text, _ in merged], param_returns
 
 
-def _recomputed(forward: list[Statement], backward: list[Statement], kept_by_caller: set) -> list[Statement]:
-    """``backward`` with each cheap elementwise value it reads (``Primitive.recomputable``: an
-    activation's output, read by the next layer's backward) computed again right before its first
-    read, from operands the backward reads anyway: the saving forward then keeps the operand alone,
-    as torch.compile's partitioner does (``kept_by_caller``: the loss's inputs, which stay)."""
-    read = set().union(*(statement.value.free_symbols for statement in backward))
-    made = {statement.target for statement in forward}
-    again = {statement.target: statement for statement in forward
-             if statement.target in read and statement.target not in kept_by_caller
-             and isinstance(statement.value, TensorOp) and statement.value.primitive.recomputable
-             and all(symbol in read or symbol not in made for symbol in statement.value.free_symbols)}
-    again = {target: statement for target, statement in again.items()  # from kept operands, not a chain
-             if not statement.value.free_symbols & again.keys()}
-    result = []
-    for statement in backward:
-        for symbol in sorted(statement.value.free_symbols & again.keys(), key=str):
-            result.append(dataclasses.replace(again.pop(symbol), comment="recomputed: not kept by the forward"))
-        result.append(statement)
-    return result
-
-
-def _without_aliases(backward: list[Statement], keep: set[sympy.Symbol]) -> list[Statement]:
-    """``backward`` without its aliases (``grad_bn2 = grad_add``, a gradient passed on unchanged):
-    each later read of one reads what it names (the gradients returned, ``keep``, stay, and so does
-    a name for the incoming ``grad_loss``, which a block's backward renames to its argument)."""
-    renames: dict[sympy.Symbol, sympy.Symbol] = {}
-    result = []
-    for statement in backward:
-        value = statement.value.xreplace(renames) if renames else statement.value
-        if value.is_Symbol and value != GRAD_LOSS and statement.target not in keep:
-            renames[statement.target] = value
+def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_from: dict, backward: list):
+    """The ``params`` gradients ``_backward_from_saved`` returns: ``**_prefixed("layer1.0", grads)``
+    for an instance whose block's gradient mapping holds exactly its own parameters' gradients (its
+    inputs' taken out already, none shared with another instance), one entry each for the rest."""
+    popped: dict[str, set[str]] = {}
+    for item in backward:
+        for expression in item.statement.value.atoms(TensorOp):
+            if expression.primitive.name == "gradient_of":
+                popped.setdefault(expression.operands[0].name, set()).add(expression.params["key"])
+    merged, covered = [], set()
+    for node in graph.nodes.values():
+        if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
+            grads = f"grads_{node.name}"
+            bound = {value for value in node.rule.keys if value in graph.wrt}
+            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                    for value in bound) and "x" in popped.get(grads, set())):
+                merged.append((grads, grads))
+                covered |= bound
             continue
-        result.append(statement if value is statement.value else dataclasses.replace(statement, value=value))
-    return result
-
-
-def _named_entries(backward: list[Statement], every: list[Statement]) -> list[Statement]:
-    """``backward`` with each entry of a fused kernel's tuple that a longer expression reads
-    (``grad_x = grad_add + local_conv1[0]``) named right after the tuple is made (``local_conv1_0``),
-    so that the tuple is unpacked where it is made and dies there (``every``: all statements, whose
-    names a new one must not take)."""
-    tuples = {statement.target for statement in backward
-              if isinstance(statement.value, TensorOp) and (statement.value.primitive.outputs or 0) > 1}
-    whole = {statement.value for statement in backward}
-    inline = {}
-    for statement in backward:
-        for expression in statement.value.atoms(TensorOp):
-            if (expression.primitive.name == "item" and expression.operands[0] in tuples
-                    and expression not in whole):
-                inline.setdefault(expression.operands[0], {})[expression.params["index"]] = expression
-    if not inline:
-        return backward
-    taken = {statement.target.name for statement in every}
-    names: dict[TensorOp, sympy.Symbol] = {}
-    result = []
-    for statement in backward:
-        value = statement.value.xreplace(names) if names else statement.value
-        result.append(statement if value is statement.value else dataclasses.replace(statement, value=value))
-        for index, expression in sorted(inline.get(statement.target, {}).items()):
-            name = f"{statement.target.name}_{index}"
-            if name in taken:
-                continue
-            taken.add(name)
-            names[expression] = tensor(name)
-            result.append(Statement(tensor(name), expression, statement.node, gradient_of=None))
-    return result
-
-
-def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol]):
-    """Each symbol's last reading statement (``boundary - 0.5``: the default cotangent, read between
-    the forward and the backward part), and the symbols these statements make."""
-    last_use: dict[sympy.Symbol, float] = {}
-    for index, statement in enumerate(statements):
-        for symbol in statement.value.free_symbols:
-            last_use[symbol] = index
-    for symbol in boundary_uses:
-        last_use[symbol] = max(last_use.get(symbol, -1), boundary - 0.5)
-    return last_use, {statement.target for statement in statements}
-
-
-def _dying(statement: Statement, index: int, last_use, owned, keep) -> list[sympy.Symbol]:
-    """What ``statement`` reads for the last time, of what this function made and does not return."""
-    return sorted((symbol for symbol in statement.value.free_symbols
-                   if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
-
-
-def _dying_at_boundary(boundary: int, last_use, owned, keep) -> list[str]:
-    return sorted(symbol.name for symbol, index in last_use.items()
-                  if index == boundary - 0.5 and symbol in owned and symbol not in keep)
-
-
-def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol],
-                    keep: set[sympy.Symbol]) -> tuple[list[Scheduled], list[Scheduled], list[str]]:
-    """The statements, each with the names to delete right after it (so a value is freed at its
-    last use, not when the function returns; autograd keeps what it saved), split at the boundary,
-    and the names to delete once the default cotangent is made."""
-    last_use, owned = _last_uses(statements, boundary, boundary_uses)
-    scheduled = [Scheduled(statement, tuple(symbol.name for symbol in _dying(statement, index, last_use, owned, keep)))
-                 for index, statement in enumerate(statements)]
-    return scheduled[:boundary], scheduled[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
-
-
-def _is_fresh(value, made: dict) -> bool:
-    """Whether ``value`` makes a new tensor, no view of another, that its own autograd backward does
-    not read: an op whose output is fresh (``Primitive.fresh``: a convolution, a norm, a kernel's
-    gradients), an entry of such an op's tuple (``made``: each symbol's value), a sum of names."""
-    if isinstance(value, TensorOp) and value.primitive.name == "item":  # an entry of a fresh tuple
-        value = made.get(value.operands[0])
-    return (isinstance(value, TensorOp) and value.primitive.fresh) or (
-        isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
-
-
-def _made_and_readers(scheduled: list[Scheduled]) -> tuple[dict, dict[sympy.Symbol, int]]:
-    """Each symbol's value in ``scheduled``, and how many of its statements read each symbol."""
-    made = {item.statement.target: item.statement.value for item in scheduled}
-    readers: dict[sympy.Symbol, int] = {}
-    for item in scheduled:
-        for symbol in item.statement.value.free_symbols:
-            readers[symbol] = readers.get(symbol, 0) + 1
-    return made, readers
-
-
-def _overwriting(scheduled: list[Scheduled], only: str | None = None) -> list[Scheduled]:
-    """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
-    in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand this statement alone
-    reads, dies there and was made here by an op whose output is fresh (:func:`_is_fresh`), so nothing
-    else holds or reads that buffer, autograd included: an earlier reader's autograd node may have
-    saved it (a convolution saves its input), which ``gradients`` differentiated again would read. One
-    buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; its backward reads its output,
-    which is what stays. ``only``: the statements with that comment alone (a backward's values made
-    again, :mod:`symgrad.rematerialize`)."""
-    made, readers = _made_and_readers(scheduled)
-    result = []
-    for item in scheduled:
-        value = item.statement.value
-        if only is not None and item.statement.comment != only:
-            result.append(item)
+        if not isinstance(node.rule, BlockRule) or not node.params.get("_scope"):
             continue
-        if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
-                and value.operands[0].is_Symbol and value.operands[0].name in item.dead
-                and readers.get(value.operands[0]) == 1 and _is_fresh(made.get(value.operands[0]), made)):
-            item = dataclasses.replace(item, in_place=True)
-        result.append(item)
-    return result
-
-
-def _added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list[Scheduled]:
-    """``scheduled`` with each branch sum (``every_sum``: each sum, in a forward) that has a fresh term
-    (``grad_x = local_conv1_0 + grad_add``: a kernel's new output that this sum alone reads and no
-    other term reads, or a product computed right there) written as ``_add_into(local_conv1_0,
-    grad_add)``, which adds the other terms into that one where no graph is recorded: no new tensor
-    per sum, as autograd's engine adds a node's incoming gradients into its buffer, and as a model's
-    ``out += identity`` adds. A sum with a negated term stays as it is (``a - b`` is one kernel;
-    ``_add_into(a, -b)`` two)."""
-    made, readers = _made_and_readers(scheduled)
-
-    def owned_here(term, item, terms) -> bool:
-        if any(term in other.free_symbols for other in terms if other is not term):
-            return False  # `t + t.permute(1, 0)`: an in-place add would read a view of what it writes
-        if term.is_Symbol:  # made here, fresh, read by this sum alone, and not kept
-            return (term.name in item.dead and readers.get(term) == 1 and term in made
-                    and _is_fresh(made[term], made))
-        # computed as the call's argument, where nothing else holds it: a product is a new tensor
-        return isinstance(term, sympy.Mul) or _is_fresh(term, made)
-
-    result = []
-    for item in scheduled:
-        value = item.statement.value
-        if isinstance(value, sympy.Add) and (every_sum or item.statement.gradient_of is not None):
-            terms = value.as_ordered_terms()
-            first = next((term for term in terms if owned_here(term, item, terms)), None)
-            if first is not None and not any(term.is_number or term.could_extract_minus_sign() for term in terms):
-                value = op("add_into", first, *(term for term in terms if term is not first))
-                item = dataclasses.replace(item, statement=dataclasses.replace(item.statement, value=value))
-        result.append(item)
-    return result
-
-
-def _scheduled_early(statements: list[Statement], boundary: int, movable: list[Statement]) -> list[Statement]:
-    """The statements with each of ``movable`` moved up to just after the last statement whose value
-    it reads (never into the forward part): what it reads can then be freed before the next step."""
-    moving = {id(statement) for statement in movable}
-    kept = [statement for statement in statements if id(statement) not in moving]
-    anchor_of = {statement.target: index for index, statement in enumerate(kept)}
-    """Each value's statement among ``kept``, or, for a moved one, the kept statement it follows."""
-    following: dict[int, list[Statement]] = {}
-    for statement in statements:
-        if id(statement) not in moving:
-            continue
-        anchor = max([boundary - 1] + [anchor_of[symbol] for symbol in statement.value.free_symbols if symbol in anchor_of])
-        following.setdefault(anchor, []).append(statement)  # after those moved there before it, in their order
-        anchor_of[statement.target] = anchor
-    result = list(following.get(-1, []))
-    for index, statement in enumerate(kept):  # one pass: a scan of the list per moved statement was quadratic
-        result.append(statement)
-        result.extend(following.get(index, []))
-    return result
-
-
-def _saved_for_backward(fast: Program, statements: list[Statement], boundary: int) -> tuple[list[str], list[Scheduled], str]:
-    """For ``_forward_saving``, which saves instead of recomputing: the values the backward part
-    reads from the forward part (in forward order), and the statements that compute the loss
-    together with them, every other intermediate deleted at its last use."""
-    read = set().union(*(statement.value.free_symbols for statement in statements[boundary:]))
-    read -= {statement.target for statement in statements[boundary:]}  # a value recomputed there
-    read |= fast.default_cotangent.free_symbols
-    kept = [statement.target for statement in statements[:boundary] if statement.target in read]
-    loss = fast.forward[-1].target
-    live = _live(fast.forward, {*kept, loss})
-    scheduled, _, _ = _with_deletions(live, len(live), set(), {*kept, loss})
-    return [symbol.name for symbol in kept], scheduled, loss.name
-
-
-def _autocast_saved(saved_names: list[str], backward: list[Statement]) -> list[str]:
-    """The saved names every backward statement reads only as an operand its kernel reads cast to
-    autocast's dtype (``Primitive.autocast_operands``: a convolution's input, in its backward)."""
-    as_operand, elsewhere = set(), set()
-
-    def visit(expression) -> None:
-        if isinstance(expression, TensorOp):
-            params = expression.params
-            elsewhere.update(params.free_symbols if isinstance(params, sympy.Basic) else ())
-            for index, operand in enumerate(expression.operands):
-                if index in expression.primitive.autocast_operands and operand.is_Symbol:
-                    as_operand.add(operand.name)
-                else:
-                    visit(operand)
-        elif isinstance(expression, sympy.Symbol):
-            elsewhere.add(expression.name)
-        elif isinstance(expression, sympy.Basic):
-            for argument in expression.args:
-                visit(argument)
-
-    for statement in backward:
-        visit(statement.value)
-    return [name for name in saved_names if name in as_operand and name not in elsewhere]
-
-
-def _narrowed_at_last_use(scheduled: list[Scheduled], narrowed: list[str]) -> list[Scheduled]:
-    """``scheduled`` (a saving forward) with each ``narrowed`` name cast right after its last reading
-    statement there (or the one making it, where none reads it)."""
-    last = {}
-    for index, item in enumerate(scheduled):
-        for name in narrowed:
-            if item.statement.target.name == name or tensor(name) in item.statement.value.free_symbols:
-                last[name] = index
-    return [dataclasses.replace(item, narrowed=tuple(name for name in narrowed if last.get(name) == index))
-            for index, item in enumerate(scheduled)]
-
-
-def helpers_of(statements: list[Statement]) -> list[str]:
-    """The module-level functions the statements' primitives call, each once, in a fixed order (a
-    helper may hold several, one of them shared with another primitive's helper: written once)."""
-    found = {expression.primitive.name: expression.primitive.helper
-             for statement in statements for expression in statement.value.atoms(TensorOp)
-             if expression.primitive.helper}
-    functions: dict[str, None] = {}
-    for name in sorted(found):
-        functions.update(dict.fromkeys(part.strip("\n") + "\n" for part in found[name].split("\n\n\n")))
-    return list(functions)
-
-
-def _count_among(statements: list[Statement], among: list[Statement]) -> int:
-    """How many of ``statements`` are (the very objects) in ``among``: a set of ids, not a list scan
-    per statement, which made rendering quadratic in the number of layers."""
-    ids = {id(statement) for statement in among}
-    return sum(id(statement) in ids for statement in statements)
-
-
-def _live(statements: list[Statement], results: set[sympy.Symbol]) -> list[Statement]:
-    """Drop statements whose value nothing returned depends on (no dead variables)."""
-    needed = set(results)
-    kept = []
-    for statement in reversed(statements):
-        if statement.target in needed:
-            kept.append(statement)
-            needed |= statement.value.free_symbols
-    return kept[::-1]
-
-
-def _stored(program: Program, backward: list[Statement], owners: dict[str, str]) -> dict[str, str]:
-    """What each node keeps alive for the backward pass: its value, only what the backward reads of
-    it (its shape, its layout, where it is zero), or nothing (``owners``: each value kept instead of
-    a tensor, by that tensor's name: :mod:`symgrad.kept`)."""
-    whole, shaped = set(), set()
-    for statement in backward:
-        split_reads(statement.value, whole, shaped)
-    recomputed = {statement.target.name for statement in backward}  # a forward value made again there
-    rebuilt = {statement.target.name for statement in backward if statement.comment == REBUILT}
-    values = {symbol.name for symbol in whole} - recomputed
-    shapes = {symbol.name for symbol in shaped}
-    kept: dict[str, list[str]] = {}
-    for name in sorted(values | shapes):
-        if name in owners:  # up_shape, relu_layout, relu_active: what it says
-            kept.setdefault(owners[name], []).append(name.rsplit("_", 1)[1])
-    parts = {"shape": "its shape", "layout": "its layout", "active": "where it is not zero, as a byte mask"}
-    stored = {}
-    for node in program.graph.nodes.values():
-        if node.kind == "loss":
-            stored[node.name] = "output: its gradient is 1 (or grad_loss)"
-        elif node.name in values:
-            stored[node.name] = "value, read by the backward pass"
-        elif node.name in rebuilt:
-            stored[node.name] = ("nothing (--keep lean): the backward pass makes it again from "
-                                 "what it keeps, bit for bit")
-        elif node.name in recomputed:
-            stored[node.name] = "nothing: the backward pass computes it again from its input"
-        elif node.name in kept or node.name in shapes:
-            stored[node.name] = "only " + " and ".join(text for part, text in parts.items()
-                                                       if part in kept.get(node.name, ["shape"]))
-        else:
-            stored[node.name] = "nothing: freed after use" if node.kind == "layer" else "nothing"
-    return stored
-
-
-def _step_numbers(program: Program, lines: list[Statement]) -> list[int | None]:
-    """For each backward line, the derivation step (1-based) that produced it."""
-    by_node = {step.node: number for number, step in enumerate(program.steps, 1)}
-    by_source = {}
-    for number, step in enumerate(program.steps, 1):
-        for _, source, _ in step.contributions:
-            by_source.setdefault(source, number)
-    numbers = []
-    for statement in lines:
-        if statement.gradient_of in by_source:
-            numbers.append(by_source[statement.gradient_of])
-        else:
-            numbers.append(by_node.get(statement.node))
-    return numbers
+        derived = node.rule.derived
+        grads = f"grads_{node.name}"
+        keys = dict(derived.spec.params)
+        params = [name for name in derived.gradients if name in keys]
+        bound = {name: node.operands[name] for name in params}
+        inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
+        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                  for value in bound.values())
+        if params and own and inputs_taken:
+            prefix, offset = node.params["_scope"]
+            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
+                           grads))
+            covered |= set(bound.values())
+    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
+               if name in sources and name not in covered]
+    return merged, returns

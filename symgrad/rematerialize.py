@@ -1,6 +1,6 @@
 """What ``symgrad generate --keep lean`` makes again in the backward instead of keeping it.
 
-Between the schedule and the deletions of :func:`symgrad.plan.plan`: a value the backward reads
+Between the schedule and the deletions of :func:`symgrad.schedule.schedule`: a value the backward reads
 (a convolution's or linear map's input, for its weight gradient; a ReLU's output, for its own
 pullback) that the forward made from what the saving forward keeps anyway by cheap elementwise steps
 is not kept: the backward makes it again right before the first line that reads it, and frees it

@@ -55,7 +55,7 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
                  shapes: dict[str, tuple], reserved: set[str], strict: bool = False) -> tuple[dict, bool]:
     """``spec`` (the traced document) with repeated submodules turned into blocks, unchanged when
     there are none; and whether some block's instances differ in their hypers or their parameters'
-    size-1 axes (a block ``symgrad.plan_blocks`` may yet refuse, where its code would differ).
+    size-1 axes (a block ``symgrad.plan`` may yet refuse, where its code would differ).
     ``strict``: instances may not differ so. ``modules_of_layers``: each layer's innermost module
     path; ``shapes``: every node's shape at the traced size; ``reserved``: names a block may not take."""
     layers = spec["layers"]
@@ -295,7 +295,7 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
     pattern, ints = _int_arguments(block_layers)
     # every tensor's rank and size-1 axes, the block's own nodes' too: a rule may derive otherwise where
     # a size is 1 (an SE gate's expand_as at 1 x 1), so instances that differ there are other blocks; a
-    # parameter's rank only (a 1 x 1 and a 3 x 3 convolution derive alike: symgrad.plan_blocks checks it)
+    # parameter's rank only (a 1 x 1 and a 3 x 3 convolution derive alike: symgrad.plan checks it)
     operand_shapes = tuple((len(shapes[name]),) if sources.get(name) else _signature(shapes[name]) for name in local)
     key = (class_name, repr(pattern), tuple(params), operand_shapes)
     strict_key = (class_name, repr(block_layers), tuple(params), tuple(_signature(shapes[name]) for name in local))
@@ -334,7 +334,7 @@ def _op_names(layers, indices) -> dict[str, str]:
 
 HYPER_KEYS = ("stride", "padding", "dilation", "groups")
 """Int arguments in which instances of one block may differ, each a hyper of the block: the
-convolution and pooling rules derive the same code for every value (``symgrad.plan_blocks`` checks
+convolution and pooling rules derive the same code for every value (``symgrad.plan`` checks
 it), as a ResNet's first block of a stage differs from its first stage's only in its stride and a
 MobileNet's depthwise convolutions in their groups."""
 

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import symgrad.pipeline
-import symgrad.plan_blocks
+import symgrad.plan
 from benchmarks.structure import MOBILENET_V2
 from symgrad.check import by_name, graph_inputs, module_from_source
 from symgrad.errors import SpecError
@@ -36,8 +36,8 @@ def _derivations(monkeypatch) -> list:
     """The graph of each body derived from here on: a block's (by the planner) and a top body's (by
     the pipeline's walk), each derived twice, readable and fused."""
     derived = []
-    real = symgrad.plan_blocks.derive
-    for module in (symgrad.plan_blocks, symgrad.pipeline):
+    real = symgrad.plan.derive
+    for module in (symgrad.plan, symgrad.pipeline):
         monkeypatch.setattr(module, "derive", lambda graph, **kw: derived.append(graph) or real(graph, **kw))
     return derived
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.algebra import op, tensor
-from symgrad.plan import Scheduled, _added_in_place
 from symgrad.reverse import Statement
 from symgrad.rules.shared import ADD_INTO
+from symgrad.schedule import Scheduled, _added_in_place
 from symgrad.trace import LossChoice, trace
 from tests.helpers import build_text, module_from_source
 from tests.models.classic import BasicBlock  # torchvision's, as its authors write it: `out += identity`

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import symgrad.pipeline
-import symgrad.render_blocks
+import symgrad.render
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 
@@ -43,7 +43,7 @@ def test_a_module_with_300_saved_tensors_imports_and_its_drop_in_backward_is_rig
 def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
     spec = tmp_path / "s.yaml"
     spec.write_text((ROOT / "examples" / "seed1_strided_conv.yaml").read_text())
-    render = symgrad.render_blocks.render_files
+    render = symgrad.render.render_files
 
     def broken(*arguments, **keywords):
         rendered = render(*arguments, **keywords)
@@ -51,7 +51,7 @@ def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_pa
                           for name, text in rendered.files.items()}
         return rendered
 
-    monkeypatch.setattr(symgrad.render_blocks, "render_files", broken)
+    monkeypatch.setattr(symgrad.render, "render_files", broken)
     from click.testing import CliRunner
 
     from symgrad.cli import main

@@ -18,9 +18,9 @@ import torch.nn as nn
 
 import symgrad
 from symgrad.errors import GeneratorError
+from symgrad.graph import MODULE_NAMES
 from symgrad.names import check_module_source
 from symgrad.spec import parse_spec
-from symgrad.structure import MODULE_NAMES
 from symgrad.trace import trace
 from tests.helpers import build_text, module_from_source
 

@@ -151,7 +151,7 @@ def test_blocks_are_named_only_with_names_generate_accepts():
 def test_the_math_renders_for_operands_that_carry_a_subscript():
     """``item`` and ``select`` wrote ``x_{a}_{0}`` for an operand shown with a subscript (latex2mathml's
     DoubleSubscriptsError: GhostNet's generate crashed): each primitive's LaTeX, given such operands."""
-    import symgrad.structure  # noqa: F401 - registers its primitives
+    import symgrad.rules.call  # noqa: F401 - registers its primitives
     from symgrad.algebra import PRIMITIVES, Params
     from symgrad.mathml import mathml
     from symgrad.printing import _latex_name

@@ -1,4 +1,4 @@
-"""Rendering a :class:`~symgrad.plan_blocks.Structured` plan into the module, its test file and
+"""Rendering a :class:`~symgrad.plan.Structured` plan into the module, its test file and
 its documents: each block's forward and backward function once, then the top level, printed from
 the plan (``statements`` renamed to the names the code uses: ``p["conv1.weight"]``).
 """
@@ -13,9 +13,9 @@ from .algebra import TensorOp, tensor
 from .blocks import HyperInt
 from .emit import packed
 from .fingerprint import module_constants
-from .plan_blocks import Structured
+from .plan import Structured
 from .reverse import GRAD_LOSS
-from .structure import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
+from .rules.call import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
 
 
 def _renamed_statements(scheduled, renames: dict) -> list:
