@@ -13,7 +13,7 @@ adjacent outputs may overlap: ``scatter_add`` sums them, as max pooling's adjoin
 from __future__ import annotations
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Param, Rule
+from .base import Checker, Forward, Param, Rule, Sample, Spelling
 from .resample import AdaptiveAveragePool, show_output_size
 
 
@@ -79,3 +79,32 @@ class AdaptiveMaxPool(Rule):
 
 
 RULES = [AdaptiveMaxPool(1), AdaptiveMaxPool(2), AdaptiveMaxPool(3)]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "adaptive_max_pool1d": [
+        Sample("adaptive_max_pool1d-global", {"x": [2, 3, 9], "y": [2, 3, 1]},
+               [{"op": "adaptive_max_pool1d", "output_size": 1, "out": "out"}], ["x"]),
+    ],
+    "adaptive_max_pool2d": [
+        Sample("adaptive_max_pool2d-overlapping-windows", {"x": [2, 3, 7, 5], "y": [2, 3, 3, 2]},
+               [{"op": "adaptive_max_pool2d", "output_size": [3, 2], "out": "out"}], ["x"]),
+    ],
+    "adaptive_max_pool3d": [
+        Sample("adaptive_max_pool3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 2, 2, 3]},
+               [{"op": "adaptive_max_pool3d", "output_size": [2, 2, 3], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "adaptive_max_pool1d": [
+        Spelling("nn.AdaptiveMaxPool1d(2)", {"x": (2, 3, 5)}, module=True),
+    ],
+    "adaptive_max_pool2d": [
+        Spelling("F.adaptive_max_pool2d(x, 1) * x"),  # a global max pool
+        Spelling("torch.cat([F.adaptive_avg_pool2d(x, (3, 2)), nn.AdaptiveMaxPool2d((3, 2))(x)], "
+                 "1)"),
+    ],
+    "adaptive_max_pool3d": [
+        Spelling("nn.AdaptiveMaxPool3d((2, 1, 2))", {"x": (2, 2, 3, 4, 3)}, module=True),
+    ],
+}

@@ -12,7 +12,7 @@ its shape::
 from __future__ import annotations
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling
 from .shared import in_operands_dtype
 
 primitive("addmm", code=lambda operands, params, show: f"torch.addmm({', '.join(operands)})",
@@ -82,3 +82,18 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("addmm (bias broadcast)", {"b": (2,), "x": (3, 2), "w": (2, 2)}, {"op": "addmm", "in": ["b", "x", "w"]}, ("x", "w")),
     ("addmm (in the bias)", {"b": (3, 2), "x": (3, 2), "w": (2, 2)}, {"op": "addmm", "in": ["b", "x", "w"]}, ("b",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "addmm": [
+        Sample("addmm-bias-broadcast", {"b": [4], "x": [3, 5], "w": [5, 4], "y": [3, 4]},
+               [{"op": "addmm", "in": ["b", "x", "w"], "out": "out"}], ["b", "x", "w"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "addmm": [
+        # GPT-2's Conv1D
+        Spelling("torch.addmm(b, x.view(-1, x.size(-1)), w).view(2, 3, 4)",
+                 {"b": (4,), "x": (2, 3, 5), "w": (5, 4)}),
+    ],
+}

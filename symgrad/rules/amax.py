@@ -15,7 +15,7 @@ through the mask is zero almost everywhere, as autograd's).
 from __future__ import annotations
 
 from ..algebra import CONSTANT, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, boolean, ints
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, boolean, ints
 from .reduce import Reduce
 from .shared import show_dims
 
@@ -77,3 +77,23 @@ class Amax(Rule):
 
 
 RULES = [Amax()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "amax": [
+        Sample("amax-space-keepdim", {"x": [2, 3, 4, 5], "y": [2, 3, 1, 1]},
+               [{"op": "amax", "dim": [2, 3], "keepdim": True, "out": "out"}], ["x"]),
+        Sample("amax-channels", {"x": [2, 3, 4, 5], "y": [2, 4, 5]},
+               [{"op": "amax", "dim": [1], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "amax": [
+        Spelling("x * x.amax((2, 3), keepdim=True)"),  # CBAM's channel descriptor
+        Spelling("torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], "
+                 "dim=1)"),
+        Spelling("x.amax(dim=-1).exp()"),
+        # over every entry: autograd shares ties' gradient, as amax does
+        Spelling("torch.max(x) * x"),
+    ],
+}

@@ -27,7 +27,7 @@ import re
 import sympy
 
 from ..algebra import LINEAR, Size, op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, finite_float
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, boolean, finite_float
 from .shared import in_operands_dtype, sum_over
 
 
@@ -334,3 +334,57 @@ def check_mask(shapes, params, scores, check) -> None:
         else:
             check.require(size == target or size == 1, f"attn_mask of shape {tuple(mask)} does not broadcast "
                           f"to the scores' {tuple(scores)}", "give attn_mask the shape [..., L, S]")
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "scaled_dot_product_attention": [
+        Sample("scaled_dot_product_attention",
+               {"q": [2, 2, 4, 3], "k": [2, 2, 5, 3], "v": [2, 2, 5, 6], "y": [2, 2, 4, 6]},
+               [{"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "out": "out"}],
+               ["q", "k", "v"]),
+        Sample("scaled_dot_product_attention-causal-scale",
+               {"q": [2, 3, 4, 3], "k": [2, 3, 4, 3], "v": [2, 3, 4, 2], "y": [2, 3, 4, 2]},
+               [{"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "is_causal": True,
+                 "scale": 0.7, "out": "out"}],
+               ["q", "k", "v"]),
+        Sample("scaled_dot_product_attention-causal-fewer-queries",
+               {"q": [2, 3, 3, 2], "k": [2, 3, 5, 2], "v": [2, 3, 5, 2], "y": [2, 3, 3, 2]},
+               [{"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "is_causal": True,
+                 "out": "out"}],
+               ["q", "k", "v"]),
+        Sample("scaled_dot_product_attention-additive-mask",
+               {"q": [2, 2, 4, 3], "k": [2, 2, 5, 3], "v": [2, 2, 5, 3], "m": [2, 1, 4, 5],
+                "y": [2, 2, 4, 3]},
+               [{"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "attn_mask": "m",
+                 "out": "out"}],
+               ["q", "k", "v", "m"]),
+    ],
+    "einsum": [
+        Sample("einsum-attention-scores", {"q": [2, 3, 4, 5], "k": [2, 3, 6, 5], "y": [2, 3, 4, 6]},
+               [{"op": "einsum", "in": ["q", "k"], "equation": "bhid,bhjd->bhij", "out": "out"}],
+               ["q", "k"]),
+        Sample("einsum-three-operands", {"a": [3, 4], "b": [4, 5], "c": [5, 2], "y": [3, 2]},
+               [{"op": "einsum", "in": ["a", "b", "c"], "equation": "ij,jk,kl->il", "out": "out"}],
+               ["a", "b", "c"]),
+        Sample("einsum-implicit-output", {"a": [3, 4], "b": [4, 5], "y": [3, 5]},
+               [{"op": "einsum", "in": ["a", "b"], "equation": "ij,jk", "out": "out"}], ["a", "b"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "scaled_dot_product_attention": [
+        Spelling("F.scaled_dot_product_attention(q, k, v)",
+                 {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3), "v": (2, 2, 5, 3)}),
+        # an additive float mask (a bias)
+        Spelling("F.scaled_dot_product_attention(q, k, v, m, scale=0.5)",
+                 {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3), "v": (2, 2, 5, 3), "m": (4, 5)}),
+        Spelling("F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                 {"q": (2, 2, 4, 3), "k": (2, 2, 4, 3), "v": (2, 2, 4, 3)}),
+    ],
+    "einsum": [
+        Spelling('torch.einsum("bhid,bhjd->bhij", q, k)', {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3)}),
+        Spelling('torch.einsum("...id,...jd->...ij", [q, k])',
+                 {"q": (2, 2, 4, 3), "k": (2, 2, 5, 3)}),
+        # implicit output
+        Spelling('torch.einsum("bchw,oc", x, w)', {"x": (2, 3, 4, 5), "w": (6, 3)}),
+    ],
+}

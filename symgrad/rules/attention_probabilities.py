@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..algebra import Size, op, primitive
 from .attention import InverseRoot, attention_softmax, check_mask, scale_argument
-from .base import Checker, Forward, Operand, Param, Rule, boolean
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, boolean
 from .shared import in_operands_dtype, sum_over
 
 PROBABILITIES = '''def _attention_probabilities(query, key, attn_mask=None, is_causal=False, scale=None):
@@ -133,3 +133,27 @@ class AttentionProbabilities(Rule):
 
 
 RULES = [AttentionProbabilities()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "attention_probabilities": [
+        Sample("attention_probabilities", {"q": [2, 2, 3, 4], "k": [2, 2, 5, 4], "y": [2, 2, 3, 5]},
+               [{"op": "attention_probabilities", "in": ["q", "k"]}], ["q", "k"]),
+        Sample("attention_probabilities-causal-scale",
+               {"q": [2, 4, 3], "k": [2, 4, 3], "y": [2, 4, 4]},
+               [{"op": "attention_probabilities", "in": ["q", "k"], "is_causal": True,
+                 "scale": 0.3}],
+               ["q", "k"]),
+        Sample("attention_probabilities-mask",
+               {"q": [2, 3, 4], "k": [2, 5, 4], "m": [3, 5], "y": [2, 3, 5]},
+               [{"op": "attention_probabilities", "in": ["q", "k"], "attn_mask": "m"}],
+               ["q", "k", "m"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "attention_probabilities": [
+        # dropout inside attention (training mode)
+        Spelling("F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)",
+                 {"q": (2, 2, 4, 3), "k": (2, 2, 4, 3), "v": (2, 2, 4, 3)}),
+    ],
+}

@@ -248,6 +248,43 @@ class NodeSymbols:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One spec-level case of an op (its rule module's ``SAMPLES``): the spec's inputs (name: shape,
+    or ``{"shape": ..., "dtype": "int64"}``, the loss's target among them), its layers and ``wrt``.
+    The tests in ``tests/rules/`` build each one, generate its module and check it against
+    ``torch.autograd`` (float64, gradcheck, gradgradcheck, hvp), print its emitted lines against
+    ``tests/rules/expected/emitted/<op>.txt`` and run its fused kernels with gradients of any
+    layout. Plain values only: nothing is built at import."""
+
+    id: str
+    """The test id, unique among every rule's samples: the op, then what the sample varies."""
+    inputs: dict
+    layers: list
+    wrt: list
+    loss: dict | None = None
+    """None: ``half_sq_error`` against the input ``y``, summed."""
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """One way a model writes the op (its rule module's ``SPELLINGS``), which ``symgrad trace`` must
+    record as this op: ``call`` is a Python expression in the argument names of ``shapes``
+    (``F.softmax(x, dim=-1)``, ``x.softmax(-1)``) or, with ``module``, one that makes an
+    ``nn.Module`` called on them (``nn.Softmax(dim=1)``). ``tests/trace/test_ops.py`` evaluates it
+    (``torch``, ``nn``, ``F``, ``math`` and its own small modules in scope), traces it, checks that
+    the spec holds this op and compares the generated gradients with autograd through it. A loss's
+    spelling gives the ``reduction`` the spec must hold, and ``dtypes`` for int64 labels. A string:
+    nothing is built at import."""
+
+    call: str
+    shapes: dict | None = None
+    """Argument name: shape; None: ``{"x": (2, 3, 8, 8)}``."""
+    module: bool = False
+    reduction: str | None = None
+    dtypes: dict | None = None
+
+
+@dataclass(frozen=True)
 class Forward:
     value: sympy.Expr
     """What the code computes."""
@@ -277,6 +314,13 @@ class Rule:
     signature: ClassVar[tuple[str, ...] | None] = None
     """PyTorch's positional argument names, by which a recorded call's arguments are bound; None: read
     from PyTorch's own signature of the op (:func:`torch_signature`), which is right for most ops."""
+
+    # ----- how the tests exercise the op (declared in its module's SAMPLES and SPELLINGS) -----------
+    samples: tuple[Sample, ...] = ()
+    """Its spec-level cases, from its module's ``SAMPLES[op]`` (set by the registry); every op has
+    one."""
+    spellings: tuple[Spelling, ...] = ()
+    """The ways models write it, from its module's ``SPELLINGS[op]`` (set by the registry)."""
 
     # ----- what the rest of the pipeline may ask of the op -----------------------------------------------
     is_loss: ClassVar[bool] = False

@@ -11,7 +11,7 @@ takes them); -1 keeps the input's size. ``repeat``'s counts are numbers.
 from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 from .layout import target_shape
 from .shared import show_dims
 
@@ -122,3 +122,33 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("expand", {"x": (2, 1, 3)}, {"op": "expand", "shape": [2, 2, 2, -1]}, ("x",)),
     ("repeat", {"x": (2, 3)}, {"op": "repeat", "counts": [2, 1, 2]}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "expand": [
+        Sample("expand-new-and-size-one-dims", {"x": [2, 1, 4, 1], "y": [3, 2, 5, 4, 6]},
+               [{"op": "expand", "shape": [3, -1, 5, -1, 6], "out": "out"}], ["x"]),
+        Sample("expand-like-another-node",
+               {"x": [2, 3, 1, 1], "s": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
+               [{"op": "expand", "in": "x",
+                 "shape": [{"like": "s"}, {"like": "s"}, {"like": "s"}, {"like": "s"}], "out": "e"},
+                {"op": "mul", "in": ["e", "s"], "out": "out"}],
+               ["x", "s"]),
+    ],
+    "repeat": [
+        Sample("repeat", {"x": [2, 3, 4], "y": [2, 6, 12]},
+               [{"op": "repeat", "counts": [1, 2, 3], "out": "out"}], ["x"]),
+        Sample("repeat-new-leading-dim", {"x": [3, 2], "y": [2, 3, 4]},
+               [{"op": "repeat", "counts": [2, 1, 2], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "expand": [
+        Spelling("x * x.mean((2, 3), keepdim=True).expand_as(x)"),  # SENet ports' gate
+        Spelling("x.sum(1, keepdim=True).expand(-1, 3, -1, -1) * x"),
+    ],
+    "repeat": [
+        Spelling("x.repeat(1, 2, 1, 1).sum(1, keepdim=True) * x"),
+        Spelling("torch.tile(x, (2, 1)).relu()"),
+    ],
+}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -96,3 +96,23 @@ class Cast(Rule):
 
 
 RULES = [Cast()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "cast": [
+        Sample("cast-int64-and-float",
+               {"a": [2, 3], "t": {"shape": [2], "dtype": "int64"}, "y": [2, 3]},
+               [{"op": "cast", "in": "t", "like": "a", "out": "time"},
+                {"op": "unsqueeze", "in": "time", "dim": 1, "out": "column"},
+                {"op": "mul", "in": ["a", "column"], "out": "scaled"},
+                {"op": "cast", "in": "scaled", "like": "y"}],
+               ["a"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "cast": [
+        # diffusers' float32 timestep embedding in a float64 model: .float() and .to(dtype) are
+        # cast layers
+        Spelling("HalfPrecisionScale()", {"x": (2, 3)}, module=True),
+    ],
+}

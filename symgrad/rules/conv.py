@@ -1,7 +1,7 @@
 """``conv1d``, ``conv2d``, ``conv3d``: one N-d rule, bilinear in (input, weight).
 
-(One file for the convolution and its transpose, which share every helper: the input adjoint of one is
-the other's forward. The derivation below is why it is longer than other rule files.)
+(The transposed convolution, ``conv_transpose.py``, shares every helper here: the input adjoint of one
+is the other's forward. The derivation below is why it is longer than other rule files.)
 
 Why the adjoints look the way they do
 -------------------------------------
@@ -42,7 +42,19 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, op, primitive, shape_text, show_ints
-from .base import Checker, Forward, NodeSymbols, Operand, Param, ParamContext, Rule, int_tuple, positive_int
+from .base import (
+    Checker,
+    Forward,
+    NodeSymbols,
+    Operand,
+    Param,
+    ParamContext,
+    Rule,
+    Sample,
+    Spelling,
+    int_tuple,
+    positive_int,
+)
 from .shared import affine_tangent
 
 
@@ -481,101 +493,7 @@ class Convolution(Rule):
                 "grad_weight = input ⋆ grad_out with stride d and dilation s; grad_bias = grad_out summed over N and space")
 
 
-class TransposedConvolution(Convolution):
-    """``conv_transposeNd``: the input adjoint of a conv, so its own adjoints are conv's, swapped.
-
-    ``<conv_transpose(x, w), g> = <x, conv(g, w)>``: the input adjoint is ``conv(g, w)`` with the
-    same stride, padding, dilation and groups. Its length is ``H_x + floor(output_padding / s)``:
-    when ``output_padding < stride`` conv's floor drops exactly the extra positions, but PyTorch also
-    allows ``stride <= output_padding < dilation``, and then the tail is cropped back to ``x``'s
-    length. Read as a function of ``w``, the weight adjoint is conv's weight correlation with ``g``
-    as the input and ``x`` as the output gradient (``K + floor(output_padding / d)`` taps, cropped to
-    ``K`` when ``stride > dilation`` makes the extra taps possible)."""
-
-    params = {**Convolution.params, "output_padding": Param(0, int_tuple(0))}
-
-    def __init__(self, dims: int):
-        super().__init__(dims)
-        self.op = f"conv_transpose{dims}d"
-        self.calls = (self.op,)
-        self.summary = f"{dims}-d transposed convolution (the adjoint of conv{dims}d in its input), plus bias"
-
-    WEIGHT_LAYOUT = "C_in, C_out/groups"
-
-    def fan_in_axes(self, rank: int) -> list[int]:
-        return [0, *range(2, rank)]  # [C_in, C_out/groups, kernel...]: every input channel reaches each output
-
-    def infer_shape(self, shapes, params, check: Checker):
-        x, w = shapes["input"], shapes["weight"]
-        self._check_ranks(x, w, check)
-        check.require(params["padding"] != "same", "padding='same' is not defined for transposed convolutions",
-                      "give explicit padding")
-        groups = params["groups"]
-        lead = len(x) - self.dims - 1  # 1 with a batch axis, 0 without
-        check.equal(x[lead], w[0], f"input has {x[lead]} channels but weight expects {w[0]}",
-                    "make the weight's dim 0 equal the input channels")
-        check.equal(w[0] % groups, 0, f"weight has {w[0]} input channels, not divisible by groups={groups}",
-                    "use a number of input channels divisible by groups")
-        for axis, (o, s, d) in enumerate(zip(params["output_padding"], params["stride"], params["dilation"])):
-            check.require(o < s or o < d, f"output_padding {o} must be smaller than stride {s} or dilation {d} (axis {axis})",
-                          "reduce output_padding")
-        if "bias" in shapes:
-            b = shapes["bias"]
-            check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
-            check.equal(b[0], w[1] * groups, f"bias has {b[0]} entries but the output has {w[1] * groups} channels",
-                        "give bias the shape [C_out]")
-        out = [*x[:lead], w[1] * groups]
-        for axis in range(self.dims):
-            p, d, s, o = (params[key][axis] for key in ("padding", "dilation", "stride", "output_padding"))
-            size = (x[axis + lead + 1] - 1) * s - 2 * p + d * (w[axis + 2] - 1) + o + 1
-            check.positive(size, f"output length along spatial axis {axis} is not positive", "use less padding")
-            out.append(size)
-        return tuple(out)
-
-    def forward(self, node: NodeSymbols) -> Forward:
-        operands = [node.operands["input"], node.operands["weight"]]
-        if "bias" in node.operands:
-            operands.append(node.operands["bias"])
-        return Forward(op("conv_transpose", *operands, **self._params(node, output_padding=node.params["output_padding"])))
-
-    def _fused_extras(self, node: NodeSymbols) -> dict:
-        return {"transposed": True, "output_padding": node.params["output_padding"]}
-
-    def _correlated(self, x, grad):
-        return grad, x  # <conv_transpose(x, w), g> = <x, conv(g, w)>: g is the input, x the gradient
-
-    def _lengths_match(self, node: NodeSymbols) -> bool:
-        # conv(g) has len(x) + floor(output_padding / s) entries: len(x) exactly when output_padding < s
-        return all(pad < stride for pad, stride in zip(node.params["output_padding"], node.params["stride"]))
-
-    def pullback(self, node: NodeSymbols, grad, wanted):
-        if self._fuses(node, wanted):
-            return self._fused_pullback(node, grad, wanted)
-        lead = self._lead(node)
-        x, w = node.operands["input"], node.operands["weight"]
-        stride, dilation = node.params["stride"], node.params["dilation"]
-        grads = {}
-        if "input" in wanted:
-            grads["input"] = op("conv", grad, w, **self._params(node))
-            crop = tuple(dilation[axis] > stride[axis] for axis in range(self.dims))  # output_padding >= stride possible
-            if any(crop):
-                grads["input"] = op("crop_to", grads["input"], x, axes=crop, start=lead + 1)  # from the first spatial dim
-        if "weight" in wanted:
-            source, kernel = self._correlated(x, grad)
-            grads["weight"] = op("conv_weight_grad", source, kernel, **self._weight_params(node))
-        if "bias" in wanted:
-            grads["bias"] = op("sum", grad, dim=self._bias_sum_dims(node))
-        return grads
-
-    def table_row(self):
-        return (self.op,
-                "out = weightᵀ ⋆ input + bias  (the input adjoint of conv: stride s, padding p, output_padding, dilation d, groups g)",
-                "grad_input = conv(grad_out, weight; s, p, d, g); grad_weight = grad_out ⋆ input with stride d and dilation s; "
-                "grad_bias = grad_out summed over N and space")
-
-
-RULES = [Convolution(1), Convolution(2), Convolution(3),
-         TransposedConvolution(1), TransposedConvolution(2), TransposedConvolution(3)]
+RULES = [Convolution(1), Convolution(2), Convolution(3)]
 
 
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
@@ -592,3 +510,89 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("conv_transpose1d (unbatched)", {"x": (2, 3), "w": (2, 2, 2)},
      {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1}, ("x", "w")),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "conv1d": [
+        Sample("conv1d-all-args", {"x": [2, 3, 13], "w": [2, 3, 4], "b": [2], "y": [2, 2, 4]},
+               [{"op": "conv1d", "weight": "w", "stride": 3, "padding": 2, "dilation": 2,
+                 "out": "out", "bias": "b"}],
+               ["x", "w", "b"]),
+        Sample("conv1d-unbatched-stride-gt-dilation-crop",
+               {"x": [2, 12], "w": [3, 2, 2], "y": [3, 3]},
+               [{"op": "conv1d", "weight": "w", "stride": 4, "out": "out"}], ["x", "w"]),
+        Sample("conv1d-same-odd-dilated-extent", {"x": [2, 2, 9], "w": [3, 2, 2], "y": [2, 3, 9]},
+               [{"op": "conv1d", "weight": "w", "padding": "same", "dilation": 3, "out": "out"}],
+               ["x", "w"]),
+    ],
+    "conv2d": [
+        Sample("conv2d-odd-size", {"x": [2, 3, 7, 7], "w": [4, 3, 3, 3], "y": [2, 4, 5, 5]},
+               [{"op": "conv2d", "weight": "w", "out": "out"}], ["x", "w"]),
+        Sample("conv2d-stride2-output_padding",
+               {"x": [2, 3, 9, 9], "w": [4, 3, 3, 3], "y": [2, 4, 4, 4]},
+               [{"op": "conv2d", "weight": "w", "stride": 2, "out": "out"}], ["x", "w"]),
+        Sample("conv2d-stride3-padding",
+               {"x": [1, 2, 11, 11], "w": [3, 2, 2, 2], "y": [1, 3, 4, 4]},
+               [{"op": "conv2d", "weight": "w", "stride": 3, "padding": 1, "out": "out"}],
+               ["x", "w"]),
+        Sample("conv2d-dilation", {"x": [2, 2, 10, 10], "w": [2, 2, 3, 3], "y": [2, 2, 10, 10]},
+               [{"op": "conv2d", "weight": "w", "dilation": 2, "padding": 2, "out": "out"}],
+               ["x", "w"]),
+        Sample("conv2d-groups-bias",
+               {"x": [2, 4, 9, 9], "w": [6, 2, 3, 3], "b": [6], "y": [2, 6, 4, 4]},
+               [{"op": "conv2d", "weight": "w", "groups": 2, "stride": 2, "out": "out",
+                 "bias": "b"}],
+               ["x", "w", "b"]),
+        Sample("conv2d-per-axis-args", {"x": [2, 6, 9, 8], "w": [3, 2, 3, 2], "y": [2, 3, 5, 2]},
+               [{"op": "conv2d", "weight": "w", "groups": 3, "stride": [2, 3], "padding": [1, 0],
+                 "dilation": [1, 2], "out": "out"}],
+               ["x", "w"]),
+        Sample("conv2d-stride-gt-dilation-crop",
+               {"x": [2, 2, 12, 12], "w": [2, 2, 2, 2], "y": [2, 2, 3, 3]},
+               [{"op": "conv2d", "weight": "w", "stride": 4, "dilation": 1, "out": "out"}],
+               ["x", "w"]),
+        Sample("conv2d-unbatched-groups-bias",
+               {"x": [4, 7, 6], "w": [6, 2, 3, 3], "b": [6], "y": [6, 4, 3]},
+               [{"op": "conv2d", "weight": "w", "stride": 2, "padding": 1, "groups": 2,
+                 "out": "out", "bias": "b"}],
+               ["x", "w", "b"]),
+        Sample("conv2d-same-even-kernel-asymmetric",
+               {"x": [2, 3, 7, 6], "w": [4, 3, 2, 4], "b": [4], "y": [2, 4, 7, 6]},
+               [{"op": "conv2d", "weight": "w", "padding": "same", "out": "out", "bias": "b"}],
+               ["x", "w", "b"]),
+        Sample("conv2d-weight-only", {"x": [2, 3, 7, 7], "w": [4, 3, 3, 3], "y": [2, 4, 5, 5]},
+               [{"op": "conv2d", "weight": "w", "out": "out"}], ["w"]),
+        Sample("tied-weight-used-twice", {"x": [2, 2, 6, 6], "w": [2, 2, 3, 3], "y": [2, 2, 6, 6]},
+               [{"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
+                {"op": "conv2d", "in": "h", "weight": "w", "padding": 1, "out": "g"}],
+               ["x", "w"]),
+    ],
+    "conv3d": [
+        Sample("conv3d-stride-padding-bias",
+               {"x": [1, 2, 6, 6, 6], "w": [2, 2, 2, 2, 2], "b": [2], "y": [1, 2, 4, 4, 4]},
+               [{"op": "conv3d", "weight": "w", "stride": 2, "padding": 1, "out": "out",
+                 "bias": "b"}],
+               ["x", "w", "b"]),
+        Sample("conv3d-unbatched-dilation-bias",
+               {"x": [2, 5, 5, 5], "w": [2, 2, 2, 2, 2], "b": [2], "y": [2, 3, 3, 3]},
+               [{"op": "conv3d", "weight": "w", "dilation": 2, "out": "out", "bias": "b"}],
+               ["x", "w", "b"]),
+        Sample("conv3d-unbatched-same-asymmetric-groups",
+               {"x": [2, 5, 5, 5], "w": [2, 1, 2, 3, 2], "y": [2, 5, 5, 5]},
+               [{"op": "conv3d", "weight": "w", "padding": "same", "groups": 2, "out": "out"}],
+               ["x", "w"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "conv1d": [
+        Spelling("F.conv1d(x, w, b, 2, 1, 2)", {"x": (2, 3, 11), "w": (4, 3, 3), "b": (4,)}),
+    ],
+    "conv2d": [
+        Spelling("F.conv2d(x, w, None, (2, 1), 1, 2, 3)", {"x": (2, 3, 9, 9), "w": (6, 1, 3, 3)}),
+        Spelling('nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")', module=True),
+    ],
+    "conv3d": [
+        Spelling('nn.Conv3d(2, 2, 3, padding=1, padding_mode="circular", bias=False)',
+                 {"x": (2, 2, 5, 5, 5)}, module=True),
+    ],
+}

@@ -23,7 +23,7 @@ there the masks differ from the model's (each is still a valid dropout mask).
 from __future__ import annotations
 
 from ..algebra import CONSTANT, primitive, tensor
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, boolean, choice
 
 NOISE_SHAPES = ("element", "channel", "row", "batch")
 
@@ -106,3 +106,26 @@ class Dropout(Rule):
 
 
 RULES = [Dropout()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "dropout": [
+        Sample("dropout", {"x": [4, 3, 5, 6], "y": [4, 3, 5, 6]}, [{"op": "dropout", "p": 0.3}],
+               ["x"]),
+        Sample("dropout2d-channel", {"x": [4, 5, 3, 4], "y": [4, 5, 3, 4]},
+               [{"op": "dropout", "p": 0.2, "noise": "channel"}], ["x"]),
+        Sample("drop-path-row-unscaled", {"x": [6, 3, 4], "y": [6, 3, 4]},
+               [{"op": "dropout", "p": 0.4, "noise": "row", "scale": False}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "dropout": [
+        # in training mode: a mask drawn as the module draws it
+        Spelling("nn.Dropout(0.3)", module=True),
+        Spelling("F.dropout2d(x, 0.2, training=True)"),
+        # timm's drop_path
+        Spelling("x * x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(0.7).div_(0.7)"),
+        # stochastic depth, batch
+        Spelling("x * torch.empty([1, 1, 1, 1], dtype=x.dtype).bernoulli_(0.9)"),
+    ],
+}

@@ -19,7 +19,7 @@ import sympy
 from ..algebra import CONSTANT, keyword_arguments, op, primitive
 from ..functions import Sigmoid, Softplus
 from ..printing import to_code
-from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, choice, nonzero_number, number
+from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, Sample, Spelling, choice, nonzero_number, number
 
 INPUT, OTHER = sympy.symbols("input other", real=True)
 
@@ -337,3 +337,229 @@ RULES = [
            "x hardsigmoid(x); derivative 0 up to -3, x / 3 + 1/2 inside, 1 from 3 on, as in PyTorch",
            calls=("hardswish",), fused_pullback=lambda grad, node: op("hardswish_backward", grad, node.operands["input"])),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "relu": [
+        Sample("relu", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "relu"}], ["x"]),
+    ],
+    "add": [
+        Sample("add", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "add", "in": ["a", "b"]}],
+               ["a", "b"]),
+        Sample("residual-branch-sum", {"x": [2, 2, 6, 6], "w": [2, 2, 3, 3], "y": [2, 2, 6, 6]},
+               [{"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
+                {"op": "relu", "out": "a"}, {"op": "add", "in": ["a", "x"], "out": "r"}],
+               ["x", "w"]),
+        Sample("two-strided-convs-share-input",
+               {"x": [2, 2, 9, 9], "u": [2, 2, 3, 3], "v": [2, 2, 3, 3], "y": [2, 2, 4, 4]},
+               [{"op": "conv2d", "in": "x", "weight": "u", "stride": 2, "out": "p"},
+                {"op": "conv2d", "in": "x", "weight": "v", "stride": 2, "out": "q"},
+                {"op": "add", "in": ["p", "q"], "out": "s"}],
+               ["x", "u", "v"]),
+    ],
+    "sub": [
+        Sample("sub", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["a", "b"]}],
+               ["a", "b"]),
+        Sample("sub-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "sub", "other": 3}], ["a"]),
+        Sample("sub-same-node-cancels", {"x": [2, 3], "y": [2, 3]},
+               [{"op": "sub", "in": ["x", "x"]}], ["x"]),
+        Sample("conv-of-cancelled-difference",
+               {"x": [1, 1, 5, 5], "w": [1, 1, 1, 1], "y": [1, 1, 5, 5]},
+               [{"op": "sub", "in": ["x", "x"], "out": "d"},
+                {"op": "conv2d", "weight": "w", "out": "c"}],
+               ["x", "w"]),
+    ],
+    "mul": [
+        Sample("mul-broadcast", {"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]},
+               [{"op": "mul", "in": ["a", "b"]}], ["a", "b"]),
+        Sample("mul-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "mul", "other": 0.25}], ["a"]),
+        Sample("same-node-both-operands", {"x": [2, 3], "y": [2, 3]},
+               [{"op": "mul", "in": ["x", "x"]}], ["x"]),
+    ],
+    "div": [
+        Sample("div-broadcast", {"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]},
+               [{"op": "softplus", "in": "b", "out": "pb"}, {"op": "div", "in": ["a", "pb"]}],
+               ["a", "b"]),
+        Sample("div-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "div", "other": 4}], ["a"]),
+    ],
+    "neg": [
+        Sample("neg", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "neg"}], ["x"]),
+    ],
+    "pow": [
+        Sample("pow-exponent=3", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow", "exponent": 3}],
+               ["x"]),
+        Sample("pow", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow"}], ["x"]),
+        Sample("pow-of-positive-exponent=0.5", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "softplus"}, {"op": "pow", "exponent": 0.5}], ["x"]),
+        Sample("pow-of-positive-exponent=-1.5", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "softplus"}, {"op": "pow", "exponent": -1.5}], ["x"]),
+    ],
+    "exp": [
+        Sample("exp", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "exp"}], ["x"]),
+    ],
+    "log": [
+        Sample("log-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "softplus"}, {"op": "log"}], ["x"]),
+    ],
+    "sin": [
+        Sample("sin", {"x": [2, 3, 4], "y": [2, 3, 4]}, [{"op": "sin", "out": "out"}], ["x"]),
+    ],
+    "cos": [
+        Sample("cos", {"x": [2, 3, 4], "y": [2, 3, 4]}, [{"op": "cos", "out": "out"}], ["x"]),
+    ],
+    "clamp": [
+        Sample("clamp-max-only", {"x": [2, 3, 4], "y": [2, 3, 4]},
+               [{"op": "clamp", "max": 0.5, "out": "out"}], ["x"]),
+        Sample("clamp-both", {"x": [2, 3, 4], "y": [2, 3, 4]},
+               [{"op": "clamp", "min": -0.25, "max": 0.75, "out": "out"}], ["x"]),
+    ],
+    "sqrt": [
+        Sample("sqrt-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "softplus"}, {"op": "sqrt"}], ["x"]),
+    ],
+    "abs": [
+        Sample("abs", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "abs"}], ["x"]),
+    ],
+    "sigmoid": [
+        Sample("sigmoid", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "sigmoid"}], ["x"]),
+    ],
+    "tanh": [
+        Sample("tanh", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "tanh"}], ["x"]),
+    ],
+    "silu": [
+        Sample("silu", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "silu"}], ["x"]),
+    ],
+    "gelu": [
+        Sample("gelu", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "gelu"}], ["x"]),
+        Sample("gelu-approximate=tanh", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "gelu", "approximate": "tanh"}], ["x"]),
+    ],
+    "softplus": [
+        Sample("softplus", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}], ["x"]),
+        Sample("softplus-beta=2-threshold=1", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "softplus", "beta": 2, "threshold": 1}], ["x"]),
+    ],
+    "elu": [
+        Sample("elu", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "elu"}], ["x"]),
+        Sample("elu-alpha=0.5", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "elu", "alpha": 0.5}],
+               ["x"]),
+    ],
+    "leaky_relu": [
+        Sample("leaky_relu", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "leaky_relu"}], ["x"]),
+        Sample("leaky_relu-negative_slope=0.2", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "leaky_relu", "negative_slope": 0.2}], ["x"]),
+    ],
+    "hardtanh": [
+        Sample("hardtanh", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "hardtanh"}], ["x"]),
+        Sample("hardtanh-min_val=-0.5-max_val=2.0", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "hardtanh", "min_val": -0.5, "max_val": 2.0}], ["x"]),
+    ],
+    "relu6": [
+        Sample("relu6", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "relu6"}], ["x"]),
+    ],
+    "hardsigmoid": [
+        Sample("hardsigmoid", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "hardsigmoid"}], ["x"]),
+        Sample("hardsigmoid-past-its-kinks", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "mul", "other": 4}, {"op": "hardsigmoid"}], ["x"]),
+    ],
+    "hardswish": [
+        Sample("hardswish", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "hardswish"}], ["x"]),
+        Sample("hardswish-past-its-kinks", {"x": [2, 3, 5], "y": [2, 3, 5]},
+               [{"op": "mul", "other": 4}, {"op": "hardswish"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "relu": [
+        Spelling("nn.ReLU(inplace=True)", module=True),
+        Spelling("x.relu_()"),
+    ],
+    "add": [
+        Spelling("x + y", {"x": (2, 3, 4), "y": (2, 3, 4)}),
+        Spelling("x.add_(y)", {"x": (2, 3, 4), "y": (2, 3, 4)}),
+        Spelling("torch.zeros_like(x).add_(x) + x.new_full((1,), 1.5)"),
+    ],
+    "sub": [
+        Spelling("torch.sub(x, y)", {"x": (2, 3, 4), "y": (3, 4)}),
+    ],
+    "mul": [
+        Spelling("2 * x * y", {"x": (2, 3, 4), "y": (2, 3, 4)}),
+        # constants made inside forward: one value broadcast against a tensor is a number ...
+        Spelling("torch.full_like(x, 2.0) * x"),
+        Spelling("x * torch.ones(1, 3, 1, 1) * torch.tensor(0.5)"),
+        Spelling("torch.mul(0.5, x)"),
+    ],
+    "div": [
+        Spelling("x / positive(y)", {"x": (2, 3, 4), "y": (2, 3, 4)}),
+    ],
+    "neg": [
+        Spelling("1 - x", {"x": (2, 3)}),  # (-x) + 1
+        Spelling("-x"),
+        Spelling("torch.ones_like(x) - x"),  # (-x) + 1.0
+    ],
+    "pow": [
+        Spelling("torch.full_like(x, 3.0) / positive(x)"),  # positive(x) ** -1 * 3.0
+        Spelling("x ** 3"),
+        Spelling("x.square()"),
+    ],
+    "exp": [
+        Spelling("torch.exp(x)"),
+    ],
+    "log": [
+        Spelling("torch.log(positive(x))"),
+    ],
+    "sin": [
+        Spelling("torch.sin(x)"),
+    ],
+    "cos": [
+        Spelling("x.cos()"),
+    ],
+    "clamp": [
+        Spelling("x.clamp(min=0)"),  # not relu: autograd's clamp passes the gradient at 0
+        Spelling("torch.clamp(x, -0.5, 0.25)"),
+        Spelling("x.clamp(0, 6)"),
+        Spelling("torch.clamp(x, max=0.5)"),  # SwinV2's logit scale, one-sided
+        Spelling("x.clamp_min(-0.2) * torch.clamp_max(x, 0.3)"),
+        Spelling("x.clip(min=0.1)"),
+    ],
+    "sqrt": [
+        Spelling("positive(x).sqrt()"),
+    ],
+    "abs": [
+        Spelling("abs(x)"),
+    ],
+    "sigmoid": [
+        Spelling("nn.Sigmoid()", module=True),
+    ],
+    "tanh": [
+        Spelling("nn.Tanh()", module=True),
+    ],
+    "silu": [
+        Spelling("nn.SiLU()", module=True),
+    ],
+    "gelu": [
+        Spelling('nn.GELU(approximate="tanh")', module=True),
+    ],
+    "softplus": [
+        Spelling("nn.Softplus(beta=2, threshold=10)", module=True),
+    ],
+    "elu": [
+        Spelling("nn.ELU(alpha=0.5)", module=True),
+    ],
+    "leaky_relu": [
+        Spelling("nn.LeakyReLU(0.2, inplace=True)", module=True),
+    ],
+    "hardtanh": [
+        Spelling("nn.Hardtanh(-0.5, 0.5)", module=True),
+    ],
+    "relu6": [
+        Spelling("nn.ReLU6()", module=True),
+    ],
+    "hardsigmoid": [
+        Spelling("nn.Hardsigmoid(inplace=True)", module=True),
+        Spelling("F.hardsigmoid(4 * x)"),  # past the kinks at -3 and 3
+    ],
+    "hardswish": [
+        Spelling("nn.Hardswish()", module=True),
+        Spelling("F.hardswish(4 * x, inplace=True)"),
+    ],
+}

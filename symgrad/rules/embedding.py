@@ -21,7 +21,7 @@ wte.weight``) is one input read twice: the reverse walk adds the two gradients.
 from __future__ import annotations
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, int64
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, int64
 
 
 def _embedding_code(operands, params, show):
@@ -109,3 +109,16 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("embedding (a row read twice, one never)", {"w": (5, 2), "i": {"int64": [[3, 0, 0], [1, 2, 1]]}},
      {"op": "embedding", "in": "i", "weight": "w"}, ("w",)),
 ]  # padding_idx is left out: PyTorch's gradient of that row is 0 by definition, not the forward's transpose
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "embedding": [
+        Sample("embedding", {"w": [5, 3], "i": {"shape": [2, 4], "dtype": "int64"}, "y": [2, 4, 3]},
+               [{"op": "embedding", "in": "i", "weight": "w"}], ["w"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "embedding": [
+        Spelling("Tokens()", {"x": (2, 3, 4)}, module=True),
+    ],
+}

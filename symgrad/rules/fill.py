@@ -15,7 +15,7 @@ import torch
 
 from ..algebra import CONSTANT, Size, op, primitive
 from ..spec_values import Like
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, finite_float, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, finite_float, ints
 
 
 def _reads(size) -> bool:
@@ -144,3 +144,48 @@ class Constant(Rule):
 
 
 RULES = [Full(), Constant()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "full": [
+        Sample("full-map-sized-like-x-concatenated",
+               {"x": [2, 3, 5, 4], "w": [2, 4, 3, 3], "y": [2, 2, 3, 2]},
+               [{"op": "full", "size": [{"like": "x"}, 1, {"like": "x"}, {"like": "x"}],
+                 "fill_value": 0.25, "out": "level"},
+                {"op": "cat", "in": ["x", "level"], "dim": 1, "out": "joined"},
+                {"op": "conv2d", "in": "joined", "weight": "w", "out": "out"}],
+               ["x", "w"]),
+    ],
+    "constant": [
+        Sample("constant-timestep-frequencies", {"t": [3], "y": [3, 4]},
+               [{"op": "unsqueeze", "in": "t", "dim": 1, "out": "column"},
+                {"op": "constant", "in": "t", "values": [1.0, 0.1, 0.01, 0.001], "shape": [1, 4],
+                 "out": "freqs"},
+                {"op": "mul", "in": ["column", "freqs"], "out": "args"},
+                {"op": "sin", "in": "args"}],
+               ["t"]),
+        Sample("constant-read-for-dtype-only", {"t": [3], "y": [2, 2]},
+               [{"op": "constant", "in": "t", "values": [1.0, 0.5, -2.0, 0.25], "shape": [2, 2],
+                 "out": "c"},
+                {"op": "sum", "in": "t", "dim": [0], "keepdim": True, "out": "s"},
+                {"op": "mul", "in": ["c", "s"]}],
+               ["t"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "full": [
+        # ... and a map of one value, read as a tensor, is a full layer with its sizes read from x
+        # at run time
+        Spelling("torch.cat([x, torch.full((x.shape[0], 1, x.shape[2], x.shape[3]), 0.25, "
+                 "dtype=x.dtype)], 1)"),
+        Spelling("x[:, :1] * x.new_ones(x.shape[0], 4, *x.shape[2:])"),
+    ],
+    "constant": [
+        # diffusers' sinusoidal timestep embedding: the frequencies, made from numbers alone, a
+        # constant layer
+        Spelling("torch.cat([torch.sin(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) "
+                 "/ 4)[None]), torch.cos(t[:, None] * torch.exp(-math.log(10000) * "
+                 "torch.arange(4) / 4)[None])], dim=-1)",
+                 {"t": (3,)}),
+    ],
+}

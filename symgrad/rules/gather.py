@@ -17,7 +17,7 @@ A gather whose index is a 1-d buffer viewed along ``dim`` and expanded over the 
 from __future__ import annotations
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, one_dim
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, one_dim
 
 primitive("gather", code=lambda operands, params, show: f"{operands[0]}.gather({params['dim']}, {operands[1]})",
           latex=lambda operands, params, show: rf"\operatorname{{gather}}_{{{params['dim']}}}\left({operands[0]}, "
@@ -86,3 +86,20 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("gather along dim 0", {"x": (3, 2, 2), "i": {"int64": [[[2, 0]], [[2, 2]]]}},
      {"op": "gather", "in": "x", "index": "i", "dim": 0}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "gather": [
+        Sample("gather-dim1",
+               {"x": [2, 5, 3], "i": {"shape": [2, 4, 3], "dtype": "int64"}, "y": [2, 4, 3]},
+               [{"op": "gather", "in": "x", "index": "i", "dim": 1}], ["x"]),
+        Sample("gather-last-dim-index-smaller-and-longer",
+               {"x": [3, 4, 5], "i": {"shape": [2, 4, 7], "dtype": "int64"}, "y": [2, 4, 7]},
+               [{"op": "gather", "in": "x", "index": "i", "dim": -1}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "gather": [
+        Spelling("Gathered()", module=True),
+    ],
+}

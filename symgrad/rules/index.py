@@ -16,7 +16,7 @@ names the same entry.
 from __future__ import annotations
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, one_dim
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, one_dim
 
 
 def _index_code(operands, params, show):
@@ -80,3 +80,22 @@ class Index(Rule):
 
 
 RULES = [Index()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "index": [
+        Sample("index-table-2d-index",
+               {"table": [9, 2], "i": {"shape": [4, 4], "dtype": "int64"}, "y": [4, 4, 2]},
+               [{"op": "index", "in": "table", "index": "i"}], ["table"]),
+        Sample("index-dim1",
+               {"x": [2, 5, 3], "i": {"shape": [4], "dtype": "int64"}, "y": [2, 4, 3]},
+               [{"op": "index", "in": "x", "index": "i", "dim": 1}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "index": [
+        Spelling("TokenGather()", {"x": (2, 3, 3, 3)}, module=True),
+        Spelling("BiasTable()", {"x": (2, 2, 3, 3)}, module=True),
+        Spelling("Selected()", {"x": (2, 3, 3, 3)}, module=True),
+    ],
+}

@@ -12,7 +12,7 @@ import sympy
 
 from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
 from ..spec_values import Like, size_expression
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 
 primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
           latex=lambda operands, params, show: operands[0],
@@ -339,3 +339,97 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("cat (first input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("x",)),
     ("cat (second input)", {"x": (2, 2, 3), "v": (2, 1, 3)}, {"op": "cat", "in": ["x", "v"], "dim": 1}, ("v",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "flatten": [
+        Sample("flatten", {"x": [2, 3, 4, 5], "y": [2, 60]},
+               [{"op": "flatten", "start_dim": 1, "out": "out"}], ["x"]),
+    ],
+    "reshape": [
+        Sample("reshape-minus-one", {"x": [2, 3, 4], "y": [2, 12]},
+               [{"op": "reshape", "shape": [2, -1], "out": "out"}], ["x"]),
+        Sample("reshape", {"x": [2, 3, 4], "y": [6, 4]},
+               [{"op": "reshape", "shape": [6, 4], "out": "out"}], ["x"]),
+        Sample("reshape-sizes-read-at-run-time", {"x": [2, 3, 4, 5], "y": [2, 3, 20]},
+               [{"op": "reshape",
+                 "shape": [{"like": "x"}, {"like": "x"}, {"like": "x", "dims": [2, 3]}],
+                 "out": "out"}],
+               ["x"]),
+    ],
+    "permute": [
+        Sample("permute", {"x": [2, 3, 4], "y": [4, 2, 3]},
+               [{"op": "permute", "dims": [2, 0, 1], "out": "out"}], ["x"]),
+    ],
+    "unsqueeze": [
+        Sample("unsqueeze", {"x": [2, 3, 4], "y": [2, 1, 3, 4]},
+               [{"op": "unsqueeze", "dim": 1, "out": "out"}], ["x"]),
+        Sample("unsqueeze-last", {"x": [2, 3], "y": [2, 3, 1]},
+               [{"op": "unsqueeze", "dim": -1, "out": "out"}], ["x"]),
+    ],
+    "squeeze": [
+        Sample("squeeze", {"x": [2, 1, 4], "y": [2, 4]},
+               [{"op": "squeeze", "dim": 1, "out": "out"}], ["x"]),
+        Sample("squeeze-last", {"x": [2, 3, 1], "y": [2, 3]},
+               [{"op": "squeeze", "dim": -1, "out": "out"}], ["x"]),
+    ],
+    "narrow": [
+        Sample("narrow", {"x": [2, 5, 3], "y": [2, 3, 3]},
+               [{"op": "narrow", "dim": 1, "start": 1, "length": 3, "out": "out"}], ["x"]),
+        Sample("narrow-last-dim", {"x": [2, 5, 4], "y": [2, 5, 2]},
+               [{"op": "narrow", "dim": -1, "start": 0, "length": 2, "out": "out"}], ["x"]),
+    ],
+    "cat": [
+        Sample("cat-three", {"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 2, 4], "y": [2, 6, 4]},
+               [{"op": "cat", "in": ["a", "b", "c"], "dim": 1}], ["a", "b", "c"]),
+        Sample("cat-same-tensor-twice", {"a": [2, 3], "y": [2, 6]},
+               [{"op": "cat", "in": ["a", "a"], "dim": -1}], ["a"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "flatten": [
+        Spelling("nn.Flatten()", module=True),
+        Spelling("x.view(x.size(0), -1)"),
+        Spelling("x.view_as(x.flatten(2))"),
+    ],
+    "reshape": [
+        Spelling("x.reshape(x.shape[0], 3, 4, 16)"),
+        Spelling("x.view((x.shape[0], 3, 16, 4))"),
+        Spelling("x.reshape_as(w) * w", {"x": (2, 12), "w": (2, 3, 4)}),
+    ],
+    "permute": [
+        Spelling("x.permute(0, 2, 3, 1)"),
+        Spelling("torch.permute(x, (0, 3, 1, 2))"),
+        Spelling("x.transpose(1, 2)"),
+        Spelling("torch.transpose(x, -1, 1)"),
+        Spelling("x.swapaxes(0, 3) * 2"),
+        Spelling("torch.swapdims(x, 2, 3)"),
+        Spelling("x.mT"),
+        Spelling("x.T @ y", {"x": (4, 3), "y": (4, 5)}),
+    ],
+    "unsqueeze": [
+        Spelling("x[:, None] * x.unsqueeze(2)", {"x": (2, 3, 8)}),
+        Spelling("x * gamma[..., None, None]", {"x": (2, 3, 8, 8), "gamma": (3,)}),
+        Spelling("x * x.mean((2, 3))[:, :, None, None]"),
+        Spelling("x[:, -1, None, 2:5] * torch.unsqueeze(x, -1)[:, :1, 2:5, ..., 0]"),
+    ],
+    "squeeze": [
+        Spelling("x.unbind(1)[2] * torch.unbind(x, dim=-1)[0]", {"x": (2, 3, 3, 3)}),
+        Spelling("x[:, 0] * x[:, -1]"),
+        Spelling("F.adaptive_avg_pool2d(x, 1).squeeze()"),
+        Spelling("x[:, :1].squeeze(1)"),
+        Spelling("x.mean((2, 3), keepdim=True).squeeze(-1).squeeze(-1)"),
+    ],
+    "narrow": [
+        Spelling("x[:, 1:3]"),
+        Spelling("x.narrow(1, 0, 2)"),
+        # NAFNet's SimpleGate
+        Spelling("(lambda x1, x2: x1 * x2)(*x.chunk(2, dim=1))", {"x": (2, 4, 8, 8)}),
+        Spelling("(lambda a, b: a * b)(*torch.chunk(x, 2, 1))", {"x": (2, 4, 8, 8)}),
+        Spelling("torch.cat([p.exp() for p in torch.split(x, [1, 2], 1)][::-1], 1)"),
+        Spelling("torch.cat(x.split(2, dim=1), dim=1) * x"),  # pieces 2 and 1
+    ],
+    "cat": [
+        Spelling("torch.cat([x, y], dim=1)", {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
+    ],
+}

@@ -11,7 +11,7 @@ has fewer batch dims than the output or a batch size 1.
 from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
-from .base import Checker, Forward, NodeSymbols, Operand, Rule
+from .base import Checker, Forward, NodeSymbols, Operand, Rule, Sample, Spelling
 from .shared import affine_tangent, in_operands_dtype
 
 primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
@@ -141,3 +141,32 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("matmul", {"x": (2, 2, 3), "v": (2, 3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
     ("matmul (batch dims broadcast)", {"x": (2, 2, 2, 3), "v": (3, 2)}, {"op": "matmul", "in": ["x", "v"]}, ("x", "v")),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "linear": [
+        Sample("linear-bias", {"x": [4, 5], "w": [3, 5], "b": [3], "y": [4, 3]},
+               [{"op": "linear", "weight": "w", "bias": "b", "out": "out"}], ["x", "w", "b"]),
+        Sample("linear-rank3", {"x": [2, 4, 5], "w": [3, 5], "y": [2, 4, 3]},
+               [{"op": "linear", "weight": "w", "out": "out"}], ["x", "w"]),
+    ],
+    "matmul": [
+        Sample("matmul-batched", {"a": [2, 3, 4], "b": [2, 4, 5], "y": [2, 3, 5]},
+               [{"op": "matmul", "in": ["a", "b"], "out": "out"}], ["a", "b"]),
+        Sample("matmul-broadcast-rank", {"a": [2, 3, 4, 5], "b": [5, 3], "y": [2, 3, 4, 3]},
+               [{"op": "matmul", "in": ["a", "b"], "out": "out"}], ["a", "b"]),
+        Sample("matmul-broadcast-size-1", {"a": [2, 1, 3, 4], "b": [3, 4, 2], "y": [2, 3, 3, 2]},
+               [{"op": "matmul", "in": ["a", "b"], "out": "out"}], ["a", "b"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "linear": [
+        Spelling("nn.Linear(8, 5)", {"x": (2, 3, 8)}, module=True),
+    ],
+    "matmul": [
+        Spelling("x @ y", {"x": (3, 4), "y": (4, 5)}),
+        Spelling("torch.bmm(x, y)", {"x": (2, 3, 4), "y": (2, 4, 5)}),
+        # batch dims broadcast
+        Spelling("x @ y.transpose(-2, -1)", {"x": (2, 2, 3, 4), "y": (5, 4)}),
+    ],
+}

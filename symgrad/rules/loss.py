@@ -19,6 +19,8 @@ from .base import (
     Operand,
     Param,
     Rule,
+    Sample,
+    Spelling,
     choice,
     non_negative_number,
     number,
@@ -249,3 +251,111 @@ RULES = [
     Loss("huber_loss", lambda r, delta: _inside(r, delta) * r ** 2 / 2 + (1 - _inside(r, delta)) * delta * (sympy.Abs(r) - delta / 2),
          "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside", params={"delta": Param(1.0, positive_number)}),
 ]
+
+
+PREDICTION = {"p": (2, 3, 4, 4), "y": (2, 3, 4, 4)}
+"""A prediction and its target: what each loss spelling reads."""
+LABELLED = {"z": (4, 5), "labels": (4,)}
+"""Scores and their int64 class labels."""
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "half_sq_error": [
+        Sample("loss-mean-target-wrt", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "half_sq_error", "target": "y", "reduction": "mean", "in": "p"}),
+        Sample("loss-per-sample", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "half_sq_error", "target": "y", "reduction": "per_sample", "in": "p"}),
+    ],
+    "mse_loss": [
+        Sample("mse_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "mse_loss", "in": "p", "target": "y"}),
+        Sample("mse_loss-reduction=sum", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "mse_loss", "in": "p", "target": "y", "reduction": "sum"}),
+    ],
+    "l1_loss": [
+        Sample("l1_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "l1_loss", "in": "p", "target": "y"}),
+        Sample("l1_loss-reduction=per_sample", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "l1_loss", "in": "p", "target": "y", "reduction": "per_sample"}),
+    ],
+    "smooth_l1_loss": [
+        Sample("smooth_l1_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "smooth_l1_loss", "in": "p", "target": "y"}),
+        Sample("smooth_l1_loss-beta=0.5-reduction=sum", {"p": [3, 2, 4], "y": [3, 2, 4]}, [],
+               ["p", "y"],
+               {"op": "smooth_l1_loss", "in": "p", "target": "y", "beta": 0.5, "reduction": "sum"}),
+    ],
+    "cross_entropy": [
+        Sample("cross_entropy-default",
+               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
+               {"op": "cross_entropy", "in": "logits", "target": "t"}),
+        Sample("cross_entropy-sum",
+               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
+               {"op": "cross_entropy", "in": "logits", "target": "t", "reduction": "sum"}),
+        Sample("cross_entropy-per_sample",
+               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
+               {"op": "cross_entropy", "in": "logits", "target": "t", "reduction": "per_sample"}),
+        Sample("cross_entropy-segmentation-per_sample",
+               {"x": [2, 3, 4, 5], "w": [4, 3, 1, 1], "t": {"shape": [2, 4, 5], "dtype": "int64"}},
+               [{"op": "conv2d", "weight": "w", "out": "scores"}], ["x", "w"],
+               {"op": "cross_entropy", "in": "scores", "target": "t", "reduction": "per_sample"}),
+    ],
+    "nll_loss": [
+        Sample("nll_loss-default",
+               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
+               {"op": "nll_loss", "in": "logits", "target": "t"}),
+        Sample("nll_loss-sum", {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
+               {"op": "nll_loss", "in": "logits", "target": "t", "reduction": "sum"}),
+        Sample("nll_loss-per_sample",
+               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
+               {"op": "nll_loss", "in": "logits", "target": "t", "reduction": "per_sample"}),
+    ],
+    "huber_loss": [
+        Sample("huber_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
+               {"op": "huber_loss", "in": "p", "target": "y"}),
+        Sample("huber_loss-delta=2.0-reduction=per_sample", {"p": [3, 2, 4], "y": [3, 2, 4]}, [],
+               ["p", "y"],
+               {"op": "huber_loss", "in": "p", "target": "y", "delta": 2.0,
+                "reduction": "per_sample"}),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "half_sq_error": [
+        Spelling("0.5 * (p - y).pow(2).sum()", PREDICTION, reduction="sum"),
+        Spelling("((y - p) ** 2).sum() / 2", PREDICTION, reduction="sum"),
+        Spelling("0.5 * torch.sum(torch.square(p - y))", PREDICTION, reduction="sum"),
+        Spelling('F.mse_loss(p, y, reduction="sum") * 0.5', PREDICTION, reduction="sum"),
+        Spelling("0.5 * ((p - y) ** 2).mean()", PREDICTION, reduction="mean"),
+        Spelling("0.5 * (p - y).pow(2).sum(dim=[1, 2, 3])", PREDICTION, reduction="per_sample"),
+    ],
+    "mse_loss": [
+        Spelling("F.mse_loss(p, y)", PREDICTION, reduction="mean"),
+        Spelling("nn.MSELoss()(p, y)", PREDICTION, reduction="mean"),
+        Spelling("((p - y) ** 2).sum()", PREDICTION, reduction="sum"),
+        Spelling('F.mse_loss(p, y, reduction="none").sum(dim=(1, 2, 3))', PREDICTION,
+                 reduction="per_sample"),
+    ],
+    "l1_loss": [
+        Spelling("(y - p).abs().mean()", PREDICTION, reduction="mean"),
+        Spelling('F.l1_loss(p, y, reduction="sum")', PREDICTION, reduction="sum"),
+    ],
+    "smooth_l1_loss": [
+        Spelling("F.smooth_l1_loss(p, y, beta=0.5)", PREDICTION, reduction="mean"),
+    ],
+    "cross_entropy": [
+        Spelling("F.cross_entropy(z, labels)", LABELLED, dtypes={"labels": "int64"}),
+        Spelling('F.nll_loss(F.log_softmax(z, dim=1), labels, reduction="sum")', LABELLED,
+                 dtypes={"labels": "int64"}),
+    ],
+    "nll_loss": [
+        # z read as log-probabilities
+        Spelling("F.nll_loss(z, labels)", LABELLED, dtypes={"labels": "int64"}),
+    ],
+    "huber_loss": [
+        Spelling('nn.HuberLoss(reduction="sum", delta=0.7)(p, y)', PREDICTION, reduction="sum"),
+    ],
+}

@@ -14,7 +14,7 @@ sends it (not shared among ties, as ``amax``'s is)::
 from __future__ import annotations
 
 from ..algebra import CONSTANT, op, primitive, tensor
-from .base import Checker, Forward, Operand, Param, Rule, boolean, one_dim
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, boolean, one_dim
 
 
 def _call(operands, params, what: str) -> str:
@@ -107,3 +107,31 @@ class MaxDim(Rule):
 
 
 RULES = [MaxDim("max"), MaxDim("min")]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "max": [
+        Sample("max-channels-keepdim", {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
+               [{"op": "max", "dim": 1, "keepdim": True, "out": "out"}], ["x"]),
+        Sample("max-last-dim", {"x": [2, 3, 4], "y": [2, 3]},
+               [{"op": "max", "dim": -1, "out": "out"}], ["x"]),
+    ],
+    "min": [
+        Sample("min-dim2", {"x": [2, 3, 4, 5], "y": [2, 3, 5]},
+               [{"op": "min", "dim": 2, "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "max": [
+        # CBAM's spatial attention: torch.max(x, 1, keepdim=True)[0]; MaxViT-style .values;
+        # torch.min
+        Spelling("torch.cat([torch.mean(x, 1, keepdim=True), torch.max(x, 1, keepdim=True)[0]], "
+                 "dim=1)"),
+        Spelling("x.max(dim=-1).values.exp()"),
+        Spelling("x.max(1)[0].unsqueeze(1) * x.max(dim=2, keepdim=True).values"),
+    ],
+    "min": [
+        Spelling("torch.min(x, dim=2, keepdim=True)[0] * x"),
+        Spelling("x.min(-1).values.sigmoid()"),
+    ],
+}

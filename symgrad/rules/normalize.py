@@ -14,7 +14,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import CONSTANT, op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, one_dim, positive_number
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, one_dim, positive_number
 from .shared import sum_over
 
 
@@ -96,3 +96,19 @@ class Normalize(Rule):
 
 
 RULES = [Normalize()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "normalize": [
+        Sample("normalize-last", {"x": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
+               [{"op": "normalize", "dim": -1, "out": "out"}], ["x"]),
+        Sample("normalize-some-clamped", {"x": [2, 3, 4], "y": [2, 3, 4]},
+               [{"op": "normalize", "dim": 1, "eps": 0.5, "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "normalize": [
+        Spelling("F.normalize(x.flatten(2), dim=-1)"),  # Restormer's queries and keys
+        Spelling("torch.nn.functional.normalize(x)"),
+    ],
+}

@@ -13,7 +13,7 @@ import sympy
 
 from ..algebra import LINEAR, Size, op, primitive
 from ..spec_values import Like
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, choice, finite_float, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, choice, finite_float, ints
 
 
 def _pads(value, context: ParamContext):
@@ -147,3 +147,42 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("pad replicate", {"x": (1, 2, 3, 3)}, {"op": "pad", "pad": [0, 2, 3, 1], "mode": "replicate"}, ("x",)),
     ("pad circular", {"x": (2, 3, 2)}, {"op": "pad", "pad": [2, 1, 1, 3], "mode": "circular"}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "pad": [
+        Sample("pad", {"x": [2, 3, 5], "y": [2, 3, 8]},
+               [{"op": "pad", "pad": [1, 2], "out": "out"}], ["x"]),
+        Sample("pad-crop-value", {"x": [2, 3, 5], "y": [2, 5, 5]},
+               [{"op": "pad", "pad": [-1, 1, 2, 0], "value": 0.5, "out": "out"}], ["x"]),
+        Sample("pad-reflect-1d", {"x": [2, 3, 6], "y": [2, 3, 11]},
+               [{"op": "pad", "pad": [2, 3], "mode": "reflect", "out": "out"}], ["x"]),
+        Sample("pad-reflect-2d", {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
+               [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "reflect", "out": "out"}], ["x"]),
+        Sample("pad-reflect-3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
+               [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "reflect", "out": "out"}], ["x"]),
+        Sample("pad-replicate-1d", {"x": [2, 3, 6], "y": [2, 3, 11]},
+               [{"op": "pad", "pad": [2, 3], "mode": "replicate", "out": "out"}], ["x"]),
+        Sample("pad-replicate-2d", {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
+               [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "replicate", "out": "out"}], ["x"]),
+        Sample("pad-replicate-3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
+               [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "replicate", "out": "out"}],
+               ["x"]),
+        Sample("pad-circular-1d", {"x": [2, 3, 6], "y": [2, 3, 11]},
+               [{"op": "pad", "pad": [2, 3], "mode": "circular", "out": "out"}], ["x"]),
+        Sample("pad-circular-2d", {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
+               [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "circular", "out": "out"}], ["x"]),
+        Sample("pad-circular-3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
+               [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "circular", "out": "out"}], ["x"]),
+        Sample("pad-circular-unbatched-full-wrap", {"x": [3, 5, 4], "y": [3, 9, 10]},
+               [{"op": "pad", "pad": [3, 3, 0, 4], "mode": "circular", "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "pad": [
+        Spelling('F.pad(x, (1, 2, 0, 1), mode="reflect")'),
+        Spelling("nn.ZeroPad2d((2, 0, 1, 1))", module=True),
+        # MONAI's 3D layers beside the 2D ones above
+        Spelling('F.pad(x, (1, 1, 1, 0, 0, 2), mode="replicate")', {"x": (2, 2, 4, 5, 3)}),
+    ],
+}

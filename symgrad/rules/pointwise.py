@@ -15,7 +15,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, boolean, number
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, boolean, number
 
 
 def _prelu_tangent(expr, tangent_of):
@@ -126,3 +126,31 @@ class AddCMul(Rule):
 
 
 RULES = [PReLU(), AddCMul()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "prelu": [
+        Sample("prelu-per-channel", {"x": [2, 3, 4, 5], "w": [3], "y": [2, 3, 4, 5]},
+               [{"op": "prelu", "weight": "w", "in": ["x"], "out": "out"}], ["x", "w"]),
+        Sample("prelu-shared", {"x": [2, 3, 4], "w": [1], "y": [2, 3, 4]},
+               [{"op": "prelu", "weight": "w", "shared": True, "in": ["x"], "out": "out"}],
+               ["x", "w"]),
+    ],
+    "addcmul": [
+        Sample("addcmul-broadcast",
+               {"a": [2, 3, 4, 5], "b": [2, 3, 1, 1], "c": [3, 4, 5], "y": [2, 3, 4, 5]},
+               [{"op": "addcmul", "in": ["a", "b", "c"], "value": 0.5, "out": "out"}],
+               ["a", "b", "c"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "prelu": [
+        Spelling("nn.PReLU(3)", module=True),
+        Spelling("nn.PReLU()", module=True),  # one slope for every channel
+        Spelling("F.prelu(x, w)", {"x": (2, 3, 8, 8), "w": (3,)}),
+    ],
+    "addcmul": [
+        Spelling("torch.addcmul(x, x, y, value=0.5)", {"x": (2, 3, 8, 8), "y": (3, 1, 1)}),
+        Spelling("x.addcmul(y, y)", {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
+    ],
+}

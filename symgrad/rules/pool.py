@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, keyword_arguments, laid_out, op, primitive, show_ints, tensor
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, int64, int_tuple
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, boolean, int64, int_tuple
 from .resample import separable_adjoint
 
 
@@ -273,3 +273,107 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("avg_pool3d (divisor_override)", {"x": (1, 1, 3, 3, 4)},
      {"op": "avg_pool3d", "kernel_size": 2, "stride": [1, 2, 2], "padding": [0, 1, 1], "ceil_mode": True, "divisor_override": 3}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "avg_pool1d": [
+        Sample("avg_pool1d-default-stride", {"x": [2, 3, 9], "y": [2, 3, 4]},
+               [{"op": "avg_pool1d", "kernel_size": 2, "out": "out"}], ["x"]),
+        Sample("avg_pool1d-ceil_mode-ragged-not-counted", {"x": [2, 2, 10], "y": [2, 2, 4]},
+               [{"op": "avg_pool1d", "kernel_size": 2, "stride": 3, "ceil_mode": True,
+                 "count_include_pad": False, "out": "out"}],
+               ["x"]),
+    ],
+    "avg_pool2d": [
+        Sample("avg_pool2d-stride-padding", {"x": [2, 3, 7, 7], "y": [2, 3, 4, 4]},
+               [{"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "padding": 1, "out": "out"}],
+               ["x"]),
+        Sample("avg_pool2d-ceil_mode", {"x": [2, 2, 8, 7], "y": [2, 2, 5, 4]},
+               [{"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("avg_pool2d-ceil_mode-kernel-beyond-input", {"x": [2, 3, 2, 3], "y": [2, 3, 1, 1]},
+               [{"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("avg_pool2d-padding-not-counted", {"x": [2, 2, 7, 6], "y": [2, 2, 4, 4]},
+               [{"op": "avg_pool2d", "kernel_size": [3, 2], "stride": 2, "padding": 1,
+                 "count_include_pad": False, "out": "out"}],
+               ["x"]),
+        Sample("avg_pool2d-unbatched", {"x": [3, 7, 6], "y": [3, 4, 3]},
+               [{"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "padding": 1, "out": "out"}],
+               ["x"]),
+        Sample("avg_pool2d-ceil_mode-kernel-overhangs-small-input",
+               {"x": [2, 2, 2, 3], "y": [2, 2, 1, 1]},
+               [{"op": "avg_pool2d", "kernel_size": 3, "stride": 2, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+    ],
+    "avg_pool3d": [
+        Sample("avg_pool3d-ceil_mode-divisor_override",
+               {"x": [1, 2, 5, 4, 5], "y": [1, 2, 3, 5, 3]},
+               [{"op": "avg_pool3d", "kernel_size": 2, "stride": [2, 1, 2], "padding": 1,
+                 "ceil_mode": True, "divisor_override": 3, "out": "out"}],
+               ["x"]),
+        Sample("avg_pool3d", {"x": [1, 2, 5, 4, 6], "y": [1, 2, 2, 3, 2]},
+               [{"op": "avg_pool3d", "kernel_size": [2, 2, 3], "stride": [2, 1, 2], "out": "out"}],
+               ["x"]),
+    ],
+    "max_pool1d": [
+        Sample("max_pool1d", {"x": [2, 2, 9], "y": [2, 2, 4]},
+               [{"op": "max_pool1d", "kernel_size": 2, "out": "out"}], ["x"]),
+        Sample("max_pool1d-ceil_mode-ragged-last-window", {"x": [2, 2, 10], "y": [2, 2, 4]},
+               [{"op": "max_pool1d", "kernel_size": 2, "stride": 3, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+    ],
+    "max_pool2d": [
+        Sample("max_pool2d-ceil_mode-kernel-beyond-input", {"x": [2, 3, 2, 2], "y": [2, 3, 1, 1]},
+               [{"op": "max_pool2d", "kernel_size": 3, "stride": 2, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("max_pool2d-overlapping-windows", {"x": [2, 3, 7, 7], "y": [2, 3, 4, 4]},
+               [{"op": "max_pool2d", "kernel_size": 3, "stride": 2, "padding": 1, "out": "out"}],
+               ["x"]),
+        Sample("max_pool2d-unbatched", {"x": [3, 7, 6], "y": [3, 4, 7]},
+               [{"op": "max_pool2d", "kernel_size": 2, "stride": [2, 1], "padding": 1,
+                 "out": "out"}],
+               ["x"]),
+        Sample("max_pool2d-ceil_mode", {"x": [2, 2, 8, 7], "y": [2, 2, 5, 4]},
+               [{"op": "max_pool2d", "kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("max_pool2d-ceil_mode-kernel-overhangs-small-input",
+               {"x": [2, 2, 2, 3], "y": [2, 2, 1, 1]},
+               [{"op": "max_pool2d", "kernel_size": 3, "stride": 2, "ceil_mode": True,
+                 "out": "out"}],
+               ["x"]),
+    ],
+    "max_pool3d": [
+        Sample("max_pool3d-dilation", {"x": [1, 2, 4, 5, 4], "y": [1, 2, 2, 2, 2]},
+               [{"op": "max_pool3d", "kernel_size": 2, "dilation": [1, 2, 1], "out": "out"}],
+               ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "avg_pool1d": [
+        Spelling("nn.AvgPool1d(3, 2, 1)", {"x": (2, 3, 9)}, module=True),
+    ],
+    "avg_pool2d": [
+        Spelling("nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)", module=True),
+    ],
+    "avg_pool3d": [
+        Spelling("nn.AvgPool3d(2)", {"x": (2, 2, 4, 4, 4)}, module=True),
+        Spelling("nn.AvgPool3d(3, 2, 1, count_include_pad=False)", {"x": (2, 2, 4, 5, 3)},
+                 module=True),
+    ],
+    "max_pool1d": [
+        Spelling("nn.MaxPool1d(2)", {"x": (2, 3, 8)}, module=True),
+    ],
+    "max_pool2d": [
+        Spelling("nn.MaxPool2d(3, 2, 1, ceil_mode=True)", module=True),
+    ],
+    "max_pool3d": [
+        Spelling("F.max_pool3d(x, 2)", {"x": (2, 2, 4, 4, 4)}),
+    ],
+}

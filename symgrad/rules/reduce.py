@@ -21,7 +21,7 @@ import math
 import sympy
 
 from ..algebra import Size, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, boolean, ints
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, boolean, ints
 from .shared import show_dims
 
 
@@ -171,3 +171,54 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("sum", {"x": (2, 3, 2)}, {"op": "sum", "dim": [1], "keepdim": True}, ("x",)),
     ("mean", {"x": (2, 3, 2)}, {"op": "mean", "dim": [0, 2]}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "sum": [
+        Sample("sum-spatial-keepdim", {"x": [2, 3, 4, 5], "y": [2, 3, 1, 1]},
+               [{"op": "sum", "dim": [2, 3], "keepdim": True, "out": "out"}], ["x"]),
+        Sample("sum-batch-and-last", {"x": [3, 4, 5], "y": [4]},
+               [{"op": "sum", "dim": [0, 2], "out": "out"}], ["x"]),
+    ],
+    "mean": [
+        Sample("mean-channels-keepdim", {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
+               [{"op": "mean", "dim": [1], "keepdim": True, "out": "out"}], ["x"]),
+        Sample("mean-spatial", {"x": [2, 3, 4, 5], "y": [2, 3]},
+               [{"op": "mean", "dim": [-1, 2], "out": "out"}], ["x"]),
+    ],
+    "var": [
+        Sample("var-channels-keepdim-biased", {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
+               [{"op": "var", "dim": [1], "keepdim": True, "unbiased": False, "out": "out"}],
+               ["x"]),
+        Sample("var-unbiased", {"x": [3, 4, 5], "y": [4]},
+               [{"op": "var", "dim": [0, 2], "out": "out"}], ["x"]),
+    ],
+    "std": [
+        Sample("std-last-keepdim-correction0", {"x": [2, 3, 4, 5], "y": [2, 3, 4, 1]},
+               [{"op": "std", "dim": [-1], "keepdim": True, "correction": 0, "out": "out"}], ["x"]),
+        Sample("std-spatial", {"x": [2, 3, 4], "y": [2]},
+               [{"op": "std", "dim": [1, 2], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "sum": [
+        Spelling("x * x.sum(dim=-1, keepdim=True)"),
+        Spelling("torch.sum(x, (0, 2))"),
+    ],
+    "mean": [
+        Spelling("x - x.mean(1, keepdim=True)"),  # a hand-written LayerNorm's channel mean
+        Spelling("torch.mean(x * x, dim=(1, 3))"),
+    ],
+    "var": [
+        Spelling("(x - x.mean(1, keepdim=True)) / (x.var(1, keepdim=True, unbiased=False) + "
+                 "1e-5).sqrt()"),
+        Spelling("torch.var(x, dim=(2, 3))"),
+        Spelling("(lambda v, m: (x - m) / (v + 1e-5).sqrt())(*torch.var_mean(x, dim=1, "
+                 "keepdim=True))"),
+    ],
+    "std": [
+        Spelling("x / x.std(-1, keepdim=True)"),
+        Spelling("(lambda s, m: (x - m) / s)(*torch.std_mean(x, dim=(2, 3), keepdim=True, "
+                 "correction=0))"),
+    ],
+}

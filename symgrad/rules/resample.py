@@ -8,7 +8,7 @@ import sympy
 
 from ..algebra import CONSTANT, LINEAR, keyword_arguments, laid_out, op, primitive, show_ints
 from ..spec_values import Like
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, choice, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, boolean, choice, ints
 
 primitive("pixel_shuffle", code=lambda operands, params, show: f"F.{params['function']}({operands[0]}, {params['factor']})",
           latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
@@ -436,3 +436,104 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("adaptive_avg_pool2d", {"x": (1, 2, 5, 4)}, {"op": "adaptive_avg_pool2d", "output_size": [3, 3]}, ("x",)),
     ("adaptive_avg_pool3d", {"x": (1, 1, 3, 4, 2)}, {"op": "adaptive_avg_pool3d", "output_size": [2, 3, None]}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "pixel_shuffle": [
+        Sample("pixel_shuffle", {"x": [2, 8, 3, 3], "y": [2, 2, 6, 6]},
+               [{"op": "pixel_shuffle", "upscale_factor": 2, "out": "out"}], ["x"]),
+    ],
+    "pixel_unshuffle": [
+        Sample("pixel_unshuffle", {"x": [2, 3, 4, 6], "y": [2, 12, 2, 3]},
+               [{"op": "pixel_unshuffle", "downscale_factor": 2, "out": "out"}], ["x"]),
+    ],
+    "interpolate": [
+        Sample("interpolate-nearest", {"x": [2, 3, 3, 4], "y": [2, 3, 6, 8]},
+               [{"op": "interpolate", "scale_factor": 2, "out": "out"}], ["x"]),
+        Sample("interpolate-nearest-3d-per-axis", {"x": [2, 2, 3, 2, 2], "y": [2, 2, 3, 4, 6]},
+               [{"op": "interpolate", "scale_factor": [1, 2, 3], "out": "out"}], ["x"]),
+        Sample("interpolate-scale_factor=1.5-mode=bilinear", {"x": [2, 3, 5, 4], "y": [2, 3, 7, 6]},
+               [{"op": "interpolate", "scale_factor": 1.5, "mode": "bilinear", "out": "out"}],
+               ["x"]),
+        Sample("interpolate-size=[7,3]-mode=bilinear-align_corners=True",
+               {"x": [2, 2, 5, 4], "y": [2, 2, 7, 3]},
+               [{"op": "interpolate", "size": [7, 3], "mode": "bilinear", "align_corners": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("interpolate-scale_factor=[2,0.6]-mode=bicubic-align_corners=False",
+               {"x": [1, 2, 4, 5], "y": [1, 2, 8, 3]},
+               [{"op": "interpolate", "scale_factor": [2, 0.6], "mode": "bicubic",
+                 "align_corners": False, "out": "out"}],
+               ["x"]),
+        Sample("interpolate-size=[4,3]-mode=bicubic-antialias=True",
+               {"x": [2, 2, 9, 8], "y": [2, 2, 4, 3]},
+               [{"op": "interpolate", "size": [4, 3], "mode": "bicubic", "antialias": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("interpolate-scale_factor=0.5-mode=bilinear-antialias=True",
+               {"x": [2, 2, 8, 7], "y": [2, 2, 4, 3]},
+               [{"op": "interpolate", "scale_factor": 0.5, "mode": "bilinear", "antialias": True,
+                 "out": "out"}],
+               ["x"]),
+        Sample("interpolate-size=11-mode=linear", {"x": [2, 3, 6], "y": [2, 3, 11]},
+               [{"op": "interpolate", "size": 11, "mode": "linear", "out": "out"}], ["x"]),
+        Sample("interpolate-scale_factor=[2,1.5,1]-mode=trilinear-align_corners=True",
+               {"x": [1, 2, 3, 4, 3], "y": [1, 2, 6, 6, 3]},
+               [{"op": "interpolate", "scale_factor": [2, 1.5, 1], "mode": "trilinear",
+                 "align_corners": True, "out": "out"}],
+               ["x"]),
+        Sample("interpolate-size=[3,2]-mode=area", {"x": [2, 2, 7, 5], "y": [2, 2, 3, 2]},
+               [{"op": "interpolate", "size": [3, 2], "mode": "area", "out": "out"}], ["x"]),
+        Sample("interpolate-scale_factor=1.5-mode=nearest", {"x": [2, 2, 5, 4], "y": [2, 2, 7, 6]},
+               [{"op": "interpolate", "scale_factor": 1.5, "mode": "nearest", "out": "out"}],
+               ["x"]),
+        Sample("interpolate-size=[8,3]-mode=nearest-exact", {"x": [2, 2, 5, 4], "y": [2, 2, 8, 3]},
+               [{"op": "interpolate", "size": [8, 3], "mode": "nearest-exact", "out": "out"}],
+               ["x"]),
+        Sample("interpolate-scale_factor=1.7-mode=bilinear-recompute_scale_factor=True",
+               {"x": [2, 2, 5, 4], "y": [2, 2, 8, 6]},
+               [{"op": "interpolate", "scale_factor": 1.7, "mode": "bilinear",
+                 "recompute_scale_factor": True, "out": "out"}],
+               ["x"]),
+    ],
+    "adaptive_avg_pool1d": [
+        Sample("adaptive_avg_pool1d", {"x": [2, 3, 7], "y": [2, 3, 3]},
+               [{"op": "adaptive_avg_pool1d", "output_size": 3, "out": "out"}], ["x"]),
+    ],
+    "adaptive_avg_pool2d": [
+        Sample("adaptive_avg_pool2d-keep-one-dim", {"x": [2, 3, 7, 5], "y": [2, 3, 3, 5]},
+               [{"op": "adaptive_avg_pool2d", "output_size": [3, None], "out": "out"}], ["x"]),
+        Sample("adaptive_avg_pool2d-unbatched", {"x": [3, 9, 6], "y": [3, 4, 4]},
+               [{"op": "adaptive_avg_pool2d", "output_size": 4, "out": "out"}], ["x"]),
+    ],
+    "adaptive_avg_pool3d": [
+        Sample("adaptive_avg_pool3d", {"x": [1, 2, 5, 4, 3], "y": [1, 2, 2, 3, 1]},
+               [{"op": "adaptive_avg_pool3d", "output_size": [2, 3, 1], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "pixel_shuffle": [
+        Spelling("nn.PixelShuffle(2)", {"x": (2, 8, 3, 3)}, module=True),
+    ],
+    "pixel_unshuffle": [
+        Spelling("nn.PixelUnshuffle(2)", module=True),
+        Spelling("F.pixel_unshuffle(x, 4)"),
+    ],
+    "interpolate": [
+        Spelling('nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)', module=True),
+        Spelling("F.interpolate(x, scale_factor=2)"),
+        Spelling('nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)',
+                 {"x": (2, 2, 2, 3, 2)}, module=True),
+    ],
+    "adaptive_avg_pool1d": [
+        Spelling("nn.AdaptiveAvgPool1d(2)", {"x": (2, 3, 8)}, module=True),
+    ],
+    "adaptive_avg_pool2d": [
+        Spelling("nn.AdaptiveAvgPool2d((1, 1))", module=True),
+        Spelling("x.mean(dim=(2, 3))"),
+        Spelling("x.mean([-1, -2], keepdim=True)"),
+    ],
+    "adaptive_avg_pool3d": [
+        Spelling("nn.AdaptiveAvgPool3d(1)", {"x": (2, 2, 4, 4, 4)}, module=True),
+    ],
+}

@@ -8,7 +8,7 @@ modulo each dim's length at run time by PyTorch itself, so the code is shape-gen
 from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 
 primitive("roll", code=lambda operands, params, show: (
     f"torch.roll({operands[0]}, shifts={_show(params['shifts'])}, dims={_show(params['dims'])})"),
@@ -62,3 +62,17 @@ RULES = [Roll()]
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
     ("roll", {"x": (2, 4, 3)}, {"op": "roll", "shifts": [-1, 2], "dims": [1, 2]}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "roll": [
+        Sample("roll-two-dims", {"x": [2, 5, 4, 3], "y": [2, 5, 4, 3]},
+               [{"op": "roll", "shifts": [-2, 3], "dims": [1, 2], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "roll": [
+        Spelling("torch.roll(x, shifts=(-1, 2), dims=(2, 3))"),  # Swin's shifted windows
+        Spelling("x.roll(3, -1)"),
+    ],
+}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..algebra import LINEAR, primitive
 from ..spec_values import Like
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 
 RELATIONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
@@ -113,3 +113,23 @@ class SizeCheck(Rule):
 
 
 RULES = [SizeCheck()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "size_check": [
+        Sample("size_check-even-width", {"x": [2, 4], "y": [2, 4]},
+               [{"op": "size_check", "in": "x",
+                 "left": {"like": "x", "size": "2 * ceil(shape[1] / 2)"},
+                 "right": {"like": "x", "dims": [1]}, "relation": "ne", "holds": False,
+                 "line": "m.py:3", "text": "2*ceil(x.shape[1]/2) != x.shape[1]", "out": "checked"},
+                {"op": "mul", "in": "checked", "other": 2}],
+               ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "size_check": [
+        # a branch on the input's size (timm's MobileViT: math.ceil(H / p) * p != H), checked at
+        # run time
+        Spelling("x * 2 if x.shape[2] > 3 else x"),
+    ],
+}

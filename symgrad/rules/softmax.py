@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, one_dim
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, one_dim
 from .shared import sum_over
 
 
@@ -84,3 +84,30 @@ class Softmax(Rule):
 
 RULES = [Softmax("softmax", "softmax over dim: exp(x) normalised to sum 1 along dim"),
          Softmax("log_softmax", "log of softmax over dim, computed stably")]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "softmax": [
+        Sample("softmax-channels", {"x": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
+               [{"op": "softmax", "dim": 1, "out": "out"}], ["x"]),
+        Sample("softmax-last", {"x": [2, 6, 5], "y": [2, 6, 5]},
+               [{"op": "softmax", "dim": -1, "out": "out"}], ["x"]),
+    ],
+    "log_softmax": [
+        Sample("log_softmax-first", {"x": [3, 4, 5], "y": [3, 4, 5]},
+               [{"op": "log_softmax", "dim": 0, "out": "out"}], ["x"]),
+        Sample("log_softmax-middle", {"x": [2, 3, 4], "y": [2, 3, 4]},
+               [{"op": "log_softmax", "dim": -2, "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "softmax": [
+        Spelling("F.softmax(x, dim=-1)"),
+        Spelling("nn.Softmax(dim=1)", module=True),
+        Spelling("x.flatten(2).softmax(-1)"),  # attention weights over positions
+    ],
+    "log_softmax": [
+        Spelling("torch.log_softmax(x, 2)"),
+        Spelling("nn.LogSoftmax(dim=1)", module=True),  # a layer when no nll_loss follows
+    ],
+}

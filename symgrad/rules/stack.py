@@ -10,7 +10,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, ints
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, ints
 
 
 def _stack_tangent(expr, tangent_of):
@@ -75,3 +75,21 @@ RULES = [Stack()]
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
     ("stack (second input)", {"x": (2, 3), "v": (2, 3)}, {"op": "stack", "in": ["x", "v"], "dim": 1}, ("v",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "stack": [
+        Sample("stack-last", {"a": [2, 3], "b": [2, 3], "c": [2, 3], "y": [2, 3, 3]},
+               [{"op": "stack", "in": ["a", "b", "c"], "dim": -1}], ["a", "c"]),
+        Sample("stack-one-tensor-twice", {"a": [2, 4, 3], "y": [2, 2, 4, 3]},
+               [{"op": "stack", "in": ["a", "a"], "dim": 1}], ["a"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "stack": [
+        # SK-style
+        Spelling("torch.stack([x, y.relu()], dim=1).sum(1)",
+                 {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
+        Spelling("torch.stack((x, y), -1)", {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
+    ],
+}

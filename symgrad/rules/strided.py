@@ -13,7 +13,7 @@ leaves the others zero::
 from __future__ import annotations
 
 from ..algebra import LINEAR, op, primitive
-from .base import Checker, Forward, Operand, Param, Rule, one_dim, positive_int
+from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, one_dim, positive_int
 
 
 def _bounds(params) -> str:
@@ -100,3 +100,22 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
     ("slice (1:8:3 of the last dim)", {"x": (2, 3, 4, 9)},
      {"op": "slice", "dim": -1, "start": 1, "end": 8, "step": 3}, ("x",)),
 ]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "slice": [
+        Sample("slice-every-2nd-odd-size", {"x": [2, 3, 7, 5], "y": [2, 3, 4, 5]},
+               [{"op": "slice", "dim": 2, "step": 2}], ["x"]),
+        Sample("slice-start-end-step3", {"x": [2, 3, 4, 9], "y": [2, 3, 4, 3]},
+               [{"op": "slice", "dim": -1, "start": 1, "end": 8, "step": 3}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "slice": [
+        # LeViT's subsampled queries: x.view(B, H, W, C)[:, ::s, ::s]
+        Spelling("x[:, :, ::2, 1::2]"),
+        Spelling("x[..., 1:7:3] * x[:, 1::2, :, ::4]"),  # a fixed end; channels 1::2 broadcast
+        Spelling("x[:, :, 1::2]"),  # SwinUNETR's patch merging, space-to-depth
+        Spelling("torch.cat([x[..., 0::2, 0::2], x[..., 1::2, 0::2]], 1)"),
+    ],
+}

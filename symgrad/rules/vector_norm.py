@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import op, primitive
-from .base import Checker, Forward, Operand, Param, ParamContext, Rule, boolean, ints
+from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, boolean, ints
 from .shared import show_dims
 
 
@@ -91,3 +91,20 @@ class VectorNorm(Rule):
 
 
 RULES = [VectorNorm()]
+
+
+SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
+    "vector_norm": [
+        Sample("vector_norm-keepdim", {"x": [2, 3, 4, 5], "y": [2, 1, 1, 5]},
+               [{"op": "vector_norm", "dim": [1, 2], "keepdim": True, "out": "out"}], ["x"]),
+        Sample("vector_norm-last", {"x": [2, 3, 4], "y": [2, 3]},
+               [{"op": "vector_norm", "dim": [-1], "out": "out"}], ["x"]),
+    ],
+}
+SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
+    "vector_norm": [
+        Spelling("x / torch.norm(x, p=2, dim=(2, 3), keepdim=True)"),  # ConvNeXtV2's GRN
+        Spelling("x.norm(dim=1)"),
+        Spelling("torch.linalg.vector_norm(x, dim=-1, keepdim=True) * x"),
+    ],
+}

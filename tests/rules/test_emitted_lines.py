@@ -1,7 +1,7 @@
 """Expect-tests of the lines each rule emits: one small readable file per rule.
 
-For every rule in the registry (so a new rule is covered without an edit here), its case from
-``tests/rules/test_rules.py`` ``CASES`` (the one with the fewest other ops) is built through the pipeline,
+For every rule in the registry (so a new rule is covered without an edit here), a sample that uses it
+(of every rule's ``SAMPLES``, the one with the fewest other ops, its own first) is built through the pipeline,
 and the statements of the readable derivation and of the fused one (what ``gradients`` runs) are
 printed with ``symgrad.printing.to_code`` and compared to ``tests/rules/expected/emitted/<op>.txt``.
 
@@ -25,7 +25,7 @@ from symgrad.printing import to_code
 from symgrad.reverse import Statement, derive
 from symgrad.rules import all_rules
 from tests.helpers import build_text
-from tests.rules.test_rules import CASES
+from tests.rules.samples import CASES, OWNERS
 
 EXPECTED = Path(__file__).resolve().parent / "expected" / "emitted"
 UPDATE = os.environ.get("SYMGRAD_UPDATE_EXPECTED") == "1"
@@ -39,10 +39,11 @@ def _ops_of(text: str) -> tuple[str, ...]:
 
 
 def case_for(op: str):
-    """The CASES entry that uses ``op`` with the fewest other ops (the first such in the list), or None."""
-    using = [(len(set(_ops_of(case.values[0]))), index, case) for index, case in enumerate(CASES)
+    """The sample that uses ``op`` with the fewest other ops (the op's own first, then the first in the
+    registry's order), or None."""
+    using = [(len(set(_ops_of(case.values[0]))), OWNERS[case.id].op != op, index, case) for index, case in enumerate(CASES)
              if op in _ops_of(case.values[0])]
-    return min(using, key=lambda item: item[:2])[2] if using else None
+    return min(using, key=lambda item: item[:3])[3] if using else None
 
 
 def _lines(statements: list[Statement]) -> list[str]:
@@ -52,14 +53,15 @@ def _lines(statements: list[Statement]) -> list[str]:
 def emitted(op: str) -> str:
     case = case_for(op)
     if case is None:
-        pytest.fail(f"rule {op} has no case in tests/rules/test_rules.py CASES: add one (docs/adding-an-op.md, step 2)")
+        pytest.fail(f"rule {op} has no sample: declare one in SAMPLES in its rule file (docs/adding-an-op.md, step 2)")
     text = case.values[0]
     built = build_text(text)
     fused = derive(built.graph, fused=True)  # what the generated `gradients` runs
     document = yaml.safe_load(text)
     spec = yaml.safe_dump({key: document[key] for key in ("layers", "loss")}, sort_keys=False,
                           default_flow_style=None, width=120).rstrip().splitlines()
-    out = [f"# {op}: emitted lines of case {case.id!r} (tests/rules/test_rules.py CASES); '# [node]' names the forward node",
+    module = type(OWNERS[case.id]).__module__.replace(".", "/")
+    out = [f"# {op}: emitted lines of sample {case.id!r} ({module}.py SAMPLES); '# [node]' names the forward node",
            "# rewrite: SYMGRAD_UPDATE_EXPECTED=1 .venv/bin/python -m pytest -q tests/rules/test_emitted_lines.py",
            "", "## spec", *spec,
            "", "## forward", *_lines(built.program.forward)]
@@ -102,6 +104,6 @@ def test_no_expectation_file_is_left_over_from_a_removed_rule():
 
 
 def test_a_rule_without_a_case_is_named():
-    assert case_for("softsign") is None  # a rule with no CASES entry: its test fails with the line below
-    with pytest.raises(pytest.fail.Exception, match="rule softsign has no case in tests/rules/test_rules.py CASES"):
+    assert case_for("softsign") is None  # a rule with no sample: its test fails with the line below
+    with pytest.raises(pytest.fail.Exception, match="rule softsign has no sample: declare one in SAMPLES in its rule file"):
         emitted("softsign")

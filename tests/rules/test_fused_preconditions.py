@@ -10,8 +10,9 @@ silently. A gradient of any layout reaches them in real networks: a layer scale 
 ``[N, H, W, C]`` tokens (``x.permute(0, 2, 3, 1)``) hands the op before it a channels_last-strided
 gradient.
 
-The cases are found, not listed: every case of ``tests/rules/test_rules.py`` (the registry test there gives
-every rule one) whose fused derivation calls a primitive its readable one does not is a fused case, and
+The cases are found, not listed: every rule's sample (``SAMPLES`` in its rule file; every rule has one)
+whose fused derivation calls a primitive its readable one does not is a fused case (derived in the test,
+once per case and process, not at collection), and
 every ``*_backward`` primitive the rules register must be reached by one. Each fused case is run with its
 output permuted and flattened before the loss, so that its gradient arrives as a transposed view or
 channels_last-strided, and compared, in float64, with autograd and with the readable derivation.
@@ -34,7 +35,7 @@ from symgrad.printing import to_code
 from symgrad.reverse import derive
 from symgrad.spec import parse_spec
 from tests.helpers import build_text, generated_module
-from tests.rules.test_rules import CASES
+from tests.rules.samples import CASES, TEXTS
 
 OWN_PRIMITIVES = {"block_backward", "chain_backward"}
 """``*_backward`` primitives that are symgrad's own calls of a generated block, not autograd kernels."""
@@ -50,18 +51,18 @@ def _primitives(statements) -> set[str]:
 
 
 @functools.cache
+def fused_only(case_id: str) -> frozenset[str]:
+    """The primitives that the sample's fused derivation calls and its readable one does not (empty: the
+    two are the same), derived once per sample in each test process."""
+    graph = build_graph(parse_spec(TEXTS[case_id], case_id))
+    readable, fused = derive(graph), derive(graph, fused=True)
+    return frozenset(_primitives(fused.forward + fused.backward) - _primitives(readable.forward + readable.backward))
+
+
 def fused_cases() -> dict[str, tuple[str, frozenset[str]]]:
-    """id -> (spec text, the primitives only its fused derivation calls), for every rule case whose
+    """id -> (spec text, the primitives only its fused derivation calls), for every rule sample whose
     fused derivation differs from its readable one."""
-    found = {}
-    for case in CASES:
-        text = case.values[0]
-        graph = build_graph(parse_spec(text, case.id))
-        readable, fused = derive(graph), derive(graph, fused=True)
-        only_fused = _primitives(fused.forward + fused.backward) - _primitives(readable.forward + readable.backward)
-        if only_fused:
-            found[case.id] = (text, frozenset(only_fused))
-    return found
+    return {case.id: (case.values[0], fused_only(case.id)) for case in CASES if fused_only(case.id)}
 
 
 def test_every_fused_kernel_of_the_registry_is_reached_by_a_case():
@@ -113,13 +114,17 @@ def run_readable(graph, inputs: dict, grad_loss: torch.Tensor) -> dict[str, torc
     return {name: names[symbol.name] for name, symbol in program.gradients.items()}
 
 
-CASE_IDS = sorted(fused_cases())
+CASE_IDS = sorted(TEXTS)
+"""Every sample: one whose fused derivation is its readable one is skipped in the test, which derives it
+(collection stays cheap: deriving all of them took ~16 s per xdist worker)."""
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_fused_kernel_takes_a_gradient_of_any_layout(case_id, layout):
-    text = with_layout(fused_cases()[case_id][0], layout)
+    if not fused_only(case_id):
+        pytest.skip("its fused derivation calls no kernel its readable one does not")
+    text = with_layout(TEXTS[case_id], layout)
     if text is None:
         pytest.skip("the op is the loss, or its output has too few sizes above 1 for a layout of its own")
     built = build_text(text, f"{case_id}.yaml")
@@ -208,7 +213,7 @@ def test_poolformer_block_matches_autograd_through_the_module_and_verify_checks_
 def test_verify_also_checks_at_a_non_degenerate_size():
     from symgrad.shapes import non_degenerate_shapes
 
-    text = dict((case.id, case.values[0]) for case in CASES)["group_norm"]
+    text = TEXTS["group_norm"]
     built = build_text(text, "group_norm.yaml")
     larger = non_degenerate_shapes(built.graph)
     spec = {node.name: node.shape for node in built.graph.inputs}
