@@ -44,10 +44,10 @@ import torch.utils.checkpoint
 from .errors import SymgradError
 from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
 from .fingerprint import IGNORED, difference, literal
-from .guards import MISSING, code_difference, first_changed, guardable, kept, shown
+from .guards import MISSING, first_changed, guardable, kept, shown
 from .modes import mode_refusal
 from .retrace import hyper_difference, retrace, spec_and_output
-from .value_guard import ValueGuard
+from .value_guard import ValueGuard, code_difference
 from .write import read_generated, read_header
 
 _BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path

@@ -92,8 +92,12 @@ class _Mode(Guard):
 
     def __call__(self, data: dict[str, torch.Tensor]):
         arguments, params, previous = self._checked_arguments(data)
+        # under torch.inference_mode nothing is differentiated, and its tensors have no version
+        # counter for the autograd Function to keep: the plain forward computes (and moves) the same
+        entry = self.generated.forward if torch.is_inference_mode_enabled() else \
+            self.generated.outputs_with_explicit_backward
         try:
-            outputs = self.generated.outputs_with_explicit_backward(**data, params=params)
+            outputs = entry(**data, params=params)
         except CHECKPOINT_STOP:  # checkpoint's recomputation stopped early: the forward ran whole
             self._moved(arguments, previous)
             raise
@@ -236,7 +240,7 @@ def _positional(signature: inspect.Signature) -> tuple[str, ...] | None:
 
 
 def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
-         allow_edited: bool = False, cuda_graph: bool = False, verify: bool = False) -> torch.nn.Module:
+         allow_edited: bool = False, cuda_graph: bool = False, verify: bool = True) -> torch.nn.Module:
     """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
     by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
 
@@ -247,11 +251,13 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
     generated file was edited by hand (its header's hash; ``allow_edited=True`` binds it anyway, and
     a module without a fingerprint unchecked). ``cuda_graph=True``: on CUDA, each set of data shapes is
     captured once and replayed as CUDA graphs (:mod:`symgrad.cuda_graph`); elsewhere it runs as without.
-    ``verify=True`` (a module that ends in outputs): a float64 copy of the model is run once through the
-    bound module and through autograd at small sizes, and a difference refuses (:mod:`symgrad.verify`,
-    which says what is unchecked without it). Off by default for now: it costs a float64 step of the model
-    (about 20 s for ResNet-50 and 65 s for ViT-S/16 at 224 on a loaded 2-core CPU), and it counts a
-    checkpointed BatchNorm's second move (autograd's recomputation) that the bound step leaves out.
+    ``verify=True``, the default (a module that ends in outputs): a float64 copy of the model is run
+    once through the bound module and through autograd at small sizes, from one seed, and a
+    difference in its outputs, gradients, buffers or random state refuses (:mod:`symgrad.verify`).
+    It costs one small float64 step of the model (``BENCHMARKS.md``). ``verify=False`` skips it: a
+    model that differs from the trace where no guard looks (a function reached only through a C
+    extension, a value read through an object the trace could not name, a file edited by hand and
+    bound with ``allow_edited``) then trains unchecked.
 
     Here, above both bound forms: a module that ends in outputs binds as :class:`BoundModel`, one that
     ends in a loss as :class:`symgrad.binding.Bound`.

@@ -436,29 +436,6 @@ def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, ar
                                  if entries or key != "output")
 
 
-def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
-    """The first function of the model's code, or value it reads, that differs from what the trace
-    called and read (``guards``: :func:`parse_guards`'s), in words; None where none does."""
-    if not guards or not guards.get("code"):
-        return None
-    found, traced_values = resolved(model, guards["code"]), guards.get("values", {})
-    # the deepest first: a caller's hash holds its callees' code, so the function edited is the deepest that differs
-    for path, traced in sorted(guards["code"].items(), key=lambda item: -item[0].count("/")):
-        function = found.get(path)
-        if function is None:
-            return f"{path}, which the forward called when traced, is no longer reached from the model (its code changed)"
-        now, values = function_guard(function)
-        if now == traced:
-            continue
-        for name, value in values.items():
-            before = traced_values.get(f"{path}/{name}", ...)
-            if before is not ... and before != value:
-                return (f"{name} (read by {function.__qualname__}) is {value!r}, traced with {name}={before!r}")
-        where = "" if path == function.__qualname__ else f" ({path})"
-        return f"the code of {function.__qualname__}{where}, which the forward calls, changed since it was traced"
-    return None
-
-
 def parse_guards(value: Any, location) -> dict:
     """The ``guards:`` section of a spec, checked to hold nothing but what :func:`guards_text` writes."""
     from .errors import SpecError

@@ -8,6 +8,7 @@ module and name, or refuses in one line (a class made inside a function has no n
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
@@ -26,7 +27,7 @@ def output_entry(returned: type | None, model: object) -> dict[str, str]:
     name = f"{module}:{returned.__qualname__}"
     if issubclass(returned, tuple) and hasattr(returned, "_fields"):
         return {"type": "namedtuple", "class": name}
-    if issubclass(returned, dict):
+    if issubclass(returned, dict) or dataclasses.is_dataclass(returned):  # made again of its keys
         return {"type": "mapping", "class": name}
     return {}
 

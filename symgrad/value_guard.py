@@ -1,5 +1,5 @@
 """What the traced forward read that a program can change between calls of a bound model, checked at
-each call (``bind`` checks the same once, by the guards' hashes: ``guards.code_difference``):
+each call (``bind`` checks the same once, by the guards' hashes: :func:`code_difference`):
 
 * module constants, a helper module's attributes and closure variables (``GUARDS["values"]``: ``SLOPE``
   read by ``Net.forward``, ``helpers.GAIN``, a closure's ``slope``), a dict or list among them by its
@@ -17,10 +17,13 @@ containers' texts; a value made anew but equal (``net.SLOPE = 0.1`` again) is ta
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Any
 
-from .guards import MISSING, literal_or_text, resolved, shown, value_text
+import torch
+
+from .guards import MISSING, function_guard, literal_or_text, resolved, shown, value_text
 
 _LITERALS = (bool, int, float, str, type(None))
 
@@ -50,6 +53,16 @@ class ValueGuard:
         self._bound = self._now()
         self._instances = tuple(vars(module) for module in model.modules())
         self._patched = tuple("forward" in found for found in self._instances)
+
+    def __deepcopy__(self, memo):
+        """A copy for a copy of the bound model (``copy.deepcopy(fast)``, an EMA of it): the copied
+        model's submodules and their ``vars``, and the same module globals and closure cells, as a
+        copied function shares its globals (a module's namespace cannot be copied)."""
+        copied = copy.copy(self)
+        copied._places = [(copy.deepcopy(place, memo) if hasattr(place, "_modules") else place,
+                           *rest) for place, *rest in self._places]
+        copied._instances = tuple(copy.deepcopy(found, memo) for found in self._instances)
+        return copied
 
     def _class_attributes(self, model, functions: dict) -> None:
         """``self.NAME`` the code reads where NAME is a literal class attribute of a submodule's class."""
@@ -92,6 +105,43 @@ class ValueGuard:
                 return (f"{what} is {shown(value) if value is not MISSING else 'gone'} now, and the code was traced "
                         f"with {name.split('.')[-1]}={was:.60} (fix: set it back")
         return None
+
+
+def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
+    """The first function of the model's code, or value it reads, that differs from what the trace
+    called and read (``guards``: :func:`parse_guards`'s), in words; None where none does."""
+    if not guards or not guards.get("code"):
+        return None
+    found, traced_values = resolved(model, guards["code"]), guards.get("values", {})
+    # the deepest first: a caller's hash holds its callees' code, so the function edited is the deepest that differs
+    for path, traced in sorted(guards["code"].items(), key=lambda item: -item[0].count("/")):
+        function = found.get(path)
+        if function is None:
+            return f"{path}, which the forward called when traced, is no longer reached from the model (its code changed)"
+        now, values = function_guard(function)
+        if now == traced:
+            continue
+        for name, value in values.items():
+            before = traced_values.get(f"{path}/{name}", ...)
+            if before is not ... and before != value:
+                shown_as = _parameter(function, name)
+                return (f"{shown_as} (read by {function.__qualname__}) is {value!r}, traced with "
+                        + (f"{before!r}" if shown_as != name else f"{name}={before!r}"))
+        where = "" if path == function.__qualname__ else f" ({path})"
+        return f"the code of {function.__qualname__}{where}, which the forward calls, changed since it was traced"
+    return None
+
+
+def _parameter(function, name: str) -> str:
+    """``default0``, ``default_key`` (:func:`guards._reads`'s names) as the parameter whose default
+    it is; another name as it is."""
+    code, defaults = function.__code__, function.__defaults__ or ()
+    positional = code.co_varnames[:code.co_argcount]
+    if name.startswith("default") and name[7:].isdigit() and int(name[7:]) < len(defaults):
+        return f"the default of {positional[len(positional) - len(defaults) + int(name[7:])]}"
+    if name.startswith("default_") and name[8:] in (function.__kwdefaults__ or {}):
+        return f"the default of {name[8:]}"
+    return name
 
 
 def _get(place, name: str) -> Any:

@@ -4,20 +4,28 @@ module and through autograd, from one seed, and compares what each left: the out
 gradient (None where autograd leaves it None), every buffer (running statistics, counters) and the random
 state after the call (the same masks drawn by the same calls). A difference refuses the binding, naming it.
 
-The guards (``symgrad.guards``) check what the trace read; this checks what the binding computes, on the
-model as the user has it (its modes, its submodules' classes and code as they are now), so it catches what
-no guard names. It is a check at one set of sizes, of one mode (the model's at bind), in float64 on the
-model's device. It is off by default (``bind``'s docstring says why: its cost, and a checkpointed BatchNorm
-that autograd's recomputation moves twice, which it reports); without it a model that differs from the trace in a way
-the guards and the fingerprint do not see (the code of a function reached only through a C extension, a
-value read through an object the trace could not name) trains on the generated code's numbers unchecked.
-A module generated without ``SMALL_INPUTS`` (an older symgrad), and one that ends in a loss (its loss is
-symgrad's, not the model's), are not checked here.
+The guards (``symgrad.guards``) check what the trace read; this checks what the binding computes, on
+the model as the user has it (its modes, its submodules' classes and code as they are now), so it
+catches what no guard names. It is a check at one set of sizes, of one mode (the model's at bind),
+in float64 on the model's device. Buffers are compared as the forward leaves them: autograd's
+recomputation of a checkpointed BatchNorm moves its statistics a second time in the backward, which
+the bound step does not (a limit of ``torch.utils.checkpoint``, not the model's computation), and is
+not counted.
+
+It is on by default. ``bind(..., verify=False)`` skips it; then unchecked are: a model that differs
+from the trace in a way the guards and the fingerprint do not see (the code of a function reached
+only through a C extension, a value read through an object the trace could not name, a generated
+file edited by hand and bound with ``allow_edited=True``), which trains on the generated code's
+numbers with no error. A module generated without ``SMALL_INPUTS`` (an older symgrad), one that ends
+in a loss (its loss is symgrad's, not the model's), a model that cannot be copied or does not run in
+float64 (a warning says so), and a model on a device other than the CPU or CUDA are not checked
+here.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import torch
@@ -64,7 +72,7 @@ def verify_binding(bound) -> None:
             return
         theirs["gradients"] = {name: None if value is None else value.clone()
                                for name, value in theirs["gradients"].items()}
-        theirs["buffers"] = {name: value.clone() for name, value in theirs["buffers"].items()}
+        theirs["after"] = {name: value.clone() for name, value in theirs["after"].items()}
         with torch.no_grad():
             for name, value in reference.named_buffers():
                 value.copy_(buffers[name])
@@ -103,6 +111,8 @@ def _run(net, data: dict, cuda: list) -> dict:
     model = getattr(net, "model", net)
     torch.manual_seed(SEED)
     outputs = _leaves(net(**data))
+    moved = {name: value.clone() for name, value in model.named_buffers()}  # after the forward
+
     differentiable = [output for output in outputs.values() if output.requires_grad]
     generator = torch.Generator().manual_seed(SEED + 1)  # drawn apart: the random state is the model's alone
     cotangents = [torch.randn(output.shape, dtype=torch.float64, generator=generator).to(output) for output
@@ -112,14 +122,16 @@ def _run(net, data: dict, cuda: list) -> dict:
     state = [torch.get_rng_state()] + [torch.cuda.get_rng_state(device) for device in cuda]
     return {"outputs": {key: value.detach() for key, value in outputs.items()},
             "gradients": {name: value.grad for name, value in model.named_parameters()},
-            "buffers": dict(model.named_buffers()), "random": state}
+            "buffers": moved, "after": dict(model.named_buffers()), "random": state}
 
 
 def _leaves(result, prefix: str = "output") -> dict:
     """The tensors of a model's result by where they are (``output``, ``output[1]``, ``output['aux']``)."""
     if isinstance(result, torch.Tensor):
         return {prefix: result}
-    if isinstance(result, dict):
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        items = ((field.name, getattr(result, field.name)) for field in dataclasses.fields(result))
+    elif isinstance(result, dict):
         items = result.items()
     elif isinstance(result, (tuple, list)):
         items = enumerate(result)
@@ -132,7 +144,7 @@ def _difference(ours: dict, theirs: dict) -> str | None:
     """What differs between two :func:`_run` results, in words; None where nothing does."""
     if set(ours["outputs"]) != set(theirs["outputs"]):
         return f"it returns {sorted(ours['outputs'])}, the model {sorted(theirs['outputs'])}"
-    errors = relative_errors(ours["outputs"], theirs["outputs"])
+    errors = _errors(ours["outputs"], theirs["outputs"])
     for name, error in errors.items():
         if not error <= TOLERANCE:
             return f"{name} differs by {error:.2g} (relative)"
@@ -142,7 +154,8 @@ def _difference(ours: dict, theirs: dict) -> str | None:
             return (f"the gradient of {name} is " + ("None" if actual is None else "set") + ", autograd's "
                     + ("None" if expected is None else "set"))
     present = {name: value for name, value in theirs["gradients"].items() if value is not None}
-    for name, error in relative_errors({name: ours["gradients"][name] for name in present}, present).items():
+    mine = {name: ours["gradients"][name] for name in present}
+    for name, error in _errors(mine, present).items():
         if not error <= TOLERANCE:
             return f"the gradient of {name} differs by {error:.2g} (relative)"
     for name, expected in theirs["buffers"].items():
@@ -150,15 +163,45 @@ def _difference(ours: dict, theirs: dict) -> str | None:
         if actual is None or actual.shape != expected.shape:
             return f"the buffer {name} is {'gone' if actual is None else list(actual.shape)}"
         if expected.is_floating_point():
-            error = relative_errors({name: actual}, {name: expected})[name]
+            error = _errors({name: actual}, {name: expected})[name]
             if not error <= TOLERANCE:
-                return f"the buffer {name} differs by {error:.2g} (relative) after the call"
+                return f"the buffer {name} differs by {error:.2g} (relative) after the forward"
         elif not torch.equal(actual, expected):
-            return f"the buffer {name} is {actual.tolist() if actual.numel() < 5 else 'other'} after the call, " \
+            shown = actual.tolist() if actual.numel() < 5 else "other"
+            return f"the buffer {name} is {shown} after the forward, " \
                    f"the model's {expected.tolist() if expected.numel() < 5 else 'not'}"
+    # the bound backward moves no buffer; autograd's may (a checkpointed BatchNorm run again by
+    # its recomputation), which is autograd's, not the model's
+    for name, value in ours["after"].items():
+        if name in ours["buffers"] and not torch.equal(value, ours["buffers"][name]) and not (
+                name in theirs["after"] and torch.equal(value, theirs["after"][name])):
+            return f"the buffer {name} moves in the backward"
     if not all(torch.equal(ours_state, their_state) for ours_state, their_state in zip(ours["random"], theirs["random"])):
         return "the random state after the call differs (its random draws are not the model's)"
     return None
+
+
+def _errors(ours: dict, theirs: dict) -> dict:
+    """``testdata.relative_errors`` where the entries that are not finite (a mask's -inf, a NaN the
+    model computes too) are the same in both, and measured on the finite rest; inf where they are
+    not the same."""
+    finite, apart = {}, set()
+    for name, expected in theirs.items():
+        actual = ours[name]
+        if actual.shape != expected.shape:
+            apart.add(name)
+            continue
+        wild = ~expected.isfinite()
+        if bool(wild.any()) or not bool(actual.isfinite().all()):
+            if not torch.equal(wild, ~actual.isfinite()) or not torch.equal(
+                    actual[wild].nan_to_num(), expected[wild].nan_to_num()):
+                apart.add(name)
+                continue
+            actual, expected = actual.masked_fill(wild, 0), expected.masked_fill(wild, 0)
+        finite[name] = (actual, expected)
+    errors = relative_errors({name: pair[0] for name, pair in finite.items()},
+                             {name: pair[1] for name, pair in finite.items()})
+    return {**errors, **dict.fromkeys(apart, float("inf"))}
 
 
 def _retrace(generated, model) -> str:

@@ -4,6 +4,7 @@ layers that ending depends on."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +36,21 @@ class LossChoice:
 def ends_in_outputs(builder: SpecBuilder, output: Any) -> bool:
     """Whether the traced code returns the model's outputs (a tensor that is no loss, a tuple or a dict
     of tensors), which a spec then ends in, rather than a loss."""
-    if isinstance(output, (tuple, list, dict)):
+    if isinstance(output, (tuple, list, dict)) or _is_dataclass(output):
         return True
     return isinstance(output, torch.Tensor) and id(output) not in builder.reductions
+
+
+def _is_dataclass(output: Any) -> bool:
+    """A ``@dataclass`` instance of outputs (``Result(logits=..., aux=...)``): its fields, as keys."""
+    return dataclasses.is_dataclass(output) and not isinstance(output, type)
 
 
 def outputs_of(builder: SpecBuilder, output: Any, returned_at: str | None) -> str | list | dict:
     """The spec's ``outputs:`` for what the traced code returns: a node, a list or a mapping of them."""
     where = returned_at or (builder.layer_calls[-1].where if builder.layer_calls else "<traced code>")
+    if _is_dataclass(output):  # its fields by name; the bound model makes the class again of them
+        output = {field.name: getattr(output, field.name) for field in dataclasses.fields(output)}
     items = output.items() if isinstance(output, dict) else enumerate(output) if isinstance(output, (tuple, list)) \
         else [(None, output)]
     names, problems = {}, set()

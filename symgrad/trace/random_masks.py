@@ -164,7 +164,8 @@ def _sizes(builder: SpecBuilder, tensor: torch.Tensor, source) -> tuple[list, to
     known = [source] if isinstance(source, torch.Tensor) else []
     known = [other for other in known + list(reversed(builder.sizes_read)) if isinstance(builder.node(other), str)]
     if known and isinstance(source, torch.Tensor) and known[0] is source and source.shape == tensor.shape:
-        return [{"like": builder.node(source)}] * tensor.dim(), source
+        # a dict per size: one dict written n times is a YAML alias, which a spec refuses
+        return [{"like": builder.node(source)} for _ in range(tensor.dim())], source
     size: list = []
     like = None
     for dim, length in enumerate(tensor.shape):

@@ -194,7 +194,7 @@ def test_a_model_traced_without_a_loss_trains_as_autograd_with_any_loss_and_eval
     assert "outputs: fc\n" in eval_text and "dropout" not in eval_text
     assert train_text.count("op: dropout") == 3  # layer1's DropPath, layer2's StochasticDepth, the head's Dropout
     reference = copy.deepcopy(model)
-    fast = symgrad.bind(generated(tmp_path, train_text, eval_text), model)
+    fast = symgrad.bind(generated(tmp_path, train_text, eval_text), model, verify=False)
     monkeypatch.setattr(symgrad.trace, "trace", None)  # nothing below traces again
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9) for net in (model, reference)]
     for step in range(4):  # another batch and size than traced
@@ -231,7 +231,7 @@ def test_the_masks_are_the_models_own_draws_and_each_matters(tmp_path):
     torch.manual_seed(0)
     model = AuxNet().double()
     text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_masks")
-    module = symgrad.bind(generated(tmp_path, text, evaluation), model)
+    module = symgrad.bind(generated(tmp_path, text, evaluation), model, verify=False)
     reference = copy.deepcopy(model)
     images = torch.randn(4, 3, 8, 8, dtype=torch.float64)
     torch.manual_seed(3)
@@ -261,7 +261,7 @@ def test_a_dict_output_frozen_parameters_and_accumulation(tmp_path):
     text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "dictnet")
     assert "outputs: {out: head, features: relu}" in text
     reference = copy.deepcopy(model)
-    fast = symgrad.bind(generated(tmp_path, *(t for t in (text, evaluation) if t)), model)
+    fast = symgrad.bind(generated(tmp_path, *(t for t in (text, evaluation) if t)), model, verify=False)
     for net in (fast, reference):
         for micro in range(2):  # gradient accumulation over two micro-batches
             torch.manual_seed(micro)
@@ -307,7 +307,7 @@ def test_the_block_form_binds_compiles_and_its_generated_tests_pass(tmp_path):
     path = generated(tmp_path, text, evaluation)
     assert "_backward(saved, grad_output):" in path.read_text()  # a block's own backward function
     reference = copy.deepcopy(model)
-    fast = symgrad.bind(path, model)
+    fast = symgrad.bind(path, model, verify=False)
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9) for net in (model, reference)]
     for step in range(2):
         images, labels = torch.randn(3, 3, 6, 10, dtype=torch.float64), torch.randint(0, 5, (3,))
@@ -345,8 +345,8 @@ def test_torch_compile_fullgraph_runs_and_equals_eager(tmp_path):
     text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_compiled")
     path = generated(tmp_path, text, evaluation)
     eager_model = copy.deepcopy(model)
-    compiled, eager = torch.compile(symgrad.bind(path, model), fullgraph=True, backend="aot_eager"), \
-        symgrad.bind(path, eager_model)
+    compiled, eager = torch.compile(symgrad.bind(path, model, verify=False), fullgraph=True, backend="aot_eager"), \
+        symgrad.bind(path, eager_model, verify=False)
     for step in range(2):
         images, labels = torch.randn(3, 3, 6, 10, dtype=torch.float64), torch.randint(0, 5, (3,))
         results = []
@@ -412,7 +412,7 @@ def test_the_compiled_bound_model_trains_at_a_new_batch_and_size(tmp_path):
     model = Upsampling().double()
     reference = copy.deepcopy(model)
     path = generated(tmp_path, trace(model, {"x": (2, 3, 8, 8)}, "parameters", "upsampling", mode="train"))
-    compiled = torch.compile(symgrad.bind(path, model), fullgraph=True, dynamic=True, backend="aot_eager")
+    compiled = torch.compile(symgrad.bind(path, model, verify=False), fullgraph=True, dynamic=True, backend="aot_eager")
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
     for shape in ((2, 3, 8, 8), (3, 3, 8, 8), (3, 3, 12, 10)):
         x = torch.randn(shape, dtype=torch.float64)
@@ -447,7 +447,7 @@ def test_the_compiled_bound_model_of_a_conv_and_batch_norm_trains_at_symbolic_si
     model = ConvNorm().double()
     reference = copy.deepcopy(model)
     path = generated(tmp_path, trace(model, {"x": (2, 3, 8, 8)}, "parameters", "conv_norm", mode="train"))
-    compiled = torch.compile(symgrad.bind(path, model), fullgraph=True, dynamic=True, backend="aot_eager")
+    compiled = torch.compile(symgrad.bind(path, model, verify=False), fullgraph=True, dynamic=True, backend="aot_eager")
     for shape in ((2, 3, 8, 8), (3, 3, 10, 8)):
         x = torch.randn(shape, dtype=torch.float64)
         for net, parameters in ((compiled, model), (reference, reference)):
@@ -467,7 +467,7 @@ def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_
     text, evaluation = trace_modes(exact, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_autocast")
     path = generated(tmp_path, text, evaluation)
     model, reference = copy.deepcopy(exact).float(), copy.deepcopy(exact).float()
-    fast = symgrad.bind(path, model)
+    fast = symgrad.bind(path, model, verify=False)
     images, labels = torch.randn(4, 3, 10, 6, dtype=torch.float64), torch.randint(0, 5, (4,))
 
     def step(net, data):

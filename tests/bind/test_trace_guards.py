@@ -173,7 +173,7 @@ def test_a_hyper_parameter_that_is_no_plain_scalar_is_guarded_at_bind(edit, tmp_
 
 def test_a_hyper_parameter_that_is_no_plain_scalar_is_guarded_after_bind_at_each_call(tmp_path):
     model = imported(tmp_path, HYPERS)
-    fast = symgrad.bind(generated(tmp_path, model), model)
+    fast = symgrad.bind(generated(tmp_path, model), model, verify=False)
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(fast(x), model(x))
     model.table[1][0] = 5.0  # in place, in a nested list
@@ -206,7 +206,7 @@ class Net(nn.Module):
 
 def test_a_call_with_other_arguments_than_traced_is_refused(tmp_path):
     model = imported(tmp_path, ARGUMENTS)
-    fast = symgrad.bind(generated(tmp_path, model), model)
+    fast = symgrad.bind(generated(tmp_path, model), model, verify=False)
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(fast(x), model(x)) and torch.equal(fast(x, 1.0, None), model(x))  # as traced
     one_line_refusal(lambda: fast(x, scale=2.0), r"^net: it is called with scale=2\.0, and was traced with scale=1\.0 \(fix: "
@@ -216,10 +216,10 @@ def test_a_call_with_other_arguments_than_traced_is_refused(tmp_path):
     one_line_refusal(lambda: fast(x, return_features=True), r"return_features=True, and was traced with return_features=False")
     one_line_refusal(lambda: fast(x, mask=torch.ones(3, 3, dtype=torch.float64)),
                      r"mask is a tensor, and the trace ran without it \(mask=None\).*--input mask=3,3")
-    masked = symgrad.bind(generated(tmp_path, model, shapes={"x": (2, 4), "mask": (2, 3)}, name="masked"), model)
+    masked = symgrad.bind(generated(tmp_path, model, shapes={"x": (2, 4), "mask": (2, 3)}, name="masked"), model, verify=False)
     one_line_refusal(lambda: masked(x), r"mask is None, and the trace had a tensor there")
     assert torch.equal(masked(x, mask=torch.ones(3, 3, dtype=torch.float64)), model(x))
-    traced_at_two = symgrad.bind(generated(tmp_path, model, arguments={"scale": 2.0}, name="scaled"), model)
+    traced_at_two = symgrad.bind(generated(tmp_path, model, arguments={"scale": 2.0}, name="scaled"), model, verify=False)
     assert torch.equal(traced_at_two(x, scale=2.0), model(x, scale=2.0))
     one_line_refusal(lambda: traced_at_two(x), r"scale=1\.0, and was traced with scale=2\.0")
 
@@ -252,7 +252,7 @@ def test_a_model_with_an_enum_attribute_traces_binds_and_a_changed_enum_is_refus
     model = imported(tmp_path, ENUM)
     path = generated(tmp_path, model)
     assert "output_fmt: Format.NCHW" in (tmp_path / "net.yaml").read_text()
-    fast = symgrad.bind(path, model)
+    fast = symgrad.bind(path, model, verify=False)
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(fast(x), model(x))
     module = sys.modules[type(model).__module__]
@@ -269,7 +269,7 @@ def test_a_model_whose_source_file_was_moved_after_import_binds_and_trains_as_au
     import linecache
 
     linecache.clearcache()  # its source cannot be read any more: the code objects are what is guarded
-    fast = symgrad.bind(path, model)
+    fast = symgrad.bind(path, model, verify=False)
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.equal(fast(x), model(x))
 
@@ -290,7 +290,7 @@ class Net(nn.Module):
     import copy
 
     reference = copy.deepcopy(model)
-    fast = symgrad.bind(generated(tmp_path, model, shapes={"x": (2, 2, 4, 4)}), model)
+    fast = symgrad.bind(generated(tmp_path, model, shapes={"x": (2, 2, 4, 4)}), model, verify=False)
     x = torch.randn(3, 2, 5, 6, dtype=torch.float64)
     fast(x).square().sum().backward()
     reference(x).square().sum().backward()
@@ -380,7 +380,7 @@ def test_an_attribute_holding_tensors_in_a_dict_binds_and_trains_on(tmp_path):
     compared element by element: no false refusal at bind or at a call."""
     model = imported(tmp_path, HYPERS.replace('self.cfg = {"gain": gain}', 'self.cfg = {"gain": gain}\n'
                                               '        self.cache = {"table": torch.ones(3)}'))
-    fast = symgrad.bind(generated(tmp_path, model), model)
+    fast = symgrad.bind(generated(tmp_path, model), model, verify=False)
     x = torch.randn(3, 4, dtype=torch.float64)
     model.cache["table"] = torch.zeros(3)
     assert torch.equal(fast(x), model(x)) and torch.equal(fast(x), model(x))

@@ -1,6 +1,7 @@
 """``symgrad.bind`` checks the binding on the user's own model (issue 62): a float64 copy at the module's
 small sizes, run through the bound module and through autograd from one seed, must give the same outputs,
-gradients, buffers and random state, or bind refuses naming what differed (``verify=True``; off by default)."""
+gradients, buffers and random state, or bind refuses naming what differed (``verify=True``, the default;
+``verify=False`` binds unchecked)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_a_binding_that_computes_otherwise_is_refused_naming_what_differs_and_ve
     before = copy.deepcopy(model.state_dict())
     path = generated(tmp_path / "as_written", model)
     state = torch.get_rng_state()
-    symgrad.bind(path, model, verify=True)  # checked, and passes
+    symgrad.bind(path, model)  # checked by default, and passes
     assert torch.equal(torch.get_rng_state(), state)  # the check draws from the random state it puts back
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())  # on a copy
     assert all(parameter.grad is None for parameter in model.parameters())
@@ -76,6 +77,32 @@ def test_a_binding_that_computes_otherwise_is_refused_naming_what_differs_and_ve
         path = generated(tmp_path / edit, model, edit)
         with pytest.raises(symgrad.BindError, match=r"does not compute what Net computes: on a float64 copy at "
                            rf"x \[2, 3, \d+, \d+\] \(seed 0\), {said}.*verify=False"):
-            symgrad.bind(path, model, allow_edited=True, verify=True)
-        symgrad.bind(path, model, allow_edited=True)  # unchecked: verify is off by default
+            symgrad.bind(path, model, allow_edited=True)  # verify is on by default
+        symgrad.bind(path, model, allow_edited=True, verify=False)  # unchecked, as documented
 
+
+
+class Checkpointed(nn.Module):
+    """A BatchNorm under non-reentrant checkpoint: autograd's recomputation moves its statistics again."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        block = lambda value: F.relu(self.bn(self.conv(value)))  # noqa: E731 - the checkpointed block
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False).mean((2, 3))
+
+
+def test_a_checkpointed_batchnorm_binds_by_default_and_a_mask_of_minus_inf_is_compared_as_equal(tmp_path):
+    """The check compares buffers as the forward leaves them (autograd's recomputation moves a
+    checkpointed BatchNorm's statistics a second time; the bound step, as the forward, once), and a
+    buffer or output holding -inf (an attention mask) is the same number in both."""
+    torch.manual_seed(0)
+    model = Checkpointed().double()
+    model.register_buffer("floor", torch.tensor([0.0, float("-inf")], dtype=torch.float64))
+    path = generated(tmp_path / "checkpointed", model)
+    fast = symgrad.bind(path, model)  # verified: not refused
+    x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    assert torch.allclose(fast(x), Checkpointed.forward(copy.deepcopy(model), x), rtol=0, atol=1e-12)
