@@ -108,3 +108,9 @@ def run_generated_tests(test_file) -> _Outcomes:
         torch.set_default_dtype(dtype)
         torch.set_rng_state(rng)
     return outcomes
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` on libyaml's parser (PyYAML's ``CSafeLoader``): the same values, about ten times
+    faster on a traced network's spec (a second of CPU for a segmentation network's, pure Python)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

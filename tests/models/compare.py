@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-import yaml
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, _source_name as source_name, trace
-from tests.helpers import run_generated_tests
+from tests.helpers import load_yaml, run_generated_tests
 
 __all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",
            "assert_generated_test_file_passes", "source_name"]
@@ -87,7 +86,7 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
         kinds = kinds[:1] if mode == "train" else kinds[-1:]
     for kind in kinds:
         text = traced_spec(case, mode, kind, model)
-        spec = yaml.safe_load(text)
+        spec = load_yaml(text)
         built = build_text(text, f"{label}.yaml", documents=False, tests=False)  # the module alone: imported here
         generated = built.rendered
         module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),

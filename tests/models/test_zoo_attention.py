@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import yaml
 
 from symgrad.trace import LossChoice, TraceError, trace
+from tests.helpers import load_yaml
 from tests.models import zoo_attention as zoo
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 
@@ -62,7 +63,7 @@ def test_attention_dropout_is_traced_as_the_math_kernel_computes_it_in_training_
     """Its probabilities, dropout drawn as F.dropout draws it, and the product with v (the CPU math kernel's
     steps; the bound model's draws are the model's: tests/trace/test_text_transformers.py)."""
     text = trace(Dropping().double(), {"x": (2, 5, 8)}, name="dropping", loss=LossChoice("mse_loss"), mode="train")
-    layers = [layer for layer in yaml.safe_load(text)["layers"]]
+    layers = [layer for layer in load_yaml(text)["layers"]]
     ops = [layer["op"] for layer in layers]
     assert "scaled_dot_product_attention" not in ops and ops.count("dropout") == 1, ops
     start = ops.index("attention_probabilities")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace
+from tests.helpers import load_yaml
 from tests.models import zoo_hybrid as zoo, zoo_hybrid_conv as conv_zoo
 from tests.models.compare import Case, assert_generated_test_file_passes, matches_autograd
 
@@ -69,7 +69,7 @@ def test_hybrid_network_traced_as_blocks_writes_its_repeated_modules_once(label)
     torch.manual_seed(0)
     model = case.model(**case.init).double().train()
     text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train", blocks=True)
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     assert spec.get("blocks"), text[:2000]
     assert max(len(name) for name in spec["inputs"]) <= 64
     build_text(text, f"{label}.yaml")

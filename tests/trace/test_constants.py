@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 from symgrad.check import module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, load_target, trace
+from tests.helpers import load_yaml
 
 INPUTS = Path(__file__).resolve().parent / "inputs"
 SIZES = INPUTS / "sizes.py"
@@ -29,7 +29,7 @@ def marked_line(path: Path, marker: str) -> str:
 def test_a_map_of_one_value_in_any_spelling_follows_the_input_and_matches_autograd():
     model = load_target(f"{SIZES}:NoiseLevel")
     text = trace(model, {"x": (2, 3, 6, 5)}, loss=LossChoice("mse_loss"))
-    layers = yaml.safe_load(text)["layers"]
+    layers = load_yaml(text)["layers"]
     fulls = [layer for layer in layers if layer["op"] == "full"]
     assert [layer["fill_value"] for layer in fulls] == [0.75, -1.0], text  # ones_like * 0.25 += 0.5, new_full
     assert all(layer["size"][0] == {"like": "x"} and layer["size"][2:] == [{"like": "x"}] * 2 for layer in fulls)
@@ -51,7 +51,7 @@ def test_a_constant_of_several_values_is_a_constant_layer_and_matches_autograd(m
     (the model's, not the input's size): a ``constant`` layer holding the values as computed."""
     module = load_target(f"{SIZES}:{model}")
     text = trace(module, {"x": (batch, 3, 4, 5)}, loss=LossChoice("mse_loss"))
-    (layer,) = [layer for layer in yaml.safe_load(text)["layers"] if layer["op"] == "constant"]
+    (layer,) = [layer for layer in load_yaml(text)["layers"] if layer["op"] == "constant"]
     assert layer["values"] == values and layer["in"] == "x", text
     built = build_text(text, "constant.yaml").rendered
     generated = module_from_source(built.files[f"{built.name}.py"], built.name)
@@ -105,7 +105,7 @@ def test_a_constant_traced_in_float32_holds_the_values_float64_code_computes(fix
     computes them in the input's dtype, float32's where it fixes float32 itself."""
     model = Frequencies(fixed)
     text = trace(model, {"t": (3,)}, loss=LossChoice("mse_loss"))
-    (layer,) = [layer for layer in yaml.safe_load(text)["layers"] if layer["op"] == "constant"]
+    (layer,) = [layer for layer in load_yaml(text)["layers"] if layer["op"] == "constant"]
     expected = torch.exp(-math.log(10000) * torch.arange(4, dtype=torch.float32 if fixed else torch.float64) / 4)
     assert layer["values"] == expected.double().tolist(), text
     built = build_text(text, "frequencies.yaml").rendered

@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import yaml
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, _source_name, trace
+from tests.helpers import load_yaml
 
 
 class ResBlock(nn.Module):
@@ -47,14 +47,14 @@ def test_a_float32_trace_records_constants_as_written_and_float64_gradients_matc
     torch.manual_seed(0)
     model = DRUNet()  # float32, as models are
     text = trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"))
-    layers = yaml.safe_load(text)["layers"]
+    layers = load_yaml(text)["layers"]
     assert [layer["fill_value"] for layer in layers if layer["op"] == "full"] == [0.1], text
     assert {"op": "mul", "in": "x", "other": 0.3, "out": "mul_2"} in layers, text
     built = build_text(text, "drunet.yaml")
     module = by_name(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
                      built.graph)  # the parameters go in `params`: called here by their spec names
     model = model.double()
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(3, 3, 10, 6, dtype=torch.float64, generator=generator, requires_grad=True)
     target = torch.randn(3, 3, 10, 6, dtype=torch.float64, generator=generator)

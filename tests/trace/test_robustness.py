@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import yaml
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.spec import MAX_NAME
 from symgrad.trace import LossChoice, TraceError, _source_name, trace
+from tests.helpers import load_yaml
 
 
 def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss: str = "mse_loss") -> None:
@@ -23,7 +23,7 @@ def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss:
     module = by_name(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
                      built.graph)  # the parameters go in `params`: called here by their spec names
     model = model.double()
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     generator = torch.Generator().manual_seed(4)
     inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
               for key, shape in shapes.items()}
@@ -41,7 +41,7 @@ def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss:
 
 
 def names_of(text: str) -> list[str]:
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     names = [*spec["inputs"], *(layer["out"] for layer in spec["layers"] if "out" in layer)]
     for block in spec.get("blocks", {}).values():
         names += [*block["inputs"], *block["params"], *(layer["out"] for layer in block["layers"])]
@@ -105,7 +105,7 @@ def test_names_beyond_the_limit_are_shortened_to_names_the_spec_takes_and_stay_d
     text = trace(model, {"x": (2, 4, 6, 6)}, loss=LossChoice("mse_loss"))
     names = names_of(text)
     assert all(len(name) <= MAX_NAME for name in names) and len(names) == len(set(names)), text
-    sources = [entry["source"] for entry in yaml.safe_load(text)["inputs"].values() if "source" in entry]
+    sources = [entry["source"] for entry in load_yaml(text)["inputs"].values() if "source" in entry]
     assert max(len(source) for source in sources) > MAX_NAME  # the state_dict key stays whole
     gradients_match(model, text, {"x": (3, 4, 5, 7)})
 
@@ -141,7 +141,7 @@ def test_blocks_are_named_only_with_names_generate_accepts():
     torch.manual_seed(0)
     model = ConvMixer(4, 3).eval()
     text = trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), blocks=True)
-    blocks = yaml.safe_load(text).get("blocks", {})
+    blocks = load_yaml(text).get("blocks", {})
     assert blocks and "residual" not in blocks, text
     build_text(text, "conv_mixer.yaml")  # generate accepts every name
     gradients_match(model, text, {"x": (3, 3, 10, 6)})
@@ -213,7 +213,7 @@ def test_split_with_a_list_of_sizes_traces_and_matches_autograd():
     torch.manual_seed(0)
     model = MixNetBlock(5)  # 10 channels in three groups: 4, 3, 3
     text = trace(model, {"x": (2, 5, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
-    assert sum(layer["op"] == "narrow" for layer in yaml.safe_load(text)["layers"]) == 5, text
+    assert sum(layer["op"] == "narrow" for layer in load_yaml(text)["layers"]) == 5, text
     gradients_match(model, text, {"x": (3, 5, 9, 7)})
 
 
@@ -345,7 +345,7 @@ def test_a_network_of_2800_ops_traces_in_under_a_minute():
     started = time.perf_counter()
     text = trace(DeepResNet(400).eval(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"))
     elapsed = time.perf_counter() - started
-    assert len(yaml.safe_load(text)["layers"]) == 2801
+    assert len(load_yaml(text)["layers"]) == 2801
     assert elapsed < 60, elapsed  # 86-127 s before, on a busy 2-core machine: intra-op threads spinning
 
 

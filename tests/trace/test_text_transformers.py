@@ -10,13 +10,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, TraceError, trace, trace_modes
+from tests.helpers import load_yaml
 from tests.models.zoo_gpt import GPT
 
 
@@ -43,7 +43,7 @@ def gpt_module(tmp_path_factory):
 
 def test_a_nanogpt_trains_with_dropout_equal_to_autograd_and_evaluates_without_a_new_trace(gpt_module, monkeypatch):
     text, path = gpt_module
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     assert "lm_head_weight" not in spec["inputs"]  # the tied table is one input, read by the embedding and the head
     ops = [layer["op"] for layer in spec["layers"]]
     assert ops.count("dropout") == 4 and "attention_probabilities" in ops and "embedding" in ops
@@ -224,7 +224,7 @@ def test_a_cache_started_as_an_empty_tensor_is_concatenated_as_pytorch_does():
         return torch.tanh(keys)
 
     text = trace(attend, {"x": (2, 3, 4), "w": (4, 4)}, name="cached", loss=LossChoice("half_sq_error"))
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     assert [layer["op"] for layer in spec["layers"]] == ["matmul", "tanh"], text
     module = module_from_source(build_text(text, "cached.yaml").rendered.files["cached.py"], "cached")
     x, w = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True), torch.randn(4, 4, dtype=torch.float64)
