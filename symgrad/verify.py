@@ -7,10 +7,10 @@ state after the call (the same masks drawn by the same calls). A difference refu
 The guards (``symgrad.guards``) check what the trace read; this checks what the binding computes, on
 the model as the user has it (its modes, its submodules' classes and code as they are now), so it
 catches what no guard names. It is a check at one set of sizes, of one mode (the model's at bind),
-in float64 on the model's device. Buffers are compared as the forward leaves them: autograd's
-recomputation of a checkpointed BatchNorm moves its statistics a second time in the backward, which
-the bound step does not (a limit of ``torch.utils.checkpoint``, not the model's computation), and is
-not counted.
+in float64 on the CPU (a CUDA model's copy too). Buffers are compared as the forward leaves them:
+autograd's recomputation of a checkpointed BatchNorm moves its statistics a second time in the
+backward, which the bound step does not (a limit of ``torch.utils.checkpoint``, not the model's
+computation), and is not counted.
 
 It is on by default. ``bind(..., verify=False)`` skips it; then unchecked are: a model that differs
 from the trace in a way the guards and the fingerprint do not see (the code of a function reached
@@ -49,14 +49,16 @@ def verify_binding(bound) -> None:
     if not small:
         return
     tensors = [*model.parameters(), *model.buffers()]
-    device = tensors[0].device if tensors else torch.device("cpu")
-    if device.type not in ("cpu", "cuda"):
+    if any(tensor.device.type not in ("cpu", "cuda") for tensor in tensors):
         return
+    # on the CPU, where the generated code draws the model's masks bit for bit (CUDA's F.dropout draws
+    # with a fused kernel of its own: every model with dropout would differ there); a CUDA model's
+    # tensors are copied to the CPU one by one, never twice on the GPU
+    device, cuda = torch.device("cpu"), []
     shapes = ", ".join(f"{name} {list(shape)}" for name, (shape, _) in small.items())
-    cuda = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+    with torch.random.fork_rng(devices=cuda):
         try:  # one copy, run by autograd, then put back as it was and run by the bound module
-            reference = copy.deepcopy(model).double()
+            reference = _cpu_copy(model).double()
             buffers = {name: value.clone() for name, value in reference.named_buffers()}
         except Exception as error:  # noqa: BLE001 - a model copy cannot make (a handle, a lock): not checked
             warnings.warn(f"symgrad.bind: {type(model).__name__} could not be copied to check the binding "
@@ -92,6 +94,18 @@ def verify_binding(bound) -> None:
         raise BindError(f"{name_of(generated)} does not compute what {type(model).__name__} computes: on a float64 "
                         f"copy at {shapes} (seed {SEED}), {problem} (fix: trace and generate the model again, "
                         f"{_retrace(generated, model)}; bind(..., verify=False) binds it unchecked)")
+
+
+def _cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """``copy.deepcopy(model)`` with its parameters and buffers copied to the CPU (as Parameters
+    that require grad as the model's do)."""
+    memo: dict[int, object] = {}
+    for parameter in model.parameters():
+        memo[id(parameter)] = torch.nn.Parameter(parameter.detach().to("cpu", copy=True),
+                                                 requires_grad=parameter.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = buffer.detach().to("cpu", copy=True)
+    return copy.deepcopy(model, memo)
 
 
 def _inputs(small: dict, device: torch.device) -> dict:

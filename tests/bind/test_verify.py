@@ -106,3 +106,18 @@ def test_a_checkpointed_batchnorm_binds_by_default_and_a_mask_of_minus_inf_is_co
     fast = symgrad.bind(path, model)  # verified: not refused
     x = torch.randn(2, 3, 5, 5, dtype=torch.float64)
     assert torch.allclose(fast(x), Checkpointed.forward(copy.deepcopy(model), x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_model_with_dropout_is_checked_on_a_cpu_copy_and_binds(tmp_path):
+    """CUDA's F.dropout draws with a fused kernel of its own, which the generated code does not: the
+    check runs on a CPU copy, where the draws are the model's, and leaves the CUDA model as it was."""
+    torch.manual_seed(0)
+    model = Net().double()
+    path = generated(tmp_path / "on_cuda", model)
+    model = model.cuda()
+    before = copy.deepcopy(model.state_dict())
+    fast = symgrad.bind(path, model)  # checked by default, on the CPU: not refused
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+    logits, _ = fast(torch.randn(3, 3, 6, 6, dtype=torch.float64, device="cuda"))
+    assert logits.device.type == "cuda"
