@@ -239,10 +239,11 @@ at the spec's shapes instead mixed 2x2 and 3x3 kernels and 2 and 3 channels in e
 over 6 convs, where gradgradcheck then crossed ReLU kinks."""
 
 
-def _valid(graph: Graph, shapes) -> bool:
+def _valid(graph: Graph, shapes, floors: dict[str, int] | None = None) -> bool:
     """Whether ``shapes`` fit the ops and keep every size of 2 or more at 2 or more, every node within
     ``LARGEST_TEST_NODE`` entries (or its entries at the spec's shapes) and every normalisation's
-    statistics over enough entries."""
+    statistics over enough entries (``floors``: {node: entries}; default: ``MIN_STATISTIC`` or the
+    spec's, where fewer)."""
     if shapes is None:
         return False
     try:
@@ -257,7 +258,10 @@ def _valid(graph: Graph, shapes) -> bool:
             return False
         if node.rule is not None:
             size = _statistic_size(resized, node)
-            if size is not None and size < min(MIN_STATISTIC, _statistic_size(graph, graph.nodes[name])):
+            if size is None:
+                continue
+            floor = floors[name] if floors is not None and name in floors else None
+            if size < (floor or min(MIN_STATISTIC, _statistic_size(graph, graph.nodes[name]))):
                 return False
     return True
 
@@ -280,11 +284,12 @@ def _small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
     if not _valid(graph, _shapes_for(functions, free, values)):
         spec_shapes = {node.name: node.shape for node in graph.inputs}
         return [spec_shapes, spec_shapes]
+    values, floors = _batch_grown(graph, functions, free, values)
     # first shrink every free size together (cheap), then one size at a time within a fixed
     # budget of trials, so that long chains stay linear in time and the result is deterministic
     for ceiling in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
         trial = {symbol: min(value, ceiling) for symbol, value in values.items()}
-        if _valid(graph, _shapes_for(functions, free, trial)):
+        if _valid(graph, _shapes_for(functions, free, trial), floors):
             values = trial
             break
     budget = max(20, DESCENT_WORK // len(graph.nodes))
@@ -296,7 +301,7 @@ def _small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
                     break
                 budget -= 1
                 trial = {**values, symbol: candidate}
-                if _valid(graph, _shapes_for(functions, free, trial)):
+                if _valid(graph, _shapes_for(functions, free, trial), floors):
                     values, changed = trial, True
                     break
         if not changed or budget <= 0:
@@ -306,16 +311,69 @@ def _small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
     for index, symbol in enumerate(free):  # grow each size a little where the ops allow it
         if budget <= 0:  # a long chain: the rest grow together, by one, if the ops allow it
             trial = {**grown, **{rest: grown[rest] + 1 for rest in free[index:]}}
-            if _valid(graph, _shapes_for(functions, free, trial)):
+            if _valid(graph, _shapes_for(functions, free, trial), floors):
                 grown = trial
             break
         for growth in (1, 2, 3):
             budget -= 1
             trial = {**grown, symbol: grown[symbol] + growth}
-            if _valid(graph, _shapes_for(functions, free, trial)):
+            if _valid(graph, _shapes_for(functions, free, trial), floors):
                 grown = trial
                 break
     return [_shapes_for(functions, free, values), _shapes_for(functions, free, grown)]
+
+
+LARGEST_TEST_BATCH = 16
+"""The batch :func:`_batch_grown` may grow the tests' shapes to (from the spec's)."""
+
+
+def _batch_grown(graph: Graph, functions, free, values: dict) -> tuple[dict, dict[str, int] | None]:
+    """``values`` (the spec's sizes) with the batch grown, where a train-mode normalisation over
+    the batch sees fewer than ``MIN_STATISTIC`` entries at the spec's shapes, to the least batch at
+    which each such one sees ``MIN_STATISTIC`` (at most ``LARGEST_TEST_BATCH``); with the entries
+    each normalisation must then keep ({node: entries}, for :func:`_valid`). A network traced at
+    batch 2 whose last maps are 1x1 normalises two values a channel there: its output is +-1 (times
+    the scale) by the sign of their difference d, with derivative eps / (d^2 + eps)^(3/2): about 0,
+    but 1/sqrt(eps) within sqrt(eps) of a tie. A stack of them is a step function, where finite
+    differences measure nothing and rounding is amplified by orders of magnitude (timm's RegNet,
+    LeViT at batch 2: autograd's gradients and the explicit ones fail gradcheck alike, with the same
+    analytical value). ``values`` unchanged (and None) where no normalisation is that small or none
+    grows with the batch."""
+    def statistics(shapes) -> dict[str, int]:
+        resized = graph.with_input_shapes(shapes)
+        return {name: size for name, node in resized.nodes.items() if node.rule is not None
+                and (size := _statistic_size(resized, node)) is not None}
+
+    shapes = _shapes_for(functions, free, values)
+    at_spec = statistics(shapes)
+    small = {name: size for name, size in at_spec.items() if size < MIN_STATISTIC}
+    sources = {item.name for item in graph.spec.inputs if item.source}
+    data = [node.name for node in graph.inputs if node.name not in sources and node.shape]
+    # the batch: the free size that moves the first axis of the data inputs (if exactly one does)
+    symbols = []
+    for symbol in free:
+        moved = _shapes_for(functions, free, {**values, symbol: values[symbol] + 1})
+        if moved and any(moved[name][0] != shapes[name][0] for name in data):
+            symbols.append(symbol)
+    if not small or len(symbols) != 1:
+        return values, None
+    batch, size = symbols[0], values[symbols[0]]
+    doubled = _shapes_for(functions, free, {**values, batch: 2 * size})
+    try:
+        doubled = statistics(doubled) if doubled else {}
+    except SpecError:
+        return values, None
+    per_sample = {name: at_spec[name] / size for name in small
+                  if doubled.get(name) == 2 * at_spec[name]}
+    if not per_sample:
+        return values, None
+    wanted = min(LARGEST_TEST_BATCH,
+                 max(size, *(math.ceil(MIN_STATISTIC / each) for each in per_sample.values())))
+    trial = {**values, batch: wanted}
+    if wanted == size or not _valid(graph, _shapes_for(functions, free, trial)):
+        return values, None
+    grown = statistics(_shapes_for(functions, free, trial))
+    return trial, {name: min(MIN_STATISTIC, grown[name]) for name in grown}
 
 
 def batch_inputs(graph: Graph) -> list[str]:
