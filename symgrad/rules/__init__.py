@@ -29,15 +29,20 @@ def _collect() -> tuple[dict[str, Rule], dict[str, Rule], list[tuple]]:
             if rule.op in layers or rule.op in losses:
                 raise ValueError(f"two rules declare the op {rule.op!r} (one in symgrad/rules/{info.name}.py)")
             table[rule.op] = rule
-        for kind in ("SAMPLES", "SPELLINGS"):
-            declared = getattr(module, kind, {})
-            stray = set(declared) - {rule.op for rule in rules}
-            if stray:
-                raise ValueError(f"symgrad/rules/{info.name}.py: {kind} names {sorted(stray)}, "
-                                 "not ops of its RULES")
-            for rule in rules:
-                setattr(rule, kind.lower(), tuple(declared.get(rule.op, ())))
+        _declare(info.name, module, rules)
     return layers, losses, certificates
+
+
+def _declare(name: str, module, rules) -> None:
+    """Set each rule's ``samples`` and ``spellings`` from its module's ``SAMPLES`` and ``SPELLINGS``; a
+    key that names no op of the module's ``RULES`` (a typo) is refused."""
+    for kind in ("SAMPLES", "SPELLINGS"):
+        declared = getattr(module, kind, {})
+        stray = set(declared) - {rule.op for rule in rules}
+        if stray:
+            raise ValueError(f"symgrad/rules/{name}.py: {kind} names {sorted(stray)}, not ops of its RULES")
+        for rule in rules:
+            setattr(rule, kind.lower(), tuple(declared.get(rule.op, ())))
 
 
 LAYER_RULES, LOSS_RULES, CERTIFICATE_CASES = _collect()

@@ -483,7 +483,8 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
     ],
     "mul": [
         Spelling("2 * x * y", {"x": (2, 3, 4), "y": (2, 3, 4)}),
-        # constants made inside forward: one value broadcast against a tensor is a number ...
+        # constants made inside forward: one value broadcast against a tensor is a number (a map of
+        # one value, read as a tensor, is a full layer: fill.py)
         Spelling("torch.full_like(x, 2.0) * x"),
         Spelling("x * torch.ones(1, 3, 1, 1) * torch.tensor(0.5)"),
         Spelling("torch.mul(0.5, x)"),

@@ -68,7 +68,7 @@ def fused_cases() -> dict[str, tuple[str, frozenset[str]]]:
 def test_every_fused_kernel_of_the_registry_is_reached_by_a_case():
     kernels = {name for name in PRIMITIVES if name.endswith("_backward")} - OWN_PRIMITIVES
     reached = set().union(*(kernels for _, kernels in fused_cases().values()))
-    assert kernels <= reached, f"no rule case reaches the fused kernel(s) {sorted(kernels - reached)}: add one to tests/rules/test_rules.py"
+    assert kernels <= reached, f"no rule case reaches the fused kernel(s) {sorted(kernels - reached)}: add a sample that reaches it to its rule file's SAMPLES"
 
 
 LAYOUTS = {

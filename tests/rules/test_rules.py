@@ -183,6 +183,17 @@ def test_every_rule_has_a_case():
     assert len(TEXTS) == len(CASES)
 
 
+def test_a_sample_or_spelling_of_no_op_of_the_module_is_refused():
+    import types
+
+    from symgrad.rules import LAYER_RULES, _declare
+
+    module = types.SimpleNamespace(SAMPLES={"sofmax": []})  # a typo: the samples would be silently lost
+    with pytest.raises(ValueError, match=r"symgrad/rules/softmax.py: SAMPLES names \['sofmax'\], not ops of its RULES"):
+        _declare("softmax", module, [LAYER_RULES["softmax"]])
+    assert LAYER_RULES["softmax"].samples  # untouched
+
+
 def _ops_of(text: str) -> set[str]:
     return {line.split("op: ")[1].split()[0].strip(",}") for line in text.splitlines() if "op: " in line}
 

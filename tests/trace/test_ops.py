@@ -188,6 +188,11 @@ def test_op_is_traced_and_its_gradient_matches_autograd(op, index, spelling):
     assert op in [layer["op"] for layer in spec["layers"]], f"{spelling.call} traces to another op:\n{text}"
 
 
+def test_a_spelling_that_traces_to_another_op_fails():
+    with pytest.raises(AssertionError, match=r"x.clamp\(min=0\) traces to another op"):
+        test_op_is_traced_and_its_gradient_matches_autograd("relu", 0, Spelling("x.clamp(min=0)"))  # a clamp
+
+
 @pytest.mark.parametrize("function", [lambda x: x.clamp(min=0), lambda x: x.clamp(0, 6),
                                       lambda x: torch.clamp(x, -0.5, 0.25)], ids=["clamp(min=0)", "clamp(0, 6)", "clamp(a, b)"])
 def test_a_traced_clamp_passes_the_gradient_at_its_bounds_as_autograd_does(function):
