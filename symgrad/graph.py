@@ -449,6 +449,59 @@ def _table_name(run, expanded: Expanded, taken: set[str]) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One distinct set of hyper values and size-1 axes among a block's instances, and its body."""
+
+    layer: Any
+    """Its first instance."""
+    signature: tuple
+    """What its derivation may depend on besides sizes: each tensor's rank and size-1 axes."""
+    body: DerivedBlock
+
+
+def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Variant]]:
+    """Each block's body graphed once per distinct set of hyper values and size-1 axes among its
+    instances (a rule may derive otherwise where a size is 1, a broadcast, an expand, or for another
+    value), its hypers as :class:`~symgrad.blocks.HyperInt`, its ``wrt`` the operands some instance
+    needs the gradient of and that reach its output; the first variant's body is the one every
+    instance calls, where the others print the same code (``plan.plan_block`` checks it)."""
+    from .blocks import HyperInt
+
+    needs_gradient = flat_graph.depends_on_wrt()
+    found = {}
+    for name, layers in expanded.calls.items():
+        block = expanded.blocks[name]
+        wanted, variants = set(), {}
+        for layer in layers:
+            bound = _bound(block, layer)
+            wanted |= {operand for operand, node in bound.items() if node in needs_gradient}
+            values = tuple(sorted({**dict(block.hyper), **{key: value for key, value, _ in layer.hyper}}.items()))
+            names = [bound[operand] for operand in block.operands] + [
+                layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers]
+            signature = tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1))
+                              for shape in (flat_graph.nodes[node].shape for node in names))
+            variants.setdefault((values, signature), layer)
+        found[name] = []
+        for (values, signature), layer in variants.items():
+            bound = _bound(block, layer)
+            graph = block_graph(block, {operand: flat_graph.nodes[node].shape for operand, node in bound.items()},
+                                flat_graph.spec, {key: HyperInt(key, value) for key, value in values},
+                                {operand: flat_graph.nodes[node].dtype for operand, node in bound.items()})
+            feeds_output = {"loss"}
+            for node in reversed(list(graph.nodes.values())):
+                if node.name in feeds_output:
+                    feeds_output.update(node.operands.values())
+            graph.wrt = tuple(operand for operand in block.operands if operand in wanted and operand in feeds_output)
+            found[name].append(Variant(layer, signature, DerivedBlock(block, graph, graph.wrt)))
+    return found
+
+
+def _bound(block: BlockSpec, layer) -> dict[str, str]:
+    """Each of the block's operands as the instance binds it: its inputs' sources, its parameters."""
+    return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
+
+
 def block_graph(block: BlockSpec, shapes: dict, spec: Spec, values: dict | None = None,
                 dtypes: dict | None = None) -> Graph:
     """The block as a graph of its own, its operands as inputs, ending in :class:`BlockOutput`;

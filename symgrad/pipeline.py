@@ -10,14 +10,15 @@ from pathlib import Path
 from .emit import Rendered
 from .errors import GeneratorError
 from .expand import Expanded, expand
-from .graph import Graph, build_graph, top_graph
+from .graph import Graph, block_variants, build_graph, top_graph
 from .names import check_module_source, check_statement_targets
-from .plan import Structured, derive_block, plan_program
+from .plan import Structured, plan_block, plan_program
 from .printing import to_code
 from .reverse import Program, derive
 from .shapes import small_shapes
 from .spec import EXTRAS, Spec, parse_spec, read_spec
 from .spec_functions import refuse_second_order
+from .tangent import derive_extras
 
 
 @dataclass
@@ -103,22 +104,25 @@ def _build_program(expanded: Expanded, label: str, extras: tuple[str, ...] = (),
 
 def planned_program(expanded: Expanded, extras: tuple[str, ...] = (), fused: bool = True, recompute: bool = True,
                     tests: bool = True, lean: bool = False) -> Structured:
-    """The one walk over a program's bodies: the flat graph (the checks, the instances' shapes, the
-    tests' small shapes), then each block body graphed, derived and planned (once per block, not
-    per instance: ``plan.derive_block``), then the top body, in which each instance is one
-    call: graphed (``graph.top_graph``), derived, checked for names, planned. An inlined program
-    (``expand``) has no block body and its top body's graph is the flat graph. ``extras``, ``fused``,
-    ``recompute``, ``lean``: see :func:`_build_program`; ``tests=False``: no test data. What
-    ``symgrad trace`` checks a grouping of instances into blocks with."""
+    """The one walk over a program's bodies, stage by stage. Graph: the flat graph (the checks, the
+    instances' shapes, the tests' small shapes), each block's body (once per block, not per
+    instance; once per distinct set of hyper values and size-1 axes: ``graph.block_variants``), the
+    top body, in which each instance is one call (``graph.top_graph``; an inlined program's is the
+    flat graph). Derive: every body, readable and fused; the top body's names checked against the
+    spec's; the extras' statements. Plan: each block body (``plan.plan_block``), then the top body (``plan.plan_program``).
+    ``extras``, ``fused``, ``recompute``, ``lean``: see :func:`_build_program`; ``tests=False``: no
+    test data. What ``symgrad trace`` checks a grouping of instances into blocks with."""
     flat_graph = build_graph(expanded.flat)
     shapes = small_shapes(flat_graph) if tests else None
-    needs_gradient = flat_graph.depends_on_wrt()
-    derived = {name: derive_block(expanded.blocks[name], layers, flat_graph, needs_gradient, recompute, lean)
-               for name, layers in expanded.calls.items()}
-    graph, chains = top_graph(expanded, derived, flat_graph)
+    variants = block_variants(expanded, flat_graph)
+    graph, chains = top_graph(expanded, {name: found[0].body for name, found in variants.items()}, flat_graph)
+    for body in (variant.body for found in variants.values() for variant in found):
+        body.program, body.fast = derive(body.graph), derive(body.graph, fused=True)
     top = derive(graph), derive(graph, fused=fused)  # the readable derivation, and the one `gradients` runs
     check_statement_targets(expanded.spec, *(part for program in top for part in (program.forward, program.backward)))
-    return plan_program(expanded, flat_graph, shapes, derived, graph, chains, top, extras, recompute, lean)
+    extra = derive_extras(top[0], extras)  # hvp's and per_sample's statements: the inlined program's (expand)
+    derived = {name: plan_block(found, recompute, lean) for name, found in variants.items()}
+    return plan_program(expanded, flat_graph, shapes, derived, graph, chains, top, extra, recompute, lean)
 
 
 def _check_compiles(rendered: Rendered) -> None:

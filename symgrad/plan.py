@@ -1,13 +1,12 @@
-"""Planning a program (``expand``): every body graphed, derived and planned by the same steps.
+"""Planning a program (``expand``): every body, graphed and derived already, scheduled the same way.
 
-Steps, in order: the flat graph (every instance written out, ``expand.flatten``) checks the spec
-and gives each instance's shapes; each block body becomes a graph of its own
-(``graph.block_graph``), derived and planned once per distinct set of hyper values and size-1
-axes among its instances (variants whose statements print the same serve them all); the top body
-becomes a graph in which each instance is one :class:`~symgrad.rules.call.BlockRule` node (a run of
-them one :class:`~symgrad.rules.call.ChainRule`), derived and planned in turn. A program without
-blocks is its top body alone, whose graph is the flat graph. ``symgrad.render`` prints the
-:class:`Structured` result.
+The walk (``pipeline.planned_program``) graphs every body first: each block's once per distinct
+set of hyper values and size-1 axes among its instances (``graph.block_variants``), the top body,
+in which each instance is one :class:`~symgrad.rules.call.BlockRule` node (a run of them one
+:class:`~symgrad.rules.call.ChainRule`: ``graph.top_graph``); then derives them all; then plans
+here: each block body once (:func:`plan_block`: variants whose statements print the same serve
+them all), then the top body (:func:`plan_program`). A program without blocks is its top body
+alone, whose graph is the flat graph. ``symgrad.render`` prints the :class:`Structured` result.
 """
 
 from __future__ import annotations
@@ -16,12 +15,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
-from .blocks import BlockSpec, HyperInt
 from .errors import SpecError
 from .expand import Expanded
-from .graph import Graph, block_graph
+from .graph import Graph, Variant
 from .printing import to_code
-from .reverse import Program, derive
+from .reverse import Program
 from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
 from .rules.call import BlockRule, ChainRule, DerivedBlock
 from .schedule import Plan, helpers_of, schedule
@@ -62,9 +60,9 @@ class Structured:
 
 
 def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
-                 graph: Graph, chains: list, top: tuple[Program, Program], extras: tuple[str, ...] = (),
+                 graph: Graph, chains: list, top: tuple[Program, Program], extras: dict | None = None,
                  recompute: bool = True, lean: bool = False) -> Structured:
-    """The top body planned as each block body was (``derived``: theirs, :func:`derive_block`), from
+    """The top body planned as each block body was (``derived``: theirs, :func:`plan_block`), from
     its ``graph`` and its two derivations (``top``: the readable one and the one ``gradients`` runs),
     and what the module and its tests read besides, each computed once from the flat graph: the
     helpers, the running statistics, the layout rule, the test data (``shapes``: the tests' small
@@ -94,78 +92,30 @@ def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, der
                       **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
 
 
-def _signature(shapes) -> tuple:
-    """What a block's derivation may depend on besides sizes: each operand's rank and its size-1 axes."""
-    return tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1)) for shape in shapes)
-
-
-def derive_block(block: BlockSpec, layers, flat_graph: Graph, needs_gradient: set[str],
-                 recompute: bool = True, lean: bool = False) -> DerivedBlock:
-    """The block's body graphed, derived and planned once for all ``layers`` (its instances), its
-    hypers as :class:`HyperInt`; ``needs_gradient``: the flat graph's names that depend on ``wrt``.
-
-    What a derivation may depend on besides sizes is each tensor's rank and size-1 axes (a rule may
-    derive otherwise where a size is 1: a broadcast, an expand) and the hypers' values: the block is
-    derived once per distinct set of them among its instances, and every one must print the same
-    code, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do)."""
-    first = layers[0]
-    wanted = set()
-    variants: dict[tuple, object] = {}
-    for layer in layers:
-        wanted |= {name for name, node in _bound(block, layer).items() if node in needs_gradient}
-        values = tuple(sorted(_hyper_values(block, layer).items()))
-        variants.setdefault((values, _instance_signature(block, layer, flat_graph)), layer)
-    derived = [_derive_variant(block, {name: flat_graph.nodes[bound].shape for name, bound in _bound(block, layer).items()},
-                               flat_graph.spec, wanted, dict(values),
-                               {name: flat_graph.nodes[bound].dtype for name, bound in _bound(block, layer).items()},
-                               recompute, lean)
-               for (values, _), layer in variants.items()]
-    signature = next(iter(variants))[1]
-    for (_, other_signature), layer, other in zip(list(variants)[1:], list(variants.values())[1:], derived[1:]):
-        if _printed(other) == _printed(derived[0]):
+def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = False) -> DerivedBlock:
+    """A block's body planned once for all its instances, from its variants (``graph.block_variants``:
+    one per distinct set of hyper values and size-1 axes, each derived already), each scheduled as
+    any body is; every variant must print the same code as the first, whose body every instance
+    calls, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do)."""
+    for variant in variants:
+        body = variant.body
+        body.planned = schedule(body.program, body.fast, recompute=recompute, lean=lean)
+        read = (set().union(*(item.statement.value.free_symbols for item in body.planned.backward))
+                if body.planned.backward else set())
+        body.backward_inputs = tuple(name for name in body.spec.inputs if tensor(name) in read)
+    first, block = variants[0], variants[0].body.spec
+    for other in variants[1:]:
+        if _printed(other.body) == _printed(first.body):
             continue
-        if other_signature != signature:  # a rule derives otherwise where a size is 1 (a broadcast, an expand)
+        layer = other.layer
+        if other.signature != first.signature:  # a rule derives otherwise where a size is 1 (a broadcast, an expand)
             raise SpecError(f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
-                            f"size-1 axes than instance '{first.out}', and its derivation differs",
+                            f"size-1 axes than instance '{first.layer.out}', and its derivation differs",
                             layer.location, "define a second block for it, or inline its layers")
         raise SpecError(f"instance '{layer.out}' of block '{block.name}' sets its hypers to values for which the "
-                        f"derivation differs from that of instance '{first.out}' (not only in the values)",
+                        f"derivation differs from that of instance '{first.layer.out}' (not only in the values)",
                         layer.location, "define a second block for it, or inline its layers")
-    return derived[0]
-
-
-def _hyper_values(block: BlockSpec, layer) -> dict[str, int]:
-    """The instance's value of each of the block's hypers, the default where it sets none."""
-    return {**dict(block.hyper), **{name: value for name, value, _ in layer.hyper}}
-
-
-def _derive_variant(block: BlockSpec, shapes: dict, spec: Spec, wanted: set[str], values: dict,
-                    dtypes: dict, recompute: bool = True, lean: bool = False) -> DerivedBlock:
-    graph = block_graph(block, shapes, spec, {name: HyperInt(name, value) for name, value in values.items()}, dtypes)
-    feeds_output = {"loss"}
-    for node in reversed(list(graph.nodes.values())):
-        if node.name in feeds_output:
-            feeds_output.update(node.operands.values())
-    graph.wrt = tuple(name for name in block.operands if name in wanted and name in feeds_output)
-    program = derive(graph)
-    fast = derive(graph, fused=True)
-    planned = schedule(program, fast, recompute=recompute, lean=lean)
-    read = set().union(*(item.statement.value.free_symbols for item in planned.backward)) if planned.backward else set()
-    backward_inputs = tuple(name for name in block.inputs if tensor(name) in read)
-    return DerivedBlock(block, graph, program, planned, graph.wrt, backward_inputs)
-
-
-def _instance_signature(block: BlockSpec, layer, flat_graph: Graph) -> tuple:
-    """What a block's derivation may depend on besides sizes, for one instance: every tensor's rank
-    and size-1 axes, read from the flat graph (where the instance's node ``o`` is ``OUT_o``)."""
-    bound = _bound(block, layer)
-    names = [bound[name] for name in block.operands] + [
-        layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers]
-    return _signature(flat_graph.nodes[name].shape for name in names)
-
-
-def _bound(block: BlockSpec, layer) -> dict[str, str]:
-    return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
+    return first.body
 
 
 def _printed(derived: DerivedBlock) -> tuple:

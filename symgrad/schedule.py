@@ -19,8 +19,7 @@ import sympy
 from .algebra import TensorOp, op, tensor
 from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
 from .rematerialize import COMMENT as REBUILT, rebuilt
-from .reverse import GRAD_LOSS, Program, Statement, per_sample_statements
-from .tangent import tangent_statements
+from .reverse import GRAD_LOSS, Program, Statement
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,11 @@ class Plan:
     (``lean``: :mod:`symgrad.rematerialize`)."""
 
 
-def schedule(program: Program, fast: Program, extras: tuple[str, ...] = (), recompute: bool = True,
+def schedule(program: Program, fast: Program, extras: dict | None = None, recompute: bool = True,
              lean: bool = False) -> Plan:
-    """The :class:`Plan` for the derivations of one body's graph; ``extras`` the optional functions
-    wanted (``hvp``, ``per_sample``: the inlined program's, ``expand``);
+    """The :class:`Plan` for the derivations of one body's graph; ``extras``: the derived statements of
+    the optional functions wanted (``tangent.derive_extras``: ``hvp``, ``per_sample``; the inlined
+    program's, ``expand``);
     ``recompute=False`` keeps every value the backward reads, as autograd does: no activation computed
     again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`); ``lean``
     (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
@@ -132,8 +132,9 @@ def schedule(program: Program, fast: Program, extras: tuple[str, ...] = (), reco
     saving_forward = _overwriting(_added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
     optional: dict = {}
     hvp_live, per_sample_live = [], []
+    extras = extras or {}
     if "hvp" in extras:
-        tangents, results = tangent_statements(program.forward + program.backward, graph.wrt)
+        tangents, results = extras["hvp"]
         returned = {value for value in results.values() if value != 0}
         hvp_live = _live(program.forward + program.backward + tangents,
                          returned | program.default_cotangent.free_symbols)
@@ -141,7 +142,7 @@ def schedule(program: Program, fast: Program, extras: tuple[str, ...] = (), reco
         optional.update(hvp_forward=hvp_live[:boundary], hvp_backward=hvp_live[boundary:],
                         hvp_results={name: results[name] for name in graph.wrt})
     if "per_sample" in extras:
-        extra, results, batched = per_sample_statements(program)
+        extra, results, batched = extras["per_sample"]
         per_sample_live = _live(program.forward + program.backward + extra,
                                 set(results.values()) | program.default_cotangent.free_symbols)
         boundary = _count_among(per_sample_live, program.forward)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sympy
 
 from .algebra import CONSTANT, LINEAR, Params, Size, TensorOp, tensor
-from .reverse import Statement
+from .reverse import Statement, per_sample_statements
 
 
 class NoTangentRule(NotImplementedError):
@@ -101,3 +101,16 @@ def tangent_statements(statements: list[Statement], wrt: tuple[str, ...]) -> tup
             raise moved
         results[name] = moved
     return result, results
+
+
+def derive_extras(program, extras: tuple[str, ...]) -> dict:
+    """The statements of the optional functions ``extras`` names, derived from ``program`` (an
+    inlined program's top body, ``expand``): ``hvp``'s tangents and each gradient's tangent
+    (:func:`tangent_statements`), ``per_sample``'s products (``reverse.per_sample_statements``);
+    what ``schedule.schedule`` plans."""
+    derived = {}
+    if "hvp" in extras:
+        derived["hvp"] = tangent_statements(program.forward + program.backward, program.graph.wrt)
+    if "per_sample" in extras:
+        derived["per_sample"] = per_sample_statements(program)
+    return derived

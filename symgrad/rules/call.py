@@ -100,13 +100,19 @@ class BlockOutput(Rule):
 
 @dataclass
 class DerivedBlock:
+    """A block's body as the walk fills it in: its graph (``graph.block_variants``: what the top
+    body's graph reads of it), then its derivation and its plan (``plan.plan_block``)."""
+
     spec: BlockSpec
     graph: Graph
-    program: Program
-    planned: Plan
     gradients: tuple[str, ...]
     """The block operands it returns gradients of, in order."""
-    backward_inputs: tuple[str, ...]
+    program: Program | None = None
+    """The readable derivation (the documents'), once derived."""
+    fast: Program | None = None
+    """The fused derivation its functions run, once derived."""
+    planned: Plan | None = None
+    backward_inputs: tuple[str, ...] = ()
     """The block inputs its backward reads again (its forward keeps them in the saved list)."""
 
 

@@ -12,6 +12,7 @@ import yaml
 from symgrad.pipeline import build
 from symgrad.reverse import derive
 from symgrad.schedule import schedule
+from symgrad.tangent import derive_extras
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def test_emit_imports_no_planning_module():
 def test_a_deleted_value_is_never_read_again_and_every_returned_gradient_is_kept():
     graph = build(ROOT / "examples" / "seed3_conv_relu_conv.yaml").graph
     program, fast = derive(graph), derive(graph, fused=True)
-    planned = schedule(program, fast, extras=("hvp", "per_sample"))
+    planned = schedule(program, fast, extras=derive_extras(program, ("hvp", "per_sample")))
     for scheduled in (planned.saving_forward, planned.backward,
                       planned.per_sample_forward + planned.per_sample_backward):
         deleted: set[str] = set()
