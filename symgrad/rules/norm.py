@@ -221,10 +221,10 @@ for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER
                   rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"))
 
 
-def _fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), **params):
+def fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), **params):
     """Every wanted gradient of a group_norm, layer_norm or instance_norm from one call of autograd's own
-    backward kernel: the readable formula of :func:`_normalized_pullback` in fewer passes over memory
-    (``statistics``: the locals the forward kept for it, :meth:`_Norm._native_forward`'s; none for
+    backward kernel: the readable formula of :func:`normalized_pullback` in fewer passes over memory
+    (``statistics``: the locals the forward kept for it, :meth:`Norm._native_forward`'s; none for
     an instance_norm with running statistics)."""
     names = ("input", "weight", "bias")
     unsupported = wanted - set(names)
@@ -248,13 +248,13 @@ def _positive(value, context: ParamContext):
     return value
 
 
-def _boolean(value, context: ParamContext):
+def flag(value, context: ParamContext):
     if not isinstance(value, bool):
         raise context.fail(f"must be true or false, not {value!r}", "write `training: true`")
     return value
 
 
-def _normalized_pullback(node: NodeSymbols, x_view, grad_view, dims, weight_view):
+def normalized_pullback(node: NodeSymbols, x_view, grad_view, dims, weight_view):
     """The shared formula; ``*_view`` are x and grad seen with the normalised dims in ``dims``."""
     eps = node.params["eps"]
     centered = node.local("centered", x_view - op("mean_keep", x_view, dims=dims))
@@ -266,7 +266,7 @@ def _normalized_pullback(node: NodeSymbols, x_view, grad_view, dims, weight_view
     return grad_x, xhat
 
 
-def _momentum(value, context: ParamContext):
+def momentum_param(value, context: ParamContext):
     """How far a training-mode step moves the running statistics, 0 to 1; ``null`` is nn.BatchNorm's
     ``momentum=None``, a cumulative average, which needs the count of batches seen (``symgrad.bind``
     keeps it): the statistics arguments then receive the batch's own statistics (momentum 1)."""
@@ -278,7 +278,7 @@ def _momentum(value, context: ParamContext):
     return momentum
 
 
-def _check_per_channel(shapes, x, check) -> None:
+def check_per_channel(shapes, x, check) -> None:
     """batch_norm's and instance_norm's running statistics and affine parameters: one entry per channel."""
     for name in ("running_mean", "running_var", "weight", "bias"):
         if name in shapes:
@@ -286,7 +286,7 @@ def _check_per_channel(shapes, x, check) -> None:
             check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
                         "give it the shape [C]")
 
-class _Norm(Rule):
+class Norm(Rule):
     linear_in = ()
 
     def _forward_params(self, node: NodeSymbols, shown: tuple[str, ...]):
@@ -317,7 +317,7 @@ class _Norm(Rule):
         return grads
 
 
-class LayerNorm(_Norm):
+class LayerNorm(Norm):
     op = "layer_norm"
     calls = ("layer_norm",)
     operand_roles = {"weight": "scale", "bias": "shift"}
@@ -347,11 +347,11 @@ class LayerNorm(_Norm):
 
     def pullback(self, node, grad, wanted):
         if node.fused:
-            return _fused_norm_pullback(node, grad, wanted, "layer_norm", statistics=("mean", "rstd"),
+            return fused_norm_pullback(node, grad, wanted, "layer_norm", statistics=("mean", "rstd"),
                                         normalized_shape=tuple(node.params["normalized_shape"]))
         rank, count = len(node.shapes["input"]), len(node.params["normalized_shape"])
         dims = tuple(range(rank - count, rank))
-        grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, dims, node.operands.get("weight"))
+        grad_x, xhat = normalized_pullback(node, node.operands["input"], grad, dims, node.operands.get("weight"))
         grads = self._affine_grads(node, grad, xhat, wanted, tuple(range(rank - count)))
         if "input" in wanted:
             grads["input"] = grad_x
@@ -362,13 +362,13 @@ class LayerNorm(_Norm):
                 "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = grad * weight; grad_weight = Σ grad x̂; grad_bias = Σ grad")
 
 
-class BatchNorm(_Norm):
+class BatchNorm(Norm):
     op = "batch_norm"
     calls = ("batch_norm",)
     operand_roles = {"weight": "scale", "bias": "shift", "running_mean": "shift", "running_var": "variance"}
     operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
                 Operand("weight", optional=True), Operand("bias", optional=True))
-    params = {"training": Param(False, _boolean), "momentum": Param(0.1, _momentum), "eps": Param(1e-5, positive_number)}
+    params = {"training": Param(False, flag), "momentum": Param(0.1, momentum_param), "eps": Param(1e-5, positive_number)}
     summary = "per-channel normalisation over batch and space (training), or by running statistics (eval)"
 
     def elements_per_statistic(self, shapes, params):
@@ -383,7 +383,7 @@ class BatchNorm(_Norm):
                       "batch_norm needs both running_mean and running_var in eval mode, and both or neither in "
                       "training mode (where they are updated in place, as nn.BatchNorm does)",
                       "give both running statistics, or (training: true) neither")
-        _check_per_channel(shapes, x, check)
+        check_per_channel(shapes, x, check)
         return tuple(x)
 
     def running_statistics(self, node):
@@ -421,7 +421,7 @@ class BatchNorm(_Norm):
         if node.params["training"] and node.fused:
             return self._fused_pullback(node, grad, wanted)
         if node.params["training"]:
-            grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, sum_dims, weight)
+            grad_x, xhat = normalized_pullback(node, node.operands["input"], grad, sum_dims, weight)
         else:
             rstd = node.local("rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2))
             xhat = node.local("xhat", (node.operands["input"] - view(node.operands["running_mean"])) * rstd)
@@ -452,7 +452,7 @@ class BatchNorm(_Norm):
                 "training: grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)); eval: grad_x = grad * weight * rstd")
 
 
-class GroupNorm(_Norm):
+class GroupNorm(Norm):
     op = "group_norm"
     calls = ("group_norm",)
     operand_roles = {"weight": "scale", "bias": "shift"}
@@ -482,7 +482,7 @@ class GroupNorm(_Norm):
 
     def pullback(self, node, grad, wanted):
         if node.fused:
-            return _fused_norm_pullback(node, grad, wanted, "group_norm", statistics=("mean", "rstd"),
+            return fused_norm_pullback(node, grad, wanted, "group_norm", statistics=("mean", "rstd"),
                                         num_groups=node.params["num_groups"])
         rank, groups = len(node.shapes["input"]), node.params["num_groups"]
         weight = op("channel_view", node.operands["weight"], trailing=rank - 2) if "weight" in node.operands else None
@@ -490,7 +490,7 @@ class GroupNorm(_Norm):
         dims = tuple(range(2, rank + 1))  # in the grouped view [N, G, C/G, ...]
         x_view = op("group_view", node.operands["input"], groups=groups)
         grad_view = op("group_view", ghat_full, groups=groups)
-        grad_x, xhat = _normalized_pullback(node, x_view, grad_view, dims, None)
+        grad_x, xhat = normalized_pullback(node, x_view, grad_view, dims, None)
         sum_dims = (0,) + tuple(range(2, rank))
         grads = self._affine_grads(node, grad, xhat, wanted, sum_dims, unview=lambda e: op("group_unview", e))
         if "input" in wanted:

@@ -11,16 +11,16 @@ from ..algebra import Size, op
 from .base import Checker, Forward, Param, Sample, Spelling, positive_number
 from .norm import (
     BatchNorm,
-    _boolean,
-    _check_per_channel,
-    _fused_norm_pullback,
-    _momentum,
-    _Norm,
-    _normalized_pullback,
+    Norm,
+    check_per_channel,
+    flag,
+    fused_norm_pullback,
+    momentum_param,
+    normalized_pullback,
 )
 
 
-class InstanceNorm(_Norm):
+class InstanceNorm(Norm):
     """``F.instance_norm``: each sample's channel normalised over its own space (group_norm with one
     channel per group, so the same formula over dims 2..), then per-channel weight and bias. With
     ``use_input_stats: false`` (nn.InstanceNorm in eval mode with track_running_stats) it normalises by
@@ -32,7 +32,7 @@ class InstanceNorm(_Norm):
     calls = ("instance_norm",)
     operand_roles = BatchNorm.operand_roles
     operands = BatchNorm.operands
-    params = {"use_input_stats": Param(True, _boolean), "momentum": Param(0.1, _momentum),
+    params = {"use_input_stats": Param(True, flag), "momentum": Param(0.1, momentum_param),
               "eps": Param(1e-5, positive_number)}
     summary = "normalise each sample's channel over its space (or by running statistics), then scale and shift"
 
@@ -46,7 +46,7 @@ class InstanceNorm(_Norm):
         check.require(stats or (params["use_input_stats"] and "running_mean" not in shapes and "running_var" not in shapes),
                       "instance_norm needs both running_mean and running_var with use_input_stats: false, and both "
                       "or neither otherwise", "give both running statistics, or (use_input_stats: true) neither")
-        _check_per_channel(shapes, x, check)
+        check_per_channel(shapes, x, check)
         return tuple(x)
 
     def running_statistics(self, node):
@@ -78,14 +78,14 @@ class InstanceNorm(_Norm):
         if unsupported:
             raise NotImplementedError(f"gradients of instance_norm's {sorted(unsupported)} are not derived")
         if node.fused and self._keeps_statistics(node):  # autograd's batch_norm kernel on N x C channels
-            return _fused_norm_pullback(node, grad, wanted, "instance_norm", statistics=("mean", "rstd"))
+            return fused_norm_pullback(node, grad, wanted, "instance_norm", statistics=("mean", "rstd"))
         if node.fused and node.params["use_input_stats"]:  # group_norm with one channel per group: its kernel
-            return _fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=Size(node.operands["input"], 1))
+            return fused_norm_pullback(node, grad, wanted, "group_norm", num_groups=Size(node.operands["input"], 1))
         rank = len(node.shapes["input"])
         view = lambda value: op("channel_view", value, trailing=rank - 2)  # noqa: E731 - [C] -> [C, 1, ...]
         weight = view(node.operands["weight"]) if "weight" in node.operands else None
         if node.params["use_input_stats"]:
-            grad_x, xhat = _normalized_pullback(node, node.operands["input"], grad, tuple(range(2, rank)), weight)
+            grad_x, xhat = normalized_pullback(node, node.operands["input"], grad, tuple(range(2, rank)), weight)
         else:
             rstd = node.local("rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2))
             xhat = node.local("xhat", (node.operands["input"] - view(node.operands["running_mean"])) * rstd)
