@@ -302,7 +302,7 @@ def check_one(label: str, model: Model, folder: Path, test_timeout: float, row: 
     row["equal"] = max(worst.values()) <= TOLERANCE
 
     row["stage"] = "generated tests"
-    start = time.perf_counter()
+    start, used = time.perf_counter(), _children_cpu()
     try:
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
                                  str(folder / "test_step.py")], capture_output=True, text=True, timeout=test_timeout,
@@ -315,6 +315,7 @@ def check_one(label: str, model: Model, folder: Path, test_timeout: float, row: 
     except subprocess.TimeoutExpired:
         row["tests"] = f"STOPPED after {test_timeout:.0f} s"
     row["tests s"] = time.perf_counter() - start
+    row["tests cpu s"] = _children_cpu() - used
     if "Jacobian mismatch" in row["tests"]:  # the code's or the check's: the same check on autograd's derivatives
         row["stage"] = "gradcheck trust"
         try:
@@ -324,6 +325,15 @@ def check_one(label: str, model: Model, folder: Path, test_timeout: float, row: 
         except subprocess.TimeoutExpired:
             row["trust"] = f"the autograd comparison STOPPED after {test_timeout:.0f} s"
     row["stage"] = "done"
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user and system) of this process's finished children: a test file's own, which a loaded
+    machine does not stretch as it stretches the wall-clock time."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _shapes(shapes: dict) -> str:
@@ -404,7 +414,11 @@ def _line(row: dict, model: Model | None) -> str:
     return (f"| {row['label']} | {model.family if model else ''} | {row.get('traced', '')} | "
             f"{row.get('checked', '')} | {_verdict(row)} | {number('grad error')} | "
             f"{number('drift after 3 steps')} | {number('trace s', '{:.0f}')} | {number('generate s', '{:.0f}')} | "
-            f"{number('tests s', '{:.0f}')} | {detail.replace('|', '/')} |")
+            f"{number('tests s', '{:.0f}')}{_cpu(row)} | {detail.replace('|', '/')} |")
+
+
+def _cpu(row: dict) -> str:
+    return f" (CPU {row['tests cpu s']:.0f})" if row.get("tests cpu s") else ""
 
 
 HEADER = ["| model | family | traced at | checked at | result | grad error (3 steps) | drift after 3 steps | trace s | "
