@@ -17,6 +17,8 @@ import yaml
 from symgrad.check import module_from_source, relative_error
 from symgrad.errors import SpecError
 from symgrad.pipeline import build_text
+from symgrad.rules import LAYER_RULES
+from symgrad.trace.torch_names import torch_signature
 from tests.conftest import OPINFO_REPORT
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
@@ -80,15 +82,17 @@ def test_opinfo_samples_match_autograd(name):
 # One-input ops: pooling, resampling, padding, pixel_shuffle
 # --------------------------------------------------------------------------------------------
 
-# PyTorch's positional argument names after ``input``, for reading each sample's args
-POSITIONAL = {
-    "pad": ("pad", "mode", "value"),
-    "interpolate": ("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias"),
-    **{f"adaptive_avg_pool{d}d": ("output_size",) for d in (1, 2, 3)},
-    **{f"avg_pool{d}d": ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override") for d in (1, 2, 3)},
-    **{f"max_pool{d}d": ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices") for d in (1, 2, 3)},
-    "pixel_shuffle": ("upscale_factor",),
-}
+ONE_INPUT_OPS = ("pad", "interpolate", *(f"adaptive_avg_pool{d}d" for d in (1, 2, 3)), *(f"avg_pool{d}d" for d in (1, 2, 3)),
+                 *(f"max_pool{d}d" for d in (1, 2, 3)), "pixel_shuffle")
+
+
+def _positional(name: str) -> tuple[str, ...]:
+    """PyTorch's positional argument names after ``input``, for reading each sample's args: the rule's
+    own (what ``symgrad trace`` binds a recorded call by)."""
+    rule = LAYER_RULES[name]
+    return tuple((rule.signature or torch_signature(name))[1:])
+
+
 # what symgrad refuses, each a clear error; any other refusal fails the test
 ONE_INPUT_ALLOWED_SKIPS = (
     "empty tensor",
@@ -110,7 +114,7 @@ def _variants(name):
     return [info for info in op_db if info.name == f"nn.functional.{name}"]
 
 
-@pytest.mark.parametrize("name", list(POSITIONAL))
+@pytest.mark.parametrize("name", ONE_INPUT_OPS)
 def test_opinfo_one_input_samples_match_autograd(name):
     for info in _variants(name):
         label = name + (f" ({info.variant_test_name})" if info.variant_test_name else "")
@@ -118,7 +122,7 @@ def test_opinfo_one_input_samples_match_autograd(name):
         samples = list(info.sample_inputs("cpu", torch.float64, requires_grad=True))
         step = EVERY if name.startswith("max_pool") else 1
         for index, sample in enumerate(samples[::step]):
-            arguments = dict(zip(POSITIONAL[name], sample.args))
+            arguments = dict(zip(_positional(name), sample.args))
             arguments.update(sample.kwargs)
             arguments = {key: _plain(value) for key, value in arguments.items() if value is not None}
             out = getattr(torch.nn.functional, name)(sample.input, **arguments)
