@@ -31,6 +31,7 @@ import yaml
 from .check import module_from_source
 from .errors import SymgradError
 from .rules import CERTIFICATE_CASES
+from .rules.conv import CONV_CERTIFICATES
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,8 @@ class ConvCase:
                      for n, k, s, p, d in zip(self.size, self.kernel, self.stride, self.padding, self.dilation))
 
 
-# Small instances covering stride, padding, dilation, groups, odd sizes and every dimension.
-CASES = [
-    ConvCase(2, 1, 2, (4, 5), 2, (2, 3), (1, 1), (0, 1), (1, 1)),
-    ConvCase(2, 1, 2, (5, 5), 2, (2, 2), (2, 3), (1, 0), (1, 1)),
-    ConvCase(2, 1, 1, (6, 5), 2, (2, 2), (2, 1), (0, 0), (2, 2)),
-    ConvCase(2, 1, 4, (4, 4), 2, (2, 1), (1, 2), (1, 1), (1, 1), groups=2),
-    ConvCase(2, 2, 2, (5, 4), 2, (3, 2), (3, 2), (1, 1), (1, 1)),
-    ConvCase(1, 1, 2, (7,), 3, (3,), (2,), (1,), (2,)),
-    ConvCase(1, 1, 3, (6,), 3, (2,), (3,), (2,), (1,), groups=3),
-    ConvCase(3, 1, 1, (3, 4, 3), 2, (2, 2, 1), (1, 2, 1), (1, 0, 0), (1, 1, 2)),
-]
+CASES = [ConvCase(*case) for case in CONV_CERTIFICATES]
+"""The convolution certificates, as ``symgrad/rules/conv.py`` declares them beside the rule."""
 
 
 def _spec_text(case: ConvCase, wrt: tuple[str, ...] = ("x", "w")) -> str:

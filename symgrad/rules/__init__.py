@@ -34,13 +34,14 @@ def _collect() -> tuple[dict[str, Rule], dict[str, Rule], list[tuple]]:
 
 
 def _declare(name: str, module, rules) -> None:
-    """Set each rule's ``samples`` and ``spellings`` from its module's ``SAMPLES`` and ``SPELLINGS``; a
-    key that names no op of the module's ``RULES`` (a typo) is refused."""
+    """Set each rule's ``samples`` and ``spellings`` from its module's ``SAMPLES`` and ``SPELLINGS``;
+    a key that names no op of the module's ``RULES`` (a typo) is refused."""
     for kind in ("SAMPLES", "SPELLINGS"):
         declared = getattr(module, kind, {})
         stray = set(declared) - {rule.op for rule in rules}
         if stray:
-            raise ValueError(f"symgrad/rules/{name}.py: {kind} names {sorted(stray)}, not ops of its RULES")
+            raise ValueError(f"symgrad/rules/{name}.py: {kind} names {sorted(stray)}, "
+                             "not ops of its RULES")
         for rule in rules:
             setattr(rule, kind.lower(), tuple(declared.get(rule.op, ())))
 

@@ -55,6 +55,7 @@ from .base import (
     int_tuple,
     positive_int,
 )
+from .conv_helpers import CONVOLUTION_BACKWARD
 from .shared import affine_tangent
 
 
@@ -255,27 +256,6 @@ def _backward_latex(operands, params, show):
     return rf"\operatorname{{conv\_backward}}\left({', '.join(operands)}\right)"
 
 
-CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
-                          transposed=False, output_padding=0, groups=1, bias_sizes=None):
-    """Autograd's own (twice differentiable) ``convolution_backward``: the gradients ``output_mask``
-    asks for (an int is every spatial dim's), run in the forward's dtype under autocast, each
-    returned in its tensor's (``input`` may be autocast's ``(copy, dtype)``), as autograd does."""
-    input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
-    dims = weight.dim() - 2
-    stride, padding, dilation, output_padding = [
-        [value] * dims if isinstance(value, int) else list(value)
-        for value in (stride, padding, dilation, output_padding)]
-    others = bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
-    device = grad_output.device.type
-    if not torch.is_autocast_enabled(device) or weight.dtype == torch.float64:  # as autocast ran it
-        return torch.ops.aten.convolution_backward(grad_output, input, weight, *others)
-    dtype = torch.get_autocast_dtype(device)
-    grads = torch.ops.aten.convolution_backward(
-        grad_output.to(dtype), input.to(dtype), weight.to(dtype), *others)
-    return tuple(None if grad is None else grad.to(owner_dtype)
-                 for grad, owner_dtype in zip(grads, (input_dtype, weight.dtype, weight.dtype)))
-'''
-"""Emitted once into each module that calls it (``Primitive.helper``)."""
 
 primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD, outputs=3,
           autocast_operands=(1,), fresh=True)
@@ -496,6 +476,19 @@ class Convolution(Rule):
 RULES = [Convolution(1), Convolution(2), Convolution(3)]
 
 
+CONV_CERTIFICATES = [  # symgrad.certify.ConvCase's fields: dims, batch, in_channels, size, out_channels,
+    # kernel, stride, padding, dilation[, groups]; `symgrad certify` proves both adjoints of each against
+    # the coefficients of the convolution's definition. Small: stride, padding, dilation, groups, odd
+    # sizes and every dimension.
+    (2, 1, 2, (4, 5), 2, (2, 3), (1, 1), (0, 1), (1, 1)),
+    (2, 1, 2, (5, 5), 2, (2, 2), (2, 3), (1, 0), (1, 1)),
+    (2, 1, 1, (6, 5), 2, (2, 2), (2, 1), (0, 0), (2, 2)),
+    (2, 1, 4, (4, 4), 2, (2, 1), (1, 2), (1, 1), (1, 1), 2),
+    (2, 2, 2, (5, 4), 2, (3, 2), (3, 2), (1, 1), (1, 1)),
+    (1, 1, 2, (7,), 3, (3,), (2,), (1,), (2,)),
+    (1, 1, 3, (6,), 3, (2,), (3,), (2,), (1,), 3),
+    (3, 1, 1, (3, 4, 3), 2, (2, 2, 1), (1, 2, 1), (1, 0, 0), (1, 1, 2)),
+]
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
     ("conv_transpose2d", {"x": (1, 2, 3, 3), "w": (2, 2, 2, 2)},
      {"op": "conv_transpose2d", "weight": "w", "stride": 2, "padding": 1, "output_padding": 1}, ("x", "w")),

@@ -336,8 +336,9 @@ def _declared_lacks(rule, certified_ops: set[str]) -> list[str]:
 
 def _certified() -> set[str]:
     from symgrad.rules import CERTIFICATE_CASES
+    from symgrad.rules.conv import CONV_CERTIFICATES
 
-    return {layer["op"] for _, _, layer, _ in CERTIFICATE_CASES} | {f"conv{dims}d" for dims in (1, 2, 3)}
+    return {layer["op"] for _, _, layer, _ in CERTIFICATE_CASES} | {f"conv{case[0]}d" for case in CONV_CERTIFICATES}
 
 
 def test_every_rule_declares_what_the_pipeline_reads():

@@ -1,0 +1,24 @@
+"""The helper source that the convolution rules emit into a generated module (as ``norm_helpers.py``
+holds the normalisations'): one ``def`` per helper, as a string."""
+
+CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
+                          transposed=False, output_padding=0, groups=1, bias_sizes=None):
+    """Autograd's own (twice differentiable) ``convolution_backward``: the gradients ``output_mask``
+    asks for (an int is every spatial dim's), run in the forward's dtype under autocast, each
+    returned in its tensor's (``input`` may be autocast's ``(copy, dtype)``), as autograd does."""
+    input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
+    dims = weight.dim() - 2
+    stride, padding, dilation, output_padding = [
+        [value] * dims if isinstance(value, int) else list(value)
+        for value in (stride, padding, dilation, output_padding)]
+    others = bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+    device = grad_output.device.type
+    if not torch.is_autocast_enabled(device) or weight.dtype == torch.float64:  # as autocast ran it
+        return torch.ops.aten.convolution_backward(grad_output, input, weight, *others)
+    dtype = torch.get_autocast_dtype(device)
+    grads = torch.ops.aten.convolution_backward(
+        grad_output.to(dtype), input.to(dtype), weight.to(dtype), *others)
+    return tuple(None if grad is None else grad.to(owner_dtype)
+                 for grad, owner_dtype in zip(grads, (input_dtype, weight.dtype, weight.dtype)))
+'''
+"""Emitted once into each module that calls it (``Primitive.helper``)."""
