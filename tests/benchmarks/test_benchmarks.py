@@ -255,10 +255,16 @@ def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
             assert step or abs(losses[name] - reference) <= 5e-2 * abs(reference), (name, losses)
 
 
-def test_the_compiled_training_step_computes_the_same_step(tmp_path: Path):
-    """The torch.compile peer (Inductor, compiling C++ for this CPU)."""
+def test_the_compiled_training_step_computes_the_same_step(tmp_path: Path, monkeypatch):
+    """The torch.compile peer: the benchmark compiles the model and runs autograd's step through it. On
+    the aot_eager backend here (dynamo's graph, AOTAutograd's joint graph, eager kernels): Inductor's
+    C++ for a whole ResNet-18 would be PyTorch's correctness, not the harness's, and costs 50 s of CPU
+    from a cold cache. The bound model's Inductor step, ours to check, is the test below."""
+    import functools
+
     from benchmarks import training
 
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     names = ["autograd", "autograd, torch.compile"]
     variants = training.step_variants("resnet18", 2, 32, 4, tmp_path, names)
     for step in range(2):
