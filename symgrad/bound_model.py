@@ -94,8 +94,9 @@ class _Mode(Guard):
         arguments, params, previous = self._checked_arguments(data)
         # under torch.inference_mode nothing is differentiated, and its tensors have no version
         # counter for the autograd Function to keep: the plain forward computes (and moves) the same
-        entry = self.generated.forward if torch.is_inference_mode_enabled() else \
-            self.generated.outputs_with_explicit_backward
+        # (asked outside torch.compile alone: dynamo cannot trace the question, a graph break)
+        inference = not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+        entry = self.generated.forward if inference else self.generated.outputs_with_explicit_backward
         try:
             outputs = entry(**data, params=params)
         except CHECKPOINT_STOP:  # checkpoint's recomputation stopped early: the forward ran whole
