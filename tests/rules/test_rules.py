@@ -183,6 +183,21 @@ def test_every_rule_has_a_case():
     assert len(TEXTS) == len(CASES)
 
 
+def test_samples_and_spellings_are_plain_values():
+    """The declarations build nothing at import (no tensor, module or function): tests build those."""
+    import dataclasses
+
+    def impure(value) -> list:
+        if isinstance(value, (dict, list, tuple)):
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)
+            return [bad for item in items for bad in impure(item)]
+        return [] if value is None or isinstance(value, (str, int, float, bool)) else [value]
+
+    declared = [item for rule in all_rules() for item in (*rule.samples, *rule.spellings)]
+    assert len(declared) > 2 * len(all_rules())
+    assert [(item, impure(dataclasses.astuple(item))) for item in declared if impure(dataclasses.astuple(item))] == []
+
+
 def test_a_sample_or_spelling_of_no_op_of_the_module_is_refused():
     import types
 
