@@ -350,6 +350,7 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
                [{"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
                 {"op": "relu", "out": "a"}, {"op": "add", "in": ["a", "x"], "out": "r"}],
                ["x", "w"]),
+        # two strided convs read one node: their adjoints (with symbolic output_padding) are summed
         Sample("two-strided-convs-share-input",
                {"x": [2, 2, 9, 9], "u": [2, 2, 3, 3], "v": [2, 2, 3, 3], "y": [2, 2, 4, 4]},
                [{"op": "conv2d", "in": "x", "weight": "u", "stride": 2, "out": "p"},
@@ -361,6 +362,8 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
         Sample("sub", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["a", "b"]}],
                ["a", "b"]),
         Sample("sub-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "sub", "other": 3}], ["a"]),
+        # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay
+        # tensors
         Sample("sub-same-node-cancels", {"x": [2, 3], "y": [2, 3]},
                [{"op": "sub", "in": ["x", "x"]}], ["x"]),
         Sample("conv-of-cancelled-difference",
@@ -388,6 +391,7 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
     "pow": [
         Sample("pow-exponent=3", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow", "exponent": 3}],
                ["x"]),
+        # pow's default exponent (2) must reach PyTorch
         Sample("pow", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow"}], ["x"]),
         Sample("pow-of-positive-exponent=0.5", {"x": [2, 3, 5], "y": [2, 3, 5]},
                [{"op": "softplus"}, {"op": "pow", "exponent": 0.5}], ["x"]),
@@ -459,11 +463,13 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
     ],
     "hardsigmoid": [
         Sample("hardsigmoid", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "hardsigmoid"}], ["x"]),
+        # x (N(0, 1)) times 4 reaches all three pieces, past the kinks at -3 and 3
         Sample("hardsigmoid-past-its-kinks", {"x": [2, 3, 5], "y": [2, 3, 5]},
                [{"op": "mul", "other": 4}, {"op": "hardsigmoid"}], ["x"]),
     ],
     "hardswish": [
         Sample("hardswish", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "hardswish"}], ["x"]),
+        # x (N(0, 1)) times 4 reaches all three pieces, past the kinks at -3 and 3
         Sample("hardswish-past-its-kinks", {"x": [2, 3, 5], "y": [2, 3, 5]},
                [{"op": "mul", "other": 4}, {"op": "hardswish"}], ["x"]),
     ],

@@ -175,7 +175,7 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "full": [
         # a map of one value made inside forward, read as a tensor, is a full layer with its sizes
-        # read from x at run time (one value broadcast against a tensor is a number: mul's spellings)
+        # read from x at run time (one value broadcast against a tensor is a number: see mul)
         Spelling("torch.cat([x, torch.full((x.shape[0], 1, x.shape[2], x.shape[3]), 0.25, "
                  "dtype=x.dtype)], 1)"),
         Spelling("x[:, :1] * x.new_ones(x.shape[0], 4, *x.shape[2:])"),

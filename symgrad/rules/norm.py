@@ -518,6 +518,7 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
         Sample("batch_norm-training", {"x": [4, 3, 2, 3], "w": [3], "b": [3], "y": [4, 3, 2, 3]},
                [{"op": "batch_norm", "weight": "w", "bias": "b", "training": True}],
                ["x", "w", "b"]),
+        # the running variance through softplus: a variance is positive
         Sample("batch_norm-eval", {"x": [4, 3, 5], "m": [3], "v": [3], "w": [3], "y": [4, 3, 5]},
                [{"op": "softplus", "in": "v", "out": "positive_var"},
                 {"op": "batch_norm", "in": "x", "running_mean": "m", "running_var": "positive_var",

@@ -328,6 +328,8 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
                ["x"]),
     ],
     "max_pool2d": [
+        # a window past the input's end (VoVNet's 3x3 stride-2 ceil-mode pool of a 2x2 map): PyTorch
+        # takes it
         Sample("max_pool2d-ceil_mode-kernel-beyond-input", {"x": [2, 3, 2, 2], "y": [2, 3, 1, 1]},
                [{"op": "max_pool2d", "kernel_size": 3, "stride": 2, "ceil_mode": True,
                  "out": "out"}],
