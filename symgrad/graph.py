@@ -420,10 +420,10 @@ def _names(value) -> list[str]:
 
 
 MODULE_NAMES = frozenset({
-    "BLOCKS", "CHANNELS_LAST", "CHANNELS_LAST_FROM", "CLASSES", "EVAL_MODULE", "F", "FINGERPRINT", "FROZEN", "GUARDS",
-    "INPUTS", "MOMENTA", "MOVED", "NAMES", "OUTPUTS", "OUTPUTS_KIND", "PARAMS", "REACHED_BY", "REFERENCE_SUMS",
-    "RENAMED", "ROLES", "ROWS", "RUNNING", "SHARED", "SMALL_INPUTS", "SMALL_SHAPES", "SPEC_ENTRIES", "SPEC_SHAPES",
-    "WRT", "ZERO_BY_STRUCTURE"})
+    "BLOCKS", "CHANNELS_LAST", "CHANNELS_LAST_FROM", "CLASSES", "DROP_IN_REFERENCE", "EVAL_MODULE", "F",
+    "FINGERPRINT", "FINITE_DIFFERENCES_FAIL", "FINITE_DIFFERENCES_UP_TO", "FROZEN", "GUARDS", "INPUTS", "MOMENTA",
+    "MOVED", "NAMES", "OUTPUTS", "OUTPUTS_KIND", "PARAMS", "REACHED_BY", "REFERENCE_SUMS", "RENAMED", "ROLES", "ROWS",
+    "RUNNING", "SHARED", "SMALL_INPUTS", "SMALL_SHAPES", "SPEC_ENTRIES", "SPEC_SHAPES", "WRT", "ZERO_BY_STRUCTURE"})
 """The upper-case names a generated module or its test file defines or imports for itself (``F``:
 ``torch.nn.functional``): a chain's table, named after a submodule (``self.blocks``: BLOCKS; ``self.f``:
 F), takes another (BLOCKS_2)."""
