@@ -136,7 +136,7 @@ def test_efficientnet_stochastic_depth_trains_with_the_models_own_masks_and_goes
     path = tmp_path / "efficientnet_drop_path.py"
     path.write_text(built.rendered.files[path.name])
     assert "bernoulli_" in path.read_text()  # the mask is drawn, not frozen
-    fast = symgrad.bind(path, model)
+    fast = symgrad.bind(path, model, verify=False)  # compared with autograd below
     x = torch.randn(3, 3, 24, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     labels = torch.arange(3) % 10
     for net in (fast, reference):
