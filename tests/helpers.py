@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -114,3 +116,89 @@ def load_yaml(text: str):
     """``yaml.safe_load`` on libyaml's parser (PyYAML's ``CSafeLoader``): the same values, about ten times
     faster on a traced network's spec (a second of CPU for a segmentation network's, pure Python)."""
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def run_symgrad(*arguments: str, cwd, environment: dict | None = None, preexec_fn=None,
+                timeout: float = 600):
+    """``python -m symgrad ARGUMENTS`` as a user runs it: a process of its own, its exit status, what it wrote to
+    its stdout and stderr (file descriptors 1 and 2), a traceback where an exception escapes. The process is
+    forked from this one, so it does not import torch and sympy again (about 2.5 s of CPU a command); it
+    starts from Python's default warning filters, printing to its stderr, not from pytest's. ``environment``:
+    variables set in it; ``preexec_fn`` runs in it first (resource limits, another user). Where this process
+    runs torch on more than one thread (``-n 0``; xdist's workers run one), a fork could inherit an OpenMP
+    pool mid-state: a fresh interpreter runs the command instead."""
+    import selectors
+    import subprocess
+    import sys
+    import time
+    import traceback
+    import warnings
+
+    command = [sys.executable, "-m", "symgrad", *arguments]
+    if torch.get_num_threads() > 1:
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(environment or {})}, preexec_fn=preexec_fn)
+    pipes = [os.pipe(), os.pipe()]  # pipes, as subprocess's: a file-size limit does not apply to them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the command's process
+        code = 1
+        try:
+            for target, (read_end, write_end) in zip((1, 2), pipes):
+                os.dup2(write_end, target)
+                os.close(read_end)
+                os.close(write_end)
+            sys.stdin = open(os.devnull)
+            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+            os.chdir(cwd)
+            os.environ.update(environment or {})
+            warnings.resetwarnings()  # Python's defaults (3.11, not a debug build), most specific first
+            for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
+                warnings.filterwarnings("ignore", category=category)
+            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+            warnings.showwarning = warnings._showwarning_orig
+            warnings._showwarnmsg_impl = lambda message: sys.stderr.write(warnings.formatwarning(
+                message.message, message.category, message.filename, message.lineno, message.line))
+            if preexec_fn is not None:
+                preexec_fn()
+            sys.argv = ["symgrad", *arguments]
+            from symgrad.cli import main
+
+            main(list(arguments), prog_name="symgrad")
+            code = 0
+        except SystemExit as exit:
+            if exit.code is None or isinstance(exit.code, int):
+                code = exit.code or 0
+            else:
+                print(exit.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - what the interpreter does with an escaping exception
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    for read_end, write_end in pipes:
+        os.close(write_end)
+    chunks: dict[int, list[bytes]] = {read_end: [] for read_end, _ in pipes}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for read_end in chunks:
+            selector.register(read_end, selectors.EVENT_READ)
+        while selector.get_map():
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(command, timeout)
+            for key, _ in selector.select(timeout=0.5):
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    chunks[key.fd].append(chunk)
+                else:
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+    _, status = os.waitpid(pid, 0)
+    out, err = (b"".join(chunks[read_end]).decode() for read_end, _ in pipes)
+    return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), out, err)

@@ -14,13 +14,15 @@ import tomllib
 from click.testing import CliRunner
 
 from symgrad.cli import main
+from tests.helpers import run_symgrad
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED1 = ROOT / "examples" / "seed1_strided_conv.yaml"
 
 
 def _run(*arguments: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "symgrad", *arguments], cwd=cwd, capture_output=True, text=True)
+    """The command in a process of its own, forked from this one (``tests.helpers.run_symgrad``)."""
+    return run_symgrad(*arguments, cwd=cwd)
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002])
@@ -107,7 +109,7 @@ def test_numpy_is_a_declared_dependency():
 
 
 def test_python_dash_m_symgrad_works_from_the_repo_root():
-    result = _run("--help")
+    result = subprocess.run([sys.executable, "-m", "symgrad", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0 and "Usage: symgrad" in result.stdout, result.stderr
 
 

@@ -1,6 +1,7 @@
 """Faults a hostile user or a bad day makes (issue 26): never a silent wrong answer, never a traceback.
 
-Every case runs the real command line in a subprocess and asserts what matters: the exit code, one
+Every case runs the real command line in a process of its own (forked from the test's, so torch is
+not imported again: ``tests.helpers.run_symgrad``) and asserts what matters: the exit code, one
 error line that names the file (with its line where there is one) or the path and a fix, no Python
 traceback, no file written or temporary file left behind, the old files byte for byte as they were,
 and never a wrong "ok"."""
@@ -21,17 +22,26 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import run_symgrad
+
 ROOT = Path(__file__).resolve().parents[2]
 SEED1 = ROOT / "examples" / "seed1_strided_conv.yaml"
 SEED3 = ROOT / "examples" / "seed3_conv_relu_conv.yaml"
 
 
-def run(*arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "symgrad", *arguments]
-    if user == "nobody":  # root writes anywhere: run the command as an unprivileged user to meet permissions
-        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=environment, preexec_fn=preexec_fn)
+def run(*arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=None,
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    """The command under test in a process of its own (``tests.helpers.run_symgrad``: forked from this one)."""
+    def prepare():
+        if preexec_fn is not None:
+            preexec_fn()
+        if user == "nobody":  # root writes anywhere: run the command as an unprivileged user to meet permissions
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    return run_symgrad(*arguments, cwd=cwd, environment={"PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+                       preexec_fn=prepare, timeout=timeout)
 
 
 def prepared(*arguments: str) -> None:
@@ -134,8 +144,6 @@ def shared_folder():
 def _as_unprivileged(*arguments: str) -> subprocess.CompletedProcess:
     if os.geteuid() != 0:
         return run(*arguments)
-    if shutil.which("setpriv") is None:
-        pytest.fail("running as root without setpriv: cannot make a write fail on permissions")
     return run(*arguments, user="nobody")
 
 
@@ -242,8 +250,7 @@ def test_a_spec_path_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path
     elif kind == "fifo":
         path = tmp_path / "pipe.yaml"
         os.mkfifo(path)  # nobody writes to it: reading it would block for ever
-        result = subprocess.run([sys.executable, "-m", "symgrad", "generate", str(path), "-o", str(tmp_path / "gen")],
-                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+        result = run("generate", str(path), "-o", str(tmp_path / "gen"), timeout=60)
     else:
         from symgrad.errors import SpecError
         from symgrad.spec import read_spec
@@ -279,8 +286,7 @@ def test_a_huge_spec_is_refused_after_reading_one_byte_past_the_limit(tmp_path: 
 
 
 def test_dev_zero_is_refused_at_once():
-    result = subprocess.run([sys.executable, "-m", "symgrad", "generate", "/dev/zero", "-o", "/nonexistent/x"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = run("generate", "/dev/zero", "-o", "/nonexistent/x", timeout=60)
     assert "/dev/zero" in one_error_line(result)
 
 
