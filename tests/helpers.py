@@ -78,11 +78,12 @@ class _Outcomes:
         return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped\n" + "\n".join(self.lines)
 
 
-def run_generated_tests(test_file) -> _Outcomes:
+def run_generated_tests(test_file, *options: str) -> _Outcomes:
     """Run a generated test file with pytest in this process, as ``pytest -q test_x.py`` would in its own:
     the interpreter start, torch's and pytest's imports (about 3 s of CPU a file) are not paid again. The
     file must read only torch, pytest and the standard library (checked from its imports first: what a
-    subprocess in a fresh interpreter would show), and leaves no module, path or default dtype behind."""
+    subprocess in a fresh interpreter would show), and leaves no module, path or default dtype behind.
+    ``options``: more pytest arguments (``"-k", "float32"``)."""
     import ast
     import sys
     from pathlib import Path
@@ -101,7 +102,7 @@ def run_generated_tests(test_file) -> _Outcomes:
     rng = torch.get_rng_state()
     try:
         pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib",
-                     "--rootdir", str(test_file.parent), "--override-ini", "addopts=", str(test_file)],
+                     "--rootdir", str(test_file.parent), "--override-ini", "addopts=", *options, str(test_file)],
                     plugins=[outcomes])
     finally:
         for name in set(sys.modules) - set(modules):

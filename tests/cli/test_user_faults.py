@@ -15,14 +15,13 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import run_symgrad
+from tests.helpers import run_generated_tests, run_symgrad
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED1 = ROOT / "examples" / "seed1_strided_conv.yaml"
@@ -658,22 +657,18 @@ def test_the_generated_test_skips_shapes_that_do_not_fit_with_verifys_reason(tmp
     refused = one_error_line(run("verify", str(spec)))
     needs = re.search(r"checking huge_case at the float32 shapes needs about [0-9.]+ GiB", refused)
     assert needs, refused
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                             str(out / "test_huge_case.py")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert "1 skipped" in result.stdout and " passed" in result.stdout and "failed" not in result.stdout, result.stdout
-    skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert len(skipped) == 1 and needs.group(0) in skipped[0] and "GiB is available" in skipped[0], result.stdout
-    assert "test_float32_at_spec_shapes" in skipped[0] or "test_huge_case.py" in skipped[0]
+    result = run_generated_tests(out / "test_huge_case.py")
+    assert result.failed == 0 and result.skipped == 1 and result.passed > 0, result.report
+    skipped = [line for line in result.lines if line.startswith("SKIPPED")]
+    assert len(skipped) == 1 and needs.group(0) in skipped[0] and "GiB is available" in skipped[0], result.report
+    assert "test_float32_at_spec_shapes" in skipped[0], skipped[0]
 
 
 def test_the_generated_test_runs_the_spec_shape_check_where_it_fits(tmp_path: Path):
     out = tmp_path / "gen"
     prepared("generate", str(SEED1), "-o", str(out))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "float32",
-                             str(out / "test_seed1_strided_conv.py")], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0 and "1 passed" in result.stdout and "skipped" not in result.stdout, result.stdout
+    result = run_generated_tests(out / "test_seed1_strided_conv.py", "-k", "float32")
+    assert result.passed == 1 and result.failed == 0 and result.skipped == 0, result.report
 
 
 def test_verify_and_the_generated_test_share_one_memory_estimate():

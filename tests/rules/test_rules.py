@@ -303,17 +303,15 @@ def test_per_sample_refuses_what_it_cannot_derive():
 
 def test_generated_test_file_of_a_classification_spec_passes(tmp_path):
     """The generated test draws class indices below each shape set's class count."""
-    import subprocess
-    import sys
+    from tests.helpers import run_generated_tests
 
     text = spec_text({"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
                      [{"op": "linear", "weight": "w", "out": "logits"}], {"op": "cross_entropy", "in": "logits", "target": "t"},
                      ["x", "w"], name="classifier")
     for name, content in build_text(text).rendered.files.items():
         (tmp_path / name).write_text(content)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_classifier.py")],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:]
+    result = run_generated_tests(tmp_path / "test_classifier.py")
+    assert result.failed == 0 and result.passed > 0, result.report
 
 
 def _declared_lacks(rule, certified_ops: set[str]) -> list[str]:
