@@ -274,14 +274,21 @@ def test_the_compiled_training_step_computes_the_same_step(tmp_path: Path, monke
 
 
 @pytest.mark.slow
-def test_the_compiled_bound_model_computes_the_same_step(tmp_path: Path):
-    """``torch.compile(fast, fullgraph=True)`` of the outputs form, Inductor's kernels: its steps as autograd's."""
+def test_the_compiled_bound_model_computes_the_same_step(tmp_path: Path, monkeypatch):
+    """The benchmark's ``torch.compile(fast, fullgraph=True)`` row of the outputs form: its steps as autograd's.
+    On aot_eager, as the peer above: Inductor's kernels for this ResNet-18 took 64 s of a cold CI run; the
+    bound model on Inductor's own kernels is tests/bind/test_model.py's
+    test_inductor_compiles_the_bound_model_and_its_steps_are_autograds."""
+    import functools
+
     from benchmarks import training
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
 
     variants = training.step_variants("resnet18", 2, 32, 4, tmp_path, ["autograd", "symgrad.bind, torch.compile"])
     for step in range(2):
         losses = {name: function().item() for name, function in variants.items()}
-        loose = 1e-4 if step == 0 else 5e-2  # Inductor's kernels round apart, magnified by a step (above)
+        loose = 1e-4 if step == 0 else 5e-2  # rounding apart, magnified by a step (above)
         assert abs(losses["symgrad.bind, torch.compile"] - losses["autograd"]) <= loose * abs(losses["autograd"])
 
 

@@ -489,3 +489,41 @@ def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_
     assert all(value.grad.dtype == torch.float32 for value in model.parameters())
     assert error(reference) > 1e-5, "autocast did not lower the precision: the comparison would prove nothing"
     assert error(model) <= 4 * error(reference) + 1e-3, (error(model), error(reference))
+
+
+class ConvClassifier(nn.Module):
+    """A stem and a classifier: convolution, BatchNorm, ReLU, pooling and a linear layer, each a kernel
+    Inductor writes (or calls) for the bound model's forward and backward."""
+
+    def __init__(self, channels=6, classes=5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels),
+                                  nn.ReLU())
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.stem(x), 1), 1))
+
+
+def test_inductor_compiles_the_bound_model_and_its_steps_are_autograds(tmp_path):
+    """``torch.compile(fast, fullgraph=True)`` on Inductor's own kernels (C++ for this CPU), float32: two SGD
+    steps of the bound model as autograd's of the model, to float32's rounding (Inductor fuses and orders
+    its reductions otherwise), statistics included. The benchmark's compiled ResNet-18 rows compile the same
+    generated code at its size (tests/benchmarks/test_benchmarks.py checks their wiring on aot_eager)."""
+    torch.manual_seed(0)
+    model = ConvClassifier()
+    reference = copy.deepcopy(model)
+    path = generated(tmp_path, trace(model, {"x": (2, 3, 8, 8)}, "parameters", "conv_classifier", mode="train"))
+    compiled = torch.compile(symgrad.bind(path, model, verify=False), fullgraph=True)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for _ in range(2):
+        images, labels = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+        losses = []
+        for net, optimizer in zip((compiled, reference), optimizers):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(images), labels)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), losses
+    assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-4
