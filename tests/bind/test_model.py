@@ -296,8 +296,7 @@ def test_a_module_traced_in_one_mode_refuses_the_other(tmp_path):
 @pytest.mark.slow
 def test_the_block_form_binds_compiles_and_its_generated_tests_pass(tmp_path):
     """Written as blocks (symgrad trace's default): the SE gate is one block, called per instance."""
-    import subprocess
-    import sys
+    from tests.helpers import run_generated_tests
 
     torch.manual_seed(2)
     model = AuxNet().double()
@@ -329,10 +328,9 @@ def test_the_block_form_binds_compiles_and_its_generated_tests_pass(tmp_path):
     reference.eval()
     assert (fast(images) - reference(images)).abs().max().item() <= 1e-10
     assert (compiled(images) - reference(images)).abs().max().item() <= 1e-10
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-                             "test_auxnet_blocks.py", "test_auxnet_blocks_eval.py"], capture_output=True, text=True,
-                            cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:]
+    for test_file in ("test_auxnet_blocks.py", "test_auxnet_blocks_eval.py"):
+        result = run_generated_tests(tmp_path / test_file)
+        assert result.failed == 0 and result.passed > 0, result.report
 
 
 def test_torch_compile_fullgraph_runs_and_equals_eager(tmp_path):
