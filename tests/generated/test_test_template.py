@@ -5,9 +5,6 @@ when the module is broken the way it guards against."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +13,7 @@ import torch.nn.functional as F
 
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
+from tests.helpers import run_generated_tests
 
 
 class ConvBNReLU(nn.Sequential):
@@ -61,13 +59,13 @@ def gradients(*positional, **named):
 '''
 
 
-def _run(folder, broken: str, only: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "-n", "0",
-                           "test_blocky.py", *(["-k", only] if only else [])], cwd=folder, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "BROKEN": broken})
+def _run(folder, broken: str, monkeypatch, only: str = ""):
+    """The generated test file's outcomes with the module broken as ``BROKEN`` says (read as it runs)."""
+    monkeypatch.setenv("BROKEN", broken)
+    return run_generated_tests(folder / "test_blocky.py", *(["-k", only] if only else []))
 
 
-def test_a_block_specs_test_file_has_every_check_and_each_fails_on_a_broken_module(tmp_path):
+def test_a_block_specs_test_file_has_every_check_and_each_fails_on_a_broken_module(tmp_path, monkeypatch):
     torch.manual_seed(0)
     text = trace(SmallNet().double().train(), {"x": (2, 3, 8, 8)}, name="blocky", loss=LossChoice("cross_entropy"),
                  mode="train", blocks=True)
@@ -81,17 +79,17 @@ def test_a_block_specs_test_file_has_every_check_and_each_fails_on_a_broken_modu
     assert '"stem.0.weight": ("params wrt", "weight", ' in test_file and "RENAMED = {}" in test_file
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content + (BROKEN if name == "blocky.py" else ""))
-    clean = _run(tmp_path, "")
-    assert clean.returncode == 0 and "skipped" not in clean.stdout, clean.stdout[-3000:]
+    clean = _run(tmp_path, "", monkeypatch)
+    assert clean.ok, clean.report
     for broken, failing, message in (
             ("input", "test_matches_autograd_float64_random_cotangent[small]", "gradients modified its input x"),
             ("bias", "test_gradients_zero_by_structure_are_zero", "stem_0_bias is the bias of")):
-        result = _run(tmp_path, broken, failing.split("[")[0])
-        assert f"FAILED test_blocky.py::{failing}" in result.stdout and message in result.stdout, \
-            (broken, result.stdout[-3000:])
-    float32 = _run(tmp_path, "float32")  # the float32 test alone fails: the float64 ones still pass
-    assert float32.stdout.count("FAILED") == 1, float32.stdout[-3000:]
-    assert "FAILED test_blocky.py::test_float32_at_spec_shapes_rounds_no_more_than_autograd" in float32.stdout
+        result = _run(tmp_path, broken, monkeypatch, failing.split("[")[0])
+        assert f"FAILED test_blocky.py::{failing}" in result.report and message in result.report, \
+            (broken, result.report)
+    float32 = _run(tmp_path, "float32", monkeypatch)  # the float32 test alone fails: the float64 ones still pass
+    assert float32.failed == 1, float32.report
+    assert "FAILED test_blocky.py::test_float32_at_spec_shapes_rounds_no_more_than_autograd" in float32.report
 
 
 class DropoutNet(nn.Module):
@@ -188,10 +186,8 @@ def test_the_summed_loss_bound_is_how_far_autograd_itself_moves_under_rounding(t
         generated.test_default_cotangent_is_the_summed_loss()
     generated.module.gradients = gradients
     # the whole file: the random-cotangent test's bound is rounding-aware too (its 1e-12 failed: 4e-11..5e-10)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
-                             "test_one_value_per_group.py"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0 and "skipped" not in result.stdout, result.stdout[-3000:]
+    result = run_generated_tests(tmp_path / "test_one_value_per_group.py")
+    assert result.ok, result.report
 
 
 def test_a_gradient_that_is_not_finite_at_moved_inputs_is_a_failure_not_an_infinite_bound():
