@@ -13,6 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
+# sympy's cache holds 1,000 results by default (least recently used go): one spec's derivation fits, but a
+# worker derives hundreds of specs whose ops repeat, and evicts what the next one asks again. 100,000 made
+# tests/rules/test_rules.py with test_block_calling_code.py 8 % and the segmentation zoo's module checks 4 %
+# cheaper in CPU. Read by sympy when it is imported: set here, before any test module imports it (and in the
+# environment the xdist workers start with). A value set by hand is kept.
+os.environ.setdefault("SYMPY_CACHE_SIZE", "100000")
+
 OPINFO_REPORT: dict[str, dict] = {}
 DESELECTED_SLOW: list[str] = []
 DESELECTED: list[str] = []  # every deselected test (-k, -m), for the controller's "N deselected" under xdist
