@@ -13,6 +13,9 @@ class Generated:
     """Everything ``symgrad generate`` would write, in memory. Shows itself as math in Jupyter."""
 
     built: Built
+    spec_text: str | None = None
+    """The spec's text where it came from Python (``generate(text=...)``): :meth:`write` keeps it beside the
+    module, so that a refusal of ``symgrad.bind`` prints a retrace command that reads it and works as printed."""
 
     @property
     def name(self) -> str:
@@ -45,9 +48,19 @@ class Generated:
         return self.built.rendered.latex
 
     def write(self, directory: str | Path = "generated", force: bool = False) -> list[Path]:
+        """The files ``symgrad generate`` writes, into ``directory``; a spec given as text is written there too,
+        as its ``label`` (a file name) or, without one, ``<name>.yaml``: ``symgrad.bind``'s retrace command
+        reads the traced shapes and name from it, so that it works as printed."""
         from .emit import write_files
 
-        return write_files(self.built.rendered, Path(directory), force=force)
+        written = write_files(self.built.rendered, Path(directory), force=force)
+        label = self.built.spec_label
+        name = f"{self.name}.yaml" if label == "<spec>" else label
+        if self.spec_text is not None and Path(name).name == name and Path(name).suffix in (".yaml", ".yml"):
+            spec = Path(directory) / name  # the file the module's header names (a label with a folder: none)
+            spec.write_text(self.spec_text)
+            written.append(spec)
+        return written
 
     def __repr__(self) -> str:
         graph = self.built.graph
@@ -73,5 +86,5 @@ def generate(spec: str | Path | None = None, *, text: str | None = None, label: 
     if (spec is None) == (text is None):
         raise TypeError("pass either a spec path or text=...")
     if text is not None:
-        return Generated(build_text(text, label or "<spec>", recompute=recompute, keep=keep))
+        return Generated(build_text(text, label or "<spec>", recompute=recompute, keep=keep), spec_text=text)
     return Generated(build(spec, label, recompute=recompute, keep=keep))

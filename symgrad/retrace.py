@@ -100,11 +100,13 @@ def _without(options: list[str], flags: tuple[str, ...], valued: tuple[str, ...]
 
 
 def spec_path(generated: ModuleType) -> Path:
-    """The spec ``generated`` was generated from, as its docstring names it beside its file."""
+    """The spec ``generated`` was generated from, as its docstring names it beside its file; a module whose
+    spec came from Python (``symgrad.generate(text=...).write``) names none: its ``<name>.yaml`` beside it."""
     match = re.search(r"from\s+(\S+\.ya?ml)\b", getattr(generated, "__doc__", None) or "")
     file = getattr(generated, "__file__", None)
-    label = match.group(1) if match else "SPEC.yaml"
-    return spec_of(Path(file), label) if file else Path(label)
+    if not file:  # a module made in memory: no folder to find a spec in
+        return Path(match.group(1) if match else "SPEC.yaml")
+    return spec_of(Path(file), match.group(1) if match else "<spec>")
 
 
 def hyper_difference(generated: ModuleType, model) -> str | None:

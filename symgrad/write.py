@@ -39,7 +39,11 @@ class HasFiles(Protocol):
 
 
 def spec_of(generated: Path, label: str) -> Path:
-    """The spec a generated file names in its header, resolved relative to the file's folder."""
+    """The spec a generated file names in its header, resolved relative to the file's folder. A module whose
+    spec came from Python (``symgrad.generate(text=...)``, header ``<spec>``) has it beside it as
+    ``<module name>.yaml``, where ``Generated.write`` puts it."""
+    if label == "<spec>":
+        return generated.with_name(f"{generated.stem.removeprefix('test_')}.yaml")
     return Path(os.path.normpath(generated.parent / label))
 
 

@@ -421,3 +421,40 @@ def test_a_method_and_the_base_method_it_overrides_are_guarded_apart(tmp_path):
     assert torch.equal(symgrad.bind(path, model)(x), model(x))
     one_line_refusal(lambda: symgrad.bind(path, imported(tmp_path, OVERRIDDEN.replace("x * 2", "x * 3"))),
                      r"the code of Base\.scale \(Net\.forward/helper/Helper\.scale@Base\), which the forward calls, changed")
+
+
+def test_the_retrace_of_a_module_generated_from_python_works_as_printed(tmp_path, monkeypatch):
+    """Traced and generated from Python (``symgrad.trace.trace_modes`` + ``symgrad.generate(text=...).write``,
+    as examples/train_digits.py does), the model edited: ``write`` kept each spec beside its module, so bind's
+    fix names the traced input shapes and both modes' specs (not ``--input ...``), and run as printed it
+    traces and generates both modes: bind passes, in both modes."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+    from symgrad.trace import trace_modes
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bn_model.py").write_text(BATCHNORM)
+    model = load_target("bn_model.py:Net").double()
+    train_text, eval_text = trace_modes(model, {"x": (2, 4)}, "parameters", "net")
+    for text in (train_text, eval_text):
+        written = symgrad.generate(text=text).write("gen")
+        assert any(path.suffix == ".yaml" for path in written), written
+    symgrad.bind("gen/net.py", model)
+    (tmp_path / "bn_model.py").write_text(BATCHNORM.replace("F.relu(", "F.gelu("))
+    edited = load_target("bn_model.py:Net").double()
+    text = one_line_refusal(lambda: symgrad.bind("gen/net.py", edited), "the code of the model's class Net changed")
+    command = text[text.index("(fix: ") + 6:-1]
+    assert "..." not in command and "--input x=2,4" in command and "gen/net_eval.yaml" in command, command
+    for part in command.split(" && "):  # each command as printed, as the shell splits it (in this process)
+        words = shlex.split(part)
+        assert words[0] == "symgrad"
+        result = CliRunner().invoke(main, words[1:])
+        assert result.exit_code == 0, result.output
+    fast = symgrad.bind("gen/net.py", edited)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert torch.allclose(fast(x), edited(x), rtol=0, atol=1e-12)
+    edited.eval()
+    assert torch.allclose(fast(x), edited(x), rtol=0, atol=1e-12)

@@ -8,10 +8,13 @@ by the first import of its submodule."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch.nn.functional as F
 
 import symgrad
+
+ROOT = Path(__file__).resolve().parents[2]
 
 API = ("trace", "trace_modes", "generate", "bind", "check")
 
@@ -54,3 +57,23 @@ def test_trace_generate_and_check_as_the_readme_calls_them(tmp_path):
     module.write_text(module.read_text().replace("def gradients(", "def gradients_(", 1))
     stale = symgrad.check([tmp_path]).stale
     assert len(stale) == 1 and "tiny.py: edited by hand" in stale[0], stale
+
+
+def test_a_spec_generated_from_python_is_written_beside_its_module_and_checked(tmp_path):
+    """``symgrad.generate(text=...).write(folder)`` writes the spec too (``<name>.yaml``, or its label where
+    that is a file name), so that ``symgrad check`` rebuilds the module from it and flags an edited spec."""
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+
+    text = (ROOT / "examples" / "seed1_strided_conv.yaml").read_text()
+    written = symgrad.generate(text=text).write(tmp_path / "gen")
+    assert tmp_path / "gen" / "seed1_strided_conv.yaml" in written
+    assert (tmp_path / "gen" / "seed1_strided_conv.yaml").read_text() == text
+    assert CliRunner().invoke(main, ["check", str(tmp_path / "gen")]).exit_code == 0
+    (tmp_path / "gen" / "seed1_strided_conv.yaml").write_text(text.replace("stride: 32", "stride: 16"))
+    assert CliRunner().invoke(main, ["check", str(tmp_path / "gen")]).exit_code == 1
+    labelled = symgrad.generate(text=text, label="mine.yaml").write(tmp_path / "other")
+    assert tmp_path / "other" / "mine.yaml" in labelled
+    elsewhere = symgrad.generate(text=text, label="../specs/mine.yaml").write(tmp_path / "third")
+    assert not any(path.suffix == ".yaml" for path in elsewhere)  # a label with a folder: nothing written there
