@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 import symgrad.pipeline
 from benchmarks.structure import MOBILENET_V2
@@ -21,7 +20,7 @@ from symgrad.errors import SpecError
 from symgrad.pipeline import build, build_text
 from symgrad.testdata import relative_errors
 from symgrad.trace import LossChoice, trace
-from tests.helpers import run_generated_tests
+from tests.helpers import load_yaml, run_generated_tests
 from tests.models import classic as models, zoo_nets
 from tests.models.compare import Case, randomize, reference_loss, source_name
 from tests.models.test_classic_cnns import CASES as MODELS
@@ -275,7 +274,7 @@ def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(labe
     model.train(mode == "train")
     text = trace(model, traced, name="traced", loss=LossChoice(kind), mode=mode, blocks=True)
     assert ("\nblocks:\n" in text) == expect_blocks, text[:2000]
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     built = build_text(text, f"{label}.yaml", documents=False, tests=False)  # the module alone: imported here
     widest = max(len(line) for line in built.rendered.files["traced.py"].splitlines())
     assert widest <= 100, (label, widest)
@@ -330,7 +329,7 @@ def test_first_blocks_of_stages_that_differ_in_stride_or_kernel_size_are_one_blo
     def traced(case):
         torch.manual_seed(0)
         model = case.model(**case.init).double().train()
-        return yaml.safe_load(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
+        return load_yaml(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
                                     blocks=True))
 
     spec = traced(NETS["resnet50"])
@@ -348,7 +347,7 @@ def test_two_blocks_of_one_class_are_named_after_the_submodule_one_has_beyond_th
     case = NETS["resnet50"]
     torch.manual_seed(0)
     model = case.model(**{**case.init, "layers": (3, 2, 1)}).double().train()
-    spec = yaml.safe_load(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
+    spec = load_yaml(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
                                 blocks=True))
     assert set(spec["blocks"]) == {"bottleneck", "bottleneck_downsample"}
     assert "downsample_0_weight" in spec["blocks"]["bottleneck_downsample"]["params"]
@@ -371,7 +370,7 @@ def test_a_structured_module_runs_channels_last_where_it_pays_and_returns_each_g
     randomize(model, torch.Generator().manual_seed(5))
     kind = next(kind for kind in case.losses if kind not in ("half_sq_error_function", "nll_loss"))
     text = trace(model, case.traced, name="traced", loss=LossChoice(kind), mode="train", blocks=True)
-    spec = yaml.safe_load(text)
+    spec = load_yaml(text)
     source = build_text(text, f"{label}.yaml", documents=False).rendered.files["traced.py"]
     assert "params = _channels_last(params)" in source and ("\nCHANNELS_LAST = (" in source) == listed
     module = module_from_source(source, "traced")
