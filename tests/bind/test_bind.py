@@ -362,3 +362,24 @@ def test_two_generated_files_of_one_name_bound_in_one_process_keep_their_own_mod
     modules = [step.generated for step in steps]
     assert modules[0].__name__ != modules[1].__name__
     assert all(sys.modules[module.__name__] is module for module in modules)
+
+
+def test_the_models_state_dict_is_what_to_save_not_the_bound_modules():
+    """README: save ``model.state_dict()``, not ``fast.state_dict()``: the bound module holds the model as its
+    submodule ``model``, so its keys start with ``model.`` and no fresh model loads them; the model's own
+    state, after bound training steps, loads into a fresh model and computes what the trained one does."""
+    model = fresh_model()
+    fast = symgrad.bind(generated_for(model), model, verify=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, labels in batches(2):
+        optimizer.zero_grad()
+        fast(x=x, labels=labels).backward()
+        optimizer.step()
+    assert all(key.startswith("model.") for key in fast.state_dict())
+    with pytest.raises(RuntimeError, match="Missing key"):
+        fresh_model().load_state_dict(fast.state_dict())
+    restored = fresh_model()
+    restored.load_state_dict(model.state_dict())
+    model.eval()
+    restored.eval()
+    assert torch.equal(restored(x), model(x))
