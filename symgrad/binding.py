@@ -8,7 +8,7 @@ mode). ``bind`` checks it against the model, and the generated file against its 
 returns an ``nn.Module`` whose forward takes only the data arguments. Each step checks what can change after ``bind`` (modes, a
 submodule swapped, a hyper-parameter set, a parameter unfrozen, an input that requires grad) and
 runs the forward on meta tensors once per new set of sizes, so a call the model would refuse moves
-no buffer. :func:`check_generated` and :func:`check_fingerprint` serve any bound form::
+no buffer (its checks of the generated module: :mod:`symgrad.generated_module`)::
 
     step = symgrad.bind(resnet_gradients, model)
     loss = step(x=images, target=labels)   # the traced loss, as a tensor
@@ -26,13 +26,9 @@ the gradients as it does for the model. In training mode every BatchNorm's ``run
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib
-import importlib.util
 import inspect
-import math
 import operator
-import sys
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -41,20 +37,24 @@ from types import ModuleType
 import torch
 import torch.utils.checkpoint
 
-from .errors import SymgradError
+from .call_guards import first_changed, kept
 from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
-from .fingerprint import IGNORED, difference, literal
-from .guards import MISSING, first_changed, guardable, kept, shown
+from .fingerprint import IGNORED, literal
+from .generated_module import (
+    BindError,
+    SizeChecks,
+    check_fingerprint,
+    check_generated,
+    check_matches,
+    generated_reference,
+    load_generated,
+    missing,
+    name_of,
+)
+from .guards import MISSING, guardable, shown
 from .modes import mode_refusal
-from .retrace import hyper_difference, retrace, spec_and_output
-from .value_guard import ValueGuard, code_difference
-from .write import read_generated, read_header
-
-_BOUND_PREFIX = "_symgrad_bound_"  # the import name of a module bound by its path
-
-
-class BindError(SymgradError):
-    """The generated module and the model do not belong together."""
+from .retrace import retrace
+from .value_guard import ValueGuard
 
 
 class BindArgumentError(BindError, TypeError):
@@ -104,11 +104,11 @@ class Guard:
         self.data_arguments = tuple(name for name in arguments if name not in sources and name != "params")
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         fingerprint = check_fingerprint(generated, model, self.allow_edited)
-        _check_matches(generated, model, sources)
+        check_matches(generated, model, sources)
         statistics = [(f"{module}.running_mean", f"{module}.running_var", momentum)
                       for module, momentum in getattr(generated, "MOMENTA", {}).items()]
         for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
-            raise _missing(generated, model, key)
+            raise missing(generated, model, key)
         calls: dict[str, int] = {}
         for mean, _, _ in statistics:  # a module the flat table lists once per call
             calls[mean] = calls.get(mean, 0) + 1
@@ -180,7 +180,7 @@ class Guard:
             key = next(key for key, value in params.items() if value is None)
             raise BindError(f"{name_of(self.generated)}: {key} is None since bind, and the generated code reads it "
                             f"(fix: give the model its tensor back, or trace and generate the changed model: "
-                            f"{_retrace(self.generated, self.model)})")
+                            f"{retrace(self.generated, self.model)})")
         self._check_requires_grad(data, arguments)
         self._check_devices(data, arguments)
         if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
@@ -219,7 +219,7 @@ class Guard:
         changed = self.values.problem()
         if changed:  # the generated code computes with what was traced
             raise BindError(f"{name_of(self.generated)}: {changed}, or trace and generate the model again: "
-                            f"{_retrace(self.generated, self.model)})")
+                            f"{retrace(self.generated, self.model)})")
 
     def _check_model_and_mode(self) -> None:
         """:meth:`_check_model` and :meth:`_check_mode`, the common case (nothing changed) in a few C calls
@@ -254,7 +254,7 @@ class Guard:
                           else f"the forward hooks of {shown} changed")
                 raise BindError(f"{name_of(self.generated)}: {change} since bind, and the bound step runs what was "
                                 f"traced (fix: set the hooks back, or trace and generate the model with its hooks: "
-                                f"{_retrace(self.generated, self.model)})")
+                                f"{retrace(self.generated, self.model)})")
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
@@ -262,7 +262,7 @@ class Guard:
         for parent, name, child in self._children:
             if parent._modules.get(name) is not child:
                 raise BindError(f"{name_of(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
-                                f"or removed after bind (fix: bind the model again: {_retrace(self.generated, self.model)} "
+                                f"or removed after bind (fix: bind the model again: {retrace(self.generated, self.model)} "
                                 "if it changed what it computes)")
         changed, refreshed = first_changed(self._hypers)  # symgrad.guards: dicts, lists, partials by value
         if refreshed:  # an equal value made anew (a partial): compared as it is now from here on
@@ -272,14 +272,14 @@ class Guard:
             has = f"no {key}" if now is MISSING else f"{key}={shown(now)}"
             raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
                             f"{has} since bind, traced with {key}={shown(value)} (fix: set it back, or trace and "
-                            f"generate the changed model: {_retrace(self.generated, self.model)})")
+                            f"generate the changed model: {retrace(self.generated, self.model)})")
 
     def _check_mode(self) -> None:
         if self._modes:  # every module whose code reads its mode, as traced (symgrad.modes words the refusal)
             wrong = [(path, module, training) for path, module, training in self._modes if module.training != training]
             if wrong:
                 raise BindError(mode_refusal(name_of(self.generated), wrong, list(self._modes), self.model,
-                                             lambda options: _retrace(self.generated, self.model, options),
+                                             lambda options: retrace(self.generated, self.model, options),
                                              both_modes=self._ENTRY == "outputs_with_explicit_backward"))
             return
         if self._traced_training is not None:
@@ -305,7 +305,7 @@ class Guard:
                 raise BindError(f"{name_of(self.generated)}: {key} requires grad, and the module computes no "
                                 f"gradient for it (it was frozen when traced) (fix: freeze it again with "
                                 f"requires_grad_(False), or trace the model as it is now: "
-                                f"{_retrace(self.generated, self.model)})")
+                                f"{retrace(self.generated, self.model)})")
 
     def _check_devices(self, data: dict, arguments: dict) -> None:
         device = next((value.device for name, value in arguments.items() if name not in data), None)
@@ -361,7 +361,7 @@ class Guard:
     def _run_forward(self, values: dict, data: dict) -> None:
         """The generated forward on ``values`` (the arguments by name), without a graph, with
         nn.BatchNorm's own checks."""
-        with torch.no_grad(), _SizeChecks():
+        with torch.no_grad(), SizeChecks():
             self.generated.forward(**{name: values[name] for name in data},
                                    params={key: values[name] for name, (key, _) in self.sources.items()})
 
@@ -402,7 +402,7 @@ class Bound(Guard, torch.nn.Module):
         except KeyError as error:  # the generated code looks up nothing else by key: one it reads, the model lacks
             if not (error.args and isinstance(error.args[0], str) and error.args[0] not in params):
                 raise self._failed(error) from error
-            raise _missing(self.generated, self.model, error.args[0]) from None
+            raise missing(self.generated, self.model, error.args[0]) from None
         except Exception as error:  # a value the sizes did not show (a label out of range)
             raise self._failed(error) from error
         self._moved(arguments, previous)
@@ -449,85 +449,6 @@ def _hyper(key: str, value) -> bool:
     return not key.startswith("_") and key not in IGNORED and (literal(value) is not ... or guardable(value))
 
 
-class _SizeChecks(torch.utils._python_dispatch.TorchDispatchMode):
-    """Checks meta tensors skip: nn.BatchNorm's before it runs (``F.batch_norm``'s ``_verify_batch_size``)
-    on the generated forward's training-mode ``native_batch_norm`` calls, and the dtypes of a
-    convolution's, a matrix product's or a batch norm's operands, which must agree (outside autocast)."""
-
-    SAME_DTYPE = frozenset({"convolution", "addmm", "mm", "bmm", "native_batch_norm", "linear"})
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name == "native_batch_norm" and len(args) > 5 and args[5]:
-            size = args[0].shape
-            if size[0] * math.prod(size[2:]) == 1:
-                raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
-        if name in self.SAME_DTYPE:
-            dtypes = {value.dtype for value in args if isinstance(value, torch.Tensor) and value.is_floating_point()}
-            if len(dtypes) > 1:
-                raise RuntimeError(f"{name} of {' and '.join(sorted(map(str, dtypes)))} operands: the input's dtype "
-                                   "and the model's must be the same")
-        return func(*args, **(kwargs or {}))
-
-
-def check_generated(generated: ModuleType, allow_edited: bool = False) -> None:
-    """Refuse a generated file that is not as symgrad wrote it (its header's content hash), unless
-    ``allow_edited``. A module made in memory, without a file, has no header to read."""
-    file = getattr(generated, "__file__", None)
-    if file and str(file).endswith(".py") and Path(file).is_file():
-        _check_file(Path(file), allow_edited)
-
-
-def _check_file(file: Path, allow_edited: bool) -> None:
-    if allow_edited:
-        return
-    parsed = read_header(read_generated(file))
-    if parsed is None:
-        problem = "has no symgrad header (written by hand, or its header was removed)"
-    elif hashlib.sha256(parsed[1].encode("utf-8")).hexdigest() != parsed[0]["content_hash"]:
-        problem = "was edited by hand since symgrad generated it (its content hash differs from its header's)"
-    else:
-        return
-    spec, output = spec_and_output(file, parsed[0]["spec"]) if parsed else ("SPEC.yaml", "")
-    raise BindError(f"{file} {problem} (fix: symgrad generate {spec}{output} again, or bind(..., allow_edited=True) "
-                    "if you mean to train with the edited code)")
-
-
-def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edited: bool = False) -> dict | None:
-    """Refuse ``model`` where it differs from the one ``generated`` was traced from (its
-    ``FINGERPRINT``), naming the first submodule that differs; the fingerprint, or None for a module
-    without one (refused unless ``allow_edited``). Any bound form calls it."""
-    fingerprint = getattr(generated, "FINGERPRINT", None)
-    if fingerprint is None:
-        if allow_edited:
-            return None
-        raise BindError(f"{name_of(generated)} records no fingerprint of the model it was traced from (generated by "
-                        "an older symgrad, or from a spec written by hand), so bind cannot check the model "
-                        f"(fix: {_retrace(generated, model)}, or bind(..., allow_edited=True) to bind it unchecked)")
-    problem = difference(fingerprint, model, any_width=True) or code_difference(getattr(generated, "GUARDS", None), model)
-    if problem and "other hyper-parameters" in problem:  # the spec beside it holds each traced value
-        problem = hyper_difference(generated, model) or problem
-    if problem:
-        raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {problem} "
-                        f"(fix: {_retrace(generated, model)})")
-    return fingerprint
-
-
-def _retrace(generated: ModuleType, model: torch.nn.Module, options: str = "") -> str:
-    """The commands that trace ``model`` again as it was traced (``options``: the modes as it has them now)
-    and generate its modules anew, where they are (``symgrad.retrace``)."""
-    return retrace(generated, model, options)
-
-
-def generated_reference(generated: ModuleType) -> tuple[str, str] | None:
-    """How to find ``generated`` again in another process: its import name or its file."""
-    name = getattr(generated, "__name__", None)
-    if name and sys.modules.get(name) is generated and not name.startswith(_BOUND_PREFIX):
-        return "name", name
-    file = getattr(generated, "__file__", None)
-    return ("path", str(Path(file).resolve())) if file and Path(file).is_file() else None
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
@@ -541,44 +462,3 @@ def _owner(model: torch.nn.Module, key: str) -> tuple[torch.nn.Module, str]:
         return model, key  # reported by _check_matches
 
 
-def _check_matches(generated: ModuleType, model: torch.nn.Module, sources: dict[str, tuple[str, tuple]]) -> None:
-    state = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
-    problems = []
-    for name, (key, shape) in sources.items():
-        if key not in state:
-            problems.append(f"{key} (argument {name}) is not a parameter or buffer of the model")
-        elif tuple(state[key].shape) != tuple(shape):
-            problems.append(f"{key} has shape {list(state[key].shape)}, traced as {list(shape)}")
-    if problems:
-        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
-        raise BindError(f"{name_of(generated)} does not fit {type(model).__name__}: {'; '.join(problems[:3])}{more} "
-                        "(fix: bind the module generated from this model, or trace the changed model again)")
-
-
-def load_generated(path: Path, allow_edited: bool = False) -> ModuleType:
-    """The generated module at ``path``, imported once its header says symgrad wrote it as it is."""
-    if not path.is_file():
-        raise BindError(f"no generated module at {path} (fix: check the path)")
-    if path.suffix != ".py":
-        raise BindError(f"{path} is not a generated Python module (fix: symgrad generate the spec, and bind the .py "
-                        "file it writes)")
-    _check_file(path, allow_edited)
-    # one import name per file: two files of one stem bound in one process (compiled, dynamo's guards
-    # find each module by that name) must not replace each other in sys.modules
-    where = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
-    spec = importlib.util.spec_from_file_location(f"{_BOUND_PREFIX}{where}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _missing(generated: ModuleType, model: torch.nn.Module, key: str) -> BindError:
-    return BindError(f"{name_of(generated)} does not fit {type(model).__name__}: it reads {key}, which is not a "
-                     "parameter or buffer of the model (fix: bind the module generated from this model, or trace "
-                     "the changed model again)")
-
-
-def name_of(generated: ModuleType) -> str:
-    name = getattr(generated, "__name__", "the generated module")
-    return name[len(_BOUND_PREFIX) + 9:] if name.startswith(_BOUND_PREFIX) else name

@@ -44,17 +44,10 @@ from types import ModuleType
 
 import torch
 
-from .binding import (
-    CHECKPOINT_STOP,
-    BindError,
-    Bound,
-    Guard,
-    generated_reference,
-    load_generated,
-    name_of,
-)
+from .binding import CHECKPOINT_STOP, Bound, Guard
+from .call_guards import ArgumentGuard
 from .fingerprint import forward_hooks
-from .guards import ArgumentGuard
+from .generated_module import BindError, generated_reference, load_generated, name_of
 from .output_types import rebuilder
 from .retrace import retrace
 

@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from .guards import traced_arguments
+from .call_guards import traced_arguments
 from .testdata import relative_errors
 
 SEED = 0
@@ -42,7 +42,7 @@ rounding of two orders of the same sums is near 1e-15; a wrong formula or a stal
 def verify_binding(bound) -> None:
     """Refuse ``bound`` (a :class:`symgrad.bound_model.BoundModel`) where a float64 copy of its model, run
     through it and through autograd from one seed at ``SMALL_INPUTS``, differs; see the module docstring."""
-    from .binding import BindError, name_of
+    from .generated_module import BindError, name_of
 
     generated, model = bound.generated, bound.model
     small = getattr(generated, "SMALL_INPUTS", None)

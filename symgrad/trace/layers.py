@@ -28,7 +28,7 @@ from ..rules import LAYER_RULES
 from ..spec_values import check_identifier
 from . import attention, loss_tail, random_masks, views
 from .casts import integer_identity
-from .constants import constant_layer
+from .constants import OneValueConstants, constant_layer
 from .custom_functions import Applied, check
 from .dataflow import (
     Problem,
@@ -86,7 +86,7 @@ CALLS = {
 
 
 @dataclass
-class SpecBuilder:
+class SpecBuilder(OneValueConstants):
     """Walks the recorded calls in order, naming every tensor and turning calls into layers."""
 
     sources: dict[int, Source]
@@ -299,57 +299,6 @@ class SpecBuilder:
         if self.quiet and any(f"{where}: error: " in str(error) for where in lines):
             return Refusal(str(error))
         return error
-
-    def fold_constants(self, op: str, bound: dict, call: Call) -> bool:
-        """A constant operand of one value, ``torch.full_like(x, 2.0) * x`` or ``x + torch.tensor(0.5)``, is
-        that number when it only broadcasts against the other operand (the result has the other's shape and
-        dtype). ``c - x`` becomes ``(-x) + c`` and ``c / x`` becomes ``x ** -1 * c``: True when those layers
-        are made here; otherwise the numbers are put in ``bound``."""
-        for key, other_key in (("input", "other"), ("other", "input")):
-            value, other = bound.get(key), bound.get(other_key)
-            if not (isinstance(value, torch.Tensor) and id(value) in self.constants and isinstance(other, torch.Tensor)):
-                continue
-            fill = self.fill(value)
-            if (fill is not None and call.result.dtype == other.dtype
-                    and torch.broadcast_shapes(value.shape, other.shape) == other.shape):
-                bound[key] = fill if value.is_floating_point() or not float(fill).is_integer() else int(fill)
-        number, tensor = bound.get("input"), bound.get("other")
-        if op not in ("sub", "div") or isinstance(number, torch.Tensor) or not isinstance(tensor, torch.Tensor):
-            return False
-        if bound.get("alpha", 1) != 1 or bound.get("rounding_mode") is not None:
-            return False  # the layer refuses these arguments
-        if op == "sub":
-            made = Call("neg", torch.neg, (tensor,), {}, torch.neg(tensor), call.where, call.module, call.leaf)
-        else:
-            made = Call("pow", torch.pow, (tensor, -1), {}, torch.pow(tensor, -1), call.where, call.module, call.leaf)
-        self.add(made)
-        self.layer("add" if op == "sub" else "mul", {"input": made.result, "other": number}, call)
-        return True
-
-    def fill(self, value: torch.Tensor) -> float | None:
-        """The one value of a constant, when its every entry held it as made and nothing wrote a value that
-        is not a constant into its storage since (``c[:, :1].copy_(h)`` through a view)."""
-        made, when = self.constants[id(value)]
-        if made.fill is None or self.writes.get(storage_of(value), 0) > when:
-            return None
-        return made.fill
-
-    def constant_map(self, value: torch.Tensor) -> str | None:
-        """A ``full`` layer for a constant of one value read as a tensor (FFDNet's noise-level map, concatenated
-        to the input), each size ``{like: NODE}`` where the code read a tensor of that size at that dim, the
-        others numbers (the second run refuses them if they follow the input); None when it holds several
-        values, is no float or reads no size."""
-        made = self.constants[id(value)][0]
-        if self.fill(value) is None or value.dim() == 0 or not value.is_floating_point():
-            return None
-        size: list[Any] = []
-        for dim, length in enumerate(value.shape):
-            source = next((name for other in reversed(self.sizes_read) if other.dim() == value.dim()
-                           and other.shape[dim] == length and isinstance(name := self.node(other), str)), None)
-            size.append({"like": source} if source is not None else int(length))
-        if all(isinstance(item, int) for item in size):
-            return None
-        return self.emit("full", {"op": "full", "size": size, "fill_value": float(made.fill)}, made)
 
     def bind(self, call: Call, positional: tuple[str, ...]) -> dict | None:
         if len(call.arguments) > len(positional):

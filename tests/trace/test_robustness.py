@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
 from symgrad.spec import MAX_NAME
-from symgrad.trace import LossChoice, TraceError, _source_name, trace
+from symgrad.trace import LossChoice, TraceError, trace
+from symgrad.trace.run_once import source_name
 from tests.helpers import load_yaml
 
 
@@ -29,7 +30,7 @@ def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss:
               for key, shape in shapes.items()}
     with torch.no_grad():
         target = torch.randn(model(*inputs.values()).shape, generator=generator, dtype=torch.float64)
-    named = {_source_name("", key, model): value for key, value in [*model.named_parameters(), *model.named_buffers()]}
+    named = {source_name("", key, model): value for key, value in [*model.named_parameters(), *model.named_buffers()]}
     arguments = {key: inputs.get(key, target if key == "target" else named.get(key)) for key in spec["inputs"]}
     wrt = spec["wrt"]
     state = {key: value.clone() for key, value in model.state_dict().items()}
