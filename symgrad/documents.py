@@ -32,13 +32,14 @@ from .reverse import GRAD_LOSS
 from .schedule import Plan
 from .write import with_header
 
-SHARED_FUNCTIONS = (
-    testdata.make_inputs, testdata.first_nonfinite, testdata.relative_errors, testdata.moved_one_ulp,
-    testdata.rounding_tolerances, testdata.value_sums, testdata.sums_differ, testdata.checked_subset,
-    testdata.in_layout, testdata.float32_acceptable, testdata.available_memory, testdata.memory_shortfall)
-"""The functions of symgrad.testdata the generated tests share, in the order ``SHARED`` lists them there."""
-TESTDATA_SOURCE = "\n\n".join(inspect.getsource(function) for function in SHARED_FUNCTIONS)
-"""symgrad.testdata's functions, verbatim, for the generated tests (one definition, two users)."""
+TESTDATA_SOURCE = inspect.getsource(testdata).split("\nimport torch\n", 1)[1].strip("\n")
+"""symgrad.testdata's functions and constants, verbatim, for the generated tests (one definition, two
+users): the module's text after its imports."""
+SHARED_NAMES = (
+    "make_inputs", "first_nonfinite", "relative_errors", "moved_one_ulp", "rounding_tolerances", "value_sums",
+    "sums_differ", "in_layout", "float32_acceptable", "memory_shortfall", "seeded_randn", "seeded_positive",
+    "seeded", "assert_matches", "gradcheck_or_exact", "gradgradcheck_or_exact")
+"""The functions of symgrad.testdata a generated test file takes by name, in the order ``SHARED`` lists them."""
 
 SHARED_TESTS = "_symgrad_testdata.py"
 """The file ``symgrad generate`` writes once into the output folder beside the generated tests, which
@@ -54,7 +55,7 @@ def shared_tests() -> str:
             "verbatim (`symgrad verify` draws the same inputs and applies the same error measure, so the\n"
             'verdicts cannot disagree). Imports only torch and the standard library."""\n\n'
             f"import math\n\nimport torch\n\n\n{TESTDATA_SOURCE}\n\n"
-            + fit("SHARED = (" + ", ".join(function.__name__ for function in SHARED_FUNCTIONS) + ")", 0) + "\n")
+            + fit("SHARED = (" + ", ".join(SHARED_NAMES) + ")", 0) + "\n")
 
 NOTATION = (
     ("", r"$\overline{v}$ is the gradient of the loss with respect to node $v$ (same shape as $v$)"),
@@ -128,22 +129,33 @@ def render_tests(facts: dict, params: dict[str, str], hvp: bool = False,
     ``state_dict()`` key); it takes every other input by name. ``hvp`` and ``per_sample`` (the
     parameters and the batched inputs of ``per_sample_gradients``) add the extras' tests."""
     context = dict(
-        facts, params=dict(params), shared_tests=SHARED_TESTS, hvp=hvp, per_sample=per_sample is not None,
+        facts, params=dict(params), shared_tests=SHARED_TESTS, shared_names=_unpacked(SHARED_NAMES), hvp=hvp,
+        per_sample=per_sample is not None,
         **_input_tables(facts, params),
         per_sample_names=per_sample[0] if per_sample else [], per_sample_batched=per_sample[1] if per_sample else [])
     return {f"test_{facts['name']}.py": _rendered("test_module.py.jinja", context), SHARED_TESTS: shared_tests()}
+
+
+def _unpacked(names: tuple[str, ...]) -> str:
+    """``(a, b, ...)`` wrapped within 100 columns, the target of the test file's unpacking of ``SHARED``."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap("(" + ", ".join(names) + ")", 100 - len(" = testdata.SHARED"),
+                                    subsequent_indent=" "))
 
 
 def _input_tables(facts: dict, params: dict[str, str]) -> dict:
     """The test file's table, one row per input, merged: keyed by its ``params`` key (else by its
     name), what the module does with it (``params``: taken in the mapping; ``wrt``: differentiated;
     ``moved``: moved in place by the forward), its role, its shape at the spec and at each small shape
-    set. Rows in the order of the inputs' names, the order they are drawn in (make_inputs)."""
+    set. Rows in the spec's order, the differentiated ones in ``wrt``'s (the file reads WRT off the
+    table); the tests draw the inputs in the order of their names (make_inputs)."""
     import json
 
     small = facts["small_shapes"]
     rows = []
-    for name in sorted(facts["spec_shapes"]):
+    order = iter(facts["wrt"])
+    for name in [next(order) if name in facts["wrt"] else name for name in facts["spec_shapes"]]:
         flags = " ".join(flag for flag, present in (("params", name in params), ("wrt", name in facts["wrt"]),
                                                     ("moved", name in facts["moved"])) if present)
         role = facts["roles"].get(name, ["data", 1.0, []])

@@ -1,9 +1,13 @@
 """Test inputs and the error measure: one definition, shared verbatim by ``symgrad verify``,
-``symgrad generate --verify`` and every generated ``test_<name>.py`` (the template embeds the source
-of the functions below), so their verdicts can never disagree.
+``symgrad generate --verify`` and every generated ``test_<name>.py`` (``symgrad generate`` writes this
+file's text after its imports into ``_symgrad_testdata.py`` beside the tests, which import it by path),
+so their verdicts can never disagree. The checks every test file makes alike live here too, taking
+the file's own pieces as arguments (its ``WRT``, its ``explicit_backward``, its inputs): the rounding
+bound of a comparison (:func:`assert_matches`), and the finite-difference checks with their exact
+fallbacks (:func:`gradcheck_or_exact`, :func:`gradgradcheck_or_exact`).
 
-This file imports only ``math`` and ``torch`` (and ``os`` inside :func:`available_memory`): it must
-run inside a generated test, with no symgrad.
+This file imports only ``math`` and ``torch`` (``os`` and ``importlib`` inside the functions that
+need them): it must run inside a generated test, with no symgrad (and no pytest).
 
 Inputs make sense for what each tensor is. Its *role* is read off the op that consumes it when the
 spec is generated (``symgrad.roles``):
@@ -217,3 +221,151 @@ def memory_shortfall(name, where, entries, bytes_per_entry):
         return None
     return (f"checking {name} at {where} needs about {needed / 2**30:.1f} GiB, and "
             f"{free / 2**30:.1f} GiB is available")
+
+
+def seeded_randn(shape, seed):
+    """Standard normal float64 numbers of ``shape``, the same on every run."""
+    return torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def seeded_positive(shape, seed):
+    """Uniform float64 numbers in [0.5, 1.5) of ``shape``, the same on every run."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, dtype=torch.float64, generator=generator) + 0.5
+
+
+def seeded(function, *arguments, **keywords):
+    """``function(...)`` run from torch's seed 0, the global random state left as it was: each
+    forward of a test runs from one seed, so random masks (dropout, drop path) are the same
+    draws."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return function(*arguments, **keywords)
+
+
+def assert_matches(actual, expected, tolerance, wrt):
+    """``actual`` against ``expected`` (both by the names in ``wrt``), in float64; ``tolerance``:
+    one bound, or one for each name."""
+    problem = first_nonfinite({**{f"autograd's gradient of {n}": v for n, v in expected.items()},
+                               **{f"the explicit gradient of {n}": v for n, v in actual.items()}})
+    assert problem is None, problem
+    for name in wrt:
+        assert actual[name].shape == expected[name].shape, name
+    errors = relative_errors(actual, expected)
+    bounds = tolerance if isinstance(tolerance, dict) else dict.fromkeys(wrt, tolerance)
+    wrong = {name: error for name, error in errors.items() if not error <= bounds[name]}
+    loosened = sum(bound > 1e-12 for bound in bounds.values())
+    these = {name: f"{bounds[name]:.2g}" for name in wrong if bounds[name] > 1e-12}
+    why = (f"; {loosened} of {len(bounds)} bounds loosened to autograd's own rounding spread, of"
+           f" these: {these}") if loosened else ""
+    assert not wrong, f"gradients differ from autograd (relative errors): {wrong}{why}"
+
+
+def finite_difference_mismatch(check, explicit_backward, inputs, wrt):
+    """``check`` (gradcheck or gradgradcheck, fast mode) of ``explicit_backward`` as a function of
+    the :func:`checked_subset` of ``wrt`` (the other ``inputs`` held fixed): None where it passes,
+    else its message."""
+    import importlib
+
+    checked = checked_subset(wrt)
+    fixed = {name: value.detach() for name, value in inputs.items() if name not in checked}
+
+    def through_explicit_backward(*checked_values):
+        return explicit_backward({**fixed, **dict(zip(checked, checked_values))})
+
+    try:
+        check(through_explicit_backward, [inputs[name] for name in checked], fast_mode=True)
+    except importlib.import_module("torch.autograd.gradcheck").GradcheckError as error:
+        return str(error).strip()
+    return None
+
+
+# Where finite differences disagree with the explicit derivatives, the same derivatives are compared
+# with autograd's at the same point, in float64. Equal there, the finite differences disagree with
+# autograd's derivatives of the same forward alike (see the forward test): the point is at fault (a
+# ReLU's or a max's kink within gradcheck's step, rounding amplified by a normalisation over few
+# values), not the code.
+FINITE_DIFFERENCES_FAIL = "finite differences disagree here; "
+
+
+def gradcheck_or_exact(draw, explicit_backward, autograd_gradients, cotangent_for, wrt):
+    """Finite differences of the forward against the explicit backward's gradients at ``draw()``'s
+    inputs; where they disagree, those gradients against autograd's (``autograd_gradients(inputs,
+    cotangent)``) at the same point, in float64, within :func:`rounding_tolerances` (see
+    FINITE_DIFFERENCES_FAIL). Raises AssertionError where the code is wrong."""
+    problem = finite_difference_mismatch(torch.autograd.gradcheck, explicit_backward, draw(), wrt)
+    if problem is None:
+        return
+    inputs = draw()
+    moved = [moved_one_ulp(inputs, seed) for seed in (1, 2)]  # before a forward moves any input
+    result = explicit_backward(inputs)
+    cotangent = cotangent_for(result, 2)
+    values = torch.autograd.grad(result, [inputs[name] for name in wrt], grad_outputs=cotangent)
+    expected = autograd_gradients(inputs, cotangent)
+    at_moved = [autograd_gradients(each, cotangent) for each in moved]
+    bounds = rounding_tolerances(expected, at_moved)
+    try:
+        assert_matches(dict(zip(wrt, values)), expected, bounds, wrt)
+    except AssertionError as error:
+        message = f"{problem}\n{FINITE_DIFFERENCES_FAIL}the explicit backward's {error}"
+        raise AssertionError(message) from None
+
+
+def second_derivatives(forward, inputs, cotangent, wrt):
+    """The derivative of (fixed weights) . (the gradients of the checked inputs of ``wrt``,
+    ``cotangent`` times the Jacobian of ``forward``): a Hessian-vector product, by autograd's
+    backward through the gradients' own computation (the explicit backward's code, or autograd's
+    first backward)."""
+    checked = checked_subset(wrt)
+    result = forward(inputs)
+    first = torch.autograd.grad(result, [inputs[name] for name in checked],
+                                grad_outputs=cotangent, create_graph=True)
+    weighted = sum((seeded_randn(value.shape, 30 + index) * value).sum()
+                   for index, value in enumerate(first))
+    second = torch.autograd.grad(weighted, [inputs[name] for name in checked], allow_unused=True)
+    return {name: torch.zeros_like(inputs[name]) if value is None else value
+            for name, value in zip(checked, second)}
+
+
+# gradgradcheck's finite differences cost about 15 passes forward and back through the explicit
+# backward, and in a deep network with ReLUs one of them likely crosses a kink: past this many
+# differentiated inputs the second derivatives are compared with autograd's exactly, by finite
+# differences only where autograd's cannot be computed
+FINITE_DIFFERENCES_UP_TO = 12
+
+
+def gradgradcheck_or_exact(draw, explicit_backward, run_forward, cotangent_for, wrt):
+    """The explicit gradients are themselves differentiable: finite differences of them (so an op
+    whose autograd has no second derivative is still checked) for at most FINITE_DIFFERENCES_UP_TO
+    differentiated inputs; past it, or where those disagree, their derivatives against autograd's
+    second derivatives of ``run_forward`` at the same point, in float64, within
+    :func:`rounding_tolerances`. Raises AssertionError where the code is wrong."""
+    def finite_differences():
+        check = torch.autograd.gradgradcheck
+        return finite_difference_mismatch(check, explicit_backward, draw(), wrt)
+
+    problem = None
+    if len(wrt) <= FINITE_DIFFERENCES_UP_TO:
+        problem = finite_differences()
+        if problem is None:
+            return
+    inputs = draw()
+    moved = [moved_one_ulp(inputs, seed) for seed in (1, 2)]  # before a forward moves any input
+    cotangent = cotangent_for(run_forward(inputs), 2)
+    try:
+        expected = second_derivatives(run_forward, inputs, cotangent, wrt)
+        at_moved = [second_derivatives(run_forward, each, cotangent, wrt) for each in moved]
+    except RuntimeError as error:  # an op without a double backward in autograd
+        if problem is None:
+            problem = finite_differences()
+            if problem is None:
+                return
+        why = f"autograd's second derivatives cannot be compared: {error}"
+        raise AssertionError(f"{problem}\n({why})") from None
+    actual = second_derivatives(explicit_backward, inputs, cotangent, wrt)
+    errors = relative_errors(actual, expected)
+    bounds = rounding_tolerances(expected, at_moved)
+    wrong = {name: error for name, error in errors.items() if not error <= bounds[name]}
+    why = f"{problem}\n{FINITE_DIFFERENCES_FAIL}" if problem else ""
+    assert not wrong, (f"{why}the explicit second derivatives differ from autograd's (relative "
+                       f"errors): {wrong}")

@@ -127,14 +127,14 @@ def test_where_finite_differences_measure_nothing_the_exact_comparison_still_fai
 def test_past_a_few_inputs_the_second_derivatives_are_compared_exactly_and_fail_a_broken_backward(tmp_path):
     """A network's gradgradcheck (over FINITE_DIFFERENCES_UP_TO differentiated inputs) compares the explicit
     second derivatives with autograd's directly: the file passes the module as generated and fails it with its
-    backward 10% off (Stem's file, its threshold set to 0)."""
+    backward 10% off (Stem's file, the threshold in the shared checking code beside it set to 0)."""
     from tests.helpers import run_generated_tests
 
     torch.manual_seed(0)
     text = trace(Stem().double().train(), {"x": (2, 3, 6, 6)}, name="stem", loss=LossChoice("cross_entropy"),
                  mode="train")
     files = build_text(text, "stem.yaml", documents=False).rendered.files
-    assert "FINITE_DIFFERENCES_UP_TO = 12\n" in files["test_stem.py"]
+    assert "FINITE_DIFFERENCES_UP_TO = 12\n" in files["_symgrad_testdata.py"]  # the shared checking code's
     for name, content in files.items():
         (tmp_path / name).write_text(content.replace("FINITE_DIFFERENCES_UP_TO = 12\n", "FINITE_DIFFERENCES_UP_TO = 0\n"))
     clean = run_generated_tests(tmp_path / "test_stem.py")
