@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import sizes
+from .dataflow import call_sizes
+from .indexing import Gathered, corner_length
 from .recorder import Call
-from .sizes import size_read
 
 if TYPE_CHECKING:
     from .layers import SpecBuilder
@@ -37,6 +38,8 @@ def embedding(builder: "SpecBuilder", op: str, bound: dict, call: Call) -> None:
                             "leave sparse off (torch.optim.SparseAdam needs it; use Adam or SGD)", op)
     bound.pop("norm_type", None)
     index, weight = bound.get("input"), bound.get("weight")
+    if isinstance(index, torch.Tensor) and ("gathered", id(index)) in builder.index_views:
+        return _of_gathered(builder, op, bound, call, builder.index_views[("gathered", id(index))])
     if isinstance(index, torch.Tensor) and id(index) in builder.index_views:
         return _of_view(builder, op, bound, call, builder.index_views[id(index)])
     positions = _positions(builder, index) if isinstance(index, torch.Tensor) else None
@@ -74,15 +77,47 @@ def _of_view(builder: "SpecBuilder", op: str, bound: dict, call: Call, root: tor
     builder.layer(op, {**bound, "input": root}, Call(call.name, call.function, (), {}, rows, call.where, call.module,
                                                      call.leaf))
     current = rows
+    current = _narrowed(builder, call, current, root, corner, index)
+    builder.alias(call, current)
+
+
+def _narrowed(builder: "SpecBuilder", call: Call, current: torch.Tensor, root: torch.Tensor, corner: tuple,
+              view: torch.Tensor) -> torch.Tensor:
+    """``current`` (rows at the whole int64 ``root``) narrowed to the ``corner`` the code's ``view`` holds."""
     for dim, stop in enumerate(corner):
         if stop != root.shape[dim]:
-            length = size_read(builder, stop, dim, len(corner))
+            length = corner_length(builder, view, dim, len(corner))
             narrowed = current.narrow(dim, 0, stop)
             made = Call("narrow", torch.narrow, (current, dim, 0, stop), {}, narrowed, call.where, call.module, call.leaf)
             builder.emit("narrow", {"op": "narrow", "in": builder.node(current), "dim": dim, "start": 0,
-                                    "length": {**length, "dims": [dim]} if isinstance(length, dict) else stop}, made)
+                                    "length": length}, made)
             current = narrowed
-    builder.alias(call, current)
+    return current
+
+
+def _of_gathered(builder: "SpecBuilder", op: str, bound: dict, call: Call, found: Gathered) -> None:
+    """The rows at ids gathered from an int64 buffer (BERT's ``token_type_ids`` from its buffer, gathered at
+    the corner of ``position_ids``, expanded to the batch: modeling_bert.py:91-93): the rows at the whole buffer,
+    picked along the gather's dim at the index's root (the ``index`` layer), narrowed to its corner and
+    expanded as the code expanded the ids, each size read at run time as the code read it."""
+    rows = torch.nn.functional.embedding(found.ids, bound["weight"])
+    builder.layer(op, {**bound, "input": found.ids}, Call(call.name, call.function, (), {}, rows, call.where,
+                                                          call.module, call.leaf))
+    picked = rows[(slice(None),) * found.dim + (found.index,)]
+    builder.layer("index", {"input": rows, "index": found.index, "dim": found.dim},
+                  Call("index", torch.index_select, (), {}, picked, call.where, call.module, call.leaf))
+    shape = [*found.index.shape, rows.shape[-1]]  # the buffer's and the table's sizes: numbers
+    current = picked.reshape(shape)
+    builder.layer("reshape", {"input": picked, "shape": shape}, Call("reshape", torch.reshape, (), {}, current,
+                                                                      call.where, call.module, call.leaf))
+    current = _narrowed(builder, call, current, found.index, found.corner or (), found.view)
+    if found.expand is None:
+        return builder.alias(call, current)
+    from . import views
+    sizes_of = found.expand
+    expanded = Call("expand", torch.Tensor.expand, (current, *call_sizes(sizes_of, "size", "shape"), -1), {},
+                    call.result, call.where, call.module, call.leaf, sizes_of.sizes_read)
+    views.expand(builder, expanded)
 
 
 def _resolver(builder: "SpecBuilder"):

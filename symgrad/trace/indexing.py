@@ -10,6 +10,7 @@ to the shape the view gives, so the spec's values are the code's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,25 @@ def _corner(builder: "SpecBuilder", value: Any) -> tuple[int, ...] | None:
     return builder.index_views.get(("corner", id(value)))
 
 
+def corner_length(builder: "SpecBuilder", view: torch.Tensor, dim: int, rank: int) -> int | dict:
+    """The length of the corner ``view`` along ``dim`` in the spec: the slice's stop where it carries the dims
+    it was read from (``self.position_ids[:, :seq_length]``, ``seq_length`` from ``x.shape[:2]``), else the
+    size the code read last that fits (``sizes.size_read``), else the number."""
+    from . import sizes
+    stops, stop = builder.index_views.get(("stops", id(view)), ()), view.shape[dim]
+    if dim < len(stops) and sizes.has_dims(stops[dim]) and int(stops[dim]) == stop:
+        def resolve(found: sizes.Dim):
+            tensors = builder.size_tensors
+            node = builder.node(tensors[found.index]) if found.index < len(tensors) else None
+            return (node, found.dim) if isinstance(node, str) else None
+
+        spoken = sizes.spec_size(stops[dim], resolve)
+        if spoken is not None:
+            return spoken
+    length = sizes.size_read(builder, stop, dim, rank)
+    return {**length, "dims": [dim]} if isinstance(length, dict) and "dims" not in length else length
+
+
 def _is_corner(index: Any) -> bool:
     """``[:n, :m]``: slices from 0 with step 1."""
     return all(isinstance(item, slice) and item.start in (None, 0) and item.step in (None, 1)
@@ -52,7 +72,10 @@ def _new_dims(index: Any) -> bool:
 
 def index_view(builder: "SpecBuilder", call: "Call") -> bool:
     """Remember a reshape of an int64 input (``index.view(-1)``), or of its leading corner (``index.clone()[:n,
-    :n]``: SwinUNETR where a map is smaller than the window), as a view of it; False for any other call."""
+    :n]``: SwinUNETR where a map is smaller than the window), as a view of it; an int64 input gathered at
+    another's corner (:func:`gathered_ids`); False for any other call."""
+    if call.name == "gather" or (call.arguments and ("gathered", id(call.arguments[0])) in builder.index_views):
+        return gathered_ids(builder, call)
     if (call.name not in RESHAPES | EXPANDS and call.name != "__getitem__") or not call.arguments:
         return False
     source = call.arguments[0]
@@ -75,12 +98,63 @@ def index_view(builder: "SpecBuilder", call: "Call") -> bool:
         if corner is not None or source.shape != root.shape or not _is_corner(call.arguments[1]):
             return False
         corner = tuple(call.result.shape) if call.result.shape != root.shape else None
+        items = call.arguments[1] if isinstance(call.arguments[1], tuple) else (call.arguments[1],)
+        builder.index_views[("stops", id(call.result))] = tuple(item.stop for item in items)
     if call.result.numel() != (math.prod(corner) if corner is not None else root.numel()):
         return False
     builder.index_views[id(call.result)] = root
     if corner is not None:
         builder.index_views[("corner", id(call.result))] = corner
     builder.kept.append(call.result)
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """``ids.gather(dim, index)``, ``ids`` and ``index`` int64 inputs (``index`` possibly a leading corner of
+    one) of size 1 along every other dim, then perhaps expanded (``expand``: that call): BERT's
+    ``token_type_ids`` made from its buffer when the caller passes none (modeling_bert.py:91-93). Only an
+    embedding reads it, as the table's rows at ``ids``, picked at ``index`` (``embedding.of_gathered``)."""
+
+    ids: torch.Tensor
+    dim: int
+    index: torch.Tensor
+    corner: tuple[int, ...] | None
+    view: torch.Tensor
+    """The index as the code passed it (its corner's stops: ``corner_length``)."""
+    expand: "Call | None" = None
+
+
+def gathered_ids(builder: "SpecBuilder", call: "Call") -> bool:
+    """Remember ``ids.gather(dim, index)`` of int64 inputs as :class:`Gathered` (and its ``expand``, its
+    reshapes to the same shape); False where the ids or the index are not such inputs (refused by
+    ``op_hooks.gather``, or as an unknown tensor where something reads it)."""
+    source, result = call.arguments[0], call.result
+    found = builder.index_views.get(("gathered", id(source))) if isinstance(source, torch.Tensor) else None
+    if found is not None:  # .expand(batch, length) of the gathered ids, or a reshape that keeps the shape
+        if call.name in EXPANDS and call.name != "expand_as" and found.expand is None \
+                and isinstance(result, torch.Tensor) and result.dim() == source.dim():
+            found = dataclasses.replace(found, expand=call)
+        elif not (call.name in RESHAPES and isinstance(result, torch.Tensor) and result.shape == source.shape):
+            return False
+        builder.index_views[("gathered", id(result))] = found
+        builder.kept.append(result)
+        return True
+    bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
+    source, dim, index = bound.get("input"), bound.get("dim"), bound.get("index")
+    if not isinstance(source, torch.Tensor) or not isinstance(index, torch.Tensor) or not isinstance(dim, int) \
+            or source.dtype != torch.int64:
+        return False
+    ids = builder.index_views.get(id(source), source)
+    if id(ids) not in builder.sources or ids.shape != source.shape or _corner(builder, source) is not None:
+        return False  # ids.expand(1, -1) of a [1, L] buffer: the buffer itself
+    root = integer_root(builder, index)
+    dim %= source.dim()
+    if root is None or root.dim() != source.dim() or any(
+            size != 1 for tensor in (source, root) for d, size in enumerate(tensor.shape) if d != dim):
+        return False
+    builder.index_views[("gathered", id(result))] = Gathered(ids, dim, root, _corner(builder, index), index)
+    builder.kept.append(result)
     return True
 
 
@@ -117,7 +191,6 @@ def index_with_tensor(builder: "SpecBuilder", call: "Call") -> bool:
 
 
 def _replaced(call: "Call", result: torch.Tensor) -> "Call":
-    import dataclasses
     return dataclasses.replace(call, result=result)
 
 
@@ -142,8 +215,6 @@ def strided_slice(builder: "SpecBuilder", call: "Call", source: torch.Tensor, di
                   step: int) -> torch.Tensor:
     """``source[:, ..., start:stop:step]`` along ``dim`` with a step of 2 or more: the ``slice`` layer (its end
     left open where the slice runs to the end of the dim, so the spec stays shape-generic)."""
-    import dataclasses
-
     result = source[(slice(None),) * dim + (slice(start, stop, step),)]
     end = None if stop >= source.shape[dim] else stop
     part = dataclasses.replace(call, name="slice", arguments=(source,), keywords={}, result=result)
