@@ -65,7 +65,8 @@ def run(label: str, make, channels: int, loss: str, speed: bool, repeats: int = 
 
     from symgrad.check import module_from_source
     from symgrad.pipeline import build_text
-    from symgrad.trace import LossChoice, _source_name, trace
+    from symgrad.trace import LossChoice, trace
+    from symgrad.trace.run_once import source_name
 
     torch.manual_seed(0)
     model = make().double().train()
@@ -90,7 +91,7 @@ def run(label: str, make, channels: int, loss: str, speed: bool, repeats: int = 
         prediction = model(x)
     labels = (torch.randint(prediction.shape[1], (3,), generator=generator) if loss == "cross_entropy"
               else torch.randn(prediction.shape, dtype=torch.float64, generator=generator))
-    named = {_source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
+    named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
     values = {key: x if key == "x" else labels if key == target else named[key] for key in spec["inputs"]}
     state = {key: value.clone() for key, value in model.state_dict().items()}
     results = {}
@@ -110,14 +111,14 @@ def run(label: str, make, channels: int, loss: str, speed: bool, repeats: int = 
 
 
 def _speed(model, modules, channels, target, loss, repeats: int) -> dict:
-    from symgrad.trace import _source_name
+    from symgrad.trace.run_once import source_name
 
     torch.manual_seed(1)
     x = torch.randn(8, channels, 112, 112)
     with torch.no_grad():
         prediction = model(x)
     labels = torch.randint(prediction.shape[1], (8,)) if loss == "cross_entropy" else torch.randn(prediction.shape)
-    named = {_source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
+    named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
     calls = {}
     for form, (module, spec) in modules.items():
         values = {key: x if key == "x" else labels if key == target else named[key] for key in spec["inputs"]}

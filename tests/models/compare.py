@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
-from symgrad.trace import LossChoice, _source_name as source_name, trace
+from symgrad.trace import LossChoice, trace
+from symgrad.trace.run_once import source_name
 from tests.helpers import load_yaml, run_generated_tests
 
 __all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",

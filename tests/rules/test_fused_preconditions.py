@@ -187,7 +187,8 @@ class PoolFormerBlock(nn.Module):
 
 
 def test_poolformer_block_matches_autograd_through_the_module_and_verify_checks_the_fused_path():
-    from symgrad.trace import LossChoice, _source_name, trace
+    from symgrad.trace import LossChoice, trace
+    from symgrad.trace.run_once import source_name
 
     torch.manual_seed(0)
     model = PoolFormerBlock(8, layer_scale_init_value=0.5).double()
@@ -198,7 +199,7 @@ def test_poolformer_block_matches_autograd_through_the_module_and_verify_checks_
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(3, 8, 9, 7, generator=generator, dtype=torch.float64, requires_grad=True)
     target = torch.randn(3, 8, 9, 7, generator=generator, dtype=torch.float64)
-    named = {_source_name("", key, model): value for key, value in model.named_parameters()}
+    named = {source_name("", key, model): value for key, value in model.named_parameters()}
     arguments = {key: {"x": x, "target": target}.get(key, named.get(key)) for key in spec["inputs"]}
     wrt = spec["wrt"]
     expected = torch.autograd.grad(F.mse_loss(model(x), target), [arguments[key] for key in wrt])

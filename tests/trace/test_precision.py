@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
-from symgrad.trace import LossChoice, _source_name, trace
+from symgrad.trace import LossChoice, trace
+from symgrad.trace.run_once import source_name
 from tests.helpers import load_yaml
 
 
@@ -58,7 +59,7 @@ def test_a_float32_trace_records_constants_as_written_and_float64_gradients_matc
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(3, 3, 10, 6, dtype=torch.float64, generator=generator, requires_grad=True)
     target = torch.randn(3, 3, 10, 6, dtype=torch.float64, generator=generator)
-    named = {_source_name("", key, model): value for key, value in model.named_parameters()}
+    named = {source_name("", key, model): value for key, value in model.named_parameters()}
     arguments = {key: {"x": x, "target": target}.get(key, named.get(key)) for key in spec["inputs"]}
     expected = torch.autograd.grad(F.mse_loss(model(x), target), [arguments[key] for key in spec["wrt"]])
     actual = module.gradients(**{key: value.detach() for key, value in arguments.items()})
