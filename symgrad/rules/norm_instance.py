@@ -10,7 +10,6 @@ import sympy
 from ..algebra import Size, op
 from .base import Checker, Forward, Param, Sample, Spelling, positive_number
 from .norm import (
-    BatchNorm,
     Norm,
     check_per_channel,
     flag,
@@ -18,6 +17,7 @@ from .norm import (
     momentum_param,
     normalized_pullback,
 )
+from .norm_batch import BatchNorm
 
 
 class InstanceNorm(Norm):
