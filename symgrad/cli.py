@@ -1,12 +1,12 @@
 """The ``symgrad`` command line. Exit codes: 0 ok, 1 verification failed or files stale, 2 bad input.
 
 Longer than most modules here because each subcommand's options, help and one-line error handling are
-declared beside it; each command's body only calls the library (``pipeline``, ``trace``, ``certify``)."""
+declared beside it; each command's body only calls the library (``pipeline``, ``trace``, ``certify``).
+``symgrad trace`` is ``cli_trace.py``; how every command fails in one line is ``cli_errors.py``."""
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -14,11 +14,10 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .cli_errors import OneLineErrors, fail
+from .cli_trace import trace_command
 from .errors import SymgradError
 from .write import spec_of
-
-LOSS_CHOICES = ("mse", "half_sq_error", "l1", "smooth_l1", "huber", "cross_entropy", "nll")
-"""``symgrad trace --loss`` values (``trace.LOSS_NAMES`` maps them to the spec's loss ops)."""
 
 TOLERANCE_FLOAT64 = 1e-12
 
@@ -50,34 +49,7 @@ def _expand(paths: tuple[str, ...]) -> list[Path]:
     return specs
 
 
-def _fail(error: Exception) -> None:
-    click.echo(str(error) if isinstance(error, SymgradError) else f"error: {error}", err=True)
-    sys.exit(2)
-
-
-class _OneLineErrors(click.Group):
-    """Every command gives a result or a one-line error, never a traceback: an error symgrad did not
-    foresee is said in one line, as its own (``SYMGRAD_TRACEBACK=1`` shows where it was raised)."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
-                KeyboardInterrupt):
-            raise
-        except SymgradError as error:
-            _fail(error)
-        except Exception as error:  # noqa: BLE001 - said in one line, as asked
-            if os.environ.get("SYMGRAD_TRACEBACK"):
-                raise
-            first = (str(error).strip().splitlines() or [""])[0][:300]
-            click.echo(f"error: symgrad {ctx.invoked_subcommand or ''} failed: {type(error).__name__}: {first} (fix: "
-                       "this is a bug in symgrad: please report it with the command and its spec; "
-                       "SYMGRAD_TRACEBACK=1 shows where)", err=True)
-            sys.exit(2)
-
-
-@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="symgrad")
 def main() -> None:
     """Explicit, closed-form, differentiable PyTorch gradient code for your model: trace the model to a
@@ -116,7 +88,7 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
     failed = False
     rendered_all = []
     if no_recompute and keep not in (None, "autograd"):
-        _fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} "
+        fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} "
                          "(fix: drop one of them)"))
     try:
         extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
@@ -126,14 +98,14 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
         _refuse_name_clashes([(spec_path, result.rendered.name) for spec_path, result in rendered_all],
                              Path(output), force)
     except SymgradError as error:
-        _fail(error)
+        fail(error)
     from .write import write_files
 
     for spec_path, result in rendered_all:
         try:
             written = write_files(result.rendered, Path(output), force=force)
         except SymgradError as error:
-            _fail(error)
+            fail(error)
         click.echo(f"{spec_path.as_posix()}: {result.rendered.name}")
         for warning in _zero_gradient_warnings(result):
             click.echo(warning, err=True)
@@ -153,7 +125,7 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
             try:
                 report = run_verify(result.graph, module, result.shapes)
             except SymgradError as error:
-                _fail(error)
+                fail(error)
             ok = report.worst() <= TOLERANCE_FLOAT64
             failed |= not ok
             shapes = "; ".join(", ".join(f"{k}{list(v)}" for k, v in s.items()) for s in result.shapes)
@@ -224,7 +196,7 @@ def docs(specs, output, force):
             for path in write_files(documents, Path(output), force=force):
                 click.echo(f"wrote {path}")
     except SymgradError as error:
-        _fail(error)
+        fail(error)
 
 
 @main.command(name="verify")
@@ -239,7 +211,7 @@ def verify_command(spec, float32_shapes):
     try:
         result = build(spec, Path(spec).as_posix())
     except SymgradError as error:
-        _fail(error)
+        fail(error)
     module = module_from_source(result.rendered.files[f"{result.rendered.name}.py"], result.rendered.name)
     shapes32 = {node.name: node.shape for node in result.graph.inputs} if float32_shapes == "spec" else result.shapes[0]
     started = time.perf_counter()
@@ -253,7 +225,7 @@ def verify_command(spec, float32_shapes):
         table = accuracy_table(result.graph, module, result.shapes, shapes32, progress=progress,
                                tolerance=TOLERANCE_FLOAT64)
     except SymgradError as error:
-        _fail(error)
+        fail(error)
     rows = table.rows
     header = ("gradient", "float64 vs autograd", "float32 vs float64", "autograd float32 vs float64", "gradcheck",
               "gradgradcheck")
@@ -310,7 +282,7 @@ def init(path, force):
     try:
         write_text(target, STARTER_SPEC)
     except SymgradError as error:
-        _fail(error)
+        fail(error)
     click.echo(f"wrote {target}; next: symgrad generate {target} --verify")
 
 
@@ -328,7 +300,7 @@ def certify(specs):
         try:
             built = [build(path, Path(path).as_posix()) for path in _expand(specs)]
         except SymgradError as error:
-            _fail(error)
+            fail(error)
         for result in built:
             for layer in certify_spec(result.graph):
                 if layer.entries:
@@ -375,158 +347,7 @@ def _registry_certificates():
             + [lambda item=item: linear_case(*item) for item in LINEAR_CASES])
 
 
-@main.command(name="trace")
-@click.argument("target")
-@click.option("--input", "--shape", "inputs", multiple=True, metavar="NAME=D0,D1,...",
-              help="A tensor argument's shape (NAME=int64:D0,... for class labels); repeat for each.")
-@click.option("--arg", "values", multiple=True, metavar="NAME=VALUE", help="A non-tensor argument (a number, string, list).")
-@click.option("--init", default=None, metavar="'NAME=VALUE,...'", help="Arguments for building an nn.Module class.")
-@click.option("--loss", "loss_kind", default=None, type=click.Choice(sorted(LOSS_CHOICES)),
-              help="Put this loss after a forward that returns its prediction.")
-@click.option("--target", "target_name", default="target", show_default=True, help="The target's input name (with --loss).")
-@click.option("--reduction", default=None, type=click.Choice(["sum", "mean", "per_sample"]),
-              help="The --loss reduction (default: PyTorch's, mean; sum for half_sq_error).")
-@click.option("--eval", "eval_mode", is_flag=True, help="Trace every submodule in eval mode, as model.eval() sets it "
-              "(running statistics as inputs), whatever mode the model set; one spec.")
-@click.option("--train", "train_mode", is_flag=True, help="Trace every submodule in train mode, as model.train() sets it "
-              "(batch statistics), whatever mode the model set; one spec.")
-@click.option("--modes", "module_modes", default=None, metavar="'PATH=eval,...'",
-              help="Set submodules' modes after model.train() (model.eval() with --eval), in order: backbone=eval "
-              "traces a frozen backbone (its BatchNorm keeps its running statistics).")
-@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters), "
-              "or `parameters`: the parameters alone, as a training step (symgrad.bind) needs.")
-@click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
-@click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
-@click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Stop with an error if tracing takes longer than this.")
-@click.option("--flat", is_flag=True, help="Every layer inline, instead of one block per repeated submodule class.")
-def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, module_modes,
-                  wrt, spec_name, output, timeout, flat):
-    """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec.
-
-    Without --train or --eval the model is traced as it sets its modes, each submodule in its own
-    (self.backbone.eval() in __init__: a frozen backbone); a model that returns its outputs is traced in
-    its other mode too, as a whole (model.eval(), or model.train() where its root is in eval mode), and
-    symgrad.bind runs whichever the model's modes are in."""
-    from .trace import LOSS_NAMES, LossChoice, TraceError, load_target, trace
-
-    try:
-        if eval_mode and train_mode:
-            raise TraceError("error: --eval and --train both given (fix: choose one)")
-        shapes, dtypes = {}, {}
-        for item in inputs:
-            name, _, sizes = item.partition("=")
-            dtype, _, sizes = sizes.rpartition(":")
-            try:
-                shapes[name] = tuple(int(size) for size in sizes.split(","))
-            except ValueError:
-                raise TraceError(f"error: --input {item!r} is not NAME=D0,D1,... (fix: write e.g. x=8,3,32,32 "
-                                 "or labels=int64:8)") from None
-            if dtype not in ("", "float32", "int64"):
-                raise TraceError(f"error: --input {item!r} has dtype {dtype!r} (fix: use int64 for labels, or no dtype)")
-            if dtype == "int64":
-                dtypes[name] = "int64"
-        if not shapes:
-            raise TraceError("error: no --input given (fix: pass each tensor argument's shape, e.g. --input x=8,3,32,32)")
-        arguments = dict(_literal_pair(item, "--arg") for item in values)
-        init_arguments = dict(_literal_pair(item, "--init") for item in _split_top_level(init)) if init else None
-        function = load_target(target, init_arguments)
-        if module_modes is not None:  # the whole model in the flag's mode, then each entry
-            from .modes import apply_modes
-
-            apply_modes(function, module_modes, evaluation=eval_mode)
-        loss = LossChoice(LOSS_NAMES[loss_kind], target_name, reduction) if loss_kind else None
-        name = spec_name or re.sub(r"\W", "_", target.rsplit(":", 1)[1]).lower() + "_gradients"
-        mode = "eval" if eval_mode else "train" if train_mode else None
-        wrt_list = (wrt if wrt == "parameters" else wrt.split(",")) if wrt else None
-        evaluation = None
-        import torch
-
-        if loss is None and mode is None and isinstance(function, torch.nn.Module):  # as set, and the other mode
-            from .trace import trace_modes
-
-            text, evaluation = trace_modes(function, shapes, wrt_list, name, arguments=arguments, dtypes=dtypes,
-                                           timeout=timeout, blocks=not flat)
-        else:
-            text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments, dtypes=dtypes,
-                         mode=mode if module_modes is None else None, timeout=timeout, blocks=not flat)
-        from .retrace import options_line, with_options  # what bind's refusals print to trace it again
-
-        line = options_line(inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode,
-                            module_modes, wrt, spec_name, timeout, flat)
-        text, evaluation = with_options(text, line), evaluation and with_options(evaluation, line)
-        if evaluation is not None and output == "-":
-            raise TraceError("error: the model runs other layers in eval mode than in train mode (BatchNorm, "
-                             "dropout or its outputs), so symgrad writes two specs (fix: pass -o FILE.yaml: the "
-                             "eval-mode spec goes beside it as FILE_eval.yaml; or trace one mode with --train or --eval)")
-    except SymgradError as error:
-        _fail(error)
-    if evaluation is not None:
-        from .write import write_text
-
-        beside = Path(output).with_name(f"{Path(output).stem}_eval.yaml")
-        try:
-            write_text(Path(output), text)
-            write_text(beside, evaluation)
-        except SymgradError as error:
-            _fail(error)
-        click.echo(f"wrote {output} (train mode) and {beside} (eval mode); next: symgrad generate {output} "
-                   f"{beside} -o DIR, then symgrad.bind(DIR/{name}.py, model)")
-        return
-    if output == "-":
-        click.echo(text, nl=False)
-    else:
-        from .write import write_text
-
-        try:
-            write_text(Path(output), text)
-        except SymgradError as error:
-            _fail(error)
-        click.echo(f"wrote {output}; next: symgrad generate {output} --verify")
-
-
-def _literal_pair(item: str, option: str) -> tuple[str, object]:
-    """``NAME=VALUE`` with VALUE a YAML literal (number, string, bool, list): never code. A value for the
-    model's own code, not a name: ``relu=off`` is False, as YAML 1.1 reads it (a spec's names read ``off``)."""
-    import yaml
-
-    from .trace import TraceError
-
-    name, equals, text = item.partition("=")
-    name = name.strip()
-    if not equals or not name.isidentifier():
-        raise TraceError(f"error: {option} {item!r} is not NAME=VALUE (fix: write e.g. {option} sigma=0.1)")
-    try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
-                         f"(fix: write e.g. {name}=[64, 128])") from None
-    if not _plain_literal(value):
-        raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
-                         f"(fix: write e.g. {name}=[64, 128])")
-    return name, value
-
-
-def _plain_literal(value) -> bool:
-    if isinstance(value, list):
-        return all(_plain_literal(item) for item in value)
-    return value is None or isinstance(value, (bool, int, float, str))
-
-
-def _split_top_level(text: str) -> list[str]:
-    """``a=1,b=[2,3]`` into ``a=1`` and ``b=[2,3]``: commas inside brackets stay."""
-    parts, depth, current = [], 0, ""
-    for character in text:
-        if character in "[{(":
-            depth += 1
-        elif character in "]})":
-            depth -= 1
-        if character == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += character
-    return [part for part in [*parts, current] if part.strip()]
+main.add_command(trace_command)  # symgrad trace (symgrad/cli_trace.py)
 
 
 @main.command(name="spec-help")

@@ -404,7 +404,7 @@ def test_modules_named_on_off_yes_no_null_trace_bind_and_train_as_autograd(tmp_p
 
 
 def test_a_hand_written_spec_reads_on_off_yes_no_as_names_and_only_true_false_as_bools():
-    from symgrad.cli import _literal_pair
+    from symgrad.cli_trace import literal_pair
     from symgrad.spec_yaml import load_yaml
 
     spec = load_yaml("name: s\ninputs:\n  on: {shape: [1]}\n  no: {shape: [1]}\nlayers:\n"
@@ -412,7 +412,7 @@ def test_a_hand_written_spec_reads_on_off_yes_no_as_names_and_only_true_false_as
     assert list(spec["inputs"]) == ["on", "no"] and spec["layers"][0] == {"op": "relu", "in": "on", "out": "off"}
     assert spec["wrt"] == ["yes"] and spec["flag"] is True
     # a value for the model's own code (`--arg`, `--init`) is not a name: `off` is False there, as YAML 1.1 reads it
-    assert [_literal_pair(f"a={text}", "--arg")[1] for text in ("off", "yes", "TRUE", "2")] == [False, True, True, 2]
+    assert [literal_pair(f"a={text}", "--arg")[1] for text in ("off", "yes", "TRUE", "2")] == [False, True, True, 2]
 
 
 def test_a_name_yaml_cannot_read_bare_is_quoted_and_refused_as_a_name_in_one_line():
