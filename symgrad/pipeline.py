@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .body_graphs import block_variants, top_graph
 from .emit import Rendered
 from .errors import GeneratorError
 from .expand import Expanded, expand
-from .graph import Graph, block_variants, build_graph, top_graph
+from .graph import Graph, build_graph
 from .names import check_module_source, check_statement_targets
 from .plan import Structured, plan_block, plan_program
 from .printing import to_code
@@ -106,8 +107,8 @@ def planned_program(expanded: Expanded, extras: tuple[str, ...] = (), fused: boo
                     tests: bool = True, lean: bool = False) -> Structured:
     """The one walk over a program's bodies, stage by stage. Graph: the flat graph (the checks, the
     instances' shapes, the tests' small shapes), each block's body (once per block, not per
-    instance; once per distinct set of hyper values and size-1 axes: ``graph.block_variants``), the
-    top body, in which each instance is one call (``graph.top_graph``; an inlined program's is the
+    instance; once per distinct set of hyper values and size-1 axes: ``body_graphs.block_variants``), the
+    top body, in which each instance is one call (``body_graphs.top_graph``; an inlined program's is the
     flat graph). Derive: every body, readable and fused; the top body's names checked against the
     spec's; the extras' statements. Plan: each block body (``plan.plan_block``), then the top body (``plan.plan_program``).
     ``extras``, ``fused``, ``recompute``, ``lean``: see :func:`_build_program`; ``tests=False``: no

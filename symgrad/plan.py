@@ -1,9 +1,9 @@
 """Planning a program (``expand``): every body, graphed and derived already, scheduled the same way.
 
 The walk (``pipeline.planned_program``) graphs every body first: each block's once per distinct
-set of hyper values and size-1 axes among its instances (``graph.block_variants``), the top body,
+set of hyper values and size-1 axes among its instances (``body_graphs.block_variants``), the top body,
 in which each instance is one :class:`~symgrad.rules.call.BlockRule` node (a run of them one
-:class:`~symgrad.rules.call.ChainRule`: ``graph.top_graph``); then derives them all; then plans
+:class:`~symgrad.rules.call.ChainRule`: ``body_graphs.top_graph``); then derives them all; then plans
 here: each block body once (:func:`plan_block`: variants whose statements print the same serve
 them all), then the top body (:func:`plan_program`). A program without blocks is its top body
 alone, whose graph is the flat graph. ``symgrad.render`` prints the :class:`Structured` result.
@@ -15,9 +15,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
+from .body_graphs import Variant
 from .errors import SpecError
 from .expand import Expanded
-from .graph import Graph, Variant
+from .graph import Graph
 from .printing import to_code
 from .reverse import Program
 from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
@@ -93,7 +94,7 @@ def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, der
 
 
 def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = False) -> DerivedBlock:
-    """A block's body planned once for all its instances, from its variants (``graph.block_variants``:
+    """A block's body planned once for all its instances, from its variants (``body_graphs.block_variants``:
     one per distinct set of hyper values and size-1 axes, each derived already), each scheduled as
     any body is; every variant must print the same code as the first, whose body every instance
     calls, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do)."""

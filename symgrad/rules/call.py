@@ -100,7 +100,7 @@ class BlockOutput(Rule):
 
 @dataclass
 class DerivedBlock:
-    """A block's body as the walk fills it in: its graph (``graph.block_variants``: what the top
+    """A block's body as the walk fills it in: its graph (``body_graphs.block_variants``: what the top
     body's graph reads of it), then its derivation and its plan (``plan.plan_block``)."""
 
     spec: BlockSpec
@@ -140,7 +140,7 @@ class BlockRule(Rule):
     def __init__(self, derived: DerivedBlock, graph_of: Callable):
         self.derived = derived
         self.graph_of = graph_of
-        """The block's body as a graph at an instance's shapes and hypers (``graph.block_graph``)."""
+        """The block's body as a graph at an instance's shapes and hypers (``body_graphs.block_graph``)."""
         block = derived.spec
         self.op = block.name
         self.operands = (tuple(Operand(name, from_in=True) for name in block.inputs)

@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 
 import symgrad
+from symgrad.body_graphs import MODULE_NAMES
 from symgrad.errors import GeneratorError
-from symgrad.graph import MODULE_NAMES
 from symgrad.names import check_module_source
 from symgrad.spec import parse_spec
 from symgrad.trace import trace
