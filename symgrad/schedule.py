@@ -3,7 +3,7 @@ functions runs, between the derivation and the rendering.
 
 :func:`schedule` takes the body's two derivations (the readable one, whose formulas the docstring and
 documents show, and the fused one ``gradients`` runs) and decides, statement by statement: which statements
-each function needs (no dead variables), where each value is deleted (at its last use), what the
+each function needs (no dead variables), where each value is deleted (at its last use, ``lifetimes.py``), what the
 drop-in backward keeps from its forward, and the ``hvp`` and ``per_sample_gradients`` statements.
 The layout rule and what the generated tests draw are the program's, computed once from its flat
 graph (``symgrad.plan``). :mod:`symgrad.render` then only prints what the :class:`Plan` holds.
@@ -16,25 +16,11 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import TensorOp, op, tensor
+from .algebra import TensorOp, tensor
 from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
+from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
 from .rematerialize import COMMENT as REBUILT, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement
-
-
-@dataclass(frozen=True)
-class Scheduled:
-    """A statement and the names deleted right after it (their last use: a value is freed there,
-    not when the function returns)."""
-
-    statement: Statement
-    dead: tuple[str, ...] = ()
-    narrowed: tuple[str, ...] = ()
-    """Saved names kept from here on as autocast's cast copy (:func:`_autocast_saved`): their last
-    forward use, so the wider value is freed where autograd frees it."""
-    in_place: bool = False
-    """Run as its op's in-place form, overwriting its first operand (``torch.relu_(norm)``):
-    :func:`_overwriting`."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +106,8 @@ def schedule(program: Program, fast: Program, extras: dict | None = None, recomp
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
         live = live[:split] + again
-    _, backward, boundary_dead = _with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
-    backward = _added_in_place(_overwriting(backward, only=REBUILT))
+    _, backward, boundary_dead = with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
+    backward = added_in_place(overwriting(backward, only=REBUILT))
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)
     # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
     # keeps) stays as it is: a cast copy there would be kept beside it
@@ -129,7 +115,7 @@ def schedule(program: Program, fast: Program, extras: dict | None = None, recomp
     returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
                 *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
     narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
-    saving_forward = _overwriting(_added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
+    saving_forward = overwriting(added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
     optional: dict = {}
     hvp_live, per_sample_live = [], []
     extras = extras or {}
@@ -148,7 +134,7 @@ def schedule(program: Program, fast: Program, extras: dict | None = None, recomp
         boundary = _count_among(per_sample_live, program.forward)
         # each per-sample product as soon as its output gradient exists, so both die there
         scheduled = _scheduled_early(per_sample_live, boundary, extra)
-        forward, backward_part, dead = _with_deletions(
+        forward, backward_part, dead = with_deletions(
             scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
         optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
                         per_sample_names=list(results), per_sample_batched=batched)
@@ -248,116 +234,6 @@ def _named_entries(backward: list[Statement], every: list[Statement]) -> list[St
     return result
 
 
-def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol]):
-    """Each symbol's last reading statement (``boundary - 0.5``: the default cotangent, read between
-    the forward and the backward part), and the symbols these statements make."""
-    last_use: dict[sympy.Symbol, float] = {}
-    for index, statement in enumerate(statements):
-        for symbol in statement.value.free_symbols:
-            last_use[symbol] = index
-    for symbol in boundary_uses:
-        last_use[symbol] = max(last_use.get(symbol, -1), boundary - 0.5)
-    return last_use, {statement.target for statement in statements}
-
-
-def _dying(statement: Statement, index: int, last_use, owned, keep) -> list[sympy.Symbol]:
-    """What ``statement`` reads for the last time, of what this function made and does not return."""
-    return sorted((symbol for symbol in statement.value.free_symbols
-                   if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
-
-
-def _dying_at_boundary(boundary: int, last_use, owned, keep) -> list[str]:
-    return sorted(symbol.name for symbol, index in last_use.items()
-                  if index == boundary - 0.5 and symbol in owned and symbol not in keep)
-
-
-def _with_deletions(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol],
-                    keep: set[sympy.Symbol]) -> tuple[list[Scheduled], list[Scheduled], list[str]]:
-    """The statements, each with the names to delete right after it (so a value is freed at its
-    last use, not when the function returns; autograd keeps what it saved), split at the boundary,
-    and the names to delete once the default cotangent is made."""
-    last_use, owned = _last_uses(statements, boundary, boundary_uses)
-    scheduled = [Scheduled(statement, tuple(symbol.name for symbol in _dying(statement, index, last_use, owned, keep)))
-                 for index, statement in enumerate(statements)]
-    return scheduled[:boundary], scheduled[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
-
-
-def _is_fresh(value, made: dict) -> bool:
-    """Whether ``value`` makes a new tensor, no view of another, that its own autograd backward does
-    not read: an op whose output is fresh (``Primitive.fresh``: a convolution, a norm, a kernel's
-    gradients), an entry of such an op's tuple (``made``: each symbol's value), a sum of names."""
-    if isinstance(value, TensorOp) and value.primitive.name == "item":  # an entry of a fresh tuple
-        value = made.get(value.operands[0])
-    return (isinstance(value, TensorOp) and value.primitive.fresh) or (
-        isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
-
-
-def _made_and_readers(scheduled: list[Scheduled]) -> tuple[dict, dict[sympy.Symbol, int]]:
-    """Each symbol's value in ``scheduled``, and how many of its statements read each symbol."""
-    made = {item.statement.target: item.statement.value for item in scheduled}
-    readers: dict[sympy.Symbol, int] = {}
-    for item in scheduled:
-        for symbol in item.statement.value.free_symbols:
-            readers[symbol] = readers.get(symbol, 0) + 1
-    return made, readers
-
-
-def _overwriting(scheduled: list[Scheduled], only: str | None = None) -> list[Scheduled]:
-    """``scheduled`` (a forward) with each statement that may run in place marked so: an op with an
-    in-place form (ReLU's ``torch.relu_``, ReLU6's ``inplace=True``) whose operand this statement alone
-    reads, dies there and was made here by an op whose output is fresh (:func:`_is_fresh`), so nothing
-    else holds or reads that buffer, autograd included: an earlier reader's autograd node may have
-    saved it (a convolution saves its input), which ``gradients`` differentiated again would read. One
-    buffer fewer per ReLU, as the model's own ``ReLU(inplace=True)``; its backward reads its output,
-    which is what stays. ``only``: the statements with that comment alone (a backward's values made
-    again, :mod:`symgrad.rematerialize`)."""
-    made, readers = _made_and_readers(scheduled)
-    result = []
-    for item in scheduled:
-        value = item.statement.value
-        if only is not None and item.statement.comment != only:
-            result.append(item)
-            continue
-        if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
-                and value.operands[0].is_Symbol and value.operands[0].name in item.dead
-                and readers.get(value.operands[0]) == 1 and _is_fresh(made.get(value.operands[0]), made)):
-            item = dataclasses.replace(item, in_place=True)
-        result.append(item)
-    return result
-
-
-def _added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list[Scheduled]:
-    """``scheduled`` with each branch sum (``every_sum``: each sum, in a forward) that has a fresh term
-    (``grad_x = local_conv1_0 + grad_add``: a kernel's new output that this sum alone reads and no
-    other term reads, or a product computed right there) written as ``_add_into(local_conv1_0,
-    grad_add)``, which adds the other terms into that one where no graph is recorded: no new tensor
-    per sum, as autograd's engine adds a node's incoming gradients into its buffer, and as a model's
-    ``out += identity`` adds. A sum with a negated term stays as it is (``a - b`` is one kernel;
-    ``_add_into(a, -b)`` two)."""
-    made, readers = _made_and_readers(scheduled)
-
-    def owned_here(term, item, terms) -> bool:
-        if any(term in other.free_symbols for other in terms if other is not term):
-            return False  # `t + t.permute(1, 0)`: an in-place add would read a view of what it writes
-        if term.is_Symbol:  # made here, fresh, read by this sum alone, and not kept
-            return (term.name in item.dead and readers.get(term) == 1 and term in made
-                    and _is_fresh(made[term], made))
-        # computed as the call's argument, where nothing else holds it: a product is a new tensor
-        return isinstance(term, sympy.Mul) or _is_fresh(term, made)
-
-    result = []
-    for item in scheduled:
-        value = item.statement.value
-        if isinstance(value, sympy.Add) and (every_sum or item.statement.gradient_of is not None):
-            terms = value.as_ordered_terms()
-            first = next((term for term in terms if owned_here(term, item, terms)), None)
-            if first is not None and not any(term.is_number or term.could_extract_minus_sign() for term in terms):
-                value = op("add_into", first, *(term for term in terms if term is not first))
-                item = dataclasses.replace(item, statement=dataclasses.replace(item.statement, value=value))
-        result.append(item)
-    return result
-
-
 def _scheduled_early(statements: list[Statement], boundary: int, movable: list[Statement]) -> list[Statement]:
     """The statements with each of ``movable`` moved up to just after the last statement whose value
     it reads (never into the forward part): what it reads can then be freed before the next step."""
@@ -389,7 +265,7 @@ def _saved_for_backward(fast: Program, statements: list[Statement], boundary: in
     kept = [statement.target for statement in statements[:boundary] if statement.target in read]
     loss = fast.forward[-1].target
     live = _live(fast.forward, {*kept, loss})
-    scheduled, _, _ = _with_deletions(live, len(live), set(), {*kept, loss})
+    scheduled, _, _ = with_deletions(live, len(live), set(), {*kept, loss})
     return [symbol.name for symbol in kept], scheduled, loss.name
 
 

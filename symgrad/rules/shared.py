@@ -84,7 +84,7 @@ ADD_INTO = '''def _add_into(fresh, *others):
     return fresh
 '''
 """Emitted once into each module with a sum the planner adds into its fresh term
-(``plan._added_in_place``); autograd's ``InputBuffer::accumulate`` adds in place on the same terms."""
+(``lifetimes.added_in_place``); autograd's ``InputBuffer::accumulate`` adds in place on the same terms."""
 
 primitive("add_into", helper=ADD_INTO, fresh=True, tangent=LINEAR,
           code=lambda operands, params, show: f"_add_into({', '.join(operands)})",

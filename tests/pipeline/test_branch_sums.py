@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 import symgrad
 from symgrad.algebra import op, tensor
+from symgrad.lifetimes import Scheduled, added_in_place
 from symgrad.reverse import Statement
 from symgrad.rules.shared import ADD_INTO
-from symgrad.schedule import Scheduled, _added_in_place
 from symgrad.trace import LossChoice, trace
 from tests.helpers import build_text, module_from_source
 from tests.models.classic import BasicBlock  # torchvision's, as its authors write it: `out += identity`
@@ -89,8 +89,8 @@ def _scheduled(*statements, dead=None):
 
 
 def _planned_sum(*statements, dead):
-    """The value ``_added_in_place`` leaves in the last statement."""
-    return _added_in_place(_scheduled(*statements, dead=dead))[-1].statement.value
+    """The value ``added_in_place`` leaves in the last statement."""
+    return added_in_place(_scheduled(*statements, dead=dead))[-1].statement.value
 
 
 g, y, x, t, u, v = (tensor(name) for name in ("g", "y", "x", "t", "u", "v"))
