@@ -8,6 +8,7 @@ string reaches them raw. They render in Jinja's sandbox with ``StrictUndefined``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .printing import to_code, to_latex
@@ -63,7 +64,32 @@ def printed_lines(scheduled: list[Scheduled], steps: list | None = None) -> list
         index += used
     if steps is not None:
         steps[:] = [steps[position] for position in kept]
-    return lines
+    return _commented_once(lines)
+
+
+PULLED = ": pulled back to its "
+"""How a pullback's comment names the operand it reaches (``symgrad.reverse``): ``fc = F.linear(...):
+pulled back to its bias``."""
+
+
+def _commented_once(lines: list[Line]) -> list[Line]:
+    """One node's pullbacks to several operands, line after line (a linear's to its bias, weight and
+    input), under one comment, the first line's, naming them all: its forward line quoted once."""
+    result: list[Line] = []
+    first, operands = None, []
+    for line in lines:
+        quoted, found, operand = line.comment.rpartition(PULLED)
+        if found and first is not None and result[first].comment.startswith(quoted + PULLED):
+            operands.append(operand)
+            result[first] = dataclasses.replace(result[first], comment=quoted + PULLED + (
+                ", ".join(operands[:-1]) + " and " + operands[-1]))
+            line = dataclasses.replace(line, comment="")
+        elif found:
+            first, operands = len(result), [operand]
+        else:
+            first, operands = None, []
+        result.append(line)
+    return result
 
 
 def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
@@ -84,12 +110,43 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
         return printed_line(item.statement, item.dead, item.in_place, item.narrowed), 1
-    names = ", ".join(reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs))
+    targets = [reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs)]
+    names = ", ".join(targets)
     code = to_code(value)
     dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))
     narrowed = tuple(dict.fromkeys((*item.narrowed, *(name for other in reads.values() for name in other.narrowed))))
-    return (Line(names, code, item.statement.comment, f"{names} = {code}", to_latex(target), to_latex(value), dying,
+    formula = kernel_formula(value)  # after the node's name, where the derivation's step table links
+    comment = f"{item.statement.node}: {formula}" if formula else item.statement.comment
+    return (Line(names, code, comment, f"{names} = {code}", to_latex(target), to_latex(value), dying,
                  narrowed), position - index)
+
+
+def kernel_formula(value) -> str | None:
+    """What a fused kernel's call computes, each gradient it returns as a formula of the call's
+    arguments (``grad_x = conv_transpose2d(grad, w, stride=2, padding=1, output_padding=...), grad_w
+    = x ⋆ grad``; x̂ = (x - mean)/σ, batch norm's normalised input): the math a reviewer checks, beside the kernel
+    that computes it fast; None for any other call."""
+    name = getattr(getattr(value, "primitive", None), "name", None)
+    if name not in ("conv_backward", "batch_norm_backward"):
+        return None
+    params = value.params
+    if name == "batch_norm_backward":
+        scale = "1/σ" if len(value.operands) < 5 or value.operands[2] is None else "w/σ"
+        formulas = (f"grad_x = {scale}·(grad - avg(grad) - x̂·avg(grad·x̂))", "grad_w = Σ grad·x̂",
+                    "grad_b = Σ grad")
+    else:
+        dims, transposed = params["dims"], params.get("transposed")
+        options = [f"{key}={params[key][0] if len(set(params[key])) == 1 else tuple(params[key])}"
+                   for key, default in (("stride", 1), ("padding", 0), ("dilation", 1))
+                   if any(entry != default for entry in params[key])]
+        options += [f"groups={params['groups']}"] * (params["groups"] != 1)
+        if any(entry != 1 for entry in params["stride"]) and not transposed:
+            options.append("output_padding=...")  # the input's size that the stride rounded away
+        shown = "".join(", " + option for option in options)
+        formulas = (f"grad_x = conv{dims}d(grad, w{shown})" if transposed
+                    else f"grad_x = conv_transpose{dims}d(grad, w{shown})",
+                    "grad_w = grad ⋆ x" if transposed else "grad_w = x ⋆ grad", "grad_b = Σ grad")
+    return ", ".join(formula for formula, wanted in zip(formulas, params["output_mask"]) if wanted)
 
 
 def _is_mask(statement) -> bool:

@@ -404,9 +404,10 @@ def module_constants(spec, any_width: bool = False, running: frozenset = frozens
     wrt = {name for name, _ in spec.wrt}
     frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt | running})
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
-    return (f"FINGERPRINT = {python_literal(summaries, lead=14)}\n"
-            '"""The traced model by submodule (the spec\'s ``fingerprint:``): class, hashes of code, hypers and\n'
-            'own tensors\' shapes, mode if read, BatchNorm runs; ``symgrad.bind`` refuses a model that differs."""\n'
+    return (_fingerprint_literal(summaries) + "\n"
+            '"""The traced model by submodule (the spec\'s ``fingerprint:``; a row several share written\n'
+            'once): class, hashes of code, hypers and own tensors\' shapes, mode if read, BatchNorm runs;\n'
+            '``symgrad.bind`` refuses a model that differs."""\n'
             + (f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
                '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
                'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
@@ -415,6 +416,26 @@ def module_constants(spec, any_width: bool = False, running: frozenset = frozens
                '"""What else the traced forward read (``symgrad.guards``): the functions of the model\'s code it\n'
                'called (hashed with what they read); its literal reads and non-tensor arguments, where any."""'
                if spec.guards else ""))
+
+
+def _fingerprint_literal(summaries: dict[str, list]) -> str:
+    """``FINGERPRINT = ...``: where submodules share their row (every ReLU, each block's convolutions
+    alike), each distinct row written once, numbered, and each submodule's number in the model's
+    order (the order bind compares them in); the same dict, a few lines instead of one per submodule."""
+    rows: list[str] = []
+    numbers = {}
+    for path, row in summaries.items():
+        text = python_literal(row, indent=4, lead=4)
+        numbers[path] = rows.index(text) if text in rows else rows.append(text) or len(rows) - 1
+    if len(rows) == len(summaries):
+        return f"FINGERPRINT = {python_literal(summaries, lead=14)}"
+    lines = [""]
+    for pair in (f"{json.dumps(path)}: {number}," for path, number in numbers.items()):
+        if lines[-1] and len(lines[-1]) + 1 + len(pair) > 100:
+            lines.append("")
+        lines[-1] += (" " if lines[-1] else "    ") + pair
+    return ("FINGERPRINT = {path: [\n" + "".join(f"    {row},\n" for row in rows)
+            + "][row] for path, row in {\n" + "\n".join(lines) + "\n}.items()}")
 
 
 def _guards(guards: dict) -> dict:

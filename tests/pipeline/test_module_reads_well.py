@@ -79,8 +79,24 @@ def test_each_step_of_a_block_backward_has_a_one_line_comment_in_the_codes_names
     comments = re.findall(r"^    # (.*)$", body, re.M)
     assert len(comments) == len(statements) == 7
     assert all(len(comment) <= 94 for comment in comments)
-    assert '# fc = F.linear(flatten, params["fc.weight"], params["fc.bias"]): pulled back to its input' in source
+    # a pullback to several operands (the linear's to its bias, weight and input) quotes its forward line once
+    assert ('# fc = F.linear(flatten, params["fc.weight"], params["fc.bias"]): pulled back to its bias,\n'
+            "    # weight and input\n") in source and source.count("# fc = F.linear(") == 1
     assert not re.findall(r"^ *#.*\bfc_weight\b", source, re.M)
+
+
+def test_each_fused_kernel_call_says_the_formula_it_computes(resnet18):
+    """A convolution's fused backward is commented with its adjoints (the transposed convolution with
+    the forward's stride and padding, the weight's correlation), a training batch norm's with its
+    gradients as functions of the normalised input: the math beside the fast kernel."""
+    _, source = resnet18
+    body = re.sub(r"(?m)^(    # .*)\n    # ", r"\1 ", _function(source, "basic_block_downsample_backward"))  # unwrapped
+    assert ("    # downsample_0: grad_x = conv_transpose2d(grad, w, stride=2, output_padding=...), grad_w = x ⋆ grad\n"
+            "    local_downsample_0_0, grad_downsample_0_weight, _ = _convolution_backward(") in body
+    assert "    # conv2: grad_x = conv_transpose2d(grad, w, padding=1), grad_w = x ⋆ grad\n" in body
+    assert ("    # bn2: grad_x = w/σ·(grad - avg(grad) - x̂·avg(grad·x̂)), grad_w = Σ grad·x̂, grad_b = Σ grad\n"
+            "    grad_conv2, grad_bn2_weight, grad_bn2_bias = _batch_norm_backward(") in body
+    assert "in one convolution_backward call" not in source
 
 
 def test_the_resnet18_module_gives_autograds_gradients_through_the_original_model(resnet18):
