@@ -18,14 +18,30 @@ from .reverse import GRAD_LOSS
 from .rules.call import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
 
 
-def _renamed_statements(scheduled, renames: dict) -> list:
+def _renamed_statements(scheduled, renames: dict, forward=()) -> list:
     """``scheduled`` with each symbol in ``renames`` replaced (values, deletions and the comments'
-    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``)."""
-    import re
-
+    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``). A pullback's comment quotes
+    its consumer's forward line (``symgrad.reverse``): made again from that statement of ``forward``
+    (the body's forward statements) with the final names, never edited as text."""
+    from .emit import PULLED
+    from .printing import to_code
 
     names = {old.name: new.name for old, new in renames.items()}
-    spelled = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")\b") if names else None
+    statements = {statement.target.name: statement for statement in forward} if names else {}
+    quoted: dict[str, tuple[str, str]] = {}  # consumer: (its line as reverse quoted it, renamed)
+
+    def requoted(comment: str) -> str:
+        head, found, operand = comment.rpartition(PULLED)
+        consumer = statements.get(head.split(" = ", 1)[0]) if found else None
+        if consumer is None:
+            return comment
+        if consumer.target.name not in quoted:
+            quoted[consumer.target.name] = (f"{consumer.target.name} = {to_code(consumer.value)}", (
+                f"{names.get(consumer.target.name, consumer.target.name)} = "
+                f"{to_code(consumer.value.xreplace(renames))}"))
+        original, renamed = quoted[consumer.target.name]
+        return renamed + PULLED + operand if head == original else comment
+
     result = []
     for item in scheduled:
         statement = item.statement
@@ -33,11 +49,8 @@ def _renamed_statements(scheduled, renames: dict) -> list:
         if value in renames.values() and statement.target in renames:
             continue  # the alias itself
         dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
-        comment = statement.comment
-        code = re.match(r"\w+ = .*?\)(?=: )", comment) if spelled else None  # `fc = F.linear(...): pulled back`
-        if code:  # the forward line it quotes, never the prose (a parameter may be called `weight`)
-            comment = spelled.sub(lambda match: names[match.group(1)], code.group(0)) + comment[code.end():]
         narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
+        comment = requoted(statement.comment)
         result.append(dataclasses.replace(item, statement=dataclasses.replace(statement, value=value, comment=comment),
                                           dead=dead, narrowed=narrowed))
     return result
@@ -62,13 +75,12 @@ def _trailing_comments(lines: list, indent: int = 4, width: int = 100) -> list:
 def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
     """``scheduled`` with each comment on one line: one too long for it loses its closing remark in
     parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls says)."""
-    import re
-
     result = []
     for item in scheduled:
         comment = item.statement.comment
-        if indent + 2 + len(comment) > width:
-            comment = re.sub(r" \([^()]*\)$", "", comment)
+        head, found, remark = comment.removesuffix(")").rpartition(" (")
+        if indent + 2 + len(comment) > width and comment.endswith(")") and found and not {"(", ")"} & set(remark):
+            comment = head
         result.append(item if comment == item.statement.comment else
                       dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=comment)))
     return result
@@ -88,7 +100,7 @@ def _block_view(derived: DerivedBlock) -> dict:
     for item in planned.backward:
         if item.statement.value == GRAD_LOSS:
             renames[item.statement.target] = GRAD_OUTPUT
-    backward = _renamed_statements(planned.backward, renames)
+    backward = _renamed_statements(planned.backward, renames, planned.program.forward)
     keys = dict(block.params)
     read_backward = _read(item.statement for item in backward)
     gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
@@ -100,11 +112,11 @@ def _block_view(derived: DerivedBlock) -> dict:
     return dict(
         name=block.name, inputs=list(block.inputs), output=output.name,
         hyper=[f"{name}={default}" for name, default in block.hyper],
-        forward=printed_lines(_renamed_statements(forward, entries)),
+        forward=printed_lines(_renamed_statements(forward, entries)),  # no pullback comments
         saved_names=saved_names,
         saved_returned=[f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
                         for name in saved_names],
-        backward=printed_lines(_one_line(_renamed_statements(backward, entries))),
+        backward=printed_lines(_one_line(_renamed_statements(backward, entries, planned.program.forward))),
         returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
 
 
@@ -223,7 +235,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     readable = [[printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                  for statement in part] for part in structured.docstring]
     steps = list(planned.step_of_line)
-    printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries)), steps)
+    printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries, planned.program.forward)), steps)
     layout = _layout_view(structured, sources, positional)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
@@ -309,7 +321,8 @@ def _extras_view(planned, entries: dict, sources: dict, positional: list[str]) -
                                     + (["tangent_params"] if any(name in sources for name in wrt) else [])),
         per_sample=bool(planned.per_sample_forward),
         per_sample_forward=printed_lines(_renamed_statements(planned.per_sample_forward, entries)),
-        per_sample_backward=printed_lines(_renamed_statements(planned.per_sample_backward, entries)),
+        per_sample_backward=printed_lines(_renamed_statements(planned.per_sample_backward, entries,
+                                                              planned.program.forward)),
         per_sample_dead=planned.per_sample_dead,
         per_sample_fields=[name for name in per_sample if name not in sources],
         per_sample_params=any(name in sources for name in per_sample),
