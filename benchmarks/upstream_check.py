@@ -44,6 +44,9 @@ class Model:
     stub: bool = True
     """Run with the torchvision stand-in on ``PYTHONPATH`` (timm, smp, MONAI; not transformers, and not diffusers,
     whose ``UNet2DModel`` import reaches ``torchvision.io``, which the stand-in lacks)."""
+    static: bool = False
+    """Traced with ``static_sizes=True`` (the fix a refusal of code that follows the input's size prints, where
+    the library cannot be edited): checked at the traced shapes, which its guards alone take."""
 
 
 def _timm(name: str, **options) -> Callable[[], torch.nn.Module]:
@@ -149,6 +152,12 @@ MODELS: dict[str, Model] = {
     "fastvit_t8": _timm_vit("fastvit_t8", size=32, other=(48, 32)),
     "poolformer_s12": _timm_vit("poolformer_s12", size=32, other=(48, 32)),
     "pvt_v2_b0": _timm_vit("pvt_v2_b0", size=32, other=(48, 32)),
+    # the fix the three refusals of code that follows the input's size print (pvt_v2.py:295, edgenext.py:81,
+    # swin_unetr.py:596): a trace at fixed sizes, checked at those sizes (another batch is refused, as it must be)
+    "pvt_v2_b0 --static-sizes": Model("timm ViT/hybrid", _timm("pvt_v2_b0"), {"x": (2, 3, 32, 32)},
+                                      {"x": (2, 3, 32, 32)}, static=True),
+    "edgenext_xx_small --static-sizes": Model("timm ViT/hybrid", _timm("edgenext_xx_small"), {"x": (2, 3, 64, 64)},
+                                              {"x": (2, 3, 64, 64)}, static=True),
     # MONAI
     "monai_unet_2d": Model("MONAI", _monai("UNet", spatial_dims=2, in_channels=1, out_channels=2,
                                            channels=(4, 8, 16), strides=(2, 2), num_res_units=1),
@@ -171,6 +180,11 @@ MODELS: dict[str, Model] = {
     "monai_swinunetr_2d": Model("MONAI", _monai("SwinUNETR", in_channels=1, out_channels=2, feature_size=12,
                                                 depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1), spatial_dims=2),
                                 {"x_in": (2, 1, 64, 64)}, {"x_in": (3, 1, 128, 64)}, loss="mse_loss"),
+    "monai_swinunetr_2d --static-sizes": Model("MONAI", _monai("SwinUNETR", in_channels=1, out_channels=2,
+                                                               feature_size=12, depths=(1, 1, 1, 1),
+                                                               num_heads=(1, 1, 1, 1), spatial_dims=2),
+                                               {"x_in": (2, 1, 64, 64)}, {"x_in": (2, 1, 64, 64)}, loss="mse_loss",
+                                               static=True),
     # segmentation-models-pytorch
     "smp_unet_resnet18": Model("smp", _smp("Unet", encoder_name="resnet18", encoder_depth=3,
                                            decoder_channels=(32, 16, 8)), *_image(32, (64, 32)), loss="mse_loss"),
@@ -247,7 +261,7 @@ def check_one(label: str, model: Model, folder: Path, test_timeout: float, row: 
     row["stage"] = "trace"
     start = time.perf_counter()
     text = trace(network, model.traced, wrt="parameters", name="step", loss=LossChoice(model.loss, target_name),
-                 mode="train", blocks=True, dtypes=model.dtypes)
+                 mode="train", blocks=True, dtypes=model.dtypes, static_sizes=model.static)
     row["trace s"] = time.perf_counter() - start
     row["stage"] = "generate"
     start = time.perf_counter()

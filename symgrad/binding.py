@@ -87,6 +87,8 @@ class Guard:
         check_generated(generated, self.allow_edited)
         self.generated = generated
         self.values = ValueGuard(getattr(generated, "GUARDS", None), model)
+        self._static_sizes = (getattr(generated, "GUARDS", None) or {}).get("sizes") or {}
+        """Each input's shape where the spec was traced with static sizes: any other is refused at each call."""
         """Module constants, functions called by name, class attributes read: checked at each call."""
         # kept.kept_as_layouts's stand-ins, made in the saving forwards: CPU and CUDA kernels only (_check_devices)
         self._keeps_layouts = any("meta" in value.__code__.co_consts for name, value in vars(generated).items()
@@ -173,6 +175,8 @@ class Guard:
             if isinstance(value, torch.Tensor) and value.numel() == 0:
                 raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
                                  "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
+        if self._static_sizes:
+            self._check_static_sizes(data)
         self._check_model_and_mode()
         self._check_values()
         arguments, params = self._reader.read(data)  # params: each argument is named by its state_dict key
@@ -191,6 +195,21 @@ class Guard:
             previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
                              1.0 / (float(counter) + 1)))
         return arguments, params, previous
+
+    def _check_static_sizes(self, data: dict) -> None:
+        """A call at other sizes than a spec traced with static sizes holds (``symgrad.trace.static_sizes``),
+        refused in one line naming the traced sizes and the trace at the sizes given now."""
+        for key, traced in self._static_sizes.items():
+            value = data.get(key)
+            if isinstance(value, torch.Tensor) and list(value.shape) != traced:
+                words = ", ".join(f"{name}={shape}" for name, shape in self._static_sizes.items())
+                command = retrace(self.generated, self.model, change=("--input", key, ",".join(map(str, value.shape))))
+                if "--static-sizes" not in command:
+                    command = command.replace(" && ", " --static-sizes && ", 1)
+                raise BindError(f"{name_of(self.generated)} was traced with static sizes at {words}, and {key} is "
+                                f"{list(value.shape)} now: its code holds the sizes, branches and constants the model "
+                                f"computed at those sizes alone (fix: call it at those sizes, or trace and generate it "
+                                f"at these: {command})")
 
     def _moved(self, arguments: dict, previous: list) -> None:
         """After the generated forward ran: the batch counted, and each cumulative BatchNorm's statistics

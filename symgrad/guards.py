@@ -418,8 +418,10 @@ def arguments_of(function, shapes: dict, arguments: dict) -> dict[str, Any]:
     return found
 
 
-def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, arguments: dict) -> str:
-    """The spec's ``guards:`` section (flow-style YAML of checked literals)."""
+def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, arguments: dict,
+                sizes: dict | None = None) -> str:
+    """The spec's ``guards:`` section (flow-style YAML of checked literals); ``sizes``: each input's shape where
+    it was traced with static sizes (``symgrad.trace.static_sizes``)."""
     import json
 
     import yaml
@@ -427,6 +429,8 @@ def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, ar
     codes, values = code_guards(module, called)
     guards = {"code": codes, "values": values, "arguments": arguments_of(function, shapes, arguments),
               "output": output_entry(getattr(called, "returned", {}).get(getattr(function, "__code__", None)), module)}
+    if sizes:
+        guards["sizes"] = sizes
 
     def line(value) -> str:  # one value in flow style (a bare scalar would end its document with "...")
         return yaml.safe_dump([value], default_flow_style=True, width=10_000, sort_keys=False).strip()[1:-1]
@@ -434,7 +438,7 @@ def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, ar
     return "guards:\n" + "".join(f"  {key}:\n" + "".join(f"    {json.dumps(name)}: {line(item)}\n"
                                                          for name, item in entries.items())
                                  if entries else f"  {key}: {{}}\n" for key, entries in guards.items()
-                                 if entries or key != "output")
+                                 if entries or key not in ("output", "sizes"))
 
 
 def parse_guards(value: Any, location) -> dict:
@@ -445,10 +449,10 @@ def parse_guards(value: Any, location) -> dict:
         return SpecError(f"guards {what}", location, "trace the model again (symgrad trace ...); the guards are "
                          "written by the trace")
 
-    if not isinstance(value, dict) or set(value) - {"code", "values", "arguments", "output"}:
-        raise refuse("must be a mapping of code, values and arguments (and output)")
+    if not isinstance(value, dict) or set(value) - {"code", "values", "arguments", "output", "sizes"}:
+        raise refuse("must be a mapping of code, values and arguments (and output, sizes)")
     result = {}
-    for key in ("code", "values", "arguments", "output"):
+    for key in ("code", "values", "arguments", "output", "sizes"):
         entries = value.get(key) or {}
         if not isinstance(entries, dict):
             raise refuse(f"{key} must be a mapping")
@@ -459,5 +463,7 @@ def parse_guards(value: Any, location) -> dict:
                 raise refuse(f"code {name!r:.60} has {item!r:.60}, not a 16-digit hash")
             if key != "code" and literal_or_text(item) != item:
                 raise refuse(f"{key} {name!r:.60} has {item!r:.60}, not a literal")
+            if key == "sizes" and not (isinstance(item, list) and all(type(size) is int and size > 0 for size in item)):
+                raise refuse(f"sizes {name!r:.60} has {item!r:.60}, not a shape")
         result[key] = dict(entries)
     return result

@@ -53,6 +53,7 @@ from .recorder import user_line, user_line_of_traceback
 from .rerun import other_sizes, shapes_text, size_dependence
 from .run_once import defined_at, first_line, run_once, visible_globals
 from .size_checks import drop_fixed
+from .static_sizes import guard_sizes, refused_elsewhere, second_runs, shapes_words, static_branches, with_static_fix
 
 
 def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
@@ -94,11 +95,12 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
 def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None, name: str = "traced",
           *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
           dtypes: dict[str, str] | None = None, mode: str | None = None, timeout: float | None = None,
-          blocks: bool = False) -> str:
+          blocks: bool = False, static_sizes: bool = False) -> str:
     """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
     for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
     mode while tracing (default: as they are); ``timeout``: seconds after which tracing stops with an error;
-    ``blocks``: write the instances of a repeated submodule as one block (``symgrad.trace.grouping``).
+    ``blocks``: write the instances of a repeated submodule as one block (``symgrad.trace.grouping``);
+    ``static_sizes``: trace at these sizes alone, each input's sizes guarded (``symgrad.trace.static_sizes``).
     ``wrt``: the tensors to differentiate by (default: the arguments and trainable parameters), or
     ``"parameters"``: those parameters alone, as a training step (``symgrad.bind``) needs them: no
     gradient of the input is then computed (a ResNet-18's stem convolution's input gradient is 9% of
@@ -133,7 +135,8 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     torch.set_num_threads(1)  # the runs are small: intra-op threads only spin, and on a busy machine 8x slower
     try:
         with _time_limit(timeout), torch.inference_mode(False):  # the caller's inference_mode: a training step's run
-            return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks)
+            return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks,
+                                static_sizes)
     except SymgradError:
         raise
     except Exception as error:  # noqa: BLE001 - symgrad's own failure on a call it met: one line, never a traceback
@@ -233,20 +236,31 @@ def _time_limit(seconds: float | None):
             signal.setitimer(signal.ITIMER_REAL, max(earlier - (time.monotonic() - started), 1e-3), interval)
 
 
-def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False) -> str:
+def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False,
+                 static_sizes=False) -> str:
+    wide = [key for key in tensor_names if dtypes.get(key) == "int64"] if static_sizes else []
+    if wide:
+        raise TraceError(f"error: static_sizes guards the sizes of floating inputs, and {wide[0]} is int64, whose sizes "
+                         "no check would keep (fix: trace without static_sizes)")
     with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
         spec, calls = run_once(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
     again: list[dict] = []  # the second run's specs: their Functions' checks, at other sizes, are the spec's too
-    problems = size_dependence(lambda changed: _kept(again, run_once(function, module, changed, arguments, dtypes, loss,
-                                                                 quiet=True)),
-                               {key: tuple(shapes[key]) for key in tensor_names}, spec, calls)
+    refused: list = []  # symgrad's refusals at the second run's sizes, where the model ran
+    problems = [] if static_sizes else size_dependence(second_runs(
+        lambda changed: _kept(again, run_once(function, module, changed, arguments, dtypes, loss, quiet=True)),
+        refused), {key: tuple(shapes[key]) for key in tensor_names}, spec, calls) or refused_elsewhere(refused)
     if problems:
-        raise TraceError("\n".join(problems))
+        raise TraceError("\n".join(with_static_fix(problems)))
     at_full_precision(spec, module, function, lambda function, module: run_once(
         function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True,
         dtype=torch.float64))
     merge_checks(spec, again)
+    if static_sizes:  # each branch on a size holds at the traced sizes, which the guards below keep
+        again.append(static_branches(spec, dtypes, tensor_names))
     calls[:] = [calls[index] for index in drop_fixed(spec, again[-1] if again else None)]
+    guarded = guard_sizes(spec, calls, {key: tuple(shapes[key]) for key in tensor_names}, dtypes,
+                          f"traced at {shapes_words({key: tuple(shapes[key]) for key in tensor_names})}") \
+        if static_sizes else None
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
@@ -270,7 +284,8 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if blocks and module is not None:
         text = _with_blocks(text, header, name, spec, calls, module, graph)
     if module is not None:  # what symgrad.bind compares the model with
-        text += _fingerprint_text(module, calls) + guards_text(module, function, called, tensor_names, arguments)
+        text += _fingerprint_text(module, calls) + guards_text(module, function, called, tensor_names, arguments,
+                                                               guarded)
     return text
 
 

@@ -17,6 +17,7 @@ import torch
 from ..rules.fill import MAX_CONSTANT
 from .dataflow import storage_of
 from .recorder import Call
+from .sizes import expand_layer, size_read
 
 if TYPE_CHECKING:
     from .layers import SpecBuilder
@@ -82,7 +83,7 @@ def constant_layer(builder: "SpecBuilder", value: torch.Tensor, call: "Call") ->
     """The name of a new ``constant`` layer holding ``value``, read by ``call``; None when it cannot be
     one (not floating point, 0-dim, too large, written into since it was made, or no node of the call to
     take a dtype from)."""
-    if not value.is_floating_point() or value.dim() == 0 or value.numel() > MAX_CONSTANT:
+    if not value.is_floating_point() or value.dim() == 0 or value.numel() > MAX_CONSTANT * value.shape[0]:
         return None
     made, when = builder.constants[id(value)]
     if builder.writes.get(value.untyped_storage().data_ptr(), 0) > when:
@@ -91,9 +92,33 @@ def constant_layer(builder: "SpecBuilder", value: torch.Tensor, call: "Call") ->
                  and isinstance(found := builder.node(other), str)), None)
     if like is None:
         return None
+    if value.dim() >= 2 and value.shape[0] > 1 and torch.equal(value, value[:1].expand_as(value)) \
+            and isinstance(size_read(builder, value.shape[0], 0, value.dim()), dict):
+        return _batch_of_one(builder, value, made, like)  # the same for every sample: EdgeNeXt's position encoding
+    if value.numel() > MAX_CONSTANT:
+        return None
     values = [float(entry) for entry in value.detach().to(torch.float64).reshape(-1).tolist()]
     layer = {"op": "constant", "in": like, "values": values, "shape": list(value.shape)}
     return builder.emit("constant", layer, made)
+
+
+def _batch_of_one(builder: "SpecBuilder", value: torch.Tensor, made: "Call", like: str) -> str | None:
+    """A constant whose every sample is the first, its first size one the code read (``torch.zeros(B, H, W)``
+    with ``B, H, W`` from ``x.shape``): that sample as a ``constant`` layer, expanded to the size read at run
+    time, so it holds a batch's fraction of the values and takes any batch."""
+    first = value[:1].clone()
+    values = [float(entry) for entry in first.detach().to(torch.float64).reshape(-1).tolist()]
+    if len(values) > MAX_CONSTANT:
+        return None
+    import dataclasses
+
+    builder.emit("constant", {"op": "constant", "in": like, "values": values, "shape": list(first.shape)},
+                 dataclasses.replace(made, result=first))
+    values = (value.shape[0], *[-1] * (value.dim() - 1))
+    expand_layer(builder, first, values, Call("expand", torch.Tensor.expand, (first, *values), {}, value, made.where,
+                                              made.module, made.leaf))
+    found = builder.node(value)
+    return found if isinstance(found, str) else None
 
 
 def _tensors(call: "Call"):

@@ -113,11 +113,9 @@ def _of_gathered(builder: "SpecBuilder", op: str, bound: dict, call: Call, found
     current = _narrowed(builder, call, current, found.index, found.corner or (), found.view)
     if found.expand is None:
         return builder.alias(call, current)
-    from . import views
-    sizes_of = found.expand
-    expanded = Call("expand", torch.Tensor.expand, (current, *call_sizes(sizes_of, "size", "shape"), -1), {},
-                    call.result, call.where, call.module, call.leaf, sizes_of.sizes_read)
-    views.expand(builder, expanded)
+    values = (*call_sizes(found.expand, "size", "shape"), -1)
+    sizes.expand_layer(builder, current, values, Call("expand", torch.Tensor.expand, (current, *values), {},
+                                                      call.result, call.where, call.module, call.leaf))
 
 
 def _resolver(builder: "SpecBuilder"):

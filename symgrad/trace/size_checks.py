@@ -107,7 +107,7 @@ def drop_fixed(spec: dict, other: dict | None) -> list[int]:
     renamed: dict[str, str] = {}
     kept, indices = [], []
     for index, layer in enumerate(layers):
-        layer = _renamed(layer, renamed)
+        layer = renamed_nodes(layer, renamed)
         if layer["op"] == "size_check":
             key, values = layer.pop(VALUES, ("", None))
             twins = again.get((layer["line"], key))
@@ -119,17 +119,17 @@ def drop_fixed(spec: dict, other: dict | None) -> list[int]:
     spec["layers"] = kept
     for key in ("loss", "outputs"):
         if spec.get(key) is not None:
-            spec[key] = _renamed(spec[key], renamed)
+            spec[key] = renamed_nodes(spec[key], renamed)
     return indices
 
 
-def _renamed(value: Any, renamed: dict[str, str]) -> Any:
+def renamed_nodes(value: Any, renamed: dict[str, str]) -> Any:
     if not renamed:
         return value
     if isinstance(value, str):
         return renamed.get(value, value)
     if isinstance(value, list):
-        return [_renamed(item, renamed) for item in value]
+        return [renamed_nodes(item, renamed) for item in value]
     if isinstance(value, dict):
-        return {key: (item if key in ("op", "out") else _renamed(item, renamed)) for key, item in value.items()}
+        return {key: (item if key in ("op", "out") else renamed_nodes(item, renamed)) for key, item in value.items()}
     return value

@@ -282,3 +282,12 @@ def size_read(builder: SpecBuilder, size: int, position: int, rank: int) -> int 
                 if math.prod(other.shape[dim] for dim in dims) == size:
                     return {"like": found, "dims": dims}
     return size
+
+
+def expand_layer(builder: SpecBuilder, source: torch.Tensor, values: tuple, call) -> None:
+    """An ``expand`` layer of ``source`` to ``values`` (the code's sizes, -1 keeping one) whose result is
+    ``call.result``: each size read at run time where it carries its dims or the code read a tensor of it."""
+    shape = spec_sizes(values, builder.node, builder.size_tensors, spare=False) or [
+        size if size == -1 else size_read(builder, int(size), position, len(values))
+        for position, size in enumerate(values)]
+    builder.layer("expand", {"input": source, "shape": shape}, call)

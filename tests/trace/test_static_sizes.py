@@ -1,0 +1,164 @@
+"""A trace at fixed sizes (``symgrad.trace(..., static_sizes=True)``, ``symgrad.trace.static_sizes``), for code
+that follows its input's size in ways a spec cannot say and that one cannot edit (issue 63: timm's PVT-v2 and
+EdgeNeXt, MONAI's SwinUNETR). Library-free: a window size that follows the input's size (SwinUNETR's
+``get_window_size``), a Fourier position encoding built from the map's size (EdgeNeXt's
+``PositionalEncodingFourier``), a padding branch on the size (PVT-v2's padding to the window).
+
+Each is refused by a plain trace in one line naming the model's line and the option; traced with it, it trains
+equal to autograd at the traced sizes, and any other input size is refused in one line (bind: naming the traced
+sizes and the trace at the new ones), never computed with the traced sizes silently."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symgrad
+from symgrad.binding import BindError
+from symgrad.trace import TraceError, trace
+from tests.helpers import load_yaml
+from tests.trace.test_text_transformers import _generated
+
+
+class WindowFollowsSize(nn.Module):
+    """Attention within windows whose size is the map's where the map is smaller (swin_unetr.py's
+    get_window_size), the map padded to a multiple of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(2, 3, 1)
+        self.window = 4
+
+    def forward(self, x):
+        x = self.proj(x)
+        b, c, h, w = x.shape
+        wh = h if h <= self.window else self.window
+        ww = w if w <= self.window else self.window
+        ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
+        if ph or pw:
+            x = F.pad(x, (0, pw, 0, ph))
+        hp, wp = x.shape[2], x.shape[3]
+        windows = x.view(b, c, hp // wh, wh, wp // ww, ww).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c, wh * ww)
+        attention = torch.softmax(windows.transpose(-1, -2) @ windows, -1)
+        out = (windows @ attention).reshape(b, hp // wh, wp // ww, c, wh, ww).permute(0, 3, 1, 4, 2, 5)
+        return out.reshape(b, c, hp, wp)[:, :, :h, :w]
+
+
+class FourierPositions(nn.Module):
+    """A position encoding made from numbers alone at the map's size (edgenext.py:58-81), projected and
+    multiplied in."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(4, 2, 1)
+        self.hidden = 2
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        mask = ~torch.zeros(b, h, w).to(dtype=torch.bool)
+        y = mask.cumsum(1, dtype=torch.float32)
+        z = mask.cumsum(2, dtype=torch.float32)
+        y = y / (y[:, -1:, :] + 1e-6) * 6.28
+        z = z / (z[:, :, -1:] + 1e-6) * 6.28
+        dim_t = torch.arange(self.hidden, dtype=torch.int64).to(torch.float32)
+        dim_t = 10000 ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / self.hidden)
+        pos = torch.cat((y[..., None] / dim_t, z[..., None] / dim_t), dim=3).sin().permute(0, 3, 1, 2)
+        return x * self.proj(pos.to(x.dtype))
+
+
+class PadsOddSizes(nn.Module):
+    """A pad taken where the map's height is odd (a branch on the size), then a 2x2 pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv(x)
+        if x.shape[2] % 2:
+            x = F.pad(x, (0, 0, 0, 1))
+        return F.avg_pool2d(x, 2)
+
+
+CASES = {"window": (WindowFollowsSize, (2, 2, 3, 3)), "fourier": (FourierPositions, (2, 2, 5, 4)),
+         "padding": (PadsOddSizes, (2, 2, 5, 4))}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_code_following_the_size_is_refused_naming_the_static_option(case):
+    build, shape = CASES[case]
+    with pytest.raises(TraceError) as error:
+        trace(build().double(), {"x": shape}, "parameters", "net")
+    (line,) = str(error.value).splitlines()
+    assert "test_static_sizes.py:" in line and "(fix: " in line and "--static-sizes" in line, line
+    assert "static_sizes=True" in line, line
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_traced_at_static_sizes_it_trains_as_autograd_there_and_refuses_other_sizes(case, tmp_path):
+    build, shape = CASES[case]
+    torch.manual_seed(5)
+    model = build().double()
+    text = trace(model, {"x": shape}, "parameters", "net", static_sizes=True)
+    spec = load_yaml(text)
+    checks = [layer for layer in spec["layers"] if layer["op"] == "size_check"]
+    assert [(layer["left"]["dims"], layer["right"]) for layer in checks] == [([d], size) for d, size in enumerate(shape)]
+    assert spec["guards"]["sizes"] == {"x": list(shape)}
+    if case == "fourier":  # the encoding of one sample, expanded to the batch
+        constant = next(layer for layer in spec["layers"] if layer["op"] == "constant")
+        assert constant["shape"] == [1, 4, 5, 4], constant["shape"]
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(_generated(tmp_path, text), model)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    for step in range(3):
+        x = torch.randn(*shape, dtype=torch.float64)
+        losses = []
+        for net, optimizer in zip((fast, reference), optimizers):
+            optimizer.zero_grad()
+            out = net(x)
+            loss = (out * torch.linspace(-1, 1, out.shape[-1], dtype=torch.float64)).square().sum()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        assert abs(losses[0] - losses[1]) <= 1e-12 * abs(losses[1]), (step, losses)
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert (ours - theirs).abs().max().item() <= 1e-12
+    for other in ((shape[0] + 1, *shape[1:]), (*shape[:2], shape[2] + 1, shape[3])):
+        with pytest.raises(BindError) as error:
+            fast(torch.randn(*other, dtype=torch.float64))
+        (line,) = str(error.value).splitlines()
+        assert f"traced with static sizes at x={list(shape)}, and x is {list(other)} now" in line, line
+        assert f"--input x={','.join(map(str, other))}" in line and "--static-sizes" in line, line
+
+
+def test_the_generated_code_itself_refuses_another_size(tmp_path):
+    """Without bind (the module's own forward), the guards stop the call in one line."""
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    text = trace(PadsOddSizes().double(), {"x": (2, 2, 5, 4)}, "parameters", "net", static_sizes=True)
+    module = module_from_source(build_text(text, "net.yaml").rendered.files["net.py"], "net")
+    params = {"conv.weight": torch.randn(3, 2, 3, 3, dtype=torch.float64),
+              "conv.bias": torch.randn(3, dtype=torch.float64)}
+    assert module.forward(torch.randn(2, 2, 5, 4, dtype=torch.float64), params)[0].shape == (2, 3, 3, 2)
+    with pytest.raises(ValueError) as error:
+        module.forward(torch.randn(2, 2, 7, 4, dtype=torch.float64), params)
+    (line,) = str(error.value).splitlines()
+    assert "x.shape[2] == 5 (static_sizes=True)" in line and "traced at x=[2, 2, 5, 4]" in line, line
+
+
+def test_int64_inputs_are_refused_with_static_sizes():
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(5, 3)
+
+        def forward(self, ids):
+            return self.table(ids)
+
+    with pytest.raises(TraceError, match=r"ids is int64.*\(fix: trace without static_sizes\)"):
+        trace(Tokens().double(), {"ids": (2, 3)}, "parameters", dtypes={"ids": "int64"}, static_sizes=True)
