@@ -41,8 +41,10 @@ LOSS_CHOICES = ("mse", "half_sq_error", "l1", "smooth_l1", "huber", "cross_entro
 @click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop with an error if tracing takes longer than this.")
 @click.option("--flat", is_flag=True, help="Every layer inline, instead of one block per repeated submodule class.")
+@click.option("--static-sizes", is_flag=True, help="Trace at these --input sizes alone, for code that follows the "
+              "input's size in ways a spec cannot say: the generated code and symgrad.bind refuse any other size.")
 def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, module_modes,
-                  wrt, spec_name, output, timeout, flat):
+                  wrt, spec_name, output, timeout, flat, static_sizes):
     """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec.
 
     Without --train or --eval the model is traced as it sets its modes, each submodule in its own
@@ -87,14 +89,17 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
             from .trace import trace_modes
 
             text, evaluation = trace_modes(function, shapes, wrt_list, name, arguments=arguments, dtypes=dtypes,
-                                           timeout=timeout, blocks=not flat)
+                                           timeout=timeout, blocks=not flat, static_sizes=static_sizes)
         else:
             text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments, dtypes=dtypes,
-                         mode=mode if module_modes is None else None, timeout=timeout, blocks=not flat)
+                         mode=mode if module_modes is None else None, timeout=timeout, blocks=not flat,
+                         static_sizes=static_sizes)
         from .retrace import options_line, with_options  # what bind's refusals print to trace it again
 
         line = options_line(inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode,
                             module_modes, wrt, spec_name, timeout, flat)
+        if static_sizes:  # every retrace bind prints traces at fixed sizes too
+            line = line.rstrip("\n") + " --static-sizes\n"
         text, evaluation = with_options(text, line), evaluation and with_options(evaluation, line)
         if evaluation is not None and output == "-":
             raise TraceError("error: the model runs other layers in eval mode than in train mode (BatchNorm, "

@@ -162,3 +162,29 @@ def test_int64_inputs_are_refused_with_static_sizes():
 
     with pytest.raises(TraceError, match=r"ids is int64.*\(fix: trace without static_sizes\)"):
         trace(Tokens().double(), {"ids": (2, 3)}, "parameters", dtypes={"ids": "int64"}, static_sizes=True)
+
+
+def test_the_command_line_option_traces_at_fixed_sizes_and_bind_prints_a_retrace_that_keeps_it(tmp_path):
+    """``symgrad trace --static-sizes``: the spec's options line keeps the flag, so that every retrace bind
+    prints traces at fixed sizes again; the size refusal's command names the sizes given now."""
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+
+    (tmp_path / "pads.py").write_text("import torch.nn.functional as F\nfrom torch import nn\n\n\n"
+                                      "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                                      "        self.conv = nn.Conv2d(2, 3, 3, padding=1)\n\n    def forward(self, x):\n"
+                                      "        x = self.conv(x)\n        if x.shape[2] % 2:\n"
+                                      "            x = F.pad(x, (0, 0, 0, 1))\n        return F.avg_pool2d(x, 2)\n")
+    spec = tmp_path / "net.yaml"
+    result = CliRunner().invoke(main, ["trace", f"{tmp_path / 'pads.py'}:Net", "--input", "x=2,2,5,4", "--wrt",
+                                       "parameters", "--name", "net", "--static-sizes", "-o", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "--static-sizes" in spec.read_text().splitlines()[1]
+    result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    from symgrad.trace import load_target
+
+    fast = symgrad.bind(tmp_path / "net.py", load_target(f"{tmp_path / 'pads.py'}:Net").double())
+    with pytest.raises(BindError, match=r"--static-sizes --input x=2,2,7,4 -o .*net\.yaml && symgrad generate"):
+        fast(torch.randn(2, 2, 7, 4, dtype=torch.float64))
