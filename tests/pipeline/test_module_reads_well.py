@@ -133,3 +133,19 @@ def test_below_the_channels_last_size_each_gradient_comes_back_in_its_weights_la
         wrong = [key for key, grad in grads.items()
                  if grad.dim() == 4 and not grad.is_contiguous(memory_format=weights_layout)]
         assert not wrong, (weights_layout, input_layout, wrong)
+
+
+def test_what_bind_checks_comes_after_the_math_each_fingerprint_row_written_once(resnet18):
+    """FINGERPRINT, FROZEN and GUARDS close the module; the fingerprint writes each distinct row once
+    (every ReLU's, each block's convolutions alike) and still gives bind one row per submodule, in the
+    model's order, that the traced model meets."""
+    from symgrad.fingerprint import difference
+
+    model, source = resnet18
+    assert source.index("def loss_with_explicit_backward(") < source.index("\nFINGERPRINT = {path: [\n")
+    rows = source.split("\nFINGERPRINT = {path: [\n", 1)[1].split("\n][row] for path, row in {\n", 1)[0].splitlines()
+    assert len(rows) == len(set(rows)) < 20  # 13 distinct rows for ResNet-18's 62 submodules
+    fingerprint = module_from_source(source, "resnet18_fingerprint").FINGERPRINT
+    assert list(fingerprint) == [path for path, _ in model.named_modules()]
+    assert difference(fingerprint, model, any_width=True) is None
+    assert fingerprint["layer1.0.relu"] == fingerprint["relu"] and fingerprint["layer1.0.relu"] is not fingerprint["relu"]
