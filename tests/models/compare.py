@@ -1,23 +1,32 @@
 """The one way a zoo test checks a network: trace it (train or eval mode, with a loss), build the module
 alone, and compare its gradients with autograd through the ORIGINAL module in float64, at another batch and
 size, with a random cotangent (``matches_autograd``); and run a generated test file
-(``assert_generated_test_file_passes``). Every zoo test file reads it from here."""
+(``assert_generated_test_file_passes``). Every zoo test file reads it from here.
+
+A network whose generated test file is run too (``matches_autograd(..., test_file=True)``) is traced in
+train mode with its first loss and built with its test file once a run (``train_files``, through
+``tests/models/built_once.py``): the train-mode comparison and the test-file test read the same spec and
+module, whichever runs first makes them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from symgrad.check import by_name, module_from_source, relative_error
 from symgrad.pipeline import build_text
+from symgrad.spec import parse_spec
 from symgrad.trace import LossChoice, trace
 from symgrad.trace.run_once import source_name
 from tests.helpers import load_yaml, run_generated_tests
+from tests.models.built_once import once
 
 __all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",
-           "assert_generated_test_file_passes", "source_name"]
+           "assert_generated_test_file_passes", "train_files", "source_name"]
 
 
 @dataclass(frozen=True)
@@ -70,13 +79,37 @@ def reference_loss(kind: str, model: torch.nn.Module, inputs: list[torch.Tensor]
     return getattr(F, kind)(model(*inputs), target)
 
 
-def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bool = False) -> None:
+def train_files(label: str, case: Case, model: torch.nn.Module | None = None) -> tuple[str, dict[str, str]]:
+    """``case`` traced in train mode with its first loss as spec ``label``, and the files built from it with
+    the test file (no pages): ``(spec text, {file name: text})``, made once a run and shared by
+    ``matches_autograd(..., test_file=True)`` and ``assert_generated_test_file_passes`` (each traced and
+    built both: 0.5-1.5 s of CPU a network, the trace and the module alone). ``model``: the one to trace
+    (a new one in float64 otherwise). The spec reads the model's structure, not its values (the
+    fingerprint records each state tensor's shape), so a model whose running statistics were randomised
+    traces to the same text: checked on DeiT, DenseNet, ResNet-18, MaxViT, U-Net 3D and SK-Net."""
+    def traced() -> str:
+        nonlocal model
+        if model is None:
+            torch.manual_seed(0)
+            model = case.model(**case.init).double().train()
+        return trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
+
+    text = once(("train spec", label, repr(case)), traced)
+    files = once(("train files", label, text),
+                 lambda: json.dumps(build_text(text, f"{label}.yaml", documents=False).rendered.files))
+    return text, json.loads(files)
+
+
+def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bool = False,
+                     test_file: bool = False) -> None:
     """Trace ``case`` in ``mode`` with each of its losses, generate, and compare the gradients with autograd
     through the original module, in float64, at ``case.checked`` (another batch and spatial size): ≤1e-10.
 
     ``one_loss_per_mode``: the zoo tests, parametrised over both modes, trace train mode with the first loss
     and eval mode with the last, so that each network meets each of its losses and each mode once (half
-    the traces of the full product; a loss is the spec's last layer, traced alike in either mode)."""
+    the traces of the full product; a loss is the spec's last layer, traced alike in either mode).
+    ``test_file``: the network's generated test file is tested too (``assert_generated_test_file_passes``):
+    train mode with the first loss reads :func:`train_files`, which that test reads."""
     generator = torch.Generator().manual_seed(11)
     torch.manual_seed(0)
     model = case.model(**case.init).double()
@@ -86,12 +119,17 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
     if one_loss_per_mode:
         kinds = kinds[:1] if mode == "train" else kinds[-1:]
     for kind in kinds:
-        text = traced_spec(case, mode, kind, model)
+        if test_file and mode == "train" and kind == case.losses[0] and kind not in ("nll_loss", "half_sq_error_function"):
+            text, files = train_files(label, case, model)
+            name = label
+            graph = SimpleNamespace(spec=parse_spec(text, f"{label}.yaml"))  # what by_name reads: the inputs
+        else:
+            text = traced_spec(case, mode, kind, model)
+            built = build_text(text, f"{label}.yaml", documents=False, tests=False)  # the module alone: imported
+            files, name, graph = built.rendered.files, built.rendered.name, built.graph
         spec = load_yaml(text)
-        built = build_text(text, f"{label}.yaml", documents=False, tests=False)  # the module alone: imported here
-        generated = built.rendered
-        module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),
-                         built.graph)  # the parameters go in `params`: called here by their spec names
+        module = by_name(module_from_source(files[f"{name}.py"], name),
+                         graph)  # the parameters go in `params`: called here by their spec names
 
         inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
                   for key, shape in case.checked.items()}
@@ -128,16 +166,14 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
 
 
 def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float:
-    """Trace ``case`` in train mode with its first loss, write the generated module and its test file to
+    """Trace ``case`` in train mode with its first loss (:func:`train_files`: once a run, shared with
+    ``matches_autograd(..., test_file=True)``), write the generated module and its test file to
     ``tmp_path`` and run that test file in this process (``tests.helpers.run_generated_tests``): it passes with
     nothing skipped. Returns its seconds."""
     import time
 
-    torch.manual_seed(0)
-    model = case.model(**case.init).double().train()
-    text = trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
-    rendered = build_text(text, f"{label}.yaml", documents=False).rendered
-    for name, content in rendered.files.items():
+    _, files = train_files(label, case)
+    for name, content in files.items():
         if name.endswith(".py"):
             (tmp_path / name).write_text(content)
     started = time.perf_counter()

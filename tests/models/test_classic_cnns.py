@@ -47,12 +47,15 @@ CASES = {
     # a constant made inside forward: torch.full((n, 1, h, w), sigma) from x.shape, concatenated to x
     "ffdnet": Case(models.FFDNet, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 11, 6)}, RESTORATION),
 }
+TEST_FILES = ("resnet18", "mobilenet_v3", "nafnet")
+"""The networks whose generated test files run (in ``tests/models/test_zoo_blocks.py``): their train-mode
+check here reads the spec and module that test reads (``compare.train_files``)."""
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_traced_model_matches_autograd_on_the_original_module(label, mode):
-    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True)
+    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True, test_file=label in TEST_FILES)
 
 
 SIZES_READ = ("deeplabv3", "unet_pad_to_skip", "unet_interpolate_to_skip", "ffdnet")

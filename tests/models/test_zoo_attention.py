@@ -37,7 +37,7 @@ CASES = {
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_attention_model_matches_autograd_on_the_original_module(label, mode):
-    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True)
+    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True, test_file=label in GENERATED_TEST_CASES)
 
 
 def _refusal(function, shapes, mode=None, where="test_zoo_attention.py:") -> str:

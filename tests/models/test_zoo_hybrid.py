@@ -58,7 +58,7 @@ CASES = {
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_hybrid_network_matches_autograd_on_the_original_module(label, mode):
-    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True)
+    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True, test_file=label in GENERATED_TEST_CASES)
 
 
 @pytest.mark.parametrize("label", ["maxvit", "fastvit_repvit", "tresnet"])
@@ -116,7 +116,7 @@ def test_edgenext_position_encoding_made_from_the_input_size_is_refused_with_a_w
     torch.testing.assert_close(cached(x), original(x), rtol=0, atol=1e-12)
     for mode in ("train", "eval"):
         matches_autograd("edgenext_cached", Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER),
-                         mode)
+                         mode, test_file=True)  # its generated test file runs below
 
 
 GENERATED_TEST_CASES = [*CASES, "edgenext_cached"]
