@@ -44,6 +44,8 @@ class Model:
     stub: bool = True
     """Run with the torchvision stand-in on ``PYTHONPATH`` (timm, smp, MONAI; not transformers, and not diffusers,
     whose ``UNet2DModel`` import reaches ``torchvision.io``, which the stand-in lacks)."""
+    modes: str = ""
+    """``--modes`` entries set after the whole model is put in train mode (the fix a refusal printed)."""
     static: bool = False
     """Traced with ``static_sizes=True`` (the fix a refusal of code that follows the input's size prints, where
     the library cannot be edited): checked at the traced shapes, which its guards alone take."""
@@ -196,10 +198,16 @@ MODELS: dict[str, Model] = {
     "smp_unetplusplus_resnet18": Model("smp", _smp("UnetPlusPlus", encoder_name="resnet18", encoder_depth=3,
                                                    decoder_channels=(32, 16, 8)), *_image(32, (64, 32)),
                                        loss="mse_loss"),
-    "smp_pan_resnet18": Model("smp", _smp("PAN", encoder_name="resnet18"), *_image(64, (96, 64)), loss="mse_loss"),
+    # PAN's pyramid attention pools its 1/16 map three times: 128x128 is the smallest square that runs
+    "smp_pan_resnet18": Model("smp", _smp("PAN", encoder_name="resnet18"), *_image(128, (192, 128)), loss="mse_loss"),
     "smp_unet_efficientnet_b0": Model("smp", _smp("Unet", encoder_name="tu-efficientnet_b0", encoder_depth=3,
                                                   decoder_channels=(32, 16, 8)), *_image(32, (64, 32)),
                                       loss="mse_loss"),
+    # with the fix its refusal prints (norm_act.py:136): the blocks whose features the encoder drops in eval mode
+    "smp_unet_efficientnet_b0 --modes blocks.3-6=eval": Model(
+        "smp", _smp("Unet", encoder_name="tu-efficientnet_b0", encoder_depth=3, decoder_channels=(32, 16, 8)),
+        *_image(32, (64, 32)), loss="mse_loss",
+        modes=",".join(f"encoder.model.blocks.{index}=eval" for index in range(3, 7))),
     # diffusers: the denoiser of a diffusion training step (a per-sample int64 timestep)
     "diffusers_unet2d": Model("diffusers", _diffusers("UNet2DModel", **_UNET_2D, attention_head_dim=None,
                                                       down_block_types=("DownBlock2D", "DownBlock2D"),
@@ -260,8 +268,11 @@ def check_one(label: str, model: Model, folder: Path, test_timeout: float, row: 
     target_name = "labels" if model.loss == "cross_entropy" else "target"
     row["stage"] = "trace"
     start = time.perf_counter()
+    if model.modes:  # the whole model in train mode, then each entry, as symgrad trace --modes sets them
+        from symgrad.modes import apply_modes
+        apply_modes(network, model.modes)
     text = trace(network, model.traced, wrt="parameters", name="step", loss=LossChoice(model.loss, target_name),
-                 mode="train", blocks=True, dtypes=model.dtypes, static_sizes=model.static)
+                 mode=None if model.modes else "train", blocks=True, dtypes=model.dtypes, static_sizes=model.static)
     row["trace s"] = time.perf_counter() - start
     row["stage"] = "generate"
     start = time.perf_counter()

@@ -107,6 +107,9 @@ else:
         "transformers bert": Model("transformers", _bert_any_types, {"input_ids": (2, 5), "token_type_ids": (2, 5)},
                                    {"input_ids": (3, 7), "token_type_ids": (3, 7)},
                                    dtypes={"input_ids": "int64", "token_type_ids": "int64"}, stub=False),
+        "transformers bert (input_ids alone)": Model("transformers", lambda: Logits(_bert()), {"input_ids": (2, 5)},
+                                                     {"input_ids": (3, 7)}, dtypes={"input_ids": "int64"},
+                                                     stub=False),
         "transformers vit": Model("transformers", lambda: Pixels(_vit()), {"pixel_values": (2, 3, 16, 16)},
                                   {"pixel_values": (3, 3, 16, 16)}, stub=False),
     }
