@@ -1,6 +1,7 @@
 """The source tree's layout, read with ``ast``: no import cycle among symgrad's modules, no module using
 another module's ``_private`` name, no source file over 600 lines (issue 36, items 5 and 6); and ruff's lint
-(pyproject.toml's ``[tool.ruff]``) clean on symgrad/, benchmarks/, tests/ and examples/ (issue 61, item 4)."""
+and format (pyproject.toml's ``[tool.ruff]``) clean on symgrad/, benchmarks/, tests/ and examples/ (issue 61,
+item 4)."""
 
 from __future__ import annotations
 
@@ -224,3 +225,16 @@ def test_ruff_finds_nothing():
                              "examples"], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
     assert "No module named ruff" not in result.stderr, "ruff comes with the [test] extra: pip install -e '.[test]'"
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_ruff_format_finds_nothing():
+    """``ruff format --check`` with the project's configuration (``[tool.ruff.format]``: 120 columns,
+    double quotes) finds every file of symgrad/, benchmarks/, tests/ and examples/ laid out as it would
+    write it; ``ruff format symgrad benchmarks tests examples`` mends what it finds."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "symgrad", "benchmarks",
+                             "tests", "examples"], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
+    assert "No module named ruff" not in result.stderr, "ruff comes with the [test] extra: pip install -e '.[test]'"
+    unformatted = [line for line in result.stdout.splitlines() if line.startswith("Would reformat")]
+    assert result.returncode == 0, (f"{len(unformatted)} files not as ruff format writes them (fix: ruff format "
+                                    "symgrad benchmarks tests examples):\n" + "\n".join(unformatted[:40])
+                                    + result.stderr[-2000:])
