@@ -14,15 +14,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import sympy
+
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
+from .blocks import HyperInt
 from .body_graphs import Variant
 from .errors import SpecError
 from .expand import Expanded
 from .graph import Graph
 from .printing import to_code
-from .reverse import Program
+from .reverse import GRAD_LOSS, Program
 from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
-from .rules.call import BlockRule, ChainRule, DerivedBlock
+from .rules.call import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
 from .schedule import Plan, helpers_of, schedule
 from .spec import Spec
 
@@ -58,6 +61,8 @@ class Structured:
     the whole network (an inlined program); with calls, the documents derive each body."""
     top_names: frozenset = frozenset()
     """The names the top body's derived statements assign and no block body's do."""
+    block_plans: dict = dataclasses.field(default_factory=dict)
+    """Each block's :class:`BlockPlan`, by name: its functions' statements as printed."""
 
 
 def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
@@ -90,6 +95,7 @@ def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, der
                       layout_constant=channels_last_constant(flat_graph), test_data=test_data,
                       docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
                       top_names=frozenset(top_names),
+                      block_plans={name: block_plan(block) for name, block in derived.items()},
                       **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
 
 
@@ -198,3 +204,122 @@ def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_fro
     returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
                if name in sources and name not in covered]
     return merged, returns
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """What a block's two functions are printed from, every choice made: the statements with the
+    names the code uses (each parameter as its entry ``p["conv1.weight"]``, the gradient arriving at
+    the output as the argument ``grad_output``), what the backward reads from the forward, and what
+    it returns."""
+
+    forward: tuple
+    """The forward that saves, without the loss line (it also runs unsaved: nothing narrowed)."""
+    backward: tuple
+    saved_names: tuple[str, ...]
+    """What the forward returns for the backward: the inputs it reads, ``p``, the hypers its ops
+    take, then the block's own saved values."""
+    returns: tuple[tuple[str, str], ...]
+    """(key of each gradient the backward returns: a parameter's ``params`` key, else its name, the
+    name of its value)."""
+
+
+def block_plan(derived: DerivedBlock) -> BlockPlan:
+    """The :class:`BlockPlan` of a block body planned by :func:`plan_block`."""
+    block, planned = derived.spec, derived.planned
+    # a block's forward also runs unsaved (save=False): what its backward reads as a convolution's input
+    # is kept as autocast's cast copy in its return (saved_returned), not cast at its last use
+    forward = [dataclasses.replace(item, narrowed=()) for item in planned.saving_forward
+               if item.statement.target.name != "loss"]
+    # the gradient arriving at the output is the argument grad_output: `grad_out = grad_loss` goes
+    renames = {GRAD_LOSS: GRAD_OUTPUT}
+    for item in planned.backward:
+        if item.statement.value == GRAD_LOSS:
+            renames[item.statement.target] = GRAD_OUTPUT
+    backward = renamed_statements(planned.backward, renames, planned.program.forward)
+    keys = dict(block.params)
+    read_backward = _read(item.statement for item in backward)
+    gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
+    hyper_backward = _hypers(item.statement for item in backward)
+    # each parameter read where it is used, as the mapping's entry (`p["conv1.weight"]`): no names to unpack
+    entries = {tensor(name): tensor(f'p["{key}"]') for name, key in block.params}
+    saved_names = (list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
+                   + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names)
+    return BlockPlan(forward=tuple(renamed_statements(forward, entries)),  # no pullback comments
+                     backward=tuple(renamed_statements(backward, entries, planned.program.forward)),
+                     saved_names=tuple(saved_names),
+                     returns=tuple((keys.get(name, name), gradient[name]) for name in derived.gradients))
+
+
+def renamed_statements(scheduled, renames: dict, forward=()) -> list:
+    """``scheduled`` with each symbol in ``renames`` replaced (values, deletions and the comments'
+    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``). A pullback's comment quotes
+    its consumer's forward line (``symgrad.reverse``): made again from that statement of ``forward``
+    (the body's forward statements) with the final names, never edited as text."""
+    from .emit import PULLED
+    from .printing import to_code
+
+    names = {old.name: new.name for old, new in renames.items()}
+    statements = {statement.target.name: statement for statement in forward} if names else {}
+    quoted: dict[str, tuple[str, str]] = {}  # consumer: (its line as reverse quoted it, renamed)
+
+    def requoted(comment: str) -> str:
+        head, found, operand = comment.rpartition(PULLED)
+        consumer = statements.get(head.split(" = ", 1)[0]) if found else None
+        if consumer is None:
+            return comment
+        if consumer.target.name not in quoted:
+            quoted[consumer.target.name] = (f"{consumer.target.name} = {to_code(consumer.value)}", (
+                f"{names.get(consumer.target.name, consumer.target.name)} = "
+                f"{to_code(consumer.value.xreplace(renames))}"))
+        original, renamed = quoted[consumer.target.name]
+        return renamed + PULLED + operand if head == original else comment
+
+    result = []
+    for item in scheduled:
+        statement = item.statement
+        value = statement.value.xreplace(renames)
+        if value in renames.values() and statement.target in renames:
+            continue  # the alias itself
+        dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
+        narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
+        comment = requoted(statement.comment)
+        result.append(dataclasses.replace(item, statement=dataclasses.replace(statement, value=value, comment=comment),
+                                          dead=dead, narrowed=narrowed))
+    return result
+
+
+def _read(statements) -> set[str]:
+    """The names the printed statements read: a block call that passes ``_scope(params, ...)``
+    does not read its parameters' names."""
+    names: set[str] = set()
+    for statement in statements:
+        names |= _direct_names(statement.value)
+    return names
+
+
+def _hypers(statements) -> set[str]:
+    """The block hypers the statements' ops take as arguments."""
+    names: set[str] = set()
+    for statement in statements:
+        for expression in statement.value.atoms(TensorOp):
+            for _, value in expression.params.items():
+                names |= {part.name for part in (value if isinstance(value, tuple) else (value,))
+                          if isinstance(part, HyperInt)}
+    return names
+
+
+def _direct_names(expression) -> set[str]:
+    if isinstance(expression, sympy.Symbol):
+        return {expression.name}
+    operands, names = expression.args, set()
+    if isinstance(expression, TensorOp):
+        operands = expression.operands
+        if expression.primitive.name == "block_forward" and expression.params["scope"]:
+            operands = operands[:expression.params["inputs"]]
+        if expression.primitive.name == "chain_forward":  # the instances' parameters: from `params`
+            operands = operands[:1]
+        names = {symbol.name for symbol in expression.params.free_symbols}
+    for operand in operands:
+        names |= _direct_names(operand)
+    return names

@@ -7,53 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import sympy
-
-from .algebra import TensorOp, tensor
-from .blocks import HyperInt
+from .algebra import tensor
 from .emit import packed
 from .fingerprint import module_constants
-from .plan import Structured
-from .reverse import GRAD_LOSS
-from .rules.call import GRAD_OUTPUT, BlockRule, ChainRule, DerivedBlock
-
-
-def _renamed_statements(scheduled, renames: dict, forward=()) -> list:
-    """``scheduled`` with each symbol in ``renames`` replaced (values, deletions and the comments'
-    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``). A pullback's comment quotes
-    its consumer's forward line (``symgrad.reverse``): made again from that statement of ``forward``
-    (the body's forward statements) with the final names, never edited as text."""
-    from .emit import PULLED
-    from .printing import to_code
-
-    names = {old.name: new.name for old, new in renames.items()}
-    statements = {statement.target.name: statement for statement in forward} if names else {}
-    quoted: dict[str, tuple[str, str]] = {}  # consumer: (its line as reverse quoted it, renamed)
-
-    def requoted(comment: str) -> str:
-        head, found, operand = comment.rpartition(PULLED)
-        consumer = statements.get(head.split(" = ", 1)[0]) if found else None
-        if consumer is None:
-            return comment
-        if consumer.target.name not in quoted:
-            quoted[consumer.target.name] = (f"{consumer.target.name} = {to_code(consumer.value)}", (
-                f"{names.get(consumer.target.name, consumer.target.name)} = "
-                f"{to_code(consumer.value.xreplace(renames))}"))
-        original, renamed = quoted[consumer.target.name]
-        return renamed + PULLED + operand if head == original else comment
-
-    result = []
-    for item in scheduled:
-        statement = item.statement
-        value = statement.value.xreplace(renames)
-        if value in renames.values() and statement.target in renames:
-            continue  # the alias itself
-        dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
-        narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
-        comment = requoted(statement.comment)
-        result.append(dataclasses.replace(item, statement=dataclasses.replace(statement, value=value, comment=comment),
-                                          dead=dead, narrowed=narrowed))
-    return result
+from .plan import BlockPlan, Structured, renamed_statements
+from .rules.call import BlockRule, ChainRule, DerivedBlock
 
 
 def _guard_view(positional: list[str], wrt: list[str], keyed: bool) -> dict:
@@ -86,74 +44,20 @@ def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
     return result
 
 
-def _block_view(derived: DerivedBlock) -> dict:
+def _block_view(derived: DerivedBlock, decided: BlockPlan) -> dict:
+    """A block's two functions, printed from what planning decided (:class:`~symgrad.plan.BlockPlan`)."""
     from .emit import printed_lines
 
     block, planned = derived.spec, derived.planned
-    # a block's forward also runs unsaved (save=False): what its backward reads as a convolution's input
-    # is kept as autocast's cast copy in its return (saved_returned), not cast at its last use
-    forward = [dataclasses.replace(item, narrowed=()) for item in planned.saving_forward
-               if item.statement.target.name != "loss"]
-    output = tensor(block.output)
-    # the gradient arriving at the output is the argument grad_output: `grad_out = grad_loss` goes
-    renames = {GRAD_LOSS: GRAD_OUTPUT}
-    for item in planned.backward:
-        if item.statement.value == GRAD_LOSS:
-            renames[item.statement.target] = GRAD_OUTPUT
-    backward = _renamed_statements(planned.backward, renames, planned.program.forward)
-    keys = dict(block.params)
-    read_backward = _read(item.statement for item in backward)
-    gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
-    hyper_backward = _hypers(item.statement for item in backward)
-    # each parameter read where it is used, as the mapping's entry (`p["conv1.weight"]`): no names to unpack
-    entries = {tensor(name): tensor(f'p["{key}"]') for name, key in block.params}
-    saved_names = (list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
-                   + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names)
     return dict(
-        name=block.name, inputs=list(block.inputs), output=output.name,
+        name=block.name, inputs=list(block.inputs), output=block.output,
         hyper=[f"{name}={default}" for name, default in block.hyper],
-        forward=printed_lines(_renamed_statements(forward, entries)),  # no pullback comments
-        saved_names=saved_names,
+        forward=printed_lines(decided.forward),
+        saved_names=list(decided.saved_names),
         saved_returned=[f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
-                        for name in saved_names],
-        backward=printed_lines(_one_line(_renamed_statements(backward, entries, planned.program.forward))),
-        returns=[(keys.get(name, name), gradient[name]) for name in derived.gradients])
-
-
-def _read(statements) -> set[str]:
-    """The names the printed statements read: a block call that passes ``_scope(params, ...)``
-    does not read its parameters' names."""
-    names: set[str] = set()
-    for statement in statements:
-        names |= _direct_names(statement.value)
-    return names
-
-
-def _hypers(statements) -> set[str]:
-    """The block hypers the statements' ops take as arguments."""
-    names: set[str] = set()
-    for statement in statements:
-        for expression in statement.value.atoms(TensorOp):
-            for _, value in expression.params.items():
-                names |= {part.name for part in (value if isinstance(value, tuple) else (value,))
-                          if isinstance(part, HyperInt)}
-    return names
-
-
-def _direct_names(expression) -> set[str]:
-    if isinstance(expression, sympy.Symbol):
-        return {expression.name}
-    operands, names = expression.args, set()
-    if isinstance(expression, TensorOp):
-        operands = expression.operands
-        if expression.primitive.name == "block_forward" and expression.params["scope"]:
-            operands = operands[:expression.params["inputs"]]
-        if expression.primitive.name == "chain_forward":  # the instances' parameters: from `params`
-            operands = operands[:1]
-        names = {symbol.name for symbol in expression.params.free_symbols}
-    for operand in operands:
-        names |= _direct_names(operand)
-    return names
+                        for name in decided.saved_names],
+        backward=printed_lines(_one_line(decided.backward)),
+        returns=list(decided.returns))
 
 
 def _chain_view(chain: ChainRule) -> dict:
@@ -227,7 +131,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
 
     # each parameter read where it is used, as the mapping's entry (`params["fc.weight"]`)
     entries = {tensor(name): tensor(f'params["{source}"]') for name, source in sources.items()}
-    blocks = [_block_view(block) for block in structured.blocks.values()]
+    blocks = [_block_view(block, structured.block_plans[name]) for name, block in structured.blocks.items()]
     helpers = structured.helpers
     from .emit import outputs_context
 
@@ -235,7 +139,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     readable = [[printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                  for statement in part] for part in structured.docstring]
     steps = list(planned.step_of_line)
-    printed_backward = printed_lines(_one_line(_renamed_statements(backward, entries, planned.program.forward)), steps)
+    printed_backward = printed_lines(_one_line(renamed_statements(backward, entries, planned.program.forward)), steps)
     layout = _layout_view(structured, sources, positional)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
@@ -250,7 +154,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
         forward=_trailing_comments([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                                     for statement in planned.forward]),
-        saving_forward=printed_lines(_renamed_statements(planned.saving_forward, entries)),
+        saving_forward=printed_lines(renamed_statements(planned.saving_forward, entries)),
         saved_names=planned.saved_names, loss_name=planned.loss_name,
         backward=printed_backward, boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),
@@ -320,8 +224,8 @@ def _extras_view(planned, entries: dict, sources: dict, positional: list[str]) -
         tangent_signature=", ".join([f"tangent_{name}" for name in positional if name in wrt]
                                     + (["tangent_params"] if any(name in sources for name in wrt) else [])),
         per_sample=bool(planned.per_sample_forward),
-        per_sample_forward=printed_lines(_renamed_statements(planned.per_sample_forward, entries)),
-        per_sample_backward=printed_lines(_renamed_statements(planned.per_sample_backward, entries,
+        per_sample_forward=printed_lines(renamed_statements(planned.per_sample_forward, entries)),
+        per_sample_backward=printed_lines(renamed_statements(planned.per_sample_backward, entries,
                                                               planned.program.forward)),
         per_sample_dead=planned.per_sample_dead,
         per_sample_fields=[name for name in per_sample if name not in sources],
