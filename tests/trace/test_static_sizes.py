@@ -52,10 +52,10 @@ class FourierPositions(nn.Module):
     """A position encoding made from numbers alone at the map's size (edgenext.py:58-81), projected and
     multiplied in."""
 
-    def __init__(self):
+    def __init__(self, hidden=2):
         super().__init__()
-        self.proj = nn.Conv2d(4, 2, 1)
-        self.hidden = 2
+        self.proj = nn.Conv2d(2 * hidden, 2, 1)
+        self.hidden = hidden
 
     def forward(self, x):
         b, c, h, w = x.shape
@@ -133,6 +133,20 @@ def test_traced_at_static_sizes_it_trains_as_autograd_there_and_refuses_other_si
         (line,) = str(error.value).splitlines()
         assert f"traced with static sizes at x={list(shape)}, and x is {list(other)} now" in line, line
         assert f"--input x={','.join(map(str, other))}" in line and "--static-sizes" in line, line
+
+
+def test_a_constant_refused_at_the_second_runs_sizes_alone_is_refused_not_taken_at_batch_plus_one():
+    """EdgeNeXt's form: an encoding of 32 frequencies fits the constant layer's limit at 8x8 (one sample of
+    [64, 8, 8]: 4096 values) and is refused by symgrad at the second run's 16x24, where the model ran; a run
+    at batch + 1 alone, which goes through with the same values, no longer hides that it follows the size."""
+    with pytest.raises(TraceError) as error:
+        trace(FourierPositions(hidden=32).double(), {"x": (2, 2, 8, 8)}, "parameters", "net")
+    (line,) = str(error.value).splitlines()
+    assert "test_static_sizes.py:" in line and "at x=[3, 2, 16, 24] (the second run" in line, line
+    assert "--static-sizes" in line, line
+    text = trace(FourierPositions(hidden=32).double(), {"x": (2, 2, 8, 8)}, "parameters", "net", static_sizes=True)
+    constant = next(layer for layer in load_yaml(text)["layers"] if layer["op"] == "constant")
+    assert constant["shape"] == [1, 64, 8, 8]
 
 
 def test_the_generated_code_itself_refuses_another_size(tmp_path):
