@@ -30,6 +30,50 @@ from .schedule import Plan, helpers_of, schedule
 from .spec import Spec
 
 
+@dataclass(frozen=True)
+class LayoutPlan:
+    """Where and when the module runs its 2-d convolutions in channels_last (the flat graph's rule,
+    :func:`symgrad.roles.channels_last_rule`), decided once for the module: nothing moves without a
+    rule."""
+
+    keys: tuple[str, ...] = ()
+    """The ``params`` keys of the 2-d convolution weights moved to channels_last."""
+    named: tuple[str, ...] = ()
+    """The weights moved that the caller passes by name."""
+    others: tuple[str, ...] = ()
+    """The other 4-d ``params`` entries (not moved): where there are some, the module lists ``keys``."""
+    test: str | None = None
+    """The test on the call's shapes (``rule.test()``)."""
+    constant: dict | None = None
+    backward_keys: tuple[str, ...] = ()
+    """The moved keys the top level's own backward reads again."""
+    backward_named: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    """The positional inputs whose gradients go back in their caller's layout."""
+
+
+def layout_plan(spec: Spec, flat_graph: Graph, graph: Graph, planned: Plan) -> LayoutPlan:
+    """The :class:`LayoutPlan` of a program: its top body's ``spec``, ``graph`` and ``planned``."""
+    rule = channels_last_rule(flat_graph)
+    if rule is None:
+        return LayoutPlan()
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    positional = [item.name for item in spec.inputs if not item.source]
+    flat_sources = {item.name: item.source for item in flat_graph.spec.inputs if item.source}
+    keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
+    named = [name for name in rule.weights if name not in flat_sources]  # weights the caller passes by name
+    read_in_backward = {symbol.name for item in planned.backward for symbol in item.statement.value.free_symbols}
+    shapes = {node.name: node.shape for node in flat_graph.inputs}
+    return LayoutPlan(
+        keys=tuple(keys), named=tuple(named),
+        others=tuple(source for name, source in flat_sources.items() if len(shapes[name]) == 4 and source not in keys),
+        test=rule.test(), constant=channels_last_constant(flat_graph),
+        backward_keys=tuple(sources[name] for name in sources if name in read_in_backward and sources[name] in keys),
+        backward_named=tuple(name for name in named if name in read_in_backward),
+        kept=tuple(name for name in positional if name in graph.wrt and len(shapes[name]) == 4)
+        if keys or named else ())  # nothing moves: every gradient is in its input's layout already
+
+
 @dataclass
 class Structured:
     spec: Spec
@@ -44,10 +88,6 @@ class Structured:
     """The module-level functions the blocks' and the top level's statements call."""
     running_statistics: list = dataclasses.field(default_factory=list)
     """(running_mean, running_var, momentum) of each training-mode batch_norm (``roles``)."""
-    layout: object = None
-    """When the 2-d convolutions run in channels_last (:class:`symgrad.roles.ChannelsLastRule`, or None)."""
-    layout_constant: dict | None = None
-    """The module's constant for the size from which they do (``roles.channels_last_constant``)."""
     test_data: dict = dataclasses.field(default_factory=dict)
     """What the generated tests draw: the small shapes, the inputs' roles, the class counts, ..."""
     backward: list = dataclasses.field(default_factory=list)
@@ -63,6 +103,8 @@ class Structured:
     """The names the top body's derived statements assign and no block body's do."""
     block_plans: dict = dataclasses.field(default_factory=dict)
     """Each block's :class:`BlockPlan`, by name: its functions' statements as printed."""
+    layout_plan: LayoutPlan = None
+    """Which weights the module moves to channels_last, and when (:func:`layout_plan`)."""
 
 
 def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
@@ -91,11 +133,11 @@ def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, der
     top_names = {statement.target.name for part in (program.forward, program.backward, fast.forward, fast.backward)
                  for statement in part} - inner
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,
-                      running_statistics=running_statistics(flat_graph), layout=channels_last_rule(flat_graph),
-                      layout_constant=channels_last_constant(flat_graph), test_data=test_data,
+                      running_statistics=running_statistics(flat_graph), test_data=test_data,
                       docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
                       top_names=frozenset(top_names),
                       block_plans={name: block_plan(block) for name, block in derived.items()},
+                      layout_plan=layout_plan(spec, flat_graph, graph, planned),
                       **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
 
 

@@ -10,7 +10,7 @@ import dataclasses
 from .algebra import tensor
 from .emit import packed
 from .fingerprint import module_constants
-from .plan import BlockPlan, Structured, renamed_statements
+from .plan import BlockPlan, LayoutPlan, Structured, renamed_statements
 from .rules.call import BlockRule, ChainRule, DerivedBlock
 
 
@@ -140,7 +140,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
                  for statement in part] for part in structured.docstring]
     steps = list(planned.step_of_line)
     printed_backward = printed_lines(_one_line(renamed_statements(backward, entries, planned.program.forward)), steps)
-    layout = _layout_view(structured, sources, positional)
+    layout = _layout_view(structured.layout_plan)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
         readable_forward=readable[0], readable_backward=readable[1],
@@ -252,32 +252,16 @@ def _function_view(positional: list[str], sources: dict, statistics) -> dict:
                 unpacked_inputs=", ".join(positional) + comma)
 
 
-def _layout_view(structured: Structured, sources: dict[str, str], positional: list[str]) -> dict:
-    """The per-call layout rule of the flat module (:func:`symgrad.roles.channels_last_rule`), for
-    the structured one: the ``params`` keys of the 2-d convolution weights it moves to channels_last,
-    the test on the call's shapes, the keys the top level's own backward reads again, and the
-    positional inputs whose gradients go back to their caller's layout."""
-    rule = structured.layout
-    if rule is None:
-        return dict(channels_last_keys=[], channels_last_test=None, channels_last_constant=None,
-                    backward_channels_last=[], layout_kept=[], channels_last_named=[],
-                    backward_channels_last_named=[])
-    flat_sources = {item.name: item.source for item in structured.flat_graph.spec.inputs if item.source}
-    keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
-    named = [name for name in rule.weights if name not in flat_sources]  # weights the caller passes by name
-    read_in_backward = {symbol.name for item in structured.planned.backward for symbol in item.statement.value.free_symbols}
-    shapes = {node.name: node.shape for node in structured.flat_graph.inputs}
-    # where the weights are all the 4-d entries of `params` (as in most CNNs), the code says so, not a table
-    others = [source for name, source in flat_sources.items() if len(shapes[name]) == 4 and source not in keys]
-    listed = bool(others)
+def _layout_view(decided: LayoutPlan) -> dict:
+    """The template's view of the layout rule planning decided (:class:`~symgrad.plan.LayoutPlan`)."""
+    listed = bool(decided.others)  # where the weights are all the 4-d entries of `params`, no table
     return dict(
-        channels_last_keys=keys, channels_last_lines=packed([f'"{key}",' for key in keys]) if listed else [],
-        channels_last_others=", ".join(others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
-        channels_last_test=rule.test(), channels_last_constant=structured.layout_constant,
-        backward_channels_last=[sources[name] for name in sources if name in read_in_backward and sources[name] in keys],
-        layout_kept=[name for name in positional if name in structured.graph.wrt and len(shapes[name]) == 4]
-        if keys or named else [],  # nothing moves: every gradient is in its input's layout already
-        channels_last_named=named, backward_channels_last_named=[name for name in named if name in read_in_backward],
+        channels_last_keys=list(decided.keys),
+        channels_last_lines=packed([f'"{key}",' for key in decided.keys]) if listed else [],
+        channels_last_others=", ".join(decided.others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
+        channels_last_test=decided.test, channels_last_constant=decided.constant,
+        backward_channels_last=list(decided.backward_keys), layout_kept=list(decided.kept),
+        channels_last_named=list(decided.named), backward_channels_last_named=list(decided.backward_named),
     )
 
 
