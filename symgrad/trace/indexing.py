@@ -114,7 +114,7 @@ class Gathered:
     """``ids.gather(dim, index)``, ``ids`` and ``index`` int64 inputs (``index`` possibly a leading corner of
     one) of size 1 along every other dim, then perhaps expanded (``expand``: that call): BERT's
     ``token_type_ids`` made from its buffer when the caller passes none (modeling_bert.py:91-93). Only an
-    embedding reads it, as the table's rows at ``ids``, picked at ``index`` (``embedding.of_gathered``)."""
+    embedding reads it, as the table's rows at ``ids``, picked at ``index`` (``embedding._of_gathered``)."""
 
     ids: torch.Tensor
     dim: int
