@@ -74,6 +74,29 @@ def layout_plan(spec: Spec, flat_graph: Graph, graph: Graph, planned: Plan) -> L
         if keys or named else ())  # nothing moves: every gradient is in its input's layout already
 
 
+@dataclass(frozen=True)
+class TopPlan:
+    """The top level's statements as the module prints them: each parameter read where it is used,
+    as its ``params`` entry (``params["fc.weight"]``); a pullback's comment quoting its forward line
+    with those names."""
+
+    entries: dict
+    """{input symbol: its ``params["key"]`` entry}."""
+    backward: tuple
+    saving_forward: tuple
+    per_sample_forward: tuple = ()
+    per_sample_backward: tuple = ()
+
+
+def top_plan(spec: Spec, planned: Plan, backward: list) -> TopPlan:
+    """The :class:`TopPlan` of the top body (``backward``: as the module runs it, :func:`_top_backward`)."""
+    entries = {tensor(item.name): tensor(f'params["{item.source}"]') for item in spec.inputs if item.source}
+    return TopPlan(entries, tuple(renamed_statements(backward, entries, planned.program.forward)),
+                   tuple(renamed_statements(planned.saving_forward, entries)),
+                   tuple(renamed_statements(planned.per_sample_forward, entries)),
+                   tuple(renamed_statements(planned.per_sample_backward, entries, planned.program.forward)))
+
+
 @dataclass
 class Structured:
     spec: Spec
@@ -105,6 +128,8 @@ class Structured:
     """Each block's :class:`BlockPlan`, by name: its functions' statements as printed."""
     layout_plan: LayoutPlan = None
     """Which weights the module moves to channels_last, and when (:func:`layout_plan`)."""
+    top_plan: TopPlan = None
+    """The top level's statements with the names the code uses (:func:`top_plan`)."""
 
 
 def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
@@ -132,13 +157,15 @@ def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, der
              for item in block.planned.saving_forward + block.planned.backward}
     top_names = {statement.target.name for part in (program.forward, program.backward, fast.forward, fast.backward)
                  for statement in part} - inner
+    top_backward = _top_backward(graph, spec, planned)
     return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,
                       running_statistics=running_statistics(flat_graph), test_data=test_data,
                       docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
                       top_names=frozenset(top_names),
                       block_plans={name: block_plan(block) for name, block in derived.items()},
                       layout_plan=layout_plan(spec, flat_graph, graph, planned),
-                      **dict(zip(("backward", "merged_returns", "param_returns"), _top_backward(graph, spec, planned))))
+                      top_plan=top_plan(spec, planned, top_backward[0]),
+                      **dict(zip(("backward", "merged_returns", "param_returns"), top_backward)))
 
 
 def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = False) -> DerivedBlock:

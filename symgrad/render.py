@@ -10,7 +10,7 @@ import dataclasses
 from .algebra import tensor
 from .emit import packed
 from .fingerprint import module_constants
-from .plan import BlockPlan, LayoutPlan, Structured, renamed_statements
+from .plan import BlockPlan, LayoutPlan, Structured, TopPlan
 from .rules.call import BlockRule, ChainRule, DerivedBlock
 
 
@@ -126,11 +126,11 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     sources = {item.name: item.source for item in spec.inputs if item.source}
     positional = [item.name for item in spec.inputs if not item.source]
     signature = ", ".join(positional + (["params"] if sources else []))
-    backward, merged, param_returns = structured.backward, structured.merged_returns, structured.param_returns
+    merged, param_returns = structured.merged_returns, structured.param_returns
     offsets = any(layer.block and layer.offset for layer in spec.layers)
 
     # each parameter read where it is used, as the mapping's entry (`params["fc.weight"]`)
-    entries = {tensor(name): tensor(f'params["{source}"]') for name, source in sources.items()}
+    entries = structured.top_plan.entries
     blocks = [_block_view(block, structured.block_plans[name]) for name, block in structured.blocks.items()]
     helpers = structured.helpers
     from .emit import outputs_context
@@ -139,7 +139,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     readable = [[printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                  for statement in part] for part in structured.docstring]
     steps = list(planned.step_of_line)
-    printed_backward = printed_lines(_one_line(renamed_statements(backward, entries, planned.program.forward)), steps)
+    printed_backward = printed_lines(_one_line(list(structured.top_plan.backward)), steps)
     layout = _layout_view(structured.layout_plan)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
@@ -147,14 +147,14 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         wrt=list(graph.wrt),
         **_guard_view(positional, list(graph.wrt), bool(sources)),
         **_function_view(positional, sources, structured.running_statistics),
-        **_extras_view(planned, entries, sources, positional),
+        **_extras_view(planned, entries, sources, positional, structured.top_plan),
         name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
         fingerprint=module_constants(spec, any_width=True, running=frozenset(
             name for statistics in structured.running_statistics for name in statistics[:2])),
         has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
         forward=_trailing_comments([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
                                     for statement in planned.forward]),
-        saving_forward=printed_lines(renamed_statements(planned.saving_forward, entries)),
+        saving_forward=printed_lines(list(structured.top_plan.saving_forward)),
         saved_names=planned.saved_names, loss_name=planned.loss_name,
         backward=printed_backward, boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),
@@ -197,7 +197,7 @@ def _small_inputs(graph, positional: list[str]) -> str:
                            if name in shapes) + "}"
 
 
-def _extras_view(planned, entries: dict, sources: dict, positional: list[str]) -> dict:
+def _extras_view(planned, entries: dict, sources: dict, positional: list[str], top: TopPlan) -> dict:
     """``hvp`` and ``per_sample_gradients`` (a spec without blocks; ``Plan``'s extras), printed with
     the names the code uses: a parameter's tangent is its entry of ``tangent_params``, keyed as
     ``params`` is, and its gradients come back keyed so too."""
@@ -224,9 +224,8 @@ def _extras_view(planned, entries: dict, sources: dict, positional: list[str]) -
         tangent_signature=", ".join([f"tangent_{name}" for name in positional if name in wrt]
                                     + (["tangent_params"] if any(name in sources for name in wrt) else [])),
         per_sample=bool(planned.per_sample_forward),
-        per_sample_forward=printed_lines(renamed_statements(planned.per_sample_forward, entries)),
-        per_sample_backward=printed_lines(renamed_statements(planned.per_sample_backward, entries,
-                                                              planned.program.forward)),
+        per_sample_forward=printed_lines(list(top.per_sample_forward)),
+        per_sample_backward=printed_lines(list(top.per_sample_backward)),
         per_sample_dead=planned.per_sample_dead,
         per_sample_fields=[name for name in per_sample if name not in sources],
         per_sample_params=any(name in sources for name in per_sample),
