@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..spec_values import check_identifier
 from .errors import Refusal, TraceError
 from .size_checks import renamed_nodes
 
@@ -97,7 +98,7 @@ def guard_sizes(spec: dict, calls: list, shapes: dict[str, tuple[int, ...]], dty
     for key, shape in guarded.items():
         current = key
         for dim, size in enumerate(shape):
-            out = _free(f"{key}_size{dim}", taken)
+            out = _free(_check_name(key, dim), taken)
             checks.append({"op": "size_check", "in": current, "left": {"like": current, "dims": [dim]},
                            "right": int(size), "relation": "eq", "holds": True, "line": where,
                            "text": f"{key}.shape[{dim}] == {size} ({OPTION})",
@@ -114,6 +115,13 @@ def guard_sizes(spec: dict, calls: list, shapes: dict[str, tuple[int, ...]], dty
         made = dataclasses.replace(first, name="size_check", module="", leaf=False, where=where)
         calls[:0] = [made] * len(checks)
     return guarded
+
+
+def _check_name(key: str, dim: int) -> str:
+    """The name of the check of ``key``'s size ``dim``: ``x_size0``, or ``size0_of_mask`` where the first is
+    not allowed in generated code (an input ``mask`` or ``grad_x``: ``mask_`` and ``grad_`` are reserved)."""
+    return next((name for name in (f"{key}_size{dim}", f"size{dim}_of_{key}") if check_identifier(name) is None),
+                f"size{dim}_checked")
 
 
 def _free(name: str, taken: set) -> str:

@@ -202,3 +202,37 @@ def test_the_command_line_option_traces_at_fixed_sizes_and_bind_prints_a_retrace
     fast = symgrad.bind(tmp_path / "net.py", load_target(f"{tmp_path / 'pads.py'}:Net").double())
     with pytest.raises(BindError, match=r"--static-sizes --input x=2,2,7,4 -o .*net\.yaml && symgrad generate"):
         fast(torch.randn(2, 2, 7, 4, dtype=torch.float64))
+
+
+class Masked(nn.Module):
+    """An input named ``mask`` (an attention mask's usual name), whose checks cannot be ``mask_size0``:
+    ``mask_`` is a prefix the generated code reserves."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x, mask):
+        x = self.conv(x) * mask
+        if x.shape[2] % 2:
+            x = F.pad(x, (0, 0, 0, 1))
+        return F.avg_pool2d(x, 2)
+
+
+def test_an_input_whose_name_starts_with_a_reserved_prefix_is_guarded_under_another_name(tmp_path):
+    """Before: ``error: output name 'mask_size0' starts with a prefix the generated code reserves``."""
+    torch.manual_seed(6)
+    model = Masked().double()
+    shapes = {"x": (2, 2, 5, 4), "mask": (2, 3, 5, 4)}
+    text = trace(model, shapes, "parameters", "net", static_sizes=True)
+    checks = [layer["out"] for layer in load_yaml(text)["layers"] if layer["op"] == "size_check"]
+    assert checks[4:] == ["size0_of_mask", "size1_of_mask", "size2_of_mask", "size3_of_mask"], checks
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(_generated(tmp_path, text), model)
+    data = {key: torch.randn(*shape, dtype=torch.float64) for key, shape in shapes.items()}
+    for net in (fast, reference):
+        net(**data).square().sum().backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert (ours.grad - theirs.grad).abs().max().item() <= 1e-12
+    with pytest.raises(BindError, match=r"and mask is \[1, 3, 5, 4\] now"):
+        fast(x=data["x"], mask=data["mask"][:1])
