@@ -43,6 +43,18 @@ def pytest_configure(config):
         config.pluginmanager.register(_MergeWorkerReports(config), "symgrad-merge-worker-reports")
 
 
+def pytest_collection_finish(session):
+    """Everything collection made (torch, sympy, the zoo's models, OpInfo's op_db: about 470,000 objects) moved out
+    of the garbage collector's way (``gc.freeze``): each full collection the process runs later walks only what
+    the tests made since. The objects stay as they are; those of collection are module-level and live to the
+    end anyway. The hybrid and modern zoos' 36 autograd checks, collected with the whole suite, in one process:
+    the full collections took 2.7 s of CPU where they took 4.9 (65 s in all)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_deselected(items):
     DESELECTED.extend(item.nodeid for item in items)
     DESELECTED_SLOW.extend(item.nodeid for item in items if item.get_closest_marker("slow") is not None)

@@ -58,6 +58,16 @@ class _Outcomes:
     def __init__(self):
         self.passed, self.failed, self.skipped, self.lines = 0, 0, 0, []
 
+    def pytest_configure(self, config):
+        """No garbage collection at the end of the nested run (what pytest's own ``pytester`` sets for the
+        runs it makes in its process): pytest collects twice there to find unraisable exceptions, each a
+        full collection of the whole test process, 0.25 s of CPU or more once the suite has imported torch,
+        sympy and the zoo (a 1-test file's run: 0.37 s of CPU, 0.1 s without); the objects the run leaves
+        are freed by their reference counts or by the process's own collections later."""
+        from _pytest.unraisableexception import gc_collect_iterations_key
+
+        config.stash[gc_collect_iterations_key] = 0
+
     def pytest_runtest_logreport(self, report):
         if report.skipped:
             self.skipped += 1
@@ -82,10 +92,13 @@ def run_generated_tests(test_file, *options: str) -> _Outcomes:
     """Run a generated test file with pytest in this process, as ``pytest -q test_x.py`` would in its own:
     the interpreter start, torch's and pytest's imports (about 3 s of CPU a file) are not paid again. The
     file must read only torch, pytest and the standard library (checked from its imports first: what a
-    subprocess in a fresh interpreter would show), and leaves no module, path or default dtype behind.
-    ``options``: more pytest arguments (``"-k", "float32"``)."""
+    subprocess in a fresh interpreter would show), and leaves no module of its own (nor one without a file),
+    path or default dtype behind; installed and standard modules it imported stay (pytest's plugins, which
+    were imported, assertion-rewritten and dropped again at every run). Hypothesis's plugin is off: the
+    files do not use it. ``options``: more pytest arguments (``"-k", "float32"``)."""
     import ast
     import sys
+    import sysconfig
     from pathlib import Path
 
     import pytest
@@ -101,12 +114,14 @@ def run_generated_tests(test_file, *options: str) -> _Outcomes:
     modules, path, dtype = dict(sys.modules), list(sys.path), torch.get_default_dtype()
     rng = torch.get_rng_state()
     try:
-        pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib",
-                     "--rootdir", str(test_file.parent), "--override-ini", "addopts=", *options, str(test_file)],
-                    plugins=[outcomes])
+        pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail",
+                     "-p", "no:hypothesispytest", "--import-mode=importlib", "--rootdir", str(test_file.parent),
+                     "--override-ini", "addopts=", *options, str(test_file)], plugins=[outcomes])
     finally:
+        installed = tuple({sysconfig.get_path(key) for key in ("purelib", "platlib", "stdlib", "platstdlib")})
         for name in set(sys.modules) - set(modules):
-            del sys.modules[name]
+            if not (getattr(sys.modules[name], "__file__", None) or "").startswith(installed):
+                del sys.modules[name]
         sys.path[:] = path
         torch.set_default_dtype(dtype)
         torch.set_rng_state(rng)
