@@ -103,7 +103,8 @@ class Guard:
         sources = {key: (key, tuple(value.shape)) for key, value in state.items()
                    if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
         self.sources = sources
-        self.data_arguments = tuple(name for name in arguments if name not in sources and name != "params")
+        # every model tensor comes in `params`: an argument named as a buffer (BERT's position_ids) is data
+        self.data_arguments = tuple(name for name in arguments if name != "params")
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         fingerprint = check_fingerprint(generated, model, self.allow_edited)
         check_matches(generated, model, sources)
@@ -356,7 +357,8 @@ class Guard:
             return torch.empty(value.shape, dtype=dtype, device="meta")
 
         try:
-            self._run_forward({name: meta(value) for name, value in arguments.items()}, data)
+            self._run_forward({name: meta(value) for name, value in arguments.items()},
+                              {name: meta(value) for name, value in data.items()})
         except ValueError as error:
             raise ValueError(_first_line(error)) from None
         except (NotImplementedError, KeyError):  # an op without a meta kernel: the call itself decides
@@ -369,7 +371,7 @@ class Guard:
             try:
                 with torch.random.fork_rng(devices=sorted(devices, key=str)):
                     self._run_forward({name: value.clone() if name in buffers else value
-                                       for name, value in arguments.items()}, data)
+                                       for name, value in arguments.items()}, data)  # data as given
             except Exception as error:
                 shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in data.items()
                                    if isinstance(value, torch.Tensor))
@@ -378,10 +380,10 @@ class Guard:
         self._checked.add(key)
 
     def _run_forward(self, values: dict, data: dict) -> None:
-        """The generated forward on ``values`` (the arguments by name), without a graph, with
-        nn.BatchNorm's own checks."""
+        """The generated forward on ``data`` and the model's tensors in ``values`` (by name), without a
+        graph, with nn.BatchNorm's own checks."""
         with torch.no_grad(), SizeChecks():
-            self.generated.forward(**{name: values[name] for name in data},
+            self.generated.forward(**data,
                                    params={key: values[name] for name, (key, _) in self.sources.items()})
 
 

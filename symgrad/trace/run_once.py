@@ -54,14 +54,18 @@ def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | Non
     sources.update({id(value): Source(key, False) for key, value in named_tensors.items() if id(value) not in sources})
     module_paths: dict[int, str] = {}
     mutable: set[int] = set()
+    taken = {source.name for source in sources.values()}  # an argument named as a buffer (BERT's position_ids)
     for prefix, root in roots:
         for path, child in root.named_modules():
             module_paths.setdefault(id(child), ".".join(part for part in (prefix, path) if part))
         for path, value in root.named_parameters():
-            sources.setdefault(id(value), Source(source_name(prefix, path, root), value.requires_grad,
-                                                 path if root is module else None))
+            if id(value) not in sources:
+                sources[id(value)] = Source(source_name(prefix, path, root, taken), value.requires_grad,
+                                            path if root is module else None)
         for path, value in root.named_buffers():
-            sources.setdefault(id(value), Source(source_name(prefix, path, root), False, path if root is module else None))
+            if id(value) not in sources:
+                sources[id(value)] = Source(source_name(prefix, path, root, taken), False,
+                                            path if root is module else None)
             mutable.add(id(value))
     saved = [(owner, key, value, value.detach().clone()) for _, root in roots for owner in root.modules()
              for key, value in owner._buffers.items() if value is not None]
@@ -191,11 +195,18 @@ def visible_globals(function) -> dict[str, Any]:
             if check_identifier(key) is None}
 
 
-def source_name(prefix: str, path: str, root: torch.nn.Module) -> str:
+def source_name(prefix: str, path: str, root: torch.nn.Module, taken: set[str]) -> str:
+    """The spec's name of the parameter or buffer at ``path``, none of ``taken`` (then added to it): an argument
+    of the traced function named as a buffer (BERT's ``position_ids`` argument and ``self.position_ids``) keeps
+    its name, the buffer is ``model_position_ids``: one name for both read the buffer for the argument."""
     name = fitted(plain_name(".".join(part for part in (prefix, path) if part)))
-    if name[:1].isdigit() or check_identifier(name) is not None:
+    if name[:1].isdigit() or check_identifier(name) is not None or name in taken:
         name = fitted(f"{plain_name(type(root).__name__).lower()}_{name}")
-    return name
+    found, number = name, 2
+    while found in taken:
+        found, number = fitted(f"{name}_{number}"), number + 1
+    taken.add(found)
+    return found
 
 
 def first_line(error: Exception) -> str:

@@ -1,0 +1,48 @@
+"""An argument of the forward named as one of the model's buffers (transformers' BERT: ``position_ids`` and
+``token_type_ids`` are both ``forward`` arguments and buffers of its embeddings; here at the top level, where
+the names meet). The argument is data, the buffer a model tensor: before, the spec gave the argument the
+buffer's ``source`` (the trace named both ``position_ids``) and bind read the buffer where the caller passed
+ids (a permuted ``position_ids`` trained on the buffer's, silently), or refused to run."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+import symgrad
+from symgrad.trace import trace
+from tests.helpers import load_yaml
+from tests.trace.test_text_transformers import _generated
+
+
+class Positions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.position_embeddings = nn.Embedding(6, 3)
+        self.register_buffer("position_ids", torch.arange(6).expand((1, -1)), persistent=False)
+
+    def forward(self, x, position_ids=None):
+        if position_ids is None:
+            position_ids = self.position_ids[:, : x.shape[1]]
+        return torch.tanh(x * self.position_embeddings(position_ids))
+
+
+def test_the_argument_is_read_where_the_caller_passes_it_not_the_buffer_of_its_name(tmp_path):
+    torch.manual_seed(3)
+    model = Positions().double()
+    text = trace(model, {"x": (2, 4, 3), "position_ids": (1, 4)}, "parameters", "net", dtypes={"position_ids": "int64"})
+    inputs = load_yaml(text)["inputs"]
+    assert "source" not in inputs["position_ids"], inputs
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(_generated(tmp_path, text), model)
+    x = torch.randn(3, 5, 3, dtype=torch.float64)
+    ids = torch.tensor([[5, 0, 3, 3, 1]])
+    outputs = [net(x, position_ids=ids) for net in (fast, reference)]
+    assert (outputs[0] - outputs[1]).abs().max().item() <= 1e-12
+    for output in outputs:
+        (output * torch.tensor([0.3, -1.1, 0.7], dtype=torch.float64)).sum().backward()
+    grads = model.position_embeddings.weight.grad, reference.position_embeddings.weight.grad
+    assert grads[1][2].abs().sum() == 0 and grads[1][5].abs().sum() > 0  # the rows the ids pick, not the buffer's
+    assert (grads[0] - grads[1]).abs().max().item() <= 1e-12
