@@ -8,10 +8,12 @@ SGD step), alternating in one process.
   module traced without the loss (the bound model's outputs form), the loss after it in autograd;
 - ``autograd`` and ``symgrad.bind``: the same two eager, for scale.
 
-Each variant's first step (Dynamo, AOTAutograd and Inductor compiling its forward and backward) is timed apart
-and reported as the first-compile time, with the part of it Dynamo spent tracing Python (``bytecode_tracing``)
-and Dynamo's graph, graph-break and recompile counts for that variant; then ``--repeats`` rounds of one step of each, the order rotated every round (medians). Ratio:
-``torch.compile(model)``'s median over the compiled bound model's (> 1: the bound model is faster).
+Each variant's first step (Dynamo, AOTAutograd and Inductor compiling its forward and backward, into a cache
+folder of its own: no variant reuses the C++ kernels another built) is timed apart and reported as the
+first-compile time, with the part of it Dynamo spent tracing Python (``bytecode_tracing``) and Dynamo's graph,
+graph-break and recompile counts for that variant; then ``--repeats`` rounds of one step of each, the order
+rotated every round (medians). Ratio: ``torch.compile(model)``'s median over the compiled bound model's (> 1:
+the bound model is faster).
 
     OMP_NUM_THREADS=1 python -m benchmarks.compiled_parity                 # ResNet-18, ViT, U-Net, ConvNeXt
     OMP_NUM_THREADS=1 python -m benchmarks.compiled_parity --networks vit --repeats 11
@@ -127,21 +129,25 @@ def _warm_up() -> None:
     torch.compile(lambda x: (x @ weight).relu().sum())(torch.randn(2, 4)).backward()
 
 
-def first_steps(functions: dict) -> dict:
+def first_steps(functions: dict, folder: Path) -> dict:
     """{variant: (seconds of its first step, Dynamo's counters it added)}; the first step of a compiled
-    variant compiles it."""
+    variant compiles it, each into its own Inductor cache folder under ``folder`` (Inductor's in-memory
+    caches cleared): no variant loads the C++ kernels another built."""
     from torch._dynamo.utils import compilation_time_metrics, counters
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     _warm_up()
 
     found = {}
-    for name, function in functions.items():
+    for index, (name, function) in enumerate(functions.items()):
         before = {key: sum(values.values()) for key, values in counters.items()}
         graphs = counters["stats"]["unique_graphs"]
         traced = sum(compilation_time_metrics.get("bytecode_tracing", []))
-        start = time.perf_counter()
-        function()
-        seconds = time.perf_counter() - start
+        (folder / f"inductor-{index}").mkdir()
+        with temporary_cache_dir(str(folder / f"inductor-{index}")):
+            start = time.perf_counter()
+            function()
+            seconds = time.perf_counter() - start
         after = {key: sum(values.values()) for key, values in counters.items()}
         found[name] = (
             seconds,
@@ -243,7 +249,7 @@ def main(argv=None) -> int:
         batch, size, _ = ROWS[network]
         with tempfile.TemporaryDirectory() as folder:
             functions = steps(network, Path(folder), arguments.keep)
-            first = first_steps(functions)
+            first = first_steps(functions, Path(folder))
             samples = round_robin(functions, arguments.repeats, warmup=1)
         medians = {name: statistics.median(values) for name, values in samples.items()}
         peer = medians["autograd, torch.compile"]
