@@ -200,17 +200,19 @@ class Guard:
     def _check_static_sizes(self, data: dict) -> None:
         """A call at other sizes than a spec traced with static sizes holds (``symgrad.trace.static_sizes``),
         refused in one line naming the traced sizes and the trace at the sizes given now."""
-        for key, traced in self._static_sizes.items():
-            value = data.get(key)
-            if isinstance(value, torch.Tensor) and list(value.shape) != traced:
-                words = ", ".join(f"{name}={shape}" for name, shape in self._static_sizes.items())
-                command = retrace(self.generated, self.model, change=("--input", key, ",".join(map(str, value.shape))))
-                if "--static-sizes" not in command:
-                    command = command.replace(" && ", " --static-sizes && ", 1)
-                raise BindError(f"{name_of(self.generated)} was traced with static sizes at {words}, and {key} is "
-                                f"{list(value.shape)} now: its code holds the sizes, branches and constants the model "
-                                f"computed at those sizes alone (fix: call it at those sizes, or trace and generate it "
-                                f"at these: {command})")
+        changed = {key: list(data[key].shape) for key, traced in self._static_sizes.items()
+                   if isinstance(data.get(key), torch.Tensor) and list(data[key].shape) != traced}
+        if changed:  # every input whose sizes changed, in the words and in the command (each --input)
+            words = ", ".join(f"{name}={shape}" for name, shape in self._static_sizes.items())
+            now = ", ".join(f"{key} is {shape}" for key, shape in changed.items())
+            command = retrace(self.generated, self.model,
+                              change=[("--input", key, ",".join(map(str, shape))) for key, shape in changed.items()])
+            if "--static-sizes" not in command:
+                command = command.replace(" && ", " --static-sizes && ", 1)
+            raise BindError(f"{name_of(self.generated)} was traced with static sizes at {words}, and {now} "
+                            f"now: its code holds the sizes, branches and constants the model computed at those "
+                            f"sizes alone (fix: call it at those sizes{_last_batch(changed, self._static_sizes)}, or "
+                            f"trace and generate it at these: {command})")
 
     def _moved(self, arguments: dict, previous: list) -> None:
         """After the generated forward ran: the batch counted, and each cumulative BatchNorm's statistics
@@ -385,6 +387,14 @@ class Guard:
         with torch.no_grad(), SizeChecks():
             self.generated.forward(**data,
                                    params={key: values[name] for name, (key, _) in self.sources.items()})
+
+
+def _last_batch(changed: dict, traced: dict) -> str:
+    """Where only the batch of a call at other static sizes is smaller (a DataLoader's last batch), how to
+    leave it out; else nothing."""
+    if all(shape[1:] == traced[key][1:] and shape[:1] < traced[key][:1] for key, shape in changed.items()):
+        return " (a smaller last batch: DataLoader(..., drop_last=True))"
+    return ""
 
 
 class Bound(Guard, torch.nn.Module):

@@ -135,7 +135,7 @@ def hyper_difference(generated: ModuleType, model) -> str | None:
 def retrace(generated: ModuleType, model, modes: str = "", change: tuple | None = None) -> str:
     """The commands that trace ``model`` again, as ``generated``'s spec was traced (``modes``: options
     that set the modes as the model has them now, in place of the traced ones; ``change``: (flag, name,
-    value) in place of that flag's ``name=...``, or without it where value is None), and generate every
+    value) in place of that flag's ``name=...``, or without it where value is None; or a list of such), and generate every
     module of that spec where ``generated`` is."""
     file = getattr(generated, "__file__", None)
     spec = spec_path(generated)
@@ -146,8 +146,7 @@ def retrace(generated: ModuleType, model, modes: str = "", change: tuple | None 
     options = _options_of(text) or _options_from_spec(text) if text else ["--input", "..."]
     if modes:
         options = _without(options, MODE_OPTIONS, ("--modes",)) + shlex.split(modes)
-    if change:
-        flag, argument, value = change
+    for flag, argument, value in ([change] if change and isinstance(change[0], str) else change or []):
         kept = [index for index in range(len(options)) if not (
             options[index] == flag and index + 1 < len(options) and options[index + 1].partition("=")[0] == argument
             or index and options[index - 1] == flag and options[index].partition("=")[0] == argument)]

@@ -198,7 +198,7 @@ def visible_globals(function) -> dict[str, Any]:
 def source_name(prefix: str, path: str, root: torch.nn.Module, taken: set[str]) -> str:
     """The spec's name of the parameter or buffer at ``path``, none of ``taken`` (then added to it): an argument
     of the traced function named as a buffer (BERT's ``position_ids`` argument and ``self.position_ids``) keeps
-    its name, the buffer is ``model_position_ids``: one name for both read the buffer for the argument."""
+    its name, the buffer is ``bert_position_ids`` (its class's name first): one name for both read the buffer."""
     name = fitted(plain_name(".".join(part for part in (prefix, path) if part)))
     if name[:1].isdigit() or check_identifier(name) is not None or name in taken:
         name = fitted(f"{plain_name(type(root).__name__).lower()}_{name}")

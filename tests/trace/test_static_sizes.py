@@ -236,3 +236,50 @@ def test_an_input_whose_name_starts_with_a_reserved_prefix_is_guarded_under_anot
         assert (ours.grad - theirs.grad).abs().max().item() <= 1e-12
     with pytest.raises(BindError, match=r"and mask is \[1, 3, 5, 4\] now"):
         fast(x=data["x"], mask=data["mask"][:1])
+
+
+class TwoInputs(nn.Module):
+    """Two inputs of different sizes, whose batches must agree."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.lin = nn.Linear(5, 3)
+
+    def forward(self, x, y):
+        x = self.conv(x)
+        if x.shape[2] % 2:
+            x = F.pad(x, (0, 0, 0, 1))
+        return F.avg_pool2d(x, 2).mean((2, 3)) + self.lin(y)
+
+
+def test_a_call_with_both_inputs_at_another_batch_prints_a_retrace_that_works_as_printed(tmp_path):
+    """Before: the command changed x alone (``--input y=2,5 ... --input x=3,2,5,4``), whose trace fails
+    (``running it at x=[3, 2, 5, 4], y=[2, 5] failed``); a smaller last batch is named with drop_last."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from symgrad.cli import main
+
+    (tmp_path / "two.py").write_text(
+        "import torch.nn.functional as F\nfrom torch import nn\n\nfrom tests.trace.test_static_sizes import "
+        "TwoInputs as Net\n"
+    )
+    spec = tmp_path / "net.yaml"
+    arguments = ["--input", "x=2,2,5,4", "--input", "y=2,5", "--wrt", "parameters", "--name", "net"]
+    result = CliRunner().invoke(main, ["trace", f"{tmp_path / 'two.py'}:Net", *arguments, "--static-sizes", "-o", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path)]).exit_code == 0
+    fast = symgrad.bind(tmp_path / "net.py", TwoInputs().double())
+    x, y = torch.randn(3, 2, 5, 4, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    with pytest.raises(BindError) as error:
+        fast(x, y)
+    (line,) = str(error.value).splitlines()
+    assert "and x is [3, 2, 5, 4], y is [3, 5] now" in line and "drop_last" not in line, line
+    command = line.split("at these: ")[1].rstrip(")").split(" && ")[0]
+    assert "--input x=3,2,5,4" in command and "--input y=3,5" in command, command
+    result = CliRunner().invoke(main, shlex.split(command)[1:])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(BindError, match=r"at those sizes \(a smaller last batch: DataLoader\(\.\.\., drop_last=True\)\)"):
+        fast(x[:1], y[:1])
