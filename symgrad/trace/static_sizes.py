@@ -101,7 +101,8 @@ def guard_sizes(spec: dict, calls: list, shapes: dict[str, tuple[int, ...]], dty
             out = _free(_check_name(key, dim), taken)
             checks.append({"op": "size_check", "in": current, "left": {"like": current, "dims": [dim]},
                            "right": int(size), "relation": "eq", "holds": True, "line": where,
-                           "text": f"{key}.shape[{dim}] == {size} ({OPTION})",
+                           "text": f"{key}.shape[{dim}] == {size} ({OPTION}; at other sizes trace again "
+                                   f"with {CLI_OPTION})",
                            "out": out})
             current = out
         renamed[key] = current
