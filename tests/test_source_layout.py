@@ -201,11 +201,28 @@ def test_benchmarks_have_no_import_cycle(monkeypatch):
 def test_a_trace_hook_keyed_by_no_rule_fails_at_import():
     """A per-op trace hook is keyed by its rule's op: renaming the op without its hook fails loudly."""
     from symgrad.rules import LAYER_RULES
-    from symgrad.trace.op_hooks import HOOKS, checked, max_pool
+    from symgrad.trace.dispatch import OP_HOOKS, op_hook
 
-    assert set(HOOKS) <= set(LAYER_RULES)
+    assert set(OP_HOOKS) <= set(LAYER_RULES) and "batch_norm" in OP_HOOKS
     with pytest.raises(ImportError, match="no rule declares: maxpool2d "):
-        checked({"max_pool1d": max_pool, "maxpool2d": max_pool})
+        op_hook("max_pool1d", "maxpool2d")
+
+
+def test_a_call_registered_twice_fails_at_import(monkeypatch):
+    """One table from a call to its handler: a second handler for a name, a second hook for an op, or a
+    registered name a rule's ``calls`` also claim, fails (it would have been silently shadowed)."""
+    from symgrad.trace import dispatch
+    from symgrad.trace.layers import SpecBuilder
+    from symgrad.trace.views import reshape
+
+    with pytest.raises(ImportError, match="two trace handlers for reshape: symgrad.trace.views.reshape and "):
+        dispatch.handles("reshape")(lambda builder, call: None)
+    with pytest.raises(ImportError, match="two trace hooks for cat: symgrad.trace.op_hooks.cat and "):
+        dispatch.op_hook("cat")(lambda builder, op, bound, call: None)
+    monkeypatch.setitem(dispatch.HANDLERS, "conv2d", reshape)  # conv2d is the conv2d rule's call
+    with pytest.raises(ImportError, match="two trace handlers for conv2d: "):
+        dispatch.table(SpecBuilder.rule_call, SpecBuilder.unknown)
+    assert dispatch.HANDLERS["reshape"] is reshape and dispatch.route("view") == ("call", None, reshape)
 
 
 def test_a_trace_hook_written_as_a_method_of_the_walk_fails_at_import():

@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import random_masks
+from .dispatch import handles, op_hook
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
     from .recorder import Call
 
 
-def attention(builder: "SpecBuilder", op: str, bound: dict, call: "Call") -> None:
+@op_hook("scaled_dot_product_attention")
+def attention(builder: Builder, op: str, bound: dict, call: "Call") -> None:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None)``."""
     mask = bound.get("attn_mask")
     dropout_p = bound.get("dropout_p", 0.0)
@@ -45,7 +47,7 @@ def attention(builder: "SpecBuilder", op: str, bound: dict, call: "Call") -> Non
     builder.layer(op, bound, call)
 
 
-def _with_dropout(builder: "SpecBuilder", bound: dict, dropout_p: float, call: "Call") -> None:
+def _with_dropout(builder: Builder, bound: dict, dropout_p: float, call: "Call") -> None:
     """Attention with dropout inside it, as PyTorch's math kernel (the one it runs on the CPU when
     dropout_p > 0) computes it: the probabilities, then dropout, then their product with v, three layers
     (``rules/attention_probabilities.py``), whose forward draws the model's own masks."""
@@ -66,7 +68,8 @@ def _with_dropout(builder: "SpecBuilder", bound: dict, dropout_p: float, call: "
     builder.layer("matmul", {"input": dropped, "other": value}, call)
 
 
-def einsum(builder: "SpecBuilder", call: "Call") -> None:
+@handles("einsum")
+def einsum(builder: Builder, call: "Call") -> None:
     """``torch.einsum('bhid,bhjd->bhij', q, k)`` or ``torch.einsum(equation, [q, k])``: one einsum layer."""
     arguments = list(call.arguments)
     equation = call.keywords.get("equation", arguments.pop(0) if arguments else None)

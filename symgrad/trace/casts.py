@@ -20,13 +20,13 @@ import torch
 from .indexing import integer_root
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
     from .recorder import Call
 
 IDENTITIES = {"mul": 1, "div": 1, "add": 0, "sub": 0}
 
 
-def integer_identity(builder: "SpecBuilder", op: str, bound: dict, call: "Call") -> bool:
+def integer_identity(builder: Builder, op: str, bound: dict, call: "Call") -> bool:
     """``timesteps * 1`` (a broadcast ``torch.ones``, folded to its number) on an int64 input or a view of
     it, giving a result of its shape: remembered as a view of the input; False for any other call."""
     source, number = bound.get("input"), bound.get("other")
@@ -44,7 +44,7 @@ def integer_identity(builder: "SpecBuilder", op: str, bound: dict, call: "Call")
     return True
 
 
-def convert(builder: "SpecBuilder", call: "Call") -> bool:
+def convert(builder: Builder, call: "Call") -> bool:
     """A conversion of an int64 input (or a view of it) or of a float tensor to a floating dtype on the same
     device: a ``cast`` layer; False where it is none of those (the caller refuses it)."""
     source, result = call.arguments[0], call.result
@@ -69,7 +69,7 @@ def convert(builder: "SpecBuilder", call: "Call") -> bool:
     return True
 
 
-def _like(builder: "SpecBuilder", call: "Call", dtype: torch.dtype) -> torch.Tensor | None:
+def _like(builder: Builder, call: "Call", dtype: torch.dtype) -> torch.Tensor | None:
     """The tensor whose dtype the conversion takes: ``type_as``'s other; else a floating argument of the
     traced function in that dtype (the model's own precision); None where none is (the dtype by name)."""
     if call.name == "type_as":

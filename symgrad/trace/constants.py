@@ -20,7 +20,7 @@ from .recorder import Call
 from .sizes import expand_layer, size_read
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
 
 
 class OneValueConstants:
@@ -79,7 +79,7 @@ class OneValueConstants:
         return self.emit("full", {"op": "full", "size": size, "fill_value": float(made.fill)}, made)
 
 
-def constant_layer(builder: "SpecBuilder", value: torch.Tensor, call: "Call") -> str | None:
+def constant_layer(builder: Builder, value: torch.Tensor, call: "Call") -> str | None:
     """The name of a new ``constant`` layer holding ``value``, read by ``call``; None when it cannot be
     one (not floating point, 0-dim, too large, written into since it was made, or no node of the call to
     take a dtype from)."""
@@ -102,7 +102,7 @@ def constant_layer(builder: "SpecBuilder", value: torch.Tensor, call: "Call") ->
     return builder.emit("constant", layer, made)
 
 
-def _batch_of_one(builder: "SpecBuilder", value: torch.Tensor, made: "Call", like: str) -> str | None:
+def _batch_of_one(builder: Builder, value: torch.Tensor, made: "Call", like: str) -> str | None:
     """A constant whose every sample is the first, its first size one the code read (``torch.zeros(B, H, W)``
     with ``B, H, W`` from ``x.shape``): that sample as a ``constant`` layer, expanded to the size read at run
     time, so it holds a batch's fraction of the values and takes any batch."""

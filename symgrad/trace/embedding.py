@@ -14,18 +14,20 @@ import torch
 
 from . import sizes
 from .dataflow import call_sizes
+from .dispatch import op_hook
 from .indexing import Gathered, corner_length
 from .recorder import Call
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
 
 _VIEWS = {"unsqueeze", "add", "__add__", "__radd__", "view", "reshape", "__getitem__", "to", "long", "int",
           "contiguous", "clone"}
 """Calls an arange's positions may pass through on their way to the table (their values are checked)."""
 
 
-def embedding(builder: "SpecBuilder", op: str, bound: dict, call: Call) -> None:
+@op_hook("embedding")
+def embedding(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)``."""
     if bound.pop("max_norm", None) is not None:
         return builder.fail(call, "renormalises the rows it reads in place (max_norm is set), a write into the "
@@ -61,7 +63,7 @@ def embedding(builder: "SpecBuilder", op: str, bound: dict, call: Call) -> None:
     builder.alias(call, current)
 
 
-def _of_view(builder: "SpecBuilder", op: str, bound: dict, call: Call, root: torch.Tensor) -> None:
+def _of_view(builder: Builder, op: str, bound: dict, call: Call, root: torch.Tensor) -> None:
     """The rows at a view of an int64 input: ``input_ids.view(-1, T)`` of an input of that shape is the input;
     a leading corner of a buffer (BERT's ``self.position_ids[:, :seq_length]``) is the rows at the whole buffer,
     narrowed to the corner, each length read at run time from the tensor of that size the code read last (the
@@ -81,7 +83,7 @@ def _of_view(builder: "SpecBuilder", op: str, bound: dict, call: Call, root: tor
     builder.alias(call, current)
 
 
-def _narrowed(builder: "SpecBuilder", call: Call, current: torch.Tensor, root: torch.Tensor, corner: tuple,
+def _narrowed(builder: Builder, call: Call, current: torch.Tensor, root: torch.Tensor, corner: tuple,
               view: torch.Tensor) -> torch.Tensor:
     """``current`` (rows at the whole int64 ``root``) narrowed to the ``corner`` the code's ``view`` holds."""
     for dim, stop in enumerate(corner):
@@ -95,7 +97,7 @@ def _narrowed(builder: "SpecBuilder", call: Call, current: torch.Tensor, root: t
     return current
 
 
-def _of_gathered(builder: "SpecBuilder", op: str, bound: dict, call: Call, found: Gathered) -> None:
+def _of_gathered(builder: Builder, op: str, bound: dict, call: Call, found: Gathered) -> None:
     """The rows at ids gathered from an int64 buffer (BERT's ``token_type_ids`` from its buffer, gathered at
     the corner of ``position_ids``, expanded to the batch: modeling_bert.py:91-93): the rows at the whole buffer,
     picked along the gather's dim at the index's root (the ``index`` layer), narrowed to its corner and
@@ -118,7 +120,7 @@ def _of_gathered(builder: "SpecBuilder", op: str, bound: dict, call: Call, found
                                                       call.result, call.where, call.module, call.leaf))
 
 
-def _resolver(builder: "SpecBuilder"):
+def _resolver(builder: Builder):
     def resolve(dim: sizes.Dim):
         tensors = builder.size_tensors
         found = builder.node(tensors[dim.index]) if dim.index < len(tensors) else None
@@ -127,7 +129,7 @@ def _resolver(builder: "SpecBuilder"):
     return resolve
 
 
-def _positions(builder: "SpecBuilder", index: torch.Tensor) -> tuple[int, int] | None:
+def _positions(builder: Builder, index: torch.Tensor) -> tuple[int, int] | None:
     """``(start, length)`` where ``index`` holds ``start, start + 1, ..., start + length - 1`` along its last
     dim (its other dims of size 1) and was made in the traced code from ``torch.arange``; ``length`` the
     arange's own (a size that carries the dims it was read from). None for any other index."""

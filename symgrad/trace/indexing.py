@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
     from .recorder import Call
 
 RESHAPES = {"view", "reshape", "flatten", "contiguous", "view_as", "reshape_as", "clone", "unsqueeze"}
@@ -25,20 +25,20 @@ EXPANDS = {"expand", "expand_as", "broadcast_to"}
 """``idx.view(1, -1, 1).expand(B, -1, C)``: only ``gather`` reads it (as ``x[:, idx]``, op_hooks.gather)."""
 
 
-def integer_root(builder: "SpecBuilder", value: Any) -> torch.Tensor | None:
+def integer_root(builder: Builder, value: Any) -> torch.Tensor | None:
     """The int64 input ``value`` is (or is a reshape of), else None."""
     if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or ("expanded", id(value)) in builder.index_views:
         return None
     value = builder.index_views.get(id(value), value)
-    return value if id(value) in builder.sources else None
+    return value if builder.is_input(value) else None
 
 
-def _corner(builder: "SpecBuilder", value: Any) -> tuple[int, ...] | None:
+def _corner(builder: Builder, value: Any) -> tuple[int, ...] | None:
     """The sizes of the leading corner of its int64 input that ``value`` holds (``index[:n, :n]``), None for all."""
     return builder.index_views.get(("corner", id(value)))
 
 
-def corner_length(builder: "SpecBuilder", view: torch.Tensor, dim: int, rank: int) -> int | dict:
+def corner_length(builder: Builder, view: torch.Tensor, dim: int, rank: int) -> int | dict:
     """The length of the corner ``view`` along ``dim`` in the spec: the slice's stop where it carries the dims
     it was read from (``self.position_ids[:, :seq_length]``, ``seq_length`` from ``x.shape[:2]``), else the
     size the code read last that fits (``sizes.size_read``), else the number."""
@@ -70,7 +70,7 @@ def _new_dims(index: Any) -> bool:
         item is None or item is Ellipsis or (isinstance(item, slice) and item == slice(None)) for item in items)
 
 
-def index_view(builder: "SpecBuilder", call: "Call") -> bool:
+def index_view(builder: Builder, call: "Call") -> bool:
     """Remember a reshape of an int64 input (``index.view(-1)``), or of its leading corner (``index.clone()[:n,
     :n]``: SwinUNETR where a map is smaller than the window), as a view of it; an int64 input gathered at
     another's corner (:func:`gathered_ids`); False for any other call."""
@@ -125,7 +125,7 @@ class Gathered:
     expand: "Call | None" = None
 
 
-def gathered_ids(builder: "SpecBuilder", call: "Call") -> bool:
+def gathered_ids(builder: Builder, call: "Call") -> bool:
     """Remember ``ids.gather(dim, index)`` of int64 inputs as :class:`Gathered` (and its ``expand``, its
     reshapes to the same shape); False where the ids or the index are not such inputs (refused by
     ``op_hooks.gather``, or as an unknown tensor where something reads it)."""
@@ -146,7 +146,7 @@ def gathered_ids(builder: "SpecBuilder", call: "Call") -> bool:
             or source.dtype != torch.int64:
         return False
     ids = builder.index_views.get(id(source), source)
-    if id(ids) not in builder.sources or ids.shape != source.shape or _corner(builder, source) is not None:
+    if not builder.is_input(ids) or ids.shape != source.shape or _corner(builder, source) is not None:
         return False  # ids.expand(1, -1) of a [1, L] buffer: the buffer itself
     root = integer_root(builder, index)
     dim %= source.dim()
@@ -158,7 +158,7 @@ def gathered_ids(builder: "SpecBuilder", call: "Call") -> bool:
     return True
 
 
-def index_with_tensor(builder: "SpecBuilder", call: "Call") -> bool:
+def index_with_tensor(builder: Builder, call: "Call") -> bool:
     """``x[:, idx]``: full slices, then one int64 input (or a view of it), then full slices; False for any
     other index (which the slicing handler takes or refuses)."""
     source, index = call.arguments[0], call.arguments[1]
@@ -194,7 +194,7 @@ def _replaced(call: "Call", result: torch.Tensor) -> "Call":
     return dataclasses.replace(call, result=result)
 
 
-def index_select(builder: "SpecBuilder", call: "Call") -> bool:
+def index_select(builder: Builder, call: "Call") -> bool:
     """``torch.index_select(x, dim, idx)``, ``x.index_select(dim, idx)`` with idx a 1-d int64 input (or a
     view of one): the ``index`` layer; False otherwise."""
     bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
@@ -211,7 +211,7 @@ def index_select(builder: "SpecBuilder", call: "Call") -> bool:
     return True
 
 
-def strided_slice(builder: "SpecBuilder", call: "Call", source: torch.Tensor, dim: int, start: int, stop: int,
+def strided_slice(builder: Builder, call: "Call", source: torch.Tensor, dim: int, start: int, stop: int,
                   step: int) -> torch.Tensor:
     """``source[:, ..., start:stop:step]`` along ``dim`` with a step of 2 or more: the ``slice`` layer (its end
     left open where the slice runs to the end of the dim, so the spec stays shape-generic)."""

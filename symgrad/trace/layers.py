@@ -10,10 +10,11 @@ A call that cannot become a layer does not stop the walk: its result is *poisone
 and anything computed from it inherits the poison. Only reasons the loss depends on are reported,
 all at once, so a forward that logs ``x.norm()`` is not refused for it.
 
-This file holds the walk and its state (names, poison, constants, writes); the calls that need more
-than the table are in their own files: per-op hooks keyed by the rule's op (``op_hooks.py``), tensor
-methods and calls with no rule of their own (``views.py``, ``CALLS`` below), the loss tail
-(``loss_tail.py``), random masks (``random_masks.py``), indexing, constants and attention.
+This file holds the walk and its state (names, poison, constants, writes). A call meets the named
+pre-checks in order (``PRE_CHECKS`` below), then its handler in one table (``TABLE``, ``dispatch.py``):
+a rule's call is bound here and goes to its op's hook where one is registered (``op_hooks.py``,
+``embedding.py``, ``attention.py``, ``loss_tail.py``); tensor methods and calls with no rule of their own
+are registered by name in ``views.py``, ``loss_tail.py``, ``random_masks.py`` and ``attention.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from ..rules import LAYER_RULES
 from ..spec_values import check_identifier
-from . import attention, loss_tail, random_masks, views
+from . import attention, dispatch, embedding, loss_tail, op_hooks, random_masks, views
 from .casts import integer_identity
 from .constants import OneValueConstants, constant_layer
 from .custom_functions import Applied, check
@@ -44,45 +45,17 @@ from .dataflow import (
 )
 from .errors import Refusal, TraceError
 from .indexing import index_view
-from .op_hooks import HOOKS
 from .recorder import NO_GRAD, RANDOM, Call
 from .size_checks import write_checks
 from .torch_names import (
     BY_FUNCTION,
     CONSTANT,
-    DROPOUT,
     FIXES,
     IGNORED,
     IN_PLACE_BOOKKEEPING,
-    LOSSES,
     NEUTRAL,
-    PASS_THROUGH,
-    PIECES,
     SIGNATURES,
-    TRANSPOSES,
 )
-
-CALLS = {
-    **dict.fromkeys(("sum", "mean"), loss_tail.reduce),
-    **dict.fromkeys(PASS_THROUGH, views.pass_through),
-    **dict.fromkeys(DROPOUT, random_masks.dropout),
-    **dict.fromkeys(("view", "reshape"), views.reshape),
-    **dict.fromkeys(("view_as", "reshape_as"), views.reshape_as),
-    **dict.fromkeys(("expand", "expand_as", "broadcast_to"), views.expand),
-    **dict.fromkeys(("repeat", "tile"), views.repeat),
-    **dict.fromkeys(("var_mean", "std_mean"), views.statistic_and_mean),
-    "permute": views.permute,
-    **dict.fromkeys((*TRANSPOSES, "mT", "T", "t"), views.transpose),
-    **dict.fromkeys(PIECES, views.pieces),
-    **dict.fromkeys(("clamp_min", "clamp_min_", "clamp_max", "clamp_max_"), views.clamp_one_side),
-    "norm": views.norm,
-    "square": views.square,
-    "__rsub__": views.reflected_sub,
-    "__getitem__": views.getitem,
-    "index_select": views.selected,
-    "einsum": attention.einsum,
-}
-"""Recorded calls that are no rule's (``SIGNATURES``) nor a loss's: name -> ``handler(builder, call)``."""
 
 
 @dataclass
@@ -103,8 +76,6 @@ class SpecBuilder(OneValueConstants):
     reductions: dict[int, Reduction] = field(default_factory=dict)
     kept: list[Any] = field(default_factory=list)
     taken: Counter = field(default_factory=Counter)
-    log_probabilities: dict[int, torch.Tensor] = field(default_factory=dict)
-    """id of ``log_softmax(z, dim=1)``'s result -> z."""
     sizes_read: list[torch.Tensor] = field(default_factory=list)
     """The tensors whose sizes the user's code has read so far, in order (``x.shape[-2:]``)."""
     constants: dict[int, tuple[Call, int]] = field(default_factory=dict)
@@ -126,9 +97,9 @@ class SpecBuilder(OneValueConstants):
     """Custom ``autograd.Function`` name -> its checks (``custom_functions.Checked``), where they passed."""
     function_refusals: dict[int, int | None] = field(default_factory=dict)
     """id of an ``Applied`` -> the index of its refusal in ``problems``, or None where its check passed."""
-    masks: dict[int, dict] = field(default_factory=dict)
-    """id of a random mask being drawn (``x.new_empty(shape)``, then ``.bernoulli_(keep)``, ``.div_(keep)``:
-    timm's DropPath, torchvision's StochasticDepth) -> {"keep": keep or None before bernoulli_, "scale": bool}."""
+    owned: dict[str, Any] = field(default_factory=dict)
+    """Each handler module's own state for this walk (:meth:`own`): ``random_masks``' draws, ``loss_tail``'s
+    log-probabilities."""
 
     def __post_init__(self):
         self.source_names = {source.name for source in self.sources.values()}
@@ -150,12 +121,45 @@ class SpecBuilder(OneValueConstants):
             name = numbered(base, self.taken[base])
         return name
 
-    def fail(self, call: Call, what: str, fix: str, op: str | None = None) -> None:
-        """Poison the call's result with a new problem, and with those its inputs already carry."""
+    def fail(self, call: Call, what: str, fix: str, op: str | None = None) -> int:
+        """Poison the call's result with a new problem, and with those its inputs already carry; the
+        problem's index."""
         self.problems.append(Problem(call.where, call.module, op or call.name, what, fix))
         inherited = [self.poison[id(value)] for value in flat_arguments(call.arguments, call.keywords)
                      if isinstance(value, torch.Tensor) and id(value) in self.poison]
         self.taint(call.result, frozenset({len(self.problems) - 1}).union(*inherited))
+        return len(self.problems) - 1
+
+    def refuse(self, tensor: Any, problem: Problem) -> None:
+        """``tensor`` carries ``problem`` to whatever reads it."""
+        self.problems.append(problem)
+        self.taint(tensor, frozenset({len(self.problems) - 1}))
+
+    def carried(self, tensor: Any) -> frozenset[int] | None:
+        """The problems ``tensor`` carries, or None."""
+        return self.poison.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+
+    def name(self, tensor: torch.Tensor, node: str) -> None:
+        """``tensor`` is the value of ``node`` from here on."""
+        self.names[id(tensor)] = node
+
+    def named(self, tensor: torch.Tensor) -> str | None:
+        """The node ``tensor`` was named, or None (unlike :meth:`node`, no input is named by reading it)."""
+        return self.names.get(id(tensor))
+
+    def is_input(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is an argument, a parameter or buffer, or a global the function reads."""
+        return id(tensor) in self.sources
+
+    def module(self, path: str | None) -> Any:
+        """The traced model's module at ``path`` (``layer2.0.bn1``), or None."""
+        return self.modules.get(path)
+
+    def own(self, owner: str, make: Any) -> Any:
+        """The state ``owner`` (a handler module) keeps for this walk, made by ``make()`` on first use."""
+        if owner not in self.owned:
+            self.owned[owner] = make()
+        return self.owned[owner]
 
     def taint(self, result: Any, reasons: frozenset[int]) -> None:
         for tensor in (result if isinstance(result, (tuple, list)) else [result]):
@@ -221,48 +225,53 @@ class SpecBuilder(OneValueConstants):
                          "loop, or trace the model without the update)")
 
     def dispatch(self, call: Call) -> None:
-        name = call.name
-        if random_masks.random_mask(self, call):
-            return
-        if call.constant:  # torch.full(...), torch.ones_like(x), torch.tensor(0.5): a value, not a node
-            self.kept.append(call.result)
-            self.constants[id(call.result)] = (call, self.walked)
-            self.names.pop(id(call.result), None)
-            self.poison.pop(id(call.result), None)
-            return
-        if call.undifferentiated == NO_GRAD:  # a value autograd does not differentiate: refused where the loss reads it
-            self.fail(call, "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
-                      "gradient, and the explicit backward would differentiate it",
-                      "compute it before the model's forward and pass it in as an argument (a teacher's output, "
-                      "a target), or train that model with autograd")
-            return
-        if call.undifferentiated and not self.function_checked(call, call.undifferentiated):
-            return  # ... or differentiates by a backward of its own, which is not its forward's derivative
-        if loss_tail.scale_reduction(self, call):
-            return
-        if index_view(self, call):
-            return
-        if name in SIGNATURES:
-            op, positional = BY_FUNCTION.get(call.function, SIGNATURES[name])
-            bound = self.bind(call, positional)
-            if bound is None:
+        """The named pre-checks in order (``PRE_CHECKS``), then the call's handler from the one table
+        (``dispatch.py``), or :meth:`unknown`."""
+        for _, taken in PRE_CHECKS:
+            if taken(self, call):
                 return
-            if op in ("add", "sub", "mul", "div") and (self.fold_constants(op, bound, call)
-                                                       or integer_identity(self, op, bound, call)):
-                return
-            if op in ("add", "mul") and not isinstance(bound["input"], torch.Tensor):
-                bound["input"], bound["other"] = bound.get("other"), bound["input"]  # torch.mul(0.5, x): commutes
-            hook = HOOKS.get(op)
-            if hook is None:
-                self.layer(op, bound, call)
-            else:
-                hook(self, op, bound, call)
-        elif name in LOSSES:
-            loss_tail.loss_call(self, name, call)
-        elif name in CALLS:
-            CALLS[name](self, call)
+        TABLE.get(call.name, SpecBuilder.unknown)(self, call)
+
+    def constant(self, call: Call) -> bool:
+        """torch.full(...), torch.ones_like(x), torch.tensor(0.5): a value, not a node."""
+        if not call.constant:
+            return False
+        self.kept.append(call.result)
+        self.constants[id(call.result)] = (call, self.walked)
+        self.names.pop(id(call.result), None)
+        self.poison.pop(id(call.result), None)
+        return True
+
+    def no_grad(self, call: Call) -> bool:
+        """A value autograd does not differentiate: refused where the loss reads it."""
+        if call.undifferentiated != NO_GRAD:
+            return False
+        self.fail(call, "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
+                  "gradient, and the explicit backward would differentiate it",
+                  "compute it before the model's forward and pass it in as an argument (a teacher's output, "
+                  "a target), or train that model with autograd")
+        return True
+
+    def custom_function(self, call: Call) -> bool:
+        """... or differentiates by a backward of its own, which is not its forward's derivative."""
+        return bool(call.undifferentiated) and not self.function_checked(call, call.undifferentiated)
+
+    def rule_call(self, call: Call) -> None:
+        """A rule's call: its arguments bound by PyTorch's names, then the op's hook or the general layer."""
+        op, positional = BY_FUNCTION.get(call.function, SIGNATURES[call.name])
+        bound = self.bind(call, positional)
+        if bound is None:
+            return
+        if op in ("add", "sub", "mul", "div") and (self.fold_constants(op, bound, call)
+                                                   or integer_identity(self, op, bound, call)):
+            return
+        if op in ("add", "mul") and not isinstance(bound["input"], torch.Tensor):
+            bound["input"], bound["other"] = bound.get("other"), bound["input"]  # torch.mul(0.5, x): commutes
+        hook = dispatch.OP_HOOKS.get(op)
+        if hook is None:
+            self.layer(op, bound, call)
         else:
-            self.unknown(call)
+            hook(self, op, bound, call)
 
     def function_checked(self, call: Call, applied: Applied) -> bool:
         """Whether the call, run in a custom ``autograd.Function``'s forward, is traced as any other: where
@@ -451,11 +460,30 @@ class SpecBuilder(OneValueConstants):
 
 def refuse_method_hooks(builder_class: type) -> None:
     """Refuse a method named ``_<op>`` for a rule's op: the walk once found hooks by that name, and no
-    longer calls one (``op_hooks.HOOKS`` does), so such a method would be dropped without a word."""
+    longer calls one (``dispatch.OP_HOOKS`` does), so such a method would be dropped without a word."""
     stray = sorted(name for name in vars(builder_class) if name.startswith("_") and name[1:] in LAYER_RULES)
     if stray:
         raise ImportError(f"{builder_class.__name__} has per-op methods that nothing calls: {', '.join(stray)} (fix: "
-                          "move each into symgrad/trace/op_hooks.py as hook(builder, op, bound, call) in HOOKS)")
+                          "move each into symgrad/trace/op_hooks.py as hook(builder, op, bound, call) under @op_hook(op))")
 
 
 refuse_method_hooks(SpecBuilder)
+
+PRE_CHECKS = (
+    ("random mask", random_masks.random_mask),
+    ("constant", SpecBuilder.constant),
+    ("no_grad", SpecBuilder.no_grad),
+    ("custom Function", SpecBuilder.custom_function),
+    ("loss scale", loss_tail.scale_reduction),
+    ("int64 index view", index_view),
+)
+"""What the walk asks of every call before the table, in order: ``check(builder, call)`` is True where it
+took the call (a mask being drawn, a constant, a no_grad value, a refused custom Function's forward, a
+loss scaled after its reduction, a reshape of an int64 input)."""
+
+HANDLER_MODULES = (attention, embedding, op_hooks, random_masks, views, loss_tail)
+"""The modules whose decorators fill the table, imported before it is built."""
+
+TABLE = dispatch.table(SpecBuilder.rule_call, lambda builder, call: loss_tail.loss_call(builder, call.name, call))
+"""Recorded call name -> ``handler(builder, call)``: every rule's and loss's ``calls`` and the registered
+handlers (``dispatch.py``)."""

@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING
 import torch
 
 from .dataflow import Reduction, flat_arguments, is_number
+from .dispatch import handles, op_hook
 from .recorder import Call
 from .torch_names import LOSSES, SIGNATURES
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
 
 
 LOSS_DEFAULTS = {"size_average": None, "reduce": None, "weight": None, "ignore_index": -100, "label_smoothing": 0.0}
 
 
-def reduce(builder: SpecBuilder, call: Call) -> None:
+@handles("sum", "mean")
+def reduce(builder: Builder, call: Call) -> None:
     source = call.arguments[0]
     dims = call.keywords.get("dim", call.arguments[1] if len(call.arguments) > 1 else None)
     keepdim = call.keywords.get("keepdim", call.arguments[2] if len(call.arguments) > 2 else False)
@@ -56,16 +58,17 @@ def reduce(builder: SpecBuilder, call: Call) -> None:
     builder.kept.append(call.result)
 
 
-def log_softmax(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("log_softmax")
+def log_softmax(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """A layer; noted too, because ``nll_loss(log_softmax(z, dim=1), labels)`` is
     ``cross_entropy(z, labels)``, which ``loss_call`` makes of it."""
     source, dim = bound.get("input"), bound.get("dim")
     builder.layer(op, bound, call)
     if isinstance(source, torch.Tensor) and isinstance(dim, int) and dim % source.dim() == 1:
-        builder.log_probabilities[id(call.result)] = source
+        _log_probabilities(builder)[id(call.result)] = source
 
 
-def global_average(builder: SpecBuilder, call: Call, source: torch.Tensor, rank: int, keepdim: bool) -> None:
+def global_average(builder: Builder, call: Call, source: torch.Tensor, rank: int, keepdim: bool) -> None:
     """``x.mean(dim=(2, 3))``, global average pooling, is adaptive_avg_pool2d to 1 (then flatten)."""
     pooled = torch.flatten(source, 2).mean(dim=2).reshape(*source.shape[:2], *([1] * (rank - 2)))
     pool = Call(f"adaptive_avg_pool{rank - 2}d", call.function, (source, 1), {}, pooled if not keepdim else call.result,
@@ -75,12 +78,12 @@ def global_average(builder: SpecBuilder, call: Call, source: torch.Tensor, rank:
         builder.layer("flatten", {"input": pool.result, "start_dim": 1}, call)
 
 
-def loss_call(builder: SpecBuilder, op: str, call: Call) -> None:
+def loss_call(builder: Builder, op: str, call: Call) -> None:
     bound = dict(zip(LOSSES[op], call.arguments)) | call.keywords
     reasons: set[int] = set()
-    if op == "nll_loss" and id(bound["input"]) in builder.log_probabilities:
-        drop_unread(builder, builder.names.get(id(bound["input"])))  # the log_softmax layer, now inside the loss
-        op, bound["input"] = "cross_entropy", builder.log_probabilities[id(bound["input"])]
+    if op == "nll_loss" and id(bound["input"]) in _log_probabilities(builder):
+        drop_unread(builder, builder.named(bound["input"]))  # the log_softmax layer, now inside the loss
+        op, bound["input"] = "cross_entropy", _log_probabilities(builder)[id(bound["input"])]
     prediction = builder.operand(bound.pop("input"), call, reasons)
     target = builder.operand(bound.pop("target"), call, reasons)
     if reasons:
@@ -97,7 +100,7 @@ def loss_call(builder: SpecBuilder, op: str, call: Call) -> None:
     builder.kept.append(call.result)
 
 
-def drop_unread(builder: SpecBuilder, name: str | None) -> None:
+def drop_unread(builder: Builder, name: str | None) -> None:
     """Remove the layer that makes ``name`` if no later layer reads it."""
     index = next((i for i, layer in enumerate(builder.layers) if layer["out"] == name), None)
     if index is None or any(name in flat_arguments(list(layer.values()), {}) for layer in builder.layers[index + 1:]):
@@ -105,7 +108,7 @@ def drop_unread(builder: SpecBuilder, name: str | None) -> None:
     del builder.layers[index], builder.layer_calls[index]
 
 
-def scale_reduction(builder: SpecBuilder, call: Call) -> bool:
+def scale_reduction(builder: Builder, call: Call) -> bool:
     """``0.5 * loss``, ``loss / 2``: scale a reduction; False when the call is not that."""
     kind = SIGNATURES.get(call.name, ("",))[0]
     if kind not in ("mul", "div") or len(call.arguments) != 2 or call.keywords:
@@ -120,3 +123,8 @@ def scale_reduction(builder: SpecBuilder, call: Call) -> bool:
     builder.reductions[id(call.result)] = Reduction(inner.how, inner.source, inner.loss, scale, inner.call)
     builder.kept.append(call.result)
     return True
+
+
+def _log_probabilities(builder: Builder) -> dict[int, torch.Tensor]:
+    """This walk's ``log_softmax(z, dim=1)`` results by id -> z (an ``nll_loss`` of one is ``cross_entropy``)."""
+    return builder.own("loss_tail", dict)

@@ -1,8 +1,9 @@
 """Per-op trace hooks: the ops whose calls need more than binding PyTorch's arguments to the rule's.
 
-``HOOKS`` maps a rule's op to its hook, ``hook(builder, op, bound, call)``, called with the call's
+Each hook, ``hook(builder, op, bound, call)``, is registered for its rule's ops with ``dispatch.op_hook``
+(as are ``embedding``'s, ``loss_tail.log_softmax`` and ``attention``'s) and called with the call's
 arguments bound by PyTorch's names; an op without a hook becomes ``builder.layer(op, bound, call)``.
-A key that names no rule (a renamed or removed op) fails at import, so no hook is silently dropped.
+An op that names no rule (a renamed or removed op), or one hooked twice, fails at import.
 """
 
 from __future__ import annotations
@@ -12,19 +13,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..rules import LAYER_RULES
-from . import attention, embedding, loss_tail, sizes
+from . import sizes
 from .dataflow import Problem, is_int, is_number, literal
+from .dispatch import op_hook
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
     from .recorder import Call
 
 
-def batch_norm(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("batch_norm")
+def batch_norm(builder: Builder, op: str, bound: dict, call: Call) -> None:
     training = bool(bound.get("training"))
     # nn.BatchNorm's momentum=None passes 1 / num_batches_tracked, a count that grows: the spec says null
-    cumulative = training and getattr(builder.modules.get(call.module), "momentum", 0.1) is None
+    cumulative = training and getattr(builder.module(call.module), "momentum", 0.1) is None
     if not training or cumulative or bound.get("running_mean") is None:
         bound.pop("momentum", None)
     if not training and bound.get("running_mean") is None:
@@ -36,7 +38,8 @@ def batch_norm(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         builder.layers[-1]["momentum"] = None
 
 
-def prelu(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("prelu")
+def prelu(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """nn.PReLU()'s one slope for every channel is ``shared: true`` (a [C] weight: one per channel)."""
     weight, source = bound.get("weight"), bound.get("input")
     if isinstance(weight, torch.Tensor) and isinstance(source, torch.Tensor) and weight.numel() == 1 and (
@@ -45,14 +48,16 @@ def prelu(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, bound, call)
 
 
-def div(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("div")
+def div(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if bound.pop("rounding_mode", None) is not None:
         builder.fail(call, "rounds (rounding_mode is set), which has no gradient", "divide without rounding_mode")
         return
     builder.layer(op, bound, call)
 
 
-def power(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("pow")
+def power(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if not is_number(bound.get("exponent")):
         builder.fail(call, "has a tensor exponent", "raise to a number")
         return
@@ -61,14 +66,16 @@ def power(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, bound, call)
 
 
-def hardtanh(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("hardtanh")
+def hardtanh(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if bound.get("min_val", -1.0) == 0 and bound.get("max_val", 1.0) == 6:  # nn.ReLU6
         bound.pop("min_val"), bound.pop("max_val")
         op = "relu6"
     builder.layer(op, bound, call)
 
 
-def squeeze(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("squeeze")
+def squeeze(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``x.squeeze(1)``, ``x.squeeze((2, 3))``, ``x.squeeze()``: one layer per size-1 dim; a dim that is not
     size 1 is left (as PyTorch does; at other sizes the second run compares)."""
     source, dims = bound.get("input"), bound.get("dim")
@@ -85,7 +92,8 @@ def squeeze(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, {"input": current, "dim": dims[0]}, call)
 
 
-def pad(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("pad")
+def pad(builder: Builder, op: str, bound: dict, call: Call) -> None:
     bound["pad"] = pads = [int(p) for p in bound["pad"]]
     source = bound.get("input")
     if (isinstance(source, torch.Tensor) and source.dim() >= 3 and len(pads) == 2 * (source.dim() - 2)
@@ -101,7 +109,8 @@ def pad(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, bound, call)  # a zero pad too: at other sizes the same call may pad
 
 
-def max_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("max_pool1d", "max_pool2d", "max_pool3d")
+def max_pool(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if bound.get("return_indices") or call.name.endswith("_with_indices"):
         builder.fail(call, "returns indices", "call it with return_indices=False")
         return
@@ -109,7 +118,8 @@ def max_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     avg_pool(builder, op, bound, call)
 
 
-def avg_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("avg_pool1d", "avg_pool2d", "avg_pool3d")
+def avg_pool(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """A window the input's own size, read from it (CBAM's ``F.avg_pool2d(x, (x.size(2), x.size(3)), stride=(
     x.size(2), x.size(3)))``), is one window at every size: the adaptive pool to 1. A window of fixed numbers
     stays a window, even where the traced input is its size (``nn.AvgPool2d(7)``)."""
@@ -131,7 +141,8 @@ def avg_pool(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, bound, call)
 
 
-def interpolate(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("interpolate")
+def interpolate(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if bound.get("scale_factor") is not None:
         factors = literal(bound["scale_factor"])
         bound["scale_factor"] = [float(f) for f in factors] if isinstance(factors, list) else float(factors)
@@ -145,7 +156,8 @@ def interpolate(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, bound, call)
 
 
-def clamp(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("clamp")
+def clamp(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``x.clamp(...)``, ``torch.clamp``, ``clip``, ``clamp_min``, ``clamp_max``: the clamp op, whatever the
     bounds. Not relu for ``clamp(min=0)`` nor relu6 for ``clamp(0, 6)``: autograd's clamp passes the
     gradient at a bound (an input exactly 0, as a ReLU's zeros are), relu's and hardtanh's do not."""
@@ -156,7 +168,8 @@ def clamp(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         builder.layer("clamp", {"input": bound["input"], "min": low, "max": high}, call)
 
 
-def max_dim(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("max", "min")
+def max_dim(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``torch.max(x, 1, keepdim=True)`` returns (values, indices): the values are the ``max`` layer, the
     indices integers whose every use is refused here; ``torch.max(x)`` is ``amax`` over every dim (autograd
     shares its gradient among ties too); ``torch.max(a, b)`` is refused."""
@@ -172,13 +185,13 @@ def max_dim(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         return builder.unknown(call)
     values, indices = call.result
     builder.layer(op, bound, dataclasses.replace(call, result=values))
-    builder.problems.append(Problem(call.where, call.module, op, f"returns indices (torch.{op}(x, dim)[1]), integers "
+    builder.refuse(indices, Problem(call.where, call.module, op, f"returns indices (torch.{op}(x, dim)[1]), integers "
                                     "picked by the data, and the loss reads them", f"use only the values, torch.{op}("
                                     "x, dim)[0] or .values; an index must be a buffer or argument of the model"))
-    builder.taint(indices, frozenset({len(builder.problems) - 1}))
 
 
-def gather(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("gather")
+def gather(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``x.gather(dim, index)`` with an int64 buffer or argument: the ``gather`` layer. An index that is a 1-d
     buffer viewed along dim and expanded over the others (``idx.view(1, -1, 1).expand(B, -1, C)``: a token
     pick) is ``x[:, idx]``, the ``index`` layer, so that the spec stays shape-generic."""
@@ -202,7 +215,8 @@ def gather(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
     builder.layer(op, bound, call)
 
 
-def cat(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
+@op_hook("cat")
+def cat(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``torch.cat([x], 1)``, one tensor (DenseNet's first dense layer), is ``x``. A 1-d empty tensor among them is
     left out, as PyTorch's cat leaves it out (transformers' DynamicLayer starts its cache as ``torch.tensor([])``
     and concatenates each step's keys to it: the first step's cache is the keys)."""
@@ -213,38 +227,3 @@ def cat(builder: SpecBuilder, op: str, bound: dict, call: Call) -> None:
         return builder.alias(call, bound["tensors"][0])
     builder.layer(op, bound, call)
 
-
-def checked(hooks: dict) -> dict:
-    """``hooks``, refused at import where a key names no rule's op (an op renamed or removed since)."""
-    unknown = sorted(set(hooks) - set(LAYER_RULES))
-    if unknown:
-        raise ImportError(f"trace hooks for ops that no rule declares: {', '.join(unknown)} (fix: key each hook by "
-                          "its rule's op in symgrad/trace/op_hooks.py)")
-    return hooks
-
-
-HOOKS = checked({
-    "avg_pool1d": avg_pool,
-    "avg_pool2d": avg_pool,
-    "avg_pool3d": avg_pool,
-    "batch_norm": batch_norm,
-    "cat": cat,
-    "clamp": clamp,
-    "div": div,
-    "embedding": embedding.embedding,
-    "gather": gather,
-    "hardtanh": hardtanh,
-    "interpolate": interpolate,
-    "log_softmax": loss_tail.log_softmax,
-    "max": max_dim,
-    "min": max_dim,
-    "max_pool1d": max_pool,
-    "max_pool2d": max_pool,
-    "max_pool3d": max_pool,
-    "pad": pad,
-    "pow": power,
-    "prelu": prelu,
-    "scaled_dot_product_attention": attention.attention,
-    "squeeze": squeeze,
-})
-"""A rule's op -> its trace hook."""

@@ -4,20 +4,39 @@ DropPath and torchvision's StochasticDepth draw it (``x.new_empty(shape).bernoul
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from .dataflow import flat_arguments
+from .dispatch import handles
 from .recorder import RANDOM
-from .torch_names import PASS_THROUGH
+from .torch_names import DROPOUT, PASS_THROUGH
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
     from .recorder import Call
 
 
-def random_mask(builder: SpecBuilder, call: Call) -> bool:
+@dataclass
+class Draws:
+    """What ``random_masks`` keeps for one walk."""
+
+    masks: dict[int, dict] = field(default_factory=dict)
+    """id of a random mask being drawn (``x.new_empty(shape)``, then ``.bernoulli_(keep)``, ``.div_(keep)``:
+    timm's DropPath, torchvision's StochasticDepth) -> {"keep": keep or None before bernoulli_, "scale": bool}."""
+    refused: set[int] = field(default_factory=set)
+    """The problems of draws no layer makes (:func:`_other_draw`)."""
+    count: int = 0
+    """The random draws of the forward so far (:func:`drawn`)."""
+
+
+def _draws(builder: Builder) -> Draws:
+    return builder.own("random_masks", Draws)
+
+
+def random_mask(builder: Builder, call: Call) -> bool:
     """A random mask drawn as timm's DropPath and torchvision's StochasticDepth draw it, and its uses:
     ``x.new_empty(shape)`` / ``torch.empty(shape)``, ``.bernoulli_(keep)``, ``.div_(keep)``, then
     ``x * mask``. True where the call was one of these steps (or refused).
@@ -28,13 +47,13 @@ def random_mask(builder: SpecBuilder, call: Call) -> bool:
     read by each use as any tensor is, so one draw used twice stays one draw, in the model's order."""
     if _other_draw(builder, call):
         return True
-    receiver = call.arguments[0] if call.arguments else None
+    receiver, drawing = call.arguments[0] if call.arguments else None, _draws(builder).masks
     if call.name in ("new_empty", "empty", "empty_like") and isinstance(call.result, torch.Tensor):
         builder.kept.append(call.result)
-        builder.masks[id(call.result)] = {"keep": None, "scale": False, "made": call, "tensor": call.result,
-                                          "from": receiver if isinstance(receiver, torch.Tensor) else None}
+        drawing[id(call.result)] = {"keep": None, "scale": False, "made": call, "tensor": call.result,
+                                    "from": receiver if isinstance(receiver, torch.Tensor) else None}
         return True
-    mask = builder.masks.get(id(receiver)) if isinstance(receiver, torch.Tensor) else None
+    mask = drawing.get(id(receiver)) if isinstance(receiver, torch.Tensor) else None
     mask = None if mask is not None and "node" in mask else mask  # a node now: read as any tensor
     value = call.arguments[1] if len(call.arguments) > 1 else call.keywords.get("p", call.keywords.get("other"))
     if mask is not None and call.name == "bernoulli_" and mask["keep"] is None and isinstance(value, float):
@@ -47,8 +66,8 @@ def random_mask(builder: SpecBuilder, call: Call) -> bool:
         return True
     if call.name in ("mul", "__mul__", "__rmul__") and len(call.arguments) == 2 and _fused(builder, call):
         return True
-    masks = [builder.masks[id(value)] for value in flat_arguments(call.arguments, call.keywords)
-             if isinstance(value, torch.Tensor) and "node" not in builder.masks.get(id(value), {"node": None})]
+    masks = [drawing[id(value)] for value in flat_arguments(call.arguments, call.keywords)
+             if isinstance(value, torch.Tensor) and "node" not in drawing.get(id(value), {"node": None})]
     if not masks:
         return False
     if any(found["keep"] is None for found in masks):
@@ -67,20 +86,19 @@ def random_mask(builder: SpecBuilder, call: Call) -> bool:
     return False  # read by the call as any node
 
 
-def _other_draw(builder: SpecBuilder, call: Call) -> bool:
+def _other_draw(builder: Builder, call: Call) -> bool:
     """A random draw no layer makes (``torch.rand``, ``randn_like``, ``normal_``), refused once at its line;
     what is computed from it carries that refusal alone (timm's old ``keep + torch.rand(shape)``, then
     ``floor_()``: one line, at the draw). True where the call was refused or carries that refusal."""
-    refused = builder.__dict__.setdefault("random_refusals", set())
+    refused = _draws(builder).refused
     if call.name in RANDOM and call.name not in _MASK_STEPS:
-        builder.fail(call, "draws random numbers, which no layer of a spec draws but dropout's mask "
+        refused.add(builder.fail(call, "draws random numbers, which no layer of a spec draws but dropout's mask "
                      "(x.new_empty(shape).bernoulli_(keep))", "draw a drop-path mask as timm's drop_path does, "
                      "x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep), then x * mask / keep; or trace the "
-                     "model in eval mode (--eval), or with the randomness off (drop_path_rate=0)")
-        refused.add(len(builder.problems) - 1)
+                     "model in eval mode (--eval), or with the randomness off (drop_path_rate=0)"))
         return True
-    reasons = [builder.poison[id(value)] for value in flat_arguments(call.arguments, call.keywords)
-               if isinstance(value, torch.Tensor) and id(value) in builder.poison]
+    reasons = [found for value in flat_arguments(call.arguments, call.keywords)
+               if (found := builder.carried(value)) is not None]
     if refused and reasons and all(found <= refused for found in reasons):
         builder.taint(call.result, frozenset().union(*reasons))
         return True
@@ -91,21 +109,21 @@ _MASK_STEPS = frozenset({"new_empty", "empty", "empty_like", "bernoulli_"})
 """The random calls of a mask drawn as timm's drop_path draws it (:func:`random_mask`)."""
 
 
-def drawn(builder: SpecBuilder) -> int:
+def drawn(builder: Builder) -> int:
     """Count one more random draw of the forward (a mask's ``bernoulli_``, a dropout layer); the count before."""
-    count = getattr(builder, "random_draws", 0)
-    builder.random_draws = count + 1
-    return count
+    draws = _draws(builder)
+    draws.count += 1
+    return draws.count - 1
 
 
-def _fused(builder: SpecBuilder, call: Call) -> bool:
+def _fused(builder: Builder, call: Call) -> bool:
     """``x * mask``, the mask's first use with nothing random drawn since its draw: one dropout layer."""
     first, second = call.arguments
     for source, other in ((first, second), (second, first)):
-        drawn_mask = builder.masks.get(id(other)) if isinstance(other, torch.Tensor) else None
+        drawn_mask = _draws(builder).masks.get(id(other)) if isinstance(other, torch.Tensor) else None
         if drawn_mask is None or drawn_mask["keep"] is None or not isinstance(source, torch.Tensor) \
                 or "node" in drawn_mask or "used" in drawn_mask \
-                or getattr(builder, "random_draws", 0) != drawn_mask["after"]:
+                or _draws(builder).count != drawn_mask["after"]:
             continue
         noise = _noise_kind(tuple(source.shape), tuple(other.shape))
         if noise is None or not 0 < drawn_mask["keep"] < 1 or other.dim() != source.dim() \
@@ -120,7 +138,7 @@ def _fused(builder: SpecBuilder, call: Call) -> bool:
     return False
 
 
-def _materialise(builder: SpecBuilder, mask: dict, call: Call) -> bool:
+def _materialise(builder: Builder, mask: dict, call: Call) -> bool:
     """The mask as a node at its draw: ``full`` ones of its shape (each size read from a node), then
     ``dropout`` of them (which draws ``bernoulli_(keep)`` over as many entries, in the same order),
     inserted where the model drew it; a dropout layer made at its first use becomes ``x * mask``.
@@ -141,7 +159,7 @@ def _materialise(builder: SpecBuilder, mask: dict, call: Call) -> bool:
               {"op": "dropout", "in": ones, "p": _drop_probability(mask["keep"]),
                **({} if mask["scale"] else {"scale": False}), "out": name}]
     position = mask["position"]
-    for other in builder.masks.values():  # what was emitted after this draw moves down by two
+    for other in _draws(builder).masks.values():  # what was emitted after this draw moves down by two
         if other is not mask and "position" in other and (other["position"] > position or (
                 other["position"] == position and other["order"] > mask["order"])):
             other["position"] += 2
@@ -153,11 +171,11 @@ def _materialise(builder: SpecBuilder, mask: dict, call: Call) -> bool:
         used = builder.layers[mask["used"]]
         builder.layers[mask["used"]] = {"op": "mul", "in": [used["in"], name], "out": used["out"]}
     mask.update(node=name, dtype=like.dtype)
-    builder.names[id(tensor)] = name
+    builder.name(tensor, name)
     return True
 
 
-def _sizes(builder: SpecBuilder, tensor: torch.Tensor, source) -> tuple[list, torch.Tensor | None]:
+def _sizes(builder: Builder, tensor: torch.Tensor, source) -> tuple[list, torch.Tensor | None]:
     """The mask's sizes for ``full``: each ``{like: NODE}`` (or ``{like: NODE, dims: [k]}``) where a node
     the code made it from (``source``) or read the sizes of has that size, 1 where it is 1; and the node
     whose dtype and device it is made in (None where no size follows a node)."""
@@ -184,7 +202,8 @@ def _sizes(builder: SpecBuilder, tensor: torch.Tensor, source) -> tuple[list, to
     return size, like
 
 
-def dropout(builder: SpecBuilder, call: Call) -> None:
+@handles(*DROPOUT)
+def dropout(builder: Builder, call: Call) -> None:
     keywords = dict(zip(("input", "p", "training", "inplace"), call.arguments)) | call.keywords
     if not keywords.get("training", True) or keywords.get("p", 0.5) == 0:
         return builder.alias(call, keywords["input"])

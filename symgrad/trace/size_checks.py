@@ -18,7 +18,7 @@ import sympy
 from .sizes import Dim, TracedSize, spec_size
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
     from .recorder import Call
 
 SYMBOLS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
@@ -28,7 +28,7 @@ VALUES = "_values"
 :func:`drop_fixed` matches and compares between the runs (and removes before the spec is written)."""
 
 
-def write_checks(builder: "SpecBuilder", call: "Call") -> None:
+def write_checks(builder: Builder, call: "Call") -> None:
     """The ``size_check`` layers of the comparisons made since the call before ``call``."""
     for relation, left, right, holds, where in call.compared:
         try:
@@ -68,7 +68,7 @@ def write_checks(builder: "SpecBuilder", call: "Call") -> None:
         builder.layer_calls.append(call)
         checked = builder.out_name("size_check", call)
         layer["out"] = checked
-        builder.names[id(tensor)] = checked  # every later read of the node goes through the check
+        builder.name(tensor, checked)  # every later read of the node goes through the check
 
 
 def _side(expr: sympy.Expr, resolve) -> Any:

@@ -23,7 +23,7 @@ import sympy
 import torch
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
 
 
 class Dim(sympy.Symbol):
@@ -259,7 +259,7 @@ def spec_sizes(values, node_of, tensors: list[torch.Tensor], spare: bool = True)
     return entries
 
 
-def size_read(builder: SpecBuilder, size: int, position: int, rank: int) -> int | dict:
+def size_read(builder: Builder, size: int, position: int, rank: int) -> int | dict:
     """Entry ``position`` of a ``rank``-long list of sizes as a size the code read, when one fits:
     ``{like: x}`` for x's size at the same position (x of that rank: ``reshape(b, c, h, w)`` with
     ``b, c, h, w = x.shape``), ``{like: x, dims: [2, 3]}`` for a product of two or more of x's dims aligned
@@ -284,7 +284,7 @@ def size_read(builder: SpecBuilder, size: int, position: int, rank: int) -> int 
     return size
 
 
-def expand_layer(builder: SpecBuilder, source: torch.Tensor, values: tuple, call) -> None:
+def expand_layer(builder: Builder, source: torch.Tensor, values: tuple, call) -> None:
     """An ``expand`` layer of ``source`` to ``values`` (the code's sizes, -1 keeping one) whose result is
     ``call.result``: each size read at run time where it carries its dims or the code read a tensor of it."""
     shape = spec_sizes(values, builder.node, builder.size_tensors, spare=False) or [

@@ -13,36 +13,42 @@ import torch
 
 from . import casts, op_hooks, sizes
 from .dataflow import call_sizes, is_int, is_number
+from .dispatch import handles
 from .indexing import index_select, index_with_tensor, strided_slice
 from .recorder import Call
 from .sizes import size_read
-from .torch_names import FIXES, TRANSPOSES
+from .torch_names import FIXES, PASS_THROUGH, PIECES, TRANSPOSES
 
 if TYPE_CHECKING:
-    from .layers import SpecBuilder
+    from .dispatch import Builder
 
 
-def permute(builder: SpecBuilder, call: Call) -> None:
+@handles("permute")
+def permute(builder: Builder, call: Call) -> None:
     builder.layer("permute", {"input": call.arguments[0], "dims": list(call_sizes(call, "dims"))}, call)
 
 
-def square(builder: SpecBuilder, call: Call) -> None:
+@handles("square")
+def square(builder: Builder, call: Call) -> None:
     builder.layer("pow", {"input": call.arguments[0], "exponent": 2}, call)
 
 
-def getitem(builder: SpecBuilder, call: Call) -> None:
+@handles("__getitem__")
+def getitem(builder: Builder, call: Call) -> None:
     """``x[:, idx]`` with an int64 input (``indexing.py``), else ``x[:, 1:3, None]`` (``basic_index``)."""
     if not index_with_tensor(builder, call):
         basic_index(builder, call)
 
 
-def selected(builder: SpecBuilder, call: Call) -> None:
+@handles("index_select")
+def selected(builder: Builder, call: Call) -> None:
     """``torch.index_select(x, dim, idx)`` with an int64 input (``indexing.py``)."""
     if not index_select(builder, call):
         builder.unknown(call)
 
 
-def pass_through(builder: SpecBuilder, call: Call) -> None:
+@handles(*PASS_THROUGH)
+def pass_through(builder: Builder, call: Call) -> None:
     source, result = call.arguments[0], call.result
     if not isinstance(result, torch.Tensor) or not isinstance(source, torch.Tensor):
         return builder.unknown(call)
@@ -55,7 +61,8 @@ def pass_through(builder: SpecBuilder, call: Call) -> None:
     builder.alias(call, source)
 
 
-def reshape(builder: SpecBuilder, call: Call) -> None:
+@handles("view", "reshape")
+def reshape(builder: Builder, call: Call) -> None:
     source, result = call.arguments[0], call.result
     shape = call_sizes(call, "shape", "size")
     kept = result.dim() - 1  # (N, -1) is flatten(start_dim=1), whatever N is
@@ -74,7 +81,8 @@ def reshape(builder: SpecBuilder, call: Call) -> None:
     builder.layer("reshape", {"input": source, "shape": shape}, call)
 
 
-def reshape_as(builder: SpecBuilder, call: Call) -> None:
+@handles("view_as", "reshape_as")
+def reshape_as(builder: Builder, call: Call) -> None:
     """``x.view_as(y)``, ``x.reshape_as(y)``: ``x.reshape(y.shape)``, the batch kept generic as for ``view``."""
     other = call.keywords.get("other", call.arguments[1] if len(call.arguments) > 1 else None)
     if not isinstance(other, torch.Tensor):
@@ -82,7 +90,8 @@ def reshape_as(builder: SpecBuilder, call: Call) -> None:
     reshape(builder, dataclasses.replace(call, arguments=(call.arguments[0], tuple(other.shape)), keywords={}))
 
 
-def expand(builder: SpecBuilder, call: Call) -> None:
+@handles("expand", "expand_as", "broadcast_to")
+def expand(builder: Builder, call: Call) -> None:
     """``x.expand(b, c, h, w)``, ``x.expand_as(y)``, ``torch.broadcast_to(x, shape)``: the sizes are read at
     run time where the code read them (``expand_as(y)``: every entry ``{like: y}``); -1 keeps a size."""
     source = call.arguments[0]
@@ -100,7 +109,8 @@ def expand(builder: SpecBuilder, call: Call) -> None:
     builder.layer("expand", {"input": source, "shape": shape}, call)
 
 
-def repeat(builder: SpecBuilder, call: Call) -> None:
+@handles("repeat", "tile")
+def repeat(builder: Builder, call: Call) -> None:
     """``x.repeat(1, 1, 2, 2)``, ``torch.tile(x, (2, 2))`` (tile pads the counts with leading 1s)."""
     source, counts = call.arguments[0], [int(count) for count in call_sizes(call, "repeats", "dims")]
     if not isinstance(source, torch.Tensor):
@@ -110,7 +120,7 @@ def repeat(builder: SpecBuilder, call: Call) -> None:
     builder.layer("repeat", {"input": source, "counts": counts}, call)
 
 
-def basic_index(builder: SpecBuilder, call: Call) -> None:
+def basic_index(builder: Builder, call: Call) -> None:
     """``x[:, 1:3]`` is narrow, ``x[:, 0]`` narrow and squeeze, ``x[:, None]`` and ``g[..., None, None]``
     unsqueeze: the narrows first, then the squeezes, then the new dims, each a layer."""
     source, index = call.arguments[0], call.arguments[1]
@@ -147,7 +157,8 @@ def basic_index(builder: SpecBuilder, call: Call) -> None:
     builder.alias(call, current)
 
 
-def pieces(builder: SpecBuilder, call: Call) -> None:
+@handles(*PIECES)
+def pieces(builder: Builder, call: Call) -> None:
     """``x.chunk(2, dim=1)``, ``torch.split(x, [16, 48], 1)``, ``x.unbind(1)``: one narrow per piece, at the
     offsets of the pieces the call returned (a size that depends on the input's is refused by the second run)."""
     source, result = call.arguments[0] if call.arguments else call.keywords.get("input"), call.result
@@ -169,7 +180,8 @@ def pieces(builder: SpecBuilder, call: Call) -> None:
         start += length
 
 
-def transpose(builder: SpecBuilder, call: Call) -> None:
+@handles(*TRANSPOSES, "mT", "T", "t")
+def transpose(builder: Builder, call: Call) -> None:
     """``x.transpose(1, 2)``, ``torch.swapaxes``, ``x.mT``, ``x.t()``, ``x.T``: a permute."""
     source = call.arguments[0] if call.arguments else call.keywords.get("input")
     if not isinstance(source, torch.Tensor):
@@ -194,14 +206,16 @@ def transpose(builder: SpecBuilder, call: Call) -> None:
     builder.layer("permute", {"input": source, "dims": dims}, call)
 
 
-def clamp_one_side(builder: SpecBuilder, call: Call) -> None:
+@handles("clamp_min", "clamp_min_", "clamp_max", "clamp_max_")
+def clamp_one_side(builder: Builder, call: Call) -> None:
     """``x.clamp_min(a)``, ``torch.clamp_max(x, b)``: ``clamp`` with one bound."""
     side = "min" if call.name.startswith("clamp_min") else "max"
     bound = dict(zip(("input", side), call.arguments)) | call.keywords
     op_hooks.clamp(builder, "clamp", bound, call)
 
 
-def norm(builder: SpecBuilder, call: Call) -> None:
+@handles("norm")
+def norm(builder: Builder, call: Call) -> None:
     """``torch.norm(x, p=2, dim=(1, 2), keepdim=True)``, ``x.norm(dim=-1)``: vector_norm over the dims."""
     bound = dict(zip(("input", "p", "dim", "keepdim"), call.arguments)) | call.keywords
     if bound.get("dtype") is not None:
@@ -213,7 +227,8 @@ def norm(builder: SpecBuilder, call: Call) -> None:
                                   "keepdim": bool(bound.get("keepdim", False))}, call)
 
 
-def reflected_sub(builder: SpecBuilder, call: Call) -> None:
+@handles("__rsub__")
+def reflected_sub(builder: Builder, call: Call) -> None:
     """``c - x`` is ``(-x) + c``: two layers."""
     tensor, number = call.arguments[0], call.arguments[1]
     if not is_number(number):
@@ -223,7 +238,8 @@ def reflected_sub(builder: SpecBuilder, call: Call) -> None:
     builder.layer("add", {"input": negated.result, "other": number}, call)
 
 
-def statistic_and_mean(builder: SpecBuilder, call: Call) -> None:
+@handles("var_mean", "std_mean")
+def statistic_and_mean(builder: Builder, call: Call) -> None:
     """``torch.var_mean(w, dim, unbiased / correction, keepdim)`` (BiT's weight standardization) and
     ``std_mean``: a var (or std) layer for the first result and a mean layer for the second."""
     bound = dict(zip(("input", "dim", "unbiased", "keepdim"), call.arguments)) | call.keywords
