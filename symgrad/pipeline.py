@@ -126,6 +126,13 @@ def planned_program(expanded: Expanded, extras: tuple[str, ...] = (), fused: boo
     return plan_program(expanded, flat_graph, shapes, derived, graph, chains, top, extra, recompute, lean)
 
 
+def check_plans(spec: Spec) -> None:
+    """Raise the ``SpecError`` that planning ``spec`` meets, if any (no test data, nothing rendered): what
+    ``symgrad trace`` checks a grouping of instances into blocks with (one derivation for instances that
+    differ in hypers or kernel sizes, where it serves them all)."""
+    planned_program(expand(spec), tests=False)
+
+
 def _check_compiles(rendered: Rendered) -> None:
     """Compile every rendered Python file before anything is written, so that no command ever exits 0
     after writing a module Python cannot import (Python's own limits included)."""

@@ -327,8 +327,7 @@ def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
 
 def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, module, graph) -> str:
     """The traced spec with the instances of each repeated submodule as one block."""
-    from ..expand import expand
-    from ..pipeline import planned_program
+    from ..pipeline import check_plans
     from ..rules import LAYER_RULES, LOSS_RULES
     from .grouping import group_blocks
 
@@ -346,7 +345,7 @@ def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, mod
         if not relaxed:
             return grouped_text
         try:  # one derivation for instances that differ in hypers or kernel sizes, where it serves them all
-            planned_program(expand(grouped_spec), tests=False)
+            check_plans(grouped_spec)
         except SpecError:
             continue
         return grouped_text
