@@ -41,6 +41,9 @@ LOSS_CHOICES = ("mse", "half_sq_error", "l1", "smooth_l1", "huber", "cross_entro
 @click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop with an error if tracing takes longer than this.")
 @click.option("--flat", is_flag=True, help="Every layer inline, instead of one block per repeated submodule class.")
+@click.option("--explain", metavar="NAME", is_eager=True, expose_value=False, callback=lambda context, _, name:
+              explain_and_exit(context, name), help="Print how a call (F.conv2d, x.view, torch.add) becomes a layer: "
+              "the pre-checks it meets, its handler, the layer op and the rule's file; then exit (no TARGET).")
 @click.option("--static-sizes", is_flag=True, help="Trace at these --input sizes alone, for code that follows the "
               "input's size in ways a spec cannot say: the generated code and symgrad.bind refuse any other size.")
 def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, module_modes,
@@ -129,6 +132,16 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         except SymgradError as error:
             fail(error)
         click.echo(f"wrote {output}; next: symgrad generate {output} --verify")
+
+
+def explain_and_exit(context: click.Context, name: str | None) -> None:
+    """``--explain NAME``: print :func:`symgrad.trace.explain.explain` and exit."""
+    if name is None or context.resilient_parsing:
+        return
+    from .trace.explain import explain
+
+    click.echo(explain(name), nl=False)
+    context.exit(0)
 
 
 def literal_pair(item: str, option: str) -> tuple[str, object]:
