@@ -26,6 +26,7 @@ extras use.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from .errors import Location, SpecError
@@ -95,6 +96,44 @@ class HyperInt(int):
         return hash(("hyper", self.name, int(self)))
 
 
+class HyperFloat(float):
+    """A float hyper (a drop probability) while the block is derived, as :class:`HyperInt` is an
+    int: a float to the rules, printed as its name, equal only to itself. Only a rule argument
+    declared ``Param(..., hyper=True)`` takes one; that rule prints it by name (``bernoulli_(1 - p)``)."""
+
+    name: str
+
+    def __new__(cls, name: str, value: float) -> "HyperFloat":
+        obj = float.__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __repr__(self) -> str:
+        return self.name
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.name if not spec else format(float(self), spec)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, HyperFloat) and other.name == self.name and float(other) == float(self)
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(("hyper", self.name, float(self)))
+
+
+HYPER_VALUES = (HyperInt, HyperFloat)
+
+
+def hyper_value(name: str, value):
+    """``value`` as the block derives it: a :class:`HyperFloat` for a float, else a :class:`HyperInt`."""
+    return HyperFloat(name, value) if isinstance(value, float) else HyperInt(name, value)
+
+
 @dataclass(frozen=True)
 class BlockSpec:
     name: str
@@ -104,9 +143,9 @@ class BlockSpec:
     layers: tuple  # of spec.LayerSpec
     output: str
     location: Location
-    hyper: tuple[tuple[str, int], ...] = ()
-    """(name, default) of each int an instance may set (``hyper: {stride: 1}``); the layers read it
-    as :class:`Hyper`."""
+    hyper: tuple[tuple[str, int | float], ...] = ()
+    """(name, default) of each int or float an instance may set (``hyper: {stride: 1}``,
+    ``{drop_path_p: 0.1}``); the layers read it as :class:`Hyper`."""
 
     def layers_with(self, values: dict) -> tuple:
         """The block's layers with each :class:`Hyper` argument replaced by ``values[name]`` (an int,
@@ -236,22 +275,29 @@ def _block_hyper(body, block: str) -> list[tuple[str, int]]:
         return []
     value, location = body["hyper"], body.value_locations["hyper"]
     if not isinstance(value, Mapping):
-        raise SpecError(f"hyper of block '{block}' must map names to default ints", location,
+        raise SpecError(f"hyper of block '{block}' must map names to default ints or floats", location,
                         "write e.g. `hyper: {stride: 1}`")
     hyper = []
     for name, default in value.items():
         check_name(name, value.key_locations[name], "block hyperparameter")
         _check_block_scope(name, value.key_locations[name], "block hyperparameter", block)
-        hyper.append((name, _hyper_int(default, value.value_locations[name], name)))
+        hyper.append((name, _hyper_number(default, value.value_locations[name], name)))
     return hyper
 
 
-def _hyper_int(value, location, name: str) -> int:
+def _hyper_number(value, location, name: str, declared: int | float | None = None) -> int | float:
+    """A hyper's value: an int (``stride``), or a float (a drop probability, which only an argument
+    its rule declares ``Param(..., hyper=True)`` reads); an instance's of the kind its block declares."""
     from .rules.base import INT64
 
+    if isinstance(declared, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)  # `p: 0` for a float hyper
+    if isinstance(value, float) and not isinstance(declared, int) and math.isfinite(value):
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or not INT64[0] <= value <= INT64[1]:
-        raise SpecError(f"hyper '{name}' must be an int, not {str(value)[:40]!r}", location,
-                        f"write e.g. `{name}: 1`")
+        kind = "a float" if isinstance(declared, float) else "an int" if declared is not None else "an int or a float"
+        raise SpecError(f"hyper '{name}' must be {kind}, not {str(value)[:40]!r}", location,
+                        f"write e.g. `{name}: {0.1 if isinstance(declared, float) else 1}`")
     return value
 
 
@@ -260,7 +306,8 @@ def _with_hyper(layer, hyper: dict):
     from .rules import LAYER_RULES
 
     rule = LAYER_RULES.get(layer.op)
-    operands = {operand.name for operand in rule.operands} if rule else set()
+    # a tensor's argument names a node, but a number an op declares a hyper (mul's `other`) a hyper
+    operands = {operand.name for operand in rule.operands if not operand.hyper} if rule else set()
     return dataclasses.replace(layer, arguments=tuple(
         dataclasses.replace(argument, value=Hyper(argument.value, argument.location))
         if isinstance(argument.value, str) and argument.value in hyper and argument.name not in operands
@@ -341,7 +388,8 @@ def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"
         if name not in declared:
             raise SpecError(f"block '{block.name}' has no hyper '{name}'", value.key_locations[name],
                             f"its hypers are: {', '.join(declared) or '(none)'}")
-        hyper.append((name, _hyper_int(given, value.value_locations[name], name), value.value_locations[name]))
+        hyper.append((name, _hyper_number(given, value.value_locations[name], name, declared[name]),
+                      value.value_locations[name]))
     return tuple(hyper)
 
 

@@ -148,10 +148,10 @@ class Variant:
 def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Variant]]:
     """Each block's body graphed once per distinct set of hyper values and size-1 axes among its
     instances (a rule may derive otherwise where a size is 1, a broadcast, an expand, or for another
-    value), its hypers as :class:`~symgrad.blocks.HyperInt`, its ``wrt`` the operands some instance
+    value), its hypers as :class:`~symgrad.blocks.HyperInt` (or ``HyperFloat``), its ``wrt`` the operands some instance
     needs the gradient of and that reach its output; the first variant's body is the one every
     instance calls, where the others print the same code (``plan.plan_block`` checks it)."""
-    from .blocks import HyperInt
+    from .blocks import hyper_value
 
     needs_gradient = flat_graph.depends_on_wrt()
     found = {}
@@ -171,7 +171,7 @@ def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Vari
         for (values, signature), layer in variants.items():
             bound = _bound(block, layer)
             graph = block_graph(block, {operand: flat_graph.nodes[node].shape for operand, node in bound.items()},
-                                flat_graph.spec, {key: HyperInt(key, value) for key, value in values},
+                                flat_graph.spec, {key: hyper_value(key, value) for key, value in values},
                                 {operand: flat_graph.nodes[node].dtype for operand, node in bound.items()})
             feeds_output = {"loss"}
             for node in reversed(list(graph.nodes.values())):

@@ -182,6 +182,8 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
                                     + (f"; did you mean '{hint[0]}'?" if hint else ""), location,
                                     "name a declared input or an earlier layer's `out:`")
                 node.operands[operand.name] = value
+            elif operand.hyper and isinstance(value, (int, float)) and hasattr(value, "name"):
+                node.constants[operand.name] = tensor(value.name)  # a block's hyper: a symbol, printed by name
             elif operand.constant_ok and not isinstance(value, (bool, list)) and isinstance(value, (int, float)):
                 from .rules.base import number
 

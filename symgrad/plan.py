@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import sympy
 
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
-from .blocks import HyperInt
+from .blocks import HYPER_VALUES
 from .body_graphs import Variant
 from .errors import SpecError
 from .expand import Expanded
@@ -368,13 +368,15 @@ def _read(statements) -> set[str]:
 
 
 def _hypers(statements) -> set[str]:
-    """The block hypers the statements' ops take as arguments."""
+    """The block hypers the statements' ops take as arguments (and the names they read: the caller
+    keeps those of its hypers)."""
     names: set[str] = set()
     for statement in statements:
+        names |= {symbol.name for symbol in statement.value.free_symbols}  # a scale's (mul by a hyper)
         for expression in statement.value.atoms(TensorOp):
             for _, value in expression.params.items():
                 names |= {part.name for part in (value if isinstance(value, tuple) else (value,))
-                          if isinstance(part, HyperInt)}
+                          if isinstance(part, HYPER_VALUES)}
     return names
 
 

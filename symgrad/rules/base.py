@@ -27,6 +27,10 @@ class Operand:
     optional: bool = False
     constant_ok: bool = False
     """May be a number instead of a node (``mul`` by 0.5)."""
+    hyper: bool = False
+    """A number (``constant_ok``) in which instances of one block may differ, each setting its own
+    (a layer scale, ``mul`` by 0.5 in one block and by 0.25 in the next): the block derives it as
+    a symbol, printed by name, so no value specialises its code (``x * 0`` is no zero branch)."""
     variadic: bool = False
     """Takes every ``in:`` source, as operands ``<name>_0``, ``<name>_1``, ... (``cat``'s tensors)."""
 
@@ -37,6 +41,11 @@ class Param:
 
     default: Any
     normalize: Callable[[Any, "ParamContext"], Any]
+    hyper: bool = False
+    """A float in which instances of one block may differ, each setting its own (a drop
+    probability): the rule's code prints it by name (``symgrad.blocks.HyperFloat``), its
+    derivation never branches on the value, and ``normalize`` keeps the value it is given.
+    ``symgrad trace`` groups instances that differ only in such floats as one block with a hyper."""
 
 
 @dataclass(frozen=True)

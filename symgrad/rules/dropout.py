@@ -32,7 +32,13 @@ def _probability(value, context: ParamContext) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise context.fail(f"must be a probability in [0, 1), not {value!r}",
                            "write the drop probability, e.g. `p: 0.1` (p = 1 drops everything: remove the branch)")
-    return float(value)
+    return value if isinstance(value, float) else float(value)  # a block's hyper stays one (HyperFloat)
+
+
+def _keep(p) -> str:
+    """``1 - p`` printed: the value (as PyTorch computes it, in double precision), or, for a block's
+    hyper, the expression of its name, which computes the same double."""
+    return f"1 - {p.name}" if hasattr(p, "name") else repr(1 - p)
 
 
 def _mask_shape(input_name: str, rank: int, noise: str) -> str:
@@ -46,17 +52,19 @@ def _mask_shape(input_name: str, rank: int, noise: str) -> str:
 
 
 def _noise_code(operands, params, show):
-    keep = 1 - params["p"]  # as PyTorch computes it: 1 - p in double precision
+    keep = _keep(params["p"])
     source = operands[0]
     # in the default layout, as the model draws it: where the generated code runs the convolutions in
     # channels_last the input is laid out so, and a mask filled in its memory order would be another
     blank = (f"torch.empty_like({source}, memory_format=torch.contiguous_format)" if params["noise"] == "element"
              else f"{source}.new_empty({_mask_shape(source, params['rank'], params['noise'])})")
-    return f"{blank}.bernoulli_({keep!r})" + (f".div_({keep!r})" if params["scale"] and keep > 0 else "")
+    # p < 1 (``_probability``), so keep > 0: the code is one for every p, a hyper's too (p = 0: keep 1)
+    return f"{blank}.bernoulli_({keep})" + (f".div_({keep})" if params["scale"] else "")
 
 
 primitive("dropout_mask", code=_noise_code, tangent=CONSTANT,  # the mask does not depend on the input's values
-          latex=lambda operands, params, show: rf"\operatorname{{Bernoulli}}_{{{1 - params['p']!r}}}\left({operands[0]}\right)")
+          latex=lambda operands, params, show:
+          rf"\operatorname{{Bernoulli}}_{{{_keep(params['p'])}}}\left({operands[0]}\right)")
 
 
 class Dropout(Rule):
@@ -64,7 +72,7 @@ class Dropout(Rule):
     random = True
     """Its forward draws from torch's random state: a forward re-run in the backward restores it first."""
     operands = (Operand("input", from_in=True),)
-    params = {"p": Param(0.5, _probability), "noise": Param("element", choice(*NOISE_SHAPES)),
+    params = {"p": Param(0.5, _probability, hyper=True), "noise": Param("element", choice(*NOISE_SHAPES)),
               "scale": Param(True, boolean)}
     summary = "training-mode dropout or drop path: input * a Bernoulli(1 - p) mask / (1 - p), drawn as torch draws it"
     traced_elsewhere = ("the tracer's dropout handler (F.dropout, dropout1d/2d/3d, nn.Dropout*) and its mask "

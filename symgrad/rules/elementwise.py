@@ -173,9 +173,11 @@ class Elementwise(Rule):
         return self.op, f"out = {to_code(self.scalar_forward())}", derivatives
 
 
-def _binary(name: str, formula, summary: str, calls: tuple[str, ...]) -> Elementwise:
+def _binary(name: str, formula, summary: str, calls: tuple[str, ...], hyper: bool = False) -> Elementwise:
+    """``hyper``: a constant ``other`` may be a block's per-instance hyper (a scale: mul, div)."""
     return Elementwise(name, formula, summary=summary, calls=calls,
-                       operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True)))
+                       operands=(Operand("input", from_in=True),
+                                 Operand("other", from_in=True, constant_ok=True, hyper=hyper)))
 
 
 def unary(name: str, formula, call: str | None, summary: str, **options) -> Elementwise:
@@ -212,9 +214,9 @@ RULES = [
     _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting",
             ("sub", "sub_", "__sub__", "__isub__", "subtract")),
     _binary("mul", lambda a, b: a * b, "elementwise product (or scaling by a constant), broadcasting",
-            ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply")),
+            ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply"), hyper=True),
     _binary("div", lambda a, b: a / b, "elementwise quotient, broadcasting",
-            ("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide")),
+            ("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"), hyper=True),
     unary("neg", lambda x: -x, None, "negation", calls=("neg", "neg_", "__neg__", "negative")),
     unary("pow", lambda x, exponent: x ** exponent, None, "power by a constant exponent",
           params={"exponent": number_param(2)}, calls=("pow", "pow_", "__pow__", "__ipow__")),

@@ -336,25 +336,38 @@ HYPER_KEYS = ("stride", "padding", "dilation", "groups")
 """Int arguments in which instances of one block may differ, each a hyper of the block: the
 convolution and pooling rules derive the same code for every value (``symgrad.plan`` checks
 it), as a ResNet's first block of a stage differs from its first stage's only in its stride and a
-MobileNet's depthwise convolutions in their groups."""
+MobileNet's depthwise convolutions in their groups. Float arguments may differ where their rule
+declares them ``Param(..., hyper=True)`` (dropout's ``p``: a ConvNeXt's per-block drop-path rates)
+or ``Operand(..., hyper=True)`` (mul's and div's constant ``other``: a layer or residual scale)."""
 
 
 def _int_arguments(block_layers: list[dict]) -> tuple[list[dict], dict]:
     """The layers with each :data:`HYPER_KEYS` int (the rule's default where the layer gives none)
-    replaced by a placeholder, and those ints by (layer index, key)."""
+    and each float of an argument its rule declares a hyper replaced by a placeholder, and those
+    values by (layer index, key). A value for which the op is not there (``F.dropout`` at p = 0,
+    timm's ``drop_path`` at rate 0, which the model skips) leaves other ops: another block."""
     from ..rules import LAYER_RULES
 
     pattern, ints = [], {}
     for index, layer in enumerate(block_layers):
         rule = LAYER_RULES.get(layer["op"])
         shown = dict(layer)
-        for key in HYPER_KEYS:
-            if rule is None or key not in rule.params:
+        params = rule.params if rule is not None else {}
+        for key in (*HYPER_KEYS, *(key for key, param in params.items() if param.hyper)):
+            if key not in params:
                 continue
-            value = layer.get(key, rule.params[key].default)
-            if isinstance(value, int) and not isinstance(value, bool):
+            value = layer.get(key, params[key].default)
+            if key in HYPER_KEYS and isinstance(value, int) and not isinstance(value, bool):
                 ints[(index, key)] = value
                 shown[key] = "<int>"
+            elif params[key].hyper and isinstance(value, float):
+                ints[(index, key)] = value
+                shown[key] = "<float>"
+        for operand in (rule.operands if rule is not None else ()):  # a scale: mul's constant `other`
+            value = layer.get(operand.name)
+            if operand.hyper and isinstance(value, float):
+                ints[(index, operand.name)] = value
+                shown[operand.name] = "<float>"
         pattern.append(sorted(shown.items()))
     return pattern, ints
 
@@ -374,7 +387,9 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
         by_key.setdefault(position[1], []).append(values)
     names, defaults = {}, {}
     for (index, key), values in varying.items():
-        if len(set(by_key[key])) == 1:
+        if isinstance(values[0], float):  # a rate named by its op's node: drop_path_p
+            name = f"{block['layers'][index]['out']}_{key}"
+        elif len(set(by_key[key])) == 1:
             name = key
         else:
             name = f"{block['layers'][index]['out']}_{key}"
