@@ -108,7 +108,8 @@ def _of_gathered(builder: Builder, op: str, bound: dict, call: Call, found: Gath
     picked = rows[(slice(None),) * found.dim + (found.index,)]
     builder.layer("index", {"input": rows, "index": found.index, "dim": found.dim},
                   Call("index", torch.index_select, (), {}, picked, call.where, call.module, call.leaf))
-    shape = [*found.index.shape, rows.shape[-1]]  # the buffer's and the table's sizes: numbers
+    shape = [*found.index.shape, rows.shape[-1]]  # the index's sizes (1 off the gather's dim), the table's
+    shape[found.dim] = -1  # the index's length at run time: passed position_ids [1, T] are T long
     current = picked.reshape(shape)
     builder.layer("reshape", {"input": picked, "shape": shape}, Call("reshape", torch.reshape, (), {}, current,
                                                                       call.where, call.module, call.leaf))
