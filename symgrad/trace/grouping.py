@@ -373,9 +373,10 @@ def _int_arguments(block_layers: list[dict]) -> tuple[list[dict], dict]:
 
 
 def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
-    """The block of a group of instances, the ints they differ in as its ``hyper:`` (named by the
-    argument, ``stride``, or ``conv2_stride`` where two arguments of that name differ otherwise; the
-    default is the commonest value), and each instance's values that differ from the default."""
+    """The block of a group of instances, the ints and floats they differ in as its ``hyper:`` (an int
+    named by the argument, ``stride``, or ``conv2_stride`` where two arguments of that name differ
+    otherwise; a float by its node, ``drop_path_p``; the default is the commonest value), and each
+    instance's values that differ from the default."""
     first = group[0]
     block = {**first["block"], "layers": [dict(layer) for layer in first["block"]["layers"]]}
     varying = {position: tuple(candidate["ints"][position] for candidate in group) for position in first["ints"]
