@@ -195,10 +195,12 @@ def visible_globals(function) -> dict[str, Any]:
             if check_identifier(key) is None}
 
 
-def source_name(prefix: str, path: str, root: torch.nn.Module, taken: set[str]) -> str:
+def source_name(prefix: str, path: str, root: torch.nn.Module, taken: set[str] | None = None) -> str:
     """The spec's name of the parameter or buffer at ``path``, none of ``taken`` (then added to it): an argument
     of the traced function named as a buffer (BERT's ``position_ids`` argument and ``self.position_ids``) keeps
-    its name, the buffer is ``bert_position_ids`` (its class's name first): one name for both read the buffer."""
+    its name, the buffer is ``bert_position_ids`` (its class's name first): one name for both read the buffer.
+    Without ``taken`` (the tests' and benchmarks' naming of a model's own parameters) no name is taken yet."""
+    taken = set() if taken is None else taken
     name = fitted(plain_name(".".join(part for part in (prefix, path) if part)))
     if name[:1].isdigit() or check_identifier(name) is not None or name in taken:
         name = fitted(f"{plain_name(type(root).__name__).lower()}_{name}")
