@@ -295,14 +295,16 @@ def test_a_module_traced_in_one_mode_refuses_the_other(tmp_path):
 
 @pytest.mark.slow
 def test_the_block_form_binds_compiles_and_its_generated_tests_pass(tmp_path):
-    """Written as blocks (symgrad trace's default): the SE gate is one block, called per instance."""
+    """Written as blocks (symgrad trace's default): the residual block is one block whose drop-path rate is a
+    hyper (0.2, 0.1, 0.3 here), called per instance."""
     from tests.helpers import run_generated_tests
 
     torch.manual_seed(2)
     model = AuxNet().double()
     model.layer1 = nn.Sequential(BasicBlock(8, drop_path_rate=0.2), BasicBlock(8, drop_path_rate=0.1)).double()
     text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_blocks", blocks=True)
-    assert "blocks:" in text and "{block: squeeze_excite" in text and "outputs: [fc, aux]" in text
+    assert "blocks:" in text and "{block: basic_block" in text and "outputs: [fc, aux]" in text
+    assert "hyper: {drop_path_p: 0.1}" in text and "hyper: {drop_path_p: 0.3}" in text
     path = generated(tmp_path, text, evaluation)
     assert "_backward(saved, grad_output):" in path.read_text()  # a block's own backward function
     reference = copy.deepcopy(model)
