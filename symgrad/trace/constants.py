@@ -17,7 +17,7 @@ import torch
 from ..rules.fill import MAX_CONSTANT
 from .dataflow import storage_of
 from .recorder import Call
-from .sizes import expand_layer, size_read
+from .size_reads import expand_layer, size_read
 
 if TYPE_CHECKING:
     from .dispatch import Builder

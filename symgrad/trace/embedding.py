@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import sizes
+from . import size_reads, sizes
 from .dataflow import call_sizes
 from .dispatch import op_hook
 from .indexing import Gathered, corner_length
@@ -117,7 +117,7 @@ def _of_gathered(builder: Builder, op: str, bound: dict, call: Call, found: Gath
     if found.expand is None:
         return builder.alias(call, current)
     values = (*call_sizes(found.expand, "size", "shape"), -1)
-    sizes.expand_layer(builder, current, values, Call("expand", torch.Tensor.expand, (current, *values), {},
+    size_reads.expand_layer(builder, current, values, Call("expand", torch.Tensor.expand, (current, *values), {},
                                                       call.result, call.where, call.module, call.leaf))
 
 

@@ -41,8 +41,8 @@ def _corner(builder: Builder, value: Any) -> tuple[int, ...] | None:
 def corner_length(builder: Builder, view: torch.Tensor, dim: int, rank: int) -> int | dict:
     """The length of the corner ``view`` along ``dim`` in the spec: the slice's stop where it carries the dims
     it was read from (``self.position_ids[:, :seq_length]``, ``seq_length`` from ``x.shape[:2]``), else the
-    size the code read last that fits (``sizes.size_read``), else the number."""
-    from . import sizes
+    size the code read last that fits (``size_reads.size_read``), else the number."""
+    from . import size_reads, sizes
     stops, stop = builder.index_views.get(("stops", id(view)), ()), view.shape[dim]
     if dim < len(stops) and sizes.has_dims(stops[dim]) and int(stops[dim]) == stop:
         def resolve(found: sizes.Dim):
@@ -53,7 +53,7 @@ def corner_length(builder: Builder, view: torch.Tensor, dim: int, rank: int) -> 
         spoken = sizes.spec_size(stops[dim], resolve)
         if spoken is not None:
             return spoken
-    length = sizes.size_read(builder, stop, dim, rank)
+    length = size_reads.size_read(builder, stop, dim, rank)
     return {**length, "dims": [dim]} if isinstance(length, dict) and "dims" not in length else length
 
 

@@ -16,7 +16,7 @@ from .dataflow import call_sizes, is_int, is_number
 from .dispatch import handles
 from .indexing import index_select, index_with_tensor, strided_slice
 from .recorder import Call
-from .sizes import size_read
+from .size_reads import size_read
 from .torch_names import FIXES, PASS_THROUGH, PIECES, TRANSPOSES
 
 if TYPE_CHECKING:
