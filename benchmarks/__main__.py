@@ -27,16 +27,26 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="symgrad vs autograd, side by side")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="few repeats, for a smoke run")
-    parser.add_argument("--output", default="out/BENCHMARKS.md",
-                        help="report to write (default out/BENCHMARKS.md; pass BENCHMARKS.md to refresh the committed one)")
-    parser.add_argument("--plot", default=None,
-                        help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png when "
-                             "matplotlib is installed, else no plot); '' for none")
+    parser.add_argument(
+        "--output",
+        default="out/BENCHMARKS.md",
+        help="report to write (default out/BENCHMARKS.md; pass BENCHMARKS.md to refresh the committed one)",
+    )
+    parser.add_argument(
+        "--plot",
+        default=None,
+        help="plot to write, needs `pip install 'symgrad[plot]'` (default out/benchmarks.png when "
+        "matplotlib is installed, else no plot); '' for none",
+    )
     parser.add_argument("--cases", nargs="*", default=CASES)
-    parser.add_argument("--rows", nargs="+", default=None,
-                        help="re-render the report and plot from the measurements earlier runs saved (their "
-                             "output paths with .json; several runs of one device, e.g. its cases split in two "
-                             "calls, are joined), without measuring again")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        help="re-render the report and plot from the measurements earlier runs saved (their "
+        "output paths with .json; several runs of one device, e.g. its cases split in two "
+        "calls, are joined), without measuring again",
+    )
     args = parser.parse_args(argv)
     if args.plot is None:  # the default: a plot if the [plot] extra is there, the tables either way
         args.plot = "out/benchmarks.png" if has_matplotlib() else ""
@@ -52,9 +62,14 @@ def main(argv=None) -> int:
     else:
         ceiling, rows = side_by_side.measure_all(args)
         # generation is CPU work whatever the device: its table belongs to the CPU section alone
-        saved = {"ceiling": ceiling, "rows": rows, "device": args.device, "machine": machine_description(args.device),
-                 "date": datetime.date.today().isoformat(),
-                 "generation": side_by_side.generation_table(args.quick) if args.device == "cpu" else ""}
+        saved = {
+            "ceiling": ceiling,
+            "rows": rows,
+            "device": args.device,
+            "machine": machine_description(args.device),
+            "date": datetime.date.today().isoformat(),
+            "generation": side_by_side.generation_table(args.quick) if args.device == "cpu" else "",
+        }
         output.parent.mkdir(parents=True, exist_ok=True)
         output.with_suffix(".json").write_text(json.dumps(saved, indent=1))
     device = saved.get("device", args.device)
@@ -63,8 +78,10 @@ def main(argv=None) -> int:
     if output.exists():  # keep the other sections (the summary, the real networks'), add or replace this device's
         write_section(output, f"## On {device}\n\n" + report, f"## On {device}")
     else:
-        output.write_text("# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
-                          f"every variant in a fresh process.\n\n## On {device}\n\n" + report)
+        output.write_text(
+            "# Benchmarks\n\nProduced by `python -m benchmarks`; medians over repeats after warm-up, "
+            f"every variant in a fresh process.\n\n## On {device}\n\n" + report
+        )
     if args.plot:
         side_by_side.plot(saved["rows"], args.plot, device)
     print(f"wrote {output}" + (f" and {args.plot}" if args.plot else ""))

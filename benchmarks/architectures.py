@@ -36,14 +36,27 @@ def cases() -> dict:
     from tests.models.test_zoo_nets import CASES as NETS
     from tests.models.test_zoo_segmentation import CASES as SEGMENTATION
     from tests.models.test_zoo_timm_cnn import CASES as TIMM_CNN
+
     try:  # timm's transformers and hybrids, where that zoo is present; EdgeNeXt with its encoding as a buffer
         from tests.models.test_classic_cnns import Case
         from tests.models.test_zoo_hybrid import CASES, CLASSIFIER, EdgeNeXtCached
-        HYBRID = {**CASES, "edgenext_cached": Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER)}
+
+        HYBRID = {
+            **CASES,
+            "edgenext_cached": Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER),
+        }
     except ImportError:
         HYBRID = {}
-    return {**MODELS, **{f"zoo_{label}": case for label, case in ZOO.items()}, **NETS,
-            **{f"modern_{label}": case for label, case in MODERN.items()}, **ATTENTION, **SEGMENTATION, **TIMM_CNN, **HYBRID}
+    return {
+        **MODELS,
+        **{f"zoo_{label}": case for label, case in ZOO.items()},
+        **NETS,
+        **{f"modern_{label}": case for label, case in MODERN.items()},
+        **ATTENTION,
+        **SEGMENTATION,
+        **TIMM_CNN,
+        **HYBRID,
+    }
 
 
 def run(label: str, case, folder: Path, blocks: bool = False, timeout: float | None = None) -> dict:
@@ -72,8 +85,12 @@ def run(label: str, case, folder: Path, blocks: bool = False, timeout: float | N
     row["widest"] = max(len(line) for line in module.splitlines())
     start = time.perf_counter()
     try:
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                                 str(folder / f"test_{label}.py")], capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(folder / f"test_{label}.py")],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         row["test"] = time.perf_counter() - start
         row["result"] = f"STOPPED: still running after {timeout:.0f} s"
@@ -96,8 +113,11 @@ def main() -> int:
     unknown = [label for label in arguments.only or [] if label not in known]
     if unknown:
         parser.error(f"no such label: {', '.join(unknown)} (labels: {', '.join(known)})")
-    header = ["| architecture | traced at | spec layers | block instances | module lines | widest line | trace s | "
-              "generate s | generated tests s | result |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    header = [
+        "| architecture | traced at | spec layers | block instances | module lines | widest line | trace s | "
+        "generate s | generated tests s | result |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     before = arguments.output.read_text() if arguments.append and arguments.output and arguments.output.exists() else ""
     rows, lines = [], [] if "| architecture |" in before else list(header)
     with tempfile.TemporaryDirectory() as temporary:
@@ -108,9 +128,11 @@ def main() -> int:
             row = run(label, case, folder, blocks=not arguments.flat, timeout=arguments.timeout)
             rows.append(row)
             print(row, file=sys.stderr, flush=True)
-            lines.append(f"| {row['label']} | {row['traced']} | {row['layers']} | {row['blocks']} | "
-                         f"{row['module lines']} | {row['widest']} | {row['trace']:.1f} | {row['generate']:.1f} | "
-                         f"{row['test']:.1f} | {row['result']} |")
+            lines.append(
+                f"| {row['label']} | {row['traced']} | {row['layers']} | {row['blocks']} | "
+                f"{row['module lines']} | {row['widest']} | {row['trace']:.1f} | {row['generate']:.1f} | "
+                f"{row['test']:.1f} | {row['result']} |"
+            )
             if arguments.output:  # each row as it comes: a run stopped midway keeps the rows it finished
                 arguments.output.write_text(before + "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -22,12 +22,14 @@ OPS = {
     "max_pool2d": lambda x, skip, weight: F.max_pool2d(x, 2),
     "batch_norm (train)": lambda x, skip, weight: F.batch_norm(x, None, None, training=True),
     "cat (bfloat16 skip, upsampled)": lambda x, skip, weight: torch.cat(
-        [skip, F.interpolate(x, scale_factor=2, mode="bilinear")], dim=1),
+        [skip, F.interpolate(x, scale_factor=2, mode="bilinear")], dim=1
+    ),
 }
 
 
 def dtypes(device: str) -> dict[str, torch.dtype]:
     """{op: its output's dtype} under ``device``'s autocast to bfloat16, the inputs in bfloat16."""
+
     def run():
         x = torch.empty(2, 4, 8, 8, device=device, dtype=torch.bfloat16)
         skip = torch.empty(2, 4, 16, 16, device=device, dtype=torch.bfloat16)

@@ -49,16 +49,27 @@ def captured(body, gradients_type):
 
     def replay(*arguments):
         *inputs, params, saved, grad_loss = arguments
-        if (grad_loss is None or torch.is_grad_enabled()
-                or torch.is_autocast_enabled(grad_loss.device.type)):
+        if grad_loss is None or torch.is_grad_enabled() or torch.is_autocast_enabled(grad_loss.device.type):
             return body(*arguments)
         tensors = [*inputs, *params.values(), grad_loss]
         key = tuple(params), tuple((value.shape, value.stride(), value.dtype, value.device) for value in tensors)
         if key not in graphs:
-            at = [index for index, value in enumerate(saved)
-                  if isinstance(value, torch.Tensor) and value.device.type != "meta"]
-            graphs[key] = (*_compiled(body, len(inputs), list(params), list(saved), at,
-                                      [*tensors[:-1], *(saved[index] for index in at), grad_loss]), at)
+            at = [
+                index
+                for index, value in enumerate(saved)
+                if isinstance(value, torch.Tensor) and value.device.type != "meta"
+            ]
+            graphs[key] = (
+                *_compiled(
+                    body,
+                    len(inputs),
+                    list(params),
+                    list(saved),
+                    at,
+                    [*tensors[:-1], *(saved[index] for index in at), grad_loss],
+                ),
+                at,
+            )
         graph, keys, at = graphs[key]
         kept = [saved[index] for index in at]
         saved.clear()
@@ -77,9 +88,9 @@ def _compiled(body, inputs: int, keys: list, kept: list, at: list, tensors: list
     names = []
 
     def flat(*values):
-        params = dict(zip(keys, values[inputs:inputs + len(keys)]))
+        params = dict(zip(keys, values[inputs : inputs + len(keys)]))
         saved = list(kept)
-        for index, value in zip(at, values[inputs + len(keys):-1]):
+        for index, value in zip(at, values[inputs + len(keys) : -1]):
             saved[index] = value
         grads = body(*values[:inputs], params, saved, values[-1]).params
         names[:] = list(grads)
@@ -116,9 +127,10 @@ def _steps(network: str, batch: int, size: int, width: int, layout: str, folder:
     captured_optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     made = []
     for name, compute, optimizer, bound_of in [
-            ("symgrad.bind", plain.compute, plain.optimizer, plain.bound),
-            (CAPTURED, lambda: bound(**plain.arguments), captured_optimizer, bound),
-            ("autograd", autograd.compute, autograd.optimizer, None)]:
+        ("symgrad.bind", plain.compute, plain.optimizer, plain.bound),
+        (CAPTURED, lambda: bound(**plain.arguments), captured_optimizer, bound),
+        ("autograd", autograd.compute, autograd.optimizer, None),
+    ]:
         samples = []
 
         def step(compute=compute, optimizer=optimizer, samples=samples):
@@ -141,31 +153,45 @@ def measure(network: str, batch: int, size: int, width: int, layout: str, rounds
         steps = _steps(network, batch, size, width, layout, Path(folder))
         (_, plain_step, _, plain), (_, captured_step, _, bound), _ = steps
         plain_step(), captured_step()  # from the same weights, buffers and data
-        identical = all(torch.equal(a, b) and a.stride() == b.stride()
-                        for a, b in zip(_gradients(plain), _gradients(bound)))
+        identical = all(
+            torch.equal(a, b) and a.stride() == b.stride() for a, b in zip(_gradients(plain), _gradients(bound))
+        )
         for _, step, samples, _ in steps:  # warm-up (the capture included), then forget it
             for _ in range(3):
                 step()
             samples.clear()
         for index in range(rounds):
-            for _, step, samples, _ in (steps if index % 2 else steps[::-1]):
+            for _, step, samples, _ in steps if index % 2 else steps[::-1]:
                 mark = len(samples)
                 for _ in range(RUN):
                     step()
                 del samples[mark]
         graphs = len(bound.generated._backward_from_saved.graphs)
     medians = {name: statistics.median(samples) for name, _, samples, _ in steps}
-    return {"network": network, "batch": batch, "size": size, "width": width, "layout": layout,
-            "identical": identical, "graphs": graphs, "medians": medians}
+    return {
+        "network": network,
+        "batch": batch,
+        "size": size,
+        "width": width,
+        "layout": layout,
+        "identical": identical,
+        "graphs": graphs,
+        "medians": medians,
+    }
 
 
 def render(saved: dict) -> str:
-    lines = [SECTION, "", f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.captured_backward` "
-             f"({saved['rounds']} rounds of {RUN} steps per variant, the first of each run left out; a step is "
-             "zero_grad, the forward and `.backward()`; medians, one process). Not a feature: the module's docstring "
-             "says why (`torch.jit.script` is deprecated).", "",
-             "| network | layout | variant | median ms | speed vs autograd | gradients as the plain bound step's |",
-             "|---|---|---|---:|---:|---|"]
+    lines = [
+        SECTION,
+        "",
+        f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.captured_backward` "
+        f"({saved['rounds']} rounds of {RUN} steps per variant, the first of each run left out; a step is "
+        "zero_grad, the forward and `.backward()`; medians, one process). Not a feature: the module's docstring "
+        "says why (`torch.jit.script` is deprecated).",
+        "",
+        "| network | layout | variant | median ms | speed vs autograd | gradients as the plain bound step's |",
+        "|---|---|---|---:|---:|---|",
+    ]
     for row in saved["rows"]:
         head = f"| {row['network']} of width {row['width']} at {row['batch']} × {row['size']}² | {row['layout']} |"
         autograd = row["medians"]["autograd"]
@@ -175,17 +201,27 @@ def render(saved: dict) -> str:
     saving = [1 - row["medians"][CAPTURED] / row["medians"]["symgrad.bind"] for row in saved["rows"]]
     plain = [row["medians"]["autograd"] / row["medians"]["symgrad.bind"] for row in saved["rows"]]
     ahead = [row["medians"]["autograd"] / row["medians"][CAPTURED] for row in saved["rows"]]
-    lines += ["", f"The same kernel calls run from TorchScript's interpreter took {min(saving):.0%}–{max(saving):.0%} "
-              f"off the bound step (its speed against autograd's {min(plain):.2f}–{max(plain):.2f}× plain, "
-              f"{min(ahead):.2f}–{max(ahead):.2f}× captured), so running the backward body outside Python closes "
-              "that much of the around-the-kernels gap (one run: rows move by several per cent between runs on "
-              "this machine; `python -m benchmarks.step_pieces` times the pieces around the body)."]
+    lines += [
+        "",
+        f"The same kernel calls run from TorchScript's interpreter took {min(saving):.0%}–{max(saving):.0%} "
+        f"off the bound step (its speed against autograd's {min(plain):.2f}–{max(plain):.2f}× plain, "
+        f"{min(ahead):.2f}–{max(ahead):.2f}× captured), so running the backward body outside Python closes "
+        "that much of the around-the-kernels gap (one run: rows move by several per cent between runs on "
+        "this machine; `python -m benchmarks.step_pieces` times the pieces around the body).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    return quick_rows_command(argv, __doc__, "captured-backward", SECTION, measure, render, lambda result: "  ".join(
-        f"{name} {median * 1e3:.2f} ms" for name, median in result["medians"].items()))
+    return quick_rows_command(
+        argv,
+        __doc__,
+        "captured-backward",
+        SECTION,
+        measure,
+        render,
+        lambda result: "  ".join(f"{name} {median * 1e3:.2f} ms" for name, median in result["medians"].items()),
+    )
 
 
 if __name__ == "__main__":

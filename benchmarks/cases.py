@@ -15,7 +15,13 @@ SEEDS = {"seed1": "seed1_strided_conv", "seed2": "seed2_conv_strided", "seed3": 
 SMALL = {
     "seed1": {"x": (1, 1, 32, 32), "k": (512, 1, 32, 32), "y": (1, 512, 1, 1)},
     "seed2": {"x": (1, 32, 32, 32), "w1": (1, 32, 3, 3), "k": (512, 1, 32, 32), "y": (1, 512, 1, 1)},
-    "seed3": {"x": (1, 32, 32, 32), "w1": (32, 32, 3, 3), "w2": (1, 32, 3, 3), "k": (512, 1, 32, 32), "y": (1, 512, 1, 1)},
+    "seed3": {
+        "x": (1, 32, 32, 32),
+        "w1": (32, 32, 3, 3),
+        "w2": (1, 32, 3, 3),
+        "k": (512, 1, 32, 32),
+        "y": (1, 512, 1, 1),
+    },
 }
 
 
@@ -69,9 +75,14 @@ def seed_variants(seed: str, size: str, device: str):
     shapes = seed_shapes(seed, size)
     wrt = seed_wrt(seed)
     generator = torch.Generator().manual_seed(0)
-    inputs = {name: (torch.randn(shape, generator=generator) / (shape[1] * shape[-1] ** 2) ** 0.5
-                     if name not in ("x", "y") else torch.randn(shape, generator=generator)).to(device)
-              for name, shape in shapes.items()}
+    inputs = {
+        name: (
+            torch.randn(shape, generator=generator) / (shape[1] * shape[-1] ** 2) ** 0.5
+            if name not in ("x", "y")
+            else torch.randn(shape, generator=generator)
+        ).to(device)
+        for name, shape in shapes.items()
+    }
     autograd_inputs = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
 
     def autograd_grad():
@@ -86,8 +97,12 @@ def seed_variants(seed: str, size: str, device: str):
     func_grad = torch.func.grad(summed, argnums=tuple(positions))
     ordered = list(inputs.values())
 
-    channels_last = {name: (value.contiguous(memory_format=torch.channels_last) if value.dim() == 4 else value)
-                     .clone().requires_grad_(name in wrt) for name, value in inputs.items()}
+    channels_last = {
+        name: (value.contiguous(memory_format=torch.channels_last) if value.dim() == 4 else value)
+        .clone()
+        .requires_grad_(name in wrt)
+        for name, value in inputs.items()
+    }
 
     def autograd_channels_last():
         loss = module.forward(**channels_last)
@@ -103,6 +118,7 @@ def seed_variants(seed: str, size: str, device: str):
             for name in wrt:
                 autograd_inputs[name].grad = None
             return grads
+
         return run
 
     variants = {
@@ -145,14 +161,19 @@ def per_sample_variants(device: str):
     parameters, batched = ("w1", "w2"), ("x", "y")
 
     def one_sample_loss(parameter_values, sample_values):
-        values = {**inputs, **dict(zip(parameters, parameter_values)),
-                  **{name: value.unsqueeze(0) for name, value in zip(batched, sample_values)}}
+        values = {
+            **inputs,
+            **dict(zip(parameters, parameter_values)),
+            **{name: value.unsqueeze(0) for name, value in zip(batched, sample_values)},
+        }
         return module.forward(**values)[0]
 
     per_sample_grad = torch.func.vmap(torch.func.grad(one_sample_loss), in_dims=(None, 0))
     variants = {
         "symgrad per_sample_gradients": lambda: module.per_sample_gradients(**inputs),
-        "torch.func.vmap(grad)": lambda: per_sample_grad(tuple(inputs[n] for n in parameters), tuple(inputs[n] for n in batched)),
+        "torch.func.vmap(grad)": lambda: per_sample_grad(
+            tuple(inputs[n] for n in parameters), tuple(inputs[n] for n in batched)
+        ),
         "unfold + einsum (Opacus)": lambda: unfold_einsum_per_sample(**inputs),
     }
     return variants, None
@@ -211,4 +232,14 @@ def case(name: str, device: str):
     return seed_variants(seed, size, device)
 
 
-CASES = ["seed1-full", "seed2-full", "seed3-full", "seed1-small", "seed2-small", "seed3-small", "unrolled", "per-sample", "compiled"]
+CASES = [
+    "seed1-full",
+    "seed2-full",
+    "seed3-full",
+    "seed1-small",
+    "seed2-small",
+    "seed3-small",
+    "unrolled",
+    "per-sample",
+    "compiled",
+]

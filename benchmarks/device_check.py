@@ -53,8 +53,7 @@ def check_module(test_path: Path, device: str, quick: bool = False) -> bool:
     perturbed = tests.checked_subset(wrt) if quick else wrt
     # a module written as blocks takes its parameters in one mapping: its test file says how
     call = getattr(tests, "arguments", lambda values: values)
-    ordered = ((lambda result: [tests.by_name(result)[name] for name in wrt]) if hasattr(tests, "by_name")
-               else tuple)
+    ordered = (lambda result: [tests.by_name(result)[name] for name in wrt]) if hasattr(tests, "by_name") else tuple
     float32_at = tests.SMALL_SHAPES[-1] if quick else tests.SPEC_SHAPES
     for dtype, shapes in ((torch.float64, tests.SMALL_SHAPES[0]), (torch.float32, float32_at)):
         drawn = tests.inputs_for(shapes, dtype, 3)  # class indices below each shape set's class counts
@@ -67,27 +66,36 @@ def check_module(test_path: Path, device: str, quick: bool = False) -> bool:
         expected = torch.autograd.grad(loss, [leaves[name] for name in wrt], cotangent)
         leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
         explicit = module.loss_with_explicit_backward(**call(leaves))
-        results = {"gradients": ordered(module.gradients(**call(inputs), grad_loss=cotangent)),
-                   "explicit backward": torch.autograd.grad(explicit, [leaves[name] for name in wrt], cotangent)}
+        results = {
+            "gradients": ordered(module.gradients(**call(inputs), grad_loss=cotangent)),
+            "explicit backward": torch.autograd.grad(explicit, [leaves[name] for name in wrt], cotangent),
+        }
         if hasattr(module, "per_sample_gradients"):  # summed over the batch: the shared weights' gradient
             per_sample = module.per_sample_gradients(**inputs, grad_loss=cotangent)._asdict()
-            results["per-sample, summed"] = [per_sample[name].sum(0) if name in per_sample else reference
-                                             for name, reference in zip(wrt, expected)]
+            results["per-sample, summed"] = [
+                per_sample[name].sum(0) if name in per_sample else reference for name, reference in zip(wrt, expected)
+            ]
         for label, got in results.items():
             error = max(relative_error(actual, reference) for actual, reference in zip(got, expected))
             passed &= error <= LIMIT[dtype]
-            print(f"{test_path.stem[5:]:24s} {str(dtype)[6:]:8s} {label:24s} max relative error {error:.2e} "
-                  f"{'ok' if error <= LIMIT[dtype] else 'FAIL'}", flush=True)
+            print(
+                f"{test_path.stem[5:]:24s} {str(dtype)[6:]:8s} {label:24s} max relative error {error:.2e} "
+                f"{'ok' if error <= LIMIT[dtype] else 'FAIL'}",
+                flush=True,
+            )
         if dtype == torch.float64:
             wanted = tuple(inputs[name].clone().requires_grad_() for name in perturbed)
 
             def gradients_of(*values):
-                return tuple(ordered(module.gradients(**call({**inputs, **dict(zip(perturbed, values))}),
-                                                      grad_loss=cotangent)))
+                return tuple(
+                    ordered(module.gradients(**call({**inputs, **dict(zip(perturbed, values))}), grad_loss=cotangent))
+                )
+
             tolerance = NONDETERMINISM.get(device, 0.0)
             with _mismatch_without_full_jacobians():
-                ok = (torch.autograd.gradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance)
-                      and torch.autograd.gradgradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance))
+                ok = torch.autograd.gradcheck(
+                    gradients_of, wanted, fast_mode=True, nondet_tol=tolerance
+                ) and torch.autograd.gradgradcheck(gradients_of, wanted, fast_mode=True, nondet_tol=tolerance)
             passed &= ok
             print(f"{test_path.stem[5:]:24s} float64  gradcheck + gradgradcheck {'ok' if ok else 'FAIL'}", flush=True)
     return passed
@@ -99,12 +107,15 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.device_check")
     parser.add_argument("device", nargs="?", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--quick", action="store_true", help="float32 at the small shapes, gradcheck over a "
-                        "subset of the inputs (as the generated tests): the suite's CPU run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="float32 at the small shapes, gradcheck over a "
+        "subset of the inputs (as the generated tests): the suite's CPU run",
+    )
     options = parser.parse_args(argv)
     device = options.device
-    results = [check_module(path, device, options.quick)
-               for path in sorted((ROOT / "generated").glob("test_*.py"))]
+    results = [check_module(path, device, options.quick) for path in sorted((ROOT / "generated").glob("test_*.py"))]
     print(f"{sum(results)} of {len(results)} modules pass on {device}")
     return 0 if all(results) else 1
 

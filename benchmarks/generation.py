@@ -46,8 +46,16 @@ def chain_spec(length: int, channels: int = 16, batch: int = 8, size: int = 32, 
             conv["out"], relu["out"] = f"c{index}", f"r{index}"
         layers += [conv, relu]
     inputs["y"] = {"shape": [batch, channels, size, size]}
-    return yaml.safe_dump({"name": "chain", "inputs": inputs, "layers": layers,
-                           "loss": {"op": "half_sq_error", "target": "y"}, "wrt": ["x", "w0"]}, sort_keys=False)
+    return yaml.safe_dump(
+        {
+            "name": "chain",
+            "inputs": inputs,
+            "layers": layers,
+            "loss": {"op": "half_sq_error", "target": "y"},
+            "wrt": ["x", "w0"],
+        },
+        sort_keys=False,
+    )
 
 
 def model_rows(repeats: int) -> list[tuple[str, int, float, float]]:
@@ -57,9 +65,12 @@ def model_rows(repeats: int) -> list[tuple[str, int, float, float]]:
     from tests.models import classic as models
 
     rows = []
-    for label, build in [("ResNet-18 (torchvision layout, CIFAR stem, width 64)", lambda: models.ResNet18(64, 1000)),
-                         ("ResNet-50", models.ResNet50),
-                         ("VGG-11", lambda: models.VGG("vgg11")), ("VGG-19", lambda: models.VGG("vgg19"))]:
+    for label, build in [
+        ("ResNet-18 (torchvision layout, CIFAR stem, width 64)", lambda: models.ResNet18(64, 1000)),
+        ("ResNet-50", models.ResNet50),
+        ("VGG-11", lambda: models.VGG("vgg11")),
+        ("VGG-19", lambda: models.VGG("vgg19")),
+    ]:
         model = build().eval()
         holder = {}
 
@@ -82,37 +93,60 @@ def depth_rows(pairs=DEPTH_PAIRS) -> list[tuple[int, float]]:
     """(spec layers, seconds) to generate 2-channel chains of ``pairs`` conv -> ReLU pairs, once each."""
     from symgrad import generate
 
-    return [(2 * length, _median_seconds(lambda: generate(text=chain_spec(length, channels=2, batch=2, size=8, named=False)), 1))
-            for length in pairs]
+    return [
+        (
+            2 * length,
+            _median_seconds(lambda: generate(text=chain_spec(length, channels=2, batch=2, size=8, named=False)), 1),
+        )
+        for length in pairs
+    ]
 
 
 def render_depth(rows: list) -> str:
     lines = ["| conv→ReLU chain (2 channels, 2×2×8×8), layers | generate s | ms per layer |", "|---:|---:|---:|"]
     lines += [f"| {layers:,} | {seconds:.1f} | {1e3 * seconds / layers:.1f} |" for layers, seconds in rows]
-    verdicts = [f"{layers:,} layers in {seconds:.0f} s against {DEPTH_TARGETS[layers]:.0f} s, "
-                f"{'met' if seconds < DEPTH_TARGETS[layers] else 'missed'}"
-                for layers, seconds in rows if layers in DEPTH_TARGETS]
+    verdicts = [
+        f"{layers:,} layers in {seconds:.0f} s against {DEPTH_TARGETS[layers]:.0f} s, "
+        f"{'met' if seconds < DEPTH_TARGETS[layers] else 'missed'}"
+        for layers, seconds in rows
+        if layers in DEPTH_TARGETS
+    ]
     if verdicts:
         lines += ["", "Target (issue 26): generation linear in depth: " + "; ".join(verdicts) + "."]
     return "\n".join(lines)
 
 
 def render(models: list, chains: list, depth: list = ()) -> str:
-    lines = ["### Generation time", "",
-             "Real models traced at 2×3×224×224 (eval mode, cross-entropy) and generated in-process "
-             "(derivation, the module, the test file and both documents); medians.", "",
-             "| model | spec layers | trace s | generate s | ms per layer |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {label} | {layers} | {traced:.2f} | {generated:.2f} | {1e3 * generated / layers:.1f} |"
-              for label, layers, traced, generated in models]
+    lines = [
+        "### Generation time",
+        "",
+        "Real models traced at 2×3×224×224 (eval mode, cross-entropy) and generated in-process "
+        "(derivation, the module, the test file and both documents); medians.",
+        "",
+        "| model | spec layers | trace s | generate s | ms per layer |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {label} | {layers} | {traced:.2f} | {generated:.2f} | {1e3 * generated / layers:.1f} |"
+        for label, layers, traced, generated in models
+    ]
     lines += ["", "| conv→ReLU chain, layers | generate s | ms per layer |", "|---:|---:|---:|"]
     lines += [f"| {2 * length} | {seconds:.2f} | {1e3 * seconds / (2 * length):.1f} |" for length, seconds in chains]
     if depth:
         lines += ["", render_depth(depth)]
-    verdicts = [f"{label}: {generated:.2f} s, {'met' if generated < TARGET_SECONDS else 'missed'}"
-                for label, _, _, generated in models if label in ("ResNet-50", "VGG-19")]
-    lines += ["", f"Target (issue 11): ResNet-50- and VGG-19-sized specs generate in under {TARGET_SECONDS:.0f} s: "
-              + "; ".join(verdicts) + ". Tracing runs the model twice (the second run, at batch + 1 and doubled "
-              "spatial sizes, finds sizes read from the input), so its time is two forwards at those sizes.", ""]
+    verdicts = [
+        f"{label}: {generated:.2f} s, {'met' if generated < TARGET_SECONDS else 'missed'}"
+        for label, _, _, generated in models
+        if label in ("ResNet-50", "VGG-19")
+    ]
+    lines += [
+        "",
+        f"Target (issue 11): ResNet-50- and VGG-19-sized specs generate in under {TARGET_SECONDS:.0f} s: "
+        + "; ".join(verdicts)
+        + ". Tracing runs the model twice (the second run, at batch + 1 and doubled "
+        "spatial sizes, finds sizes read from the input), so its time is two forwards at those sizes.",
+        "",
+    ]
     return "\n".join(lines)
 
 

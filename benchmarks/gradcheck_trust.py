@@ -40,8 +40,10 @@ def main() -> int:
     tests = importlib.import_module(f"test_{name}")
     gradcheck = importlib.import_module("torch.autograd.gradcheck")
     gradcheck._run_slow_mode_and_get_error = lambda *arguments: ""  # the file's own fails_fast
-    for label, check, seed in (("gradcheck", torch.autograd.gradcheck, 6),
-                               ("gradgradcheck", torch.autograd.gradgradcheck, 7)):
+    for label, check, seed in (
+        ("gradcheck", torch.autograd.gradcheck, 6),
+        ("gradgradcheck", torch.autograd.gradgradcheck, 7),
+    ):
         results = {}
         for kind, forward in (("explicit", tests.explicit_backward), ("autograd", tests.run_forward)):
             inputs = tests.inputs_for(tests.SMALL_SHAPES[0], torch.float64, seed=seed)
@@ -57,7 +59,11 @@ def main() -> int:
             verdict = "passes"
         elif theirs == "passes":
             verdict = "WRONG: autograd passes where the explicit backward fails"
-        elif analytical is not None and reference is not None and abs(analytical - reference) <= 1e-6 * max(abs(reference), 1e-300):
+        elif (
+            analytical is not None
+            and reference is not None
+            and abs(analytical - reference) <= 1e-6 * max(abs(reference), 1e-300)
+        ):
             verdict = "not meaningful at this point: autograd fails the same check, with the same analytical value"
         else:
             verdict = "not meaningful at this point: autograd fails the same check (the analytical values differ too)"

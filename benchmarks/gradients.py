@@ -43,17 +43,19 @@ VARIANTS = ("gradients", "autograd", "autograd, channels_last", "gradients, chan
 AUTOGRAD = VARIANTS[1:3]
 SECTION = "## Real networks: gradients alone"
 TOLERANCE = 1e-10
-WHY = ("*Why the target is missed here.* At 8 × 112² the generated code's per-call layout rule keeps the default "
-       "layout (ResNet-18's convolution positions, averaged by weight size, are 511, below 16384: its layer-4 "
-       "weights, 8.4M of 11M numbers, meet 128 positions), so `gradients` runs the kernels autograd runs in that "
-       "layout (`--profile`: the same convolution, batch-norm, threshold and max-pool kernels, 858 aten calls "
-       "against autograd's 884, its ReLUs in place as the model's are). What is left between them is the Python "
-       "of one function of a few hundred statements against autograd's C++ engine, about 1% of a 140 ms call, "
-       "within the spread between runs (an earlier quiet run the same day: 160.8 ms against autograd's 160.9). "
-       "Autograd in channels_last holds its weights in that layout for good; `gradients` given that model's own "
-       "tensors (last row) runs as fast, while with default-layout weights channels_last would cost a "
-       "transposition of every weight on the way in, again for the backward, and of every weight gradient on the "
-       "way out (measured 1.4-1.9 s against 0.7-0.8 s in the default layout on a loaded machine).")
+WHY = (
+    "*Why the target is missed here.* At 8 × 112² the generated code's per-call layout rule keeps the default "
+    "layout (ResNet-18's convolution positions, averaged by weight size, are 511, below 16384: its layer-4 "
+    "weights, 8.4M of 11M numbers, meet 128 positions), so `gradients` runs the kernels autograd runs in that "
+    "layout (`--profile`: the same convolution, batch-norm, threshold and max-pool kernels, 858 aten calls "
+    "against autograd's 884, its ReLUs in place as the model's are). What is left between them is the Python "
+    "of one function of a few hundred statements against autograd's C++ engine, about 1% of a 140 ms call, "
+    "within the spread between runs (an earlier quiet run the same day: 160.8 ms against autograd's 160.9). "
+    "Autograd in channels_last holds its weights in that layout for good; `gradients` given that model's own "
+    "tensors (last row) runs as fast, while with default-layout weights channels_last would cost a "
+    "transposition of every weight on the way in, again for the backward, and of every weight gradient on the "
+    "way out (measured 1.4-1.9 s against 0.7-0.8 s in the default layout on a loaded machine)."
+)
 
 
 def _example():
@@ -93,9 +95,11 @@ def variants(model, generated, batch: int, size: int, dtype=torch.float32):
                 grads = generated.gradients(x=inputs, labels=labels, params=state)
                 return [grads.params[key] for key, _ in parameters]
         else:
+
             def compute(net=net, parameters=parameters, inputs=inputs):
                 loss = F.cross_entropy(net(inputs), labels)
                 return list(torch.autograd.grad(loss, [value for _, value in parameters]))
+
         result[variant] = compute
     return result
 
@@ -136,48 +140,86 @@ def _median_ms(values) -> float:
     return statistics.median(values) * 1e3
 
 
-def render(machine: str, batch: int, size: int, width: int, repeats: int, samples, agreement: float,
-           load=None, date=None, note=None, overhead=None) -> str:
+def render(
+    machine: str,
+    batch: int,
+    size: int,
+    width: int,
+    repeats: int,
+    samples,
+    agreement: float,
+    load=None,
+    date=None,
+    note=None,
+    overhead=None,
+) -> str:
     """The section; ``note``: what the saved run's JSON adds (other runs of the day, by hand);
     ``overhead``: the run at :data:`OVERHEAD`'s size, ``{"batch", "size", "width", "samples"}``."""
     best = min(statistics.median(samples[name]) for name in AUTOGRAD)
-    shared = "" if load is None else (
-        f" Load average at the end of the run {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min): "
-        + ("the machine was shared with other jobs, so one run's medians move by more than the differences "
-           "between variants, and the minimums are the less disturbed figure." if load[1] > (os.cpu_count() or 1)
-           else "nothing else was running."))
-    lines = [SECTION, "",
-             f"Machine: {machine}. Run on {date or datetime.date.today().isoformat()}; `python -m benchmarks.gradients` "
-             f"(medians of {repeats} round-robin repeats in one process).{shared}", "",
-             f"ResNet-18 of `examples/train_resnet.py` (width {width}) in train mode, float32, batch {batch} × "
-             f"{size}², traced at 2 × 32²: the generated `gradients(...)` (forward and every parameter's gradient) "
-             "against `torch.autograd.grad` of the same loss on the model, in the default layout and with the model "
-             "and input in channels_last; the last row gives `gradients` that channels_last model's tensors. "
-             "Ratio: the best autograd median over this variant's. Float64 gradients "
-             f"agree with autograd's to {agreement:.1e} (largest relative difference, checked before timing).", "",
-             "| variant | median ms | min ms | max ms | speed vs best autograd |", "|---|---:|---:|---:|---:|"]
+    shared = (
+        ""
+        if load is None
+        else (
+            f" Load average at the end of the run {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min): "
+            + (
+                "the machine was shared with other jobs, so one run's medians move by more than the differences "
+                "between variants, and the minimums are the less disturbed figure."
+                if load[1] > (os.cpu_count() or 1)
+                else "nothing else was running."
+            )
+        )
+    )
+    lines = [
+        SECTION,
+        "",
+        f"Machine: {machine}. Run on {date or datetime.date.today().isoformat()}; `python -m benchmarks.gradients` "
+        f"(medians of {repeats} round-robin repeats in one process).{shared}",
+        "",
+        f"ResNet-18 of `examples/train_resnet.py` (width {width}) in train mode, float32, batch {batch} × "
+        f"{size}², traced at 2 × 32²: the generated `gradients(...)` (forward and every parameter's gradient) "
+        "against `torch.autograd.grad` of the same loss on the model, in the default layout and with the model "
+        "and input in channels_last; the last row gives `gradients` that channels_last model's tensors. "
+        "Ratio: the best autograd median over this variant's. Float64 gradients "
+        f"agree with autograd's to {agreement:.1e} (largest relative difference, checked before timing).",
+        "",
+        "| variant | median ms | min ms | max ms | speed vs best autograd |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name in VARIANTS:
         values = samples[name]
         median = statistics.median(values)
-        lines.append(f"| {name} | {median * 1e3:.1f} | {min(values) * 1e3:.1f} | {max(values) * 1e3:.1f} "
-                     f"| {best / median:.2f}× |")
+        lines.append(
+            f"| {name} | {median * 1e3:.1f} | {min(values) * 1e3:.1f} | {max(values) * 1e3:.1f} "
+            f"| {best / median:.2f}× |"
+        )
     ours = min(("gradients", "gradients, channels_last"), key=lambda name: statistics.median(samples[name]))
     ratio = best / statistics.median(samples[ours])
     default = statistics.median(samples["autograd"]) / statistics.median(samples["gradients"])
-    lines += ["", f"Target: `gradients` in its faster layout ({ours}) ≥1.0× the best autograd, as the training "
-              f"step's verdict judges: {ratio:.2f}×, {'met' if ratio >= 1.0 else 'missed'}. Layout for layout, "
-              f"default-layout `gradients` against `torch.autograd.grad` on the default-layout model: {default:.2f}×.",
-              ""]
+    lines += [
+        "",
+        f"Target: `gradients` in its faster layout ({ours}) ≥1.0× the best autograd, as the training "
+        f"step's verdict judges: {ratio:.2f}×, {'met' if ratio >= 1.0 else 'missed'}. Layout for layout, "
+        f"default-layout `gradients` against `torch.autograd.grad` on the default-layout model: {default:.2f}×.",
+        "",
+    ]
     if overhead:
         small = overhead["samples"]
         reference = statistics.median(small["autograd"])
-        lines += [f"Around the kernels: the same variants on ResNet-18 of width {overhead['width']} at "
-                  f"{overhead['batch']} × {overhead['size']}², where the kernels cost little, so the times are mostly "
-                  "what each pays around them (Python, dispatch, autograd's engine); ratio: autograd's default-layout "
-                  "median over this variant's.", "",
-                  "| variant | median ms | min ms | speed vs autograd |", "|---|---:|---:|---:|",
-                  *(f"| {name} | {_median_ms(small[name]):.2f} | {min(small[name]) * 1e3:.2f} | "
-                    f"{reference / statistics.median(small[name]):.2f}× |" for name in VARIANTS), ""]
+        lines += [
+            f"Around the kernels: the same variants on ResNet-18 of width {overhead['width']} at "
+            f"{overhead['batch']} × {overhead['size']}², where the kernels cost little, so the times are mostly "
+            "what each pays around them (Python, dispatch, autograd's engine); ratio: autograd's default-layout "
+            "median over this variant's.",
+            "",
+            "| variant | median ms | min ms | speed vs autograd |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {name} | {_median_ms(small[name]):.2f} | {min(small[name]) * 1e3:.2f} | "
+                f"{reference / statistics.median(small[name]):.2f}× |"
+                for name in VARIANTS
+            ),
+            "",
+        ]
     if ratio < 1.0:
         lines += [WHY, ""]
     if note:
@@ -199,11 +241,23 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.saved:
         saved = json.loads(Path(args.saved).read_text())
-        write_section(Path(args.output), render(saved["machine"], saved["batch"], saved["size"], saved["width"],
-                                                len(saved["samples"]["gradients"]), saved["samples"],
-                                                saved["float64_agreement"], saved["load_average"], saved["date"],
-                                                saved.get("note"), saved.get("overhead")),
-                      SECTION)
+        write_section(
+            Path(args.output),
+            render(
+                saved["machine"],
+                saved["batch"],
+                saved["size"],
+                saved["width"],
+                len(saved["samples"]["gradients"]),
+                saved["samples"],
+                saved["float64_agreement"],
+                saved["load_average"],
+                saved["date"],
+                saved.get("note"),
+                saved.get("overhead"),
+            ),
+            SECTION,
+        )
         print(f"wrote {args.output}")
         return 0
     torch.manual_seed(0)
@@ -217,20 +271,45 @@ def main(argv=None) -> int:
             print(f"float64 gradients differ from autograd's by more than {TOLERANCE:.0e}")
             return 1
         samples = measure(args.batch, args.size, args.width, args.repeats, Path(folder))
-        overhead = dict(OVERHEAD, samples=measure(OVERHEAD["batch"], OVERHEAD["size"], OVERHEAD["width"],
-                                                  max(args.repeats, 21), Path(folder)))
+        overhead = dict(
+            OVERHEAD,
+            samples=measure(
+                OVERHEAD["batch"], OVERHEAD["size"], OVERHEAD["width"], max(args.repeats, 21), Path(folder)
+            ),
+        )
     for title, found in ((f"{args.batch} x {args.size}²", samples), ("around the kernels", overhead["samples"])):
         print(title)
         for name in VARIANTS:
             values = found[name]
             print(f"  {name:24s} median {_median_ms(values):8.2f} ms  min {min(values) * 1e3:8.2f} ms", flush=True)
-    saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
-             "load_average": os.getloadavg(), "batch": args.batch, "size": args.size, "width": args.width,
-             "float64_agreement": agreement, "samples": samples, "overhead": overhead}
+    saved = {
+        "machine": machine_description("cpu"),
+        "date": datetime.date.today().isoformat(),
+        "load_average": os.getloadavg(),
+        "batch": args.batch,
+        "size": args.size,
+        "width": args.width,
+        "float64_agreement": agreement,
+        "samples": samples,
+        "overhead": overhead,
+    }
     save_run(saved, args.json)
-    write_report(args.output, render(saved["machine"], args.batch, args.size, args.width, args.repeats,
-                                     samples, agreement, saved["load_average"], saved["date"], overhead=overhead),
-                 SECTION)
+    write_report(
+        args.output,
+        render(
+            saved["machine"],
+            args.batch,
+            args.size,
+            args.width,
+            args.repeats,
+            samples,
+            agreement,
+            saved["load_average"],
+            saved["date"],
+            overhead=overhead,
+        ),
+        SECTION,
+    )
     return 0
 
 

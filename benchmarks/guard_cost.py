@@ -76,9 +76,11 @@ def main() -> None:
         mode.arguments.problem(arguments)
     argument_guard = (time.perf_counter() - started) / 1000
     step, guard = statistics.median(steps[2:]), statistics.median(after[2:])
-    print(f"trace of ResNet-18 (width {options.width}) at 2 x 3 x 32²: {traced:.1f} s; guards: {len(mode.generated.GUARDS['code'])} "
-          f"functions, {len(mode._hypers)} hyper-parameters, {len(mode._children)} submodules, "
-          f"{len(mode.values._places)} module constants")
+    print(
+        f"trace of ResNet-18 (width {options.width}) at 2 x 3 x 32²: {traced:.1f} s; guards: {len(mode.generated.GUARDS['code'])} "
+        f"functions, {len(mode._hypers)} hyper-parameters, {len(mode._children)} submodules, "
+        f"{len(mode.values._places)} module constants"
+    )
     print(f"training step at {options.batch} x 3 x {options.size}²: {step * 1e3:.1f} ms (median of {options.steps})")
     print(f"per-call guards right after a step: {guard * 1e6:.0f} us = {100 * guard / step:.2f} % of the step")
     print(f"per-call guards in a loop of their own: {looped * 1e6:.0f} us = {100 * looped / step:.2f} % of the step")

@@ -43,8 +43,11 @@ def steps(network: str, batch: int, size: int, width: int, folder: Path, channel
     for keep in KEEPS:
         name = f"{network}_{keep}"
         path = folder / f"{name}.py"
-        path.write_text(build_text(text, f"{name}.yaml", documents=False, tests=False, keep=keep)
-                        .rendered.files[f"{network}_step.py"])
+        path.write_text(
+            build_text(text, f"{name}.yaml", documents=False, tests=False, keep=keep).rendered.files[
+                f"{network}_step.py"
+            ]
+        )
         modules[keep] = path
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 3, size, size, generator=generator)
@@ -58,10 +61,10 @@ def steps(network: str, batch: int, size: int, width: int, folder: Path, channel
         if variant.startswith("symgrad"):
             keep = variant.rpartition(" ")[2]
             bound = example.symgrad.bind(modules[keep], net)
-            compute = (lambda bound=bound: bound(x=x, labels=labels))
+            compute = lambda bound=bound: bound(x=x, labels=labels)
             saved[variant] = _saved_bytes(bound, net, x, labels)
         else:
-            compute = (lambda net=net: F.cross_entropy(net(x), labels))
+            compute = lambda net=net: F.cross_entropy(net(x), labels)
 
         def one_step(compute=compute, optimizer=optimizer):
             optimizer.zero_grad(set_to_none=True)
@@ -118,26 +121,50 @@ def main(argv=None) -> int:
         return 0
     torch.manual_seed(0)
     layout = "channels_last" if arguments.channels_last else "default layout"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; float32, "
-          f"{layout}, batch {arguments.batch} x {arguments.size}², medians of {arguments.repeats} round-robin repeats")
-    print("| network | variant | median ms | speed vs autograd | peak MiB | memory vs autograd | kept for the "
-          "backward MiB |")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; float32, "
+        f"{layout}, batch {arguments.batch} x {arguments.size}², medians of {arguments.repeats} round-robin repeats"
+    )
+    print(
+        "| network | variant | median ms | speed vs autograd | peak MiB | memory vs autograd | kept for the "
+        "backward MiB |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for network in arguments.networks:
         with tempfile.TemporaryDirectory() as folder:
-            functions, saved = steps(network, arguments.batch, arguments.size, arguments.width, Path(folder),
-                                     arguments.channels_last)
+            functions, saved = steps(
+                network, arguments.batch, arguments.size, arguments.width, Path(folder), arguments.channels_last
+            )
             samples = round_robin(functions, arguments.repeats)
         medians = {name: statistics.median(values) for name, values in samples.items()}
-        peaks = {name: json.loads(subprocess.run(
-            [sys.executable, "-m", "benchmarks.keep_policy", "--memory",
-             json.dumps([network, arguments.batch, arguments.size, arguments.width, arguments.channels_last, name])],
-            cwd=ROOT, check=True, capture_output=True, text=True,
-            env={**os.environ, **MEMORY_ENVIRONMENT}).stdout.splitlines()[-1])["peak_bytes"] for name in functions}
+        peaks = {
+            name: json.loads(
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.keep_policy",
+                        "--memory",
+                        json.dumps(
+                            [network, arguments.batch, arguments.size, arguments.width, arguments.channels_last, name]
+                        ),
+                    ],
+                    cwd=ROOT,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, **MEMORY_ENVIRONMENT},
+                ).stdout.splitlines()[-1]
+            )["peak_bytes"]
+            for name in functions
+        }
         for name in functions:
-            kept = f"{saved[name] / 2 ** 20:.1f}" if name in saved else ""
-            print(f"| {network} | {name} | {medians[name] * 1e3:.1f} | {medians['autograd'] / medians[name]:.2f}× | "
-                  f"{peaks[name] / 2 ** 20:.1f} | {peaks[name] / max(peaks['autograd'], 1):.2f}× | {kept} |", flush=True)
+            kept = f"{saved[name] / 2**20:.1f}" if name in saved else ""
+            print(
+                f"| {network} | {name} | {medians[name] * 1e3:.1f} | {medians['autograd'] / medians[name]:.2f}× | "
+                f"{peaks[name] / 2**20:.1f} | {peaks[name] / max(peaks['autograd'], 1):.2f}× | {kept} |",
+                flush=True,
+            )
     return 0
 
 

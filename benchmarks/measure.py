@@ -63,8 +63,9 @@ def timings(function, device: str, warmup: int, repeats: int) -> list[float]:
     return values
 
 
-def round_robin(functions: dict, repeats: int, warmup: int = 2, device: str = "cpu",
-                run: int = 1) -> dict[str, list[float]]:
+def round_robin(
+    functions: dict, repeats: int, warmup: int = 2, device: str = "cpu", run: int = 1
+) -> dict[str, list[float]]:
     """{name: seconds of each call}: ``warmup`` calls of each, then ``repeats`` rounds of ``run`` calls
     of each in a row on ``device`` (each call waited for), the order rotated every round so that none
     always follows the same one. With ``run`` > 1 the first call of each run is left out: the others
@@ -75,8 +76,8 @@ def round_robin(functions: dict, repeats: int, warmup: int = 2, device: str = "c
     names = list(functions)
     samples = {name: [] for name in names}
     for index in range(repeats):
-        for name in names[index % len(names):] + names[:index % len(names)]:
-            samples[name] += timings(functions[name], device, 0, run)[1 if run > 1 else 0:]
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            samples[name] += timings(functions[name], device, 0, run)[1 if run > 1 else 0 :]
     return samples
 
 
@@ -94,7 +95,7 @@ def gemm_ceiling(device: str, repeats: int = 10) -> float:
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
     values = timings(lambda: a @ b, device, 2, repeats)
-    return 2 * size ** 3 / statistics.median(values) / 1e9
+    return 2 * size**3 / statistics.median(values) / 1e9
 
 
 def main() -> None:
@@ -115,18 +116,35 @@ def main() -> None:
     if not args.timing:
         function = variants[args.variant]
         function()  # first call: lazy initialisation is not what we measure
-        print(json.dumps({"case": args.case, "variant": args.variant, "peak_bytes": peak_growth_bytes(function, args.device)}))
+        print(
+            json.dumps(
+                {"case": args.case, "variant": args.variant, "peak_bytes": peak_growth_bytes(function, args.device)}
+            )
+        )
         return
     names = list(variants)
     for name in names:
         timings(variants[name], args.device, args.warmup, 0)
     samples = {name: [] for name in names}
     for round_index in range(args.repeats):
-        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]
         for name in order:
             samples[name] += timings(variants[name], args.device, 0, 1)
-    print(json.dumps({name: {"case": args.case, "variant": name, "median": statistics.median(values), "min": min(values),
-                             "max": max(values), "flops": flops} for name, values in samples.items()}))
+    print(
+        json.dumps(
+            {
+                name: {
+                    "case": args.case,
+                    "variant": name,
+                    "median": statistics.median(values),
+                    "min": min(values),
+                    "max": max(values),
+                    "flops": flops,
+                }
+                for name, values in samples.items()
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,12 @@ FAMILIES = [
     Family("adaptive_avg_pool to 1×1", lambda c=64: nn.AdaptiveAvgPool2d(1), IMAGE, SMALL),
     Family("bilinear upsample ×2", lambda c=64: nn.Upsample(scale_factor=2, mode="bilinear"), IMAGE, SMALL),
     Family("linear 512 → 1000 + cross_entropy", lambda c=512: nn.Linear(c, 1000), (256, 512), (5, 8), "cross_entropy"),
-    Family("conv 3×3 + batch_norm + relu", lambda c=64: nn.Sequential(
-        nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True)), IMAGE, SMALL),
+    Family(
+        "conv 3×3 + batch_norm + relu",
+        lambda c=64: nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True)),
+        IMAGE,
+        SMALL,
+    ),
 ]
 
 
@@ -94,13 +98,19 @@ def variants(family: Family, shape: tuple[int, ...], dtype=torch.float32):
     x = torch.randn(shape, generator=generator, dtype=dtype)
     with torch.no_grad():
         output_shape = model(x).shape
-    target = (torch.randint(output_shape[1], (shape[0],), generator=generator) if classes
-              else torch.randn(output_shape, generator=generator, dtype=dtype))
+    target = (
+        torch.randint(output_shape[1], (shape[0],), generator=generator)
+        if classes
+        else torch.randn(output_shape, generator=generator, dtype=dtype)
+    )
     keys = {item.name: item.source for item in built.graph.spec.inputs if item.source}  # in `params`
     state = dict(model.state_dict())
     own = {name: state[key] for name, key in keys.items()}
-    parameters = [(name, value) for name, value in own.items() if value.is_floating_point()
-                  and dict(model.named_parameters()).get(keys[name]) is not None]
+    parameters = [
+        (name, value)
+        for name, value in own.items()
+        if value.is_floating_point() and dict(model.named_parameters()).get(keys[name]) is not None
+    ]
     target_name = "labels" if classes else "target"
 
     def gradients():
@@ -126,20 +136,29 @@ def float64_agreement(family: Family) -> float:
 
 
 def render(saved: dict) -> str:
-    lines = [SECTION, "",
-             f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.ops` (medians of "
-             f"{saved['repeats']} round-robin repeats in one process). Each family is one `nn.Module`, traced in train "
-             "mode with a mean loss and generated; `gradients` (the layer's forward and every gradient, the input's "
-             "included) against `torch.autograd.grad` of the same loss through the module, float32. Float64 "
-             "gradients agree with autograd's at another size before timing (largest relative difference).", "",
-             "| family | input | gradients ms | autograd ms | speed vs autograd | float64 agreement |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        SECTION,
+        "",
+        f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.ops` (medians of "
+        f"{saved['repeats']} round-robin repeats in one process). Each family is one `nn.Module`, traced in train "
+        "mode with a mean loss and generated; `gradients` (the layer's forward and every gradient, the input's "
+        "included) against `torch.autograd.grad` of the same loss through the module, float32. Float64 "
+        "gradients agree with autograd's at another size before timing (largest relative difference).",
+        "",
+        "| family | input | gradients ms | autograd ms | speed vs autograd | float64 agreement |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for row in saved["rows"]:
         ours, theirs = statistics.median(row["gradients"]), statistics.median(row["autograd"])
-        lines.append(f"| {row['family']} | {' × '.join(map(str, row['shape']))} | {ours * 1e3:.2f} | "
-                     f"{theirs * 1e3:.2f} | {theirs / ours:.2f}× | {row['agreement']:.1e} |")
-    slower = [row["family"] for row in saved["rows"]
-              if statistics.median(row["autograd"]) < statistics.median(row["gradients"])]
+        lines.append(
+            f"| {row['family']} | {' × '.join(map(str, row['shape']))} | {ours * 1e3:.2f} | "
+            f"{theirs * 1e3:.2f} | {theirs / ours:.2f}× | {row['agreement']:.1e} |"
+        )
+    slower = [
+        row["family"]
+        for row in saved["rows"]
+        if statistics.median(row["autograd"]) < statistics.median(row["gradients"])
+    ]
     lines += ["", "Slower than autograd by median: " + (", ".join(slower) if slower else "none") + "."]
     if saved.get("note"):
         lines += ["", saved["note"]]
@@ -167,10 +186,18 @@ def main(argv=None) -> int:
             shape = family.small if args.quick else family.shape
             samples = round_robin(variants(family, shape), repeats)
             rows.append({"family": family.label, "shape": list(shape), "agreement": agreement, **samples})
-            print(f"{family.label:36s} gradients {statistics.median(samples['gradients']) * 1e3:8.2f} ms  "
-                  f"autograd {statistics.median(samples['autograd']) * 1e3:8.2f} ms", flush=True)
-        saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
-                 "load_average": os.getloadavg(), "repeats": repeats, "rows": rows}
+            print(
+                f"{family.label:36s} gradients {statistics.median(samples['gradients']) * 1e3:8.2f} ms  "
+                f"autograd {statistics.median(samples['autograd']) * 1e3:8.2f} ms",
+                flush=True,
+            )
+        saved = {
+            "machine": machine_description("cpu"),
+            "date": datetime.date.today().isoformat(),
+            "load_average": os.getloadavg(),
+            "repeats": repeats,
+            "rows": rows,
+        }
         save_run(saved, args.json)
     write_report(args.output, render(saved), SECTION)
     return 0

@@ -62,6 +62,6 @@ def write_section(path: Path, section: str, title: str) -> None:
     replaced by ``section``, up to the next ``## `` heading; appended where it has none."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     heading = re.search(rf"^{re.escape(title)}$", text, flags=re.MULTILINE)
-    before, rest = (text, "") if heading is None else (text[:heading.start()], text[heading.end():])
+    before, rest = (text, "") if heading is None else (text[: heading.start()], text[heading.end() :])
     after = rest.split("\n## ", 1)[1] if "\n## " in rest else ""
     path.write_text(before.rstrip() + "\n\n" + section.rstrip() + "\n" + (f"\n## {after}" if after else ""))

@@ -27,14 +27,16 @@ ROWS = (("resnet50", 4, 112, 64), ("unet", 4, 128, 32))
 
 WHY = {
     ("ConvolutionBackward0", "input"): "the weight's gradient, a correlation of this input with the output's "
-                                       "gradient: needed exactly",
-    ("NativeBatchNormBackward0", "input"):
-        "train-mode x̂ = (input − mean)·invstd: needed exactly (rebuilding it from the output divides by γ, "
-        "as InPlace-ABN does: inexact, undefined at γ = 0, and a ReLU after it loses the negative half)",
+    "gradient: needed exactly",
+    (
+        "NativeBatchNormBackward0",
+        "input",
+    ): "train-mode x̂ = (input − mean)·invstd: needed exactly (rebuilding it from the output divides by γ, "
+    "as InPlace-ABN does: inexact, undefined at γ = 0, and a ReLU after it loses the negative half)",
     ("ReluBackward0", "result"): "the ReLU's mask, output > 0 (kept alone, a bool mask would do: 1 byte, not 4)",
     ("MaxPool2DWithIndicesBackward0", "self"): "the pool's input, read for its shape and layout only",
     ("MaxPool2DWithIndicesBackward0", "result1"): "the argmax indices, int64 as the kernel requires (or a "
-                                                 "second pool forward in the backward)",
+    "second pool forward in the backward)",
     ("AddmmBackward0", "mat1"): "the weight's gradient, grad.T @ input: needed exactly",
 }
 """Which derivative formula (``derivatives.yaml``) reads each saved value, and what an exact explicit
@@ -45,8 +47,7 @@ def networks():
     sys.path.insert(0, str(ROOT / "examples"))
     import train_resnet  # noqa: E402  (the benchmark's own networks)
 
-    return {"resnet50": lambda width: train_resnet.ResNet50(width),
-            "unet": lambda width: train_resnet.UNet(1, width)}
+    return {"resnet50": lambda width: train_resnet.ResNet50(width), "unet": lambda width: train_resnet.UNet(1, width)}
 
 
 def saved_by_reader(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> tuple[dict, int]:
@@ -69,7 +70,7 @@ def saved_by_reader(model: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
             for tensor in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in parameters:
                     key = tensor.untyped_storage().data_ptr()
-                    readers[key].add((type(node).__name__, attribute[len("_saved_"):]))
+                    readers[key].add((type(node).__name__, attribute[len("_saved_") :]))
                     sizes[key] = tensor.untyped_storage().nbytes()
         stack.extend(next_node for next_node, _ in node.next_functions)
     by_readers = defaultdict(int)
@@ -79,15 +80,20 @@ def saved_by_reader(model: torch.nn.Module, x: torch.Tensor, target: torch.Tenso
 
 
 def table(label: str, batch: int, size: int, by_readers: dict, total: int) -> list[str]:
-    lines = [f"### {label}, {batch} × {size}², float32, train mode", "",
-             f"Saved for the backward: **{total / 2 ** 20:.1f} MiB** in distinct storages (parameters and "
-             "buffers not counted).", "",
-             "| kept by (node: saved value) | MiB | share | what reads it |", "|---|---:|---:|---|"]
+    lines = [
+        f"### {label}, {batch} × {size}², float32, train mode",
+        "",
+        f"Saved for the backward: **{total / 2**20:.1f} MiB** in distinct storages (parameters and "
+        "buffers not counted).",
+        "",
+        "| kept by (node: saved value) | MiB | share | what reads it |",
+        "|---|---:|---:|---|",
+    ]
     for readers, nbytes in sorted(by_readers.items(), key=lambda item: -item[1]):
         why = "; ".join(WHY[reader] for reader in readers if WHY.get(reader))
         keepers = " + ".join(f"{node}: {attribute}" for node, attribute in readers)
         share = nbytes / total if total else 0.0
-        lines.append(f"| {keepers} | {nbytes / 2 ** 20:.2f} | {share:.0%} | {why} |")
+        lines.append(f"| {keepers} | {nbytes / 2**20:.2f} | {share:.0%} | {why} |")
     return lines + [""]
 
 
@@ -98,8 +104,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     build = networks()
-    lines = ["# What autograd saves for a training step's backward", "",
-             f"`python -m benchmarks.saved_values`, torch {torch.__version__}.", ""]
+    lines = [
+        "# What autograd saves for a training step's backward",
+        "",
+        f"`python -m benchmarks.saved_values`, torch {torch.__version__}.",
+        "",
+    ]
     for label, batch, size, width in ROWS:
         if args.quick:
             batch, size, width = 2, 32, 4

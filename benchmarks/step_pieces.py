@@ -121,7 +121,7 @@ def measure(network: str, batch: int, size: int, width: int, layout: str, rounds
             for values in samples.values():
                 values.clear()
         for index in range(rounds):
-            for _, step, samples, _, _ in (steps if index % 2 else steps[::-1]):
+            for _, step, samples, _, _ in steps if index % 2 else steps[::-1]:
                 marks = {key: len(values) for key, values in samples.items()}
                 for _ in range(RUN):
                     step()
@@ -129,8 +129,15 @@ def measure(network: str, batch: int, size: int, width: int, layout: str, rounds
                     if len(values) > marks[key]:
                         del values[marks[key]]
     (_, _, bound, _, _), (_, _, autograd, _, _) = steps
-    result = {"network": network, "batch": batch, "size": size, "width": width, "layout": layout,
-              "bound calls": calls[0], "autograd calls": calls[1]}
+    result = {
+        "network": network,
+        "batch": batch,
+        "size": size,
+        "width": width,
+        "layout": layout,
+        "bound calls": calls[0],
+        "autograd calls": calls[1],
+    }
     for key, values in bound.items():
         result[f"bound {key}"] = statistics.median(values)
     for key in ("forward", "backward"):
@@ -141,44 +148,69 @@ def measure(network: str, batch: int, size: int, width: int, layout: str, rounds
 
 
 def render(saved: dict) -> str:
-    lines = [SECTION, "", f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.step_pieces` "
-             f"({saved['rounds']} rounds of {RUN} steps per variant, the first of each run left out; medians in µs, "
-             "one process). The bound step's pieces are timed by a clock around the function that does each "
-             "(the module's docstring lists them); its forward's and backward's rest is what they leave of the "
-             "whole. Autograd's backward runs its kernels from its engine, in C++.", "",
-             "| network | layout | piece | symgrad.bind µs | autograd µs |", "|---|---|---|---:|---:|"]
+    lines = [
+        SECTION,
+        "",
+        f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.step_pieces` "
+        f"({saved['rounds']} rounds of {RUN} steps per variant, the first of each run left out; medians in µs, "
+        "one process). The bound step's pieces are timed by a clock around the function that does each "
+        "(the module's docstring lists them); its forward's and backward's rest is what they leave of the "
+        "whole. Autograd's backward runs its kernels from its engine, in C++.",
+        "",
+        "| network | layout | piece | symgrad.bind µs | autograd µs |",
+        "|---|---|---|---:|---:|",
+    ]
     for row in saved["rows"]:
         head = f"| {row['network']} of width {row['width']} at {row['batch']} × {row['size']}² | {row['layout']} |"
-        forward_rest = row["bound forward"] - row["bound checks"] - row["bound saving forward"] - row["bound batch counts"]
-        entries = [("forward", row["bound forward"], row["autograd forward"]),
-                   ("… checks", row["bound checks"], None), ("… saving forward", row["bound saving forward"], None),
-                   ("… batch counts", row["bound batch counts"], None), ("… rest", forward_rest, None),
-                   ("backward", row["bound backward"], row["autograd backward"]),
-                   ("… body", row["bound backward body"], None),
-                   ("… rest", row["bound backward"] - row["bound backward body"], None),
-                   ("step (forward + backward)", row["bound step"], row["autograd step"])]
+        forward_rest = (
+            row["bound forward"] - row["bound checks"] - row["bound saving forward"] - row["bound batch counts"]
+        )
+        entries = [
+            ("forward", row["bound forward"], row["autograd forward"]),
+            ("… checks", row["bound checks"], None),
+            ("… saving forward", row["bound saving forward"], None),
+            ("… batch counts", row["bound batch counts"], None),
+            ("… rest", forward_rest, None),
+            ("backward", row["bound backward"], row["autograd backward"]),
+            ("… body", row["bound backward body"], None),
+            ("… rest", row["bound backward"] - row["bound backward body"], None),
+            ("step (forward + backward)", row["bound step"], row["autograd step"]),
+        ]
         for name, bound, autograd in entries:
             lines.append(f"{head} {name} | {bound * 1e6:.0f} | {'' if autograd is None else f'{autograd * 1e6:.0f}'} |")
         if "bound calls" in row:
-            lines.append(f"{head} aten calls, forward / backward | {row['bound calls']['forward']} / "
-                         f"{row['bound calls']['backward']} | {row['autograd calls']['forward']} / "
-                         f"{row['autograd calls']['backward']} |")
+            lines.append(
+                f"{head} aten calls, forward / backward | {row['bound calls']['forward']} / "
+                f"{row['bound calls']['backward']} | {row['autograd calls']['forward']} / "
+                f"{row['autograd calls']['backward']} |"
+            )
     summary = "; ".join(
         f"{row['network']} {row['layout']}: the forward {row['bound forward'] / row['autograd forward']:.2f}×, the "
         f"backward {row['bound backward'] / row['autograd backward']:.2f}× and its body alone "
         f"{row['bound backward body'] / row['autograd backward']:.2f}× autograd's whole backward"
-        for row in saved["rows"])
-    lines += ["", f"Time against autograd's in the same layout (above 1: longer): {summary}. Both make the same "
-              "kernel calls but for autograd's bookkeeping (its views, detaches and the loss's own kernels), "
-              "so what differs is what each pays per call: the bound step's forward is a plain sequence of calls "
-              "where autograd's runs each module's `__call__`, and its backward calls each kernel from Python "
-              "where autograd's engine calls it from C++."]
+        for row in saved["rows"]
+    )
+    lines += [
+        "",
+        f"Time against autograd's in the same layout (above 1: longer): {summary}. Both make the same "
+        "kernel calls but for autograd's bookkeeping (its views, detaches and the loss's own kernels), "
+        "so what differs is what each pays per call: the bound step's forward is a plain sequence of calls "
+        "where autograd's runs each module's `__call__`, and its backward calls each kernel from Python "
+        "where autograd's engine calls it from C++.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    return quick_rows_command(argv, __doc__, "step-pieces", SECTION, measure, render, lambda result: (
-        f"bound {result['bound step'] * 1e3:6.2f} ms  autograd {result['autograd step'] * 1e3:6.2f} ms"))
+    return quick_rows_command(
+        argv,
+        __doc__,
+        "step-pieces",
+        SECTION,
+        measure,
+        render,
+        lambda result: f"bound {result['bound step'] * 1e3:6.2f} ms  autograd {result['autograd step'] * 1e3:6.2f} ms",
+    )
 
 
 if __name__ == "__main__":

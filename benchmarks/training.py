@@ -57,12 +57,27 @@ MEMORY_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 unmapped, so the resident set follows what is allocated rather than what glibc keeps."""
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("symgrad.bind", "symgrad.bind, channels_last", "autograd", "autograd, channels_last",
-            "autograd, torch.compile", "symgrad.bind, torch.compile", "autograd, torch.compile max-autotune",
-            "symgrad.bind, AMP", "symgrad.bind, channels_last, AMP", "autograd, AMP", "autograd, channels_last, AMP")
-CUDA_VARIANTS = ("symgrad.bind, CUDA graph", "symgrad.bind, channels_last, CUDA graph",
-                 "autograd, torch.compile reduce-overhead", "autograd, channels_last, torch.compile reduce-overhead",
-                 "symgrad.bind, CUDA graph, AMP", "symgrad.bind, channels_last, CUDA graph, AMP")
+VARIANTS = (
+    "symgrad.bind",
+    "symgrad.bind, channels_last",
+    "autograd",
+    "autograd, channels_last",
+    "autograd, torch.compile",
+    "symgrad.bind, torch.compile",
+    "autograd, torch.compile max-autotune",
+    "symgrad.bind, AMP",
+    "symgrad.bind, channels_last, AMP",
+    "autograd, AMP",
+    "autograd, channels_last, AMP",
+)
+CUDA_VARIANTS = (
+    "symgrad.bind, CUDA graph",
+    "symgrad.bind, channels_last, CUDA graph",
+    "autograd, torch.compile reduce-overhead",
+    "autograd, channels_last, torch.compile reduce-overhead",
+    "symgrad.bind, CUDA graph, AMP",
+    "symgrad.bind, channels_last, CUDA graph, AMP",
+)
 """Timed on CUDA alone (after :data:`VARIANTS`): the step replayed as CUDA graphs, in both layouts, and
 its fairest peer, Inductor's CUDA graphs (``mode="reduce-overhead"``)."""
 GRAPHED = ("CUDA graph", "reduce-overhead")
@@ -72,9 +87,14 @@ COMPILED = ("symgrad.bind, torch.compile", "autograd, torch.compile max-autotune
 """Timed in :data:`COMPILED_ROWS` alone: compiling a whole step takes minutes on 2 CPU cores."""
 AMP = ", AMP"
 ROWS = [  # (network, batch, image size, width): CPU-sized; the scale rows grow the image and the depth
-    ("resnet18", 8, 64, 64), ("resnet18", 8, 112, 64), ("resnet18", 8, 224, 64),
-    ("resnet50", 4, 112, 64), ("unet", 4, 128, 32),
-    ("convnext", 4, 64, 24), ("efficientnet", 8, 64, 0), ("mobilenetv3", 8, 64, 0),
+    ("resnet18", 8, 64, 64),
+    ("resnet18", 8, 112, 64),
+    ("resnet18", 8, 224, 64),
+    ("resnet50", 4, 112, 64),
+    ("unet", 4, 128, 32),
+    ("convnext", 4, 64, 24),
+    ("efficientnet", 8, 64, 0),
+    ("mobilenetv3", 8, 64, 0),
 ]
 COMPILED_ROWS = {("resnet18", 8, 112, 64), ("unet", 4, 128, 32)}
 """The CPU rows that time :data:`COMPILED` too (on CUDA: the first :data:`CUDA_COMPILED` rows)."""
@@ -85,9 +105,14 @@ NETWORKS = {
 }
 """The networks beside examples/train_resnet.py's, from the suite's model zoo, as their authors write them."""
 CUDA_ROWS = [  # the issue's sizes: ResNet-18 and -50 at 32 x 224², a U-Net of width 64 at 8 x 256²; then scale
-    ("resnet18", 32, 224, 64), ("unet", 8, 256, 64), ("resnet50", 32, 224, 64),
-    ("resnet18", 32, 64, 64), ("resnet18", 32, 112, 64),
-    ("convnext", 32, 224, 96), ("efficientnet", 64, 224, 0), ("mobilenetv3", 64, 224, 0),
+    ("resnet18", 32, 224, 64),
+    ("unet", 8, 256, 64),
+    ("resnet50", 32, 224, 64),
+    ("resnet18", 32, 64, 64),
+    ("resnet18", 32, 112, 64),
+    ("convnext", 32, 224, 96),
+    ("efficientnet", 64, 224, 0),
+    ("mobilenetv3", 64, 224, 0),
 ]
 CUDA_COMPILED = 3
 """On a GPU ``torch.compile`` is timed in the first rows alone (the target rows): compiling each
@@ -106,8 +131,7 @@ def _example():
     return train_resnet
 
 
-def step_variants(network: str, batch: int, size: int, width: int, folder: Path, names=VARIANTS,
-                  device: str = "cpu"):
+def step_variants(network: str, batch: int, size: int, width: int, folder: Path, names=VARIANTS, device: str = "cpu"):
     """The training steps ``names`` of ``network`` at ``batch`` x ``size``² on ``device``, each with its
     own model copy (the module is traced and generated on the CPU, as a user generates it once)."""
     example = _example()
@@ -121,8 +145,11 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
     outputs_form = None  # the module traced without the loss, for the compiled bound model
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(batch, channels, size, size, generator=generator)
-    target = (torch.randint(0, 10, (batch,), generator=generator) if classify
-              else torch.randn(batch, 1, size, size, generator=generator))
+    target = (
+        torch.randint(0, 10, (batch,), generator=generator)
+        if classify
+        else torch.randn(batch, 1, size, size, generator=generator)
+    )
     x, target = x.to(device), target.to(device)
     data = {"x": x, "labels" if classify else "target": target}
 
@@ -144,15 +171,18 @@ def step_variants(network: str, batch: int, size: int, width: int, folder: Path,
         if kind == "symgrad.bind, torch.compile":
             outputs_form = outputs_form or _outputs_module(model, network, traced, folder)
             runner = torch.compile(example.symgrad.bind(outputs_form, net), fullgraph=True)
-            compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
+            compute = lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs)
         elif kind.startswith("symgrad.bind"):
             bound = example.symgrad.bind(generated, net, cuda_graph=kind.endswith("CUDA graph"))
-            compute = (lambda bound=bound, arguments=arguments: bound(**arguments))
+            compute = lambda bound=bound, arguments=arguments: bound(**arguments)
         else:
             mode = kind.partition("torch.compile")[2].strip()
-            runner = (torch.compile(net, mode={"max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode) or None)
-                      if "torch.compile" in kind else net)
-            compute = (lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs))
+            runner = (
+                torch.compile(net, mode={"max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode) or None)
+                if "torch.compile" in kind
+                else net
+            )
+            compute = lambda runner=runner, inputs=inputs: autograd_loss(runner, inputs)
 
         def one_step(compute=compute, optimizer=optimizer, amp=amp):
             optimizer.zero_grad(set_to_none=True)
@@ -174,14 +204,21 @@ def _network(network: str, width: int) -> torch.nn.Module:
     of one width), with 10 classes."""
     example = _example()
     if network in ("resnet18", "resnet50", "unet"):
-        return {"resnet18": example.ResNet18, "resnet50": example.ResNet50,
-                "unet": lambda width: example.UNet(1, width)}[network](width)
+        return {
+            "resnet18": example.ResNet18,
+            "resnet50": example.ResNet50,
+            "unet": lambda width: example.UNet(1, width),
+        }[network](width)
     sys.path.insert(0, str(ROOT))
     if network == "convnext":
         from tests.models.zoo import ConvNeXt
 
-        return ConvNeXt(num_classes=10, depths=(3, 3, 9, 3), dims=(width, 2 * width, 4 * width, 8 * width),
-                        layer_scale_init_value=1e-6)
+        return ConvNeXt(
+            num_classes=10,
+            depths=(3, 3, 9, 3),
+            dims=(width, 2 * width, 4 * width, 8 * width),
+            layer_scale_init_value=1e-6,
+        )
     if network == "efficientnet":
         from tests.models.zoo_nets import EfficientNet
 
@@ -199,8 +236,11 @@ def _outputs_module(model, network: str, traced: tuple, folder: Path) -> Path:
 
     name = f"{network}_outputs"
     path = folder / f"{name}.py"
-    path.write_text(build_text(trace(model, {"x": traced}, wrt="parameters", name=name, mode="train"),
-                               f"{name}.yaml").rendered.files[f"{name}.py"])
+    path.write_text(
+        build_text(
+            trace(model, {"x": traced}, wrt="parameters", name=name, mode="train"), f"{name}.yaml"
+        ).rendered.files[f"{name}.py"]
+    )
     return path
 
 
@@ -226,36 +266,62 @@ def measure_overhead(repeats: int, names=VARIANTS, device: str = "cpu") -> list[
             functions = step_variants(network, batch, size, width, Path(folder), names, device)
             samples = round_robin(functions, repeats, device=device)
             in_runs = round_robin(functions, max(repeats // 2, 3), warmup=0, device=device, run=RUN)
-        results += [{"network": network, "batch": batch, "size": size, "width": width, "variant": name,
-                     "median": statistics.median(values), "min": min(values),
-                     "median_in_run": statistics.median(in_runs[name])} for name, values in samples.items()]
+        results += [
+            {
+                "network": network,
+                "batch": batch,
+                "size": size,
+                "width": width,
+                "variant": name,
+                "median": statistics.median(values),
+                "min": min(values),
+                "median_in_run": statistics.median(in_runs[name]),
+            }
+            for name, values in samples.items()
+        ]
     return results
 
 
 def render_overhead(rows: list[dict]) -> list[str]:
     """The table of :func:`measure_overhead`: each bound step against autograd in its layout and precision."""
     found = {(row["network"], row["variant"]): row for row in rows}
-    lines = ["Around the kernels: the same steps at the sizes where the kernels cost little (" +
-             ", ".join(dict.fromkeys(f"{row['network']} of width {row['width']} at {row['batch']} × {row['size']}²"
-                                     for row in rows)) +
-             "), so the times are mostly what each step pays around them (Python, dispatch, autograd's engine). "
-             "Ratio: autograd's median in the same layout and precision over the bound step's. Timed twice: one "
-             "step of each variant per round, as the rows above (each step follows another variant's, which "
-             "left its own objects and memory in the caches), and, where the run has them, in runs of "
-             f"{RUN} steps per variant and round, the first of each left out (each step follows one of its "
-             "own, as in a training loop).", ""]
+    lines = [
+        "Around the kernels: the same steps at the sizes where the kernels cost little ("
+        + ", ".join(
+            dict.fromkeys(
+                f"{row['network']} of width {row['width']} at {row['batch']} × {row['size']}²" for row in rows
+            )
+        )
+        + "), so the times are mostly what each step pays around them (Python, dispatch, autograd's engine). "
+        "Ratio: autograd's median in the same layout and precision over the bound step's. Timed twice: one "
+        "step of each variant per round, as the rows above (each step follows another variant's, which "
+        "left its own objects and memory in the caches), and, where the run has them, in runs of "
+        f"{RUN} steps per variant and round, the first of each left out (each step follows one of its "
+        "own, as in a training loop).",
+        "",
+    ]
     in_runs = all("median_in_run" in row for row in rows)
     head = "| network | variant | median ms | min ms | autograd's median ms | speed vs autograd |"
-    lines += ([head + " median ms in runs | autograd's in runs | speed vs autograd in runs |",
-               "|---|---|---:|---:|---:|---:|---:|---:|---:|"] if in_runs else [head, "|---|---|---:|---:|---:|---:|"])
+    lines += (
+        [
+            head + " median ms in runs | autograd's in runs | speed vs autograd in runs |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        if in_runs
+        else [head, "|---|---|---:|---:|---:|---:|"]
+    )
     for row in rows:
         peer = found.get((row["network"], peer_of(row["variant"])))
         if row["variant"].startswith("symgrad") and peer:
-            line = (f"| {row['network']} | {row['variant']} | {row['median'] * 1e3:.2f} | {row['min'] * 1e3:.2f} | "
-                    f"{peer['median'] * 1e3:.2f} | {peer['median'] / row['median']:.2f}× |")
+            line = (
+                f"| {row['network']} | {row['variant']} | {row['median'] * 1e3:.2f} | {row['min'] * 1e3:.2f} | "
+                f"{peer['median'] * 1e3:.2f} | {peer['median'] / row['median']:.2f}× |"
+            )
             if in_runs:
-                line += (f" {row['median_in_run'] * 1e3:.2f} | {peer['median_in_run'] * 1e3:.2f} | "
-                         f"{peer['median_in_run'] / row['median_in_run']:.2f}× |")
+                line += (
+                    f" {row['median_in_run'] * 1e3:.2f} | {peer['median_in_run'] * 1e3:.2f} | "
+                    f"{peer['median_in_run'] / row['median_in_run']:.2f}× |"
+                )
             lines.append(line)
     return lines + [""]
 
@@ -272,25 +338,51 @@ def measure_row(row, repeats: int, names=VARIANTS, device: str = "cpu") -> list[
                 function()
             except Exception as error:  # noqa: BLE001 - the run goes on and the failure is its row
                 print(f"{network} {batch}x{size} {name} failed: {type(error).__name__}: {error}", file=sys.stderr)
-                FAILURES.append(f"{network} {batch} × {size}², {name}: {type(error).__name__}: "
-                                f"{str(error).splitlines()[0] if str(error) else ''}")
+                FAILURES.append(
+                    f"{network} {batch} × {size}², {name}: {type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}"
+                )
                 del functions[name]
         # warm-up calls first: the first compiles (torch.compile) and picks cuDNN's algorithms
         samples = round_robin(functions, repeats, warmup=3 if device == "cuda" else 2, device=device)
         if device == "cuda":
-            peaks = {name: graphed_peak_bytes(function) if function.graphed else peak_growth_bytes(function, device)
-                     for name, function in functions.items()}
+            peaks = {
+                name: graphed_peak_bytes(function) if function.graphed else peak_growth_bytes(function, device)
+                for name, function in functions.items()
+            }
     results = []
     for name, values in samples.items():
         if name not in peaks:
-            peaks[name] = json.loads(subprocess.run(
-                [sys.executable, "-m", "benchmarks.training", "--memory", json.dumps([network, batch, size, width, name])],
-                cwd=ROOT, check=True, capture_output=True, text=True,
-                env={**os.environ, **MEMORY_ENVIRONMENT}).stdout)["peak_bytes"]
-        results.append({"network": network, "batch": batch, "size": size, "width": width, "variant": name,
-                        "median": statistics.median(values), "min": min(values), "max": max(values),
-                        "peak_bytes": peaks[name],
-                        **({"pool_uncounted": True} if device == "cuda" and "reduce-overhead" in name else {})})
+            peaks[name] = json.loads(
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.training",
+                        "--memory",
+                        json.dumps([network, batch, size, width, name]),
+                    ],
+                    cwd=ROOT,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, **MEMORY_ENVIRONMENT},
+                ).stdout
+            )["peak_bytes"]
+        results.append(
+            {
+                "network": network,
+                "batch": batch,
+                "size": size,
+                "width": width,
+                "variant": name,
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+                "peak_bytes": peaks[name],
+                **({"pool_uncounted": True} if device == "cuda" and "reduce-overhead" in name else {}),
+            }
+        )
     return results
 
 
@@ -305,91 +397,95 @@ def graphed_peak_bytes(function) -> int:
     return peak_growth_bytes(function, "cuda")
 
 
-WHY_CPU = ("*Why the targets are missed on this CPU.* Run of 2026-11-29, 03:40-04:00, at commit 3b0f727 (a "
-       "max pool's argmax indices kept in int16, symgrad/kept.py; under AMP a product's input gradient cast "
-       "back to its input's dtype), the machine about 1.7x as slow as in the run before (eager autograd on "
-       "ResNet-18 at 8 x 112²: 140.6 ms against 79.6 at d0057a8), load below 1 but for the run's own processes: "
-       "one of sixteen rows meets the target (ResNet-50 under AMP in channels_last, 1.01x the speed and 0.86x "
-       "the memory). Memory meets it layout for layout everywhere (the bound step keeps 0.79-0.87x autograd's "
-       "peak on ResNet-18, 0.95x on ResNet-50 and 0.89-0.90x on the U-Net in float32), but the rows judge the "
-       "faster layout against the leanest autograd step, and speed misses by a few per cent: layout for layout "
-       "the bound step ran 0.94-1.00x autograd's speed in float32 on the ResNets and the U-Net, 0.96-1.01x under "
-       "AMP, and 0.86-1.02x on the ConvNeXt, EfficientNet and MobileNetV3 rows (small steps, 10-40 ms at 64²); "
-       "rows move by several per cent between runs on this shared machine (the run before, at d0057a8, read "
-       "0.95-1.00x, 0.92-0.98x and 0.90-0.98x). "
-       "Speed: in the same layout the bound step and autograd run the same convolution, normalisation, "
-       "activation, pool and upsample kernels. "
-       "Under AMP the bound step casts each convolution weight to bfloat16 twice a step (autocast's cast in the "
-       "forward, `_convolution_backward`'s in the backward) where autograd keeps the forward's copy. Casting "
-       "each weight once, as autograd does, was tried twice (2026-11-27 in the forward, 2026-11-28 in the "
-       "autograd.Function's forward, the copies handed to the backward): the step then makes 20 fewer copies on "
-       "ResNet-18 and its kernels take 3.4 ms less of a 27 ms step at 4 x 32² under the profiler, but timed in "
-       "three processes, each alternating the two modules and autograd, it ran 0.84x, 0.78x and 0.94x the "
-       "module without it in one step per round and 0.86x, 0.78x and 1.05x in runs of four (the 20 copies, "
-       "made together and held across the step, land on fresh pages under glibc's allocator); both one-off "
-       "comparisons with code that is not committed, so it is not built. Around the kernels (the table above) "
-       "the bound step runs 0.84-0.92x autograd's speed one step per round, and 0.86-0.93x in runs of five "
-       "(0.86-0.91x and 0.87-0.96x in the run before), "
-       "where each step follows its own as in a training loop: the gap is not only the caches the other "
-       "variants' steps evict. Timed piece by piece in runs of steps (a one-off script, not a committed "
-       "command) on ResNet-18 of width 8 at 2 x 32² in float32: the bound forward took 1.48 ms against "
-       "autograd's 1.67 (the guard about 120 us of it, the batch count 60 us, which autograd's BatchNorms pay "
-       "too) and the backward 2.59 ms against 2.19: its body alone, the same `convolution_backward`, "
-       "`native_batch_norm_backward` and `threshold_backward` calls autograd makes (151 aten calls against "
-       "160), took 2.34 ms, more than autograd's whole backward, engine and gradient accumulation included, "
-       "each kernel called from Python where autograd's engine calls it from C++; run alone on the same "
-       "arguments the 20 convolution backwards took as long as autograd's (1.63 against 1.68 ms), so what "
-       "differs is the Python between them and the state they find. A C++ or compiled backward node would "
-       "remove that Python; neither is built. The compiled bound model ran 1.08x compiled autograd's speed on "
-       "ResNet-18 at 112² (150.2 against 162.8 ms) and 0.92x on the U-Net (343.4 against 315.1 ms), with "
-       "1.03x and 1.00x its memory (61.8 against 60.2 MiB, 134.5 against 134.3); at d0057a8, when the saving "
-       "forward still made its masks while torch.compile traced it, 0.91x and 0.81x (since d81b528 it keeps the "
-       "ReLU output itself there: Inductor's partitioner decides what its graph keeps, and a mask is one more "
-       "value its graphs carry). Both compiled steps are slower than the eager ones on 2 cores "
-       "(`torch.compile`'s CPU convolutions are oneDNN's too). Memory: layout for layout the bound step keeps "
-       "0.79-0.95x autograd's peak in float32 for the ResNets and the U-Net (the stem's and the encoder's ReLU "
-       "outputs kept as a byte mask and a layout, the decoder's before an upsampling as a mask, the max pools' "
-       "argmax indices in int16: ResNet-18 at 8 x 224² 137.9 -> 128.7 MiB, the U-Net 165.8 -> 161.6, one-off "
-       "before and this run after) and 0.57-0.90x under AMP (bfloat16 values where autograd's casts keep "
-       "float32 copies); where a ResNet or U-Net row misses on memory, its faster layout, channels_last, is set "
-       "against autograd's leaner default layout (ResNet-18 at 112²: 36.9 against 36.8 MiB), whose kernels keep "
-       "more scratch outside the tensors (the peak of autograd's step's tensors, counted by a dispatch mode on "
-       "ResNet-18 at 8 x 112², is 51.0 MiB in both layouts; a one-off count), or against `torch.compile`, the "
-       "leanest step for the U-Net and the zoo networks (it recomputes batch norms and activations in its "
-       "backward: 134.3 MiB against eager's 163.3 in channels_last for the U-Net, 3.4 against eager's 6.4 for "
-       "ConvNeXt). Against eager autograd in the same layout ConvNeXt's bound step keeps 0.47-0.95x, "
-       "EfficientNet's 0.75-0.85x and MobileNetV3's 0.76-0.87x (cheap activations computed again in the "
-       "backward).")
-WHY_CUDA = ("*Why the targets are missed on this GPU.* Run of 2026-11-27 on an H100 lease (torch 2.11.0+cu130), "
-            "at commit ba662f5 with this run's benchmark changes (the bound step's CUDA graphs in both layouts, their "
-            "memory measured over a capture); the compiled bound model in `compiled run 2` at fb0b435 (`compiled run "
-            "1` shows it failing on torch 2.11 before that fix). Fifteen minutes of device time held the rows above: "
-            "ResNet-18 at 32 × 112², ConvNeXt-T, EfficientNet-B0 and MobileNetV3 at 224² and the around-the-kernels "
-            "table were cut off by their time limits and are not measured on a GPU. Speed: as CUDA graphs "
-            "(`bind(..., cuda_graph=True)`) the bound step runs without its Python: 1.65x the best eager autograd "
-            "step on ResNet-18 at 32 × 224² (6.3 against 10.4 ms), 1.72x on ResNet-50 (17.6 against 30.2 ms), "
-            "2.41x and 2.67x under AMP, 3.4x on ResNet-18 at 32 × 64², and 1.00x on the U-Net at 8 × 256² (16.1 "
-            "against 16.0 ms: its kernels, not its host, bound it); against Inductor's CUDA graphs "
-            "(`torch.compile(mode=\"reduce-overhead\")`, the fairest peer: both replay a captured step) it is 0.98x "
-            "(6.7 against 6.6 ms channels_last, 1.01x against its default layout's 6.8 ms). Eager, layout for layout, "
-            "the bound step is 0.91-1.08x autograd's (its Python, a few hundred statements, costs about what "
-            "autograd's engine does at these sizes; the U-Net's default layout 1.29-1.41x, as the generated code runs "
-            "its convolutions in channels_last there). Memory: at the target sizes the eager bound step keeps "
-            "autograd's peak (0.99-1.00x "
-            "in float32 channels_last, 0.95-0.99x under AMP for the ResNets), but the fastest, graphed step needs "
-            "1.00-1.19x in float32 and 1.10-1.29x under AMP at the target sizes (3.2-4.8x at 32 × 64², where activations are "
-            "small): `torch.cuda.make_graphed_callables` keeps a static gradient buffer for every parameter, which "
-            "AccumulateGrad then copies into `.grad`, a static copy of each input, and the capture's own pool (about "
-            "one parameter copy plus the input: 43 + 18 MiB for ResNet-18). Inductor's graphs are not comparable "
-            "here (†: its pool is not counted by `max_memory_allocated` over a replay). The U-Net's AMP miss is "
-            "CUDA's autocast policy: bilinear upsampling runs in float32 and a concatenation promotes to its widest "
-            "input (`python -m benchmarks.autocast_policy`), so the convolutions after the concatenations read "
-            "float32 tensors, which the generated forward saves where autograd saves the convolution's bfloat16 "
-            "copy (1907 against 1623 MiB); the generated forward keeps that copy since this run (a value only a "
-            "convolution's backward reads, kept in the dtype the convolution ran in: `_saved_as_autocast_casts`), "
-            "not yet measured on a GPU. The compiled bound model ran 0.91x compiled "
-            "autograd (13.9 against 12.6 ms, 1.01x its memory), and both were slower than eager channels_last "
-            "autograd (10.4 ms).")
+WHY_CPU = (
+    "*Why the targets are missed on this CPU.* Run of 2026-11-29, 03:40-04:00, at commit 3b0f727 (a "
+    "max pool's argmax indices kept in int16, symgrad/kept.py; under AMP a product's input gradient cast "
+    "back to its input's dtype), the machine about 1.7x as slow as in the run before (eager autograd on "
+    "ResNet-18 at 8 x 112²: 140.6 ms against 79.6 at d0057a8), load below 1 but for the run's own processes: "
+    "one of sixteen rows meets the target (ResNet-50 under AMP in channels_last, 1.01x the speed and 0.86x "
+    "the memory). Memory meets it layout for layout everywhere (the bound step keeps 0.79-0.87x autograd's "
+    "peak on ResNet-18, 0.95x on ResNet-50 and 0.89-0.90x on the U-Net in float32), but the rows judge the "
+    "faster layout against the leanest autograd step, and speed misses by a few per cent: layout for layout "
+    "the bound step ran 0.94-1.00x autograd's speed in float32 on the ResNets and the U-Net, 0.96-1.01x under "
+    "AMP, and 0.86-1.02x on the ConvNeXt, EfficientNet and MobileNetV3 rows (small steps, 10-40 ms at 64²); "
+    "rows move by several per cent between runs on this shared machine (the run before, at d0057a8, read "
+    "0.95-1.00x, 0.92-0.98x and 0.90-0.98x). "
+    "Speed: in the same layout the bound step and autograd run the same convolution, normalisation, "
+    "activation, pool and upsample kernels. "
+    "Under AMP the bound step casts each convolution weight to bfloat16 twice a step (autocast's cast in the "
+    "forward, `_convolution_backward`'s in the backward) where autograd keeps the forward's copy. Casting "
+    "each weight once, as autograd does, was tried twice (2026-11-27 in the forward, 2026-11-28 in the "
+    "autograd.Function's forward, the copies handed to the backward): the step then makes 20 fewer copies on "
+    "ResNet-18 and its kernels take 3.4 ms less of a 27 ms step at 4 x 32² under the profiler, but timed in "
+    "three processes, each alternating the two modules and autograd, it ran 0.84x, 0.78x and 0.94x the "
+    "module without it in one step per round and 0.86x, 0.78x and 1.05x in runs of four (the 20 copies, "
+    "made together and held across the step, land on fresh pages under glibc's allocator); both one-off "
+    "comparisons with code that is not committed, so it is not built. Around the kernels (the table above) "
+    "the bound step runs 0.84-0.92x autograd's speed one step per round, and 0.86-0.93x in runs of five "
+    "(0.86-0.91x and 0.87-0.96x in the run before), "
+    "where each step follows its own as in a training loop: the gap is not only the caches the other "
+    "variants' steps evict. Timed piece by piece in runs of steps (a one-off script, not a committed "
+    "command) on ResNet-18 of width 8 at 2 x 32² in float32: the bound forward took 1.48 ms against "
+    "autograd's 1.67 (the guard about 120 us of it, the batch count 60 us, which autograd's BatchNorms pay "
+    "too) and the backward 2.59 ms against 2.19: its body alone, the same `convolution_backward`, "
+    "`native_batch_norm_backward` and `threshold_backward` calls autograd makes (151 aten calls against "
+    "160), took 2.34 ms, more than autograd's whole backward, engine and gradient accumulation included, "
+    "each kernel called from Python where autograd's engine calls it from C++; run alone on the same "
+    "arguments the 20 convolution backwards took as long as autograd's (1.63 against 1.68 ms), so what "
+    "differs is the Python between them and the state they find. A C++ or compiled backward node would "
+    "remove that Python; neither is built. The compiled bound model ran 1.08x compiled autograd's speed on "
+    "ResNet-18 at 112² (150.2 against 162.8 ms) and 0.92x on the U-Net (343.4 against 315.1 ms), with "
+    "1.03x and 1.00x its memory (61.8 against 60.2 MiB, 134.5 against 134.3); at d0057a8, when the saving "
+    "forward still made its masks while torch.compile traced it, 0.91x and 0.81x (since d81b528 it keeps the "
+    "ReLU output itself there: Inductor's partitioner decides what its graph keeps, and a mask is one more "
+    "value its graphs carry). Both compiled steps are slower than the eager ones on 2 cores "
+    "(`torch.compile`'s CPU convolutions are oneDNN's too). Memory: layout for layout the bound step keeps "
+    "0.79-0.95x autograd's peak in float32 for the ResNets and the U-Net (the stem's and the encoder's ReLU "
+    "outputs kept as a byte mask and a layout, the decoder's before an upsampling as a mask, the max pools' "
+    "argmax indices in int16: ResNet-18 at 8 x 224² 137.9 -> 128.7 MiB, the U-Net 165.8 -> 161.6, one-off "
+    "before and this run after) and 0.57-0.90x under AMP (bfloat16 values where autograd's casts keep "
+    "float32 copies); where a ResNet or U-Net row misses on memory, its faster layout, channels_last, is set "
+    "against autograd's leaner default layout (ResNet-18 at 112²: 36.9 against 36.8 MiB), whose kernels keep "
+    "more scratch outside the tensors (the peak of autograd's step's tensors, counted by a dispatch mode on "
+    "ResNet-18 at 8 x 112², is 51.0 MiB in both layouts; a one-off count), or against `torch.compile`, the "
+    "leanest step for the U-Net and the zoo networks (it recomputes batch norms and activations in its "
+    "backward: 134.3 MiB against eager's 163.3 in channels_last for the U-Net, 3.4 against eager's 6.4 for "
+    "ConvNeXt). Against eager autograd in the same layout ConvNeXt's bound step keeps 0.47-0.95x, "
+    "EfficientNet's 0.75-0.85x and MobileNetV3's 0.76-0.87x (cheap activations computed again in the "
+    "backward)."
+)
+WHY_CUDA = (
+    "*Why the targets are missed on this GPU.* Run of 2026-11-27 on an H100 lease (torch 2.11.0+cu130), "
+    "at commit ba662f5 with this run's benchmark changes (the bound step's CUDA graphs in both layouts, their "
+    "memory measured over a capture); the compiled bound model in `compiled run 2` at fb0b435 (`compiled run "
+    "1` shows it failing on torch 2.11 before that fix). Fifteen minutes of device time held the rows above: "
+    "ResNet-18 at 32 × 112², ConvNeXt-T, EfficientNet-B0 and MobileNetV3 at 224² and the around-the-kernels "
+    "table were cut off by their time limits and are not measured on a GPU. Speed: as CUDA graphs "
+    "(`bind(..., cuda_graph=True)`) the bound step runs without its Python: 1.65x the best eager autograd "
+    "step on ResNet-18 at 32 × 224² (6.3 against 10.4 ms), 1.72x on ResNet-50 (17.6 against 30.2 ms), "
+    "2.41x and 2.67x under AMP, 3.4x on ResNet-18 at 32 × 64², and 1.00x on the U-Net at 8 × 256² (16.1 "
+    "against 16.0 ms: its kernels, not its host, bound it); against Inductor's CUDA graphs "
+    '(`torch.compile(mode="reduce-overhead")`, the fairest peer: both replay a captured step) it is 0.98x '
+    "(6.7 against 6.6 ms channels_last, 1.01x against its default layout's 6.8 ms). Eager, layout for layout, "
+    "the bound step is 0.91-1.08x autograd's (its Python, a few hundred statements, costs about what "
+    "autograd's engine does at these sizes; the U-Net's default layout 1.29-1.41x, as the generated code runs "
+    "its convolutions in channels_last there). Memory: at the target sizes the eager bound step keeps "
+    "autograd's peak (0.99-1.00x "
+    "in float32 channels_last, 0.95-0.99x under AMP for the ResNets), but the fastest, graphed step needs "
+    "1.00-1.19x in float32 and 1.10-1.29x under AMP at the target sizes (3.2-4.8x at 32 × 64², where activations are "
+    "small): `torch.cuda.make_graphed_callables` keeps a static gradient buffer for every parameter, which "
+    "AccumulateGrad then copies into `.grad`, a static copy of each input, and the capture's own pool (about "
+    "one parameter copy plus the input: 43 + 18 MiB for ResNet-18). Inductor's graphs are not comparable "
+    "here (†: its pool is not counted by `max_memory_allocated` over a replay). The U-Net's AMP miss is "
+    "CUDA's autocast policy: bilinear upsampling runs in float32 and a concatenation promotes to its widest "
+    "input (`python -m benchmarks.autocast_policy`), so the convolutions after the concatenations read "
+    "float32 tensors, which the generated forward saves where autograd saves the convolution's bfloat16 "
+    "copy (1907 against 1623 MiB); the generated forward keeps that copy since this run (a value only a "
+    "convolution's backward reads, kept in the dtype the convolution ran in: `_saved_as_autocast_casts`), "
+    "not yet measured on a GPU. The compiled bound model ran 0.91x compiled "
+    "autograd (13.9 against 12.6 ms, 1.01x its memory), and both were slower than eager channels_last "
+    "autograd (10.4 ms)."
+)
 WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 """Each device's reasons for its misses, written from its own committed run."""
 
@@ -397,28 +493,38 @@ WHY = {"cpu": WHY_CPU, "cuda": WHY_CUDA}
 def render(saved: dict) -> str:
     device = saved.get("device", "cpu")
     networks = {row["network"] for row in saved["rows"]}
-    memory = ("each peak memory in a fresh process" if device == "cpu" else
-              "each peak memory from `torch.cuda.max_memory_allocated` over one step, after the timing; a step "
-              "bound with `cuda_graph=True` measured over its graphs' capture (warm-up, capture, first replay), "
-              "since a replay allocates nothing; † marks a peak that leaves out the memory held by "
-              "Inductor's CUDA graphs (not counted in the ratios); "
-              "`torch.backends.cudnn.benchmark` on for every variant, TF32 convolutions as PyTorch's default; "
-              f"`torch.compile` timed in the first {CUDA_COMPILED} networks' rows")
-    lines = [SECTIONS[device], "",
-             f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training"
-             f"{'' if device == 'cpu' else ' --device ' + device}` (medians of "
-             f"{saved['repeats']} round-robin repeats in one process; {memory}). The run "
-             "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: "
-             f"![training step](docs/images/training-{device}.png) (`--plot`).", "",
-             "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
-             "networks of `examples/train_resnet.py`" + "".join(
-                 f"; {name}: {text}" for name, text in NETWORKS.items() if name in networks) +
-             (", " if networks & set(NETWORKS) else " ") + "traced at a small size and run at the size shown; float32, and "
-             f"AMP (the forward under `torch.autocast(\"{device}\", dtype=torch.bfloat16)`). Ratios are against the "
-             "best autograd variant of the same precision (the fastest for speed, the leanest for memory): the "
-             "default layout, channels_last and, in float32, `torch.compile`.", "",
-             "| network | batch × image | variant | median ms | min ms | max ms | peak memory | speed vs best autograd "
-             "| memory vs best autograd |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    memory = (
+        "each peak memory in a fresh process"
+        if device == "cpu"
+        else "each peak memory from `torch.cuda.max_memory_allocated` over one step, after the timing; a step "
+        "bound with `cuda_graph=True` measured over its graphs' capture (warm-up, capture, first replay), "
+        "since a replay allocates nothing; † marks a peak that leaves out the memory held by "
+        "Inductor's CUDA graphs (not counted in the ratios); "
+        "`torch.backends.cudnn.benchmark` on for every variant, TF32 convolutions as PyTorch's default; "
+        f"`torch.compile` timed in the first {CUDA_COMPILED} networks' rows"
+    )
+    lines = [
+        SECTIONS[device],
+        "",
+        f"Machine: {saved['machine']}. Run on {saved['date']}; `python -m benchmarks.training"
+        f"{'' if device == 'cpu' else ' --device ' + device}` (medians of "
+        f"{saved['repeats']} round-robin repeats in one process; {memory}). The run "
+        "drawn, from ResNet-18 at 64² to 224² and to ResNet-50: "
+        f"![training step](docs/images/training-{device}.png) (`--plot`).",
+        "",
+        "One step = `zero_grad`, forward, backward, SGD step, train mode (BatchNorm statistics updated), "
+        "networks of `examples/train_resnet.py`"
+        + "".join(f"; {name}: {text}" for name, text in NETWORKS.items() if name in networks)
+        + (", " if networks & set(NETWORKS) else " ")
+        + "traced at a small size and run at the size shown; float32, and "
+        f'AMP (the forward under `torch.autocast("{device}", dtype=torch.bfloat16)`). Ratios are against the '
+        "best autograd variant of the same precision (the fastest for speed, the leanest for memory): the "
+        "default layout, channels_last and, in float32, `torch.compile`.",
+        "",
+        "| network | batch × image | variant | median ms | min ms | max ms | peak memory | speed vs best autograd "
+        "| memory vs best autograd |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     groups: dict[tuple, dict[str, dict]] = {}
     for row in saved["rows"]:
         groups.setdefault((row["network"], row["batch"], row["size"], row.get("tag", "")), {})[row["variant"]] = row
@@ -435,20 +541,31 @@ def render(saved: dict) -> str:
             leanest = min((row["peak_bytes"] for row in peers if not row.get("pool_uncounted")), default=float("nan"))
             for name, row in own.items():
                 mark = " †" if row.get("pool_uncounted") else ""
-                lines.append(f"| {network} | {batch} × {size}²{tag and f' ({tag})'} | {name} | {row['median'] * 1e3:.1f} | "
-                             f"{row['min'] * 1e3:.1f} | {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2 ** 20:.1f} MiB{mark} | "
-                             f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |")
+                lines.append(
+                    f"| {network} | {batch} × {size}²{tag and f' ({tag})'} | {name} | {row['median'] * 1e3:.1f} | "
+                    f"{row['min'] * 1e3:.1f} | {row['max'] * 1e3:.1f} | {row['peak_bytes'] / 2**20:.1f} MiB{mark} | "
+                    f"{fastest / row['median']:.2f}× | {row['peak_bytes'] / leanest:.2f}× |"
+                )
             if ours_names:  # symgrad in its best layout, as autograd is
                 best = min(ours_names, key=lambda name: own[name]["median"])
                 ours = own[best]
                 speed, memory = fastest / ours["median"], ours["peak_bytes"] / leanest
                 met = speed >= 1.0 and memory <= 1.0
-                verdicts.append(f"| {network} {batch} × {size}²{tag and f' ({tag})'}, {'AMP' if amp else 'float32'} | "
-                                f"{best} | {speed:.2f}× | "
-                                f"{memory:.2f}× | {'met' if met else 'missed'} |")
-    lines += ["", "Target: the bound explicit step, in its faster layout, ≥1.0× the best autograd step's speed and "
-              "≤1.0× its memory.", "",
-              "| row | faster bound step | speed | memory | verdict |", "|---|---|---:|---:|---|", *verdicts, ""]
+                verdicts.append(
+                    f"| {network} {batch} × {size}²{tag and f' ({tag})'}, {'AMP' if amp else 'float32'} | "
+                    f"{best} | {speed:.2f}× | "
+                    f"{memory:.2f}× | {'met' if met else 'missed'} |"
+                )
+    lines += [
+        "",
+        "Target: the bound explicit step, in its faster layout, ≥1.0× the best autograd step's speed and "
+        "≤1.0× its memory.",
+        "",
+        "| row | faster bound step | speed | memory | verdict |",
+        "|---|---|---:|---:|---|",
+        *verdicts,
+        "",
+    ]
     if saved.get("failures"):
         lines += ["Variants that raised (not timed):", "", *(f"- {line}" for line in saved["failures"]), ""]
     if saved.get("overhead"):
@@ -474,7 +591,7 @@ def plot(saved: dict, path: Path) -> None:
     for index, name in enumerate(names):
         positions = [position + (index - (len(names) - 1) / 2) * width for position in range(len(rows))]
         found = [by_key.get((*row, name)) for row in rows]
-        for axis, value in ((axes[0], lambda r: r["median"] * 1e3), (axes[1], lambda r: r["peak_bytes"] / 2 ** 20)):
+        for axis, value in ((axes[0], lambda r: r["median"] * 1e3), (axes[1], lambda r: r["peak_bytes"] / 2**20)):
             axis.bar([p for p, r in zip(positions, found) if r], [value(r) for r in found if r], width, label=name)
     for axis, label in ((axes[0], "median ms per step (log)"), (axes[1], "peak memory, MiB (log)")):
         axis.set_xticks(range(len(rows)), [f"{network}\n{batch} × {size}²" for network, batch, size in rows])
@@ -504,8 +621,12 @@ def quick_rows_command(argv, doc: str, slug: str, section: str, measure, render,
     if args.rows:
         saved = json.loads(Path(args.rows).read_text())
     else:
-        saved = {"machine": machine_description("cpu"), "date": datetime.date.today().isoformat(),
-                 "rounds": args.rounds, "rows": []}
+        saved = {
+            "machine": machine_description("cpu"),
+            "date": datetime.date.today().isoformat(),
+            "rounds": args.rounds,
+            "rows": [],
+        }
         for row in QUICK_ROWS:
             if args.networks and row[0] not in args.networks:
                 continue
@@ -524,9 +645,12 @@ def merged(runs: list[dict]) -> dict:
     if len({run.get("device", "cpu") for run in runs}) > 1:
         raise SystemExit("error: the runs are of more than one device (fix: render one device's runs at a time)")
     overheads = [run["overhead"] for run in runs if run.get("overhead")]
-    return {**runs[0], "rows": [row for run in runs for row in run["rows"]],
-            "failures": [line for run in runs for line in run.get("failures", [])],
-            "overhead": overheads[-1] if overheads else []}
+    return {
+        **runs[0],
+        "rows": [row for run in runs for row in run["rows"]],
+        "failures": [line for run in runs for line in run.get("failures", [])],
+        "overhead": overheads[-1] if overheads else [],
+    }
 
 
 def main(argv=None) -> int:
@@ -535,17 +659,33 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny networks and sizes, 3 repeats: a smoke run")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--output", default="out/BENCHMARKS-training.md")
-    parser.add_argument("--json", help="where the measurements are saved, after each row (default "
-                        "out/training-DEVICE.json; benchmarks/results/training-DEVICE.json is the committed run)")
-    parser.add_argument("--rows", nargs="+", help="render again from these saved JSON files (runs of one "
-                        "session, merged: rows, failures, the last around-the-kernels table), without measuring")
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS + CUDA_VARIANTS),
-                        choices=VARIANTS + CUDA_VARIANTS, metavar="VARIANT",
-                        help="the variants to time (default: all: " + "; ".join(VARIANTS + CUDA_VARIANTS) + ")")
+    parser.add_argument(
+        "--json",
+        help="where the measurements are saved, after each row (default "
+        "out/training-DEVICE.json; benchmarks/results/training-DEVICE.json is the committed run)",
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        help="render again from these saved JSON files (runs of one "
+        "session, merged: rows, failures, the last around-the-kernels table), without measuring",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=list(VARIANTS + CUDA_VARIANTS),
+        choices=VARIANTS + CUDA_VARIANTS,
+        metavar="VARIANT",
+        help="the variants to time (default: all: " + "; ".join(VARIANTS + CUDA_VARIANTS) + ")",
+    )
     parser.add_argument("--networks", nargs="*", help="time these networks' rows alone (default: every row)")
     parser.add_argument("--limit", type=int, help="time the first LIMIT rows alone (after --networks)")
-    parser.add_argument("--tag", default="", help="a label for this run's rows, rendered beside their size "
-                        "(rows of a separate run, such as the compiled one, kept apart when merged)")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="a label for this run's rows, rendered beside their size "
+        "(rows of a separate run, such as the compiled one, kept apart when merged)",
+    )
     parser.add_argument("--skip-overhead", action="store_true", help="leave out the around-the-kernels table")
     parser.add_argument("--overhead-only", action="store_true", help="the around-the-kernels table alone, no rows")
     parser.add_argument("--plot", help="also draw the run as a PNG here (matplotlib)")
@@ -565,29 +705,43 @@ def main(argv=None) -> int:
         if args.device == "cuda":
             torch.backends.cudnn.benchmark = True  # autograd's best configuration for fixed sizes, for every variant
         repeats = 3 if args.quick else args.repeats
-        saved = {"machine": machine_description(args.device), "device": args.device,
-                 "date": datetime.date.today().isoformat(), "repeats": repeats, "rows": [], "overhead": []}
+        saved = {
+            "machine": machine_description(args.device),
+            "device": args.device,
+            "date": datetime.date.today().isoformat(),
+            "repeats": repeats,
+            "rows": [],
+            "overhead": [],
+        }
         path = Path(args.json or f"out/training-{args.device}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         table = QUICK_ROWS if args.quick else CUDA_ROWS if args.device == "cuda" else ROWS
-        table = [row for row in table if not args.networks or row[0] in args.networks][:args.limit]
+        table = [row for row in table if not args.networks or row[0] in args.networks][: args.limit]
         table = [] if args.overhead_only else table
         variants = [name for name in args.variants if name not in CUDA_VARIANTS or args.device == "cuda"]
         for index, row in enumerate(table):
             compiled = row in COMPILED_ROWS if args.device == "cpu" else index < CUDA_COMPILED
-            names = [name for name in variants if (name not in COMPILED or compiled) and
-                     ("torch.compile" not in name or args.device == "cpu" or compiled)]
-            results = [{**result, **({"tag": args.tag} if args.tag else {})}
-                       for result in measure_row(row, repeats, names, args.device)]
+            names = [
+                name
+                for name in variants
+                if (name not in COMPILED or compiled)
+                and ("torch.compile" not in name or args.device == "cpu" or compiled)
+            ]
+            results = [
+                {**result, **({"tag": args.tag} if args.tag else {})}
+                for result in measure_row(row, repeats, names, args.device)
+            ]
             for result in results:
-                print(f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
-                      f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2 ** 20:7.1f} MiB", flush=True)
+                print(
+                    f"{result['network']:9s} {result['batch']}x{result['size']:<4d} {result['variant']:24s} "
+                    f"median {result['median'] * 1e3:8.1f} ms  peak {result['peak_bytes'] / 2**20:7.1f} MiB",
+                    flush=True,
+                )
             saved["rows"] += results
             saved["failures"] = [line + (f" ({args.tag})" if args.tag else "") for line in FAILURES]
             path.write_text(json.dumps(saved, indent=1))  # a run cut short keeps the rows it measured
         if not args.skip_overhead:
-            saved["overhead"] = measure_overhead(3 if args.quick else max(args.repeats, 21), variants,
-                                                 args.device)
+            saved["overhead"] = measure_overhead(3 if args.quick else max(args.repeats, 21), variants, args.device)
         path.write_text(json.dumps(saved, indent=1))
     write_section(output, render(saved), SECTIONS[saved.get("device", "cpu")])
     if args.plot:

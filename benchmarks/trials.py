@@ -29,16 +29,23 @@ from .measure import peak_growth_bytes, timings
 
 def grouped_forward_conv(x, grad, kernel, padding):
     """Before: x as [C, N, H, W] correlated with grad as an [N*O, 1, H, W] kernel, groups = N."""
-    return F.conv2d(x.transpose(0, 1), grad.flatten(0, 1).unsqueeze(1), padding=padding,
-                    groups=x.shape[0]).unflatten(1, (x.shape[0], -1)).permute(1, 2, 0, 3, 4)
+    return (
+        F.conv2d(x.transpose(0, 1), grad.flatten(0, 1).unsqueeze(1), padding=padding, groups=x.shape[0])
+        .unflatten(1, (x.shape[0], -1))
+        .permute(1, 2, 0, 3, 4)
+    )
 
 
 def weight_gradient_kernel(x, grad, kernel, padding):
     """Now: conv2d_weight of x as [1, N*C, H, W] and grad as [1, N*O, H, W], groups = N."""
     batch, channels, outputs = x.shape[0], x.shape[1], grad.shape[1]
-    return torch.nn.grad.conv2d_weight(x.flatten(0, 1).unsqueeze(0), (batch * outputs, channels, kernel, kernel),
-                                       grad.flatten(0, 1).unsqueeze(0), padding=padding,
-                                       groups=batch).unflatten(0, (batch, outputs))
+    return torch.nn.grad.conv2d_weight(
+        x.flatten(0, 1).unsqueeze(0),
+        (batch * outputs, channels, kernel, kernel),
+        grad.flatten(0, 1).unsqueeze(0),
+        padding=padding,
+        groups=batch,
+    ).unflatten(0, (batch, outputs))
 
 
 def unfold_bmm(x, grad, kernel, padding):
@@ -47,8 +54,11 @@ def unfold_bmm(x, grad, kernel, padding):
     return torch.bmm(grad.flatten(2), patches).unflatten(2, (x.shape[1], kernel, kernel))
 
 
-FORMS = {"grouped forward conv (before)": grouped_forward_conv, "weight-gradient kernel, groups = N (now)":
-         weight_gradient_kernel, "unfold + bmm": unfold_bmm}
+FORMS = {
+    "grouped forward conv (before)": grouped_forward_conv,
+    "weight-gradient kernel, groups = N (now)": weight_gradient_kernel,
+    "unfold + bmm": unfold_bmm,
+}
 
 
 def median_ms(function, device: str, repeats: int) -> float:
@@ -65,8 +75,12 @@ def check_forms(device: str) -> None:
     for channels, outputs in ((3, 5), (4, 1)):
         x = torch.randn(3, channels, 9, 7, dtype=torch.float64, generator=generator).to(device)
         grad = torch.randn(3, outputs, 9, 7, dtype=torch.float64, generator=generator).to(device)
-        reference = torch.stack([torch.nn.grad.conv2d_weight(x[n:n + 1], (outputs, channels, 3, 3), grad[n:n + 1],
-                                                             padding=1) for n in range(3)])
+        reference = torch.stack(
+            [
+                torch.nn.grad.conv2d_weight(x[n : n + 1], (outputs, channels, 3, 3), grad[n : n + 1], padding=1)
+                for n in range(3)
+            ]
+        )
         for name, form in FORMS.items():
             error = (form(x, grad, 3, 1) - reference).abs().max().item()
             if error > 1e-10:
@@ -86,8 +100,11 @@ def per_sample_forms(device: str) -> None:
                 if device == "cpu" and batch > 32 and name == "unfold + bmm":
                     continue  # over a second a call on a small CPU, and already the slowest at batch 32
                 call = lambda form=form: form(x, grad, 3, 1)  # noqa: E731
-                print(f"| {channels} -> {outputs} | {batch} | {name} | {median_ms(call, device, repeats):.3f} | "
-                      f"{peak_mib(call, device)} |", flush=True)
+                print(
+                    f"| {channels} -> {outputs} | {batch} | {name} | {median_ms(call, device, repeats):.3f} | "
+                    f"{peak_mib(call, device)} |",
+                    flush=True,
+                )
 
 
 def default_layout_code(seed: str) -> str:
@@ -108,19 +125,26 @@ def layouts(device: str) -> None:
         committed = load_generated(SEEDS[seed])
         default = module_from_source(default_layout_code(seed), f"{SEEDS[seed]}_default_layout")
         generator = torch.Generator().manual_seed(0)
-        inputs = {name: torch.randn(shape, generator=generator).to(device)
-                  for name, shape in seed_shapes(seed, "full").items()}
+        inputs = {
+            name: torch.randn(shape, generator=generator).to(device)
+            for name, shape in seed_shapes(seed, "full").items()
+        }
         wrt = seed_wrt(seed)
         leaves = {name: value.clone().requires_grad_(name in wrt) for name, value in inputs.items()}
 
         def autograd(committed=committed, leaves=leaves, wrt=wrt):
             loss = committed.forward(**leaves)
             return torch.autograd.grad(loss, [leaves[name] for name in wrt], torch.ones_like(loss))
-        for label, function in (("gradients, channels_last weights (committed)", lambda: committed.gradients(**inputs)),
-                                ("gradients, default layout", lambda: default.gradients(**inputs)),
-                                ("torch.autograd.grad", autograd)):
-            print(f"| {seed} | {label} | {median_ms(function, device, repeats):.3f} | {peak_mib(function, device)} |",
-                  flush=True)
+
+        for label, function in (
+            ("gradients, channels_last weights (committed)", lambda: committed.gradients(**inputs)),
+            ("gradients, default layout", lambda: default.gradients(**inputs)),
+            ("torch.autograd.grad", autograd),
+        ):
+            print(
+                f"| {seed} | {label} | {median_ms(function, device, repeats):.3f} | {peak_mib(function, device)} |",
+                flush=True,
+            )
 
 
 def main(argv: list[str]) -> int:

@@ -45,24 +45,45 @@ class Pixels(Logits):
 
 def _gpt2():
     import transformers
-    config = transformers.GPT2Config(vocab_size=1000, n_positions=32, n_embd=16, n_layer=2, n_head=2,
-                                     attn_implementation="sdpa")
+
+    config = transformers.GPT2Config(
+        vocab_size=1000, n_positions=32, n_embd=16, n_layer=2, n_head=2, attn_implementation="sdpa"
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
 def _bert():
     import transformers
-    config = transformers.BertConfig(vocab_size=1000, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=32, num_labels=3,
-                                     attn_implementation="sdpa")
+
+    config = transformers.BertConfig(
+        vocab_size=1000,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        num_labels=3,
+        attn_implementation="sdpa",
+    )
     return transformers.BertForSequenceClassification(config)
 
 
 def _vit():
     import transformers
-    config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=2,
-                                    num_attention_heads=2, intermediate_size=32, num_labels=5, hidden_dropout_prob=0.1,
-                                    attention_probs_dropout_prob=0.1, attn_implementation="sdpa")
+
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=5,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        attn_implementation="sdpa",
+    )
     return transformers.ViTForImageClassification(config)
 
 
@@ -71,16 +92,29 @@ def _ids(shape):
 
 
 CASES = {  # label -> (build, traced shapes, dtypes, the checked inputs from a generator)
-    "gpt2 (use_cache=False)": (lambda: Logits(_gpt2(), use_cache=False), {"input_ids": (2, 5)}, {"input_ids": "int64"},
-                               _ids((3, 7))),
+    "gpt2 (use_cache=False)": (
+        lambda: Logits(_gpt2(), use_cache=False),
+        {"input_ids": (2, 5)},
+        {"input_ids": "int64"},
+        _ids((3, 7)),
+    ),
     "gpt2 (as called)": (lambda: Logits(_gpt2()), {"input_ids": (2, 5)}, {"input_ids": "int64"}, _ids((3, 7))),
-    "bert (token_type_ids passed)": (lambda: WithTypes(_bert()), {"input_ids": (2, 5), "token_type_ids": (2, 5)},
-                                     {"input_ids": "int64", "token_type_ids": "int64"},
-                                     lambda g: {"input_ids": torch.randint(0, 1000, (3, 7), generator=g),
-                                                "token_type_ids": torch.randint(0, 2, (3, 7), generator=g)}),
+    "bert (token_type_ids passed)": (
+        lambda: WithTypes(_bert()),
+        {"input_ids": (2, 5), "token_type_ids": (2, 5)},
+        {"input_ids": "int64", "token_type_ids": "int64"},
+        lambda g: {
+            "input_ids": torch.randint(0, 1000, (3, 7), generator=g),
+            "token_type_ids": torch.randint(0, 2, (3, 7), generator=g),
+        },
+    ),
     "bert (input_ids alone)": (lambda: Logits(_bert()), {"input_ids": (2, 5)}, {"input_ids": "int64"}, _ids((3, 7))),
-    "vit": (lambda: Pixels(_vit()), {"pixel_values": (2, 3, 16, 16)}, {},
-            lambda g: {"pixel_values": torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64)}),
+    "vit": (
+        lambda: Pixels(_vit()),
+        {"pixel_values": (2, 3, 16, 16)},
+        {},
+        lambda g: {"pixel_values": torch.randn(3, 3, 16, 16, generator=g, dtype=torch.float64)},
+    ),
 }
 
 
@@ -102,16 +136,37 @@ except ImportError:  # the upstream check is not in this tree
     MODELS: dict = {}
 else:
     MODELS = {  # joins benchmarks.upstream_check: SYMGRAD_UPSTREAM_MODELS=benchmarks.upstream_transformers
-        "transformers gpt2": Model("transformers", _flat_gpt2, {"input_ids": (2, 5)}, {"input_ids": (3, 7)},
-                                   dtypes={"input_ids": "int64"}, stub=False),
-        "transformers bert": Model("transformers", _bert_any_types, {"input_ids": (2, 5), "token_type_ids": (2, 5)},
-                                   {"input_ids": (3, 7), "token_type_ids": (3, 7)},
-                                   dtypes={"input_ids": "int64", "token_type_ids": "int64"}, stub=False),
-        "transformers bert (input_ids alone)": Model("transformers", lambda: Logits(_bert()), {"input_ids": (2, 5)},
-                                                     {"input_ids": (3, 7)}, dtypes={"input_ids": "int64"},
-                                                     stub=False),
-        "transformers vit": Model("transformers", lambda: Pixels(_vit()), {"pixel_values": (2, 3, 16, 16)},
-                                  {"pixel_values": (3, 3, 16, 16)}, stub=False),
+        "transformers gpt2": Model(
+            "transformers",
+            _flat_gpt2,
+            {"input_ids": (2, 5)},
+            {"input_ids": (3, 7)},
+            dtypes={"input_ids": "int64"},
+            stub=False,
+        ),
+        "transformers bert": Model(
+            "transformers",
+            _bert_any_types,
+            {"input_ids": (2, 5), "token_type_ids": (2, 5)},
+            {"input_ids": (3, 7), "token_type_ids": (3, 7)},
+            dtypes={"input_ids": "int64", "token_type_ids": "int64"},
+            stub=False,
+        ),
+        "transformers bert (input_ids alone)": Model(
+            "transformers",
+            lambda: Logits(_bert()),
+            {"input_ids": (2, 5)},
+            {"input_ids": (3, 7)},
+            dtypes={"input_ids": "int64"},
+            stub=False,
+        ),
+        "transformers vit": Model(
+            "transformers",
+            lambda: Pixels(_vit()),
+            {"pixel_values": (2, 3, 16, 16)},
+            {"pixel_values": (3, 3, 16, 16)},
+            stub=False,
+        ),
     }
 
 
@@ -164,7 +219,7 @@ def check(label: str) -> str:
         with torch.no_grad():
             evaluated = (bound(**inputs) - reference(**inputs)).abs().max().item()
     dropout = train_text.count("op: dropout")
-    return (f"| {label} | {dropout} | {worst_loss:.1e} | {parameters:.1e} | {evaluated:.1e} | {traced:.1f} s |")
+    return f"| {label} | {dropout} | {worst_loss:.1e} | {parameters:.1e} | {evaluated:.1e} | {traced:.1f} s |"
 
 
 def main(argv=None) -> int:

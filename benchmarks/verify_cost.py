@@ -32,8 +32,12 @@ class Block(nn.Module):
 
     def forward(self, x):
         batch, tokens, width = x.shape
-        q, k, v = self.qkv(self.norm1(x)).reshape(batch, tokens, 3, self.heads, width // self.heads).permute(
-            2, 0, 3, 1, 4).unbind(0)
+        q, k, v = (
+            self.qkv(self.norm1(x))
+            .reshape(batch, tokens, 3, self.heads, width // self.heads)
+            .permute(2, 0, 3, 1, 4)
+            .unbind(0)
+        )
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, tokens, width))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
@@ -74,11 +78,14 @@ def measure(label: str, model: nn.Module, shape: tuple, repeats: int = 3) -> str
         started = time.perf_counter()
         F.cross_entropy(fast(x), labels).backward()
         steps.append(time.perf_counter() - started)
-    small = ", ".join(f"{key} {list(shape)}" for key, (shape, _) in (getattr(fast.generated, "SMALL_INPUTS", None)
-                                                                     or {}).items())
-    return (f"{label}: bind {times[False] * 1e3:.0f} ms, bind(verify=True) {times[True] * 1e3:.0f} ms (the check "
-            f"{(times[True] - times[False]) * 1e3:.0f} ms, at {small}); a float32 step at {list(shape)}: "
-            f"{statistics.median(steps) * 1e3:.0f} ms")
+    small = ", ".join(
+        f"{key} {list(shape)}" for key, (shape, _) in (getattr(fast.generated, "SMALL_INPUTS", None) or {}).items()
+    )
+    return (
+        f"{label}: bind {times[False] * 1e3:.0f} ms, bind(verify=True) {times[True] * 1e3:.0f} ms (the check "
+        f"{(times[True] - times[False]) * 1e3:.0f} ms, at {small}); a float32 step at {list(shape)}: "
+        f"{statistics.median(steps) * 1e3:.0f} ms"
+    )
 
 
 def main() -> None:

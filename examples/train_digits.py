@@ -41,8 +41,9 @@ class ResidualBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.shortcut = nn.Identity()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
 
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
@@ -53,8 +54,9 @@ class ResidualBlock(nn.Module):
 class DigitsNet(nn.Module):
     def __init__(self, width=16, classes=10, dropout=0.2):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
-                                  nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        )
         self.block1 = ResidualBlock(width, width)
         self.block2 = ResidualBlock(width, 2 * width, stride=2)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -115,15 +117,17 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         fast = bound_copy(model, Path(folder))
         runs = {"symgrad": (fast, model), "autograd": (reference, reference)}
-        optimizers = {name: torch.optim.SGD(trained.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
-                      for name, (_, trained) in runs.items()}
+        optimizers = {
+            name: torch.optim.SGD(trained.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+            for name, (_, trained) in runs.items()
+        }
         curves = {name: [] for name in runs}
         accuracies = {name: [] for name in runs}
         step = 0
         for epoch in range(args.epochs):
             order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(epoch + 1))
-            for start in range(0, len(order), args.batch)[:args.steps]:
-                batch = order[start:start + args.batch]
+            for start in range(0, len(order), args.batch)[: args.steps]:
+                batch = order[start : start + args.batch]
                 for name, (runner, trained) in runs.items():
                     trained.train()
                     torch.manual_seed(1000 + step)  # the same dropout masks for both
@@ -136,12 +140,16 @@ def main(argv=None) -> int:
                 step += 1
             for name, (runner, _) in runs.items():
                 accuracies[name].append(accuracy(runner, test_x, test_y))
-            print(f"epoch {epoch + 1}: loss symgrad {curves['symgrad'][-1]:.6f} autograd {curves['autograd'][-1]:.6f}"
-                  f"  test accuracy symgrad {accuracies['symgrad'][-1]:.3f} autograd {accuracies['autograd'][-1]:.3f}")
+            print(
+                f"epoch {epoch + 1}: loss symgrad {curves['symgrad'][-1]:.6f} autograd {curves['autograd'][-1]:.6f}"
+                f"  test accuracy symgrad {accuracies['symgrad'][-1]:.3f} autograd {accuracies['autograd'][-1]:.3f}"
+            )
 
-    difference = max(((p - q).abs().max() / q.abs().max().clamp_min(1e-30)).item()
-                     for p, q in zip(model.state_dict().values(), reference.state_dict().values())
-                     if p.is_floating_point())
+    difference = max(
+        ((p - q).abs().max() / q.abs().max().clamp_min(1e-30)).item()
+        for p, q in zip(model.state_dict().values(), reference.state_dict().values())
+        if p.is_floating_point()
+    )
     curve_difference = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(curves["symgrad"], curves["autograd"]))
     print(f"largest relative difference: parameters and buffers {difference:.2e}, loss curve {curve_difference:.2e}")
     print(f"test accuracy: symgrad {accuracies['symgrad'][-1]:.3f}, autograd {accuracies['autograd'][-1]:.3f}")

@@ -101,8 +101,10 @@ class ResNet(nn.Module):
     def _make_layer(self, block, planes, blocks, stride=1):
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(planes * block.expansion))
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(planes * block.expansion),
+            )
         layers = [block(self.inplanes, planes, stride, downsample)]
         self.inplanes = planes * block.expansion
         for _ in range(1, blocks):
@@ -125,9 +127,14 @@ def ResNet50(width=64, num_classes=10):
 
 class DoubleConv(nn.Sequential):
     def __init__(self, in_channels, out_channels):
-        super().__init__(nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels),
-                         nn.ReLU(inplace=True), nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+        )
 
 
 class UNet(nn.Module):
@@ -155,8 +162,9 @@ class UNet(nn.Module):
 def generated_module(model: nn.Module, name: str, shapes: dict, loss: LossChoice, folder: Path):
     """Trace ``model`` (in train mode), generate its gradient module into ``folder`` and import it."""
     # a training step needs the parameters' gradients only: none of the input is computed
-    built = build_text(trace(model, shapes, wrt="parameters", name=name, loss=loss, mode="train"), f"{name}.yaml",
-                       documents=False)  # the module alone: the derivation's pages are for reading
+    built = build_text(
+        trace(model, shapes, wrt="parameters", name=name, loss=loss, mode="train"), f"{name}.yaml", documents=False
+    )  # the module alone: the derivation's pages are for reading
     path = folder / f"{name}.py"
     path.write_text(built.rendered.files[f"{name}.py"])
     spec = importlib.util.spec_from_file_location(name, path)
@@ -192,8 +200,11 @@ def train(kind: str, args, folder: Path) -> tuple[list[float], list[float], floa
     if args.distributed:  # DDP averages the gradients of both, as it would without symgrad
         step = nn.parallel.DistributedDataParallel(step)
         plain = nn.parallel.DistributedDataParallel(reference)
-    autograd_step = (lambda x, labels: F.cross_entropy(plain(x), labels)) if kind == "resnet18" else \
-        (lambda x, target: F.mse_loss(plain(x), target))
+    autograd_step = (
+        (lambda x, labels: F.cross_entropy(plain(x), labels))
+        if kind == "resnet18"
+        else (lambda x, target: F.mse_loss(plain(x), target))
+    )
     optimizers = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9) for m in (model, reference)]
     scalers = [torch.amp.GradScaler(args.device, enabled=args.amp and args.device == "cuda") for _ in range(2)]
     curves: tuple[list[float], list[float]] = ([], [])
@@ -229,7 +240,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--amp", action="store_true", help="autocast: bfloat16 on the CPU, float16 (+ GradScaler) on CUDA")
+    parser.add_argument(
+        "--amp", action="store_true", help="autocast: bfloat16 on the CPU, float16 (+ GradScaler) on CUDA"
+    )
     parser.add_argument("--distributed", action="store_true", help="run under torchrun with DistributedDataParallel")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--plot", help="write the loss curves to this image file (needs matplotlib)")
@@ -248,10 +261,16 @@ def main(argv=None) -> int:
     for kind, (explicit, autograd, difference) in results.items():
         verdict = "" if tolerance is None else (" [ok]" if difference <= tolerance else f" [above {tolerance}]")
         # one write per model: under torchrun the ranks share stdout, and their lines must not interleave
-        sys.stdout.write(f"{kind}: loss with symgrad.bind  " + " ".join(f"{value:.6f}" for value in explicit) + "\n"
-                         + f"{kind}: loss with autograd      " + " ".join(f"{value:.6f}" for value in autograd) + "\n"
-                         + f"{kind}: largest relative difference of parameters and buffers after {args.steps} steps: "
-                         f"{difference:.2e}{verdict}\n")
+        sys.stdout.write(
+            f"{kind}: loss with symgrad.bind  "
+            + " ".join(f"{value:.6f}" for value in explicit)
+            + "\n"
+            + f"{kind}: loss with autograd      "
+            + " ".join(f"{value:.6f}" for value in autograd)
+            + "\n"
+            + f"{kind}: largest relative difference of parameters and buffers after {args.steps} steps: "
+            f"{difference:.2e}{verdict}\n"
+        )
         sys.stdout.flush()
         failed |= tolerance is not None and difference > tolerance
     if args.plot:

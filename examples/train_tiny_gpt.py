@@ -61,8 +61,9 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(n_embd)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout)
         self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
-                                 nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout)
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -104,8 +105,8 @@ def batch(data: torch.Tensor, size: int, length: int, separator: int, generator:
     """``size`` random windows of ``length`` characters and the characters that follow them; the character
     after a document's end is no target (``-1``, the loss's ignore_index)."""
     starts = torch.randint(0, len(data) - length - 1, (size,), generator=generator)
-    inputs = torch.stack([data[start:start + length] for start in starts])
-    targets = torch.stack([data[start + 1:start + length + 1] for start in starts])
+    inputs = torch.stack([data[start : start + length] for start in starts])
+    targets = torch.stack([data[start + 1 : start + length + 1] for start in starts])
     return inputs, targets.masked_fill(inputs == separator, -1)
 
 
@@ -120,7 +121,7 @@ def sample(model: nn.Module, prompt: torch.Tensor, count: int, block_size: int) 
             drawn = torch.multinomial(torch.softmax(logits[:, -1], -1), 1, generator=generator)
             idx = torch.cat([idx, drawn], dim=1)
     model.train()
-    return idx[:, prompt.shape[1]:]
+    return idx[:, prompt.shape[1] :]
 
 
 def main(argv=None) -> int:
@@ -140,8 +141,10 @@ def main(argv=None) -> int:
     data, characters, separator = corpus()
     frequencies = torch.bincount(data).double() / len(data)
     frequencies = frequencies[frequencies > 0]
-    print(f"text: docstrings of {', '.join(MODULES)}: {len(data)} characters, {len(characters)} distinct; "
-          f"the characters' frequencies alone score a loss of {-(frequencies * frequencies.log()).sum().item():.2f}")
+    print(
+        f"text: docstrings of {', '.join(MODULES)}: {len(data)} characters, {len(characters)} distinct; "
+        f"the characters' frequencies alone score a loss of {-(frequencies * frequencies.log()).sum().item():.2f}"
+    )
 
     torch.manual_seed(0)
     model = GPT(len(characters), args.block, args.layers, 2, args.embd, args.dropout).to(dtype)
@@ -149,8 +152,9 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         traced = max(2, min(8, args.block - 2))  # a length within the table of positions, at the second run's too
-        train_spec, eval_spec = symgrad.trace_modes(model, {"idx": (2, traced)}, wrt="parameters", name="tiny_gpt",
-                                                    dtypes={"idx": "int64"})
+        train_spec, eval_spec = symgrad.trace_modes(
+            model, {"idx": (2, traced)}, wrt="parameters", name="tiny_gpt", dtypes={"idx": "int64"}
+        )
         for text in (train_spec, eval_spec):
             symgrad.generate(text=text, label="tiny_gpt.yaml").write(folder)
         fast = symgrad.bind(Path(folder) / "tiny_gpt.py", model)
@@ -171,19 +175,27 @@ def main(argv=None) -> int:
                 optimizers[name].step()
                 curves[name].append(loss.item())
             if step % max(args.steps // 10, 1) == 0 or step == args.steps - 1:
-                print(f"step {step:4d}: loss symgrad {curves['symgrad'][-1]:.12f} autograd {curves['autograd'][-1]:.12f}")
+                print(
+                    f"step {step:4d}: loss symgrad {curves['symgrad'][-1]:.12f} autograd {curves['autograd'][-1]:.12f}"
+                )
         print(f"{args.steps} steps of both in {time.perf_counter() - started:.1f} s")
         prompt = data[:4].unsqueeze(0)
-        samples = {name: "".join(characters[i] for i in sample(runner, prompt, args.sample, args.block)[0].tolist())
-                   for name, (runner, _) in runs.items()}
+        samples = {
+            name: "".join(characters[i] for i in sample(runner, prompt, args.sample, args.block)[0].tolist())
+            for name, (runner, _) in runs.items()
+        }
     for name, text in samples.items():
         print(f"{name} writes: {text!r}")
-    difference = max(((p - q).abs().max() / q.abs().max().clamp_min(1e-30)).item()
-                     for p, q in zip(model.parameters(), reference.parameters()))
+    difference = max(
+        ((p - q).abs().max() / q.abs().max().clamp_min(1e-30)).item()
+        for p, q in zip(model.parameters(), reference.parameters())
+    )
     curve = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(curves["symgrad"], curves["autograd"]))
     ok = dtype != torch.float64 or max(difference, curve) <= 1e-10
-    print(f"largest relative difference: parameters {difference:.2e}, loss curve {curve:.2e} "
-          + ("[ok]" if ok else "[above 1e-10]"))
+    print(
+        f"largest relative difference: parameters {difference:.2e}, loss curve {curve:.2e} "
+        + ("[ok]" if ok else "[above 1e-10]")
+    )
     return 0 if ok else 1
 
 

@@ -67,9 +67,11 @@ class UnrolledDeblur(nn.Module):
         self.inner = inner
         self.log_eta = nn.Parameter(torch.full((steps,), -3.0, dtype=dtype))
         self.c1 = nn.ParameterList(
-            nn.Parameter(0.1 * torch.randn(channels, 1, 3, 3, generator=generator, dtype=dtype)) for _ in range(steps))
+            nn.Parameter(0.1 * torch.randn(channels, 1, 3, 3, generator=generator, dtype=dtype)) for _ in range(steps)
+        )
         self.c2 = nn.ParameterList(
-            nn.Parameter(0.1 * torch.randn(1, channels, 3, 3, generator=generator, dtype=dtype)) for _ in range(steps))
+            nn.Parameter(0.1 * torch.randn(1, channels, 3, 3, generator=generator, dtype=dtype)) for _ in range(steps)
+        )
 
     def forward(self, x0, k, y):
         gradient = data_gradient_explicit if self.inner == "explicit" else data_gradient_autograd
@@ -91,8 +93,15 @@ def synthetic_data(batch: int, dtype=torch.float64, seed: int = 1):
     return x0, k, y, x_true
 
 
-def train(inner: str, iterations: int, batch: int = 4, learning_rate: float = 5e-3, dtype=torch.float64,
-          distributed: bool = False, device: str = "cpu"):
+def train(
+    inner: str,
+    iterations: int,
+    batch: int = 4,
+    learning_rate: float = 5e-3,
+    dtype=torch.float64,
+    distributed: bool = False,
+    device: str = "cpu",
+):
     """Train one network; returns (loss per iteration, final parameters as a flat tensor)."""
     model = UnrolledDeblur(inner=inner, dtype=dtype).to(device)
     x0, k, y, x_true = (t.to(device) for t in synthetic_data(batch, dtype))
@@ -129,7 +138,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--plot", help="also plot the two loss curves to this PNG (needs `pip install 'symgrad[plot]'`)")
+    parser.add_argument(
+        "--plot", help="also plot the two loss curves to this PNG (needs `pip install 'symgrad[plot]'`)"
+    )
     parser.add_argument("--distributed", action="store_true", help="run under torchrun with DistributedDataParallel")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--device", default="cpu")
@@ -161,8 +172,16 @@ def main(argv=None) -> int:
         print(f"{index:9d}  {a:30.10f}  {b:22.10f}")
     print(f"final parameters, relative difference explicit vs nested autograd: {difference:.2e}")
     if args.result:
-        Path(args.result).write_text(json.dumps({"losses": explicit_losses, "parameters": explicit_parameters.tolist(),
-                                                 "autograd_losses": autograd_losses, "difference": difference}))
+        Path(args.result).write_text(
+            json.dumps(
+                {
+                    "losses": explicit_losses,
+                    "parameters": explicit_parameters.tolist(),
+                    "autograd_losses": autograd_losses,
+                    "difference": difference,
+                }
+            )
+        )
     if args.plot:
         import matplotlib
 

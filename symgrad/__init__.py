@@ -9,11 +9,32 @@ until a command or function needs them.
 
 __version__ = "0.1.0"
 
-__all__ = ["BindError", "Bound", "Generated", "SpecError", "Staleness", "SymgradError", "__version__", "bind", "check",
-           "generate", "trace", "trace_modes"]
+__all__ = [
+    "BindError",
+    "Bound",
+    "Generated",
+    "SpecError",
+    "Staleness",
+    "SymgradError",
+    "__version__",
+    "bind",
+    "check",
+    "generate",
+    "trace",
+    "trace_modes",
+]
 
-_LAZY = {"Generated": "api", "generate": "api", "SpecError": "errors", "SymgradError": "errors", "bind": "bound_model",
-         "Bound": "binding", "BindError": "binding", "trace_modes": "trace", "Staleness": "stale"}
+_LAZY = {
+    "Generated": "api",
+    "generate": "api",
+    "SpecError": "errors",
+    "SymgradError": "errors",
+    "bind": "bound_model",
+    "Bound": "binding",
+    "BindError": "binding",
+    "trace_modes": "trace",
+    "Staleness": "stale",
+}
 _CALLABLE_MODULES = ("trace", "check")
 """Submodules that are their function too (``symgrad.trace(model, shapes)``; ``symgrad/callable_module.py``)."""
 

@@ -83,8 +83,9 @@ class Params(sympy.Atom):
     def _hashable_content(self):
         # canonical strings: sympy sorts terms by comparing this, and symbolic sizes compared with
         # `<` would be relations, not booleans (two strided conv adjoints summed in one branch)
-        return tuple((key, sympy.srepr(value) if isinstance(value, sympy.Basic) else repr(value))
-                     for key, value in self._items)
+        return tuple(
+            (key, sympy.srepr(value) if isinstance(value, sympy.Basic) else repr(value)) for key, value in self._items
+        )
 
     def __getitem__(self, key: str) -> Any:
         return dict(self._items)[key]
@@ -174,8 +175,10 @@ class Primitive:
 
     def printed(self, operands: list[str], expressions) -> list[str]:
         """``operands`` (printed) with each shape operand read as a shape."""
-        return [shape_text(text, expression) if index in self.shape_operands else text
-                for index, (text, expression) in enumerate(zip(operands, expressions))]
+        return [
+            shape_text(text, expression) if index in self.shape_operands else text
+            for index, (text, expression) in enumerate(zip(operands, expressions))
+        ]
 
 
 AUTOCAST_SAVING = '''def _saved_as_autocast_casts(value):
@@ -202,15 +205,40 @@ CONSTANT = "constant"
 PRIMITIVES: dict[str, Primitive] = {}
 
 
-def primitive(name: str, *, code, latex, inplace=None, tangent=None, helper: str = "",
-              outputs: int | None = None, fresh: bool = False, shape_operands: tuple[int, ...] = (),
-              autocast_operands: tuple[int, ...] = (), recomputable: bool = False,
-              layout_operands: tuple[int, ...] = (), keeps_operands: bool = False) -> Primitive:
+def primitive(
+    name: str,
+    *,
+    code,
+    latex,
+    inplace=None,
+    tangent=None,
+    helper: str = "",
+    outputs: int | None = None,
+    fresh: bool = False,
+    shape_operands: tuple[int, ...] = (),
+    autocast_operands: tuple[int, ...] = (),
+    recomputable: bool = False,
+    layout_operands: tuple[int, ...] = (),
+    keeps_operands: bool = False,
+) -> Primitive:
     """Register the primitive ``name``; each name is defined once, beside the rule that uses it."""
     if name in PRIMITIVES:
         raise ValueError(f"primitive {name!r} is defined twice")
-    PRIMITIVES[name] = Primitive(name, code, latex, inplace, tangent, helper, outputs, fresh, shape_operands,
-                                 layout_operands, autocast_operands, keeps_operands, recomputable)
+    PRIMITIVES[name] = Primitive(
+        name,
+        code,
+        latex,
+        inplace,
+        tangent,
+        helper,
+        outputs,
+        fresh,
+        shape_operands,
+        layout_operands,
+        autocast_operands,
+        keeps_operands,
+        recomputable,
+    )
     return PRIMITIVES[name]
 
 

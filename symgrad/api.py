@@ -64,8 +64,10 @@ class Generated:
 
     def __repr__(self) -> str:
         graph = self.built.graph
-        return (f"<symgrad.Generated {self.name!r}: gradients of {', '.join(graph.wrt)} in "
-                f"{len(self.built.rendered.summary)} backward statements; files {', '.join(self.files)}>")
+        return (
+            f"<symgrad.Generated {self.name!r}: gradients of {', '.join(graph.wrt)} in "
+            f"{len(self.built.rendered.summary)} backward statements; files {', '.join(self.files)}>"
+        )
 
     def _repr_markdown_(self) -> str:
         return self.markdown.split("-->\n", 1)[-1]
@@ -74,8 +76,14 @@ class Generated:
         return f"$${self.latex}$$"
 
 
-def generate(spec: str | Path | None = None, *, text: str | None = None, label: str | None = None,
-             recompute: bool = True, keep: str | None = None) -> Generated:
+def generate(
+    spec: str | Path | None = None,
+    *,
+    text: str | None = None,
+    label: str | None = None,
+    recompute: bool = True,
+    keep: str | None = None,
+) -> Generated:
     """Derive the gradients of a spec file (``spec``) or of spec ``text``; raises ``SpecError`` on bad input.
     ``keep`` (``symgrad generate --keep``): what the forward keeps for the backward. ``"all"`` (the
     default): every value the backward reads, but a ReLU output only its pullback reads as a byte

@@ -91,25 +91,35 @@ class Guard:
         """Each input's shape where the spec was traced with static sizes: any other is refused at each call."""
         """Module constants, functions called by name, class attributes read: checked at each call."""
         # kept.kept_as_layouts's stand-ins, made in the saving forwards: CPU and CUDA kernels only (_check_devices)
-        self._keeps_layouts = any("meta" in value.__code__.co_consts for name, value in vars(generated).items()
-                                  if inspect.isfunction(value) and name.endswith(("_forward_saving", "_forward")))
+        self._keeps_layouts = any(
+            "meta" in value.__code__.co_consts
+            for name, value in vars(generated).items()
+            if inspect.isfunction(value) and name.endswith(("_forward_saving", "_forward"))
+        )
         arguments = list(inspect.signature(generated.forward).parameters) if hasattr(generated, "forward") else []
         if "params" not in arguments or not hasattr(generated, self._ENTRY):
-            raise BindError(f"{name_of(generated)} was not generated from a traced model (it takes no `params`) "
-                            "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)")
+            raise BindError(
+                f"{name_of(generated)} was not generated from a traced model (it takes no `params`) "
+                "(fix: symgrad trace FILE.py:Model ..., then symgrad generate the spec it writes)"
+            )
         # shape-generic, keyed by state_dict key: the model's own, whatever they are
-        state = {**dict(model.named_parameters(remove_duplicate=False)),
-                 **dict(model.named_buffers(remove_duplicate=False))}
-        sources = {key: (key, tuple(value.shape)) for key, value in state.items()
-                   if not key.endswith("num_batches_tracked")}  # bind counts; kept out of the saved tensors
+        state = {
+            **dict(model.named_parameters(remove_duplicate=False)),
+            **dict(model.named_buffers(remove_duplicate=False)),
+        }
+        sources = {
+            key: (key, tuple(value.shape)) for key, value in state.items() if not key.endswith("num_batches_tracked")
+        }  # bind counts; kept out of the saved tensors
         self.sources = sources
         # every model tensor comes in `params`: an argument named as a buffer (BERT's position_ids) is data
         self.data_arguments = tuple(name for name in arguments if name != "params")
         self._state = {name: _owner(model, key) for name, (key, _) in sources.items()}
         fingerprint = check_fingerprint(generated, model, self.allow_edited)
         check_matches(generated, model, sources)
-        statistics = [(f"{module}.running_mean", f"{module}.running_var", momentum)
-                      for module, momentum in getattr(generated, "MOMENTA", {}).items()]
+        statistics = [
+            (f"{module}.running_mean", f"{module}.running_var", momentum)
+            for module, momentum in getattr(generated, "MOMENTA", {}).items()
+        ]
         for key in (key for mean, var, _ in statistics for key in (mean, var) if key not in sources):
             raise missing(generated, model, key)
         calls: dict[str, int] = {}
@@ -124,39 +134,59 @@ class Guard:
         self._statistics = tuple(found.values())
         for statistics in self._statistics:
             momentum = statistics.module.momentum  # nn.InstanceNorm passes None on as 0.0: its statistics stay
-            momentum = 0.0 if momentum is None and statistics.momentum == 0.0 and not isinstance(
-                statistics.module, torch.nn.modules.batchnorm._BatchNorm) else momentum
+            momentum = (
+                0.0
+                if momentum is None
+                and statistics.momentum == 0.0
+                and not isinstance(statistics.module, torch.nn.modules.batchnorm._BatchNorm)
+                else momentum
+            )
             if (momentum is None) != (statistics.momentum is None) or (
-                    statistics.momentum is not None and momentum != statistics.momentum):
-                raise BindError(f"{name_of(generated)} was traced with momentum {statistics.momentum} for "
-                                f"{sources[statistics.mean][0].rsplit('.', 1)[0]}, and the model has "
-                                f"{statistics.module.momentum} (fix: trace the model again)")
+                statistics.momentum is not None and momentum != statistics.momentum
+            ):
+                raise BindError(
+                    f"{name_of(generated)} was traced with momentum {statistics.momentum} for "
+                    f"{sources[statistics.mean][0].rsplit('.', 1)[0]}, and the model has "
+                    f"{statistics.module.momentum} (fix: trace the model again)"
+                )
             if statistics.momentum is None and statistics.calls > 1:
-                raise BindError(f"{name_of(generated)}: {sources[statistics.mean][0].rsplit('.', 1)[0]} is a "
-                                f"momentum=None BatchNorm the forward runs {statistics.calls} times, whose running "
-                                "statistics a bound step cannot move as the module does (fix: give it a momentum, "
-                                "e.g. 0.1, and trace again)")
+                raise BindError(
+                    f"{name_of(generated)}: {sources[statistics.mean][0].rsplit('.', 1)[0]} is a "
+                    f"momentum=None BatchNorm the forward runs {statistics.calls} times, whose running "
+                    "statistics a bound step cannot move as the module does (fix: give it a momentum, "
+                    "e.g. 0.1, and trace again)"
+                )
         self._traced_training = bool(self._statistics) or None
         if not self._statistics and any(key.endswith(".running_mean") for key, _ in sources.values()):
             self._traced_training = False
         modules = dict(model.named_modules(remove_duplicate=False))
-        self._modes = tuple((path, modules[path], entry[4]) for path, entry in (fingerprint or {}).items()
-                            if entry[4] is not None and path in modules)
+        self._modes = tuple(
+            (path, modules[path], entry[4])
+            for path, entry in (fingerprint or {}).items()
+            if entry[4] is not None and path in modules
+        )
         gradient_fields = set(getattr(generated.Gradients, "_fields", ()))
         frozen = getattr(generated, "FROZEN", None)
         self._undifferentiated = tuple(  # parameters: buffers need no gradient
-            (key, name) for name, (key, _) in sources.items() if key in set(frozen or ())
-            and self._state[name][1] in self._state[name][0]._parameters)
+            (key, name)
+            for name, (key, _) in sources.items()
+            if key in set(frozen or ()) and self._state[name][1] in self._state[name][0]._parameters
+        )
         self._constant_data = tuple(name for name in self.data_arguments if name not in gradient_fields)
         self._checked: set = set()
-        self._children = tuple((parent, name, child) for parent in modules.values()
-                               for name, child in parent._modules.items())
-        self._hypers = [(path, module, key, kept(value)) for path, module in modules.items()
-                        for key, value in vars(module).items()
-                        if fingerprint and path in fingerprint and _hyper(key, value)]
+        self._children = tuple(
+            (parent, name, child) for parent in modules.values() for name, child in parent._modules.items()
+        )
+        self._hypers = [
+            (path, module, key, kept(value))
+            for path, module in modules.items()
+            for key, value in vars(module).items()
+            if fingerprint and path in fingerprint and _hyper(key, value)
+        ]
         # _check_mode's second rule: the BatchNorms (or the running statistics' owners) in the traced mode
         self._normed = tuple(statistics.module for statistics in self._statistics) or tuple(
-            owner for owner, attribute in self._state.values() if attribute == "running_mean")
+            owner for owner, attribute in self._state.values() if attribute == "running_mean"
+        )
         moded = tuple(self._modes)
         if not self._modes and self._traced_training is not None:
             moded += tuple(("", owner, self._traced_training) for owner in self._normed)
@@ -174,8 +204,10 @@ class Guard:
         statistics before the step."""
         for name, value in data.items():
             if isinstance(value, torch.Tensor) and value.numel() == 0:
-                raise ValueError(f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
-                                 "BatchNorm and convolution kernels cannot take (fix: skip empty batches)")
+                raise ValueError(
+                    f"{name} has shape {list(value.shape)}: an empty batch, which the generated "
+                    "BatchNorm and convolution kernels cannot take (fix: skip empty batches)"
+                )
         if self._static_sizes:
             self._check_static_sizes(data)
         self._check_model_and_mode()
@@ -183,9 +215,11 @@ class Guard:
         arguments, params = self._reader.read(data)  # params: each argument is named by its state_dict key
         if not all(map(operator.is_not, params.values(), repeat(None))):
             key = next(key for key, value in params.items() if value is None)
-            raise BindError(f"{name_of(self.generated)}: {key} is None since bind, and the generated code reads it "
-                            f"(fix: give the model its tensor back, or trace and generate the changed model: "
-                            f"{retrace(self.generated, self.model)})")
+            raise BindError(
+                f"{name_of(self.generated)}: {key} is None since bind, and the generated code reads it "
+                f"(fix: give the model its tensor back, or trace and generate the changed model: "
+                f"{retrace(self.generated, self.model)})"
+            )
         self._check_requires_grad(data, arguments)
         self._check_devices(data, arguments)
         if not torch.compiler.is_compiling():  # meta tensors under a dispatch mode, which dynamo cannot trace
@@ -193,26 +227,40 @@ class Guard:
         previous = []
         for statistics in self._cumulative:  # momentum=None: the module passes 1 / num_batches_tracked
             counter = getattr(statistics.module, "num_batches_tracked", None)
-            previous.append((statistics, arguments[statistics.mean].clone(), arguments[statistics.var].clone(),
-                             1.0 / (float(counter) + 1)))
+            previous.append(
+                (
+                    statistics,
+                    arguments[statistics.mean].clone(),
+                    arguments[statistics.var].clone(),
+                    1.0 / (float(counter) + 1),
+                )
+            )
         return arguments, params, previous
 
     def _check_static_sizes(self, data: dict) -> None:
         """A call at other sizes than a spec traced with static sizes holds (``symgrad.trace.static_sizes``),
         refused in one line naming the traced sizes and the trace at the sizes given now."""
-        changed = {key: list(data[key].shape) for key, traced in self._static_sizes.items()
-                   if isinstance(data.get(key), torch.Tensor) and list(data[key].shape) != traced}
+        changed = {
+            key: list(data[key].shape)
+            for key, traced in self._static_sizes.items()
+            if isinstance(data.get(key), torch.Tensor) and list(data[key].shape) != traced
+        }
         if changed:  # every input whose sizes changed, in the words and in the command (each --input)
             words = ", ".join(f"{name}={shape}" for name, shape in self._static_sizes.items())
             now = ", ".join(f"{key} is {shape}" for key, shape in changed.items())
-            command = retrace(self.generated, self.model,
-                              change=[("--input", key, ",".join(map(str, shape))) for key, shape in changed.items()])
+            command = retrace(
+                self.generated,
+                self.model,
+                change=[("--input", key, ",".join(map(str, shape))) for key, shape in changed.items()],
+            )
             if "--static-sizes" not in command:
                 command = command.replace(" && ", " --static-sizes && ", 1)
-            raise BindError(f"{name_of(self.generated)} was traced with static sizes at {words}, and {now} "
-                            f"now: its code holds the sizes, branches and constants the model computed at those "
-                            f"sizes alone (fix: call it at those sizes{_last_batch(changed, self._static_sizes)}, or "
-                            f"trace and generate it at these: {command})")
+            raise BindError(
+                f"{name_of(self.generated)} was traced with static sizes at {words}, and {now} "
+                f"now: its code holds the sizes, branches and constants the model computed at those "
+                f"sizes alone (fix: call it at those sizes{_last_batch(changed, self._static_sizes)}, or "
+                f"trace and generate it at these: {command})"
+            )
 
     def _moved(self, arguments: dict, previous: list) -> None:
         """After the generated forward ran: the batch counted, and each cumulative BatchNorm's statistics
@@ -240,8 +288,10 @@ class Guard:
         """What the forward read that can be set between calls (:mod:`symgrad.value_guard`)."""
         changed = self.values.problem()
         if changed:  # the generated code computes with what was traced
-            raise BindError(f"{name_of(self.generated)}: {changed}, or trace and generate the model again: "
-                            f"{retrace(self.generated, self.model)})")
+            raise BindError(
+                f"{name_of(self.generated)}: {changed}, or trace and generate the model again: "
+                f"{retrace(self.generated, self.model)})"
+            )
 
     def _check_model_and_mode(self) -> None:
         """:meth:`_check_model` and :meth:`_check_mode`, the common case (nothing changed) in a few C calls
@@ -259,9 +309,11 @@ class Guard:
     def _refuse_backward_hooks(self, hooks: dict) -> None:
         for path, kind in hooks.items():
             if kind == "backward":
-                raise BindError(f"{name_of(self.generated)}: {path or 'the model'} has a backward hook, which the "
-                                "explicit backward does not run (fix: remove it, or apply what it does to the "
-                                "parameters' .grad after backward)")
+                raise BindError(
+                    f"{name_of(self.generated)}: {path or 'the model'} has a backward hook, which the "
+                    "explicit backward does not run (fix: remove it, or apply what it does to the "
+                    "parameters' .grad after backward)"
+                )
 
     def _check_hooks(self) -> None:
         """The model's hooks as bound: a forward hook registered or removed since changes what the model
@@ -271,45 +323,64 @@ class Guard:
         for path, hooks in now.items():
             if hooks != bound.get(path):
                 shown = path or "the model"
-                change = (f"a forward hook of {shown} was removed" if hooks is None and bound.get(path)
-                          else f"{shown} has a forward hook registered" if not bound.get(path)
-                          else f"the forward hooks of {shown} changed")
-                raise BindError(f"{name_of(self.generated)}: {change} since bind, and the bound step runs what was "
-                                f"traced (fix: set the hooks back, or trace and generate the model with its hooks: "
-                                f"{retrace(self.generated, self.model)})")
+                change = (
+                    f"a forward hook of {shown} was removed"
+                    if hooks is None and bound.get(path)
+                    else f"{shown} has a forward hook registered"
+                    if not bound.get(path)
+                    else f"the forward hooks of {shown} changed"
+                )
+                raise BindError(
+                    f"{name_of(self.generated)}: {change} since bind, and the bound step runs what was "
+                    f"traced (fix: set the hooks back, or trace and generate the model with its hooks: "
+                    f"{retrace(self.generated, self.model)})"
+                )
 
     def _check_model(self) -> None:
         """The model as bound: the same submodules in the same places, the same hyper-parameters
         (a module swapped for another, or a momentum changed after ``bind``, is refused)."""
         for parent, name, child in self._children:
             if parent._modules.get(name) is not child:
-                raise BindError(f"{name_of(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
-                                f"or removed after bind (fix: bind the model again: {retrace(self.generated, self.model)} "
-                                "if it changed what it computes)")
+                raise BindError(
+                    f"{name_of(self.generated)}: a submodule {name} of {type(parent).__name__} was replaced "
+                    f"or removed after bind (fix: bind the model again: {retrace(self.generated, self.model)} "
+                    "if it changed what it computes)"
+                )
         changed, refreshed = first_changed(self._hypers)  # symgrad.guards: dicts, lists, partials by value
         if refreshed:  # an equal value made anew (a partial): compared as it is now from here on
             self._snapshot = Snapshot(self._children, self._hypers, self._moded)
         if changed:
             path, module, key, value, now = changed
             has = f"no {key}" if now is MISSING else f"{key}={shown(now)}"
-            raise BindError(f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
-                            f"{has} since bind, traced with {key}={shown(value)} (fix: set it back, or trace and "
-                            f"generate the changed model: {retrace(self.generated, self.model)})")
+            raise BindError(
+                f"{name_of(self.generated)}: {path or 'the model'} ({type(module).__name__}) has "
+                f"{has} since bind, traced with {key}={shown(value)} (fix: set it back, or trace and "
+                f"generate the changed model: {retrace(self.generated, self.model)})"
+            )
 
     def _check_mode(self) -> None:
         if self._modes:  # every module whose code reads its mode, as traced (symgrad.modes words the refusal)
             wrong = [(path, module, training) for path, module, training in self._modes if module.training != training]
             if wrong:
-                raise BindError(mode_refusal(name_of(self.generated), wrong, list(self._modes), self.model,
-                                             lambda options: retrace(self.generated, self.model, options),
-                                             both_modes=self._ENTRY == "outputs_with_explicit_backward"))
+                raise BindError(
+                    mode_refusal(
+                        name_of(self.generated),
+                        wrong,
+                        list(self._modes),
+                        self.model,
+                        lambda options: retrace(self.generated, self.model, options),
+                        both_modes=self._ENTRY == "outputs_with_explicit_backward",
+                    )
+                )
             return
         if self._traced_training is not None:
             if {owner.training for owner in self._normed} != {self._traced_training}:
                 traced = "train" if self._traced_training else "eval"
-                raise BindError(f"{name_of(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
-                                f"modules are now in {'eval' if traced == 'train' else 'train'} mode (fix: call "
-                                f"model.{traced}(), or trace and generate the other mode too)")
+                raise BindError(
+                    f"{name_of(self.generated)} was traced in {traced} mode, and the model's BatchNorm "
+                    f"modules are now in {'eval' if traced == 'train' else 'train'} mode (fix: call "
+                    f"model.{traced}(), or trace and generate the other mode too)"
+                )
 
     def _check_requires_grad(self, data: dict, arguments: dict) -> None:
         """Every tensor that requires grad gets its gradient, or this one-line error."""
@@ -318,39 +389,56 @@ class Guard:
         for name in self._constant_data:
             value = data[name]
             if isinstance(value, torch.Tensor) and value.requires_grad:
-                raise BindError(f"{name_of(self.generated)}: {name} requires grad, and the module computes no "
-                                f"gradient for it (traced without it in wrt) (fix: pass {name}.detach(), or trace "
-                                f"with --wrt naming {name} and generate again)")
+                raise BindError(
+                    f"{name_of(self.generated)}: {name} requires grad, and the module computes no "
+                    f"gradient for it (traced without it in wrt) (fix: pass {name}.detach(), or trace "
+                    f"with --wrt naming {name} and generate again)"
+                )
         for key, name in self._undifferentiated:
             value = arguments[name]
             if value.requires_grad:
-                raise BindError(f"{name_of(self.generated)}: {key} requires grad, and the module computes no "
-                                f"gradient for it (it was frozen when traced) (fix: freeze it again with "
-                                f"requires_grad_(False), or trace the model as it is now: "
-                                f"{retrace(self.generated, self.model)})")
+                raise BindError(
+                    f"{name_of(self.generated)}: {key} requires grad, and the module computes no "
+                    f"gradient for it (it was frozen when traced) (fix: freeze it again with "
+                    f"requires_grad_(False), or trace the model as it is now: "
+                    f"{retrace(self.generated, self.model)})"
+                )
 
     def _check_devices(self, data: dict, arguments: dict) -> None:
         device = next((value.device for name, value in arguments.items() if name not in data), None)
         if device is not None and device.type not in ("cpu", "cuda") and self._keeps_layouts:
-            raise BindError(f"{name_of(self.generated)} passes a pooling backward an unset tensor laid out as its "
-                            f"input, which CPU's and CUDA's kernels read only for its layout, and {device.type}'s "
-                            f"may not (fix: train on cpu or cuda, or generate the module with --no-recompute)")
+            raise BindError(
+                f"{name_of(self.generated)} passes a pooling backward an unset tensor laid out as its "
+                f"input, which CPU's and CUDA's kernels read only for its layout, and {device.type}'s "
+                f"may not (fix: train on cpu or cuda, or generate the module with --no-recompute)"
+            )
         for name, value in data.items():
             if device is not None and value.device != device:
-                raise BindError(f"{name_of(self.generated)}: {name} is on {value.device}, and the model on {device} "
-                                f"(fix: pass {name}.to('{device}'))")
+                raise BindError(
+                    f"{name_of(self.generated)}: {name} is on {value.device}, and the model on {device} "
+                    f"(fix: pass {name}.to('{device}'))"
+                )
 
     def _check_sizes(self, data: dict, arguments: dict) -> None:
         """Run the forward once per set of data sizes on meta tensors (no kernel, no buffer moved):
         inputs it cannot take, and a training-mode BatchNorm given one value per channel, are refused
         before anything moves, as the model's forward refuses them."""
         autocast = tuple(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
-        key = (autocast, tuple((name, value.shape, value.dtype) for name, value in data.items()),
-               tuple(map(id, arguments.values())))  # a parameter replaced is checked again
+        key = (
+            autocast,
+            tuple((name, value.shape, value.dtype) for name, value in data.items()),
+            tuple(map(id, arguments.values())),
+        )  # a parameter replaced is checked again
         if key in self._checked:
             return
-        floating = next((value.dtype for name, value in arguments.items()
-                         if isinstance(value, torch.Tensor) and value.is_floating_point() and name not in data), None)
+        floating = next(
+            (
+                value.dtype
+                for name, value in arguments.items()
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and name not in data
+            ),
+            None,
+        )
 
         def meta(value):
             if not isinstance(value, torch.Tensor):
@@ -359,8 +447,10 @@ class Guard:
             return torch.empty(value.shape, dtype=dtype, device="meta")
 
         try:
-            self._run_forward({name: meta(value) for name, value in arguments.items()},
-                              {name: meta(value) for name, value in data.items()})
+            self._run_forward(
+                {name: meta(value) for name, value in arguments.items()},
+                {name: meta(value) for name, value in data.items()},
+            )
         except ValueError as error:
             raise ValueError(_first_line(error)) from None
         except (NotImplementedError, KeyError):  # an op without a meta kernel: the call itself decides
@@ -368,25 +458,31 @@ class Guard:
         except Exception:  # the real forward's own message, on copies of the buffers (nothing moves, the
             # random state neither: where it runs whole, the step then draws the masks it would have drawn)
             buffers = {name for name, (owner, attribute) in self._state.items() if attribute in owner._buffers}
-            devices = {value.device for value in data.values()
-                       if isinstance(value, torch.Tensor) and value.device.type == "cuda"}
+            devices = {
+                value.device
+                for value in data.values()
+                if isinstance(value, torch.Tensor) and value.device.type == "cuda"
+            }
             try:
                 with torch.random.fork_rng(devices=sorted(devices, key=str)):
-                    self._run_forward({name: value.clone() if name in buffers else value
-                                       for name, value in arguments.items()}, data)  # data as given
+                    self._run_forward(
+                        {name: value.clone() if name in buffers else value for name, value in arguments.items()}, data
+                    )  # data as given
             except Exception as error:
-                shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in data.items()
-                                   if isinstance(value, torch.Tensor))
-                raise BindError(f"{name_of(self.generated)} cannot take {shapes}: {_first_line(error)} "
-                                "(fix: pass the inputs the model takes; nothing was moved)") from None
+                shapes = ", ".join(
+                    f"{name} {list(value.shape)}" for name, value in data.items() if isinstance(value, torch.Tensor)
+                )
+                raise BindError(
+                    f"{name_of(self.generated)} cannot take {shapes}: {_first_line(error)} "
+                    "(fix: pass the inputs the model takes; nothing was moved)"
+                ) from None
         self._checked.add(key)
 
     def _run_forward(self, values: dict, data: dict) -> None:
         """The generated forward on ``data`` and the model's tensors in ``values`` (by name), without a
         graph, with nn.BatchNorm's own checks."""
         with torch.no_grad(), SizeChecks():
-            self.generated.forward(**data,
-                                   params={key: values[name] for name, (key, _) in self.sources.items()})
+            self.generated.forward(**data, params={key: values[name] for name, (key, _) in self.sources.items()})
 
 
 def _last_batch(changed: dict, traced: dict) -> str:
@@ -419,11 +515,14 @@ class Bound(Guard, torch.nn.Module):
                 + (f"; given {len(positional)} by position" if positional else "")
                 + (f"; unknown: {', '.join(unknown)}" if unknown else "")
                 + (f"; missing: {', '.join(missing)}" if missing else "")
-                + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))")
+                + f" (fix: step({', '.join(f'{name}=...' for name in self.data_arguments)}))"
+            )
         for name, value in data.items():
             if not isinstance(value, torch.Tensor):
-                raise BindArgumentError(f"{name_of(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
-                                        f"(fix: pass torch.as_tensor({name}))")
+                raise BindArgumentError(
+                    f"{name_of(self.generated)}: {name} is a {type(value).__name__}, not a tensor "
+                    f"(fix: pass torch.as_tensor({name}))"
+                )
         arguments, params, previous = self._checked_arguments(data)
         try:
             loss = self.generated.loss_with_explicit_backward(**data, params=params)
@@ -443,15 +542,19 @@ class Bound(Guard, torch.nn.Module):
         """A step that failed where its sizes, dtypes and devices passed: on a value (a label out of
         range), in the loss, after every BatchNorm ran and counted the batch, as in the model's forward."""
         self._count()
-        return BindError(f"{name_of(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
-                         "their statistics, as the model's forward does before its loss fails; fix: pass the "
-                         "inputs the model takes)")
+        return BindError(
+            f"{name_of(self.generated)}: the step failed: {_first_line(error)} (its BatchNorms moved "
+            "their statistics, as the model's forward does before its loss fails; fix: pass the "
+            "inputs the model takes)"
+        )
 
     def __getstate__(self):
         if self._reference is None:
-            raise BindError(f"{name_of(self.generated)} was not loaded from a file, so a copy of the bound model "
-                            "cannot find it again (fix: bind the generated file's path, "
-                            "symgrad.bind('generated/NAME.py', model))")
+            raise BindError(
+                f"{name_of(self.generated)} was not loaded from a file, so a copy of the bound model "
+                "cannot find it again (fix: bind the generated file's path, "
+                "symgrad.bind('generated/NAME.py', model))"
+            )
         state = dict(self.__dict__)
         state["generated"] = None
         state["_checked"] = set()
@@ -460,7 +563,9 @@ class Bound(Guard, torch.nn.Module):
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
         kind, where = self._reference
-        self._setup(load_generated(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where))
+        self._setup(
+            load_generated(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where)
+        )
 
     def __deepcopy__(self, memo):
         memo[id(self.generated)] = self.generated  # a module is shared, as copy.deepcopy shares functions
@@ -491,5 +596,3 @@ def _owner(model: torch.nn.Module, key: str) -> tuple[torch.nn.Module, str]:
         return model.get_submodule(path) if path else model, attribute
     except AttributeError:
         return model, key  # reported by _check_matches
-
-

@@ -151,9 +151,18 @@ class BlockSpec:
         """The block's layers with each :class:`Hyper` argument replaced by ``values[name]`` (an int,
         or a :class:`HyperInt` while the block is derived), the default where ``values`` has none."""
         chosen = {**dict(self.hyper), **values}
-        return tuple(dataclasses.replace(layer, arguments=tuple(
-            dataclasses.replace(argument, value=chosen[argument.value.name]) if isinstance(argument.value, Hyper)
-            else argument for argument in layer.arguments)) for layer in self.layers)
+        return tuple(
+            dataclasses.replace(
+                layer,
+                arguments=tuple(
+                    dataclasses.replace(argument, value=chosen[argument.value.name])
+                    if isinstance(argument.value, Hyper)
+                    else argument
+                    for argument in layer.arguments
+                ),
+            )
+            for layer in self.layers
+        )
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -176,11 +185,17 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
         check_name(name, location, "block name")
         _check_block_functions(name, location, reserved)
         if name in reserved:
-            raise SpecError(f"block name '{name}' is already an op or a tensor name", location,
-                            f"rename the block, e.g. '{name}_block'")
+            raise SpecError(
+                f"block name '{name}' is already an op or a tensor name",
+                location,
+                f"rename the block, e.g. '{name}_block'",
+            )
         if not isinstance(body, Mapping):
-            raise SpecError(f"block '{name}' must be a mapping with inputs, params and layers",
-                            section.value_locations[name], "write `NAME: {inputs: [x], params: [w], layers: [...]}`")
+            raise SpecError(
+                f"block '{name}' must be a mapping with inputs, params and layers",
+                section.value_locations[name],
+                "write `NAME: {inputs: [x], params: [w], layers: [...]}`",
+            )
         reject_unknown_keys(body, BLOCK_KEYS, f"block '{name}'")
         for key in ("inputs", "layers"):
             if key not in body:
@@ -198,8 +213,11 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
         known = {}
         for item in inputs + [param for param, _ in params] + [item for item, _ in hyper]:
             if item in known:
-                raise SpecError(f"block '{name}' names '{item}' twice among its inputs, params and hypers",
-                                body.location, "give each input, parameter and hyper its own name")
+                raise SpecError(
+                    f"block '{name}' names '{item}' twice among its inputs, params and hypers",
+                    body.location,
+                    "give each input, parameter and hyper its own name",
+                )
             known[item] = body.location
         layers_seq = typed_at(body, "layers", Sequence, "a list of layers, each `- {op: ..., ...}`")
         if not layers_seq:
@@ -208,25 +226,38 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
         for index, layer in enumerate(layers_seq):
             item_location = layers_seq.item_locations[index]
             if not isinstance(layer, Mapping):
-                raise SpecError(f"layer {index + 1} of block '{name}' must be a mapping like {{op: conv2d, weight: w}}",
-                                item_location, "write each layer as `- {op: NAME, ...}`")
+                raise SpecError(
+                    f"layer {index + 1} of block '{name}' must be a mapping like {{op: conv2d, weight: w}}",
+                    item_location,
+                    "write each layer as `- {op: NAME, ...}`",
+                )
             if "block" in layer:
-                raise SpecError(f"block '{name}' uses block '{layer['block']}' inside it", item_location,
-                                "blocks hold plain layers: inline the inner block's layers here")
+                raise SpecError(
+                    f"block '{name}' uses block '{layer['block']}' inside it",
+                    item_location,
+                    "blocks hold plain layers: inline the inner block's layers here",
+                )
             layers.append(_with_hyper(parse_layer(layer, index, previous, known), dict(hyper)))
             _check_block_scope(layers[-1].out, layers[-1].out_location, "output name", name)
             previous = layers[-1].out
             known[previous] = layers[-1].out_location
-        used = {argument.value.name for layer in layers for argument in layer.arguments
-                if isinstance(argument.value, Hyper)}
+        used = {
+            argument.value.name for layer in layers for argument in layer.arguments if isinstance(argument.value, Hyper)
+        }
         for item, _ in hyper:
             if item not in used:
-                raise SpecError(f"block '{name}' declares hyper '{item}' but none of its layers reads it",
-                                body.value_locations["hyper"], f"write `ARGUMENT: {item}` in a layer, or drop it")
+                raise SpecError(
+                    f"block '{name}' declares hyper '{item}' but none of its layers reads it",
+                    body.value_locations["hyper"],
+                    f"write `ARGUMENT: {item}` in a layer, or drop it",
+                )
         output = identifier_at(body, "output", kind="block output") if "output" in body else previous
         if output not in {layer.out for layer in layers}:
-            raise SpecError(f"block '{name}' outputs '{output}', which none of its layers makes",
-                            body.value_locations.get("output", body.location), "name the `out:` of one of its layers")
+            raise SpecError(
+                f"block '{name}' outputs '{output}', which none of its layers makes",
+                body.value_locations.get("output", body.location),
+                "name the `out:` of one of its layers",
+            )
         blocks[name] = BlockSpec(name, tuple(inputs), tuple(params), tuple(layers), output, location, tuple(hyper))
     return blocks
 
@@ -237,8 +268,11 @@ def _check_block_scope(name: str, location: Location, kind: str, block: str) -> 
     from .names import scan_template
 
     if name in scan_template("module.py.jinja").block:
-        raise SpecError(f"{kind} '{name}' of block '{block}' is a name the block's generated functions use "
-                        "themselves", location, f"rename it, e.g. '{name}_in'")
+        raise SpecError(
+            f"{kind} '{name}' of block '{block}' is a name the block's generated functions use themselves",
+            location,
+            f"rename it, e.g. '{name}_in'",
+        )
 
 
 def _check_block_functions(block: str, location: Location, reserved: set[str]) -> None:
@@ -250,8 +284,11 @@ def _check_block_functions(block: str, location: Location, reserved: set[str]) -
         function = block + suffix
         if function in RESERVED_NAMES or function.startswith(RESERVED_PREFIXES) or function in reserved:
             clash = "a tensor of the spec has that name" if function in reserved else "a name the module uses itself"
-            raise SpecError(f"block '{block}' would have a function '{function}', {clash}", location,
-                            f"rename the block, e.g. '{block}_block'")
+            raise SpecError(
+                f"block '{block}' would have a function '{function}', {clash}",
+                location,
+                f"rename the block, e.g. '{block}_block'",
+            )
 
 
 def check_instance_names(blocks: dict[str, BlockSpec], layers, known: dict[str, Location]) -> None:
@@ -259,14 +296,24 @@ def check_instance_names(blocks: dict[str, BlockSpec], layers, known: dict[str, 
     module names after a block instance (``saved_a``, ``grads_a`` for the instance ``a``)."""
     from .names import instance_prefixes, scan_template
 
-    taken = {block + suffix: f"the {suffix[1:]} function of block '{block}'"
-             for block in blocks for suffix in scan_template("module.py.jinja").block_functions}
-    taken.update({prefix + layer.out: f"a value of block instance '{layer.out}'"
-                  for layer in layers if layer.block for prefix in instance_prefixes()})
+    taken = {
+        block + suffix: f"the {suffix[1:]} function of block '{block}'"
+        for block in blocks
+        for suffix in scan_template("module.py.jinja").block_functions
+    }
+    taken.update(
+        {
+            prefix + layer.out: f"a value of block instance '{layer.out}'"
+            for layer in layers
+            if layer.block
+            for prefix in instance_prefixes()
+        }
+    )
     for name, location in known.items():
         if name in taken:
-            raise SpecError(f"'{name}' is what the generated module calls {taken[name]}", location,
-                            f"rename it, e.g. '{name}_t'")
+            raise SpecError(
+                f"'{name}' is what the generated module calls {taken[name]}", location, f"rename it, e.g. '{name}_t'"
+            )
 
 
 def _block_hyper(body, block: str) -> list[tuple[str, int]]:
@@ -275,8 +322,11 @@ def _block_hyper(body, block: str) -> list[tuple[str, int]]:
         return []
     value, location = body["hyper"], body.value_locations["hyper"]
     if not isinstance(value, Mapping):
-        raise SpecError(f"hyper of block '{block}' must map names to default ints or floats", location,
-                        "write e.g. `hyper: {stride: 1}`")
+        raise SpecError(
+            f"hyper of block '{block}' must map names to default ints or floats",
+            location,
+            "write e.g. `hyper: {stride: 1}`",
+        )
     hyper = []
     for name, default in value.items():
         check_name(name, value.key_locations[name], "block hyperparameter")
@@ -296,8 +346,11 @@ def _hyper_number(value, location, name: str, declared: int | float | None = Non
         return value
     if isinstance(value, bool) or not isinstance(value, int) or not INT64[0] <= value <= INT64[1]:
         kind = "a float" if isinstance(declared, float) else "an int" if declared is not None else "an int or a float"
-        raise SpecError(f"hyper '{name}' must be {kind}, not {str(value)[:40]!r}", location,
-                        f"write e.g. `{name}: {0.1 if isinstance(declared, float) else 1}`")
+        raise SpecError(
+            f"hyper '{name}' must be {kind}, not {str(value)[:40]!r}",
+            location,
+            f"write e.g. `{name}: {0.1 if isinstance(declared, float) else 1}`",
+        )
     return value
 
 
@@ -308,10 +361,15 @@ def _with_hyper(layer, hyper: dict):
     rule = LAYER_RULES.get(layer.op)
     # a tensor's argument names a node, but a number an op declares a hyper (mul's `other`) a hyper
     operands = {operand.name for operand in rule.operands if not operand.hyper} if rule else set()
-    return dataclasses.replace(layer, arguments=tuple(
-        dataclasses.replace(argument, value=Hyper(argument.value, argument.location))
-        if isinstance(argument.value, str) and argument.value in hyper and argument.name not in operands
-        else argument for argument in layer.arguments))
+    return dataclasses.replace(
+        layer,
+        arguments=tuple(
+            dataclasses.replace(argument, value=Hyper(argument.value, argument.location))
+            if isinstance(argument.value, str) and argument.value in hyper and argument.name not in operands
+            else argument
+            for argument in layer.arguments
+        ),
+    )
 
 
 def _block_params(body, block: str) -> list[tuple[str, str]]:
@@ -324,54 +382,85 @@ def _block_params(body, block: str) -> list[tuple[str, str]]:
     elif isinstance(value, Mapping):
         keyed = [(name, key, value.key_locations[name]) for name, key in value.items()]
     else:
-        raise SpecError(f"params of block '{block}' must be a list of names or a mapping of names to keys", location,
-                        "write `params: [w, b]` or `params: {conv1_weight: conv1.weight}`")
+        raise SpecError(
+            f"params of block '{block}' must be a list of names or a mapping of names to keys",
+            location,
+            "write `params: [w, b]` or `params: {conv1_weight: conv1.weight}`",
+        )
     params = []
     for name, key, item_location in keyed:
         check_name(name, item_location, "block parameter")
         _check_block_scope(name, item_location, "block parameter", block)
         if not (isinstance(key, str) and SOURCE.match(key)):
-            raise SpecError(f"block '{block}': the key of parameter '{name}' must be a dotted name, not {key!r}",
-                            item_location, "write e.g. `conv1_weight: conv1.weight`")
+            raise SpecError(
+                f"block '{block}': the key of parameter '{name}' must be a dotted name, not {key!r}",
+                item_location,
+                "write e.g. `conv1_weight: conv1.weight`",
+            )
         params.append((name, key))
     return params
 
 
-def parse_instance(layer, index: int, previous: str, known: dict[str, Location], blocks: dict[str, BlockSpec],
-                   inputs) -> "object":
+def parse_instance(
+    layer, index: int, previous: str, known: dict[str, Location], blocks: dict[str, BlockSpec], inputs
+) -> "object":
     """A layer ``{block: NAME, in: ..., params: {...} | prefix: P, out: ...}`` as a LayerSpec whose
     ``block`` names the block and whose ``binding`` maps each block param to a spec input."""
     reject_unknown_keys(layer, INSTANCE_KEYS, f"layer {index + 1} (a block instance)")
     name = string_at(layer, "block")
     where = layer.value_locations["block"]
     if name not in blocks:
-        raise SpecError(f"unknown block '{name}'" + did_you_mean(name, blocks), where,
-                        "define it under `blocks:` or use one of: " + (", ".join(blocks) or "(none defined)"))
+        raise SpecError(
+            f"unknown block '{name}'" + did_you_mean(name, blocks),
+            where,
+            "define it under `blocks:` or use one of: " + (", ".join(blocks) or "(none defined)"),
+        )
     block = blocks[name]
     if "in" in layer:
         value = layer["in"]
         if isinstance(value, Sequence):
-            sources = tuple((defined(item, item_location, known), item_location)
-                            for item, item_location in zip(value, value.item_locations))
+            sources = tuple(
+                (defined(item, item_location, known), item_location)
+                for item, item_location in zip(value, value.item_locations)
+            )
         else:
-            sources = ((defined(string_at(layer, "in"), layer.value_locations["in"], known), layer.value_locations["in"]),)
+            sources = (
+                (defined(string_at(layer, "in"), layer.value_locations["in"], known), layer.value_locations["in"]),
+            )
     else:
         sources = ((previous, layer.location),)
     if len(sources) != len(block.inputs):
-        raise SpecError(f"block '{name}' takes {len(block.inputs)} input(s) ({', '.join(block.inputs)}) but "
-                        f"{len(sources)} are given", layer.value_locations.get("in", layer.location),
-                        f"list {len(block.inputs)} name(s) under 'in:'")
+        raise SpecError(
+            f"block '{name}' takes {len(block.inputs)} input(s) ({', '.join(block.inputs)}) but "
+            f"{len(sources)} are given",
+            layer.value_locations.get("in", layer.location),
+            f"list {len(block.inputs)} name(s) under 'in:'",
+        )
     binding = _binding(layer, block, known, inputs)
     hyper = _instance_hyper(layer, block)
     out = identifier_at(layer, "out", kind="output name") if "out" in layer else f"{name}_{index + 1}"
     out_location = layer.value_locations.get("out", layer.location)
     if out in known:
-        raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
-                        "give this instance a unique `out:` name")
-    return LayerSpec(index=index, op=name, sources=sources, arguments=(), out=out, location=layer.location,
-                     op_location=where, out_location=out_location, implicit_in="in" not in layer,
-                     block=name, binding=binding, hyper=hyper,
-                     offset=_offset(layer, string_at(layer, "prefix") if "prefix" in layer else None))
+        raise SpecError(
+            f"layer output name '{out}' is already used (line {known[out].line})",
+            out_location,
+            "give this instance a unique `out:` name",
+        )
+    return LayerSpec(
+        index=index,
+        op=name,
+        sources=sources,
+        arguments=(),
+        out=out,
+        location=layer.location,
+        op_location=where,
+        out_location=out_location,
+        implicit_in="in" not in layer,
+        block=name,
+        binding=binding,
+        hyper=hyper,
+        offset=_offset(layer, string_at(layer, "prefix") if "prefix" in layer else None),
+    )
 
 
 def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"], ...]:
@@ -380,16 +469,23 @@ def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"
         return ()
     value = layer["hyper"]
     if not isinstance(value, Mapping):
-        raise SpecError("an instance's hyper must map the block's hyper names to ints", layer.value_locations["hyper"],
-                        "write e.g. `hyper: {stride: 2}`")
+        raise SpecError(
+            "an instance's hyper must map the block's hyper names to ints",
+            layer.value_locations["hyper"],
+            "write e.g. `hyper: {stride: 2}`",
+        )
     declared = dict(block.hyper)
     hyper = []
     for name, given in value.items():
         if name not in declared:
-            raise SpecError(f"block '{block.name}' has no hyper '{name}'", value.key_locations[name],
-                            f"its hypers are: {', '.join(declared) or '(none)'}")
-        hyper.append((name, _hyper_number(given, value.value_locations[name], name, declared[name]),
-                      value.value_locations[name]))
+            raise SpecError(
+                f"block '{block.name}' has no hyper '{name}'",
+                value.key_locations[name],
+                f"its hypers are: {', '.join(declared) or '(none)'}",
+            )
+        hyper.append(
+            (name, _hyper_number(given, value.value_locations[name], name, declared[name]), value.value_locations[name])
+        )
     return tuple(hyper)
 
 
@@ -398,12 +494,18 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
     if "params" in layer:
         value = layer["params"]
         if not isinstance(value, Mapping):
-            raise SpecError("an instance's params must map the block's parameter names to inputs",
-                            layer.value_locations["params"], "write e.g. `params: {w: w1}`")
+            raise SpecError(
+                "an instance's params must map the block's parameter names to inputs",
+                layer.value_locations["params"],
+                "write e.g. `params: {w: w1}`",
+            )
         for param, bound in value.items():
             if param not in block.param_names:
-                raise SpecError(f"block '{block.name}' has no parameter '{param}'", value.key_locations[param],
-                                f"its parameters are: {', '.join(block.param_names) or '(none)'}")
+                raise SpecError(
+                    f"block '{block.name}' has no parameter '{param}'",
+                    value.key_locations[param],
+                    f"its parameters are: {', '.join(block.param_names) or '(none)'}",
+                )
             explicit[param] = defined(string_at(value, param), value.value_locations[param], known)
     prefix = string_at(layer, "prefix") if "prefix" in layer else None
     offset = _offset(layer, prefix)
@@ -417,18 +519,24 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
         if prefix is not None:
             key = shifted(key, offset)
             if key is None:
-                raise SpecError(f"block '{block.name}': with an offset, the key of parameter '{param}' must start with "
-                                "a child's index", layer.value_locations["offset"], "drop `offset:`, or key the "
-                                "block's parameters by the children's indices from 0 (`0.weight`)")
+                raise SpecError(
+                    f"block '{block.name}': with an offset, the key of parameter '{param}' must start with "
+                    "a child's index",
+                    layer.value_locations["offset"],
+                    "drop `offset:`, or key the block's parameters by the children's indices from 0 (`0.weight`)",
+                )
             found = by_source.get(f"{prefix}.{key}")
             plain = f"{prefix}_{key.replace('.', '_')}"
             found = found or (plain if plain in names else None)
             if found:
                 binding.append((param, found))
                 continue
-        raise SpecError(f"instance of block '{block.name}' does not bind its parameter '{param}'", layer.location,
-                        f"add `params: {{{param}: INPUT}}`" + (f" or declare an input with `source: {prefix}.{key}`"
-                                                                 if prefix is not None else " or a `prefix:`"))
+        raise SpecError(
+            f"instance of block '{block.name}' does not bind its parameter '{param}'",
+            layer.location,
+            f"add `params: {{{param}: INPUT}}`"
+            + (f" or declare an input with `source: {prefix}.{key}`" if prefix is not None else " or a `prefix:`"),
+        )
     return tuple(binding)
 
 
@@ -439,9 +547,15 @@ def _offset(layer, prefix) -> int:
         return 0
     value, location = layer["offset"], layer.value_locations["offset"]
     if prefix is None:
-        raise SpecError("`offset:` numbers the children of a `prefix:`, and this instance has none", location,
-                        "add `prefix: CONTAINER` or drop `offset:`")
+        raise SpecError(
+            "`offset:` numbers the children of a `prefix:`, and this instance has none",
+            location,
+            "add `prefix: CONTAINER` or drop `offset:`",
+        )
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
-        raise SpecError(f"offset must be a child's index, an int from 0, not {str(value)[:40]!r}", location,
-                        "write e.g. `offset: 3`")
+        raise SpecError(
+            f"offset must be a child's index, an int from 0, not {str(value)[:40]!r}",
+            location,
+            "write e.g. `offset: 3`",
+        )
     return value

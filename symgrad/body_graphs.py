@@ -47,20 +47,24 @@ def _chained(expanded: Expanded, rules: dict[str, BlockRule]) -> tuple[Spec, lis
     readers: dict[str, int] = {}
     for layer in top.layers:
         for name in [source for source, _ in layer.sources] + [
-                value for argument in layer.arguments for value in _names(argument.value)]:
+            value for argument in layer.arguments for value in _names(argument.value)
+        ]:
             readers[name] = readers.get(name, 0) + 1
-    for name in (top.outputs.nodes if top.outputs is not None else (top.loss.source[0], top.loss.target[0])):
+    for name in top.outputs.nodes if top.outputs is not None else (top.loss.source[0], top.loss.target[0]):
         readers[name] = readers.get(name, 0) + 1
     bound_count: dict[str, int] = {}
     for layer in top.layers:
-        for _, bound in (layer.binding if layer.block else ()):
+        for _, bound in layer.binding if layer.block else ():
             bound_count[bound] = bound_count.get(bound, 0) + 1
 
     def linkable(layer) -> bool:
-        return (layer.block is not None and len(blocks[layer.block].inputs) == 1
-                and expanded.scopes[layer.out] is not None
-                and all(bound_count[bound] == 1 and bound in sources for _, bound in layer.binding)
-                and not any(has_like(argument.value) for argument in layer.arguments))
+        return (
+            layer.block is not None
+            and len(blocks[layer.block].inputs) == 1
+            and expanded.scopes[layer.out] is not None
+            and all(bound_count[bound] == 1 and bound in sources for _, bound in layer.binding)
+            and not any(has_like(argument.value) for argument in layer.arguments)
+        )
 
     runs, current = [], []
     for layer in top.layers:
@@ -71,22 +75,37 @@ def _chained(expanded: Expanded, rules: dict[str, BlockRule]) -> tuple[Spec, lis
         current = [layer] if linkable(layer) else []
     runs.append(current)
     # a table never takes a name the spec gives a tensor or a block, in either case, nor one the module's own
-    taken = {name.lower() for name in [*(item.name for item in spec.inputs), *(layer.out for layer in spec.layers),
-                                       *blocks, *MODULE_NAMES]}
+    taken = {
+        name.lower()
+        for name in [
+            *(item.name for item in spec.inputs),
+            *(layer.out for layer in spec.layers),
+            *blocks,
+            *MODULE_NAMES,
+        ]
+    }
     chains, replaced = [], {}
     for run in runs:
         if len(run) < CHAIN_LENGTH:
             continue
         table = _table_name(run, expanded, taken)
-        links = tuple(ChainLink(rules[layer.block], *expanded.scopes[layer.out],
-                                tuple((name, value) for name, value, _ in layer.hyper
-                                      if value != dict(blocks[layer.block].hyper)[name]),
-                                layer.binding) for layer in run)
+        links = tuple(
+            ChainLink(
+                rules[layer.block],
+                *expanded.scopes[layer.out],
+                tuple(
+                    (name, value) for name, value, _ in layer.hyper if value != dict(blocks[layer.block].hyper)[name]
+                ),
+                layer.binding,
+            )
+            for layer in run
+        )
         chain = ChainRule(table, links, sources)
         chains.append(chain)
         arguments = tuple(Argument(bound, bound, layer.location) for layer in run for _, bound in layer.binding)
-        replaced[run[0].out] = dataclasses.replace(run[-1], op=chain.op, block=None, sources=run[0].sources,
-                                                   arguments=arguments, binding=(), hyper=())
+        replaced[run[0].out] = dataclasses.replace(
+            run[-1], op=chain.op, block=None, sources=run[0].sources, arguments=arguments, binding=(), hyper=()
+        )
         for layer in run[1:]:
             replaced[layer.out] = None
     if not replaced:
@@ -104,11 +123,42 @@ def _names(value) -> list[str]:
     return [node] if isinstance(node, str) else []
 
 
-MODULE_NAMES = frozenset({
-    "BLOCKS", "CHANNELS_LAST", "CHANNELS_LAST_FROM", "CLASSES", "DROP_IN_REFERENCE", "EVAL_MODULE", "F",
-    "FINGERPRINT", "FINITE_DIFFERENCES_FAIL", "FINITE_DIFFERENCES_UP_TO", "FROZEN", "GUARDS", "INPUTS", "MOMENTA",
-    "MOVED", "NAMES", "OUTPUTS", "OUTPUTS_KIND", "PARAMS", "REACHED_BY", "REFERENCE_SUMS", "RENAMED", "ROLES", "ROWS",
-    "RUNNING", "SHARED", "SMALL_INPUTS", "SMALL_SHAPES", "SPEC_ENTRIES", "SPEC_SHAPES", "WRT", "ZERO_BY_STRUCTURE"})
+MODULE_NAMES = frozenset(
+    {
+        "BLOCKS",
+        "CHANNELS_LAST",
+        "CHANNELS_LAST_FROM",
+        "CLASSES",
+        "DROP_IN_REFERENCE",
+        "EVAL_MODULE",
+        "F",
+        "FINGERPRINT",
+        "FINITE_DIFFERENCES_FAIL",
+        "FINITE_DIFFERENCES_UP_TO",
+        "FROZEN",
+        "GUARDS",
+        "INPUTS",
+        "MOMENTA",
+        "MOVED",
+        "NAMES",
+        "OUTPUTS",
+        "OUTPUTS_KIND",
+        "PARAMS",
+        "REACHED_BY",
+        "REFERENCE_SUMS",
+        "RENAMED",
+        "ROLES",
+        "ROWS",
+        "RUNNING",
+        "SHARED",
+        "SMALL_INPUTS",
+        "SMALL_SHAPES",
+        "SPEC_ENTRIES",
+        "SPEC_SHAPES",
+        "WRT",
+        "ZERO_BY_STRUCTURE",
+    }
+)
 """The upper-case names a generated module or its test file defines or imports for itself (``F``:
 ``torch.nn.functional``): a chain's table, named after a submodule (``self.blocks``: BLOCKS; ``self.f``:
 F), takes another (BLOCKS_2)."""
@@ -122,7 +172,7 @@ def _table_name(run, expanded: Expanded, taken: set[str]) -> str:
 
     prefixes = [expanded.scopes[layer.out][0] for layer in run]
     common = os.path.commonprefix([prefix + "." for prefix in prefixes])
-    common = common[:common.rfind(".")] if "." in common else ""
+    common = common[: common.rfind(".")] if "." in common else ""
     if common and all(prefix.startswith(common + ".") for prefix in prefixes):
         base = re.sub(r"[^A-Za-z0-9]", "_", common).upper()
     else:
@@ -163,16 +213,23 @@ def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Vari
             wanted |= {operand for operand, node in bound.items() if node in needs_gradient}
             values = tuple(sorted({**dict(block.hyper), **{key: value for key, value, _ in layer.hyper}}.items()))
             names = [bound[operand] for operand in block.operands] + [
-                layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers]
-            signature = tuple((len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1))
-                              for shape in (flat_graph.nodes[node].shape for node in names))
+                layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers
+            ]
+            signature = tuple(
+                (len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1))
+                for shape in (flat_graph.nodes[node].shape for node in names)
+            )
             variants.setdefault((values, signature), layer)
         found[name] = []
         for (values, signature), layer in variants.items():
             bound = _bound(block, layer)
-            graph = block_graph(block, {operand: flat_graph.nodes[node].shape for operand, node in bound.items()},
-                                flat_graph.spec, {key: hyper_value(key, value) for key, value in values},
-                                {operand: flat_graph.nodes[node].dtype for operand, node in bound.items()})
+            graph = block_graph(
+                block,
+                {operand: flat_graph.nodes[node].shape for operand, node in bound.items()},
+                flat_graph.spec,
+                {key: hyper_value(key, value) for key, value in values},
+                {operand: flat_graph.nodes[node].dtype for operand, node in bound.items()},
+            )
             feeds_output = {"loss"}
             for node in reversed(list(graph.nodes.values())):
                 if node.name in feeds_output:
@@ -187,8 +244,9 @@ def _bound(block: BlockSpec, layer) -> dict[str, str]:
     return {**dict(zip(block.inputs, (source for source, _ in layer.sources))), **dict(layer.binding)}
 
 
-def block_graph(block: BlockSpec, shapes: dict, spec: Spec, values: dict | None = None,
-                dtypes: dict | None = None) -> Graph:
+def block_graph(
+    block: BlockSpec, shapes: dict, spec: Spec, values: dict | None = None, dtypes: dict | None = None
+) -> Graph:
     """The block as a graph of its own, its operands as inputs, ending in :class:`BlockOutput`;
     ``values``: its hypers' (the defaults where none); ``dtypes``: its operands' (an int64 buffer, a relative
     position index, stays int64 inside the block)."""
@@ -199,10 +257,22 @@ def block_graph(block: BlockSpec, shapes: dict, spec: Spec, values: dict | None 
         dtypes = {entry.name: entry.dtype for entry in spec.inputs} if spec.name == block.name else {}
     inputs = tuple(InputSpec(name, tuple(shapes[name]), location, dtypes.get(name, "float")) for name in block.operands)
     loss = LossSpec("half_sq_error", (block.output, location), (block.output, location), None, location, location)
-    sub = Spec(name=block.name, inputs=inputs, layers=block.layers_with(values or {}), loss=loss, wrt=(),
-               file=spec.file, text=spec.text)
+    sub = Spec(
+        name=block.name,
+        inputs=inputs,
+        layers=block.layers_with(values or {}),
+        loss=loss,
+        wrt=(),
+        file=spec.file,
+        text=spec.text,
+    )
     graph = build_graph(sub)
     output = graph.nodes["loss"]
-    graph.nodes["loss"] = dataclasses.replace(output, rule=BlockOutput(), operands={"input": block.output},
-                                              params={"reduction": "none"}, shape=graph.nodes[block.output].shape)
+    graph.nodes["loss"] = dataclasses.replace(
+        output,
+        rule=BlockOutput(),
+        operands={"input": block.output},
+        params={"reduction": "none"},
+        shape=graph.nodes[block.output].shape,
+    )
     return graph

@@ -62,8 +62,11 @@ class _Mode(Guard):
         self.model = model
         self.allow_edited = allow_edited
         self._setup(generated)
-        self.arguments = ArgumentGuard((getattr(generated, "GUARDS", None) or {}).get("arguments", {}),
-                                       inspect.signature(model.forward), self.data_arguments)
+        self.arguments = ArgumentGuard(
+            (getattr(generated, "GUARDS", None) or {}).get("arguments", {}),
+            inspect.signature(model.forward),
+            self.data_arguments,
+        )
         """The forward's non-tensor arguments as traced, and its optional tensors (``symgrad.guards``)."""
         traced = {training for _, _, training in self._modes}  # no BatchNorm: its dropouts' mode, as traced
         self.training = self._traced_training if self._traced_training is not None or len(traced) != 1 else traced.pop()
@@ -110,8 +113,13 @@ class BoundModel(torch.nn.Module):
     """``model`` run by its generated explicit gradients, returning what ``model.forward`` returns;
     see :mod:`symgrad.bound_model`."""
 
-    def __init__(self, generated: ModuleType, model: torch.nn.Module, eval_module: ModuleType | None = None,
-                 allow_edited: bool = False):
+    def __init__(
+        self,
+        generated: ModuleType,
+        model: torch.nn.Module,
+        eval_module: ModuleType | None = None,
+        allow_edited: bool = False,
+    ):
         super().__init__()
         self.model = model
         self.allow_edited = allow_edited
@@ -130,9 +138,11 @@ class BoundModel(torch.nn.Module):
             where = getattr(generated, "__file__", None)
             path = Path(where).with_name(f"{eval_name}.py") if where else None
             if path is None or not path.is_file():
-                raise BindError(f"{name_of(generated)} names its eval-mode module {eval_name}, and there is no "
-                                f"{path or eval_name + '.py'} beside it (fix: symgrad generate the eval spec that "
-                                "symgrad trace wrote beside the train spec into the same folder, and bind by path)")
+                raise BindError(
+                    f"{name_of(generated)} names its eval-mode module {eval_name}, and there is no "
+                    f"{path or eval_name + '.py'} beside it (fix: symgrad generate the eval spec that "
+                    "symgrad trace wrote beside the train spec into the same folder, and bind by path)"
+                )
             eval_module = load_generated(path, allow_edited)
         if eval_module is not None:
             modes.append(_Mode(eval_module, model, allow_edited))
@@ -142,17 +152,21 @@ class BoundModel(torch.nn.Module):
     def __getstate__(self):
         for mode, reference in zip(self._modes, self._references):
             if reference is None:
-                raise BindError(f"{name_of(mode.generated)} was not loaded from a file, so a copy of the bound model "
-                                "cannot find it again (fix: bind the generated file's path, "
-                                "symgrad.bind('generated/NAME.py', model))")
+                raise BindError(
+                    f"{name_of(mode.generated)} was not loaded from a file, so a copy of the bound model "
+                    "cannot find it again (fix: bind the generated file's path, "
+                    "symgrad.bind('generated/NAME.py', model))"
+                )
         state = dict(self.__dict__)
         state["generated"] = state["_modes"] = state["_signature"] = None
         return state
 
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
-        modules = [load_generated(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where)
-                   for kind, where in self._references]
+        modules = [
+            load_generated(Path(where), self.allow_edited) if kind == "path" else importlib.import_module(where)
+            for kind, where in self._references
+        ]
         self._build(modules[0], modules[1] if len(modules) > 1 else None)
         self._signature = inspect.signature(self.model.forward)
         self._positional = _positional(self._signature)
@@ -180,12 +194,16 @@ class BoundModel(torch.nn.Module):
             arguments, mode = bound.arguments, self._mode()
         missing = [name for name in mode.data_arguments if name not in arguments]
         if missing:
-            raise TypeError(f"{name_of(mode.generated)} takes the data arguments {', '.join(mode.data_arguments)}; "
-                            f"missing: {', '.join(missing)}")
+            raise TypeError(
+                f"{name_of(mode.generated)} takes the data arguments {', '.join(mode.data_arguments)}; "
+                f"missing: {', '.join(missing)}"
+            )
         problem = mode.arguments.problem(arguments)
         if problem:  # the generated code computes what was traced: another argument would be ignored
             text, change = problem
-            again = f", or trace and generate it so: {retrace(mode.generated, self.model, change=change)}" if change else ""
+            again = (
+                f", or trace and generate it so: {retrace(mode.generated, self.model, change=change)}" if change else ""
+            )
             raise BindError(f"{name_of(mode.generated)}: {text}{again})")
         return mode({name: arguments[name] for name in mode.data_arguments})
 
@@ -215,9 +233,11 @@ class BoundModel(torch.nn.Module):
         if len(self._modes) == 1 and self._modes[0].watches_modes:
             return self._modes[0]
         traced = "train" if self._modes[0].training else "eval"
-        raise BindError(f"{name_of(self.generated)} was traced in {traced} mode only, and the model is now in "
-                        f"{'train' if training else 'eval'} mode (fix: call model.{traced}(), or trace without "
-                        "--eval/--train so that symgrad traces both modes)")
+        raise BindError(
+            f"{name_of(self.generated)} was traced in {traced} mode only, and the model is now in "
+            f"{'train' if training else 'eval'} mode (fix: call model.{traced}(), or trace without "
+            "--eval/--train so that symgrad traces both modes)"
+        )
 
 
 def _positional(signature: inspect.Signature) -> tuple[str, ...] | None:
@@ -226,15 +246,25 @@ def _positional(signature: inspect.Signature) -> tuple[str, ...] | None:
     cost (1.4 µs against 0.2 for a one-argument forward, measured on this 2-core machine). None where
     a keyword-only parameter has no default: a call by position alone must fail there, as bind does."""
     parameters = signature.parameters.values()
-    if any(parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty
-           for parameter in parameters):
+    if any(
+        parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty for parameter in parameters
+    ):
         return None
-    return tuple(parameter.name for parameter in parameters
-                 if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD))
+    return tuple(
+        parameter.name
+        for parameter in parameters
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+    )
 
 
-def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
-         allow_edited: bool = False, cuda_graph: bool = False, verify: bool = True) -> torch.nn.Module:
+def bind(
+    generated: ModuleType | str | Path,
+    model: torch.nn.Module,
+    *,
+    allow_edited: bool = False,
+    cuda_graph: bool = False,
+    verify: bool = True,
+) -> torch.nn.Module:
     """The training step of ``model`` with the explicit gradients of ``generated`` (the module written
     by ``symgrad generate`` for a spec ``symgrad trace`` made from this model's class, or its path).
 
@@ -259,7 +289,9 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
     if isinstance(generated, (str, Path)):
         generated = load_generated(Path(generated), allow_edited)
     if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-        raise BindError(f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))")
+        raise BindError(
+            f"bind the model itself, then wrap the result: {type(model).__name__}(symgrad.bind(module, model))"
+        )
     if hasattr(generated, "OUTPUTS"):  # a spec that ends in outputs: the model itself (symgrad.bound_model)
         bound = BoundModel(generated, model, allow_edited=allow_edited)
         if verify:
@@ -270,9 +302,12 @@ def bind(generated: ModuleType | str | Path, model: torch.nn.Module, *,
         bound = Bound(generated, model, allow_edited)
     hooked = [path for path, module in model.named_modules() if forward_hooks(module)]
     if hooked:
-        warnings.warn(f"symgrad.bind: {', '.join(hooked[:3])}{' and others' if len(hooked) > 3 else ''} ran forward "
-                      "hooks when traced: the bound step runs what they computed then, not the hooks (their side "
-                      "effects, such as storing an output, do not happen)", stacklevel=2)
+        warnings.warn(
+            f"symgrad.bind: {', '.join(hooked[:3])}{' and others' if len(hooked) > 3 else ''} ran forward "
+            "hooks when traced: the bound step runs what they computed then, not the hooks (their side "
+            "effects, such as storing an output, do not happen)",
+            stacklevel=2,
+        )
     if cuda_graph:
         from .cuda_graph import GraphedStep
 

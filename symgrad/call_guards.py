@@ -75,9 +75,16 @@ class ArgumentGuard:
 
     def __init__(self, traced: dict, signature: inspect.Signature, data_arguments: tuple):
         parameters = signature.parameters
-        self._checked = tuple((name, value, MISSING if name not in parameters or parameters[name].default
-                               is inspect.Parameter.empty else parameters[name].default)
-                              for name, value in traced.items())
+        self._checked = tuple(
+            (
+                name,
+                value,
+                MISSING
+                if name not in parameters or parameters[name].default is inspect.Parameter.empty
+                else parameters[name].default,
+            )
+            for name, value in traced.items()
+        )
         self._data = data_arguments
 
     def problem(self, arguments: dict) -> tuple[str, tuple | None] | None:
@@ -90,13 +97,28 @@ class ArgumentGuard:
                 continue
             if traced is None and isinstance(now, torch.Tensor):
                 shape = ",".join(map(str, now.shape))
-                return (f"{name} is a tensor, and the trace ran without it ({name}=None), so the generated code "
-                        f"never reads it (fix: call it without {name}"), ("--input", name, shape)
+                return (
+                    f"{name} is a tensor, and the trace ran without it ({name}=None), so the generated code "
+                    f"never reads it (fix: call it without {name}"
+                ), ("--input", name, shape)
             plain = now is None or type(now) in (bool, int, float, str)
-            option = ("null" if now is None else now if isinstance(now, str) else str(now).lower()
-                      if isinstance(now, bool) else repr(now)) if plain else None  # as --arg reads it (YAML)
-            return (f"it is called with {name}={shown(now):.80}, and was traced with {name}={traced!r:.80} (fix: "
-                    f"call it with {name}={traced!r:.60}"), option and ("--arg", name, option)
+            option = (
+                (
+                    "null"
+                    if now is None
+                    else now
+                    if isinstance(now, str)
+                    else str(now).lower()
+                    if isinstance(now, bool)
+                    else repr(now)
+                )
+                if plain
+                else None
+            )  # as --arg reads it (YAML)
+            return (
+                f"it is called with {name}={shown(now):.80}, and was traced with {name}={traced!r:.80} (fix: "
+                f"call it with {name}={traced!r:.60}"
+            ), option and ("--arg", name, option)
         for name in self._data:
             if name in arguments and arguments[name] is None:
                 return (f"{name} is None, and the trace had a tensor there (fix: pass {name}"), ("--input", name, None)
@@ -108,9 +130,13 @@ def traced_arguments(generated, model: torch.nn.Module) -> dict[str, Any]:
     value than their default (``--arg scale=2.0``), as YAML read them (a literal: passed as it is)."""
     traced = (getattr(generated, "GUARDS", None) or {}).get("arguments", {})
     parameters = inspect.signature(model.forward).parameters
-    return {name: value for name, value in traced.items() if name in parameters
-            and parameters[name].kind not in (parameters[name].VAR_POSITIONAL, parameters[name].VAR_KEYWORD)
-            and not _matches(parameters[name].default, value)}
+    return {
+        name: value
+        for name, value in traced.items()
+        if name in parameters
+        and parameters[name].kind not in (parameters[name].VAR_POSITIONAL, parameters[name].VAR_KEYWORD)
+        and not _matches(parameters[name].default, value)
+    }
 
 
 def _matches(now, traced) -> bool:
@@ -119,6 +145,14 @@ def _matches(now, traced) -> bool:
     if isinstance(now, torch.Tensor):
         return False
     found = literal_or_text(now)
-    return found == traced and type(found) is type(traced) or (
-        isinstance(found, (int, float)) and isinstance(traced, (int, float)) and not isinstance(found, bool)
-        and not isinstance(traced, bool) and found == traced)
+    return (
+        found == traced
+        and type(found) is type(traced)
+        or (
+            isinstance(found, (int, float))
+            and isinstance(traced, (int, float))
+            and not isinstance(found, bool)
+            and not isinstance(traced, bool)
+            and found == traced
+        )
+    )

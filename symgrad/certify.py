@@ -49,13 +49,17 @@ class ConvCase:
 
     @property
     def label(self) -> str:
-        return (f"conv{self.dims}d x{[self.batch, self.in_channels, *self.size]} w{[self.out_channels, self.in_channels // self.groups, *self.kernel]} "
-                f"stride={list(self.stride)} padding={list(self.padding)} dilation={list(self.dilation)} groups={self.groups}")
+        return (
+            f"conv{self.dims}d x{[self.batch, self.in_channels, *self.size]} w{[self.out_channels, self.in_channels // self.groups, *self.kernel]} "
+            f"stride={list(self.stride)} padding={list(self.padding)} dilation={list(self.dilation)} groups={self.groups}"
+        )
 
     @property
     def out_size(self) -> tuple[int, ...]:
-        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
-                     for n, k, s, p, d in zip(self.size, self.kernel, self.stride, self.padding, self.dilation))
+        return tuple(
+            (n + 2 * p - d * (k - 1) - 1) // s + 1
+            for n, k, s, p, d in zip(self.size, self.kernel, self.stride, self.padding, self.dilation)
+        )
 
 
 CASES = [ConvCase(*case) for case in CONV_CERTIFICATES]
@@ -66,11 +70,25 @@ def _spec_text(case: ConvCase, wrt: tuple[str, ...] = ("x", "w")) -> str:
     x = [case.batch, case.in_channels, *case.size]
     w = [case.out_channels, case.in_channels // case.groups, *case.kernel]
     y = [case.batch, case.out_channels, *case.out_size]
-    return yaml.safe_dump({
-        "name": "certified", "inputs": {"x": {"shape": x}, "w": {"shape": w}, "y": {"shape": y}},
-        "layers": [{"op": f"conv{case.dims}d", "weight": "w", "stride": list(case.stride), "padding": list(case.padding),
-                    "dilation": list(case.dilation), "groups": case.groups}],
-        "loss": {"op": "half_sq_error", "target": "y"}, "wrt": list(wrt)}, sort_keys=False)
+    return yaml.safe_dump(
+        {
+            "name": "certified",
+            "inputs": {"x": {"shape": x}, "w": {"shape": w}, "y": {"shape": y}},
+            "layers": [
+                {
+                    "op": f"conv{case.dims}d",
+                    "weight": "w",
+                    "stride": list(case.stride),
+                    "padding": list(case.padding),
+                    "dilation": list(case.dilation),
+                    "groups": case.groups,
+                }
+            ],
+            "loss": {"op": "half_sq_error", "target": "y"},
+            "wrt": list(wrt),
+        },
+        sort_keys=False,
+    )
 
 
 def _definition_coefficients(case: ConvCase) -> torch.Tensor:
@@ -85,22 +103,26 @@ def _definition_coefficients(case: ConvCase) -> torch.Tensor:
         group = o // per_group_out
         for c in range(per_group_in):
             for taps in itertools.product(*map(range, case.kernel)):
-                position = tuple(i_k * s - p + a * d for i_k, s, p, d, a in zip(i, case.stride, case.padding, case.dilation, taps))
+                position = tuple(
+                    i_k * s - p + a * d for i_k, s, p, d, a in zip(i, case.stride, case.padding, case.dilation, taps)
+                )
                 if all(0 <= q < n_k for q, n_k in zip(position, case.size)):  # outside is zero padding
                     coefficients[row, x_index[(n, group * per_group_in + c, *position)], w_index[(o, c, *taps)]] += 1
     return coefficients
 
 
 def _shapes(case: ConvCase) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    return ((case.batch, case.in_channels, *case.size),
-            (case.out_channels, case.in_channels // case.groups, *case.kernel),
-            (case.batch, case.out_channels, *case.out_size))
+    return (
+        (case.batch, case.in_channels, *case.size),
+        (case.out_channels, case.in_channels // case.groups, *case.kernel),
+        (case.batch, case.out_channels, *case.out_size),
+    )
 
 
 def _exact(tensor: torch.Tensor) -> torch.Tensor:
     """A probe's float64 result as int64, refused unless every entry is an integer (then float64 was exact)."""
     flat = tensor.detach().flatten()
-    if not (torch.equal(flat, flat.round()) and bool((flat.abs() < 2 ** 53).all())):
+    if not (torch.equal(flat, flat.round()) and bool((flat.abs() < 2**53).all())):
         raise AssertionError("a probe was not integral, so float64 was not exact: enlarge nothing, shrink the case")
     return flat.to(torch.int64)
 
@@ -133,8 +155,9 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Tensor,
-                    fused: bool = True) -> tuple[int, int]:
+def _certify_module(
+    case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Tensor, fused: bool = True
+) -> tuple[int, int]:
     from .pipeline import build_text
 
     built = build_text(_spec_text(case, wrt), "certify.yaml", fused=fused, documents=False)
@@ -146,7 +169,10 @@ def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Te
     def adjoints(x: torch.Tensor, w: torch.Tensor, cotangent: torch.Tensor):
         # with residual = conv(x, w) - y, choosing y = conv(x, w) - cotangent makes the gradient
         # arriving at the conv output exactly the cotangent, so the module returns the adjoints
-        y = forward(x, w, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.groups) - cotangent
+        y = (
+            forward(x, w, stride=case.stride, padding=case.padding, dilation=case.dilation, groups=case.groups)
+            - cotangent
+        )
         return module.gradients(x=x, w=w, y=y)
 
     def one_hot(size: int, index: int, shape) -> torch.Tensor:
@@ -180,7 +206,6 @@ def _certify_module(case: ConvCase, wrt: tuple[str, ...], coefficients: torch.Te
 # --------------------------------------------------------------------------------------------
 
 
-
 LINEAR_CASES = CERTIFICATE_CASES
 """Every linear rule's certificate cases, as its rule file declares them (``CERTIFICATES``)."""
 
@@ -207,18 +232,39 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
     from .spec import parse_spec
 
     # an int64 input (gather's index) is a constant, given by its entries: {"int64": [[...], ...]}
-    constants = {name: torch.tensor(value["int64"], dtype=torch.int64) for name, value in inputs.items()
-                 if isinstance(value, dict)}
+    constants = {
+        name: torch.tensor(value["int64"], dtype=torch.int64)
+        for name, value in inputs.items()
+        if isinstance(value, dict)
+    }
     inputs = {name: tuple(constants[name].shape) if name in constants else value for name, value in inputs.items()}
     # the case's own output and target take names none of its inputs has (a spec's `y`, `out`)
-    out, y = (next(name for name in itertools.chain([base], (f"{base}_{n}" for n in itertools.count(2)))
-                   if name not in inputs) for base in ("out", "y"))
-    draft = {"name": "certified", "inputs": {k: {"shape": list(v), **({"dtype": "int64"} if k in constants else {})}
-                                             for k, v in inputs.items()},
-             "layers": [{**layer, "out": out}], "loss": {"op": "half_sq_error", "target": y}, "wrt": list(linear)}
-    shapes_only = build_graph(parse_spec(yaml.safe_dump({**draft, "inputs": {**draft["inputs"], y: {"shape": [1]}},
-                                                         "loss": {"op": "half_sq_error", "in": out, "target": out}},
-                                                        sort_keys=False), "certify.yaml"))
+    out, y = (
+        next(
+            name for name in itertools.chain([base], (f"{base}_{n}" for n in itertools.count(2))) if name not in inputs
+        )
+        for base in ("out", "y")
+    )
+    draft = {
+        "name": "certified",
+        "inputs": {k: {"shape": list(v), **({"dtype": "int64"} if k in constants else {})} for k, v in inputs.items()},
+        "layers": [{**layer, "out": out}],
+        "loss": {"op": "half_sq_error", "target": y},
+        "wrt": list(linear),
+    }
+    shapes_only = build_graph(
+        parse_spec(
+            yaml.safe_dump(
+                {
+                    **draft,
+                    "inputs": {**draft["inputs"], y: {"shape": [1]}},
+                    "loss": {"op": "half_sq_error", "in": out, "target": out},
+                },
+                sort_keys=False,
+            ),
+            "certify.yaml",
+        )
+    )
     out_shape = shapes_only.nodes[out].shape
     draft["inputs"][y] = {"shape": list(out_shape)}
     built = build_text(yaml.safe_dump(draft, sort_keys=False), "certify.yaml", documents=False)
@@ -228,6 +274,7 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
     for size in out_shape:
         outputs *= size
     checked = 0
+
     def forward(values: dict) -> torch.Tensor:
         return reference_values(graph, {**values, y: torch.zeros(out_shape, dtype=torch.float64)})[out]
 
@@ -240,7 +287,9 @@ def certify_linear(label: str, inputs: dict, layer: dict, linear: tuple[str, ...
             others = []
         other_bases = [None] if not others else range(_numel(inputs[others[0]]))
         for j in other_bases:
-            base = {name: constants.get(name, torch.zeros(shape, dtype=torch.float64)) for name, shape in inputs.items()}
+            base = {
+                name: constants.get(name, torch.zeros(shape, dtype=torch.float64)) for name, shape in inputs.items()
+            }
             if others:
                 flat = base[others[0]].flatten()
                 flat[j] = 1
@@ -303,32 +352,65 @@ def spec_certificate_cases(graph) -> list[tuple[str, dict, dict, tuple[str, ...]
     cases, seen = [], {}
     for layer in graph.spec.layers:
         node = graph.nodes[layer.out]
-        linear_operands = [operand for operand in node.operands
-                           if any(operand == name or operand.startswith(f"{name}_") for name in node.rule.linear_in)]
+        linear_operands = [
+            operand
+            for operand in node.operands
+            if any(operand == name or operand.startswith(f"{name}_") for name in node.rule.linear_in)
+        ]
         if not linear_operands:
             continue
         # a size read off another node (`size: {like: skip}`) makes that node an input of the case too
-        sources = list(dict.fromkeys([*node.operands.values(),
-                                      *(name for argument in layer.arguments for name in _like_nodes(argument.value))]))
+        sources = list(
+            dict.fromkeys(
+                [
+                    *node.operands.values(),
+                    *(name for argument in layer.arguments for name in _like_nodes(argument.value)),
+                ]
+            )
+        )
         inputs = {name: list(graph.nodes[name].shape) for name in sources}
-        entry = {"op": layer.op, "in": [name for name, _ in layer.sources],
-                 **{argument.name: _plain(argument.value) for argument in layer.arguments}, "out": "out"}
+        entry = {
+            "op": layer.op,
+            "in": [name for name, _ in layer.sources],
+            **{argument.name: _plain(argument.value) for argument in layer.arguments},
+            "out": "out",
+        }
         linear = tuple(dict.fromkeys(node.operands[operand] for operand in linear_operands))
-        draft = {"name": "certified", "inputs": {name: {"shape": shape} for name, shape in inputs.items()},
-                 "layers": [entry], "loss": {"op": "half_sq_error", "in": "out", "target": "out"}, "wrt": list(linear)}
+        draft = {
+            "name": "certified",
+            "inputs": {name: {"shape": shape} for name, shape in inputs.items()},
+            "layers": [entry],
+            "loss": {"op": "half_sq_error", "in": "out", "target": "out"},
+            "wrt": list(linear),
+        }
         single = build_graph(parse_spec(yaml.safe_dump(draft, sort_keys=False), graph.spec.file))
         small = small_shapes(single)[0]
-        arguments = ", ".join(f"{argument.name}={argument.value}" if _like_nodes(argument.value)
-                              else f"{argument.name}={_plain(argument.value)}" for argument in layer.arguments
-                              if not (isinstance(argument.value, str) and argument.value in inputs))
+        arguments = ", ".join(
+            f"{argument.name}={argument.value}"
+            if _like_nodes(argument.value)
+            else f"{argument.name}={_plain(argument.value)}"
+            for argument in layer.arguments
+            if not (isinstance(argument.value, str) and argument.value in inputs)
+        )
         label = f"{layer.out} = {layer.op}({', '.join(sources)}{', ' if arguments else ''}{arguments}) at {small}"
         entry = {key: value for key, value in entry.items() if key != "out"}
         # a layer a block repeats (or any layer written twice alike) is one proof: the same op, arguments
         # and small shapes, whatever its tensors are called
         renamed = {name: f"t{index}" for index, name in enumerate(sources)}
-        same = repr(({key: [renamed.get(item, item) for item in value] if isinstance(value, list)
-                      else renamed.get(value, value) if isinstance(value, str) else value for key, value in entry.items()},
-                     [tuple(small[name]) for name in sources], [renamed[name] for name in linear]))
+        same = repr(
+            (
+                {
+                    key: [renamed.get(item, item) for item in value]
+                    if isinstance(value, list)
+                    else renamed.get(value, value)
+                    if isinstance(value, str)
+                    else value
+                    for key, value in entry.items()
+                },
+                [tuple(small[name]) for name in sources],
+                [renamed[name] for name in linear],
+            )
+        )
         if same in seen:
             seen[same][1] += 1
             continue
@@ -369,17 +451,22 @@ def _plain(value):
 def certify_spec(graph) -> list[LayerCertificate]:
     results = []
     for label, inputs, layer, linear in spec_certificate_cases(graph):
-        probes = sum(max((_numel(inputs[other]) for other in linear if other != operand), default=1)
-                     * (_numel(inputs[operand]) + 1) for operand in linear)
+        probes = sum(
+            max((_numel(inputs[other]) for other in linear if other != operand), default=1)
+            * (_numel(inputs[operand]) + 1)
+            for operand in linear
+        )
         if probes > MAX_PROBES:
-            results.append(LayerCertificate(label, problem=f"{probes} probes, over the {MAX_PROBES} limit",
-                                            too_large=True))
+            results.append(
+                LayerCertificate(label, problem=f"{probes} probes, over the {MAX_PROBES} limit", too_large=True)
+            )
             continue
         try:
             results.append(LayerCertificate(label, entries=certify_linear(label, inputs, layer, linear)))
         except AssertionError as error:
             results.append(LayerCertificate(label, problem=str(error)))
         except SymgradError as error:  # the layer alone at small shapes is no spec symgrad builds
-            results.append(LayerCertificate(label, problem=f"{label}: not certified, its single-layer case "
-                                                           f"is refused: {error}"))
+            results.append(
+                LayerCertificate(label, problem=f"{label}: not certified, its single-layer case is refused: {error}")
+            )
     return results

@@ -44,8 +44,9 @@ def module_from_source(source: str, name: str) -> types.ModuleType:
     return module
 
 
-def random_inputs(shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0,
-                  classes: dict[str, int] | None = None):
+def random_inputs(
+    shapes: dict[str, tuple[int, ...]], wrt, dtype=torch.float64, seed: int = 0, classes: dict[str, int] | None = None
+):
     """Every float input N(0, 1), class indices for int64 inputs (``symgrad.testdata.make_inputs``
     with no roles); ``graph_inputs`` draws them by role."""
     return make_inputs(shapes, {}, wrt, dtype, seed, classes)
@@ -68,8 +69,13 @@ class Verification:
         return math.inf if self.problem else max([self.forward_error, *self.gradient_errors.values()])
 
 
-def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[int, ...]]], seed: int = 0,
-           progress=lambda message: None) -> Verification:
+def verify(
+    graph: Graph,
+    module: types.ModuleType,
+    shapes: list[dict[str, tuple[int, ...]]],
+    seed: int = 0,
+    progress=lambda message: None,
+) -> Verification:
     """Float64, random cotangent, inputs by role, at each of ``shapes`` and at shapes of at least 7x7
     spatially (:func:`symgrad.shapes.non_degenerate_shapes`: the smallest shapes alone give no kernel
     the layouts a larger map gives); ``progress`` hears each step. The gradients are computed from
@@ -95,21 +101,33 @@ def verify(graph: Graph, module: types.ModuleType, shapes: list[dict[str, tuple[
         if problem:
             return Verification(math.inf, errors, problem)
         forward_error = max(forward_error, relative_errors({"loss": ours}, {"loss": reference})["loss"])
-        cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 100))
-        expected = dict(zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt],
-                                                            grad_outputs=cotangent)))
+        cotangent = torch.randn(
+            reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 100)
+        )
+        expected = dict(
+            zip(graph.wrt, torch.autograd.grad(reference, [inputs[name] for name in graph.wrt], grad_outputs=cotangent))
+        )
         try:
-            actual = seeded(module.gradients, **{name: value.detach() for name, value in inputs.items()},
-                            grad_loss=cotangent)
+            actual = seeded(
+                module.gradients, **{name: value.detach() for name, value in inputs.items()}, grad_loss=cotangent
+            )
         except Exception as error:  # noqa: BLE001
             return Verification(forward_error, errors, _raised("the generated gradients", error))
         actual = {name: getattr(actual, name) for name in graph.wrt}
         shapes_wrong = [name for name in graph.wrt if actual[name].shape != expected[name].shape]
         if shapes_wrong:
-            return Verification(forward_error, errors, f"the explicit gradient of {shapes_wrong[0]} has shape "
-                                f"{list(actual[shapes_wrong[0]].shape)}, not {list(expected[shapes_wrong[0]].shape)}")
-        problem = first_nonfinite({**{f"autograd's gradient of {name}": value for name, value in expected.items()},
-                                   **{f"the explicit gradient of {name}": value for name, value in actual.items()}})
+            return Verification(
+                forward_error,
+                errors,
+                f"the explicit gradient of {shapes_wrong[0]} has shape "
+                f"{list(actual[shapes_wrong[0]].shape)}, not {list(expected[shapes_wrong[0]].shape)}",
+            )
+        problem = first_nonfinite(
+            {
+                **{f"autograd's gradient of {name}": value for name, value in expected.items()},
+                **{f"the explicit gradient of {name}": value for name, value in actual.items()},
+            }
+        )
         if problem:
             return Verification(forward_error, errors, problem)
         for name, error in relative_errors(actual, expected).items():
@@ -157,8 +175,9 @@ def require_memory(graph: Graph, shapes: dict[str, tuple[int, ...]], bytes_per_e
     entries = sum(math.prod(node.shape) for node in at_shapes.nodes.values())
     problem = testdata.memory_shortfall(graph.spec.name, where, entries, bytes_per_entry)
     if problem:
-        raise SymgradError(f"error: {problem} (fix: use smaller example shapes in the spec, "
-                           "or pass --float32-shapes small)")
+        raise SymgradError(
+            f"error: {problem} (fix: use smaller example shapes in the spec, or pass --float32-shapes small)"
+        )
 
 
 @dataclass
@@ -169,19 +188,25 @@ class AccuracyTable:
     """Why it failed, one line each; empty when every gradient is right."""
 
 
-def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda message: None,
-                   tolerance: float = 1e-12) -> AccuracyTable:
+def accuracy_table(
+    graph: Graph, module, shapes64, shapes32, progress=lambda message: None, tolerance: float = 1e-12
+) -> AccuracyTable:
     """Every check of ``symgrad verify``. The float32 columns answer "does the explicit form
     accumulate more rounding error than autograd?" with numbers; see ``symgrad.testdata``."""
     require_memory(graph, shapes32, 8, "the float32 shapes")  # the exact reference is float64
     report = verify(graph, module, shapes64, progress=progress)
     problems = [report.problem] if report.problem else []
-    problems += [f"gradient of {name}: float64 error {error:.1e} > {tolerance:.0e}"
-                 for name, error in report.gradient_errors.items() if not error <= tolerance]
+    problems += [
+        f"gradient of {name}: float64 error {error:.1e} > {tolerance:.0e}"
+        for name, error in report.gradient_errors.items()
+        if not error <= tolerance
+    ]
     progress("float32 against float64")
     inputs64 = graph_inputs(graph, shapes32, seed=21)
-    inputs32 = {name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
-                for name, value in inputs64.items()}
+    inputs32 = {
+        name: (value.detach().float() if value.is_floating_point() else value).requires_grad_(name in graph.wrt)
+        for name, value in inputs64.items()
+    }
     loss64 = seeded(reference_forward, graph, inputs64)
     cotangent = torch.rand(loss64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)) + 0.5
     exact = dict(zip(graph.wrt, torch.autograd.grad(loss64, [inputs64[name] for name in graph.wrt], cotangent)))
@@ -197,14 +222,24 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
     moved = channels_last_inputs(graph, shapes={name: tuple(value.shape) for name, value in inputs32.items()})
     inputs32 = in_layout(inputs32, moved)
     loss32 = seeded(reference_forward, graph, inputs32)
-    autograd32 = dict(zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float())))
-    problem = first_nonfinite({"the float64 forward": loss64, "the float32 forward": loss32,
-                               **{f"the explicit float32 gradient of {name}": value for name, value in ours32.items()}})
+    autograd32 = dict(
+        zip(graph.wrt, torch.autograd.grad(loss32, [inputs32[name] for name in graph.wrt], cotangent.float()))
+    )
+    problem = first_nonfinite(
+        {
+            "the float64 forward": loss64,
+            "the float32 forward": loss32,
+            **{f"the explicit float32 gradient of {name}": value for name, value in ours32.items()},
+        }
+    )
     if problem:
         problems.append(problem)
     ours_error, autograd_error = relative_errors(ours32, exact, "2"), relative_errors(autograd32, exact, "2")
-    problems += [f"gradient of {name}: float32 error {ours_error[name]:.1e}, autograd's {autograd_error[name]:.1e}"
-                 for name in graph.wrt if not float32_acceptable(ours_error[name], autograd_error[name])]
+    problems += [
+        f"gradient of {name}: float32 error {ours_error[name]:.1e}, autograd's {autograd_error[name]:.1e}"
+        for name in graph.wrt
+        if not float32_acceptable(ours_error[name], autograd_error[name])
+    ]
     checks = {}
     for kind, check in (("gradcheck", torch.autograd.gradcheck), ("gradgradcheck", torch.autograd.gradgradcheck)):
         progress(f"{kind} of {', '.join(checked_subset(list(graph.wrt)))}")
@@ -218,8 +253,16 @@ def accuracy_table(graph: Graph, module, shapes64, shapes32, progress=lambda mes
             problems.append(f"{kind}: {checks[kind]}")
     rows = []
     for name in graph.wrt:
-        rows.append((name, f"{report.gradient_errors[name]:.1e}", f"{ours_error[name]:.1e}", f"{autograd_error[name]:.1e}",
-                     checks["gradcheck"], checks["gradgradcheck"]))
+        rows.append(
+            (
+                name,
+                f"{report.gradient_errors[name]:.1e}",
+                f"{ours_error[name]:.1e}",
+                f"{autograd_error[name]:.1e}",
+                checks["gradcheck"],
+                checks["gradgradcheck"],
+            )
+        )
     return AccuracyTable(rows, problems)
 
 

@@ -41,8 +41,10 @@ def _expand(paths: tuple[str, ...]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
             if not found:
-                raise SymgradError(f"{path}: error: the folder holds no *.yaml or *.yml spec, so there is nothing "
-                                   "to do (fix: pass a spec file, or the folder that holds the specs)")
+                raise SymgradError(
+                    f"{path}: error: the folder holds no *.yaml or *.yml spec, so there is nothing "
+                    "to do (fix: pass a spec file, or the folder that holds the specs)"
+                )
             specs.extend(found)
         else:
             specs.append(path)
@@ -64,23 +66,38 @@ def main() -> None:
 
 @main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(),
-              help="Directory to write <name>.py, test_<name>.py and <name>.md into.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    default="generated",
+    show_default=True,
+    type=click.Path(),
+    help="Directory to write <name>.py, test_<name>.py and <name>.md into.",
+)
 @click.option("--verify", is_flag=True, help="Compare the generated gradients with torch.autograd in float64.")
 @click.option("--force", is_flag=True, help="Overwrite generated files even if they were edited by hand.")
 @click.option("--show-derivation", is_flag=True, help="Print the whole derivation document too.")
 @click.option("--hvp", is_flag=True, help="Also emit hvp(...): closed-form Hessian-vector products.")
 @click.option("--per-sample", is_flag=True, help="Also emit per_sample_gradients(...) (needs reduction: per_sample).")
 @click.option("--flat", is_flag=True, help="Write a spec's blocks out instance by instance (one function for all).")
-@click.option("--no-recompute", is_flag=True, help="Keep every value the backward reads, as autograd does "
-              "(default: a cheap activation, GELU's or SiLU's output, is computed again from its input, which is "
-              "kept; a ReLU output only its own pullback reads is kept as a byte mask; a pooling's input as its "
-              "layout). The same as --keep autograd.")
-@click.option("--keep", type=click.Choice(["autograd", "all", "lean"]), default=None,
-              help="What the forward keeps for the backward: all (the default: every value, but "
-              "masks and layouts where those are all it reads), lean (each batch norm's activation "
-              "output, a convolution's input, made again in the backward, bit for bit, from the batch "
-              "norm's input and statistics), autograd (as --no-recompute).")
+@click.option(
+    "--no-recompute",
+    is_flag=True,
+    help="Keep every value the backward reads, as autograd does "
+    "(default: a cheap activation, GELU's or SiLU's output, is computed again from its input, which is "
+    "kept; a ReLU output only its own pullback reads is kept as a byte mask; a pooling's input as its "
+    "layout). The same as --keep autograd.",
+)
+@click.option(
+    "--keep",
+    type=click.Choice(["autograd", "all", "lean"]),
+    default=None,
+    help="What the forward keeps for the backward: all (the default: every value, but "
+    "masks and layouts where those are all it reads), lean (each batch norm's activation "
+    "output, a convolution's input, made again in the backward, bit for bit, from the batch "
+    "norm's input and statistics), autograd (as --no-recompute).",
+)
 def generate(specs, output, verify, force, show_derivation, hvp, per_sample, flat, no_recompute, keep):
     """Derive the gradients of each SPEC (a file or a directory of *.yaml) and write the modules."""
     from .pipeline import build
@@ -88,15 +105,26 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
     failed = False
     rendered_all = []
     if no_recompute and keep not in (None, "autograd"):
-        fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} "
-                         "(fix: drop one of them)"))
+        fail(ValueError(f"--no-recompute is --keep autograd, not --keep {keep} (fix: drop one of them)"))
     try:
         extras = (("hvp",) if hvp else ()) + (("per_sample",) if per_sample else ())
         for spec_path in _expand(specs):  # derive everything first: a bad spec writes no files
-            rendered_all.append((spec_path, build(spec_path, _spec_label(spec_path, Path(output)), extras=extras,
-                                                  flat=flat, recompute=not no_recompute, keep=keep)))
-        _refuse_name_clashes([(spec_path, result.rendered.name) for spec_path, result in rendered_all],
-                             Path(output), force)
+            rendered_all.append(
+                (
+                    spec_path,
+                    build(
+                        spec_path,
+                        _spec_label(spec_path, Path(output)),
+                        extras=extras,
+                        flat=flat,
+                        recompute=not no_recompute,
+                        keep=keep,
+                    ),
+                )
+            )
+        _refuse_name_clashes(
+            [(spec_path, result.rendered.name) for spec_path, result in rendered_all], Path(output), force
+        )
     except SymgradError as error:
         fail(error)
     from .write import write_files
@@ -135,8 +163,10 @@ def generate(specs, output, verify, force, show_derivation, hvp, per_sample, fla
             else:
                 click.echo(f"    forward vs torch.nn.functional reference: rel error {report.forward_error:.2e}")
                 for name, error in report.gradient_errors.items():
-                    click.echo(f"    grad {name}: rel error {error:.2e} vs torch.autograd.grad "
-                               f"[{'ok' if error <= TOLERANCE_FLOAT64 else 'FAILED'}]")
+                    click.echo(
+                        f"    grad {name}: rel error {error:.2e} vs torch.autograd.grad "
+                        f"[{'ok' if error <= TOLERANCE_FLOAT64 else 'FAILED'}]"
+                    )
     sys.exit(1 if failed else 0)
 
 
@@ -149,16 +179,20 @@ def _refuse_name_clashes(named: list[tuple[Path, str]], output: Path, force: boo
     for spec_path, name in named:
         spec = spec_path.resolve()
         if name in seen and seen[name] != spec:
-            raise SymgradError(f"error: {seen[name]} and {spec} both have name: {name}, so both would write "
-                               f"{output / name}.py (fix: give one of them another name:)")
+            raise SymgradError(
+                f"error: {seen[name]} and {spec} both have name: {name}, so both would write "
+                f"{output / name}.py (fix: give one of them another name:)"
+            )
         seen[name] = spec
         existing = output / f"{name}.py"
         parsed = read_header(read_generated(existing)) if existing.is_file() else None
         other = spec_of(existing, parsed[0]["spec"]).resolve() if parsed else None
         if other is not None and not force and other != spec and other.is_file():  # a renamed spec is no clash
-            raise SymgradError(f"error: {existing} was generated from {other}, "
-                               f"and {spec} has the same name: {name} (fix: give one of them another name:, "
-                               "write to another folder with -o, or pass --force to replace it)")
+            raise SymgradError(
+                f"error: {existing} was generated from {other}, "
+                f"and {spec} has the same name: {name} (fix: give one of them another name:, "
+                "write to another folder with -o, or pass --force to replace it)"
+            )
 
 
 @main.command()
@@ -179,8 +213,15 @@ def check(paths):
 
 @main.command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "output", default="generated", show_default=True, type=click.Path(),
-              help="Directory to write <name>.md and <name>.html into.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    default="generated",
+    show_default=True,
+    type=click.Path(),
+    help="Directory to write <name>.md and <name>.html into.",
+)
 @click.option("--force", is_flag=True, help="Overwrite documents even if they were edited by hand.")
 def docs(specs, output, force):
     """Write only the derivation documents (Markdown and HTML) of each SPEC."""
@@ -201,8 +242,13 @@ def docs(specs, output, force):
 
 @main.command(name="verify")
 @click.argument("spec", type=click.Path())
-@click.option("--float32-shapes", type=click.Choice(["spec", "small"]), default="spec", show_default=True,
-              help="Shapes for the float32 accuracy column: the spec's own, or the small test shapes.")
+@click.option(
+    "--float32-shapes",
+    type=click.Choice(["spec", "small"]),
+    default="spec",
+    show_default=True,
+    help="Shapes for the float32 accuracy column: the spec's own, or the small test shapes.",
+)
 def verify_command(spec, float32_shapes):
     """Compare SPEC's generated gradients with torch.autograd and print a table per gradient."""
     from .check import accuracy_table, module_from_source
@@ -222,21 +268,30 @@ def verify_command(spec, float32_shapes):
     for warning in _zero_gradient_warnings(result):
         click.echo(warning, err=True)
     try:
-        table = accuracy_table(result.graph, module, result.shapes, shapes32, progress=progress,
-                               tolerance=TOLERANCE_FLOAT64)
+        table = accuracy_table(
+            result.graph, module, result.shapes, shapes32, progress=progress, tolerance=TOLERANCE_FLOAT64
+        )
     except SymgradError as error:
         fail(error)
     rows = table.rows
-    header = ("gradient", "float64 vs autograd", "float32 vs float64", "autograd float32 vs float64", "gradcheck",
-              "gradgradcheck")
+    header = (
+        "gradient",
+        "float64 vs autograd",
+        "float32 vs float64",
+        "autograd float32 vs float64",
+        "gradcheck",
+        "gradgradcheck",
+    )
     widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
     click.echo("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-    click.echo("float64: largest-entry error, random cotangent, small shapes; float32: 2-norm error against float64 "
-               f"at the {float32_shapes} shapes; errors relative to the larger of the gradient's own size and all "
-               "gradients' typical size; inputs drawn by role; gradcheck and gradgradcheck through the explicit "
-               "backward at small shapes, on the first, middle and last differentiated input.")
+    click.echo(
+        "float64: largest-entry error, random cotangent, small shapes; float32: 2-norm error against float64 "
+        f"at the {float32_shapes} shapes; errors relative to the larger of the gradient's own size and all "
+        "gradients' typical size; inputs drawn by role; gradcheck and gradgradcheck through the explicit "
+        "backward at small shapes, on the first, middle and last differentiated input."
+    )
     for problem in table.problems:
         click.echo(f"FAILED: {problem}")
     sys.exit(1 if table.problems else 0)
@@ -245,8 +300,10 @@ def verify_command(spec, float32_shapes):
 def _zero_gradient_warnings(result) -> list[str]:
     from .roles import zero_by_structure
 
-    return [f"warning: {result.spec_label}: the gradient of {name} is zero by structure: {why}"
-            for name, why in zero_by_structure(result.graph).items()]
+    return [
+        f"warning: {result.spec_label}: the gradient of {name} is zero by structure: {why}"
+        for name, why in zero_by_structure(result.graph).items()
+    ]
 
 
 STARTER_SPEC = """\
@@ -305,8 +362,10 @@ def certify(specs):
             for layer in certify_spec(result.graph):
                 if layer.entries:
                     certified += 1
-                    click.echo(f"certified  {result.spec_label}: {layer.label}: adjoint = transpose of PyTorch's "
-                               f"forward ({layer.entries} entries), residual 0")
+                    click.echo(
+                        f"certified  {result.spec_label}: {layer.label}: adjoint = transpose of PyTorch's "
+                        f"forward ({layer.entries} entries), residual 0"
+                    )
                 elif layer.too_large:
                     too_large += 1
                     click.echo(f"TOO LARGE  {result.spec_label}: {layer.label}: {layer.problem}")
@@ -322,8 +381,10 @@ def certify(specs):
             except AssertionError as error:
                 failed += 1
                 click.echo(f"FAILED     {error}")
-    click.echo(f"{certified} certified, {failed} failed, {too_large} too large to certify exactly, "
-               f"in {time.perf_counter() - started:.1f} s")
+    click.echo(
+        f"{certified} certified, {failed} failed, {too_large} too large to certify exactly, "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
     if certified == 0 and failed == 0 and too_large == 0:
         click.echo("error: nothing to certify: the specs have no linear layer", err=True)
         sys.exit(2)
@@ -336,15 +397,20 @@ def _registry_certificates():
 
     def conv_case(case):
         input_entries, weight_entries = prove(case)
-        return (f"{case.label}: input adjoint = A(w)^T ({input_entries} entries), "
-                f"weight adjoint = W(x)^T ({weight_entries} entries), residual 0")
+        return (
+            f"{case.label}: input adjoint = A(w)^T ({input_entries} entries), "
+            f"weight adjoint = W(x)^T ({weight_entries} entries), residual 0"
+        )
 
     def linear_case(label, inputs, layer, linear):
         entries = certify_linear(label, inputs, layer, linear)
-        return f"{label}: adjoint of {', '.join(linear)} = transpose of PyTorch's forward ({entries} entries), residual 0"
+        return (
+            f"{label}: adjoint of {', '.join(linear)} = transpose of PyTorch's forward ({entries} entries), residual 0"
+        )
 
-    return ([lambda case=case: conv_case(case) for case in CASES]
-            + [lambda item=item: linear_case(*item) for item in LINEAR_CASES])
+    return [lambda case=case: conv_case(case) for case in CASES] + [
+        lambda item=item: linear_case(*item) for item in LINEAR_CASES
+    ]
 
 
 main.add_command(trace_command)  # symgrad trace (symgrad/cli_trace.py)
@@ -356,7 +422,9 @@ def spec_help(show_ops):
     """Print the spec format reference (docs/spec.md, shipped in the package)."""
     from importlib import resources
 
-    click.echo(resources.files("symgrad.docs").joinpath("ops.md" if show_ops else "spec.md").read_text("utf-8"), nl=False)
+    click.echo(
+        resources.files("symgrad.docs").joinpath("ops.md" if show_ops else "spec.md").read_text("utf-8"), nl=False
+    )
 
 
 @main.command()
@@ -366,8 +434,10 @@ def ops(markdown):
     from .rules import all_rules
 
     if markdown:
-        click.echo("# Supported ops\n\nGenerated by `symgrad ops --markdown` from the rule registry; "
-                   "seed 001's operation / forward / backward table.\n")
+        click.echo(
+            "# Supported ops\n\nGenerated by `symgrad ops --markdown` from the rule registry; "
+            "seed 001's operation / forward / backward table.\n"
+        )
         click.echo("| op | forward | backward (local gradient) |\n|---|---|---|")
     for rule in all_rules():
         name, forward, backward = rule.table_row()

@@ -23,8 +23,13 @@ class OneLineErrors(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit,
-                KeyboardInterrupt):
+        except (
+            click.exceptions.ClickException,
+            click.exceptions.Exit,
+            click.exceptions.Abort,
+            SystemExit,
+            KeyboardInterrupt,
+        ):
             raise
         except SymgradError as error:
             fail(error)
@@ -32,7 +37,10 @@ class OneLineErrors(click.Group):
             if os.environ.get("SYMGRAD_TRACEBACK"):
                 raise
             first = (str(error).strip().splitlines() or [""])[0][:300]
-            click.echo(f"error: symgrad {ctx.invoked_subcommand or ''} failed: {type(error).__name__}: {first} (fix: "
-                       "this is a bug in symgrad: please report it with the command and its spec; "
-                       "SYMGRAD_TRACEBACK=1 shows where)", err=True)
+            click.echo(
+                f"error: symgrad {ctx.invoked_subcommand or ''} failed: {type(error).__name__}: {first} (fix: "
+                "this is a bug in symgrad: please report it with the command and its spec; "
+                "SYMGRAD_TRACEBACK=1 shows where)",
+                err=True,
+            )
             sys.exit(2)

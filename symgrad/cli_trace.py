@@ -18,36 +18,107 @@ LOSS_CHOICES = ("mse", "half_sq_error", "l1", "smooth_l1", "huber", "cross_entro
 
 @click.command(name="trace")
 @click.argument("target")
-@click.option("--input", "--shape", "inputs", multiple=True, metavar="NAME=D0,D1,...",
-              help="A tensor argument's shape (NAME=int64:D0,... for class labels); repeat for each.")
-@click.option("--arg", "values", multiple=True, metavar="NAME=VALUE", help="A non-tensor argument (a number, string, list).")
+@click.option(
+    "--input",
+    "--shape",
+    "inputs",
+    multiple=True,
+    metavar="NAME=D0,D1,...",
+    help="A tensor argument's shape (NAME=int64:D0,... for class labels); repeat for each.",
+)
+@click.option(
+    "--arg", "values", multiple=True, metavar="NAME=VALUE", help="A non-tensor argument (a number, string, list)."
+)
 @click.option("--init", default=None, metavar="'NAME=VALUE,...'", help="Arguments for building an nn.Module class.")
-@click.option("--loss", "loss_kind", default=None, type=click.Choice(sorted(LOSS_CHOICES)),
-              help="Put this loss after a forward that returns its prediction.")
-@click.option("--target", "target_name", default="target", show_default=True, help="The target's input name (with --loss).")
-@click.option("--reduction", default=None, type=click.Choice(["sum", "mean", "per_sample"]),
-              help="The --loss reduction (default: PyTorch's, mean; sum for half_sq_error).")
-@click.option("--eval", "eval_mode", is_flag=True, help="Trace every submodule in eval mode, as model.eval() sets it "
-              "(running statistics as inputs), whatever mode the model set; one spec.")
-@click.option("--train", "train_mode", is_flag=True, help="Trace every submodule in train mode, as model.train() sets it "
-              "(batch statistics), whatever mode the model set; one spec.")
-@click.option("--modes", "module_modes", default=None, metavar="'PATH=eval,...'",
-              help="Set submodules' modes after model.train() (model.eval() with --eval), in order: backbone=eval "
-              "traces a frozen backbone (its BatchNorm keeps its running statistics).")
-@click.option("--wrt", default=None, help="Comma-separated tensors to differentiate by (default: arguments and parameters), "
-              "or `parameters`: the parameters alone, as a training step (symgrad.bind) needs.")
+@click.option(
+    "--loss",
+    "loss_kind",
+    default=None,
+    type=click.Choice(sorted(LOSS_CHOICES)),
+    help="Put this loss after a forward that returns its prediction.",
+)
+@click.option(
+    "--target", "target_name", default="target", show_default=True, help="The target's input name (with --loss)."
+)
+@click.option(
+    "--reduction",
+    default=None,
+    type=click.Choice(["sum", "mean", "per_sample"]),
+    help="The --loss reduction (default: PyTorch's, mean; sum for half_sq_error).",
+)
+@click.option(
+    "--eval",
+    "eval_mode",
+    is_flag=True,
+    help="Trace every submodule in eval mode, as model.eval() sets it "
+    "(running statistics as inputs), whatever mode the model set; one spec.",
+)
+@click.option(
+    "--train",
+    "train_mode",
+    is_flag=True,
+    help="Trace every submodule in train mode, as model.train() sets it "
+    "(batch statistics), whatever mode the model set; one spec.",
+)
+@click.option(
+    "--modes",
+    "module_modes",
+    default=None,
+    metavar="'PATH=eval,...'",
+    help="Set submodules' modes after model.train() (model.eval() with --eval), in order: backbone=eval "
+    "traces a frozen backbone (its BatchNorm keeps its running statistics).",
+)
+@click.option(
+    "--wrt",
+    default=None,
+    help="Comma-separated tensors to differentiate by (default: arguments and parameters), "
+    "or `parameters`: the parameters alone, as a training step (symgrad.bind) needs.",
+)
 @click.option("--name", "spec_name", default=None, help="Module name for the spec (default: NAME_gradients).")
-@click.option("-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout).")
-@click.option("--timeout", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Stop with an error if tracing takes longer than this.")
+@click.option(
+    "-o", "--output", default="-", type=click.Path(dir_okay=False), help="Spec file to write (default: stdout)."
+)
+@click.option(
+    "--timeout",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Stop with an error if tracing takes longer than this.",
+)
 @click.option("--flat", is_flag=True, help="Every layer inline, instead of one block per repeated submodule class.")
-@click.option("--explain", metavar="NAME", is_eager=True, expose_value=False, callback=lambda context, _, name:
-              explain_and_exit(context, name), help="Print how a call (F.conv2d, x.view, torch.add) becomes a layer: "
-              "the pre-checks it meets, its handler, the layer op and the rule's file; then exit (no TARGET).")
-@click.option("--static-sizes", is_flag=True, help="Trace at these --input sizes alone, for code that follows the "
-              "input's size in ways a spec cannot say: the generated code and symgrad.bind refuse any other size.")
-def trace_command(target, inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, module_modes,
-                  wrt, spec_name, output, timeout, flat, static_sizes):
+@click.option(
+    "--explain",
+    metavar="NAME",
+    is_eager=True,
+    expose_value=False,
+    callback=lambda context, _, name: explain_and_exit(context, name),
+    help="Print how a call (F.conv2d, x.view, torch.add) becomes a layer: "
+    "the pre-checks it meets, its handler, the layer op and the rule's file; then exit (no TARGET).",
+)
+@click.option(
+    "--static-sizes",
+    is_flag=True,
+    help="Trace at these --input sizes alone, for code that follows the "
+    "input's size in ways a spec cannot say: the generated code and symgrad.bind refuse any other size.",
+)
+def trace_command(
+    target,
+    inputs,
+    values,
+    init,
+    loss_kind,
+    target_name,
+    reduction,
+    eval_mode,
+    train_mode,
+    module_modes,
+    wrt,
+    spec_name,
+    output,
+    timeout,
+    flat,
+    static_sizes,
+):
     """Turn a PyTorch function or nn.Module (FILE.py:NAME) into a spec.
 
     Without --train or --eval the model is traced as it sets its modes, each submodule in its own
@@ -66,14 +137,19 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
             try:
                 shapes[name] = tuple(int(size) for size in sizes.split(","))
             except ValueError:
-                raise TraceError(f"error: --input {item!r} is not NAME=D0,D1,... (fix: write e.g. x=8,3,32,32 "
-                                 "or labels=int64:8)") from None
+                raise TraceError(
+                    f"error: --input {item!r} is not NAME=D0,D1,... (fix: write e.g. x=8,3,32,32 or labels=int64:8)"
+                ) from None
             if dtype not in ("", "float32", "int64"):
-                raise TraceError(f"error: --input {item!r} has dtype {dtype!r} (fix: use int64 for labels, or no dtype)")
+                raise TraceError(
+                    f"error: --input {item!r} has dtype {dtype!r} (fix: use int64 for labels, or no dtype)"
+                )
             if dtype == "int64":
                 dtypes[name] = "int64"
         if not shapes:
-            raise TraceError("error: no --input given (fix: pass each tensor argument's shape, e.g. --input x=8,3,32,32)")
+            raise TraceError(
+                "error: no --input given (fix: pass each tensor argument's shape, e.g. --input x=8,3,32,32)"
+            )
         arguments = dict(literal_pair(item, "--arg") for item in values)
         init_arguments = dict(literal_pair(item, "--init") for item in split_top_level(init)) if init else None
         function = load_target(target, init_arguments)
@@ -91,23 +167,57 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
         if loss is None and mode is None and isinstance(function, torch.nn.Module):  # as set, and the other mode
             from .trace import trace_modes
 
-            text, evaluation = trace_modes(function, shapes, wrt_list, name, arguments=arguments, dtypes=dtypes,
-                                           timeout=timeout, blocks=not flat, static_sizes=static_sizes)
+            text, evaluation = trace_modes(
+                function,
+                shapes,
+                wrt_list,
+                name,
+                arguments=arguments,
+                dtypes=dtypes,
+                timeout=timeout,
+                blocks=not flat,
+                static_sizes=static_sizes,
+            )
         else:
-            text = trace(function, shapes, wrt_list, name, loss=loss, arguments=arguments, dtypes=dtypes,
-                         mode=mode if module_modes is None else None, timeout=timeout, blocks=not flat,
-                         static_sizes=static_sizes)
+            text = trace(
+                function,
+                shapes,
+                wrt_list,
+                name,
+                loss=loss,
+                arguments=arguments,
+                dtypes=dtypes,
+                mode=mode if module_modes is None else None,
+                timeout=timeout,
+                blocks=not flat,
+                static_sizes=static_sizes,
+            )
         from .retrace import options_line, with_options  # what bind's refusals print to trace it again
 
-        line = options_line(inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode,
-                            module_modes, wrt, spec_name, timeout, flat)
+        line = options_line(
+            inputs,
+            values,
+            init,
+            loss_kind,
+            target_name,
+            reduction,
+            eval_mode,
+            train_mode,
+            module_modes,
+            wrt,
+            spec_name,
+            timeout,
+            flat,
+        )
         if static_sizes:  # every retrace bind prints traces at fixed sizes too
             line = line.rstrip("\n") + " --static-sizes\n"
         text, evaluation = with_options(text, line), evaluation and with_options(evaluation, line)
         if evaluation is not None and output == "-":
-            raise TraceError("error: the model runs other layers in eval mode than in train mode (BatchNorm, "
-                             "dropout or its outputs), so symgrad writes two specs (fix: pass -o FILE.yaml: the "
-                             "eval-mode spec goes beside it as FILE_eval.yaml; or trace one mode with --train or --eval)")
+            raise TraceError(
+                "error: the model runs other layers in eval mode than in train mode (BatchNorm, "
+                "dropout or its outputs), so symgrad writes two specs (fix: pass -o FILE.yaml: the "
+                "eval-mode spec goes beside it as FILE_eval.yaml; or trace one mode with --train or --eval)"
+            )
     except SymgradError as error:
         fail(error)
     if evaluation is not None:
@@ -119,8 +229,10 @@ def trace_command(target, inputs, values, init, loss_kind, target_name, reductio
             write_text(beside, evaluation)
         except SymgradError as error:
             fail(error)
-        click.echo(f"wrote {output} (train mode) and {beside} (eval mode); next: symgrad generate {output} "
-                   f"{beside} -o DIR, then symgrad.bind(DIR/{name}.py, model)")
+        click.echo(
+            f"wrote {output} (train mode) and {beside} (eval mode); next: symgrad generate {output} "
+            f"{beside} -o DIR, then symgrad.bind(DIR/{name}.py, model)"
+        )
         return
     if output == "-":
         click.echo(text, nl=False)
@@ -158,11 +270,13 @@ def literal_pair(item: str, option: str) -> tuple[str, object]:
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
-        raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
-                         f"(fix: write e.g. {name}=[64, 128])") from None
+        raise TraceError(
+            f"error: {option} {item!r}: the value is not a number, string or list (fix: write e.g. {name}=[64, 128])"
+        ) from None
     if not plain_literal(value):
-        raise TraceError(f"error: {option} {item!r}: the value is not a number, string or list "
-                         f"(fix: write e.g. {name}=[64, 128])")
+        raise TraceError(
+            f"error: {option} {item!r}: the value is not a number, string or list (fix: write e.g. {name}=[64, 128])"
+        )
     return name, value
 
 

@@ -64,8 +64,12 @@ class GraphedStep(torch.nn.Module):
         self.bound = bound
         self.warmup = warmup
         model = bound.model
-        self._tensors = StateReader({key: (model.get_submodule(key.rpartition(".")[0]), key.rpartition(".")[2])
-                                     for key, _ in [*model.named_parameters(), *model.named_buffers()]})
+        self._tensors = StateReader(
+            {
+                key: (model.get_submodule(key.rpartition(".")[0]), key.rpartition(".")[2])
+                for key, _ in [*model.named_parameters(), *model.named_buffers()]
+            }
+        )
         self._signature = None if hasattr(bound, "data_arguments") else inspect.signature(model.forward)
         self._graphs: dict = {}
         self._refused: set = set()
@@ -94,19 +98,27 @@ class GraphedStep(torch.nn.Module):
 
     def _key(self, data: dict) -> tuple | None:
         """What a graph is captured for, or None where the step runs eagerly."""
-        if not torch.is_grad_enabled() or not data or not all(
-                isinstance(value, torch.Tensor) and value.is_cuda for value in data.values()):
+        if (
+            not torch.is_grad_enabled()
+            or not data
+            or not all(isinstance(value, torch.Tensor) and value.is_cuda for value in data.values())
+        ):
             return None
-        identity = tuple((id(value), getattr(value, "requires_grad", None))
-                         for value in self._tensors.read({})[1].values())
+        identity = tuple(
+            (id(value), getattr(value, "requires_grad", None)) for value in self._tensors.read({})[1].values()
+        )
         if identity != self._identity:  # a tensor replaced (the graphs read the old ones), or (un)frozen
             self._graphs.clear()
             self._refused.clear()
             self._identity = identity
-        return (tuple((name, value.shape, value.dtype, value.stride(), value.requires_grad)
-                      for name, value in data.items()),
-                torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-                self.bound.serving() if hasattr(self.bound, "serving") else self.bound.model.training)
+        return (
+            tuple(
+                (name, value.shape, value.dtype, value.stride(), value.requires_grad) for name, value in data.items()
+            ),
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
+            self.bound.serving() if hasattr(self.bound, "serving") else self.bound.model.training,
+        )
 
     def _capture(self, key: tuple, data: dict):
         """The step captured for ``key``, or None (warned) where it cannot be; the model's buffers as
@@ -117,15 +129,18 @@ class GraphedStep(torch.nn.Module):
         sample = tuple(value.clone() for value in data.values())  # the graph's inputs: not the caller's tensors
         try:
             with torch.autocast("cuda", dtype=key[2], enabled=key[1], cache_enabled=False):
-                graphed = torch.cuda.make_graphed_callables(step, sample, num_warmup_iters=self.warmup,
-                                                            allow_unused_input=True)
+                graphed = torch.cuda.make_graphed_callables(
+                    step, sample, num_warmup_iters=self.warmup, allow_unused_input=True
+                )
         except (SymgradError, ValueError, TypeError):  # the guard's refusals: the eager step says them
             graphed = None
         except Exception as error:  # noqa: BLE001 - any capture failure: run eagerly, said once
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            warnings.warn(f"symgrad: this bound step cannot run as a CUDA graph ({type(error).__name__}: {first}); "
-                          "it runs eagerly for these shapes (fix: bind without cuda_graph=True to silence this)",
-                          stacklevel=5)
+            warnings.warn(
+                f"symgrad: this bound step cannot run as a CUDA graph ({type(error).__name__}: {first}); "
+                "it runs eagerly for these shapes (fix: bind without cuda_graph=True to silence this)",
+                stacklevel=5,
+            )
             self._refused.add(key)
             graphed = None
         finally:

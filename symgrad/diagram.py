@@ -44,9 +44,13 @@ class Folded:
 
 def folded(graph: Graph, leaves: set[str]) -> Folded:
     """``graph`` without the input nodes ``leaves`` (parameters, buffers) and the edges from them."""
-    nodes = {name: dataclasses.replace(node, operands={role: source for role, source in node.operands.items()
-                                                       if source not in leaves})
-             for name, node in graph.nodes.items() if name not in leaves}
+    nodes = {
+        name: dataclasses.replace(
+            node, operands={role: source for role, source in node.operands.items() if source not in leaves}
+        )
+        for name, node in graph.nodes.items()
+        if name not in leaves
+    }
     return Folded(nodes, graph.wrt, frozenset(graph.depends_on_wrt()) | frozenset(graph.wrt))
 
 
@@ -132,8 +136,9 @@ def layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str
         for edge in component.sE:
             edge.view.points = [(x + shift, y) for x, y in edge.view.points]
     widths = {name: vertex.view.w for name, vertex in vertices.items()}
-    return centres, _orthogonal_routes(pairs, {pair: edge.view.points for pair, edge in layout_edges.items()},
-                                       centres, widths, LAYER_GAP)
+    return centres, _orthogonal_routes(
+        pairs, {pair: edge.view.points for pair, edge in layout_edges.items()}, centres, widths, LAYER_GAP
+    )
 
 
 def _components(names: list[str], pairs: list[tuple[str, str]]) -> list[tuple[list[str], list[tuple[str, str]]]]:
@@ -159,7 +164,9 @@ def _components(names: list[str], pairs: list[tuple[str, str]]) -> list[tuple[li
     return list(components.values())
 
 
-def _simple_layout(graph: Graph) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, str], list[tuple[float, float]]]]:
+def _simple_layout(
+    graph: Graph,
+) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, str], list[tuple[float, float]]]]:
     """A layered layout in linear time, for graphs too large for grandalf: each node one layer below
     the lowest of its operands, each input one layer above its highest consumer, the nodes of a layer
     side by side in spec order and centred. An edge spanning several layers runs down a lane to the
@@ -276,33 +283,43 @@ def svg(graph: Graph) -> str:
     routes = {pair: [moved(point) for point in points] for pair, points in routes.items()}
     width = max(x + widths[name] / 2 for name, (x, _) in centres.items()) + MARGIN
     height = max(y for _, y in centres.values()) + BOX_HEIGHT / 2 + MARGIN + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" viewBox="0 0 {width:.0f} {height:.0f}" '
-             f'width="{width:.0f}" role="img" aria-label="forward graph with backward edges">',
-             '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-             'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#333"/></marker>'
-             '<marker id="arrow-back" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-             'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#c0392b"/></marker></defs>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" viewBox="0 0 {width:.0f} {height:.0f}" '
+        f'width="{width:.0f}" role="img" aria-label="forward graph with backward edges">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#333"/></marker>'
+        '<marker id="arrow-back" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#c0392b"/></marker></defs>',
+    ]
     for edge in edges(graph):
         pair = (edge.target, edge.source) if edge.backward else (edge.source, edge.target)
         points = routes[pair]
         if edge.backward:  # beside the forward route: 5 px right, and 5 px lower in the bands between layers
-            points = [(x + 5, y if index in (0, len(points) - 1) else y + 5) for index, (x, y) in enumerate(points)][::-1]
+            points = [(x + 5, y if index in (0, len(points) - 1) else y + 5) for index, (x, y) in enumerate(points)][
+                ::-1
+            ]
             style = 'stroke="#c0392b" stroke-dasharray="5 4" marker-end="url(#arrow-back)"'
         else:
             style = 'stroke="#333" marker-end="url(#arrow)"'
-        parts.append(f'<path class="{"backward" if edge.backward else "forward"}-edge" d="{_path(points)}" fill="none" '
-                     f'stroke-width="1.5" {style}/>')
+        parts.append(
+            f'<path class="{"backward" if edge.backward else "forward"}-edge" d="{_path(points)}" fill="none" '
+            f'stroke-width="1.5" {style}/>'
+        )
     fills = {"input": "#eef5ff", "layer": "#f7f7f7", "loss": "#fff4e0"}
     for name, (centre_x, centre_y) in centres.items():
         node = graph.nodes[name]
         x, y = centre_x - widths[name] / 2, centre_y - BOX_HEIGHT / 2
-        parts.append(f'<g class="node" id="node-{name}"><rect x="{x:.0f}" y="{y:.0f}" width="{widths[name]}" '
-                     f'height="{BOX_HEIGHT}" rx="8" fill="{fills[node.kind]}" stroke="#555"/>'
-                     f'<text x="{centre_x:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-family="monospace" '
-                     f'font-size="13" font-weight="bold">{escape(name)}</text>'
-                     f'<text x="{centre_x:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-family="sans-serif" '
-                     f'font-size="11" fill="#555">{escape(_label(graph, name))}</text></g>')
-    parts.append(f'<text x="{MARGIN}" y="{height - 10:.0f}" font-family="sans-serif" font-size="11" fill="#333">'
-                 'solid: forward pass; dashed red: gradient flowing back</text>')
+        parts.append(
+            f'<g class="node" id="node-{name}"><rect x="{x:.0f}" y="{y:.0f}" width="{widths[name]}" '
+            f'height="{BOX_HEIGHT}" rx="8" fill="{fills[node.kind]}" stroke="#555"/>'
+            f'<text x="{centre_x:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-family="monospace" '
+            f'font-size="13" font-weight="bold">{escape(name)}</text>'
+            f'<text x="{centre_x:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-family="sans-serif" '
+            f'font-size="11" fill="#555">{escape(_label(graph, name))}</text></g>'
+        )
+    parts.append(
+        f'<text x="{MARGIN}" y="{height - 10:.0f}" font-family="sans-serif" font-size="11" fill="#333">'
+        "solid: forward pass; dashed red: gradient flowing back</text>"
+    )
     parts.append("</svg>")
     return "\n".join(parts)

@@ -44,10 +44,21 @@ def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, 
     in-place form, overwriting its first operand (``torch.relu_(norm)``)."""
     math = statement.math if statement.math is not None else statement.value
     value = statement.value
-    code = (value.primitive.inplace([to_code(operand) for operand in value.operands], value.params, to_code)
-            if in_place else to_code(value, boolean=_is_mask(statement)))
-    return Line(statement.target.name, code, statement.comment, f"{statement.target.name} = {code}",
-                to_latex(statement.target), to_latex(math), dead, narrowed)
+    code = (
+        value.primitive.inplace([to_code(operand) for operand in value.operands], value.params, to_code)
+        if in_place
+        else to_code(value, boolean=_is_mask(statement))
+    )
+    return Line(
+        statement.target.name,
+        code,
+        statement.comment,
+        f"{statement.target.name} = {code}",
+        to_latex(statement.target),
+        to_latex(math),
+        dead,
+        narrowed,
+    )
 
 
 def printed_lines(scheduled: list[Scheduled], steps: list | None = None) -> list[Line]:
@@ -81,8 +92,9 @@ def _commented_once(lines: list[Line]) -> list[Line]:
         quoted, found, operand = line.comment.rpartition(PULLED)
         if found and first is not None and result[first].comment.startswith(quoted + PULLED):
             operands.append(operand)
-            result[first] = dataclasses.replace(result[first], comment=quoted + PULLED + (
-                ", ".join(operands[:-1]) + " and " + operands[-1]))
+            result[first] = dataclasses.replace(
+                result[first], comment=quoted + PULLED + (", ".join(operands[:-1]) + " and " + operands[-1])
+            )
             line = dataclasses.replace(line, comment="")
         elif found:
             first, operands = len(result), [operand]
@@ -117,8 +129,10 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
     narrowed = tuple(dict.fromkeys((*item.narrowed, *(name for other in reads.values() for name in other.narrowed))))
     formula = kernel_formula(value)  # after the node's name, where the derivation's step table links
     comment = f"{item.statement.node}: {formula}" if formula else item.statement.comment
-    return (Line(names, code, comment, f"{names} = {code}", to_latex(target), to_latex(value), dying,
-                 narrowed), position - index)
+    return (
+        Line(names, code, comment, f"{names} = {code}", to_latex(target), to_latex(value), dying, narrowed),
+        position - index,
+    )
 
 
 def kernel_formula(value) -> str | None:
@@ -132,20 +146,25 @@ def kernel_formula(value) -> str | None:
     params = value.params
     if name == "batch_norm_backward":
         scale = "1/σ" if len(value.operands) < 5 or value.operands[2] is None else "w/σ"
-        formulas = (f"grad_x = {scale}·(grad - avg(grad) - x̂·avg(grad·x̂))", "grad_w = Σ grad·x̂",
-                    "grad_b = Σ grad")
+        formulas = (f"grad_x = {scale}·(grad - avg(grad) - x̂·avg(grad·x̂))", "grad_w = Σ grad·x̂", "grad_b = Σ grad")
     else:
         dims, transposed = params["dims"], params.get("transposed")
-        options = [f"{key}={params[key][0] if len(set(params[key])) == 1 else tuple(params[key])}"
-                   for key, default in (("stride", 1), ("padding", 0), ("dilation", 1))
-                   if any(entry != default for entry in params[key])]
+        options = [
+            f"{key}={params[key][0] if len(set(params[key])) == 1 else tuple(params[key])}"
+            for key, default in (("stride", 1), ("padding", 0), ("dilation", 1))
+            if any(entry != default for entry in params[key])
+        ]
         options += [f"groups={params['groups']}"] * (params["groups"] != 1)
         if any(entry != 1 for entry in params["stride"]) and not transposed:
             options.append("output_padding=...")  # the input's size that the stride rounded away
         shown = "".join(", " + option for option in options)
-        formulas = (f"grad_x = conv{dims}d(grad, w{shown})" if transposed
-                    else f"grad_x = conv_transpose{dims}d(grad, w{shown})",
-                    "grad_w = grad ⋆ x" if transposed else "grad_w = x ⋆ grad", "grad_b = Σ grad")
+        formulas = (
+            f"grad_x = conv{dims}d(grad, w{shown})"
+            if transposed
+            else f"grad_x = conv_transpose{dims}d(grad, w{shown})",
+            "grad_w = grad ⋆ x" if transposed else "grad_w = x ⋆ grad",
+            "grad_b = Σ grad",
+        )
     return ", ".join(formula for formula, wanted in zip(formulas, params["output_mask"]) if wanted)
 
 
@@ -184,11 +203,21 @@ def outputs_context(spec, graph) -> dict:
     if outputs is None:
         return dict(outputs=False, random=random)
     keys = [key for key, _, _ in outputs.entries]
-    described = {"tensor": "one tensor", "tuple": f"a tuple of {len(keys)}",
-                 "dict": "a dict with the keys " + ", ".join(keys)}[outputs.kind]
-    return dict(outputs=True, outputs_kind=outputs.kind, random=random, outputs_names=list(outputs.nodes), outputs_described=described,
-                outputs_keys="(" + ", ".join(f'"{key}"' for key in keys) + ("," if len(keys) == 1 else "") + ")",
-                eval_module=spec.eval, reached_by=_reached_by(spec, graph))
+    described = {
+        "tensor": "one tensor",
+        "tuple": f"a tuple of {len(keys)}",
+        "dict": "a dict with the keys " + ", ".join(keys),
+    }[outputs.kind]
+    return dict(
+        outputs=True,
+        outputs_kind=outputs.kind,
+        random=random,
+        outputs_names=list(outputs.nodes),
+        outputs_described=described,
+        outputs_keys="(" + ", ".join(f'"{key}"' for key in keys) + ("," if len(keys) == 1 else "") + ")",
+        eval_module=spec.eval,
+        reached_by=_reached_by(spec, graph),
+    )
 
 
 def _reached_by(spec, graph) -> list[str]:
@@ -209,9 +238,9 @@ def _reached_by(spec, graph) -> list[str]:
             if name in ancestors:
                 reached.setdefault(name, []).append(index)
     count = len(end.operands)
-    return packed([f'"{sources.get(name, name)}": {tuple(indices)},' for name, indices in reached.items()
-                   if len(indices) < count])
+    return packed(
+        [f'"{sources.get(name, name)}": {tuple(indices)},' for name, indices in reached.items() if len(indices) < count]
+    )
 
 
 DOCUMENTS = ("{name}.md", "{name}.html")
-

@@ -13,7 +13,7 @@ op name is not echoed)."""
 def cut(text: object, limit: int = CUT) -> str:
     """``text`` as it is, or its first ``limit - 3`` characters and '...' when longer."""
     text = str(text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _cut_long_names(text: str) -> str:

@@ -63,8 +63,9 @@ def expand(spec: Spec, flat: bool = False, extras: tuple[str, ...] = (), fused: 
     top = flat_spec if not calls else _top_spec(spec)
     blocks = {name: spec.blocks[name] for name in calls}
     scopes = {layer.out: _scope_of(layer, spec, blocks[layer.block]) for layers in calls.values() for layer in layers}
-    return Expanded(spec, flat_spec, top, blocks, {name: tuple(layers) for name, layers in calls.items()},
-                    scopes, written_out)
+    return Expanded(
+        spec, flat_spec, top, blocks, {name: tuple(layers) for name, layers in calls.items()}, scopes, written_out
+    )
 
 
 def _scope_of(layer, spec: Spec, block: BlockSpec) -> tuple[str, int] | None:
@@ -114,16 +115,23 @@ def flatten(spec):
         for inner in block.layers:
             new = layer.out if inner.out == block.output else f"{layer.out}_{inner.out}"
             if inner.out != block.output and new in taken:
-                raise SpecError(f"block instance '{layer.out}' would name its inner node '{inner.out}' '{new}', which "
-                                "the spec already uses", layer.out_location, "rename the instance's `out:`")
+                raise SpecError(
+                    f"block instance '{layer.out}' would name its inner node '{inner.out}' '{new}', which "
+                    "the spec already uses",
+                    layer.out_location,
+                    "rename the instance's `out:`",
+                )
             taken.add(new)
             rule = LAYER_RULES.get(inner.op)
             operand_keys = {operand.name for operand in rule.operands} if rule else set()
-            arguments = tuple(_hyper_value(argument, block, given)
-                              if isinstance(argument.value, Hyper)
-                              else dataclasses.replace(argument, value=_renamed(argument.value, renamed))
-                              if argument.name in operand_keys or has_like(argument.value) else argument
-                              for argument in inner.arguments)
+            arguments = tuple(
+                _hyper_value(argument, block, given)
+                if isinstance(argument.value, Hyper)
+                else dataclasses.replace(argument, value=_renamed(argument.value, renamed))
+                if argument.name in operand_keys or has_like(argument.value)
+                else argument
+                for argument in inner.arguments
+            )
             sources = tuple((renamed.get(source, source), location) for source, location in inner.sources)
             layers.append(dataclasses.replace(inner, index=len(layers), sources=sources, arguments=arguments, out=new))
             renamed[inner.out] = new

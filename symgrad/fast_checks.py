@@ -50,8 +50,10 @@ class StateReader:
         self.names = tuple(state)
         self._owners = tuple(owner for owner, _ in state.values())
         self._attributes = tuple(attribute for _, attribute in state.values())
-        kinds = tuple("_parameters" if attribute in owner._parameters else
-                      "_buffers" if attribute in owner._buffers else None for owner, attribute in state.values())
+        kinds = tuple(
+            "_parameters" if attribute in owner._parameters else "_buffers" if attribute in owner._buffers else None
+            for owner, attribute in state.values()
+        )
         self._kinds = None if None in kinds else kinds  # a property or parametrization when bound: getattr's
 
     def values(self) -> tuple | None:
@@ -136,9 +138,12 @@ class BatchCounter:
         if tuple(map(type, self._modules)) != self._classes:
             self.__init__(self._statistics)
         for calls, modules in self._groups:  # integer counters: no graph to keep out (no no_grad())
-            counters = ([module._buffers.get("num_batches_tracked") for module in modules]
-                        if torch.compiler.is_compiling() else  # the loop dynamo traces
-                        map(dict.get, map(getattr, modules, repeat("_buffers")), repeat("num_batches_tracked")))
+            counters = (
+                [module._buffers.get("num_batches_tracked") for module in modules]
+                if torch.compiler.is_compiling()
+                # the loop dynamo traces
+                else map(dict.get, map(getattr, modules, repeat("_buffers")), repeat("num_batches_tracked"))
+            )
             counters = [counter for counter in counters if counter is not None]
             if counters:
                 torch._foreach_add_(counters, calls)

@@ -34,8 +34,18 @@ ENTRY_KEYS = ("class", "code", "training", "calls", "hyper", "state")
 """What a submodule's entry may hold."""
 IGNORED = frozenset({"training", "inplace"})
 """Attributes that do not change what the module computes (``training`` is recorded apart, where read)."""
-WIDTHS = frozenset({"in_channels", "out_channels", "num_features", "in_features", "out_features", "num_channels",
-                    "normalized_shape", "embed_dim"})
+WIDTHS = frozenset(
+    {
+        "in_channels",
+        "out_channels",
+        "num_features",
+        "in_features",
+        "out_features",
+        "num_channels",
+        "normalized_shape",
+        "embed_dim",
+    }
+)
 """Hyper-parameters that are a width: a module written as blocks runs at any width, so they are not compared there."""
 WIDTH_WORDS = ("channels", "planes", "features", "width", "dim", "hidden", "filters")
 """A model's own attribute named with one of these (``self.inplanes``) is taken for a width too."""
@@ -43,6 +53,8 @@ WIDTH_WORDS = ("channels", "planes", "features", "width", "dim", "hidden", "filt
 
 def is_width(key: str) -> bool:
     return key in WIDTHS or any(word in key for word in WIDTH_WORDS)
+
+
 PATH = re.compile(r"\Z|[A-Za-z0-9_][A-Za-z0-9_-]{0,63}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,63}){0,31}\Z")
 KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 CODE = re.compile(r"[0-9a-f]{16}\Z")
@@ -121,8 +133,12 @@ def forward_hooks(module: torch.nn.Module) -> list[tuple[str, Any]]:
 
 def hook_dictionaries(model: torch.nn.Module) -> tuple[dict, ...]:
     """Every forward and backward hook dictionary of ``model``'s modules, in a fixed order."""
-    return tuple(getattr(module, name) for _, module in model.named_modules(remove_duplicate=False)
-                 for name in (*FORWARD_HOOKS, *BACKWARD_HOOKS) if isinstance(getattr(module, name, None), dict))
+    return tuple(
+        getattr(module, name)
+        for _, module in model.named_modules(remove_duplicate=False)
+        for name in (*FORWARD_HOOKS, *BACKWARD_HOOKS)
+        if isinstance(getattr(module, name, None), dict)
+    )
 
 
 def _value_text(value: Any) -> str:
@@ -161,8 +177,11 @@ def _hook_text(kind: str, hook) -> str:
     if inspect.ismethod(hook) and not isinstance(hook.__self__, torch.nn.Module):  # a module's state: its entry's
         parts += _state_text(getattr(hook.__self__, "__dict__", {}))
     if inspect.isfunction(function):
-        parts += [_source(function), _code_text(function.__code__),
-                  *(_value_text(cell.cell_contents) for cell in function.__closure__ or ())]
+        parts += [
+            _source(function),
+            _code_text(function.__code__),
+            *(_value_text(cell.cell_contents) for cell in function.__closure__ or ()),
+        ]
     else:
         kind_of = type(function)
         parts.append(_code_hash(kind_of) or f"<{kind_of.__module__}.{kind_of.__qualname__}>")
@@ -191,8 +210,10 @@ def _code_of(module: torch.nn.Module) -> str | None:
 def hooks_of(model: torch.nn.Module) -> dict[str, str | None]:
     """Per submodule path, :func:`hooks_hash`, or ``"backward"`` where it has a backward hook: what a
     bound step compares once a hook was registered or removed."""
-    return {path: "backward" if any(getattr(module, name, None) for name in BACKWARD_HOOKS) else hooks_hash(module)
-            for path, module in model.named_modules(remove_duplicate=False)}
+    return {
+        path: "backward" if any(getattr(module, name, None) for name in BACKWARD_HOOKS) else hooks_hash(module)
+        for path, module in model.named_modules(remove_duplicate=False)
+    }
 
 
 def _source(item) -> str:
@@ -226,9 +247,11 @@ def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) 
                 found = short(value_text(value))
             if found is not ...:
                 hyper[key] = found
-        state = {key: list(value.shape)
-                 for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-                 if value is not None}
+        state = {
+            key: list(value.shape)
+            for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+            if value is not None
+        }
         entry = {"class": type(module).__name__, "code": _code_of(module)}
         if _reads_training(type(module)):
             entry["training"] = bool(module.training)
@@ -242,9 +265,13 @@ def fingerprint_of(model: torch.nn.Module, calls: dict[str, int] | None = None) 
 def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
     """The ``fingerprint:`` section of a spec, checked to hold nothing but the literals
     :func:`fingerprint_of` writes (only those reach the generated module)."""
+
     def refuse(what: str, where: Location | None = None) -> SpecError:
-        return SpecError(f"fingerprint {what}", where or location,
-                         "trace the model again (symgrad trace ...); the fingerprint is written by the trace")
+        return SpecError(
+            f"fingerprint {what}",
+            where or location,
+            "trace the model again (symgrad trace ...); the fingerprint is written by the trace",
+        )
 
     if not isinstance(value, dict):
         raise refuse("must be a mapping of submodule paths to entries")
@@ -273,15 +300,22 @@ def parse_fingerprint(value: Any, location: Location) -> dict[str, dict]:
             if not isinstance(key, str) or not KEY.match(key) or literal(item) != item or literal(item) is ...:
                 raise refuse(f"entry {path!r} has hyper {key!r:.60}: {item!r:.60}, not a literal", where)
         for key, shape in state.items():
-            if (not isinstance(key, str) or not KEY.match(key) or not isinstance(shape, list) or len(shape) > 8
-                    or any(isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**40
-                           for size in shape)):
+            if (
+                not isinstance(key, str)
+                or not KEY.match(key)
+                or not isinstance(shape, list)
+                or len(shape) > 8
+                or any(isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**40 for size in shape)
+            ):
                 raise refuse(f"entry {path!r} has state {key!r:.60}: {shape!r:.60}, not a shape", where)
-        result[path] = {"class": entry["class"], "code": code,
-                        **({"training": entry["training"]} if "training" in entry else {}),
-                        **({"calls": calls} if "calls" in entry else {}),
-                        "hyper": {key: literal(item) for key, item in hyper.items()},
-                        "state": {key: [int(size) for size in shape] for key, shape in state.items()}}
+        result[path] = {
+            "class": entry["class"],
+            "code": code,
+            **({"training": entry["training"]} if "training" in entry else {}),
+            **({"calls": calls} if "calls" in entry else {}),
+            "hyper": {key: literal(item) for key, item in hyper.items()},
+            "state": {key: [int(size) for size in shape] for key, shape in state.items()},
+        }
     return result
 
 
@@ -311,6 +345,7 @@ def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100,
     """``value`` (checked literals) as Python source: on one line where it fits in ``width`` columns
     after ``lead`` of them, else one entry per line, indented by ``indent`` + 4 (``packed``: a list's
     entries as many to a line as fit, as a table's)."""
+
     def flat(item) -> str:
         if isinstance(item, dict):
             return "{" + ", ".join(f"{flat(key)}: {flat(entry)}" for key, entry in item.items()) + "}"
@@ -339,7 +374,9 @@ def python_literal(value: Any, indent: int = 0, lead: int = 0, width: int = 100,
     for key, entry in value.items():
         line = f"{inner}{flat(key)}: {python_literal(entry, indent + 4, indent + 6 + len(flat(key)), width)},"
         if len(line) > width and "\n" not in line:  # a long key (a guarded function's path): its value below it
-            line = f"{_split_key(key, inner, width)}:\n{inner}    {python_literal(entry, indent + 8, indent + 8, width)},"
+            line = (
+                f"{_split_key(key, inner, width)}:\n{inner}    {python_literal(entry, indent + 8, indent + 8, width)},"
+            )
         lines.append(line)
     return "{\n" + "\n".join(lines) + "\n" + " " * indent + "}"
 
@@ -376,8 +413,12 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
         shown, entry = path or "the model", now[path]
         now_hyper, now_state = digests(entry, any_width)
         if now_hyper != hyper:
-            values = ", ".join(f"{key}={value!r}" for key, value in entry["hyper"].items()
-                               if not (any_width and is_width(key))) or "none"
+            values = (
+                ", ".join(
+                    f"{key}={value!r}" for key, value in entry["hyper"].items() if not (any_width and is_width(key))
+                )
+                or "none"
+            )
             return f"{shown} ({kind}) has other hyper-parameters than traced (now {values})"
         if now_state != state:
             shapes = ", ".join(f"{key} {shape}" for key, shape in entry["state"].items()) or "none"
@@ -385,12 +426,19 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
     for path, (kind, code, *_) in traced.items():
         if now[path]["code"] != code:
             module = model.get_submodule(path)
-            hooked, class_code, shown = bool(forward_hooks(module)), _code_hash(type(module)), f"{path or 'the model'} ({kind})"
+            hooked, class_code, shown = (
+                bool(forward_hooks(module)),
+                _code_hash(type(module)),
+                f"{path or 'the model'} ({kind})",
+            )
             if hooked and class_code == code:
                 return f"{shown} has a forward hook the trace did not see"
             if class_code is None:  # PyTorch's own class: only hooks made its code differ
-                return (f"{shown} ran a forward hook when traced that it no longer has" if not hooked
-                        else f"{shown} has other forward hooks than traced")
+                return (
+                    f"{shown} ran a forward hook when traced that it no longer has"
+                    if not hooked
+                    else f"{shown} has other forward hooks than traced"
+                )
             return f"the code of {path or 'the model'}'s class {kind} changed since it was traced (or its forward hooks did)"
     return None
 
@@ -404,18 +452,26 @@ def module_constants(spec, any_width: bool = False, running: frozenset = frozens
     wrt = {name for name, _ in spec.wrt}
     frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt | running})
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
-    return (_fingerprint_literal(summaries) + "\n"
-            '"""The traced model by submodule (the spec\'s ``fingerprint:``; a row several share written\n'
-            'once): class, hashes of code, hypers and own tensors\' shapes, mode if read, BatchNorm runs;\n'
-            '``symgrad.bind`` refuses a model that differs."""\n'
-            + (f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
-               '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
-               'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
-               if frozen else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's")
-            + (f"\nGUARDS = {python_literal(_guards(spec.guards), lead=9)}\n"
-               '"""What else the traced forward read (``symgrad.guards``): the functions of the model\'s code it\n'
-               'called (hashed with what they read); its literal reads and non-tensor arguments, where any."""'
-               if spec.guards else ""))
+    return (
+        _fingerprint_literal(summaries) + "\n"
+        '"""The traced model by submodule (the spec\'s ``fingerprint:``; a row several share written\n'
+        "once): class, hashes of code, hypers and own tensors' shapes, mode if read, BatchNorm runs;\n"
+        '``symgrad.bind`` refuses a model that differs."""\n'
+        + (
+            f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
+            '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
+            'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
+            if frozen
+            else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's"
+        )
+        + (
+            f"\nGUARDS = {python_literal(_guards(spec.guards), lead=9)}\n"
+            '"""What else the traced forward read (``symgrad.guards``): the functions of the model\'s code it\n'
+            'called (hashed with what they read); its literal reads and non-tensor arguments, where any."""'
+            if spec.guards
+            else ""
+        )
+    )
 
 
 def _fingerprint_literal(summaries: dict[str, list]) -> str:
@@ -434,8 +490,13 @@ def _fingerprint_literal(summaries: dict[str, list]) -> str:
         if lines[-1] and len(lines[-1]) + 1 + len(pair) > 100:
             lines.append("")
         lines[-1] += (" " if lines[-1] else "    ") + pair
-    return ("FINGERPRINT = {path: [\n" + "".join(f"    {row},\n" for row in rows)
-            + "][row] for path, row in {\n" + "\n".join(lines) + "\n}.items()}")
+    return (
+        "FINGERPRINT = {path: [\n"
+        + "".join(f"    {row},\n" for row in rows)
+        + "][row] for path, row in {\n"
+        + "\n".join(lines)
+        + "\n}.items()}"
+    )
 
 
 def _guards(guards: dict) -> dict:

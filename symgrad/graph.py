@@ -67,9 +67,13 @@ class Graph:
     def symbols(self, node: Node) -> NodeSymbols:
         operands = {operand: tensor(source) for operand, source in node.operands.items()}
         operands.update(node.constants)
-        return NodeSymbols(node.name, operands, node.params,
-                           {operand: self.nodes[source].shape for operand, source in node.operands.items()},
-                           node.shape)
+        return NodeSymbols(
+            node.name,
+            operands,
+            node.params,
+            {operand: self.nodes[source].shape for operand, source in node.operands.items()},
+            node.shape,
+        )
 
     def depends_on_wrt(self) -> set[str]:
         """Nodes whose value depends on some ``wrt`` input: the only ones that need a gradient."""
@@ -86,10 +90,16 @@ class Graph:
         for node in graph.inputs:
             if node.dtype == "int64":
                 scored = [consumer for consumer, operand in graph.consumers(node.name) if operand == "target"]
-                bounds = [consumer.rule.index_bound({key: graph.nodes[source].shape for key, source in
-                                                     consumer.operands.items()}, consumer.params)
-                          for consumer, operand in graph.consumers(node.name) if operand in consumer.rule.index_operands]
-                counts[node.name] = min([graph.nodes[consumer.operands["input"]].shape[1] for consumer in scored] + bounds)
+                bounds = [
+                    consumer.rule.index_bound(
+                        {key: graph.nodes[source].shape for key, source in consumer.operands.items()}, consumer.params
+                    )
+                    for consumer, operand in graph.consumers(node.name)
+                    if operand in consumer.rule.index_operands
+                ]
+                counts[node.name] = min(
+                    [graph.nodes[consumer.operands["input"]].shape[1] for consumer in scored] + bounds
+                )
         return counts
 
     def with_input_shapes(self, shapes: dict[str, tuple[int, ...]]) -> "Graph":
@@ -111,21 +121,35 @@ def build_graph(spec: Spec, extra_rules: dict[str, Rule] | None = None) -> Graph
         if rule is None:
             hint = difflib.get_close_matches(layer.op, list(LAYER_RULES) + list(LOSS_RULES), n=1)
             suggestion = f"; did you mean '{hint[0]}'?" if hint else ""
-            raise SpecError(f"unknown op '{layer.op}'{suggestion}", layer.op_location,
-                            f"use one of: {', '.join(sorted(LAYER_RULES))} (`symgrad ops` lists them)")
+            raise SpecError(
+                f"unknown op '{layer.op}'{suggestion}",
+                layer.op_location,
+                f"use one of: {', '.join(sorted(LAYER_RULES))} (`symgrad ops` lists them)",
+            )
         node = Node(layer.out, "layer", layer.location, rule)
         reads = layer.sources if not (layer.implicit_in and not any(o.from_in for o in rule.operands)) else ()
-        _bind(node, rule, [source for source, _ in reads], reads,
-              {argument.name: (argument.value, argument.location) for argument in layer.arguments}, nodes)
+        _bind(
+            node,
+            rule,
+            [source for source, _ in reads],
+            reads,
+            {argument.name: (argument.value, argument.location) for argument in layer.arguments},
+            nodes,
+        )
         nodes[node.name] = node
 
     if spec.outputs is not None:  # a spec that ends in outputs: their cotangents seed the reverse walk
         from .outputs import Outputs
 
         entries = spec.outputs.entries  # one end node, named ``loss`` as every graph's end is
-        nodes["loss"] = Node("loss", "loss", spec.outputs.location, Outputs(len(entries)),
-                             operands={f"output_{index}": node for index, (_, node, _) in enumerate(entries)},
-                             params={"reduction": "none"})
+        nodes["loss"] = Node(
+            "loss",
+            "loss",
+            spec.outputs.location,
+            Outputs(len(entries)),
+            operands={f"output_{index}": node for index, (_, node, _) in enumerate(entries)},
+            params={"reduction": "none"},
+        )
         _infer_shapes(nodes)
         graph = Graph(spec, nodes, tuple(name for name, _ in spec.wrt))
         _check_reachability(graph)
@@ -134,13 +158,24 @@ def build_graph(spec: Spec, extra_rules: dict[str, Rule] | None = None) -> Graph
     rule = LOSS_RULES.get(loss.op)
     if rule is None:
         hint = difflib.get_close_matches(loss.op, list(LOSS_RULES), n=1)
-        raise SpecError(f"unknown loss '{loss.op}'" + (f"; did you mean '{hint[0]}'?" if hint else ""), loss.location,
-                        f"use one of: {', '.join(sorted(LOSS_RULES))}")
+        raise SpecError(
+            f"unknown loss '{loss.op}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
+            loss.location,
+            f"use one of: {', '.join(sorted(LOSS_RULES))}",
+        )
     node = Node("loss", "loss", loss.location, rule)
-    _bind(node, rule, [loss.source[0]], (loss.source,),
-          {"target": (loss.target[0], loss.target[1]),
-           **({"reduction": (loss.reduction, loss.reduction_location)} if loss.reduction is not None else {}),
-           **{argument.name: (argument.value, argument.location) for argument in loss.arguments}}, nodes)
+    _bind(
+        node,
+        rule,
+        [loss.source[0]],
+        (loss.source,),
+        {
+            "target": (loss.target[0], loss.target[1]),
+            **({"reduction": (loss.reduction, loss.reduction_location)} if loss.reduction is not None else {}),
+            **{argument.name: (argument.value, argument.location) for argument in loss.arguments},
+        },
+        nodes,
+    )
     nodes["loss"] = node
     _check_class_targets(nodes)
     _infer_shapes(nodes)
@@ -150,21 +185,32 @@ def build_graph(spec: Spec, extra_rules: dict[str, Rule] | None = None) -> Graph
     return graph
 
 
-def _bind(node: Node, rule: Rule, sources: list[str], source_locations, arguments: dict[str, tuple[Any, Location]],
-          nodes: dict[str, Node]) -> None:
+def _bind(
+    node: Node,
+    rule: Rule,
+    sources: list[str],
+    source_locations,
+    arguments: dict[str, tuple[Any, Location]],
+    nodes: dict[str, Node],
+) -> None:
     """Fill the node's operands and params from ``in:`` and the layer's keyword arguments."""
     variadic = next((operand for operand in rule.operands if operand.variadic), None)
     if variadic is not None:
         if len(sources) < 2:
-            raise SpecError(f"{rule.op} needs at least two tensors under 'in:'", node.location,
-                            "list the tensors to join, e.g. `in: [a, b]`")
+            raise SpecError(
+                f"{rule.op} needs at least two tensors under 'in:'",
+                node.location,
+                "list the tensors to join, e.g. `in: [a, b]`",
+            )
         node.operands.update({f"{variadic.name}_{index}": source for index, source in enumerate(sources)})
         sources = []
     from_in = [operand for operand in rule.operands if operand.from_in and not operand.variadic]
     if len(sources) > len(from_in):
-        raise SpecError(f"{rule.op} reads {len(from_in)} tensor(s) from 'in:' but {len(sources)} are given",
-                        source_locations[len(from_in)][1],
-                        f"list at most {len(from_in)} name(s) under 'in:' ({', '.join(o.name for o in from_in)})")
+        raise SpecError(
+            f"{rule.op} reads {len(from_in)} tensor(s) from 'in:' but {len(sources)} are given",
+            source_locations[len(from_in)][1],
+            f"list at most {len(from_in)} name(s) under 'in:' ({', '.join(o.name for o in from_in)})",
+        )
     for operand, source in zip(from_in, sources):
         node.operands[operand.name] = source
     for operand in rule.operands:
@@ -173,14 +219,18 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
         if operand.name in arguments:
             value, location = arguments.pop(operand.name)
             if operand.name in node.operands and operand.from_in and len(sources) > from_in.index(operand):
-                raise SpecError(f"{rule.op}: '{operand.name}' is given both by 'in:' and by name", location,
-                                "give it once")
+                raise SpecError(
+                    f"{rule.op}: '{operand.name}' is given both by 'in:' and by name", location, "give it once"
+                )
             if isinstance(value, str):
                 if value not in nodes:
                     hint = difflib.get_close_matches(value, list(nodes), n=1)
-                    raise SpecError(f"{rule.op}: '{operand.name}' names '{value}', which is not defined before this layer"
-                                    + (f"; did you mean '{hint[0]}'?" if hint else ""), location,
-                                    "name a declared input or an earlier layer's `out:`")
+                    raise SpecError(
+                        f"{rule.op}: '{operand.name}' names '{value}', which is not defined before this layer"
+                        + (f"; did you mean '{hint[0]}'?" if hint else ""),
+                        location,
+                        "name a declared input or an earlier layer's `out:`",
+                    )
                 node.operands[operand.name] = value
             elif operand.hyper and isinstance(value, (int, float)) and hasattr(value, "name"):
                 node.constants[operand.name] = tensor(value.name)  # a block's hyper: a symbol, printed by name
@@ -190,8 +240,11 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
                 node.constants[operand.name] = number(value, ParamContext(rule.op, operand.name, location))
             else:
                 kind = "a node name or a number" if operand.constant_ok else "a node name"
-                raise SpecError(f"{rule.op}: '{operand.name}' must be {kind}, not {value!r}", location,
-                                f"write `{operand.name}: NAME` with a declared tensor")
+                raise SpecError(
+                    f"{rule.op}: '{operand.name}' must be {kind}, not {value!r}",
+                    location,
+                    f"write `{operand.name}: NAME` with a declared tensor",
+                )
         if operand.name not in node.operands and operand.name not in node.constants and not operand.optional:
             how = "list it under 'in:'" if operand.from_in else f"add `{operand.name}: NAME`"
             raise SpecError(f"{rule.op} needs '{operand.name}'", node.location, how)
@@ -199,8 +252,11 @@ def _bind(node: Node, rule: Rule, sources: list[str], source_locations, argument
         if name not in rule.params:
             known = [operand.name for operand in rule.operands] + list(rule.params)
             hint = difflib.get_close_matches(name, known, n=1) if name not in rule.argument_hints else []
-            raise SpecError(f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
-                            location, rule.argument_hints.get(name, f"{rule.op} takes: {', '.join(known)}"))
+            raise SpecError(
+                f"{rule.op} has no argument '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
+                location,
+                rule.argument_hints.get(name, f"{rule.op} takes: {', '.join(known)}"),
+            )
         if has_like(value):  # resolved once the shapes before it are known (_infer_shapes)
             node.params[name] = value
             continue
@@ -219,12 +275,18 @@ def _check_class_targets(nodes: dict[str, Node]) -> None:
         for operand, source in node.operands.items():
             classifies = (node.rule.class_targets and operand == "target") or operand in node.rule.index_operands
             if nodes[source].dtype == "int64" and not classifies:
-                raise SpecError(f"'{source}' is int64 (class indices), but {node.rule.op} '{node.name}' reads it as its "
-                                f"{operand}", node.location, "use int64 inputs only as the target of cross_entropy or nll_loss, or as index's index")
+                raise SpecError(
+                    f"'{source}' is int64 (class indices), but {node.rule.op} '{node.name}' reads it as its {operand}",
+                    node.location,
+                    "use int64 inputs only as the target of cross_entropy or nll_loss, or as index's index",
+                )
             if classifies and nodes[source].dtype != "int64" and not node.rule.float_index_ok:
-                raise SpecError(f"{node.rule.op} needs {'class' if operand == 'target' else 'integer'} indices, but "
-                                f"{operand} '{source}' is a float tensor",
-                                node.location, f"declare '{source}' with `dtype: int64`")
+                raise SpecError(
+                    f"{node.rule.op} needs {'class' if operand == 'target' else 'integer'} indices, but "
+                    f"{operand} '{source}' is a float tensor",
+                    node.location,
+                    f"declare '{source}' with `dtype: int64`",
+                )
 
 
 def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
@@ -239,13 +301,19 @@ def _resolve_references(node: Node, nodes: dict[str, Node]) -> None:
             # of a node of the input's rank (a Like with dims or size is one size: narrow's length)
             referenced = nodes[value.node].shape
             if len(referenced) < 3 or len(referenced) != len(own):
-                raise SpecError(f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "
-                                f"of '{value.node}' {list(referenced)}, which do not fit the input {list(own)}",
-                                value.location, "name a node of the input's rank, [N, C, ...] with spatial dims")
+                raise SpecError(
+                    f"{node.rule.op} '{node.name}': {name} {value} reads the spatial sizes (dims 2 on) "
+                    f"of '{value.node}' {list(referenced)}, which do not fit the input {list(own)}",
+                    value.location,
+                    "name a node of the input's rank, [N, C, ...] with spatial dims",
+                )
             mode = node.params.get("mode", "constant") if node.rule.op == "pad" else "constant"
             if mode != "constant":  # the copying modes' checks (pads >= 0, < the size) need numbers
-                raise SpecError(f"pad '{node.name}': pad {value} pads in constant mode only, not '{mode}'",
-                                value.location, f"give the pads as numbers for mode {mode}, or pad in constant mode")
+                raise SpecError(
+                    f"pad '{node.name}': pad {value} pads in constant mode only, not '{mode}'",
+                    value.location,
+                    f"give the pads as numbers for mode {mode}, or pad in constant mode",
+                )
         resolved = _with_ranks(value, nodes, source, len(own))
         location = value.location if isinstance(value, Like) else next(v for v in value if isinstance(v, Like)).location
         context = ParamContext(node.rule.op, name, location, node.rule.spatial_dims())
@@ -284,13 +352,16 @@ def sized(params: dict[str, Any], shape_of: Callable[[str], tuple]) -> dict[str,
 
     if not any(_reads_sizes(value) for value in params.values()):
         return params  # the same dict: a rule's infer_shape may write into it ('same' padding's resolved ints)
-    return {key: tuple(value_of(part) for part in value) if isinstance(value, tuple) else value_of(value)
-            for key, value in params.items()}
+    return {
+        key: tuple(value_of(part) for part in value) if isinstance(value, tuple) else value_of(value)
+        for key, value in params.items()
+    }
 
 
 def _reads_sizes(value: Any) -> bool:
-    return any(isinstance(part, sympy.Basic) and part.atoms(Size)
-               for part in (value if isinstance(value, tuple) else (value,)))
+    return any(
+        isinstance(part, sympy.Basic) and part.atoms(Size) for part in (value if isinstance(value, tuple) else (value,))
+    )
 
 
 def _infer_shapes(nodes: dict[str, Node]) -> None:
@@ -304,8 +375,10 @@ def _infer_shapes(nodes: dict[str, Node]) -> None:
             params = sized(node.params, lambda name: nodes[name].shape)
             node.shape = tuple(node.rule.infer_shape(shapes, params, check))
         except SpecError as error:
-            context = "; ".join(f"{operand} is '{source}' {nodes[source].shape} from line {nodes[source].location.line}"
-                                for operand, source in node.operands.items())
+            context = "; ".join(
+                f"{operand} is '{source}' {nodes[source].shape} from line {nodes[source].location.line}"
+                for operand, source in node.operands.items()
+            )
             raise SpecError(f"{error.message} [{context}]", error.location, error.fix) from None
 
 
@@ -319,9 +392,15 @@ def _check_reachability(graph: Graph) -> None:
             needed.update(node.operands.values(), size_references(node))
     for node in graph.nodes.values():
         if node.kind == "layer" and node.name not in needed:
-            raise SpecError(f"layer '{node.name}' ({node.rule.op}) does not contribute to the loss", node.location,
-                            "remove it, or make a later layer read it with `in:`")
+            raise SpecError(
+                f"layer '{node.name}' ({node.rule.op}) does not contribute to the loss",
+                node.location,
+                "remove it, or make a later layer read it with `in:`",
+            )
     for name, location in graph.spec.wrt:
         if name not in feeds_loss:
-            raise SpecError(f"'wrt' names '{name}', which does not influence the loss, so its gradient is zero",
-                            location, f"remove '{name}' from wrt, or use it in a layer")
+            raise SpecError(
+                f"'wrt' names '{name}', which does not influence the loss, so its gradient is zero",
+                location,
+                f"remove '{name}' from wrt, or use it in a layer",
+            )

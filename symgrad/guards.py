@@ -41,8 +41,10 @@ from .output_types import output_entry
 MAX_TEXT = 200
 PATH = re.compile(r"[A-Za-z0-9_.<>:#/@-]{1,300}\Z")
 HASH = re.compile(r"[0-9a-f]{16}\Z")
-LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
-    os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"]))
+LIBRARY_DIRS = tuple(
+    os.path.join(os.path.realpath(path), "")
+    for path in (os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"])
+)
 """Code that is not the model's: PyTorch's, symgrad's, the standard library's (guarded by its version)."""
 
 MISSING = object()
@@ -63,7 +65,14 @@ def _is_library_object(value) -> bool:
     it lacks, ``__module__`` too, and raises on the next read."""
     module = _module_name(value) if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
     return (module if isinstance(module, str) else "").split(".")[0] in (
-        "torch", "builtins", "functools", "math", "operator", "typing", "collections")
+        "torch",
+        "builtins",
+        "functools",
+        "math",
+        "operator",
+        "typing",
+        "collections",
+    )
 
 
 def _from_library(cls: type) -> bool:
@@ -140,7 +149,9 @@ def value_text(value: Any, depth: int = 0) -> str | None:
     if inspect.isbuiltin(value) or inspect.isclass(value):
         return f"{getattr(value, '__module__', None) or ''}.{getattr(value, '__qualname__', value.__name__)}"
     if not _is_library_object(type(value)) and hasattr(value, "__dict__"):
-        state = ", ".join(f"{key}={inner(item)}" for key, item in sorted(vars(value).items()) if not key.startswith("_"))
+        state = ", ".join(
+            f"{key}={inner(item)}" for key, item in sorted(vars(value).items()) if not key.startswith("_")
+        )
         return f"{type(value).__qualname__}({state})"
     return f"<{type(value).__qualname__}>"
 
@@ -186,8 +197,13 @@ def literal_or_text(value: Any) -> Any:
         return float(value) if math.isfinite(value) else str(value)
     if type(value) is str and len(value) <= MAX_TEXT and value.isprintable():
         return value
-    if isinstance(value, list) and len(value) <= 16 and all(
-            item is None or type(item) in (bool, int, float) or type(item) is str and len(item) < 60 for item in value):
+    if (
+        isinstance(value, list)
+        and len(value) <= 16
+        and all(
+            item is None or type(item) in (bool, int, float) or type(item) is str and len(item) < 60 for item in value
+        )
+    ):
         return [literal_or_text(item) for item in value]
     return short(value_text(value) or f"<{type(value).__qualname__}>")
 
@@ -222,6 +238,7 @@ class CallRecorder:
 
 class _Called(set):
     """The code objects called; ``returned``: the type each one last returned."""
+
     returned: dict[types.CodeType, type]
 
 
@@ -264,11 +281,17 @@ def _reads(function) -> list[tuple[str, Any]]:
             continue
         value = scope[name]
         found.append((name, value))
-        if isinstance(value, types.ModuleType) and not _is_library_object(value) and \
-                not str(vars(value).get("__file__") or "").startswith(LIBRARY_DIRS):
+        if (
+            isinstance(value, types.ModuleType)
+            and not _is_library_object(value)
+            and not str(vars(value).get("__file__") or "").startswith(LIBRARY_DIRS)
+        ):
             members = vars(value)  # what the module holds now: a lazy module's attribute is not imported here
-            found += [(f"{name}.{attribute}", members[attribute]) for attribute in names
-                      if attribute != name and attribute in members]
+            found += [
+                (f"{name}.{attribute}", members[attribute])
+                for attribute in names
+                if attribute != name and attribute in members
+            ]
     for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
         try:
             found.append((name, cell.cell_contents))
@@ -313,8 +336,13 @@ def functions_of(model: torch.nn.Module, follow: bool = True) -> dict[str, types
             if key.startswith("_"):
                 continue
             add(f"{module_path}:{key}", value)
-            if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__") and not inspect.isroutine(value) \
-                    and not inspect.isclass(value) and not _is_library_object(type(value)):
+            if (
+                not isinstance(value, torch.nn.Module)
+                and hasattr(value, "__dict__")
+                and not inspect.isroutine(value)
+                and not inspect.isclass(value)
+                and not _is_library_object(type(value))
+            ):
                 add_class(f"{module_path}:{key}", type(value))  # a callable object's methods
     while queue and follow:
         path, function = queue.pop(0)
@@ -354,9 +382,15 @@ def _step(function, step: str):
         owner, _, member = step.rpartition(".")
         holder = reads.get(owner, reads.get(owner.partition(".")[0]))
         if inspect.isclass(holder):
-            value = next((vars(klass)[member] for klass in holder.__mro__ if member in vars(klass)  # a base
-                          and (klass is not holder and klass.__qualname__ == base if base else klass is holder)),
-                         MISSING)  # of the class's own name (diffusers' Transformer2DModelOutput) is the base
+            value = next(
+                (
+                    vars(klass)[member]
+                    for klass in holder.__mro__
+                    if member in vars(klass)  # a base
+                    and (klass is not holder and klass.__qualname__ == base if base else klass is holder)
+                ),
+                MISSING,
+            )  # of the class's own name (diffusers' Transformer2DModelOutput) is the base
         elif isinstance(holder, types.ModuleType):
             value = vars(holder).get(member, MISSING)
             if value is MISSING and not _is_library_object(holder):  # a lazy module's submodule: imported now
@@ -418,8 +452,9 @@ def arguments_of(function, shapes: dict, arguments: dict) -> dict[str, Any]:
     return found
 
 
-def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, arguments: dict,
-                sizes: dict | None = None) -> str:
+def guards_text(
+    module: torch.nn.Module, function, called: set, shapes: dict, arguments: dict, sizes: dict | None = None
+) -> str:
     """The spec's ``guards:`` section (flow-style YAML of checked literals); ``sizes``: each input's shape where
     it was traced with static sizes (``symgrad.trace.static_sizes``)."""
     import json
@@ -427,18 +462,25 @@ def guards_text(module: torch.nn.Module, function, called: set, shapes: dict, ar
     import yaml
 
     codes, values = code_guards(module, called)
-    guards = {"code": codes, "values": values, "arguments": arguments_of(function, shapes, arguments),
-              "output": output_entry(getattr(called, "returned", {}).get(getattr(function, "__code__", None)), module)}
+    guards = {
+        "code": codes,
+        "values": values,
+        "arguments": arguments_of(function, shapes, arguments),
+        "output": output_entry(getattr(called, "returned", {}).get(getattr(function, "__code__", None)), module),
+    }
     if sizes:
         guards["sizes"] = sizes
 
     def line(value) -> str:  # one value in flow style (a bare scalar would end its document with "...")
         return yaml.safe_dump([value], default_flow_style=True, width=10_000, sort_keys=False).strip()[1:-1]
 
-    return "guards:\n" + "".join(f"  {key}:\n" + "".join(f"    {json.dumps(name)}: {line(item)}\n"
-                                                         for name, item in entries.items())
-                                 if entries else f"  {key}: {{}}\n" for key, entries in guards.items()
-                                 if entries or key not in ("output", "sizes"))
+    return "guards:\n" + "".join(
+        f"  {key}:\n" + "".join(f"    {json.dumps(name)}: {line(item)}\n" for name, item in entries.items())
+        if entries
+        else f"  {key}: {{}}\n"
+        for key, entries in guards.items()
+        if entries or key not in ("output", "sizes")
+    )
 
 
 def parse_guards(value: Any, location) -> dict:
@@ -446,8 +488,9 @@ def parse_guards(value: Any, location) -> dict:
     from .errors import SpecError
 
     def refuse(what: str) -> SpecError:
-        return SpecError(f"guards {what}", location, "trace the model again (symgrad trace ...); the guards are "
-                         "written by the trace")
+        return SpecError(
+            f"guards {what}", location, "trace the model again (symgrad trace ...); the guards are written by the trace"
+        )
 
     if not isinstance(value, dict) or set(value) - {"code", "values", "arguments", "output", "sizes"}:
         raise refuse("must be a mapping of code, values and arguments (and output, sizes)")

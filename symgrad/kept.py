@@ -36,8 +36,11 @@ def kept_as_shapes(fast: Program) -> tuple[Program, dict[str, str]]:
     whole, shaped = set(fast.default_cotangent.free_symbols), set()
     for statement in fast.backward:
         split_reads(statement.value, whole, shaped)
-    shapes = {symbol: ShapeOf(f"{symbol.name}_shape") for symbol in sorted(shaped & made - whole, key=str)
-              if f"{symbol.name}_shape" not in names}
+    shapes = {
+        symbol: ShapeOf(f"{symbol.name}_shape")
+        for symbol in sorted(shaped & made - whole, key=str)
+        if f"{symbol.name}_shape" not in names
+    }
     if not shapes:
         return fast, {}
     return _keeping(fast, shapes, "shape", lambda value: _on_shapes(value, shapes))
@@ -52,8 +55,10 @@ def _keeping(fast: Program, kept: dict, primitive: str, rewritten) -> tuple[Prog
         if statement.target in kept:
             forward.append(Statement(kept[statement.target], op(primitive, statement.target), statement.node))
     backward = [dataclasses.replace(statement, value=rewritten(statement.value)) for statement in fast.backward]
-    return (dataclasses.replace(fast, forward=forward, backward=backward),
-            {value.name: symbol.name for symbol, value in kept.items()})
+    return (
+        dataclasses.replace(fast, forward=forward, backward=backward),
+        {value.name: symbol.name for symbol, value in kept.items()},
+    )
 
 
 def split_reads(expr, whole: set, shaped: set, laid_out: set | None = None) -> None:
@@ -88,8 +93,10 @@ def _on_shapes(expr, shapes: dict):
     if isinstance(expr, Size):
         return Size(shapes[expr.of], expr.axis) if expr.of in shapes else expr
     if isinstance(expr, TensorOp):
-        operands = [shapes.get(operand, operand) if index in expr.primitive.shape_operands
-                    else _on_shapes(operand, shapes) for index, operand in enumerate(expr.operands)]
+        operands = [
+            shapes.get(operand, operand) if index in expr.primitive.shape_operands else _on_shapes(operand, shapes)
+            for index, operand in enumerate(expr.operands)
+        ]
         params = Params(tuple((key, _on_shapes_value(value, shapes)) for key, value in expr.params.items()))
         if operands == list(expr.operands) and params == expr.params:
             return expr
@@ -119,20 +126,34 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     recomputed activation reads (``plan._recomputed``). Also {mask name: tensor name}."""
     made = {statement.target: statement for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
-    pullbacks = {expression for statement in fast.backward for expression in statement.value.atoms(TensorOp)
-                 if expression.primitive.name == "threshold_backward" and expression.operands[1] in made}
+    pullbacks = {
+        expression
+        for statement in fast.backward
+        for expression in statement.value.atoms(TensorOp)
+        if expression.primitive.name == "threshold_backward" and expression.operands[1] in made
+    }
     whole, shaped, laid_out = set(fast.default_cotangent.free_symbols), set(), set()
     for statement in fast.backward:  # every read but those pullbacks' of the ReLU output
-        split_reads(statement.value.xreplace({pullback: pullback.operands[0] for pullback in pullbacks}),
-                    whole, shaped, laid_out)
+        split_reads(
+            statement.value.xreplace({pullback: pullback.operands[0] for pullback in pullbacks}),
+            whole,
+            shaped,
+            laid_out,
+        )
     whole |= laid_out - _laid_out_kept(fast, names)  # a layout is kept only where kept_as_layouts keeps it
-    recomputed_from = {symbol for statement in fast.forward if statement.target in whole
-                       and isinstance(statement.value, TensorOp) and statement.value.primitive.recomputable
-                       for symbol in statement.value.free_symbols}
+    recomputed_from = {
+        symbol
+        for statement in fast.forward
+        if statement.target in whole
+        and isinstance(statement.value, TensorOp)
+        and statement.value.primitive.recomputable
+        for symbol in statement.value.free_symbols
+    }
     kept_anyway = whole | kept_by_caller | _aliased(fast, whole | kept_by_caller)
     replaced = {}
-    for symbol in sorted({pullback.operands[1] for pullback in pullbacks} - kept_anyway - _held(fast)
-                         - recomputed_from, key=str):
+    for symbol in sorted(
+        {pullback.operands[1] for pullback in pullbacks} - kept_anyway - _held(fast) - recomputed_from, key=str
+    ):
         value = made[symbol].value
         operand = value.operands[0] if isinstance(value, TensorOp) and value.primitive.name == "relu" else None
         if operand is not None and operand.is_Symbol and (operand not in made or operand in kept_anyway):
@@ -142,9 +163,11 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     if not replaced:
         return fast, {}
     masks = {symbol: mask for symbol, mask in replaced.items() if mask.name == f"{symbol.name}_active"}
-    rewritten = {pullback: TensorOp(pullback.args[0], pullback.params, pullback.operands[0],
-                                    replaced[pullback.operands[1]])
-                 for pullback in pullbacks if pullback.operands[1] in replaced}
+    rewritten = {
+        pullback: TensorOp(pullback.args[0], pullback.params, pullback.operands[0], replaced[pullback.operands[1]])
+        for pullback in pullbacks
+        if pullback.operands[1] in replaced
+    }
     return _keeping(fast, masks, "active", lambda value: value.xreplace(rewritten))
 
 
@@ -157,18 +180,29 @@ def kept_as_narrow_indices(fast: Program, kept_by_caller: set) -> tuple[Program,
     (``.long()``): the same positions. Autograd keeps them int64. Also {kept name: indices name}."""
     made = {statement.target: statement.value for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
-    pullbacks = {expression for statement in fast.backward for expression in statement.value.atoms(TensorOp)
-                 if expression.primitive.name == "max_pool_backward"}
+    pullbacks = {
+        expression
+        for statement in fast.backward
+        for expression in statement.value.atoms(TensorOp)
+        if expression.primitive.name == "max_pool_backward"
+    }
     whole, shaped = set(fast.default_cotangent.free_symbols) | kept_by_caller, set()
     for statement in fast.backward:  # every read but those pullbacks' of their indices
-        split_reads(statement.value.xreplace({pullback: sympy.Tuple(*pullback.operands[:2])
-                                              for pullback in pullbacks}), whole, shaped)
+        split_reads(
+            statement.value.xreplace({pullback: sympy.Tuple(*pullback.operands[:2]) for pullback in pullbacks}),
+            whole,
+            shaped,
+        )
     narrowed = {}
     for indices in sorted({pullback.operands[2] for pullback in pullbacks} - whole - shaped - _held(fast), key=str):
         entry = made.get(indices)  # pooled_pool[1], an entry of F.max_pool2d(x, ..., return_indices=True)
         pooled = made.get(entry.operands[0]) if isinstance(entry, TensorOp) and entry.primitive.name == "item" else None
-        if (isinstance(pooled, TensorOp) and pooled.primitive.name == "max_pool_with_indices"
-                and pooled.operands[0].is_Symbol and f"{indices.name}_narrow" not in names):
+        if (
+            isinstance(pooled, TensorOp)
+            and pooled.primitive.name == "max_pool_with_indices"
+            and pooled.operands[0].is_Symbol
+            and f"{indices.name}_narrow" not in names
+        ):
             narrowed[indices] = (tensor(f"{indices.name}_narrow"), pooled.operands[0], pooled.params["start"])
     if not narrowed:
         return fast, {}
@@ -186,16 +220,43 @@ def kept_as_narrow_indices(fast: Program, kept_by_caller: set) -> tuple[Program,
             indices = after[statement.target]
             kept, pool_input, start = narrowed[indices]
             forward.append(Statement(kept, op("narrowed_indices", indices, pool_input, start=start), statement.node))
-    rewritten = {pullback: TensorOp(pullback.args[0], Params(pullback.params.items() + (("narrowed", True),)),
-                                    *pullback.operands[:2], narrowed[pullback.operands[2]][0])
-                 for pullback in pullbacks if pullback.operands[2] in narrowed}
-    backward = [dataclasses.replace(statement, value=statement.value.xreplace(rewritten)) for statement in fast.backward]
-    return (dataclasses.replace(fast, forward=forward, backward=backward),
-            {kept.name: indices.name for indices, (kept, _, _) in narrowed.items()})
+    rewritten = {
+        pullback: TensorOp(
+            pullback.args[0],
+            Params(pullback.params.items() + (("narrowed", True),)),
+            *pullback.operands[:2],
+            narrowed[pullback.operands[2]][0],
+        )
+        for pullback in pullbacks
+        if pullback.operands[2] in narrowed
+    }
+    backward = [
+        dataclasses.replace(statement, value=statement.value.xreplace(rewritten)) for statement in fast.backward
+    ]
+    return (
+        dataclasses.replace(fast, forward=forward, backward=backward),
+        {kept.name: indices.name for indices, (kept, _, _) in narrowed.items()},
+    )
 
 
-VIEWS = frozenset({"reshape", "reshape_like", "flatten", "permute", "unsqueeze", "squeeze", "squeeze_dims",
-                   "narrow", "expand", "select", "slice", "channel_view", "group_view", "group_unview"})
+VIEWS = frozenset(
+    {
+        "reshape",
+        "reshape_like",
+        "flatten",
+        "permute",
+        "unsqueeze",
+        "squeeze",
+        "squeeze_dims",
+        "narrow",
+        "expand",
+        "select",
+        "slice",
+        "channel_view",
+        "group_view",
+        "group_unview",
+    }
+)
 """The primitives whose output may share its operand's memory (a view): keeping less of a value is
 worth nothing while a view of it stays."""
 
@@ -217,10 +278,18 @@ def _aliased(fast: Program, kept: set) -> set:
 def _laid_out_kept(fast: Program, names: set) -> set:
     """The forward values :func:`kept_as_layouts` may keep as their layout (where nothing else needs
     more): not a value a block keeps itself, nor one whose kernel's gradient is not a name."""
-    unnamed = {operand for statement in fast.backward for call in statement.value.atoms(TensorOp)
-               if call.primitive.layout_operands and not _named(call.operands[0]) for operand in call.operands}
-    return {statement.target for statement in fast.forward
-            if f"{statement.target.name}_layout" not in names} - unnamed - _held(fast)
+    unnamed = {
+        operand
+        for statement in fast.backward
+        for call in statement.value.atoms(TensorOp)
+        if call.primitive.layout_operands and not _named(call.operands[0])
+        for operand in call.operands
+    }
+    return (
+        {statement.target for statement in fast.forward if f"{statement.target.name}_layout" not in names}
+        - unnamed
+        - _held(fast)
+    )
 
 
 def kept_as_layouts(fast: Program) -> tuple[Program, dict[str, str]]:
@@ -237,8 +306,10 @@ def kept_as_layouts(fast: Program) -> tuple[Program, dict[str, str]]:
     for statement in fast.backward:
         split_reads(statement.value, whole, shaped, laid_out)
     whole |= _aliased(fast, whole)  # a view of it stays: so does it
-    layouts = {symbol: tensor(f"{symbol.name}_layout")
-               for symbol in sorted(laid_out & made & _laid_out_kept(fast, names) - whole, key=str)}
+    layouts = {
+        symbol: tensor(f"{symbol.name}_layout")
+        for symbol in sorted(laid_out & made & _laid_out_kept(fast, names) - whole, key=str)
+    }
     if not layouts:
         return fast, {}
     return _keeping(fast, layouts, "layout", lambda value: _on_layouts(value, layouts))
@@ -246,7 +317,9 @@ def kept_as_layouts(fast: Program) -> tuple[Program, dict[str, str]]:
 
 def _named(expr) -> bool:
     """A name, or an entry of a named tuple: printed twice, it computes nothing twice."""
-    return expr.is_Symbol or (isinstance(expr, TensorOp) and expr.primitive.name == "item" and expr.operands[0].is_Symbol)
+    return expr.is_Symbol or (
+        isinstance(expr, TensorOp) and expr.primitive.name == "item" and expr.operands[0].is_Symbol
+    )
 
 
 def _held(fast: Program) -> set:
@@ -268,8 +341,10 @@ def _on_layouts(expr, layouts: dict):
     if not isinstance(expr, sympy.Basic) or not expr.args:
         return expr
     if isinstance(expr, TensorOp):
-        operands = [layouts.get(operand, operand) if index in expr.primitive.layout_operands
-                    else _on_layouts(operand, layouts) for index, operand in enumerate(expr.operands)]
+        operands = [
+            layouts.get(operand, operand) if index in expr.primitive.layout_operands else _on_layouts(operand, layouts)
+            for index, operand in enumerate(expr.operands)
+        ]
         if operands == list(expr.operands):
             return expr
         laid_out = any(expr.operands[index] in layouts for index in expr.primitive.layout_operands)

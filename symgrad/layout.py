@@ -3,8 +3,31 @@ string literal is cut) laid out black-style across lines of at most ``width`` co
 
 from __future__ import annotations
 
-_PRIORITY = {"or": 1, "and": 2, "not": 3, "in": 4, "is": 4, "<": 4, ">": 4, "==": 4, ">=": 4, "<=": 4, "!=": 4,
-             "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10, "%": 10, "@": 10}
+_PRIORITY = {
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "in": 4,
+    "is": 4,
+    "<": 4,
+    ">": 4,
+    "==": 4,
+    ">=": 4,
+    "<=": 4,
+    "!=": 4,
+    "|": 5,
+    "^": 6,
+    "&": 7,
+    "<<": 8,
+    ">>": 8,
+    "+": 9,
+    "-": 9,
+    "*": 10,
+    "/": 10,
+    "//": 10,
+    "%": 10,
+    "@": 10,
+}
 """Binary operators a long expression may break before, loosest first (``**`` never breaks)."""
 _OPENING, _CLOSING = "([{", ")]}"
 _UNSPLITTABLE = {"for", "if", "else", "lambda", "async", "await", "yield", ":="}
@@ -45,7 +68,7 @@ class Layout:
                 self.closes[stack.pop()] = index
 
     def text(self, start: int, stop: int) -> str:
-        return self.code[self.tokens[start][1]:self.tokens[stop - 1][2]] if start < stop else ""
+        return self.code[self.tokens[start][1] : self.tokens[stop - 1][2]] if start < stop else ""
 
     def top(self, start: int, stop: int) -> list[int]:
         """The token indices of ``start:stop`` outside any bracket inside it."""
@@ -67,8 +90,11 @@ class Layout:
         if equals is not None:
             head, start = self._target(0, equals, indent, count), equals + 1
         elif self.tokens[0][0] in ("if", "elif", "while") and self.tokens[-1][0] == ":":  # black's
-            return ([" " * indent + self.tokens[0][0] + " ("] + self.expression(1, count - 1, indent + 4)
-                    + [" " * indent + "):"])
+            return (
+                [" " * indent + self.tokens[0][0] + " ("]
+                + self.expression(1, count - 1, indent + 4)
+                + [" " * indent + "):"]
+            )
         elif self.tokens[0][0] == "assert" and any(self.tokens[index][0] == "," for index in top):
             return self._assert(next(index for index in top if self.tokens[index][0] == ","), indent)
         elif self.tokens[0][0] in ("return", "del", "raise", "assert"):
@@ -88,8 +114,7 @@ class Layout:
         message = self.text(comma + 1, count)
         if self.fits(0, lines[-1], ", ", message):
             return lines[:-1] + [lines[-1] + ", " + message]
-        return (lines[:-1] + [lines[-1] + ", ("] + self.expression(comma + 1, count, indent + 4)
-                + [pad + ")"])
+        return lines[:-1] + [lines[-1] + ", ("] + self.expression(comma + 1, count, indent + 4) + [pad + ")"]
 
     def _target(self, start: int, equals: int, indent: int, stop: int) -> list[str]:
         """``a = `` or, for a target tuple too long for one line with the start of its value (up to
@@ -108,11 +133,15 @@ class Layout:
         if self.fits(indent, head, self.text(start, stop)):
             return [pad + head + self.text(start, stop)]
         if self._commas(start, stop) or self._operators(start, stop):
-            inner = (self.elements(start, stop, indent + 4) if self._commas(start, stop)
-                     else self.expression(start, stop, indent + 4))
+            inner = (
+                self.elements(start, stop, indent + 4)
+                if self._commas(start, stop)
+                else self.expression(start, stop, indent + 4)
+            )
             return [pad + head + "("] + inner + [pad + ")"]
-        return self.narrowest(self.trailers(start, stop, indent, head, ""),
-                              self.parenthesized(start, stop, indent, head, ""))
+        return self.narrowest(
+            self.trailers(start, stop, indent, head, ""), self.parenthesized(start, stop, indent, head, "")
+        )
 
     def _commas(self, start: int, stop: int) -> list[int]:
         top = self.top(start, stop)
@@ -129,8 +158,14 @@ class Layout:
         for position, index in enumerate(top):
             text = self.tokens[index][0]
             previous = self.tokens[top[position - 1]][0] if position else None
-            if (text in _PRIORITY and position and previous not in _PRIORITY and previous not in ("=", ",")
-                    and not (text == "in" and previous == "not") and not (text == "not" and previous == "is")):
+            if (
+                text in _PRIORITY
+                and position
+                and previous not in _PRIORITY
+                and previous not in ("=", ",")
+                and not (text == "in" and previous == "not")
+                and not (text == "not" and previous == "is")
+            ):
                 binary.append(index)
         if not binary:
             return []
@@ -144,8 +179,11 @@ class Layout:
         commas = self._commas(start, stop)
         bounds = list(zip([start] + [comma + 1 for comma in commas], commas + [stop]))
         names = [self.text(begin, end) for begin, end in bounds if begin < end]
-        if (len(names) > 2 and all(self._plain(begin, end) for begin, end in bounds if begin < end)
-                and all(indent + len(name) < self.width for name in names)):
+        if (
+            len(names) > 2
+            and all(self._plain(begin, end) for begin, end in bounds if begin < end)
+            and all(indent + len(name) < self.width for name in names)
+        ):
             lines = [" " * indent]
             for name in names:
                 if len(lines[-1]) > indent and len(lines[-1]) + 1 + len(name) + 1 > self.width:
@@ -161,6 +199,7 @@ class Layout:
 
     def _plain(self, begin: int, end: int) -> bool:
         """A name, a number, or ``name=`` one of them: an element a list may share a line with."""
+
         def atom(index: int) -> bool:
             text = self.tokens[index][0]
             return text.isidentifier() or text.replace(".", "", 1).replace("e-", "", 1).isdigit()
@@ -168,13 +207,23 @@ class Layout:
         def atoms(first: int, last: int) -> bool:  # an atom, or a bracketed list of them ([True, True, False])
             if last - first == 1:
                 return atom(first)
-            return (self.tokens[first][0] == "[" and self.closes.get(first) == last - 1
-                    and all(atom(index) if (index - first) % 2 else self.tokens[index][0] == ","
-                            for index in range(first + 1, last - 1)))
+            return (
+                self.tokens[first][0] == "["
+                and self.closes.get(first) == last - 1
+                and all(
+                    atom(index) if (index - first) % 2 else self.tokens[index][0] == ","
+                    for index in range(first + 1, last - 1)
+                )
+            )
 
         def entry(first: int, last: int) -> bool:  # a mapping's entry: p["conv1.weight"]
-            return (last - first == 4 and self.tokens[first][0].isidentifier() and self.tokens[first + 1][0] == "["
-                    and self.tokens[first + 2][0][:1] in "\"'" and self.tokens[first + 3][0] == "]")
+            return (
+                last - first == 4
+                and self.tokens[first][0].isidentifier()
+                and self.tokens[first + 1][0] == "["
+                and self.tokens[first + 2][0][:1] in "\"'"
+                and self.tokens[first + 3][0] == "]"
+            )
 
         if end - begin >= 3 and self.tokens[begin + 1][0] == "=":
             return self.tokens[begin][0].isidentifier() and (atoms(begin + 2, end) or entry(begin + 2, end))
@@ -187,16 +236,25 @@ class Layout:
         if self.fits(indent, head, self.text(start, stop), tail):
             return [pad + head + self.text(start, stop) + tail]
         top = self.top(start, stop)
-        if len(top) > 2 and (self.tokens[top[1]][0] == "=" and self.tokens[start][0].isidentifier()
-                             or self.tokens[top[1]][0] == ":" and self.within[start] == "{") and not any(
-                self.tokens[index][0] in ("for", "async") for index in top):  # no comprehension
+        if (
+            len(top) > 2
+            and (
+                self.tokens[top[1]][0] == "="
+                and self.tokens[start][0].isidentifier()
+                or self.tokens[top[1]][0] == ":"
+                and self.within[start] == "{"
+            )
+            and not any(self.tokens[index][0] in ("for", "async") for index in top)
+        ):  # no comprehension
             # name=value, a dict display's "key": value (not a slice's bounds, not an annotated
             # parameter, not a lambda): the value's own layout after them
             keyword = self.text(start, top[1] + 1) + ("" if self.tokens[top[1]][0] == "=" else " ")
             if self._operators(top[1] + 1, stop) or stop - top[1] == 2:
                 return self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail)
-            return self.narrowest(self.trailers(top[1] + 1, stop, indent, head + keyword, tail),
-                                  self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail))
+            return self.narrowest(
+                self.trailers(top[1] + 1, stop, indent, head + keyword, tail),
+                self.parenthesized(top[1] + 1, stop, indent, head + keyword, tail),
+            )
         colons = [index for index in top if self.tokens[index][0] == ":"] if self.within[start] == "[" else []
         if colons and not any(self.tokens[index][0] in _UNSPLITTABLE for index in top):
             # a slice: a line for each bound, before its colon (an empty bound adds its colon)
@@ -210,12 +268,16 @@ class Layout:
                 prefix, begin = prefix + ":", colon + 1
             return lines
         conditional = [index for index in top if self.tokens[index][0] in ("if", "else")]
-        if ([self.tokens[index][0] for index in conditional] == ["if", "else"]
-                and not any(self.tokens[index][0] in ("for", "async", "lambda") for index in top)):
+        if [self.tokens[index][0] for index in conditional] == ["if", "else"] and not any(
+            self.tokens[index][0] in ("for", "async", "lambda") for index in top
+        ):
             # one conditional expression: its value, its condition and its alternative a line each
             when, otherwise = conditional
-            return (self.expression(start, when, indent, head) + self.expression(when + 1, otherwise, indent, "if ")
-                    + self.expression(otherwise + 1, stop, indent, "else ", tail))
+            return (
+                self.expression(start, when, indent, head)
+                + self.expression(when + 1, otherwise, indent, "if ")
+                + self.expression(otherwise + 1, stop, indent, "else ", tail)
+            )
         operators = self._operators(start, stop)
         if operators:
             lines, begin, prefix = [], start, head
@@ -231,8 +293,7 @@ class Layout:
         its line with the start of its value (a 60-character key or keyword) needs the value below."""
         if self.fits(indent, head, self.text(start, stop), tail):
             return [" " * indent + head + self.text(start, stop) + tail]
-        return ([" " * indent + head + "("] + self.expression(start, stop, indent + 4)
-                + [" " * indent + ")" + tail])
+        return [" " * indent + head + "("] + self.expression(start, stop, indent + 4) + [" " * indent + ")" + tail]
 
     def narrowest(self, *layouts: list[str]) -> list[str]:
         """The first of ``layouts`` that fits the width, else the one with the narrowest widest line."""
@@ -243,15 +304,15 @@ class Layout:
         """An atom and its calls and subscripts, split inside the last bracket pair whose opening
         and closing lines both fit (the last non-empty one if none does)."""
         pad = " " * indent
-        groups = [index for index in self.top(start, stop)
-                  if index in self.closes and self.closes[index] > index + 1]
+        groups = [index for index in self.top(start, stop) if index in self.closes and self.closes[index] > index + 1]
         if not groups:
             return [pad + head + self.text(start, stop) + tail]
         chosen = groups[-1]
         for opening in reversed(groups):
             closing = self.closes[opening]
-            if (self.fits(indent, head, self.text(start, opening + 1))
-                    and self.fits(indent, self.text(closing, stop), tail)):
+            if self.fits(indent, head, self.text(start, opening + 1)) and self.fits(
+                indent, self.text(closing, stop), tail
+            ):
                 chosen = opening
                 break
         closing = self.closes[chosen]
@@ -259,7 +320,9 @@ class Layout:
         if self.fits(indent + 4, body):  # black's first choice: the arguments together on their own line
             inner = [" " * (indent + 4) + body]
         else:
-            inner = (self.elements(chosen + 1, closing, indent + 4) if self._commas(chosen + 1, closing)
-                     else self.expression(chosen + 1, closing, indent + 4))
-        return ([pad + head + self.text(start, chosen + 1)] + inner
-                + [pad + self.text(closing, stop) + tail])
+            inner = (
+                self.elements(chosen + 1, closing, indent + 4)
+                if self._commas(chosen + 1, closing)
+                else self.expression(chosen + 1, closing, indent + 4)
+            )
+        return [pad + head + self.text(start, chosen + 1)] + inner + [pad + self.text(closing, stop) + tail]

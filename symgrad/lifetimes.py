@@ -42,23 +42,35 @@ def _last_uses(statements: list[Statement], boundary: int, boundary_uses: set[sy
 
 def _dying(statement: Statement, index: int, last_use, owned, keep) -> list[sympy.Symbol]:
     """What ``statement`` reads for the last time, of what this function made and does not return."""
-    return sorted((symbol for symbol in statement.value.free_symbols
-                   if symbol in owned and symbol not in keep and last_use.get(symbol) == index), key=str)
+    return sorted(
+        (
+            symbol
+            for symbol in statement.value.free_symbols
+            if symbol in owned and symbol not in keep and last_use.get(symbol) == index
+        ),
+        key=str,
+    )
 
 
 def _dying_at_boundary(boundary: int, last_use, owned, keep) -> list[str]:
-    return sorted(symbol.name for symbol, index in last_use.items()
-                  if index == boundary - 0.5 and symbol in owned and symbol not in keep)
+    return sorted(
+        symbol.name
+        for symbol, index in last_use.items()
+        if index == boundary - 0.5 and symbol in owned and symbol not in keep
+    )
 
 
-def with_deletions(statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol],
-                    keep: set[sympy.Symbol]) -> tuple[list[Scheduled], list[Scheduled], list[str]]:
+def with_deletions(
+    statements: list[Statement], boundary: int, boundary_uses: set[sympy.Symbol], keep: set[sympy.Symbol]
+) -> tuple[list[Scheduled], list[Scheduled], list[str]]:
     """The statements, each with the names to delete right after it (so a value is freed at its
     last use, not when the function returns; autograd keeps what it saved), split at the boundary,
     and the names to delete once the default cotangent is made."""
     last_use, owned = _last_uses(statements, boundary, boundary_uses)
-    scheduled = [Scheduled(statement, tuple(symbol.name for symbol in _dying(statement, index, last_use, owned, keep)))
-                 for index, statement in enumerate(statements)]
+    scheduled = [
+        Scheduled(statement, tuple(symbol.name for symbol in _dying(statement, index, last_use, owned, keep)))
+        for index, statement in enumerate(statements)
+    ]
     return scheduled[:boundary], scheduled[boundary:], _dying_at_boundary(boundary, last_use, owned, keep)
 
 
@@ -69,7 +81,8 @@ def _is_fresh(value, made: dict) -> bool:
     if isinstance(value, TensorOp) and value.primitive.name == "item":  # an entry of a fresh tuple
         value = made.get(value.operands[0])
     return (isinstance(value, TensorOp) and value.primitive.fresh) or (
-        isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args))
+        isinstance(value, sympy.Add) and all(term.is_Symbol for term in value.args)
+    )
 
 
 def _made_and_readers(scheduled: list[Scheduled]) -> tuple[dict, dict[sympy.Symbol, int]]:
@@ -98,9 +111,15 @@ def overwriting(scheduled: list[Scheduled], only: str | None = None) -> list[Sch
         if only is not None and item.statement.comment != only:
             result.append(item)
             continue
-        if (isinstance(value, TensorOp) and value.primitive.inplace is not None and value.operands
-                and value.operands[0].is_Symbol and value.operands[0].name in item.dead
-                and readers.get(value.operands[0]) == 1 and _is_fresh(made.get(value.operands[0]), made)):
+        if (
+            isinstance(value, TensorOp)
+            and value.primitive.inplace is not None
+            and value.operands
+            and value.operands[0].is_Symbol
+            and value.operands[0].name in item.dead
+            and readers.get(value.operands[0]) == 1
+            and _is_fresh(made.get(value.operands[0]), made)
+        ):
             item = dataclasses.replace(item, in_place=True)
         result.append(item)
     return result
@@ -120,8 +139,7 @@ def added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list[
         if any(term in other.free_symbols for other in terms if other is not term):
             return False  # `t + t.permute(1, 0)`: an in-place add would read a view of what it writes
         if term.is_Symbol:  # made here, fresh, read by this sum alone, and not kept
-            return (term.name in item.dead and readers.get(term) == 1 and term in made
-                    and _is_fresh(made[term], made))
+            return term.name in item.dead and readers.get(term) == 1 and term in made and _is_fresh(made[term], made)
         # computed as the call's argument, where nothing else holds it: a product is a new tensor
         return isinstance(term, sympy.Mul) or _is_fresh(term, made)
 

@@ -34,8 +34,10 @@ _TAG = f"{{{NAMESPACE}}}"
 ElementTree.register_namespace("", NAMESPACE)
 
 OVERLINE = "\u00af"
-CSS = ("mover.overline > mo { color: transparent; }\n"
-       "mover.overline > :first-child { border-top: 0.07em solid currentColor; padding-top: 0.1em; }")
+CSS = (
+    "mover.overline > mo { color: transparent; }\n"
+    "mover.overline > :first-child { border-top: 0.07em solid currentColor; padding-top: 0.1em; }"
+)
 """Rules the HTML page needs for the overline (see the module docstring)."""
 INDICATOR = "\U0001d7d9"
 
@@ -91,8 +93,12 @@ def _mend(element: ElementTree.Element) -> None:
         _mend(child)
     _merge_names(element)
     _unwrap(element)
-    if element.tag == f"{_TAG}mover" and len(element) == 2 and element[1].tag == f"{_TAG}mo" \
-            and element[1].text in ("\u2015", "\u00af", "\u203e"):
+    if (
+        element.tag == f"{_TAG}mover"
+        and len(element) == 2
+        and element[1].tag == f"{_TAG}mo"
+        and element[1].text in ("\u2015", "\u00af", "\u203e")
+    ):
         element.set("accent", "true")
         element.set("class", "overline")
         element[1].text = OVERLINE

@@ -68,15 +68,26 @@ def _names_made_in(files) -> tuple[frozenset[str], frozenset[str]]:
                 function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
                 first = node.args[0] if node.args else None
                 if function == "local" and _string(first):
-                    plain = any(keyword.arg == "plain" and getattr(keyword.value, "value", False) for keyword in node.keywords)
+                    plain = any(
+                        keyword.arg == "plain" and getattr(keyword.value, "value", False) for keyword in node.keywords
+                    )
                     (whole.add(_string(first)) if plain else prefixes.add(_string(first) + "_"))
-                elif function == "tensor" and isinstance(first, ast.JoinedStr) and first.values and _string(first.values[0]):
+                elif (
+                    function == "tensor"
+                    and isinstance(first, ast.JoinedStr)
+                    and first.values
+                    and _string(first.values[0])
+                ):
                     prefixes.add(_string(first.values[0]))
                 elif function == "numbered_symbols" and _string(first):
                     prefixes.add(_string(first))
             elif isinstance(node, ast.keyword) and node.arg == "local_kind" and _string(node.value):
                 prefixes.add(_string(node.value) + "_")
-            elif isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "local_kind" and _string(node.value):
+            elif (
+                isinstance(node, ast.AnnAssign)
+                and getattr(node.target, "id", "") == "local_kind"
+                and _string(node.value)
+            ):
                 prefixes.add(_string(node.value) + "_")
     return frozenset(prefixes), frozenset(whole)
 
@@ -195,7 +206,7 @@ def scan_template(template: str) -> TemplateNames:
             if indent == 0:
                 owner = match.group(1) if (match := re.match(r"class (\w+)", stripped)) else ""
                 classes.update([owner] if owner else [])
-            if defines and stripped.startswith(("def ", "class ", "{{")) or stripped.startswith("{{ (\"def "):
+            if defines and stripped.startswith(("def ", "class ", "{{")) or stripped.startswith('{{ ("def '):
                 function = [line]
                 if match := re.search(r'block\.name ~ "(_\w+)\(', stripped):
                     kind = "block"
@@ -214,8 +225,13 @@ def scan_template(template: str) -> TemplateNames:
         if function is not None:
             function.append(line)
     close()
-    keep = lambda names: frozenset(name for name in names if name.isidentifier()  # noqa: E731
-                                   and not keyword.iskeyword(name) and not name.startswith("_"))
+    keep = lambda names: frozenset(
+        name
+        for name in names
+        if name.isidentifier()  # noqa: E731
+        and not keyword.iskeyword(name)
+        and not name.startswith("_")
+    )
     verbatim = (verbatim - classes) | (classes - facing)
     return TemplateNames(keep(top), keep(block), tuple(sorted(suffixes)), frozenset(verbatim))
 
@@ -240,8 +256,12 @@ def check_statement_targets(spec, *statement_lists) -> None:
         for statement in statements:
             name = statement.target.name
             if name in names and not (name in layer_outputs and statement.node == name):
-                raise SpecError(f"'{name}' is also a name the generated code gives a value of its own "
-                                f"({statement.comment or 'a derived value'})", names[name], FIX)
+                raise SpecError(
+                    f"'{name}' is also a name the generated code gives a value of its own "
+                    f"({statement.comment or 'a derived value'})",
+                    names[name],
+                    FIX,
+                )
 
 
 class _Scope(ast.NodeVisitor):
@@ -337,8 +357,10 @@ def _refuse_names_defined_twice(tree: ast.Module) -> None:
     seen: set[str] = set()
     for name, node, imported in _module_bindings(tree):
         if name in seen and not imported:
-            raise GeneratorError(f"error: symgrad wrote the module-level name {name!r} twice (line {node.lineno}); "
-                                 "nothing was written (fix: this is a bug in symgrad: please report it with the spec)")
+            raise GeneratorError(
+                f"error: symgrad wrote the module-level name {name!r} twice (line {node.lineno}); "
+                "nothing was written (fix: this is a bug in symgrad: please report it with the spec)"
+            )
         seen.add(name)
 
 
@@ -361,6 +383,7 @@ def _stand_in(derived):
     copy of itself, ``target = _saved_as_autocast_casts(target)``), and
     a ``del`` line as ``pass``: what the check reads of them (the name bound), parsed in a fraction of
     the time."""
+
     def replace(match: re.Match) -> str:
         indent, target = match.group(1), match.group(2)
         if target is None:
@@ -368,8 +391,11 @@ def _stand_in(derived):
         if target not in derived:
             return match.group(0)
         # a value kept as autocast's copy of itself is still the one value, not a second store
-        kept_as_cast = re.fullmatch(rf"{target}=_saved_as_autocast_casts\({target},?\)", re.sub(r"\s", "", match.group(0)))
+        kept_as_cast = re.fullmatch(
+            rf"{target}=_saved_as_autocast_casts\({target},?\)", re.sub(r"\s", "", match.group(0))
+        )
         return f"{indent}{target} = {target if kept_as_cast else None}"
+
     return replace
 
 
@@ -398,8 +424,9 @@ def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = 
         seen: set[str] = set()
         for name in scope.parameters:  # `def forward(ctx, recompute, ctx)`
             if name in seen and name in names:
-                raise SpecError(f"'{name}' is also the name of an argument the generated code takes itself",
-                                names[name], FIX)
+                raise SpecError(
+                    f"'{name}' is also the name of an argument the generated code takes itself", names[name], FIX
+                )
             seen.add(name)
         counts: dict[str, int] = {}
         for name, reads in scope.stores:
@@ -408,5 +435,6 @@ def check_module_source(spec, source: str, derived: frozenset[str] | set[str] = 
         parameters = set(scope.parameters)
         for name, count in counts.items():
             if count > (0 if name in parameters else 1):
-                raise SpecError(f"'{name}' is also a name the generated code gives a value of its own",
-                                names[name], FIX)
+                raise SpecError(
+                    f"'{name}' is also a name the generated code gives a value of its own", names[name], FIX
+                )

@@ -54,7 +54,8 @@ def rebuilder(entry: dict | None, model: object, where: str) -> Callable[[str, l
         raise LookupError(  # noqa: TRY004 - not found by its name: bind refuses it as a BindError
             f"{where}: the model returns an instance of {qualname}, a class bind cannot find again by its module "
             f"and name ({module_name}), so it would return a plain {plain} (fix: define {qualname.split('.')[-1]} "
-            "at the top level of its module, trace and generate again)")
+            "at the top level of its module, trace and generate again)"
+        )
     if entry.get("type") == "namedtuple":
         return lambda kind, outputs, keys: found(*outputs)
     return lambda kind, outputs, keys: found(**dict(zip(keys, outputs)))

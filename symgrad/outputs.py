@@ -23,10 +23,14 @@ def _tuple_code(operands, params, show):
     return "(" + ", ".join(operands) + ("," if len(operands) == 1 else "") + ")"
 
 
-primitive("output_cotangent", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
-          latex=lambda operands, params, show: rf"\overline{{\mathrm{{out}}}}_{{{params['index']}}}")
-primitive("outputs", code=_tuple_code,
-          latex=lambda operands, params, show: r"\left(" + ", ".join(operands) + r"\right)")
+primitive(
+    "output_cotangent",
+    code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
+    latex=lambda operands, params, show: rf"\overline{{\mathrm{{out}}}}_{{{params['index']}}}",
+)
+primitive(
+    "outputs", code=_tuple_code, latex=lambda operands, params, show: r"\left(" + ", ".join(operands) + r"\right)"
+)
 
 
 class Outputs(Rule):
@@ -47,8 +51,11 @@ class Outputs(Rule):
         return Forward(TensorOp("outputs", Params.of(), *(node.operands[operand.name] for operand in self.operands)))
 
     def pullback(self, node, grad, wanted):
-        return {operand.name: TensorOp("output_cotangent", Params.of(index=index), GRAD_OUTPUTS)
-                for index, operand in enumerate(self.operands) if operand.name in wanted}
+        return {
+            operand.name: TensorOp("output_cotangent", Params.of(index=index), GRAD_OUTPUTS)
+            for index, operand in enumerate(self.operands)
+            if operand.name in wanted
+        }
 
     def default_cotangent(self, node):
         return GRAD_OUTPUTS
@@ -63,8 +70,12 @@ def output_weights(outputs) -> list:
     from the cotangents ``w``."""
     import torch
 
-    return [torch.randn(output.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1000 + index))
-            .to(output.dtype) for index, output in enumerate(outputs)]
+    return [
+        torch.randn(output.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1000 + index)).to(
+            output.dtype
+        )
+        for index, output in enumerate(outputs)
+    ]
 
 
 def weighted_sum(outputs):
@@ -92,8 +103,9 @@ class LossView:
         with torch.random.fork_rng():  # the outputs' shapes only: the random state stays where it is
             shapes = [output.detach() for output in self.module.forward(**inputs)]
         weights = output_weights(shapes)
-        return self.module.gradients(**inputs, grad_outputs=[weight if grad_loss is None else weight * grad_loss
-                                                             for weight in weights])
+        return self.module.gradients(
+            **inputs, grad_outputs=[weight if grad_loss is None else weight * grad_loss for weight in weights]
+        )
 
     def loss_with_explicit_backward(self, recompute=False, **inputs):
         return weighted_sum(self.module.outputs_with_explicit_backward(**inputs, recompute=recompute))

@@ -28,8 +28,10 @@ def module_lines(module: str, function: str) -> dict[str, int]:
         line = lines[index]
         if re.match(r"[A-Za-z_@]", line):  # the next definition (a signature's closing `):` is not)
             break
-        named = (re.match(r"\s+# (?:the instances of )?(\w+)", line)  # a step's comment
-                 or re.match(r"\s+grads_(\w+) = ", line))  # a block instance's backward called
+        named = (
+            re.match(r"\s+# (?:the instances of )?(\w+)", line)  # a step's comment
+            or re.match(r"\s+grads_(\w+) = ", line)
+        )  # a block instance's backward called
         if named:
             found.setdefault(named.group(1), index + 1)
     return found
@@ -52,10 +54,20 @@ def op_kind_view(step, section_title: str, page) -> dict:
     gradients, and what the chain rule passes to each operand."""
     locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
     incoming = to_latex(step.incoming)
-    return dict(node=step.node, forward=step.forward, where=section_title, incoming=incoming,
-                incoming_mathml=page(incoming), locals=locals_, locals_mathml=[page(local) for local in locals_],
-                contributions=[dict(operand=operand, source=source, latex=latex, mathml=page(latex))
-                               for operand, source, value in step.contributions for latex in (to_latex(value),)])
+    return dict(
+        node=step.node,
+        forward=step.forward,
+        where=section_title,
+        incoming=incoming,
+        incoming_mathml=page(incoming),
+        locals=locals_,
+        locals_mathml=[page(local) for local in locals_],
+        contributions=[
+            dict(operand=operand, source=source, latex=latex, mathml=page(latex))
+            for operand, source, value in step.contributions
+            for latex in (to_latex(value),)
+        ],
+    )
 
 
 def step_rows(section, kinds: dict, module: str, function: str, blocks: dict[str, str], page) -> list[dict]:
@@ -73,8 +85,11 @@ def step_rows(section, kinds: dict, module: str, function: str, blocks: dict[str
         called = blocks.get(node.rule.op) if hasattr(node.rule, "derived") else None
         chain = re.search(r"\b[A-Z][A-Z0-9_]+\b", step.forward)
         if called or chain:
-            kind = (f"[block {called}](#block-{called})" if called
-                    else "the [chain of block instances](#overview), each its [block](#blocks)'s backward")
+            kind = (
+                f"[block {called}](#block-{called})"
+                if called
+                else "the [chain of block instances](#overview), each its [block](#blocks)'s backward"
+            )
         else:
             title, anchor = kind_of(node, step)
             if anchor not in kinds:
@@ -82,8 +97,16 @@ def step_rows(section, kinds: dict, module: str, function: str, blocks: dict[str
             kinds[anchor]["uses"] += 1
             kind = f"[{title}](#{anchor})"
         line = lines.get(step.node) or (lines.get(chain.group(0)) if chain else None)
-        rows.append(dict(number=len(rows) + 1, node=step.node, forward=step.forward, kind=kind, line=line,
-                         kind_html=_html_link(kind)))
+        rows.append(
+            dict(
+                number=len(rows) + 1,
+                node=step.node,
+                forward=step.forward,
+                kind=kind,
+                line=line,
+                kind_html=_html_link(kind),
+            )
+        )
     return rows
 
 
@@ -99,7 +122,13 @@ def _html_link(markdown: str) -> str:
 def instance_rows(spec, graph) -> list[dict]:
     """The block table: each instance in the order the forward runs them, its block, its
     hyper-parameters and its output's shape (``graph``: the spec with every block written out)."""
-    return [dict(instance=layer.out, block=layer.block,
-                 hyper=", ".join(f"{name}={value}" for name, value, *_ in layer.hyper),
-                 shape=list(graph.nodes[layer.out].shape) if layer.out in graph.nodes else "")
-            for layer in spec.layers if layer.block]
+    return [
+        dict(
+            instance=layer.out,
+            block=layer.block,
+            hyper=", ".join(f"{name}={value}" for name, value, *_ in layer.hyper),
+            shape=list(graph.nodes[layer.out].shape) if layer.out in graph.nodes else "",
+        )
+        for layer in spec.layers
+        if layer.block
+    ]

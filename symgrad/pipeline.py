@@ -55,8 +55,17 @@ def keep_policy(keep: str | None, recompute: bool = True) -> str:
     return keep
 
 
-def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, fused: bool = True,
-           recompute: bool = True, documents: bool = True, tests: bool = True, keep: str | None = None) -> Built:
+def _build(
+    spec: Spec,
+    label: str,
+    extras: tuple[str, ...],
+    flat: bool = False,
+    fused: bool = True,
+    recompute: bool = True,
+    documents: bool = True,
+    tests: bool = True,
+    keep: str | None = None,
+) -> Built:
     flat = flat or "flat" in extras  # as a header records them, so that `check` builds it again the same way
     keep = keep_policy(keep, recompute and "no_recompute" not in extras)
     keep = "lean" if "keep_lean" in extras else keep
@@ -69,20 +78,36 @@ def _build(spec: Spec, label: str, extras: tuple[str, ...], flat: bool = False, 
         from .errors import SpecError
 
         where = spec.outputs.location
-        raise SpecError(f"extras ({', '.join(sorted(set(spec.extras) | set(extras)))}) are for a spec that ends in a "
-                        "loss, and this one ends in outputs", where, "drop the extras, or end the spec in a loss")
+        raise SpecError(
+            f"extras ({', '.join(sorted(set(spec.extras) | set(extras)))}) are for a spec that ends in a "
+            "loss, and this one ends in outputs",
+            where,
+            "drop the extras, or end the spec in a loss",
+        )
     wanted = tuple(sorted(set(spec.extras) | set(extras)))
     refuse_second_order(spec.checked_functions, wanted)
     expanded = expand(spec, flat, wanted, fused)  # the extras and fused=False: on the inlined program
     # in the headers, so that `check` redoes them: the extras the command line added, --flat, --no-recompute
-    recorded = (tuple(sorted(set(extras) - set(spec.extras))) + (("flat",) if flat and expanded.written_out else ())
-                + (() if recompute else ("no_recompute",)) + (("keep_lean",) if lean else ()))
+    recorded = (
+        tuple(sorted(set(extras) - set(spec.extras)))
+        + (("flat",) if flat and expanded.written_out else ())
+        + (() if recompute else ("no_recompute",))
+        + (("keep_lean",) if lean else ())
+    )
     return _build_program(expanded, label, wanted, recorded, fused, recompute, documents, tests, lean)
 
 
-def _build_program(expanded: Expanded, label: str, extras: tuple[str, ...] = (), recorded: tuple[str, ...] = (),
-                   fused: bool = True, recompute: bool = True, documents: bool = True,
-                   tests: bool = True, lean: bool = False) -> Built:
+def _build_program(
+    expanded: Expanded,
+    label: str,
+    extras: tuple[str, ...] = (),
+    recorded: tuple[str, ...] = (),
+    fused: bool = True,
+    recompute: bool = True,
+    documents: bool = True,
+    tests: bool = True,
+    lean: bool = False,
+) -> Built:
     """Every body graphed, derived and planned (:func:`planned_program`), rendered
     (``symgrad.render``), and the checks on what was rendered. ``fused=False`` (an inlined program):
     ``gradients`` runs the readable derivation too, which ``symgrad certify`` proves that way;
@@ -99,12 +124,23 @@ def _build_program(expanded: Expanded, label: str, extras: tuple[str, ...] = (),
         pass  # ... and code that does not even parse is symgrad's own bug, said as such just below
     _check_compiles(rendered)
     # the flat graph: the same inputs and wrt, and every op has its reference for `verify`
-    return Built(label, structured.flat_graph, structured.program, rendered,
-                 structured.test_data["small_shapes"] if tests else [])
+    return Built(
+        label,
+        structured.flat_graph,
+        structured.program,
+        rendered,
+        structured.test_data["small_shapes"] if tests else [],
+    )
 
 
-def planned_program(expanded: Expanded, extras: tuple[str, ...] = (), fused: bool = True, recompute: bool = True,
-                    tests: bool = True, lean: bool = False) -> Structured:
+def planned_program(
+    expanded: Expanded,
+    extras: tuple[str, ...] = (),
+    fused: bool = True,
+    recompute: bool = True,
+    tests: bool = True,
+    lean: bool = False,
+) -> Structured:
     """The one walk over a program's bodies, stage by stage. Graph: the flat graph (the checks, the
     instances' shapes, the tests' small shapes), each block's body (once per block, not per
     instance; once per distinct set of hyper values and size-1 axes: ``body_graphs.block_variants``), the
@@ -142,13 +178,22 @@ def _check_compiles(rendered: Rendered) -> None:
                 compile(text, file_name, "exec")
             except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
                 where = f" at line {error.lineno}" if getattr(error, "lineno", None) else ""
-                raise GeneratorError(f"error: symgrad rendered {file_name} that Python cannot compile "
-                                     f"({type(error).__name__}: {getattr(error, 'msg', error)}{where}); nothing was "
-                                     "written (fix: this is a bug in symgrad: please report it with the spec)") from None
+                raise GeneratorError(
+                    f"error: symgrad rendered {file_name} that Python cannot compile "
+                    f"({type(error).__name__}: {getattr(error, 'msg', error)}{where}); nothing was "
+                    "written (fix: this is a bug in symgrad: please report it with the spec)"
+                ) from None
 
 
-def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[str, ...] = (),
-          flat: bool = False, recompute: bool = True, documents: bool = True, keep: str | None = None) -> Built:
+def build(
+    spec_path: str | Path,
+    spec_label: str | None = None,
+    extras: tuple[str, ...] = (),
+    flat: bool = False,
+    recompute: bool = True,
+    documents: bool = True,
+    keep: str | None = None,
+) -> Built:
     """Build from a spec file; ``spec_label`` is how generated headers name it (default: the path);
     ``extras`` adds optional functions (``hvp``) to those the spec asks for; ``flat`` writes a spec's
     blocks out instance by instance instead of one function per block; ``recompute=False`` keeps
@@ -157,13 +202,28 @@ def build(spec_path: str | Path, spec_label: str | None = None, extras: tuple[st
     one of :data:`KEEP` (``recompute=False`` is ``keep="autograd"``; ``lean`` is recorded too);
     ``documents=False`` renders the module and its test file alone, not the derivation's ``.md`` and
     ``.html`` pages (most of the time of a large network's build: for a module imported, not kept)."""
-    return _build(read_spec(spec_path), spec_label or Path(spec_path).as_posix(), extras, flat,
-                  recompute=recompute, documents=documents, keep=keep)
+    return _build(
+        read_spec(spec_path),
+        spec_label or Path(spec_path).as_posix(),
+        extras,
+        flat,
+        recompute=recompute,
+        documents=documents,
+        keep=keep,
+    )
 
 
-def build_text(text: str, label: str = "<spec>", extras: tuple[str, ...] = (), flat: bool = False,
-               fused: bool = True, recompute: bool = True, documents: bool = True, tests: bool = True,
-               keep: str | None = None) -> Built:
+def build_text(
+    text: str,
+    label: str = "<spec>",
+    extras: tuple[str, ...] = (),
+    flat: bool = False,
+    fused: bool = True,
+    recompute: bool = True,
+    documents: bool = True,
+    tests: bool = True,
+    keep: str | None = None,
+) -> Built:
     """Build from spec text; ``label`` names it in errors and headers; ``fused=False`` makes
     ``gradients`` run the readable derivation (a spec without blocks, or with ``flat``; not recorded in
     the header, so for a module kept in memory, as ``symgrad certify``'s); ``recompute`` and

@@ -65,13 +65,17 @@ def layout_plan(spec: Spec, flat_graph: Graph, graph: Graph, planned: Plan) -> L
     read_in_backward = {symbol.name for item in planned.backward for symbol in item.statement.value.free_symbols}
     shapes = {node.name: node.shape for node in flat_graph.inputs}
     return LayoutPlan(
-        keys=tuple(keys), named=tuple(named),
+        keys=tuple(keys),
+        named=tuple(named),
         others=tuple(source for name, source in flat_sources.items() if len(shapes[name]) == 4 and source not in keys),
-        test=rule.test(), constant=channels_last_constant(flat_graph),
+        test=rule.test(),
+        constant=channels_last_constant(flat_graph),
         backward_keys=tuple(sources[name] for name in sources if name in read_in_backward and sources[name] in keys),
         backward_named=tuple(name for name in named if name in read_in_backward),
         kept=tuple(name for name in positional if name in graph.wrt and len(shapes[name]) == 4)
-        if keys or named else ())  # nothing moves: every gradient is in its input's layout already
+        if keys or named
+        else (),
+    )  # nothing moves: every gradient is in its input's layout already
 
 
 @dataclass(frozen=True)
@@ -91,10 +95,13 @@ class TopPlan:
 def top_plan(spec: Spec, planned: Plan, backward: list) -> TopPlan:
     """The :class:`TopPlan` of the top body (``backward``: as the module runs it, :func:`_top_backward`)."""
     entries = {tensor(item.name): tensor(f'params["{item.source}"]') for item in spec.inputs if item.source}
-    return TopPlan(entries, tuple(renamed_statements(backward, entries, planned.program.forward)),
-                   tuple(renamed_statements(planned.saving_forward, entries)),
-                   tuple(renamed_statements(planned.per_sample_forward, entries)),
-                   tuple(renamed_statements(planned.per_sample_backward, entries, planned.program.forward)))
+    return TopPlan(
+        entries,
+        tuple(renamed_statements(backward, entries, planned.program.forward)),
+        tuple(renamed_statements(planned.saving_forward, entries)),
+        tuple(renamed_statements(planned.per_sample_forward, entries)),
+        tuple(renamed_statements(planned.per_sample_backward, entries, planned.program.forward)),
+    )
 
 
 @dataclass
@@ -132,9 +139,18 @@ class Structured:
     """The top level's statements with the names the code uses (:func:`top_plan`)."""
 
 
-def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, derived: dict[str, DerivedBlock],
-                 graph: Graph, chains: list, top: tuple[Program, Program], extras: dict | None = None,
-                 recompute: bool = True, lean: bool = False) -> Structured:
+def plan_program(
+    expanded: Expanded,
+    flat_graph: Graph,
+    shapes: list | None,
+    derived: dict[str, DerivedBlock],
+    graph: Graph,
+    chains: list,
+    top: tuple[Program, Program],
+    extras: dict | None = None,
+    recompute: bool = True,
+    lean: bool = False,
+) -> Structured:
     """The top body planned as each block body was (``derived``: theirs, :func:`plan_block`), from
     its ``graph`` and its two derivations (``top``: the readable one and the one ``gradients`` runs),
     and what the module and its tests read besides, each computed once from the flat graph: the
@@ -144,28 +160,51 @@ def plan_program(expanded: Expanded, flat_graph: Graph, shapes: list | None, der
     spec = expanded.spec
     program, fast = top
     planned = schedule(program, fast, extras=extras, recompute=recompute, lean=lean)
-    statements = [item.statement for block in derived.values() for item in block.planned.saving_forward
-                  + block.planned.backward] + [item.statement for item in planned.saving_forward + planned.backward]
-    statements += [getattr(item, "statement", item) for item in (
-        planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward)]
+    statements = [
+        item.statement for block in derived.values() for item in block.planned.saving_forward + block.planned.backward
+    ] + [item.statement for item in planned.saving_forward + planned.backward]
+    statements += [
+        getattr(item, "statement", item)
+        for item in (
+            planned.hvp_forward + planned.hvp_backward + planned.per_sample_forward + planned.per_sample_backward
+        )
+    ]
     test_data = test_facts(flat_graph, shapes) if shapes is not None else {}
-    narrowing = planned.saved_as_autocast_casts or any(block.planned.saved_as_autocast_casts for block in derived.values())
+    narrowing = planned.saved_as_autocast_casts or any(
+        block.planned.saved_as_autocast_casts for block in derived.values()
+    )
     helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
     # the names the top body's own statements assign (none of them a block body's): what the check
     # of the module's names may read as stand-ins
-    inner = {item.statement.target.name for block in derived.values()
-             for item in block.planned.saving_forward + block.planned.backward}
-    top_names = {statement.target.name for part in (program.forward, program.backward, fast.forward, fast.backward)
-                 for statement in part} - inner
+    inner = {
+        item.statement.target.name
+        for block in derived.values()
+        for item in block.planned.saving_forward + block.planned.backward
+    }
+    top_names = {
+        statement.target.name
+        for part in (program.forward, program.backward, fast.forward, fast.backward)
+        for statement in part
+    } - inner
     top_backward = _top_backward(graph, spec, planned)
-    return Structured(spec, flat_graph, derived, graph, program, planned, tuple(chains), helpers=helpers,
-                      running_statistics=running_statistics(flat_graph), test_data=test_data,
-                      docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
-                      top_names=frozenset(top_names),
-                      block_plans={name: block_plan(block) for name, block in derived.items()},
-                      layout_plan=layout_plan(spec, flat_graph, graph, planned),
-                      top_plan=top_plan(spec, planned, top_backward[0]),
-                      **dict(zip(("backward", "merged_returns", "param_returns"), top_backward)))
+    return Structured(
+        spec,
+        flat_graph,
+        derived,
+        graph,
+        program,
+        planned,
+        tuple(chains),
+        helpers=helpers,
+        running_statistics=running_statistics(flat_graph),
+        test_data=test_data,
+        docstring=(planned.forward, planned.readable_backward) if expanded.inlined else ((), ()),
+        top_names=frozenset(top_names),
+        block_plans={name: block_plan(block) for name, block in derived.items()},
+        layout_plan=layout_plan(spec, flat_graph, graph, planned),
+        top_plan=top_plan(spec, planned, top_backward[0]),
+        **dict(zip(("backward", "merged_returns", "param_returns"), top_backward)),
+    )
 
 
 def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = False) -> DerivedBlock:
@@ -176,8 +215,11 @@ def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = Fal
     for variant in variants:
         body = variant.body
         body.planned = schedule(body.program, body.fast, recompute=recompute, lean=lean)
-        read = (set().union(*(item.statement.value.free_symbols for item in body.planned.backward))
-                if body.planned.backward else set())
+        read = (
+            set().union(*(item.statement.value.free_symbols for item in body.planned.backward))
+            if body.planned.backward
+            else set()
+        )
         body.backward_inputs = tuple(name for name in body.spec.inputs if tensor(name) in read)
     first, block = variants[0], variants[0].body.spec
     for other in variants[1:]:
@@ -185,12 +227,18 @@ def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = Fal
             continue
         layer = other.layer
         if other.signature != first.signature:  # a rule derives otherwise where a size is 1 (a broadcast, an expand)
-            raise SpecError(f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
-                            f"size-1 axes than instance '{first.layer.out}', and its derivation differs",
-                            layer.location, "define a second block for it, or inline its layers")
-        raise SpecError(f"instance '{layer.out}' of block '{block.name}' sets its hypers to values for which the "
-                        f"derivation differs from that of instance '{first.layer.out}' (not only in the values)",
-                        layer.location, "define a second block for it, or inline its layers")
+            raise SpecError(
+                f"instance '{layer.out}' of block '{block.name}' has tensors of other ranks or other "
+                f"size-1 axes than instance '{first.layer.out}', and its derivation differs",
+                layer.location,
+                "define a second block for it, or inline its layers",
+            )
+        raise SpecError(
+            f"instance '{layer.out}' of block '{block.name}' sets its hypers to values for which the "
+            f"derivation differs from that of instance '{first.layer.out}' (not only in the values)",
+            layer.location,
+            "define a second block for it, or inline its layers",
+        )
     return first.body
 
 
@@ -202,8 +250,13 @@ def _printed(derived: DerivedBlock) -> tuple:
     def lines(scheduled) -> tuple:
         return tuple((item.statement.target.name, to_code(item.statement.value), item.dead) for item in scheduled)
 
-    return (lines(planned.saving_forward), lines(planned.backward), tuple(planned.saved_names),
-            tuple(derived.gradients), tuple(derived.backward_inputs))
+    return (
+        lines(planned.saving_forward),
+        lines(planned.backward),
+        tuple(planned.saved_names),
+        tuple(derived.gradients),
+        tuple(derived.backward_inputs),
+    )
 
 
 def _top_backward(graph: Graph, spec: Spec, planned: Plan) -> tuple[list, list, list]:
@@ -218,8 +271,12 @@ def _top_backward(graph: Graph, spec: Spec, planned: Plan) -> tuple[list, list, 
     for item in planned.backward:
         statement = item.statement
         value = statement.value
-        if (statement.gradient_of in sources and statement.gradient_of in graph.wrt and isinstance(value, TensorOp)
-                and value.primitive.name == "gradient_of"):
+        if (
+            statement.gradient_of in sources
+            and statement.gradient_of in graph.wrt
+            and isinstance(value, TensorOp)
+            and value.primitive.name == "gradient_of"
+        ):
             inlined[statement.gradient_of] = to_code(value)
             inlined_from[statement.gradient_of] = value
             continue
@@ -231,8 +288,9 @@ def _top_backward(graph: Graph, spec: Spec, planned: Plan) -> tuple[list, list, 
     merged, param_returns = _returned_parameters(graph, sources, inlined, inlined_from, backward)
     # read again by the return statement (`**_prefixed(...)`, `grads_a.pop("w")`): never deleted before it
     returned = {grads for _, grads in merged} | {value.operands[0].name for value in inlined_from.values()}
-    backward = [dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned))
-                for item in backward]
+    backward = [
+        dataclasses.replace(item, dead=tuple(name for name in item.dead if name not in returned)) for item in backward
+    ]
     return backward, [text for text, _ in merged], param_returns
 
 
@@ -250,8 +308,14 @@ def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_fro
         if isinstance(node.rule, ChainRule):  # its backward returns every instance's gradients keyed already
             grads = f"grads_{node.name}"
             bound = {value for value in node.rule.keys if value in graph.wrt}
-            if (bound and all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
-                    for value in bound) and "x" in popped.get(grads, set())):
+            if (
+                bound
+                and all(
+                    value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+                    for value in bound
+                )
+                and "x" in popped.get(grads, set())
+            ):
                 merged.append((grads, grads))
                 covered |= bound
             continue
@@ -263,15 +327,21 @@ def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_fro
         params = [name for name in derived.gradients if name in keys]
         bound = {name: node.operands[name] for name in params}
         inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
-        own = all(value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
-                  for value in bound.values())
+        own = all(
+            value in graph.wrt and value in inlined_from and inlined_from[value].operands[0].name == grads
+            for value in bound.values()
+        )
         if params and own and inputs_taken:
             prefix, offset = node.params["_scope"]
-            merged.append((f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})',
-                           grads))
+            merged.append(
+                (f'_prefixed("{prefix}", {grads}, {offset})' if offset else f'_prefixed("{prefix}", {grads})', grads)
+            )
             covered |= set(bound.values())
-    returns = [(sources[name], inlined.get(name, f"grad_{name}")) for name in graph.wrt
-               if name in sources and name not in covered]
+    returns = [
+        (sources[name], inlined.get(name, f"grad_{name}"))
+        for name in graph.wrt
+        if name in sources and name not in covered
+    ]
     return merged, returns
 
 
@@ -298,8 +368,11 @@ def block_plan(derived: DerivedBlock) -> BlockPlan:
     block, planned = derived.spec, derived.planned
     # a block's forward also runs unsaved (save=False): what its backward reads as a convolution's input
     # is kept as autocast's cast copy in its return (saved_returned), not cast at its last use
-    forward = [dataclasses.replace(item, narrowed=()) for item in planned.saving_forward
-               if item.statement.target.name != "loss"]
+    forward = [
+        dataclasses.replace(item, narrowed=())
+        for item in planned.saving_forward
+        if item.statement.target.name != "loss"
+    ]
     # the gradient arriving at the output is the argument grad_output: `grad_out = grad_loss` goes
     renames = {GRAD_LOSS: GRAD_OUTPUT}
     for item in planned.backward:
@@ -312,12 +385,18 @@ def block_plan(derived: DerivedBlock) -> BlockPlan:
     hyper_backward = _hypers(item.statement for item in backward)
     # each parameter read where it is used, as the mapping's entry (`p["conv1.weight"]`): no names to unpack
     entries = {tensor(name): tensor(f'p["{key}"]') for name, key in block.params}
-    saved_names = (list(derived.backward_inputs) + (["p"] if any(name in read_backward for name in keys) else [])
-                   + [name for name, _ in block.hyper if name in hyper_backward] + planned.saved_names)
-    return BlockPlan(forward=tuple(renamed_statements(forward, entries)),  # no pullback comments
-                     backward=tuple(renamed_statements(backward, entries, planned.program.forward)),
-                     saved_names=tuple(saved_names),
-                     returns=tuple((keys.get(name, name), gradient[name]) for name in derived.gradients))
+    saved_names = (
+        list(derived.backward_inputs)
+        + (["p"] if any(name in read_backward for name in keys) else [])
+        + [name for name, _ in block.hyper if name in hyper_backward]
+        + planned.saved_names
+    )
+    return BlockPlan(
+        forward=tuple(renamed_statements(forward, entries)),  # no pullback comments
+        backward=tuple(renamed_statements(backward, entries, planned.program.forward)),
+        saved_names=tuple(saved_names),
+        returns=tuple((keys.get(name, name), gradient[name]) for name in derived.gradients),
+    )
 
 
 def renamed_statements(scheduled, renames: dict, forward=()) -> list:
@@ -338,9 +417,13 @@ def renamed_statements(scheduled, renames: dict, forward=()) -> list:
         if consumer is None:
             return comment
         if consumer.target.name not in quoted:
-            quoted[consumer.target.name] = (f"{consumer.target.name} = {to_code(consumer.value)}", (
-                f"{names.get(consumer.target.name, consumer.target.name)} = "
-                f"{to_code(consumer.value.xreplace(renames))}"))
+            quoted[consumer.target.name] = (
+                f"{consumer.target.name} = {to_code(consumer.value)}",
+                (
+                    f"{names.get(consumer.target.name, consumer.target.name)} = "
+                    f"{to_code(consumer.value.xreplace(renames))}"
+                ),
+            )
         original, renamed = quoted[consumer.target.name]
         return renamed + PULLED + operand if head == original else comment
 
@@ -353,8 +436,14 @@ def renamed_statements(scheduled, renames: dict, forward=()) -> list:
         dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
         narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
         comment = requoted(statement.comment)
-        result.append(dataclasses.replace(item, statement=dataclasses.replace(statement, value=value, comment=comment),
-                                          dead=dead, narrowed=narrowed))
+        result.append(
+            dataclasses.replace(
+                item,
+                statement=dataclasses.replace(statement, value=value, comment=comment),
+                dead=dead,
+                narrowed=narrowed,
+            )
+        )
     return result
 
 
@@ -375,8 +464,11 @@ def _hypers(statements) -> set[str]:
         names |= {symbol.name for symbol in statement.value.free_symbols}  # a scale's (mul by a hyper)
         for expression in statement.value.atoms(TensorOp):
             for _, value in expression.params.items():
-                names |= {part.name for part in (value if isinstance(value, tuple) else (value,))
-                          if isinstance(part, HYPER_VALUES)}
+                names |= {
+                    part.name
+                    for part in (value if isinstance(value, tuple) else (value,))
+                    if isinstance(part, HYPER_VALUES)
+                }
     return names
 
 
@@ -387,7 +479,7 @@ def _direct_names(expression) -> set[str]:
     if isinstance(expression, TensorOp):
         operands = expression.operands
         if expression.primitive.name == "block_forward" and expression.params["scope"]:
-            operands = operands[:expression.params["inputs"]]
+            operands = operands[: expression.params["inputs"]]
         if expression.primitive.name == "chain_forward":  # the instances' parameters: from `params`
             operands = operands[:1]
         names = {symbol.name for symbol in expression.params.free_symbols}

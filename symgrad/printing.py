@@ -135,7 +135,7 @@ class CodePrinter(TorchPrinter):
         numerator, denominator = [], []
         for factor in factors:
             if factor.is_Pow and factor.exp.is_number and factor.exp < 0:
-                denominator.append(factor.base ** -factor.exp)
+                denominator.append(factor.base**-factor.exp)
             else:
                 numerator.append(factor)
         sign = ""
@@ -145,8 +145,9 @@ class CodePrinter(TorchPrinter):
             numerator.insert(0, coefficient)
         if not numerator:
             numerator = [sympy.Integer(1)]
-        pieces = [_number(f) if f.is_Number else self.parenthesize(f, PRECEDENCE["Mul"], strict=False)
-                  for f in numerator]
+        pieces = [
+            _number(f) if f.is_Number else self.parenthesize(f, PRECEDENCE["Mul"], strict=False) for f in numerator
+        ]
         # a division by a plain number (a count: `x.numel()`) goes right after the coefficient, or after a
         # leading name: `2 / n * grad_loss * residual` scales a number, then multiplies the tensor once,
         # where `2 * grad_loss * residual / n` makes two passes over it (Python evaluates left to right)
@@ -329,11 +330,12 @@ def comment_lines(comment: str, indent: int = 4, width: int = WIDTH) -> str:
     for word in comment.split(" "):
         while len(word) > room:
             cuts = [at + 1 for at, character in enumerate(word[:room]) if character in "[(,"] + [
-                at for at, character in enumerate(word[:room + 1]) if character == "." and at > 0]
+                at for at, character in enumerate(word[: room + 1]) if character == "." and at > 0
+            ]
             if not cuts:
                 break
-            words.append(word[:max(cuts)])
-            word = word[max(cuts):]
+            words.append(word[: max(cuts)])
+            word = word[max(cuts) :]
         words.append(word)
     return prose(" ".join(words), indent + 2, width, prefix="# ")
 
@@ -343,14 +345,14 @@ def prose(text: str, indent: int = 4, width: int = WIDTH, prefix: str = "") -> s
     starts at column ``indent``; the first line without its indent. A word is never broken."""
     import textwrap
 
-    lines = textwrap.wrap(text, width=max(width - indent - len(prefix), 20), break_long_words=False,
-                          break_on_hyphens=False) or [""]
+    lines = textwrap.wrap(
+        text, width=max(width - indent - len(prefix), 20), break_long_words=False, break_on_hyphens=False
+    ) or [""]
     pad = " " * (indent - len(prefix) if prefix else indent)
     return ("\n" + pad).join(prefix + line for line in lines) if prefix else ("\n" + pad).join(lines)
 
 
-def hanging(names: list[str], head: str, tail: str, indent: int = 4, plain: str | None = None,
-            width: int = 100) -> str:
+def hanging(names: list[str], head: str, tail: str, indent: int = 4, plain: str | None = None, width: int = 100) -> str:
     """``plain`` where it fits on one line at column ``indent``, else ``head``, the ``names`` as
     many to a line as fit, aligned under the first, and ``tail``: ``(x, p, conv1,`` over
     `` relu) = saved``. The first line without its indent."""

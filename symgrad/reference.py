@@ -25,13 +25,20 @@ def reference_values(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str,
         if node.kind == "input":
             continue
         arguments = {operand: values[source] for operand, source in node.operands.items()}
-        arguments.update({operand.name: None for operand in node.rule.operands  # absent optional tensors
-                          if operand.optional and operand.name not in arguments})
+        arguments.update(
+            {
+                operand.name: None
+                for operand in node.rule.operands  # absent optional tensors
+                if operand.optional and operand.name not in arguments
+            }
+        )
         arguments.update({name: float(value) for name, value in node.constants.items()})
         at_run_time = sized(node.params, lambda name: values[name].shape)  # skip.shape[2] read off skip's value
-        params = {key: float(value) if hasattr(value, "is_number") else value
-                  for key, value in node.rule.reference_params(at_run_time).items()
-                  if value is not None}  # unset options (divisor_override) stay implicit
+        params = {
+            key: float(value) if hasattr(value, "is_number") else value
+            for key, value in node.rule.reference_params(at_run_time).items()
+            if value is not None
+        }  # unset options (divisor_override) stay implicit
         if node.kind == "loss" and node.rule.op == "outputs":  # a spec ending in outputs: checked as a loss
             from .outputs import weighted_sum
 

@@ -33,8 +33,9 @@ from .reverse import Statement
 COMMENT = "made again (--keep lean): not kept by the forward"
 
 
-def rebuilt(forward: list[Statement], backward: list[Statement],
-            kept_by_caller: set) -> tuple[list[Statement], list[str]]:
+def rebuilt(
+    forward: list[Statement], backward: list[Statement], kept_by_caller: set
+) -> tuple[list[Statement], list[str]]:
     """``backward`` with each value it reads from ``forward`` that can be made again from what stays
     anyway made right before its first read (``kept_by_caller``: the loss's inputs and outputs,
     which stay whole); also the names of the values no longer kept."""
@@ -72,8 +73,7 @@ def _viewed(forward: list[Statement], kept: set) -> set:
     views = {}
     for statement in forward:
         value = statement.value
-        if (isinstance(value, TensorOp) and value.primitive.name in VIEWS
-                and value.operands[0].is_Symbol):
+        if isinstance(value, TensorOp) and value.primitive.name in VIEWS and value.operands[0].is_Symbol:
             views.setdefault(value.operands[0], set()).add(statement.target)
     viewed: set = set()
     for statement in reversed(forward):
@@ -87,8 +87,7 @@ def _entries(forward: list[Statement]) -> dict:
     entries = {}
     for statement in forward:
         value = statement.value
-        if (isinstance(value, TensorOp) and value.primitive.name == "item"
-                and value.operands[0].is_Symbol):
+        if isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0].is_Symbol:
             entries[(value.operands[0], value.params["index"])] = statement.target
     return entries
 
@@ -113,8 +112,7 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
         if not value.operands[0].is_Symbol:
             return None
         steps = [_recipe(value.operands[0], made, entries, kept, rebuilt)]
-    elif (isinstance(value, TensorOp) and value.primitive.name == "item"
-          and value.params["index"] == 0):
+    elif isinstance(value, TensorOp) and value.primitive.name == "item" and value.params["index"] == 0:
         again = _batch_norm_again(value.operands[0], made, entries, kept)
         if again is None:
             return None

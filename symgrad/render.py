@@ -19,15 +19,20 @@ def _guard_view(positional: list[str], wrt: list[str], keyed: bool) -> dict:
     Function's arguments (after ``recompute``, and ``keys`` where there are parameters): its backward
     refuses a call that asks for their gradients."""
     guarded = [(index, name) for index, name in enumerate(positional, start=2 if keyed else 1) if name not in wrt]
-    return dict(guarded=guarded, guarded_names=", ".join(name for _, name in guarded),
-                guarded_indices=", ".join(str(index) for index, _ in guarded) + ("," if len(guarded) == 1 else ""))
+    return dict(
+        guarded=guarded,
+        guarded_names=", ".join(name for _, name in guarded),
+        guarded_indices=", ".join(str(index) for index, _ in guarded) + ("," if len(guarded) == 1 else ""),
+    )
 
 
 def _trailing_comments(lines: list, indent: int = 4, width: int = 100) -> list:
     """The forward's lines, each with its comment (``spec line 12``) where it fits after the code on
     one line, and none where it does not: a line of its own for it would be noise."""
-    return [line if indent + len(line.text) + 4 + len(line.comment) <= width else dataclasses.replace(line, comment="")
-            for line in lines]
+    return [
+        line if indent + len(line.text) + 4 + len(line.comment) <= width else dataclasses.replace(line, comment="")
+        for line in lines
+    ]
 
 
 def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
@@ -39,8 +44,11 @@ def _one_line(scheduled, indent: int = 4, width: int = 100) -> list:
         head, found, remark = comment.removesuffix(")").rpartition(" (")
         if indent + 2 + len(comment) > width and comment.endswith(")") and found and not {"(", ")"} & set(remark):
             comment = head
-        result.append(item if comment == item.statement.comment else
-                      dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=comment)))
+        result.append(
+            item
+            if comment == item.statement.comment
+            else dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=comment))
+        )
     return result
 
 
@@ -50,14 +58,19 @@ def _block_view(derived: DerivedBlock, decided: BlockPlan) -> dict:
 
     block, planned = derived.spec, derived.planned
     return dict(
-        name=block.name, inputs=list(block.inputs), output=block.output,
+        name=block.name,
+        inputs=list(block.inputs),
+        output=block.output,
         hyper=[f"{name}={default}" for name, default in block.hyper],
         forward=printed_lines(decided.forward),
         saved_names=list(decided.saved_names),
-        saved_returned=[f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
-                        for name in decided.saved_names],
+        saved_returned=[
+            f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
+            for name in decided.saved_names
+        ],
         backward=printed_lines(_one_line(decided.backward)),
-        returns=list(decided.returns))
+        returns=list(decided.returns),
+    )
 
 
 def _chain_view(chain: ChainRule) -> dict:
@@ -74,8 +87,9 @@ def _chain_view(chain: ChainRule) -> dict:
 def _momenta(statistics, sources: dict) -> list[str]:
     """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key; where
     there are several, all with one momentum, ``"layer1.0.bn1",`` alone (``dict.fromkeys``: written once)."""
-    moved = [(sources[mean].rsplit(".", 1)[0], momentum) for mean, _, momentum in statistics
-             if mean in sources]  # one passed by name moves where it is
+    moved = [
+        (sources[mean].rsplit(".", 1)[0], momentum) for mean, _, momentum in statistics if mean in sources
+    ]  # one passed by name moves where it is
     if _shared_momentum(statistics, sources) is not None:
         return [f'"{module}",' for module in dict.fromkeys(module for module, _ in moved)]
     return [f'"{module}": {momentum},' for module, momentum in moved]
@@ -88,8 +102,9 @@ def _shared_momentum(statistics, sources: dict) -> str | None:
     return momenta.pop() if len(momenta) == 1 and len(modules) > 1 else None
 
 
-def render_files(structured: Structured, spec_label: str, recorded_extras: tuple[str, ...] = (),
-                 documents: bool = True):
+def render_files(
+    structured: Structured, spec_label: str, recorded_extras: tuple[str, ...] = (), documents: bool = True
+):
     """Every file generated for a spec (a :class:`~symgrad.emit.Rendered`), keyed by file name: the
     module, its test file and (``documents``) its documents (:mod:`symgrad.documents`) printed, then
     each under the header ``symgrad check`` reads; with the backward as printed, and its readable
@@ -109,9 +124,14 @@ def render_files(structured: Structured, spec_label: str, recorded_extras: tuple
         module = headed({f"{spec.name}.py": body}, spec, spec_label, recorded_extras)[f"{spec.name}.py"]
         files.update(_documents(structured, spec_label, blocks, top_lines, steps, module))
     readable = [printed_line(statement) for statement in structured.docstring[1]]
-    latex = ("\\begin{aligned}\n" + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable)
-             + "\n\\end{aligned}")
-    return Rendered(spec.name, headed(files, spec, spec_label, recorded_extras), [line.text for line in top_lines], latex)
+    latex = (
+        "\\begin{aligned}\n"
+        + " \\\\\n".join(f"{line.latex_target} &= {line.latex}" for line in readable)
+        + "\n\\end{aligned}"
+    )
+    return Rendered(
+        spec.name, headed(files, spec, spec_label, recorded_extras), [line.text for line in top_lines], latex
+    )
 
 
 def render_structured(structured: Structured, spec_label: str) -> tuple[str, list[dict], list, list]:
@@ -136,44 +156,75 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     from .emit import outputs_context
 
     # an inlined program: the docstring lists its derivation, as its documents do (``Structured.docstring``)
-    readable = [[printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
-                 for statement in part] for part in structured.docstring]
+    readable = [
+        [printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries))) for statement in part]
+        for part in structured.docstring
+    ]
     steps = list(planned.step_of_line)
     printed_backward = printed_lines(_one_line(list(structured.top_plan.backward)), steps)
     layout = _layout_view(structured.layout_plan)
     context = dict(
         **outputs_context(spec, structured.flat_graph),
-        readable_forward=readable[0], readable_backward=readable[1],
+        readable_forward=readable[0],
+        readable_backward=readable[1],
         wrt=list(graph.wrt),
         **_guard_view(positional, list(graph.wrt), bool(sources)),
         **_function_view(positional, sources, structured.running_statistics),
         **_extras_view(planned, entries, sources, positional, structured.top_plan),
-        name=spec.name, version=__version__, spec_label=spec_label, helpers=helpers,
-        fingerprint=module_constants(spec, any_width=True, running=frozenset(
-            name for statistics in structured.running_statistics for name in statistics[:2])),
-        has_params=bool(sources), block_names=[block["name"] for block in blocks], blocks=blocks,
-        forward=_trailing_comments([printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
-                                    for statement in planned.forward]),
+        name=spec.name,
+        version=__version__,
+        spec_label=spec_label,
+        helpers=helpers,
+        fingerprint=module_constants(
+            spec,
+            any_width=True,
+            running=frozenset(name for statistics in structured.running_statistics for name in statistics[:2]),
+        ),
+        has_params=bool(sources),
+        block_names=[block["name"] for block in blocks],
+        blocks=blocks,
+        forward=_trailing_comments(
+            [
+                printed_line(dataclasses.replace(statement, value=statement.value.xreplace(entries)))
+                for statement in planned.forward
+            ]
+        ),
         saving_forward=printed_lines(list(structured.top_plan.saving_forward)),
-        saved_names=planned.saved_names, loss_name=planned.loss_name,
-        backward=printed_backward, boundary_dead=planned.boundary_dead,
+        saved_names=planned.saved_names,
+        loss_name=planned.loss_name,
+        backward=printed_backward,
+        boundary_dead=planned.boundary_dead,
         default_cotangent=to_code(planned.program.default_cotangent),
-        signature=signature, reduction=graph.loss.params["reduction"],
+        signature=signature,
+        reduction=graph.loss.params["reduction"],
         positional_wrt=[name for name in graph.wrt if name not in sources],
-        positional_returns=[(name, f"grad_{name}.contiguous(memory_format={name}_layout)"
-                             if name in layout["layout_kept"] else f"grad_{name}")
-                            for name in graph.wrt if name not in sources],
-        param_returns=param_returns, merged_returns=merged, offsets=offsets,
+        positional_returns=[
+            (
+                name,
+                f"grad_{name}.contiguous(memory_format={name}_layout)"
+                if name in layout["layout_kept"]
+                else f"grad_{name}",
+            )
+            for name in graph.wrt
+            if name not in sources
+        ],
+        param_returns=param_returns,
+        merged_returns=merged,
+        offsets=offsets,
         chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
         momentum_lines=packed(_momenta(structured.running_statistics, sources)),
         momentum_shared=_shared_momentum(structured.running_statistics, sources),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
-        rebuilt=list(dict.fromkeys(planned.rebuilt + [name for block in structured.blocks.values()
-                                                       for name in block.planned.rebuilt])),
+        rebuilt=list(
+            dict.fromkeys(
+                planned.rebuilt + [name for block in structured.blocks.values() for name in block.planned.rebuilt]
+            )
+        ),
         small_inputs=_small_inputs(structured.flat_graph, positional)  # bind's verify: the outputs form alone
-        if structured.spec.fingerprint and structured.spec.outputs is not None else "{}",
+        if structured.spec.fingerprint and structured.spec.outputs is not None
+        else "{}",
         **layout,
     )
     import re
@@ -193,8 +244,11 @@ def _small_inputs(graph, positional: list[str]) -> str:
         return "{}"
     shapes = data_shapes(graph)
     classes = graph.class_counts({**{node.name: node.shape for node in graph.inputs}, **shapes})
-    return "{" + ", ".join(f'"{name}": ({list(shapes[name])}, {classes.get(name)})' for name in positional
-                           if name in shapes) + "}"
+    return (
+        "{"
+        + ", ".join(f'"{name}": ({list(shapes[name])}, {classes.get(name)})' for name in positional if name in shapes)
+        + "}"
+    )
 
 
 def _extras_view(planned, entries: dict, sources: dict, positional: list[str], top: TopPlan) -> dict:
@@ -205,7 +259,9 @@ def _extras_view(planned, entries: dict, sources: dict, positional: list[str], t
     from .printing import to_code
 
     wrt = list(planned.program.graph.wrt)
-    tangents = {tensor(f"tangent_{name}"): tensor(f'tangent_params["{sources[name]}"]') for name in wrt if name in sources}
+    tangents = {
+        tensor(f"tangent_{name}"): tensor(f'tangent_params["{sources[name]}"]') for name in wrt if name in sources
+    }
     names = {**entries, **tangents}
 
     def returned(values: dict, params: bool) -> str:
@@ -213,26 +269,38 @@ def _extras_view(planned, entries: dict, sources: dict, positional: list[str], t
         keyed = [f'"{sources[name]}": {value}' for name, value in values.items() if name in sources]
         return ", ".join(named + (["params={" + ", ".join(keyed) + "}"] if params else []))
 
-    hvp = {name: (to_code(value.xreplace(names)) if value != 0 else f"torch.zeros_like({to_code(tensor(name).xreplace(entries))})")
-           for name, value in planned.hvp_results.items()}
+    hvp = {
+        name: (
+            to_code(value.xreplace(names))
+            if value != 0
+            else f"torch.zeros_like({to_code(tensor(name).xreplace(entries))})"
+        )
+        for name, value in planned.hvp_results.items()
+    }
     per_sample = planned.per_sample_names
     return dict(
         hvp=bool(hvp),
-        hvp_lines=([printed_line(dataclasses.replace(s, value=s.value.xreplace(names))) for s in planned.hvp_forward],
-                   [printed_line(dataclasses.replace(s, value=s.value.xreplace(names))) for s in planned.hvp_backward]),
+        hvp_lines=(
+            [printed_line(dataclasses.replace(s, value=s.value.xreplace(names))) for s in planned.hvp_forward],
+            [printed_line(dataclasses.replace(s, value=s.value.xreplace(names))) for s in planned.hvp_backward],
+        ),
         hvp_return=returned(hvp, bool(sources)),
-        tangent_signature=", ".join([f"tangent_{name}" for name in positional if name in wrt]
-                                    + (["tangent_params"] if any(name in sources for name in wrt) else [])),
+        tangent_signature=", ".join(
+            [f"tangent_{name}" for name in positional if name in wrt]
+            + (["tangent_params"] if any(name in sources for name in wrt) else [])
+        ),
         per_sample=bool(planned.per_sample_forward),
         per_sample_forward=printed_lines(list(top.per_sample_forward)),
         per_sample_backward=printed_lines(list(top.per_sample_backward)),
         per_sample_dead=planned.per_sample_dead,
         per_sample_fields=[name for name in per_sample if name not in sources],
         per_sample_params=any(name in sources for name in per_sample),
-        per_sample_return=returned({name: f"per_sample_grad_{name}" for name in per_sample},
-                                   any(name in sources for name in per_sample)),
-        per_sample_described=", ".join(name if name not in sources else f'``params["{sources[name]}"]``'
-                                       for name in per_sample),
+        per_sample_return=returned(
+            {name: f"per_sample_grad_{name}" for name in per_sample}, any(name in sources for name in per_sample)
+        ),
+        per_sample_described=", ".join(
+            name if name not in sources else f'``params["{sources[name]}"]``' for name in per_sample
+        ),
     )
 
 
@@ -243,12 +311,17 @@ def _function_view(positional: list[str], sources: dict, statistics) -> dict:
     running = {name for mean, var, _ in statistics for name in (mean, var)}
     saved = [("None" if name in running else name) for name in positional]
     if sources:
-        return dict(function_inputs=", ".join(["keys", *positional, "*values"]),
-                    saved_inputs=", ".join([*saved, "*kept"]),
-                    unpacked_inputs=", ".join([*positional, "*values"]) if positional else "values")
+        return dict(
+            function_inputs=", ".join(["keys", *positional, "*values"]),
+            saved_inputs=", ".join([*saved, "*kept"]),
+            unpacked_inputs=", ".join([*positional, "*values"]) if positional else "values",
+        )
     comma = "," if len(positional) == 1 else ""
-    return dict(function_inputs=", ".join(positional), saved_inputs=", ".join(saved) + comma,
-                unpacked_inputs=", ".join(positional) + comma)
+    return dict(
+        function_inputs=", ".join(positional),
+        saved_inputs=", ".join(saved) + comma,
+        unpacked_inputs=", ".join(positional) + comma,
+    )
 
 
 def _layout_view(decided: LayoutPlan) -> dict:
@@ -257,15 +330,20 @@ def _layout_view(decided: LayoutPlan) -> dict:
     return dict(
         channels_last_keys=list(decided.keys),
         channels_last_lines=packed([f'"{key}",' for key in decided.keys]) if listed else [],
-        channels_last_others=", ".join(decided.others), moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
-        channels_last_test=decided.test, channels_last_constant=decided.constant,
-        backward_channels_last=list(decided.backward_keys), layout_kept=list(decided.kept),
-        channels_last_named=list(decided.named), backward_channels_last_named=list(decided.backward_named),
+        channels_last_others=", ".join(decided.others),
+        moved_test="key in CHANNELS_LAST" if listed else "value.dim() == 4",
+        channels_last_test=decided.test,
+        channels_last_constant=decided.constant,
+        backward_channels_last=list(decided.backward_keys),
+        layout_kept=list(decided.kept),
+        channels_last_named=list(decided.named),
+        backward_channels_last_named=list(decided.backward_named),
     )
 
 
-def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_lines: list,
-               steps: list, module: str = "") -> dict[str, str]:
+def _documents(
+    structured: Structured, spec_label: str, blocks: list[dict], top_lines: list, steps: list, module: str = ""
+) -> dict[str, str]:
     """``<name>.md`` and ``<name>.html``: each block body's derivation once (``blocks``: their views,
     in order), then the top body's (``top_lines``: its backward as printed, each line's derivation
     step in ``steps``), the only section of an inlined program."""
@@ -276,16 +354,34 @@ def _documents(structured: Structured, spec_label: str, blocks: list[dict], top_
     for layer in spec.layers:
         if layer.block:
             instances.setdefault(layer.block, []).append(layer.out)
-    sections = [Section(f"Block {name}", f"block-{name}", block.planned, tuple(line.text for line in view["backward"]),
-                        instances=tuple(instances[name]), inputs=tuple(block.spec.inputs),
-                        params=tuple(key for _, key in block.spec.params),
-                        hyper=tuple(f"{hyper} (default {default})" for hyper, default in block.spec.hyper))
-                for (name, block), view in zip(structured.blocks.items(), blocks)]
+    sections = [
+        Section(
+            f"Block {name}",
+            f"block-{name}",
+            block.planned,
+            tuple(line.text for line in view["backward"]),
+            instances=tuple(instances[name]),
+            inputs=tuple(block.spec.inputs),
+            params=tuple(key for _, key in block.spec.params),
+            hyper=tuple(f"{hyper} (default {default})" for hyper, default in block.spec.hyper),
+        )
+        for (name, block), view in zip(structured.blocks.items(), blocks)
+    ]
     # an instance's parameters take their gradients straight from its block's backward: named, not derived
-    named = {node.name: (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule)
-                         else tuple(node.rule.keys))
-             for node in structured.graph.nodes.values() if isinstance(node.rule, (BlockRule, ChainRule))}
+    named = {
+        node.name: (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule) else tuple(node.rule.keys))
+        for node in structured.graph.nodes.values()
+        if isinstance(node.rule, (BlockRule, ChainRule))
+    }
     title, anchor = ("Top level", "top-level") if sections else (spec.name, "")  # the only section: the network's
-    sections.append(Section(title, anchor, structured.planned, tuple(line.text for line in top_lines), tuple(steps),
-                            named_parameters=named or None))
+    sections.append(
+        Section(
+            title,
+            anchor,
+            structured.planned,
+            tuple(line.text for line in top_lines),
+            tuple(steps),
+            named_parameters=named or None,
+        )
+    )
     return render_documents(spec, spec_label, sections, module, structured.flat_graph)

@@ -26,14 +26,37 @@ MODE_OPTIONS = ("--train", "--eval")
 """Options that set the modes: left out where a refusal gives the modes the model is in now."""
 
 
-def options_line(inputs, values, init, loss_kind, target_name, reduction, eval_mode, train_mode, module_modes, wrt,
-                 spec_name, timeout, flat) -> str:
+def options_line(
+    inputs,
+    values,
+    init,
+    loss_kind,
+    target_name,
+    reduction,
+    eval_mode,
+    train_mode,
+    module_modes,
+    wrt,
+    spec_name,
+    timeout,
+    flat,
+) -> str:
     """The comment line ``symgrad trace`` writes into a spec: its options, as a shell reads them."""
     options = [*(("--input", item) for item in inputs), *(("--arg", item) for item in values)]
-    options += [(flag, value) for flag, value in (
-        ("--init", init), ("--loss", loss_kind), ("--target", target_name if loss_kind and target_name != "target" else None),
-        ("--reduction", reduction), ("--modes", module_modes), ("--wrt", wrt), ("--name", spec_name),
-        ("--timeout", None if timeout is None else f"{timeout:g}")) if value is not None]
+    options += [
+        (flag, value)
+        for flag, value in (
+            ("--init", init),
+            ("--loss", loss_kind),
+            ("--target", target_name if loss_kind and target_name != "target" else None),
+            ("--reduction", reduction),
+            ("--modes", module_modes),
+            ("--wrt", wrt),
+            ("--name", spec_name),
+            ("--timeout", None if timeout is None else f"{timeout:g}"),
+        )
+        if value is not None
+    ]
     flags = [flag for flag, given in (("--eval", eval_mode), ("--train", train_mode), ("--flat", flat)) if given]
     return OPTIONS + " ".join([*(f"{flag} {shlex.quote(str(value))}" for flag, value in options), *flags]) + "\n"
 
@@ -48,7 +71,7 @@ def _options_of(text: str) -> list[str] | None:
     for line in text.splitlines():
         if line.startswith(OPTIONS):
             try:
-                return shlex.split(line[len(OPTIONS):])
+                return shlex.split(line[len(OPTIONS) :])
             except ValueError:
                 return None
         if not line.startswith("#"):
@@ -146,10 +169,19 @@ def retrace(generated: ModuleType, model, modes: str = "", change: tuple | None 
     options = _options_of(text) or _options_from_spec(text) if text else ["--input", "..."]
     if modes:
         options = _without(options, MODE_OPTIONS, ("--modes",)) + shlex.split(modes)
-    for flag, argument, value in ([change] if change and isinstance(change[0], str) else change or []):
-        kept = [index for index in range(len(options)) if not (
-            options[index] == flag and index + 1 < len(options) and options[index + 1].partition("=")[0] == argument
-            or index and options[index - 1] == flag and options[index].partition("=")[0] == argument)]
+    for flag, argument, value in [change] if change and isinstance(change[0], str) else change or []:
+        kept = [
+            index
+            for index in range(len(options))
+            if not (
+                options[index] == flag
+                and index + 1 < len(options)
+                and options[index + 1].partition("=")[0] == argument
+                or index
+                and options[index - 1] == flag
+                and options[index].partition("=")[0] == argument
+            )
+        ]
         options = [options[index] for index in kept] + ([flag, f"{argument}={value}"] if value is not None else [])
     traced_class = re.search(r"^# Traced by symgrad from (\w+)\.forward", text, re.MULTILINE)
     name, after = None, ""
@@ -159,8 +191,9 @@ def retrace(generated: ModuleType, model, modes: str = "", change: tuple | None 
         options = _without(options, (), ("--name",))
     folder = Path(file).parent if file else None
     output = "" if folder is None or shown_path(folder) == "generated" else f" -o {shown_path(folder)}"
-    shown = " ".join(shown_path(item) for item in [spec, *([spec.with_name(f"{spec.stem}_eval.yaml")]
-                                                             if "\neval: " in text else [])])
+    shown = " ".join(
+        shown_path(item) for item in [spec, *([spec.with_name(f"{spec.stem}_eval.yaml")] if "\neval: " in text else [])]
+    )
     if name:  # its eval-mode spec, where the trace writes one: whichever the shell finds
         shown = f"{shown_path(spec.with_name(name))}*.yaml"
         after = f", then bind {shown_path((folder or Path('.')) / f'{name}.py')}"
@@ -169,8 +202,10 @@ def retrace(generated: ModuleType, model, modes: str = "", change: tuple | None 
     except (TypeError, OSError, ValueError):
         source = "FILE.py"
     command = " ".join(shlex.quote(item) if item != "..." else item for item in options)
-    return (f"symgrad trace {source}:{type(model).__name__} {command} -o {shown_path(spec)} && "
-            f"symgrad generate {shown}{output}{after}")
+    return (
+        f"symgrad trace {source}:{type(model).__name__} {command} -o {shown_path(spec)} && "
+        f"symgrad generate {shown}{output}{after}"
+    )
 
 
 def spec_and_output(file: Path | None, label: str) -> tuple[str, str]:

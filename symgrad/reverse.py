@@ -87,8 +87,12 @@ def derive(graph: Graph, fused: bool = False) -> Program:
         elif node.name in contributions:
             grad = tensor(f"grad_{node.name}")
             incoming = contributions[node.name]
-            value = sympy.Add(*(_unbroadcast(graph, consumer, operand, node, contribution)
-                                for consumer, operand, contribution in incoming))
+            value = sympy.Add(
+                *(
+                    _unbroadcast(graph, consumer, operand, node, contribution)
+                    for consumer, operand, contribution in incoming
+                )
+            )
             if value.is_number:  # the paths cancel exactly (sub(x, x)): still a tensor of x's shape
                 assert value == 0, value
                 value = op("zeros_like", tensor(node.name))
@@ -97,7 +101,9 @@ def derive(graph: Graph, fused: bool = False) -> Program:
                 readers = sorted({"the outputs" if c.rule.op == "outputs" else c.name for c, _, _ in incoming})
                 comment = f"{node.name} feeds {', '.join(readers)}: the gradients from every path add up"
             elif incoming[0][0].rule.op == "outputs":  # a spec that ends in outputs: the seed of the walk
-                comment = f"{node.name} is output {incoming[0][1].rsplit('_', 1)[1]}: its gradient is the caller's cotangent"
+                comment = (
+                    f"{node.name} is output {incoming[0][1].rsplit('_', 1)[1]}: its gradient is the caller's cotangent"
+                )
             else:
                 consumer, operand, _ = incoming[0]
                 comment = f"{consumer.name} = {_describe(graph, consumer)}: pulled back to its {operand}"
@@ -116,13 +122,27 @@ def derive(graph: Graph, fused: bool = False) -> Program:
         if missing:  # a rule that cannot differentiate an operand must say so, never drop it
             raise NotImplementedError(f"rule {node.rule.op} gave no gradient for {sorted(missing)}")
         for symbol, value in symbols.locals:
-            backward.append(Statement(symbol, value, node.name, symbols.notes.get(symbol, f"local gradient of {node.name}"),
-                                      local_kind=symbols.kinds[symbol]))
+            backward.append(
+                Statement(
+                    symbol,
+                    value,
+                    node.name,
+                    symbols.notes.get(symbol, f"local gradient of {node.name}"),
+                    local_kind=symbols.kinds[symbol],
+                )
+            )
         for operand in sorted(pulled, key=list(node.operands).index):
             source = node.operands[operand]
             contributions.setdefault(source, []).append((node, operand, pulled[operand]))
-        steps.append(Step(node.name, _describe(graph, node), grad,
-                          [(operand, node.operands[operand], pulled[operand]) for operand in pulled], symbols.locals))
+        steps.append(
+            Step(
+                node.name,
+                _describe(graph, node),
+                grad,
+                [(operand, node.operands[operand], pulled[operand]) for operand in pulled],
+                symbols.locals,
+            )
+        )
 
     backward = _share_common_subexpressions(backward)
     targets = [statement.target for statement in forward + backward]
@@ -146,8 +166,9 @@ def _forward_statements(graph: Graph, fused: bool = False) -> list[Statement]:
         result = node.rule.forward(symbols)
         for symbol, value in symbols.locals:
             statements.append(Statement(symbol, value, node.name, local_kind=symbols.kinds[symbol]))
-        statements.append(Statement(tensor(node.name), result.value, node.name,
-                                    f"spec line {node.location.line}", result.math))
+        statements.append(
+            Statement(tensor(node.name), result.value, node.name, f"spec line {node.location.line}", result.math)
+        )
     return statements
 
 
@@ -177,8 +198,9 @@ def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contr
 def _share_common_subexpressions(statements: list[Statement]) -> list[Statement]:
     """Run ``sympy.cse`` over the backward statements; each shared value is defined just before
     the first statement that needs it."""
-    replacements, values = sympy.cse([statement.value for statement in statements],
-                                     symbols=sympy.numbered_symbols("shared_"), order="none")
+    replacements, values = sympy.cse(
+        [statement.value for statement in statements], symbols=sympy.numbered_symbols("shared_"), order="none"
+    )
     if not replacements:
         return statements
     definitions = dict(replacements)
@@ -212,8 +234,11 @@ def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, 
     graph = program.graph
     loss = graph.loss
     if loss.params["reduction"] != "per_sample":
-        raise SpecError("per-sample gradients need `reduction: per_sample` in the loss", loss.location,
-                        "set the loss's reduction to per_sample, or drop per_sample from extras")
+        raise SpecError(
+            "per-sample gradients need `reduction: per_sample` in the loss",
+            loss.location,
+            "set the loss's reduction to per_sample, or drop per_sample from extras",
+        )
     from .shapes import batch_inputs
 
     batched = batch_inputs(graph)
@@ -228,15 +253,24 @@ def per_sample_statements(program: Program) -> tuple[list[Statement], dict[str, 
             pullback = node.rule.per_sample_pullback
             term = pullback(graph.symbols(node), tensor(f"grad_{node.name}"), operand) if pullback else None
             if term is None:
-                raise SpecError(f"per-sample gradients of '{name}' as the {operand} of {node.rule.op} "
-                                f"'{node.name}' are not supported", node.location,
-                                f"remove '{name}' from wrt, or drop per_sample from extras")
+                raise SpecError(
+                    f"per-sample gradients of '{name}' as the {operand} of {node.rule.op} "
+                    f"'{node.name}' are not supported",
+                    node.location,
+                    f"remove '{name}' from wrt, or drop per_sample from extras",
+                )
             terms.append(term)
         symbol = tensor(f"per_sample_grad_{name}")
-        statements.append(Statement(symbol, sympy.Add(*terms), name,
-                                    f"{name} is read by {', '.join(node.name for node, _ in consumers)}"))
+        statements.append(
+            Statement(
+                symbol, sympy.Add(*terms), name, f"{name} is read by {', '.join(node.name for node, _ in consumers)}"
+            )
+        )
         results[name] = symbol
     if not results:
-        raise SpecError("no wrt tensor is a layer weight or bias, so there is no per-sample parameter gradient",
-                        loss.location, "add a weight to wrt, or drop per_sample from extras")
+        raise SpecError(
+            "no wrt tensor is a layer weight or bias, so there is no per-sample parameter gradient",
+            loss.location,
+            "add a weight to wrt, or drop per_sample from extras",
+        )
     return statements, results, batched

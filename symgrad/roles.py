@@ -27,12 +27,22 @@ def input_roles(graph: Graph) -> dict[str, list]:
             continue
         for operand, source in node.operands.items():
             role = node.rule.operand_roles.get(operand)
-            if role is None or source in roles or graph.nodes[source].kind != "input" \
-                    or graph.nodes[source].dtype == "int64":
+            if (
+                role is None
+                or source in roles
+                or graph.nodes[source].kind != "input"
+                or graph.nodes[source].dtype == "int64"
+            ):
                 continue
             if role == "weight":
-                gain = max((consumer.rule.activation_gain for consumer, _ in graph.consumers(node.name)
-                            if consumer.rule is not None), default=1.0)
+                gain = max(
+                    (
+                        consumer.rule.activation_gain
+                        for consumer, _ in graph.consumers(node.name)
+                        if consumer.rule is not None
+                    ),
+                    default=1.0,
+                )
                 roles[source] = [role, gain, node.rule.fan_in_axes(len(graph.nodes[source].shape))]
             else:
                 roles[source] = [role, 1.0, []]
@@ -56,14 +66,18 @@ def zero_by_structure(graph: Graph) -> dict[str, str]:
         if node.rule.operand_roles.get("weight") != "weight":
             continue  # not a convolution or linear layer
         consumers = graph.consumers(node.name)
-        if consumers and all(consumer.rule.op == "batch_norm" and consumer.params.get("training") and operand == "input"
-                             for consumer, operand in consumers):
+        if consumers and all(
+            consumer.rule.op == "batch_norm" and consumer.params.get("training") and operand == "input"
+            for consumer, operand in consumers
+        ):
             if len({other.name for other, _ in graph.consumers(bias)}) > 1:
                 continue  # the bias is used elsewhere too
             norms = ", ".join(consumer.name for consumer, _ in consumers)
-            zero[bias] = (f"{bias} is the bias of {node.name}, which feeds only training-mode batch_norm ({norms}); "
-                          "that subtracts each channel's batch mean, so the bias cancels and its gradient is zero "
-                          "(fix: drop the bias, as nn.Conv2d(..., bias=False) before BatchNorm2d does)")
+            zero[bias] = (
+                f"{bias} is the bias of {node.name}, which feeds only training-mode batch_norm ({norms}); "
+                "that subtracts each channel's batch mean, so the bias cancels and its gradient is zero "
+                "(fix: drop the bias, as nn.Conv2d(..., bias=False) before BatchNorm2d does)"
+            )
     return zero
 
 
@@ -75,7 +89,9 @@ def running_statistics(graph) -> list[tuple[str, str, str]]:
         declared = node.rule.running_statistics(graph.symbols(node)) if node.kind == "layer" else None
         if declared:
             mean, var, momentum = declared
-            found.append((node.operands[mean], node.operands[var], "None" if momentum is None else repr(float(momentum))))
+            found.append(
+                (node.operands[mean], node.operands[var], "None" if momentum is None else repr(float(momentum)))
+            )
     return found
 
 
@@ -85,8 +101,10 @@ def class_table(graph, shapes) -> list[tuple[dict[str, list[int]], dict[str, int
     if not any(node.dtype == "int64" for node in graph.inputs):
         return []
     shape_sets = list(shapes) + [{node.name: tuple(node.shape) for node in graph.inputs}]
-    return [({name: list(shape) for name, shape in sorted(shape_set.items())}, graph.class_counts(shape_set))
-            for shape_set in shape_sets]
+    return [
+        ({name: list(shape) for name, shape in sorted(shape_set.items())}, graph.class_counts(shape_set))
+        for shape_set in shape_sets
+    ]
 
 
 CHANNELS_LAST_MIN_POSITIONS = 16384
@@ -160,8 +178,13 @@ def _weighted_positions(graph, convolutions) -> float:
     positions too, so the layout pays where this average is large. ResNet-18 at 8 x 112²: the stem
     has 100352 positions but 9408 weights; layer4 128 positions and 8.4M weights; the average 511."""
     total = sum(_size(graph.nodes[node.operands["weight"]].shape) for node in convolutions)
-    return sum(_size(graph.nodes[node.operands["weight"]].shape) * _positions(graph.nodes[node.operands["input"]].shape)
-               for node in convolutions) / total
+    return (
+        sum(
+            _size(graph.nodes[node.operands["weight"]].shape) * _positions(graph.nodes[node.operands["input"]].shape)
+            for node in convolutions
+        )
+        / total
+    )
 
 
 def _size(shape) -> int:
@@ -189,8 +212,11 @@ def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastR
         return None
 
     def two_d_convolution(node) -> bool:
-        return node.kind == "layer" and node.rule.op in ("conv2d", "conv_transpose2d") and \
-            len(graph.nodes[node.operands["input"]].shape) == 4  # an unbatched input has no channels_last layout
+        return (
+            node.kind == "layer"
+            and node.rule.op in ("conv2d", "conv_transpose2d")
+            and len(graph.nodes[node.operands["input"]].shape) == 4
+        )  # an unbatched input has no channels_last layout
 
     convolutions = [node for node in graph.nodes.values() if two_d_convolution(node)]
     # with one input channel both layouts are the same
@@ -203,8 +229,15 @@ def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastR
     # the data: not a model's parameter or buffer (BiT's standardised 3x3 weights reach their convolutions
     # through a reshape, and may have more positions than a small image)
     sourced = {entry.name for entry in graph.spec.inputs if entry.source}
-    data = [node for node in graph.inputs if len(node.shape) == 4 and node.dtype != "int64"
-            and node.name not in weights and node.name not in sourced and _positions(node.shape) > 0]
+    data = [
+        node
+        for node in graph.inputs
+        if len(node.shape) == 4
+        and node.dtype != "int64"
+        and node.name not in weights
+        and node.name not in sourced
+        and _positions(node.shape) > 0
+    ]
     if not data:  # fixed by the spec's shapes
         return ChannelsLastRule(moved, None, 0) if most >= min_positions else None
     reference = max(data, key=lambda node: _positions(node.shape))  # the first of the largest
@@ -254,14 +287,20 @@ def test_facts(graph, small_shapes: list[dict[str, tuple[int, ...]]]) -> dict:
     import math
 
     return dict(
-        name=graph.spec.name, wrt=list(graph.wrt),
+        name=graph.spec.name,
+        wrt=list(graph.wrt),
         spec_shapes={node.name: tuple(node.shape) for node in graph.inputs},
         spec_entries=sum(math.prod(node.shape) for node in graph.nodes.values()),  # as check.require_memory counts
-        channels_last_at_spec=channels_last_inputs(graph), small_shapes=small_shapes, roles=input_roles(graph),
+        channels_last_at_spec=channels_last_inputs(graph),
+        small_shapes=small_shapes,
+        roles=input_roles(graph),
         moved=sorted({name for mean, var, _ in running_statistics(graph) for name in (mean, var)}),
-        zero_by_structure=zero_by_structure(graph), classes=class_table(graph, small_shapes),
-        outputs=graph.spec.outputs is not None, reference_sums=reference_sums(graph, small_shapes[0]) if small_shapes else None,
-        random=any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None))
+        zero_by_structure=zero_by_structure(graph),
+        classes=class_table(graph, small_shapes),
+        outputs=graph.spec.outputs is not None,
+        reference_sums=reference_sums(graph, small_shapes[0]) if small_shapes else None,
+        random=any(getattr(node.rule, "random", False) for node in graph.nodes.values() if node.rule is not None),
+    )
 
 
 def reference_sums(graph, shapes: dict[str, tuple[int, ...]]) -> str:
@@ -291,8 +330,23 @@ def reference_sums(graph, shapes: dict[str, tuple[int, ...]]) -> str:
     rows = []
     for index, row in enumerate(runs[0]):
         finite = all(math.isfinite(value) for value in row)
-        spread = max(abs(run[index][position] - value) / (max(abs(value), 1e-300) if position % 2 == 0 else 1.0)
-                     for run in runs[1:] for position, value in enumerate(row)) if finite else math.inf
-        rows.append("[" + ", ".join(f"{value:.10g}" if position % 2 == 0 else f"{round(value, 10) + 0.0:.10f}"
-                                    for position, value in enumerate(row)) + "]" if spread <= 1e-13 else "None")
+        spread = (
+            max(
+                abs(run[index][position] - value) / (max(abs(value), 1e-300) if position % 2 == 0 else 1.0)
+                for run in runs[1:]
+                for position, value in enumerate(row)
+            )
+            if finite
+            else math.inf
+        )
+        rows.append(
+            "["
+            + ", ".join(
+                f"{value:.10g}" if position % 2 == 0 else f"{round(value, 10) + 0.0:.10f}"
+                for position, value in enumerate(row)
+            )
+            + "]"
+            if spread <= 1e-13
+            else "None"
+        )
     return "[" + ", ".join(rows) + "]"

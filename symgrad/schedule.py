@@ -67,8 +67,9 @@ class Plan:
     (``lean``: :mod:`symgrad.rematerialize`)."""
 
 
-def schedule(program: Program, fast: Program, extras: dict | None = None, recompute: bool = True,
-             lean: bool = False) -> Plan:
+def schedule(
+    program: Program, fast: Program, extras: dict | None = None, recompute: bool = True, lean: bool = False
+) -> Plan:
     """The :class:`Plan` for the derivations of one body's graph; ``extras``: the derived statements of
     the optional functions wanted (``tangent.derive_extras``: ``hvp``, ``per_sample``; the inlined
     program's, ``expand``);
@@ -84,8 +85,11 @@ def schedule(program: Program, fast: Program, extras: dict | None = None, recomp
     # more gradients, or its weight's alone (twice differentiable, as autograd's own); the documents'
     # math is the readable one
     # the loss's inputs and the outputs, which the caller keeps, are kept whole
-    kept_by_caller = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols,
-                      *fast.default_cotangent.free_symbols}
+    kept_by_caller = {
+        fast.forward[-1].target,
+        *fast.forward[-1].value.free_symbols,
+        *fast.default_cotangent.free_symbols,
+    }
     mask_owners, layout_owners = {}, {}
     if recompute:  # keep less than autograd keeps: masks, layouts (kept.py), recomputed activations
         fast, mask_owners = kept_as_signs(fast, kept_by_caller)
@@ -112,8 +116,11 @@ def schedule(program: Program, fast: Program, extras: dict | None = None, recomp
     # what the last forward statement makes or reads (the loss's inputs; the outputs, which the caller
     # keeps) stays as it is: a cast copy there would be kept beside it
     # the default cotangent (`pred.new_ones(...)`) reads the loss's input as a tensor too
-    returned = {fast.forward[-1].target.name, *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
-                *(symbol.name for symbol in fast.default_cotangent.free_symbols)}
+    returned = {
+        fast.forward[-1].target.name,
+        *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
+        *(symbol.name for symbol in fast.default_cotangent.free_symbols),
+    }
     narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
     saving_forward = overwriting(added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
     optional: dict = {}
@@ -122,31 +129,49 @@ def schedule(program: Program, fast: Program, extras: dict | None = None, recomp
     if "hvp" in extras:
         tangents, results = extras["hvp"]
         returned = {value for value in results.values() if value != 0}
-        hvp_live = _live(program.forward + program.backward + tangents,
-                         returned | program.default_cotangent.free_symbols)
+        hvp_live = _live(
+            program.forward + program.backward + tangents, returned | program.default_cotangent.free_symbols
+        )
         boundary = _count_among(hvp_live, program.forward)
-        optional.update(hvp_forward=hvp_live[:boundary], hvp_backward=hvp_live[boundary:],
-                        hvp_results={name: results[name] for name in graph.wrt})
+        optional.update(
+            hvp_forward=hvp_live[:boundary],
+            hvp_backward=hvp_live[boundary:],
+            hvp_results={name: results[name] for name in graph.wrt},
+        )
     if "per_sample" in extras:
         extra, results, batched = extras["per_sample"]
-        per_sample_live = _live(program.forward + program.backward + extra,
-                                set(results.values()) | program.default_cotangent.free_symbols)
+        per_sample_live = _live(
+            program.forward + program.backward + extra, set(results.values()) | program.default_cotangent.free_symbols
+        )
         boundary = _count_among(per_sample_live, program.forward)
         # each per-sample product as soon as its output gradient exists, so both die there
         scheduled = _scheduled_early(per_sample_live, boundary, extra)
         forward, backward_part, dead = with_deletions(
-            scheduled, boundary, program.default_cotangent.free_symbols, set(results.values()))
-        optional.update(per_sample_forward=forward, per_sample_backward=backward_part, per_sample_dead=dead,
-                        per_sample_names=list(results), per_sample_batched=batched)
+            scheduled, boundary, program.default_cotangent.free_symbols, set(results.values())
+        )
+        optional.update(
+            per_sample_forward=forward,
+            per_sample_backward=backward_part,
+            per_sample_dead=dead,
+            per_sample_names=list(results),
+            per_sample_batched=batched,
+        )
     return Plan(
-        program=program, fast=fast,
+        program=program,
+        fast=fast,
         forward=_live(program.forward, {program.loss_symbol}),
-        readable_backward=readable_live[_count_among(readable_live, program.forward):],
-        saving_forward=saving_forward, saved_names=saved_names, saved_as_autocast_casts=narrowed, loss_name=loss_name,
-        boundary_dead=boundary_dead, backward=backward,
+        readable_backward=readable_live[_count_among(readable_live, program.forward) :],
+        saving_forward=saving_forward,
+        saved_names=saved_names,
+        saved_as_autocast_casts=narrowed,
+        loss_name=loss_name,
+        boundary_dead=boundary_dead,
+        backward=backward,
         step_of_line=_step_numbers(fast, live[split:]),
         stored=_stored(fast, live[split:], {**shape_owners, **layout_owners, **mask_owners}),
-        rebuilt=rebuilt_names, **optional)
+        rebuilt=rebuilt_names,
+        **optional,
+    )
 
 
 def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[Statement], int]:
@@ -173,12 +198,20 @@ def _recomputed(forward: list[Statement], backward: list[Statement], kept_by_cal
     as torch.compile's partitioner does (``kept_by_caller``: the loss's inputs, which stay)."""
     read = set().union(*(statement.value.free_symbols for statement in backward))
     made = {statement.target for statement in forward}
-    again = {statement.target: statement for statement in forward
-             if statement.target in read and statement.target not in kept_by_caller
-             and isinstance(statement.value, TensorOp) and statement.value.primitive.recomputable
-             and all(symbol in read or symbol not in made for symbol in statement.value.free_symbols)}
-    again = {target: statement for target, statement in again.items()  # from kept operands, not a chain
-             if not statement.value.free_symbols & again.keys()}
+    again = {
+        statement.target: statement
+        for statement in forward
+        if statement.target in read
+        and statement.target not in kept_by_caller
+        and isinstance(statement.value, TensorOp)
+        and statement.value.primitive.recomputable
+        and all(symbol in read or symbol not in made for symbol in statement.value.free_symbols)
+    }
+    again = {
+        target: statement
+        for target, statement in again.items()  # from kept operands, not a chain
+        if not statement.value.free_symbols & again.keys()
+    }
     result = []
     for statement in backward:
         for symbol in sorted(statement.value.free_symbols & again.keys(), key=str):
@@ -207,14 +240,16 @@ def _named_entries(backward: list[Statement], every: list[Statement]) -> list[St
     (``grad_x = grad_add + local_conv1[0]``) named right after the tuple is made (``local_conv1_0``),
     so that the tuple is unpacked where it is made and dies there (``every``: all statements, whose
     names a new one must not take)."""
-    tuples = {statement.target for statement in backward
-              if isinstance(statement.value, TensorOp) and (statement.value.primitive.outputs or 0) > 1}
+    tuples = {
+        statement.target
+        for statement in backward
+        if isinstance(statement.value, TensorOp) and (statement.value.primitive.outputs or 0) > 1
+    }
     whole = {statement.value for statement in backward}
     inline = {}
     for statement in backward:
         for expression in statement.value.atoms(TensorOp):
-            if (expression.primitive.name == "item" and expression.operands[0] in tuples
-                    and expression not in whole):
+            if expression.primitive.name == "item" and expression.operands[0] in tuples and expression not in whole:
                 inline.setdefault(expression.operands[0], {})[expression.params["index"]] = expression
     if not inline:
         return backward
@@ -245,7 +280,9 @@ def _scheduled_early(statements: list[Statement], boundary: int, movable: list[S
     for statement in statements:
         if id(statement) not in moving:
             continue
-        anchor = max([boundary - 1] + [anchor_of[symbol] for symbol in statement.value.free_symbols if symbol in anchor_of])
+        anchor = max(
+            [boundary - 1] + [anchor_of[symbol] for symbol in statement.value.free_symbols if symbol in anchor_of]
+        )
         following.setdefault(anchor, []).append(statement)  # after those moved there before it, in their order
         anchor_of[statement.target] = anchor
     result = list(following.get(-1, []))
@@ -255,7 +292,9 @@ def _scheduled_early(statements: list[Statement], boundary: int, movable: list[S
     return result
 
 
-def _saved_for_backward(fast: Program, statements: list[Statement], boundary: int) -> tuple[list[str], list[Scheduled], str]:
+def _saved_for_backward(
+    fast: Program, statements: list[Statement], boundary: int
+) -> tuple[list[str], list[Scheduled], str]:
     """For ``_forward_saving``, which saves instead of recomputing: the values the backward part
     reads from the forward part (in forward order), and the statements that compute the loss
     together with them, every other intermediate deleted at its last use."""
@@ -302,16 +341,21 @@ def _narrowed_at_last_use(scheduled: list[Scheduled], narrowed: list[str]) -> li
         for name in narrowed:
             if item.statement.target.name == name or tensor(name) in item.statement.value.free_symbols:
                 last[name] = index
-    return [dataclasses.replace(item, narrowed=tuple(name for name in narrowed if last.get(name) == index))
-            for index, item in enumerate(scheduled)]
+    return [
+        dataclasses.replace(item, narrowed=tuple(name for name in narrowed if last.get(name) == index))
+        for index, item in enumerate(scheduled)
+    ]
 
 
 def helpers_of(statements: list[Statement]) -> list[str]:
     """The module-level functions the statements' primitives call, each once, in a fixed order (a
     helper may hold several, one of them shared with another primitive's helper: written once)."""
-    found = {expression.primitive.name: expression.primitive.helper
-             for statement in statements for expression in statement.value.atoms(TensorOp)
-             if expression.primitive.helper}
+    found = {
+        expression.primitive.name: expression.primitive.helper
+        for statement in statements
+        for expression in statement.value.atoms(TensorOp)
+        if expression.primitive.helper
+    }
     functions: dict[str, None] = {}
     for name in sorted(found):
         functions.update(dict.fromkeys(part.strip("\n") + "\n" for part in found[name].split("\n\n\n")))
@@ -359,13 +403,15 @@ def _stored(program: Program, backward: list[Statement], owners: dict[str, str])
         elif node.name in values:
             stored[node.name] = "value, read by the backward pass"
         elif node.name in rebuilt:
-            stored[node.name] = ("nothing (--keep lean): the backward pass makes it again from "
-                                 "what it keeps, bit for bit")
+            stored[node.name] = (
+                "nothing (--keep lean): the backward pass makes it again from what it keeps, bit for bit"
+            )
         elif node.name in recomputed:
             stored[node.name] = "nothing: the backward pass computes it again from its input"
         elif node.name in kept or node.name in shapes:
-            stored[node.name] = "only " + " and ".join(text for part, text in parts.items()
-                                                       if part in kept.get(node.name, ["shape"]))
+            stored[node.name] = "only " + " and ".join(
+                text for part, text in parts.items() if part in kept.get(node.name, ["shape"])
+            )
         else:
             stored[node.name] = "nothing: freed after use" if node.kind == "layer" else "nothing"
     return stored

@@ -62,8 +62,9 @@ def _tree_size(expr: sympy.Expr, limit: int) -> int:
     return count
 
 
-def _tied_sizes(graph: Graph, node_shapes: dict | None = None,
-                wanted: tuple[str, ...] | None = None) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
+def _tied_sizes(
+    graph: Graph, node_shapes: dict | None = None, wanted: tuple[str, ...] | None = None
+) -> tuple[dict[sympy.Symbol, sympy.Expr], list[sympy.Symbol]]:
     """Solve the ops' size equalities; ``node_shapes``, if given, receives the symbolic shape of every
     node named in ``wanted`` (default: every node). Solved once per graph (a build asks up to five
     times: the tests' shapes, the non-degenerate ones, the model check's, the batch inputs), and kept
@@ -83,8 +84,10 @@ def _solve_tied_sizes(graph: Graph):
     symbols = {}
     shapes = {}
     for node in graph.inputs:
-        shapes[node.name] = tuple(symbols.setdefault((node.name, axis), sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True))
-                                  for axis in range(len(node.shape)))
+        shapes[node.name] = tuple(
+            symbols.setdefault((node.name, axis), sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True))
+            for axis in range(len(node.shape))
+        )
     definitions: dict[sympy.Symbol, sympy.Expr] = {}
     """Abbreviations: each fresh symbol's value in the input sizes and earlier abbreviations."""
 
@@ -121,9 +124,14 @@ def _solve_tied_sizes(graph: Graph):
         if node.kind == "input":
             continue
         check = Checker(node.location, node.rule.op, symbolic=True)
-        shapes[node.name] = tuple(abbreviated(size) for size in node.rule.infer_shape(
-            {operand: shapes[source] for operand, source in node.operands.items()},
-            sized(node.params, lambda name: shapes[name]), check))
+        shapes[node.name] = tuple(
+            abbreviated(size)
+            for size in node.rule.infer_shape(
+                {operand: shapes[source] for operand, source in node.operands.items()},
+                sized(node.params, lambda name: shapes[name]),
+                check,
+            )
+        )
         constraints += check.constraints
     substitution: dict[sympy.Symbol, sympy.Expr] = {}
 
@@ -159,8 +167,11 @@ def _solve_tied_sizes(graph: Graph):
     substitution = {symbol: resolve(value) for symbol, value in substitution.items()}
 
     def shapes_of(wanted: tuple[str, ...] | None) -> dict[str, tuple]:
-        return {name: tuple(resolve(expanded(sympy.sympify(size))) for size in shape)
-                for name, shape in shapes.items() if wanted is None or name in wanted}
+        return {
+            name: tuple(resolve(expanded(sympy.sympify(size))) for size in shape)
+            for name, shape in shapes.items()
+            if wanted is None or name in wanted
+        }
 
     free = [symbol for symbol in symbols.values() if symbol not in substitution]
     return substitution, free, shapes_of
@@ -182,22 +193,37 @@ def _size_functions(graph: Graph, substitution, free):
                 functions[node.name].append(lambda values, s=expr: values[s])
             elif expr.is_number:
                 functions[node.name].append(lambda values, e=int(expr): e)
-            elif expr.is_Add and len(expr.args) > LAMBDIFY_TERMS and all(
+            elif (
+                expr.is_Add
+                and len(expr.args) > LAMBDIFY_TERMS
+                and all(
                     (term.is_Symbol or term == 1) and coefficient.is_Rational
-                    for term, coefficient in expr.as_coefficients_dict().items()):
+                    for term, coefficient in expr.as_coefficients_dict().items()
+                )
+            ):
                 # a deep chain's sum of sizes: Python's compiler recurses once per term of lambdify's source
-                terms = [(term if term.is_Symbol else None,
-                          int(coefficient) if coefficient.is_Integer else Fraction(int(coefficient.p), int(coefficient.q)))
-                         for term, coefficient in expr.as_coefficients_dict().items()]
-                functions[node.name].append(lambda values, t=terms: sum(
-                    coefficient * (1 if term is None else values[term]) for term, coefficient in t))
+                terms = [
+                    (
+                        term if term.is_Symbol else None,
+                        int(coefficient)
+                        if coefficient.is_Integer
+                        else Fraction(int(coefficient.p), int(coefficient.q)),
+                    )
+                    for term, coefficient in expr.as_coefficients_dict().items()
+                ]
+                functions[node.name].append(
+                    lambda values, t=terms: sum(
+                        coefficient * (1 if term is None else values[term]) for term, coefficient in t
+                    )
+                )
             else:
                 arguments = sorted(expr.free_symbols, key=str)
                 try:
                     compiled = sympy.lambdify(arguments, expr, modules="math")
                 except RecursionError:  # too deep for Python's compiler: substituted instead (slower)
-                    functions[node.name].append(lambda values, e=expr, a=arguments: e.xreplace(
-                        {s: sympy.Integer(values[s]) for s in a}))
+                    functions[node.name].append(
+                        lambda values, e=expr, a=arguments: e.xreplace({s: sympy.Integer(values[s]) for s in a})
+                    )
                     continue
                 functions[node.name].append(lambda values, f=compiled, a=arguments: f(*(values[s] for s in a)))
     return functions
@@ -229,7 +255,7 @@ def _statistic_size(graph: Graph, node) -> int | None:
     return node.rule.elements_per_statistic(shapes, node.params)
 
 
-LARGEST_TEST_NODE = 2 ** 18
+LARGEST_TEST_NODE = 2**18
 """Entries (2 MiB in float64) no node may exceed at the test shapes unless it has more at the spec's.
 Shrunk kernels can grow what they slide over: 3x3 kernels (padding 1) shrunk to 2 grow the image a
 pixel a layer. A 200-conv chain's test carries that (every input 2 x 2 x 2 x 2 but the target,
@@ -278,8 +304,11 @@ def small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
 def _small_shapes(graph: Graph) -> list[dict[str, tuple[int, ...]]]:
     substitution, free = _tied_sizes(graph)
     functions = _size_functions(graph, substitution, free)
-    spec_sizes = {sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
-                  for node in graph.inputs for axis, size in enumerate(node.shape)}
+    spec_sizes = {
+        sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
+        for node in graph.inputs
+        for axis, size in enumerate(node.shape)
+    }
     values = {symbol: spec_sizes[symbol] for symbol in free}
     if not _valid(graph, _shapes_for(functions, free, values)):
         spec_shapes = {node.name: node.shape for node in graph.inputs}
@@ -339,10 +368,14 @@ def _batch_grown(graph: Graph, functions, free, values: dict) -> tuple[dict, dic
     LeViT at batch 2: autograd's gradients and the explicit ones fail gradcheck alike, with the same
     analytical value). ``values`` unchanged (and None) where no normalisation is that small or none
     grows with the batch."""
+
     def statistics(shapes) -> dict[str, int]:
         resized = graph.with_input_shapes(shapes)
-        return {name: size for name, node in resized.nodes.items() if node.rule is not None
-                and (size := _statistic_size(resized, node)) is not None}
+        return {
+            name: size
+            for name, node in resized.nodes.items()
+            if node.rule is not None and (size := _statistic_size(resized, node)) is not None
+        }
 
     shapes = _shapes_for(functions, free, values)
     at_spec = statistics(shapes)
@@ -363,12 +396,10 @@ def _batch_grown(graph: Graph, functions, free, values: dict) -> tuple[dict, dic
         doubled = statistics(doubled) if doubled else {}
     except SpecError:
         return values, None
-    per_sample = {name: at_spec[name] / size for name in small
-                  if doubled.get(name) == 2 * at_spec[name]}
+    per_sample = {name: at_spec[name] / size for name in small if doubled.get(name) == 2 * at_spec[name]}
     if not per_sample:
         return values, None
-    wanted = min(LARGEST_TEST_BATCH,
-                 max(size, *(math.ceil(MIN_STATISTIC / each) for each in per_sample.values())))
+    wanted = min(LARGEST_TEST_BATCH, max(size, *(math.ceil(MIN_STATISTIC / each) for each in per_sample.values())))
     trial = {**values, batch: wanted}
     if wanted == size or not _valid(graph, _shapes_for(functions, free, trial)):
         return values, None
@@ -400,8 +431,11 @@ def non_degenerate_shapes(graph: Graph, least: int = NON_DEGENERATE) -> dict[str
     ``LARGEST_TEST_NODE`` entries a node, or when they are the spec's own or the smallest shapes."""
     substitution, free = _tied_sizes(graph)
     functions = _size_functions(graph, substitution, free)
-    spec_sizes = {sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
-                  for node in graph.inputs for axis, size in enumerate(node.shape)}
+    spec_sizes = {
+        sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
+        for node in graph.inputs
+        for axis, size in enumerate(node.shape)
+    }
     small = small_shapes(graph)[0]
     axes = {symbol: _input_axis(symbol, small) for symbol in free}
     small_values = {symbol: small[axis[0]][axis[1]] for symbol, axis in axes.items() if axis}
@@ -440,12 +474,21 @@ def data_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
     far as the ops allow, for a check on the model itself (``SMALL_INPUTS``, :mod:`symgrad.verify`)."""
     substitution, free = _tied_sizes(graph)
     functions = _size_functions(graph, substitution, free)
-    spec_sizes = {sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
-                  for node in graph.inputs for axis, size in enumerate(node.shape)}
+    spec_sizes = {
+        sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True): size
+        for node in graph.inputs
+        for axis, size in enumerate(node.shape)
+    }
     sources = {item.name for item in graph.spec.inputs if item.source}
-    fixed = {symbol for node in graph.inputs if node.name in sources for axis in range(len(node.shape))
-             for symbol in sympy.sympify(substitution.get(sympy.Symbol(f"{node.name}_{axis}", positive=True,
-                                                                       integer=True), 0)).free_symbols} & set(free)
+    fixed = {
+        symbol
+        for node in graph.inputs
+        if node.name in sources
+        for axis in range(len(node.shape))
+        for symbol in sympy.sympify(
+            substitution.get(sympy.Symbol(f"{node.name}_{axis}", positive=True, integer=True), 0)
+        ).free_symbols
+    } & set(free)
     fixed |= {symbol for symbol in free if symbol.name.rsplit("_", 1)[0] in sources}
     values = {symbol: spec_sizes[symbol] for symbol in free}
     for ceiling in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):

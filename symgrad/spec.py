@@ -46,8 +46,20 @@ from .spec_values import (
 )
 from .spec_yaml import MAX_NAME, MAX_SPEC_BYTES, Mapping, Sequence, load_yaml
 
-TOP_LEVEL_KEYS = ("name", "inputs", "blocks", "layers", "loss", "outputs", "wrt", "extras", "eval", "fingerprint", "guards",
-                  "checked_functions")
+TOP_LEVEL_KEYS = (
+    "name",
+    "inputs",
+    "blocks",
+    "layers",
+    "loss",
+    "outputs",
+    "wrt",
+    "extras",
+    "eval",
+    "fingerprint",
+    "guards",
+    "checked_functions",
+)
 REQUIRED_KEYS = ("name", "inputs", "layers", "wrt")
 """And one of ``loss`` or ``outputs``."""
 EXTRAS = ("hvp", "per_sample")
@@ -134,23 +146,35 @@ def _outputs(document: Mapping, known: dict[str, Location]) -> OutputsSpec:
         entries = []
         for index, (item, item_location) in enumerate(zip(value, value.item_locations)):
             if not isinstance(item, str):
-                raise SpecError(f"'outputs' entry {cut(repr(item))} is not a node name", item_location,
-                                "name a layer's `out:`, e.g. `outputs: [logits, aux]`")
+                raise SpecError(
+                    f"'outputs' entry {cut(repr(item))} is not a node name",
+                    item_location,
+                    "name a layer's `out:`, e.g. `outputs: [logits, aux]`",
+                )
             entries.append((str(index), defined(item, item_location, known), item_location))
         return OutputsSpec("tuple", tuple(entries), location)
     if isinstance(value, Mapping) and value:
         entries = []
         for key, item in value.items():
             if not OUTPUT_KEY.match(key):
-                raise SpecError(f"'outputs' key {cut(key)!r} is not an identifier", value.key_locations[key],
-                                "name each output with letters, digits and '_'")
+                raise SpecError(
+                    f"'outputs' key {cut(key)!r} is not an identifier",
+                    value.key_locations[key],
+                    "name each output with letters, digits and '_'",
+                )
             if not isinstance(item, str):
-                raise SpecError(f"'outputs' entry {key} is {kind_of(item)}, not a node name", value.value_locations[key],
-                                f"write `{key}: NODE` with a layer's `out:`")
+                raise SpecError(
+                    f"'outputs' entry {key} is {kind_of(item)}, not a node name",
+                    value.value_locations[key],
+                    f"write `{key}: NODE` with a layer's `out:`",
+                )
             entries.append((key, defined(item, value.value_locations[key], known), value.value_locations[key]))
         return OutputsSpec("dict", tuple(entries), location)
-    raise SpecError(f"'outputs' must be a node name, a list or a mapping of them, not {kind_of(value)}", location,
-                    "write e.g. `outputs: logits`, `outputs: [logits, aux]` or `outputs: {logits: fc, aux: head}`")
+    raise SpecError(
+        f"'outputs' must be a node name, a list or a mapping of them, not {kind_of(value)}",
+        location,
+        "write e.g. `outputs: logits`, `outputs: [logits, aux]` or `outputs: {logits: fc, aux: head}`",
+    )
 
 
 def read_spec(path: str | Path) -> Spec:
@@ -162,8 +186,11 @@ def read_spec(path: str | Path) -> Spec:
     except FileNotFoundError:
         raise SpecError(f"no spec file at {path}", None, "check the path") from None
     except UnicodeDecodeError as error:
-        raise SpecError(f"spec is not UTF-8 text ({error.reason} at byte {error.start})",
-                        Location(str(path), 1, 1), "save the file as UTF-8") from None
+        raise SpecError(
+            f"spec is not UTF-8 text ({error.reason} at byte {error.start})",
+            Location(str(path), 1, 1),
+            "save the file as UTF-8",
+        ) from None
     except OSError as error:
         raise SpecError(f"cannot read {path}: {error.strerror}", None, "check the path and permissions") from None
     return parse_spec(text, str(path))
@@ -177,11 +204,22 @@ def _read_bounded(path: Path) -> bytes:
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
-                    else "not a regular file")
-            raise SpecError(f"{path} is {kind}, not a spec file", None,
-                            "pass a .yaml spec file, or on the command line a folder of them")
+            kind = (
+                "a folder"
+                if stat.S_ISDIR(mode)
+                else "a named pipe (FIFO)"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "not a regular file"
+            )
+            raise SpecError(
+                f"{path} is {kind}, not a spec file",
+                None,
+                "pass a .yaml spec file, or on the command line a folder of them",
+            )
         chunks, size = [], 0
         while size <= MAX_SPEC_BYTES:
             chunk = os.read(descriptor, MAX_SPEC_BYTES + 1 - size)
@@ -192,8 +230,11 @@ def _read_bounded(path: Path) -> bytes:
     finally:
         os.close(descriptor)
     if size > MAX_SPEC_BYTES:
-        raise SpecError(f"spec is larger than the {MAX_SPEC_BYTES} byte limit", Location(str(path), 1, 1),
-                        "split it or remove what it does not need")
+        raise SpecError(
+            f"spec is larger than the {MAX_SPEC_BYTES} byte limit",
+            Location(str(path), 1, 1),
+            "split it or remove what it does not need",
+        )
     return b"".join(chunks)
 
 
@@ -203,13 +244,17 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     reject_unknown_keys(document, TOP_LEVEL_KEYS, "top level")
     for key in REQUIRED_KEYS:
         if key not in document:
-            raise SpecError(f"missing required key '{key}'", document.location,
-                            f"add a '{key}:' entry (see `symgrad spec-help`)")
+            raise SpecError(
+                f"missing required key '{key}'", document.location, f"add a '{key}:' entry (see `symgrad spec-help`)"
+            )
 
     name = identifier_at(document, "name", kind="module name")
     if name in RESERVED_MODULES or name.startswith("test_"):
-        raise SpecError(f"module name '{name}' would shadow a Python module or be collected as a test",
-                        document.value_locations["name"], "choose a more specific name, e.g. 'my_model_grad'")
+        raise SpecError(
+            f"module name '{name}' would shadow a Python module or be collected as a test",
+            document.value_locations["name"],
+            "choose a more specific name, e.g. 'my_model_grad'",
+        )
 
     inputs_map = typed_at(document, "inputs", Mapping, "a mapping of tensor names to {shape: [...]}")
     if not inputs_map:
@@ -219,21 +264,31 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         location = inputs_map.key_locations[input_name]
         check_name(input_name, location, "tensor name")
         if not isinstance(declaration, Mapping):
-            raise SpecError(f"input '{input_name}' must be a mapping like {{shape: [8, 3, 32, 32]}}",
-                            inputs_map.value_locations[input_name], "write `NAME: {shape: [...]}`")
+            raise SpecError(
+                f"input '{input_name}' must be a mapping like {{shape: [8, 3, 32, 32]}}",
+                inputs_map.value_locations[input_name],
+                "write `NAME: {shape: [...]}`",
+            )
         reject_unknown_keys(declaration, INPUT_KEYS, f"input '{input_name}'")
         if "shape" not in declaration:
-            raise SpecError(f"input '{input_name}' has no shape", declaration.location,
-                            "add `shape: [...]` with the example shape")
+            raise SpecError(
+                f"input '{input_name}' has no shape", declaration.location, "add `shape: [...]` with the example shape"
+            )
         dtype = declaration.get("dtype", "float")
         if dtype not in DTYPES:
-            raise SpecError(f"input '{input_name}' has dtype {cut(repr(dtype))}" + did_you_mean(str(dtype), DTYPES),
-                            declaration.value_locations["dtype"], f"use one of: {', '.join(DTYPES)}")
+            raise SpecError(
+                f"input '{input_name}' has dtype {cut(repr(dtype))}" + did_you_mean(str(dtype), DTYPES),
+                declaration.value_locations["dtype"],
+                f"use one of: {', '.join(DTYPES)}",
+            )
         source = declaration.get("source")
         if source is not None and not (isinstance(source, str) and SOURCE.match(source)):
             shown = repr(source[:80]) if isinstance(source, str) else kind_of(source)
-            raise SpecError(f"input '{input_name}' has source {shown}, not a state_dict key", declaration.value_locations["source"],
-                            "write the parameter's or buffer's dotted path, e.g. `source: layer1.0.conv1.weight`")
+            raise SpecError(
+                f"input '{input_name}' has source {shown}, not a state_dict key",
+                declaration.value_locations["source"],
+                "write the parameter's or buffer's dotted path, e.g. `source: layer1.0.conv1.weight`",
+            )
         inputs.append(InputSpec(input_name, input_shape(declaration, input_name), location, dtype, source))
 
     from .blocks import check_instance_names, parse_blocks, parse_instance
@@ -247,8 +302,11 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     for index, layer in enumerate(layers_seq):
         location = layers_seq.item_locations[index]
         if not isinstance(layer, Mapping):
-            raise SpecError(f"layer {index + 1} must be a mapping like {{op: conv2d, weight: w}}", location,
-                            "write each layer as `- {op: NAME, ...}`")
+            raise SpecError(
+                f"layer {index + 1} must be a mapping like {{op: conv2d, weight: w}}",
+                location,
+                "write each layer as `- {op: NAME, ...}`",
+            )
         if "block" in layer:
             layers.append(parse_instance(layer, index, previous, known, blocks, inputs))
         else:
@@ -258,14 +316,22 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     check_instance_names(blocks, layers, known)
     for known_name, location in known.items():  # x_layout beside x: the generated code names x's layout so
         for suffix in RESERVED_SUFFIXES:
-            if known_name.endswith(suffix) and known_name[:-len(suffix)] in inputs_map:
-                raise SpecError(f"name '{known_name}' is what the generated code calls the {suffix[1:]} of input "
-                                f"'{known_name[:-len(suffix)]}'", location, f"rename it, e.g. '{known_name}_in'")
+            if known_name.endswith(suffix) and known_name[: -len(suffix)] in inputs_map:
+                raise SpecError(
+                    f"name '{known_name}' is what the generated code calls the {suffix[1:]} of input "
+                    f"'{known_name[: -len(suffix)]}'",
+                    location,
+                    f"rename it, e.g. '{known_name}_in'",
+                )
 
     if ("loss" in document) == ("outputs" in document):
-        raise SpecError("the spec needs either 'loss' or 'outputs'" if "loss" not in document
-                        else "the spec has both 'loss' and 'outputs'", document.location,
-                        "end it in `loss: {op: ..., target: ...}` or in `outputs: [NODE, ...]`, not both")
+        raise SpecError(
+            "the spec needs either 'loss' or 'outputs'"
+            if "loss" not in document
+            else "the spec has both 'loss' and 'outputs'",
+            document.location,
+            "end it in `loss: {op: ..., target: ...}` or in `outputs: [NODE, ...]`, not both",
+        )
     outputs = loss = None
     if "outputs" in document:
         outputs = _outputs(document, known)
@@ -274,27 +340,45 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     eval_name = None
     if "eval" in document:
         if outputs is None:
-            raise SpecError("'eval' is for a spec that ends in outputs", document.value_locations["eval"],
-                            "remove it: a loss-ending spec trains in one mode")
+            raise SpecError(
+                "'eval' is for a spec that ends in outputs",
+                document.value_locations["eval"],
+                "remove it: a loss-ending spec trains in one mode",
+            )
         eval_name = identifier_at(document, "eval", kind="eval module name")
     wrt = _wrt(document, inputs_map)
     extras = _extras(document)
     fingerprint = None
     if "fingerprint" in document:
         from .fingerprint import parse_fingerprint
+
         fingerprint = parse_fingerprint(document["fingerprint"], document.value_locations["fingerprint"])
     guards = None
     if "guards" in document:
         from .guards import parse_guards
+
         guards = parse_guards(document["guards"], document.value_locations["guards"])
     checked = ()
     if "checked_functions" in document:
         from .spec_functions import parse_checked_functions
+
         checked = parse_checked_functions(document["checked_functions"], document.value_locations["checked_functions"])
-    return Spec(checked_functions=checked,
-                name=name, inputs=tuple(inputs), layers=tuple(layers), loss=loss, wrt=tuple(wrt),
-                file=file, text=text, extras=tuple(sorted(set(extras))), blocks=blocks, outputs=outputs, eval=eval_name,
-                fingerprint=fingerprint, guards=guards)
+    return Spec(
+        checked_functions=checked,
+        name=name,
+        inputs=tuple(inputs),
+        layers=tuple(layers),
+        loss=loss,
+        wrt=tuple(wrt),
+        file=file,
+        text=text,
+        extras=tuple(sorted(set(extras))),
+        blocks=blocks,
+        outputs=outputs,
+        eval=eval_name,
+        fingerprint=fingerprint,
+        guards=guards,
+    )
 
 
 def _loss(document: Mapping, known: dict[str, Location], previous: str) -> LossSpec:
@@ -308,8 +392,11 @@ def _loss(document: Mapping, known: dict[str, Location], previous: str) -> LossS
     target = reference_at(loss_map, "target", known)
     reduction = string_at(loss_map, "reduction") if "reduction" in loss_map else None
     reduction_location = loss_map.value_locations.get("reduction", loss_map.location)
-    loss_arguments = tuple(Argument(key, value, loss_map.value_locations[key])
-                           for key, value in loss_map.items() if key not in LOSS_STRUCTURE_KEYS)
+    loss_arguments = tuple(
+        Argument(key, value, loss_map.value_locations[key])
+        for key, value in loss_map.items()
+        if key not in LOSS_STRUCTURE_KEYS
+    )
     for argument in loss_arguments:
         check_value(argument.value, argument.location, f"argument '{argument.name}'")
     return LossSpec(loss_op, source, target, reduction, loss_map.location, reduction_location, loss_arguments)
@@ -331,11 +418,17 @@ def _wrt(document: Mapping, inputs_map: Mapping) -> list:
         if not isinstance(item, str):
             raise SpecError(f"'wrt' entry {item!r} is not a name", location, "write input names, e.g. `wrt: [x, w1]`")
         if item not in inputs_map:
-            raise SpecError(f"'wrt' names '{item}', which is not an input" + did_you_mean(item, inputs_map),
-                            location, "wrt may only name tensors declared under 'inputs'")
+            raise SpecError(
+                f"'wrt' names '{item}', which is not an input" + did_you_mean(item, inputs_map),
+                location,
+                "wrt may only name tensors declared under 'inputs'",
+            )
         if inputs_map[item].get("dtype") == "int64":
-            raise SpecError(f"'wrt' names '{item}', an int64 tensor of class indices, which has no gradient", location,
-                            f"remove '{item}' from wrt")
+            raise SpecError(
+                f"'wrt' names '{item}', an int64 tensor of class indices, which has no gradient",
+                location,
+                f"remove '{item}' from wrt",
+            )
         if item in (name for name, _ in wrt):
             raise SpecError(f"'wrt' names '{item}' twice", location, "remove the repeat")
         wrt.append((item, location))
@@ -351,13 +444,33 @@ def _extras(document: Mapping) -> list:
             raise SpecError("'extras' must be a list", location, f"write e.g. `extras: [{EXTRAS[0]}]`")
         for item, item_location in zip(value, value.item_locations):
             if item not in EXTRAS:
-                raise SpecError(f"unknown extra {cut(repr(item))}" + (did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
-                                item_location, f"extras may be: {', '.join(EXTRAS)}")
+                raise SpecError(
+                    f"unknown extra {cut(repr(item))}" + (did_you_mean(item, EXTRAS) if isinstance(item, str) else ""),
+                    item_location,
+                    f"extras may be: {', '.join(EXTRAS)}",
+                )
             extras.append(item)
     return extras
 
 
 __all__ = [  # the format's public names, wherever they are defined: ``from symgrad.spec import Like`` stays
-    "DTYPES", "EXTRAS", "MAX_DIM", "MAX_NAME", "MAX_RANK", "MAX_SPEC_BYTES", "RESERVED_NAMES", "RESERVED_PREFIXES",
-    "Argument", "InputSpec", "LayerSpec", "Like", "LossSpec", "OutputsSpec", "Spec", "check_identifier",
-    "parse_spec", "read_spec", "size_expression"]
+    "DTYPES",
+    "EXTRAS",
+    "MAX_DIM",
+    "MAX_NAME",
+    "MAX_RANK",
+    "MAX_SPEC_BYTES",
+    "RESERVED_NAMES",
+    "RESERVED_PREFIXES",
+    "Argument",
+    "InputSpec",
+    "LayerSpec",
+    "Like",
+    "LossSpec",
+    "OutputsSpec",
+    "Spec",
+    "check_identifier",
+    "parse_spec",
+    "read_spec",
+    "size_expression",
+]

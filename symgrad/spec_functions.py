@@ -41,25 +41,36 @@ class CheckedFunction:
 
     def sentence(self) -> str:
         """What the derivation documents say of it (plain text and backticks: valid in both)."""
-        said = (f"`{self.name}`'s backward was checked equal to its forward's derivative (largest relative "
-                f"difference {self.first_order:.1e}, float64, random arguments and cotangent at its traced shapes "
-                "and at other sizes), so its forward's ops are derived here")
+        said = (
+            f"`{self.name}`'s backward was checked equal to its forward's derivative (largest relative "
+            f"difference {self.first_order:.1e}, float64, random arguments and cotangent at its traced shapes "
+            "and at other sizes), so its forward's ops are derived here"
+        )
         if self.second_equal:
-            return said + f"; its own derivative was checked equal to its forward's second derivative too " \
-                          f"({self.second_order:.1e})."
+            return (
+                said + f"; its own derivative was checked equal to its forward's second derivative too "
+                f"({self.second_order:.1e})."
+            )
         if self.second_order is None:
-            return (said + ". To second order it was not: autograd cannot differentiate its backward, so second "
-                    "derivatives through this module (`create_graph=True`) are its forward's, where autograd "
-                    "through the model raises.")
-        return (said + f". To second order it was not: its backward's own derivative differs from its forward's "
-                f"second derivative by {self.second_order:.2g}, so second derivatives through this module "
-                "(`create_graph=True`) are its forward's, where autograd through the model gives its backward's.")
+            return (
+                said + ". To second order it was not: autograd cannot differentiate its backward, so second "
+                "derivatives through this module (`create_graph=True`) are its forward's, where autograd "
+                "through the model raises."
+            )
+        return (
+            said + f". To second order it was not: its backward's own derivative differs from its forward's "
+            f"second derivative by {self.second_order:.2g}, so second derivatives through this module "
+            "(`create_graph=True`) are its forward's, where autograd through the model gives its backward's."
+        )
 
 
 def parse_checked_functions(value: Any, location: Location) -> tuple[CheckedFunction, ...]:
     def refuse(what: str, where: Location | None = None) -> SpecError:
-        return SpecError(f"checked_functions {what}", where or location,
-                         "trace the model again (symgrad trace ...); this section is written by the trace")
+        return SpecError(
+            f"checked_functions {what}",
+            where or location,
+            "trace the model again (symgrad trace ...); this section is written by the trace",
+        )
 
     if not isinstance(value, dict):
         raise refuse("must be a mapping of Function names to {first_order, second_order}")
@@ -73,13 +84,18 @@ def parse_checked_functions(value: Any, location: Location) -> tuple[CheckedFunc
             raise refuse(f"entry {name!r} must be a mapping of {' and '.join(KEYS)}", where)
         first, second = entry["first_order"], entry["second_order"]
         if not _number(first) or not 0 <= first <= TOLERANCE:
-            raise refuse(f"entry {name!r} has first_order {first!r:.60}: only a Function whose backward was checked "
-                         f"equal to its forward's derivative (<= {TOLERANCE:g}) is traced through", where)
+            raise refuse(
+                f"entry {name!r} has first_order {first!r:.60}: only a Function whose backward was checked "
+                f"equal to its forward's derivative (<= {TOLERANCE:g}) is traced through",
+                where,
+            )
         if second != NOT_DIFFERENTIABLE and not (_number(second) and second >= 0):
-            raise refuse(f"entry {name!r} has second_order {second!r:.60}, not a difference or "
-                         f"'{NOT_DIFFERENTIABLE}'", where)
-        found.append(CheckedFunction(name, float(first), None if second == NOT_DIFFERENTIABLE else float(second),
-                                     where))
+            raise refuse(
+                f"entry {name!r} has second_order {second!r:.60}, not a difference or '{NOT_DIFFERENTIABLE}'", where
+            )
+        found.append(
+            CheckedFunction(name, float(first), None if second == NOT_DIFFERENTIABLE else float(second), where)
+        )
     return tuple(found)
 
 
@@ -90,15 +106,21 @@ def refuse_second_order(checked: tuple[CheckedFunction, ...], extras: tuple[str,
         return
     for function in checked:
         if not function.second_equal:
-            why = ("autograd cannot differentiate its backward" if function.second_order is None else
-                   f"its backward's own derivative differs from its forward's second derivative by "
-                   f"{function.second_order:.2g}")
-            raise SpecError(f"the spec asks for hvp, and the torch.autograd.Function {function.name} was checked "
-                            f"equal to its forward's derivative to first order only ({why}): the hvp would be its "
-                            "forward's, which autograd through the model does not give", function.location,
-                            "drop hvp (the gradients are unaffected), or make the Function's backward differentiable "
-                            "from its inputs (save the inputs, not values its forward computed without a graph) "
-                            "and trace again")
+            why = (
+                "autograd cannot differentiate its backward"
+                if function.second_order is None
+                else f"its backward's own derivative differs from its forward's second derivative by "
+                f"{function.second_order:.2g}"
+            )
+            raise SpecError(
+                f"the spec asks for hvp, and the torch.autograd.Function {function.name} was checked "
+                f"equal to its forward's derivative to first order only ({why}): the hvp would be its "
+                "forward's, which autograd through the model does not give",
+                function.location,
+                "drop hvp (the gradients are unaffected), or make the Function's backward differentiable "
+                "from its inputs (save the inputs, not values its forward computed without a graph) "
+                "and trace again",
+            )
 
 
 def _number(value: Any) -> bool:

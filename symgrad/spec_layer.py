@@ -47,8 +47,11 @@ class LayerSpec:
 
 def parse_layer(layer: Mapping, index: int, previous: str, known: dict[str, Location]) -> LayerSpec:
     if "op" not in layer:
-        raise SpecError(f"layer {index + 1} has no 'op'", layer.location,
-                        "add `op: NAME` with a torch.nn.functional name, e.g. conv2d; `symgrad ops` lists them")
+        raise SpecError(
+            f"layer {index + 1} has no 'op'",
+            layer.location,
+            "add `op: NAME` with a torch.nn.functional name, e.g. conv2d; `symgrad ops` lists them",
+        )
     op = string_at(layer, "op")
     if "in" in layer:
         value = layer["in"]
@@ -58,7 +61,9 @@ def parse_layer(layer: Mapping, index: int, previous: str, known: dict[str, Loca
             sources = []
             for item, location in zip(value, value.item_locations):
                 if not isinstance(item, str):
-                    raise SpecError(f"'in' entry {item!r} is not a node name", location, "name a declared tensor or layer output")
+                    raise SpecError(
+                        f"'in' entry {item!r} is not a node name", location, "name a declared tensor or layer output"
+                    )
                 sources.append((defined(item, location, known), location))
             sources = tuple(sources)
         else:
@@ -69,13 +74,31 @@ def parse_layer(layer: Mapping, index: int, previous: str, known: dict[str, Loca
         out = identifier_at(layer, "out", kind="output name")
         out_location = layer.value_locations["out"]
     else:
-        out, out_location = f"{op}_{index + 1}" if IDENTIFIER.match(f"{op}_{index + 1}") else f"layer_{index + 1}", layer.location
+        out, out_location = (
+            f"{op}_{index + 1}" if IDENTIFIER.match(f"{op}_{index + 1}") else f"layer_{index + 1}",
+            layer.location,
+        )
     if out in known:
-        raise SpecError(f"layer output name '{out}' is already used (line {known[out].line})", out_location,
-                        "give this layer a unique `out:` name")
-    arguments = tuple(Argument(key, parse_likes(value, layer.value_locations[key], key, known), layer.value_locations[key])
-                      for key, value in layer.items() if key not in LAYER_STRUCTURE_KEYS)
+        raise SpecError(
+            f"layer output name '{out}' is already used (line {known[out].line})",
+            out_location,
+            "give this layer a unique `out:` name",
+        )
+    arguments = tuple(
+        Argument(key, parse_likes(value, layer.value_locations[key], key, known), layer.value_locations[key])
+        for key, value in layer.items()
+        if key not in LAYER_STRUCTURE_KEYS
+    )
     for argument in arguments:
         check_value(argument.value, argument.location, f"argument '{argument.name}'")
-    return LayerSpec(index=index, op=op, sources=sources, arguments=arguments, out=out, location=layer.location,
-                     op_location=layer.value_locations["op"], out_location=out_location, implicit_in="in" not in layer)
+    return LayerSpec(
+        index=index,
+        op=op,
+        sources=sources,
+        arguments=arguments,
+        out=out,
+        location=layer.location,
+        op_location=layer.value_locations["op"],
+        out_location=out_location,
+        implicit_in="in" not in layer,
+    )

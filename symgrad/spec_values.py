@@ -26,11 +26,34 @@ IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
 # Names the generated module defines or uses itself; a spec name equal to one would shadow it. Most
 # are read off the template and the derivation's source (symgrad.names); generation then checks the
 # rendered module itself (names.check_module_source), so a name missed here is still refused.
-RESERVED_NAMES = frozenset(
-    {"torch", "F", "NamedTuple", "Gradients", "ExplicitGradient", "forward", "gradients",
-     "loss", "grad_loss", "residual", "ctx", "self", "saved", "recompute", "grads", "loss_with_explicit_backward",
-     "hvp", "PerSampleGradients", "outputs_with_explicit_backward"}
-) | template_names()[0] | generated_names()[1] | scan_template("module.py.jinja").top
+RESERVED_NAMES = (
+    frozenset(
+        {
+            "torch",
+            "F",
+            "NamedTuple",
+            "Gradients",
+            "ExplicitGradient",
+            "forward",
+            "gradients",
+            "loss",
+            "grad_loss",
+            "residual",
+            "ctx",
+            "self",
+            "saved",
+            "recompute",
+            "grads",
+            "loss_with_explicit_backward",
+            "hvp",
+            "PerSampleGradients",
+            "outputs_with_explicit_backward",
+        }
+    )
+    | template_names()[0]
+    | generated_names()[1]
+    | scan_template("module.py.jinja").top
+)
 # Prefixes of names the derivation creates (grad_x, mask_relu1, shared_0, ...), read off its source,
 # and of the module's per_sample_* functions.
 RESERVED_PREFIXES = tuple(sorted(generated_names()[0] | {"per_sample_"}))
@@ -38,7 +61,17 @@ RESERVED_PREFIXES = tuple(sorted(generated_names()[0] | {"per_sample_"}))
 RESERVED_SUFFIXES = tuple(sorted(template_names()[1]))
 # Module names that would shadow a package the generated files import when they sit side by side.
 RESERVED_MODULES = frozenset(sys.stdlib_module_names) | {
-    "torch", "pytest", "symgrad", "numpy", "sympy", "jinja2", "yaml", "click", "hypothesis", "conftest"}
+    "torch",
+    "pytest",
+    "symgrad",
+    "numpy",
+    "sympy",
+    "jinja2",
+    "yaml",
+    "click",
+    "hypothesis",
+    "conftest",
+}
 SOURCE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,63}){0,31}\Z")
 """An input's ``source:``, the ``state_dict()`` key of the model parameter or buffer it was traced
 from (``layer1.0.conv1.weight``, ``0.weight`` for an nn.Sequential, ``block1-0.proj.0.weight`` for
@@ -134,8 +167,13 @@ def size_expression(text: str, shape_at) -> sympy.Expr:
     def value(node) -> sympy.Expr:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return sympy.Integer(node.value)
-        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "shape"
-                and isinstance(node.slice, ast.Constant) and type(node.slice.value) is int):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "shape"
+            and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) is int
+        ):
             return shape_at(node.slice.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -value(node.operand)
@@ -145,9 +183,22 @@ def size_expression(text: str, shape_at) -> sympy.Expr:
                 if not (right.is_Integer and right > 0):
                     raise ValueError("// takes a positive int on its right")
                 return sympy.floor(left / right)
-            return left + right if isinstance(node.op, ast.Add) else left - right if isinstance(node.op, ast.Sub) else left * right
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ceil" and not node.keywords
-                and len(node.args) == 1 and isinstance(node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Div)):
+            return (
+                left + right
+                if isinstance(node.op, ast.Add)
+                else left - right
+                if isinstance(node.op, ast.Sub)
+                else left * right
+            )
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "ceil"
+            and not node.keywords
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.BinOp)
+            and isinstance(node.args[0].op, ast.Div)
+        ):
             left, right = value(node.args[0].left), value(node.args[0].right)
             if not (right.is_Integer and right > 0):
                 raise ValueError("ceil(a / k) takes a positive int k")
@@ -166,7 +217,7 @@ def size_expression(text: str, shape_at) -> sympy.Expr:
 def check_identifier(name: str) -> str | None:
     """Why ``name`` may not appear in generated code, or None if it may."""
     if not IDENTIFIER.match(name):
-        return ("must be an ASCII identifier: a letter, then letters, digits or '_' (at most 64 characters)")
+        return "must be an ASCII identifier: a letter, then letters, digits or '_' (at most 64 characters)"
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return "is a Python keyword"
     if name in RESERVED_NAMES:
@@ -193,8 +244,11 @@ def check_value(value: Any, location: Location, what: str, depth: int = 0) -> No
         for item in value:
             check_value(item, location, what, depth + 1)
         return
-    raise SpecError(f"{what} has an unsupported value {str(value)[:40]!r}", location,
-                    "use a number, a name, or a flat list of numbers")
+    raise SpecError(
+        f"{what} has an unsupported value {str(value)[:40]!r}",
+        location,
+        "use a number, a name, or a flat list of numbers",
+    )
 
 
 def did_you_mean(word: str, candidates) -> str:
@@ -205,15 +259,21 @@ def did_you_mean(word: str, candidates) -> str:
 def reject_unknown_keys(mapping: Mapping, allowed, where: str) -> None:
     for key in mapping:
         if key not in allowed:
-            raise SpecError(f"unknown key '{key}' at {where}" + did_you_mean(key, allowed),
-                            mapping.key_locations[key], f"allowed keys here: {', '.join(allowed)}")
+            raise SpecError(
+                f"unknown key '{key}' at {where}" + did_you_mean(key, allowed),
+                mapping.key_locations[key],
+                f"allowed keys here: {', '.join(allowed)}",
+            )
 
 
 def typed_at(mapping: Mapping, key: str, kind: type, described: str):
     value = mapping[key]
     if not isinstance(value, kind):
-        raise SpecError(f"'{key}' must be {described}, not {kind_of(value)}", mapping.value_locations[key],
-                        f"write '{key}' as {described}")
+        raise SpecError(
+            f"'{key}' must be {described}, not {kind_of(value)}",
+            mapping.value_locations[key],
+            f"write '{key}' as {described}",
+        )
     return value
 
 
@@ -231,13 +291,19 @@ def string_at(mapping: Mapping, key: str) -> str:
     value = mapping[key]
     if not isinstance(value, str):
         read = "null" if value is None else str(value).lower() if isinstance(value, bool) else None
-        raise SpecError(f"'{key}' must be a name, not {kind_of(value)}", mapping.value_locations[key],
-                        f"write '{key}' as a plain name" + (f", quoted where YAML reads it as another value "
-                                                            f"(`{key}: '{read}'`)" if read else ""))
+        raise SpecError(
+            f"'{key}' must be a name, not {kind_of(value)}",
+            mapping.value_locations[key],
+            f"write '{key}' as a plain name"
+            + (f", quoted where YAML reads it as another value (`{key}: '{read}'`)" if read else ""),
+        )
     if len(value) > MAX_NAME:  # no op, reduction or tensor has a longer name: echoed cut
-        raise SpecError(f"'{key}' is {cut(value)!r}, longer than any name ({len(value)} characters)",
-                        mapping.value_locations[key], f"write '{key}' as a name of at most {MAX_NAME} characters"
-                        + ("; `symgrad ops` lists the ops" if key == "op" else ""))
+        raise SpecError(
+            f"'{key}' is {cut(value)!r}, longer than any name ({len(value)} characters)",
+            mapping.value_locations[key],
+            f"write '{key}' as a name of at most {MAX_NAME} characters"
+            + ("; `symgrad ops` lists the ops" if key == "op" else ""),
+        )
     return value
 
 
@@ -249,8 +315,11 @@ def identifier_at(mapping: Mapping, key: str, kind: str) -> str:
 
 def defined(name: str, location: Location, known: dict[str, Location]) -> str:
     if name not in known:
-        raise SpecError(f"'{name}' is not defined before this point" + did_you_mean(name, known), location,
-                        "name a declared input or the `out:` of an earlier layer")
+        raise SpecError(
+            f"'{name}' is not defined before this point" + did_you_mean(name, known),
+            location,
+            "name a declared input or the `out:` of an earlier layer",
+        )
     return name
 
 
@@ -264,18 +333,30 @@ def input_shape(declaration: Mapping, name: str) -> tuple[int, ...]:
     value = declaration["shape"]
     location = declaration.value_locations["shape"]
     if not isinstance(value, Sequence):
-        raise SpecError(f"shape of '{name}' must be a list of positive integers, not {kind_of(value)}", location,
-                        "write e.g. `shape: [8, 3, 32, 32]`")
+        raise SpecError(
+            f"shape of '{name}' must be a list of positive integers, not {kind_of(value)}",
+            location,
+            "write e.g. `shape: [8, 3, 32, 32]`",
+        )
     if not 1 <= len(value) <= MAX_RANK:
-        raise SpecError(f"shape of '{name}' has {len(value)} dimensions; symgrad supports 1 to {MAX_RANK}", location,
-                        "give the tensor's full example shape")
+        raise SpecError(
+            f"shape of '{name}' has {len(value)} dimensions; symgrad supports 1 to {MAX_RANK}",
+            location,
+            "give the tensor's full example shape",
+        )
     for size, item_location in zip(value, value.item_locations):
         if isinstance(size, bool) or not isinstance(size, int):
-            raise SpecError(f"shape of '{name}' has a non-integer size {size!r}", item_location,
-                            "sizes are whole numbers such as 8 or 128")
+            raise SpecError(
+                f"shape of '{name}' has a non-integer size {size!r}",
+                item_location,
+                "sizes are whole numbers such as 8 or 128",
+            )
         if not 1 <= size <= MAX_DIM:
-            raise SpecError(f"shape of '{name}' has size {size}; sizes must be between 1 and {MAX_DIM}", item_location,
-                            "use a positive size")
+            raise SpecError(
+                f"shape of '{name}' has size {size}; sizes must be between 1 and {MAX_DIM}",
+                item_location,
+                "use a positive size",
+            )
     return tuple(value)
 
 
@@ -284,8 +365,10 @@ def parse_likes(value: Any, location: Location, key: str, known: dict[str, Locat
     if isinstance(value, Mapping):
         return parse_like(value, location, key, known)
     if isinstance(value, Sequence) and any(isinstance(item, Mapping) for item in value):
-        return [parse_like(item, item_location, key, known) if isinstance(item, Mapping) else item
-                for item, item_location in zip(value, value.item_locations)]
+        return [
+            parse_like(item, item_location, key, known) if isinstance(item, Mapping) else item
+            for item, item_location in zip(value, value.item_locations)
+        ]
     return value
 
 
@@ -293,27 +376,43 @@ def parse_like(value: Mapping, location: Location, key: str, known: dict[str, Lo
     """``{like: NODE}``, a size read from an earlier node at run time."""
     reject_unknown_keys(value, LIKE_KEYS, f"argument '{key}'")
     if "like" not in value:
-        raise SpecError(f"argument '{key}' is a mapping without 'like'", location,
-                        f"write `{key}: {{like: NODE}}` to read the size of node NODE at run time, or give numbers")
+        raise SpecError(
+            f"argument '{key}' is a mapping without 'like'",
+            location,
+            f"write `{key}: {{like: NODE}}` to read the size of node NODE at run time, or give numbers",
+        )
     name = string_at(value, "like")
     dims = value.get("dims")
-    if dims is not None and (not isinstance(dims, list) or not dims
-                             or any(isinstance(dim, bool) or not isinstance(dim, int) for dim in dims)):
-        raise SpecError(f"argument '{key}': dims of {{like: {name}}} must be a list of ints, not {str(dims)[:40]!r}",
-                        value.value_locations.get("dims", location), "write e.g. `{like: x, dims: [2, 3]}`")
+    if dims is not None and (
+        not isinstance(dims, list) or not dims or any(isinstance(dim, bool) or not isinstance(dim, int) for dim in dims)
+    ):
+        raise SpecError(
+            f"argument '{key}': dims of {{like: {name}}} must be a list of ints, not {str(dims)[:40]!r}",
+            value.value_locations.get("dims", location),
+            "write e.g. `{like: x, dims: [2, 3]}`",
+        )
     size = value.get("size")
     if size is not None and dims is not None:
-        raise SpecError(f"argument '{key}': {{like: {name}}} gives both dims and size", location,
-                        "give one: dims for a product of sizes, size for any other expression of them")
+        raise SpecError(
+            f"argument '{key}': {{like: {name}}} gives both dims and size",
+            location,
+            "give one: dims for a product of sizes, size for any other expression of them",
+        )
     if size is not None:
         try:
             size_expression(size, lambda dim: sympy.Integer(1))
         except ValueError as error:
-            raise SpecError(f"argument '{key}': size of {{like: {name}}} is {str(size)[:60]!r}: {error}",
-                            value.value_locations.get("size", location),
-                            "write e.g. `{like: x, size: 'shape[2] // 2 * (shape[3] // 2)'}`") from None
-    return Like(defined(name, value.value_locations["like"], known), value.value_locations["like"],
-                dims=tuple(dims) if dims is not None else None, size=size)
+            raise SpecError(
+                f"argument '{key}': size of {{like: {name}}} is {str(size)[:60]!r}: {error}",
+                value.value_locations.get("size", location),
+                "write e.g. `{like: x, size: 'shape[2] // 2 * (shape[3] // 2)'}`",
+            ) from None
+    return Like(
+        defined(name, value.value_locations["like"], known),
+        value.value_locations["like"],
+        dims=tuple(dims) if dims is not None else None,
+        size=size,
+    )
 
 
 def has_like(value: Any) -> bool:

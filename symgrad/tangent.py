@@ -60,7 +60,7 @@ def tangent_of(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Expr]) -> sy
             for index, factor in enumerate(node.args):
                 moved = walk(factor)
                 if moved != 0:
-                    terms.append(sympy.Mul(*node.args[:index], moved, *node.args[index + 1:]))
+                    terms.append(sympy.Mul(*node.args[:index], moved, *node.args[index + 1 :]))
             return sympy.Add(*terms)
         if node.is_Pow and node.exp.is_number:
             moved = walk(node.base)
@@ -78,7 +78,9 @@ def tangent_of(expr: sympy.Expr, tangents: dict[sympy.Symbol, sympy.Expr]) -> sy
     return walk(expr)
 
 
-def tangent_statements(statements: list[Statement], wrt: tuple[str, ...]) -> tuple[list[Statement], dict[str, sympy.Expr]]:
+def tangent_statements(
+    statements: list[Statement], wrt: tuple[str, ...]
+) -> tuple[list[Statement], dict[str, sympy.Expr]]:
     """Tangent statements for ``statements`` (in order), seeded with ``tangent_<x>`` for each wrt
     input, and the tangent of each ``grad_<x>`` (a symbol, or 0 where the Hessian block vanishes)."""
     tangents: dict[sympy.Symbol, sympy.Expr] = {tensor(name): tensor(f"tangent_{name}") for name in wrt}

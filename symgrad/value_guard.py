@@ -47,8 +47,11 @@ class ValueGuard:
             if place is not None and _get(*place) is function:
                 self._places.append((*place, f"{step} (called by {functions[before].__qualname__})", function))
         self._class_attributes(model, functions)
-        self._containers = [index for index, (_, _, _, traced) in enumerate(self._places)
-                            if isinstance(_get(*self._places[index][:2]), (dict, list, set))]
+        self._containers = [
+            index
+            for index, (_, _, _, traced) in enumerate(self._places)
+            if isinstance(_get(*self._places[index][:2]), (dict, list, set))
+        ]
         self._texts = tuple(value_text(_get(*self._places[index][:2])) for index in self._containers)
         self._bound = self._now()
         self._instances = tuple(vars(module) for module in model.modules())
@@ -59,8 +62,10 @@ class ValueGuard:
         model's submodules and their ``vars``, and the same module globals and closure cells, as a
         copied function shares its globals (a module's namespace cannot be copied)."""
         copied = copy.copy(self)
-        copied._places = [(copy.deepcopy(place, memo) if hasattr(place, "_modules") else place,
-                           *rest) for place, *rest in self._places]
+        copied._places = [
+            (copy.deepcopy(place, memo) if hasattr(place, "_modules") else place, *rest)
+            for place, *rest in self._places
+        ]
         copied._instances = tuple(copy.deepcopy(found, memo) for found in self._instances)
         return copied
 
@@ -72,10 +77,20 @@ class ValueGuard:
                 if klass.__module__.split(".")[0] in ("torch", "builtins"):
                     break
                 for name, value in vars(klass).items():
-                    if name in read and not name.startswith("__") and isinstance(value, _LITERALS) \
-                            and name not in vars(module):
-                        self._places.append((module, name, f"{type(module).__name__}.{name} ({path or 'the model'})",
-                                             literal_or_text(value)))
+                    if (
+                        name in read
+                        and not name.startswith("__")
+                        and isinstance(value, _LITERALS)
+                        and name not in vars(module)
+                    ):
+                        self._places.append(
+                            (
+                                module,
+                                name,
+                                f"{type(module).__name__}.{name} ({path or 'the model'})",
+                                literal_or_text(value),
+                            )
+                        )
 
     def _now(self) -> tuple:
         return tuple(_get(place, name) for place, name, _, _ in self._places)
@@ -83,16 +98,20 @@ class ValueGuard:
     def problem(self) -> str | None:
         """What differs from what was traced, in words ending in its fix; None where nothing does."""
         now = self._now()
-        if not all(a is b for a, b in zip(now, self._bound)) or \
-                tuple(value_text(now[index]) for index in self._containers) != self._texts:
+        if (
+            not all(a is b for a, b in zip(now, self._bound))
+            or tuple(value_text(now[index]) for index in self._containers) != self._texts
+        ):
             found = self._changed(now)
             if found:
                 return found
             self._bound = now  # equal values made anew: compared by identity from here on
             self._texts = tuple(value_text(now[index]) for index in self._containers)
         if tuple("forward" in found for found in self._instances) != self._patched:
-            return ("a forward was set on the model or a submodule since bind, which the generated code does not "
-                    "run (fix: remove it")
+            return (
+                "a forward was set on the model or a submodule since bind, which the generated code does not "
+                "run (fix: remove it"
+            )
         return None
 
     def _changed(self, now: tuple) -> str | None:
@@ -102,8 +121,10 @@ class ValueGuard:
                     return f"{what} was replaced since bind (fix: set it back"
             elif value is MISSING or (text := literal_or_text(value)) != traced or type(text) is not type(traced):
                 was = traced if isinstance(traced, str) and not isinstance(value, str) else repr(traced)
-                return (f"{what} is {shown(value) if value is not MISSING else 'gone'} now, and the code was traced "
-                        f"with {name.split('.')[-1]}={was:.60} (fix: set it back")
+                return (
+                    f"{what} is {shown(value) if value is not MISSING else 'gone'} now, and the code was traced "
+                    f"with {name.split('.')[-1]}={was:.60} (fix: set it back"
+                )
         return None
 
 
@@ -117,7 +138,9 @@ def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
     for path, traced in sorted(guards["code"].items(), key=lambda item: -item[0].count("/")):
         function = found.get(path)
         if function is None:
-            return f"{path}, which the forward called when traced, is no longer reached from the model (its code changed)"
+            return (
+                f"{path}, which the forward called when traced, is no longer reached from the model (its code changed)"
+            )
         now, values = function_guard(function)
         if now == traced:
             continue
@@ -125,8 +148,9 @@ def code_difference(guards: dict, model: torch.nn.Module) -> str | None:
             before = traced_values.get(f"{path}/{name}", ...)
             if before is not ... and before != value:
                 shown_as = _parameter(function, name)
-                return (f"{shown_as} (read by {function.__qualname__}) is {value!r}, traced with "
-                        + (f"{before!r}" if shown_as != name else f"{name}={before!r}"))
+                return f"{shown_as} (read by {function.__qualname__}) is {value!r}, traced with " + (
+                    f"{before!r}" if shown_as != name else f"{name}={before!r}"
+                )
         where = "" if path == function.__qualname__ else f" ({path})"
         return f"the code of {function.__qualname__}{where}, which the forward calls, changed since it was traced"
     return None
@@ -136,7 +160,7 @@ def _parameter(function, name: str) -> str:
     """``default0``, ``default_key`` (:func:`guards._reads`'s names) as the parameter whose default
     it is; another name as it is."""
     code, defaults = function.__code__, function.__defaults__ or ()
-    positional = code.co_varnames[:code.co_argcount]
+    positional = code.co_varnames[: code.co_argcount]
     if name.startswith("default") and name[7:].isdigit() and int(name[7:]) < len(defaults):
         return f"the default of {positional[len(positional) - len(defaults) + int(name[7:])]}"
     if name.startswith("default_") and name[8:] in (function.__kwdefaults__ or {}):

@@ -61,19 +61,26 @@ def verify_binding(bound) -> None:
             reference = _cpu_copy(model).double()
             buffers = {name: value.clone() for name, value in reference.named_buffers()}
         except Exception as error:  # noqa: BLE001 - a model copy cannot make (a handle, a lock): not checked
-            warnings.warn(f"symgrad.bind: {type(model).__name__} could not be copied to check the binding "
-                          f"({type(error).__name__}: {error}); it is bound unchecked", stacklevel=3)
+            warnings.warn(
+                f"symgrad.bind: {type(model).__name__} could not be copied to check the binding "
+                f"({type(error).__name__}: {error}); it is bound unchecked",
+                stacklevel=3,
+            )
             return
         data = {**_inputs(small, device), **traced_arguments(generated, model)}  # --arg values, as traced
         try:
             theirs = _run(reference, data, cuda)
         except Exception as error:  # noqa: BLE001 - the model itself does not run in float64: nothing to compare
-            warnings.warn(f"symgrad.bind: a float64 copy of {type(model).__name__} does not run at {shapes} "
-                          f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); the "
-                          "binding is not checked on it", stacklevel=3)
+            warnings.warn(
+                f"symgrad.bind: a float64 copy of {type(model).__name__} does not run at {shapes} "
+                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); the "
+                "binding is not checked on it",
+                stacklevel=3,
+            )
             return
-        theirs["gradients"] = {name: None if value is None else value.clone()
-                               for name, value in theirs["gradients"].items()}
+        theirs["gradients"] = {
+            name: None if value is None else value.clone() for name, value in theirs["gradients"].items()
+        }
         theirs["after"] = {name: value.clone() for name, value in theirs["after"].items()}
         with torch.no_grad():
             for name, value in reference.named_buffers():
@@ -91,9 +98,11 @@ def verify_binding(bound) -> None:
         else:
             problem = _difference(ours, theirs)
     if problem:
-        raise BindError(f"{name_of(generated)} does not compute what {type(model).__name__} computes: on a float64 "
-                        f"copy at {shapes} (seed {SEED}), {problem} (fix: trace and generate the model again, "
-                        f"{_retrace(generated, model)}; bind(..., verify=False) binds it unchecked)")
+        raise BindError(
+            f"{name_of(generated)} does not compute what {type(model).__name__} computes: on a float64 "
+            f"copy at {shapes} (seed {SEED}), {problem} (fix: trace and generate the model again, "
+            f"{_retrace(generated, model)}; bind(..., verify=False) binds it unchecked)"
+        )
 
 
 def _cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -101,8 +110,9 @@ def _cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
     that require grad as the model's do)."""
     memo: dict[int, object] = {}
     for parameter in model.parameters():
-        memo[id(parameter)] = torch.nn.Parameter(parameter.detach().to("cpu", copy=True),
-                                                 requires_grad=parameter.requires_grad)
+        memo[id(parameter)] = torch.nn.Parameter(
+            parameter.detach().to("cpu", copy=True), requires_grad=parameter.requires_grad
+        )
     for buffer in model.buffers():
         memo[id(buffer)] = buffer.detach().to("cpu", copy=True)
     return copy.deepcopy(model, memo)
@@ -113,8 +123,11 @@ def _inputs(small: dict, device: torch.device) -> dict:
     generator = torch.Generator().manual_seed(SEED)
     data = {}
     for name, (shape, classes) in small.items():
-        value = (torch.randint(0, classes, tuple(shape), generator=generator) if classes is not None
-                 else torch.randn(tuple(shape), dtype=torch.float64, generator=generator))
+        value = (
+            torch.randint(0, classes, tuple(shape), generator=generator)
+            if classes is not None
+            else torch.randn(tuple(shape), dtype=torch.float64, generator=generator)
+        )
         data[name] = value.to(device)
     return data
 
@@ -129,14 +142,19 @@ def _run(net, data: dict, cuda: list) -> dict:
 
     differentiable = [output for output in outputs.values() if output.requires_grad]
     generator = torch.Generator().manual_seed(SEED + 1)  # drawn apart: the random state is the model's alone
-    cotangents = [torch.randn(output.shape, dtype=torch.float64, generator=generator).to(output) for output
-                  in differentiable]
+    cotangents = [
+        torch.randn(output.shape, dtype=torch.float64, generator=generator).to(output) for output in differentiable
+    ]
     if differentiable:
         torch.autograd.backward(differentiable, cotangents)
     state = [torch.get_rng_state()] + [torch.cuda.get_rng_state(device) for device in cuda]
-    return {"outputs": {key: value.detach() for key, value in outputs.items()},
-            "gradients": {name: value.grad for name, value in model.named_parameters()},
-            "buffers": moved, "after": dict(model.named_buffers()), "random": state}
+    return {
+        "outputs": {key: value.detach() for key, value in outputs.items()},
+        "gradients": {name: value.grad for name, value in model.named_parameters()},
+        "buffers": moved,
+        "after": dict(model.named_buffers()),
+        "random": state,
+    }
 
 
 def _leaves(result, prefix: str = "output") -> dict:
@@ -165,8 +183,12 @@ def _difference(ours: dict, theirs: dict) -> str | None:
     for name, expected in theirs["gradients"].items():
         actual = ours["gradients"].get(name)
         if (actual is None) != (expected is None):
-            return (f"the gradient of {name} is " + ("None" if actual is None else "set") + ", autograd's "
-                    + ("None" if expected is None else "set"))
+            return (
+                f"the gradient of {name} is "
+                + ("None" if actual is None else "set")
+                + ", autograd's "
+                + ("None" if expected is None else "set")
+            )
     present = {name: value for name, value in theirs["gradients"].items() if value is not None}
     mine = {name: ours["gradients"][name] for name in present}
     for name, error in _errors(mine, present).items():
@@ -182,15 +204,22 @@ def _difference(ours: dict, theirs: dict) -> str | None:
                 return f"the buffer {name} differs by {error:.2g} (relative) after the forward"
         elif not torch.equal(actual, expected):
             shown = actual.tolist() if actual.numel() < 5 else "other"
-            return f"the buffer {name} is {shown} after the forward, " \
-                   f"the model's {expected.tolist() if expected.numel() < 5 else 'not'}"
+            return (
+                f"the buffer {name} is {shown} after the forward, "
+                f"the model's {expected.tolist() if expected.numel() < 5 else 'not'}"
+            )
     # the bound backward moves no buffer; autograd's may (a checkpointed BatchNorm run again by
     # its recomputation), which is autograd's, not the model's
     for name, value in ours["after"].items():
-        if name in ours["buffers"] and not torch.equal(value, ours["buffers"][name]) and not (
-                name in theirs["after"] and torch.equal(value, theirs["after"][name])):
+        if (
+            name in ours["buffers"]
+            and not torch.equal(value, ours["buffers"][name])
+            and not (name in theirs["after"] and torch.equal(value, theirs["after"][name]))
+        ):
             return f"the buffer {name} moves in the backward"
-    if not all(torch.equal(ours_state, their_state) for ours_state, their_state in zip(ours["random"], theirs["random"])):
+    if not all(
+        torch.equal(ours_state, their_state) for ours_state, their_state in zip(ours["random"], theirs["random"])
+    ):
         return "the random state after the call differs (its random draws are not the model's)"
     return None
 
@@ -208,13 +237,15 @@ def _errors(ours: dict, theirs: dict) -> dict:
         wild = ~expected.isfinite()
         if bool(wild.any()) or not bool(actual.isfinite().all()):
             if not torch.equal(wild, ~actual.isfinite()) or not torch.equal(
-                    actual[wild].nan_to_num(), expected[wild].nan_to_num()):
+                actual[wild].nan_to_num(), expected[wild].nan_to_num()
+            ):
                 apart.add(name)
                 continue
             actual, expected = actual.masked_fill(wild, 0), expected.masked_fill(wild, 0)
         finite[name] = (actual, expected)
-    errors = relative_errors({name: pair[0] for name, pair in finite.items()},
-                             {name: pair[1] for name, pair in finite.items()})
+    errors = relative_errors(
+        {name: pair[0] for name, pair in finite.items()}, {name: pair[1] for name, pair in finite.items()}
+    )
     return {**errors, **dict.fromkeys(apart, float("inf"))}
 
 

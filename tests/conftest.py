@@ -94,8 +94,10 @@ class _MergeWorkerReports:
 
 def pytest_terminal_summary(terminalreporter):
     if DESELECTED_SLOW:
-        terminalreporter.write_line(f"{len(DESELECTED_SLOW)} slow tests deselected, not run: this is the local fast loop; "
-                                    "CI (.ci/run, plain `pytest -q`) runs them")
+        terminalreporter.write_line(
+            f"{len(DESELECTED_SLOW)} slow tests deselected, not run: this is the local fast loop; "
+            "CI (.ci/run, plain `pytest -q`) runs them"
+        )
     if not OPINFO_REPORT:
         return
     terminalreporter.section("OpInfo samples (torch.testing._internal.common_methods_invocations.op_db)")

@@ -13,9 +13,15 @@ from symgrad.pipeline import Built, build_text as _build_text
 
 
 def spec_text(inputs: dict, layers: list, loss: dict, wrt: list, name: str = "rule_case") -> str:
-    document = {"name": name, "inputs": {key: (dict(shape) if isinstance(shape, dict) else {"shape": list(shape)})
-                                         for key, shape in inputs.items()},
-                "layers": layers, "loss": loss, "wrt": wrt}
+    document = {
+        "name": name,
+        "inputs": {
+            key: (dict(shape) if isinstance(shape, dict) else {"shape": list(shape)}) for key, shape in inputs.items()
+        },
+        "layers": layers,
+        "loss": loss,
+        "wrt": wrt,
+    }
     return yaml.safe_dump(document, sort_keys=False)
 
 
@@ -36,8 +42,12 @@ class CudaNormKernels(TorchDispatchMode):
     take a float32 weight with a bfloat16 input. Within this mode such a call raises as on a GPU
     (``expected scalar type BFloat16 but found Float``), so a CPU test sees what a GPU would refuse."""
 
-    CHECKED = {"native_layer_norm.default": (0, (2, 3)), "native_layer_norm_backward.default": (1, (5, 6)),
-               "native_group_norm.default": (0, (1, 2)), "native_group_norm_backward.default": (1, (2, 3, 4))}
+    CHECKED = {
+        "native_layer_norm.default": (0, (2, 3)),
+        "native_layer_norm_backward.default": (1, (5, 6)),
+        "native_group_norm.default": (0, (1, 2)),
+        "native_group_norm_backward.default": (1, (2, 3, 4)),
+    }
     """op: (the input's position, the positions that must share its dtype)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -47,8 +57,10 @@ class CudaNormKernels(TorchDispatchMode):
             for index in checked[1]:
                 value = args[index] if index < len(args) else None
                 if isinstance(value, torch.Tensor) and value.dtype != dtype:
-                    raise RuntimeError(f"{func}: expected scalar type {dtype} but found {value.dtype} "
-                                       f"(argument {index}; CUDA's kernel reads it in the input's dtype)")
+                    raise RuntimeError(
+                        f"{func}: expected scalar type {dtype} but found {value.dtype} "
+                        f"(argument {index}; CUDA's kernel reads it in the input's dtype)"
+                    )
         return func(*args, **(kwargs or {}))
 
 
@@ -105,8 +117,13 @@ def run_generated_tests(test_file, *options: str) -> _Outcomes:
 
     test_file = Path(test_file)
     for node in ast.walk(ast.parse(test_file.read_text())):
-        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        names = (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         for name in names:
             top = name.split(".")[0]
             assert top in {"torch", "pytest"} or top in sys.stdlib_module_names, f"{test_file.name} imports {name}"
@@ -114,9 +131,27 @@ def run_generated_tests(test_file, *options: str) -> _Outcomes:
     modules, path, dtype = dict(sys.modules), list(sys.path), torch.get_default_dtype()
     rng = torch.get_rng_state()
     try:
-        pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail",
-                     "-p", "no:hypothesispytest", "--import-mode=importlib", "--rootdir", str(test_file.parent),
-                     "--override-ini", "addopts=", *options, str(test_file)], plugins=[outcomes])
+        pytest.main(
+            [
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "-p",
+                "no:xdist.looponfail",
+                "-p",
+                "no:hypothesispytest",
+                "--import-mode=importlib",
+                "--rootdir",
+                str(test_file.parent),
+                "--override-ini",
+                "addopts=",
+                *options,
+                str(test_file),
+            ],
+            plugins=[outcomes],
+        )
     finally:
         installed = tuple({sysconfig.get_path(key) for key in ("purelib", "platlib", "stdlib", "platstdlib")})
         for name in set(sys.modules) - set(modules):
@@ -134,8 +169,7 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def run_symgrad(*arguments: str, cwd, environment: dict | None = None, preexec_fn=None,
-                timeout: float = 600):
+def run_symgrad(*arguments: str, cwd, environment: dict | None = None, preexec_fn=None, timeout: float = 600):
     """``python -m symgrad ARGUMENTS`` as a user runs it: a process of its own, its exit status, what it wrote to
     its stdout and stderr (file descriptors 1 and 2), a traceback where an exception escapes. The process is
     forked from this one, so it does not import torch and sympy again (about 2.5 s of CPU a command); it
@@ -152,8 +186,15 @@ def run_symgrad(*arguments: str, cwd, environment: dict | None = None, preexec_f
 
     command = [sys.executable, "-m", "symgrad", *arguments]
     if torch.get_num_threads() > 1:
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(environment or {})}, preexec_fn=preexec_fn)
+        return subprocess.run(
+            command,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(environment or {})},
+            preexec_fn=preexec_fn,
+        )
     pipes = [os.pipe(), os.pipe()]  # pipes, as subprocess's: a file-size limit does not apply to them
     sys.stdout.flush()
     sys.stderr.flush()
@@ -174,8 +215,11 @@ def run_symgrad(*arguments: str, cwd, environment: dict | None = None, preexec_f
                 warnings.filterwarnings("ignore", category=category)
             warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
             warnings.showwarning = warnings._showwarning_orig
-            warnings._showwarnmsg_impl = lambda message: sys.stderr.write(warnings.formatwarning(
-                message.message, message.category, message.filename, message.lineno, message.line))
+            warnings._showwarnmsg_impl = lambda message: sys.stderr.write(
+                warnings.formatwarning(
+                    message.message, message.category, message.filename, message.lineno, message.line
+                )
+            )
             if preexec_fn is not None:
                 preexec_fn()
             sys.argv = ["symgrad", *arguments]

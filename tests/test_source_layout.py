@@ -46,7 +46,7 @@ def resolved(name: str, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     package = name.split(".") if is_package(name) else name.split(".")[:-1]
-    base = package[:len(package) - node.level + 1]
+    base = package[: len(package) - node.level + 1]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -68,11 +68,16 @@ def imports(name: str) -> list[tuple[str, str, int]]:
             source = resolved(name, node)
             for alias in node.names:
                 submodule = f"{source}.{alias.name}"
-                found.append((submodule, "", node.lineno) if submodule in MODULES
-                             else (source, alias.name, node.lineno))
+                found.append(
+                    (submodule, "", node.lineno) if submodule in MODULES else (source, alias.name, node.lineno)
+                )
     for node in ast.walk(tree):  # a registry that imports each module of its package (symgrad.rules)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "iter_modules"
-                and any(isinstance(argument, ast.Name) and argument.id == "__path__" for argument in node.args)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "iter_modules"
+            and any(isinstance(argument, ast.Name) and argument.id == "__path__" for argument in node.args)
+        ):
             found += [(child, "", node.lineno) for child in MODULES if child.rpartition(".")[0] == name]
     return [(module, taken, line) for module, taken, line in found if module in MODULES]
 
@@ -106,7 +111,7 @@ def cycles() -> list[str]:
     def visit(name: str, path: list[str]) -> None:
         for module in sorted(edges.get(name, {})):
             if module in path:
-                cycle = path[path.index(module):] + [module]
+                cycle = path[path.index(module) :] + [module]
                 key = frozenset(cycle)
                 if key not in seen:
                     seen.add(key)
@@ -132,21 +137,31 @@ def private_uses() -> list[str]:
                 found.add(f"{name} uses {module}.{taken} (line {line})")
         aliases = module_aliases(name)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and aliases[node.value.id] != name and node.attr.startswith("_")
-                    and not node.attr.startswith("__")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and aliases[node.value.id] != name
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 found.add(f"{name} uses {aliases[node.value.id]}.{node.attr} (line {node.lineno})")
     return sorted(found)
 
 
 def long_files() -> list[str]:
-    return [f"{name} has {count} lines (at most {MAX_LINES})" for name, path in MODULES.items()
-            if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    return [
+        f"{name} has {count} lines (at most {MAX_LINES})"
+        for name, path in MODULES.items()
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    ]
 
 
 def without_lines(finding: str) -> str:
     """A finding without its line numbers and counts, to compare with ``PENDING`` across edits."""
-    return re.sub(r" has \d+ lines \(at most \d+\)", f" is over {MAX_LINES} lines", re.sub(r" \(line \d+\)", "", finding))
+    return re.sub(
+        r" has \d+ lines \(at most \d+\)", f" is over {MAX_LINES} lines", re.sub(r" \(line \d+\)", "", finding)
+    )
 
 
 @pytest.mark.parametrize("check", [cycles, private_uses, long_files])
@@ -174,18 +189,20 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
     (package / "f.py").write_text("from . import e\n")
     (package / "g.py").write_text("from .rules import RULES\n")
     (package / "rules").mkdir()
-    (package / "rules" / "__init__.py").write_text("import importlib, pkgutil\n\nRULES = [importlib.import_module("
-                                                   "f'{__name__}.{info.name}') for info in pkgutil.iter_modules(__path__)]\n")
+    (package / "rules" / "__init__.py").write_text(
+        "import importlib, pkgutil\n\nRULES = [importlib.import_module("
+        "f'{__name__}.{info.name}') for info in pkgutil.iter_modules(__path__)]\n"
+    )
     (package / "rules" / "r1.py").write_text("from .. import g\n")
     this = sys.modules[__name__]
     monkeypatch.setattr(this, "ROOT", package)
     monkeypatch.setattr(this, "MODULES", {module_name(path): path for path in sorted(package.rglob("*.py"))})
-    assert cycles() == ["import cycle: symgrad.a (line 1) -> symgrad.b (line 2) -> symgrad.a",
-                        "import cycle: symgrad.g (line 1) -> symgrad.rules (line 3) -> symgrad.rules.r1 (line 1) -> symgrad.g"]
-    assert private_uses() == ["symgrad.a uses symgrad.b._hidden (line 4)",
-                              "symgrad.c uses symgrad.b._hidden (line 1)"]
+    assert cycles() == [
+        "import cycle: symgrad.a (line 1) -> symgrad.b (line 2) -> symgrad.a",
+        "import cycle: symgrad.g (line 1) -> symgrad.rules (line 3) -> symgrad.rules.r1 (line 1) -> symgrad.g",
+    ]
+    assert private_uses() == ["symgrad.a uses symgrad.b._hidden (line 4)", "symgrad.c uses symgrad.b._hidden (line 1)"]
     assert long_files() == [f"symgrad.c has {MAX_LINES + 1} lines (at most {MAX_LINES})"]
-
 
 
 def test_benchmarks_have_no_import_cycle(monkeypatch):
@@ -197,6 +214,7 @@ def test_benchmarks_have_no_import_cycle(monkeypatch):
     monkeypatch.setattr(this, "MODULES", {module_name(path): path for path in sorted(package.rglob("*.py"))})
     assert "benchmarks.__main__" in MODULES and "benchmarks.training" in MODULES
     assert cycles() == []
+
 
 def test_no_import_cycle_in_the_tracer_even_through_type_checking_imports(monkeypatch):
     """The tracer's handlers see the walk through ``dispatch.Builder``, not ``layers.SpecBuilder``: in
@@ -245,8 +263,13 @@ def test_a_trace_hook_written_as_a_method_of_the_walk_fails_at_import():
 def test_ruff_finds_nothing():
     """``ruff check`` with the project's configuration (unused or undefined names, star imports, syntax,
     import order) finds nothing; ``ruff check --fix`` mends most of what it finds."""
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "symgrad", "benchmarks", "tests",
-                             "examples"], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "symgrad", "benchmarks", "tests", "examples"],
+        cwd=ROOT.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "No module named ruff" not in result.stderr, "ruff comes with the [test] extra: pip install -e '.[test]'"
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
@@ -255,10 +278,16 @@ def test_ruff_format_finds_nothing():
     """``ruff format --check`` with the project's configuration (``[tool.ruff.format]``: 120 columns,
     double quotes) finds every file of symgrad/, benchmarks/, tests/ and examples/ laid out as it would
     write it; ``ruff format symgrad benchmarks tests examples`` mends what it finds."""
-    result = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "symgrad", "benchmarks",
-                             "tests", "examples"], cwd=ROOT.parent, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "symgrad", "benchmarks", "tests", "examples"],
+        cwd=ROOT.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "No module named ruff" not in result.stderr, "ruff comes with the [test] extra: pip install -e '.[test]'"
     unformatted = [line for line in result.stdout.splitlines() if line.startswith("Would reformat")]
-    assert result.returncode == 0, (f"{len(unformatted)} files not as ruff format writes them (fix: ruff format "
-                                    "symgrad benchmarks tests examples):\n" + "\n".join(unformatted[:40])
-                                    + result.stderr[-2000:])
+    assert result.returncode == 0, (
+        f"{len(unformatted)} files not as ruff format writes them (fix: ruff format "
+        "symgrad benchmarks tests examples):\n" + "\n".join(unformatted[:40]) + result.stderr[-2000:]
+    )

@@ -40,8 +40,7 @@ def _declare(name: str, module, rules) -> None:
         declared = getattr(module, kind, {})
         stray = set(declared) - {rule.op for rule in rules}
         if stray:
-            raise ValueError(f"symgrad/rules/{name}.py: {kind} names {sorted(stray)}, "
-                             "not ops of its RULES")
+            raise ValueError(f"symgrad/rules/{name}.py: {kind} names {sorted(stray)}, not ops of its RULES")
         for rule in rules:
             setattr(rule, kind.lower(), tuple(declared.get(rule.op, ())))
 

@@ -22,19 +22,31 @@ def _call(operands, params, indices: bool) -> str:
     return call + (", return_indices=True)[1]" if indices else ")")
 
 
-primitive("adaptive_max_pool", code=lambda operands, params, show: _call(operands, params, False),
-          latex=lambda operands, params, show: rf"\operatorname{{adaptivemaxpool}}\left({operands[0]}\right)",
-          # piecewise linear: along dx it moves by dx at each window's argmax
-          tangent=lambda expr, tangent_of: op("gather_at", tangent_of(expr.operands[0]),
-                                                op("adaptive_max_pool_indices", expr.operands[0], **dict(expr.params.items())),
-                                                start=expr.params["start"]))
-primitive("adaptive_max_pool_indices", code=lambda operands, params, show: _call(operands, params, True),
-          latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)", tangent="constant")
+primitive(
+    "adaptive_max_pool",
+    code=lambda operands, params, show: _call(operands, params, False),
+    latex=lambda operands, params, show: rf"\operatorname{{adaptivemaxpool}}\left({operands[0]}\right)",
+    # piecewise linear: along dx it moves by dx at each window's argmax
+    tangent=lambda expr, tangent_of: op(
+        "gather_at",
+        tangent_of(expr.operands[0]),
+        op("adaptive_max_pool_indices", expr.operands[0], **dict(expr.params.items())),
+        start=expr.params["start"],
+    ),
+)
+primitive(
+    "adaptive_max_pool_indices",
+    code=lambda operands, params, show: _call(operands, params, True),
+    latex=lambda operands, params, show: rf"\operatorname{{argmax}}\left({operands[0]}\right)",
+    tangent="constant",
+)
 
 
 def _refuse_indices(value, context):
     if value is not False:  # PyTorch then returns (values, indices): not one layer's tensor
-        raise context.fail("= true is not supported", "leave return_indices false; the gradient uses the indices itself")
+        raise context.fail(
+            "= true is not supported", "leave return_indices false; the gradient uses the indices itself"
+        )
     return False
 
 
@@ -47,14 +59,17 @@ class AdaptiveMaxPool(Rule):
         self.calls = (self.op,)
         self.signature = ("input", "output_size", "return_indices")
         self.summary = f"{dims}-d adaptive max pooling to output_size; the gradient scattered to each window's argmax"
-        self.params = {"output_size": AdaptiveAveragePool(dims).params["output_size"],
-                       "return_indices": Param(False, _refuse_indices)}
+        self.params = {
+            "output_size": AdaptiveAveragePool(dims).params["output_size"],
+            "return_indices": Param(False, _refuse_indices),
+        }
 
     def spatial_dims(self) -> int:
         return self.dims
 
     def reference(self, arguments, params):
         import torch.nn.functional as F
+
         return getattr(F, self.op)(arguments["input"], params["output_size"])
 
     def infer_shape(self, shapes, params, check: Checker):
@@ -69,13 +84,17 @@ class AdaptiveMaxPool(Rule):
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
         params = self._pool_params(node)
-        indices = node.local("indices", op("adaptive_max_pool_indices", x, **params),
-                             note=f"the argmax of each window of {node.name}")
+        indices = node.local(
+            "indices", op("adaptive_max_pool_indices", x, **params), note=f"the argmax of each window of {node.name}"
+        )
         return {"input": op("scatter_to", grad, indices, x, start=params["start"])}
 
     def table_row(self):
-        return (self.op, "out = max over each adaptive window [floor(i n/m), ceil((i+1) n/m)), per axis",
-                "grad_input = grad_out scatter-added at the argmax indices")
+        return (
+            self.op,
+            "out = max over each adaptive window [floor(i n/m), ceil((i+1) n/m)), per axis",
+            "grad_input = grad_out scatter-added at the argmax indices",
+        )
 
 
 RULES = [AdaptiveMaxPool(1), AdaptiveMaxPool(2), AdaptiveMaxPool(3)]
@@ -83,16 +102,28 @@ RULES = [AdaptiveMaxPool(1), AdaptiveMaxPool(2), AdaptiveMaxPool(3)]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "adaptive_max_pool1d": [
-        Sample("adaptive_max_pool1d-global", {"x": [2, 3, 9], "y": [2, 3, 1]},
-               [{"op": "adaptive_max_pool1d", "output_size": 1, "out": "out"}], ["x"]),
+        Sample(
+            "adaptive_max_pool1d-global",
+            {"x": [2, 3, 9], "y": [2, 3, 1]},
+            [{"op": "adaptive_max_pool1d", "output_size": 1, "out": "out"}],
+            ["x"],
+        ),
     ],
     "adaptive_max_pool2d": [
-        Sample("adaptive_max_pool2d-overlapping-windows", {"x": [2, 3, 7, 5], "y": [2, 3, 3, 2]},
-               [{"op": "adaptive_max_pool2d", "output_size": [3, 2], "out": "out"}], ["x"]),
+        Sample(
+            "adaptive_max_pool2d-overlapping-windows",
+            {"x": [2, 3, 7, 5], "y": [2, 3, 3, 2]},
+            [{"op": "adaptive_max_pool2d", "output_size": [3, 2], "out": "out"}],
+            ["x"],
+        ),
     ],
     "adaptive_max_pool3d": [
-        Sample("adaptive_max_pool3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 2, 2, 3]},
-               [{"op": "adaptive_max_pool3d", "output_size": [2, 2, 3], "out": "out"}], ["x"]),
+        Sample(
+            "adaptive_max_pool3d",
+            {"x": [1, 2, 4, 3, 5], "y": [1, 2, 2, 2, 3]},
+            [{"op": "adaptive_max_pool3d", "output_size": [2, 2, 3], "out": "out"}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
@@ -101,8 +132,7 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
     ],
     "adaptive_max_pool2d": [
         Spelling("F.adaptive_max_pool2d(x, 1) * x"),  # a global max pool
-        Spelling("torch.cat([F.adaptive_avg_pool2d(x, (3, 2)), nn.AdaptiveMaxPool2d((3, 2))(x)], "
-                 "1)"),
+        Spelling("torch.cat([F.adaptive_avg_pool2d(x, (3, 2)), nn.AdaptiveMaxPool2d((3, 2))(x)], 1)"),
     ],
     "adaptive_max_pool3d": [
         Spelling("nn.AdaptiveMaxPool3d((2, 1, 2))", {"x": (2, 2, 3, 4, 3)}, module=True),

@@ -15,17 +15,24 @@ from ..algebra import op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling
 from .shared import in_operands_dtype
 
-primitive("addmm", code=lambda operands, params, show: f"torch.addmm({', '.join(operands)})",
-          latex=lambda operands, params, show: f"{operands[0]} + {operands[1]} \\cdot {operands[2]}",
-          tangent=lambda expr, tangent_of: (tangent_of(expr.operands[0])
-                                            + op("matmul", tangent_of(expr.operands[1]), expr.operands[2])
-                                            + op("matmul", expr.operands[1], tangent_of(expr.operands[2]))),
-          fresh=True)
+primitive(
+    "addmm",
+    code=lambda operands, params, show: f"torch.addmm({', '.join(operands)})",
+    latex=lambda operands, params, show: f"{operands[0]} + {operands[1]} \\cdot {operands[2]}",
+    tangent=lambda expr, tangent_of: (
+        tangent_of(expr.operands[0])
+        + op("matmul", tangent_of(expr.operands[1]), expr.operands[2])
+        + op("matmul", expr.operands[1], tangent_of(expr.operands[2]))
+    ),
+    fresh=True,
+)
 
 
 def _one(value, context: ParamContext) -> int:
     if value != 1 or isinstance(value, bool):
-        raise context.fail(f"is {value!r}: only 1 is supported", f"leave {context.name} at 1 (scale the operands instead)")
+        raise context.fail(
+            f"is {value!r}: only 1 is supported", f"leave {context.name} at 1 (scale the operands instead)"
+        )
     return 1
 
 
@@ -44,16 +51,22 @@ class AddMM(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         bias, a, b = shapes["input"], shapes["mat1"], shapes["mat2"]
-        check.require(len(a) == 2 and len(b) == 2, f"mat1 and mat2 have {len(a)} and {len(b)} dims, not 2",
-                      "give addmm 2-d matrices (flatten the leading dims first, as Conv1D does)")
+        check.require(
+            len(a) == 2 and len(b) == 2,
+            f"mat1 and mat2 have {len(a)} and {len(b)} dims, not 2",
+            "give addmm 2-d matrices (flatten the leading dims first, as Conv1D does)",
+        )
         check.equal(a[1], b[0], lambda: f"inner sizes {a[1]} and {b[0]} differ", "make mat1's dim 1 equal mat2's dim 0")
         check.require(len(bias) <= 2, f"input has {len(bias)} dims", "give input [M] or [N, M]")
         for size, target in zip(bias[::-1], (a[0], b[1])[::-1]):
             if check.symbolic:
                 check.equal(size, target, "", "")
             else:
-                check.require(size in (target, 1), f"input of shape {tuple(bias)} does not broadcast to "
-                              f"[{a[0]}, {b[1]}]", "give input [M] or [N, M]")
+                check.require(
+                    size in (target, 1),
+                    f"input of shape {tuple(bias)} does not broadcast to [{a[0]}, {b[1]}]",
+                    "give input [M] or [N, M]",
+                )
         return (a[0], b[1])
 
     def forward(self, node):
@@ -63,37 +76,53 @@ class AddMM(Rule):
         mat1, mat2 = node.operands["mat1"], node.operands["mat2"]
         grads = {}
         if "input" in wanted:
-            grads["input"] = (op("sum_to_size", grad, node.operands["input"])
-                              if tuple(node.shapes["input"]) != tuple(node.out_shape) else grad)
+            grads["input"] = (
+                op("sum_to_size", grad, node.operands["input"])
+                if tuple(node.shapes["input"]) != tuple(node.out_shape)
+                else grad
+            )
         if "mat1" in wanted:
-            grads["mat1"] = in_operands_dtype(op("matmul_transposed", grad, mat2, which="right"), mat1, "mat2" in wanted)
+            grads["mat1"] = in_operands_dtype(
+                op("matmul_transposed", grad, mat2, which="right"), mat1, "mat2" in wanted
+            )
         if "mat2" in wanted:
             grads["mat2"] = in_operands_dtype(op("matmul_transposed", mat1, grad, which="left"), mat2, "mat1" in wanted)
         return grads
 
     def table_row(self):
-        return (self.op, "out = input + mat1 @ mat2",
-                "grad_input = grad_out summed to input's shape; grad_mat1 = grad_out @ mat2^T; grad_mat2 = mat1^T @ grad_out")
+        return (
+            self.op,
+            "out = input + mat1 @ mat2",
+            "grad_input = grad_out summed to input's shape; grad_mat1 = grad_out @ mat2^T; grad_mat2 = mat1^T @ grad_out",
+        )
 
 
 RULES = [AddMM()]
 
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
-    ("addmm (bias broadcast)", {"b": (2,), "x": (3, 2), "w": (2, 2)}, {"op": "addmm", "in": ["b", "x", "w"]}, ("x", "w")),
+    (
+        "addmm (bias broadcast)",
+        {"b": (2,), "x": (3, 2), "w": (2, 2)},
+        {"op": "addmm", "in": ["b", "x", "w"]},
+        ("x", "w"),
+    ),
     ("addmm (in the bias)", {"b": (3, 2), "x": (3, 2), "w": (2, 2)}, {"op": "addmm", "in": ["b", "x", "w"]}, ("b",)),
 ]
 
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "addmm": [
-        Sample("addmm-bias-broadcast", {"b": [4], "x": [3, 5], "w": [5, 4], "y": [3, 4]},
-               [{"op": "addmm", "in": ["b", "x", "w"], "out": "out"}], ["b", "x", "w"]),
+        Sample(
+            "addmm-bias-broadcast",
+            {"b": [4], "x": [3, 5], "w": [5, 4], "y": [3, 4]},
+            [{"op": "addmm", "in": ["b", "x", "w"], "out": "out"}],
+            ["b", "x", "w"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "addmm": [
         # GPT-2's Conv1D
-        Spelling("torch.addmm(b, x.view(-1, x.size(-1)), w).view(2, 3, 4)",
-                 {"b": (4,), "x": (2, 3, 5), "w": (5, 4)}),
+        Spelling("torch.addmm(b, x.view(-1, x.size(-1)), w).view(2, 3, 4)", {"b": (4,), "x": (2, 3, 5), "w": (5, 4)}),
     ],
 }

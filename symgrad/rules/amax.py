@@ -26,20 +26,31 @@ def _amax_tangent(expr, tangent_of):
     dims, keepdim = expr.params["dims"], expr.params["keepdim"]
     mask = op("equal_mask", x, op("spread", expr, x, dims=dims, keepdim=keepdim))
     shared = op("reduce_dims", mask * moved, how="sum", dims=dims, keepdim=True) / op(
-        "reduce_dims", mask, how="sum", dims=dims, keepdim=True)
+        "reduce_dims", mask, how="sum", dims=dims, keepdim=True
+    )
     return shared if keepdim else op("squeeze_dims", shared, dims=dims)
 
 
-primitive("amax", code=lambda operands, params, show: (
-    f"{operands[0]}.amax(dim={show_dims(params['dims'])}" + (", keepdim=True)" if params["keepdim"] else ")")),
-    latex=lambda operands, params, show: (rf"\max_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)"),
-    tangent=_amax_tangent)
-primitive("equal_mask", code=lambda operands, params, show: f"({operands[0]} == {operands[1]}).to({operands[0]}.dtype)",
-          latex=lambda operands, params, show: rf"\left[{operands[0]} = {operands[1]}\right]", tangent=CONSTANT)
-primitive("squeeze_dims", code=lambda operands, params, show: operands[0] + "".join(
-    f".squeeze({d})" for d in reversed(params["dims"])),
+primitive(
+    "amax",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.amax(dim={show_dims(params['dims'])}" + (", keepdim=True)" if params["keepdim"] else ")")
+    ),
+    latex=lambda operands, params, show: rf"\max_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)",
+    tangent=_amax_tangent,
+)
+primitive(
+    "equal_mask",
+    code=lambda operands, params, show: f"({operands[0]} == {operands[1]}).to({operands[0]}.dtype)",
+    latex=lambda operands, params, show: rf"\left[{operands[0]} = {operands[1]}\right]",
+    tangent=CONSTANT,
+)
+primitive(
+    "squeeze_dims",
+    code=lambda operands, params, show: operands[0] + "".join(f".squeeze({d})" for d in reversed(params["dims"])),
     latex=lambda operands, params, show: operands[0],
-    tangent=lambda expr, tangent_of: op("squeeze_dims", tangent_of(expr.operands[0]), **dict(expr.params.items())))
+    tangent=lambda expr, tangent_of: op("squeeze_dims", tangent_of(expr.operands[0]), **dict(expr.params.items())),
+)
 
 
 class Amax(Rule):
@@ -51,6 +62,7 @@ class Amax(Rule):
 
     def reference(self, arguments, params):
         import torch
+
         return torch.amax(arguments["input"], dim=params["dim"], keepdim=params.get("keepdim", False))
 
     def infer_shape(self, shapes, params, check: Checker):
@@ -66,14 +78,20 @@ class Amax(Rule):
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
         dims, keepdim = self._dims(len(node.shapes["input"]), node.params), node.params["keepdim"]
-        mask = node.local("mask", op("equal_mask", x, op("spread", node.out, x, dims=dims, keepdim=keepdim)),
-                          note=f"where the input of {node.name} holds its maximum over {list(dims)}")
+        mask = node.local(
+            "mask",
+            op("equal_mask", x, op("spread", node.out, x, dims=dims, keepdim=keepdim)),
+            note=f"where the input of {node.name} holds its maximum over {list(dims)}",
+        )
         count = op("reduce_dims", mask, how="sum", dims=dims, keepdim=True)
         return {"input": mask * op("spread", grad, x, dims=dims, keepdim=keepdim) / count}
 
     def table_row(self):
-        return (self.op, "out = input.amax(dim, keepdim)",
-                "grad_input = mask * grad_out (spread over dim) / mask.sum(dim), mask = (input == out)")
+        return (
+            self.op,
+            "out = input.amax(dim, keepdim)",
+            "grad_input = mask * grad_out (spread over dim) / mask.sum(dim), mask = (input == out)",
+        )
 
 
 RULES = [Amax()]
@@ -81,17 +99,19 @@ RULES = [Amax()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "amax": [
-        Sample("amax-space-keepdim", {"x": [2, 3, 4, 5], "y": [2, 3, 1, 1]},
-               [{"op": "amax", "dim": [2, 3], "keepdim": True, "out": "out"}], ["x"]),
-        Sample("amax-channels", {"x": [2, 3, 4, 5], "y": [2, 4, 5]},
-               [{"op": "amax", "dim": [1], "out": "out"}], ["x"]),
+        Sample(
+            "amax-space-keepdim",
+            {"x": [2, 3, 4, 5], "y": [2, 3, 1, 1]},
+            [{"op": "amax", "dim": [2, 3], "keepdim": True, "out": "out"}],
+            ["x"],
+        ),
+        Sample("amax-channels", {"x": [2, 3, 4, 5], "y": [2, 4, 5]}, [{"op": "amax", "dim": [1], "out": "out"}], ["x"]),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "amax": [
         Spelling("x * x.amax((2, 3), keepdim=True)"),  # CBAM's channel descriptor
-        Spelling("torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], "
-                 "dim=1)"),
+        Spelling("torch.cat([x.mean(dim=1, keepdim=True), torch.amax(x, dim=1, keepdim=True)], dim=1)"),
         Spelling("x.amax(dim=-1).exp()"),
         # over every entry: autograd shares ties' gradient, as amax does
         Spelling("torch.max(x) * x"),

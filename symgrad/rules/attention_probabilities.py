@@ -55,27 +55,41 @@ def _code(operands, params, show) -> str:
     return f"_attention_probabilities({query}, {key}{extra})"
 
 
-primitive("attention_probabilities", code=_code, helper=PROBABILITIES,
-          latex=lambda operands, params, show: (
-              rf"\operatorname{{softmax}}\left({show(params['scale'])}\, {operands[0]} {operands[1]}^{{\top}}"
-              + (f" + {operands[2]}" if len(operands) > 2 else "") + r"\right)"),
-          tangent=lambda expr, tangent_of: tangent_of(attention_softmax(
-              expr.operands[0], expr.operands[1], expr.operands[2] if len(expr.operands) > 2 else None, expr.params)))
+primitive(
+    "attention_probabilities",
+    code=_code,
+    helper=PROBABILITIES,
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{softmax}}\left({show(params['scale'])}\, {operands[0]} {operands[1]}^{{\top}}"
+        + (f" + {operands[2]}" if len(operands) > 2 else "")
+        + r"\right)"
+    ),
+    tangent=lambda expr, tangent_of: tangent_of(
+        attention_softmax(
+            expr.operands[0], expr.operands[1], expr.operands[2] if len(expr.operands) > 2 else None, expr.params
+        )
+    ),
+)
 
 
 class AttentionProbabilities(Rule):
     op = "attention_probabilities"
-    traced_elsewhere = ("F.scaled_dot_product_attention(..., dropout_p=p) in training mode: the tracer's attention "
-                        "handler (symgrad/trace/attention.py) writes it as this, dropout and matmul")
+    traced_elsewhere = (
+        "F.scaled_dot_product_attention(..., dropout_p=p) in training mode: the tracer's attention "
+        "handler (symgrad/trace/attention.py) writes it as this, dropout and matmul"
+    )
     operands = (Operand("query", from_in=True), Operand("key", from_in=True), Operand("attn_mask", optional=True))
     params = {"is_causal": Param(False, boolean), "scale": Param(None, scale_argument)}
     operand_roles = {"attn_mask": "shift"}
-    summary = "attention's probabilities softmax(scale * q @ k^T + attn_mask, -1), as PyTorch's math kernel computes them"
+    summary = (
+        "attention's probabilities softmax(scale * q @ k^T + attn_mask, -1), as PyTorch's math kernel computes them"
+    )
 
     def reference(self, arguments, params):
         import math
 
         import torch
+
         query, key, mask = arguments["query"], arguments["key"], arguments.get("attn_mask")
         scale = params.get("scale")
         scale = 1 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
@@ -83,18 +97,32 @@ class AttentionProbabilities(Rule):
         if params.get("is_causal"):
             scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
         scores = scores if mask is None else scores + mask
-        return torch.ops.aten._safe_softmax(scores, -1) if hasattr(torch.ops.aten, "_safe_softmax") else \
-            torch.softmax(scores, -1)
+        return (
+            torch.ops.aten._safe_softmax(scores, -1)
+            if hasattr(torch.ops.aten, "_safe_softmax")
+            else torch.softmax(scores, -1)
+        )
 
     def infer_shape(self, shapes, params, check: Checker):
         query, key = shapes["query"], shapes["key"]
-        check.require(len(query) >= 2 and len(key) == len(query), f"query and key have {len(query)} and {len(key)} dims",
-                      "give them one rank, at least 2: [..., L, E], [..., S, E]")
+        check.require(
+            len(query) >= 2 and len(key) == len(query),
+            f"query and key have {len(query)} and {len(key)} dims",
+            "give them one rank, at least 2: [..., L, E], [..., S, E]",
+        )
         for axis in range(len(query) - 2):
-            check.equal(key[axis], query[axis], lambda: f"key's batch dims {tuple(key[:-2])} differ from query's "
-                        f"{tuple(query[:-2])}", "give query and key the same batch and head dims")
-        check.equal(key[-1], query[-1], lambda: f"key's last dim {key[-1]} differs from query's {query[-1]}",
-                    "give query and key the same embedding size")
+            check.equal(
+                key[axis],
+                query[axis],
+                lambda: f"key's batch dims {tuple(key[:-2])} differ from query's {tuple(query[:-2])}",
+                "give query and key the same batch and head dims",
+            )
+        check.equal(
+            key[-1],
+            query[-1],
+            lambda: f"key's last dim {key[-1]} differs from query's {query[-1]}",
+            "give query and key the same embedding size",
+        )
         scores = (*query[:-1], key[-2])
         check_mask(shapes, params, scores, check)
         return scores
@@ -114,22 +142,29 @@ class AttentionProbabilities(Rule):
         params = self._params(node)
         query, key, probabilities = node.operands["query"], node.operands["key"], node.out
         rank = len(node.shapes["query"])
-        grad_scores = node.local("grad_scores", probabilities * (grad - sum_over(probabilities * grad, rank - 1)),
-                                 note=f"gradient of {node.name}'s scores: softmax's Jacobian-vector product")
+        grad_scores = node.local(
+            "grad_scores",
+            probabilities * (grad - sum_over(probabilities * grad, rank - 1)),
+            note=f"gradient of {node.name}'s scores: softmax's Jacobian-vector product",
+        )
         grads = {}
         if "query" in wanted:  # query and key are read for the probabilities
             grads["query"] = in_operands_dtype(params["scale"] * op("matmul", grad_scores, key), query, True)
         if "key" in wanted:
             grads["key"] = in_operands_dtype(
-                params["scale"] * op("matmul_transposed", grad_scores, query, which="left"), key, True)
+                params["scale"] * op("matmul_transposed", grad_scores, query, which="left"), key, True
+            )
         if "attn_mask" in wanted:
             grads["attn_mask"] = op("sum_to_size", grad_scores, node.operands["attn_mask"])
         return grads
 
     def table_row(self):
-        return (self.op, "P = softmax(scale * q @ k^T + attn_mask, -1) (the math kernel's steps)",
-                "grad_S = P * (g - sum_-1(P * g)); grad_q = scale * grad_S @ k; grad_k = scale * grad_S^T @ q; "
-                "grad_attn_mask = grad_S summed to its shape")
+        return (
+            self.op,
+            "P = softmax(scale * q @ k^T + attn_mask, -1) (the math kernel's steps)",
+            "grad_S = P * (g - sum_-1(P * g)); grad_q = scale * grad_S @ k; grad_k = scale * grad_S^T @ q; "
+            "grad_attn_mask = grad_S summed to its shape",
+        )
 
 
 RULES = [AttentionProbabilities()]
@@ -137,23 +172,32 @@ RULES = [AttentionProbabilities()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "attention_probabilities": [
-        Sample("attention_probabilities", {"q": [2, 2, 3, 4], "k": [2, 2, 5, 4], "y": [2, 2, 3, 5]},
-               [{"op": "attention_probabilities", "in": ["q", "k"]}], ["q", "k"]),
-        Sample("attention_probabilities-causal-scale",
-               {"q": [2, 4, 3], "k": [2, 4, 3], "y": [2, 4, 4]},
-               [{"op": "attention_probabilities", "in": ["q", "k"], "is_causal": True,
-                 "scale": 0.3}],
-               ["q", "k"]),
-        Sample("attention_probabilities-mask",
-               {"q": [2, 3, 4], "k": [2, 5, 4], "m": [3, 5], "y": [2, 3, 5]},
-               [{"op": "attention_probabilities", "in": ["q", "k"], "attn_mask": "m"}],
-               ["q", "k", "m"]),
+        Sample(
+            "attention_probabilities",
+            {"q": [2, 2, 3, 4], "k": [2, 2, 5, 4], "y": [2, 2, 3, 5]},
+            [{"op": "attention_probabilities", "in": ["q", "k"]}],
+            ["q", "k"],
+        ),
+        Sample(
+            "attention_probabilities-causal-scale",
+            {"q": [2, 4, 3], "k": [2, 4, 3], "y": [2, 4, 4]},
+            [{"op": "attention_probabilities", "in": ["q", "k"], "is_causal": True, "scale": 0.3}],
+            ["q", "k"],
+        ),
+        Sample(
+            "attention_probabilities-mask",
+            {"q": [2, 3, 4], "k": [2, 5, 4], "m": [3, 5], "y": [2, 3, 5]},
+            [{"op": "attention_probabilities", "in": ["q", "k"], "attn_mask": "m"}],
+            ["q", "k", "m"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "attention_probabilities": [
         # dropout inside attention (training mode)
-        Spelling("F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)",
-                 {"q": (2, 2, 4, 3), "k": (2, 2, 4, 3), "v": (2, 2, 4, 3)}),
+        Spelling(
+            "F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)",
+            {"q": (2, 2, 4, 3), "k": (2, 2, 4, 3), "v": (2, 2, 4, 3)},
+        ),
     ],
 }

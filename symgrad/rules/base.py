@@ -66,15 +66,19 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
         n = context.spatial_dims
         values = value if isinstance(value, list) else [value]
         if isinstance(value, list) and len(value) not in (1, n):
-            raise context.fail(f"has {len(value)} entries but the op has {n} spatial dimensions",
-                               f"give one int or a list of {n} ints")
+            raise context.fail(
+                f"has {len(value)} entries but the op has {n} spatial dimensions", f"give one int or a list of {n} ints"
+            )
         for item in values:
             if isinstance(item, bool) or not isinstance(item, int):
-                raise context.fail(f"must be an int or a list of {n} ints, not {_cut(item)}",
-                                   f"write e.g. `{context.name}: {max(minimum, 1)}`")
+                raise context.fail(
+                    f"must be an int or a list of {n} ints, not {_cut(item)}",
+                    f"write e.g. `{context.name}: {max(minimum, 1)}`",
+                )
             if item < minimum:
-                raise context.fail(f"is {_cut(item)}, below the smallest allowed value {minimum}",
-                                   f"use a value of at least {minimum}")
+                raise context.fail(
+                    f"is {_cut(item)}, below the smallest allowed value {minimum}", f"use a value of at least {minimum}"
+                )
             int64(item, context)
         return tuple(values) * (n if len(values) == 1 else 1)  # one value is every dim's, as PyTorch reads [1]
 
@@ -84,16 +88,16 @@ def int_tuple(minimum: int) -> Callable[[Any, ParamContext], tuple[int, ...]]:
 def ints(value, context: ParamContext) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     if not values or any(isinstance(item, bool) or not isinstance(item, int) for item in values):
-        raise context.fail(f"must be an int or a list of ints, not {_cut(value)}", f"write e.g. `{context.name}: [0, 2, 1, 3]`")
+        raise context.fail(
+            f"must be an int or a list of ints, not {_cut(value)}", f"write e.g. `{context.name}: [0, 2, 1, 3]`"
+        )
     return tuple(int64(item, context) for item in values)
-
 
 
 def boolean(value, context: ParamContext) -> bool:
     if not isinstance(value, bool):
         raise context.fail(f"must be true or false, not {value!r}", f"write `{context.name}: true`")
     return value
-
 
 
 def one_dim(value: Any, context: ParamContext) -> int:
@@ -121,8 +125,10 @@ def _cut(value: Any) -> str:
 def int64(value: int, context: ParamContext) -> int:
     """An int argument that fits int64, as every int PyTorch takes must."""
     if not INT64[0] <= value <= INT64[1]:
-        raise context.fail(f"is {_cut(value)}, which does not fit a 64-bit int (PyTorch's ints)",
-                           f"use a value between {INT64[0]} and {INT64[1]}")
+        raise context.fail(
+            f"is {_cut(value)}, which does not fit a 64-bit int (PyTorch's ints)",
+            f"use a value between {INT64[0]} and {INT64[1]}",
+        )
     return value
 
 
@@ -134,8 +140,10 @@ def finite_float(value: Any, context: ParamContext) -> int | float:
     if isinstance(value, float) and not math.isfinite(value):
         raise context.fail(f"must be finite, not {value!r}", "use a finite number")
     if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
-        raise context.fail(f"is {_cut(value)}, beyond the numbers a 64-bit int or a float holds exactly",
-                           f"write it as a float, e.g. `{context.name}: 1.0e+30`, or use a smaller value")
+        raise context.fail(
+            f"is {_cut(value)}, beyond the numbers a 64-bit int or a float holds exactly",
+            f"write it as a float, e.g. `{context.name}: 1.0e+30`, or use a smaller value",
+        )
     return value
 
 
@@ -146,8 +154,10 @@ def positive_number(value: Any, context: ParamContext) -> sympy.Expr:
     if not value > 0:
         raise context.fail(f"must be positive, not {value!r}", f"use a positive value, e.g. `{context.name}: 1.0e-5`")
     if value < sys.float_info.min:
-        raise context.fail(f"is {value!r}, below the smallest normal float {sys.float_info.min!r}",
-                           f"use a value of at least {sys.float_info.min!r}, e.g. `{context.name}: 1.0e-5`")
+        raise context.fail(
+            f"is {value!r}, below the smallest normal float {sys.float_info.min!r}",
+            f"use a value of at least {sys.float_info.min!r}, e.g. `{context.name}: 1.0e-5`",
+        )
     return exact
 
 
@@ -173,8 +183,9 @@ def non_negative_number(value: Any, context: ParamContext) -> sympy.Expr:
 def choice(*allowed: str) -> Callable[[Any, ParamContext], str]:
     def normalize(value: Any, context: ParamContext) -> str:
         if value not in allowed:
-            raise context.fail(f"must be one of {', '.join(allowed)}, not {value!r}",
-                               f"use `{context.name}: {allowed[0]}`")
+            raise context.fail(
+                f"must be one of {', '.join(allowed)}, not {value!r}", f"use `{context.name}: {allowed[0]}`"
+            )
         return value
 
     return normalize
@@ -243,7 +254,9 @@ class NodeSymbols:
     def out(self) -> sympy.Symbol:
         return tensor(self.name)
 
-    def local(self, kind: str, value: sympy.Expr, plain: bool = False, suffix: str = "", note: str = "") -> sympy.Symbol:
+    def local(
+        self, kind: str, value: sympy.Expr, plain: bool = False, suffix: str = "", note: str = ""
+    ) -> sympy.Symbol:
         """Name ``value`` as ``<kind>_<node>[_<suffix>]`` (or just ``kind``) so the emitted code shows it,
         under the comment ``note`` (default: "local gradient of <node>")."""
         symbol = tensor(kind if plain else f"{kind}_{self.name}" + (f"_{suffix}" if suffix else ""))
@@ -349,6 +362,7 @@ class Rule:
     def index_bound(self, shapes: dict, params: dict) -> int:
         """For an op with ``index_operands``: the values its indices stay below, at these operand shapes."""
         raise NotImplementedError
+
     operand_roles: ClassVar[dict[str, str]] = {}
     """What an operand that is a spec input is, for drawing test inputs: ``weight`` (fan-in scaled),
     ``scale`` (around 1), ``shift`` (around 0) or ``variance`` (positive)."""
@@ -365,6 +379,7 @@ class Rule:
         """The op computed by PyTorch's own function (the independent reference in ``check``), from
         the operands and the keyword arguments :meth:`reference_params` gives."""
         import torch  # the rules are sympy-only elsewhere: torch is needed here alone
+
         function = getattr(torch.nn.functional, self.op, None) or getattr(torch, self.op)
         return function(**arguments, **params)
 

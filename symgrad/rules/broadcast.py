@@ -15,15 +15,20 @@ from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, 
 from .layout import target_shape
 from .shared import show_dims
 
-primitive("expand", code=lambda operands, params, show: f"{operands[0]}.expand({', '.join(map(show, params['shape']))})",
-          latex=lambda operands, params, show: rf"\operatorname{{expand}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive(
+    "expand",
+    code=lambda operands, params, show: f"{operands[0]}.expand({', '.join(map(show, params['shape']))})",
+    latex=lambda operands, params, show: rf"\operatorname{{expand}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
 
 
 def _unrepeat_code(operands, params, show) -> str:
     grad, source = operands
     counts, lead = params["counts"], len(params["counts"]) - params["rank"]
-    split = ", ".join(f"{count}, {source}.shape[{axis - lead}]" if axis >= lead else f"{count}"
-                      for axis, count in enumerate(counts))
+    split = ", ".join(
+        f"{count}, {source}.shape[{axis - lead}]" if axis >= lead else f"{count}" for axis, count in enumerate(counts)
+    )
     dims, position = [], 0  # where each count lands in the split shape: summed away
     for axis, _ in enumerate(counts):
         dims.append(position)
@@ -31,13 +36,21 @@ def _unrepeat_code(operands, params, show) -> str:
     return f"{grad}.reshape({split}).sum(dim={show_dims(tuple(dims))})"
 
 
-primitive("repeat", code=lambda operands, params, show: f"{operands[0]}.repeat({', '.join(map(str, params['counts']))})",
-          latex=lambda operands, params, show: rf"\operatorname{{repeat}}\left({operands[0]}\right)", tangent=LINEAR)
-primitive("unrepeat", code=_unrepeat_code,
-          latex=lambda operands, params, show: rf"\operatorname{{unrepeat}}\left({operands[0]}\right)",
-          # linear in the gradient; the second operand gives only its shape
-          tangent=lambda expr, tangent_of: op("unrepeat", tangent_of(expr.operands[0]), expr.operands[1],
-                                              **dict(expr.params.items())))
+primitive(
+    "repeat",
+    code=lambda operands, params, show: f"{operands[0]}.repeat({', '.join(map(str, params['counts']))})",
+    latex=lambda operands, params, show: rf"\operatorname{{repeat}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
+primitive(
+    "unrepeat",
+    code=_unrepeat_code,
+    latex=lambda operands, params, show: rf"\operatorname{{unrepeat}}\left({operands[0]}\right)",
+    # linear in the gradient; the second operand gives only its shape
+    tangent=lambda expr, tangent_of: op(
+        "unrepeat", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())
+    ),
+)
 
 
 class Expand(Rule):
@@ -63,8 +76,12 @@ class Expand(Rule):
                 out.append(own)
                 continue
             if own is not None and not (isinstance(own, int) and own == 1):
-                check.equal(own, size, f"the input's size {own} at dim {axis} is not 1 and not {size}",
-                            "expand only dims of size 1, or keep the size (-1)")
+                check.equal(
+                    own,
+                    size,
+                    f"the input's size {own} at dim {axis} is not 1 and not {size}",
+                    "expand only dims of size 1, or keep the size (-1)",
+                )
             out.append(size)
         return tuple(out)
 
@@ -98,8 +115,11 @@ class Repeat(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         source, counts = list(shapes["input"]), list(params["counts"])
-        check.require(len(counts) >= len(source), f"counts {counts} are fewer than the input's {len(source)} dims",
-                      "give one count per dim")
+        check.require(
+            len(counts) >= len(source),
+            f"counts {counts} are fewer than the input's {len(source)} dims",
+            "give one count per dim",
+        )
         lead = len(counts) - len(source)
         return tuple(count * (source[axis - lead] if axis >= lead else 1) for axis, count in enumerate(counts))
 
@@ -111,8 +131,11 @@ class Repeat(Rule):
         return {"input": op("unrepeat", grad, node.operands["input"], counts=node.params["counts"], rank=rank)}
 
     def table_row(self):
-        return (self.op, "out = input.repeat(counts)",
-                "grad_input = grad_out.reshape(r0, n0, r1, n1, ...).sum over the r axes")
+        return (
+            self.op,
+            "out = input.repeat(counts)",
+            "grad_input = grad_out.reshape(r0, n0, r1, n1, ...).sum over the r axes",
+        )
 
 
 RULES = [Expand(), Repeat()]
@@ -126,20 +149,37 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "expand": [
-        Sample("expand-new-and-size-one-dims", {"x": [2, 1, 4, 1], "y": [3, 2, 5, 4, 6]},
-               [{"op": "expand", "shape": [3, -1, 5, -1, 6], "out": "out"}], ["x"]),
-        Sample("expand-like-another-node",
-               {"x": [2, 3, 1, 1], "s": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
-               [{"op": "expand", "in": "x",
-                 "shape": [{"like": "s"}, {"like": "s"}, {"like": "s"}, {"like": "s"}], "out": "e"},
-                {"op": "mul", "in": ["e", "s"], "out": "out"}],
-               ["x", "s"]),
+        Sample(
+            "expand-new-and-size-one-dims",
+            {"x": [2, 1, 4, 1], "y": [3, 2, 5, 4, 6]},
+            [{"op": "expand", "shape": [3, -1, 5, -1, 6], "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "expand-like-another-node",
+            {"x": [2, 3, 1, 1], "s": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
+            [
+                {
+                    "op": "expand",
+                    "in": "x",
+                    "shape": [{"like": "s"}, {"like": "s"}, {"like": "s"}, {"like": "s"}],
+                    "out": "e",
+                },
+                {"op": "mul", "in": ["e", "s"], "out": "out"},
+            ],
+            ["x", "s"],
+        ),
     ],
     "repeat": [
-        Sample("repeat", {"x": [2, 3, 4], "y": [2, 6, 12]},
-               [{"op": "repeat", "counts": [1, 2, 3], "out": "out"}], ["x"]),
-        Sample("repeat-new-leading-dim", {"x": [3, 2], "y": [2, 3, 4]},
-               [{"op": "repeat", "counts": [2, 1, 2], "out": "out"}], ["x"]),
+        Sample(
+            "repeat", {"x": [2, 3, 4], "y": [2, 6, 12]}, [{"op": "repeat", "counts": [1, 2, 3], "out": "out"}], ["x"]
+        ),
+        Sample(
+            "repeat-new-leading-dim",
+            {"x": [3, 2], "y": [2, 3, 4]},
+            [{"op": "repeat", "counts": [2, 1, 2], "out": "out"}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -59,22 +59,46 @@ def _text(name: str) -> str:
     return r"\mathrm{" + name.replace("_", r"\_") + "}"
 
 
-primitive("block_forward", code=_forward_code, outputs=2, keeps_operands=True,
-          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}\left("
-                                               rf"{', '.join(operands[:params['inputs']])}\right)")
-primitive("block_backward", code=_backward_code,
-          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}^{{*}}\left({operands[-1]}\right)")
-primitive("chain_forward", outputs=2, keeps_operands=True,
-          code=lambda operands, params, show: f"_run_forward({params['table']}, {operands[0]}, params"
-                                              f"{', save=True' if params['saving'] else ''})",
-          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['table'].lower())}}}\left("
-                                               rf"{operands[0]}\right)")
-primitive("chain_backward",
-          code=lambda operands, params, show: f"_run_backward({params['table']}, {operands[0]}, {operands[1]})",
-          latex=lambda operands, params, show: rf"\operatorname{{{_text(params['table'].lower())}}}^{{*}}\left("
-                                               rf"{operands[-1]}\right)")
-primitive("gradient_of", code=lambda operands, params, show: f'{operands[0]}.pop("{params["key"]}")',
-          latex=lambda operands, params, show: rf"{operands[0]}\left[{_text(params['key'])}\right]")
+primitive(
+    "block_forward",
+    code=_forward_code,
+    outputs=2,
+    keeps_operands=True,
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{_text(params['block'])}}}\left("
+        rf"{', '.join(operands[: params['inputs']])}\right)"
+    ),
+)
+primitive(
+    "block_backward",
+    code=_backward_code,
+    latex=lambda operands, params, show: rf"\operatorname{{{_text(params['block'])}}}^{{*}}\left({operands[-1]}\right)",
+)
+primitive(
+    "chain_forward",
+    outputs=2,
+    keeps_operands=True,
+    code=lambda operands, params, show: (
+        f"_run_forward({params['table']}, {operands[0]}, params{', save=True' if params['saving'] else ''})"
+    ),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{_text(params['table'].lower())}}}\left("
+        rf"{operands[0]}\right)"
+    ),
+)
+primitive(
+    "chain_backward",
+    code=lambda operands, params, show: f"_run_backward({params['table']}, {operands[0]}, {operands[1]})",
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{_text(params['table'].lower())}}}^{{*}}\left("
+        rf"{operands[-1]}\right)"
+    ),
+)
+primitive(
+    "gradient_of",
+    code=lambda operands, params, show: f'{operands[0]}.pop("{params["key"]}")',
+    latex=lambda operands, params, show: rf"{operands[0]}\left[{_text(params['key'])}\right]",
+)
 
 
 class BlockOutput(Rule):
@@ -143,30 +167,44 @@ class BlockRule(Rule):
         """The block's body as a graph at an instance's shapes and hypers (``body_graphs.block_graph``)."""
         block = derived.spec
         self.op = block.name
-        self.operands = (tuple(Operand(name, from_in=True) for name in block.inputs)
-                         + tuple(Operand(name) for name in block.param_names))
+        self.operands = tuple(Operand(name, from_in=True) for name in block.inputs) + tuple(
+            Operand(name) for name in block.param_names
+        )
         self.params = {name: Param(default, _hyper_value) for name, default in block.hyper}
         self.index_operands = tuple(name for name in block.operands if derived.graph.nodes[name].dtype == "int64")
 
     def infer_shape(self, shapes, params, check):
         block = self.derived.spec
-        graph = self.graph_of(block, {name: shapes[name] for name in block.operands}, self.derived.graph.spec,
-                             {name: params[name] for name, _ in block.hyper})
+        graph = self.graph_of(
+            block,
+            {name: shapes[name] for name in block.operands},
+            self.derived.graph.spec,
+            {name: params[name] for name, _ in block.hyper},
+        )
         return graph.nodes[block.output].shape
 
     def index_bound(self, shapes, params) -> int:
         """What the block's int64 operands index stays below (each index op's inside it, the least)."""
         block = self.derived.spec
-        graph = self.graph_of(block, {name: shapes[name] for name in block.operands}, self.derived.graph.spec,
-                             {name: params[name] for name, _ in block.hyper})
+        graph = self.graph_of(
+            block,
+            {name: shapes[name] for name in block.operands},
+            self.derived.graph.spec,
+            {name: params[name] for name, _ in block.hyper},
+        )
         return min(graph.class_counts().values())
 
     def _call_params(self, node) -> dict:
         block = self.derived.spec
         scope = node.params.get("_scope")
         hyper = tuple((name, node.params[name]) for name, default in block.hyper if node.params[name] != default)
-        return dict(block=block.name, inputs=len(block.inputs), scope=scope,
-                    keys=tuple(key for _, key in block.params), hyper=hyper)
+        return dict(
+            block=block.name,
+            inputs=len(block.inputs),
+            scope=scope,
+            keys=tuple(key for _, key in block.params),
+            hyper=hyper,
+        )
 
     def forward(self, node):
         block = self.derived.spec
@@ -178,17 +216,26 @@ class BlockRule(Rule):
         block, derived = self.derived.spec, self.derived
         # the saved list holds what the block's backward reads, its inputs and parameters included
         params = dict(block=block.name)
-        grads = node.local("grads", TensorOp("block_backward", Params.of(**params), tensor(f"saved_{node.name}"), grad),
-                           note=f"{block.name}_backward: the gradients of its inputs and parameters")
+        grads = node.local(
+            "grads",
+            TensorOp("block_backward", Params.of(**params), tensor(f"saved_{node.name}"), grad),
+            note=f"{block.name}_backward: the gradients of its inputs and parameters",
+        )
         keys = dict(block.params)
         read = {source for other in derived.graph.nodes.values() for source in other.operands.values()}
         sizes_only = set(wanted) - read  # LeViT's reshape_as(x) reads x's sizes alone: no gradient flows to it
         missing = set(wanted) - set(derived.gradients) - sizes_only
         if missing:
             raise NotImplementedError(f"block {block.name} derives no gradient for {sorted(missing)}")
-        return {operand: (sympy.S.Zero if operand in sizes_only
-                          else TensorOp("gradient_of", Params.of(key=keys.get(operand, operand)), grads))
-                for operand in block.operands if operand in wanted}
+        return {
+            operand: (
+                sympy.S.Zero
+                if operand in sizes_only
+                else TensorOp("gradient_of", Params.of(key=keys.get(operand, operand)), grads)
+            )
+            for operand in block.operands
+            if operand in wanted
+        }
 
 
 @dataclass(frozen=True)
@@ -224,8 +271,12 @@ class ChainRule(Rule):
         self.keys = {bound: sources[bound] for link in links for _, bound in link.binding}
         self.operands = (Operand(CHAIN_INPUT, from_in=True),) + tuple(Operand(bound) for bound in self.keys)
         # an instance's int64 buffer (a relative position index) is an index its block reads
-        self.index_operands = tuple(dict(link.binding)[name] for link in self.links
-                                    for name in link.rule.index_operands if name in dict(link.binding))
+        self.index_operands = tuple(
+            dict(link.binding)[name]
+            for link in self.links
+            for name in link.rule.index_operands
+            if name in dict(link.binding)
+        )
 
     def _instances(self, shapes):
         """Each instance's link, its operands' shapes and hypers, in the order they run."""
@@ -247,17 +298,26 @@ class ChainRule(Rule):
 
     def index_bound(self, shapes, params) -> int:
         """What the instances' int64 operands index stays below (the least of their blocks')."""
-        return min(link.rule.index_bound(operand_shapes, values) for link, operand_shapes, values
-                   in self._instances(shapes) if link.rule.index_operands)
+        return min(
+            link.rule.index_bound(operand_shapes, values)
+            for link, operand_shapes, values in self._instances(shapes)
+            if link.rule.index_operands
+        )
 
     def forward(self, node):
         call = TensorOp("chain_forward", Params.of(table=self.table, saving=node.fused), node.operands[CHAIN_INPUT])
         return _saving(node, call, f"the instances of {self.table}", "the instances' backwards read")
 
     def pullback(self, node, grad, wanted):
-        grads = node.local("grads", TensorOp("chain_backward", Params.of(table=self.table),
-                                             tensor(f"saved_{node.name}"), grad),
-                           note=f"the instances of {self.table} pulled back in reverse")
-        return {operand: TensorOp("gradient_of", Params.of(key="x" if operand == CHAIN_INPUT else self.keys[operand]),
-                                  grads)
-                for operand in (CHAIN_INPUT, *self.keys) if operand in wanted}
+        grads = node.local(
+            "grads",
+            TensorOp("chain_backward", Params.of(table=self.table), tensor(f"saved_{node.name}"), grad),
+            note=f"the instances of {self.table} pulled back in reverse",
+        )
+        return {
+            operand: TensorOp(
+                "gradient_of", Params.of(key="x" if operand == CHAIN_INPUT else self.keys[operand]), grads
+            )
+            for operand in (CHAIN_INPUT, *self.keys)
+            if operand in wanted
+        }

@@ -52,20 +52,25 @@ def _dtype(value, context: ParamContext):
 
 class Cast(Rule):
     op = "cast"
-    traced_elsewhere = ("x.float(), x.double(), x.to(dtype), x.type_as(y) that change the dtype: the tracer's "
-                        "conversion handler (symgrad/trace/views.py, pass_through)")
+    traced_elsewhere = (
+        "x.float(), x.double(), x.to(dtype), x.type_as(y) that change the dtype: the tracer's "
+        "conversion handler (symgrad/trace/views.py, pass_through)"
+    )
     operands = (Operand("input", from_in=True), Operand("like", optional=True))
     index_operands = ("input",)
     float_index_ok = True
     params = {"dtype": Param(None, _dtype)}
-    summary = ("input converted to dtype, or to like's dtype; an int64 input (a timestep) has no gradient, a "
-               "float one's is converted back")
+    summary = (
+        "input converted to dtype, or to like's dtype; an int64 input (a timestep) has no gradient, a "
+        "float one's is converted back"
+    )
 
     def index_bound(self, shapes, params) -> int:
         return DRAWN_BELOW
 
     def reference(self, arguments, params):
         import torch
+
         like = arguments.get("like")
         target = like.dtype if like is not None else getattr(torch, params["dtype"])
         return arguments["input"].to(target)
@@ -74,8 +79,11 @@ class Cast(Rule):
         return {"dtype": params["dtype"]}
 
     def infer_shape(self, shapes, params, check: Checker):
-        check.require((params["dtype"] is None) != ("like" not in shapes), "needs exactly one of dtype and like",
-                      "write `dtype: float32` for a dtype the code names, or `like: NODE` for NODE's dtype")
+        check.require(
+            (params["dtype"] is None) != ("like" not in shapes),
+            "needs exactly one of dtype and like",
+            "write `dtype: float32` for a dtype the code names, or `like: NODE` for NODE's dtype",
+        )
         return tuple(shapes["input"])
 
     def forward(self, node):
@@ -91,8 +99,11 @@ class Cast(Rule):
         return pulled
 
     def table_row(self):
-        return (self.op, "out = input.to(dtype), or input.to(like.dtype)",
-                "grad_input = grad.to(input.dtype) (an int64 input: none)")
+        return (
+            self.op,
+            "out = input.to(dtype), or input.to(like.dtype)",
+            "grad_input = grad.to(input.dtype) (an int64 input: none)",
+        )
 
 
 RULES = [Cast()]
@@ -100,13 +111,17 @@ RULES = [Cast()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "cast": [
-        Sample("cast-int64-and-float",
-               {"a": [2, 3], "t": {"shape": [2], "dtype": "int64"}, "y": [2, 3]},
-               [{"op": "cast", "in": "t", "like": "a", "out": "time"},
+        Sample(
+            "cast-int64-and-float",
+            {"a": [2, 3], "t": {"shape": [2], "dtype": "int64"}, "y": [2, 3]},
+            [
+                {"op": "cast", "in": "t", "like": "a", "out": "time"},
                 {"op": "unsqueeze", "in": "time", "dim": 1, "out": "column"},
                 {"op": "mul", "in": ["a", "column"], "out": "scaled"},
-                {"op": "cast", "in": "scaled", "like": "y"}],
-               ["a"]),
+                {"op": "cast", "in": "scaled", "like": "y"},
+            ],
+            ["a"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

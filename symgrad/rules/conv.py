@@ -67,7 +67,9 @@ def _padding(value, context: ParamContext):
     if value == "same":
         return "same"
     if isinstance(value, str):
-        raise context.fail(f"must be an int, a list of ints, 'valid' or 'same', not {value!r}", "write e.g. `padding: 1`")
+        raise context.fail(
+            f"must be an int, a list of ints, 'valid' or 'same', not {value!r}", "write e.g. `padding: 1`"
+        )
     return int_tuple(0)(value, context)
 
 
@@ -86,8 +88,10 @@ class Convolution(Rule):
         "groups": Param(1, positive_int),
     }
     linear_in = ("input", "weight")
-    argument_hints = {"padding_mode": "torch.nn.functional's convolutions take no padding_mode; pad first, as nn.Conv2d "
-                                      "does: `{op: pad, pad: [1, 1, 1, 1], mode: reflect}` then the conv with padding 0"}
+    argument_hints = {
+        "padding_mode": "torch.nn.functional's convolutions take no padding_mode; pad first, as nn.Conv2d "
+        "does: `{op: pad, pad: [1, 1, 1, 1], mode: reflect}` then the conv with padding 0"
+    }
 
     def __init__(self, dims: int):
         self.dims = dims
@@ -103,11 +107,17 @@ class Convolution(Rule):
 
     def _check_ranks(self, x, w, check: Checker) -> None:
         rank = self.dims + 2
-        check.require(len(x) in (rank, rank - 1), f"input has {len(x)} dimensions but {self.op} needs {rank} "
-                      f"([N, C_in, {self._spatial()}]) or {rank - 1} (unbatched)",
-                      f"reshape the input or use the {self.op[:-2]} of matching dimension")
-        check.require(len(w) == rank, f"weight has {len(w)} dimensions but {self.op} needs {rank} "
-                      f"([{self.WEIGHT_LAYOUT}, {self._kernel()}])", "give the weight a shape of matching rank")
+        check.require(
+            len(x) in (rank, rank - 1),
+            f"input has {len(x)} dimensions but {self.op} needs {rank} "
+            f"([N, C_in, {self._spatial()}]) or {rank - 1} (unbatched)",
+            f"reshape the input or use the {self.op[:-2]} of matching dimension",
+        )
+        check.require(
+            len(w) == rank,
+            f"weight has {len(w)} dimensions but {self.op} needs {rank} ([{self.WEIGHT_LAYOUT}, {self._kernel()}])",
+            "give the weight a shape of matching rank",
+        )
 
     def infer_shape(self, shapes, params, check: Checker):
         x, w = shapes["input"], shapes["weight"]
@@ -116,28 +126,53 @@ class Convolution(Rule):
         if params["padding"] == "same":
             self._resolve_same(w, params, check)
         for axis, size in enumerate(params.get(SAME_KERNEL, ())):
-            check.equal(w[axis + 2], size, f"padding='same' was resolved for kernel size {list(params[SAME_KERNEL])}, "
-                        f"not {list(w[2:])}", "keep the weight's kernel size, or give explicit padding")
+            check.equal(
+                w[axis + 2],
+                size,
+                f"padding='same' was resolved for kernel size {list(params[SAME_KERNEL])}, not {list(w[2:])}",
+                "keep the weight's kernel size, or give explicit padding",
+            )
         lead = len(x) - self.dims - 1  # 1 with a batch axis, 0 without
-        check.equal(x[lead], w[1] * groups,
-                    lambda: f"input has {x[lead]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
-                    "make the weight's dim 1 equal the input channels divided by groups")
-        check.equal(w[0] % groups, 0, lambda: f"weight has {w[0]} output channels, not divisible by groups={groups}",
-                    "use a number of output channels divisible by groups")
+        check.equal(
+            x[lead],
+            w[1] * groups,
+            lambda: f"input has {x[lead]} channels but weight expects {w[1]} x groups={groups} = {w[1] * groups}",
+            "make the weight's dim 1 equal the input channels divided by groups",
+        )
+        check.equal(
+            w[0] % groups,
+            0,
+            lambda: f"weight has {w[0]} output channels, not divisible by groups={groups}",
+            "use a number of output channels divisible by groups",
+        )
         if "bias" in shapes:
             b = shapes["bias"]
             check.require(len(b) == 1, f"bias must be 1-d ([C_out]), not {len(b)}-d", "give bias the shape [C_out]")
-            check.equal(b[0], w[0], lambda: f"bias has {b[0]} entries but the weight has {w[0]} output channels",
-                        "give bias the shape [C_out]")
+            check.equal(
+                b[0],
+                w[0],
+                lambda: f"bias has {b[0]} entries but the weight has {w[0]} output channels",
+                "give bias the shape [C_out]",
+            )
         out = [*x[:lead], w[0]]
         for axis in range(self.dims):
-            size = (x[axis + lead + 1] + 2 * params["padding"][axis] + params.get(SAME_PAD_END, (0,) * self.dims)[axis]
-                    - params["dilation"][axis] * (w[axis + 2] - 1) - 1)
+            size = (
+                x[axis + lead + 1]
+                + 2 * params["padding"][axis]
+                + params.get(SAME_PAD_END, (0,) * self.dims)[axis]
+                - params["dilation"][axis] * (w[axis + 2] - 1)
+                - 1
+            )
             length = (size if params["stride"][axis] == 1 else size // params["stride"][axis]) + 1
-            check.positive(size + 1, lambda axis=axis: f"kernel (dilated) does not fit the padded input along spatial "
-                           f"axis {axis}: input {x[axis + lead + 1]} + 2 x padding {params['padding'][axis]} < "
-                           f"dilation {params['dilation'][axis]} x (kernel {w[axis + 2]} - 1) + 1",
-                           "use more padding, a smaller kernel or a larger input")
+            check.positive(
+                size + 1,
+                lambda axis=axis: (
+                    f"kernel (dilated) does not fit the padded input along spatial "
+                    f"axis {axis}: input {x[axis + lead + 1]} + 2 x padding {params['padding'][axis]} < "
+                    f"dilation {params['dilation'][axis]} x (kernel {w[axis + 2]} - 1) + 1"
+                ),
+                "use more padding, a smaller kernel or a larger input",
+            )
             out.append(length)
         return tuple(out)
 
@@ -152,8 +187,11 @@ class Convolution(Rule):
         ``F.pad(x, (0, 1))`` along each odd axis; its adjoint is the conv's adjoint of that padded
         input, cropped back by the negative pad (the zero that ``F.pad`` added gets no gradient), and
         the weight correlates with the padded input. Since the stride is 1, ``output_padding`` is 0."""
-        check.require(all(s == 1 for s in params["stride"]), "padding='same' needs stride 1 (PyTorch rejects it otherwise)",
-                      "give explicit padding, or use stride 1")
+        check.require(
+            all(s == 1 for s in params["stride"]),
+            "padding='same' needs stride 1 (PyTorch rejects it otherwise)",
+            "give explicit padding, or use stride 1",
+        )
         extents = [d * (k - 1) for d, k in zip(params["dilation"], w[2:])]
         params["padding"] = tuple(extent // 2 for extent in extents)
         params[SAME_KERNEL] = tuple(w[2:])
@@ -161,10 +199,10 @@ class Convolution(Rule):
             params[SAME_PAD_END] = tuple(extent % 2 for extent in extents)
 
     def _spatial(self) -> str:
-        return ", ".join(["D", "H", "W"][-self.dims:])
+        return ", ".join(["D", "H", "W"][-self.dims :])
 
     def _kernel(self) -> str:
-        return ", ".join(["kD", "kH", "kW"][-self.dims:])
+        return ", ".join(["kD", "kH", "kW"][-self.dims :])
 
     def _lead(self, node: NodeSymbols) -> int:
         """Axes before the channel axis: 1 for [N, C, ...], 0 for an unbatched [C, ...] input."""
@@ -216,10 +254,19 @@ class Convolution(Rule):
         if "input" in wanted:
             # output_padding = (H + 2p - d (K - 1) - 1) mod s, from the runtime shapes (see module docstring)
             output_padding = tuple(
-                sympy.Mod(Size(x, axis + lead + 1) + end[axis] + 2 * padding[axis] - dilation[axis] * (Size(w, axis + 2) - 1) - 1,
-                          stride[axis])
-                for axis in range(self.dims))
-            grads["input"] = self._uncrop(node, op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding)))
+                sympy.Mod(
+                    Size(x, axis + lead + 1)
+                    + end[axis]
+                    + 2 * padding[axis]
+                    - dilation[axis] * (Size(w, axis + 2) - 1)
+                    - 1,
+                    stride[axis],
+                )
+                for axis in range(self.dims)
+            )
+            grads["input"] = self._uncrop(
+                node, op("conv_transpose", grad, w, **self._params(node, output_padding=output_padding))
+            )
         if "weight" in wanted:
             # taps past the kernel size exist only when stride > dilation (see module docstring)
             grads["weight"] = op("conv_weight_grad", self._conv_input(node), grad, **self._weight_params(node))
@@ -252,10 +299,18 @@ class Convolution(Rule):
         names = ("input", "weight", "bias")
         mask = tuple(name in wanted for name in names)
         together = " and ".join(name for name in names if name in wanted)
-        fused = node.local("local", op("conv_backward", grad, self._conv_input(node), node.operands["weight"],
-                                         **self._params(node, output_mask=mask, **self._fused_extras(node))),
-                           note=f"{node.name}'s {together} gradient{'s' if len(wanted) > 1 else ''} in one "
-                                "convolution_backward call (autograd's own kernel, twice differentiable)")
+        fused = node.local(
+            "local",
+            op(
+                "conv_backward",
+                grad,
+                self._conv_input(node),
+                node.operands["weight"],
+                **self._params(node, output_mask=mask, **self._fused_extras(node)),
+            ),
+            note=f"{node.name}'s {together} gradient{'s' if len(wanted) > 1 else ''} in one "
+            "convolution_backward call (autograd's own kernel, twice differentiable)",
+        )
         grads = {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
         if "input" in grads:
             grads["input"] = self._uncrop(node, grads["input"])
@@ -285,10 +340,12 @@ class Convolution(Rule):
         return None
 
     def table_row(self):
-        return (self.op,
-                "out = weight ⋆ input + bias  (stride s, padding p, dilation d, groups g)",
-                "grad_input = conv_transpose(grad_out, weight; s, p, d, g, output_padding=(H+2p-d(K-1)-1) mod s); "
-                "grad_weight = input ⋆ grad_out with stride d and dilation s; grad_bias = grad_out summed over N and space")
+        return (
+            self.op,
+            "out = weight ⋆ input + bias  (stride s, padding p, dilation d, groups g)",
+            "grad_input = conv_transpose(grad_out, weight; s, p, d, g, output_padding=(H+2p-d(K-1)-1) mod s); "
+            "grad_weight = input ⋆ grad_out with stride d and dilation s; grad_bias = grad_out summed over N and space",
+        )
 
 
 RULES = [Convolution(1), Convolution(2), Convolution(3)]
@@ -308,90 +365,166 @@ CONV_CERTIFICATES = [  # symgrad.certify.ConvCase's fields: dims, batch, in_chan
     (3, 1, 1, (3, 4, 3), 2, (2, 2, 1), (1, 2, 1), (1, 0, 0), (1, 1, 2)),
 ]
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
-    ("conv_transpose2d", {"x": (1, 2, 3, 3), "w": (2, 2, 2, 2)},
-     {"op": "conv_transpose2d", "weight": "w", "stride": 2, "padding": 1, "output_padding": 1}, ("x", "w")),
-    ("conv_transpose1d", {"x": (1, 2, 3), "w": (2, 1, 2)},
-     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "dilation": 3, "output_padding": 2, "groups": 2}, ("x", "w")),
-    ("conv_transpose3d", {"x": (1, 1, 2, 2, 2), "w": (1, 2, 2, 1, 2)},
-     {"op": "conv_transpose3d", "weight": "w", "stride": [2, 1, 2], "padding": [1, 0, 0]}, ("x", "w")),
-    ("conv2d padding='same', even kernel (asymmetric)", {"x": (1, 2, 3, 4), "w": (2, 2, 2, 3)},
-     {"op": "conv2d", "weight": "w", "padding": "same", "dilation": [1, 2]}, ("x", "w")),
-    ("conv2d (unbatched)", {"x": (2, 4, 3), "w": (2, 1, 2, 2)},
-     {"op": "conv2d", "weight": "w", "stride": [2, 1], "padding": 1, "groups": 2}, ("x", "w")),
-    ("conv_transpose1d (unbatched)", {"x": (2, 3), "w": (2, 2, 2)},
-     {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1}, ("x", "w")),
+    (
+        "conv_transpose2d",
+        {"x": (1, 2, 3, 3), "w": (2, 2, 2, 2)},
+        {"op": "conv_transpose2d", "weight": "w", "stride": 2, "padding": 1, "output_padding": 1},
+        ("x", "w"),
+    ),
+    (
+        "conv_transpose1d",
+        {"x": (1, 2, 3), "w": (2, 1, 2)},
+        {"op": "conv_transpose1d", "weight": "w", "stride": 2, "dilation": 3, "output_padding": 2, "groups": 2},
+        ("x", "w"),
+    ),
+    (
+        "conv_transpose3d",
+        {"x": (1, 1, 2, 2, 2), "w": (1, 2, 2, 1, 2)},
+        {"op": "conv_transpose3d", "weight": "w", "stride": [2, 1, 2], "padding": [1, 0, 0]},
+        ("x", "w"),
+    ),
+    (
+        "conv2d padding='same', even kernel (asymmetric)",
+        {"x": (1, 2, 3, 4), "w": (2, 2, 2, 3)},
+        {"op": "conv2d", "weight": "w", "padding": "same", "dilation": [1, 2]},
+        ("x", "w"),
+    ),
+    (
+        "conv2d (unbatched)",
+        {"x": (2, 4, 3), "w": (2, 1, 2, 2)},
+        {"op": "conv2d", "weight": "w", "stride": [2, 1], "padding": 1, "groups": 2},
+        ("x", "w"),
+    ),
+    (
+        "conv_transpose1d (unbatched)",
+        {"x": (2, 3), "w": (2, 2, 2)},
+        {"op": "conv_transpose1d", "weight": "w", "stride": 2, "output_padding": 1},
+        ("x", "w"),
+    ),
 ]
 
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "conv1d": [
-        Sample("conv1d-all-args", {"x": [2, 3, 13], "w": [2, 3, 4], "b": [2], "y": [2, 2, 4]},
-               [{"op": "conv1d", "weight": "w", "stride": 3, "padding": 2, "dilation": 2,
-                 "out": "out", "bias": "b"}],
-               ["x", "w", "b"]),
-        Sample("conv1d-unbatched-stride-gt-dilation-crop",
-               {"x": [2, 12], "w": [3, 2, 2], "y": [3, 3]},
-               [{"op": "conv1d", "weight": "w", "stride": 4, "out": "out"}], ["x", "w"]),
-        Sample("conv1d-same-odd-dilated-extent", {"x": [2, 2, 9], "w": [3, 2, 2], "y": [2, 3, 9]},
-               [{"op": "conv1d", "weight": "w", "padding": "same", "dilation": 3, "out": "out"}],
-               ["x", "w"]),
+        Sample(
+            "conv1d-all-args",
+            {"x": [2, 3, 13], "w": [2, 3, 4], "b": [2], "y": [2, 2, 4]},
+            [{"op": "conv1d", "weight": "w", "stride": 3, "padding": 2, "dilation": 2, "out": "out", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "conv1d-unbatched-stride-gt-dilation-crop",
+            {"x": [2, 12], "w": [3, 2, 2], "y": [3, 3]},
+            [{"op": "conv1d", "weight": "w", "stride": 4, "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv1d-same-odd-dilated-extent",
+            {"x": [2, 2, 9], "w": [3, 2, 2], "y": [2, 3, 9]},
+            [{"op": "conv1d", "weight": "w", "padding": "same", "dilation": 3, "out": "out"}],
+            ["x", "w"],
+        ),
     ],
     "conv2d": [
-        Sample("conv2d-odd-size", {"x": [2, 3, 7, 7], "w": [4, 3, 3, 3], "y": [2, 4, 5, 5]},
-               [{"op": "conv2d", "weight": "w", "out": "out"}], ["x", "w"]),
-        Sample("conv2d-stride2-output_padding",
-               {"x": [2, 3, 9, 9], "w": [4, 3, 3, 3], "y": [2, 4, 4, 4]},
-               [{"op": "conv2d", "weight": "w", "stride": 2, "out": "out"}], ["x", "w"]),
-        Sample("conv2d-stride3-padding",
-               {"x": [1, 2, 11, 11], "w": [3, 2, 2, 2], "y": [1, 3, 4, 4]},
-               [{"op": "conv2d", "weight": "w", "stride": 3, "padding": 1, "out": "out"}],
-               ["x", "w"]),
-        Sample("conv2d-dilation", {"x": [2, 2, 10, 10], "w": [2, 2, 3, 3], "y": [2, 2, 10, 10]},
-               [{"op": "conv2d", "weight": "w", "dilation": 2, "padding": 2, "out": "out"}],
-               ["x", "w"]),
-        Sample("conv2d-groups-bias",
-               {"x": [2, 4, 9, 9], "w": [6, 2, 3, 3], "b": [6], "y": [2, 6, 4, 4]},
-               [{"op": "conv2d", "weight": "w", "groups": 2, "stride": 2, "out": "out",
-                 "bias": "b"}],
-               ["x", "w", "b"]),
-        Sample("conv2d-per-axis-args", {"x": [2, 6, 9, 8], "w": [3, 2, 3, 2], "y": [2, 3, 5, 2]},
-               [{"op": "conv2d", "weight": "w", "groups": 3, "stride": [2, 3], "padding": [1, 0],
-                 "dilation": [1, 2], "out": "out"}],
-               ["x", "w"]),
-        Sample("conv2d-stride-gt-dilation-crop",
-               {"x": [2, 2, 12, 12], "w": [2, 2, 2, 2], "y": [2, 2, 3, 3]},
-               [{"op": "conv2d", "weight": "w", "stride": 4, "dilation": 1, "out": "out"}],
-               ["x", "w"]),
-        Sample("conv2d-unbatched-groups-bias",
-               {"x": [4, 7, 6], "w": [6, 2, 3, 3], "b": [6], "y": [6, 4, 3]},
-               [{"op": "conv2d", "weight": "w", "stride": 2, "padding": 1, "groups": 2,
-                 "out": "out", "bias": "b"}],
-               ["x", "w", "b"]),
-        Sample("conv2d-same-even-kernel-asymmetric",
-               {"x": [2, 3, 7, 6], "w": [4, 3, 2, 4], "b": [4], "y": [2, 4, 7, 6]},
-               [{"op": "conv2d", "weight": "w", "padding": "same", "out": "out", "bias": "b"}],
-               ["x", "w", "b"]),
-        Sample("conv2d-weight-only", {"x": [2, 3, 7, 7], "w": [4, 3, 3, 3], "y": [2, 4, 5, 5]},
-               [{"op": "conv2d", "weight": "w", "out": "out"}], ["w"]),
-        Sample("tied-weight-used-twice", {"x": [2, 2, 6, 6], "w": [2, 2, 3, 3], "y": [2, 2, 6, 6]},
-               [{"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
-                {"op": "conv2d", "in": "h", "weight": "w", "padding": 1, "out": "g"}],
-               ["x", "w"]),
+        Sample(
+            "conv2d-odd-size",
+            {"x": [2, 3, 7, 7], "w": [4, 3, 3, 3], "y": [2, 4, 5, 5]},
+            [{"op": "conv2d", "weight": "w", "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv2d-stride2-output_padding",
+            {"x": [2, 3, 9, 9], "w": [4, 3, 3, 3], "y": [2, 4, 4, 4]},
+            [{"op": "conv2d", "weight": "w", "stride": 2, "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv2d-stride3-padding",
+            {"x": [1, 2, 11, 11], "w": [3, 2, 2, 2], "y": [1, 3, 4, 4]},
+            [{"op": "conv2d", "weight": "w", "stride": 3, "padding": 1, "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv2d-dilation",
+            {"x": [2, 2, 10, 10], "w": [2, 2, 3, 3], "y": [2, 2, 10, 10]},
+            [{"op": "conv2d", "weight": "w", "dilation": 2, "padding": 2, "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv2d-groups-bias",
+            {"x": [2, 4, 9, 9], "w": [6, 2, 3, 3], "b": [6], "y": [2, 6, 4, 4]},
+            [{"op": "conv2d", "weight": "w", "groups": 2, "stride": 2, "out": "out", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "conv2d-per-axis-args",
+            {"x": [2, 6, 9, 8], "w": [3, 2, 3, 2], "y": [2, 3, 5, 2]},
+            [
+                {
+                    "op": "conv2d",
+                    "weight": "w",
+                    "groups": 3,
+                    "stride": [2, 3],
+                    "padding": [1, 0],
+                    "dilation": [1, 2],
+                    "out": "out",
+                }
+            ],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv2d-stride-gt-dilation-crop",
+            {"x": [2, 2, 12, 12], "w": [2, 2, 2, 2], "y": [2, 2, 3, 3]},
+            [{"op": "conv2d", "weight": "w", "stride": 4, "dilation": 1, "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "conv2d-unbatched-groups-bias",
+            {"x": [4, 7, 6], "w": [6, 2, 3, 3], "b": [6], "y": [6, 4, 3]},
+            [{"op": "conv2d", "weight": "w", "stride": 2, "padding": 1, "groups": 2, "out": "out", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "conv2d-same-even-kernel-asymmetric",
+            {"x": [2, 3, 7, 6], "w": [4, 3, 2, 4], "b": [4], "y": [2, 4, 7, 6]},
+            [{"op": "conv2d", "weight": "w", "padding": "same", "out": "out", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "conv2d-weight-only",
+            {"x": [2, 3, 7, 7], "w": [4, 3, 3, 3], "y": [2, 4, 5, 5]},
+            [{"op": "conv2d", "weight": "w", "out": "out"}],
+            ["w"],
+        ),
+        Sample(
+            "tied-weight-used-twice",
+            {"x": [2, 2, 6, 6], "w": [2, 2, 3, 3], "y": [2, 2, 6, 6]},
+            [
+                {"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
+                {"op": "conv2d", "in": "h", "weight": "w", "padding": 1, "out": "g"},
+            ],
+            ["x", "w"],
+        ),
     ],
     "conv3d": [
-        Sample("conv3d-stride-padding-bias",
-               {"x": [1, 2, 6, 6, 6], "w": [2, 2, 2, 2, 2], "b": [2], "y": [1, 2, 4, 4, 4]},
-               [{"op": "conv3d", "weight": "w", "stride": 2, "padding": 1, "out": "out",
-                 "bias": "b"}],
-               ["x", "w", "b"]),
-        Sample("conv3d-unbatched-dilation-bias",
-               {"x": [2, 5, 5, 5], "w": [2, 2, 2, 2, 2], "b": [2], "y": [2, 3, 3, 3]},
-               [{"op": "conv3d", "weight": "w", "dilation": 2, "out": "out", "bias": "b"}],
-               ["x", "w", "b"]),
-        Sample("conv3d-unbatched-same-asymmetric-groups",
-               {"x": [2, 5, 5, 5], "w": [2, 1, 2, 3, 2], "y": [2, 5, 5, 5]},
-               [{"op": "conv3d", "weight": "w", "padding": "same", "groups": 2, "out": "out"}],
-               ["x", "w"]),
+        Sample(
+            "conv3d-stride-padding-bias",
+            {"x": [1, 2, 6, 6, 6], "w": [2, 2, 2, 2, 2], "b": [2], "y": [1, 2, 4, 4, 4]},
+            [{"op": "conv3d", "weight": "w", "stride": 2, "padding": 1, "out": "out", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "conv3d-unbatched-dilation-bias",
+            {"x": [2, 5, 5, 5], "w": [2, 2, 2, 2, 2], "b": [2], "y": [2, 3, 3, 3]},
+            [{"op": "conv3d", "weight": "w", "dilation": 2, "out": "out", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "conv3d-unbatched-same-asymmetric-groups",
+            {"x": [2, 5, 5, 5], "w": [2, 1, 2, 3, 2], "y": [2, 5, 5, 5]},
+            [{"op": "conv3d", "weight": "w", "padding": "same", "groups": 2, "out": "out"}],
+            ["x", "w"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
@@ -403,7 +536,8 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
         Spelling('nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")', module=True),
     ],
     "conv3d": [
-        Spelling('nn.Conv3d(2, 2, 3, padding=1, padding_mode="circular", bias=False)',
-                 {"x": (2, 2, 5, 5, 5)}, module=True),
+        Spelling(
+            'nn.Conv3d(2, 2, 3, padding=1, padding_mode="circular", bias=False)', {"x": (2, 2, 5, 5, 5)}, module=True
+        ),
     ],
 }

@@ -15,14 +15,19 @@ TRANSPOSE_DEFAULTS = {"stride": 1, "padding": 0, "output_padding": 0, "groups": 
 
 def _math_args(params, show) -> str:
     """``_{s=32, p=1}``: the subscript that says how a convolution is strided, padded, dilated, grouped."""
-    shown = [f"{key[0]}={show_ints(params[key])}" for key in ("stride", "padding", "dilation", "groups")
-             if params[key] != (CONV_DEFAULTS[key],) * len(params["stride"]) and params[key] != CONV_DEFAULTS[key]]
+    shown = [
+        f"{key[0]}={show_ints(params[key])}"
+        for key in ("stride", "padding", "dilation", "groups")
+        if params[key] != (CONV_DEFAULTS[key],) * len(params["stride"]) and params[key] != CONV_DEFAULTS[key]
+    ]
     return r"_{" + r",\,".join(shown) + "}" if shown else ""
 
 
 def _conv_code(operands, params, show):
     bias = f", {operands[2]}" if len(operands) == 3 else ""
-    return f"F.conv{params['dims']}d({operands[0]}, {operands[1]}{bias}{keyword_arguments(params, CONV_DEFAULTS, show)})"
+    return (
+        f"F.conv{params['dims']}d({operands[0]}, {operands[1]}{bias}{keyword_arguments(params, CONV_DEFAULTS, show)})"
+    )
 
 
 def _conv_latex(operands, params, show):
@@ -64,8 +69,10 @@ def _weight_grad_code(operands, params, show):
         size = _shape_of(weight_size, show)
         # x in grad's dtype: under autocast grad arrives in the precision the forward ran in, where
         # the caller's x may be float32 (the kernel takes one dtype; autograd saved x cast alike)
-        return (f"torch.nn.grad.conv{dims}d_weight({x}.to({grad}.dtype), {size}, {grad}"
-                f"{keyword_arguments(shown, CONV_DEFAULTS, show)})")
+        return (
+            f"torch.nn.grad.conv{dims}d_weight({x}.to({grad}.dtype), {size}, {grad}"
+            f"{keyword_arguments(shown, CONV_DEFAULTS, show)})"
+        )
     if groups == 1:
         x_t = f"{x}.transpose(0, 1)"
     else:
@@ -83,8 +90,11 @@ def _weight_grad_code(operands, params, show):
 
 def _whole_shape_of(sizes):
     """The tensor whose shape the sizes are, axis by axis in order; None if they are not one's."""
-    if all(isinstance(size, Size) for size in sizes) and len({size.of for size in sizes}) == 1 \
-            and [size.axis for size in sizes] == list(range(len(sizes))):
+    if (
+        all(isinstance(size, Size) for size in sizes)
+        and len({size.of for size in sizes}) == 1
+        and [size.axis for size in sizes] == list(range(len(sizes)))
+    ):
         return sizes[0].of
     return None
 
@@ -120,11 +130,16 @@ def _per_sample_weight_grad_code(operands, params, show):
     if weight_size is not None:
         shown = {**{key: params[key] for key in CONV_DEFAULTS}, "groups": 1}  # groups written below: it counts samples
         weight = _whole_shape_of(weight_size)
-        size = (f"({x}.shape[0] * {show(weight)}.shape[0], *{show(weight)}.shape[1:])" if weight is not None else
-                "(" + ", ".join([f"{x}.shape[0] * {show(weight_size[0])}"] + [show(s) for s in weight_size[1:]]) + ")")
-        return (f"torch.nn.grad.conv{dims}d_weight({x}.flatten(0, 1).unsqueeze(0), {size}, "
-                f"{grad}.flatten(0, 1).unsqueeze(0){keyword_arguments(shown, CONV_DEFAULTS, show)}, "
-                f"groups={total_groups}).unflatten(0, ({x}.shape[0], -1))")
+        size = (
+            f"({x}.shape[0] * {show(weight)}.shape[0], *{show(weight)}.shape[1:])"
+            if weight is not None
+            else "(" + ", ".join([f"{x}.shape[0] * {show(weight_size[0])}"] + [show(s) for s in weight_size[1:]]) + ")"
+        )
+        return (
+            f"torch.nn.grad.conv{dims}d_weight({x}.flatten(0, 1).unsqueeze(0), {size}, "
+            f"{grad}.flatten(0, 1).unsqueeze(0){keyword_arguments(shown, CONV_DEFAULTS, show)}, "
+            f"groups={total_groups}).unflatten(0, ({x}.shape[0], -1))"
+        )
     spatial = [str(axis) for axis in range(3, dims + 3)]
     if groups == 1:
         x_t = f"{x}.transpose(0, 1)"
@@ -133,8 +148,10 @@ def _per_sample_weight_grad_code(operands, params, show):
     swapped = dict(params.items())
     swapped["stride"], swapped["dilation"] = params["dilation"], params["stride"]
     swapped["groups"] = 1  # left out here: the real count depends on the batch size, written below
-    call = (f"F.conv{dims}d({x_t}, {grad}.flatten(0, 1).unsqueeze(1){keyword_arguments(swapped, CONV_DEFAULTS, show)}, "
-            f"groups={total_groups})")
+    call = (
+        f"F.conv{dims}d({x_t}, {grad}.flatten(0, 1).unsqueeze(1){keyword_arguments(swapped, CONV_DEFAULTS, show)}, "
+        f"groups={total_groups})"
+    )
     call += f".unflatten(1, ({x}.shape[0], -1)).permute({', '.join(['1', '2', '0'] + spatial)})"
     crop = params["crop_to"]
     if any(size is not None for size in crop):
@@ -142,16 +159,29 @@ def _per_sample_weight_grad_code(operands, params, show):
     return call
 
 
-primitive("crop_to",
-          code=lambda operands, params, show: f"{operands[0]}[{':, ' * params['start']}" + ", ".join(
-              f":{operands[1]}.shape[{params['start'] + axis}]" if keep else ":" for axis, keep in enumerate(params["axes"])) + "]",
-          latex=lambda operands, params, show: operands[0],
-          tangent=lambda expr, tangent_of: TensorOp("crop_to", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
+primitive(
+    "crop_to",
+    code=lambda operands, params, show: (
+        f"{operands[0]}[{':, ' * params['start']}"
+        + ", ".join(
+            f":{operands[1]}.shape[{params['start'] + axis}]" if keep else ":"
+            for axis, keep in enumerate(params["axes"])
+        )
+        + "]"
+    ),
+    latex=lambda operands, params, show: operands[0],
+    tangent=lambda expr, tangent_of: TensorOp("crop_to", expr.params, tangent_of(expr.operands[0]), expr.operands[1]),
+)
 
 
-primitive("conv_weight_grad_per_sample", code=_per_sample_weight_grad_code,
-          latex=lambda operands, params, show: rf"\left[{{{operands[0]}}}_{{n}} \star^{{w}}{_math_args(params, show)} {{{operands[1]}}}_{{n}}\right]_{{n}}",
-          tangent=LINEAR)
+primitive(
+    "conv_weight_grad_per_sample",
+    code=_per_sample_weight_grad_code,
+    latex=lambda operands, params, show: (
+        rf"\left[{{{operands[0]}}}_{{n}} \star^{{w}}{_math_args(params, show)} {{{operands[1]}}}_{{n}}\right]_{{n}}"
+    ),
+    tangent=LINEAR,
+)
 
 
 def _weight_grad_latex(operands, params, show):
@@ -180,8 +210,11 @@ def _backward_code(operands, params, show):
     if params["groups"] != 1:
         parts.append(f"groups={params['groups']}")
     if params["output_mask"][2]:
-        parts.append(f"bias_sizes=[{w}.shape[1] * {params['groups']}]" if params.get("transposed")
-                     else f"bias_sizes=[{w}.shape[0]]")
+        parts.append(
+            f"bias_sizes=[{w}.shape[1] * {params['groups']}]"
+            if params.get("transposed")
+            else f"bias_sizes=[{w}.shape[0]]"
+        )
     return f"_convolution_backward({grad}, {x}, {w}, {mask}" + "".join(", " + part for part in parts) + ")"
 
 
@@ -189,5 +222,12 @@ def _backward_latex(operands, params, show):
     return rf"\operatorname{{conv\_backward}}\left({', '.join(operands)}\right)"
 
 
-primitive("conv_backward", code=_backward_code, latex=_backward_latex, helper=CONVOLUTION_BACKWARD, outputs=3,
-          autocast_operands=(1,), fresh=True)
+primitive(
+    "conv_backward",
+    code=_backward_code,
+    latex=_backward_latex,
+    helper=CONVOLUTION_BACKWARD,
+    outputs=3,
+    autocast_operands=(1,),
+    fresh=True,
+)

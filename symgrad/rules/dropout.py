@@ -30,8 +30,10 @@ NOISE_SHAPES = ("element", "channel", "row", "batch")
 
 def _probability(value, context: ParamContext) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise context.fail(f"must be a probability in [0, 1), not {value!r}",
-                           "write the drop probability, e.g. `p: 0.1` (p = 1 drops everything: remove the branch)")
+        raise context.fail(
+            f"must be a probability in [0, 1), not {value!r}",
+            "write the drop probability, e.g. `p: 0.1` (p = 1 drops everything: remove the branch)",
+        )
     return value if isinstance(value, float) else float(value)  # a block's hyper stays one (HyperFloat)
 
 
@@ -56,15 +58,23 @@ def _noise_code(operands, params, show):
     source = operands[0]
     # in the default layout, as the model draws it: where the generated code runs the convolutions in
     # channels_last the input is laid out so, and a mask filled in its memory order would be another
-    blank = (f"torch.empty_like({source}, memory_format=torch.contiguous_format)" if params["noise"] == "element"
-             else f"{source}.new_empty({_mask_shape(source, params['rank'], params['noise'])})")
+    blank = (
+        f"torch.empty_like({source}, memory_format=torch.contiguous_format)"
+        if params["noise"] == "element"
+        else f"{source}.new_empty({_mask_shape(source, params['rank'], params['noise'])})"
+    )
     # p < 1 (``_probability``), so keep > 0: the code is one for every p, a hyper's too (p = 0: keep 1)
     return f"{blank}.bernoulli_({keep})" + (f".div_({keep})" if params["scale"] else "")
 
 
-primitive("dropout_mask", code=_noise_code, tangent=CONSTANT,  # the mask does not depend on the input's values
-          latex=lambda operands, params, show:
-          rf"\operatorname{{Bernoulli}}_{{{_keep(params['p'])}}}\left({operands[0]}\right)")
+primitive(
+    "dropout_mask",
+    code=_noise_code,
+    tangent=CONSTANT,  # the mask does not depend on the input's values
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{Bernoulli}}_{{{_keep(params['p'])}}}\left({operands[0]}\right)"
+    ),
+)
 
 
 class Dropout(Rule):
@@ -72,28 +82,39 @@ class Dropout(Rule):
     random = True
     """Its forward draws from torch's random state: a forward re-run in the backward restores it first."""
     operands = (Operand("input", from_in=True),)
-    params = {"p": Param(0.5, _probability, hyper=True), "noise": Param("element", choice(*NOISE_SHAPES)),
-              "scale": Param(True, boolean)}
+    params = {
+        "p": Param(0.5, _probability, hyper=True),
+        "noise": Param("element", choice(*NOISE_SHAPES)),
+        "scale": Param(True, boolean),
+    }
     summary = "training-mode dropout or drop path: input * a Bernoulli(1 - p) mask / (1 - p), drawn as torch draws it"
-    traced_elsewhere = ("the tracer's dropout handler (F.dropout, dropout1d/2d/3d, nn.Dropout*) and its mask "
-                        "tracking (x.new_empty(shape).bernoulli_(keep).div_(keep) then x * mask: timm's DropPath, "
-                        "torchvision's StochasticDepth)")
+    traced_elsewhere = (
+        "the tracer's dropout handler (F.dropout, dropout1d/2d/3d, nn.Dropout*) and its mask "
+        "tracking (x.new_empty(shape).bernoulli_(keep).div_(keep) then x * mask: timm's DropPath, "
+        "torchvision's StochasticDepth)"
+    )
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = shapes["input"]
-        check.require(params["noise"] == "element" or len(shape) >= 2,
-                      f"a {params['noise']} mask needs an input [N, C, ...], not rank {len(shape)}",
-                      "use `noise: element`")
+        check.require(
+            params["noise"] == "element" or len(shape) >= 2,
+            f"a {params['noise']} mask needs an input [N, C, ...], not rank {len(shape)}",
+            "use `noise: element`",
+        )
         return shape
 
     def forward(self, node):
         source = node.operands["input"]
         from ..algebra import Params, TensorOp
 
-        params = Params.of(p=node.params["p"], noise=node.params["noise"], scale=node.params["scale"],
-                           rank=len(node.shapes["input"]))
-        mask = node.local("kept", TensorOp("dropout_mask", params, source),
-                          note=f"the units {node.name} keeps, scaled by 1 / (1 - p), drawn as the model draws them")
+        params = Params.of(
+            p=node.params["p"], noise=node.params["noise"], scale=node.params["scale"], rank=len(node.shapes["input"])
+        )
+        mask = node.local(
+            "kept",
+            TensorOp("dropout_mask", params, source),
+            note=f"the units {node.name} keeps, scaled by 1 / (1 - p), drawn as the model draws them",
+        )
         return Forward(source * mask)
 
     def pullback(self, node, grad, wanted):
@@ -104,8 +125,12 @@ class Dropout(Rule):
 
         source, keep = arguments["input"], 1 - params["p"]
         rank = source.dim()
-        shape = {"element": tuple(source.shape), "channel": (*source.shape[:2], *[1] * (rank - 2)),
-                 "row": (source.shape[0], *[1] * (rank - 1)), "batch": (1,) * rank}[params["noise"]]
+        shape = {
+            "element": tuple(source.shape),
+            "channel": (*source.shape[:2], *[1] * (rank - 2)),
+            "row": (source.shape[0], *[1] * (rank - 1)),
+            "batch": (1,) * rank,
+        }[params["noise"]]
         mask = torch.empty(shape, dtype=source.dtype, device=source.device).bernoulli_(keep)
         return source * (mask.div_(keep) if params["scale"] and keep > 0 else mask)
 
@@ -118,12 +143,19 @@ RULES = [Dropout()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "dropout": [
-        Sample("dropout", {"x": [4, 3, 5, 6], "y": [4, 3, 5, 6]}, [{"op": "dropout", "p": 0.3}],
-               ["x"]),
-        Sample("dropout2d-channel", {"x": [4, 5, 3, 4], "y": [4, 5, 3, 4]},
-               [{"op": "dropout", "p": 0.2, "noise": "channel"}], ["x"]),
-        Sample("drop-path-row-unscaled", {"x": [6, 3, 4], "y": [6, 3, 4]},
-               [{"op": "dropout", "p": 0.4, "noise": "row", "scale": False}], ["x"]),
+        Sample("dropout", {"x": [4, 3, 5, 6], "y": [4, 3, 5, 6]}, [{"op": "dropout", "p": 0.3}], ["x"]),
+        Sample(
+            "dropout2d-channel",
+            {"x": [4, 5, 3, 4], "y": [4, 5, 3, 4]},
+            [{"op": "dropout", "p": 0.2, "noise": "channel"}],
+            ["x"],
+        ),
+        Sample(
+            "drop-path-row-unscaled",
+            {"x": [6, 3, 4], "y": [6, 3, 4]},
+            [{"op": "dropout", "p": 0.4, "noise": "row", "scale": False}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -24,8 +24,14 @@ from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, Sample, S
 INPUT, OTHER = sympy.symbols("input other", real=True)
 
 
-def _call_primitive(name: str, call: str, math: Callable[..., sympy.Expr], inplace: str | bool | None,
-                    derivative: Callable[..., sympy.Expr], defaults: dict):
+def _call_primitive(
+    name: str,
+    call: str,
+    math: Callable[..., sympy.Expr],
+    inplace: str | bool | None,
+    derivative: Callable[..., sympy.Expr],
+    defaults: dict,
+):
     def code(operands, params, show):
         return f"{call}({', '.join(operands)}{keyword_arguments(params, defaults, show)})"
 
@@ -43,8 +49,9 @@ def _call_primitive(name: str, call: str, math: Callable[..., sympy.Expr], inpla
         (operand,) = expr.operands
         return derivative(operand, dict(expr.params.items())) * tangent_of(operand)
 
-    primitive(name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent,
-              recomputable=True)
+    primitive(
+        name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent, recomputable=True
+    )
 
 
 @dataclass
@@ -87,9 +94,14 @@ class Elementwise(Rule):
         self.calls = self.calls or (self.op, f"{self.op}_")
         if self.call is not None:
             defaults = {key: param.default for key, param in self.params.items()}
-            _call_primitive(self.op, self.call, self.formula, self.inplace,
-                            lambda operand, params: self.local_derivative(INPUT, params).xreplace({INPUT: operand}),
-                            defaults)
+            _call_primitive(
+                self.op,
+                self.call,
+                self.formula,
+                self.inplace,
+                lambda operand, params: self.local_derivative(INPUT, params).xreplace({INPUT: operand}),
+                defaults,
+            )
 
     @property
     def scalars(self) -> tuple[sympy.Symbol, ...]:
@@ -102,14 +114,18 @@ class Elementwise(Rule):
         """The op's params as sympy values: the node's, or PyTorch's defaults (for the ops table)."""
         if params is not None:
             return dict(params)
-        return {key: (number(param.default, None) if isinstance(param.default, (int, float)) else param.default)
-                for key, param in self.params.items()}
+        return {
+            key: (number(param.default, None) if isinstance(param.default, (int, float)) else param.default)
+            for key, param in self.params.items()
+        }
 
     def infer_shape(self, shapes, params, check: Checker):
         if "min_val" in params and "max_val" in params:  # hardtanh
-            check.require(params["min_val"] <= params["max_val"],
-                          f"min_val {params['min_val']} is greater than max_val {params['max_val']} (PyTorch refuses it)",
-                          "give a min_val no greater than max_val")
+            check.require(
+                params["min_val"] <= params["max_val"],
+                f"min_val {params['min_val']} is greater than max_val {params['max_val']} (PyTorch refuses it)",
+                "give a min_val no greater than max_val",
+            )
         if len(shapes) == 1:
             return next(iter(shapes.values()))
         left, right = shapes["input"], shapes["other"]
@@ -121,14 +137,18 @@ class Elementwise(Rule):
                 check.equal(a, b, "", "")  # the solver keeps operands the same shape
                 out.append(a)
                 continue
-            check.require(a == b or a == 1 or b == 1,
-                          f"operands of shapes {shapes['input']} and {shapes['other']} do not broadcast (axis {axis}: {a} vs {b})",
-                          "make the sizes equal, or 1 on one side")
+            check.require(
+                a == b or a == 1 or b == 1,
+                f"operands of shapes {shapes['input']} and {shapes['other']} do not broadcast (axis {axis}: {a} vs {b})",
+                "make the sizes equal, or 1 on one side",
+            )
             out.append(max(a, b))
         return tuple(out)
 
     def _substitute(self, expr: sympy.Expr, node: NodeSymbols) -> sympy.Expr:
-        return expr.xreplace({scalar: node.operands[operand.name] for scalar, operand in zip(self.scalars, self.operands)})
+        return expr.xreplace(
+            {scalar: node.operands[operand.name] for scalar, operand in zip(self.scalars, self.operands)}
+        )
 
     def forward(self, node: NodeSymbols) -> Forward:
         math = self._substitute(self.scalar_forward(node.params), node)
@@ -145,8 +165,11 @@ class Elementwise(Rule):
         cache = self.__dict__.setdefault("_derivatives", {})
         key = (scalar, tuple(sorted(self._values(params).items(), key=lambda item: item[0])))
         if key not in cache:
-            derivative = (self.derivative(*self.scalars, **self._values(params)) if self.derivative is not None
-                          else sympy.diff(self.scalar_forward(params), scalar))
+            derivative = (
+                self.derivative(*self.scalars, **self._values(params))
+                if self.derivative is not None
+                else sympy.diff(self.scalar_forward(params), scalar)
+            )
             derivative = derivative.replace(sympy.DiracDelta, lambda *_: sympy.Integer(0))
             cache[key] = derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
         return cache[key]
@@ -175,9 +198,13 @@ class Elementwise(Rule):
 
 def _binary(name: str, formula, summary: str, calls: tuple[str, ...], hyper: bool = False) -> Elementwise:
     """``hyper``: a constant ``other`` may be a block's per-instance hyper (a scale: mul, div)."""
-    return Elementwise(name, formula, summary=summary, calls=calls,
-                       operands=(Operand("input", from_in=True),
-                                 Operand("other", from_in=True, constant_ok=True, hyper=hyper)))
+    return Elementwise(
+        name,
+        formula,
+        summary=summary,
+        calls=calls,
+        operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True, hyper=hyper)),
+    )
 
 
 def unary(name: str, formula, call: str | None, summary: str, **options) -> Elementwise:
@@ -209,94 +236,146 @@ def _clamp_derivative(x, min=None, max=None):
 
 
 RULES = [
-    _binary("add", lambda a, b: a + b, "elementwise sum, broadcasting",
-            ("add", "add_", "__add__", "__iadd__", "__radd__")),
-    _binary("sub", lambda a, b: a - b, "elementwise difference, broadcasting",
-            ("sub", "sub_", "__sub__", "__isub__", "subtract")),
-    _binary("mul", lambda a, b: a * b, "elementwise product (or scaling by a constant), broadcasting",
-            ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply"), hyper=True),
-    _binary("div", lambda a, b: a / b, "elementwise quotient, broadcasting",
-            ("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"), hyper=True),
+    _binary(
+        "add", lambda a, b: a + b, "elementwise sum, broadcasting", ("add", "add_", "__add__", "__iadd__", "__radd__")
+    ),
+    _binary(
+        "sub",
+        lambda a, b: a - b,
+        "elementwise difference, broadcasting",
+        ("sub", "sub_", "__sub__", "__isub__", "subtract"),
+    ),
+    _binary(
+        "mul",
+        lambda a, b: a * b,
+        "elementwise product (or scaling by a constant), broadcasting",
+        ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply"),
+        hyper=True,
+    ),
+    _binary(
+        "div",
+        lambda a, b: a / b,
+        "elementwise quotient, broadcasting",
+        ("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"),
+        hyper=True,
+    ),
     unary("neg", lambda x: -x, None, "negation", calls=("neg", "neg_", "__neg__", "negative")),
-    unary("pow", lambda x, exponent: x ** exponent, None, "power by a constant exponent",
-          params={"exponent": number_param(2)}, calls=("pow", "pow_", "__pow__", "__ipow__")),
+    unary(
+        "pow",
+        lambda x, exponent: x**exponent,
+        None,
+        "power by a constant exponent",
+        params={"exponent": number_param(2)},
+        calls=("pow", "pow_", "__pow__", "__ipow__"),
+    ),
     unary("exp", sympy.exp, "torch.exp", "exponential", from_output=lambda out: out),
     unary("log", sympy.log, "torch.log", "natural logarithm"),
     unary("sin", sympy.sin, "torch.sin", "sine (timestep and position embeddings)"),
     unary("cos", sympy.cos, "torch.cos", "cosine (timestep and position embeddings)"),
     # every traced clamp is this op (x.clamp(min=0) too: autograd's clamp passes the gradient at a bound,
     # relu's does not), one-sided to another bound as SwinV2's logit scale, clamp(max=log(100))
-    unary("clamp", _clamp, "torch.clamp", "x clamped to [min, max], either side optional; derivative 1 from "
-          "min to max, both included, as in PyTorch", derivative=_clamp_derivative,
-          params={"min": Param(None, _bound), "max": Param(None, _bound)}, calls=("clamp", "clamp_", "clip", "clip_")),
+    unary(
+        "clamp",
+        _clamp,
+        "torch.clamp",
+        "x clamped to [min, max], either side optional; derivative 1 from min to max, both included, as in PyTorch",
+        derivative=_clamp_derivative,
+        params={"min": Param(None, _bound), "max": Param(None, _bound)},
+        calls=("clamp", "clamp_", "clip", "clip_"),
+    ),
     unary("sqrt", sympy.sqrt, "torch.sqrt", "square root", from_output=lambda out: 1 / (2 * out)),
-    unary("abs", sympy.Abs, "torch.abs", "absolute value; derivative sign(x), 0 at 0 as in PyTorch",
-          calls=("abs", "abs_", "__abs__", "absolute")),
+    unary(
+        "abs",
+        sympy.Abs,
+        "torch.abs",
+        "absolute value; derivative sign(x), 0 at 0 as in PyTorch",
+        calls=("abs", "abs_", "__abs__", "absolute"),
+    ),
 ]
 
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "add": [
-        Sample("add", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "add", "in": ["a", "b"]}],
-               ["a", "b"]),
-        Sample("residual-branch-sum", {"x": [2, 2, 6, 6], "w": [2, 2, 3, 3], "y": [2, 2, 6, 6]},
-               [{"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
-                {"op": "relu", "out": "a"}, {"op": "add", "in": ["a", "x"], "out": "r"}],
-               ["x", "w"]),
+        Sample("add", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "add", "in": ["a", "b"]}], ["a", "b"]),
+        Sample(
+            "residual-branch-sum",
+            {"x": [2, 2, 6, 6], "w": [2, 2, 3, 3], "y": [2, 2, 6, 6]},
+            [
+                {"op": "conv2d", "weight": "w", "padding": 1, "out": "h"},
+                {"op": "relu", "out": "a"},
+                {"op": "add", "in": ["a", "x"], "out": "r"},
+            ],
+            ["x", "w"],
+        ),
         # two strided convs read one node: their adjoints (with symbolic output_padding) are summed
-        Sample("two-strided-convs-share-input",
-               {"x": [2, 2, 9, 9], "u": [2, 2, 3, 3], "v": [2, 2, 3, 3], "y": [2, 2, 4, 4]},
-               [{"op": "conv2d", "in": "x", "weight": "u", "stride": 2, "out": "p"},
+        Sample(
+            "two-strided-convs-share-input",
+            {"x": [2, 2, 9, 9], "u": [2, 2, 3, 3], "v": [2, 2, 3, 3], "y": [2, 2, 4, 4]},
+            [
+                {"op": "conv2d", "in": "x", "weight": "u", "stride": 2, "out": "p"},
                 {"op": "conv2d", "in": "x", "weight": "v", "stride": 2, "out": "q"},
-                {"op": "add", "in": ["p", "q"], "out": "s"}],
-               ["x", "u", "v"]),
+                {"op": "add", "in": ["p", "q"], "out": "s"},
+            ],
+            ["x", "u", "v"],
+        ),
     ],
     "sub": [
-        Sample("sub", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["a", "b"]}],
-               ["a", "b"]),
+        Sample("sub", {"a": [2, 3], "b": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["a", "b"]}], ["a", "b"]),
         Sample("sub-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "sub", "other": 3}], ["a"]),
         # found by the fuzzer: sympy folds x - x to the number 0; forward and gradient must stay
         # tensors
-        Sample("sub-same-node-cancels", {"x": [2, 3], "y": [2, 3]},
-               [{"op": "sub", "in": ["x", "x"]}], ["x"]),
-        Sample("conv-of-cancelled-difference",
-               {"x": [1, 1, 5, 5], "w": [1, 1, 1, 1], "y": [1, 1, 5, 5]},
-               [{"op": "sub", "in": ["x", "x"], "out": "d"},
-                {"op": "conv2d", "weight": "w", "out": "c"}],
-               ["x", "w"]),
+        Sample("sub-same-node-cancels", {"x": [2, 3], "y": [2, 3]}, [{"op": "sub", "in": ["x", "x"]}], ["x"]),
+        Sample(
+            "conv-of-cancelled-difference",
+            {"x": [1, 1, 5, 5], "w": [1, 1, 1, 1], "y": [1, 1, 5, 5]},
+            [{"op": "sub", "in": ["x", "x"], "out": "d"}, {"op": "conv2d", "weight": "w", "out": "c"}],
+            ["x", "w"],
+        ),
     ],
     "mul": [
-        Sample("mul-broadcast", {"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]},
-               [{"op": "mul", "in": ["a", "b"]}], ["a", "b"]),
+        Sample(
+            "mul-broadcast",
+            {"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]},
+            [{"op": "mul", "in": ["a", "b"]}],
+            ["a", "b"],
+        ),
         Sample("mul-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "mul", "other": 0.25}], ["a"]),
-        Sample("same-node-both-operands", {"x": [2, 3], "y": [2, 3]},
-               [{"op": "mul", "in": ["x", "x"]}], ["x"]),
+        Sample("same-node-both-operands", {"x": [2, 3], "y": [2, 3]}, [{"op": "mul", "in": ["x", "x"]}], ["x"]),
     ],
     "div": [
-        Sample("div-broadcast", {"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]},
-               [{"op": "softplus", "in": "b", "out": "pb"}, {"op": "div", "in": ["a", "pb"]}],
-               ["a", "b"]),
+        Sample(
+            "div-broadcast",
+            {"a": [2, 3, 4], "b": [3, 1], "y": [2, 3, 4]},
+            [{"op": "softplus", "in": "b", "out": "pb"}, {"op": "div", "in": ["a", "pb"]}],
+            ["a", "b"],
+        ),
         Sample("div-constant", {"a": [2, 3], "y": [2, 3]}, [{"op": "div", "other": 4}], ["a"]),
     ],
     "neg": [
         Sample("neg", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "neg"}], ["x"]),
     ],
     "pow": [
-        Sample("pow-exponent=3", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow", "exponent": 3}],
-               ["x"]),
+        Sample("pow-exponent=3", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow", "exponent": 3}], ["x"]),
         # pow's default exponent (2) must reach PyTorch
         Sample("pow", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "pow"}], ["x"]),
-        Sample("pow-of-positive-exponent=0.5", {"x": [2, 3, 5], "y": [2, 3, 5]},
-               [{"op": "softplus"}, {"op": "pow", "exponent": 0.5}], ["x"]),
-        Sample("pow-of-positive-exponent=-1.5", {"x": [2, 3, 5], "y": [2, 3, 5]},
-               [{"op": "softplus"}, {"op": "pow", "exponent": -1.5}], ["x"]),
+        Sample(
+            "pow-of-positive-exponent=0.5",
+            {"x": [2, 3, 5], "y": [2, 3, 5]},
+            [{"op": "softplus"}, {"op": "pow", "exponent": 0.5}],
+            ["x"],
+        ),
+        Sample(
+            "pow-of-positive-exponent=-1.5",
+            {"x": [2, 3, 5], "y": [2, 3, 5]},
+            [{"op": "softplus"}, {"op": "pow", "exponent": -1.5}],
+            ["x"],
+        ),
     ],
     "exp": [
         Sample("exp", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "exp"}], ["x"]),
     ],
     "log": [
-        Sample("log-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]},
-               [{"op": "softplus"}, {"op": "log"}], ["x"]),
+        Sample("log-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}, {"op": "log"}], ["x"]),
     ],
     "sin": [
         Sample("sin", {"x": [2, 3, 4], "y": [2, 3, 4]}, [{"op": "sin", "out": "out"}], ["x"]),
@@ -305,14 +384,16 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
         Sample("cos", {"x": [2, 3, 4], "y": [2, 3, 4]}, [{"op": "cos", "out": "out"}], ["x"]),
     ],
     "clamp": [
-        Sample("clamp-max-only", {"x": [2, 3, 4], "y": [2, 3, 4]},
-               [{"op": "clamp", "max": 0.5, "out": "out"}], ["x"]),
-        Sample("clamp-both", {"x": [2, 3, 4], "y": [2, 3, 4]},
-               [{"op": "clamp", "min": -0.25, "max": 0.75, "out": "out"}], ["x"]),
+        Sample("clamp-max-only", {"x": [2, 3, 4], "y": [2, 3, 4]}, [{"op": "clamp", "max": 0.5, "out": "out"}], ["x"]),
+        Sample(
+            "clamp-both",
+            {"x": [2, 3, 4], "y": [2, 3, 4]},
+            [{"op": "clamp", "min": -0.25, "max": 0.75, "out": "out"}],
+            ["x"],
+        ),
     ],
     "sqrt": [
-        Sample("sqrt-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]},
-               [{"op": "softplus"}, {"op": "sqrt"}], ["x"]),
+        Sample("sqrt-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}, {"op": "sqrt"}], ["x"]),
     ],
     "abs": [
         Sample("abs", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "abs"}], ["x"]),

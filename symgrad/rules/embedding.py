@@ -36,15 +36,26 @@ def _embedding_back_code(operands, params, show):
     return added if padding is None else f"{added}.index_fill(0, {index}.new_tensor([{padding}]), 0)"
 
 
-primitive("embedding", code=_embedding_code,
-          latex=lambda operands, params, show: rf"{operands[1]}\left[{operands[0]}\right]",
-          tangent=lambda expr, tangent_of: op("embedding", expr.operands[0], tangent_of(expr.operands[1]),
-                                              **dict(expr.params.items())))
-primitive("embedding_back", code=_embedding_back_code, shape_operands=(1,),
-          latex=lambda operands, params, show: rf"\operatorname{{index\_add}}_{{0}}\left({operands[0]}, "
-                                               rf"{operands[2]}\right)",
-          tangent=lambda expr, tangent_of: op("embedding_back", tangent_of(expr.operands[0]), *expr.operands[1:],
-                                              **dict(expr.params.items())))
+primitive(
+    "embedding",
+    code=_embedding_code,
+    latex=lambda operands, params, show: rf"{operands[1]}\left[{operands[0]}\right]",
+    tangent=lambda expr, tangent_of: op(
+        "embedding", expr.operands[0], tangent_of(expr.operands[1]), **dict(expr.params.items())
+    ),
+)
+primitive(
+    "embedding_back",
+    code=_embedding_back_code,
+    shape_operands=(1,),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{index\_add}}_{{0}}\left({operands[0]}, "
+        rf"{operands[2]}\right)"
+    ),
+    tangent=lambda expr, tangent_of: op(
+        "embedding_back", tangent_of(expr.operands[0]), *expr.operands[1:], **dict(expr.params.items())
+    ),
+)
 
 
 def _padding_idx(value, context: ParamContext) -> int | None:
@@ -71,50 +82,74 @@ class Embedding(Rule):
 
     def reference(self, arguments, params):
         import torch
-        return torch.nn.functional.embedding(arguments["input"], arguments["weight"], padding_idx=params.get("padding_idx"))
+
+        return torch.nn.functional.embedding(
+            arguments["input"], arguments["weight"], padding_idx=params.get("padding_idx")
+        )
 
     def _padding(self, node) -> int | None:
         return node.params["padding_idx"]  # as written: a negative one counts from the end at run time too
 
     def infer_shape(self, shapes, params, check: Checker):
         index, weight = shapes["input"], shapes["weight"]
-        check.require(len(weight) == 2, f"weight has {len(weight)} dims: an embedding table is [num_embeddings, "
-                      "embedding_dim]", "give a 2-d weight, as nn.Embedding's")
+        check.require(
+            len(weight) == 2,
+            f"weight has {len(weight)} dims: an embedding table is [num_embeddings, embedding_dim]",
+            "give a 2-d weight, as nn.Embedding's",
+        )
         check.require(len(index) >= 1, "input is 0-dim", "give the indices at least one dim (unsqueeze them)")
         padding = params["padding_idx"]
         if padding is not None:  # a row of the table: rows > padding_idx >= -rows
-            check.positive(weight[0] - padding if padding >= 0 else weight[0] + padding + 1,
-                           lambda: f"padding_idx {padding} is not a row of a table of {weight[0]} rows",
-                           "give a padding_idx within the table's rows")
+            check.positive(
+                weight[0] - padding if padding >= 0 else weight[0] + padding + 1,
+                lambda: f"padding_idx {padding} is not a row of a table of {weight[0]} rows",
+                "give a padding_idx within the table's rows",
+            )
         return (*index, weight[1])
 
     def forward(self, node):
-        return Forward(op("embedding", node.operands["input"], node.operands["weight"], padding_idx=self._padding(node)))
+        return Forward(
+            op("embedding", node.operands["input"], node.operands["weight"], padding_idx=self._padding(node))
+        )
 
     def pullback(self, node, grad, wanted):
         unsupported = wanted - {"weight"}
         if unsupported:
             raise NotImplementedError(f"embedding's {sorted(unsupported)} holds integers: it has no gradient")
-        return {"weight": op("embedding_back", grad, node.operands["weight"], node.operands["input"],
-                             padding_idx=self._padding(node))}
+        return {
+            "weight": op(
+                "embedding_back", grad, node.operands["weight"], node.operands["input"], padding_idx=self._padding(node)
+            )
+        }
 
     def table_row(self):
-        return (self.op, "out = weight[input] (input int64 indices; F.embedding)",
-                "grad_weight = zeros(weight.shape).index_add(0, input.flatten(), grad_out rows); row padding_idx 0")
+        return (
+            self.op,
+            "out = weight[input] (input int64 indices; F.embedding)",
+            "grad_weight = zeros(weight.shape).index_add(0, input.flatten(), grad_out rows); row padding_idx 0",
+        )
 
 
 RULES = [Embedding()]
 
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
-    ("embedding (a row read twice, one never)", {"w": (5, 2), "i": {"int64": [[3, 0, 0], [1, 2, 1]]}},
-     {"op": "embedding", "in": "i", "weight": "w"}, ("w",)),
+    (
+        "embedding (a row read twice, one never)",
+        {"w": (5, 2), "i": {"int64": [[3, 0, 0], [1, 2, 1]]}},
+        {"op": "embedding", "in": "i", "weight": "w"},
+        ("w",),
+    ),
 ]  # padding_idx is left out: PyTorch's gradient of that row is 0 by definition, not the forward's transpose
 
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "embedding": [
-        Sample("embedding", {"w": [5, 3], "i": {"shape": [2, 4], "dtype": "int64"}, "y": [2, 4, 3]},
-               [{"op": "embedding", "in": "i", "weight": "w"}], ["w"]),
+        Sample(
+            "embedding",
+            {"w": [5, 3], "i": {"shape": [2, 4], "dtype": "int64"}, "y": [2, 4, 3]},
+            [{"op": "embedding", "in": "i", "weight": "w"}],
+            ["w"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -30,30 +30,41 @@ def _full_code(operands, params, show):
     return f"{like}.new_full(({shown}{',' if len(sizes) == 1 else ''}), {params['fill_value']!r})"
 
 
-primitive("full", code=_full_code,
-          latex=lambda operands, params, show: rf"{params['fill_value']!r} \cdot \mathbf{{1}}", tangent=CONSTANT)
+primitive(
+    "full",
+    code=_full_code,
+    latex=lambda operands, params, show: rf"{params['fill_value']!r} \cdot \mathbf{{1}}",
+    tangent=CONSTANT,
+)
 
 
 def _sizes(value, context: ParamContext) -> tuple:
     """A list of positive ints and ``{like: NODE}`` (NODE's size at that dim), at least one of those."""
     if not isinstance(value, list) or not value:
-        raise context.fail(f"must be a list of sizes, not {value!r}",
-                           "write e.g. `size: [{like: x}, 1, {like: x}, {like: x}]`")
+        raise context.fail(
+            f"must be a list of sizes, not {value!r}", "write e.g. `size: [{like: x}, 1, {like: x}, {like: x}]`"
+        )
     sizes = []
     for dim, item in enumerate(value):
         if isinstance(item, Like):
             if item.dims is None and item.rank != len(value):
-                raise context.fail(f"entry {dim} is {item}, a size of '{item.node}', which has {item.rank} dims, "
-                                   f"not {len(value)}", "read each size from a node of the map's rank")
+                raise context.fail(
+                    f"entry {dim} is {item}, a size of '{item.node}', which has {item.rank} dims, not {len(value)}",
+                    "read each size from a node of the map's rank",
+                )
             sizes.append(item.size_at(dim))
         elif isinstance(item, int) and not isinstance(item, bool) and item >= 1:
             sizes.append(item)
         else:
-            raise context.fail(f"entry {dim} is {item!r}, neither a positive int nor {{like: NODE}}",
-                               "write a size, or {like: NODE} for NODE's size at this dim")
+            raise context.fail(
+                f"entry {dim} is {item!r}, neither a positive int nor {{like: NODE}}",
+                "write a size, or {like: NODE} for NODE's size at this dim",
+            )
     if not any(_reads(size) for size in sizes):
-        raise context.fail("reads no size from a node: a constant of fixed size is data, not a layer",
-                           "declare it under inputs, or read the sizes that follow the input with {like: NODE}")
+        raise context.fail(
+            "reads no size from a node: a constant of fixed size is data, not a layer",
+            "declare it under inputs, or read the sizes that follow the input with {like: NODE}",
+        )
     return tuple(sizes)
 
 
@@ -61,8 +72,10 @@ class Full(Rule):
     """``torch.full(size, fill_value)``, some sizes read from other nodes at run time."""
 
     op = "full"
-    traced_elsewhere = ("torch.full, torch.ones_like, torch.tensor, x.new_full ...: the tracer's constant handling "
-                        "makes a full layer of a one-value map read as a tensor")
+    traced_elsewhere = (
+        "torch.full, torch.ones_like, torch.tensor, x.new_full ...: the tracer's constant handling "
+        "makes a full layer of a one-value map read as a tensor"
+    )
     operands = ()
     params = {"size": Param(None, _sizes), "fill_value": Param(None, finite_float)}
     summary = "a tensor filled with one value, its sizes read from other nodes at run time; no gradient"
@@ -81,8 +94,11 @@ class Full(Rule):
         return {"size": params["size"], "fill_value": params["fill_value"], "dtype": torch.float64}
 
     def table_row(self):
-        return (self.op, "out = torch.full(size, fill_value), sizes read from other nodes ({like: x}) at run time",
-                "none: its value depends on no input")
+        return (
+            self.op,
+            "out = torch.full(size, fill_value), sizes read from other nodes ({like: x}) at run time",
+            "none: its value depends on no input",
+        )
 
 
 MAX_CONSTANT = 4096
@@ -95,14 +111,15 @@ def _constant_code(operands, params, show):
     return f"{operands[0]}.new_tensor([{values}]).reshape({shape}{',' if len(params['shape']) == 1 else ''})"
 
 
-primitive("constant", code=_constant_code, tangent=CONSTANT,
-          latex=lambda operands, params, show: r"\mathbf{c}")
+primitive("constant", code=_constant_code, tangent=CONSTANT, latex=lambda operands, params, show: r"\mathbf{c}")
 
 
 def _values(value, context: ParamContext) -> tuple:
     if not isinstance(value, list) or not value or len(value) > MAX_CONSTANT:
-        raise context.fail(f"must be a list of 1 to {MAX_CONSTANT} numbers",
-                           "write e.g. `values: [1.0, 0.5]`, or make a larger constant a buffer (an input)")
+        raise context.fail(
+            f"must be a list of 1 to {MAX_CONSTANT} numbers",
+            "write e.g. `values: [1.0, 0.5]`, or make a larger constant a buffer (an input)",
+        )
     return tuple(float(finite_float(item, context)) for item in value)
 
 
@@ -113,8 +130,10 @@ class Constant(Rule):
     dtype and on the device of ``like``, a node the layer reads for nothing else; no gradient."""
 
     op = "constant"
-    traced_elsewhere = ("torch.arange, torch.linspace, torch.tensor, ... and what is computed from them alone: the "
-                        "tracer's constant handling makes a constant layer of one read by a layer")
+    traced_elsewhere = (
+        "torch.arange, torch.linspace, torch.tensor, ... and what is computed from them alone: the "
+        "tracer's constant handling makes a constant layer of one read by a layer"
+    )
     operands = (Operand("like", from_in=True),)
     params = {"values": Param(None, _values), "shape": Param(None, ints)}
     summary = "a tensor of given values made in the network, in like's dtype and device; no gradient"
@@ -123,14 +142,19 @@ class Constant(Rule):
         return torch.tensor(params["values"], dtype=arguments["like"].dtype).reshape(params["shape"])
 
     def infer_shape(self, shapes, params, check: Checker):
-        check.require(params["values"] is not None and params["shape"] is not None, "needs values and shape",
-                      "write e.g. `values: [1.0, 0.5], shape: [2]`")
+        check.require(
+            params["values"] is not None and params["shape"] is not None,
+            "needs values and shape",
+            "write e.g. `values: [1.0, 0.5], shape: [2]`",
+        )
         size = 1
         for length in params["shape"]:
             size *= length
-        check.require(all(length >= 1 for length in params["shape"]) and size == len(params["values"]),
-                      f"shape {list(params['shape'])} does not hold the {len(params['values'])} values",
-                      "give a shape whose sizes multiply to the number of values")
+        check.require(
+            all(length >= 1 for length in params["shape"]) and size == len(params["values"]),
+            f"shape {list(params['shape'])} does not hold the {len(params['values'])} values",
+            "give a shape whose sizes multiply to the number of values",
+        )
         return tuple(params["shape"])
 
     def forward(self, node):
@@ -148,44 +172,61 @@ RULES = [Full(), Constant()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "full": [
-        Sample("full-map-sized-like-x-concatenated",
-               {"x": [2, 3, 5, 4], "w": [2, 4, 3, 3], "y": [2, 2, 3, 2]},
-               [{"op": "full", "size": [{"like": "x"}, 1, {"like": "x"}, {"like": "x"}],
-                 "fill_value": 0.25, "out": "level"},
+        Sample(
+            "full-map-sized-like-x-concatenated",
+            {"x": [2, 3, 5, 4], "w": [2, 4, 3, 3], "y": [2, 2, 3, 2]},
+            [
+                {
+                    "op": "full",
+                    "size": [{"like": "x"}, 1, {"like": "x"}, {"like": "x"}],
+                    "fill_value": 0.25,
+                    "out": "level",
+                },
                 {"op": "cat", "in": ["x", "level"], "dim": 1, "out": "joined"},
-                {"op": "conv2d", "in": "joined", "weight": "w", "out": "out"}],
-               ["x", "w"]),
+                {"op": "conv2d", "in": "joined", "weight": "w", "out": "out"},
+            ],
+            ["x", "w"],
+        ),
     ],
     "constant": [
-        Sample("constant-timestep-frequencies", {"t": [3], "y": [3, 4]},
-               [{"op": "unsqueeze", "in": "t", "dim": 1, "out": "column"},
-                {"op": "constant", "in": "t", "values": [1.0, 0.1, 0.01, 0.001], "shape": [1, 4],
-                 "out": "freqs"},
+        Sample(
+            "constant-timestep-frequencies",
+            {"t": [3], "y": [3, 4]},
+            [
+                {"op": "unsqueeze", "in": "t", "dim": 1, "out": "column"},
+                {"op": "constant", "in": "t", "values": [1.0, 0.1, 0.01, 0.001], "shape": [1, 4], "out": "freqs"},
                 {"op": "mul", "in": ["column", "freqs"], "out": "args"},
-                {"op": "sin", "in": "args"}],
-               ["t"]),
-        Sample("constant-read-for-dtype-only", {"t": [3], "y": [2, 2]},
-               [{"op": "constant", "in": "t", "values": [1.0, 0.5, -2.0, 0.25], "shape": [2, 2],
-                 "out": "c"},
+                {"op": "sin", "in": "args"},
+            ],
+            ["t"],
+        ),
+        Sample(
+            "constant-read-for-dtype-only",
+            {"t": [3], "y": [2, 2]},
+            [
+                {"op": "constant", "in": "t", "values": [1.0, 0.5, -2.0, 0.25], "shape": [2, 2], "out": "c"},
                 {"op": "sum", "in": "t", "dim": [0], "keepdim": True, "out": "s"},
-                {"op": "mul", "in": ["c", "s"]}],
-               ["t"]),
+                {"op": "mul", "in": ["c", "s"]},
+            ],
+            ["t"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "full": [
         # a map of one value made inside forward, read as a tensor, is a full layer with its sizes
         # read from x at run time (one value broadcast against a tensor is a number: see mul)
-        Spelling("torch.cat([x, torch.full((x.shape[0], 1, x.shape[2], x.shape[3]), 0.25, "
-                 "dtype=x.dtype)], 1)"),
+        Spelling("torch.cat([x, torch.full((x.shape[0], 1, x.shape[2], x.shape[3]), 0.25, dtype=x.dtype)], 1)"),
         Spelling("x[:, :1] * x.new_ones(x.shape[0], 4, *x.shape[2:])"),
     ],
     "constant": [
         # diffusers' sinusoidal timestep embedding: the frequencies, made from numbers alone, a
         # constant layer
-        Spelling("torch.cat([torch.sin(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) "
-                 "/ 4)[None]), torch.cos(t[:, None] * torch.exp(-math.log(10000) * "
-                 "torch.arange(4) / 4)[None])], dim=-1)",
-                 {"t": (3,)}),
+        Spelling(
+            "torch.cat([torch.sin(t[:, None] * torch.exp(-math.log(10000) * torch.arange(4) "
+            "/ 4)[None]), torch.cos(t[:, None] * torch.exp(-math.log(10000) * "
+            "torch.arange(4) / 4)[None])], dim=-1)",
+            {"t": (3,)},
+        ),
     ],
 }

@@ -19,16 +19,31 @@ from __future__ import annotations
 from ..algebra import op, primitive
 from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, one_dim
 
-primitive("gather", code=lambda operands, params, show: f"{operands[0]}.gather({params['dim']}, {operands[1]})",
-          latex=lambda operands, params, show: rf"\operatorname{{gather}}_{{{params['dim']}}}\left({operands[0]}, "
-                                               rf"{operands[1]}\right)", tangent=lambda expr, tangent_of: op(
-              "gather", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())))
-primitive("scatter_add_back", shape_operands=(1,), code=lambda operands, params, show: (
-    f"{operands[0]}.new_zeros({operands[1]}).scatter_add({params['dim']}, {operands[2]}, {operands[0]})"),
-    latex=lambda operands, params, show: rf"\operatorname{{scatter\_add}}_{{{params['dim']}}}\left({operands[0]}, "
-                                         rf"{operands[2]}\right)",
-    tangent=lambda expr, tangent_of: op("scatter_add_back", tangent_of(expr.operands[0]), *expr.operands[1:],
-                                        **dict(expr.params.items())))
+primitive(
+    "gather",
+    code=lambda operands, params, show: f"{operands[0]}.gather({params['dim']}, {operands[1]})",
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{gather}}_{{{params['dim']}}}\left({operands[0]}, "
+        rf"{operands[1]}\right)"
+    ),
+    tangent=lambda expr, tangent_of: op(
+        "gather", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())
+    ),
+)
+primitive(
+    "scatter_add_back",
+    shape_operands=(1,),
+    code=lambda operands, params, show: (
+        f"{operands[0]}.new_zeros({operands[1]}).scatter_add({params['dim']}, {operands[2]}, {operands[0]})"
+    ),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{scatter\_add}}_{{{params['dim']}}}\left({operands[0]}, "
+        rf"{operands[2]}\right)"
+    ),
+    tangent=lambda expr, tangent_of: op(
+        "scatter_add_back", tangent_of(expr.operands[0]), *expr.operands[1:], **dict(expr.params.items())
+    ),
+)
 
 
 class Gather(Rule):
@@ -46,20 +61,29 @@ class Gather(Rule):
 
     def reference(self, arguments, params):
         import torch
+
         return torch.gather(arguments["input"], params["dim"], arguments["index"])
 
     def infer_shape(self, shapes, params, check: Checker):
         x, index = shapes["input"], shapes["index"]
-        check.require(-len(x) <= params["dim"] < len(x),
-                      f"dim {params['dim']} is out of range for a {len(x)}-dim input",
-                      f"give a dim in {-len(x)}..{len(x) - 1}")
-        check.require(len(index) == len(x), f"index has {len(index)} dims, input {len(x)}: gather takes an index of "
-                      "the input's rank", "give the index as many dims as the input (unsqueeze it in the buffer)")
+        check.require(
+            -len(x) <= params["dim"] < len(x),
+            f"dim {params['dim']} is out of range for a {len(x)}-dim input",
+            f"give a dim in {-len(x)}..{len(x) - 1}",
+        )
+        check.require(
+            len(index) == len(x),
+            f"index has {len(index)} dims, input {len(x)}: gather takes an index of the input's rank",
+            "give the index as many dims as the input (unsqueeze it in the buffer)",
+        )
         dim = params["dim"] % len(x)
         for d in range(len(x)):
             if d != dim:
-                check.positive(x[d] - index[d] + 1, lambda: f"index {tuple(index)} is larger than input {tuple(x)} "
-                               f"outside dim {dim}", "give the index at most the input's size in every other dim")
+                check.positive(
+                    x[d] - index[d] + 1,
+                    lambda: f"index {tuple(index)} is larger than input {tuple(x)} outside dim {dim}",
+                    "give the index at most the input's size in every other dim",
+                )
         return tuple(index)
 
     def forward(self, node):
@@ -74,28 +98,45 @@ class Gather(Rule):
         return {"input": op("scatter_add_back", grad, node.operands["input"], node.operands["index"], dim=dim)}
 
     def table_row(self):
-        return (self.op, "out = input.gather(dim, index) (index a constant int64 tensor)",
-                "grad_input = zeros(input.shape).scatter_add(dim, index, grad_out)")
+        return (
+            self.op,
+            "out = input.gather(dim, index) (index a constant int64 tensor)",
+            "grad_input = zeros(input.shape).scatter_add(dim, index, grad_out)",
+        )
 
 
 RULES = [Gather()]
 
 CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad certify` proves each adjoint exact
-    ("gather (an entry read twice, one never)", {"x": (2, 4), "i": {"int64": [[3, 0, 0], [1, 2, 1]]}},
-     {"op": "gather", "in": "x", "index": "i", "dim": 1}, ("x",)),
-    ("gather along dim 0", {"x": (3, 2, 2), "i": {"int64": [[[2, 0]], [[2, 2]]]}},
-     {"op": "gather", "in": "x", "index": "i", "dim": 0}, ("x",)),
+    (
+        "gather (an entry read twice, one never)",
+        {"x": (2, 4), "i": {"int64": [[3, 0, 0], [1, 2, 1]]}},
+        {"op": "gather", "in": "x", "index": "i", "dim": 1},
+        ("x",),
+    ),
+    (
+        "gather along dim 0",
+        {"x": (3, 2, 2), "i": {"int64": [[[2, 0]], [[2, 2]]]}},
+        {"op": "gather", "in": "x", "index": "i", "dim": 0},
+        ("x",),
+    ),
 ]
 
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "gather": [
-        Sample("gather-dim1",
-               {"x": [2, 5, 3], "i": {"shape": [2, 4, 3], "dtype": "int64"}, "y": [2, 4, 3]},
-               [{"op": "gather", "in": "x", "index": "i", "dim": 1}], ["x"]),
-        Sample("gather-last-dim-index-smaller-and-longer",
-               {"x": [3, 4, 5], "i": {"shape": [2, 4, 7], "dtype": "int64"}, "y": [2, 4, 7]},
-               [{"op": "gather", "in": "x", "index": "i", "dim": -1}], ["x"]),
+        Sample(
+            "gather-dim1",
+            {"x": [2, 5, 3], "i": {"shape": [2, 4, 3], "dtype": "int64"}, "y": [2, 4, 3]},
+            [{"op": "gather", "in": "x", "index": "i", "dim": 1}],
+            ["x"],
+        ),
+        Sample(
+            "gather-last-dim-index-smaller-and-longer",
+            {"x": [3, 4, 5], "i": {"shape": [2, 4, 7], "dtype": "int64"}, "y": [2, 4, 7]},
+            [{"op": "gather", "in": "x", "index": "i", "dim": -1}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

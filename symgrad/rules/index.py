@@ -30,18 +30,31 @@ def _index_add_code(operands, params, show):
     return f"torch.index_add({grad}.new_zeros({shape}), {dim}, {index}.flatten() % {shape}[{dim}], {flat})"
 
 
-primitive("index", code=_index_code, latex=lambda operands, params, show: f"{operands[0]}[{operands[1]}]",
-          tangent=lambda expr, tangent_of: op("index", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())))
-primitive("index_add_back", code=_index_add_code, shape_operands=(1,),
-          latex=lambda operands, params, show: rf"\operatorname{{index\_add}}\left({operands[0]}\right)",
-          tangent=lambda expr, tangent_of: op("index_add_back", tangent_of(expr.operands[0]), *expr.operands[1:],
-                                              **dict(expr.params.items())))
+primitive(
+    "index",
+    code=_index_code,
+    latex=lambda operands, params, show: f"{operands[0]}[{operands[1]}]",
+    tangent=lambda expr, tangent_of: op(
+        "index", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())
+    ),
+)
+primitive(
+    "index_add_back",
+    code=_index_add_code,
+    shape_operands=(1,),
+    latex=lambda operands, params, show: rf"\operatorname{{index\_add}}\left({operands[0]}\right)",
+    tangent=lambda expr, tangent_of: op(
+        "index_add_back", tangent_of(expr.operands[0]), *expr.operands[1:], **dict(expr.params.items())
+    ),
+)
 
 
 class Index(Rule):
     op = "index"
-    traced_elsewhere = ("x[:, idx], table[idx.reshape(-1)] with an int64 buffer or input idx: the tracer's indexing "
-                        "handler (symgrad/trace/indexing.py)")
+    traced_elsewhere = (
+        "x[:, idx], table[idx.reshape(-1)] with an int64 buffer or input idx: the tracer's indexing "
+        "handler (symgrad/trace/indexing.py)"
+    )
     operands = (Operand("input", from_in=True), Operand("index"))
     index_operands = ("index",)
     params = {"dim": Param(0, one_dim)}
@@ -55,11 +68,14 @@ class Index(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         x, index = shapes["input"], shapes["index"]
-        check.require(-len(x) <= params["dim"] < len(x), f"dim {params['dim']} is out of range for a {len(x)}-dim input",
-                      f"give a dim in {-len(x)}..{len(x) - 1}")
+        check.require(
+            -len(x) <= params["dim"] < len(x),
+            f"dim {params['dim']} is out of range for a {len(x)}-dim input",
+            f"give a dim in {-len(x)}..{len(x) - 1}",
+        )
         check.require(len(index) >= 1, "index must have at least one dim", "give a 1-d or larger int64 index")
         dim = params["dim"] % len(x)
-        return tuple(x[:dim]) + tuple(index) + tuple(x[dim + 1:])
+        return tuple(x[:dim]) + tuple(index) + tuple(x[dim + 1 :])
 
     def forward(self, node):
         dim = node.params["dim"] % len(node.shapes["input"])
@@ -70,13 +86,24 @@ class Index(Rule):
         if unsupported:
             raise NotImplementedError(f"index's {sorted(unsupported)} holds integers: it has no gradient")
         dim = node.params["dim"] % len(node.shapes["input"])
-        return {"input": op("index_add_back", grad, node.operands["input"], node.operands["index"], dim=dim,
-                            index_rank=len(node.shapes["index"]))}
+        return {
+            "input": op(
+                "index_add_back",
+                grad,
+                node.operands["input"],
+                node.operands["index"],
+                dim=dim,
+                index_rank=len(node.shapes["index"]),
+            )
+        }
 
     def table_row(self):
-        return (self.op, "out = input[:, ..., index] (index along dim)",
-                "grad_input = zeros(input.shape).index_add(dim, index.flatten() % input.shape[dim], grad with index's "
-                "dims flattened)")
+        return (
+            self.op,
+            "out = input[:, ..., index] (index along dim)",
+            "grad_input = zeros(input.shape).index_add(dim, index.flatten() % input.shape[dim], grad with index's "
+            "dims flattened)",
+        )
 
 
 RULES = [Index()]
@@ -84,12 +111,18 @@ RULES = [Index()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "index": [
-        Sample("index-table-2d-index",
-               {"table": [9, 2], "i": {"shape": [4, 4], "dtype": "int64"}, "y": [4, 4, 2]},
-               [{"op": "index", "in": "table", "index": "i"}], ["table"]),
-        Sample("index-dim1",
-               {"x": [2, 5, 3], "i": {"shape": [4], "dtype": "int64"}, "y": [2, 4, 3]},
-               [{"op": "index", "in": "x", "index": "i", "dim": 1}], ["x"]),
+        Sample(
+            "index-table-2d-index",
+            {"table": [9, 2], "i": {"shape": [4, 4], "dtype": "int64"}, "y": [4, 4, 2]},
+            [{"op": "index", "in": "table", "index": "i"}],
+            ["table"],
+        ),
+        Sample(
+            "index-dim1",
+            {"x": [2, 5, 3], "i": {"shape": [4], "dtype": "int64"}, "y": [2, 4, 3]},
+            [{"op": "index", "in": "x", "index": "i", "dim": 1}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -14,15 +14,33 @@ from ..algebra import LINEAR, Size, keyword_arguments, op, primitive
 from ..spec_values import Like, size_expression
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 
-primitive("reshape_like", code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
-          latex=lambda operands, params, show: operands[0],
-          tangent=lambda expr, tangent_of: op("reshape_like", tangent_of(expr.operands[0]), expr.operands[1]))
-primitive("flatten", code=lambda operands, params, show: f"torch.flatten({operands[0]}{keyword_arguments(params, {'start_dim': 0, 'end_dim': -1}, show)})",
-          latex=lambda operands, params, show: rf"\operatorname{{flatten}}\left({operands[0]}\right)", tangent=LINEAR)
-primitive("reshape", code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(show, params['shape']))})",
-          latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)", tangent=LINEAR)
-primitive("permute", code=lambda operands, params, show: f"{operands[0]}.permute({', '.join(map(str, params['dims']))})",
-          latex=lambda operands, params, show: rf"{operands[0]}^{{\pi}}", tangent=LINEAR)
+primitive(
+    "reshape_like",
+    code=lambda operands, params, show: f"{operands[0]}.reshape({operands[1]}.shape)",
+    latex=lambda operands, params, show: operands[0],
+    tangent=lambda expr, tangent_of: op("reshape_like", tangent_of(expr.operands[0]), expr.operands[1]),
+)
+primitive(
+    "flatten",
+    code=lambda operands, params, show: (
+        f"torch.flatten({operands[0]}{keyword_arguments(params, {'start_dim': 0, 'end_dim': -1}, show)})"
+    ),
+    latex=lambda operands, params, show: rf"\operatorname{{flatten}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
+primitive(
+    "reshape",
+    code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(show, params['shape']))})",
+    latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
+primitive(
+    "permute",
+    code=lambda operands, params, show: f"{operands[0]}.permute({', '.join(map(str, params['dims']))})",
+    latex=lambda operands, params, show: rf"{operands[0]}^{{\pi}}",
+    tangent=LINEAR,
+)
+
 
 class Flatten(Rule):
     op = "flatten"
@@ -35,14 +53,18 @@ class Flatten(Rule):
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
         start, end = params["start_dim"] % len(shape), params["end_dim"] % len(shape)
-        check.require(start <= end, f"start_dim {params['start_dim']} comes after end_dim {params['end_dim']}", "swap them")
+        check.require(
+            start <= end, f"start_dim {params['start_dim']} comes after end_dim {params['end_dim']}", "swap them"
+        )
         merged = 1
-        for size in shape[start:end + 1]:
+        for size in shape[start : end + 1]:
             merged = merged * size
-        return tuple(shape[:start] + [merged] + shape[end + 1:])
+        return tuple(shape[:start] + [merged] + shape[end + 1 :])
 
     def forward(self, node):
-        return Forward(op("flatten", node.operands["input"], start_dim=node.params["start_dim"], end_dim=node.params["end_dim"]))
+        return Forward(
+            op("flatten", node.operands["input"], start_dim=node.params["start_dim"], end_dim=node.params["end_dim"])
+        )
 
     def pullback(self, node, grad, wanted):
         return {"input": op("reshape_like", grad, node.operands["input"])}
@@ -67,8 +89,10 @@ def target_shape(value, context: ParamContext) -> tuple:
             size_expression(item.size, lambda dim: read.append(dim) or sympy.Integer(1))
             dims = tuple(read)
         if any(not -item.rank <= dim < item.rank for dim in dims):
-            raise context.fail(f"entry {position} is {item}, but '{item.node}' has {item.rank} dims",
-                               f"read dims of '{item.node}' between {-item.rank} and {item.rank - 1}")
+            raise context.fail(
+                f"entry {position} is {item}, but '{item.node}' has {item.rank} dims",
+                f"read dims of '{item.node}' between {-item.rank} and {item.rank - 1}",
+            )
         shape.append(item.size_at(position))
     return tuple(shape)
 
@@ -85,8 +109,11 @@ class Reshape(Flatten):
 
     def infer_shape(self, shapes, params, check: Checker):
         target = list(params["shape"])
-        check.require(target.count(-1) <= 1 and all(s == -1 or not isinstance(s, int) or s > 0 for s in target),
-                      f"shape {target} may hold one -1 and otherwise positive sizes", "fix the shape")
+        check.require(
+            target.count(-1) <= 1 and all(s == -1 or not isinstance(s, int) or s > 0 for s in target),
+            f"shape {target} may hold one -1 and otherwise positive sizes",
+            "fix the shape",
+        )
         total = 1
         for size in shapes["input"]:
             total = total * size
@@ -95,8 +122,12 @@ class Reshape(Flatten):
             known = known * (size if size != -1 else 1)
         if -1 in target:
             target[target.index(-1)] = total // known
-            check.equal(total % known, 0, f"shape {list(params['shape'])} does not divide the input's {total} entries",
-                        "fix the shape")
+            check.equal(
+                total % known,
+                0,
+                f"shape {list(params['shape'])} does not divide the input's {total} entries",
+                "fix the shape",
+            )
         else:
             check.equal(known, total, f"shape {target} holds {known} entries, not the input's {total}", "fix the shape")
         return tuple(target)
@@ -110,8 +141,9 @@ class Reshape(Flatten):
 
 class Permute(Rule):
     op = "permute"
-    traced_elsewhere = ("x.permute(...), x.transpose(a, b), swapaxes, x.mT, x.t(): the tracer's permute and "
-                        "transpose handlers")
+    traced_elsewhere = (
+        "x.permute(...), x.transpose(a, b), swapaxes, x.mT, x.t(): the tracer's permute and transpose handlers"
+    )
     operands = (Operand("input", from_in=True),)
     params = {"dims": Param(None, ints)}
     summary = "reorder the dims"
@@ -123,8 +155,11 @@ class Permute(Rule):
     def infer_shape(self, shapes, params, check: Checker):
         shape = shapes["input"]
         dims = [d % len(shape) for d in params["dims"]]
-        check.require(sorted(dims) == list(range(len(shape))), f"dims {list(params['dims'])} are not a permutation of the "
-                      f"input's {len(shape)} dims", f"list each of 0..{len(shape) - 1} once")
+        check.require(
+            sorted(dims) == list(range(len(shape))),
+            f"dims {list(params['dims'])} are not a permutation of the input's {len(shape)} dims",
+            f"list each of 0..{len(shape) - 1} once",
+        )
         return tuple(shape[d] for d in dims)
 
     def forward(self, node):
@@ -139,10 +174,18 @@ class Permute(Rule):
         return self.op, "out = input.permute(dims)", "grad_input = grad_out.permute(inverse of dims)"
 
 
-primitive("unsqueeze", code=lambda operands, params, show: f"{operands[0]}.unsqueeze({params['dim']})",
-          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
-primitive("squeeze", code=lambda operands, params, show: f"{operands[0]}.squeeze({params['dim']})",
-          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+primitive(
+    "unsqueeze",
+    code=lambda operands, params, show: f"{operands[0]}.unsqueeze({params['dim']})",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
+primitive(
+    "squeeze",
+    code=lambda operands, params, show: f"{operands[0]}.squeeze({params['dim']})",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
 
 
 class Unsqueeze(Rule):
@@ -158,8 +201,11 @@ class Unsqueeze(Rule):
     def _dim(self, rank: int, params, check: Checker | None = None) -> int:
         dim = params["dim"]
         if check is not None:
-            check.require(-rank - 1 <= dim <= rank, f"dim {dim} is out of range for a {rank}-dim input",
-                          f"give a dim in {-rank - 1}..{rank}")
+            check.require(
+                -rank - 1 <= dim <= rank,
+                f"dim {dim} is out of range for a {rank}-dim input",
+                f"give a dim in {-rank - 1}..{rank}",
+            )
         return dim % (rank + 1)
 
     def infer_shape(self, shapes, params, check: Checker):
@@ -190,15 +236,18 @@ class Squeeze(Rule):
     def _dim(self, rank: int, params, check: Checker | None = None) -> int:
         dim = params["dim"]
         if check is not None:
-            check.require(rank >= 1 and -rank <= dim < rank, f"dim {dim} is out of range for a {rank}-dim input",
-                          f"give a dim in {-rank}..{rank - 1}")
+            check.require(
+                rank >= 1 and -rank <= dim < rank,
+                f"dim {dim} is out of range for a {rank}-dim input",
+                f"give a dim in {-rank}..{rank - 1}",
+            )
         return dim % rank
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
         dim = self._dim(len(shape), params, check)
         check.equal(shape[dim], 1, lambda: f"dim {dim} has size {shape[dim]}, not 1", "squeeze a dim of size 1")
-        return tuple(shape[:dim] + shape[dim + 1:])
+        return tuple(shape[:dim] + shape[dim + 1 :])
 
     def forward(self, node):
         return Forward(op("squeeze", node.operands["input"], dim=self._dim(len(node.shapes["input"]), node.params)))
@@ -210,11 +259,16 @@ class Squeeze(Rule):
         return self.op, "out = input.squeeze(dim)", "grad_input = grad_out.unsqueeze(dim)"
 
 
-
-primitive("narrow", code=lambda operands, params, show: (
-    f"{operands[0]}.narrow({params['dim']}, {show(params['start'])}, {show(params['length'])})"),
-          latex=lambda operands, params, show: rf"{operands[0]}\left[{show(params['start'])}:{show(params['start'] + params['length'])}\right]",
-          tangent=LINEAR)
+primitive(
+    "narrow",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.narrow({params['dim']}, {show(params['start'])}, {show(params['length'])})"
+    ),
+    latex=lambda operands, params, show: (
+        rf"{operands[0]}\left[{show(params['start'])}:{show(params['start'] + params['length'])}\right]"
+    ),
+    tangent=LINEAR,
+)
 
 
 def _length(value, context: ParamContext):
@@ -222,7 +276,9 @@ def _length(value, context: ParamContext):
     the positions ``torch.arange(idx.shape[1])`` reads from a position embedding's table)."""
     if isinstance(value, Like):
         if value.dims is None and value.size is None:
-            raise context.fail(f"is {value}, which names no dim", f"write `{context.name}: {{like: {value.node}, dims: [1]}}`")
+            raise context.fail(
+                f"is {value}, which names no dim", f"write `{context.name}: {{like: {value.node}, dims: [1]}}`"
+            )
         return value.size_at(0)
     return ints(value, context)[0]
 
@@ -235,8 +291,11 @@ class Narrow(Rule):
     calls = ("narrow",)
     operands = (Operand("input", from_in=True),)
     linear_in = ("input",)
-    params = {"dim": Param(None, lambda v, c: ints(v, c)[0]), "start": Param(None, lambda v, c: ints(v, c)[0]),
-              "length": Param(None, _length)}
+    params = {
+        "dim": Param(None, lambda v, c: ints(v, c)[0]),
+        "start": Param(None, lambda v, c: ints(v, c)[0]),
+        "length": Param(None, _length),
+    }
     summary = "the entries start..start+length-1 along dim"
 
     def infer_shape(self, shapes, params, check: Checker):
@@ -244,14 +303,19 @@ class Narrow(Rule):
         dim = params["dim"] % len(shape)
         check.require(params["start"] >= 0, "start must be >= 0", "give a non-negative start")
         check.positive(params["length"], "length must be >= 1", "give a positive length")
-        check.positive(shape[dim] - params["start"] - params["length"] + 1,
-                       f"start {params['start']} + length {params['length']} runs past dim {dim}", "shorten the slice")
+        check.positive(
+            shape[dim] - params["start"] - params["length"] + 1,
+            f"start {params['start']} + length {params['length']} runs past dim {dim}",
+            "shorten the slice",
+        )
         shape[dim] = params["length"]
         return tuple(shape)
 
     def forward(self, node):
         dim = node.params["dim"] % len(node.shapes["input"])
-        return Forward(op("narrow", node.operands["input"], dim=dim, start=node.params["start"], length=node.params["length"]))
+        return Forward(
+            op("narrow", node.operands["input"], dim=dim, start=node.params["start"], length=node.params["length"])
+        )
 
     def pullback(self, node, grad, wanted):
         rank = len(node.shapes["input"])
@@ -260,19 +324,28 @@ class Narrow(Rule):
         return {"input": op("pad", grad, pad=(0, 0) * (rank - 1 - dim) + (start, after))}
 
     def table_row(self):
-        return self.op, "out = input.narrow(dim, start, length)", "grad_input = grad_out zero-padded back to the input's size"
-
+        return (
+            self.op,
+            "out = input.narrow(dim, start, length)",
+            "grad_input = grad_out zero-padded back to the input's size",
+        )
 
 
 def _cat_tangent(expr, tangent_of):
     moved = [tangent_of(operand) for operand in expr.operands]
     if all(m == 0 for m in moved):
         return sympy.Integer(0)
-    return op("cat", *(m if m != 0 else op("zeros_like", o) for m, o in zip(moved, expr.operands)), dim=expr.params["dim"])
+    return op(
+        "cat", *(m if m != 0 else op("zeros_like", o) for m, o in zip(moved, expr.operands)), dim=expr.params["dim"]
+    )
 
 
-primitive("cat", code=lambda operands, params, show: f"torch.cat([{', '.join(operands)}], dim={params['dim']})",
-          latex=lambda operands, params, show: r"\left[" + ", ".join(operands) + r"\right]", tangent=_cat_tangent)
+primitive(
+    "cat",
+    code=lambda operands, params, show: f"torch.cat([{', '.join(operands)}], dim={params['dim']})",
+    latex=lambda operands, params, show: r"\left[" + ", ".join(operands) + r"\right]",
+    tangent=_cat_tangent,
+)
 
 
 class Cat(Rule):
@@ -288,19 +361,26 @@ class Cat(Rule):
 
     def reference(self, arguments, params):
         import torch
+
         return torch.cat([arguments[f"tensors_{i}"] for i in range(len(arguments))], dim=params["dim"])
 
     def infer_shape(self, shapes, params, check: Checker):
         ordered = [shapes[key] for key in sorted(shapes, key=lambda k: int(k.rsplit("_", 1)[1]))]
         rank = len(ordered[0])
-        check.require(all(len(shape) == rank for shape in ordered), "cat needs tensors of one rank", "give them equal ranks")
+        check.require(
+            all(len(shape) == rank for shape in ordered), "cat needs tensors of one rank", "give them equal ranks"
+        )
         dim = params["dim"] % rank
         out = list(ordered[0])
         for shape in ordered[1:]:
             for axis in range(rank):
                 if axis != dim:
-                    check.equal(shape[axis], out[axis], f"shapes {[tuple(s) for s in ordered]} differ outside dim {dim}",
-                                "make every other dim equal")
+                    check.equal(
+                        shape[axis],
+                        out[axis],
+                        f"shapes {[tuple(s) for s in ordered]} differ outside dim {dim}",
+                        "make every other dim equal",
+                    )
             out[dim] = out[dim] + shape[dim]
         return tuple(out)
 
@@ -322,8 +402,11 @@ class Cat(Rule):
         return grads
 
     def table_row(self):
-        return self.op, "out = torch.cat([a, b, ...], dim)", "grad of each input = grad_out.narrow(dim, its offset, its size)"
-
+        return (
+            self.op,
+            "out = torch.cat([a, b, ...], dim)",
+            "grad of each input = grad_out.narrow(dim, its offset, its size)",
+        )
 
 
 RULES = [Flatten(), Reshape(), Permute(), Unsqueeze(), Squeeze(), Narrow(), Cat()]
@@ -343,47 +426,60 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "flatten": [
-        Sample("flatten", {"x": [2, 3, 4, 5], "y": [2, 60]},
-               [{"op": "flatten", "start_dim": 1, "out": "out"}], ["x"]),
+        Sample("flatten", {"x": [2, 3, 4, 5], "y": [2, 60]}, [{"op": "flatten", "start_dim": 1, "out": "out"}], ["x"]),
     ],
     "reshape": [
-        Sample("reshape-minus-one", {"x": [2, 3, 4], "y": [2, 12]},
-               [{"op": "reshape", "shape": [2, -1], "out": "out"}], ["x"]),
-        Sample("reshape", {"x": [2, 3, 4], "y": [6, 4]},
-               [{"op": "reshape", "shape": [6, 4], "out": "out"}], ["x"]),
-        Sample("reshape-sizes-read-at-run-time", {"x": [2, 3, 4, 5], "y": [2, 3, 20]},
-               [{"op": "reshape",
-                 "shape": [{"like": "x"}, {"like": "x"}, {"like": "x", "dims": [2, 3]}],
-                 "out": "out"}],
-               ["x"]),
+        Sample(
+            "reshape-minus-one",
+            {"x": [2, 3, 4], "y": [2, 12]},
+            [{"op": "reshape", "shape": [2, -1], "out": "out"}],
+            ["x"],
+        ),
+        Sample("reshape", {"x": [2, 3, 4], "y": [6, 4]}, [{"op": "reshape", "shape": [6, 4], "out": "out"}], ["x"]),
+        Sample(
+            "reshape-sizes-read-at-run-time",
+            {"x": [2, 3, 4, 5], "y": [2, 3, 20]},
+            [{"op": "reshape", "shape": [{"like": "x"}, {"like": "x"}, {"like": "x", "dims": [2, 3]}], "out": "out"}],
+            ["x"],
+        ),
     ],
     "permute": [
-        Sample("permute", {"x": [2, 3, 4], "y": [4, 2, 3]},
-               [{"op": "permute", "dims": [2, 0, 1], "out": "out"}], ["x"]),
+        Sample(
+            "permute", {"x": [2, 3, 4], "y": [4, 2, 3]}, [{"op": "permute", "dims": [2, 0, 1], "out": "out"}], ["x"]
+        ),
     ],
     "unsqueeze": [
-        Sample("unsqueeze", {"x": [2, 3, 4], "y": [2, 1, 3, 4]},
-               [{"op": "unsqueeze", "dim": 1, "out": "out"}], ["x"]),
-        Sample("unsqueeze-last", {"x": [2, 3], "y": [2, 3, 1]},
-               [{"op": "unsqueeze", "dim": -1, "out": "out"}], ["x"]),
+        Sample("unsqueeze", {"x": [2, 3, 4], "y": [2, 1, 3, 4]}, [{"op": "unsqueeze", "dim": 1, "out": "out"}], ["x"]),
+        Sample("unsqueeze-last", {"x": [2, 3], "y": [2, 3, 1]}, [{"op": "unsqueeze", "dim": -1, "out": "out"}], ["x"]),
     ],
     "squeeze": [
-        Sample("squeeze", {"x": [2, 1, 4], "y": [2, 4]},
-               [{"op": "squeeze", "dim": 1, "out": "out"}], ["x"]),
-        Sample("squeeze-last", {"x": [2, 3, 1], "y": [2, 3]},
-               [{"op": "squeeze", "dim": -1, "out": "out"}], ["x"]),
+        Sample("squeeze", {"x": [2, 1, 4], "y": [2, 4]}, [{"op": "squeeze", "dim": 1, "out": "out"}], ["x"]),
+        Sample("squeeze-last", {"x": [2, 3, 1], "y": [2, 3]}, [{"op": "squeeze", "dim": -1, "out": "out"}], ["x"]),
     ],
     "narrow": [
-        Sample("narrow", {"x": [2, 5, 3], "y": [2, 3, 3]},
-               [{"op": "narrow", "dim": 1, "start": 1, "length": 3, "out": "out"}], ["x"]),
-        Sample("narrow-last-dim", {"x": [2, 5, 4], "y": [2, 5, 2]},
-               [{"op": "narrow", "dim": -1, "start": 0, "length": 2, "out": "out"}], ["x"]),
+        Sample(
+            "narrow",
+            {"x": [2, 5, 3], "y": [2, 3, 3]},
+            [{"op": "narrow", "dim": 1, "start": 1, "length": 3, "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "narrow-last-dim",
+            {"x": [2, 5, 4], "y": [2, 5, 2]},
+            [{"op": "narrow", "dim": -1, "start": 0, "length": 2, "out": "out"}],
+            ["x"],
+        ),
     ],
     "cat": [
-        Sample("cat-three", {"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 2, 4], "y": [2, 6, 4]},
-               [{"op": "cat", "in": ["a", "b", "c"], "dim": 1}], ["a", "b", "c"]),
-        Sample("cat-same-tensor-twice", {"a": [2, 3], "y": [2, 6]},
-               [{"op": "cat", "in": ["a", "a"], "dim": -1}], ["a"]),
+        Sample(
+            "cat-three",
+            {"a": [2, 3, 4], "b": [2, 1, 4], "c": [2, 2, 4], "y": [2, 6, 4]},
+            [{"op": "cat", "in": ["a", "b", "c"], "dim": 1}],
+            ["a", "b", "c"],
+        ),
+        Sample(
+            "cat-same-tensor-twice", {"a": [2, 3], "y": [2, 6]}, [{"op": "cat", "in": ["a", "a"], "dim": -1}], ["a"]
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -14,25 +14,56 @@ from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, NodeSymbols, Operand, Rule, Sample, Spelling
 from .shared import affine_tangent, in_operands_dtype
 
-primitive("linear", code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
-          latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else ""),
-          tangent=affine_tangent("linear"), fresh=True)
-primitive("matmul", code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
-          latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}", tangent=LINEAR,
-          fresh=True)
-primitive("matmul_transposed", code=lambda operands, params, show: (
-    f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})" if params["which"] == "left"
-    else f"{operands[0]}.matmul({operands[1]}.transpose(-1, -2))"),
-    latex=lambda operands, params, show: (f"{operands[0]}^{{\\top}} \\cdot {operands[1]}" if params["which"] == "left"
-                                          else f"{operands[0]} \\cdot {operands[1]}^{{\\top}}"), tangent=LINEAR,
-    fresh=True)
-primitive("linear_weight_grad", code=lambda operands, params, show: (
-    f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"),
-    latex=lambda operands, params, show: f"\\sum_{{n}} {{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}", tangent=LINEAR)
-primitive("linear_weight_grad_per_sample", code=lambda operands, params, show: (
-    f"{operands[0]}.unsqueeze(-1).mul({operands[1]}.unsqueeze(-2))"
-    + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else "")),
-    latex=lambda operands, params, show: f"\\left[{{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}\\right]_{{n}}", tangent=LINEAR)
+primitive(
+    "linear",
+    code=lambda operands, params, show: f"F.linear({', '.join(operands)})",
+    latex=lambda operands, params, show: (
+        f"{operands[0]} \\cdot {operands[1]}^{{\\top}}" + (f" + {operands[2]}" if len(operands) > 2 else "")
+    ),
+    tangent=affine_tangent("linear"),
+    fresh=True,
+)
+primitive(
+    "matmul",
+    code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
+    latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}",
+    tangent=LINEAR,
+    fresh=True,
+)
+primitive(
+    "matmul_transposed",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})"
+        if params["which"] == "left"
+        else f"{operands[0]}.matmul({operands[1]}.transpose(-1, -2))"
+    ),
+    latex=lambda operands, params, show: (
+        f"{operands[0]}^{{\\top}} \\cdot {operands[1]}"
+        if params["which"] == "left"
+        else f"{operands[0]} \\cdot {operands[1]}^{{\\top}}"
+    ),
+    tangent=LINEAR,
+    fresh=True,
+)
+primitive(
+    "linear_weight_grad",
+    code=lambda operands, params, show: f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))",
+    latex=lambda operands, params, show: (
+        f"\\sum_{{n}} {{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}"
+    ),
+    tangent=LINEAR,
+)
+primitive(
+    "linear_weight_grad_per_sample",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.unsqueeze(-1).mul({operands[1]}.unsqueeze(-2))"
+        + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else "")
+    ),
+    latex=lambda operands, params, show: (
+        f"\\left[{{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}\\right]_{{n}}"
+    ),
+    tangent=LINEAR,
+)
 
 
 class Linear(Rule):
@@ -47,22 +78,34 @@ class Linear(Rule):
         x, w = shapes["input"], shapes["weight"]
         check.require(len(w) == 2, f"weight must be 2-d [out, in], not {len(w)}-d", "give weight the shape [out, in]")
         check.require(len(x) >= 2, "input needs a batch dim and a feature dim", "use [N, in]")
-        check.equal(x[-1], w[1], f"input has {x[-1]} features but weight expects {w[1]}", "make weight's dim 1 the input features")
+        check.equal(
+            x[-1],
+            w[1],
+            f"input has {x[-1]} features but weight expects {w[1]}",
+            "make weight's dim 1 the input features",
+        )
         if "bias" in shapes:
             check.require(len(shapes["bias"]) == 1, "bias must be 1-d [out]", "give bias the shape [out]")
-            check.equal(shapes["bias"][0], w[0], f"bias has {shapes['bias'][0]} entries but weight has {w[0]} outputs",
-                        "give bias the shape [out]")
+            check.equal(
+                shapes["bias"][0],
+                w[0],
+                f"bias has {shapes['bias'][0]} entries but weight has {w[0]} outputs",
+                "give bias the shape [out]",
+            )
         return (*x[:-1], w[0])
 
     def forward(self, node):
-        operands = [node.operands["input"], node.operands["weight"]] + ([node.operands["bias"]] if "bias" in node.operands else [])
+        operands = [node.operands["input"], node.operands["weight"]] + (
+            [node.operands["bias"]] if "bias" in node.operands else []
+        )
         return Forward(op("linear", *operands))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
         if "input" in wanted:
-            grads["input"] = in_operands_dtype(op("matmul", grad, node.operands["weight"]), node.operands["input"],
-                                               read_anyway="weight" in wanted)
+            grads["input"] = in_operands_dtype(
+                op("matmul", grad, node.operands["weight"]), node.operands["input"], read_anyway="weight" in wanted
+            )
         if "weight" in wanted:
             grads["weight"] = op("linear_weight_grad", grad, node.operands["input"])
         if "bias" in wanted:
@@ -79,8 +122,11 @@ class Linear(Rule):
         return None
 
     def table_row(self):
-        return (self.op, "out = input @ weight.T + bias",
-                "grad_input = grad_out @ weight; grad_weight = grad_out.T @ input (over all leading dims); grad_bias = sum of grad_out")
+        return (
+            self.op,
+            "out = input @ weight.T + bias",
+            "grad_input = grad_out @ weight; grad_weight = grad_out.T @ input (over all leading dims); grad_bias = sum of grad_out",
+        )
 
 
 class MatMul(Rule):
@@ -92,8 +138,15 @@ class MatMul(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         a, b = shapes["input"], shapes["other"]
-        check.require(len(a) >= 2 and len(b) >= 2, "matmul of vectors is not supported yet", "give both operands >= 2 dims")
-        check.equal(a[-1], b[-2], f"inner sizes {a[-1]} and {b[-2]} differ", "make input's last dim equal other's second-to-last")
+        check.require(
+            len(a) >= 2 and len(b) >= 2, "matmul of vectors is not supported yet", "give both operands >= 2 dims"
+        )
+        check.equal(
+            a[-1],
+            b[-2],
+            f"inner sizes {a[-1]} and {b[-2]} differ",
+            "make input's last dim equal other's second-to-last",
+        )
         rank = max(len(a), len(b)) - 2  # batch dims broadcast as elementwise ops' dims do
         left, right = (1,) * (rank + 2 - len(a)) + tuple(a[:-2]), (1,) * (rank + 2 - len(b)) + tuple(b[:-2])
         batch = []
@@ -102,8 +155,11 @@ class MatMul(Rule):
                 check.equal(x, y, "", "")  # the solver keeps the batch dims equal
                 batch.append(x)
                 continue
-            check.require(x == y or x == 1 or y == 1, f"batch dims {tuple(a[:-2])} and {tuple(b[:-2])} do not broadcast "
-                          f"(axis {axis}: {x} vs {y})", "make the batch sizes equal, or 1 on one side")
+            check.require(
+                x == y or x == 1 or y == 1,
+                f"batch dims {tuple(a[:-2])} and {tuple(b[:-2])} do not broadcast (axis {axis}: {x} vs {y})",
+                "make the batch sizes equal, or 1 on one side",
+            )
             batch.append(max(x, y))
         return (*batch, a[-2], b[-1])
 
@@ -113,10 +169,14 @@ class MatMul(Rule):
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
         if "input" in wanted:
-            gradient = self._unbroadcast(node, "input", op("matmul_transposed", grad, node.operands["other"], which="right"))
+            gradient = self._unbroadcast(
+                node, "input", op("matmul_transposed", grad, node.operands["other"], which="right")
+            )
             grads["input"] = in_operands_dtype(gradient, node.operands["input"], read_anyway="other" in wanted)
         if "other" in wanted:
-            gradient = self._unbroadcast(node, "other", op("matmul_transposed", node.operands["input"], grad, which="left"))
+            gradient = self._unbroadcast(
+                node, "other", op("matmul_transposed", node.operands["input"], grad, which="left")
+            )
             grads["other"] = in_operands_dtype(gradient, node.operands["other"], read_anyway="input" in wanted)
         return grads
 
@@ -145,18 +205,38 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "linear": [
-        Sample("linear-bias", {"x": [4, 5], "w": [3, 5], "b": [3], "y": [4, 3]},
-               [{"op": "linear", "weight": "w", "bias": "b", "out": "out"}], ["x", "w", "b"]),
-        Sample("linear-rank3", {"x": [2, 4, 5], "w": [3, 5], "y": [2, 4, 3]},
-               [{"op": "linear", "weight": "w", "out": "out"}], ["x", "w"]),
+        Sample(
+            "linear-bias",
+            {"x": [4, 5], "w": [3, 5], "b": [3], "y": [4, 3]},
+            [{"op": "linear", "weight": "w", "bias": "b", "out": "out"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "linear-rank3",
+            {"x": [2, 4, 5], "w": [3, 5], "y": [2, 4, 3]},
+            [{"op": "linear", "weight": "w", "out": "out"}],
+            ["x", "w"],
+        ),
     ],
     "matmul": [
-        Sample("matmul-batched", {"a": [2, 3, 4], "b": [2, 4, 5], "y": [2, 3, 5]},
-               [{"op": "matmul", "in": ["a", "b"], "out": "out"}], ["a", "b"]),
-        Sample("matmul-broadcast-rank", {"a": [2, 3, 4, 5], "b": [5, 3], "y": [2, 3, 4, 3]},
-               [{"op": "matmul", "in": ["a", "b"], "out": "out"}], ["a", "b"]),
-        Sample("matmul-broadcast-size-1", {"a": [2, 1, 3, 4], "b": [3, 4, 2], "y": [2, 3, 3, 2]},
-               [{"op": "matmul", "in": ["a", "b"], "out": "out"}], ["a", "b"]),
+        Sample(
+            "matmul-batched",
+            {"a": [2, 3, 4], "b": [2, 4, 5], "y": [2, 3, 5]},
+            [{"op": "matmul", "in": ["a", "b"], "out": "out"}],
+            ["a", "b"],
+        ),
+        Sample(
+            "matmul-broadcast-rank",
+            {"a": [2, 3, 4, 5], "b": [5, 3], "y": [2, 3, 4, 3]},
+            [{"op": "matmul", "in": ["a", "b"], "out": "out"}],
+            ["a", "b"],
+        ),
+        Sample(
+            "matmul-broadcast-size-1",
+            {"a": [2, 1, 3, 4], "b": [3, 4, 2], "y": [2, 3, 3, 2]},
+            [{"op": "matmul", "in": ["a", "b"], "out": "out"}],
+            ["a", "b"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

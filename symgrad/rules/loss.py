@@ -50,11 +50,18 @@ def _reduce_latex(operands, params, show):
 
 
 primitive("reduce", code=_reduce_code, latex=_reduce_latex, tangent=LINEAR)
-primitive("per_sample_view",
-          code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * (params['rank'] - 1)})",
-          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
-primitive("numel", code=lambda operands, params, show: f"{operands[0]}.numel()",
-          latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert", tangent=CONSTANT)
+primitive(
+    "per_sample_view",
+    code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * (params['rank'] - 1)})",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
+primitive(
+    "numel",
+    code=lambda operands, params, show: f"{operands[0]}.numel()",
+    latex=lambda operands, params, show: rf"\lvert {operands[0]} \rvert",
+    tangent=CONSTANT,
+)
 
 
 def _cast_tangent(expr, moved):
@@ -65,13 +72,20 @@ def _cast_tangent(expr, moved):
 
 # autograd's engine casts each gradient to its input's dtype: a float64 target promotes the residual,
 # and the prediction's gradient goes back in the prediction's dtype (a no-op where they agree)
-primitive("cast_like", code=lambda operands, params, show: f"{operands[0]}.to({operands[1]}.dtype)",
-          latex=lambda operands, params, show: operands[0],
-          tangent=lambda expr, tangent_of: _cast_tangent(expr, tangent_of(expr.operands[0])))
-primitive("ones_cotangent",
-          code=lambda operands, params, show: f"{operands[0]}.new_ones({operands[0]}.shape[0])" if params["per_sample"]
-          else f"{operands[0]}.new_ones(())",
-          latex=lambda operands, params, show: r"\mathbf{1}", tangent=CONSTANT)
+primitive(
+    "cast_like",
+    code=lambda operands, params, show: f"{operands[0]}.to({operands[1]}.dtype)",
+    latex=lambda operands, params, show: operands[0],
+    tangent=lambda expr, tangent_of: _cast_tangent(expr, tangent_of(expr.operands[0])),
+)
+primitive(
+    "ones_cotangent",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.new_ones({operands[0]}.shape[0])" if params["per_sample"] else f"{operands[0]}.new_ones(())"
+    ),
+    latex=lambda operands, params, show: r"\mathbf{1}",
+    tangent=CONSTANT,
+)
 
 
 class Loss(Rule):
@@ -83,8 +97,10 @@ class Loss(Rule):
 
     operands = (Operand("input", from_in=True), Operand("target"))
     is_loss = True
-    traced_elsewhere = ("0.5 * (prediction - target).pow(2).sum() and its variants: the tracer's "
-                        "reduction handler reads a scaled sum or mean of squares as this loss")
+    traced_elsewhere = (
+        "0.5 * (prediction - target).pow(2).sum() and its variants: the tracer's "
+        "reduction handler reads a scaled sum or mean of squares as this loss"
+    )
 
     def __init__(self, op_name: str, density, summary: str, default_reduction: str = "mean", params=None):
         self.op = op_name
@@ -104,17 +120,25 @@ class Loss(Rule):
         return derivative.replace(sympy.Heaviside, lambda argument, *_: sympy.Heaviside(argument, 0))
 
     def _defaults(self) -> dict:
-        return {key: number(param.default, None) if isinstance(param.default, (int, float)) else param.default
-                for key, param in self.params.items()}
+        return {
+            key: number(param.default, None) if isinstance(param.default, (int, float)) else param.default
+            for key, param in self.params.items()
+        }
 
     def infer_shape(self, shapes, params, check: Checker):
         prediction, target = shapes["input"], shapes["target"]
-        check.require(len(prediction) == len(target),
-                      f"prediction has shape {tuple(prediction)} but target has {len(target)} dimensions",
-                      "give the target the prediction's shape")
+        check.require(
+            len(prediction) == len(target),
+            f"prediction has shape {tuple(prediction)} but target has {len(target)} dimensions",
+            "give the target the prediction's shape",
+        )
         for a, b in zip(prediction, target):
-            check.equal(a, b, f"prediction has shape {tuple(prediction)} but target has shape {tuple(target)}",
-                        "give the target the prediction's shape")
+            check.equal(
+                a,
+                b,
+                f"prediction has shape {tuple(prediction)} but target has shape {tuple(target)}",
+                "give the target the prediction's shape",
+            )
         return (prediction[0],) if params["reduction"] == "per_sample" else ()
 
     def forward(self, node: NodeSymbols) -> Forward:
@@ -152,13 +176,17 @@ class Loss(Rule):
     def reference(self, arguments: dict, params: dict):
         """The unreduced loss of each element, by PyTorch's own loss (``check`` reduces it)."""
         import torch.nn.functional as F
+
         if self.op == "half_sq_error":  # symgrad's own: no PyTorch function
             return 0.5 * (arguments["input"] - arguments["target"]) ** 2
         return getattr(F, self.op)(arguments["input"], arguments["target"], reduction="none", **params)
 
     def table_row(self):
-        return (self.op, f"loss = reduce({to_code(self.density())}), residual = input - target",
-                f"d/dinput = -d/dtarget = {to_code(self.local_derivative())} (times the reduction's weight)")
+        return (
+            self.op,
+            f"loss = reduce({to_code(self.density())}), residual = input - target",
+            f"d/dinput = -d/dtarget = {to_code(self.local_derivative())} (times the reduction's weight)",
+        )
 
 
 IGNORE_INDEX = -100
@@ -168,22 +196,44 @@ entry adds nothing to the loss, gets a zero gradient, and is not counted by the 
 # the class indices as ones in a zero tensor of the scores' shape, dtype, device and layout; scattered
 # rather than F.one_hot, which reads the indices' range back to the host (a device sync on a GPU); an
 # ignored entry's index is clamped to 0 here, and its row zeroed by the `counted` mask
-primitive("one_hot", code=lambda operands, params, show: (
-    f"torch.zeros_like({operands[1]}).scatter_(1, {operands[0]}.clamp_min(0).unsqueeze(1), 1)"),
-    latex=lambda operands, params, show: rf"\mathbf{{1}}_{{{operands[0]}}}", tangent=CONSTANT)
+primitive(
+    "one_hot",
+    code=lambda operands, params, show: (
+        f"torch.zeros_like({operands[1]}).scatter_(1, {operands[0]}.clamp_min(0).unsqueeze(1), 1)"
+    ),
+    latex=lambda operands, params, show: rf"\mathbf{{1}}_{{{operands[0]}}}",
+    tangent=CONSTANT,
+)
 # 1 where a class index is counted (not ignore_index), 0 where ignored: [N, 1, ...] in the scores' dtype
-primitive("counted", code=lambda operands, params, show: (
-    f"({operands[0]} != {IGNORE_INDEX}).unsqueeze(1).to({operands[1]}.dtype)"),
-          latex=lambda operands, params, show: rf"\mathbb{{1}}[{operands[0]} \neq {IGNORE_INDEX}]", tangent=CONSTANT)
+primitive(
+    "counted",
+    code=lambda operands, params, show: f"({operands[0]} != {IGNORE_INDEX}).unsqueeze(1).to({operands[1]}.dtype)",
+    latex=lambda operands, params, show: rf"\mathbb{{1}}[{operands[0]} \neq {IGNORE_INDEX}]",
+    tangent=CONSTANT,
+)
 # how many class indices the mean averages over: those that are not ignore_index
-primitive("count_counted", code=lambda operands, params, show: f"({operands[0]} != {IGNORE_INDEX}).sum()",
-          latex=lambda operands, params, show: rf"\lvert {operands[0]} \neq {IGNORE_INDEX} \rvert", tangent=CONSTANT)
-primitive("class_loss", code=lambda operands, params, show: (
-    f"F.{params['function']}({operands[0]}, {operands[1]}"
-    + (f", reduction={params['how']!r})" if params["how"] != "per_sample"
-       else ", reduction='none')" + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else ""))),
-    latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}, {operands[1]}\right)",
-    tangent=None)
+primitive(
+    "count_counted",
+    code=lambda operands, params, show: f"({operands[0]} != {IGNORE_INDEX}).sum()",
+    latex=lambda operands, params, show: rf"\lvert {operands[0]} \neq {IGNORE_INDEX} \rvert",
+    tangent=CONSTANT,
+)
+primitive(
+    "class_loss",
+    code=lambda operands, params, show: (
+        f"F.{params['function']}({operands[0]}, {operands[1]}"
+        + (
+            f", reduction={params['how']!r})"
+            if params["how"] != "per_sample"
+            else ", reduction='none')"
+            + (f".sum(dim={tuple(range(1, params['rank'] - 1))})" if params["rank"] > 2 else "")
+        )
+    ),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}, {operands[1]}\right)"
+    ),
+    tangent=None,
+)
 
 
 class ClassificationLoss(Loss):
@@ -198,17 +248,31 @@ class ClassificationLoss(Loss):
 
     def infer_shape(self, shapes, params, check: Checker):
         scores, target = shapes["input"], shapes["target"]
-        check.require(len(scores) == len(target) + 1 and len(scores) >= 2,
-                      f"input {tuple(scores)} must be [N, C, ...] with target {tuple(target)} as [N, ...]",
-                      "give the target the input's shape without the class dim")
+        check.require(
+            len(scores) == len(target) + 1 and len(scores) >= 2,
+            f"input {tuple(scores)} must be [N, C, ...] with target {tuple(target)} as [N, ...]",
+            "give the target the input's shape without the class dim",
+        )
         for a, b in zip((scores[0], *scores[2:]), target):
-            check.equal(a, b, f"input {tuple(scores)} and target {tuple(target)} differ outside the class dim",
-                        "give the target the input's shape without the class dim")
+            check.equal(
+                a,
+                b,
+                f"input {tuple(scores)} and target {tuple(target)} differ outside the class dim",
+                "give the target the input's shape without the class dim",
+            )
         return (scores[0],) if params["reduction"] == "per_sample" else ()
 
     def forward(self, node):
-        return Forward(op("class_loss", node.operands["input"], node.operands["target"], function=self.op,
-                          how=node.params["reduction"], rank=len(node.shapes["input"])))
+        return Forward(
+            op(
+                "class_loss",
+                node.operands["input"],
+                node.operands["target"],
+                function=self.op,
+                how=node.params["reduction"],
+                rank=len(node.shapes["input"]),
+            )
+        )
 
     def cotangent(self, node, grad):
         reduction = node.params["reduction"]
@@ -229,7 +293,11 @@ class ClassificationLoss(Loss):
     def table_row(self):
         derivative = "softmax(input) - one_hot(target)" if self.op == "cross_entropy" else "-one_hot(target)"
         forward = "logsumexp(input) - input[target]" if self.op == "cross_entropy" else "-input[target]"
-        return self.op, f"loss = reduce({forward}) over [N, ...]", f"d/dinput = {derivative} (times the reduction's weight)"
+        return (
+            self.op,
+            f"loss = reduce({forward}) over [N, ...]",
+            f"d/dinput = {derivative} (times the reduction's weight)",
+        )
 
 
 def _inside(r, width):
@@ -238,18 +306,32 @@ def _inside(r, width):
 
 
 RULES = [
-    Loss("half_sq_error", lambda r: sympy.Rational(1, 2) * r ** 2,
-         "half the squared error, ½‖input − target‖², reduced by sum, mean or per sample", default_reduction="sum"),
-    Loss("mse_loss", lambda r: r ** 2, "squared error, as F.mse_loss"),
+    Loss(
+        "half_sq_error",
+        lambda r: sympy.Rational(1, 2) * r**2,
+        "half the squared error, ½‖input − target‖², reduced by sum, mean or per sample",
+        default_reduction="sum",
+    ),
+    Loss("mse_loss", lambda r: r**2, "squared error, as F.mse_loss"),
     Loss("l1_loss", lambda r: sympy.Abs(r), "absolute error, as F.l1_loss; derivative sign(r), 0 at 0"),
-    Loss("smooth_l1_loss", lambda r, beta: sympy.Abs(r) if beta == 0 else _inside(r, beta) * r ** 2 / (2 * beta)
-         + (1 - _inside(r, beta)) * (sympy.Abs(r) - beta / 2),  # beta 0 is l1_loss, as PyTorch computes it
-         "as F.smooth_l1_loss: quadratic inside |r| < beta, linear outside",
-         params={"beta": Param(1.0, non_negative_number)}),
+    Loss(
+        "smooth_l1_loss",
+        lambda r, beta: (
+            sympy.Abs(r)
+            if beta == 0
+            else _inside(r, beta) * r**2 / (2 * beta) + (1 - _inside(r, beta)) * (sympy.Abs(r) - beta / 2)
+        ),  # beta 0 is l1_loss, as PyTorch computes it
+        "as F.smooth_l1_loss: quadratic inside |r| < beta, linear outside",
+        params={"beta": Param(1.0, non_negative_number)},
+    ),
     ClassificationLoss("cross_entropy", "as F.cross_entropy on logits [N, C, ...] with int64 class targets"),
     ClassificationLoss("nll_loss", "as F.nll_loss on log-probabilities [N, C, ...] with int64 class targets"),
-    Loss("huber_loss", lambda r, delta: _inside(r, delta) * r ** 2 / 2 + (1 - _inside(r, delta)) * delta * (sympy.Abs(r) - delta / 2),
-         "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside", params={"delta": Param(1.0, positive_number)}),
+    Loss(
+        "huber_loss",
+        lambda r, delta: _inside(r, delta) * r**2 / 2 + (1 - _inside(r, delta)) * delta * (sympy.Abs(r) - delta / 2),
+        "as F.huber_loss: quadratic inside |r| < delta, delta-linear outside",
+        params={"delta": Param(1.0, positive_number)},
+    ),
 ]
 
 
@@ -259,68 +341,137 @@ LABELLED = {"z": (4, 5), "labels": (4,)}
 """Scores and their int64 class labels."""
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "half_sq_error": [
-        Sample("loss-mean-target-wrt", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "half_sq_error", "target": "y", "reduction": "mean", "in": "p"}),
-        Sample("loss-per-sample", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "half_sq_error", "target": "y", "reduction": "per_sample", "in": "p"}),
+        Sample(
+            "loss-mean-target-wrt",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "half_sq_error", "target": "y", "reduction": "mean", "in": "p"},
+        ),
+        Sample(
+            "loss-per-sample",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "half_sq_error", "target": "y", "reduction": "per_sample", "in": "p"},
+        ),
     ],
     "mse_loss": [
-        Sample("mse_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "mse_loss", "in": "p", "target": "y"}),
-        Sample("mse_loss-reduction=sum", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "mse_loss", "in": "p", "target": "y", "reduction": "sum"}),
+        Sample(
+            "mse_loss-defaults",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "mse_loss", "in": "p", "target": "y"},
+        ),
+        Sample(
+            "mse_loss-reduction=sum",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "mse_loss", "in": "p", "target": "y", "reduction": "sum"},
+        ),
     ],
     "l1_loss": [
-        Sample("l1_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "l1_loss", "in": "p", "target": "y"}),
-        Sample("l1_loss-reduction=per_sample", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "l1_loss", "in": "p", "target": "y", "reduction": "per_sample"}),
+        Sample(
+            "l1_loss-defaults",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "l1_loss", "in": "p", "target": "y"},
+        ),
+        Sample(
+            "l1_loss-reduction=per_sample",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "l1_loss", "in": "p", "target": "y", "reduction": "per_sample"},
+        ),
     ],
     "smooth_l1_loss": [
-        Sample("smooth_l1_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "smooth_l1_loss", "in": "p", "target": "y"}),
-        Sample("smooth_l1_loss-beta=0.5-reduction=sum", {"p": [3, 2, 4], "y": [3, 2, 4]}, [],
-               ["p", "y"],
-               {"op": "smooth_l1_loss", "in": "p", "target": "y", "beta": 0.5, "reduction": "sum"}),
+        Sample(
+            "smooth_l1_loss-defaults",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "smooth_l1_loss", "in": "p", "target": "y"},
+        ),
+        Sample(
+            "smooth_l1_loss-beta=0.5-reduction=sum",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "smooth_l1_loss", "in": "p", "target": "y", "beta": 0.5, "reduction": "sum"},
+        ),
     ],
     "cross_entropy": [
-        Sample("cross_entropy-default",
-               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
-               {"op": "cross_entropy", "in": "logits", "target": "t"}),
-        Sample("cross_entropy-sum",
-               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
-               {"op": "cross_entropy", "in": "logits", "target": "t", "reduction": "sum"}),
-        Sample("cross_entropy-per_sample",
-               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
-               {"op": "cross_entropy", "in": "logits", "target": "t", "reduction": "per_sample"}),
-        Sample("cross_entropy-segmentation-per_sample",
-               {"x": [2, 3, 4, 5], "w": [4, 3, 1, 1], "t": {"shape": [2, 4, 5], "dtype": "int64"}},
-               [{"op": "conv2d", "weight": "w", "out": "scores"}], ["x", "w"],
-               {"op": "cross_entropy", "in": "scores", "target": "t", "reduction": "per_sample"}),
+        Sample(
+            "cross_entropy-default",
+            {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+            [{"op": "linear", "weight": "w", "out": "logits"}],
+            ["x", "w"],
+            {"op": "cross_entropy", "in": "logits", "target": "t"},
+        ),
+        Sample(
+            "cross_entropy-sum",
+            {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+            [{"op": "linear", "weight": "w", "out": "logits"}],
+            ["x", "w"],
+            {"op": "cross_entropy", "in": "logits", "target": "t", "reduction": "sum"},
+        ),
+        Sample(
+            "cross_entropy-per_sample",
+            {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+            [{"op": "linear", "weight": "w", "out": "logits"}],
+            ["x", "w"],
+            {"op": "cross_entropy", "in": "logits", "target": "t", "reduction": "per_sample"},
+        ),
+        Sample(
+            "cross_entropy-segmentation-per_sample",
+            {"x": [2, 3, 4, 5], "w": [4, 3, 1, 1], "t": {"shape": [2, 4, 5], "dtype": "int64"}},
+            [{"op": "conv2d", "weight": "w", "out": "scores"}],
+            ["x", "w"],
+            {"op": "cross_entropy", "in": "scores", "target": "t", "reduction": "per_sample"},
+        ),
     ],
     "nll_loss": [
-        Sample("nll_loss-default",
-               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
-               {"op": "nll_loss", "in": "logits", "target": "t"}),
-        Sample("nll_loss-sum", {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
-               {"op": "nll_loss", "in": "logits", "target": "t", "reduction": "sum"}),
-        Sample("nll_loss-per_sample",
-               {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-               [{"op": "linear", "weight": "w", "out": "logits"}], ["x", "w"],
-               {"op": "nll_loss", "in": "logits", "target": "t", "reduction": "per_sample"}),
+        Sample(
+            "nll_loss-default",
+            {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+            [{"op": "linear", "weight": "w", "out": "logits"}],
+            ["x", "w"],
+            {"op": "nll_loss", "in": "logits", "target": "t"},
+        ),
+        Sample(
+            "nll_loss-sum",
+            {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+            [{"op": "linear", "weight": "w", "out": "logits"}],
+            ["x", "w"],
+            {"op": "nll_loss", "in": "logits", "target": "t", "reduction": "sum"},
+        ),
+        Sample(
+            "nll_loss-per_sample",
+            {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+            [{"op": "linear", "weight": "w", "out": "logits"}],
+            ["x", "w"],
+            {"op": "nll_loss", "in": "logits", "target": "t", "reduction": "per_sample"},
+        ),
     ],
     "huber_loss": [
-        Sample("huber_loss-defaults", {"p": [3, 2, 4], "y": [3, 2, 4]}, [], ["p", "y"],
-               {"op": "huber_loss", "in": "p", "target": "y"}),
-        Sample("huber_loss-delta=2.0-reduction=per_sample", {"p": [3, 2, 4], "y": [3, 2, 4]}, [],
-               ["p", "y"],
-               {"op": "huber_loss", "in": "p", "target": "y", "delta": 2.0,
-                "reduction": "per_sample"}),
+        Sample(
+            "huber_loss-defaults",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "huber_loss", "in": "p", "target": "y"},
+        ),
+        Sample(
+            "huber_loss-delta=2.0-reduction=per_sample",
+            {"p": [3, 2, 4], "y": [3, 2, 4]},
+            [],
+            ["p", "y"],
+            {"op": "huber_loss", "in": "p", "target": "y", "delta": 2.0, "reduction": "per_sample"},
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
@@ -336,8 +487,7 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
         Spelling("F.mse_loss(p, y)", PREDICTION, reduction="mean"),
         Spelling("nn.MSELoss()(p, y)", PREDICTION, reduction="mean"),
         Spelling("((p - y) ** 2).sum()", PREDICTION, reduction="sum"),
-        Spelling('F.mse_loss(p, y, reduction="none").sum(dim=(1, 2, 3))', PREDICTION,
-                 reduction="per_sample"),
+        Spelling('F.mse_loss(p, y, reduction="none").sum(dim=(1, 2, 3))', PREDICTION, reduction="per_sample"),
     ],
     "l1_loss": [
         Spelling("(y - p).abs().mean()", PREDICTION, reduction="mean"),
@@ -348,8 +498,7 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
     ],
     "cross_entropy": [
         Spelling("F.cross_entropy(z, labels)", LABELLED, dtypes={"labels": "int64"}),
-        Spelling('F.nll_loss(F.log_softmax(z, dim=1), labels, reduction="sum")', LABELLED,
-                 dtypes={"labels": "int64"}),
+        Spelling('F.nll_loss(F.log_softmax(z, dim=1), labels, reduction="sum")', LABELLED, dtypes={"labels": "int64"}),
     ],
     "nll_loss": [
         # z read as log-probabilities

@@ -45,20 +45,37 @@ from .norm_helpers import (
     LAYER_NORM_BACKWARD,
 )
 
-primitive("mean_keep", code=lambda operands, params, show: (
-    f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"),
-    latex=lambda operands, params, show: rf"\operatorname{{mean}}_{{D}}\left({operands[0]}\right)", tangent=LINEAR)
-primitive("channel_view", code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * params['trailing']})",
-          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
-primitive("group_view", code=lambda operands, params, show: f"{operands[0]}.unflatten(1, ({params['groups']}, -1))",
-          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
-primitive("group_unview", code=lambda operands, params, show: f"{operands[0]}.flatten(1, 2)",
-          latex=lambda operands, params, show: operands[0], tangent=LINEAR)
+primitive(
+    "mean_keep",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.mean(dim={params['dims'][0] if len(params['dims']) == 1 else params['dims']}, keepdim=True)"
+    ),
+    latex=lambda operands, params, show: rf"\operatorname{{mean}}_{{D}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
+primitive(
+    "channel_view",
+    code=lambda operands, params, show: f"{operands[0]}.reshape(-1{', 1' * params['trailing']})",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
+primitive(
+    "group_view",
+    code=lambda operands, params, show: f"{operands[0]}.unflatten(1, ({params['groups']}, -1))",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
+primitive(
+    "group_unview",
+    code=lambda operands, params, show: f"{operands[0]}.flatten(1, 2)",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
 
 
 def _normalize(x, dims, eps):
     centered = x - op("mean_keep", x, dims=dims)
-    return centered * (op("mean_keep", centered ** 2, dims=dims) + eps) ** sympy.Rational(-1, 2)
+    return centered * (op("mean_keep", centered**2, dims=dims) + eps) ** sympy.Rational(-1, 2)
 
 
 def _expand(name: str, named: dict, params) -> sympy.Expr:
@@ -91,8 +108,12 @@ FUNCTIONAL_DEFAULTS = {"eps": 1e-05, "momentum": 0.1}
 
 
 def _is_functional_default(key: str, value) -> bool:
-    return key in FUNCTIONAL_DEFAULTS and not isinstance(value, bool) and value is not None and (
-        float(value) == FUNCTIONAL_DEFAULTS[key])
+    return (
+        key in FUNCTIONAL_DEFAULTS
+        and not isinstance(value, bool)
+        and value is not None
+        and (float(value) == FUNCTIONAL_DEFAULTS[key])
+    )
 
 
 def _call(name: str, fields: tuple[str, ...]):
@@ -103,15 +124,25 @@ def _call(name: str, fields: tuple[str, ...]):
         named = dict(zip(params["operand_names"], operands))
         if name == "batch_norm":  # as nn.BatchNorm calls it: the tensors positionally, the statistics even as None
             last = max(index for index, key in enumerate(fields) if key in named or index < 2)
-            arguments = [named["input"]] + [named.get(key, "None") for key in fields[:last + 1]]
+            arguments = [named["input"]] + [named.get(key, "None") for key in fields[: last + 1]]
         else:
             arguments = [named["input"]] + [f"{key}={named[key]}" for key in fields if key in named]
-        arguments += [f"{key}={show(params[key]) if isinstance(params[key], sympy.Basic) else repr(params[key])}"
-                      for key in params["shown"] if not _is_functional_default(key, params[key])]
+        arguments += [
+            f"{key}={show(params[key]) if isinstance(params[key], sympy.Basic) else repr(params[key])}"
+            for key in params["shown"]
+            if not _is_functional_default(key, params[key])
+        ]
         return f"F.{name}({', '.join(arguments)})"
 
-    primitive(name, code=code, latex=lambda operands, params, show: rf"\operatorname{{{name.replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
-              tangent=tangent, fresh=True)
+    primitive(
+        name,
+        code=code,
+        latex=lambda operands, params, show: (
+            rf"\operatorname{{{name.replace('_', chr(92) + '_')}}}\left({operands[0]}\right)"
+        ),
+        tangent=tangent,
+        fresh=True,
+    )
 
 
 _call("layer_norm", ("weight", "bias"))
@@ -132,23 +163,38 @@ def _native_code(operands, params, show):
 
 def _native_layer_norm_code(operands, params, show):
     named = dict(zip(params["operand_names"], operands))
-    return (f"torch.native_layer_norm({named['input']}, {list(params['normalized_shape'])}, "
-            f"{named.get('weight', 'None')}, {named.get('bias', 'None')}, {show(params['eps'])})")
+    return (
+        f"torch.native_layer_norm({named['input']}, {list(params['normalized_shape'])}, "
+        f"{named.get('weight', 'None')}, {named.get('bias', 'None')}, {show(params['eps'])})"
+    )
 
 
-primitive("native_layer_norm", code=_native_layer_norm_code, outputs=3, fresh=True,
-          latex=lambda operands, params, show: rf"\operatorname{{layer\_norm}}\left({operands[0]}\right)")
+primitive(
+    "native_layer_norm",
+    code=_native_layer_norm_code,
+    outputs=3,
+    fresh=True,
+    latex=lambda operands, params, show: rf"\operatorname{{layer\_norm}}\left({operands[0]}\right)",
+)
 
 
 def _group_norm_code(operands, params, show):
     named = dict(zip(params["operand_names"], operands))
     eps = "" if float(params["eps"]) == 1e-05 else f", eps={show(params['eps'])}"
-    return (f"_group_norm({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}, "
-            f"{params['num_groups']}{eps})")
+    return (
+        f"_group_norm({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}, "
+        f"{params['num_groups']}{eps})"
+    )
 
 
-primitive("native_group_norm", code=_group_norm_code, outputs=3, fresh=True, helper=GROUP_NORM,
-          latex=lambda operands, params, show: rf"\operatorname{{group\_norm}}\left({operands[0]}\right)")
+primitive(
+    "native_group_norm",
+    code=_group_norm_code,
+    outputs=3,
+    fresh=True,
+    helper=GROUP_NORM,
+    latex=lambda operands, params, show: rf"\operatorname{{group\_norm}}\left({operands[0]}\right)",
+)
 
 
 def _instance_norm_code(operands, params, show):
@@ -157,10 +203,21 @@ def _instance_norm_code(operands, params, show):
     return f"_instance_norm({named['input']}, {named.get('weight', 'None')}, {named.get('bias', 'None')}{eps})"
 
 
-primitive("native_instance_norm", code=_instance_norm_code, outputs=3, fresh=True, helper=INSTANCE_NORM,
-          latex=lambda operands, params, show: rf"\operatorname{{instance\_norm}}\left({operands[0]}\right)")
-primitive("native_batch_norm", code=_native_code, outputs=3, fresh=True,
-          latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)")
+primitive(
+    "native_instance_norm",
+    code=_instance_norm_code,
+    outputs=3,
+    fresh=True,
+    helper=INSTANCE_NORM,
+    latex=lambda operands, params, show: rf"\operatorname{{instance\_norm}}\left({operands[0]}\right)",
+)
+primitive(
+    "native_batch_norm",
+    code=_native_code,
+    outputs=3,
+    fresh=True,
+    latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)",
+)
 
 
 def _again_code(operands, params, show):
@@ -171,9 +228,14 @@ def _again_code(operands, params, show):
     return f"_batch_norm_again({named['input']}, {affine}, {named['mean']}, {named['invstd']}{eps})"
 
 
-primitive("batch_norm_again", code=_again_code, helper=BATCH_NORM_AGAIN, fresh=True,
-          latex=lambda operands, params, show: (
-              rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)"))
+primitive(
+    "batch_norm_again",
+    code=_again_code,
+    helper=BATCH_NORM_AGAIN,
+    fresh=True,
+    latex=lambda operands, params, show: rf"\operatorname{{batch\_norm}}\left({operands[0]}\right)",
+)
+
 
 def _batch_norm_backward_code(operands, params, show):
     """``_batch_norm_backward(grad, x, weight, mean, invstd)``, eps and the mask where they are not
@@ -185,39 +247,70 @@ def _batch_norm_backward_code(operands, params, show):
     return f"_batch_norm_backward({operands[0]}, {operands[1]}, {weight}, {operands[-2]}, {operands[-1]}{extra})"
 
 
-primitive("batch_norm_backward", helper=BATCH_NORM_BACKWARD, outputs=3, fresh=True, code=_batch_norm_backward_code,
-          latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)")
+primitive(
+    "batch_norm_backward",
+    helper=BATCH_NORM_BACKWARD,
+    outputs=3,
+    fresh=True,
+    code=_batch_norm_backward_code,
+    latex=lambda operands, params, show: rf"\operatorname{{bn\_backward}}\left({', '.join(operands)}\right)",
+)
 
 
 def _norm_backward_code(name: str):
     """``_group_norm_backward(grad, x, weight, groups, mean, rstd)`` and ``_layer_norm_backward(grad,
     x, shape, weight, bias, mean, rstd)``: eps and the mask where they are not the defaults (1e-05,
     every gradient)."""
+
     def code(operands, params, show):
         named = dict(zip(params["operand_names"], operands))
         weight, bias = named.get("weight", "None"), named.get("bias", "None")
         if name == "group_norm":
             # instance_norm's forward with running statistics (F.instance_norm) keeps none: None, computed again
-            arguments = [named["grad"], named["input"], weight, str(params["num_groups"]),
-                         named.get("mean", "None"), named.get("rstd", "None")]
+            arguments = [
+                named["grad"],
+                named["input"],
+                weight,
+                str(params["num_groups"]),
+                named.get("mean", "None"),
+                named.get("rstd", "None"),
+            ]
         elif name == "instance_norm":
             arguments = [named["grad"], named["input"], weight, named["mean"], named["rstd"]]
         else:
-            arguments = [named["grad"], named["input"], str(list(params["normalized_shape"])), weight, bias,
-                         named["mean"], named["rstd"]]
+            arguments = [
+                named["grad"],
+                named["input"],
+                str(list(params["normalized_shape"])),
+                weight,
+                bias,
+                named["mean"],
+                named["rstd"],
+            ]
         if float(params["eps"]) != 1e-05:
             arguments.append(f"eps={show(params['eps'])}")
         if not all(params["output_mask"]):
             arguments.append(f"output_mask={list(params['output_mask'])}")
         return f"_{name}_backward({', '.join(arguments)})"
+
     return code
 
 
-for _name, _helper in (("group_norm", GROUP_NORM_BACKWARD), ("layer_norm", LAYER_NORM_BACKWARD),
-                       ("instance_norm", INSTANCE_NORM_BACKWARD)):
-    primitive(f"{_name}_backward", helper=_helper, outputs=3, fresh=True, code=_norm_backward_code(_name),
-              latex=lambda operands, params, show, _name=_name: (
-                  rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"))
+for _name, _helper in (
+    ("group_norm", GROUP_NORM_BACKWARD),
+    ("layer_norm", LAYER_NORM_BACKWARD),
+    ("instance_norm", INSTANCE_NORM_BACKWARD),
+):
+    primitive(
+        f"{_name}_backward",
+        helper=_helper,
+        outputs=3,
+        fresh=True,
+        code=_norm_backward_code(_name),
+        latex=lambda operands, params, show, _name=_name: (
+            rf"\operatorname{{{_name.replace('_', chr(92) + '_')}\_backward}}\left({', '.join(operands)}\right)"
+        ),
+    )
 
 
 def fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), **params):
@@ -230,14 +323,25 @@ def fused_norm_pullback(node, grad, wanted, name: str, statistics: tuple = (), *
     if unsupported:
         raise NotImplementedError(f"gradients of {name}'s {sorted(unsupported)} are not derived")
     present = ("grad", "input") + tuple(key for key in ("weight", "bias") if key in node.operands)
-    operands = [grad, *(node.operands[key] for key in present[1:]), *(tensor(f"{kind}_{node.name}")
-                                                                       for kind in statistics)]
+    operands = [
+        grad,
+        *(node.operands[key] for key in present[1:]),
+        *(tensor(f"{kind}_{node.name}") for kind in statistics),
+    ]
     together = " and ".join(key for key in names if key in wanted)
-    fused = node.local("local", op(f"{name}_backward", *operands, operand_names=present + statistics,
-                                   eps=node.params["eps"], output_mask=tuple(key in wanted for key in names),
-                                   **params),
-                       note=f"{node.name}'s {together} gradients in one native_{name}_backward call "
-                            "(autograd's own kernel; twice differentiable)")
+    fused = node.local(
+        "local",
+        op(
+            f"{name}_backward",
+            *operands,
+            operand_names=present + statistics,
+            eps=node.params["eps"],
+            output_mask=tuple(key in wanted for key in names),
+            **params,
+        ),
+        note=f"{node.name}'s {together} gradients in one native_{name}_backward call "
+        "(autograd's own kernel; twice differentiable)",
+    )
     return {key: op("item", fused, index=index) for index, key in enumerate(names) if key in wanted}
 
 
@@ -251,7 +355,7 @@ def normalized_pullback(node: NodeSymbols, x_view, grad_view, dims, weight_view)
     """The shared formula; ``*_view`` are x and grad seen with the normalised dims in ``dims``."""
     eps = node.params["eps"]
     centered = node.local("centered", x_view - op("mean_keep", x_view, dims=dims))
-    rstd = node.local("rstd", (op("mean_keep", centered ** 2, dims=dims) + eps) ** sympy.Rational(-1, 2))
+    rstd = node.local("rstd", (op("mean_keep", centered**2, dims=dims) + eps) ** sympy.Rational(-1, 2))
     xhat = node.local("xhat", centered * rstd)
     ghat = grad_view * weight_view if weight_view is not None else grad_view
     ghat = node.local("ghat", ghat) if weight_view is not None else ghat
@@ -267,7 +371,9 @@ def momentum_param(value, context: ParamContext):
         return None
     momentum = number(value, context)
     if not 0 <= momentum <= 1:
-        raise context.fail(f"is {value!r}, outside 0 to 1", "use a momentum between 0 and 1, or null for a cumulative average")
+        raise context.fail(
+            f"is {value!r}, outside 0 to 1", "use a momentum between 0 and 1, or null for a cumulative average"
+        )
     return momentum
 
 
@@ -276,8 +382,13 @@ def check_per_channel(shapes, x, check) -> None:
     for name in ("running_mean", "running_var", "weight", "bias"):
         if name in shapes:
             check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
-            check.equal(shapes[name][0], x[1], f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
-                        "give it the shape [C]")
+            check.equal(
+                shapes[name][0],
+                x[1],
+                f"{name} has {shapes[name][0]} entries but the input has {x[1]} channels",
+                "give it the shape [C]",
+            )
+
 
 class Norm(Rule):
     linear_in = ()
@@ -294,9 +405,17 @@ class Norm(Rule):
         if not node.fused:
             return Forward(value)
         present = tuple(name for name in ("input", "weight", "bias") if name in node.operands)
-        kernel = node.local("native", op(native, *(node.operands[name] for name in present), operand_names=present,
-                                         eps=node.params["eps"], **params),
-                            note=f"{node.name} with the statistics its gradient reads")
+        kernel = node.local(
+            "native",
+            op(
+                native,
+                *(node.operands[name] for name in present),
+                operand_names=present,
+                eps=node.params["eps"],
+                **params,
+            ),
+            note=f"{node.name} with the statistics its gradient reads",
+        )
         node.local("mean", op("item", kernel, index=1), note=f"{node.name}'s mean")
         node.local("rstd", op("item", kernel, index=2), note=f"{node.name}'s 1 / std")
         return Forward(op("item", kernel, index=0), math=value)
@@ -315,19 +434,29 @@ class LayerNorm(Norm):
     calls = ("layer_norm",)
     operand_roles = {"weight": "scale", "bias": "shift"}
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
-    params = {"normalized_shape": Param(None, lambda v, c: tuple(v) if isinstance(v, list) else (v,)),
-              "eps": Param(1e-5, positive_number)}
+    params = {
+        "normalized_shape": Param(None, lambda v, c: tuple(v) if isinstance(v, list) else (v,)),
+        "eps": Param(1e-5, positive_number),
+    }
     summary = "normalise over the trailing normalized_shape dims, then scale and shift"
 
     def infer_shape(self, shapes, params, check: Checker):
         x, tail = shapes["input"], params["normalized_shape"]
-        check.require(len(tail) < len(x), f"normalized_shape {list(tail)} must leave a leading dim", "normalise fewer dims")
-        for a, b in zip(x[len(x) - len(tail):], tail):
-            check.equal(a, b, f"the input's trailing dims {tuple(x[len(x) - len(tail):])} are not normalized_shape {tuple(tail)}",
-                        "make normalized_shape the input's trailing sizes")
+        check.require(
+            len(tail) < len(x), f"normalized_shape {list(tail)} must leave a leading dim", "normalise fewer dims"
+        )
+        for a, b in zip(x[len(x) - len(tail) :], tail):
+            check.equal(
+                a,
+                b,
+                f"the input's trailing dims {tuple(x[len(x) - len(tail) :])} are not normalized_shape {tuple(tail)}",
+                "make normalized_shape the input's trailing sizes",
+            )
         for name in ("weight", "bias"):
             if name in shapes:
-                check.require(len(shapes[name]) == len(tail), f"{name} must have the shape normalized_shape", "fix its shape")
+                check.require(
+                    len(shapes[name]) == len(tail), f"{name} must have the shape normalized_shape", "fix its shape"
+                )
                 for a, b in zip(shapes[name], tail):
                     check.equal(a, b, f"{name} must have the shape normalized_shape {tuple(tail)}", "fix its shape")
         return tuple(x)
@@ -340,8 +469,14 @@ class LayerNorm(Norm):
 
     def pullback(self, node, grad, wanted):
         if node.fused:
-            return fused_norm_pullback(node, grad, wanted, "layer_norm", statistics=("mean", "rstd"),
-                                        normalized_shape=tuple(node.params["normalized_shape"]))
+            return fused_norm_pullback(
+                node,
+                grad,
+                wanted,
+                "layer_norm",
+                statistics=("mean", "rstd"),
+                normalized_shape=tuple(node.params["normalized_shape"]),
+            )
         rank, count = len(node.shapes["input"]), len(node.params["normalized_shape"])
         dims = tuple(range(rank - count, rank))
         grad_x, xhat = normalized_pullback(node, node.operands["input"], grad, dims, node.operands.get("weight"))
@@ -351,8 +486,11 @@ class LayerNorm(Norm):
         return grads
 
     def table_row(self):
-        return (self.op, "out = (x - mean) / sqrt(var + eps) * weight + bias over the trailing dims",
-                "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = grad * weight; grad_weight = Σ grad x̂; grad_bias = Σ grad")
+        return (
+            self.op,
+            "out = (x - mean) / sqrt(var + eps) * weight + bias over the trailing dims",
+            "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)), ĝ = grad * weight; grad_weight = Σ grad x̂; grad_bias = Σ grad",
+        )
 
 
 RULES = [LayerNorm()]
@@ -362,11 +500,18 @@ RULES = [LayerNorm()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "layer_norm": [
-        Sample("layer_norm-affine", {"x": [3, 2, 5], "w": [5], "b": [5], "y": [3, 2, 5]},
-               [{"op": "layer_norm", "weight": "w", "bias": "b", "normalized_shape": [5]}],
-               ["x", "w", "b"]),
-        Sample("layer_norm-two-dims", {"x": [2, 3, 4], "y": [2, 3, 4]},
-               [{"op": "layer_norm", "normalized_shape": [3, 4], "eps": 0.001}], ["x"]),
+        Sample(
+            "layer_norm-affine",
+            {"x": [3, 2, 5], "w": [5], "b": [5], "y": [3, 2, 5]},
+            [{"op": "layer_norm", "weight": "w", "bias": "b", "normalized_shape": [5]}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "layer_norm-two-dims",
+            {"x": [2, 3, 4], "y": [2, 3, 4]},
+            [{"op": "layer_norm", "normalized_shape": [3, 4], "eps": 0.001}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -17,9 +17,18 @@ class BatchNorm(Norm):
     op = "batch_norm"
     calls = ("batch_norm",)
     operand_roles = {"weight": "scale", "bias": "shift", "running_mean": "shift", "running_var": "variance"}
-    operands = (Operand("input", from_in=True), Operand("running_mean", optional=True), Operand("running_var", optional=True),
-                Operand("weight", optional=True), Operand("bias", optional=True))
-    params = {"training": Param(False, flag), "momentum": Param(0.1, momentum_param), "eps": Param(1e-5, positive_number)}
+    operands = (
+        Operand("input", from_in=True),
+        Operand("running_mean", optional=True),
+        Operand("running_var", optional=True),
+        Operand("weight", optional=True),
+        Operand("bias", optional=True),
+    )
+    params = {
+        "training": Param(False, flag),
+        "momentum": Param(0.1, momentum_param),
+        "eps": Param(1e-5, positive_number),
+    }
     summary = "per-channel normalisation over batch and space (training), or by running statistics (eval)"
 
     def elements_per_statistic(self, shapes, params):
@@ -30,10 +39,12 @@ class BatchNorm(Norm):
         x = shapes["input"]
         check.require(len(x) >= 2, "batch_norm needs [N, C, ...]", "pass a batched input")
         stats = "running_mean" in shapes and "running_var" in shapes
-        check.require(stats or (params["training"] and "running_mean" not in shapes and "running_var" not in shapes),
-                      "batch_norm needs both running_mean and running_var in eval mode, and both or neither in "
-                      "training mode (where they are updated in place, as nn.BatchNorm does)",
-                      "give both running statistics, or (training: true) neither")
+        check.require(
+            stats or (params["training"] and "running_mean" not in shapes and "running_var" not in shapes),
+            "batch_norm needs both running_mean and running_var in eval mode, and both or neither in "
+            "training mode (where they are updated in place, as nn.BatchNorm does)",
+            "give both running statistics, or (training: true) neither",
+        )
         check_per_channel(shapes, x, check)
         return tuple(x)
 
@@ -53,10 +64,17 @@ class BatchNorm(Norm):
         # the fused pullback reads the batch mean and 1 / std this kernel computes anyway (as autograd saves them)
         momentum = params.get("momentum", 0)
         present = tuple(name for name in NATIVE_ORDER if name in node.operands)
-        native = node.local("native", op("native_batch_norm", *(node.operands[name] for name in present),
-                                         operand_names=present,
-                                         momentum=momentum, eps=node.params["eps"]),
-                            note=f"{node.name} with the batch statistics its gradient reads")
+        native = node.local(
+            "native",
+            op(
+                "native_batch_norm",
+                *(node.operands[name] for name in present),
+                operand_names=present,
+                momentum=momentum,
+                eps=node.params["eps"],
+            ),
+            note=f"{node.name} with the batch statistics its gradient reads",
+        )
         node.local("batch_mean", op("item", native, index=1), note=f"{node.name}'s batch mean")
         node.local("batch_invstd", op("item", native, index=2), note=f"{node.name}'s batch 1 / std")
         return Forward(op("item", native, index=0), math=value)
@@ -74,7 +92,9 @@ class BatchNorm(Norm):
         if node.params["training"]:
             grad_x, xhat = normalized_pullback(node, node.operands["input"], grad, sum_dims, weight)
         else:
-            rstd = node.local("rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2))
+            rstd = node.local(
+                "rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2)
+            )
             xhat = node.local("xhat", (node.operands["input"] - view(node.operands["running_mean"])) * rstd)
             grad_x = grad * weight * rstd if weight is not None else grad * rstd
         grads = self._affine_grads(node, grad, xhat, wanted, sum_dims)
@@ -88,19 +108,29 @@ class BatchNorm(Norm):
         names = ("input", "weight", "bias")
         mask = tuple(name in wanted for name in names)
         weighted = "weight" in node.operands  # the batch statistics are named by forward() above
-        operands = [grad, node.operands["input"], *([node.operands["weight"]] if weighted else []),
-                    tensor(f"batch_mean_{node.name}"), tensor(f"batch_invstd_{node.name}")]
+        operands = [
+            grad,
+            node.operands["input"],
+            *([node.operands["weight"]] if weighted else []),
+            tensor(f"batch_mean_{node.name}"),
+            tensor(f"batch_invstd_{node.name}"),
+        ]
         together = " and ".join(name for name in names if name in wanted)
-        fused = node.local("local", op("batch_norm_backward", *operands, eps=node.params["eps"], output_mask=mask,
-                                       weighted=weighted),
-                           note=f"{node.name}'s {together} gradients in one native_batch_norm_backward call "
-                                "(autograd's own kernel, twice differentiable)")
+        fused = node.local(
+            "local",
+            op("batch_norm_backward", *operands, eps=node.params["eps"], output_mask=mask, weighted=weighted),
+            note=f"{node.name}'s {together} gradients in one native_batch_norm_backward call "
+            "(autograd's own kernel, twice differentiable)",
+        )
         return {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
 
     def table_row(self):
-        return (self.op, "training: per-channel (x - mean) / sqrt(var + eps) * weight + bias over N and space; "
-                "eval: the same with running statistics",
-                "training: grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)); eval: grad_x = grad * weight * rstd")
+        return (
+            self.op,
+            "training: per-channel (x - mean) / sqrt(var + eps) * weight + bias over N and space; "
+            "eval: the same with running statistics",
+            "training: grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)); eval: grad_x = grad * weight * rstd",
+        )
 
 
 RULES = [BatchNorm()]
@@ -108,15 +138,22 @@ RULES = [BatchNorm()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "batch_norm": [
-        Sample("batch_norm-training", {"x": [4, 3, 2, 3], "w": [3], "b": [3], "y": [4, 3, 2, 3]},
-               [{"op": "batch_norm", "weight": "w", "bias": "b", "training": True}],
-               ["x", "w", "b"]),
+        Sample(
+            "batch_norm-training",
+            {"x": [4, 3, 2, 3], "w": [3], "b": [3], "y": [4, 3, 2, 3]},
+            [{"op": "batch_norm", "weight": "w", "bias": "b", "training": True}],
+            ["x", "w", "b"],
+        ),
         # the running variance through softplus: a variance is positive
-        Sample("batch_norm-eval", {"x": [4, 3, 5], "m": [3], "v": [3], "w": [3], "y": [4, 3, 5]},
-               [{"op": "softplus", "in": "v", "out": "positive_var"},
-                {"op": "batch_norm", "in": "x", "running_mean": "m", "running_var": "positive_var",
-                 "weight": "w"}],
-               ["x", "w"]),
+        Sample(
+            "batch_norm-eval",
+            {"x": [4, 3, 5], "m": [3], "v": [3], "w": [3], "y": [4, 3, 5]},
+            [
+                {"op": "softplus", "in": "v", "out": "positive_var"},
+                {"op": "batch_norm", "in": "x", "running_mean": "m", "running_var": "positive_var", "weight": "w"},
+            ],
+            ["x", "w"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -31,8 +31,12 @@ class GroupNorm(Norm):
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
         check.require(len(x) >= 3, "group_norm needs [N, C, ...]", "pass a batched input with spatial dims")
-        check.equal(x[1] % params["num_groups"], 0, f"{x[1]} channels are not divisible by num_groups={params['num_groups']}",
-                    "use a num_groups that divides the channels")
+        check.equal(
+            x[1] % params["num_groups"],
+            0,
+            f"{x[1]} channels are not divisible by num_groups={params['num_groups']}",
+            "use a num_groups that divides the channels",
+        )
         for name in ("weight", "bias"):
             if name in shapes:
                 check.require(len(shapes[name]) == 1, f"{name} must be 1-d [C]", "give it the shape [C]")
@@ -46,8 +50,9 @@ class GroupNorm(Norm):
 
     def pullback(self, node, grad, wanted):
         if node.fused:
-            return fused_norm_pullback(node, grad, wanted, "group_norm", statistics=("mean", "rstd"),
-                                        num_groups=node.params["num_groups"])
+            return fused_norm_pullback(
+                node, grad, wanted, "group_norm", statistics=("mean", "rstd"), num_groups=node.params["num_groups"]
+            )
         rank, groups = len(node.shapes["input"]), node.params["num_groups"]
         weight = op("channel_view", node.operands["weight"], trailing=rank - 2) if "weight" in node.operands else None
         ghat_full = grad * weight if weight is not None else grad
@@ -62,8 +67,11 @@ class GroupNorm(Norm):
         return grads
 
     def table_row(self):
-        return (self.op, "out = per-group (x - mean) / sqrt(var + eps), then per-channel weight and bias",
-                "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) in each group, ĝ = grad * weight")
+        return (
+            self.op,
+            "out = per-group (x - mean) / sqrt(var + eps), then per-channel weight and bias",
+            "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) in each group, ĝ = grad * weight",
+        )
 
 
 RULES = [GroupNorm()]
@@ -71,9 +79,12 @@ RULES = [GroupNorm()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "group_norm": [
-        Sample("group_norm", {"x": [2, 4, 3, 3], "w": [4], "b": [4], "y": [2, 4, 3, 3]},
-               [{"op": "group_norm", "num_groups": 2, "weight": "w", "bias": "b"}],
-               ["x", "w", "b"]),
+        Sample(
+            "group_norm",
+            {"x": [2, 4, 3, 3], "w": [4], "b": [4], "y": [2, 4, 3, 3]},
+            [{"op": "group_norm", "num_groups": 2, "weight": "w", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

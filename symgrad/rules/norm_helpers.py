@@ -28,7 +28,10 @@ SUGGESTED_MEMORY_FORMAT = '''def _suggested_memory_format(x):
 """Emitted once into each module with a fused group_norm or instance_norm (both helpers hold it)."""
 
 
-GROUP_NORM = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm(input, weight, bias, groups, eps=1e-05):
+GROUP_NORM = (
+    SUGGESTED_MEMORY_FORMAT
+    + "\n\n"
+    + '''def _group_norm(input, weight, bias, groups, eps=1e-05):
     """``F.group_norm(input, groups, weight, bias, eps)``, with the mean and 1 / std of each group
     its backward reads, from ``torch.native_group_norm``, the kernel F.group_norm runs (on ``input``
     in the layout it gives it). Under autocast, which runs F.group_norm in float32 on a GPU and not
@@ -40,10 +43,14 @@ GROUP_NORM = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm(input, weight
     n, c, hxw = x.shape[0], x.shape[1], x.shape[2:].numel()
     return torch.native_group_norm(x, weight, bias, n, c, hxw, groups, eps)
 '''
+)
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
-GROUP_NORM_BACKWARD = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm_backward(grad_output, input, weight, groups, mean, rstd, eps=1e-05,
+GROUP_NORM_BACKWARD = (
+    SUGGESTED_MEMORY_FORMAT
+    + "\n\n"
+    + '''def _group_norm_backward(grad_output, input, weight, groups, mean, rstd, eps=1e-05,
                          output_mask=(True, True, True)):
     """group_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_group_norm_backward``, autograd's own kernel, from each group's mean
@@ -94,6 +101,7 @@ GROUP_NORM_BACKWARD = SUGGESTED_MEMORY_FORMAT + "\n\n" + '''def _group_norm_back
             grad, x, *statistics, weight, n, c, hxw, groups, list(output_mask))
     return tuple(None if grad is None else grad.to(owner) for grad, owner in zip(grads, owners))
 '''
+)
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
@@ -149,7 +157,12 @@ INSTANCE_NORM = '''def _instance_norm(input, weight, bias, eps=1e-05):
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
-INSTANCE_NORM_BACKWARD = BATCH_NORM_BACKWARD + "\n\n" + GROUP_NORM_BACKWARD + "\n\n" + '''def _instance_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
+INSTANCE_NORM_BACKWARD = (
+    BATCH_NORM_BACKWARD
+    + "\n\n"
+    + GROUP_NORM_BACKWARD
+    + "\n\n"
+    + '''def _instance_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
                             output_mask=(True, True, True)):
     """instance_norm's input, weight and bias gradients as autograd takes them through
     F.instance_norm: one ``native_batch_norm_backward`` call on the N x C channels the forward's
@@ -172,6 +185,7 @@ INSTANCE_NORM_BACKWARD = BATCH_NORM_BACKWARD + "\n\n" + GROUP_NORM_BACKWARD + "\
               for grad in (grad_weight, grad_bias))
     return (None if grad_input is None else grad_input.reshape(input.shape), *summed)
 '''
+)
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 

@@ -32,8 +32,11 @@ class InstanceNorm(Norm):
     calls = ("instance_norm",)
     operand_roles = BatchNorm.operand_roles
     operands = BatchNorm.operands
-    params = {"use_input_stats": Param(True, flag), "momentum": Param(0.1, momentum_param),
-              "eps": Param(1e-5, positive_number)}
+    params = {
+        "use_input_stats": Param(True, flag),
+        "momentum": Param(0.1, momentum_param),
+        "eps": Param(1e-5, positive_number),
+    }
     summary = "normalise each sample's channel over its space (or by running statistics), then scale and shift"
 
     def elements_per_statistic(self, shapes, params):
@@ -43,9 +46,12 @@ class InstanceNorm(Norm):
         x = shapes["input"]
         check.require(len(x) >= 3, "instance_norm needs [N, C, ...]", "pass a batched input with spatial dims")
         stats = "running_mean" in shapes and "running_var" in shapes
-        check.require(stats or (params["use_input_stats"] and "running_mean" not in shapes and "running_var" not in shapes),
-                      "instance_norm needs both running_mean and running_var with use_input_stats: false, and both "
-                      "or neither otherwise", "give both running statistics, or (use_input_stats: true) neither")
+        check.require(
+            stats or (params["use_input_stats"] and "running_mean" not in shapes and "running_var" not in shapes),
+            "instance_norm needs both running_mean and running_var with use_input_stats: false, and both "
+            "or neither otherwise",
+            "give both running statistics, or (use_input_stats: true) neither",
+        )
         check_per_channel(shapes, x, check)
         return tuple(x)
 
@@ -57,7 +63,13 @@ class InstanceNorm(Norm):
 
     def forward(self, node):
         updates = node.params["use_input_stats"] and "running_mean" in node.operands
-        shown = ("momentum", "eps") if updates else ("eps",) if node.params["use_input_stats"] else ("use_input_stats", "eps")
+        shown = (
+            ("momentum", "eps")
+            if updates
+            else ("eps",)
+            if node.params["use_input_stats"]
+            else ("use_input_stats", "eps")
+        )
         names, params = self._forward_params(node, shown)
         if updates:
             params["momentum"] = 0 if node.params["momentum"] is None else node.params["momentum"]
@@ -87,7 +99,9 @@ class InstanceNorm(Norm):
         if node.params["use_input_stats"]:
             grad_x, xhat = normalized_pullback(node, node.operands["input"], grad, tuple(range(2, rank)), weight)
         else:
-            rstd = node.local("rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2))
+            rstd = node.local(
+                "rstd", (view(node.operands["running_var"]) + node.params["eps"]) ** sympy.Rational(-1, 2)
+            )
             xhat = node.local("xhat", (node.operands["input"] - view(node.operands["running_mean"])) * rstd)
             grad_x = grad * weight * rstd if weight is not None else grad * rstd
         grads = self._affine_grads(node, grad, xhat, wanted, (0,) + tuple(range(2, rank)))
@@ -96,10 +110,13 @@ class InstanceNorm(Norm):
         return grads
 
     def table_row(self):
-        return (self.op, "out = per-sample, per-channel (x - mean) / sqrt(var + eps) * weight + bias over space "
-                "(use_input_stats: false: by running statistics)",
-                "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) over each sample's channel; running statistics: "
-                "grad_x = grad * weight * rstd")
+        return (
+            self.op,
+            "out = per-sample, per-channel (x - mean) / sqrt(var + eps) * weight + bias over space "
+            "(use_input_stats: false: by running statistics)",
+            "grad_x = rstd (ĝ - mean ĝ - x̂ mean(ĝ x̂)) over each sample's channel; running statistics: "
+            "grad_x = grad * weight * rstd",
+        )
 
 
 RULES = [InstanceNorm()]
@@ -107,25 +124,43 @@ RULES = [InstanceNorm()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "instance_norm": [
-        Sample("instance_norm-affine", {"x": [2, 3, 4, 3], "w": [3], "b": [3], "y": [2, 3, 4, 3]},
-               [{"op": "instance_norm", "weight": "w", "bias": "b"}], ["x", "w", "b"]),
-        Sample("instance_norm-3d", {"x": [2, 3, 2, 3, 2], "y": [2, 3, 2, 3, 2]},
-               [{"op": "instance_norm", "eps": 0.001}], ["x"]),
-        Sample("instance_norm-running-stats",
-               {"x": [2, 3, 5], "m": [3], "v": [3], "w": [3], "y": [2, 3, 5]},
-               [{"op": "softplus", "in": "v", "out": "positive_var"},
-                {"op": "instance_norm", "in": "x", "running_mean": "m",
-                 "running_var": "positive_var", "weight": "w", "use_input_stats": False}],
-               ["x", "w"]),
+        Sample(
+            "instance_norm-affine",
+            {"x": [2, 3, 4, 3], "w": [3], "b": [3], "y": [2, 3, 4, 3]},
+            [{"op": "instance_norm", "weight": "w", "bias": "b"}],
+            ["x", "w", "b"],
+        ),
+        Sample(
+            "instance_norm-3d",
+            {"x": [2, 3, 2, 3, 2], "y": [2, 3, 2, 3, 2]},
+            [{"op": "instance_norm", "eps": 0.001}],
+            ["x"],
+        ),
+        Sample(
+            "instance_norm-running-stats",
+            {"x": [2, 3, 5], "m": [3], "v": [3], "w": [3], "y": [2, 3, 5]},
+            [
+                {"op": "softplus", "in": "v", "out": "positive_var"},
+                {
+                    "op": "instance_norm",
+                    "in": "x",
+                    "running_mean": "m",
+                    "running_var": "positive_var",
+                    "weight": "w",
+                    "use_input_stats": False,
+                },
+            ],
+            ["x", "w"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "instance_norm": [
         Spelling("nn.InstanceNorm2d(3, affine=True)", module=True),
         Spelling("F.instance_norm(x, eps=1e-3)"),
-        Spelling("nn.InstanceNorm3d(2, track_running_stats=True)", {"x": (2, 2, 3, 4, 3)},
-                 module=True),
-        Spelling("nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval()",
-                 {"x": (2, 2, 3, 4, 3)}, module=True),
+        Spelling("nn.InstanceNorm3d(2, track_running_stats=True)", {"x": (2, 2, 3, 4, 3)}, module=True),
+        Spelling(
+            "nn.InstanceNorm3d(2, affine=True, track_running_stats=True).eval()", {"x": (2, 2, 3, 4, 3)}, module=True
+        ),
     ],
 }

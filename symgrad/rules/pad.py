@@ -27,17 +27,29 @@ def _pads(value, context: ParamContext):
 def _pad_code(operands, params, show):
     pads = ", ".join(show(p) if isinstance(p, sympy.Basic) else str(p) for p in params["pad"])
     mode = params.get("mode", "constant")
-    extra = f", mode={mode!r}" if mode != "constant" else (f", value={params['value']}" if params.get("value", 0) != 0 else "")
+    extra = (
+        f", mode={mode!r}"
+        if mode != "constant"
+        else (f", value={params['value']}" if params.get("value", 0) != 0 else "")
+    )
     return f"F.pad({operands[0]}, [{pads}]{extra})"
 
 
-primitive("pad", code=_pad_code,
-          latex=lambda operands, params, show: rf"\operatorname{{pad}}\left({operands[0]}\right)",
-          # affine: the constant value does not move, the copied (or reflected, wrapped) entries do
-          tangent=lambda expr, tangent_of: op("pad", tangent_of(expr.operands[0]), pad=expr.params["pad"],
-                                                mode=expr.params.get("mode", "constant")))
-primitive("flip", code=lambda operands, params, show: f"{operands[0]}.flip({params['dim']})",
-          latex=lambda operands, params, show: rf"\operatorname{{flip}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive(
+    "pad",
+    code=_pad_code,
+    latex=lambda operands, params, show: rf"\operatorname{{pad}}\left({operands[0]}\right)",
+    # affine: the constant value does not move, the copied (or reflected, wrapped) entries do
+    tangent=lambda expr, tangent_of: op(
+        "pad", tangent_of(expr.operands[0]), pad=expr.params["pad"], mode=expr.params.get("mode", "constant")
+    ),
+)
+primitive(
+    "flip",
+    code=lambda operands, params, show: f"{operands[0]}.flip({params['dim']})",
+    latex=lambda operands, params, show: rf"\operatorname{{flip}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
 
 
 class Pad(Rule):
@@ -57,42 +69,70 @@ class Pad(Rule):
     op = "pad"
     calls = ("pad",)
     operands = (Operand("input", from_in=True),)
-    params = {"pad": Param(None, _pads), "mode": Param("constant", choice("constant", "reflect", "replicate", "circular")),
-              "value": Param(0, finite_float)}
+    params = {
+        "pad": Param(None, _pads),
+        "mode": Param("constant", choice("constant", "reflect", "replicate", "circular")),
+        "value": Param(0, finite_float),
+    }
     summary = "padding: constant (negative pads crop), reflect, replicate or circular"
     linear_in = ("input",)  # for value 0; otherwise affine
 
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
         pad, mode = params["pad"], params["mode"]
-        check.require(len(pad) % 2 == 0 and len(pad) // 2 <= len(shape), f"pad {list(pad)} needs pairs for at most "
-                      f"{len(shape)} dims", "give (left, right) pairs, last dim first")
-        check.require(isinstance(params["value"], (int, float)) and not isinstance(params["value"], bool),
-                      "value must be a number", "write e.g. `value: 0`")
+        check.require(
+            len(pad) % 2 == 0 and len(pad) // 2 <= len(shape),
+            f"pad {list(pad)} needs pairs for at most {len(shape)} dims",
+            "give (left, right) pairs, last dim first",
+        )
+        check.require(
+            isinstance(params["value"], (int, float)) and not isinstance(params["value"], bool),
+            "value must be a number",
+            "write e.g. `value: 0`",
+        )
         if mode != "constant":
             padded = len(pad) // 2
-            check.require(padded in (1, 2, 3) and len(shape) in (padded + 1, padded + 2),
-                          f"mode '{mode}' pads the last 1 to 3 dims of a tensor with one or two more dims; "
-                          f"{padded} padded dims of a {len(shape)}-d input is not that",
-                          "pad the last 1, 2 or 3 dims of a [C, ...] or [N, C, ...] input")
+            check.require(
+                padded in (1, 2, 3) and len(shape) in (padded + 1, padded + 2),
+                f"mode '{mode}' pads the last 1 to 3 dims of a tensor with one or two more dims; "
+                f"{padded} padded dims of a {len(shape)}-d input is not that",
+                "pad the last 1, 2 or 3 dims of a [C, ...] or [N, C, ...] input",
+            )
             check.require(params["value"] == 0, f"mode '{mode}' takes no value (PyTorch rejects it)", "drop `value`")
-            check.require(all(p >= 0 for p in pad), f"mode '{mode}' with a negative pad is not supported",
-                          "crop with `narrow` first, then pad by non-negative amounts")
+            check.require(
+                all(p >= 0 for p in pad),
+                f"mode '{mode}' with a negative pad is not supported",
+                "crop with `narrow` first, then pad by non-negative amounts",
+            )
         for pair in range(len(pad) // 2):
             axis = len(shape) - 1 - pair
             before, after = pad[2 * pair], pad[2 * pair + 1]
             if mode == "reflect":
-                check.positive(shape[axis] - max(before, after), f"reflect padding {max(before, after)} must be smaller "
-                               f"than dim {axis} of the input", "pad less, or use mode replicate")
+                check.positive(
+                    shape[axis] - max(before, after),
+                    f"reflect padding {max(before, after)} must be smaller than dim {axis} of the input",
+                    "pad less, or use mode replicate",
+                )
             if mode == "circular":
-                check.positive(shape[axis] - max(before, after) + 1, f"circular padding {max(before, after)} wraps "
-                               f"around dim {axis} more than once", "pad at most the dim's size")
+                check.positive(
+                    shape[axis] - max(before, after) + 1,
+                    f"circular padding {max(before, after)} wraps around dim {axis} more than once",
+                    "pad at most the dim's size",
+                )
             shape[axis] = shape[axis] + before + after
             check.positive(shape[axis], f"padding leaves dim {axis} empty", "pad less negatively")
         return tuple(shape)
 
     def forward(self, node):
-        return Forward(op("pad", node.operands["input"], pad=node.params["pad"], mode=node.params["mode"], value=node.params["value"]))
+        return Forward(
+            op(
+                "pad",
+                node.operands["input"],
+                pad=node.params["pad"],
+                mode=node.params["mode"],
+                value=node.params["value"],
+            )
+        )
 
     def pullback(self, node, grad, wanted):
         pad, mode = node.params["pad"], node.params["mode"]
@@ -106,8 +146,12 @@ class Pad(Rule):
             if before or after:
                 folded = self._fold(folded, Size(x, axis), axis, rank, before, after, mode)
                 if pair < len(pad) // 2 - 1:  # name each axis's fold, so the next one reads it once
-                    folded = node.local("local", folded, suffix=f"dim{axis}",
-                                        note=f"{node.name}'s gradient with the {mode} border of dim {axis} folded back in")
+                    folded = node.local(
+                        "local",
+                        folded,
+                        suffix=f"dim{axis}",
+                        note=f"{node.name}'s gradient with the {mode} border of dim {axis} folded back in",
+                    )
         return {"input": folded}
 
     @staticmethod
@@ -120,21 +164,31 @@ class Pad(Rule):
         terms = [op("narrow", grad, dim=axis, start=before, length=n)]
         if before:
             edge = op("narrow", grad, dim=axis, start=0, length=before)
-            terms.append({"circular": lambda: place(edge, n - before, 0),
-                          "replicate": lambda: place(op("sum", edge, dim=(axis,), keepdim=True), 0, n - 1),
-                          "reflect": lambda: place(op("flip", edge, dim=axis), 1, n - 1 - before)}[mode]())
+            terms.append(
+                {
+                    "circular": lambda: place(edge, n - before, 0),
+                    "replicate": lambda: place(op("sum", edge, dim=(axis,), keepdim=True), 0, n - 1),
+                    "reflect": lambda: place(op("flip", edge, dim=axis), 1, n - 1 - before),
+                }[mode]()
+            )
         if after:
             edge = op("narrow", grad, dim=axis, start=before + n, length=after)
-            terms.append({"circular": lambda: place(edge, 0, n - after),
-                          "replicate": lambda: place(op("sum", edge, dim=(axis,), keepdim=True), n - 1, 0),
-                          "reflect": lambda: place(op("flip", edge, dim=axis), n - 1 - after, 1)}[mode]())
+            terms.append(
+                {
+                    "circular": lambda: place(edge, 0, n - after),
+                    "replicate": lambda: place(op("sum", edge, dim=(axis,), keepdim=True), n - 1, 0),
+                    "reflect": lambda: place(op("flip", edge, dim=axis), n - 1 - after, 1),
+                }[mode]()
+            )
         return sympy.Add(*terms)
 
     def table_row(self):
-        return (self.op, "out = F.pad(input, pad, mode, value)",
-                "constant: grad_input = F.pad(grad_out, -pad); reflect/replicate/circular: the centre of grad_out plus "
-                "each border's gradient added onto the entries it copies (flipped for reflect, summed for replicate)")
-
+        return (
+            self.op,
+            "out = F.pad(input, pad, mode, value)",
+            "constant: grad_input = F.pad(grad_out, -pad); reflect/replicate/circular: the centre of grad_out plus "
+            "each border's gradient added onto the entries it copies (flipped for reflect, summed for replicate)",
+        )
 
 
 RULES = [Pad()]
@@ -151,31 +205,73 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "pad": [
-        Sample("pad", {"x": [2, 3, 5], "y": [2, 3, 8]},
-               [{"op": "pad", "pad": [1, 2], "out": "out"}], ["x"]),
-        Sample("pad-crop-value", {"x": [2, 3, 5], "y": [2, 5, 5]},
-               [{"op": "pad", "pad": [-1, 1, 2, 0], "value": 0.5, "out": "out"}], ["x"]),
-        Sample("pad-reflect-1d", {"x": [2, 3, 6], "y": [2, 3, 11]},
-               [{"op": "pad", "pad": [2, 3], "mode": "reflect", "out": "out"}], ["x"]),
-        Sample("pad-reflect-2d", {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
-               [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "reflect", "out": "out"}], ["x"]),
-        Sample("pad-reflect-3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
-               [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "reflect", "out": "out"}], ["x"]),
-        Sample("pad-replicate-1d", {"x": [2, 3, 6], "y": [2, 3, 11]},
-               [{"op": "pad", "pad": [2, 3], "mode": "replicate", "out": "out"}], ["x"]),
-        Sample("pad-replicate-2d", {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
-               [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "replicate", "out": "out"}], ["x"]),
-        Sample("pad-replicate-3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
-               [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "replicate", "out": "out"}],
-               ["x"]),
-        Sample("pad-circular-1d", {"x": [2, 3, 6], "y": [2, 3, 11]},
-               [{"op": "pad", "pad": [2, 3], "mode": "circular", "out": "out"}], ["x"]),
-        Sample("pad-circular-2d", {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
-               [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "circular", "out": "out"}], ["x"]),
-        Sample("pad-circular-3d", {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
-               [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "circular", "out": "out"}], ["x"]),
-        Sample("pad-circular-unbatched-full-wrap", {"x": [3, 5, 4], "y": [3, 9, 10]},
-               [{"op": "pad", "pad": [3, 3, 0, 4], "mode": "circular", "out": "out"}], ["x"]),
+        Sample("pad", {"x": [2, 3, 5], "y": [2, 3, 8]}, [{"op": "pad", "pad": [1, 2], "out": "out"}], ["x"]),
+        Sample(
+            "pad-crop-value",
+            {"x": [2, 3, 5], "y": [2, 5, 5]},
+            [{"op": "pad", "pad": [-1, 1, 2, 0], "value": 0.5, "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-reflect-1d",
+            {"x": [2, 3, 6], "y": [2, 3, 11]},
+            [{"op": "pad", "pad": [2, 3], "mode": "reflect", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-reflect-2d",
+            {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
+            [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "reflect", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-reflect-3d",
+            {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
+            [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "reflect", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-replicate-1d",
+            {"x": [2, 3, 6], "y": [2, 3, 11]},
+            [{"op": "pad", "pad": [2, 3], "mode": "replicate", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-replicate-2d",
+            {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
+            [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "replicate", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-replicate-3d",
+            {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
+            [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "replicate", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-circular-1d",
+            {"x": [2, 3, 6], "y": [2, 3, 11]},
+            [{"op": "pad", "pad": [2, 3], "mode": "circular", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-circular-2d",
+            {"x": [2, 3, 5, 4], "y": [2, 3, 10, 5]},
+            [{"op": "pad", "pad": [1, 0, 2, 3], "mode": "circular", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-circular-3d",
+            {"x": [1, 2, 4, 3, 5], "y": [1, 2, 8, 4, 8]},
+            [{"op": "pad", "pad": [1, 2, 0, 1, 2, 2], "mode": "circular", "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "pad-circular-unbatched-full-wrap",
+            {"x": [3, 5, 4], "y": [3, 9, 10]},
+            [{"op": "pad", "pad": [3, 3, 0, 4], "mode": "circular", "out": "out"}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

@@ -23,13 +23,19 @@ def _prelu_tangent(expr, tangent_of):
     slope = op("channel_view", weight, trailing=expr.params["trailing"])
     moved_x, moved_w = tangent_of(x), tangent_of(weight)
     mask = sympy.Heaviside(x, 0)
-    return moved_x * (mask + slope * (1 - mask)) + (op("channel_view", moved_w, trailing=expr.params["trailing"])
-                                                    * x * (1 - sympy.Heaviside(x, 0)) if moved_w != 0 else 0)
+    return moved_x * (mask + slope * (1 - mask)) + (
+        op("channel_view", moved_w, trailing=expr.params["trailing"]) * x * (1 - sympy.Heaviside(x, 0))
+        if moved_w != 0
+        else 0
+    )
 
 
-primitive("prelu", code=lambda operands, params, show: f"F.prelu({operands[0]}, {operands[1]})",
-          latex=lambda operands, params, show: rf"\operatorname{{prelu}}\left({operands[0]}, {operands[1]}\right)",
-          tangent=_prelu_tangent)
+primitive(
+    "prelu",
+    code=lambda operands, params, show: f"F.prelu({operands[0]}, {operands[1]})",
+    latex=lambda operands, params, show: rf"\operatorname{{prelu}}\left({operands[0]}, {operands[1]}\right)",
+    tangent=_prelu_tangent,
+)
 
 
 class PReLU(Rule):
@@ -41,26 +47,39 @@ class PReLU(Rule):
     """``shared: true``: one slope for every channel (nn.PReLU()'s default), weight [1]; the tracer sets it
     (PyTorch tells the two apart by the weight's size, which a spec's test shapes may change)."""
     summary = "max(0, x) + weight * min(0, x), one slope per channel (dim 1) or one for all (shared)"
-    activation_gain = 2 ** 0.5
+    activation_gain = 2**0.5
 
     def reference(self, arguments, params):
         import torch
+
         return torch.nn.functional.prelu(arguments["input"], arguments["weight"])
 
     def infer_shape(self, shapes, params, check: Checker):
         x, weight = shapes["input"], shapes["weight"]
         check.require(len(weight) == 1, "weight must be 1-d: [C] or [1]", "give the weight the shape [C] or [1]")
         if params["shared"] or len(x) < 2:
-            check.equal(weight[0], 1, f"weight has {weight[0]} entries, but a shared slope is one",
-                        "give the weight the shape [1], or drop `shared: true` for one slope per channel")
+            check.equal(
+                weight[0],
+                1,
+                f"weight has {weight[0]} entries, but a shared slope is one",
+                "give the weight the shape [1], or drop `shared: true` for one slope per channel",
+            )
         else:
-            check.equal(weight[0], x[1], f"weight has {weight[0]} entries but the input has {x[1]} channels",
-                        "give the weight the shape [C], or [1] with `shared: true`")
+            check.equal(
+                weight[0],
+                x[1],
+                f"weight has {weight[0]} entries but the input has {x[1]} channels",
+                "give the weight the shape [C], or [1] with `shared: true`",
+            )
         return tuple(x)
 
     def _slope(self, node):
         rank = len(node.shapes["input"])
-        return op("channel_view", node.operands["weight"], trailing=max(rank - 2, 0)) if rank >= 2 else node.operands["weight"]
+        return (
+            op("channel_view", node.operands["weight"], trailing=max(rank - 2, 0))
+            if rank >= 2
+            else node.operands["weight"]
+        )
 
     def forward(self, node):
         x = node.operands["input"]
@@ -81,8 +100,11 @@ class PReLU(Rule):
         return grads
 
     def table_row(self):
-        return (self.op, "out = max(0, input) + weight * min(0, input), weight per channel",
-                "grad_input = grad * (input > 0 ? 1 : weight); grad_weight = Σ grad * min(0, input) over all but dim 1")
+        return (
+            self.op,
+            "out = max(0, input) + weight * min(0, input), weight per channel",
+            "grad_input = grad * (input > 0 ? 1 : weight); grad_weight = Σ grad * min(0, input) over all but dim 1",
+        )
 
 
 class AddCMul(Rule):
@@ -105,8 +127,11 @@ class AddCMul(Rule):
                 out.append(sizes[0])
                 continue
             wide = [size for size in sizes if size != 1]
-            check.require(len(set(wide)) <= 1, f"operands of shapes {[tuple(s) for s in ranks]} do not broadcast "
-                          f"(axis {axis})", "make the sizes equal, or 1")
+            check.require(
+                len(set(wide)) <= 1,
+                f"operands of shapes {[tuple(s) for s in ranks]} do not broadcast (axis {axis})",
+                "make the sizes equal, or 1",
+            )
             out.append(wide[0] if wide else 1)
         return tuple(out)
 
@@ -121,8 +146,11 @@ class AddCMul(Rule):
         return {key: grads[key] for key in wanted}
 
     def table_row(self):
-        return (self.op, "out = input + value * tensor1 * tensor2",
-                "d/dinput = 1; d/dtensor1 = value * tensor2; d/dtensor2 = value * tensor1")
+        return (
+            self.op,
+            "out = input + value * tensor1 * tensor2",
+            "d/dinput = 1; d/dtensor1 = value * tensor2; d/dtensor2 = value * tensor1",
+        )
 
 
 RULES = [PReLU(), AddCMul()]
@@ -130,17 +158,26 @@ RULES = [PReLU(), AddCMul()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "prelu": [
-        Sample("prelu-per-channel", {"x": [2, 3, 4, 5], "w": [3], "y": [2, 3, 4, 5]},
-               [{"op": "prelu", "weight": "w", "in": ["x"], "out": "out"}], ["x", "w"]),
-        Sample("prelu-shared", {"x": [2, 3, 4], "w": [1], "y": [2, 3, 4]},
-               [{"op": "prelu", "weight": "w", "shared": True, "in": ["x"], "out": "out"}],
-               ["x", "w"]),
+        Sample(
+            "prelu-per-channel",
+            {"x": [2, 3, 4, 5], "w": [3], "y": [2, 3, 4, 5]},
+            [{"op": "prelu", "weight": "w", "in": ["x"], "out": "out"}],
+            ["x", "w"],
+        ),
+        Sample(
+            "prelu-shared",
+            {"x": [2, 3, 4], "w": [1], "y": [2, 3, 4]},
+            [{"op": "prelu", "weight": "w", "shared": True, "in": ["x"], "out": "out"}],
+            ["x", "w"],
+        ),
     ],
     "addcmul": [
-        Sample("addcmul-broadcast",
-               {"a": [2, 3, 4, 5], "b": [2, 3, 1, 1], "c": [3, 4, 5], "y": [2, 3, 4, 5]},
-               [{"op": "addcmul", "in": ["a", "b", "c"], "value": 0.5, "out": "out"}],
-               ["a", "b", "c"]),
+        Sample(
+            "addcmul-broadcast",
+            {"a": [2, 3, 4, 5], "b": [2, 3, 1, 1], "c": [3, 4, 5], "y": [2, 3, 4, 5]},
+            [{"op": "addcmul", "in": ["a", "b", "c"], "value": 0.5, "out": "out"}],
+            ["a", "b", "c"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

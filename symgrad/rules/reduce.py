@@ -34,18 +34,24 @@ class Reduce(Rule):
 
     def __init__(self, how: str):
         self.op = how
-        self.traced_elsewhere = (f"x.{how}(dims) and torch.{how}: the tracer's reduction handler makes the loss of "
-                                 "a reduction of the whole output, and this layer of any other")
+        self.traced_elsewhere = (
+            f"x.{how}(dims) and torch.{how}: the tracer's reduction handler makes the loss of "
+            "a reduction of the whole output, and this layer of any other"
+        )
         self.how = how
         self.summary = f"{how} over the dims dim (kept as size 1 with keepdim)"
 
     def _dims(self, rank: int, params, check: Checker | None = None) -> tuple[int, ...]:
         dims = params["dim"]
         if check is not None:
-            check.require(all(-rank <= d < rank for d in dims), f"dim {list(dims)} is out of range for a {rank}-dim input",
-                          f"give dims in {-rank}..{rank - 1}")
-            check.require(len({d % rank for d in dims}) == len(dims), f"dim {list(dims)} names a dim twice",
-                          "list each dim once")
+            check.require(
+                all(-rank <= d < rank for d in dims),
+                f"dim {list(dims)} is out of range for a {rank}-dim input",
+                f"give dims in {-rank}..{rank - 1}",
+            )
+            check.require(
+                len({d % rank for d in dims}) == len(dims), f"dim {list(dims)} names a dim twice", "list each dim once"
+            )
         return tuple(sorted(d % rank for d in dims))
 
     def infer_shape(self, shapes, params, check: Checker):
@@ -57,7 +63,9 @@ class Reduce(Rule):
 
     def forward(self, node):
         dims = self._dims(len(node.shapes["input"]), node.params)
-        return Forward(op("reduce_dims", node.operands["input"], how=self.how, dims=dims, keepdim=node.params["keepdim"]))
+        return Forward(
+            op("reduce_dims", node.operands["input"], how=self.how, dims=dims, keepdim=node.params["keepdim"])
+        )
 
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
@@ -70,8 +78,11 @@ class Reduce(Rule):
 
     def table_row(self):
         scale = "" if self.how == "sum" else " / (entries averaged)"
-        return (self.op, f"out = input.{self.how}(dim, keepdim)",
-                f"grad_input = grad_out (unsqueezed at dim unless keepdim) expanded to the input's shape{scale}")
+        return (
+            self.op,
+            f"out = input.{self.how}(dim, keepdim)",
+            f"grad_input = grad_out (unsqueezed at dim unless keepdim) expanded to the input's shape{scale}",
+        )
 
 
 def _optional_dims(value, context):
@@ -96,14 +107,19 @@ class Variance(Rule):
     """
 
     operands = (Operand("input", from_in=True),)
-    params = {"dim": Param(None, _optional_dims), "unbiased": Param(True, boolean), "keepdim": Param(False, boolean),
-              "correction": Param(None, _correction)}
+    params = {
+        "dim": Param(None, _optional_dims),
+        "unbiased": Param(True, boolean),
+        "keepdim": Param(False, boolean),
+        "correction": Param(None, _correction),
+    }
 
     def __init__(self, how: str):
         self.op = how
         self.calls = (how,)
-        self.summary = {"var": "variance", "std": "standard deviation"}[how] + \
-            " over the dims dim (Bessel's correction unless unbiased: false or correction: 0)"
+        self.summary = {"var": "variance", "std": "standard deviation"}[
+            how
+        ] + " over the dims dim (Bessel's correction unless unbiased: false or correction: 0)"
 
     def _dims(self, rank: int, params, check: Checker | None = None) -> tuple[int, ...]:
         if params["dim"] is None:
@@ -121,15 +137,26 @@ class Variance(Rule):
 
     def forward(self, node):
         dims = self._dims(len(node.shapes["input"]), node.params)
-        return Forward(op("statistic", node.operands["input"], how=self.op, dims=dims,
-                          keepdim=node.params["keepdim"], correction=self._correction(node.params)))
+        return Forward(
+            op(
+                "statistic",
+                node.operands["input"],
+                how=self.op,
+                dims=dims,
+                keepdim=node.params["keepdim"],
+                correction=self._correction(node.params),
+            )
+        )
 
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
         dims = self._dims(len(node.shapes["input"]), node.params)
         keepdim = node.params["keepdim"]
-        centred = node.local("centred", x - op("reduce_dims", x, how="mean", dims=dims, keepdim=True),
-                             note=f"input of {node.name} minus its mean over {list(dims)}")
+        centred = node.local(
+            "centred",
+            x - op("reduce_dims", x, how="mean", dims=dims, keepdim=True),
+            note=f"input of {node.name} minus its mean over {list(dims)}",
+        )
         count = math.prod(Size(x, axis) for axis in dims) - self._correction(node.params)
         if self.op == "var":
             return {"input": op("spread", grad, x, dims=dims, keepdim=keepdim) * 2 * centred / count}
@@ -137,15 +164,22 @@ class Variance(Rule):
 
     def table_row(self):
         if self.op == "var":
-            return (self.op, "out = sum_dim((input - mean)^2) / (n - correction)",
-                    "grad_input = grad_out (spread over dim) * 2 (input - mean) / (n - correction)")
-        return (self.op, "out = sqrt(var(input, dim))",
-                "grad_input = grad_out / out (spread over dim) * (input - mean) / (n - correction)")
+            return (
+                self.op,
+                "out = sum_dim((input - mean)^2) / (n - correction)",
+                "grad_input = grad_out (spread over dim) * 2 (input - mean) / (n - correction)",
+            )
+        return (
+            self.op,
+            "out = sqrt(var(input, dim))",
+            "grad_input = grad_out / out (spread over dim) * (input - mean) / (n - correction)",
+        )
 
 
 def _statistic(operands, params, show) -> str:
-    return (f"{operands[0]}.{params['how']}(dim={show_dims(params['dims'])}, correction={params['correction']}"
-            + (", keepdim=True)" if params["keepdim"] else ")"))
+    return f"{operands[0]}.{params['how']}(dim={show_dims(params['dims'])}, correction={params['correction']}" + (
+        ", keepdim=True)" if params["keepdim"] else ")"
+    )
 
 
 def _statistic_tangent(expr, tangent_of):
@@ -160,9 +194,15 @@ def _statistic_tangent(expr, tangent_of):
     return change if expr.params["how"] == "var" else change / (2 * expr)
 
 
-primitive("statistic", code=_statistic,
-          latex=lambda operands, params, show: (rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
-                                                rf"\left({operands[0]}\right)"), tangent=_statistic_tangent)
+primitive(
+    "statistic",
+    code=_statistic,
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
+        rf"\left({operands[0]}\right)"
+    ),
+    tangent=_statistic_tangent,
+)
 
 RULES = [Reduce("sum"), Reduce("mean"), Variance("var"), Variance("std")]
 
@@ -175,29 +215,40 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "sum": [
-        Sample("sum-spatial-keepdim", {"x": [2, 3, 4, 5], "y": [2, 3, 1, 1]},
-               [{"op": "sum", "dim": [2, 3], "keepdim": True, "out": "out"}], ["x"]),
-        Sample("sum-batch-and-last", {"x": [3, 4, 5], "y": [4]},
-               [{"op": "sum", "dim": [0, 2], "out": "out"}], ["x"]),
+        Sample(
+            "sum-spatial-keepdim",
+            {"x": [2, 3, 4, 5], "y": [2, 3, 1, 1]},
+            [{"op": "sum", "dim": [2, 3], "keepdim": True, "out": "out"}],
+            ["x"],
+        ),
+        Sample("sum-batch-and-last", {"x": [3, 4, 5], "y": [4]}, [{"op": "sum", "dim": [0, 2], "out": "out"}], ["x"]),
     ],
     "mean": [
-        Sample("mean-channels-keepdim", {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
-               [{"op": "mean", "dim": [1], "keepdim": True, "out": "out"}], ["x"]),
-        Sample("mean-spatial", {"x": [2, 3, 4, 5], "y": [2, 3]},
-               [{"op": "mean", "dim": [-1, 2], "out": "out"}], ["x"]),
+        Sample(
+            "mean-channels-keepdim",
+            {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
+            [{"op": "mean", "dim": [1], "keepdim": True, "out": "out"}],
+            ["x"],
+        ),
+        Sample("mean-spatial", {"x": [2, 3, 4, 5], "y": [2, 3]}, [{"op": "mean", "dim": [-1, 2], "out": "out"}], ["x"]),
     ],
     "var": [
-        Sample("var-channels-keepdim-biased", {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
-               [{"op": "var", "dim": [1], "keepdim": True, "unbiased": False, "out": "out"}],
-               ["x"]),
-        Sample("var-unbiased", {"x": [3, 4, 5], "y": [4]},
-               [{"op": "var", "dim": [0, 2], "out": "out"}], ["x"]),
+        Sample(
+            "var-channels-keepdim-biased",
+            {"x": [2, 3, 4, 5], "y": [2, 1, 4, 5]},
+            [{"op": "var", "dim": [1], "keepdim": True, "unbiased": False, "out": "out"}],
+            ["x"],
+        ),
+        Sample("var-unbiased", {"x": [3, 4, 5], "y": [4]}, [{"op": "var", "dim": [0, 2], "out": "out"}], ["x"]),
     ],
     "std": [
-        Sample("std-last-keepdim-correction0", {"x": [2, 3, 4, 5], "y": [2, 3, 4, 1]},
-               [{"op": "std", "dim": [-1], "keepdim": True, "correction": 0, "out": "out"}], ["x"]),
-        Sample("std-spatial", {"x": [2, 3, 4], "y": [2]},
-               [{"op": "std", "dim": [1, 2], "out": "out"}], ["x"]),
+        Sample(
+            "std-last-keepdim-correction0",
+            {"x": [2, 3, 4, 5], "y": [2, 3, 4, 1]},
+            [{"op": "std", "dim": [-1], "keepdim": True, "correction": 0, "out": "out"}],
+            ["x"],
+        ),
+        Sample("std-spatial", {"x": [2, 3, 4], "y": [2]}, [{"op": "std", "dim": [1, 2], "out": "out"}], ["x"]),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
@@ -210,15 +261,12 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
         Spelling("torch.mean(x * x, dim=(1, 3))"),
     ],
     "var": [
-        Spelling("(x - x.mean(1, keepdim=True)) / (x.var(1, keepdim=True, unbiased=False) + "
-                 "1e-5).sqrt()"),
+        Spelling("(x - x.mean(1, keepdim=True)) / (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()"),
         Spelling("torch.var(x, dim=(2, 3))"),
-        Spelling("(lambda v, m: (x - m) / (v + 1e-5).sqrt())(*torch.var_mean(x, dim=1, "
-                 "keepdim=True))"),
+        Spelling("(lambda v, m: (x - m) / (v + 1e-5).sqrt())(*torch.var_mean(x, dim=1, keepdim=True))"),
     ],
     "std": [
         Spelling("x / x.std(-1, keepdim=True)"),
-        Spelling("(lambda s, m: (x - m) / s)(*torch.std_mean(x, dim=(2, 3), keepdim=True, "
-                 "correction=0))"),
+        Spelling("(lambda s, m: (x - m) / s)(*torch.std_mean(x, dim=(2, 3), keepdim=True, correction=0))"),
     ],
 }

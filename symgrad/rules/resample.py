@@ -10,9 +10,14 @@ import sympy
 from ..algebra import CONSTANT, LINEAR, keyword_arguments, laid_out, op, primitive, show_ints
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 
-primitive("pixel_shuffle", code=lambda operands, params, show: f"F.{params['function']}({operands[0]}, {params['factor']})",
-          latex=lambda operands, params, show: rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}\right)",
-          tangent=LINEAR)
+primitive(
+    "pixel_shuffle",
+    code=lambda operands, params, show: f"F.{params['function']}({operands[0]}, {params['factor']})",
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{params['function'].replace('_', chr(92) + '_')}}}\left({operands[0]}\right)"
+    ),
+    tangent=LINEAR,
+)
 
 
 class PixelShuffle(Rule):
@@ -34,7 +39,9 @@ class PixelShuffle(Rule):
         r = params[self.factor]
         check.require(r >= 1, f"{self.factor} must be positive", "use e.g. 2")
         if self.op == "pixel_shuffle":
-            check.equal(c % (r * r), 0, f"{c} channels are not divisible by upscale_factor² = {r * r}", "fix the channels")
+            check.equal(
+                c % (r * r), 0, f"{c} channels are not divisible by upscale_factor² = {r * r}", "fix the channels"
+            )
             return (n, c // (r * r), h * r, w * r)
         check.equal(h % r, 0, f"height {h} is not divisible by downscale_factor {r}", "pad or crop the input")
         check.equal(w % r, 0, f"width {w} is not divisible by downscale_factor {r}", "pad or crop the input")
@@ -50,12 +57,22 @@ class PixelShuffle(Rule):
         return self.op, f"out = F.{self.op}(input, r)", f"grad_input = F.{self.inverse}(grad_out, r)"
 
 
-primitive("interpolate_nearest", code=lambda operands, params, show: (
-    f"F.interpolate({operands[0]}, scale_factor={show_ints(params['scale'])}, mode='nearest')"),
-    latex=lambda operands, params, show: rf"\operatorname{{upsample}}\left({operands[0]}\right)", tangent=LINEAR)
-primitive("block_sum", code=lambda operands, params, show: (
-    f"F.avg_pool{params['dims']}d({operands[0]}, {show_ints(params['scale'])}) * {_product(params['scale'])}"),
-    latex=lambda operands, params, show: rf"\operatorname{{blocksum}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive(
+    "interpolate_nearest",
+    code=lambda operands, params, show: (
+        f"F.interpolate({operands[0]}, scale_factor={show_ints(params['scale'])}, mode='nearest')"
+    ),
+    latex=lambda operands, params, show: rf"\operatorname{{upsample}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
+primitive(
+    "block_sum",
+    code=lambda operands, params, show: (
+        f"F.avg_pool{params['dims']}d({operands[0]}, {show_ints(params['scale'])}) * {_product(params['scale'])}"
+    ),
+    latex=lambda operands, params, show: rf"\operatorname{{blocksum}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
 
 
 def _product(values) -> int:
@@ -87,10 +104,16 @@ def separable_adjoint(node, grad, first: int, what: str, per_axis: list[dict]):
     """``grad`` contracted with each spatial axis's matrix, transposed; ``per_axis[k]`` holds the
     ``resampling_matrix`` params of spatial axis ``k``, which is dim ``first + k`` of the input."""
     x = node.operands["input"]
-    matrices = [node.local("local", op("resampling_matrix", x, dim=first + axis, axis=axis, dims=len(per_axis), **params),
-                           suffix=f"dim{first + axis}", note=f"{node.name}'s {what} matrix along dim {first + axis}, transposed: "
-                                                             f"the identity {'interpolated' if params['function'] == 'interpolate' else 'pooled'} along that dim")
-                for axis, params in enumerate(per_axis)]
+    matrices = [
+        node.local(
+            "local",
+            op("resampling_matrix", x, dim=first + axis, axis=axis, dims=len(per_axis), **params),
+            suffix=f"dim{first + axis}",
+            note=f"{node.name}'s {what} matrix along dim {first + axis}, transposed: "
+            f"the identity {'interpolated' if params['function'] == 'interpolate' else 'pooled'} along that dim",
+        )
+        for axis, params in enumerate(per_axis)
+    ]
     return op("axis_contraction", grad, *matrices, axes=tuple(range(first, first + len(per_axis))))
 
 
@@ -106,14 +129,18 @@ def _interpolate_options(params) -> list[str]:
 
 
 def _resampling_matrix_code(operands, params, show):
-    x, = operands
+    (x,) = operands
     dims, axis = params["dims"], params["axis"]
     eye = f"torch.eye({x}.shape[{params['dim']}], dtype={x}.dtype, device={x}.device)"
     if params["function"] == "avg_pool":
         divisor = params.get("divisor_override")
-        options = keyword_arguments({**dict(params.items()), "stride": (params["stride"], 1), "padding": (params["padding"], 0)}
-                                    if divisor else params, {"stride": None, "padding": 0, "ceil_mode": False,
-                                                             **({} if divisor else {"count_include_pad": True})}, show)
+        options = keyword_arguments(
+            {**dict(params.items()), "stride": (params["stride"], 1), "padding": (params["padding"], 0)}
+            if divisor
+            else params,
+            {"stride": None, "padding": 0, "ceil_mode": False, **({} if divisor else {"count_include_pad": True})},
+            show,
+        )
         if divisor:  # the window sums; the one divisor is applied after the contraction
             return f"F.avg_pool2d({eye}[None, :, :, None], ({params['kernel_size']}, 1){options}, divisor_override=1)[0].flatten(1)"
         return f"F.avg_pool1d({eye}[None], {params['kernel_size']}{options})[0]"
@@ -124,14 +151,24 @@ def _resampling_matrix_code(operands, params, show):
     # the other axes have size 1 (antialias: 2, as PyTorch's antialiased kernel resamples a probe one
     # entry wide wrongly), and are left as they are: size 1 -> 1, or 2 -> 2 by scale 1
     width = 2 if params["antialias"] else 1
-    probe = f"{eye}[None, :, {index}]" + (f".repeat(1, 1, {', '.join('1' if k == axis else '2' for k in range(dims))})" if width == 2 else "")
+    probe = f"{eye}[None, :, {index}]" + (
+        f".repeat(1, 1, {', '.join('1' if k == axis else '2' for k in range(dims))})" if width == 2 else ""
+    )
     keywords = []
     if params["size"] is not None:
-        keywords.append("size=(" + ", ".join(str(params["size"]) if k == axis else str(width) for k in range(dims))
-                        + ("," if dims == 1 else "") + ")")
+        keywords.append(
+            "size=("
+            + ", ".join(str(params["size"]) if k == axis else str(width) for k in range(dims))
+            + ("," if dims == 1 else "")
+            + ")"
+        )
     else:
-        keywords.append("scale_factor=(" + ", ".join(repr(params["scale"]) if k == axis else "1.0" for k in range(dims))
-                        + ("," if dims == 1 else "") + ")")
+        keywords.append(
+            "scale_factor=("
+            + ", ".join(repr(params["scale"]) if k == axis else "1.0" for k in range(dims))
+            + ("," if dims == 1 else "")
+            + ")"
+        )
     keywords += _interpolate_options(params)
     if width == 2:
         column = ", ".join(":" if k == axis else "0" for k in range(dims))
@@ -139,30 +176,44 @@ def _resampling_matrix_code(operands, params, show):
     return f"F.interpolate({probe}, {', '.join(keywords)})[0].flatten(1)"
 
 
-primitive("resampling_matrix", code=_resampling_matrix_code,
-          latex=lambda operands, params, show: rf"A_{{{params['dim']}}}^{{\top}}",
-          tangent=CONSTANT)  # built from sizes only
+primitive(
+    "resampling_matrix",
+    code=_resampling_matrix_code,
+    latex=lambda operands, params, show: rf"A_{{{params['dim']}}}^{{\top}}",
+    tangent=CONSTANT,
+)  # built from sizes only
+
 
 def _contraction_code(operands, params, show):
     grad, *matrices = operands
-    outer, inner = "ijk"[:len(matrices)], "pqr"[:len(matrices)]
+    outer, inner = "ijk"[: len(matrices)], "pqr"[: len(matrices)]
     subscripts = f"...{outer}," + ",".join(f"{p}{i}" for p, i in zip(inner, outer)) + f"->...{inner}"
     return f"torch.einsum('{subscripts}', {grad}, {', '.join(matrices)})"
 
 
-primitive("axis_contraction", code=_contraction_code,
-          latex=lambda operands, params, show: operands[0] + "".join(
-              rf" \times_{{{axis}}} {matrix}" for axis, matrix in zip(params["axes"], operands[1:])),
-          tangent=LINEAR)
+primitive(
+    "axis_contraction",
+    code=_contraction_code,
+    latex=lambda operands, params, show: (
+        operands[0] + "".join(rf" \times_{{{axis}}} {matrix}" for axis, matrix in zip(params["axes"], operands[1:]))
+    ),
+    tangent=LINEAR,
+)
 
 
 def _interpolate_keywords(params, show) -> str:
     """``F.interpolate``'s keywords: size or scale_factor, then :func:`_interpolate_options`."""
     size = params["size"]
     if isinstance(size, tuple):  # sizes computed from another node's (PAN's h // 2) print as Python
-        size = tuple(show(entry) if isinstance(entry, sympy.Basic) and not entry.is_Integer else entry for entry in size)
-    keywords = [f"size={show_ints(size)}" if params["size"] is not None
-                else f"scale_factor={_show_scale(params['scale_factor'])}", *_interpolate_options(params)]
+        size = tuple(
+            show(entry) if isinstance(entry, sympy.Basic) and not entry.is_Integer else entry for entry in size
+        )
+    keywords = [
+        f"size={show_ints(size)}"
+        if params["size"] is not None
+        else f"scale_factor={_show_scale(params['scale_factor'])}",
+        *_interpolate_options(params),
+    ]
     return ", ".join(keywords)
 
 
@@ -176,9 +227,14 @@ def _show_scale(scale: tuple) -> str:
     return "(" + ", ".join(map(repr, scale)) + ")"
 
 
-primitive("interpolate", code=_interpolate_code,
-          latex=lambda operands, params, show: rf"\operatorname{{{params['mode'].replace('-', '')}}}\left({operands[0]}\right)",
-          tangent=LINEAR)
+primitive(
+    "interpolate",
+    code=_interpolate_code,
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{params['mode'].replace('-', '')}}}\left({operands[0]}\right)"
+    ),
+    tangent=LINEAR,
+)
 
 
 INTERPOLATION_RANK = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
@@ -207,16 +263,23 @@ def _upsample_backward_code(operands, params, show):
     if params["scales"] is not None:
         options += [repr(scale) for scale in params["scales"]]
     kernel = f"torch.ops.aten.{params['kernel']}_backward"
-    return (f"_upsample_backward({kernel}, {grad}, {input_shape}, [{', '.join(options)}], "
-            f"{_interpolate_keywords(params, show)})")
+    return (
+        f"_upsample_backward({kernel}, {grad}, {input_shape}, [{', '.join(options)}], "
+        f"{_interpolate_keywords(params, show)})"
+    )
 
 
 # each input entry receives the interpolation weights it was given, summed: autograd's own kernel, one pass
 # where the readable form builds each axis's matrix, twice differentiable (its derivative in the gradient is
 # the interpolation itself); the input gives only its shape. Under torch.compile the kernel cannot be traced
 # at symbolic sizes, and the same adjoint is traced from F.interpolate (UPSAMPLE_BACKWARD)
-primitive("upsample_backward", code=_upsample_backward_code, shape_operands=(1,), helper=UPSAMPLE_BACKWARD,
-          latex=lambda operands, params, show: rf"\operatorname{{interpolate}}^{{\top}}\left({operands[0]}\right)")
+primitive(
+    "upsample_backward",
+    code=_upsample_backward_code,
+    shape_operands=(1,),
+    helper=UPSAMPLE_BACKWARD,
+    latex=lambda operands, params, show: rf"\operatorname{{interpolate}}^{{\top}}\left({operands[0]}\right)",
+)
 
 
 class AdaptiveAveragePool(Rule):
@@ -239,47 +302,76 @@ class AdaptiveAveragePool(Rule):
 
     def _output_size(self, value, context: ParamContext):
         values = value if isinstance(value, list) else [value] * self.dims
-        if len(values) != self.dims or any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1)
-                                           for v in values):
-            raise context.fail(f"must be a positive int or a list of {self.dims} (positive ints or null), not {value!r}",
-                               "write e.g. `output_size: 7`")
+        if len(values) != self.dims or any(
+            v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1) for v in values
+        ):
+            raise context.fail(
+                f"must be a positive int or a list of {self.dims} (positive ints or null), not {value!r}",
+                "write e.g. `output_size: 7`",
+            )
         return tuple(values)
 
     def infer_shape(self, shapes, params, check: Checker):
         x = shapes["input"]
-        check.require(len(x) in (self.dims + 1, self.dims + 2), f"input has {len(x)} dimensions but {self.op} needs "
-                      f"{self.dims + 2} ([N, C, ...]) or {self.dims + 1} (unbatched)", "reshape the input")
+        check.require(
+            len(x) in (self.dims + 1, self.dims + 2),
+            f"input has {len(x)} dimensions but {self.op} needs "
+            f"{self.dims + 2} ([N, C, ...]) or {self.dims + 1} (unbatched)",
+            "reshape the input",
+        )
         lead = len(x) - self.dims
         return (*x[:lead], *(n if m is None else m for n, m in zip(x[lead:], params["output_size"])))
 
     def forward(self, node):
-        return Forward(op("adaptive_avg_pool", node.operands["input"], dims=self.dims, output_size=node.params["output_size"]))
+        return Forward(
+            op("adaptive_avg_pool", node.operands["input"], dims=self.dims, output_size=node.params["output_size"])
+        )
 
     def pullback(self, node, grad, wanted):
         if node.fused and self.dims > 1:  # 1-d pooling runs as 2-d in PyTorch, with no kernel of its own
             return {"input": op("adaptive_avg_pool_backward", grad, node.operands["input"], dims=self.dims)}
-        return {"input": separable_adjoint(node, grad, len(node.shapes["input"]) - self.dims, "averaging",
-                                           [dict(function="adaptive_avg_pool", size=size) for size in node.params["output_size"]])}
+        return {
+            "input": separable_adjoint(
+                node,
+                grad,
+                len(node.shapes["input"]) - self.dims,
+                "averaging",
+                [dict(function="adaptive_avg_pool", size=size) for size in node.params["output_size"]],
+            )
+        }
 
     def table_row(self):
-        return (self.op, "out = mean over each adaptive window [floor(i n/m), ceil((i+1) n/m)), per axis",
-                "grad_input = grad_out contracted with each axis's averaging matrix transposed (from adaptive_avg_pool1d of the identity)")
+        return (
+            self.op,
+            "out = mean over each adaptive window [floor(i n/m), ceil((i+1) n/m)), per axis",
+            "grad_input = grad_out contracted with each axis's averaging matrix transposed (from adaptive_avg_pool1d of the identity)",
+        )
 
 
-primitive("adaptive_avg_pool", code=lambda operands, params, show: (
-    f"F.adaptive_avg_pool{params['dims']}d({operands[0]}, {show_output_size(params['output_size'])})"),
-    latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}\left({operands[0]}\right)", tangent=LINEAR)
+primitive(
+    "adaptive_avg_pool",
+    code=lambda operands, params, show: (
+        f"F.adaptive_avg_pool{params['dims']}d({operands[0]}, {show_output_size(params['output_size'])})"
+    ),
+    latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}\left({operands[0]}\right)",
+    tangent=LINEAR,
+)
 
 
 # each input entry receives the gradient of every window holding it, over that window's size: autograd's
 # own kernel, one pass where the readable form builds each axis's matrix, and twice differentiable (its
 # derivative in the gradient is the pooling itself); the input gives only its layout
-primitive("adaptive_avg_pool_backward", fresh=True, layout_operands=(1,),
-          code=lambda operands, params, show: (  # the kernel takes the gradient in the input's dtype only, as autograd
-              # gives it (under autocast it may arrive in float32 from an op autocast runs in float32)
-              f"torch.ops.aten._adaptive_avg_pool{params['dims']}d_backward({operands[0]}.to({operands[1]}.dtype), "
-              f"{laid_out(operands, params)})"),
-          latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}^{{\top}}\left({operands[0]}\right)")
+primitive(
+    "adaptive_avg_pool_backward",
+    fresh=True,
+    layout_operands=(1,),
+    code=lambda operands, params, show: (  # the kernel takes the gradient in the input's dtype only, as autograd
+        # gives it (under autocast it may arrive in float32 from an op autocast runs in float32)
+        f"torch.ops.aten._adaptive_avg_pool{params['dims']}d_backward({operands[0]}.to({operands[1]}.dtype), "
+        f"{laid_out(operands, params)})"
+    ),
+    latex=lambda operands, params, show: rf"\operatorname{{adaptiveavgpool}}^{{\top}}\left({operands[0]}\right)",
+)
 
 
 def show_output_size(sizes: tuple) -> str:
@@ -288,9 +380,13 @@ def show_output_size(sizes: tuple) -> str:
     return "(" + ", ".join(map(str, sizes)) + ("," if len(sizes) == 1 else "") + ")"
 
 
-RULES = [PixelShuffle("pixel_shuffle", "upscale_factor", "pixel_unshuffle", "[N, C r², H, W] -> [N, C, H r, W r]"),
-         PixelShuffle("pixel_unshuffle", "downscale_factor", "pixel_shuffle", "[N, C, H r, W r] -> [N, C r², H, W]"),
-         AdaptiveAveragePool(1), AdaptiveAveragePool(2), AdaptiveAveragePool(3)]
+RULES = [
+    PixelShuffle("pixel_shuffle", "upscale_factor", "pixel_unshuffle", "[N, C r², H, W] -> [N, C, H r, W r]"),
+    PixelShuffle("pixel_unshuffle", "downscale_factor", "pixel_shuffle", "[N, C, H r, W r] -> [N, C r², H, W]"),
+    AdaptiveAveragePool(1),
+    AdaptiveAveragePool(2),
+    AdaptiveAveragePool(3),
+]
 """interpolate's rule is ``interpolate.py``; its primitives are here."""
 
 
@@ -305,26 +401,50 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "pixel_shuffle": [
-        Sample("pixel_shuffle", {"x": [2, 8, 3, 3], "y": [2, 2, 6, 6]},
-               [{"op": "pixel_shuffle", "upscale_factor": 2, "out": "out"}], ["x"]),
+        Sample(
+            "pixel_shuffle",
+            {"x": [2, 8, 3, 3], "y": [2, 2, 6, 6]},
+            [{"op": "pixel_shuffle", "upscale_factor": 2, "out": "out"}],
+            ["x"],
+        ),
     ],
     "pixel_unshuffle": [
-        Sample("pixel_unshuffle", {"x": [2, 3, 4, 6], "y": [2, 12, 2, 3]},
-               [{"op": "pixel_unshuffle", "downscale_factor": 2, "out": "out"}], ["x"]),
+        Sample(
+            "pixel_unshuffle",
+            {"x": [2, 3, 4, 6], "y": [2, 12, 2, 3]},
+            [{"op": "pixel_unshuffle", "downscale_factor": 2, "out": "out"}],
+            ["x"],
+        ),
     ],
     "adaptive_avg_pool1d": [
-        Sample("adaptive_avg_pool1d", {"x": [2, 3, 7], "y": [2, 3, 3]},
-               [{"op": "adaptive_avg_pool1d", "output_size": 3, "out": "out"}], ["x"]),
+        Sample(
+            "adaptive_avg_pool1d",
+            {"x": [2, 3, 7], "y": [2, 3, 3]},
+            [{"op": "adaptive_avg_pool1d", "output_size": 3, "out": "out"}],
+            ["x"],
+        ),
     ],
     "adaptive_avg_pool2d": [
-        Sample("adaptive_avg_pool2d-keep-one-dim", {"x": [2, 3, 7, 5], "y": [2, 3, 3, 5]},
-               [{"op": "adaptive_avg_pool2d", "output_size": [3, None], "out": "out"}], ["x"]),
-        Sample("adaptive_avg_pool2d-unbatched", {"x": [3, 9, 6], "y": [3, 4, 4]},
-               [{"op": "adaptive_avg_pool2d", "output_size": 4, "out": "out"}], ["x"]),
+        Sample(
+            "adaptive_avg_pool2d-keep-one-dim",
+            {"x": [2, 3, 7, 5], "y": [2, 3, 3, 5]},
+            [{"op": "adaptive_avg_pool2d", "output_size": [3, None], "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "adaptive_avg_pool2d-unbatched",
+            {"x": [3, 9, 6], "y": [3, 4, 4]},
+            [{"op": "adaptive_avg_pool2d", "output_size": 4, "out": "out"}],
+            ["x"],
+        ),
     ],
     "adaptive_avg_pool3d": [
-        Sample("adaptive_avg_pool3d", {"x": [1, 2, 5, 4, 3], "y": [1, 2, 2, 3, 1]},
-               [{"op": "adaptive_avg_pool3d", "output_size": [2, 3, 1], "out": "out"}], ["x"]),
+        Sample(
+            "adaptive_avg_pool3d",
+            {"x": [1, 2, 5, 4, 3], "y": [1, 2, 2, 3, 1]},
+            [{"op": "adaptive_avg_pool3d", "output_size": [2, 3, 1], "out": "out"}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

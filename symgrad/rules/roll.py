@@ -10,10 +10,17 @@ from __future__ import annotations
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, ints
 
-primitive("roll", code=lambda operands, params, show: (
-    f"torch.roll({operands[0]}, shifts={_show(params['shifts'])}, dims={_show(params['dims'])})"),
-    latex=lambda operands, params, show: (rf"\operatorname{{roll}}_{{{','.join(map(str, params['shifts']))}}}"
-                                          rf"\left({operands[0]}\right)"), tangent=LINEAR)
+primitive(
+    "roll",
+    code=lambda operands, params, show: (
+        f"torch.roll({operands[0]}, shifts={_show(params['shifts'])}, dims={_show(params['dims'])})"
+    ),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{roll}}_{{{','.join(map(str, params['shifts']))}}}"
+        rf"\left({operands[0]}\right)"
+    ),
+    tangent=LINEAR,
+)
 
 
 def _show(values: tuple[int, ...]) -> str:
@@ -22,8 +29,10 @@ def _show(values: tuple[int, ...]) -> str:
 
 def _dims(value, context: ParamContext) -> tuple[int, ...]:
     if value is None:
-        raise context.fail("is missing: a roll of the flattened tensor is not supported",
-                           "give the dims to roll along, e.g. `dims: [1, 2]`")
+        raise context.fail(
+            "is missing: a roll of the flattened tensor is not supported",
+            "give the dims to roll along, e.g. `dims: [1, 2]`",
+        )
     return ints(value, context)
 
 
@@ -38,10 +47,16 @@ class Roll(Rule):
     def infer_shape(self, shapes, params, check: Checker):
         rank = len(shapes["input"])
         shifts, dims = params["shifts"], params["dims"]
-        check.require(len(shifts) == len(dims), f"shifts {list(shifts)} and dims {list(dims)} differ in length",
-                      "give one shift per dim")
-        check.require(all(-rank <= dim < rank for dim in dims) and len({dim % rank for dim in dims}) == len(dims),
-                      f"dims {list(dims)} must be distinct dims of the {rank}-dim input", f"give dims in {-rank}..{rank - 1}")
+        check.require(
+            len(shifts) == len(dims),
+            f"shifts {list(shifts)} and dims {list(dims)} differ in length",
+            "give one shift per dim",
+        )
+        check.require(
+            all(-rank <= dim < rank for dim in dims) and len({dim % rank for dim in dims}) == len(dims),
+            f"dims {list(dims)} must be distinct dims of the {rank}-dim input",
+            f"give dims in {-rank}..{rank - 1}",
+        )
         return tuple(shapes["input"])
 
     def _dims(self, node) -> tuple[int, ...]:
@@ -51,7 +66,9 @@ class Roll(Rule):
         return Forward(op("roll", node.operands["input"], shifts=tuple(node.params["shifts"]), dims=self._dims(node)))
 
     def pullback(self, node, grad, wanted):
-        return {"input": op("roll", grad, shifts=tuple(-shift for shift in node.params["shifts"]), dims=self._dims(node))}
+        return {
+            "input": op("roll", grad, shifts=tuple(-shift for shift in node.params["shifts"]), dims=self._dims(node))
+        }
 
     def table_row(self):
         return self.op, "out = torch.roll(input, shifts, dims)", "grad_input = torch.roll(grad_out, -shifts, dims)"
@@ -66,8 +83,12 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "roll": [
-        Sample("roll-two-dims", {"x": [2, 5, 4, 3], "y": [2, 5, 4, 3]},
-               [{"op": "roll", "shifts": [-2, 3], "dims": [1, 2], "out": "out"}], ["x"]),
+        Sample(
+            "roll-two-dims",
+            {"x": [2, 5, 4, 3], "y": [2, 5, 4, 3]},
+            [{"op": "roll", "shifts": [-2, 3], "dims": [1, 2], "out": "out"}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

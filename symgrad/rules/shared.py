@@ -25,14 +25,27 @@ def show_dims(dims: tuple[int, ...]) -> str:
     return str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
 
 
-primitive("sum", code=lambda operands, params, show: (
-    f"{operands[0]}.sum(dim={show_dims(params['dim'])}" + (", keepdim=True)" if params.get("keepdim") else ")")),
-    latex=lambda operands, params, show: rf"\sum_{{{','.join(map(str, params['dim']))}}} {operands[0]}", tangent=LINEAR)
+primitive(
+    "sum",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.sum(dim={show_dims(params['dim'])}" + (", keepdim=True)" if params.get("keepdim") else ")")
+    ),
+    latex=lambda operands, params, show: rf"\sum_{{{','.join(map(str, params['dim']))}}} {operands[0]}",
+    tangent=LINEAR,
+)
 
-primitive("reduce_dims", code=lambda operands, params, show: (
-    f"{operands[0]}.{params['how']}(dim={show_dims(params['dims'])}" + (", keepdim=True)" if params["keepdim"] else ")")),
-    latex=lambda operands, params, show: (rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
-                                          rf"\left({operands[0]}\right)"), tangent=LINEAR)
+primitive(
+    "reduce_dims",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.{params['how']}(dim={show_dims(params['dims'])}"
+        + (", keepdim=True)" if params["keepdim"] else ")")
+    ),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{{params['how']}}}_{{{','.join(map(str, params['dims']))}}}"
+        rf"\left({operands[0]}\right)"
+    ),
+    tangent=LINEAR,
+)
 
 
 def sum_over(value, dim: int):
@@ -40,21 +53,40 @@ def sum_over(value, dim: int):
     return op("reduce_dims", value, how="sum", dims=(dim,), keepdim=True)
 
 
-primitive("spread", code=lambda operands, params, show: (
-    operands[0] + "".join(f".unsqueeze({d})" for d in ([] if params["keepdim"] else params["dims"]))
-    + f".expand_as({operands[1]}).contiguous()"),
-    latex=lambda operands, params, show: rf"\operatorname{{spread}}_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)",
+primitive(
+    "spread",
+    code=lambda operands, params, show: (
+        operands[0]
+        + "".join(f".unsqueeze({d})" for d in ([] if params["keepdim"] else params["dims"]))
+        + f".expand_as({operands[1]}).contiguous()"
+    ),
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{spread}}_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)"
+    ),
     # linear in the gradient; the second operand gives only its shape
-    tangent=lambda expr, tangent_of: op("spread", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())))
+    tangent=lambda expr, tangent_of: op(
+        "spread", tangent_of(expr.operands[0]), expr.operands[1], **dict(expr.params.items())
+    ),
+)
 
-primitive("sum_to_size", shape_operands=(1,),
-          code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]})",
-          latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)",
-          tangent=lambda expr, tangent_of: TensorOp("sum_to_size", expr.params, tangent_of(expr.operands[0]), expr.operands[1]))
+primitive(
+    "sum_to_size",
+    shape_operands=(1,),
+    code=lambda operands, params, show: f"{operands[0]}.sum_to_size({operands[1]})",
+    latex=lambda operands, params, show: rf"\operatorname{{unbroadcast}}_{{{operands[1]}}}\left({operands[0]}\right)",
+    tangent=lambda expr, tangent_of: TensorOp(
+        "sum_to_size", expr.params, tangent_of(expr.operands[0]), expr.operands[1]
+    ),
+)
 
 # the planner's: a value the backward reads only for its shape is kept as that shape (plan.py)
-primitive("shape", code=lambda operands, params, show: operands[0], shape_operands=(0,),
-          latex=lambda operands, params, show: rf"\operatorname{{shape}}\left({operands[0]}\right)", tangent=CONSTANT)
+primitive(
+    "shape",
+    code=lambda operands, params, show: operands[0],
+    shape_operands=(0,),
+    latex=lambda operands, params, show: rf"\operatorname{{shape}}\left({operands[0]}\right)",
+    tangent=CONSTANT,
+)
 
 # the planner's: a value the backward reads only as a kernel's layout operand is kept as its layout, a
 # meta tensor (its sizes, strides and dtype, no memory), from which the kernel's caller makes an unset
@@ -66,11 +98,20 @@ STAND_IN = '''def _stand_in(layout, device):
 '''
 """Emitted once into each module that keeps a layout (a kernel is passed ``_stand_in(...)``)."""
 
-primitive("layout", tangent=CONSTANT, helper=STAND_IN, code=lambda operands, params, show: f'{operands[0]}.to("meta")',
-          latex=lambda operands, params, show: rf"\operatorname{{layout}}\left({operands[0]}\right)")
+primitive(
+    "layout",
+    tangent=CONSTANT,
+    helper=STAND_IN,
+    code=lambda operands, params, show: f'{operands[0]}.to("meta")',
+    latex=lambda operands, params, show: rf"\operatorname{{layout}}\left({operands[0]}\right)",
+)
 
-primitive("zeros_like", code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
-          latex=lambda operands, params, show: r"\mathbf{0}", tangent=CONSTANT)
+primitive(
+    "zeros_like",
+    code=lambda operands, params, show: f"torch.zeros_like({operands[0]})",
+    latex=lambda operands, params, show: r"\mathbf{0}",
+    tangent=CONSTANT,
+)
 
 ADD_INTO = '''def _add_into(fresh, *others):
     """``fresh + others``, into ``fresh`` (new, read by nothing else) as autograd's engine adds,
@@ -86,12 +127,21 @@ ADD_INTO = '''def _add_into(fresh, *others):
 """Emitted once into each module with a sum the planner adds into its fresh term
 (``lifetimes.added_in_place``); autograd's ``InputBuffer::accumulate`` adds in place on the same terms."""
 
-primitive("add_into", helper=ADD_INTO, fresh=True, tangent=LINEAR,
-          code=lambda operands, params, show: f"_add_into({', '.join(operands)})",
-          latex=lambda operands, params, show: " + ".join(operands))
+primitive(
+    "add_into",
+    helper=ADD_INTO,
+    fresh=True,
+    tangent=LINEAR,
+    code=lambda operands, params, show: f"_add_into({', '.join(operands)})",
+    latex=lambda operands, params, show: " + ".join(operands),
+)
 
-primitive("item", code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
-          latex=lambda operands, params, show: f"{{{operands[0]}}}_{{{params['index']}}}", tangent=LINEAR)
+primitive(
+    "item",
+    code=lambda operands, params, show: f"{operands[0]}[{params['index']}]",
+    latex=lambda operands, params, show: f"{{{operands[0]}}}_{{{params['index']}}}",
+    tangent=LINEAR,
+)
 
 
 def affine_tangent(kind: str):

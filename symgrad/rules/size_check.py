@@ -38,15 +38,16 @@ def _code(operands, params, show):
     return f"_size_check({operands[0]}, {holds}, {params['line']!r}, {text!r})"
 
 
-primitive("size_check", code=_code, helper=SIZE_CHECK, tangent=LINEAR,
-          latex=lambda operands, params, show: operands[0])
+primitive("size_check", code=_code, helper=SIZE_CHECK, tangent=LINEAR, latex=lambda operands, params, show: operands[0])
 
 
 def _size(value, context: ParamContext):
     """A size read at run time (``{like: x, size: 'ceil(shape[2] / 2) * 2'}``) or an int."""
     if isinstance(value, Like):
         if value.dims is None and value.size is None:
-            raise context.fail(f"is {value}, which names no dim", f"write `{context.name}: {{like: {value.node}, dims: [2]}}`")
+            raise context.fail(
+                f"is {value}, which names no dim", f"write `{context.name}: {{like: {value.node}, dims: [2]}}`"
+            )
         return value.size_at(0)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -73,11 +74,19 @@ def _text(value, context: ParamContext):
 
 class SizeCheck(Rule):
     op = "size_check"
-    traced_elsewhere = ("a comparison of sizes the code read (new_h != H, H > 7): the tracer's size handling "
-                        "(symgrad/trace/sizes.py, size_checks.py) writes it on the node whose sizes it reads")
+    traced_elsewhere = (
+        "a comparison of sizes the code read (new_h != H, H > 7): the tracer's size handling "
+        "(symgrad/trace/sizes.py, size_checks.py) writes it on the node whose sizes it reads"
+    )
     operands = (Operand("input", from_in=True),)
-    params = {"left": Param(None, _size), "right": Param(None, _size), "relation": Param("eq", _choice),
-              "holds": Param(True, _flag), "line": Param("", _text), "text": Param("", _text)}
+    params = {
+        "left": Param(None, _size),
+        "right": Param(None, _size),
+        "relation": Param("eq", _choice),
+        "holds": Param(True, _flag),
+        "line": Param("", _text),
+        "text": Param("", _text),
+    }
     summary = "the input unchanged, where a comparison of sizes comes out as it did when traced; else an error"
 
     def reference(self, arguments, params):
@@ -87,29 +96,49 @@ class SizeCheck(Rule):
         return {}
 
     def infer_shape(self, shapes, params, check: Checker):
-        check.require(params["left"] is not None and params["right"] is not None, "needs left and right",
-                      "write e.g. `left: {like: x, size: 'ceil(shape[2] / 2) * 2'}, right: {like: x, dims: [2]}`")
+        check.require(
+            params["left"] is not None and params["right"] is not None,
+            "needs left and right",
+            "write e.g. `left: {like: x, size: 'ceil(shape[2] / 2) * 2'}, right: {like: x, dims: [2]}`",
+        )
         left, right = params["left"], params["right"]
         if isinstance(left, int) and isinstance(right, int):  # numbers: the comparison at these sizes
-            comes = {"eq": left == right, "ne": left != right, "lt": left < right, "le": left <= right,
-                     "gt": left > right, "ge": left >= right}[params["relation"]]
-            check.require(comes == params["holds"], f"{params['text']} is {comes} at these sizes, {params['holds']} "
-                          f"when traced ({params['line']})", "use sizes where the traced branch holds")
+            comes = {
+                "eq": left == right,
+                "ne": left != right,
+                "lt": left < right,
+                "le": left <= right,
+                "gt": left > right,
+                "ge": left >= right,
+            }[params["relation"]]
+            check.require(
+                comes == params["holds"],
+                f"{params['text']} is {comes} at these sizes, {params['holds']} when traced ({params['line']})",
+                "use sizes where the traced branch holds",
+            )
         elif params["relation"] == "eq" if params["holds"] else params["relation"] == "ne":
-            check.equal(left, right, f"{params['text']} does not hold ({params['line']})",
-                        "use sizes where the traced branch holds")
+            check.equal(
+                left,
+                right,
+                f"{params['text']} does not hold ({params['line']})",
+                "use sizes where the traced branch holds",
+            )
         return tuple(shapes["input"])
 
     def forward(self, node):
         from ..algebra import op
+
         return Forward(op("size_check", node.operands["input"], **node.params))
 
     def pullback(self, node, grad, wanted):
         return {"input": grad}
 
     def table_row(self):
-        return (self.op, "out = input, where left <relation> right comes out as when traced (else an error)",
-                "grad_input = grad")
+        return (
+            self.op,
+            "out = input, where left <relation> right comes out as when traced (else an error)",
+            "grad_input = grad",
+        )
 
 
 RULES = [SizeCheck()]
@@ -117,13 +146,25 @@ RULES = [SizeCheck()]
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "size_check": [
-        Sample("size_check-even-width", {"x": [2, 4], "y": [2, 4]},
-               [{"op": "size_check", "in": "x",
-                 "left": {"like": "x", "size": "2 * ceil(shape[1] / 2)"},
-                 "right": {"like": "x", "dims": [1]}, "relation": "ne", "holds": False,
-                 "line": "m.py:3", "text": "2*ceil(x.shape[1]/2) != x.shape[1]", "out": "checked"},
-                {"op": "mul", "in": "checked", "other": 2}],
-               ["x"]),
+        Sample(
+            "size_check-even-width",
+            {"x": [2, 4], "y": [2, 4]},
+            [
+                {
+                    "op": "size_check",
+                    "in": "x",
+                    "left": {"like": "x", "size": "2 * ceil(shape[1] / 2)"},
+                    "right": {"like": "x", "dims": [1]},
+                    "relation": "ne",
+                    "holds": False,
+                    "line": "m.py:3",
+                    "text": "2*ceil(x.shape[1]/2) != x.shape[1]",
+                    "out": "checked",
+                },
+                {"op": "mul", "in": "checked", "other": 2},
+            ],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

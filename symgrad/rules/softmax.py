@@ -38,13 +38,21 @@ def _log_softmax_tangent(expr, tangent_of):
     return moved - sum_over(sympy.exp(expr) * moved, expr.params["dim"])
 
 
-primitive("softmax", code=lambda operands, params, show: f"torch.softmax({operands[0]}, {params['dim']})",
-          latex=lambda operands, params, show: rf"\operatorname{{softmax}}_{{{params['dim']}}}\left({operands[0]}\right)",
-          tangent=_softmax_tangent)
-primitive("log_softmax", code=lambda operands, params, show: f"torch.log_softmax({operands[0]}, {params['dim']})",
-          latex=lambda operands, params, show: (rf"\operatorname{{log\,softmax}}_{{{params['dim']}}}"
-                                                rf"\left({operands[0]}\right)"),
-          tangent=_log_softmax_tangent)
+primitive(
+    "softmax",
+    code=lambda operands, params, show: f"torch.softmax({operands[0]}, {params['dim']})",
+    latex=lambda operands, params, show: rf"\operatorname{{softmax}}_{{{params['dim']}}}\left({operands[0]}\right)",
+    tangent=_softmax_tangent,
+)
+primitive(
+    "log_softmax",
+    code=lambda operands, params, show: f"torch.log_softmax({operands[0]}, {params['dim']})",
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{log\,softmax}}_{{{params['dim']}}}"
+        rf"\left({operands[0]}\right)"
+    ),
+    tangent=_log_softmax_tangent,
+)
 
 
 class Softmax(Rule):
@@ -58,8 +66,11 @@ class Softmax(Rule):
 
     def infer_shape(self, shapes, params, check: Checker):
         rank = len(shapes["input"])
-        check.require(-rank <= params["dim"] < rank if rank else params["dim"] in (0, -1),
-                      f"dim {params['dim']} is out of range for a {rank}-dim input", f"give a dim in {-rank}..{rank - 1}")
+        check.require(
+            -rank <= params["dim"] < rank if rank else params["dim"] in (0, -1),
+            f"dim {params['dim']} is out of range for a {rank}-dim input",
+            f"give a dim in {-rank}..{rank - 1}",
+        )
         return tuple(shapes["input"])
 
     def _axis(self, node) -> int:
@@ -78,26 +89,38 @@ class Softmax(Rule):
     def table_row(self):
         if self.op == "softmax":
             return self.op, "out = exp(input) / sum_dim(exp(input))", "grad_input = out * (grad - sum_dim(out * grad))"
-        return (self.op, "out = input - log(sum_dim(exp(input)))",
-                "grad_input = grad - exp(out) * sum_dim(grad)")
+        return (self.op, "out = input - log(sum_dim(exp(input)))", "grad_input = grad - exp(out) * sum_dim(grad)")
 
 
-RULES = [Softmax("softmax", "softmax over dim: exp(x) normalised to sum 1 along dim"),
-         Softmax("log_softmax", "log of softmax over dim, computed stably")]
+RULES = [
+    Softmax("softmax", "softmax over dim: exp(x) normalised to sum 1 along dim"),
+    Softmax("log_softmax", "log of softmax over dim, computed stably"),
+]
 
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "softmax": [
-        Sample("softmax-channels", {"x": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
-               [{"op": "softmax", "dim": 1, "out": "out"}], ["x"]),
-        Sample("softmax-last", {"x": [2, 6, 5], "y": [2, 6, 5]},
-               [{"op": "softmax", "dim": -1, "out": "out"}], ["x"]),
+        Sample(
+            "softmax-channels",
+            {"x": [2, 3, 4, 5], "y": [2, 3, 4, 5]},
+            [{"op": "softmax", "dim": 1, "out": "out"}],
+            ["x"],
+        ),
+        Sample("softmax-last", {"x": [2, 6, 5], "y": [2, 6, 5]}, [{"op": "softmax", "dim": -1, "out": "out"}], ["x"]),
     ],
     "log_softmax": [
-        Sample("log_softmax-first", {"x": [3, 4, 5], "y": [3, 4, 5]},
-               [{"op": "log_softmax", "dim": 0, "out": "out"}], ["x"]),
-        Sample("log_softmax-middle", {"x": [2, 3, 4], "y": [2, 3, 4]},
-               [{"op": "log_softmax", "dim": -2, "out": "out"}], ["x"]),
+        Sample(
+            "log_softmax-first",
+            {"x": [3, 4, 5], "y": [3, 4, 5]},
+            [{"op": "log_softmax", "dim": 0, "out": "out"}],
+            ["x"],
+        ),
+        Sample(
+            "log_softmax-middle",
+            {"x": [2, 3, 4], "y": [2, 3, 4]},
+            [{"op": "log_softmax", "dim": -2, "out": "out"}],
+            ["x"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each

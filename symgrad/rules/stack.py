@@ -17,15 +17,23 @@ def _stack_tangent(expr, tangent_of):
     moved = [tangent_of(operand) for operand in expr.operands]
     if all(m == 0 for m in moved):
         return sympy.Integer(0)
-    return op("stack", *(m if m != 0 else op("zeros_like", o) for m, o in zip(moved, expr.operands)),
-              dim=expr.params["dim"])
+    return op(
+        "stack", *(m if m != 0 else op("zeros_like", o) for m, o in zip(moved, expr.operands)), dim=expr.params["dim"]
+    )
 
 
-primitive("stack", code=lambda operands, params, show: f"torch.stack([{', '.join(operands)}], dim={params['dim']})",
-          latex=lambda operands, params, show: r"\operatorname{stack}\left(" + ", ".join(operands) + r"\right)",
-          tangent=_stack_tangent)
-primitive("select", code=lambda operands, params, show: f"{operands[0]}.select({params['dim']}, {params['index']})",
-          latex=lambda operands, params, show: rf"{{{operands[0]}}}_{{[{params['index']}]}}", tangent=LINEAR)
+primitive(
+    "stack",
+    code=lambda operands, params, show: f"torch.stack([{', '.join(operands)}], dim={params['dim']})",
+    latex=lambda operands, params, show: r"\operatorname{stack}\left(" + ", ".join(operands) + r"\right)",
+    tangent=_stack_tangent,
+)
+primitive(
+    "select",
+    code=lambda operands, params, show: f"{operands[0]}.select({params['dim']}, {params['index']})",
+    latex=lambda operands, params, show: rf"{{{operands[0]}}}_{{[{params['index']}]}}",
+    tangent=LINEAR,
+)
 
 
 class Stack(Rule):
@@ -38,19 +46,30 @@ class Stack(Rule):
 
     def reference(self, arguments, params):
         import torch
+
         return torch.stack([arguments[f"tensors_{i}"] for i in range(len(arguments))], dim=params["dim"])
 
     def infer_shape(self, shapes, params, check: Checker):
         ordered = [shapes[key] for key in sorted(shapes, key=lambda k: int(k.rsplit("_", 1)[1]))]
         rank = len(ordered[0]) + 1
-        check.require(-rank <= params["dim"] < rank, f"dim {params['dim']} is out of range for stacking "
-                      f"{rank - 1}-dim tensors", f"give a dim in {-rank}..{rank - 1}")
-        check.require(all(len(shape) == rank - 1 for shape in ordered), "stack needs tensors of one rank",
-                      "give them equal shapes")
+        check.require(
+            -rank <= params["dim"] < rank,
+            f"dim {params['dim']} is out of range for stacking {rank - 1}-dim tensors",
+            f"give a dim in {-rank}..{rank - 1}",
+        )
+        check.require(
+            all(len(shape) == rank - 1 for shape in ordered),
+            "stack needs tensors of one rank",
+            "give them equal shapes",
+        )
         for shape in ordered[1:]:
             for axis in range(rank - 1):
-                check.equal(shape[axis], ordered[0][axis], f"shapes {[tuple(s) for s in ordered]} differ",
-                            "give every tensor the same shape")
+                check.equal(
+                    shape[axis],
+                    ordered[0][axis],
+                    f"shapes {[tuple(s) for s in ordered]} differ",
+                    "give every tensor the same shape",
+                )
         dim = params["dim"] % rank
         return (*ordered[0][:dim], len(ordered), *ordered[0][dim:])
 
@@ -62,8 +81,11 @@ class Stack(Rule):
 
     def pullback(self, node, grad, wanted):
         dim = node.params["dim"] % len(node.out_shape)
-        return {f"tensors_{index}": op("select", grad, dim=dim, index=index)
-                for index in range(len(node.operands)) if f"tensors_{index}" in wanted}
+        return {
+            f"tensors_{index}": op("select", grad, dim=dim, index=index)
+            for index in range(len(node.operands))
+            if f"tensors_{index}" in wanted
+        }
 
     def table_row(self):
         return self.op, "out = torch.stack([a, b, ...], dim)", "grad of input i = grad_out.select(dim, i)"
@@ -79,17 +101,24 @@ CERTIFICATES = [  # (label, input shapes, layer, linear operands): `symgrad cert
 
 SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate and check every one
     "stack": [
-        Sample("stack-last", {"a": [2, 3], "b": [2, 3], "c": [2, 3], "y": [2, 3, 3]},
-               [{"op": "stack", "in": ["a", "b", "c"], "dim": -1}], ["a", "c"]),
-        Sample("stack-one-tensor-twice", {"a": [2, 4, 3], "y": [2, 2, 4, 3]},
-               [{"op": "stack", "in": ["a", "a"], "dim": 1}], ["a"]),
+        Sample(
+            "stack-last",
+            {"a": [2, 3], "b": [2, 3], "c": [2, 3], "y": [2, 3, 3]},
+            [{"op": "stack", "in": ["a", "b", "c"], "dim": -1}],
+            ["a", "c"],
+        ),
+        Sample(
+            "stack-one-tensor-twice",
+            {"a": [2, 4, 3], "y": [2, 2, 4, 3]},
+            [{"op": "stack", "in": ["a", "a"], "dim": 1}],
+            ["a"],
+        ),
     ],
 }
 SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.py traces each
     "stack": [
         # SK-style
-        Spelling("torch.stack([x, y.relu()], dim=1).sum(1)",
-                 {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
+        Spelling("torch.stack([x, y.relu()], dim=1).sum(1)", {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
         Spelling("torch.stack((x, y), -1)", {"x": (2, 3, 8, 8), "y": (2, 3, 8, 8)}),
     ],
 }

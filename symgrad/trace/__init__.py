@@ -75,8 +75,10 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
     try:
         spec.loader.exec_module(module)
     except Exception as error:  # the user's file fails on import: one line, where
-        raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: importing {file} failed: "
-                         f"{first_line(error)} (fix: make the file importable on its own)") from None
+        raise TraceError(
+            f"{user_line_of_traceback(error.__traceback__)}: error: importing {file} failed: "
+            f"{first_line(error)} (fix: make the file importable on its own)"
+        ) from None
     target = getattr(module, attribute, None)
     if target is None:
         raise TraceError(f"error: {file} has no '{attribute}' (fix: name a function or nn.Module class in it)")
@@ -84,18 +86,30 @@ def load_target(reference: str, init: dict[str, Any] | None = None) -> Callable:
         try:
             target = target(**(init or {}))
         except Exception as error:
-            raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: building {attribute}"
-                             f"({_arguments_text(init)}) failed: {first_line(error)} "
-                             "(fix: pass the constructor's arguments with --init 'name=value,...')") from None
+            raise TraceError(
+                f"{user_line_of_traceback(error.__traceback__)}: error: building {attribute}"
+                f"({_arguments_text(init)}) failed: {first_line(error)} "
+                "(fix: pass the constructor's arguments with --init 'name=value,...')"
+            ) from None
     elif init:
         raise TraceError(f"error: --init is for an nn.Module class, and {attribute} is not one (fix: drop --init)")
     return target
 
 
-def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None, name: str = "traced",
-          *, loss: LossChoice | None = None, arguments: dict[str, Any] | None = None,
-          dtypes: dict[str, str] | None = None, mode: str | None = None, timeout: float | None = None,
-          blocks: bool = False, static_sizes: bool = False) -> str:
+def trace(
+    target: Callable,
+    shapes: dict[str, tuple[int, ...]],
+    wrt: list[str] | str | None = None,
+    name: str = "traced",
+    *,
+    loss: LossChoice | None = None,
+    arguments: dict[str, Any] | None = None,
+    dtypes: dict[str, str] | None = None,
+    mode: str | None = None,
+    timeout: float | None = None,
+    blocks: bool = False,
+    static_sizes: bool = False,
+) -> str:
     """The spec (YAML text) for ``target`` called with random tensors of ``shapes`` (``dtypes``: ``int64``
     for class labels) and the Python values ``arguments``; ``mode`` ``train`` or ``eval`` sets the modules'
     mode while tracing (default: as they are); ``timeout``: seconds after which tracing stops with an error;
@@ -111,18 +125,24 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
-        raise TraceError(f"error: the arguments of {function!r} cannot be read (fix: trace a def or lambda that calls it)") from None
+        raise TraceError(
+            f"error: the arguments of {function!r} cannot be read (fix: trace a def or lambda that calls it)"
+        ) from None
     parameters = [p for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     arguments = dict(arguments or {})
     dtypes = dict(dtypes or {})
     missing = [p.name for p in parameters if p.name not in shapes and p.name not in arguments and p.default is p.empty]
     if missing:
-        raise TraceError(f"error: no shape for argument(s) {', '.join(missing)} "
-                         f"(fix: pass --input {missing[0]}=8,3,32,32, or --arg {missing[0]}=VALUE for a number)")
+        raise TraceError(
+            f"error: no shape for argument(s) {', '.join(missing)} "
+            f"(fix: pass --input {missing[0]}=8,3,32,32, or --arg {missing[0]}=VALUE for a number)"
+        )
     unknown = [key for key in [*shapes, *arguments] if key not in {p.name for p in parameters}]
     if unknown:
-        raise TraceError(f"error: {getattr(function, '__qualname__', 'the function')} takes no argument "
-                         f"'{unknown[0]}' (fix: name one of {', '.join(p.name for p in parameters) or 'none'})")
+        raise TraceError(
+            f"error: {getattr(function, '__qualname__', 'the function')} takes no argument "
+            f"'{unknown[0]}' (fix: name one of {', '.join(p.name for p in parameters) or 'none'})"
+        )
     tensor_names = [p.name for p in parameters if p.name in shapes]
     _check_sizes({key: tuple(shapes[key]) for key in tensor_names}, dtypes)
     modules = [module] if module is not None else []
@@ -135,24 +155,32 @@ def trace(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] |
     torch.set_num_threads(1)  # the runs are small: intra-op threads only spin, and on a busy machine 8x slower
     try:
         with _time_limit(timeout), torch.inference_mode(False):  # the caller's inference_mode: a training step's run
-            return _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks,
-                                static_sizes)
+            return _traced_text(
+                function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks, static_sizes
+            )
     except SymgradError:
         raise
     except Exception as error:  # noqa: BLE001 - symgrad's own failure on a call it met: one line, never a traceback
         where = user_line_of_traceback(error.__traceback__)
-        raise TraceError(f"{where + ': ' if where != '<traced code>' else ''}error: symgrad could not trace "
-                         f"{getattr(function, '__qualname__', 'the model')} ({type(error).__name__}: "
-                         f"{first_line(error)[:200]}) (fix: this is a bug in symgrad's tracer: please report it "
-                         "with the model; until then, trace the part of the model before this line)") from None
+        raise TraceError(
+            f"{where + ': ' if where != '<traced code>' else ''}error: symgrad could not trace "
+            f"{getattr(function, '__qualname__', 'the model')} ({type(error).__name__}: "
+            f"{first_line(error)[:200]}) (fix: this is a bug in symgrad's tracer: please report it "
+            "with the model; until then, trace the part of the model before this line)"
+        ) from None
     finally:
         torch.set_num_threads(threads)
         for each, training in modes:
             each.training = training
 
 
-def trace_modes(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[str] | str | None = None,
-                name: str = "traced", **options) -> tuple[str, str | None]:
+def trace_modes(
+    target: Callable,
+    shapes: dict[str, tuple[int, ...]],
+    wrt: list[str] | str | None = None,
+    name: str = "traced",
+    **options,
+) -> tuple[str, str | None]:
     """A model traced as the user set it, and in its other mode where it returns its outputs: (the
     train-mode spec, the eval-mode spec named ``NAME_eval``), or (the one spec, None) where the model
     ends in a loss (a loss-ending spec trains in one mode) or both run the same layers.
@@ -169,8 +197,9 @@ def trace_modes(target: Callable, shapes: dict[str, tuple[int, ...]], wrt: list[
     as_set = trace(target, shapes, wrt, name, **options)
     if "\noutputs:" not in as_set:
         return as_set, None
-    other = trace(target, shapes, wrt, name if not training else f"{name}_eval",
-                  mode="eval" if training else "train", **options)
+    other = trace(
+        target, shapes, wrt, name if not training else f"{name}_eval", mode="eval" if training else "train", **options
+    )
     train, evaluation = (as_set, other) if training else (other, _renamed(as_set, f"{name}_eval"))
     if _body(train) == _body(evaluation):
         return train, None
@@ -181,7 +210,7 @@ def _renamed(text: str, name: str) -> str:
     """A traced spec under another name (its one ``name:`` line)."""
     lines = text.splitlines(keepends=True)
     index = next(number for number, line in enumerate(lines) if line.startswith("name:"))
-    return "".join([*lines[:index], f"name: {_name(name)}\n", *lines[index + 1:]])
+    return "".join([*lines[:index], f"name: {_name(name)}\n", *lines[index + 1 :]])
 
 
 def _body(text: str) -> list[str]:
@@ -194,15 +223,19 @@ def _check_sizes(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> 
     (both runs' tensors are alive at once), before anything is allocated."""
     for key, shape in shapes.items():
         if any(size < 1 for size in shape):
-            raise TraceError(f"error: --input {key}={','.join(map(str, shape))} has a size below 1 "
-                             "(fix: give every dimension a size of at least 1, e.g. x=8,3,32,32)")
+            raise TraceError(
+                f"error: --input {key}={','.join(map(str, shape))} has a size below 1 "
+                "(fix: give every dimension a size of at least 1, e.g. x=8,3,32,32)"
+            )
     other = next(other_sizes(shapes), shapes)
     needed = sum(math.prod(shape) * 8 for sizes in (shapes, other) for shape in sizes.values())  # float64 at most
     free = available_memory()
     if needed > free:
-        raise TraceError(f"error: the inputs {shapes_text(shapes)} alone need about {needed / 2**30:.1f} GiB "
-                         f"(with the second run's, at other sizes), and {free / 2**30:.1f} GiB is available "
-                         "(fix: trace at small --input sizes, e.g. x=2,3,32,32: the spec's sizes stay symbolic)")
+        raise TraceError(
+            f"error: the inputs {shapes_text(shapes)} alone need about {needed / 2**30:.1f} GiB "
+            f"(with the second run's, at other sizes), and {free / 2**30:.1f} GiB is available "
+            "(fix: trace at small --input sizes, e.g. x=2,3,32,32: the spec's sizes stay symbolic)"
+        )
 
 
 @contextlib.contextmanager
@@ -215,14 +248,18 @@ def _time_limit(seconds: float | None):
     if not seconds > 0:
         raise TraceError(f"error: the timeout is {seconds!r} s (fix: give a positive number of seconds)")
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        raise TraceError("error: a trace timeout needs the main thread of a POSIX process (fix: trace without timeout, "
-                         "or from the main thread)")
+        raise TraceError(
+            "error: a trace timeout needs the main thread of a POSIX process (fix: trace without timeout, "
+            "or from the main thread)"
+        )
 
     def stop(number, frame):
         where = user_line(frame)
-        raise Refusal(f"{where + ': ' if where != '<traced code>' else ''}error: tracing ran past --timeout "
-                      f"{seconds:g} s (fix: trace at smaller --input sizes, which the spec keeps symbolic, or give a "
-                      "longer --timeout; a loop that never ends stops here)")
+        raise Refusal(
+            f"{where + ': ' if where != '<traced code>' else ''}error: tracing ran past --timeout "
+            f"{seconds:g} s (fix: trace at smaller --input sizes, which the spec keeps symbolic, or give a "
+            "longer --timeout; a loop that never ends stops here)"
+        )
 
     started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, stop)
@@ -236,31 +273,67 @@ def _time_limit(seconds: float | None):
             signal.setitimer(signal.ITIMER_REAL, max(earlier - (time.monotonic() - started), 1e-3), interval)
 
 
-def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False,
-                 static_sizes=False) -> str:
+def _traced_text(
+    function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False, static_sizes=False
+) -> str:
     wide = [key for key in tensor_names if dtypes.get(key) == "int64"] if static_sizes else []
     if wide:
-        raise TraceError(f"error: static_sizes guards the sizes of floating inputs, and {wide[0]} is int64, whose sizes "
-                         "no check would keep (fix: trace without static_sizes)")
+        raise TraceError(
+            f"error: static_sizes guards the sizes of floating inputs, and {wide[0]} is int64, whose sizes "
+            "no check would keep (fix: trace without static_sizes)"
+        )
     with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
-        spec, calls = run_once(function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss)
+        spec, calls = run_once(
+            function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss
+        )
     again: list[dict] = []  # the second run's specs: their Functions' checks, at other sizes, are the spec's too
     refused: list = []  # symgrad's refusals at the second run's sizes, where the model ran
-    problems = [] if static_sizes else size_dependence(second_runs(
-        lambda changed: _kept(again, run_once(function, module, changed, arguments, dtypes, loss, quiet=True)),
-        refused), {key: tuple(shapes[key]) for key in tensor_names}, spec, calls) or refused_elsewhere(refused)
+    problems = (
+        []
+        if static_sizes
+        else size_dependence(
+            second_runs(
+                lambda changed: _kept(again, run_once(function, module, changed, arguments, dtypes, loss, quiet=True)),
+                refused,
+            ),
+            {key: tuple(shapes[key]) for key in tensor_names},
+            spec,
+            calls,
+        )
+        or refused_elsewhere(refused)
+    )
     if problems:
         raise TraceError("\n".join(with_static_fix(problems)))
-    at_full_precision(spec, module, function, lambda function, module: run_once(
-        function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss, quiet=True,
-        dtype=torch.float64))
+    at_full_precision(
+        spec,
+        module,
+        function,
+        lambda function, module: run_once(
+            function,
+            module,
+            {key: tuple(shapes[key]) for key in tensor_names},
+            arguments,
+            dtypes,
+            loss,
+            quiet=True,
+            dtype=torch.float64,
+        ),
+    )
     merge_checks(spec, again)
     if static_sizes:  # each branch on a size holds at the traced sizes, which the guards below keep
         again.append(static_branches(spec, dtypes, tensor_names))
     calls[:] = [calls[index] for index in drop_fixed(spec, again[-1] if again else None)]
-    guarded = guard_sizes(spec, calls, {key: tuple(shapes[key]) for key in tensor_names}, dtypes,
-                          f"traced at {shapes_words({key: tuple(shapes[key]) for key in tensor_names})}") \
-        if static_sizes else None
+    guarded = (
+        guard_sizes(
+            spec,
+            calls,
+            {key: tuple(shapes[key]) for key in tensor_names},
+            dtypes,
+            f"traced at {shapes_words({key: tuple(shapes[key]) for key in tensor_names})}",
+        )
+        if static_sizes
+        else None
+    )
     if wrt == "parameters":
         spec["wrt"] = [key for key in spec["wrt"] if key not in tensor_names]
     elif wrt:
@@ -269,13 +342,18 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
                 import difflib
 
                 close = difflib.get_close_matches(item, ["parameters", *spec["inputs"]], n=1)
-                raise TraceError(f"error: --wrt names '{item}', which is not an input of the traced spec"
-                                 + (f"; did you mean '{close[0]}'?" if close else "") + " (fix: name the function's "
-                                 "arguments or parameters by their spec names, or write --wrt parameters)")
+                raise TraceError(
+                    f"error: --wrt names '{item}', which is not an input of the traced spec"
+                    + (f"; did you mean '{close[0]}'?" if close else "")
+                    + " (fix: name the function's "
+                    "arguments or parameters by their spec names, or write --wrt parameters)"
+                )
         spec["wrt"] = list(wrt)
-    header = (f"# Traced by symgrad from {getattr(function, '__qualname__', 'a function')} at "
-              + ", ".join(f"{key}={spec['inputs'][key]['shape']}" for key in tensor_names if key in spec["inputs"])
-              + "; edit freely.\n")
+    header = (
+        f"# Traced by symgrad from {getattr(function, '__qualname__', 'a function')} at "
+        + ", ".join(f"{key}={spec['inputs'][key]['shape']}" for key in tensor_names if key in spec["inputs"])
+        + "; edit freely.\n"
+    )
     text = header + _yaml({"name": name, **spec})
     try:  # arguments PyTorch took but a rule refuses: said at the model's line, not the spec's
         graph = build_graph(parse_spec(text, "<traced spec>"))
@@ -284,8 +362,9 @@ def _traced_text(function, module, shapes, tensor_names, arguments, dtypes, loss
     if blocks and module is not None:
         text = _with_blocks(text, header, name, spec, calls, module, graph)
     if module is not None:  # what symgrad.bind compares the model with
-        text += _fingerprint_text(module, calls) + guards_text(module, function, called, tensor_names, arguments,
-                                                               guarded)
+        text += _fingerprint_text(module, calls) + guards_text(
+            module, function, called, tensor_names, arguments, guarded
+        )
     return text
 
 
@@ -302,14 +381,18 @@ def _refuse_untraced_hooks(module: torch.nn.Module | None) -> None:
     from ..fingerprint import forward_hooks
 
     if module is not None and forward_hooks(module):
-        raise TraceError(f"{defined_at(forward_hooks(module)[0][1])}error: {type(module).__name__} itself has a "
-                         "forward hook, which tracing its forward does not run (fix: remove it, or register it on a "
-                         "submodule, whose hooks the trace runs)")
+        raise TraceError(
+            f"{defined_at(forward_hooks(module)[0][1])}error: {type(module).__name__} itself has a "
+            "forward hook, which tracing its forward does not run (fix: remove it, or register it on a "
+            "submodule, whose hooks the trace runs)"
+        )
     hooks = [*modules._global_forward_pre_hooks.values(), *modules._global_forward_hooks.values()]
     if hooks:
-        raise TraceError(f"{defined_at(hooks[0])}error: a global module forward hook is registered "
-                         "(register_module_forward_hook), which a bound step would not run (fix: remove it while "
-                         "tracing)")
+        raise TraceError(
+            f"{defined_at(hooks[0])}error: a global module forward hook is registered "
+            "(register_module_forward_hook), which a bound step would not run (fix: remove it while "
+            "tracing)"
+        )
 
 
 def _fingerprint_text(module: torch.nn.Module, calls: list) -> str:
@@ -333,8 +416,14 @@ def _with_blocks(text: str, header: str, name: str, spec: dict, calls: list, mod
 
     shapes = {node.name: node.shape for node in graph.nodes.values()}
     for strict in (False, True):
-        grouped, relaxed = group_blocks(spec, [call.module for call in calls], dict(module.named_modules()),
-                                        shapes, set(LAYER_RULES) | set(LOSS_RULES), strict=strict)
+        grouped, relaxed = group_blocks(
+            spec,
+            [call.module for call in calls],
+            dict(module.named_modules()),
+            shapes,
+            set(LAYER_RULES) | set(LOSS_RULES),
+            strict=strict,
+        )
         if "blocks" not in grouped:
             return text
         grouped_text = header + _yaml({"name": name, **grouped})
@@ -385,11 +474,17 @@ def _yaml(document: dict) -> str:
     if document.get("blocks"):
         lines.append("blocks:")
         for block_name, block in document["blocks"].items():
-            lines += [f"  {block_name}:", f"    inputs: {line(block['inputs'])}", f"    params: {line(block['params'])}"]
+            lines += [
+                f"  {block_name}:",
+                f"    inputs: {line(block['inputs'])}",
+                f"    params: {line(block['params'])}",
+            ]
             lines += [f"    hyper: {line(block['hyper'])}"] if block.get("hyper") else []
             lines += ["    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
             lines.append(f"    output: {_name(block['output'])}")
-    lines += ["layers:" + ("" if document["layers"] else " []")] + [f"  - {line(layer)}" for layer in document["layers"]]
+    lines += ["layers:" + ("" if document["layers"] else " []")] + [
+        f"  - {line(layer)}" for layer in document["layers"]
+    ]
     end = "outputs" if "outputs" in document else "loss"
     value = document[end]  # one output: its node's name, an identifier
     lines += [f"{end}: {_name(value) if isinstance(value, str) else line(value)}", f"wrt: {line(document['wrt'])}"]

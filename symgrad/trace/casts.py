@@ -31,10 +31,16 @@ def integer_identity(builder: Builder, op: str, bound: dict, call: "Call") -> bo
     it, giving a result of its shape: remembered as a view of the input; False for any other call."""
     source, number = bound.get("input"), bound.get("other")
     root = integer_root(builder, source)
-    if (root is None or isinstance(number, torch.Tensor) or number != IDENTITIES.get(op)
-            or not isinstance(call.result, torch.Tensor) or call.result.dtype != torch.int64
-            or call.result.shape != source.shape or bound.get("alpha", 1) != 1
-            or bound.get("rounding_mode") is not None):
+    if (
+        root is None
+        or isinstance(number, torch.Tensor)
+        or number != IDENTITIES.get(op)
+        or not isinstance(call.result, torch.Tensor)
+        or call.result.dtype != torch.int64
+        or call.result.shape != source.shape
+        or bound.get("alpha", 1) != 1
+        or bound.get("rounding_mode") is not None
+    ):
         return False
     builder.index_views[id(call.result)] = root
     corner = builder.index_views.get(("corner", id(source)))
@@ -48,8 +54,12 @@ def convert(builder: Builder, call: "Call") -> bool:
     """A conversion of an int64 input (or a view of it) or of a float tensor to a floating dtype on the same
     device: a ``cast`` layer; False where it is none of those (the caller refuses it)."""
     source, result = call.arguments[0], call.result
-    if (not isinstance(result, torch.Tensor) or not result.is_floating_point() or result.device != source.device
-            or ("corner", id(source)) in builder.index_views):
+    if (
+        not isinstance(result, torch.Tensor)
+        or not result.is_floating_point()
+        or result.device != source.device
+        or ("corner", id(source)) in builder.index_views
+    ):
         return False
     if source.dtype == torch.int64:
         root = integer_root(builder, source)
@@ -76,5 +86,11 @@ def _like(builder: Builder, call: "Call", dtype: torch.dtype) -> torch.Tensor | 
         other = call.keywords.get("other", call.arguments[1] if len(call.arguments) > 1 else None)
         if isinstance(other, torch.Tensor) and isinstance(builder.node(other), str):
             return other
-    return next((value for value in builder.arguments.values() if value.dtype == dtype
-                 and isinstance(builder.node(value), str)), None)
+    return next(
+        (
+            value
+            for value in builder.arguments.values()
+            if value.dtype == dtype and isinstance(builder.node(value), str)
+        ),
+        None,
+    )

@@ -34,11 +34,16 @@ class OneValueConstants:
         are made here; otherwise the numbers are put in ``bound``."""
         for key, other_key in (("input", "other"), ("other", "input")):
             value, other = bound.get(key), bound.get(other_key)
-            if not (isinstance(value, torch.Tensor) and id(value) in self.constants and isinstance(other, torch.Tensor)):
+            if not (
+                isinstance(value, torch.Tensor) and id(value) in self.constants and isinstance(other, torch.Tensor)
+            ):
                 continue
             fill = self.fill(value)
-            if (fill is not None and call.result.dtype == other.dtype
-                    and torch.broadcast_shapes(value.shape, other.shape) == other.shape):
+            if (
+                fill is not None
+                and call.result.dtype == other.dtype
+                and torch.broadcast_shapes(value.shape, other.shape) == other.shape
+            ):
                 bound[key] = fill if value.is_floating_point() or not float(fill).is_integer() else int(fill)
         number, tensor = bound.get("input"), bound.get("other")
         if op not in ("sub", "div") or isinstance(number, torch.Tensor) or not isinstance(tensor, torch.Tensor):
@@ -71,8 +76,16 @@ class OneValueConstants:
             return None
         size: list[Any] = []
         for dim, length in enumerate(value.shape):
-            source = next((name for other in reversed(self.sizes_read) if other.dim() == value.dim()
-                           and other.shape[dim] == length and isinstance(name := self.node(other), str)), None)
+            source = next(
+                (
+                    name
+                    for other in reversed(self.sizes_read)
+                    if other.dim() == value.dim()
+                    and other.shape[dim] == length
+                    and isinstance(name := self.node(other), str)
+                ),
+                None,
+            )
             size.append({"like": source} if source is not None else int(length))
         if all(isinstance(item, int) for item in size):
             return None
@@ -88,12 +101,24 @@ def constant_layer(builder: Builder, value: torch.Tensor, call: "Call") -> str |
     made, when = builder.constants[id(value)]
     if builder.writes.get(value.untyped_storage().data_ptr(), 0) > when:
         return None  # c[:, :1].copy_(h) through a view since: it holds a node's values now, no constant's
-    like = next((found for other in _tensors(call) if other is not value and id(other) not in builder.constants
-                 and isinstance(found := builder.node(other), str)), None)
+    like = next(
+        (
+            found
+            for other in _tensors(call)
+            if other is not value
+            and id(other) not in builder.constants
+            and isinstance(found := builder.node(other), str)
+        ),
+        None,
+    )
     if like is None:
         return None
-    if value.dim() >= 2 and value.shape[0] > 1 and torch.equal(value, value[:1].expand_as(value)) \
-            and isinstance(size_read(builder, value.shape[0], 0, value.dim()), dict):
+    if (
+        value.dim() >= 2
+        and value.shape[0] > 1
+        and torch.equal(value, value[:1].expand_as(value))
+        and isinstance(size_read(builder, value.shape[0], 0, value.dim()), dict)
+    ):
         return _batch_of_one(builder, value, made, like)  # the same for every sample: EdgeNeXt's position encoding
     if value.numel() > MAX_CONSTANT:
         return None
@@ -112,18 +137,25 @@ def _batch_of_one(builder: Builder, value: torch.Tensor, made: "Call", like: str
         return None
     import dataclasses
 
-    builder.emit("constant", {"op": "constant", "in": like, "values": values, "shape": list(first.shape)},
-                 dataclasses.replace(made, result=first))
+    builder.emit(
+        "constant",
+        {"op": "constant", "in": like, "values": values, "shape": list(first.shape)},
+        dataclasses.replace(made, result=first),
+    )
     values = (value.shape[0], *[-1] * (value.dim() - 1))
-    expand_layer(builder, first, values, Call("expand", torch.Tensor.expand, (first, *values), {}, value, made.where,
-                                              made.module, made.leaf))
+    expand_layer(
+        builder,
+        first,
+        values,
+        Call("expand", torch.Tensor.expand, (first, *values), {}, value, made.where, made.module, made.leaf),
+    )
     found = builder.node(value)
     return found if isinstance(found, str) else None
 
 
 def _tensors(call: "Call"):
     for item in [*call.arguments, *call.keywords.values()]:
-        for entry in (item if isinstance(item, (list, tuple)) else [item]):
+        for entry in item if isinstance(item, (list, tuple)) else [item]:
             if isinstance(entry, torch.Tensor):
                 yield entry
 
@@ -140,8 +172,9 @@ def at_full_precision(spec: dict, module, function, run) -> None:
 
     layers = [layer for layer in spec["layers"] if layer["op"] == "constant"]
     parameters = list(module.parameters()) + list(module.buffers()) if module is not None else []
-    if not layers or (parameters and all(value.dtype == torch.float64 for value in parameters
-                                         if value.is_floating_point())):
+    if not layers or (
+        parameters and all(value.dtype == torch.float64 for value in parameters if value.is_floating_point())
+    ):
         return
     try:
         if module is not None:

@@ -101,15 +101,23 @@ def check(applied: Applied) -> Checked:
     names = _argument_names(applied.function, len(applied.arguments))
     try:
         key = tuple(_key(value) for value in applied.arguments) + tuple(
-            (name, _key(value)) for name, value in sorted(applied.keywords.items()))
+            (name, _key(value)) for name, value in sorted(applied.keywords.items())
+        )
         hash(key)
     except TypeError:  # an argument that is no plain value: checked each time
         key = None
-    shapes = ", ".join(f"{name}={list(value.shape)}" for name, value in zip(names, applied.arguments)
-                       if isinstance(value, torch.Tensor))
+    shapes = ", ".join(
+        f"{name}={list(value.shape)}"
+        for name, value in zip(names, applied.arguments)
+        if isinstance(value, torch.Tensor)
+    )
     if applied.no_grad_at:
-        return Checked(None, refusal=f"cannot be checked against its forward's derivative: its forward turns "
-                       f"gradients off at {applied.no_grad_at}", shapes=shapes)
+        return Checked(
+            None,
+            refusal=f"cannot be checked against its forward's derivative: its forward turns "
+            f"gradients off at {applied.no_grad_at}",
+            shapes=shapes,
+        )
     cache = _CHECKED.setdefault(applied.function, {})
     if key is not None and key in cache:
         return cache[key]
@@ -120,8 +128,11 @@ def check(applied: Applied) -> Checked:
         found = Checked(None, refusal=f"cannot be checked against its forward's derivative: {reason}")
     except Exception as error:  # noqa: BLE001 - whatever the user's Function raises: not checked, said so
         text = (str(error).strip().splitlines() or [""])[0][:160]
-        found = Checked(None, refusal=f"cannot be checked against its forward's derivative: the check raised "
-                        f"{type(error).__name__}{': ' + text if text else ''}")
+        found = Checked(
+            None,
+            refusal=f"cannot be checked against its forward's derivative: the check raised "
+            f"{type(error).__name__}{': ' + text if text else ''}",
+        )
     found = Checked(found.first, found.second, found.refusal, shapes)
     if key is not None:
         cache[key] = found
@@ -139,8 +150,11 @@ def _key(value: Any) -> Any:
 def _argument_names(function: type, count: int) -> list[str]:
     """The forward's names for its positional arguments (past ``ctx``), or ``argument 1``, ...."""
     try:
-        parameters = [parameter.name for parameter in inspect.signature(function.forward).parameters.values()
-                      if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)]
+        parameters = [
+            parameter.name
+            for parameter in inspect.signature(function.forward).parameters.values()
+            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         parameters = []
     if not _has_setup_context(function):
@@ -158,8 +172,10 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
     for index, value in enumerate(applied.arguments):
         if isinstance(value, torch.Tensor):
             if not value.is_floating_point():
-                raise NotCheckable(f"its argument '{names[index]}' is a {str(value.dtype).removeprefix('torch.')} "
-                                   "tensor, not a float one")
+                raise NotCheckable(
+                    f"its argument '{names[index]}' is a {str(value.dtype).removeprefix('torch.')} "
+                    "tensor, not a float one"
+                )
             positions.append(index)
         elif _holds_tensor(value):
             raise NotCheckable(f"its argument '{names[index]}' holds tensors inside a {type(value).__name__}")
@@ -167,8 +183,12 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
         raise NotCheckable("it takes tensors as keyword arguments")
     if not positions:
         raise NotCheckable("it takes no tensor")
-    values = {index: torch.randn(applied.arguments[index].shape, generator=generator, dtype=torch.float64).to(
-        applied.arguments[index].device) for index in positions}  # on the model's device, which its forward may read
+    values = {
+        index: torch.randn(applied.arguments[index].shape, generator=generator, dtype=torch.float64).to(
+            applied.arguments[index].device
+        )
+        for index in positions
+    }  # on the model's device, which its forward may read
 
     def leaves() -> list:
         arguments = list(applied.arguments)
@@ -192,8 +212,10 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
     if [value.shape for value in own_outputs] != [value.shape for value in outputs]:
         raise NotCheckable("its apply returns other shapes than its forward")
     # a cotangent that requires grad, as it does inside a second derivative (once_differentiable then refuses)
-    cotangents = [torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device).requires_grad_()
-                  for value in outputs]
+    cotangents = [
+        torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device).requires_grad_()
+        for value in outputs
+    ]
     inputs_written = [written[index] for index in positions]
     inputs_own = [own[index] for index in positions]
     expected = _gradients(outputs, inputs_written, cotangents)
@@ -203,11 +225,15 @@ def _compare(applied: Applied, names: list[str]) -> Checked:
     if first is None or not math.isfinite(first):
         raise NotCheckable("its gradients are not finite at random arguments")
     if first > TOLERANCE:
-        return Checked(first, refusal=f"differs from its forward's derivative by {first:.2g} (relative, largest "
-                       f"entry) in its input '{input_names[where]}'")
+        return Checked(
+            first,
+            refusal=f"differs from its forward's derivative by {first:.2g} (relative, largest "
+            f"entry) in its input '{input_names[where]}'",
+        )
     # one order up: the derivative of <gradients, direction> by the inputs
-    directions = [torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device)
-                  for value in inputs_written]
+    directions = [
+        torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device) for value in inputs_written
+    ]
     second_expected = _gradients([_inner(expected, directions)], inputs_written, None)
     total = _inner(actual, directions)
     if total.grad_fn is None:  # its backward built no graph: its derivative is zero to autograd
@@ -245,13 +271,20 @@ def _tensors_returned(outputs: Any) -> list[torch.Tensor]:
 def _gradients(outputs: list, inputs: list, cotangents: list | None) -> list[torch.Tensor]:
     """``torch.autograd.grad``, with a graph of its own (for the order above), zeros for an input the
     outputs do not reach."""
-    reached = [(output, cotangent) for output, cotangent in zip(outputs, cotangents or [None] * len(outputs))
-               if output.requires_grad]
+    reached = [
+        (output, cotangent)
+        for output, cotangent in zip(outputs, cotangents or [None] * len(outputs))
+        if output.requires_grad
+    ]
     if not reached:
         return [torch.zeros_like(value) for value in inputs]
-    found = torch.autograd.grad([output for output, _ in reached], inputs,
-                                [cotangent for _, cotangent in reached] if cotangents is not None else None,
-                                allow_unused=True, create_graph=True)
+    found = torch.autograd.grad(
+        [output for output, _ in reached],
+        inputs,
+        [cotangent for _, cotangent in reached] if cotangents is not None else None,
+        allow_unused=True,
+        create_graph=True,
+    )
     return [torch.zeros_like(value) if gradient is None else gradient for gradient, value in zip(found, inputs)]
 
 
@@ -263,8 +296,7 @@ def _difference(actual: list, expected: list) -> tuple[float | None, int]:
     """The largest relative difference over the inputs, each by its own largest entry, and the input where
     it is; as the tests measure against autograd, a difference within 1e-14 of the largest entry of them
     all is rounding (a gradient near zero by cancellation: LayerNorm's over two channels), by that entry."""
-    scales = [max(a.abs().max().item(), e.abs().max().item()) if a.numel() else 0.0
-              for a, e in zip(actual, expected)]
+    scales = [max(a.abs().max().item(), e.abs().max().item()) if a.numel() else 0.0 for a, e in zip(actual, expected)]
     overall = max(scales, default=0.0)
     worst, where = 0.0, 0
     for index, (a, e, scale) in enumerate(zip(actual, expected, scales)):
@@ -289,8 +321,10 @@ def checked_functions(checks: dict[str, list[Checked]], calls: list) -> dict:
     for name, found in checks.items():
         if name in used:
             seconds = [each.second for each in found]
-            entries[name] = {"first_order": _rounded(max(each.first for each in found)),
-                             "second_order": NOT_DIFFERENTIABLE if None in seconds else _rounded(max(seconds))}
+            entries[name] = {
+                "first_order": _rounded(max(each.first for each in found)),
+                "second_order": NOT_DIFFERENTIABLE if None in seconds else _rounded(max(seconds)),
+            }
     return {"checked_functions": entries} if entries else {}
 
 

@@ -117,7 +117,7 @@ def fitted(name: str, room: int = MAX_NAME) -> str:
     digest = hashlib.sha1(name.encode("utf-8")).hexdigest()[:6]
     tail = min(20, (room - len(digest) - 2) // 2)
     head = room - len(digest) - 2 - tail
-    return f"{name[:head]}_{digest}_{name[len(name) - tail:]}"
+    return f"{name[:head]}_{digest}_{name[len(name) - tail :]}"
 
 
 def numbered(base: str, number: int) -> str:

@@ -105,6 +105,7 @@ class Builder(Protocol):
     def own(self, owner: str, make: Callable[[], Any]) -> Any:
         """The state ``owner`` (a handler module) keeps for this walk, made by ``make`` on first use."""
 
+
 HANDLERS: dict[str, Callable] = {}
 """Recorded name -> ``handler(builder, call)``, for calls that are no rule's nor a loss's."""
 
@@ -115,8 +116,9 @@ OP_HOOKS: dict[str, Callable] = {}
 def _register(table: dict[str, Callable], keys: tuple[str, ...], function: Callable, what: str) -> None:
     for key in keys:
         if key in table:
-            raise ImportError(f"two trace {what}s for {key}: {_where(table[key])} and {_where(function)} (fix: "
-                              "keep one)")
+            raise ImportError(
+                f"two trace {what}s for {key}: {_where(table[key])} and {_where(function)} (fix: keep one)"
+            )
         table[key] = function
 
 
@@ -126,9 +128,11 @@ def _where(function: Callable) -> str:
 
 def handles(*names: str) -> Callable:
     """Register ``handler(builder, call)`` for the recorded calls ``names``."""
+
     def register(function: Callable) -> Callable:
         _register(HANDLERS, names, function, "handler")
         return function
+
     return register
 
 
@@ -136,12 +140,14 @@ def op_hook(*ops: str) -> Callable:
     """Register ``hook(builder, op, bound, call)`` for the rule ops ``ops``."""
     unknown = sorted(set(ops) - set(LAYER_RULES))
     if unknown:
-        raise ImportError(f"trace hooks for ops that no rule declares: {', '.join(unknown)} (fix: key each hook by "
-                          "its rule's op)")
+        raise ImportError(
+            f"trace hooks for ops that no rule declares: {', '.join(unknown)} (fix: key each hook by its rule's op)"
+        )
 
     def register(function: Callable) -> Callable:
         _register(OP_HOOKS, ops, function, "hook")
         return function
+
     return register
 
 

@@ -21,8 +21,20 @@ from .recorder import Call
 if TYPE_CHECKING:
     from .dispatch import Builder
 
-_VIEWS = {"unsqueeze", "add", "__add__", "__radd__", "view", "reshape", "__getitem__", "to", "long", "int",
-          "contiguous", "clone"}
+_VIEWS = {
+    "unsqueeze",
+    "add",
+    "__add__",
+    "__radd__",
+    "view",
+    "reshape",
+    "__getitem__",
+    "to",
+    "long",
+    "int",
+    "contiguous",
+    "clone",
+}
 """Calls an arange's positions may pass through on their way to the table (their values are checked)."""
 
 
@@ -30,14 +42,27 @@ _VIEWS = {"unsqueeze", "add", "__add__", "__radd__", "view", "reshape", "__getit
 def embedding(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """``F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)``."""
     if bound.pop("max_norm", None) is not None:
-        return builder.fail(call, "renormalises the rows it reads in place (max_norm is set), a write into the "
-                            "weight that the explicit step would not make", "leave max_norm at None", op)
+        return builder.fail(
+            call,
+            "renormalises the rows it reads in place (max_norm is set), a write into the "
+            "weight that the explicit step would not make",
+            "leave max_norm at None",
+            op,
+        )
     if bound.pop("scale_grad_by_freq", False):
-        return builder.fail(call, "scales each row's gradient by its count in the batch (scale_grad_by_freq)",
-                            "leave scale_grad_by_freq off", op)
+        return builder.fail(
+            call,
+            "scales each row's gradient by its count in the batch (scale_grad_by_freq)",
+            "leave scale_grad_by_freq off",
+            op,
+        )
     if bound.pop("sparse", False):
-        return builder.fail(call, "asks for a sparse gradient (sparse=True); the explicit backward gives a dense one",
-                            "leave sparse off (torch.optim.SparseAdam needs it; use Adam or SGD)", op)
+        return builder.fail(
+            call,
+            "asks for a sparse gradient (sparse=True); the explicit backward gives a dense one",
+            "leave sparse off (torch.optim.SparseAdam needs it; use Adam or SGD)",
+            op,
+        )
     bound.pop("norm_type", None)
     index, weight = bound.get("input"), bound.get("weight")
     if isinstance(index, torch.Tensor) and ("gathered", id(index)) in builder.index_views:
@@ -55,8 +80,11 @@ def embedding(builder: Builder, op: str, bound: dict, call: Call) -> None:
     resolve = _resolver(builder)
     spoken = sizes.spec_size(length, resolve) if sizes.has_dims(length) else None
     made = Call("narrow", torch.narrow, (weight, 0, start, int(length)), {}, rows, call.where, call.module, call.leaf)
-    builder.emit("narrow", {"op": "narrow", "in": name, "dim": 0, "start": start,
-                            "length": spoken if spoken is not None else int(length)}, made)
+    builder.emit(
+        "narrow",
+        {"op": "narrow", "in": name, "dim": 0, "start": start, "length": spoken if spoken is not None else int(length)},
+        made,
+    )
     current = rows
     while current.dim() < call.result.dim():
         current = builder.part(call, "unsqueeze", current, 0)
@@ -76,23 +104,28 @@ def _of_view(builder: Builder, op: str, bound: dict, call: Call, root: torch.Ten
         bound["input"] = root
         return builder.layer(op, bound, call)
     rows = torch.nn.functional.embedding(root, bound["weight"])
-    builder.layer(op, {**bound, "input": root}, Call(call.name, call.function, (), {}, rows, call.where, call.module,
-                                                     call.leaf))
+    builder.layer(
+        op, {**bound, "input": root}, Call(call.name, call.function, (), {}, rows, call.where, call.module, call.leaf)
+    )
     current = rows
     current = _narrowed(builder, call, current, root, corner, index)
     builder.alias(call, current)
 
 
-def _narrowed(builder: Builder, call: Call, current: torch.Tensor, root: torch.Tensor, corner: tuple,
-              view: torch.Tensor) -> torch.Tensor:
+def _narrowed(
+    builder: Builder, call: Call, current: torch.Tensor, root: torch.Tensor, corner: tuple, view: torch.Tensor
+) -> torch.Tensor:
     """``current`` (rows at the whole int64 ``root``) narrowed to the ``corner`` the code's ``view`` holds."""
     for dim, stop in enumerate(corner):
         if stop != root.shape[dim]:
             length = corner_length(builder, view, dim, len(corner))
             narrowed = current.narrow(dim, 0, stop)
-            made = Call("narrow", torch.narrow, (current, dim, 0, stop), {}, narrowed, call.where, call.module, call.leaf)
-            builder.emit("narrow", {"op": "narrow", "in": builder.node(current), "dim": dim, "start": 0,
-                                    "length": length}, made)
+            made = Call(
+                "narrow", torch.narrow, (current, dim, 0, stop), {}, narrowed, call.where, call.module, call.leaf
+            )
+            builder.emit(
+                "narrow", {"op": "narrow", "in": builder.node(current), "dim": dim, "start": 0, "length": length}, made
+            )
             current = narrowed
     return current
 
@@ -103,22 +136,35 @@ def _of_gathered(builder: Builder, op: str, bound: dict, call: Call, found: Gath
     picked along the gather's dim at the index's root (the ``index`` layer), narrowed to its corner and
     expanded as the code expanded the ids, each size read at run time as the code read it."""
     rows = torch.nn.functional.embedding(found.ids, bound["weight"])
-    builder.layer(op, {**bound, "input": found.ids}, Call(call.name, call.function, (), {}, rows, call.where,
-                                                          call.module, call.leaf))
+    builder.layer(
+        op,
+        {**bound, "input": found.ids},
+        Call(call.name, call.function, (), {}, rows, call.where, call.module, call.leaf),
+    )
     picked = rows[(slice(None),) * found.dim + (found.index,)]
-    builder.layer("index", {"input": rows, "index": found.index, "dim": found.dim},
-                  Call("index", torch.index_select, (), {}, picked, call.where, call.module, call.leaf))
+    builder.layer(
+        "index",
+        {"input": rows, "index": found.index, "dim": found.dim},
+        Call("index", torch.index_select, (), {}, picked, call.where, call.module, call.leaf),
+    )
     shape = [*found.index.shape, rows.shape[-1]]  # the index's sizes (1 off the gather's dim), the table's
     shape[found.dim] = -1  # the index's length at run time: passed position_ids [1, T] are T long
     current = picked.reshape(shape)
-    builder.layer("reshape", {"input": picked, "shape": shape}, Call("reshape", torch.reshape, (), {}, current,
-                                                                      call.where, call.module, call.leaf))
+    builder.layer(
+        "reshape",
+        {"input": picked, "shape": shape},
+        Call("reshape", torch.reshape, (), {}, current, call.where, call.module, call.leaf),
+    )
     current = _narrowed(builder, call, current, found.index, found.corner or (), found.view)
     if found.expand is None:
         return builder.alias(call, current)
     values = (*call_sizes(found.expand, "size", "shape"), -1)
-    size_reads.expand_layer(builder, current, values, Call("expand", torch.Tensor.expand, (current, *values), {},
-                                                      call.result, call.where, call.module, call.leaf))
+    size_reads.expand_layer(
+        builder,
+        current,
+        values,
+        Call("expand", torch.Tensor.expand, (current, *values), {}, call.result, call.where, call.module, call.leaf),
+    )
 
 
 def _resolver(builder: Builder):
@@ -144,8 +190,12 @@ def _positions(builder: Builder, index: torch.Tensor) -> tuple[int, int] | None:
         return None
     made = builder.constants[id(index)][0]
     while made.name != "arange":
-        if made.name not in _VIEWS or not made.arguments or not isinstance(made.arguments[0], torch.Tensor) \
-                or id(made.arguments[0]) not in builder.constants:
+        if (
+            made.name not in _VIEWS
+            or not made.arguments
+            or not isinstance(made.arguments[0], torch.Tensor)
+            or id(made.arguments[0]) not in builder.constants
+        ):
             return None
         made = builder.constants[id(made.arguments[0])][0]
     arguments = dict(zip(("start", "end", "step"), made.arguments)) | made.keywords

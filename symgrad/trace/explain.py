@@ -20,7 +20,7 @@ def recorded_name(name: str) -> str:
     """The name the recorder keeps for ``name`` (``F.conv2d`` -> ``conv2d``)."""
     for prefix in PREFIXES:
         if name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -45,15 +45,18 @@ def explain(name: str) -> str:
     """The pre-checks a call named ``name`` meets in order, the handler the table gives it, the layer op it
     becomes and the file of that op's rule."""
     recorded = recorded_name(name)
-    lines = [f"{name}: recorded as '{recorded}'", "pre-checks, in order (the first that takes the call ends the walk "
-             "of it):"]
+    lines = [
+        f"{name}: recorded as '{recorded}'",
+        "pre-checks, in order (the first that takes the call ends the walk of it):",
+    ]
     lines += [f"  {number}. {label}: {_where(check)}" for number, (label, check) in enumerate(PRE_CHECKS, 1)]
     kind, op, handler = dispatch.route(recorded)
     if kind == "rule":
         rule = LAYER_RULES[op]
         positional = SIGNATURES[recorded][1]
-        lines.append(f"table: the rule call ({_where(SpecBuilder.rule_call)}), arguments bound as "
-                     f"({', '.join(positional)})")
+        lines.append(
+            f"table: the rule call ({_where(SpecBuilder.rule_call)}), arguments bound as ({', '.join(positional)})"
+        )
         if handler is None:
             lines.append(f"hook: none; the general layer ({_where(SpecBuilder.layer)})")
         else:
@@ -61,15 +64,20 @@ def explain(name: str) -> str:
         lines.append(f"layer: op '{op}', rule {type(rule).__name__} in {_rule_file(rule)}")
     elif kind == "loss":
         rule = next(rule for rule in LOSS_RULES.values() if recorded in rule.calls)
-        lines.append(f"table: the loss tail ({_where(loss_tail.loss_call)}), arguments bound as "
-                     f"({', '.join(LOSSES[recorded])})")
+        lines.append(
+            f"table: the loss tail ({_where(loss_tail.loss_call)}), arguments bound as ({', '.join(LOSSES[recorded])})"
+        )
         lines.append(f"layer: the spec's loss, op '{rule.op}', rule {type(rule).__name__} in {_rule_file(rule)}")
     elif kind == "call":
         lines.append(f"table: {handler.__module__}.{handler.__name__} ({_where(handler)}){_first_line(handler)}")
-        lines.append("layer: what the handler makes of it (views, pieces and reductions become rule ops: "
-                     "`symgrad ops` lists them)")
+        lines.append(
+            "layer: what the handler makes of it (views, pieces and reductions become rule ops: "
+            "`symgrad ops` lists them)"
+        )
     else:
         fix = FIXES.get(recorded, "write it with the ops `symgrad ops` lists")
-        lines.append(f"table: no entry; refused as unknown ({_where(SpecBuilder.unknown)}) unless a pre-check "
-                     f"takes it (fix: {fix})")
+        lines.append(
+            f"table: no entry; refused as unknown ({_where(SpecBuilder.unknown)}) unless a pre-check "
+            f"takes it (fix: {fix})"
+        )
     return "\n".join(lines) + "\n"

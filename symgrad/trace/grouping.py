@@ -51,8 +51,14 @@ def _snake(name: str) -> str:
     return text if text and text[0].isalpha() else f"block_{text}"
 
 
-def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, torch.nn.Module],
-                 shapes: dict[str, tuple], reserved: set[str], strict: bool = False) -> tuple[dict, bool]:
+def group_blocks(
+    spec: dict,
+    modules_of_layers: list[str],
+    modules: dict[str, torch.nn.Module],
+    shapes: dict[str, tuple],
+    reserved: set[str],
+    strict: bool = False,
+) -> tuple[dict, bool]:
     """``spec`` (the traced document) with repeated submodules turned into blocks, unchanged when
     there are none; and whether some block's instances differ in their hypers or their parameters'
     size-1 axes (a block ``symgrad.plan`` may yet refuse, where its code would differ).
@@ -67,8 +73,11 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
         module = modules.get(path)
         if module is None or type(module) in CONTAINERS or next(iter(module.children()), None) is None:
             continue
-        inside = [index for index, module_path in enumerate(modules_of_layers)
-                  if module_path == path or module_path.startswith(path + ".")]
+        inside = [
+            index
+            for index, module_path in enumerate(modules_of_layers)
+            if module_path == path or module_path.startswith(path + ".")
+        ]
         if len(inside) < 2 or inside != list(range(inside[0], inside[-1] + 1)):
             continue
         candidate = _candidate(path, type(module).__name__, inside, layers, sources, known, readers_after, shapes)
@@ -76,8 +85,18 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
             candidates.append(candidate)
     for path, module in modules.items():  # a Sequential of leaf modules built in a loop: VGG's features
         for run in _runs(path, module, modules_of_layers):
-            candidate = _candidate(path, run["class"], run["indices"], layers, sources, known, readers_after, shapes,
-                                   offset=run["offset"], children=run["children"])
+            candidate = _candidate(
+                path,
+                run["class"],
+                run["indices"],
+                layers,
+                sources,
+                known,
+                readers_after,
+                shapes,
+                offset=run["offset"],
+                children=run["children"],
+            )
             if candidate is not None:
                 candidates.append(candidate)
     candidates.sort(key=lambda candidate: _depth(candidate["path"]))
@@ -96,13 +115,19 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
     chosen = [candidate for candidate in chosen if sum(other["key"] == candidate["key"] for other in chosen) >= 2]
     if not chosen:
         return spec, False
-    relaxed = any(other["key"] == candidate["key"] and other["strict_key"] != candidate["strict_key"]
-                  for candidate in chosen for other in chosen)
+    relaxed = any(
+        other["key"] == candidate["key"] and other["strict_key"] != candidate["strict_key"]
+        for candidate in chosen
+        for other in chosen
+    )
     blocks, names, hyper = {}, {}, {}
     taken = set(reserved) | known
     chosen.sort(key=lambda item: item["indices"][0])
-    firsts = [candidate for position, candidate in enumerate(chosen)
-              if all(other["key"] != candidate["key"] for other in chosen[:position])]
+    firsts = [
+        candidate
+        for position, candidate in enumerate(chosen)
+        if all(other["key"] != candidate["key"] for other in chosen[:position])
+    ]
     for candidate in firsts:
         base = _snake(candidate["class"])
         own = _submodules(candidate)
@@ -138,19 +163,27 @@ def group_blocks(spec: dict, modules_of_layers: list[str], modules: dict[str, to
         if index in start_of:
             candidate = start_of[index]
             external = [renamed.get(name, name) for name in candidate["external"]]
-            new_layers.append({"block": names[candidate["key"]],
-                               "in": external if len(external) > 1 else external[0],
-                               "prefix": candidate["prefix"],
-                               **({"offset": candidate["offset"]} if candidate["offset"] else {}),
-                               **({"hyper": hyper[candidate["path"]]} if hyper[candidate["path"]] else {}),
-                               "out": renamed.get(candidate["output"], candidate["output"])})
+            new_layers.append(
+                {
+                    "block": names[candidate["key"]],
+                    "in": external if len(external) > 1 else external[0],
+                    "prefix": candidate["prefix"],
+                    **({"offset": candidate["offset"]} if candidate["offset"] else {}),
+                    **({"hyper": hyper[candidate["path"]]} if hyper[candidate["path"]] else {}),
+                    "out": renamed.get(candidate["output"], candidate["output"]),
+                }
+            )
         elif index not in covered:
-            new_layers.append({key: value if key in ("op", "out") else _renamed(value, renamed)
-                               for key, value in layer.items()})
+            new_layers.append(
+                {key: value if key in ("op", "out") else _renamed(value, renamed) for key, value in layer.items()}
+            )
     if "outputs" in spec:  # a spec that ends in outputs: each output node under its new name
         outputs = spec["outputs"]
-        outputs = ({key: renamed.get(node, node) for key, node in outputs.items()} if isinstance(outputs, dict)
-                   else _renamed(outputs, renamed))
+        outputs = (
+            {key: renamed.get(node, node) for key, node in outputs.items()}
+            if isinstance(outputs, dict)
+            else _renamed(outputs, renamed)
+        )
         return {**spec, "blocks": blocks, "layers": new_layers, "outputs": outputs}, relaxed
     loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
     return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}, relaxed
@@ -181,7 +214,9 @@ def _last_readers(spec: dict) -> dict[str, int]:
                     last[name] = index
     if "outputs" in spec:  # the outputs count as read one past the end, as the loss does
         outputs = spec["outputs"]
-        for name in (outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str) else outputs):
+        for name in (
+            outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str) else outputs
+        ):
             last[name] = len(spec["layers"])
         return last
     for key in ("in", "target"):
@@ -212,23 +247,24 @@ def _runs(path: str, module: torch.nn.Module, modules_of_layers: list[str]) -> l
     numbered leaf modules (``Conv2d, BatchNorm2d, ReLU`` thirteen times in VGG-16-BN's ``features``,
     with max-pools between): the sequence that covers the most children less its own length."""
     children = list(module.named_children())
-    if len(children) < 4 or not all(name.isdigit() and next(iter(child.children()), None) is None
-                                    for name, child in children):
+    if len(children) < 4 or not all(
+        name.isdigit() and next(iter(child.children()), None) is None for name, child in children
+    ):
         return []
     prefix = path + "." if path else ""
     owned = {}  # child index -> its layers
     for index, module_path in enumerate(modules_of_layers):
-        if module_path.startswith(prefix) and module_path[len(prefix):].isdigit():
-            owned.setdefault(int(module_path[len(prefix):]), []).append(index)
+        if module_path.startswith(prefix) and module_path[len(prefix) :].isdigit():
+            owned.setdefault(int(module_path[len(prefix) :]), []).append(index)
     order = sorted(owned)
     numbered = {int(name): child for name, child in children}  # a ModuleDict's keys are text: "0", not 0
     classes = [type(numbered[index]).__name__ for index in order]
     best = ((0, False), [], 0)
     for length in range(2, min(8, len(order) // 2) + 1):
         for start in range(len(order) - length + 1):
-            unit, starts, at = classes[start:start + length], [], 0
+            unit, starts, at = classes[start : start + length], [], 0
             while at + length <= len(order):
-                if classes[at:at + length] == unit:
+                if classes[at : at + length] == unit:
                     starts.append(at)
                     at += length
                 else:
@@ -241,12 +277,18 @@ def _runs(path: str, module: torch.nn.Module, modules_of_layers: list[str]) -> l
                 best = (score, starts, length)
     runs = []
     for start in best[1]:
-        children_of_run = order[start:start + best[2]]
+        children_of_run = order[start : start + best[2]]
         indices = sorted(index for child in children_of_run for index in owned[child])
         if indices != list(range(indices[0], indices[-1] + 1)):
             continue
-        runs.append({"class": "_".join(_snake(name) for name in classes[start:start + best[2]]), "indices": indices,
-                     "offset": children_of_run[0], "children": children_of_run})
+        runs.append(
+            {
+                "class": "_".join(_snake(name) for name in classes[start : start + best[2]]),
+                "indices": indices,
+                "offset": children_of_run[0],
+                "children": children_of_run,
+            }
+        )
     return runs
 
 
@@ -273,8 +315,11 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
                 source = sources.get(name)
                 key_name = _own_key(source, prefix, offset, children)
                 if key_name is not None:
-                    local[name] = (_local_name(re.sub(r"[^A-Za-z0-9_]", "_", key_name)) if offset is None
-                                   else f"{op_names[layer['out']]}_{key_name.partition('.')[2].replace('.', '_')}")
+                    local[name] = (
+                        _local_name(re.sub(r"[^A-Za-z0-9_]", "_", key_name))
+                        if offset is None
+                        else f"{op_names[layer['out']]}_{key_name.partition('.')[2].replace('.', '_')}"
+                    )
                     params.append((local[name], key_name))
                 else:
                     if sources.get(name):  # another module's parameter: not this block's own
@@ -282,11 +327,15 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
                     local[name] = "x" if not external else f"x{len(external) + 1}"
                     external.append(name)
         out = layer["out"]
-        local[out] = op_names[out] if offset is not None else _local_name(out[len(plain):] if out.startswith(plain)
-                                                                        else out)
+        local[out] = (
+            op_names[out] if offset is not None else _local_name(out[len(plain) :] if out.startswith(plain) else out)
+        )
     own = [local[name] for name in local if name not in external]  # the block's names for params and nodes
-    if (len(set(local.values())) != len(local) or "" in own
-            or any(value in ("p", "save", "saved", "grad_output") or re.fullmatch(r"x\d*", value) for value in own)):
+    if (
+        len(set(local.values())) != len(local)
+        or "" in own
+        or any(value in ("p", "save", "saved", "grad_output") or re.fullmatch(r"x\d*", value) for value in own)
+    ):
         return None
     block_layers = []
     for index in indices:
@@ -299,13 +348,28 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
     operand_shapes = tuple((len(shapes[name]),) if sources.get(name) else _signature(shapes[name]) for name in local)
     key = (class_name, repr(pattern), tuple(params), operand_shapes)
     strict_key = (class_name, repr(block_layers), tuple(params), tuple(_signature(shapes[name]) for name in local))
-    block = {"inputs": [local[name] for name in external], "params": {name: key_name for name, key_name in params},
-             "layers": block_layers, "output": local[outputs[0]]}
+    block = {
+        "inputs": [local[name] for name in external],
+        "params": {name: key_name for name, key_name in params},
+        "layers": block_layers,
+        "output": local[outputs[0]],
+    }
     if offset is not None:
         path = f"{path}[{children[0]}:{children[-1] + 1}]"  # an id; the instance says prefix and offset
-    return {"key": key, "strict_key": strict_key, "class": class_name, "path": path,
-            "prefix": prefix[:-1], "offset": offset, "indices": indices, "external": external,
-            "output": outputs[0], "block": block, "ints": ints, "names": set(local.values())}
+    return {
+        "key": key,
+        "strict_key": strict_key,
+        "class": class_name,
+        "path": path,
+        "prefix": prefix[:-1],
+        "offset": offset,
+        "indices": indices,
+        "external": external,
+        "output": outputs[0],
+        "block": block,
+        "ints": ints,
+        "names": set(local.values()),
+    }
 
 
 def _own_key(source, prefix: str, offset, children) -> str | None:
@@ -313,7 +377,7 @@ def _own_key(source, prefix: str, offset, children) -> str | None:
     where it is not one of the block's own."""
     if not source or not source.startswith(prefix):
         return None
-    key = source[len(prefix):]
+    key = source[len(prefix) :]
     if offset is None:
         return key
     index, _, rest = key.partition(".")
@@ -363,7 +427,7 @@ def _int_arguments(block_layers: list[dict]) -> tuple[list[dict], dict]:
             elif params[key].hyper and isinstance(value, float):
                 ints[(index, key)] = value
                 shown[key] = "<float>"
-        for operand in (rule.operands if rule is not None else ()):  # a scale: mul's constant `other`
+        for operand in rule.operands if rule is not None else ():  # a scale: mul's constant `other`
             value = layer.get(operand.name)
             if operand.hyper and isinstance(value, float):
                 ints[(index, operand.name)] = value
@@ -379,8 +443,11 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
     instance's values that differ from the default."""
     first = group[0]
     block = {**first["block"], "layers": [dict(layer) for layer in first["block"]["layers"]]}
-    varying = {position: tuple(candidate["ints"][position] for candidate in group) for position in first["ints"]
-               if len({candidate["ints"][position] for candidate in group}) > 1}
+    varying = {
+        position: tuple(candidate["ints"][position] for candidate in group)
+        for position in first["ints"]
+        if len({candidate["ints"][position] for candidate in group}) > 1
+    }
     if not varying:
         return block, [{} for _ in group]
     by_key: dict[str, list] = {}
@@ -399,11 +466,18 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
         names[(index, key)] = name
         defaults[name] = max(values, key=values.count)  # the commonest, the first of equals
         layer = block["layers"][index]
-        block["layers"][index] = {**{item: value for item, value in layer.items() if item != "out"}, key: name,
-                                  "out": layer["out"]}
-    block = {"inputs": block["inputs"], "params": block["params"],
-             "hyper": {name: defaults[name] for name in dict.fromkeys(names.values())},
-             "layers": block["layers"], "output": block["output"]}
+        block["layers"][index] = {
+            **{item: value for item, value in layer.items() if item != "out"},
+            key: name,
+            "out": layer["out"],
+        }
+    block = {
+        "inputs": block["inputs"],
+        "params": block["params"],
+        "hyper": {name: defaults[name] for name in dict.fromkeys(names.values())},
+        "layers": block["layers"],
+        "output": block["output"],
+    }
     instances = []
     for number, _ in enumerate(group):
         given = {}

@@ -27,7 +27,11 @@ EXPANDS = {"expand", "expand_as", "broadcast_to"}
 
 def integer_root(builder: Builder, value: Any) -> torch.Tensor | None:
     """The int64 input ``value`` is (or is a reshape of), else None."""
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or ("expanded", id(value)) in builder.index_views:
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.dtype != torch.int64
+        or ("expanded", id(value)) in builder.index_views
+    ):
         return None
     value = builder.index_views.get(id(value), value)
     return value if builder.is_input(value) else None
@@ -43,8 +47,10 @@ def corner_length(builder: Builder, view: torch.Tensor, dim: int, rank: int) -> 
     it was read from (``self.position_ids[:, :seq_length]``, ``seq_length`` from ``x.shape[:2]``), else the
     size the code read last that fits (``size_reads.size_read``), else the number."""
     from . import size_reads, sizes
+
     stops, stop = builder.index_views.get(("stops", id(view)), ()), view.shape[dim]
     if dim < len(stops) and sizes.has_dims(stops[dim]) and int(stops[dim]) == stop:
+
         def resolve(found: sizes.Dim):
             tensors = builder.size_tensors
             node = builder.node(tensors[found.index]) if found.index < len(tensors) else None
@@ -59,15 +65,18 @@ def corner_length(builder: Builder, view: torch.Tensor, dim: int, rank: int) -> 
 
 def _is_corner(index: Any) -> bool:
     """``[:n, :m]``: slices from 0 with step 1."""
-    return all(isinstance(item, slice) and item.start in (None, 0) and item.step in (None, 1)
-               for item in (index if isinstance(index, tuple) else (index,)))
+    return all(
+        isinstance(item, slice) and item.start in (None, 0) and item.step in (None, 1)
+        for item in (index if isinstance(index, tuple) else (index,))
+    )
 
 
 def _new_dims(index: Any) -> bool:
     """``[:, None]``, ``[None]``, ``[..., None]``: full slices and new dims, at least one of these."""
     items = index if isinstance(index, tuple) else (index,)
     return any(item is None for item in items) and all(
-        item is None or item is Ellipsis or (isinstance(item, slice) and item == slice(None)) for item in items)
+        item is None or item is Ellipsis or (isinstance(item, slice) and item == slice(None)) for item in items
+    )
 
 
 def index_view(builder: Builder, call: "Call") -> bool:
@@ -132,8 +141,13 @@ def gathered_ids(builder: Builder, call: "Call") -> bool:
     source, result = call.arguments[0], call.result
     found = builder.index_views.get(("gathered", id(source))) if isinstance(source, torch.Tensor) else None
     if found is not None:  # .expand(batch, length) of the gathered ids, or a reshape that keeps the shape
-        if call.name in EXPANDS and call.name != "expand_as" and found.expand is None \
-                and isinstance(result, torch.Tensor) and result.dim() == source.dim():
+        if (
+            call.name in EXPANDS
+            and call.name != "expand_as"
+            and found.expand is None
+            and isinstance(result, torch.Tensor)
+            and result.dim() == source.dim()
+        ):
             found = dataclasses.replace(found, expand=call)
         elif not (call.name in RESHAPES and isinstance(result, torch.Tensor) and result.shape == source.shape):
             return False
@@ -142,16 +156,23 @@ def gathered_ids(builder: Builder, call: "Call") -> bool:
         return True
     bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
     source, dim, index = bound.get("input"), bound.get("dim"), bound.get("index")
-    if not isinstance(source, torch.Tensor) or not isinstance(index, torch.Tensor) or not isinstance(dim, int) \
-            or source.dtype != torch.int64:
+    if (
+        not isinstance(source, torch.Tensor)
+        or not isinstance(index, torch.Tensor)
+        or not isinstance(dim, int)
+        or source.dtype != torch.int64
+    ):
         return False
     ids = builder.index_views.get(id(source), source)
     if not builder.is_input(ids) or ids.shape != source.shape or _corner(builder, source) is not None:
         return False  # ids.expand(1, -1) of a [1, L] buffer: the buffer itself
     root = integer_root(builder, index)
     dim %= source.dim()
-    if root is None or root.dim() != source.dim() or any(
-            size != 1 for tensor in (source, root) for d, size in enumerate(tensor.shape) if d != dim):
+    if (
+        root is None
+        or root.dim() != source.dim()
+        or any(size != 1 for tensor in (source, root) for d, size in enumerate(tensor.shape) if d != dim)
+    ):
         return False
     builder.index_views[("gathered", id(result))] = Gathered(ids, dim, root, _corner(builder, index), index)
     builder.kept.append(result)
@@ -167,7 +188,7 @@ def index_with_tensor(builder: Builder, call: "Call") -> bool:
     if len(tensors) != 1 or not isinstance(source, torch.Tensor):
         return False
     dim = tensors[0]
-    rest = index[:dim] + index[dim + 1:]
+    rest = index[:dim] + index[dim + 1 :]
     root = integer_root(builder, index[dim])
     if root is None or root.dim() == 0 or any(item != slice(None) for item in rest):
         return False
@@ -211,8 +232,9 @@ def index_select(builder: Builder, call: "Call") -> bool:
     return True
 
 
-def strided_slice(builder: Builder, call: "Call", source: torch.Tensor, dim: int, start: int, stop: int,
-                  step: int) -> torch.Tensor:
+def strided_slice(
+    builder: Builder, call: "Call", source: torch.Tensor, dim: int, start: int, stop: int, step: int
+) -> torch.Tensor:
     """``source[:, ..., start:stop:step]`` along ``dim`` with a step of 2 or more: the ``slice`` layer (its end
     left open where the slice runs to the end of the dim, so the spec stays shape-generic)."""
     result = source[(slice(None),) * dim + (slice(start, stop, step),)]

@@ -125,8 +125,11 @@ class SpecBuilder(OneValueConstants):
         """Poison the call's result with a new problem, and with those its inputs already carry; the
         problem's index."""
         self.problems.append(Problem(call.where, call.module, op or call.name, what, fix))
-        inherited = [self.poison[id(value)] for value in flat_arguments(call.arguments, call.keywords)
-                     if isinstance(value, torch.Tensor) and id(value) in self.poison]
+        inherited = [
+            self.poison[id(value)]
+            for value in flat_arguments(call.arguments, call.keywords)
+            if isinstance(value, torch.Tensor) and id(value) in self.poison
+        ]
         self.taint(call.result, frozenset({len(self.problems) - 1}).union(*inherited))
         return len(self.problems) - 1
 
@@ -162,7 +165,7 @@ class SpecBuilder(OneValueConstants):
         return self.owned[owner]
 
     def taint(self, result: Any, reasons: frozenset[int]) -> None:
-        for tensor in (result if isinstance(result, (tuple, list)) else [result]):
+        for tensor in result if isinstance(result, (tuple, list)) else [result]:
             if isinstance(tensor, torch.Tensor):
                 self.kept.append(tensor)
                 self.poison[id(tensor)] = reasons
@@ -191,9 +194,15 @@ class SpecBuilder(OneValueConstants):
         if call.compared:  # the branches taken on sizes since the call before: checked at run time
             write_checks(self, call)
         target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
-        writes = target is not None and not call.constant and (  # x.add_(y), x[i] = y, x += y; not x[i] (__getitem__)
-            (call.name.endswith("_") and not call.name.endswith("__")) or call.name == "__setitem__"
-            or call.name.startswith("__i"))
+        writes = (
+            target is not None
+            and not call.constant
+            and (  # x.add_(y), x[i] = y, x += y; not x[i] (__getitem__)
+                (call.name.endswith("_") and not call.name.endswith("__"))
+                or call.name == "__setitem__"
+                or call.name.startswith("__i")
+            )
+        )
         written = target if writes else call.keywords.get("out")
         if isinstance(written, torch.Tensor) and id(written) in self.mutable:  # a buffer: the batch count alone
             self.bookkeeping(call, written)
@@ -215,14 +224,19 @@ class SpecBuilder(OneValueConstants):
         source = self.sources.get(id(buffer))
         key = source.state_key if source is not None else None
         path, _, attribute = (key or "").rpartition(".")
-        if key is None or (attribute == "num_batches_tracked" and call.name in IN_PLACE_BOOKKEEPING
-                           and isinstance(self.modules.get(path), torch.nn.modules.batchnorm._BatchNorm)):
+        if key is None or (
+            attribute == "num_batches_tracked"
+            and call.name in IN_PLACE_BOOKKEEPING
+            and isinstance(self.modules.get(path), torch.nn.modules.batchnorm._BatchNorm)
+        ):
             return
         inside = f" (in {call.module})" if call.module else ""
-        raise TraceError(f"{call.where}: error: '{call.name}' writes the buffer {key} in the forward{inside}, which "
-                         "the explicit training step does not do (it moves BatchNorm's statistics alone) (fix: "
-                         "return what the update reads as one more output and update the buffer in your training "
-                         "loop, or trace the model without the update)")
+        raise TraceError(
+            f"{call.where}: error: '{call.name}' writes the buffer {key} in the forward{inside}, which "
+            "the explicit training step does not do (it moves BatchNorm's statistics alone) (fix: "
+            "return what the update reads as one more output and update the buffer in your training "
+            "loop, or trace the model without the update)"
+        )
 
     def dispatch(self, call: Call) -> None:
         """The named pre-checks in order (``PRE_CHECKS``), then the call's handler from the one table
@@ -246,10 +260,13 @@ class SpecBuilder(OneValueConstants):
         """A value autograd does not differentiate: refused where the loss reads it."""
         if call.undifferentiated != NO_GRAD:
             return False
-        self.fail(call, "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
-                  "gradient, and the explicit backward would differentiate it",
-                  "compute it before the model's forward and pass it in as an argument (a teacher's output, "
-                  "a target), or train that model with autograd")
+        self.fail(
+            call,
+            "runs under torch.no_grad() or inference_mode(), so autograd gives its result no "
+            "gradient, and the explicit backward would differentiate it",
+            "compute it before the model's forward and pass it in as an argument (a teacher's output, "
+            "a target), or train that model with autograd",
+        )
         return True
 
     def custom_function(self, call: Call) -> bool:
@@ -262,8 +279,9 @@ class SpecBuilder(OneValueConstants):
         bound = self.bind(call, positional)
         if bound is None:
             return
-        if op in ("add", "sub", "mul", "div") and (self.fold_constants(op, bound, call)
-                                                   or integer_identity(self, op, bound, call)):
+        if op in ("add", "sub", "mul", "div") and (
+            self.fold_constants(op, bound, call) or integer_identity(self, op, bound, call)
+        ):
             return
         if op in ("add", "mul") and not isinstance(bound["input"], torch.Tensor):
             bound["input"], bound["other"] = bound.get("other"), bound["input"]  # torch.mul(0.5, x): commutes
@@ -284,19 +302,28 @@ class SpecBuilder(OneValueConstants):
                 self.checked_functions.setdefault(applied.name, []).append(found)
                 self.function_refusals[id(applied)] = None
             else:
-                problem = Problem(call.where, call.module, call.name, f"runs in the forward of the torch.autograd."
-                                  f"Function {applied.name}, whose own backward {found.refusal} (float64, random "
-                                  f"arguments {found.shapes} and cotangent), which the explicit backward would not "
-                                  "follow: it differentiates the forward's ops", "write the Function's math as torch "
-                                  "ops in the model, or make its backward its forward's derivative, or train that "
-                                  "model with autograd")
+                problem = Problem(
+                    call.where,
+                    call.module,
+                    call.name,
+                    f"runs in the forward of the torch.autograd."
+                    f"Function {applied.name}, whose own backward {found.refusal} (float64, random "
+                    f"arguments {found.shapes} and cotangent), which the explicit backward would not "
+                    "follow: it differentiates the forward's ops",
+                    "write the Function's math as torch "
+                    "ops in the model, or make its backward its forward's derivative, or train that "
+                    "model with autograd",
+                )
                 self.problems.append(problem)
                 self.function_refusals[id(applied)] = len(self.problems) - 1
         index = self.function_refusals[id(applied)]
         if index is None:
             return True
-        inherited = [self.poison[id(value)] for value in flat_arguments(call.arguments, call.keywords)
-                     if isinstance(value, torch.Tensor) and id(value) in self.poison]
+        inherited = [
+            self.poison[id(value)]
+            for value in flat_arguments(call.arguments, call.keywords)
+            if isinstance(value, torch.Tensor) and id(value) in self.poison
+        ]
         self.taint(call.result, frozenset({index}).union(*inherited))
         return False
 
@@ -321,9 +348,15 @@ class SpecBuilder(OneValueConstants):
 
     def operand(self, value: Any, call: Call, reasons: set[int]) -> Any:
         if isinstance(value, torch.Tensor) and id(value) in self.index_views:  # labels.view(-1)
-            self.problems.append(Problem(call.where, call.module, call.name,
-                                         "reads a reshape of an int64 input, which only indexing (x[:, idx]) reads",
-                                         "pass the int64 input as it is (cross_entropy takes labels [N, ...])"))
+            self.problems.append(
+                Problem(
+                    call.where,
+                    call.module,
+                    call.name,
+                    "reads a reshape of an int64 input, which only indexing (x[:, idx]) reads",
+                    "pass the int64 input as it is (cross_entropy takes labels [N, ...])",
+                )
+            )
             reasons.add(len(self.problems) - 1)
             return None
         if isinstance(value, torch.Tensor) and id(value) in self.constants and id(value) not in self.names:
@@ -339,24 +372,41 @@ class SpecBuilder(OneValueConstants):
             found = self.node(value)
             if isinstance(found, frozenset):
                 if -1 in found:
-                    self.problems.append(Problem(call.where, call.module, call.name,
-                                                 "reads a tensor that is neither an argument, a parameter or buffer of "
-                                                 "the model, a module-level tensor, nor the result of a traced call",
-                                                 "pass it to the traced function as an argument"))
+                    self.problems.append(
+                        Problem(
+                            call.where,
+                            call.module,
+                            call.name,
+                            "reads a tensor that is neither an argument, a parameter or buffer of "
+                            "the model, a module-level tensor, nor the result of a traced call",
+                            "pass it to the traced function as an argument",
+                        )
+                    )
                     found = frozenset({len(self.problems) - 1})
                 elif -2 in found:
-                    self.problems.append(Problem(call.where, call.module, call.name,
-                                                 "computes with a loss value; a spec has one loss, reduced once",
-                                                 "return one loss (F.mse_loss(...), 0.5 * (p - y).pow(2).sum(), ...)"))
+                    self.problems.append(
+                        Problem(
+                            call.where,
+                            call.module,
+                            call.name,
+                            "computes with a loss value; a spec has one loss, reduced once",
+                            "return one loss (F.mse_loss(...), 0.5 * (p - y).pow(2).sum(), ...)",
+                        )
+                    )
                     found = frozenset({len(self.problems) - 1})
                 reasons.update(found)
                 return None
             if value.dim() == 0 and found in self.source_names:  # timm's skipinit gain, nn.Parameter(torch.tensor(0.))
-                self.problems.append(Problem(call.where, call.module, call.name,
-                                             f"reads '{found}', a 0-dim parameter or buffer, which a spec cannot hold "
-                                             "(its tensors have 1 to 8 dims)",
-                                             "make it a one-element tensor, e.g. nn.Parameter(torch.zeros(1)): it "
-                                             "broadcasts the same way"))
+                self.problems.append(
+                    Problem(
+                        call.where,
+                        call.module,
+                        call.name,
+                        f"reads '{found}', a 0-dim parameter or buffer, which a spec cannot hold "
+                        "(its tensors have 1 to 8 dims)",
+                        "make it a one-element tensor, e.g. nn.Parameter(torch.zeros(1)): it broadcasts the same way",
+                    )
+                )
                 reasons.add(len(self.problems) - 1)
                 return None
             return found
@@ -386,8 +436,11 @@ class SpecBuilder(OneValueConstants):
             self.taint(call.result, frozenset(reasons))
             return
         if sources:
-            layer = {"op": op, "in": sources[0] if len(sources) == 1 else sources,
-                     **{key: value for key, value in layer.items() if key != "op"}}
+            layer = {
+                "op": op,
+                "in": sources[0] if len(sources) == 1 else sources,
+                **{key: value for key, value in layer.items() if key != "op"},
+            }
         for key, value in bound.items():
             if key in IGNORED:
                 continue
@@ -446,15 +499,25 @@ class SpecBuilder(OneValueConstants):
 
     def unknown(self, call: Call) -> None:
         if call.name in RANDOM:  # timm's drop_path: x.new_empty(...).bernoulli_(keep) in training mode
-            return self.fail(call, "draws random numbers, which a spec cannot hold (stochastic depth and dropout "
-                             "are random in training mode only)", "trace the model in eval mode (--eval), or turn "
-                             "the randomness off (drop_path_rate=0)")
+            return self.fail(
+                call,
+                "draws random numbers, which a spec cannot hold (stochastic depth and dropout "
+                "are random in training mode only)",
+                "trace the model in eval mode (--eval), or turn the randomness off (drop_path_rate=0)",
+            )
         tensors = [a for a in flat_arguments(call.arguments, call.keywords) if isinstance(a, torch.Tensor)]
         reads_traced = any(id(t) in self.names or id(t) in self.poison or id(t) in self.sources for t in tensors)
-        what = ("is not an op symgrad can differentiate" if reads_traced
-                else "creates a tensor inside the traced code, which a spec cannot hold")
-        fix = FIXES.get(call.name, "write it with the ops `symgrad ops` lists" if reads_traced
-                        else "pass the tensor to the traced function as an argument")
+        what = (
+            "is not an op symgrad can differentiate"
+            if reads_traced
+            else "creates a tensor inside the traced code, which a spec cannot hold"
+        )
+        fix = FIXES.get(
+            call.name,
+            "write it with the ops `symgrad ops` lists"
+            if reads_traced
+            else "pass the tensor to the traced function as an argument",
+        )
         self.fail(call, what, fix)
 
 
@@ -463,8 +526,10 @@ def refuse_method_hooks(builder_class: type) -> None:
     longer calls one (``dispatch.OP_HOOKS`` does), so such a method would be dropped without a word."""
     stray = sorted(name for name in vars(builder_class) if name.startswith("_") and name[1:] in LAYER_RULES)
     if stray:
-        raise ImportError(f"{builder_class.__name__} has per-op methods that nothing calls: {', '.join(stray)} (fix: "
-                          "move each into symgrad/trace/op_hooks.py as hook(builder, op, bound, call) under @op_hook(op))")
+        raise ImportError(
+            f"{builder_class.__name__} has per-op methods that nothing calls: {', '.join(stray)} (fix: "
+            "move each into symgrad/trace/op_hooks.py as hook(builder, op, bound, call) under @op_hook(op))"
+        )
 
 
 refuse_method_hooks(SpecBuilder)

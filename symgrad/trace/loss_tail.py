@@ -30,8 +30,13 @@ def reduce(builder: Builder, call: Call) -> None:
     keepdim = call.keywords.get("keepdim", call.arguments[2] if len(call.arguments) > 2 else False)
     rank = source.dim()
     spatial = list(range(2, rank))
-    if (call.name == "mean" and dims is not None and 3 <= rank <= 5 and id(source) not in builder.reductions
-            and sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims)) == spatial):
+    if (
+        call.name == "mean"
+        and dims is not None
+        and 3 <= rank <= 5
+        and id(source) not in builder.reductions
+        and sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims)) == spatial
+    ):
         return global_average(builder, call, source, rank, bool(keepdim))
     if dims is None or (isinstance(dims, (tuple, list)) and len(dims) == 0):
         how = call.name
@@ -71,8 +76,16 @@ def log_softmax(builder: Builder, op: str, bound: dict, call: Call) -> None:
 def global_average(builder: Builder, call: Call, source: torch.Tensor, rank: int, keepdim: bool) -> None:
     """``x.mean(dim=(2, 3))``, global average pooling, is adaptive_avg_pool2d to 1 (then flatten)."""
     pooled = torch.flatten(source, 2).mean(dim=2).reshape(*source.shape[:2], *([1] * (rank - 2)))
-    pool = Call(f"adaptive_avg_pool{rank - 2}d", call.function, (source, 1), {}, pooled if not keepdim else call.result,
-                call.where, call.module, call.leaf)
+    pool = Call(
+        f"adaptive_avg_pool{rank - 2}d",
+        call.function,
+        (source, 1),
+        {},
+        pooled if not keepdim else call.result,
+        call.where,
+        call.module,
+        call.leaf,
+    )
     builder.add(pool)
     if not keepdim:
         builder.layer("flatten", {"input": pool.result, "start_dim": 1}, call)
@@ -103,7 +116,7 @@ def loss_call(builder: Builder, op: str, call: Call) -> None:
 def drop_unread(builder: Builder, name: str | None) -> None:
     """Remove the layer that makes ``name`` if no later layer reads it."""
     index = next((i for i, layer in enumerate(builder.layers) if layer["out"] == name), None)
-    if index is None or any(name in flat_arguments(list(layer.values()), {}) for layer in builder.layers[index + 1:]):
+    if index is None or any(name in flat_arguments(list(layer.values()), {}) for layer in builder.layers[index + 1 :]):
         return
     del builder.layers[index], builder.layer_calls[index]
 

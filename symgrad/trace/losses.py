@@ -15,8 +15,15 @@ from .dataflow import Reduction, report
 from .errors import TraceError
 from .layers import SpecBuilder
 
-LOSS_NAMES = {"mse": "mse_loss", "half_sq_error": "half_sq_error", "l1": "l1_loss", "smooth_l1": "smooth_l1_loss",
-              "huber": "huber_loss", "cross_entropy": "cross_entropy", "nll": "nll_loss"}
+LOSS_NAMES = {
+    "mse": "mse_loss",
+    "half_sq_error": "half_sq_error",
+    "l1": "l1_loss",
+    "smooth_l1": "smooth_l1_loss",
+    "huber": "huber_loss",
+    "cross_entropy": "cross_entropy",
+    "nll": "nll_loss",
+}
 """``--loss`` values: short names and the spec's loss ops."""
 
 
@@ -51,29 +58,44 @@ def outputs_of(builder: SpecBuilder, output: Any, returned_at: str | None) -> st
     where = returned_at or (builder.layer_calls[-1].where if builder.layer_calls else "<traced code>")
     if _is_dataclass(output):  # its fields by name; the bound model makes the class again of them
         output = {field.name: getattr(output, field.name) for field in dataclasses.fields(output)}
-    items = output.items() if isinstance(output, dict) else enumerate(output) if isinstance(output, (tuple, list)) \
+    items = (
+        output.items()
+        if isinstance(output, dict)
+        else enumerate(output)
+        if isinstance(output, (tuple, list))
         else [(None, output)]
+    )
     names, problems = {}, set()
     for key, value in items:
         shown = "the output" if key is None else f"output {key!r}"
         if not isinstance(value, torch.Tensor):
-            raise TraceError(f"{where}: error: {shown} is {type(value).__name__}, not a tensor (fix: return "
-                             "tensors, a tuple or a dict of tensors)")
+            raise TraceError(
+                f"{where}: error: {shown} is {type(value).__name__}, not a tensor (fix: return "
+                "tensors, a tuple or a dict of tensors)"
+            )
         if isinstance(key, str) and check_identifier(key) is not None and not key.isidentifier():
-            raise TraceError(f"{where}: error: output key {key!r} is not an identifier (fix: name the outputs "
-                             "with letters, digits and '_')")
+            raise TraceError(
+                f"{where}: error: output key {key!r} is not an identifier (fix: name the outputs "
+                "with letters, digits and '_')"
+            )
         node = builder.node(value)
         if isinstance(node, frozenset):
             problems |= node
             continue
         if node not in {layer["out"] for layer in builder.layers}:
-            raise TraceError(f"{where}: error: {shown} is the input or parameter '{node}' itself, which no layer "
-                             "computes (fix: return what the model computes from its inputs)")
+            raise TraceError(
+                f"{where}: error: {shown} is the input or parameter '{node}' itself, which no layer "
+                "computes (fix: return what the model computes from its inputs)"
+            )
         names[key] = node
     if problems:
         found = [builder.problems[index] for index in sorted(problems) if index >= 0]
-        raise TraceError("\n".join(report(found)) if found else f"{where}: error: an output is a tensor that no "
-                         "traced call made and that is no input (fix: return what the model computes from its inputs)")
+        raise TraceError(
+            "\n".join(report(found))
+            if found
+            else f"{where}: error: an output is a tensor that no "
+            "traced call made and that is no input (fix: return what the model computes from its inputs)"
+        )
     if isinstance(output, dict):
         return dict(names)
     if isinstance(output, (tuple, list)):
@@ -86,31 +108,41 @@ def loss_of(builder: SpecBuilder, output: Any, loss: LossChoice | None, shapes, 
     the ``file:line`` of the traced function's ``return``."""
     where = getattr(builder.layer_calls[-1], "where", "<traced code>") if builder.layer_calls else "<traced code>"
     if isinstance(output, (tuple, list)):
-        raise TraceError(f"{returned_at or where}: error: the traced code returns {len(output)} values, not one loss "
-                         "(fix: return only the loss, or only the prediction and pass --loss)")
+        raise TraceError(
+            f"{returned_at or where}: error: the traced code returns {len(output)} values, not one loss "
+            "(fix: return only the loss, or only the prediction and pass --loss)"
+        )
     if not isinstance(output, torch.Tensor):
-        raise TraceError(f"{returned_at or where}: error: the traced code returns {type(output).__name__}, not a tensor "
-                         "(fix: return the loss, or the prediction and pass --loss)")
+        raise TraceError(
+            f"{returned_at or where}: error: the traced code returns {type(output).__name__}, not a tensor "
+            "(fix: return the loss, or the prediction and pass --loss)"
+        )
     reasons = builder.poison.get(id(output))
     if reasons:
         raise TraceError("\n".join(report([builder.problems[index] for index in sorted(reasons) if index >= 0])))
     reduction = builder.reductions.get(id(output))
     if loss is not None:
         if reduction is not None:
-            raise TraceError(f"{reduction.call.where}: error: the traced code already ends in a loss "
-                             "(fix: drop --loss, or return the prediction)")
+            raise TraceError(
+                f"{reduction.call.where}: error: the traced code already ends in a loss "
+                "(fix: drop --loss, or return the prediction)"
+            )
         prediction = builder.node(output)
         if isinstance(prediction, frozenset):  # a tensor of the model's own, not computed from the inputs
-            raise TraceError(f"{returned_at or where}: error: the traced code returns a tensor that no traced call "
-                             "made and that is no input (fix: return the prediction computed from the inputs)")
+            raise TraceError(
+                f"{returned_at or where}: error: the traced code returns a tensor that no traced call "
+                "made and that is no input (fix: return the prediction computed from the inputs)"
+            )
         entry = {"op": loss.op, "in": prediction, "target": loss.target}
         if loss.reduction:
             entry["reduction"] = loss.reduction
         return entry
     if reduction is None:
         shape = list(output.shape)
-        raise TraceError(f"{where}: error: the traced code returns a tensor of shape {shape}, not a loss "
-                         "(fix: pass --loss mse --target y, or end the code in a loss such as F.mse_loss(p, y))")
+        raise TraceError(
+            f"{where}: error: the traced code returns a tensor of shape {shape}, not a loss "
+            "(fix: pass --loss mse --target y, or end the code in a loss such as F.mse_loss(p, y))"
+        )
     return _reduction_loss(builder, reduction, list(shapes))
 
 
@@ -119,8 +151,10 @@ def _reduction_loss(builder: SpecBuilder, reduction: Reduction, arguments: list[
     ``p - y`` is the prediction when both are arguments: the one the function takes first."""
     call = reduction.call
     how = reduction.how
-    forms = ("F.mse_loss(p, y), F.l1_loss(p, y), F.cross_entropy(p, labels), 0.5 * (p - y).pow(2).sum() "
-             "or .sum(dim=[1, 2, 3]) per sample")
+    forms = (
+        "F.mse_loss(p, y), F.l1_loss(p, y), F.cross_entropy(p, labels), 0.5 * (p - y).pow(2).sum() "
+        "or .sum(dim=[1, 2, 3]) per sample"
+    )
 
     def refuse(what: str) -> TraceError:
         return TraceError(f"{call.where}: error: {what} (fix: end in one of {forms})")
@@ -147,16 +181,22 @@ def _reduction_loss(builder: SpecBuilder, reduction: Reduction, arguments: list[
         raise refuse(f"the code reduces the result of '{inner['op']}', which is no loss symgrad knows")
     difference = producers.get(inner["in"]) if isinstance(inner["in"], str) else None
     if kind is None or difference is None or difference["op"] != "sub" or not isinstance(difference["in"], list):
-        raise refuse(f"the reduced {inner['op']} is not of a difference prediction - target scaled to a known loss "
-                     f"(scale {reduction.scale})")
+        raise refuse(
+            f"the reduced {inner['op']} is not of a difference prediction - target scaled to a known loss "
+            f"(scale {reduction.scale})"
+        )
     for layer in (inner, difference):
         readers = [other for other in builder.layers if layer["out"] in _reads(other)]
         if readers == ([inner] if layer is difference else []):
             builder.layers.remove(layer)
     left, right = difference["in"]
     computed = [left in producers, right in producers]
-    if computed == [False, True] or (computed == [False, False] and left in arguments and right in arguments
-                                     and arguments.index(right) < arguments.index(left)):
+    if computed == [False, True] or (
+        computed == [False, False]
+        and left in arguments
+        and right in arguments
+        and arguments.index(right) < arguments.index(left)
+    ):
         left, right = right, left  # y - p: the prediction is the computed one, or the first argument
     return {"op": kind, "in": left, "target": right, "reduction": how}
 
@@ -176,8 +216,9 @@ def live_layers(builder: SpecBuilder, loss: dict, outputs=None) -> tuple[list[di
     """The layers the loss (or the outputs) depend on, and every name they and the loss read."""
     needed = {loss["in"], loss["target"]} - {None}
     if outputs is not None:
-        needed |= set(outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str)
-                      else outputs)
+        needed |= set(
+            outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str) else outputs
+        )
     kept = []
     for layer in reversed(builder.layers):
         if layer["out"] in needed:
@@ -191,7 +232,9 @@ def target_input(builder: SpecBuilder, output: torch.Tensor, loss: LossChoice) -
         raise TraceError(f"error: --target {loss.target!r} is not a free identifier (fix: choose another name, e.g. y)")
     if loss.classes:
         if output.dim() < 2:
-            raise TraceError(f"error: {loss.op} needs a prediction [N, C, ...], and the model returns "
-                             f"{list(output.shape)} (fix: choose another --loss)")
+            raise TraceError(
+                f"error: {loss.op} needs a prediction [N, C, ...], and the model returns "
+                f"{list(output.shape)} (fix: choose another --loss)"
+            )
         return {"shape": [output.shape[0], *output.shape[2:]], "dtype": "int64"}
     return {"shape": list(output.shape)}

@@ -42,8 +42,12 @@ def batch_norm(builder: Builder, op: str, bound: dict, call: Call) -> None:
 def prelu(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """nn.PReLU()'s one slope for every channel is ``shared: true`` (a [C] weight: one per channel)."""
     weight, source = bound.get("weight"), bound.get("input")
-    if isinstance(weight, torch.Tensor) and isinstance(source, torch.Tensor) and weight.numel() == 1 and (
-            source.dim() < 2 or source.shape[1] != 1):
+    if (
+        isinstance(weight, torch.Tensor)
+        and isinstance(source, torch.Tensor)
+        and weight.numel() == 1
+        and (source.dim() < 2 or source.shape[1] != 1)
+    ):
         bound["shared"] = True
     builder.layer(op, bound, call)
 
@@ -96,11 +100,18 @@ def squeeze(builder: Builder, op: str, bound: dict, call: Call) -> None:
 def pad(builder: Builder, op: str, bound: dict, call: Call) -> None:
     bound["pad"] = pads = [int(p) for p in bound["pad"]]
     source = bound.get("input")
-    if (isinstance(source, torch.Tensor) and source.dim() >= 3 and len(pads) == 2 * (source.dim() - 2)
-            and bound.get("mode") in (None, "constant") and not bound.get("value")):
+    if (
+        isinstance(source, torch.Tensor)
+        and source.dim() >= 3
+        and len(pads) == 2 * (source.dim() - 2)
+        and bound.get("mode") in (None, "constant")
+        and not bound.get("value")
+    ):
+
         def centred_to(other: torch.Tensor) -> bool:  # U-Net's [diffX // 2, diffX - diffX // 2, ...]
             differences = [other.shape[dim] - source.shape[dim] for dim in reversed(range(2, source.dim()))]
             return pads == [part for d in differences for part in (d // 2, d - d // 2)]
+
         bound["pad"] = builder.size_of(source, centred_to) or pads
     if bound.get("mode") is None:
         bound.pop("mode", None)
@@ -126,17 +137,26 @@ def avg_pool(builder: Builder, op: str, bound: dict, call: Call) -> None:
     source, kernel, dims = bound.get("input"), bound.get("kernel_size"), int(op[-2])
 
     def read_from_source(size, axis: int) -> bool:  # source.shape[-dims + axis], as the code read it
-        return (isinstance(size, sizes.TracedSize) and isinstance(size.expr, sizes.Dim)
-                and size.expr.dim == source.dim() - dims + axis
-                and builder.node(builder.size_tensors[size.expr.index]) == builder.node(source))
+        return (
+            isinstance(size, sizes.TracedSize)
+            and isinstance(size.expr, sizes.Dim)
+            and size.expr.dim == source.dim() - dims + axis
+            and builder.node(builder.size_tensors[size.expr.index]) == builder.node(source)
+        )
 
     def all_are(key: str, value: int) -> bool:  # padding 0 and dilation 1: any stride or ceil_mode gives one window
         given = literal(bound.get(key, value))
         return all(item == value for item in (given if isinstance(given, list) else [given]))
 
-    if (isinstance(source, torch.Tensor) and isinstance(kernel, (tuple, list)) and len(kernel) == dims
-            and all(read_from_source(size, axis) for axis, size in enumerate(kernel))
-            and all_are("padding", 0) and all_are("dilation", 1) and bound.get("divisor_override") is None):
+    if (
+        isinstance(source, torch.Tensor)
+        and isinstance(kernel, (tuple, list))
+        and len(kernel) == dims
+        and all(read_from_source(size, axis) for axis, size in enumerate(kernel))
+        and all_are("padding", 0)
+        and all_are("dilation", 1)
+        and bound.get("divisor_override") is None
+    ):
         return builder.layer(f"adaptive_{op[:3]}_pool{dims}d", {"input": source, "output_size": 1}, call)
     builder.layer(op, bound, call)
 
@@ -175,8 +195,11 @@ def max_dim(builder: Builder, op: str, bound: dict, call: Call) -> None:
     shares its gradient among ties too); ``torch.max(a, b)`` is refused."""
     source, dim = bound.get("input"), bound.get("dim")
     if isinstance(dim, torch.Tensor) or "other" in bound:
-        return builder.fail(call, f"takes the elementwise {op}imum of two tensors, which has no rule",
-                            f"write it as F.relu(a - b) + b{'' if op == 'max' else ' negated: -(F.relu(b - a) - b)'}")
+        return builder.fail(
+            call,
+            f"takes the elementwise {op}imum of two tensors, which has no rule",
+            f"write it as F.relu(a - b) + b{'' if op == 'max' else ' negated: -(F.relu(b - a) - b)'}",
+        )
     if dim is None and isinstance(source, torch.Tensor) and op == "max":
         return builder.layer("amax", {"input": source, "dim": list(range(source.dim()))}, call)
     if dim is None:
@@ -185,9 +208,17 @@ def max_dim(builder: Builder, op: str, bound: dict, call: Call) -> None:
         return builder.unknown(call)
     values, indices = call.result
     builder.layer(op, bound, dataclasses.replace(call, result=values))
-    builder.refuse(indices, Problem(call.where, call.module, op, f"returns indices (torch.{op}(x, dim)[1]), integers "
-                                    "picked by the data, and the loss reads them", f"use only the values, torch.{op}("
-                                    "x, dim)[0] or .values; an index must be a buffer or argument of the model"))
+    builder.refuse(
+        indices,
+        Problem(
+            call.where,
+            call.module,
+            op,
+            f"returns indices (torch.{op}(x, dim)[1]), integers picked by the data, and the loss reads them",
+            f"use only the values, torch.{op}("
+            "x, dim)[0] or .values; an index must be a buffer or argument of the model",
+        ),
+    )
 
 
 @op_hook("gather")
@@ -199,19 +230,30 @@ def gather(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if bound.pop("sparse_grad", False):
         return builder.fail(call, "asks for a sparse gradient", "leave sparse_grad False")
     if isinstance(source, torch.Tensor) and not source.is_floating_point():  # BERT's token_type_ids from its buffer
-        return builder.fail(call, f"gathers integers ({source.dtype}), ids a spec cannot compute: its int64 tensors "
-                            "are inputs, read as indices", "pass the ids to the traced function as an argument (for "
-                            "transformers' BERT: token_type_ids=torch.zeros_like(input_ids) for one segment)")
+        return builder.fail(
+            call,
+            f"gathers integers ({source.dtype}), ids a spec cannot compute: its int64 tensors "
+            "are inputs, read as indices",
+            "pass the ids to the traced function as an argument (for "
+            "transformers' BERT: token_type_ids=torch.zeros_like(input_ids) for one segment)",
+        )
     if isinstance(source, torch.Tensor) and is_int(dim) and isinstance(index, torch.Tensor) and id(index) in views:
         root, dim = views[id(index)], dim % source.dim()
         along = [-1 if d == dim else 1 for d in range(source.dim())]
-        if (("corner", id(index)) not in views and root.dim() == 1 and index.dim() == source.dim()
-                and all(index.shape[d] == source.shape[d] for d in range(source.dim()) if d != dim)
-                and torch.equal(index, root.reshape(along).expand(index.shape))):
+        if (
+            ("corner", id(index)) not in views
+            and root.dim() == 1
+            and index.dim() == source.dim()
+            and all(index.shape[d] == source.shape[d] for d in range(source.dim()) if d != dim)
+            and torch.equal(index, root.reshape(along).expand(index.shape))
+        ):
             return builder.layer("index", {"input": source, "index": root, "dim": dim}, call)
-        return builder.fail(call, "reads its index through a reshape or expand of an int64 input",
-                            "give gather the int64 buffer or argument itself, of the output's shape (made so outside "
-                            "the traced code), or a 1-d index viewed along dim and expanded over the other dims")
+        return builder.fail(
+            call,
+            "reads its index through a reshape or expand of an int64 input",
+            "give gather the int64 buffer or argument itself, of the output's shape (made so outside "
+            "the traced code), or a 1-d index viewed along dim and expanded over the other dims",
+        )
     builder.layer(op, bound, call)
 
 
@@ -226,4 +268,3 @@ def cat(builder: Builder, op: str, bound: dict, call: Call) -> None:
     if len(bound.get("tensors", ())) == 1 and isinstance(bound["tensors"][0], torch.Tensor):
         return builder.alias(call, bound["tensors"][0])
     builder.layer(op, bound, call)
-

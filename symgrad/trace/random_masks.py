@@ -50,8 +50,13 @@ def random_mask(builder: Builder, call: Call) -> bool:
     receiver, drawing = call.arguments[0] if call.arguments else None, _draws(builder).masks
     if call.name in ("new_empty", "empty", "empty_like") and isinstance(call.result, torch.Tensor):
         builder.kept.append(call.result)
-        drawing[id(call.result)] = {"keep": None, "scale": False, "made": call, "tensor": call.result,
-                                    "from": receiver if isinstance(receiver, torch.Tensor) else None}
+        drawing[id(call.result)] = {
+            "keep": None,
+            "scale": False,
+            "made": call,
+            "tensor": call.result,
+            "from": receiver if isinstance(receiver, torch.Tensor) else None,
+        }
         return True
     mask = drawing.get(id(receiver)) if isinstance(receiver, torch.Tensor) else None
     mask = None if mask is not None and "node" in mask else mask  # a node now: read as any tensor
@@ -60,27 +65,42 @@ def random_mask(builder: Builder, call: Call) -> bool:
         count = drawn(builder)
         mask.update(keep=value, drawn=call, position=len(builder.layers), order=count, after=count + 1)
         return True
-    if mask is not None and call.name in ("div_", "__itruediv__") and mask["keep"] is not None and not mask["scale"] \
-            and value == mask["keep"] and "used" not in mask:
+    if (
+        mask is not None
+        and call.name in ("div_", "__itruediv__")
+        and mask["keep"] is not None
+        and not mask["scale"]
+        and value == mask["keep"]
+        and "used" not in mask
+    ):
         mask["scale"] = True
         return True
     if call.name in ("mul", "__mul__", "__rmul__") and len(call.arguments) == 2 and _fused(builder, call):
         return True
-    masks = [drawing[id(value)] for value in flat_arguments(call.arguments, call.keywords)
-             if isinstance(value, torch.Tensor) and "node" not in drawing.get(id(value), {"node": None})]
+    masks = [
+        drawing[id(value)]
+        for value in flat_arguments(call.arguments, call.keywords)
+        if isinstance(value, torch.Tensor) and "node" not in drawing.get(id(value), {"node": None})
+    ]
     if not masks:
         return False
     if any(found["keep"] is None for found in masks):
-        builder.fail(call, "uses a random mask otherwise than x * mask after .bernoulli_(keep) and .div_(keep)",
-                     "draw the mask as timm's drop_path does: x.new_empty(shape).bernoulli_(keep), "
-                     "mask.div_(keep), x * mask")
+        builder.fail(
+            call,
+            "uses a random mask otherwise than x * mask after .bernoulli_(keep) and .div_(keep)",
+            "draw the mask as timm's drop_path does: x.new_empty(shape).bernoulli_(keep), mask.div_(keep), x * mask",
+        )
         return True
     for found in masks:
         if not _materialise(builder, found, call):
             return True
     result = call.result
-    if call.name in PASS_THROUGH and isinstance(result, torch.Tensor) and len(masks) == 1 \
-            and result.dtype == masks[0]["dtype"]:  # noise.to(x.dtype): the node is made in x's dtype
+    if (
+        call.name in PASS_THROUGH
+        and isinstance(result, torch.Tensor)
+        and len(masks) == 1
+        and result.dtype == masks[0]["dtype"]
+    ):  # noise.to(x.dtype): the node is made in x's dtype
         builder.alias(call, receiver)
         return True
     return False  # read by the call as any node
@@ -92,13 +112,22 @@ def _other_draw(builder: Builder, call: Call) -> bool:
     ``floor_()``: one line, at the draw). True where the call was refused or carries that refusal."""
     refused = _draws(builder).refused
     if call.name in RANDOM and call.name not in _MASK_STEPS:
-        refused.add(builder.fail(call, "draws random numbers, which no layer of a spec draws but dropout's mask "
-                     "(x.new_empty(shape).bernoulli_(keep))", "draw a drop-path mask as timm's drop_path does, "
-                     "x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep), then x * mask / keep; or trace the "
-                     "model in eval mode (--eval), or with the randomness off (drop_path_rate=0)"))
+        refused.add(
+            builder.fail(
+                call,
+                "draws random numbers, which no layer of a spec draws but dropout's mask "
+                "(x.new_empty(shape).bernoulli_(keep))",
+                "draw a drop-path mask as timm's drop_path does, "
+                "x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep), then x * mask / keep; or trace the "
+                "model in eval mode (--eval), or with the randomness off (drop_path_rate=0)",
+            )
+        )
         return True
-    reasons = [found for value in flat_arguments(call.arguments, call.keywords)
-               if (found := builder.carried(value)) is not None]
+    reasons = [
+        found
+        for value in flat_arguments(call.arguments, call.keywords)
+        if (found := builder.carried(value)) is not None
+    ]
     if refused and reasons and all(found <= refused for found in reasons):
         builder.taint(call.result, frozenset().union(*reasons))
         return True
@@ -121,17 +150,30 @@ def _fused(builder: Builder, call: Call) -> bool:
     first, second = call.arguments
     for source, other in ((first, second), (second, first)):
         drawn_mask = _draws(builder).masks.get(id(other)) if isinstance(other, torch.Tensor) else None
-        if drawn_mask is None or drawn_mask["keep"] is None or not isinstance(source, torch.Tensor) \
-                or "node" in drawn_mask or "used" in drawn_mask \
-                or _draws(builder).count != drawn_mask["after"]:
+        if (
+            drawn_mask is None
+            or drawn_mask["keep"] is None
+            or not isinstance(source, torch.Tensor)
+            or "node" in drawn_mask
+            or "used" in drawn_mask
+            or _draws(builder).count != drawn_mask["after"]
+        ):
             continue
         noise = _noise_kind(tuple(source.shape), tuple(other.shape))
-        if noise is None or not 0 < drawn_mask["keep"] < 1 or other.dim() != source.dim() \
-                or (drawn_mask["scale"] and other.dtype != source.dtype) or call.result.dtype != source.dtype:
+        if (
+            noise is None
+            or not 0 < drawn_mask["keep"] < 1
+            or other.dim() != source.dim()
+            or (drawn_mask["scale"] and other.dtype != source.dtype)
+            or call.result.dtype != source.dtype
+        ):
             continue  # a mask of its own, read by a mul
         count = len(builder.layers)
-        builder.layer("dropout", {"input": source, "p": _drop_probability(drawn_mask["keep"]), "noise": noise,
-                                  "scale": drawn_mask["scale"]}, call)
+        builder.layer(
+            "dropout",
+            {"input": source, "p": _drop_probability(drawn_mask["keep"]), "noise": noise, "scale": drawn_mask["scale"]},
+            call,
+        )
         if len(builder.layers) > count:
             drawn_mask["used"] = count
         return True
@@ -146,22 +188,38 @@ def _materialise(builder: Builder, mask: dict, call: Call) -> bool:
     tensor, drawn_call = mask["tensor"], mask["drawn"]
     size, like = _sizes(builder, tensor, mask["from"])
     if like is None:
-        builder.fail(call, f"reads a random mask of shape {list(tensor.shape)} whose sizes follow no tensor of "
-                     "the model", "draw it per sample, x.new_empty((x.shape[0], 1, 1, 1)), or use it once, x * mask")
+        builder.fail(
+            call,
+            f"reads a random mask of shape {list(tensor.shape)} whose sizes follow no tensor of the model",
+            "draw it per sample, x.new_empty((x.shape[0], 1, 1, 1)), or use it once, x * mask",
+        )
         return False
     if mask["scale"] and tensor.dtype != like.dtype:
-        builder.fail(call, f"reads a random mask drawn and scaled in {tensor.dtype} in a {like.dtype} computation, "
-                     "which the explicit forward draws in the computation's dtype", "draw it in x's dtype, "
-                     "x.new_empty(shape).bernoulli_(keep), or divide by keep after .to(x.dtype)")
+        builder.fail(
+            call,
+            f"reads a random mask drawn and scaled in {tensor.dtype} in a {like.dtype} computation, "
+            "which the explicit forward draws in the computation's dtype",
+            "draw it in x's dtype, x.new_empty(shape).bernoulli_(keep), or divide by keep after .to(x.dtype)",
+        )
         return False
     ones, name = builder.out_name("mask_ones", drawn_call), builder.out_name("mask", drawn_call)
-    layers = [{"op": "full", "size": size, "fill_value": 1.0, "out": ones},
-              {"op": "dropout", "in": ones, "p": _drop_probability(mask["keep"]),
-               **({} if mask["scale"] else {"scale": False}), "out": name}]
+    layers = [
+        {"op": "full", "size": size, "fill_value": 1.0, "out": ones},
+        {
+            "op": "dropout",
+            "in": ones,
+            "p": _drop_probability(mask["keep"]),
+            **({} if mask["scale"] else {"scale": False}),
+            "out": name,
+        },
+    ]
     position = mask["position"]
     for other in _draws(builder).masks.values():  # what was emitted after this draw moves down by two
-        if other is not mask and "position" in other and (other["position"] > position or (
-                other["position"] == position and other["order"] > mask["order"])):
+        if (
+            other is not mask
+            and "position" in other
+            and (other["position"] > position or (other["position"] == position and other["order"] > mask["order"]))
+        ):
             other["position"] += 2
         if other.get("used", -1) >= position:
             other["used"] += 2
@@ -211,13 +269,19 @@ def dropout(builder: Builder, call: Call) -> None:
     rank = {"dropout1d": 3, "dropout2d": 4, "dropout3d": 5}.get(call.name)
     if call.name in ("dropout", *(() if rank is None else (call.name,))) and isinstance(p, float) and 0 < p < 1:
         if rank is not None and source.dim() != rank:
-            return builder.fail(call, f"of an input of rank {source.dim()}, not {rank} (batched)",
-                                f"pass a batched input of rank {rank}, as nn.{call.name.capitalize()} expects")
+            return builder.fail(
+                call,
+                f"of an input of rank {source.dim()}, not {rank} (batched)",
+                f"pass a batched input of rank {rank}, as nn.{call.name.capitalize()} expects",
+            )
         arguments = {"input": source, "p": p, **({"noise": "channel"} if rank is not None else {})}
         drawn(builder)
         return builder.layer("dropout", arguments, call)
-    builder.fail(call, "is random in training mode, so its gradient is not a function of the inputs",
-                 "trace the model in eval mode (--eval) or with p=0")
+    builder.fail(
+        call,
+        "is random in training mode, so its gradient is not a function of the inputs",
+        "trace the model in eval mode (--eval) or with p=0",
+    )
 
 
 def _noise_kind(shape: tuple, mask: tuple) -> str | None:

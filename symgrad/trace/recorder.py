@@ -29,28 +29,85 @@ from torch.overrides import TorchFunctionMode
 from . import sizes
 from .custom_functions import Applied
 
-SHAPE_QUERIES = frozenset({
-    "size", "dim", "ndimension", "numel", "nelement", "stride", "element_size", "is_contiguous", "is_floating_point",
-    "is_complex", "get_device", "data_ptr", "storage_offset", "is_same_size", "is_pinned", "is_shared", "is_signed",
-    "is_inference", "has_names", "type", "__sizeof__", "__len__", "__format__", "__repr__", "__str__", "__hash__",
-    "requires_grad_", "__get__"})
+SHAPE_QUERIES = frozenset(
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "stride",
+        "element_size",
+        "is_contiguous",
+        "is_floating_point",
+        "is_complex",
+        "get_device",
+        "data_ptr",
+        "storage_offset",
+        "is_same_size",
+        "is_pinned",
+        "is_shared",
+        "is_signed",
+        "is_inference",
+        "has_names",
+        "type",
+        "__sizeof__",
+        "__len__",
+        "__format__",
+        "__repr__",
+        "__str__",
+        "__hash__",
+        "requires_grad_",
+        "__get__",
+    }
+)
 """Calls that only read sizes, types or layout, or format a tensor for a log line: they leave no trace in
 the spec (``__get__`` is a property such as ``.shape``; one that returns a tensor, such as ``.T``, is
 recorded by its name)."""
 
 VALUE_READS = {
-    "__bool__": ("bool(tensor)", "branch"), "item": (".item()", "number"), "__float__": ("float(tensor)", "number"),
-    "__int__": ("int(tensor)", "number"), "__index__": ("a tensor as an index", "number"),
-    "__complex__": ("complex(tensor)", "number"), "tolist": (".tolist()", "number"), "numpy": (".numpy()", "number"),
+    "__bool__": ("bool(tensor)", "branch"),
+    "item": (".item()", "number"),
+    "__float__": ("float(tensor)", "number"),
+    "__int__": ("int(tensor)", "number"),
+    "__index__": ("a tensor as an index", "number"),
+    "__complex__": ("complex(tensor)", "number"),
+    "tolist": (".tolist()", "number"),
+    "numpy": (".numpy()", "number"),
     "__array__": ("numpy.asarray(tensor)", "number"),
-    "size of values": ("size of x[mask], nonzero(), masked_select() or unique()", "number")}
+    "size of values": ("size of x[mask], nonzero(), masked_select() or unique()", "number"),
+}
 """Calls that take a Python value or decision out of a tensor: how the error shows each, and which fix fits
 (any other call that returns a Python bool or number from tensors, ``torch.equal``, is a decision too)."""
 
-RANDOM = frozenset({
-    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
-    "multinomial", "normal", "normal_", "uniform_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_",
-    "poisson", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+RANDOM = frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "bernoulli",
+        "bernoulli_",
+        "multinomial",
+        "normal",
+        "normal_",
+        "uniform_",
+        "exponential_",
+        "geometric_",
+        "log_normal_",
+        "cauchy_",
+        "random_",
+        "poisson",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+    }
+)
 """Calls whose result is random (or uninitialised memory): never a constant, even from literal arguments."""
 
 FILLERS = frozenset({"ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full", "new_tensor"})
@@ -58,24 +115,36 @@ FILLERS = frozenset({"ones_like", "zeros_like", "full_like", "new_ones", "new_ze
 device they only take (``torch.ones_like(x)``, ``x.new_full((n, 1), 0.5)``): a constant when their other
 arguments are (``x.new_tensor(y)`` copies y's values)."""
 
-VALUE_SHAPED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount",
-                          "repeat_interleave"})
+VALUE_SHAPED = frozenset(
+    {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "repeat_interleave"}
+)
 """Calls whose result's size depends on their arguments' values (so does ``torch.where(c)``, one argument,
 and indexing with a boolean mask)."""
 
 SIZES = frozenset({"size", "numel", "nelement", "__len__", "shape"})
 """Size queries: a number taken from values when the tensor's size came from values."""
 
-BOOLEAN_DISPATCH = {F.max_pool1d: "max_pool1d", F.max_pool2d: "max_pool2d", F.max_pool3d: "max_pool3d",
-                    F.adaptive_max_pool1d: "adaptive_max_pool1d", F.adaptive_max_pool2d: "adaptive_max_pool2d",
-                    F.adaptive_max_pool3d: "adaptive_max_pool3d"}
+BOOLEAN_DISPATCH = {
+    F.max_pool1d: "max_pool1d",
+    F.max_pool2d: "max_pool2d",
+    F.max_pool3d: "max_pool3d",
+    F.adaptive_max_pool1d: "adaptive_max_pool1d",
+    F.adaptive_max_pool2d: "adaptive_max_pool2d",
+    F.adaptive_max_pool3d: "adaptive_max_pool3d",
+}
 """``torch.nn.functional`` functions whose Python name is a dispatcher's (``fn``), by identity."""
 
 TORCH_DIR = os.path.join(os.path.realpath(os.path.dirname(torch.__file__)), "")
 DISPATCH_FILES = tuple(os.path.join(TORCH_DIR, name) for name in ("overrides.py", "_tensor.py"))
 
-LIBRARY_DIRS = tuple(os.path.join(os.path.realpath(path), "") for path in (
-    os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
+LIBRARY_DIRS = tuple(
+    os.path.join(os.path.realpath(path), "")
+    for path in (
+        os.path.dirname(torch.__file__),
+        os.path.dirname(os.path.dirname(__file__)),
+        sysconfig.get_paths()["stdlib"],
+    )
+)
 
 
 CHECKPOINT_FILES = {torch.utils.checkpoint.__file__, os.path.realpath(torch.utils.checkpoint.__file__)}
@@ -102,8 +171,7 @@ def _undifferentiated(frame, applied: dict[int, Applied] | None = None) -> str |
                 return ""
             arguments = frame.f_locals.get("args", ())
             if applied is None or id(arguments) not in applied:  # one per apply (it keeps the tuple, and so its id)
-                made = Applied(function, tuple(arguments), dict(frame.f_locals.get("kwargs") or {}),
-                               user_line(frame))
+                made = Applied(function, tuple(arguments), dict(frame.f_locals.get("kwargs") or {}), user_line(frame))
                 if applied is None:
                     return made
                 applied[id(arguments)] = made
@@ -234,8 +302,10 @@ class Recorder(TorchFunctionMode):
 
     def __enter__(self):
         self.compared = sizes.COMPARED = []
-        self._hooks = [module_hooks.register_module_forward_pre_hook(self._entered),
-                       module_hooks.register_module_forward_hook(self._left, always_call=True)]
+        self._hooks = [
+            module_hooks.register_module_forward_pre_hook(self._entered),
+            module_hooks.register_module_forward_hook(self._left, always_call=True),
+        ]
         return super().__enter__()
 
     def _entered(self, module, arguments) -> None:  # a hook returning a value would replace the input
@@ -280,7 +350,9 @@ class Recorder(TorchFunctionMode):
                 return self._size_read(name, arguments, result)
         elif name in SHAPE_QUERIES:
             return self._size_read(name, arguments, result)
-        read = list(_tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords))
+        read = list(
+            _tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords)
+        )
         if name in FILLERS and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(1)):
             self._sizes_read.append(arguments[0])  # torch.full_like(x[:, :1], 0.1): its sizes are x[:, :1]'s
         constant = name not in RANDOM and all(id(value) in self.constants for value in read)
@@ -291,14 +363,21 @@ class Recorder(TorchFunctionMode):
             return result
         if integers:
             self.from_integers.update(id(value) for value in _tensors((result,), {}))
-        shaped = not constant and (name in VALUE_SHAPED or (name == "where" and len(arguments) + len(keywords) == 1)
-                                    or (name == "__getitem__" and _masks(arguments[1:])))
+        shaped = not constant and (
+            name in VALUE_SHAPED
+            or (name == "where" and len(arguments) + len(keywords) == 1)
+            or (name == "__getitem__" and _masks(arguments[1:]))
+        )
         shaped = shaped or any(id(value) in self.value_shaped for value in _tensors(arguments, keywords))
         for value in _tensors((result,), {}):
             (self.constants.add if constant else self.constants.discard)(id(value))
             (self.value_shaped.add if shaped else self.value_shaped.discard)(id(value))
-        if not constant and arguments and isinstance(arguments[0], torch.Tensor) and (
-                name.endswith("_") or name == "__setitem__" or name.startswith("__i")):
+        if (
+            not constant
+            and arguments
+            and isinstance(arguments[0], torch.Tensor)
+            and (name.endswith("_") or name == "__setitem__" or name.startswith("__i"))
+        ):
             self.constants.discard(id(arguments[0]))  # c[0] = h.sum(), c.add_(h): c now holds a value of h
             self.exact.pop(id(arguments[0]), None)
         path, leaf = self._module()
@@ -308,20 +387,36 @@ class Recorder(TorchFunctionMode):
             fill = self._exact_fill(function, name, arguments, keywords, result, fill)
         else:
             self.exact.pop(id(result), None)
-        self.calls.append(Call(name, function, arguments, keywords, result, user_line(sys._getframe(1)), path, leaf,
-                               tuple(self._sizes_read), constant_result, fill, undifferentiated,
-                               tuple((*entry[:4], user_line(entry[4])) for entry in self.compared if _by_user(entry[4]))))
+        self.calls.append(
+            Call(
+                name,
+                function,
+                arguments,
+                keywords,
+                result,
+                user_line(sys._getframe(1)),
+                path,
+                leaf,
+                tuple(self._sizes_read),
+                constant_result,
+                fill,
+                undifferentiated,
+                tuple((*entry[:4], user_line(entry[4])) for entry in self.compared if _by_user(entry[4])),
+            )
+        )
         self._sizes_read.clear()
         self.compared.clear()
         return result
 
-    def _exact_fill(self, function, name: str, arguments: tuple, keywords: dict, result: torch.Tensor,
-                    fill: float | None) -> float | None:
+    def _exact_fill(
+        self, function, name: str, arguments: tuple, keywords: dict, result: torch.Tensor, fill: float | None
+    ) -> float | None:
         """A constant's one value as the Python code makes it when the model runs in float64: the call
         made again with the model's precision (``precision``) read as float64, from the float64 values of
         the constants it reads (kept in ``exact``), so that ``torch.full_like(x, 0.1)`` in a float32
         model records 0.1, not float32's 0.10000000149011612 (``torch.tensor(0.1)``, float32 in a float64
         model too, stays float32's). The value traced is kept where the float64 one does not round to it."""
+
         def in_float64(value: Any, first: bool = False) -> Any:
             if isinstance(value, torch.Tensor):
                 if id(value) in self.exact and id(value) in self.constants:

@@ -28,12 +28,16 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
         theirs = [layer for layer in other["layers"] if layer["op"] != "size_check"]
         ops, other_ops = [layer["op"] for layer, _ in ours], [layer["op"] for layer in theirs]
         if ops != other_ops:
-            first = next((index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
-                         min(len(ops), len(other_ops)))
+            first = next(
+                (index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
+                min(len(ops), len(other_ops)),
+            )
             where = ours[min(first, len(ours) - 1)][1].where if ours else "<traced code>"
-            return [f"{where}: error: the code runs different ops from here on at {described} than at the given "
-                    "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
-                    "input's size)"]
+            return [
+                f"{where}: error: the code runs different ops from here on at {described} than at the given "
+                "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
+                "input's size)"
+            ]
         for (layer, call), again in zip(ours, theirs):
             for key, value in layer.items():
                 if key in ("in", "out", "op") or key.startswith("_") or again.get(key) == value:
@@ -42,30 +46,44 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
                 if fixed is not None:  # a size that only happened to equal one the code read: the number
                     layer[key] = fixed
                     continue
-                problems.append(Problem(call.where, call.module, layer["op"], f"argument {key}={_shown(value)} becomes "
-                                        f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
-                                        "which a spec cannot express", FIXES.get(layer["op"]) or
-                                        "use sizes that do not depend on the input (a fixed pad, scale_factor "
-                                        "instead of size, flatten instead of view(N, ...)), or read them from the "
-                                        "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
-                                        "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
-                                        "from skip.size() and h.size()"))
+                problems.append(
+                    Problem(
+                        call.where,
+                        call.module,
+                        layer["op"],
+                        f"argument {key}={_shown(value)} becomes "
+                        f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
+                        "which a spec cannot express",
+                        FIXES.get(layer["op"])
+                        or "use sizes that do not depend on the input (a fixed pad, scale_factor "
+                        "instead of size, flatten instead of view(N, ...)), or read them from the "
+                        "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
+                        "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
+                        "from skip.size() and h.size()",
+                    )
+                )
         problems = report(problems)  # one line per source line, however many modules share it
         if other.get("loss") != spec.get("loss") or other.get("outputs") != spec.get("outputs"):
-            problems.append(f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
-                            "(fix: reduce over every dim but the first, or over all)")
+            problems.append(
+                f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
+                "(fix: reduce over every dim but the first, or over all)"
+            )
         return problems
     return []
 
 
-CONSTANT_FIX = ("make it once, for one input size, in __init__ and register_buffer it (EdgeNeXt's position "
-                "encoding: the model then runs at that size, any batch; expand it to the batch in forward), or pass "
-                "it in as an input")
+CONSTANT_FIX = (
+    "make it once, for one input size, in __init__ and register_buffer it (EdgeNeXt's position "
+    "encoding: the model then runs at that size, any batch; expand it to the batch in forward), or pass "
+    "it in as an input"
+)
 """The fix for a tensor made in ``forward`` whose values or size follow the input's size."""
 
-FIXES = {"constant": CONSTANT_FIX,
-         "narrow": "crop fixed margins with a negative pad, which takes any size: F.pad(h, [0, 0, -1, -1]) for "
-                   "h[..., 1:-1, :] (left, right, top, bottom)"}
+FIXES = {
+    "constant": CONSTANT_FIX,
+    "narrow": "crop fixed margins with a negative pad, which takes any size: F.pad(h, [0, 0, -1, -1]) for "
+    "h[..., 1:-1, :] (left, right, top, bottom)",
+}
 """The fix for an argument that follows the input's size, by op, where the general one does not work."""
 
 
@@ -75,8 +93,13 @@ def _fixed_sizes(value: Any, again: Any, call) -> list | None:
     the given shapes too (Swin's ``view(N, N, -1)`` of its bias table, N happening to equal the tokens per
     window the code read): those entries as that number; None when any other entry differs."""
     traced = getattr(call.result, "shape", None)
-    if not (isinstance(value, list) and isinstance(again, list) and len(value) == len(again) and traced is not None
-            and len(traced) == len(value)):
+    if not (
+        isinstance(value, list)
+        and isinstance(again, list)
+        and len(value) == len(again)
+        and traced is not None
+        and len(traced) == len(value)
+    ):
         return None
     fixed = []
     for position, (first, second) in enumerate(zip(value, again)):
@@ -103,12 +126,17 @@ def other_sizes(shapes: dict[str, tuple[int, ...]]):
     power-of-two inputs)."""
     batch = {key: (shape[0] + 1, *shape[1:]) if shape else shape for key, shape in shapes.items()}
     spatial = {key: (*shape[:2], *(2 * size for size in shape[2:])) for key, shape in shapes.items()}
-    oblong = {key: (*shape[:2], *((2 + axis % 2) * size for axis, size in enumerate(shape[2:])))
-              for key, shape in shapes.items()}
+    oblong = {
+        key: (*shape[:2], *((2 + axis % 2) * size for axis, size in enumerate(shape[2:])))
+        for key, shape in shapes.items()
+    }
     tried = []
-    for candidate in ({key: (batch[key][:1] + oblong[key][1:]) if shape else shape for key, shape in shapes.items()},
-                      {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()},
-                      batch, spatial):
+    for candidate in (
+        {key: (batch[key][:1] + oblong[key][1:]) if shape else shape for key, shape in shapes.items()},
+        {key: (batch[key][:1] + spatial[key][1:]) if shape else shape for key, shape in shapes.items()},
+        batch,
+        spatial,
+    ):
         if candidate != shapes and candidate not in tried:
             tried.append(candidate)
             yield candidate

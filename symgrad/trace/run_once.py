@@ -33,8 +33,16 @@ def defined_at(hook) -> str:
     return f"{shown_path(code.co_filename)}:{code.co_firstlineno}: " if code is not None else ""
 
 
-def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | None, quiet: bool = False,
-         dtype: torch.dtype | None = None):
+def run_once(
+    function,
+    module,
+    shapes,
+    arguments,
+    dtypes,
+    loss: LossChoice | None,
+    quiet: bool = False,
+    dtype: torch.dtype | None = None,
+):
     """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls; ``dtype``: the
     inputs' (default: the model's own precision)."""
     roots: list[tuple[str, torch.nn.Module]] = [("", module)] if module is not None else []
@@ -48,8 +56,14 @@ def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | Non
     floating += [value.dtype for value in named_tensors.values() if value.is_floating_point()]
     dtype = dtype or (floating[0] if floating else torch.get_default_dtype())  # the model's own precision
     generator = torch.Generator().manual_seed(0)
-    tensors = {key: (torch.zeros(shape, dtype=torch.int64) if dtypes.get(key) == "int64"
-                     else torch.randn(shape, generator=generator, dtype=dtype)) for key, shape in shapes.items()}
+    tensors = {
+        key: (
+            torch.zeros(shape, dtype=torch.int64)
+            if dtypes.get(key) == "int64"
+            else torch.randn(shape, generator=generator, dtype=dtype)
+        )
+        for key, shape in shapes.items()
+    }
     sources: dict[int, Source] = {id(value): Source(key, dtypes.get(key) != "int64") for key, value in tensors.items()}
     sources.update({id(value): Source(key, False) for key, value in named_tensors.items() if id(value) not in sources})
     module_paths: dict[int, str] = {}
@@ -60,15 +74,22 @@ def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | Non
             module_paths.setdefault(id(child), ".".join(part for part in (prefix, path) if part))
         for path, value in root.named_parameters():
             if id(value) not in sources:
-                sources[id(value)] = Source(source_name(prefix, path, root, taken), value.requires_grad,
-                                            path if root is module else None)
+                sources[id(value)] = Source(
+                    source_name(prefix, path, root, taken), value.requires_grad, path if root is module else None
+                )
         for path, value in root.named_buffers():
             if id(value) not in sources:
-                sources[id(value)] = Source(source_name(prefix, path, root, taken), False,
-                                            path if root is module else None)
+                sources[id(value)] = Source(
+                    source_name(prefix, path, root, taken), False, path if root is module else None
+                )
             mutable.add(id(value))
-    saved = [(owner, key, value, value.detach().clone()) for _, root in roots for owner in root.modules()
-             for key, value in owner._buffers.items() if value is not None]
+    saved = [
+        (owner, key, value, value.detach().clone())
+        for _, root in roots
+        for owner in root.modules()
+        for key, value in owner._buffers.items()
+        if value is not None
+    ]
     recorder = Recorder(module_paths)
     recorder.from_integers.update(id(value) for value in tensors.values() if value.dtype == torch.int64)
     recorder.precision = dtype  # constants are recorded as a float64 run of the model makes them
@@ -81,8 +102,10 @@ def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | Non
         refuse_value_reads(recorder)  # ... unless it took a branch from a tensor's value first
         if quiet:
             raise
-        raise TraceError(f"{user_line_of_traceback(error.__traceback__)}: error: running it at "
-                         f"{shapes_text(shapes)} failed: {first_line(error)} (fix: check the --input shapes and --arg values)") from None
+        raise TraceError(
+            f"{user_line_of_traceback(error.__traceback__)}: error: running it at "
+            f"{shapes_text(shapes)} failed: {first_line(error)} (fix: check the --input shapes and --arg values)"
+        ) from None
     finally:  # tracing must not move the model's running statistics, nor put another tensor in a buffer's place
         replaced = [(owner, key) for owner, key, value, _ in saved if owner._buffers.get(key) is not value]
         for owner, key, value, copy in saved:
@@ -92,22 +115,36 @@ def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | Non
     if replaced:
         owner, key = replaced[0]
         buffer = ".".join(part for part in (module_paths.get(id(owner), ""), key) if part)
-        raise TraceError(f"{defined_at(type(owner).forward)}error: the forward puts a new tensor in the buffer "
-                         f"{buffer} (self.{key} = ...), which the explicit training step does not do (fix: return what "
-                         "the update reads as one more output and update the buffer in your training loop, or trace "
-                         "the model without the update)")
+        raise TraceError(
+            f"{defined_at(type(owner).forward)}error: the forward puts a new tensor in the buffer "
+            f"{buffer} (self.{key} = ...), which the explicit training step does not do (fix: return what "
+            "the update reads as one more output and update the buffer in your training loop, or trace "
+            "the model without the update)"
+        )
     if recorder.no_grad_in_checkpoint:
-        raise TraceError(f"{recorder.no_grad_in_checkpoint[0]}: error: turns gradients off inside a "
-                         "torch.utils.checkpoint block, whose own no_grad() hides which values autograd "
-                         "differentiates (fix: compute that value outside the checkpointed function)")
+        raise TraceError(
+            f"{recorder.no_grad_in_checkpoint[0]}: error: turns gradients off inside a "
+            "torch.utils.checkpoint block, whose own no_grad() hides which values autograd "
+            "differentiates (fix: compute that value outside the checkpointed function)"
+        )
     modules = {path: child for path, child in module.named_modules()} if module is not None else {}
-    builder = SpecBuilder(sources, mutable, modules=modules, size_tensors=recorder.size_tensors, quiet=quiet,
-                          arguments={key: value for key, value in tensors.items() if value.is_floating_point()})
+    builder = SpecBuilder(
+        sources,
+        mutable,
+        modules=modules,
+        size_tensors=recorder.size_tensors,
+        quiet=quiet,
+        arguments={key: value for key, value in tensors.items() if value.is_floating_point()},
+    )
     for call in recorder.calls:
         builder.add(call)
     try:
-        outputs = outputs_of(builder, output, returned_at) if loss is None and ends_in_outputs(builder, output) else None
-        loss_entry = loss_of(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
+        outputs = (
+            outputs_of(builder, output, returned_at) if loss is None and ends_in_outputs(builder, output) else None
+        )
+        loss_entry = (
+            loss_of(builder, output, loss, shapes, returned_at) if outputs is None else {"in": None, "target": None}
+        )
     except TraceError as error:  # a custom Function refused at these sizes alone: no other size mends it
         raise builder.function_refusal(error) from None
     layers, used = live_layers(builder, loss_entry, outputs)
@@ -117,8 +154,11 @@ def run_once(function, module, shapes, arguments, dtypes, loss: LossChoice | Non
     for key in [*shapes, *builder.used_sources]:
         if key in used and key not in inputs:
             value = tensors.get(key, builder.used_sources.get(key))
-            inputs[key] = {"shape": list(value.shape), **({"dtype": "int64"} if value.dtype == torch.int64 else {}),
-                           **({"source": state_keys[key]} if key in state_keys else {})}
+            inputs[key] = {
+                "shape": list(value.shape),
+                **({"dtype": "int64"} if value.dtype == torch.int64 else {}),
+                **({"source": state_keys[key]} if key in state_keys else {}),
+            }
     if loss is not None:
         inputs[loss.target] = target_input(builder, output, loss)
     trainable = {source.name for source in sources.values() if source.trainable}
@@ -165,22 +205,34 @@ def refuse_value_reads(recorder: Recorder) -> None:
     for read in recorder.value_reads:
         shown, kind = VALUE_READS.get(read.name, (f"torch.{read.name}", "branch"))
         if kind == "branch" and read.integers:  # transformers' padding_mask.all() (masking_utils.py:369)
-            what = ("decides with the values of an int64 input (a padding mask, ids), so the spec would keep the "
-                    "branch these inputs took, for every input")
-            fix = ("pass the mask as the float tensor the attention adds to its scores, which the code uses as "
-                   "given (transformers: attention_mask of shape [B, 1, 1, T], 0 where attended and -1e4 where "
-                   "padded), or compute the decision outside the traced code")
+            what = (
+                "decides with the values of an int64 input (a padding mask, ids), so the spec would keep the "
+                "branch these inputs took, for every input"
+            )
+            fix = (
+                "pass the mask as the float tensor the attention adds to its scores, which the code uses as "
+                "given (transformers: attention_mask of shape [B, 1, 1, T], 0 where attended and -1e4 where "
+                "padded), or compute the decision outside the traced code"
+            )
         elif kind == "branch":
-            what = ("decides with the value of a tensor computed from the inputs, parameters or random numbers, "
-                    "so the spec would keep the branch these random inputs took, for every input")
-            fix = ("write the choice with tensor ops, so that every input runs the same ops (F.relu(h) for "
-                   "`h if h > 0 else 0`, h.abs(), h.clamp(a, b)); a setting that is not data belongs in a Python "
-                   "attribute or --arg, a check or a log line outside the traced code")
+            what = (
+                "decides with the value of a tensor computed from the inputs, parameters or random numbers, "
+                "so the spec would keep the branch these random inputs took, for every input"
+            )
+            fix = (
+                "write the choice with tensor ops, so that every input runs the same ops (F.relu(h) for "
+                "`h if h > 0 else 0`, h.abs(), h.clamp(a, b)); a setting that is not data belongs in a Python "
+                "attribute or --arg, a check or a log line outside the traced code"
+            )
         else:
-            what = ("takes a number out of a tensor computed from the inputs, parameters or random numbers, so the "
-                    "spec would keep the value these random inputs gave, for every input")
-            fix = ("keep it a tensor and compute with it (x * s, not x * s.item()); a setting that is not data "
-                   "belongs in a Python attribute or --arg, a check or a log line outside the traced code")
+            what = (
+                "takes a number out of a tensor computed from the inputs, parameters or random numbers, so the "
+                "spec would keep the value these random inputs gave, for every input"
+            )
+            fix = (
+                "keep it a tensor and compute with it (x * s, not x * s.item()); a setting that is not data "
+                "belongs in a Python attribute or --arg, a check or a log line outside the traced code"
+            )
         problems.append(Problem(read.where, read.module, shown, what, fix))
     raise Refusal("\n".join(report(problems))) from None
 
@@ -191,8 +243,12 @@ def visible_globals(function) -> dict[str, Any]:
         closure = inspect.getclosurevars(function)
     except (TypeError, ValueError):
         return {}
-    return {key: value for scope in (closure.globals, closure.nonlocals) for key, value in scope.items()
-            if check_identifier(key) is None}
+    return {
+        key: value
+        for scope in (closure.globals, closure.nonlocals)
+        for key, value in scope.items()
+        if check_identifier(key) is None
+    }
 
 
 def source_name(prefix: str, path: str, root: torch.nn.Module, taken: set[str] | None = None) -> str:

@@ -38,14 +38,20 @@ def write_checks(builder: Builder, call: "Call") -> None:
         if decided in (sympy.true, sympy.false) or sympy.simplify(left - right).is_number:
             continue  # the same at every size (H >= 1, H == H)
         symbols = {symbol for side in (left, right) for symbol in side.free_symbols}
-        tensors = {symbol: builder.size_tensors[symbol.index] for symbol in symbols if isinstance(symbol, Dim)
-                   and symbol.index < len(builder.size_tensors)}
+        tensors = {
+            symbol: builder.size_tensors[symbol.index]
+            for symbol in symbols
+            if isinstance(symbol, Dim) and symbol.index < len(builder.size_tensors)
+        }
         names = {builder.node(tensor) for tensor in tensors.values()}
         if len(tensors) != len(symbols) or len(names) != 1 or not isinstance(next(iter(names)), str):
-            builder.fail(call, f"follows a branch on {_text(relation, left, right)} ({holds} when traced, at "
-                               f"{where}), sizes of {'several tensors' if len(names) > 1 else 'no traced node'}, "
-                               "which the spec cannot check at run time",
-                         "compare sizes of one tensor, or take the branch on a Python setting (--arg)")
+            builder.fail(
+                call,
+                f"follows a branch on {_text(relation, left, right)} ({holds} when traced, at "
+                f"{where}), sizes of {'several tensors' if len(names) > 1 else 'no traced node'}, "
+                "which the spec cannot check at run time",
+                "compare sizes of one tensor, or take the branch on a Python setting (--arg)",
+            )
             continue
         name = next(iter(names))
         tensor = next(iter(tensors.values()))
@@ -55,15 +61,30 @@ def write_checks(builder: Builder, call: "Call") -> None:
 
         sides = [_side(side, resolve) for side in (left, right)]
         if any(side is None for side in sides):
-            builder.fail(call, f"follows a branch on {_text(relation, left, right)} ({holds} when traced, at {where}),"
-                               " sizes the spec cannot write", "compare sizes read from one tensor's shape")
+            builder.fail(
+                call,
+                f"follows a branch on {_text(relation, left, right)} ({holds} when traced, at {where}),"
+                " sizes the spec cannot write",
+                "compare sizes read from one tensor's shape",
+            )
             continue
-        values = [int(side.xreplace({symbol: tensors[symbol].shape[symbol.dim] for symbol in symbols}))
-                  if isinstance(side, sympy.Basic) else int(side) for side in (left, right)]
-        layer = {"op": "size_check", "in": name, "left": sides[0], "right": sides[1], "relation": relation,
-                 "holds": bool(holds), "line": where.rsplit("/", 1)[-1],
-                 "text": _short(_text(relation, _named(left, ""), _named(right, "")), name),
-                 VALUES: (_text(relation, _named(left, ""), _named(right, "")), values)}
+        values = [
+            int(side.xreplace({symbol: tensors[symbol].shape[symbol.dim] for symbol in symbols}))
+            if isinstance(side, sympy.Basic)
+            else int(side)
+            for side in (left, right)
+        ]
+        layer = {
+            "op": "size_check",
+            "in": name,
+            "left": sides[0],
+            "right": sides[1],
+            "relation": relation,
+            "holds": bool(holds),
+            "line": where.rsplit("/", 1)[-1],
+            "text": _short(_text(relation, _named(left, ""), _named(right, "")), name),
+            VALUES: (_text(relation, _named(left, ""), _named(right, "")), values),
+        }
         builder.layers.append(layer)
         builder.layer_calls.append(call)
         checked = builder.out_name("size_check", call)
@@ -79,8 +100,13 @@ def _side(expr: sympy.Expr, resolve) -> Any:
 
 def _named(expr: sympy.Expr, name: str) -> sympy.Expr:
     """``expr`` with each size written as the node's (``x.shape[2]``; ``shape[2]`` without a name)."""
-    return expr.xreplace({symbol: sympy.Symbol(f"{name}{'.' if name else ''}shape[{symbol.dim}]")
-                          for symbol in expr.free_symbols if isinstance(symbol, Dim)})
+    return expr.xreplace(
+        {
+            symbol: sympy.Symbol(f"{name}{'.' if name else ''}shape[{symbol.dim}]")
+            for symbol in expr.free_symbols
+            if isinstance(symbol, Dim)
+        }
+    )
 
 
 def _short(text: str, name: str) -> str:
@@ -91,6 +117,7 @@ def _short(text: str, name: str) -> str:
 def _text(relation: str, left: sympy.Expr, right: sympy.Expr) -> str:
     def shown(expr):
         return str(expr).replace("ceiling", "ceil")
+
     return f"{shown(left)} {SYMBOLS[relation]} {shown(right)}"
 
 

@@ -45,5 +45,6 @@ def expand_layer(builder: Builder, source: torch.Tensor, values: tuple, call) ->
     ``call.result``: each size read at run time where it carries its dims or the code read a tensor of it."""
     shape = spec_sizes(values, builder.node, builder.size_tensors, spare=False) or [
         size if size == -1 else size_read(builder, int(size), position, len(values))
-        for position, size in enumerate(values)]
+        for position, size in enumerate(values)
+    ]
     builder.layer("expand", {"input": source, "shape": shape}, call)

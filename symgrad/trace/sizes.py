@@ -76,8 +76,12 @@ def _compare(name: str, relation: str):
     def method(self, other):
         result = getattr(int if isinstance(self, int) else float, name)(self, other)
         theirs = _expr(other)
-        if COMPARED is not None and isinstance(result, bool) and theirs is not None and (
-                self.expr.free_symbols or theirs.free_symbols):
+        if (
+            COMPARED is not None
+            and isinstance(result, bool)
+            and theirs is not None
+            and (self.expr.free_symbols or theirs.free_symbols)
+        ):
             COMPARED.append((relation, self.expr, theirs, result, sys._getframe(1)))
         return result
 
@@ -86,8 +90,14 @@ def _compare(name: str, relation: str):
 
 def _comparisons(cls):
     """``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` of a traced size, recorded (:data:`COMPARED`)."""
-    for name, relation in (("__eq__", "eq"), ("__ne__", "ne"), ("__lt__", "lt"), ("__le__", "le"),
-                           ("__gt__", "gt"), ("__ge__", "ge")):
+    for name, relation in (
+        ("__eq__", "eq"),
+        ("__ne__", "ne"),
+        ("__lt__", "lt"),
+        ("__le__", "le"),
+        ("__gt__", "gt"),
+        ("__ge__", "ge"),
+    ):
         setattr(cls, name, _compare(name, relation))
     return cls
 
@@ -182,8 +192,9 @@ def _text(expr: sympy.Expr) -> str | None:
             return None
         if expr.is_Add:  # * and // bind tighter than +
             return " + ".join(parts)
-        return " * ".join(f"({part})" if isinstance(arg, (sympy.Add, sympy.floor)) else part
-                          for arg, part in zip(expr.args, parts))
+        return " * ".join(
+            f"({part})" if isinstance(arg, (sympy.Add, sympy.floor)) else part for arg, part in zip(expr.args, parts)
+        )
     return None
 
 
@@ -206,6 +217,7 @@ def spec_size(value: Any, resolve) -> dict | None:
         return None
     try:  # the tracer writes only what the spec reads back to the same value
         from ..spec_values import size_expression
+
         by_dim = {symbol.dim: symbol for symbol in expr.free_symbols}
         if sympy.simplify(size_expression(text, lambda dim: by_dim[dim]) - expr) != 0:
             return None
@@ -249,8 +261,9 @@ def spec_sizes(values, node_of, tensors: list[torch.Tensor], spare: bool = True)
         return (found, dim.dim) if isinstance(found, str) else None
 
     entries: list[Any] = [spec_size(value, resolve) or int(value) for value in values]
-    unexpressed = [position for position, value in enumerate(values)
-                   if has_dims(value) and not isinstance(entries[position], dict)]
+    unexpressed = [
+        position for position, value in enumerate(values) if has_dims(value) and not isinstance(entries[position], dict)
+    ]
     if spare and len(unexpressed) == 1 and -1 not in entries:
         entries[unexpressed[0]] = -1
     return entries

@@ -22,8 +22,10 @@ from .size_checks import renamed_nodes
 
 OPTION = "static_sizes=True"
 CLI_OPTION = "--static-sizes"
-STATIC_FIX = (f"or, where the code cannot change, trace at these sizes alone: {CLI_OPTION} (symgrad.trace(..., "
-              f"{OPTION})), whose generated code and bound model refuse any other input size")
+STATIC_FIX = (
+    f"or, where the code cannot change, trace at these sizes alone: {CLI_OPTION} (symgrad.trace(..., "
+    f"{OPTION})), whose generated code and bound model refuse any other input size"
+)
 """The fix added to each refusal of code that follows the input's size."""
 
 
@@ -34,6 +36,7 @@ class RefusedElsewhere(Exception):
 def second_runs(run, refused: list):
     """``run`` for ``rerun.size_dependence``, which tries the next sizes where a run fails: a refusal of the code
     at those sizes (a constant too large there) is noted in ``refused`` as it goes on."""
+
     def wrapped(changed):
         try:
             return run(changed)
@@ -57,8 +60,11 @@ def refused_elsewhere(refused: list) -> list[str]:
     line = str(error).splitlines()[0]
     where, marker, rest = line.partition("error: ")
     sizes = shapes_words({key: tuple(shape) for key, shape in changed.items()})
-    return [f"{where}{marker}at {sizes} (the second run, which finds what follows the input's size), {rest}"
-            if marker else line]
+    return [
+        f"{where}{marker}at {sizes} (the second run, which finds what follows the input's size), {rest}"
+        if marker
+        else line
+    ]
 
 
 def with_static_fix(problems: list[str]) -> list[str]:
@@ -86,24 +92,34 @@ def shapes_words(shapes: dict[str, tuple[int, ...]]) -> str:
     return ", ".join(f"{key}=[{', '.join(map(str, shape))}]" for key, shape in shapes.items())
 
 
-def guard_sizes(spec: dict, calls: list, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str],
-                where: str) -> dict[str, list[int]]:
+def guard_sizes(
+    spec: dict, calls: list, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], where: str
+) -> dict[str, list[int]]:
     """Put a ``size_check`` of each size of each floating input first in ``spec``'s layers (and a call for each
     in ``calls``, at ``where``, in no module); every later read of the input reads it through its checks. The
     guarded sizes, by input, for the guards (:func:`symgrad.bound_model`'s check at each call)."""
-    guarded = {key: list(shape) for key, shape in shapes.items()
-               if dtypes.get(key) != "int64" and key in spec["inputs"]}
+    guarded = {
+        key: list(shape) for key, shape in shapes.items() if dtypes.get(key) != "int64" and key in spec["inputs"]
+    }
     taken = {layer.get("out") for layer in spec["layers"]} | set(spec["inputs"])
     checks, renamed = [], {}
     for key, shape in guarded.items():
         current = key
         for dim, size in enumerate(shape):
             out = _free(_check_name(key, dim), taken)
-            checks.append({"op": "size_check", "in": current, "left": {"like": current, "dims": [dim]},
-                           "right": int(size), "relation": "eq", "holds": True, "line": where,
-                           "text": f"{key}.shape[{dim}] == {size} ({OPTION}; at other sizes trace again "
-                                   f"with {CLI_OPTION})",
-                           "out": out})
+            checks.append(
+                {
+                    "op": "size_check",
+                    "in": current,
+                    "left": {"like": current, "dims": [dim]},
+                    "right": int(size),
+                    "relation": "eq",
+                    "holds": True,
+                    "line": where,
+                    "text": f"{key}.shape[{dim}] == {size} ({OPTION}; at other sizes trace again with {CLI_OPTION})",
+                    "out": out,
+                }
+            )
             current = out
         renamed[key] = current
     layers = [renamed_nodes(layer, renamed) for layer in spec["layers"]]
@@ -121,8 +137,10 @@ def guard_sizes(spec: dict, calls: list, shapes: dict[str, tuple[int, ...]], dty
 def _check_name(key: str, dim: int) -> str:
     """The name of the check of ``key``'s size ``dim``: ``x_size0``, or ``size0_of_mask`` where the first is
     not allowed in generated code (an input ``mask`` or ``grad_x``: ``mask_`` and ``grad_`` are reserved)."""
-    return next((name for name in (f"{key}_size{dim}", f"size{dim}_of_{key}") if check_identifier(name) is None),
-                f"size{dim}_checked")
+    return next(
+        (name for name in (f"{key}_size{dim}", f"size{dim}_of_{key}") if check_identifier(name) is None),
+        f"size{dim}_checked",
+    )
 
 
 def _free(name: str, taken: set) -> str:

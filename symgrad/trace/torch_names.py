@@ -25,13 +25,24 @@ def torch_signature(op: str) -> tuple[str, ...]:
         except (TypeError, ValueError):  # a builtin (F.conv2d is torch.conv2d)
             pass
         else:
-            return tuple(parameter.name for parameter in parameters
-                         if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    forms = [form for candidate in (getattr(torch, op, None), function) if candidate is not None
-             for form in get_signature_for_torch_op(candidate) or []
-             if any("Tensor" in str(parameter.annotation) for parameter in form.parameters.values())]
-    positional = [tuple(parameter.name for parameter in form.parameters.values()
-                        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD) for form in forms]
+            return tuple(
+                parameter.name for parameter in parameters if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            )
+    forms = [
+        form
+        for candidate in (getattr(torch, op, None), function)
+        if candidate is not None
+        for form in get_signature_for_torch_op(candidate) or []
+        if any("Tensor" in str(parameter.annotation) for parameter in form.parameters.values())
+    ]
+    positional = [
+        tuple(
+            parameter.name
+            for parameter in form.parameters.values()
+            if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        )
+        for form in forms
+    ]
     if not positional:
         raise LookupError(f"PyTorch has no signature for {op}: give the rule a `signature`")
     return max(positional, key=len)
@@ -54,8 +65,12 @@ SIGNATURES = _signatures(LAYER_RULES.values())
 LOSSES = {name: positional for name, (_, positional) in _signatures(LOSS_RULES.values()).items()}
 """Recorded loss call -> PyTorch's positional argument names."""
 
-BY_FUNCTION = {torch.batch_norm: ("batch_norm", ("input", "weight", "bias", "running_mean", "running_var", "training",
-                                                 "momentum", "eps", "cudnn_enabled"))}
+BY_FUNCTION = {
+    torch.batch_norm: (
+        "batch_norm",
+        ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps", "cudnn_enabled"),
+    )
+}
 """``torch.*`` functions whose arguments come in another order than their ``torch.nn.functional`` namesakes'."""
 
 NEUTRAL = {"alpha": 1, "scale": 1, "input_scale": 1}
@@ -80,24 +95,25 @@ DROPOUT = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "f
 IN_PLACE_BOOKKEEPING = {"add_", "sub_", "mul_", "fill_", "zero_", "copy_", "__iadd__", "lerp_", "addcmul_"}
 """In-place calls on a buffer (BatchNorm's ``num_batches_tracked += 1``): statistics bookkeeping."""
 
-CONSTANT = ("reads a tensor made inside the traced code from numbers alone (torch.full, torch.ones_like, "
-            "torch.tensor), which a spec holds only as a number broadcast against a tensor, as a map filled "
-            "with one value whose sizes are read from a traced tensor, or as a constant layer of at most 4096 "
-            "floating-point values, read with a traced tensor and never written into",
-            "write the number (x * 0.5, not x * torch.full_like(x, 0.5) broadcast wider than x), or make it a "
-            "buffer (self.register_buffer('name', tensor) in __init__) so that it becomes an input")
+CONSTANT = (
+    "reads a tensor made inside the traced code from numbers alone (torch.full, torch.ones_like, "
+    "torch.tensor), which a spec holds only as a number broadcast against a tensor, as a map filled "
+    "with one value whose sizes are read from a traced tensor, or as a constant layer of at most 4096 "
+    "floating-point values, read with a traced tensor and never written into",
+    "write the number (x * 0.5, not x * torch.full_like(x, 0.5) broadcast wider than x), or make it a "
+    "buffer (self.register_buffer('name', tensor) in __init__) so that it becomes an input",
+)
 """The problem and fix when a constant made inside forward is read where no number can stand for it."""
 
 FIXES = {
     "detach": "a stop-gradient is not expressed, and removing it changes the gradients: where the detached value "
-              "does not depend on what is trained (a target from the input), compute it before the forward and pass "
-              "it in; a straight-through estimator (z + (q - z).detach()) cannot be traced: train that model "
-              "with autograd",
+    "does not depend on what is trained (a target from the input), compute it before the forward and pass "
+    "it in; a straight-through estimator (z + (q - z).detach()) cannot be traced: train that model "
+    "with autograd",
     "multi_head_attention_forward": "write the attention as timm's Attention does, with the same weights: "
-                                    "qkv = nn.Linear(dim, 3 * dim) (in_proj_weight, in_proj_bias), q, k, v from "
-                                    "qkv(x).reshape(B, N, 3, heads, dim // heads).permute(2, 0, 3, 1, 4).unbind(0), "
-                                    "F.scaled_dot_product_attention(q, k, v), then out_proj as an nn.Linear",
+    "qkv = nn.Linear(dim, 3 * dim) (in_proj_weight, in_proj_bias), q, k, v from "
+    "qkv(x).reshape(B, N, 3, heads, dim // heads).permute(2, 0, 3, 1, 4).unbind(0), "
+    "F.scaled_dot_product_attention(q, k, v), then out_proj as an nn.Linear",
     "__getitem__": "index with start:stop ranges, ints, None and ... (x[:, :, 2:10], x[:, 0], x[:, None]), or "
-                   "with one int64 buffer or argument (x[:, self.index]); write other indexing as narrow, cat and reshape",
+    "with one int64 buffer or argument (x[:, self.index]); write other indexing as narrow, cat and reshape",
 }
-

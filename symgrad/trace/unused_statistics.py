@@ -31,12 +31,12 @@ def moves_statistics(layer: dict) -> bool:
     return False
 
 
-def refuse_unused_statistics(layers: list[dict], live: list[dict], calls: list[Call],
-                             modules: dict[str, torch.nn.Module]) -> None:
+def refuse_unused_statistics(
+    layers: list[dict], live: list[dict], calls: list[Call], modules: dict[str, torch.nn.Module]
+) -> None:
     """Refuse, in one line, the first call that moves running statistics and reaches no output."""
     kept = {id(layer) for layer in live}
-    dead = [(call, layer) for call, layer in zip(calls, layers)
-            if id(layer) not in kept and moves_statistics(layer)]
+    dead = [(call, layer) for call, layer in zip(calls, layers) if id(layer) not in kept and moves_statistics(layer)]
     if not dead:
         return
     used = set()  # every module a live layer ran inside, with its ancestors
@@ -55,30 +55,40 @@ def refuse_unused_statistics(layers: list[dict], live: list[dict], calls: list[C
     call, layer = dead[0]
     kind = type(modules[call.module]).__name__ if call.module in modules else layer["op"]
     named = f"{call.module} ({kind})" if call.module else f"a {layer['op']}"
-    more = "" if len(dead) == 1 else f", and {len(dead) - 1} more" + (
-        f" under {', '.join(tops)}" if tops else "")
+    more = "" if len(dead) == 1 else f", and {len(dead) - 1} more" + (f" under {', '.join(tops)}" if tops else "")
     example = "; ".join(f"{_expression(top)}.eval()" for top in tops) if tops else ""
     option = ",".join(f"{top}=eval" for top in tops)
-    fix = (f"put it in eval mode before tracing and training, e.g. {example} (symgrad "
-           f"trace: --modes {option}), so that autograd does not move its statistics either, or "
-           "remove the modules whose output is unused") if example else (
-        "remove the call whose output is unused, or put the module in eval mode before tracing "
-        "and training where all its calls are unused")
-    raise Refusal(f"{call.where}: error: {named} runs in training mode and its output reaches no "
-                  "output or loss, so autograd's step moves its running statistics and the bound "
-                  f"step, which computes only what reaches them, would not{more} (fix: {fix})")
+    fix = (
+        (
+            f"put it in eval mode before tracing and training, e.g. {example} (symgrad "
+            f"trace: --modes {option}), so that autograd does not move its statistics either, or "
+            "remove the modules whose output is unused"
+        )
+        if example
+        else (
+            "remove the call whose output is unused, or put the module in eval mode before tracing "
+            "and training where all its calls are unused"
+        )
+    )
+    raise Refusal(
+        f"{call.where}: error: {named} runs in training mode and its output reaches no "
+        "output or loss, so autograd's step moves its running statistics and the bound "
+        f"step, which computes only what reaches them, would not{more} (fix: {fix})"
+    )
 
 
-def _outermost_unused(path: str, used: set[str],
-                      modules: dict[str, torch.nn.Module]) -> str | None:
+def _outermost_unused(path: str, used: set[str], modules: dict[str, torch.nn.Module]) -> str | None:
     """The outermost module holding ``path`` that ran no live layer, or None where ``path`` itself
     did; a ModuleList or ModuleDict, which has no forward of its own, is not climbed past
     (``blocks[5]``, not ``blocks``)."""
     if not path or path in used:
         return None
     parts = path.split(".")
-    while len(parts) > 1 and ".".join(parts[:-1]) not in used and not isinstance(
-            modules.get(".".join(parts[:-1])), CONTAINERS):
+    while (
+        len(parts) > 1
+        and ".".join(parts[:-1]) not in used
+        and not isinstance(modules.get(".".join(parts[:-1])), CONTAINERS)
+    ):
         parts.pop()
     return ".".join(parts)
 

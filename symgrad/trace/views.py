@@ -55,8 +55,11 @@ def pass_through(builder: Builder, call: Call) -> None:
     if result.dtype != source.dtype or result.device != source.device:
         if casts.convert(builder, call):
             return
-        builder.fail(call, f"converts {source.dtype} on {source.device} to {result.dtype} on {result.device}",
-                     "trace at the dtype and device the model runs in, without conversions")
+        builder.fail(
+            call,
+            f"converts {source.dtype} on {source.device} to {result.dtype} on {result.device}",
+            "trace at the dtype and device the model runs in, without conversions",
+        )
         return
     builder.alias(call, source)
 
@@ -66,18 +69,25 @@ def reshape(builder: Builder, call: Call) -> None:
     source, result = call.arguments[0], call.result
     shape = call_sizes(call, "shape", "size")
     kept = result.dim() - 1  # (N, -1) is flatten(start_dim=1), whatever N is
-    if (0 <= kept < source.dim() and tuple(source.shape[:kept]) == tuple(result.shape[:kept])
-            and math.prod(source.shape[kept:]) == result.shape[kept]):
+    if (
+        0 <= kept < source.dim()
+        and tuple(source.shape[:kept]) == tuple(result.shape[:kept])
+        and math.prod(source.shape[kept:]) == result.shape[kept]
+    ):
         return builder.layer("flatten", {"input": source, "start_dim": kept}, call)
     if tuple(result.shape) == tuple(source.shape):
         return builder.alias(call, source)
-    traced = sizes.spec_sizes(shape, builder.node, builder.size_tensors)  # sizes that carry the dims they were read from
+    traced = sizes.spec_sizes(
+        shape, builder.node, builder.size_tensors
+    )  # sizes that carry the dims they were read from
     if traced is not None:
         return builder.layer("reshape", {"input": source, "shape": traced}, call)
     shape = [int(size) for size in shape]
     if shape and -1 not in shape and shape[0] == source.shape[0] and source.dim() > 0:
         shape[0] = -1  # the batch, read from the input: (N, C, 4, 16) stays shape-generic
-    shape = [size if size == -1 else size_read(builder, size, position, len(shape)) for position, size in enumerate(shape)]
+    shape = [
+        size if size == -1 else size_read(builder, size, position, len(shape)) for position, size in enumerate(shape)
+    ]
     builder.layer("reshape", {"input": source, "shape": shape}, call)
 
 
@@ -101,9 +111,12 @@ def expand(builder: Builder, call: Call) -> None:
             return builder.unknown(call)
         shape: list[Any] = [{"like": builder.node(other)} for _ in range(other.dim())]  # fresh dicts: no YAML aliases
     else:
-        shape = sizes.spec_sizes(call_sizes(call, "size", "shape"), builder.node, builder.size_tensors, spare=False) or [
+        shape = sizes.spec_sizes(
+            call_sizes(call, "size", "shape"), builder.node, builder.size_tensors, spare=False
+        ) or [
             size if size == -1 else size_read(builder, size, position, len(call_sizes(call, "size", "shape")))
-            for position, size in enumerate(int(size) for size in call_sizes(call, "size", "shape"))]
+            for position, size in enumerate(int(size) for size in call_sizes(call, "size", "shape"))
+        ]
     if not isinstance(source, torch.Tensor):
         return builder.unknown(call)
     builder.layer("expand", {"input": source, "shape": shape}, call)
@@ -128,9 +141,11 @@ def basic_index(builder: Builder, call: Call) -> None:
     taken = sum(1 for item in index if item is not None and item is not Ellipsis)  # dims the index reads
     if sum(1 for item in index if item is Ellipsis) == 1:
         position = index.index(Ellipsis)
-        index = index[:position] + (slice(None),) * max(source.dim() - taken, 0) + index[position + 1:]
+        index = index[:position] + (slice(None),) * max(source.dim() - taken, 0) + index[position + 1 :]
     if not all(item is None or isinstance(item, slice) or is_int(item) for item in index) or taken > source.dim():
-        builder.fail(call, "indexes with something other than start:stop slices, ints, None and ...", FIXES["__getitem__"])
+        builder.fail(
+            call, "indexes with something other than start:stop slices, ints, None and ...", FIXES["__getitem__"]
+        )
         return
     current, dim, out, squeezed, new = source, 0, 0, [], []
     for item in index:
@@ -222,9 +237,16 @@ def norm(builder: Builder, call: Call) -> None:
         return builder.fail(call, "converts the dtype", "leave dtype out")
     dims = bound.get("dim")
     p = bound.get("p", 2)
-    builder.layer("vector_norm", {"x": bound["input"], "ord": 2 if p in ("fro", 2.0) else p,
-                                  "dim": None if dims is None else [dims] if isinstance(dims, int) else list(dims),
-                                  "keepdim": bool(bound.get("keepdim", False))}, call)
+    builder.layer(
+        "vector_norm",
+        {
+            "x": bound["input"],
+            "ord": 2 if p in ("fro", 2.0) else p,
+            "dim": None if dims is None else [dims] if isinstance(dims, int) else list(dims),
+            "keepdim": bool(bound.get("keepdim", False)),
+        },
+        call,
+    )
 
 
 @handles("__rsub__")

@@ -16,8 +16,18 @@ from benchmarks import architectures  # noqa: E402
 
 
 def _row(label):
-    return {"label": label, "traced": "x=[2, 3]", "layers": 1, "blocks": 0, "module lines": 10, "widest": 50,
-            "trace": 0.1, "generate": 0.2, "test": 0.3, "result": "8 passed"}
+    return {
+        "label": label,
+        "traced": "x=[2, 3]",
+        "layers": 1,
+        "blocks": 0,
+        "module lines": 10,
+        "widest": 50,
+        "trace": 0.1,
+        "generate": 0.2,
+        "test": 0.3,
+        "result": "8 passed",
+    }
 
 
 def test_rows_are_added_to_the_results_file_as_they_come_in_the_order_asked(tmp_path, monkeypatch):
@@ -40,7 +50,10 @@ def test_rows_are_added_to_the_results_file_as_they_come_in_the_order_asked(tmp_
     assert ran == ["b", "c"]
     text = output.read_text()
     assert text.startswith("# a header kept\n") and text.count("| architecture |") == 1, text
-    assert text.splitlines()[-2:] == ["| earlier | x |", "| b | x=[2, 3] | 1 | 0 | 10 | 50 | 0.1 | 0.2 | 0.3 | 8 passed |"]
+    assert text.splitlines()[-2:] == [
+        "| earlier | x |",
+        "| b | x=[2, 3] | 1 | 0 | 10 | 50 | 0.1 | 0.2 | 0.3 | 8 passed |",
+    ]
 
 
 def test_an_unknown_label_is_refused_in_one_line(monkeypatch, capsys):

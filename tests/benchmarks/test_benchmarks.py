@@ -34,9 +34,14 @@ def test_every_variant_computes_the_same_gradients():
 def test_the_opacus_peer_computes_the_per_sample_gradients():
     module = load_generated(SEEDS["seed3"])
     generator = torch.Generator().manual_seed(3)
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64)
-              for name, shape in seed_shapes("seed3", "small").items()}
-    inputs["x"], inputs["y"] = inputs["x"].repeat(3, 1, 1, 1), inputs["y"].repeat(3, 1, 1, 1) * torch.arange(3.0).reshape(3, 1, 1, 1)
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64)
+        for name, shape in seed_shapes("seed3", "small").items()
+    }
+    inputs["x"], inputs["y"] = (
+        inputs["x"].repeat(3, 1, 1, 1),
+        inputs["y"].repeat(3, 1, 1, 1) * torch.arange(3.0).reshape(3, 1, 1, 1),
+    )
     expected = module.per_sample_gradients(**inputs)
     for actual, reference in zip(unfold_einsum_per_sample(**inputs), expected):
         assert torch.allclose(actual, reference, rtol=1e-10, atol=1e-12)
@@ -46,8 +51,10 @@ def test_peak_memory_sees_a_known_allocation():
     """Measured as the benchmark measures: in a fresh process with glibc's mmap threshold fixed (in
     a long-lived process freed heap can be reused, and a new tensor then adds no resident memory)."""
     environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    script = ("import torch; from benchmarks.measure import peak_growth_bytes; "
-              "print(peak_growth_bytes(lambda: torch.randn(4 * 2**20), 'cpu'))")  # 16 MiB of float32
+    script = (
+        "import torch; from benchmarks.measure import peak_growth_bytes; "
+        "print(peak_growth_bytes(lambda: torch.randn(4 * 2**20), 'cpu'))"
+    )  # 16 MiB of float32
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, check=True)
     growth = int(output.stdout.strip().splitlines()[-1])
     assert 12 * 2**20 <= growth <= 40 * 2**20
@@ -55,13 +62,24 @@ def test_peak_memory_sees_a_known_allocation():
 
 def test_measure_command_prints_json():
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    output = subprocess.run([sys.executable, "-m", "benchmarks.measure", "seed1-small", "--timing", "--repeats", "2"],
-                            capture_output=True, text=True, env=environment, cwd=ROOT, check=True)
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.measure", "seed1-small", "--timing", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        check=True,
+    )
     result = json.loads(output.stdout.strip().splitlines()[-1])
-    assert set(result) == {"symgrad gradients", "torch.autograd.grad", "torch.func.grad",
-                           "autograd.grad, channels_last inputs", "symgrad gradients, channels_last inputs",
-                           "symgrad loss_with_explicit_backward().backward()",
-                           "autograd loss.backward()"}
+    assert set(result) == {
+        "symgrad gradients",
+        "torch.autograd.grad",
+        "torch.func.grad",
+        "autograd.grad, channels_last inputs",
+        "symgrad gradients, channels_last inputs",
+        "symgrad loss_with_explicit_backward().backward()",
+        "autograd loss.backward()",
+    }
     assert all(row["median"] > 0 for row in result.values())
 
 
@@ -78,8 +96,9 @@ def test_benchmark_writes_to_its_own_output_not_the_committed_report(tmp_path: P
     calls = []
     runner_measure, runner_generation = side_by_side.run_measurement, side_by_side.generation_table
     try:
-        side_by_side.run_measurement = lambda case_name, *arguments: calls.append(case_name) or (
-            {"gflops": 100.0} if case_name == "gemm" else {})
+        side_by_side.run_measurement = lambda case_name, *arguments: (
+            calls.append(case_name) or ({"gflops": 100.0} if case_name == "gemm" else {})
+        )
         side_by_side.generation_table = lambda quick: ""
         os.chdir(tmp_path)
         assert runner.main(["--cases", "--plot", ""]) == 0
@@ -104,12 +123,26 @@ def test_a_saved_run_renders_again_with_its_verdicts(tmp_path: Path):
     import benchmarks.__main__ as runner
 
     def row(variant, median, peak):
-        return {"case": "seed1-small", "variant": variant, "median": median, "min": median, "max": median,
-                "flops": None, "peak_bytes": peak}
+        return {
+            "case": "seed1-small",
+            "variant": variant,
+            "median": median,
+            "min": median,
+            "max": median,
+            "flops": None,
+            "peak_bytes": peak,
+        }
 
     saved = tmp_path / "run.json"
-    saved.write_text(json.dumps({"ceiling": 100.0, "generation": "", "rows": [
-        row("symgrad gradients", 0.002, 10), row("torch.autograd.grad", 0.001, 10)]}))
+    saved.write_text(
+        json.dumps(
+            {
+                "ceiling": 100.0,
+                "generation": "",
+                "rows": [row("symgrad gradients", 0.002, 10), row("torch.autograd.grad", 0.001, 10)],
+            }
+        )
+    )
     output = tmp_path / "report.md"
     assert runner.main(["--rows", str(saved), "--output", str(output), "--plot", ""]) == 0
     report = output.read_text()
@@ -123,13 +156,30 @@ def test_saved_runs_of_one_device_join_and_of_two_devices_refuse(tmp_path: Path)
     import benchmarks.__main__ as runner
 
     def run(device, case_name):
-        return {"ceiling": 100.0, "generation": "", "device": device, "machine": f"the {device} machine",
-                "date": "2026-01-02", "rows": [
-                    {"case": case_name, "variant": variant, "median": median, "min": median, "max": median,
-                     "flops": None, "peak_bytes": 10}
-                    for variant, median in (("symgrad gradients", 0.001), ("torch.autograd.grad", 0.002))]}
+        return {
+            "ceiling": 100.0,
+            "generation": "",
+            "device": device,
+            "machine": f"the {device} machine",
+            "date": "2026-01-02",
+            "rows": [
+                {
+                    "case": case_name,
+                    "variant": variant,
+                    "median": median,
+                    "min": median,
+                    "max": median,
+                    "flops": None,
+                    "peak_bytes": 10,
+                }
+                for variant, median in (("symgrad gradients", 0.001), ("torch.autograd.grad", 0.002))
+            ],
+        }
+
     paths = []
-    for index, (device, case_name) in enumerate((("cuda", "seed1-small"), ("cuda", "seed2-small"), ("cpu", "seed3-small"))):
+    for index, (device, case_name) in enumerate(
+        (("cuda", "seed1-small"), ("cuda", "seed2-small"), ("cpu", "seed3-small"))
+    ):
         paths.append(tmp_path / f"{index}.json")
         paths[-1].write_text(json.dumps(run(device, case_name)))
     output = tmp_path / "report.md"
@@ -148,17 +198,41 @@ def test_training_runs_of_one_lease_merge_their_tags_apart_and_a_graph_pool_unco
     from benchmarks import training
 
     def row(variant, median, peak, **extra):
-        return {"network": "resnet18", "batch": 32, "size": 224, "width": 64, "variant": variant,
-                "median": median, "min": median, "max": median, "peak_bytes": peak * 2 ** 20, **extra}
+        return {
+            "network": "resnet18",
+            "batch": 32,
+            "size": 224,
+            "width": 64,
+            "variant": variant,
+            "median": median,
+            "min": median,
+            "max": median,
+            "peak_bytes": peak * 2**20,
+            **extra,
+        }
 
     def run(rows, failures=(), overhead=()):
-        return {"machine": "the GPU", "device": "cuda", "date": "2026-01-02", "repeats": 7, "rows": rows,
-                "failures": list(failures), "overhead": list(overhead)}
+        return {
+            "machine": "the GPU",
+            "device": "cuda",
+            "date": "2026-01-02",
+            "repeats": 7,
+            "rows": rows,
+            "failures": list(failures),
+            "overhead": list(overhead),
+        }
 
-    eager = run([row("symgrad.bind, channels_last, CUDA graph", 0.006, 700), row("autograd, channels_last", 0.010, 600)])
-    compiled = run([row("symgrad.bind, channels_last, CUDA graph", 0.0066, 700, tag="compiled run"),
-                    row("autograd, torch.compile reduce-overhead", 0.0065, 0, tag="compiled run", pool_uncounted=True),
-                    row("autograd", 0.012, 650, tag="compiled run")], failures=["resnet18: it raised"])
+    eager = run(
+        [row("symgrad.bind, channels_last, CUDA graph", 0.006, 700), row("autograd, channels_last", 0.010, 600)]
+    )
+    compiled = run(
+        [
+            row("symgrad.bind, channels_last, CUDA graph", 0.0066, 700, tag="compiled run"),
+            row("autograd, torch.compile reduce-overhead", 0.0065, 0, tag="compiled run", pool_uncounted=True),
+            row("autograd", 0.012, 650, tag="compiled run"),
+        ],
+        failures=["resnet18: it raised"],
+    )
     paths = []
     for index, saved in enumerate((eager, compiled, {**eager, "device": "cpu"})):
         paths.append(tmp_path / f"{index}.json")
@@ -166,9 +240,13 @@ def test_training_runs_of_one_lease_merge_their_tags_apart_and_a_graph_pool_unco
     output = tmp_path / "B.md"
     assert training.main(["--rows", str(paths[0]), str(paths[1]), "--output", str(output)]) == 0
     report = output.read_text()
-    assert "| resnet18 32 × 224², float32 | symgrad.bind, channels_last, CUDA graph | 1.67× | 1.17× | missed |" in report
-    assert ("| resnet18 32 × 224² (compiled run), float32 | symgrad.bind, channels_last, CUDA graph | 0.98× | 1.08× "
-            "| missed |") in report  # against reduce-overhead's speed, the default layout's memory (650 MiB)
+    assert (
+        "| resnet18 32 × 224², float32 | symgrad.bind, channels_last, CUDA graph | 1.67× | 1.17× | missed |" in report
+    )
+    assert (
+        "| resnet18 32 × 224² (compiled run), float32 | symgrad.bind, channels_last, CUDA graph | 0.98× | 1.08× "
+        "| missed |"
+    ) in report  # against reduce-overhead's speed, the default layout's memory (650 MiB)
     assert "| 0.0 MiB † |" in report and "- resnet18: it raised" in report
     with pytest.raises(SystemExit, match="more than one device"):
         training.main(["--rows", str(paths[0]), str(paths[2]), "--output", str(output)])
@@ -191,6 +269,7 @@ def test_the_device_check_passes_on_the_cpu_and_fails_a_wrong_gradient(monkeypat
         right = tests.module.gradients
         tests.module.gradients = lambda *a, **k: type(right(*a, **k))(*(g * (1 + 1e-6) for g in right(*a, **k)))
         return tests
+
     monkeypatch.setattr(device_check, "load_module", with_a_wrong_gradient)
     assert not device_check.check_module(sorted((ROOT / "generated").glob("test_*.py"))[0], "cpu", quick=True)
 
@@ -207,9 +286,16 @@ def test_the_trials_compare_forms_that_agree_and_modules_that_differ_only_in_lay
     assert "channels_last" in (ROOT / "generated" / f"{SEEDS['seed3']}.py").read_text()
     default, committed = module_from_source(code, "seed3_default_layout"), load_generated(SEEDS["seed3"])
     generator = torch.Generator().manual_seed(4)
-    inputs = {name: torch.randn(shape, dtype=torch.float64, generator=generator)
-              for name, shape in {"x": (2, 3, 32, 32), "w1": (3, 3, 3, 3), "w2": (1, 3, 3, 3), "k": (2, 1, 32, 32),
-                                  "y": (2, 2, 1, 1)}.items()}
+    inputs = {
+        name: torch.randn(shape, dtype=torch.float64, generator=generator)
+        for name, shape in {
+            "x": (2, 3, 32, 32),
+            "w1": (3, 3, 3, 3),
+            "w2": (1, 3, 3, 3),
+            "k": (2, 1, 32, 32),
+            "y": (2, 2, 1, 1),
+        }.items()
+    }
     for ours, theirs in zip(default.gradients(**inputs), committed.gradients(**inputs)):
         assert relative_error(ours, theirs) <= 1e-12  # the layouts sum in different orders
 
@@ -224,12 +310,16 @@ def test_only_the_memory_processes_change_the_allocator(monkeypatch):
     def fake_run(command, env, **keywords):
         seen[tuple(command[3:])] = env.get("MALLOC_MMAP_THRESHOLD_")
         return subprocess.CompletedProcess(command, 0, stdout="{}\n", stderr="")
+
     monkeypatch.setattr(side_by_side.subprocess, "run", fake_run)
     side_by_side.run_measurement("gemm", "-", "--device", "cpu")
     side_by_side.run_measurement("seed1-small", "--timing", "--device", "cpu")
     side_by_side.run_measurement("seed1-small", "symgrad gradients", "--device", "cpu")
-    assert seen == {("gemm", "-", "--device", "cpu"): None, ("seed1-small", "--timing", "--device", "cpu"): None,
-                    ("seed1-small", "symgrad gradients", "--device", "cpu"): "65536"}
+    assert seen == {
+        ("gemm", "-", "--device", "cpu"): None,
+        ("seed1-small", "--timing", "--device", "cpu"): None,
+        ("seed1-small", "symgrad gradients", "--device", "cpu"): "65536",
+    }
 
 
 def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
@@ -297,8 +387,9 @@ def test_the_zoo_networks_training_steps_agree(tmp_path: Path, network: str):
     """The ConvNeXt-, EfficientNet- and MobileNetV3-style rows: the bound step is autograd's, step after step."""
     from benchmarks import training
 
-    variants = training.step_variants(network, 2, 32, 8, tmp_path, ["symgrad.bind", "autograd", "symgrad.bind, AMP",
-                                                                    "autograd, AMP"])
+    variants = training.step_variants(
+        network, 2, 32, 8, tmp_path, ["symgrad.bind", "autograd", "symgrad.bind, AMP", "autograd, AMP"]
+    )
     for step in range(2):
         losses = {name: function().item() for name, function in variants.items()}
         assert abs(losses["symgrad.bind"] - losses["autograd"]) <= 1e-5 * abs(losses["autograd"]), (step, losses)
@@ -310,28 +401,55 @@ def test_the_training_report_judges_against_autograds_best_layout(tmp_path: Path
     from benchmarks.report import write_section
 
     def row(variant, median, peak):
-        return {"network": "resnet18", "batch": 8, "size": 112, "width": 64, "variant": variant, "median": median,
-                "min": median, "max": median, "peak_bytes": peak}
+        return {
+            "network": "resnet18",
+            "batch": 8,
+            "size": 112,
+            "width": 64,
+            "variant": variant,
+            "median": median,
+            "min": median,
+            "max": median,
+            "peak_bytes": peak,
+        }
 
-    saved = {"machine": "test", "date": "2026-11-23", "repeats": 3,
-             "rows": [row("symgrad.bind", 1.1, 90), row("autograd", 1.2, 100), row("autograd, channels_last", 1.0, 120)]}
+    saved = {
+        "machine": "test",
+        "date": "2026-11-23",
+        "repeats": 3,
+        "rows": [row("symgrad.bind", 1.1, 90), row("autograd", 1.2, 100), row("autograd, channels_last", 1.0, 120)],
+    }
     text = training.render(saved)
     assert "| resnet18 8 × 112², float32 | symgrad.bind | 0.91× | 0.90× | missed |" in text  # slower than channels_last
-    saved["rows"] += [row("autograd, torch.compile", 0.9, 130), row("symgrad.bind, AMP", 0.5, 60),
-                      row("autograd, AMP", 0.6, 70)]
+    saved["rows"] += [
+        row("autograd, torch.compile", 0.9, 130),
+        row("symgrad.bind, AMP", 0.5, 60),
+        row("autograd, AMP", 0.6, 70),
+    ]
     text = training.render(saved)
     assert "| resnet18 8 × 112², float32 | symgrad.bind | 0.82× | 0.90× | missed |" in text  # compiled: faster still
     assert "| resnet18 8 × 112², AMP | symgrad.bind, AMP | 1.20× | 0.86× | met |" in text  # against autocast only
     saved["rows"].append(row("symgrad.bind, channels_last", 0.85, 95))  # the faster bound layout is judged
-    assert "| resnet18 8 × 112², float32 | symgrad.bind, channels_last | 1.06× | 0.95× | met |" in training.render(saved)
-    small = [dict(row(name, median, 0), batch=2, size=32, width=8) for name, median in (
-        ("symgrad.bind", 0.010), ("autograd", 0.009), ("symgrad.bind, AMP", 0.008), ("autograd, AMP", 0.010))]
+    assert "| resnet18 8 × 112², float32 | symgrad.bind, channels_last | 1.06× | 0.95× | met |" in training.render(
+        saved
+    )
+    small = [
+        dict(row(name, median, 0), batch=2, size=32, width=8)
+        for name, median in (
+            ("symgrad.bind", 0.010),
+            ("autograd", 0.009),
+            ("symgrad.bind, AMP", 0.008),
+            ("autograd, AMP", 0.010),
+        )
+    ]
     saved["overhead"] = small
     around = training.render(saved)  # each bound step against autograd of its own layout and precision
     assert "| resnet18 | symgrad.bind | 10.00 | 10.00 | 9.00 | 0.90× |" in around
     assert "| resnet18 | symgrad.bind, AMP | 8.00 | 8.00 | 10.00 | 1.25× |" in around
-    saved["overhead"] = [dict(entry, median_in_run=entry["median"] * 0.5 * (1.1 if "symgrad" in entry["variant"] else 1))
-                         for entry in small]  # a run of steps: each follows its own
+    saved["overhead"] = [
+        dict(entry, median_in_run=entry["median"] * 0.5 * (1.1 if "symgrad" in entry["variant"] else 1))
+        for entry in small
+    ]  # a run of steps: each follows its own
     in_runs = training.render(saved)
     assert "| resnet18 | symgrad.bind | 10.00 | 10.00 | 9.00 | 0.90× | 5.50 | 4.50 | 0.82× |" in in_runs
     report = tmp_path / "B.md"
@@ -362,14 +480,17 @@ def test_the_step_pieces_clock_the_bound_steps_own_functions_and_leave_its_gradi
     from benchmarks import step_pieces
 
     (_, bound_step, samples, bound_optimizer, _), (_, autograd_step, _, autograd_optimizer, _) = step_pieces._steps(
-        "resnet18", 2, 16, 4, "default", tmp_path)
+        "resnet18", 2, 16, 4, "default", tmp_path
+    )
     bound_step()
     autograd_step()
     for values in samples.values():
         assert len(values) == 1  # every clock ran once: the pieces are the functions the step calls
     assert samples["checks"][0] + samples["saving forward"][0] + samples["batch counts"][0] < samples["forward"][0]
     assert samples["backward body"][0] < samples["backward"][0]
-    for mine, theirs in zip(*(optimizer.param_groups[0]["params"] for optimizer in (bound_optimizer, autograd_optimizer))):
+    for mine, theirs in zip(
+        *(optimizer.param_groups[0]["params"] for optimizer in (bound_optimizer, autograd_optimizer))
+    ):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
     calls = step_pieces.kernel_calls(lambda: autograd_optimizer.param_groups[0]["params"][0].sum(), autograd_optimizer)
     # sum; its backward's ones_like and expand, and AccumulateGrad's copy into a new .grad (an add_ into the
@@ -388,12 +509,15 @@ def test_the_captured_backward_replays_the_bodys_own_kernels_bit_for_bit_and_cap
     from benchmarks import captured_backward
 
     (_, plain_step, _, plain), (_, captured_step, samples, bound), (_, autograd_step, _, _) = captured_backward._steps(
-        "resnet18", 2, 16, 4, "default", tmp_path)
+        "resnet18", 2, 16, 4, "default", tmp_path
+    )
     replay = bound.generated._backward_from_saved
     for _ in range(2):
         plain_step(), captured_step(), autograd_step()
-        assert all(torch.equal(a, b) and a.stride() == b.stride()
-                   for a, b in zip(captured_backward._gradients(plain), captured_backward._gradients(bound)))
+        assert all(
+            torch.equal(a, b) and a.stride() == b.stride()
+            for a, b in zip(captured_backward._gradients(plain), captured_backward._gradients(bound))
+        )
     assert len(replay.graphs) == 1 and replay.replays == 2 and len(samples) == 2  # the graph ran, not the body
     x = torch.randn(3, 3, 16, 16)
     labels = torch.randint(0, 10, (3,))
@@ -414,7 +538,9 @@ def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_section
 
     assert gradients.float64_agreement(tmp_path, width=4, batch=2, size=32) <= gradients.TOLERANCE
     model, generated = gradients.traced_module(tmp_path, 4, torch.float64)
-    results = {name: function() for name, function in gradients.variants(model, generated, 2, 32, torch.float64).items()}
+    results = {
+        name: function() for name, function in gradients.variants(model, generated, 2, 32, torch.float64).items()
+    }
     for ours, theirs in (("gradients", "autograd"), ("gradients, channels_last", "autograd, channels_last")):
         assert len(results[ours]) == len(results[theirs]) == len(list(model.parameters()))
         for mine, reference in zip(results[ours], results[theirs]):  # like with like: the layouts round apart
@@ -423,8 +549,11 @@ def test_the_gradients_benchmark_checks_float64_agreement_and_keeps_both_section
     samples["gradients"] = [2.0, 4.0, 6.0]  # slower than autograd in the default layout only
     overhead = dict(gradients.OVERHEAD, samples={name: [0.5] for name in gradients.VARIANTS})
     section = gradients.render("test", 8, 112, 64, 3, samples, 0.0, (1.0, 1.0, 1.0), "2026-11-23", overhead=overhead)
-    assert "(gradients, channels_last) ≥1.0× the best autograd, as the training step's verdict judges: 1.00×, met" \
-        in section and "`torch.autograd.grad` on the default-layout model: 0.50×" in section
+    assert (
+        "(gradients, channels_last) ≥1.0× the best autograd, as the training step's verdict judges: 1.00×, met"
+        in section
+        and "`torch.autograd.grad` on the default-layout model: 0.50×" in section
+    )
     assert "| gradients | 500.00 | 500.00 | 1.00× |" in section
     report = tmp_path / "B.md"
     report.write_text(f"# Benchmarks\n\n{training.SECTION}\n\ntraining rows\n")
@@ -441,9 +570,16 @@ def test_the_ops_benchmark_checks_every_family_in_float64_and_renders_a_row_each
 
     for family in ops.FAMILIES:
         assert ops.float64_agreement(family) <= ops.TOLERANCE, family.label
-    rows = [{"family": family.label, "shape": list(family.shape), "agreement": 1e-16,
-             "gradients": [0.002], "autograd": [0.001 if index == 0 else 0.003]}
-            for index, family in enumerate(ops.FAMILIES)]
+    rows = [
+        {
+            "family": family.label,
+            "shape": list(family.shape),
+            "agreement": 1e-16,
+            "gradients": [0.002],
+            "autograd": [0.001 if index == 0 else 0.003],
+        }
+        for index, family in enumerate(ops.FAMILIES)
+    ]
     text = ops.render({"machine": "test", "date": "2026-11-26", "repeats": 1, "rows": rows})
     assert text.count("\n| ") == len(ops.FAMILIES) + 1  # the header and a row a family
     assert "| conv 3×3, 64 → 64 | 8 × 64 × 56 × 56 | 2.00 | 1.00 | 0.50× | 1.0e-16 |" in text
@@ -466,15 +602,27 @@ def test_a_device_run_rendered_again_replaces_its_section_and_keeps_the_others(t
     rows = tmp_path / "cuda.json"
     rows.write_text(json.dumps(saved))
     report = tmp_path / "B.md"
-    report.write_text(f"# Benchmarks\n\nThe GPU runs (`## On cuda`) are older.\n\n## Summary\n\nsummary rows\n\n"
-                      f"## On cpu\n\ncpu rows\n\n## On cuda\n\nold gpu rows\n\n{training.SECTION}\n\n"
-                      f"training rows\n\n{training.SECTIONS['cuda']}\n\ngpu training rows\n")
+    report.write_text(
+        f"# Benchmarks\n\nThe GPU runs (`## On cuda`) are older.\n\n## Summary\n\nsummary rows\n\n"
+        f"## On cpu\n\ncpu rows\n\n## On cuda\n\nold gpu rows\n\n{training.SECTION}\n\n"
+        f"training rows\n\n{training.SECTIONS['cuda']}\n\ngpu training rows\n"
+    )
     for _ in range(2):
         assert main(["--rows", str(rows), "--output", str(report), "--plot", ""]) == 0
     text = report.read_text()
-    assert "old gpu rows" not in text and text.count("## On cuda") == 2 and "NVIDIA H200" in text  # the title quoted stays
-    assert all(part in text for part in ("The GPU runs (`## On cuda`) are older.", "summary rows", "cpu rows",
-                                         "training rows", "gpu training rows"))
+    assert (
+        "old gpu rows" not in text and text.count("## On cuda") == 2 and "NVIDIA H200" in text
+    )  # the title quoted stays
+    assert all(
+        part in text
+        for part in (
+            "The GPU runs (`## On cuda`) are older.",
+            "summary rows",
+            "cpu rows",
+            "training rows",
+            "gpu training rows",
+        )
+    )
     cpu = tmp_path / "cpu.json"  # a CPU run rendered again replaces its own section alone too
     cpu.write_text((ROOT / "benchmarks" / "results" / "cpu.json").read_text())
     assert main(["--rows", str(cpu), "--output", str(report), "--plot", ""]) == 0

@@ -102,8 +102,9 @@ class MaskedAttention(nn.Module):
 
     def forward(self, x):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
-                                                  dropout_p=self.dropout_p if self.training else 0.0)
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=self.mask, dropout_p=self.dropout_p if self.training else 0.0
+        )
         return self.proj(attended)
 
 

@@ -23,10 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = f"{ROOT / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet"
 
 
-def generated_for(model: torch.nn.Module, mode: str = "train", name: str = "tiny_resnet", blocks: bool = False,
-                  wrt=None):
-    text = trace(model, {"x": (2, 3, 16, 16)}, name=name, loss=LossChoice("cross_entropy", "labels"), mode=mode,
-                 blocks=blocks, wrt=wrt)
+def generated_for(
+    model: torch.nn.Module, mode: str = "train", name: str = "tiny_resnet", blocks: bool = False, wrt=None
+):
+    text = trace(
+        model,
+        {"x": (2, 3, 16, 16)},
+        name=name,
+        loss=LossChoice("cross_entropy", "labels"),
+        mode=mode,
+        blocks=blocks,
+        wrt=wrt,
+    )
     if blocks:  # the repeated BasicBlock is one block, its instances called by prefix
         assert "blocks:\n  basic_block:" in text and text.count("{block: basic_block,") >= 2, text
     built = build_text(text, f"{name}.yaml")
@@ -36,8 +44,10 @@ def generated_for(model: torch.nn.Module, mode: str = "train", name: str = "tiny
 def batches(steps: int, dtype=torch.float64):
     generator = torch.Generator().manual_seed(5)
     for _ in range(steps):  # another batch and spatial size than traced
-        yield (torch.randn(3, 3, 20, 12, generator=generator, dtype=dtype),
-               torch.randint(0, 5, (3,), generator=generator))
+        yield (
+            torch.randn(3, 3, 20, 12, generator=generator, dtype=dtype),
+            torch.randint(0, 5, (3,), generator=generator),
+        )
 
 
 def fresh_model(dtype=torch.float64, **init) -> torch.nn.Module:
@@ -52,8 +62,10 @@ def test_training_with_bind_equals_training_with_autograd(blocks):
     initial = copy.deepcopy(model.state_dict())
     step = symgrad.bind(generated_for(model, blocks=blocks), model)
     rate = 0.1
-    optimizers = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=rate, momentum=0.9)
-                  for m in (model, reference)]
+    optimizers = [
+        torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=rate, momentum=0.9)
+        for m in (model, reference)
+    ]
     losses = []
     for x, labels in batches(4):
         for optimizer in optimizers:
@@ -113,8 +125,11 @@ def test_bind_refuses_a_changed_model_another_module_and_the_wrong_mode():
     generated = generated_for(model)
     other = fresh_model()
     other.maxpool.stride = 1  # the module reads every parameter at its size, never a pooling's stride
-    with pytest.raises(BindError, match=r"does not fit TinyResNet: maxpool \(MaxPool2d\) has other "
-                                        r"hyper-parameters than traced \(now .*stride=1"):
+    with pytest.raises(
+        BindError,
+        match=r"does not fit TinyResNet: maxpool \(MaxPool2d\) has other "
+        r"hyper-parameters than traced \(now .*stride=1",
+    ):
         symgrad.bind(generated, other)
     with pytest.raises(BindError, match=r"does not fit TinyResNet: layers\.1 \(Sequential\) is no submodule"):
         symgrad.bind(generated, load_target(MODEL, {"layers": (1,)}).double())
@@ -175,9 +190,17 @@ def test_grad_scaler_scales_through_the_explicit_backward():
 def test_generated_seed_module_under_cpu_bfloat16_autocast_is_as_accurate_as_autograd(entry):
     module = module_from_source((ROOT.parent / "generated" / "seed3_conv_relu_conv.py").read_text(), "seed3_autocast")
     generator = torch.Generator().manual_seed(3)
-    shapes = {"x": (2, 32, 64, 64), "w1": (32, 32, 3, 3), "w2": (1, 32, 3, 3), "k": (512, 1, 32, 32), "y": (2, 512, 2, 2)}
-    exact = {name: torch.randn(shape, generator=generator, dtype=torch.float64) / (shape[1] * 9 if name[0] == "w" else 1)
-             for name, shape in shapes.items()}
+    shapes = {
+        "x": (2, 32, 64, 64),
+        "w1": (32, 32, 3, 3),
+        "w2": (1, 32, 3, 3),
+        "k": (512, 1, 32, 32),
+        "y": (2, 512, 2, 2),
+    }
+    exact = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64) / (shape[1] * 9 if name[0] == "w" else 1)
+        for name, shape in shapes.items()
+    }
     wrt = ("x", "w1", "w2")
     truth = module.gradients(**exact)
     inputs = {name: value.float().requires_grad_(name in wrt) for name, value in exact.items()}
@@ -204,16 +227,19 @@ def test_a_source_that_is_not_a_state_dict_key_is_refused_at_its_line(source):
     from symgrad.errors import SpecError
     from symgrad.spec import parse_spec
 
-    text = (f"name: s\ninputs:\n  x: {{shape: [2, 3]}}\n  w: {{shape: [3], source: {source!r}}}\n  y: {{shape: [2, 3]}}\n"
-            "layers:\n  - {op: mul, in: [x, w], out: h}\nloss: {op: mse_loss, in: h, target: y}\nwrt: [w]\n")
+    text = (
+        f"name: s\ninputs:\n  x: {{shape: [2, 3]}}\n  w: {{shape: [3], source: {source!r}}}\n  y: {{shape: [2, 3]}}\n"
+        "layers:\n  - {op: mul, in: [x, w], out: h}\nloss: {op: mse_loss, in: h, target: y}\nwrt: [w]\n"
+    )
     with pytest.raises(SpecError, match=r"s.yaml:4:\d+: error: input 'w' has source .* not a state_dict key"):
         parse_spec(text, "s.yaml")
 
 
 def test_a_model_that_is_an_nn_sequential_binds_by_its_index_keys():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.BatchNorm2d(2), torch.nn.ReLU(),
-                                torch.nn.Conv2d(2, 1, 1)).double()
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.BatchNorm2d(2), torch.nn.ReLU(), torch.nn.Conv2d(2, 1, 1)
+    ).double()
     reference = copy.deepcopy(model)
     text = trace(model, {"input": (2, 1, 6, 6)}, name="sequential", loss=LossChoice("mse_loss", "y"), mode="train")
     assert "source: 0.weight" in text
@@ -245,15 +271,19 @@ def test_a_module_written_as_blocks_binds_a_wider_model_and_refuses_a_missing_su
             assert (ours.grad - theirs.grad).abs().max() <= 1e-10 * theirs.grad.abs().max()
             compared += 1
     assert compared >= 20
-    with pytest.raises(BindError, match=r"^tiny_resnet does not fit TinyResNet: layers\.1\.1 \(BasicBlock\) is no "
-                                        r"submodule of the model any more \(fix: symgrad trace [^\n]*\)$"):
+    with pytest.raises(
+        BindError,
+        match=r"^tiny_resnet does not fit TinyResNet: layers\.1\.1 \(BasicBlock\) is no "
+        r"submodule of the model any more \(fix: symgrad trace [^\n]*\)$",
+    ):
         symgrad.bind(generated, fresh_model(layers=(2, 1)))  # its fingerprint, at bind
 
 
 @pytest.mark.parametrize("freeze_stem", [True, False], ids=["frozen stem", "trained stem"])
 @pytest.mark.parametrize("blocks", [False, True], ids=["flat", "blocks"])
 def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_computes_no_input_gradient(
-        blocks, freeze_stem):
+    blocks, freeze_stem
+):
     """``trace(..., wrt="parameters")``: what a training step needs, and no more (the input's gradient,
     a stem convolution's backward-data, is not computed); bound, it trains as autograd does. A trained
     stem's weight gradient alone is one ``convolution_backward`` call asking for it alone, with the
@@ -261,13 +291,22 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
     flat form and in the blocks form, which reads the weight from its ``params`` mapping too."""
     model = fresh_model(freeze_stem=freeze_stem, **({"layers": (2, 2)} if blocks else {}))
     reference = copy.deepcopy(model)
-    text = trace(model, {"x": (2, 3, 16, 16)}, wrt="parameters", name="params_only",
-                 loss=LossChoice("cross_entropy", "labels"), mode="train", blocks=blocks)
+    text = trace(
+        model,
+        {"x": (2, 3, 16, 16)},
+        wrt="parameters",
+        name="params_only",
+        loss=LossChoice("cross_entropy", "labels"),
+        mode="train",
+        blocks=blocks,
+    )
     source = build_text(text, "params_only.yaml").rendered.files["params_only.py"]
     if not freeze_stem:
         weight = 'params["conv1.weight"]'  # with blocks or without, the parameters come in `params`
-        assert f"_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, {weight}, [False, True, False]" \
-            in source, source
+        assert (
+            f"_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, {weight}, [False, True, False]"
+            in source
+        ), source
     generated = module_from_source(source, "params_only")
     assert "x" not in generated.Gradients._fields
     step = symgrad.bind(generated, model)
@@ -296,10 +335,10 @@ def test_a_train_mode_step_differentiated_twice_moves_the_statistics_once(blocks
     step = symgrad.bind(generated, model)
     parameters = [value for value in model.parameters() if value.requires_grad]
     grads = torch.autograd.grad(step(x=x, labels=labels), parameters, create_graph=True)
-    second = torch.autograd.grad(sum((grad ** 2).sum() for grad in grads), parameters)
+    second = torch.autograd.grad(sum((grad**2).sum() for grad in grads), parameters)
     theirs = [value for value in reference.parameters() if value.requires_grad]
     expected_grads = torch.autograd.grad(F.cross_entropy(reference(x), labels), theirs, create_graph=True)
-    expected_second = torch.autograd.grad(sum((grad ** 2).sum() for grad in expected_grads), theirs)
+    expected_second = torch.autograd.grad(sum((grad**2).sum() for grad in expected_grads), theirs)
     for got, expected in zip((*grads, *second), (*expected_grads, *expected_second)):
         assert (got - expected).abs().max() <= 1e-10 * max(expected.abs().max(), 1.0)
     for key, value in model.named_buffers():
@@ -319,8 +358,26 @@ class _DispatchCount(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-VIEWS = {"view", "_unsafe_view", "reshape", "as_strided", "t", "transpose", "expand", "permute", "unsqueeze",
-         "squeeze", "alias", "detach", "slice", "select", "split", "unbind", "split_with_sizes", "movedim"}
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "as_strided",
+    "t",
+    "transpose",
+    "expand",
+    "permute",
+    "unsqueeze",
+    "squeeze",
+    "alias",
+    "detach",
+    "slice",
+    "select",
+    "split",
+    "unbind",
+    "split_with_sizes",
+    "movedim",
+}
 """Ops that make a view: no kernel runs."""
 
 
@@ -339,11 +396,11 @@ def test_a_bound_step_runs_no_more_kernels_than_autograd_and_never_waits_for_the
         with _DispatchCount() as mode:
             run()
         counted[name] = mode.counts
-    kernels = {name: sum(number for op, number in counts.items() if op not in VIEWS)
-               for name, counts in counted.items()}
+    kernels = {
+        name: sum(number for op, number in counts.items() if op not in VIEWS) for name, counts in counted.items()
+    }
     assert not {"_local_scalar_dense", "item", "is_nonzero"} & set(counted["symgrad.bind"]), counted["symgrad.bind"]
     assert kernels["symgrad.bind"] <= kernels["autograd"], (kernels, counted)
-
 
 
 def test_two_generated_files_of_one_name_bound_in_one_process_keep_their_own_modules(tmp_path):
@@ -352,8 +409,14 @@ def test_two_generated_files_of_one_name_bound_in_one_process_keep_their_own_mod
     models = [fresh_model(), fresh_model(layers=(2, 2))]
     steps = []
     for index, (model, blocks) in enumerate(zip(models, (False, True))):
-        text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_twice", loss=LossChoice("cross_entropy", "labels"),
-                     mode="train", blocks=blocks)
+        text = trace(
+            model,
+            {"x": (2, 3, 16, 16)},
+            name="tiny_twice",
+            loss=LossChoice("cross_entropy", "labels"),
+            mode="train",
+            blocks=blocks,
+        )
         folder = tmp_path / str(index)
         folder.mkdir()
         path = folder / "tiny_twice.py"

@@ -17,7 +17,7 @@ from symgrad.binding import BindError
 from symgrad.pipeline import build_text
 from symgrad.trace import load_target, trace
 
-SOURCE = '''
+SOURCE = """
 import dataclasses
 
 import torch
@@ -43,7 +43,7 @@ class Net(nn.Module):
         m2 = torch.empty_like(h).bernoulli_(0.6)
         h = h * m2 + h * m1 * 0.5 + m1
         return Result(self.head(h), h)
-'''
+"""
 
 
 def load(folder):
@@ -71,8 +71,11 @@ def step(net, model, x, seed=5):
     torch.manual_seed(seed)
     result = net(x)
     (result.logits.pow(2).sum() + result.features.sin().sum()).backward()
-    return [result.logits.detach(), result.features.detach()] + [p.grad for p in model.parameters()] + \
-        list(model.buffers())
+    return (
+        [result.logits.detach(), result.features.detach()]
+        + [p.grad for p in model.parameters()]
+        + list(model.buffers())
+    )
 
 
 def same(ours, theirs):

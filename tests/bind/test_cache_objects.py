@@ -15,7 +15,7 @@ import symgrad
 from symgrad.pipeline import build_text
 from tests.bind.test_trace_guards import generated, imported, one_line_refusal
 
-CACHED = '''
+CACHED = """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -82,7 +82,7 @@ class Net(nn.Module):
                 k, v = cache.update(k, v, index)
             x = x + self.drop(F.scaled_dot_product_attention(q, k, v, is_causal=True))
         return self.head(x)
-'''
+"""
 
 
 def test_a_forward_building_a_cache_with_a_lazily_initialized_layer_binds_and_trains(tmp_path):
@@ -119,6 +119,8 @@ def test_a_forward_building_a_cache_with_a_lazily_initialized_layer_binds_and_tr
 def test_an_edit_of_the_base_method_the_layer_calls_by_name_is_refused_naming_it(tmp_path):
     path = generated(tmp_path, imported(tmp_path, CACHED), {"x": (2, 5, 4)})
     edited = CACHED.replace("self.is_initialized = True\n", "self.is_initialized = True\n        self.seen = 1\n")
-    one_line_refusal(lambda: symgrad.bind(path, imported(tmp_path, edited)),
-                     r"the code of Dynamic\.lazy_initialization \(.*Both\.lazy_initialization@Dynamic\), which the "
-                     r"forward calls, changed")
+    one_line_refusal(
+        lambda: symgrad.bind(path, imported(tmp_path, edited)),
+        r"the code of Dynamic\.lazy_initialization \(.*Both\.lazy_initialization@Dynamic\), which the "
+        r"forward calls, changed",
+    )

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_resnet import ResNet18, UNet  # noqa: E402 - torchvision-style models, as users write them
 
 DEVICE = os.environ.get("SYMGRAD_TEST_DEVICE", "cpu")
-on_cuda = pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(),
-                             reason="CUDA graphs: run with SYMGRAD_TEST_DEVICE=cuda on a GPU")
+on_cuda = pytest.mark.skipif(
+    DEVICE != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs: run with SYMGRAD_TEST_DEVICE=cuda on a GPU"
+)
 
 
 def generated_path(model, folder: Path, name: str, shapes: dict, loss: LossChoice | None) -> Path:
@@ -68,22 +69,35 @@ def train_both(model, reference, batches, ours, theirs):
 def test_the_loss_form_replayed_trains_as_autograd_over_steps_and_shapes(tmp_path):
     torch.manual_seed(0)
     model = ResNet18(4).double().train()
-    path = generated_path(model, tmp_path, "graphed_resnet", {"x": (2, 3, 32, 32)}, LossChoice("cross_entropy", "labels"))
+    path = generated_path(
+        model, tmp_path, "graphed_resnet", {"x": (2, 3, 32, 32)}, LossChoice("cross_entropy", "labels")
+    )
     model = model.to("cuda")
     reference = copy.deepcopy(model)
     fast = symgrad.bind(path, model, cuda_graph=True)
     assert isinstance(fast, GraphedStep)
     generator = torch.Generator().manual_seed(1)
     sizes = [(4, 32), (4, 32), (4, 32), (2, 48), (4, 32), (2, 48)]  # two shape sets, each captured once
-    batches = [{"x": torch.randn(batch, 3, size, size, generator=generator, dtype=torch.float64).cuda(),
-                "labels": torch.randint(0, 10, (batch,), generator=generator).cuda()} for batch, size in sizes]
-    losses = train_both(model, reference, batches, lambda batch: fast(**batch),
-                        lambda batch: F.cross_entropy(reference(batch["x"]), batch["labels"]))
+    batches = [
+        {
+            "x": torch.randn(batch, 3, size, size, generator=generator, dtype=torch.float64).cuda(),
+            "labels": torch.randint(0, 10, (batch,), generator=generator).cuda(),
+        }
+        for batch, size in sizes
+    ]
+    losses = train_both(
+        model,
+        reference,
+        batches,
+        lambda batch: fast(**batch),
+        lambda batch: F.cross_entropy(reference(batch["x"]), batch["labels"]),
+    )
     assert len(fast._graphs) == 2 and not fast._refused
     assert all(abs(ours - theirs) <= 1e-10 for ours, theirs in losses), losses
     assert largest_difference(model, reference) <= 1e-10
-    assert all(int(a) == int(b) == len(sizes) for a, b in zip(model.buffers(), reference.buffers())
-               if a.dtype == torch.int64)  # num_batches_tracked: once per call, the warm-ups undone
+    assert all(
+        int(a) == int(b) == len(sizes) for a, b in zip(model.buffers(), reference.buffers()) if a.dtype == torch.int64
+    )  # num_batches_tracked: once per call, the warm-ups undone
 
 
 @on_cuda
@@ -95,11 +109,20 @@ def test_the_outputs_form_replayed_trains_as_autograd_and_evaluates_eagerly(tmp_
     reference = copy.deepcopy(model)
     fast = symgrad.bind(path, model, cuda_graph=True)
     generator = torch.Generator().manual_seed(2)
-    batches = [{"x": torch.randn(2, 1, 32, 32, generator=generator, dtype=torch.float64).cuda(),
-                "target": torch.randn(2, 1, 32, 32, generator=generator, dtype=torch.float64).cuda()}
-               for _ in range(4)]
-    losses = train_both(model, reference, batches, lambda batch: F.mse_loss(fast(batch["x"]), batch["target"]),
-                        lambda batch: F.mse_loss(reference(batch["x"]), batch["target"]))
+    batches = [
+        {
+            "x": torch.randn(2, 1, 32, 32, generator=generator, dtype=torch.float64).cuda(),
+            "target": torch.randn(2, 1, 32, 32, generator=generator, dtype=torch.float64).cuda(),
+        }
+        for _ in range(4)
+    ]
+    losses = train_both(
+        model,
+        reference,
+        batches,
+        lambda batch: F.mse_loss(fast(batch["x"]), batch["target"]),
+        lambda batch: F.mse_loss(reference(batch["x"]), batch["target"]),
+    )
     assert len(fast._graphs) == 1
     assert all(abs(ours - theirs) <= 1e-10 for ours, theirs in losses), losses
     assert largest_difference(model, reference) <= 1e-10
@@ -112,20 +135,40 @@ def test_the_outputs_form_replayed_trains_as_autograd_and_evaluates_eagerly(tmp_
 def test_a_step_that_reads_back_to_the_host_warns_once_and_runs_eagerly(tmp_path):
     """A momentum=None BatchNorm's step reads its batch count back to the host, which a capture forbids."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4, momentum=None), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10)).double().train()
+    model = (
+        nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1, bias=False),
+            nn.BatchNorm2d(4, momentum=None),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4, 10),
+        )
+        .double()
+        .train()
+    )
     # nn.Sequential's forward names its argument ``input``
     path = generated_path(model, tmp_path, "cumulative", {"input": (2, 3, 8, 8)}, LossChoice("cross_entropy", "labels"))
     model = model.to("cuda")
     reference = copy.deepcopy(model)
     fast = symgrad.bind(path, model, cuda_graph=True)
     generator = torch.Generator().manual_seed(3)
-    batches = [{"input": torch.randn(3, 3, 8, 8, generator=generator, dtype=torch.float64).cuda(),
-                "labels": torch.randint(0, 10, (3,), generator=generator).cuda()} for _ in range(3)]
+    batches = [
+        {
+            "input": torch.randn(3, 3, 8, 8, generator=generator, dtype=torch.float64).cuda(),
+            "labels": torch.randint(0, 10, (3,), generator=generator).cuda(),
+        }
+        for _ in range(3)
+    ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        losses = train_both(model, reference, batches, lambda batch: fast(**batch),
-                            lambda batch: F.cross_entropy(reference(batch["input"]), batch["labels"]))
+        losses = train_both(
+            model,
+            reference,
+            batches,
+            lambda batch: fast(**batch),
+            lambda batch: F.cross_entropy(reference(batch["input"]), batch["labels"]),
+        )
     said = [str(warning.message) for warning in caught if "CUDA graph" in str(warning.message)]
     assert len(said) == 1 and "\n" not in said[0] and "runs eagerly" in said[0], said
     assert all(abs(ours - theirs) <= 1e-10 for ours, theirs in losses), losses
@@ -158,8 +201,13 @@ def test_on_the_cpu_the_graphed_binding_runs_the_eager_step_as_without(tmp_path)
     fast = symgrad.bind(path, model, cuda_graph=True)
     plain = symgrad.bind(path, reference)
     generator = torch.Generator().manual_seed(4)
-    batches = [{"x": torch.randn(2, 3, 32, 32, generator=generator, dtype=torch.float64),
-                "labels": torch.randint(0, 10, (2,), generator=generator)} for _ in range(2)]
+    batches = [
+        {
+            "x": torch.randn(2, 3, 32, 32, generator=generator, dtype=torch.float64),
+            "labels": torch.randint(0, 10, (2,), generator=generator),
+        }
+        for _ in range(2)
+    ]
     losses = train_both(model, reference, batches, lambda batch: fast(**batch), lambda batch: plain(**batch))
     assert not fast._graphs and not fast._refused
     assert all(ours == theirs for ours, theirs in losses), losses

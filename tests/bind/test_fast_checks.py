@@ -44,8 +44,10 @@ def _read_alike(reader, state, data):
     assert list(arguments) == list(expected) and list(tensors) == list(state)
 
     def same(read, name):
-        stored = name in data or any(expected[name] is found for found in (
-            state[name][0]._parameters.get(state[name][1]), state[name][0]._buffers.get(state[name][1])))
+        stored = name in data or any(
+            expected[name] is found
+            for found in (state[name][0]._parameters.get(state[name][1]), state[name][0]._buffers.get(state[name][1]))
+        )
         return read is expected[name] if stored else torch.equal(read, expected[name])
 
     assert all(same(arguments[name], name) for name in expected) and all(same(tensors[name], name) for name in state)
@@ -78,14 +80,22 @@ def test_state_reader_reads_what_read_state_reads_after_each_change_that_moves_a
 def _snapshot(net, modes=()):
     modules = dict(net.named_modules())
     children = tuple((parent, name, child) for parent in modules.values() for name, child in parent._modules.items())
-    hypers = tuple((path, module, key, value) for path, module in modules.items() for key, value in vars(module).items()
-                   if key in ("stride", "padding", "eps", "momentum"))
+    hypers = tuple(
+        (path, module, key, value)
+        for path, module in modules.items()
+        for key, value in vars(module).items()
+        if key in ("stride", "padding", "eps", "momentum")
+    )
     return Snapshot(children, hypers, modes)
 
 
 def test_snapshot_sees_a_child_swapped_a_hyper_parameter_changed_or_deleted():
-    for change in (lambda net: net.__setitem__(1, nn.Identity()), lambda net: setattr(net[0], "stride", (2, 2)),
-                   lambda net: setattr(net[1], "eps", 1e-3), lambda net: delattr(net[1], "momentum")):
+    for change in (
+        lambda net: net.__setitem__(1, nn.Identity()),
+        lambda net: setattr(net[0], "stride", (2, 2)),
+        lambda net: setattr(net[1], "eps", 1e-3),
+        lambda net: delattr(net[1], "momentum"),
+    ):
         net = _net()
         snapshot = _snapshot(net)
         assert snapshot.unchanged()
@@ -115,8 +125,13 @@ def test_snapshot_sees_a_module_leave_its_traced_mode():
 
 def test_batch_counter_moves_each_batchnorm_by_its_calls_and_leaves_instance_norm_alone():
     bn, twice, instance = nn.BatchNorm2d(2), nn.BatchNorm2d(2), nn.InstanceNorm2d(2, track_running_stats=True)
-    BatchCounter([SimpleNamespace(module=bn, calls=1), SimpleNamespace(module=twice, calls=2),
-                  SimpleNamespace(module=instance, calls=1)])()  # as binding's statistics entries hold them
+    BatchCounter(
+        [
+            SimpleNamespace(module=bn, calls=1),
+            SimpleNamespace(module=twice, calls=2),
+            SimpleNamespace(module=instance, calls=1),
+        ]
+    )()  # as binding's statistics entries hold them
     assert (int(bn.num_batches_tracked), int(twice.num_batches_tracked), int(instance.num_batches_tracked)) == (1, 2, 0)
 
 

@@ -17,6 +17,7 @@ def _scaled(module, inputs, output, factor):
 def _closing_over(factor):
     def hook(module, inputs, output):
         return output * factor
+
     return hook
 
 
@@ -40,14 +41,14 @@ def test_each_change_to_what_a_hook_computes_changes_the_hash():
     assert _hashed(twice, thrice) != _hashed(thrice, twice)  # hooks run in order
 
 
-HOOK_FILE = '''
+HOOK_FILE = """
 class Scale:
     def __init__(self, factor):
         self.factor = factor
 
     def __call__(self, module, inputs, output):
         return output * self.factor
-'''
+"""
 
 
 def test_a_callable_objects_hash_follows_its_class_source_and_state_not_its_import_name(tmp_path):

@@ -123,12 +123,16 @@ def generated(folder, *texts) -> list:
 def batch(seed: int, size: int = 3):
     """Another batch and spatial size than traced (2 x 3 x 8 x 8)."""
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(size, 3, 6, 10, generator=generator, dtype=torch.float64),
-            torch.randint(0, 3, (size,), generator=generator))
+    return (
+        torch.randn(size, 3, 6, 10, generator=generator, dtype=torch.float64),
+        torch.randint(0, 3, (size,), generator=generator),
+    )
 
 
 def frozen_statistics(model) -> dict:
-    return {key: value.clone() for key, value in model.backbone.state_dict().items() if "running" in key or "batches" in key}
+    return {
+        key: value.clone() for key, value in model.backbone.state_dict().items() if "running" in key or "batches" in key
+    }
 
 
 def fine_tune(step, model, reference, loss_form: bool, steps: int = 3) -> None:
@@ -158,8 +162,9 @@ def fine_tune(step, model, reference, loss_form: bool, steps: int = 3) -> None:
     for (key, value), expected in zip(model.state_dict().items(), reference.state_dict().values()):
         assert (value.double() - expected.double()).abs().max().item() <= 1e-10, key
     assert all(torch.equal(value, frozen[key]) for key, value in frozen_statistics(model).items())
-    assert [module.num_batches_tracked.item() - count for module, count in zip(head_norms, counted)] == [
-        steps] * len(head_norms)  # the head's BatchNorm trains
+    assert [module.num_batches_tracked.item() - count for module, count in zip(head_norms, counted)] == [steps] * len(
+        head_norms
+    )  # the head's BatchNorm trains
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -198,9 +203,12 @@ def test_a_frozen_backbone_under_a_head_without_modes_is_one_module_serving_the_
     x, _ = batch(7, size=2)
     assert (fast(x) - reference(x)).abs().max().item() <= 1e-10
     model.train()  # the backbone unfrozen
-    with pytest.raises(symgrad.BindError, match=r"^net was traced in eval mode only, and the model is now in train mode "
-                                                r"\(fix: call model\.eval\(\), or trace and generate the model as it is "
-                                                r"now: symgrad trace \S*fine_tune\.py:Net --input \.\.\. --train -o"):
+    with pytest.raises(
+        symgrad.BindError,
+        match=r"^net was traced in eval mode only, and the model is now in train mode "
+        r"\(fix: call model\.eval\(\), or trace and generate the model as it is "
+        r"now: symgrad trace \S*fine_tune\.py:Net --input \.\.\. --train -o",
+    ):
         fast(x)
 
 
@@ -208,9 +216,24 @@ def test_a_frozen_backbone_under_a_head_without_modes_is_one_module_serving_the_
 def test_the_command_line_traces_a_loss_ending_model_with_its_backbone_frozen_as_set(form, tmp_path):
     file = model_file(tmp_path)
     spec = tmp_path / "loss_net.yaml"
-    result = CliRunner().invoke(main, ["trace", f"{file}:LossNet", "--input", "x=2,3,8,8", "--input", "labels=int64:2",
-                                       "--wrt", "parameters", "--name", "loss_net", "-o", str(spec),
-                                       *([form] if form == "--flat" else [])])
+    result = CliRunner().invoke(
+        main,
+        [
+            "trace",
+            f"{file}:LossNet",
+            "--input",
+            "x=2,3,8,8",
+            "--input",
+            "labels=int64:2",
+            "--wrt",
+            "parameters",
+            "--name",
+            "loss_net",
+            "-o",
+            str(spec),
+            *([form] if form == "--flat" else []),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (form == "blocks") == ("\nblocks:" in spec.read_text())
     module = symgrad.bind(generated(tmp_path, spec.read_text())[0], model := pretrained(file, "LossNet")).generated
@@ -223,7 +246,9 @@ def test_the_command_line_traces_a_loss_ending_model_with_its_backbone_frozen_as
     expected = torch.autograd.grad(expected_loss, list(params.values()))
     got = torch.autograd.grad(loss, list(params.values()))
     assert abs(loss.item() - expected_loss.item()) <= 1e-12
-    assert max((a - b).abs().max().item() for a, b in zip(got, expected)) <= 1e-10 * max(g.abs().max().item() for g in expected)
+    assert max((a - b).abs().max().item() for a, b in zip(got, expected)) <= 1e-10 * max(
+        g.abs().max().item() for g in expected
+    )
     model = pretrained(file, "LossNet")
     reference = copy.deepcopy(model)
     fine_tune(symgrad.bind(module, model), model, reference, loss_form=True)
@@ -232,7 +257,9 @@ def test_the_command_line_traces_a_loss_ending_model_with_its_backbone_frozen_as
 def test_other_modes_are_refused_naming_the_submodules_and_the_options_that_trace_them(tmp_path):
     file = model_file(tmp_path)
     model = pretrained(file)  # the backbone frozen in __init__
-    fast = symgrad.bind(generated(tmp_path, *trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "net"))[0], model, verify=False)
+    fast = symgrad.bind(
+        generated(tmp_path, *trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "net"))[0], model, verify=False
+    )
     x, _ = batch(1)
     fast(x)
     assert fast.serving() == 0  # the train-mode module (a CUDA graph's key)
@@ -240,15 +267,21 @@ def test_other_modes_are_refused_naming_the_submodules_and_the_options_that_trac
     with pytest.raises(symgrad.BindError) as refused:
         fast(x)
     message = str(refused.value)
-    assert re.match(r"net was traced with backbone\.layer2\.0\.bn1 \(BatchNorm2d\), backbone\.layer2\.0\.bn2 "
-                    r"\(BatchNorm2d\), backbone\.layer2\.0\.downsample\.1 \(BatchNorm2d\) in eval mode, and they are "
-                    r"now in train mode \(fix: call \.eval\(\) on them after model\.train\(\), or trace and generate the "
-                    r"model as it is now: symgrad trace \S*fine_tune\.py:Net --input \.\.\. "
-                    r"--modes backbone=eval,backbone\.layer2=train -o \S+ && symgrad generate", message), message
+    assert re.match(
+        r"net was traced with backbone\.layer2\.0\.bn1 \(BatchNorm2d\), backbone\.layer2\.0\.bn2 "
+        r"\(BatchNorm2d\), backbone\.layer2\.0\.downsample\.1 \(BatchNorm2d\) in eval mode, and they are "
+        r"now in train mode \(fix: call \.eval\(\) on them after model\.train\(\), or trace and generate the "
+        r"model as it is now: symgrad trace \S*fine_tune\.py:Net --input \.\.\. "
+        r"--modes backbone=eval,backbone\.layer2=train -o \S+ && symgrad generate",
+        message,
+    ), message
     assert "\n" not in message and "backbone.bn1" not in message and "head" not in message
     model.train()  # the whole model training: the backbone's statistics would move
-    with pytest.raises(symgrad.BindError, match=r"backbone\.bn1 \(BatchNorm2d\), backbone\.layer1\.0\.bn1 \(BatchNorm2d\), "
-                                                r"backbone\.layer1\.0\.bn2 \(BatchNorm2d\) and 6 more in eval mode.* --train -o"):
+    with pytest.raises(
+        symgrad.BindError,
+        match=r"backbone\.bn1 \(BatchNorm2d\), backbone\.layer1\.0\.bn1 \(BatchNorm2d\), "
+        r"backbone\.layer1\.0\.bn2 \(BatchNorm2d\) and 6 more in eval mode.* --train -o",
+    ):
         fast(x)
     model.eval()
     assert fast.serving() == 1
@@ -257,11 +290,14 @@ def test_other_modes_are_refused_naming_the_submodules_and_the_options_that_trac
     assert fast.serving() == 0
     model.eval()
     model.backbone.layer1.train()  # evaluating, part of the backbone re-estimating its statistics
-    with pytest.raises(symgrad.BindError, match=r"^net_eval was traced with backbone\.layer1\.0\.bn1 \(BatchNorm2d\), "
-                                                r"backbone\.layer1\.0\.bn2 \(BatchNorm2d\), backbone\.layer1\.1\.bn1 "
-                                                r"\(BatchNorm2d\) and 1 more in eval mode, and they are now in train mode "
-                                                r"\(fix: call \.eval\(\) on them, or .* "
-                                                r"--eval --modes backbone\.layer1=train -o"):
+    with pytest.raises(
+        symgrad.BindError,
+        match=r"^net_eval was traced with backbone\.layer1\.0\.bn1 \(BatchNorm2d\), "
+        r"backbone\.layer1\.0\.bn2 \(BatchNorm2d\), backbone\.layer1\.1\.bn1 "
+        r"\(BatchNorm2d\) and 1 more in eval mode, and they are now in train mode "
+        r"\(fix: call \.eval\(\) on them, or .* "
+        r"--eval --modes backbone\.layer1=train -o",
+    ):
         fast(x)
     model.train()
     model.backbone.eval()  # as traced again
@@ -274,8 +310,21 @@ def test_modes_set_on_the_command_line_are_the_model_as_set(tmp_path):
 
     def traced(*options):
         spec = tmp_path / "net.yaml"
-        result = runner.invoke(main, ["trace", f"{file}:Net", "--input", "x=2,3,8,8", "--init", "frozen=False",
-                                      "--flat", "-o", str(spec), *options])
+        result = runner.invoke(
+            main,
+            [
+                "trace",
+                f"{file}:Net",
+                "--input",
+                "x=2,3,8,8",
+                "--init",
+                "frozen=False",
+                "--flat",
+                "-o",
+                str(spec),
+                *options,
+            ],
+        )
         assert result.exit_code == 0, result.output
         return spec.read_text(), (tmp_path / "net_eval.yaml").read_text()
 
@@ -287,8 +336,9 @@ def test_modes_set_on_the_command_line_are_the_model_as_set(tmp_path):
     train, evaluation = traced()  # built unfrozen: the whole model trains
     assert trained(train) == [True] * 9 and "op: dropout" in train and "op: dropout" not in evaluation
     result = runner.invoke(main, ["trace", f"{file}:Net", "--input", "x=2,3,8,8", "--modes", "backbone.layer9=eval"])
-    assert result.exit_code == 2 and result.output.startswith("error: --modes names backbone.layer9, which is no "
-                                                              "submodule of Net (fix:"), result.output
+    assert result.exit_code == 2 and result.output.startswith(
+        "error: --modes names backbone.layer9, which is no submodule of Net (fix:"
+    ), result.output
 
 
 def test_a_model_traced_in_eval_mode_gets_a_train_spec_of_the_whole_model_and_keeps_its_modes(tmp_path):

@@ -56,17 +56,39 @@ class Net(nn.Module):
 '''
 
 CHANGED = {
-    "relu to gelu in forward": (MODEL.replace("x = F.relu(self.bn(", "x = F.gelu(self.bn("), {}, r"the code of the model's class Net changed"),
-    "the block's forward edited": (MODEL.replace("return x + self.act(", "return x - self.act("), {},
-                                   r"the code of blocks\.0's class ConvBlock changed"),
-    "stem 3x3 to 5x5, same keys": (MODEL, {"stem_kernel": 5}, r"stem \(Conv2d\) has other (hyper-parameters|parameters)"),
-    "stem stride 1 to 2": (MODEL, {"stem_stride": 2}, r"stem \(Conv2d\) has other hyper-parameters than traced .*stride=\[2, 2\]"),
+    "relu to gelu in forward": (
+        MODEL.replace("x = F.relu(self.bn(", "x = F.gelu(self.bn("),
+        {},
+        r"the code of the model's class Net changed",
+    ),
+    "the block's forward edited": (
+        MODEL.replace("return x + self.act(", "return x - self.act("),
+        {},
+        r"the code of blocks\.0's class ConvBlock changed",
+    ),
+    "stem 3x3 to 5x5, same keys": (
+        MODEL,
+        {"stem_kernel": 5},
+        r"stem \(Conv2d\) has other (hyper-parameters|parameters)",
+    ),
+    "stem stride 1 to 2": (
+        MODEL,
+        {"stem_stride": 2},
+        r"stem \(Conv2d\) has other hyper-parameters than traced .*stride=\[2, 2\]",
+    ),
     "BatchNorm eps": (MODEL, {"eps": 1e-3}, r"bn \(BatchNorm2d\) has other hyper-parameters than traced .*eps=0\.001"),
-    "a gained parameter": (MODEL.replace("        if freeze_stem:", "        self.scale = nn.Parameter(torch.ones(1))\n"
-                                         "        if freeze_stem:"), {},
-                           r"the model \(Net\) has other parameters or shapes than traced \(now scale \[1\]\)"),
-    "a gained submodule": (MODEL.replace("        if freeze_stem:", "        self.extra = nn.Conv2d(3, 3, 1)\n"
-                                         "        if freeze_stem:"), {}, r"extra \(Conv2d\) is a submodule the trace did not see"),
+    "a gained parameter": (
+        MODEL.replace(
+            "        if freeze_stem:", "        self.scale = nn.Parameter(torch.ones(1))\n        if freeze_stem:"
+        ),
+        {},
+        r"the model \(Net\) has other parameters or shapes than traced \(now scale \[1\]\)",
+    ),
+    "a gained submodule": (
+        MODEL.replace("        if freeze_stem:", "        self.extra = nn.Conv2d(3, 3, 1)\n        if freeze_stem:"),
+        {},
+        r"extra \(Conv2d\) is a submodule the trace did not see",
+    ),
 }
 FORMS = ["flat", "blocks"]
 ALL_FORMS = [*FORMS, "--flat"]
@@ -82,8 +104,15 @@ def write_model(folder, source=MODEL, name="net_model"):
 def generate(folder, model, form: str, name: str = "net", mode="train", wrt="parameters", shapes=(2, 3, 8, 8)):
     """Trace ``model``, generate its module into ``folder`` (with its header, as ``symgrad generate``
     writes it) and return the file's path."""
-    text = trace(model, {"x": shapes}, wrt=wrt, name=name, loss=LossChoice("cross_entropy", "labels"), mode=mode,
-                 blocks=form != "flat")
+    text = trace(
+        model,
+        {"x": shapes},
+        wrt=wrt,
+        name=name,
+        loss=LossChoice("cross_entropy", "labels"),
+        mode=mode,
+        blocks=form != "flat",
+    )
     built = build_text(text, f"{name}.yaml", flat=form == "--flat")
     path = folder / f"{name}.py"
     path.write_text(built.rendered.files[f"{name}.py"])
@@ -97,8 +126,10 @@ def built_model(reference: str, **init) -> torch.nn.Module:
 
 def data(batch=3, height=6, width=10, seed=1):
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(batch, 3, height, width, generator=generator, dtype=torch.float64),
-            torch.randint(0, 3, (batch,), generator=generator))
+    return (
+        torch.randn(batch, 3, height, width, generator=generator, dtype=torch.float64),
+        torch.randint(0, 3, (batch,), generator=generator),
+    )
 
 
 def assert_trains_as_autograd(step, model, reference, steps=2, batch=3):
@@ -121,7 +152,8 @@ def assert_same(model, reference):
     buffers = dict(reference.named_buffers())
     for key, value in model.named_buffers():
         assert (value.double() - buffers[key].double()).abs().max().item() <= 1e-10 * max(
-            buffers[key].double().abs().max().item(), 1.0), key
+            buffers[key].double().abs().max().item(), 1.0
+        ), key
 
 
 @pytest.mark.parametrize("form", ALL_FORMS)
@@ -147,7 +179,11 @@ def test_a_model_changed_since_it_was_traced_is_refused_in_one_line_naming_the_s
         symgrad.bind(path, changed)
     text = str(error.value)
     # run from here, the fix writes the module where it is: the spec and the folder as the header names them
-    assert "\n" not in text and "symgrad trace" in text and f"symgrad generate {tmp_path / 'net.yaml'} -o {tmp_path})" in text, text
+    assert (
+        "\n" not in text
+        and "symgrad trace" in text
+        and f"symgrad generate {tmp_path / 'net.yaml'} -o {tmp_path})" in text
+    ), text
     assert __import__("re").search(message, text), text
 
 
@@ -159,8 +195,11 @@ def test_a_generated_file_edited_by_hand_is_refused_unless_allowed(form, tmp_pat
     edited = text.replace("grad_loss = ", "grad_loss = 2.5 * ", 1) if "grad_loss = " in text else text + "\n# edited\n"
     assert edited != text
     path.write_text(edited)
-    with pytest.raises(BindError, match=r"^\S+net\.py was edited by hand since symgrad generated it .*"
-                                        rf"\(fix: symgrad generate {tmp_path / 'net.yaml'} -o {tmp_path} again, or bind\(\.\.\., allow_edited=True\)"):
+    with pytest.raises(
+        BindError,
+        match=r"^\S+net\.py was edited by hand since symgrad generated it .*"
+        rf"\(fix: symgrad generate {tmp_path / 'net.yaml'} -o {tmp_path} again, or bind\(\.\.\., allow_edited=True\)",
+    ):
         symgrad.bind(path, model)
     symgrad.bind(path, model, allow_edited=True)  # meant: bound
     path.write_text(text.split("\n", 3)[3])  # the header removed
@@ -176,8 +215,11 @@ def test_a_parameter_frozen_when_traced_and_unfrozen_later_is_refused_at_the_ste
     assert_trains_as_autograd(step, model, reference, steps=1)  # frozen, as traced: fine
     model.stem.weight.requires_grad_(True)
     x, labels = data()
-    with pytest.raises(BindError, match=r"^net: stem\.weight requires grad, and the module computes no gradient for it "
-                                        r"\(it was frozen when traced\) \(fix: .*symgrad trace"):
+    with pytest.raises(
+        BindError,
+        match=r"^net: stem\.weight requires grad, and the module computes no gradient for it "
+        r"\(it was frozen when traced\) \(fix: .*symgrad trace",
+    ):
         step(x=x, labels=labels)
     with torch.no_grad():  # no gradient asked for: nothing to refuse
         step(x=x, labels=labels)
@@ -203,8 +245,11 @@ def test_a_batchnorm_frozen_when_traced_and_switched_by_model_train_is_refused(f
     assert_trains_as_autograd(step, model, reference, steps=1)
     model.train()
     x, labels = data()
-    with pytest.raises(BindError, match=r"^net was traced with blocks\.1\.bn \(BatchNorm2d\) in eval mode, and it is "
-                                        r"now in train mode \(fix: call \.eval\(\) on it"):
+    with pytest.raises(
+        BindError,
+        match=r"^net was traced with blocks\.1\.bn \(BatchNorm2d\) in eval mode, and it is "
+        r"now in train mode \(fix: call \.eval\(\) on it",
+    ):
         step(x=x, labels=labels)
     model.blocks[0].bn.eval()  # the other way: traced training, now frozen
     model.blocks[1].bn.eval()
@@ -233,7 +278,9 @@ def test_a_call_that_fails_moves_no_buffer_and_says_so_in_one_line(form, tmp_pat
     step = symgrad.bind(generate(tmp_path, model, form), model)
     before = copy.deepcopy(model.state_dict())
     wrong = torch.randn(2, 4, 8, 8, dtype=torch.float64)  # four channels, the stem takes three
-    with pytest.raises(BindError, match=r"^net cannot take x \[2, 4, 8, 8\], labels \[2\]: .*channels.*nothing was moved"):
+    with pytest.raises(
+        BindError, match=r"^net cannot take x \[2, 4, 8, 8\], labels \[2\]: .*channels.*nothing was moved"
+    ):
         step(x=wrong, labels=torch.zeros(2, dtype=torch.int64))
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -269,9 +316,14 @@ def test_a_batchnorm_called_twice_per_forward_moves_its_statistics_as_the_module
 def test_a_momentum_none_batchnorm_called_once_per_forward_trains_and_twice_is_refused(form, tmp_path):
     model = built_model(write_model(tmp_path), momentum=None)
     reference = copy.deepcopy(model)
-    assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model, verify=False), model, reference, steps=3)
-    shared = built_model(write_model(tmp_path, SHARED.replace("nn.BatchNorm2d(width, eps=eps)",
-                                                              "nn.BatchNorm2d(width, eps=eps, momentum=None)")))
+    assert_trains_as_autograd(
+        symgrad.bind(generate(tmp_path, model, form), model, verify=False), model, reference, steps=3
+    )
+    shared = built_model(
+        write_model(
+            tmp_path, SHARED.replace("nn.BatchNorm2d(width, eps=eps)", "nn.BatchNorm2d(width, eps=eps, momentum=None)")
+        )
+    )
     with pytest.raises(BindError, match=r"^net: bn is a momentum=None BatchNorm the forward runs 2 times"):
         symgrad.bind(generate(tmp_path, shared, form), shared)
 
@@ -292,7 +344,9 @@ def test_a_bound_model_deepcopies_pickles_and_saves_as_an_ordinary_module(form, 
     states = io.BytesIO()
     torch.save(step.state_dict(), states)
     states.seek(0)
-    fresh = symgrad.bind(generate(tmp_path, model, form, name="net_again"), built_model(write_model(tmp_path)), verify=False)
+    fresh = symgrad.bind(
+        generate(tmp_path, model, form, name="net_again"), built_model(write_model(tmp_path)), verify=False
+    )
     fresh.load_state_dict(torch.load(states))
     copies.append(fresh)
     x2, l2 = data(batch=4, height=5, width=9, seed=3)
@@ -313,12 +367,17 @@ def test_a_bound_module_made_in_memory_deepcopies_and_refuses_pickling_in_one_li
     from symgrad.check import module_from_source
 
     model = built_model(write_model(tmp_path))
-    text = trace(model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="in_memory", loss=LossChoice("cross_entropy", "labels"))
-    step = symgrad.bind(module_from_source(build_text(text, "in_memory.yaml").rendered.files["in_memory.py"],
-                                           "in_memory"), model)
+    text = trace(
+        model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="in_memory", loss=LossChoice("cross_entropy", "labels")
+    )
+    step = symgrad.bind(
+        module_from_source(build_text(text, "in_memory.yaml").rendered.files["in_memory.py"], "in_memory"), model
+    )
     copied = copy.deepcopy(step)
     assert copied.generated is step.generated and copied.model is not model
-    with pytest.raises(BindError, match=r"^in_memory was not loaded from a file.*\(fix: bind the generated file's path"):
+    with pytest.raises(
+        BindError, match=r"^in_memory was not loaded from a file.*\(fix: bind the generated file's path"
+    ):
         pickle.dumps(step)
 
 
@@ -335,17 +394,20 @@ fingerprint:
 """
 
 
-@pytest.mark.parametrize("entry", [
-    '"": {class: "os.system(\'x\')", code: null, hyper: {}, state: {}}',
-    '"": {class: Net, code: "__import__(\'os\')", hyper: {}, state: {}}',
-    '"": {class: Net, code: null, hyper: {p: {nested: 1}}, state: {}}',
-    '"": {class: Net, code: null, hyper: {"a b": 1}, state: {}}',
-    '"": {class: Net, code: null, hyper: {}, state: {w: [3, "x"]}}',
-    '"": {class: Net, code: null, hyper: {}, state: {}, extra: 1}',
-    '"": {class: Net, code: null, training: "yes", hyper: {}, state: {}}',
-    '"a..b": {class: Net, code: null, hyper: {}, state: {}}',
-    '"": [1, 2]',
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        '"": {class: "os.system(\'x\')", code: null, hyper: {}, state: {}}',
+        '"": {class: Net, code: "__import__(\'os\')", hyper: {}, state: {}}',
+        '"": {class: Net, code: null, hyper: {p: {nested: 1}}, state: {}}',
+        '"": {class: Net, code: null, hyper: {"a b": 1}, state: {}}',
+        '"": {class: Net, code: null, hyper: {}, state: {w: [3, "x"]}}',
+        '"": {class: Net, code: null, hyper: {}, state: {}, extra: 1}',
+        '"": {class: Net, code: null, training: "yes", hyper: {}, state: {}}',
+        '"a..b": {class: Net, code: null, hyper: {}, state: {}}',
+        '"": [1, 2]',
+    ],
+)
 def test_a_fingerprint_that_is_not_the_traces_literals_is_refused_at_its_line(entry):
     from symgrad.errors import SpecError
     from symgrad.spec import parse_spec
@@ -358,8 +420,10 @@ def test_a_fingerprints_strings_reach_the_generated_module_as_literals():
     """A hyper-parameter string holding quotes, a backslash and braces is written as a Python literal."""
     from symgrad.check import module_from_source
 
-    text = SPEC + ('  "": {class: Net, code: 0123456789abcdef, hyper: {mode: "a\\"b\\\\{{ 7 }}\'", p: 0.1, k: [3, 3],'
-                   "}, state: {w: [3]}}\n")
+    text = SPEC + (
+        '  "": {class: Net, code: 0123456789abcdef, hyper: {mode: "a\\"b\\\\{{ 7 }}\'", p: 0.1, k: [3, 3],'
+        "}, state: {w: [3]}}\n"
+    )
     built = build_text(text, "s.yaml")
     module = module_from_source(built.rendered.files["s.py"], "s")
     name, code, *_ = module.FINGERPRINT[""]
@@ -369,22 +433,31 @@ def test_a_fingerprints_strings_reach_the_generated_module_as_literals():
 @pytest.mark.parametrize("form", FORMS)
 def test_a_parameter_the_forward_never_reads_gets_no_gradient_as_with_autograd(form, tmp_path):
     """An auxiliary head the training forward skips: autograd leaves its ``.grad`` None, and so does the step."""
-    source = MODEL.replace("        if freeze_stem:", "        self.aux_head = nn.Linear(width, classes)\n        if freeze_stem:")
+    source = MODEL.replace(
+        "        if freeze_stem:", "        self.aux_head = nn.Linear(width, classes)\n        if freeze_stem:"
+    )
     model = built_model(write_model(tmp_path, source))
     reference = copy.deepcopy(model)
-    assert_trains_as_autograd(symgrad.bind(generate(tmp_path, model, form), model, verify=False), model, reference, steps=1)
+    assert_trains_as_autograd(
+        symgrad.bind(generate(tmp_path, model, form), model, verify=False), model, reference, steps=1
+    )
     assert model.aux_head.weight.grad is None and model.aux_head.weight.requires_grad
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_a_tensor_set_to_none_or_a_hyper_parameter_deleted_or_made_a_tensor_after_bind_is_refused_in_one_line(
-        form, tmp_path):
+    form, tmp_path
+):
     changes = {
         "head.bias = None": (lambda net: setattr(net.head, "bias", None), r"^net: head\.bias is None since bind"),
-        "del bn.momentum": (lambda net: delattr(net.bn, "momentum"),
-                            r"^net: bn \(BatchNorm2d\) has no momentum since bind, traced with momentum=0\.1 "),
-        "bn.eps a tensor of two": (lambda net: setattr(net.bn, "eps", torch.tensor([1e-5, 1e-5])),
-                                   r"^net: bn \(BatchNorm2d\) has eps=tensor\("),
+        "del bn.momentum": (
+            lambda net: delattr(net.bn, "momentum"),
+            r"^net: bn \(BatchNorm2d\) has no momentum since bind, traced with momentum=0\.1 ",
+        ),
+        "bn.eps a tensor of two": (
+            lambda net: setattr(net.bn, "eps", torch.tensor([1e-5, 1e-5])),
+            r"^net: bn \(BatchNorm2d\) has eps=tensor\(",
+        ),
     }
     reference = write_model(tmp_path)
     path = generate(tmp_path, built_model(reference), form)
@@ -415,7 +488,9 @@ def test_forward_hooks_are_traced_into_the_module_and_any_change_to_them_is_refu
     with pytest.warns(UserWarning, match=r"^symgrad\.bind: stem ran forward hooks when traced"):
         step = symgrad.bind(path, model)
     assert_trains_as_autograd(step, model, copy_)
-    with pytest.raises(BindError, match=r"^net does not fit Net: stem \(Conv2d\) ran a forward hook when traced that it no"):
+    with pytest.raises(
+        BindError, match=r"^net does not fit Net: stem \(Conv2d\) ran a forward hook when traced that it no"
+    ):
         symgrad.bind(path, built_model(reference))  # the hook traced, gone before bind: refused at bind
     extra = built_model(reference)
     for hook in (_doubled, _doubled):  # the traced hook and one more
@@ -429,12 +504,19 @@ def test_forward_hooks_are_traced_into_the_module_and_any_change_to_them_is_refu
         symgrad.bind(path, extra)
     changes = {
         "a hook removed": (lambda net: net.stem._forward_hooks.clear(), r"^net: a forward hook of stem was removed"),
-        "a hook added": (lambda net: net.head.register_forward_hook(_doubled), r"^net: head has a forward hook registered"),
-        "a hook on the model itself": (lambda net: net.register_forward_pre_hook(lambda module, args: None),
-                                       r"^net: the model has a forward hook registered since bind"),
+        "a hook added": (
+            lambda net: net.head.register_forward_hook(_doubled),
+            r"^net: head has a forward hook registered",
+        ),
+        "a hook on the model itself": (
+            lambda net: net.register_forward_pre_hook(lambda module, args: None),
+            r"^net: the model has a forward hook registered since bind",
+        ),
         "weight_norm": (lambda net: torch.nn.utils.weight_norm(net.head), r"^net: head has a forward hook registered"),
-        "a backward hook": (lambda net: net.head.register_full_backward_hook(lambda *args: None),
-                            r"^net: head has a backward hook, which the explicit backward does not run"),
+        "a backward hook": (
+            lambda net: net.head.register_full_backward_hook(lambda *args: None),
+            r"^net: head has a backward hook, which the explicit backward does not run",
+        ),
     }
     x, labels = data()
     for change, pattern in changes.values():
@@ -499,12 +581,17 @@ def test_global_observer_hooks_such_as_flop_counters_neither_refuse_nor_change_t
 def test_the_trace_refuses_the_forward_hooks_it_would_not_run(tmp_path):
     model = built_model(write_model(tmp_path))
     handle = model.register_forward_hook(_doubled)
-    with pytest.raises(TraceError, match=r"^\S*test_guard\.py:\d+: error: Net itself has a forward hook, which tracing its forward does not"):
+    with pytest.raises(
+        TraceError,
+        match=r"^\S*test_guard\.py:\d+: error: Net itself has a forward hook, which tracing its forward does not",
+    ):
         generate(tmp_path, model, "flat")
     handle.remove()
     handle = torch.nn.modules.module.register_module_forward_hook(_doubled)
     try:
-        with pytest.raises(TraceError, match=r"^\S*test_guard\.py:\d+: error: a global module forward hook is registered"):
+        with pytest.raises(
+            TraceError, match=r"^\S*test_guard\.py:\d+: error: a global module forward hook is registered"
+        ):
             generate(tmp_path, model, "flat")
     finally:
         handle.remove()

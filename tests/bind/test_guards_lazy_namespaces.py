@@ -44,8 +44,12 @@ def test_a_forward_reading_lazy_namespaces_is_guarded_without_reading_through_th
     assert guards.value_text(LAZY) == ".user_lazy_namespace"
     model = Net()
     functions = guards.functions_of(model)
-    assert {"Net.forward", "Net.forward/reads_torch_classes", "Net.forward/reads_a_lazy_module",
-            "Net.forward/reads_a_lazy_module/LAZY.scale"} <= set(functions)
+    assert {
+        "Net.forward",
+        "Net.forward/reads_torch_classes",
+        "Net.forward/reads_a_lazy_module",
+        "Net.forward/reads_a_lazy_module/LAZY.scale",
+    } <= set(functions)
     called = {function.__code__ for function in functions.values()}
     codes, _ = guards.code_guards(model, called)
     assert guards.resolved(model, codes) == {path: functions[path] for path in codes}

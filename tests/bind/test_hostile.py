@@ -47,6 +47,7 @@ def generated(tmp_path_factory):
             path = generate(folder, built_model(reference, **init), form)
             made[form, variant] = folder, path, reference
         return made[form, variant]
+
     return get
 
 
@@ -62,12 +63,16 @@ def autograd_step(model, x, labels, scale=1.0):
 
 # --- the cases: each returns (ours, theirs), two functions; theirs is None where only a refusal is right ---
 
+
 def _data_case(**changes):
     def case(env):
         x, labels = data()
         arguments = {"x": x, "labels": labels, **{key: value(x, labels) for key, value in changes.items()}}
-        return (lambda: env.step(**arguments).backward(),
-                lambda: autograd_step(env.reference, arguments["x"], arguments["labels"]))
+        return (
+            lambda: env.step(**arguments).backward(),
+            lambda: autograd_step(env.reference, arguments["x"], arguments["labels"]),
+        )
+
     return case
 
 
@@ -90,6 +95,7 @@ def _shaped(batch, height, width):
     def case(env):
         x, labels = data(batch=batch, height=height, width=width)
         return lambda: env.step(x=x, labels=labels).backward(), lambda: autograd_step(env.reference, x, labels)
+
     return case
 
 
@@ -98,11 +104,13 @@ def _layout(transform):
         x, labels = data(batch=4, height=6, width=6)
         x = transform(x)
         return lambda: env.step(x=x, labels=labels).backward(), lambda: autograd_step(env.reference, x, labels)
+
     return case
 
 
 def _model_change(change, before_bind=False):
     """The model changed after bind (or before it: bound then), then one step."""
+
     def case(env):
         x, labels = data()
 
@@ -114,15 +122,21 @@ def _model_change(change, before_bind=False):
         def theirs():
             change(env.reference)
             autograd_step(env.reference, x, labels)
+
         return ours, theirs
+
     return case
 
 
 def _calls(pattern):
     """A pattern of steps and backward calls, run on the bound step and on autograd's model."""
+
     def case(env):
-        return (lambda: pattern(lambda x, labels: env.step(x=x, labels=labels)),
-                lambda: pattern(lambda x, labels: F.cross_entropy(env.reference(x), labels)))
+        return (
+            lambda: pattern(lambda x, labels: env.step(x=x, labels=labels)),
+            lambda: pattern(lambda x, labels: F.cross_entropy(env.reference(x), labels)),
+        )
+
     return case
 
 
@@ -182,7 +196,7 @@ def _grad_of_grad(step):
     loss = step(x, labels)
     parameters = [value for value in _current_model[0].parameters() if value.requires_grad]
     grads = torch.autograd.grad(loss, parameters, create_graph=True)
-    sum((grad ** 2).sum() for grad in grads).backward()
+    sum((grad**2).sum() for grad in grads).backward()
 
 
 _current_model: list = [None]
@@ -201,6 +215,7 @@ def _sgd_between(step):
 def _bind_case(target):
     def case(env):
         return lambda: symgrad.bind(target(env), env.model), None
+
     return case
 
 
@@ -209,7 +224,9 @@ def _other_model(change):
         def ours():
             model = change(env)
             symgrad.bind(env.path, model)(x=data()[0], labels=data()[1]).backward()
+
         return ours, None
+
     return case
 
 
@@ -219,6 +236,7 @@ def _frozen_unfrozen(env):
     def ours():
         env.model.stem.weight.requires_grad_(True)
         env.step(x=x, labels=labels).backward()
+
     return ours, None
 
 
@@ -251,8 +269,10 @@ CASES = {
     "labels of another batch": ("refused", _data_case(labels=lambda x, labels: torch.cat([labels, labels]))),
     "a label out of range": ("refused", _data_case(labels=lambda x, labels: torch.full_like(labels, 7))),
     "a label of -1": ("refused", _data_case(labels=lambda x, labels: torch.full_like(labels, -1))),
-    "a label of -100 (cross_entropy's ignore_index)": ("trains", _data_case(
-        labels=lambda x, labels: torch.where(torch.arange(len(labels)) == 1, -100, labels))),
+    "a label of -100 (cross_entropy's ignore_index)": (
+        "trains",
+        _data_case(labels=lambda x, labels: torch.where(torch.arange(len(labels)) == 1, -100, labels)),
+    ),
     "x with four channels": ("refused", _data_case(x=lambda x, labels: torch.cat([x, x[:, :1]], 1))),
     "x without a batch dimension": ("refused", _data_case(x=lambda x, labels: x[0])),
     "x with five dimensions": ("refused", _data_case(x=lambda x, labels: x[:, :, None])),
@@ -271,20 +291,38 @@ CASES = {
     "one BatchNorm frozen after bind": ("refused", _model_change(lambda model: model.blocks[0].bn.eval())),
     "the stem frozen after bind": ("trains", _model_change(lambda model: model.stem.weight.requires_grad_(False))),
     "a parameter frozen at trace, unfrozen": ("refused", _frozen_unfrozen),
-    "a parameter replaced, same shape": ("trains", _model_change(
-        lambda model: setattr(model.head, "weight", nn.Parameter(torch.full_like(model.head.weight, 0.1))))),
-    "a parameter replaced, another shape": ("trains", _model_change(
-        lambda model: setattr(model.stem, "weight", nn.Parameter(torch.ones(4, 3, 5, 5, dtype=torch.float64))))),
+    "a parameter replaced, same shape": (
+        "trains",
+        _model_change(
+            lambda model: setattr(model.head, "weight", nn.Parameter(torch.full_like(model.head.weight, 0.1)))
+        ),
+    ),
+    "a parameter replaced, another shape": (
+        "trains",
+        _model_change(
+            lambda model: setattr(model.stem, "weight", nn.Parameter(torch.ones(4, 3, 5, 5, dtype=torch.float64)))
+        ),
+    ),
     "a BatchNorm replaced by Identity": ("refused", _model_change(lambda model: setattr(model, "bn", nn.Identity()))),
-    "a BatchNorm's momentum changed after bind": ("refused", _model_change(lambda model: setattr(model.bn, "momentum", 0.5))),
+    "a BatchNorm's momentum changed after bind": (
+        "refused",
+        _model_change(lambda model: setattr(model.bn, "momentum", 0.5)),
+    ),
     "a BatchNorm's eps changed after bind": ("refused", _model_change(lambda model: setattr(model.bn, "eps", 1e-2))),
-    "a conv's stride changed after bind": ("refused", _model_change(lambda model: setattr(model.stem, "stride", (2, 2)))),
-    "a conv's padding changed before bind": ("refused", _model_change(lambda model: setattr(model.stem, "padding", (2, 2)),
-                                                                      before_bind=True)),
+    "a conv's stride changed after bind": (
+        "refused",
+        _model_change(lambda model: setattr(model.stem, "stride", (2, 2))),
+    ),
+    "a conv's padding changed before bind": (
+        "refused",
+        _model_change(lambda model: setattr(model.stem, "padding", (2, 2)), before_bind=True),
+    ),
     "every parameter frozen": ("as autograd", _model_change(lambda model: model.requires_grad_(False))),
     "the running statistics reset after bind": ("trains", _model_change(lambda model: model.bn.reset_running_stats())),
-    "a new buffer registered": ("refused", _model_change(lambda model: model.head.register_buffer("scale", torch.ones(1)),
-                                                         before_bind=True)),
+    "a new buffer registered": (
+        "refused",
+        _model_change(lambda model: model.head.register_buffer("scale", torch.ones(1)), before_bind=True),
+    ),
     # call patterns
     "two steps in one graph": ("trains", _calls(_two_in_one_graph)),
     "three steps in one graph": ("trains", _calls(_three_in_one_graph)),
@@ -302,15 +340,24 @@ CASES = {
     "a path that does not exist": ("refused", _bind_case(lambda env: env.folder / "missing.py")),
     "a folder": ("refused", _bind_case(lambda env: env.folder)),
     "the spec instead of the module": ("refused", _bind_case(lambda env: _write(env, "net.yaml", "name: net\n"))),
-    "a Python file symgrad did not write": ("refused", _bind_case(
-        lambda env: _write(env, "evil.py", "raise SystemExit('imported')\n"))),
-    "the generated file with its header line edited": ("refused", _bind_case(
-        lambda env: _write(env, "edited.py", env.path.read_text().replace("Do not edit.", "Edited.", 1)))),
+    "a Python file symgrad did not write": (
+        "refused",
+        _bind_case(lambda env: _write(env, "evil.py", "raise SystemExit('imported')\n")),
+    ),
+    "the generated file with its header line edited": (
+        "refused",
+        _bind_case(lambda env: _write(env, "edited.py", env.path.read_text().replace("Do not edit.", "Edited.", 1))),
+    ),
     "a model wrapped in a module": ("refused", _other_model(lambda env: Wrapped(env.model))),
-    "a subclass of the model's class": ("refused", _other_model(
-        lambda env: type("NetV2", (type(env.model),), {})().double().train())),
+    "a subclass of the model's class": (
+        "refused",
+        _other_model(lambda env: type("NetV2", (type(env.model),), {})().double().train()),
+    ),
     "a wider model": ("refused", _other_model(lambda env: built_model(env.reference_path, width=6))),
-    "a model built with other classes": ("refused", _other_model(lambda env: built_model(env.reference_path, classes=5))),
+    "a model built with other classes": (
+        "refused",
+        _other_model(lambda env: built_model(env.reference_path, classes=5)),
+    ),
     "DataParallel-style wrapper": ("refused", _other_model(lambda env: nn.DataParallel(env.model))),
 }
 """Case name -> (what must happen: "trains", "refused", or "as autograd": the same error autograd raises).

@@ -23,7 +23,7 @@ from symgrad.binding import BindError
 from symgrad.pipeline import build_text
 from symgrad.trace import load_target, trace_modes
 
-SOURCE = '''
+SOURCE = """
 import functools
 
 import torch
@@ -80,7 +80,7 @@ class Net(nn.Module):
         if bias is not None:
             h = h + bias
         return self.head(self.drop(h)), self.aux(h)
-'''
+"""
 HELPERS = "import torch\n\nK = 0.5\n\n\ndef act(x):\n    return torch.tanh(x)\n"
 
 
@@ -117,8 +117,9 @@ def step(net, x, loss=lambda outputs: outputs[0].pow(2).sum() + outputs[1].sum()
     torch.manual_seed(seed)
     outputs = net(x) if call is None else call(net, x)
     loss(outputs).backward()
-    return [o.detach().clone() for o in outputs], {k.removeprefix("model."): None if p.grad is None else
-                                                     p.grad.clone() for k, p in net.named_parameters()}
+    return [o.detach().clone() for o in outputs], {
+        k.removeprefix("model."): None if p.grad is None else p.grad.clone() for k, p in net.named_parameters()
+    }
 
 
 def compare(env, change=None, loss=None, call=None):
@@ -136,23 +137,36 @@ def compare(env, change=None, loss=None, call=None):
     except Exception as error:  # noqa: BLE001 - autograd raises (a version error): ours must have raised too
         return f"silent: autograd raises {type(error).__name__}, the bound model does not"
     outputs = max((a - b).abs().max().item() for a, b in zip(ours[0], theirs[0]))
-    grads = [key for key, value in ours[1].items() if (value is None) != (theirs[1][key] is None)
-             or value is not None and (value - theirs[1][key]).abs().max().item() > 1e-10]
+    grads = [
+        key
+        for key, value in ours[1].items()
+        if (value is None) != (theirs[1][key] is None)
+        or value is not None
+        and (value - theirs[1][key]).abs().max().item() > 1e-10
+    ]
     return "equal" if outputs <= 1e-10 and not grads else f"silent: outputs off {outputs:.1e}, grads {grads[:3]}"
 
 
 def _set(target: str, value):
     def change(env):
         owner, _, name = target.rpartition(".")
-        holder = {"module": env.module, "helpers": env.module.helpers, "model": env.model, "Net": type(env.model),
-                  "bn": env.model.bn, "drop": env.model.drop}[owner]
+        holder = {
+            "module": env.module,
+            "helpers": env.module.helpers,
+            "model": env.model,
+            "Net": type(env.model),
+            "bn": env.model.bn,
+            "drop": env.model.drop,
+        }[owner]
         setattr(holder, name, value)
+
     return change
 
 
 def _item(getter, key, value):
     def change(env):
         getter(env)[key] = value
+
     return change
 
 
@@ -169,8 +183,9 @@ CASES = {  # name: keyword arguments of compare()
     "an instance attribute shadowing the class's": {"change": _set("model.BIAS", 1.5)},
     "a dict hyper-parameter set in place": {"change": _item(lambda env: env.model.hp, "scale", 3.0)},
     "a list in a dict hyper-parameter set in place": {"change": _item(lambda env: env.model.hp["list"], 1, 5.0)},
-    "a partial made anew with another slope": {"change": _set("model.act", functools.partial(F.leaky_relu,
-                                                                                           negative_slope=0.4))},
+    "a partial made anew with another slope": {
+        "change": _set("model.act", functools.partial(F.leaky_relu, negative_slope=0.4))
+    },
     "a partial made anew, equal": {"change": _set("model.act", functools.partial(F.leaky_relu, negative_slope=0.2))},
     "BatchNorm momentum": {"change": _set("bn.momentum", 0.5)},
     "BatchNorm eps": {"change": _set("bn.eps", 1e-2)},
@@ -181,20 +196,33 @@ CASES = {  # name: keyword arguments of compare()
     "an optional tensor given": {"call": lambda net, x: net(x, bias=torch.ones(5, dtype=torch.float64))},
     "model.eval()": {"change": lambda env: env.model.eval()},
     "dropout alone in eval mode": {"change": lambda env: env.model.drop.eval()},
-    "the forward replaced on the instance": {"change": lambda env: setattr(
-        env.model, "forward", types.MethodType(lambda self, x, scale=1.0, bias=None: (self.head(x @ torch.ones(
-            4, 5, dtype=x.dtype)), self.aux(x @ torch.ones(4, 5, dtype=x.dtype))), env.model))},
-    "a parameter replaced by a new Parameter": {"change": lambda env: setattr(
-        env.model.head, "weight", nn.Parameter(torch.randn(3, 5, dtype=torch.float64)))},
+    "the forward replaced on the instance": {
+        "change": lambda env: setattr(
+            env.model,
+            "forward",
+            types.MethodType(
+                lambda self, x, scale=1.0, bias=None: (
+                    self.head(x @ torch.ones(4, 5, dtype=x.dtype)),
+                    self.aux(x @ torch.ones(4, 5, dtype=x.dtype)),
+                ),
+                env.model,
+            ),
+        )
+    },
+    "a parameter replaced by a new Parameter": {
+        "change": lambda env: setattr(env.model.head, "weight", nn.Parameter(torch.randn(3, 5, dtype=torch.float64)))
+    },
     "a parameter's values set in place": {"change": lambda env: env.model.lin.weight.data.mul_(0.5)},
     "a parameter frozen after bind": {"change": lambda env: env.model.aux.bias.requires_grad_(False)},
     "a loss over one output (.grad None where unreached)": {"loss": lambda outputs: outputs[1].pow(2).sum()},
     "an output changed in place before backward": {"call": lambda net, x: _changed_in_place(net, x)},
-    "another batch and a one-sample batch in eval": {"change": lambda env: (env.model.eval(), setattr(
-        env, "x", env.x[:1].clone()))},
+    "another batch and a one-sample batch in eval": {
+        "change": lambda env: (env.model.eval(), setattr(env, "x", env.x[:1].clone()))
+    },
     "the input requires grad": {"change": lambda env: setattr(env, "x", env.x.clone().requires_grad_())},
-    "a forward hook on a submodule": {"change": lambda env: env.model.head.register_forward_hook(
-        lambda module, inputs, output: output * 2)},
+    "a forward hook on a submodule": {
+        "change": lambda env: env.model.head.register_forward_hook(lambda module, inputs, output: output * 2)
+    },
 }
 
 

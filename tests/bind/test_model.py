@@ -19,9 +19,9 @@ from symgrad.trace import LossChoice, trace, trace_modes
 # ----- the model, written as timm and torchvision write these layers ----------------------------------
 
 
-def drop_path(x, drop_prob: float = 0., training: bool = False, scale_by_keep: bool = True):
+def drop_path(x, drop_prob: float = 0.0, training: bool = False, scale_by_keep: bool = True):
     """timm.layers.drop.drop_path, as timm writes it."""
-    if drop_prob == 0. or not training:
+    if drop_prob == 0.0 or not training:
         return x
     keep_prob = 1 - drop_prob
     shape = (x.shape[0],) + (1,) * (x.ndim - 1)  # work with diff dim tensors, not just 2D ConvNets
@@ -34,7 +34,7 @@ def drop_path(x, drop_prob: float = 0., training: bool = False, scale_by_keep: b
 class DropPath(nn.Module):
     """timm.layers.drop.DropPath."""
 
-    def __init__(self, drop_prob: float = 0., scale_by_keep: bool = True):
+    def __init__(self, drop_prob: float = 0.0, scale_by_keep: bool = True):
         super().__init__()
         self.drop_prob = drop_prob
         self.scale_by_keep = scale_by_keep
@@ -97,7 +97,7 @@ class SqueezeExcite(nn.Module):
 class BasicBlock(nn.Module):
     """timm's ResNet BasicBlock with an SE gate and drop path."""
 
-    def __init__(self, channels, drop_path_rate=0., depth_mode=None):
+    def __init__(self, channels, drop_path_rate=0.0, depth_mode=None):
         super().__init__()
         self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(channels)
@@ -106,8 +106,13 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(channels)
         self.se = SqueezeExcite(channels)
         self.act2 = nn.ReLU(inplace=True)
-        self.drop_path = (StochasticDepth(drop_path_rate, depth_mode) if depth_mode
-                          else DropPath(drop_path_rate) if drop_path_rate > 0. else nn.Identity())
+        self.drop_path = (
+            StochasticDepth(drop_path_rate, depth_mode)
+            if depth_mode
+            else DropPath(drop_path_rate)
+            if drop_path_rate > 0.0
+            else nn.Identity()
+        )
 
     def forward(self, x):
         shortcut = x
@@ -129,8 +134,9 @@ class AuxNet(nn.Module):
 
     def __init__(self, num_classes=5, channels=8):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels),
-                                  nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(inplace=True)
+        )
         self.layer1 = BasicBlock(channels, drop_path_rate=0.2)
         self.layer2 = BasicBlock(channels, drop_path_rate=0.3, depth_mode="row")
         self.aux = nn.Linear(channels, num_classes)
@@ -186,7 +192,8 @@ def max_difference(first: dict, second: dict) -> float:
 
 
 def test_a_model_traced_without_a_loss_trains_as_autograd_with_any_loss_and_evaluates_without_a_new_trace(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     torch.manual_seed(0)
     model = AuxNet().double()
     train_text, eval_text = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet")
@@ -205,7 +212,9 @@ def test_a_model_traced_without_a_loss_trains_as_autograd_with_any_loss_and_eval
             optimizer.zero_grad()
             torch.manual_seed(100 + step)  # the same masks for both: drawn by the same calls, in the same order
             logits, aux = net(images)
-            loss = F.cross_entropy(logits, labels, label_smoothing=0.1, ignore_index=-1) + 0.4 * F.cross_entropy(aux, labels)
+            loss = F.cross_entropy(logits, labels, label_smoothing=0.1, ignore_index=-1) + 0.4 * F.cross_entropy(
+                aux, labels
+            )
             loss.backward()
             optimizer.step()
             results.append({"logits": logits.detach(), "aux": aux.detach(), "loss": loss.detach()})
@@ -324,8 +333,13 @@ def test_the_block_form_binds_compiles_and_its_generated_tests_pass(tmp_path):
         torch.manual_seed(5)
         logits, aux = net(images)
         (logits.pow(2).sum() + aux.sum()).backward()
-    assert max_difference({name: value.grad for name, value in model.named_parameters()},
-                          {name: value.grad for name, value in reference.named_parameters()}) <= 1e-10
+    assert (
+        max_difference(
+            {name: value.grad for name, value in model.named_parameters()},
+            {name: value.grad for name, value in reference.named_parameters()},
+        )
+        <= 1e-10
+    )
     model.eval()
     reference.eval()
     assert (fast(images) - reference(images)).abs().max().item() <= 1e-10
@@ -345,8 +359,10 @@ def test_torch_compile_fullgraph_runs_and_equals_eager(tmp_path):
     text, evaluation = trace_modes(model, {"x": (2, 3, 8, 8)}, "parameters", "auxnet_compiled")
     path = generated(tmp_path, text, evaluation)
     eager_model = copy.deepcopy(model)
-    compiled, eager = torch.compile(symgrad.bind(path, model, verify=False), fullgraph=True, backend="aot_eager"), \
-        symgrad.bind(path, eager_model, verify=False)
+    compiled, eager = (
+        torch.compile(symgrad.bind(path, model, verify=False), fullgraph=True, backend="aot_eager"),
+        symgrad.bind(path, eager_model, verify=False),
+    )
     for step in range(2):
         images, labels = torch.randn(3, 3, 6, 10, dtype=torch.float64), torch.randint(0, 5, (3,))
         results = []
@@ -369,11 +385,23 @@ def test_the_loss_form_step_compiles_whole_and_trains_as_autograd(tmp_path):
     cannot empty the forward's list of saved values in the backward, so the backward empties a copy
     of its own), and two SGD steps in float64 move the parameters and statistics as autograd's do."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(4, 5)).double()
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 5),
+    ).double()
     reference = copy.deepcopy(model)
-    text = trace(model, {"input": (2, 3, 6, 6)}, "parameters", "conv_loss", loss=LossChoice("cross_entropy", "labels"),
-                 mode="train")
+    text = trace(
+        model,
+        {"input": (2, 3, 6, 6)},
+        "parameters",
+        "conv_loss",
+        loss=LossChoice("cross_entropy", "labels"),
+        mode="train",
+    )
     step = symgrad.bind(generated(tmp_path, text), model)
     compiled = torch.compile(lambda x, labels: step(input=x, labels=labels), fullgraph=True, backend="aot_eager")
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
@@ -421,8 +449,13 @@ def test_the_compiled_bound_model_trains_at_a_new_batch_and_size(tmp_path):
         for net in (compiled, reference):
             image, side = net(x)
             (F.mse_loss(image, x) + side.square().mean()).backward()
-        assert max_difference({name: value.grad for name, value in model.named_parameters()},
-                              {name: value.grad for name, value in reference.named_parameters()}) <= 1e-12
+        assert (
+            max_difference(
+                {name: value.grad for name, value in model.named_parameters()},
+                {name: value.grad for name, value in reference.named_parameters()},
+            )
+            <= 1e-12
+        )
         for optimizer in optimizers:
             optimizer.step()
     assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
@@ -453,8 +486,13 @@ def test_the_compiled_bound_model_of_a_conv_and_batch_norm_trains_at_symbolic_si
         for net, parameters in ((compiled, model), (reference, reference)):
             parameters.zero_grad()
             net(x).square().mean().backward()
-        assert max_difference({name: value.grad for name, value in model.named_parameters()},
-                              {name: value.grad for name, value in reference.named_parameters()}) <= 1e-12
+        assert (
+            max_difference(
+                {name: value.grad for name, value in model.named_parameters()},
+                {name: value.grad for name, value in reference.named_parameters()},
+            )
+            <= 1e-12
+        )
     assert max_difference(model.state_dict(), reference.state_dict()) <= 1e-12
     assert model.norm.num_batches_tracked.item() == 2
 
@@ -473,7 +511,9 @@ def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_
     def step(net, data):
         torch.manual_seed(3)
         logits, aux = net(data)
-        (F.cross_entropy(logits.float(), labels, label_smoothing=0.1) + 0.4 * F.cross_entropy(aux.float(), labels)).backward()
+        (
+            F.cross_entropy(logits.float(), labels, label_smoothing=0.1) + 0.4 * F.cross_entropy(aux.float(), labels)
+        ).backward()
 
     step(exact, images)
     for net in (fast, reference):
@@ -483,8 +523,12 @@ def test_under_bfloat16_autocast_the_bound_model_is_as_accurate_as_autograd(tmp_
     norm = torch.cat([grad.flatten() for grad in truth]).norm().item()
 
     def error(net):
-        return torch.cat([(value.grad.double() - grad).flatten()
-                          for value, grad in zip(net.parameters(), truth)]).norm().item() / norm
+        return (
+            torch.cat([(value.grad.double() - grad).flatten() for value, grad in zip(net.parameters(), truth)])
+            .norm()
+            .item()
+            / norm
+        )
 
     assert all(value.grad.dtype == torch.float32 for value in model.parameters())
     assert error(reference) > 1e-5, "autocast did not lower the precision: the comparison would prove nothing"
@@ -497,8 +541,7 @@ class ConvClassifier(nn.Module):
 
     def __init__(self, channels=6, classes=5):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels),
-                                  nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
         self.fc = nn.Linear(channels, classes)
 
     def forward(self, x):

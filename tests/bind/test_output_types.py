@@ -16,7 +16,7 @@ from symgrad.binding import BindError
 from symgrad.pipeline import build_text
 from symgrad.trace import load_target, trace_modes
 
-HEAD = '''
+HEAD = """
 import collections
 from collections import OrderedDict, namedtuple
 from typing import NamedTuple
@@ -34,24 +34,34 @@ class Base(nn.Module):
     def parts(self, x):
         h = torch.tanh(self.a(x))
         return self.b(h), h
-'''
+"""
 
 MODELS = {
-    "list": (HEAD + '''
+    "list": (
+        HEAD
+        + """
 class Net(Base):
     def forward(self, x):
         logits, h = self.parts(x)
         return [logits, h]
-''', list),
-    "namedtuple": (HEAD + '''
+""",
+        list,
+    ),
+    "namedtuple": (
+        HEAD
+        + """
 Output = namedtuple("Output", ["logits", "hidden"])
 
 
 class Net(Base):
     def forward(self, x):
         return Output(*self.parts(x))
-''', "Output"),
-    "typing.NamedTuple": (HEAD + '''
+""",
+        "Output",
+    ),
+    "typing.NamedTuple": (
+        HEAD
+        + """
 class Output(NamedTuple):
     logits: torch.Tensor
     hidden: torch.Tensor
@@ -61,8 +71,12 @@ class Net(Base):
     def forward(self, x):
         logits, hidden = self.parts(x)
         return Output(logits=logits, hidden=hidden)
-''', "Output"),
-    "a ModelOutput-like OrderedDict with attributes": (HEAD + '''
+""",
+        "Output",
+    ),
+    "a ModelOutput-like OrderedDict with attributes": (
+        HEAD
+        + '''
 class Output(OrderedDict):
     """As transformers.utils.ModelOutput: keys, and each key an attribute."""
 
@@ -76,18 +90,28 @@ class Net(Base):
     def forward(self, x):
         logits, hidden = self.parts(x)
         return Output(logits=logits, hidden=hidden)
-''', "Output"),
-    "a plain tuple": (HEAD + '''
+''',
+        "Output",
+    ),
+    "a plain tuple": (
+        HEAD
+        + """
 class Net(Base):
     def forward(self, x):
         return self.parts(x)
-''', tuple),
-    "a plain dict": (HEAD + '''
+""",
+        tuple,
+    ),
+    "a plain dict": (
+        HEAD
+        + """
 class Net(Base):
     def forward(self, x):
         logits, hidden = self.parts(x)
         return {"logits": logits, "hidden": hidden}
-''', dict),
+""",
+        dict,
+    ),
 }
 
 
@@ -130,7 +154,9 @@ def test_the_bound_model_returns_the_models_container(case, tmp_path):
 
 def test_a_container_class_made_inside_a_function_is_refused_at_bind(tmp_path):
     """A class bind cannot find again by its module and name: refused in one line, not a plain tuple."""
-    source = HEAD + '''
+    source = (
+        HEAD
+        + """
 def make():
     Output = namedtuple("Output", ["logits", "hidden"])
 
@@ -141,7 +167,8 @@ def make():
 
 
 Net = make()
-'''
+"""
+    )
     with pytest.raises(BindError, match=r"returns a make\.<locals>\.Net.*|returns an? .*Output") as refusal:
         bound(tmp_path, source, name="typed_local")
     assert "\n" not in str(refusal.value) and "fix:" in str(refusal.value)
@@ -160,5 +187,3 @@ def test_traced_from_the_file_and_bound_from_an_import_the_class_is_found(tmp_pa
     assert type(model).__module__ != type(traced).__module__
     output = symgrad.bind(tmp_path / "typed.py", model)(torch.randn(3, 4, dtype=torch.float64))
     assert type(output) is typed_import.Output and output.logits.shape == (3, 3)
-
-

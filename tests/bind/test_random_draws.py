@@ -30,7 +30,8 @@ def drop_path_mask(x, keep):
 '''
 
 MODELS = {
-    "one mask used on two branches": HEAD + '''
+    "one mask used on two branches": HEAD
+    + """
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -42,8 +43,9 @@ class Net(nn.Module):
         mask = drop_path_mask(x, 0.6)
         y = self.a(x) * mask + self.b(x) * mask
         return self.head(y.mean((2, 3)))
-''',
-    "masks drawn m1, m2 and used m2, m1": HEAD + '''
+""",
+    "masks drawn m1, m2 and used m2, m1": HEAD
+    + """
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -58,8 +60,9 @@ class Net(nn.Module):
         h = h * m2
         h = torch.tanh(self.b(h)) * m1
         return self.head(h.mean((2, 3)))
-''',
-    "a mask drawn before F.dropout and used after it": HEAD + '''
+""",
+    "a mask drawn before F.dropout and used after it": HEAD
+    + """
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -71,8 +74,9 @@ class Net(nn.Module):
         mask = drop_path_mask(h, 0.6)
         h = F.dropout(torch.tanh(h), 0.3, self.training)
         return self.head((h * mask).mean((2, 3)))
-''',
-    "nn.Dropout where the convolutions run channels_last": HEAD + '''
+""",
+    "nn.Dropout where the convolutions run channels_last": HEAD
+    + """
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -84,8 +88,9 @@ class Net(nn.Module):
     def forward(self, x):
         h = self.drop(torch.relu(self.a(x)))
         return self.head(self.b(h).mean((2, 3)))
-''',
-    "a float32 mask in a float64 model": HEAD + '''
+""",
+    "a float32 mask in a float64 model": HEAD
+    + """
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -97,8 +102,9 @@ class Net(nn.Module):
         keep = 0.7
         noise = torch.empty((h.shape[0], 1, 1, 1), dtype=torch.float32).bernoulli_(keep)
         return self.head((h * noise.to(h.dtype) / keep).mean((2, 3)))
-''',
-    "old timm drop_path: keep + torch.rand, floor_": HEAD + '''
+""",
+    "old timm drop_path: keep + torch.rand, floor_": HEAD
+    + """
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -111,17 +117,21 @@ class Net(nn.Module):
         noise = keep + torch.rand((h.shape[0], 1, 1, 1), dtype=torch.float32)
         noise.floor_()
         return self.head((h.div(keep) * noise).mean((2, 3)))
-''',
+""",
 }
 
 FIXED = {  # refused at the draw's line, in one line; the fix it prints, applied, trains as autograd
     "old timm drop_path: keep + torch.rand, floor_": (
-        "drawing_model.py:20: error: 'rand' draws random numbers", "x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)",
-        ("""        noise = keep + torch.rand((h.shape[0], 1, 1, 1), dtype=torch.float32)
+        "drawing_model.py:20: error: 'rand' draws random numbers",
+        "x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep)",
+        (
+            """        noise = keep + torch.rand((h.shape[0], 1, 1, 1), dtype=torch.float32)
         noise.floor_()
         return self.head((h.div(keep) * noise).mean((2, 3)))""",
-         """        noise = h.new_empty((h.shape[0], 1, 1, 1)).bernoulli_(keep)
-        return self.head((h * noise / keep).mean((2, 3)))""")),
+            """        noise = h.new_empty((h.shape[0], 1, 1, 1)).bernoulli_(keep)
+        return self.head((h * noise / keep).mean((2, 3)))""",
+        ),
+    ),
 }
 SIZES = {  # traced at, trained at (another batch and size); the layout moves from 16384 positions
     # (roles.CHANNELS_LAST_MIN_POSITIONS), so that case trains at 2 x 96 x 100: a few seconds, the reason
@@ -146,7 +156,9 @@ def bound(tmp_path, source: str, shapes):
 
 
 def trains_as_autograd(fast, model, reference, shape, steps=3):
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3) for net in (model, reference)]
+    optimizers = [
+        torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3) for net in (model, reference)
+    ]
     generator = torch.Generator().manual_seed(5)
     for step in range(steps):
         x = torch.randn(shape, generator=generator, dtype=torch.float64)

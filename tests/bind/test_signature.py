@@ -18,9 +18,18 @@ def forward_keyword_default(self, x, *, scale=1.0): ...
 def forward_keyword_required(self, x, *, scale): ...
 
 
-@pytest.mark.parametrize("function", [forward_plain, forward_two, forward_default, forward_star,
-                                      forward_positional_only, forward_keyword_default,
-                                      forward_keyword_required])
+@pytest.mark.parametrize(
+    "function",
+    [
+        forward_plain,
+        forward_two,
+        forward_default,
+        forward_star,
+        forward_positional_only,
+        forward_keyword_default,
+        forward_keyword_required,
+    ],
+)
 @pytest.mark.parametrize("count", [0, 1, 2, 3])
 def test_a_call_by_position_takes_the_fast_path_only_where_bind_names_the_same_arguments(function, count):
     signature = inspect.signature(function.__get__(object()))

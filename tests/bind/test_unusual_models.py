@@ -110,12 +110,19 @@ def test_a_one_operand_einsum_traces_as_a_permute_or_is_refused_with_a_fix_that_
     torch.manual_seed(3)
     model = Einsums().double()
     reference = copy.deepcopy(model)
-    trains_as_autograd(bound(tmp_path, model, {"x": (2, 3, 3)}, "einsum_transpose"), model, reference,
-                       torch.randn(4, 3, 3, dtype=torch.float64))
-    for form, message in (("diagonal", r"takes a diagonal .*\(fix: multiply by an identity registered as a buffer"),
-                          ("sum", r"sums within its one operand .*\(fix: write the sum itself, x.sum\(dims\)")):
+    trains_as_autograd(
+        bound(tmp_path, model, {"x": (2, 3, 3)}, "einsum_transpose"),
+        model,
+        reference,
+        torch.randn(4, 3, 3, dtype=torch.float64),
+    )
+    for form, message in (
+        ("diagonal", r"takes a diagonal .*\(fix: multiply by an identity registered as a buffer"),
+        ("sum", r"sums within its one operand .*\(fix: write the sum itself, x.sum\(dims\)"),
+    ):
         with pytest.raises(TraceError, match=message) as refused:
             trace(Einsums(form).double(), {"x": (2, 3, 3)}, "parameters", "refused", mode="train")
         assert "'in:'" not in str(refused.value) and len(str(refused.value).splitlines()) == 1
-        assert "outputs:" in trace(Einsums(f"{form} fixed").double(), {"x": (2, 3, 3)}, "parameters", "fixed",
-                                   mode="train")
+        assert "outputs:" in trace(
+            Einsums(f"{form} fixed").double(), {"x": (2, 3, 3)}, "parameters", "fixed", mode="train"
+        )

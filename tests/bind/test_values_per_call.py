@@ -15,7 +15,7 @@ from symgrad.binding import BindError
 from symgrad.pipeline import build_text
 from symgrad.trace import load_target, trace
 
-SOURCE = '''
+SOURCE = """
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -46,7 +46,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         return scaled(F.leaky_relu(self.lin(x), SLOPE)) + helpers.OFFSET
-'''
+"""
 
 
 @pytest.fixture

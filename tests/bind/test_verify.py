@@ -31,7 +31,7 @@ class Net(nn.Module):
 
 
 EDITS = {
-    "backward": '''
+    "backward": """
 
 _unedited_backward = _backward_from_saved
 
@@ -40,8 +40,8 @@ def _backward_from_saved(*positional, **named):
     grads = _unedited_backward(*positional, **named)
     grads.params["fc.weight"] = 1.01 * grads.params["fc.weight"]  # a hand edit: one gradient 1% off
     return grads
-''',
-    "forward": '''
+""",
+    "forward": """
 
 _unedited_saving = _forward_saving
 
@@ -49,7 +49,7 @@ _unedited_saving = _forward_saving
 def _forward_saving(*positional, **named):
     (logits, features), *saved = _unedited_saving(*positional, **named)
     return (logits + 1e-3, features), *saved  # a hand edit: the logits moved
-''',
+""",
 }
 
 
@@ -72,14 +72,18 @@ def test_a_binding_that_computes_otherwise_is_refused_naming_what_differs_and_ve
     assert torch.equal(torch.get_rng_state(), state)  # the check draws from the random state it puts back
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())  # on a copy
     assert all(parameter.grad is None for parameter in model.parameters())
-    for edit, said in (("backward", r"the gradient of fc\.weight differs by \S+ \(relative\)"),
-                       ("forward", r"output\[0\] differs by")):
+    for edit, said in (
+        ("backward", r"the gradient of fc\.weight differs by \S+ \(relative\)"),
+        ("forward", r"output\[0\] differs by"),
+    ):
         path = generated(tmp_path / edit, model, edit)
-        with pytest.raises(symgrad.BindError, match=r"does not compute what Net computes: on a float64 copy at "
-                           rf"x \[2, 3, \d+, \d+\] \(seed 0\), {said}.*verify=False"):
+        with pytest.raises(
+            symgrad.BindError,
+            match=r"does not compute what Net computes: on a float64 copy at "
+            rf"x \[2, 3, \d+, \d+\] \(seed 0\), {said}.*verify=False",
+        ):
             symgrad.bind(path, model, allow_edited=True)  # verify is on by default
         symgrad.bind(path, model, allow_edited=True, verify=False)  # unchecked, as documented
-
 
 
 class Checkpointed(nn.Module):

@@ -25,12 +25,18 @@ def test_docs_writes_only_the_documents(tmp_path: Path):
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed1_strided_conv.html", "seed1_strided_conv.md"]
     html = (tmp_path / "seed1_strided_conv.html").read_text()
-    assert "<math" in html and "<svg" in html and "<script" not in html and "http://" not in html.replace(
-        "http://www.w3.org", "")  # offline: no scripts, no remote resources
+    assert (
+        "<math" in html
+        and "<svg" in html
+        and "<script" not in html
+        and "http://" not in html.replace("http://www.w3.org", "")
+    )  # offline: no scripts, no remote resources
 
 
 def test_verify_prints_a_table_and_exits_zero():
-    result = CliRunner().invoke(main, ["verify", str(ROOT / "examples" / "seed2_conv_strided.yaml"), "--float32-shapes", "small"])
+    result = CliRunner().invoke(
+        main, ["verify", str(ROOT / "examples" / "seed2_conv_strided.yaml"), "--float32-shapes", "small"]
+    )
     assert result.exit_code == 0, result.output
     header, *rows = result.stdout.splitlines()
     assert "gradcheck of" in result.stderr and "float64 against autograd" in result.stderr  # progress, on stderr
@@ -57,8 +63,9 @@ def test_verify_exits_one_when_a_gradient_is_wrong(monkeypatch):
     relu = LAYER_RULES["relu"]
     monkeypatch.setattr(relu, "from_output", lambda out: sympy.Heaviside(-out, 0))
     monkeypatch.setattr(relu, "fused_pullback", lambda grad, node: sympy.Heaviside(-node.out, 0) * grad)
-    result = CliRunner().invoke(main, ["verify", str(ROOT / "examples" / "seed3_conv_relu_conv.yaml"),
-                                       "--float32-shapes", "small"])
+    result = CliRunner().invoke(
+        main, ["verify", str(ROOT / "examples" / "seed3_conv_relu_conv.yaml"), "--float32-shapes", "small"]
+    )
     assert result.exit_code == 1, result.output
     assert "FAILED: gradcheck: FAIL (Jacobian mismatch" in result.output, result.output
     assert getattr(gradcheck, "_run_slow_mode_and_get_error", None) is slow_mode

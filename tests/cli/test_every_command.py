@@ -30,10 +30,13 @@ wrt: [x, w]
 
 HOSTILE = {
     "like_sizes.yaml": LIKE,  # every traced U-Net: interpolate(size=skip.shape[-2:])
-    "input_named_y.yaml": LIKE.replace("  t:", "  y:").replace("pad: {like: t}", "pad: {like: y}").replace(
-        "target: t", "target: y").replace("name: up_like", "name: named_y"),
-    "name_clash.yaml": LIKE.replace("out: up}", "out: keys}").replace("in: up,", "in: keys,").replace(
-        "name: up_like", "name: clash"),
+    "input_named_y.yaml": LIKE.replace("  t:", "  y:")
+    .replace("pad: {like: t}", "pad: {like: y}")
+    .replace("target: t", "target: y")
+    .replace("name: up_like", "name: named_y"),
+    "name_clash.yaml": LIKE.replace("out: up}", "out: keys}")
+    .replace("in: up,", "in: keys,")
+    .replace("name: up_like", "name: clash"),
     "binary.yaml": "\x00\x01\x02",
     "empty.yaml": "",
     "not_a_mapping.yaml": "- 1\n- 2\n",
@@ -67,24 +70,37 @@ def _one_line_or_result(result, command: list[str]) -> None:
         assert len(errors) == 1 and "error" in errors[0].lower(), shown
 
 
-SPECS = ["like_sizes.yaml", "input_named_y.yaml", "name_clash.yaml", "binary.yaml", "empty.yaml",
-         "not_a_mapping.yaml", "no_specs", "missing.yaml", "unrolled_blocks.yaml", "upsampling_decoder.yaml",
-         "seed3_conv_relu_conv.yaml"]
+SPECS = [
+    "like_sizes.yaml",
+    "input_named_y.yaml",
+    "name_clash.yaml",
+    "binary.yaml",
+    "empty.yaml",
+    "not_a_mapping.yaml",
+    "no_specs",
+    "missing.yaml",
+    "unrolled_blocks.yaml",
+    "upsampling_decoder.yaml",
+    "seed3_conv_relu_conv.yaml",
+]
 
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("command", ["generate", "docs", "verify", "check"])
 def test_every_command_gives_a_result_or_one_line(spec, command, specs, tmp_path):
     path = str(specs[spec])
-    arguments = {"generate": ["generate", path, "-o", str(tmp_path / "out")],
-                 "docs": ["docs", path, "-o", str(tmp_path / "out")],
-                 "verify": ["verify", path],
-                 "check": ["check", path]}[command]
+    arguments = {
+        "generate": ["generate", path, "-o", str(tmp_path / "out")],
+        "docs": ["docs", path, "-o", str(tmp_path / "out")],
+        "verify": ["verify", path],
+        "check": ["check", path],
+    }[command]
     _one_line_or_result(CliRunner().invoke(main, arguments), arguments)
 
 
-@pytest.mark.parametrize("spec", ["like_sizes.yaml", "input_named_y.yaml", "name_clash.yaml", "binary.yaml",
-                                  "no_specs", "missing.yaml"])
+@pytest.mark.parametrize(
+    "spec", ["like_sizes.yaml", "input_named_y.yaml", "name_clash.yaml", "binary.yaml", "no_specs", "missing.yaml"]
+)
 def test_certify_gives_a_result_or_one_line(spec, specs):
     result = CliRunner().invoke(main, ["certify", str(specs[spec])])
     _one_line_or_result(result, ["certify", spec])
@@ -92,11 +108,21 @@ def test_certify_gives_a_result_or_one_line(spec, specs):
         assert result.exit_code == 0 and "4 certified, 0 failed" in result.output, result.output
 
 
-@pytest.mark.parametrize("arguments", [
-    ["trace", "missing.py:Model", "--input", "x=1,3,8,8"], ["trace", "{examples}/seed_pytorch.py:Nothing"],
-    ["trace", "{examples}/seed_pytorch.py"], ["ops"], ["ops", "conv9d"], ["spec-help"], ["init", "{tmp}/spec.yaml"],
-    ["init", "{tmp}"], ["generate"], ["check", "{tmp}/nothing"],
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["trace", "missing.py:Model", "--input", "x=1,3,8,8"],
+        ["trace", "{examples}/seed_pytorch.py:Nothing"],
+        ["trace", "{examples}/seed_pytorch.py"],
+        ["ops"],
+        ["ops", "conv9d"],
+        ["spec-help"],
+        ["init", "{tmp}/spec.yaml"],
+        ["init", "{tmp}"],
+        ["generate"],
+        ["check", "{tmp}/nothing"],
+    ],
+)
 def test_the_other_commands_give_a_result_or_one_line(arguments, tmp_path):
     arguments = [item.format(examples=ROOT / "examples", tmp=tmp_path) for item in arguments]
     _one_line_or_result(CliRunner().invoke(main, arguments), arguments)
@@ -111,12 +137,25 @@ def test_an_error_symgrad_did_not_foresee_is_one_line(monkeypatch, specs, tmp_pa
     monkeypatch.setattr(symgrad.pipeline, "_build", broken)
     result = CliRunner().invoke(main, ["generate", str(specs["like_sizes.yaml"]), "-o", str(tmp_path)])
     _one_line_or_result(result, ["generate"])
-    assert result.exit_code == 2 and "RuntimeError: something deep" in result.stderr and "bug in symgrad" in result.stderr
+    assert (
+        result.exit_code == 2 and "RuntimeError: something deep" in result.stderr and "bug in symgrad" in result.stderr
+    )
 
 
 def test_wrt_params_suggests_parameters():
-    result = CliRunner().invoke(main, ["trace", f"{ROOT / 'examples' / 'seed_pytorch.py'}:ResidualBlock",
-                                       "--input", "x=2,4,8,8", "--input", "target=2,4,8,8", "--wrt", "params"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "trace",
+            f"{ROOT / 'examples' / 'seed_pytorch.py'}:ResidualBlock",
+            "--input",
+            "x=2,4,8,8",
+            "--input",
+            "target=2,4,8,8",
+            "--wrt",
+            "params",
+        ],
+    )
     _one_line_or_result(result, ["trace", "--wrt", "params"])
     assert result.exit_code == 2 and "did you mean 'parameters'?" in result.stderr, result.stderr
 

@@ -39,7 +39,11 @@ def test_generated_files_get_the_mode_a_plain_write_gives(tmp_path: Path, umask:
 def test_check_without_a_generated_folder_is_one_line_and_exit_2(tmp_path: Path):
     result = _run("check", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and "generated does not exist" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.stderr.count("\n") == 1
+        and "generated does not exist" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 @pytest.mark.parametrize("what", ["spec", "empty folder"])
@@ -93,9 +97,11 @@ def test_two_specs_with_one_name_across_calls_are_refused(tmp_path: Path):
 
 
 def test_help_imports_neither_torch_nor_sympy_and_is_fast():
-    code = ("import sys, time; t = time.perf_counter(); from symgrad.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'sympy', 'numpy') if m in sys.modules), time.perf_counter() - t)")
+    code = (
+        "import sys, time; t = time.perf_counter(); from symgrad.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'sympy', 'numpy') if m in sys.modules), time.perf_counter() - t)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     loaded, seconds = result.stdout.strip().splitlines()[-1].rsplit(" ", 1)
     assert loaded == "[]" and float(seconds) < 1.0, result.stdout
@@ -136,21 +142,28 @@ def test_deeply_nested_yaml_is_one_line_exit_2(tmp_path: Path):
     spec.write_text("name: a\ninputs: " + "[" * 5000 + "]" * 5000 + "\n")
     result = _run("generate", str(spec), "-o", str(tmp_path / "gen"))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.strip() == f"{spec}:2:41: error: spec is nested deeper than 32 levels (fix: flatten the structure; specs need at most 4 levels)"
+    assert (
+        result.stderr.strip()
+        == f"{spec}:2:41: error: spec is nested deeper than 32 levels (fix: flatten the structure; specs need at most 4 levels)"
+    )
 
 
 def test_a_shape_too_large_to_check_is_one_line_exit_2(tmp_path: Path):
     spec = tmp_path / "huge.yaml"
-    spec.write_text("name: huge\ninputs:\n  x: {shape: [100000, 100000]}\n  w: {shape: [100000, 100000]}\n"
-                    "  y: {shape: [100000, 100000]}\nlayers:\n  - {op: linear, weight: w, out: p}\n"
-                    "loss: {op: half_sq_error, in: p, target: y}\nwrt: [x, w]\n")
+    spec.write_text(
+        "name: huge\ninputs:\n  x: {shape: [100000, 100000]}\n  w: {shape: [100000, 100000]}\n"
+        "  y: {shape: [100000, 100000]}\nlayers:\n  - {op: linear, weight: w, out: p}\n"
+        "loss: {op: half_sq_error, in: p, target: y}\nwrt: [x, w]\n"
+    )
     result = _run("verify", str(spec))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and "GiB" in result.stderr and "--float32-shapes small" in result.stderr
     unshrinkable = tmp_path / "unshrinkable.yaml"  # a fixed-size reshape keeps the spec's own shapes for float64
-    unshrinkable.write_text("name: unshrinkable\ninputs:\n  x: {shape: [60000, 60000]}\n  y: {shape: [60000, 60000]}\n"
-                            "layers:\n  - {op: reshape, shape: [60000, 60000], out: p}\n"
-                            "loss: {op: half_sq_error, in: p, target: y}\nwrt: [x]\n")
+    unshrinkable.write_text(
+        "name: unshrinkable\ninputs:\n  x: {shape: [60000, 60000]}\n  y: {shape: [60000, 60000]}\n"
+        "layers:\n  - {op: reshape, shape: [60000, 60000], out: p}\n"
+        "loss: {op: half_sq_error, in: p, target: y}\nwrt: [x]\n"
+    )
     generated = _run("generate", str(unshrinkable), "-o", str(tmp_path / "gen"), "--verify")
     assert generated.returncode == 2 and "Traceback" not in generated.stderr, generated.stderr
     assert "float64 test shapes" in generated.stderr and generated.stderr.count("\n") == 1
@@ -179,7 +192,12 @@ def test_certify_a_spec_catches_a_wrong_adjoint(monkeypatch):
     from symgrad.algebra import PRIMITIVES
 
     original = PRIMITIVES["flip"]
-    monkeypatch.setitem(PRIMITIVES, "flip", dataclasses.replace(
-        original, code=lambda operands, params, show: f"(-{original.code(operands, params, show)})"))
+    monkeypatch.setitem(
+        PRIMITIVES,
+        "flip",
+        dataclasses.replace(
+            original, code=lambda operands, params, show: f"(-{original.code(operands, params, show)})"
+        ),
+    )
     result = CliRunner().invoke(main, ["certify", str(ROOT / "examples" / "upsampling_decoder.yaml")])
     assert result.exit_code == 1 and "FAILED" in result.output and " 0 failed" not in result.output.splitlines()[-1]

@@ -65,6 +65,7 @@ def test_a_file_size_limit_leaves_its_output_streams_alone(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 
-    result = run_symgrad("generate", str(ROOT / "examples" / "seed1_strided_conv.yaml"), "-o", "gen", cwd=tmp_path,
-                         preexec_fn=no_writes)
+    result = run_symgrad(
+        "generate", str(ROOT / "examples" / "seed1_strided_conv.yaml"), "-o", "gen", cwd=tmp_path, preexec_fn=no_writes
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "error:" in result.stderr, result

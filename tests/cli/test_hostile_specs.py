@@ -22,13 +22,30 @@ from tests.helpers import build_text, generated_module, spec_text
 
 EXAMPLES = int(os.environ.get("SYMGRAD_FUZZ_EXAMPLES", "25"))
 # the bounded run (CI) draws the same examples every time, so it is reproducible; a long fuzz explores
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                derandomize="SYMGRAD_FUZZ_EXAMPLES" not in os.environ)
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize="SYMGRAD_FUZZ_EXAMPLES" not in os.environ,
+)
 
 INJECTIONS = [
-    'x"; import os; os.system("echo pwned")  #', "x\nimport os", "__import__('os')", "{{ 7 * 7 }}",
-    "{% for c in [].__class__.__base__.__subclasses__() %}{% endfor %}", "x' + '", "os.system", "x y", "x-1",
-    "ｘ", "x\u200b", "", " x", "x\\", "__class__", "_private",
+    'x"; import os; os.system("echo pwned")  #',
+    "x\nimport os",
+    "__import__('os')",
+    "{{ 7 * 7 }}",
+    "{% for c in [].__class__.__base__.__subclasses__() %}{% endfor %}",
+    "x' + '",
+    "os.system",
+    "x y",
+    "x-1",
+    "ｘ",
+    "x\u200b",
+    "",
+    " x",
+    "x\\",
+    "__class__",
+    "_private",
 ]
 
 
@@ -63,9 +80,13 @@ def test_injection_in_argument_values_is_refused(argument, value):
 
 def test_accepted_odd_names_emit_a_module_that_imports_safely():
     """Names that shadow builtins (exec, eval, open, input) are legal identifiers: the module must still be sound."""
-    text = spec_text({"exec": [2, 3], "eval": [2, 3], "open": [2, 3]},
-                     [{"op": "mul", "in": ["exec", "eval"], "out": "input"}, {"op": "mul", "other": 1e-300, "out": "print"}],
-                     {"op": "half_sq_error", "target": "open", "reduction": "mean"}, ["exec", "eval"], name="builtins_shadow")
+    text = spec_text(
+        {"exec": [2, 3], "eval": [2, 3], "open": [2, 3]},
+        [{"op": "mul", "in": ["exec", "eval"], "out": "input"}, {"op": "mul", "other": 1e-300, "out": "print"}],
+        {"op": "half_sq_error", "target": "open", "reduction": "mean"},
+        ["exec", "eval"],
+        name="builtins_shadow",
+    )
     built = build_text(text)
     source = built.rendered.files["builtins_shadow.py"]
     assert "import os" not in source and "__import__" not in source
@@ -107,8 +128,16 @@ def valid_specs(draw):
                 continue
             weight = f"w{index}"
             inputs[weight] = [c_out, c // groups, kernel, kernel]
-            layer = {"op": "conv2d", "in": source, "weight": weight, "stride": stride, "padding": padding,
-                     "dilation": dilation, "groups": groups, "out": out}
+            layer = {
+                "op": "conv2d",
+                "in": source,
+                "weight": weight,
+                "stride": stride,
+                "padding": padding,
+                "dilation": dilation,
+                "groups": groups,
+                "out": out,
+            }
             if draw(st.booleans()):
                 inputs[f"b{index}"] = [c_out]
                 layer["bias"] = f"b{index}"
@@ -120,14 +149,33 @@ def valid_specs(draw):
             layer = {"op": kind, "in": [source, draw(st.sampled_from(partners))], "out": out}
             nodes[out] = (c, s)
         elif kind == "scale":
-            layer = {"op": draw(st.sampled_from(["mul", "div"])), "in": source,
-                     "other": draw(st.sampled_from([0.5, -2, 3, 0.125])), "out": out}
+            layer = {
+                "op": draw(st.sampled_from(["mul", "div"])),
+                "in": source,
+                "other": draw(st.sampled_from([0.5, -2, 3, 0.125])),
+                "out": out,
+            }
             nodes[out] = (c, s)
         elif kind == "unary":
-            op, args = draw(st.sampled_from([
-                ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}),
-                ("elu", {"alpha": 0.5}), ("leaky_relu", {"negative_slope": 0.1}), ("hardtanh", {}), ("relu6", {}),
-                ("softplus", {}), ("abs", {}), ("neg", {}), ("pow", {"exponent": 2})]))
+            op, args = draw(
+                st.sampled_from(
+                    [
+                        ("sigmoid", {}),
+                        ("tanh", {}),
+                        ("silu", {}),
+                        ("gelu", {}),
+                        ("gelu", {"approximate": "tanh"}),
+                        ("elu", {"alpha": 0.5}),
+                        ("leaky_relu", {"negative_slope": 0.1}),
+                        ("hardtanh", {}),
+                        ("relu6", {}),
+                        ("softplus", {}),
+                        ("abs", {}),
+                        ("neg", {}),
+                        ("pow", {"exponent": 2}),
+                    ]
+                )
+            )
             layer = {"op": op, "in": source, **args, "out": out}
             nodes[out] = (c, s)
         else:
@@ -174,12 +222,39 @@ def test_corrupted_specs_never_crash(data):
         kind = data.draw(st.sampled_from(["delete", "insert", "replace", "swap-lines", "duplicate-line"]))
         position = data.draw(st.integers(0, len(text)))
         if kind == "delete":
-            text = text[:position] + text[position + data.draw(st.integers(1, 10)):]
+            text = text[:position] + text[position + data.draw(st.integers(1, 10)) :]
         elif kind == "insert":
             text = text[:position] + data.draw(st.text(min_size=1, max_size=8)) + text[position:]
         elif kind == "replace":
-            text = text[:position] + data.draw(st.sampled_from(["-", ":", "[", "]", "{", "}", "0", "-1", "x", "\t", "&a", "*a", "!!python/object:os.system", "'",
-                                                                 ".nan", "-.inf", "1.0e+400", "9" * 30, "1.0e-320"])) + text[position + 1:]
+            text = (
+                text[:position]
+                + data.draw(
+                    st.sampled_from(
+                        [
+                            "-",
+                            ":",
+                            "[",
+                            "]",
+                            "{",
+                            "}",
+                            "0",
+                            "-1",
+                            "x",
+                            "\t",
+                            "&a",
+                            "*a",
+                            "!!python/object:os.system",
+                            "'",
+                            ".nan",
+                            "-.inf",
+                            "1.0e+400",
+                            "9" * 30,
+                            "1.0e-320",
+                        ]
+                    )
+                )
+                + text[position + 1 :]
+            )
         else:
             lines = text.split("\n")
             i, j = data.draw(st.integers(0, len(lines) - 1)), data.draw(st.integers(0, len(lines) - 1))

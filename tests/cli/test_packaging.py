@@ -15,15 +15,34 @@ def built_wheel(tmp_path: Path) -> Path:
     """The wheel of a clean copy of the tree: a build/ folder left in the checkout can hold stale copies
     of package data that setuptools would reuse."""
     source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", "build", "dist", ".git", "*.egg-info",
-                                                                 "__pycache__", "out", ".pytest_cache", ".hypothesis"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".venv", "build", "dist", ".git", "*.egg-info", "__pycache__", "out", ".pytest_cache", ".hypothesis"
+        ),
+    )
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return next(wheels.glob("symgrad-*.whl"))
 
 
-MODEL = '''
+MODEL = """
 import torch.nn as nn
 
 
@@ -35,7 +54,7 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.head(self.features(x))
-'''
+"""
 
 SMALL_SPEC = """
 name: small_chain
@@ -52,7 +71,7 @@ loss: {op: half_sq_error, in: p, target: y, reduction: per_sample}
 wrt: [x, w1, w2]
 """
 
-TRAIN = '''
+TRAIN = """
 import torch, symgrad
 from model import Net
 
@@ -62,7 +81,7 @@ loss = step(x=torch.randn(3, 1, 6, 6, dtype=torch.float64), y=torch.randn(3, 1, 
 loss.backward()
 assert model.head.weight.grad is not None and int(model.features[1].num_batches_tracked) == 1
 print(symgrad.__file__)
-'''
+"""
 
 
 def test_the_wheel_ships_its_data_and_a_fresh_venv_with_only_it_runs_every_command(tmp_path: Path):
@@ -87,8 +106,11 @@ def test_the_wheel_ships_its_data_and_a_fresh_venv_with_only_it_runs_every_comma
     assert site.is_dir(), sorted(path.name for path in (fresh / "lib").iterdir())
     # the dependencies (torch, sympy, ...) from this interpreter; its editable symgrad is not activated this way
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                    str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     (fresh / "bin" / "symgrad").write_text(f"#!{python}\nimport sys\nfrom symgrad.cli import main\nsys.exit(main())\n")
     (fresh / "bin" / "symgrad").chmod(0o755)
     work = tmp_path / "work"
@@ -97,10 +119,27 @@ def test_the_wheel_ships_its_data_and_a_fresh_venv_with_only_it_runs_every_comma
     (work / "model.py").write_text(MODEL)
     (work / "train.py").write_text(TRAIN)
     commands = [
-        ["ops"], ["spec-help"], ["init", "starter.yaml"], ["generate", "s.yaml", "-o", "gen", "--verify"],
-        ["check", "gen"], ["verify", "s.yaml"], ["docs", "s.yaml", "-o", "documents"], ["certify", "s.yaml"],
-        ["trace", "model.py:Net", "--input", "x=2,1,6,6", "--loss", "mse", "--target", "y", "--train",
-         "-o", "net.yaml"],
+        ["ops"],
+        ["spec-help"],
+        ["init", "starter.yaml"],
+        ["generate", "s.yaml", "-o", "gen", "--verify"],
+        ["check", "gen"],
+        ["verify", "s.yaml"],
+        ["docs", "s.yaml", "-o", "documents"],
+        ["certify", "s.yaml"],
+        [
+            "trace",
+            "model.py:Net",
+            "--input",
+            "x=2,1,6,6",
+            "--loss",
+            "mse",
+            "--target",
+            "y",
+            "--train",
+            "-o",
+            "net.yaml",
+        ],
         ["generate", "net.yaml", "-o", "gen"],
     ]
     (work / "commands.py").write_text(
@@ -111,10 +150,14 @@ def test_the_wheel_ships_its_data_and_a_fresh_venv_with_only_it_runs_every_comma
         "        code = main.main(command, prog_name='symgrad', standalone_mode=False)\n"
         "    except SystemExit as exit:\n"
         "        code = exit.code\n"
-        "    assert code in (0, None), (command, code)\n")
+        "    assert code in (0, None), (command, code)\n"
+    )
     environment = {"PATH": f"{fresh / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    for command in [[str(fresh / "bin" / "symgrad"), "--version"], [str(python), "commands.py"],
-                    [str(python), "train.py"]]:
+    for command in [
+        [str(fresh / "bin" / "symgrad"), "--version"],
+        [str(python), "commands.py"],
+        [str(python), "train.py"],
+    ]:
         result = subprocess.run(command, cwd=work, env=environment, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (command[1:], result.stdout[-2000:], result.stderr[-2000:])
         assert command[-1] != "commands.py" or result.stdout.startswith(str(site)), result.stdout[:500]

@@ -28,9 +28,11 @@ SEED1 = ROOT / "examples" / "seed1_strided_conv.yaml"
 SEED3 = ROOT / "examples" / "seed3_conv_relu_conv.yaml"
 
 
-def run(*arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=None,
-        timeout: float = 600) -> subprocess.CompletedProcess:
+def run(
+    *arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """The command under test in a process of its own (``tests.helpers.run_symgrad``: forked from this one)."""
+
     def prepare():
         if preexec_fn is not None:
             preexec_fn()
@@ -39,8 +41,13 @@ def run(*arguments: str, cwd: Path = ROOT, user: str | None = None, preexec_fn=N
             os.setgid(65534)
             os.setuid(65534)
 
-    return run_symgrad(*arguments, cwd=cwd, environment={"PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
-                       preexec_fn=prepare, timeout=timeout)
+    return run_symgrad(
+        *arguments,
+        cwd=cwd,
+        environment={"PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=prepare,
+        timeout=timeout,
+    )
 
 
 def prepared(*arguments: str) -> None:
@@ -189,6 +196,7 @@ def _file_size_limit(limit: int):
     def limit_writes():  # a full disk, as the writer sees one: the write fails (SIGXFSZ would kill instead)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return limit_writes
 
 
@@ -342,9 +350,26 @@ def _names_the_code_may_use() -> list[str]:
 
     prefixes, whole = generated_names()
     names, suffixes = template_names()
-    return sorted({*names, *whole, *(prefix + "h" for prefix in prefixes), *("x" + suffix for suffix in suffixes),
-                   *("w" + suffix for suffix in suffixes), "RuntimeError", "backward", "tensor", "max", "float",
-                   "contiguous", "memory_format", "channels_last", "h_layout", "shared_0", "local_h_weight"})
+    return sorted(
+        {
+            *names,
+            *whole,
+            *(prefix + "h" for prefix in prefixes),
+            *("x" + suffix for suffix in suffixes),
+            *("w" + suffix for suffix in suffixes),
+            "RuntimeError",
+            "backward",
+            "tensor",
+            "max",
+            "float",
+            "contiguous",
+            "memory_format",
+            "channels_last",
+            "h_layout",
+            "shared_0",
+            "local_h_weight",
+        }
+    )
 
 
 @pytest.mark.parametrize("where", ["input", "out"])
@@ -359,8 +384,11 @@ def test_a_name_the_generated_code_uses_is_refused_at_its_line_or_works(name: st
     from tests.helpers import build_text, generated_module
 
     text = _clash_spec(name, where)
-    line = next(number for number, content in enumerate(text.splitlines(), 1)
-                if content.strip().startswith((f"{name}:", f"out: {name}")))
+    line = next(
+        number
+        for number, content in enumerate(text.splitlines(), 1)
+        if content.strip().startswith((f"{name}:", f"out: {name}"))
+    )
     try:
         built = build_text(text)
     except SpecError as error:
@@ -371,8 +399,10 @@ def test_a_name_the_generated_code_uses_is_refused_at_its_line_or_works(name: st
     assert channels_last_inputs(built.graph) == ["w"]  # the layout code is in the module that works
     module = generated_module(built)
     generator = torch.Generator().manual_seed(0)
-    values = {node.name: torch.randn(node.shape, dtype=torch.float64, generator=generator, requires_grad=True)
-              for node in built.graph.inputs}
+    values = {
+        node.name: torch.randn(node.shape, dtype=torch.float64, generator=generator, requires_grad=True)
+        for node in built.graph.inputs
+    }
     expected = torch.autograd.grad(module.forward(**values), [values[n] for n in built.graph.wrt])
     result = module.gradients(**values)
     for wrt, reference in zip(built.graph.wrt, expected):
@@ -386,8 +416,19 @@ def test_the_reserved_prefixes_are_read_off_the_rules():
     from symgrad.spec import RESERVED_PREFIXES, check_identifier
 
     prefixes, whole = generated_names()
-    assert {"grad_", "mask_", "local_", "shared_", "tangent_", "rstd_", "xhat_", "ghat_", "centered_",
-            "indices_", "per_sample_grad_"} <= prefixes and "residual" in whole
+    assert {
+        "grad_",
+        "mask_",
+        "local_",
+        "shared_",
+        "tangent_",
+        "rstd_",
+        "xhat_",
+        "ghat_",
+        "centered_",
+        "indices_",
+        "per_sample_grad_",
+    } <= prefixes and "residual" in whole
     assert set(prefixes) <= set(RESERVED_PREFIXES)
     assert check_identifier("x_layout") is None  # only beside an input x (checked in the spec)
 
@@ -407,15 +448,18 @@ class _Spec:
         self.blocks = {}  # a spec without blocks (the check reads a block's own names too)
 
 
-@pytest.mark.parametrize("source, clash", [
-    ("def gradients(x, x_layout):\n    x_layout = _memory_format(x)\n    return x_layout\n", "x_layout"),
-    ("def gradients(x, h):\n    h = x * 2\n    return h\n", "h"),
-    ("def forward(x):\n    h = x + 1\n    h = h.exp() * x\n    h = x\n    return h\n", "h"),
-    ("class ExplicitGradient:\n    def forward(ctx, recompute, x, ctx):\n        return x\n", "ctx"),
-    ("def gradients(x, helper):\n    return helper(x)\n", "helper"),
-    ("def helper(x):\n    return x\n\ndef gradients(x):\n    return helper(x)\n", "helper"),
-    ("def gradients(x):\n    return torch.exp(x)\n", "torch"),
-])
+@pytest.mark.parametrize(
+    "source, clash",
+    [
+        ("def gradients(x, x_layout):\n    x_layout = _memory_format(x)\n    return x_layout\n", "x_layout"),
+        ("def gradients(x, h):\n    h = x * 2\n    return h\n", "h"),
+        ("def forward(x):\n    h = x + 1\n    h = h.exp() * x\n    h = x\n    return h\n", "h"),
+        ("class ExplicitGradient:\n    def forward(ctx, recompute, x, ctx):\n        return x\n", "ctx"),
+        ("def gradients(x, helper):\n    return helper(x)\n", "helper"),
+        ("def helper(x):\n    return x\n\ndef gradients(x):\n    return helper(x)\n", "helper"),
+        ("def gradients(x):\n    return torch.exp(x)\n", "torch"),
+    ],
+)
 def test_the_rendered_module_is_checked_for_clashes_the_lists_missed(source: str, clash: str):
     """The last net: whatever the template or a rule adds later, a spec name that the module uses for
     something else is refused at that name's line."""
@@ -432,8 +476,10 @@ def test_the_rendered_module_is_checked_for_clashes_the_lists_missed(source: str
 def test_a_module_that_only_moves_an_input_to_another_layout_passes_the_check():
     from symgrad.names import check_module_source
 
-    source = ("def gradients(x, w, m, v):\n    w = w.contiguous(memory_format=torch.channels_last)\n"
-              "    m, v = m.clone(), v.clone()\n    h = x * w\n    return h\n")
+    source = (
+        "def gradients(x, w, m, v):\n    w = w.contiguous(memory_format=torch.channels_last)\n"
+        "    m, v = m.clone(), v.clone()\n    h = x * w\n    return h\n"
+    )
     check_module_source(_Spec(["x", "w", "m", "v"], ["h"]), source)
 
 
@@ -472,8 +518,13 @@ IMAGE = {"x": [2, 3, 4, 4], "y": [2, 3, 4, 4]}
 
 def _one_layer(layer: dict, loss: dict | None = None, inputs: dict | None = None) -> str:
     """A spec with one layer (or none) and a loss, lists written inline so each argument has one line."""
-    document = {"name": "rule_case", "inputs": {name: {"shape": shape} for name, shape in (inputs or IMAGE).items()},
-                "layers": [layer] if layer else [], "loss": loss or {"op": "half_sq_error", "target": "y"}, "wrt": ["x"]}
+    document = {
+        "name": "rule_case",
+        "inputs": {name: {"shape": shape} for name, shape in (inputs or IMAGE).items()},
+        "layers": [layer] if layer else [],
+        "loss": loss or {"op": "half_sq_error", "target": "y"},
+        "wrt": ["x"],
+    }
     return yaml.safe_dump(document, sort_keys=False, default_flow_style=None, width=1 << 20)
 
 
@@ -482,14 +533,14 @@ def _argument_line(text: str, argument: str) -> int:
 
 
 BAD_NUMBERS = [
-    ({"op": "leaky_relu", "negative_slope": 10 ** 400}, None, "negative_slope", "beyond the numbers"),
+    ({"op": "leaky_relu", "negative_slope": 10**400}, None, "negative_slope", "beyond the numbers"),
     ({"op": "leaky_relu", "negative_slope": float("nan")}, None, "negative_slope", "finite"),
     ({"op": "elu", "alpha": float("inf")}, None, "alpha", "finite"),
-    ({"op": "mul", "other": 10 ** 30}, None, "other", "beyond the numbers"),
+    ({"op": "mul", "other": 10**30}, None, "other", "beyond the numbers"),
     ({"op": "softplus", "beta": 0}, None, "beta", "must not be 0"),
     ({"op": "pad", "pad": [1, 1], "value": float("-inf")}, None, "value", "finite"),
-    ({"op": "pad", "pad": [1, 1], "value": 10 ** 400}, None, "value", "beyond the numbers"),
-    ({"op": "pad", "pad": [1, 2 ** 63]}, None, "pad", "64-bit"),
+    ({"op": "pad", "pad": [1, 1], "value": 10**400}, None, "value", "beyond the numbers"),
+    ({"op": "pad", "pad": [1, 2**63]}, None, "pad", "64-bit"),
     ({"op": "batch_norm", "training": True, "eps": -10.0}, None, "eps", "must be positive"),
     ({"op": "batch_norm", "training": True, "eps": 0.0}, None, "eps", "must be positive"),
     ({"op": "layer_norm", "normalized_shape": [4, 4], "eps": 0}, None, "eps", "must be positive"),
@@ -499,13 +550,15 @@ BAD_NUMBERS = [
     (None, {"op": "smooth_l1_loss", "target": "y", "beta": float("nan")}, "beta", "finite"),
     (None, {"op": "huber_loss", "target": "y", "delta": 0}, "delta", "must be positive"),
     (None, {"op": "huber_loss", "target": "y", "delta": -2.5}, "delta", "must be positive"),
-    ({"op": "avg_pool2d", "kernel_size": 2, "divisor_override": 2 ** 64}, None, "divisor_override", "64-bit"),
+    ({"op": "avg_pool2d", "kernel_size": 2, "divisor_override": 2**64}, None, "divisor_override", "64-bit"),
 ]
 
 
-@pytest.mark.parametrize("layer, loss, argument, why", BAD_NUMBERS,
-                         ids=[f"{(layer or loss)['op']}-{argument}-{index}" for index, (layer, loss, argument, _)
-                              in enumerate(BAD_NUMBERS)])
+@pytest.mark.parametrize(
+    "layer, loss, argument, why",
+    BAD_NUMBERS,
+    ids=[f"{(layer or loss)['op']}-{argument}-{index}" for index, (layer, loss, argument, _) in enumerate(BAD_NUMBERS)],
+)
 def test_a_number_outside_its_domain_is_refused_at_its_line(layer, loss, argument: str, why: str):
     from symgrad.errors import SpecError
     from tests.helpers import build_text
@@ -520,22 +573,25 @@ def test_a_number_outside_its_domain_is_refused_at_its_line(layer, loss, argumen
 
 def test_generate_refuses_a_huge_slope_in_one_line(tmp_path: Path):
     spec = tmp_path / "slope.yaml"
-    spec.write_text(_one_layer({"op": "leaky_relu", "negative_slope": 10 ** 400}).replace("rule_case", "slope_case"))
+    spec.write_text(_one_layer({"op": "leaky_relu", "negative_slope": 10**400}).replace("rule_case", "slope_case"))
     line = one_error_line(run("generate", str(spec), "-o", str(tmp_path / "gen")))
     assert line.startswith(f"{spec}:") and "negative_slope" in line and "0" * 30 + "..." in line, line
     assert len(line) < 250 + len(str(spec)), line
     assert not (tmp_path / "gen").exists()
 
 
-@pytest.mark.parametrize("layer, loss", [
-    ({"op": "leaky_relu", "negative_slope": 1.5e100}, None),  # a float beyond int64 is printed as a float
-    ({"op": "leaky_relu", "negative_slope": 10 ** 18}, None),
-    ({"op": "mul", "other": 3.0e+30}, None),
-    (None, {"op": "smooth_l1_loss", "target": "y", "beta": 0}),  # PyTorch takes 0: l1_loss
-    (None, {"op": "smooth_l1_loss", "target": "y", "beta": 1.0e-300}),
-    (None, {"op": "huber_loss", "target": "y", "delta": 1.0e+300}),
-    ({"op": "batch_norm", "training": True, "eps": 1.0e-300}, None),
-])
+@pytest.mark.parametrize(
+    "layer, loss",
+    [
+        ({"op": "leaky_relu", "negative_slope": 1.5e100}, None),  # a float beyond int64 is printed as a float
+        ({"op": "leaky_relu", "negative_slope": 10**18}, None),
+        ({"op": "mul", "other": 3.0e30}, None),
+        (None, {"op": "smooth_l1_loss", "target": "y", "beta": 0}),  # PyTorch takes 0: l1_loss
+        (None, {"op": "smooth_l1_loss", "target": "y", "beta": 1.0e-300}),
+        (None, {"op": "huber_loss", "target": "y", "delta": 1.0e300}),
+        ({"op": "batch_norm", "training": True, "eps": 1.0e-300}, None),
+    ],
+)
 def test_numbers_at_the_edge_of_their_domain_make_right_gradients(layer, loss):
     """Accepted means right: no OverflowError, and the float64 gradients match autograd."""
     from symgrad.check import verify
@@ -547,7 +603,7 @@ def test_numbers_at_the_edge_of_their_domain_make_right_gradients(layer, loss):
 
 
 @pytest.mark.parametrize("loss, argument", [("smooth_l1_loss", "beta"), ("huber_loss", "delta")])
-@pytest.mark.parametrize("value", [-1.0, -1.0e-300, 0.0, 1.0e-300, 0.5, 1.0e+300])
+@pytest.mark.parametrize("value", [-1.0, -1.0e-300, 0.0, 1.0e-300, 0.5, 1.0e300])
 def test_loss_arguments_are_refused_exactly_where_pytorch_refuses_them(loss: str, argument: str, value: float):
     import torch
     import torch.nn.functional as F
@@ -584,8 +640,23 @@ def test_hardtanh_with_min_above_max_is_refused_as_pytorch_does():
 LONG = "q" * 10_000
 
 
-@pytest.mark.parametrize("where", ["op", "loss op", "layer key", "loss key", "top-level key", "input key",
-                                   "reference", "wrt", "dtype", "out", "spaced op", "spaced layer key"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "op",
+        "loss op",
+        "layer key",
+        "loss key",
+        "top-level key",
+        "input key",
+        "reference",
+        "wrt",
+        "dtype",
+        "out",
+        "spaced op",
+        "spaced layer key",
+    ],
+)
 def test_a_ten_thousand_character_name_is_cut_in_the_message(where: str):
     from symgrad.errors import SpecError
     from tests.helpers import build_text
@@ -624,7 +695,9 @@ def test_a_long_number_is_cut_in_the_message():
     from tests.helpers import build_text
 
     for digits in (400, 5000):  # beyond 4,300 digits Python refuses to convert the string
-        text = _one_layer({"op": "avg_pool2d", "kernel_size": 7}).replace("kernel_size: 7", f"kernel_size: {'9' * digits}")
+        text = _one_layer({"op": "avg_pool2d", "kernel_size": 7}).replace(
+            "kernel_size: 7", f"kernel_size: {'9' * digits}"
+        )
         with pytest.raises(SpecError) as error:
             build_text(text)
         message = str(error.value)
@@ -683,8 +756,9 @@ def test_verify_and_the_generated_test_share_one_memory_estimate():
     assert "memory_shortfall" in require_memory.__code__.co_names
 
 
-@pytest.mark.parametrize("spec", sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")),
-                         ids=lambda path: path.stem)
+@pytest.mark.parametrize(
+    "spec", sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")), ids=lambda path: path.stem
+)
 def test_the_name_check_reads_each_example_module_with_its_wrapped_statements_stood_in_whole(spec, monkeypatch):
     """``check_module_source`` stands each derived statement in as ``target = None``; a statement
     wrapped over several lines (``grad_x = _upsample_backward(`` ...) is stood in whole, so the

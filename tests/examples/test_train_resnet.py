@@ -46,11 +46,26 @@ def test_a_difference_above_the_tolerance_fails(monkeypatch, capsys):
 def test_distributed_bound_training_equals_distributed_autograd_training():
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     assert torchrun, "torchrun is installed with torch"
-    run = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "train_resnet.py"),
-                          "--distributed", "--steps", "3", "--size", "24"],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "examples" / "train_resnet.py"),
+            "--distributed",
+            "--steps",
+            "3",
+            "--size",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     # each verdict as it ends, whatever the other rank wrote beside it
-    verdicts = re.findall(r"largest relative difference of parameters and buffers after \d+ steps: \S+ \[([^\]]*)\]",
-                          run.stdout)
+    verdicts = re.findall(
+        r"largest relative difference of parameters and buffers after \d+ steps: \S+ \[([^\]]*)\]", run.stdout
+    )
     assert verdicts == ["ok"] * 4, run.stdout  # 2 ranks x 2 models

@@ -41,28 +41,62 @@ def test_short_training_ends_with_identical_parameters(tmp_path: Path):
 
 def test_script_prints_curves_and_saves_plot(tmp_path: Path):
     plot = tmp_path / "loss.png"
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "unrolled_deblur.py"), "--iterations", "2",
-                             "--batch", "2", "--plot", str(plot)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "unrolled_deblur.py"),
+            "--iterations",
+            "2",
+            "--batch",
+            "2",
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "relative difference explicit vs nested autograd" in result.stdout
     assert plot.stat().st_size > 10_000
 
 
-WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = [sys.argv[1], *sys.argv[2:]]; "
-                      "runpy.run_path(sys.argv[0], run_name='__main__')")
+WITHOUT_MATPLOTLIB = (
+    "import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = [sys.argv[1], *sys.argv[2:]]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 def test_script_after_command_a_writes_nothing_and_needs_no_matplotlib(tmp_path: Path):
     """Command (a) installs no matplotlib: the example runs without it and writes no file unless asked."""
     committed = ROOT / "docs" / "images" / "unrolled_deblur_loss.png"
     before = committed.stat().st_mtime_ns
-    result = subprocess.run([sys.executable, "-c", WITHOUT_MATPLOTLIB, str(ROOT / "examples" / "unrolled_deblur.py"),
-                             "--iterations", "2", "--batch", "2"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT_MATPLOTLIB,
+            str(ROOT / "examples" / "unrolled_deblur.py"),
+            "--iterations",
+            "2",
+            "--batch",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "relative difference explicit vs nested autograd" in result.stdout
     assert committed.stat().st_mtime_ns == before and list(tmp_path.iterdir()) == []
-    asked = subprocess.run([sys.executable, "-c", WITHOUT_MATPLOTLIB, str(ROOT / "examples" / "unrolled_deblur.py"),
-                            "--plot", "loss.png"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    asked = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MATPLOTLIB, str(ROOT / "examples" / "unrolled_deblur.py"), "--plot", "loss.png"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert asked.returncode == 2 and "symgrad[plot]" in asked.stderr and "Traceback" not in asked.stderr
 
 
@@ -72,9 +106,25 @@ def test_distributed_data_parallel_matches_single_process(tmp_path: Path):
     assert torchrun, "torchrun is installed with torch"
     result_file = tmp_path / "ddp.json"
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / "unrolled_deblur.py"),
-                          "--distributed", "--iterations", "3", "--batch", "2", "--result", str(result_file)],
-                         capture_output=True, text=True, timeout=600, env=environment)
+    run = subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "examples" / "unrolled_deblur.py"),
+            "--distributed",
+            "--iterations",
+            "3",
+            "--batch",
+            "2",
+            "--result",
+            str(result_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     distributed = json.loads(result_file.read_text())
     losses, parameters = unrolled_deblur.train("explicit", iterations=3, batch=2)

@@ -41,10 +41,21 @@ class Net:
         self.last = out
         return out
 
-    def conv(self, c_in: int, c_out: int, kernel: int, stride: int = 1, padding: int | None = None, bias: bool = True,
-             source=None, transposed: bool = False) -> str:
+    def conv(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        stride: int = 1,
+        padding: int | None = None,
+        bias: bool = True,
+        source=None,
+        transposed: bool = False,
+    ) -> str:
         out = self._name("conv")
-        weight = self.parameter(f"{out}_w", [c_in, c_out, kernel, kernel] if transposed else [c_out, c_in, kernel, kernel])
+        weight = self.parameter(
+            f"{out}_w", [c_in, c_out, kernel, kernel] if transposed else [c_out, c_in, kernel, kernel]
+        )
         arguments = {"weight": weight, "stride": stride, "padding": kernel // 2 if padding is None else padding}
         if bias:
             arguments["bias"] = self.parameter(f"{out}_b", [c_out])
@@ -52,8 +63,11 @@ class Net:
 
     def bn(self, channels: int, source=None) -> str:
         out = self._name("bn")
-        arguments = {"training": self.train, "weight": self.parameter(f"{out}_weight", [channels]),
-                     "bias": self.parameter(f"{out}_bias", [channels])}
+        arguments = {
+            "training": self.train,
+            "weight": self.parameter(f"{out}_weight", [channels]),
+            "bias": self.parameter(f"{out}_bias", [channels]),
+        }
         if not self.train:
             arguments["running_mean"] = self.parameter(f"{out}_running_mean", [channels], wrt=False)
             arguments["running_var"] = self.parameter(f"{out}_running_var", [channels], wrt=False)
@@ -61,16 +75,26 @@ class Net:
 
     def linear(self, n_in: int, n_out: int, source=None) -> str:
         out = self._name("fc")
-        return self.layer("linear", source, out, weight=self.parameter(f"{out}_w", [n_out, n_in]),
-                          bias=self.parameter(f"{out}_b", [n_out]))
+        return self.layer(
+            "linear",
+            source,
+            out,
+            weight=self.parameter(f"{out}_w", [n_out, n_in]),
+            bias=self.parameter(f"{out}_b", [n_out]),
+        )
 
     def relu(self, source=None) -> str:
         return self.layer("relu", source)
 
     def spec(self, loss: str = "mse_loss", classes: int | None = None) -> str:
         """The spec text, with the target's shape read off the graph (``classes``: cross_entropy)."""
-        draft = {"name": self.name, "inputs": dict(self.inputs), "layers": self.layers,
-                 "loss": {"op": "half_sq_error", "in": self.last, "target": self.last}, "wrt": self.wrt}
+        draft = {
+            "name": self.name,
+            "inputs": dict(self.inputs),
+            "layers": self.layers,
+            "loss": {"op": "half_sq_error", "in": self.last, "target": self.last},
+            "wrt": self.wrt,
+        }
         shape = build_graph(parse_spec(yaml.safe_dump(draft, sort_keys=False), "draft.yaml")).nodes[self.last].shape
         if classes:
             target = {"shape": [shape[0]], "dtype": "int64"}
@@ -78,8 +102,13 @@ class Net:
         else:
             target = {"shape": list(shape)}
             loss_entry = {"op": loss, "in": self.last, "target": "target"}
-        document = {"name": self.name, "inputs": {**self.inputs, "target": target}, "layers": self.layers,
-                    "loss": loss_entry, "wrt": self.wrt}
+        document = {
+            "name": self.name,
+            "inputs": {**self.inputs, "target": target},
+            "layers": self.layers,
+            "loss": loss_entry,
+            "wrt": self.wrt,
+        }
         return yaml.safe_dump(document, sort_keys=False)
 
 
@@ -119,7 +148,7 @@ def unet(train: bool = True, width: int = 4, levels: int = 3) -> str:
     net = Net(f"unet_{'train' if train else 'eval'}", [2, 1, size, size], train)
     channels, skips, sizes = 1, [], []
     for level in range(levels):
-        out_channels = width * 2 ** level
+        out_channels = width * 2**level
         for _ in range(2):
             net.conv(channels, out_channels, 3, bias=False)
             net.bn(out_channels)
@@ -249,7 +278,7 @@ def espcn(upscale: int = 3) -> str:
     net.layer("tanh")
     net.conv(16, 8, 3)
     net.layer("tanh")
-    net.conv(8, upscale ** 2, 3)
+    net.conv(8, upscale**2, 3)
     net.layer("pixel_shuffle", upscale_factor=upscale)
     return net.spec("mse_loss")
 
@@ -275,10 +304,16 @@ def plain_chain(depth: int, channels: int) -> str:
 
 
 ARCHITECTURES = {
-    "resnet18-train": lambda: resnet18(True), "resnet18-eval": lambda: resnet18(False),
-    "unet-train": lambda: unet(True), "unet-eval": lambda: unet(False),
-    "dncnn-train": lambda: dncnn(True), "dncnn-eval": lambda: dncnn(False),
+    "resnet18-train": lambda: resnet18(True),
+    "resnet18-eval": lambda: resnet18(False),
+    "unet-train": lambda: unet(True),
+    "unet-eval": lambda: unet(False),
+    "dncnn-train": lambda: dncnn(True),
+    "dncnn-eval": lambda: dncnn(False),
     "drunet": drunet,
-    "vgg11_bn-train": lambda: vgg11_bn(True), "vgg11_bn-eval": lambda: vgg11_bn(False),
-    "lenet5": lenet5, "espcn": espcn, "srcnn": srcnn,
+    "vgg11_bn-train": lambda: vgg11_bn(True),
+    "vgg11_bn-eval": lambda: vgg11_bn(False),
+    "lenet5": lenet5,
+    "espcn": espcn,
+    "srcnn": srcnn,
 }

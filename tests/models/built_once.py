@@ -48,6 +48,8 @@ def once(key: tuple, make: Callable[[], str]) -> str:
 
 def module_of(text: str, label: str, name: str):
     """The module generated from spec ``text``, built alone (no test file, no pages: it is imported, not kept)."""
-    source = once(("module", label, name, text),
-                  lambda: build_text(text, label, documents=False, tests=False).rendered.files[f"{name}.py"])
+    source = once(
+        ("module", label, name, text),
+        lambda: build_text(text, label, documents=False, tests=False).rendered.files[f"{name}.py"],
+    )
     return module_from_source(source, name)

@@ -24,7 +24,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.downsample = None
         if stride != 1 or in_planes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
+            )
 
     def forward(self, x):
         identity = x
@@ -64,8 +66,13 @@ class DoubleConv(nn.Module):
     def __init__(self, in_channels: int, out_channels: int):
         super().__init__()
         self.double_conv = nn.Sequential(
-            nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True),
-            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+            nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+        )
 
     def forward(self, x):
         return self.double_conv(x)
@@ -117,7 +124,11 @@ class DnCNN(nn.Module):
         super().__init__()
         layers = [nn.Conv2d(channels, features, 3, padding=1), nn.ReLU(inplace=True)]
         for _ in range(depth - 2):
-            layers += [nn.Conv2d(features, features, 3, padding=1, bias=False), nn.BatchNorm2d(features), nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv2d(features, features, 3, padding=1, bias=False),
+                nn.BatchNorm2d(features),
+                nn.ReLU(inplace=True),
+            ]
         layers.append(nn.Conv2d(features, channels, 3, padding=1, bias=False))
         self.dncnn = nn.Sequential(*layers)
 
@@ -128,8 +139,11 @@ class DnCNN(nn.Module):
 class ResBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
-        self.res = nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.ReLU(inplace=True),
-                                 nn.Conv2d(channels, channels, 3, padding=1, bias=False))
+        self.res = nn.Sequential(
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+        )
 
     def forward(self, x):
         return x + self.res(x)
@@ -143,12 +157,18 @@ class DRUNet(nn.Module):
         super().__init__()
         self.m_head = nn.Conv2d(in_nc + 1, nc[0], 3, padding=1, bias=False)
         self.m_down = nn.ModuleList(
-            nn.Sequential(*[ResBlock(nc[i]) for _ in range(blocks)], nn.Conv2d(nc[i], nc[i + 1], 2, stride=2, bias=False))
-            for i in range(len(nc) - 1))
+            nn.Sequential(
+                *[ResBlock(nc[i]) for _ in range(blocks)], nn.Conv2d(nc[i], nc[i + 1], 2, stride=2, bias=False)
+            )
+            for i in range(len(nc) - 1)
+        )
         self.m_body = nn.Sequential(*[ResBlock(nc[-1]) for _ in range(blocks)])
         self.m_up = nn.ModuleList(
-            nn.Sequential(nn.ConvTranspose2d(nc[i + 1], nc[i], 2, stride=2, bias=False), *[ResBlock(nc[i]) for _ in range(blocks)])
-            for i in reversed(range(len(nc) - 1)))
+            nn.Sequential(
+                nn.ConvTranspose2d(nc[i + 1], nc[i], 2, stride=2, bias=False), *[ResBlock(nc[i]) for _ in range(blocks)]
+            )
+            for i in reversed(range(len(nc) - 1))
+        )
         self.m_tail = nn.Conv2d(nc[0], in_nc, 3, padding=1, bias=False)
 
     def forward(self, x, noise_map):
@@ -172,7 +192,11 @@ class VGG11BN(nn.Module):
             if item == "M":
                 layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
             else:
-                layers += [nn.Conv2d(channels, item * width, 3, padding=1), nn.BatchNorm2d(item * width), nn.ReLU(inplace=True)]
+                layers += [
+                    nn.Conv2d(channels, item * width, 3, padding=1),
+                    nn.BatchNorm2d(item * width),
+                    nn.ReLU(inplace=True),
+                ]
                 channels = item * width
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(channels, classes)
@@ -208,9 +232,10 @@ class ESPCN(nn.Module):
 
     def __init__(self, scale: int = 2, channels: int = 1):
         super().__init__()
-        self.feature_maps = nn.Sequential(nn.Conv2d(channels, 16, 5, padding=2), nn.Tanh(),
-                                          nn.Conv2d(16, 8, 3, padding=1), nn.Tanh())
-        self.sub_pixel = nn.Sequential(nn.Conv2d(8, channels * scale ** 2, 3, padding=1), nn.PixelShuffle(scale))
+        self.feature_maps = nn.Sequential(
+            nn.Conv2d(channels, 16, 5, padding=2), nn.Tanh(), nn.Conv2d(16, 8, 3, padding=1), nn.Tanh()
+        )
+        self.sub_pixel = nn.Sequential(nn.Conv2d(8, channels * scale**2, 3, padding=1), nn.PixelShuffle(scale))
 
     def forward(self, x):
         return self.sub_pixel(self.feature_maps(x))
@@ -246,8 +271,9 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or in_planes != planes * 4:
-            self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes * 4, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(planes * 4))
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_planes, planes * 4, 1, stride=stride, bias=False), nn.BatchNorm2d(planes * 4)
+            )
 
     def forward(self, x):
         identity = x if self.downsample is None else self.downsample(x)
@@ -287,14 +313,43 @@ class ResNet50(nn.Module):
 class VGG(nn.Module):
     """Simonyan & Zisserman 2015 for ImageNet: a configuration's conv stack and the 3-layer classifier."""
 
-    CONFIGURATIONS = {"vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
-                      "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512,
-                                "M"],
-                      "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
-                                512, 512, 512, 512, "M"]}
+    CONFIGURATIONS = {
+        "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+        "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+        "vgg19": [
+            64,
+            64,
+            "M",
+            128,
+            128,
+            "M",
+            256,
+            256,
+            256,
+            256,
+            "M",
+            512,
+            512,
+            512,
+            512,
+            "M",
+            512,
+            512,
+            512,
+            512,
+            "M",
+        ],
+    }
 
-    def __init__(self, configuration: str = "vgg19", batch_norm: bool = False, classes: int = 1000,
-                 width: int = 64, hidden: int = 4096, dropout: float = 0.5):
+    def __init__(
+        self,
+        configuration: str = "vgg19",
+        batch_norm: bool = False,
+        classes: int = 1000,
+        width: int = 64,
+        hidden: int = 4096,
+        dropout: float = 0.5,
+    ):
         super().__init__()
         layers, channels = [], 3
         for item in self.CONFIGURATIONS[configuration]:
@@ -308,9 +363,15 @@ class VGG(nn.Module):
             channels = item
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
-        self.classifier = nn.Sequential(nn.Linear(channels * 7 * 7, hidden), nn.ReLU(True), nn.Dropout(dropout),
-                                        nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout(dropout),
-                                        nn.Linear(hidden, classes))
+        self.classifier = nn.Sequential(
+            nn.Linear(channels * 7 * 7, hidden),
+            nn.ReLU(True),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(True),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, classes),
+        )
 
     def forward(self, x):
         x = torch.flatten(self.avgpool(self.features(x)), 1)
@@ -338,10 +399,18 @@ class SEStage(nn.Module):
 
     def __init__(self, width: int = 4):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
-                                  nn.ReLU(inplace=True), SqueezeExcite(width))
-        self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
-                                  nn.BatchNorm2d(2 * width), nn.ReLU(inplace=True), SqueezeExcite(2 * width))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            SqueezeExcite(width),
+        )
+        self.down = nn.Sequential(
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(inplace=True),
+            SqueezeExcite(2 * width),
+        )
         self.head = nn.Conv2d(2 * width, 3, 1)
 
     def forward(self, x):
@@ -370,35 +439,55 @@ class NAFBlock(nn.Module):
     and the learned residual scales beta and gamma ([1, C, 1, 1], zeros upstream; ``layer_scale`` here, so
     that the gradients through the block are not zero in the tests)."""
 
-    def __init__(self, c, DW_Expand=2, FFN_Expand=2, drop_out_rate=0., layer_scale=0.):
+    def __init__(self, c, DW_Expand=2, FFN_Expand=2, drop_out_rate=0.0, layer_scale=0.0):
         super().__init__()
         dw_channel = c * DW_Expand
-        self.conv1 = nn.Conv2d(in_channels=c, out_channels=dw_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True)
-        self.conv2 = nn.Conv2d(in_channels=dw_channel, out_channels=dw_channel, kernel_size=3, padding=1, stride=1,
-                               groups=dw_channel, bias=True)
-        self.conv3 = nn.Conv2d(in_channels=dw_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1,
-                               bias=True)
+        self.conv1 = nn.Conv2d(
+            in_channels=c, out_channels=dw_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
+        self.conv2 = nn.Conv2d(
+            in_channels=dw_channel,
+            out_channels=dw_channel,
+            kernel_size=3,
+            padding=1,
+            stride=1,
+            groups=dw_channel,
+            bias=True,
+        )
+        self.conv3 = nn.Conv2d(
+            in_channels=dw_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
 
         # Simplified Channel Attention
         self.sca = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),
-            nn.Conv2d(in_channels=dw_channel // 2, out_channels=dw_channel // 2, kernel_size=1, padding=0, stride=1,
-                      groups=1, bias=True),
+            nn.Conv2d(
+                in_channels=dw_channel // 2,
+                out_channels=dw_channel // 2,
+                kernel_size=1,
+                padding=0,
+                stride=1,
+                groups=1,
+                bias=True,
+            ),
         )
 
         # SimpleGate
         self.sg = SimpleGate()
 
         ffn_channel = FFN_Expand * c
-        self.conv4 = nn.Conv2d(in_channels=c, out_channels=ffn_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True)
-        self.conv5 = nn.Conv2d(in_channels=ffn_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1,
-                               bias=True)
+        self.conv4 = nn.Conv2d(
+            in_channels=c, out_channels=ffn_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
+        self.conv5 = nn.Conv2d(
+            in_channels=ffn_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
 
         self.norm1 = LayerNorm2d(c)
         self.norm2 = LayerNorm2d(c)
 
-        self.dropout1 = nn.Dropout(drop_out_rate) if drop_out_rate > 0. else nn.Identity()
-        self.dropout2 = nn.Dropout(drop_out_rate) if drop_out_rate > 0. else nn.Identity()
+        self.dropout1 = nn.Dropout(drop_out_rate) if drop_out_rate > 0.0 else nn.Identity()
+        self.dropout2 = nn.Dropout(drop_out_rate) if drop_out_rate > 0.0 else nn.Identity()
 
         self.beta = nn.Parameter(torch.full((1, c, 1, 1), layer_scale), requires_grad=True)
         self.gamma = nn.Parameter(torch.full((1, c, 1, 1), layer_scale), requires_grad=True)
@@ -435,10 +524,12 @@ class NAFNet(nn.Module):
     def __init__(self, img_channel=3, width=8, middle_blk_num=1, enc_blk_nums=(1,), dec_blk_nums=(1,), layer_scale=0.5):
         super().__init__()
 
-        self.intro = nn.Conv2d(in_channels=img_channel, out_channels=width, kernel_size=3, padding=1, stride=1, groups=1,
-                               bias=True)
-        self.ending = nn.Conv2d(in_channels=width, out_channels=img_channel, kernel_size=3, padding=1, stride=1, groups=1,
-                                bias=True)
+        self.intro = nn.Conv2d(
+            in_channels=img_channel, out_channels=width, kernel_size=3, padding=1, stride=1, groups=1, bias=True
+        )
+        self.ending = nn.Conv2d(
+            in_channels=width, out_channels=img_channel, kernel_size=3, padding=1, stride=1, groups=1, bias=True
+        )
 
         self.encoders = nn.ModuleList()
         self.decoders = nn.ModuleList()
@@ -507,11 +598,21 @@ def _make_divisible(v: float, divisor: int, min_value=None) -> int:
 class Conv2dNormActivation(nn.Sequential):
     """torchvision.ops.misc.Conv2dNormActivation: conv, BatchNorm, an activation made with inplace=True."""
 
-    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, groups=1, norm_layer=nn.BatchNorm2d,
-                 activation_layer=nn.ReLU):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size=3,
+        stride=1,
+        groups=1,
+        norm_layer=nn.BatchNorm2d,
+        activation_layer=nn.ReLU,
+    ):
         padding = (kernel_size - 1) // 2
-        layers = [nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False),
-                  norm_layer(out_channels)]
+        layers = [
+            nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=False),
+            norm_layer(out_channels),
+        ]
         if activation_layer is not None:
             layers.append(activation_layer(inplace=True))
         super().__init__(*layers)
@@ -549,14 +650,27 @@ class InvertedResidual(nn.Module):
         layers = []
         activation_layer = nn.Hardswish if use_hs else nn.ReLU
         if expanded_channels != input_channels:  # expand
-            layers.append(Conv2dNormActivation(input_channels, expanded_channels, kernel_size=1,
-                                               activation_layer=activation_layer))
-        layers.append(Conv2dNormActivation(expanded_channels, expanded_channels, kernel_size=kernel, stride=stride,
-                                           groups=expanded_channels, activation_layer=activation_layer))  # depthwise
+            layers.append(
+                Conv2dNormActivation(
+                    input_channels, expanded_channels, kernel_size=1, activation_layer=activation_layer
+                )
+            )
+        layers.append(
+            Conv2dNormActivation(
+                expanded_channels,
+                expanded_channels,
+                kernel_size=kernel,
+                stride=stride,
+                groups=expanded_channels,
+                activation_layer=activation_layer,
+            )
+        )  # depthwise
         if use_se:
             squeeze_channels = _make_divisible(expanded_channels // 4, 8)
             layers.append(SqueezeExcitation(expanded_channels, squeeze_channels))
-        layers.append(Conv2dNormActivation(expanded_channels, out_channels, kernel_size=1, activation_layer=None))  # project
+        layers.append(
+            Conv2dNormActivation(expanded_channels, out_channels, kernel_size=1, activation_layer=None)
+        )  # project
         self.block = nn.Sequential(*layers)
 
     def forward(self, input):
@@ -578,8 +692,9 @@ class MobileNetV3(nn.Module):
         layers.append(Conv2dNormActivation(12, 32, kernel_size=1, activation_layer=nn.Hardswish))
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Linear(32, 16), nn.Hardswish(inplace=True), nn.Dropout(p=dropout, inplace=True),
-                                        nn.Linear(16, classes))
+        self.classifier = nn.Sequential(
+            nn.Linear(32, 16), nn.Hardswish(inplace=True), nn.Dropout(p=dropout, inplace=True), nn.Linear(16, classes)
+        )
 
     def forward(self, x):
         x = self.features(x)
@@ -615,9 +730,17 @@ class ConvNeXtBlock(nn.Module):
         self.stem = nn.Sequential(nn.Conv2d(3, width, 2, stride=2), ChannelsFirstLayerNorm(width))
         self.blocks = nn.ModuleList()
         for _ in range(depth):
-            self.blocks.append(nn.ModuleDict({
-                "dwconv": nn.Conv2d(width, width, 7, padding=3, groups=width), "norm": ChannelsFirstLayerNorm(width),
-                "pwconv1": nn.Conv2d(width, 4 * width, 1), "act": nn.GELU(), "pwconv2": nn.Conv2d(4 * width, width, 1)}))
+            self.blocks.append(
+                nn.ModuleDict(
+                    {
+                        "dwconv": nn.Conv2d(width, width, 7, padding=3, groups=width),
+                        "norm": ChannelsFirstLayerNorm(width),
+                        "pwconv1": nn.Conv2d(width, 4 * width, 1),
+                        "act": nn.GELU(),
+                        "pwconv2": nn.Conv2d(4 * width, width, 1),
+                    }
+                )
+            )
         self.gamma = nn.Parameter(torch.full((depth, width), 0.5))
         self.head = nn.Conv2d(width, 3, 1)
 
@@ -631,16 +754,23 @@ class ConvNeXtBlock(nn.Module):
 
 class ASPPConv(nn.Sequential):
     def __init__(self, in_channels: int, out_channels: int, dilation: int):
-        super().__init__(nn.Conv2d(in_channels, out_channels, 3, padding=dilation, dilation=dilation, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU())
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, 3, padding=dilation, dilation=dilation, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
 
 class ASPPPooling(nn.Sequential):
     """The image-pooling branch: pooled to 1x1, then interpolated back to the input's size, read from it."""
 
     def __init__(self, in_channels: int, out_channels: int):
-        super().__init__(nn.AdaptiveAvgPool2d(1), nn.Conv2d(in_channels, out_channels, 1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU())
+        super().__init__(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(in_channels, out_channels, 1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
     def forward(self, x):
         size = x.shape[-2:]
@@ -652,14 +782,18 @@ class ASPPPooling(nn.Sequential):
 class ASPP(nn.Module):
     def __init__(self, in_channels: int, atrous_rates: tuple[int, ...], out_channels: int):
         super().__init__()
-        modules = [nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
-                                 nn.ReLU())]
+        modules = [
+            nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU())
+        ]
         for rate in atrous_rates:
             modules.append(ASPPConv(in_channels, out_channels, rate))
         modules.append(ASPPPooling(in_channels, out_channels))
         self.convs = nn.ModuleList(modules)
-        self.project = nn.Sequential(nn.Conv2d(len(self.convs) * out_channels, out_channels, 1, bias=False),
-                                     nn.BatchNorm2d(out_channels), nn.ReLU())
+        self.project = nn.Sequential(
+            nn.Conv2d(len(self.convs) * out_channels, out_channels, 1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
     def forward(self, x):
         res = []
@@ -676,10 +810,18 @@ class DeepLabV3(nn.Module):
 
     def __init__(self, in_channels: int = 3, width: int = 4, classes: int = 3):
         super().__init__()
-        self.backbone = nn.Sequential(nn.Conv2d(in_channels, width, 3, stride=2, padding=1, bias=False),
-                                      nn.BatchNorm2d(width), nn.ReLU(inplace=True))
-        self.classifier = nn.Sequential(ASPP(width, (1, 2, 3), width), nn.Conv2d(width, width, 3, padding=1, bias=False),
-                                        nn.BatchNorm2d(width), nn.ReLU(), nn.Conv2d(width, classes, 1))
+        self.backbone = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+        )
+        self.classifier = nn.Sequential(
+            ASPP(width, (1, 2, 3), width),
+            nn.Conv2d(width, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, classes, 1),
+        )
 
     def forward(self, x):
         input_shape = x.shape[-2:]

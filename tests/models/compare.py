@@ -25,8 +25,18 @@ from symgrad.trace.run_once import source_name
 from tests.helpers import load_yaml, run_generated_tests
 from tests.models.built_once import once
 
-__all__ = ["Case", "CLASSIFIER", "RESTORATION", "randomize", "traced_spec", "reference_loss", "matches_autograd",
-           "assert_generated_test_file_passes", "train_files", "source_name"]
+__all__ = [
+    "Case",
+    "CLASSIFIER",
+    "RESTORATION",
+    "randomize",
+    "traced_spec",
+    "reference_loss",
+    "matches_autograd",
+    "assert_generated_test_file_passes",
+    "train_files",
+    "source_name",
+]
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Case:
 CLASSIFIER = ("cross_entropy", "half_sq_error_function")
 RESTORATION = ("mse_loss", "half_sq_error_function")
 
+
 def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
     """Running statistics away from 0 and 1, so that eval mode is a real test."""
     for name, buffer in model.named_buffers():
@@ -53,19 +64,31 @@ def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
 def traced_spec(case: Case, mode: str, kind: str, model: torch.nn.Module) -> str:
     """Trace the module with ``--loss``, or a loss function around it (the model read from its closure)."""
     if kind == "nll_loss":  # log-probabilities from the model's logits, in a function
+
         def loss(x, target):
             return F.nll_loss(torch.log_softmax(model(x), dim=1), target)
-        return trace(loss, {**case.traced, "target": (case.traced["x"][0],)}, name="traced", mode=mode,
-                     dtypes={"target": "int64"})
+
+        return trace(
+            loss,
+            {**case.traced, "target": (case.traced["x"][0],)},
+            name="traced",
+            mode=mode,
+            dtypes={"target": "int64"},
+        )
     if kind == "half_sq_error_function":
         with torch.no_grad():
-            output_shape = tuple(model(*(torch.zeros(shape, dtype=torch.float64) for shape in case.traced.values())).shape)
+            output_shape = tuple(
+                model(*(torch.zeros(shape, dtype=torch.float64) for shape in case.traced.values())).shape
+            )
         if "noise_map" in case.traced:
+
             def loss(x, noise_map, target):
                 return 0.5 * (model(x, noise_map) - target).pow(2).sum()
         else:
+
             def loss(x, target):
                 return 0.5 * (model(x) - target).pow(2).sum()
+
         return trace(loss, {**case.traced, "target": output_shape}, name="traced", mode=mode)
     return trace(model, case.traced, name="traced", loss=LossChoice(kind), mode=mode)
 
@@ -87,6 +110,7 @@ def train_files(label: str, case: Case, model: torch.nn.Module | None = None) ->
     (a new one in float64 otherwise). The spec reads the model's structure, not its values (the
     fingerprint records each state tensor's shape), so a model whose running statistics were randomised
     traces to the same text: checked on DeiT, DenseNet, ResNet-18, MaxViT, U-Net 3D and SK-Net."""
+
     def traced() -> str:
         nonlocal model
         if model is None:
@@ -95,13 +119,16 @@ def train_files(label: str, case: Case, model: torch.nn.Module | None = None) ->
         return trace(model, case.traced, name=label, loss=LossChoice(case.losses[0]), mode="train")
 
     text = once(("train spec", label, repr(case)), traced)
-    files = once(("train files", label, text),
-                 lambda: json.dumps(build_text(text, f"{label}.yaml", documents=False).rendered.files))
+    files = once(
+        ("train files", label, text),
+        lambda: json.dumps(build_text(text, f"{label}.yaml", documents=False).rendered.files),
+    )
     return text, json.loads(files)
 
 
-def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bool = False,
-                     test_file: bool = False) -> None:
+def matches_autograd(
+    label: str, case: Case, mode: str, *, one_loss_per_mode: bool = False, test_file: bool = False
+) -> None:
     """Trace ``case`` in ``mode`` with each of its losses, generate, and compare the gradients with autograd
     through the original module, in float64, at ``case.checked`` (another batch and spatial size): ≤1e-10.
 
@@ -119,7 +146,12 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
     if one_loss_per_mode:
         kinds = kinds[:1] if mode == "train" else kinds[-1:]
     for kind in kinds:
-        if test_file and mode == "train" and kind == case.losses[0] and kind not in ("nll_loss", "half_sq_error_function"):
+        if (
+            test_file
+            and mode == "train"
+            and kind == case.losses[0]
+            and kind not in ("nll_loss", "half_sq_error_function")
+        ):
             text, files = train_files(label, case, model)
             name = label
             graph = SimpleNamespace(spec=parse_spec(text, f"{label}.yaml"))  # what by_name reads: the inputs
@@ -128,21 +160,31 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
             built = build_text(text, f"{label}.yaml", documents=False, tests=False)  # the module alone: imported
             files, name, graph = built.rendered.files, built.rendered.name, built.graph
         spec = load_yaml(text)
-        module = by_name(module_from_source(files[f"{name}.py"], name),
-                         graph)  # the parameters go in `params`: called here by their spec names
+        module = by_name(
+            module_from_source(files[f"{name}.py"], name), graph
+        )  # the parameters go in `params`: called here by their spec names
 
-        inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
-                  for key, shape in case.checked.items()}
+        inputs = {
+            key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+            for key, shape in case.checked.items()
+        }
         with torch.no_grad():
             prediction = model(*inputs.values())
         classes = spec["inputs"]["target"].get("dtype") == "int64"
-        target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator) if classes
-                  else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
-        named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
+        target = (
+            torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+            if classes
+            else torch.randn(prediction.shape, generator=generator, dtype=torch.float64)
+        )
+        named = {
+            source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]
+        }
         if kind in ("half_sq_error_function", "nll_loss"):  # read from the loss function's closure
             named = {f"model_{key}": value for key, value in named.items()}
-        arguments = {key: (inputs.get(key) if key in inputs else target if key == "target" else named[key])
-                     for key in spec["inputs"]}
+        arguments = {
+            key: (inputs.get(key) if key in inputs else target if key == "target" else named[key])
+            for key in spec["inputs"]
+        }
         wrt = spec["wrt"]
         assert set(inputs) <= set(wrt) and len(wrt) > len(inputs), wrt
 
@@ -162,7 +204,13 @@ def matches_autograd(label: str, case: Case, mode: str, *, one_loss_per_mode: bo
             else:  # or far below the others, and right to float64's precision of the whole gradient (DenseNet's
                 error = relative_error(value, reference)  # norm0.weight: the train-mode batch_norms after it make
                 assert error <= 1e-10 or error * reference.abs().max() <= 1e-14 * scale, (  # the loss scale-free
-                    label, mode, kind, key, error, reference.abs().max().item() / scale)  # in it, but for eps)
+                    label,
+                    mode,
+                    kind,
+                    key,
+                    error,
+                    reference.abs().max().item() / scale,
+                )  # in it, but for eps)
 
 
 def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float:

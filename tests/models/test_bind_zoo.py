@@ -33,12 +33,14 @@ from tests.models import (
 from tests.models.built_once import module_of, once
 from tests.models.compare import randomize
 
-CASES = {**{f"models:{label}": case for label, case in test_trace_models.CASES.items()},
-         **{f"zoo:{label}": case for label, case in test_trace_zoo.CASES.items()},
-         **{f"zoo_nets:{label}": case for label, case in test_trace_zoo_nets.CASES.items()},
-         **{f"zoo_modern:{label}": case for label, case in test_trace_zoo_modern.CASES.items()},
-         **{f"zoo_attention:{label}": case for label, case in test_trace_attention.CASES.items()},
-         **{f"zoo_hybrid:{label}": case for label, case in test_trace_zoo_hybrid.CASES.items()}}
+CASES = {
+    **{f"models:{label}": case for label, case in test_trace_models.CASES.items()},
+    **{f"zoo:{label}": case for label, case in test_trace_zoo.CASES.items()},
+    **{f"zoo_nets:{label}": case for label, case in test_trace_zoo_nets.CASES.items()},
+    **{f"zoo_modern:{label}": case for label, case in test_trace_zoo_modern.CASES.items()},
+    **{f"zoo_attention:{label}": case for label, case in test_trace_attention.CASES.items()},
+    **{f"zoo_hybrid:{label}": case for label, case in test_trace_zoo_hybrid.CASES.items()},
+}
 TOLERANCE = 1e-10
 AUTOCAST_CASES = [label for label in CASES if label != "zoo_attention:unetr_encoder"]
 """The networks the autocast tests judge: the UNETR-style encoder's own autograd step under bfloat16 gave
@@ -68,21 +70,42 @@ def traced_step(label: str):
     randomize(model, generator)
     model.train()
     target_name = "labels" if kind in ("cross_entropy", "nll_loss") else "target"
-    text = once(("bind_zoo step", label), lambda: trace(model, case.traced, wrt="parameters", name="step",
-                                                        loss=LossChoice(kind, target_name), mode="train", blocks=True))
+    text = once(
+        ("bind_zoo step", label),
+        lambda: trace(
+            model,
+            case.traced,
+            wrt="parameters",
+            name="step",
+            loss=LossChoice(kind, target_name),
+            mode="train",
+            blocks=True,
+        ),
+    )
     generated = module_of(text, "step.yaml", "step")
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()
+    }
     with torch.no_grad():
         prediction = copy.deepcopy(model)(*inputs.values())
-    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
-              if target_name == "labels" else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+    target = (
+        torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+        if target_name == "labels"
+        else torch.randn(prediction.shape, generator=generator, dtype=torch.float64)
+    )
     return model, generated, kind, inputs, target_name, target
 
 
 def on_device(model, generated, kind, inputs, target_name, target):
     """:func:`traced_step`'s model and data moved to :data:`DEVICE`."""
-    return (model.to(DEVICE), generated, kind, {name: value.to(DEVICE) for name, value in inputs.items()},
-            target_name, target.to(DEVICE))
+    return (
+        model.to(DEVICE),
+        generated,
+        kind,
+        {name: value.to(DEVICE) for name, value in inputs.items()},
+        target_name,
+        target.to(DEVICE),
+    )
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -159,7 +182,10 @@ def assert_as_accurate_as_autograd(exact, model, reference) -> None:
     norm = torch.cat([grad.flatten() for grad in truth]).norm().item()
 
     def error(grads):
-        return torch.cat([(grad.double() - exact_grad).flatten() for grad, exact_grad in zip(grads, truth)]).norm().item() / norm
+        return (
+            torch.cat([(grad.double() - exact_grad).flatten() for grad, exact_grad in zip(grads, truth)]).norm().item()
+            / norm
+        )
 
     assert error(autograds) > 1e-5, "autocast did not lower the precision: the comparison would prove nothing"
     assert error(mine) <= 4 * error(autograds) + 1e-3, (error(mine), error(autograds))

@@ -31,17 +31,23 @@ def traced_outputs(label):
     model = case.model(**case.init).double()
     randomize(model, generator)
     model.train()
-    text = once(("bind_zoo outputs", label),
-                lambda: trace(model, case.traced, wrt="parameters", name="outputs_step", mode="train", blocks=True))
+    text = once(
+        ("bind_zoo outputs", label),
+        lambda: trace(model, case.traced, wrt="parameters", name="outputs_step", mode="train", blocks=True),
+    )
     assert "\noutputs: " in text and "\nloss:" not in text
     generated = module_of(text, "outputs_step.yaml", "outputs_step")
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64) for name, shape in case.checked.items()
+    }
     with torch.no_grad():
         torch.manual_seed(7)
         prediction = copy.deepcopy(model)(*inputs.values())
-    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
-              if kind in ("cross_entropy", "nll_loss") else torch.randn(prediction.shape, generator=generator,
-                                                                         dtype=torch.float64))
+    target = (
+        torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+        if kind in ("cross_entropy", "nll_loss")
+        else torch.randn(prediction.shape, generator=generator, dtype=torch.float64)
+    )
     return model, generated, kind, inputs, target
 
 

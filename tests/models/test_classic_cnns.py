@@ -21,11 +21,16 @@ from tests.models.compare import (
 CASES = {
     "resnet18": Case(models.ResNet18, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 24, 24)}, CLASSIFIER),
     "unet_bilinear": Case(models.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 24, 24)}, RESTORATION),
-    "unet_transposed": Case(models.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 16)}, ("l1_loss", "mse_loss"),
-                            {"bilinear": False}),
+    "unet_transposed": Case(
+        models.UNet, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 16)}, ("l1_loss", "mse_loss"), {"bilinear": False}
+    ),
     "dncnn": Case(models.DnCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 10, 14)}, RESTORATION),
-    "drunet": Case(models.DRUNet, {"x": (2, 1, 16, 16), "noise_map": (2, 1, 16, 16)},
-                   {"x": (3, 1, 8, 12), "noise_map": (3, 1, 8, 12)}, ("l1_loss", "half_sq_error_function")),
+    "drunet": Case(
+        models.DRUNet,
+        {"x": (2, 1, 16, 16), "noise_map": (2, 1, 16, 16)},
+        {"x": (3, 1, 8, 12), "noise_map": (3, 1, 8, 12)},
+        ("l1_loss", "half_sq_error_function"),
+    ),
     "vgg11_bn": Case(models.VGG11BN, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 32)}, CLASSIFIER),
     "lenet5": Case(models.LeNet5, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 32)}, ("nll_loss", "mse_loss")),
     "espcn": Case(models.ESPCN, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 6, 10)}, RESTORATION),
@@ -35,15 +40,18 @@ CASES = {
     "nafnet": Case(models.NAFNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, RESTORATION),
     "mobilenet_v3": Case(models.MobileNetV3, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     "convnext": Case(models.ConvNeXtBlock, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 12, 20)}, RESTORATION),
-    "srcnn": Case(models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")),
+    "srcnn": Case(
+        models.SRCNN, {"x": (2, 1, 12, 12)}, {"x": (3, 1, 9, 7)}, ("smooth_l1_loss", "half_sq_error_function")
+    ),
     # sizes read from another tensor: the ASPP pooling branch's and the logits' interpolate to x.shape[-2:]
     # (size: {like: ...}), at odd sizes where no scale_factor would do
     "deeplabv3": Case(models.DeepLabV3, {"x": (2, 3, 9, 11)}, {"x": (3, 3, 13, 10)}, RESTORATION),
     # a U-Net up-step to the skip's size: F.pad by diffX // 2, diffX - diffX // 2 (pad: {like: ...}), or an
     # interpolate to x2.shape[-2:]; traced where the pad is 1 and checked where it is 0 and 1
     "unet_pad_to_skip": Case(models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION),
-    "unet_interpolate_to_skip": Case(models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION,
-                                     {"how": "interpolate"}),
+    "unet_interpolate_to_skip": Case(
+        models.OddUNet, {"x": (2, 1, 9, 11)}, {"x": (3, 1, 12, 7)}, RESTORATION, {"how": "interpolate"}
+    ),
     # a constant made inside forward: torch.full((n, 1, h, w), sigma) from x.shape, concatenated to x
     "ffdnet": Case(models.FFDNet, {"x": (2, 1, 8, 8)}, {"x": (3, 1, 11, 6)}, RESTORATION),
 }

@@ -18,13 +18,15 @@ CASES = {
     # timm's Attention through F.scaled_dot_product_attention; cls token, position embedding, LayerScale, GELU Mlp
     "vit_fused": Case(zoo.VisionTransformer, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, ("cross_entropy",)),
     # the same network through the manual branch: (q * scale) @ k.transpose(-2, -1), softmax(dim=-1), attn @ v
-    "vit_manual": Case(zoo.VisionTransformer, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, ("cross_entropy",),
-                       {"fused_attn": False}),
+    "vit_manual": Case(
+        zoo.VisionTransformer, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, ("cross_entropy",), {"fused_attn": False}
+    ),
     # MobileViT: B, C, H, W = x.shape; math.ceil(H / patch_h); reshape(B * C * n_h, p_h, n_w, p_w) unfolding into
     # [B * P, N, C] tokens, transformer blocks over them, folded back: every size read at run time
     "mobilevit": Case(zoo.MobileVitNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 6, 10)}, ("mse_loss",)),
-    "mobilevit_manual": Case(zoo.MobileVitNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 10, 4)}, ("mse_loss",),
-                             {"fused_attn": False}),
+    "mobilevit_manual": Case(
+        zoo.MobileVitNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 10, 4)}, ("mse_loss",), {"fused_attn": False}
+    ),
     # Restormer's MDTA and LayerNorm through einops rearrange, an einops reduce / repeat gate, an einops
     # space-to-depth 'b c (h p1) (w p2) -> b (c p1 p2) h w'
     "einops_restormer": Case(zoo.EinopsRestormerBlock, {"x": (2, 8, 8, 8)}, {"x": (3, 8, 6, 10)}, ("mse_loss",)),
@@ -67,7 +69,7 @@ def test_attention_dropout_is_traced_as_the_math_kernel_computes_it_in_training_
     ops = [layer["op"] for layer in layers]
     assert "scaled_dot_product_attention" not in ops and ops.count("dropout") == 1, ops
     start = ops.index("attention_probabilities")
-    assert ops[start:start + 3] == ["attention_probabilities", "dropout", "matmul"] and layers[start + 1]["p"] == 0.1
+    assert ops[start : start + 3] == ["attention_probabilities", "dropout", "matmul"] and layers[start + 1]["p"] == 0.1
     evaluated = trace(Dropping().double(), {"x": (2, 5, 8)}, name="evaluated", loss=LossChoice("mse_loss"), mode="eval")
     assert "op: scaled_dot_product_attention" in evaluated and "op: dropout" not in evaluated
 
@@ -142,19 +144,32 @@ def test_attention_models_own_generated_test_file_passes(label, tmp_path):
     assert_generated_test_file_passes(label, CASES[label], tmp_path)
 
 
-@pytest.mark.parametrize("layer, problem", [
-    ({"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "attn_mask": "m", "is_causal": True},
-     "together with is_causal"),
-    ({"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "dropout_p": 0.1}, "dropout inside attention"),
-    ({"op": "einsum", "in": ["q", "k"], "equation": "bhii,bhjd->bhj"}, "a diagonal"),
-    ({"op": "einsum", "in": ["q", "k"], "equation": "bhid,bhjc->bhij"}, "alone"),
-])
+@pytest.mark.parametrize(
+    "layer, problem",
+    [
+        (
+            {"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "attn_mask": "m", "is_causal": True},
+            "together with is_causal",
+        ),
+        ({"op": "scaled_dot_product_attention", "in": ["q", "k", "v"], "dropout_p": 0.1}, "dropout inside attention"),
+        ({"op": "einsum", "in": ["q", "k"], "equation": "bhii,bhjd->bhj"}, "a diagonal"),
+        ({"op": "einsum", "in": ["q", "k"], "equation": "bhid,bhjc->bhij"}, "alone"),
+    ],
+)
 def test_attention_layers_outside_the_rules_are_refused_in_one_line(layer, problem):
     from symgrad.errors import SpecError
     from symgrad.pipeline import build_text as build
-    text = yaml.safe_dump({"name": "refused", "inputs": {name: {"shape": [2, 2, 4, 4]} for name in ("q", "k", "v", "m", "y")},
-                           "layers": [{**layer, "out": "out"}], "loss": {"op": "half_sq_error", "target": "y"},
-                           "wrt": ["q"]}, sort_keys=False)
+
+    text = yaml.safe_dump(
+        {
+            "name": "refused",
+            "inputs": {name: {"shape": [2, 2, 4, 4]} for name in ("q", "k", "v", "m", "y")},
+            "layers": [{**layer, "out": "out"}],
+            "loss": {"op": "half_sq_error", "target": "y"},
+            "wrt": ["q"],
+        },
+        sort_keys=False,
+    )
     with pytest.raises(SpecError) as caught:
         build(text, "refused.yaml")
     (line,) = str(caught.value).splitlines()

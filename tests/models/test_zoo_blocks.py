@@ -25,16 +25,21 @@ CASES = {
     # ConvNeXt-T's layout: blocks permuted to channels_last for nn.Linear and F.layer_norm, layer scale
     # gamma * x, a channels_first LayerNorm class by hand, downsampling layers, x.mean([-2, -1]), nn.LayerNorm
     "convnext_t": Case(zoo.ConvNeXt, {"x": (2, 3, 64, 64)}, {"x": (3, 3, 64, 96)}, ("cross_entropy",)),
-    "ffdnet": Case(zoo.FFDNet, {"x": (2, 1, 8, 8), "sigma_map": (2, 1, 4, 4)},
-                   {"x": (3, 1, 12, 8), "sigma_map": (3, 1, 6, 4)}, ("mse_loss",)),
+    "ffdnet": Case(
+        zoo.FFDNet,
+        {"x": (2, 1, 8, 8), "sigma_map": (2, 1, 4, 4)},
+        {"x": (3, 1, 12, 8), "sigma_map": (3, 1, 6, 4)},
+        ("mse_loss",),
+    ),
 }
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("label", list(CASES))
 def test_upstream_block_matches_autograd_on_the_original_module(label, mode):
-    matches_autograd(label, CASES[label], mode, one_loss_per_mode=True,
-                     test_file=(label, CASES[label]) in GENERATED_TEST_CASES)
+    matches_autograd(
+        label, CASES[label], mode, one_loss_per_mode=True, test_file=(label, CASES[label]) in GENERATED_TEST_CASES
+    )
 
 
 class SwappedToFourD(torch.nn.Module):
@@ -78,7 +83,8 @@ def test_a_size_no_expression_holds_is_refused_not_frozen():
 
 
 GENERATED_TEST_CASES = [(label, CASES[label]) for label in ("sknet", "ffdnet", "restormer")] + [
-    (label, MODEL_CASES[label]) for label in MODEL_TEST_FILES]
+    (label, MODEL_CASES[label]) for label in MODEL_TEST_FILES
+]
 
 
 @pytest.mark.slow

@@ -47,8 +47,13 @@ CASES = {
     "ecaresnet": Case(conv_zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER),
     # CBAM in the same bottlenecks: x.amax((2, 3), keepdim=True) and x.amax(dim=1, keepdim=True) descriptors;
     # timm's catavgmax head: cat of F.adaptive_avg_pool2d(x, 1) and F.adaptive_max_pool2d(x, 1)
-    "cbamresnet": Case(conv_zoo.EcaResNet, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 6)}, CLASSIFIER,
-                       {"attn_layer": "cbam", "global_pool": "catavgmax"}),
+    "cbamresnet": Case(
+        conv_zoo.EcaResNet,
+        {"x": (2, 3, 8, 8)},
+        {"x": (3, 3, 12, 6)},
+        CLASSIFIER,
+        {"attn_layer": "cbam", "global_pool": "catavgmax"},
+    ),
     # BoTNet: torch.split with a list, reshape(B * heads, d, -1), relative logits by pad, flatten, pad, reshape,
     # slice, expand and permute
     "botnet": Case(conv_zoo.BoTNet, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 16, 16)}, CLASSIFIER),
@@ -115,8 +120,12 @@ def test_edgenext_position_encoding_made_from_the_input_size_is_refused_with_a_w
     x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
     torch.testing.assert_close(cached(x), original(x), rtol=0, atol=1e-12)
     for mode in ("train", "eval"):
-        matches_autograd("edgenext_cached", Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER),
-                         mode, test_file=True)  # its generated test file runs below
+        matches_autograd(
+            "edgenext_cached",
+            Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER),
+            mode,
+            test_file=True,
+        )  # its generated test file runs below
 
 
 GENERATED_TEST_CASES = [*CASES, "edgenext_cached"]
@@ -126,6 +135,9 @@ GENERATED_TEST_CASES = [*CASES, "edgenext_cached"]
 @pytest.mark.slow
 @pytest.mark.parametrize("label", GENERATED_TEST_CASES)
 def test_hybrid_networks_own_generated_test_file_passes(label, tmp_path):
-    case = (Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER) if label == "edgenext_cached"
-            else CASES[label])
+    case = (
+        Case(EdgeNeXtCached, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 8, 8)}, CLASSIFIER)
+        if label == "edgenext_cached"
+        else CASES[label]
+    )
     assert_generated_test_file_passes(label, case, tmp_path)

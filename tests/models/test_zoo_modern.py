@@ -20,8 +20,12 @@ CASES = {
     "convnextv2": Case(zoo.ConvNeXtV2, {"x": (2, 3, 16, 16)}, {"x": (3, 3, 24, 16)}, ("cross_entropy",)),
     # sinusoidal timesteps (arange, exp, sin, cos, cat: a constant of the spec), the MLP, GroupNorm and SiLU
     # ResNet blocks the embedding is added to, GroupNorm(1, C), nn.Identity, nearest upsampling
-    "diffusion_unet": Case(zoo.TinyDiffusionUNet, {"sample": (2, 3, 8, 8), "timestep": (2,)},
-                           {"sample": (3, 3, 12, 8), "timestep": (3,)}, ("mse_loss",)),
+    "diffusion_unet": Case(
+        zoo.TinyDiffusionUNet,
+        {"sample": (2, 3, 8, 8), "timestep": (2,)},
+        {"sample": (3, 3, 12, 8), "timestep": (3,)},
+        ("mse_loss",),
+    ),
     # UnetBasicBlock and a strided UnetResBlock in 3D: Conv3d, InstanceNorm3d (affine; running statistics),
     # LeakyReLU in place, the residual added in place
     "monai_blocks_3d": Case(zoo.MonaiBlocks3D, {"x": (2, 1, 6, 6, 6)}, {"x": (3, 1, 4, 6, 8)}, ("mse_loss",)),

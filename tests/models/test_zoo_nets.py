@@ -25,25 +25,29 @@ CASES = {
     # memory_efficient=True: torchvision's any_requires_grad sends each bottleneck through torch.utils.checkpoint
     # when its inputs need grad, which they do not while tracing (that branch is not what is traced), and do in
     # the check: autograd's reference goes through the checkpoints
-    "densenet_memory_efficient": Case(zoo_nets.DenseNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)},
-                                      CLASSIFIER, {"memory_efficient": True}),
+    "densenet_memory_efficient": Case(
+        zoo_nets.DenseNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER, {"memory_efficient": True}
+    ),
     # torchvision's Bottleneck: `out += identity`, the downsample Sequential, _make_layer, torch.flatten
     "resnet50": Case(zoo_nets.ResNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     # the same with grouped 3x3 convs (groups=4, width_per_group=32)
     "resnext": Case(zoo_nets.resnext, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     # SE gates of 1x1 convs on AdaptiveAvgPool2d(1), traced where the last stage's map is 1x1; x.view(x.size(0), -1)
-    "se_resnet_conv_gate": Case(zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER,
-                                {"se_layer": "conv"}),
+    "se_resnet_conv_gate": Case(
+        zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER, {"se_layer": "conv"}
+    ),
     # SENet ports' gate, `b, c, _, _ = x.size()`, `view(b, c)`, nn.Linear, `view(b, c, 1, 1)`, then `x * y`
-    "se_resnet_linear_gate": Case(zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER,
-                                  {"se_layer": "linear_broadcast"}),
+    "se_resnet_linear_gate": Case(
+        zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER, {"se_layer": "linear_broadcast"}
+    ),
     # the popular SENet ports' gate: `y.view(b, c)`, nn.Linear, `x * y.expand_as(x)`
     "se_resnet_expand_as_gate": Case(zoo_nets.SEResNet, {"x": (2, 3, 4, 4)}, {"x": (3, 3, 12, 20)}, CLASSIFIER),
     # torchvision's RegNet block names, `block1-0`: a state_dict key with a hyphen
     "regnety": Case(zoo_nets.RegNetY, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 20)}, CLASSIFIER),
     # group conv, `scale * input` SE gate; traced where the last stage's map is 1x1; blocks named b0, b1 (timm)
-    "regnety_plain_names": Case(zoo_nets.RegNetY, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 20)}, CLASSIFIER,
-                                {"block_name": "b{index}"}),
+    "regnety_plain_names": Case(
+        zoo_nets.RegNetY, {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 20)}, CLASSIFIER, {"block_name": "b{index}"}
+    ),
     # inverted residuals, depthwise convs, ReLU6, `return x + self.conv(x)`, _make_divisible
     "mobilenet_v2": Case(zoo_nets.MobileNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     # MBConv with SiLU and an SE on x.mean((2, 3), keepdim=True), nn.Identity when there is no expansion
@@ -53,11 +57,13 @@ CASES = {
     # weight standardization with w.mean / w.var(unbiased=False) in forward, then F.conv2d; GroupNorm; x[..., 0, 0]
     # BiT's StdConv2d as Google's code writes it: `v, m = torch.var_mean(w, dim=[1, 2, 3], keepdim=True, ...)`
     "bit": Case(zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
-    "bit_mean_var": Case(zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
-                         {"conv": "mean_var"}),
+    "bit_mean_var": Case(
+        zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER, {"conv": "mean_var"}
+    ),
     # timm's StdConv2d: F.batch_norm(self.weight.reshape(1, out, -1), None, None, training=True).reshape_as(weight)
-    "bit_timm_std_conv": Case(zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
-                              {"conv": "batch_norm"}),
+    "bit_timm_std_conv": Case(
+        zoo_nets.ResNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER, {"conv": "batch_norm"}
+    ),
     # ScaledStdConv2d: F.batch_norm over the weight with a gain, reshape_as; `out * alpha + shortcut`
     "nf_resnet": Case(zoo_nets.NFResNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER),
     # MeanShift as a frozen 1x1 conv, `.mul(res_scale)` then `res += x`, conv + PixelShuffle upsampler
@@ -69,10 +75,16 @@ CASES = {
     # attention gates psi = Sigmoid(BN(conv)) of one channel, `x * psi`, nn.Upsample(scale_factor=2), skip cats
     # Oktay et al.'s grid attention gate as their code writes it: F.interpolate(..., size=theta_x_size[2:]),
     # sigm_psi_f.expand_as(x) * x; and written sigm_psi_f * x
-    "grid_attention_unet": Case(zoo_nets.GridAttentionUNet, {"inputs": (2, 1, 16, 16)}, {"inputs": (3, 1, 8, 24)},
-                                RESTORATION),
-    "grid_attention_unet_broadcast": Case(zoo_nets.GridAttentionUNet, {"inputs": (2, 1, 16, 16)},
-                                          {"inputs": (3, 1, 8, 24)}, RESTORATION, {"expand": False}),
+    "grid_attention_unet": Case(
+        zoo_nets.GridAttentionUNet, {"inputs": (2, 1, 16, 16)}, {"inputs": (3, 1, 8, 24)}, RESTORATION
+    ),
+    "grid_attention_unet_broadcast": Case(
+        zoo_nets.GridAttentionUNet,
+        {"inputs": (2, 1, 16, 16)},
+        {"inputs": (3, 1, 8, 24)},
+        RESTORATION,
+        {"expand": False},
+    ),
     "attention_unet": Case(zoo_nets.AttU_Net, {"x": (2, 1, 16, 16)}, {"x": (3, 1, 8, 12)}, RESTORATION),
 }
 
@@ -131,8 +143,11 @@ def test_efficientnet_stochastic_depth_trains_with_the_models_own_masks_and_goes
     torch.manual_seed(0)
     model = zoo_nets.EfficientNet(drop_path_rate=0.2).double().train()
     reference = copy.deepcopy(model)
-    built = build_text(trace(model, {"x": (2, 3, 32, 32)}, "parameters", "efficientnet_drop_path", mode="train"),
-                       "efficientnet_drop_path.yaml", documents=False)
+    built = build_text(
+        trace(model, {"x": (2, 3, 32, 32)}, "parameters", "efficientnet_drop_path", mode="train"),
+        "efficientnet_drop_path.yaml",
+        documents=False,
+    )
     path = tmp_path / "efficientnet_drop_path.py"
     path.write_text(built.rendered.files[path.name])
     assert "bernoulli_" in path.read_text()  # the mask is drawn, not frozen
@@ -145,8 +160,9 @@ def test_efficientnet_stochastic_depth_trains_with_the_models_own_masks_and_goes
     scale = max(parameter.grad.abs().max().item() for parameter in reference.parameters())  # some are 0 by structure
     for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         assert (ours.grad - theirs.grad).abs().max().item() <= 1e-10 * scale, name
-    case = Case(zoo_nets.EfficientNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER,
-                {"drop_path_rate": 0.2})
+    case = Case(
+        zoo_nets.EfficientNet, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 24, 40)}, CLASSIFIER, {"drop_path_rate": 0.2}
+    )
     matches_autograd("efficientnet_b0_drop_path", case, "eval")
 
 

@@ -59,7 +59,9 @@ class FeedForward(nn.Module):
         super().__init__()
         hidden = int(dim * expansion)
         self.project_in = nn.Conv2d(dim, hidden * 2, kernel_size=1, bias=bias)
-        self.dwconv = nn.Conv2d(hidden * 2, hidden * 2, kernel_size=3, stride=1, padding=1, groups=hidden * 2, bias=bias)
+        self.dwconv = nn.Conv2d(
+            hidden * 2, hidden * 2, kernel_size=3, stride=1, padding=1, groups=hidden * 2, bias=bias
+        )
         self.project_out = nn.Conv2d(hidden, dim, kernel_size=1, bias=bias)
 
     def forward(self, x):
@@ -116,12 +118,15 @@ class Restormer(nn.Module):
         super().__init__()
         self.patch_embed = nn.Conv2d(channels, dim, kernel_size=3, stride=1, padding=1, bias=bias)
         self.encoder_level1 = nn.Sequential(*[TransformerBlock(dim, heads[0], expansion, bias, norm_kind)])
-        self.down1_2 = nn.Sequential(nn.Conv2d(dim, dim // 2, kernel_size=3, stride=1, padding=1, bias=False),
-                                     nn.PixelUnshuffle(2))
-        self.latent = nn.Sequential(*[TransformerBlock(dim * 2, heads[1], expansion, bias, "BiasFree")
-                                      for _ in range(2)])
-        self.up2_1 = nn.Sequential(nn.Conv2d(dim * 2, dim * 4, kernel_size=3, stride=1, padding=1, bias=False),
-                                   nn.PixelShuffle(2))
+        self.down1_2 = nn.Sequential(
+            nn.Conv2d(dim, dim // 2, kernel_size=3, stride=1, padding=1, bias=False), nn.PixelUnshuffle(2)
+        )
+        self.latent = nn.Sequential(
+            *[TransformerBlock(dim * 2, heads[1], expansion, bias, "BiasFree") for _ in range(2)]
+        )
+        self.up2_1 = nn.Sequential(
+            nn.Conv2d(dim * 2, dim * 4, kernel_size=3, stride=1, padding=1, bias=False), nn.PixelShuffle(2)
+        )
         self.reduce_chan_level1 = nn.Conv2d(dim * 2, dim, kernel_size=1, bias=bias)
         self.refinement = nn.Sequential(TransformerBlock(dim, heads[0], expansion, bias, norm_kind))
         self.output = nn.Conv2d(dim, channels, kernel_size=3, stride=1, padding=1, bias=bias)
@@ -146,15 +151,26 @@ class SKConv(nn.Module):
         self.features = features
         self.convs = nn.ModuleList([])
         for i in range(branches):
-            self.convs.append(nn.Sequential(
-                nn.Conv2d(features, features, kernel_size=3, stride=stride, padding=1 + i, dilation=1 + i,
-                          groups=groups, bias=False),
-                nn.BatchNorm2d(features),
-                nn.ReLU(inplace=True)))
+            self.convs.append(
+                nn.Sequential(
+                    nn.Conv2d(
+                        features,
+                        features,
+                        kernel_size=3,
+                        stride=stride,
+                        padding=1 + i,
+                        dilation=1 + i,
+                        groups=groups,
+                        bias=False,
+                    ),
+                    nn.BatchNorm2d(features),
+                    nn.ReLU(inplace=True),
+                )
+            )
         self.gap = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Sequential(nn.Conv2d(features, d, kernel_size=1, stride=1, bias=False),
-                                nn.BatchNorm2d(d),
-                                nn.ReLU(inplace=True))
+        self.fc = nn.Sequential(
+            nn.Conv2d(features, d, kernel_size=1, stride=1, bias=False), nn.BatchNorm2d(d), nn.ReLU(inplace=True)
+        )
         self.fcs = nn.ModuleList([])
         for i in range(branches):
             self.fcs.append(nn.Conv2d(d, features, kernel_size=1, stride=1))
@@ -178,16 +194,21 @@ class SKConv(nn.Module):
 class SKUnit(nn.Module):
     def __init__(self, in_features, mid_features, out_features, stride=1):
         super().__init__()
-        self.conv1 = nn.Sequential(nn.Conv2d(in_features, mid_features, 1, stride=1, bias=False),
-                                   nn.BatchNorm2d(mid_features), nn.ReLU(inplace=True))
+        self.conv1 = nn.Sequential(
+            nn.Conv2d(in_features, mid_features, 1, stride=1, bias=False),
+            nn.BatchNorm2d(mid_features),
+            nn.ReLU(inplace=True),
+        )
         self.conv2_sk = SKConv(mid_features, stride=stride)
-        self.conv3 = nn.Sequential(nn.Conv2d(mid_features, out_features, 1, stride=1, bias=False),
-                                   nn.BatchNorm2d(out_features))
+        self.conv3 = nn.Sequential(
+            nn.Conv2d(mid_features, out_features, 1, stride=1, bias=False), nn.BatchNorm2d(out_features)
+        )
         if stride == 1 and in_features == out_features:
             self.shortcut = nn.Sequential()
         else:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_features, out_features, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_features))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_features, out_features, 1, stride=stride, bias=False), nn.BatchNorm2d(out_features)
+            )
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):
@@ -201,10 +222,12 @@ class SKUnit(nn.Module):
 class SKNet(nn.Module):
     def __init__(self, classes=5, widths=(8, 16)):
         super().__init__()
-        self.basic_conv = nn.Sequential(nn.Conv2d(3, widths[0], 3, 2, 1, bias=False), nn.BatchNorm2d(widths[0]),
-                                        nn.ReLU(inplace=True))
-        self.stage_1 = nn.Sequential(SKUnit(widths[0], widths[0], widths[1], stride=1),
-                                     SKUnit(widths[1], widths[0], widths[1]))
+        self.basic_conv = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 2, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)
+        )
+        self.stage_1 = nn.Sequential(
+            SKUnit(widths[0], widths[0], widths[1], stride=1), SKUnit(widths[1], widths[0], widths[1])
+        )
         self.stage_2 = nn.Sequential(SKUnit(widths[1], widths[1], widths[1] * 2, stride=2))
         self.gap = nn.AdaptiveAvgPool2d((1, 1))
         self.classifier = nn.Linear(widths[1] * 2, classes)
@@ -224,8 +247,11 @@ class FFDNet(nn.Module):
         super().__init__()
         layers = [nn.Conv2d(channels * 4 + 1, features, 3, padding=1), nn.ReLU(inplace=True)]
         for _ in range(depth - 2):
-            layers += [nn.Conv2d(features, features, 3, padding=1, bias=False), nn.BatchNorm2d(features),
-                       nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv2d(features, features, 3, padding=1, bias=False),
+                nn.BatchNorm2d(features),
+                nn.ReLU(inplace=True),
+            ]
         layers += [nn.Conv2d(features, channels * 4, 3, padding=1)]
         self.body = nn.Sequential(*layers)
 
@@ -285,22 +311,30 @@ class ConvNeXt(nn.Module):
     """ConvNeXt-T's layout at small widths: a 4x4 stride-4 stem, four stages with downsampling layers
     between them, global average pooling, a final LayerNorm and the head."""
 
-    def __init__(self, in_chans=3, num_classes=5, depths=(1, 1, 2, 1), dims=(8, 16, 24, 32),
-                 layer_scale_init_value=0.5):
+    def __init__(
+        self, in_chans=3, num_classes=5, depths=(1, 1, 2, 1), dims=(8, 16, 24, 32), layer_scale_init_value=0.5
+    ):
         super().__init__()
         self.downsample_layers = nn.ModuleList()
-        stem = nn.Sequential(nn.Conv2d(in_chans, dims[0], kernel_size=4, stride=4),
-                             ConvNeXtLayerNorm(dims[0], eps=1e-6, data_format="channels_first"))
+        stem = nn.Sequential(
+            nn.Conv2d(in_chans, dims[0], kernel_size=4, stride=4),
+            ConvNeXtLayerNorm(dims[0], eps=1e-6, data_format="channels_first"),
+        )
         self.downsample_layers.append(stem)
         for i in range(3):
             downsample_layer = nn.Sequential(
                 ConvNeXtLayerNorm(dims[i], eps=1e-6, data_format="channels_first"),
-                nn.Conv2d(dims[i], dims[i + 1], kernel_size=2, stride=2))
+                nn.Conv2d(dims[i], dims[i + 1], kernel_size=2, stride=2),
+            )
             self.downsample_layers.append(downsample_layer)
         self.stages = nn.ModuleList()
         for i in range(4):
-            stage = nn.Sequential(*[ConvNeXtStageBlock(dim=dims[i], layer_scale_init_value=layer_scale_init_value)
-                                    for _ in range(depths[i])])
+            stage = nn.Sequential(
+                *[
+                    ConvNeXtStageBlock(dim=dims[i], layer_scale_init_value=layer_scale_init_value)
+                    for _ in range(depths[i])
+                ]
+            )
             self.stages.append(stage)
         self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
         self.head = nn.Linear(dims[-1], num_classes)

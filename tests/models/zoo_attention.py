@@ -25,7 +25,7 @@ class Attention(nn.Module):
         assert dim % num_heads == 0, "dim should be divisible by num_heads"
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -80,8 +80,17 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, init_values=None, fused_attn=True,
-                 act_layer=nn.GELU, norm_layer=nn.LayerNorm):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        mlp_ratio=4.0,
+        qkv_bias=False,
+        init_values=None,
+        fused_attn=True,
+        act_layer=nn.GELU,
+        norm_layer=nn.LayerNorm,
+    ):
         super().__init__()
         self.norm1 = norm_layer(dim)
         self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, fused_attn=fused_attn)
@@ -112,16 +121,33 @@ class VisionTransformer(nn.Module):
     """ViT/DeiT: a cls token and a learned position embedding; the position embedding fixes the number of
     patches, so this network takes one image size (another batch size is what changes)."""
 
-    def __init__(self, img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=16, depth=2, num_heads=2,
-                 mlp_ratio=2.0, qkv_bias=True, init_values=0.1, fused_attn=True):
+    def __init__(
+        self,
+        img_size=16,
+        patch_size=4,
+        in_chans=3,
+        num_classes=5,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        mlp_ratio=2.0,
+        qkv_bias=True,
+        init_values=0.1,
+        fused_attn=True,
+    ):
         super().__init__()
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.randn(1, num_patches + 1, embed_dim) * 0.02)
-        self.blocks = nn.Sequential(*[
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, init_values=init_values, fused_attn=fused_attn)
-            for _ in range(depth)])
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, init_values=init_values, fused_attn=fused_attn
+                )
+                for _ in range(depth)
+            ]
+        )
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head = nn.Linear(embed_dim, num_classes)
 
@@ -142,17 +168,25 @@ class MobileVitBlock(nn.Module):
 
     def __init__(self, in_chs=8, transformer_dim=16, num_heads=2, transformer_depth=1, patch_size=2, fused_attn=True):
         super().__init__()
-        self.conv_kxk = nn.Sequential(nn.Conv2d(in_chs, in_chs, 3, padding=1, bias=False), nn.BatchNorm2d(in_chs),
-                                      nn.SiLU())
+        self.conv_kxk = nn.Sequential(
+            nn.Conv2d(in_chs, in_chs, 3, padding=1, bias=False), nn.BatchNorm2d(in_chs), nn.SiLU()
+        )
         self.conv_1x1 = nn.Conv2d(in_chs, transformer_dim, kernel_size=1, bias=False)
-        self.transformer = nn.Sequential(*[
-            Block(transformer_dim, num_heads, mlp_ratio=2.0, qkv_bias=True, fused_attn=fused_attn, act_layer=nn.SiLU)
-            for _ in range(transformer_depth)])
+        self.transformer = nn.Sequential(
+            *[
+                Block(
+                    transformer_dim, num_heads, mlp_ratio=2.0, qkv_bias=True, fused_attn=fused_attn, act_layer=nn.SiLU
+                )
+                for _ in range(transformer_depth)
+            ]
+        )
         self.norm = nn.LayerNorm(transformer_dim)
-        self.conv_proj = nn.Sequential(nn.Conv2d(transformer_dim, in_chs, 1, bias=False), nn.BatchNorm2d(in_chs),
-                                       nn.SiLU())
-        self.conv_fusion = nn.Sequential(nn.Conv2d(2 * in_chs, in_chs, 3, padding=1, bias=False),
-                                         nn.BatchNorm2d(in_chs), nn.SiLU())
+        self.conv_proj = nn.Sequential(
+            nn.Conv2d(transformer_dim, in_chs, 1, bias=False), nn.BatchNorm2d(in_chs), nn.SiLU()
+        )
+        self.conv_fusion = nn.Sequential(
+            nn.Conv2d(2 * in_chs, in_chs, 3, padding=1, bias=False), nn.BatchNorm2d(in_chs), nn.SiLU()
+        )
         self.patch_size = (patch_size, patch_size)
         self.patch_area = patch_size * patch_size
 
@@ -207,15 +241,15 @@ class MDTA(nn.Module):
         b, c, h, w = x.shape
         qkv = self.qkv_dwconv(self.qkv(x))
         q, k, v = qkv.chunk(3, dim=1)
-        q = rearrange(q, 'b (head c) h w -> b head c (h w)', head=self.num_heads)
-        k = rearrange(k, 'b (head c) h w -> b head c (h w)', head=self.num_heads)
-        v = rearrange(v, 'b (head c) h w -> b head c (h w)', head=self.num_heads)
+        q = rearrange(q, "b (head c) h w -> b head c (h w)", head=self.num_heads)
+        k = rearrange(k, "b (head c) h w -> b head c (h w)", head=self.num_heads)
+        v = rearrange(v, "b (head c) h w -> b head c (h w)", head=self.num_heads)
         q = F.normalize(q, dim=-1)
         k = F.normalize(k, dim=-1)
         attn = (q @ k.transpose(-2, -1)) * self.temperature
         attn = attn.softmax(dim=-1)
         out = attn @ v
-        out = rearrange(out, 'b head c (h w) -> b (head c) h w', head=self.num_heads, h=h, w=w)
+        out = rearrange(out, "b head c (h w) -> b (head c) h w", head=self.num_heads, h=h, w=w)
         return self.project_out(out)
 
 
@@ -228,7 +262,7 @@ class EinopsLayerNorm(nn.Module):
 
     def forward(self, x):
         h, w = x.shape[-2:]
-        return rearrange(self.body(rearrange(x, 'b c h w -> b (h w) c')), 'b (h w) c -> b c h w', h=h, w=w)
+        return rearrange(self.body(rearrange(x, "b c h w -> b (h w) c")), "b (h w) c -> b c h w", h=h, w=w)
 
 
 class EinopsRestormerBlock(nn.Module):
@@ -247,10 +281,10 @@ class EinopsRestormerBlock(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.norm1(x))
         x = x + self.ffn(self.norm2(x))
-        pooled = reduce(x, 'b c h w -> b c', 'mean')
+        pooled = reduce(x, "b c h w -> b c", "mean")
         gate = torch.sigmoid(self.gate(pooled))
-        x = x * repeat(gate, 'b c -> b c h w', h=x.shape[2], w=x.shape[3])
-        x = rearrange(x, 'b c (h p1) (w p2) -> b (c p1 p2) h w', p1=2, p2=2)
+        x = x * repeat(gate, "b c -> b c h w", h=x.shape[2], w=x.shape[3])
+        x = rearrange(x, "b c (h p1) (w p2) -> b (c p1 p2) h w", p1=2, p2=2)
         return self.down(x)
 
 
@@ -269,7 +303,7 @@ class SABlock(nn.Module):
         self.drop_output = nn.Dropout(0.0)
         self.drop_weights = nn.Dropout(0.0)
         self.head_dim = hidden_size // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
 
     def forward(self, x):
         output = self.input_rearrange(self.qkv(x))
@@ -306,10 +340,13 @@ class UNETREncoder(nn.Module):
         super().__init__()
         self.feat_size = [img_size // patch_size] * 3
         n_patches = (img_size // patch_size) ** 3
-        patch_dim = in_channels * patch_size ** 3
+        patch_dim = in_channels * patch_size**3
         self.patch_embeddings = nn.Sequential(
-            Rearrange("b c (h p1) (w p2) (d p3) -> b (h w d) (p1 p2 p3 c)", p1=patch_size, p2=patch_size, p3=patch_size),
-            nn.Linear(patch_dim, hidden_size))
+            Rearrange(
+                "b c (h p1) (w p2) (d p3) -> b (h w d) (p1 p2 p3 c)", p1=patch_size, p2=patch_size, p3=patch_size
+            ),
+            nn.Linear(patch_dim, hidden_size),
+        )
         self.position_embeddings = nn.Parameter(torch.randn(1, n_patches, hidden_size) * 0.02)
         self.blocks = nn.ModuleList([TransformerBlock(hidden_size, mlp_dim, num_heads) for _ in range(depth)])
         self.norm = nn.LayerNorm(hidden_size)

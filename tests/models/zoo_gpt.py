@@ -23,8 +23,9 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0,
-                                           is_causal=True)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -55,13 +56,26 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size: int = 11, block_size: int = 16, n_layer: int = 1, n_head: int = 2, n_embd: int = 8,
-                 dropout: float = 0.1):
+    def __init__(
+        self,
+        vocab_size: int = 11,
+        block_size: int = 16,
+        n_layer: int = 1,
+        n_head: int = 2,
+        n_embd: int = 8,
+        dropout: float = 0.1,
+    ):
         super().__init__()
         self.block_size = block_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd), drop=nn.Dropout(dropout),
-            h=nn.ModuleList([Block(n_embd, n_head, dropout) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab_size, n_embd),
+                wpe=nn.Embedding(block_size, n_embd),
+                drop=nn.Dropout(dropout),
+                h=nn.ModuleList([Block(n_embd, n_head, dropout) for _ in range(n_layer)]),
+                ln_f=nn.LayerNorm(n_embd),
+            )
+        )
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying: one parameter, read twice
 

@@ -38,8 +38,9 @@ class MbConvBlock(nn.Module):
         super().__init__()
         mid_chs = int(out_chs * expand_ratio)
         if stride == 2 or in_chs != out_chs:
-            self.shortcut = nn.Sequential(nn.AvgPool2d(stride) if stride > 1 else nn.Identity(),
-                                          nn.Conv2d(in_chs, out_chs, 1))
+            self.shortcut = nn.Sequential(
+                nn.AvgPool2d(stride) if stride > 1 else nn.Identity(), nn.Conv2d(in_chs, out_chs, 1)
+            )
         else:
             self.shortcut = nn.Identity()
         self.pre_norm = nn.BatchNorm2d(in_chs)
@@ -81,7 +82,7 @@ class RelPosBias(nn.Module):
         num_relative_distance = (2 * window_size[0] - 1) * (2 * window_size[1] - 1)
         self.relative_position_bias_table = nn.Parameter(torch.zeros(num_relative_distance, num_heads))
         self.register_buffer("relative_position_index", gen_relative_position_index(window_size), persistent=False)
-        nn.init.trunc_normal_(self.relative_position_bias_table, std=.02)
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def get_bias(self) -> torch.Tensor:
         relative_position_bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
@@ -99,7 +100,7 @@ class Attention2d(nn.Module):
         super().__init__()
         self.num_heads = dim // dim_head
         self.dim_head = dim_head
-        self.scale = dim_head ** -0.5
+        self.scale = dim_head**-0.5
         self.qkv = nn.Conv2d(dim, dim * 3, 1)
         self.rel_pos = RelPosBias(feat_size, self.num_heads)
         self.proj = nn.Conv2d(dim, dim, 1)
@@ -182,7 +183,7 @@ class AttentionCl(nn.Module):
         super().__init__()
         self.num_heads = dim // dim_head
         self.dim_head = dim_head
-        self.scale = dim_head ** -0.5
+        self.scale = dim_head**-0.5
         self.qkv = nn.Linear(dim, dim * 3)
         self.rel_pos = RelPosBias(partition_size, self.num_heads)
         self.proj = nn.Linear(dim, dim)
@@ -285,7 +286,7 @@ class EfficientFormerV2Attention2d(nn.Module):
     def __init__(self, dim=8, key_dim=4, num_heads=2, attn_ratio=2, resolution=4):
         super().__init__()
         self.num_heads = num_heads
-        self.scale = key_dim ** -0.5
+        self.scale = key_dim**-0.5
         self.key_dim = key_dim
         self.resolution = (resolution, resolution)
         self.N = resolution * resolution
@@ -295,8 +296,9 @@ class EfficientFormerV2Attention2d(nn.Module):
         self.q = ConvNorm(dim, self.key_attn_dim)
         self.k = ConvNorm(dim, self.key_attn_dim)
         self.v = ConvNorm(dim, self.val_attn_dim)
-        self.v_local = ConvNorm(self.val_attn_dim, self.val_attn_dim, kernel_size=3, padding=1,
-                                groups=self.val_attn_dim)
+        self.v_local = ConvNorm(
+            self.val_attn_dim, self.val_attn_dim, kernel_size=3, padding=1, groups=self.val_attn_dim
+        )
         self.talking_head1 = nn.Conv2d(num_heads, num_heads, kernel_size=1)
         self.talking_head2 = nn.Conv2d(num_heads, num_heads, kernel_size=1)
         self.act = nn.GELU()
@@ -357,7 +359,7 @@ class LevitAttention(nn.Module):
     def __init__(self, dim=8, key_dim=4, num_heads=2, attn_ratio=2.0, resolution=4, act_layer=nn.Hardswish):
         super().__init__()
         self.num_heads = num_heads
-        self.scale = key_dim ** -0.5
+        self.scale = key_dim**-0.5
         self.key_dim = key_dim
         self.key_attn_dim = key_dim * num_heads
         self.val_dim = int(attn_ratio * key_dim)
@@ -402,7 +404,7 @@ class Subsample(nn.Module):
 
     def forward(self, x):
         B, N, C = x.shape
-        x = x.view(B, self.resolution[0], self.resolution[1], C)[:, ::self.stride, ::self.stride]
+        x = x.view(B, self.resolution[0], self.resolution[1], C)[:, :: self.stride, :: self.stride]
         return x.reshape(B, -1, C)
 
 
@@ -410,13 +412,14 @@ class AttentionSubsample(nn.Module):
     """LeViT's downsampling attention: queries from every ``stride``-th token (a strided slice), keys and values
     from all, biases indexed by the query-to-key offsets."""
 
-    def __init__(self, in_dim, out_dim, key_dim=4, num_heads=2, attn_ratio=2, stride=2, resolution=4,
-                 act_layer=nn.Hardswish):
+    def __init__(
+        self, in_dim, out_dim, key_dim=4, num_heads=2, attn_ratio=2, stride=2, resolution=4, act_layer=nn.Hardswish
+    ):
         super().__init__()
         self.stride = stride
         self.resolution = (resolution, resolution)
         self.num_heads = num_heads
-        self.scale = key_dim ** -0.5
+        self.scale = key_dim**-0.5
         self.key_dim = key_dim
         self.key_attn_dim = key_dim * num_heads
         self.val_dim = int(attn_ratio * key_dim)
@@ -425,8 +428,9 @@ class AttentionSubsample(nn.Module):
         self.q = nn.Sequential(Subsample(stride, resolution), LinearNorm(in_dim, self.key_attn_dim))
         self.proj = nn.Sequential(act_layer(), LinearNorm(self.val_attn_dim, out_dim))
         self.attention_biases = nn.Parameter(torch.zeros(num_heads, self.resolution[0] * self.resolution[1]))
-        q_pos = torch.stack(ndgrid(torch.arange(0, self.resolution[0], step=stride),
-                                   torch.arange(0, self.resolution[1], step=stride))).flatten(1)
+        q_pos = torch.stack(
+            ndgrid(torch.arange(0, self.resolution[0], step=stride), torch.arange(0, self.resolution[1], step=stride))
+        ).flatten(1)
         k_pos = torch.stack(ndgrid(torch.arange(self.resolution[0]), torch.arange(self.resolution[1]))).flatten(1)
         rel_pos = (q_pos[..., :, None] - k_pos[..., None, :]).abs()
         rel_pos = (rel_pos[0] * self.resolution[1]) + rel_pos[1]
@@ -517,7 +521,7 @@ class DeiTDistilled(nn.Module):
         self.head = nn.Linear(embed_dim, num_classes)
         self.head_dist = nn.Linear(embed_dim, num_classes)
         for parameter in (self.cls_token, self.dist_token, self.pos_embed):
-            nn.init.trunc_normal_(parameter, std=.02)
+            nn.init.trunc_normal_(parameter, std=0.02)
 
     def forward(self, x):
         x = self.patch_embed(x).flatten(2).transpose(1, 2)

@@ -168,19 +168,35 @@ class Residual(nn.Module):
 
 def ConvMixer(dim=8, depth=2, kernel_size=3, patch_size=2, n_classes=5):
     return nn.Sequential(
-        nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size), nn.GELU(), nn.BatchNorm2d(dim),
-        *[nn.Sequential(Residual(nn.Sequential(nn.Conv2d(dim, dim, kernel_size, groups=dim, padding="same"),
-                                               nn.GELU(), nn.BatchNorm2d(dim))),
-                        nn.Conv2d(dim, dim, kernel_size=1), nn.GELU(), nn.BatchNorm2d(dim)) for _ in range(depth)],
-        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(dim, n_classes))
+        nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size),
+        nn.GELU(),
+        nn.BatchNorm2d(dim),
+        *[
+            nn.Sequential(
+                Residual(
+                    nn.Sequential(
+                        nn.Conv2d(dim, dim, kernel_size, groups=dim, padding="same"), nn.GELU(), nn.BatchNorm2d(dim)
+                    )
+                ),
+                nn.Conv2d(dim, dim, kernel_size=1),
+                nn.GELU(),
+                nn.BatchNorm2d(dim),
+            )
+            for _ in range(depth)
+        ],
+        nn.AdaptiveAvgPool2d((1, 1)),
+        nn.Flatten(),
+        nn.Linear(dim, n_classes),
+    )
 
 
 # ----- FastViT / RepViT: reparameterizable branches, long attribute names ------------------------------------
 class ConvBatchNormBranch(nn.Sequential):
     def __init__(self, in_chs, out_chs, kernel_size, groups):
         super().__init__()
-        self.add_module("conv", nn.Conv2d(in_chs, out_chs, kernel_size, padding=kernel_size // 2, groups=groups,
-                                          bias=False))
+        self.add_module(
+            "conv", nn.Conv2d(in_chs, out_chs, kernel_size, padding=kernel_size // 2, groups=groups, bias=False)
+        )
         self.add_module("bn", nn.BatchNorm2d(out_chs))
 
 
@@ -192,7 +208,8 @@ class MobileOneBlock(nn.Module):
         super().__init__()
         self.reparameterizable_identity_batch_norm_skip_branch = nn.BatchNorm2d(dim)
         self.reparameterizable_convolution_branches = nn.ModuleList(
-            [ConvBatchNormBranch(dim, dim, kernel_size, dim) for _ in range(num_conv_branches)])
+            [ConvBatchNormBranch(dim, dim, kernel_size, dim) for _ in range(num_conv_branches)]
+        )
         self.reparameterizable_scale_branch_depthwise_one_by_one_convolution = ConvBatchNormBranch(dim, dim, 1, dim)
         self.act = nn.GELU()
 
@@ -212,8 +229,9 @@ class RepMixerSqueezeExciteTokenMixerWithLayerScaleAndChannelMlpBlock(nn.Module)
         super().__init__()
         self.token_mixer_reparameterizable_mobile_one_block = MobileOneBlock(dim)
         self.squeeze_excite = SqueezeExcite(dim, max(1, dim // 4), act_layer=nn.ReLU)
-        self.depthwise_refinement_convolution_with_shared_weights_runs_twice = nn.Conv2d(dim, dim, 3, padding=1,
-                                                                                       groups=dim)
+        self.depthwise_refinement_convolution_with_shared_weights_runs_twice = nn.Conv2d(
+            dim, dim, 3, padding=1, groups=dim
+        )
         self.channel_mixer = nn.Sequential(nn.Conv2d(dim, 2 * dim, 1), nn.GELU(), nn.Conv2d(2 * dim, dim, 1))
         self.layer_scale_for_the_channel_mixer_branch = nn.Parameter(1e-1 * torch.ones(dim, 1, 1))
 
@@ -228,9 +246,12 @@ class FastRepNet(nn.Module):
     def __init__(self, dim=8, num_classes=5):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, dim, 3, stride=2, padding=1), nn.BatchNorm2d(dim), nn.GELU())
-        self.stages = nn.Sequential(nn.Sequential(
-            RepMixerSqueezeExciteTokenMixerWithLayerScaleAndChannelMlpBlock(dim),
-            RepMixerSqueezeExciteTokenMixerWithLayerScaleAndChannelMlpBlock(dim)))
+        self.stages = nn.Sequential(
+            nn.Sequential(
+                RepMixerSqueezeExciteTokenMixerWithLayerScaleAndChannelMlpBlock(dim),
+                RepMixerSqueezeExciteTokenMixerWithLayerScaleAndChannelMlpBlock(dim),
+            )
+        )
         self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x):
@@ -254,7 +275,7 @@ class AntiAliasDownsampleLayer(nn.Module):
     def __init__(self, channels, filt_size=3, stride=2):
         super().__init__()
         self.stride = stride
-        a = torch.tensor([1., 2., 1.])
+        a = torch.tensor([1.0, 2.0, 1.0])
         filt = a[:, None] * a[None, :]
         filt = filt / torch.sum(filt)
         self.register_buffer("filt", filt[None, None, :, :].repeat((channels, 1, 1, 1)), persistent=False)
@@ -265,9 +286,11 @@ class AntiAliasDownsampleLayer(nn.Module):
 
 
 def conv2d_iabn(ni, nf, stride, kernel_size=3, groups=1):
-    return nn.Sequential(nn.Conv2d(ni, nf, kernel_size=kernel_size, stride=stride, padding=kernel_size // 2,
-                                   groups=groups, bias=False),
-                         nn.BatchNorm2d(nf), nn.LeakyReLU(negative_slope=1e-3, inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(ni, nf, kernel_size=kernel_size, stride=stride, padding=kernel_size // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(nf),
+        nn.LeakyReLU(negative_slope=1e-3, inplace=True),
+    )
 
 
 class TResNetBasicBlock(nn.Module):
@@ -298,9 +321,17 @@ class TResNet(nn.Module):
             SpaceToDepth(block_size=2),
             conv2d_iabn(3 * 4, width, stride=1, kernel_size=3),
             TResNetBasicBlock(width, width),
-            TResNetBasicBlock(width, 2 * width, stride=2, downsample=nn.Sequential(
-                nn.AvgPool2d(kernel_size=2, stride=2, ceil_mode=True, count_include_pad=False),
-                nn.Conv2d(width, 2 * width, 1, bias=False), nn.BatchNorm2d(2 * width))))
+            TResNetBasicBlock(
+                width,
+                2 * width,
+                stride=2,
+                downsample=nn.Sequential(
+                    nn.AvgPool2d(kernel_size=2, stride=2, ceil_mode=True, count_include_pad=False),
+                    nn.Conv2d(width, 2 * width, 1, bias=False),
+                    nn.BatchNorm2d(2 * width),
+                ),
+            ),
+        )
         self.head = nn.Linear(2 * width, num_classes)
 
     def forward(self, x):
@@ -326,7 +357,7 @@ class EcaModule(nn.Module):
 class ChannelAttn(nn.Module):
     """CBAM's channel attention: one MLP of 1x1 convs over the average- and the max-pooled descriptors."""
 
-    def __init__(self, channels, rd_ratio=1. / 4, act_layer=nn.ReLU, mlp_bias=False):
+    def __init__(self, channels, rd_ratio=1.0 / 4, act_layer=nn.ReLU, mlp_bias=False):
         super().__init__()
         rd_channels = max(1, int(channels * rd_ratio))
         self.fc1 = nn.Conv2d(channels, rd_channels, 1, bias=mlp_bias)
@@ -429,9 +460,14 @@ class EcaResNet(nn.Module):
         self.act1 = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.layer1 = nn.Sequential(
-            EcaBottleneck(width, width, downsample=nn.Sequential(nn.Conv2d(width, 2 * width, 1, bias=False),
-                                                                 nn.BatchNorm2d(2 * width)), attn_layer=attn_layer),
-            EcaBottleneck(2 * width, width, attn_layer=attn_layer))
+            EcaBottleneck(
+                width,
+                width,
+                downsample=nn.Sequential(nn.Conv2d(width, 2 * width, 1, bias=False), nn.BatchNorm2d(2 * width)),
+                attn_layer=attn_layer,
+            ),
+            EcaBottleneck(2 * width, width, attn_layer=attn_layer),
+        )
         self.global_pool = SelectAdaptivePool2d(global_pool)
         self.fc = nn.Linear(2 * width * self.global_pool.feat_mult(), num_classes)
 
@@ -443,14 +479,14 @@ class EcaResNet(nn.Module):
 # ----- BoTNet: bottleneck attention with relative position logits (the pad/reshape trick) -------------------------
 def rel_logits_1d(q, rel_k, permute_mask: list[int]):
     B, H, W, dim = q.shape
-    x = (q @ rel_k.transpose(-1, -2))
+    x = q @ rel_k.transpose(-1, -2)
     x = x.reshape(-1, W, 2 * W - 1)
     # pad to shift from relative to absolute indexing
     x_pad = F.pad(x, [0, 1]).flatten(1)
     x_pad = F.pad(x_pad, [0, W - 1])
     # reshape and slice out the padded elements
     x_pad = x_pad.reshape(-1, W + 1, 2 * W - 1)
-    x = x_pad[:, :W, W - 1:]
+    x = x_pad[:, :W, W - 1 :]
     # reshape and tile
     x = x.reshape(B, H, 1, W, W).expand(-1, -1, H, -1, -1)
     return x.permute(permute_mask)
@@ -482,7 +518,7 @@ class BottleneckAttn(nn.Module):
         self.dim_head_v = dim // num_heads
         self.dim_out_qk = num_heads * self.dim_head_qk
         self.dim_out_v = num_heads * self.dim_head_v
-        self.scale = self.dim_head_qk ** -0.5
+        self.scale = self.dim_head_qk**-0.5
         self.qkv = nn.Conv2d(dim, self.dim_out_qk * 2 + self.dim_out_v, 1, bias=False)
         self.pos_embed = PosEmbedRel(feat_size, dim_head=self.dim_head_qk, scale=self.scale)
         self.pool = nn.AvgPool2d(2, 2) if stride == 2 else nn.Identity()
@@ -521,8 +557,12 @@ class BoTNet(nn.Module):
 
     def __init__(self, img_size=16, dim=8, num_classes=5):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, dim, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(dim),
-                                  nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, dim, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(dim),
+            nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
         self.stages = nn.Sequential(BoTBottleneck(dim, (img_size // 4, img_size // 4)))
         self.head = nn.Linear(dim, num_classes)
 

@@ -36,7 +36,7 @@ class WindowAttention(nn.Module):
         super().__init__()
         self.dim, self.window_size, self.num_heads, self.cosine = dim, window_size, num_heads, cosine
         head_dim = dim // num_heads
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
         coords = torch.stack(torch.meshgrid(torch.arange(window_size), torch.arange(window_size), indexing="ij"))
         coords_flatten = torch.flatten(coords, 1)
@@ -57,13 +57,14 @@ class WindowAttention(nn.Module):
         q, k, v = qkv.unbind(0)
         if self.cosine:
             attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
-            logit_scale = torch.clamp(self.logit_scale, max=math.log(1. / 0.01)).exp()
+            logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
             attn = attn * logit_scale
         else:
             q = q * self.scale
             attn = q @ k.transpose(-2, -1)
         relative_position_bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(
-            self.window_size * self.window_size, self.window_size * self.window_size, -1)
+            self.window_size * self.window_size, self.window_size * self.window_size, -1
+        )
         relative_position_bias = relative_position_bias.permute(2, 0, 1).contiguous()
         attn = attn + relative_position_bias.unsqueeze(0)
         if mask is not None:
@@ -186,11 +187,11 @@ class ConvNeXtV2(nn.Module):
 
 
 # ----- diffusers: sinusoidal timesteps, their MLP, a ResNet block the embedding is added to ---------------
-def get_timestep_embedding(timesteps, embedding_dim, flip_sin_to_cos=False, downscale_freq_shift=1.0,
-                           scale=1.0, max_period=10000):
+def get_timestep_embedding(
+    timesteps, embedding_dim, flip_sin_to_cos=False, downscale_freq_shift=1.0, scale=1.0, max_period=10000
+):
     half_dim = embedding_dim // 2
-    exponent = -math.log(max_period) * torch.arange(start=0, end=half_dim, dtype=torch.float32,
-                                                    device=timesteps.device)
+    exponent = -math.log(max_period) * torch.arange(start=0, end=half_dim, dtype=torch.float32, device=timesteps.device)
     exponent = exponent / (half_dim - downscale_freq_shift)
     emb = torch.exp(exponent).to(timesteps.dtype)
     emb = timesteps[:, None] * emb[None, :]
@@ -206,11 +207,19 @@ def get_timestep_embedding(timesteps, embedding_dim, flip_sin_to_cos=False, down
 class Timesteps(nn.Module):
     def __init__(self, num_channels, flip_sin_to_cos, downscale_freq_shift):
         super().__init__()
-        self.num_channels, self.flip_sin_to_cos, self.downscale_freq_shift = num_channels, flip_sin_to_cos, downscale_freq_shift
+        self.num_channels, self.flip_sin_to_cos, self.downscale_freq_shift = (
+            num_channels,
+            flip_sin_to_cos,
+            downscale_freq_shift,
+        )
 
     def forward(self, timesteps):
-        return get_timestep_embedding(timesteps, self.num_channels, flip_sin_to_cos=self.flip_sin_to_cos,
-                                      downscale_freq_shift=self.downscale_freq_shift)
+        return get_timestep_embedding(
+            timesteps,
+            self.num_channels,
+            flip_sin_to_cos=self.flip_sin_to_cos,
+            downscale_freq_shift=self.downscale_freq_shift,
+        )
 
 
 class TimestepEmbedding(nn.Module):
@@ -235,8 +244,9 @@ class ResnetBlock2D(nn.Module):
         self.conv2 = nn.Conv2d(out_channels, out_channels, kernel_size=3, stride=1, padding=1)
         self.nonlinearity = nn.SiLU()
         self.output_scale_factor = output_scale_factor
-        self.conv_shortcut = (nn.Conv2d(in_channels, out_channels, kernel_size=1) if in_channels != out_channels
-                              else None)
+        self.conv_shortcut = (
+            nn.Conv2d(in_channels, out_channels, kernel_size=1) if in_channels != out_channels else None
+        )
 
     def forward(self, input_tensor, temb):
         hidden_states = input_tensor
@@ -285,8 +295,15 @@ def get_conv_layer(in_channels, out_channels, kernel_size=3, stride=1, spatial_d
     padding = kernel_size // 2
     conv = {(3, False): nn.Conv3d, (3, True): nn.ConvTranspose3d, (2, False): nn.Conv2d, (2, True): nn.ConvTranspose2d}
     if transposed:
-        return conv[spatial_dims, True](in_channels, out_channels, kernel_size, stride=stride, padding=padding,
-                                         output_padding=stride - 1, bias=False)
+        return conv[spatial_dims, True](
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            output_padding=stride - 1,
+            bias=False,
+        )
     return conv[spatial_dims, False](in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
 
 
@@ -351,8 +368,14 @@ class UNet3D(nn.Module):
         f = features
         self.enc1 = UnetBasicBlock(3, in_channels, f, 3, 1)
         self.pool = nn.MaxPool3d(2)
-        self.enc2 = nn.Sequential(nn.Conv3d(f, 2 * f, 3, padding=1), nn.BatchNorm3d(2 * f), nn.PReLU(),
-                                  nn.Conv3d(2 * f, 2 * f, 3, padding=1), nn.GroupNorm(2, 2 * f), nn.ReLU())
+        self.enc2 = nn.Sequential(
+            nn.Conv3d(f, 2 * f, 3, padding=1),
+            nn.BatchNorm3d(2 * f),
+            nn.PReLU(),
+            nn.Conv3d(2 * f, 2 * f, 3, padding=1),
+            nn.GroupNorm(2, 2 * f),
+            nn.ReLU(),
+        )
         self.up_transposed = get_conv_layer(2 * f, f, 3, 2, 3, transposed=True)
         self.dec1 = UnetBasicBlock(3, 4 * f, f, 3, 1)
         self.head = nn.Conv3d(f, out_channels, 1)

@@ -60,17 +60,32 @@ class ADN(nn.Sequential):
 
 
 class Convolution(nn.Sequential):
-    def __init__(self, spatial_dims, in_channels, out_channels, strides=1, kernel_size=3, adn_ordering="NDA",
-                 act="PRELU", norm="INSTANCE", dropout=None, bias=True, conv_only=False, is_transposed=False,
-                 padding=None, output_padding=None):
+    def __init__(
+        self,
+        spatial_dims,
+        in_channels,
+        out_channels,
+        strides=1,
+        kernel_size=3,
+        adn_ordering="NDA",
+        act="PRELU",
+        norm="INSTANCE",
+        dropout=None,
+        bias=True,
+        conv_only=False,
+        is_transposed=False,
+        padding=None,
+        output_padding=None,
+    ):
         super().__init__()
         if padding is None:
             padding = same_padding(kernel_size)
         if is_transposed:
             if output_padding is None:
                 output_padding = strides - 1  # MONAI's stride_minus_kernel_padding(1, strides)
-            conv = CONV_T[spatial_dims](in_channels, out_channels, kernel_size, strides, padding, output_padding,
-                                        bias=bias)
+            conv = CONV_T[spatial_dims](
+                in_channels, out_channels, kernel_size, strides, padding, output_padding, bias=bias
+            )
         else:
             conv = CONV[spatial_dims](in_channels, out_channels, kernel_size, strides, padding, bias=bias)
         self.add_module("conv", conv)
@@ -78,18 +93,37 @@ class Convolution(nn.Sequential):
             self.add_module("adn", ADN(adn_ordering, out_channels, act, norm, spatial_dims, dropout))
 
 
-def get_conv_layer(spatial_dims, in_channels, out_channels, kernel_size=3, stride=1, bias=False, conv_only=True,
-                   is_transposed=False):
+def get_conv_layer(
+    spatial_dims, in_channels, out_channels, kernel_size=3, stride=1, bias=False, conv_only=True, is_transposed=False
+):
     padding = get_padding(kernel_size, stride)
     output_padding = get_output_padding(kernel_size, stride, padding) if is_transposed else None
-    return Convolution(spatial_dims, in_channels, out_channels, strides=stride, kernel_size=kernel_size, bias=bias,
-                       conv_only=conv_only, is_transposed=is_transposed, padding=padding, output_padding=output_padding)
+    return Convolution(
+        spatial_dims,
+        in_channels,
+        out_channels,
+        strides=stride,
+        kernel_size=kernel_size,
+        bias=bias,
+        conv_only=conv_only,
+        is_transposed=is_transposed,
+        padding=padding,
+        output_padding=output_padding,
+    )
 
 
 # ----- the dynunet blocks (DynUNet, SwinUNETR's UNETR decoder) ------------------------------------------------
 class UnetResBlock(nn.Module):
-    def __init__(self, spatial_dims, in_channels, out_channels, kernel_size, stride, norm_name,
-                 act_name=("leakyrelu", {"inplace": True, "negative_slope": 0.01})):
+    def __init__(
+        self,
+        spatial_dims,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride,
+        norm_name,
+        act_name=("leakyrelu", {"inplace": True, "negative_slope": 0.01}),
+    ):
         super().__init__()
         self.conv1 = get_conv_layer(spatial_dims, in_channels, out_channels, kernel_size, stride)
         self.conv2 = get_conv_layer(spatial_dims, out_channels, out_channels, kernel_size, 1)
@@ -117,8 +151,16 @@ class UnetResBlock(nn.Module):
 
 
 class UnetBasicBlock(nn.Module):
-    def __init__(self, spatial_dims, in_channels, out_channels, kernel_size, stride, norm_name,
-                 act_name=("leakyrelu", {"inplace": True, "negative_slope": 0.01})):
+    def __init__(
+        self,
+        spatial_dims,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride,
+        norm_name,
+        act_name=("leakyrelu", {"inplace": True, "negative_slope": 0.01}),
+    ):
         super().__init__()
         self.conv1 = get_conv_layer(spatial_dims, in_channels, out_channels, kernel_size, stride)
         self.conv2 = get_conv_layer(spatial_dims, out_channels, out_channels, kernel_size, 1)
@@ -132,11 +174,13 @@ class UnetBasicBlock(nn.Module):
 
 
 class UnetUpBlock(nn.Module):
-    def __init__(self, spatial_dims, in_channels, out_channels, kernel_size, upsample_kernel_size, norm_name,
-                 res_block=False):
+    def __init__(
+        self, spatial_dims, in_channels, out_channels, kernel_size, upsample_kernel_size, norm_name, res_block=False
+    ):
         super().__init__()
-        self.transp_conv = get_conv_layer(spatial_dims, in_channels, out_channels, upsample_kernel_size,
-                                          upsample_kernel_size, is_transposed=True)
+        self.transp_conv = get_conv_layer(
+            spatial_dims, in_channels, out_channels, upsample_kernel_size, upsample_kernel_size, is_transposed=True
+        )
         block = UnetResBlock if res_block else UnetBasicBlock
         self.conv_block = block(spatial_dims, out_channels + out_channels, out_channels, kernel_size, 1, norm_name)
 
@@ -181,18 +225,35 @@ class SegResNet(nn.Module):
     """``upsample_mode="nontrainable"``: MONAI's ``UpSample``, an ``nn.Upsample`` (linear in each spatial dim,
     align_corners=True) after a 1x1 conv."""
 
-    def __init__(self, spatial_dims=3, init_filters=8, in_channels=1, out_channels=2, dropout_prob=None,
-                 act=("RELU", {"inplace": True}), norm=("GROUP", {"num_groups": 8}), blocks_down=(1, 2, 2, 4),
-                 blocks_up=(1, 1, 1)):
+    def __init__(
+        self,
+        spatial_dims=3,
+        init_filters=8,
+        in_channels=1,
+        out_channels=2,
+        dropout_prob=None,
+        act=("RELU", {"inplace": True}),
+        norm=("GROUP", {"num_groups": 8}),
+        blocks_down=(1, 2, 2, 4),
+        blocks_up=(1, 1, 1),
+    ):
         super().__init__()
-        self.spatial_dims, self.init_filters, self.blocks_down, self.blocks_up = spatial_dims, init_filters, blocks_down, blocks_up
+        self.spatial_dims, self.init_filters, self.blocks_down, self.blocks_up = (
+            spatial_dims,
+            init_filters,
+            blocks_down,
+            blocks_up,
+        )
         self.act, self.norm, self.dropout_prob = act, norm, dropout_prob
         self.act_mod = get_act_layer(act)
         self.convInit = get_conv_layer(spatial_dims, in_channels, init_filters)
         self.down_layers = self._make_down_layers()
         self.up_layers, self.up_samples = self._make_up_layers()
-        self.conv_final = nn.Sequential(get_norm_layer(norm, spatial_dims, init_filters), self.act_mod,
-                                        get_conv_layer(spatial_dims, init_filters, out_channels, 1, bias=True))
+        self.conv_final = nn.Sequential(
+            get_norm_layer(norm, spatial_dims, init_filters),
+            self.act_mod,
+            get_conv_layer(spatial_dims, init_filters, out_channels, 1, bias=True),
+        )
         if dropout_prob is not None:
             self.dropout = {2: nn.Dropout2d, 3: nn.Dropout3d}[spatial_dims](dropout_prob)
 
@@ -200,10 +261,17 @@ class SegResNet(nn.Module):
         down_layers = nn.ModuleList()
         for i, item in enumerate(self.blocks_down):
             layer_in_channels = self.init_filters * 2**i
-            pre_conv = (get_conv_layer(self.spatial_dims, layer_in_channels // 2, layer_in_channels, stride=2)
-                        if i > 0 else nn.Identity())
-            down_layers.append(nn.Sequential(pre_conv, *[ResBlock(self.spatial_dims, layer_in_channels, self.norm,
-                                                                  act=self.act) for _ in range(item)]))
+            pre_conv = (
+                get_conv_layer(self.spatial_dims, layer_in_channels // 2, layer_in_channels, stride=2)
+                if i > 0
+                else nn.Identity()
+            )
+            down_layers.append(
+                nn.Sequential(
+                    pre_conv,
+                    *[ResBlock(self.spatial_dims, layer_in_channels, self.norm, act=self.act) for _ in range(item)],
+                )
+            )
         return down_layers
 
     def _make_up_layers(self):
@@ -212,11 +280,20 @@ class SegResNet(nn.Module):
         mode = {1: "linear", 2: "bilinear", 3: "trilinear"}[self.spatial_dims]
         for i in range(n_up):
             sample_in_channels = self.init_filters * 2 ** (n_up - i)
-            up_layers.append(nn.Sequential(*[ResBlock(self.spatial_dims, sample_in_channels // 2, self.norm, act=self.act)
-                                             for _ in range(self.blocks_up[i])]))
-            up_samples.append(nn.Sequential(get_conv_layer(self.spatial_dims, sample_in_channels, sample_in_channels // 2,
-                                                           kernel_size=1),
-                                            nn.Upsample(scale_factor=2, mode=mode, align_corners=True)))
+            up_layers.append(
+                nn.Sequential(
+                    *[
+                        ResBlock(self.spatial_dims, sample_in_channels // 2, self.norm, act=self.act)
+                        for _ in range(self.blocks_up[i])
+                    ]
+                )
+            )
+            up_samples.append(
+                nn.Sequential(
+                    get_conv_layer(self.spatial_dims, sample_in_channels, sample_in_channels // 2, kernel_size=1),
+                    nn.Upsample(scale_factor=2, mode=mode, align_corners=True),
+                )
+            )
         return up_layers, up_samples
 
     def encode(self, x):
@@ -260,26 +337,57 @@ class DynUNetSkipLayer(nn.Module):
 
 
 class DynUNet(nn.Module):
-    def __init__(self, spatial_dims=3, in_channels=1, out_channels=2, kernel_size=(3, 3, 3, 3), strides=(1, 2, 2, 2),
-                 upsample_kernel_size=(2, 2, 2), filters=(4, 8, 8, 16), norm_name=("INSTANCE", {"affine": True}),
-                 deep_supervision=True, deep_supr_num=2, res_block=True):
+    def __init__(
+        self,
+        spatial_dims=3,
+        in_channels=1,
+        out_channels=2,
+        kernel_size=(3, 3, 3, 3),
+        strides=(1, 2, 2, 2),
+        upsample_kernel_size=(2, 2, 2),
+        filters=(4, 8, 8, 16),
+        norm_name=("INSTANCE", {"affine": True}),
+        deep_supervision=True,
+        deep_supr_num=2,
+        res_block=True,
+    ):
         super().__init__()
-        self.spatial_dims, self.out_channels, self.filters, self.norm_name = spatial_dims, out_channels, filters, norm_name
+        self.spatial_dims, self.out_channels, self.filters, self.norm_name = (
+            spatial_dims,
+            out_channels,
+            filters,
+            norm_name,
+        )
         self.deep_supervision, self.deep_supr_num = deep_supervision, deep_supr_num
         block = UnetResBlock if res_block else UnetBasicBlock
         self.input_block = block(spatial_dims, in_channels, filters[0], kernel_size[0], strides[0], norm_name)
-        self.downsamples = nn.ModuleList([block(spatial_dims, i, o, k, s, norm_name) for i, o, k, s in
-                                          zip(filters[:-2], filters[1:-1], kernel_size[1:-1], strides[1:-1])])
+        self.downsamples = nn.ModuleList(
+            [
+                block(spatial_dims, i, o, k, s, norm_name)
+                for i, o, k, s in zip(filters[:-2], filters[1:-1], kernel_size[1:-1], strides[1:-1])
+            ]
+        )
         self.bottleneck = block(spatial_dims, filters[-2], filters[-1], kernel_size[-1], strides[-1], norm_name)
-        self.upsamples = nn.ModuleList([UnetUpBlock(spatial_dims, i, o, k, u, norm_name) for i, o, k, u in
-                                        zip(filters[1:][::-1], filters[:-1][::-1], kernel_size[1:][::-1],
-                                            upsample_kernel_size[::-1])])
+        self.upsamples = nn.ModuleList(
+            [
+                UnetUpBlock(spatial_dims, i, o, k, u, norm_name)
+                for i, o, k, u in zip(
+                    filters[1:][::-1], filters[:-1][::-1], kernel_size[1:][::-1], upsample_kernel_size[::-1]
+                )
+            ]
+        )
         self.output_block = UnetOutBlock(spatial_dims, filters[0], out_channels)
-        self.deep_supervision_heads = nn.ModuleList([UnetOutBlock(spatial_dims, filters[i + 1], out_channels)
-                                                     for i in range(deep_supr_num)])
+        self.deep_supervision_heads = nn.ModuleList(
+            [UnetOutBlock(spatial_dims, filters[i + 1], out_channels) for i in range(deep_supr_num)]
+        )
         self.heads: list[torch.Tensor] = [torch.rand(1)] * deep_supr_num
-        self.skip_layers = self.create_skips(0, [self.input_block] + list(self.downsamples), self.upsamples[::-1],
-                                             self.bottleneck, superheads=self.deep_supervision_heads)
+        self.skip_layers = self.create_skips(
+            0,
+            [self.input_block] + list(self.downsamples),
+            self.upsamples[::-1],
+            self.bottleneck,
+            superheads=self.deep_supervision_heads,
+        )
 
     def create_skips(self, index, downsamples, upsamples, bottleneck, superheads=None):
         if len(downsamples) == 0:
@@ -313,10 +421,13 @@ class ConvBlock(nn.Module):
     def __init__(self, spatial_dims, in_channels, out_channels, kernel_size=3, strides=1, dropout=0.0):
         super().__init__()
         self.conv = nn.Sequential(
-            Convolution(spatial_dims, in_channels, out_channels, strides, kernel_size, act="relu", norm="batch",
-                        dropout=dropout),
-            Convolution(spatial_dims, out_channels, out_channels, 1, kernel_size, act="relu", norm="batch",
-                        dropout=dropout))
+            Convolution(
+                spatial_dims, in_channels, out_channels, strides, kernel_size, act="relu", norm="batch", dropout=dropout
+            ),
+            Convolution(
+                spatial_dims, out_channels, out_channels, 1, kernel_size, act="relu", norm="batch", dropout=dropout
+            ),
+        )
 
     def forward(self, x):
         return self.conv(x)
@@ -325,8 +436,17 @@ class ConvBlock(nn.Module):
 class UpConv(nn.Module):
     def __init__(self, spatial_dims, in_channels, out_channels, kernel_size=3, strides=2, dropout=0.0):
         super().__init__()
-        self.up = Convolution(spatial_dims, in_channels, out_channels, strides, kernel_size, act="relu", norm="batch",
-                              dropout=dropout, is_transposed=True)
+        self.up = Convolution(
+            spatial_dims,
+            in_channels,
+            out_channels,
+            strides,
+            kernel_size,
+            act="relu",
+            norm="batch",
+            dropout=dropout,
+            is_transposed=True,
+        )
 
     def forward(self, x):
         return self.up(x)
@@ -335,12 +455,19 @@ class UpConv(nn.Module):
 class AttentionBlock(nn.Module):
     def __init__(self, spatial_dims, f_int, f_g, f_l, dropout=0.0):
         super().__init__()
-        self.W_g = nn.Sequential(Convolution(spatial_dims, f_g, f_int, 1, 1, padding=0, dropout=dropout, conv_only=True),
-                                 BATCH[spatial_dims](f_int))
-        self.W_x = nn.Sequential(Convolution(spatial_dims, f_l, f_int, 1, 1, padding=0, dropout=dropout, conv_only=True),
-                                 BATCH[spatial_dims](f_int))
-        self.psi = nn.Sequential(Convolution(spatial_dims, f_int, 1, 1, 1, padding=0, dropout=dropout, conv_only=True),
-                                 BATCH[spatial_dims](1), nn.Sigmoid())
+        self.W_g = nn.Sequential(
+            Convolution(spatial_dims, f_g, f_int, 1, 1, padding=0, dropout=dropout, conv_only=True),
+            BATCH[spatial_dims](f_int),
+        )
+        self.W_x = nn.Sequential(
+            Convolution(spatial_dims, f_l, f_int, 1, 1, padding=0, dropout=dropout, conv_only=True),
+            BATCH[spatial_dims](f_int),
+        )
+        self.psi = nn.Sequential(
+            Convolution(spatial_dims, f_int, 1, 1, 1, padding=0, dropout=dropout, conv_only=True),
+            BATCH[spatial_dims](1),
+            nn.Sigmoid(),
+        )
         self.relu = nn.ReLU()
 
     def forward(self, g, x):
@@ -366,23 +493,50 @@ class AttentionLayer(nn.Module):
 
 
 class AttentionUnet(nn.Module):
-    def __init__(self, spatial_dims=3, in_channels=1, out_channels=2, channels=(4, 8, 8), strides=(2, 2), kernel_size=3,
-                 up_kernel_size=3, dropout=0.0):
+    def __init__(
+        self,
+        spatial_dims=3,
+        in_channels=1,
+        out_channels=2,
+        channels=(4, 8, 8),
+        strides=(2, 2),
+        kernel_size=3,
+        up_kernel_size=3,
+        dropout=0.0,
+    ):
         super().__init__()
-        self.dimensions, self.kernel_size, self.up_kernel_size, self.dropout = spatial_dims, kernel_size, up_kernel_size, dropout
+        self.dimensions, self.kernel_size, self.up_kernel_size, self.dropout = (
+            spatial_dims,
+            kernel_size,
+            up_kernel_size,
+            dropout,
+        )
         head = ConvBlock(spatial_dims, in_channels, channels[0], dropout=dropout)
         reduce_channels = Convolution(spatial_dims, channels[0], out_channels, 1, 1, padding=0, conv_only=True)
 
         def _create_block(channels, strides):
             if len(channels) > 2:
                 subblock = _create_block(channels[1:], strides[1:])
-                return AttentionLayer(spatial_dims, channels[0], channels[1],
-                                      nn.Sequential(ConvBlock(spatial_dims, channels[0], channels[1], strides=strides[0],
-                                                              dropout=dropout), subblock),
-                                      up_kernel_size, strides[0], dropout)
-            return AttentionLayer(spatial_dims, channels[0], channels[1],
-                                  ConvBlock(spatial_dims, channels[0], channels[1], strides=strides[0], dropout=dropout),
-                                  up_kernel_size, strides[0], dropout)
+                return AttentionLayer(
+                    spatial_dims,
+                    channels[0],
+                    channels[1],
+                    nn.Sequential(
+                        ConvBlock(spatial_dims, channels[0], channels[1], strides=strides[0], dropout=dropout), subblock
+                    ),
+                    up_kernel_size,
+                    strides[0],
+                    dropout,
+                )
+            return AttentionLayer(
+                spatial_dims,
+                channels[0],
+                channels[1],
+                ConvBlock(spatial_dims, channels[0], channels[1], strides=strides[0], dropout=dropout),
+                up_kernel_size,
+                strides[0],
+                dropout,
+            )
 
         self.model = nn.Sequential(head, _create_block(channels, strides), reduce_channels)
 
@@ -394,10 +548,14 @@ class AttentionUnet(nn.Module):
 class TwoConv(nn.Sequential):
     def __init__(self, spatial_dims, in_chns, out_chns, act, norm, bias, dropout=0.0):
         super().__init__()
-        self.add_module("conv_0", Convolution(spatial_dims, in_chns, out_chns, act=act, norm=norm, dropout=dropout,
-                                              bias=bias, padding=1))
-        self.add_module("conv_1", Convolution(spatial_dims, out_chns, out_chns, act=act, norm=norm, dropout=dropout,
-                                              bias=bias, padding=1))
+        self.add_module(
+            "conv_0",
+            Convolution(spatial_dims, in_chns, out_chns, act=act, norm=norm, dropout=dropout, bias=bias, padding=1),
+        )
+        self.add_module(
+            "conv_1",
+            Convolution(spatial_dims, out_chns, out_chns, act=act, norm=norm, dropout=dropout, bias=bias, padding=1),
+        )
 
 
 class Down(nn.Sequential):
@@ -410,8 +568,9 @@ class Down(nn.Sequential):
 class UpCat(nn.Module):
     """``upsample="deconv"``: MONAI's ``UpSample`` as a transposed conv of kernel and stride 2."""
 
-    def __init__(self, spatial_dims, in_chns, cat_chns, out_chns, act, norm, bias, dropout=0.0, halves=True,
-                 is_pad=True):
+    def __init__(
+        self, spatial_dims, in_chns, cat_chns, out_chns, act, norm, bias, dropout=0.0, halves=True, is_pad=True
+    ):
         super().__init__()
         up_chns = in_chns // 2 if halves else in_chns
         self.upsample = nn.Sequential()
@@ -437,9 +596,17 @@ class UpCat(nn.Module):
 
 
 class BasicUNet(nn.Module):
-    def __init__(self, spatial_dims=3, in_channels=1, out_channels=2, features=(4, 4, 8, 8, 16, 4),
-                 act=("LeakyReLU", {"negative_slope": 0.1, "inplace": True}), norm=("instance", {"affine": True}),
-                 bias=True, dropout=0.0):
+    def __init__(
+        self,
+        spatial_dims=3,
+        in_channels=1,
+        out_channels=2,
+        features=(4, 4, 8, 8, 16, 4),
+        act=("LeakyReLU", {"negative_slope": 0.1, "inplace": True}),
+        norm=("instance", {"affine": True}),
+        bias=True,
+        dropout=0.0,
+    ):
         super().__init__()
         fea = features
         self.conv_0 = TwoConv(spatial_dims, in_channels, features[0], act, norm, bias, dropout)

@@ -36,9 +36,22 @@ class SkipConnection(nn.Module):
 
 
 class ResidualUnit(nn.Module):
-    def __init__(self, spatial_dims, in_channels, out_channels, strides=1, kernel_size=3, subunits=2,
-                 adn_ordering="NDA", act="PRELU", norm="INSTANCE", dropout=None, bias=True, last_conv_only=False,
-                 padding=None):
+    def __init__(
+        self,
+        spatial_dims,
+        in_channels,
+        out_channels,
+        strides=1,
+        kernel_size=3,
+        subunits=2,
+        adn_ordering="NDA",
+        act="PRELU",
+        norm="INSTANCE",
+        dropout=None,
+        bias=True,
+        last_conv_only=False,
+        padding=None,
+    ):
         super().__init__()
         self.spatial_dims = spatial_dims
         self.in_channels = in_channels
@@ -53,9 +66,20 @@ class ResidualUnit(nn.Module):
 
         for su in range(subunits):
             conv_only = last_conv_only and su == (subunits - 1)
-            unit = Convolution(spatial_dims, schannels, out_channels, strides=sstrides, kernel_size=kernel_size,
-                               adn_ordering=adn_ordering, act=act, norm=norm, dropout=dropout, bias=bias,
-                               conv_only=conv_only, padding=padding)
+            unit = Convolution(
+                spatial_dims,
+                schannels,
+                out_channels,
+                strides=sstrides,
+                kernel_size=kernel_size,
+                adn_ordering=adn_ordering,
+                act=act,
+                norm=norm,
+                dropout=dropout,
+                bias=bias,
+                conv_only=conv_only,
+                padding=padding,
+            )
             self.conv.add_module(f"unit{su:d}", unit)
             # after the first loop set channels and strides to what they should be for subsequent units
             schannels = out_channels
@@ -77,9 +101,22 @@ class ResidualUnit(nn.Module):
 
 
 class UNet(nn.Module):
-    def __init__(self, spatial_dims=2, in_channels=1, out_channels=2, channels=(4, 8, 16), strides=(2, 2),
-                 kernel_size=3, up_kernel_size=3, num_res_units=2, act="PRELU", norm="INSTANCE", dropout=0.0,
-                 bias=True, adn_ordering="NDA") -> None:
+    def __init__(
+        self,
+        spatial_dims=2,
+        in_channels=1,
+        out_channels=2,
+        channels=(4, 8, 16),
+        strides=(2, 2),
+        kernel_size=3,
+        up_kernel_size=3,
+        num_res_units=2,
+        act="PRELU",
+        norm="INSTANCE",
+        dropout=0.0,
+        bias=True,
+        adn_ordering="NDA",
+    ) -> None:
         super().__init__()
         if len(channels) < 2:
             raise ValueError("the length of `channels` should be no less than 2.")
@@ -119,26 +156,65 @@ class UNet(nn.Module):
 
     def _get_down_layer(self, in_channels, out_channels, strides, is_top):
         if self.num_res_units > 0:
-            return ResidualUnit(self.dimensions, in_channels, out_channels, strides=strides,
-                                kernel_size=self.kernel_size, subunits=self.num_res_units, act=self.act,
-                                norm=self.norm, dropout=self.dropout, bias=self.bias, adn_ordering=self.adn_ordering)
-        return Convolution(self.dimensions, in_channels, out_channels, strides=strides, kernel_size=self.kernel_size,
-                           act=self.act, norm=self.norm, dropout=self.dropout, bias=self.bias,
-                           adn_ordering=self.adn_ordering)
+            return ResidualUnit(
+                self.dimensions,
+                in_channels,
+                out_channels,
+                strides=strides,
+                kernel_size=self.kernel_size,
+                subunits=self.num_res_units,
+                act=self.act,
+                norm=self.norm,
+                dropout=self.dropout,
+                bias=self.bias,
+                adn_ordering=self.adn_ordering,
+            )
+        return Convolution(
+            self.dimensions,
+            in_channels,
+            out_channels,
+            strides=strides,
+            kernel_size=self.kernel_size,
+            act=self.act,
+            norm=self.norm,
+            dropout=self.dropout,
+            bias=self.bias,
+            adn_ordering=self.adn_ordering,
+        )
 
     def _get_bottom_layer(self, in_channels, out_channels):
         return self._get_down_layer(in_channels, out_channels, 1, False)
 
     def _get_up_layer(self, in_channels, out_channels, strides, is_top):
-        conv: nn.Module = Convolution(self.dimensions, in_channels, out_channels, strides=strides,
-                                      kernel_size=self.up_kernel_size, act=self.act, norm=self.norm,
-                                      dropout=self.dropout, bias=self.bias,
-                                      conv_only=is_top and self.num_res_units == 0, is_transposed=True,
-                                      adn_ordering=self.adn_ordering)
+        conv: nn.Module = Convolution(
+            self.dimensions,
+            in_channels,
+            out_channels,
+            strides=strides,
+            kernel_size=self.up_kernel_size,
+            act=self.act,
+            norm=self.norm,
+            dropout=self.dropout,
+            bias=self.bias,
+            conv_only=is_top and self.num_res_units == 0,
+            is_transposed=True,
+            adn_ordering=self.adn_ordering,
+        )
         if self.num_res_units > 0:
-            ru = ResidualUnit(self.dimensions, out_channels, out_channels, strides=1, kernel_size=self.kernel_size,
-                              subunits=1, act=self.act, norm=self.norm, dropout=self.dropout, bias=self.bias,
-                              last_conv_only=is_top, adn_ordering=self.adn_ordering)
+            ru = ResidualUnit(
+                self.dimensions,
+                out_channels,
+                out_channels,
+                strides=1,
+                kernel_size=self.kernel_size,
+                subunits=1,
+                act=self.act,
+                norm=self.norm,
+                dropout=self.dropout,
+                bias=self.bias,
+                last_conv_only=is_top,
+                adn_ordering=self.adn_ordering,
+            )
             conv = nn.Sequential(conv, ru)
         return conv
 

@@ -90,19 +90,37 @@ class _Transition(nn.Sequential):
 class DenseNet(nn.Module):
     """DenseNet-BC: 7x7 stem, max-pool, dense blocks joined by compressing transitions, final norm."""
 
-    def __init__(self, growth_rate=8, block_config=(2, 2, 2), num_init_features=16, bn_size=2, drop_rate=0.0,
-                 num_classes=5, memory_efficient=False):
+    def __init__(
+        self,
+        growth_rate=8,
+        block_config=(2, 2, 2),
+        num_init_features=16,
+        bn_size=2,
+        drop_rate=0.0,
+        num_classes=5,
+        memory_efficient=False,
+    ):
         super().__init__()
-        self.features = nn.Sequential(OrderedDict([
-            ("conv0", nn.Conv2d(3, num_init_features, kernel_size=7, stride=2, padding=3, bias=False)),
-            ("norm0", nn.BatchNorm2d(num_init_features)),
-            ("relu0", nn.ReLU(inplace=True)),
-            ("pool0", nn.MaxPool2d(kernel_size=3, stride=2, padding=1)),
-        ]))
+        self.features = nn.Sequential(
+            OrderedDict(
+                [
+                    ("conv0", nn.Conv2d(3, num_init_features, kernel_size=7, stride=2, padding=3, bias=False)),
+                    ("norm0", nn.BatchNorm2d(num_init_features)),
+                    ("relu0", nn.ReLU(inplace=True)),
+                    ("pool0", nn.MaxPool2d(kernel_size=3, stride=2, padding=1)),
+                ]
+            )
+        )
         num_features = num_init_features
         for i, num_layers in enumerate(block_config):
-            block = _DenseBlock(num_layers=num_layers, num_input_features=num_features, bn_size=bn_size,
-                                growth_rate=growth_rate, drop_rate=drop_rate, memory_efficient=memory_efficient)
+            block = _DenseBlock(
+                num_layers=num_layers,
+                num_input_features=num_features,
+                bn_size=bn_size,
+                growth_rate=growth_rate,
+                drop_rate=drop_rate,
+                memory_efficient=memory_efficient,
+            )
             self.features.add_module("denseblock%d" % (i + 1), block)
             num_features = num_features + num_layers * growth_rate
             if i != len(block_config) - 1:
@@ -128,8 +146,16 @@ class DenseNet(nn.Module):
 
 # ----- ResNet-50 / ResNeXt (torchvision's Bottleneck, groups and width_per_group) ---------------------
 def conv3x3(in_planes, out_planes, stride=1, groups=1, dilation=1):
-    return nn.Conv2d(in_planes, out_planes, kernel_size=3, stride=stride, padding=dilation, groups=groups,
-                     bias=False, dilation=dilation)
+    return nn.Conv2d(
+        in_planes,
+        out_planes,
+        kernel_size=3,
+        stride=stride,
+        padding=dilation,
+        groups=groups,
+        bias=False,
+        dilation=dilation,
+    )
 
 
 def conv1x1(in_planes, out_planes, stride=1):
@@ -139,8 +165,9 @@ def conv1x1(in_planes, out_planes, stride=1):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, inplanes, planes, stride=1, downsample=None, groups=1, base_width=64, dilation=1,
-                 norm_layer=None):
+    def __init__(
+        self, inplanes, planes, stride=1, downsample=None, groups=1, base_width=64, dilation=1, norm_layer=None
+    ):
         super().__init__()
         if norm_layer is None:
             norm_layer = nn.BatchNorm2d
@@ -179,8 +206,16 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, block=Bottleneck, layers=(2, 1, 1), planes=(4, 8, 8), num_classes=5, groups=1,
-                 width_per_group=64, zero_init_residual=False):
+    def __init__(
+        self,
+        block=Bottleneck,
+        layers=(2, 1, 1),
+        planes=(4, 8, 8),
+        num_classes=5,
+        groups=1,
+        width_per_group=64,
+        zero_init_residual=False,
+    ):
         super().__init__()
         self._norm_layer = nn.BatchNorm2d
         self.inplanes = 8
@@ -214,12 +249,21 @@ class ResNet(nn.Module):
                 norm_layer(planes * block.expansion),
             )
         layers = []
-        layers.append(block(self.inplanes, planes, stride, downsample, self.groups, self.base_width, self.dilation,
-                            norm_layer))
+        layers.append(
+            block(self.inplanes, planes, stride, downsample, self.groups, self.base_width, self.dilation, norm_layer)
+        )
         self.inplanes = planes * block.expansion
         for _ in range(1, blocks):
-            layers.append(block(self.inplanes, planes, groups=self.groups, base_width=self.base_width,
-                                dilation=self.dilation, norm_layer=norm_layer))
+            layers.append(
+                block(
+                    self.inplanes,
+                    planes,
+                    groups=self.groups,
+                    base_width=self.base_width,
+                    dilation=self.dilation,
+                    norm_layer=norm_layer,
+                )
+            )
         return nn.Sequential(*layers)
 
     def _forward_impl(self, x):
@@ -344,8 +388,9 @@ class SEResNet(nn.Module):
     def _make_layer(self, planes, blocks, stride, reduction):
         downsample = None
         if stride != 1 or self.inplane != planes:
-            downsample = nn.Sequential(nn.Conv2d(self.inplane, planes, kernel_size=1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(planes))
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplane, planes, kernel_size=1, stride=stride, bias=False), nn.BatchNorm2d(planes)
+            )
         layers = [SEBasicBlock(self.inplane, planes, stride, downsample, reduction, self.se_layer)]
         self.inplane = planes
         for _ in range(1, blocks):
@@ -370,8 +415,11 @@ class SEResNet(nn.Module):
 # ----- RegNetY (Radosavovic et al. 2020), torchvision's layout: group conv and an SE gate -------------
 class SimpleStemIN(nn.Sequential):
     def __init__(self, width_in, width_out):
-        super().__init__(nn.Conv2d(width_in, width_out, 3, stride=2, padding=1, bias=False),
-                         nn.BatchNorm2d(width_out), nn.ReLU(inplace=True))
+        super().__init__(
+            nn.Conv2d(width_in, width_out, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(width_out),
+            nn.ReLU(inplace=True),
+        )
 
 
 class SqueezeExcitation(nn.Module):
@@ -401,8 +449,11 @@ class BottleneckTransform(nn.Sequential):
         w_b = int(round(width_out * bottleneck_multiplier))
         g = w_b // group_width
         layers["a"] = nn.Sequential(nn.Conv2d(width_in, w_b, 1, bias=False), nn.BatchNorm2d(w_b), nn.ReLU(inplace=True))
-        layers["b"] = nn.Sequential(nn.Conv2d(w_b, w_b, 3, stride=stride, padding=1, groups=g, bias=False),
-                                    nn.BatchNorm2d(w_b), nn.ReLU(inplace=True))
+        layers["b"] = nn.Sequential(
+            nn.Conv2d(w_b, w_b, 3, stride=stride, padding=1, groups=g, bias=False),
+            nn.BatchNorm2d(w_b),
+            nn.ReLU(inplace=True),
+        )
         if se_ratio:
             width_se_out = int(round(se_ratio * width_in))
             layers["se"] = SqueezeExcitation(input_channels=w_b, squeeze_channels=width_se_out)
@@ -416,8 +467,9 @@ class ResBottleneckBlock(nn.Module):
         self.proj = None
         should_proj = (width_in != width_out) or (stride != 1)
         if should_proj:
-            self.proj = nn.Sequential(nn.Conv2d(width_in, width_out, 1, stride=stride, bias=False),
-                                      nn.BatchNorm2d(width_out))
+            self.proj = nn.Sequential(
+                nn.Conv2d(width_in, width_out, 1, stride=stride, bias=False), nn.BatchNorm2d(width_out)
+            )
         self.f = BottleneckTransform(width_in, width_out, stride, group_width, bottleneck_multiplier, se_ratio)
         self.activation = nn.ReLU(inplace=True)
 
@@ -430,25 +482,53 @@ class ResBottleneckBlock(nn.Module):
 
 
 class AnyStage(nn.Sequential):
-    def __init__(self, width_in, width_out, stride, depth, group_width, bottleneck_multiplier, se_ratio, stage_index,
-                 block_name="block{stage}-{index}"):
+    def __init__(
+        self,
+        width_in,
+        width_out,
+        stride,
+        depth,
+        group_width,
+        bottleneck_multiplier,
+        se_ratio,
+        stage_index,
+        block_name="block{stage}-{index}",
+    ):
         super().__init__()
         for i in range(depth):
-            block = ResBottleneckBlock(width_in if i == 0 else width_out, width_out, stride if i == 0 else 1,
-                                       group_width, bottleneck_multiplier, se_ratio)
+            block = ResBottleneckBlock(
+                width_in if i == 0 else width_out,
+                width_out,
+                stride if i == 0 else 1,
+                group_width,
+                bottleneck_multiplier,
+                se_ratio,
+            )
             self.add_module(block_name.format(stage=stage_index, index=i), block)
 
 
 class RegNetY(nn.Module):
-    def __init__(self, stem_width=8, widths=(16, 32), depths=(2, 1), group_width=8, se_ratio=0.25, num_classes=5,
-                 block_name="block{stage}-{index}"):
+    def __init__(
+        self,
+        stem_width=8,
+        widths=(16, 32),
+        depths=(2, 1),
+        group_width=8,
+        se_ratio=0.25,
+        num_classes=5,
+        block_name="block{stage}-{index}",
+    ):
         super().__init__()
         self.stem = SimpleStemIN(3, stem_width)
         current_width = stem_width
         blocks = []
         for i, (width_out, depth) in enumerate(zip(widths, depths)):
-            blocks.append((f"block{i + 1}", AnyStage(current_width, width_out, 2, depth, group_width, 1.0, se_ratio,
-                                                     i + 1, block_name)))
+            blocks.append(
+                (
+                    f"block{i + 1}",
+                    AnyStage(current_width, width_out, 2, depth, group_width, 1.0, se_ratio, i + 1, block_name),
+                )
+            )
             current_width = width_out
         self.trunk_output = nn.Sequential(OrderedDict(blocks))
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
@@ -480,8 +560,11 @@ def _make_divisible(v, divisor, min_value=None):
 class ConvBNReLU(nn.Sequential):
     def __init__(self, in_planes, out_planes, kernel_size=3, stride=1, groups=1):
         padding = (kernel_size - 1) // 2
-        super().__init__(nn.Conv2d(in_planes, out_planes, kernel_size, stride, padding, groups=groups, bias=False),
-                         nn.BatchNorm2d(out_planes), nn.ReLU6(inplace=True))
+        super().__init__(
+            nn.Conv2d(in_planes, out_planes, kernel_size, stride, padding, groups=groups, bias=False),
+            nn.BatchNorm2d(out_planes),
+            nn.ReLU6(inplace=True),
+        )
 
 
 class InvertedResidual(nn.Module):
@@ -493,11 +576,13 @@ class InvertedResidual(nn.Module):
         layers = []
         if expand_ratio != 1:
             layers.append(ConvBNReLU(inp, hidden_dim, kernel_size=1))
-        layers.extend([
-            ConvBNReLU(hidden_dim, hidden_dim, stride=stride, groups=hidden_dim),
-            nn.Conv2d(hidden_dim, oup, 1, 1, 0, bias=False),
-            nn.BatchNorm2d(oup),
-        ])
+        layers.extend(
+            [
+                ConvBNReLU(hidden_dim, hidden_dim, stride=stride, groups=hidden_dim),
+                nn.Conv2d(hidden_dim, oup, 1, 1, 0, bias=False),
+                nn.BatchNorm2d(oup),
+            ]
+        )
         self.conv = nn.Sequential(*layers)
 
     def forward(self, x):
@@ -508,8 +593,15 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    def __init__(self, num_classes=5, width_mult=0.25, round_nearest=8, dropout=0.0, inverted_residual_setting=None,
-                 last_channel=128):
+    def __init__(
+        self,
+        num_classes=5,
+        width_mult=0.25,
+        round_nearest=8,
+        dropout=0.0,
+        inverted_residual_setting=None,
+        last_channel=128,
+    ):
         super().__init__()
         input_channel = 32
         if inverted_residual_setting is None:
@@ -572,8 +664,9 @@ class MBConv(nn.Module):
         else:
             mid_chs = in_chs
             self.conv_pw = self.bn1 = self.act1 = nn.Identity()
-        self.conv_dw = nn.Conv2d(mid_chs, mid_chs, dw_kernel_size, stride, padding=dw_kernel_size // 2,
-                                 groups=mid_chs, bias=False)
+        self.conv_dw = nn.Conv2d(
+            mid_chs, mid_chs, dw_kernel_size, stride, padding=dw_kernel_size // 2, groups=mid_chs, bias=False
+        )
         self.bn2 = nn.BatchNorm2d(mid_chs)
         self.act2 = nn.SiLU(inplace=True)
         self.se = SqueezeExcite(mid_chs, rd_channels=max(1, int(in_chs * se_ratio)))
@@ -612,8 +705,16 @@ class EfficientNet(nn.Module):
         for kernel, stride, exp_ratio, out_chs, repeats in arch:
             stage = []
             for i in range(repeats):
-                stage.append(MBConv(in_chs, out_chs, kernel, stride if i == 0 else 1, exp_ratio,
-                                    drop_path_rate=drop_path_rate * index / total))
+                stage.append(
+                    MBConv(
+                        in_chs,
+                        out_chs,
+                        kernel,
+                        stride if i == 0 else 1,
+                        exp_ratio,
+                        drop_path_rate=drop_path_rate * index / total,
+                    )
+                )
                 in_chs = out_chs
                 index += 1
             blocks.append(nn.Sequential(*stage))
@@ -722,8 +823,17 @@ class Res2Net(nn.Module):
                 nn.BatchNorm2d(planes * block.expansion),
             )
         layers = []
-        layers.append(block(self.inplanes, planes, stride, downsample=downsample, stype="stage",
-                            baseWidth=self.baseWidth, scale=self.scale))
+        layers.append(
+            block(
+                self.inplanes,
+                planes,
+                stride,
+                downsample=downsample,
+                stype="stage",
+                baseWidth=self.baseWidth,
+                scale=self.scale,
+            )
+        )
         self.inplanes = planes * block.expansion
         for i in range(1, blocks):
             layers.append(block(self.inplanes, planes, baseWidth=self.baseWidth, scale=self.scale))
@@ -758,8 +868,9 @@ class StdConv2dBatchNorm(nn.Conv2d):
         self.eps = eps
 
     def forward(self, x):
-        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0,
-                              eps=self.eps).reshape_as(self.weight)
+        weight = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0, eps=self.eps
+        ).reshape_as(self.weight)
         return F.conv2d(x, weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -772,8 +883,9 @@ class StdConv2dMeanVar(nn.Conv2d):
 
     def forward(self, x):
         w = self.weight
-        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / torch.sqrt(w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
-                                                                    + self.eps)
+        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / torch.sqrt(
+            w.var(dim=(1, 2, 3), keepdim=True, unbiased=False) + self.eps
+        )
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -807,27 +919,66 @@ class ResNetV2(nn.Module):
     def __init__(self, block_units=(1, 1), wf=1, num_classes=5, conv="var_mean"):
         super().__init__()
         conv = {"var_mean": StdConv2d, "mean_var": StdConv2dMeanVar, "batch_norm": StdConv2dBatchNorm}[conv]
-        self.root = nn.Sequential(OrderedDict([
-            ("conv", conv(3, 8 * wf, kernel_size=7, stride=2, padding=3, bias=False)),
-            ("pad", nn.ConstantPad2d(1, 0)),
-            ("pool", nn.MaxPool2d(kernel_size=3, stride=2, padding=0)),
-        ]))
-        self.body = nn.Sequential(OrderedDict([
-            ("block1", nn.Sequential(OrderedDict(
-                [("unit01", PreActBottleneck(cin=8 * wf, cout=16 * wf, cmid=4 * wf, conv=conv))]
-                + [(f"unit{i:02d}", PreActBottleneck(cin=16 * wf, cout=16 * wf, cmid=4 * wf, conv=conv))
-                   for i in range(2, block_units[0] + 1)]))),
-            ("block2", nn.Sequential(OrderedDict(
-                [("unit01", PreActBottleneck(cin=16 * wf, cout=32 * wf, cmid=8 * wf, stride=2, conv=conv))]
-                + [(f"unit{i:02d}", PreActBottleneck(cin=32 * wf, cout=32 * wf, cmid=8 * wf, conv=conv))
-                   for i in range(2, block_units[1] + 1)]))),
-        ]))
-        self.head = nn.Sequential(OrderedDict([
-            ("gn", nn.GroupNorm(4, 32 * wf)),
-            ("relu", nn.ReLU(inplace=True)),
-            ("avg", nn.AdaptiveAvgPool2d(output_size=1)),
-            ("conv", nn.Conv2d(32 * wf, num_classes, kernel_size=1, bias=True)),
-        ]))
+        self.root = nn.Sequential(
+            OrderedDict(
+                [
+                    ("conv", conv(3, 8 * wf, kernel_size=7, stride=2, padding=3, bias=False)),
+                    ("pad", nn.ConstantPad2d(1, 0)),
+                    ("pool", nn.MaxPool2d(kernel_size=3, stride=2, padding=0)),
+                ]
+            )
+        )
+        self.body = nn.Sequential(
+            OrderedDict(
+                [
+                    (
+                        "block1",
+                        nn.Sequential(
+                            OrderedDict(
+                                [("unit01", PreActBottleneck(cin=8 * wf, cout=16 * wf, cmid=4 * wf, conv=conv))]
+                                + [
+                                    (
+                                        f"unit{i:02d}",
+                                        PreActBottleneck(cin=16 * wf, cout=16 * wf, cmid=4 * wf, conv=conv),
+                                    )
+                                    for i in range(2, block_units[0] + 1)
+                                ]
+                            )
+                        ),
+                    ),
+                    (
+                        "block2",
+                        nn.Sequential(
+                            OrderedDict(
+                                [
+                                    (
+                                        "unit01",
+                                        PreActBottleneck(cin=16 * wf, cout=32 * wf, cmid=8 * wf, stride=2, conv=conv),
+                                    )
+                                ]
+                                + [
+                                    (
+                                        f"unit{i:02d}",
+                                        PreActBottleneck(cin=32 * wf, cout=32 * wf, cmid=8 * wf, conv=conv),
+                                    )
+                                    for i in range(2, block_units[1] + 1)
+                                ]
+                            )
+                        ),
+                    ),
+                ]
+            )
+        )
+        self.head = nn.Sequential(
+            OrderedDict(
+                [
+                    ("gn", nn.GroupNorm(4, 32 * wf)),
+                    ("relu", nn.ReLU(inplace=True)),
+                    ("avg", nn.AdaptiveAvgPool2d(output_size=1)),
+                    ("conv", nn.Conv2d(32 * wf, num_classes, kernel_size=1, bias=True)),
+                ]
+            )
+        )
 
     def forward(self, x):
         x = self.head(self.body(self.root(x)))
@@ -837,20 +988,46 @@ class ResNetV2(nn.Module):
 
 # ----- NF-ResNet (Brock et al. 2021), timm's ScaledStdConv2d through F.batch_norm --------------------
 class ScaledStdConv2d(nn.Conv2d):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=None, dilation=1, groups=1,
-                 bias=True, gamma=1.0, eps=1e-6, gain_init=1.0):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=None,
+        dilation=1,
+        groups=1,
+        bias=True,
+        gamma=1.0,
+        eps=1e-6,
+        gain_init=1.0,
+    ):
         if padding is None:
             padding = ((stride - 1) + dilation * (kernel_size - 1)) // 2
-        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, dilation=dilation,
-                         groups=groups, bias=bias)
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            bias=bias,
+        )
         self.gain = nn.Parameter(torch.full((self.out_channels, 1, 1, 1), gain_init))
         self.scale = gamma * self.weight[0].numel() ** -0.5
         self.eps = eps
 
     def forward(self, x):
-        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
-                              weight=(self.gain * self.scale).view(-1), training=True, momentum=0.0,
-                              eps=self.eps).reshape_as(self.weight)
+        weight = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1),
+            None,
+            None,
+            weight=(self.gain * self.scale).view(-1),
+            training=True,
+            momentum=0.0,
+            eps=self.eps,
+        ).reshape_as(self.weight)
         return F.conv2d(x, weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -893,17 +1070,24 @@ class NFResNet(nn.Module):
     def __init__(self, num_classes=5, widths=(16, 32), stem_chs=8, skipinit=False):
         super().__init__()
         gamma = _nonlin_gamma["relu"]
-        self.stem = nn.Sequential(OrderedDict([
-            ("conv", ScaledStdConv2d(3, stem_chs, 3, stride=2, gamma=gamma)),
-            ("pool", nn.MaxPool2d(3, stride=2, padding=1)),
-        ]))
+        self.stem = nn.Sequential(
+            OrderedDict(
+                [
+                    ("conv", ScaledStdConv2d(3, stem_chs, 3, stride=2, gamma=gamma)),
+                    ("pool", nn.MaxPool2d(3, stride=2, padding=1)),
+                ]
+            )
+        )
         stages, prev = [], stem_chs
         expected_var = 1.0
         for i, width in enumerate(widths):
-            beta = 1.0 / expected_var ** 0.5
-            stages.append(NormFreeBlock(prev, width, stride=1 if i == 0 else 2, alpha=0.2, beta=beta, gamma=gamma,
-                                        skipinit=skipinit))
-            expected_var += 0.2 ** 2
+            beta = 1.0 / expected_var**0.5
+            stages.append(
+                NormFreeBlock(
+                    prev, width, stride=1 if i == 0 else 2, alpha=0.2, beta=beta, gamma=gamma, skipinit=skipinit
+                )
+            )
+            expected_var += 0.2**2
             prev = width
         self.stages = nn.Sequential(*stages)
         self.final_act = nn.ReLU(inplace=True)
@@ -1039,8 +1223,10 @@ class RCAB(nn.Module):
 class ResidualGroup(nn.Module):
     def __init__(self, conv, n_feat, kernel_size, reduction, act, res_scale, n_resblocks):
         super().__init__()
-        modules_body = [RCAB(conv, n_feat, kernel_size, reduction, bias=True, bn=False, act=nn.ReLU(True),
-                             res_scale=1) for _ in range(n_resblocks)]
+        modules_body = [
+            RCAB(conv, n_feat, kernel_size, reduction, bias=True, bn=False, act=nn.ReLU(True), res_scale=1)
+            for _ in range(n_resblocks)
+        ]
         modules_body.append(conv(n_feat, n_feat, kernel_size))
         self.body = nn.Sequential(*modules_body)
 
@@ -1051,15 +1237,27 @@ class ResidualGroup(nn.Module):
 
 
 class RCAN(nn.Module):
-    def __init__(self, n_resgroups=2, n_resblocks=2, n_feats=16, reduction=4, scale=2, rgb_range=255, n_colors=3,
-                 res_scale=1, conv=default_conv):
+    def __init__(
+        self,
+        n_resgroups=2,
+        n_resblocks=2,
+        n_feats=16,
+        reduction=4,
+        scale=2,
+        rgb_range=255,
+        n_colors=3,
+        res_scale=1,
+        conv=default_conv,
+    ):
         super().__init__()
         kernel_size = 3
         act = nn.ReLU(True)
         self.sub_mean = MeanShift(rgb_range)
         modules_head = [conv(n_colors, n_feats, kernel_size)]
-        modules_body = [ResidualGroup(conv, n_feats, kernel_size, reduction, act=act, res_scale=res_scale,
-                                      n_resblocks=n_resblocks) for _ in range(n_resgroups)]
+        modules_body = [
+            ResidualGroup(conv, n_feats, kernel_size, reduction, act=act, res_scale=res_scale, n_resblocks=n_resblocks)
+            for _ in range(n_resgroups)
+        ]
         modules_body.append(conv(n_feats, n_feats, kernel_size))
         modules_tail = [Upsampler(conv, scale, n_feats, act=False), conv(n_feats, n_colors, kernel_size)]
         self.add_mean = MeanShift(rgb_range, sign=1)
@@ -1174,13 +1372,15 @@ class up_conv(nn.Module):
 class Attention_block(nn.Module):
     def __init__(self, F_g, F_l, F_int):
         super().__init__()
-        self.W_g = nn.Sequential(nn.Conv2d(F_g, F_int, kernel_size=1, stride=1, padding=0, bias=True),
-                                 nn.BatchNorm2d(F_int))
-        self.W_x = nn.Sequential(nn.Conv2d(F_l, F_int, kernel_size=1, stride=1, padding=0, bias=True),
-                                 nn.BatchNorm2d(F_int))
-        self.psi = nn.Sequential(nn.Conv2d(F_int, 1, kernel_size=1, stride=1, padding=0, bias=True),
-                                 nn.BatchNorm2d(1),
-                                 nn.Sigmoid())
+        self.W_g = nn.Sequential(
+            nn.Conv2d(F_g, F_int, kernel_size=1, stride=1, padding=0, bias=True), nn.BatchNorm2d(F_int)
+        )
+        self.W_x = nn.Sequential(
+            nn.Conv2d(F_l, F_int, kernel_size=1, stride=1, padding=0, bias=True), nn.BatchNorm2d(F_int)
+        )
+        self.psi = nn.Sequential(
+            nn.Conv2d(F_int, 1, kernel_size=1, stride=1, padding=0, bias=True), nn.BatchNorm2d(1), nn.Sigmoid()
+        )
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, g, x):
@@ -1238,8 +1438,9 @@ class GridAttentionBlock2D(nn.Module):
     """theta(x) strided by the sub-sample factor, phi(g) resized to it by ``size=theta_x.size()[2:]``, the
     one-channel psi resized back to ``size=input_size[2:]``, ``sigm_psi_f.expand_as(x) * x``, then W."""
 
-    def __init__(self, in_channels, gating_channels, inter_channels=None, sub_sample_factor=(2, 2),
-                 mode="bilinear", expand=True):
+    def __init__(
+        self, in_channels, gating_channels, inter_channels=None, sub_sample_factor=(2, 2), mode="bilinear", expand=True
+    ):
         super().__init__()
         self.upsample_mode = mode
         self.expand = expand
@@ -1247,10 +1448,12 @@ class GridAttentionBlock2D(nn.Module):
             inter_channels = in_channels // 2
             if inter_channels == 0:
                 inter_channels = 1
-        self.W = nn.Sequential(nn.Conv2d(in_channels, in_channels, kernel_size=1, stride=1, padding=0),
-                               nn.BatchNorm2d(in_channels))
-        self.theta = nn.Conv2d(in_channels, inter_channels, kernel_size=sub_sample_factor, stride=sub_sample_factor,
-                               padding=0, bias=False)
+        self.W = nn.Sequential(
+            nn.Conv2d(in_channels, in_channels, kernel_size=1, stride=1, padding=0), nn.BatchNorm2d(in_channels)
+        )
+        self.theta = nn.Conv2d(
+            in_channels, inter_channels, kernel_size=sub_sample_factor, stride=sub_sample_factor, padding=0, bias=False
+        )
         self.phi = nn.Conv2d(gating_channels, inter_channels, kernel_size=1, stride=1, padding=0, bias=True)
         self.psi = nn.Conv2d(inter_channels, 1, kernel_size=1, stride=1, padding=0, bias=True)
 
@@ -1282,10 +1485,12 @@ class GridAttentionUNet(nn.Module):
         self.conv1 = conv_block(img_ch, w1)
         self.conv2 = conv_block(w1, w2)
         self.center = conv_block(w2, w3)
-        self.attentionblock2 = GridAttentionBlock2D(in_channels=w2, gating_channels=w3, inter_channels=w2,
-                                                    expand=expand)
-        self.attentionblock1 = GridAttentionBlock2D(in_channels=w1, gating_channels=w2, inter_channels=w1,
-                                                    expand=expand)
+        self.attentionblock2 = GridAttentionBlock2D(
+            in_channels=w2, gating_channels=w3, inter_channels=w2, expand=expand
+        )
+        self.attentionblock1 = GridAttentionBlock2D(
+            in_channels=w1, gating_channels=w2, inter_channels=w1, expand=expand
+        )
         self.up = nn.Upsample(scale_factor=2, mode="bilinear")
         self.up_concat2 = conv_block(w3 + w2, w2)
         self.up_concat1 = conv_block(w2 + w1, w1)

@@ -18,8 +18,7 @@ from tests.models.zoo_segmentation_encoders import ENCODERS
 # ----- shared blocks ----------------------------------------------------------------------------------------
 class Conv2dReLU(nn.Sequential):
     def __init__(self, in_channels, out_channels, kernel_size, padding=0, stride=1, use_batchnorm=True):
-        conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
-                         bias=not use_batchnorm)
+        conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=not use_batchnorm)
         bn = nn.BatchNorm2d(out_channels) if use_batchnorm else nn.Identity()
         super().__init__(conv, bn, nn.ReLU(inplace=True))
 
@@ -27,8 +26,13 @@ class Conv2dReLU(nn.Sequential):
 class SCSEModule(nn.Module):
     def __init__(self, in_channels, reduction=4):
         super().__init__()
-        self.cSE = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(in_channels, in_channels // reduction, 1),
-                                 nn.ReLU(inplace=True), nn.Conv2d(in_channels // reduction, in_channels, 1), nn.Sigmoid())
+        self.cSE = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(in_channels, in_channels // reduction, 1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(in_channels // reduction, in_channels, 1),
+            nn.Sigmoid(),
+        )
         self.sSE = nn.Sequential(nn.Conv2d(in_channels, 1, 1), nn.Sigmoid())
 
     def forward(self, x):
@@ -62,8 +66,9 @@ class SegmentationModel(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, in_channels, skip_channels, out_channels, use_batchnorm=True, attention_type=None):
         super().__init__()
-        self.conv1 = Conv2dReLU(in_channels + skip_channels, out_channels, kernel_size=3, padding=1,
-                                use_batchnorm=use_batchnorm)
+        self.conv1 = Conv2dReLU(
+            in_channels + skip_channels, out_channels, kernel_size=3, padding=1, use_batchnorm=use_batchnorm
+        )
         self.attention1 = Attention(attention_type, in_channels=in_channels + skip_channels)
         self.conv2 = Conv2dReLU(out_channels, out_channels, kernel_size=3, padding=1, use_batchnorm=use_batchnorm)
         self.attention2 = Attention(attention_type, in_channels=out_channels)
@@ -88,8 +93,10 @@ class UnetDecoder(nn.Module):
         skip_channels = list(encoder_channels[1:]) + [0]
         self.center = nn.Identity()
         kwargs = dict(use_batchnorm=use_batchnorm, attention_type=attention_type)
-        blocks = [DecoderBlock(in_ch, skip_ch, out_ch, **kwargs)
-                  for in_ch, skip_ch, out_ch in zip(in_channels, skip_channels, decoder_channels)]
+        blocks = [
+            DecoderBlock(in_ch, skip_ch, out_ch, **kwargs)
+            for in_ch, skip_ch, out_ch in zip(in_channels, skip_channels, decoder_channels)
+        ]
         self.blocks = nn.ModuleList(blocks)
 
     def forward(self, *features):
@@ -105,7 +112,9 @@ class UnetDecoder(nn.Module):
 
 
 class Unet(SegmentationModel):
-    def __init__(self, encoder_name="resnet", decoder_channels=(16, 8, 8, 8, 4), decoder_attention_type=None, classes=2):
+    def __init__(
+        self, encoder_name="resnet", decoder_channels=(16, 8, 8, 8, 4), decoder_attention_type=None, classes=2
+    ):
         super().__init__()
         self.encoder = ENCODERS[encoder_name]()
         self.decoder = UnetDecoder(self.encoder.out_channels, decoder_channels, attention_type=decoder_attention_type)
@@ -135,8 +144,9 @@ class UnetPlusPlusDecoder(nn.Module):
                     skip_ch = self.skip_channels[layer_idx] * (layer_idx + 1 - depth_idx)
                     in_ch = self.skip_channels[layer_idx - 1]
                 blocks[f"x_{depth_idx}_{layer_idx}"] = DecoderBlock(in_ch, skip_ch, out_ch, **kwargs)
-        blocks[f"x_{0}_{len(self.in_channels) - 1}"] = DecoderBlock(self.in_channels[-1], 0, self.out_channels[-1],
-                                                                    **kwargs)
+        blocks[f"x_{0}_{len(self.in_channels) - 1}"] = DecoderBlock(
+            self.in_channels[-1], 0, self.out_channels[-1], **kwargs
+        )
         self.blocks = nn.ModuleDict(blocks)
         self.depth = len(self.in_channels) - 1
 
@@ -154,7 +164,8 @@ class UnetPlusPlusDecoder(nn.Module):
                     cat_features = [dense_x[f"x_{idx}_{dense_l_i}"] for idx in range(depth_idx + 1, dense_l_i + 1)]
                     cat_features = torch.cat(cat_features + [features[dense_l_i + 1]], dim=1)
                     dense_x[f"x_{depth_idx}_{dense_l_i}"] = self.blocks[f"x_{depth_idx}_{dense_l_i}"](
-                        dense_x[f"x_{depth_idx}_{dense_l_i - 1}"], cat_features)
+                        dense_x[f"x_{depth_idx}_{dense_l_i - 1}"], cat_features
+                    )
         dense_x[f"x_{0}_{self.depth}"] = self.blocks[f"x_{0}_{self.depth}"](dense_x[f"x_{0}_{self.depth - 1}"])
         return dense_x[f"x_{0}_{self.depth}"]
 
@@ -172,8 +183,11 @@ class Conv3x3GNReLU(nn.Module):
     def __init__(self, in_channels, out_channels, upsample=False):
         super().__init__()
         self.upsample = upsample
-        self.block = nn.Sequential(nn.Conv2d(in_channels, out_channels, (3, 3), stride=1, padding=1, bias=False),
-                                   nn.GroupNorm(32, out_channels), nn.ReLU(inplace=True))
+        self.block = nn.Sequential(
+            nn.Conv2d(in_channels, out_channels, (3, 3), stride=1, padding=1, bias=False),
+            nn.GroupNorm(32, out_channels),
+            nn.ReLU(inplace=True),
+        )
 
     def forward(self, x):
         x = self.block(x)
@@ -218,8 +232,15 @@ class MergeBlock(nn.Module):
 
 
 class FPNDecoder(nn.Module):
-    def __init__(self, encoder_channels, encoder_depth=5, pyramid_channels=16, segmentation_channels=32, dropout=0.2,
-                 merge_policy="add"):
+    def __init__(
+        self,
+        encoder_channels,
+        encoder_depth=5,
+        pyramid_channels=16,
+        segmentation_channels=32,
+        dropout=0.2,
+        merge_policy="add",
+    ):
         super().__init__()
         self.out_channels = segmentation_channels if merge_policy == "add" else segmentation_channels * 4
         encoder_channels = encoder_channels[::-1]
@@ -228,8 +249,9 @@ class FPNDecoder(nn.Module):
         self.p4 = FPNBlock(pyramid_channels, encoder_channels[1])
         self.p3 = FPNBlock(pyramid_channels, encoder_channels[2])
         self.p2 = FPNBlock(pyramid_channels, encoder_channels[3])
-        self.seg_blocks = nn.ModuleList([SegmentationBlock(pyramid_channels, segmentation_channels, n_upsamples=n)
-                                         for n in [3, 2, 1, 0]])
+        self.seg_blocks = nn.ModuleList(
+            [SegmentationBlock(pyramid_channels, segmentation_channels, n_upsamples=n) for n in [3, 2, 1, 0]]
+        )
         self.merge = MergeBlock(merge_policy)
         self.dropout = nn.Dropout2d(p=dropout, inplace=True)
 
@@ -255,22 +277,37 @@ class FPN(SegmentationModel):
 # ----- DeepLabV3+: ASPP (atrous separable convs, image pooling) on stride 16, fused with stride 4 ----------
 class SeparableConv2d(nn.Sequential):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, bias=True):
-        dephtwise_conv = nn.Conv2d(in_channels, in_channels, kernel_size, stride=stride, padding=padding,
-                                   dilation=dilation, groups=in_channels, bias=False)
+        dephtwise_conv = nn.Conv2d(
+            in_channels,
+            in_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=in_channels,
+            bias=False,
+        )
         pointwise_conv = nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=bias)
         super().__init__(dephtwise_conv, pointwise_conv)
 
 
 class ASPPSeparableConv(nn.Sequential):
     def __init__(self, in_channels, out_channels, dilation):
-        super().__init__(SeparableConv2d(in_channels, out_channels, kernel_size=3, padding=dilation, dilation=dilation,
-                                         bias=False), nn.BatchNorm2d(out_channels), nn.ReLU())
+        super().__init__(
+            SeparableConv2d(in_channels, out_channels, kernel_size=3, padding=dilation, dilation=dilation, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
 
 class ASPPPooling(nn.Sequential):
     def __init__(self, in_channels, out_channels):
-        super().__init__(nn.AdaptiveAvgPool2d(1), nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU())
+        super().__init__(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
     def forward(self, x):
         size = x.shape[-2:]
@@ -282,14 +319,19 @@ class ASPPPooling(nn.Sequential):
 class ASPP(nn.Module):
     def __init__(self, in_channels, out_channels, atrous_rates, separable=True):
         super().__init__()
-        modules = [nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels),
-                                 nn.ReLU())]
+        modules = [
+            nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU())
+        ]
         rate1, rate2, rate3 = tuple(atrous_rates)
         modules += [ASPPSeparableConv(in_channels, out_channels, rate) for rate in (rate1, rate2, rate3)]
         modules.append(ASPPPooling(in_channels, out_channels))
         self.convs = nn.ModuleList(modules)
-        self.project = nn.Sequential(nn.Conv2d(5 * out_channels, out_channels, kernel_size=1, bias=False),
-                                     nn.BatchNorm2d(out_channels), nn.ReLU(), nn.Dropout(0.5))
+        self.project = nn.Sequential(
+            nn.Conv2d(5 * out_channels, out_channels, kernel_size=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+        )
 
     def forward(self, x):
         res = [conv(x) for conv in self.convs]
@@ -301,17 +343,26 @@ class DeepLabV3PlusDecoder(nn.Module):
     def __init__(self, encoder_channels, out_channels=8, atrous_rates=(1, 2, 3), output_stride=16):
         super().__init__()
         self.out_channels = out_channels
-        self.aspp = nn.Sequential(ASPP(encoder_channels[-1], out_channels, atrous_rates, separable=True),
-                                  SeparableConv2d(out_channels, out_channels, kernel_size=3, padding=1, bias=False),
-                                  nn.BatchNorm2d(out_channels), nn.ReLU())
+        self.aspp = nn.Sequential(
+            ASPP(encoder_channels[-1], out_channels, atrous_rates, separable=True),
+            SeparableConv2d(out_channels, out_channels, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
         scale_factor = 2 if output_stride == 8 else 4
         self.up = nn.UpsamplingBilinear2d(scale_factor=scale_factor)
         highres_in_channels = encoder_channels[-4]
         highres_out_channels = 6  # smp: 48
-        self.block1 = nn.Sequential(nn.Conv2d(highres_in_channels, highres_out_channels, kernel_size=1, bias=False),
-                                    nn.BatchNorm2d(highres_out_channels), nn.ReLU())
-        self.block2 = nn.Sequential(SeparableConv2d(highres_out_channels + out_channels, out_channels, kernel_size=3,
-                                                    padding=1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU())
+        self.block1 = nn.Sequential(
+            nn.Conv2d(highres_in_channels, highres_out_channels, kernel_size=1, bias=False),
+            nn.BatchNorm2d(highres_out_channels),
+            nn.ReLU(),
+        )
+        self.block2 = nn.Sequential(
+            SeparableConv2d(highres_out_channels + out_channels, out_channels, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
 
     def forward(self, *features):
         aspp_features = self.aspp(features[-1])
@@ -332,16 +383,21 @@ class DeepLabV3Plus(SegmentationModel):
 # ----- Linknet: 1x1, transposed 4x4 stride 2, 1x1, plus the skip ------------------------------------------
 class TransposeX2(nn.Sequential):
     def __init__(self, in_channels, out_channels, use_batchnorm=True):
-        super().__init__(nn.ConvTranspose2d(in_channels, out_channels, kernel_size=4, stride=2, padding=1),
-                         nn.BatchNorm2d(out_channels) if use_batchnorm else nn.Identity(), nn.ReLU(inplace=True))
+        super().__init__(
+            nn.ConvTranspose2d(in_channels, out_channels, kernel_size=4, stride=2, padding=1),
+            nn.BatchNorm2d(out_channels) if use_batchnorm else nn.Identity(),
+            nn.ReLU(inplace=True),
+        )
 
 
 class LinknetDecoderBlock(nn.Module):
     def __init__(self, in_channels, out_channels, use_batchnorm=True):
         super().__init__()
-        self.block = nn.Sequential(Conv2dReLU(in_channels, in_channels // 4, kernel_size=1, use_batchnorm=use_batchnorm),
-                                   TransposeX2(in_channels // 4, in_channels // 4, use_batchnorm=use_batchnorm),
-                                   Conv2dReLU(in_channels // 4, out_channels, kernel_size=1, use_batchnorm=use_batchnorm))
+        self.block = nn.Sequential(
+            Conv2dReLU(in_channels, in_channels // 4, kernel_size=1, use_batchnorm=use_batchnorm),
+            TransposeX2(in_channels // 4, in_channels // 4, use_batchnorm=use_batchnorm),
+            Conv2dReLU(in_channels // 4, out_channels, kernel_size=1, use_batchnorm=use_batchnorm),
+        )
 
     def forward(self, x, skip=None):
         x = self.block(x)
@@ -356,8 +412,9 @@ class LinknetDecoder(nn.Module):
         encoder_channels = encoder_channels[1:]
         encoder_channels = encoder_channels[::-1]
         channels = list(encoder_channels) + [prefinal_channels]
-        self.blocks = nn.ModuleList([LinknetDecoderBlock(channels[i], channels[i + 1], use_batchnorm=use_batchnorm)
-                                     for i in range(n_blocks)])
+        self.blocks = nn.ModuleList(
+            [LinknetDecoderBlock(channels[i], channels[i + 1], use_batchnorm=use_batchnorm) for i in range(n_blocks)]
+        )
 
     def forward(self, *features):
         features = features[1:]
@@ -380,11 +437,30 @@ class Linknet(SegmentationModel):
 
 # ----- PAN: feature pyramid attention on stride 16, global attention upsampling ------------------------------
 class ConvBnRelu(nn.Module):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 add_relu=True, interpolate=False):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        add_relu=True,
+        interpolate=False,
+    ):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
-                              dilation=dilation, bias=bias, groups=groups)
+        self.conv = nn.Conv2d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            bias=bias,
+            groups=groups,
+        )
         self.add_relu, self.interpolate = add_relu, interpolate
         self.bn = nn.BatchNorm2d(out_channels)
         self.activation = nn.ReLU(inplace=True)
@@ -407,8 +483,9 @@ class FPABlock(nn.Module):
         self.mid = nn.Sequential(ConvBnRelu(in_channels, out_channels, 1))
         self.down1 = nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2), ConvBnRelu(in_channels, 1, 7, padding=3))
         self.down2 = nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2), ConvBnRelu(1, 1, 5, padding=2))
-        self.down3 = nn.Sequential(nn.MaxPool2d(kernel_size=2, stride=2), ConvBnRelu(1, 1, 3, padding=1),
-                                   ConvBnRelu(1, 1, 3, padding=1))
+        self.down3 = nn.Sequential(
+            nn.MaxPool2d(kernel_size=2, stride=2), ConvBnRelu(1, 1, 3, padding=1), ConvBnRelu(1, 1, 3, padding=1)
+        )
         self.conv2 = ConvBnRelu(1, 1, 5, padding=2)
         self.conv1 = ConvBnRelu(1, 1, 7, padding=3)
 
@@ -437,8 +514,9 @@ class GAUBlock(nn.Module):
         super().__init__()
         self.upscale_mode = upscale_mode
         self.align_corners = True if upscale_mode == "bilinear" else None
-        self.conv1 = nn.Sequential(nn.AdaptiveAvgPool2d(1), ConvBnRelu(out_channels, out_channels, 1, add_relu=False),
-                                   nn.Sigmoid())
+        self.conv1 = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), ConvBnRelu(out_channels, out_channels, 1, add_relu=False), nn.Sigmoid()
+        )
         self.conv2 = ConvBnRelu(in_channels, out_channels, 3, padding=1)
 
     def forward(self, x, y):

@@ -55,16 +55,23 @@ class ResNetEncoder(nn.Module):
     def _make_layer(self, planes, blocks, stride=1, dilation=1):
         downsample = None
         if stride != 1 or self.inplanes != planes:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False),
-                                       nn.BatchNorm2d(planes))
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
+            )
         layers = [BasicBlock(self.inplanes, planes, stride, downsample, dilation)]
         self.inplanes = planes
         layers += [BasicBlock(planes, planes, dilation=dilation) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
     def get_stages(self):
-        return [nn.Identity(), nn.Sequential(self.conv1, self.bn1, self.relu), nn.Sequential(self.maxpool, self.layer1),
-                self.layer2, self.layer3, self.layer4]
+        return [
+            nn.Identity(),
+            nn.Sequential(self.conv1, self.bn1, self.relu),
+            nn.Sequential(self.maxpool, self.layer1),
+            self.layer2,
+            self.layer3,
+            self.layer4,
+        ]
 
     def forward(self, x):
         stages = self.get_stages()
@@ -99,8 +106,9 @@ class InvertedResidual(nn.Module):
         self.has_skip = in_chs == out_chs and stride == 1
         self.conv_pw = nn.Conv2d(in_chs, mid_chs, 1, bias=False)
         self.bn1 = nn.Sequential(nn.BatchNorm2d(mid_chs), nn.SiLU(inplace=True))
-        self.conv_dw = nn.Conv2d(mid_chs, mid_chs, dw_kernel_size, stride, padding=dw_kernel_size // 2, groups=mid_chs,
-                                 bias=False)
+        self.conv_dw = nn.Conv2d(
+            mid_chs, mid_chs, dw_kernel_size, stride, padding=dw_kernel_size // 2, groups=mid_chs, bias=False
+        )
         self.bn2 = nn.Sequential(nn.BatchNorm2d(mid_chs), nn.SiLU(inplace=True))
         self.se = SqueezeExcite(mid_chs, max(1, int(in_chs * se_ratio)))
         self.conv_pwl = nn.Conv2d(mid_chs, out_chs, 1, bias=False)
@@ -132,8 +140,13 @@ class EfficientNetEncoder(nn.Module):
     a feature after the stages where the stride doubles (``_stage_idxs``); ``output_stride=16`` dilates the
     last stage, as smp's ``make_dilated`` does."""
 
-    def __init__(self, stem=8, stages=((8, 3, 1), (8, 3, 2), (16, 5, 2), (16, 3, 2), (16, 5, 1), (16, 3, 2)),
-                 depth=5, output_stride=32):
+    def __init__(
+        self,
+        stem=8,
+        stages=((8, 3, 1), (8, 3, 2), (16, 5, 2), (16, 3, 2), (16, 5, 1), (16, 3, 2)),
+        depth=5,
+        output_stride=32,
+    ):
         super().__init__()
         self._depth = depth
         self.conv_stem = nn.Conv2d(3, stem, 3, stride=2, padding=1, bias=False)
@@ -141,20 +154,28 @@ class EfficientNetEncoder(nn.Module):
         self.act1 = nn.SiLU(inplace=True)
         blocks, in_chs = [], stem
         for out_chs, kernel, stride in stages:
-            blocks.append(nn.Sequential(InvertedResidual(in_chs, out_chs, kernel, stride, exp_ratio=1.0 if stride == 1
-                                                         else 4.0),
-                                        InvertedResidual(out_chs, out_chs, kernel)))
+            blocks.append(
+                nn.Sequential(
+                    InvertedResidual(in_chs, out_chs, kernel, stride, exp_ratio=1.0 if stride == 1 else 4.0),
+                    InvertedResidual(out_chs, out_chs, kernel),
+                )
+            )
             in_chs = out_chs
         self.blocks = nn.Sequential(*blocks)
         self._stage_idxs = (1, 2, 3, 5)
         self.out_channels = (3, *(stages[i - 1][0] for i in self._stage_idxs), stages[-1][0])
         if output_stride == 16:
-            replace_strides_with_dilation(self.blocks[self._stage_idxs[3]:], dilation_rate=2)
+            replace_strides_with_dilation(self.blocks[self._stage_idxs[3] :], dilation_rate=2)
 
     def get_stages(self):
-        return [nn.Identity(), nn.Sequential(self.conv_stem, self.bn1, self.act1, self.blocks[: self._stage_idxs[0]]),
-                self.blocks[self._stage_idxs[0]: self._stage_idxs[1]], self.blocks[self._stage_idxs[1]: self._stage_idxs[2]],
-                self.blocks[self._stage_idxs[2]: self._stage_idxs[3]], self.blocks[self._stage_idxs[3]:]]
+        return [
+            nn.Identity(),
+            nn.Sequential(self.conv_stem, self.bn1, self.act1, self.blocks[: self._stage_idxs[0]]),
+            self.blocks[self._stage_idxs[0] : self._stage_idxs[1]],
+            self.blocks[self._stage_idxs[1] : self._stage_idxs[2]],
+            self.blocks[self._stage_idxs[2] : self._stage_idxs[3]],
+            self.blocks[self._stage_idxs[3] :],
+        ]
 
     def forward(self, x):
         stages = self.get_stages()

@@ -18,15 +18,31 @@ from tests.models.zoo_monai import UnetOutBlock, UnetResBlock, UnetUpBlock
 
 def window_partition(x, window_size):
     b, d, h, w, c = x.size()
-    x = x.view(b, d // window_size[0], window_size[0], h // window_size[1], window_size[1], w // window_size[2],
-               window_size[2], c)
+    x = x.view(
+        b,
+        d // window_size[0],
+        window_size[0],
+        h // window_size[1],
+        window_size[1],
+        w // window_size[2],
+        window_size[2],
+        c,
+    )
     return x.permute(0, 1, 3, 5, 2, 4, 6, 7).contiguous().view(-1, window_size[0] * window_size[1] * window_size[2], c)
 
 
 def window_reverse(windows, window_size, dims):
     b, d, h, w = dims
-    x = windows.view(b, d // window_size[0], h // window_size[1], w // window_size[2], window_size[0], window_size[1],
-                     window_size[2], -1)
+    x = windows.view(
+        b,
+        d // window_size[0],
+        h // window_size[1],
+        w // window_size[2],
+        window_size[0],
+        window_size[1],
+        window_size[2],
+        -1,
+    )
     return x.permute(0, 1, 4, 2, 5, 3, 6, 7).contiguous().view(b, d, h, w, -1)
 
 
@@ -50,7 +66,8 @@ class WindowAttention(nn.Module):
         head_dim = dim // num_heads
         self.scale = head_dim**-0.5
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * window_size[0] - 1) * (2 * window_size[1] - 1) * (2 * window_size[2] - 1), num_heads))
+            torch.zeros((2 * window_size[0] - 1) * (2 * window_size[1] - 1) * (2 * window_size[2] - 1), num_heads)
+        )
         coords_d = torch.arange(self.window_size[0])
         coords_h = torch.arange(self.window_size[1])
         coords_w = torch.arange(self.window_size[2])
@@ -79,7 +96,8 @@ class WindowAttention(nn.Module):
         q = q * self.scale
         attn = q @ k.transpose(-2, -1)
         relative_position_bias = self.relative_position_bias_table[
-            self.relative_position_index.clone()[:n, :n].reshape(-1)].reshape(n, n, -1)
+            self.relative_position_index.clone()[:n, :n].reshape(-1)
+        ].reshape(n, n, -1)
         relative_position_bias = relative_position_bias.permute(2, 0, 1).contiguous()
         attn = attn + relative_position_bias.unsqueeze(0)
         if mask is not None:
@@ -209,9 +227,14 @@ class BasicLayer(nn.Module):
         self.shift_size = tuple(i // 2 for i in window_size)
         self.no_shift = tuple(0 for i in window_size)
         self.depth = depth
-        self.blocks = nn.ModuleList([SwinTransformerBlock(dim, num_heads, window_size, self.no_shift if i % 2 == 0
-                                                          else self.shift_size, mlp_ratio, qkv_bias)
-                                     for i in range(depth)])
+        self.blocks = nn.ModuleList(
+            [
+                SwinTransformerBlock(
+                    dim, num_heads, window_size, self.no_shift if i % 2 == 0 else self.shift_size, mlp_ratio, qkv_bias
+                )
+                for i in range(depth)
+            ]
+        )
         self.downsample = downsample(dim=dim, norm_layer=nn.LayerNorm, spatial_dims=len(self.window_size))
 
     def forward(self, x):
@@ -253,8 +276,15 @@ class SwinTransformer(nn.Module):
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.pos_drop = nn.Dropout(p=0.0)
         for i_layer in range(self.num_layers):
-            layer = BasicLayer(int(embed_dim * 2**i_layer), depths[i_layer], num_heads[i_layer], window_size, mlp_ratio,
-                               qkv_bias, downsample=PatchMerging)
+            layer = BasicLayer(
+                int(embed_dim * 2**i_layer),
+                depths[i_layer],
+                num_heads[i_layer],
+                window_size,
+                mlp_ratio,
+                qkv_bias,
+                downsample=PatchMerging,
+            )
             setattr(self, f"layers{i_layer + 1}", nn.ModuleList([layer]))
 
     def proj_out(self, x, normalize=False):
@@ -283,8 +313,17 @@ class SwinTransformer(nn.Module):
 class SwinUNETR(nn.Module):
     """``window_size``: MONAI fixes 7; the tests use 4 to keep the volumes small."""
 
-    def __init__(self, in_channels=1, out_channels=2, depths=(2, 2, 2, 2), num_heads=(3, 6, 12, 24), feature_size=12,
-                 norm_name="instance", normalize=True, window_size=4):
+    def __init__(
+        self,
+        in_channels=1,
+        out_channels=2,
+        depths=(2, 2, 2, 2),
+        num_heads=(3, 6, 12, 24),
+        feature_size=12,
+        norm_name="instance",
+        normalize=True,
+        window_size=4,
+    ):
         super().__init__()
         self.normalize = normalize
         self.swinViT = SwinTransformer(in_channels, feature_size, (window_size,) * 3, 2, depths, num_heads)
@@ -344,9 +383,19 @@ class SwinUNETRStage(nn.Module):
     def __init__(self, in_channels=1, feature_size=12, num_heads=3, window_size=4, img_size=(16, 16, 16)):
         super().__init__()
         self.patch_embed = PatchEmbed(2, in_channels, feature_size)
-        self.layers1 = nn.ModuleList([BasicLayerFixedMask(feature_size, 2, num_heads, (window_size,) * 3, qkv_bias=True,
-                                                          downsample=PatchMerging,
-                                                          input_resolution=tuple(s // 2 for s in img_size))])
+        self.layers1 = nn.ModuleList(
+            [
+                BasicLayerFixedMask(
+                    feature_size,
+                    2,
+                    num_heads,
+                    (window_size,) * 3,
+                    qkv_bias=True,
+                    downsample=PatchMerging,
+                    input_resolution=tuple(s // 2 for s in img_size),
+                )
+            ]
+        )
         self.encoder3 = UnetResBlock(3, 2 * feature_size, 2 * feature_size, 3, 1, "instance")
 
     def forward(self, x_in):
@@ -364,8 +413,14 @@ class SwinUNETRFixedMasks(SwinUNETR):
         super().__init__(**kwargs)
         for i_layer in range(4):
             layer = getattr(self.swinViT, f"layers{i_layer + 1}")[0]
-            fixed = BasicLayerFixedMask(layer.blocks[0].dim, layer.depth, layer.blocks[0].num_heads, layer.window_size,
-                                        qkv_bias=True, downsample=PatchMerging,
-                                        input_resolution=tuple(s // 2 ** (i_layer + 1) for s in img_size))
+            fixed = BasicLayerFixedMask(
+                layer.blocks[0].dim,
+                layer.depth,
+                layer.blocks[0].num_heads,
+                layer.window_size,
+                qkv_bias=True,
+                downsample=PatchMerging,
+                input_resolution=tuple(s // 2 ** (i_layer + 1) for s in img_size),
+            )
             fixed.load_state_dict(layer.state_dict(), strict=False)
             getattr(self.swinViT, f"layers{i_layer + 1}")[0] = fixed

@@ -36,7 +36,8 @@ class WindowAttention(nn.Module):
         head_dim = dim // num_heads
         self.scale = head_dim**-0.5
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * self.window_size[0] - 1) * (2 * self.window_size[1] - 1), num_heads))
+            torch.zeros((2 * self.window_size[0] - 1) * (2 * self.window_size[1] - 1), num_heads)
+        )
         coords_h = torch.arange(self.window_size[0])
         coords_w = torch.arange(self.window_size[1])
         coords = torch.stack(torch.meshgrid(coords_h, coords_w, indexing="ij"))
@@ -62,7 +63,8 @@ class WindowAttention(nn.Module):
         q = q * self.scale
         attn = q @ k.transpose(-2, -1)
         relative_position_bias = self.relative_position_bias_table[
-            self.relative_position_index.clone()[:n, :n].reshape(-1)].reshape(n, n, -1)
+            self.relative_position_index.clone()[:n, :n].reshape(-1)
+        ].reshape(n, n, -1)
         relative_position_bias = relative_position_bias.permute(2, 0, 1).contiguous()
         attn = attn + relative_position_bias.unsqueeze(0)
         if mask is not None:
@@ -167,16 +169,22 @@ class BasicLayerFixedMask(nn.Module):
     """MONAI's ``BasicLayer`` in 2D, its shifted-window mask a buffer made in ``__init__`` for
     ``input_resolution`` (a mask made in ``forward`` is refused: README's Limits)."""
 
-    def __init__(self, dim, depth, num_heads, window_size, input_resolution, mlp_ratio=4.0, qkv_bias=False,
-                 downsample=None):
+    def __init__(
+        self, dim, depth, num_heads, window_size, input_resolution, mlp_ratio=4.0, qkv_bias=False, downsample=None
+    ):
         super().__init__()
         self.window_size = window_size
         self.shift_size = tuple(i // 2 for i in window_size)
         self.no_shift = tuple(0 for i in window_size)
         self.depth = depth
-        self.blocks = nn.ModuleList([SwinTransformerBlock(dim, num_heads, window_size, self.no_shift if i % 2 == 0
-                                                          else self.shift_size, mlp_ratio, qkv_bias)
-                                     for i in range(depth)])
+        self.blocks = nn.ModuleList(
+            [
+                SwinTransformerBlock(
+                    dim, num_heads, window_size, self.no_shift if i % 2 == 0 else self.shift_size, mlp_ratio, qkv_bias
+                )
+                for i in range(depth)
+            ]
+        )
         self.downsample = downsample(dim=dim, norm_layer=nn.LayerNorm, spatial_dims=len(self.window_size))
         window_size, shift_size = get_window_size(input_resolution, self.window_size, self.shift_size)
         dims = [int(np.ceil(n / w)) * w for n, w in zip(input_resolution, window_size)]
@@ -214,9 +222,19 @@ class SwinUNETRStage2D(nn.Module):
     def __init__(self, in_channels=1, feature_size=12, num_heads=3, window_size=4, img_size=(16, 16)):
         super().__init__()
         self.patch_embed = PatchEmbed(2, in_channels, feature_size)
-        self.layers1 = nn.ModuleList([BasicLayerFixedMask(feature_size, 2, num_heads, (window_size,) * 2,
-                                                          input_resolution=tuple(s // 2 for s in img_size),
-                                                          qkv_bias=True, downsample=PatchMerging)])
+        self.layers1 = nn.ModuleList(
+            [
+                BasicLayerFixedMask(
+                    feature_size,
+                    2,
+                    num_heads,
+                    (window_size,) * 2,
+                    input_resolution=tuple(s // 2 for s in img_size),
+                    qkv_bias=True,
+                    downsample=PatchMerging,
+                )
+            ]
+        )
         self.encoder3 = UnetResBlock(2, 2 * feature_size, 2 * feature_size, 3, 1, "instance")
 
     def forward(self, x_in):

@@ -46,9 +46,25 @@ class RadixSoftmax(nn.Module):
 class SplitAttn(nn.Module):
     """Split-Attention (aka Splat)"""
 
-    def __init__(self, in_channels, out_channels=None, kernel_size=3, stride=1, padding=None, dilation=1, groups=1,
-                 bias=False, radix=2, rd_ratio=0.25, rd_channels=None, rd_divisor=8, act_layer=nn.ReLU,
-                 norm_layer=None, drop_layer=None, **kwargs):
+    def __init__(
+        self,
+        in_channels,
+        out_channels=None,
+        kernel_size=3,
+        stride=1,
+        padding=None,
+        dilation=1,
+        groups=1,
+        bias=False,
+        radix=2,
+        rd_ratio=0.25,
+        rd_channels=None,
+        rd_divisor=8,
+        act_layer=nn.ReLU,
+        norm_layer=None,
+        drop_layer=None,
+        **kwargs,
+    ):
         super(SplitAttn, self).__init__()
         out_channels = out_channels or in_channels
         self.radix = radix
@@ -59,8 +75,9 @@ class SplitAttn(nn.Module):
             attn_chs = rd_channels * radix
 
         padding = kernel_size // 2 if padding is None else padding
-        self.conv = nn.Conv2d(in_channels, mid_chs, kernel_size, stride, padding, dilation, groups=groups * radix,
-                              bias=bias, **kwargs)
+        self.conv = nn.Conv2d(
+            in_channels, mid_chs, kernel_size, stride, padding, dilation, groups=groups * radix, bias=bias, **kwargs
+        )
         self.bn0 = norm_layer(mid_chs) if norm_layer else nn.Identity()
         self.drop = drop_layer() if drop_layer is not None else nn.Identity()
         self.act0 = act_layer(inplace=True)
@@ -101,10 +118,22 @@ class ResNestBottleneck(nn.Module):
 
     expansion = 4
 
-    def __init__(self, inplanes, planes, stride=1, downsample=None, radix=2, cardinality=1, base_width=64,
-                 avd=True, avd_first=False, act_layer=nn.ReLU, norm_layer=nn.BatchNorm2d):
+    def __init__(
+        self,
+        inplanes,
+        planes,
+        stride=1,
+        downsample=None,
+        radix=2,
+        cardinality=1,
+        base_width=64,
+        avd=True,
+        avd_first=False,
+        act_layer=nn.ReLU,
+        norm_layer=nn.BatchNorm2d,
+    ):
         super(ResNestBottleneck, self).__init__()
-        group_width = int(planes * (base_width / 64.)) * cardinality
+        group_width = int(planes * (base_width / 64.0)) * cardinality
         if avd and (stride > 1):
             avd_stride = stride
             stride = 1
@@ -117,8 +146,16 @@ class ResNestBottleneck(nn.Module):
         self.act1 = act_layer(inplace=True)
         self.avd_first = nn.AvgPool2d(3, avd_stride, padding=1) if avd_stride > 0 and avd_first else None
 
-        self.conv2 = SplitAttn(group_width, group_width, kernel_size=3, stride=stride, padding=1, groups=cardinality,
-                               radix=radix, norm_layer=norm_layer)
+        self.conv2 = SplitAttn(
+            group_width,
+            group_width,
+            kernel_size=3,
+            stride=stride,
+            padding=1,
+            groups=cardinality,
+            radix=radix,
+            norm_layer=norm_layer,
+        )
         self.bn2 = nn.Identity()
         self.act2 = nn.Identity()
         self.avd_last = nn.AvgPool2d(3, avd_stride, padding=1) if avd_stride > 0 and not avd_first else None
@@ -158,8 +195,9 @@ class ResNestBottleneck(nn.Module):
 
 def downsample_avg(in_channels, out_channels, stride=1):
     pool = nn.AvgPool2d(2, stride, ceil_mode=True, count_include_pad=False) if stride != 1 else nn.Identity()
-    return nn.Sequential(*[pool, nn.Conv2d(in_channels, out_channels, 1, stride=1, bias=False),
-                           nn.BatchNorm2d(out_channels)])
+    return nn.Sequential(
+        *[pool, nn.Conv2d(in_channels, out_channels, 1, stride=1, bias=False), nn.BatchNorm2d(out_channels)]
+    )
 
 
 class ResNeSt(nn.Module):
@@ -167,17 +205,25 @@ class ResNeSt(nn.Module):
 
     def __init__(self, num_classes=5, stem_width=4, planes=(4, 8), radix=2, base_width=64):
         super().__init__()
-        self.conv1 = nn.Sequential(*[
-            nn.Conv2d(3, stem_width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem_width),
-            nn.ReLU(inplace=True), nn.Conv2d(stem_width, stem_width * 2, 3, stride=1, padding=1, bias=False)])
+        self.conv1 = nn.Sequential(
+            *[
+                nn.Conv2d(3, stem_width, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(stem_width),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(stem_width, stem_width * 2, 3, stride=1, padding=1, bias=False),
+            ]
+        )
         self.bn1 = nn.BatchNorm2d(stem_width * 2)
         self.act1 = nn.ReLU(inplace=True)
         inplanes, stages = stem_width * 2, []
         for index, width in enumerate(planes):
             stride = 1 if index == 0 else 2
             downsample = downsample_avg(inplanes, width * 4, stride)
-            stages.append(nn.Sequential(ResNestBottleneck(inplanes, width, stride, downsample, radix=radix,
-                                                          base_width=base_width)))
+            stages.append(
+                nn.Sequential(
+                    ResNestBottleneck(inplanes, width, stride, downsample, radix=radix, base_width=base_width)
+                )
+            )
             inplanes = width * 4
         self.layer1, self.layer2 = stages
         self.fc = nn.Linear(inplanes, num_classes)
@@ -208,8 +254,7 @@ class SqueezeExcite(nn.Module):
 
 
 class GhostModule(nn.Module):
-    def __init__(self, in_chs, out_chs, kernel_size=1, ratio=2, dw_size=3, stride=1, use_act=True,
-                 act_layer=nn.ReLU):
+    def __init__(self, in_chs, out_chs, kernel_size=1, ratio=2, dw_size=3, stride=1, use_act=True, act_layer=nn.ReLU):
         super(GhostModule, self).__init__()
         self.out_chs = out_chs
         init_chs = math.ceil(out_chs / ratio)
@@ -231,15 +276,15 @@ class GhostModule(nn.Module):
         x1 = self.primary_conv(x)
         x2 = self.cheap_operation(x1)
         out = torch.cat([x1, x2], dim=1)
-        return out[:, :self.out_chs, :, :]
+        return out[:, : self.out_chs, :, :]
 
 
 class GhostBottleneck(nn.Module):
-    """ Ghost bottleneck w/ optional SE"""
+    """Ghost bottleneck w/ optional SE"""
 
-    def __init__(self, in_chs, mid_chs, out_chs, dw_kernel_size=3, stride=1, act_layer=nn.ReLU, se_ratio=0.):
+    def __init__(self, in_chs, mid_chs, out_chs, dw_kernel_size=3, stride=1, act_layer=nn.ReLU, se_ratio=0.0):
         super(GhostBottleneck, self).__init__()
-        has_se = se_ratio is not None and se_ratio > 0.
+        has_se = se_ratio is not None and se_ratio > 0.0
         self.stride = stride
 
         # Point-wise expansion
@@ -247,8 +292,15 @@ class GhostBottleneck(nn.Module):
 
         # Depth-wise convolution
         if self.stride > 1:
-            self.conv_dw = nn.Conv2d(mid_chs, mid_chs, dw_kernel_size, stride=stride,
-                                     padding=(dw_kernel_size - 1) // 2, groups=mid_chs, bias=False)
+            self.conv_dw = nn.Conv2d(
+                mid_chs,
+                mid_chs,
+                dw_kernel_size,
+                stride=stride,
+                padding=(dw_kernel_size - 1) // 2,
+                groups=mid_chs,
+                bias=False,
+            )
             self.bn_dw = nn.BatchNorm2d(mid_chs)
         else:
             self.conv_dw = None
@@ -265,8 +317,15 @@ class GhostBottleneck(nn.Module):
             self.shortcut = nn.Sequential()
         else:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(in_chs, in_chs, dw_kernel_size, stride=stride, padding=(dw_kernel_size - 1) // 2,
-                          groups=in_chs, bias=False),
+                nn.Conv2d(
+                    in_chs,
+                    in_chs,
+                    dw_kernel_size,
+                    stride=stride,
+                    padding=(dw_kernel_size - 1) // 2,
+                    groups=in_chs,
+                    bias=False,
+                ),
                 nn.BatchNorm2d(in_chs),
                 nn.Conv2d(in_chs, out_chs, 1, stride=1, padding=0, bias=False),
                 nn.BatchNorm2d(out_chs),
@@ -361,8 +420,7 @@ class LightConvBNAct(nn.Module):
     def __init__(self, in_chs, out_chs, kernel_size, groups=1, use_lab=False):
         super().__init__()
         self.conv1 = ConvBNAct(in_chs, out_chs, kernel_size=1, use_act=False, use_lab=use_lab)
-        self.conv2 = ConvBNAct(out_chs, out_chs, kernel_size=kernel_size, groups=out_chs, use_act=True,
-                               use_lab=use_lab)
+        self.conv2 = ConvBNAct(out_chs, out_chs, kernel_size=kernel_size, groups=out_chs, use_act=True, use_lab=use_lab)
 
     def forward(self, x):
         x = self.conv1(x)
@@ -408,18 +466,32 @@ class EseModule(nn.Module):
 
 
 class HG_Block(nn.Module):
-    def __init__(self, in_chs, mid_chs, out_chs, layer_num, kernel_size=3, residual=False, light_block=False,
-                 use_lab=False, agg="ese"):
+    def __init__(
+        self,
+        in_chs,
+        mid_chs,
+        out_chs,
+        layer_num,
+        kernel_size=3,
+        residual=False,
+        light_block=False,
+        use_lab=False,
+        agg="ese",
+    ):
         super().__init__()
         self.residual = residual
         self.layers = nn.ModuleList()
         for i in range(layer_num):
             if light_block:
-                self.layers.append(LightConvBNAct(in_chs if i == 0 else mid_chs, mid_chs, kernel_size=kernel_size,
-                                                  use_lab=use_lab))
+                self.layers.append(
+                    LightConvBNAct(in_chs if i == 0 else mid_chs, mid_chs, kernel_size=kernel_size, use_lab=use_lab)
+                )
             else:
-                self.layers.append(ConvBNAct(in_chs if i == 0 else mid_chs, mid_chs, kernel_size=kernel_size,
-                                             stride=1, use_lab=use_lab))
+                self.layers.append(
+                    ConvBNAct(
+                        in_chs if i == 0 else mid_chs, mid_chs, kernel_size=kernel_size, stride=1, use_lab=use_lab
+                    )
+                )
         # feature aggregation
         total_chs = in_chs + layer_num * mid_chs
         if agg == "se":
@@ -446,19 +518,41 @@ class HG_Block(nn.Module):
 
 
 class HG_Stage(nn.Module):
-    def __init__(self, in_chs, mid_chs, out_chs, block_num, layer_num, downsample=True, light_block=False,
-                 kernel_size=3, use_lab=False, agg="se"):
+    def __init__(
+        self,
+        in_chs,
+        mid_chs,
+        out_chs,
+        block_num,
+        layer_num,
+        downsample=True,
+        light_block=False,
+        kernel_size=3,
+        use_lab=False,
+        agg="se",
+    ):
         super().__init__()
         if downsample:
-            self.downsample = ConvBNAct(in_chs, in_chs, kernel_size=3, stride=2, groups=in_chs, use_act=False,
-                                        use_lab=use_lab)
+            self.downsample = ConvBNAct(
+                in_chs, in_chs, kernel_size=3, stride=2, groups=in_chs, use_act=False, use_lab=use_lab
+            )
         else:
             self.downsample = nn.Identity()
         blocks_list = []
         for i in range(block_num):
-            blocks_list.append(HG_Block(in_chs if i == 0 else out_chs, mid_chs, out_chs, layer_num,
-                                        residual=False if i == 0 else True, kernel_size=kernel_size,
-                                        light_block=light_block, agg=agg, use_lab=use_lab))
+            blocks_list.append(
+                HG_Block(
+                    in_chs if i == 0 else out_chs,
+                    mid_chs,
+                    out_chs,
+                    layer_num,
+                    residual=False if i == 0 else True,
+                    kernel_size=kernel_size,
+                    light_block=light_block,
+                    agg=agg,
+                    use_lab=use_lab,
+                )
+            )
         self.blocks = nn.Sequential(*blocks_list)
 
     def forward(self, x):

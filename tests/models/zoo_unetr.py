@@ -22,8 +22,7 @@ class PatchEmbeddingBlock(nn.Module):
         self.n_patches = 1
         for m, p in zip(img_size, patch_size):
             self.n_patches *= m // p
-        self.patch_embeddings = CONV[spatial_dims](in_channels, hidden_size, kernel_size=patch_size,
-                                                   stride=patch_size)
+        self.patch_embeddings = CONV[spatial_dims](in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
         self.position_embeddings = nn.Parameter(torch.zeros(1, self.n_patches, hidden_size))
         self.dropout = nn.Dropout(dropout_rate)
         nn.init.trunc_normal_(self.position_embeddings, mean=0.0, std=0.02, a=-2.0, b=2.0)
@@ -37,8 +36,9 @@ class PatchEmbeddingBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, in_channels, img_size, patch_size, hidden_size=16, mlp_dim=32, num_layers=12, num_heads=2,
-                 spatial_dims=3):
+    def __init__(
+        self, in_channels, img_size, patch_size, hidden_size=16, mlp_dim=32, num_layers=12, num_heads=2, spatial_dims=3
+    ):
         super().__init__()
         self.patch_embedding = PatchEmbeddingBlock(in_channels, img_size, patch_size, hidden_size, spatial_dims)
         self.blocks = nn.ModuleList([TransformerBlock(hidden_size, mlp_dim, num_heads) for i in range(num_layers)])
@@ -65,28 +65,56 @@ class UnetrBasicBlock(nn.Module):
 
 
 class UnetrPrUpBlock(nn.Module):
-    def __init__(self, spatial_dims, in_channels, out_channels, num_layer, kernel_size, stride, upsample_kernel_size,
-                 norm_name, conv_block=False, res_block=False):
+    def __init__(
+        self,
+        spatial_dims,
+        in_channels,
+        out_channels,
+        num_layer,
+        kernel_size,
+        stride,
+        upsample_kernel_size,
+        norm_name,
+        conv_block=False,
+        res_block=False,
+    ):
         super().__init__()
         upsample_stride = upsample_kernel_size
-        self.transp_conv_init = get_conv_layer(spatial_dims, in_channels, out_channels, upsample_kernel_size,
-                                               upsample_stride, is_transposed=True)
+        self.transp_conv_init = get_conv_layer(
+            spatial_dims, in_channels, out_channels, upsample_kernel_size, upsample_stride, is_transposed=True
+        )
         if conv_block:
             block = UnetResBlock if res_block else UnetBasicBlock
-            self.blocks = nn.ModuleList([
-                nn.Sequential(
-                    get_conv_layer(spatial_dims, out_channels, out_channels, upsample_kernel_size, upsample_stride,
-                                   is_transposed=True),
-                    block(spatial_dims, out_channels, out_channels, kernel_size, stride, norm_name),
-                )
-                for i in range(num_layer)
-            ])
+            self.blocks = nn.ModuleList(
+                [
+                    nn.Sequential(
+                        get_conv_layer(
+                            spatial_dims,
+                            out_channels,
+                            out_channels,
+                            upsample_kernel_size,
+                            upsample_stride,
+                            is_transposed=True,
+                        ),
+                        block(spatial_dims, out_channels, out_channels, kernel_size, stride, norm_name),
+                    )
+                    for i in range(num_layer)
+                ]
+            )
         else:
-            self.blocks = nn.ModuleList([
-                get_conv_layer(spatial_dims, out_channels, out_channels, upsample_kernel_size, upsample_stride,
-                               is_transposed=True)
-                for i in range(num_layer)
-            ])
+            self.blocks = nn.ModuleList(
+                [
+                    get_conv_layer(
+                        spatial_dims,
+                        out_channels,
+                        out_channels,
+                        upsample_kernel_size,
+                        upsample_stride,
+                        is_transposed=True,
+                    )
+                    for i in range(num_layer)
+                ]
+            )
 
     def forward(self, x):
         x = self.transp_conv_init(x)
@@ -96,23 +124,38 @@ class UnetrPrUpBlock(nn.Module):
 
 
 class UNETR(nn.Module):
-    def __init__(self, in_channels=1, out_channels=2, img_size=(32, 32, 32), feature_size=2, hidden_size=16,
-                 mlp_dim=32, num_heads=2, norm_name="instance", res_block=True, spatial_dims=3):
+    def __init__(
+        self,
+        in_channels=1,
+        out_channels=2,
+        img_size=(32, 32, 32),
+        feature_size=2,
+        hidden_size=16,
+        mlp_dim=32,
+        num_heads=2,
+        norm_name="instance",
+        res_block=True,
+        spatial_dims=3,
+    ):
         super().__init__()
         self.num_layers = 12
         img_size = tuple(img_size)[:spatial_dims]
         self.patch_size = (16,) * spatial_dims
         self.feat_size = tuple(img_d // p_d for img_d, p_d in zip(img_size, self.patch_size))
         self.hidden_size = hidden_size
-        self.vit = ViT(in_channels, img_size, self.patch_size, hidden_size, mlp_dim, self.num_layers, num_heads,
-                       spatial_dims)
+        self.vit = ViT(
+            in_channels, img_size, self.patch_size, hidden_size, mlp_dim, self.num_layers, num_heads, spatial_dims
+        )
         self.encoder1 = UnetrBasicBlock(spatial_dims, in_channels, feature_size, 3, 1, norm_name, res_block)
-        self.encoder2 = UnetrPrUpBlock(spatial_dims, hidden_size, feature_size * 2, 2, 3, 1, 2, norm_name,
-                                       conv_block=True, res_block=res_block)
-        self.encoder3 = UnetrPrUpBlock(spatial_dims, hidden_size, feature_size * 4, 1, 3, 1, 2, norm_name,
-                                       conv_block=True, res_block=res_block)
-        self.encoder4 = UnetrPrUpBlock(spatial_dims, hidden_size, feature_size * 8, 0, 3, 1, 2, norm_name,
-                                       conv_block=True, res_block=res_block)
+        self.encoder2 = UnetrPrUpBlock(
+            spatial_dims, hidden_size, feature_size * 2, 2, 3, 1, 2, norm_name, conv_block=True, res_block=res_block
+        )
+        self.encoder3 = UnetrPrUpBlock(
+            spatial_dims, hidden_size, feature_size * 4, 1, 3, 1, 2, norm_name, conv_block=True, res_block=res_block
+        )
+        self.encoder4 = UnetrPrUpBlock(
+            spatial_dims, hidden_size, feature_size * 8, 0, 3, 1, 2, norm_name, conv_block=True, res_block=res_block
+        )
         self.decoder5 = UnetUpBlock(spatial_dims, hidden_size, feature_size * 8, 3, 2, norm_name, res_block)
         self.decoder4 = UnetUpBlock(spatial_dims, feature_size * 8, feature_size * 4, 3, 2, norm_name, res_block)
         self.decoder3 = UnetUpBlock(spatial_dims, feature_size * 4, feature_size * 2, 3, 2, norm_name, res_block)

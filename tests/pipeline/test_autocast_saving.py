@@ -30,8 +30,11 @@ class ReflectDenoiser(nn.Module):
     def __init__(self, width: int = 8):
         super().__init__()
         self.head = nn.Conv2d(1, width, 3, padding=1, padding_mode="reflect")
-        self.body = nn.Sequential(nn.Conv2d(width, width, 3, padding=1, padding_mode="reflect", bias=False),
-                                  nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        self.body = nn.Sequential(
+            nn.Conv2d(width, width, 3, padding=1, padding_mode="reflect", bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+        )
         self.tail = nn.Conv2d(width, 1, 3, padding=1, padding_mode="reflect")
 
     def forward(self, noisy):
@@ -61,8 +64,9 @@ def generated_module(label: str, tmp_path: Path):
     make, shapes, _ = CASES[label]
     torch.manual_seed(0)
     model = make().train()
-    text = trace(model, shapes, wrt="parameters", name=f"autocast_{label}", loss=LossChoice("mse_loss", "target"),
-                 mode="train")
+    text = trace(
+        model, shapes, wrt="parameters", name=f"autocast_{label}", loss=LossChoice("mse_loss", "target"), mode="train"
+    )
     built = build_text(text, f"autocast_{label}.yaml")
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content)
@@ -103,8 +107,10 @@ def test_a_value_only_a_convolution_reads_is_kept_in_autocasts_dtype_no_wider_th
     torch.manual_seed(1)
     data = torch.randn(*CASES[label][2])
     target = torch.randn_like(model(data))
-    arguments = {**{name: value.detach() for name, value in model.named_parameters()},
-                 **{name: value.clone() for name, value in model.named_buffers()}}
+    arguments = {
+        **{name: value.detach() for name, value in model.named_parameters()},
+        **{name: value.clone() for name, value in model.named_buffers()},
+    }
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, *saved = module._forward_saving(data, **_parameters(module, arguments), target=target)
     narrowed = [value for value in saved if type(value) is tuple]  # (copy, dtype); a kept torch.Size is a tuple too
@@ -128,7 +134,8 @@ def _parameters(module, arguments: dict) -> dict:
 
 @pytest.mark.parametrize("label", CASES)
 def test_the_bound_step_under_autocast_computes_the_same_gradients_as_when_it_kept_the_wide_value(
-        label, tmp_path, monkeypatch):
+    label, tmp_path, monkeypatch
+):
     """Casting the kept value at the forward's last use or in the backward is the same cast: the
     gradients agree bit for bit, each in its parameter's dtype, and as closely with autograd's as before."""
     model, path = generated_module(label, tmp_path)
@@ -203,8 +210,15 @@ class RepeatedReflect(nn.Module):
 def test_a_block_keeps_autocasts_copy_in_what_it_saves_with_the_same_gradients(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = RepeatedReflect()
-    text = trace(model, {"x": (2, 4, 8, 8)}, wrt="parameters", name="repeated_reflect",
-                 loss=LossChoice("mse_loss", "target"), mode="train", blocks=True)
+    text = trace(
+        model,
+        {"x": (2, 4, 8, 8)},
+        wrt="parameters",
+        name="repeated_reflect",
+        loss=LossChoice("mse_loss", "target"),
+        mode="train",
+        blocks=True,
+    )
     built = build_text(text, "repeated_reflect.yaml")
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content)
@@ -247,14 +261,17 @@ def test_a_float64_convolution_under_autocast_keeps_float64_as_autocast_does(wrt
 
     module = module_from_source(build_text(text, "float64_conv.yaml").rendered.files["float64_conv.py"], "float64_conv")
     generator = torch.Generator().manual_seed(0)
-    x, w, y = (torch.randn(shape, generator=generator, dtype=torch.float64)
-               for shape in ((2, 3, 9, 9), (4, 3, 3, 3), (2, 4, 5, 5)))
+    x, w, y = (
+        torch.randn(shape, generator=generator, dtype=torch.float64)
+        for shape in ((2, 3, 9, 9), (4, 3, 3, 3), (2, 4, 5, 5))
+    )
     x.requires_grad_("x" in wrt)
     w.requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = module.gradients(x=x, w=w, y=y)
-        expected = torch.autograd.grad(F.mse_loss(F.conv2d(x, w, stride=2, padding=1), y),
-                                       [{"x": x, "w": w}[name] for name in wrt])
+        expected = torch.autograd.grad(
+            F.mse_loss(F.conv2d(x, w, stride=2, padding=1), y), [{"x": x, "w": w}[name] for name in wrt]
+        )
     for name, reference in zip(wrt, expected):
         value = getattr(got, name)
         assert value.dtype == torch.float64, name
@@ -285,7 +302,7 @@ def test_a_products_input_gradient_comes_back_in_the_inputs_dtype_as_autograds(t
     model = BiasedHead()
     text = trace(model, {"x": (2, 8)}, wrt="parameters", name="biased_head", loss=LossChoice("mse_loss", "target"))
     source = build_text(text, "biased_head.yaml").rendered.files["biased_head.py"]
-    assert ".matmul(params[\"fc.weight\"]).to(" in source
+    assert '.matmul(params["fc.weight"]).to(' in source
     path = tmp_path / "biased_head.py"
     path.write_text(source)
     torch.manual_seed(1)

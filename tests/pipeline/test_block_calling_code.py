@@ -17,8 +17,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.pipeline.test_blocks import _agrees_with_flat_and_autograd
 
 EXAMPLES = int(os.environ.get("SYMGRAD_FUZZ_EXAMPLES", "30"))
-SWEEP = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                 derandomize="SYMGRAD_FUZZ_EXAMPLES" not in os.environ)
+SWEEP = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize="SYMGRAD_FUZZ_EXAMPLES" not in os.environ,
+)
 
 DOWN = """name: {name}
 inputs:
@@ -41,35 +45,59 @@ wrt: [{wrt}]
 
 
 def _down(name: str, inputs: list[str], layers: list[str], wrt: str, params: str = "[w]", more: str = "") -> str:
-    return DOWN.format(name=name, inputs="\n".join(f"  {line}" for line in inputs), params=params, more=more,
-                       layers="\n".join(f"  - {line}" for line in layers), wrt=wrt)
+    return DOWN.format(
+        name=name,
+        inputs="\n".join(f"  {line}" for line in inputs),
+        params=params,
+        more=more,
+        layers="\n".join(f"  - {line}" for line in layers),
+        wrt=wrt,
+    )
 
 
 # docs/spec.md's own `down` block (its input is `h`), three instances bound by prefix: one loop
-THREE_IN_A_ROW = _down("chain_h", [f"w{i}: {{shape: [3, 3, 3, 3], source: s{i}.w}}" for i in (1, 2, 3)],
-                       ["{block: down, in: x, prefix: s1, out: a}", "{block: down, in: a, prefix: s2, out: b}",
-                        "{block: down, in: b, prefix: s3, out: c3}"], "x, w1, w2, w3")
+THREE_IN_A_ROW = _down(
+    "chain_h",
+    [f"w{i}: {{shape: [3, 3, 3, 3], source: s{i}.w}}" for i in (1, 2, 3)],
+    [
+        "{block: down, in: x, prefix: s1, out: a}",
+        "{block: down, in: a, prefix: s2, out: b}",
+        "{block: down, in: b, prefix: s3, out: c3}",
+    ],
+    "x, w1, w2, w3",
+)
 
 CASES = {
     "three_prefix_instances_of_a_block_whose_input_is_h": THREE_IN_A_ROW,
     # only the last instance trains: the loop stops where no instance before has a gradient to take
     "a_loop_whose_first_instances_are_frozen": THREE_IN_A_ROW.replace("wrt: [x, w1, w2, w3]", "wrt: [w3]"),
     "five_instances_in_a_row": _down(
-        "chain_5", [f"w{i}: {{shape: [3, 3, 3, 3], source: layer.{i}.w}}" for i in range(5)],
+        "chain_5",
+        [f"w{i}: {{shape: [3, 3, 3, 3], source: layer.{i}.w}}" for i in range(5)],
         [f"{{block: down, in: {'x' if i == 0 else f'o{i - 1}'}, prefix: layer.{i}, out: o{i}}}" for i in range(5)],
-        "x, w0, w1, w2, w3, w4"),
+        "x, w0, w1, w2, w3, w4",
+    ),
     # params: bound to inputs with a source whose key is not the block's: their gradients read late
     "params_bound_to_sourced_inputs": _down(
-        "params_sourced", ["w1: {shape: [3, 3, 3, 3], source: enc.conv.weight}",
-                           "w2: {shape: [3, 3, 3, 3], source: dec.conv.weight}"],
+        "params_sourced",
+        ["w1: {shape: [3, 3, 3, 3], source: enc.conv.weight}", "w2: {shape: [3, 3, 3, 3], source: dec.conv.weight}"],
         ["{block: down, in: x, params: {w: w1}, out: a}", "{block: down, in: a, params: {w: w2}, out: b}"],
-        "x, w1, w2"),
+        "x, w1, w2",
+    ),
     # one param found by its source, the other by its plain name PREFIX_KEY
     "a_prefix_binding_one_param_by_source_and_one_by_name": _down(
-        "mixed_prefix", ["s1_w: {shape: [3, 3, 3, 3], source: s1.w}", "s1_v: {shape: [3, 3, 3, 3]}",
-                         "s2_w: {shape: [3, 3, 3, 3], source: s2.w}", "s2_v: {shape: [3, 3, 3, 3]}"],
+        "mixed_prefix",
+        [
+            "s1_w: {shape: [3, 3, 3, 3], source: s1.w}",
+            "s1_v: {shape: [3, 3, 3, 3]}",
+            "s2_w: {shape: [3, 3, 3, 3], source: s2.w}",
+            "s2_v: {shape: [3, 3, 3, 3]}",
+        ],
         ["{block: down, in: x, prefix: s1, out: a}", "{block: down, in: a, prefix: s2, out: b}"],
-        "x, s1_w, s1_v, s2_w, s2_v", params="[w, v]", more="      - {op: conv2d, weight: v, padding: 1, out: c2}"),
+        "x, s1_w, s1_v, s2_w, s2_v",
+        params="[w, v]",
+        more="      - {op: conv2d, weight: v, padding: 1, out: c2}",
+    ),
 }
 
 
@@ -92,12 +120,15 @@ def block_specs(draw) -> str:
     block_input = draw(st.sampled_from(["h", "x", "feat", "inp", "z1"]))
     top_input = draw(st.sampled_from(["x", "img", "h"]))
     keys = draw(st.sampled_from([("w",), ("w", "v"), ("conv.weight",), ("conv1.weight", "conv2.weight")]))
-    names = ("w", "v")[:len(keys)]
+    names = ("w", "v")[: len(keys)]
     skip = draw(st.booleans())  # a second block input, added at the end: the instances never form a loop
     residual = draw(st.booleans())
     count = draw(st.sampled_from([3, 1, 2, 4, 5]))  # hypothesis starts from the first: a loop
-    kinds = [draw(st.sampled_from(KINDS))] * count if draw(st.booleans()) else \
-        draw(st.lists(st.sampled_from(KINDS), min_size=count, max_size=count))
+    kinds = (
+        [draw(st.sampled_from(KINDS))] * count
+        if draw(st.booleans())
+        else draw(st.lists(st.sampled_from(KINDS), min_size=count, max_size=count))
+    )
     inputs: dict[str, dict] = {top_input: {"shape": [2, 3, 6, 6]}}
     layers, previous = [], top_input
     for index, kind in enumerate(kinds):
@@ -117,8 +148,9 @@ def block_specs(draw) -> str:
                     inputs.setdefault(name, dict(_weight(), source=f"shared.{param}") if number else _weight())
                 else:
                     name = f"q{index}_{param}"
-                    inputs[name] = dict(_weight(), source=f"other{index}.{param}.weight") if kind == "params_source" \
-                        else _weight()
+                    inputs[name] = (
+                        dict(_weight(), source=f"other{index}.{param}.weight") if kind == "params_source" else _weight()
+                    )
                 bound[param] = name
             instance["params"] = bound
         instance["out"] = previous = f"o{index}"
@@ -129,8 +161,10 @@ def block_specs(draw) -> str:
     if skip:
         inputs["y"] = {"shape": [2, 3, 6, 6]}
     inputs["t"] = {"shape": [2, 3, 6, 6]}
-    block_layers = [{"op": "conv2d", "in": block_input, "weight": "w", "padding": 1, "out": "c"},
-                    {"op": "relu", "out": "r"}]
+    block_layers = [
+        {"op": "conv2d", "in": block_input, "weight": "w", "padding": 1, "out": "c"},
+        {"op": "relu", "out": "r"},
+    ]
     if len(keys) == 2:
         block_layers.append({"op": "conv2d", "weight": "v", "padding": 1, "out": "c2"})
     if residual:
@@ -144,10 +178,16 @@ def block_specs(draw) -> str:
         chosen = draw(st.lists(st.booleans(), min_size=len(candidates), max_size=len(candidates)))
         wrt = [name for name, take in zip(candidates, chosen) if take] or [candidates[-1]]
     params = list(keys) if keys == ("w",) or keys == ("w", "v") else dict(zip(names, keys))
-    document = {"name": "swept", "inputs": inputs,
-                "blocks": {"unit": {"inputs": [block_input] + (["skip"] if skip else []), "params": params,
-                                    "layers": block_layers}},
-                "layers": layers, "loss": {"op": "mse_loss", "target": "t"}, "wrt": wrt}
+    document = {
+        "name": "swept",
+        "inputs": inputs,
+        "blocks": {
+            "unit": {"inputs": [block_input] + (["skip"] if skip else []), "params": params, "layers": block_layers}
+        },
+        "layers": layers,
+        "loss": {"op": "mse_loss", "target": "t"},
+        "wrt": wrt,
+    }
     return yaml.safe_dump(document, sort_keys=False)
 
 
@@ -209,13 +249,31 @@ REFUSED = [
     # the block's own functions' arguments and locals: `def unit_forward(h, p, save=False)`, `(saved, grad_output)`
     *[(where, name) for name in ("p", "save", "saved") for where in ("block input", "block param", "block output")],
     # the top level's: ExplicitGradient's `keys`, `kept`, `*values`; `params`, `layouts`; the module's tables
-    *[(where, name) for name in ("keys", "kept", "values", "params", "layouts", "parameter_grads", "BLOCKS",
-                                 "MOMENTA", "RUNNING", "CHANNELS_LAST") for where in ("input", "layer output")],
+    *[
+        (where, name)
+        for name in (
+            "keys",
+            "kept",
+            "values",
+            "params",
+            "layouts",
+            "parameter_grads",
+            "BLOCKS",
+            "MOMENTA",
+            "RUNNING",
+            "CHANNELS_LAST",
+        )
+        for where in ("input", "layer output")
+    ],
     # what the module names after a block or an instance: `unit_forward`, `saved_a`, `grads_a`, `call_a`
-    *[(where, name) for name in ("unit_forward", "unit_backward", "saved_a", "grads_a", "call_a")
-      for where in ("input", "layer output")],
+    *[
+        (where, name)
+        for name in ("unit_forward", "unit_backward", "saved_a", "grads_a", "call_a")
+        for where in ("input", "layer output")
+    ],
     # a block whose functions would take a name the module uses: `loss_with_explicit_backward`
-    ("block name", "loss_with_explicit"), ("block name", "per_sample"),
+    ("block name", "loss_with_explicit"),
+    ("block name", "per_sample"),
 ]
 
 
@@ -233,8 +291,14 @@ def test_a_name_the_structured_module_uses_itself_is_refused_at_its_line(where, 
     assert "bug in symgrad" not in message
 
 
-ACCEPTED = [("layer output", "p"), ("input", "p"), ("layer output", "save"), ("input", "x_layout"),
-            ("layer output", "instance_grads"), ("block name", "S1")]
+ACCEPTED = [
+    ("layer output", "p"),
+    ("input", "p"),
+    ("layer output", "save"),
+    ("input", "x_layout"),
+    ("layer output", "instance_grads"),
+    ("block name", "S1"),
+]
 
 
 @pytest.mark.parametrize("where, name", ACCEPTED, ids=[f"{where}-{name}" for where, name in ACCEPTED])
@@ -246,8 +310,13 @@ def test_a_name_the_structured_module_does_not_use_is_accepted_and_the_module_ru
 
 def test_a_loop_table_never_takes_an_inputs_name():
     # three instances in a row: the loop's table would be S1_TO_S3, the input's name
-    text = NAMED.replace("  - {op: relu, out: g}\n", "").replace("in: g,", "in: b,").replace(
-        "  x: {", "  S1_TO_S3: {").replace("in: x,", "in: S1_TO_S3,").replace("wrt: [x,", "wrt: [S1_TO_S3,")
+    text = (
+        NAMED.replace("  - {op: relu, out: g}\n", "")
+        .replace("in: g,", "in: b,")
+        .replace("  x: {", "  S1_TO_S3: {")
+        .replace("in: x,", "in: S1_TO_S3,")
+        .replace("wrt: [x,", "wrt: [S1_TO_S3,")
+    )
     source = _agrees_with_flat_and_autograd(text, "blocky.yaml")
     assert "S1_TO_S3_2 = (" in source
     _explicit_backward_agrees(text)

@@ -80,22 +80,38 @@ wrt: [x, w1, w2]
 """
 
 
-@pytest.mark.parametrize("old, new, line, words", [
-    ("{block: unit, in: a,", "{block: unt, in: a,", 16, "unknown block 'unt'; did you mean 'unit'?"),
-    ("in: a, params: {w: w2}", "in: a, params: {v: w2}", 16, "block 'unit' has no parameter 'v'"),
-    ("in: a, params: {w: w2}, out: b}", "in: a, out: b}", 16, "does not bind its parameter 'w'"),
-    ("in: a, params", "in: [a, x], params", 16, "takes 1 input(s) (h) but 2 are given"),
-    ("      - {op: relu, out: r}", "      - {block: unit, out: r}", 13, "uses block 'unit' inside it"),
-    ("    params: [w]\n", "    params: [w]\n    output: missing\n", 11, "outputs 'missing', which none of its layers makes"),
-    ("    params: [w]\n", "    params: [w]\n    extra: 1\n", 11, "unknown key 'extra' at block 'unit'"),
-    ("  unit:\n", "  relu:\n", 8, "block name 'relu' is already an op or a tensor name"),
-    ("weight: w, padding", "weight: v, padding", 12, "'weight' names 'v', which is not defined"),
-    ("params: {w: w2}, out: b}", "params: {w: w2}, offset: 2, out: b}", 16, "`offset:` numbers the children of a"),
-    ("{block: unit, in: a, params: {w: w2}, out: b}", "{block: unit, in: a, prefix: p, offset: -1, out: b}", 16,
-     "offset must be a child's index, an int from 0, not '-1'"),
-    ("{block: unit, in: a, params: {w: w2}, out: b}", "{block: unit, in: a, prefix: p, offset: 1, out: b}", 16,
-     "with an offset, the key of parameter 'w' must start with a child's index"),
-])
+@pytest.mark.parametrize(
+    "old, new, line, words",
+    [
+        ("{block: unit, in: a,", "{block: unt, in: a,", 16, "unknown block 'unt'; did you mean 'unit'?"),
+        ("in: a, params: {w: w2}", "in: a, params: {v: w2}", 16, "block 'unit' has no parameter 'v'"),
+        ("in: a, params: {w: w2}, out: b}", "in: a, out: b}", 16, "does not bind its parameter 'w'"),
+        ("in: a, params", "in: [a, x], params", 16, "takes 1 input(s) (h) but 2 are given"),
+        ("      - {op: relu, out: r}", "      - {block: unit, out: r}", 13, "uses block 'unit' inside it"),
+        (
+            "    params: [w]\n",
+            "    params: [w]\n    output: missing\n",
+            11,
+            "outputs 'missing', which none of its layers makes",
+        ),
+        ("    params: [w]\n", "    params: [w]\n    extra: 1\n", 11, "unknown key 'extra' at block 'unit'"),
+        ("  unit:\n", "  relu:\n", 8, "block name 'relu' is already an op or a tensor name"),
+        ("weight: w, padding", "weight: v, padding", 12, "'weight' names 'v', which is not defined"),
+        ("params: {w: w2}, out: b}", "params: {w: w2}, offset: 2, out: b}", 16, "`offset:` numbers the children of a"),
+        (
+            "{block: unit, in: a, params: {w: w2}, out: b}",
+            "{block: unit, in: a, prefix: p, offset: -1, out: b}",
+            16,
+            "offset must be a child's index, an int from 0, not '-1'",
+        ),
+        (
+            "{block: unit, in: a, params: {w: w2}, out: b}",
+            "{block: unit, in: a, prefix: p, offset: 1, out: b}",
+            16,
+            "with an offset, the key of parameter 'w' must start with a child's index",
+        ),
+    ],
+)
 def test_a_bad_block_is_refused_at_its_line(old, new, line, words):
     text = BASE.replace(old, new)
     assert text != BASE
@@ -106,11 +122,15 @@ def test_a_bad_block_is_refused_at_its_line(old, new, line, words):
 
 
 def test_instances_whose_operands_differ_in_rank_are_refused():
-    text = BASE.replace("  x: {shape: [2, 3, 8, 8]}", "  x: {shape: [3, 8, 8]}").replace(
-        "  t: {shape: [2, 3, 8, 8]}", "  t: {shape: [3, 8, 8]}").replace(
-        "  - {block: unit, in: a, params: {w: w2}, out: b}",
-        "  - {op: unsqueeze, in: a, dim: 0, out: a4}\n  - {block: unit, in: a4, params: {w: w2}, out: b}\n"
-        "  - {op: squeeze, in: b, dim: 0, out: b3}")
+    text = (
+        BASE.replace("  x: {shape: [2, 3, 8, 8]}", "  x: {shape: [3, 8, 8]}")
+        .replace("  t: {shape: [2, 3, 8, 8]}", "  t: {shape: [3, 8, 8]}")
+        .replace(
+            "  - {block: unit, in: a, params: {w: w2}, out: b}",
+            "  - {op: unsqueeze, in: a, dim: 0, out: a4}\n  - {block: unit, in: a4, params: {w: w2}, out: b}\n"
+            "  - {op: squeeze, in: b, dim: 0, out: b3}",
+        )
+    )
     with pytest.raises(SpecError, match="of other ranks or other size-1 axes") as raised:
         build_text(text, "blocky.yaml")
     assert "blocky.yaml:17:" in str(raised.value)
@@ -152,8 +172,9 @@ def _agrees_with_flat_and_autograd(text: str, label: str) -> str:
     graph = flat.graph
     for seed, shapes in enumerate(flat.shapes):
         inputs = graph_inputs(graph, shapes, seed=seed)
-        cotangent = torch.randn(theirs.forward(**inputs).shape, dtype=torch.float64,
-                                generator=torch.Generator().manual_seed(seed + 7))
+        cotangent = torch.randn(
+            theirs.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 7)
+        )
         expected = torch.autograd.grad(theirs.forward(**inputs), [inputs[name] for name in graph.wrt], cotangent)
         structured_grads = ours.gradients(**inputs, grad_loss=cotangent)
         flat_grads = theirs.gradients(**inputs, grad_loss=cotangent)
@@ -169,7 +190,7 @@ def test_instances_that_differ_in_a_hyper_share_one_block_derived_once_per_value
     source = _agrees_with_flat_and_autograd(HYPER, "strided.yaml")
     assert "def down_forward(h, p, stride=1, padding=1, save=False):" in source
     assert 'F.conv2d(h, p["w"], stride=stride, padding=padding)' in source  # every instance's value, by name
-    assert 'down_forward(a, {"w": w2}, stride=2)' in source and 'stride=2, padding=0)' in source
+    assert 'down_forward(a, {"w": w2}, stride=2)' in source and "stride=2, padding=0)" in source
     assert source.count("def down_backward(") == 1
     # the block three times (once per distinct set of values and size-1 axes: the printed code must
     # agree), the top body once per build (with blocks, flat); readable and fused each
@@ -178,16 +199,27 @@ def test_instances_that_differ_in_a_hyper_share_one_block_derived_once_per_value
     assert "hyperparameters, set per instance: stride (default 1), padding (default 1)" in document
 
 
-@pytest.mark.parametrize("old, new, line, words", [
-    ("hyper: {stride: 2}, out: b", "hyper: {strides: 2}, out: b", 18, "block 'down' has no hyper 'strides'"),
-    ("hyper: {stride: 2}, out: b", "hyper: {stride: two}, out: b", 18, "hyper 'stride' must be an int, not 'two'"),
-    ("hyper: {stride: 2}, out: b", "hyper: {stride: 0}, out: b", 18, "argument 'stride' is 0, below"),
-    ("hyper: {stride: 1, padding: 1}", "hyper: {stride: 1, padding: 1, groups: 1}", 12,
-     "declares hyper 'groups' but none of its layers reads it"),
-    ("hyper: {stride: 1, padding: 1}", "hyper: {stride: 1, padding: 1, w: 1}", 10,
-     "names 'w' twice among its inputs, params and hypers"),
-    ("hyper: {stride: 1, padding: 1}", "hyper: [stride]", 12, "must map names to default ints"),
-])
+@pytest.mark.parametrize(
+    "old, new, line, words",
+    [
+        ("hyper: {stride: 2}, out: b", "hyper: {strides: 2}, out: b", 18, "block 'down' has no hyper 'strides'"),
+        ("hyper: {stride: 2}, out: b", "hyper: {stride: two}, out: b", 18, "hyper 'stride' must be an int, not 'two'"),
+        ("hyper: {stride: 2}, out: b", "hyper: {stride: 0}, out: b", 18, "argument 'stride' is 0, below"),
+        (
+            "hyper: {stride: 1, padding: 1}",
+            "hyper: {stride: 1, padding: 1, groups: 1}",
+            12,
+            "declares hyper 'groups' but none of its layers reads it",
+        ),
+        (
+            "hyper: {stride: 1, padding: 1}",
+            "hyper: {stride: 1, padding: 1, w: 1}",
+            10,
+            "names 'w' twice among its inputs, params and hypers",
+        ),
+        ("hyper: {stride: 1, padding: 1}", "hyper: [stride]", 12, "must map names to default ints"),
+    ],
+)
 def test_a_bad_hyper_is_refused_at_its_line(old, new, line, words):
     text = HYPER.replace(old, new)
     assert text != HYPER
@@ -200,7 +232,9 @@ def test_a_bad_hyper_is_refused_at_its_line(old, new, line, words):
 def test_a_hyper_for_which_the_derivation_differs_is_refused_at_the_instance():
     """A softmax's dim is normalised against the rank (-1 is 3): the printed code shows the value, so
     one derivation cannot serve dim 1 and dim -1."""
-    text = HYPER.replace("      - {op: relu, out: r}", "      - {op: relu, out: r0}\n      - {op: softmax, dim: dim, out: r}")
+    text = HYPER.replace(
+        "      - {op: relu, out: r}", "      - {op: relu, out: r0}\n      - {op: softmax, dim: dim, out: r}"
+    )
     text = text.replace("hyper: {stride: 1, padding: 1}", "hyper: {stride: 1, padding: 1, dim: 1}")
     with pytest.raises(SpecError, match="derivation differs from that of instance 'a'") as raised:
         build_text(text.replace("hyper: {stride: 2}, out: b", "hyper: {stride: 2, dim: -1}, out: b"), "strided.yaml")
@@ -210,8 +244,11 @@ def test_a_hyper_for_which_the_derivation_differs_is_refused_at_the_instance():
 def test_the_command_line_refuses_a_bad_block_in_one_line_and_writes_nothing(tmp_path):
     spec = tmp_path / "blocky.yaml"
     spec.write_text(BASE.replace("{block: unit, in: a,", "{block: unt, in: a,"))
-    result = subprocess.run([sys.executable, "-m", "symgrad", "generate", str(spec), "-o", str(tmp_path / "out")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "symgrad", "generate", str(spec), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "blocky.yaml:16:" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
@@ -237,12 +274,29 @@ TRACED = {
     # traced at 4 x 4: the later SE gates' maps are 1 x 1, where expand_as derives otherwise than at 2 x 2
     "se_resnet_expand_as_gate": (NETS["se_resnet_expand_as_gate"], None, True),
     # torchvision's 17 inverted residuals (narrow): strides and depthwise groups as hypers, one loop
-    "mobilenet_v2_17_blocks": (Case(zoo_nets.MobileNetV2, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 40, 24)},
-                                    ("cross_entropy",), {"inverted_residual_setting": MOBILENET_V2}), None, True),
+    "mobilenet_v2_17_blocks": (
+        Case(
+            zoo_nets.MobileNetV2,
+            {"x": (2, 3, 32, 32)},
+            {"x": (3, 3, 40, 24)},
+            ("cross_entropy",),
+            {"inverted_residual_setting": MOBILENET_V2},
+        ),
+        None,
+        True,
+    ),
     # VGG-16-BN (narrow): its features one Sequential, runs of conv, BatchNorm, ReLU between max-pools
-    "vgg16_bn": (Case(models.VGG, {"x": (2, 3, 32, 32)}, {"x": (3, 3, 32, 40)}, ("cross_entropy",),
-                      {"configuration": "vgg16", "batch_norm": True, "classes": 5, "width": 8, "hidden": 16,
-                       "dropout": 0.0}), None, True),
+    "vgg16_bn": (
+        Case(
+            models.VGG,
+            {"x": (2, 3, 32, 32)},
+            {"x": (3, 3, 32, 40)},
+            ("cross_entropy",),
+            {"configuration": "vgg16", "batch_norm": True, "classes": 5, "width": 8, "hidden": 16, "dropout": 0.0},
+        ),
+        None,
+        True,
+    ),
 }
 """label: (case, traced shapes where another size gives more repeated blocks, whether blocks are expected)."""
 
@@ -252,8 +306,10 @@ def _structured_arguments(module, spec: dict, values: dict) -> dict:
     sources = {name: entry["source"] for name, entry in spec["inputs"].items() if "source" in entry}
     if not sources:
         return values
-    return {**{name: value for name, value in values.items() if name not in sources},
-            "params": {sources[name]: values[name] for name in sources}}
+    return {
+        **{name: value for name, value in values.items() if name not in sources},
+        "params": {sources[name]: values[name] for name in sources},
+    }
 
 
 SLOW = {"mobilenet_v2_17_blocks", "vgg16_bn"}
@@ -261,8 +317,9 @@ SLOW = {"mobilenet_v2_17_blocks", "vgg16_bn"}
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-@pytest.mark.parametrize("label", [pytest.param(label, marks=pytest.mark.slow) if label in SLOW else label
-                                   for label in TRACED])
+@pytest.mark.parametrize(
+    "label", [pytest.param(label, marks=pytest.mark.slow) if label in SLOW else label for label in TRACED]
+)
 def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(label, mode):
     case, traced, expect_blocks = TRACED[label]
     traced = traced or case.traced
@@ -279,16 +336,22 @@ def test_a_traced_model_with_blocks_matches_autograd_on_the_original_module(labe
     widest = max(len(line) for line in built.rendered.files["traced.py"].splitlines())
     assert widest <= 100, (label, widest)
     module = module_from_source(built.rendered.files["traced.py"], "traced")
-    inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
-              for key, shape in case.checked.items()}  # another batch and spatial size than traced
+    inputs = {
+        key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+        for key, shape in case.checked.items()
+    }  # another batch and spatial size than traced
     with torch.no_grad():
         prediction = model(*inputs.values())
     classes = spec["inputs"]["target"].get("dtype") == "int64"
-    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator) if classes
-              else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+    target = (
+        torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+        if classes
+        else torch.randn(prediction.shape, generator=generator, dtype=torch.float64)
+    )
     named = {source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]}
-    values = {key: inputs.get(key) if key in inputs else target if key == "target" else named[key]
-              for key in spec["inputs"]}
+    values = {
+        key: inputs.get(key) if key in inputs else target if key == "target" else named[key] for key in spec["inputs"]
+    }
     weight = torch.randn((), generator=generator, dtype=torch.float64)
     before = {key: value.clone() for key, value in model.state_dict().items()}
     loss = reference_loss(kind, model, list(inputs.values()), target)
@@ -308,8 +371,9 @@ def test_the_generated_test_file_of_a_traced_model_with_blocks_passes(tmp_path):
     case = MODELS["resnet18"]
     torch.manual_seed(0)
     model = case.model(**case.init).double().train()
-    text = trace(model, {"x": (2, 3, 32, 32)}, name="resnet_blocks", loss=LossChoice("cross_entropy"), mode="train",
-                 blocks=True)
+    text = trace(
+        model, {"x": (2, 3, 32, 32)}, name="resnet_blocks", loss=LossChoice("cross_entropy"), mode="train", blocks=True
+    )
     built = build_text(text, "resnet_blocks.yaml", documents=False)
     source = built.rendered.files["resnet_blocks.py"]
     assert source.count("def basic_block_backward(") == 1
@@ -326,11 +390,13 @@ def test_first_blocks_of_stages_that_differ_in_stride_or_kernel_size_are_one_blo
     """A ResNet's first bottleneck of each stage (stride 1 in the first stage, 2 after) and a
     MobileNet's ConvBNReLU (3 x 3 stride 2 in the stem, 3 x 3 depthwise inside the first inverted
     residual, 1 x 1 at the end): one block each, their strides, paddings and groups hypers."""
+
     def traced(case):
         torch.manual_seed(0)
         model = case.model(**case.init).double().train()
-        return load_yaml(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
-                                    blocks=True))
+        return load_yaml(
+            trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train", blocks=True)
+        )
 
     spec = traced(NETS["resnet50"])
     instances = {layer["prefix"]: layer for layer in spec["layers"] if "block" in layer}
@@ -347,15 +413,17 @@ def test_two_blocks_of_one_class_are_named_after_the_submodule_one_has_beyond_th
     case = NETS["resnet50"]
     torch.manual_seed(0)
     model = case.model(**{**case.init, "layers": (3, 2, 1)}).double().train()
-    spec = load_yaml(trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train",
-                                blocks=True))
+    spec = load_yaml(
+        trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train", blocks=True)
+    )
     assert set(spec["blocks"]) == {"bottleneck", "bottleneck_downsample"}
     assert "downsample_0_weight" in spec["blocks"]["bottleneck_downsample"]["params"]
 
 
 @pytest.mark.parametrize("label, listed", [("resnet18", False), ("nafnet", True)])
 def test_a_structured_module_runs_channels_last_where_it_pays_and_returns_each_gradient_in_its_callers_layout(
-        monkeypatch, label, listed):
+    monkeypatch, label, listed
+):
     """The flat module's per-call layout rule, in the structured one: the convolution weights move to
     channels_last where the call's size pays (forced here at every size), the activations follow,
     the gradients agree with autograd and come back in the layout the caller's tensors are in.
@@ -378,21 +446,27 @@ def test_a_structured_module_runs_channels_last_where_it_pays_and_returns_each_g
     x = torch.randn(case.checked["x"], generator=generator, dtype=torch.float64, requires_grad=True)
     with torch.no_grad():
         prediction = model(x)
-    target = (torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
-              if spec["inputs"]["target"].get("dtype") == "int64"
-              else torch.randn(prediction.shape, generator=generator, dtype=torch.float64))
+    target = (
+        torch.randint(prediction.shape[1], (prediction.shape[0],), generator=generator)
+        if spec["inputs"]["target"].get("dtype") == "int64"
+        else torch.randn(prediction.shape, generator=generator, dtype=torch.float64)
+    )
     state = {key: value.clone() for key, value in model.state_dict().items()}
     for layout in (torch.contiguous_format, torch.channels_last):
         model.load_state_dict(state)
         model.to(memory_format=layout)
-        named = {source_name("", path, model): value
-                 for path, value in [*model.named_parameters(), *model.named_buffers()]}
+        named = {
+            source_name("", path, model): value for path, value in [*model.named_parameters(), *model.named_buffers()]
+        }
         values = {key: x if key == "x" else target if key == "target" else named[key] for key in spec["inputs"]}
         arguments = _structured_arguments(module, spec, values)
         _, *saved = module._forward_saving(**arguments)
         # the activations follow the weights (the first in the caller's layout: the convolutions' input)
-        assert any(value.is_contiguous(memory_format=torch.channels_last) and not value.is_contiguous()
-                   for value in saved if isinstance(value, torch.Tensor) and value.dim() == 4)
+        assert any(
+            value.is_contiguous(memory_format=torch.channels_last) and not value.is_contiguous()
+            for value in saved
+            if isinstance(value, torch.Tensor) and value.dim() == 4
+        )
         model.load_state_dict(state)
         loss = reference_loss(kind, model, [x], target)
         parameters = dict(model.named_parameters())

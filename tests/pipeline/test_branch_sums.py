@@ -99,8 +99,9 @@ UNBROADCAST = Statement(u, op("sum_to_size", g, x), "add")  # may be g itself: n
 
 
 def test_the_planner_adds_into_a_fresh_kernel_output_that_this_sum_alone_reads():
-    total = _planned_sum(MASKED, UNBROADCAST, Statement(tensor("grad_x"), t + u, "x", gradient_of="x"),
-                         dead={"grad_x": ("t", "u")})
+    total = _planned_sum(
+        MASKED, UNBROADCAST, Statement(tensor("grad_x"), t + u, "x", gradient_of="x"), dead={"grad_x": ("t", "u")}
+    )
     assert total == op("add_into", t, u)
 
 
@@ -110,8 +111,10 @@ def test_the_planner_leaves_a_sum_whose_fresh_term_is_read_elsewhere_or_kept():
     assert isinstance(_planned_sum(MASKED, UNBROADCAST, viewed, summed, dead={"grad_x": ("t", "u")}), sympy.Add)
     assert isinstance(_planned_sum(MASKED, UNBROADCAST, summed, dead={"grad_x": ("u",)}), sympy.Add)  # t lives on
     aliases = Statement(tensor("grad_x"), u + v, "x", gradient_of="x")
-    assert isinstance(_planned_sum(UNBROADCAST, Statement(v, op("sum_to_size", y, x), "add"), aliases,
-                                   dead={"grad_x": ("u", "v")}), sympy.Add)
+    assert isinstance(
+        _planned_sum(UNBROADCAST, Statement(v, op("sum_to_size", y, x), "add"), aliases, dead={"grad_x": ("u", "v")}),
+        sympy.Add,
+    )
 
 
 def test_the_planner_never_adds_into_a_term_that_another_term_of_the_sum_reads():
@@ -133,8 +136,9 @@ class Symmetric(nn.Module):
 def test_a_parameter_read_with_its_transpose_trains_as_autograd():
     torch.manual_seed(0)
     model = Symmetric().double()
-    text = trace(model, {"x": (5, 4)}, wrt="parameters", name="symmetric", mode="train",
-                 loss=LossChoice("mse_loss", "target"))
+    text = trace(
+        model, {"x": (5, 4)}, wrt="parameters", name="symmetric", mode="train", loss=LossChoice("mse_loss", "target")
+    )
     generated = module_from_source(build_text(text, "symmetric.yaml").rendered.files["symmetric.py"], "symmetric")
     bound_model = copy.deepcopy(model)
     x, target = torch.randn(7, 4, dtype=torch.float64), torch.randn(7, 4, dtype=torch.float64)
@@ -144,8 +148,9 @@ def test_a_parameter_read_with_its_transpose_trains_as_autograd():
 
 
 def test_a_product_computed_in_the_call_is_a_fresh_term():
-    total = _planned_sum(UNBROADCAST, Statement(tensor("grad_x"), u + g * y, "x", gradient_of="x"),
-                         dead={"grad_x": ("u",)})
+    total = _planned_sum(
+        UNBROADCAST, Statement(tensor("grad_x"), u + g * y, "x", gradient_of="x"), dead={"grad_x": ("u",)}
+    )
     assert total == op("add_into", g * y, u)
 
 
@@ -165,10 +170,18 @@ class SmallResNet(nn.Module):
 def test_a_bound_residual_step_makes_no_tensor_per_sum_and_equals_autograd(blocks):
     torch.manual_seed(0)
     model = SmallResNet().double().train()
-    text = trace(model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="small_resnet", mode="train",
-                 loss=LossChoice("cross_entropy", "labels"), blocks=blocks)
-    generated = module_from_source(build_text(text, "small_resnet.yaml").rendered.files["small_resnet.py"],
-                                   "small_resnet")
+    text = trace(
+        model,
+        {"x": (2, 3, 8, 8)},
+        wrt="parameters",
+        name="small_resnet",
+        mode="train",
+        loss=LossChoice("cross_entropy", "labels"),
+        blocks=blocks,
+    )
+    generated = module_from_source(
+        build_text(text, "small_resnet.yaml").rendered.files["small_resnet.py"], "small_resnet"
+    )
     bound_model = copy.deepcopy(model)
     bound = symgrad.bind(generated, bound_model)
     generator = torch.Generator().manual_seed(1)

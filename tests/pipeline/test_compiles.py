@@ -21,17 +21,30 @@ def wide_spec(count: int) -> str:
     """A chain that reads ``count`` parameters: more saved tensors than a starred target may name."""
     inputs = ["  x: {shape: [2, 3]}", "  y: {shape: [2, 3]}"] + [f"  b{i}: {{shape: [3]}}" for i in range(count)]
     layers = [f"  - {{op: mul, in: [{'x' if i == 0 else f'h{i - 1}'}, b{i}], out: h{i}}}" for i in range(count)]
-    return "\n".join(["name: wide", "inputs:", *inputs, "layers:", *layers,
-                      f"loss: {{op: mse_loss, in: h{count - 1}, target: y}}",
-                      f"wrt: [x, {', '.join(f'b{i}' for i in range(count))}]"]) + "\n"
+    return (
+        "\n".join(
+            [
+                "name: wide",
+                "inputs:",
+                *inputs,
+                "layers:",
+                *layers,
+                f"loss: {{op: mse_loss, in: h{count - 1}, target: y}}",
+                f"wrt: [x, {', '.join(f'b{i}' for i in range(count))}]",
+            ]
+        )
+        + "\n"
+    )
 
 
 def test_a_module_with_300_saved_tensors_imports_and_its_drop_in_backward_is_right():
     built = build_text(wide_spec(300), "wide.yaml")
     module = module_from_source(built.rendered.files["wide.py"], "wide")
     generator = torch.Generator().manual_seed(0)
-    inputs = {name: (1 + 0.01 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_()
-              for name, shape in [("x", (2, 3)), ("y", (2, 3))] + [(f"b{i}", (3,)) for i in range(300)]}
+    inputs = {
+        name: (1 + 0.01 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_()
+        for name, shape in [("x", (2, 3)), ("y", (2, 3))] + [(f"b{i}", (3,)) for i in range(300)]
+    }
     inputs["y"].requires_grad_(False)
     wrt = [value for name, value in inputs.items() if name != "y"]
     expected = torch.autograd.grad(module.forward(**inputs), wrt)
@@ -47,8 +60,9 @@ def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_pa
 
     def broken(*arguments, **keywords):
         rendered = render(*arguments, **keywords)
-        rendered.files = {name: text + ("\ndef broken(:\n" if name.endswith(".py") else "")
-                          for name, text in rendered.files.items()}
+        rendered.files = {
+            name: text + ("\ndef broken(:\n" if name.endswith(".py") else "") for name, text in rendered.files.items()
+        }
         return rendered
 
     monkeypatch.setattr(symgrad.render, "render_files", broken)
@@ -66,8 +80,11 @@ def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_pa
 def _too_wide(text: str) -> list[str]:
     from symgrad.printing import WIDTH
 
-    return [f"line {number} ({len(line)} columns): {line[:60]}..."
-            for number, line in enumerate(text.split("\n"), 1) if len(line) > WIDTH]
+    return [
+        f"line {number} ({len(line)} columns): {line[:60]}..."
+        for number, line in enumerate(text.split("\n"), 1)
+        if len(line) > WIDTH
+    ]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "generated").glob("*.py")), ids=lambda path: path.name)
@@ -87,8 +104,9 @@ def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile(mon
     monkeypatch.setattr(symgrad.roles, "CHANNELS_LAST_MIN_POSITIONS", 1)
     torch.manual_seed(0)
     model = load_target(f"{ROOT / 'tests' / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet")
-    text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"),
-                 mode="train")
+    text = trace(
+        model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"), mode="train"
+    )
     built = build_text(text, "tiny_resnet.yaml")
     symgrad.pipeline._check_compiles(built.rendered)
     for name in ("tiny_resnet.py", "test_tiny_resnet.py"):

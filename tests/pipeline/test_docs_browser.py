@@ -68,9 +68,17 @@ PAGES = {  # page: (graph nodes, backward edges, derived formulas, emitted backw
 @pytest.fixture(scope="module")
 def browser():
     with playwright.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        launched = driver.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         yield launched
         launched.close()
 
@@ -87,8 +95,9 @@ def _bar_pixels(page, box) -> tuple[bool, bool]:
     from PIL import Image
 
     left, top, width = box
-    band = Image.open(io.BytesIO(page.screenshot(clip={"x": left, "y": top, "width": width, "height": 3},
-                                                 full_page=True))).convert("L")
+    band = Image.open(
+        io.BytesIO(page.screenshot(clip={"x": left, "y": top, "width": width, "height": 3}, full_page=True))
+    ).convert("L")
     columns = [min(band.getpixel((x, y)) for y in range(band.height)) for x in range(band.width)]
     quarter = max(1, len(columns) // 4)
     return min(columns[:quarter]) < 128, min(columns[-quarter:]) < 128

@@ -25,8 +25,10 @@ def _parse(text: str) -> ElementTree.Element:
     return ElementTree.fromstring(text)
 
 
-@pytest.mark.parametrize("latex, name", [(r"\overline{\mathrm{conv2}}", "conv2"), (r"\overline{\mathrm{loss}}", "loss"),
-                                         (r"\overline{x}", "x")])
+@pytest.mark.parametrize(
+    "latex, name",
+    [(r"\overline{\mathrm{conv2}}", "conv2"), (r"\overline{\mathrm{loss}}", "loss"), (r"\overline{x}", "x")],
+)
 def test_gradient_overline_is_one_name_under_one_mover(latex, name):
     root = _parse(mathml(latex))
     movers = root.findall(f".//{M}mover")
@@ -80,11 +82,18 @@ def test_markdown_puts_display_math_in_math_fences():
 
 
 def _normalised_spec() -> str:
-    return spec_text({"x": [4, 3, 8, 8], "w": [6, 3, 3, 3], "b": [6], "y": [4, 6, 8, 8]},
-                     [{"op": "conv2d", "weight": "w", "bias": "b", "padding": 1, "out": "h"},
-                      {"op": "batch_norm", "training": True, "out": "n"}, {"op": "relu", "out": "r"},
-                      {"op": "interpolate", "scale_factor": 1, "mode": "bilinear", "out": "p"}],
-                     {"op": "mse_loss", "in": "p", "target": "y"}, ["x", "w"], name="normalised")
+    return spec_text(
+        {"x": [4, 3, 8, 8], "w": [6, 3, 3, 3], "b": [6], "y": [4, 6, 8, 8]},
+        [
+            {"op": "conv2d", "weight": "w", "bias": "b", "padding": 1, "out": "h"},
+            {"op": "batch_norm", "training": True, "out": "n"},
+            {"op": "relu", "out": "r"},
+            {"op": "interpolate", "scale_factor": 1, "mode": "bilinear", "out": "p"},
+        ],
+        {"op": "mse_loss", "in": "p", "target": "y"},
+        ["x", "w"],
+        name="normalised",
+    )
 
 
 def test_batch_norm_mean_is_not_written_as_a_gradient():
@@ -115,7 +124,7 @@ def unet_spec(levels: int = 5, width: int = 2) -> str:
         return f"r_{name}"
 
     for level in range(levels):
-        out = width * 2 ** level
+        out = width * 2**level
         previous = conv_relu(f"d{level}a", channels, out, previous)
         previous = conv_relu(f"d{level}b", out, out, previous)
         skips.append((previous, out))
@@ -134,8 +143,13 @@ def unet_spec(levels: int = 5, width: int = 2) -> str:
     inputs["w_out"] = [1, channels, 1, 1]
     layers.append({"op": "conv2d", "in": [previous], "weight": "w_out", "out": "restored"})
     inputs["y"] = [2, 1, 64, 64]
-    return spec_text(inputs, layers, {"op": "mse_loss", "in": "restored", "target": "y"},
-                     ["x", *[name for name in inputs if name.startswith("w_")]], name="unet")
+    return spec_text(
+        inputs,
+        layers,
+        {"op": "mse_loss", "in": "restored", "target": "y"},
+        ["x", *[name for name in inputs if name.startswith("w_")]],
+        name="unet",
+    )
 
 
 def _crosses(segment, box) -> bool:
@@ -158,8 +172,15 @@ def test_graph_layout_of_a_70_layer_unet_routes_edges_around_nodes():
     started = time.perf_counter()
     centres, routes = layout(graph)
     assert time.perf_counter() - started < 10
-    boxes = {name: (x - _node_width(graph, name) / 2, y - BOX_HEIGHT / 2, x + _node_width(graph, name) / 2,
-                    y + BOX_HEIGHT / 2) for name, (x, y) in centres.items()}
+    boxes = {
+        name: (
+            x - _node_width(graph, name) / 2,
+            y - BOX_HEIGHT / 2,
+            x + _node_width(graph, name) / 2,
+            y + BOX_HEIGHT / 2,
+        )
+        for name, (x, y) in centres.items()
+    }
     for (source, target), points in routes.items():
         for segment in zip(points, points[1:]):
             for name, box in boxes.items():
@@ -168,8 +189,9 @@ def test_graph_layout_of_a_70_layer_unet_routes_edges_around_nodes():
     for name, box in boxes.items():  # nodes do not overlap
         for other, other_box in boxes.items():
             if name < other:
-                assert (box[2] <= other_box[0] or other_box[2] <= box[0] or box[3] <= other_box[1]
-                        or other_box[3] <= box[1]), (name, other)
+                assert (
+                    box[2] <= other_box[0] or other_box[2] <= box[0] or box[3] <= other_box[1] or other_box[3] <= box[1]
+                ), (name, other)
 
 
 def test_graph_svg_scales_to_the_page():
@@ -202,8 +224,17 @@ def test_a_block_specs_documents_show_an_overview_each_op_kind_once_and_step_tab
     for node, line in links:
         assert re.search(rf"\b(?:grads_)?{node}\b", module[int(line) - 1]), (node, module[int(line) - 1])
     assert "- `k` feeds x4, x3, x2, x1, so" in markdown  # the top level sums the four instances' gradients of k
-    for part in ("overview", "blocks", "op-kinds", "block-gradient_step", "block-gradient_step-steps",
-                 "block-gradient_step-branches", "top-level-steps", "top-level-branches", "top-level-step-1"):
+    for part in (
+        "overview",
+        "blocks",
+        "op-kinds",
+        "block-gradient_step",
+        "block-gradient_step-steps",
+        "block-gradient_step-branches",
+        "top-level-steps",
+        "top-level-branches",
+        "top-level-step-1",
+    ):
         assert html.count(f'id="{part}"') == 1, part
     assert html.count("<svg") == 1 and "<script" not in html and not re.search(r'(?:src|href)="https?:', html)
 
@@ -251,13 +282,25 @@ def test_the_graph_drawing_is_the_same_in_every_process():
     import subprocess
     import sys
 
-    script = ("import json, sys; from symgrad.pipeline import build_text; json.dump([build_text(text, 's.yaml')"
-              ".rendered.files[name + '.html'] for text, name in json.load(sys.stdin)], sys.stdout)")
+    script = (
+        "import json, sys; from symgrad.pipeline import build_text; json.dump([build_text(text, 's.yaml')"
+        ".rendered.files[name + '.html'] for text, name in json.load(sys.stdin)], sys.stdout)"
+    )
     blocks = (ROOT / "examples" / "unrolled_blocks.yaml").read_text()  # the top level's graph is drawn too
     specs = [(BRANCHING, "branching"), (blocks, "unrolled_blocks")]
-    runs = [json.loads(subprocess.run([sys.executable, "-c", script], input=json.dumps(specs), capture_output=True,
-                                      text=True, check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout)
-            for seed in range(1, 4)]  # one process per hash seed draws both pages
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", script],
+                input=json.dumps(specs),
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            ).stdout
+        )
+        for seed in range(1, 4)
+    ]  # one process per hash seed draws both pages
     for index, (_, name) in enumerate(specs):
         pages = {run[index] for run in runs}
         assert len(pages) == 1 and next(iter(pages)).count("<svg") == 1, name

@@ -51,8 +51,8 @@ def test_a_relu_output_only_its_own_pullback_reads_is_kept_as_a_byte_mask():
     which the caller keeps: both stay as they are. Gradients and their derivative are autograd's."""
     built = build_text(MASKED, "masked.yaml")
     source = built.rendered.files["masked.py"]
-    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
-    unpacked = backward[:backward.index("= saved")]
+    backward = source[source.index("def _backward_from_saved(") : source.index("class ExplicitGradient")]
+    unpacked = backward[: backward.index("= saved")]
     assert "r1_active" in unpacked and not re.search(r"\br1\b", unpacked), unpacked
     assert "r2" in unpacked and "r2_active" not in source and "h_active" not in source, unpacked
     assert "    r1_active = r1 if torch.compiler.is_compiling() else r1.bool().view(torch.uint8)\n" in source, source
@@ -63,15 +63,19 @@ def test_a_relu_output_only_its_own_pullback_reads_is_kept_as_a_byte_mask():
     module = module_from_source(source, "masked")
     generator = torch.Generator().manual_seed(0)
     shapes = {name: entry["shape"] for name, entry in yaml.safe_load(MASKED)["inputs"].items()}
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
-              for name, shape in shapes.items()}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
+        for name, shape in shapes.items()
+    }
     loss, *saved = module._forward_saving(**inputs)
     masks = [value for value in saved if isinstance(value, torch.Tensor) and value.dtype == torch.uint8]
     assert [mask.shape for mask in masks] == [(2, 6, 5, 5)] and masks[0].any() and not masks[0].all()
-    assert not any(isinstance(value, torch.Tensor) and value.shape == (2, 6, 5, 5) and value.is_floating_point()
-                   for value in saved)  # r1 itself is not kept
-    expected = torch.autograd.grad(_reference(**inputs), [inputs[name] for name in ("x", "w1", "w2", "w3")],
-                                   create_graph=True)
+    assert not any(
+        isinstance(value, torch.Tensor) and value.shape == (2, 6, 5, 5) and value.is_floating_point() for value in saved
+    )  # r1 itself is not kept
+    expected = torch.autograd.grad(
+        _reference(**inputs), [inputs[name] for name in ("x", "w1", "w2", "w3")], create_graph=True
+    )
     got = module.gradients(**inputs)
     for name, reference in zip(("x", "w1", "w2", "w3"), expected):
         assert torch.allclose(getattr(got, name), reference, rtol=1e-10, atol=1e-12), name
@@ -85,8 +89,9 @@ def test_a_relu_output_only_its_own_pullback_reads_is_kept_as_a_byte_mask():
 def test_the_mask_gives_threshold_backward_of_the_output(dtype):
     """The mask's printed code, read by ``threshold_backward`` as the output was, against the output
     itself on every value a ReLU gives: zeros of both signs, NaN (its gradient passes), infinity."""
-    out = torch.relu(torch.tensor([0.0, -0.0, 1.5, -2.0, float("nan"), float("inf"), -float("inf"), 1e-30],
-                                  dtype=dtype))
+    out = torch.relu(
+        torch.tensor([0.0, -0.0, 1.5, -2.0, float("nan"), float("inf"), -float("inf"), 1e-30], dtype=dtype)
+    )
     grad = torch.arange(1.0, 9.0, dtype=dtype)
     mask = eval(PRIMITIVES["active"].code(["out"], None, str), {"out": out, "torch": torch})  # noqa: S307
     assert mask.dtype == torch.uint8 and mask.shape == out.shape
@@ -96,8 +101,8 @@ def test_the_mask_gives_threshold_backward_of_the_output(dtype):
 
 def _saved_of(text: str, name: str) -> str:
     source = build_text(text, f"{name}.yaml").rendered.files[f"{name}.py"]
-    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
-    return backward[:backward.index("= saved")]
+    backward = source[source.index("def _backward_from_saved(") : source.index("class ExplicitGradient")]
+    return backward[: backward.index("= saved")]
 
 
 def test_no_mask_where_the_value_stays_anyway():
@@ -106,36 +111,50 @@ def test_no_mask_where_the_value_stays_anyway():
     output is what a recomputed activation is computed from (``s = sigmoid(r1)``); where the ReLU's
     input is kept anyway (``c1``, read by another convolution's weight gradient) or is an input
     (``x``), the pullback reads it instead, the same values."""
+
     def spec(name: str, inputs: str, layers: str, wrt: str) -> str:
         return f"name: {name}\ninputs:\n{inputs}layers:\n{layers}loss: {{op: mse_loss, target: t}}\nwrt: [{wrt}]\n"
 
-    permuted = spec("permuted", """  x: {shape: [2, 3, 5, 5]}
+    permuted = spec(
+        "permuted",
+        """  x: {shape: [2, 3, 5, 5]}
   w1: {shape: [6, 3, 3, 3]}
   w3: {shape: [4, 6]}
   t: {shape: [2, 5, 5, 4]}
-""", """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
+""",
+        """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
   - {op: relu, in: c1, out: r1}
   - {op: permute, in: r1, dims: [0, 2, 3, 1], out: p}
   - {op: linear, in: p, weight: w3, out: o}
-""", "x, w1, w3")
+""",
+        "x, w1, w3",
+    )
     assert "r1_active" not in _saved_of(permuted, "permuted")
-    squashed = spec("squashed", """  x: {shape: [2, 3, 5, 5]}
+    squashed = spec(
+        "squashed",
+        """  x: {shape: [2, 3, 5, 5]}
   w1: {shape: [6, 3, 3, 3]}
   w2: {shape: [4, 6, 3, 3]}
   t: {shape: [2, 4, 5, 5]}
-""", """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
+""",
+        """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
   - {op: relu, in: c1, out: r1}
   - {op: sigmoid, in: r1, out: s}
   - {op: conv2d, in: s, weight: w2, padding: 1, out: o}
-""", "x, w1, w2")
+""",
+        "x, w1, w2",
+    )
     unpacked = _saved_of(squashed, "squashed")
     assert "r1_active" not in unpacked and re.search(r"\br1\b", unpacked) and not re.search(r"\bs\b", unpacked)
-    from_input = spec("from_input", """  x: {shape: [2, 3, 5, 5]}
+    from_input = spec(
+        "from_input",
+        """  x: {shape: [2, 3, 5, 5]}
   w1: {shape: [6, 3, 3, 3]}
   w2: {shape: [4, 6, 3, 3]}
   w3: {shape: [4, 6, 3, 3]}
   t: {shape: [2, 4, 10, 10]}
-""", """  - {op: relu, in: x, out: r0}
+""",
+        """  - {op: relu, in: x, out: r0}
   - {op: conv2d, in: r0, weight: w1, padding: 1, out: c1}
   - {op: relu, in: c1, out: r1}
   - {op: interpolate, in: r1, scale_factor: 2, mode: nearest, out: up}
@@ -143,37 +162,51 @@ def test_no_mask_where_the_value_stays_anyway():
   - {op: conv2d, in: c1, weight: w3, padding: 1, out: c2}
   - {op: interpolate, in: c2, scale_factor: 2, mode: nearest, out: o2}
   - {op: add, in: [o1, o2], out: o}
-""", "x, w1, w2, w3")
+""",
+        "x, w1, w2, w3",
+    )
     built = build_text(from_input, "from_input.yaml")
     source = built.rendered.files["from_input.py"]
     assert "_active = " not in source
-    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
+    backward = source[source.index("def _backward_from_saved(") : source.index("class ExplicitGradient")]
     assert "threshold_backward(grad_r1, c1, 0)" in backward, backward
-    of_input = spec("of_input", """  x: {shape: [2, 3, 5, 5]}
+    of_input = spec(
+        "of_input",
+        """  x: {shape: [2, 3, 5, 5]}
   w2: {shape: [4, 3, 3, 3]}
   t: {shape: [2, 4, 10, 10]}
-""", """  - {op: relu, in: x, out: r0}
+""",
+        """  - {op: relu, in: x, out: r0}
   - {op: interpolate, in: r0, scale_factor: 2, mode: nearest, out: up}
   - {op: conv2d, in: up, weight: w2, padding: 1, out: o}
-""", "x, w2")
+""",
+        "x, w2",
+    )
     input_source = build_text(of_input, "of_input.yaml").rendered.files["of_input.py"]
     assert "threshold_backward(grad_r0, x, 0)" in input_source and "_active = " not in input_source
     module = module_from_source(source, "from_input")
     generator = torch.Generator().manual_seed(1)
-    x, w1, w2, w3, t = (torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
-                        for shape in ((2, 3, 5, 5), (6, 3, 3, 3), (4, 6, 3, 3), (4, 6, 3, 3), (2, 4, 10, 10)))
+    x, w1, w2, w3, t = (
+        torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
+        for shape in ((2, 3, 5, 5), (6, 3, 3, 3), (4, 6, 3, 3), (4, 6, 3, 3), (2, 4, 10, 10))
+    )
     c1 = F.conv2d(F.relu(x), w1, padding=1)
-    up, up1 = (F.interpolate(value, scale_factor=2, mode="nearest") for value in (F.relu(c1), F.conv2d(c1, w3, padding=1)))
+    up, up1 = (
+        F.interpolate(value, scale_factor=2, mode="nearest") for value in (F.relu(c1), F.conv2d(c1, w3, padding=1))
+    )
     loss = F.mse_loss(F.conv2d(up, w2, padding=1) + up1, t)
     got = module.gradients(x=x, w1=w1, w2=w2, w3=w3, t=t.detach())
     for got, expected in zip(got, torch.autograd.grad(loss, [x, w1, w2, w3])):
         assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12)
-    viewed = spec("viewed", """  x: {shape: [2, 3, 5, 5]}
+    viewed = spec(
+        "viewed",
+        """  x: {shape: [2, 3, 5, 5]}
   w1: {shape: [6, 3, 3, 3]}
   w2: {shape: [4, 6, 1, 1]}
   w3: {shape: [4, 6]}
   t: {shape: [2, 5, 5, 4]}
-""", """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
+""",
+        """  - {op: conv2d, in: x, weight: w1, padding: 1, out: c1}
   - {op: relu, in: c1, out: r1}
   - {op: adaptive_avg_pool2d, in: r1, output_size: 1, out: m}
   - {op: permute, in: c1, dims: [0, 2, 3, 1], out: p}
@@ -181,12 +214,16 @@ def test_no_mask_where_the_value_stays_anyway():
   - {op: conv2d, in: m, weight: w2, out: o1}
   - {op: permute, in: o1, dims: [0, 2, 3, 1], out: o2}
   - {op: add, in: [q, o2], out: o}
-""", "x, w1, w2, w3")
+""",
+        "x, w1, w2, w3",
+    )
     unpacked = _saved_of(viewed, "viewed")  # c1 stays, as the view p its linear map's weight gradient reads
     assert "r1_active" not in unpacked and re.search(r"\bc1\b", unpacked) and re.search(r"\bp\b", unpacked), unpacked
     module = module_from_source(build_text(viewed, "viewed.yaml").rendered.files["viewed.py"], "viewed")
-    x, w1, w2, w3, t = (torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
-                        for shape in ((2, 3, 5, 5), (6, 3, 3, 3), (4, 6, 1, 1), (4, 6), (2, 5, 5, 4)))
+    x, w1, w2, w3, t = (
+        torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
+        for shape in ((2, 3, 5, 5), (6, 3, 3, 3), (4, 6, 1, 1), (4, 6), (2, 5, 5, 4))
+    )
     c1 = F.conv2d(x, w1, padding=1)
     o1 = F.conv2d(F.adaptive_avg_pool2d(F.relu(c1), 1), w2)
     loss = F.mse_loss(F.linear(c1.permute(0, 2, 3, 1), w3) + o1.permute(0, 2, 3, 1), t)
@@ -224,8 +261,8 @@ def test_a_pooled_relu_output_is_kept_as_its_layout_and_a_mask(layout):
     unset tensor of that layout. Gradients (in the caller's layout) and their derivative are autograd's."""
     built = build_text(POOLED, "pooled.yaml")
     source = built.rendered.files["pooled.py"]
-    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
-    unpacked = backward[:backward.index("= saved")]
+    backward = source[source.index("def _backward_from_saved(") : source.index("class ExplicitGradient")]
+    unpacked = backward[: backward.index("= saved")]
     for name in ("r1", "r2"):
         assert f"{name}_layout" in unpacked and f"{name}_active" in unpacked, unpacked
         assert not re.search(rf"\b{name}\b", unpacked), unpacked
@@ -236,15 +273,22 @@ def test_a_pooled_relu_output_is_kept_as_its_layout_and_a_mask(layout):
     module = module_from_source(source, "pooled")
     generator = torch.Generator().manual_seed(0)
     shapes = {name: entry["shape"] for name, entry in yaml.safe_load(POOLED)["inputs"].items()}
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
-              for name, shape in shapes.items() if name != "labels"}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
+        for name, shape in shapes.items()
+        if name != "labels"
+    }
     if layout == "channels_last":
         inputs["x"] = inputs["x"].detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     inputs["labels"] = torch.tensor([1, 3])
     _, *saved = module._forward_saving(**inputs)
     kept = [value for value in saved if isinstance(value, torch.Tensor) and value.shape in ((2, 6, 8, 8), (2, 5, 4, 4))]
     assert sorted(f"{value.dtype} {value.device.type}" for value in kept) == [
-        "torch.float64 meta", "torch.float64 meta", "torch.uint8 cpu", "torch.uint8 cpu"], kept
+        "torch.float64 meta",
+        "torch.float64 meta",
+        "torch.uint8 cpu",
+        "torch.uint8 cpu",
+    ], kept
     x, w1, w2, fc = (inputs[name] for name in ("x", "w1", "w2", "fc"))
     r2 = F.relu(F.conv2d(F.max_pool2d(F.relu(F.conv2d(x, w1, padding=1)), 3, 2, 1), w2, padding=1))
     loss = F.cross_entropy(F.linear(torch.flatten(F.adaptive_avg_pool2d(r2, 1), 1), fc), inputs["labels"])
@@ -279,8 +323,10 @@ def test_the_pool_backward_kernels_read_only_their_inputs_layout(dims, channels_
     grad = torch.randn(pooled.shape, generator=generator).to(DEVICE, dtype)
     max_backward = getattr(torch.ops.aten, f"max_pool{dims}d_with_indices_backward")
     mean_backward = getattr(torch.ops.aten, f"_adaptive_avg_pool{dims}d_backward")
-    for kernel in (lambda value: max_backward(grad, value, [3] * dims, [2] * dims, [1] * dims, [1] * dims, False, indices),
-                   lambda value: mean_backward(grad, value)):
+    for kernel in (
+        lambda value: max_backward(grad, value, [3] * dims, [2] * dims, [1] * dims, [1] * dims, False, indices),
+        lambda value: mean_backward(grad, value),
+    ):
         ours, theirs = kernel(stand_in), kernel(x)
         assert torch.equal(ours, theirs) and ours.stride() == theirs.stride()
 
@@ -309,8 +355,12 @@ def test_a_max_pools_indices_are_kept_in_the_narrowest_integer_type_that_holds_t
     assert "indices=indices_pooled_narrow.long()," in source
     module = module_from_source(source, "plane_pooled")
     indices = torch.tensor([0, 32767])
-    for positions, dtype in ((2**15, torch.int16), (2**15 + 1, torch.int32), (2**31, torch.int32),
-                             (2**31 + 1, torch.int64)):
+    for positions, dtype in (
+        (2**15, torch.int16),
+        (2**15 + 1, torch.int32),
+        (2**31, torch.int32),
+        (2**31 + 1, torch.int64),
+    ):
         narrowed = module._narrowed_indices(indices, positions)
         assert narrowed.dtype == dtype and torch.equal(narrowed.long(), indices), positions
     with pytest.MonkeyPatch.context() as patch:
@@ -326,10 +376,10 @@ def test_a_max_pools_indices_are_kept_in_the_narrowest_integer_type_that_holds_t
         kept = [value for value in saved if isinstance(value, torch.Tensor) and not value.is_floating_point()]
         assert [value.dtype for value in kept] == [dtype] and kept[0].max() == size[2] * size[3] - 1
         loss = F.mse_loss(F.max_pool2d(F.relu(x), 2).pow(2), t)
-        expected, = torch.autograd.grad(loss, x, create_graph=True)
+        (expected,) = torch.autograd.grad(loss, x, create_graph=True)
         got = module.gradients(x, t).x
         assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12)
-        second, = torch.autograd.grad(got.pow(2).sum(), x)
+        (second,) = torch.autograd.grad(got.pow(2).sum(), x)
         assert torch.allclose(second, torch.autograd.grad(expected.pow(2).sum(), x)[0], rtol=1e-9, atol=1e-11)
 
 
@@ -341,8 +391,8 @@ def test_without_recomputation_the_forward_keeps_what_autograd_keeps():
     source = build_text(POOLED, "pooled.yaml", recompute=False).rendered.files["pooled.py"]
     assert symgrad.generate(text=POOLED, label="pooled.yaml", recompute=False).code == source
     assert "_active = " in symgrad.generate(text=POOLED, label="pooled.yaml").code
-    unpacked = source[source.index("def _backward_from_saved("):]
-    unpacked = unpacked[:unpacked.index("= saved")]
+    unpacked = source[source.index("def _backward_from_saved(") :]
+    unpacked = unpacked[: unpacked.index("= saved")]
     assert re.search(r"\br1\b", unpacked) and re.search(r"\br2\b", unpacked), unpacked
     assert "_active" not in unpacked and "_layout" not in unpacked and '.to("meta")' not in source
     assert "_narrow" not in source and ".long()" not in source
@@ -359,8 +409,11 @@ def test_bind_refuses_a_device_whose_pooling_kernels_may_read_the_stand_in():
     model = fresh_model()
     bound = symgrad.bind(generated_for(model), model)
     assert bound._keeps_layouts
-    with pytest.raises(BindError, match=r"CPU's and CUDA's kernels .* meta's may not \(fix: train on cpu or cuda, "
-                                         r"or generate the module with --no-recompute\)$"):
+    with pytest.raises(
+        BindError,
+        match=r"CPU's and CUDA's kernels .* meta's may not \(fix: train on cpu or cuda, "
+        r"or generate the module with --no-recompute\)$",
+    ):
         bound._check_devices({}, {"conv1.weight": torch.empty(1, device="meta")})
     bound._check_devices({}, {"conv1.weight": torch.empty(1)})  # the CPU: nothing to refuse
 
@@ -383,15 +436,18 @@ def test_under_torch_compile_the_relu_output_is_kept_and_the_step_trains_as_auto
     monkeypatch.undo()
     model = fresh_model()
     reference = copy.deepcopy(model)
-    text = trace(model, {"x": (2, 3, 16, 16)}, name="compiled_resnet", loss=LossChoice("cross_entropy", "labels"),
-                 mode="train")
+    text = trace(
+        model, {"x": (2, 3, 16, 16)}, name="compiled_resnet", loss=LossChoice("cross_entropy", "labels"), mode="train"
+    )
     step = symgrad.bind(generated(tmp_path, text), model)  # torch.compile finds a module by its file
     assert step._keeps_layouts
     compiled = torch.compile(lambda x, labels: step(x=x, labels=labels), fullgraph=True, backend="aot_eager")
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
     for x, labels in batches(2):
-        for loss, optimizer in ((lambda: compiled(x, labels), optimizers[0]),
-                                (lambda: F.cross_entropy(reference(x), labels), optimizers[1])):
+        for loss, optimizer in (
+            (lambda: compiled(x, labels), optimizers[0]),
+            (lambda: F.cross_entropy(reference(x), labels), optimizers[1]),
+        ):
             optimizer.zero_grad()
             loss().backward()
             optimizer.step()
@@ -418,10 +474,17 @@ def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
     assert "    return loss, relu_1_active, linear_2, residual\n" in source, source
     plain = build_text(text, "frozen_head.yaml", recompute=False).rendered.files["frozen_head.py"]
     assert "    return loss, relu_1, linear_2, residual\n" in plain, plain
-    trained = trace(model.requires_grad_(True), {"input": (2, 5)}, wrt="parameters", name="trained_head",
-                    loss=LossChoice("mse_loss", "target"))
-    assert 'matmul(params["2.weight"]).to(relu_1.dtype)' in build_text(trained, "trained_head.yaml").rendered.files[
-        "trained_head.py"]
+    trained = trace(
+        model.requires_grad_(True),
+        {"input": (2, 5)},
+        wrt="parameters",
+        name="trained_head",
+        loss=LossChoice("mse_loss", "target"),
+    )
+    assert (
+        'matmul(params["2.weight"]).to(relu_1.dtype)'
+        in build_text(trained, "trained_head.yaml").rendered.files["trained_head.py"]
+    )
     model[2].requires_grad_(False)
     path = tmp_path / "frozen_head.py"
     path.write_text(source)

@@ -51,8 +51,13 @@ class Trunk(nn.Module):
 
 def _module_constants(source: str) -> set[str]:
     tree = ast.parse(source)
-    return {target.id for node in tree.body if isinstance(node, ast.Assign)
-            for target in node.targets if isinstance(target, ast.Name) and target.id.isupper()}
+    return {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id.isupper()
+    }
 
 
 def test_a_submodule_named_blocks_gets_a_table_of_another_name_and_trains_as_autograd_does():
@@ -86,8 +91,9 @@ class Lowercase(nn.Module):
 def test_a_submodule_whose_table_would_be_f_leaves_torch_nn_functional_alone():
     torch.manual_seed(0)
     model = Lowercase().double()
-    source = build_text(trace(model, {"x": (2, 3, 6, 6)}, wrt="parameters", name="lower", mode="train", blocks=True),
-                        "lower.yaml").rendered.files["lower.py"]
+    source = build_text(
+        trace(model, {"x": (2, 3, 6, 6)}, wrt="parameters", name="lower", mode="train", blocks=True), "lower.yaml"
+    ).rendered.files["lower.py"]
     tables = set(re.findall(r"_run_forward\(([A-Z][A-Z0-9_]*)", source))
     assert tables and "F" not in tables, tables
     x = torch.randn(2, 3, 7, 5, dtype=torch.float64)
@@ -102,8 +108,11 @@ def test_module_names_lists_every_constant_the_templates_write():
     root = GENERATED.parent
     texts = [path.read_text() for path in (root / "templates").glob("*.jinja")]
     written = {name for text in texts for name in re.findall(r'(?m)^(?:\{\{ \(")?([A-Z][A-Z0-9_]+) = ', text)}
-    written |= {name for path in (root / "symgrad").glob("*.py")
-                for name in re.findall(r'f?"([A-Z][A-Z0-9_]+) = ', path.read_text())}
+    written |= {
+        name
+        for path in (root / "symgrad").glob("*.py")
+        for name in re.findall(r'f?"([A-Z][A-Z0-9_]+) = ', path.read_text())
+    }
     assert {"BLOCKS", "FINGERPRINT", "OUTPUTS", "CLASSES"} <= written  # the scan reads what it should
     assert written | {THRESHOLD_NAME} <= MODULE_NAMES
 

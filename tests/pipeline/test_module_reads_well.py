@@ -32,8 +32,15 @@ def _example():
 def resnet18():
     torch.manual_seed(0)
     model = _example().ResNet18(width=8)
-    text = trace(model, {"x": (2, 3, 64, 64)}, wrt="parameters", name="resnet18", loss=LossChoice("cross_entropy"),
-                 mode="train", blocks=True)
+    text = trace(
+        model,
+        {"x": (2, 3, 64, 64)},
+        wrt="parameters",
+        name="resnet18",
+        loss=LossChoice("cross_entropy"),
+        mode="train",
+        blocks=True,
+    )
     source = build_text(text, "resnet18.yaml").rendered.files["resnet18.py"]
     return model, source
 
@@ -80,8 +87,10 @@ def test_each_step_of_a_block_backward_has_a_one_line_comment_in_the_codes_names
     assert len(comments) == len(statements) == 7
     assert all(len(comment) <= 94 for comment in comments)
     # a pullback to several operands (the linear's to its bias, weight and input) quotes its forward line once
-    assert ('# fc = F.linear(flatten, params["fc.weight"], params["fc.bias"]): pulled back to its bias,\n'
-            "    # weight and input\n") in source and source.count("# fc = F.linear(") == 1
+    assert (
+        '# fc = F.linear(flatten, params["fc.weight"], params["fc.bias"]): pulled back to its bias,\n'
+        "    # weight and input\n"
+    ) in source and source.count("# fc = F.linear(") == 1
     assert not re.findall(r"^ *#.*\bfc_weight\b", source, re.M)
 
 
@@ -91,11 +100,15 @@ def test_each_fused_kernel_call_says_the_formula_it_computes(resnet18):
     gradients as functions of the normalised input: the math beside the fast kernel."""
     _, source = resnet18
     body = re.sub(r"(?m)^(    # .*)\n    # ", r"\1 ", _function(source, "basic_block_downsample_backward"))  # unwrapped
-    assert ("    # downsample_0: grad_x = conv_transpose2d(grad, w, stride=2, output_padding=...), grad_w = x ⋆ grad\n"
-            "    local_downsample_0_0, grad_downsample_0_weight, _ = _convolution_backward(") in body
+    assert (
+        "    # downsample_0: grad_x = conv_transpose2d(grad, w, stride=2, output_padding=...), grad_w = x ⋆ grad\n"
+        "    local_downsample_0_0, grad_downsample_0_weight, _ = _convolution_backward("
+    ) in body
     assert "    # conv2: grad_x = conv_transpose2d(grad, w, padding=1), grad_w = x ⋆ grad\n" in body
-    assert ("    # bn2: grad_x = w/σ·(grad - avg(grad) - x̂·avg(grad·x̂)), grad_w = Σ grad·x̂, grad_b = Σ grad\n"
-            "    grad_conv2, grad_bn2_weight, grad_bn2_bias = _batch_norm_backward(") in body
+    assert (
+        "    # bn2: grad_x = w/σ·(grad - avg(grad) - x̂·avg(grad·x̂)), grad_w = Σ grad·x̂, grad_b = Σ grad\n"
+        "    grad_conv2, grad_bn2_weight, grad_bn2_bias = _batch_norm_backward("
+    ) in body
     assert "in one convolution_backward call" not in source
 
 
@@ -106,7 +119,9 @@ def test_the_resnet18_module_gives_autograds_gradients_through_the_original_mode
     reference = copy.deepcopy(model)
     x = torch.randn(3, 3, 72, 56, dtype=torch.float64)
     target = torch.randint(0, 10, (3,))
-    expected = torch.autograd.grad(torch.nn.functional.cross_entropy(reference(x), target), list(reference.parameters()))
+    expected = torch.autograd.grad(
+        torch.nn.functional.cross_entropy(reference(x), target), list(reference.parameters())
+    )
     params = {key: value.clone() for key, value in model.state_dict().items()}
     grads = generated.gradients(x, target, params).params
     for (name, _), wanted in zip(reference.named_parameters(), expected):
@@ -124,14 +139,20 @@ def test_below_the_channels_last_size_each_gradient_comes_back_in_its_weights_la
     generated = module_from_source(source, "resnet18")
     x = torch.randn(2, 3, 32, 32)
     assert x.shape[0] * x.shape[2:].numel() < generated.CHANNELS_LAST_FROM
-    for weights_layout, input_layout in ((torch.channels_last, torch.contiguous_format),
-                                         (torch.contiguous_format, torch.channels_last)):
-        params = {key: value.clone() if value.dim() != 4 else value.clone().contiguous(memory_format=weights_layout)
-                  for key, value in model.state_dict().items()}
-        grads = generated.gradients(x.contiguous(memory_format=input_layout), torch.randint(0, 10, (2,)),
-                                    params).params
-        wrong = [key for key, grad in grads.items()
-                 if grad.dim() == 4 and not grad.is_contiguous(memory_format=weights_layout)]
+    for weights_layout, input_layout in (
+        (torch.channels_last, torch.contiguous_format),
+        (torch.contiguous_format, torch.channels_last),
+    ):
+        params = {
+            key: value.clone() if value.dim() != 4 else value.clone().contiguous(memory_format=weights_layout)
+            for key, value in model.state_dict().items()
+        }
+        grads = generated.gradients(x.contiguous(memory_format=input_layout), torch.randint(0, 10, (2,)), params).params
+        wrong = [
+            key
+            for key, grad in grads.items()
+            if grad.dim() == 4 and not grad.is_contiguous(memory_format=weights_layout)
+        ]
         assert not wrong, (weights_layout, input_layout, wrong)
 
 
@@ -148,4 +169,6 @@ def test_what_bind_checks_comes_after_the_math_each_fingerprint_row_written_once
     fingerprint = module_from_source(source, "resnet18_fingerprint").FINGERPRINT
     assert list(fingerprint) == [path for path, _ in model.named_modules()]
     assert difference(fingerprint, model, any_width=True) is None
-    assert fingerprint["layer1.0.relu"] == fingerprint["relu"] and fingerprint["layer1.0.relu"] is not fingerprint["relu"]
+    assert (
+        fingerprint["layer1.0.relu"] == fingerprint["relu"] and fingerprint["layer1.0.relu"] is not fingerprint["relu"]
+    )

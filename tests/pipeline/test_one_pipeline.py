@@ -30,7 +30,11 @@ def test_every_example_gives_the_same_gradients_with_blocks_and_flat(spec: Path)
 
 def test_one_module_template_and_one_calling_convention():
     assert sorted(path.name for path in TEMPLATES.glob("*.jinja")) == [
-        "derivation.html.jinja", "derivation.md.jinja", "module.py.jinja", "test_module.py.jinja"]
+        "derivation.html.jinja",
+        "derivation.md.jinja",
+        "module.py.jinja",
+        "test_module.py.jinja",
+    ]
     for path in (ROOT / "symgrad").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "STRUCTURED" not in text and "FlatView" not in text, path
@@ -44,17 +48,33 @@ def test_one_module_template_and_one_calling_convention():
 @pytest.mark.parametrize("blocks", [False, True], ids=["traced flat", "traced with blocks"])
 def test_a_traced_resnet_gives_autograds_gradients_with_blocks_and_flat_through_params(blocks):
     torch.manual_seed(0)
-    model = load_target(f"{ROOT / 'tests' / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet",
-                        {"layers": (2, 2), "freeze_stem": False}).double().eval()
-    text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny", loss=LossChoice("cross_entropy", "labels"), mode="eval",
-                 blocks=blocks)
+    model = (
+        load_target(
+            f"{ROOT / 'tests' / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet",
+            {"layers": (2, 2), "freeze_stem": False},
+        )
+        .double()
+        .eval()
+    )
+    text = trace(
+        model,
+        {"x": (2, 3, 16, 16)},
+        name="tiny",
+        loss=LossChoice("cross_entropy", "labels"),
+        mode="eval",
+        blocks=blocks,
+    )
     assert ("\nblocks:\n" in text) == blocks
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(3, 3, 20, 12, generator=generator, dtype=torch.float64)  # another batch and size
     labels = torch.randint(0, 5, (3,), generator=generator)
     parameters = dict(model.named_parameters())
-    expected = dict(zip(parameters, torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), labels),
-                                                        list(parameters.values()))))
+    expected = dict(
+        zip(
+            parameters,
+            torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), labels), list(parameters.values())),
+        )
+    )
     state = {key: value.detach() for key, value in model.state_dict().items()}
     results = []
     for flat in (False, True):
@@ -78,8 +98,8 @@ def test_a_loss_with_dropout_recomputed_in_the_backward_draws_the_same_masks():
     x = torch.randn(4, 3, 5, 6, dtype=torch.float64, requires_grad=True)
     y = torch.randn(4, 3, 5, 6, dtype=torch.float64)
     torch.manual_seed(1)
-    expected, = torch.autograd.grad(module.forward(x=x, y=y), x)
+    (expected,) = torch.autograd.grad(module.forward(x=x, y=y), x)
     for recompute in (False, True):
         torch.manual_seed(1)
-        actual, = torch.autograd.grad(module.loss_with_explicit_backward(x=x, y=y, recompute=recompute), x)
+        (actual,) = torch.autograd.grad(module.loss_with_explicit_backward(x=x, y=y, recompute=recompute), x)
         assert torch.equal(actual, expected), recompute

@@ -35,12 +35,21 @@ def variant(old: str, new: str) -> str:
 
 
 BAD = [
-    ("loss-and-outputs", variant("wrt:", "loss: {op: half_sq_error, in: o, target: x}\nwrt:"), 1, "both 'loss' and 'outputs'"),
+    (
+        "loss-and-outputs",
+        variant("wrt:", "loss: {op: half_sq_error, in: o, target: x}\nwrt:"),
+        1,
+        "both 'loss' and 'outputs'",
+    ),
     ("neither", variant("outputs: {out: o, features: r}\n", ""), 1, "either 'loss' or 'outputs'"),
     ("unknown-node", variant("features: r}", "features: rr}"), 11, "'rr' is not defined"),
     ("not-a-name", variant("outputs: {out: o, features: r}", "outputs: [o, 3]"), 11, "is not a node name"),
-    ("eval-with-loss", variant("outputs: {out: o, features: r}", "loss: {op: half_sq_error, in: o, target: o}\neval: other"),
-     12, "'eval' is for a spec that ends in outputs"),
+    (
+        "eval-with-loss",
+        variant("outputs: {out: o, features: r}", "loss: {op: half_sq_error, in: o, target: o}\neval: other"),
+        12,
+        "'eval' is for a spec that ends in outputs",
+    ),
     ("extras", variant("wrt: [x, w1, w2]", "wrt: [x, w1, w2]\nextras: [hvp]"), 11, "extras (hvp)"),
 ]
 
@@ -78,7 +87,7 @@ def test_verify_checks_the_outputs_backward_and_catches_a_broken_one():
     assert max(report.gradient_errors.values()) > 1e-3
 
 
-MODEL = '''\
+MODEL = """\
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -97,7 +106,7 @@ class Net(nn.Module):
         if self.training:
             return self.fc(features), self.aux(features)
         return self.fc(features)
-'''
+"""
 
 
 def test_trace_without_a_loss_writes_both_modes_beside_each_other(tmp_path: Path):
@@ -109,11 +118,14 @@ def test_trace_without_a_loss_writes_both_modes_beside_each_other(tmp_path: Path
     result = runner.invoke(main, ["trace", f"{tmp_path / 'net.py'}:Net", "--input", "x=2,3,8,8"])
     assert result.exit_code == 2 and "pass -o FILE.yaml" in result.output and "\n" not in result.output.strip()
     spec = tmp_path / "net.yaml"
-    result = runner.invoke(main, ["trace", f"{tmp_path / 'net.py'}:Net", "--input", "x=2,3,8,8", "--wrt", "parameters",
-                                  "-o", str(spec)])
+    result = runner.invoke(
+        main, ["trace", f"{tmp_path / 'net.py'}:Net", "--input", "x=2,3,8,8", "--wrt", "parameters", "-o", str(spec)]
+    )
     assert result.exit_code == 0, result.output
     text = spec.read_text()  # the outputs, wrt, then the model's fingerprint, and the eval module last
-    assert "outputs: [fc, aux]\nwrt: [conv_weight, bn_weight, bn_bias, fc_weight, fc_bias, aux_weight, aux_bias]\n" in text
+    assert (
+        "outputs: [fc, aux]\nwrt: [conv_weight, bn_weight, bn_bias, fc_weight, fc_bias, aux_weight, aux_bias]\n" in text
+    )
     assert "\nfingerprint:" in text and text.endswith("\neval: net_gradients_eval\n")
     assert "outputs: fc\n" in (tmp_path / "net_eval.yaml").read_text()
     result = runner.invoke(main, ["generate", str(spec), str(tmp_path / "net_eval.yaml"), "-o", str(tmp_path / "out")])

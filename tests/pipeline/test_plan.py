@@ -28,8 +28,11 @@ def test_a_deleted_value_is_never_read_again_and_every_returned_gradient_is_kept
     graph = build(ROOT / "examples" / "seed3_conv_relu_conv.yaml").graph
     program, fast = derive(graph), derive(graph, fused=True)
     planned = schedule(program, fast, extras=derive_extras(program, ("hvp", "per_sample")))
-    for scheduled in (planned.saving_forward, planned.backward,
-                      planned.per_sample_forward + planned.per_sample_backward):
+    for scheduled in (
+        planned.saving_forward,
+        planned.backward,
+        planned.per_sample_forward + planned.per_sample_backward,
+    ):
         deleted: set[str] = set()
         for item in scheduled:
             read = {symbol.name for symbol in item.statement.value.free_symbols}
@@ -73,15 +76,17 @@ def test_a_relu_overwrites_its_operand_only_where_no_one_else_can_see_it():
     from symgrad.pipeline import build_text
 
     source = build_text(IN_PLACE, "overwriting.yaml").rendered.files["overwriting.py"]
-    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    saving = source[source.index("def _forward_saving(") : source.index("def _backward_from_saved(")]
     assert "r0 = F.relu(x)" in saving and "r1 = torch.relu_(c1)" in saving  # the caller's x; a dead conv output
     assert "r2 = F.relu(e)" in saving and "r3 = F.relu(c2)" in saving  # exp reads its output; c2 read again
     assert "r4 = torch.relu_(s2)" in saving  # a dead sum
     module = module_from_source(source, "overwriting")
     generator = torch.Generator().manual_seed(0)
     # small values: exp stays moderate, and gradgradcheck's finite differences cross no ReLU kink
-    inputs = {name: (0.3 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_(name != "t")
-              for name, shape in (("x", (2, 3, 6, 6)), ("w1", (3, 3, 3, 3)), ("w2", (3, 3, 3, 3)), ("t", (2, 3, 6, 6)))}
+    inputs = {
+        name: (0.3 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_(name != "t")
+        for name, shape in (("x", (2, 3, 6, 6)), ("w1", (3, 3, 3, 3)), ("w2", (3, 3, 3, 3)), ("t", (2, 3, 6, 6)))
+    }
     x, w1, w2, t = inputs.values()
     r1 = torch.relu(torch.nn.functional.conv2d(torch.relu(x), w1, padding=1))
     c2 = torch.nn.functional.conv2d(torch.relu(r1.exp()), w2, padding=1)
@@ -126,14 +131,16 @@ def test_a_relu6_overwrites_its_operand_as_relu_does():
     from symgrad.pipeline import build_text
 
     source = build_text(RELU6_IN_PLACE, "relu6_overwriting.yaml").rendered.files["relu6_overwriting.py"]
-    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    saving = source[source.index("def _forward_saving(") : source.index("def _backward_from_saved(")]
     assert "r0 = F.relu6(x)" in saving and "r2 = F.relu6(c2)" in saving, saving  # the caller's x; c2 read again
     assert "r1 = F.relu6(b1, inplace=True)" in saving, saving  # a dead batch norm output
     module = module_from_source(source, "relu6_overwriting")
     generator = torch.Generator().manual_seed(0)
     # values across both kinks: some inputs below 0 and above 6
-    inputs = {name: (4 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_(name != "t")
-              for name, shape in (("x", (2, 3, 6, 6)), ("w1", (4, 3, 3, 3)), ("w2", (4, 4, 3, 3)), ("t", (2, 4, 6, 6)))}
+    inputs = {
+        name: (4 * torch.randn(shape, generator=generator, dtype=torch.float64)).requires_grad_(name != "t")
+        for name, shape in (("x", (2, 3, 6, 6)), ("w1", (4, 3, 3, 3)), ("w2", (4, 4, 3, 3)), ("t", (2, 4, 6, 6)))
+    }
     x, w1, w2, t = inputs.values()
 
     def autograd_gradients():
@@ -185,9 +192,11 @@ wrt: [q, k, v]
 """
 
 
-@pytest.mark.parametrize("spec, names, dtype", [(READ_BEFORE, ("w1",), torch.float64),
-                                                (ATTENTION_THEN_RELU, ("q", "k", "v"), torch.float32)],
-                         ids=["read by a convolution first", "attention's output"])
+@pytest.mark.parametrize(
+    "spec, names, dtype",
+    [(READ_BEFORE, ("w1",), torch.float64), (ATTENTION_THEN_RELU, ("q", "k", "v"), torch.float32)],
+    ids=["read by a convolution first", "attention's output"],
+)
 def test_no_operand_an_autograd_node_saved_is_overwritten(spec, names, dtype):
     """A second reader's two cases: ``b1`` read by a convolution (whose autograd node saves its input,
     though w2 wants no gradient) before the ReLU6; an attention's output, which the flash kernels'
@@ -201,12 +210,14 @@ def test_no_operand_an_autograd_node_saved_is_overwritten(spec, names, dtype):
     parsed = yaml.safe_load(spec)
     name = parsed["name"]
     source = build_text(spec, f"{name}.yaml").rendered.files[f"{name}.py"]
-    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
+    saving = source[source.index("def _forward_saving(") : source.index("def _backward_from_saved(")]
     assert "inplace=True" not in saving and "relu_(" not in saving, saving
     module = module_from_source(source, name)
     generator = torch.Generator().manual_seed(0)
-    inputs = {key: (3 * torch.randn(entry["shape"], generator=generator, dtype=dtype)).requires_grad_(key in names)
-              for key, entry in parsed["inputs"].items()}
+    inputs = {
+        key: (3 * torch.randn(entry["shape"], generator=generator, dtype=dtype)).requires_grad_(key in names)
+        for key, entry in parsed["inputs"].items()
+    }
 
     def reference():
         if "q" in inputs:  # the math kernel: the flash kernel's backward is not differentiable
@@ -263,17 +274,19 @@ def test_a_cheap_activation_is_recomputed_from_the_operand_the_backward_keeps():
 
     built = build_text(RECOMPUTED, "recomputed.yaml")
     source = built.rendered.files["recomputed.py"]
-    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
+    backward = source[source.index("def _backward_from_saved(") : source.index("class ExplicitGradient")]
     assert "# recomputed: not kept by the forward\n    g1 = F.gelu(c1)" in backward, backward
     assert backward.index("g1 = F.gelu(c1)") < backward.index("_convolution_backward(grad_c2, g1")
-    unpacked = backward[:backward.index("= saved")]
+    unpacked = backward[: backward.index("= saved")]
     assert "c1" in unpacked and "g1" not in unpacked and "r2" in unpacked and "s2" not in unpacked, unpacked
     assert "\n    r2 = " not in backward and "\n    h = " not in backward, backward
     module = module_from_source(source, "recomputed")
     generator = torch.Generator().manual_seed(0)
     shapes = {name: entry["shape"] for name, entry in yaml.safe_load(RECOMPUTED)["inputs"].items()}
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
-              for name, shape in shapes.items()}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
+        for name, shape in shapes.items()
+    }
     x, w1, w2, w3, t = inputs.values()
     h = torch.tanh(F.conv2d(F.relu(F.silu(F.conv2d(F.gelu(F.conv2d(x, w1, padding=1)), w2))), w3, padding=1))
     expected = torch.autograd.grad(F.mse_loss(h, t), [x, w1, w2, w3], create_graph=True)
@@ -314,7 +327,7 @@ def test_a_weight_gradient_is_computed_where_its_node_is_and_frees_what_it_reads
     from symgrad.pipeline import build_text
 
     source = build_text(LINEAR_CHAIN, "linear_chain.yaml", recompute=recompute).rendered.files["linear_chain.py"]
-    backward = source[source.index("def _backward_from_saved("):source.index("class ExplicitGradient")]
+    backward = source[source.index("def _backward_from_saved(") : source.index("class ExplicitGradient")]
     lines = [line.strip() for line in backward.splitlines() if not line.strip().startswith("#")]
     weight = next(index for index, line in enumerate(lines) if line.startswith("grad_w2 = "))
     freed = next(index for index, line in enumerate(lines) if line.startswith("del ") and "grad_l2" in line)
@@ -324,8 +337,10 @@ def test_a_weight_gradient_is_computed_where_its_node_is_and_frees_what_it_reads
     module = module_from_source(source, "linear_chain")
     generator = torch.Generator().manual_seed(0)
     shapes = {name: entry["shape"] for name, entry in yaml.safe_load(LINEAR_CHAIN)["inputs"].items()}
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
-              for name, shape in shapes.items()}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name != "t")
+        for name, shape in shapes.items()
+    }
     x, w1, b1, w2, t = inputs.values()
     expected = torch.autograd.grad(F.mse_loss(F.linear(F.gelu(F.linear(x, w1, b1)), w2), t), [w1, b1, w2])
     got = module.gradients(**inputs)
@@ -360,16 +375,18 @@ def test_a_value_read_only_for_its_shape_is_kept_as_its_shape():
     from symgrad.pipeline import build_text
 
     source = build_text(SHAPE_ONLY, "shape_only.yaml").rendered.files["shape_only.py"]
-    saving = source[source.index("def _forward_saving("):source.index("def _backward_from_saved(")]
-    returned = saving[saving.rindex("return "):].split("\n")[0]
+    saving = source[source.index("def _forward_saving(") : source.index("def _backward_from_saved(")]
+    returned = saving[saving.rindex("return ") :].split("\n")[0]
     assert "up_shape = up.shape" in saving and "del up\n" in saving
     assert "up_shape" in returned and " up," not in returned
     assert "_upsample_backward(" in source and "torch.ops.aten.upsample_bilinear2d_backward," in source
     module = module_from_source(source, "shape_only")
     generator = torch.Generator().manual_seed(0)
     shapes = {"x": (3, 3, 5, 7), "skip": (3, 2, 10, 14), "w": (3, 5, 3, 3), "t": (3, 3, 10, 14)}
-    inputs = {name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name in ("x", "w"))
-              for name, shape in shapes.items()}
+    inputs = {
+        name: torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_(name in ("x", "w"))
+        for name, shape in shapes.items()
+    }
     x, skip, w, t = inputs.values()
     up = torch.nn.functional.interpolate(torch.relu(x), scale_factor=2, mode="bilinear")
     loss = torch.nn.functional.mse_loss(torch.nn.functional.conv2d(torch.cat([skip, up], 1), w, padding=1), t)

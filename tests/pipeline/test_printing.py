@@ -15,48 +15,88 @@ LONG60 = "decoder_spatial_and_channel_squeeze_excitation_attention_conv"
 LONG44 = "a_rather_long_name_for_a_tensor_that_is_long"
 
 CASES = [
-    pytest.param(f"grad_x = F.conv_transpose2d({LONG}, {LONG}, stride=32, padding=(1, 2), output_padding=(3, 4))",
-                 4, id="call"),
-    pytest.param(f"grad_x = {LONG} * {LONG} + F.pad({LONG}.narrow(3, 0, 1).flip(3), [1, {LONG}.shape[3] - 2]) "
-                 f"- {LONG} / ({LONG} + 1)", 4, id="sum-of-products"),
-    pytest.param(f"local = F.pad({LONG}.narrow(3, 0, 1).flip(3), [1, {LONG}.shape[3] - 2]).sum_to_size({LONG}.shape)",
-                 4, id="method-after-call"),
+    pytest.param(
+        f"grad_x = F.conv_transpose2d({LONG}, {LONG}, stride=32, padding=(1, 2), output_padding=(3, 4))", 4, id="call"
+    ),
+    pytest.param(
+        f"grad_x = {LONG} * {LONG} + F.pad({LONG}.narrow(3, 0, 1).flip(3), [1, {LONG}.shape[3] - 2]) "
+        f"- {LONG} / ({LONG} + 1)",
+        4,
+        id="sum-of-products",
+    ),
+    pytest.param(
+        f"local = F.pad({LONG}.narrow(3, 0, 1).flip(3), [1, {LONG}.shape[3] - 2]).sum_to_size({LONG}.shape)",
+        4,
+        id="method-after-call",
+    ),
     pytest.param(f"{LONG}, {LONG}_2, {LONG}_3, {LONG}_4 = saved", 4, id="tuple-target"),
     pytest.param(f"return {LONG}, {LONG}_2, {LONG}_3, {LONG}_4", 4, id="return-tuple"),
     pytest.param(f"def gradients({LONG}, {LONG}_2, {LONG}_3, grad_loss=None):", 0, id="signature"),
-    pytest.param(f'raise RuntimeError("{LONG} is one literal: (never, cut) at its commas")', 12,
-                 id="string-literal"),
-    pytest.param(f'message = f"{{name}}: an f-string (whole), [brackets], {{(a, b)}}" + {LONG} + {LONG}', 4,
-                 id="f-string"),
-    pytest.param(f"mask = -{LONG} * (-{LONG} > 0).to({LONG}.dtype) ** 2 + torch.where({LONG} > 0, {LONG}, -{LONG})",
-                 4, id="unary-and-power"),
+    pytest.param(f'raise RuntimeError("{LONG} is one literal: (never, cut) at its commas")', 12, id="string-literal"),
+    pytest.param(
+        f'message = f"{{name}}: an f-string (whole), [brackets], {{(a, b)}}" + {LONG} + {LONG}', 4, id="f-string"
+    ),
+    pytest.param(
+        f"mask = -{LONG} * (-{LONG} > 0).to({LONG}.dtype) ** 2 + torch.where({LONG} > 0, {LONG}, -{LONG})",
+        4,
+        id="unary-and-power",
+    ),
     pytest.param(f"value = {{'{LONG}': [1, 2, 3], '{LONG}_2': ({LONG}, {LONG}), '{LONG}_3': None}}", 0, id="dict"),
-    pytest.param("grads = _backward_from_saved(" + ", ".join(f"w{i}" for i in range(40)) + ", saved, grad_loss=g)",
-                 16, id="many-arguments"),
+    pytest.param(
+        "grads = _backward_from_saved(" + ", ".join(f"w{i}" for i in range(40)) + ", saved, grad_loss=g)",
+        16,
+        id="many-arguments",
+    ),
     # 60-character names (SwinUNETR's, smp's scSE decoder's): a keyword, a key, a target longer than half a line
-    pytest.param(f"return Gradients({LONG60}=grad_{LONG60}, x=grad_x, {LONG60}_2=grad_{LONG60}_2)", 4,
-                 id="keyword-wider-than-half-a-line"),
-    pytest.param(f'PARAMS = {{"{LONG60}": "decoder.{LONG60}.weight", "x": "x.weight"}}', 0,
-                 id="entry-wider-than-half-a-line"),
+    pytest.param(
+        f"return Gradients({LONG60}=grad_{LONG60}, x=grad_x, {LONG60}_2=grad_{LONG60}_2)",
+        4,
+        id="keyword-wider-than-half-a-line",
+    ),
+    pytest.param(
+        f'PARAMS = {{"{LONG60}": "decoder.{LONG60}.weight", "x": "x.weight"}}', 0, id="entry-wider-than-half-a-line"
+    ),
     pytest.param(f"grad_{LONG60} = grad_{LONG60}_output.sum(dim=(0, 2, 3))", 4, id="target-and-callee-wide"),
-    pytest.param(f"if {LONG60}.is_cpu and {LONG60}.shape[0] * {LONG60}.shape[2:].numel() >= THRESHOLD:", 4,
-                 id="if-condition"),
+    pytest.param(
+        f"if {LONG60}.is_cpu and {LONG60}.shape[0] * {LONG60}.shape[2:].numel() >= THRESHOLD:", 4, id="if-condition"
+    ),
     # a colon that is no dict entry's: a slice's bounds, an annotated parameter, a lambda (review of fee35bb)
-    pytest.param(f"y = {LONG44}[:, {LONG44}_start_index:{LONG44}_stop_value.size({LONG44}_dimension_index):2]",
-                 4, id="three-part-slice"),
-    pytest.param(f"y = {LONG44}[:, {LONG44}_start + 1:{LONG44}_stop_plus_some_more_characters_here + 2:{LONG44}_step]",
-                 4, id="slice-bounds-with-operators"),
-    pytest.param(f"y = {LONG44}[:, {LONG44}_start_index_value_here:] + {LONG44}[::{LONG44}_step.size({LONG44}_dim)]",
-                 4, id="slices-with-empty-bounds"),
-    pytest.param(f"def f(x, {LONG44}_with_an_annotation: torch.Tensor = torch.zeros(3, 4, 5, 6, 7, 8, 9, 10)):", 0,
-                 id="annotated-default"),
-    pytest.param(f"f = wrapper(callback=lambda: {LONG44}_function_called_here({LONG44}_first, {LONG44}_second))", 4,
-                 id="lambda-keyword"),
+    pytest.param(
+        f"y = {LONG44}[:, {LONG44}_start_index:{LONG44}_stop_value.size({LONG44}_dimension_index):2]",
+        4,
+        id="three-part-slice",
+    ),
+    pytest.param(
+        f"y = {LONG44}[:, {LONG44}_start + 1:{LONG44}_stop_plus_some_more_characters_here + 2:{LONG44}_step]",
+        4,
+        id="slice-bounds-with-operators",
+    ),
+    pytest.param(
+        f"y = {LONG44}[:, {LONG44}_start_index_value_here:] + {LONG44}[::{LONG44}_step.size({LONG44}_dim)]",
+        4,
+        id="slices-with-empty-bounds",
+    ),
+    pytest.param(
+        f"def f(x, {LONG44}_with_an_annotation: torch.Tensor = torch.zeros(3, 4, 5, 6, 7, 8, 9, 10)):",
+        0,
+        id="annotated-default",
+    ),
+    pytest.param(
+        f"f = wrapper(callback=lambda: {LONG44}_function_called_here({LONG44}_first, {LONG44}_second))",
+        4,
+        id="lambda-keyword",
+    ),
     # assert condition, message: never one tuple (a tuple is always true)
-    pytest.param(f"assert {LONG44} == {LONG44}_other, 'the message that explains what went wrong with these'", 4,
-                 id="assert-with-message"),
-    pytest.param(f"assert {LONG44}.size(0), 'a message long enough that it does not fit after the condition here'", 4,
-                 id="assert-message-below"),
+    pytest.param(
+        f"assert {LONG44} == {LONG44}_other, 'the message that explains what went wrong with these'",
+        4,
+        id="assert-with-message",
+    ),
+    pytest.param(
+        f"assert {LONG44}.size(0), 'a message long enough that it does not fit after the condition here'",
+        4,
+        id="assert-message-below",
+    ),
 ]
 
 
@@ -119,11 +159,15 @@ def test_every_statement_of_a_traced_resnet_keeps_its_syntax_tree_when_laid_out(
 
     torch.manual_seed(0)
     model = load_target(f"{Path(__file__).resolve().parents[1] / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet")
-    text = trace(model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"),
-                 mode="train")
+    text = trace(
+        model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"), mode="train"
+    )
     graph = build_text(text, "tiny_resnet.yaml").graph
-    statements = [statement for program in (derive(graph), derive(graph, fused=True))
-                  for statement in program.forward + program.backward]
+    statements = [
+        statement
+        for program in (derive(graph), derive(graph, fused=True))
+        for statement in program.forward + program.backward
+    ]
     laid_out = 0
     for statement in statements:
         code = f"{statement.target.name} = {to_code(statement.value)}"
@@ -136,9 +180,11 @@ def test_every_statement_of_a_traced_resnet_keeps_its_syntax_tree_when_laid_out(
 
 def test_arguments_that_fit_together_go_on_one_line_as_black_puts_them():
     code = "native_bn1 = torch.native_batch_norm(conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True)"
-    assert fit(code, 4) == ("native_bn1 = torch.native_batch_norm(\n"
-                            "        conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True\n"
-                            "    )")
+    assert fit(code, 4) == (
+        "native_bn1 = torch.native_batch_norm(\n"
+        "        conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True\n"
+        "    )"
+    )
 
 
 def test_a_long_list_of_plain_names_fills_its_lines():
@@ -147,7 +193,8 @@ def test_a_long_list_of_plain_names_fills_its_lines():
     assert len(laid_out) == 5 and laid_out[0] == "(" and laid_out[-1] == "    ) = saved", laid_out
     assert all(len(line) <= WIDTH for line in laid_out)
     assert ast.dump(ast.parse(textwrap.dedent("    " + "\n".join(laid_out)))) == ast.dump(
-        ast.parse(", ".join(names) + " = saved"))
+        ast.parse(", ".join(names) + " = saved")
+    )
 
 
 def test_a_fused_kernels_tuple_is_unpacked_where_it_is_made():
@@ -172,7 +219,6 @@ def test_a_comment_whose_expression_is_wider_than_the_line_is_cut_at_a_bracket(i
     assert lines[1].strip() == f"# {index}].flatten(0, 1): pulled back to its input", lines
 
 
-
 def test_a_spec_of_60_character_names_generates_lines_within_100_columns_and_runs():
     """Every line of the module and its test file within 100 columns where the names are 60 characters long
     (the keywords of ``return Gradients(...)``, the test file's names, the channels_last test, an assignment
@@ -183,8 +229,10 @@ def test_a_spec_of_60_character_names_generates_lines_within_100_columns_and_run
 
     from symgrad.pipeline import build_text
 
-    x, w, b, g, c = (f"{what}_of_the_spatial_and_channel_squeeze_excitation_attention"[:62]
-                     for what in ("image", "weight", "bias", "scale", "output"))
+    x, w, b, g, c = (
+        f"{what}_of_the_spatial_and_channel_squeeze_excitation_attention"[:62]
+        for what in ("image", "weight", "bias", "scale", "output")
+    )
     spec = f"""name: squeeze_excitation_unit_of_a_decoder_with_a_long_name
 inputs:
   {x}: {{shape: [2, 3, 6, 6]}}
@@ -209,8 +257,10 @@ wrt: [{x}, {w}, {b}, {g}]
     module = type(sys)("long")
     exec(compile(files["squeeze_excitation_unit_of_a_decoder_with_a_long_name.py"], "long.py", "exec"), module.__dict__)
     generator = torch.Generator().manual_seed(0)
-    inputs = {name: torch.randn(shape, dtype=torch.float64, generator=generator).requires_grad_(name != "target")
-              for name, shape in ((x, (3, 3, 5, 7)), (w, (4, 3, 3, 3)), (b, (4,)), (g, (4,)), ("target", (3, 4, 5, 7)))}
+    inputs = {
+        name: torch.randn(shape, dtype=torch.float64, generator=generator).requires_grad_(name != "target")
+        for name, shape in ((x, (3, 3, 5, 7)), (w, (4, 3, 3, 3)), (b, (4,)), (g, (4,)), ("target", (3, 4, 5, 7)))
+    }
     expected = torch.autograd.grad(module.forward(**inputs), [inputs[name] for name in (x, w, b, g)])
     actual = module.gradients(**inputs)
     for name, value in zip((x, w, b, g), expected):
@@ -233,8 +283,7 @@ def test_literal_lines_count_the_space_each_literal_keeps(indent: int):
     text stays readable, and counts as what it shows."""
     room = WIDTH - indent - 2  # inside the quotes
     for first in range(room - 12, room + 3):
-        for message in ("a" * first + " " + "b" * 5, "a" * 40 + " " + "b" * (first - 41) + " c",
-                        "é" * first + " ü ü"):
+        for message in ("a" * first + " " + "b" * 5, "a" * 40 + " " + "b" * (first - 41) + " c", "é" * first + " ü ü"):
             laid_out = " " * indent + literal_lines(message, indent)
             assert ast.literal_eval("(" + laid_out + ")") == message
             if first <= room:  # every word fits a line of its own
@@ -245,15 +294,19 @@ def test_literal_lines_count_the_space_each_literal_keeps(indent: int):
 def test_a_long_conditional_expression_puts_its_condition_and_alternative_on_lines_of_their_own():
     """The compiled path's choice of an upsample adjoint: ``kernel(...) if not compiling else adjoint(...)``
     in black's layout, within the width and the same expression; a comprehension's ``if`` is left whole."""
-    code = ("grad_conv_up1_5 = (torch.ops.aten.upsample_bilinear2d_backward(grad_up_2, grad_up_2.shape[2:], "
-            "conv_up1_5.shape, False, 2.0, 2.0) if not torch.compiler.is_compiling() else _interpolate_adjoint("
-            "grad_up_2, conv_up1_5.shape, scale_factor=2, mode='bilinear', align_corners=False))")
+    code = (
+        "grad_conv_up1_5 = (torch.ops.aten.upsample_bilinear2d_backward(grad_up_2, grad_up_2.shape[2:], "
+        "conv_up1_5.shape, False, 2.0, 2.0) if not torch.compiler.is_compiling() else _interpolate_adjoint("
+        "grad_up_2, conv_up1_5.shape, scale_factor=2, mode='bilinear', align_corners=False))"
+    )
     laid_out = "    " + fit(code)
     lines = laid_out.split("\n")
     assert max(map(len, lines)) <= WIDTH, laid_out
     assert "        if not torch.compiler.is_compiling()" in lines
     assert any(line.startswith("        else _interpolate_adjoint(") for line in lines), laid_out
     assert ast.dump(ast.parse(textwrap.dedent(laid_out))) == ast.dump(ast.parse(code))
-    comprehension = ("values = [size_of_the_first_axis_of_the_input + size_of_the_second_axis_of_the_input if axis "
-                     "% 2 else 0 for axis in range(9)]")
+    comprehension = (
+        "values = [size_of_the_first_axis_of_the_input + size_of_the_second_axis_of_the_input if axis "
+        "% 2 else 0 for axis in range(9)]"
+    )
     assert ast.dump(ast.parse(textwrap.dedent("    " + fit(comprehension)))) == ast.dump(ast.parse(comprehension))

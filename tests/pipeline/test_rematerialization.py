@@ -115,8 +115,9 @@ def test_the_batch_norm_made_again_is_the_kernels_output_bit_for_bit(dtype, chan
             x = (torch.randn(shape, dtype=dtype) * 3 + 1) * scale
             x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
             weight, bias = torch.randn(shape[1], dtype=dtype), torch.randn(shape[1], dtype=dtype)
-            out, mean, invstd = torch.native_batch_norm(x, weight, bias, torch.zeros(shape[1], dtype=dtype),
-                                                        torch.ones(shape[1], dtype=dtype), True, 0.1, 1e-5)
+            out, mean, invstd = torch.native_batch_norm(
+                x, weight, bias, torch.zeros(shape[1], dtype=dtype), torch.ones(shape[1], dtype=dtype), True, 0.1, 1e-5
+            )
             assert torch.equal(again(x, weight, bias, mean, invstd), out), (shape, scale)
             recorded = again(x.requires_grad_(), weight, bias, mean, invstd)  # the forward's kernel again
             assert recorded.grad_fn is not None and torch.equal(recorded, out)

@@ -42,21 +42,26 @@ def test_generation_work_grows_linearly_with_depth():
 
 def _residual_chain(pairs: int) -> str:
     """A chain whose end is added to its input: the equality ties the input's size to the whole chain's."""
-    text = chain_spec(pairs, channels=2, batch=2, size=8).replace("loss:", "- op: add\n  in: [r%d, x]\n  out: skip\nloss:" % (pairs - 1), 1)
+    text = chain_spec(pairs, channels=2, batch=2, size=8).replace(
+        "loss:", "- op: add\n  in: [r%d, x]\n  out: skip\nloss:" % (pairs - 1), 1
+    )
     return text
 
 
-@pytest.mark.parametrize("text", [unet_spec(), _residual_chain(30), chain_spec(30, channels=2, batch=2, size=8)],
-                         ids=["unet", "residual-chain", "chain"])
+@pytest.mark.parametrize(
+    "text",
+    [unet_spec(), _residual_chain(30), chain_spec(30, channels=2, batch=2, size=8)],
+    ids=["unet", "residual-chain", "chain"],
+)
 def test_abbreviated_sizes_give_the_same_test_shapes(text, monkeypatch):
     """Sizes named by fresh symbols and written out where an equality reads them solve to the same
     test shapes as sizes built out in full."""
     graph = build_graph(parse_spec(text, "spec.yaml"))
     found = {}
-    for limit in (10 ** 9, 40, 3):
+    for limit in (10**9, 40, 3):
         monkeypatch.setattr(shapes, "ABBREVIATE", limit)
         found[limit] = shapes.small_shapes(graph)
-    assert found[40] == found[10 ** 9] and found[3] == found[10 ** 9]
+    assert found[40] == found[10**9] and found[3] == found[10**9]
 
 
 def test_a_plain_chain_shrinks_every_kernel_alike():
@@ -80,8 +85,15 @@ def test_simple_layout_routes_edges_around_nodes(monkeypatch):
     graph = build_graph(parse_spec(unet_spec(), "unet.yaml"))
     centres, routes = diagram.layout(graph)
     assert set(centres) == set(graph.nodes)
-    boxes = {name: (x - diagram._node_width(graph, name) / 2, y - diagram.BOX_HEIGHT / 2,
-                    x + diagram._node_width(graph, name) / 2, y + diagram.BOX_HEIGHT / 2) for name, (x, y) in centres.items()}
+    boxes = {
+        name: (
+            x - diagram._node_width(graph, name) / 2,
+            y - diagram.BOX_HEIGHT / 2,
+            x + diagram._node_width(graph, name) / 2,
+            y + diagram.BOX_HEIGHT / 2,
+        )
+        for name, (x, y) in centres.items()
+    }
     for (source, target), points in routes.items():
         assert points[0][1] < points[-1][1]  # every edge runs down
         for segment in zip(points, points[1:]):
@@ -91,6 +103,6 @@ def test_simple_layout_routes_edges_around_nodes(monkeypatch):
                     assert not _crosses(segment, box), f"edge {source} -> {target} runs through {name}"
     ordered = sorted(boxes.values())
     for index, box in enumerate(ordered):
-        for other in ordered[index + 1:]:
+        for other in ordered[index + 1 :]:
             assert box[2] <= other[0] or other[2] <= box[0] or box[3] <= other[1] or other[3] <= box[1], (box, other)
     assert "<svg" in diagram.svg(graph)

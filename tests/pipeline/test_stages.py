@@ -61,19 +61,25 @@ def stage_moves(spec: Path) -> list[tuple[str, str]]:
 
 def climbs(moves: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The moves into an earlier stage's module than the one before them."""
-    return [(f"{before[0]}.{before[1]}", f"{after[0]}.{after[1]}") for before, after in zip(moves, moves[1:])
-            if ORDER[after[0]] < ORDER[before[0]]]
+    return [
+        (f"{before[0]}.{before[1]}", f"{after[0]}.{after[1]}")
+        for before, after in zip(moves, moves[1:])
+        if ORDER[after[0]] < ORDER[before[0]]
+    ]
 
 
-@pytest.mark.parametrize("spec, most", [
-    # with blocks: 17 before structure.py was split by stage (issue 36: at most 5); 5 since the derivation's
-    # overview is drawn as the header is written (write -> diagram); 3 since issue 64's one walk graphs every
-    # body, then derives every body, then plans every body (the layout rule's roles -> graph went with
-    # Plan's dead fields); left: the derived names checked against the spec's, and the header's two
-    ("unrolled_blocks.yaml", 3),
-    ("seed3_conv_relu_conv.yaml", 4),  # without blocks, with the extras the spec asks for (derived, then planned)
-    ("upsampling_decoder.yaml", 3),  # without blocks or extras
-])
+@pytest.mark.parametrize(
+    "spec, most",
+    [
+        # with blocks: 17 before structure.py was split by stage (issue 36: at most 5); 5 since the derivation's
+        # overview is drawn as the header is written (write -> diagram); 3 since issue 64's one walk graphs every
+        # body, then derives every body, then plans every body (the layout rule's roles -> graph went with
+        # Plan's dead fields); left: the derived names checked against the spec's, and the header's two
+        ("unrolled_blocks.yaml", 3),
+        ("seed3_conv_relu_conv.yaml", 4),  # without blocks, with the extras the spec asks for (derived, then planned)
+        ("upsampling_decoder.yaml", 3),  # without blocks or extras
+    ],
+)
 def test_a_build_climbs_back_to_an_earlier_stage_at_most_so_often(spec, most, monkeypatch):
     monkeypatch.chdir(ROOT)
     found = climbs(stage_moves(Path("examples") / spec))
@@ -81,6 +87,10 @@ def test_a_build_climbs_back_to_an_earlier_stage_at_most_so_often(spec, most, mo
 
 
 def test_the_climb_count_sees_a_climb():
-    moves = [("symgrad.spec", "parse_spec"), ("symgrad.plan", "plan"), ("symgrad.graph", "build_graph"),
-             ("symgrad.emit", "render")]
+    moves = [
+        ("symgrad.spec", "parse_spec"),
+        ("symgrad.plan", "plan"),
+        ("symgrad.graph", "build_graph"),
+        ("symgrad.emit", "render"),
+    ]
     assert climbs(moves) == [("symgrad.plan.plan", "symgrad.graph.build_graph")]

@@ -28,7 +28,9 @@ def test_every_linear_rule_has_a_certificate():
 
 def _negated(monkeypatch, name):
     original = PRIMITIVES[name]
-    wrong = dataclasses.replace(original, code=lambda operands, params, show: f"(-{original.code(operands, params, show)})")
+    wrong = dataclasses.replace(
+        original, code=lambda operands, params, show: f"(-{original.code(operands, params, show)})"
+    )
     monkeypatch.setitem(PRIMITIVES, name, wrong)
 
 
@@ -51,11 +53,18 @@ def test_a_wrong_unbatched_weight_correlation_is_caught(monkeypatch):
         certify_linear(label, inputs, layer, linear)
 
 
-@pytest.mark.parametrize("primitive, case", [("avg_pool_adjoint", "avg_pool2d"), ("linear_weight_grad", "linear"),
-                                             ("flip", "pad reflect"), ("upsample_backward", "interpolate bicubic"),
-                                             ("axis_contraction", "adaptive_avg_pool1d (unbatched)"),
-                                             ("resampling_matrix", "adaptive_avg_pool1d (unbatched)"),
-                                             ("pad", "conv2d padding='same', even kernel (asymmetric)")])  # one matrix: negating two would cancel
+@pytest.mark.parametrize(
+    "primitive, case",
+    [
+        ("avg_pool_adjoint", "avg_pool2d"),
+        ("linear_weight_grad", "linear"),
+        ("flip", "pad reflect"),
+        ("upsample_backward", "interpolate bicubic"),
+        ("axis_contraction", "adaptive_avg_pool1d (unbatched)"),
+        ("resampling_matrix", "adaptive_avg_pool1d (unbatched)"),
+        ("pad", "conv2d padding='same', even kernel (asymmetric)"),
+    ],
+)  # one matrix: negating two would cancel
 def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
     _negated(monkeypatch, primitive)
     label, inputs, layer, linear = next(item for item in LINEAR_CASES if item[0] == case)
@@ -63,8 +72,11 @@ def test_a_wrong_linear_adjoint_is_caught(monkeypatch, primitive, case):
         certify_linear(label, inputs, layer, linear)
 
 
-@pytest.mark.parametrize("mask, form", [((True, True, False), "fused"), ((False, True, False), "fused, weight alone")],
-                         ids=["both gradients", "weight alone"])
+@pytest.mark.parametrize(
+    "mask, form",
+    [((True, True, False), "fused"), ((False, True, False), "fused, weight alone")],
+    ids=["both gradients", "weight alone"],
+)
 def test_a_wrong_fused_conv_adjoint_is_caught(monkeypatch, mask, form):
     """Each fused form (one convolution_backward call for both gradients, and for the weight's alone)
     is certified on its own: the call with that mask alone reads the cotangent reversed along the last

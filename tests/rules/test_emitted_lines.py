@@ -41,8 +41,11 @@ def _ops_of(text: str) -> tuple[str, ...]:
 def case_for(op: str):
     """The sample that uses ``op`` with the fewest other ops (the op's own first, then the first in the
     registry's order), or None."""
-    using = [(len(set(_ops_of(case.values[0]))), OWNERS[case.id].op != op, index, case) for index, case in enumerate(CASES)
-             if op in _ops_of(case.values[0])]
+    using = [
+        (len(set(_ops_of(case.values[0]))), OWNERS[case.id].op != op, index, case)
+        for index, case in enumerate(CASES)
+        if op in _ops_of(case.values[0])
+    ]
     return min(using, key=lambda item: item[:3])[3] if using else None
 
 
@@ -58,18 +61,35 @@ def emitted(op: str) -> str:
     built = build_text(text)
     fused = derive(built.graph, fused=True)  # what the generated `gradients` runs
     document = yaml.safe_load(text)
-    spec = yaml.safe_dump({key: document[key] for key in ("layers", "loss")}, sort_keys=False,
-                          default_flow_style=None, width=120).rstrip().splitlines()
+    spec = (
+        yaml.safe_dump(
+            {key: document[key] for key in ("layers", "loss")}, sort_keys=False, default_flow_style=None, width=120
+        )
+        .rstrip()
+        .splitlines()
+    )
     module = type(OWNERS[case.id]).__module__.replace(".", "/")
-    out = [f"# {op}: emitted lines of sample {case.id!r} ({module}.py SAMPLES); '# [node]' names the forward node",
-           "# rewrite: SYMGRAD_UPDATE_EXPECTED=1 .venv/bin/python -m pytest -q tests/rules/test_emitted_lines.py",
-           "", "## spec", *spec,
-           "", "## forward", *_lines(built.program.forward)]
+    out = [
+        f"# {op}: emitted lines of sample {case.id!r} ({module}.py SAMPLES); '# [node]' names the forward node",
+        "# rewrite: SYMGRAD_UPDATE_EXPECTED=1 .venv/bin/python -m pytest -q tests/rules/test_emitted_lines.py",
+        "",
+        "## spec",
+        *spec,
+        "",
+        "## forward",
+        *_lines(built.program.forward),
+    ]
     fused_forward = _lines(fused.forward)
     if fused_forward != _lines(built.program.forward):
         out += ["", "## forward (fused)", *fused_forward]
-    out += ["", "## backward (readable)", *_lines(built.program.backward),
-            "", "## backward (fused)", *_lines(fused.backward)]
+    out += [
+        "",
+        "## backward (readable)",
+        *_lines(built.program.backward),
+        "",
+        "## backward (fused)",
+        *_lines(fused.backward),
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -83,15 +103,25 @@ def test_emitted_lines_match_the_expectation(op):
             path.write_text(actual)
         return
     if not path.exists():
-        pytest.fail(f"rule {op}: no expectation file {path.relative_to(EXPECTED.parents[3])}; write it with "
-                    "SYMGRAD_UPDATE_EXPECTED=1 .venv/bin/python -m pytest tests/rules/test_emitted_lines.py and review it")
+        pytest.fail(
+            f"rule {op}: no expectation file {path.relative_to(EXPECTED.parents[3])}; write it with "
+            "SYMGRAD_UPDATE_EXPECTED=1 .venv/bin/python -m pytest tests/rules/test_emitted_lines.py and review it"
+        )
     expected = path.read_text()
     if actual != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), actual.splitlines(keepends=True),
-                                            f"tests/rules/expected/emitted/{op}.txt (expected)", f"{op} (emitted now)"))
-        pytest.fail(f"rule {op}: its emitted lines changed (if intended: SYMGRAD_UPDATE_EXPECTED=1 "
-                    f".venv/bin/python -m pytest tests/rules/test_emitted_lines.py, then review the diff)\n{diff}",
-                    pytrace=False)
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                f"tests/rules/expected/emitted/{op}.txt (expected)",
+                f"{op} (emitted now)",
+            )
+        )
+        pytest.fail(
+            f"rule {op}: its emitted lines changed (if intended: SYMGRAD_UPDATE_EXPECTED=1 "
+            f".venv/bin/python -m pytest tests/rules/test_emitted_lines.py, then review the diff)\n{diff}",
+            pytrace=False,
+        )
 
 
 def test_no_expectation_file_is_left_over_from_a_removed_rule():
@@ -105,5 +135,7 @@ def test_no_expectation_file_is_left_over_from_a_removed_rule():
 
 def test_a_rule_without_a_case_is_named():
     assert case_for("softsign") is None  # a rule with no sample: its test fails with the line below
-    with pytest.raises(pytest.fail.Exception, match="rule softsign has no sample: declare one in SAMPLES in its rule file"):
+    with pytest.raises(
+        pytest.fail.Exception, match="rule softsign has no sample: declare one in SAMPLES in its rule file"
+    ):
         emitted("softsign")

@@ -68,7 +68,9 @@ def fused_cases() -> dict[str, tuple[str, frozenset[str]]]:
 def test_every_fused_kernel_of_the_registry_is_reached_by_a_case():
     kernels = {name for name in PRIMITIVES if name.endswith("_backward")} - OWN_PRIMITIVES
     reached = set().union(*(kernels for _, kernels in fused_cases().values()))
-    assert kernels <= reached, f"no rule case reaches the fused kernel(s) {sorted(kernels - reached)}: add a sample that reaches it to its rule file's SAMPLES"
+    assert kernels <= reached, (
+        f"no rule case reaches the fused kernel(s) {sorted(kernels - reached)}: add a sample that reaches it to its rule file's SAMPLES"
+    )
 
 
 LAYOUTS = {
@@ -93,8 +95,10 @@ def with_layout(text: str, layout: str) -> str | None:
         return None
     dims = LAYOUTS[layout](len(shape))
     permuted = [shape[d] for d in dims]
-    spec["layers"] += [{"op": "permute", "in": output, "dims": dims, "out": "moved"},
-                       {"op": "flatten", "in": "moved", "start_dim": 1, "out": "tokens"}]
+    spec["layers"] += [
+        {"op": "permute", "in": output, "dims": dims, "out": "moved"},
+        {"op": "flatten", "in": "moved", "start_dim": 1, "out": "tokens"},
+    ]
     target = spec["loss"]["target"]
     spec["inputs"][target] = {"shape": [permuted[0], int(torch.Size(permuted[1:]).numel())]}
     spec["loss"] = {**spec["loss"], "in": "tokens"}
@@ -218,7 +222,9 @@ def test_verify_also_checks_at_a_non_degenerate_size():
     built = build_text(text, "group_norm.yaml")
     larger = non_degenerate_shapes(built.graph)
     spec = {node.name: node.shape for node in built.graph.inputs}
-    assert larger is not None and all(size >= min(7, spec["x"][axis]) for axis, size in enumerate(larger["x"]) if axis >= 2)
+    assert larger is not None and all(
+        size >= min(7, spec["x"][axis]) for axis, size in enumerate(larger["x"]) if axis >= 2
+    )
     assert max(built.shapes[0]["x"][2:]) < 7  # the smallest shapes alone are degenerate
     steps = []
     verify(built.graph, generated_module(built), built.shapes, progress=steps.append)
@@ -234,8 +240,10 @@ def test_kernels_that_need_the_gradient_in_the_inputs_dtype_are_given_it():
     x = torch.randn(2, 3, 6, 6).bfloat16()
     grad = torch.randn(2, 3, 2, 2)
     _, indices = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [3, 3], [0, 0], [1, 1], False)
-    calls = {"adaptive_avg_pool_backward": Params.of(dims=2),
-             "max_pool_backward": Params.of(dims=2, kernel_size=(3, 3), stride=(3, 3), padding=(0, 0), dilation=(1, 1))}
+    calls = {
+        "adaptive_avg_pool_backward": Params.of(dims=2),
+        "max_pool_backward": Params.of(dims=2, kernel_size=(3, 3), stride=(3, 3), padding=(0, 0), dilation=(1, 1)),
+    }
     for name, params in calls.items():
         code = PRIMITIVES[name].code(["grad", "x", "indices"], params, str)
         result = eval(code, {"torch": torch, "grad": grad, "x": x, "indices": indices})  # noqa: S307 - symgrad's own code
@@ -256,8 +264,9 @@ def test_norm_kernels_take_a_float32_weight_with_a_bfloat16_input_as_cuda_does(n
     exec(GROUP_NORM_BACKWARD + LAYER_NORM_BACKWARD, namespace)  # noqa: S102 - symgrad's own helpers
     generator = torch.Generator().manual_seed(3)
     x, grad = (torch.randn(2, 4, 3, 5, 6, generator=generator, dtype=torch.float64) for _ in range(2))
-    weight, bias = (torch.randn(4 if name == "group_norm" else 6, generator=generator, dtype=torch.float64)
-                    for _ in range(2))
+    weight, bias = (
+        torch.randn(4 if name == "group_norm" else 6, generator=generator, dtype=torch.float64) for _ in range(2)
+    )
 
     def helper(x, grad, weight, bias):
         if name == "group_norm":  # an instance norm: one channel per group; under autocast the forward

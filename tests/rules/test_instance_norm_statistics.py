@@ -40,8 +40,9 @@ class ConvNormAct3d(nn.Module):
 
 
 def _bound(model, name):
-    text = trace(model, {"x": (2, 2, 6, 6, 6)}, wrt="parameters", name=name, loss=LossChoice("mse_loss", "target"),
-                 mode="train")
+    text = trace(
+        model, {"x": (2, 2, 6, 6, 6)}, wrt="parameters", name=name, loss=LossChoice("mse_loss", "target"), mode="train"
+    )
     generated = module_from_source(build_text(text, f"{name}.yaml").rendered.files[f"{name}.py"], name)
     bound_model = copy.deepcopy(model)
     return symgrad.bind(generated, bound_model), bound_model
@@ -80,8 +81,7 @@ def test_the_forward_and_the_gradients_are_f_instance_norms_and_autograds_bit_fo
     x, target = _data(torch.float32, 3, (3, 4, 6, 5, 7))
     x = x.contiguous(memory_format=layout)
     params = {"weight": model.weight.detach(), "bias": model.bias.detach()}
-    assert torch.equal(generated.forward(input=x, target=target, params=params),
-                       F.mse_loss(model(x), target))
+    assert torch.equal(generated.forward(input=x, target=target, params=params), F.mse_loss(model(x), target))
     ours = generated.gradients(input=x, target=target, params=params)
     leaf = x.clone().requires_grad_()
     theirs = torch.autograd.grad(F.mse_loss(model(leaf), target), [leaf, model.weight, model.bias])
@@ -126,7 +126,7 @@ def test_a_gradient_penalty_through_instance_norms_equals_autograds():
     bound, bound_model = _bound(model, "penalty3d")
     x, target = _data(torch.float64, 4, (2, 2, 4, 3, 5))
     for net, owner in ((model, model), (bound, bound_model)):
-        loss = (net(x=x, target=target) if net is bound else F.mse_loss(net(x), target))
+        loss = net(x=x, target=target) if net is bound else F.mse_loss(net(x), target)
         grads = torch.autograd.grad(loss, list(owner.parameters()), create_graph=True)
         (loss + sum(grad.pow(2).sum() for grad in grads)).backward()
     for (name, ours), theirs in zip(bound_model.named_parameters(), model.parameters()):
@@ -153,11 +153,17 @@ def test_a_norm_with_a_bias_and_no_weight_has_gradients_that_differentiate_right
     gradient when the weight is None (PyTorch's gradgradcheck of ``F.instance_norm(x, bias=b)`` fails): where
     the gradients are differentiated again, batch_norm's kernel gets a weight of ones, and instance_norm's
     backward is group_norm's formula, which raised for a bias without a weight."""
-    generated = module_from_source(build_text(BIAS_ONLY.format(name="bias_only", op=op, extra=extra), "bias_only.yaml")
-                                   .rendered.files["bias_only.py"], "bias_only")
+    generated = module_from_source(
+        build_text(BIAS_ONLY.format(name="bias_only", op=op, extra=extra), "bias_only.yaml").rendered.files[
+            "bias_only.py"
+        ],
+        "bias_only",
+    )
     generator = torch.Generator().manual_seed(7)
-    x, b, y = (torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
-               for shape in ((3, 4, 7), (4,), (3, 4, 7)))
+    x, b, y = (
+        torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+        for shape in ((3, 4, 7), (4,), (3, 4, 7))
+    )
 
     def both(x, b):
         grads = generated.gradients(x=x, b=b, y=y.detach())
@@ -171,12 +177,17 @@ def test_instance_norm_gradients_are_differentiable_twice_more():
     ``native_batch_norm_backward``'s own derivative are wrong (PyTorch's gradgradcheck of ``F.batch_norm``'s
     gradients fails), so where the gradients are differentiated again instance_norm's backward is
     group_norm's formula, as it was before it kept its statistics."""
-    spec = BIAS_ONLY.format(name="affine", op="instance_norm", extra=", weight: w").replace(
-        "  b: {shape: [4]}", "  w: {shape: [4]}\n  b: {shape: [4]}").replace("wrt: [x, b]", "wrt: [x, w, b]")
+    spec = (
+        BIAS_ONLY.format(name="affine", op="instance_norm", extra=", weight: w")
+        .replace("  b: {shape: [4]}", "  w: {shape: [4]}\n  b: {shape: [4]}")
+        .replace("wrt: [x, b]", "wrt: [x, w, b]")
+    )
     generated = module_from_source(build_text(spec, "affine.yaml").rendered.files["affine.py"], "affine")
     generator = torch.Generator().manual_seed(7)
-    x, w, b, y = (torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
-                  for shape in ((3, 4, 7), (4,), (4,), (3, 4, 7)))
+    x, w, b, y = (
+        torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+        for shape in ((3, 4, 7), (4,), (4,), (3, 4, 7))
+    )
 
     def gradients(x, w, b):
         grads = generated.gradients(x=x, w=w, b=b, y=y.detach())

@@ -59,8 +59,9 @@ class NormNet(nn.Module):
 def _bound_and_reference(dtype=torch.float64):
     torch.manual_seed(0)
     model = NormNet().to(dtype).train()
-    text = trace(model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="norms", loss=LossChoice("mse_loss", "target"),
-                 mode="train")
+    text = trace(
+        model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="norms", loss=LossChoice("mse_loss", "target"), mode="train"
+    )
     generated = module_from_source(build_text(text, "norms.yaml").rendered.files["norms.py"], "norms")
     bound_model = copy.deepcopy(model)
     return symgrad.bind(generated, bound_model), bound_model, model
@@ -110,14 +111,15 @@ def test_the_forward_equals_f_group_norm_bit_for_bit_in_every_layout():
     exec(GROUP_NORM + GROUP_NORM_BACKWARD, namespace)  # noqa: S102 - symgrad's own helper
     generator = torch.Generator().manual_seed(3)
     weight, bias = torch.randn(8, generator=generator), torch.randn(8, generator=generator)
-    inputs = [torch.randn(2, 8, 5, 7, generator=generator).contiguous(memory_format=torch.channels_last),
-              torch.randn(2, 8, 3, 4, 5, generator=generator).contiguous(memory_format=torch.channels_last_3d),
-              torch.randn(2, 8, 7, 5, generator=generator).transpose(2, 3),
-              torch.randn(2, 8, 11, generator=generator),
-              # channels_last strides, not dense: suggest_memory_format still says channels_last
-              torch.randn(2, 16, 5, 7, generator=generator).contiguous(memory_format=torch.channels_last)[:, :8],
-              torch.randn(2, 8, 4, 6, 5, generator=generator).contiguous(
-                  memory_format=torch.channels_last_3d)[:, :, 1:]]
+    inputs = [
+        torch.randn(2, 8, 5, 7, generator=generator).contiguous(memory_format=torch.channels_last),
+        torch.randn(2, 8, 3, 4, 5, generator=generator).contiguous(memory_format=torch.channels_last_3d),
+        torch.randn(2, 8, 7, 5, generator=generator).transpose(2, 3),
+        torch.randn(2, 8, 11, generator=generator),
+        # channels_last strides, not dense: suggest_memory_format still says channels_last
+        torch.randn(2, 16, 5, 7, generator=generator).contiguous(memory_format=torch.channels_last)[:, :8],
+        torch.randn(2, 8, 4, 6, 5, generator=generator).contiguous(memory_format=torch.channels_last_3d)[:, :, 1:],
+    ]
     for x in inputs:
         output, mean, rstd = namespace["_group_norm"](x, weight, bias, 4)
         expected = F.group_norm(x, 4, weight, bias)
@@ -150,8 +152,9 @@ def test_a_step_whose_gradient_is_wider_than_its_layer_norm_takes_statistics_in_
     the backward computes them again in that dtype (it raised before)."""
     torch.manual_seed(0)
     model = _ScaledNorm()
-    text = trace(model, {"input": (4, 6)}, wrt="parameters", name="wider", loss=LossChoice("mse_loss", "target"),
-                 mode="train")
+    text = trace(
+        model, {"input": (4, 6)}, wrt="parameters", name="wider", loss=LossChoice("mse_loss", "target"), mode="train"
+    )
     generated = module_from_source(build_text(text, "wider.yaml").rendered.files["wider.py"], "wider")
     bound_model = copy.deepcopy(model)
     bound = symgrad.bind(generated, bound_model)
@@ -191,8 +194,15 @@ def test_the_blocks_form_checks_sizes_on_meta_tensors_and_draws_the_dropout_mask
     check fallen back to the real forward, it would have drawn the step's dropout masks first."""
     torch.manual_seed(0)
     model = _Blocks().double()
-    text = trace(model, {"x": (2, 3, 6, 6)}, wrt="parameters", name="blocks", loss=LossChoice("mse_loss", "target"),
-                 mode="train", blocks=True)
+    text = trace(
+        model,
+        {"x": (2, 3, 6, 6)},
+        wrt="parameters",
+        name="blocks",
+        loss=LossChoice("mse_loss", "target"),
+        mode="train",
+        blocks=True,
+    )
     assert "\nblocks:\n" in text
     generated = module_from_source(build_text(text, "blocks.yaml").rendered.files["blocks.py"], "blocks")
     bound_model = copy.deepcopy(model)

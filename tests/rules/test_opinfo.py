@@ -23,9 +23,7 @@ from tests.conftest import OPINFO_REPORT
 
 op_db = pytest.importorskip("torch.testing._internal.common_methods_invocations").op_db
 
-ALLOWED_SKIPS = (
-    "conv_transpose",
-)
+ALLOWED_SKIPS = ("conv_transpose",)
 
 
 def _samples(name):
@@ -37,7 +35,9 @@ def _spec_for(name, sample):
     weight = sample.args[0]
     bias = sample.args[1] if len(sample.args) > 1 else sample.kwargs.get("bias")
     keywords = {k: v for k, v in sample.kwargs.items() if k != "bias"}
-    if name.startswith("conv_transpose") and len(sample.args) > 2:  # (weight, bias, stride, padding, output_padding, groups, dilation)
+    if (
+        name.startswith("conv_transpose") and len(sample.args) > 2
+    ):  # (weight, bias, stride, padding, output_padding, groups, dilation)
         keywords.update(zip(("stride", "padding", "output_padding", "groups", "dilation"), sample.args[2:]))
     out = getattr(torch.nn.functional, name)(sample.input, weight, bias, **keywords)
     layer = {"op": name, "weight": "w", **{k: list(v) if isinstance(v, tuple) else v for k, v in keywords.items()}}
@@ -48,13 +48,23 @@ def _spec_for(name, sample):
         layer["bias"] = "b"
         wrt.append("b")
     inputs["y"] = {"shape": list(out.shape)}
-    text = yaml.safe_dump({"name": "opinfo_case", "inputs": inputs, "layers": [layer],
-                           "loss": {"op": "half_sq_error", "target": "y"}, "wrt": wrt}, sort_keys=False)
+    text = yaml.safe_dump(
+        {
+            "name": "opinfo_case",
+            "inputs": inputs,
+            "layers": [layer],
+            "loss": {"op": "half_sq_error", "target": "y"},
+            "wrt": wrt,
+        },
+        sort_keys=False,
+    )
     values = {"x": sample.input, "w": weight, **({"b": bias} if bias is not None else {})}
     return text, values, out
 
 
-@pytest.mark.parametrize("name", ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"])
+@pytest.mark.parametrize(
+    "name", ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
+)
 def test_opinfo_samples_match_autograd(name):
     report = OPINFO_REPORT.setdefault(name, {"run": 0, "skipped": []})
     for index, sample in enumerate(_samples(name)):
@@ -82,8 +92,14 @@ def test_opinfo_samples_match_autograd(name):
 # One-input ops: pooling, resampling, padding, pixel_shuffle
 # --------------------------------------------------------------------------------------------
 
-ONE_INPUT_OPS = ("pad", "interpolate", *(f"adaptive_avg_pool{d}d" for d in (1, 2, 3)), *(f"avg_pool{d}d" for d in (1, 2, 3)),
-                 *(f"max_pool{d}d" for d in (1, 2, 3)), "pixel_shuffle")
+ONE_INPUT_OPS = (
+    "pad",
+    "interpolate",
+    *(f"adaptive_avg_pool{d}d" for d in (1, 2, 3)),
+    *(f"avg_pool{d}d" for d in (1, 2, 3)),
+    *(f"max_pool{d}d" for d in (1, 2, 3)),
+    "pixel_shuffle",
+)
 
 
 def _positional(name: str) -> tuple[str, ...]:
@@ -130,10 +146,16 @@ def test_opinfo_one_input_samples_match_autograd(name):
             if sample.input.numel() == 0 or out.numel() == 0:
                 report["skipped"].append("empty tensor (a size of 0; spec sizes are positive)")
                 continue
-            text = yaml.safe_dump({"name": "opinfo_case", "inputs": {"x": {"shape": list(sample.input.shape)},
-                                                                     "y": {"shape": list(out.shape)}},
-                                   "layers": [{"op": name, **arguments}], "loss": {"op": "half_sq_error", "target": "y"},
-                                   "wrt": ["x"]}, sort_keys=False)
+            text = yaml.safe_dump(
+                {
+                    "name": "opinfo_case",
+                    "inputs": {"x": {"shape": list(sample.input.shape)}, "y": {"shape": list(out.shape)}},
+                    "layers": [{"op": name, **arguments}],
+                    "loss": {"op": "half_sq_error", "target": "y"},
+                    "wrt": ["x"],
+                },
+                sort_keys=False,
+            )
             try:
                 built = build_text(text, f"opinfo-{name}-{index}.yaml")
             except SpecError as error:
@@ -143,7 +165,7 @@ def test_opinfo_one_input_samples_match_autograd(name):
                 continue
             module = module_from_source(built.rendered.files["opinfo_case.py"], "opinfo_case")
             cotangent = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(index))
-            expected, = torch.autograd.grad(out, sample.input, cotangent)
+            (expected,) = torch.autograd.grad(out, sample.input, cotangent)
             actual = module.gradients(x=sample.input.detach(), y=(out - cotangent).detach()).x
             assert relative_error(actual, expected) <= 1e-10, (label, index, arguments)
             report["run"] += 1

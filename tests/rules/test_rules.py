@@ -38,6 +38,7 @@ def _seeded(module):
             with torch.random.fork_rng():
                 torch.manual_seed(0)
                 return function(*arguments, **keywords)
+
         return run
 
     names = ("forward", "gradients", "hvp", "loss_with_explicit_backward")
@@ -68,7 +69,9 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
     # the closed-form Hessian-vector product against forward-over-reverse autograd
     inputs = random_inputs(built.shapes[0], built.graph.wrt, seed=15, classes=built.graph.class_counts(built.shapes[0]))
     names = list(inputs)
-    cotangent = torch.randn(module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(16))
+    cotangent = torch.randn(
+        module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(16)
+    )
     primals = tuple(inputs[name].detach() for name in built.graph.wrt)
     directions = tuple(torch.randn_like(p) for p in primals)
 
@@ -78,17 +81,26 @@ def test_rule_matches_autograd_and_is_twice_differentiable(text):
 
     try:  # scaled_dot_product_attention through PyTorch's math kernel, the one with forward AD on a CPU
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-            _, expected = torch.func.jvp(torch.func.grad(weighted_loss, argnums=tuple(range(len(primals)))), primals,
-                                         directions)
+            _, expected = torch.func.jvp(
+                torch.func.grad(weighted_loss, argnums=tuple(range(len(primals)))), primals, directions
+            )
     except NotImplementedError:  # PyTorch cannot differentiate hardsigmoid_backward at all: forward AD through the
-        def explicit(*values):  # explicit gradients instead (checked against autograd below, and by gradgradcheck above)
-            result = module.gradients(**{**{name: inputs[name].detach() for name in names},
-                                         **dict(zip(built.graph.wrt, values))}, grad_loss=cotangent)
+
+        def explicit(
+            *values,
+        ):  # explicit gradients instead (checked against autograd below, and by gradgradcheck above)
+            result = module.gradients(
+                **{**{name: inputs[name].detach() for name in names}, **dict(zip(built.graph.wrt, values))},
+                grad_loss=cotangent,
+            )
             return tuple(getattr(result, name) for name in built.graph.wrt)
 
         _, expected = torch.func.jvp(explicit, primals, directions)
-    actual = module.hvp(**{name: inputs[name].detach() for name in names},
-                        **{f"tangent_{name}": d for name, d in zip(built.graph.wrt, directions)}, grad_loss=cotangent)
+    actual = module.hvp(
+        **{name: inputs[name].detach() for name in names},
+        **{f"tangent_{name}": d for name, d in zip(built.graph.wrt, directions)},
+        grad_loss=cotangent,
+    )
     for name, reference in zip(built.graph.wrt, expected):
         assert relative_error(getattr(actual, name), reference) <= 1e-10, ("hvp", name)
 
@@ -147,16 +159,24 @@ def test_channels_last_internal_layout_keeps_the_gradients_and_the_callers_layou
     wrt = built.graph.wrt
     for layout in (torch.contiguous_format, torch.channels_last):
         inputs = random_inputs(built.shapes[0], wrt, seed=22, classes=built.graph.class_counts(built.shapes[0]))
-        inputs = {name: (value.detach().contiguous(memory_format=layout).requires_grad_(value.requires_grad)
-                         if value.dim() == 4 and value.is_floating_point() else value) for name, value in inputs.items()}
+        inputs = {
+            name: (
+                value.detach().contiguous(memory_format=layout).requires_grad_(value.requires_grad)
+                if value.dim() == 4 and value.is_floating_point()
+                else value
+            )
+            for name, value in inputs.items()
+        }
         reference = module.forward(**inputs)
         cotangent = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
         expected = torch.autograd.grad(reference, [inputs[name] for name in wrt], cotangent)
         detached = {name: value.detach() for name, value in inputs.items()}
         results = {"gradients": module.gradients(**detached, grad_loss=cotangent)}
         for recompute in (False, True):
-            copies = {name: value.detach().clone(memory_format=torch.preserve_format).requires_grad_(name in wrt)
-                      for name, value in inputs.items()}
+            copies = {
+                name: value.detach().clone(memory_format=torch.preserve_format).requires_grad_(name in wrt)
+                for name, value in inputs.items()
+            }
             module.loss_with_explicit_backward(**copies, recompute=recompute).backward(cotangent)
             results[f"ExplicitGradient, recompute={recompute}"] = {name: copies[name].grad for name in wrt}
         for function, result in results.items():
@@ -231,12 +251,13 @@ def test_relu_mask_is_derived_by_sympy_with_pytorchs_kink_convention():
     module = generated_module(built)
     inputs = torch.tensor([-1.0, 0.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
     y = torch.zeros(4, dtype=torch.float64)
-    expected, = torch.autograd.grad(module.forward(inputs, y), inputs)
+    (expected,) = torch.autograd.grad(module.forward(inputs, y), inputs)
     assert torch.equal(module.gradients(inputs, y).x, expected)  # relu'(0) = 0, as PyTorch
 
 
-PER_SAMPLE_CASES = [case for case in CASES if case.id.startswith("conv") and "weight-only" not in case.id
-                    and "unbatched" not in case.id]  # one unbatched input is one sample: refused, tested below
+PER_SAMPLE_CASES = [
+    case for case in CASES if case.id.startswith("conv") and "weight-only" not in case.id and "unbatched" not in case.id
+]  # one unbatched input is one sample: refused, tested below
 
 
 @pytest.mark.parametrize("text", PER_SAMPLE_CASES)
@@ -245,7 +266,9 @@ def test_per_sample_kernel_gradients_match_vmap_of_grad(text):
     built = build_text(text, extras=("per_sample",))
     module = generated_module(built)
     inputs = {name: value.detach() for name, value in random_inputs(built.shapes[1], (), seed=21).items()}
-    cotangent = torch.randn(module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22))
+    cotangent = torch.randn(
+        module.forward(**inputs).shape, dtype=torch.float64, generator=torch.Generator().manual_seed(22)
+    )
     from symgrad.shapes import batch_inputs
 
     batched = batch_inputs(built.graph)
@@ -253,20 +276,26 @@ def test_per_sample_kernel_gradients_match_vmap_of_grad(text):
     parameters = [name for name in built.graph.wrt if name not in batched]
 
     def one_sample_loss(parameter_values, sample_values, weight):
-        values = {**inputs, **dict(zip(parameters, parameter_values)),
-                  **{name: value.unsqueeze(0) for name, value in zip(batched, sample_values)}}
+        values = {
+            **inputs,
+            **dict(zip(parameters, parameter_values)),
+            **{name: value.unsqueeze(0) for name, value in zip(batched, sample_values)},
+        }
         return weight * module.forward(**values)[0]
 
     expected = torch.func.vmap(torch.func.grad(one_sample_loss), in_dims=(None, 0, 0))(
-        tuple(inputs[name] for name in parameters), tuple(inputs[name] for name in batched), cotangent)
+        tuple(inputs[name] for name in parameters), tuple(inputs[name] for name in batched), cotangent
+    )
     actual = module.per_sample_gradients(**inputs, grad_loss=cotangent)
     assert list(actual._fields) == parameters
     for name, reference in zip(parameters, expected):
         assert relative_error(getattr(actual, name), reference) <= 1e-10, name
 
     def per_sample_of_parameters(*parameter_values):
-        return tuple(module.per_sample_gradients(**{**inputs, **dict(zip(parameters, parameter_values))},
-                                                 grad_loss=cotangent))
+        return tuple(
+            module.per_sample_gradients(**{**inputs, **dict(zip(parameters, parameter_values))}, grad_loss=cotangent)
+        )
+
     wanted = tuple(inputs[name].clone().requires_grad_() for name in parameters)
     assert torch.autograd.gradcheck(per_sample_of_parameters, wanted, fast_mode=True)
     assert torch.autograd.gradgradcheck(per_sample_of_parameters, wanted, fast_mode=True)
@@ -279,8 +308,11 @@ def test_per_sample_products_run_as_soon_as_their_gradient_exists_and_free_it():
 
     tree = ast.parse((ROOT / "generated" / "seed3_conv_relu_conv.py").read_text())
     function = next(node for node in tree.body if getattr(node, "name", "") == "per_sample_gradients")
-    lines = [ast.unparse(statement) for statement in function.body[:-1]  # statements, however each is wrapped
-             if not isinstance(statement, ast.Expr)]  # (not the docstring)
+    lines = [
+        ast.unparse(statement)
+        for statement in function.body[:-1]  # statements, however each is wrapped
+        if not isinstance(statement, ast.Expr)
+    ]  # (not the docstring)
     product = next(i for i, line in enumerate(lines) if line.startswith("per_sample_grad_w2 ="))
     assert lines[product - 2].startswith("grad_conv2 =")  # made, its forward inputs freed, then read at once
     assert lines[product + 1].startswith("grad_relu1 =") and lines[product + 2] == "del grad_conv2"
@@ -290,8 +322,12 @@ def test_per_sample_products_run_as_soon_as_their_gradient_exists_and_free_it():
 def test_per_sample_refuses_what_it_cannot_derive():
     from symgrad.errors import SpecError
 
-    scale = spec_text({"x": [2, 3], "s": [1, 3], "y": [2, 3]}, [{"op": "mul", "in": ["x", "s"]}],
-                      {**SQ, "reduction": "per_sample"}, ["x", "s"])
+    scale = spec_text(
+        {"x": [2, 3], "s": [1, 3], "y": [2, 3]},
+        [{"op": "mul", "in": ["x", "s"]}],
+        {**SQ, "reduction": "per_sample"},
+        ["x", "s"],
+    )
     with pytest.raises(SpecError, match="per-sample gradients of 's' as the other of mul"):
         build_text(scale, extras=("per_sample",))
     with pytest.raises(SpecError, match="reduction: per_sample"):
@@ -305,9 +341,13 @@ def test_generated_test_file_of_a_classification_spec_passes(tmp_path):
     """The generated test draws class indices below each shape set's class count."""
     from tests.helpers import run_generated_tests
 
-    text = spec_text({"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
-                     [{"op": "linear", "weight": "w", "out": "logits"}], {"op": "cross_entropy", "in": "logits", "target": "t"},
-                     ["x", "w"], name="classifier")
+    text = spec_text(
+        {"x": [4, 5], "w": [3, 5], "t": {"shape": [4], "dtype": "int64"}},
+        [{"op": "linear", "weight": "w", "out": "logits"}],
+        {"op": "cross_entropy", "in": "logits", "target": "t"},
+        ["x", "w"],
+        name="classifier",
+    )
     for name, content in build_text(text).rendered.files.items():
         (tmp_path / name).write_text(content)
     result = run_generated_tests(tmp_path / "test_classifier.py")
@@ -334,16 +374,21 @@ def _declared_lacks(rule, certified_ops: set[str]) -> list[str]:
             torch_signature(rule.op)
         except (LookupError, AttributeError):
             lacks.append("signature (PyTorch's positional argument names: it has none to read)")
-    if type(rule).reference is Rule.reference and not (hasattr(torch.nn.functional, rule.op) or hasattr(torch, rule.op)):
+    if type(rule).reference is Rule.reference and not (
+        hasattr(torch.nn.functional, rule.op) or hasattr(torch, rule.op)
+    ):
         lacks.append("reference (how PyTorch computes the op, for `symgrad verify`)")
     if not rule.samples:
         lacks.append("samples (its spec-level cases: SAMPLES[op] in its rule file, base.Sample)")
     if not rule.spellings:
-        lacks.append("spellings (how models write it, traced by tests/trace/test_ops.py: SPELLINGS[op] in its rule file, "
-                     "base.Spelling)")
+        lacks.append(
+            "spellings (how models write it, traced by tests/trace/test_ops.py: SPELLINGS[op] in its rule file, "
+            "base.Spelling)"
+        )
     if rule.linear_in and rule.op not in certified_ops:
-        lacks.append("a certificate case in its rule file's CERTIFICATES (it is linear in "
-                     + ", ".join(rule.linear_in) + ")")
+        lacks.append(
+            "a certificate case in its rule file's CERTIFICATES (it is linear in " + ", ".join(rule.linear_in) + ")"
+        )
     return lacks
 
 
@@ -371,7 +416,13 @@ def test_a_new_rule_is_told_exactly_what_it_lacks():
 
     lacks = _declared_lacks(Softsign(), _certified())
     assert [item.split(" (")[0] for item in lacks] == [
-        "summary", "table_row", "calls", "samples", "spellings", "a certificate case in its rule file's CERTIFICATES"]
+        "summary",
+        "table_row",
+        "calls",
+        "samples",
+        "spellings",
+        "a certificate case in its rule file's CERTIFICATES",
+    ]
 
 
 def test_each_torch_call_is_claimed_by_one_rule_and_bound_by_pytorchs_own_names():

@@ -22,9 +22,14 @@ SELECTED = COMBINATIONS if os.environ.get("SYMGRAD_FULL_SWEEP") == "1" else COMB
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stride, padding, dilation, groups, bias, transposed", SELECTED,
-                         ids=[f"s{s}-p{p}-d{d}-g{g}-{'bias' if b else 'nobias'}-{'transpose' if t else 'conv'}"
-                              for s, p, d, g, b, t in SELECTED])
+@pytest.mark.parametrize(
+    "stride, padding, dilation, groups, bias, transposed",
+    SELECTED,
+    ids=[
+        f"s{s}-p{p}-d{d}-g{g}-{'bias' if b else 'nobias'}-{'transpose' if t else 'conv'}"
+        for s, p, d, g, b, t in SELECTED
+    ],
+)
 def test_conv_sweep(stride, padding, dilation, groups, bias, transposed):
     name = "conv_transpose2d" if transposed else "conv2d"
     x_shape, channels = [2, 4, 7, 6], 4  # 4 in and 4 out, so conv's [out, in/g] and conv_transpose's [in, out/g] agree

@@ -31,8 +31,9 @@ class Regressor(nn.Module):
 def test_a_float64_target_after_a_float32_model_trains_as_autograd_does(loss):
     torch.manual_seed(0)
     model = Regressor()
-    text = trace(model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="regressor", loss=LossChoice(loss, "target"),
-                 mode="train")
+    text = trace(
+        model, {"x": (2, 3, 8, 8)}, wrt="parameters", name="regressor", loss=LossChoice(loss, "target"), mode="train"
+    )
     generated = module_from_source(build_text(text, "regressor.yaml").rendered.files["regressor.py"], "regressor")
     bound_model = copy.deepcopy(model)
     bound = symgrad.bind(generated, bound_model)

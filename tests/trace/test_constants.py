@@ -39,7 +39,7 @@ def test_a_map_of_one_value_in_any_spelling_follows_the_input_and_matches_autogr
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(3, 3, 9, 4, generator=generator, dtype=torch.float64, requires_grad=True)
     target = torch.randn(3, 6, 9, 4, generator=generator, dtype=torch.float64)
-    expected, = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    (expected,) = torch.autograd.grad(F.mse_loss(model(x), target), x)
     assert relative_error(module.gradients(x=x, target=target).x, expected) <= 1e-12
 
 
@@ -58,14 +58,17 @@ def test_a_constant_of_several_values_is_a_constant_layer_and_matches_autograd(m
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(3, 3, 7, 4, generator=generator, dtype=torch.float64, requires_grad=True)
     target = torch.randn(3, 3, 7, 4, generator=generator, dtype=torch.float64)
-    expected, = torch.autograd.grad(F.mse_loss(module(x), target), x)
+    (expected,) = torch.autograd.grad(F.mse_loss(module(x), target), x)
     assert relative_error(generated.gradients(x=x, target=target).x, expected) <= 1e-12
 
 
-@pytest.mark.parametrize("model, marker, message", [
-    ("WidthRamp", "SINE_POSITIONS", "'constant' argument values=[0.0, 0.84"),
-    ("WidthScaled", "WIDTH", "'mul' argument other=5.0 becomes 15.0"),
-])
+@pytest.mark.parametrize(
+    "model, marker, message",
+    [
+        ("WidthRamp", "SINE_POSITIONS", "'constant' argument values=[0.0, 0.84"),
+        ("WidthScaled", "WIDTH", "'mul' argument other=5.0 becomes 15.0"),
+    ],
+)
 def test_a_constant_no_spec_can_hold_is_refused_at_its_line_with_a_fix(model, marker, message):
     with pytest.raises(TraceError) as error:
         trace(load_target(f"{SIZES}:{model}"), {"x": (2, 3, 4, 5)}, loss=LossChoice("mse_loss"))
@@ -81,7 +84,9 @@ def test_a_constant_written_into_after_it_is_made_is_refused_not_frozen(through_
         trace(model, {"x": (2, 3, 4, 5)}, loss=LossChoice("mse_loss"))
     message = str(error.value)
     if through_view:  # seen where it is read: it no longer holds one value
-        assert message.startswith(f"{marked_line(SIZES, 'OVERWRITTEN')}: error: 'cat' reads a tensor made inside"), message
+        assert message.startswith(f"{marked_line(SIZES, 'OVERWRITTEN')}: error: 'cat' reads a tensor made inside"), (
+            message
+        )
     else:  # seen where it is written
         assert message.startswith(f"{marked_line(SIZES, 'SETITEM')}: error: '__setitem__' "), message
 
@@ -112,5 +117,5 @@ def test_a_constant_traced_in_float32_holds_the_values_float64_code_computes(fix
     generated = module_from_source(built.files[f"{built.name}.py"], built.name)
     t = torch.randn(5, dtype=torch.float64, requires_grad=True)
     target = torch.randn(5, 4, dtype=torch.float64)
-    reference, = torch.autograd.grad(F.mse_loss(model(t), target), t)
+    (reference,) = torch.autograd.grad(F.mse_loss(model(t), target), t)
     assert relative_error(generated.gradients(t=t, target=target).t, reference) <= 1e-12

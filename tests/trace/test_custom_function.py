@@ -21,7 +21,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:'saved_variables' is deprecated"
 
 # ----- NAFNet as megvii-research/NAFNet writes it (basicsr/models/archs/arch_util.py, NAFNet_arch.py) ---------
 class LayerNormFunction(torch.autograd.Function):
-
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         ctx.eps = eps
@@ -43,17 +42,20 @@ class LayerNormFunction(torch.autograd.Function):
         mean_g = g.mean(dim=1, keepdim=True)
 
         mean_gy = (g * y).mean(dim=1, keepdim=True)
-        gx = 1. / torch.sqrt(var + eps) * (g - y * mean_gy - mean_g)
-        return gx, (grad_output * y).sum(dim=3).sum(dim=2).sum(dim=0), grad_output.sum(dim=3).sum(dim=2).sum(
-            dim=0), None
+        gx = 1.0 / torch.sqrt(var + eps) * (g - y * mean_gy - mean_g)
+        return (
+            gx,
+            (grad_output * y).sum(dim=3).sum(dim=2).sum(dim=0),
+            grad_output.sum(dim=3).sum(dim=2).sum(dim=0),
+            None,
+        )
 
 
 class LayerNorm2d(nn.Module):
-
     def __init__(self, channels, eps=1e-6):
         super(LayerNorm2d, self).__init__()
-        self.register_parameter('weight', nn.Parameter(torch.ones(channels)))
-        self.register_parameter('bias', nn.Parameter(torch.zeros(channels)))
+        self.register_parameter("weight", nn.Parameter(torch.ones(channels)))
+        self.register_parameter("bias", nn.Parameter(torch.zeros(channels)))
         self.eps = eps
 
     def forward(self, x):
@@ -70,28 +72,48 @@ class NAFBlock(nn.Module):
     """Upstream's, but beta and gamma start at ``layer_scale`` (zeros upstream, where no gradient would
     reach the block's convolutions and norms)."""
 
-    def __init__(self, c, DW_Expand=2, FFN_Expand=2, drop_out_rate=0., layer_scale=0.5):
+    def __init__(self, c, DW_Expand=2, FFN_Expand=2, drop_out_rate=0.0, layer_scale=0.5):
         super().__init__()
         dw_channel = c * DW_Expand
-        self.conv1 = nn.Conv2d(in_channels=c, out_channels=dw_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True)
-        self.conv2 = nn.Conv2d(in_channels=dw_channel, out_channels=dw_channel, kernel_size=3, padding=1, stride=1,
-                               groups=dw_channel, bias=True)
-        self.conv3 = nn.Conv2d(in_channels=dw_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1,
-                               bias=True)
+        self.conv1 = nn.Conv2d(
+            in_channels=c, out_channels=dw_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
+        self.conv2 = nn.Conv2d(
+            in_channels=dw_channel,
+            out_channels=dw_channel,
+            kernel_size=3,
+            padding=1,
+            stride=1,
+            groups=dw_channel,
+            bias=True,
+        )
+        self.conv3 = nn.Conv2d(
+            in_channels=dw_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
         self.sca = nn.Sequential(  # Simplified Channel Attention
             nn.AdaptiveAvgPool2d(1),
-            nn.Conv2d(in_channels=dw_channel // 2, out_channels=dw_channel // 2, kernel_size=1, padding=0, stride=1,
-                      groups=1, bias=True),
+            nn.Conv2d(
+                in_channels=dw_channel // 2,
+                out_channels=dw_channel // 2,
+                kernel_size=1,
+                padding=0,
+                stride=1,
+                groups=1,
+                bias=True,
+            ),
         )
         self.sg = SimpleGate()
         ffn_channel = FFN_Expand * c
-        self.conv4 = nn.Conv2d(in_channels=c, out_channels=ffn_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True)
-        self.conv5 = nn.Conv2d(in_channels=ffn_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1,
-                               bias=True)
+        self.conv4 = nn.Conv2d(
+            in_channels=c, out_channels=ffn_channel, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
+        self.conv5 = nn.Conv2d(
+            in_channels=ffn_channel // 2, out_channels=c, kernel_size=1, padding=0, stride=1, groups=1, bias=True
+        )
         self.norm1 = LayerNorm2d(c)
         self.norm2 = LayerNorm2d(c)
-        self.dropout1 = nn.Dropout(drop_out_rate) if drop_out_rate > 0. else nn.Identity()
-        self.dropout2 = nn.Dropout(drop_out_rate) if drop_out_rate > 0. else nn.Identity()
+        self.dropout1 = nn.Dropout(drop_out_rate) if drop_out_rate > 0.0 else nn.Identity()
+        self.dropout2 = nn.Dropout(drop_out_rate) if drop_out_rate > 0.0 else nn.Identity()
         self.beta = nn.Parameter(torch.full((1, c, 1, 1), layer_scale), requires_grad=True)
         self.gamma = nn.Parameter(torch.full((1, c, 1, 1), layer_scale), requires_grad=True)
 
@@ -124,10 +146,12 @@ class NAFNet(nn.Module):
 
     def __init__(self, img_channel=3, width=4, middle_blk_num=1, enc_blk_nums=(1,), dec_blk_nums=(1,)):
         super().__init__()
-        self.intro = nn.Conv2d(in_channels=img_channel, out_channels=width, kernel_size=3, padding=1, stride=1, groups=1,
-                               bias=True)
-        self.ending = nn.Conv2d(in_channels=width, out_channels=img_channel, kernel_size=3, padding=1, stride=1, groups=1,
-                                bias=True)
+        self.intro = nn.Conv2d(
+            in_channels=img_channel, out_channels=width, kernel_size=3, padding=1, stride=1, groups=1, bias=True
+        )
+        self.ending = nn.Conv2d(
+            in_channels=width, out_channels=img_channel, kernel_size=3, padding=1, stride=1, groups=1, bias=True
+        )
         self.encoders = nn.ModuleList()
         self.decoders = nn.ModuleList()
         self.middle_blks = nn.ModuleList()
@@ -250,11 +274,15 @@ class Wrapped(nn.Module):
         return self.head(self.function.apply(h))
 
 
-@pytest.mark.parametrize("function, differed", [
-    (StraightThrough, "by 1 (relative, largest entry) in its input 'x'"),
-    (ReverseGradient, "by 2 (relative, largest entry) in its input 'x'"),
-    (ScaledBackward, "by 0.33 (relative, largest entry) in its input 'x'"),
-], ids=["straight-through", "gradient-reversal", "scaled-backward"])
+@pytest.mark.parametrize(
+    "function, differed",
+    [
+        (StraightThrough, "by 1 (relative, largest entry) in its input 'x'"),
+        (ReverseGradient, "by 2 (relative, largest entry) in its input 'x'"),
+        (ScaledBackward, "by 0.33 (relative, largest entry) in its input 'x'"),
+    ],
+    ids=["straight-through", "gradient-reversal", "scaled-backward"],
+)
 def test_a_function_whose_backward_is_not_its_forward_derivative_is_refused_naming_the_difference(function, differed):
     with pytest.raises(TraceError) as error:
         trace(Wrapped(function).double(), {"x": (2, 3, 6, 6)}, loss=LossChoice("mse_loss"), mode="train")
@@ -262,8 +290,10 @@ def test_a_function_whose_backward_is_not_its_forward_derivative_is_refused_nami
     first = inspect.getsourcelines(function.forward)[1]
     line = first + (3 if function is ScaledBackward else 2)
     assert f"test_custom_function.py:{line}: error: " in message, message
-    assert f"torch.autograd.Function {function.__name__}, whose own backward differs from its forward's " \
-           f"derivative {differed}" in message, message
+    assert (
+        f"torch.autograd.Function {function.__name__}, whose own backward differs from its forward's "
+        f"derivative {differed}" in message
+    ), message
     assert "x=[2, 4, 6, 6]" in message and "train that model with autograd" in message, message
 
 
@@ -332,31 +362,42 @@ def test_a_function_right_to_second_order_is_traced_as_its_forward_and_takes_hvp
     assert text.partition("\nchecked_functions:")[0] == inline.partition("\nfingerprint:")[0], (text, inline)
     entry = next(line for line in text.splitlines() if line.startswith("  Tanh:"))
     assert float(entry.split("second_order: ")[1].rstrip("}")) <= 1e-10, entry
-    matches_autograd("tanh", Case(TanhInline, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 5, 7)}, ("mse_loss",),
-                                  {"function": Tanh}), "train")
+    matches_autograd(
+        "tanh", Case(TanhInline, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 5, 7)}, ("mse_loss",), {"function": Tanh}), "train"
+    )
     built = build_text(text, "tanh.yaml", extras=("hvp",))
     assert "def hvp(" in built.rendered.files["tanh.py"]
     assert "its forward's second derivative too" in built.rendered.files["tanh.md"]
 
 
-@pytest.mark.parametrize("function, why", [
-    (TanhOnce, "autograd cannot differentiate its backward"),
-    (LayerNormFunction, "its backward's own derivative differs from its forward's second derivative by 1"),
-], ids=["once-differentiable", "nafnet-saves-detached-values"])
+@pytest.mark.parametrize(
+    "function, why",
+    [
+        (TanhOnce, "autograd cannot differentiate its backward"),
+        (LayerNormFunction, "its backward's own derivative differs from its forward's second derivative by 1"),
+    ],
+    ids=["once-differentiable", "nafnet-saves-detached-values"],
+)
 def test_hvp_is_refused_where_the_backward_is_right_to_first_order_only(function, why):
     """The first order traces (the gradients are autograd's); the hvp would be the forward's second derivative,
     which autograd through the model does not give: the spec asking for it is refused, saying why."""
     from symgrad.errors import SpecError
 
     model = NAFBlock(3).double() if function is LayerNormFunction else TanhInline(function).double()
-    text = trace(model, {"inp" if function is LayerNormFunction else "x": (2, 3, 4, 4)}, name="first_only",
-                 loss=LossChoice("mse_loss"))
+    text = trace(
+        model,
+        {"inp" if function is LayerNormFunction else "x": (2, 3, 4, 4)},
+        name="first_only",
+        loss=LossChoice("mse_loss"),
+    )
     assert f"  {function.__name__}: {{first_order: " in text, text
     with pytest.raises(SpecError) as error:
         build_text(text, "first_only.yaml", extras=("hvp",), documents=False)
     message = str(error.value)
-    assert f"the spec asks for hvp, and the torch.autograd.Function {function.__name__} was checked equal to its " \
-           f"forward's derivative to first order only ({why}" in message, message
+    assert (
+        f"the spec asks for hvp, and the torch.autograd.Function {function.__name__} was checked equal to its "
+        f"forward's derivative to first order only ({why}" in message
+    ), message
     assert "drop hvp" in message
 
 
@@ -364,9 +405,11 @@ def test_a_hand_written_entry_claiming_an_unequal_backward_is_refused():
     from symgrad.errors import SpecError
     from symgrad.spec import parse_spec
 
-    text = ("name: s\ninputs: {x: {shape: [2, 3]}, y: {shape: [2, 3]}}\nlayers:\n  - {op: relu, out: h}\n"
-            "loss: {op: half_sq_error, target: y}\nwrt: [x]\nchecked_functions:\n"
-            "  Clip: {first_order: 0.5, second_order: 0.0}\n")
+    text = (
+        "name: s\ninputs: {x: {shape: [2, 3]}, y: {shape: [2, 3]}}\nlayers:\n  - {op: relu, out: h}\n"
+        "loss: {op: half_sq_error, target: y}\nwrt: [x]\nchecked_functions:\n"
+        "  Clip: {first_order: 0.5, second_order: 0.0}\n"
+    )
     with pytest.raises(SpecError) as error:
         parse_spec(text, "s.yaml")
     assert "only a Function whose backward was checked equal" in str(error.value), str(error.value)
@@ -438,13 +481,22 @@ class Uncheckable(nn.Module):
         return self.function.apply(h)[0] if self.function is WithCount else self.function.apply(h, self.scale)
 
 
-@pytest.mark.parametrize("function, why", [
-    (WithCount, "cannot be checked against its forward's derivative: its forward returns int, not only tensors"),
-    (TooFewGradients, "cannot be checked against its forward's derivative: the check raised RuntimeError: "
-                      "function TooFewGradientsBackward returned an incorrect number of gradients"),
-    (ScaleByDetachedStd, "cannot be checked against its forward's derivative: its forward turns gradients off at "
-                         f"{__file__}:"),
-], ids=["returns-a-number", "backward-raises", "no-grad-inside"])
+@pytest.mark.parametrize(
+    "function, why",
+    [
+        (WithCount, "cannot be checked against its forward's derivative: its forward returns int, not only tensors"),
+        (
+            TooFewGradients,
+            "cannot be checked against its forward's derivative: the check raised RuntimeError: "
+            "function TooFewGradientsBackward returned an incorrect number of gradients",
+        ),
+        (
+            ScaleByDetachedStd,
+            f"cannot be checked against its forward's derivative: its forward turns gradients off at {__file__}:",
+        ),
+    ],
+    ids=["returns-a-number", "backward-raises", "no-grad-inside"],
+)
 def test_a_function_that_cannot_be_checked_is_refused_saying_why(function, why):
     with pytest.raises(TraceError) as error:
         trace(Uncheckable(function).double(), {"x": (2, 3, 6, 6)}, loss=LossChoice("mse_loss"), mode="train")

@@ -67,8 +67,13 @@ def test_an_index_computed_from_the_data_is_refused_at_its_line():
 
 def test_a_per_sample_index_expanded_in_forward_is_refused_with_the_workaround():
     with pytest.raises(TraceError) as error:
-        trace(PerSampleIndex(), {"x": (2, 5, 4), "ids_keep": (2, 3)}, name="t", loss=LossChoice("half_sq_error"),
-              dtypes={"ids_keep": "int64"})
+        trace(
+            PerSampleIndex(),
+            {"x": (2, 5, 4), "ids_keep": (2, 3)},
+            name="t",
+            loss=LossChoice("half_sq_error"),
+            dtypes={"ids_keep": "int64"},
+        )
     (line,) = str(error.value).splitlines()
     assert line.startswith(f"{__file__}:{_line('# PER_SAMPLE')}: error: 'gather' reads its index through a"), line
     assert "of the output's shape" in line

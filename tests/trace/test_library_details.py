@@ -18,14 +18,23 @@ from symgrad.trace import LossChoice, trace
 from tests.models.test_bind_zoo import assert_trained_as_autograd
 
 
-def _bound_step_matches(model: nn.Module, traced: dict, checked: dict, dtypes: dict | None = None,
-                        data: dict | None = None) -> str:
+def _bound_step_matches(
+    model: nn.Module, traced: dict, checked: dict, dtypes: dict | None = None, data: dict | None = None
+) -> str:
     """Trace ``model`` (float64, train mode) at ``traced``, bind the generated step and compare one step at
     ``checked`` with autograd's (``data``: the checked int64 inputs). Returns the spec."""
     torch.manual_seed(0)
     model = model.double().train()
-    text = trace(model, traced, wrt="parameters", name="step", loss=LossChoice("mse_loss", "target"), mode="train",
-                 blocks=True, dtypes=dtypes)
+    text = trace(
+        model,
+        traced,
+        wrt="parameters",
+        name="step",
+        loss=LossChoice("mse_loss", "target"),
+        mode="train",
+        blocks=True,
+        dtypes=dtypes,
+    )
     generated = module_from_source(build_text(text, "step.yaml", documents=False).rendered.files["step.py"], "step")
     generator = torch.Generator().manual_seed(3)
     inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64) for key, shape in checked.items()}
@@ -112,8 +121,9 @@ class StdConv2d(nn.Conv2d):
     before the convolution."""
 
     def forward(self, x):
-        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None, training=True,
-                              momentum=0.0, eps=1e-8).reshape_as(self.weight)
+        weight = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0, eps=1e-8
+        ).reshape_as(self.weight)
         return F.conv2d(x, weight, self.bias, self.stride, self.padding)
 
 

@@ -30,7 +30,7 @@ class TimestepDenoiser(nn.Module):
         exponent = -math.log(10000) * torch.arange(start=0, end=self.half, dtype=torch.float32) / self.half
         emb = timesteps[:, None].float() * torch.exp(exponent)[None, :]
         emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
-        emb = torch.cat([emb[:, self.half:], emb[:, :self.half]], dim=-1)
+        emb = torch.cat([emb[:, self.half :], emb[:, : self.half]], dim=-1)
         emb = emb.to(dtype=self.conv.weight.dtype)
         return F.silu(self.conv(sample) + self.time(emb)[:, :, None, None])
 
@@ -41,8 +41,13 @@ def test_a_per_sample_int64_timestep_embedded_in_float32_goes_in():
     in float32 as the model computes it (sin of a timestep near 1000 differs from float64's by ~1e-5, which the
     float64 comparison would see), then converted to the dtype the spec runs in (``like: sample``)."""
     timestep = torch.tensor([999, 3, 517])
-    text = _bound_step_matches(TimestepDenoiser(), {"sample": (2, 3, 4, 4), "timestep": (2,)},
-                               {"sample": (3, 3, 6, 4)}, dtypes={"timestep": "int64"}, data={"timestep": timestep})
+    text = _bound_step_matches(
+        TimestepDenoiser(),
+        {"sample": (2, 3, 4, 4), "timestep": (2,)},
+        {"sample": (3, 3, 6, 4)},
+        dtypes={"timestep": "int64"},
+        data={"timestep": timestep},
+    )
     assert "{op: cast, in: timestep, dtype: float32" in text and "like: sample" in text
 
 
@@ -101,13 +106,26 @@ def test_a_branch_on_an_int64_padding_mask_is_refused_naming_the_float_mask_that
     from symgrad.trace import LossChoice, trace
     from symgrad.trace.errors import TraceError
 
-    with pytest.raises(TraceError, match=r"test_library_facts_2\.py:\d+: error: 'bool\(tensor\)' decides with the "
-                                         r"values of an int64 input .*attention_mask of shape \[B, 1, 1, T\]"):
-        trace(PaddedAttention().double(), {"x": (2, 3, 4), "attention_mask": (2, 3)}, wrt="parameters", name="step",
-              loss=LossChoice("mse_loss", "target"), dtypes={"attention_mask": "int64"})
+    with pytest.raises(
+        TraceError,
+        match=r"test_library_facts_2\.py:\d+: error: 'bool\(tensor\)' decides with the "
+        r"values of an int64 input .*attention_mask of shape \[B, 1, 1, T\]",
+    ):
+        trace(
+            PaddedAttention().double(),
+            {"x": (2, 3, 4), "attention_mask": (2, 3)},
+            wrt="parameters",
+            name="step",
+            loss=LossChoice("mse_loss", "target"),
+            dtypes={"attention_mask": "int64"},
+        )
     padded = torch.tensor([[0.0, 0.0, -1e4], [0.0, 0.0, 0.0], [0.0, -1e4, -1e4]], dtype=torch.float64)
-    _bound_step_matches(PaddedAttention(), {"x": (2, 3, 4), "attention_mask": (2, 1, 1, 3)}, {"x": (3, 3, 4)},
-                        data={"attention_mask": padded[:, None, None, :]})
+    _bound_step_matches(
+        PaddedAttention(),
+        {"x": (2, 3, 4), "attention_mask": (2, 1, 1, 3)},
+        {"x": (3, 3, 4)},
+        data={"attention_mask": padded[:, None, None, :]},
+    )
 
 
 class PatchedMap(nn.Module):
@@ -154,9 +172,13 @@ def test_a_branch_on_the_input_size_is_checked_where_the_step_runs():
     assert text.count("op: size_check") == 2 and "holds: false" in text
     model = PatchedMap().double()
     spec = trace(model, {"x": (2, 2, 4, 6)}, wrt="parameters", name="step", loss=LossChoice("mse_loss", "target"))
-    step = symgrad.bind(module_from_source(build_text(spec, "step.yaml", documents=False).rendered.files["step.py"],
-                                           "step"), model)
+    step = symgrad.bind(
+        module_from_source(build_text(spec, "step.yaml", documents=False).rendered.files["step.py"], "step"), model
+    )
     x = torch.randn(3, 2, 5, 8, dtype=torch.float64)
-    with pytest.raises(Exception, match=re.escape("test_library_facts_2.py:") + r"\d+: the traced code branches on "
-                                        r"2\*ceil\(shape\[2\]/2\) != shape\[2\] of conv \(False when traced\)"):
+    with pytest.raises(
+        Exception,
+        match=re.escape("test_library_facts_2.py:") + r"\d+: the traced code branches on "
+        r"2\*ceil\(shape\[2\]/2\) != shape\[2\] of conv \(False when traced\)",
+    ):
         step(x=x, target=torch.randn_like(x))

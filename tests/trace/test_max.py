@@ -28,16 +28,21 @@ def test_cbam_generated_test_file_passes(tmp_path):
     assert_generated_test_file_passes("cbam", CBAM, tmp_path)
 
 
-@pytest.mark.parametrize("how, dim, keepdim", [("max", 1, True), ("max", -1, False), ("min", 2, False),
-                                               ("min", 0, True)])
+@pytest.mark.parametrize(
+    "how, dim, keepdim", [("max", 1, True), ("max", -1, False), ("min", 2, False), ("min", 0, True)]
+)
 def test_ties_send_the_whole_gradient_to_the_index_torch_returns(how, dim, keepdim):
     """On ties autograd's max(dim) puts all of the gradient on the returned index (amax would share it): the
     generated gradient equals autograd's exactly on inputs full of ties."""
     shape = [3, 4, 5]
     function = getattr(torch, how)
     out = list(function(torch.zeros(shape), dim, keepdim=keepdim).values.shape)
-    text = spec_text({"x": shape, "y": out}, [{"op": how, "dim": dim, "keepdim": keepdim, "out": "out"}],
-                     {"op": "half_sq_error", "target": "y", "reduction": "sum"}, ["x"])
+    text = spec_text(
+        {"x": shape, "y": out},
+        [{"op": how, "dim": dim, "keepdim": keepdim, "out": "out"}],
+        {"op": "half_sq_error", "target": "y", "reduction": "sum"},
+        ["x"],
+    )
     module = generated_module(build_text(text))
     generator = torch.Generator().manual_seed(3)
     x = torch.randint(0, 2, shape, generator=generator).double().requires_grad_()  # every slice ties
@@ -46,7 +51,7 @@ def test_ties_send_the_whole_gradient_to_the_index_torch_returns(how, dim, keepd
     (expected,) = torch.autograd.grad(loss, [x])
     actual = module.gradients(x=x, y=y).x
     assert torch.equal(actual, expected)
-    assert (expected != 0).sum(dim) .le(1).all()  # one entry per slice: not shared among the ties
+    assert (expected != 0).sum(dim).le(1).all()  # one entry per slice: not shared among the ties
 
 
 def _line(marker: str) -> int:
@@ -87,9 +92,14 @@ def test_max_of_two_tensors_is_refused_with_a_workaround():
 def test_a_fixed_window_the_size_of_the_traced_input_stays_a_window():
     """nn.AvgPool2d(8) traced at 8x8 is not a global pool at 16x16: only a window read from the input's own
     size becomes the adaptive pool."""
-    text = trace(nn.Sequential(nn.Conv2d(3, 2, 1), nn.AvgPool2d(8)), {"input": (2, 3, 8, 8)}, name="traced",
-                 loss=LossChoice("half_sq_error"))
+    text = trace(
+        nn.Sequential(nn.Conv2d(3, 2, 1), nn.AvgPool2d(8)),
+        {"input": (2, 3, 8, 8)},
+        name="traced",
+        loss=LossChoice("half_sq_error"),
+    )
     assert "op: avg_pool2d" in text and "adaptive" not in text, text
-    text = trace(lambda x: F.max_pool2d(x, x.shape[2:]) * x, {"x": (2, 3, 8, 8)}, name="traced",
-                 loss=LossChoice("half_sq_error"))
+    text = trace(
+        lambda x: F.max_pool2d(x, x.shape[2:]) * x, {"x": (2, 3, 8, 8)}, name="traced", loss=LossChoice("half_sq_error")
+    )
     assert "{op: adaptive_max_pool2d, in: x, output_size: 1" in text, text

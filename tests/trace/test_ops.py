@@ -62,7 +62,9 @@ class Selected(nn.Module):
         self.register_buffer("picked", torch.tensor([2, 0, 1, 1]))
 
     def forward(self, x):
-        return torch.index_select(x, 1, self.picked).sum(1, keepdim=True) * x.index_select(-1, self.picked).sum(-1, keepdim=True)
+        return torch.index_select(x, 1, self.picked).sum(1, keepdim=True) * x.index_select(-1, self.picked).sum(
+            -1, keepdim=True
+        )
 
 
 class Gathered(nn.Module):
@@ -71,8 +73,12 @@ class Gathered(nn.Module):
 
     def __init__(self, shape=(2, 3, 8, 8)):
         super().__init__()
-        self.register_buffer("full", torch.randint(0, shape[2], (shape[0], shape[1], 5, shape[3] - 1),
-                                                   generator=torch.Generator().manual_seed(2)))
+        self.register_buffer(
+            "full",
+            torch.randint(
+                0, shape[2], (shape[0], shape[1], 5, shape[3] - 1), generator=torch.Generator().manual_seed(2)
+            ),
+        )
         self.register_buffer("keep", torch.tensor([3, 0, 3]))
 
     def forward(self, x):
@@ -107,9 +113,19 @@ class Tokens(nn.Module):
         return x * F.embedding(self.ids, self.table) + F.embedding(self.ids, self.table, padding_idx=1).tanh()
 
 
-NAMESPACE = {"torch": torch, "nn": nn, "F": F, "math": math, "positive": positive, "TokenGather": TokenGather,
-             "HalfPrecisionScale": HalfPrecisionScale, "Selected": Selected, "Gathered": Gathered,
-             "BiasTable": BiasTable, "Tokens": Tokens}
+NAMESPACE = {
+    "torch": torch,
+    "nn": nn,
+    "F": F,
+    "math": math,
+    "positive": positive,
+    "TokenGather": TokenGather,
+    "HalfPrecisionScale": HalfPrecisionScale,
+    "Selected": Selected,
+    "Gathered": Gathered,
+    "BiasTable": BiasTable,
+    "Tokens": Tokens,
+}
 """What a spelling's expression may name (``Spelling``'s docstring): torch and this file's modules."""
 
 
@@ -129,8 +145,11 @@ def shapes_of(spelling: Spelling) -> dict:
 
 def spellings(rules) -> list:
     """(op, spelling) of every rule in ``rules``, with ids ``<op>-<k>``: the op's k-th spelling."""
-    return [pytest.param(rule.op, index, spelling, id=f"{rule.op}-{index}")
-            for rule in rules for index, spelling in enumerate(rule.spellings)]
+    return [
+        pytest.param(rule.op, index, spelling, id=f"{rule.op}-{index}")
+        for rule in rules
+        for index, spelling in enumerate(rule.spellings)
+    ]
 
 
 def compare(function, shapes: dict, text: str, appended: bool = False) -> dict:
@@ -139,12 +158,15 @@ def compare(function, shapes: dict, text: str, appended: bool = False) -> dict:
     spec = yaml.safe_load(text)
     built = build_text(text, "traced.yaml")
     generated = built.rendered
-    module = by_name(module_from_source(generated.files[f"{generated.name}.py"], generated.name),
-                     built.graph)  # the parameters go in `params`: called here by their spec names
+    module = by_name(
+        module_from_source(generated.files[f"{generated.name}.py"], generated.name), built.graph
+    )  # the parameters go in `params`: called here by their spec names
     generator = torch.Generator().manual_seed(5)
     if isinstance(function, nn.Module):
         function = function.double()
-    parameters = dict(function.named_parameters()) | dict(function.named_buffers()) if isinstance(function, nn.Module) else {}
+    parameters = (
+        dict(function.named_parameters()) | dict(function.named_buffers()) if isinstance(function, nn.Module) else {}
+    )
     values = {}
     for key, entry in spec["inputs"].items():
         if key in parameters:
@@ -161,8 +183,11 @@ def compare(function, shapes: dict, text: str, appended: bool = False) -> dict:
                     parameters[key].copy_(value)
         with seeded:
             torch.manual_seed(0)
-            reference = torch.func.functional_call(function, {key: values[key] for key in parameters if key in values},
-                                                   tuple(values[key].clone() for key in shapes))
+            reference = torch.func.functional_call(
+                function,
+                {key: values[key] for key in parameters if key in values},
+                tuple(values[key].clone() for key in shapes),
+            )
     else:  # clones: the traced code may work in place (relu_, add_)
         with seeded:
             torch.manual_seed(0)
@@ -193,8 +218,11 @@ def test_a_spelling_that_traces_to_another_op_fails():
         test_op_is_traced_and_its_gradient_matches_autograd("relu", 0, Spelling("x.clamp(min=0)"))  # a clamp
 
 
-@pytest.mark.parametrize("function", [lambda x: x.clamp(min=0), lambda x: x.clamp(0, 6),
-                                      lambda x: torch.clamp(x, -0.5, 0.25)], ids=["clamp(min=0)", "clamp(0, 6)", "clamp(a, b)"])
+@pytest.mark.parametrize(
+    "function",
+    [lambda x: x.clamp(min=0), lambda x: x.clamp(0, 6), lambda x: torch.clamp(x, -0.5, 0.25)],
+    ids=["clamp(min=0)", "clamp(0, 6)", "clamp(a, b)"],
+)
 def test_a_traced_clamp_passes_the_gradient_at_its_bounds_as_autograd_does(function):
     """``x.clamp(min=0)`` at 0 (a ReLU's zeros sit there), ``clamp(0, 6)`` at 0 and 6: autograd's
     clamp passes the gradient there, where relu's and relu6's backward give 0, so the traced spec keeps the
@@ -203,10 +231,13 @@ def test_a_traced_clamp_passes_the_gradient_at_its_bounds_as_autograd_does(funct
     assert [layer["op"] for layer in yaml.safe_load(text)["layers"]][-1] == "clamp", text
     built = build_text(text, "clamped.yaml")
     module = module_from_source(built.rendered.files["clamped.py"], "clamped")
-    x = torch.tensor([[0.0, 6.0, -0.5, 0.25, 3.0, -1.0], [7.0, 0.0, 0.1, 6.0, -0.5, 0.25]], dtype=torch.float64,
-                     requires_grad=True)
+    x = torch.tensor(
+        [[0.0, 6.0, -0.5, 0.25, 3.0, -1.0], [7.0, 0.0, 0.1, 6.0, -0.5, 0.25]], dtype=torch.float64, requires_grad=True
+    )
     target = torch.zeros(2, 6, dtype=torch.float64)
-    expected, = torch.autograd.grad(0.5 * (function(x.clone()) - target).pow(2).sum() + function(x.clone()).sum(), [x])
+    (expected,) = torch.autograd.grad(
+        0.5 * (function(x.clone()) - target).pow(2).sum() + function(x.clone()).sum(), [x]
+    )
     names = [name for name in yaml.safe_load(text)["inputs"] if name != "x"]
     got = module.gradients(x=x, **{names[0]: target - 1})  # (out - (target - 1)) = (out - target) + 1
     assert torch.equal(got.x, expected), (got.x, expected)
@@ -244,11 +275,16 @@ def test_every_registry_loss_is_traced_by_some_case():
     assert [op for op, rule in LOSS_RULES.items() if not rule.spellings] == []
 
 
-@pytest.mark.parametrize("function", [lambda x: (lambda a, b: a * b)(*x.chunk(2, dim=2)),
-                                      lambda x: x.split(4, dim=-1)[-1],
-                                      lambda x: x[:, :, -1],
-                                      lambda x: x.reshape_as(x.permute(0, 2, 3, 1))],
-                         ids=["chunk-spatial", "split-spatial", "index-from-the-end", "reshape_as-spatial"])
+@pytest.mark.parametrize(
+    "function",
+    [
+        lambda x: (lambda a, b: a * b)(*x.chunk(2, dim=2)),
+        lambda x: x.split(4, dim=-1)[-1],
+        lambda x: x[:, :, -1],
+        lambda x: x.reshape_as(x.permute(0, 2, 3, 1)),
+    ],
+    ids=["chunk-spatial", "split-spatial", "index-from-the-end", "reshape_as-spatial"],
+)
 def test_pieces_whose_sizes_follow_the_input_are_refused(function):
     """Along a spatial dim the pieces' offsets and sizes are the input's: the second run finds them changed."""
     with pytest.raises(TraceError, match="computed from the input's size"):
@@ -257,6 +293,7 @@ def test_pieces_whose_sizes_follow_the_input_are_refused(function):
 
 def test_a_reshape_of_int64_labels_is_refused_at_its_line():
     """int64 inputs reshaped are kept as views for indexing alone; a loss reading one says so, at its line."""
+
     def flat_loss(x, labels):
         return F.cross_entropy(x.permute(0, 2, 3, 1).reshape(-1, 3), labels.view(-1))  # FLAT_LABELS
 

@@ -18,8 +18,9 @@ from tests.helpers import load_yaml
 class ResBlock(nn.Module):
     def __init__(self, nc):
         super().__init__()
-        self.res = nn.Sequential(nn.Conv2d(nc, nc, 3, 1, 1, bias=False), nn.ReLU(inplace=True),
-                                 nn.Conv2d(nc, nc, 3, 1, 1, bias=False))
+        self.res = nn.Sequential(
+            nn.Conv2d(nc, nc, 3, 1, 1, bias=False), nn.ReLU(inplace=True), nn.Conv2d(nc, nc, 3, 1, 1, bias=False)
+        )
 
     def forward(self, x):
         return x + self.res(x)
@@ -52,8 +53,9 @@ def test_a_float32_trace_records_constants_as_written_and_float64_gradients_matc
     assert [layer["fill_value"] for layer in layers if layer["op"] == "full"] == [0.1], text
     assert {"op": "mul", "in": "x", "other": 0.3, "out": "mul_2"} in layers, text
     built = build_text(text, "drunet.yaml")
-    module = by_name(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
-                     built.graph)  # the parameters go in `params`: called here by their spec names
+    module = by_name(
+        module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name), built.graph
+    )  # the parameters go in `params`: called here by their spec names
     model = model.double()
     spec = load_yaml(text)
     generator = torch.Generator().manual_seed(1)

@@ -72,8 +72,7 @@ def _scales():
 def _generated(make, tmp_path):
     torch.manual_seed(0)
     model = make().double().train()
-    text = trace(model, {"x": (2, 3, 4)}, name="rated", loss=LossChoice("mse_loss"), mode="train",
-                 blocks=True)
+    text = trace(model, {"x": (2, 3, 4)}, name="rated", loss=LossChoice("mse_loss"), mode="train", blocks=True)
     source = build_text(text, "rated.yaml").rendered.files["rated.py"]
     (tmp_path / "rated.py").write_text(source)
     return model, text, source
@@ -109,7 +108,7 @@ def test_drop_path_rates_are_one_block_with_a_hyper_and_rate_zero_stays_apart(tm
     model, text, source = _generated(_rates, tmp_path)
     assert "hyper: {dropout_p: 0.1}" in text  # the block, its default the first instance's rate
     assert "hyper: {dropout_p: 0.2}" in text  # the third instance's
-    first = text[text.index("layers:\n  - "):].splitlines()[1]
+    first = text[text.index("layers:\n  - ") :].splitlines()[1]
     assert "blocks_0_fc" in first and "block:" not in first, first  # at rate 0 the model draws nothing: inline
     assert text.count("op: dropout") == 1, text
     assert "def rate_block_forward(x, p, dropout_p=0.1, save=False):" in source, source
@@ -128,6 +127,7 @@ def test_dropout_rates_and_scalar_layer_scales_are_one_block_with_hypers(tmp_pat
 @pytest.mark.parametrize("values", [{"rate": 0.1}, {"scale": 0.5}], ids=["rate", "scale"])
 def test_instances_that_agree_in_their_rates_and_scales_take_no_hyper(values, tmp_path):
     """Equal floats are no hyper: the spec of a model without rate-differing blocks is as before."""
+
     def make():
         return Net([ScaleBlock(4, values.get("rate", 0.1), values.get("scale", 0.5)) for _ in range(3)])
 

@@ -44,13 +44,16 @@ BRANCH = "decides with the value of a tensor"
 NUMBER = "takes a number out of a tensor"
 
 
-@pytest.mark.parametrize("name, marker, what", [
-    ("SignBranch", "SUM_BRANCH", f"'bool(tensor)' {BRANCH}"),
-    ("ItemFactor", "ITEM_FACTOR", f"'.item()' {NUMBER}"),
-    ("DropPath", "COIN", f"'.item()' {NUMBER}"),  # random, not an input: still not a constant
-    ("PolluteConstant", "POLLUTED", f"'.item()' {NUMBER}"),  # a literal tensor given an input's value
-    ("MaskSize", "MASK_SIZE", f"'size of x[mask], nonzero(), masked_select() or unique()' {NUMBER}"),
-])
+@pytest.mark.parametrize(
+    "name, marker, what",
+    [
+        ("SignBranch", "SUM_BRANCH", f"'bool(tensor)' {BRANCH}"),
+        ("ItemFactor", "ITEM_FACTOR", f"'.item()' {NUMBER}"),
+        ("DropPath", "COIN", f"'.item()' {NUMBER}"),  # random, not an input: still not a constant
+        ("PolluteConstant", "POLLUTED", f"'.item()' {NUMBER}"),  # a literal tensor given an input's value
+        ("MaskSize", "MASK_SIZE", f"'size of x[mask], nonzero(), masked_select() or unique()' {NUMBER}"),
+    ],
+)
 def test_a_value_taken_from_a_tensor_is_refused_at_its_line(name, marker, what):
     lines = refused(name)
     assert len(lines) == 1, lines
@@ -60,8 +63,15 @@ def test_a_value_taken_from_a_tensor_is_refused_at_its_line(name, marker, what):
 
 def test_every_value_read_is_listed_once_even_a_logged_one_the_loss_does_not_read():
     lines = refused("Checks")
-    expected = [("ISNAN", "bool(tensor)"), ("INT", "int(tensor)"), ("FLOAT", "float(tensor)"), ("TOLIST", ".tolist()"),
-                ("WHILE", "bool(tensor)"), ("EQUAL", "torch.equal"), ("LOGGED", ".item()")]
+    expected = [
+        ("ISNAN", "bool(tensor)"),
+        ("INT", "int(tensor)"),
+        ("FLOAT", "float(tensor)"),
+        ("TOLIST", ".tolist()"),
+        ("WHILE", "bool(tensor)"),
+        ("EQUAL", "torch.equal"),
+        ("LOGGED", ".item()"),
+    ]
     assert [line.split(": error: ")[0] for line in lines] == [marked(marker) for marker, _ in expected], lines
     for line, (_, shown) in zip(lines, expected):
         assert f": error: '{shown}' " in line and "(fix: " in line, line
@@ -74,19 +84,28 @@ def test_a_value_read_that_happens_only_at_the_second_runs_size_is_refused():
 
 def test_one_line_per_source_line_with_the_modules_that_share_it():
     lines = refused("GatedStack")
-    assert lines == [line for line in lines if line.startswith(f"{marked('GATE')}: error: 'bool(tensor)' (in 6 modules: "
-                                                              "body.0, body.1, body.2, ...) ")] and len(lines) == 1, lines
+    assert (
+        lines
+        == [
+            line
+            for line in lines
+            if line.startswith(f"{marked('GATE')}: error: 'bool(tensor)' (in 6 modules: body.0, body.1, body.2, ...) ")
+        ]
+        and len(lines) == 1
+    ), lines
     lines = refused("UnsupportedStack")  # four in layer1 and the head: five instances of each line
     assert len(lines) == 2, lines
-    assert lines[0].startswith(f"{marked('REPEATED_CUMSUM')}: error: 'cumsum' (in 5 modules: layer1.0, layer1.1, "
-                               "layer1.2, ...) is not an op"), lines[0]
+    assert lines[0].startswith(
+        f"{marked('REPEATED_CUMSUM')}: error: 'cumsum' (in 5 modules: layer1.0, layer1.1, layer1.2, ...) is not an op"
+    ), lines[0]
     assert lines[1].startswith(f"{marked('REPEATED_FLIP')}: error: 'flip' (in 5 modules: "), lines[1]
 
 
 def test_an_argument_the_spec_check_refuses_names_its_line_once_with_the_modules_running_it():
     lines = refused("MixStack", shape=(2, 1, 4, 4))
-    assert len(lines) == 1 and lines[0].startswith(f"{marked('DIAGONAL_EINSUM')}: error: 'einsum' (in 3 modules: "
-                                                   "body.0, body.1, body.2) takes a diagonal"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{marked('DIAGONAL_EINSUM')}: error: 'einsum' (in 3 modules: body.0, body.1, body.2) takes a diagonal"
+    ), lines
     assert "(fix: multiply by an identity registered as a buffer" in lines[0], lines
 
 
@@ -96,17 +115,22 @@ def test_values_from_literals_and_sizes_are_accepted():
 
 
 def test_a_forward_returning_a_number_is_reported_at_its_return_line():
-    assert refused("FloatLoss") == [f"{marked('RETURNS_FLOAT')}: error: the traced code returns float, not a tensor "
-                                    "(fix: return the loss, or the prediction and pass --loss)"]
+    assert refused("FloatLoss") == [
+        f"{marked('RETURNS_FLOAT')}: error: the traced code returns float, not a tensor "
+        "(fix: return the loss, or the prediction and pass --loss)"
+    ]
 
 
 def test_a_tensor_no_traced_call_made_is_named_at_the_line_that_reads_it():
     lines = refused("AttributeTensor")  # read through .contiguous(): the reason used to be dropped, the error empty
-    assert len(lines) == 1 and lines[0].startswith(f"{marked('ATTRIBUTE')}: error: 'contiguous' reads a tensor that "
-                                                   "is neither an argument"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{marked('ATTRIBUTE')}: error: 'contiguous' reads a tensor that is neither an argument"
+    ), lines
     lines = refused("ReturnsAttribute")
-    assert lines == [f"{marked('RETURNS_ATTRIBUTE')}: error: the traced code returns a tensor that no traced call made "
-                     "and that is no input (fix: return the prediction computed from the inputs)"]
+    assert lines == [
+        f"{marked('RETURNS_ATTRIBUTE')}: error: the traced code returns a tensor that no traced call made "
+        "and that is no input (fix: return the prediction computed from the inputs)"
+    ]
 
 
 def test_the_timeout_stops_the_trace_and_puts_the_previous_alarm_handler_back():
@@ -124,22 +148,33 @@ def test_the_timeout_stops_the_trace_and_puts_the_previous_alarm_handler_back():
 
 
 def test_a_timeout_that_is_no_number_of_seconds_is_refused_and_an_endless_one_is_none():
-    assert refused("SignBranch", timeout=float("nan")) == ["error: the timeout is nan s (fix: give a positive number "
-                                                           "of seconds)"]
-    text = trace(load_target(f"{FAULTS}:ConstantsAndSizes"), {"x": (2, 2, 6, 6)}, loss=LossChoice("mse_loss"),
-                 timeout=float("inf"))
+    assert refused("SignBranch", timeout=float("nan")) == [
+        "error: the timeout is nan s (fix: give a positive number of seconds)"
+    ]
+    text = trace(
+        load_target(f"{FAULTS}:ConstantsAndSizes"),
+        {"x": (2, 2, 6, 6)},
+        loss=LossChoice("mse_loss"),
+        timeout=float("inf"),
+    )
     assert "op: conv2d" in text and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("arguments, start", [
-    (["SignBranch", "x=2,1,6,6"], f"{marked('SUM_BRANCH')}: error: 'bool(tensor)' {BRANCH}"),
-    (["GatedStack", "x=2,1,6,6"], f"{marked('GATE')}: error: 'bool(tensor)' (in 6 modules: body.0, body.1, body.2, ...)"),
-    (["FloatLoss", "x=2,1,6,6"], f"{marked('RETURNS_FLOAT')}: error: the traced code returns float"),
-    (["SignBranch", "x=-2,1,6,6"], "error: --input x=-2,1,6,6 has a size below 1 (fix: "),
-    (["SignBranch", "x=2,0,6,6"], "error: --input x=2,0,6,6 has a size below 1 (fix: "),
-    (["SignBranch", "x=100000,100000,100,100"], "error: the inputs x=[100000, 100000, 100, 100] alone need about "),
-    (["Slow", "x=1,1,4,4", "--timeout", "1"], f"{marked('SLOW')}: error: tracing ran past --timeout 1 s (fix: "),
-])
+@pytest.mark.parametrize(
+    "arguments, start",
+    [
+        (["SignBranch", "x=2,1,6,6"], f"{marked('SUM_BRANCH')}: error: 'bool(tensor)' {BRANCH}"),
+        (
+            ["GatedStack", "x=2,1,6,6"],
+            f"{marked('GATE')}: error: 'bool(tensor)' (in 6 modules: body.0, body.1, body.2, ...)",
+        ),
+        (["FloatLoss", "x=2,1,6,6"], f"{marked('RETURNS_FLOAT')}: error: the traced code returns float"),
+        (["SignBranch", "x=-2,1,6,6"], "error: --input x=-2,1,6,6 has a size below 1 (fix: "),
+        (["SignBranch", "x=2,0,6,6"], "error: --input x=2,0,6,6 has a size below 1 (fix: "),
+        (["SignBranch", "x=100000,100000,100,100"], "error: the inputs x=[100000, 100000, 100, 100] alone need about "),
+        (["Slow", "x=1,1,4,4", "--timeout", "1"], f"{marked('SLOW')}: error: tracing ran past --timeout 1 s (fix: "),
+    ],
+)
 def test_the_command_refuses_with_one_line_and_exit_2(arguments, start):
     name, shape, *rest = arguments
     result = cli(f"{FAULTS}:{name}", "--input", shape, "--loss", "mse", *rest)
@@ -151,8 +186,18 @@ def test_the_command_refuses_with_one_line_and_exit_2(arguments, start):
 
 def test_the_command_traces_densenet_whose_list_grows_after_each_cat(tmp_path: Path):
     spec = tmp_path / "densenet.yaml"
-    result = cli(f"{FAULTS}:DenseNet", "--input", "x=2,3,8,8", "--loss", "cross_entropy", "--timeout", "60",
-                 "--flat", "-o", str(spec))  # every layer inline: the cats as the list grew
+    result = cli(
+        f"{FAULTS}:DenseNet",
+        "--input",
+        "x=2,3,8,8",
+        "--loss",
+        "cross_entropy",
+        "--timeout",
+        "60",
+        "--flat",
+        "-o",
+        str(spec),
+    )  # every layer inline: the cats as the list grew
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     text = spec.read_text()
     assert text.count("op: cat") == 5, text  # 2 + 1 dense layers reading two tensors or more, and each block's end
@@ -162,10 +207,18 @@ def test_the_command_traces_densenet_whose_list_grows_after_each_cat(tmp_path: P
 
 
 ACCEPTED = {
-    "densenet": Case(lambda **init: load_target(f"{FAULTS}:DenseNet", init), {"x": (2, 3, 8, 8)}, {"x": (3, 3, 12, 12)},
-                     ("cross_entropy", "half_sq_error_function")),
-    "one_tensor_cat": Case(lambda **init: load_target(f"{FAULTS}:OptionalSkips", init), {"x": (2, 2, 6, 6)},
-                           {"x": (3, 2, 5, 9)}, ("mse_loss", "half_sq_error_function")),
+    "densenet": Case(
+        lambda **init: load_target(f"{FAULTS}:DenseNet", init),
+        {"x": (2, 3, 8, 8)},
+        {"x": (3, 3, 12, 12)},
+        ("cross_entropy", "half_sq_error_function"),
+    ),
+    "one_tensor_cat": Case(
+        lambda **init: load_target(f"{FAULTS}:OptionalSkips", init),
+        {"x": (2, 2, 6, 6)},
+        {"x": (3, 2, 5, 9)},
+        ("mse_loss", "half_sq_error_function"),
+    ),
 }
 
 

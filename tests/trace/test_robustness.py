@@ -21,13 +21,16 @@ def gradients_match(model: nn.Module, text: str, shapes: dict[str, tuple], loss:
     """Generate ``text``, and compare its gradients with autograd through ``model`` (made float64) at
     ``shapes``: ≤1e-10."""
     built = build_text(text, "traced.yaml")
-    module = by_name(module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name),
-                     built.graph)  # the parameters go in `params`: called here by their spec names
+    module = by_name(
+        module_from_source(built.rendered.files[f"{built.rendered.name}.py"], built.rendered.name), built.graph
+    )  # the parameters go in `params`: called here by their spec names
     model = model.double()
     spec = load_yaml(text)
     generator = torch.Generator().manual_seed(4)
-    inputs = {key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
-              for key, shape in shapes.items()}
+    inputs = {
+        key: torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+        for key, shape in shapes.items()
+    }
     with torch.no_grad():
         target = torch.randn(model(*inputs.values()).shape, generator=generator, dtype=torch.float64)
     named = {source_name("", key, model): value for key, value in [*model.named_parameters(), *model.named_buffers()]}
@@ -54,7 +57,8 @@ class ReparamLargeKernel(nn.Module):
     def __init__(self, channels):
         super().__init__()
         self.large_kernel_depthwise_reparameterized_convolutional_projection = nn.Conv2d(
-            channels, channels, 3, padding=1, groups=channels)
+            channels, channels, 3, padding=1, groups=channels
+        )
 
     def forward(self, x):
         x = self.large_kernel_depthwise_reparameterized_convolutional_projection(x)
@@ -124,12 +128,26 @@ class Residual(nn.Module):
 class ConvMixer(nn.Module):
     def __init__(self, dim, depth, kernel_size=5, patch_size=2, in_chans=3, num_classes=10, act_layer=nn.GELU):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size), act_layer(),
-                                  nn.BatchNorm2d(dim))
-        self.blocks = nn.Sequential(*[nn.Sequential(
-            Residual(nn.Sequential(nn.Conv2d(dim, dim, kernel_size, groups=dim, padding="same"), act_layer(),
-                                   nn.BatchNorm2d(dim))),
-            nn.Conv2d(dim, dim, kernel_size=1), act_layer(), nn.BatchNorm2d(dim)) for _ in range(depth)])
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size), act_layer(), nn.BatchNorm2d(dim)
+        )
+        self.blocks = nn.Sequential(
+            *[
+                nn.Sequential(
+                    Residual(
+                        nn.Sequential(
+                            nn.Conv2d(dim, dim, kernel_size, groups=dim, padding="same"),
+                            act_layer(),
+                            nn.BatchNorm2d(dim),
+                        )
+                    ),
+                    nn.Conv2d(dim, dim, kernel_size=1),
+                    act_layer(),
+                    nn.BatchNorm2d(dim),
+                )
+                for _ in range(depth)
+            ]
+        )
         self.pooling = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(dim, num_classes)
 
@@ -187,8 +205,19 @@ class MixedConv2d(nn.ModuleDict):
         out_splits = _split_channels(out_channels, num_groups)
         for idx, (k, in_ch, out_ch) in enumerate(zip(kernel_size, in_splits, out_splits)):
             conv_groups = in_ch if depthwise else 1
-            self.add_module(str(idx), nn.Conv2d(in_ch, out_ch, k, stride=stride, padding=(k - 1) // 2 * dilation,
-                                                dilation=dilation, groups=conv_groups, bias=False))
+            self.add_module(
+                str(idx),
+                nn.Conv2d(
+                    in_ch,
+                    out_ch,
+                    k,
+                    stride=stride,
+                    padding=(k - 1) // 2 * dilation,
+                    dilation=dilation,
+                    groups=conv_groups,
+                    bias=False,
+                ),
+            )
         self.splits = in_splits
 
     def forward(self, x):
@@ -234,14 +263,19 @@ def test_a_failure_inside_the_tracer_is_one_line_not_a_traceback(monkeypatch):
 # ----- VoVNet: ceil-mode max-pools down to a 2x2 map ---------------------------------------------------------
 class ConvBnAct(nn.Sequential):
     def __init__(self, in_chs, out_chs, kernel_size=3, stride=1):
-        super().__init__(nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2, bias=False),
-                         nn.BatchNorm2d(out_chs), nn.ReLU(inplace=True))
+        super().__init__(
+            nn.Conv2d(in_chs, out_chs, kernel_size, stride, kernel_size // 2, bias=False),
+            nn.BatchNorm2d(out_chs),
+            nn.ReLU(inplace=True),
+        )
 
 
 class OsaBlock(nn.Module):
     def __init__(self, in_chs, mid_chs, out_chs, layer_per_block=3):
         super().__init__()
-        self.conv_mid = nn.Sequential(*[ConvBnAct(in_chs if i == 0 else mid_chs, mid_chs) for i in range(layer_per_block)])
+        self.conv_mid = nn.Sequential(
+            *[ConvBnAct(in_chs if i == 0 else mid_chs, mid_chs) for i in range(layer_per_block)]
+        )
         self.conv_concat = ConvBnAct(in_chs + layer_per_block * mid_chs, out_chs, 1)
 
     def forward(self, x):
@@ -407,8 +441,11 @@ def test_a_hand_written_spec_reads_on_off_yes_no_as_names_and_only_true_false_as
     from symgrad.cli_trace import literal_pair
     from symgrad.spec_yaml import load_yaml
 
-    spec = load_yaml("name: s\ninputs:\n  on: {shape: [1]}\n  no: {shape: [1]}\nlayers:\n"
-                     "  - {op: relu, in: on, out: off}\nwrt: [yes]\nflag: True\n", "s.yaml")
+    spec = load_yaml(
+        "name: s\ninputs:\n  on: {shape: [1]}\n  no: {shape: [1]}\nlayers:\n"
+        "  - {op: relu, in: on, out: off}\nwrt: [yes]\nflag: True\n",
+        "s.yaml",
+    )
     assert list(spec["inputs"]) == ["on", "no"] and spec["layers"][0] == {"op": "relu", "in": "on", "out": "off"}
     assert spec["wrt"] == ["yes"] and spec["flag"] is True
     # a value for the model's own code (`--arg`, `--init`) is not a name: `off` is False there, as YAML 1.1 reads it
@@ -463,8 +500,11 @@ class DistilledFromInput(nn.Module):
         return F.mse_loss(self.student(x), target)
 
 
-@pytest.mark.parametrize("model, line", [(Distilled, "target = self.teacher(x)"), (Rescaled, "scale = h.abs().amax()")],
-                         ids=["no_grad", "inference_mode"])
+@pytest.mark.parametrize(
+    "model, line",
+    [(Distilled, "target = self.teacher(x)"), (Rescaled, "scale = h.abs().amax()")],
+    ids=["no_grad", "inference_mode"],
+)
 def test_a_value_computed_under_no_grad_in_forward_is_refused_at_its_line(model, line):
     """autograd gives such a value no gradient; the explicit backward would differentiate it (it gave the
     teacher a gradient, and the student's input another): refused where the loss reads it, at its line."""
@@ -602,8 +642,9 @@ def test_a_crop_of_fixed_margins_is_refused_with_the_negative_pad_that_traces():
     assert "F.pad(h, [0, 0, -1, -1]) for h[..., 1:-1, :]" in str(error.value), str(error.value)
     torch.manual_seed(0)
     model = Cropped(negative_pad=True)
-    gradients_match(model, trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train"),
-                    {"x": (3, 3, 9, 6)})
+    gradients_match(
+        model, trace(model, {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train"), {"x": (3, 3, 9, 6)}
+    )
 
 
 def test_a_stop_gradient_is_refused_without_a_fix_that_changes_the_gradients():
@@ -679,8 +720,10 @@ def test_a_custom_autograd_function_is_refused_not_traced_through_its_forward():
         trace(DomainHead(), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
     source, first = inspect.getsourcelines(ReverseGradient.forward)
     message = str(error.value)
-    assert f"test_robustness.py:{first + 2}: error: 'view_as' runs in the forward of the " \
-           "torch.autograd.Function ReverseGradient" in message, message
+    assert (
+        f"test_robustness.py:{first + 2}: error: 'view_as' runs in the forward of the "
+        "torch.autograd.Function ReverseGradient" in message
+    ), message
     assert "\n" not in message and "train that model with autograd" in message
 
 
@@ -710,8 +753,9 @@ def test_no_grad_inside_a_checkpointed_block_is_refused_at_its_line(reentrant):
         trace(NoGradInCheckpoint(reentrant), {"x": (2, 3, 8, 8)}, loss=LossChoice("mse_loss"), mode="train")
     source, first = inspect.getsourcelines(NoGradInCheckpoint.block)
     message = str(error.value)
-    assert f"test_robustness.py:{first + 1}: error: turns gradients off inside a torch.utils.checkpoint" \
-           in message, message
+    assert f"test_robustness.py:{first + 1}: error: turns gradients off inside a torch.utils.checkpoint" in message, (
+        message
+    )
 
 
 class BufferWrites(nn.Module):
@@ -751,8 +795,11 @@ class GradientGatedCheckpoint(Checkpointed):
     """timm's pattern: checkpoint only where gradients are on (here: the trace runs as a training step)."""
 
     def forward(self, x):
-        block = self.block(x) if not torch.is_grad_enabled() else torch.utils.checkpoint.checkpoint(
-            self.block, x, use_reentrant=False)
+        block = (
+            self.block(x)
+            if not torch.is_grad_enabled()
+            else torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+        )
         return self.head(block)
 
 

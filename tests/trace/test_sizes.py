@@ -53,28 +53,48 @@ def test_sizes_like_a_node_are_read_at_run_time_and_match_autograd_at_odd_and_ev
 
 
 def test_a_pad_like_a_larger_node_crops_with_the_same_split():
-    text = SPEC.replace("{op: pad, in: wide, pad: {like: x}, out: padded}",
-                        "{op: pad, in: wide, pad: {like: up}, out: padded}").replace("[2, 3, 9, 11]", "[2, 3, 8, 10]")
-    spec = text.replace("{op: conv_transpose2d, in: h, weight: w, stride: 2, out: wide}",
-                        "{op: conv_transpose2d, in: h, weight: w, stride: 3, out: wide}")
+    text = SPEC.replace(
+        "{op: pad, in: wide, pad: {like: x}, out: padded}", "{op: pad, in: wide, pad: {like: up}, out: padded}"
+    ).replace("[2, 3, 9, 11]", "[2, 3, 8, 10]")
+    spec = text.replace(
+        "{op: conv_transpose2d, in: h, weight: w, stride: 2, out: wide}",
+        "{op: conv_transpose2d, in: h, weight: w, stride: 3, out: wide}",
+    )
     graph = build_graph(parse_spec(spec))
     assert graph.nodes["padded"].shape == (2, 3, 8, 10)  # 12 x 15 cropped by 2 + 2 and 2 + 3
     assert graph.with_input_shapes({"x": (1, 3, 5, 7), "t": (1, 3, 5, 7)}).nodes["padded"].shape == (1, 3, 5, 7)
 
 
-@pytest.mark.parametrize("edit, line, message", [
-    (("size: {like: x}", "size: {like: y}"), 9, "'y' is not defined before this point"),
-    (("size: {like: x}", "size: {like: padded}"), 9, "'padded' is not defined before this point"),
-    (("size: {like: x}", "size: {like: x, dim: 2}"), 9, "unknown key 'dim' at argument 'size'"),
-    (("size: {like: x}", "size: {as: x}"), 9, "unknown key 'as' at argument 'size'"),
-    (("size: {like: x}", "size: {like: [x]}"), 9, "'like' must be a name, not a list"),
-    (("padding: 1, out: h", "padding: {like: x}, out: h"), 8, "conv2d: argument 'padding' must be an int or a list of 2 ints, not {like: x}"),
-    (("weight: w, padding: 1", "weight: {like: x}, padding: 1"), 8, "conv2d: 'weight' must be a node name, not {like: x}"),
-    (("pad: {like: x}, out: padded", "pad: {like: x}, mode: replicate, out: padded"), 11,
-     "pad 'padded': pad {like: x} pads in constant mode only, not 'replicate'"),
-    ((("size: {like: x}", "size: {like: s}"), ("  t: {", "  s: {shape: [9, 11]}\n  t: {")), 10,
-     "reads the spatial sizes (dims 2 on) of 's' [9, 11], which do not fit the input [2, 3, 4, 5]"),
-])
+@pytest.mark.parametrize(
+    "edit, line, message",
+    [
+        (("size: {like: x}", "size: {like: y}"), 9, "'y' is not defined before this point"),
+        (("size: {like: x}", "size: {like: padded}"), 9, "'padded' is not defined before this point"),
+        (("size: {like: x}", "size: {like: x, dim: 2}"), 9, "unknown key 'dim' at argument 'size'"),
+        (("size: {like: x}", "size: {as: x}"), 9, "unknown key 'as' at argument 'size'"),
+        (("size: {like: x}", "size: {like: [x]}"), 9, "'like' must be a name, not a list"),
+        (
+            ("padding: 1, out: h", "padding: {like: x}, out: h"),
+            8,
+            "conv2d: argument 'padding' must be an int or a list of 2 ints, not {like: x}",
+        ),
+        (
+            ("weight: w, padding: 1", "weight: {like: x}, padding: 1"),
+            8,
+            "conv2d: 'weight' must be a node name, not {like: x}",
+        ),
+        (
+            ("pad: {like: x}, out: padded", "pad: {like: x}, mode: replicate, out: padded"),
+            11,
+            "pad 'padded': pad {like: x} pads in constant mode only, not 'replicate'",
+        ),
+        (
+            (("size: {like: x}", "size: {like: s}"), ("  t: {", "  s: {shape: [9, 11]}\n  t: {")),
+            10,
+            "reads the spatial sizes (dims 2 on) of 's' [9, 11], which do not fit the input [2, 3, 4, 5]",
+        ),
+    ],
+)
 def test_a_bad_size_reference_is_one_error_at_its_line(edit, line, message):
     text = SPEC
     for old, new in edit if isinstance(edit[0], tuple) else [edit]:
@@ -114,15 +134,25 @@ def test_a_full_map_follows_its_node_at_run_time_and_has_no_gradient():
         assert relative_error(value, reference) <= 1e-12
 
 
-@pytest.mark.parametrize("edit, message", [
-    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [2, 1, 9, 11]"), "reads no size from a node"),
-    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [{like: x}, 1, {like: x}]"),
-     "entry 0 is {like: x}, a size of 'x', which has 4 dims, not 3"),
-    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: {like: x}"), "reads the spatial sizes (dims 2 on) of 'x'"),
-    (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [{like: x}, 0, {like: x}, {like: x}]"),
-     "entry 1 is 0, neither a positive int nor {like: NODE}"),
-    (("{op: full, size", "{op: full, in: x, size"), "full reads 0 tensor(s) from 'in:' but 1 are given"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [2, 1, 9, 11]"), "reads no size from a node"),
+        (
+            ("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [{like: x}, 1, {like: x}]"),
+            "entry 0 is {like: x}, a size of 'x', which has 4 dims, not 3",
+        ),
+        (
+            ("size: [{like: x}, 1, {like: x}, {like: x}]", "size: {like: x}"),
+            "reads the spatial sizes (dims 2 on) of 'x'",
+        ),
+        (
+            ("size: [{like: x}, 1, {like: x}, {like: x}]", "size: [{like: x}, 0, {like: x}, {like: x}]"),
+            "entry 1 is 0, neither a positive int nor {like: NODE}",
+        ),
+        (("{op: full, size", "{op: full, in: x, size"), "full reads 0 tensor(s) from 'in:' but 1 are given"),
+    ],
+)
 def test_a_bad_full_is_one_error_at_its_line(edit, message):
     with pytest.raises(SpecError) as error:
         build_graph(parse_spec(FULL.replace(*edit), "full.yaml"))

@@ -20,15 +20,18 @@ def _resolve(dim):
     return ("x", dim.dim)
 
 
-@pytest.mark.parametrize("value, expected", [
-    (B, {"like": "x", "dims": [0]}),
-    (H * W, {"like": "x", "dims": [2, 3]}),
-    (H // 2, {"like": "x", "size": "shape[2] // 2"}),
-    (math.ceil(W / 4), {"like": "x", "size": "ceil(shape[3] / 4)"}),
-    (B * 4, {"like": "x", "size": "4 * shape[0]"}),
-    (math.ceil(H / 2) * 2 // 2 * (W // 2), {"like": "x", "size": "ceil(shape[2] / 2) * (shape[3] // 2)"}),
-    (H + W - 1, {"like": "x", "size": "-1 + shape[2] + shape[3]"}),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (B, {"like": "x", "dims": [0]}),
+        (H * W, {"like": "x", "dims": [2, 3]}),
+        (H // 2, {"like": "x", "size": "shape[2] // 2"}),
+        (math.ceil(W / 4), {"like": "x", "size": "ceil(shape[3] / 4)"}),
+        (B * 4, {"like": "x", "size": "4 * shape[0]"}),
+        (math.ceil(H / 2) * 2 // 2 * (W // 2), {"like": "x", "size": "ceil(shape[2] / 2) * (shape[3] // 2)"}),
+        (H + W - 1, {"like": "x", "size": "-1 + shape[2] + shape[3]"}),
+    ],
+)
 def test_a_traced_size_is_written_as_the_expression_it_was_computed_by(value, expected):
     assert isinstance(value, TracedSize)
     written = spec_size(value, _resolve)
@@ -66,12 +69,15 @@ def test_a_size_expression_generates_and_is_read_at_run_time():
     assert "(-(-x.shape[2] // 2))" in code and "(x.shape[3] // 2)" in code, code
 
 
-@pytest.mark.parametrize("size, problem", [
-    ("'shape[2] / 2'", "is not an int"),
-    ("'x.shape[2]'", "is not an int"),
-    ("'shape[2] // 0'", "positive int"),
-    ("'__import__(1)'", "is not an int"),
-])
+@pytest.mark.parametrize(
+    "size, problem",
+    [
+        ("'shape[2] / 2'", "is not an int"),
+        ("'x.shape[2]'", "is not an int"),
+        ("'shape[2] // 0'", "positive int"),
+        ("'__import__(1)'", "is not an int"),
+    ],
+)
 def test_a_malformed_size_is_refused_in_one_line(size, problem):
     with pytest.raises(SpecError) as caught:
         build_text(SPEC.replace("SIZE", f"{{like: x, size: {size}}}"), "sized.yaml")

@@ -84,8 +84,11 @@ class PadsOddSizes(nn.Module):
         return F.avg_pool2d(x, 2)
 
 
-CASES = {"window": (WindowFollowsSize, (2, 2, 3, 3)), "fourier": (FourierPositions, (2, 2, 5, 4)),
-         "padding": (PadsOddSizes, (2, 2, 5, 4))}
+CASES = {
+    "window": (WindowFollowsSize, (2, 2, 3, 3)),
+    "fourier": (FourierPositions, (2, 2, 5, 4)),
+    "padding": (PadsOddSizes, (2, 2, 5, 4)),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -106,7 +109,9 @@ def test_traced_at_static_sizes_it_trains_as_autograd_there_and_refuses_other_si
     text = trace(model, {"x": shape}, "parameters", "net", static_sizes=True)
     spec = load_yaml(text)
     checks = [layer for layer in spec["layers"] if layer["op"] == "size_check"]
-    assert [(layer["left"]["dims"], layer["right"]) for layer in checks] == [([d], size) for d, size in enumerate(shape)]
+    assert [(layer["left"]["dims"], layer["right"]) for layer in checks] == [
+        ([d], size) for d, size in enumerate(shape)
+    ]
     assert spec["guards"]["sizes"] == {"x": list(shape)}
     if case == "fourier":  # the encoding of one sample, expanded to the batch
         constant = next(layer for layer in spec["layers"] if layer["op"] == "constant")
@@ -156,8 +161,10 @@ def test_the_generated_code_itself_refuses_another_size(tmp_path):
 
     text = trace(PadsOddSizes().double(), {"x": (2, 2, 5, 4)}, "parameters", "net", static_sizes=True)
     module = module_from_source(build_text(text, "net.yaml").rendered.files["net.py"], "net")
-    params = {"conv.weight": torch.randn(3, 2, 3, 3, dtype=torch.float64),
-              "conv.bias": torch.randn(3, dtype=torch.float64)}
+    params = {
+        "conv.weight": torch.randn(3, 2, 3, 3, dtype=torch.float64),
+        "conv.bias": torch.randn(3, dtype=torch.float64),
+    }
     assert module.forward(torch.randn(2, 2, 5, 4, dtype=torch.float64), params)[0].shape == (2, 3, 3, 2)
     with pytest.raises(ValueError) as error:
         module.forward(torch.randn(2, 2, 7, 4, dtype=torch.float64), params)
@@ -186,14 +193,30 @@ def test_the_command_line_option_traces_at_fixed_sizes_and_bind_prints_a_retrace
 
     from symgrad.cli import main
 
-    (tmp_path / "pads.py").write_text("import torch.nn.functional as F\nfrom torch import nn\n\n\n"
-                                      "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                                      "        self.conv = nn.Conv2d(2, 3, 3, padding=1)\n\n    def forward(self, x):\n"
-                                      "        x = self.conv(x)\n        if x.shape[2] % 2:\n"
-                                      "            x = F.pad(x, (0, 0, 0, 1))\n        return F.avg_pool2d(x, 2)\n")
+    (tmp_path / "pads.py").write_text(
+        "import torch.nn.functional as F\nfrom torch import nn\n\n\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.conv = nn.Conv2d(2, 3, 3, padding=1)\n\n    def forward(self, x):\n"
+        "        x = self.conv(x)\n        if x.shape[2] % 2:\n"
+        "            x = F.pad(x, (0, 0, 0, 1))\n        return F.avg_pool2d(x, 2)\n"
+    )
     spec = tmp_path / "net.yaml"
-    result = CliRunner().invoke(main, ["trace", f"{tmp_path / 'pads.py'}:Net", "--input", "x=2,2,5,4", "--wrt",
-                                       "parameters", "--name", "net", "--static-sizes", "-o", str(spec)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "trace",
+            f"{tmp_path / 'pads.py'}:Net",
+            "--input",
+            "x=2,2,5,4",
+            "--wrt",
+            "parameters",
+            "--name",
+            "net",
+            "--static-sizes",
+            "-o",
+            str(spec),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "--static-sizes" in spec.read_text().splitlines()[1]
     result = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path)])
@@ -269,7 +292,9 @@ def test_a_call_with_both_inputs_at_another_batch_prints_a_retrace_that_works_as
     )
     spec = tmp_path / "net.yaml"
     arguments = ["--input", "x=2,2,5,4", "--input", "y=2,5", "--wrt", "parameters", "--name", "net"]
-    result = CliRunner().invoke(main, ["trace", f"{tmp_path / 'two.py'}:Net", *arguments, "--static-sizes", "-o", str(spec)])
+    result = CliRunner().invoke(
+        main, ["trace", f"{tmp_path / 'two.py'}:Net", *arguments, "--static-sizes", "-o", str(spec)]
+    )
     assert result.exit_code == 0, result.output
     assert CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path)]).exit_code == 0
     fast = symgrad.bind(tmp_path / "net.py", TwoInputs().double())
@@ -282,5 +307,7 @@ def test_a_call_with_both_inputs_at_another_batch_prints_a_retrace_that_works_as
     assert "--input x=3,2,5,4" in command and "--input y=3,5" in command, command
     result = CliRunner().invoke(main, shlex.split(command)[1:])
     assert result.exit_code == 0, result.output
-    with pytest.raises(BindError, match=r"at those sizes \(a smaller last batch: DataLoader\(\.\.\., drop_last=True\)\)"):
+    with pytest.raises(
+        BindError, match=r"at those sizes \(a smaller last batch: DataLoader\(\.\.\., drop_last=True\)\)"
+    ):
         fast(x[:1], y[:1])

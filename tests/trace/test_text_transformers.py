@@ -47,7 +47,9 @@ def test_a_nanogpt_trains_with_dropout_equal_to_autograd_and_evaluates_without_a
     assert "lm_head_weight" not in spec["inputs"]  # the tied table is one input, read by the embedding and the head
     ops = [layer["op"] for layer in spec["layers"]]
     assert ops.count("dropout") == 4 and "attention_probabilities" in ops and "embedding" in ops
-    position = next(layer for layer in spec["layers"] if layer["op"] == "narrow" and layer["in"] == "transformer_wpe_weight")
+    position = next(
+        layer for layer in spec["layers"] if layer["op"] == "narrow" and layer["in"] == "transformer_wpe_weight"
+    )
     assert position["length"] == {"like": "idx", "dims": [1]}  # torch.arange(t): t read from idx at run time
     torch.manual_seed(0)
     model = GPT().double()
@@ -125,13 +127,22 @@ def test_padding_idx_gets_no_gradient_and_positions_follow_the_length(tmp_path):
     for net in (fast, reference):
         F.cross_entropy(net(idx).transpose(1, 2), targets).backward()
     assert model.tokens.weight.grad[0].abs().max().item() == 0 and model.tokens.weight.grad[1:].abs().max().item() > 0
-    assert model.positions.weight.grad[5:].abs().max().item() == 0 and model.positions.weight.grad[4].abs().max().item() > 0
+    assert (
+        model.positions.weight.grad[5:].abs().max().item() == 0
+        and model.positions.weight.grad[4].abs().max().item() > 0
+    )
     for (key, ours), theirs in zip(model.named_parameters(), reference.parameters()):
         assert torch.allclose(ours.grad, theirs.grad, rtol=0, atol=1e-12), key
 
 
-@pytest.mark.parametrize("argument, words", [({"max_norm": 1.0}, "max_norm"), ({"sparse": True}, "sparse"),
-                                             ({"scale_grad_by_freq": True}, "scale_grad_by_freq")])
+@pytest.mark.parametrize(
+    "argument, words",
+    [
+        ({"max_norm": 1.0}, "max_norm"),
+        ({"sparse": True}, "sparse"),
+        ({"scale_grad_by_freq": True}, "scale_grad_by_freq"),
+    ],
+)
 def test_embedding_arguments_the_backward_does_not_follow_are_refused_at_the_users_line(argument, words):
     table = nn.Embedding(5, 3, **argument).double()
 
@@ -146,8 +157,10 @@ def test_embedding_arguments_the_backward_does_not_follow_are_refused_at_the_use
 def test_an_embedding_spec_reads_as_the_op(tmp_path):
     """The emitted forward is F.embedding, the gradient an index_add of the gradient rows (autograd's
     embedding_backward, equal to it bit for bit on the CPU), with padding_idx's row filled with 0."""
-    text = ("name: table\ninputs:\n  w: {shape: [5, 3]}\n  i: {shape: [2, 4], dtype: int64}\n  y: {shape: [2, 4, 3]}\nlayers:\n"
-            "  - {op: embedding, in: i, weight: w, padding_idx: 2}\nloss: {op: half_sq_error, target: y}\nwrt: [w]\n")
+    text = (
+        "name: table\ninputs:\n  w: {shape: [5, 3]}\n  i: {shape: [2, 4], dtype: int64}\n  y: {shape: [2, 4, 3]}\nlayers:\n"
+        "  - {op: embedding, in: i, weight: w, padding_idx: 2}\nloss: {op: half_sq_error, target: y}\nwrt: [w]\n"
+    )
     built = build_text(text, "table.yaml")
     code = built.rendered.files["table.py"]
     assert "F.embedding(i, w, padding_idx=2)" in code and ".index_fill(0, i.new_tensor([2]), 0)" in code
@@ -155,7 +168,7 @@ def test_an_embedding_spec_reads_as_the_op(tmp_path):
     w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     i = torch.tensor([[2, 0, 0, 4], [1, 2, 0, 0]])
     y = torch.randn(2, 4, 3, dtype=torch.float64)
-    expected, = torch.autograd.grad(0.5 * (F.embedding(i, w, padding_idx=2) - y).pow(2).sum(), [w])
+    (expected,) = torch.autograd.grad(0.5 * (F.embedding(i, w, padding_idx=2) - y).pow(2).sum(), [w])
     assert torch.equal(module.gradients(w=w.detach(), i=i, y=y).w, expected)
 
 
@@ -200,8 +213,13 @@ def test_bert_style_position_ids_sliced_from_a_buffer_and_gpt2_conv1d_train_as_a
     buffer are narrowed to the length read from input_ids at run time; Conv1D's addmm is one op."""
     torch.manual_seed(2)
     model = BertStyleEmbeddings().double()
-    text = trace(model, {"input_ids": (2, 3), "token_type_ids": (2, 3)}, "parameters", "bert_style",
-                 dtypes={"input_ids": "int64", "token_type_ids": "int64"})
+    text = trace(
+        model,
+        {"input_ids": (2, 3), "token_type_ids": (2, 3)},
+        "parameters",
+        "bert_style",
+        dtypes={"input_ids": "int64", "token_type_ids": "int64"},
+    )
     assert "op: addmm" in text and "length: {like: input_ids, dims: [1]}" in text, text
     reference = copy.deepcopy(model)
     fast = symgrad.bind(_generated(tmp_path, text), model)
@@ -218,6 +236,7 @@ def test_a_cache_started_as_an_empty_tensor_is_concatenated_as_pytorch_does():
     """transformers' DynamicLayer starts its cache as ``torch.tensor([])`` and concatenates each step's keys to
     it; PyTorch's cat leaves a 1-d empty tensor out, so the cache is the keys (GPT-2 called as it is, with its
     cache on, was refused at that cat)."""
+
     def attend(x, w):
         keys = torch.tensor([], dtype=x.dtype, device=x.device)
         keys = torch.cat([keys, x @ w], dim=-2)
@@ -229,7 +248,7 @@ def test_a_cache_started_as_an_empty_tensor_is_concatenated_as_pytorch_does():
     module = module_from_source(build_text(text, "cached.yaml").rendered.files["cached.py"], "cached")
     x, w = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True), torch.randn(4, 4, dtype=torch.float64)
     target = torch.randn(3, 5, 4, dtype=torch.float64)
-    expected, = torch.autograd.grad(0.5 * (attend(x, w) - target).pow(2).sum(), [x])
+    (expected,) = torch.autograd.grad(0.5 * (attend(x, w) - target).pow(2).sum(), [x])
     got = module.gradients(x=x.detach(), w=w, **{spec["loss"]["target"]: target}).x
     assert (got - expected).abs().max().item() <= 1e-12
 
@@ -259,7 +278,9 @@ def test_a_padding_mask_in_the_4d_additive_form_trains_with_attention_dropout_as
     x = torch.randn(3, 5, 4, dtype=torch.float64)
     keep = torch.ones(3, 5)
     keep[0, -2:] = 0  # the first sequence is padded
-    mask = torch.zeros(3, 1, 1, 5, dtype=torch.float64).masked_fill(keep[:, None, None] == 0, torch.finfo(torch.float64).min)
+    mask = torch.zeros(3, 1, 1, 5, dtype=torch.float64).masked_fill(
+        keep[:, None, None] == 0, torch.finfo(torch.float64).min
+    )
     outputs = []
     for net in (fast, reference):
         torch.manual_seed(9)
@@ -310,6 +331,7 @@ def test_ids_gathered_from_an_integer_buffer_are_the_tables_rows_read_at_run_tim
 
 def test_ids_gathered_from_an_integer_buffer_otherwise_are_refused_with_a_fix_that_needs_no_edit():
     """Ids gathered along a dim whose other dims are not 1 (not BERT's form) stay refused, naming the fix."""
+
     class Gathers(nn.Module):
         def __init__(self):
             super().__init__()

@@ -26,13 +26,16 @@ def generated(text: str):
 
 def test_seed_loss_round_trip_matches_autograd_on_the_original_function():
     function = load_target(f"{EXAMPLE}:loss")
-    text = trace(function, {"z": (8, 32, 128, 128), "q1": (32, 32, 3, 3), "q2": (1, 32, 3, 3)}, ["z", "q1", "q2"],
-                 "traced_seed3")
+    text = trace(
+        function, {"z": (8, 32, 128, 128), "q1": (32, 32, 3, 3), "q2": (1, 32, 3, 3)}, ["z", "q1", "q2"], "traced_seed3"
+    )
     module = generated(text)
     shapes = {"z": (2, 32, 64, 64), "q1": (32, 32, 3, 3), "q2": (1, 32, 3, 3)}  # checked at other sizes
     original = function.__globals__
     generator = torch.Generator().manual_seed(3)
-    z, q1, q2 = (torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True) for shape in shapes.values())
+    z, q1, q2 = (
+        torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True) for shape in shapes.values()
+    )
     k, y = original["k"].double(), original["y"].double()[:2, :, :2, :2]
     original["k"], original["y"] = k, y  # the original function reads its globals; give them float64 and this size
     try:
@@ -71,15 +74,32 @@ def test_unsupported_op_names_the_op_and_the_line():
 
 def test_trace_command_writes_a_spec_that_generates(tmp_path: Path):
     spec = tmp_path / "traced.yaml"
-    result = CliRunner().invoke(main, ["trace", f"{EXAMPLE}:loss", "--shape", "z=8,32,128,128", "--shape", "q1=32,32,3,3",
-                                       "--shape", "q2=1,32,3,3", "--wrt", "z,q1,q2", "-o", str(spec)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "trace",
+            f"{EXAMPLE}:loss",
+            "--shape",
+            "z=8,32,128,128",
+            "--shape",
+            "q1=32,32,3,3",
+            "--shape",
+            "q2=1,32,3,3",
+            "--wrt",
+            "z,q1,q2",
+            "-o",
+            str(spec),
+        ],
+    )
     assert result.exit_code == 0, result.output
     generate = CliRunner().invoke(main, ["generate", str(spec), "-o", str(tmp_path / "out"), "--verify"])
     assert generate.exit_code == 0, generate.output
     bad = CliRunner().invoke(main, ["trace", f"{EXAMPLE}:uses_cumsum", "--shape", "x=2,3", "--shape", "y=2,3"])
     assert bad.exit_code == 2 and "cumsum" in bad.output
-    wrong = CliRunner().invoke(main, ["trace", f"{EXAMPLE}:loss", "--shape", "z=8,32,64,64", "--shape", "q1=32,32,3,3",
-                                      "--shape", "q2=1,32,3,3"])
+    wrong = CliRunner().invoke(
+        main,
+        ["trace", f"{EXAMPLE}:loss", "--shape", "z=8,32,64,64", "--shape", "q1=32,32,3,3", "--shape", "q2=1,32,3,3"],
+    )
     assert wrong.exit_code == 2 and "error: running it at z=[8, 32, 64, 64]" in wrong.output
     assert len(wrong.output.strip().splitlines()) == 1
 
@@ -89,8 +109,22 @@ INPUTS = ROOT / "tests" / "trace" / "inputs"
 
 def test_trace_command_with_wrt_parameters_differentiates_by_the_parameters_alone(tmp_path: Path):
     spec = tmp_path / "params.yaml"
-    result = CliRunner().invoke(main, ["trace", f"{INPUTS / 'resnet_style.py'}:TinyResNet", "--shape", "x=2,3,16,16",
-                                       "--loss", "cross_entropy", "--train", "--wrt", "parameters", "-o", str(spec)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "trace",
+            f"{INPUTS / 'resnet_style.py'}:TinyResNet",
+            "--shape",
+            "x=2,3,16,16",
+            "--loss",
+            "cross_entropy",
+            "--train",
+            "--wrt",
+            "parameters",
+            "-o",
+            str(spec),
+        ],
+    )
     assert result.exit_code == 0, result.output
     wrt = yaml.safe_load(spec.read_text())["wrt"]
     assert "x" not in wrt and "bn1_weight" in wrt and "layers_0_0_conv1_weight" in wrt, wrt
@@ -122,12 +156,16 @@ def test_constructor_and_import_failures_are_one_line_with_their_file_line():
     blocks = INPUTS / "blocks.py"
     result = run_trace(f"{blocks}:Net", "--init", "width=0", "--input", "x=2,1,6,6", "--loss", "mse")
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert result.output.startswith(f"{marked_line(blocks, 'CONSTRUCTOR')}: error: building Net(width=0) failed: "
-                                    "width must be positive")
+    assert result.output.startswith(
+        f"{marked_line(blocks, 'CONSTRUCTOR')}: error: building Net(width=0) failed: width must be positive"
+    )
     broken = INPUTS / "broken_import.py"
     result = run_trace(f"{broken}:loss", "--input", "x=2")
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert result.output.startswith(f"{marked_line(broken, 'IMPORT')}: error: importing") and "not_a_module" in result.output
+    assert (
+        result.output.startswith(f"{marked_line(broken, 'IMPORT')}: error: importing")
+        and "not_a_module" in result.output
+    )
     result = run_trace(f"{blocks}:Net", "--init", "width=__import__('os')", "--input", "x=2,1,6,6")
     assert result.exit_code == 2 and "is not a number, string or list" not in result.output  # a string: reaches Net
     result = run_trace(f"{blocks}:Net", "--init", "width={a: 1}", "--input", "x=2,1,6,6")
@@ -150,8 +188,23 @@ def test_forward_returning_the_prediction_ends_in_outputs_or_loss_and_takes_init
     result = run_trace(blocks, "--input", "x=2,1,8,8", "--arg", "sigma=0.1")  # no --loss: the spec ends in outputs
     assert result.exit_code == 0 and "\noutputs: " in result.output and "\nloss:" not in result.output, result.output
     spec = tmp_path / "noisy.yaml"
-    result = run_trace(blocks, "--init", "in_nc=1,nc=[3, 6]", "--input", "x=2,1,8,8", "--arg", "sigma=0.25",
-                       "--loss", "mse", "--target", "clean", "--reduction", "sum", "-o", str(spec))
+    result = run_trace(
+        blocks,
+        "--init",
+        "in_nc=1,nc=[3, 6]",
+        "--input",
+        "x=2,1,8,8",
+        "--arg",
+        "sigma=0.25",
+        "--loss",
+        "mse",
+        "--target",
+        "clean",
+        "--reduction",
+        "sum",
+        "-o",
+        str(spec),
+    )
     assert result.exit_code == 0, result.output
     text = spec.read_text()
     assert "head_weight: {shape: [3, 1, 3, 3], source: head.weight}" in text and "other: 0.25" in text
@@ -167,7 +220,7 @@ def test_a_pad_to_the_size_of_a_tensor_the_code_read_is_read_at_run_time_not_fro
     module = generated(text)
     x = torch.randn(3, 1, 11, 7, dtype=torch.float64, requires_grad=True)  # odd: a pad of 1 on each side
     target = torch.randn(3, 2, 11, 7, dtype=torch.float64)
-    expected, = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    (expected,) = torch.autograd.grad(F.mse_loss(model(x), target), x)
     assert relative_error(module.gradients(x=x, target=target).x, expected) <= 1e-12
 
 
@@ -180,13 +233,17 @@ def test_an_interpolation_size_computed_from_the_input_is_an_expression_of_its_s
     module = generated(text)
     x = torch.randn(3, 1, 9, 6, dtype=torch.float64, requires_grad=True)
     target = torch.randn(3, 1, 18, 12, dtype=torch.float64)
-    expected, = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    (expected,) = torch.autograd.grad(F.mse_loss(model(x), target), x)
     assert relative_error(module.gradients(x=x, target=target).x, expected) <= 1e-12
 
 
-@pytest.mark.parametrize("model, marker, argument", [
-    # 11 -> 3 -> 9 pads [0, 2], not U-Net's [1, 1]; at 22 -> 7 -> 21 the pad [0, 1] is U-Net's: no one spec
-    ("PaddedAfter", "PADDED AFTER", "'pad' argument pad=[0, 2, 0, 2] becomes {like: x}")])
+@pytest.mark.parametrize(
+    "model, marker, argument",
+    [
+        # 11 -> 3 -> 9 pads [0, 2], not U-Net's [1, 1]; at 22 -> 7 -> 21 the pad [0, 1] is U-Net's: no one spec
+        ("PaddedAfter", "PADDED AFTER", "'pad' argument pad=[0, 2, 0, 2] becomes {like: x}")
+    ],
+)
 def test_sizes_computed_from_the_input_that_no_tensor_has_are_refused_not_frozen(model, marker, argument):
     path = INPUTS / "sizes.py"
     with pytest.raises(TraceError) as error:
@@ -209,8 +266,15 @@ def test_dropout_is_a_random_mask_in_training_and_the_identity_in_eval(tmp_path:
 
 
 def test_classifier_with_cross_entropy_gets_int64_labels():
-    result = run_trace(f"{ROOT / 'tests' / 'models' / 'classic.py'}:LeNet5", "--input", "x=2,3,32,32", "--loss", "cross_entropy",
-                       "--target", "labels")
+    result = run_trace(
+        f"{ROOT / 'tests' / 'models' / 'classic.py'}:LeNet5",
+        "--input",
+        "x=2,3,32,32",
+        "--loss",
+        "cross_entropy",
+        "--target",
+        "labels",
+    )
     assert result.exit_code == 0, result.output
     assert "labels: {shape: [2], dtype: int64}" in result.output and "op: flatten" in result.output
 
@@ -229,7 +293,9 @@ def test_an_argument_a_rule_refuses_is_reported_at_the_models_line():
 
     with pytest.raises(TraceError) as error:
         trace(pooled, {"x": (1, 1, 4, 4), "target": (1, 1, 2, 2)})
-    assert str(error.value).startswith(f"{marked_line(Path(__file__), 'INDICES')}: error: 'max_pool2d_with_indices' returns indices")
+    assert str(error.value).startswith(
+        f"{marked_line(Path(__file__), 'INDICES')}: error: 'max_pool2d_with_indices' returns indices"
+    )
 
 
 def test_torch_batch_norm_binds_by_its_own_argument_order():

@@ -45,7 +45,9 @@ def test_a_train_mode_batchnorm_whose_output_is_unused_is_refused_at_its_line():
     number = first + next(index for index, text in enumerate(source) if "self.blocks[0](features)" in text)
     message = str(error.value)
     assert f"test_unused_branch_statistics.py:{number}: error: blocks.0.1 (BatchNorm2d)" in message, message
-    assert "\n" not in message and "e.g. model.blocks[0].eval() (symgrad trace: --modes blocks.0=eval)" in message, message
+    assert "\n" not in message and "e.g. model.blocks[0].eval() (symgrad trace: --modes blocks.0=eval)" in message, (
+        message
+    )
 
 
 def test_the_fix_eval_of_the_unused_branch_trains_as_autograd_with_its_buffers():
