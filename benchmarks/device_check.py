@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from symgrad.check import load_module, relative_error
+from symgrad.testdata import checked_subset
 
 ROOT = Path(__file__).resolve().parent.parent
 NONDETERMINISM = {"cuda": 1e-12}
@@ -50,7 +51,8 @@ def check_module(test_path: Path, device: str, quick: bool = False) -> bool:
     ``quick``: float32 at its second small shape, gradcheck over its checked subset (see the docstring)."""
     tests = load_module(test_path, test_path.stem)
     module, wrt, passed = tests.module, tests.WRT, True
-    perturbed = tests.checked_subset(wrt) if quick else wrt
+    # the file's shared helpers (_symgrad_testdata.py beside it) are symgrad.testdata's text
+    perturbed = checked_subset(wrt) if quick else wrt
     # a module written as blocks takes its parameters in one mapping: its test file says how
     call = getattr(tests, "arguments", lambda values: values)
     ordered = (lambda result: [tests.by_name(result)[name] for name in wrt]) if hasattr(tests, "by_name") else tuple

@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+from symgrad.testdata import checked_subset
+
 
 def _outcome(check, function, values) -> tuple[str, float | None]:
     try:
@@ -47,7 +49,7 @@ def main() -> int:
         results = {}
         for kind, forward in (("explicit", tests.explicit_backward), ("autograd", tests.run_forward)):
             inputs = tests.inputs_for(tests.SMALL_SHAPES[0], torch.float64, seed=seed)
-            checked = tests.checked_subset(tests.WRT)
+            checked = checked_subset(tests.WRT)  # the file's _symgrad_testdata.py is symgrad.testdata's text
             fixed = {key: value.detach() for key, value in inputs.items() if key not in checked}
 
             def function(*values, forward=forward, fixed=fixed, checked=checked):
