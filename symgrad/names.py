@@ -256,6 +256,8 @@ def check_statement_targets(spec, *statement_lists) -> None:
         for statement in statements:
             name = statement.target.name
             if name in names and not (name in layer_outputs and statement.node == name):
+                if name not in layer_outputs and statement.target in statement.value.free_symbols:
+                    continue  # `x = _size_check(x, ...)`: the input checked is still x (reverse._input_names_kept)
                 raise SpecError(
                     f"'{name}' is also a name the generated code gives a value of its own "
                     f"({statement.comment or 'a derived value'})",
@@ -390,11 +392,13 @@ def _stand_in(derived):
             return f"{indent}pass"
         if target not in derived:
             return match.group(0)
-        # a value kept as autocast's copy of itself is still the one value, not a second store
-        kept_as_cast = re.fullmatch(
-            rf"{target}=_saved_as_autocast_casts\({target},?\)", re.sub(r"\s", "", match.group(0))
+        # a value kept as autocast's copy of itself, or an input checked (`x = _size_check(x, ...)`,
+        # reverse._input_names_kept), is still the one value, not a second store
+        text = re.sub(r"\s", "", match.group(0))
+        kept = re.fullmatch(rf"{target}=_saved_as_autocast_casts\({target},?\)", text) or re.match(
+            rf"{target}=_size_check\({target},", text
         )
-        return f"{indent}{target} = {target if kept_as_cast else None}"
+        return f"{indent}{target} = {target if kept else None}"
 
     return replace
 

@@ -149,9 +149,33 @@ def derive(graph: Graph, fused: bool = False) -> Program:
     if len(targets) != len(set(targets)):  # a name assigned twice would silently shadow a value
         duplicated = sorted({t.name for t in targets if targets.count(t) > 1})
         raise ValueError(f"derivation assigns {duplicated} more than once")
+    kept = _input_names_kept(graph)
+    forward, backward = ([_renamed(statement, kept) for statement in part] for part in (forward, backward))
     gradients = {name: tensor(f"grad_{name}") for name in graph.wrt}
     default = loss.rule.default_cotangent(graph.symbols(loss))
     return Program(graph, forward, backward, gradients, default, steps, branch_sums)
+
+
+def _input_names_kept(graph: Graph) -> dict[sympy.Symbol, sympy.Symbol]:
+    """The outputs of layers that keep their input's name (``Rule.keeps_input_name``: the size checks of
+    ``--static-sizes``), in a chain from a spec input, each to that input: the math after them reads ``x``,
+    not ``x_size3``. After the walk, which names each node's value once."""
+    roots: dict[str, str] = {}
+    for node in graph.nodes.values():
+        if node.kind == "layer" and node.rule.keeps_input_name:
+            source = next(iter(node.operands.values()))
+            if source in roots or graph.nodes[source].kind == "input":
+                roots[node.name] = roots.get(source, source)
+    return {tensor(name): tensor(root) for name, root in roots.items()}
+
+
+def _renamed(statement: Statement, kept: dict) -> Statement:
+    if not kept:
+        return statement
+    math = statement.math.xreplace(kept) if statement.math is not None else None
+    return dataclasses.replace(
+        statement, target=kept.get(statement.target, statement.target), value=statement.value.xreplace(kept), math=math
+    )
 
 
 def _forward_statements(graph: Graph, fused: bool = False) -> list[Statement]:

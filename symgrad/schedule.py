@@ -301,6 +301,8 @@ def _saved_for_backward(
     read = set().union(*(statement.value.free_symbols for statement in statements[boundary:]))
     read -= {statement.target for statement in statements[boundary:]}  # a value recomputed there
     read |= fast.default_cotangent.free_symbols
+    inputs = {tensor(node.name) for node in fast.graph.inputs}  # passed to the backward itself
+    read -= inputs  # a checked input keeps its name (`x = _size_check(x, ...)`): still the input
     kept = [statement.target for statement in statements[:boundary] if statement.target in read]
     loss = fast.forward[-1].target
     live = _live(fast.forward, {*kept, loss})

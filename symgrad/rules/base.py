@@ -325,6 +325,9 @@ class Rule:
     """Operands the op is linear in (each separately): their adjoints are certified exactly."""
     argument_hints: ClassVar[dict[str, str]] = {}
     """The fix to suggest for an argument the op does not take, where a general list would not help."""
+    keeps_input_name: ClassVar[bool] = False
+    """The output is the input itself, checked (``size_check``): on a spec input, the generated code after it
+    reads the input's own name (``x = _size_check(x, ...)``; ``symgrad.reverse``), not the layer's."""
 
     # ----- how ``symgrad trace`` finds the op in a model ------------------------------------------------
     calls: ClassVar[tuple[str, ...]] = ()

@@ -79,6 +79,7 @@ class SizeCheck(Rule):
         "(symgrad/trace/sizes.py, size_checks.py) writes it on the node whose sizes it reads"
     )
     operands = (Operand("input", from_in=True),)
+    keeps_input_name = True
     params = {
         "left": Param(None, _size),
         "right": Param(None, _size),

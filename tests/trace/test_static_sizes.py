@@ -173,6 +173,19 @@ def test_the_generated_code_itself_refuses_another_size(tmp_path):
     assert "traced at x=[2, 2, 5, 4]" in line, line
 
 
+def test_the_checked_input_keeps_its_name_in_the_generated_code():
+    """The size checks are checks, not new values: each rebinds the input (``x = _size_check(x, ...)``) and
+    the math after them reads ``x`` (``F.conv2d(x, ...)``, its backward too), never ``x_size3``."""
+    from symgrad.pipeline import build_text
+
+    text = trace(PadsOddSizes().double(), {"x": (2, 2, 5, 4)}, "parameters", "net", static_sizes=True)
+    assert "out: x_size3" in text  # the spec names each check; the code does not
+    source = build_text(text, "net.yaml").rendered.files["net.py"]
+    assert "x_size" not in source
+    assert source.count("x = _size_check(\n        x,\n") >= 4, source
+    assert "F.conv2d(x, " in source
+
+
 def test_int64_inputs_are_refused_with_static_sizes():
     class Tokens(nn.Module):
         def __init__(self):
