@@ -276,12 +276,6 @@ def _time_limit(seconds: float | None):
 def _traced_text(
     function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False, static_sizes=False
 ) -> str:
-    wide = [key for key in tensor_names if dtypes.get(key) == "int64"] if static_sizes else []
-    if wide:
-        raise TraceError(
-            f"error: static_sizes guards the sizes of floating inputs, and {wide[0]} is int64, whose sizes "
-            "no check would keep (fix: trace without static_sizes)"
-        )
     with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
         spec, calls = run_once(
             function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss

@@ -7,7 +7,8 @@ The second run at other sizes (``rerun.size_dependence``) is skipped: sizes, bra
 numbers alone are taken as the code computed them at the traced sizes, and the spec says so. They are never
 frozen silently: every floating input's every size is GUARDED by a ``size_check`` layer on the input, so the
 generated module stops in one line at any other size, naming the traced sizes and how to trace again, and
-``symgrad.bind`` refuses such a call before it runs (its guards' ``static_sizes`` entry).
+``symgrad.bind`` refuses such a call before it runs (its guards' ``sizes`` entry). An int64 input's sizes
+(token ids) are guarded at bind alone: the generated module itself does not check them.
 
 Without the option, each size-dependence refusal names it as one fix (:func:`with_static_fix`), after the
 refusal's own fix (which may need editing the model's code)."""
@@ -97,13 +98,14 @@ def guard_sizes(
 ) -> dict[str, list[int]]:
     """Put a ``size_check`` of each size of each floating input first in ``spec``'s layers (and a call for each
     in ``calls``, at ``where``, in no module); every later read of the input reads it through its checks. The
-    guarded sizes, by input, for the guards (:func:`symgrad.bound_model`'s check at each call)."""
-    guarded = {
-        key: list(shape) for key, shape in shapes.items() if dtypes.get(key) != "int64" and key in spec["inputs"]
-    }
+    guarded sizes, by input, for the guards (:func:`symgrad.bound_model`'s check at each call): an int64
+    input's (token ids) too, which no layer reads as a tensor to check, guarded at bind alone."""
+    guarded = {key: list(shape) for key, shape in shapes.items() if key in spec["inputs"]}
     taken = {layer.get("out") for layer in spec["layers"]} | set(spec["inputs"])
     checks, renamed = [], {}
     for key, shape in guarded.items():
+        if dtypes.get(key) == "int64":
+            continue
         current = key
         for dim, size in enumerate(shape):
             out = _free(_check_name(key, dim), taken)

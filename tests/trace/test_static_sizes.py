@@ -186,17 +186,43 @@ def test_the_checked_input_keeps_its_name_in_the_generated_code():
     assert "F.conv2d(x, " in source
 
 
-def test_int64_inputs_are_refused_with_static_sizes():
-    class Tokens(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = nn.Embedding(5, 3)
+class Tokens(nn.Module):
+    """A tiny text model: token ids (int64) embedded, a position table added, projected."""
 
-        def forward(self, ids):
-            return self.table(ids)
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(5, 3)
+        self.positions = nn.Parameter(torch.randn(4, 3))
+        self.proj = nn.Linear(3, 2)
 
-    with pytest.raises(TraceError, match=r"ids is int64.*\(fix: trace without static_sizes\)"):
-        trace(Tokens().double(), {"ids": (2, 3)}, "parameters", dtypes={"ids": "int64"}, static_sizes=True)
+    def forward(self, ids):
+        return self.proj(self.table(ids) + self.positions[: ids.shape[1]])
+
+
+def test_int64_inputs_are_guarded_at_bind_with_static_sizes(tmp_path):
+    """Token ids take no size_check layer (no floating tensor to check): their sizes are the guards' alone,
+    and bind refuses a call at another length in one line; at the traced sizes it trains as autograd."""
+    torch.manual_seed(3)
+    model = Tokens().double()
+    shape = (2, 3)
+    text = trace(model, {"ids": shape}, "parameters", "net", dtypes={"ids": "int64"}, static_sizes=True)
+    spec = load_yaml(text)
+    assert spec["guards"]["sizes"] == {"ids": list(shape)}
+    assert not [layer for layer in spec["layers"] if layer["op"] == "size_check"]
+    reference = copy.deepcopy(model)
+    fast = symgrad.bind(_generated(tmp_path, text), model)
+    ids = torch.randint(0, 5, shape)
+    grads = []
+    for net in (fast, reference):
+        out = net(ids)
+        loss = (out * torch.linspace(-1, 1, 2, dtype=torch.float64)).square().sum()
+        grads.append(torch.autograd.grad(loss, list(net.parameters())))
+    for ours, theirs in zip(*grads):
+        assert (ours - theirs).abs().max().item() <= 1e-12
+    with pytest.raises(BindError) as error:
+        fast(torch.randint(0, 5, (2, 4)))
+    (line,) = str(error.value).splitlines()
+    assert "traced with static sizes at ids=[2, 3], and ids is [2, 4] now" in line, line
 
 
 def test_the_command_line_option_traces_at_fixed_sizes_and_bind_prints_a_retrace_that_keeps_it(tmp_path):
