@@ -248,6 +248,13 @@ def _spec_names(spec, blocks: bool = False) -> dict[str, Location]:
     return names
 
 
+def _checks_itself(statement) -> bool:
+    """``x = size_check(x, ...)``: a size check of the input whose name it keeps (``Rule.keeps_input_name``)."""
+    value = getattr(statement, "value", None)
+    primitive = getattr(value, "primitive", None)  # a TensorOp's (symgrad.algebra)
+    return getattr(primitive, "name", None) == "size_check" and statement.target in value.free_symbols
+
+
 def check_statement_targets(spec, *statement_lists) -> None:
     """No derived statement assigns a spec tensor's name, but the one that computes that layer."""
     names = _spec_names(spec)
@@ -256,7 +263,7 @@ def check_statement_targets(spec, *statement_lists) -> None:
         for statement in statements:
             name = statement.target.name
             if name in names and not (name in layer_outputs and statement.node == name):
-                if name not in layer_outputs and statement.target in statement.value.free_symbols:
+                if name not in layer_outputs and _checks_itself(statement):
                     continue  # `x = _size_check(x, ...)`: the input checked is still x (reverse._input_names_kept)
                 raise SpecError(
                     f"'{name}' is also a name the generated code gives a value of its own "
