@@ -208,9 +208,8 @@ def trace_command(
             spec_name,
             timeout,
             flat,
+            static_sizes,
         )
-        if static_sizes:  # every retrace bind prints traces at fixed sizes too
-            line = line.rstrip("\n") + " --static-sizes\n"
         text, evaluation = with_options(text, line), evaluation and with_options(evaluation, line)
         if evaluation is not None and output == "-":
             raise TraceError(

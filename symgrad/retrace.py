@@ -40,8 +40,10 @@ def options_line(
     spec_name,
     timeout,
     flat,
+    static_sizes=False,
 ) -> str:
-    """The comment line ``symgrad trace`` writes into a spec: its options, as a shell reads them."""
+    """The comment line ``symgrad trace`` writes into a spec: its options, as a shell reads them (with
+    ``--static-sizes`` kept, every retrace bind prints traces at fixed sizes too)."""
     options = [*(("--input", item) for item in inputs), *(("--arg", item) for item in values)]
     options += [
         (flag, value)
@@ -57,7 +59,8 @@ def options_line(
         )
         if value is not None
     ]
-    flags = [flag for flag, given in (("--eval", eval_mode), ("--train", train_mode), ("--flat", flat)) if given]
+    given_flags = (("--eval", eval_mode), ("--train", train_mode), ("--flat", flat), ("--static-sizes", static_sizes))
+    flags = [flag for flag, given in given_flags if given]
     return OPTIONS + " ".join([*(f"{flag} {shlex.quote(str(value))}" for flag, value in options), *flags]) + "\n"
 
 
