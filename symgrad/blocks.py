@@ -64,66 +64,52 @@ class Hyper:
     __repr__ = __str__
 
 
-class HyperInt(int):
+class _Hyper:
+    """What both hyper kinds share: a number of ``_kind`` to the rules, printed as its name, equal only to
+    the same hyper at the same value."""
+
+    name: str
+    _kind: type
+
+    def __new__(cls, name: str, value):
+        obj = cls._kind.__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __repr__(self) -> str:
+        return self.name
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.name if not spec else format(self._kind(self), spec)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.name == self.name and self._kind(other) == self._kind(self)
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(("hyper", self.name, self._kind(self)))
+
+
+class HyperInt(_Hyper, int):
     """A block hyperparameter's value while the block is derived once for all its instances: an int
     to the rules (shapes, checks), printed as its name, and equal only to itself, so that a rule
     never takes it for its default (``stride=1`` left out) in one instance and not in another.
     ``symgrad.plan`` derives the block once per distinct set of values its instances give and
     refuses it if the printed code differs: no rule may specialise the code to a value unseen."""
 
-    name: str
-
-    def __new__(cls, name: str, value: int) -> "HyperInt":
-        obj = int.__new__(cls, value)
-        obj.name = name
-        return obj
-
-    def __repr__(self) -> str:
-        return self.name
-
-    __str__ = __repr__
-
-    def __format__(self, spec: str) -> str:
-        return self.name if not spec else format(int(self), spec)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, HyperInt) and other.name == self.name and int(other) == int(self)
-
-    def __ne__(self, other) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(("hyper", self.name, int(self)))
+    _kind = int
 
 
-class HyperFloat(float):
+class HyperFloat(_Hyper, float):
     """A float hyper (a drop probability) while the block is derived, as :class:`HyperInt` is an
     int: a float to the rules, printed as its name, equal only to itself. Only a rule argument
     declared ``Param(..., hyper=True)`` takes one; that rule prints it by name (``bernoulli_(1 - p)``)."""
 
-    name: str
-
-    def __new__(cls, name: str, value: float) -> "HyperFloat":
-        obj = float.__new__(cls, value)
-        obj.name = name
-        return obj
-
-    def __repr__(self) -> str:
-        return self.name
-
-    __str__ = __repr__
-
-    def __format__(self, spec: str) -> str:
-        return self.name if not spec else format(float(self), spec)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, HyperFloat) and other.name == self.name and float(other) == float(self)
-
-    def __ne__(self, other) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(("hyper", self.name, float(self)))
+    _kind = float
 
 
 HYPER_VALUES = (HyperInt, HyperFloat)
