@@ -10,8 +10,14 @@ at its last read. The steps, each bit for bit the forward's value:
   reads anyway (``_batch_norm_again``: the CPU kernel's own ``input * alpha + beta``, each a fused
   multiply-add, or the forward's kernel again; tests/pipeline/test_rematerialization.py checks it
   bitwise);
+- a layer norm's, group norm's or instance norm's output (a ViT's or ConvNeXt's LayerNorm before
+  a linear map), from its input, weight and bias, which its backward reads anyway: the fused call
+  again (``torch.native_layer_norm``, ``_group_norm``, ``_instance_norm``: no state, the same kernel
+  on the same input, bit for bit); the policy for each normalisation is :data:`NORMALISED`;
 - an activation (``Primitive.recomputable``: ReLU, SiLU, GELU, hardswish, ...) of such a value: the
-  same kernel on the same input;
+  same kernel on the same input (an activation of a value kept anyway, a ViT MLP's GELU of its
+  first linear map's output, which GELU's backward reads, is made again already with ``--keep
+  all``: ``schedule._recomputed``);
 - the sum of two such values, or of one and a kept value (a residual block's ``bn2 + identity``):
   one rounding, whichever term comes first.
 
@@ -31,6 +37,18 @@ from .kept import VIEWS
 from .reverse import Statement
 
 COMMENT = "made again (--keep lean): not kept by the forward"
+
+NORMALISED = {
+    "native_batch_norm": "statistics",
+    "native_layer_norm": "kernel",
+    "native_group_norm": "kernel",
+    "native_instance_norm": "kernel",
+}
+"""The policy for a normalisation's output (entry 0 of its fused call): ``statistics``, a training-mode
+batch norm's, from its input and the batch mean and 1 / std (``_batch_norm_again``: the kernel itself
+would move the running statistics a second time); ``kernel``, the fused call again on the same input,
+weight and bias (no state, the same kernel in the same order: bit for bit; the statistics it returns
+again are dropped, the kept ones stay)."""
 
 
 def rebuilt(
@@ -113,11 +131,22 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
             return None
         steps = [_recipe(value.operands[0], made, entries, kept, rebuilt)]
     elif isinstance(value, TensorOp) and value.primitive.name == "item" and value.params["index"] == 0:
-        again = _batch_norm_again(value.operands[0], made, entries, kept)
-        if again is None:
+        native = value.operands[0]
+        call = made[native].value if native in made else None
+        how = NORMALISED.get(call.primitive.name) if isinstance(call, TensorOp) else None
+        if how is None or native in rebuilt:
             return None
-        statement = dataclasses.replace(statement, value=again)
-        steps = [_recipe(operand, made, entries, kept, rebuilt) for operand in again.operands]
+        if how == "statistics":  # a batch norm: its output from its input and batch statistics
+            again = _batch_norm_again(native, call, entries, kept)
+            if again is None:
+                return None
+            statement = dataclasses.replace(statement, value=again)
+            steps = [_recipe(operand, made, entries, kept, rebuilt) for operand in again.operands]
+        else:  # the same kernel on the same input: the tuple again, its output read from it
+            if not all(operand.is_Symbol for operand in call.operands):
+                return None
+            steps = [_recipe(operand, made, entries, kept, rebuilt) for operand in call.operands]
+            steps.append([dataclasses.replace(made[native], comment=COMMENT)])
     else:
         return None
     if any(step is None for step in steps):
@@ -126,13 +155,10 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
     return made_again + [dataclasses.replace(statement, comment=COMMENT)]
 
 
-def _batch_norm_again(native, made: dict, entries: dict, kept: set):
+def _batch_norm_again(native, call: TensorOp, entries: dict, kept: set):
     """``batch_norm_again(input, weight, bias, mean, invstd)`` for ``native[0]``, where ``native``
-    is a training-mode ``native_batch_norm`` call whose batch mean and 1 / std stay anyway; else
-    None."""
-    call = made[native].value if native in made else None
-    if not (isinstance(call, TensorOp) and call.primitive.name == "native_batch_norm"):
-        return None
+    is the training-mode ``native_batch_norm`` ``call`` whose batch mean and 1 / std stay anyway;
+    else None."""
     mean, invstd = entries.get((native, 1)), entries.get((native, 2))
     if mean not in kept or invstd not in kept:
         return None

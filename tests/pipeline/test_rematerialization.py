@@ -1,6 +1,8 @@
 """``symgrad generate --keep lean`` (issue 65): a batch norm's activation output that a convolution's
 weight gradient reads is not kept by the forward but made again in the backward from the batch
-norm's input and statistics, bit for bit the forward's value, so the gradients are unchanged."""
+norm's input and statistics, and a layer norm's output that a linear map's weight gradient reads
+from the layer norm's input (a ViT block, a ConvNeXt block), bit for bit the forward's value, so the
+gradients are unchanged."""
 
 from __future__ import annotations
 
@@ -70,17 +72,67 @@ class Mixer(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-MODELS = {"chain": Chain, "resblock": Residual, "mixer": Mixer}
+class VitBlock(nn.Module):
+    """A pre-norm ViT block as timm writes it (LayerNorm, qkv, scaled_dot_product_attention, proj; LayerNorm,
+    fc1, GELU, fc2; each a residual) and a head: each LayerNorm's output is a linear map's input."""
+
+    def __init__(self, dim=8, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 3)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attention = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, n, c))
+        x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return self.head(self.norm(x)[:, 0])
+
+
+class ConvNeXtBlock(nn.Module):
+    """A stem and one ConvNeXt block as its authors write it: depthwise conv, permute, LayerNorm, fc1, GELU,
+    fc2, layer scale, permute back, residual; a head."""
+
+    def __init__(self, dim=4):
+        super().__init__()
+        self.stem = nn.Conv2d(2, dim, 2, stride=2)
+        self.dwconv, self.norm = nn.Conv2d(dim, dim, 3, padding=1, groups=dim), nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1, self.pwconv2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.norm(self.dwconv(x).permute(0, 2, 3, 1))
+        x = x + (self.gamma * self.pwconv2(F.gelu(self.pwconv1(y)))).permute(0, 3, 1, 2)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+MODELS = {"chain": Chain, "resblock": Residual, "mixer": Mixer, "vit": VitBlock, "convnext": ConvNeXtBlock}
+TRACED = {"vit": (2, 5, 8)}
+"""The size each model is traced at (default 2 x 2 x 6 x 6); :data:`RUN` the other one its gradients are
+compared at."""
+RUN = {"vit": (3, 7, 8)}
+SAVED = {"chain": 0.6, "resblock": 0.8, "vit": 0.85, "convnext": 0.9}
+"""How much of ``--keep all``'s bytes each model's lean forward keeps at most (chain: both BNs' activations;
+residual: the stem's, each block's inner ReLU and the first block's output; ViT: both LayerNorms' outputs
+before a linear map; ConvNeXt: the LayerNorm's, 1 of 9 channel widths kept: fc1's 4 for GELU's pullback,
+fc2's 1 for the layer scale's, the depthwise output's for the LayerNorm's, the stem's for the depthwise's)."""
 _MODULES: dict = {}
+_SOURCES: dict = {}
 
 
 def generated(name: str, keep: str):
-    """The module ``keep`` generates for MODELS[name], traced in train mode at 2 x 6 x 6."""
+    """The module ``keep`` generates for MODELS[name], traced in train mode at TRACED's size."""
     if (name, keep) not in _MODULES:
         torch.manual_seed(0)
-        text = trace(MODELS[name]().train(), {"x": (2, 2, 6, 6)}, wrt="parameters", name=name, mode="train")
+        size = TRACED.get(name, (2, 2, 6, 6))
+        text = trace(MODELS[name]().train(), {"x": size}, wrt="parameters", name=name, mode="train")
         source = build_text(text, f"{name}.yaml", documents=False, tests=False, keep=keep).rendered.files[f"{name}.py"]
-        _MODULES[name, keep] = module_from_source(source, name)
+        _MODULES[name, keep], _SOURCES[name, keep] = module_from_source(source, name), source
     return _MODULES[name, keep]
 
 
@@ -131,11 +183,12 @@ def test_the_batch_norm_made_again_is_the_kernels_output_bit_for_bit(dtype, chan
 @pytest.mark.parametrize("name", list(MODELS))
 def test_lean_gradients_equal_autograds_in_float64(name):
     lean = generated(name, "lean")  # the mixer's: each value made once in a backward (the GELUs)
-    assert "_batch_norm_again" in vars(lean) or name == "mixer"  # it makes a batch norm's output again
+    # it makes a batch norm's or layer norm's output again
+    assert "made again (--keep lean)" in _SOURCES[name, "lean"] or name == "mixer"
     torch.manual_seed(1)
     model = MODELS[name]().train().double()
     params = _params(model)
-    x = torch.randn(3, 2, 8, 8, dtype=torch.float64)  # another batch and size than traced
+    x = torch.randn(RUN.get(name, (3, 2, 8, 8)), dtype=torch.float64)  # another batch and size than traced
     out = model(x)
     grad = torch.randn_like(out)
     expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
@@ -145,21 +198,21 @@ def test_lean_gradients_equal_autograds_in_float64(name):
         assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("name", ["chain", "resblock"])
+@pytest.mark.parametrize(
+    "name, channels_last",
+    [("chain", False), ("chain", True), ("resblock", False), ("resblock", True), ("vit", False), ("convnext", True)],
+)
 def test_lean_float32_gradients_are_keep_alls_bit_for_bit_from_fewer_bytes(name, channels_last):
     lean, full = generated(name, "lean"), generated(name, "all")
     torch.manual_seed(2)
     model = MODELS[name]().train()
-    x = torch.randn(4, 2, 10, 10)
+    x = torch.randn((4, 9, 8) if name == "vit" else (4, 2, 10, 10))
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
     grad = torch.randn_like(full.forward(x, _params(model))[0])
     got, expected = (module.gradients(x, _params(model), (grad,)).params for module in (lean, full))
     assert all(torch.equal(got[key], expected[key]) for key in expected)
     kept, kept_all = (_saved_bytes(module._forward_saving(x, _params(model))[1:]) for module in (lean, full))
-    # chain: both ReLU/SiLU outputs (the SiLU's input, its BN's output, kept for SiLU's pullback);
-    # residual: the stem's, each block's inner ReLU and the first block's output
-    assert kept <= kept_all * (0.6 if name == "chain" else 0.8), (kept, kept_all)
+    assert kept <= kept_all * SAVED[name], (kept, kept_all)
 
 
 def test_the_bound_lean_model_trains_as_autograd():
