@@ -325,6 +325,12 @@ class Rule:
     """Operands the op is linear in (each separately): their adjoints are certified exactly."""
     argument_hints: ClassVar[dict[str, str]] = {}
     """The fix to suggest for an argument the op does not take, where a general list would not help."""
+    sizes_read: ClassVar[dict[str, tuple[str, int | None]]] = {}
+    """Params whose value may be written as an operand's size, ``{param: (operand, axis)}`` (axis None:
+    a list of sizes, the operand's last ones): where every instance of a block gives that size (a
+    depthwise conv's ``groups``, its weight's out channels; layer_norm's ``normalized_shape``, its
+    input's trailing sizes), ``symgrad trace`` writes it ``{like: OPERAND, dims: [AXIS]}``, read at run
+    time, so that instances of several widths are one block (``trace.grouping``)."""
     keeps_input_name: ClassVar[bool] = False
     """The output is the input itself, checked (``size_check``): on a spec input, the generated code after it
     reads the input's own name (``x = _size_check(x, ...)``; ``symgrad.reverse``), not the layer's."""

@@ -43,6 +43,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import Size, op
+from ..spec_values import Like
 from .base import (
     Checker,
     Forward,
@@ -73,6 +74,16 @@ def _padding(value, context: ParamContext):
     return int_tuple(0)(value, context)
 
 
+def _groups(value, context: ParamContext):
+    """A positive int, or ``{like: weight, dims: [0]}``: the weight's out channels, read at run time (a
+    depthwise conv's, in a block whose instances differ in width: ``Rule.sizes_read``)."""
+    if isinstance(value, Like):
+        if value.dims is None or len(value.dims) != 1 or value.size is not None:
+            raise context.fail(f"reads one size, not {value}", "write `groups: {like: WEIGHT, dims: [0]}`")
+        return value.size_at(0)
+    return positive_int(value, context)
+
+
 SAME_KERNEL, SAME_PAD_END = "same_kernel", "same_pad_end"
 """Node params set when padding='same' is resolved: the kernel size it was resolved for (the padding is
 'same' only for that size, so other shapes keep it), and, for an odd dilated kernel extent, one
@@ -85,8 +96,9 @@ class Convolution(Rule):
         "stride": Param(1, int_tuple(1)),
         "padding": Param(0, _padding),
         "dilation": Param(1, int_tuple(1)),
-        "groups": Param(1, positive_int),
+        "groups": Param(1, _groups),
     }
+    sizes_read = {"groups": ("weight", 0)}
     linear_in = ("input", "weight")
     argument_hints = {
         "padding_mode": "torch.nn.functional's convolutions take no padding_mode; pad first, as nn.Conv2d "

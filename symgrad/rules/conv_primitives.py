@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import sympy
+
 from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, primitive, shape_text, show_ints
 from .conv_helpers import CONVOLUTION_BACKWARD
 from .shared import affine_tangent
@@ -13,10 +15,15 @@ CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 TRANSPOSE_DEFAULTS = {"stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1}
 
 
+def _shown(value, show) -> str:
+    """An int as itself; a size read at run time (a depthwise conv's ``groups``) as its code."""
+    return show(value) if isinstance(value, sympy.Basic) else str(value)
+
+
 def _math_args(params, show) -> str:
     """``_{s=32, p=1}``: the subscript that says how a convolution is strided, padded, dilated, grouped."""
     shown = [
-        f"{key[0]}={show_ints(params[key])}"
+        f"{key[0]}={show(params[key]) if isinstance(params[key], sympy.Basic) else show_ints(params[key])}"
         for key in ("stride", "padding", "dilation", "groups")
         if params[key] != (CONV_DEFAULTS[key],) * len(params["stride"]) and params[key] != CONV_DEFAULTS[key]
     ]
@@ -77,7 +84,7 @@ def _weight_grad_code(operands, params, show):
         x_t = f"{x}.transpose(0, 1)"
     else:
         order = ", ".join(["2", "1", "0"] + [str(axis) for axis in range(3, dims + 3)])
-        x_t = f"{x}.unflatten(1, ({groups}, -1)).permute({order}).flatten(1, 2)"
+        x_t = f"{x}.unflatten(1, ({_shown(groups, show)}, -1)).permute({order}).flatten(1, 2)"
     swapped = dict(params.items())
     swapped["stride"], swapped["dilation"] = params["dilation"], params["stride"]
     call = f"F.conv{dims}d({x_t}, {grad}.transpose(0, 1){keyword_arguments(swapped, CONV_DEFAULTS, show)})"
@@ -125,7 +132,7 @@ def _per_sample_weight_grad_code(operands, params, show):
     result [C_in/g, N*C_out, K...] is laid out as [N, C_out, C_in/g, K...] and cropped."""
     x, grad = operands
     dims, groups = params["dims"], params["groups"]
-    total_groups = f"{x}.shape[0]" if groups == 1 else f"{x}.shape[0] * {groups}"
+    total_groups = f"{x}.shape[0]" if groups == 1 else f"{x}.shape[0] * {_shown(groups, show)}"
     weight_size = params.get("weight_size")
     if weight_size is not None:
         shown = {**{key: params[key] for key in CONV_DEFAULTS}, "groups": 1}  # groups written below: it counts samples
@@ -144,7 +151,7 @@ def _per_sample_weight_grad_code(operands, params, show):
     if groups == 1:
         x_t = f"{x}.transpose(0, 1)"
     else:
-        x_t = f"{x}.unflatten(1, ({groups}, -1)).permute({', '.join(['2', '0', '1'] + spatial)}).flatten(1, 2)"
+        x_t = f"{x}.unflatten(1, ({_shown(groups, show)}, -1)).permute({', '.join(['2', '0', '1'] + spatial)}).flatten(1, 2)"
     swapped = dict(params.items())
     swapped["stride"], swapped["dilation"] = params["dilation"], params["stride"]
     swapped["groups"] = 1  # left out here: the real count depends on the batch size, written below
@@ -208,10 +215,10 @@ def _backward_code(operands, params, show):
     if any(value != 0 for value in output_padding):
         parts.append(f"output_padding={show_ints(output_padding)}")
     if params["groups"] != 1:
-        parts.append(f"groups={params['groups']}")
+        parts.append(f"groups={_shown(params['groups'], show)}")
     if params["output_mask"][2]:
         parts.append(
-            f"bias_sizes=[{w}.shape[1] * {params['groups']}]"
+            f"bias_sizes=[{w}.shape[1] * {_shown(params['groups'], show)}]"
             if params.get("transposed")
             else f"bias_sizes=[{w}.shape[0]]"
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, op, primitive, tensor
+from ..spec_values import Like
 from .base import (
     Checker,
     Forward,
@@ -116,6 +117,14 @@ def _is_functional_default(key: str, value) -> bool:
     )
 
 
+def _shown(value, show) -> str:
+    if isinstance(value, sympy.Basic):
+        return show(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(item, sympy.Basic) for item in value):
+        return show_sizes(value, show)
+    return repr(value)
+
+
 def _call(name: str, fields: tuple[str, ...]):
     def tangent(expr, walk):
         return walk(_expand(name, dict(zip(expr.params["operand_names"], expr.operands)), expr.params))
@@ -128,7 +137,7 @@ def _call(name: str, fields: tuple[str, ...]):
         else:
             arguments = [named["input"]] + [f"{key}={named[key]}" for key in fields if key in named]
         arguments += [
-            f"{key}={show(params[key]) if isinstance(params[key], sympy.Basic) else repr(params[key])}"
+            f"{key}={_shown(params[key], show)}"
             for key in params["shown"]
             if not _is_functional_default(key, params[key])
         ]
@@ -164,7 +173,7 @@ def _native_code(operands, params, show):
 def _native_layer_norm_code(operands, params, show):
     named = dict(zip(params["operand_names"], operands))
     return (
-        f"torch.native_layer_norm({named['input']}, {list(params['normalized_shape'])}, "
+        f"torch.native_layer_norm({named['input']}, {show_sizes(params['normalized_shape'], show)}, "
         f"{named.get('weight', 'None')}, {named.get('bias', 'None')}, {show(params['eps'])})"
     )
 
@@ -281,7 +290,7 @@ def _norm_backward_code(name: str):
             arguments = [
                 named["grad"],
                 named["input"],
-                str(list(params["normalized_shape"])),
+                show_sizes(params["normalized_shape"], show),
                 weight,
                 bias,
                 named["mean"],
@@ -429,15 +438,28 @@ class Norm(Rule):
         return grads
 
 
+def _trailing_sizes(value, context: ParamContext) -> tuple:
+    """``normalized_shape``: ints, or entries ``{like: x, dims: [-1]}``, the input's trailing sizes read
+    at run time (in a block whose instances differ in width: ``Rule.sizes_read``)."""
+    values = tuple(value) if isinstance(value, list) else (value,)
+    return tuple(item.size_at(position) if isinstance(item, Like) else item for position, item in enumerate(values))
+
+
+def show_sizes(sizes, show) -> str:
+    """``[8]``, or ``[x.shape[3]]`` where a size is read at run time."""
+    return "[" + ", ".join(show(size) if isinstance(size, sympy.Basic) else str(size) for size in sizes) + "]"
+
+
 class LayerNorm(Norm):
     op = "layer_norm"
     calls = ("layer_norm",)
     operand_roles = {"weight": "scale", "bias": "shift"}
     operands = (Operand("input", from_in=True), Operand("weight", optional=True), Operand("bias", optional=True))
     params = {
-        "normalized_shape": Param(None, lambda v, c: tuple(v) if isinstance(v, list) else (v,)),
+        "normalized_shape": Param(None, _trailing_sizes),
         "eps": Param(1e-5, positive_number),
     }
+    sizes_read = {"normalized_shape": ("input", None)}
     summary = "normalise over the trailing normalized_shape dims, then scale and shift"
 
     def infer_shape(self, shapes, params, check: Checker):

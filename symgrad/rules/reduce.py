@@ -10,8 +10,9 @@ size at run time so the code stays shape-generic::
 
     grad_x = grad.unsqueeze(D).expand_as(x) / prod(x.shape[d] for d in D)
 
-The expanded gradient is materialised (``contiguous``), because later in-place updates of a view
-whose entries share memory would be wrong.
+The expanded gradient of a sum is materialised (``contiguous``), because later in-place updates of a
+view whose entries share memory would be wrong; a mean's is divided, which makes a new tensor, so it is
+left a view (``spread(..., copy=False)``), as autograd's ``mean_backward`` divides ``grad.expand(...)``.
 """
 
 from __future__ import annotations
@@ -70,10 +71,10 @@ class Reduce(Rule):
     def pullback(self, node, grad, wanted):
         x = node.operands["input"]
         dims = self._dims(len(node.shapes["input"]), node.params)
-        spread = op("spread", grad, x, dims=dims, keepdim=node.params["keepdim"])
         if self.how == "sum":
-            return {"input": spread}
+            return {"input": op("spread", grad, x, dims=dims, keepdim=node.params["keepdim"])}
         count = math.prod(Size(x, axis) for axis in dims)
+        spread = op("spread", grad, x, dims=dims, keepdim=node.params["keepdim"], copy=False)  # divided: new
         return {"input": spread * sympy.Integer(1) / count}
 
     def table_row(self):
@@ -158,9 +159,10 @@ class Variance(Rule):
             note=f"input of {node.name} minus its mean over {list(dims)}",
         )
         count = math.prod(Size(x, axis) for axis in dims) - self._correction(node.params)
+        # multiplied: a new tensor, the spread left a view (as for a mean)
         if self.op == "var":
-            return {"input": op("spread", grad, x, dims=dims, keepdim=keepdim) * 2 * centred / count}
-        return {"input": op("spread", grad / node.out, x, dims=dims, keepdim=keepdim) * centred / count}
+            return {"input": op("spread", grad, x, dims=dims, keepdim=keepdim, copy=False) * 2 * centred / count}
+        return {"input": op("spread", grad / node.out, x, dims=dims, keepdim=keepdim, copy=False) * centred / count}
 
     def table_row(self):
         if self.op == "var":

@@ -58,7 +58,8 @@ primitive(
     code=lambda operands, params, show: (
         operands[0]
         + "".join(f".unsqueeze({d})" for d in ([] if params["keepdim"] else params["dims"]))
-        + f".expand_as({operands[1]}).contiguous()"
+        + f".expand_as({operands[1]})"
+        + (".contiguous()" if params.get("copy", True) else "")
     ),
     latex=lambda operands, params, show: (
         rf"\operatorname{{spread}}_{{{','.join(map(str, params['dims']))}}}\left({operands[0]}\right)"

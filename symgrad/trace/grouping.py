@@ -1,13 +1,16 @@
 """Blocks from the model's own structure: the instances of one module class that run the same ops.
 
 ``symgrad trace`` groups the traced layers by the ``nn.Module`` they ran in. A submodule (not a plain
-``Sequential``, ``ModuleList`` or ``ModuleDict``, which hold no ops of their own; a class derived
-from one is its author's block) whose layers are contiguous, read the rest of the network through a
+``Sequential``, ``ModuleList`` or ``ModuleDict``, which hold no ops of their own, but for a plain
+``Sequential`` of leaf modules, named by their classes; a class derived from one is its author's
+block) whose layers are contiguous, read the rest of the network through a
 few tensors and hand back one, is a candidate instance; candidates with the same class, the same ops and arguments, the same parameter
 keys and the same operand ranks and size-1 axes (what a derivation may depend on besides sizes) are
 instances of one block, written once under ``blocks:`` and used with ``prefix:`` (its module path),
 as the model's author wrote the class once. Channel counts differ freely between instances: they
-are the parameters' sizes, read at run time. A candidate without a twin stays inline.
+are the parameters' sizes, read at run time, and so are the arguments that equal a size in every
+instance (``Rule.sizes_read``: a depthwise conv's ``groups``, a layer_norm's ``normalized_shape``). A
+candidate without a twin stays inline.
 """
 
 from __future__ import annotations
@@ -71,8 +74,14 @@ def group_blocks(
     candidates = []
     for path in sorted({prefix for module in modules_of_layers for prefix in _prefixes(module)}, key=_depth):
         module = modules.get(path)
-        if module is None or type(module) in CONTAINERS or next(iter(module.children()), None) is None:
+        if module is None or next(iter(module.children()), None) is None:
             continue
+        class_name = type(module).__name__
+        if type(module) in CONTAINERS:
+            leaves = _leaf_classes(module)
+            if leaves is None:
+                continue
+            class_name = leaves
         inside = [
             index
             for index, module_path in enumerate(modules_of_layers)
@@ -80,7 +89,7 @@ def group_blocks(
         ]
         if len(inside) < 2 or inside != list(range(inside[0], inside[-1] + 1)):
             continue
-        candidate = _candidate(path, type(module).__name__, inside, layers, sources, known, readers_after, shapes)
+        candidate = _candidate(path, class_name, inside, layers, sources, known, readers_after, shapes)
         if candidate is not None:
             candidates.append(candidate)
     for path, module in modules.items():  # a Sequential of leaf modules built in a loop: VGG's features
@@ -187,6 +196,18 @@ def group_blocks(
         return {**spec, "blocks": blocks, "layers": new_layers, "outputs": outputs}, relaxed
     loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
     return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}, relaxed
+
+
+def _leaf_classes(module: torch.nn.Module) -> str | None:
+    """A plain ``Sequential`` of 2 or more leaf modules (a ConvNeXt's downsample layer, its norm then its
+    conv) as a block class named by its children's (``layer_norm2d_conv2d``); None for any other
+    container (a stage of blocks, whose blocks are the repeated unit)."""
+    children = list(module.children())
+    if type(module) is not torch.nn.Sequential or len(children) < 2:
+        return None
+    if any(next(iter(child.children()), None) is not None for child in children):
+        return None
+    return "_".join(_snake(type(child).__name__) for child in children)
 
 
 def _submodules(candidate: dict) -> set[str]:
@@ -341,7 +362,7 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
     for index in indices:
         layer = layers[index]
         block_layers.append({key: (_renamed(value, local) if key != "op" else value) for key, value in layer.items()})
-    pattern, ints = _int_arguments(block_layers)
+    pattern, ints, sized = _int_arguments(block_layers, {local[name]: shapes[name] for name in local})
     # every tensor's rank and size-1 axes, the block's own nodes' too: a rule may derive otherwise where
     # a size is 1 (an SE gate's expand_as at 1 x 1), so instances that differ there are other blocks; a
     # parameter's rank only (a 1 x 1 and a 3 x 3 convolution derive alike: symgrad.plan checks it)
@@ -368,6 +389,7 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
         "output": outputs[0],
         "block": block,
         "ints": ints,
+        "sized": sized,
         "names": set(local.values()),
     }
 
@@ -405,18 +427,26 @@ declares them ``Param(..., hyper=True)`` (dropout's ``p``: a ConvNeXt's per-bloc
 or ``Operand(..., hyper=True)`` (mul's and div's constant ``other``: a layer or residual scale)."""
 
 
-def _int_arguments(block_layers: list[dict]) -> tuple[list[dict], dict]:
+def _int_arguments(block_layers: list[dict], shapes: dict[str, tuple]) -> tuple[list[dict], dict, dict]:
     """The layers with each :data:`HYPER_KEYS` int (the rule's default where the layer gives none)
     and each float of an argument its rule declares a hyper replaced by a placeholder, and those
     values by (layer index, key). A value for which the op is not there (``F.dropout`` at p = 0,
-    timm's ``drop_path`` at rate 0, which the model skips) leaves other ops: another block."""
+    timm's ``drop_path`` at rate 0, which the model skips) leaves other ops: another block. Also each
+    param its rule declares readable off a size (``Rule.sizes_read``) that equals that size here (by
+    the block's names, ``shapes``), by (layer index, key): (its value, the ``{like: ...}`` that reads it),
+    a placeholder in the pattern."""
     from ..rules import LAYER_RULES
 
-    pattern, ints = [], {}
+    pattern, ints, sized = [], {}, {}
     for index, layer in enumerate(block_layers):
         rule = LAYER_RULES.get(layer["op"])
         shown = dict(layer)
         params = rule.params if rule is not None else {}
+        for key, (operand, axis) in (rule.sizes_read if rule is not None else {}).items():
+            read = _size_read(layer, rule, key, operand, axis, shapes)
+            if read is not None:
+                sized[(index, key)] = read
+                shown[key] = "<size>"
         for key in (*HYPER_KEYS, *(key for key, param in params.items() if param.hyper)):
             if key not in params:
                 continue
@@ -433,7 +463,32 @@ def _int_arguments(block_layers: list[dict]) -> tuple[list[dict], dict]:
                 ints[(index, operand.name)] = value
                 shown[operand.name] = "<float>"
         pattern.append(sorted(shown.items()))
-    return pattern, ints
+    return pattern, ints, sized
+
+
+def _size_read(layer: dict, rule, key: str, operand: str, axis: int | None, shapes: dict) -> tuple | None:
+    """(``layer``'s value of ``key``, as a hashable, and the ``{like: ...}`` reading it) where the value
+    is the size ``rule.sizes_read`` declares: ``operand``'s at ``axis``, or its trailing sizes (None)."""
+    value = layer.get(key, rule.params[key].default)
+    from_in = [item.name for item in rule.operands if item.from_in]
+    if operand in from_in:
+        given = layer.get("in")
+        node = given[from_in.index(operand)] if isinstance(given, list) else given
+    else:
+        node = layer.get(operand)
+    shape = shapes.get(node) if isinstance(node, str) else None
+    if shape is None:
+        return None
+    if axis is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or not -len(shape) <= axis < len(shape):
+            return None
+        return (value, {"like": node, "dims": [axis]}) if shape[axis] == value else None
+    values = value if isinstance(value, list) else [value]
+    if not values or len(values) >= len(shape) or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        return None
+    if list(shape[len(shape) - len(values) :]) != values:
+        return None
+    return tuple(values), [{"like": node, "dims": [position - len(values)]} for position in range(len(values))]
 
 
 def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
@@ -443,10 +498,20 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
     instance's values that differ from the default."""
     first = group[0]
     block = {**first["block"], "layers": [dict(layer) for layer in first["block"]["layers"]]}
+    # a value that differs between instances but is in each a size its rule may read (a depthwise
+    # conv's groups, a layer_norm's normalized_shape: Rule.sizes_read): read at run time, no hyper
+    by_size = {
+        position
+        for position in first["sized"]
+        if all(position in candidate["sized"] for candidate in group)
+        and len({candidate["sized"][position][0] for candidate in group}) > 1
+    }
+    for index, key in sorted(by_size):
+        block["layers"][index][key] = first["sized"][(index, key)][1]
     varying = {
         position: tuple(candidate["ints"][position] for candidate in group)
         for position in first["ints"]
-        if len({candidate["ints"][position] for candidate in group}) > 1
+        if position not in by_size and len({candidate["ints"][position] for candidate in group}) > 1
     }
     if not varying:
         return block, [{} for _ in group]
