@@ -150,7 +150,10 @@ def derive(graph: Graph, fused: bool = False) -> Program:
         duplicated = sorted({t.name for t in targets if targets.count(t) > 1})
         raise ValueError(f"derivation assigns {duplicated} more than once")
     kept = _input_names_kept(graph)
-    forward, backward = ([_renamed(statement, kept) for statement in part] for part in (forward, backward))
+    forward = [_renamed(statement, kept) for statement in forward]
+    backward = _without_copies(
+        [_renamed(statement, {**kept, **_gradients_kept(graph, kept)}) for statement in backward]
+    )
     gradients = {name: tensor(f"grad_{name}") for name in graph.wrt}
     default = loss.rule.default_cotangent(graph.symbols(loss))
     return Program(graph, forward, backward, gradients, default, steps, branch_sums)
@@ -169,13 +172,40 @@ def _input_names_kept(graph: Graph) -> dict[sympy.Symbol, sympy.Symbol]:
     return {tensor(name): tensor(root) for name, root in roots.items()}
 
 
+def _gradients_kept(graph: Graph, kept: dict[sympy.Symbol, sympy.Symbol]) -> dict[sympy.Symbol, sympy.Symbol]:
+    """``grad_x_size3`` -> ``grad_x`` where ``x = _size_check(x, ...)`` keeps the input's name: its gradient
+    keeps it too, where the chain from the input is the input's one path (each link read by the next
+    alone), so that every gradient along it is the same value."""
+    renamed = {}
+    for node, root in kept.items():
+        link, alone = node.name, True
+        while link != root.name and alone:
+            link = next(iter(graph.nodes[link].operands.values()))
+            alone = len(graph.consumers(link)) == 1
+        if alone:
+            renamed[tensor(f"grad_{node.name}")] = tensor(f"grad_{root.name}")
+    return renamed
+
+
 def _renamed(statement: Statement, kept: dict) -> Statement:
     if not kept:
         return statement
     math = statement.math.xreplace(kept) if statement.math is not None else None
+    gradient_of = statement.gradient_of
+    if gradient_of is not None and tensor(f"grad_{gradient_of}") in kept:
+        gradient_of = kept[tensor(f"grad_{gradient_of}")].name.removeprefix("grad_")
     return dataclasses.replace(
-        statement, target=kept.get(statement.target, statement.target), value=statement.value.xreplace(kept), math=math
+        statement,
+        target=statement.target.xreplace(kept),
+        value=statement.value.xreplace(kept),
+        math=math,
+        gradient_of=gradient_of,
     )
+
+
+def _without_copies(statements: list[Statement]) -> list[Statement]:
+    """Less the statements a renaming made ``grad_x = grad_x``."""
+    return [statement for statement in statements if statement.value != statement.target]
 
 
 def _forward_statements(graph: Graph, fused: bool = False) -> list[Statement]:

@@ -186,6 +186,28 @@ def test_the_checked_input_keeps_its_name_in_the_generated_code():
     assert "F.conv2d(x, " in source
 
 
+def test_the_checked_input_keeps_its_name_in_its_gradient():
+    """Its gradient keeps it too: ``grad_x`` from the one line that computes it (the size checks pass the
+    gradient through, so no ``grad_x_size3 = ...``, ``grad_x_size2 = grad_x_size3`` chain), and it is
+    autograd's through the original module at the traced sizes."""
+    from symgrad.check import module_from_source
+    from symgrad.pipeline import build_text
+
+    torch.manual_seed(5)
+    model = PadsOddSizes().double()
+    text = trace(model, {"x": (2, 2, 5, 4)}, None, "net", static_sizes=True)
+    source = build_text(text, "net.yaml").rendered.files["net.py"]
+    assert "grad_x_size" not in source and "x_size" not in source, source
+    assert source.count("grad_x, grad_conv_weight, grad_conv_bias = _convolution_backward(") == 1, source
+    module = module_from_source(source, "net_static_gradient")
+    x = torch.randn(2, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn_like(model(x))
+    params = {key: value.detach() for key, value in model.state_dict().items()}
+    (expected,) = torch.autograd.grad(model(x), x, cotangent)
+    got = module.gradients(x.detach(), params, (cotangent,)).x
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
 class Tokens(nn.Module):
     """A tiny text model: token ids (int64) embedded, a position table added, projected."""
 
