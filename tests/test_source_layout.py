@@ -32,15 +32,6 @@ def is_package(name: str) -> bool:
     return MODULES[name].name == "__init__.py"
 
 
-def type_checking_only(tree: ast.Module) -> set[int]:
-    """ids of the import nodes under ``if TYPE_CHECKING:``, which never run."""
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            skipped |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
-    return skipped
-
-
 def resolved(name: str, node: ast.ImportFrom) -> str:
     """The absolute module a ``from ... import`` names, relative to module ``name``."""
     if not node.level:
@@ -51,17 +42,15 @@ def resolved(name: str, node: ast.ImportFrom) -> str:
 
 
 def imports(name: str) -> list[tuple[str, str, int]]:
-    """(module imported, name taken from it or "", line) for every import in module ``name`` that runs,
-    at module level or inside a function; ``from . import spec`` imports the module ``symgrad.spec``, and
+    """(module imported, name taken from it or "", line) for every import in module ``name``, at module
+    level, inside a function or under ``if TYPE_CHECKING:`` (a circle a type checker walks is a circle
+    too: issue 64 item 5); ``from . import spec`` imports the module ``symgrad.spec``, and
     a package whose registry walks ``pkgutil.iter_modules(__path__)`` imports each of its modules. An
     import names the module it reads from, not the packages above it (importing ``symgrad.rules.base``
     runs ``symgrad/rules/__init__.py`` first, which every module of a package does)."""
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
-    skipped = type_checking_only(tree)
     found = []
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, "", node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -184,7 +173,7 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
     (package / "a.py").write_text("from . import b\n\ndef f():\n    return b._hidden\n")
     (package / "b.py").write_text("def g():\n    from .a import f\n    return f\n\n_hidden = 1\n")
     (package / "c.py").write_text("from .b import _hidden\n" + "x = 1\n" * MAX_LINES)
-    # an import only type checkers read is no edge; a registry walking its package imports every module
+    # an import only type checkers read is an edge too; a registry walking its package imports every module
     (package / "e.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .f import F\n")
     (package / "f.py").write_text("from . import e\n")
     (package / "g.py").write_text("from .rules import RULES\n")
@@ -199,6 +188,7 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
     monkeypatch.setattr(this, "MODULES", {module_name(path): path for path in sorted(package.rglob("*.py"))})
     assert cycles() == [
         "import cycle: symgrad.a (line 1) -> symgrad.b (line 2) -> symgrad.a",
+        "import cycle: symgrad.e (line 4) -> symgrad.f (line 1) -> symgrad.e",
         "import cycle: symgrad.g (line 1) -> symgrad.rules (line 3) -> symgrad.rules.r1 (line 1) -> symgrad.g",
     ]
     assert private_uses() == ["symgrad.a uses symgrad.b._hidden (line 4)", "symgrad.c uses symgrad.b._hidden (line 1)"]
@@ -214,13 +204,6 @@ def test_benchmarks_have_no_import_cycle(monkeypatch):
     monkeypatch.setattr(this, "MODULES", {module_name(path): path for path in sorted(package.rglob("*.py"))})
     assert "benchmarks.__main__" in MODULES and "benchmarks.training" in MODULES
     assert cycles() == []
-
-
-def test_no_import_cycle_in_the_tracer_even_through_type_checking_imports(monkeypatch):
-    """The tracer's handlers see the walk through ``dispatch.Builder``, not ``layers.SpecBuilder``: in
-    symgrad/trace not even the imports only a type checker runs make a circle (there was one of 14 modules)."""
-    monkeypatch.setattr(sys.modules[__name__], "type_checking_only", lambda tree: set())
-    assert [cycle for cycle in cycles() if "symgrad.trace." in cycle] == []
 
 
 def test_a_trace_hook_keyed_by_no_rule_fails_at_import():

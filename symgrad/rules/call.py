@@ -17,20 +17,37 @@ keyed by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import sympy
 
 from ..algebra import Params, TensorOp, primitive, tensor
 from .base import Forward, Operand, Param, Rule
 
-if TYPE_CHECKING:
-    from ..blocks import BlockSpec
-    from ..graph import Graph
-    from ..reverse import Program
-    from ..schedule import Plan
-
 GRAD_OUTPUT = tensor("grad_output")
+
+
+class BlockSignature(Protocol):
+    """What the call rule reads of a block (a ``blocks.BlockSpec``; a protocol, so that the rules, which
+    ``graph`` imports, import nothing above them, not even for a type checker)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    hyper: tuple[tuple[str, int | float], ...]
+
+    @property
+    def param_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def operands(self) -> tuple[str, ...]: ...
+
+
+class BodyGraph(Protocol):
+    """What it reads of a block body's graph (a ``graph.Graph``)."""
+
+    spec: Any
+    nodes: dict[str, Any]
 
 
 def _block_parameters(operands, params, show):
@@ -127,15 +144,16 @@ class DerivedBlock:
     """A block's body as the walk fills it in: its graph (``body_graphs.block_variants``: what the top
     body's graph reads of it), then its derivation and its plan (``plan.plan_block``)."""
 
-    spec: BlockSpec
-    graph: Graph
+    spec: BlockSignature
+    graph: BodyGraph
     gradients: tuple[str, ...]
     """The block operands it returns gradients of, in order."""
-    program: Program | None = None
-    """The readable derivation (the documents'), once derived."""
-    fast: Program | None = None
-    """The fused derivation its functions run, once derived."""
-    planned: Plan | None = None
+    program: Any = None
+    """The readable derivation (the documents', a ``reverse.Program``), once derived."""
+    fast: Any = None
+    """The fused derivation its functions run (a ``reverse.Program``), once derived."""
+    planned: Any = None
+    """Its plan (a ``schedule.Plan``), once planned; the call rule reads none of the three."""
     backward_inputs: tuple[str, ...] = ()
     """The block inputs its backward reads again (its forward keeps them in the saved list)."""
 
