@@ -230,3 +230,19 @@ def test_the_bound_lean_model_trains_as_autograd():
             optimizer.step()
     for (key, value), other in zip(model.state_dict().items(), twin.state_dict().values()):
         assert (value - other).abs().max() <= 1e-12, key
+
+
+@pytest.mark.parametrize("name", ["resblock", "vit", "convnext"])
+def test_under_autocast_the_bound_lean_step_gives_keep_alls_gradients_bit_for_bit(name):
+    """The backward re-enters the forward's autocast: each value made again is the bfloat16 forward's."""
+    torch.manual_seed(2)
+    model = MODELS[name]().train()
+    x = torch.randn((4, 9, 8) if name == "vit" else (4, 2, 10, 10))
+    grads = []
+    for keep in ("lean", "all"):
+        net = copy.deepcopy(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = symgrad.bind(generated(name, keep), net)(x)
+        out.float().square().sum().backward()
+        grads.append({key: value.grad for key, value in net.named_parameters()})
+    assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
