@@ -1,8 +1,9 @@
 """``python -m benchmarks.gradcheck_trust FOLDER NAME`` (the upstream check's helper, run by hand: it broke
 silently once, 3b5d9e8, when generated test files stopped importing what it read from them): on the smallest
 committed generated module, both checks pass for the explicit backward and for autograd, and a backward made
-wrong is called wrong (autograd passes where it fails). A few seconds of CPU: the helper's two checks (gradgradcheck's is most of
-it) run twice, on the right backward and on the wrong one, the least that shows both verdicts."""
+wrong is called wrong (autograd passes where it fails). A few seconds of CPU: the helper's two checks
+(gradgradcheck's is most of it) run twice, on the right backward and on the wrong one, the least that shows both
+verdicts."""
 
 from __future__ import annotations
 
