@@ -26,7 +26,7 @@ import re
 
 import sympy
 
-from ..algebra import LINEAR, Size, op, primitive
+from ..algebra import LINEAR, Size, op, primitive, tensor
 from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, Spelling, boolean, finite_float
 from .shared import in_operands_dtype, sum_over
 
@@ -224,13 +224,36 @@ class ScaledDotProductAttention(Rule):
             scale = InverseRoot(Size(node.operands["query"], len(node.shapes["query"]) - 1))
         return {"scale": scale, "explicit_scale": explicit, "is_causal": node.params["is_causal"]}
 
+    def _fused(self, node) -> bool:
+        """The fused derivation calls the CPU flash kernels (``attention_fused.py``) where autograd may: 4-d
+        tensors, no mask (whose gradient the kernel does not give); ``_attention`` checks the rest at run time."""
+        return node.fused and "attn_mask" not in node.operands and len(node.shapes["query"]) == 4
+
     def forward(self, node):
         operands = [node.operands[name] for name in ("query", "key", "value", "attn_mask") if name in node.operands]
-        return Forward(op("scaled_dot_product_attention", *operands, **self._params(node)))
+        value = op("scaled_dot_product_attention", *operands, **self._params(node))
+        if not self._fused(node):
+            return Forward(value)
+        # the fused pullback reads the output and the logsumexp the flash kernel computes anyway (autograd saves them)
+        both = node.local(
+            "flash",
+            op("attention_with_logsumexp", *operands, **self._params(node)),
+            note=f"{node.name} with the logsumexp its gradient reads",
+        )
+        node.local("logsumexp", op("item", both, index=1), note=f"{node.name}'s logsumexp of each row of scores")
+        return Forward(op("item", both, index=0), math=value)
 
     def pullback(self, node, grad, wanted):
         params = self._params(node)
         query, key, value = (node.operands[name] for name in ("query", "key", "value"))
+        if self._fused(node):  # named by forward() above
+            fused = node.local(
+                "local",
+                op("attention_backward", grad, query, key, value, node.out, tensor(f"logsumexp_{node.name}"), **params),
+                note="grad_q = s dS k, grad_k = s dS^T q, grad_v = P^T g; dS = P (g v^T - sum(P g v^T))",
+            )
+            names = ("query", "key", "value")
+            return {name: op("item", fused, index=index) for index, name in enumerate(names) if name in wanted}
         mask = node.operands.get("attn_mask")
         probabilities = node.local(
             "probabilities",
