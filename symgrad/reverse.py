@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import op, tensor
+from .algebra import TensorOp, op, tensor
 from .graph import Graph, Node
+from .shapes import fixed_size
 
 GRAD_LOSS = tensor("grad_loss")
 
@@ -87,7 +88,8 @@ def derive(graph: Graph, fused: bool = False) -> Program:
         elif node.name in contributions:
             grad = tensor(f"grad_{node.name}")
             incoming = contributions[node.name]
-            value = sympy.Add(
+            joined = _pieces_joined(graph, node, incoming, contributions)
+            value = joined or sympy.Add(
                 *(
                     _unbroadcast(graph, consumer, operand, node, contribution)
                     for consumer, operand, contribution in incoming
@@ -100,6 +102,12 @@ def derive(graph: Graph, fused: bool = False) -> Program:
                 branch_sums[node.name] = [consumer.name for consumer, _, _ in incoming]
                 readers = sorted({"the outputs" if c.rule.op == "outputs" else c.name for c, _, _ in incoming})
                 comment = f"{node.name} feeds {', '.join(readers)}: the gradients from every path add up"
+                if joined is not None:
+                    kernel = joined.primitive.name
+                    comment = (
+                        f"{node.name} is cut into {', '.join(readers)}: their gradients joined in one {kernel}, "
+                        f"as autograd's {'unbind' if kernel == 'stack' else 'split'} backward joins them"
+                    )
             elif incoming[0][0].rule.op == "outputs":  # a spec that ends in outputs: the seed of the walk
                 comment = (
                     f"{node.name} is output {incoming[0][1].rsplit('_', 1)[1]}: its gradient is the caller's cotangent"
@@ -231,6 +239,49 @@ def _describe(graph: Graph, node: Node) -> str:
 
     symbols = graph.symbols(node)
     return to_code(node.rule.forward(symbols).value)  # the emitted Python, as it runs
+
+
+def _pieces_joined(graph: Graph, node: Node, incoming: list, contributions: dict) -> sympy.Expr | None:
+    """The gradient of a node cut into pieces that tile one dim (``q, k, v = qkv.unbind(0)``, ``x.chunk(2, 1)``,
+    traced as ``narrow``s, each piece's gradient zero-padded back): the pieces' gradients joined in one ``cat``,
+    or, where every piece is one entry whose gradient is an ``unsqueeze`` on that dim (``unbind``), one ``stack``,
+    as autograd's ``split_backward`` and ``unbind_backward`` join them: the same values, bit for bit, in one
+    kernel instead of a pad and an add per piece. None where the pieces do not tile the dim at every size
+    (a size the spec's sizes do not fix), or where any contribution is not such a piece."""
+    rank = len(node.shape)
+    pieces = []
+    for consumer, _, contribution in incoming:
+        grad = tensor(f"grad_{consumer.name}")
+        if consumer.rule.op != "narrow" or not isinstance(contribution, TensorOp):
+            return None
+        start, length = consumer.params["start"], consumer.params["length"]
+        if contribution.primitive.name != "pad" or contribution.operands[0] != grad:
+            return None
+        if not all(isinstance(value, int | sympy.Integer) for value in (start, length)):
+            return None
+        pieces.append((int(start), int(length), consumer.params["dim"] % rank, consumer, grad))
+    pieces.sort(key=lambda piece: piece[0])
+    dims = {piece[2] for piece in pieces}
+    ends = [piece[0] + piece[1] for piece in pieces]
+    if len(pieces) < 2 or len(dims) > 1 or [piece[0] for piece in pieces] != [0, *ends[:-1]]:
+        return None
+    dim = dims.pop()
+    if fixed_size(graph, node.name, dim) != ends[-1]:
+        return None
+    unsqueezed = [_unsqueezed(contributions.get(piece[3].name, ()), dim) for piece in pieces]
+    if all(piece[1] == 1 for piece in pieces) and all(value is not None for value in unsqueezed):
+        return op("stack", *unsqueezed, dim=dim)
+    return op("cat", *(piece[4] for piece in pieces), dim=dim)
+
+
+def _unsqueezed(incoming, dim: int) -> sympy.Expr | None:
+    """``g`` where a piece's one contribution is ``g.unsqueeze(dim)`` (the squeeze after unbind's narrow)."""
+    if len(incoming) != 1:
+        return None
+    contribution = incoming[0][2]
+    if not isinstance(contribution, TensorOp) or contribution.primitive.name != "unsqueeze":
+        return None
+    return contribution.operands[0] if contribution.params["dim"] == dim else None
 
 
 def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contribution: sympy.Expr) -> sympy.Expr:

@@ -78,6 +78,21 @@ def _tied_sizes(
     return dict(substitution), list(free)
 
 
+def fixed_size(graph: Graph, name: str, axis: int) -> int | None:
+    """Node ``name``'s size along ``axis`` where the spec fixes it at every size of its inputs (a reshape's
+    literal 3), else None; None too where the sizes cannot be solved symbolically (asked once per graph)."""
+    if graph.__dict__.get("_sizes_unsolved") is graph.nodes:
+        return None
+    symbolic: dict = {}
+    try:
+        _tied_sizes(graph, symbolic, (name,))
+    except SpecError:  # a block's body not inferable at symbolic sizes
+        graph.__dict__["_sizes_unsolved"] = graph.nodes
+        return None
+    size = sympy.sympify(symbolic[name][axis])
+    return int(size) if size.is_Integer else None
+
+
 def _solve_tied_sizes(graph: Graph):
     """:func:`_tied_sizes`' work: (the substitution, the free symbols, a function from the wanted
     node names to their symbolic shapes)."""
