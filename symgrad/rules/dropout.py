@@ -10,6 +10,8 @@ shape, ``bernoulli_(keep)`` (``keep = 1 - p``), ``div_(keep)``, then ``input * m
   ``scale_by_keep``) and torchvision's ``stochastic_depth(mode="row")``: one per sample (``noise: row``);
 * torchvision's ``stochastic_depth(mode="batch")``: one for the whole batch (``noise: batch``).
 
+At p = 0 PyTorch returns the input and draws nothing, and so does the generated code (the mask is ones,
+``fill_(1)``; for a block's rate, at run time: the first block of rising drop-path rates at 0).
 The generated forward writes the same calls in the module's order, so from the same
 ``torch.manual_seed`` it draws the same masks as the model; an element mask is drawn in the default
 (contiguous) layout, as the model's is, also where the generated code runs its convolutions in
@@ -63,8 +65,13 @@ def _noise_code(operands, params, show):
         if params["noise"] == "element"
         else f"{source}.new_empty({_mask_shape(source, params['rank'], params['noise'])})"
     )
-    # p < 1 (``_probability``), so keep > 0: the code is one for every p, a hyper's too (p = 0: keep 1)
-    return f"{blank}.bernoulli_({keep})" + (f".div_({keep})" if params["scale"] else "")
+    # p < 1 (``_probability``), so keep > 0: the code is one for every p
+    drawn = f"{blank}.bernoulli_({keep})" + (f".div_({keep})" if params["scale"] else "")
+    # at p = 0 the model (F.dropout, timm's drop_path) draws nothing and returns its input, so neither
+    # does this: the mask is ones; a block's rate decides when it runs (an instance at 0: trace.rate_zero)
+    if not hasattr(params["p"], "name"):
+        return drawn if params["p"] else f"{blank}.fill_(1)"
+    return f"({drawn} if {params['p'].name} else {blank}.fill_(1))"
 
 
 primitive(
@@ -124,6 +131,8 @@ class Dropout(Rule):
         import torch
 
         source, keep = arguments["input"], 1 - params["p"]
+        if keep == 1:  # p = 0: F.dropout and drop_path return the input, drawing nothing, as the code does
+            return source.clone()
         rank = source.dim()
         shape = {
             "element": tuple(source.shape),

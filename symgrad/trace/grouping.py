@@ -21,6 +21,7 @@ import torch
 
 from ..spec_values import check_identifier
 from .dataflow import fitted, numbered
+from .rate_zero import at_rate_zero
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
@@ -115,6 +116,16 @@ def group_blocks(
     counts: dict = {}
     for candidate in candidates:
         counts[candidate["key"]] = counts.get(candidate["key"], 0) + 1
+    if not strict:  # the first block of rising drop-path rates, at 0 where the model skips the op
+        twins = {candidate["key"]: candidate for candidate in candidates if counts[candidate["key"]] >= 2}
+        for position, candidate in enumerate(candidates):
+            widened = counts[candidate["key"]] == 1 and next(
+                filter(None, (at_rate_zero(candidate, twin, _int_arguments) for twin in twins.values())), None
+            )
+            if widened:
+                counts[candidate["key"]] -= 1
+                counts[widened["key"]] += 1
+                candidates[position] = widened
     chosen, covered = [], set()
     for candidate in candidates:  # outermost first: a repeated module's own repeated parts stay inside it
         span = set(candidate["indices"])
@@ -366,8 +377,10 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
     # every tensor's rank and size-1 axes, the block's own nodes' too: a rule may derive otherwise where
     # a size is 1 (an SE gate's expand_as at 1 x 1), so instances that differ there are other blocks; a
     # parameter's rank only (a 1 x 1 and a 3 x 3 convolution derive alike: symgrad.plan checks it)
-    operand_shapes = tuple((len(shapes[name]),) if sources.get(name) else _signature(shapes[name]) for name in local)
-    key = (class_name, repr(pattern), tuple(params), operand_shapes)
+    signatures = {
+        local[name]: (len(shapes[name]),) if sources.get(name) else _signature(shapes[name]) for name in local
+    }
+    key = (class_name, repr(pattern), tuple(params), tuple(signatures.values()))
     strict_key = (class_name, repr(block_layers), tuple(params), tuple(_signature(shapes[name]) for name in local))
     block = {
         "inputs": [local[name] for name in external],
@@ -391,6 +404,9 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
         "ints": ints,
         "sized": sized,
         "names": set(local.values()),
+        "pattern": repr(pattern),
+        "shapes": {local[name]: shapes[name] for name in local},
+        "signatures": signatures,
     }
 
 
@@ -431,7 +447,8 @@ def _int_arguments(block_layers: list[dict], shapes: dict[str, tuple]) -> tuple[
     """The layers with each :data:`HYPER_KEYS` int (the rule's default where the layer gives none)
     and each float of an argument its rule declares a hyper replaced by a placeholder, and those
     values by (layer index, key). A value for which the op is not there (``F.dropout`` at p = 0,
-    timm's ``drop_path`` at rate 0, which the model skips) leaves other ops: another block. Also each
+    timm's ``drop_path`` at rate 0, which the model skips) leaves other ops: ``rate_zero`` makes it
+    the block at rate 0. Also each
     param its rule declares readable off a size (``Rule.sizes_read``) that equals that size here (by
     the block's names, ``shapes``), by (layer index, key): (its value, the ``{like: ...}`` that reads it),
     a placeholder in the pattern."""

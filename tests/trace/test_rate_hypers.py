@@ -2,7 +2,8 @@
 trace`` groups instances whose layers differ only in a float their rule declares a hyper (dropout's ``p``,
 ``Param(..., hyper=True)``; mul's constant ``other``, ``Operand(..., hyper=True)``), and the generated
 block function reads it as an argument. A rate at which the model skips the op (timm's ``drop_path`` and
-``F.dropout`` at 0) leaves other ops: that instance stays apart. Checked: the spec, the block function's
+``F.dropout`` at 0, drawing nothing) is the block at rate 0 (``trace.rate_zero``), whose mask is then ones,
+drawn from nothing, so the masks after it are the model's. Checked: the spec, the block function's
 signature, and a bound step's gradients against autograd through the original model (float64, train
 mode, another batch and length, three SGD steps, each from one seed)."""
 
@@ -104,15 +105,14 @@ def _steps_match_autograd(model, path):
             optimizer.step()
 
 
-def test_drop_path_rates_are_one_block_with_a_hyper_and_rate_zero_stays_apart(tmp_path):
+def test_drop_path_rates_are_one_block_with_a_hyper_rate_zero_included(tmp_path):
     model, text, source = _generated(_rates, tmp_path)
-    assert "hyper: {dropout_p: 0.1}" in text  # the block, its default the first instance's rate
-    assert "hyper: {dropout_p: 0.2}" in text  # the third instance's
-    first = text[text.index("layers:\n  - ") :].splitlines()[1]
-    assert "blocks_0_fc" in first and "block:" not in first, first  # at rate 0 the model draws nothing: inline
-    assert text.count("op: dropout") == 1, text
-    assert "def rate_block_forward(x, p, dropout_p=0.1, save=False):" in source, source
+    assert "hyper: {dropout_p: 0.0}" in text  # the block, its default the first instance's rate: 0
+    assert "hyper: {dropout_p: 0.1}" in text and "hyper: {dropout_p: 0.2}" in text  # the others'
+    assert text.count("op: dropout") == 1 and text.count("{block: rate_block") == 3, text
+    assert "def rate_block_forward(x, p, dropout_p=0.0, save=False):" in source, source
     assert ".bernoulli_(1 - dropout_p).div_(" in source and source.count("1 - dropout_p") == 2, source
+    assert "if dropout_p" in source and ".fill_(1)" in source, source  # at 0: ones, nothing drawn
     _steps_match_autograd(model, tmp_path / "rated.py")
 
 
