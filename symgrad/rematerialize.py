@@ -19,11 +19,14 @@ at its last read. The steps, each bit for bit the forward's value:
   first linear map's output, which GELU's backward reads, is made again already with ``--keep
   all``: ``schedule._recomputed``);
 - the sum of two such values, or of one and a kept value (a residual block's ``bn2 + identity``):
-  one rounding, whichever term comes first.
+  one rounding, whichever term comes first;
+- a concatenation or an interpolation (:data:`REARRANGED`) of such values or of kept ones (a U-Net's
+  decoder input, ``torch.cat([skip, F.interpolate(up)])``): the same copy, the same resampling kernel.
 
 A value is made again only from values that stay anyway (the forward's inputs and parameters, what
 the backward reads for other reasons), never from another value made again (no chains: in a stage
-of residual blocks every other block's output stays, and the next one is made from it).
+of residual blocks every other block's output stays, and the next one is made from it), but for a
+:data:`REARRANGED` value, which reads such a value where it is made (its recipe is emitted first).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from .reverse import Statement
 
 COMMENT = "made again (--keep lean): not kept by the forward"
 
+REARRANGED = ("cat", "interpolate")
+"""Values made again from their operands by the same kernel (a copy, a fixed resampling: bit for bit),
+an operand made again by another recipe read from it (a U-Net's ``torch.cat([skip, F.interpolate(up)])``,
+the decoder convolution's input, from two batch norms' activations)."""
 NORMALISED = {
     "native_batch_norm": "statistics",
     "native_layer_norm": "kernel",
@@ -77,10 +84,19 @@ def rebuilt(
             kept.discard(target)
             claimed |= {part.target for part in recipe}
     names = [symbol.name for symbol in recipes]
-    result = []
+    result: list[Statement] = []
+
+    def emit(symbol):  # a recipe after those of the values made again that it reads (a REARRANGED one's)
+        recipe = recipes.pop(symbol)
+        reads = set().union(*(part.value.free_symbols for part in recipe)) - {part.target for part in recipe}
+        for other in sorted(reads & recipes.keys(), key=str):
+            emit(other)
+        result.extend(recipe)
+
     for statement in backward:
         for symbol in sorted(statement.value.free_symbols & recipes.keys(), key=str):
-            result.extend(recipes.pop(symbol))
+            if symbol in recipes:
+                emit(symbol)
         result.append(statement)
     return result, names
 
@@ -126,6 +142,11 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
         if len(terms) != 2 or not all(term.is_Symbol for term in terms):
             return None  # a sum of three rounds in the order the forward added: not made again
         steps = [_recipe(term, made, entries, kept, rebuilt) for term in terms]
+    elif isinstance(value, TensorOp) and value.primitive.name in REARRANGED:
+        if not all(operand.is_Symbol for operand in value.operands):
+            return None
+        # an operand made again by another recipe is read from it (emitted first), not made twice
+        steps = [_recipe(operand, made, entries, kept | rebuilt, rebuilt) for operand in value.operands]
     elif isinstance(value, TensorOp) and value.primitive.recomputable and len(value.operands) == 1:
         if not value.operands[0].is_Symbol:
             return None

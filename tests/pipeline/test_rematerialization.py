@@ -111,16 +111,42 @@ class ConvNeXtBlock(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-MODELS = {"chain": Chain, "resblock": Residual, "mixer": Mixer, "vit": VitBlock, "convnext": ConvNeXtBlock}
+class TinyUNet(nn.Module):
+    """A U-Net's skip: conv-BN-ReLU, max pool, conv-BN-ReLU, bilinear upsampling, concatenation with the
+    skip, the decoder's conv-BN-ReLU, a head: the concatenation is made again from both ReLUs made again."""
+
+    def __init__(self):
+        super().__init__()
+        self.inc, self.bn0 = nn.Conv2d(2, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3)
+        self.down, self.bn1 = nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.up, self.bn2 = nn.Conv2d(7, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3)
+        self.out = nn.Conv2d(3, 2, 1)
+
+    def forward(self, x):
+        skip = torch.relu(self.bn0(self.inc(x)))
+        low = torch.relu(self.bn1(self.down(F.max_pool2d(skip, 2))))
+        up = F.interpolate(low, scale_factor=2, mode="bilinear", align_corners=False)
+        return self.out(torch.relu(self.bn2(self.up(torch.cat([skip, up], dim=1)))))
+
+
+MODELS = {
+    "chain": Chain,
+    "resblock": Residual,
+    "mixer": Mixer,
+    "vit": VitBlock,
+    "convnext": ConvNeXtBlock,
+    "unet": TinyUNet,
+}
 TRACED = {"vit": (2, 5, 8)}
 """The size each model is traced at (default 2 x 2 x 6 x 6); :data:`RUN` the other one its gradients are
 compared at."""
 RUN = {"vit": (3, 7, 8)}
-SAVED = {"chain": 0.6, "resblock": 0.8, "vit": 0.85, "convnext": 0.9}
+SAVED = {"chain": 0.6, "resblock": 0.8, "vit": 0.85, "convnext": 0.9, "unet": 0.6}
 """How much of ``--keep all``'s bytes each model's lean forward keeps at most (chain: both BNs' activations;
 residual: the stem's, each block's inner ReLU and the first block's output; ViT: both LayerNorms' outputs
 before a linear map; ConvNeXt: the LayerNorm's, 1 of 9 channel widths kept: fc1's 4 for GELU's pullback,
-fc2's 1 for the layer scale's, the depthwise output's for the LayerNorm's, the stem's for the depthwise's)."""
+fc2's 1 for the layer scale's, the depthwise output's for the LayerNorm's, the stem's for the depthwise's;
+U-Net: the three ReLUs' outputs, the upsampled one and the concatenation)."""
 _MODULES: dict = {}
 _SOURCES: dict = {}
 
@@ -200,7 +226,16 @@ def test_lean_gradients_equal_autograds_in_float64(name):
 
 @pytest.mark.parametrize(
     "name, channels_last",
-    [("chain", False), ("chain", True), ("resblock", False), ("resblock", True), ("vit", False), ("convnext", True)],
+    [
+        ("chain", False),
+        ("chain", True),
+        ("resblock", False),
+        ("resblock", True),
+        ("vit", False),
+        ("convnext", True),
+        ("unet", False),
+        ("unet", True),
+    ],
 )
 def test_lean_float32_gradients_are_keep_alls_bit_for_bit_from_fewer_bytes(name, channels_last):
     lean, full = generated(name, "lean"), generated(name, "all")
@@ -232,7 +267,7 @@ def test_the_bound_lean_model_trains_as_autograd():
         assert (value - other).abs().max() <= 1e-12, key
 
 
-@pytest.mark.parametrize("name", ["resblock", "vit", "convnext"])
+@pytest.mark.parametrize("name", ["resblock", "vit", "convnext", "unet"])
 def test_under_autocast_the_bound_lean_step_gives_keep_alls_gradients_bit_for_bit(name):
     """The backward re-enters the forward's autocast: each value made again is the bfloat16 forward's."""
     torch.manual_seed(2)
