@@ -135,9 +135,9 @@ def _data(network: str, batch: int, size: int) -> dict:
     return {"x": x, "labels": torch.randint(0, 10, (batch,), generator=generator)}
 
 
-def step(row: tuple, variant: str, precision: str, layout: str, modules: dict):
+def step(row: tuple, variant: str, precision: str, layout: str, modules: dict, count_kept: bool = True):
     """One SGD step of ``variant`` (its own model, seeded as every other variant's), and the bytes its saving
-    forward keeps (None for autograd's)."""
+    forward keeps (None for autograd's, or not ``count_kept``)."""
     network, batch, size, width = row
     example = _example()
     torch.manual_seed(0)
@@ -152,8 +152,9 @@ def step(row: tuple, variant: str, precision: str, layout: str, modules: dict):
     if variant.startswith("symgrad"):
         bound = example.symgrad.bind(modules[variant.rpartition(" ")[2]], net)
         compute = lambda: bound(**data)  # noqa: E731
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            kept = _saved_bytes(bound, net, data)
+        if count_kept:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                kept = _saved_bytes(bound, net, data)
     else:
         runner = torch.compile(net) if variant == COMPILED else net
         loss = F.mse_loss if network == "unet" else F.cross_entropy
@@ -194,7 +195,7 @@ def _memory(arguments: list) -> None:
     """A fresh process's peak growth over one step of one variant (after two warm-up steps)."""
     row, variant, precision, layout, folder = arguments
     modules = write_modules(row[0], row[3], row[2], Path(folder))
-    function, _ = step(tuple(row), variant, precision, layout, modules)
+    function, _ = step(tuple(row), variant, precision, layout, modules, count_kept=False)
     function(), function()
     print(json.dumps({"peak_bytes": peak_growth_bytes(function, "cpu")}))
 
