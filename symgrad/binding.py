@@ -38,7 +38,7 @@ import torch
 import torch.utils.checkpoint
 
 from .call_guards import kept
-from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader
+from .fast_checks import BatchCounter, HookWatch, Snapshot, StateReader, module_paths
 from .fingerprint import IGNORED, literal
 from .generated_module import (
     BindError,
@@ -191,11 +191,12 @@ class Guard(StepChecks):
         if not self._modes and self._traced_training is not None:
             moded += tuple(("", owner, self._traced_training) for owner in self._normed)
         self._moded = moded
-        self._snapshot = Snapshot(self._children, self._hypers, moded)
+        paths = module_paths(model)  # under torch.compile the checks walk to each module from the model
+        self._snapshot = Snapshot(self._children, self._hypers, moded, paths)
         self._hook_watch = HookWatch(model)
         self._refuse_backward_hooks(self._hook_watch.hooks)
-        self._reader = StateReader(self._state)
-        self._counter = BatchCounter(self._statistics)
+        self._reader = StateReader(self._state, paths)
+        self._counter = BatchCounter(self._statistics, paths)
         self._cumulative = tuple(statistics for statistics in self._statistics if statistics.momentum is None)
 
     def _checked_arguments(self, data: dict) -> tuple[dict, dict, list]:
@@ -212,7 +213,7 @@ class Guard(StepChecks):
             self._check_static_sizes(data)
         self._check_model_and_mode()
         self._check_values()
-        arguments, params = self._reader.read(data)  # params: each argument is named by its state_dict key
+        arguments, params = self._reader.read(data, self.model)  # params: named by state_dict key
         if not all(map(operator.is_not, params.values(), repeat(None))):
             key = next(key for key, value in params.items() if value is None)
             raise BindError(
@@ -251,7 +252,7 @@ class Guard(StepChecks):
 
     def _count(self) -> None:
         """``num_batches_tracked`` of each training-mode BatchNorm, moved as the module moves it: once per call."""
-        self._counter()
+        self._counter(self.model)
 
     def check_unchanged(self) -> None:
         """The checks that a replayed CUDA graph (:mod:`symgrad.cuda_graph`) does not run: the model as bound, and

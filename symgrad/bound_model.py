@@ -83,7 +83,7 @@ class _Mode(Guard):
         """Whether the model is in the modes this module was traced in: each submodule that reads its mode
         in the mode it was traced in (the fingerprint's), else the root in the traced BatchNorm mode."""
         if self.watches_modes:
-            return self._snapshot.modes_unchanged()
+            return self._snapshot.modes_unchanged(self.model)
         return self.training is None or self.training == self.model.training
 
     def __call__(self, data: dict[str, torch.Tensor]):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .call_guards import first_changed
-from .fast_checks import Snapshot
+from .fast_checks import Snapshot, module_paths
 from .generated_module import BindError, SizeChecks, name_of
 from .guards import MISSING, shown
 from .modes import mode_refusal
@@ -62,6 +62,8 @@ class StepChecks:
                 self._check_hooks()
             if self._snapshot.unchanged():
                 return
+        elif self._snapshot.unchanged_from(self.model):  # each module reached from the model alone: guarded once
+            return
         self._check_model()
         self._check_mode()
 
@@ -107,7 +109,7 @@ class StepChecks:
                 )
         changed, refreshed = first_changed(self._hypers)  # symgrad.guards: dicts, lists, partials by value
         if refreshed:  # an equal value made anew (a partial): compared as it is now from here on
-            self._snapshot = Snapshot(self._children, self._hypers, self._moded)
+            self._snapshot = Snapshot(self._children, self._hypers, self._moded, module_paths(self.model))
         if changed:
             path, module, key, value, now = changed
             has = f"no {key}" if now is MISSING else f"{key}={shown(now)}"
