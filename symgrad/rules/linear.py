@@ -23,9 +23,9 @@ primitive(
     tangent=affine_tangent("linear"),
     fresh=True,
 )
-primitive(
-    "matmul",
-    code=lambda operands, params, show: f"{operands[0]}.matmul({operands[1]})",
+primitive(  # two_d: both operands 2-d at every size (their rank is the spec's), `mm`: matmul's own 2-d kernel
+    "matmul",  # without its dispatch on ranks
+    code=lambda operands, params, show: f"{operands[0]}.{'mm' if params.get('two_d') else 'matmul'}({operands[1]})",
     latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}",
     tangent=LINEAR,
     fresh=True,
@@ -33,7 +33,11 @@ primitive(
 primitive(
     "matmul_transposed",
     code=lambda operands, params, show: (
-        f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})"
+        f"{operands[0]}.T.mm({operands[1]})"
+        if params.get("two_d") and params["which"] == "left"
+        else f"{operands[0]}.mm({operands[1]}.T)"
+        if params.get("two_d")
+        else f"{operands[0]}.transpose(-1, -2).matmul({operands[1]})"
         if params["which"] == "left"
         else f"{operands[0]}.matmul({operands[1]}.transpose(-1, -2))"
     ),
@@ -47,7 +51,11 @@ primitive(
 )
 primitive(
     "linear_weight_grad",
-    code=lambda operands, params, show: f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))",
+    code=lambda operands, params, show: (
+        f"{operands[0]}.T.mm({operands[1]})"
+        if params.get("two_d")  # [N, out] and [N, in]: nothing to flatten
+        else f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"
+    ),
     latex=lambda operands, params, show: (
         f"\\sum_{{n}} {{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}"
     ),
@@ -102,12 +110,15 @@ class Linear(Rule):
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
+        two_d = {"two_d": True} if len(node.shapes["input"]) == 2 else {}  # [N, in]: mm, as autograd's addmm backward
         if "input" in wanted:
             grads["input"] = in_operands_dtype(
-                op("matmul", grad, node.operands["weight"]), node.operands["input"], read_anyway="weight" in wanted
+                op("matmul", grad, node.operands["weight"], **two_d),
+                node.operands["input"],
+                read_anyway="weight" in wanted,
             )
         if "weight" in wanted:
-            grads["weight"] = op("linear_weight_grad", grad, node.operands["input"])
+            grads["weight"] = op("linear_weight_grad", grad, node.operands["input"], **two_d)
         if "bias" in wanted:
             rank = len(node.shapes["input"])
             grads["bias"] = op("sum", grad, dim=tuple(range(rank - 1)))
@@ -168,14 +179,15 @@ class MatMul(Rule):
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         grads = {}
+        two_d = {"two_d": True} if len(node.shapes["input"]) == len(node.shapes["other"]) == 2 else {}
         if "input" in wanted:
             gradient = self._unbroadcast(
-                node, "input", op("matmul_transposed", grad, node.operands["other"], which="right")
+                node, "input", op("matmul_transposed", grad, node.operands["other"], which="right", **two_d)
             )
             grads["input"] = in_operands_dtype(gradient, node.operands["input"], read_anyway="other" in wanted)
         if "other" in wanted:
             gradient = self._unbroadcast(
-                node, "other", op("matmul_transposed", node.operands["input"], grad, which="left")
+                node, "other", op("matmul_transposed", node.operands["input"], grad, which="left", **two_d)
             )
             grads["other"] = in_operands_dtype(gradient, node.operands["other"], read_anyway="input" in wanted)
         return grads
