@@ -15,9 +15,10 @@ graph-break and recompile counts for that variant; then ``--repeats`` rounds of 
 rotated every round (medians). Ratio: ``torch.compile(model)``'s median over the compiled bound model's (> 1:
 the bound model is faster).
 
-    OMP_NUM_THREADS=1 python -m benchmarks.compiled_parity                 # ResNet-18, ViT, U-Net, ConvNeXt
+    OMP_NUM_THREADS=1 python -m benchmarks.compiled_parity     # ResNet-18, ResNet-50, ViT, U-Net, ConvNeXt
     OMP_NUM_THREADS=1 python -m benchmarks.compiled_parity --networks vit --repeats 11
     python -m benchmarks.compiled_parity --graphs --networks resnet18   # the ops that differ, no timing
+    OMP_NUM_THREADS=1 python -m benchmarks.compiled_parity --guards --networks resnet18   # Dynamo's guard check alone
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import copy
 import datetime
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -116,6 +118,7 @@ def steps(network: str, folder: Path, keep: str | None = None, names=VARIANTS) -
             optimizer.step()
             return value.detach()
 
+        one_step.runner, one_step.x = runner, x  # for guard_costs
         variants[variant] = one_step
     return variants
 
@@ -208,13 +211,46 @@ def graph_differences(network: str, folder: Path, keep: str | None = None) -> li
     return lines
 
 
+def guard_costs(network: str, folder: Path, keep: str | None = None, rounds: int = 5, calls: int = 200) -> dict:
+    """{variant: (µs per call of Dynamo's guard check, guards, Python lambda guards)} of the two compiled steps'
+    frames (compiled with the ``eager`` backend: the guards are Dynamo's, whatever the backend): the check
+    timed alone, the least of ``rounds`` loops of ``calls``, as it runs at every call of the compiled model."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    compile_as = torch.compile
+    try:
+        torch.compile = lambda function, **options: compile_as(function, backend="eager", **options)
+        functions = steps(network, folder, keep, names=VARIANTS[:2])
+        for function in functions.values():
+            function()
+    finally:
+        torch.compile = compile_as
+    found = {}
+    for name, function in functions.items():
+        module = function.runner._orig_mod
+        frame = {"self": module, "x": function.x, "args": (function.x,), "kwargs": {}}
+        entries = _debug_get_cache_entry_list(type(module).forward.__code__)  # the entry this model's call runs
+        manager = next(entry.guard_manager for entry in entries if entry.guard_manager.check(frame))
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                manager.check(frame)
+            best = min(best, (time.perf_counter() - start) / calls)
+        text = str(manager)
+        found[name] = (best * 1e6, len(re.findall(r"\+- [A-Z_]+:", text)), text.count("LAMBDA_GUARD"))
+    return found
+
+
 def _load() -> str:
     return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--networks", nargs="+", default=["resnet18", "vit", "unet", "convnext"], choices=list(ROWS))
+    parser.add_argument(
+        "--networks", nargs="+", default=["resnet18", "resnet50", "vit", "unet", "convnext"], choices=list(ROWS)
+    )
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument(
         "--keep", choices=("all", "lean"), help="the bound module's keep policy (default: the generator's)"
@@ -224,7 +260,18 @@ def main(argv=None) -> int:
         "--graphs", action="store_true", help="print the ops whose counts differ between the two compiled "
         "steps' forward and backward graphs (compiled by AOTAutograd alone), and time nothing",
     )  # fmt: skip
+    parser.add_argument(
+        "--guards", action="store_true", help="time Dynamo's guard check of each compiled step's frame alone, "
+        "and count its guards (compiled with the eager backend), and time nothing else",
+    )  # fmt: skip
     arguments = parser.parse_args(argv)
+    if arguments.guards:
+        print(f"load average {_load()}; guard check: least of 5 loops of 200 calls")
+        for network in arguments.networks:
+            with tempfile.TemporaryDirectory() as folder:
+                for name, (micros, count, python) in guard_costs(network, Path(folder), arguments.keep).items():
+                    print(f"{network} {name}: {micros:.0f} µs per call, {count} guards, {python} in Python", flush=True)
+        return 0
     if arguments.graphs:
         for network in arguments.networks:
             with tempfile.TemporaryDirectory() as folder:
