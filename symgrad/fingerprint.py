@@ -443,60 +443,148 @@ def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool
     return None
 
 
-def module_constants(spec, any_width: bool = False, running: frozenset = frozenset()) -> str:
-    """``FINGERPRINT`` and ``FROZEN`` for the generated module of a traced ``spec`` (Python
-    source from its checked literals), or "" for a spec without a fingerprint; ``running``: the
-    inputs that are running statistics, which the module lists in ``RUNNING`` instead."""
+def module_constants(
+    spec, any_width: bool = False, running: frozenset = frozenset(), instances: dict | None = None, momenta=None
+) -> tuple[str, bool]:
+    """``FINGERPRINT``, ``FROZEN`` and ``GUARDS`` for the generated module of a traced ``spec`` (Python
+    source from its checked literals), or "" for a spec without a fingerprint; ``running``: the inputs
+    that are running statistics, which the module lists in ``RUNNING`` instead; ``instances``: block
+    name by instance path, naming the groups of rows; ``momenta``: (module paths, the one momentum
+    as written) of the training-mode batch norms, written here as read off the fingerprint where
+    they are its BatchNorms run in training mode (True is then returned with the text)."""
     if spec.fingerprint is None:
-        return ""
+        return "", False
     wrt = {name for name, _ in spec.wrt}
     frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt | running})
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
-    return (
-        _fingerprint_literal(summaries) + "\n"
-        '"""The traced model by submodule (the spec\'s ``fingerprint:``; a row several share written\n'
-        "once): class, hashes of code, hypers and own tensors' shapes, mode if read, BatchNorm runs;\n"
-        '``symgrad.bind`` refuses a model that differs."""\n'
+    read = momenta is not None and list(momenta[0]) == [path for path, row in summaries.items() if row[4] and row[5]]
+    frozen_text = (
+        f"FROZEN = {python_literal(frozen, lead=9, packed=True)}  # read, no gradient: buffers, frozen parameters"
+        if frozen
+        else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's"
+    )
+    text = (
+        _fingerprint_literal(summaries, instances or {})
         + (
-            f"FROZEN = {python_literal(frozen, lead=9, packed=True)}\n"
-            '"""The ``state_dict()`` keys this module reads and computes no gradient for, ``RUNNING`` aside:\n'
-            'other buffers, and the parameters frozen when traced (``symgrad.bind`` refuses them unfrozen)."""'
-            if frozen
-            else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's"
+            "\n# each BatchNorm run in training mode (row[4], row[5]) moves its running statistics in place with\n"
+            "# this momentum, as nn.BatchNorm's forward does (None: a cumulative average, which bind keeps)\n"
+            f"MOMENTA = dict.fromkeys([path for path, row in FINGERPRINT.items() if row[4] and row[5]], {momenta[1]})\n"
+            'RUNNING = {f"{module}.{name}" for module in MOMENTA for name in ("running_mean", "running_var")}'
+            if read
+            else ""
         )
+        + "\n"
+        + frozen_text
         + (
-            f"\nGUARDS = {python_literal(_guards(spec.guards), lead=9)}\n"
-            '"""What else the traced forward read (``symgrad.guards``): the functions of the model\'s code it\n'
-            'called (hashed with what they read); its literal reads and non-tensor arguments, where any."""'
+            "\n# what else the traced forward read (symgrad.guards): the functions of the model's code it\n"
+            "# called (hashed with what they read); its literal reads and non-tensor arguments, where any\n"
+            f"GUARDS = {python_literal(_guards(spec.guards), lead=9)}"
             if spec.guards
             else ""
         )
     )
+    return text, read
 
 
-def _fingerprint_literal(summaries: dict[str, list]) -> str:
+def _fingerprint(rows, paths, groups):
+    """FINGERPRINT from its distinct rows: each path's by number, or a group's (a block's, by path
+    under the instance) where it names one; each path a list of its own, in the model's order."""
+    table = {}
+    for path, row in paths.items():
+        for inner, number in groups[row].items() if isinstance(row, str) else [("", row)]:
+            table[".".join(part for part in (path, inner) if part)] = list(rows[number])
+    return table
+
+
+DECODER = inspect.getsource(_fingerprint)
+"""The function that unfolds ``FINGERPRINT`` in the generated module (its rows, paths and groups
+written once), as it is here."""
+
+HEADING = (
+    "# What symgrad.bind checks a model against (it refuses one that differs): per submodule, its class,\n"
+    "# hashes of its code, hypers and own tensors' shapes, the mode it ran in if read, BatchNorm runs"
+)
+
+
+def _groups(numbers: dict[str, int], instances: dict[str, str], classes: dict[str, str]) -> tuple[dict, dict]:
+    """``numbers`` (path -> row) as paths and groups: a subtree of several submodules met more than
+    once (a block's instances) written once as a group, named by the block whose instances they are
+    (``instances``), else by its class; each path its row or its group's name."""
+    paths = list(numbers)
+
+    def subtree(index: int) -> tuple:
+        path, inside = paths[index], []
+        for other in paths[index + 1 :]:
+            if path and not other.startswith(path + "."):
+                break
+            inside.append((other[len(path) + 1 :] if path else other, numbers[other]))
+        return (("", numbers[path]), *inside)
+
+    shapes = [subtree(index) if index else () for index in range(len(paths))]  # the root is never a group
+    counts: dict[tuple, int] = {}
+    for shape in shapes:
+        counts[shape] = counts.get(shape, 0) + (len(shape) > 1)
+    named: dict[tuple, str] = {}
+    top: dict[str, int | str] = {}
+    groups: dict[str, dict] = {}
+    skip = ""
+    for index, path in enumerate(paths):
+        if skip and path.startswith(skip):
+            continue
+        shape = shapes[index]
+        if counts.get(shape, 0) < 2:
+            top[path] = numbers[path]
+            continue
+        if shape not in named:
+            base = name = instances.get(path) or classes[path]
+            count = 1
+            while name in groups:  # another subtree of the same block or class
+                count += 1
+                name = f"{base}_{count}"
+            named[shape] = name
+            groups[name] = dict(shape)
+        top[path] = named[shape]
+        skip = path + "."
+    return top, groups
+
+
+def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) -> str:
     """``FINGERPRINT = ...``: where submodules share their row (every ReLU, each block's convolutions
     alike), each distinct row written once, numbered, and each submodule's number in the model's
-    order (the order bind compares them in); the same dict, a few lines instead of one per submodule."""
+    order (the order bind compares them in), a block's submodules once for all its instances
+    (:func:`_groups`); the same dict, a few lines instead of one per submodule."""
     rows: list[str] = []
     numbers = {}
     for path, row in summaries.items():
         text = python_literal(row, indent=4, lead=4)
         numbers[path] = rows.index(text) if text in rows else rows.append(text) or len(rows) - 1
     if len(rows) == len(summaries):
-        return f"FINGERPRINT = {python_literal(summaries, lead=14)}"
+        return f"{HEADING}\n" + f"FINGERPRINT = {python_literal(summaries, lead=14)}"
+    top, groups = _groups(numbers, instances, {path: row[0] for path, row in summaries.items()})
+    distinct = {number: summaries[path] for path, number in reversed(numbers.items())}
+    if _fingerprint(distinct, top, groups) != summaries:  # the module's own function gives the table back
+        raise AssertionError("the fingerprint's rows and groups do not give its table back")
+    table = "".join(
+        f"    {row},  # {number}\n" if len(f"    {row},  # {number}") <= 100 else f"    {row},\n"
+        for number, row in enumerate(rows)
+    )
+    grouped = "".join(
+        f"    {json.dumps(name)}: {python_literal(group, 4, 6 + len(json.dumps(name)))},\n"
+        if len(python_literal(group)) + len(json.dumps(name)) + 7 <= 100
+        else f"    {json.dumps(name)}: {{\n{_packed(group, 8)}\n    }},\n"
+        for name, group in groups.items()
+    )
+    return f"{DECODER}\n{HEADING}\nFINGERPRINT = _fingerprint([\n{table}], {{\n{_packed(top, 4)}\n}}, {{\n{grouped}}})"
+
+
+def _packed(numbers: dict, indent: int) -> str:
+    """``"path": row,`` pairs as many to a line as fit 100 columns, indented by ``indent``."""
     lines = [""]
-    for pair in (f"{json.dumps(path)}: {number}," for path, number in numbers.items()):
+    for pair in (f"{json.dumps(path)}: {json.dumps(number)}," for path, number in numbers.items()):
         if lines[-1] and len(lines[-1]) + 1 + len(pair) > 100:
             lines.append("")
-        lines[-1] += (" " if lines[-1] else "    ") + pair
-    return (
-        "FINGERPRINT = {path: [\n"
-        + "".join(f"    {row},\n" for row in rows)
-        + "][row] for path, row in {\n"
-        + "\n".join(lines)
-        + "\n}.items()}"
-    )
+        lines[-1] += (" " if lines[-1] else " " * indent) + pair
+    return "\n".join(lines)
 
 
 def _guards(guards: dict) -> dict:

@@ -3,6 +3,8 @@ string literal is cut) laid out black-style across lines of at most ``width`` co
 
 from __future__ import annotations
 
+import keyword
+
 _PRIORITY = {
     "or": 1,
     "and": 2,
@@ -175,13 +177,14 @@ class Layout:
     def elements(self, start: int, stop: int, indent: int) -> list[str]:
         """``start:stop`` split at its top-level commas: one element a line, each with its comma; a
         list of plain names, numbers and ``name=number`` (a signature, a tuple of saved values, a
-        kernel's arguments) fills its lines instead, as a person writes a long list of names."""
+        kernel's arguments) or of short calls fills its lines instead, as a person writes a long
+        list of names."""
         commas = self._commas(start, stop)
         bounds = list(zip([start] + [comma + 1 for comma in commas], commas + [stop]))
         names = [self.text(begin, end) for begin, end in bounds if begin < end]
         if (
             len(names) > 2
-            and all(self._plain(begin, end) for begin, end in bounds if begin < end)
+            and all(self._plain(begin, end) or self._short(begin, end) for begin, end in bounds if begin < end)
             and all(indent + len(name) < self.width for name in names)
         ):
             lines = [" " * indent]
@@ -196,6 +199,15 @@ class Layout:
                 lines += self.expression(begin, comma, indent, tail=",")
             begin = comma + 1
         return lines
+
+    def _short(self, begin: int, end: int) -> bool:
+        """A short element with no operator, condition or comprehension of its own (``x.to(dtype)``,
+        ``kernel_size=3``): a kernel's arguments share lines as a person writes them."""
+        return (
+            len(self.text(begin, end)) <= 44
+            and not self._operators(begin, end)
+            and not any(self.tokens[index][0] in _UNSPLITTABLE for index in range(begin, end))
+        )
 
     def _plain(self, begin: int, end: int) -> bool:
         """A name, a number, or ``name=`` one of them: an element a list may share a line with."""
@@ -325,4 +337,19 @@ class Layout:
                 if self._commas(chosen + 1, closing)
                 else self.expression(chosen + 1, closing, indent + 4)
             )
-        return [pad + head + self.text(start, chosen + 1)] + inner + [pad + self.text(closing, stop) + tail]
+        closed = self.text(closing, stop) + tail
+        if self._hugs(chosen) and self.fits(0, inner[-1].removesuffix(","), closed):
+            # a call's closing parenthesis on its last argument's line, as a person writes it
+            return [pad + head + self.text(start, chosen + 1)] + inner[:-1] + [inner[-1].removesuffix(",") + closed]
+        return [pad + head + self.text(start, chosen + 1)] + inner + [pad + closed]
+
+    def _hugs(self, opening: int) -> bool:
+        """Whether the bracket at ``opening`` is a call's (after a name or a bracket, in a statement
+        that opens no block: a ``def``'s parameters keep black's own line for ``):``), whose closing
+        parenthesis then hugs its last argument (its trailing comma dropped: a call's, never a tuple's)."""
+        before = self.tokens[opening - 1][0] if opening else ""
+        return (
+            self.tokens[opening][0] == "("
+            and (before.isidentifier() and not keyword.iskeyword(before) or before in (")", "]"))
+            and self.tokens[0][0] not in ("def", "class", "if", "elif", "while", "for", "with", "async")
+        )

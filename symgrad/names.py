@@ -98,7 +98,7 @@ def template_names() -> tuple[frozenset[str], frozenset[str]]:
     the functions and classes it defines, the arguments of each function that also takes the spec's
     tensors, the names it assigns (``grads``, ``saved``), and the suffixes it puts after a spec name
     (``{{ name }}_layout`` makes ``x_layout``)."""
-    text = resources.files("symgrad.templates").joinpath("module.py.jinja").read_text("utf-8")  # as render loads it
+    text = template_text("module.py.jinja")  # as render loads it, its sections in place
     text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
     names, suffixes = set(), set()
     verbatim, inside = scan_template("module.py.jinja").verbatim, ""  # functions that never see a spec name
@@ -155,12 +155,30 @@ def _literal_names(expression: str) -> set[str]:
     return names
 
 
+def template_text(template: str) -> str:
+    """``template``'s text as one: each section it includes (``{% include "module/loss.jinja" %}``) in
+    its place, and the macro files they import (``{% from ... import ... %}``) once, first, as the
+    macros stood before the module's template was split into sections (templates/module/)."""
+    imported: dict[str, None] = {}
+
+    def expand(name: str) -> str:
+        text = resources.files("symgrad.templates").joinpath(name).read_text("utf-8")
+        for found in re.findall(r'^\{% from "([^"]+)" import', text, flags=re.M):
+            imported[found] = None
+        text = re.sub(r'^\{% from "[^"]+" import [^\n]*%\}\n', "", text, flags=re.M)
+        return re.sub(r'^\{% include "([^"]+)" %\}\n', lambda match: expand(match.group(1)), text, flags=re.M)
+
+    body = expand(template)
+    macros = [resources.files("symgrad.templates").joinpath(name).read_text("utf-8") for name in imported]
+    return "".join(macros) + body
+
+
 @functools.cache
 def scan_template(template: str) -> TemplateNames:
     """:class:`TemplateNames` of ``template``, read off its text: each function's arguments and
     assigned names (written out or in a ``{{ ... }}`` expression), sorted by the function they are
     in, and what it defines at module level."""
-    text = resources.files("symgrad.templates").joinpath(template).read_text("utf-8")
+    text = template_text(template)
     text = re.sub(r"\{#.*?#\}", "", text, flags=re.S)
     lines = text.splitlines()
     top, block, suffixes, verbatim = set(), set(), set(), set()

@@ -69,8 +69,20 @@ def _block_view(derived: DerivedBlock, decided: BlockPlan) -> dict:
             for name in decided.saved_names
         ],
         backward=printed_lines(_one_line(decided.backward)),
-        returns=list(decided.returns),
+        returns=_entries(list(decided.returns), 8),
     )
+
+
+def _entries(pairs: list, indent: int, merged: tuple = ()) -> list[str]:
+    """A returned mapping's entries (``"conv1.weight": grad_conv1_weight,``, then ``**grads,``) as
+    many to a line as fit at column ``indent``; one a line (its value below a long key) where one
+    alone does not fit."""
+    from .printing import entry
+
+    entries = [f'"{key}": {value},' for key, value in pairs] + [f"**{text}," for text in merged]
+    if all(indent + len(text) <= 100 for text in entries):
+        return packed(entries, indent)
+    return [entry(key, value, indent) for key, value in pairs] + [f"**{text}," for text in merged]
 
 
 def _chain_view(chain: ChainRule) -> dict:
@@ -100,6 +112,34 @@ def _shared_momentum(statistics, sources: dict) -> str | None:
     momenta = {f"{momentum}" for mean, _, momentum in statistics if mean in sources}
     modules = {sources[mean] for mean, _, _ in statistics if mean in sources}
     return momenta.pop() if len(momenta) == 1 and len(modules) > 1 else None
+
+
+def _constants_view(structured: Structured, sources: dict) -> dict:
+    """What bind reads off the module (:func:`~symgrad.fingerprint.module_constants`), and ``MOMENTA``:
+    read off ``FINGERPRINT`` where its BatchNorms run in training mode are the ones the forward moves,
+    all with one momentum, else listed (``momentum_lines``)."""
+    statistics = structured.running_statistics
+    shared = _shared_momentum(statistics, sources)
+    modules = list(dict.fromkeys(sources[mean].rsplit(".", 1)[0] for mean, _, _ in statistics if mean in sources))
+    instances = {
+        link.prefix: link.rule.derived.spec.name
+        for chain in structured.chains
+        for link in chain.links
+        if not link.offset
+    }
+    text, read = module_constants(
+        structured.spec,
+        any_width=True,
+        running=frozenset(name for item in statistics for name in item[:2]),
+        instances=instances,
+        momenta=(modules, shared) if shared is not None else None,
+    )
+    return dict(
+        fingerprint=text,
+        momentum_lines=[] if read else packed(_momenta(statistics, sources)),
+        momentum_shared=shared,
+        momenta_read=read,
+    )
 
 
 def render_files(
@@ -152,7 +192,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
     # each parameter read where it is used, as the mapping's entry (`params["fc.weight"]`)
     entries = structured.top_plan.entries
     blocks = [_block_view(block, structured.block_plans[name]) for name, block in structured.blocks.items()]
-    helpers = structured.helpers
+    helpers = [helper.strip("\n") for helper in structured.helpers]  # the template puts one blank line before each
     from .emit import outputs_context
 
     # an inlined program: the docstring lists its derivation, as its documents do (``Structured.docstring``)
@@ -175,11 +215,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         version=__version__,
         spec_label=spec_label,
         helpers=helpers,
-        fingerprint=module_constants(
-            spec,
-            any_width=True,
-            running=frozenset(name for statistics in structured.running_statistics for name in statistics[:2]),
-        ),
+        **_constants_view(structured, sources),
         has_params=bool(sources),
         block_names=[block["name"] for block in blocks],
         blocks=blocks,
@@ -208,13 +244,10 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
             for name in graph.wrt
             if name not in sources
         ],
-        param_returns=param_returns,
-        merged_returns=merged,
+        param_returns=_entries(list(param_returns), 12, tuple(merged)),
         offsets=offsets,
         chains=[_chain_view(chain) for chain in structured.chains],
         positional=positional,
-        momentum_lines=packed(_momenta(structured.running_statistics, sources)),
-        momentum_shared=_shared_momentum(structured.running_statistics, sources),
         function_grads=", ".join(f"grads.{name}" if name in graph.wrt else "None" for name in positional),
         device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
         rebuilt=list(
@@ -227,10 +260,8 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, lis
         else "{}",
         **layout,
     )
-    import re
-
-    # a section the spec does not need leaves its blank lines: two between top-level definitions
-    body = re.sub(r"\n{4,}", "\n\n\n", environment().get_template("module.py.jinja").render(**context))
+    # one blank line between top-level definitions: each optional section carries its own
+    body = environment().get_template("module.py.jinja").render(**context)
     return body, blocks, context["backward"], steps
 
 

@@ -274,3 +274,10 @@ def test_ruff_format_finds_nothing():
         f"{len(unformatted)} files not as ruff format writes them (fix: ruff format "
         "symgrad benchmarks tests examples):\n" + "\n".join(unformatted[:40]) + result.stderr[-2000:]
     )
+
+
+def test_no_template_over_600_lines():
+    """Templates are held to the same limit (issue 64 item 5): module.py.jinja is its sections in templates/module/."""
+    templates = Path(__file__).resolve().parents[1] / "templates"
+    found = {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in templates.rglob("*.jinja")}
+    assert len(found) > 5 and not {name: count for name, count in found.items() if count > MAX_LINES}

@@ -95,7 +95,10 @@ def test_the_wheel_ships_its_data_and_a_fresh_venv_with_only_it_runs_every_comma
 
     wheel = built_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    for template in ("module.py.jinja", "test_module.py.jinja", "derivation.md.jinja"):
+    templates = Path(__file__).resolve().parents[2] / "templates"
+    sections = [f"module/{path.name}" for path in sorted((templates / "module").glob("*.jinja"))]
+    assert len(sections) > 5  # module.py.jinja includes its sections from templates/module/
+    for template in ("module.py.jinja", "test_module.py.jinja", "derivation.md.jinja", *sections):
         assert f"symgrad/templates/{template}" in names
     assert "symgrad/docs/spec.md" in names  # `symgrad spec-help` works from a wheel
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)

@@ -106,7 +106,7 @@ def test_module_names_lists_every_constant_the_templates_write():
     from symgrad.roles import THRESHOLD_NAME
 
     root = GENERATED.parent
-    texts = [path.read_text() for path in (root / "templates").glob("*.jinja")]
+    texts = [path.read_text() for path in (root / "templates").rglob("*.jinja")]  # module.py.jinja's sections too
     written = {name for text in texts for name in re.findall(r'(?m)^(?:\{\{ \(")?([A-Z][A-Z0-9_]+) = ', text)}
     written |= {
         name

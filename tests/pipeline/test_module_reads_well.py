@@ -73,9 +73,9 @@ def test_a_kernel_with_many_arguments_is_called_with_keywords(resnet18):
 
 def test_the_channels_last_size_is_one_named_constant(resnet18):
     _, source = resnet18
-    value = re.search(r"^CHANNELS_LAST_FROM = (\d+)\n\"\"\"(.*?)\"\"\"", source, re.S | re.M)
-    assert value and "CHANNELS_LAST_MIN_POSITIONS" in value.group(2)
-    assert source.count(value.group(1)) == 1  # the number once, the tests by name
+    value = re.search(r"^((?:# .*\n)+)CHANNELS_LAST_FROM = (\d+)$", source, re.M)  # its comment above it
+    assert value and "CHANNELS_LAST_MIN_POSITIONS" in value.group(1)
+    assert source.count(value.group(2)) == 1  # the number once, the tests by name
     assert source.count(">= CHANNELS_LAST_FROM:") == 2
 
 
@@ -163,12 +163,38 @@ def test_what_bind_checks_comes_after_the_math_each_fingerprint_row_written_once
     from symgrad.fingerprint import difference
 
     model, source = resnet18
-    assert source.index("def loss_with_explicit_backward(") < source.index("\nFINGERPRINT = {path: [\n")
-    rows = source.split("\nFINGERPRINT = {path: [\n", 1)[1].split("\n][row] for path, row in {\n", 1)[0].splitlines()
+    assert source.index("def loss_with_explicit_backward(") < source.index("\nFINGERPRINT = _fingerprint([\n")
+    rows = source.split("\nFINGERPRINT = _fingerprint([\n", 1)[1].split("\n], {\n", 1)[0].splitlines()
     assert len(rows) == len(set(rows)) < 20  # 13 distinct rows for ResNet-18's 62 submodules
+    paths = source.split("\n], {\n", 1)[1].split("\n})\n", 1)[0]
+    assert '"layer1.0": "basic_block"' in paths and '"layer1.0.conv1"' not in paths  # a block's rows once
+    assert len(paths.splitlines()) < 15
     fingerprint = module_from_source(source, "resnet18_fingerprint").FINGERPRINT
     assert list(fingerprint) == [path for path, _ in model.named_modules()]
     assert difference(fingerprint, model, any_width=True) is None
     assert (
         fingerprint["layer1.0.relu"] == fingerprint["relu"] and fingerprint["layer1.0.relu"] is not fingerprint["relu"]
     )
+    changed = copy.deepcopy(model)
+    changed.layer3[1].conv2.padding = (2, 2)  # inside a group of rows written once for layer2..layer4
+    assert difference(fingerprint, changed, any_width=True).startswith("layer3.1.conv2 (Conv2d) has other hyper")
+    module = module_from_source(source, "resnet18_momenta")  # MOMENTA read off FINGERPRINT: every BatchNorm's
+    batch_norms = [path for path, item in model.named_modules() if isinstance(item, torch.nn.BatchNorm2d)]
+    assert "MOMENTA = dict.fromkeys([path for path, row in FINGERPRINT" in source and module.MOMENTA == dict.fromkeys(
+        batch_norms, 0.1
+    )
+    assert module.RUNNING == {f"{path}.running_{name}" for path in batch_norms for name in ("mean", "var")}
+
+
+def test_one_blank_line_between_top_level_definitions_none_left_by_a_section_the_spec_skips(resnet18):
+    """The template's sections carry their own blank line (no regex collapses the output): one blank
+    line before each top-level definition, never two in a row, and the file ends with one newline."""
+    import ast
+
+    _, source = resnet18
+    assert "\n\n\n" not in source and source.endswith("\n") and not source.endswith("\n\n")
+    lines = source.splitlines()
+    for node in ast.parse(source).body[1:]:
+        first = min([node.lineno, *(item.lineno for item in getattr(node, "decorator_list", []))])
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not lines[first - 2].startswith("#"):
+            assert lines[first - 2] == "" and lines[first - 3] != "", lines[first - 3 : first]

@@ -178,13 +178,16 @@ def test_every_statement_of_a_traced_resnet_keeps_its_syntax_tree_when_laid_out(
     assert laid_out >= 10  # the long ones were laid out, not merely left alone
 
 
-def test_arguments_that_fit_together_go_on_one_line_as_black_puts_them():
+def test_arguments_that_fit_together_go_on_one_line_and_the_call_closes_there():
     code = "native_bn1 = torch.native_batch_norm(conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True)"
     assert fit(code, 4) == (
-        "native_bn1 = torch.native_batch_norm(\n"
-        "        conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True\n"
-        "    )"
+        "native_bn1 = torch.native_batch_norm(\n        conv1, bn1_weight, bn1_bias, bn1_running_mean, bn1_running_var, True)"
     )
+    # a tuple keeps its own lines (its trailing comma is its meaning); a def's parameters their "):" line
+    tuple_code = "return (" + ", ".join(f"(name_{index}, value_{index})" for index in range(8)) + ",)"
+    assert fit(tuple_code, 4).endswith("\n    )") and ast.parse(fit(tuple_code, 0))
+    define = "def block(" + ", ".join(f"argument_{index}" for index in range(9)) + "):"
+    assert fit(define, 0).endswith("\n):")
 
 
 def test_a_long_list_of_plain_names_fills_its_lines():
