@@ -93,8 +93,9 @@ class Builder(Protocol):
     def unknown(self, call: Call) -> None:
         """Refuse the call as no op symgrad differentiates."""
 
-    def out_name(self, op: str, call: Call) -> str:
-        """A fresh node name for the call's layer."""
+    def out_name(self, op: str, call: Call, named: bool = True) -> str:
+        """A fresh node name for the call's layer: the name the model's code gives its result where it has one
+        (``named``: the layer computes that result), else from ``op``."""
 
     def size_of(self, source: torch.Tensor, fits: Callable) -> dict | None:
         """``{like: NODE}`` for the tensor whose sizes the code read most recently and that ``fits``."""

@@ -45,6 +45,7 @@ from .dataflow import (
 )
 from .errors import Refusal, TraceError
 from .indexing import index_view
+from .names_from_code import name_last_part
 from .recorder import NO_GRAD, RANDOM, Call
 from .size_checks import write_checks
 from .torch_names import (
@@ -100,14 +101,21 @@ class SpecBuilder(OneValueConstants):
     owned: dict[str, Any] = field(default_factory=dict)
     """Each handler module's own state for this walk (:meth:`own`): ``random_masks``' draws, ``loss_tail``'s
     log-probabilities."""
+    code_names: dict[int, str] = field(default_factory=dict)
+    """id of a recorded result (or piece of one) -> the name the model's code gives it (``Call.targets``)."""
+    made: tuple[str, str, int] = ("", "", 0)
+    """The base, the name and the base's count :meth:`out_name` made last."""
 
     def __post_init__(self):
         self.source_names = {source.name for source in self.sources.values()}
 
     # ----- naming -----------------------------------------------------------------------------
-    def out_name(self, op: str, call: Call) -> str:
+    def out_name(self, op: str, call: Call, named: bool = True) -> str:
         base = plain_name(call.module) if call.module else ""
-        if base and not call.leaf:
+        given = self.code_names.get(id(call.result)) if named and not call.leaf else None
+        if given is not None and check_identifier(fitted(f"{base}_{given}" if base else given)) is None:
+            base = fitted(f"{base}_{given}" if base else given)  # q, k, v = qkv.unbind(0): blocks_0_attn_q
+        elif base and not call.leaf:
             base = f"{base}_{op}"
         base = fitted(base or op)
         if base[0].isdigit() or check_identifier(base) is not None:
@@ -119,6 +127,7 @@ class SpecBuilder(OneValueConstants):
         while name in self.source_names or check_identifier(name) is not None:
             self.taken[base] += 1
             name = numbered(base, self.taken[base])
+        self.made = (base, name, self.taken[base])
         return name
 
     def fail(self, call: Call, what: str, fix: str, op: str | None = None) -> int:
@@ -191,6 +200,10 @@ class SpecBuilder(OneValueConstants):
     def add(self, call: Call) -> None:
         self.sizes_read += call.sizes_read
         self.walked += 1
+        pieces = call.result if isinstance(call.result, (tuple, list)) else (call.result,)
+        for name, piece in zip(call.targets, pieces):
+            if name is not None and isinstance(piece, torch.Tensor):
+                self.code_names[id(piece)] = name
         if call.compared:  # the branches taken on sizes since the call before: checked at run time
             write_checks(self, call)
         target = call.arguments[0] if call.arguments and isinstance(call.arguments[0], torch.Tensor) else None
@@ -488,7 +501,7 @@ class SpecBuilder(OneValueConstants):
         if reasons:
             self.taint(call.result, frozenset(reasons))
         else:
-            self.names[id(call.result)] = found
+            self.names[id(call.result)] = name_last_part(self, call, source, found)
 
     def part(self, call: Call, name: str, tensor: torch.Tensor, *arguments: int, result: Any = None) -> torch.Tensor:
         """One layer of a call that becomes several (``x[:, 0, None]``): ``name`` applied to ``tensor``."""

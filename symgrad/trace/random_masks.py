@@ -202,7 +202,7 @@ def _materialise(builder: Builder, mask: dict, call: Call) -> bool:
             "draw it in x's dtype, x.new_empty(shape).bernoulli_(keep), or divide by keep after .to(x.dtype)",
         )
         return False
-    ones, name = builder.out_name("mask_ones", drawn_call), builder.out_name("mask", drawn_call)
+    ones, name = builder.out_name("mask_ones", drawn_call, named=False), builder.out_name("mask", drawn_call)
     layers = [
         {"op": "full", "size": size, "fill_value": 1.0, "out": ones},
         {

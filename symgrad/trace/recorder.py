@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import sizes
 from .custom_functions import Applied
+from .names_from_code import code_targets
 
 SHAPE_QUERIES = frozenset(
     {
@@ -247,6 +248,16 @@ class Call:
     compared: tuple = ()
     """The sizes the user's code compared since the call before (``sizes.COMPARED``), as ``(relation, left,
     right, outcome, where)``: the branches taken on the input's size, which the walk writes as checks."""
+    targets: tuple = ()
+    """The names the user's statement gives the result, one per piece of a tuple result (``q, k, v =
+    qkv.unbind(0)``), None for a piece it names not: ``names_from_code.code_targets``; () where none."""
+
+
+def _bound(frame, call: Call) -> bool:
+    """Whether the frame's variables hold ``call``'s result under the names its statement gives it."""
+    values = call.result if isinstance(call.result, (tuple, list)) else (call.result,)
+    variables = frame.f_locals
+    return any(name is not None and variables.get(name) is value for name, value in zip(call.targets, values))
 
 
 @dataclass
@@ -299,6 +310,8 @@ class Recorder(TorchFunctionMode):
         self.size_tensors: list[torch.Tensor] = []
         """The tensors whose sizes the user's code read, by the index its sizes carry (``sizes.Dim``)."""
         self._size_index: dict[int, int] = {}
+        self._named_site: tuple | None = None
+        """(frame, instruction, call) of the last call given names by its statement (:meth:`_name`)."""
 
     def __enter__(self):
         self.compared = sizes.COMPARED = []
@@ -316,6 +329,7 @@ class Recorder(TorchFunctionMode):
 
     def __exit__(self, *exception):
         sizes.COMPARED = None
+        self._named_site = None  # its frame, kept no longer
         for hook in self._hooks:
             hook.remove()
         self.running.clear()
@@ -404,9 +418,23 @@ class Recorder(TorchFunctionMode):
                 tuple((*entry[:4], user_line(entry[4])) for entry in self.compared if _by_user(entry[4])),
             )
         )
+        self._name(self.calls[-1], sys._getframe(1))
         self._sizes_read.clear()
         self.compared.clear()
         return result
+
+    def _name(self, call: Call, frame) -> None:
+        """``call.targets``: the names the running statement gives the call's result. A library function
+        the statement calls (einops' ``rearrange``) may make several torch calls from one expression: the
+        last of them is its value, so a call at the same place whose result the statement has not yet
+        bound (a loop's next pass has) gives its names up to this one."""
+        frame, call.targets = code_targets(frame, is_users)
+        if not call.targets:
+            return
+        site = self._named_site
+        if site is not None and site[0] is frame and site[1] == frame.f_lasti and not _bound(frame, site[2]):
+            site[2].targets = ()
+        self._named_site = (frame, frame.f_lasti, call)
 
     def _exact_fill(
         self, function, name: str, arguments: tuple, keywords: dict, result: torch.Tensor, fill: float | None

@@ -33,7 +33,7 @@ def test_a_map_of_one_value_in_any_spelling_follows_the_input_and_matches_autogr
     fulls = [layer for layer in layers if layer["op"] == "full"]
     assert [layer["fill_value"] for layer in fulls] == [0.75, -1.0], text  # ones_like * 0.25 += 0.5, new_full
     assert all(layer["size"][0] == {"like": "x"} and layer["size"][2:] == [{"like": "x"}] * 2 for layer in fulls)
-    assert {"op": "sub", "in": "x", "other": 0.125, "out": "sub"} in layers, text
+    assert {"op": "sub", "in": "x", "other": 0.125, "out": "shifted"} in layers, text  # the model's name for it
     built = build_text(text, "noise_level.yaml").rendered
     module = module_from_source(built.files[f"{built.name}.py"], built.name)
     generator = torch.Generator().manual_seed(2)

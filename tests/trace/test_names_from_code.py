@@ -1,0 +1,116 @@
+"""Layer names from the model's own code (``symgrad/trace/names_from_code.py``, issue 64): ``q, k, v =
+qkv.unbind(0)`` names the pieces ``attn_q``, ``attn_k``, ``attn_v`` (they were ``attn_squeeze``,
+``attn_squeeze_2``, ``attn_squeeze_3``), ``q, k, v = out[0], out[1], out[2]`` (a narrow and a squeeze each)
+too, ``attn = q @ k.transpose(-2, -1)`` names the matmul; a name the statement rebinds (``x = x * 2``, an
+argument of the function) and code without a source file keep the op's name. The generated gradients are
+autograd's through the original module at another batch size."""
+
+from __future__ import annotations
+
+import linecache
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from symgrad.check import module_from_source, relative_error
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+from tests.helpers import load_yaml
+
+
+class Attention(nn.Module):
+    """timm's ``Attention``: one qkv Linear, reshape and permute, ``unbind(0)``, then the manual branch."""
+
+    def __init__(self, dim=4, heads=2):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q = q * 0.5
+        attn = q @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+
+    def forward(self, x):
+        return self.attn(x) * 2
+
+
+class Pieces(nn.Module):
+    """MONAI's ``SABlock``: ``q, k, v = output[0], output[1], output[2]``; a chunk into two names; an einops
+    ``rearrange`` (several torch calls from one expression) in a loop, its result named on each pass."""
+
+    def forward(self, x):
+        output = x.reshape(x.shape[0], 3, 2, 4).permute(1, 0, 2, 3)
+        q, k, v = output[0], output[1], output[2]
+        left, right = torch.chunk(q * k + v, 2, dim=-1)
+        total = left * right
+        for _ in range(2):
+            tokens = rearrange(total, "b n d -> b d n")
+            total = total + tokens.sum(-1, keepdim=True)
+        return total
+
+
+def _outs(text: str) -> list[str]:
+    return [layer["out"] for layer in load_yaml(text)["layers"] if "out" in layer]
+
+
+def _matches_autograd(model: nn.Module, text: str, shape: tuple[int, ...]) -> None:
+    built = build_text(text, "named.yaml", documents=False, tests=False).rendered
+    module = module_from_source(built.files[f"{built.name}.py"], built.name)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+    target = torch.randn_like(model(x))
+    (expected,) = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    params = {key: value.detach() for key, value in model.state_dict().items()}
+    got = module.gradients(x=x, params=params, target=target) if params else module.gradients(x=x, target=target)
+    assert relative_error(got.x, expected) <= 1e-12
+
+
+def test_the_pieces_of_a_timm_attention_are_named_q_k_v_as_its_code_names_them():
+    torch.manual_seed(0)
+    model = Model().double()
+    text = trace(model, {"x": (2, 3, 4)}, loss=LossChoice("mse_loss"))
+    outs = _outs(text)
+    assert {"attn_q", "attn_k", "attn_v", "attn_attn"} <= set(outs), outs
+    assert not [name for name in outs if "squeeze" in name], outs
+    assert "attn_mul" in outs and "attn_softmax" in outs, outs  # q = q * 0.5 and attn = attn.softmax(): rebound
+    assert "attn_qkv" in outs  # the Linear keeps its attribute's name
+    _matches_autograd(model, text, (3, 5, 4))
+
+
+def test_a_tuple_of_items_a_chunk_and_an_einops_call_in_a_loop_take_the_codes_names():
+    model = Pieces()
+    text = trace(model, {"x": (2, 24)}, loss=LossChoice("mse_loss"))
+    outs = _outs(text)
+    assert {"q", "k", "v", "left", "right", "total", "tokens", "tokens_2"} <= set(outs), outs
+    assert not [name for name in outs if name.startswith("squeeze")], outs  # each output[i]'s squeeze is q, k, v
+    _matches_autograd(model, text, (3, 24))
+
+
+def test_code_without_a_source_file_and_a_rebound_name_keep_the_ops_names():
+    namespace: dict = {"torch": torch}
+    exec("def forward(x):\n    y = torch.relu(x)\n    x = y * 2\n    return x\n", namespace)
+    text = trace(namespace["forward"], {"x": (2, 3)})
+    assert {"relu", "mul"} <= set(_outs(text)), text
+    assert not linecache.getlines("<string>")
+
+
+def test_a_name_the_spec_refuses_falls_back_to_the_ops_name():
+    def forward(x):
+        grad_x = torch.relu(x)  # grad_ is the generated code's prefix: never a spec name
+        return grad_x * 3
+
+    text = trace(forward, {"x": (2, 3)})
+    assert "relu" in _outs(text) and "grad_x" not in _outs(text), text
