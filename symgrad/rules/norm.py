@@ -442,6 +442,9 @@ def _trailing_sizes(value, context: ParamContext) -> tuple:
     """``normalized_shape``: ints, or entries ``{like: x, dims: [-1]}``, the input's trailing sizes read
     at run time (in a block whose instances differ in width: ``Rule.sizes_read``)."""
     values = tuple(value) if isinstance(value, list) else (value,)
+    for item in values:
+        if isinstance(item, Like) and (item.dims is None or len(item.dims) != 1 or item.size is not None):
+            raise context.fail(f"reads one size per entry, not {item}", "write e.g. `[{like: NODE, dims: [-1]}]`")
     return tuple(item.size_at(position) if isinstance(item, Like) else item for position, item in enumerate(values))
 
 

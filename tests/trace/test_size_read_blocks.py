@@ -11,12 +11,15 @@ the spec, the block functions, and a bound step's gradients against autograd thr
 from __future__ import annotations
 
 import copy
+import re
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import symgrad
+from symgrad.errors import SpecError
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 
@@ -137,3 +140,31 @@ def test_a_grouped_conv_whose_groups_is_no_size_keeps_a_number(tmp_path):
     assert "hyper: {groups: 2}" in spec and "hyper: {groups: 4}" in spec, spec  # differs: a hyper int
     assert source.count("def grouped_block_forward(") == 1, source
     _steps_match_autograd(model, tmp_path / "sized.py", 4)
+
+
+@pytest.mark.parametrize(
+    "argument, message",
+    [
+        ("groups: {like: w}", "'groups' reads one size, not {like: w}"),
+        ("groups: {like: w, dims: [0, 1]}", "'groups' reads one size"),
+    ],
+)
+def test_a_size_read_that_is_not_one_size_is_refused_in_one_line(argument, message):
+    text = (
+        "name: refused\ninputs:\n  x: {shape: [2, 4, 5, 5]}\n  w: {shape: [4, 1, 3, 3]}\n  y: {shape: [2, 4, 3, 3]}\n"
+        f"layers:\n  - {{op: conv2d, weight: w, {argument}, out: c}}\nloss: {{op: mse_loss, in: c, target: y}}\nwrt: [w]\n"
+    )
+    with pytest.raises(SpecError, match=re.escape(message)) as error:
+        build_text(text, "refused.yaml")
+    assert "\n" not in str(error.value) and "dims: [0]" in str(error.value)
+
+
+def test_a_normalized_shape_entry_without_its_dim_is_refused_in_one_line():
+    text = (
+        "name: refused\ninputs:\n  x: {shape: [2, 3, 4]}\n  y: {shape: [2, 3, 4]}\n"
+        "layers:\n  - {op: layer_norm, normalized_shape: [{like: x}], out: n}\n"
+        "loss: {op: mse_loss, in: n, target: y}\nwrt: [x]\n"
+    )
+    with pytest.raises(SpecError, match=re.escape("reads one size per entry, not {like: x}")) as error:
+        build_text(text, "refused.yaml")
+    assert "\n" not in str(error.value) and "dims: [-1]" in str(error.value)
