@@ -41,8 +41,9 @@ def code_targets(frame: FrameType | None, is_users) -> tuple[FrameType | None, t
     result), or ``(None, ())``. From ``frame`` outwards: torch's and the standard library's frames (and
     einops', a library of layout functions: its calls are its caller's) are passed; a ``return`` of the
     very expression running passes the name to the caller's statement; the tracer's own frames, code
-    without a source and an ``nn.Module`` being called end the search with no name."""
-    while frame is not None:
+    without a source and an ``nn.Module`` being called end the search with no name. Python 3.10 has no
+    instruction positions (``co_positions``): no names there, the op's names as before."""
+    while frame is not None and POSITIONS:
         code = frame.f_code
         if code in MODULE_CALLS or code.co_filename.startswith("<") or code.co_filename.startswith(TRACER):
             return None, ()
@@ -55,6 +56,9 @@ def code_targets(frame: FrameType | None, is_users) -> tuple[FrameType | None, t
         frame = frame.f_back
     return None, ()
 
+
+POSITIONS = hasattr(CodeType, "co_positions")
+"""Whether this Python says which columns an instruction runs (3.11 on)."""
 
 RETURNED = ("",)
 """The table's mark for ``return EXPR``: the value is the function's, named (or not) by its caller."""
