@@ -302,7 +302,7 @@ def test_a_products_input_gradient_comes_back_in_the_inputs_dtype_as_autograds(t
     model = BiasedHead()
     text = trace(model, {"x": (2, 8)}, wrt="parameters", name="biased_head", loss=LossChoice("mse_loss", "target"))
     source = build_text(text, "biased_head.yaml").rendered.files["biased_head.py"]
-    assert '.matmul(params["fc.weight"]).to(' in source
+    assert '.mm(params["fc.weight"]).to(' in source
     path = tmp_path / "biased_head.py"
     path.write_text(source)
     torch.manual_seed(1)

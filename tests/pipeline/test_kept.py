@@ -470,7 +470,7 @@ def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
     model[2].requires_grad_(False)
     text = trace(model, {"input": (2, 5)}, wrt="parameters", name="frozen_head", loss=LossChoice("mse_loss", "target"))
     source = build_text(text, "frozen_head.yaml").rendered.files["frozen_head.py"]
-    assert 'matmul(params["2.weight"])\n' in source and 'matmul(params["0.weight"]).to(input.dtype)' not in source
+    assert '.mm(params["2.weight"])\n' in source and '.mm(params["0.weight"]).to(input.dtype)' not in source
     assert "    return loss, relu_1_active, linear_2, residual\n" in source, source
     plain = build_text(text, "frozen_head.yaml", recompute=False).rendered.files["frozen_head.py"]
     assert "    return loss, relu_1, linear_2, residual\n" in plain, plain
@@ -482,7 +482,7 @@ def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
         loss=LossChoice("mse_loss", "target"),
     )
     assert (
-        'matmul(params["2.weight"]).to(relu_1.dtype)'
+        '.mm(params["2.weight"]).to(relu_1.dtype)'
         in build_text(trained, "trained_head.yaml").rendered.files["trained_head.py"]
     )
     model[2].requires_grad_(False)
