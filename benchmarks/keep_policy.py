@@ -59,7 +59,7 @@ ROWS = [  # (network, batch, image size, width): the issue's networks at 112², 
 LARGE_ROWS = [("resnet50", 4, 224, 64)]
 """With ``--large`` alone: ResNet-50 at 224² takes about as long as every other row together on 2 cores."""
 SMOKE_ROWS = [
-    (network, 2, 32, {"resnet18": 8, "resnet50": 8, "unet": 4, "convnext": 8, "vit": 32}.get(network, 0))
+    (network, 2, 32, {"resnet18": 8, "resnet50": 8, "unet": 4, "convnext": 8, "vit": 48}.get(network, 0))
     for network in dict.fromkeys(row[0] for row in ROWS)
 ]
 """Every network, tiny (``--smoke``): that the script runs end to end, not a measurement."""
