@@ -50,27 +50,34 @@ def compiled_step(tmp_path, fullgraph=True):
     return model, fast, torch.compile(fast, fullgraph=fullgraph, backend="eager")
 
 
-def guards(fast) -> str:
-    entries = [entry for code in (type(fast).forward.__code__,) for entry in _debug_get_cache_entry_list(code)]
-    assert len(entries) == 1
-    return str(entries[0].guard_manager)
+def guards(fast, x) -> str:
+    """The guards of the compiled frame a call of ``fast`` on ``x`` runs."""
+    frame = {"self": fast, "args": (x,), "kwargs": {}}
+    entries = _debug_get_cache_entry_list(type(fast).forward.__code__)
+    (manager,) = [entry.guard_manager for entry in entries if entry.guard_manager.check(frame)]
+    return str(manager)
+
+
+def aliases(text: str) -> list[str]:
+    """Dynamo's Python guards on objects reached by two paths from the call's locals."""
+    return [line.strip() for line in text.splitlines() if "LAMBDA_GUARD: L[" in line]
 
 
 def test_each_submodule_is_reached_by_one_path_and_guarded_once(tmp_path):
     model, fast, compiled = compiled_step(tmp_path)
     x = torch.randn(3, 3, 6, 6, dtype=torch.float64)
     compiled(x).sum().backward()
-    text = guards(fast)
-    aliases = [line.strip() for line in text.splitlines() if "LAMBDA_GUARD: L[" in line]
+    text = guards(fast, x)
     # the model itself: BoundModel.model and the bound mode's model, one object by two attributes
-    assert aliases == [next(line for line in aliases if "L['self']._modules['model'] is " in line)], aliases
+    assert aliases(text) == [next(line for line in aliases(text) if "L['self']._modules['model'] is " in line)]
     for path, module in model.named_modules():  # each child's identity, one C guard on the model's path
         if path:
             source = "L['self']._modules['model']" + "".join(f"._modules['{name}']" for name in path.split("."))
             assert f"___check_obj_id({source}, {id(module)})" in text, path
-    copied = copy.deepcopy(fast)  # its checks compare the copy's submodules, not the original's
+    copied = copy.deepcopy(fast)  # its checks compare the copy's submodules (their ids), not the original's
     torch.compile(copied, fullgraph=True, backend="eager")(x).sum().backward()
     assert all(value.grad is not None for value in copied.model.parameters())
+    assert len(aliases(guards(copied, x))) == 1
 
 
 def test_a_compiled_bound_model_refuses_what_the_eager_one_refuses(tmp_path):
