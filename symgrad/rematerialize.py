@@ -78,7 +78,7 @@ def rebuilt(
         target = statement.target
         if target not in kept or target in kept_by_caller or target in viewed:
             continue
-        recipe = _recipe(target, made, entries, kept - {target}, claimed | set(recipes))
+        recipe = _recipe(target, made, entries, kept - {target}, claimed | set(recipes), set(recipes))
         if recipe:
             recipes[target] = recipe
             kept.discard(target)
@@ -126,11 +126,13 @@ def _entries(forward: list[Statement]) -> dict:
     return entries
 
 
-def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[Statement] | None:
+def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set, ready: set) -> list[Statement] | None:
     """The statements that make ``symbol`` again from ``kept`` values and inputs, in order; None
     where some step is not a cheap exact one or reads a value neither kept nor cheaply made
     (``rebuilt``: the values made in the backward already, by another recipe or as its own, which
-    none is made from)."""
+    none is made from, but a :data:`REARRANGED` value from ``ready``, the values other recipes make:
+    their recipes are emitted before its; not a value the backward makes itself, whose place is its
+    own first read, nor a step inside another recipe, which that recipe may overwrite)."""
     if symbol not in made or symbol in kept:
         return []  # an input or a parameter, which the caller passes again, or a value that stays
     if symbol in rebuilt:
@@ -141,16 +143,16 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
         terms = value.args
         if len(terms) != 2 or not all(term.is_Symbol for term in terms):
             return None  # a sum of three rounds in the order the forward added: not made again
-        steps = [_recipe(term, made, entries, kept, rebuilt) for term in terms]
+        steps = [_recipe(term, made, entries, kept, rebuilt, ready) for term in terms]
     elif isinstance(value, TensorOp) and value.primitive.name in REARRANGED:
         if not all(operand.is_Symbol for operand in value.operands):
             return None
         # an operand made again by another recipe is read from it (emitted first), not made twice
-        steps = [_recipe(operand, made, entries, kept | rebuilt, rebuilt) for operand in value.operands]
+        steps = [_recipe(operand, made, entries, kept | ready, rebuilt, ready) for operand in value.operands]
     elif isinstance(value, TensorOp) and value.primitive.recomputable and len(value.operands) == 1:
         if not value.operands[0].is_Symbol:
             return None
-        steps = [_recipe(value.operands[0], made, entries, kept, rebuilt)]
+        steps = [_recipe(value.operands[0], made, entries, kept, rebuilt, ready)]
     elif isinstance(value, TensorOp) and value.primitive.name == "item" and value.params["index"] == 0:
         native = value.operands[0]
         call = made[native].value if native in made else None
@@ -162,11 +164,11 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set) -> list[
             if again is None:
                 return None
             statement = dataclasses.replace(statement, value=again)
-            steps = [_recipe(operand, made, entries, kept, rebuilt) for operand in again.operands]
+            steps = [_recipe(operand, made, entries, kept, rebuilt, ready) for operand in again.operands]
         else:  # the same kernel on the same input: the tuple again, its output read from it
             if not all(operand.is_Symbol for operand in call.operands):
                 return None
-            steps = [_recipe(operand, made, entries, kept, rebuilt) for operand in call.operands]
+            steps = [_recipe(operand, made, entries, kept, rebuilt, ready) for operand in call.operands]
             steps.append([dataclasses.replace(made[native], comment=COMMENT)])
     else:
         return None
