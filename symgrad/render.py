@@ -9,7 +9,7 @@ import dataclasses
 
 from .algebra import tensor
 from .emit import packed
-from .fingerprint import module_constants
+from .fingerprint_text import module_constants
 from .plan import BlockPlan, LayoutPlan, Structured, TopPlan
 from .rules.call import BlockRule, ChainRule, DerivedBlock
 
@@ -115,7 +115,7 @@ def _shared_momentum(statistics, sources: dict) -> str | None:
 
 
 def _constants_view(structured: Structured, sources: dict) -> dict:
-    """What bind reads off the module (:func:`~symgrad.fingerprint.module_constants`), and ``MOMENTA``:
+    """What bind reads off the module (:func:`~symgrad.fingerprint_text.module_constants`), and ``MOMENTA``:
     read off ``FINGERPRINT`` where its BatchNorms run in training mode are the ones the forward moves,
     all with one momentum, else listed (``momentum_lines``)."""
     statistics = structured.running_statistics

@@ -1,0 +1,31 @@
+"""FINGERPRINT as the generated module writes it (symgrad/fingerprint_text.py): each distinct row once, a
+block's submodules once for all its instances (with the numbers of an instance whose rows differ: a
+drop-path rate), a repeated subtree without instances once; the module's own _fingerprint gives back
+the same table, in the model's order, a list of its own per path."""
+
+from __future__ import annotations
+
+from symgrad.fingerprint_text import _fingerprint_literal
+
+
+def _row(kind: str, hyper: str = "44136fa3") -> list:
+    return [kind, None, hyper, "44136fa3", None, 0]
+
+
+def test_a_blocks_rows_are_written_once_and_give_back_the_table_in_order():
+    table = {"": ["Net", "0123456789abcdef", "44136fa3", "44136fa3", None, 0], "stage": _row("Sequential")}
+    for index, rate in enumerate(["00000000", "11111111", "22222222"]):  # a rate per instance
+        table |= {f"stage.{index}": _row("Block"), f"stage.{index}.conv": _row("Conv2d", "c0c0c0c0")}
+        table |= {f"stage.{index}.drop": _row("DropPath", "00000000" if index < 2 else rate)}
+    for index in range(2):  # a repeated subtree that is no block's instance
+        table |= {f"downs.{index}": _row("Sequential"), f"downs.{index}.0": _row("LayerNorm", "abababab")}
+    table["head"] = _row("Linear")
+    text = _fingerprint_literal(table, {f"stage.{index}": "block" for index in range(3)})
+    assert '"stage.0": "block", "stage.1": "block"' in text and '"stage.2": ("block", [' in text
+    assert '"downs.0": "Sequential"' in text and '"stage.1.conv"' not in text and '"downs.1.0"' not in text
+    assert text.count('["Conv2d"') == 1 and max(map(len, text.splitlines())) <= 100
+    namespace: dict = {}
+    exec(compile(text, "fingerprint", "exec"), namespace)
+    unfolded = namespace["FINGERPRINT"]
+    assert unfolded == table and list(unfolded) == list(table)
+    assert unfolded["stage.0.conv"] is not unfolded["stage.1.conv"]  # bind may change one without the other
