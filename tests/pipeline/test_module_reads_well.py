@@ -198,3 +198,11 @@ def test_one_blank_line_between_top_level_definitions_none_left_by_a_section_the
         first = min([node.lineno, *(item.lineno for item in getattr(node, "decorator_list", []))])
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not lines[first - 2].startswith("#"):
             assert lines[first - 2] == "" and lines[first - 3] != "", lines[first - 3 : first]
+
+
+def test_every_committed_module_has_one_blank_line_between_definitions():
+    """The committed modules (generated/: blocks, outputs-free loss forms, per-sample, channels_last) as well."""
+    modules = [path for path in (ROOT / "generated").glob("*.py") if '"""Explicit gradients' in path.read_text()]
+    assert len(modules) >= 5
+    for path in modules:
+        assert "\n\n\n" not in path.read_text(), path.name
