@@ -92,7 +92,9 @@ def module_constants(
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
     read = momenta is not None and list(momenta[0]) == [path for path, row in summaries.items() if row[4] and row[5]]
     frozen_text = (
-        f"FROZEN = {python_literal(frozen, lead=9, packed=True)}  # read, no gradient: buffers, frozen parameters"
+        "# the state_dict() keys read without a gradient, RUNNING aside: other buffers, and the\n"
+        "# parameters frozen when traced (symgrad.bind refuses them unfrozen)\n"
+        f"FROZEN = {python_literal(frozen, lead=9, packed=True)}"
         if frozen
         else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's"
     )
