@@ -68,9 +68,9 @@ ATTENTION_BACKWARD = (
     """query's, key's and value's gradients of F.scaled_dot_product_attention: one call of
     autograd's own kernel, _scaled_dot_product_flash_attention_for_cpu_backward, from the out and
     logsumexp the forward's _attention returned, as autograd calls it. Where the forward took no
-    flash kernel (logsumexp None), or where a graph is recorded (the kernel has no derivative),
-    the formula: P = softmax(scale q k^T), grad_v = P^T g, grad_S = P (g v^T - sum(P g v^T)),
-    grad_q = scale grad_S k, grad_k = scale grad_S^T q."""
+    flash kernel (logsumexp None) or where a graph is recorded (torch.func.grad's too: the kernel
+    has no derivative), the formula: P = softmax(scale q k^T), grad_v = P^T g,
+    grad_S = P (g v^T - sum(P g v^T)), grad_q = scale grad_S k, grad_k = scale grad_S^T q."""
     tracked = torch.is_grad_enabled() and any(
         tensor.requires_grad for tensor in (grad_out, query, key, value))
     if logsumexp is not None and not tracked and grad_out.dtype == out.dtype:

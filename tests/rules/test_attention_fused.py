@@ -108,3 +108,20 @@ def test_a_recorded_gradient_is_the_formula_and_twice_differentiable():
     ]
     for mine, theirs in zip(*second):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_under_a_torch_func_transform_the_formula_runs():
+    query, key, value = (part.double() for part in _qkv(batch=1, heads=2, length=3, width=2, seed=3))
+    grad = torch.randn(1, 2, 3, 2, dtype=torch.float64)
+
+    def summed_query_gradient(q):
+        out, logsumexp = HELPERS["_attention"](q, key, value)
+        return HELPERS["_attention_backward"](grad, q, key, value, out, logsumexp)[0].sum()
+
+    mine = torch.func.grad(summed_query_gradient)(query)
+    leaf = query.clone().requires_grad_()
+    with sdpa_kernel([SDPBackend.MATH]):
+        reference = F.scaled_dot_product_attention(leaf, key, value)
+    (first,) = torch.autograd.grad(reference, leaf, grad, create_graph=True)
+    (expected,) = torch.autograd.grad(first.sum(), leaf)
+    torch.testing.assert_close(mine, expected, rtol=1e-12, atol=1e-12)
