@@ -22,6 +22,9 @@ measured) by :data:`TARGETS`.
     python -m benchmarks.keep_policy --networks resnet18 --precisions float32 --layouts default --repeats 3
     python -m benchmarks.keep_policy --smoke              # every network, tiny: the script works
     python -m benchmarks.keep_policy --rows out/keep-policy-cpu.json   # render a saved run again
+    python -m benchmarks.keep_policy --precisions float32 --json out/f32.json     # the run in two halves,
+    python -m benchmarks.keep_policy --precisions AMP --json out/amp.json         # rendered as one:
+    python -m benchmarks.keep_policy --rows out/f32.json out/amp.json
 """
 
 from __future__ import annotations
@@ -344,14 +347,18 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="every network tiny, 1 repeat: the script runs")
     parser.add_argument("--json", default="out/keep-policy-cpu.json")
     parser.add_argument("--output", default="out/BENCHMARKS-keep-policy.md")
-    parser.add_argument("--rows", help="render this saved JSON run again, without measuring")
+    parser.add_argument(
+        "--rows", nargs="+", help="render these saved JSON runs again as one (their rows joined), without measuring"
+    )
     parser.add_argument("--memory", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory:
         _memory(json.loads(args.memory))
         return 0
     if args.rows:
-        saved = json.loads(Path(args.rows).read_text())
+        runs = [json.loads(Path(name).read_text()) for name in args.rows]
+        saved = {**runs[0], "rows": [row for run in runs for row in run["rows"]]}
+        saved["command"] = "; ".join(dict.fromkeys(run["command"] for run in runs))
     else:
         table = SMOKE_ROWS if args.smoke else ROWS + (LARGE_ROWS if args.large else [])
         table = [row for row in table if not args.networks or row[0] in args.networks]
