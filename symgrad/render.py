@@ -345,13 +345,11 @@ def _function_view(positional: list[str], sources: dict, statistics) -> dict:
         return dict(
             function_inputs=", ".join(["keys", *positional, "*values"]),
             saved_inputs=", ".join([*saved, "*kept"]),
-            unpacked_inputs=", ".join([*positional, "*values"]) if positional else "values",
         )
     comma = "," if len(positional) == 1 else ""
     return dict(
         function_inputs=", ".join(positional),
         saved_inputs=", ".join(saved) + comma,
-        unpacked_inputs=", ".join(positional) + comma,
     )
 
 

@@ -4,6 +4,7 @@ before anything is written, whatever the cause."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,31 @@ def test_a_module_with_300_saved_tensors_imports_and_its_drop_in_backward_is_rig
     actual = torch.autograd.grad(module.loss_with_explicit_backward(**inputs), wrt)
     for ours, theirs in zip(actual, expected):
         assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+
+
+ONE_INPUT = """
+name: one_input
+inputs:
+  x: {shape: [2, 3]}
+layers:
+  - {op: tanh, in: x, out: h}
+outputs: [h]
+wrt: [x]
+"""
+
+
+def test_a_one_input_outputs_module_compiles_whole_and_its_backward_is_right(monkeypatch):
+    """One input and no parameters: the Function saves ``(x,)``, and under torch.compile
+    ``(x, *tensors)`` (it wrote ``x,, *tensors``, which Python refuses, before the two Functions shared
+    that code)."""
+    module = module_from_source(build_text(ONE_INPUT, "one_input.yaml").rendered.files["one_input.py"], "one_input")
+    monkeypatch.setitem(sys.modules, "one_input", module)  # dynamo reads a traced function's module
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn(2, 3, dtype=torch.float64)
+    compiled = torch.compile(lambda x: module.outputs_with_explicit_backward(x)[0], fullgraph=True, backend="eager")
+    expected = torch.autograd.grad(torch.tanh(x), x, cotangent)[0]
+    for run in (compiled, lambda x: module.outputs_with_explicit_backward(x)[0]):
+        assert torch.allclose(torch.autograd.grad(run(x), x, cotangent)[0], expected, rtol=1e-12, atol=1e-14)
 
 
 def test_a_module_python_cannot_compile_is_refused_and_nothing_is_written(tmp_path, monkeypatch):

@@ -352,7 +352,7 @@ def test_a_max_pools_indices_are_kept_in_the_narrowest_integer_type_that_holds_t
     built = build_text(PLANE_POOLED, "plane_pooled.yaml")
     source = built.rendered.files["plane_pooled.py"]
     assert "    indices_pooled_narrow = _narrowed_indices(indices_pooled, r.shape[2:].numel())\n" in source
-    assert "indices=indices_pooled_narrow.long()," in source
+    assert "indices=indices_pooled_narrow.long()" in source
     module = module_from_source(source, "plane_pooled")
     indices = torch.tensor([0, 32767])
     for positions, dtype in (
