@@ -228,11 +228,20 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
 def _packed(numbers: dict, indent: int) -> str:
     """``"path": row,`` pairs as many to a line as fit 100 columns, indented by ``indent``."""
     lines = [""]
-    for pair in (f"{json.dumps(path)}: {_number_text(number)}," for path, number in numbers.items()):
+    for path, number in numbers.items():
+        pair = f"{json.dumps(path)}: {_number_text(number)},"
+        if indent + len(pair) > 100 and isinstance(number, tuple):  # an instance's own numbers, wrapped
+            lines += [" " * indent + f"{json.dumps(path)}: ({json.dumps(number[0])}, [", " " * (indent + 4)]
+            for entry in (f"{each}," for each in number[1]):
+                if len(lines[-1]) + 1 + len(entry) > 100:
+                    lines.append(" " * (indent + 4))
+                lines[-1] += ("" if lines[-1].isspace() else " ") + entry
+            lines += [" " * indent + "]),", ""]
+            continue
         if lines[-1] and len(lines[-1]) + 1 + len(pair) > 100:
             lines.append("")
         lines[-1] += (" " if lines[-1] else " " * indent) + pair
-    return "\n".join(lines)
+    return "\n".join(line for line in lines if line)
 
 
 def _number_text(number) -> str:

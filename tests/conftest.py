@@ -9,6 +9,7 @@ the report is the same in one process or many."""
 from __future__ import annotations
 
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -117,3 +118,13 @@ def _built_once_folder(tmp_path_factory):
 
     base = tmp_path_factory.getbasetemp()
     built_once.FOLDER = (base.parent if base.name.startswith("popen-") else base) / "built-once"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo_caches():
+    """Each test compiles from Dynamo's empty caches: its recompile limit (8 a code object) counts
+    every bound model a worker process compiled before (they share ``BoundModel.forward``), so with
+    fullgraph=True a test's outcome would depend on which tests ran before it in its process."""
+    yield
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()

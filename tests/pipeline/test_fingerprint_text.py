@@ -29,3 +29,21 @@ def test_a_blocks_rows_are_written_once_and_give_back_the_table_in_order():
     unfolded = namespace["FINGERPRINT"]
     assert unfolded == table and list(unfolded) == list(table)
     assert unfolded["stage.0.conv"] is not unfolded["stage.1.conv"]  # bind may change one without the other
+
+
+def test_an_instances_own_numbers_wrap_within_100_columns_and_give_back_the_table():
+    """A long path whose instance has numbers of its own (smp's EfficientNet encoders wrote 102-107
+    columns there) is wrapped: the path and its block on one line, its numbers on the next."""
+    table = {"": _row("Net"), "encoder.inverted_residual_blocks": _row("Sequential")}
+    for index, rate in enumerate(["00000000", "00000000", "22222222"]):
+        prefix = f"encoder.inverted_residual_blocks.{index}"
+        table[prefix] = _row("Block")
+        for child in range(16):
+            table[f"{prefix}.layer{child}"] = _row(f"Kind{child}", rate if child == 15 else "c0c0c0c0")
+    instances = {f"encoder.inverted_residual_blocks.{index}": "inverted_residual" for index in range(3)}
+    text = _fingerprint_literal(table, instances)
+    assert '"encoder.inverted_residual_blocks.2": ("inverted_residual", [\n' in text
+    assert max(map(len, text.splitlines())) <= 100
+    namespace: dict = {}
+    exec(compile(text, "fingerprint", "exec"), namespace)
+    assert namespace["FINGERPRINT"] == table and list(namespace["FINGERPRINT"]) == list(table)
