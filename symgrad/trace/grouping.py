@@ -260,11 +260,18 @@ def _last_readers(spec: dict) -> dict[str, int]:
     return last
 
 
+def _block_argument(name: str) -> bool:
+    """Whether ``name`` is one of a block function's own names (its input ``x``, ``x2``, ..., its
+    parameters ``p``, ``save``, its backward's ``saved``, ``grad_output``): a node of the block must not
+    take it (the model's code may: ``x1 = F.relu(...)``, ``p = self.proj(x)``)."""
+    return name in ("p", "save", "saved", "grad_output") or re.fullmatch(r"x\d*", name) is not None
+
+
 def _local_name(name: str) -> str:
     """``name`` as a block-local name the spec accepts (``0_weight``, a Sequential child's: ``m0_weight``)."""
     from ..spec_values import check_identifier
 
-    if name and check_identifier(name) is None:
+    if name and check_identifier(name) is None and not _block_argument(name):
         return name
     name = f"m{name}" if name and name[0].isdigit() else f"v_{name}"
     return name if check_identifier(name) is None else ""  # "": no such name; the candidate is not a block
@@ -366,7 +373,7 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
     if (
         len(set(local.values())) != len(local)
         or "" in own
-        or any(value in ("p", "save", "saved", "grad_output") or re.fullmatch(r"x\d*", value) for value in own)
+        or any(_block_argument(value) for value in own)
     ):
         return None
     block_layers = []

@@ -94,6 +94,9 @@ class SpecBuilder(OneValueConstants):
     """The tensors whose sizes the code read, by the index the sizes carry (``sizes.Dim``)."""
     quiet: bool = False
     """The second run's walk (other sizes, or float64): see :meth:`function_refusal`."""
+    reserved: frozenset[str] = frozenset()
+    """Names the spec gives to what the walk does not see: the loss's target (``--target``), which no
+    layer may be named (a model's ``target = ...``: that layer is ``target_2``)."""
     checked_functions: dict[str, list] = field(default_factory=dict)
     """Custom ``autograd.Function`` name -> its checks (``custom_functions.Checked``), where they passed."""
     function_refusals: dict[int, int | None] = field(default_factory=dict)
@@ -107,7 +110,7 @@ class SpecBuilder(OneValueConstants):
     """The base, the name and the base's count :meth:`out_name` made last."""
 
     def __post_init__(self):
-        self.source_names = {source.name for source in self.sources.values()}
+        self.source_names = {source.name for source in self.sources.values()} | self.reserved
 
     # ----- naming -----------------------------------------------------------------------------
     def out_name(self, op: str, call: Call, named: bool = True) -> str:

@@ -135,6 +135,7 @@ def run_once(
         size_tensors=recorder.size_tensors,
         quiet=quiet,
         arguments={key: value for key, value in tensors.items() if value.is_floating_point()},
+        reserved=frozenset() if loss is None else frozenset({loss.target}),
     )
     for call in recorder.calls:
         builder.add(call)

@@ -118,3 +118,58 @@ def test_a_name_the_spec_refuses_falls_back_to_the_ops_name():
 
     text = trace(forward, {"x": (2, 3)})
     assert "relu" in _outs(text) and "grad_x" not in _outs(text), text
+
+
+class SelfSupervised(nn.Module):
+    """MAE's ``target = self.patchify(imgs)``: a value the model's code names ``target``, the name the loss
+    gives its target input (the trace refused it as a duplicate output name, with a fix a tracer cannot follow)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        target = torch.tanh(self.fc(x))
+        return target * 2
+
+
+def test_a_value_named_as_the_losss_target_is_numbered_not_refused():
+    torch.manual_seed(0)
+    model = SelfSupervised().double()
+    text = trace(model, {"x": (2, 4)}, loss=LossChoice("mse_loss"))
+    assert "target_2" in _outs(text) and "target" not in _outs(text), text
+    _matches_autograd(model, text, (3, 4))
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        p = torch.tanh(self.fc(x))  # p: a block function's own argument name
+        return x + self.fc2(p)
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks, self.head = nn.Sequential(Residual(), Residual()), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.blocks(x))
+
+
+def test_a_blocks_values_named_as_its_functions_arguments_keep_it_a_block():
+    """They were refused as the block's names, so the blocks were written out flat (no line lost)."""
+    torch.manual_seed(0)
+    model = Stack().double()
+    text = trace(model, {"x": (2, 4)}, name="blocks", loss=LossChoice("mse_loss"), blocks=True)
+    source = build_text(text, "blocks.yaml", documents=False, tests=False).rendered.files["blocks.py"]
+    assert "def block_residual_forward(x, p, save=False):" in source and "    v_p = torch.tanh(" in source
+    module = module_from_source(source, "blocks")
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(5, 3, dtype=torch.float64)
+    (expected,) = torch.autograd.grad(F.mse_loss(model(x), target), x)
+    params = {key: value.detach() for key, value in model.state_dict().items()}
+    assert relative_error(module.gradients(x=x, params=params, target=target).x, expected) <= 1e-12
