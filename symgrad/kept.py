@@ -171,6 +171,10 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     return _keeping(fast, masks, "active", lambda value: value.xreplace(rewritten))
 
 
+_READS = sympy.Function("reads")
+"""A stand-in that reads its arguments: an expression (a ``Tuple`` in an ``Add`` is deprecated in sympy)."""
+
+
 def kept_as_narrow_indices(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str, str]]:
     """``fast`` where a max pool's argmax indices, which the backward reads only as its pullback's
     (``max_pool_backward``'s) indices, are kept in the narrowest integer dtype that holds a position
@@ -189,7 +193,7 @@ def kept_as_narrow_indices(fast: Program, kept_by_caller: set) -> tuple[Program,
     whole, shaped = set(fast.default_cotangent.free_symbols) | kept_by_caller, set()
     for statement in fast.backward:  # every read but those pullbacks' of their indices
         split_reads(
-            statement.value.xreplace({pullback: sympy.Tuple(*pullback.operands[:2]) for pullback in pullbacks}),
+            statement.value.xreplace({pullback: _READS(*pullback.operands[:2]) for pullback in pullbacks}),
             whole,
             shaped,
         )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from sympy.utilities.exceptions import SymPyDeprecationWarning
 
 from symgrad.algebra import PRIMITIVES, laid_out
 from symgrad.check import module_from_source
@@ -496,3 +498,33 @@ def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
     for (name, theirs), ours in zip(reference.named_parameters(), net.parameters()):
         if theirs.requires_grad:
             assert torch.allclose(ours.grad, theirs.grad, rtol=1e-12, atol=1e-14), name
+
+
+SKIP_POOLED = """name: skip_pooled
+inputs:
+  x: {shape: [1, 2, 8, 8]}
+  t: {shape: [1, 2, 8, 8]}
+layers:
+  - {op: relu, in: x, out: r}
+  - {op: max_pool2d, in: r, kernel_size: 2, out: pooled}
+  - {op: interpolate, in: pooled, scale_factor: 2, mode: nearest, out: up}
+  - {op: add, in: [up, r], out: h}
+loss: {op: mse_loss, target: t}
+wrt: [x]
+"""
+
+
+def test_a_pooled_value_read_by_a_skip_too_builds_without_sympys_deprecated_tuple_in_an_add():
+    """A U-Net's encoder output, pooled and read by the skip: its gradient adds the pool's pullback to
+    the skip's, and the reads of that sum were found by putting a ``Tuple`` in the ``Add`` (deprecated
+    since sympy 1.7: it warned on every U-Net build). The gradients are autograd's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SymPyDeprecationWarning)
+        built = build_text(SKIP_POOLED, "skip_pooled.yaml")
+    module = module_from_source(built.rendered.files["skip_pooled.py"], "skip_pooled")
+    x = torch.randn(2, 2, 6, 10, dtype=torch.float64, requires_grad=True)
+    t = torch.randn(2, 2, 6, 10, dtype=torch.float64)
+    relu = torch.relu(x)
+    up = F.interpolate(F.max_pool2d(relu, 2), scale_factor=2, mode="nearest")
+    (expected,) = torch.autograd.grad(F.mse_loss(up + relu, t), x)
+    assert torch.allclose(module.gradients(x=x.detach(), t=t).x, expected, rtol=1e-12, atol=1e-15)
