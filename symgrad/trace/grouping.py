@@ -370,11 +370,7 @@ def _candidate(path, class_name, indices, layers, sources, known, last_reader, s
             op_names[out] if offset is not None else _local_name(out[len(plain) :] if out.startswith(plain) else out)
         )
     own = [local[name] for name in local if name not in external]  # the block's names for params and nodes
-    if (
-        len(set(local.values())) != len(local)
-        or "" in own
-        or any(_block_argument(value) for value in own)
-    ):
+    if len(set(local.values())) != len(local) or "" in own or any(_block_argument(value) for value in own):
         return None
     block_layers = []
     for index in indices:
