@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import symgrad.pipeline
 import symgrad.render
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,3 +150,23 @@ def test_every_helper_a_rule_emits_fits_in_100_columns():
 
     for name, primitive in PRIMITIVES.items():
         assert not _too_wide(primitive.helper), (name, _too_wide(primitive.helper))
+
+
+def test_recompute_of_a_forward_that_draws_masks_is_refused_under_torch_compile(monkeypatch):
+    """``recompute=True`` re-runs the forward in the backward with the random state it read; under
+    torch.compile that state cannot be read, so the masks would be drawn anew: refused in one line
+    (eager, it runs: the state is put back)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2)).double()
+    text = trace(model, {"input": (3, 4)}, "parameters", "drop", loss=LossChoice("mse_loss"), mode="train")
+    module = module_from_source(build_text(text, "drop.yaml").rendered.files["drop.py"], "drop")
+    monkeypatch.setitem(sys.modules, "drop", module)  # dynamo reads a traced function's module
+    params = {key: value.detach().clone().requires_grad_() for key, value in model.state_dict().items()}
+    x, t = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+    module.loss_with_explicit_backward(x, t, params, recompute=True).backward()  # eager: runs
+    step = torch.compile(lambda x, t: module.loss_with_explicit_backward(x, t, params, recompute=True), backend="eager")
+    with pytest.raises(RuntimeError) as refused:
+        step(x, t)
+    assert str(refused.value) == (
+        "recompute=True would draw this forward's random masks anew in the backward under torch.compile "
+        "(fix: recompute=False)"
+    )
