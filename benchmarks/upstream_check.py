@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -115,6 +115,29 @@ def _timm_vit(name: str, size: int = 32, other=None, **options) -> Model:
 _UNET_2D = dict(
     sample_size=16, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4
 )
+_SWINUNETR_2D = Model(
+    "MONAI",
+    _monai(
+        "SwinUNETR",
+        in_channels=1,
+        out_channels=2,
+        feature_size=12,
+        depths=(1, 1, 1, 1),
+        num_heads=(1, 1, 1, 1),
+        spatial_dims=2,
+    ),
+    {"x_in": (2, 1, 64, 64)},
+    {"x_in": (3, 1, 128, 64)},
+    loss="mse_loss",
+)
+"""MONAI's SwinUNETR in 2-d, small; also traced with ``--static-sizes`` (the fix its refusal prints)."""
+_SMP_UNET_EFFICIENTNET = Model(
+    "smp",
+    _smp("Unet", encoder_name="tu-efficientnet_b0", encoder_depth=3, decoder_channels=(32, 16, 8)),
+    *_image(32, (64, 32)),
+    loss="mse_loss",
+)
+"""smp's U-Net on a timm EfficientNet encoder; also traced with ``--modes`` (the fix its refusal prints)."""
 MODELS: dict[str, Model] = {
     # timm CNNs, their smallest variants at 32x32, checked at 64x32 (batch 3)
     "resnet10t": _timm_cnn("resnet10t"),
@@ -242,37 +265,8 @@ MODELS: dict[str, Model] = {
         {"x_in": (3, 1, 16, 16, 16)},
         loss="mse_loss",
     ),
-    "monai_swinunetr_2d": Model(
-        "MONAI",
-        _monai(
-            "SwinUNETR",
-            in_channels=1,
-            out_channels=2,
-            feature_size=12,
-            depths=(1, 1, 1, 1),
-            num_heads=(1, 1, 1, 1),
-            spatial_dims=2,
-        ),
-        {"x_in": (2, 1, 64, 64)},
-        {"x_in": (3, 1, 128, 64)},
-        loss="mse_loss",
-    ),
-    "monai_swinunetr_2d --static-sizes": Model(
-        "MONAI",
-        _monai(
-            "SwinUNETR",
-            in_channels=1,
-            out_channels=2,
-            feature_size=12,
-            depths=(1, 1, 1, 1),
-            num_heads=(1, 1, 1, 1),
-            spatial_dims=2,
-        ),
-        {"x_in": (2, 1, 64, 64)},
-        {"x_in": (2, 1, 64, 64)},
-        loss="mse_loss",
-        static=True,
-    ),
+    "monai_swinunetr_2d": _SWINUNETR_2D,
+    "monai_swinunetr_2d --static-sizes": replace(_SWINUNETR_2D, checked=_SWINUNETR_2D.traced, static=True),
     # segmentation-models-pytorch
     "smp_unet_resnet18": Model(
         "smp",
@@ -295,19 +289,10 @@ MODELS: dict[str, Model] = {
     ),
     # PAN's pyramid attention pools its 1/16 map three times: 128x128 is the smallest square that runs
     "smp_pan_resnet18": Model("smp", _smp("PAN", encoder_name="resnet18"), *_image(128, (192, 128)), loss="mse_loss"),
-    "smp_unet_efficientnet_b0": Model(
-        "smp",
-        _smp("Unet", encoder_name="tu-efficientnet_b0", encoder_depth=3, decoder_channels=(32, 16, 8)),
-        *_image(32, (64, 32)),
-        loss="mse_loss",
-    ),
+    "smp_unet_efficientnet_b0": _SMP_UNET_EFFICIENTNET,
     # with the fix its refusal prints (norm_act.py:136): the blocks whose features the encoder drops in eval mode
-    "smp_unet_efficientnet_b0 --modes blocks.3-6=eval": Model(
-        "smp",
-        _smp("Unet", encoder_name="tu-efficientnet_b0", encoder_depth=3, decoder_channels=(32, 16, 8)),
-        *_image(32, (64, 32)),
-        loss="mse_loss",
-        modes=",".join(f"encoder.model.blocks.{index}=eval" for index in range(3, 7)),
+    "smp_unet_efficientnet_b0 --modes blocks.3-6=eval": replace(
+        _SMP_UNET_EFFICIENTNET, modes=",".join(f"encoder.model.blocks.{index}=eval" for index in range(3, 7))
     ),
     # diffusers: the denoiser of a diffusion training step (a per-sample int64 timestep)
     "diffusers_unet2d": Model(
