@@ -258,19 +258,6 @@ def channels_last_inputs(graph, min_positions: int | None = None, shapes: dict |
     return list(rule.weights) if rule.holds(shapes) else []
 
 
-def channels_last_weights(graph) -> list[str]:
-    """The weights the generated code moves to channels_last where :func:`channels_last_rule` holds
-    (the layout code is emitted for them, its test evaluated per call)."""
-    rule = channels_last_rule(graph)
-    return list(rule.weights) if rule else []
-
-
-def channels_last_test(graph) -> str | None:
-    """The per-call condition of the layout code (None: the layout is fixed by the spec's shapes)."""
-    rule = channels_last_rule(graph)
-    return rule.test() if rule else None
-
-
 def channels_last_constant(graph) -> dict | None:
     """What the generated module's :data:`THRESHOLD_NAME` constant says: its value, the input
     whose sizes the test reads and the positions it stands for (None: no test)."""
