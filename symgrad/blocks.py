@@ -29,6 +29,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .block_branches import parse_optional
 from .errors import Location, SpecError
 from .spec_layer import LayerSpec, parse_layer
 from .spec_values import (
@@ -46,7 +47,7 @@ from .spec_values import (
 )
 from .spec_yaml import Mapping, Sequence
 
-BLOCK_KEYS = ("inputs", "params", "hyper", "layers", "output")
+BLOCK_KEYS = ("inputs", "params", "hyper", "optional", "layers", "output")
 INSTANCE_KEYS = ("block", "in", "out", "params", "prefix", "offset", "hyper")
 
 
@@ -131,13 +132,17 @@ class BlockSpec:
     location: Location
     hyper: tuple[tuple[str, int | float], ...] = ()
     """(name, default) of each int or float an instance may set (``hyper: {stride: 1}``,
-    ``{drop_path_p: 0.1}``); the layers read it as :class:`Hyper`."""
+    ``{drop_path_p: 0.1}``); the layers read it as :class:`Hyper`. A bool switches an optional branch."""
+    optional: tuple = ()
+    """Its optional branches (``block_branches.Branch``), each switched by a bool hyper."""
 
     def layers_with(self, values: dict) -> tuple:
         """The block's layers with each :class:`Hyper` argument replaced by ``values[name]`` (an int,
         or a :class:`HyperInt` while the block is derived), the default where ``values`` has none."""
+        from .block_branches import without_branches
+
         chosen = {**dict(self.hyper), **values}
-        return tuple(
+        layers = tuple(
             dataclasses.replace(
                 layer,
                 arguments=tuple(
@@ -149,6 +154,24 @@ class BlockSpec:
             )
             for layer in self.layers
         )
+        return without_branches(layers, self.optional, chosen)
+
+    def operands_with(self, values: dict) -> tuple[str, ...]:
+        """:attr:`operands` less the parameters only an optional branch off in ``values`` reads."""
+        skipped = self.branch_params(values)
+        return tuple(name for name in self.operands if name not in skipped)
+
+    def branch_params(self, values: dict) -> set[str]:
+        """The parameters read only by the layers of the optional branches off in ``values``."""
+        from .block_branches import read_by
+
+        if not self.optional:
+            return set()
+        chosen = {**dict(self.hyper), **values}
+        off = {node for branch in self.optional if not chosen.get(branch.hyper) for node in branch.nodes}
+        read_on = set().union(*(read_by(layer) for layer in self.layers if layer.out not in off))
+        read_off = set().union(*(read_by(layer) for layer in self.layers if layer.out in off))
+        return {name for name in self.param_names if name in read_off and name not in read_on}
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -230,8 +253,9 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
         used = {
             argument.value.name for layer in layers for argument in layer.arguments if isinstance(argument.value, Hyper)
         }
-        for item, _ in hyper:
-            if item not in used:
+        optional = parse_optional(body, name, hyper, inputs, layers)
+        for item, default in hyper:
+            if item not in used and not isinstance(default, bool):
                 raise SpecError(
                     f"block '{name}' declares hyper '{item}' but none of its layers reads it",
                     body.value_locations["hyper"],
@@ -244,7 +268,9 @@ def parse_blocks(document, reserved: set[str]) -> dict[str, BlockSpec]:
                 body.value_locations.get("output", body.location),
                 "name the `out:` of one of its layers",
             )
-        blocks[name] = BlockSpec(name, tuple(inputs), tuple(params), tuple(layers), output, location, tuple(hyper))
+        blocks[name] = BlockSpec(
+            name, tuple(inputs), tuple(params), tuple(layers), output, location, tuple(hyper), optional
+        )
     return blocks
 
 
@@ -326,6 +352,10 @@ def _hyper_number(value, location, name: str, declared: int | float | None = Non
     its rule declares ``Param(..., hyper=True)`` reads); an instance's of the kind its block declares."""
     from .rules.base import INT64
 
+    if isinstance(value, bool) and (declared is None or isinstance(declared, bool)):
+        return value  # an optional branch's switch (block_branches)
+    if isinstance(declared, bool):
+        raise SpecError(f"hyper '{name}' must be true or false", location, f"write e.g. `{name}: true`")
     if isinstance(declared, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)  # `p: 0` for a float hyper
     if isinstance(value, float) and not isinstance(declared, int) and math.isfinite(value):
@@ -422,8 +452,8 @@ def parse_instance(
             layer.value_locations.get("in", layer.location),
             f"list {len(block.inputs)} name(s) under 'in:'",
         )
-    binding = _binding(layer, block, known, inputs)
     hyper = _instance_hyper(layer, block)
+    binding = _binding(layer, block, known, inputs, block.branch_params({key: value for key, value, _ in hyper}))
     out = identifier_at(layer, "out", kind="output name") if "out" in layer else f"{name}_{index + 1}"
     out_location = layer.value_locations.get("out", layer.location)
     if out in known:
@@ -475,7 +505,7 @@ def _instance_hyper(layer, block: BlockSpec) -> tuple[tuple[str, int, "Location"
     return tuple(hyper)
 
 
-def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], ...]:
+def _binding(layer, block: BlockSpec, known, inputs, skipped: set = frozenset()) -> tuple[tuple[str, str], ...]:
     explicit = {}
     if "params" in layer:
         value = layer["params"]
@@ -499,6 +529,8 @@ def _binding(layer, block: BlockSpec, known, inputs) -> tuple[tuple[str, str], .
     names = {item.name for item in inputs}
     binding = []
     for param, key in block.params:
+        if param in skipped and param not in explicit:  # read only by a branch this instance leaves out
+            continue
         if param in explicit:
             binding.append((param, explicit[param]))
             continue

@@ -211,9 +211,11 @@ def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Vari
         for layer in layers:
             bound = _bound(block, layer)
             wanted |= {operand for operand, node in bound.items() if node in needs_gradient}
-            values = tuple(sorted({**dict(block.hyper), **{key: value for key, value, _ in layer.hyper}}.items()))
-            names = [bound[operand] for operand in block.operands] + [
-                layer.out if inner.out == block.output else f"{layer.out}_{inner.out}" for inner in block.layers
+            chosen = {**dict(block.hyper), **{key: value for key, value, _ in layer.hyper}}
+            values = tuple(sorted(chosen.items()))
+            names = [bound[operand] for operand in block.operands_with(chosen)] + [
+                layer.out if inner.out == block.output else f"{layer.out}_{inner.out}"
+                for inner in block.layers_with(chosen)
             ]
             signature = tuple(
                 (len(shape), tuple(axis for axis, size in enumerate(shape) if size == 1))
@@ -227,7 +229,7 @@ def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Vari
                 block,
                 {operand: flat_graph.nodes[node].shape for operand, node in bound.items()},
                 flat_graph.spec,
-                {key: hyper_value(key, value) for key, value in values},
+                {key: value if isinstance(value, bool) else hyper_value(key, value) for key, value in values},
                 {operand: flat_graph.nodes[node].dtype for operand, node in bound.items()},
             )
             feeds_output = {"loss"}
@@ -236,6 +238,9 @@ def block_variants(expanded: Expanded, flat_graph: Graph) -> dict[str, list[Vari
                     feeds_output.update(node.operands.values())
             graph.wrt = tuple(operand for operand in block.operands if operand in wanted and operand in feeds_output)
             found[name].append(Variant(layer, signature, DerivedBlock(block, graph, graph.wrt)))
+        # the body with the most optional branches in it first: the one the top body's instances call
+        if block.optional:
+            found[name].sort(key=lambda variant: -len(variant.body.graph.nodes))
     return found
 
 
@@ -255,7 +260,10 @@ def block_graph(
     location = block.location
     if dtypes is None:  # the block's own graph: its operands as it declares them
         dtypes = {entry.name: entry.dtype for entry in spec.inputs} if spec.name == block.name else {}
-    inputs = tuple(InputSpec(name, tuple(shapes[name]), location, dtypes.get(name, "float")) for name in block.operands)
+    inputs = tuple(
+        InputSpec(name, tuple(shapes[name]), location, dtypes.get(name, "float"))
+        for name in block.operands_with(values or {})
+    )
     loss = LossSpec("half_sq_error", (block.output, location), (block.output, location), None, location, location)
     sub = Spec(
         name=block.name,

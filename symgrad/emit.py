@@ -37,6 +37,10 @@ class Line:
     """Names ``gradients`` deletes right after this line: their last use."""
     narrowed: tuple[str, ...] = ()
     """Saved names kept from this line on as autocast's cast copy (``Scheduled.narrowed``)."""
+    indent: int = 0
+    """Spaces beyond the function body's: 4 inside an optional branch's ``if`` (``printed_sections``)."""
+    control: bool = False
+    """The line is ``code`` alone (``if downsample:``, ``else:``): no target, nothing deleted."""
 
 
 def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, narrowed: tuple[str, ...] = ()) -> Line:
@@ -76,6 +80,35 @@ def printed_lines(scheduled: list[Scheduled], steps: list | None = None) -> list
     if steps is not None:
         steps[:] = [steps[position] for position in kept]
     return _commented_once(lines)
+
+
+def printed_sections(items, each=None, indent: int = 0) -> list[Line]:
+    """A block plan's statements (``plan.BlockPlan.forward`` or ``backward``) printed as
+    :func:`printed_lines` prints a run of them, each ``plan_branches.Switch`` among them as its
+    ``if HYPER:`` (``else:``) and its sections' lines ``indent`` + 4 deeper. ``each``: applied to each run
+    of statements before printing (the backward's comments made one line, ``render._one_line``)."""
+    lines: list[Line] = []
+    run: list = []
+
+    def flush() -> None:
+        lines.extend(dataclasses.replace(line, indent=indent) for line in printed_lines(each(run) if each else run))
+        run.clear()
+
+    def control(code: str) -> Line:
+        return Line("", code, "", code, "", "", indent=indent, control=True)
+
+    for item in items:
+        if not hasattr(item, "statement"):  # a Switch: what runs with the branch, and without it
+            flush()
+            lines.append(control(f"if {item.hyper}:" if item.taken else f"if not {item.hyper}:"))
+            lines += printed_sections(item.taken or item.otherwise, each, indent + 4)
+            if item.taken and item.otherwise:
+                lines.append(control("else:"))
+                lines += printed_sections(item.otherwise, each, indent + 4)
+            continue
+        run.append(item)
+    flush()
+    return lines
 
 
 PULLED = ": pulled back to its "

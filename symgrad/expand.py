@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .block_branches import without_branches
 from .blocks import BlockSpec, Hyper
 from .errors import SpecError
 from .spec import Argument, Spec
@@ -112,7 +113,8 @@ def flatten(spec):
         renamed = dict(zip(block.inputs, (source for source, _ in layer.sources)))
         renamed.update(layer.binding)
         given = {name: (value, location) for name, value, location in layer.hyper}
-        for inner in block.layers:
+        values = {**dict(block.hyper), **{name: value for name, (value, _) in given.items()}}
+        for inner in without_branches(block.layers, block.optional, values):  # an optional branch left out
             new = layer.out if inner.out == block.output else f"{layer.out}_{inner.out}"
             if inner.out != block.output and new in taken:
                 raise SpecError(

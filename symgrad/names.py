@@ -319,6 +319,17 @@ class _Scope(ast.NodeVisitor):
                 self.stores.append((name, reads))
                 self.bound.add(name)
 
+    def visit_If(self, node):  # a block's optional branch (plan_branches): a name stored on both sides is one
+        self.visit(node.test)
+        outer, sides = self.stores, []
+        for body in (node.body, node.orelse):
+            self.stores = []
+            for statement in body:
+                self.visit(statement)
+            sides.append(self.stores)
+        first = {name for name, _ in sides[0]}
+        self.stores = outer + sides[0] + [store for store in sides[1] if store[0] not in first]
+
     def visit_Constant(self, node):  # a leaf: NodeVisitor's own looks for the old visit_Num and kin
         pass
 

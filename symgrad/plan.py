@@ -22,6 +22,7 @@ from .body_graphs import Variant
 from .errors import SpecError
 from .expand import Expanded
 from .graph import Graph
+from .plan_branches import merged_plan, split_by_branches
 from .printing import to_code
 from .reverse import GRAD_LOSS, Program
 from .roles import channels_last_constant, channels_last_rule, running_statistics, test_facts
@@ -221,6 +222,15 @@ def plan_block(variants: list[Variant], recompute: bool = True, lean: bool = Fal
             else set()
         )
         body.backward_inputs = tuple(name for name in body.spec.inputs if tensor(name) in read)
+    groups = split_by_branches(variants)
+    first = _one_body(groups[0])
+    if len(groups) > 1:  # the instances that leave the optional branch out: their body too
+        first.without = _one_body(groups[1])
+    return first
+
+
+def _one_body(variants: list[Variant]) -> DerivedBlock:
+    """The body of ``variants`` (planned already), where each prints the same code as the first."""
     first, block = variants[0], variants[0].body.spec
     for other in variants[1:]:
         if _printed(other.body) == _printed(first.body):
@@ -361,10 +371,24 @@ class BlockPlan:
     returns: tuple[tuple[str, str], ...]
     """(key of each gradient the backward returns: a parameter's ``params`` key, else its name, the
     name of its value)."""
+    saved_returned: tuple[str, ...] = ()
+    """The saved list as the forward returns it: each of ``saved_names`` as it is kept (autocast's cast
+    copy, ``_saved_as_autocast_casts(x)``; ``x if downsample else None`` where only the branch saves it)."""
+    switch: str = ""
+    """The bool hyper of an optional branch some instances leave out (``plan_branches``): ``forward``
+    and ``backward`` then hold :class:`~symgrad.plan_branches.Switch` sections."""
+    saved_when: tuple[str, ...] = ()
+    """The saved names only the instances with the branch save (``None`` in the others)."""
+    returns_when: tuple[tuple[str, str], ...] = ()
+    """The gradients only the instances with the branch return, as ``returns``."""
 
 
 def block_plan(derived: DerivedBlock) -> BlockPlan:
-    """The :class:`BlockPlan` of a block body planned by :func:`plan_block`."""
+    """The :class:`BlockPlan` of a block body planned by :func:`plan_block` (with an optional branch that
+    some instances leave out, one plan for both bodies: ``plan_branches.merged_plan``)."""
+    if derived.without is not None:
+        with_branch = block_plan(dataclasses.replace(derived, without=None))
+        return merged_plan(BlockPlan, with_branch, block_plan(derived.without), derived.spec.optional[0].hyper)
     block, planned = derived.spec, derived.planned
     # a block's forward also runs unsaved (save=False): what its backward reads as a convolution's input
     # is kept as autocast's cast copy in its return (saved_returned), not cast at its last use
@@ -395,6 +419,10 @@ def block_plan(derived: DerivedBlock) -> BlockPlan:
         forward=tuple(renamed_statements(forward, entries)),  # no pullback comments
         backward=tuple(renamed_statements(backward, entries, planned.program.forward)),
         saved_names=tuple(saved_names),
+        saved_returned=tuple(
+            f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
+            for name in saved_names
+        ),
         returns=tuple((keys.get(name, name), gradient[name]) for name in derived.gradients),
     )
 

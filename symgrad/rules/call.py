@@ -39,6 +39,8 @@ class BlockSignature(Protocol):
     @property
     def param_names(self) -> tuple[str, ...]: ...
 
+    def branch_params(self, values: dict) -> set[str]: ...
+
     @property
     def operands(self) -> tuple[str, ...]: ...
 
@@ -156,6 +158,9 @@ class DerivedBlock:
     """Its plan (a ``schedule.Plan``), once planned; the call rule reads none of the three."""
     backward_inputs: tuple[str, ...] = ()
     """The block inputs its backward reads again (its forward keeps them in the saved list)."""
+    without: Any = None
+    """Where the block has an optional branch (``block_branches``): the body of its instances that
+    leave the branch out (a ``DerivedBlock``, planned too); this one is the body with the branch."""
 
 
 def _hyper_value(value, context) -> int:
@@ -185,8 +190,10 @@ class BlockRule(Rule):
         """The block's body as a graph at an instance's shapes and hypers (``body_graphs.block_graph``)."""
         block = derived.spec
         self.op = block.name
+        # a parameter only an optional branch reads is bound by the instances that run it
+        branch = block.branch_params({name: False for name, default in block.hyper if isinstance(default, bool)})
         self.operands = tuple(Operand(name, from_in=True) for name in block.inputs) + tuple(
-            Operand(name) for name in block.param_names
+            Operand(name, optional=name in branch) for name in block.param_names
         )
         self.params = {name: Param(default, _hyper_value) for name, default in block.hyper}
         self.index_operands = tuple(name for name in block.operands if derived.graph.nodes[name].dtype == "int64")
@@ -195,7 +202,7 @@ class BlockRule(Rule):
         block = self.derived.spec
         graph = self.graph_of(
             block,
-            {name: shapes[name] for name in block.operands},
+            {name: shapes[name] for name in block.operands if name in shapes},
             self.derived.graph.spec,
             {name: params[name] for name, _ in block.hyper},
         )
@@ -206,7 +213,7 @@ class BlockRule(Rule):
         block = self.derived.spec
         graph = self.graph_of(
             block,
-            {name: shapes[name] for name in block.operands},
+            {name: shapes[name] for name in block.operands if name in shapes},
             self.derived.graph.spec,
             {name: params[name] for name, _ in block.hyper},
         )
@@ -220,13 +227,13 @@ class BlockRule(Rule):
             block=block.name,
             inputs=len(block.inputs),
             scope=scope,
-            keys=tuple(key for _, key in block.params),
+            keys=tuple(key for name, key in block.params if name in node.operands),
             hyper=hyper,
         )
 
     def forward(self, node):
         block = self.derived.spec
-        arguments = [node.operands[name] for name in block.operands]
+        arguments = [node.operands[name] for name in block.operands if name in node.operands]
         call = TensorOp("block_forward", Params.of(**self._call_params(node), saving=node.fused), *arguments)
         return _saving(node, call, f"{block.name}_forward", "the block's backward reads")
 
@@ -301,7 +308,10 @@ class ChainRule(Rule):
         shape = shapes[CHAIN_INPUT]
         for link in self.links:
             block, bound = link.rule.derived.spec, dict(link.binding)
-            operand_shapes = {block.inputs[0]: shape, **{name: shapes[bound[name]] for name in block.param_names}}
+            operand_shapes = {
+                block.inputs[0]: shape,
+                **{name: shapes[bound[name]] for name in block.param_names if name in bound},
+            }
             values = {**dict(block.hyper), **dict(link.hyper)}
             yield link, operand_shapes, values
             shape = link.rule.infer_shape(operand_shapes, values, None)
@@ -310,7 +320,10 @@ class ChainRule(Rule):
         shape = shapes[CHAIN_INPUT]
         for link in self.links:
             block, bound = link.rule.derived.spec, dict(link.binding)
-            operand_shapes = {block.inputs[0]: shape, **{name: shapes[bound[name]] for name in block.param_names}}
+            operand_shapes = {
+                block.inputs[0]: shape,
+                **{name: shapes[bound[name]] for name in block.param_names if name in bound},
+            }
             shape = link.rule.infer_shape(operand_shapes, {**dict(block.hyper), **dict(link.hyper)}, check)
         return shape
 

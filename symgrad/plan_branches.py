@@ -1,0 +1,99 @@
+"""One pair of block functions for the instances with and without an optional branch (``block_branches``).
+
+A block with an optional branch is derived twice, with the branch and without it (``plan.plan_block``);
+its functions run the statements both derivations share once and each derivation's others under the
+branch's switch: ``if downsample:`` the branch's statements, ``else:`` what the instances without it
+run instead (:class:`Switch`). Each instance runs exactly its own derivation's statements, in its order:
+the two lists are aligned by their printed statements (``difflib``), never reordered. A name one
+derivation deletes after a shared statement and the other does not is deleted by neither there (it
+lives to the function's end). What the forward saves and the backward returns only with the branch is
+marked so, the saved entry ``None`` without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+
+from .errors import SpecError
+from .printing import to_code
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Statements run only where the block's bool hyper ``hyper`` is true (``taken``) or false
+    (``otherwise``, maybe none)."""
+
+    hyper: str
+    taken: tuple
+    otherwise: tuple
+
+
+def branch_values(block, layer) -> tuple:
+    """The values of ``block``'s branch switches an instance (``layer``) runs with."""
+    chosen = {**dict(block.hyper), **{name: value for name, value, _ in layer.hyper}}
+    return tuple(bool(chosen[branch.hyper]) for branch in block.optional)
+
+
+def split_by_branches(variants: list) -> list[list]:
+    """``variants`` grouped by their branch switches' values, the group of the first (the body with the
+    branch) first; a block with more than one switch in use is refused (one ``if`` per block)."""
+    block = variants[0].body.spec
+    groups: dict[tuple, list] = {}
+    for variant in variants:
+        groups.setdefault(branch_values(block, variant.layer), []).append(variant)
+    if len(groups) > 2 or (len(groups) == 2 and len(block.optional) != 1):
+        layer = variants[-1].layer
+        raise SpecError(
+            f"block '{block.name}' has instances with {len(groups)} combinations of its optional branches "
+            "(one pair of functions writes one branch on or off)",
+            layer.location,
+            "define a second block for them, or inline their layers",
+        )
+    return list(groups.values())
+
+
+def _key(item) -> tuple:
+    statement = item.statement
+    return (statement.target.name, to_code(statement.value), item.in_place, item.narrowed)
+
+
+def merged(hyper: str, taken: list, otherwise: list) -> tuple:
+    """``taken`` (the statements with the branch) and ``otherwise`` (without it) as one list: the
+    statements both run, in both orders, once, and :class:`Switch` sections for the rest."""
+    matcher = difflib.SequenceMatcher(None, [_key(item) for item in otherwise], [_key(item) for item in taken], False)
+    result: list = []
+    for tag, start, end, taken_start, taken_end in matcher.get_opcodes():
+        if tag == "equal":
+            for item, other in zip(taken[taken_start:taken_end], otherwise[start:end]):
+                both = tuple(name for name in item.dead if name in other.dead)
+                result.append(dataclasses.replace(item, dead=both))
+        else:
+            result.append(Switch(hyper, tuple(taken[taken_start:taken_end]), tuple(otherwise[start:end])))
+    return tuple(result)
+
+
+def merged_plan(plan_class, with_branch, without, hyper: str):
+    """The ``plan.BlockPlan`` of the block's one pair of functions from those of its two bodies."""
+    saved = list(with_branch.saved_names)
+    at = saved.index("p") + 1 if "p" in saved else 0
+    saved.insert(at, hyper)  # the backward reads the switch
+    only = tuple(name for name in saved if name != hyper and name not in without.saved_names)
+    missing = [name for name in without.saved_names if name not in saved]
+    if missing:
+        raise AssertionError(f"the body without the branch saves {missing}, which the one with it does not")
+    kept = dict(zip(with_branch.saved_names, with_branch.saved_returned), **{hyper: hyper})
+    returned = dict(without.returns)
+    if any(returned.get(key, value) != value for key, value in with_branch.returns):
+        raise AssertionError("the two bodies return a gradient under different names")
+    return plan_class(
+        forward=merged(hyper, list(with_branch.forward), list(without.forward)),
+        backward=merged(hyper, list(with_branch.backward), list(without.backward)),
+        saved_names=tuple(saved),
+        saved_returned=tuple(f"{kept[name]} if {hyper} else None" if name in only else kept[name] for name in saved),
+        returns=tuple(pair for pair in with_branch.returns if pair[0] in returned),
+        switch=hyper,
+        saved_when=only,
+        returns_when=tuple(pair for pair in with_branch.returns if pair[0] not in returned),
+    )
