@@ -1,0 +1,348 @@
+"""The generated module as a model (issue 64 item 2): one frozen dataclass per section of
+``templates/module.py.jinja`` (:class:`Docstring`, :class:`Tables`, :class:`Blocks`, :class:`Functions`,
+:class:`Bind`), built here from a :class:`~symgrad.plan.Structured` plan with every decision made (which
+paragraphs, which layout moves, what a block saves and returns, each line printed with its final names);
+each section's template reads its one dataclass and only iterates and prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .emit import Line, packed, printed_line, printed_lines
+from .fingerprint_text import module_constants
+from .plan import BlockPlan, LayoutPlan, Structured
+from .render_functions import Functions, entries_packed, functions_section, one_line_comments, unpacked
+from .rules.call import ChainRule, DerivedBlock
+
+
+@dataclass(frozen=True)
+class Docstring:
+    """``module/docstring.jinja``: the module's docstring (its derivation where it has no blocks)."""
+
+    title: str
+    blocks_paragraph: str
+    """What a module written as its blocks says of them; "" where it has none: the derivation is printed."""
+    forward: tuple[Line, ...]
+    backward: tuple[Line, ...]
+    grad_loss_paragraph: bool
+    params_paragraph: bool
+    lean_paragraph: str
+    layout_paragraph: str
+
+
+@dataclass(frozen=True)
+class Tables:
+    """``module/tables.jinja``: the rules' helpers, the momenta and the channels_last layout rule."""
+
+    helpers: tuple[str, ...]
+    momentum_lines: tuple[str, ...]
+    momentum_shared: str | None
+    running_empty: bool
+    """``RUNNING = set()``: parameters, and no training-mode batch norm that moves its statistics."""
+    constant_comment: str
+    constant_name: str
+    constant_value: str
+    moves_params: bool
+    """``_channels_last`` and ``_in_layouts``: some weights in ``params`` move to channels_last."""
+    listed_lines: tuple[str, ...]
+    """``CHANNELS_LAST``'s entries, where not every 4-d entry of ``params`` moves."""
+    others: str
+    moved_subject: str
+    moved_test: str
+    memory_format: bool
+
+
+@dataclass(frozen=True)
+class BlockFunctions:
+    """One block's forward and backward functions, printed."""
+
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    hyper: tuple[str, ...]
+    hyper_note: str
+    forward: tuple[Line, ...]
+    saved_names: tuple[str, ...]
+    saved_plain: str
+    saved_returned: tuple[str, ...]
+    backward: tuple[Line, ...]
+    returns: tuple[str, ...]
+    first_input: str
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A table of a chain's instances, a row each: ``(block, prefix, offset, {hypers})``."""
+
+    table: str
+    rows: tuple[str, ...]
+    first: str
+    last: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """``module/blocks.jinja``: the blocks' functions, the chains' loops and tables, the random state."""
+
+    name: str
+    scope: str
+    """``_scope`` and ``_prefixed``: "offsets", "plain" (parameters and blocks), or ""."""
+    functions: tuple[BlockFunctions, ...]
+    chains: tuple[Chain, ...]
+    offset_argument: str
+    random: bool
+
+
+@dataclass(frozen=True)
+class Bind:
+    """``module/bind.jinja``: what ``symgrad.bind`` checks a model against."""
+
+    fingerprint: str
+    small_inputs: str
+    """``SMALL_INPUTS``'s literal; "" where the module has none."""
+
+
+@dataclass(frozen=True)
+class Module:
+    """The generated module, a section each (``templates/module.py.jinja`` includes them in this order)."""
+
+    docstring: Docstring
+    tables: Tables
+    blocks: Blocks
+    functions: Functions
+    bind: Bind
+
+
+def module_sections(structured: Structured, spec_label: str) -> Module:
+    """The module of ``structured``, every section decided and printed (``spec_label``: its spec as named)."""
+    from . import __version__
+
+    spec, planned = structured.spec, structured.planned
+    sources = {item.name: item.source for item in spec.inputs if item.source}
+    positional = [item.name for item in spec.inputs if not item.source]
+    entries = structured.top_plan.entries  # each parameter read where it is used (`params["fc.weight"]`)
+    functions = tuple(
+        _block_functions(block, structured.block_plans[name]) for name, block in structured.blocks.items()
+    )
+    layout = structured.layout_plan
+    random = any(
+        getattr(node.rule, "random", False) for node in structured.flat_graph.nodes.values() if node.rule is not None
+    )
+    # an inlined program: the docstring lists its derivation, as its documents do (``Structured.docstring``)
+    readable = [
+        tuple(printed_line(dataclasses.replace(item, value=item.value.xreplace(entries))) for item in part)
+        for part in structured.docstring
+    ]
+    rebuilt = list(
+        dict.fromkeys(
+            planned.rebuilt + [name for block in structured.blocks.values() for name in block.planned.rebuilt]
+        )
+    )
+    docstring = Docstring(
+        title=f'"""Explicit gradients for ``{spec.name}``, derived by symgrad {__version__} from {spec_label}.',
+        blocks_paragraph=_blocks_paragraph(spec.name, [block.name for block in functions], bool(sources))
+        if functions
+        else "",
+        forward=readable[0],
+        backward=readable[1],
+        grad_loss_paragraph=spec.outputs is None,
+        params_paragraph=bool(sources),
+        lean_paragraph=(
+            "Kept lean (``symgrad generate --keep lean``): the forward does not keep "
+            + ", ".join(rebuilt)
+            + "; the backward makes each again right before the first line that reads it, from what it keeps "
+            "anyway (a batch norm's input and batch statistics, a kept input of a sum), bit for bit the "
+            "forward's value (``_batch_norm_again``), and frees it after its last read."
+        )
+        if rebuilt
+        else "",
+        layout_paragraph=_layout_paragraph(layout),
+    )
+    return Module(
+        docstring=docstring,
+        tables=_tables(structured, sources, layout),
+        blocks=Blocks(
+            name=spec.name,
+            scope=("offsets" if _offsets(spec) else "plain") if sources and functions else "",
+            functions=functions,
+            chains=tuple(_chain(chain) for chain in structured.chains),
+            offset_argument=", offset" if _offsets(spec) else "",
+            random=random,
+        ),
+        functions=functions_section(structured, sources, positional, random),
+        bind=Bind(
+            fingerprint=_constants(structured, sources)[0],
+            small_inputs=_small_inputs(structured.flat_graph, positional)
+            if spec.fingerprint and spec.outputs is not None
+            else "",
+        ),
+    )
+
+
+def _offsets(spec) -> bool:
+    return any(layer.block and layer.offset for layer in spec.layers)
+
+
+def _blocks_paragraph(name: str, block_names: list[str], params: bool) -> str:
+    return (
+        "Written as its blocks, "
+        + ", ".join(block_names)
+        + ", each derived once ("
+        + name
+        + ".md): a forward function, and a backward function from the gradient at its output to those of its "
+        "inputs and parameters, called per instance."
+        + (
+            " Parameters come in one mapping, ``params``, keyed as the model's ``state_dict()``; an instance gets "
+            "its slice, and the gradients come back keyed the same way."
+            if params
+            else ""
+        )
+        + " Every line is a differentiable torch op, so the gradients can themselves be differentiated."
+    )
+
+
+def _layout_paragraph(layout: LayoutPlan) -> str:
+    """Where the module runs its convolutions in channels_last, and what it moves there ("": nowhere)."""
+    if not (layout.named or layout.keys):
+        return ""
+    test = layout.test
+    where = (
+        f"Where ``{test}`` (the call's "
+        + ("device and " if ".is_cpu" in test else "")
+        + "batch x height x width) the 2-d convolutions run faster in channels_last"
+        if test
+        else "At the spec's shapes the 2-d convolutions run faster in channels_last"
+    )
+    moved = "the weights " + ", ".join(layout.named) if layout.named and not layout.keys else "their weights"
+    return (
+        where
+        + ", so ``gradients`` moves "
+        + moved
+        + " to that layout (PyTorch then runs each convolution, and everything after it, in that layout); each "
+        "gradient is returned in its input's own layout."
+    )
+
+
+def _tables(structured: Structured, sources: dict, layout: LayoutPlan) -> Tables:
+    """The helpers, ``MOMENTA`` (read off ``FINGERPRINT`` where the BatchNorms it moves all have one
+    momentum), and the layout rule's constant and functions."""
+    _, read = _constants(structured, sources)
+    statistics = structured.running_statistics
+    momentum_lines = () if read else tuple(packed(_momenta(statistics, sources)))
+    listed = bool(layout.others)  # where the weights are all the 4-d entries of `params`, no table
+    constant = layout.constant or {}
+    return Tables(
+        helpers=tuple(helper.strip("\n") for helper in structured.helpers),  # the template puts a blank line first
+        momentum_lines=momentum_lines,
+        momentum_shared=_shared_momentum(statistics, sources),
+        running_empty=not momentum_lines and bool(sources) and not read,
+        constant_comment=(
+            f"batch x height x width of {constant['reference']} from which the 2-d convolutions run in "
+            f"channels_last: their inputs' positions, by weight size, reach {constant['positions']} "
+            "(roles.CHANNELS_LAST_MIN_POSITIONS)"
+        )
+        if constant
+        else "",
+        constant_name=str(constant.get("name", "")),
+        constant_value=str(constant.get("value", "")),
+        moves_params=bool(layout.keys),
+        listed_lines=tuple(packed([f'"{key}",' for key in layout.keys])) if listed else (),
+        others=", ".join(layout.others),
+        moved_subject="CHANNELS_LAST" if listed else "its 4-d entries",
+        moved_test=_moved_test(layout),
+        memory_format=bool(layout.keys or layout.named),
+    )
+
+
+def _moved_test(layout: LayoutPlan) -> str:
+    return "key in CHANNELS_LAST" if layout.others else "value.dim() == 4"
+
+
+def _momenta(statistics, sources: dict) -> list[str]:
+    """``"layer1.0.bn1": 0.1,`` for each training-mode batch_norm, from its running mean's key; where
+    there are several, all with one momentum, ``"layer1.0.bn1",`` alone (``dict.fromkeys``: written once)."""
+    moved = [
+        (sources[mean].rsplit(".", 1)[0], momentum) for mean, _, momentum in statistics if mean in sources
+    ]  # one passed by name moves where it is
+    if _shared_momentum(statistics, sources) is not None:
+        return [f'"{module}",' for module in dict.fromkeys(module for module, _ in moved)]
+    return [f'"{module}": {momentum},' for module, momentum in moved]
+
+
+def _shared_momentum(statistics, sources: dict) -> str | None:
+    """The momentum every training-mode batch_norm of several has, as written (``None`` too), else None."""
+    momenta = {f"{momentum}" for mean, _, momentum in statistics if mean in sources}
+    modules = {sources[mean] for mean, _, _ in statistics if mean in sources}
+    return momenta.pop() if len(momenta) == 1 and len(modules) > 1 else None
+
+
+def _constants(structured: Structured, sources: dict) -> tuple[str, bool]:
+    """What bind reads off the module (:func:`~symgrad.fingerprint_text.module_constants`), and whether
+    ``MOMENTA`` is read off ``FINGERPRINT`` (its BatchNorms in training mode are the ones the forward
+    moves, all with one momentum)."""
+    statistics = structured.running_statistics
+    shared = _shared_momentum(statistics, sources)
+    modules = list(dict.fromkeys(sources[mean].rsplit(".", 1)[0] for mean, _, _ in statistics if mean in sources))
+    instances = {
+        link.prefix: link.rule.derived.spec.name
+        for chain in structured.chains
+        for link in chain.links
+        if not link.offset
+    }
+    return module_constants(
+        structured.spec,
+        any_width=True,
+        running=frozenset(name for item in statistics for name in item[:2]),
+        instances=instances,
+        momenta=(modules, shared) if shared is not None else None,
+    )
+
+
+def _block_functions(derived: DerivedBlock, decided: BlockPlan) -> BlockFunctions:
+    """A block's two functions, printed from what planning decided (:class:`~symgrad.plan.BlockPlan`)."""
+    block, planned = derived.spec, derived.planned
+    return BlockFunctions(
+        name=block.name,
+        inputs=tuple(block.inputs),
+        output=block.output,
+        hyper=tuple(f"{name}={default}" for name, default in block.hyper),
+        hyper_note=" and hypers, set per instance" if block.hyper else "",
+        forward=tuple(printed_lines(decided.forward)),
+        saved_names=tuple(decided.saved_names),
+        saved_plain=unpacked(decided.saved_names),
+        saved_returned=tuple(
+            f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
+            for name in decided.saved_names
+        ),
+        backward=tuple(printed_lines(one_line_comments(decided.backward))),
+        returns=tuple(entries_packed(list(decided.returns), 8)),
+        first_input=block.inputs[0],
+    )
+
+
+def _chain(chain: ChainRule) -> Chain:
+    rows = []
+    for link in chain.links:
+        name = link.rule.derived.spec.name
+        hyper = "{" + ", ".join(f'"{key}": {value}' for key, value in link.hyper) + "}"
+        rows.append(f'("{name}", "{link.prefix}", {link.offset}, {hyper})')
+    return Chain(chain.table, tuple(rows), chain.links[0].prefix, chain.links[-1].prefix, len(chain.links))
+
+
+def _small_inputs(graph, positional: list[str]) -> str:
+    """``SMALL_INPUTS``: each data input at small sizes with every parameter at its own
+    (:func:`symgrad.shapes.data_shapes`), with the class count of an int64 input (None for a float one),
+    as a literal; what ``symgrad.bind`` checks a binding at (:mod:`symgrad.verify`). "": no parameters."""
+    from .shapes import data_shapes
+
+    if not any(item.source for item in graph.spec.inputs):
+        return ""
+    shapes = data_shapes(graph)
+    classes = graph.class_counts({**{node.name: node.shape for node in graph.inputs}, **shapes})
+    listed = ", ".join(
+        f'"{name}": ({list(shapes[name])}, {classes.get(name)})' for name in positional if name in shapes
+    )
+    return "{" + listed + "}" if listed else ""
