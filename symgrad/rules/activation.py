@@ -76,6 +76,17 @@ primitive(
 )
 
 
+# out (1 - out) times grad in one pass: autograd's sigmoid backward (derivatives.yaml: sigmoid_backward(grad,
+# result)), twice differentiable (derivatives.yaml differentiates it), read off the output; one rounding
+# where the formula's two products round twice (a bfloat16 gate's gradient was not autograd's bit for bit)
+primitive(
+    "sigmoid_backward",
+    fresh=True,
+    code=lambda operands, params, show: f"torch.ops.aten.sigmoid_backward({operands[0]}, {operands[1]})",
+    latex=lambda operands, params, show: rf"{operands[0]} \odot {operands[1]} \odot \left(1 - {operands[1]}\right)",
+)
+
+
 SILU_BACKWARD = '''def _silu_backward(grad_output, input):
     """SiLU's pullback as autograd runs it: its one-pass silu_backward kernel where no derivative
     of the gradient is wanted, else the formula, twice differentiable (the kernel is not)."""
@@ -113,7 +124,14 @@ RULES = [
         summary="rectified linear unit; its derivative is the Heaviside mask of the input",
         activation_gain=HE_GAIN,
     ),
-    unary("sigmoid", Sigmoid, "torch.sigmoid", "logistic sigmoid", from_output=lambda out: out * (1 - out)),
+    unary(
+        "sigmoid",
+        Sigmoid,
+        "torch.sigmoid",
+        "logistic sigmoid",
+        from_output=lambda out: out * (1 - out),
+        fused_pullback=lambda grad, node: op("sigmoid_backward", grad, node.out),
+    ),
     unary("tanh", sympy.tanh, "torch.tanh", "hyperbolic tangent", from_output=lambda out: 1 - out**2),
     unary(
         "silu",
