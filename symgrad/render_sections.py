@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .emit import Line, packed, printed_line, printed_lines
+from .emit import Line, packed, printed_line, printed_sections
 from .fingerprint_text import module_constants
 from .plan import BlockPlan, LayoutPlan, Structured
 from .render_functions import Functions, entries_packed, functions_section, one_line_comments, unpacked
@@ -302,23 +302,25 @@ def _constants(structured: Structured, sources: dict) -> tuple[str, bool]:
 
 
 def _block_functions(derived: DerivedBlock, decided: BlockPlan) -> BlockFunctions:
-    """A block's two functions, printed from what planning decided (:class:`~symgrad.plan.BlockPlan`)."""
-    block, planned = derived.spec, derived.planned
+    """A block's two functions, printed from what planning decided (:class:`~symgrad.plan.BlockPlan`); an
+    optional branch's lines under its ``if`` (``emit.printed_sections``), its gradients returned only with it."""
+    block = derived.spec
+    returns = entries_packed(list(decided.returns), 8)
+    if decided.returns_when:
+        returns += ["**({", *("    " + line for line in entries_packed(list(decided.returns_when), 12))]
+        returns.append(f"}} if {decided.switch} else {{}}),")
     return BlockFunctions(
         name=block.name,
         inputs=tuple(block.inputs),
         output=block.output,
         hyper=tuple(f"{name}={default}" for name, default in block.hyper),
         hyper_note=" and hypers, set per instance" if block.hyper else "",
-        forward=tuple(printed_lines(decided.forward)),
+        forward=tuple(printed_sections(decided.forward)),
         saved_names=tuple(decided.saved_names),
         saved_plain=unpacked(decided.saved_names),
-        saved_returned=tuple(
-            f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
-            for name in decided.saved_names
-        ),
-        backward=tuple(printed_lines(one_line_comments(decided.backward))),
-        returns=tuple(entries_packed(list(decided.returns), 8)),
+        saved_returned=tuple(decided.saved_returned),
+        backward=tuple(printed_sections(decided.backward, one_line_comments)),
+        returns=tuple(returns),
         first_input=block.inputs[0],
     )
 
