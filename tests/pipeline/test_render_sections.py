@@ -1,0 +1,107 @@
+"""The module template reads a model, not a dict (issue 64 item 2): each section of ``module.py.jinja``
+reads the one frozen dataclass ``symgrad.render_sections`` builds for it, only its fields, and makes no
+decision of its own; the renderer never edits the printed text with a regex."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import jinja2
+import pytest
+from jinja2 import meta, nodes
+
+from symgrad import render_functions, render_sections
+from symgrad.documents import environment
+from symgrad.emit import Line
+from symgrad.render_functions import Functions, Hvp, Outputs, PerSample
+from symgrad.render_sections import Bind, BlockFunctions, Blocks, Chain, Docstring, Module, Tables
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = ROOT / "templates"
+
+# each section file: the one name it reads, and the dataclass of every name it reads fields of
+SECTIONS = {
+    "module/docstring.jinja": ("docstring", {"docstring": Docstring, "line": Line}),
+    "module/tables.jinja": ("tables", {"tables": Tables}),
+    "module/blocks.jinja": ("blocks", {"blocks": Blocks, "block": BlockFunctions, "chain": Chain}),
+    "module/loss.jinja": (
+        "functions",
+        {"functions": Functions, "per_sample": PerSample, "hvp": Hvp, "line": Line},
+    ),
+    "module/outputs.jinja": ("functions", {"functions": Functions, "outputs": Outputs, "line": Line}),
+    "module/bind.jinja": ("bind", {"bind": Bind}),
+}
+MACROS = {"f": Functions, "line": Line}  # module/macros.jinja: its macros read their arguments alone
+
+
+def parsed(name: str) -> nodes.Template:
+    return environment().parse((TEMPLATES / name).read_text(encoding="utf-8"))
+
+
+def fields_read(tree: nodes.Template, typed: dict) -> dict[str, set[str]]:
+    """The attributes read off each name of ``typed`` (``functions.signature``: ``signature``)."""
+    read: dict[str, set[str]] = {name: set() for name in typed}
+    for node in tree.find_all(nodes.Getattr):
+        if isinstance(node.node, nodes.Name) and node.node.name in typed:
+            read[node.node.name].add(node.attr)
+    return read
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS))
+def test_each_section_reads_its_one_dataclass_and_only_its_fields(name):
+    section, typed = SECTIONS[name]
+    tree = parsed(name)
+    assert meta.find_undeclared_variables(tree) == {section}
+    for variable, read in fields_read(tree, typed).items():
+        fields = {field.name for field in dataclasses.fields(typed[variable])}
+        assert read, f"{name} reads nothing off {variable}: the table above is stale"
+        assert read <= fields, f"{name} reads {sorted(read - fields)} off {variable}, not fields of {typed[variable]}"
+
+
+def test_the_macros_read_only_their_arguments_and_the_sections_import_them_without_context():
+    tree = parsed("module/macros.jinja")
+    assert meta.find_undeclared_variables(tree) == set()
+    for variable, read in fields_read(tree, MACROS).items():
+        assert read and read <= {field.name for field in dataclasses.fields(MACROS[variable])}, (variable, read)
+    for path in (TEMPLATES / "module").glob("*.jinja"):
+        assert "with context" not in path.read_text(encoding="utf-8"), path.name
+    # the module template only includes its sections: every name it passes is a section of Module
+    assert meta.find_undeclared_variables(parsed("module.py.jinja")) == set()
+    assert {section for section, _ in SECTIONS.values()} == {field.name for field in dataclasses.fields(Module)}
+
+
+@pytest.mark.parametrize("name", sorted([*SECTIONS, "module/macros.jinja"]))
+def test_a_section_prints_and_decides_nothing(name):
+    """No value computed in a template: no indexing or slicing, no length, map or JSON of a field, and an
+    inline ``x if c else y`` only on a macro's own argument (``cotangent``: which of its two forms)."""
+    tree = parsed(name)
+    assert not list(tree.find_all((nodes.Getitem, nodes.Slice)))
+    assert not [node.name for node in tree.find_all(nodes.Filter) if node.name in {"length", "map", "tojson", "sort"}]
+    for node in tree.find_all(nodes.CondExpr):
+        assert {found.name for found in node.test.find_all(nodes.Name)} <= {"cotangent", "kind"}, name
+
+
+def test_every_section_dataclass_is_frozen_and_a_missing_field_fails_loudly():
+    for module in (render_sections, render_functions):
+        classes = [
+            value
+            for value in vars(module).values()
+            if dataclasses.is_dataclass(value) and value.__module__ == module.__name__
+        ]
+        assert classes and all(value.__dataclass_params__.frozen for value in classes)
+    assert issubclass(environment().undefined, jinja2.StrictUndefined)
+    with pytest.raises(jinja2.UndefinedError):
+        environment().get_template("module/bind.jinja").render(bind=object())
+
+
+def test_the_renderer_has_no_regex():
+    """Names are final before printing (planning renames; a comment is made text once): nothing in the
+    render step rewrites printed code or comments with ``re`` (``printing`` reads a name's letter and digits
+    with one, to write it in LaTeX; it lays code out with Python's tokenizer)."""
+    for name in ("render.py", "render_sections.py", "render_functions.py", "emit.py"):
+        tree = ast.parse((ROOT / "symgrad" / name).read_text(encoding="utf-8"))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "re" not in imported, name
