@@ -225,7 +225,7 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         channels_last_named=tuple(layout.named),
         backward_channels_last_named=tuple(layout.backward_named),
         backward_moved_keys=", ".join(str(htmlsafe_json_dumps(key)) for key in layout.backward_keys),
-        moved_test="key in CHANNELS_LAST" if layout.others else "value.dim() == 4",
+        moved_test=moved_test(layout),
         saving_forward=tuple(printed_lines(list(top.saving_forward))),
         saving_returns=(planned.loss_name, *planned.saved_names),
         saving_returns_plain=", ".join([planned.loss_name, *planned.saved_names])
@@ -242,6 +242,12 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         params_close=")" if layout.keys else "",
         param_returns=tuple(entries_packed(list(structured.param_returns), 12, tuple(structured.merged_returns))),
     )
+
+
+def moved_test(layout) -> str:
+    """Which ``params`` entries ``_channels_last`` moves: those listed in ``CHANNELS_LAST`` where other
+    4-d entries stay, else every 4-d one (:class:`~symgrad.plan.LayoutPlan`)."""
+    return "key in CHANNELS_LAST" if layout.others else "value.dim() == 4"
 
 
 def _outputs(spec, graph, forward: tuple[Line, ...], loss_name: str) -> Outputs | None:

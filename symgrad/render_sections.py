@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .emit import Line, packed, printed_line, printed_sections
 from .fingerprint_text import module_constants
 from .plan import BlockPlan, LayoutPlan, Structured
-from .render_functions import Functions, entries_packed, functions_section, one_line_comments, unpacked
+from .render_functions import Functions, entries_packed, functions_section, moved_test, one_line_comments, unpacked
 from .rules.call import ChainRule, DerivedBlock
 
 
@@ -161,9 +161,10 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
         else "",
         layout_paragraph=_layout_paragraph(layout),
     )
+    fingerprint, read = _constants(structured, sources)  # read: MOMENTA is read off FINGERPRINT
     return Module(
         docstring=docstring,
-        tables=_tables(structured, sources, layout),
+        tables=_tables(structured, sources, layout, read),
         blocks=Blocks(
             name=spec.name,
             scope=("offsets" if _offsets(spec) else "plain") if sources and functions else "",
@@ -174,7 +175,7 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
         ),
         functions=functions_section(structured, sources, positional, random),
         bind=Bind(
-            fingerprint=_constants(structured, sources)[0],
+            fingerprint=fingerprint,
             small_inputs=_small_inputs(structured.flat_graph, positional)
             if spec.fingerprint and spec.outputs is not None
             else "",
@@ -226,10 +227,9 @@ def _layout_paragraph(layout: LayoutPlan) -> str:
     )
 
 
-def _tables(structured: Structured, sources: dict, layout: LayoutPlan) -> Tables:
+def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: bool) -> Tables:
     """The helpers, ``MOMENTA`` (read off ``FINGERPRINT`` where the BatchNorms it moves all have one
     momentum), and the layout rule's constant and functions."""
-    _, read = _constants(structured, sources)
     statistics = structured.running_statistics
     momentum_lines = () if read else tuple(packed(_momenta(statistics, sources)))
     listed = bool(layout.others)  # where the weights are all the 4-d entries of `params`, no table
@@ -252,13 +252,9 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan) -> Tables
         listed_lines=tuple(packed([f'"{key}",' for key in layout.keys])) if listed else (),
         others=", ".join(layout.others),
         moved_subject="CHANNELS_LAST" if listed else "its 4-d entries",
-        moved_test=_moved_test(layout),
+        moved_test=moved_test(layout),
         memory_format=bool(layout.keys or layout.named),
     )
-
-
-def _moved_test(layout: LayoutPlan) -> str:
-    return "key in CHANNELS_LAST" if layout.others else "value.dim() == 4"
 
 
 def _momenta(statistics, sources: dict) -> list[str]:
