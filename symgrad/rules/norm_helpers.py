@@ -105,17 +105,31 @@ GROUP_NORM_BACKWARD = (
 """Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
 
 
-LAYER_NORM_BACKWARD = '''def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, mean, rstd,
+LAYER_NORM_BACKWARD = '''# the devices whose layer_norm kernels take a float32 weight and bias with a narrower input (a
+# CPU's: its autocast runs layer_norm so); CUDA's read them in the input's dtype and refuse the mix
+LAYER_NORM_MIXED_DEVICES = ("cpu",)
+
+def _layer_norm_backward(grad_output, input, normalized_shape, weight, bias, mean, rstd,
                          eps=1e-05, output_mask=(True, True, True)):
     """layer_norm's input, weight and bias gradients in one call of
     ``torch.ops.aten.native_layer_norm_backward``, autograd's own (twice differentiable) kernel,
     from the mean and 1 / std the forward's ``torch.native_layer_norm`` returned, as autograd saves
-    them (no derivative of their own: the kernel's accounts for their dependence on ``input``). It
-    runs in the dtype of its operands together, a float32 weight's with a bfloat16 input (CUDA's
-    kernels read the weight and bias in the input's dtype; the forward computed the statistics in
-    float32 there too), computing the statistics again where they are narrower than that, and
-    returns each gradient in its tensor's dtype.
+    them (no derivative of their own: the kernel's accounts for their dependence on ``input``).
+    Where autograd's call takes the operands as they are, that call alone: the gradient in the
+    input's dtype and the weight and bias in it too, or, on a device of
+    ``LAYER_NORM_MIXED_DEVICES``, float32 with float32 statistics (the mix the forward ran, a
+    bfloat16 input under a CPU's autocast). Elsewhere it runs in the dtype of its operands
+    together, a float32 weight's with a bfloat16 input (CUDA's kernels read the weight and bias in
+    the input's dtype; the forward computed the statistics in float32 there too), computing the
+    statistics again where they are narrower than that, and returns each gradient in its
+    tensor's dtype.
     """
+    dtypes = {param.dtype for param in (weight, bias) if param is not None}
+    if grad_output.dtype == input.dtype and (dtypes <= {input.dtype} or (
+            dtypes == {mean.dtype} == {torch.float32}
+            and input.device.type in LAYER_NORM_MIXED_DEVICES)):
+        return torch.ops.aten.native_layer_norm_backward(
+            grad_output, input, normalized_shape, mean, rstd, weight, bias, list(output_mask))
     dtype = torch.promote_types(input.dtype, grad_output.dtype)
     for param in (weight, bias):
         dtype = dtype if param is None else torch.promote_types(dtype, param.dtype)
