@@ -10,6 +10,8 @@ has fewer batch dims than the output or a batch size 1.
 
 from __future__ import annotations
 
+import sympy
+
 from ..algebra import LINEAR, op, primitive
 from .base import Checker, Forward, NodeSymbols, Operand, Rule, Sample, Spelling
 from .shared import affine_tangent, in_operands_dtype
@@ -49,17 +51,33 @@ primitive(
     tangent=LINEAR,
     fresh=True,
 )
-primitive(
+primitive(  # [N, out] and [N, in] (leading dims flattened by linear's pullback): one mm
     "linear_weight_grad",
-    code=lambda operands, params, show: (
-        f"{operands[0]}.T.mm({operands[1]})"
-        if params.get("two_d")  # [N, out] and [N, in]: nothing to flatten
-        else f"{operands[0]}.flatten(0, -2).T.matmul({operands[1]}.flatten(0, -2))"
-    ),
+    code=lambda operands, params, show: f"{operands[0]}.T.mm({operands[1]})",
     latex=lambda operands, params, show: (
         f"\\sum_{{n}} {{{operands[0]}}}_{{n}} \\cdot {{{operands[1]}}}_{{n}}^{{\\top}}"
     ),
     tangent=LINEAR,
+)
+
+
+def _input_grad_tangent(expr, tangent_of):
+    """Bilinear in the flattened gradient and the weight; the input is read for its shape alone."""
+    flat, weight, x = expr.operands
+    moved_flat, moved_weight = tangent_of(flat), tangent_of(weight)
+    terms = [op("linear_input_grad", moved_flat, weight, x)] if moved_flat != 0 else []
+    if moved_weight != 0:
+        terms.append(op("linear_input_grad", flat, moved_weight, x))
+    return sympy.Add(*terms)
+
+
+primitive(  # a linear map's input gradient from its gradient seen as [N, out], in the input's shape
+    "linear_input_grad",
+    code=lambda operands, params, show: f"{operands[0]}.mm({operands[1]}).reshape({operands[2]})",
+    latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}",
+    shape_operands=(2,),
+    tangent=_input_grad_tangent,
+    fresh=True,
 )
 primitive(
     "linear_weight_grad_per_sample",
@@ -109,19 +127,21 @@ class Linear(Rule):
         return Forward(op("linear", *operands))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
+        """Over [N, in] (or more leading dims, seen as [N, in] as autograd's addmm backward sees them: the
+        gradient flattened once, a copy where it is strided, which every gradient reads: ``sympy.cse``
+        names it once): ``grad @ W``, ``grad.T @ x`` and ``grad.sum(0)``, each one ``mm`` or ``sum``."""
         grads = {}
-        two_d = {"two_d": True} if len(node.shapes["input"]) == 2 else {}  # [N, in]: mm, as autograd's addmm backward
+        x, weight = node.operands["input"], node.operands["weight"]
+        rank = len(node.shapes["input"])
+        flat = grad if rank == 2 else op("flatten", grad, end_dim=-2)
         if "input" in wanted:
-            grads["input"] = in_operands_dtype(
-                op("matmul", grad, node.operands["weight"], **two_d),
-                node.operands["input"],
-                read_anyway="weight" in wanted,
-            )
+            product = op("matmul", grad, weight, two_d=True) if rank == 2 else op("linear_input_grad", flat, weight, x)
+            grads["input"] = in_operands_dtype(product, x, read_anyway="weight" in wanted)
         if "weight" in wanted:
-            grads["weight"] = op("linear_weight_grad", grad, node.operands["input"], **two_d)
+            inputs = x if rank == 2 else op("flatten", x, end_dim=-2)
+            grads["weight"] = op("linear_weight_grad", flat, inputs)
         if "bias" in wanted:
-            rank = len(node.shapes["input"])
-            grads["bias"] = op("sum", grad, dim=tuple(range(rank - 1)))
+            grads["bias"] = op("sum", flat, dim=(0,))
         return grads
 
     def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):

@@ -1,0 +1,84 @@
+"""A linear map over more than two dims (a ConvNeXt block's ``nn.Linear`` on [N, H, W, C] tokens) pulls its
+gradient back as autograd's addmm backward does: the gradient seen as [N, out] once (``torch.flatten``, a
+copy where it is strided: the permute back of a [N, C, H, W] gradient), which the bias's sum, the weight's
+``mm`` and the input's ``mm`` all read. It was flattened by the weight's gradient and again by ``matmul``
+for the input's: two copies of a strided gradient where autograd makes one, and ``matmul``'s dispatch."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import re
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import symgrad
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+from tests.models.zoo import ConvNeXt
+
+
+class _Calls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _network_and_module():
+    """A narrow ConvNeXt, one block a stage (copied by each test), its generated module's source and the
+    module, built once. A block's gradient comes from the next layer's convolution, [N, C, H, W] and dense,
+    so its linear maps' gradients, permuted to [N, H, W, C], are strided."""
+    torch.manual_seed(0)
+    model = ConvNeXt(depths=(1, 1, 1, 1), dims=(4, 8, 8, 8))
+    text = trace(model, {"x": (2, 3, 32, 32)}, wrt="parameters", name="net", loss=LossChoice("cross_entropy", "labels"))
+    source = build_text(text, "net.yaml").rendered.files["net.py"]
+    return model, source, module_from_source(source, "net")
+
+
+def _data(dtype):
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(3, 3, 64, 64, generator=generator, dtype=dtype), torch.randint(0, 5, (3,), generator=generator)
+
+
+def test_a_convnext_flattens_each_linear_maps_gradient_once_and_equals_autograd():
+    model, source, generated = _network_and_module()
+    # each function of the module flattens each gradient into one name that the three products read
+    flattened = re.findall(r"(\w+) = torch\.flatten\((grad_\w+), end_dim=-2\)", source)
+    assert flattened and all(name.startswith("shared_") for name, _ in flattened), flattened
+    assert ".matmul(" not in source and source.count("torch.flatten(grad_") == len(flattened)
+    model = copy.deepcopy(model).double()
+    ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
+    x, labels = _data(torch.float64)
+    symgrad.bind(generated, ours, verify=False)(x=x, labels=labels).backward()
+    F.cross_entropy(theirs(x), labels).backward()
+    for (name, mine), expected in zip(ours.named_parameters(), theirs.parameters()):
+        assert (mine.grad - expected.grad).abs().max() <= 1e-12 * max(expected.grad.abs().max(), 1.0), name
+
+
+def test_a_convnext_step_copies_no_more_than_autograds():
+    """One training step (forward and backward) in float32: each strided gradient copied once, as autograd
+    copies it (two copies each before: 9 ``clone`` calls against autograd's 4), and no ``matmul``."""
+    model, _, generated = _network_and_module()
+    ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
+    bound = symgrad.bind(generated, ours, verify=False)
+    x, labels = _data(torch.float32)
+    steps = {"bound": lambda: bound(x=x, labels=labels), "autograd": lambda: F.cross_entropy(theirs(x), labels)}
+    counted = {}
+    for name, step in steps.items():
+        step().backward()  # first call: lazy initialisation is not what is counted
+        with _Calls() as calls:
+            step().backward()
+        counted[name] = calls.counts
+    ours_calls, autograds = counted["bound"], counted["autograd"]
+    assert autograds["clone"] >= 4, autograds  # the strided gradients autograd copies once
+    # one more: the global average pool's gradient, made dense where autograd's is an expanded view
+    assert ours_calls["clone"] <= autograds["clone"] + 1 and ours_calls["matmul"] == 0, (ours_calls, autograds)
