@@ -86,7 +86,7 @@ def printed_sections(items, each=None, indent: int = 0) -> list[Line]:
     """A block plan's statements (``plan.BlockPlan.forward`` or ``backward``) printed as
     :func:`printed_lines` prints a run of them, each ``plan_branches.Switch`` among them as its
     ``if HYPER:`` (``else:``) and its sections' lines ``indent`` + 4 deeper. ``each``: applied to each run
-    of statements before printing (the backward's comments made one line, ``render._one_line``)."""
+    of statements before printing (the backward's comments made one line, ``render_functions.one_line_comments``)."""
     lines: list[Line] = []
     run: list = []
 
@@ -98,6 +98,10 @@ def printed_sections(items, each=None, indent: int = 0) -> list[Line]:
         return Line("", code, "", code, "", "", indent=indent, control=True)
 
     for item in items:
+        if hasattr(item, "names"):  # what one side of a switch deletes after a statement both run
+            flush()
+            lines.append(control("del " + ", ".join(item.names)))
+            continue
         if not hasattr(item, "statement"):  # a Switch: what runs with the branch, and without it
             flush()
             lines.append(control(f"if {item.hyper}:" if item.taken else f"if not {item.hyper}:"))

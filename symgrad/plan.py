@@ -334,7 +334,7 @@ def _returned_parameters(graph: Graph, sources: dict, inlined: dict, inlined_fro
         derived = node.rule.derived
         grads = f"grads_{node.name}"
         keys = dict(derived.spec.params)
-        params = [name for name in derived.gradients if name in keys]
+        params = [name for name in derived.gradients if name in keys and name in node.operands]  # not a branch left out
         bound = {name: node.operands[name] for name in params}
         inputs_taken = {name for name in derived.gradients if name not in keys} <= popped.get(grads, set())
         own = all(

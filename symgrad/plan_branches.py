@@ -5,8 +5,8 @@ its functions run the statements both derivations share once and each derivation
 branch's switch: ``if downsample:`` the branch's statements, ``else:`` what the instances without it
 run instead (:class:`Switch`). Each instance runs exactly its own derivation's statements, in its order:
 the two lists are aligned by their printed statements (``difflib``), never reordered. A name one
-derivation deletes after a shared statement and the other does not is deleted by neither there (it
-lives to the function's end). What the forward saves and the backward returns only with the branch is
+derivation deletes after a shared statement and the other does not is deleted there under the switch
+(``if downsample: del grad_add``): each frees what it frees, where it does. What the forward saves and the backward returns only with the branch is
 marked so, the saved entry ``None`` without it.
 """
 
@@ -16,8 +16,16 @@ import dataclasses
 import difflib
 from dataclasses import dataclass
 
+from .algebra import TensorOp
 from .errors import SpecError
 from .printing import to_code
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """Names one side of a :class:`Switch` deletes after a statement both sides run (``del grad_add``)."""
+
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,18 @@ def _key(item) -> tuple:
     return (statement.target.name, to_code(statement.value), item.in_place, item.narrowed)
 
 
+def _reads_entry(item, before) -> bool:
+    """Whether ``item`` reads an entry of the tuple ``before`` makes (``t[1]``): printed with it as one
+    line (``emit._unpacked``), nothing between them."""
+    value = item.statement.value
+    return (
+        isinstance(value, TensorOp)
+        and value.primitive.name == "item"
+        and before is not None
+        and value.operands[0] == before.statement.target
+    )
+
+
 def merged(hyper: str, taken: list, otherwise: list) -> tuple:
     """``taken`` (the statements with the branch) and ``otherwise`` (without it) as one list: the
     statements both run, in both orders, once, and :class:`Switch` sections for the rest."""
@@ -66,9 +86,18 @@ def merged(hyper: str, taken: list, otherwise: list) -> tuple:
     result: list = []
     for tag, start, end, taken_start, taken_end in matcher.get_opcodes():
         if tag == "equal":
+            anchor, on, off = None, (), ()  # deletions on one side, put after the reads of a tuple made there
             for item, other in zip(taken[taken_start:taken_end], otherwise[start:end]):
+                if (on or off) and not _reads_entry(item, anchor):
+                    result.append(Switch(hyper, (Deleted(on),) if on else (), (Deleted(off),) if off else ()))
+                    on, off = (), ()
                 both = tuple(name for name in item.dead if name in other.dead)
                 result.append(dataclasses.replace(item, dead=both))
+                anchor = item if not _reads_entry(item, anchor) else anchor
+                on += tuple(name for name in item.dead if name not in both)
+                off += tuple(name for name in other.dead if name not in both)
+            if on or off:
+                result.append(Switch(hyper, (Deleted(on),) if on else (), (Deleted(off),) if off else ()))
         else:
             result.append(Switch(hyper, tuple(taken[taken_start:taken_end]), tuple(otherwise[start:end])))
     return tuple(result)

@@ -474,6 +474,7 @@ def _yaml(document: dict) -> str:
                 f"    params: {line(block['params'])}",
             ]
             lines += [f"    hyper: {line(block['hyper'])}"] if block.get("hyper") else []
+            lines += [f"    optional: {line(block['optional'])}"] if block.get("optional") else []
             lines += ["    layers:"] + [f"      - {line(layer)}" for layer in block["layers"]]
             lines.append(f"    output: {_name(block['output'])}")
     lines += ["layers:" + ("" if document["layers"] else " []")] + [

@@ -21,6 +21,7 @@ import torch
 
 from ..spec_values import check_identifier
 from .dataflow import fitted, numbered
+from .optional_branch import merged_keys, varying_ints, with_switch
 from .rate_zero import at_rate_zero
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -126,6 +127,8 @@ def group_blocks(
                 counts[candidate["key"]] -= 1
                 counts[widened["key"]] += 1
                 candidates[position] = widened
+    if not strict:  # instances with and without an optional submodule (a ResNet's downsample): one block
+        merged_keys(candidates, counts, _int_arguments)
     chosen, covered = [], set()
     for candidate in candidates:  # outermost first: a repeated module's own repeated parts stay inside it
         span = set(candidate["indices"])
@@ -166,7 +169,8 @@ def group_blocks(
         taken.add(name)
         names[candidate["key"]] = name
         group = [other for other in chosen if other["key"] == candidate["key"]]
-        blocks[name], given = _with_hypers(group)
+        group.sort(key=lambda other: not other.get("branch", {}).get("on", True))  # one with the branch first
+        blocks[name], given = with_switch(*_with_hypers(group), group)
         hyper.update({other["path"]: values for other, values in zip(group, given)})
     start_of = {candidate["indices"][0]: candidate for candidate in chosen}
     covered = {index for candidate in chosen for index in candidate["indices"]}
@@ -528,11 +532,7 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
     }
     for index, key in sorted(by_size):
         block["layers"][index][key] = first["sized"][(index, key)][1]
-    varying = {
-        position: tuple(candidate["ints"][position] for candidate in group)
-        for position in first["ints"]
-        if position not in by_size and len({candidate["ints"][position] for candidate in group}) > 1
-    }
+    varying = varying_ints(group, by_size)
     if not varying:
         return block, [{} for _ in group]
     by_key: dict[str, list] = {}
@@ -540,7 +540,7 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
         by_key.setdefault(position[1], []).append(values)
     names, defaults = {}, {}
     for (index, key), values in varying.items():
-        if isinstance(values[0], float):  # a rate named by its op's node: drop_path_p
+        if isinstance(next(value for value in values if value is not None), float):  # a rate: drop_path_p
             name = f"{block['layers'][index]['out']}_{key}"
         elif len(set(by_key[key])) == 1:
             name = key
@@ -549,7 +549,8 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
         while name in first["names"] or name in ("p", "save", "saved", "grad_output"):
             name = f"{name}_value"
         names[(index, key)] = name
-        defaults[name] = max(values, key=values.count)  # the commonest, the first of equals
+        present = [value for value in values if value is not None]  # None: an instance without the branch
+        defaults[name] = max(present, key=present.count)  # the commonest, the first of equals
         layer = block["layers"][index]
         block["layers"][index] = {
             **{item: value for item, value in layer.items() if item != "out"},
@@ -567,7 +568,7 @@ def _with_hypers(group: list[dict]) -> tuple[dict, list[dict]]:
     for number, _ in enumerate(group):
         given = {}
         for position, name in names.items():
-            if varying[position][number] != defaults[name]:
+            if varying[position][number] is not None and varying[position][number] != defaults[name]:
                 given[name] = varying[position][number]
         instances.append(given)
     return block, instances

@@ -400,24 +400,31 @@ def test_first_blocks_of_stages_that_differ_in_stride_or_kernel_size_are_one_blo
 
     spec = traced(NETS["resnet50"])
     instances = {layer["prefix"]: layer for layer in spec["layers"] if "block" in layer}
-    assert {instances[prefix]["block"] for prefix in ("layer1.0", "layer2.0", "layer3.0")} == {"bottleneck"}
-    assert spec["blocks"]["bottleneck"]["hyper"] == {"stride": 2}
-    assert instances["layer1.0"]["hyper"] == {"stride": 1} and "hyper" not in instances["layer2.0"]
+    assert {layer["block"] for layer in instances.values()} == {"bottleneck"}  # downsample or not: 64 item 5
+    assert spec["blocks"]["bottleneck"]["hyper"] == {"stride": 1, "downsample": False}
+    assert instances["layer1.0"]["hyper"] == {"downsample": True}
+    assert instances["layer2.0"]["hyper"] == {"stride": 2, "downsample": True}
     spec = traced(NETS["mobilenet_v2"])
     stems = [layer for layer in spec["layers"] if layer.get("block") == "conv_bn_relu"]
     assert [layer["prefix"] for layer in stems][:2] == ["features.0", "features.1.conv.0"]
     assert len(stems) == 3 and set(spec["blocks"]["conv_bn_relu"]["hyper"]) == {"stride", "padding", "groups"}
 
 
-def test_two_blocks_of_one_class_are_named_after_the_submodule_one_has_beyond_the_other():
+def test_instances_of_one_class_with_and_without_a_submodule_are_one_block_with_its_branch_switched():
+    """A bottleneck with a downsample and one without are one block (issue 64 item 5): the downsample's
+    layers its optional branch, switched by a bool hyper named after it (two blocks of one class that
+    differ otherwise keep the name of the submodule one has beyond the other:
+    tests/trace/test_optional_branch.py)."""
     case = NETS["resnet50"]
     torch.manual_seed(0)
     model = case.model(**{**case.init, "layers": (3, 2, 1)}).double().train()
     spec = load_yaml(
         trace(model, case.traced, name="traced", loss=LossChoice("cross_entropy"), mode="train", blocks=True)
     )
-    assert set(spec["blocks"]) == {"bottleneck", "bottleneck_downsample"}
-    assert "downsample_0_weight" in spec["blocks"]["bottleneck_downsample"]["params"]
+    assert set(spec["blocks"]) == {"bottleneck"}
+    block = spec["blocks"]["bottleneck"]
+    assert "downsample_0_weight" in block["params"] and block["hyper"]["downsample"] is False
+    assert block["optional"] == {"downsample": {"nodes": ["downsample_0", "downsample_1"], "absent": "x"}}
 
 
 @pytest.mark.parametrize("label, listed", [("resnet18", False), ("nafnet", True)])

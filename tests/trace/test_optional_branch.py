@@ -1,0 +1,106 @@
+"""Instances of one class with and without an optional submodule are one block (issue 64 item 5): a
+torchvision-style ``BasicBlock`` whose ``downsample`` is None in some instances (its forward then adds
+``x``) and whose first convolution's stride differs is one block with the hypers ``stride`` and
+``downsample`` (``trace.optional_branch``), written as one pair of functions with the branch under ``if
+downsample:``. Checked: the spec, the functions, bind's per-instance guard on the submodule, and bound SGD
+steps against autograd through the original model (float64, train mode, another batch and size); a class
+whose instances differ otherwise stays two blocks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import symgrad
+from symgrad.pipeline import build_text
+from symgrad.trace import LossChoice, trace
+
+
+class Block(nn.Module):
+    def __init__(self, inputs: int, width: int, stride: int = 1, other: bool = False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, width, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.downsample = None
+        if stride != 1 or inputs != width:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(inputs, width, 1, stride=stride, bias=False), nn.BatchNorm2d(width)
+            )
+        self.other = other
+
+    def forward(self, x):
+        out = self.conv2(torch.relu(self.bn1(self.conv1(x))))
+        identity = x if self.downsample is None else self.downsample(x)
+        if self.other:  # instances that differ besides the branch: never one block with the others
+            out = torch.tanh(out)
+        return torch.relu(out + identity)
+
+
+class Net(nn.Module):
+    def __init__(self, other: bool = False):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        widths = [(4, 4, 1), (4, 4, 1), (4, 6, 2), (6, 6, 1)] + [(6, 6, 2)] * other  # two downsampling twins
+        self.blocks = nn.Sequential(*(Block(i, o, s, other and s == 2) for i, o, s in widths))
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
+
+
+def _generated(model, tmp_path):
+    text = trace(
+        model, {"x": (2, 3, 8, 8)}, name="branched", loss=LossChoice("cross_entropy"), mode="train", blocks=True
+    )
+    source = build_text(text, "branched.yaml").rendered.files["branched.py"]
+    (tmp_path / "branched.py").write_text(source)
+    return text, source
+
+
+def test_instances_with_and_without_a_downsample_are_one_block_equal_to_autograd(tmp_path):
+    torch.manual_seed(0)
+    model = Net().double().train()
+    text, source = _generated(model, tmp_path)
+    assert "optional: {downsample: {nodes: [downsample_0, downsample_1], absent: x}}" in text, text
+    assert "hyper: {stride: 1, downsample: false}" in text and text.count("{block: block,") == 4, text
+    assert "hyper: {stride: 2, downsample: true}" in text, text
+    assert "def block_forward(x, p, stride=1, downsample=False, save=False):" in source, source
+    # the forward once; the backward: the branch's pullback, deleting what only one side deletes there, the sum at x
+    lines = source.splitlines()
+    assert lines.count("    if downsample:") == 4 and lines.count("    else:") == 2, source
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(tmp_path / "branched.py", model)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
+    generator = torch.Generator().manual_seed(1)
+    for number in range(3):
+        x = torch.randn(3, 3, 10, 10, generator=generator, dtype=torch.float64)
+        labels = torch.randint(0, 3, (3,), generator=generator)
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss = step(x=x, target=labels)
+        loss.backward()
+        expected = F.cross_entropy(reference(x), labels)
+        expected.backward()
+        assert abs(float(loss.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
+        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
+            assert error <= 1e-12, (number, name, error)
+        for optimizer in optimizers:
+            optimizer.step()
+    for buffer, theirs in zip(model.buffers(), reference.buffers()):  # running statistics moved alike
+        assert torch.allclose(buffer.double(), theirs.double(), rtol=1e-12, atol=1e-12)
+    changed = copy.deepcopy(model)
+    changed.blocks[1].downsample = nn.Sequential(nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4)).double()
+    with pytest.raises(Exception, match="downsample"):  # an instance that gained the branch is refused
+        symgrad.bind(tmp_path / "branched.py", changed)
+
+
+def test_instances_that_differ_besides_the_branch_stay_two_blocks(tmp_path):
+    torch.manual_seed(0)
+    text, _ = _generated(Net(other=True).double().train(), tmp_path)
+    assert "optional:" not in text.partition("fingerprint:")[0] and "{block: block_downsample," in text, text
