@@ -52,7 +52,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, Mod
     module = module_sections(structured, spec_label)
     sections = {field.name: getattr(module, field.name) for field in dataclasses.fields(module)}
     body = environment().get_template("module.py.jinja").render(**sections)
-    return body, module, list(module.functions.backward), list(module.functions.backward_steps)
+    return body, module, list(module.functions.saving.backward), list(module.functions.saving.backward_steps)
 
 
 def _documents(

@@ -56,40 +56,40 @@ class Outputs:
 
 
 @dataclass(frozen=True)
-class Functions:
-    """``module/loss.jinja`` and ``module/outputs.jinja`` (and the macros they share): ``forward``,
-    ``gradients``, the extras, the saving forward and its backward, the autograd Function, its entry."""
+class Autograd:
+    """The autograd Function and its entry (``ExplicitGradient`` or ``ExplicitOutputs``,
+    ``loss_with_explicit_backward``): what the macros ``entry_function``, ``function_head``,
+    ``saved_under_compile``, ``saved_read_back`` and ``function_tail`` print."""
 
-    outputs: Outputs | None
     signature: str
     has_params: bool
     positional: tuple[str, ...]
-    positional_wrt: tuple[str, ...]
-    positional_and_params: str
-    gradients_of: str
-    reduction: str
-    loss_shape: str
-    forward: tuple[Line, ...]
-    per_sample: PerSample | None
-    hvp: Hvp | None
-    default_cotangent: str
-    loss_name: str
     function_inputs: str
     saved_inputs: str
+    """What ``ctx.save_for_backward`` keeps (a running statistic passed by name as None: not moved twice)."""
     compile_saved_inputs: str
     device_of: str
     random: bool
-    star_rest: str
-    rest_name: str
     read_back_targets: str
     read_back_sliced: bool
+    """Python takes at most 255 names before a starred one: the saved tensors are read by slicing."""
+    rest_name: str
     positional_count: int
     guarded: bool
+    """Named inputs not in ``wrt``: the backward refuses a call that asks for their gradients."""
     guarded_names: str
     guarded_indices: str
     unreached: bool
     function_grads: str
     parameter_grads_return: str
+
+
+@dataclass(frozen=True)
+class Saving:
+    """``_forward_saving`` and ``_backward_from_saved``: what the macro ``saving_and_backward`` prints."""
+
+    signature: str
+    has_params: bool
     moves_params: bool
     channels_last_test: str | None
     channels_last_named: tuple[str, ...]
@@ -102,6 +102,7 @@ class Functions:
     saved_names: tuple[str, ...]
     saved_plain: str
     layout_kept: tuple[str, ...]
+    default_cotangent: str
     boundary_dead: tuple[str, ...]
     backward: tuple[Line, ...]
     backward_steps: tuple
@@ -111,6 +112,28 @@ class Functions:
     params_open: str
     params_close: str
     param_returns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Functions:
+    """``module/loss.jinja`` and ``module/outputs.jinja``: ``forward``, ``gradients``, the extras, then
+    the saving forward and its backward (:class:`Saving`) and the autograd Function (:class:`Autograd`)."""
+
+    outputs: Outputs | None
+    signature: str
+    has_params: bool
+    positional_wrt: tuple[str, ...]
+    positional_and_params: str
+    gradients_of: str
+    reduction: str
+    loss_shape: str
+    forward: tuple[Line, ...]
+    per_sample: PerSample | None
+    hvp: Hvp | None
+    default_cotangent: str
+    loss_name: str
+    saving: Saving
+    autograd: Autograd
 
 
 def unpacked(names) -> str:
@@ -185,41 +208,11 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
     star_rest = "*values" if params else "*tensors"
     steps = list(planned.step_of_line)  # each backward line's derivation step, as printed
     backward = tuple(printed_lines(one_line_comments(list(top.backward)), steps))
-    return Functions(
-        outputs=outputs,
-        signature=", ".join(positional + (["params"] if params else [])),
+    signature = ", ".join(positional + (["params"] if params else []))
+    default_cotangent = to_code(planned.program.default_cotangent)
+    saving = Saving(
+        signature=signature,
         has_params=params,
-        positional=tuple(positional),
-        positional_wrt=positional_wrt,
-        positional_and_params=", ".join(
-            positional_wrt + (("the parameters (``params``: keyed as they are)",) if params else ())
-        ),
-        gradients_of=", ".join(positional_wrt + (("the parameters",) if params else ())),
-        reduction=graph.loss.params["reduction"],
-        loss_shape="[N]" if graph.loss.params["reduction"] == "per_sample" else "[]",
-        forward=forward,
-        per_sample=_per_sample(planned, top, sources),
-        hvp=_hvp(planned, entries, sources, positional),
-        default_cotangent=to_code(planned.program.default_cotangent),
-        loss_name=planned.loss_name,
-        function_inputs=function_inputs,
-        saved_inputs=saved_inputs,
-        compile_saved_inputs=saved_inputs.removesuffix(","),
-        device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
-        random=random,
-        star_rest=star_rest,
-        rest_name=star_rest[1:],
-        read_back_targets=", ".join(positional + [star_rest]) if positional else star_rest[1:],
-        read_back_sliced=len(positional) >= 255,  # Python takes at most 255 names before a starred one
-        positional_count=len(positional),
-        guarded=bool(guarded),
-        guarded_names=", ".join(name for _, name in guarded),
-        guarded_indices=", ".join(str(index) for index, _ in guarded) + ("," if len(guarded) == 1 else ""),
-        unreached=bool(outputs and outputs.reached_by),
-        function_grads=function_grads,
-        parameter_grads_return=", ".join(
-            ["None", "None"] + ([function_grads] if function_grads else []) + ["*parameter_grads"]
-        ),
         moves_params=bool(layout.keys),
         channels_last_test=layout.test,
         channels_last_named=tuple(layout.named),
@@ -233,6 +226,7 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         saved_names=tuple(planned.saved_names),
         saved_plain=unpacked(planned.saved_names),
         layout_kept=tuple(layout.kept),
+        default_cotangent=default_cotangent,
         boundary_dead=tuple(planned.boundary_dead),
         backward=backward,
         backward_steps=tuple(steps),
@@ -241,6 +235,47 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         params_open="_in_layouts(layouts, {" if layout.keys else "{",
         params_close=")" if layout.keys else "",
         param_returns=tuple(entries_packed(list(structured.param_returns), 12, tuple(structured.merged_returns))),
+    )
+    autograd = Autograd(
+        signature=signature,
+        has_params=params,
+        positional=tuple(positional),
+        function_inputs=function_inputs,
+        saved_inputs=saved_inputs,
+        compile_saved_inputs=saved_inputs.removesuffix(","),
+        device_of=positional[0] if positional else "values[0]",  # an output that reads no data input
+        random=random,
+        read_back_targets=", ".join(positional + [star_rest]) if positional else star_rest[1:],
+        read_back_sliced=len(positional) >= 255,
+        rest_name=star_rest[1:],
+        positional_count=len(positional),
+        guarded=bool(guarded),
+        guarded_names=", ".join(name for _, name in guarded),
+        guarded_indices=", ".join(str(index) for index, _ in guarded) + ("," if len(guarded) == 1 else ""),
+        unreached=bool(outputs and outputs.reached_by),
+        function_grads=function_grads,
+        parameter_grads_return=", ".join(
+            ["None", "None"] + ([function_grads] if function_grads else []) + ["*parameter_grads"]
+        ),
+    )
+    return Functions(
+        outputs=outputs,
+        signature=signature,
+        has_params=params,
+        positional_wrt=positional_wrt,
+        positional_and_params=", ".join(
+            positional_wrt + (("the parameters (``params``: keyed as they are)",) if params else ())
+        ),
+        gradients_of=", ".join(positional_wrt + (("the parameters",) if params else ())),
+        reduction=graph.loss.params["reduction"],
+        loss_shape="[N]" if graph.loss.params["reduction"] == "per_sample" else "[]",
+        forward=forward,
+        per_sample=_per_sample(planned, top, sources),
+        hvp=_hvp(planned, entries, sources, positional),
+        default_cotangent=default_cotangent,
+        loss_name=planned.loss_name,
+        saving=saving,
+        autograd=autograd,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 from pathlib import Path
 
 import jinja2
@@ -15,7 +16,7 @@ from jinja2 import meta, nodes
 from symgrad import render_functions, render_sections
 from symgrad.documents import environment
 from symgrad.emit import Line
-from symgrad.render_functions import Functions, Hvp, Outputs, PerSample
+from symgrad.render_functions import Autograd, Functions, Hvp, Outputs, PerSample, Saving
 from symgrad.render_sections import Bind, BlockFunctions, Blocks, Chain, Docstring, Module, Tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,19 +34,31 @@ SECTIONS = {
     "module/outputs.jinja": ("functions", {"functions": Functions, "outputs": Outputs, "line": Line}),
     "module/bind.jinja": ("bind", {"bind": Bind}),
 }
-MACROS = {"f": Functions, "line": Line}  # module/macros.jinja: its macros read their arguments alone
+MACROS = {"autograd": Autograd, "saving": Saving, "line": Line}  # module/macros.jinja: its macros' arguments
 
 
 def parsed(name: str) -> nodes.Template:
     return environment().parse((TEMPLATES / name).read_text(encoding="utf-8"))
 
 
-def fields_read(tree: nodes.Template, typed: dict) -> dict[str, set[str]]:
-    """The attributes read off each name of ``typed`` (``functions.signature``: ``signature``)."""
-    read: dict[str, set[str]] = {name: set() for name in typed}
+def dataclass_of(node, typed: dict):
+    """The dataclass a name or a chain of attributes (``functions.saving``) stands for, else None."""
+    if isinstance(node, nodes.Name):
+        return typed.get(node.name)
+    if isinstance(node, nodes.Getattr) and (owner := dataclass_of(node.node, typed)) is not None:
+        hint = typing.get_type_hints(owner).get(node.attr)
+        found = [kind for kind in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(kind)]
+        return found[0] if found else None
+    return None
+
+
+def fields_read(tree: nodes.Template, typed: dict) -> dict[type, set[str]]:
+    """The attributes read off each dataclass of ``typed`` (``functions.saving.backward``: Functions'
+    ``saving``, Saving's ``backward``), through its names and the fields that hold another."""
+    read: dict[type, set[str]] = {kind: set() for kind in typed.values()}
     for node in tree.find_all(nodes.Getattr):
-        if isinstance(node.node, nodes.Name) and node.node.name in typed:
-            read[node.node.name].add(node.attr)
+        if (owner := dataclass_of(node.node, typed)) is not None:
+            read.setdefault(owner, set()).add(node.attr)
     return read
 
 
@@ -54,17 +67,17 @@ def test_each_section_reads_its_one_dataclass_and_only_its_fields(name):
     section, typed = SECTIONS[name]
     tree = parsed(name)
     assert meta.find_undeclared_variables(tree) == {section}
-    for variable, read in fields_read(tree, typed).items():
-        fields = {field.name for field in dataclasses.fields(typed[variable])}
-        assert read, f"{name} reads nothing off {variable}: the table above is stale"
-        assert read <= fields, f"{name} reads {sorted(read - fields)} off {variable}, not fields of {typed[variable]}"
+    for kind, read in fields_read(tree, typed).items():
+        fields = {field.name for field in dataclasses.fields(kind)}
+        assert read, f"{name} reads nothing off a {kind.__name__}: the table above is stale"
+        assert read <= fields, f"{name} reads {sorted(read - fields)}, not fields of {kind.__name__}"
 
 
 def test_the_macros_read_only_their_arguments_and_the_sections_import_them_without_context():
     tree = parsed("module/macros.jinja")
     assert meta.find_undeclared_variables(tree) == set()
-    for variable, read in fields_read(tree, MACROS).items():
-        assert read and read <= {field.name for field in dataclasses.fields(MACROS[variable])}, (variable, read)
+    for kind, read in fields_read(tree, MACROS).items():
+        assert read and read <= {field.name for field in dataclasses.fields(kind)}, (kind, read)
     for path in (TEMPLATES / "module").glob("*.jinja"):
         assert "with context" not in path.read_text(encoding="utf-8"), path.name
     # the module template only includes its sections: every name it passes is a section of Module
