@@ -105,7 +105,7 @@ def schedule(
     live = _scheduled_early(live[:split] + backward, split, returned)
     live = live[:split] + _named_entries(live[split:], live)
     if recompute:
-        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller)
+        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean)
     rebuilt_names: list[str] = []
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
@@ -191,11 +191,14 @@ def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[
     return result, boundary
 
 
-def _recomputed(forward: list[Statement], backward: list[Statement], kept_by_caller: set) -> list[Statement]:
+def _recomputed(
+    forward: list[Statement], backward: list[Statement], kept_by_caller: set, lean: bool = False
+) -> list[Statement]:
     """``backward`` with each cheap elementwise value it reads (``Primitive.recomputable``: an
     activation's output, read by the next layer's backward) computed again right before its first
     read, from operands the backward reads anyway: the saving forward then keeps the operand alone,
-    as torch.compile's partitioner does (``kept_by_caller``: the loss's inputs, which stay)."""
+    as torch.compile's partitioner does (``kept_by_caller``: the loss's inputs, which stay); one
+    ``costly_to_recompute`` (SiLU's) only where ``lean``."""
     read = set().union(*(statement.value.free_symbols for statement in backward))
     made = {statement.target for statement in forward}
     again = {
@@ -205,6 +208,7 @@ def _recomputed(forward: list[Statement], backward: list[Statement], kept_by_cal
         and statement.target not in kept_by_caller
         and isinstance(statement.value, TensorOp)
         and statement.value.primitive.recomputable
+        and (lean or not statement.value.primitive.costly_to_recompute)
         and all(symbol in read or symbol not in made for symbol in statement.value.free_symbols)
     }
     again = {

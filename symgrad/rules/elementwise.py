@@ -31,6 +31,7 @@ def _call_primitive(
     inplace: str | bool | None,
     derivative: Callable[..., sympy.Expr],
     defaults: dict,
+    costly_to_recompute: bool = False,
 ):
     def code(operands, params, show):
         return f"{call}({', '.join(operands)}{keyword_arguments(params, defaults, show)})"
@@ -50,7 +51,13 @@ def _call_primitive(
         return derivative(operand, dict(expr.params.items())) * tangent_of(operand)
 
     primitive(
-        name, code=code, latex=latex, inplace=inplace_code if inplace else None, tangent=tangent, recomputable=True
+        name,
+        code=code,
+        latex=latex,
+        inplace=inplace_code if inplace else None,
+        tangent=tangent,
+        recomputable=True,
+        costly_to_recompute=costly_to_recompute,
     )
 
 
@@ -84,6 +91,8 @@ class Elementwise(Rule):
     calls: tuple[str, ...] = ()
     """The recorded torch calls that are this op; empty: the op's own name and its in-place variant."""
     activation_gain: float = 1.0
+    costly_to_recompute: bool = False
+    """Its output computed again in the backward only under ``--keep lean`` (``Primitive.costly_to_recompute``)."""
 
     @property
     def broadcasts(self) -> bool:
@@ -101,6 +110,7 @@ class Elementwise(Rule):
                 self.inplace,
                 lambda operand, params: self.local_derivative(INPUT, params).xreplace({INPUT: operand}),
                 defaults,
+                self.costly_to_recompute,
             )
 
     @property
