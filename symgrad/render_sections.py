@@ -124,7 +124,7 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
     sources = {item.name: item.source for item in spec.inputs if item.source}
     positional = [item.name for item in spec.inputs if not item.source]
     entries = structured.top_plan.entries  # each parameter read where it is used (`params["fc.weight"]`)
-    functions = tuple(
+    block_functions = tuple(
         _block_functions(block, structured.block_plans[name]) for name, block in structured.blocks.items()
     )
     layout = structured.layout_plan
@@ -143,8 +143,8 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
     )
     docstring = Docstring(
         title=f'"""Explicit gradients for ``{spec.name}``, derived by symgrad {__version__} from {spec_label}.',
-        blocks_paragraph=_blocks_paragraph(spec.name, [block.name for block in functions], bool(sources))
-        if functions
+        blocks_paragraph=_blocks_paragraph(spec.name, [block.name for block in block_functions], bool(sources))
+        if block_functions
         else "",
         forward=readable[0],
         backward=readable[1],
@@ -167,8 +167,8 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
         tables=_tables(structured, sources, layout, read),
         blocks=Blocks(
             name=spec.name,
-            scope=("offsets" if _offsets(spec) else "plain") if sources and functions else "",
-            functions=functions,
+            scope=("offsets" if _offsets(spec) else "plain") if sources and block_functions else "",
+            functions=block_functions,
             chains=tuple(_chain(chain) for chain in structured.chains),
             offset_argument=", offset" if _offsets(spec) else "",
             random=random,
@@ -184,10 +184,12 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
 
 
 def _offsets(spec) -> bool:
+    """Whether an instance is a run of a Sequential's children (``offset:``): ``_scope`` then renumbers them."""
     return any(layer.block and layer.offset for layer in spec.layers)
 
 
 def _blocks_paragraph(name: str, block_names: list[str], params: bool) -> str:
+    """What the docstring of a module written as its blocks says of them."""
     return (
         "Written as its blocks, "
         + ", ".join(block_names)
@@ -322,6 +324,7 @@ def _block_functions(derived: DerivedBlock, decided: BlockPlan) -> BlockFunction
 
 
 def _chain(chain: ChainRule) -> Chain:
+    """A chain's table: a row per instance, ``(block, prefix, offset, {hypers})``."""
     rows = []
     for link in chain.links:
         name = link.rule.derived.spec.name
