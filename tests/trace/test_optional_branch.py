@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import symgrad
+from symgrad.generated_module import BindError
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 
@@ -94,10 +95,15 @@ def test_instances_with_and_without_a_downsample_are_one_block_equal_to_autograd
             optimizer.step()
     for buffer, theirs in zip(model.buffers(), reference.buffers()):  # running statistics moved alike
         assert torch.allclose(buffer.double(), theirs.double(), rtol=1e-12, atol=1e-12)
+    # bind's guards per instance: one that gained the branch is refused at bind, one that lost it (or
+    # gained it) after bind is refused at the call
     changed = copy.deepcopy(model)
     changed.blocks[1].downsample = nn.Sequential(nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4)).double()
-    with pytest.raises(Exception, match="downsample"):  # an instance that gained the branch is refused
+    with pytest.raises(BindError, match="downsample"):
         symgrad.bind(tmp_path / "branched.py", changed)
+    model.blocks[2].downsample = None
+    with pytest.raises(BindError, match="downsample"):
+        step(x=x, target=labels)
 
 
 def test_instances_that_differ_besides_the_branch_stay_two_blocks(tmp_path):
