@@ -12,7 +12,7 @@ layers nothing else reads but through its output: anything else stays two blocks
 
 from __future__ import annotations
 
-from .rate_zero import _replaced
+from .rate_zero import replaced
 
 
 def _reads(layer: dict) -> list:
@@ -67,7 +67,7 @@ def with_branch(small: dict, big: dict, int_arguments) -> dict | None:
     if absent is None or (absent not in small["block"]["inputs"] and absent not in made_before):
         return None
     off = [
-        {key: value if key in ("op", "out") else _replaced(value, last, absent) for key, value in layer.items()}
+        {key: value if key in ("op", "out") else replaced(value, last, absent) for key, value in layer.items()}
         for layer in rest
     ]
     pattern, _, _ = int_arguments(off, small["shapes"])

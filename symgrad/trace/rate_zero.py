@@ -11,11 +11,12 @@ size-1 axes."""
 from __future__ import annotations
 
 
-def _replaced(value, old: str, new: str):
+def replaced(value, old: str, new: str):
+    """A layer argument's value with the node ``old`` read as ``new`` (in lists and ``{like: ...}`` too)."""
     if isinstance(value, str):
         return new if value == old else value
     if isinstance(value, list):
-        return [_replaced(item, old, new) for item in value]
+        return [replaced(item, old, new) for item in value]
     if isinstance(value, dict) and "like" in value:
         return {**value, "like": new if value["like"] == old else value["like"]}
     return value
@@ -41,7 +42,7 @@ def at_rate_zero(lone: dict, twin: dict, int_arguments) -> dict | None:
         dropout = {**layer, "p": 0.0}
         layers = [dict(item) for item in mine[:index]] + [dropout]
         layers += [
-            {key: value if key in ("op", "out") else _replaced(value, source, out) for key, value in item.items()}
+            {key: value if key in ("op", "out") else replaced(value, source, out) for key, value in item.items()}
             for item in mine[index:]
         ]
         shapes = {**lone["shapes"], out: lone["shapes"].get(source)}
