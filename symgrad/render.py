@@ -5,8 +5,6 @@ one frozen dataclass a section), then ``templates/module.py.jinja`` reads each s
 
 from __future__ import annotations
 
-import dataclasses
-
 from .plan import Structured
 from .render_sections import BlockFunctions, Module, module_sections
 from .rules.call import BlockRule, ChainRule
@@ -50,8 +48,7 @@ def render_structured(structured: Structured, spec_label: str) -> tuple[str, Mod
     from .documents import environment
 
     module = module_sections(structured, spec_label)
-    sections = {field.name: getattr(module, field.name) for field in dataclasses.fields(module)}
-    body = environment().get_template("module.py.jinja").render(**sections)
+    body = environment().get_template("module.py.jinja").render(module=module)
     return body, module, list(module.functions.saving.backward), list(module.functions.saving.backward_steps)
 
 

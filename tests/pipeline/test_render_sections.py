@@ -1,6 +1,6 @@
-"""The module template reads a model, not a dict (issue 64 item 2): each section of ``module.py.jinja``
-reads the one frozen dataclass ``symgrad.render_sections`` builds for it, only its fields, and makes no
-decision of its own; the renderer never edits the printed text with a regex."""
+"""The module template reads a model, not a dict (issue 64 item 2): each section of ``module.py.jinja`` is a
+macro of the one frozen dataclass ``symgrad.render_sections`` builds for it, reads only its fields, and makes
+no decision of its own; the renderer never edits the printed text with a regex."""
 
 from __future__ import annotations
 
@@ -63,26 +63,32 @@ def fields_read(tree: nodes.Template, typed: dict) -> dict[type, set[str]]:
 
 
 @pytest.mark.parametrize("name", sorted(SECTIONS))
-def test_each_section_reads_its_one_dataclass_and_only_its_fields(name):
+def test_each_section_is_a_macro_of_its_one_dataclass_and_reads_only_its_fields(name):
+    """A section is ``{% macro section(NAME) %}``: it sees its argument alone (Jinja gives an imported
+    macro no context), reads nothing from outside, and every attribute it reads is a field."""
     section, typed = SECTIONS[name]
     tree = parsed(name)
-    assert meta.find_undeclared_variables(tree) == {section}
+    assert meta.find_undeclared_variables(tree) == set()
+    macros = list(tree.find_all(nodes.Macro))
+    assert [(macro.name, [argument.name for argument in macro.args]) for macro in macros] == [("section", [section])]
+    assert not [node for node in tree.body if not isinstance(node, (nodes.Macro, nodes.FromImport, nodes.Output))]
     for kind, read in fields_read(tree, typed).items():
         fields = {field.name for field in dataclasses.fields(kind)}
         assert read, f"{name} reads nothing off a {kind.__name__}: the table above is stale"
         assert read <= fields, f"{name} reads {sorted(read - fields)}, not fields of {kind.__name__}"
 
 
-def test_the_macros_read_only_their_arguments_and_the_sections_import_them_without_context():
+def test_the_module_template_passes_each_section_its_dataclass_and_the_macros_read_only_their_arguments():
+    tree = parsed("module.py.jinja")
+    assert meta.find_undeclared_variables(tree) == {"module"}
+    sections = {field.name for field in dataclasses.fields(Module)}
+    assert fields_read(tree, {"module": Module}) == {Module: sections}
     tree = parsed("module/macros.jinja")
     assert meta.find_undeclared_variables(tree) == set()
     for kind, read in fields_read(tree, MACROS).items():
         assert read and read <= {field.name for field in dataclasses.fields(kind)}, (kind, read)
     for path in (TEMPLATES / "module").glob("*.jinja"):
         assert "with context" not in path.read_text(encoding="utf-8"), path.name
-    # the module template only includes its sections: every name it passes is a section of Module
-    assert meta.find_undeclared_variables(parsed("module.py.jinja")) == set()
-    assert {section for section, _ in SECTIONS.values()} == {field.name for field in dataclasses.fields(Module)}
 
 
 @pytest.mark.parametrize("name", sorted([*SECTIONS, "module/macros.jinja"]))
@@ -106,7 +112,7 @@ def test_every_section_dataclass_is_frozen_and_a_missing_field_fails_loudly():
         assert classes and all(value.__dataclass_params__.frozen for value in classes)
     assert issubclass(environment().undefined, jinja2.StrictUndefined)
     with pytest.raises(jinja2.UndefinedError):
-        environment().get_template("module/bind.jinja").render(bind=object())
+        environment().get_template("module/bind.jinja").module.section(object())
 
 
 def test_the_renderer_has_no_regex():
