@@ -61,6 +61,28 @@ primitive(  # [N, out] and [N, in] (leading dims flattened by linear's pullback)
 )
 
 
+IN_AUTOCAST_DTYPE = '''def _in_autocast_dtype(value):
+    """``value`` cast as autocast casts a matrix product's operand, where autocast runs: a float32
+    gradient that several products read (a linear map's weight's and input's) is cast once, as
+    autograd's engine casts it to the linear map's lower-precision output's dtype, not by each
+    product. Elsewhere (no autocast, float64, already that dtype) ``value`` itself."""
+    device = value.device.type  # "meta" where bind checks a call's sizes: no autocast there
+    if device == "meta" or not torch.is_autocast_enabled(device) or value.dtype == torch.float64:
+        return value
+    dtype = torch.get_autocast_dtype(device)
+    return value if value.dtype == dtype or not value.is_floating_point() else value.to(dtype)
+'''
+"""Emitted once into each module whose linear maps flatten their gradient (``Primitive.helper``)."""
+
+primitive(
+    "in_autocast_dtype",
+    helper=IN_AUTOCAST_DTYPE,
+    code=lambda operands, params, show: f"_in_autocast_dtype({operands[0]})",
+    latex=lambda operands, params, show: operands[0],
+    tangent=LINEAR,
+)
+
+
 def _input_grad_tangent(expr, tangent_of):
     """Bilinear in the flattened gradient and the weight; the input is read for its shape alone."""
     flat, weight, x = expr.operands
@@ -133,7 +155,8 @@ class Linear(Rule):
         grads = {}
         x, weight = node.operands["input"], node.operands["weight"]
         rank = len(node.shapes["input"])
-        flat = grad if rank == 2 else op("flatten", grad, end_dim=-2)
+        # under autocast the products cast the gradient to its lower precision: once, here, for all three
+        flat = grad if rank == 2 else op("flatten", op("in_autocast_dtype", grad), end_dim=-2)
         if "input" in wanted:
             product = op("matmul", grad, weight, two_d=True) if rank == 2 else op("linear_input_grad", flat, weight, x)
             grads["input"] = in_operands_dtype(product, x, read_anyway="weight" in wanted)

@@ -51,10 +51,11 @@ def _data(dtype):
 
 def test_a_convnext_flattens_each_linear_maps_gradient_once_and_equals_autograd():
     model, source, generated = _network_and_module()
-    # each function of the module flattens each gradient into one name that the three products read
-    flattened = re.findall(r"(\w+) = torch\.flatten\((grad_\w+), end_dim=-2\)", source)
+    # each function of the module flattens each gradient (cast once where autocast runs) into one name
+    # that the three products read
+    flattened = re.findall(r"(\w+) = torch\.flatten\(_in_autocast_dtype\((grad_\w+)\), end_dim=-2\)", source)
     assert flattened and all(name.startswith("shared_") for name, _ in flattened), flattened
-    assert ".matmul(" not in source and source.count("torch.flatten(grad_") == len(flattened)
+    assert ".matmul(" not in source and source.count("torch.flatten(_in_autocast_dtype(grad_") == len(flattened)
     model = copy.deepcopy(model).double()
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
     x, labels = _data(torch.float64)
@@ -82,3 +83,20 @@ def test_a_convnext_step_copies_no_more_than_autograds():
     assert autograds["clone"] >= 4, autograds  # the strided gradients autograd copies once
     # one more: the global average pool's gradient, made dense where autograd's is an expanded view
     assert ours_calls["clone"] <= autograds["clone"] + 1 and ours_calls["matmul"] == 0, (ours_calls, autograds)
+
+
+def test_the_gradient_is_cast_where_autocast_casts_a_products_operand():
+    """``_in_autocast_dtype``: under a CPU's autocast a float32 gradient in bfloat16 (once, for the weight's
+    and the input's products, which autocast cast each before); float64, a bfloat16 tensor and every tensor
+    outside autocast as they are (the same object: no copy)."""
+    from symgrad.rules.linear import IN_AUTOCAST_DTYPE
+
+    namespace = {"torch": torch}
+    exec(IN_AUTOCAST_DTYPE, namespace)  # noqa: S102 - symgrad's own helper
+    cast = namespace["_in_autocast_dtype"]
+    values = [torch.randn(2, 3), torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3).bfloat16()]
+    assert all(cast(value) is value for value in values)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        single, double, half = (cast(value) for value in values)
+        assert torch.equal(single, values[0].bfloat16()) and double is values[1] and half is values[2]
+        assert torch.equal(single.T.mm(values[0]), values[0].T.mm(values[0]))  # what autocast's mm casts
