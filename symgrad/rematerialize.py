@@ -7,9 +7,9 @@ is not kept: the backward makes it again right before the first line that reads 
 at its last read. The steps, each bit for bit the forward's value:
 
 - a training-mode batch norm's output, from its input and the batch mean and 1 / std its backward
-  reads anyway (``_batch_norm_again``: the CPU kernel's own ``input * alpha + beta``, each a fused
-  multiply-add, or the forward's kernel again; tests/pipeline/test_rematerialization.py checks it
-  bitwise);
+  reads anyway (``_batch_norm_again``: the CPU kernel's own ``input * alpha + beta``, by the same
+  kernel in eval mode fed alpha, one pass in the input's dtype, or the forward's kernel again;
+  tests/pipeline/test_rematerialization.py checks it bitwise);
 - a layer norm's, group norm's or instance norm's output (a ViT's or ConvNeXt's LayerNorm before
   a linear map), from its input, weight and bias, which its backward reads anyway: the fused call
   again (``torch.native_layer_norm``, ``_group_norm``, ``_instance_norm``: no state, the same kernel
