@@ -189,21 +189,17 @@ def _offsets(spec) -> bool:
 
 
 def _blocks_paragraph(name: str, block_names: list[str], params: bool) -> str:
-    """What the docstring of a module written as its blocks says of them."""
+    """What the docstring of a module written as its blocks says of them: what a reader needs to find
+    the math (each block's two functions, its derivation's document), nothing the code says again."""
     return (
-        "Written as its blocks, "
-        + ", ".join(block_names)
-        + ", each derived once ("
-        + name
-        + ".md): a forward function, and a backward function from the gradient at its output to those of its "
-        "inputs and parameters, called per instance."
+        f"Each block ({', '.join(block_names)}) derived once ({name}.md) as a forward and a backward function, "
+        "called per instance"
         + (
-            " Parameters come in one mapping, ``params``, keyed as the model's ``state_dict()``; an instance gets "
-            "its slice, and the gradients come back keyed the same way."
+            " on its slice of ``params`` (keyed as the model's ``state_dict()``, as the gradients come back)"
             if params
             else ""
         )
-        + " Every line is a differentiable torch op, so the gradients can themselves be differentiated."
+        + "; every line a differentiable torch op."
     )
 
 
