@@ -28,6 +28,7 @@ from . import __version__, testdata
 from .diagram import mermaid, svg
 from .mathml import CSS as MATHML_CSS, aligned, mathml
 from .printing import comment_lines, entry, fit, hanging, literal_lines, prose, to_code, to_latex
+from .render_tests import test_file
 from .reverse import GRAD_LOSS
 from .schedule import Plan
 from .write import with_header
@@ -164,74 +165,15 @@ def render_tests(
     facts: dict, params: dict[str, str], hvp: bool = False, per_sample: tuple[list[str], list[str]] | None = None
 ) -> dict[str, str]:
     """``test_<name>.py`` for a module, from the ``facts`` its planning decided
-    (:func:`symgrad.roles.test_facts`: inputs, shapes, ``wrt``, roles, test shapes, ...).
+    (:func:`symgrad.roles.test_facts`: inputs, shapes, ``wrt``, roles, test shapes, ...), as its model
+    (:class:`symgrad.render_tests.TestFile`) prints, and the shared checking code beside it.
 
     ``params``: the inputs the module takes in its ``params`` mapping, each to its key there (its
     ``state_dict()`` key); it takes every other input by name. ``hvp`` and ``per_sample`` (the
     parameters and the batched inputs of ``per_sample_gradients``) add the extras' tests."""
-    context = dict(
-        facts,
-        params=dict(params),
-        shared_tests=SHARED_TESTS,
-        shared_names=_unpacked(SHARED_NAMES),
-        hvp=hvp,
-        per_sample=per_sample is not None,
-        **_input_tables(facts, params),
-        per_sample_names=per_sample[0] if per_sample else [],
-        per_sample_batched=per_sample[1] if per_sample else [],
-    )
-    return {f"test_{facts['name']}.py": _rendered("test_module.py.jinja", context), SHARED_TESTS: shared_tests()}
-
-
-def _unpacked(names: tuple[str, ...]) -> str:
-    """``(a, b, ...)`` wrapped within 100 columns, the target of the test file's unpacking of ``SHARED``."""
-    import textwrap
-
-    return "\n".join(
-        textwrap.wrap("(" + ", ".join(names) + ")", 100 - len(" = testdata.SHARED"), subsequent_indent=" ")
-    )
-
-
-def _input_tables(facts: dict, params: dict[str, str]) -> dict:
-    """The test file's table, one row per input, merged: keyed by its ``params`` key (else by its
-    name), what the module does with it (``params``: taken in the mapping; ``wrt``: differentiated;
-    ``moved``: moved in place by the forward), its role, its shape at the spec and at each small shape
-    set. Rows in the spec's order, the differentiated ones in ``wrt``'s (the file reads WRT off the
-    table); the tests draw the inputs in the order of their names (make_inputs)."""
-    import json
-
-    small = facts["small_shapes"]
-    rows = []
-    order = iter(facts["wrt"])
-    for name in [next(order) if name in facts["wrt"] else name for name in facts["spec_shapes"]]:
-        flags = " ".join(
-            flag
-            for flag, present in (
-                ("params", name in params),
-                ("wrt", name in facts["wrt"]),
-                ("moved", name in facts["moved"]),
-            )
-            if present
-        )
-        role = facts["roles"].get(name, ["data", 1.0, []])
-        # a role alone where its gain is 1 and its fan-in axes are none, or all but the first for a
-        # weight; with its fan-in axes where its gain is 1 (ROLES in the file reads them back)
-        alone = not role[2] or (role[0] == "weight" and role[2] == list(range(1, len(facts["spec_shapes"][name]))))
-        role = json.dumps(role if role[1] != 1.0 else role[0] if alone else [role[0], role[2]])
-        shapes = [list(facts["spec_shapes"][name]), *(list(shape_set[name]) for shape_set in small)]
-        rows.append(
-            entry(
-                params.get(name, name),
-                "(" + ", ".join([json.dumps(flags), role, *map(json.dumps, shapes)]) + ")",
-                indent=4,
-            )
-        )
-    classes = {}
-    for _, counts in facts["classes"]:  # [small shape sets..., the spec's shapes], as class_table lists them
-        for name, count in counts.items():
-            classes.setdefault(name, []).append(count)
-    renamed = {key: name for name, key in params.items() if key.replace(".", "_") != name}
-    return dict(input_rows=rows, small_count=len(small), renamed=json.dumps(renamed), class_rows=json.dumps(classes))
+    test = test_file(facts, params, SHARED_TESTS, SHARED_NAMES, hvp=hvp, per_sample=per_sample)
+    text = environment().get_template("test_module.py.jinja").render(test=test)
+    return {f"test_{facts['name']}.py": text, SHARED_TESTS: shared_tests()}
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,11 +13,12 @@ import jinja2
 import pytest
 from jinja2 import meta, nodes
 
-from symgrad import render_functions, render_sections
+from symgrad import render_functions, render_sections, render_tests
 from symgrad.documents import environment
 from symgrad.emit import Line
 from symgrad.render_functions import Autograd, Functions, Hvp, Outputs, PerSample, Saving
 from symgrad.render_sections import Bind, BlockFunctions, Blocks, Chain, Docstring, Module, Tables
+from symgrad.render_tests import Checks, Extras, Helpers, Loading, PerSampleTest, TestFile, ZeroGradient
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "templates"
@@ -33,7 +34,14 @@ SECTIONS = {
     ),
     "module/outputs.jinja": ("functions", {"functions": Functions, "outputs": Outputs, "line": Line}),
     "module/bind.jinja": ("bind", {"bind": Bind}),
+    # the generated test file's sections (symgrad.render_tests)
+    "test_module/loading.jinja": ("loading", {"loading": Loading}),
+    "test_module/tables.jinja": ("tables", {"tables": render_tests.Tables, "zero": ZeroGradient}),
+    "test_module/helpers.jinja": ("helpers", {"helpers": Helpers}),
+    "test_module/checks.jinja": ("checks", {"checks": Checks}),
+    "test_module/extras.jinja": ("extras", {"extras": Extras, "per_sample": PerSampleTest}),
 }
+TOP = {"module.py.jinja": ("module", Module), "test_module.py.jinja": ("test", TestFile)}
 MACROS = {"autograd": Autograd, "saving": Saving, "line": Line}  # module/macros.jinja: its macros' arguments
 
 
@@ -78,17 +86,24 @@ def test_each_section_is_a_macro_of_its_one_dataclass_and_reads_only_its_fields(
         assert read <= fields, f"{name} reads {sorted(read - fields)}, not fields of {kind.__name__}"
 
 
-def test_the_module_template_passes_each_section_its_dataclass_and_the_macros_read_only_their_arguments():
-    tree = parsed("module.py.jinja")
-    assert meta.find_undeclared_variables(tree) == {"module"}
-    sections = {field.name for field in dataclasses.fields(Module)}
-    assert fields_read(tree, {"module": Module}) == {Module: sections}
+@pytest.mark.parametrize("name", sorted(TOP))
+def test_a_top_template_passes_each_section_its_dataclass(name):
+    """``module.py.jinja`` reads ``module`` and passes each section its field, ``test_module.py.jinja``
+    ``test`` alike; no section is imported ``with context``."""
+    argument, kind = TOP[name]
+    tree = parsed(name)
+    assert meta.find_undeclared_variables(tree) == {argument}
+    sections = {field.name for field in dataclasses.fields(kind)}
+    assert fields_read(tree, {argument: kind}) == {kind: sections}
+    for path in (TEMPLATES / name.removesuffix(".py.jinja")).glob("*.jinja"):
+        assert "with context" not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_the_module_macros_read_only_their_arguments():
     tree = parsed("module/macros.jinja")
     assert meta.find_undeclared_variables(tree) == set()
     for kind, read in fields_read(tree, MACROS).items():
         assert read and read <= {field.name for field in dataclasses.fields(kind)}, (kind, read)
-    for path in (TEMPLATES / "module").glob("*.jinja"):
-        assert "with context" not in path.read_text(encoding="utf-8"), path.name
 
 
 @pytest.mark.parametrize("name", sorted([*SECTIONS, "module/macros.jinja"]))
@@ -103,7 +118,7 @@ def test_a_section_prints_and_decides_nothing(name):
 
 
 def test_every_section_dataclass_is_frozen_and_a_missing_field_fails_loudly():
-    for module in (render_sections, render_functions):
+    for module in (render_sections, render_functions, render_tests):
         classes = [
             value
             for value in vars(module).values()
