@@ -200,7 +200,7 @@ def test_graph_svg_scales_to_the_page():
     picture = svg(build_graph(parse_spec(unet_spec(), "unet.yaml")))
     opening = picture.split(">", 1)[0]
     assert "viewBox=" in opening and 'height="' not in opening  # height follows the width the page gives it
-    template = (ROOT / "templates" / "derivation.html.jinja").read_text()
+    template = (ROOT / "templates" / "derivation_html" / "header.jinja").read_text()  # the page's style
     assert "svg.graph { display: block; max-width: 100%; height: auto; }" in template
 
 

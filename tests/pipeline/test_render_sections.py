@@ -13,9 +13,28 @@ import jinja2
 import pytest
 from jinja2 import meta, nodes
 
-from symgrad import render_functions, render_sections, render_tests
+from symgrad import render_documents, render_functions, render_sections, render_tests
 from symgrad.documents import environment
 from symgrad.emit import Line
+from symgrad.render_documents import (
+    BranchRow,
+    CodeLine,
+    ContentsEntry,
+    Contribution,
+    Derivation,
+    Document,
+    Header,
+    InstanceRow,
+    NodeRow,
+    OpKind,
+    OpKinds,
+    Overview,
+    Readable,
+    Step,
+    StepRow,
+    StepTable,
+    StepTables,
+)
 from symgrad.render_functions import Autograd, Functions, Hvp, Outputs, PerSample, Saving
 from symgrad.render_sections import Bind, BlockFunctions, Blocks, Chain, Docstring, Module, Tables
 from symgrad.render_tests import Checks, Extras, Helpers, Loading, PerSampleTest, TestFile, ZeroGradient
@@ -41,7 +60,40 @@ SECTIONS = {
     "test_module/checks.jinja": ("checks", {"checks": Checks}),
     "test_module/extras.jinja": ("extras", {"extras": Extras, "per_sample": PerSampleTest}),
 }
-TOP = {"module.py.jinja": ("module", Module), "test_module.py.jinja": ("test", TestFile)}
+# the derivation documents' sections (symgrad.render_documents), the same in Markdown and HTML
+for form in ("md", "html"):
+    SECTIONS.update(
+        {
+            f"derivation_{form}/header.jinja": ("header", {"header": Header}),
+            f"derivation_{form}/overview.jinja": (
+                "overview",
+                {"overview": Overview, "row": InstanceRow, **({"entry": ContentsEntry} if form == "html" else {})},
+            ),
+            f"derivation_{form}/kinds.jinja": ("kinds", {"kinds": OpKinds, "kind": OpKind, "item": Contribution}),
+            f"derivation_{form}/tables.jinja": (
+                "tables",
+                {"tables": StepTables, "section": StepTable, "row": StepRow, "branch": BranchRow},
+            ),
+            f"derivation_{form}/derivation.jinja": (
+                "derivation",
+                {
+                    "derivation": Derivation,
+                    "row": NodeRow,
+                    "branch": BranchRow,
+                    "step": Step,
+                    "item": Contribution,
+                    **({"line": CodeLine} if form == "html" else {"result": Readable}),
+                },
+            ),
+        }
+    )
+# each top template: the one name it reads, its dataclass, the folder of its sections
+TOP = {
+    "module.py.jinja": ("module", Module, "module"),
+    "test_module.py.jinja": ("test", TestFile, "test_module"),
+    "derivation.md.jinja": ("document", Document, "derivation_md"),
+    "derivation.html.jinja": ("document", Document, "derivation_html"),
+}
 MACROS = {"autograd": Autograd, "saving": Saving, "line": Line}  # module/macros.jinja: its macros' arguments
 
 
@@ -90,12 +142,12 @@ def test_each_section_is_a_macro_of_its_one_dataclass_and_reads_only_its_fields(
 def test_a_top_template_passes_each_section_its_dataclass(name):
     """``module.py.jinja`` reads ``module`` and passes each section its field, ``test_module.py.jinja``
     ``test`` alike; no section is imported ``with context``."""
-    argument, kind = TOP[name]
+    argument, kind, folder = TOP[name]
     tree = parsed(name)
     assert meta.find_undeclared_variables(tree) == {argument}
     sections = {field.name for field in dataclasses.fields(kind)}
     assert fields_read(tree, {argument: kind}) == {kind: sections}
-    for path in (TEMPLATES / name.removesuffix(".py.jinja")).glob("*.jinja"):
+    for path in (TEMPLATES / folder).glob("*.jinja"):
         assert "with context" not in path.read_text(encoding="utf-8"), path.name
 
 
@@ -118,7 +170,7 @@ def test_a_section_prints_and_decides_nothing(name):
 
 
 def test_every_section_dataclass_is_frozen_and_a_missing_field_fails_loudly():
-    for module in (render_sections, render_functions, render_tests):
+    for module in (render_sections, render_functions, render_tests, render_documents):
         classes = [
             value
             for value in vars(module).values()
