@@ -65,11 +65,15 @@ def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, 
     )
 
 
-def printed_lines(scheduled: list[Scheduled], steps: list | None = None) -> list[Line]:
+def printed_lines(scheduled: list[Scheduled], steps: list | None = None, own_line: int | None = None) -> list[Line]:
     """The scheduled statements printed, a fused kernel's tuple unpacked where it is made
     (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry, each the
     planner marked ``in_place`` as its op's in-place form; with ``steps`` (each statement's
-    derivation step), each line's step is ``steps`` entry, in place."""
+    derivation step), each line's step is ``steps`` entry, in place. ``own_line``: the column of
+    comments printed on a line of their own above their statement (the backward's), each made its
+    final text here, once (:func:`_one_line`); the render step prints it as it is."""
+    if own_line is not None:
+        scheduled = [_one_line(item, own_line) for item in scheduled]
     lines, index = [], 0
     kept = []
     while index < len(scheduled):
@@ -82,16 +86,38 @@ def printed_lines(scheduled: list[Scheduled], steps: list | None = None) -> list
     return _commented_once(lines)
 
 
-def printed_sections(items, each=None, indent: int = 0) -> list[Line]:
+def printed_forward(statements, indent: int = 4, width: int = 100) -> list[Line]:
+    """A forward's statements printed one a line, each with its comment (``spec line 12``) where it
+    fits after the code at column ``indent``, and none where it does not: a line of its own for it
+    would be noise. The comment's final text, made once."""
+    lines = [printed_line(statement) for statement in statements]
+    return [
+        line if indent + len(line.text) + 4 + len(line.comment) <= width else dataclasses.replace(line, comment="")
+        for line in lines
+    ]
+
+
+def _one_line(item: Scheduled, indent: int, width: int = 100) -> Scheduled:
+    """``item`` with its comment on one line at column ``indent``: one too long for it loses its closing
+    remark in parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls
+    says)."""
+    comment = item.statement.comment
+    head, found, remark = comment.removesuffix(")").rpartition(" (")
+    if indent + 2 + len(comment) > width and comment.endswith(")") and found and not {"(", ")"} & set(remark):
+        return dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=head))
+    return item
+
+
+def printed_sections(items, own_line: int | None = None, indent: int = 0) -> list[Line]:
     """A block plan's statements (``plan.BlockPlan.forward`` or ``backward``) printed as
-    :func:`printed_lines` prints a run of them, each ``plan_branches.Switch`` among them as its
-    ``if HYPER:`` (``else:``) and its sections' lines ``indent`` + 4 deeper. ``each``: applied to each run
-    of statements before printing (the backward's comments made one line, ``render_functions.one_line_comments``)."""
+    :func:`printed_lines` prints a run of them (``own_line``: its comments' column, there), each
+    ``plan_branches.Switch`` among them as its ``if HYPER:`` (``else:``) and its sections' lines
+    ``indent`` + 4 deeper."""
     lines: list[Line] = []
     run: list = []
 
     def flush() -> None:
-        lines.extend(dataclasses.replace(line, indent=indent) for line in printed_lines(each(run) if each else run))
+        lines.extend(dataclasses.replace(line, indent=indent) for line in printed_lines(run, own_line=own_line))
         run.clear()
 
     def control(code: str) -> Line:
@@ -105,10 +131,10 @@ def printed_sections(items, each=None, indent: int = 0) -> list[Line]:
         if not hasattr(item, "statement"):  # a Switch: what runs with the branch, and without it
             flush()
             lines.append(control(f"if {item.hyper}:" if item.taken else f"if not {item.hyper}:"))
-            lines += printed_sections(item.taken or item.otherwise, each, indent + 4)
+            lines += printed_sections(item.taken or item.otherwise, own_line, indent + 4)
             if item.taken and item.otherwise:
                 lines.append(control("else:"))
-                lines += printed_sections(item.otherwise, each, indent + 4)
+                lines += printed_sections(item.otherwise, own_line, indent + 4)
             continue
         run.append(item)
     flush()

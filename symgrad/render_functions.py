@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from jinja2.utils import htmlsafe_json_dumps
 
 from .algebra import tensor
-from .emit import Line, outputs_context, packed, printed_line, printed_lines
+from .emit import Line, outputs_context, packed, printed_forward, printed_line, printed_lines
 from .plan import Structured
 
 
@@ -153,32 +153,6 @@ def entries_packed(pairs: list, indent: int, merged: tuple = ()) -> list[str]:
     return [entry(key, value, indent) for key, value in pairs] + [f"**{text}," for text in merged]
 
 
-def one_line_comments(scheduled, indent: int = 4, width: int = 100) -> list:
-    """``scheduled`` with each comment on one line: one too long for it loses its closing remark in
-    parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls says)."""
-    result = []
-    for item in scheduled:
-        comment = item.statement.comment
-        head, found, remark = comment.removesuffix(")").rpartition(" (")
-        if indent + 2 + len(comment) > width and comment.endswith(")") and found and not {"(", ")"} & set(remark):
-            comment = head
-        result.append(
-            item
-            if comment == item.statement.comment
-            else dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=comment))
-        )
-    return result
-
-
-def _trailing_comments(lines: list, indent: int = 4, width: int = 100) -> tuple:
-    """The forward's lines, each with its comment (``spec line 12``) where it fits after the code on
-    one line, and none where it does not: a line of its own for it would be noise."""
-    return tuple(
-        line if indent + len(line.text) + 4 + len(line.comment) <= width else dataclasses.replace(line, comment="")
-        for line in lines
-    )
-
-
 def functions_section(structured: Structured, sources: dict, positional: list[str], random: bool) -> Functions:
     """The functions of ``structured``'s module: what ``module/loss.jinja`` or ``module/outputs.jinja`` prints."""
     from .printing import to_code
@@ -201,13 +175,13 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         (name, f"grad_{name}.contiguous(memory_format={name}_layout)" if name in layout.kept else f"grad_{name}")
         for name in positional_wrt
     )
-    forward = _trailing_comments(
-        [printed_line(dataclasses.replace(item, value=item.value.xreplace(entries))) for item in planned.forward]
+    forward = tuple(
+        printed_forward([dataclasses.replace(item, value=item.value.xreplace(entries)) for item in planned.forward])
     )
     outputs = _outputs(spec, structured.flat_graph, forward, planned.loss_name)
     star_rest = "*values" if params else "*tensors"
     steps = list(planned.step_of_line)  # each backward line's derivation step, as printed
-    backward = tuple(printed_lines(one_line_comments(list(top.backward)), steps))
+    backward = tuple(printed_lines(list(top.backward), steps, own_line=4))
     signature = ", ".join(positional + (["params"] if params else []))
     default_cotangent = to_code(planned.program.default_cotangent)
     saving = Saving(

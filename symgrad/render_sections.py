@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .emit import Line, packed, printed_line, printed_sections
 from .fingerprint_text import module_constants
 from .plan import BlockPlan, LayoutPlan, Structured
-from .render_functions import Functions, entries_packed, functions_section, moved_test, one_line_comments, unpacked
+from .render_functions import Functions, entries_packed, functions_section, moved_test, unpacked
 from .rules.call import ChainRule, DerivedBlock
 
 
@@ -313,7 +313,7 @@ def _block_functions(derived: DerivedBlock, decided: BlockPlan) -> BlockFunction
         saved_names=tuple(decided.saved_names),
         saved_plain=unpacked(decided.saved_names),
         saved_returned=tuple(decided.saved_returned),
-        backward=tuple(printed_sections(decided.backward, one_line_comments)),
+        backward=tuple(printed_sections(decided.backward, own_line=4)),
         returns=tuple(returns),
         first_input=block.inputs[0],
     )

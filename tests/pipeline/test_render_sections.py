@@ -186,8 +186,39 @@ def test_the_renderer_has_no_regex():
     """Names are final before printing (planning renames; a comment is made text once): nothing in the
     render step rewrites printed code or comments with ``re`` (``printing`` reads a name's letter and digits
     with one, to write it in LaTeX; it lays code out with Python's tokenizer)."""
-    for name in ("render.py", "render_sections.py", "render_functions.py", "emit.py"):
+    for name in (
+        "render.py",
+        "render_sections.py",
+        "render_functions.py",
+        "emit.py",
+        "render_tests.py",
+        "render_documents.py",
+    ):
         tree = ast.parse((ROOT / "symgrad" / name).read_text(encoding="utf-8"))
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert "re" not in imported, name
+
+
+def test_a_comment_is_made_text_once_in_emit_and_the_render_step_only_prints_it():
+    """The backward's comments on their own line lose a closing remark that does not fit, the forward's
+    trailing ones go where they do not fit: both in ``emit`` as the lines are printed; no render module
+    builds a line or a statement with another comment (``replace(..., comment=...)``)."""
+    from symgrad.algebra import tensor
+    from symgrad.emit import printed_forward, printed_lines, printed_sections
+    from symgrad.lifetimes import Scheduled
+    from symgrad.reverse import Statement
+
+    quoted = "y = " + "f" * 80 + ": pulled back to its x"
+    long = Scheduled(Statement(tensor("grad_x"), 2 * tensor("grad_y"), "y", quoted + " (autograd's own kernel)"))
+    short = Scheduled(Statement(tensor("grad_w"), 3 * tensor("grad_y"), "y", "w's gradient (twice differentiable)"))
+    assert [line.comment for line in printed_lines([long, short], own_line=4)] == [quoted, short.statement.comment]
+    assert printed_lines([long])[0].comment == long.statement.comment  # printed as it is where no column is given
+    assert [line.comment for line in printed_sections([long], own_line=4)] == [quoted]
+    forward = Statement(tensor("y"), 2 * tensor("x"), "y", "spec line 12")
+    assert printed_forward([forward])[0].comment == "spec line 12"
+    assert printed_forward([forward], indent=84)[0].comment == ""  # 84 + len("y = 2 * x") + 4 + 12 > 100
+    for name in ("render.py", "render_sections.py", "render_functions.py", "render_tests.py", "render_documents.py"):
+        tree = ast.parse((ROOT / "symgrad" / name).read_text(encoding="utf-8"))
+        keywords = {keyword.arg for node in ast.walk(tree) if isinstance(node, ast.Call) for keyword in node.keywords}
+        assert "comment" not in keywords, name
