@@ -176,15 +176,17 @@ def step(row: tuple, variant: str, precision: str, layout: str, modules: dict, c
 
 
 def _saved_bytes(bound, net, data: dict) -> int:
-    """The bytes of the distinct storages the bound module's saving forward keeps for the backward."""
+    """The bytes of the distinct storages the bound module's saving forward keeps for the backward (not
+    the parameters' own, which it may list: a convolution's weight outside autocast, kept_casts.py)."""
     module = bound.generated if hasattr(bound, "generated") else bound.module
     params = {key: value.detach().clone() for key, value in net.state_dict().items() if value.is_floating_point()}
     with torch.no_grad():
         _, *kept = module._forward_saving(*data.values(), params)
+    own = {value.untyped_storage().data_ptr() for value in params.values()}
     storages = {}
 
     def visit(value):
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in own:
             storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
         elif isinstance(value, (list, tuple)):
             for part in value:

@@ -18,6 +18,7 @@ import sympy
 
 from .algebra import TensorOp, tensor
 from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
+from .kept_casts import kept_as_autocast_weights
 from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
 from .rematerialize import COMMENT as REBUILT, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement
@@ -95,6 +96,8 @@ def schedule(
         fast, mask_owners = kept_as_signs(fast, kept_by_caller)
         fast, layout_owners = kept_as_layouts(fast)
         fast, _ = kept_as_narrow_indices(fast, kept_by_caller)
+    if not lean:  # under autocast each convolution's weight cast once a step, the copy kept as autograd keeps it
+        fast = kept_as_autocast_weights(fast)
     fast, shape_owners = kept_as_shapes(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))

@@ -2,11 +2,14 @@
 holds the normalisations'): one ``def`` per helper, as a string."""
 
 CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
-                          transposed=False, output_padding=0, groups=1, bias_sizes=None):
+                          transposed=False, output_padding=0, groups=1, bias_sizes=None,
+                          weight_dtype=None):
     """Autograd's own (twice differentiable) ``convolution_backward``: the gradients ``output_mask``
     asks for (an int is every spatial dim's), run in the forward's dtype under autocast, each
-    returned in its tensor's (``input`` may be autocast's ``(copy, dtype)``), as autograd does."""
+    returned in its tensor's (``input`` may be autocast's ``(copy, dtype)``, ``weight`` autocast's
+    copy of a weight of ``weight_dtype``), as autograd does."""
     input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
+    weight_dtype = weight.dtype if weight_dtype is None else weight_dtype
     dims = weight.dim() - 2
     stride, padding, dilation, output_padding = [
         [value] * dims if isinstance(value, int) else list(value)
@@ -17,8 +20,20 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
         return torch.ops.aten.convolution_backward(grad_output, input, weight, *others)
     dtype = torch.get_autocast_dtype(device)
     grads = torch.ops.aten.convolution_backward(
-        grad_output.to(dtype), input.to(dtype), weight.to(dtype), *others)
-    return tuple(None if grad is None else grad.to(owner_dtype)
-                 for grad, owner_dtype in zip(grads, (input_dtype, weight.dtype, weight.dtype)))
+        *(value if value.dtype == dtype else value.to(dtype)
+          for value in (grad_output, input, weight)), *others)
+    return tuple(grad if grad is None or grad.dtype == owner_dtype else grad.to(owner_dtype)
+                 for grad, owner_dtype in zip(grads, (input_dtype, weight_dtype, weight_dtype)))
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
+
+AUTOCAST_WEIGHT = '''def _autocast_weight(weight):
+    """``weight`` as a convolution under autocast reads it: its copy in autocast's dtype, made once
+    and kept for the backward, as autograd keeps it; elsewhere (no autocast, float64) ``weight``."""
+    device = weight.device.type  # "meta" where bind checks a call's sizes: no autocast there
+    if (device == "meta" or not torch.is_autocast_enabled(device) or not weight.is_floating_point()
+            or weight.dtype == torch.float64):
+        return weight
+    return weight.to(torch.get_autocast_dtype(device))
+'''
+"""Emitted into each module whose saving forward keeps a weight's autocast copy (``kept_casts.py``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, primitive, shape_text, show_ints
-from .conv_helpers import CONVOLUTION_BACKWARD
+from .conv_helpers import AUTOCAST_WEIGHT, CONVOLUTION_BACKWARD
 from .shared import affine_tangent
 
 CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
@@ -202,7 +202,7 @@ primitive("conv_weight_grad", code=_weight_grad_code, latex=_weight_grad_latex, 
 def _backward_code(operands, params, show):
     """``_convolution_backward(grad, x, w, [mask], stride=2, padding=1)``: the arguments that differ
     from a plain convolution's, as ``F.conv2d`` is written (the helper fills in the rest)."""
-    grad, x, w = operands
+    grad, x, w, *owner = operands  # owner: the weight itself, where w is its autocast copy (kept_casts.py)
     dims = params["dims"]
     mask = "[" + ", ".join(map(str, params["output_mask"])) + "]"
     parts = []
@@ -222,6 +222,8 @@ def _backward_code(operands, params, show):
             if params.get("transposed")
             else f"bias_sizes=[{w}.shape[0]]"
         )
+    if owner:
+        parts.append(f"weight_dtype={owner[0]}.dtype")
     return f"_convolution_backward({grad}, {x}, {w}, {mask}" + "".join(", " + part for part in parts) + ")"
 
 
@@ -237,4 +239,15 @@ primitive(
     outputs=3,
     autocast_operands=(1,),
     fresh=True,
+)
+
+
+# a convolution's weight as autocast casts it, made once in the saving forward and read again by the
+# backward (symgrad/kept_casts.py, --keep all): autograd's node keeps autocast's copy so
+primitive(
+    "autocast_weight",
+    code=lambda operands, params, show: f"_autocast_weight({operands[0]})",
+    latex=lambda operands, params, show: operands[0],
+    helper=AUTOCAST_WEIGHT,
+    tangent=LINEAR,
 )

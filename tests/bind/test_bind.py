@@ -303,9 +303,11 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
     source = build_text(text, "params_only.yaml").rendered.files["params_only.py"]
     if not freeze_stem:
         weight = 'params["conv1.weight"]'  # with blocks or without, the parameters come in `params`
+        # the weight as the forward's convolution read it (itself; under autocast its copy: kept_casts.py)
+        assert f"conv1_weight_autocast = _autocast_weight({weight})" in source, source
         assert (
-            f"_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, {weight}, [False, True, False]"
-            in source
+            "_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, conv1_weight_autocast, "
+            "[False, True, False]" in source
         ), source
     generated = module_from_source(source, "params_only")
     assert "x" not in generated.Gradients._fields
