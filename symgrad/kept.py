@@ -356,3 +356,28 @@ def _on_layouts(expr, layouts: dict):
         return TensorOp(expr.args[0], params, *operands)
     arguments = [_on_layouts(argument, layouts) for argument in expr.args]
     return expr if arguments == list(expr.args) else expr.func(*arguments)
+
+
+def deferred_weight_casts(backward: list[Statement], gradient_symbols: set) -> list[Statement]:
+    """``backward`` where each convolution backward whose weight gradient is a parameter's whole
+    gradient (its ``t[1]`` is returned as it is, not a term summed with another use's) leaves that
+    gradient in autocast's dtype (``defer_weight_cast=True``): its caller casts it to the
+    parameter's dtype after the backward (``gradients``; the bound step's autograd engine, one at a
+    time), as Inductor casts them at the end, so that the backward's peak holds half the bytes of
+    weight gradients. The same cast, later: bit for bit."""
+    whole = {
+        statement.value.operands[0]
+        for statement in backward
+        if statement.target in gradient_symbols
+        and isinstance(statement.value, TensorOp)
+        and statement.value.primitive.name == "item"
+        and statement.value.params["index"] == 1
+    }
+    result = []
+    for statement in backward:
+        value = statement.value
+        if statement.target in whole and isinstance(value, TensorOp) and value.primitive.name == "conv_backward":
+            params = Params(value.params.items() + (("defer_weight_cast", True),))
+            statement = dataclasses.replace(statement, value=TensorOp(value.args[0], params, *value.operands))
+        result.append(statement)
+    return result

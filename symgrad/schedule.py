@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 import sympy
 
 from .algebra import TensorOp, tensor
-from .kept import kept_as_layouts, kept_as_narrow_indices, kept_as_shapes, kept_as_signs, split_reads
+from .kept import (
+    deferred_weight_casts,
+    kept_as_layouts,
+    kept_as_narrow_indices,
+    kept_as_shapes,
+    kept_as_signs,
+    split_reads,
+)
 from .kept_casts import kept_as_autocast_weights
 from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
 from .rematerialize import COMMENT as REBUILT, rebuilt
@@ -113,6 +120,12 @@ def schedule(
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
         live = live[:split] + again
+    if recompute:  # under autocast a parameter's whole weight gradient stays in its dtype until the caller casts it
+        sourced = {
+            spec.name for spec in graph.spec.inputs if spec.source is not None
+        }  # params[...]: cast by gradients()
+        params = {symbol for name, symbol in program.gradients.items() if name in sourced}
+        live = live[:split] + deferred_weight_casts(live[split:], params)
     _, backward, boundary_dead = with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)
     backward = added_in_place(overwriting(backward, only=REBUILT))
     saved_names, saving_forward, loss_name = _saved_for_backward(fast, live, split)

@@ -3,11 +3,13 @@ holds the normalisations'): one ``def`` per helper, as a string."""
 
 CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
                           transposed=False, output_padding=0, groups=1, bias_sizes=None,
-                          weight_dtype=None):
+                          weight_dtype=None, defer_weight_cast=False):
     """Autograd's own (twice differentiable) ``convolution_backward``: the gradients ``output_mask``
     asks for (an int is every spatial dim's), run in the forward's dtype under autocast, each
     returned in its tensor's (``input`` may be autocast's ``(copy, dtype)``, ``weight`` autocast's
-    copy of a weight of ``weight_dtype``), as autograd does."""
+    copy of a weight of ``weight_dtype``), as autograd does; the weight's left in autocast's dtype
+    where ``defer_weight_cast`` (its caller casts it after the backward: half the bytes held until
+    then), but while torch.compile traces."""
     input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
     weight_dtype = weight.dtype if weight_dtype is None else weight_dtype
     dims = weight.dim() - 2
@@ -22,8 +24,10 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
     grads = torch.ops.aten.convolution_backward(
         *(value if value.dtype == dtype else value.to(dtype)
           for value in (grad_output, input, weight)), *others)
-    return tuple(grad if grad is None or grad.dtype == owner_dtype else grad.to(owner_dtype)
-                 for grad, owner_dtype in zip(grads, (input_dtype, weight_dtype, weight_dtype)))
+    defer = defer_weight_cast and not torch.compiler.is_compiling()
+    return tuple(grad if grad is None or grad.dtype == owner_dtype or (defer and index == 1)
+                 else grad.to(owner_dtype) for index, (grad, owner_dtype)
+                 in enumerate(zip(grads, (input_dtype, weight_dtype, weight_dtype))))
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
 

@@ -224,6 +224,8 @@ def _backward_code(operands, params, show):
         )
     if owner:
         parts.append(f"weight_dtype={owner[0]}.dtype")
+    if params.get("defer_weight_cast"):  # its caller casts it (kept.deferred_weight_casts)
+        parts.append("defer_weight_cast=True")
     return f"_convolution_backward({grad}, {x}, {w}, {mask}" + "".join(", " + part for part in parts) + ")"
 
 

@@ -7,6 +7,7 @@ gradients are unchanged."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -290,4 +291,36 @@ def test_under_autocast_the_bound_lean_step_gives_keep_alls_gradients_bit_for_bi
             out = symgrad.bind(generated(name, keep), net)(x)
         out.float().square().sum().backward()
         grads.append({key: value.grad for key, value in net.named_parameters()})
+    assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
+
+
+CONVS = ("stem", "a1", "a2", "down", "b1", "b2")
+"""Residual's convolutions, each weight read once."""
+
+
+def test_under_autocast_a_whole_weight_gradient_is_cast_after_the_backward_bit_for_bit():
+    """Each convolution's weight gradient that is its parameter's whole gradient stays in autocast's dtype
+    through the backward (half the bytes held at its peak) and is cast to the parameter's dtype after it:
+    by autograd's engine for the bound step, by ``gradients`` for a direct call; the same cast, later."""
+    source = generated("resblock", "lean") and _SOURCES["resblock", "lean"]
+    assert source.count("defer_weight_cast=True") == 6  # every convolution's: none is used twice
+    eager = module_from_source(re.sub(r",\s*defer_weight_cast=True", "", source), "resblock_cast_at_once")
+    torch.manual_seed(2)
+    model = Residual().train()
+    x = torch.randn(4, 2, 10, 10)
+    grads = []
+    for module in (generated("resblock", "lean"), eager):
+        net = copy.deepcopy(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = symgrad.bind(module, net)(x)
+        out.float().square().sum().backward()
+        grads.append({key: value.grad for key, value in net.named_parameters()})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            direct = module.gradients(x, _params(model), (torch.ones(4, 3),)).params
+            _, *saved = module._forward_saving(x, _params(model))
+            held = module._backward_from_saved(x, _params(model), saved, (torch.ones(4, 3),)).params
+        assert all(direct[key].dtype == torch.float32 for key in direct)
+        held_low = {key for key, value in held.items() if value.dtype == torch.bfloat16 and key[:-7] in CONVS}
+        assert held_low == (set() if module is eager else {f"{name}.weight" for name in CONVS})
+    assert all(grads[0][key].dtype == torch.float32 for key in grads[0])
     assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
