@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .comment import Comment
 from .printing import to_code, to_latex
 from .schedule import Scheduled
 from .write import (  # noqa: F401
@@ -44,8 +45,12 @@ class Line:
 
 
 def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, narrowed: tuple[str, ...] = ()) -> Line:
-    """``statement`` (a :class:`~symgrad.reverse.Statement`) printed; with ``in_place``, as its op's
-    in-place form, overwriting its first operand (``torch.relu_(norm)``)."""
+    """``statement`` (a :class:`~symgrad.reverse.Statement`) printed, its comment made its text; with
+    ``in_place``, as its op's in-place form, overwriting its first operand (``torch.relu_(norm)``)."""
+    return _printed(statement, str(statement.comment), dead, in_place, narrowed)
+
+
+def _printed(statement, comment: str, dead: tuple[str, ...], in_place: bool, narrowed: tuple[str, ...]) -> Line:
     math = statement.math if statement.math is not None else statement.value
     value = statement.value
     code = (
@@ -56,7 +61,7 @@ def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, 
     return Line(
         statement.target.name,
         code,
-        statement.comment,
+        comment,
         f"{statement.target.name} = {code}",
         to_latex(statement.target),
         to_latex(math),
@@ -69,21 +74,21 @@ def printed_lines(scheduled: list[Scheduled], steps: list | None = None, own_lin
     """The scheduled statements printed, a fused kernel's tuple unpacked where it is made
     (``grad_x, grad_w, _ = _convolution_backward(...)``) instead of read entry by entry, each the
     planner marked ``in_place`` as its op's in-place form; with ``steps`` (each statement's
-    derivation step), each line's step is ``steps`` entry, in place. ``own_line``: the column of
-    comments printed on a line of their own above their statement (the backward's), each made its
-    final text here, once (:func:`_one_line`); the render step prints it as it is."""
-    if own_line is not None:
-        scheduled = [_one_line(item, own_line) for item in scheduled]
-    lines, index = [], 0
+    derivation step), each line's step is ``steps`` entry, in place. Each comment is made its final
+    text here, once (:func:`_commented_once`, then ``str``); ``own_line``: the column of comments
+    printed on a line of their own above their statement (the backward's), where a note too long for
+    it loses its closing remark (:func:`_one_line`); the render step prints them as they are."""
+    made, index = [], 0
     kept = []
     while index < len(scheduled):
-        line, used = _unpacked(scheduled, index)
-        lines.append(line)
+        line, comment, used = _unpacked(scheduled, index)
+        made.append((line, comment))
         kept.append(index)
         index += used
     if steps is not None:
         steps[:] = [steps[position] for position in kept]
-    return _commented_once(lines)
+    comments = _commented_once([comment for _, comment in made])
+    return [dataclasses.replace(line, comment=_text(comment, own_line)) for (line, _), comment in zip(made, comments)]
 
 
 def printed_forward(statements, indent: int = 4, width: int = 100) -> list[Line]:
@@ -97,15 +102,22 @@ def printed_forward(statements, indent: int = 4, width: int = 100) -> list[Line]
     ]
 
 
-def _one_line(item: Scheduled, indent: int, width: int = 100) -> Scheduled:
-    """``item`` with its comment on one line at column ``indent``: one too long for it loses its closing
+def _text(comment, own_line: int | None, width: int = 100) -> str:
+    """``comment`` made its final text: a :class:`~symgrad.comment.Comment` as it says itself (it ends in
+    a name, never a remark), a note at column ``own_line`` as :func:`_one_line` fits it."""
+    if isinstance(comment, Comment) or own_line is None:
+        return str(comment)
+    return _one_line(comment, own_line, width)
+
+
+def _one_line(comment: str, indent: int, width: int = 100) -> str:
+    """A note with its comment on one line at column ``indent``: one too long for it loses its closing
     remark in parentheses (``(autograd's own kernel, twice differentiable)``, which the helper it calls
     says)."""
-    comment = item.statement.comment
     head, found, remark = comment.removesuffix(")").rpartition(" (")
     if indent + 2 + len(comment) > width and comment.endswith(")") and found and not {"(", ")"} & set(remark):
-        return dataclasses.replace(item, statement=dataclasses.replace(item.statement, comment=head))
-    return item
+        return head
+    return comment
 
 
 def printed_sections(items, own_line: int | None = None, indent: int = 0) -> list[Line]:
@@ -141,35 +153,32 @@ def printed_sections(items, own_line: int | None = None, indent: int = 0) -> lis
     return lines
 
 
-PULLED = ": pulled back to its "
-"""How a pullback's comment names the operand it reaches (``symgrad.reverse``): ``fc = F.linear(...):
-pulled back to its bias``."""
-
-
-def _commented_once(lines: list[Line]) -> list[Line]:
+def _commented_once(comments: list) -> list:
     """One node's pullbacks to several operands, line after line (a linear's to its bias, weight and
     input), under one comment, the first line's, naming them all: its forward line quoted once."""
-    result: list[Line] = []
-    first, operands = None, []
-    for line in lines:
-        quoted, found, operand = line.comment.rpartition(PULLED)
-        if found and first is not None and result[first].comment.startswith(quoted + PULLED):
-            operands.append(operand)
-            result[first] = dataclasses.replace(
-                result[first], comment=quoted + PULLED + (", ".join(operands[:-1]) + " and " + operands[-1])
-            )
-            line = dataclasses.replace(line, comment="")
-        elif found:
-            first, operands = len(result), [operand]
+    result: list = []
+    first = None
+    for comment in comments:
+        pullback = isinstance(comment, Comment) and comment.kind == "pullback"
+        if (
+            pullback
+            and first is not None
+            and (result[first].node, result[first].quoted) == (comment.node, comment.quoted)
+        ):
+            result[first] = dataclasses.replace(result[first], names=result[first].names + comment.names)
+            comment = ""
+        elif pullback:
+            first = len(result)
         else:
-            first, operands = None, []
-        result.append(line)
+            first = None
+        result.append(comment)
     return result
 
 
-def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
-    """The line for ``scheduled[index]`` and how many statements it stands for: one, or a tuple made
-    there together with the ``t[i]`` reads right after it, when they are its only uses."""
+def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, object, int]:
+    """The line for ``scheduled[index]`` (its comment not yet text), its comment, and how many statements
+    it stands for: one, or a tuple made there together with the ``t[i]`` reads right after it, when they
+    are its only uses."""
     from .algebra import TensorOp
 
     item = scheduled[index]
@@ -184,28 +193,29 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, int]:
         position += 1
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
-        return printed_line(item.statement, item.dead, item.in_place, item.narrowed), 1
+        return _printed(item.statement, "", item.dead, item.in_place, item.narrowed), item.statement.comment, 1
     targets = [reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs)]
     names = ", ".join(targets)
     code = to_code(value)
     dying = tuple(dict.fromkeys(name for name in (*item.dead, *dead) if name != target.name))
     narrowed = tuple(dict.fromkeys((*item.narrowed, *(name for other in reads.values() for name in other.narrowed))))
-    formula = kernel_formula(value)  # after the node's name, where the derivation's step table links
-    comment = f"{item.statement.node}: {formula}" if formula else item.statement.comment
+    formulas = kernel_formulas(value)  # after the node's name, where the derivation's step table links
+    comment = Comment("kernel", item.statement.node, formulas) if formulas else item.statement.comment
     return (
-        Line(names, code, comment, f"{names} = {code}", to_latex(target), to_latex(value), dying, narrowed),
+        Line(names, code, "", f"{names} = {code}", to_latex(target), to_latex(value), dying, narrowed),
+        comment,
         position - index,
     )
 
 
-def kernel_formula(value) -> str | None:
+def kernel_formulas(value) -> tuple[str, ...]:
     """What a fused kernel's call computes, each gradient it returns as a formula of the call's
     arguments (``grad_x = conv_transpose2d(grad, w, stride=2, padding=1, output_padding=...), grad_w
     = x ⋆ grad``; x̂ = (x - mean)/σ, batch norm's normalised input): the math a reviewer checks, beside the kernel
-    that computes it fast; None for any other call."""
+    that computes it fast; none for any other call."""
     name = getattr(getattr(value, "primitive", None), "name", None)
     if name not in ("conv_backward", "batch_norm_backward"):
-        return None
+        return ()
     params = value.params
     if name == "batch_norm_backward":
         scale = "1/σ" if len(value.operands) < 5 or value.operands[2] is None else "w/σ"
@@ -228,7 +238,7 @@ def kernel_formula(value) -> str | None:
             "grad_w = grad ⋆ x" if transposed else "grad_w = x ⋆ grad",
             "grad_b = Σ grad",
         )
-    return ", ".join(formula for formula, wanted in zip(formulas, params["output_mask"]) if wanted)
+    return tuple(formula for formula, wanted in zip(formulas, params["output_mask"]) if wanted)
 
 
 def _is_mask(statement) -> bool:

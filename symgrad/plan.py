@@ -19,6 +19,7 @@ import sympy
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
 from .blocks import HYPER_VALUES
 from .body_graphs import Variant
+from .comment import Comment
 from .errors import SpecError
 from .expand import Expanded
 from .graph import Graph
@@ -98,10 +99,10 @@ def top_plan(spec: Spec, planned: Plan, backward: list) -> TopPlan:
     entries = {tensor(item.name): tensor(f'params["{item.source}"]') for item in spec.inputs if item.source}
     return TopPlan(
         entries,
-        tuple(renamed_statements(backward, entries, planned.program.forward)),
+        tuple(renamed_statements(backward, entries)),
         tuple(renamed_statements(planned.saving_forward, entries)),
         tuple(renamed_statements(planned.per_sample_forward, entries)),
-        tuple(renamed_statements(planned.per_sample_backward, entries, planned.program.forward)),
+        tuple(renamed_statements(planned.per_sample_backward, entries)),
     )
 
 
@@ -402,7 +403,7 @@ def block_plan(derived: DerivedBlock) -> BlockPlan:
     for item in planned.backward:
         if item.statement.value == GRAD_LOSS:
             renames[item.statement.target] = GRAD_OUTPUT
-    backward = renamed_statements(planned.backward, renames, planned.program.forward)
+    backward = renamed_statements(planned.backward, renames)
     keys = dict(block.params)
     read_backward = _read(item.statement for item in backward)
     gradient = {name: renames.get(symbol, symbol).name for name, symbol in planned.program.gradients.items()}
@@ -417,7 +418,7 @@ def block_plan(derived: DerivedBlock) -> BlockPlan:
     )
     return BlockPlan(
         forward=tuple(renamed_statements(forward, entries)),  # no pullback comments
-        backward=tuple(renamed_statements(backward, entries, planned.program.forward)),
+        backward=tuple(renamed_statements(backward, entries)),
         saved_names=tuple(saved_names),
         saved_returned=tuple(
             f"_saved_as_autocast_casts({name})" if name in planned.saved_as_autocast_casts else name
@@ -427,34 +428,10 @@ def block_plan(derived: DerivedBlock) -> BlockPlan:
     )
 
 
-def renamed_statements(scheduled, renames: dict, forward=()) -> list:
-    """``scheduled`` with each symbol in ``renames`` replaced (values, deletions and the comments'
-    code alike: ``# fc = F.linear(flatten, params["fc.weight"], ...)``). A pullback's comment quotes
-    its consumer's forward line (``symgrad.reverse``): made again from that statement of ``forward``
-    (the body's forward statements) with the final names, never edited as text."""
-    from .emit import PULLED
-    from .printing import to_code
-
-    names = {old.name: new.name for old, new in renames.items()}
-    statements = {statement.target.name: statement for statement in forward} if names else {}
-    quoted: dict[str, tuple[str, str]] = {}  # consumer: (its line as reverse quoted it, renamed)
-
-    def requoted(comment: str) -> str:
-        head, found, operand = comment.rpartition(PULLED)
-        consumer = statements.get(head.split(" = ", 1)[0]) if found else None
-        if consumer is None:
-            return comment
-        if consumer.target.name not in quoted:
-            quoted[consumer.target.name] = (
-                f"{consumer.target.name} = {to_code(consumer.value)}",
-                (
-                    f"{names.get(consumer.target.name, consumer.target.name)} = "
-                    f"{to_code(consumer.value.xreplace(renames))}"
-                ),
-            )
-        original, renamed = quoted[consumer.target.name]
-        return renamed + PULLED + operand if head == original else comment
-
+def renamed_statements(scheduled, renames: dict) -> list:
+    """``scheduled`` with each symbol in ``renames`` replaced: in values, deletions and the forward line
+    a pullback's comment quotes (``# fc = F.linear(flatten, params["fc.weight"], ...)``, a
+    :class:`~symgrad.comment.Comment` made text only as it is printed, with these names)."""
     result = []
     for item in scheduled:
         statement = item.statement
@@ -463,7 +440,9 @@ def renamed_statements(scheduled, renames: dict, forward=()) -> list:
             continue  # the alias itself
         dead = tuple(dict.fromkeys(renames.get(tensor(name), tensor(name)).name for name in item.dead))
         narrowed = tuple(renames.get(tensor(name), tensor(name)).name for name in item.narrowed)
-        comment = requoted(statement.comment)
+        comment = statement.comment
+        if isinstance(comment, Comment) and comment.quoted is not None:
+            comment = dataclasses.replace(comment, quoted=tuple(part.xreplace(renames) for part in comment.quoted))
         result.append(
             dataclasses.replace(
                 item,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from .algebra import TensorOp, op, tensor
+from .comment import Comment
 from .graph import Graph, Node
 from .shapes import fixed_size
 
@@ -33,7 +34,8 @@ class Statement:
     value: sympy.Expr
     node: str
     """The forward node this line belongs to."""
-    comment: str = ""
+    comment: str | Comment = ""
+    """A note (``spec line 12``, a rule's), or a backward step's :class:`Comment`."""
     math: sympy.Expr | None = None
     """How the docs write the value, where it differs from the code."""
     gradient_of: str | None = None
@@ -100,21 +102,15 @@ def derive(graph: Graph, fused: bool = False) -> Program:
                 value = op("zeros_like", tensor(node.name))
             if len(incoming) > 1:
                 branch_sums[node.name] = [consumer.name for consumer, _, _ in incoming]
-                readers = sorted({"the outputs" if c.rule.op == "outputs" else c.name for c, _, _ in incoming})
-                comment = f"{node.name} feeds {', '.join(readers)}: the gradients from every path add up"
+                readers = tuple(sorted({"the outputs" if c.rule.op == "outputs" else c.name for c, _, _ in incoming}))
+                comment = Comment("sum", node.name, readers)
                 if joined is not None:
-                    kernel = joined.primitive.name
-                    comment = (
-                        f"{node.name} is cut into {', '.join(readers)}: their gradients joined in one {kernel}, "
-                        f"as autograd's {'unbind' if kernel == 'stack' else 'split'} backward joins them"
-                    )
+                    comment = Comment("joined", node.name, readers, kernel=joined.primitive.name)
             elif incoming[0][0].rule.op == "outputs":  # a spec that ends in outputs: the seed of the walk
-                comment = (
-                    f"{node.name} is output {incoming[0][1].rsplit('_', 1)[1]}: its gradient is the caller's cotangent"
-                )
+                comment = Comment("output", node.name, (incoming[0][1].rsplit("_", 1)[1],))
             else:
                 consumer, operand, _ = incoming[0]
-                comment = f"{consumer.name} = {_describe(graph, consumer)}: pulled back to its {operand}"
+                comment = Comment("pullback", consumer.name, (operand,), _forward_line(graph, consumer))
             backward.append(Statement(grad, value, node.name, comment, gradient_of=node.name))
         else:
             continue
@@ -237,8 +233,12 @@ def _forward_statements(graph: Graph, fused: bool = False) -> list[Statement]:
 def _describe(graph: Graph, node: Node) -> str:
     from .printing import to_code
 
-    symbols = graph.symbols(node)
-    return to_code(node.rule.forward(symbols).value)  # the emitted Python, as it runs
+    return to_code(_forward_line(graph, node)[1])  # the emitted Python, as it runs
+
+
+def _forward_line(graph: Graph, node: Node) -> tuple[sympy.Symbol, sympy.Expr]:
+    """``node``'s forward line as a pullback's comment quotes it: its target and its value."""
+    return tensor(node.name), node.rule.forward(graph.symbols(node)).value
 
 
 def _pieces_joined(graph: Graph, node: Node, incoming: list, contributions: dict) -> sympy.Expr | None:
