@@ -74,8 +74,12 @@ def shared_tests() -> str:
 @functools.lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
     """The sandboxed Jinja environment, built once per process: it compiles each template once."""
+    return _configured(jinja2.sandbox.SandboxedEnvironment)
+
+
+def _configured(kind) -> jinja2.Environment:
     loader = jinja2.FunctionLoader(lambda name: resources.files("symgrad.templates").joinpath(name).read_text("utf-8"))
-    environment = jinja2.sandbox.SandboxedEnvironment(
+    environment = kind(
         loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -88,6 +92,85 @@ def environment() -> jinja2.Environment:
         fit=fit, prose=prose, comment_lines=comment_lines, entry=entry, hanging=hanging, literal_lines=literal_lines
     )
     return environment
+
+
+class Placed(str):
+    """Text a template printed, and where the lines of the module it printed landed: ``marks``, each
+    (its line in this text, counted from 0; ``"comment"`` or ``"statement"``; the :class:`~symgrad.emit.Line`)."""
+
+    marks: tuple = ()
+
+    def __str__(self) -> str:  # Jinja writes each value with str(): the marks travel with the text
+        return self
+
+
+def _placed(text: str, marks) -> Placed:
+    placed = Placed(text)
+    placed.marks = tuple(marks)
+    return placed
+
+
+class _Locating(jinja2.sandbox.SandboxedEnvironment):
+    """:func:`environment`'s templates, printing where each emitted line lands as it prints it: a
+    line's ``comment`` is printed by the next ``comment_lines``, its statement (``target = code``) by
+    the next ``fit``, each made a :class:`Placed` at line 0 and joined (Jinja's ``concat``: a macro's
+    output, a template's) with every part's marks moved down by the lines printed before it. Nothing
+    reads the text back: the lines are counted as the text is assembled."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.concat = _joined
+        self.reading: dict[str, object] = {}
+
+    def marking(self) -> _Locating:
+        """Its ``comment_lines`` and ``fit`` filters mark what they print (after :func:`_configured`)."""
+        self.filters.update(
+            comment_lines=self._marking("comment", self.filters["comment_lines"]),
+            fit=self._marking("statement", self.filters["fit"]),
+        )
+        return self
+
+    def getattr(self, obj, attribute):
+        from .emit import Line
+
+        if isinstance(obj, Line) and attribute in ("comment", "target"):
+            self.reading["comment" if attribute == "comment" else "statement"] = obj
+        return super().getattr(obj, attribute)
+
+    def _marking(self, role: str, printed):
+        def marked(text, *args, **options):
+            out = printed(text, *args, **options)
+            line = self.reading.pop(role, None)  # the Line whose comment (statement) this prints
+            return _placed(out, [(0, role, line)]) if line is not None else out
+
+        return marked
+
+
+def _joined(parts) -> Placed:
+    """The parts joined, each one's marks moved down by the lines before it."""
+    parts = list(parts)
+    marks, before = [], 0
+    for part in parts:
+        marks += [(before + line, role, owner) for line, role, owner in getattr(part, "marks", ())]
+        before += part.count("\n")
+    return _placed("".join(parts), marks)
+
+
+@functools.lru_cache(maxsize=None)
+def _locating() -> _Locating:
+    return _configured(_Locating).marking()
+
+
+def placed_lines(template: str, **context) -> tuple[str, dict[int, dict[str, int]]]:
+    """``template`` rendered with ``context``, and where each :class:`~symgrad.emit.Line` it printed
+    landed: {id(line): {"comment" or "statement": its first line, 1-based}}."""
+    locating = _locating()
+    locating.reading.clear()
+    text = locating.get_template(template).render(**context)
+    where: dict[int, dict[str, int]] = {}
+    for line, role, owner in getattr(text, "marks", ()):
+        where.setdefault(id(owner), {}).setdefault(role, line + 1)
+    return str.__str__(text), where
 
 
 def _rendered(template: str, context: dict) -> str:
@@ -134,16 +217,14 @@ def render_tests(
 # --------------------------------------------------------------------------------------------
 
 
-def render_documents(
-    spec, spec_label: str, sections: list[Section], module: str = "", flat_graph=None
-) -> dict[str, str]:
+def render_documents(spec, spec_label: str, sections: list[Section], flat_graph=None) -> dict[str, str]:
     """``<name>.md`` and ``<name>.html`` for ``spec``, as their models
     (:func:`symgrad.render_documents.documents`) print. Without blocks: its one section's derivation,
     step by step. With blocks (``sections``: each block's, then the top level's): the network's
-    overview, each op kind derived once, and each section's step table linked to the lines of
-    ``module`` (the generated module as written, header included); ``flat_graph``: the spec with every
-    block written out (the instances' shapes)."""
+    overview, each op kind derived once, and each section's step table linked to its lines of the
+    generated module (``Section.lines``); ``flat_graph``: the spec with every block written out (the
+    instances' shapes)."""
     return {
         f"{spec.name}.{suffix}": _rendered(f"derivation.{suffix}.jinja", {"document": document})
-        for suffix, document in documents(spec, spec_label, sections, module, flat_graph).items()
+        for suffix, document in documents(spec, spec_label, sections, flat_graph).items()
     }

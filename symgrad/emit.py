@@ -42,6 +42,10 @@ class Line:
     """Spaces beyond the function body's: 4 inside an optional branch's ``if`` (``printed_sections``)."""
     control: bool = False
     """The line is ``code`` alone (``if downsample:``, ``else:``): no target, nothing deleted."""
+    node: str = ""
+    """The forward node its statement belongs to (``Statement.node``; a block's call: the instance)."""
+    reference: str = ""
+    """The forward node its comment is about (:func:`_about`); empty: none."""
 
 
 def printed_line(statement, dead: tuple[str, ...] = (), in_place: bool = False, narrowed: tuple[str, ...] = ()) -> Line:
@@ -67,6 +71,7 @@ def _printed(statement, comment: str, dead: tuple[str, ...], in_place: bool, nar
         to_latex(math),
         dead,
         narrowed,
+        node=statement.node,
     )
 
 
@@ -82,13 +87,24 @@ def printed_lines(scheduled: list[Scheduled], steps: list | None = None, own_lin
     kept = []
     while index < len(scheduled):
         line, comment, used = _unpacked(scheduled, index)
-        made.append((line, comment))
+        made.append((line, comment, scheduled[index].statement))
         kept.append(index)
         index += used
     if steps is not None:
         steps[:] = [steps[position] for position in kept]
-    comments = _commented_once([comment for _, comment in made])
-    return [dataclasses.replace(line, comment=_text(comment, own_line)) for (line, _), comment in zip(made, comments)]
+    comments = _commented_once([comment for _, comment, _ in made])
+    return [
+        dataclasses.replace(line, comment=_text(comment, own_line), reference=_about(comment, statement))
+        for (line, _, statement), comment in zip(made, comments)
+    ]
+
+
+def _about(comment, statement) -> str:
+    """The forward node a line's comment is about: a :class:`~symgrad.comment.Comment`'s node; a note on a
+    rule's local value (``node.local``), the node the local belongs to; none for any other note."""
+    if isinstance(comment, Comment):
+        return comment.node
+    return statement.node if comment and statement.local_kind else ""
 
 
 def printed_forward(statements, indent: int = 4, width: int = 100) -> list[Line]:
@@ -202,7 +218,17 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, object, int
     formulas = kernel_formulas(value)  # after the node's name, where the derivation's step table links
     comment = Comment("kernel", item.statement.node, formulas) if formulas else item.statement.comment
     return (
-        Line(names, code, "", f"{names} = {code}", to_latex(target), to_latex(value), dying, narrowed),
+        Line(
+            names,
+            code,
+            "",
+            f"{names} = {code}",
+            to_latex(target),
+            to_latex(value),
+            dying,
+            narrowed,
+            node=item.statement.node,
+        ),
         comment,
         position - index,
     )

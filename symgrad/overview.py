@@ -9,32 +9,24 @@ is about as long as a ResNet-18's.
 
 from __future__ import annotations
 
-import re
-
 from .printing import to_latex
+from .rules.call import BlockRule, ChainRule
 
 
-def module_lines(module: str, function: str) -> dict[str, int]:
-    """{forward node: the 1-based line of ``module`` where ``function``'s backward starts pulling
-    that node back}: the first comment of the function naming the node (``# bn1's ...``,
-    ``# relu = F.relu(bn1): ...``) or the constant of its chain of blocks, or the call of a block
-    instance's backward (``grads_x4 = ...``)."""
-    lines = module.splitlines()
-    start = next((index for index, line in enumerate(lines) if line.startswith(f"def {function}(")), None)
-    if start is None:
-        return {}
-    found: dict[str, int] = {}
-    for index in range(start + 1, len(lines)):
-        line = lines[index]
-        if re.match(r"[A-Za-z_@]", line):  # the next definition (a signature's closing `):` is not)
-            break
-        named = (
-            re.match(r"\s+# (?:the instances of )?(\w+)", line)  # a step's comment
-            or re.match(r"\s+grads_(\w+) = ", line)
-        )  # a block instance's backward called
-        if named:
-            found.setdefault(named.group(1), index + 1)
-    return found
+def node_lines(printed, where: dict[int, dict[str, int]]) -> dict[str, tuple[int | None, int | None]]:
+    """{forward node: the module's lines of (the first comment about it, its last statement)} for a
+    function's backward ``printed`` (its :class:`~symgrad.emit.Line` list: each comment's ``reference``,
+    the node it is about; each statement's ``node``), from ``where`` each line landed as the module was
+    printed (:func:`symgrad.documents.placed_lines`, header included): no line of the module is read back."""
+    comments: dict[str, int] = {}
+    statements: dict[str, int] = {}
+    for line in printed:
+        at = where.get(id(line), {})
+        if line.reference and "comment" in at:
+            comments.setdefault(line.reference, at["comment"])
+        if line.node and "statement" in at:  # a block's call: after the lines making its gradient
+            statements[line.node] = at["statement"]
+    return {node: (comments.get(node), statements.get(node)) for node in {**comments, **statements}}
 
 
 def kind_of(node, step) -> tuple[str, str]:
@@ -45,7 +37,8 @@ def kind_of(node, step) -> tuple[str, str]:
     training = node.params.get("training")
     mode = "" if not isinstance(training, bool) else (" (training)" if training else " (eval)")
     title = f"`{node.rule.op}`{mode}, to its {', '.join(operands) or 'nothing'}"
-    anchor = "op-" + re.sub(r"[^a-z0-9]+", "-", f"{node.rule.op}{mode} {' '.join(operands)}".lower()).strip("-")
+    text = f"{node.rule.op}{mode} {' '.join(operands)}".lower()
+    anchor = "op-" + "-".join("".join(c if c.isascii() and c.isalnum() else " " for c in text).split())
     return title, anchor
 
 
@@ -70,53 +63,58 @@ def op_kind_view(step, section_title: str, page) -> dict:
     )
 
 
-def step_rows(section, kinds: dict, module: str, function: str, blocks: dict[str, str], page) -> list[dict]:
+def step_rows(section, kinds: dict, blocks: dict[str, str], page) -> list[dict]:
     """A section's compact step table: each node of its backward, its forward as code, its op kind
-    (derived once, in ``kinds``, first seen here) or the block it calls, and its line in ``module``."""
+    (derived once, in ``kinds``, first seen here) or the block it calls, and its line in the module
+    (``section.lines``): the first comment about the node (a block's or a chain's without one: its call)."""
     program = section.planned.program
     graph = program.graph
     block = bool(section.instances)
-    lines = module_lines(module, function)
     rows = []
     for step in program.steps:
         if block and step.node == "loss":  # the block's end: its output's gradient comes from the caller
             continue
         node = graph.nodes[step.node]
-        called = blocks.get(node.rule.op) if hasattr(node.rule, "derived") else None
-        chain = re.search(r"\b[A-Z][A-Z0-9_]+\b", step.forward)
-        if called or chain:
-            kind = (
-                f"[block {called}](#block-{called})"
-                if called
-                else "the [chain of block instances](#overview), each its [block](#blocks)'s backward"
-            )
+        called = blocks.get(node.rule.op) if isinstance(node.rule, BlockRule) else None
+        chain = isinstance(node.rule, ChainRule)
+        if called:
+            links = [("", f"block {called}", f"#block-{called}")]
+        elif chain:
+            links = [("the ", "chain of block instances", "#overview"), (", each its ", "block", "#blocks")]
+            links.append(("'s backward", "", ""))
         else:
             title, anchor = kind_of(node, step)
             if anchor not in kinds:
                 kinds[anchor] = dict(title=title, anchor=anchor, uses=0, **op_kind_view(step, section.title, page))
             kinds[anchor]["uses"] += 1
-            kind = f"[{title}](#{anchor})"
-        line = lines.get(step.node) or (lines.get(chain.group(0)) if chain else None)
+            links = [("", title, f"#{anchor}")]
+        comment, statement = (section.lines or {}).get(step.node, (None, None))
+        line = comment or (statement if called or chain else None)
         rows.append(
             dict(
                 number=len(rows) + 1,
                 node=step.node,
                 forward=step.forward,
-                kind=kind,
+                kind="".join(before + (f"[{text}]({href})" if href else "") for before, text, href in links),
                 line=line,
-                kind_html=_html_link(kind),
+                kind_html=_html_links(links),
             )
         )
     return rows
 
 
-def _html_link(markdown: str) -> str:
-    """A Markdown cell's links and code spans as HTML (its text: identifiers, op names, fixed words)."""
+def _html_links(links: list[tuple[str, str, str]]) -> str:
+    """A step's kind cell on the page: each (text before, link text, its href), the link text's code
+    spans (between backticks: an op's name) as code, all of it escaped (identifiers, op names, fixed words)."""
     from markupsafe import escape
 
-    text = str(escape(markdown))
-    text = re.sub(r"\[([^\]]*)\]\(([^)]*)\)", r'<a href="\2">\1</a>', text)
-    return re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
+    def shown(text: str) -> str:
+        parts = str(escape(text)).split("`")
+        return "".join(f"<code>{part}</code>" if index % 2 else part for index, part in enumerate(parts))
+
+    return "".join(
+        str(escape(before)) + (f'<a href="{href}">{shown(text)}</a>' if href else "") for before, text, href in links
+    )
 
 
 def instance_rows(spec, graph) -> list[dict]:

@@ -41,6 +41,9 @@ class Section:
     hyper: tuple[str, ...] = ()
     named_parameters: dict | None = None
     """{node: its operands whose gradients its block's backward returns as they are}: said, not derived."""
+    lines: dict | None = None
+    """{forward node: (the generated module's line of its first comment, of its first statement)}, as
+    written (:func:`symgrad.overview.node_lines`): a block spec's step tables link to them."""
 
 
 NOTATION = (
@@ -281,16 +284,16 @@ class Document:
     derivation: Derivation | None
 
 
-def documents(spec, spec_label: str, sections: list[Section], module: str = "", flat_graph=None) -> dict[str, Document]:
+def documents(spec, spec_label: str, sections: list[Section], flat_graph=None) -> dict[str, Document]:
     """The :class:`Document` of ``<name>.md`` and of ``<name>.html``, keyed by suffix. Without blocks: its one
     section's derivation. With blocks (``sections``: each block's, then the top level's): the overview,
-    each op kind derived once, each section's step table linked to the lines of ``module`` (the generated
-    module as written, header included); ``flat_graph``: the spec with every block written out."""
+    each op kind derived once, each section's step table linked to its lines of the generated module
+    (``Section.lines``); ``flat_graph``: the spec with every block written out."""
     blocked = len(sections) > 1 or bool(sections[0].instances)
     built = {}
     for suffix, html in (("md", False), ("html", True)):
         if blocked:
-            overview, kinds, tables = _blocked(spec, sections, module, flat_graph, html)
+            overview, kinds, tables = _blocked(spec, sections, flat_graph, html)
             built[suffix] = (overview, kinds, tables, None)
         else:
             built[suffix] = (None, None, None, _derivation(sections[0], html))
@@ -327,7 +330,7 @@ def _latex_of(overview, kinds: OpKinds | None, tables: StepTables | None, deriva
     return "\n".join(parts)
 
 
-def _blocked(spec, sections: list[Section], module: str, flat_graph, html: bool):
+def _blocked(spec, sections: list[Section], flat_graph, html: bool):
     """The parts of a block spec's documents (:mod:`symgrad.overview`): the overview graph with the
     parameters folded into their ops, the block table, each op kind's derivation once, and each
     block's and the top level's step table."""
@@ -340,9 +343,7 @@ def _blocked(spec, sections: list[Section], module: str, flat_graph, html: bool)
     kinds: dict[str, dict] = {}
     tables = []
     for section in [*blocks, top]:
-        block = section.anchor.removeprefix("block-")
-        function = f"{block}_backward" if section.instances else "_backward_from_saved"
-        rows = step_rows(section, kinds, module, function, {name: name for name in names}, page)
+        rows = step_rows(section, kinds, {name: name for name in names}, page)
         program = section.planned.program
         loss = program.forward[-1].value
         tables.append(
