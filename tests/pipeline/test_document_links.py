@@ -4,6 +4,7 @@ those lines are known from where each printed line landed as the module was prin
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import symgrad.overview
 import symgrad.render
 from symgrad.pipeline import build_text
 from symgrad.render import render_structured
@@ -113,3 +115,13 @@ def test_each_printed_backward_line_is_placed_where_the_module_prints_it(name, m
             assert at["comment"] < at["statement"]
             commented += 1
     assert commented >= 4, commented
+
+
+def test_the_documents_code_reads_no_generated_text_with_a_regex():
+    """The step tables' lines come from ``placed_lines``: nothing in the documents' code imports ``re``."""
+    for name in ("overview.py", "documents.py", "render_documents.py", "render.py"):
+        tree = ast.parse((ROOT / "symgrad" / name).read_text(encoding="utf-8"))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "re" not in imported, name
+    assert not hasattr(symgrad.overview, "module_lines")
