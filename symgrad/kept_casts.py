@@ -1,13 +1,15 @@
-"""Under autocast, a convolution's weight cast once a step, as autograd casts it (``--keep all``).
+"""Under autocast, a convolution's or linear map's weight cast once a step, as autograd casts it (``--keep all``).
 
-Autocast casts each float32 weight to its lower precision where a convolution reads it, and autograd's
-node keeps that copy for the backward. The bound step's backward (``_convolution_backward``) cast each
-weight again: one copy more per convolution and step, the weight's size (ResNet-18: 11 M values). Here
-the saving forward makes the copy itself, right before the first convolution that reads the weight
-(``conv1_weight_autocast = _autocast_weight(params["conv1.weight"])``: the weight itself outside
-autocast, no copy), the convolutions read it (autocast casts nothing more), and the backward reads the
-same copy, told the weight's own dtype for its gradient. Only a weight that nothing else reads (an
-elementwise op would read it in float32). ``--keep lean`` keeps no copy: memory first, it casts again.
+Autocast casts each float32 weight to its lower precision where a convolution (or ``F.linear``, ``addmm``)
+reads it, and autograd's node keeps that copy for the backward. The bound step's backward
+(``_convolution_backward``, the input gradient's ``mm``) cast each weight again: one copy more per
+convolution or linear map and step, the weight's size (ResNet-18: 11 M values; ConvNeXt: its 36
+``pwconv`` weights). Here the saving forward makes the copy itself, right before the first op that reads
+the weight (``conv1_weight_autocast = _autocast_weight(params["conv1.weight"])``: the weight itself
+outside autocast, no copy), those ops read it (autocast casts nothing more), and the backward reads the
+same copy (a convolution's backward told the weight's own dtype for its gradient; a ``cast_like`` still
+reads the weight itself for its dtype). Only a weight that nothing else reads (an elementwise op would
+read it in float32). ``--keep lean`` keeps no copy: memory first, it casts again.
 """
 
 from __future__ import annotations
@@ -19,16 +21,25 @@ import sympy
 from .algebra import TensorOp, op, tensor
 from .reverse import Program, Statement
 
+# where each op reads a weight that autocast casts to its lower precision (every operand of these ops is
+# cast so): the forward's convolution, linear map and addmm; the backward's convolution backward and the
+# linear maps' input-gradient products (linear's ``grad @ W``, addmm's ``grad @ mat2.T``)
+WEIGHT_READS = {
+    "forward": {("conv", 1), ("linear", 1), ("addmm", 2)},
+    "backward": {("conv_backward", 2), ("linear_input_grad", 1), ("matmul", 1), ("matmul_transposed", 1)},
+}
+
 
 def _reads(expr, found: dict, where: str) -> None:
-    """Add to ``found[symbol]`` how ``expr`` reads each symbol: ``"weight"`` as a convolution's weight
-    (``where``: forward, the conv's operand 1; backward, conv_backward's operand 2), else ``"other"``."""
+    """Add to ``found[symbol]`` how ``expr`` reads each symbol: ``"weight"`` as an operand autocast casts
+    (``WEIGHT_READS``), ``"dtype"`` for its dtype alone (``cast_like``'s operand 1), else ``"other"``."""
     if isinstance(expr, TensorOp):
         name = expr.primitive.name
-        index = {"forward": ("conv", 1), "backward": ("conv_backward", 2)}[where]
         for position, operand in enumerate(expr.operands):
-            if (name, position) == index and operand.is_Symbol:
+            if (name, position) in WEIGHT_READS[where] and operand.is_Symbol:
                 found.setdefault(operand, set()).add("weight")
+            elif (name, position) == ("cast_like", 1) and operand.is_Symbol:
+                found.setdefault(operand, set()).add("dtype")
             else:
                 _reads(operand, found, where)
         for _, value in expr.params.items():
@@ -52,10 +63,10 @@ def _read_through(expr, copies: dict, where: str):
         return expr if arguments == list(expr.args) else expr.func(*arguments)
     operands = [_read_through(operand, copies, where) for operand in expr.operands]
     name = expr.primitive.name
-    if where == "forward" and name == "conv" and expr.operands[1] in copies:
-        operands[1] = copies[expr.operands[1]]
-    elif where == "backward" and name == "conv_backward" and expr.operands[2] in copies:
-        operands[2] = copies[expr.operands[2]]
+    for position, operand in enumerate(expr.operands):
+        if (name, position) in WEIGHT_READS[where] and operand in copies:
+            operands[position] = copies[operand]
+    if name == "conv_backward" and expr.operands[2] in copies:
         operands.append(expr.operands[2])
     if operands == list(expr.operands):
         return expr
@@ -80,7 +91,7 @@ def kept_as_autocast_weights(fast: Program) -> Program:
         for symbol in sorted(forward_reads, key=str)
         if symbol not in made
         and forward_reads[symbol] == {"weight"}
-        and backward_reads.get(symbol, {"weight"}) == {"weight"}
+        and backward_reads.get(symbol, set()) <= {"weight", "dtype"}
         and f"{symbol.name}_autocast" not in names
     }
     if not copies:

@@ -474,10 +474,11 @@ def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
     model[2].requires_grad_(False)
     text = trace(model, {"input": (2, 5)}, wrt="parameters", name="frozen_head", loss=LossChoice("mse_loss", "target"))
     source = build_text(text, "frozen_head.yaml").rendered.files["frozen_head.py"]
-    assert '.mm(params["2.weight"])\n' in source and '.mm(params["0.weight"]).to(input.dtype)' not in source
-    assert "    return loss, relu_1_active, linear_2, residual\n" in source, source
+    # the frozen weight read through autocast's copy, kept for the input's gradient as autograd keeps it
+    assert ".mm(sequential_2_weight_autocast)\n" in source and ").to(input.dtype)" not in source
+    assert "    return loss, relu_1_active, sequential_2_weight_autocast, linear_2, residual\n" in source, source
     plain = build_text(text, "frozen_head.yaml", recompute=False).rendered.files["frozen_head.py"]
-    assert "    return loss, relu_1, linear_2, residual\n" in plain, plain
+    assert "    return loss, relu_1, sequential_2_weight_autocast, linear_2, residual\n" in plain, plain
     trained = trace(
         model.requires_grad_(True),
         {"input": (2, 5)},
@@ -486,7 +487,7 @@ def test_a_frozen_products_input_is_not_kept_for_its_gradients_dtype(tmp_path):
         loss=LossChoice("mse_loss", "target"),
     )
     assert (
-        '.mm(params["2.weight"]).to(relu_1.dtype)'
+        ".mm(sequential_2_weight_autocast).to(relu_1.dtype)"
         in build_text(trained, "trained_head.yaml").rendered.files["trained_head.py"]
     )
     model[2].requires_grad_(False)

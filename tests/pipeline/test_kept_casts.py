@@ -79,3 +79,59 @@ def test_outside_autocast_the_kept_weight_is_the_weight_itself_and_the_gradients
     )
     for name, reference in zip(("w1", "w2"), torch.autograd.grad(loss, [w1, w2])):
         assert (getattr(got, name) - reference).abs().max() <= 1e-12 * reference.abs().max(), name
+
+
+LINEAR_MAPS = """name: linear_maps
+inputs:
+  x: {shape: [3, 5]}
+  w1: {shape: [6, 5]}
+  b1: {shape: [6]}
+  w2: {shape: [6, 4]}
+  b2: {shape: [4]}
+  t: {shape: [3, 4]}
+layers:
+  - {op: linear, in: x, weight: w1, bias: b1, out: l1}
+  - {op: relu, in: l1, out: r1}
+  - {op: addmm, in: [b2, r1, w2], out: a2}
+loss: {op: mse_loss, target: t}
+wrt: [x, w1, b1, w2, b2]
+"""
+
+
+def _linear_module(keep: str):
+    source = build_text(LINEAR_MAPS, "linear_maps.yaml", keep=keep).rendered.files["linear_maps.py"]
+    return module_from_source(source, f"linear_maps_{keep}")
+
+
+def _linear_inputs(dtype=torch.float32) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    shapes = {name: entry["shape"] for name, entry in yaml.safe_load(LINEAR_MAPS)["inputs"].items()}
+    return {name: torch.randn(shape, generator=generator, dtype=dtype) for name, shape in shapes.items()}
+
+
+@pytest.mark.parametrize("keep, casts", [("all", 2), ("lean", 4)])
+def test_a_linear_maps_weight_is_cast_once_a_step_under_autocast_with_keep_all(keep, casts):
+    """F.linear's weight and addmm's mat2: the forward's copy is the one the input's gradient reads."""
+    inputs = _linear_inputs()
+    reference = _linear_module("lean")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference.gradients(**inputs)
+        counter = WeightCasts({(6, 5), (6, 4), (4, 6)})  # (4, 6): addmm's backward reads mat2.T
+        with counter:
+            got = _linear_module(keep).gradients(**inputs)
+    assert counter.count == casts
+    for name in ("x", "w1", "b1", "w2", "b2"):  # in the dtype and bit for bit as before
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+        assert getattr(got, name).dtype == getattr(expected, name).dtype, name
+
+
+def test_outside_autocast_a_linear_maps_kept_weight_is_the_weight_and_the_gradients_autograds():
+    module = _linear_module("all")
+    inputs = _linear_inputs(torch.float64)
+    _, *saved = module._forward_saving(**inputs)
+    assert any(value is inputs["w1"] for value in saved) and any(value is inputs["w2"] for value in saved)
+    got = module.gradients(**inputs)
+    x, w1, b1, w2, b2, t = (value.clone().requires_grad_(name != "t") for name, value in inputs.items())
+    loss = torch.nn.functional.mse_loss(torch.addmm(b2, torch.relu(torch.nn.functional.linear(x, w1, b1)), w2), t)
+    for name, reference in zip(("x", "w1", "b1", "w2", "b2"), torch.autograd.grad(loss, [x, w1, b1, w2, b2])):
+        assert (getattr(got, name) - reference).abs().max() <= 1e-12 * reference.abs().max(), name
