@@ -177,6 +177,9 @@ class Guard(StepChecks):
         self._children = tuple(
             (parent, name, child) for parent in modules.values() for name, child in parent._modules.items()
         )
+        # each module's children's names as bound: one added since (a shortcut the code reads by hasattr, a
+        # Sequential appended to) changes what the model computes as surely as one replaced
+        self._owned = tuple((path, module, tuple(module._modules)) for path, module in modules.items())
         self._hypers = [
             (path, module, key, kept(value))
             for path, module in modules.items()
@@ -192,7 +195,7 @@ class Guard(StepChecks):
             moded += tuple(("", owner, self._traced_training) for owner in self._normed)
         self._moded = moded
         paths = module_paths(model)  # under torch.compile the checks walk to each module from the model
-        self._snapshot = Snapshot(self._children, self._hypers, moded, paths)
+        self._snapshot = Snapshot(self._children, self._hypers, moded, paths, self._owned)
         self._hook_watch = HookWatch(model)
         self._refuse_backward_hooks(self._hook_watch.hooks)
         self._reader = StateReader(self._state, paths)

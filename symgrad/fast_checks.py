@@ -139,10 +139,11 @@ class Snapshot:
     (``is`` or ``==``, as the guard compares them) and every mode-reading module in its traced mode;
     False sends the caller to its own checks, which name what changed."""
 
-    def __init__(self, children, hypers, modes=(), paths: dict | None = None):
+    def __init__(self, children, hypers, modes=(), paths: dict | None = None, owned=()):
         self._by_path = paths is not None and all(
             id(module) in paths
             for module in (
+                *(module for _, module, _ in owned),
                 *(parent for parent, _, _ in children),
                 *(module for _, module, _, _ in hypers),
                 *(module for _, module, _ in modes),
@@ -154,6 +155,11 @@ class Snapshot:
             self._path_children = tuple((paths[id(parent)], name, id(child)) for parent, name, child in children)
             self._path_hypers = tuple((paths[id(module)], key, value) for _, module, key, value in hypers)
             self._path_modes = tuple((paths[id(module)], training) for _, module, training in modes)
+            self._path_counts = tuple((paths[id(module)], len(names)) for _, module, names in owned)
+        # how many children each module has (``owned``: every module, with its children's names as bound): with
+        # every bound child in its place, a count that grew is a child added since
+        self._owners = tuple(module for _, module, _ in owned)
+        self._counts = tuple(len(names) for _, _, names in owned)
         self._parents = tuple(parent for parent, _, _ in children)
         self._child_names = tuple(name for _, name, _ in children)
         self._children = tuple(child for _, _, child in children)
@@ -207,6 +213,10 @@ class Snapshot:
             found = None if parent is None else parent._modules.get(name)
             if found is None or id(found) != child:
                 return False
+        for path, count in self._path_counts:
+            module = walk(model, path)
+            if module is None or len(module._modules) != count:
+                return False
         if not self.modes_unchanged(model):
             return False
         for path, key, value in self._path_hypers:
@@ -217,6 +227,8 @@ class Snapshot:
     def unchanged(self) -> bool:
         now = map(dict.get, map(getattr, self._parents, repeat("_modules")), self._child_names)
         if not all(map(operator.is_, now, self._children)):
+            return False
+        if tuple(map(len, map(getattr, self._owners, repeat("_modules")))) != self._counts:
             return False
         if not self.modes_unchanged():
             return False

@@ -107,9 +107,17 @@ class StepChecks:
                     f"or removed after bind (fix: bind the model again: {retrace(self.generated, self.model)} "
                     "if it changed what it computes)"
                 )
+        for path, module, names in self._owned:
+            added = [name for name in module._modules if name not in names]
+            if added:
+                raise BindError(
+                    f"{name_of(self.generated)}: a submodule {added[0]} was added to {path or 'the model'} "
+                    f"({type(module).__name__}) after bind, and the bound step runs what was traced (fix: remove "
+                    f"it, or trace and generate the changed model: {retrace(self.generated, self.model)})"
+                )
         changed, refreshed = first_changed(self._hypers)  # symgrad.guards: dicts, lists, partials by value
         if refreshed:  # an equal value made anew (a partial): compared as it is now from here on
-            self._snapshot = Snapshot(self._children, self._hypers, self._moded, module_paths(self.model))
+            self._snapshot = Snapshot(self._children, self._hypers, self._moded, module_paths(self.model), self._owned)
         if changed:
             path, module, key, value, now = changed
             has = f"no {key}" if now is MISSING else f"{key}={shown(now)}"

@@ -86,7 +86,8 @@ def _snapshot(net, modes=()):
         for key, value in vars(module).items()
         if key in ("stride", "padding", "eps", "momentum")
     )
-    return Snapshot(children, hypers, modes)
+    owned = tuple((path, module, tuple(module._modules)) for path, module in modules.items())
+    return Snapshot(children, hypers, modes, None, owned)
 
 
 def test_snapshot_sees_a_child_swapped_a_hyper_parameter_changed_or_deleted():
@@ -108,6 +109,14 @@ def test_snapshot_sees_a_child_swapped_a_hyper_parameter_changed_or_deleted():
     net._modules = dict(net._modules)  # the same children in another dict: unchanged; then one replaced
     assert snapshot.unchanged()
     net._modules["2"] = nn.ReLU()
+    assert not snapshot.unchanged()
+    net = _net()
+    snapshot = _snapshot(net)
+    net.append(nn.ReLU())  # a child added, every bound one in its place
+    assert not snapshot.unchanged()
+    net = _net()
+    snapshot = _snapshot(net)
+    net[0].extra = nn.ReLU()  # added to a leaf, which had no child
     assert not snapshot.unchanged()
 
 
