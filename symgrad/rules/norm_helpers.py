@@ -212,13 +212,17 @@ BATCH_NORM_AGAIN = '''def _batch_norm_again(input, weight, bias, mean, invstd, e
     copy of a bfloat16 input); ``torch.addcmul`` computes them too (the same fused multiply-adds),
     faster for a float32 channels_last input. Elsewhere, and where a graph is recorded (a
     derivative of the gradient also reads the statistics' dependence on ``input``), the forward's
-    kernel again."""
+    kernel again. Without a weight or bias (affine=False) the kernel's are 1 and 0: the same
+    call given ones and zeros (the forward's own kernel without them, which ran with the running
+    statistics, would take another path for a bfloat16 input, its output up to 1.6e-2 apart)."""
     graph = torch.is_grad_enabled() and any(
         value is not None and value.requires_grad for value in (input, weight, bias))
-    if (graph or input.device.type != "cpu" or torch.compiler.is_compiling() or weight is None
-            or bias is None or mean.dtype not in (torch.float32, torch.float64)
-            or weight.dtype != mean.dtype or bias.dtype != mean.dtype):
+    if (graph or input.device.type != "cpu" or torch.compiler.is_compiling()
+            or mean.dtype not in (torch.float32, torch.float64)
+            or any(value is not None and value.dtype != mean.dtype for value in (weight, bias))):
         return torch.native_batch_norm(input, weight, bias, None, None, True, 0.0, eps)[0]
+    weight = torch.ones_like(mean) if weight is None else weight  # affine=False: the kernel's 1
+    bias = torch.zeros_like(mean) if bias is None else bias  # and 0
     alpha = invstd * weight
     if (input.dtype == mean.dtype and input.dim() == 4 and not input.is_contiguous()
             and input.is_contiguous(memory_format=torch.channels_last)):

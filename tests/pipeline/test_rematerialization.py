@@ -215,6 +215,12 @@ def test_the_batch_norm_made_again_is_the_kernels_output_bit_for_bit(dtype, chan
             weight, bias = weight.float(), bias.float()
             out, mean, invstd = torch.native_batch_norm(half, weight, bias, None, None, True, 0.1, 1e-5)
             assert _same_bits(again(half, weight, bias, mean, invstd), out), (shape, scale)
+            # affine=False (no weight, no bias), with the running statistics as BatchNorm2d(affine=False)
+            # runs and without (track_running_stats=False): the bfloat16 kernel takes another path without
+            for value, kind in ((x, dtype), (half, torch.float32)):
+                for running in ((torch.zeros(shape[1], dtype=kind), torch.ones(shape[1], dtype=kind)), (None, None)):
+                    out, mean, invstd = torch.native_batch_norm(value, None, None, *running, True, 0.1, 1e-5)
+                    assert _same_bits(again(value, None, None, mean, invstd), out), (shape, scale, value.dtype)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
