@@ -180,8 +180,12 @@ class _Scope(ast.NodeVisitor):
             for statement in body:
                 self.visit(statement)
             sides.append(self.stores)
-        first = {name for name, _ in sides[0]}
-        self.stores = outer + sides[0] + [store for store in sides[1] if store[0] not in first]
+        # a name stored before the `if` and again on one side is one value too: a saved entry only one side
+        # keeps (``rc if down else None``) that the other side's backward makes again (``rc = F.relu(c)``)
+        before = {name for name, _ in outer}
+        first = {name for name, _ in sides[0]} | before
+        self.stores = outer + [store for store in sides[0] if store[0] not in before]
+        self.stores += [store for store in sides[1] if store[0] not in first]
 
     def visit_Constant(self, node):  # a leaf: NodeVisitor's own looks for the old visit_Num and kin
         pass
