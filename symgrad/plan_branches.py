@@ -7,7 +7,7 @@ run instead (:class:`Switch`). Each instance runs exactly its own derivation's s
 the two lists are aligned by their printed statements (``difflib``), never reordered. A name one
 derivation deletes after a shared statement and the other does not is deleted there under the switch
 (``if downsample: del grad_add``): each frees what it frees, where it does. What the forward saves and the backward returns only with the branch is
-marked so, the saved entry ``None`` without it.
+marked so, the saved entry ``None`` without it; what it saves only without the branch, ``None`` with it.
 """
 
 from __future__ import annotations
@@ -104,15 +104,21 @@ def merged(hyper: str, taken: list, otherwise: list) -> tuple:
 
 
 def merged_plan(plan_class, with_branch, without, hyper: str):
-    """The ``plan.BlockPlan`` of the block's one pair of functions from those of its two bodies."""
+    """The ``plan.BlockPlan`` of the block's one pair of functions from those of its two bodies. What
+    only the body with the branch saves is saved as ``v if downsample else None``; what only the body
+    without it saves (a value made before the branch that the instances without it read in its place,
+    ``absent: bn1`` multiplied in) as ``v if not downsample else None``, after the others."""
     saved = list(with_branch.saved_names)
     at = saved.index("p") + 1 if "p" in saved else 0
     saved.insert(at, hyper)  # the backward reads the switch
     only = tuple(name for name in saved if name != hyper and name not in without.saved_names)
-    missing = [name for name in without.saved_names if name not in saved]
-    if missing:
-        raise AssertionError(f"the body without the branch saves {missing}, which the one with it does not")
-    kept = dict(zip(with_branch.saved_names, with_branch.saved_returned), **{hyper: hyper})
+    unless = tuple(name for name in without.saved_names if name not in saved)
+    saved += unless
+    kept = {
+        **dict(zip(without.saved_names, without.saved_returned)),
+        **dict(zip(with_branch.saved_names, with_branch.saved_returned)),
+        hyper: hyper,
+    }
     returned = dict(without.returns)
     if any(returned.get(key, value) != value for key, value in with_branch.returns):
         raise AssertionError("the two bodies return a gradient under different names")
@@ -120,7 +126,14 @@ def merged_plan(plan_class, with_branch, without, hyper: str):
         forward=merged(hyper, list(with_branch.forward), list(without.forward)),
         backward=merged(hyper, list(with_branch.backward), list(without.backward)),
         saved_names=tuple(saved),
-        saved_returned=tuple(f"{kept[name]} if {hyper} else None" if name in only else kept[name] for name in saved),
+        saved_returned=tuple(
+            f"{kept[name]} if {hyper} else None"
+            if name in only
+            else f"{kept[name]} if not {hyper} else None"
+            if name in unless
+            else kept[name]
+            for name in saved
+        ),
         returns=tuple(pair for pair in with_branch.returns if pair[0] in returned),
         switch=hyper,
         saved_when=only,

@@ -51,6 +51,22 @@ def test_a_block_with_an_optional_branch_is_one_pair_of_functions_equal_to_autog
     assert source.count("def basic_backward(") == 1
 
 
+def test_a_value_only_the_instances_without_the_branch_save_is_none_in_the_others():
+    # without the branch the product reads c (made before it) where the others read d: only they save c
+    layers = (
+        "      - {op: conv2d, in: h, weight: dw, stride: stride, out: d}\n"
+        "      - {op: add, in: [c, d], out: s}\n      - {op: relu, out: r}\n"
+    )
+    product = (
+        "      - {op: relu, in: c, out: rc}\n      - {op: conv2d, in: h, weight: dw, stride: stride, out: d}\n"
+        "      - {op: mul, in: [rc, d], out: s}\n"
+    )
+    assert layers in BRANCHED
+    text = BRANCHED.replace(layers, product).replace("absent: h}", "absent: c}")
+    source = _agrees_with_flat_and_autograd(text, "product.yaml")
+    assert "c if not down else None" in source, source
+
+
 @pytest.mark.parametrize(
     "old, new, message, line",
     [

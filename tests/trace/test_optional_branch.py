@@ -42,12 +42,22 @@ class Block(nn.Module):
         return torch.relu(out + identity)
 
 
+class Product(Block):
+    """Without a downsample the block multiplies by its first batch norm's output, made before the
+    branch (``absent: bn1``): the body without the branch saves ``bn1``, which the body with it does not."""
+
+    def forward(self, x):
+        bn1 = self.bn1(self.conv1(x))
+        out = self.conv2(torch.relu(bn1))
+        return torch.relu(out * (bn1 if self.downsample is None else self.downsample(x)))
+
+
 class Net(nn.Module):
-    def __init__(self, other: bool = False):
+    def __init__(self, other: bool = False, block=Block):
         super().__init__()
         self.stem = nn.Conv2d(3, 4, 3, padding=1, bias=False)
         widths = [(4, 4, 1), (4, 4, 1), (4, 6, 2), (6, 6, 1)] + [(6, 6, 2)] * other  # two downsampling twins
-        self.blocks = nn.Sequential(*(Block(i, o, s, other and s == 2) for i, o, s in widths))
+        self.blocks = nn.Sequential(*(block(i, o, s, other and s == 2) for i, o, s in widths))
         self.head = nn.Linear(6, 3)
 
     def forward(self, x):
@@ -63,17 +73,9 @@ def _generated(model, tmp_path):
     return text, source
 
 
-def test_instances_with_and_without_a_downsample_are_one_block_equal_to_autograd(tmp_path):
-    torch.manual_seed(0)
-    model = Net().double().train()
-    text, source = _generated(model, tmp_path)
-    assert "optional: {downsample: {nodes: [downsample_0, downsample_1], absent: x}}" in text, text
-    assert "hyper: {stride: 1, downsample: false}" in text and text.count("{block: block,") == 4, text
-    assert "hyper: {stride: 2, downsample: true}" in text, text
-    assert "def block_forward(x, p, stride=1, downsample=False, save=False):" in source, source
-    # the forward once; the backward: the branch's pullback, deleting what only one side deletes there, the sum at x
-    lines = source.splitlines()
-    assert lines.count("    if downsample:") == 4 and lines.count("    else:") == 2, source
+def _steps_equal_autograds(model, tmp_path):
+    """Three bound SGD steps of ``model`` (float64, another batch and size than traced) against autograd
+    through a copy of it: loss and gradients <= 1e-12 apart, running statistics alike; the bound step."""
     reference = copy.deepcopy(model)
     step = symgrad.bind(tmp_path / "branched.py", model)
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
@@ -95,6 +97,23 @@ def test_instances_with_and_without_a_downsample_are_one_block_equal_to_autograd
             optimizer.step()
     for buffer, theirs in zip(model.buffers(), reference.buffers()):  # running statistics moved alike
         assert torch.allclose(buffer.double(), theirs.double(), rtol=1e-12, atol=1e-12)
+    return step
+
+
+def test_instances_with_and_without_a_downsample_are_one_block_equal_to_autograd(tmp_path):
+    torch.manual_seed(0)
+    model = Net().double().train()
+    text, source = _generated(model, tmp_path)
+    assert "optional: {downsample: {nodes: [downsample_0, downsample_1], absent: x}}" in text, text
+    assert "hyper: {stride: 1, downsample: false}" in text and text.count("{block: block,") == 4, text
+    assert "hyper: {stride: 2, downsample: true}" in text, text
+    assert "def block_forward(x, p, stride=1, downsample=False, save=False):" in source, source
+    # the forward once; the backward: the branch's pullback, deleting what only one side deletes there, the sum at x
+    lines = source.splitlines()
+    assert lines.count("    if downsample:") == 4 and lines.count("    else:") == 2, source
+    step = _steps_equal_autograds(model, tmp_path)
+    x = torch.randn(3, 3, 10, 10, dtype=torch.float64)
+    labels = torch.randint(0, 3, (3,))
     # bind's guards per instance: one that gained the branch is refused at bind, one that lost it (or
     # gained it) after bind is refused at the call
     changed = copy.deepcopy(model)
@@ -110,3 +129,12 @@ def test_instances_that_differ_besides_the_branch_stay_two_blocks(tmp_path):
     torch.manual_seed(0)
     text, _ = _generated(Net(other=True).double().train(), tmp_path)
     assert "optional:" not in text.partition("fingerprint:")[0] and "{block: block_downsample," in text, text
+
+
+def test_a_value_saved_only_without_the_branch_is_saved_unless_it_is_taken(tmp_path):
+    torch.manual_seed(0)
+    model = Net(block=Product).double().train()
+    text, source = _generated(model, tmp_path)
+    assert "optional: {downsample: {nodes: [downsample_0, downsample_1], absent: bn1}}" in text, text
+    assert "bn1 if not downsample else None" in source, source
+    _steps_equal_autograds(model, tmp_path)
