@@ -158,8 +158,31 @@ def planned_program(
     top = derive(graph), derive(graph, fused=fused)  # the readable derivation, and the one `gradients` runs
     check_statement_targets(expanded.spec, *(part for program in top for part in (program.forward, program.backward)))
     extra = derive_extras(top[0], extras)  # hvp's and per_sample's statements: the inlined program's (expand)
-    derived = {name: plan_block(found, recompute, lean) for name, found in variants.items()}
+    derived = {
+        name: plan_block(found, recompute, lean, _params_entries(expanded, flat_graph, name))
+        for name, found in variants.items()
+    }
     return plan_program(expanded, flat_graph, shapes, derived, graph, chains, top, extra, recompute, lean)
+
+
+def _params_entries(expanded, flat_graph, block: str) -> frozenset[str]:
+    """The block's parameters that are, in every instance, an entry of ``params`` (an input with a ``source``)
+    read by that instance's one layer alone: their gradients come back in ``params`` as the block returns them,
+    not summed with another's, so a weight's may stay in autocast's dtype until ``gradients`` (or autograd's
+    engine) casts it after the backward (``kept.deferred_weight_casts``)."""
+    sources = {item.name for item in expanded.spec.inputs if item.source}
+    instances = [layer for layer in expanded.top.layers if layer.block == block]
+    return frozenset(
+        name
+        for name in expanded.blocks[block].param_names
+        if all(  # an instance that leaves an optional branch out binds none of the branch's parameters
+            (bound := dict(layer.binding)[name]) in sources
+            and bound in flat_graph.nodes
+            and len(flat_graph.consumers(bound)) == 1
+            for layer in instances
+            if name in dict(layer.binding)
+        )
+    )
 
 
 def check_plans(spec: Spec) -> None:

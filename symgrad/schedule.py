@@ -76,7 +76,12 @@ class Plan:
 
 
 def schedule(
-    program: Program, fast: Program, extras: dict | None = None, recompute: bool = True, lean: bool = False
+    program: Program,
+    fast: Program,
+    extras: dict | None = None,
+    recompute: bool = True,
+    lean: bool = False,
+    parameters: frozenset[str] | None = None,
 ) -> Plan:
     """The :class:`Plan` for the derivations of one body's graph; ``extras``: the derived statements of
     the optional functions wanted (``tangent.derive_extras``: ``hvp``, ``per_sample``; the inlined
@@ -84,7 +89,8 @@ def schedule(
     ``recompute=False`` keeps every value the backward reads, as autograd does: no activation computed
     again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`); ``lean``
     (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
-    from the batch norm's input and statistics (:mod:`symgrad.rematerialize`)."""
+    from the batch norm's input and statistics (:mod:`symgrad.rematerialize`). ``parameters``: the inputs
+    that are entries of ``params`` (a block body's parameters); None: the spec's inputs with a ``source``."""
     graph = program.graph
     gradient_symbols = set(program.gradients.values())
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
@@ -121,9 +127,9 @@ def schedule(
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
         live = live[:split] + again
     if recompute:  # under autocast a parameter's whole weight gradient stays in its dtype until the caller casts it
-        sourced = {
-            spec.name for spec in graph.spec.inputs if spec.source is not None
-        }  # params[...]: cast by gradients()
+        sourced = (  # params[...] (a block's p[...]: an instance's slice of it): cast by gradients()
+            {spec.name for spec in graph.spec.inputs if spec.source is not None} if parameters is None else parameters
+        )
         params = {symbol for name, symbol in program.gradients.items() if name in sourced}
         live = live[:split] + deferred_weight_casts(live[split:], params)
     _, backward, boundary_dead = with_deletions(live, split, fast.default_cotangent.free_symbols, gradient_symbols)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
@@ -211,3 +212,28 @@ def test_every_committed_module_has_one_blank_line_between_definitions():
     assert len(modules) >= 5
     for path in modules:
         assert "\n\n\n" not in path.read_text(), path.name
+
+
+def test_under_autocast_a_blocks_weight_gradients_are_cast_after_the_backward_bit_for_bit(resnet18):
+    """A block function's convolution weight gradients stay in autocast's dtype through the backward as the
+    top body's do (kept.deferred_weight_casts: an instance's parameters are entries of ``params``, which
+    ``gradients`` and autograd's engine cast after it): bit for bit the module that casts each at once (the
+    hostile reading of 2026-12-07 found only the top body's deferred)."""
+    model, source = resnet18
+    block = source[source.index("def basic_block_backward") : source.index("def _run_forward")]
+    assert block.count("defer_weight_cast=True") >= 3  # conv1, conv2 and the downsample's: each read once
+    deferred = module_from_source(source, "resnet18_deferred")
+    eager = module_from_source(re.sub(r",\s*defer_weight_cast=True", "", source), "resnet18_cast_at_once")
+    x, target = torch.randn(3, 3, 40, 40), torch.tensor([0, 1, 2])
+    grads = []
+    for module in (deferred, eager):
+        net = copy.deepcopy(model).float().train()
+        params = {key: value.detach().clone() for key, value in net.state_dict().items()}
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            direct = module.gradients(x, target, params).params
+            loss = symgrad.bind(module, net, verify=False)(x=x, target=target)
+        loss.backward()
+        assert all(value.dtype == torch.float32 for value in direct.values())
+        grads.append({key: value.grad for key, value in net.named_parameters()})
+    assert all(value.dtype == torch.float32 for value in grads[0].values())
+    assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
