@@ -6,6 +6,7 @@ fingerprint itself, and bind's comparison, are :mod:`symgrad.fingerprint`'s.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import re
@@ -101,8 +102,7 @@ def module_constants(
     text = (
         _fingerprint_literal(summaries, instances or {})
         + (
-            "\n# each BatchNorm run in training mode (row[4], row[5]) moves its running statistics in place with\n"
-            "# this momentum, as nn.BatchNorm's forward does (None: a cumulative average, which bind keeps)\n"
+            "\n# a BatchNorm run in training mode (row[4], row[5]) moves its running statistics by its momentum\n"
             f"MOMENTA = dict.fromkeys([path for path, row in FINGERPRINT.items() if row[4] and row[5]], {momenta[1]})\n"
             'RUNNING = {f"{module}.{name}" for module in MOMENTA for name in ("running_mean", "running_var")}'
             if read
@@ -111,8 +111,7 @@ def module_constants(
         + "\n"
         + frozen_text
         + (
-            "\n# what else the traced forward read (symgrad.guards): the functions of the model's code it\n"
-            "# called (hashed with what they read); its literal reads and non-tensor arguments, where any\n"
+            "\n# what else the traced forward read (symgrad.guards): its code, literals and non-tensor arguments\n"
             f"GUARDS = {python_literal(_guards(spec.guards), lead=9)}"
             if spec.guards
             else ""
@@ -122,28 +121,31 @@ def module_constants(
 
 
 def _fingerprint(rows, paths, groups):
-    """FINGERPRINT from its distinct rows: each path's by number, or where it names a group (a
-    block's submodules, by path under the instance) the group's, or those numbered with its name
-    in the group's order; each path a list of its own, in the model's order."""
+    """FINGERPRINT from its distinct rows (a tail of defaults left out): each path's by number,
+    or where it names a group (a block's submodules, by path under the instance) the group's, or
+    those numbered with its name in the group's order; each path a list, in the model's order."""
+    defaults = [None, None, "44136fa3", "44136fa3", None, 0]  # 44136fa3: no hypers, no tensors
     table = {}
-    for path, row in paths.items():
-        if isinstance(row, int):
-            row = ("", [row])
-        name, numbers = row if isinstance(row, tuple) else (row, None)
+    for path, entry in paths.items():
+        if isinstance(entry, int):
+            entry = ("", [entry])
+        name, numbers = entry if isinstance(entry, tuple) else (entry, None)
         inner = groups[name] if name else {"": None}
         for relative, number in zip(inner, numbers or inner.values()):
-            table[".".join(part for part in (path, relative) if part)] = list(rows[number])
+            row, key = rows[number], ".".join(part for part in (path, relative) if part)
+            table[key] = [*row, *defaults[len(row) :]]
     return table
 
+
+EMPTY = hashlib.sha256(b"{}").hexdigest()[:8]
+"""The hash of no hypers and of no tensors (:func:`symgrad.fingerprint.digests` of ``{}``)."""
+assert EMPTY == "44136fa3", EMPTY  # as _fingerprint writes it
 
 DECODER = inspect.getsource(_fingerprint)
 """The function that unfolds ``FINGERPRINT`` in the generated module (its rows, paths and groups
 written once), as it is here."""
 
-HEADING = (
-    "# What symgrad.bind checks a model against (it refuses one that differs): per submodule, its class,\n"
-    "# hashes of its code, hypers and own tensors' shapes, the mode it ran in if read, BatchNorm runs"
-)
+HEADING = "# what symgrad.bind checks: per submodule class, hashes of code, hypers, shapes; mode, BN runs"
 
 
 def _groups(numbers: dict[str, int], instances: dict[str, str], classes: dict[str, str]) -> tuple[dict, dict]:
@@ -204,7 +206,7 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
     rows: list[str] = []
     numbers = {}
     for path, row in summaries.items():
-        text = python_literal(row, indent=4, lead=4)
+        text = python_literal(_shortened(row), indent=4, lead=4)
         numbers[path] = rows.index(text) if text in rows else rows.append(text) or len(rows) - 1
     if len(rows) == len(summaries):
         return f"{HEADING}\n" + f"FINGERPRINT = {python_literal(summaries, lead=14)}"
@@ -212,10 +214,7 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
     distinct = {number: summaries[path] for path, number in reversed(numbers.items())}
     if _fingerprint(distinct, top, groups) != summaries:  # the module's own function gives the table back
         raise AssertionError("the fingerprint's rows and groups do not give its table back")
-    table = "".join(
-        f"    {row},  # {number}\n" if len(f"    {row},  # {number}") <= 100 else f"    {row},\n"
-        for number, row in enumerate(rows)
-    )
+    table = _packed_rows(rows)
     grouped = "".join(
         f"    {json.dumps(name)}: {python_literal(group, 4, 6 + len(json.dumps(name)))},\n"
         if len(python_literal(group)) + len(json.dumps(name)) + 7 <= 100
@@ -223,6 +222,33 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
         for name, group in groups.items()
     )
     return f"{DECODER}\n{HEADING}\nFINGERPRINT = _fingerprint([\n{table}], {{\n{_packed(top, 4)}\n}}, {{\n{grouped}}})"
+
+
+def _shortened(row: list) -> list:
+    """``row`` without the tail its module's :func:`_fingerprint` puts back (no code of its own, no
+    hypers, no tensors, no mode read, no BatchNorm run)."""
+    defaults = [None, None, EMPTY, EMPTY, None, 0]
+    while len(row) > 1 and row[-1] == defaults[len(row) - 1]:
+        row = row[:-1]
+    return row
+
+
+def _packed_rows(rows: list[str]) -> str:
+    """The rows as many to a line as fit 100 columns, each line ending with its rows' numbers."""
+    lines: list[tuple[int, str]] = []  # (first number, text)
+    for number, row in enumerate(rows):
+        if lines:
+            first, text = lines[-1]
+            joined = f"{text} {row},"
+            if len(f"    {joined}  # {first}-{number}") <= 100:
+                lines[-1] = (first, joined)
+                continue
+        lines.append((number, f"{row},"))
+    ends = [first for first, _ in lines[1:]] + [len(rows)]
+    return "".join(
+        f"    {text}  # {first}\n" if end - first == 1 else f"    {text}  # {first}-{end - 1}\n"
+        for (first, text), end in zip(lines, ends)
+    )
 
 
 def _packed(numbers: dict, indent: int) -> str:

@@ -32,13 +32,14 @@ WEIGHT_READS = {
 
 def _reads(expr, found: dict, where: str) -> None:
     """Add to ``found[symbol]`` how ``expr`` reads each symbol: ``"weight"`` as an operand autocast casts
-    (``WEIGHT_READS``), ``"dtype"`` for its dtype alone (``cast_like``'s operand 1), else ``"other"``."""
+    (``WEIGHT_READS``), ``"dtype"`` for its dtype alone (``cast_like``'s operand 1, the weight a convolution's
+    backward is given beside its copy), else ``"other"``."""
     if isinstance(expr, TensorOp):
         name = expr.primitive.name
         for position, operand in enumerate(expr.operands):
             if (name, position) in WEIGHT_READS[where] and operand.is_Symbol:
                 found.setdefault(operand, set()).add("weight")
-            elif (name, position) == ("cast_like", 1) and operand.is_Symbol:
+            elif (name, position) in {("cast_like", 1), ("conv_backward", 3)} and operand.is_Symbol:
                 found.setdefault(operand, set()).add("dtype")
             else:
                 _reads(operand, found, where)
@@ -106,3 +107,12 @@ def kept_as_autocast_weights(fast: Program) -> Program:
         for statement in fast.backward
     ]
     return dataclasses.replace(fast, forward=forward, backward=backward)
+
+
+def read_beyond_dtype(statements) -> set[str]:
+    """The names of the symbols ``statements`` (the backward's) read for more than their dtype: a weight
+    read through its kept copy alone is read for its dtype only (its layout, its values not)."""
+    found: dict = {}
+    for statement in statements:
+        _reads(statement.value, found, "backward")
+    return {symbol.name for symbol, how in found.items() if how - {"dtype"}}

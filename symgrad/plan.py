@@ -23,6 +23,7 @@ from .comment import Comment
 from .errors import SpecError
 from .expand import Expanded
 from .graph import Graph
+from .kept_casts import read_beyond_dtype
 from .plan_branches import merged_plan, split_by_branches
 from .printing import to_code
 from .reverse import GRAD_LOSS, Program
@@ -64,7 +65,7 @@ def layout_plan(spec: Spec, flat_graph: Graph, graph: Graph, planned: Plan) -> L
     flat_sources = {item.name: item.source for item in flat_graph.spec.inputs if item.source}
     keys = [flat_sources[name] for name in rule.weights if name in flat_sources]
     named = [name for name in rule.weights if name not in flat_sources]  # weights the caller passes by name
-    read_in_backward = {symbol.name for item in planned.backward for symbol in item.statement.value.free_symbols}
+    read_in_backward = read_beyond_dtype([item.statement for item in planned.backward])
     shapes = {node.name: node.shape for node in flat_graph.inputs}
     return LayoutPlan(
         keys=tuple(keys),

@@ -192,14 +192,10 @@ def _blocks_paragraph(name: str, block_names: list[str], params: bool) -> str:
     """What the docstring of a module written as its blocks says of them: what a reader needs to find
     the math (each block's two functions, its derivation's document), nothing the code says again."""
     return (
-        f"Each block ({', '.join(block_names)}) derived once ({name}.md) as a forward and a backward function, "
-        "called per instance"
-        + (
-            " on its slice of ``params`` (keyed as the model's ``state_dict()``, as the gradients come back)"
-            if params
-            else ""
-        )
-        + "; every line a differentiable torch op."
+        f"Each block ({', '.join(block_names)}) derived once ({name}.md), its forward and backward called "
+        "per instance"
+        + (" on its slice of ``params`` (keyed as ``state_dict()``)" if params else "")
+        + "; every line differentiable."
     )
 
 
@@ -238,9 +234,8 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: boo
         momentum_shared=_shared_momentum(statistics, sources),
         running_empty=not momentum_lines and bool(sources) and not read,
         constant_comment=(
-            f"batch x height x width of {constant['reference']} from which the 2-d convolutions run in "
-            f"channels_last: their inputs' positions, by weight size, reach {constant['positions']} "
-            "(roles.CHANNELS_LAST_MIN_POSITIONS)"
+            f"batch x height x width of {constant['reference']} from which 2-d convolutions run in channels_last "
+            "(symgrad/roles.py)"
         )
         if constant
         else "",

@@ -47,3 +47,19 @@ def test_an_instances_own_numbers_wrap_within_100_columns_and_give_back_the_tabl
     namespace: dict = {}
     exec(compile(text, "fingerprint", "exec"), namespace)
     assert namespace["FINGERPRINT"] == table and list(namespace["FINGERPRINT"]) == list(table)
+
+
+def test_a_rows_tail_of_defaults_is_left_out_and_rows_share_lines():
+    """A row written without what _fingerprint puts back (no code, no hypers, no tensors, no mode, no BatchNorm
+    run), several rows to a line with their numbers; a BatchNorm's row, whose tail is not the default, whole."""
+    table = {"": ["Net", "0123456789abcdef", "44136fa3", "44136fa3", None, 0], "relu": _row("ReLU")}
+    table |= {f"conv{index}": _row("Conv2d", f"{index:08d}") for index in range(6)}
+    table["bn"] = ["BatchNorm2d", None, "d0c7b5ed", "7f95d0d9", True, 1]
+    text = _fingerprint_literal(table | {"relu2": _row("ReLU")}, {})
+    rows = text.split("FINGERPRINT = _fingerprint([\n", 1)[1].split("\n], {", 1)[0].splitlines()
+    assert '["ReLU"],' in text and '["Net", "0123456789abcdef"],' in text
+    assert '["BatchNorm2d", None, "d0c7b5ed", "7f95d0d9", True, 1]' in text
+    assert len(rows) < len(table) / 2 and rows[0].endswith("# 0-2") and max(map(len, text.splitlines())) <= 100
+    namespace: dict = {}
+    exec(compile(text, "fingerprint", "exec"), namespace)
+    assert namespace["FINGERPRINT"] == table | {"relu2": _row("ReLU")}

@@ -75,9 +75,10 @@ def test_a_kernel_with_many_arguments_is_called_with_keywords(resnet18):
 def test_the_channels_last_size_is_one_named_constant(resnet18):
     _, source = resnet18
     value = re.search(r"^((?:# .*\n)+)CHANNELS_LAST_FROM = (\d+)$", source, re.M)  # its comment above it
-    assert value and "CHANNELS_LAST_MIN_POSITIONS" in value.group(1)
+    assert value and "symgrad/roles.py" in value.group(1)  # where its rule is
     assert source.count(value.group(2)) == 1  # the number once, the tests by name
-    assert source.count(">= CHANNELS_LAST_FROM:") == 2
+    # the forward moves the weights; the backward reads their kept copies (each weight for its dtype alone)
+    assert source.count(">= CHANNELS_LAST_FROM:") == 1 and "_channels_last(params, {" not in source
 
 
 def test_each_step_of_a_block_backward_has_a_one_line_comment_in_the_codes_names(resnet18):
