@@ -17,7 +17,9 @@ at its last read. The steps, each bit for bit the forward's value:
 - an activation (``Primitive.recomputable``: ReLU, SiLU, GELU, hardswish, ...) of such a value: the
   same kernel on the same input (an activation of a value kept anyway, a ViT MLP's GELU of its
   first linear map's output, which GELU's backward reads, is made again already with ``--keep
-  all``: ``schedule._recomputed``);
+  all``: ``schedule._recomputed``); one whose recompute is costly (``Primitive.costly_to_recompute``:
+  SiLU's exp per element) only where it is among the step's largest values (:func:`costly_made_again`),
+  else kept as ``--keep all`` keeps it;
 - the sum of two such values, or of one and a kept value (a residual block's ``bn2 + identity``):
   one rounding, whichever term comes first;
 - a concatenation or an interpolation (:data:`REARRANGED`) of such values or of kept ones (a U-Net's
@@ -32,6 +34,7 @@ of residual blocks every other block's output stays, and the next one is made fr
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy
 
@@ -56,6 +59,54 @@ batch norm's, from its input and the batch mean and 1 / std (``_batch_norm_again
 would move the running statistics a second time); ``kernel``, the fused call again on the same input,
 weight and bias (no state, the same kernel in the same order: bit for bit; the statistics it returns
 again are dropped, the kept ones stay)."""
+
+
+LARGEST_SHARE = 0.5
+"""--keep lean makes a costly activation's output again only where it holds at least this share of the
+elements of the largest value the step's backward reads (:func:`costly_made_again`)."""
+
+
+def costly_made_again(forward: list[Statement], backward: list[Statement], graph=None) -> set:
+    """The outputs of costly activations (``Primitive.costly_to_recompute``: SiLU's, an exp per
+    element) that ``--keep lean`` makes again in the backward: those of at least :data:`LARGEST_SHARE`
+    of the elements of the largest forward value the backward reads (a node's own output, at the
+    traced sizes of ``graph``); the smaller ones are kept, as ``--keep all`` keeps them. A lean step's
+    peak is where its largest values live together (the widest layer's backward: EfficientNet's
+    expanded 48 x 56² SiLU output beside its convolution's output, which the batch norm's backward
+    keeps anyway); a smaller output costs its recompute (on one thread ~0.28 ms per MB of bfloat16,
+    1.3x silu_backward's own time) for bytes that mostly do not reach that peak (EfficientNet-B0's
+    stages at 8 x 112² under AMP: the peak 16.3 -> 16.7 MiB in the default layout, 17.1 -> 18.9 in
+    channels_last, against autograd's 25.2 and 28.5; making all twelve again cost 4-6 % of the step).
+    Without ``graph`` (a block's body, shared by instances of several sizes, where the choice could
+    differ between them) every costly output the backward reads is made again."""
+    read = set().union(*(statement.value.free_symbols for statement in backward))
+    costly = {
+        statement.target
+        for statement in forward
+        if statement.target in read
+        and isinstance(statement.value, TensorOp)
+        and statement.value.primitive.costly_to_recompute
+    }
+    if graph is None or not costly:
+        return costly
+    sizes = {
+        statement.target: _elements(graph, statement)
+        for statement in forward
+        if statement.target in read and statement.target.name == statement.node
+    }
+    largest = max((size for size in sizes.values() if size is not None), default=None)
+    if largest is None:
+        return costly
+    return {symbol for symbol in costly if sizes.get(symbol) is None or sizes[symbol] >= LARGEST_SHARE * largest}
+
+
+def _elements(graph, statement: Statement) -> int | None:
+    """The elements of ``statement``'s value at ``graph``'s traced sizes; None where unknown."""
+    node = graph.nodes.get(statement.node)
+    shape = getattr(node, "shape", None)
+    if not shape or not all(isinstance(size, int) for size in shape):
+        return None
+    return math.prod(shape)
 
 
 def rebuilt(
@@ -149,7 +200,12 @@ def _recipe(symbol, made: dict, entries: dict, kept: set, rebuilt: set, ready: s
             return None
         # an operand made again by another recipe is read from it (emitted first), not made twice
         steps = [_recipe(operand, made, entries, kept | ready, rebuilt, ready) for operand in value.operands]
-    elif isinstance(value, TensorOp) and value.primitive.recomputable and len(value.operands) == 1:
+    elif (
+        isinstance(value, TensorOp)
+        and value.primitive.recomputable
+        and not value.primitive.costly_to_recompute  # schedule._recomputed's choice (costly_made_again)
+        and len(value.operands) == 1
+    ):
         if not value.operands[0].is_Symbol:
             return None
         steps = [_recipe(value.operands[0], made, entries, kept, rebuilt, ready)]

@@ -27,7 +27,7 @@ from .kept import (
 )
 from .kept_casts import kept_as_autocast_weights
 from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
-from .rematerialize import COMMENT as REBUILT, rebuilt
+from .rematerialize import COMMENT as REBUILT, costly_made_again, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement
 
 
@@ -121,7 +121,10 @@ def schedule(
     live = _scheduled_early(live[:split] + backward, split, returned)
     live = live[:split] + _named_entries(live[split:], live)
     if recompute:
-        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean)
+        # the top body's sizes choose which SiLU outputs lean makes again; a block's body (shared by
+        # instances of several sizes) makes every one again
+        sizes = program.graph if parameters is None else None
+        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean, sizes)
     rebuilt_names: list[str] = []
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
@@ -214,15 +217,17 @@ def _hoist_item_reads(statements: list[Statement], boundary: int) -> tuple[list[
 
 
 def _recomputed(
-    forward: list[Statement], backward: list[Statement], kept_by_caller: set, lean: bool = False
+    forward: list[Statement], backward: list[Statement], kept_by_caller: set, lean: bool = False, sizes=None
 ) -> list[Statement]:
     """``backward`` with each cheap elementwise value it reads (``Primitive.recomputable``: an
     activation's output, read by the next layer's backward) computed again right before its first
     read, from operands the backward reads anyway: the saving forward then keeps the operand alone,
     as torch.compile's partitioner does (``kept_by_caller``: the loss's inputs, which stay); one
-    ``costly_to_recompute`` (SiLU's) only where ``lean``."""
+    ``costly_to_recompute`` (SiLU's) only where ``lean``, and there only the largest
+    (``rematerialize.costly_made_again``, from the traced ``sizes``: a graph; None: every one)."""
     read = set().union(*(statement.value.free_symbols for statement in backward))
     made = {statement.target for statement in forward}
+    costly_again = costly_made_again(forward, backward, sizes) if lean else set()
     again = {
         statement.target: statement
         for statement in forward
@@ -230,7 +235,7 @@ def _recomputed(
         and statement.target not in kept_by_caller
         and isinstance(statement.value, TensorOp)
         and statement.value.primitive.recomputable
-        and (lean or not statement.value.primitive.costly_to_recompute)
+        and (not statement.value.primitive.costly_to_recompute or statement.target in costly_again)
         and all(symbol in read or symbol not in made for symbol in statement.value.free_symbols)
     }
     again = {

@@ -6,13 +6,19 @@ twelve SiLU outputs, 0.98x keeping them (kept 16.6 -> 23.1 MiB; lean's 9.9 uncha
 
 from __future__ import annotations
 
+import copy
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from torch import nn
 
+import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
+from symgrad.trace import trace
 
 SILU_BETWEEN_CONVOLUTIONS = """name: silu_between
 inputs:
@@ -46,3 +52,60 @@ def test_silu_is_kept_by_keep_all_and_computed_again_by_keep_lean(keep):
     loss = F.mse_loss(F.conv2d(F.silu(F.conv2d(x, w1, padding=1)), w2, padding=1, groups=8), t)
     for name, reference in zip(("x", "w1", "w2"), torch.autograd.grad(loss, [x, w1, w2])):
         assert (getattr(got, name) - reference).abs().max() <= 1e-12 * reference.abs().max(), name
+
+
+class WideThenNarrow(nn.Module):
+    """MBConv's pattern: conv -> BN -> SiLU (the widest value) -> depthwise conv, stride 2 -> BN -> SiLU
+    (a quarter of its elements) -> 1x1 conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand, self.bn1 = nn.Conv2d(2, 4, 1, bias=False), nn.BatchNorm2d(4)
+        self.depthwise = nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4, bias=False)
+        self.bn2, self.project = nn.BatchNorm2d(4), nn.Conv2d(4, 3, 1)
+
+    def forward(self, x):
+        wide = F.silu(self.bn1(self.expand(x)))
+        return self.project(F.silu(self.bn2(self.depthwise(wide))))
+
+
+def _wide_then_narrow(keep: str):
+    torch.manual_seed(0)
+    text = trace(WideThenNarrow().train(), {"x": (2, 2, 6, 6)}, wrt="parameters", name="wide", mode="train")
+    source = build_text(text, "wide.yaml", documents=False, tests=False, keep=keep).rendered.files["wide.py"]
+    return source, module_from_source(source, f"wide_{keep}")
+
+
+def test_keep_lean_makes_again_the_widest_silu_output_and_keeps_a_small_one():
+    """``rematerialize.costly_made_again``: the SiLU output as wide as the widest value the backward reads
+    is made again (with its batch norm's output, from the convolution's output and the batch statistics);
+    the one of a quarter of its elements, after the stride-2 depthwise convolution, is kept, as ``--keep
+    all`` keeps it (its batch norm's output, which silu_backward reads, is still made again). Gradients:
+    autograd's in float64 at another batch and size; under bfloat16 autocast ``--keep all``'s bit for bit."""
+    source, lean = _wide_then_narrow("lean")
+    start = source.index("def _backward_from_saved(")
+    backward = source[start : re.search(r"\n(def|class) ", source[start + 1 :]).start() + start + 1]
+    unpacked = backward[: backward.index("= saved")]
+    wide, narrow = re.findall(r"(\w+) = F\.silu\((\w+)\)", source[: source.index("def _backward_from_saved(")])[:2]
+    names = set(re.findall(r"\w+", unpacked))
+    assert f"\n    {wide[0]} = F.silu({wide[1]})" in backward and wide[0] not in names, backward
+    assert f"\n    {narrow[0]} = F.silu(" not in backward and narrow[0] in names, backward
+    assert f"\n    {narrow[1]} = _batch_norm_again(" in backward and narrow[1] not in names, backward
+    torch.manual_seed(1)
+    model = WideThenNarrow().train().double()
+    params = {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
+    x = torch.randn(3, 2, 8, 8, dtype=torch.float64)
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
+    got = lean.gradients(x, params, (grad,)).params
+    for key, value in expected.items():
+        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
+    model, x, grads = WideThenNarrow().train(), torch.randn(4, 2, 10, 10), []
+    for module in (lean, _wide_then_narrow("all")[1]):
+        net = copy.deepcopy(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = symgrad.bind(module, net)(x)
+        out.float().square().sum().backward()
+        grads.append({key: value.grad for key, value in net.named_parameters()})
+    assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
