@@ -26,6 +26,7 @@ from .kept import (
     split_reads,
 )
 from .kept_casts import kept_as_autocast_weights
+from .late_weights import late_grouped_weight_grads
 from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
 from .rematerialize import COMMENT as REBUILT, costly_made_again, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement
@@ -129,6 +130,8 @@ def schedule(
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
         live = live[:split] + again
+    # each grouped convolution's weight gradient last, where less is held beside its kernel's buffer (late_weights.py)
+    live = live[:split] + late_grouped_weight_grads(live[split:])
     if recompute:  # under autocast a parameter's whole weight gradient stays in its dtype until the caller casts it
         sourced = (  # params[...] (a block's p[...]: an instance's slice of it): cast by gradients()
             {spec.name for spec in graph.spec.inputs if spec.source is not None} if parameters is None else parameters

@@ -1,0 +1,81 @@
+"""A grouped convolution's weight and bias gradients at the end of the backward (issue 65 item 2).
+
+oneDNN computes a grouped convolution's weight gradient in channels_last (the kernel autograd's
+``convolution_backward`` calls on a CPU) into a buffer padded to 16 x 16 channels per group: a depthwise
+7 x 7 convolution of 256 channels allocates 256 x 16 x 16 x 49 float32 (12.25 MiB; 18.7 under bfloat16
+autocast) for a 50 KiB gradient, whatever the batch and image size, and frees it when the call returns.
+Autograd's engine runs that call where its backward begins, beside everything its forward kept: the
+ConvNeXt of ``benchmarks.keep_policy`` (ConvNeXt-T depths, width 32, 4 x 112², float32) peaks at 41.9 MiB
+in channels_last against 30.6 in the default layout, 11.3 MiB of it that buffer (the allocator's live
+bytes, measured with ``torch.profiler``'s memory events, move with the resident set).
+
+:func:`late_grouped_weight_grads` splits each such call in two calls of the same kernel: the input's
+gradient where it was (``output_mask`` input alone), the weight's and bias's (``output_mask`` without the
+input) at the end of the backward, where what the forward kept is freed; the gradient output and the
+input it reads are held until then (at ConvNeXt's last stages 36-100 KiB each). The same kernel on the
+same operands: bit for bit autograd's (oneDNN runs input and weight gradients as separate primitives).
+Measured on that ConvNeXt, channels_last, ``--keep all``: float32 peak 33.3 -> 22.1 MiB (autograd's
+default layout 30.6), bfloat16 autocast 24.4 -> 14.9 MiB; the default layout unchanged (22.2 / 6.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .algebra import Params, TensorOp, tensor
+from .reverse import Statement
+
+
+def _is_item_of(statement: Statement, symbols: set) -> bool:
+    value = statement.value
+    return isinstance(value, TensorOp) and value.primitive.name == "item" and value.operands[0] in symbols
+
+
+def _grouped_call(statement: Statement) -> bool:
+    """A ``convolution_backward`` call of a grouped convolution wanting its input's and weight's gradients."""
+    value = statement.value
+    if not isinstance(value, TensorOp) or value.primitive.name != "conv_backward":
+        return False
+    mask = tuple(value.params["output_mask"])
+    return value.params["groups"] != 1 and mask[0] and mask[1]
+
+
+def _with_mask(value: TensorOp, mask: tuple) -> TensorOp:
+    params = Params(tuple((key, mask if key == "output_mask" else entry) for key, entry in value.params.items()))
+    return TensorOp(value.args[0], params, *value.operands)
+
+
+def late_grouped_weight_grads(backward: list[Statement]) -> list[Statement]:
+    """``backward`` with each grouped convolution's ``convolution_backward`` call split: its input's
+    gradient in place, its weight's and bias's (and every statement reading them, in their order) moved
+    to the end."""
+    taken = {statement.target.name for statement in backward}
+    late: list[Statement] = []
+    late_symbols: set = set()
+    renamed: dict = {}  # a split call's symbol: the late call's
+    result = []
+    for statement in backward:
+        value = statement.value
+        if _grouped_call(statement):
+            mask = tuple(value.params["output_mask"])
+            name = f"{statement.target.name}_late"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            renamed[statement.target] = tensor(name)
+            result.append(dataclasses.replace(statement, value=_with_mask(value, (True, False, False))))
+            late.append(
+                dataclasses.replace(statement, target=tensor(name), value=_with_mask(value, (False, *mask[1:])))
+            )
+            late_symbols.add(tensor(name))
+            continue
+        if _is_item_of(statement, set(renamed)) and value.params["index"] != 0:
+            statement = dataclasses.replace(
+                statement, value=TensorOp(value.args[0], value.params, renamed[value.operands[0]], *value.operands[1:])
+            )
+        if statement.value.free_symbols & late_symbols:
+            late.append(statement)
+            late_symbols.add(statement.target)
+            continue
+        result.append(statement)
+    return result + late

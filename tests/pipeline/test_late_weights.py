@@ -1,0 +1,114 @@
+"""A grouped convolution's weight and bias gradients run at the end of the backward
+(``symgrad/late_weights.py``): its ``convolution_backward`` call split into the input's gradient in place
+and the weight's and bias's after everything else, the same kernel on the same operands, so the gradients
+are the unsplit call's bit for bit (oneDNN's channels_last kernel pads each group of a depthwise weight
+gradient to 16 x 16 channels: that buffer now comes where the forward's kept values are freed)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symgrad.schedule
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import trace
+
+
+class Grouped(nn.Module):
+    """A stem, two ConvNeXt blocks (depthwise 7 x 7, permute, LayerNorm, fc1, GELU, fc2, layer scale,
+    residual), a grouped (not depthwise) convolution without bias and a head."""
+
+    def __init__(self, dim=4):
+        super().__init__()
+        self.stem = nn.Conv2d(2, dim, 2, stride=2)
+        self.dw1, self.dw2 = (nn.Conv2d(dim, dim, 7, padding=3, groups=dim) for _ in range(2))
+        self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.fc3, self.fc4 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+        self.grouped = nn.Conv2d(dim, 2 * dim, 3, padding=1, groups=2, bias=False)
+        self.head = nn.Linear(2 * dim, 3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.norm1(self.dw1(x).permute(0, 2, 3, 1))
+        x = x + (self.gamma * self.fc2(F.gelu(self.fc1(y)))).permute(0, 3, 1, 2)
+        y = self.norm2(self.dw2(x).permute(0, 2, 3, 1))
+        x = x + self.fc4(F.gelu(self.fc3(y))).permute(0, 3, 1, 2)
+        return self.head(self.grouped(x).mean(dim=(2, 3)))
+
+
+def _source(keep: str, split: bool = True) -> str:
+    torch.manual_seed(0)
+    text = trace(Grouped().train(), {"x": (2, 2, 8, 8)}, wrt="parameters", name="grouped", mode="train")
+    if split:
+        return build_text(text, "grouped.yaml", documents=False, tests=False, keep=keep).rendered.files["grouped.py"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(symgrad.schedule, "late_grouped_weight_grads", lambda backward: backward)
+        return build_text(text, "grouped.yaml", documents=False, tests=False, keep=keep).rendered.files["grouped.py"]
+
+
+_SOURCES: dict = {}
+
+
+def source(keep: str, split: bool = True) -> str:
+    if (keep, split) not in _SOURCES:
+        _SOURCES[keep, split] = _source(keep, split)
+    return _SOURCES[keep, split]
+
+
+def _params(model):
+    return {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
+
+
+@pytest.mark.parametrize("keep", ["all", "lean"])
+def test_each_grouped_weight_gradient_comes_after_every_input_gradient(keep):
+    backward = source(keep).split("def _backward_from_saved", 1)[1].split("\ndef ", 1)[0]
+    calls = [
+        re.search(r"\[\w+, \w+, \w+\]", match.group(1)).group(0)
+        for match in re.finditer(r"_convolution_backward\((.*?)\)\n", backward, re.S)
+        if "groups=" in match.group(1)
+    ]
+    # three grouped convolutions (dw2, dw1, grouped: the backward's order) each split in two calls
+    assert calls.count("[True, False, False]") == 3 and calls.count("[True, True, False]") == 0
+    assert calls[3:] == ["[False, True, False]", "[False, True, True]", "[False, True, True]"], calls
+    assert "[True, True, True]" not in calls
+
+
+def test_gradients_equal_autograds_in_float64():
+    module = module_from_source(source("all"), "grouped")
+    torch.manual_seed(1)
+    model = Grouped().train().double()
+    x = torch.randn(3, 2, 10, 10, dtype=torch.float64)  # another batch and size than traced
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
+    got = module.gradients(x, _params(model), (grad,)).params
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_float32_gradients_are_the_unsplit_calls_bit_for_bit(channels_last, autocast):
+    split = module_from_source(source("all"), "grouped")
+    whole = module_from_source(source("all", split=False), "grouped_whole")
+    assert "[True, True, True]" in source("all", split=False)
+    torch.manual_seed(2)
+    model = Grouped().train()
+    x = torch.randn(3, 2, 16, 16)
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(3, 3)
+    got = {}
+    for name, module in (("split", split), ("whole", whole)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            got[name] = module.gradients(x, _params(model), (grad,)).params
+    for key, value in got["whole"].items():
+        assert got["split"][key].dtype == value.dtype and torch.equal(got["split"][key], value), key
