@@ -112,3 +112,27 @@ def test_float32_gradients_are_the_unsplit_calls_bit_for_bit(channels_last, auto
             got[name] = module.gradients(x, _params(model), (grad,)).params
     for key, value in got["whole"].items():
         assert got["split"][key].dtype == value.dtype and torch.equal(got["split"][key], value), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_kernel_gives_each_gradient_alike_asked_alone_or_together(dtype, channels_last):
+    """What the split relies on: ``convolution_backward`` asked for the input's gradient alone, or the
+    weight's and bias's alone, returns what one call asking for all three returns, bit for bit (a
+    depthwise 7 x 7, a depthwise 3 x 3 of stride 2, four groups of 16 channels)."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(3)
+    for batch, channels, size, kernel, groups, stride in (
+        (3, 32, 5, 7, 32, 1),
+        (2, 48, 9, 3, 48, 2),
+        (2, 64, 6, 3, 4, 1),
+    ):
+        x = torch.randn(batch, channels, size, size, dtype=dtype).contiguous(memory_format=layout)
+        w = torch.randn(channels, channels // groups, kernel, kernel, dtype=dtype).contiguous(memory_format=layout)
+        grad = torch.randn_like(F.conv2d(x, w, None, stride, kernel // 2, 1, groups))
+        others = [channels], [stride] * 2, [kernel // 2] * 2, [1, 1], False, [0, 0], groups
+        together = torch.ops.aten.convolution_backward(grad, x, w, *others, [True, True, True])
+        alone = torch.ops.aten.convolution_backward(grad, x, w, *others, [True, False, False])[0]
+        _, weight, bias = torch.ops.aten.convolution_backward(grad, x, w, *others, [False, True, True])
+        for got, expected in zip((alone, weight, bias), together):
+            assert got.stride() == expected.stride() and torch.equal(got, expected), (batch, channels, groups)
