@@ -194,6 +194,25 @@ def _size(shape) -> int:
     return size
 
 
+FEWEST_CHANNELS_STRIDED_1X1 = 16
+"""The input channels a strided 1x1 convolution needs before the layout is chosen: PyTorch 2.13's CPU
+backward of a 1x1 stride-2 convolution in channels_last aborts the process with fewer (float32;
+8 x 4 x 64² with 4 -> 6, 8 -> 16 or 12 -> 12 channels dies, 16 -> 8 does not; autograd on a
+channels_last model dies alike), so a toy ResNet's downsample keeps the default layout."""
+
+
+def _crashes_in_channels_last(graph, node) -> bool:
+    """``node`` (a 2-d convolution) is a strided 1x1 one with fewer than
+    :data:`FEWEST_CHANNELS_STRIDED_1X1` input channels: its CPU backward may abort in channels_last."""
+    weight = graph.nodes[node.operands["weight"]].shape
+    return (
+        node.rule.op == "conv2d"
+        and tuple(int(length) for length in weight[2:]) == (1, 1)
+        and any(int(step) > 1 for step in node.params["stride"])
+        and int(graph.nodes[node.operands["input"]].shape[1]) < FEWEST_CHANNELS_STRIDED_1X1
+    )
+
+
 def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastRule | None:
     """The convolution weights the generated gradient functions move to channels_last, and when.
 
@@ -219,6 +238,8 @@ def channels_last_rule(graph, min_positions: int | None = None) -> ChannelsLastR
         )  # an unbatched input has no channels_last layout
 
     convolutions = [node for node in graph.nodes.values() if two_d_convolution(node)]
+    if any(_crashes_in_channels_last(graph, node) for node in convolutions):
+        return None
     # with one input channel both layouts are the same
     candidates = [node for node in convolutions if int(graph.nodes[node.operands["input"]].shape[1]) > 1]
     if not candidates:

@@ -131,7 +131,8 @@ def test_a_traced_resnet_module_and_its_tests_fit_in_100_columns_and_compile(mon
 
     monkeypatch.setattr(symgrad.roles, "CHANNELS_LAST_MIN_POSITIONS", 1)
     torch.manual_seed(0)
-    model = load_target(f"{ROOT / 'tests' / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet")
+    tiny = load_target(f"{ROOT / 'tests' / 'trace' / 'inputs' / 'resnet_style.py'}:TinyResNet")
+    model = type(tiny)(width=16)  # 16 input channels: its 1x1 stride-2 shortcut may run channels_last (roles.py)
     text = trace(
         model, {"x": (2, 3, 16, 16)}, name="tiny_resnet", loss=LossChoice("cross_entropy", "labels"), mode="train"
     )

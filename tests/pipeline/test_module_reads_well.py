@@ -32,7 +32,7 @@ def _example():
 @pytest.fixture(scope="module")
 def resnet18():
     torch.manual_seed(0)
-    model = _example().ResNet18(width=8)
+    model = _example().ResNet18(width=16)  # 16: its 1x1 stride-2 downsamples keep channels_last (roles.py)
     text = trace(
         model,
         {"x": (2, 3, 64, 64)},
