@@ -75,8 +75,9 @@ def costly_made_again(forward: list[Statement], backward: list[Statement], graph
     expanded 48 x 56² SiLU output beside its convolution's output, which the batch norm's backward
     keeps anyway); a smaller output costs its recompute (on one thread ~0.28 ms per MB of bfloat16,
     1.3x silu_backward's own time) for bytes that mostly do not reach that peak (EfficientNet-B0's
-    stages at 8 x 112² under AMP: the peak 16.3 -> 16.7 MiB in the default layout, 17.1 -> 18.9 in
-    channels_last, against autograd's 25.2 and 28.5; making all twelve again cost 4-6 % of the step).
+    stages at 8 x 112² under AMP, at aa46d03: the peak 16.3 -> 16.7 MiB in the default layout, 17.1 ->
+    18.9 in channels_last, against autograd's 25.2 and 28.5; one thread's step 0.937x -> 0.974x
+    autograd's in the default layout, 0.932x -> 0.957x in channels_last: medians of six alternating runs).
     Without ``graph`` (a block's body, shared by instances of several sizes, where the choice could
     differ between them) every costly output the backward reads is made again."""
     read = set().union(*(statement.value.free_symbols for statement in backward))
