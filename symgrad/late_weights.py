@@ -78,4 +78,21 @@ def late_grouped_weight_grads(backward: list[Statement]) -> list[Statement]:
             late_symbols.add(statement.target)
             continue
         result.append(statement)
-    return result + late
+    return result + _last_made_first(late, set(renamed.values()))
+
+
+def _last_made_first(late: list[Statement], calls: set) -> list[Statement]:
+    """``late`` with the calls (each followed by the items that read it alone) in the forward's order,
+    the other statements after them: the first layers' calls, whose operands are the largest and whose
+    buffers the smallest (fewest channels), free those operands before the last layers' largest buffers
+    (ConvNeXt under bf16 autocast: 2.7 MiB of held operands freed before the 18.7 MiB buffer)."""
+    units: dict = {}
+    rest = []
+    for statement in late:
+        if statement.target in calls:
+            units[statement.target] = [statement]
+        elif _is_item_of(statement, calls) and statement.value.free_symbols & calls <= {statement.value.operands[0]}:
+            units[statement.value.operands[0]].append(statement)
+        else:
+            rest.append(statement)
+    return [statement for unit in reversed(units.values()) for statement in unit] + rest
