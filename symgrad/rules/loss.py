@@ -26,6 +26,7 @@ from .base import (
     number,
     positive_number,
 )
+from .loss_helpers import CROSS_ENTROPY_BACKWARD, LOG_SOFTMAX
 
 RESIDUAL = sympy.Symbol("residual", real=True)
 
@@ -236,6 +237,38 @@ primitive(
 )
 
 
+# cross_entropy's fused forward: the log-probabilities it keeps for its backward, as autograd keeps them
+primitive(
+    "class_log_softmax",
+    helper=LOG_SOFTMAX,
+    fresh=True,
+    code=lambda operands, params, show: f"_log_softmax({operands[0]})",
+    latex=lambda operands, params, show: rf"\operatorname{{log\,softmax}}_{{1}}\left({operands[0]}\right)",
+)
+
+
+def _cross_entropy_backward_code(operands, params, show):
+    """``_cross_entropy_backward(grad, log_probs, target, scores.dtype)``, the reduction where it is not
+    the mean (a per-sample loss: ``'none'``, summed)."""
+    grad, log_probs, target, scores = operands
+    how = {"mean": "", "sum": ", 'sum'", "per_sample": ", 'none'"}[params["how"]]
+    return f"_cross_entropy_backward({grad}, {log_probs}, {target}, {scores}.dtype{how})"
+
+
+# cross_entropy's fused backward: autograd's nll_loss and log_softmax backward kernels; the scores give
+# only their dtype (kept as a layout where nothing else reads them: kept.kept_as_layouts)
+primitive(
+    "cross_entropy_backward",
+    helper=CROSS_ENTROPY_BACKWARD,
+    fresh=True,
+    layout_operands=(3,),
+    code=_cross_entropy_backward_code,
+    latex=lambda operands, params, show: (
+        rf"\operatorname{{softmax}}_{{1}}\left({operands[3]}\right) - \mathbf{{1}}_{{{operands[2]}}}"
+    ),
+)
+
+
 class ClassificationLoss(Loss):
     """``cross_entropy`` on logits and ``nll_loss`` on log-probabilities, with int64 class-index
     targets [N, ...] for an input [N, C, ...]. Per sample, cross entropy is ``logsumexp(x) - x[t]``,
@@ -262,17 +295,22 @@ class ClassificationLoss(Loss):
             )
         return (scores[0],) if params["reduction"] == "per_sample" else ()
 
+    def _kernels(self, node) -> bool:
+        """Derived by autograd's own kernels: cross_entropy's fused derivation."""
+        return node.fused and self.op == "cross_entropy"
+
     def forward(self, node):
-        return Forward(
-            op(
-                "class_loss",
-                node.operands["input"],
-                node.operands["target"],
-                function=self.op,
-                how=node.params["reduction"],
-                rank=len(node.shapes["input"]),
-            )
+        scores, target = node.operands["input"], node.operands["target"]
+        how, rank = node.params["reduction"], len(node.shapes["input"])
+        value = op("class_loss", scores, target, function=self.op, how=how, rank=rank)
+        if not self._kernels(node):
+            return Forward(value)
+        # as F.cross_entropy runs it (the same kernels: the same loss, bit for bit), keeping the
+        # log-probabilities its backward reads, as autograd keeps them
+        log_probs = node.local(
+            "log_probs", op("class_log_softmax", scores), note=f"{node.name}'s log-probabilities, kept for its backward"
         )
+        return Forward(op("class_loss", log_probs, target, function="nll_loss", how=how, rank=rank), math=value)
 
     def cotangent(self, node, grad):
         reduction = node.params["reduction"]
@@ -282,10 +320,20 @@ class ClassificationLoss(Loss):
             return grad / op("count_counted", node.operands["target"])
         return grad
 
+    def default_cotangent(self, node):
+        """Ones of the loss's own dtype, as autograd seeds ``loss.backward()`` (cross_entropy runs in
+        float32 under autocast): read from the loss, so that the scores need not be kept for it."""
+        return op("ones_cotangent", node.out, per_sample=node.params["reduction"] == "per_sample")
+
     def pullback(self, node, grad, wanted):
         if "target" in wanted:
             raise NotImplementedError("class indices have no gradient")
         scores, target = node.operands["input"], node.operands["target"]
+        if self._kernels(node):
+            log_probs = tensor(f"log_probs_{node.name}")
+            return {
+                "input": op("cross_entropy_backward", grad, log_probs, target, scores, how=node.params["reduction"])
+            }
         hot = op("one_hot", target, scores)
         local = op("softmax", scores, dim=1) - hot if self.op == "cross_entropy" else -hot
         return {"input": local * op("counted", target, scores) * self.cotangent(node, grad)}

@@ -1,0 +1,38 @@
+"""The functions cross_entropy's fused derivation emits into a generated module (``Primitive.helper`` in
+:mod:`symgrad.rules.loss`): its forward as ``F.cross_entropy`` runs it (``log_softmax``, then
+``nll_loss``, keeping the log-probabilities, as autograd keeps them), and its backward by autograd's
+own two kernels, called as autograd calls them (``tools/autograd/derivatives.yaml``: ``nll_loss_backward``
+or ``nll_loss2d_backward``, then ``_log_softmax_backward_data``), so its gradient is autograd's bit for
+bit, in float32 and under autocast."""
+
+LOG_SOFTMAX = '''def _log_softmax(input):
+    """``F.log_softmax(input, 1)`` as ``F.cross_entropy`` runs it: in float32 where autocast runs
+    cross_entropy in float32 (on a CPU it leaves log_softmax itself in the input's bfloat16)."""
+    device = input.device.type  # "meta" where bind checks a call's sizes: no autocast there
+    widened = (device != "meta" and torch.is_autocast_enabled(device)
+               and input.dtype in (torch.float16, torch.bfloat16))
+    return F.log_softmax(input.float() if widened else input, 1)
+'''
+"""Emitted once into each module whose fused derivation of cross_entropy calls it."""
+
+
+CROSS_ENTROPY_BACKWARD = '''def _cross_entropy_backward(grad_output, log_probs, target, dtype, reduction="mean"):
+    """cross_entropy's input gradient by autograd's own kernels, called as autograd calls them
+    (twice differentiable): nll_loss's backward (nll_loss2d's for [N, C, H, W]; any other rank
+    seen as [N, C, 1, -1]), then log_softmax's, in the forward's dtype; returned in ``dtype``."""
+    how, rank = {"none": 0, "mean": 1, "sum": 2}[reduction], target.dim()
+    total = (target != -100).sum().to(log_probs.dtype)  # nll_loss's total_weight: targets counted
+    grad = grad_output.to(log_probs.dtype)
+    if how == 0 and grad.dim() < rank:  # a per-sample sum's, expanded as autograd expands it
+        grad = grad.reshape(-1, *[1] * (rank - 1)).expand(target.shape)
+    seen, classes = log_probs, target  # F.nll_loss sees any rank but 2 and 4 as [N, C, 1, -1]
+    if log_probs.dim() not in (2, 4):  # views of contiguous copies
+        n, c = log_probs.shape[:2]
+        seen, classes = seen.contiguous().view(n, c, 1, -1), classes.contiguous().view(n, 1, -1)
+        grad = grad if how else grad.reshape(n, 1, -1)
+    grad = (torch.ops.aten.nll_loss_backward if seen.dim() == 2
+            else torch.ops.aten.nll_loss2d_backward)(grad, seen, classes, None, how, -100, total)
+    return torch.ops.aten._log_softmax_backward_data(
+        grad.view(log_probs.shape), log_probs, 1, log_probs.dtype).to(dtype)
+'''
+"""Emitted once into each module whose fused derivation of cross_entropy calls it."""
