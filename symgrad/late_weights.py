@@ -24,9 +24,39 @@ ConvNeXt block's depthwise convolution is its first node, so nothing moves there
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .algebra import Params, TensorOp, tensor
 from .reverse import Statement
+
+HELD_SHARE = 1 / 6
+"""A call moves only where what it then holds to the end (its input and output gradient, at the traced
+sizes) is at most this share of the graph's largest value: ConvNeXt-T's last two stages (1/16 and 1/8 of
+its largest value, the first stage's expanded fc1 output), whose buffers are the large ones, not its first
+two (1/4, 1/2), whose buffers are small (3.1, 1.5 MiB) and operands large; no EfficientNet-B0 stage
+(31-75 %): its backward peaks late, at its widest layer, where operands held for the layers after it
+(5.9 MiB at 8 x 112²) grew its lean step's peak 29.7 -> 35.1 MiB when every call moved."""
+
+
+def _elements(node) -> int | None:
+    shape = getattr(node, "shape", None)
+    if not shape or not all(isinstance(size, int) for size in shape):
+        return None
+    return math.prod(shape)
+
+
+def _small_enough(graph, node_name: str) -> bool:
+    """Whether the convolution ``node_name``'s input and output (at ``graph``'s traced sizes) are at most
+    :data:`HELD_SHARE` of its largest layer output (the batch and image size scale them alike, not the
+    weights); True without a graph (a block's body: its end is near)."""
+    if graph is None:
+        return True
+    node = graph.nodes.get(node_name)
+    operands = getattr(node, "operands", {})
+    held = [_elements(node), _elements(graph.nodes.get(operands.get("input")))]
+    layers = (layer for layer in graph.nodes.values() if layer.kind == "layer")  # not a weight: none grows
+    largest = max((size for size in map(_elements, layers) if size is not None), default=None)
+    return None in held or largest is None or sum(held) <= HELD_SHARE * largest
 
 
 def _is_item_of(statement: Statement, symbols: set) -> bool:
@@ -48,18 +78,21 @@ def _with_mask(value: TensorOp, mask: tuple) -> TensorOp:
     return TensorOp(value.args[0], params, *value.operands)
 
 
-def late_grouped_weight_grads(backward: list[Statement]) -> list[Statement]:
+def late_grouped_weight_grads(backward: list[Statement], graph=None) -> list[Statement]:
     """``backward`` with each grouped convolution's ``convolution_backward`` call split: its input's
     gradient in place, its weight's and bias's (and every statement reading them, in their order) moved
-    to the end."""
+    to the end. Not where the backward makes the convolution's input itself (``--keep lean``'s values
+    made again, an activation computed again): holding that to the end is what its policy chose not to
+    do; nor where it would hold much (:data:`HELD_SHARE`, from ``graph``'s traced sizes: the top body's)."""
     taken = {statement.target.name for statement in backward}
+    made = {statement.target for statement in backward}  # a value made again here is not held to the end
     late: list[Statement] = []
     late_symbols: set = set()
     renamed: dict = {}  # a split call's symbol: the late call's
     result = []
     for statement in backward:
         value = statement.value
-        if _grouped_call(statement):
+        if _grouped_call(statement) and value.operands[1] not in made and _small_enough(graph, statement.node):
             mask = tuple(value.params["output_mask"])
             name = f"{statement.target.name}_late"
             while name in taken:
