@@ -14,11 +14,12 @@ gradient where it was (``output_mask`` input alone), the weight's and bias's (``
 input) at the end of the backward, where what the forward kept is freed; the gradient output and the
 input it reads are held until then (at ConvNeXt's last stages 36-100 KiB each), the first layers' calls
 first (:func:`_last_made_first`). The same kernel on the same operands: bit for bit autograd's (oneDNN runs
-input and weight gradients as separate primitives). Measured on that ConvNeXt traced flat, channels_last,
-peak RSS growth of a step: float32 ``--keep all`` 33.5 -> 22.4-22.6 MiB, lean 30.5 -> 20.0-20.2 (autograd's
-default layout 30.8); bfloat16 autocast 25.1 -> 13.4-13.6, lean 25.5 -> 18.4; the default layout unchanged.
-In a block's function (``trace(..., blocks=True)``, the CLI's default) the end is the block function's: a
-ConvNeXt block's depthwise convolution is its first node, so nothing moves there.
+input and weight gradients as separate primitives). Only where what a call would hold is small
+(:data:`HELD_SHARE`). Measured on that ConvNeXt traced flat (its last two stages' calls move),
+channels_last, peak RSS growth of a step: float32 ``--keep all`` 33.5 -> 22.8 MiB, lean 30.5 -> 20.1
+(autograd's default layout 30.8); bfloat16 autocast 25.1 -> 13.0, lean 25.5 -> 13.9 (with ab0d1be); the
+default layout as before. In a block's function (``trace(..., blocks=True)``, the CLI's default) the end
+is the block function's: a ConvNeXt block's depthwise convolution is its first node, so nothing moves.
 """
 
 from __future__ import annotations
