@@ -209,7 +209,11 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, object, int
         position += 1
     dead = [name for other in reads.values() for name in other.dead]
     if not outputs or not reads or target.name not in dead or max(reads) >= outputs:
-        return _printed(item.statement, "", item.dead, item.in_place, item.narrowed), item.statement.comment, 1
+        comment = item.statement.comment
+        formulas = kernel_formulas(value, item.statement.gradient_of)  # a one-gradient kernel's: its formula
+        if formulas and isinstance(comment, Comment) and comment.kind == "pullback":
+            comment = Comment("kernel", comment.node, formulas)
+        return _printed(item.statement, "", item.dead, item.in_place, item.narrowed), comment, 1
     targets = [reads[entry].statement.target.name if entry in reads else "_" for entry in range(outputs)]
     names = ", ".join(targets)
     code = to_code(value)
@@ -234,12 +238,19 @@ def _unpacked(scheduled: list[Scheduled], index: int) -> tuple[Line, object, int
     )
 
 
-def kernel_formulas(value) -> tuple[str, ...]:
+def kernel_formulas(value, gradient_of: str | None = None) -> tuple[str, ...]:
     """What a fused kernel's call computes, each gradient it returns as a formula of the call's
     arguments (``grad_x = conv_transpose2d(grad, w, stride=2, padding=1, output_padding=...), grad_w
     = x ⋆ grad``; x̂ = (x - mean)/σ, batch norm's normalised input): the math a reviewer checks, beside the kernel
     that computes it fast; none for any other call."""
     name = getattr(getattr(value, "primitive", None), "name", None)
+    if name == "cross_entropy_backward" and gradient_of:  # the gradient of the scores ``gradient_of``
+        grad, target = to_code(value.operands[0]), to_code(value.operands[2])
+        scale = {"mean": " / N", "sum": "", "per_sample": ""}[value.params["how"]]
+        grad = f"{grad}[n]" if value.params["how"] == "per_sample" else grad
+        return (
+            f"grad_{gradient_of} = {grad} * (softmax({gradient_of}) - one_hot({target})){scale} over counted {target}",
+        )
     if name not in ("conv_backward", "batch_norm_backward"):
         return ()
     params = value.params

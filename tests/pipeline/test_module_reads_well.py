@@ -117,6 +117,10 @@ def test_each_fused_kernel_call_says_the_formula_it_computes(resnet18):
         "    grad_conv2, grad_bn2_weight, grad_bn2_bias = _batch_norm_backward("
     ) in body
     assert "in one convolution_backward call" not in source
+    assert (  # cross entropy's, autograd's two kernels in one helper: its gradient of the scores
+        "    # loss: grad_fc = grad_loss * (softmax(fc) - one_hot(target)) / N over counted target\n"
+        "    grad_fc = _cross_entropy_backward(grad_loss, log_probs_loss, target, fc_layout.dtype)\n"
+    ) in _function(source, "_backward_from_saved")
 
 
 def test_the_resnet18_module_gives_autograds_gradients_through_the_original_model(resnet18):
