@@ -321,8 +321,10 @@ class ClassificationLoss(Loss):
         return grad
 
     def default_cotangent(self, node):
-        """Ones of the loss's own dtype, as autograd seeds ``loss.backward()`` (cross_entropy runs in
-        float32 under autocast): read from the loss, so that the scores need not be kept for it."""
+        """cross_entropy's: ones of the loss's own dtype, as autograd seeds ``loss.backward()`` (float32
+        under autocast), read from the loss, so that the scores need not be kept for it."""
+        if self.op != "cross_entropy":
+            return super().default_cotangent(node)
         return op("ones_cotangent", node.out, per_sample=node.params["reduction"] == "per_sample")
 
     def pullback(self, node, grad, wanted):
