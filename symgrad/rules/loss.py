@@ -240,8 +240,7 @@ primitive(
 # cross_entropy's fused forward: the log-probabilities it keeps for its backward, as autograd keeps them
 primitive(
     "class_log_softmax",
-    helper=LOG_SOFTMAX,
-    fresh=True,
+    helper=LOG_SOFTMAX,  # not fresh: log_softmax's own backward reads its output
     code=lambda operands, params, show: f"_log_softmax({operands[0]})",
     latex=lambda operands, params, show: rf"\operatorname{{log\,softmax}}_{{1}}\left({operands[0]}\right)",
 )
