@@ -61,6 +61,37 @@ def _call_primitive(
     )
 
 
+# autograd's quotient and square root pullbacks, rounded as derivatives.yaml rounds them (div:
+# grad / other and -grad * ((self / other) / other); sqrt: grad / (2 * result)); sympy's local
+# derivatives (grad * (1 / other), grad * (-self / other**2), grad * (0.5 * (1 / result))) round
+# otherwise, one float32 ulp apart in a by-hand layer norm (ConvNeXt's channels_first norm). Each is
+# written bracketed: the printer takes a primitive's code as one term (``(...).sum_to_size(...)``), its
+# operands come bracketed where they are not one
+primitive(
+    "div_backward_input",
+    fresh=True,
+    code=lambda operands, params, show: f"({operands[0]} / {operands[1]})",
+    latex=lambda operands, params, show: rf"\frac{{{operands[0]}}}{{{operands[1]}}}",
+)
+primitive(
+    "div_backward_other",
+    fresh=True,
+    code=lambda operands, params, show: f"(-{operands[0]} * (({operands[1]} / {operands[2]}) / {operands[2]}))",
+    latex=lambda operands, params, show: rf"-{operands[0]} \odot \frac{{{operands[1]}}}{{{operands[2]}^2}}",
+)
+primitive(
+    "sqrt_backward",
+    fresh=True,
+    code=lambda operands, params, show: f"({operands[0]} / (2 * {operands[1]}))",
+    latex=lambda operands, params, show: rf"\frac{{{operands[0]}}}{{2 {operands[1]}}}",
+)
+
+
+def _div_pullback(grad, node: NodeSymbols) -> dict:
+    a, b = node.operands["input"], node.operands["other"]
+    return {"input": op("div_backward_input", grad, b), "other": op("div_backward_other", grad, a, b)}
+
+
 @dataclass
 class Elementwise(Rule):
     op: str
@@ -76,7 +107,7 @@ class Elementwise(Rule):
     inplace: str | bool | None = None
     """An in-place torch call for the forward (``torch.relu_``), or True for the call's own flag
     (``F.relu6(x, inplace=True)``), used by the fast function where its backward reads the output."""
-    fused_pullback: Callable[[sympy.Expr, NodeSymbols], sympy.Expr] | None = None
+    fused_pullback: Callable[[sympy.Expr, NodeSymbols], sympy.Expr | dict] | None = None
     """``(grad, node) -> grad_input`` by autograd's own kernel, for the fused derivation (ReLU's
     ``threshold_backward`` of the output, hardswish's and GELU's of the input: one pass instead of a
     mask or a local derivative and a product); where that kernel is not twice differentiable (SiLU's),
@@ -186,7 +217,10 @@ class Elementwise(Rule):
 
     def pullback(self, node: NodeSymbols, grad, wanted):
         if node.fused and self.fused_pullback is not None:
-            return {"input": self.fused_pullback(grad, node)}
+            fused = self.fused_pullback(grad, node)
+            if isinstance(fused, dict):  # one kernel call per operand (div's)
+                return {name: value for name, value in fused.items() if name in wanted}
+            return {"input": fused}
         grads = {}
         for scalar, operand in zip(self.scalars, self.operands):
             if operand.name not in wanted:
@@ -262,12 +296,13 @@ RULES = [
         ("mul", "mul_", "__mul__", "__imul__", "__rmul__", "multiply"),
         hyper=True,
     ),
-    _binary(
+    Elementwise(
         "div",
         lambda a, b: a / b,
-        "elementwise quotient, broadcasting",
-        ("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"),
-        hyper=True,
+        summary="elementwise quotient, broadcasting",
+        calls=("div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"),
+        operands=(Operand("input", from_in=True), Operand("other", from_in=True, constant_ok=True, hyper=True)),
+        fused_pullback=_div_pullback,
     ),
     unary("neg", lambda x: -x, None, "negation", calls=("neg", "neg_", "__neg__", "negative")),
     unary(
@@ -293,7 +328,14 @@ RULES = [
         params={"min": Param(None, _bound), "max": Param(None, _bound)},
         calls=("clamp", "clamp_", "clip", "clip_"),
     ),
-    unary("sqrt", sympy.sqrt, "torch.sqrt", "square root", from_output=lambda out: 1 / (2 * out)),
+    unary(
+        "sqrt",
+        sympy.sqrt,
+        "torch.sqrt",
+        "square root",
+        from_output=lambda out: 1 / (2 * out),
+        fused_pullback=lambda grad, node: op("sqrt_backward", grad, node.out),
+    ),
     unary(
         "abs",
         sympy.Abs,
