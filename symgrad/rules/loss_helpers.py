@@ -26,13 +26,14 @@ CROSS_ENTROPY_BACKWARD = '''def _cross_entropy_backward(grad_output, log_probs, 
     if how == 0 and grad.dim() < rank:  # a per-sample sum's, expanded as autograd expands it
         grad = grad.reshape(-1, *[1] * (rank - 1)).expand(target.shape)
     seen, classes = log_probs, target  # F.nll_loss sees any rank but 2 and 4 as [N, C, 1, -1]
-    if log_probs.dim() not in (2, 4):  # views of contiguous copies
+    if log_probs.dim() not in (2, 4):  # contiguous copies, reshaped without a copy
         n, c = log_probs.shape[:2]
-        seen, classes = seen.contiguous().view(n, c, 1, -1), classes.contiguous().view(n, 1, -1)
+        seen = seen.contiguous().reshape(n, c, 1, -1)
+        classes = classes.contiguous().reshape(n, 1, -1)
         grad = grad if how else grad.reshape(n, 1, -1)
     grad = (torch.ops.aten.nll_loss_backward if seen.dim() == 2
             else torch.ops.aten.nll_loss2d_backward)(grad, seen, classes, None, how, -100, total)
     return torch.ops.aten._log_softmax_backward_data(
-        grad.view(log_probs.shape), log_probs, 1, log_probs.dtype).to(dtype)
+        grad.reshape(log_probs.shape), log_probs, 1, log_probs.dtype).to(dtype)
 '''
 """Emitted once into each module whose fused derivation of cross_entropy calls it."""
