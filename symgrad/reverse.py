@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .algebra import TensorOp, op, tensor
+from .algebra import TensorOp, op, primitive, tensor
 from .comment import Comment
 from .graph import Graph, Node
 from .shapes import fixed_size
@@ -91,11 +91,12 @@ def derive(graph: Graph, fused: bool = False) -> Program:
             grad = tensor(f"grad_{node.name}")
             incoming = contributions[node.name]
             joined = _pieces_joined(graph, node, incoming, contributions)
-            value = joined or sympy.Add(
-                *(
+            value = joined or _branch_sum(
+                [
                     _unbroadcast(graph, consumer, operand, node, contribution)
                     for consumer, operand, contribution in incoming
-                )
+                ],
+                fused,
             )
             if value.is_number:  # the paths cancel exactly (sub(x, x)): still a tensor of x's shape
                 assert value == 0, value
@@ -282,6 +283,30 @@ def _unsqueezed(incoming, dim: int) -> sympy.Expr | None:
     if not isinstance(contribution, TensorOp) or contribution.primitive.name != "unsqueeze":
         return None
     return contribution.operands[0] if contribution.params["dim"] == dim else None
+
+
+# a partial branch sum kept as one term: a sum of three or more adds as autograd's engine adds them
+primitive(
+    "partial_sum",
+    fresh=True,
+    code=lambda operands, params, show: operands[0],
+    latex=lambda operands, params, show: rf"\left({operands[0]}\right)",
+)
+
+
+def _branch_sum(terms: list[sympy.Expr], fused: bool) -> sympy.Expr:
+    """``terms`` (in the order the walk met their consumers, the latest in the forward first) added up.
+    sympy's sum orders its terms its own way, which changes nothing for two (a + b is b + a, bit for
+    bit) but regroups three; the fused derivation keeps autograd's grouping: its engine adds each
+    contribution into its buffer as the nodes run, the latest created first, ((t0 + t1) + t2) + ...
+    (a by-hand channels_first layer norm's input feeds a mean and two differences: ConvNeXt's
+    float32 gradients were one ulp from autograd's there)."""
+    if not fused or len(terms) < 3:
+        return sympy.Add(*terms)
+    total = sympy.Add(terms[0], terms[1])
+    for term in terms[2:]:
+        total = sympy.Add(op("partial_sum", total), term)
+    return total
 
 
 def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contribution: sympy.Expr) -> sympy.Expr:
