@@ -285,28 +285,29 @@ def _unsqueezed(incoming, dim: int) -> sympy.Expr | None:
     return contribution.operands[0] if contribution.params["dim"] == dim else None
 
 
-# a partial branch sum kept as one term: a sum of three or more adds as autograd's engine adds them
+# a partial branch sum kept as one term, its two terms in the order given: a sum of three or more adds as
+# autograd's engine adds them
 primitive(
     "partial_sum",
     fresh=True,
-    code=lambda operands, params, show: operands[0],
-    latex=lambda operands, params, show: rf"\left({operands[0]}\right)",
+    code=lambda operands, params, show: f"({operands[0]} + {operands[1]})",
+    latex=lambda operands, params, show: rf"\left({operands[0]} + {operands[1]}\right)",
 )
 
 
 def _branch_sum(terms: list[sympy.Expr], fused: bool) -> sympy.Expr:
     """``terms`` (in the order the walk met their consumers, the latest in the forward first) added up.
-    sympy's sum orders its terms its own way, which changes nothing for two (a + b is b + a, bit for
-    bit) but regroups three; the fused derivation keeps autograd's grouping: its engine adds each
-    contribution into its buffer as the nodes run, the latest created first, ((t0 + t1) + t2) + ...
-    (a by-hand channels_first layer norm's input feeds a mean and two differences: ConvNeXt's
-    float32 gradients were one ulp from autograd's there)."""
+    sympy's sum orders its terms its own way, which changes no value for two (a + b is b + a, bit for
+    bit) but regroups three; the fused derivation keeps autograd's grouping and order: its engine adds
+    each contribution into the buffer of the first as the nodes run, the latest created first,
+    ((t0 + t1) + t2) + ..., the first's layout kept (a by-hand channels_first layer norm's input feeds
+    a mean and two differences: ConvNeXt's float32 gradients were one ulp from autograd's there)."""
     if not fused or len(terms) < 3:
         return sympy.Add(*terms)
-    total = sympy.Add(terms[0], terms[1])
-    for term in terms[2:]:
-        total = sympy.Add(op("partial_sum", total), term)
-    return total
+    total = op("partial_sum", terms[0], terms[1])
+    for term in terms[2:-1]:
+        total = op("partial_sum", total, term)
+    return sympy.Add(total, terms[-1])
 
 
 def _unbroadcast(graph: Graph, consumer: Node, operand: str, source: Node, contribution: sympy.Expr) -> sympy.Expr:

@@ -38,14 +38,18 @@ class _ChannelsFirstNorm(nn.Module):
         return self.head(x.flatten(1))
 
 
+def _source(model) -> str:
+    text = trace(model, {"x": (2, 8, 2, 2)}, wrt="parameters", name="net", loss=LossChoice("cross_entropy", "labels"))
+    return build_text(text, "net.yaml", documents=False, tests=False).rendered.files["net.py"]
+
+
 def _step(model, data, dtype):
     """(autograd's parameter gradients, the bound step's) on copies of ``model`` in ``dtype``."""
     reference, ours = copy.deepcopy(model).to(dtype), copy.deepcopy(model).to(dtype)
     x = data["x"].to(dtype)
     F.cross_entropy(reference(x), data["labels"]).backward()
     folder = Path(tempfile.mkdtemp())
-    text = trace(model, {"x": (2, 8, 2, 2)}, wrt="parameters", name="net", loss=LossChoice("cross_entropy", "labels"))
-    (folder / "net.py").write_text(build_text(text, "net.yaml", documents=False, tests=False).rendered.files["net.py"])
+    (folder / "net.py").write_text(_source(model))
     symgrad.bind(folder / "net.py", ours)(x=x, labels=data["labels"]).backward()
     return [p.grad for p in reference.parameters()], [p.grad for p in ours.parameters()]
 
@@ -66,3 +70,11 @@ def test_a_by_hand_layer_norm_trains_bit_for_bit_as_autograd():
     }
     expected, got = _step(model, data, torch.float64)
     assert all((a - b).abs().max() <= 1e-12 * a.abs().max() for a, b in zip(expected, got))
+
+
+def test_the_first_two_terms_add_in_autograds_order():
+    """The engine's buffer is the first contribution to arrive (the later difference's, sub_2), the next
+    added into it: its layout is the sum's (ConvNeXt's layer scale gradients in channels_last were one ulp
+    from autograd's with the pair the other way round)."""
+    torch.manual_seed(0)
+    assert "grad_conv = _add_into((grad_sub_2 + grad_sub), " in _source(_ChannelsFirstNorm(8))
