@@ -22,25 +22,16 @@ from __future__ import annotations
 from ..algebra import primitive
 from .attention import MASKED_SOFTMAX
 
-FLASH_PRECONDITIONS = '''def _autocast_operands(*tensors):
-    """``tensors`` as autocast hands them to F.scaled_dot_product_attention, which it runs in its
-    lower precision: each floating one but float64 in autocast's dtype; as they are outside it."""
-    device = tensors[0].device.type  # "meta" where bind checks a call's sizes: no autocast there
-    if device == "meta" or not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != torch.float64
-                 else tensor for tensor in tensors)
-
-def _flash_attention_taken(query, key, value):
+FLASH_PRECONDITIONS = '''def _flash_attention_taken(query, key, value):
     """Whether F.scaled_dot_product_attention(query, key, value) (no mask, dropout_p 0) runs
     _scaled_dot_product_flash_attention_for_cpu, as torch._fused_sdp_choice decides it on a CPU
     (select_sdp_backend_cpp): flash enabled, 4-d tensors of one batch, head count, last size and
-    floating dtype, a last dim of stride 1, no empty sequence; under autocast, of the operands as
-    _autocast_operands casts them (autocast casts before the dispatch). torch.compile cannot read the
-    flash switch (sdpa_kernel): there it is on, its default."""
+    floating dtype, a last dim of stride 1, no empty sequence; never under autocast (which casts
+    before the dispatch). torch.compile cannot read the flash switch (sdpa_kernel): there it is on,
+    its default."""
     device = query.device.type
     return (device == "cpu" and key.device.type == device and value.device.type == device
+            and not torch.is_autocast_enabled(device)
             and (torch.compiler.is_compiling() or torch.backends.cuda.flash_sdp_enabled())
             and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
             and query.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -59,9 +50,7 @@ ATTENTION = (
     """F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale) and the
     logsumexp its backward reads: where the dispatch picks the CPU flash kernel, that kernel called
     as F.scaled_dot_product_attention calls it, its (out, logsumexp) as autograd saves them;
-    elsewhere F.scaled_dot_product_attention itself and None. Under autocast, of the operands in
-    autocast's dtype, as autocast hands them on (the flash kernel in bfloat16, as autograd runs it)."""
-    query, key, value = _autocast_operands(query, key, value)
+    elsewhere F.scaled_dot_product_attention itself and None."""
     if _flash_attention_taken(query, key, value):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, is_causal, scale=scale)
@@ -85,12 +74,8 @@ ATTENTION_BACKWARD = (
     tracked = torch.is_grad_enabled() and any(
         tensor.requires_grad for tensor in (grad_out, query, key, value))
     if logsumexp is not None and not tracked and grad_out.dtype == out.dtype:
-        # the operands the forward's kernel read (autocast's casts of them, as _attention made
-        # them); each gradient in its operand's dtype, as autograd's cast nodes hand it back
-        casts = [tensor.to(out.dtype) for tensor in (query, key, value)]
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, *casts, out, logsumexp, 0.0, is_causal, scale=scale)
-        return tuple(grad.to(tensor.dtype) for grad, tensor in zip(grads, (query, key, value)))
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, query, key, value, out, logsumexp, 0.0, is_causal, scale=scale)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     scores = scale * query.matmul(key.transpose(-1, -2))
     if is_causal:
