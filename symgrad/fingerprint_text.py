@@ -139,7 +139,10 @@ def _fingerprint(rows, paths, groups):
 
 EMPTY = hashlib.sha256(b"{}").hexdigest()[:8]
 """The hash of no hypers and of no tensors (:func:`symgrad.fingerprint.digests` of ``{}``)."""
-assert EMPTY == "44136fa3", EMPTY  # as _fingerprint writes it
+
+ROW_DEFAULTS = (None, None, EMPTY, EMPTY, None, 0)
+"""A row's tail that :func:`_shortened` leaves out and the module's :func:`_fingerprint` (which stands
+alone, so writes them itself) puts back; :func:`_fingerprint_literal` checks the two agree."""
 
 DECODER = inspect.getsource(_fingerprint)
 """The function that unfolds ``FINGERPRINT`` in the generated module (its rows, paths and groups
@@ -211,7 +214,7 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
     if len(rows) == len(summaries):
         return f"{HEADING}\n" + f"FINGERPRINT = {python_literal(summaries, lead=14)}"
     top, groups = _groups(numbers, instances, {path: row[0] for path, row in summaries.items()})
-    distinct = {number: summaries[path] for path, number in reversed(numbers.items())}
+    distinct = {number: _shortened(summaries[path]) for path, number in reversed(numbers.items())}
     if _fingerprint(distinct, top, groups) != summaries:  # the module's own function gives the table back
         raise AssertionError("the fingerprint's rows and groups do not give its table back")
     table = _packed_rows(rows)
@@ -227,8 +230,7 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
 def _shortened(row: list) -> list:
     """``row`` without the tail its module's :func:`_fingerprint` puts back (no code of its own, no
     hypers, no tensors, no mode read, no BatchNorm run)."""
-    defaults = [None, None, EMPTY, EMPTY, None, 0]
-    while len(row) > 1 and row[-1] == defaults[len(row) - 1]:
+    while len(row) > 1 and row[-1] == ROW_DEFAULTS[len(row) - 1]:
         row = row[:-1]
     return row
 

@@ -5,6 +5,8 @@ the same table, in the model's order, a list of its own per path."""
 
 from __future__ import annotations
 
+import pytest
+
 from symgrad.fingerprint_text import _fingerprint_literal
 
 
@@ -63,3 +65,16 @@ def test_a_rows_tail_of_defaults_is_left_out_and_rows_share_lines():
     namespace: dict = {}
     exec(compile(text, "fingerprint", "exec"), namespace)
     assert namespace["FINGERPRINT"] == table | {"relu2": _row("ReLU")}
+
+
+def test_the_tail_left_out_is_the_tail_the_module_puts_back(monkeypatch):
+    """The writer's defaults and the module's _fingerprint's (written out in the module, which stands alone)
+    must agree: text made with other defaults is refused where it is written, not unfolded wrong by bind."""
+    import symgrad.fingerprint_text as fingerprint_text
+
+    table = {"": ["Net", "0123456789abcdef", "44136fa3", "44136fa3", None, 0], "a": _row("ReLU"), "b": _row("ReLU")}
+    assert _fingerprint_literal(table, {})
+    monkeypatch.setattr(fingerprint_text, "ROW_DEFAULTS", (None, None, "44136fa3", "44136fa3", None, 1))
+    table = {key: row[:5] + [1] for key, row in table.items()}  # every row ends with the other default
+    with pytest.raises(AssertionError, match="do not give its table back"):
+        _fingerprint_literal(table, {})
