@@ -5,7 +5,7 @@ reads it, and autograd's node keeps that copy for the backward. The bound step's
 (``_convolution_backward``, the input gradient's ``mm``) cast each weight again: one copy more per
 convolution or linear map and step, the weight's size (ResNet-18: 11 M values; ConvNeXt: its 36
 ``pwconv`` weights). Here the saving forward makes the copy itself, right before the first op that reads
-the weight (``conv1_weight_autocast = _autocast_weight(params["conv1.weight"])``: the weight itself
+the weight (``conv1_weight_autocast = _in_autocast_dtype(params["conv1.weight"])``: the weight itself
 outside autocast, no copy), those ops read it (autocast casts nothing more), and the backward reads the
 same copy (a convolution's backward told the weight's own dtype for its gradient; a ``cast_like`` still
 reads the weight itself for its dtype). Only a weight that nothing else reads (an elementwise op would
@@ -76,7 +76,7 @@ def _read_through(expr, copies: dict, where: str):
 
 def kept_as_autocast_weights(fast: Program) -> Program:
     """``fast`` where each input read only as convolutions' weights, in the forward and the backward,
-    is read through ``{name}_autocast = _autocast_weight({name})``, made right before its first forward
+    is read through ``{name}_autocast = _in_autocast_dtype({name})``, made right before its first forward
     read and kept for the backward."""
     made = {statement.target for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
@@ -100,7 +100,7 @@ def kept_as_autocast_weights(fast: Program) -> Program:
     forward, pending = [], dict(copies)
     for statement in fast.forward:
         for symbol in sorted(statement.value.free_symbols & pending.keys(), key=str):
-            forward.append(Statement(pending.pop(symbol), op("autocast_weight", symbol), statement.node))
+            forward.append(Statement(pending.pop(symbol), op("in_autocast_dtype", symbol), statement.node))
         forward.append(dataclasses.replace(statement, value=_read_through(statement.value, copies, "forward")))
     backward = [
         dataclasses.replace(statement, value=_read_through(statement.value, copies, "backward"))

@@ -28,14 +28,3 @@ CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, 
                  in enumerate(zip(grads, (input_dtype, weight_dtype, weight_dtype))))
 '''
 """Emitted once into each module that calls it (``Primitive.helper``)."""
-
-AUTOCAST_WEIGHT = '''def _autocast_weight(weight):
-    """``weight`` as a convolution under autocast reads it: its copy in autocast's dtype, made once
-    and kept for the backward, as autograd keeps it; elsewhere (no autocast, float64) ``weight``."""
-    device = weight.device.type  # "meta" where bind checks a call's sizes: no autocast there
-    if (device == "meta" or not torch.is_autocast_enabled(device) or not weight.is_floating_point()
-            or weight.dtype == torch.float64):
-        return weight
-    return weight.to(torch.get_autocast_dtype(device))
-'''
-"""Emitted into each module whose saving forward keeps a weight's autocast copy (``kept_casts.py``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 
 from ..algebra import LINEAR, Size, TensorOp, keyword_arguments, primitive, shape_text, show_ints
-from .conv_helpers import AUTOCAST_WEIGHT, CONVOLUTION_BACKWARD
+from .conv_helpers import CONVOLUTION_BACKWARD
 from .shared import affine_tangent
 
 CONV_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
@@ -241,15 +241,4 @@ primitive(
     outputs=3,
     autocast_operands=(1,),
     fresh=True,
-)
-
-
-# a convolution's weight as autocast casts it, made once in the saving forward and read again by the
-# backward (symgrad/kept_casts.py, --keep all): autograd's node keeps autocast's copy so
-primitive(
-    "autocast_weight",
-    code=lambda operands, params, show: f"_autocast_weight({operands[0]})",
-    latex=lambda operands, params, show: operands[0],
-    helper=AUTOCAST_WEIGHT,
-    tangent=LINEAR,
 )

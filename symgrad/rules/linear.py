@@ -62,17 +62,15 @@ primitive(  # [N, out] and [N, in] (leading dims flattened by linear's pullback)
 
 
 IN_AUTOCAST_DTYPE = '''def _in_autocast_dtype(value):
-    """``value`` cast as autocast casts a matrix product's operand, where autocast runs: a float32
-    gradient that several products read (a linear map's weight's and input's) is cast once, as
-    autograd's engine casts it to the linear map's lower-precision output's dtype, not by each
-    product. Elsewhere (no autocast, float64, already that dtype) ``value`` itself."""
+    """``value`` cast once as autocast casts a convolution's or matrix product's operand (a weight's
+    copy kept for the backward, a gradient several products read); elsewhere ``value`` itself."""
     device = value.device.type  # "meta" where bind checks a call's sizes: no autocast there
     if device == "meta" or not torch.is_autocast_enabled(device) or value.dtype == torch.float64:
         return value
     dtype = torch.get_autocast_dtype(device)
     return value if value.dtype == dtype or not value.is_floating_point() else value.to(dtype)
 '''
-"""Emitted once into each module whose linear maps flatten their gradient (``Primitive.helper``)."""
+"""Emitted once into each module whose linear maps flatten their gradient or that keeps a weight's autocast copy."""
 
 primitive(
     "in_autocast_dtype",

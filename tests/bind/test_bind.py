@@ -304,7 +304,7 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
     if not freeze_stem:
         weight = 'params["conv1.weight"]'  # with blocks or without, the parameters come in `params`
         # the weight as the forward's convolution read it (itself; under autocast its copy: kept_casts.py)
-        assert f"conv1_weight_autocast = _autocast_weight({weight})" in source, source
+        assert f"conv1_weight_autocast = _in_autocast_dtype({weight})" in source, source
         assert (
             "_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, conv1_weight_autocast, "
             "[False, True, False]" in source

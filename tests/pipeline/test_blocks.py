@@ -189,7 +189,7 @@ def test_instances_that_differ_in_a_hyper_share_one_block_derived_once_per_value
     derived = _derivations(monkeypatch)
     source = _agrees_with_flat_and_autograd(HYPER, "strided.yaml")
     assert "def down_forward(h, p, stride=1, padding=1, save=False):" in source
-    assert 'w_autocast = _autocast_weight(p["w"])' in source  # the weight as the convolution reads it
+    assert 'w_autocast = _in_autocast_dtype(p["w"])' in source  # the weight as the convolution reads it
     assert "F.conv2d(h, w_autocast, stride=stride, padding=padding)" in source  # every instance's value, by name
     assert 'down_forward(a, {"w": w2}, stride=2)' in source and "stride=2, padding=0)" in source
     assert source.count("def down_backward(") == 1

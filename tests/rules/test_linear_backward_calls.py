@@ -120,7 +120,7 @@ def test_under_autocast_a_convnext_step_casts_its_weights_no_more_often_than_aut
     by the saving forward, its copy read by the input's gradient (symgrad/kept_casts.py, ``--keep all``), as
     autograd keeps autocast's copy; the backward cast each linear weight again before (43 casts against 34)."""
     model, source, generated = _network_and_module()
-    assert '_autocast_weight(params["stages.0.0.pwconv1.weight"])' in source
+    assert '_in_autocast_dtype(params["stages.0.0.pwconv1.weight"])' in source
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
     bound = symgrad.bind(generated, ours, verify=False)
     x, labels = _data(torch.float32)
