@@ -382,8 +382,6 @@ class BlockPlan:
     switch: str = ""
     """The bool hyper of an optional branch some instances leave out (``plan_branches``): ``forward``
     and ``backward`` then hold :class:`~symgrad.plan_branches.Switch` sections."""
-    saved_when: tuple[str, ...] = ()
-    """The saved names only the instances with the branch save (``None`` in the others)."""
     returns_when: tuple[tuple[str, str], ...] = ()
     """The gradients only the instances with the branch return, as ``returns``."""
 

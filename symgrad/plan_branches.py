@@ -136,6 +136,5 @@ def merged_plan(plan_class, with_branch, without, hyper: str):
         ),
         returns=tuple(pair for pair in with_branch.returns if pair[0] in returned),
         switch=hyper,
-        saved_when=only,
         returns_when=tuple(pair for pair in with_branch.returns if pair[0] not in returned),
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from .plan import Structured
 from .render_sections import Module, module_sections
-from .rules.call import BlockRule, ChainRule
 
 
 def render_files(
@@ -84,12 +83,6 @@ def _documents(structured: Structured, spec_label: str, model: Module, lines: di
         )
         for (name, block), view in zip(structured.blocks.items(), model.blocks.functions)
     ]
-    # an instance's parameters take their gradients straight from its block's backward: named, not derived
-    named = {
-        node.name: (node.rule.derived.spec.param_names if isinstance(node.rule, BlockRule) else tuple(node.rule.keys))
-        for node in structured.graph.nodes.values()
-        if isinstance(node.rule, (BlockRule, ChainRule))
-    }
     saving = model.functions.saving
     title, anchor = ("Top level", "top-level") if sections else (spec.name, "")  # the only section: the network's
     sections.append(
@@ -99,7 +92,6 @@ def _documents(structured: Structured, spec_label: str, model: Module, lines: di
             structured.planned,
             tuple(line.text for line in saving.backward),
             tuple(saving.backward_steps),
-            named_parameters=named or None,
             lines=node_lines(saving.backward, lines),
         )
     )

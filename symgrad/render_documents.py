@@ -39,10 +39,8 @@ class Section:
     inputs: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     hyper: tuple[str, ...] = ()
-    named_parameters: dict | None = None
-    """{node: its operands whose gradients its block's backward returns as they are}: said, not derived."""
     lines: dict | None = None
-    """{forward node: (the generated module's line of its first comment, of its first statement)}, as
+    """{forward node: (the generated module's line of its first comment, of its last statement)}, as
     written (:func:`symgrad.overview.node_lines`): a block spec's step tables link to them."""
 
 
@@ -226,8 +224,6 @@ class Step:
     incoming: str
     locals: tuple[str, ...]
     contributions: tuple[Contribution, ...]
-    parameters: str
-    """The parameters whose gradients a block's backward returns as they are, joined; empty: none."""
     lines: tuple[int, ...]
 
 
@@ -450,16 +446,9 @@ def _derivation(section: Section, html: bool) -> Derivation:
     lines_of_step: dict[int, list[int]] = {}
     for index, line_step in enumerate(section.step_of_line or (), 1):
         lines_of_step.setdefault(line_step, []).append(index)
-    named = section.named_parameters or {}
     shown = mathml if html else to_latex_text  # the page shows MathML, the Markdown the LaTeX
     steps = []
     for step in program.steps:
-        # an instance's parameters take their gradients straight from its block's backward: named, not derived
-        parameters = [
-            source
-            for operand, source, _ in step.contributions
-            if operand in named.get(step.node, ()) and not program.branch_sums.get(source)
-        ]
         locals_ = [f"{to_latex(symbol)} = {to_latex(value)}" for symbol, value in step.locals]
         steps.append(
             Step(
@@ -471,9 +460,7 @@ def _derivation(section: Section, html: bool) -> Derivation:
                 contributions=tuple(
                     Contribution(operand, source, shown(to_latex(value)), len(program.branch_sums.get(source, [])))
                     for operand, source, value in step.contributions
-                    if source not in parameters
                 ),
-                parameters=", ".join(parameters),
                 lines=tuple(lines_of_step.get(len(steps) + 1, [])),
             )
         )

@@ -121,17 +121,17 @@ def schedule(
     returned = [statement for statement in backward if statement.target in gradient_symbols]
     live = _scheduled_early(live[:split] + backward, split, returned)
     live = live[:split] + _named_entries(live[split:], live)
+    # the top body's traced sizes choose which SiLU outputs lean makes again and which grouped convolutions'
+    # weight gradients move last; a block's body (shared by instances of several sizes) has none
+    sizes = graph if parameters is None else None
     if recompute:
-        # the top body's sizes choose which SiLU outputs lean makes again; a block's body (shared by
-        # instances of several sizes) makes every one again
-        sizes = program.graph if parameters is None else None
         live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean, sizes)
     rebuilt_names: list[str] = []
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
         live = live[:split] + again
     # each grouped convolution's weight gradient last, where less is held beside its kernel's buffer (late_weights.py)
-    live = live[:split] + late_grouped_weight_grads(live[split:], program.graph if parameters is None else None)
+    live = live[:split] + late_grouped_weight_grads(live[split:], sizes)
     if recompute:  # under autocast a parameter's whole weight gradient stays in its dtype until the caller casts it
         sourced = (  # params[...] (a block's p[...]: an instance's slice of it): cast by gradients()
             {spec.name for spec in graph.spec.inputs if spec.source is not None} if parameters is None else parameters
