@@ -103,7 +103,7 @@ def test_gradients_equal_autograds_in_float64():
 def test_float32_gradients_are_the_unsplit_calls_bit_for_bit(channels_last, autocast):
     split = module_from_source(source("all"), "grouped")
     whole = module_from_source(source("all", split=False), "grouped_whole")
-    assert "[True, True, True]" in source("all", split=False)
+    assert source("all", split=False) != source("all")  # the split is there to compare with
     torch.manual_seed(2)
     model = Grouped().train()
     x = torch.randn(3, 2, 16, 16)

@@ -9,7 +9,6 @@ import keyword
 import re
 from importlib import resources
 
-from symgrad import names
 from symgrad.module_names import MODULE, SUFFIXES, WRITTEN, TemplateNames
 
 
@@ -168,4 +167,3 @@ def test_the_declared_names_are_those_the_module_templates_write():
         assert not extra, f"symgrad/module_names.py declares {sorted(extra)} ({scope}), which no template writes"
     assert scanned.block_functions == MODULE.block_functions
     assert scanned_names() == (WRITTEN, SUFFIXES)
-    assert names.scan_template("module.py.jinja") is MODULE and names.template_names() == (WRITTEN, SUFFIXES)
