@@ -121,9 +121,7 @@ def module_constants(
 
 
 def _fingerprint(rows, paths, groups):
-    """FINGERPRINT from its distinct rows (a tail of defaults left out): each path's by number,
-    or where it names a group (a block's submodules, by path under the instance) the group's, or
-    those numbered with its name in the group's order; each path a list, in the model's order."""
+    """FINGERPRINT: each path's row by number (defaults put back), or its block group's rows."""
     defaults = [None, None, "44136fa3", "44136fa3", None, 0]  # 44136fa3: no hypers, no tensors
     table = {}
     for path, entry in paths.items():

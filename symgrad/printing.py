@@ -363,7 +363,8 @@ def hanging(names: list[str], head: str, tail: str, indent: int = 4, plain: str 
     lines = [head]
     for index, name in enumerate(names):
         item = name + (tail if index == len(names) - 1 else ",")
-        if lines[-1] == head or (pad if len(lines) > 1 else indent) + len(lines[-1]) + 1 + len(item) <= width:
+        # a first line starts at column ``indent``, the others carry their own ``pad`` of spaces
+        if lines[-1] == head or (0 if len(lines) > 1 else indent) + len(lines[-1]) + 1 + len(item) <= width:
             lines[-1] += ("" if lines[-1] == head else " ") + item
         else:
             lines.append(" " * pad + item)

@@ -303,7 +303,7 @@ def _block_functions(derived: DerivedBlock, decided: BlockPlan) -> BlockFunction
         inputs=tuple(block.inputs),
         output=block.output,
         hyper=tuple(f"{name}={default}" for name, default in block.hyper),
-        hyper_note=" and hypers, set per instance" if block.hyper else "",
+        hyper_note=" and hypers" if block.hyper else "",
         forward=tuple(printed_sections(decided.forward)),
         saved_names=tuple(decided.saved_names),
         saved_plain=unpacked(decided.saved_names),

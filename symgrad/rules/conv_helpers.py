@@ -4,10 +4,9 @@ holds the normalisations'): one ``def`` per helper, as a string."""
 CONVOLUTION_BACKWARD = '''def _convolution_backward(grad_output, input, weight, output_mask, stride=1, padding=0, dilation=1,
                           transposed=False, output_padding=0, groups=1, bias_sizes=None,
                           weight_dtype=None, defer_weight_cast=False):
-    """Autograd's own (twice differentiable) ``convolution_backward`` of what ``output_mask`` asks,
-    as autograd runs it under autocast: each gradient in its tensor's dtype (``input``'s, or its
-    ``(copy, dtype)``'s; ``weight_dtype``: a weight's copy), the weight's left in autocast's dtype
-    where ``defer_weight_cast`` (cast by the caller after the backward), but while compiling."""
+    """Autograd's ``convolution_backward`` as autograd runs it under autocast: each gradient in
+    its tensor's dtype (``input`` or its ``(copy, dtype)``; ``weight_dtype``: a weight copy's), the
+    weight's left in autocast's where ``defer_weight_cast`` (the caller casts it; not compiling)."""
     input, input_dtype = input if isinstance(input, tuple) else (input, input.dtype)
     weight_dtype = weight.dtype if weight_dtype is None else weight_dtype
     dims = weight.dim() - 2

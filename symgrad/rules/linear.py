@@ -62,8 +62,7 @@ primitive(  # [N, out] and [N, in] (leading dims flattened by linear's pullback)
 
 
 IN_AUTOCAST_DTYPE = '''def _in_autocast_dtype(value):
-    """``value`` cast once as autocast casts a convolution's or matrix product's operand (a weight's
-    copy kept for the backward, a gradient several products read); elsewhere ``value`` itself."""
+    """``value`` cast once as autocast casts a convolution's or product's operand (else itself)."""
     device = value.device.type  # "meta" where bind checks a call's sizes: no autocast there
     if device == "meta" or not torch.is_autocast_enabled(device) or value.dtype == torch.float64:
         return value

@@ -6,8 +6,7 @@ or ``nll_loss2d_backward``, then ``_log_softmax_backward_data``), so its gradien
 bit, in float32 and under autocast."""
 
 LOG_SOFTMAX = '''def _log_softmax(input):
-    """``F.log_softmax(input, 1)`` as ``F.cross_entropy`` runs it: in float32 where autocast runs
-    cross_entropy in float32 (on a CPU it leaves log_softmax itself in the input's bfloat16)."""
+    """``F.log_softmax(input, 1)`` as ``F.cross_entropy`` runs it (in float32 under autocast)."""
     device = input.device.type  # "meta" where bind checks a call's sizes: no autocast there
     widened = (device != "meta" and torch.is_autocast_enabled(device)
                and input.dtype in (torch.float16, torch.bfloat16))
@@ -17,16 +16,15 @@ LOG_SOFTMAX = '''def _log_softmax(input):
 
 
 CROSS_ENTROPY_BACKWARD = '''def _cross_entropy_backward(grad_output, log_probs, target, dtype, reduction="mean"):
-    """cross_entropy's input gradient by autograd's own kernels, called as autograd calls them
-    (twice differentiable): nll_loss's backward (nll_loss2d's for [N, C, H, W]; any other rank
-    seen as [N, C, 1, -1]), then log_softmax's, in the forward's dtype; returned in ``dtype``."""
+    """cross_entropy's input gradient by autograd's own kernels: nll_loss's backward (nll_loss2d's
+    for [N, C, H, W]), then log_softmax's, in the forward's dtype; returned in ``dtype``."""
     how, rank = {"none": 0, "mean": 1, "sum": 2}[reduction], target.dim()
     total = (target != -100).sum().to(log_probs.dtype)  # nll_loss's total_weight: targets counted
     grad = grad_output.to(log_probs.dtype)
     if how == 0 and grad.dim() < rank:  # a per-sample sum's, expanded as autograd expands it
         grad = grad.reshape(-1, *[1] * (rank - 1)).expand(target.shape)
-    seen, classes = log_probs, target  # F.nll_loss sees any rank but 2 and 4 as [N, C, 1, -1]
-    if log_probs.dim() not in (2, 4):  # contiguous copies, reshaped without a copy
+    seen, classes = log_probs, target
+    if log_probs.dim() not in (2, 4):  # F.nll_loss sees these as [N, C, 1, -1] (contiguous copies)
         n, c = log_probs.shape[:2]
         seen = seen.contiguous().reshape(n, c, 1, -1)
         classes = classes.contiguous().reshape(n, 1, -1)

@@ -4,8 +4,7 @@ layout autograd gives it."""
 
 BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
                          output_mask=(True, True, True)):
-    """Training-mode batch_norm's gradients: autograd's own (twice differentiable) kernel, as
-    autograd calls it; a missing weight is ones where differentiated (for the bias term)."""
+    """Training-mode batch_norm's gradients by autograd's own kernel (a missing weight: ones)."""
     return torch.ops.aten.native_batch_norm_backward(
         grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
         input.new_ones(input.shape[1]) if weight is None and torch.is_grad_enabled() else weight,

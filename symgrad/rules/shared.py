@@ -115,8 +115,7 @@ primitive(
 )
 
 ADD_INTO = '''def _add_into(fresh, *others):
-    """``fresh + others``, into ``fresh`` (new, read by nothing else) as autograd's engine adds,
-    where no graph is recorded, no torch.func transform runs, each term of its shape and dtype."""
+    """``fresh + others`` as autograd's engine adds: into ``fresh`` (new) where it may."""
     new = (torch.is_grad_enabled() or torch.compiler.is_compiling()
            or torch._C._are_functorch_transforms_active()
            or not all(isinstance(term, torch.Tensor) and term.shape == fresh.shape
