@@ -251,7 +251,7 @@ def kernel_formulas(value, gradient_of: str | None = None) -> tuple[str, ...]:
         return (
             f"grad_{gradient_of} = {grad} * (softmax({gradient_of}) - one_hot({target})){scale} over counted {target}",
         )
-    if name not in ("conv_backward", "batch_norm_backward"):
+    if name not in ("conv_backward", "grouped_weight_backward", "batch_norm_backward"):  # late_weights.py
         return ()
     params = value.params
     if name == "batch_norm_backward":

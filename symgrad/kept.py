@@ -358,6 +358,10 @@ def _on_layouts(expr, layouts: dict):
     return expr if arguments == list(expr.args) else expr.func(*arguments)
 
 
+CONV_BACKWARDS = ("conv_backward", "grouped_weight_backward")
+"""autograd's ``convolution_backward`` call, and a grouped convolution's late one in chunks (late_weights.py)."""
+
+
 def deferred_weight_casts(backward: list[Statement], gradient_symbols: set) -> list[Statement]:
     """``backward`` where each convolution backward whose weight gradient is a parameter's whole
     gradient (its ``t[1]`` is returned as it is, not a term summed with another use's) leaves that
@@ -376,7 +380,7 @@ def deferred_weight_casts(backward: list[Statement], gradient_symbols: set) -> l
     result = []
     for statement in backward:
         value = statement.value
-        if statement.target in whole and isinstance(value, TensorOp) and value.primitive.name == "conv_backward":
+        if statement.target in whole and isinstance(value, TensorOp) and value.primitive.name in CONV_BACKWARDS:
             params = Params(value.params.items() + (("defer_weight_cast", True),))
             statement = dataclasses.replace(statement, value=TensorOp(value.args[0], params, *value.operands))
         result.append(statement)

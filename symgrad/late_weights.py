@@ -20,6 +20,15 @@ channels_last, peak RSS growth of a step: float32 ``--keep all`` 33.5 -> 22.8 Mi
 (autograd's default layout 30.8); bfloat16 autocast 25.1 -> 13.0, lean 25.5 -> 13.9 (with ab0d1be); the
 default layout as before. In a block's function (``trace(..., blocks=True)``, the CLI's default) the end
 is the block function's: a ConvNeXt block's depthwise convolution is its first node, so nothing moves.
+
+At the end that buffer is the peak (bfloat16 autocast: 18.7 MiB beside 13 MiB of growth in all). A late
+call of 64 groups or more is :data:`CHUNKED`: its helper runs a depthwise k x k (k >= 5) convolution's
+weight gradient in channels_last as calls of at least 32 channels and at least as many as threads, on
+slices of the input and output gradient copied in channels_last, each with a buffer c/C of the whole's;
+oneDNN gives each group of such a call one thread, so each channel's sum is the one call's, bit for bit
+(checked at 1-16 threads, float32, bfloat16 and under autocast, 16-768 channels, 5 x 5 and 7 x 7, stride
+1 and 2, batch 1-8, sizes 3-56). Not a 3 x 3 (oneDNN's depthwise kernel splits its sums by channel blocks
+and batch there: chunks of it differ in the last bits) nor the default layout (no such buffer).
 """
 
 from __future__ import annotations
@@ -27,8 +36,65 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .algebra import Params, TensorOp, tensor
+from .algebra import PRIMITIVES, Params, TensorOp, primitive, tensor
 from .reverse import Statement
+
+CHUNKED = "grouped_weight_backward"
+"""The late call's primitive where it may run in chunks of channels (:data:`CHUNKED_HELPER`)."""
+
+CHUNKED_HELPER = '''def _grouped_weight_backward(grad_output, input, weight, output_mask, groups=1, bias_sizes=None,
+                             **options):
+    """``_convolution_backward`` of a depthwise convolution's weight and bias gradients
+    (``output_mask`` without the input's) in calls of at least 32 channels and as many as threads:
+    oneDNN's channels_last kernel of a k x k one (k >= 5) pads each group to 16 x 16 channels,
+    C x 256 x k² floats of scratch (18.7 MiB at C = 256, k = 7, under bfloat16 autocast), a call of
+    c channels c/C of it. Each channel's gradient is the same sum in each call while a call has at
+    least as many groups as threads (each group one thread's, the batch never split between
+    threads): bit for bit one call's."""
+    chunk = 32 * -(-torch.get_num_threads() // 32)
+    copy, dtype = input if isinstance(input, tuple) else (input, None)
+    if (output_mask[0] or groups < 2 * chunk or options.get("transposed") or weight.dim() != 4
+            or tuple(weight.shape[:2]) != (groups, 1) or weight.shape[2] * weight.shape[3] < 25
+            or copy.device.type != "cpu" or copy.dtype == torch.float64 or copy.is_contiguous()
+            or not copy.is_contiguous(memory_format=torch.channels_last)):
+        return _convolution_backward(grad_output, input, weight, output_mask, groups=groups,
+                                     bias_sizes=bias_sizes, **options)
+    count = groups // chunk  # calls of equal size or one more, each at least chunk groups
+    bounds = [index * groups // count for index in range(count + 1)]
+    parts = []
+    for start, stop in zip(bounds, bounds[1:]):
+        grad, part = (value[:, start:stop].contiguous(memory_format=torch.channels_last)
+                      for value in (grad_output, copy))
+        sizes = None if bias_sizes is None else [stop - start]
+        parts.append(_convolution_backward(
+            grad, part if dtype is None else (part, dtype), weight[start:stop], output_mask,
+            groups=stop - start, bias_sizes=sizes, **options))
+    return (None, *(torch.cat([grads[index] for grads in parts]) if output_mask[index] else None
+                    for index in (1, 2)))
+'''
+"""Emitted into a module with a late call of a grouped convolution of more than 32 groups (its
+``_convolution_backward`` calls, whose helper the same backward's input-gradient call brings)."""
+
+
+def _chunked_code(operands, params, show):
+    return "_grouped_weight_backward" + PRIMITIVES["conv_backward"].code(operands, params, show).removeprefix(
+        "_convolution_backward"
+    )
+
+
+def _chunked_latex(operands, params, show):
+    return PRIMITIVES["conv_backward"].latex(operands, params, show)
+
+
+primitive(
+    CHUNKED,
+    code=_chunked_code,
+    latex=_chunked_latex,
+    helper=CHUNKED_HELPER,
+    outputs=3,
+    autocast_operands=(1,),
+    fresh=True,
+)
 
 HELD_SHARE = 1 / 6
 """A call moves only where what it then holds to the end (its input and output gradient, at the traced
@@ -74,9 +140,16 @@ def _grouped_call(statement: Statement) -> bool:
     return value.params["groups"] != 1 and mask[0] and mask[1]
 
 
-def _with_mask(value: TensorOp, mask: tuple) -> TensorOp:
+def _with_mask(value: TensorOp, mask: tuple, kind=None) -> TensorOp:
     params = Params(tuple((key, mask if key == "output_mask" else entry) for key, entry in value.params.items()))
-    return TensorOp(value.args[0], params, *value.operands)
+    return TensorOp(kind or value.args[0], params, *value.operands)
+
+
+def _late_kind(value: TensorOp):
+    """The late call's primitive: in chunks of channels (:data:`CHUNKED`) where it may have more than
+    32 groups (a size read at run time: maybe), as it was where it has fewer (its scratch is small)."""
+    groups = value.params["groups"]
+    return value.args[0] if getattr(groups, "is_number", isinstance(groups, int)) and groups < 64 else CHUNKED
 
 
 def late_grouped_weight_grads(backward: list[Statement], graph=None) -> list[Statement]:
@@ -102,7 +175,9 @@ def late_grouped_weight_grads(backward: list[Statement], graph=None) -> list[Sta
             renamed[statement.target] = tensor(name)
             result.append(dataclasses.replace(statement, value=_with_mask(value, (True, False, False))))
             late.append(
-                dataclasses.replace(statement, target=tensor(name), value=_with_mask(value, (False, *mask[1:])))
+                dataclasses.replace(
+                    statement, target=tensor(name), value=_with_mask(value, (False, *mask[1:]), _late_kind(value))
+                )
             )
             late_symbols.add(tensor(name))
             continue

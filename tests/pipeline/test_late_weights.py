@@ -15,7 +15,9 @@ from torch import nn
 
 import symgrad.schedule
 from symgrad.check import module_from_source
+from symgrad.late_weights import CHUNKED_HELPER
 from symgrad.pipeline import build_text
+from symgrad.rules.conv_helpers import CONVOLUTION_BACKWARD
 from symgrad.trace import trace
 
 
@@ -140,3 +142,102 @@ def test_the_kernel_gives_each_gradient_alike_asked_alone_or_together(dtype, cha
         _, weight, bias = torch.ops.aten.convolution_backward(grad, x, w, *others, [False, True, True])
         for got, expected in zip((alone, weight, bias), together):
             assert got.stride() == expected.stride() and torch.equal(got, expected), (batch, channels, groups)
+
+
+class Wide(nn.Module):
+    """A wide stem, a 4x downsampling and a depthwise 7 x 7 convolution of 64 channels on its output
+    (an eighth of the stem's output, kept, not computed again: its call moves last), whose late call
+    runs in two of 32 channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(2, 64, 1)
+        self.down = nn.Conv2d(64, 64, 4, stride=4)
+        self.dw = nn.Conv2d(64, 64, 7, padding=3, groups=64)
+        self.head = nn.Linear(64, 3)
+
+    def forward(self, x):
+        return self.head(F.gelu(self.dw(self.down(F.gelu(self.stem(x))))).mean(dim=(2, 3)))
+
+
+def _wide_source(split: bool) -> str:
+    torch.manual_seed(0)
+    text = trace(Wide().train(), {"x": (2, 2, 16, 16)}, wrt="parameters", name="wide", mode="train")
+    with pytest.MonkeyPatch.context() as patch:
+        if not split:
+            patch.setattr(symgrad.schedule, "late_grouped_weight_grads", lambda backward, graph: backward)
+        return build_text(text, "wide.yaml", documents=False, tests=False, keep="all").rendered.files["wide.py"]
+
+
+def test_a_wide_depthwise_late_call_runs_in_chunks_bit_for_bit():
+    """The late call of 64 channels is ``_grouped_weight_backward`` (two calls of 32 in channels_last
+    float32 and under bfloat16 autocast): its gradients are the one call's bit for bit (the unsplit
+    module's), and in float64 (one call) equal autograd's through the module at another batch and size."""
+    text = _wide_source(split=True)
+    assert text.count("_grouped_weight_backward(") == 2, text  # its def and its call
+    split, whole = module_from_source(text, "wide"), module_from_source(_wide_source(split=False), "wide_whole")
+    torch.manual_seed(4)
+    model = Wide().train()
+    x = torch.randn(3, 2, 20, 20)
+    model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(3, 3)
+    for autocast in (False, True):
+        got = {}
+        for name, module in (("split", split), ("whole", whole)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                got[name] = module.gradients(x, _params(model), (grad,)).params
+        for key, value in got["whole"].items():
+            assert got["split"][key].dtype == value.dtype and torch.equal(got["split"][key], value), (key, autocast)
+    model, x = model.double(), torch.randn(2, 2, 24, 24, dtype=torch.float64)
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
+    got = split.gradients(x, _params(model), (grad,)).params
+    for key, value in expected.items():
+        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_late_helper_in_chunks_is_one_calls_result_bit_for_bit(dtype, threads):
+    """``_grouped_weight_backward`` (late_weights.CHUNKED_HELPER) against one ``convolution_backward``
+    call in channels_last: depthwise 7 x 7 and 5 x 5 of 64, 96 and 256 channels (2, 3, 8 calls), bit for
+    bit with equal strides; a 3 x 3 and the default layout in one call (oneDNN's depthwise kernel there
+    splits its sums by channel blocks: chunks of it would not be bit for bit)."""
+    namespace = {"torch": torch}
+    exec(CONVOLUTION_BACKWARD + CHUNKED_HELPER, namespace)
+    whole, calls = namespace["_convolution_backward"], []
+    namespace["_convolution_backward"] = lambda *args, **options: calls.append(1) or whole(*args, **options)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(5)
+        for batch, channels, size, kernel, stride, layout, wanted in (
+            (2, 64, 5, 7, 1, torch.channels_last, 2),
+            (3, 96, 9, 5, 2, torch.channels_last, 3),
+            (1, 256, 3, 7, 1, torch.channels_last, 8),
+            (2, 64, 6, 3, 1, torch.channels_last, 1),
+            (2, 64, 5, 7, 1, torch.contiguous_format, 1),
+        ):
+            x = torch.randn(batch, channels, size, size, dtype=dtype).contiguous(memory_format=layout)
+            w = torch.randn(channels, 1, kernel, kernel, dtype=dtype).contiguous(memory_format=layout)
+            grad = torch.randn_like(F.conv2d(x, w, None, stride, kernel // 2, 1, channels))
+            others = [channels], [stride] * 2, [kernel // 2] * 2, [1, 1], False, [0, 0], channels
+            expected = torch.ops.aten.convolution_backward(grad, x, w, *others, [False, True, True])
+            calls.clear()
+            got = namespace["_grouped_weight_backward"](
+                grad,
+                x,
+                w,
+                [False, True, True],
+                stride=stride,
+                padding=kernel // 2,
+                groups=channels,
+                bias_sizes=[channels],
+            )
+            assert len(calls) == wanted, (channels, kernel, layout)
+            assert got[0] is None
+            for value, reference in zip(got[1:], expected[1:]):
+                assert value.stride() == reference.stride() and torch.equal(value, reference), (channels, kernel)
+    finally:
+        torch.set_num_threads(before)
