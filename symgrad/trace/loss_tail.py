@@ -63,6 +63,38 @@ def reduce(builder: Builder, call: Call) -> None:
     builder.kept.append(call.result)
 
 
+def reduction_layers(builder: Builder, value: torch.Tensor) -> str | None:
+    """The node of a reduction the network reads on (``conv(h) * conv.weight.sum()``, ``x - 0.5 * x.mean()``,
+    ``h / h.sum(dim=(1, 2, 3))``), which the tracer noted as maybe the loss: a ``sum``/``mean`` layer over
+    the dims it reduced, kept as size 1 and flattened to [1] where it reduced every dim (a spec's tensors
+    have 1 to 8 dims; [1] broadcasts as the 0-dim value does against any tensor of one dim or more), then its
+    scale; no longer a loss. None for a loss call's value (``F.mse_loss(p, y)``), which stays refused."""
+    reduction = builder.reductions.get(id(value))
+    if reduction is None or reduction.loss is not None or reduction.call is None:
+        return None
+    call, source = reduction.call, reduction.call.arguments[0]
+    rank = source.dim()
+    every = reduction.how in ("sum", "mean")
+    dims = list(range(rank)) if every else list(range(1, rank))  # "per_sample": a sum over all but the batch
+    how = "mean" if reduction.how == "mean" else "sum"
+    steps = [(how, getattr(torch, how), {"dim": dims, "keepdim": every})]
+    if every:
+        steps.append(("flatten", torch.flatten, {"start_dim": 0}))
+    if reduction.scale != 1.0:
+        steps.append(("mul", torch.mul, {"other": reduction.scale}))
+    current = source
+    for op, function, arguments in steps:
+        result = function(current, **arguments)
+        made = Call(op, function, (current,), dict(arguments), result, call.where, call.module, call.leaf)
+        builder.layer(op, {"input": current, **arguments}, made)
+        if builder.named(result) is None:  # refused: the layer's problem is reported with it
+            return None
+        current = result
+    del builder.reductions[id(value)]
+    builder.names[id(value)] = name = builder.named(current)
+    return name
+
+
 @op_hook("log_softmax")
 def log_softmax(builder: Builder, op: str, bound: dict, call: Call) -> None:
     """A layer; noted too, because ``nll_loss(log_softmax(z, dim=1), labels)`` is
