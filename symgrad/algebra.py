@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import sympy
 from sympy.core.symbol import Str
+from sympy.printing.precedence import PRECEDENCE
 
 
 def tensor(name: str) -> sympy.Symbol:
@@ -60,6 +61,25 @@ class Size(sympy.Expr):
 
     def _latex(self, printer) -> str:
         return rf"\lvert {printer._print(self.of)} \rvert_{{{self.axis}}}"
+
+
+class OrderedAdd(sympy.Add):
+    """``a + b`` of two tensors in the model's order: a sum to sympy (``diff``, ``cse``, the docs' math),
+    which keeps its two terms as the trace met them, through renamings (``xreplace``) and the printer. The
+    order changes no value (a + b is b + a, bit for bit) but a tensor sum takes its strides from its first
+    operand (TensorIterator), and what reads it next (a reduction) rounds in that memory order: ConvNeXt's
+    ``input + branch``, the branch permuted to channels_last, printed ``branch + input``, laid the sum out
+    channels_last and the next layer norm's float32 sums rounded otherwise. A number term, a sum or a
+    negated term (nothing a forward add makes) gives sympy's own sum."""
+
+    def __new__(cls, *args, **options):
+        args = tuple(map(sympy.sympify, args))
+        if len(args) != 2 or any(arg.is_number or arg.is_Add or arg.could_extract_minus_sign() for arg in args):
+            return sympy.Add(*args, **options)
+        return cls._from_args(args, is_commutative=True)
+
+    def _torchcode(self, printer) -> str:  # the code printer's: the terms in their order, as the model wrote them
+        return " + ".join(printer.parenthesize(term, PRECEDENCE["Add"], strict=False) for term in self.args)
 
 
 class Params(sympy.Atom):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .algebra import TensorOp, op
+from .algebra import OrderedAdd, TensorOp, op
 from .reverse import Statement
 
 
@@ -132,7 +132,8 @@ def added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list[
     grad_add)``, which adds the other terms into that one where no graph is recorded: no new tensor
     per sum, as autograd's engine adds a node's incoming gradients into its buffer, and as a model's
     ``out += identity`` adds. A sum with a negated term stays as it is (``a - b`` is one kernel;
-    ``_add_into(a, -b)`` two)."""
+    ``_add_into(a, -b)`` two). A forward's ``a + b`` (:class:`OrderedAdd`) is laid out as ``a`` is: added
+    into ``a``, or into ``b`` by ``_add_into_second(a, b)`` where ``b`` has ``a``'s strides at run time."""
     made, readers = _made_and_readers(scheduled)
 
     def owned_here(term, item, terms) -> bool:
@@ -146,7 +147,12 @@ def added_in_place(scheduled: list[Scheduled], every_sum: bool = False) -> list[
     result = []
     for item in scheduled:
         value = item.statement.value
-        if isinstance(value, sympy.Add) and (every_sum or item.statement.gradient_of is not None):
+        if isinstance(value, OrderedAdd) and every_sum:  # the model's a + b: laid out as a
+            owned = [owned_here(term, item, value.args) for term in value.args]
+            if any(owned):
+                value = op("add_into" if owned[0] else "add_into_second", *value.args)
+                item = dataclasses.replace(item, statement=dataclasses.replace(item.statement, value=value))
+        elif isinstance(value, sympy.Add) and (every_sum or item.statement.gradient_of is not None):
             terms = value.as_ordered_terms()
             first = next((term for term in terms if owned_here(term, item, terms)), None)
             if first is not None and not any(term.is_number or term.could_extract_minus_sign() for term in terms):

@@ -163,8 +163,9 @@ def plan_program(
     spec = expanded.spec
     program, fast = top
     planned = schedule(program, fast, extras=extras, recompute=recompute, lean=lean)
-    statements = [
-        item.statement for block in derived.values() for item in block.planned.saving_forward + block.planned.backward
+    bodies = [body for block in derived.values() for body in (block, block.without) if body is not None]
+    statements = [  # a body without its block's optional branch calls its own (x + branch: _add_into_second)
+        item.statement for body in bodies for item in body.planned.saving_forward + body.planned.backward
     ] + [item.statement for item in planned.saving_forward + planned.backward]
     statements += [
         getattr(item, "statement", item)

@@ -17,7 +17,7 @@ from typing import Callable
 
 import sympy
 
-from ..algebra import keyword_arguments, op, primitive
+from ..algebra import OrderedAdd, keyword_arguments, op, primitive
 from ..printing import to_code
 from .base import Checker, Forward, NodeSymbols, Operand, Param, Rule, Sample, Spelling, number
 
@@ -84,6 +84,29 @@ primitive(
     fresh=True,
     code=lambda operands, params, show: f"({operands[0]} / (2 * {operands[1]}))",
     latex=lambda operands, params, show: rf"\frac{{{operands[0]}}}{{2 {operands[1]}}}",
+)
+
+
+ADD_INTO_SECOND = '''def _add_into_second(first, fresh):
+    """``first + fresh`` laid out as ``first``: into ``fresh`` (new) where it has those strides."""
+    if (torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or torch._C._are_functorch_transforms_active() or not isinstance(first, torch.Tensor)
+            or first.shape != fresh.shape or first.dtype != fresh.dtype
+            or first.stride() != fresh.stride()):
+        return first + fresh
+    return fresh.add_(first)
+'''
+"""A forward's ``a + b`` (:class:`~symgrad.algebra.OrderedAdd`) added into its fresh second term
+(``lifetimes.added_in_place``: a model's ``x + block(x)``): a sum takes its first operand's strides, so in
+place only where the second has them too, and where no graph is recorded (as ``_add_into``)."""
+
+primitive(
+    "add_into_second",
+    helper=ADD_INTO_SECOND,
+    fresh=True,
+    tangent=lambda expr, tangent_of: sympy.Add(*(tangent_of(operand) for operand in expr.operands)),
+    code=lambda operands, params, show: f"_add_into_second({', '.join(operands)})",
+    latex=lambda operands, params, show: " + ".join(operands),
 )
 
 
@@ -195,8 +218,10 @@ class Elementwise(Rule):
         math = self._substitute(self.scalar_forward(node.params), node)
         if self.call is None:
             # unevaluated, so sub(x, x) prints as `x - x` (a tensor), never as the number 0
+            operands = [node.operands[operand.name] for operand in self.operands]
             with sympy.evaluate(False):
-                value = self.formula(*(node.operands[operand.name] for operand in self.operands), **node.params)
+                # a tensor sum in the model's order: its strides are its first operand's (OrderedAdd)
+                value = OrderedAdd(*operands) if self.op == "add" else self.formula(*operands, **node.params)
             return Forward(value, math)
         return Forward(op(self.op, *(node.operands[operand.name] for operand in self.operands), **node.params), math)
 
