@@ -284,3 +284,34 @@ def block_graph(
         shape=graph.nodes[block.output].shape,
     )
     return graph
+
+
+@dataclass(frozen=True)
+class InstanceSizes:
+    """A block body's node shapes at its largest instance, for the choices that read traced sizes
+    (``rematerialize.costly_made_again``): one choice for every instance (each prints the same body)."""
+
+    nodes: dict[str, Any]
+    """Each inner node by name, with ``shape``: its largest shape among the instances that have it."""
+    largest: int | None
+    """The elements of the network's largest layer output (the flat graph's), which a step's peak sits beside."""
+
+
+def instance_sizes(expanded: Expanded, flat_graph: Graph, block: str) -> InstanceSizes:
+    """The :class:`InstanceSizes` of ``block`` from the flat graph (an instance ``I``'s inner node ``o`` is
+    its node ``I_o``, its output ``I``: ``expand.flatten``); a size not a number (unknown) is left out."""
+    import math
+
+    def elements(shape) -> int | None:
+        return math.prod(shape) if shape and all(isinstance(size, int) for size in shape) else None
+
+    output = expanded.blocks[block].output
+    nodes: dict[str, Any] = {}
+    for layer in expanded.calls[block]:
+        for inner in expanded.blocks[block].layers:
+            node = flat_graph.nodes.get(layer.out if inner.out == output else f"{layer.out}_{inner.out}")
+            size = elements(getattr(node, "shape", None))
+            if size is not None and size > (elements(getattr(nodes.get(inner.out), "shape", None)) or 0):
+                nodes[inner.out] = node
+    layers = (elements(node.shape) for node in flat_graph.nodes.values() if node.kind == "layer")
+    return InstanceSizes(nodes, max((size for size in layers if size is not None), default=None))

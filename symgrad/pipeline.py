@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .body_graphs import block_variants, top_graph
+from .body_graphs import block_variants, instance_sizes, top_graph
 from .emit import Rendered
 from .errors import GeneratorError
 from .expand import Expanded, expand
@@ -159,7 +159,13 @@ def planned_program(
     check_statement_targets(expanded.spec, *(part for program in top for part in (program.forward, program.backward)))
     extra = derive_extras(top[0], extras)  # hvp's and per_sample's statements: the inlined program's (expand)
     derived = {
-        name: plan_block(found, recompute, lean, _params_entries(expanded, flat_graph, name))
+        name: plan_block(
+            found,
+            recompute,
+            lean,
+            _params_entries(expanded, flat_graph, name),
+            instance_sizes(expanded, flat_graph, name),
+        )
         for name, found in variants.items()
     }
     return plan_program(expanded, flat_graph, shapes, derived, graph, chains, top, extra, recompute, lean)

@@ -212,16 +212,23 @@ def plan_program(
 
 
 def plan_block(
-    variants: list[Variant], recompute: bool = True, lean: bool = False, parameters: frozenset[str] = frozenset()
+    variants: list[Variant],
+    recompute: bool = True,
+    lean: bool = False,
+    parameters: frozenset[str] = frozenset(),
+    sizes=None,
 ) -> DerivedBlock:
     """A block's body planned once for all its instances, from its variants (``body_graphs.block_variants``:
     one per distinct set of hyper values and size-1 axes, each derived already), each scheduled as
     any body is; every variant must print the same code as the first, whose body every instance
     calls, else one derivation cannot serve them all (a 1 x 1 and a 3 x 3 convolution do). ``parameters``:
-    the block's parameters that are entries of ``params`` in every instance (``pipeline._params_entries``)."""
+    the block's parameters that are entries of ``params`` in every instance (``pipeline._params_entries``);
+    ``sizes``: its nodes' at its largest instance, one choice for all (``body_graphs.instance_sizes``)."""
     for variant in variants:
         body = variant.body
-        body.planned = schedule(body.program, body.fast, recompute=recompute, lean=lean, parameters=parameters)
+        body.planned = schedule(
+            body.program, body.fast, recompute=recompute, lean=lean, parameters=parameters, block_sizes=sizes
+        )
         read = (
             set().union(*(item.statement.value.free_symbols for item in body.planned.backward))
             if body.planned.backward

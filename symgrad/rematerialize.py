@@ -78,8 +78,10 @@ def costly_made_again(forward: list[Statement], backward: list[Statement], graph
     stages at 8 x 112² under AMP, at aa46d03: the peak 16.3 -> 16.7 MiB in the default layout, 17.1 ->
     18.9 in channels_last, against autograd's 25.2 and 28.5; one thread's step 0.937x -> 0.974x
     autograd's in the default layout, 0.932x -> 0.957x in channels_last: medians of six alternating runs).
-    Without ``graph`` (a block's body, shared by instances of several sizes, where the choice could
-    differ between them) every costly output the backward reads is made again."""
+    A block's body (shared by instances of several sizes) is given its largest instance's sizes and the
+    network's largest value (``body_graphs.instance_sizes``: one choice for every instance, kept where
+    every instance's output is small beside the network's largest, as the flat module keeps it); without
+    ``graph`` every costly output the backward reads is made again."""
     read = set().union(*(statement.value.free_symbols for statement in backward))
     costly = {
         statement.target
@@ -95,7 +97,9 @@ def costly_made_again(forward: list[Statement], backward: list[Statement], graph
         for statement in forward
         if statement.target in read and statement.target.name == statement.node
     }
-    largest = max((size for size in sizes.values() if size is not None), default=None)
+    largest = getattr(graph, "largest", None) or max(
+        (size for size in sizes.values() if size is not None), default=None
+    )
     if largest is None:
         return costly
     return {symbol for symbol in costly if sizes.get(symbol) is None or sizes[symbol] >= LARGEST_SHARE * largest}

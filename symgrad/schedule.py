@@ -83,6 +83,7 @@ def schedule(
     recompute: bool = True,
     lean: bool = False,
     parameters: frozenset[str] | None = None,
+    block_sizes=None,
 ) -> Plan:
     """The :class:`Plan` for the derivations of one body's graph; ``extras``: the derived statements of
     the optional functions wanted (``tangent.derive_extras``: ``hvp``, ``per_sample``; the inlined
@@ -91,7 +92,8 @@ def schedule(
     again (:func:`_recomputed`), no mask or layout kept in its place (:mod:`symgrad.kept`); ``lean``
     (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
     from the batch norm's input and statistics (:mod:`symgrad.rematerialize`). ``parameters``: the inputs
-    that are entries of ``params`` (a block body's parameters); None: the spec's inputs with a ``source``."""
+    that are entries of ``params`` (a block body's parameters); None: the spec's inputs with a ``source``.
+    ``block_sizes``: a block body's sizes at its largest instance (``body_graphs.instance_sizes``)."""
     graph = program.graph
     gradient_symbols = set(program.gradients.values())
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
@@ -121,11 +123,12 @@ def schedule(
     returned = [statement for statement in backward if statement.target in gradient_symbols]
     live = _scheduled_early(live[:split] + backward, split, returned)
     live = live[:split] + _named_entries(live[split:], live)
-    # the top body's traced sizes choose which SiLU outputs lean makes again and which grouped convolutions'
-    # weight gradients move last; a block's body (shared by instances of several sizes) has none
+    # the top body's traced sizes choose which SiLU outputs lean makes again (a block's body: its largest
+    # instance's, beside the network's largest value) and which grouped convolutions' weight gradients move
+    # last (a block's body: every one, its end is near)
     sizes = graph if parameters is None else None
     if recompute:
-        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean, sizes)
+        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean, sizes or block_sizes)
     rebuilt_names: list[str] = []
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)

@@ -109,3 +109,59 @@ def test_keep_lean_makes_again_the_widest_silu_output_and_keeps_a_small_one():
         out.float().square().sum().backward()
         grads.append({key: value.grad for key, value in net.named_parameters()})
     assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
+
+
+class SiluBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(channels, channels, 1, bias=False), nn.BatchNorm2d(channels)
+        self.mix = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.mix(F.silu(self.bn(self.conv(x))))
+
+
+class WideStemThenBlocks(nn.Module):
+    """A stem whose output is the widest value (8 channels), then three instances of one block of 2
+    channels: their SiLU outputs a quarter of it in every instance."""
+
+    def __init__(self, stem: int = 8):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(2, stem, 3, padding=1), nn.BatchNorm2d(stem)
+        self.down = nn.Conv2d(stem, 2, 1)
+        self.blocks = nn.Sequential(SiluBlock(2), SiluBlock(2), SiluBlock(2))
+
+    def forward(self, x):
+        return self.blocks(self.down(F.silu(self.bn(self.stem(x)))))
+
+
+@pytest.mark.parametrize("stem", [8, 2])
+def test_a_block_body_keeps_a_silu_output_small_in_every_instance_as_the_flat_module_does(stem):
+    """In a block's body (``trace(..., blocks=True)``, the CLI's default) ``--keep lean`` chooses from the
+    block's largest instance beside the network's largest value (``body_graphs.instance_sizes``), as the
+    flat module chooses per layer: with a stem 4x as wide as the blocks, their SiLU outputs are kept in
+    the blocks form and in the flat form alike; with a stem as narrow, made again in both. Gradients:
+    autograd's through the original module in float64 at another batch and size."""
+    torch.manual_seed(0)
+    model = WideStemThenBlocks(stem).train().double()
+    sources = {}
+    for blocks in (True, False):
+        text = trace(model, {"x": (2, 2, 6, 6)}, wrt="parameters", name="stemmed", mode="train", blocks=blocks)
+        assert ("\nblocks:\n" in text) == blocks
+        built = build_text(text, "stemmed.yaml", documents=False, tests=False, keep="lean")
+        sources[blocks] = built.rendered.files["stemmed.py"]
+    body = sources[True][sources[True].index("_backward(saved, grad_output)") :]
+    body = body[: body.index("\ndef ")]
+    made_again_in_block = re.search(r"\n    \w+ = F\.silu\(", body) is not None  # a statement, not a comment
+    flat = sources[False][sources[False].index("def _backward_from_saved(") :]
+    made_again_flat = len(re.findall(r"\n    blocks_\d_\w* = F\.silu\(", flat))
+    assert made_again_in_block == (stem == 2) and made_again_flat == (3 if stem == 2 else 0), (body, flat)
+    module = module_from_source(sources[True], f"stemmed_{stem}")
+    params = {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
+    x = torch.randn(3, 2, 7, 5, dtype=torch.float64)
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
+    got = module.gradients(x, params, (grad,)).params
+    for key, value in expected.items():
+        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
