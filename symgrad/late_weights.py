@@ -22,13 +22,19 @@ default layout as before. In a block's function (``trace(..., blocks=True)``, th
 is the block function's: a ConvNeXt block's depthwise convolution is its first node, so nothing moves.
 
 At the end that buffer is the peak (bfloat16 autocast: 18.7 MiB beside 13 MiB of growth in all). A late
-call of 64 groups or more is :data:`CHUNKED`: its helper runs a depthwise k x k (k >= 5) convolution's
-weight gradient in channels_last as calls of at least 32 channels and at least as many as threads, on
+call of 128 groups or more is :data:`CHUNKED`: its helper runs a depthwise k x k (k >= 5) convolution's
+weight gradient in channels_last as calls of 64 channels or a few more (64 x ceil(threads / 64)), on
 slices of the input and output gradient copied in channels_last, each with a buffer c/C of the whole's;
-oneDNN gives each group of such a call one thread, so each channel's sum is the one call's, bit for bit
-(checked at 1-16 threads, float32, bfloat16 and under autocast, 16-768 channels, 5 x 5 and 7 x 7, stride
-1 and 2, batch 1-8, sizes 3-56). Not a 3 x 3 (oneDNN's depthwise kernel splits its sums by channel blocks
-and batch there: chunks of it differ in the last bits) nor the default layout (no such buffer).
+oneDNN gives each group of a call with at least as many groups as threads one thread, so each channel's
+sum is the one call's, bit for bit (checked at 1-16 threads, float32, bfloat16 and under autocast, 16-768
+channels, 3 x 3, 5 x 5 and 7 x 7, stride 1 and 2, batch 1-8, sizes 3-56; fewer groups than threads, 4 at
+8 threads, are not). Not a 3 x 3 (oneDNN's depthwise kernel splits its sums by channel blocks and batch
+there: chunks of it differ in the last bits) nor the default layout (no such buffer). The same ConvNeXt,
+bf16 autocast, channels_last, peak RSS growth (``benchmarks.keep_policy --networks convnext
+--precisions AMP --layouts channels_last``, two runs each at 7371b61 and with this): ``--keep all``
+13.2-13.8 -> 8.2-8.3 MiB, lean 12.7-13.6 -> 7.8-7.9 (autograd's default layout 14.4-15.2: 0.57x, 0.54x),
+0.94-0.95x autograd's channels_last speed (0.94-0.98x before; calls of 32: the same peak at 0.85-0.89x);
+float32 and the default layout as before (22.6 / 20.1 MiB).
 """
 
 from __future__ import annotations
@@ -45,17 +51,18 @@ CHUNKED = "grouped_weight_backward"
 CHUNKED_HELPER = '''def _grouped_weight_backward(grad_output, input, weight, output_mask, groups=1, bias_sizes=None,
                              **options):
     """``_convolution_backward`` of a depthwise convolution's weight and bias gradients
-    (``output_mask`` without the input's) in calls of at least 32 channels and as many as threads:
+    (``output_mask`` without the input's) in calls of at least 64 channels and as many as threads:
     oneDNN's channels_last kernel of a k x k one (k >= 5) pads each group to 16 x 16 channels,
     C x 256 x k² floats of scratch (18.7 MiB at C = 256, k = 7, under bfloat16 autocast), a call of
     c channels c/C of it. Each channel's gradient is the same sum in each call while a call has at
     least as many groups as threads (each group one thread's, the batch never split between
-    threads): bit for bit one call's."""
-    chunk = 32 * -(-torch.get_num_threads() // 32)
+    threads): bit for bit one call's. Compiled: one call (a graph would fix the thread count)."""
     copy, dtype = input if isinstance(input, tuple) else (input, None)
-    if (output_mask[0] or groups < 2 * chunk or options.get("transposed") or weight.dim() != 4
-            or tuple(weight.shape[:2]) != (groups, 1) or weight.shape[2] * weight.shape[3] < 25
-            or copy.device.type != "cpu" or copy.dtype == torch.float64 or copy.is_contiguous()
+    chunk = 0 if torch.compiler.is_compiling() else 64 * -(-torch.get_num_threads() // 64)
+    if (not chunk or output_mask[0] or groups < 2 * chunk or options.get("transposed")
+            or weight.dim() != 4 or tuple(weight.shape[:2]) != (groups, 1)
+            or weight.shape[2] * weight.shape[3] < 25 or copy.device.type != "cpu"
+            or copy.dtype == torch.float64 or copy.is_contiguous()
             or not copy.is_contiguous(memory_format=torch.channels_last)):
         return _convolution_backward(grad_output, input, weight, output_mask, groups=groups,
                                      bias_sizes=bias_sizes, **options)
@@ -72,8 +79,8 @@ CHUNKED_HELPER = '''def _grouped_weight_backward(grad_output, input, weight, out
     return (None, *(torch.cat([grads[index] for grads in parts]) if output_mask[index] else None
                     for index in (1, 2)))
 '''
-"""Emitted into a module with a late call of a grouped convolution of more than 32 groups (its
-``_convolution_backward`` calls, whose helper the same backward's input-gradient call brings)."""
+"""Emitted into a module with a late call of a grouped convolution of 128 groups or more (it calls
+``_convolution_backward``, whose helper the same backward's input-gradient call brings)."""
 
 
 def _chunked_code(operands, params, show):
@@ -146,10 +153,10 @@ def _with_mask(value: TensorOp, mask: tuple, kind=None) -> TensorOp:
 
 
 def _late_kind(value: TensorOp):
-    """The late call's primitive: in chunks of channels (:data:`CHUNKED`) where it may have more than
-    32 groups (a size read at run time: maybe), as it was where it has fewer (its scratch is small)."""
+    """The late call's primitive: in chunks of channels (:data:`CHUNKED`) where it may have 128 groups
+    or more (a size read at run time: maybe), as it was where it has fewer (its helper's one call)."""
     groups = value.params["groups"]
-    return value.args[0] if getattr(groups, "is_number", isinstance(groups, int)) and groups < 64 else CHUNKED
+    return value.args[0] if getattr(groups, "is_number", isinstance(groups, int)) and groups < 128 else CHUNKED
 
 
 def late_grouped_weight_grads(backward: list[Statement], graph=None) -> list[Statement]:

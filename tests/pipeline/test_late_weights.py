@@ -145,16 +145,16 @@ def test_the_kernel_gives_each_gradient_alike_asked_alone_or_together(dtype, cha
 
 
 class Wide(nn.Module):
-    """A wide stem, a 4x downsampling and a depthwise 7 x 7 convolution of 64 channels on its output
+    """A wide stem, a 4x downsampling and a depthwise 7 x 7 convolution of 128 channels on its output
     (an eighth of the stem's output, kept, not computed again: its call moves last), whose late call
-    runs in two of 32 channels."""
+    runs as two of 64 channels."""
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Conv2d(2, 64, 1)
-        self.down = nn.Conv2d(64, 64, 4, stride=4)
-        self.dw = nn.Conv2d(64, 64, 7, padding=3, groups=64)
-        self.head = nn.Linear(64, 3)
+        self.stem = nn.Conv2d(2, 128, 1)
+        self.down = nn.Conv2d(128, 128, 4, stride=4)
+        self.dw = nn.Conv2d(128, 128, 7, padding=3, groups=128)
+        self.head = nn.Linear(128, 3)
 
     def forward(self, x):
         return self.head(F.gelu(self.dw(self.down(F.gelu(self.stem(x))))).mean(dim=(2, 3)))
@@ -170,7 +170,7 @@ def _wide_source(split: bool) -> str:
 
 
 def test_a_wide_depthwise_late_call_runs_in_chunks_bit_for_bit():
-    """The late call of 64 channels is ``_grouped_weight_backward`` (two calls of 32 in channels_last
+    """The late call of 128 channels is ``_grouped_weight_backward`` (two calls of 64 in channels_last
     float32 and under bfloat16 autocast): its gradients are the one call's bit for bit (the unsplit
     module's), and in float64 (one call) equal autograd's through the module at another batch and size."""
     text = _wide_source(split=True)
@@ -201,7 +201,7 @@ def test_a_wide_depthwise_late_call_runs_in_chunks_bit_for_bit():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_late_helper_in_chunks_is_one_calls_result_bit_for_bit(dtype, threads):
     """``_grouped_weight_backward`` (late_weights.CHUNKED_HELPER) against one ``convolution_backward``
-    call in channels_last: depthwise 7 x 7 and 5 x 5 of 64, 96 and 256 channels (2, 3, 8 calls), bit for
+    call in channels_last: depthwise 7 x 7 and 5 x 5 of 128, 200 and 256 channels (2, 3, 4 calls), bit for
     bit with equal strides; a 3 x 3 and the default layout in one call (oneDNN's depthwise kernel there
     splits its sums by channel blocks: chunks of it would not be bit for bit)."""
     namespace = {"torch": torch}
@@ -213,11 +213,11 @@ def test_the_late_helper_in_chunks_is_one_calls_result_bit_for_bit(dtype, thread
     try:
         torch.manual_seed(5)
         for batch, channels, size, kernel, stride, layout, wanted in (
-            (2, 64, 5, 7, 1, torch.channels_last, 2),
-            (3, 96, 9, 5, 2, torch.channels_last, 3),
-            (1, 256, 3, 7, 1, torch.channels_last, 8),
-            (2, 64, 6, 3, 1, torch.channels_last, 1),
-            (2, 64, 5, 7, 1, torch.contiguous_format, 1),
+            (2, 128, 5, 7, 1, torch.channels_last, 2),
+            (3, 200, 9, 5, 2, torch.channels_last, 3),
+            (1, 256, 3, 7, 1, torch.channels_last, 4),
+            (2, 128, 6, 3, 1, torch.channels_last, 1),
+            (2, 128, 5, 7, 1, torch.contiguous_format, 1),
         ):
             x = torch.randn(batch, channels, size, size, dtype=dtype).contiguous(memory_format=layout)
             w = torch.randn(channels, 1, kernel, kernel, dtype=dtype).contiguous(memory_format=layout)
@@ -241,3 +241,23 @@ def test_the_late_helper_in_chunks_is_one_calls_result_bit_for_bit(dtype, thread
                 assert value.stride() == reference.stride() and torch.equal(value, reference), (channels, kernel)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_late_helper_compiles_with_fullgraph():
+    """The helper compiles with ``fullgraph=True`` (no graph break: a bound model's step still compiles
+    whole; while compiling it is one call, as a graph would fix the thread count), its gradients the
+    eager helper's."""
+    namespace = {"torch": torch}
+    exec(CONVOLUTION_BACKWARD + CHUNKED_HELPER, namespace)
+    helper = namespace["_grouped_weight_backward"]
+
+    def late(grad, x, w):
+        return helper(grad, x, w, [False, True, True], padding=3, groups=128, bias_sizes=[128])
+
+    torch.manual_seed(6)
+    x, grad = (torch.randn(2, 128, 5, 5).contiguous(memory_format=torch.channels_last) for _ in range(2))
+    w = torch.randn(128, 1, 7, 7)
+    torch._dynamo.reset()
+    got = torch.compile(late, backend="eager", fullgraph=True)(grad, x, w)
+    for value, expected in zip(got[1:], late(grad, x, w)[1:]):
+        assert torch.equal(value, expected)
