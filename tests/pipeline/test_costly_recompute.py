@@ -92,15 +92,7 @@ def test_keep_lean_makes_again_the_widest_silu_output_and_keeps_a_small_one():
     assert f"\n    {narrow[0]} = F.silu(" not in backward and narrow[0] in names, backward
     assert f"\n    {narrow[1]} = _batch_norm_again(" in backward and narrow[1] not in names, backward
     torch.manual_seed(1)
-    model = WideThenNarrow().train().double()
-    params = {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
-    x = torch.randn(3, 2, 8, 8, dtype=torch.float64)
-    out = model(x)
-    grad = torch.randn_like(out)
-    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
-    got = lean.gradients(x, params, (grad,)).params
-    for key, value in expected.items():
-        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
+    _gradients_are_autograds(WideThenNarrow().train().double(), lean, torch.randn(3, 2, 8, 8, dtype=torch.float64))
     model, x, grads = WideThenNarrow().train(), torch.randn(4, 2, 10, 10), []
     for module in (lean, _wide_then_narrow("all")[1]):
         net = copy.deepcopy(model)
@@ -157,8 +149,13 @@ def test_a_block_body_keeps_a_silu_output_small_in_every_instance_as_the_flat_mo
     made_again_flat = len(re.findall(r"\n    blocks_\d_\w* = F\.silu\(", flat))
     assert made_again_in_block == (stem == 2) and made_again_flat == (3 if stem == 2 else 0), (body, flat)
     module = module_from_source(sources[True], f"stemmed_{stem}")
+    _gradients_are_autograds(model, module, torch.randn(3, 2, 7, 5, dtype=torch.float64))
+
+
+def _gradients_are_autograds(model: nn.Module, module, x: torch.Tensor) -> None:
+    """``module.gradients`` (outputs' form) of ``model``'s parameters at ``x``: autograd's through ``model`` in
+    float64, with a random cotangent, within 1e-12."""
     params = {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
-    x = torch.randn(3, 2, 7, 5, dtype=torch.float64)
     out = model(x)
     grad = torch.randn_like(out)
     expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
