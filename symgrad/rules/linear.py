@@ -5,7 +5,9 @@ products of the gradient and the input over every leading position, ``grad.flatt
 x.flatten(0, -2)``; ``grad_b`` sums the gradient over the leading dims. For ``out = a @ b``:
 ``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` (transposing the last two dims). Batch dims broadcast (``x @ w`` with w
 [K, M] against x [B, H, N, K]): a gradient is summed back to its operand's shape where the operand
-has fewer batch dims than the output or a batch size 1.
+has fewer batch dims than the output or a batch size 1. Over 3 or more dims ``F.linear`` picks its kernels
+by the input's layout at run time, and so do the helpers its pullback prints (``_linear_input_grad``,
+``_linear_bias_grad``): float32 gradients are autograd's bit for bit for a strided input too.
 """
 
 from __future__ import annotations
@@ -80,23 +82,61 @@ primitive(
 )
 
 
+LINEAR_INPUT_GRAD = '''def _linear_input_grad(flat, weight, folded):
+    """``flat @ weight`` as mm's backward computes it for F.linear's input folded to [N, in]."""
+    if folded.stride(0) == 1 and folded.stride(1) == folded.shape[0]:
+        return weight.T.mm(flat.T).T
+    return flat.mm(weight)
+'''
+"""Emitted once into each module with a linear map of an input of 3 or more dims (``Primitive.helper``)."""
+
+LINEAR_BIAS_GRAD = '''def _linear_bias_grad(flat, grad, x):
+    """Summed as autograd sums it: after F.linear's addmm (contiguous x) or its matmul and add."""
+    if x.is_contiguous():
+        return flat.sum(dim=0)
+    return _in_autocast_dtype(grad).sum_to_size(flat.shape[-1])
+'''
+"""Emitted once into each module with a linear map of an input of 3 or more dims, with a bias."""
+
+
 def _input_grad_tangent(expr, tangent_of):
-    """Bilinear in the flattened gradient and the weight; the input is read for its shape alone."""
-    flat, weight, x = expr.operands
+    """Bilinear in the flattened gradient and the weight; the input is read for its shape and layout alone."""
+    flat, weight, x, folded = expr.operands
     moved_flat, moved_weight = tangent_of(flat), tangent_of(weight)
-    terms = [op("linear_input_grad", moved_flat, weight, x)] if moved_flat != 0 else []
+    terms = [op("linear_input_grad", moved_flat, weight, x, folded)] if moved_flat != 0 else []
     if moved_weight != 0:
-        terms.append(op("linear_input_grad", flat, moved_weight, x))
+        terms.append(op("linear_input_grad", flat, moved_weight, x, folded))
     return sympy.Add(*terms)
 
 
-primitive(  # a linear map's input gradient from its gradient seen as [N, out], in the input's shape
-    "linear_input_grad",
-    code=lambda operands, params, show: f"{operands[0]}.mm({operands[1]}).reshape({operands[2]})",
+primitive(  # a linear map's input gradient from its gradient seen as [N, out], in the input's shape; the
+    "linear_input_grad",  # input folded to [N, in] (operand 3) is read for its layout alone
+    helper=LINEAR_INPUT_GRAD,
+    code=lambda operands, params, show: (
+        f"_linear_input_grad({operands[0]}, {operands[1]}, {operands[3]}).reshape({operands[2]})"
+    ),
     latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}",
     shape_operands=(2,),
     tangent=_input_grad_tangent,
     fresh=True,
+)
+
+
+def _bias_grad_tangent(expr, tangent_of):
+    """Linear in the gradient (both of its forms move together); the input is read for its layout alone."""
+    flat, grad, x = expr.operands
+    moved_flat, moved_grad = tangent_of(flat), tangent_of(grad)
+    if moved_grad == 0 and moved_flat == 0:
+        return sympy.Integer(0)
+    return op("linear_bias_grad", moved_flat, moved_grad, x)
+
+
+primitive(  # a linear map's bias gradient from its gradient and that seen as [N, out], for the input's layout
+    "linear_bias_grad",
+    helper=LINEAR_BIAS_GRAD,
+    code=lambda operands, params, show: f"_linear_bias_grad({', '.join(operands)})",
+    latex=lambda operands, params, show: f"\\sum_{{n}} {{{operands[0]}}}_{{n}}",
+    tangent=_bias_grad_tangent,
 )
 primitive(
     "linear_weight_grad_per_sample",
@@ -146,22 +186,32 @@ class Linear(Rule):
         return Forward(op("linear", *operands))
 
     def pullback(self, node: NodeSymbols, grad, wanted):
-        """Over [N, in] (or more leading dims, seen as [N, in] as autograd's addmm backward sees them: the
+        """Over [N, in] (or more leading dims, seen as [N, in] as autograd's mm backward sees them: the
         gradient flattened once, a copy where it is strided, which every gradient reads: ``sympy.cse``
-        names it once): ``grad @ W``, ``grad.T @ x`` and ``grad.sum(0)``, each one ``mm`` or ``sum``."""
+        names it once): ``grad @ W``, ``grad.T @ x`` and ``grad.sum(0)``, each one ``mm`` or ``sum``. With
+        more dims ``F.linear`` takes one of two paths by the input's layout at run time (Linear.cpp): a
+        contiguous input with a bias, one ``addmm`` on it flattened; another, ``matmul`` (the input folded
+        to [N, in] by ``reshape``, a copy where it is strided) then ``add_(bias)``, whose bias gradient
+        sums the gradient over its leading dims as laid out; in both, a column-major folded input has its
+        gradient computed transposed (``mm_mat1_backward``). The helpers make the same choices."""
         grads = {}
         x, weight = node.operands["input"], node.operands["weight"]
         rank = len(node.shapes["input"])
         # under autocast the products cast the gradient to its lower precision: once, here, for all three
         flat = grad if rank == 2 else op("flatten", op("in_autocast_dtype", grad), end_dim=-2)
+        # the input as F.linear folds it: read by the weight's gradient and, for its layout, by the input's
+        inputs = x if rank == 2 else op("flatten", x, end_dim=-2)
         if "input" in wanted:
-            product = op("matmul", grad, weight, two_d=True) if rank == 2 else op("linear_input_grad", flat, weight, x)
+            product = (
+                op("matmul", grad, weight, two_d=True)
+                if rank == 2
+                else op("linear_input_grad", flat, weight, x, inputs)
+            )
             grads["input"] = in_operands_dtype(product, x, read_anyway="weight" in wanted)
         if "weight" in wanted:
-            inputs = x if rank == 2 else op("flatten", x, end_dim=-2)
             grads["weight"] = op("linear_weight_grad", flat, inputs)
         if "bias" in wanted:
-            grads["bias"] = op("sum", flat, dim=(0,))
+            grads["bias"] = op("sum", flat, dim=(0,)) if rank == 2 else op("linear_bias_grad", flat, grad, x)
         return grads
 
     def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
