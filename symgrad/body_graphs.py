@@ -6,6 +6,7 @@ built by ``graph.build_graph``."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -297,14 +298,25 @@ class InstanceSizes:
     """The elements of the network's largest layer output (the flat graph's), which a step's peak sits beside."""
 
 
+def _elements(shape) -> int | None:
+    return math.prod(shape) if shape and all(isinstance(size, int) for size in shape) else None
+
+
+def top_sizes(graph: Graph, flat_graph: Graph) -> InstanceSizes:
+    """The top body's nodes of a program with blocks beside the network's largest layer output, which its
+    instances' calls hide (the stem's SiLU output is then judged as the flat module judges it)."""
+    return InstanceSizes(dict(graph.nodes), _largest_layer(flat_graph))
+
+
+def _largest_layer(flat_graph: Graph) -> int | None:
+    layers = (_elements(node.shape) for node in flat_graph.nodes.values() if node.kind == "layer")
+    return max((size for size in layers if size is not None), default=None)
+
+
 def instance_sizes(expanded: Expanded, flat_graph: Graph, block: str) -> InstanceSizes:
     """The :class:`InstanceSizes` of ``block`` from the flat graph (an instance ``I``'s inner node ``o`` is
     its node ``I_o``, its output ``I``: ``expand.flatten``); a size not a number (unknown) is left out."""
-    import math
-
-    def elements(shape) -> int | None:
-        return math.prod(shape) if shape and all(isinstance(size, int) for size in shape) else None
-
+    elements = _elements
     output = expanded.blocks[block].output
     nodes: dict[str, Any] = {}
     for layer in expanded.calls[block]:
@@ -313,5 +325,4 @@ def instance_sizes(expanded: Expanded, flat_graph: Graph, block: str) -> Instanc
             size = elements(getattr(node, "shape", None))
             if size is not None and size > (elements(getattr(nodes.get(inner.out), "shape", None)) or 0):
                 nodes[inner.out] = node
-    layers = (elements(node.shape) for node in flat_graph.nodes.values() if node.kind == "layer")
-    return InstanceSizes(nodes, max((size for size in layers if size is not None), default=None))
+    return InstanceSizes(nodes, _largest_layer(flat_graph))

@@ -18,7 +18,7 @@ import sympy
 
 from .algebra import AUTOCAST_SAVING, TensorOp, tensor
 from .blocks import HYPER_VALUES
-from .body_graphs import Variant
+from .body_graphs import Variant, top_sizes
 from .comment import Comment
 from .errors import SpecError
 from .expand import Expanded
@@ -162,7 +162,8 @@ def plan_program(
     (``expand``'s precondition); ``recompute``, ``lean``: see :func:`symgrad.schedule.schedule`."""
     spec = expanded.spec
     program, fast = top
-    planned = schedule(program, fast, extras=extras, recompute=recompute, lean=lean)
+    sizes = None if expanded.inlined else top_sizes(graph, flat_graph)  # the stem's SiLU judged as when flat
+    planned = schedule(program, fast, extras=extras, recompute=recompute, lean=lean, block_sizes=sizes)
     bodies = [body for block in derived.values() for body in (block, block.without) if body is not None]
     statements = [  # a body without its block's optional branch calls its own (x + branch: _add_into_second)
         item.statement for body in bodies for item in body.planned.saving_forward + body.planned.backward

@@ -93,7 +93,8 @@ def schedule(
     (``--keep lean``) keeps less still: a batch norm's activation output, made again in the backward
     from the batch norm's input and statistics (:mod:`symgrad.rematerialize`). ``parameters``: the inputs
     that are entries of ``params`` (a block body's parameters); None: the spec's inputs with a ``source``.
-    ``block_sizes``: a block body's sizes at its largest instance (``body_graphs.instance_sizes``)."""
+    ``block_sizes``: a block body's sizes at its largest instance (``body_graphs.instance_sizes``), or a top
+    body's beside the network's largest value (``body_graphs.top_sizes``): what lean's SiLU choice reads."""
     graph = program.graph
     gradient_symbols = set(program.gradients.values())
     # the default cotangent (`p.new_ones(...)`) reads the prediction even when no gradient does
@@ -128,7 +129,7 @@ def schedule(
     # last (a block's body: every one, its end is near)
     sizes = graph if parameters is None else None
     if recompute:
-        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean, sizes or block_sizes)
+        live = live[:split] + _recomputed(live[:split], live[split:], kept_by_caller, lean, block_sizes or sizes)
     rebuilt_names: list[str] = []
     if recompute and lean:
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)

@@ -399,7 +399,7 @@ class SpecBuilder(OneValueConstants):
                         )
                     )
                     found = frozenset({len(self.problems) - 1})
-                elif -2 in found and (name := loss_tail.reduction_layers(self, value)) is not None:
+                elif -2 in found and (name := loss_tail.reduction_layers(self, value, call)) is not None:
                     return name  # w.sum() read on by the network: layers, not a loss
                 elif -2 in found:
                     self.problems.append(

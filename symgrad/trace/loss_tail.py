@@ -63,35 +63,55 @@ def reduce(builder: Builder, call: Call) -> None:
     builder.kept.append(call.result)
 
 
-def reduction_layers(builder: Builder, value: torch.Tensor) -> str | None:
-    """The node of a reduction the network reads on (``conv(h) * conv.weight.sum()``, ``x - 0.5 * x.mean()``,
-    ``h / h.sum(dim=(1, 2, 3))``), which the tracer noted as maybe the loss: a ``sum``/``mean`` layer over
-    the dims it reduced, kept as size 1 and flattened to [1] where it reduced every dim (a spec's tensors
-    have 1 to 8 dims; [1] broadcasts as the 0-dim value does against any tensor of one dim or more), then its
-    scale; no longer a loss. None for a loss call's value (``F.mse_loss(p, y)``), which stays refused."""
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div"})
+"""The calls (by ``SIGNATURES`` kind) that may read a whole-value reduction made a layer: broadcasting
+elementwise, they read its [1] as the 0-dim value it is."""
+
+
+def reduction_layers(builder: Builder, value: torch.Tensor, reader: Call) -> str | None:
+    """The node of a reduction the network reads on (``conv(h) * conv.weight.sum()``, ``h - h.mean()``,
+    ``h * h.sum(dim=(1, 2, 3)).reshape(-1, 1, 1, 1)``), which the tracer noted as maybe the loss: a
+    ``sum``/``mean`` layer of the value it reduced when it was taken (not one written in place since), over
+    the dims it reduced; a reduction of every dim to a 0-dim value kept as size 1 and flattened to [1] (a
+    spec's tensors have 1 to 8 dims), only where ``reader`` is an elementwise add/sub/mul/div whose result
+    has a dim (no other reader tells [1] from 0-dim). None, refused as a loss value as before: a loss call's
+    value, a scaled reduction (``h.sum() / 3 / 7`` is noted as one scale: float32 rounds the two divisions
+    otherwise), one with a ``dtype``, a 0-dim one read otherwise (``torch.stack``, ``unsqueeze``, a sum of two)."""
     reduction = builder.reductions.get(id(value))
-    if reduction is None or reduction.loss is not None or reduction.call is None:
+    if reduction is None or reduction.loss is not None or reduction.call is None or reduction.scale != 1.0:
         return None
-    call, source = reduction.call, reduction.call.arguments[0]
-    rank = source.dim()
+    call = reduction.call
+    zero_dim = isinstance(call.result, torch.Tensor) and call.result.dim() == 0
+    read_elementwise = (
+        SIGNATURES.get(reader.name, ("",))[0] in ELEMENTWISE
+        and isinstance(reader.result, torch.Tensor)
+        and reader.result.dim() >= 1
+    )
+    if call.keywords.get("dtype") is not None or (zero_dim and not read_elementwise):
+        return None
+    source = call.arguments[0]
     every = reduction.how in ("sum", "mean")
-    dims = list(range(rank)) if every else list(range(1, rank))  # "per_sample": a sum over all but the batch
+    dims = list(range(source.dim())) if every else list(range(1, source.dim()))  # "per_sample": all but the batch
     how = "mean" if reduction.how == "mean" else "sum"
-    steps = [(how, getattr(torch, how), {"dim": dims, "keepdim": every})]
-    if every:
-        steps.append(("flatten", torch.flatten, {"start_dim": 0}))
-    if reduction.scale != 1.0:
-        steps.append(("mul", torch.mul, {"other": reduction.scale}))
-    current = source
-    for op, function, arguments in steps:
-        result = function(current, **arguments)
-        made = Call(op, function, (current,), dict(arguments), result, call.where, call.module, call.leaf)
-        builder.layer(op, {"input": current, **arguments}, made)
-        if builder.named(result) is None:  # refused: the layer's problem is reported with it
+    kept = every  # a whole-value reduction's dims kept as size 1 (its keepdim=True result as it is)
+    reduced = call.result.reshape([1] * source.dim()) if kept else call.result  # its value then, not source's now
+    made = Call(
+        how, getattr(torch, how), (source,), {"dim": dims, "keepdim": kept}, reduced, call.where, call.module, call.leaf
+    )
+    layer = {"op": how, "in": reduction.source, "dim": dims, **({"keepdim": True} if kept else {})}
+    name = builder.emit(how, layer, made)  # the node reduced when the reduction was taken
+    if zero_dim:
+        flat = torch.flatten(reduced)
+        builder.layer(
+            "flatten",
+            {"input": reduced},
+            Call("flatten", torch.flatten, (reduced,), {}, flat, call.where, call.module, call.leaf),
+        )
+        name = builder.named(flat)
+        if name is None:  # refused: the layer's problem is reported with it
             return None
-        current = result
     del builder.reductions[id(value)]
-    builder.names[id(value)] = name = builder.named(current)
+    builder.names[id(value)] = name
     return name
 
 

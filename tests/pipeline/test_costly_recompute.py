@@ -162,3 +162,46 @@ def _gradients_are_autograds(model: nn.Module, module, x: torch.Tensor) -> None:
     got = module.gradients(x, params, (grad,)).params
     for key, value in expected.items():
         assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
+
+
+class Expanding(nn.Module):
+    def __init__(self, channels: int, expanded: int):
+        super().__init__()
+        self.up, self.bn = nn.Conv2d(channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded)
+        self.down = nn.Conv2d(expanded, channels, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.down(F.silu(self.bn(self.up(x))))
+
+
+class NarrowStemThenExpanding(nn.Module):
+    """EfficientNet's shape: a stem narrower than the expansion inside its blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2)
+        self.mix = nn.Conv2d(2, 2, 3, padding=1)
+        self.blocks = nn.Sequential(Expanding(2, 8), Expanding(2, 8), Expanding(2, 8))
+
+    def forward(self, x):
+        return self.blocks(self.mix(F.silu(self.bn(self.stem(x)))))
+
+
+def test_the_top_body_of_the_blocks_form_judges_a_silu_output_beside_the_networks_largest():
+    """The blocks form's top body sees each instance as one call, which hides the expansions inside: it is
+    planned beside the network's largest value (``body_graphs.top_sizes``), so the stem's SiLU output, a
+    quarter of an expansion's, is kept as the flat module keeps it, and the expansions' are made again."""
+    torch.manual_seed(0)
+    model = NarrowStemThenExpanding().train().double()
+    again = {}
+    for blocks in (True, False):
+        text = trace(model, {"x": (2, 2, 6, 6)}, wrt="parameters", name="narrow", mode="train", blocks=blocks)
+        source = build_text(text, "narrow.yaml", documents=False, tests=False, keep="lean").rendered.files["narrow.py"]
+        top = source[source.index("def _backward_from_saved(") :]
+        again[blocks] = re.findall(r"\n    (\w+) = F\.silu\(", top), source
+    assert again[True][0] == [] and sorted(again[False][0]) == ["blocks_0_silu", "blocks_1_silu", "blocks_2_silu"]
+    block_backward = again[True][1][again[True][1].index("def expanding_backward(") :]
+    assert re.search(r"\n    silu = F\.silu\(", block_backward)  # the expansion's, made again in its block
+    _gradients_are_autograds(
+        model, module_from_source(again[True][1], "narrow_blocks"), torch.randn(3, 2, 7, 5).double()
+    )

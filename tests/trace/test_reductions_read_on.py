@@ -1,8 +1,12 @@
-"""A reduction the network reads on is a layer, not the loss: ``conv(h) * conv.weight.sum()`` (a parameter's
-sum, scaled), ``h - h.mean()`` (every dim, the batch's too), ``h * h.pow(2).sum(dim=(1, 2, 3))`` (per sample)
-and ``x / w.abs().mean()`` used to be refused as "computes with a loss value". A reduction of every dim is a
-``sum``/``mean`` layer kept as size 1 and flattened to [1] (a spec's tensors have 1 to 8 dims; [1]
-broadcasts as the 0-dim value does). A loss call's value read on stays refused, in one line."""
+"""A reduction the network reads on is a layer, not the loss: ``conv(x) * conv.weight.sum()`` (a parameter's
+sum), ``h - h.mean()`` (every dim, the batch's too), ``h * h.pow(2).sum(dim=(1, 2, 3)).reshape(...)`` (per
+sample) and ``x / w.abs().mean()`` used to be refused as "computes with a loss value". A reduction of every
+dim to a 0-dim value is a ``sum``/``mean`` layer kept as size 1 and flattened to [1] (a spec's tensors have 1
+to 8 dims) only where an elementwise add/sub/mul/div with a result of one dim or more reads it; the layer
+reduces the value the reduction was taken of (not one written in place after it). Still refused in one line:
+a loss call's value, a scaled reduction (its scales are noted as one: float32 would round otherwise), a 0-dim
+value that ``torch.stack`` or ``unsqueeze`` reads or that sums to another 0-dim value (a hand-written loss
+plus a penalty)."""
 
 from __future__ import annotations
 
@@ -22,20 +26,34 @@ class ReadOn(nn.Module):
         self.fc = nn.Linear(4, 5)
 
     def forward(self, x):
-        h = self.conv(x) * (0.5 * self.conv.weight.sum())
+        h = self.conv(x) * self.conv.weight.sum()
         h = h - h.mean()
         h = h * h.pow(2).sum(dim=(1, 2, 3)).reshape(-1, 1, 1, 1)
         return self.fc(h.mean(dim=(2, 3)) / self.fc.weight.abs().mean())
 
 
-class SumOut(nn.Module):  # a sum over every dim of a layer's output, read by the output layer
+class WrittenAfter(nn.Module):  # the reduction is of conv's output, not of the value written in place after it
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        h = self.conv(x)
+        s, per_sample = h.mean(), h.sum(dim=(1, 2, 3))
+        h += 1.0
+        torch.relu_(h)
+        return self.fc((h * s * per_sample.reshape(-1, 1, 1, 1)).mean(dim=(2, 3)))
+
+
+class SumOut(nn.Module):  # every dim of a layer's output, and of the input with keepdim
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(2, 3, 3, padding=1)
 
     def forward(self, x):
         h = torch.tanh(self.conv(x))
-        return h / h.sum() + x.mean()
+        return h / h.sum() + x.sum(dim=None, keepdim=True)
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
@@ -45,6 +63,10 @@ def test_reductions_read_on_by_the_network_are_layers_with_autograds_gradients(m
     )
 
 
+def test_a_reduction_reads_its_value_as_it_was_before_an_in_place_write():
+    matches_autograd("written_after", Case(WrittenAfter, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 7, 5)}, CLASSIFIER), "train")
+
+
 def test_a_sum_of_every_dim_read_on_keeps_its_shape_and_gradients():
     matches_autograd("sum_out", Case(SumOut, {"x": (2, 2, 5, 5)}, {"x": (3, 2, 4, 6)}, RESTORATION), "train")
 
@@ -52,16 +74,34 @@ def test_a_sum_of_every_dim_read_on_keeps_its_shape_and_gradients():
 def test_the_reductions_read_on_are_written_as_layers():
     text = trace(ReadOn(), {"x": (2, 3, 6, 6)}, wrt="parameters", name="read_on", mode="train")
     assert "{op: sum, in: conv_weight, dim: [0, 1, 2, 3], keepdim: true, out: sum}" in text
-    assert "{op: mul, in: flatten, other: 0.5, out: mul}" in text  # the scale of 0.5 * w.sum()
+    assert "{op: flatten, in: sum, out: flatten}" in text
     assert "{op: sum, in: pow, dim: [1, 2, 3], out: sum_2}" in text  # per sample: [N], not flattened
 
 
-def test_a_loss_calls_value_read_on_stays_refused_in_one_line():
-    def step(x, y):
-        return x * F.mse_loss(x, y)
+def _scaled(x, w):
+    return x * (w.sum() / 3 / 7)
 
+
+def _stacked(x, w):
+    return x[:, :2] * torch.stack([w.mean(), w.pow(2).mean()])
+
+
+def _unsqueezed(x, w):
+    return torch.cat([x[0], w.sum().unsqueeze(0)])
+
+
+def _loss_plus_penalty(x, w):
+    return (x * w).pow(2).mean() + w.pow(2).sum()
+
+
+def _loss_call_read_on(x, w):
+    return x * F.mse_loss(x, w)
+
+
+@pytest.mark.parametrize("step", [_scaled, _stacked, _unsqueezed, _loss_plus_penalty, _loss_call_read_on])
+def test_what_cannot_be_a_layer_stays_refused_in_one_line(step):
     with pytest.raises(TraceError) as error:
-        trace(step, {"x": (2, 3), "y": (2, 3)}, wrt=["x"], name="read_loss")
+        trace(step, {"x": (2, 3), "w": (2, 3)}, wrt=["x", "w"], name="refused")
     message = str(error.value)
-    assert "computes with a loss value" in message and "test_reductions_read_on.py:" in message
+    assert "computes with a loss value" in message and "test_reductions_read_on.py:" in message, message
     assert len(message.splitlines()) == 1, message
