@@ -248,7 +248,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                 f"missing required key '{key}'", document.location, f"add a '{key}:' entry (see `symgrad spec-help`)"
             )
 
-    name = identifier_at(document, "name", kind="module name")
+    name = identifier_at(document, "name", kind="module name", prefixes=False)  # a file's name, not a variable
     if name in RESERVED_MODULES or name.startswith("test_"):
         raise SpecError(
             f"module name '{name}' would shadow a Python module or be collected as a test",
@@ -345,7 +345,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
                 document.value_locations["eval"],
                 "remove it: a loss-ending spec trains in one mode",
             )
-        eval_name = identifier_at(document, "eval", kind="eval module name")
+        eval_name = identifier_at(document, "eval", kind="eval module name", prefixes=False)
     wrt = _wrt(document, inputs_map)
     extras = _extras(document)
     fingerprint = None

@@ -214,23 +214,24 @@ def size_expression(text: str, shape_at) -> sympy.Expr:
     return value(tree.body)
 
 
-def check_identifier(name: str) -> str | None:
-    """Why ``name`` may not appear in generated code, or None if it may."""
+def check_identifier(name: str, prefixes: bool = True) -> str | None:
+    """Why ``name`` may not appear in generated code, or None if it may; ``prefixes=False``: a module's name,
+    never a variable of the code (a class ``MaskHead`` traces as ``mask_head_gradients``)."""
     if not IDENTIFIER.match(name):
         return "must be an ASCII identifier: a letter, then letters, digits or '_' (at most 64 characters)"
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return "is a Python keyword"
     if name in RESERVED_NAMES:
         return "is a name the generated module uses itself"
-    if name.startswith(RESERVED_PREFIXES):
+    if prefixes and name.startswith(RESERVED_PREFIXES):
         return f"starts with a prefix the generated code reserves ({', '.join(RESERVED_PREFIXES)})"
     return None
 
 
-def check_name(name: Any, location: Location, kind: str) -> None:
+def check_name(name: Any, location: Location, kind: str, prefixes: bool = True) -> None:
     if not isinstance(name, str):
         raise SpecError(f"{kind} {name!r} is not a string", location, "use an identifier such as x or w1")
-    problem = check_identifier(name)
+    problem = check_identifier(name, prefixes)
     if problem:
         shown = cut(name)
         raise SpecError(f"{kind} {shown!r} {problem}", location, "rename it, e.g. x, w1 or conv_out")
@@ -307,9 +308,9 @@ def string_at(mapping: Mapping, key: str) -> str:
     return value
 
 
-def identifier_at(mapping: Mapping, key: str, kind: str) -> str:
+def identifier_at(mapping: Mapping, key: str, kind: str, prefixes: bool = True) -> str:
     value = string_at(mapping, key)
-    check_name(value, mapping.value_locations[key], kind)
+    check_name(value, mapping.value_locations[key], kind, prefixes)
     return value
 
 

@@ -134,3 +134,33 @@ def test_a_module_that_binds_a_name_twice_is_refused_as_symgrads_own_bug():
     with pytest.raises(GeneratorError, match="module-level name 'F' twice"):  # an import binds its name too
         check_module_source(spec, source + "\n\nF = ()\n")
     check_module_source(spec, source + "\n\nFINGERPRINT[''] = None\n")  # binds no name
+
+
+class MaskHead(nn.Module):  # its module traces as mask_head_gradients: a file's name, not a variable of the code
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        return torch.tanh(self.conv(x))
+
+
+def test_a_module_name_may_start_with_a_prefix_the_code_reserves_for_its_variables():
+    """A class ``MaskHead``, ``LocalNet`` or ``SharedEncoder`` traced under its own name: the module name is a
+    file's name (``mask_head_gradients.py``), never a variable, so the prefixes the generated code keeps for
+    its variables (``mask_``, ``local_``, ``shared_``) do not apply to it; a node's name still may not take one."""
+    model = MaskHead().double()
+    text = trace(model, {"x": (2, 2, 5, 5)}, wrt="parameters", name="mask_head_gradients")
+    files = build_text(text, "mask_head_gradients.yaml").rendered.files
+    module = module_from_source(files["mask_head_gradients.py"], "mask_head_gradients")
+    x = torch.randn(3, 2, 4, 6, dtype=torch.float64)
+    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = torch.autograd.grad(out, list(model.parameters()), grad)
+    got = module.gradients(x, params, (grad,)).params
+    for (key, _), reference in zip(model.named_parameters(), expected):
+        assert (got[key] - reference).abs().max() <= 1e-12 * reference.abs().max(), key
+    renamed = text.replace("out: conv}", "out: mask_conv}").replace("in: conv,", "in: mask_conv,")
+    with pytest.raises(Exception, match="starts with a prefix the generated code reserves"):
+        parse_spec(renamed.replace("in: conv}", "in: mask_conv}"), "renamed.yaml")
