@@ -175,16 +175,12 @@ def plan_program(
         )
     ]
     test_data = test_facts(flat_graph, shapes) if shapes is not None else {}
-    narrowing = planned.saved_as_autocast_casts or any(
-        block.planned.saved_as_autocast_casts for block in derived.values()
-    )
+    narrowing = planned.saved_as_autocast_casts or any(body.planned.saved_as_autocast_casts for body in bodies)
     helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
     # the names the top body's own statements assign (none of them a block body's): what the check
     # of the module's names may read as stand-ins
     inner = {
-        item.statement.target.name
-        for block in derived.values()
-        for item in block.planned.saving_forward + block.planned.backward
+        item.statement.target.name for body in bodies for item in body.planned.saving_forward + body.planned.backward
     }
     top_names = {
         statement.target.name
