@@ -403,13 +403,7 @@ class SpecBuilder(OneValueConstants):
                     return name  # w.sum() read on by the network: layers, not a loss
                 elif -2 in found:
                     self.problems.append(
-                        Problem(
-                            call.where,
-                            call.module,
-                            call.name,
-                            "computes with a loss value; a spec has one loss, reduced once",
-                            "return one loss (F.mse_loss(...), 0.5 * (p - y).pow(2).sum(), ...)",
-                        )
+                        Problem(call.where, call.module, call.name, *loss_tail.read_on_problem(self, value, call))
                     )
                     found = frozenset({len(self.problems) - 1})
                 reasons.update(found)

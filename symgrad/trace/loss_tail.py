@@ -68,6 +68,25 @@ ELEMENTWISE = frozenset({"add", "sub", "mul", "div"})
 elementwise, they read its [1] as the 0-dim value it is."""
 
 
+def read_on_problem(builder: Builder, value: torch.Tensor, reader: Call) -> tuple[str, str]:
+    """What a refused read of a noted reduction says, and its fix: a sum or mean the network reads
+    (``torch.stack``, ``unsqueeze``, a scale, a ``dtype``: :func:`reduction_layers` makes no layers of it), or
+    a loss value computed with (a hand-written loss plus a penalty, a loss call's value)."""
+    reduction = builder.reductions.get(id(value))
+    network = isinstance(reader.result, torch.Tensor) and reader.result.dim() >= 1
+    if reduction is not None and reduction.loss is None and network:
+        return (
+            "reads a sum or mean of a whole value, which only an unscaled elementwise add, sub, mul or div "
+            "may read (a spec's tensors have 1 to 8 dims)",
+            "scale after the product ((x * w.sum()) / 21), keep its dims where another op reads it "
+            "(w.sum(dim=None, keepdim=True)), cast before reducing rather than dtype=",
+        )
+    return (
+        "computes with a loss value; a spec has one loss, reduced once",
+        "return one loss (F.mse_loss(...), 0.5 * (p - y).pow(2).sum(), ...)",
+    )
+
+
 def reduction_layers(builder: Builder, value: torch.Tensor, reader: Call) -> str | None:
     """The node of a reduction the network reads on (``conv(h) * conv.weight.sum()``, ``h - h.mean()``,
     ``h * h.sum(dim=(1, 2, 3)).reshape(-1, 1, 1, 1)``), which the tracer noted as maybe the loss: a
@@ -110,8 +129,7 @@ def reduction_layers(builder: Builder, value: torch.Tensor, reader: Call) -> str
         name = builder.named(flat)
         if name is None:  # refused: the layer's problem is reported with it
             return None
-    del builder.reductions[id(value)]
-    builder.names[id(value)] = name
+    builder.names[id(value)] = name  # still noted as a reduction: the loss where the function returns it
     return name
 
 

@@ -98,10 +98,42 @@ def _loss_call_read_on(x, w):
     return x * F.mse_loss(x, w)
 
 
-@pytest.mark.parametrize("step", [_scaled, _stacked, _unsqueezed, _loss_plus_penalty, _loss_call_read_on])
-def test_what_cannot_be_a_layer_stays_refused_in_one_line(step):
+@pytest.mark.parametrize(
+    "step, said",
+    [
+        (_scaled, "reads a sum or mean of a whole value"),
+        (_stacked, "reads a sum or mean of a whole value"),
+        (_unsqueezed, "reads a sum or mean of a whole value"),
+        (_loss_plus_penalty, "computes with a loss value"),
+        (_loss_call_read_on, "computes with a loss value"),
+    ],
+)
+def test_what_cannot_be_a_layer_stays_refused_in_one_line(step, said):
     with pytest.raises(TraceError) as error:
         trace(step, {"x": (2, 3), "w": (2, 3)}, wrt=["x", "w"], name="refused")
     message = str(error.value)
-    assert "computes with a loss value" in message and "test_reductions_read_on.py:" in message, message
+    assert said in message and "test_reductions_read_on.py:" in message and "(fix: " in message, message
     assert len(message.splitlines()) == 1, message
+
+
+def _logged(x, w):
+    p = torch.tanh(x * w)
+    loss = (p - w).pow(2).mean()
+    scaled = p * loss  # noqa: F841  (kept for logging, read by nothing returned)
+    return loss
+
+
+def test_a_loss_the_function_also_reads_on_stays_its_loss():
+    text = trace(_logged, {"x": (2, 3), "w": (2, 3)}, wrt=["x"], name="logged")
+    assert "\nloss: {op: mse_loss, in: p, target: w, reduction: mean}" in text and "\noutputs:" not in text, text
+
+
+def test_the_fixes_the_refusal_prints_trace():
+    def scaled_after(x, w):
+        return (x * w.sum()) / 21
+
+    def kept_dims(x, w):
+        return x[:, :2] * torch.cat([w.mean(dim=None, keepdim=True), w.pow(2).mean(dim=None, keepdim=True)], 1)
+
+    for step in (scaled_after, kept_dims):
+        assert "\nlayers:\n" in trace(step, {"x": (2, 3), "w": (2, 3)}, wrt=["x", "w"], name="fixed")
