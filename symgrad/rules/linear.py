@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..algebra import LINEAR, op, primitive
+from ..algebra import LINEAR, TensorOp, op, primitive
 from .base import Checker, Forward, NodeSymbols, Operand, Rule, Sample, Spelling
 from .shared import affine_tangent, in_operands_dtype
 
@@ -90,6 +90,19 @@ LINEAR_INPUT_GRAD = '''def _linear_input_grad(flat, weight, folded):
 '''
 """Emitted once into each module with a linear map of an input of 3 or more dims (``Primitive.helper``)."""
 
+LINEAR_FROZEN_INPUT_GRAD = '''def _linear_frozen_input_grad(flat, weight, x, grad, bias):
+    """F.linear's input gradient for a frozen weight: matmul folds x where it views, else bmm."""
+    if not (bias and x.is_contiguous()) and x.numel() and any(
+            x.stride(d) != x.stride(d + 1) * x.shape[d + 1] for d in range(x.dim() - 2)):
+        batched = grad.reshape(-1, x.shape[-2], grad.shape[-1])  # matmul's bmm
+        return batched.bmm(_in_autocast_dtype(weight).expand(batched.shape[0], *weight.shape))
+    folded = x.flatten(0, -2)
+    if folded.stride(0) == 1 and folded.stride(1) == folded.shape[0]:
+        return weight.T.mm(flat.T).T
+    return flat.mm(weight)
+'''
+"""Emitted once into each module with a linear map of an input of 3 or more dims whose weight is frozen."""
+
 LINEAR_BIAS_GRAD = '''def _linear_bias_grad(flat, grad, x):
     """Summed as autograd sums it: after F.linear's addmm (contiguous x) or its matmul and add."""
     if x.is_contiguous():
@@ -100,12 +113,15 @@ LINEAR_BIAS_GRAD = '''def _linear_bias_grad(flat, grad, x):
 
 
 def _input_grad_tangent(expr, tangent_of):
-    """Bilinear in the flattened gradient and the weight; the input is read for its shape and layout alone."""
-    flat, weight, x, folded = expr.operands
+    """Bilinear in the gradient (flattened, and as it came for a frozen weight's helper) and the weight; the
+    input is read for its shape and layout alone."""
+    flat, weight, *rest = expr.operands
     moved_flat, moved_weight = tangent_of(flat), tangent_of(weight)
-    terms = [op("linear_input_grad", moved_flat, weight, x, folded)] if moved_flat != 0 else []
+    frozen = expr.primitive.name == "linear_frozen_input_grad"  # its operand 4: the gradient as it came
+    moved_rest = [*rest[:2], tangent_of(rest[2])] if frozen else rest
+    terms = [TensorOp(expr.args[0], expr.params, moved_flat, weight, *moved_rest)] if moved_flat != 0 else []
     if moved_weight != 0:
-        terms.append(op("linear_input_grad", flat, moved_weight, x, folded))
+        terms.append(TensorOp(expr.args[0], expr.params, flat, moved_weight, *rest))
     return sympy.Add(*terms)
 
 
@@ -114,6 +130,19 @@ primitive(  # a linear map's input gradient from its gradient seen as [N, out], 
     helper=LINEAR_INPUT_GRAD,
     code=lambda operands, params, show: (
         f"_linear_input_grad({operands[0]}, {operands[1]}, {operands[3]}).reshape({operands[2]})"
+    ),
+    latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}",
+    shape_operands=(2,),
+    tangent=_input_grad_tangent,
+    fresh=True,
+)
+
+primitive(  # as linear_input_grad for a weight without gradient: operands 3 and 4 the input and the gradient
+    "linear_frozen_input_grad",  # as they came (matmul's bmm reads them where the input does not fold)
+    helper=LINEAR_FROZEN_INPUT_GRAD,
+    code=lambda operands, params, show: (
+        f"_linear_frozen_input_grad({operands[0]}, {operands[1]}, {operands[3]}, {operands[4]}, "
+        f"bias={params['bias']}).reshape({operands[2]})"
     ),
     latex=lambda operands, params, show: f"{operands[0]} \\cdot {operands[1]}",
     shape_operands=(2,),
@@ -206,6 +235,16 @@ class Linear(Rule):
                 op("matmul", grad, weight, two_d=True)
                 if rank == 2
                 else op("linear_input_grad", flat, weight, x, inputs)
+                if "weight" in wanted
+                else op(
+                    "linear_frozen_input_grad",
+                    flat,
+                    weight,
+                    x,
+                    x,
+                    op("in_autocast_dtype", grad),
+                    bias="bias" in node.operands,
+                )
             )
             grads["input"] = in_operands_dtype(product, x, read_anyway="weight" in wanted)
         if "weight" in wanted:

@@ -4,7 +4,8 @@ one addmm on a contiguous input with a bias; on another, ``matmul`` (the input f
 then ``add_(bias)``: the bias's gradient sums the gradient over its leading dims as it is laid out (a
 transposed gradient summed so differs from the flattened copy's ``sum(0)``), and where the folded input is
 column-major (one sample's ``permute(0, 2, 3, 1)`` or ``transpose(1, 2)``) mm's backward computes the input's
-gradient transposed. Both went by the flattened formula before, off by a few units in the last place."""
+gradient transposed. With a frozen weight ``matmul`` folds the input only where that is a view, else runs
+``bmm``. All went by the flattened formula before, off by a few units in the last place."""
 
 from __future__ import annotations
 
@@ -49,23 +50,27 @@ class _TokenMixing(nn.Module):
         return self.head(self.channels(mixed.transpose(1, 2)).mean(1))
 
 
-MODELS = {  # (model, traced input, run inputs: another batch and size, and one sample)
-    "permuted": (_PermutedTokens, (2, 4, 5, 5), [(3, 4, 6, 7), (1, 4, 6, 7)]),
-    "transposed": (_TokenMixing, (2, 5, 4), [(3, 5, 4), (1, 5, 4)]),
+MODELS = {  # (model, traced input, run inputs: another batch and size, and one sample, frozen weights)
+    "permuted": (_PermutedTokens, (2, 4, 5, 5), [(3, 4, 6, 7), (1, 4, 6, 7)], ()),
+    "transposed": (_TokenMixing, (2, 5, 4), [(3, 5, 4), (1, 5, 4)], ()),
+    # a frozen weight: matmul folds the input only where that is a view, else runs bmm (one sample's permute)
+    "permuted, frozen": (_PermutedTokens, (2, 4, 5, 5), [(1, 4, 8, 8)], ("pointwise.weight",)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_linear_map_of_a_strided_input_is_autograds_bit_for_bit(tmp_path, name):
-    make, traced, shapes = MODELS[name]
+    make, traced, shapes, frozen = MODELS[name]
     torch.manual_seed(0)
     model = make()
+    for path in frozen:
+        model.get_parameter(path).requires_grad_(False)
     text = trace(model, {"x": traced}, name="net", loss=LossChoice("cross_entropy"), mode="train")
     (tmp_path / "net.py").write_text(
         build_text(text, "net.yaml", documents=False, tests=False).rendered.files["net.py"]
     )
     source = (tmp_path / "net.py").read_text()
-    assert "_linear_input_grad(" in source and "_linear_bias_grad(" in source
+    assert f"_linear_{'frozen_' if frozen else ''}input_grad(" in source and "_linear_bias_grad(" in source
     generator = torch.Generator().manual_seed(1)
     for shape in shapes:
         x, target = torch.randn(shape, generator=generator), torch.randint(0, 3, (shape[0],), generator=generator)
@@ -76,6 +81,9 @@ def test_a_linear_map_of_a_strided_input_is_autograds_bit_for_bit(tmp_path, name
             loss = symgrad.bind(tmp_path / "net.py", ours)(x=x.to(dtype), target=target)
             loss.backward()
             for (path, mine), theirs in zip(ours.named_parameters(), reference.parameters()):
+                if path in frozen:
+                    assert mine.grad is None and theirs.grad is None, path
+                    continue
                 where = (shape, dtype, path)
                 if dtype == torch.float32:
                     assert torch.equal(mine.grad, theirs.grad), where
