@@ -21,9 +21,18 @@ import math
 
 import sympy
 
-from ..algebra import Size, op, primitive
+from ..algebra import CONSTANT, Size, op, primitive
 from .base import Checker, Forward, Operand, Param, Rule, Sample, Spelling, boolean, ints
 from .shared import show_dims
+
+# a count of entries as one factor, `x.shape[1] * x.shape[2]` (printed in parentheses): what a mean over several
+# dims divides by, once, as autograd's mean_backward divides
+primitive(
+    "entries",
+    code=lambda operands, params, show: operands[0],
+    latex=lambda operands, params, show: rf"\left({operands[0]}\right)",
+    tangent=CONSTANT,
+)
 
 
 class Reduce(Rule):
@@ -74,6 +83,8 @@ class Reduce(Rule):
         if self.how == "sum":
             return {"input": op("spread", grad, x, dims=dims, keepdim=node.params["keepdim"])}
         count = math.prod(Size(x, axis) for axis in dims)
+        if len(dims) > 1:  # one integer, as autograd's mean_backward divides once (twice rounds otherwise)
+            count = op("entries", count)
         spread = op("spread", grad, x, dims=dims, keepdim=node.params["keepdim"], copy=False)  # divided: new
         return {"input": spread * sympy.Integer(1) / count}
 

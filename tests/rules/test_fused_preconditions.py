@@ -31,14 +31,17 @@ import yaml
 from symgrad.algebra import PRIMITIVES, TensorOp
 from symgrad.check import graph_inputs, reference_forward, relative_error, verify
 from symgrad.graph import build_graph
+from symgrad.late_weights import CHUNKED
 from symgrad.printing import to_code
 from symgrad.reverse import derive
 from symgrad.spec import parse_spec
 from tests.helpers import build_text, generated_module
 from tests.rules.samples import CASES, TEXTS
 
-OWN_PRIMITIVES = {"block_backward", "chain_backward"}
-"""``*_backward`` primitives that are symgrad's own calls of a generated block, not autograd kernels."""
+OWN_PRIMITIVES = {"block_backward", "chain_backward", CHUNKED}
+"""``*_backward`` primitives that are symgrad's own calls of a generated block, not autograd kernels, and the
+planner's split of ``conv_backward`` (``late_weights.CHUNKED``: the same kernel in calls of fewer channels,
+which the schedule makes, not a rule's derivation; tests/pipeline/test_late_weights.py checks it)."""
 
 
 def _primitives(statements) -> set[str]:

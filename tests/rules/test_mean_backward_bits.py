@@ -1,0 +1,43 @@
+"""A mean over several dims divides its gradient once, by the count of entries (autograd's mean_backward:
+``sum_backward(grad, ...) / numel``): ``grad / (y.shape[1] * y.shape[2])``, not ``grad / y.shape[1] /
+y.shape[2]``, which rounds twice in float32 (8 of 16 shapes differed from autograd's bits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import trace
+
+
+class Pooled(nn.Module):
+    """A channels-last pooling (ConvNeXt's head in NHWC, a token mean): the mean over (1, 2) of [N, H, W, C]."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.fc = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).permute(0, 2, 3, 1).mean((1, 2)))
+
+
+@pytest.mark.parametrize("width", [6, 16])
+def test_a_mean_over_several_dims_is_autograds_bit_for_bit_in_float32(width):
+    torch.manual_seed(0)
+    model = Pooled(width)
+    text = trace(model, {"x": (2, 3, 6, 6)}, wrt="parameters", name="pooled")
+    source = build_text(text, "pooled.yaml", documents=False, tests=False).rendered.files["pooled.py"]
+    assert ".shape[1] * " in source, source  # divided once, by the product
+    module = module_from_source(source, f"pooled_{width}")
+    x = torch.randn(5, 3, 7, 9)
+    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = torch.autograd.grad(out, list(model.parameters()), grad)
+    got = module.gradients(x, params, (grad,)).params
+    for (key, _), reference in zip(model.named_parameters(), expected):
+        assert torch.equal(got[key], reference), (key, (got[key] - reference).abs().max().item())
