@@ -86,6 +86,15 @@ primitive(
     latex=lambda operands, params, show: rf"{operands[0]} \odot {operands[1]} \odot \left(1 - {operands[1]}\right)",
 )
 
+# (1 - out²) times grad in one pass: autograd's tanh backward (derivatives.yaml: tanh_backward(grad, result)),
+# twice differentiable, read off the output; `grad * (1 - out ** 2)` rounds otherwise in float32
+primitive(
+    "tanh_backward",
+    fresh=True,
+    code=lambda operands, params, show: f"torch.ops.aten.tanh_backward({operands[0]}, {operands[1]})",
+    latex=lambda operands, params, show: rf"{operands[0]} \odot \left(1 - {operands[1]}^{{2}}\right)",
+)
+
 
 SILU_BACKWARD = '''def _silu_backward(grad_output, input):
     """SiLU's pullback as autograd runs it: its one-pass silu_backward kernel where no derivative
@@ -132,7 +141,14 @@ RULES = [
         from_output=lambda out: out * (1 - out),
         fused_pullback=lambda grad, node: op("sigmoid_backward", grad, node.out),
     ),
-    unary("tanh", sympy.tanh, "torch.tanh", "hyperbolic tangent", from_output=lambda out: 1 - out**2),
+    unary(
+        "tanh",
+        sympy.tanh,
+        "torch.tanh",
+        "hyperbolic tangent",
+        from_output=lambda out: 1 - out**2,
+        fused_pullback=lambda grad, node: op("tanh_backward", grad, node.out),
+    ),
     unary(
         "silu",
         lambda x: x * Sigmoid(x),

@@ -1,6 +1,8 @@
-"""A mean over several dims divides its gradient once, by the count of entries (autograd's mean_backward:
+"""Pullbacks that round as autograd's kernels round, so that float32 gradients are autograd's bit for bit: a
+mean over several dims divides its gradient once, by the count of entries (autograd's mean_backward:
 ``sum_backward(grad, ...) / numel``): ``grad / (y.shape[1] * y.shape[2])``, not ``grad / y.shape[1] /
-y.shape[2]``, which rounds twice in float32 (8 of 16 shapes differed from autograd's bits)."""
+y.shape[2]``, which rounds twice (8 of 16 shapes differed); tanh's is autograd's ``tanh_backward(grad,
+out)``, not ``grad * (1 - out ** 2)`` (a token MLP's first layer differed)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,32 @@ def test_a_mean_over_several_dims_is_autograds_bit_for_bit_in_float32(width):
     assert ".shape[1] * " in source, source  # divided once, by the product
     module = module_from_source(source, f"pooled_{width}")
     x = torch.randn(5, 3, 7, 9)
+    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = torch.autograd.grad(out, list(model.parameters()), grad)
+    got = module.gradients(x, params, (grad,)).params
+    for (key, _), reference in zip(model.named_parameters(), expected):
+        assert torch.equal(got[key], reference), (key, (got[key] - reference).abs().max().item())
+
+
+class TanhMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 32), nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_tanh_is_autograds_bit_for_bit_in_float32():
+    torch.manual_seed(0)
+    model = TanhMlp()
+    text = trace(model, {"x": (4, 6)}, wrt="parameters", name="tanh_mlp")
+    source = build_text(text, "tanh_mlp.yaml", documents=False, tests=False).rendered.files["tanh_mlp.py"]
+    assert "torch.ops.aten.tanh_backward(" in source, source
+    module = module_from_source(source, "tanh_mlp")
+    x = torch.randn(64, 6)
     params = {key: value.detach().clone() for key, value in model.state_dict().items()}
     out = model(x)
     grad = torch.randn_like(out)
