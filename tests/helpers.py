@@ -262,3 +262,17 @@ def run_symgrad(*arguments: str, cwd, environment: dict | None = None, preexec_f
     _, status = os.waitpid(pid, 0)
     out, err = (b"".join(chunks[read_end]).decode() for read_end, _ in pipes)
     return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), out, err)
+
+
+def parameter_gradients(
+    model: torch.nn.Module, module, x: torch.Tensor
+) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(key, the generated module's gradient, autograd's)`` for each of ``model``'s parameters at ``x``, with a
+    random cotangent of the output: ``module.gradients`` (an outputs' module) against ``torch.autograd.grad``
+    through ``model`` itself."""
+    params = {key: value.detach().clone() for key, value in model.state_dict().items() if value.is_floating_point()}
+    out = model(x)
+    grad = torch.randn_like(out)
+    expected = torch.autograd.grad(out, list(model.parameters()), grad)
+    got = module.gradients(x, params, (grad,)).params
+    return [(key, got[key], reference) for (key, _), reference in zip(model.named_parameters(), expected)]

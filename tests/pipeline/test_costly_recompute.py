@@ -19,6 +19,7 @@ import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import trace
+from tests.helpers import parameter_gradients
 
 SILU_BETWEEN_CONVOLUTIONS = """name: silu_between
 inputs:
@@ -103,14 +104,14 @@ def test_keep_lean_makes_again_the_widest_silu_output_and_keeps_a_small_one():
     assert all(torch.equal(grads[0][key], grads[1][key]) for key in grads[1])
 
 
-class SiluBlock(nn.Module):
-    def __init__(self, channels: int):
+class Expanding(nn.Module):
+    def __init__(self, channels: int, expanded: int):
         super().__init__()
-        self.conv, self.bn = nn.Conv2d(channels, channels, 1, bias=False), nn.BatchNorm2d(channels)
-        self.mix = nn.Conv2d(channels, channels, 3, padding=1)
+        self.up, self.bn = nn.Conv2d(channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded)
+        self.down = nn.Conv2d(expanded, channels, 3, padding=1)
 
     def forward(self, x):
-        return x + self.mix(F.silu(self.bn(self.conv(x))))
+        return x + self.down(F.silu(self.bn(self.up(x))))
 
 
 class WideStemThenBlocks(nn.Module):
@@ -121,7 +122,7 @@ class WideStemThenBlocks(nn.Module):
         super().__init__()
         self.stem, self.bn = nn.Conv2d(2, stem, 3, padding=1), nn.BatchNorm2d(stem)
         self.down = nn.Conv2d(stem, 2, 1)
-        self.blocks = nn.Sequential(SiluBlock(2), SiluBlock(2), SiluBlock(2))
+        self.blocks = nn.Sequential(Expanding(2, 2), Expanding(2, 2), Expanding(2, 2))
 
     def forward(self, x):
         return self.blocks(self.down(F.silu(self.bn(self.stem(x)))))
@@ -155,23 +156,8 @@ def test_a_block_body_keeps_a_silu_output_small_in_every_instance_as_the_flat_mo
 def _gradients_are_autograds(model: nn.Module, module, x: torch.Tensor) -> None:
     """``module.gradients`` (outputs' form) of ``model``'s parameters at ``x``: autograd's through ``model`` in
     float64, with a random cotangent, within 1e-12."""
-    params = {key: value.clone() for key, value in model.state_dict().items() if value.is_floating_point()}
-    out = model(x)
-    grad = torch.randn_like(out)
-    expected = dict(zip(dict(model.named_parameters()), torch.autograd.grad(out, list(model.parameters()), grad)))
-    got = module.gradients(x, params, (grad,)).params
-    for key, value in expected.items():
-        assert (got[key] - value).abs().max() <= 1e-12 * max(1.0, value.abs().max().item()), key
-
-
-class Expanding(nn.Module):
-    def __init__(self, channels: int, expanded: int):
-        super().__init__()
-        self.up, self.bn = nn.Conv2d(channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded)
-        self.down = nn.Conv2d(expanded, channels, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.down(F.silu(self.bn(self.up(x))))
+    for key, got, reference in parameter_gradients(model, module, x):
+        assert (got - reference).abs().max() <= 1e-12 * max(1.0, reference.abs().max().item()), key
 
 
 class NarrowStemThenExpanding(nn.Module):

@@ -22,7 +22,7 @@ from symgrad.errors import GeneratorError
 from symgrad.names import check_module_source
 from symgrad.spec import parse_spec
 from symgrad.trace import trace
-from tests.helpers import build_text, module_from_source
+from tests.helpers import build_text, module_from_source, parameter_gradients
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
@@ -154,13 +154,8 @@ def test_a_module_name_may_start_with_a_prefix_the_code_reserves_for_its_variabl
     files = build_text(text, "mask_head_gradients.yaml").rendered.files
     module = module_from_source(files["mask_head_gradients.py"], "mask_head_gradients")
     x = torch.randn(3, 2, 4, 6, dtype=torch.float64)
-    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    out = model(x)
-    grad = torch.randn_like(out)
-    expected = torch.autograd.grad(out, list(model.parameters()), grad)
-    got = module.gradients(x, params, (grad,)).params
-    for (key, _), reference in zip(model.named_parameters(), expected):
-        assert (got[key] - reference).abs().max() <= 1e-12 * reference.abs().max(), key
+    for key, got, reference in parameter_gradients(model, module, x):
+        assert (got - reference).abs().max() <= 1e-12 * reference.abs().max(), key
     renamed = text.replace("out: conv}", "out: mask_conv}").replace("in: conv,", "in: mask_conv,")
     with pytest.raises(Exception, match="starts with a prefix the generated code reserves"):
         parse_spec(renamed.replace("in: conv}", "in: mask_conv}"), "renamed.yaml")

@@ -13,6 +13,7 @@ import torch.nn as nn
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
 from symgrad.trace import trace
+from tests.helpers import parameter_gradients
 
 
 class Pooled(nn.Module):
@@ -36,13 +37,8 @@ def test_a_mean_over_several_dims_is_autograds_bit_for_bit_in_float32(width):
     assert ".shape[1] * " in source, source  # divided once, by the product
     module = module_from_source(source, f"pooled_{width}")
     x = torch.randn(5, 3, 7, 9)
-    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    out = model(x)
-    grad = torch.randn_like(out)
-    expected = torch.autograd.grad(out, list(model.parameters()), grad)
-    got = module.gradients(x, params, (grad,)).params
-    for (key, _), reference in zip(model.named_parameters(), expected):
-        assert torch.equal(got[key], reference), (key, (got[key] - reference).abs().max().item())
+    for key, got, reference in parameter_gradients(model, module, x):
+        assert torch.equal(got, reference), (key, (got - reference).abs().max().item())
 
 
 class TanhMlp(nn.Module):
@@ -62,10 +58,5 @@ def test_tanh_is_autograds_bit_for_bit_in_float32():
     assert "torch.ops.aten.tanh_backward(" in source, source
     module = module_from_source(source, "tanh_mlp")
     x = torch.randn(64, 6)
-    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    out = model(x)
-    grad = torch.randn_like(out)
-    expected = torch.autograd.grad(out, list(model.parameters()), grad)
-    got = module.gradients(x, params, (grad,)).params
-    for (key, _), reference in zip(model.named_parameters(), expected):
-        assert torch.equal(got[key], reference), (key, (got[key] - reference).abs().max().item())
+    for key, got, reference in parameter_gradients(model, module, x):
+        assert torch.equal(got, reference), (key, (got - reference).abs().max().item())
