@@ -162,6 +162,8 @@ def basic_index(builder: Builder, call: Call) -> None:
             out += 1
         if step != 1:
             current = strided_slice(builder, call, current, dim, start, stop, step)
+        elif isinstance(item, slice) and item.stop is None and (item.start or 0) > 0 and start < size:
+            current = _narrowed_to_end(builder, call, current, dim, start)
         elif (start, stop) != (0, size) or is_int(item):
             current = builder.part(call, "narrow", current, dim, start, max(stop - start, 0))
         dim += 1
@@ -170,6 +172,29 @@ def basic_index(builder: Builder, call: Call) -> None:
     for dim in new:
         current = builder.part(call, "unsqueeze", current, dim)
     builder.alias(call, current)
+
+
+def _narrowed_to_end(builder: Builder, call: Call, current: torch.Tensor, dim: int, start: int) -> torch.Tensor:
+    """``h[:, 1:]``: the entries from ``start`` to the end, its length read at run time (``{like: h, size:
+    'shape[1] - 1'}``): a number would hold the traced size, along a dim the second run may not change (a
+    sequence's length, dim 1 of [N, T, C])."""
+    name = builder.node(current)
+    if not isinstance(name, str):
+        return builder.part(call, "narrow", current, dim, start, current.shape[dim] - start)  # refused with it
+    narrowed = current.narrow(dim, start, current.shape[dim] - start)
+    made = Call(
+        "narrow",
+        torch.narrow,
+        (current, dim, start, narrowed.shape[dim]),
+        {},
+        narrowed,
+        call.where,
+        call.module,
+        call.leaf,
+    )
+    length = {"like": name, "size": f"shape[{dim}] - {start}"}
+    builder.emit("narrow", {"op": "narrow", "in": name, "dim": dim, "start": start, "length": length}, made)
+    return narrowed
 
 
 @handles(*PIECES)
