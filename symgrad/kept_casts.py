@@ -26,7 +26,13 @@ from .reverse import Program, Statement
 # linear maps' input-gradient products (linear's ``grad @ W``, addmm's ``grad @ mat2.T``)
 WEIGHT_READS = {
     "forward": {("conv", 1), ("linear", 1), ("addmm", 2)},
-    "backward": {("conv_backward", 2), ("linear_input_grad", 1), ("matmul", 1), ("matmul_transposed", 1)},
+    "backward": {
+        ("conv_backward", 2),
+        ("linear_input_grad", 1),
+        ("linear_frozen_input_grad", 1),
+        ("matmul", 1),
+        ("matmul_transposed", 1),
+    },
 }
 
 

@@ -107,7 +107,7 @@ LINEAR_BIAS_GRAD = '''def _linear_bias_grad(flat, grad, x):
     """Summed as autograd sums it: after F.linear's addmm (contiguous x) or its matmul and add."""
     if x.is_contiguous():
         return flat.sum(dim=0)
-    return _in_autocast_dtype(grad).sum_to_size(flat.shape[-1])
+    return grad.sum_to_size(flat.shape[-1])
 '''
 """Emitted once into each module with a linear map of an input of 3 or more dims, with a bias."""
 
@@ -250,7 +250,11 @@ class Linear(Rule):
         if "weight" in wanted:
             grads["weight"] = op("linear_weight_grad", flat, inputs)
         if "bias" in wanted:
-            grads["bias"] = op("sum", flat, dim=(0,)) if rank == 2 else op("linear_bias_grad", flat, grad, x)
+            grads["bias"] = (
+                op("sum", flat, dim=(0,))
+                if rank == 2
+                else op("linear_bias_grad", flat, op("in_autocast_dtype", grad), x)
+            )
         return grads
 
     def per_sample_pullback(self, node: NodeSymbols, grad, operand: str):
