@@ -122,14 +122,17 @@ def _elements(node) -> int | None:
 def _small_enough(graph, node_name: str) -> bool:
     """Whether the convolution ``node_name``'s input and output (at ``graph``'s traced sizes) are at most
     :data:`HELD_SHARE` of its largest layer output (the batch and image size scale them alike, not the
-    weights); True without a graph (a block's body: its end is near)."""
+    weights); True without a graph (a block's body: its end is near). A top body of a program with blocks
+    (``body_graphs.top_sizes``) is judged beside the network's largest value, which its calls hide."""
     if graph is None:
         return True
     node = graph.nodes.get(node_name)
     operands = getattr(node, "operands", {})
     held = [_elements(node), _elements(graph.nodes.get(operands.get("input")))]
     layers = (layer for layer in graph.nodes.values() if layer.kind == "layer")  # not a weight: none grows
-    largest = max((size for size in map(_elements, layers) if size is not None), default=None)
+    largest = getattr(graph, "largest", None) or max(
+        (size for size in map(_elements, layers) if size is not None), default=None
+    )
     return None in held or largest is None or sum(held) <= HELD_SHARE * largest
 
 

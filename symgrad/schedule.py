@@ -135,7 +135,10 @@ def schedule(
         again, rebuilt_names = rebuilt(live[:split], live[split:], kept_by_caller)
         live = live[:split] + again
     # each grouped convolution's weight gradient last, where less is held beside its kernel's buffer (late_weights.py)
-    live = live[:split] + late_grouped_weight_grads(live[split:], sizes)
+    # a top body beside the network's largest value (its instances' calls hide the values inside them)
+    live = live[:split] + late_grouped_weight_grads(
+        live[split:], block_sizes if sizes is not None and block_sizes else sizes
+    )
     if recompute:  # under autocast a parameter's whole weight gradient stays in its dtype until the caller casts it
         sourced = (  # params[...] (a block's p[...]: an instance's slice of it): cast by gradients()
             {spec.name for spec in graph.spec.inputs if spec.source is not None} if parameters is None else parameters

@@ -261,3 +261,36 @@ def test_the_late_helper_compiles_with_fullgraph():
     got = torch.compile(late, backend="eager", fullgraph=True)(grad, x, w)
     for value, expected in zip(got[1:], late(grad, x, w)[1:]):
         assert torch.equal(value, expected)
+
+
+class _Expanding(nn.Module):
+    def __init__(self, channels: int = 4):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(channels, 16 * channels, 1), nn.Conv2d(16 * channels, channels, 1)
+
+    def forward(self, x):
+        return x + self.conv2(F.relu(self.conv1(x)))
+
+
+class _DepthwiseThenExpanding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.dw = nn.Conv2d(2, 4, 1), nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.blocks = nn.Sequential(_Expanding(), _Expanding(), _Expanding())
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.dw(self.stem(x))).mean(dim=(2, 3)))
+
+
+def test_the_blocks_forms_top_body_moves_a_call_as_the_flat_module_does():
+    """A depthwise convolution before blocks that expand 16x inside: small beside the network's largest
+    value, so its weight gradient moves last in the flat module, and in the blocks form's top body too (its
+    instances' calls hid the expansions: the top body is judged beside the network's largest, ``top_sizes``)."""
+    for blocks in (False, True):
+        torch.manual_seed(0)
+        text = trace(
+            _DepthwiseThenExpanding().train(), {"x": (2, 2, 8, 8)}, wrt="parameters", name="net", blocks=blocks
+        )
+        source = build_text(text, "net.yaml", documents=False, tests=False).rendered.files["net.py"]
+        assert "grad_dw, stem, dw_weight_autocast, [False, True, True]" in source, (blocks, source)
