@@ -48,9 +48,9 @@ def _step(model, data, dtype):
     reference, ours = copy.deepcopy(model).to(dtype), copy.deepcopy(model).to(dtype)
     x = data["x"].to(dtype)
     F.cross_entropy(reference(x), data["labels"]).backward()
-    folder = Path(tempfile.mkdtemp())
-    (folder / "net.py").write_text(_source(model))
-    symgrad.bind(folder / "net.py", ours)(x=x, labels=data["labels"]).backward()
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "net.py").write_text(_source(model))
+        symgrad.bind(Path(folder) / "net.py", ours)(x=x, labels=data["labels"]).backward()
     return [p.grad for p in reference.parameters()], [p.grad for p in ours.parameters()]
 
 

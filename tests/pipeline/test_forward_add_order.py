@@ -8,8 +8,6 @@ parameter gradient of the blocks form was autograd's bit for bit in the default 
 from __future__ import annotations
 
 import copy
-import tempfile
-from pathlib import Path
 
 import sympy
 import torch
@@ -57,12 +55,12 @@ def _source(model, blocks: bool, shape=(2, 3, 8, 8)) -> str:
     return build_text(text, "net.yaml", documents=False, tests=False).rendered.files["net.py"]
 
 
-def test_a_residual_add_of_two_layouts_trains_bit_for_bit_as_blocks():
+def test_a_residual_add_of_two_layouts_trains_bit_for_bit_as_blocks(tmp_path):
     torch.manual_seed(0)
     model = _Net().train()
     source = _source(model, blocks=True)
     assert "add = x + permute_2\n" in source  # the block body: the model's order, not sympy's
-    folder = Path(tempfile.mkdtemp())
+    folder = tmp_path
     (folder / "net.py").write_text(source)
     generator = torch.Generator().manual_seed(1)
     x, target = torch.randn(3, 3, 12, 12, generator=generator), torch.randint(0, 5, (3,), generator=generator)
