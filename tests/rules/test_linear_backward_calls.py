@@ -51,11 +51,12 @@ def _data(dtype):
 
 def test_a_convnext_flattens_each_linear_maps_gradient_once_and_equals_autograd():
     model, source, generated = _network_and_module()
-    # each function of the module flattens each gradient (cast once where autocast runs) into one name
-    # that the three products read
-    flattened = re.findall(r"(\w+) = torch\.flatten\(_in_autocast_dtype\((grad_\w+)\), end_dim=-2\)", source)
-    assert flattened and all(name.startswith("shared_") for name, _ in flattened), flattened
-    assert ".matmul(" not in source and source.count("torch.flatten(_in_autocast_dtype(grad_") == len(flattened)
+    # each function of the module casts each gradient once where autocast runs (a name the bias's sum reads
+    # too) and flattens that once, into one name that the three products read
+    casts = [name for name, _ in re.findall(r"(shared_\d+) = _in_autocast_dtype\((grad_\w+)\)", source)]
+    flattened = re.findall(r"(shared_\d+) = torch\.flatten\((shared_\d+), end_dim=-2\)", source)
+    assert casts and sorted(cast for _, cast in flattened if cast in casts) == sorted(casts), (casts, flattened)
+    assert ".matmul(" not in source and source.count("_in_autocast_dtype(grad_") == len(casts)
     model = copy.deepcopy(model).double()
     ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
     x, labels = _data(torch.float64)
