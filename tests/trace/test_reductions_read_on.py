@@ -128,12 +128,28 @@ def test_a_loss_the_function_also_reads_on_stays_its_loss():
     assert "\nloss: {op: mse_loss, in: p, target: w, reduction: mean}" in text and "\noutputs:" not in text, text
 
 
-def test_the_fixes_the_refusal_prints_trace():
-    def scaled_after(x, w):
-        return (x * w.sum()) / 21
+class ScaledAfter(nn.Module):  # the fix printed for `x * (w.sum() / 3 / 7)`: scale after the product
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
 
-    def kept_dims(x, w):
-        return x[:, :2] * torch.cat([w.mean(dim=None, keepdim=True), w.pow(2).mean(dim=None, keepdim=True)], 1)
+    def forward(self, x):
+        h = self.conv(x)
+        return (h * self.conv.weight.sum()) / 21
 
-    for step in (scaled_after, kept_dims):
-        assert "\nlayers:\n" in trace(step, {"x": (2, 3), "w": (2, 3)}, wrt=["x", "w"], name="fixed")
+
+class KeptDims(nn.Module):  # the fix printed for a stacked 0-dim mean: keepdim=True, then cat
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        h, w = self.conv(x), self.conv.weight
+        return h[:, :2] * torch.cat([w.mean(dim=None, keepdim=True), w.pow(2).mean(dim=None, keepdim=True)], 1)
+
+
+@pytest.mark.parametrize("model", [ScaledAfter, KeptDims])
+def test_the_fixes_the_refusal_prints_trace_with_autograds_gradients(model):
+    matches_autograd(
+        model.__name__.lower(), Case(model, {"x": (2, 3, 6, 6)}, {"x": (3, 3, 7, 5)}, RESTORATION), "train"
+    )
