@@ -333,6 +333,35 @@ def summary(entry: dict, any_width: bool) -> tuple:
     return (entry["class"], entry.get("code"), *digests(entry, any_width), entry.get("training"), entry.get("calls", 0))
 
 
+EMPTY = hashlib.sha256(b"{}").hexdigest()[:8]
+"""The hash of no hypers and of no tensors (:func:`digests` of ``{}``)."""
+
+ROW_DEFAULTS = (None, None, EMPTY, EMPTY, None, 0)
+"""A row's tail that the module leaves out and :func:`unfolded` puts back: no code of its own, no hypers,
+no tensors, no mode read, no BatchNorm run."""
+
+
+def unfolded(fingerprint: Any) -> Any:
+    """A generated module's ``FINGERPRINT`` as the table :func:`difference` compares, path -> row: the
+    table itself, or its compact form ``(rows, paths, groups)`` (symgrad.fingerprint_text writes it where
+    submodules share rows) unfolded: each path's row by number, its tail of :data:`ROW_DEFAULTS` put
+    back, or the rows of its group (a block's submodules, by path under the instance), or the group's
+    paths with the instance's own numbers (``(group, [numbers])``); anything else as it is."""
+    if not isinstance(fingerprint, tuple):
+        return fingerprint
+    rows, paths, groups = fingerprint
+    table = {}
+    for path, entry in paths.items():
+        if isinstance(entry, int):
+            entry = ("", [entry])
+        name, numbers = entry if isinstance(entry, tuple) else (entry, None)
+        inner = groups[name] if name else {"": None}
+        for relative, number in zip(inner, numbers or inner.values()):
+            row, key = rows[number], ".".join(part for part in (path, relative) if part)
+            table[key] = [*row, *ROW_DEFAULTS[len(row) :]]
+    return table
+
+
 def difference(traced: dict[str, tuple], model: torch.nn.Module, any_width: bool = False) -> str | None:
     """The first way ``model`` differs from ``traced`` (path -> :func:`summary`), in words, or None;
     ``any_width``: the module is written as blocks, and runs at any width. The submodules and their

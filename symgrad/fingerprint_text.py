@@ -1,18 +1,17 @@
-"""The fingerprint as the generated module writes it (:func:`module_constants`): ``FINGERPRINT`` with
-each distinct row once and a block's submodules once for all its instances, unfolded by the module's
-own :func:`_fingerprint`; ``MOMENTA`` read off it where it can be; ``FROZEN`` and ``GUARDS``. The
-fingerprint itself, and bind's comparison, are :mod:`symgrad.fingerprint`'s.
+"""The fingerprint as the generated module writes it (:func:`module_constants`): ``FINGERPRINT``, the
+table itself, or where submodules share rows its compact form (each distinct row once, a block's
+submodules once for all its instances), which :func:`symgrad.fingerprint.unfolded` unfolds for bind;
+``MOMENTA`` read off the table where it can be; ``FROZEN`` and ``GUARDS``. The fingerprint itself, and
+bind's comparison, are :mod:`symgrad.fingerprint`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import re
 from typing import Any
 
-from .fingerprint import summary
+from .fingerprint import ROW_DEFAULTS, summary, unfolded
 
 
 def _split_key(key: Any, inner: str, width: int) -> str:
@@ -84,14 +83,20 @@ def module_constants(
     source from its checked literals), or "" for a spec without a fingerprint; ``running``: the inputs
     that are running statistics, which the module lists in ``RUNNING`` instead; ``instances``: block
     name by instance path, naming the groups of rows; ``momenta``: (module paths, the one momentum
-    as written) of the training-mode batch norms, written here as read off the fingerprint where
-    they are its BatchNorms run in training mode (True is then returned with the text)."""
+    as written) of the training-mode batch norms, written here as read off the fingerprint where it
+    is the table itself and they are its BatchNorms run in training mode (True is then returned
+    with the text)."""
     if spec.fingerprint is None:
         return "", False
     wrt = {name for name, _ in spec.wrt}
     frozen = sorted({item.source for item in spec.inputs if item.source and item.name not in wrt | running})
     summaries = {path: list(summary(entry, any_width)) for path, entry in spec.fingerprint.items()}
-    read = momenta is not None and list(momenta[0]) == [path for path, row in summaries.items() if row[4] and row[5]]
+    rows, numbers = _distinct_rows(summaries)
+    read = (
+        momenta is not None
+        and len(rows) == len(summaries)  # the table itself, not its compact form
+        and list(momenta[0]) == [path for path, row in summaries.items() if row[4] and row[5]]
+    )
     frozen_text = (
         "# the state_dict() keys read without a gradient, RUNNING aside: other buffers, and the\n"
         "# parameters frozen when traced (symgrad.bind refuses them unfrozen)\n"
@@ -100,7 +105,7 @@ def module_constants(
         else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's"
     )
     text = (
-        _fingerprint_literal(summaries, instances or {})
+        _fingerprint_literal(summaries, instances or {}, rows, numbers)
         + (
             "\n# a BatchNorm run in training mode (row[4], row[5]) moves its running statistics by its momentum\n"
             f"MOMENTA = dict.fromkeys([path for path, row in FINGERPRINT.items() if row[4] and row[5]], {momenta[1]})\n"
@@ -120,33 +125,8 @@ def module_constants(
     return text, read
 
 
-def _fingerprint(rows, paths, groups):
-    """FINGERPRINT: each path's row by number (defaults put back), or its block group's rows."""
-    defaults = [None, None, "44136fa3", "44136fa3", None, 0]  # 44136fa3: no hypers, no tensors
-    table = {}
-    for path, entry in paths.items():
-        if isinstance(entry, int):
-            entry = ("", [entry])
-        name, numbers = entry if isinstance(entry, tuple) else (entry, None)
-        inner = groups[name] if name else {"": None}
-        for relative, number in zip(inner, numbers or inner.values()):
-            row, key = rows[number], ".".join(part for part in (path, relative) if part)
-            table[key] = [*row, *defaults[len(row) :]]
-    return table
-
-
-EMPTY = hashlib.sha256(b"{}").hexdigest()[:8]
-"""The hash of no hypers and of no tensors (:func:`symgrad.fingerprint.digests` of ``{}``)."""
-
-ROW_DEFAULTS = (None, None, EMPTY, EMPTY, None, 0)
-"""A row's tail that :func:`_shortened` leaves out and the module's :func:`_fingerprint` (which stands
-alone, so writes them itself) puts back; :func:`_fingerprint_literal` checks the two agree."""
-
-DECODER = inspect.getsource(_fingerprint)
-"""The function that unfolds ``FINGERPRINT`` in the generated module (its rows, paths and groups
-written once), as it is here."""
-
 HEADING = "# what symgrad.bind checks: per submodule class, hashes of code, hypers, shapes; mode, BN runs"
+COMPACT = "# written (rows, paths, groups): each distinct row once, a block's submodules once; bind unfolds it"
 
 
 def _groups(numbers: dict[str, int], instances: dict[str, str], classes: dict[str, str]) -> tuple[dict, dict]:
@@ -199,21 +179,30 @@ def _groups(numbers: dict[str, int], instances: dict[str, str], classes: dict[st
     return top, groups
 
 
-def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) -> str:
-    """``FINGERPRINT = ...``: where submodules share their row (every ReLU, each block's convolutions
-    alike), each distinct row written once, numbered, and each submodule's number in the model's
-    order (the order bind compares them in), a block's submodules once for all its instances
-    (:func:`_groups`); the same dict, a few lines instead of one per submodule."""
+def _distinct_rows(summaries: dict[str, list]) -> tuple[list[str], dict[str, int]]:
+    """Each distinct row as written (its tail of defaults left out, :func:`_shortened`), and each path's
+    row by number."""
     rows: list[str] = []
     numbers = {}
     for path, row in summaries.items():
         text = python_literal(_shortened(row), indent=4, lead=4)
         numbers[path] = rows.index(text) if text in rows else rows.append(text) or len(rows) - 1
+    return rows, numbers
+
+
+def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str], rows=None, numbers=None) -> str:
+    """``FINGERPRINT = ...``: the table itself, or where submodules share their row (every ReLU, each
+    block's convolutions alike) its compact form ``(rows, paths, groups)``: each distinct row written
+    once, numbered, and each submodule's number in the model's order (the order bind compares them
+    in), a block's submodules once for all its instances (:func:`_groups`); a few lines instead of one
+    per submodule, which :func:`symgrad.fingerprint.unfolded` unfolds to the same table."""
+    if rows is None:
+        rows, numbers = _distinct_rows(summaries)
     if len(rows) == len(summaries):
         return f"{HEADING}\n" + f"FINGERPRINT = {python_literal(summaries, lead=14)}"
     top, groups = _groups(numbers, instances, {path: row[0] for path, row in summaries.items()})
     distinct = {number: _shortened(summaries[path]) for path, number in reversed(numbers.items())}
-    if _fingerprint(distinct, top, groups) != summaries:  # the module's own function gives the table back
+    if unfolded((distinct, top, groups)) != summaries:  # bind's unfolding gives the table back
         raise AssertionError("the fingerprint's rows and groups do not give its table back")
     table = _packed_rows(rows)
     grouped = "".join(
@@ -222,11 +211,11 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str]) 
         else f"    {json.dumps(name)}: {{\n{_packed(group, 8)}\n    }},\n"
         for name, group in groups.items()
     )
-    return f"{DECODER}\n{HEADING}\nFINGERPRINT = _fingerprint([\n{table}], {{\n{_packed(top, 4)}\n}}, {{\n{grouped}}})"
+    return f"{HEADING}\n{COMPACT}\nFINGERPRINT = ([\n{table}], {{\n{_packed(top, 4)}\n}}, {{\n{grouped}}})"
 
 
 def _shortened(row: list) -> list:
-    """``row`` without the tail its module's :func:`_fingerprint` puts back (no code of its own, no
+    """``row`` without the tail :func:`symgrad.fingerprint.unfolded` puts back (no code of its own, no
     hypers, no tensors, no mode read, no BatchNorm run)."""
     while len(row) > 1 and row[-1] == ROW_DEFAULTS[len(row) - 1]:
         row = row[:-1]

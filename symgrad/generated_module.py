@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 
 from .errors import SymgradError
-from .fingerprint import difference
+from .fingerprint import difference, unfolded
 from .retrace import hyper_difference, retrace, spec_and_output
 from .value_guard import code_difference
 from .write import read_generated, read_header
@@ -57,7 +57,7 @@ def check_fingerprint(generated: ModuleType, model: torch.nn.Module, allow_edite
     """Refuse ``model`` where it differs from the one ``generated`` was traced from (its
     ``FINGERPRINT``), naming the first submodule that differs; the fingerprint, or None for a module
     without one (refused unless ``allow_edited``). Any bound form calls it."""
-    fingerprint = getattr(generated, "FINGERPRINT", None)
+    fingerprint = unfolded(getattr(generated, "FINGERPRINT", None))  # its compact form unfolded
     if fingerprint is None:
         if allow_edited:
             return None

@@ -208,7 +208,12 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         positional_returns_line=", ".join(f"{name}={value}" for name, value in positional_returns),
         params_open="_in_layouts(layouts, {" if layout.keys else "{",
         params_close=")" if layout.keys else "",
-        param_returns=tuple(entries_packed(list(structured.param_returns), 12, tuple(structured.merged_returns))),
+        # under `params=` beside other fields, else right under `return Gradients(params={`
+        param_returns=tuple(
+            entries_packed(
+                list(structured.param_returns), 12 if positional_returns else 8, tuple(structured.merged_returns)
+            )
+        ),
     )
     autograd = Autograd(
         signature=signature,

@@ -39,6 +39,8 @@ class Tables:
     helpers: tuple[str, ...]
     momentum_lines: tuple[str, ...]
     momentum_shared: str | None
+    momentum_none: bool
+    """A momentum of None (a cumulative average) among them: the comment says what that means."""
     running_empty: bool
     """``RUNNING = set()``: parameters, and no training-mode batch norm that moves its statistics."""
     constant_comment: str
@@ -93,6 +95,9 @@ class Blocks:
     functions: tuple[BlockFunctions, ...]
     chains: tuple[Chain, ...]
     offset_argument: str
+    prefixed_helper: bool
+    """``_prefixed`` with the plain ``_scope``: the top level returns an instance's gradients through it
+    (``_run_backward`` prefixes a chain's keys itself)."""
     random: bool
 
 
@@ -171,6 +176,8 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
             functions=block_functions,
             chains=tuple(_chain(chain) for chain in structured.chains),
             offset_argument=", offset" if _offsets(spec) else "",
+            # a merged return is a chain's gradients by name, or an instance's `_prefixed("prefix", grads)`
+            prefixed_helper=any(not text.isidentifier() for text in structured.merged_returns),
             random=random,
         ),
         functions=functions_section(structured, sources, positional, random),
@@ -232,6 +239,7 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: boo
         helpers=tuple(helper.strip("\n") for helper in structured.helpers),  # the template puts a blank line first
         momentum_lines=momentum_lines,
         momentum_shared=_shared_momentum(statistics, sources),
+        momentum_none=any(momentum == "None" for mean, _, momentum in statistics if mean in sources),
         running_empty=not momentum_lines and bool(sources) and not read,
         constant_comment=(
             f"batch x height x width of {constant['reference']} from which 2-d convolutions run in channels_last "

@@ -1,12 +1,13 @@
 """FINGERPRINT as the generated module writes it (symgrad/fingerprint_text.py): each distinct row once, a
 block's submodules once for all its instances (with the numbers of an instance whose rows differ: a
-drop-path rate), a repeated subtree without instances once; the module's own _fingerprint gives back
+drop-path rate), a repeated subtree without instances once; bind's symgrad.fingerprint.unfolded gives back
 the same table, in the model's order, a list of its own per path."""
 
 from __future__ import annotations
 
 import pytest
 
+from symgrad.fingerprint import unfolded
 from symgrad.fingerprint_text import _fingerprint_literal
 
 
@@ -28,9 +29,9 @@ def test_a_blocks_rows_are_written_once_and_give_back_the_table_in_order():
     assert text.count('["Conv2d"') == 1 and max(map(len, text.splitlines())) <= 100
     namespace: dict = {}
     exec(compile(text, "fingerprint", "exec"), namespace)
-    unfolded = namespace["FINGERPRINT"]
-    assert unfolded == table and list(unfolded) == list(table)
-    assert unfolded["stage.0.conv"] is not unfolded["stage.1.conv"]  # bind may change one without the other
+    table_again = unfolded(namespace["FINGERPRINT"])
+    assert table_again == table and list(table_again) == list(table)
+    assert table_again["stage.0.conv"] is not table_again["stage.1.conv"]  # bind may change one without the other
 
 
 def test_an_instances_own_numbers_wrap_within_100_columns_and_give_back_the_table():
@@ -48,28 +49,28 @@ def test_an_instances_own_numbers_wrap_within_100_columns_and_give_back_the_tabl
     assert max(map(len, text.splitlines())) <= 100
     namespace: dict = {}
     exec(compile(text, "fingerprint", "exec"), namespace)
-    assert namespace["FINGERPRINT"] == table and list(namespace["FINGERPRINT"]) == list(table)
+    assert unfolded(namespace["FINGERPRINT"]) == table and list(unfolded(namespace["FINGERPRINT"])) == list(table)
 
 
 def test_a_rows_tail_of_defaults_is_left_out_and_rows_share_lines():
-    """A row written without what _fingerprint puts back (no code, no hypers, no tensors, no mode, no BatchNorm
+    """A row written without what unfolded puts back (no code, no hypers, no tensors, no mode, no BatchNorm
     run), several rows to a line with their numbers; a BatchNorm's row, whose tail is not the default, whole."""
     table = {"": ["Net", "0123456789abcdef", "44136fa3", "44136fa3", None, 0], "relu": _row("ReLU")}
     table |= {f"conv{index}": _row("Conv2d", f"{index:08d}") for index in range(6)}
     table["bn"] = ["BatchNorm2d", None, "d0c7b5ed", "7f95d0d9", True, 1]
     text = _fingerprint_literal(table | {"relu2": _row("ReLU")}, {})
-    rows = text.split("FINGERPRINT = _fingerprint([\n", 1)[1].split("\n], {", 1)[0].splitlines()
+    rows = text.split("FINGERPRINT = ([\n", 1)[1].split("\n], {", 1)[0].splitlines()
     assert '["ReLU"],' in text and '["Net", "0123456789abcdef"],' in text
     assert '["BatchNorm2d", None, "d0c7b5ed", "7f95d0d9", True, 1]' in text
     assert len(rows) < len(table) / 2 and rows[0].endswith("# 0-2") and max(map(len, text.splitlines())) <= 100
     namespace: dict = {}
     exec(compile(text, "fingerprint", "exec"), namespace)
-    assert namespace["FINGERPRINT"] == table | {"relu2": _row("ReLU")}
+    assert unfolded(namespace["FINGERPRINT"]) == table | {"relu2": _row("ReLU")}
 
 
 def test_the_tail_left_out_is_the_tail_the_module_puts_back(monkeypatch):
-    """The writer's defaults and the module's _fingerprint's (written out in the module, which stands alone)
-    must agree: text made with other defaults is refused where it is written, not unfolded wrong by bind."""
+    """The writer's defaults and bind's unfolded's must agree: text made with other defaults is refused
+    where it is written, not unfolded wrong by bind."""
     import symgrad.fingerprint_text as fingerprint_text
 
     table = {"": ["Net", "0123456789abcdef", "44136fa3", "44136fa3", None, 0], "a": _row("ReLU"), "b": _row("ReLU")}

@@ -57,6 +57,18 @@ def test_the_resnet18_module_fits_600_lines_of_100_columns(resnet18):
     assert max(map(len, lines)) <= 100
 
 
+def test_no_helper_for_one_call_and_the_gradients_returned_as_one_call(resnet18):
+    """``_run_backward`` prefixes a chain's keys itself: no ``_prefixed`` where no other line calls it
+    (a block instance called on its own still has it: tests/pipeline/test_block_calling_code.py); the
+    parameters' gradients return as ``Gradients(params=...)`` with the mapping's entries right under it."""
+    _, source = resnet18
+    assert "_prefixed" not in source
+    assert 'grads.update({f"{prefix}.{key}": value for key, value in instance_grads.items()})' in source
+    returned = source.split("\n    return Gradients(params=_in_layouts(layouts, {\n", 1)[1].split("\n    }))\n", 1)[0]
+    assert '"fc.bias": grad_fc_bias' in returned and "**grads_layer4_1," in returned
+    assert all(line.startswith('        "') or line.startswith("        **") for line in returned.splitlines())
+
+
 def test_no_alias_and_no_entry_read_of_an_unpacked_tuple(resnet18):
     _, source = resnet18
     # `grad_bn2 = grad_add`: a gradient passed on unchanged is read under its own name
@@ -68,7 +80,7 @@ def test_no_alias_and_no_entry_read_of_an_unpacked_tuple(resnet18):
 
 def test_a_kernel_with_many_arguments_is_called_with_keywords(resnet18):
     _, source = resnet18
-    call = re.search(r"max_pool2d_with_indices_backward\((.*?)\n    \)", source, re.S).group(1)
+    call = re.search(r"max_pool2d_with_indices_backward\((.*?)\)\n", source, re.S).group(1)  # to the call's end
     assert "kernel_size=3" in call and "ceil_mode=False" in call and "indices=indices_maxpool" in call
 
 
@@ -169,18 +181,19 @@ def test_below_the_channels_last_size_each_gradient_comes_back_in_its_weights_la
 
 def test_what_bind_checks_comes_after_the_math_each_fingerprint_row_written_once(resnet18):
     """FINGERPRINT, FROZEN and GUARDS close the module; the fingerprint writes each distinct row once
-    (every ReLU's, each block's convolutions alike) and still gives bind one row per submodule, in the
-    model's order, that the traced model meets."""
-    from symgrad.fingerprint import difference
+    (every ReLU's, each block's convolutions alike), data alone (no function of the module unfolds it),
+    and still gives bind one row per submodule, in the model's order, that the traced model meets."""
+    from symgrad.fingerprint import difference, unfolded
 
     model, source = resnet18
-    assert source.index("def loss_with_explicit_backward(") < source.index("\nFINGERPRINT = _fingerprint([\n")
-    rows = source.split("\nFINGERPRINT = _fingerprint([\n", 1)[1].split("\n], {\n", 1)[0].splitlines()
+    assert source.index("def loss_with_explicit_backward(") < source.index("\nFINGERPRINT = ([\n")
+    assert "def _fingerprint(" not in source
+    rows = source.split("\nFINGERPRINT = ([\n", 1)[1].split("\n], {\n", 1)[0].splitlines()
     assert len(rows) == len(set(rows)) < 20  # 13 distinct rows for ResNet-18's 62 submodules
     paths = source.split("\n], {\n", 1)[1].split("\n})\n", 1)[0]
     assert '"layer1.0": "basic_block"' in paths and '"layer1.0.conv1"' not in paths  # a block's rows once
     assert len(paths.splitlines()) < 15
-    fingerprint = module_from_source(source, "resnet18_fingerprint").FINGERPRINT
+    fingerprint = unfolded(module_from_source(source, "resnet18_fingerprint").FINGERPRINT)
     assert list(fingerprint) == [path for path, _ in model.named_modules()]
     assert difference(fingerprint, model, any_width=True) is None
     assert (
@@ -189,11 +202,9 @@ def test_what_bind_checks_comes_after_the_math_each_fingerprint_row_written_once
     changed = copy.deepcopy(model)
     changed.layer3[1].conv2.padding = (2, 2)  # inside a group of rows written once for layer2..layer4
     assert difference(fingerprint, changed, any_width=True).startswith("layer3.1.conv2 (Conv2d) has other hyper")
-    module = module_from_source(source, "resnet18_momenta")  # MOMENTA read off FINGERPRINT: every BatchNorm's
+    module = module_from_source(source, "resnet18_momenta")  # MOMENTA written out, the one momentum once
     batch_norms = [path for path, item in model.named_modules() if isinstance(item, torch.nn.BatchNorm2d)]
-    assert "MOMENTA = dict.fromkeys([path for path, row in FINGERPRINT" in source and module.MOMENTA == dict.fromkeys(
-        batch_norms, 0.1
-    )
+    assert "\n], 0.1)\nRUNNING = " in source and module.MOMENTA == dict.fromkeys(batch_norms, 0.1)
     assert module.RUNNING == {f"{path}.running_{name}" for path in batch_norms for name in ("mean", "var")}
 
 
