@@ -123,6 +123,9 @@ class Functions:
     signature: str
     has_params: bool
     positional_wrt: tuple[str, ...]
+    positional_casts: str
+    """``x=grads.x.to(x.dtype), ...``: each positional gradient in its input's dtype, as autograd's engine
+    casts it (under autocast a product's gradient comes out in its lower precision)."""
     positional_and_params: str
     gradients_of: str
     reduction: str
@@ -242,6 +245,7 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         signature=signature,
         has_params=params,
         positional_wrt=positional_wrt,
+        positional_casts=", ".join(f"{name}=grads.{name}.to({name}.dtype)" for name in positional_wrt),
         positional_and_params=", ".join(
             positional_wrt + (("the parameters (``params``: keyed as they are)",) if params else ())
         ),

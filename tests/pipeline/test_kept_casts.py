@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -62,8 +63,8 @@ def test_each_weight_is_cast_once_a_step_under_autocast_with_keep_all(keep, cast
         with counter:
             got = _module(keep).gradients(**inputs)
     assert counter.count == casts
-    for name in ("w1", "w2") if keep == "all" else ():  # in the weight's own dtype, bit for bit as lean's
-        assert getattr(got, name).dtype == torch.float32
+    for name in ("w1", "w2"):  # in the weight's own dtype (as autograd accumulates it), bit for bit as lean's
+        assert getattr(got, name).dtype == inputs[name].dtype == torch.float32, (keep, name)
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
 
 
@@ -120,9 +121,9 @@ def test_a_linear_maps_weight_is_cast_once_a_step_under_autocast_with_keep_all(k
         with counter:
             got = _linear_module(keep).gradients(**inputs)
     assert counter.count == casts
-    for name in ("x", "w1", "b1", "w2", "b2") if keep == "all" else ():  # the dtype, bit for bit as lean's
+    for name in ("x", "w1", "b1", "w2", "b2"):  # each in its input's dtype, as autograd's; bit for bit as lean's
+        assert getattr(got, name).dtype == inputs[name].dtype == torch.float32, (keep, name)
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
-        assert getattr(got, name).dtype == getattr(expected, name).dtype, name
 
 
 def test_outside_autocast_a_linear_maps_kept_weight_is_the_weight_and_the_gradients_autograds():
@@ -135,3 +136,27 @@ def test_outside_autocast_a_linear_maps_kept_weight_is_the_weight_and_the_gradie
     loss = torch.nn.functional.mse_loss(torch.addmm(b2, torch.relu(torch.nn.functional.linear(x, w1, b1)), w2), t)
     for name, reference in zip(("x", "w1", "b1", "w2", "b2"), torch.autograd.grad(loss, [x, w1, b1, w2, b2])):
         assert (getattr(got, name) - reference).abs().max() <= 1e-12 * reference.abs().max(), name
+
+
+def test_under_autocast_each_gradient_comes_in_its_inputs_dtype_with_autograds_values():
+    """A weight's and a bias's gradient leave the products in bfloat16; ``gradients`` casts each to its
+    input's dtype, as autograd's engine does for ``.grad`` (a loss spec and an outputs spec)."""
+    outputs_spec = (
+        LINEAR_MAPS.replace("name: linear_maps", "name: linear_outputs")
+        .replace("loss: {op: mse_loss, target: t}", "outputs: a2")
+        .replace("  t: {shape: [3, 4]}\n", "")
+    )
+    inputs = _linear_inputs()
+    leaves = {name: value.clone().requires_grad_(name != "t") for name, value in inputs.items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a2 = torch.addmm(leaves["b2"], torch.relu(F.linear(leaves["x"], leaves["w1"], leaves["b1"])), leaves["w2"])
+        cotangent = torch.randn(a2.shape, generator=torch.Generator().manual_seed(1)).to(a2.dtype)
+        names = ("x", "w1", "b1", "w2", "b2")
+        expected = dict(zip(names, torch.autograd.grad(a2, [leaves[name] for name in names], cotangent)))
+        source = build_text(outputs_spec, "linear_outputs.yaml").rendered.files["linear_outputs.py"]
+        got = module_from_source(source, "linear_outputs").gradients(
+            **{name: value for name, value in inputs.items() if name != "t"}, grad_outputs=(cotangent,)
+        )
+    for name in names:
+        assert getattr(got, name).dtype == expected[name].dtype == torch.float32, name
+        assert torch.equal(getattr(got, name), expected[name]), name
