@@ -54,3 +54,17 @@ def test_lean_is_judged_in_its_faster_layout_against_autograds_best_and_torch_co
     assert verdicts["vit", "float32", "all"][-1] == "missed"  # 90 / 95 = 0.95x memory
     # the compiled model's row has a peak and no time
     assert "| resnet50 | 4 × 112² | float32 | default | autograd, torch.compile |  |  | 60.0 | 0.60× |  |" in text
+
+
+def test_each_variants_page_faults_per_step_are_rendered_where_measured():
+    rows = [
+        {**_row("resnet18", "float32", "default", "autograd", 1.0, 100), "page_faults": 0},
+        {**_row("resnet18", "float32", "default", "symgrad.bind, keep all", 1.02, 90), "page_faults": 4576},
+        _row("resnet18", "float32", "default", "symgrad.bind, keep lean", 1.01, 80),  # a run saved before
+    ]
+    saved = {"machine": "a test", "date": "today", "command": "python -m benchmarks.keep_policy", "repeats": 1}
+    text = render({**saved, "run": 3, "rows": rows})
+    assert "each variant's steps 3 in a row, the first left out" in text
+    assert "| resnet18 | 4 × 112² | float32 | default | autograd | 1000.0 | 1.00× | 100.0 | 1.00× |  | 0 |" in text
+    assert "| symgrad.bind, keep all | 1020.0 | 0.98× | 90.0 | 0.90× | 10.0 | 4576 |" in text
+    assert "| symgrad.bind, keep lean | 1010.0 | 0.99× | 80.0 | 0.80× | 10.0 |  |" in text
