@@ -48,6 +48,8 @@ def verify_binding(bound) -> None:
     small = getattr(generated, "SMALL_INPUTS", None)
     if not small:
         return
+    static = (getattr(generated, "GUARDS", None) or {}).get("sizes") or {}  # traced with static sizes: those alone
+    small = {name: (static.get(name, shape), classes) for name, (shape, classes) in small.items()}
     tensors = [*model.parameters(), *model.buffers()]
     if any(tensor.device.type not in ("cpu", "cuda") for tensor in tensors):
         return

@@ -272,8 +272,9 @@ primitive(
 
 
 def _length(value, context: ParamContext):
-    """narrow's length: an int, or one size read at run time (``{like: idx, dims: [1]}``: ``idx.shape[1]``,
-    the positions ``torch.arange(idx.shape[1])`` reads from a position embedding's table)."""
+    """narrow's start or length: an int, or one size read at run time (``{like: idx, dims: [1]}``:
+    ``idx.shape[1]``, the positions ``torch.arange(idx.shape[1])`` reads from a position embedding's table;
+    ``{like: h, size: 'shape[1] - 1'}``: the last token of ``h[:, -1]``, the start of ``h[:, -3:]``)."""
     if isinstance(value, Like):
         if value.dims is None and value.size is None:
             raise context.fail(
@@ -293,7 +294,7 @@ class Narrow(Rule):
     linear_in = ("input",)
     params = {
         "dim": Param(None, lambda v, c: ints(v, c)[0]),
-        "start": Param(None, lambda v, c: ints(v, c)[0]),
+        "start": Param(None, _length),
         "length": Param(None, _length),
     }
     summary = "the entries start..start+length-1 along dim"
@@ -301,7 +302,10 @@ class Narrow(Rule):
     def infer_shape(self, shapes, params, check: Checker):
         shape = list(shapes["input"])
         dim = params["dim"] % len(shape)
-        check.require(params["start"] >= 0, "start must be >= 0", "give a non-negative start")
+        if isinstance(params["start"], int):
+            check.require(params["start"] >= 0, "start must be >= 0", "give a non-negative start")
+        else:  # read at run time: a size, checked as one
+            check.positive(params["start"] + 1, "start must be >= 0", "give a non-negative start")
         check.positive(params["length"], "length must be >= 1", "give a positive length")
         check.positive(
             shape[dim] - params["start"] - params["length"] + 1,

@@ -50,9 +50,9 @@ from .dataflow import plain_name
 from .errors import Refusal, TraceError
 from .losses import LOSS_NAMES, LossChoice
 from .recorder import user_line, user_line_of_traceback
-from .rerun import other_sizes, shapes_text, size_dependence
+from .rerun import dim_one_pins, other_sizes, shapes_text, size_dependence
 from .run_once import defined_at, first_line, run_once, visible_globals
-from .size_checks import drop_fixed
+from .size_checks import drop_fixed, pin_dim_one
 from .static_sizes import guard_sizes, refused_elsewhere, second_runs, shapes_words, static_branches, with_static_fix
 
 
@@ -298,6 +298,17 @@ def _traced_text(
     )
     if problems:
         raise TraceError("\n".join(with_static_fix(problems)))
+    dim_one: list[dict] = []  # the run at another dim 1 alone, where the model ran there
+    pins = (
+        {}
+        if static_sizes
+        else dim_one_pins(
+            lambda changed: _kept(dim_one, run_once(function, module, changed, arguments, dtypes, loss, quiet=True)),
+            {key: tuple(shapes[key]) for key in tensor_names},
+            spec,
+            calls,
+        )
+    )
     at_full_precision(
         spec,
         module,
@@ -316,7 +327,8 @@ def _traced_text(
     merge_checks(spec, again)
     if static_sizes:  # each branch on a size holds at the traced sizes, which the guards below keep
         again.append(static_branches(spec, dtypes, tensor_names))
-    calls[:] = [calls[index] for index in drop_fixed(spec, again[-1] if again else None)]
+    calls[:] = [calls[index] for index in drop_fixed(spec, again[-1] if again else None, *dim_one)]
+    pin_dim_one(spec, calls, pins)
     guarded = (
         guard_sizes(
             spec,

@@ -22,54 +22,114 @@ def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dic
         except Exception:  # the model does not run at these sizes: try fewer changes
             continue
         described = shapes_text(changed)
-        problems = []
-        # the checks of branches on sizes aside: `A or B` compares B only where A is false (trace.size_checks)
-        ours = [(layer, call) for layer, call in zip(spec["layers"], calls) if layer["op"] != "size_check"]
-        theirs = [layer for layer in other["layers"] if layer["op"] != "size_check"]
-        ops, other_ops = [layer["op"] for layer, _ in ours], [layer["op"] for layer in theirs]
-        if ops != other_ops:
-            first = next(
-                (index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]),
-                min(len(ops), len(other_ops)),
-            )
-            where = ours[min(first, len(ours) - 1)][1].where if ours else "<traced code>"
+        ours, theirs = _compared_layers(spec, calls, other)
+        first = _first_other_op(ours, theirs)
+        if first is not None:
             return [
-                f"{where}: error: the code runs different ops from here on at {described} than at the given "
+                f"{first}: error: the code runs different ops from here on at {described} than at the given "
                 "shapes, so no single spec describes it (fix: trace a model whose ops do not depend on the "
                 "input's size)"
             ]
-        for (layer, call), again in zip(ours, theirs):
-            for key, value in layer.items():
-                if key in ("in", "out", "op") or key.startswith("_") or again.get(key) == value:
-                    continue
-                fixed = _fixed_sizes(value, again.get(key), call) if key in ("shape", "size") else None
-                if fixed is not None:  # a size that only happened to equal one the code read: the number
-                    layer[key] = fixed
-                    continue
-                problems.append(
-                    Problem(
-                        call.where,
-                        call.module,
-                        layer["op"],
-                        f"argument {key}={_shown(value)} becomes "
-                        f"{_shown(again.get(key))} at {described}: it is computed from the input's size, "
-                        "which a spec cannot express",
-                        FIXES.get(layer["op"])
-                        or "use sizes that do not depend on the input (a fixed pad, scale_factor "
-                        "instead of size, flatten instead of view(N, ...)), or read them from the "
-                        "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
-                        "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
-                        "from skip.size() and h.size()",
-                    )
+        problems = []
+        for layer, call, key, value, again in _changed_arguments(ours, theirs):
+            fixed = _fixed_sizes(value, again, call) if key in ("shape", "size") else None
+            if fixed is not None:  # a size that only happened to equal one the code read: the number
+                layer[key] = fixed
+                continue
+            problems.append(
+                Problem(
+                    call.where,
+                    call.module,
+                    layer["op"],
+                    f"argument {key}={_shown(value)} becomes "
+                    f"{_shown(again)} at {described}: it is computed from the input's size, "
+                    "which a spec cannot express",
+                    FIXES.get(layer["op"])
+                    or "use sizes that do not depend on the input (a fixed pad, scale_factor "
+                    "instead of size, flatten instead of view(N, ...)), or read them from the "
+                    "tensor to match: F.interpolate(h, size=skip.shape[-2:]), U-Net's "
+                    "F.pad(h, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2]) with dx, dy "
+                    "from skip.size() and h.size()",
                 )
+            )
         problems = report(problems)  # one line per source line, however many modules share it
-        if other.get("loss") != spec.get("loss") or other.get("outputs") != spec.get("outputs"):
+        if _other_result(spec, other):
             problems.append(
                 f"{calls[-1].where if calls else '<traced code>'}: error: the loss changes at {described} "
                 "(fix: reduce over every dim but the first, or over all)"
             )
         return problems
     return []
+
+
+def _compared_layers(spec: dict, calls: list, other: dict) -> tuple[list, list]:
+    """The layers of both runs that must match, ours with their calls: the checks of branches on sizes aside
+    (`A or B` compares B only where A is false: trace.size_checks)."""
+    ours = [(layer, call) for layer, call in zip(spec["layers"], calls) if layer["op"] != "size_check"]
+    theirs = [layer for layer in other["layers"] if layer["op"] != "size_check"]
+    return ours, theirs
+
+
+def _first_other_op(ours: list, theirs: list) -> str | None:
+    """Where the other run's ops first differ from ours (file:line), None where they are the same."""
+    ops, other_ops = [layer["op"] for layer, _ in ours], [layer["op"] for layer in theirs]
+    if ops == other_ops:
+        return None
+    first = next(
+        (index for index, pair in enumerate(zip(ops, other_ops)) if pair[0] != pair[1]), min(len(ops), len(other_ops))
+    )
+    return ours[min(first, len(ours) - 1)][1].where if ours else "<traced code>"
+
+
+def _changed_arguments(ours: list, theirs: list):
+    """``(layer, call, key, ours, theirs)`` for each layer argument the other run gives otherwise."""
+    for (layer, call), again in zip(ours, theirs):
+        for key, value in layer.items():
+            if key in ("in", "out", "op") or key.startswith("_") or again.get(key) == value:
+                continue
+            yield layer, call, key, value, again.get(key)
+
+
+def _other_result(spec: dict, other: dict) -> bool:
+    return other.get("loss") != spec.get("loss") or other.get("outputs") != spec.get("outputs")
+
+
+def dim_one_pins(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, calls: list) -> dict[str, tuple]:
+    """The inputs whose dim 1 the spec must hold at its traced size: :func:`other_sizes` never changes dim 1
+    (a channel count there refuses many valid models), so a number computed from it (a sequence's length in
+    [N, T, C]: ``torch.arange(x.shape[1])``, ``h.view(n, t * c)`` with numbers, a branch on it) would be frozen
+    without a word. One more run changes dim 1 alone of each input of 3 or more dims (x2, else + 1); where the
+    model runs there and the spec differs (an argument, the ops, the result), ``{input: (dim 1's traced size,
+    file:line of the first call that differs, what differs)}`` (``size_checks.pin_dim_one`` checks it at run
+    time); else nothing (a channel count: the model does not run there)."""
+    grown = [key for key, shape in shapes.items() if len(shape) >= 3]
+    for factor, added in ((2, 0), (1, 1)):
+        changed = {
+            key: (shape[0], shape[1] * factor + added, *shape[2:]) if key in grown else shape
+            for key, shape in shapes.items()
+        }
+        if changed == shapes:
+            return {}
+        try:
+            other, _ = run(changed)
+        except Refusal:  # a value read or the timeout: no other size helps
+            raise
+        except Exception:  # the model does not run there (a channel count), or at 2x alone
+            continue
+        ours, theirs = _compared_layers(spec, calls, other)
+        where, what = _first_other_op(ours, theirs), "the choice of ops"
+        if where is None:
+            found = next(_changed_arguments(ours, theirs), None)
+            if found is not None:
+                layer, call, key, _, _ = found
+                where, what = call.where, f"the argument {key} of {layer['op']}"
+            elif _other_result(spec, other):
+                where, what = calls[-1].where if calls else "<traced code>", "the result"
+        if where is None:
+            return {}
+        checked = [key for key in grown if key in spec["inputs"] and spec["inputs"][key].get("dtype") != "int64"]
+        return {key: (shapes[key][1], where, what) for key in checked}  # an int64 input has no size_check
+    return {}
 
 
 CONSTANT_FIX = (
@@ -81,8 +141,9 @@ CONSTANT_FIX = (
 
 FIXES = {
     "constant": CONSTANT_FIX,
-    "narrow": "crop fixed margins with a negative pad, which takes any size: F.pad(h, [0, 0, -1, -1]) for "
-    "h[..., 1:-1, :] (left, right, top, bottom)",
+    "narrow": "count from the end, which reads the size at run time: h[..., 1:-1, :] for h.narrow(2, 1, "
+    "h.shape[2] - 2), h[:, -3:]; or crop fixed margins with a negative pad, which takes any size: "
+    "F.pad(h, [0, 0, -1, -1]) (left, right, top, bottom)",
 }
 """The fix for an argument that follows the input's size, by op, where the general one does not work."""
 

@@ -11,10 +11,12 @@ them unchanged at other input sizes. A comparison of the sizes of two nodes, whi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import sympy
 
+from ..spec_values import check_identifier
 from .sizes import Dim, TracedSize, spec_size
 
 if TYPE_CHECKING:
@@ -121,24 +123,30 @@ def _text(relation: str, left: sympy.Expr, right: sympy.Expr) -> str:
     return f"{shown(left)} {SYMBOLS[relation]} {shown(right)}"
 
 
-def drop_fixed(spec: dict, other: dict | None) -> list[int]:
-    """Remove the checks whose sides came out the same at the second run's sizes (``other``'s layers): a
-    comparison of sizes that do not follow the input's (a channel count, a fixed window) needs none; every
-    later read of a removed check's output reads its input again. Without a second run every check stays."""
+def drop_fixed(spec: dict, other: dict | None, *more: dict) -> list[int]:
+    """Remove the checks whose sides came out the same at the second run's sizes (``other``'s layers) and at
+    ``more`` runs' (the run at another dim 1, ``rerun.dim_one_pins``): a comparison of sizes that do not
+    follow the input's (a channel count, a fixed window) needs none; every later read of a removed check's
+    output reads its input again. Without a second run every check stays."""
     layers = spec["layers"]
-    again: dict[tuple, list] = {}  # the other run's checks by line and comparison, in order
-    for layer in other["layers"] if other else ():
-        if layer["op"] == "size_check":
-            key, values = layer.get(VALUES, ("", None))
-            again.setdefault((layer["line"], key), []).append(values)
+    runs: list[dict[tuple, list]] = []  # each other run's checks by line and comparison, in order
+    for run in (other, *more) if other else ():
+        again: dict[tuple, list] = {}
+        for layer in run["layers"]:
+            if layer["op"] == "size_check":
+                key, values = layer.get(VALUES, ("", None))
+                again.setdefault((layer["line"], key), []).append(values)
+        runs.append(again)
     renamed: dict[str, str] = {}
     kept, indices = [], []
     for index, layer in enumerate(layers):
         layer = renamed_nodes(layer, renamed)
         if layer["op"] == "size_check":
             key, values = layer.pop(VALUES, ("", None))
-            twins = again.get((layer["line"], key))
-            if twins and twins.pop(0) == values:
+            same = [
+                bool(twins) and twins.pop(0) == values for twins in (again.get((layer["line"], key)) for again in runs)
+            ]
+            if same and all(same):
                 renamed[layer["out"]] = layer["in"]
                 continue
         kept.append(layer)
@@ -160,3 +168,71 @@ def renamed_nodes(value: Any, renamed: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {key: (item if key in ("op", "out") else renamed_nodes(item, renamed)) for key, item in value.items()}
     return value
+
+
+def checked_first(spec: dict, calls: list, checks: list[tuple[str, int, int, str, str, str]]) -> None:
+    """Put a ``size_check`` of ``INPUT.shape[dim] == size`` for each ``(input, dim, size, line, text, where)``
+    first in ``spec``'s layers, in that order (and a call for each in ``calls``, at ``where``, in no module);
+    every later read of the input reads it through its checks."""
+    taken = {layer.get("out") for layer in spec["layers"]} | set(spec["inputs"])
+    layers, made, renamed = [], [], {}
+    for key, dim, size, line, text, where in checks:
+        current = renamed.get(key, key)
+        out = _free(_check_name(key, dim), taken)
+        layers.append(
+            {
+                "op": "size_check",
+                "in": current,
+                "left": {"like": current, "dims": [dim]},
+                "right": int(size),
+                "relation": "eq",
+                "holds": True,
+                "line": line,
+                "text": text,
+                "out": out,
+            }
+        )
+        made.append(where)
+        renamed[key] = out
+    spec["layers"] = layers + [renamed_nodes(layer, renamed) for layer in spec["layers"]]
+    for key in ("loss", "outputs"):
+        if spec.get(key) is not None:
+            spec[key] = renamed_nodes(spec[key], renamed)
+    if calls:
+        first = calls[0]
+        calls[:0] = [
+            dataclasses.replace(first, name="size_check", module="", leaf=False, where=where) for where in made
+        ]
+
+
+def pin_dim_one(spec: dict, calls: list, pins: dict[str, tuple[int, str, str]]) -> None:
+    """Check dim 1 of each input of ``pins`` (``rerun.dim_one_pins``: ``{input: (traced size, file:line, what
+    follows it)}``) at its traced size: a number the spec holds follows it, which no form of the spec writes, so
+    the generated code and ``symgrad.bind`` refuse another size of that dim in one line, not compute otherwise
+    than the model."""
+    checks = []
+    for key, (size, where, what) in pins.items():
+        line = where.rsplit("/", 1)[-1]
+        text = (
+            f"{key}.shape[1] == {size} ({what} there follows it, held as traced; at other sizes trace again at "
+            "the size you run, or with --static-sizes)"
+        )
+        checks.append((key, 1, size, line, text, where))
+    checked_first(spec, calls, checks)
+
+
+def _check_name(key: str, dim: int) -> str:
+    """The name of the check of ``key``'s size ``dim``: ``x_size0``, or ``size0_of_mask`` where the first is
+    not allowed in generated code (an input ``mask`` or ``grad_x``: ``mask_`` and ``grad_`` are reserved)."""
+    return next(
+        (name for name in (f"{key}_size{dim}", f"size{dim}_of_{key}") if check_identifier(name) is None),
+        f"size{dim}_checked",
+    )
+
+
+def _free(name: str, taken: set) -> str:
+    found, number = name, 2
+    while found in taken:
+        found, number = f"{name}_{number}", number + 1
+    taken.add(found)
+    return found

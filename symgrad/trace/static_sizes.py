@@ -15,11 +15,8 @@ refusal's own fix (which may need editing the model's code)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from ..spec_values import check_identifier
 from .errors import Refusal, TraceError
-from .size_checks import renamed_nodes
+from .size_checks import checked_first
 
 OPTION = "static_sizes=True"
 CLI_OPTION = "--static-sizes"
@@ -101,53 +98,21 @@ def guard_sizes(
     guarded sizes, by input, for the guards (:func:`symgrad.bound_model`'s check at each call): an int64
     input's (token ids) too, which no layer reads as a tensor to check, guarded at bind alone."""
     guarded = {key: list(shape) for key, shape in shapes.items() if key in spec["inputs"]}
-    taken = {layer.get("out") for layer in spec["layers"]} | set(spec["inputs"])
-    checks, renamed = [], {}
-    for key, shape in guarded.items():
-        if dtypes.get(key) == "int64":
-            continue
-        current = key
-        for dim, size in enumerate(shape):
-            out = _free(_check_name(key, dim), taken)
-            checks.append(
-                {
-                    "op": "size_check",
-                    "in": current,
-                    "left": {"like": current, "dims": [dim]},
-                    "right": int(size),
-                    "relation": "eq",
-                    "holds": True,
-                    "line": where,
-                    "text": f"{key}.shape[{dim}] == {size} ({OPTION}; at other sizes trace again with {CLI_OPTION})",
-                    "out": out,
-                }
+    checked_first(
+        spec,
+        calls,
+        [
+            (
+                key,
+                dim,
+                size,
+                where,
+                f"{key}.shape[{dim}] == {size} ({OPTION}; at other sizes trace again with {CLI_OPTION})",
+                where,
             )
-            current = out
-        renamed[key] = current
-    layers = [renamed_nodes(layer, renamed) for layer in spec["layers"]]
-    spec["layers"] = checks + layers
-    for key in ("loss", "outputs"):
-        if spec.get(key) is not None:
-            spec[key] = renamed_nodes(spec[key], renamed)
-    if calls:
-        first = calls[0]
-        made = dataclasses.replace(first, name="size_check", module="", leaf=False, where=where)
-        calls[:0] = [made] * len(checks)
-    return guarded
-
-
-def _check_name(key: str, dim: int) -> str:
-    """The name of the check of ``key``'s size ``dim``: ``x_size0``, or ``size0_of_mask`` where the first is
-    not allowed in generated code (an input ``mask`` or ``grad_x``: ``mask_`` and ``grad_`` are reserved)."""
-    return next(
-        (name for name in (f"{key}_size{dim}", f"size{dim}_of_{key}") if check_identifier(name) is None),
-        f"size{dim}_checked",
+            for key, shape in guarded.items()
+            if dtypes.get(key) != "int64"
+            for dim, size in enumerate(shape)
+        ],
     )
-
-
-def _free(name: str, taken: set) -> str:
-    found, number = name, 2
-    while found in taken:
-        found, number = f"{name}_{number}", number + 1
-    taken.add(found)
-    return found
+    return guarded

@@ -9,6 +9,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+import sympy
 import torch
 
 from . import casts, op_hooks, sizes
@@ -38,6 +39,17 @@ def getitem(builder: Builder, call: Call) -> None:
     """``x[:, idx]`` with an int64 input (``indexing.py``), else ``x[:, 1:3, None]`` (``basic_index``)."""
     if not index_with_tensor(builder, call):
         basic_index(builder, call)
+
+
+@handles("select")
+def select(builder: Builder, call: Call) -> None:
+    """``x.select(1, -1)``, ``torch.select(x, 1, i)``: ``x[:, -1]``."""
+    bound = dict(zip(("input", "dim", "index"), call.arguments)) | call.keywords
+    source, dim, index = bound.get("input"), bound.get("dim"), bound.get("index")
+    if not isinstance(source, torch.Tensor) or not is_int(dim) or not is_int(index) or source.dim() == 0:
+        return builder.unknown(call)
+    items = (slice(None),) * (dim % source.dim()) + (index,)
+    basic_index(builder, dataclasses.replace(call, arguments=(source, items), keywords={}))
 
 
 @handles("index_select")
@@ -162,9 +174,11 @@ def basic_index(builder: Builder, call: Call) -> None:
             out += 1
         if step != 1:
             current = strided_slice(builder, call, current, dim, start, stop, step)
-        elif isinstance(item, slice) and item.stop is None and (item.start or 0) > 0 and start < size:
-            current = _narrowed_to_end(builder, call, current, dim, start)
-        elif (start, stop) != (0, size) or is_int(item):
+        elif (start, stop) == (0, size) and not is_int(item):
+            pass  # the whole dim
+        elif stop > start and (read := _read_at_run_time(builder, current, dim, item)) is not None:
+            current = _narrowed_at_run_time(builder, call, current, dim, read, start, stop - start)
+        else:
             current = builder.part(call, "narrow", current, dim, start, max(stop - start, 0))
         dim += 1
     for dim in reversed(squeezed):
@@ -174,26 +188,94 @@ def basic_index(builder: Builder, call: Call) -> None:
     builder.alias(call, current)
 
 
-def _narrowed_to_end(builder: Builder, call: Call, current: torch.Tensor, dim: int, start: int) -> torch.Tensor:
-    """``h[:, 1:]``: the entries from ``start`` to the end, its length read at run time (``{like: h, size:
-    'shape[1] - 1'}``): a number would hold the traced size, along a dim the second run may not change (a
-    sequence's length, dim 1 of [N, T, C])."""
+def _read_at_run_time(builder: Builder, current: torch.Tensor, dim: int, item: Any) -> tuple[Any, Any] | None:
+    """The spec's start and length of ``current[..., item]`` along ``dim`` where either depends on a size: a
+    negative index or bound counts from the dim's end (``h[:, -1]`` starts at ``{like: h, size: 'shape[1] -
+    1'}``, ``h[:, -3:]`` too with length 3, ``h[:, :-1]`` and ``h[:, 1:]`` have length ``shape[1] - 1``), an
+    index computed from a size (``h[:, h.shape[1] // 2]``) reads it again: the same at any size, in any dim,
+    where a number would hold the traced size along a dim the second run may not change (a sequence's length,
+    dim 1 of [N, T, C]). None where both are numbers, or where no form holds them (a bound that Python clamped
+    to the dim, sizes of several nodes): the numbers then, which the second runs compare."""
     name = builder.node(current)
     if not isinstance(name, str):
-        return builder.part(call, "narrow", current, dim, start, current.shape[dim] - start)  # refused with it
-    narrowed = current.narrow(dim, start, current.shape[dim] - start)
-    made = Call(
-        "narrow",
-        torch.narrow,
-        (current, dim, start, narrowed.shape[dim]),
-        {},
-        narrowed,
-        call.where,
-        call.module,
-        call.leaf,
-    )
-    length = {"like": name, "size": f"shape[{dim}] - {start}"}
-    builder.emit("narrow", {"op": "narrow", "in": name, "dim": dim, "start": start, "length": length}, made)
+        return None
+    if is_int(item):
+        start, length = _position(builder, current, name, dim, item), (None, sympy.Integer(1))
+    else:
+        start = _position(builder, current, name, dim, item.start)
+        stop = _position(builder, current, name, dim, item.stop, end=True)
+        nodes = {start[0], stop[0]} - {None} if start is not None and stop is not None else {"", None}
+        length = (next(iter(nodes), None), stop[1] - start[1]) if len(nodes) <= 1 else None
+    if start is None or length is None or (start[1].is_Integer and length[1].is_Integer):
+        return None
+    written = (_written(*start), _written(*length))
+    return None if None in written else written
+
+
+OWN = -1
+"""The :class:`sizes.Dim` index of a position's node: ``Dim(OWN, 1)`` is that node's ``shape[1]``."""
+
+
+def _position(
+    builder: Builder, current: torch.Tensor, name: str, dim: int, value: Any, end: bool = False
+) -> tuple[str | None, sympy.Expr] | None:
+    """An index or slice bound along ``dim`` of node ``name`` (``current``; None: the dim's start, or its end
+    with ``end``) as (the node whose sizes it reads, None for a number; its value in that node's sizes,
+    ``Dim(OWN, dim)``); None where the traced value lies outside the dim (Python clamped it: the number stays)
+    or reads the sizes of several nodes."""
+    size = current.shape[dim]
+    if value is None:
+        return (name, sizes.Dim(OWN, dim)) if end else (None, sympy.Integer(0))
+    if not -size <= value <= size:
+        return None
+    node, expr = None, sympy.Integer(int(value))
+    if sizes.has_dims(value):  # h.shape[1] // 2, read from h or from another node
+        read = {
+            symbol: builder.node(builder.size_tensors[symbol.index])
+            if symbol.index < len(builder.size_tensors)
+            else None
+            for symbol in value.expr.free_symbols
+        }
+        if len(set(read.values())) != 1 or not isinstance(next(iter(read.values())), str):
+            return None
+        node = next(iter(read.values()))
+        expr = value.expr.xreplace({symbol: sizes.Dim(OWN, symbol.dim) for symbol in read})
+    if value < 0:  # counted from the dim's end
+        if node not in (None, name):
+            return None
+        node, expr = name, sizes.Dim(OWN, dim) + expr
+    return node, expr
+
+
+def _written(node: str | None, expr: sympy.Expr) -> Any:
+    """``expr`` as the spec writes it: an int, or ``{like: node, size: 'shape[1] - 3'}`` (the constant last);
+    None where the spec's size language cannot hold it."""
+    if expr.is_Integer:
+        return int(expr)
+    constant, rest = expr.as_coeff_Add()
+    text = sizes._text(rest)
+    if text is None or node is None:
+        return None
+    text += f" - {-constant}" if constant < 0 else f" + {constant}" if constant > 0 else ""
+    try:  # written only where the spec reads it back to the same value
+        from ..spec_values import size_expression
+
+        if sympy.simplify(size_expression(text, lambda at: sizes.Dim(OWN, at)) - expr) != 0:
+            return None
+    except ValueError:
+        return None
+    return {"like": node, "size": text}
+
+
+def _narrowed_at_run_time(
+    builder: Builder, call: Call, current: torch.Tensor, dim: int, written: tuple[Any, Any], start: int, length: int
+) -> torch.Tensor:
+    """One ``narrow`` layer whose start or length (``written``) is read at run time, traced as ``start``,
+    ``length``."""
+    narrowed = current.narrow(dim, start, length)
+    made = Call("narrow", torch.narrow, (current, dim, start, length), {}, narrowed, call.where, call.module, call.leaf)
+    layer = {"op": "narrow", "in": builder.node(current), "dim": dim, "start": written[0], "length": written[1]}
+    builder.emit("narrow", layer, made)
     return narrowed
 
 

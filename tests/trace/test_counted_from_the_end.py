@@ -1,0 +1,97 @@
+"""A negative index or slice bound counts from the end of its dim at any size: ``h[:, -1]`` (the last token)
+starts at ``{like: h, size: 'shape[1] - 1'}``, ``h[:, -3:]`` too with length 3, ``h[:, :-1]`` has length
+``shape[1] - 1``, an index computed from a size (``h[:, h.shape[1] // 2]``) is read again, and ``h.select(1, -2)``
+is ``h[:, -2]``. The second run never changes dim 1 (a sequence's length in [N, T, C]), so before, each was the
+traced number: traced at T = 6, the generated module took token 5 at T = 9, silently. Here: traced at T = 6,
+bound (``symgrad.bind``) and generated, run at T = 9 and another batch, the outputs equal the model's and the
+float64 gradients autograd's through the original module (each test fails before)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+import torch
+
+import symgrad
+from symgrad.check import module_from_source
+from symgrad.pipeline import build_text
+from symgrad.trace import load_target, trace
+from tests.helpers import parameter_gradients
+
+SOURCE = """
+import torch
+import torch.nn as nn
+
+
+class Ends(nn.Module):  # [N, T, C]: the last token, the last three, all but the last, the middle one
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        last, tail, head = h[:, -1], h[:, -3:], h[:, :-1]
+        middle = h[:, h.shape[1] // 2]
+        return last * 2 + tail.sum(1) + head.mean(1) * middle + h[:, -4:-2, 1:].sum((1, 2))[:, None] + h.select(1, -2)
+"""
+
+
+def load(folder):
+    for name in [name for name in sys.modules if "ends_model" in name]:
+        sys.modules.pop(name)
+    torch.manual_seed(0)
+    return load_target(f"{folder / 'ends_model.py'}:Ends").double()
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """The model's folder, its spec (traced at [2, 6, 4]) and generated module written there."""
+    folder = tmp_path_factory.mktemp("ends")
+    (folder / "ends_model.py").write_text(SOURCE)
+    text = trace(load(folder), {"x": (2, 6, 4)}, "parameters", "ends")
+    for name, content in build_text(text, "ends.yaml", documents=False).rendered.files.items():
+        (folder / name).write_text(content)
+    return folder, text
+
+
+X = torch.randn(3, 9, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))  # another batch and T
+
+
+def test_the_spec_counts_from_the_end(traced):
+    _, text = traced
+    for written in (
+        "start: {like: fc, size: 'shape[1] - 1'}, length: 1",
+        "start: {like: fc, size: 'shape[1] - 3'}, length: 3",
+        "start: 0, length: {like: fc, size: 'shape[1] - 1'}",
+        "start: {like: fc, size: 'shape[1] // 2'}, length: 1",
+        "start: {like: fc, size: 'shape[1] - 4'}, length: 2",
+        "start: {like: fc, size: 'shape[1] - 2'}, length: 1",
+    ):
+        assert written in text, (written, text)
+
+
+def test_the_generated_module_follows_the_length_at_run_time(traced):
+    folder, _ = traced
+    model = load(folder)
+    module = module_from_source((folder / "ends.py").read_text(), "ends_generated")
+    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    (out,) = module.forward(X, params)
+    assert out.shape == model(X).shape and torch.equal(out, model(X))
+    for key, got, reference in parameter_gradients(model, module, X):
+        assert (got - reference).abs().max() <= 1e-12 * reference.abs().max(), key
+
+
+def test_the_bound_model_follows_the_length_at_run_time(traced):
+    folder, _ = traced
+    model = load(folder)
+    reference = copy.deepcopy(model)
+    bound = symgrad.bind(folder / "ends.py", model)
+    grad = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    out, expected = bound(X), reference(X)
+    assert out.shape == expected.shape and (out - expected).abs().max() <= 1e-12
+    out.backward(grad)
+    wanted = torch.autograd.grad(expected, list(reference.parameters()), grad)
+    for (key, parameter), theirs in zip(model.named_parameters(), wanted):
+        assert (parameter.grad - theirs).abs().max() <= 1e-12 * theirs.abs().max(), key
