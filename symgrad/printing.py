@@ -360,12 +360,19 @@ def hanging(names: list[str], head: str, tail: str, indent: int = 4, plain: str 
     if indent + len(one) <= width:
         return one
     pad = indent + len(head)
+    items = [name + (tail if index == len(names) - 1 else ",") for index, name in enumerate(names)]
     lines = [head]
-    for index, name in enumerate(names):
-        item = name + (tail if index == len(names) - 1 else ",")
+    if head.endswith(("(", "[", "{")) and pad + max(map(len, items), default=0) > width:
+        # a long head (``return output_of_a_long_name, [``): the names from the next line, 4 columns in
+        pad = indent + 4
+        lines.append(" " * pad)
+    for item in items:
         # a first line starts at column ``indent``, the others carry their own ``pad`` of spaces
-        if lines[-1] == head or (0 if len(lines) > 1 else indent) + len(lines[-1]) + 1 + len(item) <= width:
-            lines[-1] += ("" if lines[-1] == head else " ") + item
+        if (
+            lines[-1] in (head, " " * pad)
+            or (0 if len(lines) > 1 else indent) + len(lines[-1]) + 1 + len(item) <= width
+        ):
+            lines[-1] += ("" if lines[-1] in (head, " " * pad) else " ") + item
         else:
             lines.append(" " * pad + item)
     return "\n".join(lines)

@@ -132,7 +132,11 @@ def group_blocks(
     chosen, covered = [], set()
     for candidate in candidates:  # outermost first: a repeated module's own repeated parts stay inside it
         span = set(candidate["indices"])
-        if counts[candidate["key"]] >= 2 and not span & covered:
+        if (
+            counts[candidate["key"]] >= 2
+            and not span & covered
+            and not _made_of_shared_blocks(candidate, candidates, counts)
+        ):
             chosen.append(candidate)
             covered |= span
     chosen = [candidate for candidate in chosen if sum(other["key"] == candidate["key"] for other in chosen) >= 2]
@@ -211,6 +215,34 @@ def group_blocks(
         return {**spec, "blocks": blocks, "layers": new_layers, "outputs": outputs}, relaxed
     loss = {key: value if key == "op" else _renamed(value, renamed) for key, value in spec["loss"].items()}
     return {**spec, "blocks": blocks, "layers": new_layers, "loss": loss}, relaxed
+
+
+def _made_of_shared_blocks(outer: dict, candidates: list[dict], counts: dict) -> bool:
+    """Whether ``outer``'s class is better written as the blocks inside it: timm's ConvNeXt stages 1 and 3
+    (a downsample, then three ``ConvNeXtBlock``s) are one class twice, but stages 0 and 2 run the same
+    blocks (12 more): one block function for all 18 and the downsamples, not a stage function writing three
+    blocks out again beside it (1,280 -> 774 lines of module). Counted in layers written: ``outer``'s
+    function and a call per instance, against, per instance, a call per inner block and the rest of its
+    layers inline, plus the body of each inner block not written anyway (one with fewer than two instances
+    outside ``outer``'s). True where the second is less than half the first (ConvNeXt's: 10 against 48):
+    a block is a unit its reader knows, so a repeated class gives way only to a clear saving. An
+    EfficientNet's inverted residual, whose SiLU and squeeze-excite also run in its stem, stays one block
+    (the rest of it would be written seven times), and so do a MobileNetV2's (two ``ConvBNReLU``s and a
+    projection) and a U-Net's ``Up`` (an upsampling, a concatenation, a ``DoubleConv``)."""
+    own = set().union(*(set(other["indices"]) for other in candidates if other["key"] == outer["key"]))
+    outside: dict = {}
+    for other in candidates:
+        if not own & set(other["indices"]):
+            outside[other["key"]] = outside.get(other["key"], 0) + 1
+    span, shared, calls, bodies = set(outer["indices"]), set(), 0, {}
+    for inner in candidates:  # outermost first, as the choice itself
+        inside = set(inner["indices"])
+        if inner["key"] in outside and inside < span and not inside & shared:
+            shared, calls = shared | inside, calls + 1
+            if outside[inner["key"]] < 2:  # written only if ``outer`` is not
+                bodies[inner["key"]] = len(inside)
+    instances = counts[outer["key"]]
+    return 2 * (instances * (len(span - shared) + calls) + sum(bodies.values())) < len(span) + instances
 
 
 def _leaf_classes(module: torch.nn.Module) -> str | None:
