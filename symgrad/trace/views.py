@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 import torch
 
-from . import casts, op_hooks, sizes
+from . import casts, op_hooks, size_checks, sizes
 from .dataflow import call_sizes, is_int, is_number
 from .dispatch import handles
 from .indexing import index_select, index_with_tensor, strided_slice
@@ -177,7 +177,8 @@ def basic_index(builder: Builder, call: Call) -> None:
         elif (start, stop) == (0, size) and not is_int(item):
             pass  # the whole dim
         elif stop > start and (read := _read_at_run_time(builder, current, dim, item)) is not None:
-            current = _narrowed_at_run_time(builder, call, current, dim, read, start, stop - start)
+            checked = _checked_from_the_end(builder, call, current, dim, item if is_int(item) else item.start)
+            current = _narrowed_at_run_time(builder, call, current, checked, dim, read, start, stop - start)
         else:
             current = builder.part(call, "narrow", current, dim, start, max(stop - start, 0))
         dim += 1
@@ -267,14 +268,48 @@ def _written(node: str | None, expr: sympy.Expr) -> Any:
     return {"like": node, "size": text}
 
 
+def _checked_from_the_end(builder: Builder, call: Call, current: torch.Tensor, dim: int, first: Any) -> str:
+    """``h[:, -3:]`` or ``h[:, -3]`` along a dim shorter than 3: Python clamps the slice's start to 0 (the index
+    raises), where ``narrow`` would count the negative start from the end once more and take other entries
+    without a word (``h[:, -5:-4]`` at 4 tokens: the last one, not none). A ``size_check`` of ``shape[dim] >= 3``
+    the narrow reads refuses such a size in one line (dropped where the runs saw the dim fixed, as a branch's).
+    The name the narrow reads: the check's, else the node's."""
+    name = builder.node(current)
+    if first is None or sizes.has_dims(first) or first >= -1:
+        return name  # a start of 0 or shape - 1, or one computed from a size (``-(T // 2)``): in range at any size
+    needed = -int(first)
+    layer = {
+        "op": "size_check",
+        "in": name,
+        "left": {"like": name, "dims": [dim]},
+        "right": needed,
+        "relation": "ge",
+        "holds": True,
+        "line": call.where.rsplit("/", 1)[-1],
+        "text": f"{name}.shape[{dim}] >= {needed} (counted from its end)",
+        size_checks.VALUES: (f"shape[{dim}] >= {needed}", [int(current.shape[dim]), needed]),
+    }
+    builder.layers.append(layer)
+    builder.layer_calls.append(call)
+    layer["out"] = builder.out_name("size_check", call)
+    return layer["out"]
+
+
 def _narrowed_at_run_time(
-    builder: Builder, call: Call, current: torch.Tensor, dim: int, written: tuple[Any, Any], start: int, length: int
+    builder: Builder,
+    call: Call,
+    current: torch.Tensor,
+    name: str,
+    dim: int,
+    written: tuple[Any, Any],
+    start: int,
+    length: int,
 ) -> torch.Tensor:
-    """One ``narrow`` layer whose start or length (``written``) is read at run time, traced as ``start``,
-    ``length``."""
+    """One ``narrow`` layer of ``current`` (read as ``name``) whose start or length (``written``) is read at run
+    time, traced as ``start``, ``length``."""
     narrowed = current.narrow(dim, start, length)
     made = Call("narrow", torch.narrow, (current, dim, start, length), {}, narrowed, call.where, call.module, call.leaf)
-    layer = {"op": "narrow", "in": builder.node(current), "dim": dim, "start": written[0], "length": written[1]}
+    layer = {"op": "narrow", "in": name, "dim": dim, "start": written[0], "length": written[1]}
     builder.emit("narrow", layer, made)
     return narrowed
 

@@ -95,3 +95,45 @@ def test_the_bound_model_follows_the_length_at_run_time(traced):
     wanted = torch.autograd.grad(expected, list(reference.parameters()), grad)
     for (key, parameter), theirs in zip(model.named_parameters(), wanted):
         assert (parameter.grad - theirs).abs().max() <= 1e-12 * theirs.abs().max(), key
+
+
+CLAMPED = """
+import torch
+import torch.nn as nn
+
+
+class Window(nn.Module):  # [N, T, C]: the fifth token from the end (none below 5 tokens), the last three
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h[:, -5:-4].sum(1) + h[:, -3:].sum(1)
+"""
+
+
+def test_a_dim_shorter_than_the_count_from_its_end_is_refused(tmp_path):
+    """Below 5 tokens Python clamps ``h[:, -5:-4]`` to no token, where ``narrow`` would count the negative start
+    from the end once more: at T = 4 the generated module and the bound model took the last token, silently (the
+    output off by 1.4). Now both refuse T < 5 in one line naming the model's line; at T = 9 they still equal
+    the model (fails before: no refusal)."""
+    (tmp_path / "window_model.py").write_text(CLAMPED)
+    for name in [name for name in sys.modules if "window_model" in name]:
+        sys.modules.pop(name)
+    torch.manual_seed(0)
+    model = load_target(f"{tmp_path / 'window_model.py'}:Window").double()
+    text = trace(model, {"x": (2, 6, 4)}, "parameters", "window")
+    for name, content in build_text(text, "window.yaml", documents=False).rendered.files.items():
+        (tmp_path / name).write_text(content)
+    module = module_from_source((tmp_path / "window.py").read_text(), "window_generated")
+    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    bound = symgrad.bind(tmp_path / "window.py", copy.deepcopy(model))
+    (out,) = module.forward(X, params)
+    assert torch.equal(out, model(X)) and torch.equal(bound(X), model(X))
+    short = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for call in (lambda: module.forward(short, params), lambda: bound(short)):
+        with pytest.raises(ValueError) as raised:
+            call()
+        text = str(raised.value)
+        assert "\n" not in text and "window_model.py:13:" in text and "fc.shape[1] >= 5" in text, text
