@@ -230,3 +230,39 @@ def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float
     print(f"{label}: generated test file ran in {seconds:.1f} s")
     assert outcomes.ok, outcomes.report
     return seconds
+
+
+def bound_steps_match_autograd(model, path, batch, loss, *, lr: float = 0.1, seeded: bool = False, steps: int = 3):
+    """``steps`` SGD steps of ``symgrad.bind(path, model)`` against autograd through a copy of ``model``
+    (float64, the batches ``batch(generator)`` gives: ``(inputs by name, target)``, at another batch and size
+    than traced): each step's loss and every parameter's gradient <= 1e-12 apart (relative), then the running
+    statistics alike. ``seeded``: each step's random masks drawn from one seed in both. Returns the bound step."""
+    import copy
+
+    import symgrad
+
+    reference = copy.deepcopy(model)
+    step = symgrad.bind(path, model)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=lr) for net in (model, reference)]
+    generator = torch.Generator().manual_seed(1)
+    for number in range(steps):
+        inputs, target = batch(generator)
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        if seeded:
+            torch.manual_seed(10 + number)
+        bound = step(**inputs, target=target)
+        bound.backward()
+        if seeded:
+            torch.manual_seed(10 + number)
+        expected = loss(reference(*inputs.values()), target)
+        expected.backward()
+        assert abs(float(bound.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
+        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
+            assert error <= 1e-12, (number, name, error)
+        for optimizer in optimizers:
+            optimizer.step()
+    for buffer, theirs in zip(model.buffers(), reference.buffers()):  # running statistics moved alike
+        assert torch.allclose(buffer.double(), theirs.double(), rtol=1e-12, atol=1e-12)
+    return step

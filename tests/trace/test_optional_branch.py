@@ -19,6 +19,7 @@ import symgrad
 from symgrad.generated_module import BindError
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
+from tests.models.compare import bound_steps_match_autograd
 
 
 class Block(nn.Module):
@@ -74,30 +75,13 @@ def _generated(model, tmp_path):
 
 
 def _steps_equal_autograds(model, tmp_path):
-    """Three bound SGD steps of ``model`` (float64, another batch and size than traced) against autograd
-    through a copy of it: loss and gradients <= 1e-12 apart, running statistics alike; the bound step."""
-    reference = copy.deepcopy(model)
-    step = symgrad.bind(tmp_path / "branched.py", model)
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
-    generator = torch.Generator().manual_seed(1)
-    for number in range(3):
+    """Three bound SGD steps of ``model`` (float64, another batch and size than traced) against autograd."""
+
+    def batch(generator):
         x = torch.randn(3, 3, 10, 10, generator=generator, dtype=torch.float64)
-        labels = torch.randint(0, 3, (3,), generator=generator)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        loss = step(x=x, target=labels)
-        loss.backward()
-        expected = F.cross_entropy(reference(x), labels)
-        expected.backward()
-        assert abs(float(loss.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
-        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
-            assert error <= 1e-12, (number, name, error)
-        for optimizer in optimizers:
-            optimizer.step()
-    for buffer, theirs in zip(model.buffers(), reference.buffers()):  # running statistics moved alike
-        assert torch.allclose(buffer.double(), theirs.double(), rtol=1e-12, atol=1e-12)
-    return step
+        return {"x": x}, torch.randint(0, 3, (3,), generator=generator)
+
+    return bound_steps_match_autograd(model, tmp_path / "branched.py", batch, F.cross_entropy)
 
 
 def test_instances_with_and_without_a_downsample_are_one_block_equal_to_autograd(tmp_path):

@@ -9,16 +9,14 @@ mode, another batch and length, three SGD steps, each from one seed)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import symgrad
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
+from tests.models.compare import bound_steps_match_autograd
 
 
 def drop_path(x, rate: float, training: bool):
@@ -80,29 +78,14 @@ def _generated(make, tmp_path):
 
 
 def _steps_match_autograd(model, path):
-    """Three SGD steps of the bound module and of autograd through a copy of the model, each drawing
-    its masks from one seed, at another batch and length than traced."""
-    reference = copy.deepcopy(model)
-    step = symgrad.bind(path, model)
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.5) for net in (model, reference)]
-    generator = torch.Generator().manual_seed(1)
-    for number in range(3):
+    """Three SGD steps of the bound module and of autograd, each drawing its masks from one seed, at another
+    batch and length than traced."""
+
+    def batch(generator):
         x = torch.randn(5, 6, 4, generator=generator, dtype=torch.float64)
-        target = torch.randn(5, 6, 3, generator=generator, dtype=torch.float64)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        torch.manual_seed(10 + number)
-        loss = step(x=x, target=target)
-        loss.backward()
-        torch.manual_seed(10 + number)
-        expected = F.mse_loss(reference(x), target)
-        expected.backward()
-        assert abs(float(loss.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
-        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
-            assert error <= 1e-12, (number, name, error)
-        for optimizer in optimizers:
-            optimizer.step()
+        return {"x": x}, torch.randn(5, 6, 3, generator=generator, dtype=torch.float64)
+
+    bound_steps_match_autograd(model, path, batch, F.mse_loss, lr=0.5, seeded=True)
 
 
 def test_drop_path_rates_are_one_block_with_a_hyper_rate_zero_included(tmp_path):

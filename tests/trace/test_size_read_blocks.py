@@ -11,7 +11,6 @@ the trace and the build of the smallest model with two stages of two blocks and 
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
@@ -19,10 +18,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import symgrad
 from symgrad.errors import SpecError
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
+from tests.models.compare import bound_steps_match_autograd
 
 
 class LayerNorm2d(nn.LayerNorm):
@@ -94,27 +93,13 @@ def _generated(model, channels: int, tmp_path):
 
 
 def _steps_match_autograd(model, path, channels: int):
-    """Three SGD steps of the bound module and of autograd through a copy of the model, at another batch
-    and size than traced."""
-    reference = copy.deepcopy(model)
-    step = symgrad.bind(path, model)
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.5) for net in (model, reference)]
-    generator = torch.Generator().manual_seed(1)
-    for number in range(3):
+    """Three SGD steps of the bound module and of autograd, at another batch and size than traced."""
+
+    def batch(generator):
         x = torch.randn(3, channels, 12, 12, generator=generator, dtype=torch.float64)
-        target = torch.randn(3, 3, generator=generator, dtype=torch.float64)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        loss = step(x=x, target=target)
-        loss.backward()
-        expected = F.mse_loss(reference(x), target)
-        expected.backward()
-        assert abs(float(loss.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
-        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
-            assert error <= 1e-12, (number, name, error)
-        for optimizer in optimizers:
-            optimizer.step()
+        return {"x": x}, torch.randn(3, 3, generator=generator, dtype=torch.float64)
+
+    bound_steps_match_autograd(model, path, batch, F.mse_loss, lr=0.5)
 
 
 def test_stages_of_two_widths_are_one_block_reading_groups_and_normalized_shape_off_sizes(tmp_path):

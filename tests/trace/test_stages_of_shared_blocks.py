@@ -8,16 +8,14 @@ autograd through the original model (float64, train mode, another batch and imag
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
-import symgrad
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
+from tests.models.compare import bound_steps_match_autograd
 
 
 class Block(nn.Module):
@@ -75,25 +73,11 @@ def test_a_stage_made_of_blocks_run_elsewhere_is_written_as_those_blocks(tmp_pat
     assert "def stage_forward" not in source and "def block_forward(" in source
     (tmp_path / "staged.py").write_text(source)
 
-    reference = copy.deepcopy(model)
-    step = symgrad.bind(tmp_path / "staged.py", model)
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (model, reference)]
-    generator = torch.Generator().manual_seed(1)
-    for number in range(3):
+    def batch(generator):
         x = torch.randn(3, 3, 48, 40, generator=generator, dtype=torch.float64)
-        target = torch.randint(3, (3,), generator=generator)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        loss = step(x=x, target=target)
-        loss.backward()
-        expected = F.cross_entropy(reference(x), target)
-        expected.backward()
-        assert abs(float(loss.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
-        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
-            assert error <= 1e-10, (number, name, error)
-        for optimizer in optimizers:
-            optimizer.step()
+        return {"x": x}, torch.randint(3, (3,), generator=generator)
+
+    bound_steps_match_autograd(model, tmp_path / "staged.py", batch, F.cross_entropy)
 
 
 class InvertedResidual(nn.Module):
