@@ -16,6 +16,7 @@ candidate without a twin stays inline.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import torch
 
@@ -218,22 +219,14 @@ def group_blocks(
 
 
 def _made_of_shared_blocks(outer: dict, candidates: list[dict], counts: dict) -> bool:
-    """Whether ``outer``'s class is better written as the blocks inside it: timm's ConvNeXt stages 1 and 3
-    (a downsample, then three ``ConvNeXtBlock``s) are one class twice, but stages 0 and 2 run the same
-    blocks (12 more): one block function for all 18 and the downsamples, not a stage function writing three
-    blocks out again beside it (1,280 -> 774 lines of module). Counted in layers written: ``outer``'s
-    function and a call per instance, against, per instance, a call per inner block and the rest of its
-    layers inline, plus the body of each inner block not written anyway (one with fewer than two instances
-    outside ``outer``'s). True where the second is less than half the first (ConvNeXt's: 10 against 48):
-    a block is a unit its reader knows, so a repeated class gives way only to a clear saving. An
-    EfficientNet's inverted residual, whose SiLU and squeeze-excite also run in its stem, stays one block
-    (the rest of it would be written seven times), and so do a MobileNetV2's (two ``ConvBNReLU``s and a
-    projection) and a U-Net's ``Up`` (an upsampling, a concatenation, a ``DoubleConv``)."""
+    """Whether ``outer``'s class is better written as the blocks inside it (timm's ConvNeXt: stages 1 and 3 are
+    a downsample and three ``ConvNeXtBlock``s, and stages 0 and 2 run the same blocks: one block function for
+    all 18; 1,280 -> 761 lines). In layers written: ``outer``'s function and calls, against a call per inner
+    block and the rest inline per instance, plus each inner block's body written nowhere else (fewer than two
+    instances outside); True where that halves them, so a unit its reader knows stays (an inverted residual
+    whose SiLU also runs in the stem, a U-Net's ``Up``)."""
     own = set().union(*(set(other["indices"]) for other in candidates if other["key"] == outer["key"]))
-    outside: dict = {}
-    for other in candidates:
-        if not own & set(other["indices"]):
-            outside[other["key"]] = outside.get(other["key"], 0) + 1
+    outside = Counter(other["key"] for other in candidates if not own & set(other["indices"]))
     span, shared, calls, bodies = set(outer["indices"]), set(), 0, {}
     for inner in candidates:  # outermost first, as the choice itself
         inside = set(inner["indices"])

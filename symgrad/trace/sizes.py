@@ -173,7 +173,7 @@ def traced(index: int, tensor: torch.Tensor, name: str, arguments: tuple, result
     return result
 
 
-def _text(expr: sympy.Expr) -> str | None:
+def shape_text(expr: sympy.Expr) -> str | None:
     """``expr`` in the spec's size language (``spec.size_expression``): ``shape[i]`` for a :class:`Dim`."""
     if isinstance(expr, Dim):
         return f"shape[{expr.dim}]"
@@ -181,13 +181,13 @@ def _text(expr: sympy.Expr) -> str | None:
         return str(int(expr))
     if isinstance(expr, (sympy.floor, sympy.ceiling)):
         numerator, denominator = sympy.fraction(sympy.together(expr.args[0]))
-        inner = _text(numerator)
+        inner = shape_text(numerator)
         if inner is None or not denominator.is_Integer or denominator < 1:
             return None
         inner = f"({inner})" if " " in inner else inner
         return f"{inner} // {denominator}" if isinstance(expr, sympy.floor) else f"ceil({inner} / {denominator})"
     if expr.is_Mul or expr.is_Add:
-        parts = [_text(arg) for arg in expr.args]
+        parts = [shape_text(arg) for arg in expr.args]
         if any(part is None for part in parts):
             return None
         if expr.is_Add:  # * and // bind tighter than +
@@ -212,7 +212,7 @@ def spec_size(value: Any, resolve) -> dict | None:
     factors = sympy.Mul.make_args(expr)
     if all(isinstance(factor, Dim) for factor in factors) and len(set(factors)) == len(factors):
         return {"like": node, "dims": sorted(factor.dim for factor in factors)}
-    text = _text(expr)
+    text = shape_text(expr)
     if text is None:
         return None
     try:  # the tracer writes only what the spec reads back to the same value

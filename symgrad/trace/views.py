@@ -254,7 +254,7 @@ def _written(node: str | None, expr: sympy.Expr) -> Any:
     if expr.is_Integer:
         return int(expr)
     constant, rest = expr.as_coeff_Add()
-    text = sizes._text(rest)
+    text = sizes.shape_text(rest)
     if text is None or node is None:
         return None
     text += f" - {-constant}" if constant < 0 else f" + {constant}" if constant > 0 else ""

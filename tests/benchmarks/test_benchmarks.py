@@ -329,6 +329,10 @@ def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
     from benchmarks import training
 
     names = [name for name in training.VARIANTS if "torch.compile" not in name]  # compiled: tests below
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":  # torch 2.13's channels_last convolution backward
+        # corrupts the heap on an AVX2 CPU at one thread, autograd's alone ("double free or corruption" after an
+        # `autograd` then an `autograd, channels_last` step): the channels_last variants not run there
+        names = [name for name in names if "channels_last" not in name]
     variants = training.step_variants("resnet18", 2, 32, 4, tmp_path, names)
     assert set(variants) == set(names)
     for step in range(2):
@@ -339,9 +343,12 @@ def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
         assert abs(losses["symgrad.bind, AMP"] - losses["autograd, AMP"]) <= 2e-2 * abs(reference), (step, losses)
         # the other layout rounds apart, and a batch of 2 through BatchNorm magnifies it after a step
         loose = 1e-4 if step == 0 else 5e-2
-        assert abs(losses["autograd, channels_last"] - reference) <= loose * abs(reference), (step, losses)
-        assert abs(losses["symgrad.bind, channels_last"] - losses["autograd, channels_last"]) <= loose * abs(reference)
-        for name in ("symgrad.bind, AMP", "autograd, AMP", "autograd, channels_last, AMP"):  # bfloat16
+        if "autograd, channels_last" in losses:
+            assert abs(losses["autograd, channels_last"] - reference) <= loose * abs(reference), (step, losses)
+            assert abs(losses["symgrad.bind, channels_last"] - losses["autograd, channels_last"]) <= loose * abs(
+                reference
+            )
+        for name in {"symgrad.bind, AMP", "autograd, AMP", "autograd, channels_last, AMP"} & set(names):  # bfloat16
             assert step or abs(losses[name] - reference) <= 5e-2 * abs(reference), (name, losses)
 
 
