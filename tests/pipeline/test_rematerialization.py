@@ -255,6 +255,8 @@ def test_lean_gradients_equal_autograds_in_float64(name):
     ],
 )
 def test_lean_float32_gradients_are_keep_alls_bit_for_bit_from_fewer_bytes(name, channels_last):
+    if channels_last and torch.backends.cpu.get_cpu_capability() != "AVX512":  # torch 2.13's channels_last
+        pytest.skip("convolution backward corrupts the heap on an AVX2 CPU at one thread (autograd's too)")
     lean, full = generated(name, "lean"), generated(name, "all")
     torch.manual_seed(2)
     model = MODELS[name]().train()
