@@ -87,11 +87,15 @@ def write_checks(builder: Builder, call: "Call") -> None:
             "text": _short(_text(relation, _named(left, ""), _named(right, "")), name),
             VALUES: (_text(relation, _named(left, ""), _named(right, "")), values),
         }
-        builder.layers.append(layer)
-        builder.layer_calls.append(call)
-        checked = builder.out_name("size_check", call)
-        layer["out"] = checked
-        builder.name(tensor, checked)  # every later read of the node goes through the check
+        builder.name(tensor, emitted(builder, call, layer))  # every later read of the node goes through the check
+
+
+def emitted(builder: Builder, call: "Call", layer: dict) -> str:
+    """``layer``, a ``size_check`` made at ``call``, appended to the spec; the name of its output."""
+    builder.layers.append(layer)
+    builder.layer_calls.append(call)
+    layer["out"] = builder.out_name("size_check", call)
+    return layer["out"]
 
 
 def _side(expr: sympy.Expr, resolve) -> Any:

@@ -289,10 +289,7 @@ def _checked_from_the_end(builder: Builder, call: Call, current: torch.Tensor, d
         "text": f"{name}.shape[{dim}] >= {needed} (counted from its end)",
         size_checks.VALUES: (f"shape[{dim}] >= {needed}", [int(current.shape[dim]), needed]),
     }
-    builder.layers.append(layer)
-    builder.layer_calls.append(call)
-    layer["out"] = builder.out_name("size_check", call)
-    return layer["out"]
+    return size_checks.emitted(builder, call, layer)
 
 
 def _narrowed_at_run_time(
