@@ -258,7 +258,10 @@ def measure(row: tuple, precision: str, layout: str, args, folder: Path) -> list
     results = []
     for name in names:
         values = samples.get(name)
-        counted = faults.get(name, [])[warmup:]
+        # the timed steps' faults, as round_robin times them: with run > 1 the first of each run left out
+        counted = [
+            count for index, count in enumerate(faults.get(name, [])[warmup:]) if args.run == 1 or index % args.run
+        ]
         results.append(
             {
                 "network": network,
@@ -293,8 +296,7 @@ def render(saved: dict) -> str:
         f"Machine: {saved['machine']}. Run on {saved['date']}; `{saved['command']}` (medians of "
         f"{saved['repeats']} round-robin repeats in one process"
         + (f", each variant's steps {saved['run']} in a row, the first left out" if saved.get("run", 1) > 1 else "")
-        + "; each peak in a fresh process; page faults: the median minor faults of a timed step, each one a "
-        "4 KiB page the heap took back from the kernel).",
+        + "; each peak in a fresh process; page faults: the median minor faults of a timed step).",
         "",
         "| network | batch × image | precision | layout | variant | median ms | speed vs autograd | peak MiB "
         "| memory vs autograd | kept for the backward MiB | page faults per step |",
@@ -341,6 +343,7 @@ def render(saved: dict) -> str:
             if not ours:
                 continue
             best = min(ours, key=lambda row: row["median"])
+            # max(..., 1): a --smoke run's eager peak can measure 0 bytes
             speed, memory = fastest / best["median"], best["peak_bytes"] / max(leanest, 1)
             versus = best["peak_bytes"] / min(compiled) if compiled else None
             met = speed >= speed_at_least and memory <= memory_at_most

@@ -276,3 +276,54 @@ def parameter_gradients(
     expected = torch.autograd.grad(out, list(model.parameters()), grad)
     got = module.gradients(x, params, (grad,)).params
     return [(key, got[key], reference) for (key, _), reference in zip(model.named_parameters(), expected)]
+
+
+def generated_matches(model: torch.nn.Module, module, x: torch.Tensor) -> None:
+    """The generated (outputs') ``module`` at ``x``: its forward equals ``model``'s bit for bit, and each parameter's
+    gradient autograd's through ``model`` within 1e-12 relative (float64)."""
+    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    (out,) = module.forward(x, params)
+    assert torch.equal(out, model(x))
+    for key, got, reference in parameter_gradients(model, module, x):
+        assert (got - reference).abs().max() <= 1e-12 * reference.abs().max(), key
+
+
+def bound_matches(model: torch.nn.Module, path, x: torch.Tensor):
+    """``symgrad.bind(path, model)`` at ``x`` against autograd through a copy of ``model`` (float64): the output
+    within 1e-12, each parameter's ``.grad`` after a random cotangent within 1e-12 relative. The bound model."""
+    import copy
+
+    import symgrad
+
+    reference = copy.deepcopy(model)
+    bound = symgrad.bind(path, model)
+    out, expected = bound(x), reference(x)
+    assert out.shape == expected.shape and (out - expected).abs().max() <= 1e-12
+    grad = torch.randn(expected.shape, dtype=expected.dtype, generator=torch.Generator().manual_seed(2))
+    out.backward(grad)
+    wanted = torch.autograd.grad(expected, list(reference.parameters()), grad)
+    for (key, parameter), theirs in zip(model.named_parameters(), wanted):
+        assert (parameter.grad - theirs).abs().max() <= 1e-12 * theirs.abs().max(), key
+    return bound
+
+
+def model_in_folder(folder, source: str, module: str, name: str) -> torch.nn.Module:
+    """``name`` of the model file ``folder/module.py`` (written from ``source`` where it is not there yet), imported
+    afresh (no stale ``sys.modules`` entry), built from seed 0, in float64."""
+    import sys
+
+    from symgrad.trace import load_target
+
+    path = folder / f"{module}.py"
+    if not path.exists():
+        path.write_text(source)
+    for key in [key for key in sys.modules if module in key]:
+        sys.modules.pop(key)
+    torch.manual_seed(0)
+    return load_target(f"{path}:{name}").double()
+
+
+def write_generated(folder, text: str, name: str) -> None:
+    """The module (and its test) ``build_text`` makes of the spec ``text``, written into ``folder``."""
+    for file, content in _build_text(text, f"{name}.yaml", documents=False).rendered.files.items():
+        (folder / file).write_text(content)

@@ -332,7 +332,7 @@ def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
     if torch.backends.cpu.get_cpu_capability() != "AVX512":  # torch 2.13's channels_last convolution backward
         # corrupts the heap on an AVX2 CPU at one thread, autograd's alone ("double free or corruption" after an
         # `autograd` then an `autograd, channels_last` step): the channels_last variants not run there
-        names = [name for name in names if "channels_last" not in name]
+        names = [name for name in names if "channels_last" not in name]  # said as a skip at the end
     variants = training.step_variants("resnet18", 2, 32, 4, tmp_path, names)
     assert set(variants) == set(names)
     for step in range(2):
@@ -350,6 +350,8 @@ def test_the_training_step_variants_compute_the_same_step(tmp_path: Path):
             )
         for name in {"symgrad.bind, AMP", "autograd, AMP", "autograd, channels_last, AMP"} & set(names):  # bfloat16
             assert step or abs(losses[name] - reference) <= 5e-2 * abs(reference), (name, losses)
+    if "autograd, channels_last" not in names:
+        pytest.skip("the channels_last variants need an AVX-512 CPU (torch 2.13 corrupts the heap on AVX2)")
 
 
 def test_the_compiled_training_step_computes_the_same_step(tmp_path: Path, monkeypatch):

@@ -235,7 +235,7 @@ def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float
 def bound_steps_match_autograd(model, path, batch, loss, *, lr: float = 0.1, seeded: bool = False, steps: int = 3):
     """``steps`` SGD steps of ``symgrad.bind(path, model)`` against autograd through a copy of ``model``
     (float64, the batches ``batch(generator)`` gives: ``(inputs by name, target)``, at another batch and size
-    than traced): each step's loss and every parameter's gradient <= 1e-12 apart (relative), then the running
+    than traced): each step's loss and every parameter's gradient <= 1e-12 apart (relative; or 1e-14 of the largest gradient), then the running
     statistics alike. ``seeded``: each step's random masks drawn from one seed in both. Returns the bound step."""
     import copy
 
@@ -258,9 +258,16 @@ def bound_steps_match_autograd(model, path, batch, loss, *, lr: float = 0.1, see
         expected = loss(reference(*inputs.values()), target)
         expected.backward()
         assert abs(float(bound.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
+        scale = max(float(theirs.grad.abs().max()) for theirs in reference.parameters())
         for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
-            error = float((ours.grad - theirs.grad).abs().max() / theirs.grad.abs().max())
-            assert error <= 1e-12, (number, name, error)
+            difference = float((ours.grad - theirs.grad).abs().max())
+            # relative, or far below the largest gradient: one zero in exact arithmetic (a bias before a
+            # train-mode batch norm, 1e-17 here) is rounding alone, as matches_autograd allows
+            assert difference <= 1e-12 * float(theirs.grad.abs().max()) or difference <= 1e-14 * scale, (
+                number,
+                name,
+                difference,
+            )
         for optimizer in optimizers:
             optimizer.step()
     for buffer, theirs in zip(model.buffers(), reference.buffers()):  # running statistics moved alike

@@ -9,16 +9,14 @@ float64 gradients autograd's through the original module (each test fails before
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
 
 import symgrad
 from symgrad.check import module_from_source
-from symgrad.pipeline import build_text
-from symgrad.trace import load_target, trace
-from tests.helpers import parameter_gradients
+from symgrad.trace import trace
+from tests.helpers import bound_matches, generated_matches, model_in_folder, write_generated
 
 SOURCE = """
 import torch
@@ -39,20 +37,15 @@ class Ends(nn.Module):  # [N, T, C]: the last token, the last three, all but the
 
 
 def load(folder):
-    for name in [name for name in sys.modules if "ends_model" in name]:
-        sys.modules.pop(name)
-    torch.manual_seed(0)
-    return load_target(f"{folder / 'ends_model.py'}:Ends").double()
+    return model_in_folder(folder, SOURCE, "ends_model", "Ends")
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     """The model's folder, its spec (traced at [2, 6, 4]) and generated module written there."""
     folder = tmp_path_factory.mktemp("ends")
-    (folder / "ends_model.py").write_text(SOURCE)
     text = trace(load(folder), {"x": (2, 6, 4)}, "parameters", "ends")
-    for name, content in build_text(text, "ends.yaml", documents=False).rendered.files.items():
-        (folder / name).write_text(content)
+    write_generated(folder, text, "ends")
     return folder, text
 
 
@@ -74,27 +67,12 @@ def test_the_spec_counts_from_the_end(traced):
 
 def test_the_generated_module_follows_the_length_at_run_time(traced):
     folder, _ = traced
-    model = load(folder)
-    module = module_from_source((folder / "ends.py").read_text(), "ends_generated")
-    params = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    (out,) = module.forward(X, params)
-    assert out.shape == model(X).shape and torch.equal(out, model(X))
-    for key, got, reference in parameter_gradients(model, module, X):
-        assert (got - reference).abs().max() <= 1e-12 * reference.abs().max(), key
+    generated_matches(load(folder), module_from_source((folder / "ends.py").read_text(), "ends_generated"), X)
 
 
 def test_the_bound_model_follows_the_length_at_run_time(traced):
     folder, _ = traced
-    model = load(folder)
-    reference = copy.deepcopy(model)
-    bound = symgrad.bind(folder / "ends.py", model)
-    grad = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    out, expected = bound(X), reference(X)
-    assert out.shape == expected.shape and (out - expected).abs().max() <= 1e-12
-    out.backward(grad)
-    wanted = torch.autograd.grad(expected, list(reference.parameters()), grad)
-    for (key, parameter), theirs in zip(model.named_parameters(), wanted):
-        assert (parameter.grad - theirs).abs().max() <= 1e-12 * theirs.abs().max(), key
+    bound_matches(load(folder), folder / "ends.py", X)
 
 
 CLAMPED = """
@@ -118,14 +96,8 @@ def test_a_dim_shorter_than_the_count_from_its_end_is_refused(tmp_path):
     from the end once more: at T = 4 the generated module and the bound model took the last token, silently (the
     output off by 1.4). Now both refuse T < 5 in one line naming the model's line; at T = 9 they still equal
     the model (fails before: no refusal)."""
-    (tmp_path / "window_model.py").write_text(CLAMPED)
-    for name in [name for name in sys.modules if "window_model" in name]:
-        sys.modules.pop(name)
-    torch.manual_seed(0)
-    model = load_target(f"{tmp_path / 'window_model.py'}:Window").double()
-    text = trace(model, {"x": (2, 6, 4)}, "parameters", "window")
-    for name, content in build_text(text, "window.yaml", documents=False).rendered.files.items():
-        (tmp_path / name).write_text(content)
+    model = model_in_folder(tmp_path, CLAMPED, "window_model", "Window")
+    write_generated(tmp_path, trace(model, {"x": (2, 6, 4)}, "parameters", "window"), "window")
     module = module_from_source((tmp_path / "window.py").read_text(), "window_generated")
     params = {key: value.detach().clone() for key, value in model.state_dict().items()}
     bound = symgrad.bind(tmp_path / "window.py", copy.deepcopy(model))

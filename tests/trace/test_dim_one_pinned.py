@@ -9,18 +9,14 @@ fails before (the last refused its ``[:, :, -1]``, a number that follows the hei
 
 from __future__ import annotations
 
-import copy
-import sys
-
 import pytest
 import torch
 import torch.nn as nn
 
-import symgrad
 from symgrad.check import module_from_source
 from symgrad.pipeline import build_text
-from symgrad.trace import load_target, trace
-from tests.helpers import parameter_gradients
+from symgrad.trace import trace
+from tests.helpers import bound_matches, generated_matches, model_in_folder, write_generated
 
 SOURCE = """
 import torch
@@ -39,21 +35,14 @@ class Positions(nn.Module):  # [N, T, C]: the token mean scaled by the mean posi
 
 
 def load(folder):
-    for name in [name for name in sys.modules if "positions_model" in name]:
-        sys.modules.pop(name)
-    torch.manual_seed(0)
-    return load_target(f"{folder / 'positions_model.py'}:Positions").double()
+    return model_in_folder(folder, SOURCE, "positions_model", "Positions")
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """The model's file, and its spec (traced at [2, 6, 4]) and generated module."""
     found = tmp_path_factory.mktemp("positions")
-    (found / "positions_model.py").write_text(SOURCE)
-    text = trace(load(found), {"x": (2, 6, 4)}, "parameters", "positions")
-    (found / "positions.yaml").write_text(text)
-    for name, content in build_text(text, "positions.yaml", documents=False).rendered.files.items():
-        (found / name).write_text(content)
+    write_generated(found, trace(load(found), {"x": (2, 6, 4)}, "parameters", "positions"), "positions")
     return found
 
 
@@ -74,27 +63,13 @@ def refusal_of(call) -> str:
 def test_the_generated_module_runs_at_the_traced_length_and_refuses_another(folder):
     model = load(folder)
     module = module_from_source((folder / "positions.py").read_text(), "positions_generated")
+    generated_matches(model, module, data(6))  # another batch, the traced length
     params = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    x = data(6)  # another batch, the traced length
-    (out,) = module.forward(x, params)
-    assert torch.equal(out, model(x))
-    for key, got, reference in parameter_gradients(model, module, x):
-        assert (got - reference).abs().max() <= 1e-12 * reference.abs().max(), key
     refusal_of(lambda: module.forward(data(9), params))
 
 
 def test_the_bound_model_runs_at_the_traced_length_and_refuses_another(folder):
-    model = load(folder)
-    reference = copy.deepcopy(model)
-    bound = symgrad.bind(folder / "positions.py", model)
-    x = data(6)
-    out, expected = bound(x), reference(x)
-    assert (out - expected).abs().max() <= 1e-12
-    grad = torch.randn_like(expected)
-    out.backward(grad)
-    wanted = torch.autograd.grad(expected, list(reference.parameters()), grad)
-    for (key, parameter), theirs in zip(model.named_parameters(), wanted):
-        assert (parameter.grad - theirs).abs().max() <= 1e-12 * theirs.abs().max(), key
+    bound = bound_matches(load(folder), folder / "positions.py", data(6))
     refusal_of(lambda: bound(data(9)))
 
 
@@ -113,12 +88,8 @@ def test_a_branch_on_dim_one_is_checked_at_run_time():
     model = Branch().double()
     text = trace(model, {"x": (2, 6, 4)}, "parameters", "branch")
     module = module_from_source(build_text(text, "branch.yaml").rendered.files["branch.py"], "branch")
+    generated_matches(model, module, data(9))  # the branch holds: any length above 4
     params = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    x = data(9)  # the branch holds: any length above 4
-    (out,) = module.forward(x, params)
-    assert torch.equal(out, model(x))
-    for key, got, reference in parameter_gradients(model, module, x):
-        assert (got - reference).abs().max() <= 1e-12 * reference.abs().max(), key
     with pytest.raises(ValueError, match="shape\\[1\\] > 4") as raised:
         module.forward(data(3), params)
     assert "\n" not in str(raised.value)
@@ -135,5 +106,9 @@ class Channels(nn.Module):  # dim 1 is a channel count: the model does not run a
 
 def test_a_channel_count_in_dim_one_is_not_checked():
     torch.manual_seed(0)
-    text = trace(Channels().double(), {"x": (2, 3, 8, 8)}, "parameters", "channels")
+    model = Channels().double()
+    text = trace(model, {"x": (2, 3, 8, 8)}, "parameters", "channels")
     assert "size_check" not in text, text
+    module = module_from_source(build_text(text, "channels.yaml").rendered.files["channels.py"], "channels")
+    x = torch.randn(3, 3, 9, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    generated_matches(model, module, x)  # the last row counted from the end at another height
