@@ -25,7 +25,7 @@ from .kept import (
     kept_as_signs,
     split_reads,
 )
-from .kept_casts import kept_as_autocast_weights
+from .kept_casts import autocast_copies, kept_as_autocast_copies
 from .late_weights import late_grouped_weight_grads
 from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
 from .rematerialize import COMMENT as REBUILT, costly_made_again, rebuilt
@@ -113,8 +113,9 @@ def schedule(
         fast, mask_owners = kept_as_signs(fast, kept_by_caller)
         fast, layout_owners = kept_as_layouts(fast)
         fast, _ = kept_as_narrow_indices(fast, kept_by_caller)
-    if not lean:  # under autocast each convolution's weight cast once a step, the copy kept as autograd keeps it
-        fast = kept_as_autocast_weights(fast)
+    if not lean:  # under autocast a convolution's weight (and image) cast once a step, kept as autograd keeps it
+        positional = {spec.name for spec in graph.spec.inputs if spec.source is None} if parameters is None else ()
+        fast = kept_as_autocast_copies(fast, frozenset(positional))
     fast, shape_owners = kept_as_shapes(fast)
     fast_live = _live(fast.forward + fast.backward, gradient_symbols | fast.default_cotangent.free_symbols)
     live, split = _hoist_item_reads(fast_live, _count_among(fast_live, fast.forward))
@@ -156,7 +157,8 @@ def schedule(
         *(symbol.name for symbol in fast.forward[-1].value.free_symbols),
         *(symbol.name for symbol in fast.default_cotangent.free_symbols),
     }
-    narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned]
+    copies = autocast_copies(fast)  # cast already, before the convolution that reads it
+    narrowed = [name for name in _autocast_saved(saved_names, live[split:]) if name not in returned | copies]
     saving_forward = overwriting(added_in_place(_narrowed_at_last_use(saving_forward, narrowed), every_sum=True))
     optional: dict = {}
     hvp_live, per_sample_live = [], []

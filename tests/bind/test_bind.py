@@ -303,10 +303,12 @@ def test_a_module_traced_for_the_parameters_alone_trains_as_autograd_and_compute
     source = build_text(text, "params_only.yaml").rendered.files["params_only.py"]
     if not freeze_stem:
         weight = 'params["conv1.weight"]'  # with blocks or without, the parameters come in `params`
-        # the weight as the forward's convolution read it (itself; under autocast its copy: kept_casts.py)
+        # the weight and the input as the forward's convolution read them (themselves; under autocast their
+        # copies: kept_casts.py)
         assert f"conv1_weight_autocast = _in_autocast_dtype({weight})" in source, source
+        assert "x_autocast = _in_autocast_dtype(x)" in source, source
         assert (
-            "_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x, conv1_weight_autocast, "
+            "_, grad_conv1_weight, _ = _convolution_backward(\n        grad_conv1, x_autocast, conv1_weight_autocast, "
             "[False, True, False]" in source
         ), source
     generated = module_from_source(source, "params_only")
