@@ -122,7 +122,7 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     ``r_active = r.bool().view(torch.uint8)`` made right after ``r`` (a quarter of a float32 value's
     bytes; a ReLU's output is never negative, and NaN stays active), which ``threshold_backward``
     reads as it reads ``r``. Not for ``kept_by_caller`` (the loss's inputs), a value a block keeps
-    itself (:func:`_held`), one a view of which the backward keeps (:func:`_aliased`), nor one a
+    itself (:func:`held_by_blocks`), one a view of which the backward keeps (:func:`_aliased`), nor one a
     recomputed activation reads (``plan._recomputed``). Also {mask name: tensor name}."""
     made = {statement.target: statement for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
@@ -152,7 +152,7 @@ def kept_as_signs(fast: Program, kept_by_caller: set) -> tuple[Program, dict[str
     kept_anyway = whole | kept_by_caller | _aliased(fast, whole | kept_by_caller)
     replaced = {}
     for symbol in sorted(
-        {pullback.operands[1] for pullback in pullbacks} - kept_anyway - _held(fast) - recomputed_from, key=str
+        {pullback.operands[1] for pullback in pullbacks} - kept_anyway - held_by_blocks(fast) - recomputed_from, key=str
     ):
         value = made[symbol].value
         operand = value.operands[0] if isinstance(value, TensorOp) and value.primitive.name == "relu" else None
@@ -198,7 +198,9 @@ def kept_as_narrow_indices(fast: Program, kept_by_caller: set) -> tuple[Program,
             shaped,
         )
     narrowed = {}
-    for indices in sorted({pullback.operands[2] for pullback in pullbacks} - whole - shaped - _held(fast), key=str):
+    for indices in sorted(
+        {pullback.operands[2] for pullback in pullbacks} - whole - shaped - held_by_blocks(fast), key=str
+    ):
         entry = made.get(indices)  # pooled_pool[1], an entry of F.max_pool2d(x, ..., return_indices=True)
         pooled = made.get(entry.operands[0]) if isinstance(entry, TensorOp) and entry.primitive.name == "item" else None
         if (
@@ -292,7 +294,7 @@ def _laid_out_kept(fast: Program, names: set) -> set:
     return (
         {statement.target for statement in fast.forward if f"{statement.target.name}_layout" not in names}
         - unnamed
-        - _held(fast)
+        - held_by_blocks(fast)
     )
 
 
@@ -302,7 +304,7 @@ def kept_as_layouts(fast: Program) -> tuple[Program, dict[str, str]]:
     shape is kept as its layout: ``relu_layout = relu.to("meta")`` right after ``relu`` is made (its
     sizes, strides and dtype, no memory); the kernel is passed ``_stand_in(relu_layout,
     grad.device)`` (``torch.empty_strided`` of those), whose values are never set
-    (``algebra.laid_out``). Not a value a block keeps itself (:func:`_held`), nor where the gradient
+    (``algebra.laid_out``). Not a value a block keeps itself (:func:`held_by_blocks`), nor where the gradient
     is not a name (it is printed twice). Also {layout name: tensor name}."""
     made = {statement.target for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
@@ -326,7 +328,7 @@ def _named(expr) -> bool:
     )
 
 
-def _held(fast: Program) -> set:
+def held_by_blocks(fast: Program) -> set:
     """The values a block call keeps itself (``Primitive.keeps_operands``): those passed to it and
     the output it returns, which its backward may read."""
     held, calls = set(), set()

@@ -35,7 +35,7 @@ import dataclasses
 import sympy
 
 from .algebra import CONSTANT, TensorOp, op, primitive, tensor
-from .kept import VIEWS, _held
+from .kept import VIEWS, held_by_blocks
 from .reverse import Program, Statement
 
 # where each op reads a weight that autocast casts to its lower precision (every operand of these ops is
@@ -240,7 +240,7 @@ def _kept_as_autocast_linear_inputs(fast: Program, positional: frozenset[str]) -
     made = {statement.target: statement.value for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
     kept_anyway = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols}
-    kept_anyway |= fast.default_cotangent.free_symbols | _held(fast)
+    kept_anyway |= fast.default_cotangent.free_symbols | held_by_blocks(fast)
     linear_inputs = {
         statement.value.operands[0]
         for statement in fast.forward
