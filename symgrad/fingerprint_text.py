@@ -97,12 +97,12 @@ def module_constants(
         and len(rows) == len(summaries)  # the table itself, not its compact form
         and list(momenta[0]) == [path for path, row in summaries.items() if row[4] and row[5]]
     )
-    frozen_text = (
-        "# the state_dict() keys read without a gradient, RUNNING aside: other buffers, and the\n"
+    frozen_text = (  # none: no line (bind reads a module without FROZEN as freezing nothing)
+        "\n# the state_dict() keys read without a gradient, RUNNING aside: other buffers, and the\n"
         "# parameters frozen when traced (symgrad.bind refuses them unfrozen)\n"
         f"FROZEN = {python_literal(frozen, lead=9, packed=True)}"
         if frozen
-        else "FROZEN = []  # no state_dict() key is read without its gradient but RUNNING's"
+        else ""
     )
     text = (
         _fingerprint_literal(summaries, instances or {}, rows, numbers)
@@ -113,7 +113,6 @@ def module_constants(
             if read
             else ""
         )
-        + "\n"
         + frozen_text
         + (
             "\n# what else the traced forward read (symgrad.guards): its code, literals and non-tensor arguments\n"
@@ -126,7 +125,9 @@ def module_constants(
 
 
 HEADING = "# what symgrad.bind checks: per submodule class, hashes of code, hypers, shapes; mode, BN runs"
-COMPACT = "# written (rows, paths, groups): each distinct row once, a block's submodules once; bind unfolds it"
+COMPACT = "# what symgrad.bind checks: rows (class; code, hypers, shapes hashed; mode, BN runs), paths, groups"
+"""The compact form's one heading: each distinct row once, each path's row number (or its group's name), a
+block's submodules once in its group; :func:`symgrad.fingerprint.unfolded` unfolds it for bind."""
 
 
 def _groups(numbers: dict[str, int], instances: dict[str, str], classes: dict[str, str]) -> tuple[dict, dict]:
@@ -205,13 +206,22 @@ def _fingerprint_literal(summaries: dict[str, list], instances: dict[str, str], 
     if unfolded((distinct, top, groups)) != summaries:  # bind's unfolding gives the table back
         raise AssertionError("the fingerprint's rows and groups do not give its table back")
     table = _packed_rows(rows)
-    grouped = "".join(
-        f"    {json.dumps(name)}: {python_literal(group, 4, 6 + len(json.dumps(name)))},\n"
-        if len(python_literal(group)) + len(json.dumps(name)) + 7 <= 100
-        else f"    {json.dumps(name)}: {{\n{_packed(group, 8)}\n    }},\n"
-        for name, group in groups.items()
-    )
-    return f"{HEADING}\n{COMPACT}\nFINGERPRINT = ([\n{table}], {{\n{_packed(top, 4)}\n}}, {{\n{grouped}}})"
+    grouped = "".join(_group_text(name, group) for name, group in groups.items())
+    return f"{COMPACT}\nFINGERPRINT = ([\n{table}], {{\n{_packed(top, 4)}\n}}, {{\n{grouped}}})"
+
+
+def _group_text(name: str, group: dict) -> str:
+    """A group's entry, ``"name": {"path": row, ...},``: its pairs as many to a line as fit 100 columns,
+    a longer group's next lines under its first pair."""
+    head = f"    {json.dumps(name)}: {{"
+    lines = [head]
+    for pair in (f"{json.dumps(path)}: {_number_text(number)}" for path, number in group.items()):
+        if lines[-1] != head and len(lines[-1]) + len(pair) + 3 > 100:  # ", " before it, "}," or "," after
+            lines[-1] += ","
+            lines.append(" " * len(head) + pair)
+        else:
+            lines[-1] += ("" if lines[-1] == head else ", ") + pair
+    return "\n".join(lines) + "},\n"
 
 
 def _shortened(row: list) -> list:

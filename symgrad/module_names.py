@@ -70,6 +70,7 @@ MODULE = TemplateNames(
     block_functions=("_backward", "_forward"),
     verbatim=frozenset(
         {
+            "Gradients",
             "PerSampleGradients",
             "_channels_last",
             "_check_versions",

@@ -126,7 +126,8 @@ class Functions:
     positional_casts: str
     """``x=grads.x.to(x.dtype), ...``: each positional gradient in its input's dtype, as autograd's engine
     casts it (under autocast a product's gradient comes out in its lower precision)."""
-    positional_and_params: str
+    gradient_fields: tuple[str, ...]
+    """``Gradients``' fields: a gradient by its input's name, and ``params`` saying how it is keyed."""
     gradients_of: str
     reduction: str
     loss_shape: str
@@ -246,9 +247,8 @@ def functions_section(structured: Structured, sources: dict, positional: list[st
         has_params=params,
         positional_wrt=positional_wrt,
         positional_casts=", ".join(f"{name}=grads.{name}.to({name}.dtype)" for name in positional_wrt),
-        positional_and_params=", ".join(
-            positional_wrt + (("the parameters (``params``: keyed as they are)",) if params else ())
-        ),
+        gradient_fields=tuple(f"{name}: torch.Tensor" for name in positional_wrt)
+        + (("params: dict  # the gradients with respect to the parameters, keyed as they are",) if params else ()),
         gradients_of=", ".join(positional_wrt + (("the parameters",) if params else ())),
         reduction=graph.loss.params["reduction"],
         loss_shape="[N]" if graph.loss.params["reduction"] == "per_sample" else "[]",

@@ -22,8 +22,10 @@ class Docstring:
     """``module/docstring.jinja``: the module's docstring (its derivation where it has no blocks)."""
 
     title: str
-    blocks_paragraph: str
-    """What a module written as its blocks says of them; "" where it has none: the derivation is printed."""
+    """For a module written as its blocks the whole docstring, one paragraph of what it says of them (its
+    name, symgrad's version and the spec are in the header's first line); else its title, the derivation
+    after it."""
+    blocks: bool
     forward: tuple[Line, ...]
     backward: tuple[Line, ...]
     grad_loss_paragraph: bool
@@ -54,6 +56,9 @@ class Tables:
     moved_subject: str
     moved_test: str
     memory_format: bool
+    has_constants: bool
+    """Some of ``MOMENTA``, ``RUNNING``, the layout rule's constant or ``CHANNELS_LAST``: written together,
+    after the functions."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ class BlockFunctions:
 
 @dataclass(frozen=True)
 class Chain:
-    """A table of a chain's instances, a row each: ``(block, prefix, offset, {hypers})``."""
+    """A table of a chain's instances, a row each: ``(block, prefix, {hypers})``, with the offset of the
+    instance's first child after its prefix where an instance is a run of a Sequential's children."""
 
     table: str
     rows: tuple[str, ...]
@@ -93,7 +99,14 @@ class Blocks:
     scope: str
     """``_scope`` and ``_prefixed``: "offsets", "plain" (parameters and blocks), or ""."""
     functions: tuple[BlockFunctions, ...]
+    registry_line: str
+    """``BLOCKS = {...}`` on one line, where it fits; "": an entry a line."""
     chains: tuple[Chain, ...]
+    columns: str
+    """What a chain table's columns hold, as its comment says it."""
+    row_names: str
+    """A row's columns as ``_run_forward`` unpacks them; ``row_names_backward``: as ``_run_backward`` does."""
+    row_names_backward: str
     offset_argument: str
     prefixed_helper: bool
     """``_prefixed`` with the plain ``_scope``: the top level returns an instance's gradients through it
@@ -147,10 +160,12 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
         )
     )
     docstring = Docstring(
-        title=f'"""Explicit gradients for ``{spec.name}``, derived by symgrad {__version__} from {spec_label}.',
-        blocks_paragraph=_blocks_paragraph(spec.name, [block.name for block in block_functions], bool(sources))
+        title='"""Explicit gradients: '
+        + _blocks_paragraph(spec.name, [block.name for block in block_functions], bool(sources))
+        + '"""'
         if block_functions
-        else "",
+        else f'"""Explicit gradients for ``{spec.name}``, derived by symgrad {__version__} from {spec_label}.',
+        blocks=bool(block_functions),
         forward=readable[0],
         backward=readable[1],
         grad_loss_paragraph=spec.outputs is None,
@@ -167,15 +182,28 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
         layout_paragraph=_layout_paragraph(layout),
     )
     fingerprint, read = _constants(structured, sources)  # read: MOMENTA is read off FINGERPRINT
+    offsets = _offsets(spec)
+    registry = (
+        "BLOCKS = {"
+        + ", ".join(
+            f'"{block.name}": ({block.name}_forward, {block.name}_backward, "{block.first_input}")'
+            for block in block_functions
+        )
+        + "}"
+    )
     return Module(
         docstring=docstring,
         tables=_tables(structured, sources, layout, read),
         blocks=Blocks(
             name=spec.name,
-            scope=("offsets" if _offsets(spec) else "plain") if sources and block_functions else "",
+            scope=("offsets" if offsets else "plain") if sources and block_functions else "",
             functions=block_functions,
-            chains=tuple(_chain(chain) for chain in structured.chains),
-            offset_argument=", offset" if _offsets(spec) else "",
+            registry_line=registry if len(registry) <= 100 else "",
+            chains=tuple(_chain(chain, offsets) for chain in structured.chains),
+            columns="block, prefix in params, " + ("offset of its first child, " if offsets else "") + "hypers",
+            row_names="block, prefix, offset, hyper" if offsets else "block, prefix, hyper",
+            row_names_backward="block, prefix, offset, _" if offsets else "block, prefix, _",
+            offset_argument=", offset" if offsets else "",
             # a merged return is a chain's gradients by name, or an instance's `_prefixed("prefix", grads)`
             prefixed_helper=any(not text.isidentifier() for text in structured.merged_returns),
             random=random,
@@ -199,7 +227,7 @@ def _blocks_paragraph(name: str, block_names: list[str], params: bool) -> str:
     """What the docstring of a module written as its blocks says of them: what a reader needs to find
     the math (each block's two functions, its derivation's document), nothing the code says again."""
     return (
-        f"Each block ({', '.join(block_names)}) derived once ({name}.md), its forward and backward called "
+        f"each block ({', '.join(block_names)}) derived once ({name}.md), its forward and backward called "
         "per instance"
         + (" on its slice of ``params`` (keyed as ``state_dict()``)" if params else "")
         + "; every line differentiable."
@@ -235,12 +263,13 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: boo
     momentum_lines = () if read else tuple(packed(_momenta(statistics, sources)))
     listed = bool(layout.others)  # where the weights are all the 4-d entries of `params`, no table
     constant = layout.constant or {}
+    running_empty = not momentum_lines and bool(sources) and not read
     return Tables(
         helpers=tuple(helper.strip("\n") for helper in structured.helpers),  # the template puts a blank line first
         momentum_lines=momentum_lines,
         momentum_shared=_shared_momentum(statistics, sources),
         momentum_none=any(momentum == "None" for mean, _, momentum in statistics if mean in sources),
-        running_empty=not momentum_lines and bool(sources) and not read,
+        running_empty=running_empty,
         constant_comment=(
             f"batch x height x width of {constant['reference']} from which 2-d convolutions run in channels_last "
             "(symgrad/roles.py)"
@@ -255,6 +284,7 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: boo
         moved_subject="CHANNELS_LAST" if listed else "its 4-d entries",
         moved_test=moved_test(layout),
         memory_format=bool(layout.keys or layout.named),
+        has_constants=bool(momentum_lines or running_empty or constant or (layout.keys and listed)),
     )
 
 
@@ -322,13 +352,15 @@ def _block_functions(derived: DerivedBlock, decided: BlockPlan) -> BlockFunction
     )
 
 
-def _chain(chain: ChainRule) -> Chain:
-    """A chain's table: a row per instance, ``(block, prefix, offset, {hypers})``."""
+def _chain(chain: ChainRule, offsets: bool) -> Chain:
+    """A chain's table: a row per instance, ``(block, prefix, {hypers})`` (``offsets``: the offset of its
+    first child after its prefix, where some instance of the spec is a run of a Sequential's children)."""
     rows = []
     for link in chain.links:
         name = link.rule.derived.spec.name
         hyper = "{" + ", ".join(f'"{key}": {value}' for key, value in link.hyper) + "}"
-        rows.append(f'("{name}", "{link.prefix}", {link.offset}, {hyper})')
+        offset = f" {link.offset}," if offsets else ""
+        rows.append(f'("{name}", "{link.prefix}",{offset} {hyper})')
     return Chain(chain.table, tuple(rows), chain.links[0].prefix, chain.links[-1].prefix, len(chain.links))
 
 

@@ -379,7 +379,7 @@ def test_the_generated_test_file_of_a_traced_model_with_blocks_passes(tmp_path):
     source = built.rendered.files["resnet_blocks.py"]
     assert source.count("def basic_block_backward(") == 1
     # the eight instances, one after another: a table and a loop, as the model's Sequentials are
-    assert '("basic_block", "layer1.1", 0, {}),' in source and "_run_backward(LAYER1_0_TO_LAYER4_1, " in source
+    assert '("basic_block", "layer1.1", {}),' in source and "_run_backward(LAYER1_0_TO_LAYER4_1, " in source
     assert max(len(line) for line in source.splitlines()) <= 100
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content)
