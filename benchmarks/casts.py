@@ -53,10 +53,12 @@ class Counting(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _where(self) -> str:
-        for frame in reversed(traceback.extract_stack()):
-            if frame.filename in self.files:
-                return f"{Path(frame.filename).name}:{frame.lineno}: {frame.line}"
-        return "engine"
+        """The generated module's line that made it, and where that is a helper's, the line that called it."""
+        frames = [frame for frame in reversed(traceback.extract_stack()) if frame.filename in self.files][:2]
+        if not frames:
+            return "engine"
+        where = f"{Path(frames[0].filename).name}:{frames[0].lineno}: {frames[0].line}"
+        return where + (f" (called at {frames[1].lineno}: {frames[1].line})" if len(frames) > 1 else "")
 
 
 def _dtype(dtype) -> str:
