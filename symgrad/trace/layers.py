@@ -422,7 +422,7 @@ class SpecBuilder(OneValueConstants):
                 reasons.add(len(self.problems) - 1)
                 return None
             return found
-        return value
+        return literal(value) if is_number(value) else value  # a size the code read (h * x.shape[1]): its number
 
     def layer(self, op: str, bound: dict, call: Call) -> None:
         """The general case: tensor operands by the rule's names, other arguments if not defaults."""

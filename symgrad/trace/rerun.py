@@ -97,19 +97,35 @@ def _other_result(spec: dict, other: dict) -> bool:
 def dim_one_pins(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, calls: list) -> dict[str, tuple]:
     """The inputs whose dim 1 the spec must hold at its traced size: :func:`other_sizes` never changes dim 1
     (a channel count there refuses many valid models), so a number computed from it (a sequence's length in
-    [N, T, C]: ``torch.arange(x.shape[1])``, ``h.view(n, t * c)`` with numbers, a branch on it) would be frozen
-    without a word. One more run changes dim 1 alone of each input of 3 or more dims (x2, else + 1); where the
-    model runs there and the spec differs (an argument, the ops, the result), ``{input: (dim 1's traced size,
+    [N, T, C] or [N, T]: ``torch.arange(x.shape[1])``, ``h.view(n, t * c)`` with numbers, a branch on it) would be
+    frozen without a word. One more run changes dim 1 alone of each input of 2 or more dims (x2, else + 1); where
+    the model runs there and the spec differs (an argument, the ops, the result), ``{input: (dim 1's traced size,
     file:line of the first call that differs, what differs)}`` (``size_checks.pin_dim_one`` checks it at run
-    time); else nothing (a channel count: the model does not run there)."""
-    grown = [key for key, shape in shapes.items() if len(shape) >= 3]
+    time); else nothing (a channel count, an MLP's features: the model does not run there). Where it does not
+    run with all of them changed (a sequence beside a target of [N, classes]), each changes alone, but a float
+    input of 2 dims (such a target: the model runs to its end there, to fail at the loss, a cost of two forwards
+    for what holds no sequence's length most often)."""
+    grown = [key for key, shape in shapes.items() if len(shape) >= 2]
+    alone = [  # not a float [N, K] beside them, most often a target, which runs the whole model to fail at the end
+        key for key in grown if len(shapes[key]) >= 3 or spec["inputs"].get(key, {}).get("dtype") == "int64"
+    ]
+    pins: dict[str, tuple] = {}
+    for group in [grown] * bool(grown) + [[key] for key in alone if len(grown) > 1]:
+        found = _dim_one_changed(run, shapes, spec, calls, group)
+        if found is not None and group is grown:
+            return found
+        pins.update(found or {})
+    return pins
+
+
+def _dim_one_changed(run: Callable, shapes: dict, spec: dict, calls: list, grown: list) -> dict | None:
+    """:func:`dim_one_pins` with dim 1 of the inputs ``grown`` changed: its pins, or None where the model runs
+    at no such size."""
     for factor, added in ((2, 0), (1, 1)):
         changed = {
             key: (shape[0], shape[1] * factor + added, *shape[2:]) if key in grown else shape
             for key, shape in shapes.items()
         }
-        if changed == shapes:
-            return {}
         try:
             other, _ = run(changed)
         except Refusal:  # a value read or the timeout: no other size helps
@@ -127,9 +143,8 @@ def dim_one_pins(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, 
                 where, what = calls[-1].where if calls else "<traced code>", "the result"
         if where is None:
             return {}
-        checked = [key for key in grown if key in spec["inputs"] and spec["inputs"][key].get("dtype") != "int64"]
-        return {key: (shapes[key][1], where, what) for key in checked}  # an int64 input has no size_check
-    return {}
+        return {key: (shapes[key][1], where, what) for key in grown if key in spec["inputs"]}
+    return None
 
 
 CONSTANT_FIX = (

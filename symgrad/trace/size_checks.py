@@ -213,7 +213,7 @@ def pin_dim_one(spec: dict, calls: list, pins: dict[str, tuple[int, str, str]]) 
     """Check dim 1 of each input of ``pins`` (``rerun.dim_one_pins``: ``{input: (traced size, file:line, what
     follows it)}``) at its traced size: a number the spec holds follows it, which no form of the spec writes, so
     the generated code and ``symgrad.bind`` refuse another size of that dim in one line, not compute otherwise
-    than the model."""
+    than the model. Then every check of an int64 input moves to where it is read (:func:`int_checks_where_read`)."""
     checks = []
     for key, (size, where, what) in pins.items():
         line = where.rsplit("/", 1)[-1]
@@ -223,6 +223,63 @@ def pin_dim_one(spec: dict, calls: list, pins: dict[str, tuple[int, str, str]]) 
         )
         checks.append((key, 1, size, line, text, where))
     checked_first(spec, calls, checks)
+    int_checks_where_read(spec, calls)
+
+
+def int_checks_where_read(spec: dict, calls: list) -> None:
+    """Each ``size_check`` of an int64 input (token ids: its dim-1 pin, ``assert t <= self.block_size``) on the
+    output of the first layer that reads the input instead, every later read of that output going through it
+    (``emb_checked = _size_check(emb, ids.shape[1] == 6, ...)``): the rules read an int64 input through index
+    operands alone. Where no layer reads it (a loss's target), on the loss's input."""
+    integers = {key for key, item in spec["inputs"].items() if item.get("dtype") == "int64"}
+    moved: dict[str, list] = {}  # input -> its checks, in order, each with its call (or None)
+    layers, made = [], []
+    renamed: dict[str, str] = {}
+    for index, layer in enumerate(spec["layers"]):
+        layer = renamed_nodes(layer, renamed)
+        if layer["op"] == "size_check" and layer["in"] in integers:
+            renamed[layer["out"]] = layer["in"]  # every later read of the check reads the input again
+            moved.setdefault(layer["in"], []).append((layer, calls[index] if calls else None))
+            continue
+        layers.append(layer)
+        made.append(calls[index] if calls else None)
+    if not moved:
+        return
+    spec["layers"] = layers
+    for part in ("loss", "outputs"):
+        if spec.get(part) is not None:
+            spec[part] = renamed_nodes(spec[part], renamed)
+    for key, checks in moved.items():
+        layers = spec["layers"]
+        reader = next((index for index, layer in enumerate(layers) if _reads(layer, key)), None)
+        if reader is None:  # a loss's target: the loss's input has its value
+            node = (spec.get("loss") or {}).get("in")
+            node = node if isinstance(node, str) else next(name for name in spec["inputs"] if name not in integers)
+            reader = next((index for index, layer in enumerate(layers) if layer["out"] == node), -1)
+        node, at = layers[reader]["out"] if reader >= 0 else node, reader + 1
+        taken = {layer.get("out") for layer in layers} | set(spec["inputs"])
+        current, inserted = node, []
+        for layer, call in checks:
+            out = _free(f"{node}_checked", taken)
+            inserted.append({**layer, "in": current, "out": out})
+            made.insert(at + len(inserted) - 1, call)
+            current = out
+        renamed = {node: current}
+        spec["layers"] = [*layers[:at], *inserted, *(renamed_nodes(layer, renamed) for layer in layers[at:])]
+        for part in ("loss", "outputs"):
+            if spec.get(part) is not None:
+                spec[part] = renamed_nodes(spec[part], renamed)
+    if calls:
+        calls[:] = made
+
+
+def _reads(layer: dict, key: str) -> bool:
+    """Whether ``layer`` reads the node ``key`` as an operand (not a size reference, ``{like: key}``)."""
+    return any(
+        value == key or (isinstance(value, list) and key in value)
+        for name, value in layer.items()
+        if name not in ("op", "out")
+    )
 
 
 def _check_name(key: str, dim: int) -> str:

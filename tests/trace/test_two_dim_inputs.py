@@ -1,0 +1,199 @@
+"""A number computed from dim 1 of a 2-dim input ([N, T] floats, or token ids for an Embedding) is never frozen
+silently. The run at another dim 1 (``rerun.dim_one_pins``) changed inputs of 3 or more dims alone, so the
+mean of ``torch.arange(x.shape[1])`` over a float [N, T] was the traced T's number at any T, and a model scaling
+by ``ids.shape[1] - 1`` did not trace at all (the size, an int that carries its dims, reached the YAML writer:
+"RepresenterError ... bug in symgrad's tracer"). Now 2-dim inputs get that run too: where the model runs there
+and the spec differs, dim 1 is checked at its traced size, an int64 input's where the first layer reads it
+(``emb_checked = _size_check(emb, ids.shape[1] == 6, ...)``), and the generated module and ``symgrad.bind``
+refuse another T in one line. Where dim 1 is a feature count (an MLP on [N, F]) the model does not run at
+another, and nothing is checked (its ``* x.shape[1]`` is the same tracer bug before); where every number is read at
+run time (``h[:, -1]``) nothing is checked either. Each test but that last one fails before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from symgrad.check import module_from_source
+from symgrad.trace import trace
+from tests.helpers import bound_matches, generated_matches, load_yaml, model_in_folder, write_generated
+
+SOURCE = """
+import torch
+import torch.nn as nn
+
+
+class Floats(nn.Module):  # [N, T] floats: the token mean scaled by the mean position, made in forward from T
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 4)
+
+    def forward(self, x):
+        h = self.lin(x.unsqueeze(-1).expand(-1, -1, 5) * 1.0)
+        return h.mean(1) * torch.arange(x.shape[1]).to(h.dtype).mean()
+
+
+class Ids(nn.Module):  # [N, T] token ids: the last token scaled by T - 1
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 4)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, ids):
+        h = self.lin(self.emb(ids))
+        return h[:, -1] * (ids.shape[1] - 1)
+
+
+class Scaled(nn.Module):  # [N, T, C] floats scaled by T: a size as a number (was the same tracer bug)
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * x.shape[1]
+
+
+class Last(nn.Module):  # [N, T] token ids, the last token's features: read at run time, nothing to check
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 4)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, ids):
+        return self.lin(self.emb(ids))[:, -1]
+
+
+class Limited(nn.Module):  # nanoGPT's positions: a table of 8, `assert t <= 8`, a branch on T kept at ids' reader
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(20, 4)
+        self.wpe = nn.Embedding(8, 4)
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        assert t <= 8
+        return (self.wte(ids) + self.wpe(torch.arange(t))).mean(1)
+
+
+class Features(nn.Module):  # [N, F]: dim 1 is a feature count; the model does not run at another
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)) * x.shape[1])
+"""
+
+
+def load(folder, name):
+    return model_in_folder(folder, SOURCE, "two_dim_models", name)
+
+
+def data(name: str, batch: int, tokens: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    if name in ("Ids", "Last", "Limited"):
+        return torch.randint(0, 20, (batch, tokens), generator=generator)
+    shape = (batch, tokens, 4) if name == "Scaled" else (batch, tokens)
+    return torch.randn(*shape, dtype=torch.float64, generator=generator)
+
+
+def traced(folder, name: str, shape: tuple, key: str = "x") -> tuple:
+    """``name`` traced at ``shape``, its module generated into ``folder``: (the spec, the module)."""
+    dtypes = {key: "int64"} if key == "ids" else None
+    text = trace(load(folder, name), {key: shape}, "parameters", name.lower(), dtypes=dtypes)
+    write_generated(folder, text, name.lower())
+    return text, module_from_source((folder / f"{name.lower()}.py").read_text(), f"{name.lower()}_generated")
+
+
+def refusal_of(call, *said: str) -> str:
+    with pytest.raises(ValueError) as raised:
+        call()
+    text = str(raised.value)
+    assert "\n" not in text, text
+    for each in said:
+        assert each in text, (each, text)
+    return text
+
+
+PINNED = [  # model, input, traced shape, what the refusal names at another T
+    ("Floats", "x", (2, 6), ("two_dim_models.py:13:", "x.shape[1] == 6", "the argument other of mul")),
+    ("Ids", "ids", (2, 6), ("two_dim_models.py:24:", "ids.shape[1] == 6", "the argument other of mul")),
+    ("Scaled", "x", (2, 6, 4), ("two_dim_models.py:33:", "x.shape[1] == 6", "the argument other of mul")),
+]
+
+
+@pytest.mark.parametrize("name, key, shape, said", PINNED, ids=[case[0] for case in PINNED])
+def test_dim_one_is_checked_where_a_number_follows_it(tmp_path, name, key, shape, said):
+    """At the traced T and another batch: the generated module's forward is the model's and its float64 gradients
+    autograd's through the original module, the bound model's too; at T = 9 both refuse in one line naming the
+    dim, its traced size, the model's line and the fix (which works: traced at 9 it runs there)."""
+    text, module = traced(tmp_path, name, shape, key)
+    assert f"left: {{like: {key}, dims: [1]}}, right: 6, relation: eq" in text, text
+    model = load(tmp_path, name)
+    generated_matches(model, module, data(name, 3, 6))
+    params = {k: value.detach().clone() for k, value in model.state_dict().items()}
+    fix = ("trace again at the size you run", "--static-sizes")
+    refusal_of(lambda: module.forward(data(name, 3, 9), params), *said, *fix)
+    bound = bound_matches(load(tmp_path, name), tmp_path / f"{name.lower()}.py", data(name, 3, 6))
+    refusal_of(lambda: bound(data(name, 3, 9)), *said, *fix)
+    again = tmp_path / "again"
+    again.mkdir()
+    _, module = traced(again, name, (shape[0], 9, *shape[2:]), key)  # the fix as printed
+    generated_matches(load(tmp_path, name), module, data(name, 3, 9))
+
+
+def test_token_ids_are_checked_where_the_embedding_reads_them(tmp_path):
+    text, _ = traced(tmp_path, "Ids", (2, 6), "ids")
+    layers = [line.strip() for line in text.splitlines() if line.strip().startswith("- {op:")]
+    assert layers[0].startswith("- {op: embedding, in: ids,"), layers
+    assert layers[1].startswith("- {op: size_check, in: emb, left: {like: ids, dims: [1]}, right: 6,"), layers
+    assert layers[2].startswith("- {op: linear, in: emb_checked,"), layers
+
+
+def test_a_branch_on_token_ids_length_is_checked_where_they_are_read(tmp_path):
+    """``assert t <= 8`` (a table of 8 positions): the model fails its assert at 2T and runs at T + 1, where the
+    comparison's sides differ, so its check stays (it was dropped as fixed: the second run changes the batch
+    alone) and sits after the embedding that reads ids. At T = 7 the generated module equals the model; at
+    T = 9 it refuses in one line, where it raised torch's narrow error on the table of 8 (fails before)."""
+    text, module = traced(tmp_path, "Limited", (2, 6), "ids")
+    embedding, check = load_yaml(text)["layers"][:2]
+    assert embedding["op"] == "embedding" and embedding["in"] == "ids", text
+    assert check["op"] == "size_check" and check["in"] == embedding["out"] and check["relation"] == "le", text
+    model = load(tmp_path, "Limited")
+    generated_matches(model, module, data("Limited", 3, 7))  # another batch and T, below the table's length
+    params = {k: value.detach().clone() for k, value in model.state_dict().items()}
+    refusal_of(lambda: module.forward(data("Limited", 3, 9), params), "two_dim_models.py:55:", "shape[1] <= 8")
+
+
+def test_an_index_read_at_run_time_needs_no_check(tmp_path):
+    text, module = traced(tmp_path, "Last", (2, 6), "ids")
+    assert "size_check" not in text, text
+    generated_matches(load(tmp_path, "Last"), module, data("Last", 3, 9))
+
+
+def test_a_feature_count_in_dim_one_is_not_checked(tmp_path):
+    text, _ = traced(tmp_path, "Features", (2, 5))
+    assert "size_check" not in text, text
+    bound_matches(load(tmp_path, "Features"), tmp_path / "features.py", data("Features", 3, 5))
+
+
+def test_a_sequence_beside_a_target_of_classes_is_still_checked(tmp_path):
+    """x [N, T, C] and a float target [N, K] (a loss function around the model): at 2T for both the loss fails
+    (the target's K doubled), so each input's dim 1 changes alone; x's follows T (the mean position), and is
+    checked, the target's is not (fails with both changed together: nothing checked)."""
+    from symgrad.pipeline import build_text
+
+    model = load(tmp_path, "Scaled")
+
+    def loss(x, target):
+        return 0.5 * (model(x).mean(1) - target).pow(2).sum()
+
+    text = trace(loss, {"x": (2, 6, 4), "target": (2, 4)}, name="scaled_loss")
+    checks = [layer for layer in load_yaml(text)["layers"] if layer["op"] == "size_check"]
+    assert [(check["in"], check["right"]) for check in checks] == [("x", 6)], text
+    module = module_from_source(build_text(text, "scaled_loss.yaml").rendered.files["scaled_loss.py"], "scaled_loss")
+    state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    params = {f"model_{key.replace('.', '_')}": value for key, value in state.items()}  # read from the closure
+    target = torch.randn(3, 4, dtype=torch.float64)
+    refusal_of(lambda: module.forward(data("Scaled", 3, 9), target, **params), "x.shape[1] == 6")
