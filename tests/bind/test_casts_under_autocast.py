@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import copy
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -70,8 +69,21 @@ class Casts(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["default", "channels_last"])
-def test_a_bound_resnet_step_under_autocast_casts_no_more_than_autograds(tmp_path, layout):
+def test_a_bound_resnet_step_under_autocast_casts_no_more_than_autograds(tmp_path):
+    """In the default layout the bound step casts no more than autograd (one more before: the image, cast again
+    for the stem's weight gradient); in channels_last, where autograd makes one cast more of its own, the bound
+    step makes as many as in the default layout (a bound count judged against autograd's channels_last alone
+    held before the change too)."""
+    default, _ = _step_casts(tmp_path / "default", torch.contiguous_format)
+    channels_last, _ = _step_casts(tmp_path / "channels_last", torch.channels_last)
+    assert channels_last == default, (channels_last, default)
+
+
+def _step_casts(folder, layout) -> tuple[dict, dict]:
+    """The bound step's and autograd's casts (floating / other) of one AMP step in ``layout``, after checking the
+    loss and every gradient are autograd's bit for bit and the bound step casts no more than autograd."""
+    folder.mkdir()
+    tmp_path = folder
     torch.manual_seed(0)
     model = Stemmed().train()
     text = trace(
@@ -98,6 +110,7 @@ def test_a_bound_resnet_step_under_autocast_casts_no_more_than_autograds(tmp_pat
     assert eager.found["other"] == 0
     assert mine.found["floating"] <= eager.found["floating"], (mine.found, eager.found)  # one more before
     assert sum(mine.found.values()) <= sum(eager.found.values()) + KEPT_MEMORYS_PRICE, (mine.found, eager.found)
+    return dict(mine.found), dict(eager.found)
 
 
 class PreNorm(nn.Module):
