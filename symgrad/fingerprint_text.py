@@ -216,7 +216,7 @@ def _group_text(name: str, group: dict) -> str:
     head = f"    {json.dumps(name)}: {{"
     lines = [head]
     for pair in (f"{json.dumps(path)}: {_number_text(number)}" for path, number in group.items()):
-        if lines[-1] != head and len(lines[-1]) + len(pair) + 3 > 100:  # ", " before it, "}," or "," after
+        if lines[-1] != head and len(lines[-1]) + len(pair) + 4 > 100:  # ", " before it, "}," (the last) after
             lines[-1] += ","
             lines.append(" " * len(head) + pair)
         else:

@@ -79,3 +79,15 @@ def test_the_tail_left_out_is_the_tail_the_module_puts_back(monkeypatch):
     table = {key: row[:5] + [1] for key, row in table.items()}  # every row ends with the other default
     with pytest.raises(AssertionError, match="do not give its table back"):
         _fingerprint_literal(table, {})
+
+
+def test_a_long_groups_lines_stay_within_100_columns_where_its_last_pair_ends_at_the_edge():
+    """A group written over several lines ends in ``},``: its last pair was let onto a line three columns short of
+    the edge, so a line of 101 columns came out (the blocks form of smp's Linknet with an EfficientNet encoder,
+    ``"conv_pwl": 7, "bn3": 3},``). Every width of the last path, each line <= 100."""
+    from symgrad.fingerprint_text import _group_text
+
+    for width in range(1, 76):  # a pair that fits a line alone
+        group = {f"conv_{index}.weight": index for index in range(5)} | {"b" * width: 3}
+        lines = _group_text("block", group).splitlines()
+        assert len(lines) > 1 and max(map(len, lines)) <= 100, (width, lines)
