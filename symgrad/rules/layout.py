@@ -30,7 +30,7 @@ primitive(
 )
 primitive(
     "reshape",
-    code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(show, params['shape']))})",
+    code=lambda operands, params, show: f"{operands[0]}.reshape({', '.join(map(show, params['shape'])) or '()'})",
     latex=lambda operands, params, show: rf"\operatorname{{reshape}}\left({operands[0]}\right)",
     tangent=LINEAR,
 )
@@ -75,7 +75,10 @@ class Flatten(Rule):
 
 def target_shape(value, context: ParamContext) -> tuple:
     """``reshape``'s target: ints (one may be -1) and sizes read from nodes at run time, ``{like: x}`` (x's
-    size at the same position) or ``{like: x, dims: [2, 3]}`` (``x.shape[2] * x.shape[3]``)."""
+    size at the same position) or ``{like: x, dims: [2, 3]}`` (``x.shape[2] * x.shape[3]``); ``[]``: 0-dim (a
+    whole-value sum or mean the network reads on, as the model's: symgrad/trace/loss_tail.reduction_layers)."""
+    if value == []:
+        return ()
     if not isinstance(value, list) or not any(isinstance(item, Like) for item in value):
         return ints(value, context)
     shape = []

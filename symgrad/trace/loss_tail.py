@@ -65,7 +65,7 @@ def reduce(builder: Builder, call: Call) -> None:
 
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div"})
 """The calls (by ``SIGNATURES`` kind) that may read a whole-value reduction made a layer: broadcasting
-elementwise, they read its [1] as the 0-dim value it is."""
+elementwise, they read its 0-dim value as the model's code does."""
 
 
 def read_on_problem(builder: Builder, value: torch.Tensor, reader: Call) -> tuple[str, str]:
@@ -91,9 +91,10 @@ def reduction_layers(builder: Builder, value: torch.Tensor, reader: Call) -> str
     """The node of a reduction the network reads on (``conv(h) * conv.weight.sum()``, ``h - h.mean()``,
     ``h * h.sum(dim=(1, 2, 3)).reshape(-1, 1, 1, 1)``), which the tracer noted as maybe the loss: a
     ``sum``/``mean`` layer of the value it reduced when it was taken (not one written in place since), over
-    the dims it reduced; a reduction of every dim to a 0-dim value kept as size 1 and flattened to [1] (a
-    spec's tensors have 1 to 8 dims), only where ``reader`` is an elementwise add/sub/mul/div whose result
-    has a dim (no other reader tells [1] from 0-dim). None, refused as a loss value as before: a loss call's
+    the dims it reduced; a reduction of every dim to a 0-dim value kept as size 1 and reshaped to ``()``, 0-dim
+    as the model's value is (not [1]: under autocast a bfloat16 [N, C] plus a float32 [1] is float32, plus a
+    0-dim float32 bfloat16), only where ``reader`` is an elementwise add/sub/mul/div whose result has a dim
+    (another reader is refused as before). None, refused as a loss value as before: a loss call's
     value, a scaled reduction (``h.sum() / 3 / 7`` is noted as one scale: float32 rounds the two divisions
     otherwise), one with a ``dtype``, a 0-dim one read otherwise (``torch.stack``, ``unsqueeze``, a sum of two)."""
     reduction = builder.reductions.get(id(value))
@@ -120,12 +121,8 @@ def reduction_layers(builder: Builder, value: torch.Tensor, reader: Call) -> str
     layer = {"op": how, "in": reduction.source, "dim": dims, **({"keepdim": True} if kept else {})}
     name = builder.emit(how, layer, made)  # the node reduced when the reduction was taken
     if zero_dim:
-        flat = torch.flatten(reduced)
-        builder.layer(
-            "flatten",
-            {"input": reduced},
-            Call("flatten", torch.flatten, (reduced,), {}, flat, call.where, call.module, call.leaf),
-        )
+        flat = reduced.reshape(())
+        builder.add(Call("reshape", torch.reshape, (reduced, ()), {}, flat, call.where, call.module, call.leaf))
         name = builder.named(flat)
         if name is None:  # refused: the layer's problem is reported with it
             return None

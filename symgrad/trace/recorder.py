@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import sizes
 from .custom_functions import Applied
+from .errors import Refusal
 from .names_from_code import code_targets
 
 SHAPE_QUERIES = frozenset(
@@ -310,6 +311,7 @@ class Recorder(TorchFunctionMode):
         self.size_tensors: list[torch.Tensor] = []
         """The tensors whose sizes the user's code read, by the index its sizes carry (``sizes.Dim``)."""
         self._size_index: dict[int, int] = {}
+        self._autocast_enter: Callable = AUTOCAST_ENTER
         self._named_site: tuple | None = None
         """(frame, instruction, call) of the last call given names by its statement (:meth:`_name`)."""
 
@@ -319,6 +321,7 @@ class Recorder(TorchFunctionMode):
             module_hooks.register_module_forward_pre_hook(self._entered),
             module_hooks.register_module_forward_hook(self._left, always_call=True),
         ]
+        self._autocast_enter, AUTOCAST.__enter__ = AUTOCAST.__enter__, _refuse_autocast_region
         return super().__enter__()
 
     def _entered(self, module, arguments) -> None:  # a hook returning a value would replace the input
@@ -332,6 +335,7 @@ class Recorder(TorchFunctionMode):
         self._named_site = None  # its frame, kept no longer
         for hook in self._hooks:
             hook.remove()
+        AUTOCAST.__enter__ = self._autocast_enter
         self.running.clear()
         return super().__exit__(*exception)
 
@@ -504,6 +508,35 @@ def _fill(tensor: torch.Tensor) -> float | None:
     if not bool((flat == first).all()) or not math.isfinite(first):
         return None
     return first
+
+
+AUTOCAST = torch.amp.autocast_mode.autocast
+"""``torch.autocast``, whose ``__enter__`` ``torch.cpu.amp.autocast``'s and ``torch.cuda.amp.autocast``'s call, as its
+use as a decorator does: the recorder puts :func:`_refuse_autocast_region` in its place while the code runs."""
+AUTOCAST_ENTER = AUTOCAST.__enter__
+AUTOCAST_FILES = tuple(
+    os.path.join(TORCH_DIR, *parts) for parts in (("amp", "autocast_mode.py"), ("cpu", "amp"), ("cuda", "amp"))
+)
+
+
+def _refuse_autocast_region(region):
+    """Refuse the traced code's own autocast region (``with torch.autocast("cpu", enabled=False):`` in a
+    forward): the spec has no place for it, so the explicit step would run its ops under the caller's autocast
+    (in bfloat16 where the model runs them in float32, or the other way round), with other numbers than
+    autograd's. torch's own regions (checkpoint's recomputation) are its business."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(AUTOCAST_FILES):
+        frame = frame.f_back  # torch.cpu.amp.autocast's __enter__, the decorator's wrapper
+    if frame is None or not is_users(frame.f_code.co_filename):
+        return AUTOCAST_ENTER(region)
+    turns = "off" if not region._enabled else f"on in {str(region.fast_dtype).removeprefix('torch.')}"
+    raise Refusal(
+        f"{user_line(frame)}: error: the traced code turns autocast {turns} for its own region "
+        f'(torch.autocast("{region.device}", enabled={region._enabled})), which the spec cannot hold: under the '
+        "caller's autocast the explicit step would run that region's ops in another precision than the model "
+        "does (fix: remove the autocast region from the traced code and choose the precision around the whole "
+        "training step, which the explicit step then follows op for op as autograd does)"
+    )
 
 
 def _by_user(frame) -> bool:

@@ -1,9 +1,10 @@
 """A reduction the network reads on is a layer, not the loss: ``conv(x) * conv.weight.sum()`` (a parameter's
 sum), ``h - h.mean()`` (every dim, the batch's too), ``h * h.pow(2).sum(dim=(1, 2, 3)).reshape(...)`` (per
 sample) and ``x / w.abs().mean()`` used to be refused as "computes with a loss value". A reduction of every
-dim to a 0-dim value is a ``sum``/``mean`` layer kept as size 1 and flattened to [1] (a spec's tensors have 1
-to 8 dims) only where an elementwise add/sub/mul/div with a result of one dim or more reads it; the layer
-reduces the value the reduction was taken of (not one written in place after it). Still refused in one line:
+dim to a 0-dim value is a ``sum``/``mean`` layer kept as size 1 and reshaped to ``()``, 0-dim as the model's
+value (tests/bind/test_autocast_regions.py: a [1] promotes under autocast), only where an elementwise
+add/sub/mul/div with a result of one dim or more reads it; the layer reduces the value the reduction was taken
+of (not one written in place after it). Still refused in one line:
 a loss call's value, a scaled reduction (its scales are noted as one: float32 would round otherwise), a 0-dim
 value that ``torch.stack`` or ``unsqueeze`` reads or that sums to another 0-dim value (a hand-written loss
 plus a penalty)."""
@@ -74,8 +75,8 @@ def test_a_sum_of_every_dim_read_on_keeps_its_shape_and_gradients():
 def test_the_reductions_read_on_are_written_as_layers():
     text = trace(ReadOn(), {"x": (2, 3, 6, 6)}, wrt="parameters", name="read_on", mode="train")
     assert "{op: sum, in: conv_weight, dim: [0, 1, 2, 3], keepdim: true, out: sum}" in text
-    assert "{op: flatten, in: sum, out: flatten}" in text
-    assert "{op: sum, in: pow, dim: [1, 2, 3], out: sum_2}" in text  # per sample: [N], not flattened
+    assert "{op: reshape, in: sum, shape: [], out: reshape}" in text  # 0-dim as the model's (not [1]: autocast)
+    assert "{op: sum, in: pow, dim: [1, 2, 3], out: sum_2}" in text  # per sample: [N], not reshaped
 
 
 def _scaled(x, w):
