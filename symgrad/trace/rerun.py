@@ -98,29 +98,36 @@ def dim_one_pins(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, 
     """The inputs whose dim 1 the spec must hold at its traced size: :func:`other_sizes` never changes dim 1
     (a channel count there refuses many valid models), so a number computed from it (a sequence's length in
     [N, T, C] or [N, T]: ``torch.arange(x.shape[1])``, ``h.view(n, t * c)`` with numbers, a branch on it) would be
-    frozen without a word. One more run changes dim 1 alone of each input of 2 or more dims (x2, else + 1); where
-    the model runs there and the spec differs (an argument, the ops, the result), ``{input: (dim 1's traced size,
-    file:line of the first call that differs, what differs)}`` (``size_checks.pin_dim_one`` checks it at run
-    time); else nothing (a channel count, an MLP's features: the model does not run there). Where it does not
-    run with all of them changed (a sequence beside a target of [N, classes]), each changes alone, but a float
-    input of 2 dims (such a target: the model runs to its end there, to fail at the loss, a cost of two forwards
-    for what holds no sequence's length most often)."""
+    frozen without a word. One more run changes dim 1 of each input of 2 or more dims (x2, and + 1 where x2
+    shows nothing: a pad to a multiple of 4 is 0 at 8 and 16); where the model runs there and the spec differs
+    (an argument, the ops, the result), ``{input: (dim 1's traced size, file:line of the first call that
+    differs, what differs)}`` (``size_checks.pin_dim_one`` checks it at run time); else nothing (a channel
+    count, an MLP's features: the model does not run there). Where the inputs are of several dim-1 sizes, the
+    inputs of one size change together, a size at a time (ids and token types share T; an image's channels, a
+    target's classes or a feature vector beside them do not run changed), each alone where its size's run
+    does not run, and only those whose change differs are checked."""
     grown = [key for key, shape in shapes.items() if len(shape) >= 2]
-    alone = [  # not a float [N, K] beside them, most often a target, which runs the whole model to fail at the end
-        key for key in grown if len(shapes[key]) >= 3 or spec["inputs"].get(key, {}).get("dtype") == "int64"
-    ]
+    if not grown:
+        return {}
+    joint = _dim_one_changed(run, shapes, spec, calls, grown)
+    sizes: dict[int, list] = {}
+    for key in grown:
+        sizes.setdefault(shapes[key][1], []).append(key)
+    if joint == {} or len(sizes) == 1 and (joint is not None or len(grown) == 1):
+        return joint or {}
     pins: dict[str, tuple] = {}
-    for group in [grown] * bool(grown) + [[key] for key in alone if len(grown) > 1]:
-        found = _dim_one_changed(run, shapes, spec, calls, group)
-        if found is not None and group is grown:
-            return found
+    for group in sizes.values():
+        found = joint if group == grown else _dim_one_changed(run, shapes, spec, calls, group)
+        for key in group if found is None and len(group) > 1 else []:
+            pins.update(_dim_one_changed(run, shapes, spec, calls, [key]) or {})
         pins.update(found or {})
-    return pins
+    return pins or joint or {}
 
 
 def _dim_one_changed(run: Callable, shapes: dict, spec: dict, calls: list, grown: list) -> dict | None:
-    """:func:`dim_one_pins` with dim 1 of the inputs ``grown`` changed: its pins, or None where the model runs
-    at no such size."""
+    """:func:`dim_one_pins` with dim 1 of the inputs ``grown`` changed: its pins, {} where the model runs at
+    the changed sizes alike, or None where it runs at no such size."""
+    ran = False
     for factor, added in ((2, 0), (1, 1)):
         changed = {
             key: (shape[0], shape[1] * factor + added, *shape[2:]) if key in grown else shape
@@ -132,6 +139,7 @@ def _dim_one_changed(run: Callable, shapes: dict, spec: dict, calls: list, grown
             raise
         except Exception:  # the model does not run there (a channel count), or at 2x alone
             continue
+        ran = True
         ours, theirs = _compared_layers(spec, calls, other)
         where, what = _first_other_op(ours, theirs), "the choice of ops"
         if where is None:
@@ -141,10 +149,9 @@ def _dim_one_changed(run: Callable, shapes: dict, spec: dict, calls: list, grown
                 where, what = call.where, f"the argument {key} of {layer['op']}"
             elif _other_result(spec, other):
                 where, what = calls[-1].where if calls else "<traced code>", "the result"
-        if where is None:
-            return {}
-        return {key: (shapes[key][1], where, what) for key in grown if key in spec["inputs"]}
-    return None
+        if where is not None:
+            return {key: (shapes[key][1], where, what) for key in grown if key in spec["inputs"]}
+    return {} if ran else None
 
 
 CONSTANT_FIX = (

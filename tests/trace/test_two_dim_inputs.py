@@ -83,6 +83,35 @@ class Features(nn.Module):  # [N, F]: dim 1 is a feature count; the model does n
 
     def forward(self, x):
         return self.b(torch.relu(self.a(x)) * x.shape[1])
+
+
+class Paired(nn.Module):  # BERT-style ids and token types, both [N, T], added: they run only at one T together
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(20, 4)
+        self.wtt = nn.Embedding(2, 4)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, ids, types):
+        return self.lin(self.wte(ids) + self.wtt(types)).sum(1) / (ids.shape[1] - 1)
+
+
+class Padded(nn.Module):  # T padded to a multiple of 4: pad 0 at T = 8 and at 2T = 16 alike, 3 at T + 1
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.nn.functional.pad(self.fc(x), (0, 0, 0, (-x.shape[1]) % 4)).mean(1)
+
+
+class Extra(nn.Module):  # x [N, T, C] scaled by T beside extra [N, K] of any K: only x follows its dim 1
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, extra):
+        return self.fc(x).mean(1) * x.shape[1] + extra.mean(1, keepdim=True)
 """
 
 
@@ -197,3 +226,92 @@ def test_a_sequence_beside_a_target_of_classes_is_still_checked(tmp_path):
     params = {f"model_{key.replace('.', '_')}": value for key, value in state.items()}  # read from the closure
     target = torch.randn(3, 4, dtype=torch.float64)
     refusal_of(lambda: module.forward(data("Scaled", 3, 9), target, **params), "x.shape[1] == 6")
+
+
+def _loss_module(text: str, name: str):
+    from symgrad.pipeline import build_text
+
+    return module_from_source(build_text(text, f"{name}.yaml").rendered.files[f"{name}.py"], name)
+
+
+def _closure_params(model) -> dict:
+    return {f"model_{key.replace('.', '_')}": value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def test_a_float_sequence_beside_a_target_is_checked(tmp_path):
+    """A float [N, T] in a loss function with a float target [N, 4]: the run with both dims 1 changed fails at
+    the loss, and a float 2-dim input was not changed alone (taken for a target): its T was held at 6 without a
+    word (at T = 9 the generated loss 21.1 against the model's 45.6, reviewer RA). Now the inputs of each dim-1
+    size change together, a size at a time: x's is checked, the target's is not. At T = 6 the loss is the
+    model's; at T = 9 one line."""
+    model = load(tmp_path, "Floats")
+
+    def loss(x, target):
+        return 0.5 * (model(x) - target).pow(2).sum()
+
+    text = trace(loss, {"x": (2, 6), "target": (2, 4)}, name="floats_loss")
+    checks = [layer for layer in load_yaml(text)["layers"] if layer["op"] == "size_check"]
+    assert [(check["in"], check["right"]) for check in checks] == [("x", 6)], text
+    module = _loss_module(text, "floats_loss")
+    target = torch.randn(3, 4, dtype=torch.float64)
+    got = module.forward(data("Floats", 3, 6), target, **_closure_params(model))
+    got = got[0] if isinstance(got, tuple) else got
+    assert torch.allclose(got, loss(data("Floats", 3, 6), target), rtol=1e-12, atol=0), got
+    refusal_of(lambda: module.forward(data("Floats", 3, 9), target, **_closure_params(model)), "x.shape[1] == 6")
+
+
+def test_token_ids_and_types_that_share_t_change_together(tmp_path):
+    """ids and token types [N, T] added, in a loss function with a float target [N, 3]: with every dim 1
+    changed the loss fails, with ids or types alone the add fails, so nothing was checked (at T = 9 the loss
+    off by 1.04, reviewer RA). The inputs of one traced size change together: their T is checked."""
+    model = load(tmp_path, "Paired")
+
+    def loss(ids, types, target):
+        return 0.5 * (model(ids, types) - target).pow(2).sum()
+
+    dtypes = {"ids": "int64", "types": "int64"}
+    text = trace(loss, {"ids": (2, 6), "types": (2, 6), "target": (2, 3)}, name="paired_loss", dtypes=dtypes)
+    assert "dims: [1]}, right: 6, relation: eq" in text, text
+    module = _loss_module(text, "paired_loss")
+    generator = torch.Generator().manual_seed(3)
+    target = torch.randn(3, 3, dtype=torch.float64, generator=generator)
+    for tokens in (6, 9):
+        ids = torch.randint(0, 20, (3, tokens), generator=generator)
+        types = torch.randint(0, 2, (3, tokens), generator=generator)
+
+        def call():
+            got = module.forward(ids, types, target, **_closure_params(model))
+            return got[0] if isinstance(got, tuple) else got
+
+        if tokens == 6:
+            assert torch.allclose(call(), loss(ids, types, target), rtol=1e-12, atol=0)
+        else:
+            refusal_of(call, ".shape[1] == 6")
+
+
+def test_a_size_that_doubling_leaves_alike_is_checked_at_one_more(tmp_path):
+    """T padded to a multiple of 4: traced at T = 8, the run at 2T pads 0 as the trace did, so nothing differed
+    and the pad was held at 0 (silently off at T = 6, 7, 9, reviewer RA). Where 2T shows nothing the run at
+    T + 1 is made too: x's dim 1 is checked."""
+    text, module = traced(tmp_path, "Padded", (2, 8, 4))
+    assert "left: {like: x, dims: [1]}, right: 8, relation: eq" in text, text
+    model = load(tmp_path, "Padded")
+    x = torch.randn(3, 8, 4, dtype=torch.float64)
+    params = {k: value.detach().clone() for k, value in model.state_dict().items()}
+    assert torch.equal(module.forward(x, params)[0], model(x))
+    refusal_of(lambda: module.forward(torch.randn(3, 9, 4, dtype=torch.float64), params), "x.shape[1] == 8")
+
+
+def test_only_the_input_whose_dim_one_differs_is_checked(tmp_path):
+    """x [N, T, C] scaled by T beside extra [N, K] of any K: the run with both changed differs (x's T), and
+    both were checked, so the model was refused at another K with "extra.shape[1] == 3" (reviewer RA). Each
+    size's inputs change alone: only x is checked; another K runs and equals the model."""
+    model = load(tmp_path, "Extra")
+    text = trace(model, {"x": (2, 6, 4), "extra": (2, 3)}, "parameters", "extra")
+    checks = [layer for layer in load_yaml(text)["layers"] if layer["op"] == "size_check"]
+    assert [check["left"]["like"] for check in checks] == ["x"], text
+    write_generated(tmp_path, text, "extra")
+    module = module_from_source((tmp_path / "extra.py").read_text(), "extra_generated")
+    params = {k: value.detach().clone() for k, value in model.state_dict().items()}
+    x, extra = torch.randn(3, 6, 4, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    assert torch.equal(module.forward(x, extra, params)[0], model(x, extra))
