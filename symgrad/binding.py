@@ -90,6 +90,13 @@ class Guard(StepChecks):
         self._static_sizes = (getattr(generated, "GUARDS", None) or {}).get("sizes") or {}
         """Each input's shape where the spec was traced with static sizes: any other is refused at each call."""
         """Module constants, functions called by name, class attributes read: checked at each call."""
+        self._autocast_guards = tuple(
+            (where, device, key == "autocast_read")
+            for key in ("autocast", "autocast_read")
+            for where, device in ((getattr(generated, "GUARDS", None) or {}).get(key) or {}).items()
+        )
+        """The model's own regions turning autocast off and the places it asks whether autocast is on (file:line,
+        device, whether it asks): the caller's autocast is refused (``StepChecks._check_autocast``)."""
         # kept.kept_as_layouts's stand-ins, made in the saving forwards: CPU and CUDA kernels only (_check_devices)
         self._keeps_layouts = any(
             "meta" in value.__code__.co_consts
@@ -214,6 +221,8 @@ class Guard(StepChecks):
                 )
         if self._static_sizes:
             self._check_static_sizes(data)
+        if self._autocast_guards:
+            self._check_autocast(data)
         self._check_model_and_mode()
         self._check_values()
         arguments, params = self._reader.read(data, self.model)  # params: named by state_dict key

@@ -41,6 +41,10 @@ from .output_types import output_entry
 MAX_TEXT = 200
 PATH = re.compile(r"[A-Za-z0-9_.<>:#/@-]{1,300}\Z")
 HASH = re.compile(r"[0-9a-f]{16}\Z")
+REGION = re.compile(r"[^\n]{1,1000}:[0-9]+\Z")
+"""The ``file:line`` of an autocast region or question (``guards: autocast:``, ``autocast_read:``)."""
+AUTOCAST_KEYS = ("autocast", "autocast_read")
+DEVICE = re.compile(r"[a-z_]{1,20}\Z")
 LIBRARY_DIRS = tuple(
     os.path.join(os.path.realpath(path), "")
     for path in (os.path.dirname(torch.__file__), os.path.dirname(__file__), sysconfig.get_paths()["stdlib"])
@@ -453,10 +457,20 @@ def arguments_of(function, shapes: dict, arguments: dict) -> dict[str, Any]:
 
 
 def guards_text(
-    module: torch.nn.Module, function, called: set, shapes: dict, arguments: dict, sizes: dict | None = None
+    module: torch.nn.Module,
+    function,
+    called: set,
+    shapes: dict,
+    arguments: dict,
+    sizes: dict | None = None,
+    autocast: dict | None = None,
+    autocast_read: dict | None = None,
 ) -> str:
     """The spec's ``guards:`` section (flow-style YAML of checked literals); ``sizes``: each input's shape where
-    it was traced with static sizes (``symgrad.trace.static_sizes``)."""
+    it was traced with static sizes (``symgrad.trace.static_sizes``); ``autocast``: the code's own regions that
+    turn autocast off, ``file:line`` -> device (``symgrad.trace.recorder._autocast_region``), ``autocast_read``:
+    the places it asks whether autocast is on (``_autocast_read``), under either of which a bound step refuses
+    the caller's autocast (``StepChecks._check_autocast``)."""
     import json
 
     import yaml
@@ -470,6 +484,10 @@ def guards_text(
     }
     if sizes:
         guards["sizes"] = sizes
+    if autocast:
+        guards["autocast"] = autocast
+    if autocast_read:
+        guards["autocast_read"] = autocast_read
 
     def line(value) -> str:  # one value in flow style (a bare scalar would end its document with "...")
         return yaml.safe_dump([value], default_flow_style=True, width=10_000, sort_keys=False).strip()[1:-1]
@@ -479,7 +497,7 @@ def guards_text(
         if entries
         else f"  {key}: {{}}\n"
         for key, entries in guards.items()
-        if entries or key not in ("output", "sizes")
+        if entries or key not in ("output", "sizes", *AUTOCAST_KEYS)
     )
 
 
@@ -492,14 +510,21 @@ def parse_guards(value: Any, location) -> dict:
             f"guards {what}", location, "trace the model again (symgrad trace ...); the guards are written by the trace"
         )
 
-    if not isinstance(value, dict) or set(value) - {"code", "values", "arguments", "output", "sizes"}:
-        raise refuse("must be a mapping of code, values and arguments (and output, sizes)")
+    keys = ("code", "values", "arguments", "output", "sizes", *AUTOCAST_KEYS)
+    if not isinstance(value, dict) or set(value) - set(keys):
+        raise refuse("must be a mapping of code, values and arguments (and output, sizes, autocast, autocast_read)")
     result = {}
-    for key in ("code", "values", "arguments", "output", "sizes"):
+    for key in keys:
         entries = value.get(key) or {}
         if not isinstance(entries, dict):
             raise refuse(f"{key} must be a mapping")
         for name, item in entries.items():
+            if key in AUTOCAST_KEYS:  # a region's or a question's file:line (any file name) and its device type
+                if not (isinstance(name, str) and REGION.match(name)):
+                    raise refuse(f"{key} has {name!r:.60}, not a file:line")
+                if not (isinstance(item, str) and DEVICE.match(item)):
+                    raise refuse(f"{key} {name!r:.60} has {item!r:.60}, not a device type")
+                continue
             if not isinstance(name, str) or not PATH.match(name):
                 raise refuse(f"{key} has {name!r:.60}, not a path")
             if key == "code" and not (isinstance(item, str) and HASH.match(item)):

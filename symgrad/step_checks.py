@@ -18,6 +18,32 @@ from .retrace import retrace
 class StepChecks:
     """The per-call checks of :class:`symgrad.binding.Guard`, each raising its one-line refusal."""
 
+    def _check_autocast(self, data: dict) -> None:
+        """A call under the caller's autocast, where the model turns it off for a region of its own
+        (``symgrad.trace.recorder._autocast_region``: a rotary embedding's cos and sin in float32) or asks whether
+        it is on (``_autocast_read``: transformers' ``maybe_autocast``, which opens its region only then), refused
+        in one line naming the first such place: the model runs the region's ops in its own precision, or takes
+        another branch, and the explicit step follows the trace, made without autocast. The device in the
+        guards is the one traced on, which code reading ``x.device.type`` changes with the data, so autocast on
+        for the data's devices is refused too."""
+        devices = dict.fromkeys(device for _, device, _ in self._autocast_guards)
+        devices.update(dict.fromkeys(value.device.type for value in data.values() if isinstance(value, torch.Tensor)))
+        turned_on = [device for device in devices if _autocast_on(device)]
+        if not turned_on:
+            return
+        where, device, asks = self._autocast_guards[0]
+        if asks:
+            does = f'asks whether autocast is on there (torch.is_autocast_enabled("{device}")), off when traced'
+            differs = "where the model may take another branch than the one traced"
+        else:
+            does = f'turns autocast off there (torch.autocast("{device}", enabled=False))'
+            differs = "where the explicit step would run the region's ops in autocast's dtype and the model in its own"
+        raise BindError(
+            f"{where}: error: the model {does}, and this call of {name_of(self.generated)} runs under the caller's "
+            f"{turned_on[0]} autocast, {differs} (fix: call the step outside torch.autocast, in the model's "
+            "precision)"
+        )
+
     def _check_static_sizes(self, data: dict) -> None:
         """A call at other sizes than a spec traced with static sizes holds (``symgrad.trace.static_sizes``),
         refused in one line naming the traced sizes and the trace at the sizes given now."""
@@ -265,3 +291,11 @@ def _last_batch(changed: dict, traced: dict) -> str:
 def first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+def _autocast_on(device: str) -> bool:
+    """Whether autocast is on for ``device`` (a device type autocast does not know: off)."""
+    try:
+        return torch.is_autocast_enabled(device)
+    except RuntimeError:
+        return False

@@ -276,9 +276,16 @@ def _time_limit(seconds: float | None):
 def _traced_text(
     function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False, static_sizes=False
 ) -> str:
+    autocast: dict[str, dict] = {}  # the code's own regions turning autocast off, its questions: where, device
     with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
         spec, calls = run_once(
-            function, module, {key: tuple(shapes[key]) for key in tensor_names}, arguments, dtypes, loss
+            function,
+            module,
+            {key: tuple(shapes[key]) for key in tensor_names},
+            arguments,
+            dtypes,
+            loss,
+            autocast_guards=autocast,
         )
     again: list[dict] = []  # the second run's specs: their Functions' checks, at other sizes, are the spec's too
     refused: list = []  # symgrad's refusals at the second run's sizes, where the model ran
@@ -369,7 +376,7 @@ def _traced_text(
         text = _with_blocks(text, header, name, spec, calls, module, graph)
     if module is not None:  # what symgrad.bind compares the model with
         text += _fingerprint_text(module, calls) + guards_text(
-            module, function, called, tensor_names, arguments, guarded
+            module, function, called, tensor_names, arguments, guarded, **autocast
         )
     return text
 

@@ -312,6 +312,15 @@ class Recorder(TorchFunctionMode):
         """The tensors whose sizes the user's code read, by the index its sizes carry (``sizes.Dim``)."""
         self._size_index: dict[int, int] = {}
         self._autocast_enter: Callable = AUTOCAST_ENTER
+        self._is_autocast_enabled: Callable = IS_AUTOCAST_ENABLED
+        self.autocast_regions: dict[str, str] = {}
+        """The traced code's own ``torch.autocast(device, enabled=False)`` regions, a no-op while it runs (no
+        autocast on for their device): each ``file:line`` and its device, for the guards (a bound step refuses
+        to run under the caller's autocast, where the region would matter: :func:`_autocast_region`)."""
+        self.autocast_reads: dict[str, str] = {}
+        """Where the traced code asked whether autocast is on (``torch.is_autocast_enabled(device)``, as
+        transformers' ``maybe_autocast`` does before it opens a region, or timm's norms before they cast), and
+        for which device: off, as the trace runs; the caller's autocast is refused there alike."""
         self._named_site: tuple | None = None
         """(frame, instruction, call) of the last call given names by its statement (:meth:`_name`)."""
 
@@ -321,7 +330,17 @@ class Recorder(TorchFunctionMode):
             module_hooks.register_module_forward_pre_hook(self._entered),
             module_hooks.register_module_forward_hook(self._left, always_call=True),
         ]
-        self._autocast_enter, AUTOCAST.__enter__ = AUTOCAST.__enter__, _refuse_autocast_region
+        regions = self.autocast_regions
+
+        def enter(region):  # a function, so that `with` binds the region to it as to torch's own __enter__
+            return _autocast_region(region, regions)
+
+        def is_autocast_enabled(*arguments, **keywords):  # the traced code's question, noted where it asks it
+            return _autocast_read(reads, *arguments, **keywords)
+
+        reads = self.autocast_reads
+        self._autocast_enter, AUTOCAST.__enter__ = AUTOCAST.__enter__, enter
+        self._is_autocast_enabled, torch.is_autocast_enabled = torch.is_autocast_enabled, is_autocast_enabled
         return super().__enter__()
 
     def _entered(self, module, arguments) -> None:  # a hook returning a value would replace the input
@@ -336,6 +355,7 @@ class Recorder(TorchFunctionMode):
         for hook in self._hooks:
             hook.remove()
         AUTOCAST.__enter__ = self._autocast_enter
+        torch.is_autocast_enabled = self._is_autocast_enabled
         self.running.clear()
         return super().__exit__(*exception)
 
@@ -512,31 +532,58 @@ def _fill(tensor: torch.Tensor) -> float | None:
 
 AUTOCAST = torch.amp.autocast_mode.autocast
 """``torch.autocast``, whose ``__enter__`` ``torch.cpu.amp.autocast``'s and ``torch.cuda.amp.autocast``'s call, as its
-use as a decorator does: the recorder puts :func:`_refuse_autocast_region` in its place while the code runs."""
+use as a decorator does: the recorder puts :func:`_autocast_region` in its place while the code runs."""
 AUTOCAST_ENTER = AUTOCAST.__enter__
+IS_AUTOCAST_ENABLED = torch.is_autocast_enabled
 AUTOCAST_FILES = tuple(
     os.path.join(TORCH_DIR, *parts) for parts in (("amp", "autocast_mode.py"), ("cpu", "amp"), ("cuda", "amp"))
 )
 
 
-def _refuse_autocast_region(region):
-    """Refuse the traced code's own autocast region (``with torch.autocast("cpu", enabled=False):`` in a
-    forward): the spec has no place for it, so the explicit step would run its ops under the caller's autocast
-    (in bfloat16 where the model runs them in float32, or the other way round), with other numbers than
-    autograd's. torch's own regions (checkpoint's recomputation) are its business."""
-    frame = sys._getframe(1)
+def _autocast_region(region, regions: dict[str, str]):
+    """The traced code's own autocast region (``with torch.autocast("cpu", enabled=False):`` in a forward, as
+    LLaMA's rotary embedding opens): the spec holds its ops as plain ops, which is what the model runs where the
+    region changes nothing. So a region that turns autocast off while none is on for its device is entered and
+    noted in ``regions`` (``file:line`` -> device: the guards' ``autocast``, :func:`symgrad.guards.guards_text`),
+    and a bound step refuses to run under the caller's autocast, where the explicit step would run the region's
+    ops in autocast's dtype and the model in its own. A region that turns autocast on (it casts with no
+    caller's autocast too), or off while the trace runs under autocast, is refused here in one line.
+    torch's own regions (checkpoint's recomputation) are its business."""
+    frame = sys._getframe(2)  # the recorder's `enter` called this
     while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(AUTOCAST_FILES):
         frame = frame.f_back  # torch.cpu.amp.autocast's __enter__, the decorator's wrapper
     if frame is None or not is_users(frame.f_code.co_filename):
         return AUTOCAST_ENTER(region)
-    turns = "off" if not region._enabled else f"on in {str(region.fast_dtype).removeprefix('torch.')}"
+    where = user_line(frame)
+    if not region._enabled and not IS_AUTOCAST_ENABLED(region.device):
+        regions.setdefault(where, region.device)
+        return AUTOCAST_ENTER(region)
+    called = f'(torch.autocast("{region.device}", enabled={region._enabled}))'
+    if not region._enabled:
+        raise Refusal(
+            f"{where}: error: the traced code turns autocast off for its own region {called} while the trace "
+            "runs under autocast, so the trace would record that region's ops in another precision than the "
+            "rest (fix: trace outside torch.autocast; a bound step then refuses to run under autocast, naming "
+            "this region)"
+        )
     raise Refusal(
-        f"{user_line(frame)}: error: the traced code turns autocast {turns} for its own region "
-        f'(torch.autocast("{region.device}", enabled={region._enabled})), which the spec cannot hold: under the '
-        "caller's autocast the explicit step would run that region's ops in another precision than the model "
-        "does (fix: remove the autocast region from the traced code and choose the precision around the whole "
-        "training step, which the explicit step then follows op for op as autograd does)"
+        f"{where}: error: the traced code turns autocast on in {str(region.fast_dtype).removeprefix('torch.')} "
+        f"for its own region {called}, which the spec cannot hold: the explicit step would run that region's ops "
+        "in another precision than the model does (fix: remove the autocast region from the traced code and "
+        "choose the precision around the whole training step, which the explicit step then follows op for op "
+        "as autograd does)"
     )
+
+
+def _autocast_read(reads: dict[str, str], *arguments, **keywords) -> bool:
+    """``torch.is_autocast_enabled(...)`` while the traced code runs: where the user's code asks (not torch's
+    own), noted in ``reads`` (``file:line`` -> device) for the guards' ``autocast_read``: the trace follows
+    the branch taken without autocast, which a bound step under the caller's autocast would not."""
+    frame = sys._getframe(2)  # the recorder's stand-in called this
+    if frame is not None and is_users(frame.f_code.co_filename):
+        device = arguments[0] if arguments else keywords.get("device_type", "cuda")  # no device: CUDA's, as torch
+        reads.setdefault(user_line(frame), str(getattr(device, "type", device)))
+    return IS_AUTOCAST_ENABLED(*arguments, **keywords)
 
 
 def _by_user(frame) -> bool:

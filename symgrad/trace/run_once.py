@@ -42,9 +42,12 @@ def run_once(
     loss: LossChoice | None,
     quiet: bool = False,
     dtype: torch.dtype | None = None,
+    autocast_guards: dict | None = None,
 ):
     """Run once at ``shapes``: the spec dict (inputs, layers, loss, wrt) and the layers' calls; ``dtype``: the
-    inputs' (default: the model's own precision)."""
+    inputs' (default: the model's own precision); ``autocast_guards`` is given the code's own regions that
+    turn autocast off and the places that ask whether it is on (``Recorder.autocast_regions``, ``autocast_reads``),
+    by the guards' keys ``autocast`` and ``autocast_read``."""
     roots: list[tuple[str, torch.nn.Module]] = [("", module)] if module is not None else []
     named_tensors: dict[str, torch.Tensor] = {}
     for key, value in visible_globals(function).items():
@@ -112,6 +115,16 @@ def run_once(
             owner._buffers[key] = value
             value.copy_(copy)
     refuse_value_reads(recorder)
+    if recorder.autocast_regions and module is None:  # no guards: nothing would refuse the caller's autocast
+        where, device = next(iter(recorder.autocast_regions.items()))
+        raise TraceError(
+            f"{where}: error: the traced function turns autocast off for its own region "
+            f'(torch.autocast("{device}", enabled=False)), which only the guards of a traced model can hold (fix: '
+            "trace the model (FILE.py:Model), whose bound step refuses the caller's autocast around that region, "
+            "or remove the region)"
+        )
+    if autocast_guards is not None:
+        autocast_guards.update(autocast=recorder.autocast_regions, autocast_read=recorder.autocast_reads)
     if replaced:
         owner, key = replaced[0]
         buffer = ".".join(part for part in (module_paths.get(id(owner), ""), key) if part)
