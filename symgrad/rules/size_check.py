@@ -7,7 +7,8 @@ interpolation, and run where it is not, it would compute something else. The tra
 sizes the code read (``symgrad/trace/sizes.py``) whose operands follow the input's size, as this layer on the
 node whose sizes it reads: ``left`` and ``right`` are sizes (``{like: NODE, size: 'ceil(shape[2] / 2) * 2'}``)
 or numbers, ``relation`` one of eq, ne, lt, le, gt, ge, ``holds`` what it gave when traced, ``line`` where.
-The gradient passes through: ``grad_input = grad``.
+A size the spec holds as traced without a branch there (``static_sizes=True``; dim 1 of an input a number
+follows) is the same check with ``why`` saying so. The gradient passes through: ``grad_input = grad``.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from .base import Checker, Forward, Operand, Param, ParamContext, Rule, Sample, 
 
 RELATIONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
-SIZE_CHECK = '''def _size_check(value, holds, line, text):
-    """``value`` where the branch traced on sizes holds at these sizes; else a one-line error."""
+SIZE_CHECK = '''def _size_check(value, holds, line, text, why=""):
+    """``value`` where the sizes the traced code read come out as traced; else a one-line error."""
     if not holds:
-        raise ValueError(f"{line}: the traced code branches on {text}, which comes out "
-                         "otherwise at these sizes than when it was traced (fix: call it at sizes "
-                         "where it comes out as traced, or trace it at these sizes too and "
+        what = f"{text} as traced ({why})" if why else f"the traced code branches on {text}"
+        raise ValueError(f"{line}: {what}, which comes out otherwise at these sizes (fix: call it at "
+                         "sizes where it comes out as traced, or trace it at these sizes too and "
                          "generate that spec)")
     return value
 '''
@@ -34,6 +35,8 @@ def _code(operands, params, show):
     relation = RELATIONS[params["relation"]]
     test = f"({show(params['left'])}) {relation} ({show(params['right'])})"
     holds = test if params["holds"] else f"not {test}"
+    if params["why"]:  # a size the spec holds as traced (static_sizes=True, a number that follows it)
+        return f"_size_check({operands[0]}, {holds}, {params['line']!r}, {params['text']!r}, {params['why']!r})"
     text = f"{params['text']} ({params['holds']} when traced)"
     return f"_size_check({operands[0]}, {holds}, {params['line']!r}, {text!r})"
 
@@ -87,6 +90,7 @@ class SizeCheck(Rule):
         "holds": Param(True, _flag),
         "line": Param("", _text),
         "text": Param("", _text),
+        "why": Param("", _text),
     }
     summary = "the input unchanged, where a comparison of sizes comes out as it did when traced; else an error"
 
@@ -163,6 +167,24 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
                     "out": "checked",
                 },
                 {"op": "mul", "in": "checked", "other": 2},
+            ],
+            ["x"],
+        ),
+        Sample(  # a size held as traced, not a branch (a number follows dim 1: symgrad/trace/size_checks.py)
+            "size_check-held-length",
+            {"x": [2, 3], "y": [2, 3]},
+            [
+                {
+                    "op": "size_check",
+                    "in": "x",
+                    "left": {"like": "x", "dims": [1]},
+                    "right": 3,
+                    "line": "m.py:5",
+                    "text": "x.shape[1] == 3",
+                    "why": "the argument other of mul there follows it",
+                    "out": "checked",
+                },
+                {"op": "mul", "in": "checked", "other": 3},
             ],
             ["x"],
         ),

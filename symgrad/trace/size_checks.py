@@ -175,12 +175,12 @@ def renamed_nodes(value: Any, renamed: dict[str, str]) -> Any:
 
 
 def checked_first(spec: dict, calls: list, checks: list[tuple[str, int, int, str, str, str]]) -> None:
-    """Put a ``size_check`` of ``INPUT.shape[dim] == size`` for each ``(input, dim, size, line, text, where)``
+    """Put a ``size_check`` of ``INPUT.shape[dim] == size`` for each ``(input, dim, size, line, why, where)``
     first in ``spec``'s layers, in that order (and a call for each in ``calls``, at ``where``, in no module);
     every later read of the input reads it through its checks."""
     taken = {layer.get("out") for layer in spec["layers"]} | set(spec["inputs"])
     layers, made, renamed = [], [], {}
-    for key, dim, size, line, text, where in checks:
+    for key, dim, size, line, why, where in checks:
         current = renamed.get(key, key)
         out = _free(_check_name(key, dim), taken)
         layers.append(
@@ -192,7 +192,8 @@ def checked_first(spec: dict, calls: list, checks: list[tuple[str, int, int, str
                 "relation": "eq",
                 "holds": True,
                 "line": line,
-                "text": text,
+                "text": f"{key}.shape[{dim}] == {size}",
+                "why": why,
                 "out": out,
             }
         )
@@ -217,11 +218,7 @@ def pin_dim_one(spec: dict, calls: list, pins: dict[str, tuple[int, str, str]]) 
     checks = []
     for key, (size, where, what) in pins.items():
         line = where.rsplit("/", 1)[-1]
-        text = (
-            f"{key}.shape[1] == {size} ({what} there follows it, held as traced; at other sizes trace again at "
-            "the size you run, or with --static-sizes)"
-        )
-        checks.append((key, 1, size, line, text, where))
+        checks.append((key, 1, size, line, f"{what} there follows it", where))
     checked_first(spec, calls, checks)
     int_checks_where_read(spec, calls)
 

@@ -107,7 +107,7 @@ def guard_sizes(
                 dim,
                 size,
                 where,
-                f"{key}.shape[{dim}] == {size} ({OPTION}; at other sizes trace again with {CLI_OPTION})",
+                OPTION,
                 where,
             )
             for key, shape in guarded.items()

@@ -11,6 +11,7 @@ sizes and the trace at the new ones), never computed with the traced sizes silen
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -169,7 +170,7 @@ def test_the_generated_code_itself_refuses_another_size(tmp_path):
     with pytest.raises(ValueError) as error:
         module.forward(torch.randn(2, 2, 7, 4, dtype=torch.float64), params)
     (line,) = str(error.value).splitlines()
-    assert "x.shape[2] == 5 (static_sizes=True; at other sizes trace again with --static-sizes)" in line, line
+    assert "x.shape[2] == 5 as traced (static_sizes=True), which comes out otherwise at these sizes" in line, line
     assert "traced at x=[2, 2, 5, 4]" in line, line
 
 
@@ -182,7 +183,7 @@ def test_the_checked_input_keeps_its_name_in_the_generated_code():
     assert "out: x_size3" in text  # the spec names each check; the code does not
     source = build_text(text, "net.yaml").rendered.files["net.py"]
     assert "x_size" not in source
-    assert source.count("x = _size_check(\n        x,\n") >= 4, source
+    assert len(re.findall(r"x = _size_check\(\s+x, ", source)) >= 4, source
     assert "F.conv2d(x, " in source
 
 

@@ -162,7 +162,7 @@ def test_dim_one_is_checked_where_a_number_follows_it(tmp_path, name, key, shape
     model = load(tmp_path, name)
     generated_matches(model, module, data(name, 3, 6))
     params = {k: value.detach().clone() for k, value in model.state_dict().items()}
-    fix = ("trace again at the size you run", "--static-sizes")
+    fix = ("as traced (the argument other of mul there follows it)", "(fix: ", "trace it at these sizes too")
     refusal_of(lambda: module.forward(data(name, 3, 9), params), *said, *fix)
     bound = bound_matches(load(tmp_path, name), tmp_path / f"{name.lower()}.py", data(name, 3, 6))
     refusal_of(lambda: bound(data(name, 3, 9)), *said, *fix)
