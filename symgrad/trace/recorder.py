@@ -137,7 +137,14 @@ BOOLEAN_DISPATCH = {
 """``torch.nn.functional`` functions whose Python name is a dispatcher's (``fn``), by identity."""
 
 TORCH_DIR = os.path.join(os.path.realpath(os.path.dirname(torch.__file__)), "")
-DISPATCH_FILES = tuple(os.path.join(TORCH_DIR, name) for name in ("overrides.py", "_tensor.py"))
+DISPATCH_FILES = tuple(
+    os.path.join(directory, name)
+    for directory in {TORCH_DIR, os.path.join(os.path.dirname(torch.__file__), "")}
+    for name in ("overrides.py", "_tensor.py")
+)
+"""torch's Tensor methods and its ``__torch_function__`` dispatch, by the path torch was imported from (a frame's
+``co_filename``) and by its real path: where a symlink leads to the environment the two differ, and a frame of
+these files taken for the caller's would hide a value the code reads (``len(h[h > 0])``) from the tracer."""
 
 LIBRARY_DIRS = tuple(
     os.path.join(os.path.realpath(path), "")

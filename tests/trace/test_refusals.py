@@ -61,6 +61,27 @@ def test_a_value_taken_from_a_tensor_is_refused_at_its_line(name, marker, what):
     assert "(fix: " in lines[0]
 
 
+def test_a_value_read_is_refused_where_torch_is_imported_through_a_symlink(tmp_path):
+    """torch imported from a path with a symlink in it (an environment reached through a linked directory):
+    its dispatch frames' ``co_filename`` is then not the real path the tracer knew torch by, and
+    ``len(h[h > 0])`` was traced as plain ops (MaskSize's branch held at the random inputs' outcome)."""
+    site = Path(torch.__file__).resolve().parents[1]
+    (tmp_path / "site").symlink_to(site, target_is_directory=True)
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r}); sys.path.insert(0, {str(ROOT)!r})\n"
+        "import torch\n"
+        f"assert torch.__file__.startswith({str(tmp_path)!r}), torch.__file__\n"
+        "from symgrad.trace import LossChoice, TraceError, load_target, trace\n"
+        "try:\n"
+        f"    trace(load_target({str(FAULTS) + ':MaskSize'!r}), {{'x': (2, 1, 6, 6)}}, loss=LossChoice('mse_loss'))\n"
+        "except TraceError as error:\n"
+        "    print(str(error))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith(f"{marked('MASK_SIZE')}: error: 'size of x[mask]"), run.stdout
+
+
 def test_every_value_read_is_listed_once_even_a_logged_one_the_loss_does_not_read():
     lines = refused("Checks")
     expected = [
