@@ -85,6 +85,12 @@ primitive(
     code=lambda operands, params, show: f"({operands[0]} / (2 * {operands[1]}))",
     latex=lambda operands, params, show: rf"\frac{{{operands[0]}}}{{2 {operands[1]}}}",
 )
+primitive(  # rsqrt: -0.5 * grad * result.pow(3), as derivatives.yaml
+    "rsqrt_backward",
+    fresh=True,
+    code=lambda operands, params, show: f"(-0.5 * {operands[0]} * {operands[1]}.pow(3))",
+    latex=lambda operands, params, show: rf"-\frac{{1}}{{2}} {operands[0]} \odot {operands[1]}^3",
+)
 
 
 ADD_INTO_SECOND = '''def _add_into_second(first, fresh):
@@ -361,6 +367,14 @@ RULES = [
         from_output=lambda out: 1 / (2 * out),
         fused_pullback=lambda grad, node: op("sqrt_backward", grad, node.out),
     ),
+    unary(  # LLaMA's and T5's RMSNorm: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        "rsqrt",
+        lambda x: 1 / sympy.sqrt(x),
+        "torch.rsqrt",
+        "reciprocal square root",
+        from_output=lambda out: -(out**3) / 2,
+        fused_pullback=lambda grad, node: op("rsqrt_backward", grad, node.out),
+    ),
     unary(
         "abs",
         sympy.Abs,
@@ -472,6 +486,9 @@ SAMPLES = {  # each op's spec-level cases (base.Sample): tests/rules/ generate a
     "sqrt": [
         Sample("sqrt-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}, {"op": "sqrt"}], ["x"]),
     ],
+    "rsqrt": [
+        Sample("rsqrt-of-positive", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "softplus"}, {"op": "rsqrt"}], ["x"]),
+    ],
     "abs": [
         Sample("abs", {"x": [2, 3, 5], "y": [2, 3, 5]}, [{"op": "abs"}], ["x"]),
     ],
@@ -528,6 +545,10 @@ SPELLINGS = {  # how models write each op (base.Spelling): tests/trace/test_ops.
     ],
     "sqrt": [
         Spelling("positive(x).sqrt()"),
+    ],
+    "rsqrt": [
+        Spelling("positive(x).rsqrt()"),
+        Spelling("torch.rsqrt(positive(x) + 1e-6)"),
     ],
     "abs": [
         Spelling("abs(x)"),
