@@ -176,7 +176,7 @@ def plan_program(
     ]
     test_data = test_facts(flat_graph, shapes) if shapes is not None else {}
     narrowing = planned.saved_as_autocast_casts or any(body.planned.saved_as_autocast_casts for body in bodies)
-    helpers = helpers_of(statements) + ([AUTOCAST_SAVING] if narrowing else [])
+    helpers = helpers_of(statements, kept_casts=bool(narrowing)) + ([AUTOCAST_SAVING] if narrowing else [])
     # the names the top body's own statements assign (none of them a block body's): what the check
     # of the module's names may read as stand-ins
     inner = {

@@ -15,6 +15,7 @@ from .fingerprint_text import module_constants
 from .plan import BlockPlan, LayoutPlan, Structured
 from .render_functions import Functions, entries_packed, functions_section, moved_test, unpacked
 from .rules.call import ChainRule, DerivedBlock
+from .rules.variant_helpers import helper_source
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class Blocks:
     """``_prefixed`` with the plain ``_scope``: the top level returns an instance's gradients through it
     (``_run_backward`` prefixes a chain's keys itself)."""
     random: bool
+    stops_early: bool
+    """Some block's backward returns no gradient for its input (none of its instances' inputs needs one):
+    ``_run_backward`` stops at it; where each returns one, no such branch."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,10 @@ def module_sections(structured: Structured, spec_label: str) -> Module:
             # a merged return is a chain's gradients by name, or an instance's `_prefixed("prefix", grads)`
             prefixed_helper=any(not text.isidentifier() for text in structured.merged_returns),
             random=random,
+            stops_early=any(
+                block.spec.inputs[0] not in dict(structured.block_plans[name].returns)
+                for name, block in structured.blocks.items()
+            ),
         ),
         functions=functions_section(structured, sources, positional, random),
         bind=Bind(
@@ -227,8 +235,7 @@ def _blocks_paragraph(name: str, block_names: list[str], params: bool) -> str:
     """What the docstring of a module written as its blocks says of them: what a reader needs to find
     the math (each block's two functions, its derivation's document), nothing the code says again."""
     return (
-        f"each block ({', '.join(block_names)}) derived once ({name}.md), its forward and backward called "
-        "per instance"
+        f"each block ({', '.join(block_names)}) derived once ({name}.md), run per instance"
         + (" on its slice of ``params`` (keyed as ``state_dict()``)" if params else "")
         + "; every line differentiable."
     )
@@ -265,7 +272,8 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: boo
     constant = layout.constant or {}
     running_empty = not momentum_lines and bool(sources) and not read
     return Tables(
-        helpers=tuple(helper.strip("\n") for helper in structured.helpers),  # the template puts a blank line first
+        # the template puts a blank line first
+        helpers=tuple(helper_source(helper).strip("\n") for helper in structured.helpers),
         momentum_lines=momentum_lines,
         momentum_shared=_shared_momentum(statistics, sources),
         momentum_none=any(momentum == "None" for mean, _, momentum in statistics if mean in sources),

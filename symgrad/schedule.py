@@ -30,6 +30,7 @@ from .late_weights import late_grouped_weight_grads
 from .lifetimes import Scheduled, added_in_place, overwriting, with_deletions
 from .rematerialize import COMMENT as REBUILT, costly_made_again, rebuilt
 from .reverse import GRAD_LOSS, Program, Statement
+from .rules.variant_helpers import DECLARATIONS, HelperDeclaration, HelperUse
 
 
 @dataclass(frozen=True)
@@ -392,18 +393,27 @@ def _narrowed_at_last_use(scheduled: list[Scheduled], narrowed: list[str]) -> li
     ]
 
 
-def helpers_of(statements: list[Statement]) -> list[str]:
+def helpers_of(statements: list[Statement], kept_casts: bool = False) -> list[str | HelperUse]:
     """The module-level functions the statements' primitives call, each once, in a fixed order (a
-    helper may hold several, one of them shared with another primitive's helper: written once)."""
-    found = {
-        expression.primitive.name: expression.primitive.helper
-        for statement in statements
-        for expression in statement.value.atoms(TensorOp)
-        if expression.primitive.helper
-    }
-    functions: dict[str, None] = {}
+    helper may hold several, one of them shared with another primitive's helper: written once). A
+    declared helper (:class:`~symgrad.rules.variant_helpers.HelperDeclaration`) comes with the parts its
+    calls need, the union over the module's calls (``kept_casts``: the module keeps a value as
+    ``(copy, dtype)``), before the helper of a primitive whose own helper calls it."""
+    found: dict[str, str | HelperDeclaration] = {}
+    parts: dict[HelperDeclaration, set[str]] = {}
+    for statement in statements:
+        for expression in statement.value.atoms(TensorOp):
+            primitive = expression.primitive
+            if primitive.helper or primitive.name in DECLARATIONS:
+                found[primitive.name] = primitive.helper
+            for declaration in DECLARATIONS.get(primitive.name, ()):
+                needed = parts.setdefault(declaration, set(declaration.kept_casts if kept_casts else ()))
+                needed.update(declaration.callers[primitive.name](expression))
+    functions: dict[str | HelperUse, None] = {}
     for name in sorted(found):
-        functions.update(dict.fromkeys(part.strip("\n") + "\n" for part in found[name].split("\n\n\n")))
+        functions.update(dict.fromkeys(HelperUse(item, frozenset(parts[item])) for item in DECLARATIONS.get(name, ())))
+        if isinstance(found[name], str):
+            functions.update(dict.fromkeys(part.strip("\n") + "\n" for part in found[name].split("\n\n\n") if part))
     return list(functions)
 
 

@@ -332,9 +332,8 @@ class ClassificationLoss(Loss):
         scores, target = node.operands["input"], node.operands["target"]
         if self._kernels(node):
             log_probs = tensor(f"log_probs_{node.name}")
-            return {
-                "input": op("cross_entropy_backward", grad, log_probs, target, scores, how=node.params["reduction"])
-            }
+            how, rank = node.params["reduction"], len(node.shapes["input"])  # rank: the helper's parts
+            return {"input": op("cross_entropy_backward", grad, log_probs, target, scores, how=how, rank=rank)}
         hot = op("one_hot", target, scores)
         local = op("softmax", scores, dim=1) - hot if self.op == "cross_entropy" else -hot
         return {"input": local * op("counted", target, scores) * self.cotangent(node, grad)}

@@ -2,15 +2,42 @@
 in :mod:`symgrad.rules.norm`): each calls autograd's own kernel as autograd calls it, in the dtype and
 layout autograd gives it."""
 
-BATCH_NORM_BACKWARD = '''def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
+from .variant_helpers import HelperDeclaration
+
+BATCH_NORM_BACKWARD = HelperDeclaration(
+    '''{% if masked %}
+def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
                          output_mask=(True, True, True)):
+{% else %}
+def _batch_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05):
+{% endif %}
+{% if unweighted %}
     """Training-mode batch_norm's gradients by autograd's own kernel (a missing weight: ones)."""
+{% else %}
+    """Training-mode batch_norm's gradients by autograd's own kernel."""
+{% endif %}
     return torch.ops.aten.native_batch_norm_backward(
         grad_output if grad_output.dtype == input.dtype else grad_output.to(input.dtype), input,
+{% if unweighted %}
         input.new_ones(input.shape[1]) if weight is None and torch.is_grad_enabled() else weight,
-        None, None, mean, invstd, True, eps, output_mask)
-'''
-"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``)."""
+        None, None, mean, invstd, True, eps, {{ "output_mask" if masked else "(True, True, True)" }})
+{% else %}
+        weight, None, None, mean, invstd, True, eps, {{ "output_mask" if masked else "(True, True, True)" }})
+{% endif %}
+''',
+    parts=("unweighted", "masked"),
+    callers={
+        "batch_norm_backward": lambda expression: frozenset(
+            (["unweighted"] if not expression.params["weighted"] else [])
+            + (["masked"] if not all(expression.params["output_mask"]) else [])
+        ),
+        # _instance_norm_backward (below) calls it on no weight, with its own mask
+        "instance_norm_backward": lambda expression: frozenset({"unweighted", "masked"}),
+    },
+)
+"""Emitted once into each module whose fused derivation calls it (``Primitive.helper``): ``unweighted``
+where a batch norm has no weight, ``masked`` where a call asks for fewer than its three gradients
+(``norm._batch_norm_backward_code``)."""
 
 
 SUGGESTED_MEMORY_FORMAT = '''def _suggested_memory_format(x):
@@ -170,9 +197,7 @@ INSTANCE_NORM = '''def _instance_norm(input, weight, bias, eps=1e-05):
 
 
 INSTANCE_NORM_BACKWARD = (
-    BATCH_NORM_BACKWARD
-    + "\n\n"
-    + GROUP_NORM_BACKWARD
+    GROUP_NORM_BACKWARD
     + "\n\n"
     + '''def _instance_norm_backward(grad_output, input, weight, mean, invstd, eps=1e-05,
                             output_mask=(True, True, True)):

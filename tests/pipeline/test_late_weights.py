@@ -205,7 +205,7 @@ def test_the_late_helper_in_chunks_is_one_calls_result_bit_for_bit(dtype, thread
     bit with equal strides; a 3 x 3 and the default layout in one call (oneDNN's depthwise kernel there
     splits its sums by channel blocks: chunks of it would not be bit for bit)."""
     namespace = {"torch": torch}
-    exec(CONVOLUTION_BACKWARD + CHUNKED_HELPER, namespace)
+    exec(CONVOLUTION_BACKWARD.whole + CHUNKED_HELPER, namespace)
     whole, calls = namespace["_convolution_backward"], []
     namespace["_convolution_backward"] = lambda *args, **options: calls.append(1) or whole(*args, **options)
     before = torch.get_num_threads()
@@ -248,7 +248,7 @@ def test_the_late_helper_compiles_with_fullgraph():
     whole; while compiling it is one call, as a graph would fix the thread count), its gradients the
     eager helper's."""
     namespace = {"torch": torch}
-    exec(CONVOLUTION_BACKWARD + CHUNKED_HELPER, namespace)
+    exec(CONVOLUTION_BACKWARD.whole + CHUNKED_HELPER, namespace)
     helper = namespace["_grouped_weight_backward"]
 
     def late(grad, x, w):
