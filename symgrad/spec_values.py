@@ -161,7 +161,7 @@ LIKE_KEYS = ("like", "dims", "size")
 
 def size_expression(text: str, shape_at) -> sympy.Expr:
     """The sympy value of a ``{like: NODE, size: TEXT}`` size: ``shape_at(i)`` for ``shape[i]``; ValueError
-    naming what is not taken (anything but ints, ``shape[i]``, ``+ - * //``, parentheses, ``ceil(a / k)``)."""
+    naming what is not taken (anything but ints, ``shape[i]``, ``+ - * // %``, parentheses, ``ceil(a / k)``)."""
     import ast
 
     def value(node) -> sympy.Expr:
@@ -177,12 +177,12 @@ def size_expression(text: str, shape_at) -> sympy.Expr:
             return shape_at(node.slice.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -value(node.operand)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)):
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.FloorDiv):
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)):
                 if not (right.is_Integer and right > 0):
-                    raise ValueError("// takes a positive int on its right")
-                return sympy.floor(left / right)
+                    raise ValueError("// and % take a positive int on their right")
+                return sympy.floor(left / right) if isinstance(node.op, ast.FloorDiv) else sympy.Mod(left, right)
             return (
                 left + right
                 if isinstance(node.op, ast.Add)
@@ -203,7 +203,7 @@ def size_expression(text: str, shape_at) -> sympy.Expr:
             if not (right.is_Integer and right > 0):
                 raise ValueError("ceil(a / k) takes a positive int k")
             return sympy.ceiling(left / right)
-        raise ValueError(f"{ast.dump(node)[:40]} is not an int, shape[i], + - * //, or ceil(a / k)")
+        raise ValueError(f"{ast.dump(node)[:40]} is not an int, shape[i], + - * // %, or ceil(a / k)")
 
     if not isinstance(text, str) or len(text) > 400:
         raise ValueError("it must be a string of at most 400 characters")

@@ -14,6 +14,7 @@ from ..spec_values import check_identifier
 from .dataflow import Reduction, report
 from .errors import TraceError
 from .layers import SpecBuilder
+from .size_checks import renamed_nodes
 
 LOSS_NAMES = {
     "mse": "mse_loss",
@@ -213,18 +214,60 @@ def _reads(layer: dict) -> list[str]:
 
 
 def live_layers(builder: SpecBuilder, loss: dict, outputs=None) -> tuple[list[dict], set[str]]:
-    """The layers the loss (or the outputs) depend on, and every name they and the loss read."""
-    needed = {loss["in"], loss["target"]} - {None}
+    """The layers the loss (or the outputs) depend on, and every name they and the loss read.
+
+    A ``size_check`` is never dead code: a branch on a size the code took after its tensor's last read
+    (``h = self.fc(x)``, then ``if t > 1:`` with ``t = x.shape[1]``) first moves to that tensor's first read
+    (:func:`_checked_where_read`), so that the check runs whatever reads the branch's result; one whose tensor
+    nothing live reads is refused."""
+    roots = {loss["in"], loss["target"]} - {None}
     if outputs is not None:
-        needed |= set(
+        roots |= set(
             outputs.values() if isinstance(outputs, dict) else [outputs] if isinstance(outputs, str) else outputs
         )
-    kept = []
-    for layer in reversed(builder.layers):
+    kept, needed = _live(builder.layers, roots)
+    unread = [layer for layer in builder.layers if layer["op"] == "size_check" and layer["out"] not in needed]
+    if not unread:
+        return kept, needed
+    for check in unread:
+        _checked_where_read(builder, check)
+    kept, needed = _live(builder.layers, roots)
+    for check in unread:
+        if check["out"] not in needed:
+            raise TraceError(
+                f"{check['line']}: error: the traced code branches on {check['text']} ({check['holds']} when "
+                f"traced), sizes of {check['in']}, which nothing the function returns reads, so the spec cannot "
+                "check it at run time (fix: read that size from a tensor the function goes on to use, e.g. its "
+                "input)"
+            )
+    return kept, needed
+
+
+def _live(layers: list[dict], roots: set[str]) -> tuple[list[dict], set[str]]:
+    needed, kept = set(roots), []
+    for layer in reversed(layers):
         if layer["out"] in needed:
             kept.append(layer)
             needed.update(_reads(layer))
     return kept[::-1], needed
+
+
+def _checked_where_read(builder: SpecBuilder, check: dict) -> None:
+    """Move ``check`` (a ``size_check`` nothing reads) to just before the first read of its tensor after the
+    tensor is made, every read from there on reading the check's output: a check reads no more than its
+    tensor's sizes, which are the same there."""
+    layers, calls = builder.layers, builder.layer_calls
+    at = next(index for index, layer in enumerate(layers) if layer is check)
+    node = check["in"]
+    made = next((index for index in range(at - 1, -1, -1) if layers[index]["out"] == node), -1)
+    readers = [index for index in range(made + 1, at) if node in _reads(layers[index])]
+    if not readers:
+        return
+    layers.insert(readers[0], layers.pop(at))
+    calls.insert(readers[0], calls.pop(at))
+    for index in readers:
+        reader = layers[index + 1]
+        reader.update(renamed_nodes(reader, {node: check["out"]}))
 
 
 def target_input(builder: SpecBuilder, output: torch.Tensor, loss: LossChoice) -> dict:

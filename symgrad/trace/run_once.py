@@ -20,7 +20,7 @@ from .layers import SpecBuilder
 from .losses import LossChoice, ends_in_outputs, live_layers, loss_of, outputs_of, target_input
 from .recorder import VALUE_READS, Recorder, is_users, user_line_of_traceback
 from .rerun import shapes_text
-from .sizes import einops_uncached
+from .sizes import PlainCompared, einops_uncached
 from .unused_statistics import refuse_unused_statistics
 
 
@@ -99,6 +99,9 @@ def run_once(
     try:  # as a training step runs it, whatever the caller's mode (each recorded call: no graph)
         with torch.enable_grad(), recorder, einops_uncached():
             output, returned_at = call_returning(function, {**tensors, **arguments})
+    except PlainCompared:  # len(h[h > 0]) compared: the value read says more
+        refuse_value_reads(recorder)
+        raise
     except TraceError:
         raise
     except Exception as error:  # the user's code failed at these shapes: say where, in one line

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 
 from ..spec_values import check_identifier
-from .sizes import Dim, TracedSize, spec_size
+from .sizes import Dim, TracedSize, shown, spec_size
 
 if TYPE_CHECKING:
     from .dispatch import Builder
@@ -75,7 +75,8 @@ def write_checks(builder: Builder, call: "Call") -> None:
             if isinstance(side, sympy.Basic)
             else int(side)
             for side in (left, right)
-        ]
+        ]  # and the sizes it reads: a check of sizes that follow the input is no fixed one (W % 2 == 1 at 5, 15)
+        values += [int(tensors[symbol].shape[symbol.dim]) for symbol in sorted(symbols, key=str)]
         layer = {
             "op": "size_check",
             "in": name,
@@ -121,9 +122,6 @@ def _short(text: str, name: str) -> str:
 
 
 def _text(relation: str, left: sympy.Expr, right: sympy.Expr) -> str:
-    def shown(expr):
-        return str(expr).replace("ceiling", "ceil")
-
     return f"{shown(left)} {SYMBOLS[relation]} {shown(right)}"
 
 

@@ -7,6 +7,10 @@ product of one node's dims, or ``{like: NODE, size: 'shape[2] // 2'}`` for anoth
 instead of guessing from the numbers. What no such form holds stays a number (or the reshape's one -1),
 and the second run, at other sizes, refuses it if it follows the input: never frozen.
 
+``W % 2``, ``math.floor(H)`` and ``round(T)`` stay traced sizes; ``int(T)`` and ``len(x[0])`` are plain ints
+whatever a size returns (Python makes them so), and the trace refuses them in one line where the code compares
+them (a branch it could not check at run time).
+
 ``TracedSize`` is an ``int``: torch, einops and the user's code take it as one. Its hash is the int's, so
 ``{(H, W): ...}`` caches keep working; einops' own cache of shapes is bypassed while tracing, so that each
 call's sizes carry that call's tensor.
@@ -14,13 +18,18 @@ call's sizes carry that call's tensor.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
 import math
 import sys
+import textwrap
 from typing import Any, Iterator
 
 import sympy
 import torch
+
+from .errors import Refusal
 
 
 class Dim(sympy.Symbol):
@@ -123,14 +132,32 @@ class TracedSize(int):
     __truediv__ = _combine("__truediv__", lambda a, b: a / b, floating=True)
     __rtruediv__ = _combine("__rtruediv__", lambda a, b: a / b, reflected=True, floating=True)
 
+    __mod__ = _combine("__mod__", sympy.Mod)  # if W % 2 == 1: F.pad(...) is a branch on the size, checked
+    __rmod__ = _combine("__rmod__", sympy.Mod, reflected=True)
+
     def __neg__(self):
         return TracedSize(-int(self), -self.expr)
 
     def __pos__(self):
         return self
 
+    def __floor__(self):  # math.floor, math.ceil, math.trunc, round of a size: the size itself, still traced
+        return self
+
+    __ceil__ = __trunc__ = __floor__
+
+    def __round__(self, ndigits=None):
+        return self
+
     def __index__(self):
         return int(self)
+
+    def __int__(self):
+        """``int(x.shape[1])``: Python makes a plain int of what this returns, so a comparison of it records
+        no check; where the code compares it, the trace refuses (:func:`refuse_plain_compared`)."""
+        if COMPARED is not None and self.expr.free_symbols:
+            refuse_plain_compared(sys._getframe(1), "int", "int(x.shape[1])")
+        return int.__int__(self)
 
     def __repr__(self):
         return int.__repr__(self)
@@ -157,6 +184,73 @@ class TracedFloat(float):
     __rmul__ = _combine("__rmul__", lambda a, b: a * b, reflected=True, floating=True)
 
 
+class PlainCompared(Refusal):
+    """A plain int made of a size (``int(x.shape[1])``), compared: :func:`refuse_plain_compared`."""
+
+
+_COMPARED_AT: dict[tuple, bool] = {}
+"""``(code, line, function)`` -> whether the code compares what the call of ``function`` there makes."""
+
+
+def refuse_plain_compared(frame, function: str, example: str) -> None:
+    """Refuse, in one line, a plain int made of a size (``int(x.shape[1])``, ``len(x[0])``: Python makes it
+    plain whatever the size returns) where the user's code at ``frame`` compares it, directly or through the
+    name it is given (``t = int(x.shape[1])`` ... ``if t > 1:``): the branch would be taken at every size
+    without a check (a silent wrong result where it comes out otherwise)."""
+    from .recorder import is_users
+
+    while frame is not None and not is_users(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return
+    key = (frame.f_code, frame.f_lineno, function)
+    if key not in _COMPARED_AT:
+        _COMPARED_AT[key] = _compares_call(frame.f_code, frame.f_lineno, function)
+    if _COMPARED_AT[key]:
+        raise PlainCompared(
+            f"{frame.f_code.co_filename}:{frame.f_lineno}: error: the code compares {function}() of a tensor's "
+            f"size, a plain int, so the trace cannot check the branch at run time (fix: compare the size itself, "
+            f"e.g. x.shape[1], not {example})"
+        )
+
+
+def _compares_call(code, line: int, function: str) -> bool:
+    """Whether the source of ``code`` compares the result of a call of ``function`` on ``line`` (through
+    arithmetic, or a name it is assigned to)."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    line -= max(first, 1) - 1
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for call in ast.walk(tree):
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == function
+            and call.lineno <= line <= (call.end_lineno or call.lineno)
+        ):
+            continue
+        node = call
+        while isinstance(parents.get(node), (ast.BinOp, ast.UnaryOp)):
+            node = parents[node]
+        parent = parents.get(node)
+        if isinstance(parent, ast.Compare):
+            return True
+        targets = parent.targets if isinstance(parent, ast.Assign) else [getattr(parent, "target", None)]
+        names = {target.id for target in targets if isinstance(target, ast.Name)}
+        if names and any(
+            isinstance(name, ast.Name) and name.id in names
+            for compare in ast.walk(tree)
+            if isinstance(compare, ast.Compare)
+            for side in (compare.left, *compare.comparators)
+            for name in ast.walk(side)
+        ):
+            return True
+    return False
+
+
 def traced_shape(index: int, shape: torch.Size) -> torch.Size:
     """``shape`` with each entry a :class:`TracedSize` of its dim."""
     return torch.Size([TracedSize(size, Dim(index, dim)) for dim, size in enumerate(shape)])
@@ -170,6 +264,8 @@ def traced(index: int, tensor: torch.Tensor, name: str, arguments: tuple, result
         return TracedSize(result, Dim(index, arguments[1] % max(tensor.dim(), 1)))
     if name in ("numel", "nelement") and isinstance(result, int):
         return TracedSize(result, sympy.Mul(*(Dim(index, dim) for dim in range(tensor.dim()))))
+    if name == "__len__" and COMPARED is not None:  # len(x[0]): Python makes the result a plain int
+        refuse_plain_compared(sys._getframe(1), "len", "len(x[0])")
     return result
 
 
@@ -179,6 +275,11 @@ def shape_text(expr: sympy.Expr) -> str | None:
         return f"shape[{expr.dim}]"
     if expr.is_Integer:
         return str(int(expr))
+    if isinstance(expr, sympy.Mod):  # the size's remainder, Python's %: ``shape[3] % 2``
+        inner = shape_text(expr.args[0])
+        if inner is None or not expr.args[1].is_Integer or expr.args[1] < 1:
+            return None
+        return f"({inner}) % {expr.args[1]}" if " " in inner else f"{inner} % {expr.args[1]}"
     if isinstance(expr, (sympy.floor, sympy.ceiling)):
         numerator, denominator = sympy.fraction(sympy.together(expr.args[0]))
         inner = shape_text(numerator)
@@ -193,7 +294,8 @@ def shape_text(expr: sympy.Expr) -> str | None:
         if expr.is_Add:  # * and // bind tighter than +
             return " + ".join(parts)
         return " * ".join(
-            f"({part})" if isinstance(arg, (sympy.Add, sympy.floor)) else part for arg, part in zip(expr.args, parts)
+            f"({part})" if isinstance(arg, (sympy.Add, sympy.floor, sympy.Mod)) else part
+            for arg, part in zip(expr.args, parts)
         )
     return None
 
@@ -224,6 +326,19 @@ def spec_size(value: Any, resolve) -> dict | None:
     except (ValueError, KeyError):
         return None
     return {"like": node, "size": text}
+
+
+class _Shown(sympy.printing.str.StrPrinter):
+    def _print_Mod(self, expr):
+        return f"{self.parenthesize(expr.args[0], sympy.printing.precedence.PRECEDENCE['Mul'])} % {expr.args[1]}"
+
+    def _print_ceiling(self, expr):
+        return f"ceil({self._print(expr.args[0])})"
+
+
+def shown(expr: sympy.Expr) -> str:
+    """``expr`` as a person reads it in a message: ``x.shape[3] % 2``, ``ceil(x.shape[2]/2)``."""
+    return _Shown().doprint(expr)
 
 
 def has_dims(value: Any) -> bool:
