@@ -12,20 +12,24 @@ same copy (a convolution's backward told the weight's own dtype for its gradient
 reads the weight itself for its dtype). Only a weight that nothing else reads (an elementwise op would
 read it in float32). ``--keep lean`` keeps no copy: memory first, it casts again.
 
-The same for a positional input read only as convolutions' input (an image, ``x``), where the backward
-reads it only for a weight's gradient (no gradient of its own: its dtype is not read): autograd keeps
-autocast's copy of it, and the backward's ``_convolution_backward`` cast ``x`` again (ResNet-18's, a
-ViT's patch embedding's, a U-Net's first convolution: one cast of the input a step, ``python -m
-benchmarks.casts``). Not a block's operand: its caller keeps the value itself for the block.
-
-And a linear map's input that is a layer norm's output (float32 under autocast where its input is: a
-ViT's residual stream, which a float32 position embedding's add promotes) or a view of one (a ViT's class
-token), or a positional input: autocast casts it where ``F.linear`` reads it and autograd keeps that copy,
-where the backward kept the float32 value (twice the bytes) and cast it again for the weight's gradient
-(a ViT: its ``qkv`` and ``fc1`` inputs, 2 casts a block). Here the saving forward casts it once (``norm2_autocast =
-_in_autocast_dtype(norm2)``), the linear maps read the copy, and so does the backward: the weight's
-gradient, and the input's gradient for its layout and shape; the input's gradient is cast to the value's
-dtype, kept as ``norm2_dtype = norm2.dtype``. Only where the backward reads the value for nothing else.
+And a convolution's or linear map's input that may be float32 under autocast (:func:`narrow_under_autocast`
+says which surely is not): a positional input (an image, ``x``), a layer norm's output (a ViT's, whose
+residual stream a float32 position embedding's add promotes), an add of a float32 layer scale's output (a
+ConvNeXt block's residual stream, which the next block's depthwise convolution reads), a reflect padding.
+Autocast casts it where the convolution or ``F.linear`` reads it and autograd's node keeps that copy; the
+bound step cast it again in the backward (``_convolution_backward``'s ``value.to(dtype)``, the weight
+gradient's ``mm``) or at its last forward use (``schedule._narrowed_at_last_use``'s
+``_saved_as_autocast_casts``): twice a step where autograd casts once (ConvNeXt of ``python -m
+benchmarks.casts``: its residual stream and downsampling layer norms' outputs, 20 casts a step, ``_to_copy``
+320 -> 300 against autograd's 299, the one left nll_loss's count of targets; a ViT's ``qkv`` and ``fc1``
+inputs, 2 a block). Here the saving forward casts it once, right before the first such op (``norm2_autocast =
+_in_autocast_dtype(norm2)``), those ops read the copy, and so does the backward: a convolution's backward as
+``(copy, dtype)`` (its input gradient in the value's dtype, kept as ``norm2_dtype = norm2.dtype``), a linear
+map's weight gradient, the input gradient's layout and shape, a shape the backward reads; a cast to the
+value's dtype reads the kept dtype. Only where the backward reads the value for nothing else: there autograd
+keeps the copy alone (the float32 value is freed at its last forward use), and so does the bound step; where
+the backward reads the value itself too (autograd keeps both) it keeps the value and casts it again, memory
+first. Not a value a block keeps itself, nor one the caller keeps (the loss's inputs, the outputs).
 """
 
 from __future__ import annotations
@@ -34,15 +38,15 @@ import dataclasses
 
 import sympy
 
-from .algebra import CONSTANT, TensorOp, op, primitive, tensor
+from .algebra import CONSTANT, Size, TensorOp, op, primitive, tensor
 from .kept import VIEWS, held_by_blocks
 from .reverse import Program, Statement
 
 # where each op reads a weight that autocast casts to its lower precision (every operand of these ops is
-# cast so): the forward's convolution, linear map and addmm; the backward's convolution backward and the
-# linear maps' input-gradient products (linear's ``grad @ W``, addmm's ``grad @ mat2.T``)
+# cast so): the forward's convolution (transposed too), linear map and addmm; the backward's convolution
+# backward and the linear maps' input-gradient products (linear's ``grad @ W``, addmm's ``grad @ mat2.T``)
 WEIGHT_READS = {
-    "forward": {("conv", 1), ("linear", 1), ("addmm", 2)},
+    "forward": {("conv", 1), ("conv_transpose", 1), ("linear", 1), ("addmm", 2)},
     "backward": {
         ("conv_backward", 2),
         ("linear_input_grad", 1),
@@ -51,30 +55,17 @@ WEIGHT_READS = {
         ("matmul_transposed", 1),
     },
 }
-# where each op reads a convolution's input that autocast casts: the forward's convolution, and the
-# backward's convolution backward where it computes no input gradient (``output_mask[0]``: the input's
-# dtype, which the gradient would take, is not read)
-INPUT_READS = {"forward": {("conv", 0)}, "backward": {("conv_backward", 1)}}
-
-
-def _input_read(expr: TensorOp, position: int, where: str) -> bool:
-    return (expr.primitive.name, position) in INPUT_READS[where] and (
-        where == "forward" or not expr.params["output_mask"][0]
-    )
 
 
 def _reads(expr, found: dict, where: str) -> None:
     """Add to ``found[symbol]`` how ``expr`` reads each symbol: ``"weight"`` as an operand autocast casts
-    (``WEIGHT_READS``), ``"input"`` as a convolution's input autocast casts (``INPUT_READS``), ``"dtype"``
-    for its dtype alone (``cast_like``'s operand 1, the weight a convolution's backward is given beside its
-    copy), else ``"other"``."""
+    (``WEIGHT_READS``), ``"dtype"`` for its dtype alone (``cast_like``'s operand 1, the weight a
+    convolution's backward is given beside its copy), else ``"other"``."""
     if isinstance(expr, TensorOp):
         name = expr.primitive.name
         for position, operand in enumerate(expr.operands):
             if (name, position) in WEIGHT_READS[where] and operand.is_Symbol:
                 found.setdefault(operand, set()).add("weight")
-            elif _input_read(expr, position, where) and operand.is_Symbol:
-                found.setdefault(operand, set()).add("input")
             elif (name, position) in {("cast_like", 1), ("conv_backward", 3)} and operand.is_Symbol:
                 found.setdefault(operand, set()).add("dtype")
             else:
@@ -91,8 +82,8 @@ def _reads(expr, found: dict, where: str) -> None:
 
 
 def _read_through(expr, copies: dict, where: str):
-    """``expr`` reading each weight and input of ``copies`` through its copy (the backward's conv_backward
-    also given the weight itself, for its gradient's dtype)."""
+    """``expr`` reading each weight of ``copies`` through its copy (the backward's conv_backward also
+    given the weight itself, for its gradient's dtype)."""
     if not isinstance(expr, TensorOp):
         if not expr.args or isinstance(expr, sympy.Symbol):
             return expr
@@ -101,7 +92,7 @@ def _read_through(expr, copies: dict, where: str):
     operands = [_read_through(operand, copies, where) for operand in expr.operands]
     name = expr.primitive.name
     for position, operand in enumerate(expr.operands):
-        if operand in copies and ((name, position) in WEIGHT_READS[where] or _input_read(expr, position, where)):
+        if operand in copies and (name, position) in WEIGHT_READS[where]:
             operands[position] = copies[operand]
     if name == "conv_backward" and expr.operands[2] in copies:
         operands.append(expr.operands[2])
@@ -112,11 +103,10 @@ def _read_through(expr, copies: dict, where: str):
 
 def kept_as_autocast_copies(fast: Program, positional: frozenset[str] = frozenset()) -> Program:
     """``fast`` where each input read only as convolutions' or products' weights, in the forward and the
-    backward, and each of the ``positional`` inputs (the top body's, not parameters) read only as
-    convolutions' input (the backward computing no gradient of it), is read through ``{name}_autocast =
-    _in_autocast_dtype({name})``, made right before its first forward read and kept for the backward; so
-    is a linear map's input that a layer norm made, or a positional one
-    (:func:`_kept_as_autocast_linear_inputs`)."""
+    backward, is read through ``{name}_autocast = _in_autocast_dtype({name})``, made right before its
+    first forward read and kept for the backward; so is a convolution's or linear map's input that may
+    be float32 under autocast, made in the forward or one of the ``positional`` inputs (the top body's,
+    not parameters), where the backward reads nothing else of it (:func:`_kept_as_autocast_inputs`)."""
     made = {statement.target for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
     forward_reads: dict = {}
@@ -130,16 +120,12 @@ def kept_as_autocast_copies(fast: Program, positional: frozenset[str] = frozense
         symbol: tensor(f"{symbol.name}_autocast")
         for symbol in sorted(forward_reads, key=str)
         if symbol not in made
-        and (
-            forward_reads[symbol] == {"weight"}
-            and backward_reads.get(symbol, set()) <= {"weight", "dtype"}
-            or symbol.name in positional
-            and forward_reads[symbol] == backward_reads.get(symbol) == {"input"}
-        )
+        and forward_reads[symbol] == {"weight"}
+        and backward_reads.get(symbol, set()) <= {"weight", "dtype"}
         and f"{symbol.name}_autocast" not in names
     }
     if not copies:
-        return _kept_as_autocast_linear_inputs(fast, positional)
+        return _kept_as_autocast_inputs(fast, positional)
     forward, pending = [], dict(copies)
     for statement in fast.forward:
         for symbol in sorted(statement.value.free_symbols & pending.keys(), key=str):
@@ -149,9 +135,75 @@ def kept_as_autocast_copies(fast: Program, positional: frozenset[str] = frozense
         dataclasses.replace(statement, value=_read_through(statement.value, copies, "backward"))
         for statement in fast.backward
     ]
-    return _kept_as_autocast_linear_inputs(dataclasses.replace(fast, forward=forward, backward=backward), positional)
+    return _kept_as_autocast_inputs(dataclasses.replace(fast, forward=forward, backward=backward), positional)
 
 
+# autocast's lower-precision ops (on every device): their output is in autocast's dtype
+NARROWING = {
+    "conv",
+    "conv_transpose",
+    "linear",
+    "addmm",
+    "matmul",
+    "matmul_transposed",
+    "scaled_dot_product_attention",
+    "attention_with_logsumexp",
+}
+# the ops whose output takes their first operand's dtype under every device's autocast (none is on a
+# float32 list: a batch norm's float32 weight and statistics with a bfloat16 input give bfloat16; a
+# layer or group norm, a softmax, ``exp``, a power are float32 on CUDA, a CPU's reflect and replicate
+# padding and 3-d pools too)
+FOLLOWING = VIEWS | {
+    "item",
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "hardtanh",
+    "clamp",
+    "clamp_min",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "hardswish",
+    "hardsigmoid",
+    "batch_norm",
+    "native_batch_norm",
+    "flip",
+    "roll",
+}
+POOLS = {"max_pool", "max_pool_with_indices", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool"}
+"""Pools that take their operand's dtype in 1 or 2 dims (a CPU's autocast runs 3-d ones in float32)."""
+
+
+def narrow_under_autocast(fast: Program) -> set:
+    """The forward values surely in autocast's lower precision under autocast (the others may be float32):
+    a :data:`NARROWING` op's output, a :data:`FOLLOWING` op's of such a value (a 1-d or 2-d pool's, a
+    constant or circular padding's), a concatenation and a sum or product of such values alone (a parameter, an input or a
+    size among its operands: maybe float32). Where it errs, a value is judged maybe float32: its copy is
+    the value itself at run time (``_in_autocast_dtype``)."""
+    narrow: set = set()
+    for statement in fast.forward:
+        value = statement.value
+        if isinstance(value, TensorOp):
+            name, operand = value.primitive.name, value.operands[0] if value.operands else None
+            follows = (
+                name in FOLLOWING
+                or name in POOLS
+                and value.params.get("dims") in (1, 2)
+                or name == "pad"
+                and value.params.get("mode", "constant") in ("constant", "circular")
+            )
+            joined = name in ("cat", "stack") and set(value.operands) <= narrow  # promoted to the widest
+            if name in NARROWING or follows and operand in narrow or joined:
+                narrow.add(statement.target)
+        elif isinstance(value, (sympy.Add, sympy.Mul)) and value.free_symbols and value.free_symbols <= narrow:
+            narrow.add(statement.target)
+    return narrow
+
+
+# the forward's ops whose input (operand 0) autocast casts to its lower precision
+CAST_INPUTS = {"conv", "conv_transpose", "linear"}
 # a linear map's input as its backward reads it (rules/linear.py): by the weight's gradient (folded to
 # [N, in] by ``flatten`` where it has more dims), else for its shape and layout alone
 LINEAR_INPUT_READS = {
@@ -160,8 +212,6 @@ LINEAR_INPUT_READS = {
     ("linear_input_grad", 3),
     ("linear_bias_grad", 2),
 }
-NORMALISED = {"native_layer_norm"}
-"""The makers whose output a linear map's input is (or a view of it) for :func:`_kept_as_autocast_linear_inputs`."""
 
 primitive(
     "dtype_of",
@@ -184,6 +234,19 @@ primitive(  # as cast_like, given the dtype itself (dtype_of's), not a tensor to
 )
 
 
+def _copy_and_dtype_tangent(expr, tangent_of):
+    moved = tangent_of(expr.operands[0])
+    return moved if moved == 0 else TensorOp("copy_and_dtype", expr.params, moved, expr.operands[1])
+
+
+primitive(  # a convolution's input as its backward's helper takes a kept copy: ``(copy, dtype)``
+    "copy_and_dtype",
+    code=lambda operands, params, show: f"({operands[0]}, {operands[1]})",
+    latex=lambda operands, params, show: operands[0],
+    tangent=_copy_and_dtype_tangent,
+)
+
+
 def _folded(expr):
     """The symbol ``expr`` is, or folds to [N, in] (``flatten(x, end_dim=-2)``); else None."""
     if isinstance(expr, sympy.Symbol):
@@ -198,54 +261,76 @@ def _folded(expr):
     return None
 
 
-def _linear_input_reads(expr, found: dict) -> None:
-    """Add to ``found[symbol]`` how ``expr`` reads each symbol: ``"linear"`` as a linear map's input in its
-    backward (``LINEAR_INPUT_READS``, itself or folded), ``"dtype"`` for its dtype alone (``cast_like``'s
-    operand 1), else ``"other"``."""
-    if isinstance(expr, TensorOp):
+def _input_reads(expr, found: dict) -> None:
+    """Add to ``found[symbol]`` how ``expr`` (the backward's) reads each symbol: ``"conv"`` as a
+    convolution backward's input (and ``"dtype"`` where it computes the input's gradient, which takes
+    its dtype), ``"linear"`` as a linear map's input (``LINEAR_INPUT_READS``, itself or folded),
+    ``"dtype"`` for its dtype alone (``cast_like``'s operand 1), ``"shape"`` for its shape, else
+    ``"other"``."""
+    if isinstance(expr, Size):
+        found.setdefault(expr.of, set()).add("shape")
+    elif isinstance(expr, TensorOp):
         name = expr.primitive.name
         for position, operand in enumerate(expr.operands):
             folded = _folded(operand)
-            if (name, position) in LINEAR_INPUT_READS and folded is not None:
+            if (name, position) == ("conv_backward", 1) and operand.is_Symbol:
+                found.setdefault(operand, set()).update(
+                    {"conv", "dtype"} if expr.params["output_mask"][0] else {"conv"}
+                )
+            elif (name, position) in LINEAR_INPUT_READS and folded is not None:
                 found.setdefault(folded, set()).add("linear")
             elif (name, position) == ("cast_like", 1) and operand.is_Symbol:
                 found.setdefault(operand, set()).add("dtype")
+            elif position in expr.primitive.shape_operands and operand.is_Symbol:
+                found.setdefault(operand, set()).add("shape")
             else:
-                _linear_input_reads(operand, found)
+                _input_reads(operand, found)
         for _, value in expr.params.items():
             for part in value if isinstance(value, tuple) else (value,):
                 if isinstance(part, sympy.Basic):
-                    _linear_input_reads(part, found)
+                    _input_reads(part, found)
     elif isinstance(expr, sympy.Symbol):
         found.setdefault(expr, set()).add("other")
     else:
         for argument in expr.args:
-            _linear_input_reads(argument, found)
+            _input_reads(argument, found)
 
 
-def _normalised(symbol, made: dict) -> bool:
-    """Whether ``symbol`` is a :data:`NORMALISED` maker's output or a view of one."""
-    value = made.get(symbol)
-    while isinstance(value, TensorOp) and value.primitive.name in VIEWS | {"item"} and value.operands[0].is_Symbol:
-        value = made.get(value.operands[0])
-    return isinstance(value, TensorOp) and value.primitive.name in NORMALISED
+def _through_copies(expr, copies: dict):
+    """``expr`` (the backward's) with each cast to a value of ``copies``' dtype made to its kept dtype,
+    and each convolution backward computing such a value's gradient given ``(copy, dtype)``."""
+    if not isinstance(expr, TensorOp):
+        if not expr.args or isinstance(expr, sympy.Symbol):
+            return expr
+        arguments = [_through_copies(argument, copies) for argument in expr.args]
+        return expr if arguments == list(expr.args) else expr.func(*arguments)
+    operands = [_through_copies(operand, copies) for operand in expr.operands]
+    name = expr.primitive.name
+    if name == "cast_like" and expr.operands[1] in copies:
+        return TensorOp("cast_to", expr.params, operands[0], copies[expr.operands[1]][1])
+    if name == "conv_backward" and expr.operands[1] in copies and expr.params["output_mask"][0]:
+        operands[1] = op("copy_and_dtype", *copies[expr.operands[1]])
+    if operands == list(expr.operands):
+        return expr
+    return TensorOp(expr.args[0], expr.params, *operands)
 
 
-def _kept_as_autocast_linear_inputs(fast: Program, positional: frozenset[str]) -> Program:
-    """``fast`` where each linear map's input that is a layer norm's output or a view of one, or one of the
-    ``positional`` inputs, which the backward reads only as linear maps' inputs and for its dtype, is read
-    through ``{name}_autocast = _in_autocast_dtype({name})`` (the forward's linear maps and the backward)
-    and ``{name}_dtype = {name}.dtype`` (the input gradient's cast), both made right before its first
-    linear map."""
-    made = {statement.target: statement.value for statement in fast.forward}
+def _kept_as_autocast_inputs(fast: Program, positional: frozenset[str]) -> Program:
+    """``fast`` where each convolution's or linear map's input that may be float32 under autocast (not
+    :func:`narrow_under_autocast`'s), made in the forward or one of the ``positional`` inputs, which the
+    backward reads only as such an op's input, for its dtype and its shape, is read through
+    ``{name}_autocast = _in_autocast_dtype({name})`` (the forward's convolutions and linear maps, the
+    backward) and, where the backward reads its dtype, ``{name}_dtype = {name}.dtype``, both made right
+    before the first op that reads the copy."""
+    made = {statement.target for statement in fast.forward}
     names = {statement.target.name for statement in fast.forward + fast.backward} | set(fast.graph.nodes)
     kept_anyway = {fast.forward[-1].target, *fast.forward[-1].value.free_symbols}
     kept_anyway |= fast.default_cotangent.free_symbols | held_by_blocks(fast)
-    linear_inputs = {
+    cast_inputs = {
         statement.value.operands[0]
         for statement in fast.forward
         if isinstance(statement.value, TensorOp)
-        and statement.value.primitive.name == "linear"
+        and statement.value.primitive.name in CAST_INPUTS
         and statement.value.operands[0].is_Symbol
     }
     folds = {  # `shared = torch.flatten(x, end_dim=-2)`: judged by what reads it
@@ -256,16 +341,17 @@ def _kept_as_autocast_linear_inputs(fast: Program, positional: frozenset[str]) -
     reads: dict = {}
     for statement in fast.backward:
         if statement.target not in folds:
-            _linear_input_reads(statement.value, reads)
-    _linear_input_reads(fast.default_cotangent, reads)
+            _input_reads(statement.value, reads)
+    _input_reads(fast.default_cotangent, reads)
     for fold, symbol in folds.items():
         reads.setdefault(symbol, set()).update({"linear"} if reads.get(fold, {"linear"}) == {"linear"} else {"other"})
+    narrow = narrow_under_autocast(fast)
     copies = {
         symbol: (tensor(f"{symbol.name}_autocast"), tensor(f"{symbol.name}_dtype"))
-        for symbol in sorted(linear_inputs - kept_anyway, key=str)
-        if (symbol in made and _normalised(symbol, made) or symbol.name in positional)
-        and "linear" in reads.get(symbol, set())
-        and reads[symbol] <= {"linear", "dtype"}
+        for symbol in sorted(cast_inputs - kept_anyway - narrow, key=str)
+        if (symbol in made or symbol.name in positional)
+        and reads.get(symbol, set()) & {"conv", "linear"}
+        and reads[symbol] <= {"conv", "linear", "dtype", "shape"}
         and not {f"{symbol.name}_autocast", f"{symbol.name}_dtype"} & names
     }
     if not copies:
@@ -273,23 +359,18 @@ def _kept_as_autocast_linear_inputs(fast: Program, positional: frozenset[str]) -
     forward, pending = [], dict(copies)
     for statement in fast.forward:
         value = statement.value
-        if isinstance(value, TensorOp) and value.primitive.name == "linear" and value.operands[0] in copies:
+        if isinstance(value, TensorOp) and value.primitive.name in CAST_INPUTS and value.operands[0] in copies:
             symbol = value.operands[0]
             if symbol in pending:
                 copy, dtype = pending.pop(symbol)
                 forward.append(Statement(copy, op("in_autocast_dtype", symbol), statement.node))
-                forward.append(Statement(dtype, op("dtype_of", symbol), statement.node))
+                if "dtype" in reads[symbol]:
+                    forward.append(Statement(dtype, op("dtype_of", symbol), statement.node))
             value = TensorOp(value.args[0], value.params, copies[symbol][0], *value.operands[1:])
         forward.append(dataclasses.replace(statement, value=value))
-    casts = {
-        expression: TensorOp("cast_to", expression.params, expression.operands[0], copies[expression.operands[1]][1])
-        for statement in fast.backward
-        for expression in statement.value.atoms(TensorOp)
-        if expression.primitive.name == "cast_like" and expression.operands[1] in copies
-    }
     through = {symbol: copy for symbol, (copy, _) in copies.items()}
     backward = [
-        dataclasses.replace(statement, value=statement.value.xreplace(casts).xreplace(through))
+        dataclasses.replace(statement, value=_through_copies(statement.value, copies).xreplace(through))
         for statement in fast.backward
     ]
     return dataclasses.replace(fast, forward=forward, backward=backward)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -165,3 +166,129 @@ def test_a_layer_norms_output_read_by_a_linear_map_is_cast_once_under_autocast(t
                 assert torch.equal(got.grad, theirs.grad), (amp, path)
         assert mine.found["floating"] <= eager.found["floating"], (amp, mine.found, eager.found)  # 3 more before
         assert mine.found["other"] <= 1, mine.found  # nll_loss's count of targets
+
+
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: a depthwise 7x7 convolution, a layer norm over channels last, a linear map, GELU, a
+    linear map, a float32 layer scale (``gamma``) and the block's input added back."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.dwconv = nn.Conv2d(width, width, 7, padding=3, groups=width)
+        self.norm = nn.LayerNorm(width)
+        self.pwconv1 = nn.Linear(width, 4 * width)
+        self.pwconv2 = nn.Linear(4 * width, width)
+        self.gamma = nn.Parameter(0.5 + torch.rand(width))
+
+    def forward(self, x):
+        h = self.norm(self.dwconv(x).permute(0, 2, 3, 1))
+        h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
+        return x + h.permute(0, 3, 1, 2)
+
+
+class ConvNeXtStyle(nn.Module):
+    """A patchifying stem (bfloat16 under autocast), three ConvNeXt blocks and a head on the mean over the
+    image: the float32 layer scale promotes each block's output to float32 under autocast, and the next
+    block's depthwise convolution reads it (the residual stream, twice here)."""
+
+    def __init__(self, width: int = 16, classes: int = 5):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 2, stride=2)
+        self.position = nn.Parameter(0.1 * torch.randn(width, 1, 1))
+        self.blocks = nn.Sequential(*(ConvNeXtBlock(width) for _ in range(3)))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x) + self.position).mean((2, 3)))
+
+
+def test_a_convnext_blocks_float32_residual_stream_is_cast_once_under_autocast(tmp_path):
+    """autocast casts the residual stream (float32: the layer scale's product) where the next block's
+    depthwise convolution reads it, and autograd keeps that copy alone; the bound step kept a copy made
+    again at its last forward use (``_saved_as_autocast_casts``): 4 casts more than autograd's before
+    (symgrad/kept_casts.py). The backward reads the kept copy and dtype, not the float32 value. Gradients
+    autograd's bit for bit under autocast and in float32, within 1e-12 in float64, at another batch and
+    size; the layer scales' within 1e-5 in float32 and under autocast, the same bits as before the change
+    (the bound product ``pwconv2 * grad`` is laid out as ``pwconv2``, autograd's ``grad * pwconv2`` as the
+    gradient, a permuted one: the sum over the batch and image adds in another order).
+    The stem's output is added to a float32 parameter so that the first block's input is float32 too (a
+    bfloat16 one, read by the add and the depthwise convolution, gets the two gradients summed in float32
+    and cast once, where autograd casts the add's first and sums in bfloat16: the stem's gradients differ
+    from autograd's by bfloat16's rounding, before and after this change)."""
+    torch.manual_seed(0)
+    model = ConvNeXtStyle().train()
+    text = trace(model, {"x": (2, 3, 16, 16)}, wrt="parameters", name="net", loss=LossChoice("cross_entropy"))
+    source = build_text(text, "net.yaml", documents=False, tests=False, keep="all").rendered.files["net.py"]
+    assert "blocks_0_add_autocast = _in_autocast_dtype(blocks_0_add)" in source, source
+    (tmp_path / "net.py").write_text(source)
+    generator = torch.Generator().manual_seed(1)
+    x, target = torch.randn(3, 3, 20, 20, generator=generator), torch.randint(0, 5, (3,), generator=generator)
+    for dtype, amp in ((torch.float32, True), (torch.float32, False), (torch.float64, False)):
+        reference, ours = (copy.deepcopy(model).to(dtype) for _ in range(2))
+        bound = symgrad.bind(tmp_path / "net.py", ours)
+        eager, mine = Casts(), Casts()
+        with eager, torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            expected = F.cross_entropy(reference(x.to(dtype)), target)
+            expected.backward()
+        with mine, torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = bound(x=x.to(dtype), target=target)
+            loss.backward()
+        assert loss.dtype == expected.dtype and (dtype == torch.float64 or torch.equal(loss, expected)), amp
+        for (path, got), theirs in zip(ours.named_parameters(), reference.parameters()):
+            assert got.grad.dtype == theirs.grad.dtype, (dtype, amp, path)
+            if dtype == torch.float64:
+                assert (got.grad - theirs.grad).abs().max() <= 1e-12 * theirs.grad.abs().max(), path
+            elif path.endswith("gamma"):  # the last bits, as before the change: see the docstring
+                assert (got.grad - theirs.grad).abs().max() <= 1e-5 * theirs.grad.abs().max(), path
+            else:
+                assert torch.equal(got.grad, theirs.grad), (amp, path)
+        assert mine.found["floating"] <= eager.found["floating"], (amp, mine.found, eager.found)  # 4 more before
+        assert mine.found["other"] <= 1, mine.found  # nll_loss's count of targets
+
+
+class Upsampled(nn.Module):
+    """A transposed convolution on the image, ReLU and a convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(3, 8, 2, stride=2)
+        self.conv = nn.Conv2d(8, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(F.relu(self.up(x)))
+
+
+class AddedBack(nn.Module):
+    """A convolution of the image with the image added back (``conv(x) + x``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x) + x
+
+
+@pytest.mark.parametrize("make", [Upsampled, AddedBack])
+def test_an_image_a_transposed_convolution_or_an_add_reads_too_is_cast_once_under_autocast(make, tmp_path):
+    """The image is cast once, where the (transposed) convolution reads it, and the copy kept: the bound
+    step cast it again for the weight's gradient (a transposed convolution's weight too: one cast more than
+    autograd's before, each). Gradients autograd's bit for bit under autocast."""
+    torch.manual_seed(0)
+    model = make()
+    text = trace(model, {"x": (2, 3, 6, 6)}, wrt="parameters", name="net", loss=LossChoice("mse_loss", "target"))
+    source = build_text(text, "net.yaml", documents=False, tests=False, keep="all").rendered.files["net.py"]
+    (tmp_path / "net.py").write_text(source)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 3, 8, 10, generator=generator)
+    target = torch.randn_like(model(x))
+    reference, ours = copy.deepcopy(model), copy.deepcopy(model)
+    bound = symgrad.bind(tmp_path / "net.py", ours)
+    eager, mine = Casts(), Casts()
+    with eager, torch.autocast("cpu", dtype=torch.bfloat16):
+        F.mse_loss(reference(x), target).backward()
+    with mine, torch.autocast("cpu", dtype=torch.bfloat16):
+        bound(x=x, target=target).backward()
+    for (path, got), theirs in zip(ours.named_parameters(), reference.parameters()):
+        assert got.grad.dtype == theirs.grad.dtype and torch.equal(got.grad, theirs.grad), path
+    assert mine.found["floating"] <= eager.found["floating"], (mine.found, eager.found)  # one more before

@@ -4,8 +4,11 @@ autocast's cast copy, as autograd keeps it (issue 39's "save in the dtype the co
 CPU autocast runs reflection padding and 3-d average pooling in float32 (CUDA's runs bilinear upsampling in
 float32, and a concatenation promotes to its widest input): the convolution after them reads a float32
 tensor and runs on its bfloat16 copy. Autograd's convolution node saves that copy; the generated forward
-kept the float32 tensor and cast it again in its backward, twice the bytes. These models are written as
-restoration and 3-d segmentation networks are: ``padding_mode="reflect"``, ``nn.AvgPool3d``."""
+kept the float32 tensor and cast it again in its backward, twice the bytes; then it kept a copy cast again
+at the value's last forward use (``_saved_as_autocast_casts``), two casts where autograd makes one; now it
+casts the value once before the convolution, which reads the copy, and keeps the copy and the value's dtype
+(``conv1_autocast``, ``conv1_dtype``: symgrad/kept_casts.py). These models are written as restoration and
+3-d segmentation networks are: ``padding_mode="reflect"``, ``nn.AvgPool3d``."""
 
 from __future__ import annotations
 
@@ -113,12 +116,13 @@ def test_a_value_only_a_convolution_reads_is_kept_in_autocasts_dtype_no_wider_th
     }
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, *saved = module._forward_saving(data, **_parameters(module, arguments), target=target)
-    narrowed = [value for value in saved if type(value) is tuple]  # (copy, dtype); a kept torch.Size is a tuple too
-    assert narrowed and all(copy_.dtype == torch.bfloat16 and dtype == torch.float32 for copy_, dtype in narrowed)
+    copies = [value for value in saved if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16]
+    dtypes = [value for value in saved if isinstance(value, torch.dtype)]  # each copy's value's, for its gradient
+    assert copies and dtypes and all(dtype == torch.float32 for dtype in dtypes), saved
     assert saved_bytes(saved) <= autograd_saved_bytes(copy.deepcopy(model), data, target)
     with torch.no_grad():  # outside autocast nothing is cast: the saved values are the forward's own
         _, *plain = module._forward_saving(data, **_parameters(module, arguments), target=target)
-    assert not any(type(value) is tuple for value in plain)
+    assert not any(isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 for value in plain)
 
 
 def _parameters(module, arguments: dict) -> dict:
@@ -133,27 +137,22 @@ def _parameters(module, arguments: dict) -> dict:
 
 
 @pytest.mark.parametrize("label", CASES)
-def test_the_bound_step_under_autocast_computes_the_same_gradients_as_when_it_kept_the_wide_value(
-    label, tmp_path, monkeypatch
-):
-    """Casting the kept value at the forward's last use or in the backward is the same cast: the
-    gradients agree bit for bit, each in its parameter's dtype, and as closely with autograd's as before."""
+def test_the_bound_step_under_autocast_computes_autograds_gradients(label, tmp_path):
+    """The convolution reads the kept copy, as autocast's own cast of the value: the gradients are
+    autograd's bit for bit (as when the value was kept wide), each in its parameter's dtype."""
     model, path = generated_module(label, tmp_path)
     torch.manual_seed(2)
     data = torch.randn(*CASES[label][2])
     target = torch.randn_like(model(data))
-    grads = []
-    for narrowing in (True, False):
-        net = copy.deepcopy(model)
-        step = symgrad.bind(path, net)
-        if not narrowing:  # the module as it was: every value kept as the forward made it
-            monkeypatch.setattr(step.generated, "_saved_as_autocast_casts", lambda value: value)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = step(**{next(iter(CASES[label][1])): data, "target": target})
-        loss.backward()
-        grads.append({name: value.grad for name, value in net.named_parameters()})
-    assert all(grad.dtype == torch.float32 for grad in grads[0].values())
-    assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
+    net, reference = copy.deepcopy(model), copy.deepcopy(model)
+    step = symgrad.bind(path, net)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = step(**{next(iter(CASES[label][1])): data, "target": target})
+        expected = F.mse_loss(reference(data), target)
+    loss.backward()
+    expected.backward()
+    for (name, ours), theirs in zip(net.named_parameters(), reference.parameters()):
+        assert ours.grad.dtype == torch.float32 and torch.equal(ours.grad, theirs.grad), name
 
 
 LOSS_READS_A_CONVOLUTIONS_INPUT = """
@@ -176,7 +175,7 @@ def test_a_value_the_default_cotangent_reads_is_kept_as_it_is(tmp_path):
 
     built = build_text(LOSS_READS_A_CONVOLUTIONS_INPUT, "loss_input_convolved.yaml")
     source = built.rendered.files["loss_input_convolved.py"]
-    assert "pred = _saved_as_autocast_casts(pred)" not in source
+    assert "pred = _saved_as_autocast_casts(pred)" not in source and "pred_autocast" not in source
     module = module_from_source(source, "loss_input_convolved")
     features, w2 = torch.randn(2, 3, 8, 8), torch.randn(3, 3, 3, 3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -207,7 +206,7 @@ class RepeatedReflect(nn.Module):
         return self.stages(x)
 
 
-def test_a_block_keeps_autocasts_copy_in_what_it_saves_with_the_same_gradients(tmp_path, monkeypatch):
+def test_a_block_keeps_autocasts_copy_in_what_it_saves_with_autograds_gradients(tmp_path):
     torch.manual_seed(0)
     model = RepeatedReflect()
     text = trace(
@@ -223,20 +222,18 @@ def test_a_block_keeps_autocasts_copy_in_what_it_saves_with_the_same_gradients(t
     for name, content in built.rendered.files.items():
         (tmp_path / name).write_text(content)
     path = tmp_path / "repeated_reflect.py"
-    assert re.search(r"return \w+, \[[^\]]*_saved_as_autocast_casts\(", path.read_text())  # in the block's return
+    source = path.read_text()
+    assert re.search(r"return \w+, \[[^\]]*conv1_autocast, conv1_dtype", source), source  # in the block's return
     data, target = torch.randn(3, 4, 10, 6), torch.randn(3, 4, 10, 6)
-    grads = []
-    for narrowing in (True, False):
-        net = copy.deepcopy(model)
-        step = symgrad.bind(path, net)
-        if not narrowing:
-            monkeypatch.setattr(step.generated, "_saved_as_autocast_casts", lambda value: value)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = step(x=data, target=target)
-        loss.backward()
-        grads.append([value.grad for value in net.parameters()])
-    assert all(grad.dtype == torch.float32 for grad in grads[0])
-    assert all(torch.equal(ours, theirs) for ours, theirs in zip(*grads))
+    net, reference = copy.deepcopy(model), copy.deepcopy(model)
+    step = symgrad.bind(path, net)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = step(x=data, target=target)
+        expected = F.mse_loss(reference(data), target)
+    loss.backward()
+    expected.backward()
+    for ours, theirs in zip(net.parameters(), reference.parameters()):
+        assert ours.grad.dtype == torch.float32 and torch.equal(ours.grad, theirs.grad)
 
 
 FLOAT64_CONV = """name: float64_conv
