@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ..errors import cut
 from .dataflow import Problem, report
-from .errors import Refusal
+from .errors import Refusal, TraceError
 
 
 def size_dependence(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, calls: list) -> list[str]:
@@ -126,18 +126,28 @@ def dim_one_pins(run: Callable, shapes: dict[str, tuple[int, ...]], spec: dict, 
 
 def _dim_one_changed(run: Callable, shapes: dict, spec: dict, calls: list, grown: list) -> dict | None:
     """:func:`dim_one_pins` with dim 1 of the inputs ``grown`` changed: its pins, {} where the model runs at
-    the changed sizes alike, or None where it runs at no such size."""
-    ran = False
-    for factor, added in ((2, 0), (1, 1)):
-        changed = {
-            key: (shape[0], shape[1] * factor + added, *shape[2:]) if key in grown else shape
-            for key, shape in shapes.items()
-        }
-        try:
-            other, _ = run(changed)
-        except Refusal:  # a value read or the timeout: no other size helps
-            raise
-        except Exception:  # the model does not run there (a channel count), or at 2x alone
+    the changed sizes alike, or None where it runs at no such size. Each of dim 1's traced sizes becomes 2T,
+    then T + 1 where 2T shows nothing (a pad to a multiple of 4 is 0 at 8 and 16), then, where the model
+    runs at neither, T - 1 and T // 2 (nanoGPT traced at its block size: ``assert t <= self.block_size``).
+    Every dim of these sizes changes with it, in each input (x [N, T, C] with a mask [N, T, T] or
+    [N, 1, T, T], a graph's adjacency [N, V, V]), or dim 1 alone where the model runs at no such change (a
+    channel count that happens to equal T). Where symgrad refuses the code at every such size (a constant
+    too large there) and the model ran at none, the refusal is what follows dim 1, and dim 1 is pinned."""
+    ran, refused = False, None
+    for changes in _dim_one_changes(shapes, grown):
+        if ran and changes.smaller:  # smaller sizes only where the model runs at no larger one
+            break
+        for change in changes:
+            try:
+                other, _ = run(change)
+                break
+            except Refusal:  # a value read or the timeout: no other size helps
+                raise
+            except TraceError as error:  # symgrad refuses the code there: noted, the next size may say more
+                refused = refused or (change, error)
+            except Exception:  # the model does not run there (a channel count), or at 2x alone
+                pass
+        else:
             continue
         ran = True
         ours, theirs = _compared_layers(spec, calls, other)
@@ -151,7 +161,41 @@ def _dim_one_changed(run: Callable, shapes: dict, spec: dict, calls: list, grown
                 where, what = calls[-1].where if calls else "<traced code>", "the result"
         if where is not None:
             return {key: (shapes[key][1], where, what) for key in grown if key in spec["inputs"]}
+    if not ran and refused is not None:
+        change, error = refused
+        where, marker, _ = str(error).splitlines()[0].partition(": error: ")
+        what = f"the code symgrad refuses at {shapes_text({key: change[key] for key in grown})}"
+        return {
+            key: (shapes[key][1], where if marker else "<traced code>", what) for key in grown if key in spec["inputs"]
+        }
     return {} if ran else None
+
+
+class _Changes(list):
+    """The sizes of one change of dim 1, each tried where the model runs at none before it; ``smaller``: a
+    change to a smaller size, tried only where the model runs at no larger one."""
+
+    smaller = False
+
+
+def _dim_one_changes(shapes: dict, grown: list):
+    """The changes :func:`_dim_one_changed` runs, in order (see there): each with every dim of the traced dim-1
+    sizes of ``grown`` changed, then with dim 1 of ``grown`` alone where that differs."""
+    traced = {shapes[key][1] for key in grown}
+    for factor, added in ((2, 0), (1, 1), (1, -1), (0.5, 0)):
+        sizes = {size: int(size * factor) + added for size in traced}
+        if any(size < 1 for size in sizes.values()) or (factor == 0.5 and traced & {2, 3}):
+            continue  # no size below 1; T // 2 only where it is not T - 1
+        every = {
+            key: (shape[0], *(sizes.get(size, size) for size in shape[1:])) if len(shape) >= 2 else shape
+            for key, shape in shapes.items()
+        }
+        alone = {
+            key: (shape[0], sizes[shape[1]], *shape[2:]) if key in grown else shape for key, shape in shapes.items()
+        }
+        changes = _Changes([every] if every == alone else [every, alone])
+        changes.smaller = added < 0 or factor < 1
+        yield changes
 
 
 CONSTANT_FIX = (
