@@ -51,6 +51,8 @@ class Tables:
     constant_value: str
     moves_params: bool
     """``_channels_last`` and ``_in_layouts``: some weights in ``params`` move to channels_last."""
+    moves_some: bool
+    """``_channels_last(params, keys)``: the backward moves again only the weights it reads (its ``keys``)."""
     listed_lines: tuple[str, ...]
     """``CHANNELS_LAST``'s entries, where not every 4-d entry of ``params`` moves."""
     others: str
@@ -287,6 +289,7 @@ def _tables(structured: Structured, sources: dict, layout: LayoutPlan, read: boo
         constant_name=str(constant.get("name", "")),
         constant_value=str(constant.get("value", "")),
         moves_params=bool(layout.keys),
+        moves_some=bool(layout.backward_keys),
         listed_lines=tuple(packed([f'"{key}",' for key in layout.keys])) if listed else (),
         others=", ".join(layout.others),
         moved_subject="CHANNELS_LAST" if listed else "its 4-d entries",

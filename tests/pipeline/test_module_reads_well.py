@@ -126,6 +126,18 @@ def test_the_channels_last_size_is_one_named_constant(resnet18):
     assert source.count(value.group(2)) == 1  # the number once, the tests by name
     # the forward moves the weights; the backward reads their kept copies (each weight for its dtype alone)
     assert source.count(">= CHANNELS_LAST_FROM:") == 1 and "_channels_last(params, {" not in source
+    assert "\ndef _channels_last(params):\n" in source  # no `keys` where no call passes them
+
+
+def test_a_lean_module_that_moves_some_weights_again_keeps_channels_lasts_keys():
+    """``--keep lean`` keeps no autocast copy of a weight: the backward reads the weights themselves and
+    moves again only those (``_channels_last(params, {...})``), so its ``_channels_last`` takes ``keys``."""
+    torch.manual_seed(0)
+    model = _example().ResNet18(width=16)
+    choices = {"wrt": "parameters", "name": "lean", "loss": LossChoice("cross_entropy"), "mode": "train"}
+    text = trace(model, {"x": (2, 3, 64, 64)}, blocks=True, **choices)
+    source = build_text(text, "lean.yaml", documents=False, tests=False, keep="lean").rendered.files["lean.py"]
+    assert "_channels_last(params, {" in source and "\ndef _channels_last(params, keys=None):\n" in source
 
 
 def test_each_step_of_a_block_backward_has_a_one_line_comment_in_the_codes_names(resnet18):
