@@ -81,6 +81,16 @@ COMPARED: list | None = None
 it interpolates): the recorder keeps the user's own and the walk writes each as a ``size_check`` layer."""
 
 
+class _At:
+    """The frame of a comparison as it was then: its line is the comparison's (``if t > 1:``), where the frame's
+    own ``f_lineno`` moves on to the call the recorder hands the comparison to."""
+
+    __slots__ = ("f_code", "f_lineno", "f_back")
+
+    def __init__(self, frame):
+        self.f_code, self.f_lineno, self.f_back = frame.f_code, frame.f_lineno, frame.f_back
+
+
 def _compare(name: str, relation: str):
     def method(self, other):
         result = getattr(int if isinstance(self, int) else float, name)(self, other)
@@ -91,7 +101,7 @@ def _compare(name: str, relation: str):
             and theirs is not None
             and (self.expr.free_symbols or theirs.free_symbols)
         ):
-            COMPARED.append((relation, self.expr, theirs, result, sys._getframe(1)))
+            COMPARED.append((relation, self.expr, theirs, result, _At(sys._getframe(1))))
         return result
 
     return method

@@ -192,7 +192,7 @@ def test_a_branch_on_token_ids_length_is_checked_where_they_are_read(tmp_path):
     model = load(tmp_path, "Limited")
     generated_matches(model, module, data("Limited", 3, 7))  # another batch and T, below the table's length
     params = {k: value.detach().clone() for k, value in model.state_dict().items()}
-    refusal_of(lambda: module.forward(data("Limited", 3, 9), params), "two_dim_models.py:55:", "shape[1] <= 8")
+    refusal_of(lambda: module.forward(data("Limited", 3, 9), params), "two_dim_models.py:54:", "shape[1] <= 8")
 
 
 def test_an_index_read_at_run_time_needs_no_check(tmp_path):
