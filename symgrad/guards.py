@@ -468,8 +468,8 @@ def guards_text(
 ) -> str:
     """The spec's ``guards:`` section (flow-style YAML of checked literals); ``sizes``: each input's shape where
     it was traced with static sizes (``symgrad.trace.static_sizes``); ``autocast``: the code's own regions that
-    turn autocast off, ``file:line`` -> device (``symgrad.trace.recorder._autocast_region``), ``autocast_read``:
-    the places it asks whether autocast is on (``_autocast_read``), under either of which a bound step refuses
+    turn autocast off, ``file:line`` -> device (``symgrad.trace.autocast_regions.autocast_region``), ``autocast_read``:
+    the places it asks whether autocast is on (``autocast_read``), under either of which a bound step refuses
     the caller's autocast (``StepChecks._check_autocast``)."""
     import json
 

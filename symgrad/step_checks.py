@@ -20,8 +20,8 @@ class StepChecks:
 
     def _check_autocast(self, data: dict) -> None:
         """A call under the caller's autocast, where the model turns it off for a region of its own
-        (``symgrad.trace.recorder._autocast_region``: a rotary embedding's cos and sin in float32) or asks whether
-        it is on (``_autocast_read``: transformers' ``maybe_autocast``, which opens its region only then), refused
+        (``symgrad.trace.autocast_regions.autocast_region``: a rotary embedding's cos and sin in float32) or asks whether
+        it is on (``autocast_read``: transformers' ``maybe_autocast``, which opens its region only then), refused
         in one line naming the first such place: the model runs the region's ops in its own precision, or takes
         another branch, and the explicit step follows the trace, made without autocast. The device in the
         guards is the one traced on, which code reading ``x.device.type`` changes with the data, so autocast on

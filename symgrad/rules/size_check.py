@@ -23,9 +23,9 @@ SIZE_CHECK = '''def _size_check(value, holds, line, text, why=""):
     """``value`` where the sizes the traced code read come out as traced; else a one-line error."""
     if not holds:
         what = f"{text} as traced ({why})" if why else f"the traced code branches on {text}"
-        raise ValueError(f"{line}: {what}, which comes out otherwise at these sizes (fix: call it at "
-                         "sizes where it comes out as traced, or trace it at these sizes too and "
-                         "generate that spec)")
+        raise ValueError(f"{line}: {what}, which comes out otherwise at these sizes (fix: call "
+                         "it at sizes where it comes out as traced, or trace it at these sizes too "
+                         "and generate that spec)")
     return value
 '''
 """Emitted once into each module that checks a branch (``Primitive.helper``)."""

@@ -48,8 +48,8 @@ from .constants import at_full_precision
 from .custom_functions import merge_checks
 from .dataflow import plain_name
 from .errors import Refusal, TraceError
+from .frames import user_line, user_line_of_traceback
 from .losses import LOSS_NAMES, LossChoice
-from .recorder import user_line, user_line_of_traceback
 from .rerun import dim_one_pins, other_sizes, shapes_text, size_dependence
 from .run_once import defined_at, first_line, run_once, visible_globals
 from .size_checks import drop_fixed, pin_dim_one

@@ -9,11 +9,9 @@ not seen: the mode is off while its handler runs. Queries of size, type and layo
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import sys
-import sysconfig
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,8 +25,9 @@ from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 
 from . import sizes
+from .autocast_regions import AUTOCAST, AUTOCAST_ENTER, IS_AUTOCAST_ENABLED, autocast_read, autocast_region
 from .custom_functions import Applied
-from .errors import Refusal
+from .frames import DISPATCH_FILES, TORCH_DIR, by_user, is_users, user_line
 from .names_from_code import code_targets
 
 SHAPE_QUERIES = frozenset(
@@ -136,26 +135,6 @@ BOOLEAN_DISPATCH = {
 }
 """``torch.nn.functional`` functions whose Python name is a dispatcher's (``fn``), by identity."""
 
-TORCH_DIR = os.path.join(os.path.realpath(os.path.dirname(torch.__file__)), "")
-DISPATCH_FILES = tuple(
-    os.path.join(directory, name)
-    for directory in {TORCH_DIR, os.path.join(os.path.dirname(torch.__file__), "")}
-    for name in ("overrides.py", "_tensor.py")
-)
-"""torch's Tensor methods and its ``__torch_function__`` dispatch, by the path torch was imported from (a frame's
-``co_filename``) and by its real path: where a symlink leads to the environment the two differ, and a frame of
-these files taken for the caller's would hide a value the code reads (``len(h[h > 0])``) from the tracer."""
-
-LIBRARY_DIRS = tuple(
-    os.path.join(os.path.realpath(path), "")
-    for path in (
-        os.path.dirname(torch.__file__),
-        os.path.dirname(os.path.dirname(__file__)),
-        sysconfig.get_paths()["stdlib"],
-    )
-)
-
-
 CHECKPOINT_FILES = {torch.utils.checkpoint.__file__, os.path.realpath(torch.utils.checkpoint.__file__)}
 FUNCTION_FILES = {torch.autograd.function.__file__, os.path.realpath(torch.autograd.function.__file__)}
 
@@ -199,32 +178,6 @@ def _setter(frame):
     while frame is not None and frame.f_code.co_filename in GRAD_MODE_FILES:
         frame = frame.f_back
     return frame if frame is not None and is_users(frame.f_code.co_filename) else None
-
-
-@functools.lru_cache(maxsize=4096)  # asked for every frame of every call: realpath is a syscall per part
-def is_users(filename: str) -> bool:
-    """Whether code in ``filename`` is the user's: not torch, symgrad or the standard library."""
-    return not filename.startswith("<") and not os.path.realpath(filename).startswith(LIBRARY_DIRS)
-
-
-def user_line(frame=None) -> str:
-    """``file:line`` of the innermost frame in the user's own code."""
-    frame = frame or sys._getframe(1)
-    while frame is not None:
-        if is_users(frame.f_code.co_filename):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<traced code>"
-
-
-def user_line_of_traceback(traceback) -> str:
-    """``file:line`` of the innermost user frame of an exception's traceback."""
-    found = "<traced code>"
-    while traceback is not None:
-        if is_users(traceback.tb_frame.f_code.co_filename):
-            found = f"{traceback.tb_frame.f_code.co_filename}:{traceback.tb_lineno}"
-        traceback = traceback.tb_next
-    return found
 
 
 @dataclass
@@ -323,7 +276,7 @@ class Recorder(TorchFunctionMode):
         self.autocast_regions: dict[str, str] = {}
         """The traced code's own ``torch.autocast(device, enabled=False)`` regions, a no-op while it runs (no
         autocast on for their device): each ``file:line`` and its device, for the guards (a bound step refuses
-        to run under the caller's autocast, where the region would matter: :func:`_autocast_region`)."""
+        to run under the caller's autocast, where the region would matter: :func:`~symgrad.trace.autocast_regions.autocast_region`)."""
         self.autocast_reads: dict[str, str] = {}
         """Where the traced code asked whether autocast is on (``torch.is_autocast_enabled(device)``, as
         transformers' ``maybe_autocast`` does before it opens a region, or timm's norms before they cast), and
@@ -340,10 +293,10 @@ class Recorder(TorchFunctionMode):
         regions = self.autocast_regions
 
         def enter(region):  # a function, so that `with` binds the region to it as to torch's own __enter__
-            return _autocast_region(region, regions)
+            return autocast_region(region, regions)
 
         def is_autocast_enabled(*arguments, **keywords):  # the traced code's question, noted where it asks it
-            return _autocast_read(reads, *arguments, **keywords)
+            return autocast_read(reads, *arguments, **keywords)
 
         reads = self.autocast_reads
         self._autocast_enter, AUTOCAST.__enter__ = AUTOCAST.__enter__, enter
@@ -398,7 +351,7 @@ class Recorder(TorchFunctionMode):
         read = list(
             _tensors(arguments[1:], keywords) if name in FILLERS and arguments else _tensors(arguments, keywords)
         )
-        if name in FILLERS and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(1)):
+        if name in FILLERS and arguments and isinstance(arguments[0], torch.Tensor) and by_user(sys._getframe(1)):
             self._sizes_read.append(arguments[0])  # torch.full_like(x[:, :1], 0.1): its sizes are x[:, :1]'s
         constant = name not in RANDOM and all(id(value) in self.constants for value in read)
         integers = any(id(value) in self.from_integers for value in read)
@@ -446,7 +399,7 @@ class Recorder(TorchFunctionMode):
                 constant_result,
                 fill,
                 undifferentiated,
-                tuple((*entry[:4], user_line(entry[4])) for entry in self.compared if _by_user(entry[4])),
+                tuple((*entry[:4], user_line(entry[4])) for entry in self.compared if by_user(entry[4])),
             )
         )
         self._name(self.calls[-1], sys._getframe(1))
@@ -509,7 +462,7 @@ class Recorder(TorchFunctionMode):
         """A size query's result; a value read when the tensor's size came from values."""
         if name in SIZES and any(id(value) in self.value_shaped for value in _tensors(arguments, {})):
             self._value_read("size of values", sys._getframe(2))
-        if name in SIZES and arguments and isinstance(arguments[0], torch.Tensor) and _by_user(sys._getframe(2)):
+        if name in SIZES and arguments and isinstance(arguments[0], torch.Tensor) and by_user(sys._getframe(2)):
             self._sizes_read.append(arguments[0])
             index = self._size_index.setdefault(id(arguments[0]), len(self.size_tensors))
             if index == len(self.size_tensors):
@@ -535,70 +488,6 @@ def _fill(tensor: torch.Tensor) -> float | None:
     if not bool((flat == first).all()) or not math.isfinite(first):
         return None
     return first
-
-
-AUTOCAST = torch.amp.autocast_mode.autocast
-"""``torch.autocast``, whose ``__enter__`` ``torch.cpu.amp.autocast``'s and ``torch.cuda.amp.autocast``'s call, as its
-use as a decorator does: the recorder puts :func:`_autocast_region` in its place while the code runs."""
-AUTOCAST_ENTER = AUTOCAST.__enter__
-IS_AUTOCAST_ENABLED = torch.is_autocast_enabled
-AUTOCAST_FILES = tuple(
-    os.path.join(TORCH_DIR, *parts) for parts in (("amp", "autocast_mode.py"), ("cpu", "amp"), ("cuda", "amp"))
-)
-
-
-def _autocast_region(region, regions: dict[str, str]):
-    """The traced code's own autocast region (``with torch.autocast("cpu", enabled=False):`` in a forward, as
-    LLaMA's rotary embedding opens): the spec holds its ops as plain ops, which is what the model runs where the
-    region changes nothing. So a region that turns autocast off while none is on for its device is entered and
-    noted in ``regions`` (``file:line`` -> device: the guards' ``autocast``, :func:`symgrad.guards.guards_text`),
-    and a bound step refuses to run under the caller's autocast, where the explicit step would run the region's
-    ops in autocast's dtype and the model in its own. A region that turns autocast on (it casts with no
-    caller's autocast too), or off while the trace runs under autocast, is refused here in one line.
-    torch's own regions (checkpoint's recomputation) are its business."""
-    frame = sys._getframe(2)  # the recorder's `enter` called this
-    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(AUTOCAST_FILES):
-        frame = frame.f_back  # torch.cpu.amp.autocast's __enter__, the decorator's wrapper
-    if frame is None or not is_users(frame.f_code.co_filename):
-        return AUTOCAST_ENTER(region)
-    where = user_line(frame)
-    if not region._enabled and not IS_AUTOCAST_ENABLED(region.device):
-        regions.setdefault(where, region.device)
-        return AUTOCAST_ENTER(region)
-    called = f'(torch.autocast("{region.device}", enabled={region._enabled}))'
-    if not region._enabled:
-        raise Refusal(
-            f"{where}: error: the traced code turns autocast off for its own region {called} while the trace "
-            "runs under autocast, so the trace would record that region's ops in another precision than the "
-            "rest (fix: trace outside torch.autocast; a bound step then refuses to run under autocast, naming "
-            "this region)"
-        )
-    raise Refusal(
-        f"{where}: error: the traced code turns autocast on in {str(region.fast_dtype).removeprefix('torch.')} "
-        f"for its own region {called}, which the spec cannot hold: the explicit step would run that region's ops "
-        "in another precision than the model does (fix: remove the autocast region from the traced code and "
-        "choose the precision around the whole training step, which the explicit step then follows op for op "
-        "as autograd does)"
-    )
-
-
-def _autocast_read(reads: dict[str, str], *arguments, **keywords) -> bool:
-    """``torch.is_autocast_enabled(...)`` while the traced code runs: where the user's code asks (not torch's
-    own), noted in ``reads`` (``file:line`` -> device) for the guards' ``autocast_read``: the trace follows
-    the branch taken without autocast, which a bound step under the caller's autocast would not."""
-    frame = sys._getframe(2)  # the recorder's stand-in called this
-    if frame is not None and is_users(frame.f_code.co_filename):
-        device = arguments[0] if arguments else keywords.get("device_type", "cuda")  # no device: CUDA's, as torch
-        reads.setdefault(user_line(frame), str(getattr(device, "type", device)))
-    return IS_AUTOCAST_ENABLED(*arguments, **keywords)
-
-
-def _by_user(frame) -> bool:
-    """Whether the user's own code made the call whose dispatch runs in ``frame`` (not torch's, such as
-    BatchNorm's check of the batch size)."""
-    while frame is not None and frame.f_code.co_filename.startswith(DISPATCH_FILES):
-        frame = frame.f_back
-    return frame is not None and is_users(frame.f_code.co_filename)
 
 
 def _copied(value: Any) -> Any:

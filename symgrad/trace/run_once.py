@@ -16,9 +16,10 @@ from ..spec_values import check_identifier
 from .custom_functions import checked_functions
 from .dataflow import Problem, Source, fitted, plain_name, report
 from .errors import Refusal, TraceError
+from .frames import is_users, user_line_of_traceback
 from .layers import SpecBuilder
 from .losses import LossChoice, ends_in_outputs, live_layers, loss_of, outputs_of, target_input
-from .recorder import VALUE_READS, Recorder, is_users, user_line_of_traceback
+from .recorder import VALUE_READS, Recorder
 from .rerun import shapes_text
 from .sizes import PlainCompared, einops_uncached
 from .unused_statistics import refuse_unused_statistics

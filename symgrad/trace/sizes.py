@@ -207,7 +207,7 @@ def refuse_plain_compared(frame, function: str, example: str) -> None:
     plain whatever the size returns) where the user's code at ``frame`` compares it, directly or through the
     name it is given (``t = int(x.shape[1])`` ... ``if t > 1:``): the branch would be taken at every size
     without a check (a silent wrong result where it comes out otherwise)."""
-    from .recorder import is_users
+    from .frames import is_users
 
     while frame is not None and not is_users(frame.f_code.co_filename):
         frame = frame.f_back
