@@ -277,16 +277,9 @@ def _traced_text(
     function, module, shapes, tensor_names, arguments, dtypes, loss, wrt, name, blocks=False, static_sizes=False
 ) -> str:
     autocast: dict[str, dict] = {}  # the code's own regions turning autocast off, its questions: where, device
+    traced_shapes = {key: tuple(shapes[key]) for key in tensor_names}
     with CallRecorder() as called:  # the Python functions the forward runs, which symgrad.guards guards
-        spec, calls = run_once(
-            function,
-            module,
-            {key: tuple(shapes[key]) for key in tensor_names},
-            arguments,
-            dtypes,
-            loss,
-            autocast_guards=autocast,
-        )
+        spec, calls = run_once(function, module, traced_shapes, arguments, dtypes, loss, autocast_guards=autocast)
     again: list[dict] = []  # the second run's specs: their Functions' checks, at other sizes, are the spec's too
     refused: list = []  # symgrad's refusals at the second run's sizes, where the model ran
     problems = (
@@ -297,7 +290,7 @@ def _traced_text(
                 lambda changed: _kept(again, run_once(function, module, changed, arguments, dtypes, loss, quiet=True)),
                 refused,
             ),
-            {key: tuple(shapes[key]) for key in tensor_names},
+            traced_shapes,
             spec,
             calls,
         )
@@ -311,7 +304,7 @@ def _traced_text(
         if static_sizes
         else dim_one_pins(
             lambda changed: _kept(dim_one, run_once(function, module, changed, arguments, dtypes, loss, quiet=True)),
-            {key: tuple(shapes[key]) for key in tensor_names},
+            traced_shapes,
             spec,
             calls,
         )
@@ -321,14 +314,7 @@ def _traced_text(
         module,
         function,
         lambda function, module: run_once(
-            function,
-            module,
-            {key: tuple(shapes[key]) for key in tensor_names},
-            arguments,
-            dtypes,
-            loss,
-            quiet=True,
-            dtype=torch.float64,
+            function, module, traced_shapes, arguments, dtypes, loss, quiet=True, dtype=torch.float64
         ),
     )
     merge_checks(spec, again)
@@ -337,13 +323,7 @@ def _traced_text(
     calls[:] = [calls[index] for index in drop_fixed(spec, again[-1] if again else None, *dim_one)]
     pin_dim_one(spec, calls, pins)
     guarded = (
-        guard_sizes(
-            spec,
-            calls,
-            {key: tuple(shapes[key]) for key in tensor_names},
-            dtypes,
-            f"traced at {shapes_words({key: tuple(shapes[key]) for key in tensor_names})}",
-        )
+        guard_sizes(spec, calls, traced_shapes, dtypes, f"traced at {shapes_words(traced_shapes)}")
         if static_sizes
         else None
     )

@@ -71,23 +71,7 @@ def test_the_region_traces_and_trains_equal_to_autograd_outside_autocast(tmp_pat
     path, text = _generated(tmp_path, model, loss=LossChoice("cross_entropy"))
     assert f'  autocast:\n    "{REGION}": cpu\n' in text, text[text.index("guards:") :]
     bound_steps_match_autograd(copy.deepcopy(model).double(), path, _batch(torch.float64), F.cross_entropy)
-    ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
-    step = symgrad.bind(path, ours)
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (ours, theirs)]
-    generator = torch.Generator().manual_seed(1)
-    for number in range(3):
-        inputs, target = _batch(torch.float32)(generator)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        loss = step(**inputs, target=target)
-        loss.backward()
-        expected = F.cross_entropy(theirs(**inputs), target)
-        expected.backward()
-        assert torch.equal(loss, expected), (number, loss.item(), expected.item())
-        for (name, got), want in zip(ours.named_parameters(), theirs.parameters()):
-            assert torch.equal(got.grad, want.grad), (number, name, (got.grad - want.grad).abs().max().item())
-        for optimizer in optimizers:
-            optimizer.step()
+    bound_steps_match_autograd(copy.deepcopy(model), path, _batch(torch.float32), F.cross_entropy, bitwise=True)
 
 
 @pytest.mark.parametrize("form", ["loss", "outputs"])

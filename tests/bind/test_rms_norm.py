@@ -7,13 +7,10 @@ another batch and length than traced.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import symgrad
 from symgrad.pipeline import build_text
 from symgrad.trace import LossChoice, trace
 from tests.models.compare import bound_steps_match_autograd
@@ -80,21 +77,4 @@ def test_rms_norm_trains_equal_to_autograd_in_float64(tmp_path):
 def test_rms_norm_trains_bit_for_bit_in_float32(tmp_path):
     torch.manual_seed(0)
     model = PreNorm()
-    path = _generated(tmp_path, model)
-    ours, theirs = model, copy.deepcopy(model)
-    step = symgrad.bind(path, ours)
-    optimizers = [torch.optim.SGD(net.parameters(), lr=0.1) for net in (ours, theirs)]
-    generator = torch.Generator().manual_seed(1)
-    for number in range(3):
-        inputs, target = _batch(generator)
-        for optimizer in optimizers:
-            optimizer.zero_grad()
-        loss = step(**inputs, target=target)
-        loss.backward()
-        expected = F.cross_entropy(theirs(**inputs), target)
-        expected.backward()
-        assert torch.equal(loss, expected), (number, loss.item(), expected.item())
-        for (name, got), want in zip(ours.named_parameters(), theirs.parameters()):
-            assert torch.equal(got.grad, want.grad), (number, name, (got.grad - want.grad).abs().max().item())
-        for optimizer in optimizers:
-            optimizer.step()
+    bound_steps_match_autograd(model, _generated(tmp_path, model), _batch, F.cross_entropy, bitwise=True)

@@ -232,11 +232,14 @@ def assert_generated_test_file_passes(label: str, case: Case, tmp_path) -> float
     return seconds
 
 
-def bound_steps_match_autograd(model, path, batch, loss, *, lr: float = 0.1, seeded: bool = False, steps: int = 3):
+def bound_steps_match_autograd(
+    model, path, batch, loss, *, lr: float = 0.1, seeded: bool = False, steps: int = 3, bitwise: bool = False
+):
     """``steps`` SGD steps of ``symgrad.bind(path, model)`` against autograd through a copy of ``model``
     (float64, the batches ``batch(generator)`` gives: ``(inputs by name, target)``, at another batch and size
     than traced): each step's loss and every parameter's gradient <= 1e-12 apart (relative; or 1e-14 of the largest gradient), then the running
-    statistics alike. ``seeded``: each step's random masks drawn from one seed in both. Returns the bound step."""
+    statistics alike. ``seeded``: each step's random masks drawn from one seed in both. ``bitwise``: the loss
+    and every gradient equal bit for bit (float32, where the forward is autograd's). Returns the bound step."""
     import copy
 
     import symgrad
@@ -257,6 +260,13 @@ def bound_steps_match_autograd(model, path, batch, loss, *, lr: float = 0.1, see
             torch.manual_seed(10 + number)
         expected = loss(reference(*inputs.values()), target)
         expected.backward()
+        if bitwise:
+            assert torch.equal(bound, expected), (number, bound.item(), expected.item())
+            for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+                assert torch.equal(ours.grad, theirs.grad), (number, name, (ours.grad - theirs.grad).abs().max().item())
+            for optimizer in optimizers:
+                optimizer.step()
+            continue
         assert abs(float(bound.detach() - expected.detach())) <= 1e-12 * float(expected.detach()), number
         scale = max(float(theirs.grad.abs().max()) for theirs in reference.parameters())
         for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
